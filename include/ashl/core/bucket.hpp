@@ -66,6 +66,9 @@ class bucket_layout {
         count *= s.shape[d];
       }
       off = (off + alignment - 1) & ~(alignment - 1);
+      // Each tensor alone fits (above); their sum, padded, must too.
+      if (count * size_of(s.type) > SIZE_MAX - off - alignment)
+        return out_of_range(field + ".shape", count, "elements: the bucket's total size overflows");
       l.entries_.push_back({s.name, s.shape, s.type, count, off});
       off += count * size_of(s.type);
     }
