@@ -1,0 +1,555 @@
+// ashl/wire/message.hpp — the versioned, self-describing message format.
+//
+//   namespace w = ashl::wire;
+//   w::header h{.kind = w::message_kind::commit, .codec = ashl::codec_id::topk,
+//               .type = ashl::dtype::f32, .element_count = n, .tensor = 3, .rank = 1,
+//               .sequence = seq, .clock = c, .step = t};
+//   std::vector<std::byte> buf(w::encoded_size(payload.size()));   // size query first
+//   auto used = w::encode(h, payload, buf);                          // result<size_t>
+//   // zero-copy: a codec writes into w::payload_area(buf), then w::seal(h, bytes, buf)
+//   auto m = w::decode({buf.data(), *used}, w::limits{});            // result<message_view>
+//   if (!m) return m.error();                                        // names field and value
+//   m->payload;                                                      // view into buf
+//   if (auto* p = m->get<w::plan_update_body>()) ...                 // typed control body
+//
+// A message is a fixed 72-byte header followed by a payload. decode checks
+// every header field, the lengths against the buffer and the limits, and the
+// CRC-32C, before the caller may use anything; it never copies or allocates
+// (the payload and an error text are views into the input). encode applies the
+// same rules, so no build emits a message another build of the same version
+// rejects. docs/wire-format.md describes the layout byte by byte; DESIGN.md,
+// "Data flow of one commit".
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/core/bytes.hpp>
+#include <ashl/core/dtype.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/wire/crc32c.hpp>
+#include <ashl/wire/ids.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <ostream>
+#include <sstream>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <variant>
+
+ASHL_NAMESPACE_BEGIN
+namespace wire {
+
+// "ASHL" in the first four bytes.
+inline constexpr std::uint32_t magic = 0x4C485341u;
+inline constexpr std::uint16_t version = 1;
+inline constexpr std::size_t header_bytes = 72;
+// The CRC field sits at the end of the header and covers everything before it
+// plus the payload.
+inline constexpr std::size_t crc_offset = 68;
+
+// Wire values: never renumber, only append.
+enum class message_kind : std::uint8_t {
+  commit = 1,        // worker -> server: one encoded update of a tensor (shard)
+  pull_request = 2,  // worker -> server: send me tensor `tensor`
+  pull_reply = 3,    // server -> worker: parameters, dense (identity) or compressed
+  join = 4,          // worker -> server: I am (re)joining
+  leave = 5,         // either way: a worker leaves or is evicted
+  plan_update = 6,   // server -> worker: the worker's new plan
+  metric = 7,        // worker -> server: a named scalar (loss, accuracy, ...)
+  error = 8,         // either way: the message with sequence `in_reply_to` was refused
+};
+inline constexpr std::uint8_t message_kind_first = 1;
+inline constexpr std::uint8_t message_kind_last = 8;
+
+constexpr std::string_view to_string(message_kind k) noexcept {
+  switch (k) {
+    case message_kind::commit: return "commit";
+    case message_kind::pull_request: return "pull_request";
+    case message_kind::pull_reply: return "pull_reply";
+    case message_kind::join: return "join";
+    case message_kind::leave: return "leave";
+    case message_kind::plan_update: return "plan_update";
+    case message_kind::metric: return "metric";
+    case message_kind::error: return "error";
+  }
+  return "?";
+}
+
+constexpr bool is_control(message_kind k) noexcept { return static_cast<std::uint8_t>(k) >= 4; }
+
+// Header flag bits. Bits not named here must be zero.
+inline constexpr std::uint32_t flag_last_shard = 1u << 0;     // commit, pull_reply: final shard of the tensor
+inline constexpr std::uint32_t flag_ack_requested = 1u << 1;  // any kind: the sender wants an acknowledgement
+inline constexpr std::uint32_t flags_known = flag_last_shard | flag_ack_requested;
+
+// What a receiver accepts. A server sets these from its tensors' sizes.
+struct limits {
+  std::uint64_t max_elements = std::uint64_t{1} << 32;
+  std::uint64_t max_payload_bytes = std::uint64_t{1} << 30;
+  std::uint32_t max_error_text = 4096;
+};
+
+// Header fields a sender chooses; magic, version, lengths and CRC are derived.
+struct header {
+  message_kind kind = message_kind::commit;
+  codec_id codec = codec_id::identity;
+  dtype type = dtype::f32;
+  std::uint32_t flags = 0;
+  std::uint64_t element_count = 0;
+  std::uint32_t tensor = 0;  // tensor (shard) id
+  std::uint32_t rank = 0;    // worker rank the message is from or about
+  std::uint64_t sequence = 0;
+  std::uint64_t clock = 0;   // sender's logical clock (worker iteration / server version)
+  std::uint64_t step = 0;    // training step; with seed and tensor it selects the Philox stream
+  friend constexpr bool operator==(const header&, const header&) = default;
+};
+
+// ---- control bodies (the payload of kinds join .. error) -------------------
+
+struct join_body {
+  static constexpr message_kind kind = message_kind::join;
+  static constexpr std::size_t wire_bytes = 12;
+  std::uint64_t incarnation = 0;  // differs after a restart, so a rejoin is not mistaken for a duplicate
+  std::uint32_t batch = 0;        // local batch size it starts with; >= 1
+  friend constexpr bool operator==(const join_body&, const join_body&) = default;
+};
+
+enum class leave_reason : std::uint32_t { left = 0, evicted_timeout = 1, evicted_failure = 2, evicted_policy = 3 };
+inline constexpr std::uint32_t leave_reason_count = 4;
+
+struct leave_body {
+  static constexpr message_kind kind = message_kind::leave;
+  static constexpr std::size_t wire_bytes = 8;
+  leave_reason reason = leave_reason::left;
+  std::uint32_t subject = 0;  // rank of the worker that leaves
+  friend constexpr bool operator==(const leave_body&, const leave_body&) = default;
+};
+
+// The header's codec and dtype fields of a plan_update say what the worker
+// commits with from now on.
+struct plan_update_body {
+  static constexpr message_kind kind = message_kind::plan_update;
+  static constexpr std::size_t wire_bytes = 24;
+  std::uint32_t local_iterations = 1;    // >= 1: local steps per commit
+  std::uint32_t commit_interval_us = 0;  // minimum time between commits; 0: none
+  std::uint32_t batch = 1;               // >= 1
+  std::uint32_t stage = 0;               // index of the schedule stage
+  float share = 1.0f;                    // fraction of the data set, in [0, 1]
+  float ratio = 1.0f;                    // compression ratio, in (0, 1]
+  friend constexpr bool operator==(const plan_update_body&, const plan_update_body&) = default;
+};
+
+enum class metric_id : std::uint32_t { loss = 0, accuracy = 1, samples_per_second = 2, iteration_seconds = 3 };
+inline constexpr std::uint32_t metric_id_count = 4;
+// Ids from here up are the application's; those between are reserved.
+inline constexpr std::uint32_t metric_id_application = 1024;
+
+struct metric_body {
+  static constexpr message_kind kind = message_kind::metric;
+  static constexpr std::size_t wire_bytes = 12;
+  std::uint32_t name = 0;  // a metric_id or >= metric_id_application
+  double value = 0;        // finite
+  friend constexpr bool operator==(const metric_body&, const metric_body&) = default;
+};
+
+struct error_body {
+  static constexpr message_kind kind = message_kind::error;
+  static constexpr std::size_t fixed_bytes = 16;
+  errc code = errc::internal;   // never errc::ok
+  std::uint64_t in_reply_to = 0;  // sequence of the refused message
+  std::string_view text;          // a view into the message (decode) or the caller's string (encode)
+  friend constexpr bool operator==(const error_body&, const error_body&) = default;
+};
+
+using control_body = std::variant<std::monostate, join_body, leave_body, plan_update_body, metric_body, error_body>;
+
+// A decoded message: views into the decoded buffer, valid while it lives.
+struct message_view {
+  wire::header header;
+  std::span<const std::byte> payload;  // the codec payload, or the raw control body
+  control_body body;                   // the parsed control body (monostate for data kinds)
+
+  template <class Body>
+  [[nodiscard]] const Body* get() const noexcept {
+    return std::get_if<Body>(&body);
+  }
+};
+
+namespace detail {
+
+// Prints as 0x%08x, unquoted, in error messages.
+struct hex32 {
+  std::uint32_t v;
+  friend std::ostream& operator<<(std::ostream& os, hex32 h) {
+    static constexpr char digits[] = "0123456789abcdef";
+    char s[11] = {'0', 'x'};
+    for (int i = 0; i < 8; ++i) s[2 + i] = digits[(h.v >> (28 - 4 * i)) & 0xfu];
+    return os.write(s, 10);
+  }
+  std::string str() const {
+    std::ostringstream os;
+    os << *this;
+    return os.str();
+  }
+};
+
+inline bool valid_kind(std::uint8_t k) noexcept { return k >= message_kind_first && k <= message_kind_last; }
+
+inline bool is_data_dtype(message_kind k, dtype t) noexcept {
+  if (k == message_kind::commit || k == message_kind::plan_update)
+    return t == dtype::f32 || t == dtype::f16 || t == dtype::bf16;
+  return is_floating(t);  // pull_request, pull_reply
+}
+
+// Rules on the header that hold whether encoding or decoding.
+inline status check_header(const header& h, std::uint64_t payload_bytes, const limits& lim) {
+  const auto k = static_cast<std::uint8_t>(h.kind);
+  if (!valid_kind(k)) return make_error(errc::unsupported, "header.kind", k, "not a message kind of version 1");
+  if (static_cast<std::uint8_t>(h.codec) >= codec_id_count)
+    return make_error(errc::unsupported, "header.codec", static_cast<std::uint8_t>(h.codec), "unknown codec id");
+  if (static_cast<std::uint8_t>(h.type) >= dtype_count)
+    return make_error(errc::unsupported, "header.dtype", static_cast<std::uint8_t>(h.type), "unknown dtype");
+  if ((h.flags & ~flags_known) != 0)
+    return make_error(errc::unsupported, "header.flags", hex32{h.flags}, "unknown flag bits set");
+  if (payload_bytes > lim.max_payload_bytes)
+    return make_error(errc::out_of_range, "header.payload_bytes", payload_bytes,
+                      "exceeds limits.max_payload_bytes = " + std::to_string(lim.max_payload_bytes));
+  if (h.element_count > lim.max_elements)
+    return make_error(errc::out_of_range, "header.element_count", h.element_count,
+                      "exceeds limits.max_elements = " + std::to_string(lim.max_elements));
+  const std::string kind_name(to_string(h.kind));
+  if ((h.flags & flag_last_shard) != 0 && h.kind != message_kind::commit && h.kind != message_kind::pull_reply)
+    return make_error(errc::malformed, "header.flags", hex32{h.flags}, "last_shard is only for commit and pull_reply");
+  if (!is_control(h.kind) || h.kind == message_kind::plan_update) {
+    if (!is_data_dtype(h.kind, h.type))
+      return make_error(errc::malformed, "header.dtype", to_string(h.type),
+                        "not an element type a " + kind_name + " carries");
+  }
+  if (is_control(h.kind)) {
+    if (h.element_count != 0)
+      return make_error(errc::malformed, "header.element_count", h.element_count, "must be 0 for a " + kind_name);
+    if (h.kind != message_kind::plan_update) {
+      if (h.codec != codec_id::identity)
+        return make_error(errc::malformed, "header.codec", to_string(h.codec), "must be identity for a " + kind_name);
+      if (h.type != dtype::f32)
+        return make_error(errc::malformed, "header.dtype", to_string(h.type), "must be f32 for a " + kind_name);
+    }
+  }
+  if (h.kind == message_kind::commit && h.element_count == 0)
+    return make_error(errc::malformed, "header.element_count", 0, "a commit carries at least one element");
+  if (h.kind == message_kind::pull_request && payload_bytes != 0)
+    return make_error(errc::malformed, "header.payload_bytes", payload_bytes, "a pull_request has no payload");
+  return {};
+}
+
+inline status check_body(const join_body& b, const limits&) {
+  if (b.batch == 0) return make_error(errc::invalid_argument, "join.batch", 0, "must be >= 1");
+  return {};
+}
+inline status check_body(const leave_body& b, const limits&) {
+  if (static_cast<std::uint32_t>(b.reason) >= leave_reason_count)
+    return make_error(errc::malformed, "leave.reason", static_cast<std::uint32_t>(b.reason), "unknown reason");
+  return {};
+}
+inline status check_body(const plan_update_body& b, const limits&) {
+  if (b.local_iterations == 0) return make_error(errc::invalid_argument, "plan_update.local_iterations", 0, "must be >= 1");
+  if (b.batch == 0) return make_error(errc::invalid_argument, "plan_update.batch", 0, "must be >= 1");
+  if (!std::isfinite(b.share) || b.share < 0.0f || b.share > 1.0f)
+    return make_error(errc::invalid_argument, "plan_update.share", b.share, "must be finite and in [0, 1]");
+  if (!std::isfinite(b.ratio) || b.ratio <= 0.0f || b.ratio > 1.0f)
+    return make_error(errc::invalid_argument, "plan_update.ratio", b.ratio, "must be finite and in (0, 1]");
+  return {};
+}
+inline status check_body(const metric_body& b, const limits&) {
+  if (b.name >= metric_id_count && b.name < metric_id_application)
+    return make_error(errc::unsupported, "metric.name", b.name, "reserved metric id");
+  if (!std::isfinite(b.value)) return make_error(errc::invalid_argument, "metric.value", b.value, "must be finite");
+  return {};
+}
+inline status check_body(const error_body& b, const limits& lim) {
+  const auto c = static_cast<std::uint32_t>(b.code);
+  if (c == 0 || c > static_cast<std::uint32_t>(errc::internal))
+    return make_error(errc::malformed, "error.code", c, "not an error code");
+  if (b.text.size() > lim.max_error_text)
+    return make_error(errc::out_of_range, "error.text_bytes", b.text.size(),
+                      "exceeds limits.max_error_text = " + std::to_string(lim.max_error_text));
+  return {};
+}
+
+inline void put_body(byte_writer& w, const join_body& b) {
+  w.put(b.incarnation);
+  w.put(b.batch);
+}
+inline void put_body(byte_writer& w, const leave_body& b) {
+  w.put(static_cast<std::uint32_t>(b.reason));
+  w.put(b.subject);
+}
+inline void put_body(byte_writer& w, const plan_update_body& b) {
+  w.put(b.local_iterations);
+  w.put(b.commit_interval_us);
+  w.put(b.batch);
+  w.put(b.stage);
+  w.put(b.share);
+  w.put(b.ratio);
+}
+inline void put_body(byte_writer& w, const metric_body& b) {
+  w.put(b.name);
+  w.put(b.value);
+}
+inline void put_body(byte_writer& w, const error_body& b) {
+  w.put(static_cast<std::uint32_t>(b.code));
+  w.put(static_cast<std::uint32_t>(b.text.size()));
+  w.put(b.in_reply_to);
+  w.put_bytes(std::as_bytes(std::span<const char>(b.text.data(), b.text.size())));
+}
+
+template <class Body>
+std::size_t body_bytes(const Body& b) noexcept {
+  if constexpr (std::is_same_v<Body, error_body>)
+    return error_body::fixed_bytes + b.text.size();
+  else
+    return Body::wire_bytes;
+}
+
+inline status fixed_size(std::string_view kind, std::size_t got, std::size_t want) {
+  if (got == want) return {};
+  return make_error(errc::malformed, std::string(kind) + ".payload_bytes", got,
+                    "a " + std::string(kind) + " body is " + std::to_string(want) + " bytes");
+}
+
+// Parses and checks the body of a control kind; the payload length was
+// already checked against the buffer.
+inline result<control_body> read_body(message_kind k, std::span<const std::byte> p, const limits& lim) {
+  byte_reader r(p);
+  switch (k) {
+    case message_kind::join: {
+      ASHL_TRY(fixed_size("join", p.size(), join_body::wire_bytes));
+      join_body b;
+      ASHL_TRY(r.get(b.incarnation, "join.incarnation"));
+      ASHL_TRY(r.get(b.batch, "join.batch"));
+      ASHL_TRY(check_body(b, lim));
+      return control_body(b);
+    }
+    case message_kind::leave: {
+      ASHL_TRY(fixed_size("leave", p.size(), leave_body::wire_bytes));
+      leave_body b;
+      std::uint32_t reason = 0;
+      ASHL_TRY(r.get(reason, "leave.reason"));
+      ASHL_TRY(r.get(b.subject, "leave.subject"));
+      b.reason = static_cast<leave_reason>(reason);
+      ASHL_TRY(check_body(b, lim));
+      return control_body(b);
+    }
+    case message_kind::plan_update: {
+      ASHL_TRY(fixed_size("plan_update", p.size(), plan_update_body::wire_bytes));
+      plan_update_body b;
+      ASHL_TRY(r.get(b.local_iterations, "plan_update.local_iterations"));
+      ASHL_TRY(r.get(b.commit_interval_us, "plan_update.commit_interval_us"));
+      ASHL_TRY(r.get(b.batch, "plan_update.batch"));
+      ASHL_TRY(r.get(b.stage, "plan_update.stage"));
+      ASHL_TRY(r.get(b.share, "plan_update.share"));
+      ASHL_TRY(r.get(b.ratio, "plan_update.ratio"));
+      ASHL_TRY(check_body(b, lim));
+      return control_body(b);
+    }
+    case message_kind::metric: {
+      ASHL_TRY(fixed_size("metric", p.size(), metric_body::wire_bytes));
+      metric_body b;
+      ASHL_TRY(r.get(b.name, "metric.name"));
+      ASHL_TRY(r.get(b.value, "metric.value"));
+      ASHL_TRY(check_body(b, lim));
+      return control_body(b);
+    }
+    case message_kind::error: {
+      if (p.size() < error_body::fixed_bytes)
+        return make_error(errc::malformed, "error.payload_bytes", p.size(), "an error body is at least 16 bytes");
+      std::uint32_t code = 0, text_bytes = 0;
+      error_body b;
+      ASHL_TRY(r.get(code, "error.code"));
+      ASHL_TRY(r.get(text_bytes, "error.text_bytes"));
+      ASHL_TRY(r.get(b.in_reply_to, "error.in_reply_to"));
+      if (text_bytes != r.remaining())
+        return make_error(errc::malformed, "error.text_bytes", text_bytes,
+                          "disagrees with the " + std::to_string(r.remaining()) + " bytes after the fixed fields");
+      if (code > 0xffu) return make_error(errc::malformed, "error.code", code, "not an error code");
+      b.code = static_cast<errc>(code);
+      const auto text = r.rest();
+      b.text = std::string_view(reinterpret_cast<const char*>(text.data()), text.size());
+      ASHL_TRY(check_body(b, lim));
+      return control_body(b);
+    }
+    default: return control_body{};
+  }
+}
+
+inline void put_header(byte_writer& w, const header& h, std::uint64_t payload_bytes) {
+  w.put(magic);
+  w.put(version);
+  w.put(static_cast<std::uint16_t>(header_bytes));
+  w.put(h.kind);
+  w.put(h.codec);
+  w.put(h.type);
+  w.put(std::uint8_t{0});  // reserved
+  w.put(h.flags);
+  w.put(h.element_count);
+  w.put(h.tensor);
+  w.put(h.rank);
+  w.put(h.sequence);
+  w.put(h.clock);
+  w.put(h.step);
+  w.put(payload_bytes);
+  w.put(std::uint32_t{0});  // reserved
+}
+}  // namespace detail
+
+// Bytes a message with a payload (or control body) of this size takes.
+constexpr std::size_t encoded_size(std::size_t payload_bytes) noexcept { return header_bytes + payload_bytes; }
+template <class Body>
+  requires(!std::is_integral_v<Body>)
+std::size_t encoded_size(const Body& body) noexcept {
+  return header_bytes + detail::body_bytes(body);
+}
+
+// Where a sender writes the payload in place before seal().
+inline std::span<std::byte> payload_area(std::span<std::byte> out) noexcept {
+  return out.size() <= header_bytes ? std::span<std::byte>{} : out.subspan(header_bytes);
+}
+
+// Writes the header in front of `payload_bytes` bytes already in
+// payload_area(out) and checksums both. For data kinds (commit,
+// pull_request, pull_reply); control kinds go through encode(header, body, out).
+inline result<std::size_t> seal(const header& h, std::size_t payload_bytes, std::span<std::byte> out,
+                                const limits& lim = {}) {
+  if (is_control(h.kind) && detail::valid_kind(static_cast<std::uint8_t>(h.kind)))
+    return make_error(errc::invalid_argument, "header.kind", to_string(h.kind),
+                      "control messages are encoded from their typed body");
+  ASHL_TRY(detail::check_header(h, payload_bytes, lim));
+  if (out.size() < header_bytes || out.size() - header_bytes < payload_bytes)
+    return make_error(errc::buffer_too_small, "wire.out.size", out.size(),
+                      "bytes, fewer than the " + std::to_string(encoded_size(payload_bytes)) + " the message needs");
+  byte_writer w(out.first(header_bytes));
+  detail::put_header(w, h, payload_bytes);
+  std::uint32_t crc = crc32c(out.first(crc_offset));
+  crc = crc32c(out.subspan(header_bytes, payload_bytes), crc);
+  w.put(crc);
+  ASHL_ASSERT(w.ok() && w.position() == header_bytes, "wire header layout");
+  return encoded_size(payload_bytes);
+}
+
+// Copies `payload` behind a header (memmove: payload may already lie in
+// payload_area(out)).
+inline result<std::size_t> encode(const header& h, std::span<const std::byte> payload, std::span<std::byte> out,
+                                  const limits& lim = {}) {
+  if (out.size() >= header_bytes && out.size() - header_bytes >= payload.size() && !payload.empty())
+    std::memmove(out.data() + header_bytes, payload.data(), payload.size());
+  return seal(h, payload.size(), out, lim);
+}
+
+// Encodes a control message; h.kind is taken from the body type.
+template <class Body>
+  requires(!std::is_same_v<Body, std::span<const std::byte>> && requires { Body::kind; })
+result<std::size_t> encode(header h, const Body& body, std::span<std::byte> out, const limits& lim = {}) {
+  h.kind = Body::kind;
+  const std::size_t n = detail::body_bytes(body);
+  if constexpr (std::is_same_v<Body, error_body>) {
+    if (body.text.size() > std::numeric_limits<std::uint32_t>::max())
+      return make_error(errc::out_of_range, "error.text_bytes", body.text.size(), "does not fit 32 bits");
+  }
+  ASHL_TRY(detail::check_header(h, n, lim));
+  ASHL_TRY(detail::check_body(body, lim));
+  if (out.size() < encoded_size(n))
+    return make_error(errc::buffer_too_small, "wire.out.size", out.size(),
+                      "bytes, fewer than the " + std::to_string(encoded_size(n)) + " the message needs");
+  byte_writer w(out.first(encoded_size(n)));
+  detail::put_header(w, h, n);
+  w.put(std::uint32_t{0});
+  detail::put_body(w, body);
+  ASHL_ASSERT(w.ok() && w.position() == encoded_size(n), "wire control body layout");
+  std::uint32_t crc = crc32c(out.first(crc_offset));
+  crc = crc32c(out.subspan(header_bytes, n), crc);
+  byte_writer c(out.subspan(crc_offset, 4));
+  c.put(crc);
+  return encoded_size(n);
+}
+
+// Re-encodes a decoded message (the fuzz target's round trip).
+inline result<std::size_t> encode(const message_view& m, std::span<std::byte> out, const limits& lim = {}) {
+  return std::visit(
+      [&](const auto& b) -> result<std::size_t> {
+        if constexpr (std::is_same_v<std::decay_t<decltype(b)>, std::monostate>)
+          return encode(m.header, m.payload, out, lim);
+        else
+          return encode(m.header, b, out, lim);
+      },
+      m.body);
+}
+
+// Validates every field of `in` and returns views into it. The buffer must
+// hold exactly one message.
+inline result<message_view> decode(std::span<const std::byte> in, const limits& lim) {
+  if (in.size() < header_bytes)
+    return make_error(errc::malformed, "message.size", in.size(), "bytes, fewer than the 72-byte header");
+  byte_reader r(in);
+  std::uint32_t got_magic = 0, crc = 0, reserved32 = 0, flags = 0;
+  std::uint16_t got_version = 0, got_header_bytes = 0;
+  std::uint8_t kind = 0, codec = 0, type = 0, reserved8 = 0;
+  std::uint64_t payload_bytes = 0;
+  header h;
+  // The reads cannot fail: the size was checked above.
+  (void)r.get(got_magic, "header.magic");
+  if (got_magic != magic)
+    return make_error(errc::malformed, "header.magic", detail::hex32{got_magic}, "not an ashl message (want 0x4c485341)");
+  (void)r.get(got_version, "header.version");
+  if (got_version != version)
+    return make_error(errc::unsupported, "header.version", got_version, "this build reads version 1");
+  (void)r.get(got_header_bytes, "header.header_bytes");
+  if (got_header_bytes != header_bytes)
+    return make_error(errc::malformed, "header.header_bytes", got_header_bytes, "version 1 headers are 72 bytes");
+  (void)r.get(kind, "header.kind");
+  (void)r.get(codec, "header.codec");
+  (void)r.get(type, "header.dtype");
+  (void)r.get(reserved8, "header.reserved0");
+  (void)r.get(flags, "header.flags");
+  (void)r.get(h.element_count, "header.element_count");
+  (void)r.get(h.tensor, "header.tensor");
+  (void)r.get(h.rank, "header.rank");
+  (void)r.get(h.sequence, "header.sequence");
+  (void)r.get(h.clock, "header.clock");
+  (void)r.get(h.step, "header.step");
+  (void)r.get(payload_bytes, "header.payload_bytes");
+  (void)r.get(reserved32, "header.reserved1");
+  (void)r.get(crc, "header.crc32c");
+  if (payload_bytes > lim.max_payload_bytes)
+    return make_error(errc::out_of_range, "header.payload_bytes", payload_bytes,
+                      "exceeds limits.max_payload_bytes = " + std::to_string(lim.max_payload_bytes));
+  if (payload_bytes != in.size() - header_bytes)
+    return make_error(errc::malformed, "header.payload_bytes", payload_bytes,
+                      "disagrees with the " + std::to_string(in.size() - header_bytes) +
+                          " bytes that follow the header");
+  const std::uint32_t want_crc = crc32c(in.subspan(header_bytes), crc32c(in.first(crc_offset)));
+  if (crc != want_crc)
+    return make_error(errc::checksum_mismatch, "header.crc32c", detail::hex32{crc},
+                      "computed " + detail::hex32{want_crc}.str() + " over header and payload");
+  if (reserved8 != 0) return make_error(errc::malformed, "header.reserved0", reserved8, "must be 0");
+  if (reserved32 != 0) return make_error(errc::malformed, "header.reserved1", reserved32, "must be 0");
+  h.kind = static_cast<message_kind>(kind);
+  h.codec = static_cast<codec_id>(codec);
+  h.type = static_cast<dtype>(type);
+  h.flags = flags;
+  ASHL_TRY(detail::check_header(h, payload_bytes, lim));
+  message_view m{h, in.subspan(header_bytes), {}};
+  if (is_control(h.kind)) {
+    auto body = detail::read_body(h.kind, m.payload, lim);
+    if (!body) return body.error();
+    m.body = *body;
+  }
+  return m;
+}
+
+}  // namespace wire
+ASHL_NAMESPACE_END

@@ -1,0 +1,379 @@
+#include <ashl/wire/message.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace w = ashl::wire;
+using ashl::errc;
+
+namespace {
+
+using bytes = std::vector<std::byte>;
+
+bytes payload_of(std::size_t n, std::uint8_t seed) {
+  bytes p(n);
+  for (std::size_t i = 0; i < n; ++i) p[i] = std::byte(static_cast<std::uint8_t>(seed + 31 * i));
+  return p;
+}
+
+w::header data_header(w::message_kind k) {
+  w::header h;
+  h.kind = k;
+  h.codec = k == w::message_kind::commit ? ashl::codec_id::qsgd : ashl::codec_id::identity;
+  h.type = k == w::message_kind::commit ? ashl::dtype::bf16 : ashl::dtype::f32;
+  h.flags = k == w::message_kind::pull_request ? w::flag_ack_requested : w::flag_last_shard;
+  h.element_count = 1000;
+  h.tensor = 17;
+  h.rank = 5;
+  h.sequence = 0x1122334455667788ull;
+  h.clock = 42;
+  h.step = 0xfffffffffull;
+  return h;
+}
+
+bytes encode_data(const w::header& h, const bytes& payload) {
+  bytes out(w::encoded_size(payload.size()));
+  auto n = w::encode(h, payload, out);
+  BOOST_TEST_REQUIRE(n.has_value(), (n ? "" : n.error().to_string()));
+  BOOST_TEST_REQUIRE(*n == out.size());
+  return out;
+}
+
+template <class Body>
+bytes encode_control(const Body& b, w::header h = {}) {
+  h.rank = 3;
+  h.sequence = 9;
+  h.clock = 4;
+  if constexpr (std::is_same_v<Body, w::plan_update_body>) {
+    h.codec = ashl::codec_id::topk;
+    h.type = ashl::dtype::f16;
+  }
+  bytes out(w::encoded_size(b));
+  auto n = w::encode(h, b, out);
+  BOOST_TEST_REQUIRE(n.has_value(), (n ? "" : n.error().to_string()));
+  BOOST_TEST_REQUIRE(*n == out.size());
+  return out;
+}
+
+const std::string error_text = "qsgd.levels = 0: must be >= 1";
+
+// One valid message of every kind.
+std::vector<bytes> every_kind() {
+  std::vector<bytes> all;
+  all.push_back(encode_data(data_header(w::message_kind::commit), payload_of(37, 1)));
+  auto pr = data_header(w::message_kind::pull_request);
+  all.push_back(encode_data(pr, {}));
+  all.push_back(encode_data(data_header(w::message_kind::pull_reply), payload_of(64, 2)));
+  all.push_back(encode_control(w::join_body{.incarnation = 7, .batch = 32}));
+  all.push_back(encode_control(w::leave_body{.reason = w::leave_reason::evicted_timeout, .subject = 2}));
+  all.push_back(encode_control(w::plan_update_body{.local_iterations = 4, .commit_interval_us = 1500, .batch = 48,
+                                                   .stage = 2, .share = 0.25f, .ratio = 0.01f}));
+  all.push_back(encode_control(w::metric_body{.name = 1, .value = 0.875}));
+  all.push_back(encode_control(w::error_body{.code = errc::invalid_argument, .in_reply_to = 77, .text = error_text}));
+  return all;
+}
+
+// Overwrite bytes at `off` (little-endian value) and recompute the CRC, so the
+// decoder reaches the semantic checks.
+template <class T>
+bytes patched(bytes m, std::size_t off, T v) {
+  std::memcpy(m.data() + off, &v, sizeof(T));
+  const std::uint32_t crc = w::crc32c(std::span<const std::byte>(m).subspan(w::header_bytes),
+                                      w::crc32c(std::span<const std::byte>(m).first(w::crc_offset)));
+  std::memcpy(m.data() + w::crc_offset, &crc, 4);
+  return m;
+}
+
+void expect_error(const ashl::result<w::message_view>& r, errc code, const std::string& starts) {
+  BOOST_TEST_REQUIRE(!r.has_value(), "accepted; expected " << starts);
+  BOOST_TEST((r.error().code() == code), r.error().to_string());
+  BOOST_TEST(r.error().message().rfind(starts, 0) == 0u, r.error().message() << " does not start with " << starts);
+}
+
+void expect_error(const ashl::status& s, errc code, const std::string& starts) {
+  BOOST_TEST_REQUIRE(!s.ok(), "accepted; expected " << starts);
+  BOOST_TEST((s.code() == code), s.to_string());
+  BOOST_TEST(s.message().rfind(starts, 0) == 0u, s.message() << " does not start with " << starts);
+}
+
+ashl::result<w::message_view> dec(const bytes& m, const w::limits& lim = {}) { return w::decode(m, lim); }
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(header_layout_is_the_documented_one) {
+  const auto m = encode_data(data_header(w::message_kind::commit), payload_of(3, 0));
+  auto u8 = [&](std::size_t o) { return std::to_integer<unsigned>(m[o]); };
+  auto u32 = [&](std::size_t o) { std::uint32_t v; std::memcpy(&v, m.data() + o, 4); return v; };
+  auto u64 = [&](std::size_t o) { std::uint64_t v; std::memcpy(&v, m.data() + o, 8); return v; };
+  BOOST_TEST(u8(0) == unsigned('A'));
+  BOOST_TEST(u8(1) == unsigned('S'));
+  BOOST_TEST(u8(2) == unsigned('H'));
+  BOOST_TEST(u8(3) == unsigned('L'));
+  BOOST_TEST((u8(4) | u8(5) << 8) == 1u);   // version
+  BOOST_TEST((u8(6) | u8(7) << 8) == 72u);  // header bytes
+  BOOST_TEST(u8(8) == 1u);                  // kind commit
+  BOOST_TEST(u8(9) == 7u);                  // codec qsgd
+  BOOST_TEST(u8(10) == 2u);                 // dtype bf16
+  BOOST_TEST(u8(11) == 0u);
+  BOOST_TEST(u32(12) == w::flag_last_shard);
+  BOOST_TEST(u64(16) == 1000u);
+  BOOST_TEST(u32(24) == 17u);
+  BOOST_TEST(u32(28) == 5u);
+  BOOST_TEST(u64(32) == 0x1122334455667788ull);
+  BOOST_TEST(u64(40) == 42u);
+  BOOST_TEST(u64(48) == 0xfffffffffull);
+  BOOST_TEST(u64(56) == 3u);
+  BOOST_TEST(u32(64) == 0u);
+  BOOST_TEST(u32(68) == w::crc32c(std::span<const std::byte>(m).subspan(72),
+                                  w::crc32c(std::span<const std::byte>(m).first(68))));
+  BOOST_TEST(m.size() == 75u);
+}
+
+BOOST_AUTO_TEST_CASE(data_kinds_round_trip_with_payload_views) {
+  for (auto k : {w::message_kind::commit, w::message_kind::pull_request, w::message_kind::pull_reply}) {
+    const auto h = data_header(k);
+    const bytes p = k == w::message_kind::pull_request ? bytes{} : payload_of(129, 3);
+    const auto m = encode_data(h, p);
+    auto d = dec(m);
+    BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().to_string()));
+    BOOST_TEST((d->header == h));
+    BOOST_TEST(d->payload.size() == p.size());
+    BOOST_TEST(d->payload.data() == m.data() + w::header_bytes);  // a view, no copy
+    BOOST_TEST(std::memcmp(d->payload.data(), p.data(), p.size()) == 0);
+    BOOST_TEST(std::holds_alternative<std::monostate>(d->body));
+    bytes again(m.size());
+    auto n = w::encode(*d, again);
+    BOOST_TEST_REQUIRE(n.has_value());
+    BOOST_TEST((again == m));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(control_kinds_round_trip) {
+  const auto all = every_kind();
+  const w::message_kind kinds[] = {w::message_kind::commit, w::message_kind::pull_request,
+                                   w::message_kind::pull_reply, w::message_kind::join,
+                                   w::message_kind::leave, w::message_kind::plan_update,
+                                   w::message_kind::metric, w::message_kind::error};
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    auto d = dec(all[i]);
+    BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().to_string()));
+    BOOST_TEST((d->header.kind == kinds[i]));
+    bytes again(all[i].size());
+    BOOST_TEST_REQUIRE(w::encode(*d, again).has_value());
+    BOOST_TEST((again == all[i]), "kind " << w::to_string(kinds[i]));
+  }
+  auto j = dec(all[3]);
+  BOOST_TEST_REQUIRE(j->get<w::join_body>() != nullptr);
+  BOOST_TEST((*j->get<w::join_body>() == w::join_body{7, 32}));
+  BOOST_TEST(j->header.rank == 3u);
+  BOOST_TEST(j->header.sequence == 9u);
+  auto l = dec(all[4]);
+  BOOST_TEST((l->get<w::leave_body>()->reason == w::leave_reason::evicted_timeout));
+  BOOST_TEST(l->get<w::leave_body>()->subject == 2u);
+  auto p = dec(all[5]);
+  const auto* plan = p->get<w::plan_update_body>();
+  BOOST_TEST_REQUIRE(plan != nullptr);
+  BOOST_TEST(plan->local_iterations == 4u);
+  BOOST_TEST(plan->commit_interval_us == 1500u);
+  BOOST_TEST(plan->batch == 48u);
+  BOOST_TEST(plan->stage == 2u);
+  BOOST_TEST(plan->share == 0.25f);
+  BOOST_TEST(plan->ratio == 0.01f);
+  BOOST_TEST((p->header.codec == ashl::codec_id::topk));
+  BOOST_TEST((p->header.type == ashl::dtype::f16));
+  auto mt = dec(all[6]);
+  BOOST_TEST(mt->get<w::metric_body>()->name == 1u);
+  BOOST_TEST(mt->get<w::metric_body>()->value == 0.875);
+  BOOST_TEST(mt->get<w::join_body>() == nullptr);
+  auto e = dec(all[7]);
+  const auto* err = e->get<w::error_body>();
+  BOOST_TEST_REQUIRE(err != nullptr);
+  BOOST_TEST((err->code == errc::invalid_argument));
+  BOOST_TEST(err->in_reply_to == 77u);
+  BOOST_TEST(err->text == error_text);
+  BOOST_TEST(static_cast<const void*>(err->text.data()) == static_cast<const void*>(all[7].data() + 72 + 16));
+  // An empty error text is allowed.
+  auto empty = encode_control(w::error_body{.code = errc::timed_out, .in_reply_to = 1, .text = {}});
+  BOOST_TEST(empty.size() == 72u + 16u);
+  BOOST_TEST(dec(empty).has_value());
+  // Application metric ids.
+  BOOST_TEST(dec(encode_control(w::metric_body{.name = w::metric_id_application + 5, .value = -1e300})).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(seal_writes_the_header_in_front_of_an_in_place_payload) {
+  const auto h = data_header(w::message_kind::commit);
+  bytes buf(w::encoded_size(200));
+  auto area = w::payload_area(buf);
+  BOOST_TEST(area.size() == 200u);
+  const auto p = payload_of(150, 9);
+  std::memcpy(area.data(), p.data(), p.size());  // a codec writes here
+  auto n = w::seal(h, p.size(), buf);
+  BOOST_TEST_REQUIRE(n.has_value());
+  BOOST_TEST(*n == 72u + 150u);
+  auto d = w::decode(std::span<const std::byte>(buf.data(), *n), {});
+  BOOST_TEST_REQUIRE(d.has_value());
+  BOOST_TEST((d->header == h));
+  BOOST_TEST(std::memcmp(d->payload.data(), p.data(), p.size()) == 0);
+  BOOST_TEST((encode_data(h, p) == bytes(buf.begin(), buf.begin() + 222)));
+}
+
+BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {
+  const auto commit = encode_data(data_header(w::message_kind::commit), payload_of(8, 4));
+  expect_error(dec(bytes(commit.begin(), commit.begin() + 71)), errc::malformed, "message.size = 71");
+  expect_error(dec(patched(commit, 0, std::uint32_t{0x4c485342})), errc::malformed, "header.magic = 0x4c485342");
+  expect_error(dec(patched(commit, 4, std::uint16_t{2})), errc::unsupported, "header.version = 2");
+  expect_error(dec(patched(commit, 6, std::uint16_t{80})), errc::malformed, "header.header_bytes = 80");
+  expect_error(dec(patched(commit, 8, std::uint8_t{0})), errc::unsupported, "header.kind = 0");
+  expect_error(dec(patched(commit, 8, std::uint8_t{9})), errc::unsupported, "header.kind = 9");
+  expect_error(dec(patched(commit, 9, std::uint8_t{11})), errc::unsupported, "header.codec = 11");
+  expect_error(dec(patched(commit, 10, std::uint8_t{6})), errc::unsupported, "header.dtype = 6");
+  expect_error(dec(patched(commit, 11, std::uint8_t{1})), errc::malformed, "header.reserved0 = 1");
+  expect_error(dec(patched(commit, 12, std::uint32_t{0x20})), errc::unsupported, "header.flags = 0x00000020");
+  expect_error(dec(patched(commit, 64, std::uint32_t{5})), errc::malformed, "header.reserved1 = 5");
+  w::limits small;
+  small.max_elements = 999;
+  expect_error(dec(commit, small), errc::out_of_range, "header.element_count = 1000: exceeds limits.max_elements = 999");
+  small = {};
+  small.max_payload_bytes = 7;
+  expect_error(dec(commit, small), errc::out_of_range, "header.payload_bytes = 8: exceeds limits.max_payload_bytes = 7");
+  expect_error(dec(patched(commit, 56, std::uint64_t{9})), errc::malformed,
+               "header.payload_bytes = 9: disagrees with the 8 bytes");
+  expect_error(dec(patched(commit, 56, std::uint64_t{7})), errc::malformed, "header.payload_bytes = 7");
+  expect_error(dec(patched(commit, 56, ~std::uint64_t{0})), errc::out_of_range, "header.payload_bytes = 18446744073709551615");
+  bytes bad_crc = commit;
+  bad_crc[w::crc_offset] ^= std::byte{1};
+  expect_error(dec(bad_crc), errc::checksum_mismatch, "header.crc32c = 0x");
+  // Per-kind rules.
+  expect_error(dec(patched(commit, 10, std::uint8_t(ashl::dtype::i8))), errc::malformed, "header.dtype = \"i8\"");
+  expect_error(dec(patched(commit, 10, std::uint8_t(ashl::dtype::f64))), errc::malformed, "header.dtype = \"f64\"");
+  expect_error(dec(patched(commit, 16, std::uint64_t{0})), errc::malformed, "header.element_count = 0");
+  const auto reply = encode_data(data_header(w::message_kind::pull_reply), payload_of(8, 4));
+  BOOST_TEST(dec(patched(reply, 10, std::uint8_t(ashl::dtype::f64))).has_value());  // dense f64 parameters
+  expect_error(dec(patched(reply, 10, std::uint8_t(ashl::dtype::u8))), errc::malformed, "header.dtype = \"u8\"");
+  const auto pull = encode_data(data_header(w::message_kind::pull_request), {});
+  bytes pull_with_payload = pull;
+  pull_with_payload.push_back(std::byte{0});
+  expect_error(dec(patched(pull_with_payload, 56, std::uint64_t{1})), errc::malformed, "header.payload_bytes = 1: a pull_request");
+  expect_error(dec(patched(pull, 12, w::flag_last_shard)), errc::malformed, "header.flags = 0x00000001");
+}
+
+BOOST_AUTO_TEST_CASE(control_failures_name_field_and_value) {
+  const auto all = every_kind();
+  const auto& join = all[3];
+  const auto& leave = all[4];
+  const auto& plan = all[5];
+  const auto& metric = all[6];
+  const auto& error = all[7];
+  expect_error(dec(patched(join, 16, std::uint64_t{1})), errc::malformed, "header.element_count = 1: must be 0 for a join");
+  expect_error(dec(patched(join, 9, std::uint8_t{3})), errc::malformed, "header.codec = \"topk\": must be identity for a join");
+  expect_error(dec(patched(metric, 10, std::uint8_t{1})), errc::malformed, "header.dtype = \"f16\": must be f32 for a metric");
+  expect_error(dec(patched(join, 12, w::flag_last_shard)), errc::malformed, "header.flags = 0x00000001");
+  BOOST_TEST(dec(patched(join, 12, w::flag_ack_requested)).has_value());
+  expect_error(dec(patched(plan, 10, std::uint8_t(ashl::dtype::u8))), errc::malformed, "header.dtype = \"u8\"");
+  // Bodies of the wrong size.
+  bytes long_join = join;
+  long_join.push_back(std::byte{0});
+  expect_error(dec(patched(long_join, 56, std::uint64_t{13})), errc::malformed, "join.payload_bytes = 13: a join body is 12 bytes");
+  bytes short_plan(plan.begin(), plan.end() - 1);
+  expect_error(dec(patched(short_plan, 56, std::uint64_t{23})), errc::malformed, "plan_update.payload_bytes = 23");
+  // Body fields.
+  expect_error(dec(patched(join, 72 + 8, std::uint32_t{0})), errc::invalid_argument, "join.batch = 0: must be >= 1");
+  expect_error(dec(patched(leave, 72, std::uint32_t{4})), errc::malformed, "leave.reason = 4: unknown reason");
+  expect_error(dec(patched(plan, 72, std::uint32_t{0})), errc::invalid_argument, "plan_update.local_iterations = 0");
+  expect_error(dec(patched(plan, 80, std::uint32_t{0})), errc::invalid_argument, "plan_update.batch = 0");
+  expect_error(dec(patched(plan, 88, std::numeric_limits<float>::quiet_NaN())), errc::invalid_argument, "plan_update.share = nan");
+  expect_error(dec(patched(plan, 88, 1.5f)), errc::invalid_argument, "plan_update.share = 1.5");
+  expect_error(dec(patched(plan, 88, -0.5f)), errc::invalid_argument, "plan_update.share = -0.5");
+  expect_error(dec(patched(plan, 92, 0.0f)), errc::invalid_argument, "plan_update.ratio = 0");
+  expect_error(dec(patched(plan, 92, std::numeric_limits<float>::infinity())), errc::invalid_argument, "plan_update.ratio = inf");
+  expect_error(dec(patched(metric, 76, std::numeric_limits<double>::infinity())), errc::invalid_argument, "metric.value = inf: must be finite");
+  expect_error(dec(patched(metric, 76, -std::numeric_limits<double>::infinity())), errc::invalid_argument, "metric.value = -inf");
+  expect_error(dec(patched(metric, 76, std::numeric_limits<double>::quiet_NaN())), errc::invalid_argument, "metric.value = nan");
+  expect_error(dec(patched(metric, 72, std::uint32_t{100})), errc::unsupported, "metric.name = 100: reserved metric id");
+  expect_error(dec(patched(error, 72, std::uint32_t{0})), errc::malformed, "error.code = 0: not an error code");
+  expect_error(dec(patched(error, 72, std::uint32_t{200})), errc::malformed, "error.code = 200");
+  expect_error(dec(patched(error, 76, std::uint32_t{5})), errc::malformed, "error.text_bytes = 5: disagrees");
+  bytes short_error(error.begin(), error.begin() + 72 + 15);
+  expect_error(dec(patched(short_error, 56, std::uint64_t{15})), errc::malformed, "error.payload_bytes = 15");
+  w::limits lim;
+  lim.max_error_text = 10;
+  expect_error(dec(error, lim), errc::out_of_range, "error.text_bytes = 29: exceeds limits.max_error_text = 10");
+}
+
+BOOST_AUTO_TEST_CASE(encoder_refuses_what_the_decoder_would) {
+  bytes out(512);
+  auto h = data_header(w::message_kind::commit);
+  h.type = ashl::dtype::u8;
+  expect_error(w::encode(h, payload_of(4, 0), out).to_status(), errc::malformed, "header.dtype = \"u8\"");
+  h = data_header(w::message_kind::commit);
+  h.flags = 1u << 7;
+  expect_error(w::encode(h, payload_of(4, 0), out).to_status(), errc::unsupported, "header.flags = 0x00000080");
+  h = data_header(w::message_kind::commit);
+  h.codec = static_cast<ashl::codec_id>(200);
+  expect_error(w::encode(h, payload_of(4, 0), out).to_status(), errc::unsupported, "header.codec = 200");
+  h = data_header(w::message_kind::commit);
+  expect_error(w::encode(h, payload_of(4, 0), std::span<std::byte>(out.data(), 75)).to_status(), errc::buffer_too_small,
+               "wire.out.size = 75: bytes, fewer than the 76");
+  h.kind = w::message_kind::join;
+  expect_error(w::encode(h, payload_of(4, 0), out).to_status(), errc::invalid_argument, "header.kind = \"join\"");
+  expect_error(w::encode(w::header{}, w::plan_update_body{.share = std::nanf("")}, out).to_status(),
+               errc::invalid_argument, "plan_update.share = nan");
+  expect_error(w::encode(w::header{}, w::metric_body{.value = HUGE_VAL}, out).to_status(), errc::invalid_argument,
+               "metric.value = inf");
+  expect_error(w::encode(w::header{}, w::join_body{.batch = 1}, std::span<std::byte>(out.data(), 83)).to_status(),
+               errc::buffer_too_small, "wire.out.size = 83");
+  w::header f16;
+  f16.type = ashl::dtype::f16;
+  expect_error(w::encode(f16, w::join_body{.batch = 1}, out).to_status(), errc::malformed, "header.dtype = \"f16\"");
+  w::limits lim;
+  lim.max_error_text = 3;
+  expect_error(w::encode(w::header{}, w::error_body{.code = errc::internal, .text = "abcd"}, out, lim).to_status(),
+               errc::out_of_range, "error.text_bytes = 4");
+  BOOST_TEST(w::encoded_size(w::error_body{.text = "abcd"}) == 72u + 16u + 4u);
+  BOOST_TEST(w::encoded_size(w::plan_update_body{}) == 96u);
+}
+
+BOOST_AUTO_TEST_CASE(every_single_byte_change_is_rejected) {
+  for (const auto& m : every_kind()) {
+    BOOST_TEST_REQUIRE(dec(m).has_value());
+    bytes c = m;
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      const std::byte orig = c[i];
+      for (unsigned x = 1; x < 256; ++x) {
+        c[i] = orig ^ std::byte(x);
+        auto d = dec(c);
+        if (d.has_value()) {
+          BOOST_ERROR("kind " << std::to_integer<int>(m[8]) << " byte " << i << " xor " << x << " accepted");
+          return;
+        }
+      }
+      c[i] = orig;
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(every_truncation_and_extension_is_rejected) {
+  for (const auto& m : every_kind()) {
+    for (std::size_t n = 0; n < m.size(); ++n) {
+      auto d = w::decode(std::span<const std::byte>(m.data(), n), {});
+      BOOST_TEST_REQUIRE(!d.has_value(), "kind " << std::to_integer<int>(m[8]) << " length " << n);
+      BOOST_TEST_REQUIRE((d.error().code() == errc::malformed));
+    }
+    bytes longer = m;
+    longer.push_back(std::byte{0});
+    expect_error(dec(longer), errc::malformed, "header.payload_bytes = ");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(kind_names) {
+  BOOST_TEST(w::to_string(w::message_kind::plan_update) == "plan_update");
+  BOOST_TEST(w::is_control(w::message_kind::join));
+  BOOST_TEST(!w::is_control(w::message_kind::pull_reply));
+}
