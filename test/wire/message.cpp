@@ -146,7 +146,7 @@ BOOST_AUTO_TEST_CASE(data_kinds_round_trip_with_payload_views) {
     BOOST_TEST((d->header == h));
     BOOST_TEST(d->payload.size() == p.size());
     BOOST_TEST(d->payload.data() == m.data() + w::header_bytes);  // a view, no copy
-    BOOST_TEST(std::memcmp(d->payload.data(), p.data(), p.size()) == 0);
+    if (!p.empty()) BOOST_TEST(std::memcmp(d->payload.data(), p.data(), p.size()) == 0);
     BOOST_TEST(std::holds_alternative<std::monostate>(d->body));
     bytes again(m.size());
     auto n = w::encode(*d, again);
