@@ -46,7 +46,7 @@ class asp {
   }
   pull_decision on_pull(const pull_event& q) {
     if (core_.table().is_live(q.worker)) core_.table().served(q.worker);
-    return {pull_action::serve};
+    return {pull_action::serve, {}};
   }
   outcome on_metric(const metric_event&) { return {}; }
   outcome on_join(const membership_event& j) {

@@ -53,13 +53,13 @@ class bsp {
     return {commit_action::buffer, 0.0, rounds_.settle(table_)};
   }
   pull_decision on_pull(const pull_event& q) {
-    if (!table_.is_live(q.worker)) return {pull_action::serve};
+    if (!table_.is_live(q.worker)) return {pull_action::serve, {}};
     if (rounds_.waiting(q.worker)) {
       table_.hold(q.worker);
-      return {pull_action::hold};
+      return {pull_action::hold, {}};
     }
     table_.served(q.worker);
-    return {pull_action::serve};
+    return {pull_action::serve, {}};
   }
   outcome on_metric(const metric_event&) { return {}; }
   // A joiner counts from the next round on: it has nothing buffered, so the

@@ -127,6 +127,7 @@ enum class pull_action : std::uint8_t {
 
 struct pull_decision {
   pull_action action = pull_action::serve;
+  outcome effects;  // e.g. a staged schedule switching on this event's time
 };
 
 // What a worker should do until told otherwise.

@@ -57,13 +57,13 @@ class ssp {
   }
   pull_decision on_pull(const pull_event& q) {
     auto& t = core_.table();
-    if (!t.is_live(q.worker)) return {pull_action::serve};
+    if (!t.is_live(q.worker)) return {pull_action::serve, {}};
     if (ahead(q.worker) > bound_) {
       t.hold(q.worker);
-      return {pull_action::hold};
+      return {pull_action::hold, {}};
     }
     t.served(q.worker);
-    return {pull_action::serve};
+    return {pull_action::serve, {}};
   }
   outcome on_metric(const metric_event&) { return {}; }
   outcome on_join(const membership_event& j) {
