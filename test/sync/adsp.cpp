@@ -1,0 +1,123 @@
+#include <ashl/sync/adsp.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <limits>
+
+namespace as = ashl::sync;
+
+BOOST_AUTO_TEST_CASE(fit_recovers_known_parameters) {
+  const as::loss_curve truth{0.04, 0.5, 0.12};
+  const double t0 = 100.0, t1 = 130.0, t2 = 160.0;
+  auto f = as::fit_loss_curve(t0, truth(0.0), t1, truth(30.0), t2, truth(60.0));
+  BOOST_REQUIRE(f.has_value());
+  BOOST_TEST(std::abs(f->a2 - 0.04) < 1e-9);
+  BOOST_TEST(std::abs(f->b - 0.5) < 1e-9);
+  BOOST_TEST(std::abs(f->c - 0.12) < 1e-9);
+  // Uneven spacing too.
+  auto g = as::fit_loss_curve(0.0, truth(0.0), 7.0, truth(7.0), 61.0, truth(61.0));
+  BOOST_REQUIRE(g.has_value());
+  BOOST_TEST(std::abs(g->c - 0.12) < 1e-9);
+}
+
+BOOST_AUTO_TEST_CASE(fit_rejects_degenerate_systems) {
+  BOOST_TEST(!as::fit_loss_curve(0, 3, 1, 2, 2, 1).has_value());      // collinear: no finite c
+  BOOST_TEST(!as::fit_loss_curve(0, 1, 1, 2, 2, 2.5).has_value());    // rising loss: a² < 0
+  BOOST_TEST(!as::fit_loss_curve(0, 1, 0, 2, 2, 3).has_value());      // repeated time
+  BOOST_TEST(!as::fit_loss_curve(0, std::nan(""), 1, 2, 2, 3).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(reward_guards_unreachable_targets) {
+  const double ninf = -std::numeric_limits<double>::infinity();
+  BOOST_TEST(as::commit_rate_reward(as::loss_curve{1.0, 1.0, 0.5}, 0.3) == ninf);  // c >= target
+  BOOST_TEST(as::commit_rate_reward(std::nullopt, 0.3) == ninf);
+  // 1/(t + 1) + 0.1 = 0.2 at t* = 9.
+  BOOST_TEST(std::abs(as::commit_rate_reward(as::loss_curve{1.0, 1.0, 0.1}, 0.2) - 1.0 / 9.0) < 1e-12);
+}
+
+BOOST_AUTO_TEST_CASE(plan_interval_and_weights) {
+  as::adsp p{{.workers = 4, .period = 60.0, .t_min = 1.0}};
+  BOOST_TEST(p.commit_rate() == 1u);
+  BOOST_TEST(p.plan(0).commit_interval == 60.0);
+  BOOST_TEST(p.plan(0).local_iterations == 0u);
+  auto o = p.on_measurement({.worker = 2, .kind = as::measurement_kind::push, .seconds = 1.5});
+  BOOST_TEST(o.plans_changed);
+  (void)p.on_measurement({.worker = 2, .kind = as::measurement_kind::pull, .seconds = 0.5});
+  BOOST_TEST(p.plan(2).commit_interval == 58.0);
+  (void)p.on_measurement({.worker = 3, .kind = as::measurement_kind::commit, .seconds = 70.0});
+  BOOST_TEST(p.plan(3).commit_interval == 1.0);  // t_min
+  BOOST_TEST(p.on_commit({.worker = 0, .sequence = 1}).weight == 0.25);
+  (void)p.on_evict({.worker = 3});
+  BOOST_TEST(p.on_commit({.worker = 0, .sequence = 2}).weight == 1.0 / 3.0);
+  BOOST_TEST((p.on_pull({.worker = 1}).action == as::pull_action::serve));
+}
+
+namespace {
+// Synthetic training: while ΔC = r is in force, the loss continues from where
+// it was along 1/(a(r)² (t − t_r) + b_r) + 0.1 (b_r makes it continuous at the
+// switch time t_r), with a(r)² largest at r = 3, sharply enough that ΔC = 3
+// reaches the target soonest although later trials start lower.
+double a2_of(std::uint32_t r) { return 0.05 / (1.0 + (static_cast<double>(r) - 3.0) * (static_cast<double>(r) - 3.0)); }
+
+struct synthetic_run {
+  as::adsp p;
+  double now = 0.0;
+  double trial_start = 0.0;
+  double b = 1.0;
+  std::uint32_t rate = 0;
+  double loss() const { return 1.0 / (a2_of(rate) * (now - trial_start) + b) + 0.1; }
+  void step(double dt) {
+    now += dt;
+    const double l = loss();
+    (void)p.on_metric({.name = "loss", .value = l, .time = now});
+    if (p.commit_rate() != rate) {
+      rate = p.commit_rate();
+      trial_start = now;
+      b = 1.0 / (l - 0.1);
+    }
+  }
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(search_finds_the_known_best_commit_rate) {
+  synthetic_run run{as::adsp{{.workers = 2, .period = 40.0, .search_every = 1e9, .target_loss = 0.2}}};
+  run.rate = run.p.commit_rate();
+  (void)run.p.on_metric({.name = "loss", .value = run.loss(), .time = 0.0});
+  for (int i = 0; i < 200 && run.p.searching(); ++i) run.step(10.0);
+  BOOST_TEST(!run.p.searching());
+  BOOST_TEST(run.p.commit_rate() == 3u);
+  BOOST_TEST(run.p.plan(0).commit_interval == 40.0 / 3.0);
+}
+
+BOOST_AUTO_TEST_CASE(nan_loss_is_ignored_and_a_loss_rise_restarts_the_search) {
+  synthetic_run run{as::adsp{{.workers = 2, .period = 40.0, .search_every = 1e9, .target_loss = 0.2}}};
+  run.rate = run.p.commit_rate();
+  (void)run.p.on_metric({.name = "loss", .value = std::nan(""), .time = 0.0});
+  (void)run.p.on_metric({.name = "loss", .value = run.loss(), .time = 0.0});
+  for (int i = 0; i < 200 && run.p.searching(); ++i) {
+    run.step(10.0);
+    (void)run.p.on_metric({.name = "loss", .value = std::numeric_limits<double>::infinity(), .time = run.now});
+  }
+  BOOST_TEST(run.p.commit_rate() == 3u);
+  BOOST_TEST(run.p.searches_done() == 1u);
+  // Loss jumps up by 50 % a period later: a new search starts from ΔC = 1.
+  const double t = run.now;
+  (void)run.p.on_metric({.name = "loss", .value = run.loss(), .time = t + 20.0});
+  auto o = run.p.on_metric({.name = "loss", .value = 1.5 * run.loss() + 0.5, .time = t + 41.0});
+  BOOST_TEST(run.p.searching());
+  BOOST_TEST(o.plans_changed);
+  BOOST_TEST(run.p.commit_rate() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(search_reruns_after_t_search) {
+  synthetic_run run{as::adsp{{.workers = 2, .period = 40.0, .search_every = 500.0, .target_loss = 0.2}}};
+  run.rate = run.p.commit_rate();
+  (void)run.p.on_metric({.name = "loss", .value = run.loss(), .time = 0.0});
+  for (int i = 0; i < 200 && run.p.searching(); ++i) run.step(10.0);
+  BOOST_TEST(!run.p.searching());
+  for (int i = 0; i < 49; ++i) run.step(10.0);
+  BOOST_TEST(!run.p.searching());
+  for (int i = 0; i < 2 && !run.p.searching(); ++i) run.step(10.0);
+  BOOST_TEST(run.p.searching());
+}
