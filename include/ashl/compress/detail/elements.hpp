@@ -1,0 +1,315 @@
+// ashl/compress/detail/elements.hpp — element access, little-endian bulk
+// stores and loads, and branch-free 16-bit float conversions shared by the CPU
+// codecs.
+//
+//   detail::store_le(out + 4 * i, v);                 // v: float, half or bfloat16
+//   float f = detail::load_value_le(in + 2 * i, dtype::f16);
+//   std::uint16_t h = detail::f32_to_f16_rne(x);      // same bits as half::from_float
+//
+// The conversions here give exactly the bits of core/dtype.hpp (the tests of
+// compress/cast.hpp compare them) but are written without data-dependent
+// branches so that gcc and clang vectorize the codec loops at -O2/-O3 without
+// -march flags. ALGORITHMS.md §4; payload layouts in docs/wire-format.md.
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/core/bytes.hpp>
+#include <ashl/core/dtype.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/core/tensor_view.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+ASHL_NAMESPACE_BEGIN
+namespace compress::detail {
+
+// The bit pattern of a gradient element (float -> u32, half/bfloat16 -> u16).
+template <gradient_element T>
+using bits_of = std::conditional_t<std::is_same_v<T, float>, std::uint32_t, std::uint16_t>;
+
+template <gradient_element T>
+inline bits_of<T> element_bits(T v) noexcept {
+  bits_of<T> b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+// Magnitude key: the bit pattern with the sign cleared. For non-NaN values the
+// key order is the order of |x| (IEEE layout); NaN keys sort above +inf, so a
+// NaN counts as the largest magnitude.
+template <gradient_element T>
+inline std::uint32_t magnitude_key(T v) noexcept {
+  if constexpr (std::is_same_v<T, float>)
+    return element_bits(v) & 0x7fffffffu;
+  else
+    return static_cast<std::uint32_t>(element_bits(v) & 0x7fffu);
+}
+template <gradient_element T>
+inline constexpr int magnitude_key_bits = std::is_same_v<T, float> ? 31 : 15;
+
+// Unaligned little-endian store/load of one scalar (a plain move on x46/ARM).
+template <class T>
+inline void store_le(std::byte* p, T v) noexcept {
+  v = ::ashl::detail::byteswap_if_big(v);
+  std::memcpy(p, &v, sizeof(T));
+}
+template <class T>
+inline T load_le(const std::byte* p) noexcept {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return ::ashl::detail::byteswap_if_big(v);
+}
+
+// Copy n elements into the payload in little-endian order.
+template <class T>
+inline void store_array_le(std::byte* out, const T* in, std::size_t n) noexcept {
+  if constexpr (std::endian::native == std::endian::little) {
+    if (n != 0) std::memcpy(out, in, n * sizeof(T));
+  } else {
+    for (std::size_t i = 0; i < n; ++i) store_le(out + i * sizeof(T), in[i]);
+  }
+}
+
+// Branch-free f32 -> f16, round to nearest even, identical to
+// ashl::detail::f32_to_f16_bits (NaN quiet with the top payload bits kept,
+// overflow to inf, subnormals exact). Subnormals use the float-add trick
+// (the addition rounds with the default nearest-even mode), so it must not
+// run with flush-to-zero enabled.
+inline std::uint16_t f32_to_f16_rne(float f) noexcept {
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t a = x & 0x7fffffffu;
+  // Normal range: rebias and round the 13 dropped bits to nearest even.
+  const std::uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;
+  // Subnormal range: adding 0.5 (2^-1) aligns the half subnormal unit with
+  // the float ulp, so the hardware rounding does the work.
+  float af;
+  std::memcpy(&af, &a, 4);
+  const float sum = af + 0.5f;
+  std::uint32_t sb;
+  std::memcpy(&sb, &sum, 4);
+  const std::uint32_t sub = sb - 0x3f000000u;
+  const std::uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+  std::uint32_t h = a < 0x38800000u ? sub : normal;
+  h = a >= 0x477ff000u ? 0x7c00u : h;
+  h = a > 0x7f800000u ? nan : h;
+  return static_cast<std::uint16_t>(h | sign);
+}
+
+// Branch-free f16 -> f32, exact, identical to ashl::detail::f16_bits_to_f32.
+inline float f16_to_f32(std::uint16_t h) noexcept {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t em = static_cast<std::uint32_t>(h & 0x7fffu) << 13;
+  const std::uint32_t e = em & 0x0f800000u;
+  const std::uint32_t normal = em + 0x38000000u;            // rebias 15 -> 127
+  const std::uint32_t infnan = em + 0x70000000u;            // exponent 31 -> 255
+  // Subnormal: m * 2^-24 computed exactly as (2^-14 + m*2^-24) - 2^-14.
+  const std::uint32_t subb = em + 0x38800000u;
+  float subf;
+  std::memcpy(&subf, &subb, 4);
+  subf -= 6.103515625e-05f;  // 2^-14
+  std::uint32_t sub;
+  std::memcpy(&sub, &subf, 4);
+  std::uint32_t r = e == 0x0f800000u ? infnan : normal;
+  r = e == 0 ? sub : r;
+  r |= sign;
+  float out;
+  std::memcpy(&out, &r, 4);
+  return out;
+}
+
+inline std::uint16_t f32_to_bf16_rne(float f) noexcept {
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const std::uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (x >> 16) | 0x0040u;
+  return static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+inline float bf16_to_f32(std::uint16_t b) noexcept {
+  const std::uint32_t x = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+// One payload value of type `t` (f32, f16 or bf16) as float.
+inline float load_value_le(const std::byte* p, dtype t) noexcept {
+  switch (t) {
+    case dtype::f32: return load_le<float>(p);
+    case dtype::f16: return f16_to_f32(load_le<std::uint16_t>(p));
+    case dtype::bf16: return bf16_to_f32(load_le<std::uint16_t>(p));
+    default: return 0.0f;
+  }
+}
+
+inline bool is_gradient_dtype(dtype t) noexcept { return t == dtype::f32 || t == dtype::f16 || t == dtype::bf16; }
+
+// Bulk conversion kernels. With gcc/clang on a little-endian host they use
+// the compilers' generic vector extension (4 lanes, one SSE2/NEON
+// register, so no -march flag is needed and no AVX calling-convention issue), because gcc -O2 does not
+// auto-vectorize the select chains above (its very-cheap cost model refuses,
+// and -ftrapping-math blocks if-conversion around the float add). The lanes
+// compute exactly the scalar functions; the tail uses those directly.
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#define ASHL_DETAIL_VECTOR_EXT (std::endian::native == std::endian::little)
+typedef std::uint32_t ashl_u32x4 __attribute__((vector_size(16)));
+typedef std::int32_t ashl_i32x4 __attribute__((vector_size(16)));
+typedef float ashl_f32x4 __attribute__((vector_size(16)));
+typedef std::uint16_t ashl_u16x4 __attribute__((vector_size(8)));
+
+inline ashl_u32x4 vsel(ashl_i32x4 mask, ashl_u32x4 a, ashl_u32x4 b) noexcept {
+  const ashl_u32x4 m = reinterpret_cast<ashl_u32x4>(mask);
+  return (a & m) | (b & ~m);
+}
+
+// 4 floats -> 4 binary16 patterns; `overflow` gets lanes where a finite input became inf.
+inline void f32_to_f16_x4(const float* in, std::byte* out, ashl_u32x4& overflow) noexcept {
+  ashl_u32x4 x;
+  std::memcpy(&x, in, 16);
+  const ashl_u32x4 sign = (x >> 16) & 0x8000u;
+  const ashl_u32x4 a = x & 0x7fffffffu;
+  const ashl_i32x4 ai = reinterpret_cast<ashl_i32x4>(a);  // sign cleared: signed compares are exact
+  const ashl_u32x4 normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;
+  const ashl_f32x4 sum = reinterpret_cast<ashl_f32x4>(a) + 0.5f;
+  const ashl_u32x4 sub = reinterpret_cast<ashl_u32x4>(sum) - 0x3f000000u;
+  const ashl_u32x4 nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+  ashl_u32x4 h = vsel(ai < 0x38800000, sub, normal);
+  h = vsel(ai >= 0x477ff000, ashl_u32x4{} + 0x7c00u, h);
+  h = vsel(ai > 0x7f800000, nan, h);
+  const ashl_i32x4 finite = ai < 0x7f800000;
+  overflow |= reinterpret_cast<ashl_u32x4>(finite & (reinterpret_cast<ashl_i32x4>(h) == 0x7c00));
+  const ashl_u16x4 r = __builtin_convertvector(h | sign, ashl_u16x4);
+  std::memcpy(out, &r, 8);
+}
+
+inline void f32_to_bf16_x4(const float* in, std::byte* out, ashl_u32x4& overflow) noexcept {
+  ashl_u32x4 x;
+  std::memcpy(&x, in, 16);
+  const ashl_i32x4 ai = reinterpret_cast<ashl_i32x4>(x & 0x7fffffffu);
+  const ashl_u32x4 rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const ashl_u32x4 nan = (x >> 16) | 0x0040u;
+  const ashl_u32x4 h = vsel(ai > 0x7f800000, nan, rounded);
+  const ashl_i32x4 finite = ai < 0x7f800000;
+  overflow |= reinterpret_cast<ashl_u32x4>(finite & (reinterpret_cast<ashl_i32x4>(h & 0x7fffu) == 0x7f80));
+  const ashl_u16x4 r = __builtin_convertvector(h, ashl_u16x4);
+  std::memcpy(out, &r, 8);
+}
+
+inline ashl_f32x4 f16_to_f32_x4(const std::byte* in) noexcept {
+  ashl_u16x4 h16;
+  std::memcpy(&h16, in, 8);
+  const ashl_u32x4 h = __builtin_convertvector(h16, ashl_u32x4);
+  const ashl_u32x4 sign = (h & 0x8000u) << 16;
+  const ashl_u32x4 em = (h & 0x7fffu) << 13;
+  const ashl_i32x4 e = reinterpret_cast<ashl_i32x4>(em & 0x0f800000u);
+  const ashl_u32x4 normal = em + 0x38000000u;
+  const ashl_u32x4 infnan = em + 0x70000000u;
+  const ashl_f32x4 subf = reinterpret_cast<ashl_f32x4>(em + 0x38800000u) - 6.103515625e-05f;
+  ashl_u32x4 r = vsel(e == 0x0f800000, infnan, normal);
+  r = vsel(e == 0, reinterpret_cast<ashl_u32x4>(subf), r);
+  return reinterpret_cast<ashl_f32x4>(r | sign);
+}
+
+inline ashl_f32x4 bf16_to_f32_x4(const std::byte* in) noexcept {
+  ashl_u16x4 h16;
+  std::memcpy(&h16, in, 8);
+  return reinterpret_cast<ashl_f32x4>(__builtin_convertvector(h16, ashl_u32x4) << 16);
+}
+#else
+#define ASHL_DETAIL_VECTOR_EXT false
+#endif
+
+// n floats to binary16 (ToHalf) or bfloat16 patterns, little-endian. Returns
+// whether some finite input became +-inf.
+template <bool ToHalf>
+inline bool convert_f32_to_16(const float* in, std::byte* out, std::size_t n) noexcept {
+  std::size_t i = 0;
+  bool overflow = false;
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+  if constexpr (ASHL_DETAIL_VECTOR_EXT) {
+    ashl_u32x4 ov{};
+    for (; i < (n & ~std::size_t{3}); i += 4) {
+      if constexpr (ToHalf)
+        f32_to_f16_x4(in + i, out + 2 * i, ov);
+      else
+        f32_to_bf16_x4(in + i, out + 2 * i, ov);
+    }
+    for (int l = 0; l < 4; ++l) overflow |= ov[l] != 0;
+  }
+#endif
+  for (; i < n; ++i) {
+    const std::uint16_t h = ToHalf ? f32_to_f16_rne(in[i]) : f32_to_bf16_rne(in[i]);
+    const bool inf_out = ToHalf ? (h & 0x7fffu) == 0x7c00u : (h & 0x7fffu) == 0x7f80u;
+    overflow |= inf_out && std::isfinite(in[i]);
+    store_le<std::uint16_t>(out + 2 * i, h);
+  }
+  return overflow;
+}
+
+// acc[i] += scale * value(payload element i) for n dense values of type t.
+inline void add_dense(const std::byte* in, dtype t, float* acc, std::size_t n, float scale) noexcept {
+  std::size_t i = 0;
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+  if constexpr (ASHL_DETAIL_VECTOR_EXT) {
+    for (; i < (n & ~std::size_t{3}); i += 4) {
+      ashl_f32x4 v;
+      if (t == dtype::f32)
+        std::memcpy(&v, in + 4 * i, 16);
+      else if (t == dtype::f16)
+        v = f16_to_f32_x4(in + 2 * i);
+      else
+        v = bf16_to_f32_x4(in + 2 * i);
+      ashl_f32x4 a;
+      std::memcpy(&a, acc + i, 16);
+      a += scale * v;
+      std::memcpy(acc + i, &a, 16);
+    }
+  }
+#endif
+  const std::size_t w = size_of(t);
+  for (; i < n; ++i) acc[i] += scale * load_value_le(in + w * i, t);
+}
+
+// The checks every decoder makes before reading its payload: a gradient
+// dtype, an accumulator of exactly info.count elements, a finite scale.
+inline status check_decode_args(std::string_view codec, dtype t, std::size_t count, std::size_t acc_size,
+                                float scale) {
+  if (!is_gradient_dtype(t))
+    return invalid_argument(std::string(codec) + ".info.type", to_string(t), "must be f32, f16 or bf16");
+  if (acc_size != count)
+    return invalid_argument(std::string(codec) + ".acc.size", acc_size,
+                            "must equal info.count = " + std::to_string(count));
+  if (!std::isfinite(scale)) return invalid_argument(std::string(codec) + ".scale", scale, "must be finite");
+  return {};
+}
+
+// k from a ratio in (0, 1] or an absolute count: max(1, round(ratio * n)),
+// never above n (0 only for n = 0).
+struct k_spec {
+  double ratio = 0.01;       // used when count == 0
+  std::size_t count = 0;     // absolute k when non-zero
+  [[nodiscard]] std::size_t k_for(std::size_t n) const noexcept {
+    if (n == 0) return 0;
+    std::size_t k = count;
+    if (k == 0) {
+      const double r = std::nearbyint(ratio * static_cast<double>(n));
+      k = r < 1.0 ? 1 : static_cast<std::size_t>(r);
+    }
+    return k > n ? n : k;
+  }
+  [[nodiscard]] status validate(std::string_view codec) const {
+    if (count == 0 && !(ratio > 0.0 && ratio <= 1.0))
+      return invalid_argument(std::string(codec) + ".ratio", ratio, "must be in (0, 1]");
+    return {};
+  }
+};
+
+}  // namespace compress::detail
+ASHL_NAMESPACE_END

@@ -1,0 +1,75 @@
+// ashl/compress/identity.hpp — the lossless codec: the values themselves.
+//
+//   ashl::compress::identity c;
+//   std::vector<std::byte> buf(c.max_encoded_bytes(n, ashl::dtype::f32));   // 4 n
+//   auto used = c.encode(ashl::host_view<const float>(g.data(), n), buf, {});
+//   auto s = c.decode_add({buf.data(), *used}, {n, ashl::dtype::f32}, acc, 1.0f, {});
+//
+// Payload: n values in the input dtype, little-endian, nothing else (n and the
+// dtype are in the message header, which every decode receives as
+// payload_info). Decoding adds exactly scale * value. ALGORITHMS.md §4;
+// docs/wire-format.md, "Codec payloads / identity".
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/detail/elements.hpp>
+#include <ashl/core/dtype.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/core/tensor_view.hpp>
+#include <ashl/wire/ids.hpp>
+
+#include <cstddef>
+#include <span>
+#include <string>
+
+ASHL_NAMESPACE_BEGIN
+namespace compress {
+
+class identity {
+ public:
+  using codec_concept = codec_tag;
+  static constexpr codec_id id = codec_id::identity;
+
+  // Exactly n * size_of(t).
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype t) const noexcept { return n * size_of(t); }
+  [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
+
+  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context&) const {
+    return encode_impl(x, out);
+  }
+  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context&) const {
+    return encode_impl(x, out);
+  }
+  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out, const codec_context&) const {
+    return encode_impl(x, out);
+  }
+
+  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
+                    const codec_context&) const {
+    ASHL_TRY(detail::check_decode_args("identity", info.type, info.count, acc.size(), scale));
+    const std::size_t expect = info.count * size_of(info.type);
+    if (in.size() != expect)
+      return malformed("identity.payload_bytes", in.size(), "must be count * " +
+                                                                std::to_string(size_of(info.type)) + " = " +
+                                                                std::to_string(expect));
+    detail::add_dense(in.data(), info.type, acc.data(), info.count, scale);
+    return {};
+  }
+
+ private:
+  template <class T>
+  static result<std::size_t> encode_impl(host_view<const T> x, std::span<std::byte> out) {
+    const std::size_t bytes = x.size() * sizeof(T);
+    if (out.size() < bytes)
+      return make_error(errc::buffer_too_small, "identity.out.size", out.size(),
+                        "bytes, fewer than max_encoded_bytes = " + std::to_string(bytes));
+    detail::store_array_le(out.data(), x.data(), x.size());
+    return bytes;
+  }
+};
+
+static_assert(codec<identity>);
+
+}  // namespace compress
+ASHL_NAMESPACE_END
