@@ -16,13 +16,18 @@
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/core/bytes.hpp>
 #include <ashl/core/dtype.hpp>
+#include <ashl/core/philox.hpp>
 #include <ashl/core/status.hpp>
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <type_traits>
+#include <vector>
 #include <span>
 #include <string>
 #include <string_view>
@@ -134,6 +139,272 @@ std::size_t write_selected(const T* x, std::size_t n, const selection& sel, std:
   }
   ASHL_ASSERT(c == count, "write_selected: selection count mismatch");
   return sparse_payload_bytes(count, dtype_of<T>);
+}
+
+// Writes every element (k = n, or a threshold that selects all).
+template <gradient_element T>
+std::size_t write_all(const T* x, std::size_t n, std::span<std::byte> out) noexcept {
+  std::byte* const base = out.data();
+  store_le<std::uint64_t>(base, n);
+  store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(n));
+  std::byte* idx = base + sparse_header_bytes;
+  for (std::size_t i = 0; i < n; ++i) store_le<std::uint32_t>(idx + 4 * i, static_cast<std::uint32_t>(i));
+  store_array_le(idx + 4 * n, x, n);
+  return sparse_payload_bytes(n, dtype_of<T>);
+}
+
+// Pass 1 of the two-pass exact top-k: the top key digit holding the k-th largest.
+struct topk_pass1 {
+  std::uint32_t digit = 0;
+  std::size_t greater = 0;     // elements with a larger top digit
+  std::size_t candidates = 0;  // elements with top digit == digit
+};
+
+template <gradient_element T>
+inline constexpr int top_digit_bits = std::is_same_v<T, float> ? 11 : 8;
+
+template <gradient_element T>
+topk_pass1 topk_histogram(const T* x, std::size_t n, std::size_t k) noexcept {
+  constexpr int w = top_digit_bits<T>;
+  constexpr int shift = magnitude_key_bits<T> - w;
+  constexpr std::size_t bins = std::size_t{1} << w;
+  std::array<std::uint32_t, 4 * bins> h{};
+  std::size_t i = 0;
+  for (; i < (n & ~std::size_t{3}); i += 4) {
+    ++h[magnitude_key(x[i]) >> shift];
+    ++h[bins + (magnitude_key(x[i + 1]) >> shift)];
+    ++h[2 * bins + (magnitude_key(x[i + 2]) >> shift)];
+    ++h[3 * bins + (magnitude_key(x[i + 3]) >> shift)];
+  }
+  for (; i < n; ++i) ++h[magnitude_key(x[i]) >> shift];
+  std::size_t above = 0;
+  for (std::size_t b = bins; b-- > 0;) {
+    const std::size_t c = std::size_t{h[b]} + h[bins + b] + h[2 * bins + b] + h[3 * bins + b];
+    if (above + c >= k || b == 0) return topk_pass1{static_cast<std::uint32_t>(b), above, c};
+    above += c;
+  }
+  return {};
+}
+
+// Exact top-k: candidates are (element bits << 32 | index) in a u64, so the
+// selection among them reads one contiguous array instead of gathering from
+// the input (a gather per candidate and digit costs a cache miss each).
+template <gradient_element T>
+inline std::uint64_t make_candidate(const T* x, std::size_t i) noexcept {
+  return (static_cast<std::uint64_t>(element_bits(x[i])) << 32) | static_cast<std::uint32_t>(i);
+}
+template <gradient_element T>
+inline std::uint32_t candidate_key(std::uint64_t c) noexcept {
+  return static_cast<std::uint32_t>(c >> 32) & (std::is_same_v<T, float> ? 0x7fffffffu : 0x7fffu);
+}
+
+// Exact top-k among the candidates cand[0..c) (increasing indices; every
+// element of x not among them is smaller than the smallest of the k largest
+// candidates, and `greater` payload slots are already written by the caller
+// with such elements that are certainly kept). Resolves the key digits below
+// the `done` bits fixed by `prefix`, then merges the chosen candidates with
+// the `greater` certain ones (in place, from the back: the payload has
+// exactly k slots).
+template <gradient_element T>
+void finish_topk(std::size_t k, std::size_t greater, std::uint32_t prefix, int done, std::uint64_t* cand,
+                 std::size_t c, std::byte* idx, std::byte* val) noexcept {
+  constexpr int key_bits = magnitude_key_bits<T>;
+  std::array<std::uint32_t, 2048> hist;
+  std::size_t want = k - greater;
+  while (done < key_bits) {
+    const int w = key_bits - done > 11 ? 11 : key_bits - done;
+    const int shift = key_bits - done - w;
+    const std::uint32_t mask = (1u << w) - 1u;
+    std::fill(hist.begin(), hist.begin() + (std::size_t{1} << w), 0u);
+    if (done == 0) {
+      for (std::size_t j = 0; j < c; ++j) ++hist[candidate_key<T>(cand[j]) >> shift];
+    } else {
+      for (std::size_t j = 0; j < c; ++j) {
+        const std::uint32_t key = candidate_key<T>(cand[j]);
+        if ((key >> (shift + w)) == prefix) ++hist[(key >> shift) & mask];
+      }
+    }
+    std::size_t above = 0;
+    std::uint32_t b = mask;
+    for (;; --b) {
+      if (above + hist[b] >= want || b == 0) break;
+      above += hist[b];
+    }
+    want -= above;
+    prefix = (prefix << w) | b;
+    done += w;
+  }
+  const std::uint32_t t = prefix;
+  std::size_t m = 0;
+  for (std::size_t j = 0; j < c; ++j) {
+    const std::uint32_t key = candidate_key<T>(cand[j]);
+    if (key > t || (key == t && want != 0)) {
+      if (key == t) --want;
+      cand[m++] = cand[j];
+    }
+  }
+  ASHL_ASSERT(greater + m == k, "finish_topk: selection count mismatch");
+  std::size_t gi = greater, ci = m, p = k;
+  while (ci != 0) {
+    --p;
+    const std::uint64_t cv = cand[ci - 1];
+    const std::uint32_t cidx = static_cast<std::uint32_t>(cv);
+    if (gi != 0 && load_le<std::uint32_t>(idx + 4 * (gi - 1)) > cidx) {
+      --gi;
+      store_le<std::uint32_t>(idx + 4 * p, load_le<std::uint32_t>(idx + 4 * gi));
+      store_le(val + sizeof(T) * p, load_le<bits_of<T>>(val + sizeof(T) * gi));
+    } else {
+      --ci;
+      store_le<std::uint32_t>(idx + 4 * p, cidx);
+      store_le(val + sizeof(T) * p, static_cast<bits_of<T>>(cv >> 32));
+    }
+  }
+}
+
+// u64 view of caller scratch (aligned inside it) of at least `count` entries,
+// or null when it is too small.
+inline std::uint64_t* scratch_u64(std::span<std::byte> scratch, std::size_t count) noexcept {
+  void* p = scratch.data();
+  std::size_t space = scratch.size();
+  if (p == nullptr || std::align(alignof(std::uint64_t), count * 8, p, space) == nullptr) return nullptr;
+  return static_cast<std::uint64_t*>(p);
+}
+
+// One pass: counts the elements with magnitude key >= theta (and == theta)
+// and stores the first `cap` of them as candidates. For f32, eight keys are
+// tested per step with the vector extension and the scalar check runs only
+// for groups holding a candidate.
+struct collect_counts {
+  std::size_t ge = 0, eq = 0;
+};
+template <gradient_element T>
+collect_counts collect_ge(const T* x, std::size_t n, std::uint32_t theta, std::uint64_t* cand,
+                          std::size_t cap) noexcept {
+  collect_counts r;
+  std::size_t i = 0;
+  auto one = [&](std::size_t j) {
+    const std::uint32_t key = magnitude_key(x[j]);
+    if (key >= theta) {
+      if (r.ge < cap) cand[r.ge] = make_candidate(x, j);
+      ++r.ge;
+      r.eq += key == theta;
+    }
+  };
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+  if constexpr (std::is_same_v<T, float>) {
+    const ashl_i32x4 th = ashl_i32x4{} + static_cast<std::int32_t>(theta);
+    for (; i < (n & ~std::size_t{7}); i += 8) {
+      ashl_i32x4 a, b;
+      std::memcpy(&a, x + i, 16);
+      std::memcpy(&b, x + i + 4, 16);
+      const ashl_u32x4 m = reinterpret_cast<ashl_u32x4>(((a & 0x7fffffff) >= th) | ((b & 0x7fffffff) >= th));
+      if ((m[0] | m[1] | m[2] | m[3]) != 0)
+        for (std::size_t j = i; j < i + 8; ++j) one(j);
+    }
+  }
+#endif
+  for (; i < n; ++i) one(i);
+  return r;
+}
+
+// Sample size and the seed of the (fixed, input-independent) sample stream
+// used to pick a safe lower bound for exact top-k.
+inline constexpr std::size_t topk_sample_size = 16384;
+inline constexpr std::uint64_t topk_sample_seed = 0x6b706f74u;  // "topk"
+
+// Sample rank whose key a little more than k elements reach with high
+// probability (1.3 times the expected rank plus 3 sigma plus 8), and the
+// candidate capacity that goes with it.
+inline double topk_sample_rank(std::size_t n, std::size_t k) noexcept {
+  const double mean = static_cast<double>(k) / static_cast<double>(n) * static_cast<double>(topk_sample_size);
+  return 1.3 * mean + 3.0 * std::sqrt(mean) + 8.0;
+}
+inline bool topk_sampled_path(std::size_t n, std::size_t k) noexcept {
+  return n >= 8 * topk_sample_size && topk_sample_rank(n, k) < static_cast<double>(topk_sample_size) / 2;
+}
+// Candidate entries encode_topk may use: twice the expected candidate count
+// of the sampled path, and at least k + 4096, never above n.
+inline std::size_t topk_candidate_capacity(std::size_t n, std::size_t k) noexcept {
+  if (!topk_sampled_path(n, k)) return n;
+  const double expect = topk_sample_rank(n, k) * static_cast<double>(n) / static_cast<double>(topk_sample_size);
+  const std::size_t cap = std::max(static_cast<std::size_t>(2.0 * expect) + 64, k + 4096);
+  return cap < n ? cap : n;
+}
+
+// Exact top-k of x into out (sparse payload of exactly k pairs).
+//
+// Sampled path (n >= 2^17 and k/n small enough): a fixed pseudo-random
+// sample of 16384 magnitudes gives a key θ that a little more than k
+// elements reach with high probability. One pass collects the elements with
+// key >= θ as candidates (a compare and a rarely taken branch per element);
+// if at least k and at most the capacity did, the answer is selected among
+// them. The sample affects only speed, never the result: otherwise (and for
+// small n) a two-pass path runs: a histogram of the top key digit (11 bits
+// for f32, 8 for f16/bf16, four interleaved copies so runs of equal digits
+// do not serialize on one counter), then one pass that writes the elements
+// above the threshold digit and collects those in it as candidates. When the
+// threshold digit holds more candidates than fit (tie-heavy data), the
+// multi-pass radix select over the input runs instead (no scratch).
+//
+// Scratch: topk_candidate_capacity(n, k) u64 entries. With ctx.scratch given
+// but too small, the multi-pass radix select runs (no allocation); with
+// ctx.scratch empty, the candidate list is allocated.
+template <gradient_element T>
+std::size_t encode_topk(const T* x, std::size_t n, std::size_t k, std::span<std::byte> scratch,
+                        std::span<std::byte> out) {
+  if (k == n) return write_all(x, n, out);
+  const std::size_t cap = topk_candidate_capacity(n, k);
+  std::vector<std::uint64_t> owned;
+  std::uint64_t* cand = scratch_u64(scratch, cap);
+  if (cand == nullptr) {
+    if (!scratch.empty()) return write_selected(x, n, radix_select(x, n, k), out);
+    owned.resize(cap);
+    cand = owned.data();
+  }
+  std::byte* const base = out.data();
+  store_le<std::uint64_t>(base, n);
+  store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(k));
+  std::byte* const idx = base + sparse_header_bytes;
+  std::byte* const val = idx + 4 * k;
+  const std::size_t bytes = sparse_payload_bytes(k, dtype_of<T>);
+  constexpr std::size_t s = topk_sample_size;
+  if (topk_sampled_path(n, k)) {
+    const philox_stream rng(topk_sample_seed, 0, 0);
+    auto* keys = reinterpret_cast<std::uint32_t*>(cand);  // 2 s u32 fit in cap >= 4096 + k u64
+    for (std::size_t j = 0; j < s; ++j) {
+      const std::uint64_t i = (static_cast<std::uint64_t>(rng.word(j)) * n) >> 32;
+      keys[j] = magnitude_key(x[i]);
+    }
+    const std::size_t r = static_cast<std::size_t>(topk_sample_rank(n, k));
+    std::nth_element(keys, keys + (s - r), keys + s);
+    const std::uint32_t theta = keys[s - r];
+    const collect_counts cc = collect_ge(x, n, theta, cand, cap);
+    const std::size_t c = cc.ge;
+    const bool full = c > cap;
+    if (!full && c >= k) {
+      finish_topk<T>(k, 0, 0, 0, cand, c, idx, val);
+      return bytes;
+    }
+  }
+  const topk_pass1 p1 = topk_histogram(x, n, k);
+  if (p1.candidates > cap) return write_selected(x, n, radix_select(x, n, k), out);
+  constexpr int shift1 = magnitude_key_bits<T> - top_digit_bits<T>;
+  std::size_t g = 0, c = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t d = magnitude_key(x[i]) >> shift1;
+    if (d >= p1.digit) {
+      if (d > p1.digit) {
+        store_le<std::uint32_t>(idx + 4 * g, static_cast<std::uint32_t>(i));
+        store_le(val + sizeof(T) * g, element_bits(x[i]));
+        ++g;
+      } else {
+        cand[c++] = make_candidate(x, i);
+      }
+    }
+  }
+  ASHL_ASSERT(g == p1.greater && c == p1.candidates, "encode_topk: pass 2 disagrees with pass 1");
+  finish_topk<T>(k, g, p1.digit, top_digit_bits<T>, cand, c, idx, val);
+  return bytes;
 }
 
 // Validates a sparse payload completely, then adds scale * value at each
