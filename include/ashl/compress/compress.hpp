@@ -1,0 +1,17 @@
+// ashl/compress/compress.hpp — umbrella for the CPU codecs and their registry.
+//
+//   #include <ashl/compress/compress.hpp>
+//   ashl::compress::topk c{0.01};
+//   auto s = ashl::compress::decode_add(ashl::codec_id::topk, payload, info, acc, 1.0f, ctx);
+//
+// ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads".
+#pragma once
+
+#include <ashl/compress/cast.hpp>
+#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/identity.hpp>
+#include <ashl/compress/randomk.hpp>
+#include <ashl/compress/registry.hpp>
+#include <ashl/compress/threshold.hpp>
+#include <ashl/compress/topk.hpp>
+#include <ashl/compress/topk_sampled.hpp>

@@ -1,0 +1,117 @@
+// ashl/compress/threshold.hpp — fixed-threshold sparsification, capped.
+//
+//   ashl::compress::threshold c{{.theta = 1e-3f, .max_ratio = 0.05}};
+//   std::vector<std::byte> buf(c.max_encoded_bytes(n, ashl::dtype::f32));
+//   auto used = c.encode(ashl::host_view<const float>(g.data(), n), buf, {});
+//
+// Sends the (index, value) pairs with |x| >= theta (compared in f32; NaN is
+// never >= theta). When more than the cap max(1, round(max_ratio * n)) pass,
+// the cap largest magnitudes are sent instead (exact top-k, ties to the lower
+// index), so the payload never exceeds max_encoded_bytes(n, t) =
+// 12 + cap(n) * (4 + size_of(t)). Payload: the sparse layout of topk (u64 n,
+// u32 count, count u32 indices strictly increasing, count values in the
+// input dtype); count may be 0. ALGORITHMS.md §4; docs/wire-format.md,
+// "Codec payloads / threshold".
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/sparse.hpp>
+#include <ashl/core/dtype.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/core/tensor_view.hpp>
+#include <ashl/wire/ids.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+
+ASHL_NAMESPACE_BEGIN
+namespace compress {
+
+struct threshold_options {
+  float theta = 1e-3f;     // finite, >= 0
+  double max_ratio = 1.0;  // cap = max(1, round(max_ratio * n)), in (0, 1]
+};
+
+class threshold {
+ public:
+  using codec_concept = codec_tag;
+  static constexpr codec_id id = codec_id::threshold;
+
+  threshold() = default;
+  explicit threshold(threshold_options o) : opt_(o) {}
+  [[nodiscard]] const threshold_options& options() const noexcept { return opt_; }
+
+  [[nodiscard]] status validate() const {
+    if (!std::isfinite(opt_.theta) || opt_.theta < 0.0f)
+      return invalid_argument("threshold.theta", opt_.theta, "must be finite and >= 0");
+    if (!(opt_.max_ratio > 0.0 && opt_.max_ratio <= 1.0))
+      return invalid_argument("threshold.max_ratio", opt_.max_ratio, "must be in (0, 1]");
+    return {};
+  }
+  [[nodiscard]] std::size_t cap_for(std::size_t n) const noexcept {
+    return detail::k_spec{opt_.max_ratio, 0}.k_for(n);
+  }
+
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype t) const noexcept {
+    return detail::sparse_payload_bytes(cap_for(n), t);
+  }
+  // Exact top-k's candidate list for k = cap (used when the cap binds), + 7.
+  [[nodiscard]] std::size_t scratch_bytes(std::size_t n, dtype) const noexcept {
+    const std::size_t cap = cap_for(n);
+    return cap == 0 ? 0 : 8 * detail::topk_candidate_capacity(n, cap) + 7;
+  }
+
+  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context& ctx) const {
+    return encode_impl(x, out, ctx);
+  }
+  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context& ctx) const {
+    return encode_impl(x, out, ctx);
+  }
+  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out,
+                             const codec_context& ctx) const {
+    return encode_impl(x, out, ctx);
+  }
+
+  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
+                    const codec_context&) const {
+    return detail::decode_add_pairs("threshold", in, info, acc, scale, /*require_nonempty=*/false);
+  }
+
+ private:
+  template <class T>
+  result<std::size_t> encode_impl(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
+    ASHL_TRY(validate());
+    const std::size_t n = xv.size();
+    const std::size_t cap = cap_for(n);
+    ASHL_TRY(detail::check_sparse_encode("threshold", n, out.size(), detail::sparse_payload_bytes(cap, dtype_of<T>)));
+    const T* x = xv.data();
+    const float th = opt_.theta;
+    std::size_t c = 0;
+    for (std::size_t i = 0; i < n; ++i) c += std::fabs(to_float(x[i])) >= th;
+    if (c > cap) return detail::encode_topk(x, n, cap, ctx.scratch, out);
+    std::byte* const base = out.data();
+    detail::store_le<std::uint64_t>(base, n);
+    detail::store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(c));
+    std::byte* const idx = base + detail::sparse_header_bytes;
+    std::byte* const val = idx + 4 * c;
+    std::size_t j = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (std::fabs(to_float(x[i])) >= th) {
+        detail::store_le<std::uint32_t>(idx + 4 * j, static_cast<std::uint32_t>(i));
+        detail::store_le(val + sizeof(T) * j, detail::element_bits(x[i]));
+        ++j;
+      }
+    }
+    return detail::sparse_payload_bytes(c, dtype_of<T>);
+  }
+
+  threshold_options opt_{};
+};
+
+static_assert(codec<threshold>);
+
+}  // namespace compress
+ASHL_NAMESPACE_END
