@@ -54,6 +54,9 @@ else()
     add_library(ashl_cuda INTERFACE)
     add_library(ashl::cuda ALIAS ashl_cuda)
     target_link_libraries(ashl_cuda INTERFACE ashl CUDA::cudart)
+    # cxx_std_20 on ashl covers only the CXX language; .cu files need C++20
+    # too, and CMake 3.25 has no cuda_std_20 feature for nvcc, so say it directly.
+    target_compile_options(ashl_cuda INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
     if(TARGET CUDA::cccl)
       target_link_libraries(ashl_cuda INTERFACE CUDA::cccl)
     endif()

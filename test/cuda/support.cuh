@@ -1,0 +1,160 @@
+// test/cuda/support.cuh — what the GPU tests share: the main that skips
+// without a device (exit 77, ctest "skipped"), device buffers, input
+// patterns, and the two-call helper.
+//
+//   ASHL_TEST_CUDA_MAIN()                      // once per test executable, after boost/test
+//   device_buffer<float> d(host);              // upload
+//   auto bytes = d.download_bytes();
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "test/cuda/support.cuh needs nvcc"
+#endif
+
+#include <ashl/core/dtype.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/core/tensor_view.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ashl_test {
+
+inline bool cuda_device_present() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// Boost.Test's runner, preceded by the device check.
+#define ASHL_TEST_CUDA_MAIN()                                                  \
+  int main(int argc, char** argv) {                                            \
+    if (!::ashl_test::cuda_device_present()) {                                 \
+      std::puts("SKIPPED: no CUDA device");                                    \
+      return 77;                                                               \
+    }                                                                          \
+    return ::boost::unit_test::unit_test_main(&init_unit_test, argc, argv);    \
+  }
+
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// A cudaMalloc'd array (tests only; the library never allocates).
+template <class T>
+class device_buffer {
+ public:
+  explicit device_buffer(std::size_t n) : n_(n) {
+    check(cudaMalloc(&p_, n == 0 ? 1 : n * sizeof(T)), "cudaMalloc");
+  }
+  explicit device_buffer(const std::vector<T>& h) : device_buffer(h.size()) {
+    if (!h.empty()) check(cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { cudaFree(p_); }
+  T* data() const noexcept { return p_; }
+  std::size_t size() const noexcept { return n_; }
+  std::vector<T> download(std::size_t count) const {
+    std::vector<T> h(count);
+    if (count != 0) check(cudaMemcpy(h.data(), p_, count * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    return h;
+  }
+  ashl::device_view<const T> cview() const noexcept { return {p_, n_}; }
+  ashl::device_view<T> view() const noexcept { return {p_, n_}; }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_;
+};
+
+enum class pattern { normal, ties, all_equal, heavy_tailed, special };
+inline const char* name(pattern p) {
+  switch (p) {
+    case pattern::normal: return "normal";
+    case pattern::ties: return "ties";
+    case pattern::all_equal: return "all_equal";
+    case pattern::heavy_tailed: return "heavy_tailed";
+    case pattern::special: return "special";
+  }
+  return "?";
+}
+
+// Inputs as float; `special` mixes NaN, +-inf, +-0, subnormals and values
+// beyond the 16-bit ranges into normal data.
+inline std::vector<float> make_input(std::size_t n, pattern p, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    switch (p) {
+      case pattern::normal: x[i] = nd(rng); break;
+      case pattern::ties: x[i] = static_cast<float>(static_cast<int>(rng() % 7) - 3) * 0.5f; break;
+      case pattern::all_equal: x[i] = -1.25f; break;
+      case pattern::heavy_tailed: {
+        const float u = std::uniform_real_distribution<float>(1e-6f, 1.0f)(rng);
+        x[i] = (rng() & 1 ? 1.0f : -1.0f) * std::pow(u, -1.5f);  // Pareto-like tail
+        break;
+      }
+      case pattern::special: {
+        const std::uint32_t r = rng() % 64;
+        if (r == 0) x[i] = std::numeric_limits<float>::quiet_NaN();
+        else if (r == 1) x[i] = std::numeric_limits<float>::infinity();
+        else if (r == 2) x[i] = -std::numeric_limits<float>::infinity();
+        else if (r == 3) x[i] = -0.0f;
+        else if (r == 4) x[i] = 1e-40f;   // f32 subnormal
+        else if (r == 5) x[i] = 70000.0f; // overflows fp16
+        else if (r == 6) x[i] = 3e-6f;    // fp16 subnormal
+        else x[i] = nd(rng);
+        break;
+      }
+    }
+  }
+  return x;
+}
+
+template <class T>
+std::vector<T> convert(const std::vector<float>& x) {
+  std::vector<T> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = ashl::from_float<T>(x[i]);
+  return out;
+}
+
+template <class T>
+std::vector<std::byte> as_bytes(const std::vector<T>& v) {
+  std::vector<std::byte> b(v.size() * sizeof(T));
+  if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// Runs a device entry point with the two-call protocol: size query, scratch,
+// run. `call(d_scratch, scratch_bytes)` returns an ashl::status.
+// `keep` owns the scratch afterwards (a graph replay needs it to stay).
+template <class Call>
+ashl::status two_call(Call&& call, std::unique_ptr<device_buffer<std::byte>>& keep) {
+  std::size_t bytes = 0;
+  ashl::status s = call(nullptr, bytes);
+  if (!s.ok()) return s;
+  keep = std::make_unique<device_buffer<std::byte>>(bytes);
+  return call(keep->data(), bytes);
+}
+
+// Index of the first differing byte, or -1.
+inline long long first_difference(const std::vector<std::byte>& a, const std::vector<std::byte>& b) {
+  const std::size_t m = a.size() < b.size() ? a.size() : b.size();
+  for (std::size_t i = 0; i < m; ++i)
+    if (a[i] != b[i]) return static_cast<long long>(i);
+  return a.size() == b.size() ? -1 : static_cast<long long>(m);
+}
+
+}  // namespace ashl_test
