@@ -323,11 +323,12 @@ inline bool topk_sampled_path(std::size_t n, std::size_t k) noexcept {
   return n >= 8 * topk_sample_size && topk_sample_rank(n, k) < static_cast<double>(topk_sample_size) / 2;
 }
 // Candidate entries encode_topk may use: twice the expected candidate count
-// of the sampled path, and at least k + 4096, never above n.
+// of the sampled path, at least k + 4096 and s / 2, never above n.
 inline std::size_t topk_candidate_capacity(std::size_t n, std::size_t k) noexcept {
   if (!topk_sampled_path(n, k)) return n;
   const double expect = topk_sample_rank(n, k) * static_cast<double>(n) / static_cast<double>(topk_sample_size);
-  const std::size_t cap = std::max(static_cast<std::size_t>(2.0 * expect) + 64, k + 4096);
+  // At least s / 2 entries: the sample's s u32 keys live in the same buffer.
+  const std::size_t cap = std::max({static_cast<std::size_t>(2.0 * expect) + 64, k + 4096, topk_sample_size / 2});
   return cap < n ? cap : n;
 }
 
@@ -370,7 +371,7 @@ std::size_t encode_topk(const T* x, std::size_t n, std::size_t k, std::span<std:
   constexpr std::size_t s = topk_sample_size;
   if (topk_sampled_path(n, k)) {
     const philox_stream rng(topk_sample_seed, 0, 0);
-    auto* keys = reinterpret_cast<std::uint32_t*>(cand);  // 2 s u32 fit in cap >= 4096 + k u64
+    auto* keys = reinterpret_cast<std::uint32_t*>(cand);  // s u32 fit: cap >= s / 2 u64
     for (std::size_t j = 0; j < s; ++j) {
       const std::uint64_t i = (static_cast<std::uint64_t>(rng.word(j)) * n) >> 32;
       keys[j] = magnitude_key(x[i]);
