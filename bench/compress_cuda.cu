@@ -1,0 +1,195 @@
+// ashl_bench_compress_cuda — device codec throughput against a device-to-
+// device copy and (optionally) torch.topk.
+//
+//   ashl_bench_compress_cuda [--quick] [--runs N] [--torch-script bench/gpu/torch_topk.py]
+//
+// Cases: sizes 2^20 .. 2^28 and 25,557,032 (ResNet-50's parameter count),
+// f32 and bf16 inputs; codecs: copy (cudaMemcpyAsync D2D, the bandwidth
+// ceiling), bf16 cast (f32 input only), fp16 cast, exact top-k at k = 1 % and
+// 0.1 %. Method (docs/perf/compress-gpu.md): scratch and outputs allocated
+// once per case; inputs rotate over enough buffers that the working set
+// exceeds the L2 cache; warm-up runs, then each run timed alone with CUDA
+// events on one stream; the median is reported with min and max. Copy
+// bandwidth counts bytes read + written; codec "input GB/s" counts the input
+// bytes read once. Prints a table, then one JSON object per case. Never an
+// assertion on time.
+#include <ashl/compress/cuda/cast.cuh>
+#include <ashl/compress/cuda/topk.cuh>
+
+#include <ashl/compress/cast.hpp>
+#include <ashl/compress/topk.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace cc = ashl::compress;
+
+namespace {
+
+bool ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "ashl_bench_compress_cuda: %s: %s\n", what, cudaGetErrorString(e));
+    return false;
+  }
+  return true;
+}
+
+struct timing {
+  double median_us = 0, min_us = 0, max_us = 0;
+};
+
+// fn(run_index) enqueues one run on `stream`.
+timing time_runs(cudaStream_t stream, int warmup, int runs, const std::function<bool(int)>& fn) {
+  for (int i = 0; i < warmup; ++i)
+    if (!fn(i)) return {};
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<double> us;
+  for (int i = 0; i < runs; ++i) {
+    cudaEventRecord(a, stream);
+    if (!fn(warmup + i)) break;
+    cudaEventRecord(b, stream);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    us.push_back(1000.0 * ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  if (us.empty()) return {};
+  std::sort(us.begin(), us.end());
+  return {us[us.size() / 2], us.front(), us.back()};
+}
+
+struct result_row {
+  std::string codec, dtype;
+  std::size_t n = 0, k = 0, payload = 0;
+  double read_bytes = 0;  // bytes the rate is computed over
+  timing t;
+};
+
+void print_json(const result_row& r) {
+  std::printf(
+      "{\"bench\":\"compress_cuda\",\"codec\":\"%s\",\"dtype\":\"%s\",\"n\":%zu,\"k\":%zu,\"payload_bytes\":%zu,"
+      "\"median_us\":%.3f,\"min_us\":%.3f,\"max_us\":%.3f,\"gbps\":%.2f}\n",
+      r.codec.c_str(), r.dtype.c_str(), r.n, r.k, r.payload, r.t.median_us, r.t.min_us, r.t.max_us,
+      r.t.median_us > 0 ? r.read_bytes / (r.t.median_us * 1e3) : 0.0);
+}
+
+template <class T>
+bool run_size(std::size_t n, int warmup, int runs, cudaStream_t stream, std::vector<result_row>& rows) {
+  const std::size_t bytes = n * sizeof(T);
+  // Rotate over enough inputs that they do not stay in L2 (50 MB on H100/H200).
+  const std::size_t rotate = std::max<std::size_t>(2, std::min<std::size_t>(8, (std::size_t{256} << 20) / bytes));
+  std::vector<T*> in(rotate, nullptr);
+  std::vector<float> host(n);
+  std::mt19937 rng(static_cast<unsigned>(n));
+  std::normal_distribution<float> nd;
+  for (auto& v : host) v = nd(rng);
+  std::vector<T> typed(n);
+  for (std::size_t i = 0; i < n; ++i) typed[i] = ashl::from_float<T>(host[i]);
+  for (auto& p : in) {
+    if (!ok(cudaMalloc(&p, bytes), "cudaMalloc input")) return false;
+    if (!ok(cudaMemcpy(p, typed.data(), bytes, cudaMemcpyHostToDevice), "upload")) return false;
+  }
+  std::byte* out = nullptr;
+  const std::size_t out_bytes = std::max(bytes, cc::topk{0.01}.max_encoded_bytes(n, ashl::dtype_of<T>));
+  if (!ok(cudaMalloc(&out, out_bytes), "cudaMalloc output")) return false;
+  const char* dt = ashl::to_string(ashl::dtype_of<T>).data();
+  auto view = [&](int i) { return ashl::device_view<const T>(in[static_cast<std::size_t>(i) % rotate], n); };
+  const ashl::device_view<std::byte> ov(out, out_bytes);
+
+  {
+    result_row r{"copy", dt, n, n, bytes, 2.0 * static_cast<double>(bytes), {}};
+    r.t = time_runs(stream, warmup, runs, [&](int i) {
+      return ok(cudaMemcpyAsync(out, in[static_cast<std::size_t>(i) % rotate], bytes, cudaMemcpyDeviceToDevice, stream),
+                "copy");
+    });
+    rows.push_back(r);
+  }
+  auto codec_case = [&](const char* name, const auto& codec, std::size_t k) {
+    std::size_t scratch_bytes = 0, used = 0;
+    if (!cc::cuda::encode(codec, nullptr, scratch_bytes, view(0), ov, used, stream).ok()) return false;
+    void* scratch = nullptr;
+    if (!ok(cudaMalloc(&scratch, scratch_bytes), "cudaMalloc scratch")) return false;
+    result_row r{name, dt, n, k, used, static_cast<double>(bytes), {}};
+    r.t = time_runs(stream, warmup, runs, [&](int i) {
+      const ashl::status s = cc::cuda::encode(codec, scratch, scratch_bytes, view(i), ov, used, stream);
+      if (!s.ok()) std::fprintf(stderr, "%s: %s\n", name, s.message().c_str());
+      return s.ok();
+    });
+    rows.push_back(r);
+    cudaFree(scratch);
+    return true;
+  };
+  bool good = true;
+  if constexpr (std::is_same_v<T, float>) good &= codec_case("bf16_cast", cc::bf16{}, n);
+  good &= codec_case("fp16_cast", cc::fp16{}, n);
+  good &= codec_case("topk_1%", cc::topk{0.01}, cc::topk{0.01}.k_for(n));
+  good &= codec_case("topk_0.1%", cc::topk{0.001}, cc::topk{0.001}.k_for(n));
+  for (auto* p : in) cudaFree(p);
+  cudaFree(out);
+  return good;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  int runs = 25;
+  std::string torch_script = "bench/gpu/torch_topk.py";
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--runs") && i + 1 < argc) runs = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--torch-script") && i + 1 < argc) torch_script = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--quick] [--runs N] [--torch-script PATH]\n", argv[0]);
+      return 2;
+    }
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::puts("SKIPPED: no CUDA device");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("# device: %s (sm_%d%d, %d SMs, L2 %d MiB)\n", prop.name, prop.major, prop.minor,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  std::vector<std::size_t> sizes;
+  for (int e = 20; e <= (quick ? 22 : 28); ++e) sizes.push_back(std::size_t{1} << e);
+  sizes.push_back(25557032);
+  std::sort(sizes.begin(), sizes.end());
+  cudaStream_t stream;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  std::vector<result_row> rows;
+  const int warmup = 3;
+  for (std::size_t n : sizes) {
+    if (!run_size<float>(n, warmup, runs, stream, rows)) return 1;
+    if (!run_size<ashl::bfloat16>(n, warmup, runs, stream, rows)) return 1;
+  }
+  std::printf("%-10s %-5s %11s %10s %12s %11s %11s %9s\n", "codec", "dtype", "n", "k", "payload_B", "median_us",
+              "min_us", "GB/s");
+  for (const auto& r : rows)
+    std::printf("%-10s %-5s %11zu %10zu %12zu %11.1f %11.1f %9.1f\n", r.codec.c_str(), r.dtype.c_str(), r.n, r.k,
+                r.payload, r.t.median_us, r.t.min_us, r.t.median_us > 0 ? r.read_bytes / (r.t.median_us * 1e3) : 0.0);
+  for (const auto& r : rows) print_json(r);
+  std::fflush(stdout);
+
+  // torch.topk on the same sizes, for reference; the script says so itself if torch is missing.
+  std::string cmd = "python3 " + torch_script + " --runs " + std::to_string(runs) + " --sizes";
+  for (std::size_t n : sizes) cmd += " " + std::to_string(n);
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) std::printf("# torch.topk comparison did not run (exit status %d)\n", rc);
+  cudaStreamDestroy(stream);
+  return 0;
+}
