@@ -150,6 +150,11 @@ namespace detail {
 
 using json = nlohmann::json;
 
+// "<field> = <value as JSON>: <why>" for a value of the wrong type.
+inline status bad_json(const std::string& field, const json& v, std::string_view why) {
+  return status(errc::invalid_argument, field + " = " + v.dump() + ": " + std::string(why));
+}
+
 // Reads an optional number; a present non-number is an error naming the path.
 inline status read_number(const json& o, const std::string& path, const char* key, double& out, bool required = false) {
   const auto it = o.find(key);
@@ -157,7 +162,7 @@ inline status read_number(const json& o, const std::string& path, const char* ke
     if (required) return invalid_argument(path + key, "missing", "required");
     return {};
   }
-  if (!it->is_number()) return invalid_argument(path + key, it->dump(), "must be a number");
+  if (!it->is_number()) return bad_json(path + key, *it, "must be a number");
   out = it->get<double>();
   return {};
 }
@@ -165,7 +170,7 @@ inline status read_count(const json& o, const std::string& path, const char* key
                          std::uint64_t min_value) {
   const auto it = o.find(key);
   if (it == o.end()) return {};
-  if (!it->is_number_integer()) return invalid_argument(path + key, it->dump(), "must be an integer");
+  if (!it->is_number_integer()) return bad_json(path + key, *it, "must be an integer");
   const auto v = it->get<std::int64_t>();
   if (v < static_cast<std::int64_t>(min_value))
     return invalid_argument(path + key, v, min_value == 0 ? "must be >= 0" : "must be >= 1");
@@ -176,7 +181,7 @@ inline status read_jitter(const json& o, const std::string& path, const char* ke
   const auto it = o.find(key);
   if (it == o.end()) return {};
   const std::string f = path + key;
-  if (!it->is_object()) return invalid_argument(f, it->dump(), "must be an object");
+  if (!it->is_object()) return bad_json(f, *it, "must be an object");
   const auto k = it->find("kind");
   if (k == it->end() || !k->is_string()) return invalid_argument(f + ".kind", "missing", "none, uniform or lognormal");
   const auto kind = k->get<std::string>();
@@ -213,11 +218,13 @@ inline result<cluster_spec> parse_cluster_spec(std::string_view text) {
   cluster_spec s;
   s.servers.clear();
   if (auto r = j.find("reference"); r != j.end()) {
-    if (!r->is_object()) return invalid_argument("reference", r->dump(), "must be an object");
+    if (!r->is_object()) return detail::bad_json("reference", *r, "must be an object");
     ASHL_TRY(detail::read_number(*r, "reference.", "seconds_per_iteration", s.reference_seconds_per_iteration));
     std::uint64_t b = s.reference_batch;
     ASHL_TRY(detail::read_count(*r, "reference.", "batch", b, 1));
     s.reference_batch = static_cast<std::uint32_t>(b);
+    if (!(s.reference_seconds_per_iteration > 0.0) || !std::isfinite(s.reference_seconds_per_iteration))
+      return invalid_argument("reference.seconds_per_iteration", s.reference_seconds_per_iteration, "must be > 0");
   }
   ASHL_TRY(detail::read_count(j, "", "model_bytes", s.model_bytes, 0));
   ASHL_TRY(detail::read_count(j, "", "header_bytes", s.header_bytes, 0));
@@ -225,11 +232,11 @@ inline result<cluster_spec> parse_cluster_spec(std::string_view text) {
   ASHL_TRY(detail::read_number(j, "", "failure_timeout_s", s.failure_timeout_s));
 
   if (auto sv = j.find("servers"); sv != j.end()) {
-    if (!sv->is_array()) return invalid_argument("servers", sv->dump(), "must be an array");
+    if (!sv->is_array()) return detail::bad_json("servers", *sv, "must be an array");
     for (std::size_t i = 0; i < sv->size(); ++i) {
       const json& e = (*sv)[i];
       const std::string p = "servers[" + std::to_string(i) + "].";
-      if (!e.is_object()) return invalid_argument(p.substr(0, p.size() - 1), e.dump(), "must be an object");
+      if (!e.is_object()) return detail::bad_json(p.substr(0, p.size() - 1), e, "must be an object");
       server_spec srv;
       double gbps = std::numeric_limits<double>::infinity(), lat_us = 0.0;
       ASHL_TRY(detail::read_number(e, p, "bandwidth_gbps", gbps));
@@ -250,11 +257,11 @@ inline result<cluster_spec> parse_cluster_spec(std::string_view text) {
   for (std::size_t i = 0; i < wv->size(); ++i) {
     const json& e = (*wv)[i];
     const std::string p = "workers[" + std::to_string(i) + "].";
-    if (!e.is_object()) return invalid_argument(p.substr(0, p.size() - 1), e.dump(), "must be an object");
+    if (!e.is_object()) return detail::bad_json(p.substr(0, p.size() - 1), e, "must be an object");
     worker_spec w;
     const bool has_spi = e.contains("seconds_per_iteration"), has_mul = e.contains("compute_multiplier");
     if (has_spi && has_mul)
-      return invalid_argument(p + "compute_multiplier", e["compute_multiplier"].dump(),
+      return detail::bad_json(p + "compute_multiplier", e["compute_multiplier"],
                               "give seconds_per_iteration or compute_multiplier, not both");
     double mul = 1.0;
     ASHL_TRY(detail::read_number(e, p, "compute_multiplier", mul));
@@ -284,11 +291,11 @@ inline result<cluster_spec> parse_cluster_spec(std::string_view text) {
   }
 
   if (auto cv = j.find("changes"); cv != j.end()) {
-    if (!cv->is_array()) return invalid_argument("changes", cv->dump(), "must be an array");
+    if (!cv->is_array()) return detail::bad_json("changes", *cv, "must be an array");
     for (std::size_t i = 0; i < cv->size(); ++i) {
       const json& e = (*cv)[i];
       const std::string p = "changes[" + std::to_string(i) + "].";
-      if (!e.is_object()) return invalid_argument(p.substr(0, p.size() - 1), e.dump(), "must be an object");
+      if (!e.is_object()) return detail::bad_json(p.substr(0, p.size() - 1), e, "must be an object");
       scheduled_change c;
       ASHL_TRY(detail::read_number(e, p, "at", c.at, true));
       std::uint64_t w = 0;

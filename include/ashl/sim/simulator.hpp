@@ -174,7 +174,10 @@ class simulator {
     setup();
     while (!q_.empty()) {
       const event e = q_.pop();
-      if (e.time > opt_.until) break;
+      if (e.time > opt_.until) {
+        clock_.advance_to(opt_.until);  // the run lasted the whole budget
+        break;
+      }
       clock_.advance_to(e.time);
       ++r_.events;
       dispatch(e);
