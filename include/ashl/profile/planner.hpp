@@ -1,0 +1,188 @@
+// ashl/profile/planner.hpp — the profiling planners as pure functions over
+// plain structs: ASHL Algorithm 1 (local iterations H_i, data shares D_i),
+// Algorithm 2 (compression ratios R_i), DLB batch sizes, and ADSP's commit
+// interval. ALGORITHMS.md §2 "Phase 0", §3 "DLB", §1 "ADSP".
+//
+//   std::vector<ashl::profile::worker_timing> t{{0.10, 0.02, 0.02}, {0.05, 0.02, 0.02}};
+//   auto h = ashl::profile::plan_local_iterations(t, 8);       // H = {8, 16}
+//   auto r = ashl::profile::plan_compression(t, {8, 16}, 0.01, 0.1);
+//
+// Nothing here knows about sync/: sync/ashl_profile.hpp adapts these to the
+// ashl_schedule planner callable.
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/core/status.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace profile {
+
+// Measured per-worker times in seconds: one local iteration, one push, one pull.
+struct worker_timing {
+  double t_iter = 0.0;
+  double t_push = 0.0;
+  double t_pull = 0.0;
+};
+
+struct local_plan {
+  std::uint32_t h = 1;   // H_i: local iterations per round
+  double share = 0.0;    // D_i = H_i / Σ H_j: data share and aggregation weight
+  bool operator==(const local_plan&) const = default;
+};
+
+struct dlb_plan {
+  std::vector<std::uint32_t> batch;  // b_i, Σ b_i = B
+  std::vector<double> weight;        // b_i / B
+};
+
+namespace detail {
+inline std::string indexed(const char* prefix, std::size_t i, const char* field) {
+  return std::string(prefix) + "[" + std::to_string(i) + "]." + field;
+}
+inline status check_positive(const std::string& field, double v) {
+  if (!std::isfinite(v) || v <= 0.0) return invalid_argument(field, v, "must be finite and > 0");
+  return {};
+}
+inline status check_timings(const std::vector<worker_timing>& t) {
+  if (t.empty()) return invalid_argument("planner.workers.size", 0, "needs at least one worker");
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    ASHL_TRY(check_positive(indexed("planner.workers", i, "t_iter"), t[i].t_iter));
+    ASHL_TRY(check_positive(indexed("planner.workers", i, "t_push"), t[i].t_push));
+    ASHL_TRY(check_positive(indexed("planner.workers", i, "t_pull"), t[i].t_pull));
+  }
+  return {};
+}
+}  // namespace detail
+
+// Algorithm 1. H₀ is the slowest worker's local-iteration count; every other
+// worker gets as many local iterations as fit in the slowest round:
+// H_i = max(1, round((T_max − T_comm,i) / T_iter,i)), D_i = H_i / Σ H_j.
+inline result<std::vector<local_plan>> plan_local_iterations(const std::vector<worker_timing>& t,
+                                                             std::uint32_t h0) {
+  ASHL_TRY(detail::check_timings(t));
+  if (h0 == 0) return invalid_argument("planner.h0", h0, "must be >= 1");
+  double t_max = 0.0;
+  for (const auto& w : t) t_max = std::max(t_max, w.t_iter * h0 + w.t_push + w.t_pull);
+  std::vector<local_plan> out(t.size());
+  double sum = 0.0;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const double h = std::round((t_max - (t[i].t_push + t[i].t_pull)) / t[i].t_iter);
+    // Guard the cast: an absurd speed ratio must not overflow uint32.
+    out[i].h = static_cast<std::uint32_t>(std::clamp(h, 1.0, 4294967295.0));
+    sum += out[i].h;
+  }
+  for (auto& p : out) p.share = p.h / sum;
+  return out;
+}
+
+// Algorithm 2. With H_i fixed and a preset ratio r0 for the slowest round:
+// R_i = min(1, (T_max − (T_iter,i·H_i + T_compress + T_pull,i)) / T_push,i),
+// clamped to [r0, 1]. A worker whose non-push time alone leaves less than
+// r0·T_push,i of the round (its communication exceeds the round) gets r0: it
+// cannot send less than the preset and still be bounded by the plan, so it
+// is the one the round waits for, as the slowest worker is.
+inline result<std::vector<double>> plan_compression(const std::vector<worker_timing>& t,
+                                                    const std::vector<std::uint32_t>& h,
+                                                    double t_compress, double r0) {
+  ASHL_TRY(detail::check_timings(t));
+  if (h.size() != t.size()) {
+    return invalid_argument("planner.h.size", h.size(), "must equal the number of workers");
+  }
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    if (h[i] == 0) return invalid_argument("planner.h[" + std::to_string(i) + "]", h[i], "must be >= 1");
+  }
+  if (!std::isfinite(t_compress) || t_compress < 0.0) {
+    return invalid_argument("planner.t_compress", t_compress, "must be finite and >= 0");
+  }
+  if (!(r0 > 0.0 && r0 <= 1.0)) return invalid_argument("planner.r0", r0, "must be in (0, 1]");
+  double t_max = 0.0;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    t_max = std::max(t_max, t[i].t_iter * h[i] + t_compress + r0 * t[i].t_push + t[i].t_pull);
+  }
+  std::vector<double> out(t.size());
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const double spare = t_max - (t[i].t_iter * h[i] + t_compress + t[i].t_pull);
+    out[i] = std::clamp(spare / t[i].t_push, r0, 1.0);
+  }
+  return out;
+}
+
+// DLB: b_i = round(B·v_i / Σ v_j), at least b_min, Σ b_i = B exactly. Workers
+// whose proportional quota is below b_min are pinned to b_min and the rest of
+// B is shared among the others by their speeds; integer parts are then
+// completed by largest remainder (ties to the lower index). Weights b_i / B.
+inline result<dlb_plan> plan_dlb_batches(const std::vector<double>& speeds, std::uint32_t total,
+                                         std::uint32_t b_min) {
+  if (speeds.empty()) return invalid_argument("planner.speeds.size", 0, "needs at least one worker");
+  for (std::size_t i = 0; i < speeds.size(); ++i) {
+    ASHL_TRY(detail::check_positive("planner.speeds[" + std::to_string(i) + "]", speeds[i]));
+  }
+  if (static_cast<std::uint64_t>(b_min) * speeds.size() > total) {
+    return invalid_argument("planner.batch", total, "must be >= b_min * number of workers");
+  }
+  const std::size_t m = speeds.size();
+  std::vector<bool> pinned(m, false);
+  std::vector<double> quota(m, 0.0);
+  for (bool changed = true; changed;) {
+    changed = false;
+    double v_free = 0.0;
+    std::size_t n_pinned = 0;
+    for (std::size_t i = 0; i < m; ++i) {
+      if (pinned[i]) ++n_pinned;
+      else v_free += speeds[i];
+    }
+    const double budget = static_cast<double>(total) - static_cast<double>(n_pinned) * b_min;
+    for (std::size_t i = 0; i < m; ++i) {
+      if (pinned[i]) continue;
+      quota[i] = budget * speeds[i] / v_free;
+      if (quota[i] < b_min) {
+        pinned[i] = true;
+        changed = true;
+      }
+    }
+  }
+  dlb_plan out;
+  out.batch.resize(m);
+  std::uint64_t used = 0;
+  for (std::size_t i = 0; i < m; ++i) {
+    out.batch[i] = pinned[i] ? b_min : static_cast<std::uint32_t>(std::floor(quota[i]));
+    used += out.batch[i];
+  }
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < m; ++i) {
+    if (!pinned[i]) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return quota[a] - std::floor(quota[a]) > quota[b] - std::floor(quota[b]);
+  });
+  for (std::size_t k = 0; used < total && !order.empty(); k = (k + 1) % order.size()) {
+    ++out.batch[order[k]];
+    ++used;
+  }
+  out.weight.resize(m);
+  for (std::size_t i = 0; i < m; ++i) out.weight[i] = static_cast<double>(out.batch[i]) / total;
+  return out;
+}
+
+// ADSP: worker i commits when the time since its last commit reaches
+// max(t_min, Γ / ΔC − O_i).
+inline result<double> adsp_commit_interval(double gamma, std::uint32_t delta_c, double o_i, double t_min) {
+  ASHL_TRY(detail::check_positive("planner.gamma", gamma));
+  if (delta_c == 0) return invalid_argument("planner.delta_c", delta_c, "must be >= 1");
+  if (!std::isfinite(o_i) || o_i < 0.0) return invalid_argument("planner.o_i", o_i, "must be finite and >= 0");
+  if (!std::isfinite(t_min) || t_min < 0.0) {
+    return invalid_argument("planner.t_min", t_min, "must be finite and >= 0");
+  }
+  return std::max(t_min, gamma / delta_c - o_i);
+}
+
+}  // namespace profile
+ASHL_NAMESPACE_END
