@@ -1,0 +1,66 @@
+#include <ashl/profile/capability.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace ap = ashl::profile;
+namespace tt = boost::test_tools;
+
+namespace {
+// Deterministic ±2% jitter with zero mean over each pair of samples.
+double jitter(std::size_t i) { return i % 2 == 0 ? 1.02 : 0.98; }
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(compute_fit_exact_and_noisy) {
+  auto c = ap::fit_compute({{32, 0.021}, {64, 0.037}, {128, 0.069}});
+  BOOST_TEST_REQUIRE(c.has_value());
+  BOOST_TEST(c->a == 0.005, tt::tolerance(1e-9));
+  BOOST_TEST(c->b == 0.0005, tt::tolerance(1e-9));
+  BOOST_TEST(c->predict(96) == 0.053, tt::tolerance(1e-9));
+
+  std::vector<ap::sample> s;
+  for (std::size_t i = 0; i < 40; ++i) {
+    const double batch = 16.0 * static_cast<double>(1 + i / 2);
+    s.push_back({batch, (0.004 + 0.0003 * batch) * jitter(i)});
+  }
+  auto n = ap::fit_compute(s);
+  BOOST_TEST_REQUIRE(n.has_value());
+  BOOST_TEST(n->a == 0.004, tt::tolerance(0.05));
+  BOOST_TEST(n->b == 0.0003, tt::tolerance(0.02));
+}
+
+BOOST_AUTO_TEST_CASE(link_fit_recovers_latency_and_bandwidth) {
+  const double alpha = 50e-6, beta = 1.25e9;  // 50 us, 10 Gbit/s
+  std::vector<ap::sample> s;
+  for (std::size_t i = 0; i < 20; ++i) {
+    const double bytes = 1e5 * static_cast<double>(1 + i / 2);
+    s.push_back({bytes, (alpha + bytes / beta) * jitter(i)});
+  }
+  auto l = ap::fit_link(s);
+  BOOST_TEST_REQUIRE(l.has_value());
+  BOOST_TEST(l->alpha == alpha, tt::tolerance(0.1));
+  BOOST_TEST(l->beta == beta, tt::tolerance(0.03));
+  BOOST_TEST(l->predict(1e6) == alpha + 1e6 / beta, tt::tolerance(0.03));
+  BOOST_TEST(l->predict(1e6, 4) == l->alpha + 4e6 / l->beta, tt::tolerance(1e-12));
+}
+
+BOOST_AUTO_TEST_CASE(codec_fit_through_origin) {
+  auto c = ap::fit_codec({{1000, 2e-6}, {2000, 4e-6}, {4000, 8e-6}});
+  BOOST_TEST_REQUIRE(c.has_value());
+  BOOST_TEST(c->seconds_per_element == 2e-9, tt::tolerance(1e-9));
+  BOOST_TEST(c->predict(1e6) == 2e-3, tt::tolerance(1e-9));
+}
+
+BOOST_AUTO_TEST_CASE(fit_errors) {
+  BOOST_TEST(!ap::fit_compute({}).has_value());
+  BOOST_TEST(!ap::fit_compute({{32, 0.1}, {32, 0.2}}).has_value());  // one distinct x
+  auto bad = ap::fit_compute({{32, 0.1}, {64, -0.5}});
+  BOOST_TEST_REQUIRE(!bad.has_value());
+  BOOST_TEST(bad.error().message() == "capability.compute[1].seconds = -0.5: duration must be finite and > 0");
+  BOOST_TEST(!ap::fit_link({{100, 0.2}, {200, 0.1}}).has_value());  // shrinking with bytes
+  BOOST_TEST(!ap::fit_codec({{0, 0.1}}).has_value());
+  BOOST_TEST(!ap::fit_codec({{std::numeric_limits<double>::infinity(), 0.1}}).has_value());
+}
