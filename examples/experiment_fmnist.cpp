@@ -1,0 +1,551 @@
+// ashl_experiment_fmnist — the reference experiment (ALGORITHMS.md §5):
+// Fashion-MNIST, a 784-256-10 MLP, 1 server and 9 workers in three groups,
+// every policy run under the simulator in full mode (real gradients in
+// virtual time) through sync::make_policy and the profile planners.
+//
+//   ashl_experiment_fmnist --mode sim --seeds 3 --budget 30 --target 0.85 --out results
+//   ashl_experiment_fmnist --quick
+//
+// Prints a progress line per run, a table (median over seeds) and one JSON
+// object per policy; writes accuracy-vs-time CSV and, with gnuplot, a PNG.
+// docs/perf/time-to-accuracy.md reports a run.
+#include "fmnist.hpp"
+#include "mlp.hpp"
+
+#include <ashl/compress/topk.hpp>
+#include <ashl/profile/planner.hpp>
+#include <ashl/sim/simulator.hpp>
+#include <ashl/sim/trace.hpp>
+#include <ashl/sync/factory.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr double nan_v = std::numeric_limits<double>::quiet_NaN();
+constexpr std::size_t workers_n = 9;
+
+struct settings {
+  std::string mode = "sim";
+  int seeds = 3;
+  std::vector<std::string> policies{"bsp", "asp", "ssp", "local_sgd", "adsp", "semi_async", "dlb", "ashl", "ashl_plus"};
+  double budget = 20.0;  // virtual seconds
+  double target = 0.85;
+  std::string out = "fmnist-results";
+  bool quick = false;
+  double lr = 0.02;
+  double momentum = 0.9;
+  double eval_every = 0.25;
+  std::size_t eval_test = 2000;   // test images for the periodic accuracy
+  std::size_t eval_train = 1000;  // training images for the periodic loss
+  double ratio = 0.1;             // top-k r0 for ASHL
+  int jobs = 2;
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string trace_policy;       // write a Chrome trace of this policy's first seed
+};
+
+const char* const known_policies[] = {"bsp", "asp", "ssp", "local_sgd", "adsp", "semi_async", "dlb", "ashl", "ashl_plus"};
+
+void usage() {
+  std::printf(
+      "usage: ashl_experiment_fmnist [--mode sim] [--seeds N] [--policies a,b,...] [--budget S]\n"
+      "                              [--target A] [--out DIR] [--quick] [--jobs J] [--lr X]\n"
+      "                              [--eval-every S] [--data DIR] [--trace POLICY] [--help]\n"
+      "policies: bsp asp ssp local_sgd adsp semi_async dlb ashl ashl_plus\n"
+      "  --budget S    virtual seconds per run (default 20)\n"
+      "  --target A    test accuracy to reach, in (0, 1] (default 0.85)\n"
+      "  --quick       a small run for tests: 1 seed, bsp,asp,ashl, 1 virtual second\n");
+}
+
+ashl::status bad(const char* field, const std::string& v, const char* why) { return ashl::invalid_argument(field, v, why); }
+
+ashl::result<settings> parse(int argc, char** argv) {
+  settings s;
+  bool policies_given = false, budget_given = false, seeds_given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&](const char* f) -> ashl::result<std::string> {
+      if (i + 1 >= argc) return bad(f, "", "needs a value");
+      return std::string(argv[++i]);
+    };
+    auto num = [&](const char* f, double& out) -> ashl::status {
+      auto v = next(f);
+      if (!v) return v.error();
+      char* end = nullptr;
+      out = std::strtod(v->c_str(), &end);
+      if (end == v->c_str() || *end) return bad(f, *v, "must be a number");
+      return {};
+    };
+    if (a == "--help" || a == "-h") {
+      usage();
+      std::exit(0);
+    } else if (a == "--mode") {
+      auto v = next("--mode");
+      if (!v) return v.error();
+      if (*v != "sim") return bad("--mode", *v, "must be sim (the only mode this example runs)");
+      s.mode = *v;
+    } else if (a == "--seeds") {
+      double v;
+      ASHL_TRY(num("--seeds", v));
+      if (!(v >= 1 && v <= 100 && v == std::floor(v))) return ashl::invalid_argument("--seeds", v, "must be an integer in [1, 100]");
+      s.seeds = static_cast<int>(v);
+      seeds_given = true;
+    } else if (a == "--policies") {
+      auto v = next("--policies");
+      if (!v) return v.error();
+      s.policies.clear();
+      std::stringstream ss(*v);
+      std::string p;
+      while (std::getline(ss, p, ',')) {
+        bool ok = false;
+        for (auto k : known_policies) ok = ok || p == k;
+        if (!ok) return bad("--policies", p, "unknown policy (bsp asp ssp local_sgd adsp semi_async dlb ashl ashl_plus)");
+        s.policies.push_back(p);
+      }
+      if (s.policies.empty()) return bad("--policies", *v, "must name at least one policy");
+      policies_given = true;
+    } else if (a == "--budget") {
+      ASHL_TRY(num("--budget", s.budget));
+      if (!(s.budget > 0.0) || !std::isfinite(s.budget)) return ashl::invalid_argument("--budget", s.budget, "must be > 0");
+      budget_given = true;
+    } else if (a == "--target") {
+      ASHL_TRY(num("--target", s.target));
+      if (!(s.target > 0.0 && s.target <= 1.0)) return ashl::invalid_argument("--target", s.target, "must be in (0, 1]");
+    } else if (a == "--lr") {
+      ASHL_TRY(num("--lr", s.lr));
+      if (!(s.lr > 0.0 && s.lr < 10.0)) return ashl::invalid_argument("--lr", s.lr, "must be in (0, 10)");
+    } else if (a == "--eval-every") {
+      ASHL_TRY(num("--eval-every", s.eval_every));
+      if (!(s.eval_every > 0.0)) return ashl::invalid_argument("--eval-every", s.eval_every, "must be > 0");
+    } else if (a == "--jobs") {
+      double v;
+      ASHL_TRY(num("--jobs", v));
+      if (!(v >= 1 && v <= 64)) return ashl::invalid_argument("--jobs", v, "must be in [1, 64]");
+      s.jobs = static_cast<int>(v);
+    } else if (a == "--out") {
+      auto v = next("--out");
+      if (!v) return v.error();
+      s.out = *v;
+    } else if (a == "--data") {
+      auto v = next("--data");
+      if (!v) return v.error();
+      s.data_dir = *v;
+    } else if (a == "--trace") {
+      auto v = next("--trace");
+      if (!v) return v.error();
+      s.trace_policy = *v;
+    } else if (a == "--quick") {
+      s.quick = true;
+    } else {
+      return bad("argument", a, "unknown (see --help)");
+    }
+  }
+  if (s.quick) {
+    if (!policies_given) s.policies = {"bsp", "asp", "ashl"};
+    if (!budget_given) s.budget = 1.0;
+    if (!seeds_given) s.seeds = 1;
+    s.eval_test = 500;
+    s.eval_train = 250;
+  }
+  if (s.eval_every > s.budget) return ashl::invalid_argument("--eval-every", s.eval_every, "must be <= --budget");
+  return s;
+}
+
+// The cluster of ALGORITHMS.md §5: the reference worker computes one batch-64
+// iteration in 10 ms and moves the dense model in 5 ms; groups of three are
+// (compute, comm) = (2×, 4×), (3×, 6×), (4×, 8×) slower.
+ashl::result<ashl::sim::cluster_spec> cluster() {
+  const double model_bytes = 4.0 * mlp::size();
+  const double ref_gbps = model_bytes / 0.005 * 8.0 / 1e9;
+  std::string j = "{\"reference\": {\"seconds_per_iteration\": 0.01, \"batch\": 64}, \"model_bytes\": " +
+                  std::to_string(static_cast<std::uint64_t>(model_bytes)) + ", \"workers\": [";
+  const double comp[3] = {2, 3, 4}, comm[3] = {4, 6, 8};
+  for (int g = 0; g < 3; ++g) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%s{\"count\": 3, \"compute_multiplier\": %g, \"bandwidth_gbps\": %.9g}", g ? "," : "",
+                  comp[g], ref_gbps / comm[g]);
+    j += buf;
+  }
+  j += "]}";
+  return ashl::sim::parse_cluster_spec(j);
+}
+
+struct point {
+  double t, acc, loss;
+};
+
+struct run_outcome {
+  std::string policy;
+  int seed = 0;
+  double time_to_target = nan_v;
+  double final_accuracy = 0.0;
+  double bytes_per_worker = 0.0;
+  double wait_fraction = 0.0;
+  std::string note;
+  std::vector<point> curve;
+};
+
+std::uint64_t mix(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Median of per-worker samples of one measurement kind.
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// ASHL's planner: per-worker medians of the profiling measurements (compute
+// per iteration, dense push, pull) into profile::plan_local_iterations
+// (Algorithm 1, H₀ = h_ahl and h_shl) and profile::plan_compression
+// (Algorithm 2, r₀). Compression time is not modelled (T_compress = 0).
+ashl::sync::ashl_planner make_planner(std::uint32_t h_ahl, std::uint32_t h_shl, double r0) {
+  return [=](const ashl::sync::profile_report& r) -> ashl::result<ashl::sync::ashl_plan> {
+    std::size_t size = 0;
+    for (auto w : r.live) size = std::max<std::size_t>(size, std::size_t{w} + 1);
+    std::vector<std::vector<double>> it(size), push(size), pull(size);
+    for (const auto& m : r.measurements) {
+      if (m.worker >= size) continue;
+      if (m.kind == ashl::sync::measurement_kind::compute) it[m.worker].push_back(m.seconds);
+      if (m.kind == ashl::sync::measurement_kind::push) push[m.worker].push_back(m.seconds);
+      if (m.kind == ashl::sync::measurement_kind::pull) pull[m.worker].push_back(m.seconds);
+    }
+    std::vector<ashl::profile::worker_timing> t;
+    for (auto w : r.live) t.push_back({median_of(it[w]), median_of(push[w]), median_of(pull[w])});
+    auto ha = ashl::profile::plan_local_iterations(t, h_ahl);
+    if (!ha) return ha.error();
+    auto hs = ashl::profile::plan_local_iterations(t, h_shl);
+    if (!hs) return hs.error();
+    std::vector<std::uint32_t> hav, hsv;
+    for (const auto& p : *ha) hav.push_back(p.h);
+    for (const auto& p : *hs) hsv.push_back(p.h);
+    auto ra = ashl::profile::plan_compression(t, hav, 0.0, r0);
+    if (!ra) return ra.error();
+    auto rs = ashl::profile::plan_compression(t, hsv, 0.0, r0);
+    if (!rs) return rs.error();
+    ashl::sync::ashl_plan plan;
+    plan.workers.resize(size);
+    for (std::size_t k = 0; k < r.live.size(); ++k)
+      plan.workers[r.live[k]] = {hav[k], hsv[k], (*ra)[k], (*rs)[k], (*ha)[k].share, 0};
+    return plan;
+  };
+}
+
+struct policy_setup {
+  ashl::sync::any_policy policy;
+  bool error_feedback = false;
+  std::vector<std::uint32_t> batches;  // DLB: per-worker batch sizes
+};
+
+ashl::result<policy_setup> make_setup(const std::string& name, const settings& s, const ashl::sim::cluster_spec& spec) {
+  ashl::sync::policy_params pp;
+  pp.workers = static_cast<std::int64_t>(spec.workers.size());
+  policy_setup out;
+  std::string base = name;
+  if (name == "ssp") pp.staleness = 3;
+  if (name == "local_sgd") pp.local_steps = 2;
+  if (name == "adsp") {
+    // Scaled to runs of tens of seconds: period Γ = 1 s (60 s in the paper).
+    pp.period = 1.0;
+    pp.search_every = 1000.0;
+    pp.target_loss = 0.4;
+    pp.initial_commit_rate = 1;
+  }
+  if (name == "semi_async") pp.sync_every_iterations = 8;
+  if (name == "dlb") {
+    base = "bsp";
+    pp.weighting = "samples";
+    std::vector<double> speeds;
+    for (const auto& w : spec.workers) speeds.push_back(static_cast<double>(spec.reference_batch) / w.seconds_per_iteration);
+    auto plan = ashl::profile::plan_dlb_batches(speeds, static_cast<std::uint32_t>(64 * spec.workers.size()), 8);
+    if (!plan) return plan.error();
+    out.batches = plan->batch;
+  }
+  if (name == "ashl" || name == "ashl_plus") {
+    base = "ashl";
+    pp.profile_iterations = 5;
+    pp.h_ahl = 8;
+    pp.h_shl = 2;
+    pp.shl_staleness = 3;
+    pp.compression_ratio = s.ratio;
+    pp.switch_loss = 0.5;  // scaled for Fashion-MNIST (0.3 on CIFAR-10 in the paper)
+    pp.planner = make_planner(8, 2, s.ratio);
+    out.error_feedback = name == "ashl_plus";
+  }
+  auto p = ashl::sync::make_policy(base, pp);
+  if (!p) return p.error();
+  out.policy = std::move(*p);
+  return out;
+}
+
+// One run: a policy, a seed, the full budget.
+run_outcome run_one(const std::string& name, int seed, const settings& s, const fmnist::dataset& d,
+                    const ashl::sim::cluster_spec& spec0, bool trace) {
+  run_outcome o;
+  o.policy = name;
+  o.seed = seed;
+  ashl::sim::cluster_spec spec = spec0;
+  spec.seed = static_cast<std::uint64_t>(seed);
+  auto setup = make_setup(name, s, spec);
+  if (!setup) {
+    o.note = setup.error().message();
+    return o;
+  }
+  const std::size_t n = mlp::size(), m = spec.workers.size();
+  mlp net;
+  std::vector<float> W = mlp::init(1000 + static_cast<std::uint64_t>(seed));
+  struct worker_state {
+    std::vector<float> w, base, v, grad, delta, residual, snapshot;
+    std::vector<std::byte> payload;
+    std::uint64_t step = 0;
+    bool sparse = false;
+  };
+  std::vector<worker_state> ws(m);
+  for (auto& x : ws) {
+    x.w = W;
+    x.base = W;
+    x.v.assign(n, 0.0f);
+    x.grad.assign(n, 0.0f);
+    x.delta.assign(n, 0.0f);
+    x.snapshot = W;
+  }
+  std::vector<float> xb;
+  std::vector<std::uint8_t> yb;
+  std::vector<std::byte> scratch;
+  const bool ef = setup->error_feedback;
+  const auto batches = setup->batches;
+  const std::uint64_t rng_seed = mix(static_cast<std::uint64_t>(seed) * 7919 + 17);
+
+  ashl::sim::hooks h;
+  h.adjust_plan = [&](ashl::sync::worker_id w, ashl::sync::worker_plan& p) {
+    if (!batches.empty()) p.batch_size = batches[w];
+  };
+  h.compute = [&](ashl::sync::worker_id w, const ashl::sync::worker_plan& plan, std::uint32_t iters, std::uint32_t batch,
+                  std::uint64_t) -> std::uint64_t {
+    auto& x = ws[w];
+    xb.resize(std::size_t{batch} * mlp::in);
+    yb.resize(batch);
+    for (std::uint32_t k = 0; k < iters; ++k) {
+      for (std::uint32_t b = 0; b < batch; ++b) {
+        const std::size_t idx = mix(rng_seed ^ (std::uint64_t{w} << 40) ^ (x.step * 65536 + b)) % d.train.count;
+        mlp::to_float(&d.train.images[idx * mlp::in], 1, &xb[std::size_t{b} * mlp::in]);
+        yb[b] = d.train.labels[idx];
+      }
+      ++x.step;
+      net.forward_backward(x.w, xb.data(), yb.data(), batch, x.grad);
+      const float mu = static_cast<float>(s.momentum), lr = static_cast<float>(s.lr);
+      for (std::size_t i = 0; i < n; ++i) {
+        x.v[i] = mu * x.v[i] + x.grad[i];
+        x.w[i] -= lr * x.v[i];
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) x.delta[i] = x.w[i] - x.base[i];
+    x.sparse = plan.compression_ratio < 1.0;
+    if (!x.sparse) return 4 * n;
+    if (ef) {
+      if (x.residual.empty()) x.residual.assign(n, 0.0f);
+      for (std::size_t i = 0; i < n; ++i) x.delta[i] += x.residual[i];
+    }
+    ashl::compress::topk c{plan.compression_ratio};
+    x.payload.resize(c.max_encoded_bytes(n, ashl::dtype::f32));
+    scratch.resize(c.scratch_bytes(n, ashl::dtype::f32));
+    auto used = c.encode(ashl::host_view<const float>(x.delta.data(), n), x.payload,
+                         {.seed = 0, .step = 0, .tensor = 0, .scratch = scratch});
+    ASHL_ASSERT(used.has_value(), "topk encode failed");
+    x.payload.resize(*used);
+    if (ef) {
+      // e ← (Δ + e) − C(Δ + e): what was not sent stays for the next commit.
+      x.residual = x.delta;
+      std::vector<float> sent(n, 0.0f);
+      (void)ashl::compress::topk{}.decode_add(x.payload, {n, ashl::dtype::f32}, ashl::host_view<float>(sent.data(), n),
+                                              1.0f, {});
+      for (std::size_t i = 0; i < n; ++i) x.residual[i] -= sent[i];
+    }
+    return *used;
+  };
+  h.apply = [&](std::span<const ashl::sync::weighted_commit> cs) {
+    for (const auto& c : cs) {
+      auto& x = ws[c.worker];
+      const float wgt = static_cast<float>(c.weight);
+      if (x.sparse) {
+        (void)ashl::compress::topk{}.decode_add(x.payload, {n, ashl::dtype::f32}, ashl::host_view<float>(W.data(), n),
+                                                wgt, {});
+      } else {
+        for (std::size_t i = 0; i < n; ++i) W[i] += wgt * x.delta[i];
+      }
+    }
+  };
+  h.serve = [&](ashl::sync::worker_id w) { ws[w].snapshot = W; };
+  h.deliver = [&](ashl::sync::worker_id w) {
+    ws[w].w = ws[w].snapshot;
+    ws[w].base = ws[w].snapshot;
+  };
+  h.evaluate = [&](double t) {
+    auto [acc, tl] = net.evaluate(W, d.test.images.data(), d.test.labels.data(), s.eval_test);
+    auto [tracc, loss] = net.evaluate(W, d.train.images.data(), d.train.labels.data(), s.eval_train);
+    (void)tl;
+    (void)tracc;
+    if (!std::isfinite(loss)) loss = 1e9;
+    o.curve.push_back({t, acc, loss});
+    if (std::isnan(o.time_to_target) && acc >= s.target) o.time_to_target = t;
+    return ashl::sim::evaluation{{{"loss", loss}, {"accuracy", acc}}, false};
+  };
+
+  ashl::sim::simulator sim(spec, std::move(setup->policy), std::move(h));
+  auto r = sim.run({.until = s.budget, .metric_interval = s.eval_every, .record_trace = trace, .trace_limit = 200000});
+  o.final_accuracy = net.evaluate(W, d.test.images.data(), d.test.labels.data(), d.test.count).first;
+  o.bytes_per_worker = r.mean_bytes_sent();
+  o.wait_fraction = r.wait_fraction();
+  if (trace) {
+    std::ofstream t(s.out + "/trace_" + name + ".json");
+    ashl::sim::write_chrome_trace(t, r, "fmnist " + name);
+  }
+  return o;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  if (v.empty()) return nan_v;
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+std::string num_or_null(double v, const char* fmt = "%.3f") {
+  if (!std::isfinite(v)) return "null";
+  char b[64];
+  std::snprintf(b, sizeof b, fmt, v);
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto sp = parse(argc, argv);
+  if (!sp) {
+    std::fprintf(stderr, "ashl_experiment_fmnist: %s\n", sp.error().message().c_str());
+    return 2;
+  }
+  const settings s = *sp;
+  auto data = fmnist::load(s.data_dir);
+  if (!data) {
+    std::fprintf(stderr, "ashl_experiment_fmnist: %s\n", data.error().message().c_str());
+    return data.error().code() == ashl::errc::not_found ? 77 : 1;
+  }
+  auto spec = cluster();
+  if (!spec) {
+    std::fprintf(stderr, "ashl_experiment_fmnist: %s\n", spec.error().message().c_str());
+    return 1;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(s.out, ec);
+  if (ec) {
+    std::fprintf(stderr, "ashl_experiment_fmnist: --out = \"%s\": %s\n", s.out.c_str(), ec.message().c_str());
+    return 1;
+  }
+  std::printf("# Fashion-MNIST, MLP 784-256-10, 9 workers (compute 2x/3x/4x, comm 4x/6x/8x of 10 ms / 5 ms), "
+              "budget %.1f virtual s, target %.2f, %d seed(s), lr %.3g momentum %.2g\n",
+              s.budget, s.target, s.seeds, s.lr, s.momentum);
+  std::fflush(stdout);
+
+  struct job {
+    std::string policy;
+    int seed;
+  };
+  std::vector<job> jobs;
+  for (const auto& p : s.policies)
+    for (int k = 1; k <= s.seeds; ++k) jobs.push_back({p, k});
+  std::vector<run_outcome> results(jobs.size());
+  std::atomic<std::size_t> next{0};
+  std::mutex io;
+  // Runs are independent and each is single-threaded and deterministic, so
+  // running several at once changes no result.
+  auto worker = [&] {
+    for (std::size_t j; (j = next.fetch_add(1)) < jobs.size();) {
+      const bool trace = jobs[j].seed == 1 && jobs[j].policy == s.trace_policy;
+      results[j] = run_one(jobs[j].policy, jobs[j].seed, s, *data, *spec, trace);
+      std::lock_guard<std::mutex> lk(io);
+      const auto& r = results[j];
+      if (!r.note.empty()) std::printf("[%-10s seed %d] error: %s\n", r.policy.c_str(), r.seed, r.note.c_str());
+      else
+        std::printf("[%-10s seed %d] time to %.2f: %s s, final accuracy %.4f, %.1f MB sent per worker, wait %.3f\n",
+                    r.policy.c_str(), r.seed, s.target, num_or_null(r.time_to_target, "%.2f").c_str(), r.final_accuracy,
+                    r.bytes_per_worker / 1e6, r.wait_fraction);
+      std::fflush(stdout);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < std::min<int>(s.jobs, static_cast<int>(jobs.size())); ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+
+  bool failed = false;
+  std::printf("\n%-11s %16s %15s %18s %14s\n", "policy", "time_to_target_s", "final_accuracy", "MB_sent_per_worker",
+              "wait_fraction");
+  std::ostringstream json;
+  for (const auto& p : s.policies) {
+    std::vector<double> ttt, acc, bytes, wait;
+    std::string note;
+    for (const auto& r : results) {
+      if (r.policy != p) continue;
+      if (!r.note.empty()) note = r.note;
+      ttt.push_back(std::isnan(r.time_to_target) ? std::numeric_limits<double>::infinity() : r.time_to_target);
+      acc.push_back(r.final_accuracy);
+      bytes.push_back(r.bytes_per_worker);
+      wait.push_back(r.wait_fraction);
+    }
+    if (!note.empty()) failed = true;
+    const double t = median(ttt);
+    std::printf("%-11s %16s %15.4f %18.2f %14.3f\n", p.c_str(), num_or_null(t, "%.2f").c_str(), median(acc),
+                median(bytes) / 1e6, median(wait));
+    json << "{\"policy\":\"" << p << "\",\"seeds\":" << s.seeds << ",\"target_accuracy\":" << s.target
+         << ",\"time_to_target_s\":" << num_or_null(t, "%.4f") << ",\"final_accuracy\":" << num_or_null(median(acc), "%.5f")
+         << ",\"bytes_per_worker\":" << num_or_null(median(bytes), "%.0f")
+         << ",\"wait_fraction\":" << num_or_null(median(wait), "%.5f") << ",\"budget_s\":" << s.budget << "}\n";
+  }
+  std::printf("\n%s", json.str().c_str());
+
+  const std::string csv = s.out + "/accuracy_vs_time.csv";
+  {
+    std::ofstream c(csv);
+    c << "policy,seed,time_s,accuracy,loss\n";
+    for (const auto& r : results)
+      for (const auto& q : r.curve) c << r.policy << ',' << r.seed << ',' << q.t << ',' << q.acc << ',' << q.loss << '\n';
+    std::ofstream js(s.out + "/summary.json");
+    js << json.str();
+  }
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
+    std::printf("note: gnuplot not found; wrote %s only (apt-get install gnuplot for the PNG)\n", csv.c_str());
+  } else {
+    const std::string gp = s.out + "/accuracy_vs_time.gp";
+    std::ofstream g(gp);
+    g << "set datafile separator ','\nset terminal pngcairo size 1000,600\nset output '" << s.out
+      << "/accuracy_vs_time.png'\nset xlabel 'virtual time (s)'\nset ylabel 'test accuracy (seed 1)'\n"
+         "set yrange [0.5:0.92]\nset key bottom right\nset grid\n"
+      << "set arrow from graph 0, first " << s.target << " to graph 1, first " << s.target << " nohead dt 2\n"
+      << "plot ";
+    for (std::size_t k = 0; k < s.policies.size(); ++k)
+      g << (k ? ", " : "") << "'" << csv << "' using (strcol(1) eq '" << s.policies[k]
+        << "' && $2 == 1 ? $3 : 1/0):4 with lines lw 2 title '" << s.policies[k] << "'";
+    g << "\n";
+    g.close();
+    if (std::system(("gnuplot " + gp + " 2>/dev/null").c_str()) != 0)
+      std::printf("note: gnuplot failed; wrote %s only\n", csv.c_str());
+    else std::printf("wrote %s and %s/accuracy_vs_time.png\n", csv.c_str(), s.out.c_str());
+  }
+  return failed ? 1 : 0;
+}
