@@ -1,0 +1,117 @@
+// ashl/profile/replan.hpp — online re-planning ("ASHL+"): keep the timings a
+// plan was made from, smooth new measurements with EWMA, and when any
+// worker's smoothed time drifts more than a set fraction from those timings,
+// re-run Algorithms 1 and 2. ALGORITHMS.md §2 "Compression in ASHL" (ours).
+//
+//   auto r = ashl::profile::replanner::create({.h0 = 8, .r0 = 0.1, .drift = 0.2}, timings);
+//   auto next = r->observe(worker, ashl::profile::timing_kind::iter, seconds);
+//   if (next && *next) apply(**next);   // a worker slowed down: new H_i, D_i, R_i
+//
+// Each EWMA starts at the planned value, so a single slow sample moves it by
+// alpha only: a slowdown must persist for about a half-life to re-plan.
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/profile/estimators.hpp>
+#include <ashl/profile/planner.hpp>
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace profile {
+
+enum class timing_kind : std::uint8_t { iter, push, pull };
+
+// Algorithm 1 then Algorithm 2, and the timings they were computed from.
+struct full_plan {
+  std::vector<local_plan> local;   // H_i, D_i
+  std::vector<double> ratio;       // R_i
+  std::vector<worker_timing> basis;
+};
+
+inline result<full_plan> make_plan(const std::vector<worker_timing>& t, std::uint32_t h0, double t_compress,
+                                   double r0) {
+  auto local = plan_local_iterations(t, h0);
+  if (!local) return local.error();
+  std::vector<std::uint32_t> h;
+  for (const auto& p : *local) h.push_back(p.h);
+  auto ratio = plan_compression(t, h, t_compress, r0);
+  if (!ratio) return ratio.error();
+  return full_plan{std::move(*local), std::move(*ratio), t};
+}
+
+class replanner {
+ public:
+  struct params {
+    std::uint32_t h0 = 8;
+    double t_compress = 0.0;
+    double r0 = 0.1;
+    double drift = 0.2;      // re-plan when |EWMA − basis| > drift · basis
+    double half_life = 8.0;  // EWMA half-life, samples
+  };
+
+  static result<replanner> create(params p, const std::vector<worker_timing>& timings) {
+    if (!(std::isfinite(p.drift) && p.drift > 0.0)) {
+      return invalid_argument("replan.drift", p.drift, "must be finite and > 0");
+    }
+    if (!(std::isfinite(p.half_life) && p.half_life > 0.0)) {
+      return invalid_argument("replan.half_life", p.half_life, "must be finite and > 0");
+    }
+    auto plan = make_plan(timings, p.h0, p.t_compress, p.r0);
+    if (!plan) return plan.error();
+    replanner r(p, std::move(*plan));
+    return r;
+  }
+
+  [[nodiscard]] const full_plan& plan() const noexcept { return plan_; }
+  [[nodiscard]] std::size_t replans() const noexcept { return replans_; }
+
+  // Feeds one measurement; a new plan when it made some worker drift.
+  result<std::optional<full_plan>> observe(std::uint32_t worker, timing_kind kind, double seconds) {
+    if (worker >= smooth_.size()) return out_of_range("replan.worker", worker, "no such worker");
+    ASHL_TRY(smooth_[worker][static_cast<std::size_t>(kind)].add(seconds));
+    bool drifted = false;
+    std::vector<worker_timing> now(smooth_.size());
+    for (std::size_t w = 0; w < smooth_.size(); ++w) {
+      const auto& b = plan_.basis[w];
+      now[w] = {*smooth_[w][0].value(), *smooth_[w][1].value(), *smooth_[w][2].value()};
+      drifted = drifted || off(now[w].t_iter, b.t_iter) || off(now[w].t_push, b.t_push) ||
+                off(now[w].t_pull, b.t_pull);
+    }
+    if (!drifted) return std::optional<full_plan>{};
+    auto next = make_plan(now, p_.h0, p_.t_compress, p_.r0);
+    if (!next) return next.error();
+    plan_ = std::move(*next);
+    ++replans_;
+    return std::optional<full_plan>{plan_};
+  }
+
+ private:
+  replanner(params p, full_plan plan) : p_(p), plan_(std::move(plan)) {
+    for (const auto& t : plan_.basis) {
+      std::array<ewma, 3> e{ewma(p_.half_life), ewma(p_.half_life), ewma(p_.half_life)};
+      // Seeded with the planned (already validated) values.
+      (void)e[0].add(t.t_iter);
+      (void)e[1].add(t.t_push);
+      (void)e[2].add(t.t_pull);
+      smooth_.push_back(e);
+    }
+  }
+  [[nodiscard]] bool off(double now, double basis) const noexcept {
+    return std::fabs(now - basis) > p_.drift * basis;
+  }
+
+  params p_;
+  full_plan plan_;
+  std::vector<std::array<ewma, 3>> smooth_;
+  std::size_t replans_ = 0;
+};
+
+}  // namespace profile
+ASHL_NAMESPACE_END

@@ -1,0 +1,93 @@
+// ashl/profile/straggler.hpp — straggler detection over a sliding window of
+// per-worker iteration times (EP4DDL-like). ALGORITHMS.md §3 "Straggler
+// detection".
+//
+//   ashl::profile::straggler_detector d{{.workers = 4, .window = 8, .k = 3.0, .consecutive = 2}};
+//   (void)d.record(worker, seconds);             // after each iteration
+//   for (const auto& r : d.evaluate()) {          // once per window
+//     // r.worker is slow: r.time > r.median + k·r.mad, for r.windows windows
+//   }
+//
+// Each worker's time is the median of its last `window` iterations. A worker
+// is over the line when its time exceeds median + k·MAD across the workers;
+// it is reported once it has been over for `consecutive` evaluations in a
+// row, and again at every evaluation after that while it stays over. The MAD
+// is floored at mad_floor·median: with identical workers MAD is 0 and any
+// jitter would otherwise flag someone.
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/profile/estimators.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace profile {
+
+struct straggler_report {
+  std::uint32_t worker = 0;
+  double time = 0.0;          // the worker's windowed iteration time
+  double median = 0.0;        // across workers
+  double mad = 0.0;           // across workers, after the floor
+  std::uint32_t windows = 0;  // consecutive evaluations over the line
+};
+
+class straggler_detector {
+ public:
+  struct params {
+    std::uint32_t workers = 1;
+    std::uint32_t window = 8;
+    double k = 3.0;
+    std::uint32_t consecutive = 2;
+    double mad_floor = 0.01;
+  };
+
+  explicit straggler_detector(params p) : p_(p), times_(p.workers), over_(p.workers, 0) {
+    ASHL_ASSERT(p.workers >= 1 && p.window >= 1 && p.consecutive >= 1, "straggler_detector params");
+  }
+
+  status record(std::uint32_t worker, double seconds) {
+    if (worker >= p_.workers) return out_of_range("straggler.worker", worker, "no such worker");
+    ASHL_TRY(check_duration("straggler.seconds", seconds));
+    auto& q = times_[worker];
+    q.push_back(seconds);
+    if (q.size() > p_.window) q.pop_front();
+    return {};
+  }
+
+  // One evaluation ("window"). Workers with no samples yet take no part and
+  // keep their count.
+  std::vector<straggler_report> evaluate() {
+    std::vector<double> t(p_.workers, 0.0);
+    std::vector<double> present;
+    for (std::uint32_t w = 0; w < p_.workers; ++w) {
+      if (times_[w].empty()) continue;
+      t[w] = median_of({times_[w].begin(), times_[w].end()});
+      present.push_back(t[w]);
+    }
+    std::vector<straggler_report> out;
+    if (present.empty()) return out;
+    const double med = median_of(present);
+    const double mad = std::max(mad_of(present, med), p_.mad_floor * med);
+    for (std::uint32_t w = 0; w < p_.workers; ++w) {
+      if (times_[w].empty()) continue;
+      over_[w] = t[w] > med + p_.k * mad ? over_[w] + 1 : 0;
+      if (over_[w] >= p_.consecutive) out.push_back({w, t[w], med, mad, over_[w]});
+    }
+    return out;
+  }
+
+ private:
+  params p_;
+  std::vector<std::deque<double>> times_;
+  std::vector<std::uint32_t> over_;
+};
+
+}  // namespace profile
+ASHL_NAMESPACE_END

@@ -1,0 +1,69 @@
+#include <ashl/profile/straggler.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <vector>
+
+namespace ap = ashl::profile;
+namespace tt = boost::test_tools;
+
+namespace {
+void fill(ap::straggler_detector& d, const std::vector<double>& t, int per_worker) {
+  for (int k = 0; k < per_worker; ++k) {
+    for (std::uint32_t w = 0; w < t.size(); ++w) BOOST_TEST(d.record(w, t[w]).ok());
+  }
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(flagged_after_n_windows_and_not_before) {
+  ap::straggler_detector d{{.workers = 4, .window = 4, .k = 3.0, .consecutive = 3}};
+  fill(d, {1.0, 1.1, 0.9, 1.0}, 4);
+  BOOST_TEST(d.evaluate().empty());
+  // Worker 3 slows: median 1.05, MAD of deviations {.05, .05, .15, 1.95} = 0.1.
+  for (int window = 1; window <= 2; ++window) {
+    fill(d, {1.0, 1.1, 0.9, 3.0}, 4);
+    BOOST_TEST(d.evaluate().empty());
+  }
+  fill(d, {1.0, 1.1, 0.9, 3.0}, 4);
+  auto r = d.evaluate();
+  BOOST_TEST_REQUIRE(r.size() == 1u);
+  BOOST_TEST(r[0].worker == 3u);
+  BOOST_TEST(r[0].time == 3.0);
+  BOOST_TEST(r[0].median == 1.05, tt::tolerance(1e-12));
+  BOOST_TEST(r[0].mad == 0.1, tt::tolerance(1e-9));
+  BOOST_TEST(r[0].windows == 3u);
+  // It recovers: the count resets.
+  fill(d, {1.0, 1.1, 0.9, 1.0}, 4);
+  BOOST_TEST(d.evaluate().empty());
+  fill(d, {1.0, 1.1, 0.9, 3.0}, 4);
+  BOOST_TEST(d.evaluate().empty());
+}
+
+BOOST_AUTO_TEST_CASE(mildly_slow_worker_and_identical_workers_are_not_flagged) {
+  ap::straggler_detector d{{.workers = 4, .window = 2, .k = 3.0, .consecutive = 1}};
+  fill(d, {1.0, 1.1, 0.9, 1.2}, 2);  // 1.2 < 1.05 + 3 * 0.1
+  BOOST_TEST(d.evaluate().empty());
+  ap::straggler_detector e{{.workers = 3, .window = 2, .k = 3.0, .consecutive = 1}};
+  fill(e, {1.0, 1.0, 1.02}, 2);  // MAD 0, floored at 0.01 * median
+  BOOST_TEST(e.evaluate().empty());
+  fill(e, {1.0, 1.0, 1.5}, 2);
+  auto r = e.evaluate();
+  BOOST_TEST_REQUIRE(r.size() == 1u);
+  BOOST_TEST(r[0].worker == 2u);
+  BOOST_TEST(r[0].mad == 0.01, tt::tolerance(1e-12));
+}
+
+BOOST_AUTO_TEST_CASE(window_uses_the_median_of_recent_iterations) {
+  ap::straggler_detector d{{.workers = 3, .window = 3, .k = 3.0, .consecutive = 1}};
+  fill(d, {1.0, 1.0, 1.0}, 3);
+  BOOST_TEST(d.record(2, 10.0).ok());  // one spike in a window of three
+  BOOST_TEST(d.evaluate().empty());
+}
+
+BOOST_AUTO_TEST_CASE(rejects_bad_input) {
+  ap::straggler_detector d{{.workers = 2}};
+  BOOST_TEST(!d.record(2, 1.0).ok());
+  auto s = d.record(0, -0.5);
+  BOOST_TEST(s.message() == "straggler.seconds = -0.5: duration must be finite and > 0");
+  BOOST_TEST(d.evaluate().empty());
+}
