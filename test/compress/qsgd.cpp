@@ -1,0 +1,161 @@
+#include <ashl/compress/qsgd.hpp>
+#include <boost/test/unit_test.hpp>
+
+#include "../support/codec_testing.hpp"
+
+#include <cmath>
+#include <limits>
+
+using namespace ashl;
+using namespace codec_testing;
+
+namespace {
+template <class T>
+std::vector<float> decode_once(const compress::qsgd& c, const std::vector<float>& xf, const compress::codec_context& ctx) {
+  const auto x = to_type<T>(xf);
+  auto p = encode_to_vector(c, std::span<const T>(x), ctx);
+  std::vector<float> acc(x.size(), 0.0f);
+  BOOST_REQUIRE(compress::qsgd{}.decode_add(p, {x.size(), dtype_of<T>}, host_view<float>(acc.data(), acc.size()), 1.0f, ctx).ok());
+  return acc;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(unbiased_for_each_dtype) {
+  const std::size_t n = 100;
+  const auto xf = normal_values(n, 41);
+  compress::qsgd c{{.levels = 3, .bucket = 32}};
+  const int trials = 3000;
+  auto run = [&]<class T>(T) {
+    const auto xt = to_type<T>(xf);
+    std::vector<double> sum(n, 0.0);
+    for (int t = 0; t < trials; ++t) {
+      const auto d = decode_once<T>(c, xf, {.seed = 4, .step = static_cast<std::uint64_t>(t), .tensor = 3});
+      for (std::size_t i = 0; i < n; ++i) sum[i] += d[i];
+    }
+    // Per bucket, a decode lies within norm / levels of x, so its sd is at most
+    // norm / (2 levels); norms here are below 10.
+    for (std::size_t i = 0; i < n; ++i) {
+      const double xi = to_float(xt[i]);
+      BOOST_CHECK_LE(std::fabs(sum[i] / trials - xi), 5.0 * (10.0 / 6.0) / std::sqrt(double(trials)));
+    }
+  };
+  run(float{});
+  run(half{});
+  run(bfloat16{});
+}
+
+BOOST_AUTO_TEST_CASE(levels_and_norm_values) {
+  // Every decoded value is +-norm * l / s for an integer l in [0, s], with the sign of x.
+  const std::size_t n = 77;
+  const auto x = normal_values(n, 42);
+  compress::qsgd c{{.levels = 5, .bucket = 20}};
+  const auto d = decode_once<float>(c, x, {.seed = 1});
+  for (std::size_t b = 0; b < 4; ++b) {
+    double ss = 0;
+    for (std::size_t i = 20 * b; i < std::min<std::size_t>(n, 20 * b + 20); ++i) ss += double(x[i]) * x[i];
+    const float norm = static_cast<float>(std::sqrt(ss));
+    for (std::size_t i = 20 * b; i < std::min<std::size_t>(n, 20 * b + 20); ++i) {
+      const float l = std::fabs(d[i]) / (norm / 5.0f);
+      BOOST_CHECK_LE(std::fabs(l - std::round(l)), 1e-4f);
+      BOOST_CHECK(d[i] == 0.0f || (d[i] < 0) == (x[i] < 0));
+      BOOST_CHECK_LE(std::fabs(d[i] - x[i]), norm / 5.0f * 1.0001f);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(reproducible_and_sizes) {
+  const auto x = normal_values(1000, 43);
+  for (std::uint32_t s : {1u, 2u, 7u, 127u, 32767u}) {
+    for (std::uint32_t B : {1u, 64u, 1000u, 4096u}) {
+      compress::qsgd c{{.levels = s, .bucket = B}};
+      auto a = encode_to_vector(c, std::span<const float>(x), {.seed = 5, .step = 8, .tensor = 1});
+      auto b = encode_to_vector(c, std::span<const float>(x), {.seed = 5, .step = 8, .tensor = 1});
+      BOOST_CHECK(a == b);
+      const std::size_t bits = 1 + std::bit_width(s);
+      BOOST_CHECK_EQUAL(a.size(), 16 + 4 * ((1000 + B - 1) / B) + (1000 * bits + 7) / 8);
+      BOOST_CHECK_EQUAL(a.size(), c.max_encoded_bytes(1000, dtype::f32));
+      BOOST_CHECK_EQUAL(c.max_encoded_bytes(1000, dtype::f16), c.max_encoded_bytes(1000, dtype::f32));
+    }
+  }
+  compress::qsgd c{{.levels = 7, .bucket = 64}};
+  const auto p = encode_to_vector(c, std::span<const float>(x), {.seed = 5, .step = 8, .tensor = 1});
+  BOOST_CHECK(p != encode_to_vector(c, std::span<const float>(x), {.seed = 5, .step = 9, .tensor = 1}));
+  BOOST_CHECK(p != encode_to_vector(c, std::span<const float>(x), {.seed = 5, .step = 8, .tensor = 2}));
+  BOOST_CHECK(p != encode_to_vector(c, std::span<const float>(x), {.seed = 6, .step = 8, .tensor = 1}));
+  // Empty input and all-zero input.
+  std::vector<float> z(10, 0.0f), acc(10, 1.0f);
+  auto pz = encode_to_vector(c, std::span<const float>(z));
+  BOOST_REQUIRE(c.decode_add(pz, {10, dtype::f32}, host_view<float>(acc.data(), 10), 1.0f, {}).ok());
+  for (float v : acc) BOOST_CHECK_EQUAL(v, 1.0f);
+  auto pe = encode_to_vector(c, std::span<const float>(z.data(), 0));
+  BOOST_CHECK_EQUAL(pe.size(), 16u);
+  BOOST_CHECK(c.decode_add(pe, {0, dtype::f32}, host_view<float>(acc.data(), 0), 1.0f, {}).ok());
+}
+
+BOOST_AUTO_TEST_CASE(encode_errors) {
+  std::vector<float> x(10, 1.0f);
+  std::vector<std::byte> buf(1000);
+  BOOST_CHECK(!compress::qsgd({.levels = 0}).encode(host_view<const float>(x.data(), 10), buf, {}).has_value());
+  BOOST_CHECK(!compress::qsgd({.levels = 32768}).encode(host_view<const float>(x.data(), 10), buf, {}).has_value());
+  BOOST_CHECK(!compress::qsgd({.bucket = 0}).encode(host_view<const float>(x.data(), 10), buf, {}).has_value());
+  auto s = compress::qsgd({.levels = 0}).validate();
+  BOOST_CHECK_NE(s.message().find("qsgd.levels = 0"), std::string::npos);
+  x[3] = std::numeric_limits<float>::quiet_NaN();
+  BOOST_CHECK(!compress::qsgd{}.encode(host_view<const float>(x.data(), 10), buf, {}).has_value());
+  x[3] = 1.0f;
+  BOOST_CHECK(!compress::qsgd{}.encode(host_view<const float>(x.data(), 10), std::span<std::byte>(buf.data(), 20), {}).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(rejects_malformed_payloads) {
+  const auto x = normal_values(50, 44);
+  compress::qsgd c{{.levels = 5, .bucket = 16}};  // 4 bits: 200 bits = 25 bytes, codes 6..7 unused
+  auto p = encode_to_vector(c, std::span<const float>(x), {.seed = 2});
+  const compress::payload_info info{50, dtype::f32};
+  check_rejects_truncation(compress::qsgd{}, p, info);
+  auto expect_field = [&](const std::vector<std::byte>& bad, const char* field) {
+    auto s = decode_guarded(compress::qsgd{}, bad, info);
+    BOOST_CHECK_MESSAGE(!s.ok() && s.message().find(field) != std::string::npos, s.to_string() + " / " + field);
+  };
+  auto bad = p;
+  put_u32(bad, 8, 0);
+  expect_field(bad, "qsgd.bucket");
+  bad = p;
+  put_u32(bad, 12, 0);
+  expect_field(bad, "qsgd.levels");
+  bad = p;
+  put_u32(bad, 12, 40000);
+  expect_field(bad, "qsgd.levels");
+  bad = p;
+  put_u32(bad, 12, 6);  // same bit width, different meaning is accepted; 9 changes the size
+  BOOST_CHECK(decode_guarded(compress::qsgd{}, bad, info).ok());
+  put_u32(bad, 12, 9);
+  expect_field(bad, "qsgd.payload_bytes");
+  bad = p;
+  put_u64(bad, 0, 51);
+  expect_field(bad, "qsgd.n");
+  bad = p;
+  put_u32(bad, 16 + 4, 0x7fc00000u);  // NaN norm of bucket 1
+  expect_field(bad, "qsgd.norm[1]");
+  bad = p;
+  put_u32(bad, 16, 0xbf800000u);  // -1
+  expect_field(bad, "qsgd.norm[0]");
+  bad = p;
+  bad[16 + 16] = std::byte{0x0f};  // code 15: level 7 > 5
+  expect_field(bad, "qsgd.code[0]");
+  bad = p;
+  bad[16 + 16] = (bad[16 + 16] & std::byte{0xf0}) | std::byte{0x01};  // sign on level 0
+  expect_field(bad, "qsgd.code[0]");
+  {
+    compress::qsgd c3{{.levels = 1, .bucket = 16}};  // 2 bits x 50 = 100 bits: 4 padding bits
+    auto q = encode_to_vector(c3, std::span<const float>(x), {.seed = 2});
+    check_rejects_truncation(compress::qsgd{}, q, info);
+    q.back() |= std::byte{0x80};
+    expect_field(q, "qsgd.padding");
+  }
+  std::vector<float> acc(51, 0.0f);
+  BOOST_CHECK(!c.decode_add(p, info, host_view<float>(acc.data(), 51), 1.0f, {}).ok());
+  BOOST_CHECK(!decode_guarded(compress::qsgd{}, p, {50, dtype::f64}).ok());
+  const auto xh = to_type<half>(x);
+  auto ph = encode_to_vector(c, std::span<const half>(xh), {.seed = 2});
+  check_rejects_truncation(compress::qsgd{}, ph, {50, dtype::f16});
+}
