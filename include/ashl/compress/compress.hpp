@@ -10,8 +10,12 @@
 #include <ashl/compress/cast.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/identity.hpp>
+#include <ashl/compress/natural.hpp>
+#include <ashl/compress/qsgd.hpp>
 #include <ashl/compress/randomk.hpp>
 #include <ashl/compress/registry.hpp>
+#include <ashl/compress/sign.hpp>
+#include <ashl/compress/terngrad.hpp>
 #include <ashl/compress/threshold.hpp>
 #include <ashl/compress/topk.hpp>
 #include <ashl/compress/topk_sampled.hpp>

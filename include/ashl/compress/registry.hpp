@@ -13,7 +13,11 @@
 #include <ashl/compress/cast.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/identity.hpp>
+#include <ashl/compress/natural.hpp>
+#include <ashl/compress/qsgd.hpp>
 #include <ashl/compress/randomk.hpp>
+#include <ashl/compress/sign.hpp>
+#include <ashl/compress/terngrad.hpp>
 #include <ashl/compress/threshold.hpp>
 #include <ashl/compress/topk.hpp>
 #include <ashl/compress/topk_sampled.hpp>
@@ -37,6 +41,10 @@ inline status decode_add(codec_id id, std::span<const std::byte> payload, payloa
     case codec_id::topk_sampled: return topk_sampled{}.decode_add(payload, info, acc, scale, ctx);
     case codec_id::randomk: return randomk{}.decode_add(payload, info, acc, scale, ctx);
     case codec_id::threshold: return threshold{}.decode_add(payload, info, acc, scale, ctx);
+    case codec_id::qsgd: return qsgd{}.decode_add(payload, info, acc, scale, ctx);
+    case codec_id::terngrad: return terngrad{}.decode_add(payload, info, acc, scale, ctx);
+    case codec_id::sign: return sign{}.decode_add(payload, info, acc, scale, ctx);
+    case codec_id::natural: return natural{}.decode_add(payload, info, acc, scale, ctx);
     default: break;
   }
   return make_error(errc::unsupported, "codec", to_string(id), "no CPU decoder for this codec in this build");

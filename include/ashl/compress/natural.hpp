@@ -1,0 +1,137 @@
+// ashl/compress/natural.hpp — natural compression: stochastic rounding to powers of two.
+//
+//   ashl::compress::natural c;
+//   std::vector<std::byte> buf(c.max_encoded_bytes(n, ashl::dtype::f32));   // 12 + n
+//   auto used = c.encode(ashl::host_view<const float>(g.data(), n), buf, ctx);
+//   ashl::compress::natural{}.decode_add({buf.data(), *used}, {n, ashl::dtype::f32}, acc, 1.0f, ctx);
+//
+// Horváth et al., "Natural compression for distributed deep learning" (2019).
+// One byte per element: bit 7 the sign, bits 0..6 a code c; c = 0 is zero
+// (sign 0), c >= 1 is 2^(emin + c - 1). The payload's emin is chosen so the top
+// code 127 is the power of two just above max |x| (emin = min(e - 126, 1) with
+// max |x| < 2^e), so the 127 codes span the tensor's range. |x| in
+// [2^(k-1), 2^k) rounds up to 2^k with probability |x| / 2^(k-1) - 1, else down;
+// |x| < 2^emin rounds to 2^emin with probability |x| / 2^emin, else to 0. Both
+// are unbiased (E[decode] = x); only |x| >= 2^127 (emin clamped to 1) rounds
+// down to 2^127 deterministically. Draws u_i from philox_stream(ctx.seed,
+// ctx.step, ctx.tensor), word i % 4 of block i / 4. Payload: u64 n, i32 emin,
+// n code bytes; max_encoded_bytes(n, t) = 12 + n, whatever t, and every
+// payload has exactly that size. ALGORITHMS.md §4; docs/wire-format.md,
+// "Codec payloads / natural".
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/levels.hpp>
+#include <ashl/core/bytes.hpp>
+#include <ashl/core/dtype.hpp>
+#include <ashl/core/philox.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/core/tensor_view.hpp>
+#include <ashl/wire/ids.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+ASHL_NAMESPACE_BEGIN
+namespace compress {
+
+class natural {
+ public:
+  using codec_concept = codec_tag;
+  static constexpr codec_id id = codec_id::natural;
+  static constexpr std::size_t header_bytes = 12;  // n u64, emin i32
+  // emin range: max |x| = 2^-149 (smallest subnormal) gives -274; the clamp gives 1.
+  static constexpr std::int32_t min_emin = -274, max_emin = 1;
+
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept { return header_bytes + n; }
+  [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
+
+  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context& ctx) const {
+    return encode_impl(x, out, ctx);
+  }
+  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context& ctx) const {
+    return encode_impl(x, out, ctx);
+  }
+  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out,
+                             const codec_context& ctx) const {
+    return encode_impl(x, out, ctx);
+  }
+
+  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
+                    const codec_context&) const {
+    ASHL_TRY(detail::check_decode_args("natural", info.type, info.count, acc.size(), scale));
+    byte_reader r(in);
+    std::uint64_t n = 0;
+    std::int32_t emin = 0;
+    ASHL_TRY(r.get(n, "natural.n"));
+    ASHL_TRY(r.get(emin, "natural.emin"));
+    if (n != info.count) return malformed("natural.n", n, "must equal info.count = " + std::to_string(info.count));
+    if (emin < min_emin || emin > max_emin) return malformed("natural.emin", emin, "must be in [-274, 1]");
+    if (in.size() - header_bytes != n)
+      return malformed("natural.payload_bytes", in.size(), "must be 12 + n = " + std::to_string(n + header_bytes));
+    const std::byte* codes = in.data() + header_bytes;
+    for (std::uint64_t i = 0; i < n; ++i)
+      if (codes[i] == std::byte{0x80})
+        return malformed("natural.code[" + std::to_string(i) + "]", 0x80, "negative zero is not a valid code");
+    float table[256];  // every code's scaled value: one lookup per element
+    table[0] = 0.0f;
+    for (int c = 1; c < 128; ++c) table[c] = scale * std::ldexp(1.0f, emin + c - 1);
+    for (int c = 0; c < 128; ++c) table[128 + c] = -table[c];
+    float* a = acc.data();
+    for (std::uint64_t i = 0; i < n; ++i) a[i] += table[static_cast<unsigned>(codes[i])];
+    return {};
+  }
+
+ private:
+  template <class T>
+  result<std::size_t> encode_impl(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
+    const std::size_t n = xv.size();
+    const std::size_t need = header_bytes + n;
+    if (out.size() < need)
+      return make_error(errc::buffer_too_small, "natural.out.size", out.size(),
+                        "bytes, fewer than max_encoded_bytes = " + std::to_string(need));
+    const T* x = xv.data();
+    float mx = 0.0f;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float a = std::fabs(detail::as_f32(x[i]));
+      mx = (a > mx || a != a) ? a : mx;
+    }
+    if (!std::isfinite(mx)) return out_of_range("natural.input.max_abs", mx, "must be finite (inf/NaN input)");
+    int e = 0;
+    (void)std::frexp(mx, &e);
+    const std::int32_t emin = mx == 0.0f ? 0 : (e - 126 < max_emin ? e - 126 : max_emin);
+    std::byte* const base = out.data();
+    detail::store_le<std::uint64_t>(base, n);
+    detail::store_le<std::int32_t>(base + 8, emin);
+    std::byte* codes = base + header_bytes;
+    const philox_stream rng(ctx.seed, ctx.step, ctx.tensor);
+    philox_block blk{};
+    for (std::size_t i = 0; i < n; ++i) {
+      if ((i & 3u) == 0) blk = rng.block(i >> 2);
+      const float v = detail::as_f32(x[i]);
+      const float a = std::fabs(v);
+      const float u = uniform01(blk[static_cast<int>(i & 3u)]);
+      int k = 0;
+      const float m = std::frexp(a, &k);  // a = m 2^k, m in [0.5, 1); k = 0 for a = 0
+      const int low = k - emin;           // code of 2^(k-1)
+      // In range: up with probability 2m - 1. Below range: 2^emin with probability a / 2^emin.
+      const int in_range = low + (u < 2.0f * m - 1.0f ? 1 : 0);
+      const int below = u < std::ldexp(a, -emin) ? 1 : 0;
+      int c = low >= 1 ? in_range : below;
+      c = c > 127 ? 127 : c;
+      c = a == 0.0f ? 0 : c;
+      codes[i] = static_cast<std::byte>((c != 0 && v < 0.0f ? 0x80 : 0) | c);
+    }
+    return need;
+  }
+};
+
+static_assert(codec<natural>);
+
+}  // namespace compress
+ASHL_NAMESPACE_END

@@ -1,0 +1,157 @@
+// ashl/compress/sign.hpp — scaled 1-bit sign compression (EF-signSGD).
+//
+//   ashl::compress::sign c{{.bucket = 512}};
+//   std::vector<std::byte> buf(c.max_encoded_bytes(n, ashl::dtype::f32));
+//   auto used = c.encode(ashl::host_view<const float>(g.data(), n), buf, ctx);
+//   ashl::compress::sign{}.decode_add({buf.data(), *used}, {n, ashl::dtype::f32}, acc, 1.0f, ctx);
+//
+// Karimireddy et al., "Error feedback fixes SignSGD" (ICML'19). Each bucket of
+// B elements sends one f32 scale d = mean |x| over the bucket and one bit per
+// element (1 when x < 0, so +0 and -0 both send +d); decode adds scale * d *
+// (bit ? -1 : +1), deterministically. Biased: pair it with error_feedback.
+// Payload: u64 n, u32 bucket, ceil(n / B) f32 scales, ceil(n / 8) bit bytes
+// (LSB-first, unused bits 0); max_encoded_bytes(n, t) = 12 + 4 ceil(n / B) +
+// ceil(n / 8), whatever t, and every payload has exactly that size.
+// ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / sign".
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/levels.hpp>
+#include <ashl/core/bytes.hpp>
+#include <ashl/core/dtype.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/core/tensor_view.hpp>
+#include <ashl/wire/ids.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+ASHL_NAMESPACE_BEGIN
+namespace compress {
+
+struct sign_options {
+  std::uint32_t bucket = 512;  // elements per scale, >= 1
+};
+
+class sign {
+ public:
+  using codec_concept = codec_tag;
+  static constexpr codec_id id = codec_id::sign;
+  static constexpr std::size_t header_bytes = 12;  // n u64, bucket u32
+
+  sign() = default;
+  explicit sign(sign_options o) : opt_(o) {}
+  [[nodiscard]] const sign_options& options() const noexcept { return opt_; }
+
+  [[nodiscard]] status validate() const {
+    if (opt_.bucket < 1) return invalid_argument("sign.bucket", opt_.bucket, "must be >= 1");
+    return {};
+  }
+
+  static std::size_t payload_bytes(std::uint64_t n, std::uint32_t bucket) noexcept {
+    return header_bytes + 4 * detail::bucket_count(n, bucket) + detail::packed_bytes(n, 1);
+  }
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
+    return payload_bytes(n, opt_.bucket == 0 ? 1 : opt_.bucket);
+  }
+  [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
+
+  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context& ctx) const {
+    return encode_impl(x, out, ctx);
+  }
+  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context& ctx) const {
+    return encode_impl(x, out, ctx);
+  }
+  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out,
+                             const codec_context& ctx) const {
+    return encode_impl(x, out, ctx);
+  }
+
+  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
+                    const codec_context&) const {
+    ASHL_TRY(detail::check_decode_args("sign", info.type, info.count, acc.size(), scale));
+    byte_reader r(in);
+    std::uint64_t n = 0;
+    std::uint32_t bucket = 0;
+    ASHL_TRY(r.get(n, "sign.n"));
+    ASHL_TRY(r.get(bucket, "sign.bucket"));
+    if (n != info.count) return malformed("sign.n", n, "must equal info.count = " + std::to_string(info.count));
+    if (n > detail::bucketed_max_elements) return malformed("sign.n", n, "exceeds 2^48");
+    if (bucket < 1) return malformed("sign.bucket", bucket, "must be >= 1");
+    const std::size_t expect = payload_bytes(n, bucket);
+    if (in.size() != expect)
+      return malformed("sign.payload_bytes", in.size(),
+                       "must be 12 + 4 ceil(n / bucket) + ceil(n / 8) = " + std::to_string(expect));
+    const std::uint64_t nb = detail::bucket_count(n, bucket);
+    const std::byte* scales = in.data() + header_bytes;
+    const std::byte* bits = scales + 4 * nb;
+    for (std::uint64_t b = 0; b < nb; ++b) {
+      const float d = detail::load_le<float>(scales + 4 * b);
+      if (!(std::isfinite(d) && d >= 0.0f))
+        return malformed("sign.scale[" + std::to_string(b) + "]", d, "must be finite and >= 0");
+    }
+    if (n % 8 != 0) {
+      const unsigned pad = static_cast<unsigned>(bits[n / 8]) >> (n % 8);
+      if (pad != 0) return malformed("sign.padding", pad, "unused bits must be 0");
+    }
+    float* a = acc.data();
+    for (std::uint64_t b = 0; b < nb; ++b) {
+      const std::uint64_t lo = b * bucket, hi = lo + bucket < n ? lo + bucket : n;
+      const float d = scale * detail::load_le<float>(scales + 4 * b);
+      for (std::uint64_t i = lo; i < hi; ++i) {
+        const bool neg = ((static_cast<unsigned>(bits[i >> 3]) >> (i & 7u)) & 1u) != 0;
+        a[i] += neg ? -d : d;
+      }
+    }
+    return {};
+  }
+
+ private:
+  template <class T>
+  result<std::size_t> encode_impl(host_view<const T> xv, std::span<std::byte> out, const codec_context&) const {
+    ASHL_TRY(validate());
+    const std::size_t n = xv.size();
+    if (n > detail::bucketed_max_elements) return out_of_range("sign.input.size", n, "exceeds 2^48");
+    const std::size_t need = payload_bytes(n, opt_.bucket);
+    if (out.size() < need)
+      return make_error(errc::buffer_too_small, "sign.out.size", out.size(),
+                        "bytes, fewer than max_encoded_bytes = " + std::to_string(need));
+    std::byte* const base = out.data();
+    detail::store_le<std::uint64_t>(base, n);
+    detail::store_le<std::uint32_t>(base + 8, opt_.bucket);
+    const std::uint64_t nb = detail::bucket_count(n, opt_.bucket);
+    std::byte* scales = base + header_bytes;
+    std::byte* bits = scales + 4 * nb;
+    const T* x = xv.data();
+    for (std::uint64_t b = 0; b < nb; ++b) {
+      const std::uint64_t lo = b * opt_.bucket, hi = lo + opt_.bucket < n ? lo + opt_.bucket : n;
+      double sum = 0.0;
+      for (std::uint64_t i = lo; i < hi; ++i) sum += std::fabs(static_cast<double>(detail::as_f32(x[i])));
+      const float d = static_cast<float>(sum / static_cast<double>(hi - lo));
+      if (!std::isfinite(d))
+        return out_of_range("sign.input.bucket[" + std::to_string(b) + "]", b,
+                            "has a non-finite mean |x| (inf/NaN input)");
+      detail::store_le<float>(scales + 4 * b, d);
+    }
+    // Bits are packed a byte at a time, independent of bucket boundaries.
+    for (std::uint64_t j = 0; j < (n + 7) / 8; ++j) {
+      unsigned byte = 0;
+      const std::uint64_t lim = n - 8 * j < 8 ? n - 8 * j : 8;
+      for (std::uint64_t l = 0; l < lim; ++l) byte |= (detail::as_f32(x[8 * j + l]) < 0.0f ? 1u : 0u) << l;
+      bits[j] = static_cast<std::byte>(byte);
+    }
+    return need;
+  }
+
+  sign_options opt_{};
+};
+
+static_assert(codec<sign>);
+
+}  // namespace compress
+ASHL_NAMESPACE_END

@@ -1,0 +1,130 @@
+// ashl/compress/terngrad.hpp — TernGrad: per-bucket scale max|x|, ternary 2-bit codes.
+//
+//   ashl::compress::terngrad c{{.bucket = 512}};
+//   std::vector<std::byte> buf(c.max_encoded_bytes(n, ashl::dtype::f32));
+//   auto used = c.encode(ashl::host_view<const float>(g.data(), n), buf, ctx);
+//   ashl::compress::terngrad{}.decode_add({buf.data(), *used}, {n, ashl::dtype::f32}, acc, 1.0f, ctx);
+//
+// Wen et al., "TernGrad" (NeurIPS'17). Each bucket sends s = max |x| (f32);
+// element i becomes sign(x_i) s with probability |x_i| / s and 0 otherwise
+// (u_i from philox_stream(ctx.seed, ctx.step, ctx.tensor), word i % 4 of
+// block i / 4), so E[decode] = x. This is the one-level case of
+// detail/levels.hpp with the max norm: 2-bit codes 0 (zero), 2 (+s), 3 (-s);
+// code 1 is invalid; four codes per byte, LSB-first. Payload: u64 n,
+// u32 bucket, ceil(n / B) f32 scales, ceil(n / 4) code bytes;
+// max_encoded_bytes(n, t) = 12 + 4 ceil(n / B) + ceil(n / 4), whatever t,
+// and every payload has exactly that size.
+// ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / terngrad".
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/levels.hpp>
+#include <ashl/core/bytes.hpp>
+#include <ashl/core/dtype.hpp>
+#include <ashl/core/philox.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/core/tensor_view.hpp>
+#include <ashl/wire/ids.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+ASHL_NAMESPACE_BEGIN
+namespace compress {
+
+struct terngrad_options {
+  std::uint32_t bucket = 512;  // elements per scale, >= 1
+};
+
+class terngrad {
+ public:
+  using codec_concept = codec_tag;
+  static constexpr codec_id id = codec_id::terngrad;
+  static constexpr std::size_t header_bytes = 12;  // n u64, bucket u32
+
+  terngrad() = default;
+  explicit terngrad(terngrad_options o) : opt_(o) {}
+  [[nodiscard]] const terngrad_options& options() const noexcept { return opt_; }
+
+  [[nodiscard]] status validate() const {
+    if (opt_.bucket < 1) return invalid_argument("terngrad.bucket", opt_.bucket, "must be >= 1");
+    return {};
+  }
+
+  static std::size_t payload_bytes(std::uint64_t n, std::uint32_t bucket) noexcept {
+    return header_bytes + 4 * detail::bucket_count(n, bucket) + detail::packed_bytes(n, 2);
+  }
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
+    return payload_bytes(n, opt_.bucket == 0 ? 1 : opt_.bucket);
+  }
+  [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
+
+  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context& ctx) const {
+    return encode_impl(x, out, ctx);
+  }
+  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context& ctx) const {
+    return encode_impl(x, out, ctx);
+  }
+  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out,
+                             const codec_context& ctx) const {
+    return encode_impl(x, out, ctx);
+  }
+
+  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
+                    const codec_context&) const {
+    ASHL_TRY(detail::check_decode_args("terngrad", info.type, info.count, acc.size(), scale));
+    byte_reader r(in);
+    std::uint64_t n = 0;
+    std::uint32_t bucket = 0;
+    ASHL_TRY(r.get(n, "terngrad.n"));
+    ASHL_TRY(r.get(bucket, "terngrad.bucket"));
+    if (n != info.count) return malformed("terngrad.n", n, "must equal info.count = " + std::to_string(info.count));
+    if (n > detail::bucketed_max_elements) return malformed("terngrad.n", n, "exceeds 2^48");
+    if (bucket < 1) return malformed("terngrad.bucket", bucket, "must be >= 1");
+    const std::size_t expect = payload_bytes(n, bucket);
+    if (in.size() != expect)
+      return malformed("terngrad.payload_bytes", in.size(),
+                       "must be 12 + 4 ceil(n / bucket) + ceil(n / 4) = " + std::to_string(expect));
+    const detail::level_spec spec{bucket, 1, detail::bucket_norm::max_abs};
+    const std::byte* scales = in.data() + header_bytes;
+    const std::byte* codes = scales + 4 * detail::bucket_count(n, bucket);
+    ASHL_TRY(detail::levels_validate("terngrad", spec, n, scales, codes));
+    detail::levels_decode_add(spec, n, scales, codes, acc.data(), scale);
+    return {};
+  }
+
+ private:
+  template <class T>
+  result<std::size_t> encode_impl(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
+    ASHL_TRY(validate());
+    const std::size_t n = xv.size();
+    if (n > detail::bucketed_max_elements) return out_of_range("terngrad.input.size", n, "exceeds 2^48");
+    const std::size_t need = payload_bytes(n, opt_.bucket);
+    if (out.size() < need)
+      return make_error(errc::buffer_too_small, "terngrad.out.size", out.size(),
+                        "bytes, fewer than max_encoded_bytes = " + std::to_string(need));
+    std::byte* const base = out.data();
+    detail::store_le<std::uint64_t>(base, n);
+    detail::store_le<std::uint32_t>(base + 8, opt_.bucket);
+    std::byte* scales = base + header_bytes;
+    std::byte* codes = scales + 4 * detail::bucket_count(n, opt_.bucket);
+    const detail::level_spec spec{opt_.bucket, 1, detail::bucket_norm::max_abs};
+    const std::uint64_t bad =
+        detail::levels_encode(xv.data(), n, spec, philox_stream(ctx.seed, ctx.step, ctx.tensor), scales, codes);
+    if (bad != n)
+      return out_of_range("terngrad.input.bucket[" + std::to_string(bad) + "]", bad,
+                          "has a non-finite max |x| (inf/NaN input)");
+    return need;
+  }
+
+  terngrad_options opt_{};
+};
+
+static_assert(codec<terngrad>);
+
+}  // namespace compress
+ASHL_NAMESPACE_END

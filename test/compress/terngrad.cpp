@@ -1,0 +1,106 @@
+#include <ashl/compress/terngrad.hpp>
+#include <boost/test/unit_test.hpp>
+
+#include "../support/codec_testing.hpp"
+
+#include <cmath>
+#include <limits>
+
+using namespace ashl;
+using namespace codec_testing;
+
+BOOST_AUTO_TEST_CASE(unbiased_ternary_for_each_dtype) {
+  const std::size_t n = 90;
+  const auto xf = normal_values(n, 51);
+  compress::terngrad c{{.bucket = 30}};
+  const int trials = 3000;
+  auto run = [&]<class T>(T) {
+    const auto x = to_type<T>(xf);
+    std::vector<float> sum(n, 0.0f);
+    float smax[3] = {0, 0, 0};
+    for (std::size_t i = 0; i < n; ++i) smax[i / 30] = std::max(smax[i / 30], std::fabs(to_float(x[i])));
+    for (int t = 0; t < trials; ++t) {
+      const compress::codec_context ctx{.seed = 9, .step = static_cast<std::uint64_t>(t), .tensor = 2};
+      auto p = encode_to_vector(c, std::span<const T>(x), ctx);
+      BOOST_REQUIRE_EQUAL(p.size(), 12u + 12u + 23u);
+      std::vector<float> one(n, 0.0f);
+      BOOST_REQUIRE(compress::terngrad{}.decode_add(p, {n, dtype_of<T>}, host_view<float>(one.data(), n), 1.0f, ctx).ok());
+      for (std::size_t i = 0; i < n; ++i) {
+        const float s = smax[i / 30];
+        BOOST_REQUIRE(one[i] == 0.0f || one[i] == s * (to_float(x[i]) < 0 ? -1.0f : 1.0f));
+        sum[i] += one[i] / trials;
+      }
+    }
+    // sd of one decode <= s / 2 (Bernoulli scaled by s); s < 4 here.
+    for (std::size_t i = 0; i < n; ++i) BOOST_CHECK_LE(std::fabs(sum[i] - to_float(x[i])), 5.0f * 2.0f / std::sqrt(float(trials)));
+  };
+  run(float{});
+  run(half{});
+  run(bfloat16{});
+}
+
+BOOST_AUTO_TEST_CASE(reproducible_and_sizes) {
+  const auto x = normal_values(1001, 52);
+  for (std::uint32_t B : {1u, 7u, 512u, 5000u}) {
+    compress::terngrad c{{.bucket = B}};
+    auto a = encode_to_vector(c, std::span<const float>(x), {.seed = 5, .step = 8, .tensor = 1});
+    BOOST_CHECK(a == encode_to_vector(c, std::span<const float>(x), {.seed = 5, .step = 8, .tensor = 1}));
+    if (B > 1) {  // with one element per bucket every element is its bucket's max: deterministic
+      BOOST_CHECK(a != encode_to_vector(c, std::span<const float>(x), {.seed = 5, .step = 9, .tensor = 1}));
+      BOOST_CHECK(a != encode_to_vector(c, std::span<const float>(x), {.seed = 5, .step = 8, .tensor = 0}));
+    }
+    BOOST_CHECK_EQUAL(a.size(), 12 + 4 * ((1001 + B - 1) / B) + (1001 + 3) / 4);
+    BOOST_CHECK_EQUAL(a.size(), c.max_encoded_bytes(1001, dtype::bf16));
+  }
+  // The max element of each bucket is always sent exactly.
+  std::vector<float> y{0.5f, -2.0f, 1.0f};
+  compress::terngrad c;
+  for (int t = 0; t < 20; ++t) {
+    const compress::codec_context ctx{.step = static_cast<std::uint64_t>(t)};
+    auto p = encode_to_vector(c, std::span<const float>(y), ctx);
+    std::vector<float> acc(3, 0.0f);
+    BOOST_REQUIRE(c.decode_add(p, {3, dtype::f32}, host_view<float>(acc.data(), 3), 1.0f, ctx).ok());
+    BOOST_CHECK_EQUAL(acc[1], -2.0f);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(rejects_bad_input_and_payloads) {
+  std::vector<float> inf(5, 1.0f);
+  inf[2] = std::numeric_limits<float>::infinity();
+  std::vector<std::byte> buf(100);
+  BOOST_CHECK(!compress::terngrad{}.encode(host_view<const float>(inf.data(), 5), buf, {}).has_value());
+  BOOST_CHECK(!compress::terngrad({.bucket = 0}).encode(host_view<const float>(inf.data(), 1), buf, {}).has_value());
+
+  const auto x = normal_values(50, 53);
+  compress::terngrad c{{.bucket = 16}};  // 4 scales, 13 code bytes (100 bits: 4 padding bits)
+  auto p = encode_to_vector(c, std::span<const float>(x), {.seed = 2});
+  const compress::payload_info info{50, dtype::f32};
+  check_rejects_truncation(compress::terngrad{}, p, info);
+  auto expect_field = [&](const std::vector<std::byte>& bad, const char* field) {
+    auto s = decode_guarded(compress::terngrad{}, bad, info);
+    BOOST_CHECK_MESSAGE(!s.ok() && s.message().find(field) != std::string::npos, s.to_string() + " / " + field);
+  };
+  auto bad = p;
+  put_u32(bad, 8, 0);
+  expect_field(bad, "terngrad.bucket");
+  bad = p;
+  put_u32(bad, 8, 17);
+  BOOST_CHECK(!decode_guarded(compress::terngrad{}, bad, info).ok());
+  bad = p;
+  put_u64(bad, 0, 49);
+  expect_field(bad, "terngrad.n");
+  bad = p;
+  put_u32(bad, 12 + 8, 0x7fc00000u);
+  expect_field(bad, "terngrad.scale[2]");
+  bad = p;
+  put_u32(bad, 12, 0x7f800000u);
+  expect_field(bad, "terngrad.scale[0]");
+  bad = p;
+  bad[28] = (bad[28] & std::byte{0xfc}) | std::byte{0x01};  // code 1 at element 0
+  expect_field(bad, "terngrad.code[0]");
+  bad = p;
+  bad.back() |= std::byte{0x40};
+  expect_field(bad, "terngrad.padding");
+  const auto xb = to_type<bfloat16>(x);
+  check_rejects_truncation(compress::terngrad{}, encode_to_vector(c, std::span<const bfloat16>(xb), {.seed = 2}), {50, dtype::bf16});
+}
