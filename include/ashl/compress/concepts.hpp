@@ -64,5 +64,29 @@ concept codec = requires(const C& c, std::size_t n, dtype t, host_view<const flo
   { c.decode_add(in, info, acc, scale, ctx) } -> std::same_as<status>;
 };
 
+// Opt-in tag of a stateful codec: `using codec_concept = ashl::compress::stateful_codec_tag;`
+struct stateful_codec_tag {};
+
+// A stateful codec is a decorator (error_feedback, dgc) that keeps per-tensor
+// state across steps (residuals, velocity), so its encode is non-const. It
+// wraps a stateless `inner_codec`, and its payloads are the inner codec's:
+// decode_add is const and a server decodes them with the inner codec (or the
+// registry) by the inner id.
+template <class C>
+concept stateful_codec = requires(C& c, const C& cc, std::size_t n, dtype t, host_view<const float> f32,
+                                  host_view<const half> f16, host_view<const bfloat16> bf16,
+                                  std::span<std::byte> out, std::span<const std::byte> in, payload_info info,
+                                  host_view<float> acc, float scale, const codec_context& ctx) {
+  requires std::same_as<typename C::codec_concept, stateful_codec_tag>;
+  requires codec<typename C::inner_codec>;
+  { C::id } -> std::convertible_to<codec_id>;
+  { cc.max_encoded_bytes(n, t) } -> std::same_as<std::size_t>;
+  { cc.scratch_bytes(n, t) } -> std::same_as<std::size_t>;
+  { c.encode(f32, out, ctx) } -> std::same_as<result<std::size_t>>;
+  { c.encode(f16, out, ctx) } -> std::same_as<result<std::size_t>>;
+  { c.encode(bf16, out, ctx) } -> std::same_as<result<std::size_t>>;
+  { cc.decode_add(in, info, acc, scale, ctx) } -> std::same_as<status>;
+};
+
 }  // namespace compress
 ASHL_NAMESPACE_END

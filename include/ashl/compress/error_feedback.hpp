@@ -1,0 +1,117 @@
+// ashl/compress/error_feedback.hpp — error-feedback decorator (a stateful codec).
+//
+//   ashl::compress::error_feedback<ashl::compress::sign> ef{ashl::compress::sign{}};
+//   ef.reserve(id, n);                                   // optional: no allocation on the hot path
+//   std::vector<std::byte> buf(ef.max_encoded_bytes(n, ashl::dtype::f32));
+//   auto used = ef.encode(ashl::host_view<const float>(g.data(), n), buf, ctx);   // non-const
+//   // the server: ashl::compress::sign{}.decode_add(payload, {n, ashl::dtype::f32}, acc, 1, ctx)
+//
+// Seide et al. (1-bit SGD), Karimireddy et al. (EF-signSGD): keep the
+// compression error and add it to the next step, e <- (x + e) - C(x + e).
+// One f32 residual per tensor id (ctx.tensor). encode forms x + e in the
+// residual buffer, encodes it with the inner codec as an f32 vector, then
+// decodes its own payload into the residual with scale -1, leaving exactly
+// e = (x + e) - C(x + e) as the inner decoder computes C. The payload is the
+// inner codec's, always of f32 input (the message header's dtype must be
+// f32 whatever the gradient's dtype), so
+// max_encoded_bytes(n, t) = inner.max_encoded_bytes(n, f32) and
+// scratch_bytes(n, t) = inner.scratch_bytes(n, f32). On an encode error
+// nothing was sent, so the residual keeps x + e (all of it is still owed).
+// A tensor's first encode (or a size change) allocates its residual unless
+// reserve() was called. Not thread-safe across tensors. ALGORITHMS.md §4
+// (decorators); DESIGN.md "Codec".
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/detail/levels.hpp>
+#include <ashl/compress/identity.hpp>
+#include <ashl/core/dtype.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/core/tensor_view.hpp>
+#include <ashl/wire/ids.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace compress {
+
+template <codec C>
+class error_feedback {
+ public:
+  using codec_concept = stateful_codec_tag;
+  using inner_codec = C;
+  static constexpr codec_id id = C::id;  // the payload is the inner codec's
+
+  error_feedback() = default;
+  explicit error_feedback(C inner) : inner_(std::move(inner)) {}
+  [[nodiscard]] const C& inner() const noexcept { return inner_; }
+
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
+    return inner_.max_encoded_bytes(n, dtype::f32);
+  }
+  [[nodiscard]] std::size_t scratch_bytes(std::size_t n, dtype) const noexcept {
+    return inner_.scratch_bytes(n, dtype::f32);
+  }
+
+  // Allocates (zeroed) the residual of `tensor` for n elements ahead of time.
+  void reserve(std::uint32_t tensor, std::size_t n) { residual_slot(tensor, n); }
+  // The current residual of `tensor` (empty if it was never encoded).
+  [[nodiscard]] std::span<const float> residual(std::uint32_t tensor) const noexcept {
+    const auto it = residuals_.find(tensor);
+    return it == residuals_.end() ? std::span<const float>{} : std::span<const float>(it->second);
+  }
+  void reset() noexcept {
+    for (auto& [k, v] : residuals_) std::fill(v.begin(), v.end(), 0.0f);
+  }
+
+  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context& ctx) {
+    return encode_impl(x, out, ctx);
+  }
+  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context& ctx) {
+    return encode_impl(x, out, ctx);
+  }
+  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out, const codec_context& ctx) {
+    return encode_impl(x, out, ctx);
+  }
+
+  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
+                    const codec_context& ctx) const {
+    return inner_.decode_add(in, info, acc, scale, ctx);
+  }
+
+ private:
+  std::vector<float>& residual_slot(std::uint32_t tensor, std::size_t n) {
+    std::vector<float>& e = residuals_[tensor];
+    if (e.size() != n) e.assign(n, 0.0f);  // a new shape starts with no debt
+    return e;
+  }
+
+  template <class T>
+  result<std::size_t> encode_impl(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) {
+    const std::size_t n = xv.size();
+    std::vector<float>& e = residual_slot(ctx.tensor, n);
+    const T* x = xv.data();
+    float* r = e.data();
+    for (std::size_t i = 0; i < n; ++i) r[i] += detail::as_f32(x[i]);
+    auto used = inner_.encode(host_view<const float>(r, n), out, ctx);
+    if (!used.has_value()) return used;
+    ASHL_TRY(inner_.decode_add(std::span<const std::byte>(out.data(), *used), {n, dtype::f32},
+                               host_view<float>(r, n), -1.0f, ctx));
+    return used;
+  }
+
+  C inner_{};
+  std::unordered_map<std::uint32_t, std::vector<float>> residuals_;
+};
+
+static_assert(stateful_codec<error_feedback<identity>>);
+
+}  // namespace compress
+ASHL_NAMESPACE_END
