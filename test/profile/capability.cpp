@@ -64,3 +64,71 @@ BOOST_AUTO_TEST_CASE(fit_errors) {
   BOOST_TEST(!ap::fit_codec({{0, 0.1}}).has_value());
   BOOST_TEST(!ap::fit_codec({{std::numeric_limits<double>::infinity(), 0.1}}).has_value());
 }
+
+BOOST_AUTO_TEST_CASE(link_fit_from_one_size_with_a_given_latency) {
+  const double alpha = 50e-6, beta = 1.25e9, bytes = 4e6;
+  std::vector<ap::sample> s;
+  for (std::size_t i = 0; i < 10; ++i) s.push_back({bytes, alpha + bytes / beta * jitter(i)});
+  BOOST_TEST(!ap::fit_link(s).has_value());  // one size: α and β cannot be separated
+  auto l = ap::fit_link_at_latency(s, alpha);
+  BOOST_TEST_REQUIRE(l.has_value());
+  BOOST_TEST(l->alpha == alpha);
+  BOOST_TEST(l->beta == beta, tt::tolerance(1e-9));
+  auto over = ap::fit_link_at_latency(s, 1.0);  // latency larger than every measured time
+  BOOST_TEST_REQUIRE(!over.has_value());
+  BOOST_TEST(over.error().message() == "capability.link.alpha = 1: must be below the measured times");
+  BOOST_TEST(!ap::fit_link_at_latency(s, -1e-6).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(capability_from_measurements_recovers_known_parameters) {
+  using k = ap::measurement_kind;
+  const double a = 0.004, b = 0.0003, alpha = 80e-6, beta = 1e9, up_beta = 5e8, spe = 3e-9;
+  std::vector<ap::measurement> m;
+  for (std::size_t i = 0; i < 24; ++i) {
+    const double batch = 16.0 * static_cast<double>(1 + (i / 2) % 4);  // both jitters per batch
+    const double bytes = 1e6 * static_cast<double>(1 + i % 3);
+    m.push_back({.worker = 1, .kind = k::compute, .amount = batch, .seconds = (a + b * batch) * jitter(i)});
+    m.push_back({.worker = 1, .kind = k::push, .amount = bytes, .seconds = (alpha + bytes / up_beta) * jitter(i)});
+    m.push_back({.worker = 1, .kind = k::pull, .amount = 4e6, .seconds = alpha + 4e6 / beta});
+    m.push_back({.worker = 1, .kind = k::compress, .amount = 1e6, .seconds = spe * 1e6 * jitter(i)});
+    m.push_back({.worker = 0, .kind = k::compute, .amount = 32, .seconds = 9.0});  // another worker
+    m.push_back({.worker = 1, .kind = k::round, .seconds = 7.0});                 // ignored
+  }
+  // Pull has one size only: it needs the latency.
+  auto missing = ap::fit_capability(m, 1);
+  BOOST_TEST_REQUIRE(!missing.has_value());
+  BOOST_TEST(missing.error().message() ==
+             "capability.worker[1].pull.sizes = 1: samples of one size need a given link_latency");
+  auto c = ap::fit_capability(m, 1, {.link_latency = alpha});
+  BOOST_TEST_REQUIRE(c.has_value());
+  BOOST_TEST(c->compute.a == a, tt::tolerance(0.05));
+  BOOST_TEST(c->compute.b == b, tt::tolerance(0.02));
+  BOOST_TEST(c->push.alpha == alpha, tt::tolerance(0.25));
+  BOOST_TEST(c->push.beta == up_beta, tt::tolerance(0.03));
+  BOOST_TEST(c->pull.alpha == alpha);
+  BOOST_TEST(c->pull.beta == beta, tt::tolerance(1e-9));
+  BOOST_TEST(c->codec.seconds_per_element == spe, tt::tolerance(1e-9));
+
+  // One batch size: compute proportional to the batch.
+  auto one = ap::fit_capability({{.worker = 0, .kind = k::compute, .amount = 32, .seconds = 0.064},
+                                 {.worker = 0, .kind = k::push, .amount = 1e6, .seconds = 0.002},
+                                 {.worker = 0, .kind = k::pull, .amount = 1e6, .seconds = 0.002}},
+                                0, {.link_latency = 0.0});
+  BOOST_TEST_REQUIRE(one.has_value());
+  BOOST_TEST(one->compute.a == 0.0);
+  BOOST_TEST(one->compute.b == 0.002, tt::tolerance(1e-12));
+  BOOST_TEST(one->codec.seconds_per_element == 0.0);
+}
+
+BOOST_AUTO_TEST_CASE(capability_rejects_absurd_timings) {
+  using k = ap::measurement_kind;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<ap::measurement> m{{.worker = 0, .kind = k::compute, .amount = 32, .seconds = 0.1},
+                                 {.worker = 0, .kind = k::compute, .amount = 64, .seconds = nan}};
+  auto c = ap::fit_capability(m, 0);
+  BOOST_TEST_REQUIRE(!c.has_value());
+  BOOST_TEST(c.error().message() == "measurement.seconds = nan: duration must be finite and > 0");
+  auto none = ap::fit_capability(m, 5);
+  BOOST_TEST_REQUIRE(!none.has_value());
+  BOOST_TEST(none.error().message() == "capability.worker[5].compute.size = 0: no samples");
+}

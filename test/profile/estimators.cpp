@@ -67,3 +67,28 @@ BOOST_AUTO_TEST_CASE(rejects_bad_durations_naming_the_value) {
   BOOST_TEST(e.count() == 0u);
   BOOST_TEST(m.count() == 0u);
 }
+
+BOOST_AUTO_TEST_CASE(ewma_create_checks_the_half_life) {
+  BOOST_TEST(ap::ewma::create(4.0).has_value());
+  auto e = ap::ewma::create(0.0);
+  BOOST_TEST_REQUIRE(!e.has_value());
+  BOOST_TEST(e.error().message() == "ewma.half_life = 0: must be finite and > 0");
+  BOOST_TEST(!ap::ewma::create(std::numeric_limits<double>::quiet_NaN()).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(trimmed_mean_is_robust_to_outliers_ewma_is_not) {
+  // 20 samples of 1.0 with two large spikes: trim 2 removes them.
+  ap::trimmed_mean tm{{.trim = 2, .warmup = 3}};
+  ap::ewma e{2.0};
+  for (int i = 0; i < 3; ++i) BOOST_TEST(tm.add(50.0).ok());  // warm-up
+  for (int i = 0; i < 20; ++i) {
+    const double s = (i == 5 || i == 19) ? 40.0 : 1.0;
+    BOOST_TEST(tm.add(s).ok());
+    BOOST_TEST(e.add(s).ok());
+  }
+  BOOST_TEST(*tm.value() == 1.0, boost::test_tools::tolerance(1e-12));
+  // The EWMA carries both spikes: alpha = 1 − 2^(−1/2); the first has decayed
+  // for 14 samples, the last not at all: 1 + 39·alpha·(1 + (1 − alpha)^14).
+  const double a = 1.0 - std::exp2(-0.5);
+  BOOST_TEST(*e.value() == 1.0 + 39.0 * a * (1.0 + std::pow(1.0 - a, 14)), boost::test_tools::tolerance(1e-12));
+}

@@ -65,3 +65,12 @@ BOOST_AUTO_TEST_CASE(predicts_a_synthetic_round_within_ten_percent) {
   const double predicted = ap::bsp_round(fitted, server, aggregation);
   BOOST_TEST(predicted == measured, tt::tolerance(0.10));
 }
+
+BOOST_AUTO_TEST_CASE(codec_time_adds_to_the_round) {
+  ap::round_input w{.cap = {.compute = {0.0, 0.001}, .push = {0.0, 1e9}, .pull = {0.0, 1e9}, .codec = {2e-9}},
+                    .batch = 10, .h = 1, .push_bytes = 1e6, .pull_bytes = 1e6, .codec_elements = 1e6};
+  const ap::link_model server{0.0, 1e12};
+  BOOST_TEST(ap::predict_round(w, server, 1) == 0.01 + 0.002 + 0.001 + 0.001, tt::tolerance(1e-12));
+  // Ten workers at once: the server's 1e12 B/s become 1e11 each, still above the worker's link.
+  BOOST_TEST(ap::predict_round(w, server, 10) == 0.014, tt::tolerance(1e-12));
+}

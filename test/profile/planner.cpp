@@ -1,4 +1,5 @@
 #include <ashl/profile/planner.hpp>
+#include <ashl/profile/replan.hpp>  // make_plan
 
 #include <boost/test/unit_test.hpp>
 
@@ -124,4 +125,97 @@ BOOST_AUTO_TEST_CASE(adsp_interval) {
   BOOST_TEST(!ap::adsp_commit_interval(0.0, 4, 2.0, 0.0).has_value());
   BOOST_TEST(!ap::adsp_commit_interval(60.0, 0, 2.0, 0.0).has_value());
   BOOST_TEST(!ap::adsp_commit_interval(60.0, 1, -2.0, 0.0).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(dlb_ties_and_one_worker) {
+  // Equal speeds: quotas 10/3 each, floors 3, the one residue unit to worker 0.
+  auto p = ap::plan_dlb_batches({2.0, 2.0, 2.0}, 10, 1);
+  BOOST_TEST_REQUIRE(p.has_value());
+  BOOST_TEST((p->batch == std::vector<std::uint32_t>{4, 3, 3}));
+  auto one = ap::plan_dlb_batches({5.0}, 64, 8);
+  BOOST_TEST_REQUIRE(one.has_value());
+  BOOST_TEST((one->batch == std::vector<std::uint32_t>{64}));
+  BOOST_TEST(one->weight[0] == 1.0);
+  const auto w = ap::to_worker_plans(*p);
+  BOOST_TEST_REQUIRE(w.size() == 3u);
+  BOOST_TEST(w[0].batch_size == 4u);
+  BOOST_TEST(w[0].data_share == 0.4, tt::tolerance(1e-12));
+  BOOST_TEST(w[1].local_iterations == 1u);
+  BOOST_TEST(w[1].compression_ratio == 1.0);
+}
+
+BOOST_AUTO_TEST_CASE(adsp_plans_per_worker) {
+  auto p = ap::plan_adsp(60.0, 4, {2.0, 14.5, 20.0}, 1.0);
+  BOOST_TEST_REQUIRE(p.has_value());
+  BOOST_TEST(p->at(0).commit_interval == 13.0);
+  BOOST_TEST(p->at(1).commit_interval == 1.0);  // 15 − 14.5 = 0.5 < t_min
+  BOOST_TEST(p->at(2).commit_interval == 1.0);
+  BOOST_TEST(p->at(2).data_share == 1.0 / 3, tt::tolerance(1e-12));
+  auto e = ap::plan_adsp(60.0, 4, {2.0, std::numeric_limits<double>::infinity()}, 0.0);
+  BOOST_TEST_REQUIRE(!e.has_value());
+  BOOST_TEST(e.error().message() == "planner.o_i = inf: must be finite and >= 0");
+  BOOST_TEST(!ap::plan_adsp(60.0, 4, {}, 0.0).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(summarize_trims_per_worker_and_rejects_absurd_timings) {
+  using k = ap::measurement_kind;
+  std::vector<ap::measurement> m;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    const double f = w == 0 ? 1.0 : 2.0;
+    // A 9 (warm-up), then 1, 2, 3 and a 100 outlier, all scaled by f and a per-kind unit.
+    for (double s : {9.0, 1.0, 2.0, 3.0, 100.0}) {
+      m.push_back({.worker = w, .kind = k::compute, .amount = 32, .seconds = s * f * 0.01});
+      m.push_back({.worker = w, .kind = k::push, .amount = 1e6, .seconds = s * f * 0.002});
+      m.push_back({.worker = w, .kind = k::pull, .amount = 1e6, .seconds = s * f * 0.001});
+    }
+    m.push_back({.worker = w, .kind = k::round, .seconds = 123.0});
+  }
+  for (double s : {0.5, 0.004, 0.005, 0.006, 0.9}) m.push_back({.worker = 1, .kind = k::compress, .seconds = s});
+  // After the warm-up (9) the kept samples are {1, 2, 3, 100}; trim 1 drops 1 and 100: mean 2.5.
+  auto s = ap::summarize(m, 2, {.trim = 1, .warmup = 1});
+  BOOST_TEST_REQUIRE(s.has_value());
+  BOOST_TEST(s->workers[0].t_iter == 0.025, tt::tolerance(1e-12));
+  BOOST_TEST(s->workers[0].t_push == 0.005, tt::tolerance(1e-12));
+  BOOST_TEST(s->workers[1].t_iter == 0.05, tt::tolerance(1e-12));
+  BOOST_TEST(s->workers[1].t_pull == 0.005, tt::tolerance(1e-12));
+  // compress: warm-up 0.5, kept {0.004, 0.005, 0.006, 0.9}, trimmed mean 0.0055.
+  BOOST_TEST(s->t_compress == 0.0055, tt::tolerance(1e-12));
+
+  // A third worker with no samples is an error naming it.
+  auto missing = ap::summarize(m, 3, {.trim = 1, .warmup = 1});
+  BOOST_TEST_REQUIRE(!missing.has_value());
+  BOOST_TEST(missing.error().message() ==
+             "planner.worker[2].compute.count = 0: needs more than 2 * trim samples after the warm-up");
+  // One absurd timing is rejected, not trimmed away or planned around.
+  m.push_back({.worker = 0, .kind = k::push, .amount = 1e6, .seconds = -3.0});
+  auto bad = ap::summarize(m, 2, {.trim = 1, .warmup = 1});
+  BOOST_TEST_REQUIRE(!bad.has_value());
+  BOOST_TEST(bad.error().message() == "measurement.seconds = -3: duration must be finite and > 0");
+  m.back() = {.worker = 7, .kind = k::push, .amount = 1e6, .seconds = 3.0};
+  auto who = ap::summarize(m, 2, {.trim = 1, .warmup = 1});
+  BOOST_TEST_REQUIRE(!who.has_value());
+  BOOST_TEST(who.error().message() == "planner.measurements[37].worker = 7: no such worker");
+  BOOST_TEST(!ap::summarize({}, 0).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(worker_whose_communication_exceeds_everyone_elses_round) {
+  // Worker 1 computes fast but its push + pull (2 s) is longer than worker 0's
+  // whole round at H0 = 4 (0.42 s). Algorithm 1: T_max = 0.04 + 2 = 2.04,
+  // H_0 = round(2.02 / 0.1) = 20, H_1 = round(0.04 / 0.01) = 4.
+  const std::vector<ap::worker_timing> t{{0.1, 0.01, 0.01}, {0.01, 1.0, 1.0}};
+  auto full = ap::make_plan(t, 4, 0.0, 0.1);
+  BOOST_TEST_REQUIRE(full.has_value());
+  BOOST_TEST(full->local[0].h == 20u);
+  BOOST_TEST(full->local[1].h == 4u);
+  BOOST_TEST(full->local[0].share == 20.0 / 24, tt::tolerance(1e-12));
+  // Algorithm 2 at r0 = 0.1: rounds 2.0 + 0.001 + 0.01 = 2.011 and 0.04 + 0.1 + 1.0 = 1.14.
+  // Worker 0 is now the slowest and sends r0; worker 1 gets (2.011 − 1.04) / 1.0 = 0.971.
+  BOOST_TEST(full->ratio[0] == 0.1, tt::tolerance(1e-9));
+  BOOST_TEST(full->ratio[1] == 0.971, tt::tolerance(1e-9));
+  const auto w = full->workers();
+  BOOST_TEST(w[1].local_iterations == 4u);
+  BOOST_TEST(w[1].compression_ratio == 0.971, tt::tolerance(1e-9));
+  BOOST_TEST(w[0].data_share == 20.0 / 24, tt::tolerance(1e-12));
+  BOOST_TEST(w[0].batch_size == 0u);
+  BOOST_TEST(w[0].commit_interval == 0.0);
 }

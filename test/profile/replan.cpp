@@ -57,3 +57,32 @@ BOOST_AUTO_TEST_CASE(errors) {
   BOOST_TEST_REQUIRE(!bad.has_value());
   BOOST_TEST(bad.error().message() == "profile.sample = -0.5: duration must be finite and > 0");
 }
+
+BOOST_AUTO_TEST_CASE(measurements_drive_the_replanner) {
+  using k = ap::measurement_kind;
+  auto r = ap::replanner::create({.h0 = 8, .t_compress = 0.0, .r0 = 0.1, .drift = 0.6, .half_life = 2.0},
+                                 {{0.10, 0.02, 0.02}, {0.05, 0.02, 0.02}});
+  BOOST_TEST_REQUIRE(r.has_value());
+  // compress and round measurements are not part of the basis.
+  BOOST_TEST(!r->observe({.worker = 1, .kind = k::round, .seconds = 50.0})->has_value());
+  BOOST_TEST(!r->observe({.worker = 1, .kind = k::compress, .amount = 10, .seconds = 50.0})->has_value());
+  // An absurd timing is rejected and does not move the EWMA.
+  auto bad = r->observe({.worker = 1, .kind = k::compute, .amount = 32, .seconds = 0.0});
+  BOOST_TEST_REQUIRE(!bad.has_value());
+  BOOST_TEST(bad.error().message() == "measurement.seconds = 0: duration must be finite and > 0");
+  BOOST_TEST(!r->observe({.worker = 9, .kind = k::round, .seconds = 1.0}).has_value());
+  // Worker 1's link slows 4×: push EWMA 0.02 → 0.08 − 0.06·2^(−n/2): 0.0376 (+88 % > 60 %).
+  auto o = r->observe({.worker = 1, .kind = k::push, .amount = 1e6, .seconds = 0.08});
+  BOOST_TEST_REQUIRE(o.has_value());
+  BOOST_TEST_REQUIRE(o->has_value());
+  const auto w = (*o)->workers();
+  BOOST_TEST((*o)->basis[1].t_push == 0.08 - 0.06 * 0.70710678118654752, tt::tolerance(1e-9));
+  // Rounds at H0 = 8: 0.84 and 0.4 + 0.0376 + 0.02 = 0.4576; H_1 = round((0.84 − 0.0576) / 0.05) = 16.
+  BOOST_TEST(w[1].local_iterations == 16u);
+  // Algorithm 2 at r0 = 0.1: worker 1's round 0.8 + 0.1·p + 0.02 (p = 0.0376) beats
+  // worker 0's 0.8 + 0.002 + 0.02, so worker 1 sends r0 and worker 0 gets
+  // (0.82 + 0.1·p − 0.82) / 0.02 = 5·p = 0.188: its link has the time to spare.
+  const double p = 0.08 - 0.06 * 0.70710678118654752;
+  BOOST_TEST(w[1].compression_ratio == 0.1, tt::tolerance(1e-9));
+  BOOST_TEST(w[0].compression_ratio == 5.0 * p, tt::tolerance(1e-9));
+}

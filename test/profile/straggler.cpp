@@ -67,3 +67,15 @@ BOOST_AUTO_TEST_CASE(rejects_bad_input) {
   BOOST_TEST(s.message() == "straggler.seconds = -0.5: duration must be finite and > 0");
   BOOST_TEST(d.evaluate().empty());
 }
+
+BOOST_AUTO_TEST_CASE(create_checks_parameters) {
+  BOOST_TEST(ap::straggler_detector::create({.workers = 3}).has_value());
+  auto w = ap::straggler_detector::create({.workers = 0});
+  BOOST_TEST_REQUIRE(!w.has_value());
+  BOOST_TEST(w.error().message() == "straggler.workers = 0: must be >= 1");
+  auto n = ap::straggler_detector::create({.workers = 2, .consecutive = 0});
+  BOOST_TEST_REQUIRE(!n.has_value());
+  BOOST_TEST(n.error().message() == "straggler.consecutive = 0: must be >= 1");
+  BOOST_TEST(!ap::straggler_detector::create({.workers = 2, .window = 0}).has_value());
+  BOOST_TEST(!ap::straggler_detector::create({.workers = 2, .k = -1.0}).has_value());
+}

@@ -5,6 +5,8 @@
 //   std::vector<ashl::profile::sample> s{{32, 0.021}, {64, 0.037}, {128, 0.069}};
 //   auto c = ashl::profile::fit_compute(s);   // c->predict(96) ≈ 0.053
 //
+//   auto cap = ashl::profile::fit_capability(measurements, /*worker=*/3);
+//
 // Fits are ordinary least squares; each sample's duration is validated like
 // every other measurement (finite and > 0).
 #pragma once
@@ -12,9 +14,13 @@
 #include <ashl/config.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/profile/estimators.hpp>
+#include <ashl/profile/measurement.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -122,6 +128,105 @@ inline result<codec_model> fit_codec(const std::vector<sample>& s) {
   }
   if (!(sxx > 0.0)) return invalid_argument("capability.codec.size", s.size(), "needs an x > 0");
   return codec_model{sxy / sxx};
+}
+
+// From (bytes, seconds) samples when the latency α is known, e.g. when every
+// sample has the same size and α cannot be separated from bytes/β: least
+// squares of t − α = bytes / β through the origin, 1/β = Σ x(t − α) / Σ x².
+inline result<link_model> fit_link_at_latency(const std::vector<sample>& s, double alpha) {
+  ASHL_TRY(detail::check_samples("capability.link", s));
+  if (!std::isfinite(alpha) || alpha < 0.0) {
+    return invalid_argument("capability.link.alpha", alpha, "must be finite and >= 0");
+  }
+  double sxx = 0.0, sxy = 0.0;
+  for (const auto& p : s) {
+    sxx += p.x * p.x;
+    sxy += p.x * (p.seconds - alpha);
+  }
+  if (!(sxx > 0.0)) return invalid_argument("capability.link.size", s.size(), "needs a sample with bytes > 0");
+  if (!(sxy > 0.0)) return invalid_argument("capability.link.alpha", alpha, "must be below the measured times");
+  return link_model{alpha, sxx / sxy};
+}
+
+struct capability_fit_params {
+  // Latency of the worker's link in seconds, used when all push (or all
+  // pull) samples have one size; unknown by default.
+  std::optional<double> link_latency;
+};
+
+namespace detail {
+inline std::size_t distinct_x(const std::vector<sample>& s) {
+  std::vector<double> x;
+  for (const auto& p : s) x.push_back(p.x);
+  std::sort(x.begin(), x.end());
+  return static_cast<std::size_t>(std::unique(x.begin(), x.end()) - x.begin());
+}
+inline std::string worker_field(std::uint32_t w, const char* what) {
+  return "capability.worker[" + std::to_string(w) + "]." + what;
+}
+inline result<link_model> fit_link_of(const std::vector<sample>& s, std::uint32_t w, const char* what,
+                                      const capability_fit_params& p) {
+  if (s.empty()) return invalid_argument(worker_field(w, what) + ".size", 0, "no samples");
+  if (distinct_x(s) >= 2) return fit_link(s);
+  if (!p.link_latency) {
+    return invalid_argument(worker_field(w, what) + ".sizes", 1,
+                            "samples of one size need a given link_latency");
+  }
+  return fit_link_at_latency(s, *p.link_latency);
+}
+}  // namespace detail
+
+// Fits worker `worker`'s capability from a mixed list of measurements (other
+// workers' and `round` measurements are ignored):
+// - compute from (batch, seconds); with a single batch size the intercept
+//   cannot be separated, so compute is taken as proportional to the batch
+//   (a = 0, b = mean seconds / batch);
+// - push and pull from (bytes, seconds) of several sizes (least squares), or
+//   of one size with params.link_latency;
+// - codec from (elements, seconds); no compress samples means no codec time.
+// Every measurement of the worker is validated first, so an absurd timing is
+// an error here rather than a distorted model.
+inline result<worker_capability> fit_capability(const std::vector<measurement>& ms, std::uint32_t worker,
+                                                const capability_fit_params& params = {}) {
+  std::vector<sample> compute, push, pull, codec;
+  for (const auto& m : ms) {
+    if (m.worker != worker) continue;
+    ASHL_TRY(validate(m));
+    const sample s{m.amount, m.seconds};
+    switch (m.kind) {
+      case measurement_kind::compute: compute.push_back(s); break;
+      case measurement_kind::push: push.push_back(s); break;
+      case measurement_kind::pull: pull.push_back(s); break;
+      case measurement_kind::compress: codec.push_back(s); break;
+      case measurement_kind::round: break;
+    }
+  }
+  worker_capability c;
+  if (compute.empty()) return invalid_argument(detail::worker_field(worker, "compute") + ".size", 0, "no samples");
+  if (detail::distinct_x(compute) >= 2) {
+    auto f = fit_compute(compute);
+    if (!f) return f.error();
+    c.compute = *f;
+  } else {
+    if (!(compute.front().x > 0.0)) {
+      return invalid_argument(detail::worker_field(worker, "compute") + ".batch", compute.front().x, "must be > 0");
+    }
+    double sum = 0.0;
+    for (const auto& s : compute) sum += s.seconds;
+    c.compute = {0.0, sum / static_cast<double>(compute.size()) / compute.front().x};
+  }
+  auto up = detail::fit_link_of(push, worker, "push", params);
+  if (!up) return up.error();
+  c.push = *up;
+  auto down = detail::fit_link_of(pull, worker, "pull", params);
+  if (!down) return down.error();
+  c.pull = *down;
+  if (!codec.empty()) {
+    auto f = fit_codec(codec);
+    if (!f) return f.error();
+    c.codec = *f;
+  }
+  return c;
 }
 
 }  // namespace profile

@@ -12,6 +12,7 @@
 
 #include <ashl/config.hpp>
 #include <ashl/core/status.hpp>
+#include <ashl/profile/measurement.hpp>  // check_duration
 
 #include <algorithm>
 #include <cmath>
@@ -22,14 +23,6 @@
 
 ASHL_NAMESPACE_BEGIN
 namespace profile {
-
-// ok when `seconds` is a usable duration: finite and > 0.
-inline status check_duration(std::string_view field, double seconds) {
-  if (!std::isfinite(seconds) || seconds <= 0.0) {
-    return invalid_argument(field, seconds, "duration must be finite and > 0");
-  }
-  return {};
-}
 
 // Median of `v` (the mean of the two middle values for an even count).
 // Precondition: !v.empty().
@@ -97,6 +90,13 @@ class ewma {
  public:
   explicit ewma(double half_life = 8.0) : alpha_(1.0 - std::exp2(-1.0 / half_life)) {
     ASHL_ASSERT(std::isfinite(half_life) && half_life > 0.0, "ewma half-life must be finite and > 0");
+  }
+  // For a half-life that comes from user configuration.
+  static result<ewma> create(double half_life) {
+    if (!std::isfinite(half_life) || half_life <= 0.0) {
+      return invalid_argument("ewma.half_life", half_life, "must be finite and > 0");
+    }
+    return ewma(half_life);
   }
 
   status add(double seconds) {

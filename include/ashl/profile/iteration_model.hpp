@@ -7,9 +7,11 @@
 //   double t = ashl::profile::predict_round(w, server, 8);   // 8 talk at once
 //   double r = ashl::profile::bsp_round(workers, server, 0.002);
 //
-// T_i = compute(b_i)·H_i + push(bytes_i) + pull(bytes_i). A transfer goes as
-// fast as the slower of the worker's link and its share β_server / n of the
-// server's link; both latencies add.
+// T_i = compute(b_i)·H_i + codec(elements_i) + push(bytes_i) + pull(bytes_i).
+// A transfer goes as fast as the slower of the worker's link and its share
+// β_server / n of the server's link; both latencies add. n is the number of
+// workers talking to the server at once: M for BSP, where all transfer in
+// the same phase; fewer for asynchronous policies (the caller's estimate).
 #pragma once
 
 #include <ashl/config.hpp>
@@ -28,6 +30,7 @@ struct round_input {
   std::uint32_t h = 1;
   double push_bytes = 0.0;
   double pull_bytes = 0.0;
+  double codec_elements = 0.0;  // elements encoded per round; 0: no compression
 };
 
 // One transfer over the worker's link and the server link shared by n.
@@ -38,7 +41,8 @@ inline double transfer_time(const link_model& worker, const link_model& server, 
 }
 
 inline double predict_round(const round_input& w, const link_model& server, std::uint32_t n_concurrent) {
-  return w.cap.compute.predict(w.batch) * w.h + transfer_time(w.cap.push, server, w.push_bytes, n_concurrent) +
+  return w.cap.compute.predict(w.batch) * w.h + w.cap.codec.predict(w.codec_elements) +
+         transfer_time(w.cap.push, server, w.push_bytes, n_concurrent) +
          transfer_time(w.cap.pull, server, w.pull_bytes, n_concurrent);
 }
 

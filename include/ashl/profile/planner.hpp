@@ -6,6 +6,9 @@
 //   std::vector<ashl::profile::worker_timing> t{{0.10, 0.02, 0.02}, {0.05, 0.02, 0.02}};
 //   auto h = ashl::profile::plan_local_iterations(t, 8);       // H = {8, 16}
 //   auto r = ashl::profile::plan_compression(t, {8, 16}, 0.01, 0.1);
+//   auto s = ashl::profile::summarize(measurements, 2, {.trim = 20, .warmup = 50});
+//   auto full = ashl::profile::make_plan(s->workers, 8, s->t_compress, 0.1);   // replan.hpp
+//   std::vector<ashl::profile::worker_plan> plans = full->workers();
 //
 // Nothing here knows about sync/: sync/ashl_profile.hpp adapts these to the
 // ashl_schedule planner callable.
@@ -13,8 +16,11 @@
 
 #include <ashl/config.hpp>
 #include <ashl/core/status.hpp>
+#include <ashl/profile/estimators.hpp>
+#include <ashl/profile/measurement.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +49,24 @@ struct dlb_plan {
   std::vector<double> weight;        // b_i / B
 };
 
+// What one worker is told to do; the common currency between planners and
+// the policies (sync/) or simulator that apply them. A planner fills the
+// fields it decides and leaves the others at their defaults.
+struct worker_plan {
+  std::uint32_t local_iterations = 1;  // H_i: local steps per commit
+  double data_share = 0.0;             // D_i: data share and aggregation weight
+  std::uint32_t batch_size = 0;        // b_i; 0: the worker keeps its own
+  double compression_ratio = 1.0;      // R_i in (0, 1]
+  double commit_interval = 0.0;        // seconds between commits (ADSP); 0: after H_i steps
+  bool operator==(const worker_plan&) const = default;
+};
+
+// Robust per-worker timings from the profiling phase's measurements.
+struct profile_summary {
+  std::vector<worker_timing> workers;  // indexed by worker id
+  double t_compress = 0.0;             // pooled over all workers; 0 without compress samples
+};
+
 namespace detail {
 inline std::string indexed(const char* prefix, std::size_t i, const char* field) {
   return std::string(prefix) + "[" + std::to_string(i) + "]." + field;
@@ -61,6 +85,54 @@ inline status check_timings(const std::vector<worker_timing>& t) {
   return {};
 }
 }  // namespace detail
+
+// Trimmed means (ALGORITHMS.md §2 Phase 0: skip the warm-up, drop the `trim`
+// largest and smallest) of each worker's compute, push and pull seconds, for
+// workers 0..workers−1, and of every worker's compress seconds pooled. Every
+// measurement is validated: one absurd timing is an error naming it, not a
+// sample quietly trimmed away. A worker with too few samples of a kind is an
+// error naming the worker and the kind; `round` measurements are ignored.
+inline result<profile_summary> summarize(const std::vector<measurement>& ms, std::uint32_t workers,
+                                         trimmed_mean::params tp = {}) {
+  if (workers == 0) return invalid_argument("planner.workers", workers, "must be >= 1");
+  std::vector<std::array<trimmed_mean, 3>> per(workers, {trimmed_mean(tp), trimmed_mean(tp), trimmed_mean(tp)});
+  trimmed_mean codec(tp);
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    const auto& m = ms[i];
+    ASHL_TRY(validate(m));
+    if (m.worker >= workers) {
+      return out_of_range("planner.measurements[" + std::to_string(i) + "].worker", m.worker, "no such worker");
+    }
+    switch (m.kind) {
+      case measurement_kind::compute: ASHL_TRY(per[m.worker][0].add(m.seconds)); break;
+      case measurement_kind::push: ASHL_TRY(per[m.worker][1].add(m.seconds)); break;
+      case measurement_kind::pull: ASHL_TRY(per[m.worker][2].add(m.seconds)); break;
+      case measurement_kind::compress: ASHL_TRY(codec.add(m.seconds)); break;
+      case measurement_kind::round: break;
+    }
+  }
+  static constexpr const char* names[3] = {"compute", "push", "pull"};
+  profile_summary out;
+  out.workers.resize(workers);
+  for (std::uint32_t w = 0; w < workers; ++w) {
+    double v[3];
+    for (std::size_t k = 0; k < 3; ++k) {
+      auto r = per[w][k].value();
+      if (!r) {
+        return out_of_range(detail::indexed("planner.worker", w, names[k]) + ".count", per[w][k].count(),
+                            "needs more than 2 * trim samples after the warm-up");
+      }
+      v[k] = *r;
+    }
+    out.workers[w] = {v[0], v[1], v[2]};
+  }
+  if (codec.count() > 0) {
+    auto r = codec.value();
+    if (!r) return out_of_range("planner.compress.count", codec.count(), "needs more than 2 * trim samples after the warm-up");
+    out.t_compress = *r;
+  }
+  return out;
+}
 
 // Algorithm 1. H₀ is the slowest worker's local-iteration count; every other
 // worker gets as many local iterations as fit in the slowest round:
@@ -84,11 +156,18 @@ inline result<std::vector<local_plan>> plan_local_iterations(const std::vector<w
 }
 
 // Algorithm 2. With H_i fixed and a preset ratio r0 for the slowest round:
-// R_i = min(1, (T_max − (T_iter,i·H_i + T_compress + T_pull,i)) / T_push,i),
-// clamped to [r0, 1]. A worker whose non-push time alone leaves less than
-// r0·T_push,i of the round (its communication exceeds the round) gets r0: it
-// cannot send less than the preset and still be bounded by the plan, so it
-// is the one the round waits for, as the slowest worker is.
+// R_i = min(1, (T_max − (T_iter,i·H_i + T_compress + T_pull,i)) / T_push,i).
+//
+// Because T_max is the largest round *at r0*, every worker's spare time is at
+// least r0·T_push,i, so R_i >= r0 for all and exactly r0 for the slowest; the
+// clamp to [r0, 1] only absorbs floating-point rounding. That includes a
+// worker whose communication alone exceeds everyone else's whole round (a
+// slow link): it is then the round's slowest member, T_max is its own round
+// at r0, and it sends r0 while the others use the time it costs them to send
+// more (up to 1). The planner does not push that worker below r0: r0 is the
+// accuracy floor the user chose, and sending less would not shorten a round
+// that its pull alone may already dominate. Its remedies lie elsewhere (a
+// smaller batch via DLB, or eviction after the straggler detector flags it).
 inline result<std::vector<double>> plan_compression(const std::vector<worker_timing>& t,
                                                     const std::vector<std::uint32_t>& h,
                                                     double t_compress, double r0) {
@@ -182,6 +261,32 @@ inline result<double> adsp_commit_interval(double gamma, std::uint32_t delta_c, 
     return invalid_argument("planner.t_min", t_min, "must be finite and >= 0");
   }
   return std::max(t_min, gamma / delta_c - o_i);
+}
+
+// ADSP for every worker: commit_interval_i = max(t_min, Γ / ΔC − O_i), with
+// H_i = 1 (ADSP commits whatever it accumulated when the interval elapses)
+// and data shares 1/M (the server applies Δ_i / M).
+inline result<std::vector<worker_plan>> plan_adsp(double gamma, std::uint32_t delta_c,
+                                                  const std::vector<double>& commit_seconds, double t_min) {
+  if (commit_seconds.empty()) return invalid_argument("planner.commit_seconds.size", 0, "needs at least one worker");
+  std::vector<worker_plan> out(commit_seconds.size());
+  for (std::size_t i = 0; i < commit_seconds.size(); ++i) {
+    auto t = adsp_commit_interval(gamma, delta_c, commit_seconds[i], t_min);
+    if (!t) return t.error();
+    out[i].commit_interval = *t;
+    out[i].data_share = 1.0 / static_cast<double>(commit_seconds.size());
+  }
+  return out;
+}
+
+// A DLB plan as worker plans: b_i, and data share = aggregation weight b_i / B.
+inline std::vector<worker_plan> to_worker_plans(const dlb_plan& d) {
+  std::vector<worker_plan> out(d.batch.size());
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    out[i].batch_size = d.batch[i];
+    out[i].data_share = d.weight[i];
+  }
+  return out;
 }
 
 }  // namespace profile

@@ -14,6 +14,7 @@
 #include <ashl/config.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/profile/estimators.hpp>
+#include <ashl/profile/measurement.hpp>
 #include <ashl/profile/planner.hpp>
 
 #include <array>
@@ -33,6 +34,18 @@ struct full_plan {
   std::vector<local_plan> local;   // H_i, D_i
   std::vector<double> ratio;       // R_i
   std::vector<worker_timing> basis;
+
+  // The same plan per worker: H_i, D_i and R_i; batch and commit interval
+  // stay at their defaults (ASHL does not change them).
+  [[nodiscard]] std::vector<worker_plan> workers() const {
+    std::vector<worker_plan> out(local.size());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      out[i].local_iterations = local[i].h;
+      out[i].data_share = local[i].share;
+      out[i].compression_ratio = ratio[i];
+    }
+    return out;
+  }
 };
 
 inline result<full_plan> make_plan(const std::vector<worker_timing>& t, std::uint32_t h0, double t_compress,
@@ -71,6 +84,21 @@ class replanner {
 
   [[nodiscard]] const full_plan& plan() const noexcept { return plan_; }
   [[nodiscard]] std::size_t replans() const noexcept { return replans_; }
+
+  // A measurement from the driver: compute, push and pull feed the EWMAs;
+  // compress and round are not part of the basis and change nothing.
+  result<std::optional<full_plan>> observe(const measurement& m) {
+    ASHL_TRY(validate(m));
+    switch (m.kind) {
+      case measurement_kind::compute: return observe(m.worker, timing_kind::iter, m.seconds);
+      case measurement_kind::push: return observe(m.worker, timing_kind::push, m.seconds);
+      case measurement_kind::pull: return observe(m.worker, timing_kind::pull, m.seconds);
+      case measurement_kind::compress:
+      case measurement_kind::round: break;
+    }
+    if (m.worker >= smooth_.size()) return out_of_range("replan.worker", m.worker, "no such worker");
+    return std::optional<full_plan>{};
+  }
 
   // Feeds one measurement; a new plan when it made some worker drift.
   result<std::optional<full_plan>> observe(std::uint32_t worker, timing_kind kind, double seconds) {

@@ -21,6 +21,7 @@
 #include <ashl/profile/estimators.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -47,6 +48,18 @@ class straggler_detector {
     std::uint32_t consecutive = 2;
     double mad_floor = 0.01;
   };
+
+  // For parameters from user configuration: errors instead of assertions.
+  static result<straggler_detector> create(params p) {
+    if (p.workers == 0) return invalid_argument("straggler.workers", p.workers, "must be >= 1");
+    if (p.window == 0) return invalid_argument("straggler.window", p.window, "must be >= 1");
+    if (p.consecutive == 0) return invalid_argument("straggler.consecutive", p.consecutive, "must be >= 1");
+    if (!std::isfinite(p.k) || p.k < 0.0) return invalid_argument("straggler.k", p.k, "must be finite and >= 0");
+    if (!std::isfinite(p.mad_floor) || p.mad_floor < 0.0) {
+      return invalid_argument("straggler.mad_floor", p.mad_floor, "must be finite and >= 0");
+    }
+    return straggler_detector(p);
+  }
 
   explicit straggler_detector(params p) : p_(p), times_(p.workers), over_(p.workers, 0) {
     ASHL_ASSERT(p.workers >= 1 && p.window >= 1 && p.consecutive >= 1, "straggler_detector params");
