@@ -266,6 +266,11 @@ baselines measure_baselines(pool<T>& in, unsigned threads, int reps) {
   return b;
 }
 
+// Decorators (error feedback) send their inner codec's payload of f32 input
+// whatever the gradient's dtype; the header then says f32.
+template <class Codec>
+constexpr bool payload_is_f32 = requires(const Codec& c) { c.residual(std::uint32_t{0}); };
+
 // Encodes and decodes one codec configuration with `threads` chunks; each
 // chunk has its own codec value (decorators keep per-tensor state).
 template <class Codec, class T>
@@ -273,6 +278,7 @@ row run_case(const std::string& name, const Codec& proto, baseline_kind kind, bo
              pool<float>& acc, unsigned threads, const baselines& base, int reps) {
   const std::size_t n = in.n();
   const ashl::dtype dt = ashl::dtype_of<T>;
+  const ashl::dtype payload_dt = payload_is_f32<Codec> ? ashl::dtype::f32 : dt;
   struct part {
     chunk c;
     Codec codec;
@@ -301,7 +307,7 @@ row run_case(const std::string& name, const Codec& proto, baseline_kind kind, bo
     parallel(threads, [&](unsigned t) {
       part& p = parts[t];
       cx::codec_context ctx{.seed = 42, .step = step, .tensor = t, .scratch = p.scratch};
-      auto s = p.codec.decode_add({p.out.data(), p.used}, {p.c.len, dt}, ashl::host_view<float>(a + p.c.off, p.c.len),
+      auto s = p.codec.decode_add({p.out.data(), p.used}, {p.c.len, payload_dt}, ashl::host_view<float>(a + p.c.off, p.c.len),
                                   1.0f, ctx);
       if (!s.ok()) failed = true;
     });
@@ -384,6 +390,14 @@ std::vector<codec_entry> all_codecs() {
 #if ASHL_BENCH_HAS_NATURAL
   v.push_back(entry("natural", dense, false, [](double) { return cx::natural{}; }));
 #endif
+#if ASHL_BENCH_HAS_ERROR_FEEDBACK
+  // Each chunk's decorator keeps its own residual (allocated in the warm-up).
+  // Encode = residual add + inner encode + inner decode into the residual.
+#if ASHL_BENCH_HAS_SIGN
+  v.push_back(entry("ef+sign", dense, false, [](double) { return cx::error_feedback<cx::sign>{cx::sign{}}; }));
+#endif
+  v.push_back(entry("ef+topk", sparse, true, [](double kr) { return cx::error_feedback<cx::topk>{cx::topk{kr}}; }));
+#endif
   return v;
 }
 
@@ -394,7 +408,7 @@ const std::vector<std::string> not_built = [] {
   if (!ASHL_BENCH_HAS_TERNGRAD) v.push_back("terngrad");
   if (!ASHL_BENCH_HAS_SIGN) v.push_back("sign");
   if (!ASHL_BENCH_HAS_NATURAL) v.push_back("natural");
-  if (!ASHL_BENCH_HAS_ERROR_FEEDBACK) v.push_back("error_feedback");
+  if (!ASHL_BENCH_HAS_ERROR_FEEDBACK) v.push_back("ef+sign,ef+topk");
   if (!ASHL_BENCH_HAS_DGC) v.push_back("dgc");
   return v;
 }();
