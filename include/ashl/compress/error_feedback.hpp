@@ -24,7 +24,6 @@
 
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
-#include <ashl/compress/detail/levels.hpp>
 #include <ashl/compress/identity.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/status.hpp>
@@ -99,7 +98,7 @@ class error_feedback {
     std::vector<float>& e = residual_slot(ctx.tensor, n);
     const T* x = xv.data();
     float* r = e.data();
-    for (std::size_t i = 0; i < n; ++i) r[i] += detail::as_f32(x[i]);
+    for (std::size_t i = 0; i < n; ++i) r[i] += to_float(x[i]);
     auto used = inner_.encode(host_view<const float>(r, n), out, ctx);
     if (!used.has_value()) return used;
     ASHL_TRY(inner_.decode_add(std::span<const std::byte>(out.data(), *used), {n, dtype::f32},

@@ -1,0 +1,161 @@
+// ashl/compress/dgc.hpp — Deep Gradient Compression: momentum correction and
+// momentum-factor masking around a sparsifier (a stateful codec).
+//
+//   ashl::compress::dgc<ashl::compress::topk> d{ashl::compress::topk{0.001}, {.momentum = 0.9f}};
+//   std::vector<std::byte> buf(d.max_encoded_bytes(n, ashl::dtype::f32));
+//   auto used = d.encode(ashl::host_view<const float>(g.data(), n), buf, ctx);   // non-const
+//   // the server: ashl::compress::topk{}.decode_add(payload, {n, ashl::dtype::f32}, acc, lr, ctx)
+//
+// Lin et al., "Deep Gradient Compression" (ICLR'18). Per tensor id the worker
+// keeps a momentum u and an accumulated velocity v (f32):
+//   u <- m u + g;  v <- v + u;  send C(v);  u_i = v_i = 0 at every sent i.
+// The server applies the sent values as plain gradients (the momentum is
+// already in them). The inner codec must produce the sparse-pair payload
+// (topk, topk_sampled, threshold: u64 n, u32 count, u32 index[count], values;
+// docs/wire-format.md "Sparse pairs"), from which the sent indices are read.
+// The payload is the inner codec's with f32 values, so
+// max_encoded_bytes(n, t) = inner.max_encoded_bytes(n, f32) and scratch_bytes
+// likewise. On an encode error nothing was sent and nothing is masked: g stays
+// accumulated in u and v. A tensor's first encode (or a size change)
+// allocates its state unless reserve() was called. Gradient clipping and
+// warm-up of the sparsity are the caller's. ALGORITHMS.md §4 (decorators).
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/threshold.hpp>
+#include <ashl/compress/topk.hpp>
+#include <ashl/compress/topk_sampled.hpp>
+#include <ashl/core/dtype.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/core/tensor_view.hpp>
+#include <ashl/wire/ids.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace compress {
+
+// Codecs whose payload is the sparse-pair layout (indices readable directly).
+template <class C>
+concept sparse_pair_codec =
+    codec<C> && (C::id == codec_id::topk || C::id == codec_id::topk_sampled || C::id == codec_id::threshold);
+
+struct dgc_options {
+  float momentum = 0.9f;  // m in [0, 1)
+};
+
+template <sparse_pair_codec C>
+class dgc {
+ public:
+  using codec_concept = stateful_codec_tag;
+  using inner_codec = C;
+  static constexpr codec_id id = C::id;
+
+  dgc() = default;
+  explicit dgc(C inner, dgc_options o = {}) : inner_(std::move(inner)), opt_(o) {}
+  [[nodiscard]] const C& inner() const noexcept { return inner_; }
+  [[nodiscard]] const dgc_options& options() const noexcept { return opt_; }
+
+  [[nodiscard]] status validate() const {
+    if (!(opt_.momentum >= 0.0f && opt_.momentum < 1.0f))
+      return invalid_argument("dgc.momentum", opt_.momentum, "must be in [0, 1)");
+    return {};
+  }
+
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
+    return inner_.max_encoded_bytes(n, dtype::f32);
+  }
+  [[nodiscard]] std::size_t scratch_bytes(std::size_t n, dtype) const noexcept {
+    return inner_.scratch_bytes(n, dtype::f32);
+  }
+
+  void reserve(std::uint32_t tensor, std::size_t n) { slot(tensor, n); }
+  // u (momentum) and v (accumulated velocity) of `tensor`; empty if never encoded.
+  [[nodiscard]] std::span<const float> momentum(std::uint32_t tensor) const noexcept { return view(tensor, 0); }
+  [[nodiscard]] std::span<const float> velocity(std::uint32_t tensor) const noexcept { return view(tensor, 1); }
+  void reset() noexcept {
+    for (auto& [k, s] : state_) {
+      std::fill(s.u.begin(), s.u.end(), 0.0f);
+      std::fill(s.v.begin(), s.v.end(), 0.0f);
+    }
+  }
+
+  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context& ctx) {
+    return encode_impl(x, out, ctx);
+  }
+  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context& ctx) {
+    return encode_impl(x, out, ctx);
+  }
+  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out, const codec_context& ctx) {
+    return encode_impl(x, out, ctx);
+  }
+
+  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
+                    const codec_context& ctx) const {
+    return inner_.decode_add(in, info, acc, scale, ctx);
+  }
+
+ private:
+  struct tensor_state {
+    std::vector<float> u, v;
+  };
+  tensor_state& slot(std::uint32_t tensor, std::size_t n) {
+    tensor_state& s = state_[tensor];
+    if (s.u.size() != n) {
+      s.u.assign(n, 0.0f);
+      s.v.assign(n, 0.0f);
+    }
+    return s;
+  }
+  [[nodiscard]] std::span<const float> view(std::uint32_t tensor, int which) const noexcept {
+    const auto it = state_.find(tensor);
+    if (it == state_.end()) return {};
+    return which == 0 ? std::span<const float>(it->second.u) : std::span<const float>(it->second.v);
+  }
+
+  template <class T>
+  result<std::size_t> encode_impl(host_view<const T> gv, std::span<std::byte> out, const codec_context& ctx) {
+    ASHL_TRY(validate());
+    const std::size_t n = gv.size();
+    tensor_state& s = slot(ctx.tensor, n);
+    const T* g = gv.data();
+    float* u = s.u.data();
+    float* v = s.v.data();
+    const float m = opt_.momentum;
+    for (std::size_t i = 0; i < n; ++i) {
+      u[i] = m * u[i] + to_float(g[i]);
+      v[i] += u[i];
+    }
+    auto used = inner_.encode(host_view<const float>(v, n), out, ctx);
+    if (!used.has_value()) return used;
+    // Our own sparse-pair payload: u64 n, u32 count, count u32 indices (each < n).
+    const std::byte* p = out.data();
+    const std::uint32_t count = detail::load_le<std::uint32_t>(p + 8);
+    ASHL_ASSERT(12 + std::size_t{count} * 4 <= *used, "dgc: inner payload is not sparse pairs");
+    for (std::uint32_t j = 0; j < count; ++j) {
+      const std::uint32_t i = detail::load_le<std::uint32_t>(p + 12 + 4 * std::size_t{j});
+      ASHL_ASSERT(i < n, "dgc: inner payload index out of range");
+      u[i] = 0.0f;
+      v[i] = 0.0f;
+    }
+    return used;
+  }
+
+  C inner_{};
+  dgc_options opt_{};
+  std::unordered_map<std::uint32_t, tensor_state> state_;
+};
+
+static_assert(stateful_codec<dgc<topk>>);
+
+}  // namespace compress
+ASHL_NAMESPACE_END
