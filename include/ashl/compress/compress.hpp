@@ -9,6 +9,8 @@
 
 #include <ashl/compress/cast.hpp>
 #include <ashl/compress/concepts.hpp>
+#include <ashl/compress/dgc.hpp>
+#include <ashl/compress/error_feedback.hpp>
 #include <ashl/compress/identity.hpp>
 #include <ashl/compress/natural.hpp>
 #include <ashl/compress/qsgd.hpp>
