@@ -1,0 +1,39 @@
+// ashl/ashl.hpp — umbrella of the host-safe headers (no CUDA, no UCX, no
+// third-party dependencies): core, wire, compress, sync, profile.
+//
+//   #include <ashl/ashl.hpp>
+//   ashl::sync::policy_params pp;
+//   pp.workers = 9;
+//   auto policy = ashl::sync::make_policy("ssp", pp);   // result<any_policy>
+//
+// The simulator (ashl/sim/*, needs nlohmann_json) and the CUDA codecs
+// (ashl/compress/cuda/*.cuh, need nvcc) are included separately. DESIGN.md,
+// "Layers".
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/core/core.hpp>
+#include <ashl/wire/crc32c.hpp>
+#include <ashl/wire/ids.hpp>
+#include <ashl/wire/message.hpp>
+#include <ashl/compress/compress.hpp>
+#include <ashl/sync/adsp.hpp>
+#include <ashl/sync/ashl.hpp>
+#include <ashl/sync/ashl_profile.hpp>
+#include <ashl/sync/asp.hpp>
+#include <ashl/sync/bsp.hpp>
+#include <ashl/sync/concepts.hpp>
+#include <ashl/sync/dssp.hpp>
+#include <ashl/sync/events.hpp>
+#include <ashl/sync/factory.hpp>
+#include <ashl/sync/local_sgd.hpp>
+#include <ashl/sync/semi_async.hpp>
+#include <ashl/sync/ssp.hpp>
+#include <ashl/sync/staged.hpp>
+#include <ashl/profile/capability.hpp>
+#include <ashl/profile/estimators.hpp>
+#include <ashl/profile/iteration_model.hpp>
+#include <ashl/profile/measurement.hpp>
+#include <ashl/profile/planner.hpp>
+#include <ashl/profile/replan.hpp>
+#include <ashl/profile/straggler.hpp>
