@@ -122,7 +122,7 @@ class qsgd {
     std::byte* codes = norms + 4 * detail::bucket_count(n, opt_.bucket);
     const detail::level_spec spec{opt_.bucket, opt_.levels, detail::bucket_norm::l2};
     const std::uint64_t bad =
-        detail::levels_encode(xv.data(), n, spec, philox_stream(ctx.seed, ctx.step, ctx.tensor), norms, codes);
+        detail::levels_encode(xv.data(), n, spec, detail::random_words(ctx.seed, ctx.step, ctx.tensor), norms, codes);
     if (bad != n)
       return out_of_range("qsgd.input.bucket[" + std::to_string(bad) + "]", bad,
                           "has a non-finite L2 norm (inf/NaN input or overflow)");

@@ -114,7 +114,7 @@ class terngrad {
     std::byte* codes = scales + 4 * detail::bucket_count(n, opt_.bucket);
     const detail::level_spec spec{opt_.bucket, 1, detail::bucket_norm::max_abs};
     const std::uint64_t bad =
-        detail::levels_encode(xv.data(), n, spec, philox_stream(ctx.seed, ctx.step, ctx.tensor), scales, codes);
+        detail::levels_encode(xv.data(), n, spec, detail::random_words(ctx.seed, ctx.step, ctx.tensor), scales, codes);
     if (bad != n)
       return out_of_range("terngrad.input.bucket[" + std::to_string(bad) + "]", bad,
                           "has a non-finite max |x| (inf/NaN input)");

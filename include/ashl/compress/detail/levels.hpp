@@ -10,7 +10,8 @@
 // Element i of bucket b (elements [b B, min(n, (b+1) B))) with bucket scale
 // s_b (L2 norm or max |x|) and L levels is sent as level l_i in [0, L] and a
 // sign: with r = |x_i| * L / s_b, l_i = floor(r) + [u_i < r - floor(r)],
-// u_i = uniform01(word i % 4 of philox block i / 4), so E[l_i] = r and the
+// u_i = uniform01(word i % 4 of philox block i / 4) (drawn in bulk by
+// detail::random_words: the same bits), so E[l_i] = r and the
 // decode s_b * l_i / L * sign is unbiased. Code = l_i << 1 | sign, sign set
 // only when l_i > 0 (canonical), packed LSB-first into a continuous bit
 // stream of `bits` per element; the final byte's unused bits are 0.
@@ -19,6 +20,8 @@
 
 #include <ashl/config.hpp>
 #include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/quantize.hpp>
+#include <ashl/compress/detail/random_words.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
 #include <ashl/core/status.hpp>
@@ -27,6 +30,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -111,39 +115,90 @@ struct level_spec {
   [[nodiscard]] unsigned bits() const noexcept { return 1u + static_cast<unsigned>(std::bit_width(levels)); }
 };
 
+// The f32 scale of one bucket: max |x|, or the L2 norm (float lanes; redone
+// in double when that overflows or underflows, and never below max |x|, so
+// |x| L / s <= L). Not finite when the bucket holds an inf or NaN or its L2
+// norm exceeds the f32 range.
+template <gradient_element T>
+float bucket_scale(const T* x, std::uint64_t len, bucket_norm kind, float* buf) noexcept {
+  bucket_stats st;
+  for (std::uint64_t p = 0; p < len; p += chunk) {
+    const std::size_t m = static_cast<std::size_t>(len - p < chunk ? len - p : chunk);
+    merge(st, stats(as_float(x + p, m, buf), m));
+  }
+  if (!st.finite()) return std::numeric_limits<float>::quiet_NaN();
+  if (kind == bucket_norm::max_abs) return st.max_abs();
+  const float s = std::sqrt(st.sum_sq);
+  if (std::isfinite(s) && s >= st.max_abs() && (st.sum_sq >= 1e-30f || st.max_key == 0)) return s;
+  double acc = 0.0;
+  for (std::uint64_t p = 0; p < len; p += chunk) {
+    const std::size_t m = static_cast<std::size_t>(len - p < chunk ? len - p : chunk);
+    const float* xf = as_float(x + p, m, buf);
+    for (std::size_t i = 0; i < m; ++i) acc += static_cast<double>(xf[i]) * xf[i];
+  }
+  const float sd = static_cast<float>(std::sqrt(acc));
+  return sd > st.max_abs() ? sd : st.max_abs();
+}
+
 // Writes bucket_count(n) f32 scales at `norms` and the packed codes at
 // `codes`. Returns the index of a bucket whose scale is not finite, or n.
+//
+// The tensor is walked in chunks of 1024 elements (a multiple of 8, so every
+// chunk's codes start on a byte): the scales of the buckets a chunk touches
+// are computed first (a bucket of up to a chunk is then still in L1 when its
+// codes are made), each element gets its bucket's L / s, 1024 Philox words
+// come from detail::random_words (4-16 blocks per instruction), and a
+// branch-free 4-lane loop rounds and a group-of-8 packer stores the codes.
 template <gradient_element T>
-std::uint64_t levels_encode(const T* x, std::uint64_t n, const level_spec& spec, const philox_stream& rng,
+std::uint64_t levels_encode(const T* x, std::uint64_t n, const level_spec& spec, const random_words& rw,
                             std::byte* norms, std::byte* codes) noexcept {
   const unsigned bits = spec.bits();
   const float L = static_cast<float>(spec.levels);
-  bit_sink sink(codes);
-  const std::uint64_t nb = bucket_count(n, spec.bucket);
-  for (std::uint64_t b = 0; b < nb; ++b) {
-    const std::uint64_t lo = b * spec.bucket, hi = lo + spec.bucket < n ? lo + spec.bucket : n;
-    double acc = 0.0;
-    for (std::uint64_t i = lo; i < hi; ++i) {
-      const double a = std::fabs(static_cast<double>(as_f32(x[i])));
-      acc = spec.norm == bucket_norm::l2 ? acc + a * a : (a > acc || a != a ? a : acc);
+  const std::uint64_t B = spec.bucket;
+  const std::uint64_t code_bytes = packed_bytes(n, bits);
+  float xbuf[chunk], sbuf[chunk], k[chunk];
+  std::uint32_t words[chunk];
+  std::uint16_t cbuf[chunk];
+  std::uint64_t scaled = 0;  // buckets whose scale is stored
+  for (std::uint64_t c0 = 0; c0 < n; c0 += chunk) {
+    const std::size_t m = static_cast<std::size_t>(n - c0 < chunk ? n - c0 : chunk);
+    const std::uint64_t last = (c0 + m - 1) / B;
+    for (; scaled <= last; ++scaled) {
+      const std::uint64_t lo = scaled * B, len = lo + B < n ? B : n - lo;
+      const float s = bucket_scale(x + lo, len, spec.norm, sbuf);
+      if (!std::isfinite(s)) return scaled;
+      store_le<float>(norms + 4 * scaled, s);
     }
-    const float s = static_cast<float>(spec.norm == bucket_norm::l2 ? std::sqrt(acc) : acc);
-    if (!std::isfinite(s)) return b;
-    store_le<float>(norms + 4 * b, s);
-    const float k = s > 0.0f ? L / s : 0.0f;
-    philox_block blk = rng.block(lo >> 2);
-    for (std::uint64_t i = lo; i < hi; ++i) {
-      if ((i & 3u) == 0) blk = rng.block(i >> 2);
-      const float v = as_f32(x[i]);
-      const float r = std::fabs(v) * k;
-      const float f = std::floor(r);
-      std::uint32_t l = static_cast<std::uint32_t>(f) + (uniform01(blk[static_cast<int>(i & 3u)]) < r - f ? 1u : 0u);
-      l = l > spec.levels ? spec.levels : l;
-      const std::uint32_t sign = (v < 0.0f && l != 0) ? 1u : 0u;
-      sink.put(l << 1 | sign, bits);
+    // Per element L / s of its bucket; buckets where that is not a finite
+    // float (subnormal s) get 0 here and are redone exactly below.
+    bool exact = false;
+    for (std::uint64_t b = c0 / B, lo = c0; lo < c0 + m; ++b) {
+      const std::uint64_t hi = (b + 1) * B < c0 + m ? (b + 1) * B : c0 + m;
+      const float s = load_le<float>(norms + 4 * b);
+      float kb = s > 0.0f ? L / s : 0.0f;
+      if (!(kb <= std::numeric_limits<float>::max())) {
+        kb = 0.0f;
+        exact = true;
+      }
+      for (std::uint64_t i = lo; i < hi; ++i) k[i - c0] = kb;
+      lo = hi;
     }
+    const float* xf = as_float(x + c0, m, xbuf);
+    rw.fill(c0 / 4, (m + 3) / 4, words);
+    round_levels(xf, k, m, L, words, cbuf);
+    if (exact) {
+      for (std::uint64_t b = c0 / B, lo = c0; lo < c0 + m; ++b) {
+        const std::uint64_t hi = (b + 1) * B < c0 + m ? (b + 1) * B : c0 + m;
+        const float s = load_le<float>(norms + 4 * b);
+        if (s > 0.0f && !(L / s <= std::numeric_limits<float>::max()))
+          round_levels_exact(xf + (lo - c0), static_cast<std::size_t>(hi - lo), s, L, words + (lo - c0),
+                             cbuf + (lo - c0));
+        lo = hi;
+      }
+    }
+    const std::uint64_t o = c0 / 8 * bits;
+    pack_chunk(cbuf, m, bits, codes + o, static_cast<std::size_t>(code_bytes - o));
   }
-  sink.finish();
   return n;
 }
 

@@ -1,0 +1,224 @@
+// ashl/compress/detail/quantize.hpp — pieces shared by the dense quantizers
+// (qsgd, terngrad, sign): chunked float conversion, bucket statistics,
+// stochastic level rounding, and packing of w-bit codes.
+//
+//   float buf[detail::chunk];
+//   const float* xf = detail::as_float(x + pos, len, buf);       // f16/bf16 widened
+//   detail::bucket_stats st = detail::stats(xf, len);            // sum x^2, sum |x|, max key
+//   detail::round_levels(xf, k, len, L, words, codes);           // codes[i] = level << 1 | sign
+//   detail::pack_chunk(codes, len, w, out + pos * w / 8, room);
+//
+// Codes are one little-endian bit stream, element i in bits [i w, (i+1) w)
+// (LSB first, detail/levels.hpp); chunks start at multiples of 8 elements,
+// so eight codes fill exactly w bytes and every chunk starts on a byte.
+// Hot loops use the compilers' 4-lane vector extension (SSE2/NEON width, no
+// -march flag) and no per-element division. ALGORITHMS.md §4.
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/compress/detail/elements.hpp>
+#include <ashl/core/dtype.hpp>
+#include <ashl/core/philox.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+ASHL_NAMESPACE_BEGIN
+namespace compress::detail {
+
+// Elements per inner chunk: 1024 floats and 1024 random words (8 KiB of
+// stack) stay in L1 while a bucket is read twice (statistics, then codes).
+inline constexpr std::size_t chunk = 1024;
+
+// A pointer to len floats: x itself for f32, else widened into buf.
+template <gradient_element T>
+inline const float* as_float(const T* x, std::size_t len, float* buf) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    (void)buf;
+    (void)len;
+    return x;
+  } else {
+    const auto* in = reinterpret_cast<const std::byte*>(x);
+    std::size_t i = 0;
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+    if constexpr (ASHL_DETAIL_VECTOR_EXT) {
+      for (const std::size_t e = len & ~std::size_t{3}; i < e; i += 4) {
+        const ashl_f32x4 v = std::is_same_v<T, half> ? f16_to_f32_x4(in + 2 * i) : bf16_to_f32_x4(in + 2 * i);
+        std::memcpy(buf + i, &v, 16);
+      }
+    }
+#endif
+    for (; i < len; ++i) {
+      const std::uint16_t b = load_le<std::uint16_t>(in + 2 * i);
+      buf[i] = std::is_same_v<T, half> ? f16_to_f32(b) : bf16_to_f32(b);
+    }
+    return buf;
+  }
+}
+
+// Bucket statistics in one pass. max_key is the largest |x| bit pattern, so
+// max_key >= 0x7f800000 means the bucket holds an inf or NaN.
+struct bucket_stats {
+  float sum_sq = 0.0f;
+  float sum_abs = 0.0f;
+  std::uint32_t max_key = 0;
+  [[nodiscard]] bool finite() const noexcept { return max_key < 0x7f800000u; }
+  [[nodiscard]] float max_abs() const noexcept { return std::bit_cast<float>(max_key); }
+};
+
+inline void merge(bucket_stats& a, const bucket_stats& b) noexcept {
+  a.sum_sq += b.sum_sq;
+  a.sum_abs += b.sum_abs;
+  a.max_key = std::max(a.max_key, b.max_key);
+}
+
+inline bucket_stats stats(const float* x, std::size_t len) noexcept {
+  bucket_stats st;
+  std::size_t i = 0;
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+  if constexpr (ASHL_DETAIL_VECTOR_EXT) {
+    // Two independent accumulator sets hide the add latency.
+    ashl_f32x4 sq0{}, sq1{}, ab0{}, ab1{};
+    ashl_u32x4 mk0{}, mk1{};
+    for (const std::size_t e = len & ~std::size_t{7}; i < e; i += 8) {
+      ashl_u32x4 b0, b1;
+      std::memcpy(&b0, x + i, 16);
+      std::memcpy(&b1, x + i + 4, 16);
+      b0 &= 0x7fffffffu;
+      b1 &= 0x7fffffffu;
+      const ashl_f32x4 a0 = reinterpret_cast<ashl_f32x4>(b0), a1 = reinterpret_cast<ashl_f32x4>(b1);
+      sq0 += a0 * a0;
+      sq1 += a1 * a1;
+      ab0 += a0;
+      ab1 += a1;
+      // Keys have the sign bit clear, so a signed compare orders them.
+      mk0 = vsel(reinterpret_cast<ashl_i32x4>(b0) > reinterpret_cast<ashl_i32x4>(mk0), b0, mk0);
+      mk1 = vsel(reinterpret_cast<ashl_i32x4>(b1) > reinterpret_cast<ashl_i32x4>(mk1), b1, mk1);
+    }
+    const ashl_f32x4 sq = sq0 + sq1, ab = ab0 + ab1;
+    mk0 = vsel(reinterpret_cast<ashl_i32x4>(mk1) > reinterpret_cast<ashl_i32x4>(mk0), mk1, mk0);
+    st.sum_sq = (sq[0] + sq[1]) + (sq[2] + sq[3]);
+    st.sum_abs = (ab[0] + ab[1]) + (ab[2] + ab[3]);
+    st.max_key = std::max(std::max(mk0[0], mk0[1]), std::max(mk0[2], mk0[3]));
+  }
+#endif
+  for (; i < len; ++i) {
+    const std::uint32_t k = std::bit_cast<std::uint32_t>(x[i]) & 0x7fffffffu;
+    const float a = std::bit_cast<float>(k);
+    st.sum_sq += a * a;
+    st.sum_abs += a;
+    st.max_key = std::max(st.max_key, k);
+  }
+  return st;
+}
+
+// Stochastic rounding of r_i = min(|x_i| * k_i, L) to level floor(r_i) + 1
+// with probability frac(r_i) (decided by the 24-bit uniform of words[i]),
+// else floor(r_i), so E[level] = r_i (to 2^-24 of one level step).
+// codes[i] = level << 1 | sign, the sign bit only on a non-zero level
+// (canonical codes, detail/levels.hpp). L <= 32767.
+inline void round_levels(const float* x, const float* k, std::size_t len, float L, const std::uint32_t* words,
+                         std::uint16_t* codes) noexcept {
+  std::size_t i = 0;
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+  if constexpr (ASHL_DETAIL_VECTOR_EXT) {
+    const ashl_u32x4 top = reinterpret_cast<ashl_u32x4>(ashl_f32x4{} + L);
+    for (const std::size_t e = len & ~std::size_t{3}; i < e; i += 4) {
+      ashl_u32x4 b, w;
+      ashl_f32x4 kv;
+      std::memcpy(&b, x + i, 16);
+      std::memcpy(&w, words + i, 16);
+      std::memcpy(&kv, k + i, 16);
+      const ashl_f32x4 r0 = reinterpret_cast<ashl_f32x4>(b & 0x7fffffffu) * kv;
+      const ashl_f32x4 r = reinterpret_cast<ashl_f32x4>(vsel(r0 < L, reinterpret_cast<ashl_u32x4>(r0), top));
+      const ashl_i32x4 l = __builtin_convertvector(r, ashl_i32x4);
+      const ashl_f32x4 frac = r - __builtin_convertvector(l, ashl_f32x4);
+      const ashl_f32x4 u =
+          __builtin_convertvector(reinterpret_cast<ashl_i32x4>(w >> 8), ashl_f32x4) * (1.0f / 16777216.0f);
+      const ashl_i32x4 level = l - (u < frac);
+      const ashl_u32x4 sign = (b >> 31) & reinterpret_cast<ashl_u32x4>(level != 0);
+      const ashl_u32x4 code = (reinterpret_cast<ashl_u32x4>(level) << 1) | sign;
+      const ashl_u16x4 c16 = __builtin_convertvector(code, ashl_u16x4);
+      std::memcpy(codes + i, &c16, 8);
+    }
+  }
+#endif
+  for (; i < len; ++i) {
+    const std::uint32_t b = std::bit_cast<std::uint32_t>(x[i]);
+    float r = std::bit_cast<float>(b & 0x7fffffffu) * k[i];
+    r = r < L ? r : L;
+    const auto l = static_cast<std::int32_t>(r);
+    const float frac = r - static_cast<float>(l);
+    const std::int32_t level = l + (uniform01(words[i]) < frac ? 1 : 0);
+    codes[i] = static_cast<std::uint16_t>((static_cast<std::uint32_t>(level) << 1) | ((b >> 31) & (level != 0)));
+  }
+}
+
+// The same rounding with r_i = |x_i| * L / norm in double, for buckets whose
+// L / norm is not a finite float (tiny subnormal norms).
+inline void round_levels_exact(const float* x, std::size_t len, float norm, float L, const std::uint32_t* words,
+                               std::uint16_t* codes) noexcept {
+  for (std::size_t i = 0; i < len; ++i) {
+    const std::uint32_t b = std::bit_cast<std::uint32_t>(x[i]);
+    const double rd = static_cast<double>(std::fabs(x[i])) * L / norm;
+    const float r = rd < L ? static_cast<float>(rd) : L;
+    const auto l = static_cast<std::int32_t>(r);
+    const float frac = r - static_cast<float>(l);
+    const std::int32_t level = l + (uniform01(words[i]) < frac ? 1 : 0);
+    codes[i] = static_cast<std::uint16_t>((static_cast<std::uint32_t>(level) << 1) | ((b >> 31) & (level != 0)));
+  }
+}
+
+// Packs len codes of w bits (1..16), LSB first, into exactly
+// ceil(len w / 8) bytes at out (unused bits of a last partial byte are 0).
+// `room` bytes are writable at out: while 8 remain, a group of eight w <= 8
+// codes is one 8-byte store of which w bytes count.
+inline void pack_chunk(const std::uint16_t* codes, std::size_t len, unsigned w, std::byte* out,
+                       std::size_t room) noexcept {
+  std::size_t g = 0, o = 0;
+  const std::size_t groups = len & ~std::size_t{7};
+  // The common widths (terngrad 2, qsgd levels 7 -> 4, 127 -> 8) as plain
+  // loops the compiler vectorizes; others as 8-code groups in one u64.
+  if (w == 8) {
+    for (; g < groups; ++g) out[g] = static_cast<std::byte>(codes[g]);
+    o = groups;
+  } else if (w == 4) {
+    for (; g < groups; g += 2) out[g / 2] = static_cast<std::byte>(codes[g] | (codes[g + 1] << 4));
+    o = groups / 2;
+  } else if (w == 2) {
+    for (; g < groups; g += 4)
+      out[g / 4] =
+          static_cast<std::byte>(codes[g] | (codes[g + 1] << 2) | (codes[g + 2] << 4) | (codes[g + 3] << 6));
+    o = groups / 4;
+  } else if (w < 8) {
+    for (; g < groups; g += 8, o += w) {
+      std::uint64_t v = 0;
+      for (unsigned j = 0; j < 8; ++j) v |= static_cast<std::uint64_t>(codes[g + j]) << (j * w);
+      if (o + 8 <= room)
+        store_le<std::uint64_t>(out + o, v);
+      else
+        for (unsigned j = 0; j < w; ++j) out[o + j] = static_cast<std::byte>(v >> (8 * j));
+    }
+  }
+  std::uint64_t acc = 0;
+  unsigned fill = 0;
+  for (; g < len; ++g) {
+    acc |= static_cast<std::uint64_t>(codes[g]) << fill;
+    fill += w;
+    while (fill >= 8) {
+      out[o++] = static_cast<std::byte>(acc & 0xffu);
+      acc >>= 8;
+      fill -= 8;
+    }
+  }
+  if (fill > 0) out[o] = static_cast<std::byte>(acc & 0xffu);
+}
+
+}  // namespace compress::detail
+ASHL_NAMESPACE_END

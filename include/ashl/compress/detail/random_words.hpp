@@ -1,0 +1,228 @@
+// ashl/compress/detail/random_words.hpp — many Philox blocks at once, for the
+// quantizers' one-draw-per-element hot loops.
+//
+//   std::uint32_t w[256];                       // element-ordered words
+//   detail::random_words rw(ctx.seed, ctx.step, ctx.tensor);
+//   rw.fill(first_element / 4, 64, w);          // w[j] = philox_stream(...).word(first_element + j)
+//
+// The words are exactly philox_stream(seed, step, tensor).block(b, lane)
+// laid out in element order (element i uses word i % 4 of block i / 4,
+// docs/wire-format.md "Random streams"), so a GPU decoder or encoder draws the
+// same bits. Scalar Philox costs ~25 integer operations per element, which
+// alone would hold a quantizer below memcpy speed; here 4 (SSE2), 8 (AVX2) or
+// 16 (AVX-512F), chosen at run time, blocks run side by side as 32x32->64 lane multiplies,
+// followed by a 4x4 transpose into element order. Other targets use the
+// scalar generator. ALGORITHMS.md §4.
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/core/philox.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#define ASHL_DETAIL_PHILOX_X86 1
+#include <immintrin.h>
+// gcc 12 reports its own _mm512_undefined_epi32() as uninitialized when
+// AVX-512 intrinsics are inlined into a target("avx512f") function.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define ASHL_DETAIL_PHILOX_POP_DIAGNOSTIC 1
+#endif
+#else
+#define ASHL_DETAIL_PHILOX_X86 0
+#endif
+
+ASHL_NAMESPACE_BEGIN
+namespace compress::detail {
+
+class random_words {
+ public:
+  random_words(std::uint64_t seed, std::uint64_t step, std::uint32_t tensor, std::uint32_t lane = 0) noexcept
+      : stream_(seed, step, tensor),
+        k0_(static_cast<std::uint32_t>(seed)),
+        k1_(static_cast<std::uint32_t>(seed >> 32) ^ static_cast<std::uint32_t>(step >> 32)),
+        step_lo_(static_cast<std::uint32_t>(step)),
+        tensor_(tensor),
+        lane_(lane) {}
+
+  // out[4 j + w] = word w of block first_block + j, for j < nblocks.
+  void fill(std::uint64_t first_block, std::size_t nblocks, std::uint32_t* out) const noexcept {
+    std::size_t j = 0;
+#if ASHL_DETAIL_PHILOX_X86
+    if (have_avx512()) {
+      for (; j + 16 <= nblocks; j += 16) blocks16_avx512(first_block + j, out + 4 * j);
+    }
+    if (have_avx2()) {
+      for (; j + 8 <= nblocks; j += 8) blocks8_avx2(first_block + j, out + 4 * j);
+    }
+    for (; j + 4 <= nblocks; j += 4) blocks4_sse2(first_block + j, out + 4 * j);
+#endif
+    for (; j < nblocks; ++j) {
+      const philox_block b = stream_.block(first_block + j, lane_);
+      for (int w = 0; w < 4; ++w) out[4 * j + w] = b.v[w];
+    }
+  }
+
+  [[nodiscard]] const philox_stream& stream() const noexcept { return stream_; }
+
+ private:
+#if ASHL_DETAIL_PHILOX_X86
+  static bool have_avx2() noexcept {
+    static const bool yes = __builtin_cpu_supports("avx2");
+    return yes;
+  }
+  static bool have_avx512() noexcept {
+    static const bool yes = __builtin_cpu_supports("avx512f");
+    return yes;
+  }
+
+  // Counter word 3 of block b: lane << 16 | block bits 32..47.
+  std::uint32_t c3(std::uint64_t b) const noexcept {
+    return (lane_ << 16) | (static_cast<std::uint32_t>(b >> 32) & 0xffffu);
+  }
+
+  static inline __m128i mulhi_lo_sse2(__m128i x, __m128i m, __m128i& lo) noexcept {
+    const __m128i even = _mm_mul_epu32(x, m);                        // lanes 0, 2 as u64
+    const __m128i odd = _mm_mul_epu32(_mm_srli_epi64(x, 32), m);     // lanes 1, 3 as u64
+    const __m128i low_mask = _mm_set_epi32(0, -1, 0, -1);
+    lo = _mm_or_si128(_mm_and_si128(even, low_mask), _mm_slli_epi64(odd, 32));
+    return _mm_or_si128(_mm_srli_epi64(even, 32), _mm_andnot_si128(low_mask, odd));
+  }
+
+  void blocks4_sse2(std::uint64_t b, std::uint32_t* out) const noexcept {
+    __m128i x0 = _mm_set_epi32(static_cast<int>(static_cast<std::uint32_t>(b + 3)),
+                               static_cast<int>(static_cast<std::uint32_t>(b + 2)),
+                               static_cast<int>(static_cast<std::uint32_t>(b + 1)),
+                               static_cast<int>(static_cast<std::uint32_t>(b)));
+    __m128i x1 = _mm_set1_epi32(static_cast<int>(tensor_));
+    __m128i x2 = _mm_set1_epi32(static_cast<int>(step_lo_));
+    __m128i x3 = _mm_set_epi32(static_cast<int>(c3(b + 3)), static_cast<int>(c3(b + 2)),
+                               static_cast<int>(c3(b + 1)), static_cast<int>(c3(b)));
+    const __m128i m0 = _mm_set1_epi32(static_cast<int>(philox4x32::m0));
+    const __m128i m1 = _mm_set1_epi32(static_cast<int>(philox4x32::m1));
+    std::uint32_t k0 = k0_, k1 = k1_;
+    for (int r = 0; r < philox4x32::rounds; ++r) {
+      __m128i lo0, lo1;
+      const __m128i hi0 = mulhi_lo_sse2(x0, m0, lo0);
+      const __m128i hi1 = mulhi_lo_sse2(x2, m1, lo1);
+      x0 = _mm_xor_si128(_mm_xor_si128(hi1, x1), _mm_set1_epi32(static_cast<int>(k0)));
+      x1 = lo1;
+      x2 = _mm_xor_si128(_mm_xor_si128(hi0, x3), _mm_set1_epi32(static_cast<int>(k1)));
+      x3 = lo0;
+      k0 += philox4x32::w0;
+      k1 += philox4x32::w1;
+    }
+    // Transpose: lane j of xw is word w of block b + j.
+    const __m128i t0 = _mm_unpacklo_epi32(x0, x1), t1 = _mm_unpacklo_epi32(x2, x3);
+    const __m128i t2 = _mm_unpackhi_epi32(x0, x1), t3 = _mm_unpackhi_epi32(x2, x3);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 0), _mm_unpacklo_epi64(t0, t1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4), _mm_unpackhi_epi64(t0, t1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8), _mm_unpacklo_epi64(t2, t3));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 12), _mm_unpackhi_epi64(t2, t3));
+  }
+
+  __attribute__((target("avx2"))) static inline __m256i mulhi_lo_avx2(__m256i x, __m256i m, __m256i& lo) noexcept {
+    const __m256i even = _mm256_mul_epu32(x, m);
+    const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), m);
+    lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xaa);
+    return _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xaa);
+  }
+
+  __attribute__((target("avx2"))) void blocks8_avx2(std::uint64_t b, std::uint32_t* out) const noexcept {
+    alignas(32) std::uint32_t c0v[8], c3v[8];
+    for (int j = 0; j < 8; ++j) {
+      c0v[j] = static_cast<std::uint32_t>(b + static_cast<std::uint64_t>(j));
+      c3v[j] = c3(b + static_cast<std::uint64_t>(j));
+    }
+    __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(c0v));
+    __m256i x1 = _mm256_set1_epi32(static_cast<int>(tensor_));
+    __m256i x2 = _mm256_set1_epi32(static_cast<int>(step_lo_));
+    __m256i x3 = _mm256_load_si256(reinterpret_cast<const __m256i*>(c3v));
+    const __m256i m0 = _mm256_set1_epi32(static_cast<int>(philox4x32::m0));
+    const __m256i m1 = _mm256_set1_epi32(static_cast<int>(philox4x32::m1));
+    std::uint32_t k0 = k0_, k1 = k1_;
+    for (int r = 0; r < philox4x32::rounds; ++r) {
+      __m256i lo0, lo1;
+      const __m256i hi0 = mulhi_lo_avx2(x0, m0, lo0);
+      const __m256i hi1 = mulhi_lo_avx2(x2, m1, lo1);
+      x0 = _mm256_xor_si256(_mm256_xor_si256(hi1, x1), _mm256_set1_epi32(static_cast<int>(k0)));
+      x1 = lo1;
+      x2 = _mm256_xor_si256(_mm256_xor_si256(hi0, x3), _mm256_set1_epi32(static_cast<int>(k1)));
+      x3 = lo0;
+      k0 += philox4x32::w0;
+      k1 += philox4x32::w1;
+    }
+    // In-lane 4x4 transposes: 128-bit half h holds blocks 4h .. 4h+3.
+    const __m256i t0 = _mm256_unpacklo_epi32(x0, x1), t1 = _mm256_unpacklo_epi32(x2, x3);
+    const __m256i t2 = _mm256_unpackhi_epi32(x0, x1), t3 = _mm256_unpackhi_epi32(x2, x3);
+    const __m256i r0 = _mm256_unpacklo_epi64(t0, t1), r1 = _mm256_unpackhi_epi64(t0, t1);
+    const __m256i r2 = _mm256_unpacklo_epi64(t2, t3), r3 = _mm256_unpackhi_epi64(t2, t3);
+    // r0 = (block 0 | block 4), r1 = (1 | 5), r2 = (2 | 6), r3 = (3 | 7).
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 0), _mm256_permute2x128_si256(r0, r1, 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8), _mm256_permute2x128_si256(r2, r3, 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm256_permute2x128_si256(r0, r1, 0x31));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 24), _mm256_permute2x128_si256(r2, r3, 0x31));
+  }
+
+  __attribute__((target("avx512f"))) static inline __m512i mulhi_lo_avx512(__m512i x, __m512i m,
+                                                                          __m512i& lo) noexcept {
+    const __m512i even = _mm512_mul_epu32(x, m);
+    const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(x, 32), m);
+    lo = _mm512_mask_blend_epi32(0xaaaa, even, _mm512_slli_epi64(odd, 32));
+    return _mm512_mask_blend_epi32(0xaaaa, _mm512_srli_epi64(even, 32), odd);
+  }
+
+  __attribute__((target("avx512f"))) void blocks16_avx512(std::uint64_t b, std::uint32_t* out) const noexcept {
+    alignas(64) std::uint32_t c0v[16], c3v[16];
+    for (int j = 0; j < 16; ++j) {
+      c0v[j] = static_cast<std::uint32_t>(b + static_cast<std::uint64_t>(j));
+      c3v[j] = c3(b + static_cast<std::uint64_t>(j));
+    }
+    __m512i x0 = _mm512_load_si512(c0v);
+    __m512i x1 = _mm512_set1_epi32(static_cast<int>(tensor_));
+    __m512i x2 = _mm512_set1_epi32(static_cast<int>(step_lo_));
+    __m512i x3 = _mm512_load_si512(c3v);
+    const __m512i m0 = _mm512_set1_epi32(static_cast<int>(philox4x32::m0));
+    const __m512i m1 = _mm512_set1_epi32(static_cast<int>(philox4x32::m1));
+    std::uint32_t k0 = k0_, k1 = k1_;
+    for (int r = 0; r < philox4x32::rounds; ++r) {
+      __m512i lo0, lo1;
+      const __m512i hi0 = mulhi_lo_avx512(x0, m0, lo0);
+      const __m512i hi1 = mulhi_lo_avx512(x2, m1, lo1);
+      x0 = _mm512_xor_si512(_mm512_xor_si512(hi1, x1), _mm512_set1_epi32(static_cast<int>(k0)));
+      x1 = lo1;
+      x2 = _mm512_xor_si512(_mm512_xor_si512(hi0, x3), _mm512_set1_epi32(static_cast<int>(k1)));
+      x3 = lo0;
+      k0 += philox4x32::w0;
+      k1 += philox4x32::w1;
+    }
+    // In-lane 4x4 transposes give r_w = (block w | w+4 | w+8 | w+12) per
+    // 128-bit lane; a 4x4 transpose of lanes puts blocks in order.
+    const __m512i t0 = _mm512_unpacklo_epi32(x0, x1), t1 = _mm512_unpacklo_epi32(x2, x3);
+    const __m512i t2 = _mm512_unpackhi_epi32(x0, x1), t3 = _mm512_unpackhi_epi32(x2, x3);
+    const __m512i r0 = _mm512_unpacklo_epi64(t0, t1), r1 = _mm512_unpackhi_epi64(t0, t1);
+    const __m512i r2 = _mm512_unpacklo_epi64(t2, t3), r3 = _mm512_unpackhi_epi64(t2, t3);
+    const __m512i a = _mm512_shuffle_i32x4(r0, r1, 0x44), c = _mm512_shuffle_i32x4(r2, r3, 0x44);
+    const __m512i d = _mm512_shuffle_i32x4(r0, r1, 0xee), e = _mm512_shuffle_i32x4(r2, r3, 0xee);
+    _mm512_storeu_si512(out + 0, _mm512_shuffle_i32x4(a, c, 0x88));
+    _mm512_storeu_si512(out + 16, _mm512_shuffle_i32x4(a, c, 0xdd));
+    _mm512_storeu_si512(out + 32, _mm512_shuffle_i32x4(d, e, 0x88));
+    _mm512_storeu_si512(out + 48, _mm512_shuffle_i32x4(d, e, 0xdd));
+  }
+#endif
+
+  philox_stream stream_;
+  std::uint32_t k0_, k1_, step_lo_, tensor_, lane_;
+};
+
+}  // namespace compress::detail
+ASHL_NAMESPACE_END
+
+#if defined(ASHL_DETAIL_PHILOX_POP_DIAGNOSTIC)
+#pragma GCC diagnostic pop
+#undef ASHL_DETAIL_PHILOX_POP_DIAGNOSTIC
+#endif
