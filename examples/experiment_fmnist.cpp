@@ -532,15 +532,17 @@ int main(int argc, char** argv) {
     std::printf("note: gnuplot not found; wrote %s only (apt-get install gnuplot for the PNG)\n", csv.c_str());
   } else {
     const std::string gp = s.out + "/accuracy_vs_time.gp";
+    const char* const colors[9] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                   "#8c564b", "#e377c2", "#000000", "#17becf"};
     std::ofstream g(gp);
     g << "set datafile separator ','\nset terminal pngcairo size 1000,600\nset output '" << s.out
       << "/accuracy_vs_time.png'\nset xlabel 'virtual time (s)'\nset ylabel 'test accuracy (seed 1)'\n"
-         "set yrange [0.5:0.92]\nset key bottom right\nset grid\n"
+         "set yrange [0.5:0.92]\nset key bottom right\nset grid\nset termoption noenhanced\n"
       << "set arrow from graph 0, first " << s.target << " to graph 1, first " << s.target << " nohead dt 2\n"
       << "plot ";
     for (std::size_t k = 0; k < s.policies.size(); ++k)
       g << (k ? ", " : "") << "'" << csv << "' using (strcol(1) eq '" << s.policies[k]
-        << "' && $2 == 1 ? $3 : 1/0):4 with lines lw 2 title '" << s.policies[k] << "'";
+        << "' && $2 == 1 ? $3 : 1/0):4 with lines lw 2 lc rgb '" << colors[k % 9] << "' title '" << s.policies[k] << "'";
     g << "\n";
     g.close();
     if (std::system(("gnuplot " + gp + " 2>/dev/null").c_str()) != 0)
