@@ -83,6 +83,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <concepts>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -266,10 +267,10 @@ baselines measure_baselines(pool<T>& in, unsigned threads, int reps) {
   return b;
 }
 
-// Decorators (error feedback) send their inner codec's payload of f32 input
-// whatever the gradient's dtype; the header then says f32.
+// Stateful decorators (error feedback, DGC) send their inner codec's payload
+// of f32 input whatever the gradient's dtype; the header then says f32.
 template <class Codec>
-constexpr bool payload_is_f32 = requires(const Codec& c) { c.residual(std::uint32_t{0}); };
+constexpr bool payload_is_f32 = std::same_as<typename Codec::codec_concept, cx::stateful_codec_tag>;
 
 // Encodes and decodes one codec configuration with `threads` chunks; each
 // chunk has its own codec value (decorators keep per-tensor state).
@@ -398,6 +399,12 @@ std::vector<codec_entry> all_codecs() {
 #endif
   v.push_back(entry("ef+topk", sparse, true, [](double kr) { return cx::error_feedback<cx::topk>{cx::topk{kr}}; }));
 #endif
+#if ASHL_BENCH_HAS_DGC
+  // DGC as in the paper: momentum 0.9 around the sampled-threshold top-k.
+  v.push_back(entry("dgc", sparse, true, [](double kr) {
+    return cx::dgc<cx::topk_sampled>{cx::topk_sampled{kr}, cx::dgc_options{.momentum = 0.9f}};
+  }));
+#endif
   return v;
 }
 
@@ -431,7 +438,7 @@ int usage(int rc, const std::vector<codec_entry>& codecs) {
   for (const auto& c : not_built) missing += (missing.empty() ? "" : ",") + c;
   std::printf(
       "usage: ashl_bench_compress_cpu [--quick] [--json-only] [--reps N] [--codecs a,b,...]\n"
-      "  --quick      only n = 2^24, at most 5 reps (under a minute on 2 cores)\n"
+      "  --quick      only n = 2^24, at most 3 reps (under a minute on 2 cores)\n"
       "  --json-only  print only the JSON lines (one per case)\n"
       "  --reps N     timed repetitions per figure after one warm-up, median reported (default 7)\n"
       "  --codecs     comma-separated subset of: %s (default: all)\n"
@@ -470,7 +477,7 @@ int main(int argc, char** argv) {
   for (const auto& c : opt.codecs)
     if (std::none_of(codecs.begin(), codecs.end(), [&](const codec_entry& e) { return e.name == c; }))
       return std::fprintf(stderr, "--codecs = %s: unknown codec (see --help)\n", c.c_str()), 2;
-  if (opt.quick) opt.reps = std::min(opt.reps, 5);
+  if (opt.quick) opt.reps = std::min(opt.reps, 3);
 
   const std::string machine = machine_name(), date = today();
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
