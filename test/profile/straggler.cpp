@@ -32,6 +32,7 @@ BOOST_AUTO_TEST_CASE(flagged_after_n_windows_and_not_before) {
   BOOST_TEST(r[0].median == 1.05, tt::tolerance(1e-12));
   BOOST_TEST(r[0].mad == 0.1, tt::tolerance(1e-9));
   BOOST_TEST(r[0].windows == 3u);
+  BOOST_TEST(r[0].threshold == 1.35, tt::tolerance(1e-9));
   // It recovers: the count resets.
   fill(d, {1.0, 1.1, 0.9, 1.0}, 4);
   BOOST_TEST(d.evaluate().empty());
@@ -78,4 +79,23 @@ BOOST_AUTO_TEST_CASE(create_checks_parameters) {
   BOOST_TEST(n.error().message() == "straggler.consecutive = 0: must be >= 1");
   BOOST_TEST(!ap::straggler_detector::create({.workers = 2, .window = 0}).has_value());
   BOOST_TEST(!ap::straggler_detector::create({.workers = 2, .k = -1.0}).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(report_says_why) {
+  ap::straggler_detector d{{.workers = 3, .window = 1, .k = 3.0, .consecutive = 2}};
+  for (int i = 0; i < 2; ++i) {
+    fill(d, {1.0, 1.0, 4.0}, 1);
+    const auto r = d.evaluate();
+    BOOST_TEST(r.size() == (i == 0 ? 0u : 1u));
+    if (r.empty()) continue;
+    BOOST_TEST(r[0].threshold == 1.03, tt::tolerance(1e-12));  // 1 + 3 · (floor 0.01 · 1)
+    BOOST_TEST(ap::to_string(r[0], d.parameters().k) ==
+               "worker 2: 4 s > 1.03 s (median 1 s + 3 x MAD 0.01 s) for 2 windows");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(two_workers_cannot_single_one_out) {
+  ap::straggler_detector d{{.workers = 2, .window = 1, .k = 3.0, .consecutive = 1}};
+  fill(d, {1.0, 100.0}, 1);  // each is one MAD (49.5) from the median 50.5
+  BOOST_TEST(d.evaluate().empty());
 }

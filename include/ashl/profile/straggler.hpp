@@ -6,6 +6,7 @@
 //   (void)d.record(worker, seconds);             // after each iteration
 //   for (const auto& r : d.evaluate()) {          // once per window
 //     // r.worker is slow: r.time > r.median + k·r.mad, for r.windows windows
+//     log(to_string(r, d.parameters().k));
 //   }
 //
 // Each worker's time is the median of its last `window` iterations. A worker
@@ -13,7 +14,10 @@
 // it is reported once it has been over for `consecutive` evaluations in a
 // row, and again at every evaluation after that while it stays over. The MAD
 // is floored at mad_floor·median: with identical workers MAD is 0 and any
-// jitter would otherwise flag someone.
+// jitter would otherwise flag someone. With one or two workers nobody can be
+// flagged (with two, each is exactly one MAD from the median): the test needs
+// a majority to compare against, so use at least three.
+
 #pragma once
 
 #include <ashl/config.hpp>
@@ -25,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -36,8 +41,17 @@ struct straggler_report {
   double time = 0.0;          // the worker's windowed iteration time
   double median = 0.0;        // across workers
   double mad = 0.0;           // across workers, after the floor
+  double threshold = 0.0;     // median + k·mad, the line it crossed
   std::uint32_t windows = 0;  // consecutive evaluations over the line
 };
+
+// For telemetry: "worker 3: 3 s > 1.35 s (median 1.05 s + 3 x MAD 0.1 s) for 3 windows".
+inline std::string to_string(const straggler_report& r, double k) {
+  std::ostringstream os;
+  os << "worker " << r.worker << ": " << r.time << " s > " << r.threshold << " s (median " << r.median
+     << " s + " << k << " x MAD " << r.mad << " s) for " << r.windows << " windows";
+  return os.str();
+}
 
 class straggler_detector {
  public:
@@ -65,6 +79,8 @@ class straggler_detector {
     ASHL_ASSERT(p.workers >= 1 && p.window >= 1 && p.consecutive >= 1, "straggler_detector params");
   }
 
+  [[nodiscard]] const params& parameters() const noexcept { return p_; }
+
   status record(std::uint32_t worker, double seconds) {
     if (worker >= p_.workers) return out_of_range("straggler.worker", worker, "no such worker");
     ASHL_TRY(check_duration("straggler.seconds", seconds));
@@ -88,10 +104,11 @@ class straggler_detector {
     if (present.empty()) return out;
     const double med = median_of(present);
     const double mad = std::max(mad_of(present, med), p_.mad_floor * med);
+    const double line = med + p_.k * mad;
     for (std::uint32_t w = 0; w < p_.workers; ++w) {
       if (times_[w].empty()) continue;
-      over_[w] = t[w] > med + p_.k * mad ? over_[w] + 1 : 0;
-      if (over_[w] >= p_.consecutive) out.push_back({w, t[w], med, mad, over_[w]});
+      over_[w] = t[w] > line ? over_[w] + 1 : 0;
+      if (over_[w] >= p_.consecutive) out.push_back({w, t[w], med, mad, line, over_[w]});
     }
     return out;
   }
