@@ -19,6 +19,7 @@
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/detail/levels.hpp>
+#include <ashl/compress/detail/quantize.hpp>
 #include <ashl/core/bytes.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/status.hpp>
@@ -127,23 +128,29 @@ class sign {
     const std::uint64_t nb = detail::bucket_count(n, opt_.bucket);
     std::byte* scales = base + header_bytes;
     std::byte* bits = scales + 4 * nb;
+    // Chunks of 1024 elements (multiples of 8, so each starts on a bit
+    // byte): the scales of the buckets a chunk touches first (a bucket of
+    // up to a chunk stays in L1 for its bits), then the chunk's bits.
     const T* x = xv.data();
-    for (std::uint64_t b = 0; b < nb; ++b) {
-      const std::uint64_t lo = b * opt_.bucket, hi = lo + opt_.bucket < n ? lo + opt_.bucket : n;
-      double sum = 0.0;
-      for (std::uint64_t i = lo; i < hi; ++i) sum += std::fabs(static_cast<double>(detail::as_f32(x[i])));
-      const float d = static_cast<float>(sum / static_cast<double>(hi - lo));
-      if (!std::isfinite(d))
-        return out_of_range("sign.input.bucket[" + std::to_string(b) + "]", b,
-                            "has a non-finite mean |x| (inf/NaN input)");
-      detail::store_le<float>(scales + 4 * b, d);
-    }
-    // Bits are packed a byte at a time, independent of bucket boundaries.
-    for (std::uint64_t j = 0; j < (n + 7) / 8; ++j) {
-      unsigned byte = 0;
-      const std::uint64_t lim = n - 8 * j < 8 ? n - 8 * j : 8;
-      for (std::uint64_t l = 0; l < lim; ++l) byte |= (detail::as_f32(x[8 * j + l]) < 0.0f ? 1u : 0u) << l;
-      bits[j] = static_cast<std::byte>(byte);
+    const std::uint64_t B = opt_.bucket;
+    float xbuf[detail::chunk], sbuf[detail::chunk];
+    std::uint64_t scaled = 0;
+    for (std::uint64_t c0 = 0; c0 < n; c0 += detail::chunk) {
+      const std::size_t m = static_cast<std::size_t>(n - c0 < detail::chunk ? n - c0 : detail::chunk);
+      for (const std::uint64_t last = (c0 + m - 1) / B; scaled <= last; ++scaled) {
+        const std::uint64_t lo = scaled * B, len = lo + B < n ? B : n - lo;
+        double sum = 0.0;
+        for (std::uint64_t p = 0; p < len; p += detail::chunk) {
+          const std::size_t k = static_cast<std::size_t>(len - p < detail::chunk ? len - p : detail::chunk);
+          sum += detail::sum_abs_f64(detail::as_float(x + lo + p, k, sbuf), k);
+        }
+        const float d = static_cast<float>(sum / static_cast<double>(len));
+        if (!std::isfinite(d))
+          return out_of_range("sign.input.bucket[" + std::to_string(scaled) + "]", scaled,
+                              "has a non-finite mean |x| (inf/NaN input)");
+        detail::store_le<float>(scales + 4 * scaled, d);
+      }
+      detail::negative_bits(detail::as_float(x + c0, m, xbuf), m, bits + c0 / 8);
     }
     return need;
   }

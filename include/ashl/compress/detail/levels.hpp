@@ -146,9 +146,9 @@ float bucket_scale(const T* x, std::uint64_t len, bucket_norm kind, float* buf) 
 // The tensor is walked in chunks of 1024 elements (a multiple of 8, so every
 // chunk's codes start on a byte): the scales of the buckets a chunk touches
 // are computed first (a bucket of up to a chunk is then still in L1 when its
-// codes are made), each element gets its bucket's L / s, 1024 Philox words
-// come from detail::random_words (4-16 blocks per instruction), and a
-// branch-free 4-lane loop rounds and a group-of-8 packer stores the codes.
+// codes are made), 1024 Philox words come from detail::random_words (4-16
+// blocks per instruction), a branch-free 4-lane loop rounds each bucket
+// segment with its L / s, and a group-of-8 packer stores the codes.
 template <gradient_element T>
 std::uint64_t levels_encode(const T* x, std::uint64_t n, const level_spec& spec, const random_words& rw,
                             std::byte* norms, std::byte* codes) noexcept {
@@ -156,7 +156,7 @@ std::uint64_t levels_encode(const T* x, std::uint64_t n, const level_spec& spec,
   const float L = static_cast<float>(spec.levels);
   const std::uint64_t B = spec.bucket;
   const std::uint64_t code_bytes = packed_bytes(n, bits);
-  float xbuf[chunk], sbuf[chunk], k[chunk];
+  float xbuf[chunk], sbuf[chunk];
   std::uint32_t words[chunk];
   std::uint16_t cbuf[chunk];
   std::uint64_t scaled = 0;  // buckets whose scale is stored
@@ -169,32 +169,20 @@ std::uint64_t levels_encode(const T* x, std::uint64_t n, const level_spec& spec,
       if (!std::isfinite(s)) return scaled;
       store_le<float>(norms + 4 * scaled, s);
     }
-    // Per element L / s of its bucket; buckets where that is not a finite
-    // float (subnormal s) get 0 here and are redone exactly below.
-    bool exact = false;
-    for (std::uint64_t b = c0 / B, lo = c0; lo < c0 + m; ++b) {
-      const std::uint64_t hi = (b + 1) * B < c0 + m ? (b + 1) * B : c0 + m;
-      const float s = load_le<float>(norms + 4 * b);
-      float kb = s > 0.0f ? L / s : 0.0f;
-      if (!(kb <= std::numeric_limits<float>::max())) {
-        kb = 0.0f;
-        exact = true;
-      }
-      for (std::uint64_t i = lo; i < hi; ++i) k[i - c0] = kb;
-      lo = hi;
-    }
     const float* xf = as_float(x + c0, m, xbuf);
     rw.fill(c0 / 4, (m + 3) / 4, words);
-    round_levels(xf, k, m, L, words, cbuf);
-    if (exact) {
-      for (std::uint64_t b = c0 / B, lo = c0; lo < c0 + m; ++b) {
-        const std::uint64_t hi = (b + 1) * B < c0 + m ? (b + 1) * B : c0 + m;
-        const float s = load_le<float>(norms + 4 * b);
-        if (s > 0.0f && !(L / s <= std::numeric_limits<float>::max()))
-          round_levels_exact(xf + (lo - c0), static_cast<std::size_t>(hi - lo), s, L, words + (lo - c0),
-                             cbuf + (lo - c0));
-        lo = hi;
-      }
+    // One rounding call per bucket segment of the chunk, with that bucket's
+    // L / s; where L / s is not a finite float (subnormal s), exactly.
+    for (std::uint64_t b = c0 / B, lo = c0; lo < c0 + m; ++b) {
+      const std::uint64_t hi = (b + 1) * B < c0 + m ? (b + 1) * B : c0 + m;
+      const std::size_t off = static_cast<std::size_t>(lo - c0), len = static_cast<std::size_t>(hi - lo);
+      const float s = load_le<float>(norms + 4 * b);
+      const float kb = s > 0.0f ? L / s : 0.0f;
+      if (kb <= std::numeric_limits<float>::max())
+        round_levels(xf + off, len, kb, L, words + off, cbuf + off);
+      else
+        round_levels_exact(xf + off, len, s, L, words + off, cbuf + off);
+      lo = hi;
     }
     const std::uint64_t o = c0 / 8 * bits;
     pack_chunk(cbuf, m, bits, codes + o, static_cast<std::size_t>(code_bytes - o));

@@ -1,6 +1,6 @@
 // ashl/compress/detail/quantize.hpp — pieces shared by the dense quantizers
 // (qsgd, terngrad, sign): chunked float conversion, bucket statistics,
-// stochastic level rounding, and packing of w-bit codes.
+// stochastic level rounding, packing of w-bit codes, sign bits.
 //
 //   float buf[detail::chunk];
 //   const float* xf = detail::as_float(x + pos, len, buf);       // f16/bf16 widened
@@ -28,6 +28,10 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+
+#if defined(__SSE2__) && !defined(__CUDACC__)
+#include <immintrin.h>
+#endif
 
 ASHL_NAMESPACE_BEGIN
 namespace compress::detail {
@@ -118,12 +122,60 @@ inline bucket_stats stats(const float* x, std::size_t len) noexcept {
   return st;
 }
 
-// Stochastic rounding of r_i = min(|x_i| * k_i, L) to level floor(r_i) + 1
+// sum |x_i| in double (the sign codec's mean |x|): two 2-lane double
+// accumulators, exact for the usual gradient ranges whatever the order
+// (24-bit mantissas over fewer than ~29 binades fit double's 53 bits).
+inline double sum_abs_f64(const float* x, std::size_t len) noexcept {
+  std::size_t i = 0;
+  double s = 0.0;
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+  if constexpr (ASHL_DETAIL_VECTOR_EXT) {
+    typedef double ashl_f64x2 __attribute__((vector_size(16)));
+    typedef float ashl_f32x2 __attribute__((vector_size(8)));
+    ashl_f64x2 a0{}, a1{};
+    for (const std::size_t e = len & ~std::size_t{3}; i < e; i += 4) {
+      ashl_u32x4 b;
+      std::memcpy(&b, x + i, 16);
+      b &= 0x7fffffffu;
+      ashl_f32x2 lo, hi;
+      std::memcpy(&lo, &b, 8);
+      std::memcpy(&hi, reinterpret_cast<const char*>(&b) + 8, 8);
+      a0 += __builtin_convertvector(lo, ashl_f64x2);
+      a1 += __builtin_convertvector(hi, ashl_f64x2);
+    }
+    const ashl_f64x2 a = a0 + a1;
+    s = a[0] + a[1];
+  }
+#endif
+  for (; i < len; ++i) s += std::fabs(static_cast<double>(x[i]));
+  return s;
+}
+
+// Bit i of out (LSB first) = x_i < 0 (so -0 and +0 send 0), for len
+// elements; writes ceil(len / 8) bytes, unused bits of the last one 0.
+inline void negative_bits(const float* x, std::size_t len, std::byte* out) noexcept {
+  std::size_t i = 0;
+#if defined(__SSE2__) && !defined(__CUDACC__)
+  const __m128 zero = _mm_setzero_ps();
+  for (const std::size_t e = len & ~std::size_t{7}; i < e; i += 8) {
+    const int lo = _mm_movemask_ps(_mm_cmplt_ps(_mm_loadu_ps(x + i), zero));
+    const int hi = _mm_movemask_ps(_mm_cmplt_ps(_mm_loadu_ps(x + i + 4), zero));
+    out[i / 8] = static_cast<std::byte>(lo | (hi << 4));
+  }
+#endif
+  for (; i < len; i += 8) {
+    unsigned byte = 0;
+    for (std::size_t l = 0; l < 8 && i + l < len; ++l) byte |= (x[i + l] < 0.0f ? 1u : 0u) << l;
+    out[i / 8] = static_cast<std::byte>(byte);
+  }
+}
+
+// Stochastic rounding of r_i = min(|x_i| k, L) to level floor(r_i) + 1
 // with probability frac(r_i) (decided by the 24-bit uniform of words[i]),
 // else floor(r_i), so E[level] = r_i (to 2^-24 of one level step).
 // codes[i] = level << 1 | sign, the sign bit only on a non-zero level
 // (canonical codes, detail/levels.hpp). L <= 32767.
-inline void round_levels(const float* x, const float* k, std::size_t len, float L, const std::uint32_t* words,
+inline void round_levels(const float* x, std::size_t len, float k, float L, const std::uint32_t* words,
                          std::uint16_t* codes) noexcept {
   std::size_t i = 0;
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
@@ -131,11 +183,9 @@ inline void round_levels(const float* x, const float* k, std::size_t len, float 
     const ashl_u32x4 top = reinterpret_cast<ashl_u32x4>(ashl_f32x4{} + L);
     for (const std::size_t e = len & ~std::size_t{3}; i < e; i += 4) {
       ashl_u32x4 b, w;
-      ashl_f32x4 kv;
       std::memcpy(&b, x + i, 16);
       std::memcpy(&w, words + i, 16);
-      std::memcpy(&kv, k + i, 16);
-      const ashl_f32x4 r0 = reinterpret_cast<ashl_f32x4>(b & 0x7fffffffu) * kv;
+      const ashl_f32x4 r0 = reinterpret_cast<ashl_f32x4>(b & 0x7fffffffu) * k;
       const ashl_f32x4 r = reinterpret_cast<ashl_f32x4>(vsel(r0 < L, reinterpret_cast<ashl_u32x4>(r0), top));
       const ashl_i32x4 l = __builtin_convertvector(r, ashl_i32x4);
       const ashl_f32x4 frac = r - __builtin_convertvector(l, ashl_f32x4);
@@ -151,7 +201,7 @@ inline void round_levels(const float* x, const float* k, std::size_t len, float 
 #endif
   for (; i < len; ++i) {
     const std::uint32_t b = std::bit_cast<std::uint32_t>(x[i]);
-    float r = std::bit_cast<float>(b & 0x7fffffffu) * k[i];
+    float r = std::bit_cast<float>(b & 0x7fffffffu) * k;
     r = r < L ? r : L;
     const auto l = static_cast<std::int32_t>(r);
     const float frac = r - static_cast<float>(l);
@@ -186,6 +236,18 @@ inline void pack_chunk(const std::uint16_t* codes, std::size_t len, unsigned w, 
   // The common widths (terngrad 2, qsgd levels 7 -> 4, 127 -> 8) as plain
   // loops the compiler vectorizes; others as 8-code groups in one u64.
   if (w == 8) {
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+    if constexpr (ASHL_DETAIL_VECTOR_EXT) {
+      typedef std::uint16_t ashl_u16x8 __attribute__((vector_size(16)));
+      typedef std::uint8_t ashl_u8x8 __attribute__((vector_size(8)));
+      for (; g < groups; g += 8) {
+        ashl_u16x8 c;
+        std::memcpy(&c, codes + g, 16);
+        const ashl_u8x8 b = __builtin_convertvector(c, ashl_u8x8);
+        std::memcpy(out + g, &b, 8);
+      }
+    }
+#endif
     for (; g < groups; ++g) out[g] = static_cast<std::byte>(codes[g]);
     o = groups;
   } else if (w == 4) {
