@@ -14,7 +14,8 @@
 // |x| < 2^emin rounds to 2^emin with probability |x| / 2^emin, else to 0. Both
 // are unbiased (E[decode] = x); only |x| >= 2^127 (emin clamped to 1) rounds
 // down to 2^127 deterministically. Draws u_i from philox_stream(ctx.seed,
-// ctx.step, ctx.tensor), word i % 4 of block i / 4. Payload: u64 n, i32 emin,
+// ctx.step, ctx.tensor), word i % 4 of block i / 4 (drawn in bulk by
+// detail::random_words). Payload: u64 n, i32 emin,
 // n code bytes; max_encoded_bytes(n, t) = 12 + n, whatever t, and every
 // payload has exactly that size. ALGORITHMS.md §4; docs/wire-format.md,
 // "Codec payloads / natural".
@@ -24,6 +25,8 @@
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/detail/levels.hpp>
+#include <ashl/compress/detail/quantize.hpp>
+#include <ashl/compress/detail/random_words.hpp>
 #include <ashl/core/bytes.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
@@ -31,6 +34,7 @@
 #include <ashl/core/tensor_view.hpp>
 #include <ashl/wire/ids.hpp>
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -95,12 +99,18 @@ class natural {
     if (out.size() < need)
       return make_error(errc::buffer_too_small, "natural.out.size", out.size(),
                         "bytes, fewer than max_encoded_bytes = " + std::to_string(need));
+    // Two chunked passes: max |x| (vector max of the |x| bit patterns,
+    // which also catches inf/NaN), then 1024 codes at a time from bulk
+    // Philox words (detail::natural_codes, branch-free).
     const T* x = xv.data();
-    float mx = 0.0f;
-    for (std::size_t i = 0; i < n; ++i) {
-      const float a = std::fabs(detail::as_f32(x[i]));
-      mx = (a > mx || a != a) ? a : mx;
+    float buf[detail::chunk];
+    std::uint32_t max_key = 0;
+    for (std::size_t p = 0; p < n; p += detail::chunk) {
+      const std::size_t m = n - p < detail::chunk ? n - p : detail::chunk;
+      const std::uint32_t k = detail::stats(detail::as_float(x + p, m, buf), m).max_key;
+      max_key = k > max_key ? k : max_key;
     }
+    const float mx = std::bit_cast<float>(max_key);
     if (!std::isfinite(mx)) return out_of_range("natural.input.max_abs", mx, "must be finite (inf/NaN input)");
     int e = 0;
     (void)std::frexp(mx, &e);
@@ -109,23 +119,19 @@ class natural {
     detail::store_le<std::uint64_t>(base, n);
     detail::store_le<std::int32_t>(base + 8, emin);
     std::byte* codes = base + header_bytes;
-    const philox_stream rng(ctx.seed, ctx.step, ctx.tensor);
-    philox_block blk{};
-    for (std::size_t i = 0; i < n; ++i) {
-      if ((i & 3u) == 0) blk = rng.block(i >> 2);
-      const float v = detail::as_f32(x[i]);
-      const float a = std::fabs(v);
-      const float u = uniform01(blk[static_cast<int>(i & 3u)]);
-      int k = 0;
-      const float m = std::frexp(a, &k);  // a = m 2^k, m in [0.5, 1); k = 0 for a = 0
-      const int low = k - emin;           // code of 2^(k-1)
-      // In range: up with probability 2m - 1. Below range: 2^emin with probability a / 2^emin.
-      const int in_range = low + (u < 2.0f * m - 1.0f ? 1 : 0);
-      const int below = u < std::ldexp(a, -emin) ? 1 : 0;
-      int c = low >= 1 ? in_range : below;
-      c = c > 127 ? 127 : c;
-      c = a == 0.0f ? 0 : c;
-      codes[i] = static_cast<std::byte>((c != 0 && v < 0.0f ? 0x80 : 0) | c);
+    // 2^(24 - emin) (up to 2^298) as three factors of at most 2^127 each.
+    float f[3];
+    for (int j = 0, rest = 24 - emin; j < 3; ++j) {
+      const int p = rest < 127 ? rest : 127;
+      f[j] = std::ldexp(1.0f, p);
+      rest -= p;
+    }
+    const detail::random_words rw(ctx.seed, ctx.step, ctx.tensor);
+    std::uint32_t words[detail::chunk];
+    for (std::size_t p = 0; p < n; p += detail::chunk) {
+      const std::size_t m = n - p < detail::chunk ? n - p : detail::chunk;
+      rw.fill(p / 4, (m + 3) / 4, words);
+      detail::natural_codes(detail::as_float(x + p, m, buf), m, emin, f, words, codes + p);
     }
     return need;
   }

@@ -1,6 +1,7 @@
 // ashl/compress/detail/quantize.hpp — pieces shared by the dense quantizers
-// (qsgd, terngrad, sign): chunked float conversion, bucket statistics,
-// stochastic level rounding, packing of w-bit codes, sign bits.
+// (qsgd, terngrad, sign, natural): chunked float conversion, bucket
+// statistics, stochastic level rounding, packing of w-bit codes, sign bits,
+// natural-compression codes.
 //
 //   float buf[detail::chunk];
 //   const float* xf = detail::as_float(x + pos, len, buf);       // f16/bf16 widened
@@ -280,6 +281,60 @@ inline void pack_chunk(const std::uint16_t* codes, std::size_t len, unsigned w, 
     }
   }
   if (fill > 0) out[o] = static_cast<std::byte>(acc & 0xffu);
+}
+
+// Natural compression codes (compress/natural.hpp) for len elements: with
+// a = |x| = m 2^k (m in [0.5, 1)) and low = k - emin, code
+// c = low + [u < 2m - 1] when low >= 1, else [u < a 2^-emin], at most 127,
+// 0 for a = 0; bit 7 = sign when c != 0. Integer form of the same tests:
+// u < 2m - 1 is (w >> 8) < 2 M (M the mantissa field, subnormals normalized
+// by an exact 2^64 scaling) and u < a 2^-emin is (w >> 8) < a 2^(24 - emin),
+// the power applied as up to three exact factors f[0..2].
+inline void natural_codes(const float* x, std::size_t len, std::int32_t emin, const float* f,
+                          const std::uint32_t* words, std::byte* out) noexcept {
+  std::size_t i = 0;
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+  if constexpr (ASHL_DETAIL_VECTOR_EXT) {
+    typedef std::uint8_t ashl_u8x4 __attribute__((vector_size(4)));
+    for (const std::size_t e = len & ~std::size_t{3}; i < e; i += 4) {
+      ashl_u32x4 b, w;
+      std::memcpy(&b, x + i, 16);
+      std::memcpy(&w, words + i, 16);
+      const ashl_u32x4 ab = b & 0x7fffffffu;
+      const ashl_f32x4 af = reinterpret_cast<ashl_f32x4>(ab);
+      const ashl_u32x4 nb = reinterpret_cast<ashl_u32x4>(af * 18446744073709551616.0f);  // a 2^64
+      const ashl_i32x4 sub = reinterpret_cast<ashl_i32x4>(ab) < 0x00800000;
+      const ashl_u32x4 bits = vsel(sub, nb, ab);
+      const ashl_i32x4 E = reinterpret_cast<ashl_i32x4>(bits >> 23) - (sub & 64);
+      const ashl_i32x4 M2 = reinterpret_cast<ashl_i32x4>((bits & 0x7fffffu) << 1);
+      const ashl_i32x4 u = reinterpret_cast<ashl_i32x4>(w >> 8);
+      const ashl_i32x4 low = E - 126 - emin;
+      const ashl_i32x4 in_range = low - (u < M2);
+      const ashl_f32x4 t = af * f[0] * f[1] * f[2];
+      const ashl_i32x4 below = -(__builtin_convertvector(u, ashl_f32x4) < t);
+      ashl_i32x4 c = low >= 1 ? in_range : below;
+      c = c > 127 ? ashl_i32x4{} + 127 : c;
+      c = reinterpret_cast<ashl_i32x4>(ab) == 0 ? ashl_i32x4{} : c;
+      const ashl_u32x4 sign = ((b >> 31) & reinterpret_cast<ashl_u32x4>(c != 0)) << 7;
+      const ashl_u8x4 c8 = __builtin_convertvector(reinterpret_cast<ashl_u32x4>(c) | sign, ashl_u8x4);
+      std::memcpy(out + i, &c8, 4);
+    }
+  }
+#endif
+  for (; i < len; ++i) {
+    const std::uint32_t b = std::bit_cast<std::uint32_t>(x[i]), ab = b & 0x7fffffffu;
+    const float af = std::bit_cast<float>(ab);
+    const bool sub = ab < 0x00800000u;
+    const std::uint32_t bits = sub ? std::bit_cast<std::uint32_t>(af * 18446744073709551616.0f) : ab;
+    const std::int32_t E = static_cast<std::int32_t>(bits >> 23) - (sub ? 64 : 0);
+    const auto M2 = static_cast<std::int32_t>((bits & 0x7fffffu) << 1);
+    const auto u = static_cast<std::int32_t>(words[i] >> 8);
+    const std::int32_t low = E - 126 - emin;
+    std::int32_t c = low >= 1 ? low + (u < M2 ? 1 : 0) : (static_cast<float>(u) < af * f[0] * f[1] * f[2] ? 1 : 0);
+    c = c > 127 ? 127 : c;
+    c = ab == 0 ? 0 : c;
+    out[i] = static_cast<std::byte>(static_cast<std::uint32_t>(c) | (((b >> 31) & (c != 0 ? 1u : 0u)) << 7));
+  }
 }
 
 }  // namespace compress::detail
