@@ -88,7 +88,8 @@ inline status check_timings(const std::vector<worker_timing>& t) {
 
 // Trimmed means (ALGORITHMS.md §2 Phase 0: skip the warm-up, drop the `trim`
 // largest and smallest) of each worker's compute, push and pull seconds, for
-// workers 0..workers−1, and of every worker's compress seconds pooled. Every
+// workers 0..workers−1, and of every worker's compress seconds pooled (the
+// warm-up and trim count per worker and kind, and once for the pool). Every
 // measurement is validated: one absurd timing is an error naming it, not a
 // sample quietly trimmed away. A worker with too few samples of a kind is an
 // error naming the worker and the kind; `round` measurements are ignored.
