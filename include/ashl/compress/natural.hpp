@@ -107,7 +107,7 @@ class natural {
     std::uint32_t max_key = 0;
     for (std::size_t p = 0; p < n; p += detail::chunk) {
       const std::size_t m = n - p < detail::chunk ? n - p : detail::chunk;
-      const std::uint32_t k = detail::stats(detail::as_float(x + p, m, buf), m).max_key;
+      const std::uint32_t k = detail::max_abs_key(detail::as_float(x + p, m, buf), m);
       max_key = k > max_key ? k : max_key;
     }
     const float mx = std::bit_cast<float>(max_key);

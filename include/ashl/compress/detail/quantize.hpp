@@ -20,6 +20,7 @@
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
+#include <ashl/compress/detail/random_words.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -123,6 +124,30 @@ inline bucket_stats stats(const float* x, std::size_t len) noexcept {
   return st;
 }
 
+// max over |x| bit patterns (>= 0x7f800000: an inf or NaN is present).
+inline std::uint32_t max_abs_key(const float* x, std::size_t len) noexcept {
+  std::size_t i = 0;
+  std::uint32_t r = 0;
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+  if constexpr (ASHL_DETAIL_VECTOR_EXT) {
+    ashl_u32x4 m0{}, m1{};
+    for (const std::size_t e = len & ~std::size_t{7}; i < e; i += 8) {
+      ashl_u32x4 b0, b1;
+      std::memcpy(&b0, x + i, 16);
+      std::memcpy(&b1, x + i + 4, 16);
+      b0 &= 0x7fffffffu;
+      b1 &= 0x7fffffffu;
+      m0 = vsel(reinterpret_cast<ashl_i32x4>(b0) > reinterpret_cast<ashl_i32x4>(m0), b0, m0);
+      m1 = vsel(reinterpret_cast<ashl_i32x4>(b1) > reinterpret_cast<ashl_i32x4>(m1), b1, m1);
+    }
+    m0 = vsel(reinterpret_cast<ashl_i32x4>(m1) > reinterpret_cast<ashl_i32x4>(m0), m1, m0);
+    r = std::max(std::max(m0[0], m0[1]), std::max(m0[2], m0[3]));
+  }
+#endif
+  for (; i < len; ++i) r = std::max(r, std::bit_cast<std::uint32_t>(x[i]) & 0x7fffffffu);
+  return r;
+}
+
 // sum |x_i| in double (the sign codec's mean |x|): two 2-lane double
 // accumulators, exact for the usual gradient ranges whatever the order
 // (24-bit mantissas over fewer than ~29 binades fit double's 53 bits).
@@ -171,6 +196,38 @@ inline void negative_bits(const float* x, std::size_t len, std::byte* out) noexc
   }
 }
 
+#if ASHL_DETAIL_PHILOX_X86
+// round_levels on 8 lanes for CPUs with AVX2 (chosen at run time); returns
+// how many elements it did (a multiple of 8). Same arithmetic as the 4-lane
+// loop, so the codes do not depend on the path taken.
+__attribute__((target("avx2"))) inline std::size_t round_levels_avx2(const float* x, std::size_t len, float k, float L,
+                                                                    const std::uint32_t* words,
+                                                                    std::uint16_t* codes) noexcept {
+  typedef float f32x8 __attribute__((vector_size(32)));
+  typedef std::int32_t i32x8 __attribute__((vector_size(32)));
+  typedef std::uint32_t u32x8 __attribute__((vector_size(32)));
+  typedef std::uint16_t u16x8 __attribute__((vector_size(16)));
+  std::size_t i = 0;
+  const f32x8 top = f32x8{} + L;
+  for (const std::size_t e = len & ~std::size_t{7}; i < e; i += 8) {
+    u32x8 b, w;
+    std::memcpy(&b, x + i, 32);
+    std::memcpy(&w, words + i, 32);
+    const f32x8 r0 = reinterpret_cast<f32x8>(b & 0x7fffffffu) * k;
+    const f32x8 r = r0 < L ? r0 : top;
+    const i32x8 l = __builtin_convertvector(r, i32x8);
+    const f32x8 frac = r - __builtin_convertvector(l, f32x8);
+    const f32x8 u = __builtin_convertvector(reinterpret_cast<i32x8>(w >> 8), f32x8) * (1.0f / 16777216.0f);
+    const i32x8 level = l - (u < frac);
+    const u32x8 sign = (b >> 31) & reinterpret_cast<u32x8>(level != 0);
+    const u32x8 code = (reinterpret_cast<u32x8>(level) << 1) | sign;
+    const u16x8 c16 = __builtin_convertvector(code, u16x8);
+    std::memcpy(codes + i, &c16, 16);
+  }
+  return i;
+}
+#endif
+
 // Stochastic rounding of r_i = min(|x_i| k, L) to level floor(r_i) + 1
 // with probability frac(r_i) (decided by the 24-bit uniform of words[i]),
 // else floor(r_i), so E[level] = r_i (to 2^-24 of one level step).
@@ -179,6 +236,9 @@ inline void negative_bits(const float* x, std::size_t len, std::byte* out) noexc
 inline void round_levels(const float* x, std::size_t len, float k, float L, const std::uint32_t* words,
                          std::uint16_t* codes) noexcept {
   std::size_t i = 0;
+#if ASHL_DETAIL_PHILOX_X86
+  if (cpu_has_avx2()) i = round_levels_avx2(x, len, k, L, words, codes);
+#endif
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
   if constexpr (ASHL_DETAIL_VECTOR_EXT) {
     const ashl_u32x4 top = reinterpret_cast<ashl_u32x4>(ashl_f32x4{} + L);
@@ -283,6 +343,45 @@ inline void pack_chunk(const std::uint16_t* codes, std::size_t len, unsigned w, 
   if (fill > 0) out[o] = static_cast<std::byte>(acc & 0xffu);
 }
 
+#if ASHL_DETAIL_PHILOX_X86
+// natural_codes on 8 lanes for CPUs with AVX2 (chosen at run time); returns
+// how many elements it did. Same integer tests as the 4-lane loop.
+__attribute__((target("avx2"))) inline std::size_t natural_codes_avx2(const float* x, std::size_t len,
+                                                                     std::int32_t emin, const float* f,
+                                                                     const std::uint32_t* words,
+                                                                     std::byte* out) noexcept {
+  typedef float f32x8 __attribute__((vector_size(32)));
+  typedef std::int32_t i32x8 __attribute__((vector_size(32)));
+  typedef std::uint32_t u32x8 __attribute__((vector_size(32)));
+  typedef std::uint8_t u8x8 __attribute__((vector_size(8)));
+  std::size_t i = 0;
+  for (const std::size_t e = len & ~std::size_t{7}; i < e; i += 8) {
+    u32x8 b, w;
+    std::memcpy(&b, x + i, 32);
+    std::memcpy(&w, words + i, 32);
+    const u32x8 ab = b & 0x7fffffffu;
+    const f32x8 af = reinterpret_cast<f32x8>(ab);
+    const u32x8 nb = reinterpret_cast<u32x8>(af * 18446744073709551616.0f);
+    const i32x8 sub = reinterpret_cast<i32x8>(ab) < 0x00800000;
+    const u32x8 bits = sub ? nb : ab;
+    const i32x8 E = reinterpret_cast<i32x8>(bits >> 23) - (sub & 64);
+    const i32x8 M2 = reinterpret_cast<i32x8>((bits & 0x7fffffu) << 1);
+    const i32x8 u = reinterpret_cast<i32x8>(w >> 8);
+    const i32x8 low = E - 126 - emin;
+    const i32x8 in_range = low - (u < M2);
+    const f32x8 t = af * f[0] * f[1] * f[2];
+    const i32x8 below = -(__builtin_convertvector(u, f32x8) < t);
+    i32x8 c = low >= 1 ? in_range : below;
+    c = c > 127 ? i32x8{} + 127 : c;
+    c = reinterpret_cast<i32x8>(ab) == 0 ? i32x8{} : c;
+    const u32x8 sign = ((b >> 31) & reinterpret_cast<u32x8>(c != 0)) << 7;
+    const u8x8 c8 = __builtin_convertvector(reinterpret_cast<u32x8>(c) | sign, u8x8);
+    std::memcpy(out + i, &c8, 8);
+  }
+  return i;
+}
+#endif
+
 // Natural compression codes (compress/natural.hpp) for len elements: with
 // a = |x| = m 2^k (m in [0.5, 1)) and low = k - emin, code
 // c = low + [u < 2m - 1] when low >= 1, else [u < a 2^-emin], at most 127,
@@ -293,6 +392,9 @@ inline void pack_chunk(const std::uint16_t* codes, std::size_t len, unsigned w, 
 inline void natural_codes(const float* x, std::size_t len, std::int32_t emin, const float* f,
                           const std::uint32_t* words, std::byte* out) noexcept {
   std::size_t i = 0;
+#if ASHL_DETAIL_PHILOX_X86
+  if (cpu_has_avx2()) i = natural_codes_avx2(x, len, emin, f, words, out);
+#endif
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
   if constexpr (ASHL_DETAIL_VECTOR_EXT) {
     typedef std::uint8_t ashl_u8x4 __attribute__((vector_size(4)));

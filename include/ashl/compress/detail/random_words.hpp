@@ -39,6 +39,18 @@
 ASHL_NAMESPACE_BEGIN
 namespace compress::detail {
 
+#if ASHL_DETAIL_PHILOX_X86
+// Run-time CPU features for the codec kernels built with target attributes.
+inline bool cpu_has_avx2() noexcept {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+inline bool cpu_has_avx512f() noexcept {
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+}
+#endif
+
 class random_words {
  public:
   random_words(std::uint64_t seed, std::uint64_t step, std::uint32_t tensor, std::uint32_t lane = 0) noexcept
@@ -71,14 +83,8 @@ class random_words {
 
  private:
 #if ASHL_DETAIL_PHILOX_X86
-  static bool have_avx2() noexcept {
-    static const bool yes = __builtin_cpu_supports("avx2");
-    return yes;
-  }
-  static bool have_avx512() noexcept {
-    static const bool yes = __builtin_cpu_supports("avx512f");
-    return yes;
-  }
+  static bool have_avx2() noexcept { return cpu_has_avx2(); }
+  static bool have_avx512() noexcept { return cpu_has_avx512f(); }
 
   // Counter word 3 of block b: lane << 16 | block bits 32..47.
   std::uint32_t c3(std::uint64_t b) const noexcept {
