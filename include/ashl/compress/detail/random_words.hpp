@@ -10,8 +10,9 @@
 // docs/wire-format.md "Random streams"), so a GPU decoder or encoder draws the
 // same bits. Scalar Philox costs ~25 integer operations per element, which
 // alone would hold a quantizer below memcpy speed; here 4 (SSE2), 8 (AVX2) or
-// 16 (AVX-512F), chosen at run time, blocks run side by side as 32x32->64 lane multiplies,
-// followed by a 4x4 transpose into element order. Other targets use the
+// 16 (AVX-512F) blocks, chosen at run time, run side by side as 32x32->64
+// lane multiplies, several such states interleaved to hide the multiply
+// latency, followed by a 4x4 transpose into element order. Other targets use the
 // scalar generator. ALGORITHMS.md §4.
 #pragma once
 
@@ -61,17 +62,26 @@ class random_words {
         tensor_(tensor),
         lane_(lane) {}
 
+  // The widest instruction set fill() may use (tests pin narrower ones).
+  enum class simd { best, avx2, sse2, scalar };
+
   // out[4 j + w] = word w of block first_block + j, for j < nblocks.
-  void fill(std::uint64_t first_block, std::size_t nblocks, std::uint32_t* out) const noexcept {
+  void fill(std::uint64_t first_block, std::size_t nblocks, std::uint32_t* out,
+            simd limit = simd::best) const noexcept {
     std::size_t j = 0;
 #if ASHL_DETAIL_PHILOX_X86
-    if (have_avx512()) {
-      for (; j + 16 <= nblocks; j += 16) blocks16_avx512(first_block + j, out + 4 * j);
+    if (limit == simd::best && cpu_has_avx512f()) {
+      for (; j + 64 <= nblocks; j += 64) blocks_avx512<4>(first_block + j, out + 4 * j);
+      for (; j + 16 <= nblocks; j += 16) blocks_avx512<1>(first_block + j, out + 4 * j);
     }
-    if (have_avx2()) {
-      for (; j + 8 <= nblocks; j += 8) blocks8_avx2(first_block + j, out + 4 * j);
+    if ((limit == simd::best || limit == simd::avx2) && cpu_has_avx2()) {
+      for (; j + 16 <= nblocks; j += 16) blocks_avx2<2>(first_block + j, out + 4 * j);
+      for (; j + 8 <= nblocks; j += 8) blocks_avx2<1>(first_block + j, out + 4 * j);
     }
-    for (; j + 4 <= nblocks; j += 4) blocks4_sse2(first_block + j, out + 4 * j);
+    if (limit != simd::scalar)
+      for (; j + 4 <= nblocks; j += 4) blocks4_sse2(first_block + j, out + 4 * j);
+#else
+    (void)limit;
 #endif
     for (; j < nblocks; ++j) {
       const philox_block b = stream_.block(first_block + j, lane_);
@@ -83,8 +93,6 @@ class random_words {
 
  private:
 #if ASHL_DETAIL_PHILOX_X86
-  static bool have_avx2() noexcept { return cpu_has_avx2(); }
-  static bool have_avx512() noexcept { return cpu_has_avx512f(); }
 
   // Counter word 3 of block b: lane << 16 | block bits 32..47.
   std::uint32_t c3(std::uint64_t b) const noexcept {
@@ -138,40 +146,51 @@ class random_words {
     return _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xaa);
   }
 
-  __attribute__((target("avx2"))) void blocks8_avx2(std::uint64_t b, std::uint32_t* out) const noexcept {
-    alignas(32) std::uint32_t c0v[8], c3v[8];
-    for (int j = 0; j < 8; ++j) {
+  // 8 S blocks, S interleaved 8-lane states (as blocks_avx512).
+  template <int S>
+  __attribute__((target("avx2"))) void blocks_avx2(std::uint64_t b, std::uint32_t* out) const noexcept {
+    alignas(32) std::uint32_t c0v[8 * S], c3v[8 * S];
+    for (int j = 0; j < 8 * S; ++j) {
       c0v[j] = static_cast<std::uint32_t>(b + static_cast<std::uint64_t>(j));
       c3v[j] = c3(b + static_cast<std::uint64_t>(j));
     }
-    __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(c0v));
-    __m256i x1 = _mm256_set1_epi32(static_cast<int>(tensor_));
-    __m256i x2 = _mm256_set1_epi32(static_cast<int>(step_lo_));
-    __m256i x3 = _mm256_load_si256(reinterpret_cast<const __m256i*>(c3v));
+    __m256i x0[S], x1[S], x2[S], x3[S];
+    for (int q = 0; q < S; ++q) {
+      x0[q] = _mm256_load_si256(reinterpret_cast<const __m256i*>(c0v + 8 * q));
+      x1[q] = _mm256_set1_epi32(static_cast<int>(tensor_));
+      x2[q] = _mm256_set1_epi32(static_cast<int>(step_lo_));
+      x3[q] = _mm256_load_si256(reinterpret_cast<const __m256i*>(c3v + 8 * q));
+    }
     const __m256i m0 = _mm256_set1_epi32(static_cast<int>(philox4x32::m0));
     const __m256i m1 = _mm256_set1_epi32(static_cast<int>(philox4x32::m1));
     std::uint32_t k0 = k0_, k1 = k1_;
     for (int r = 0; r < philox4x32::rounds; ++r) {
-      __m256i lo0, lo1;
-      const __m256i hi0 = mulhi_lo_avx2(x0, m0, lo0);
-      const __m256i hi1 = mulhi_lo_avx2(x2, m1, lo1);
-      x0 = _mm256_xor_si256(_mm256_xor_si256(hi1, x1), _mm256_set1_epi32(static_cast<int>(k0)));
-      x1 = lo1;
-      x2 = _mm256_xor_si256(_mm256_xor_si256(hi0, x3), _mm256_set1_epi32(static_cast<int>(k1)));
-      x3 = lo0;
+      const __m256i kv0 = _mm256_set1_epi32(static_cast<int>(k0)), kv1 = _mm256_set1_epi32(static_cast<int>(k1));
+      for (int q = 0; q < S; ++q) {
+        __m256i lo0, lo1;
+        const __m256i hi0 = mulhi_lo_avx2(x0[q], m0, lo0);
+        const __m256i hi1 = mulhi_lo_avx2(x2[q], m1, lo1);
+        x0[q] = _mm256_xor_si256(_mm256_xor_si256(hi1, x1[q]), kv0);
+        x1[q] = lo1;
+        x2[q] = _mm256_xor_si256(_mm256_xor_si256(hi0, x3[q]), kv1);
+        x3[q] = lo0;
+      }
       k0 += philox4x32::w0;
       k1 += philox4x32::w1;
     }
-    // In-lane 4x4 transposes: 128-bit half h holds blocks 4h .. 4h+3.
-    const __m256i t0 = _mm256_unpacklo_epi32(x0, x1), t1 = _mm256_unpacklo_epi32(x2, x3);
-    const __m256i t2 = _mm256_unpackhi_epi32(x0, x1), t3 = _mm256_unpackhi_epi32(x2, x3);
-    const __m256i r0 = _mm256_unpacklo_epi64(t0, t1), r1 = _mm256_unpackhi_epi64(t0, t1);
-    const __m256i r2 = _mm256_unpacklo_epi64(t2, t3), r3 = _mm256_unpackhi_epi64(t2, t3);
-    // r0 = (block 0 | block 4), r1 = (1 | 5), r2 = (2 | 6), r3 = (3 | 7).
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 0), _mm256_permute2x128_si256(r0, r1, 0x20));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8), _mm256_permute2x128_si256(r2, r3, 0x20));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm256_permute2x128_si256(r0, r1, 0x31));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 24), _mm256_permute2x128_si256(r2, r3, 0x31));
+    for (int q = 0; q < S; ++q) {
+      // In-lane 4x4 transposes: 128-bit half h holds blocks 4h .. 4h+3.
+      const __m256i t0 = _mm256_unpacklo_epi32(x0[q], x1[q]), t1 = _mm256_unpacklo_epi32(x2[q], x3[q]);
+      const __m256i t2 = _mm256_unpackhi_epi32(x0[q], x1[q]), t3 = _mm256_unpackhi_epi32(x2[q], x3[q]);
+      const __m256i r0 = _mm256_unpacklo_epi64(t0, t1), r1 = _mm256_unpackhi_epi64(t0, t1);
+      const __m256i r2 = _mm256_unpacklo_epi64(t2, t3), r3 = _mm256_unpackhi_epi64(t2, t3);
+      // r0 = (block 0 | block 4), r1 = (1 | 5), r2 = (2 | 6), r3 = (3 | 7).
+      std::uint32_t* o = out + 32 * q;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 0), _mm256_permute2x128_si256(r0, r1, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 8), _mm256_permute2x128_si256(r2, r3, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16), _mm256_permute2x128_si256(r0, r1, 0x31));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 24), _mm256_permute2x128_si256(r2, r3, 0x31));
+    }
   }
 
   __attribute__((target("avx512f"))) static inline __m512i mulhi_lo_avx512(__m512i x, __m512i m,
@@ -182,42 +201,55 @@ class random_words {
     return _mm512_mask_blend_epi32(0xaaaa, _mm512_srli_epi64(even, 32), odd);
   }
 
-  __attribute__((target("avx512f"))) void blocks16_avx512(std::uint64_t b, std::uint32_t* out) const noexcept {
-    alignas(64) std::uint32_t c0v[16], c3v[16];
-    for (int j = 0; j < 16; ++j) {
+  // 16 S blocks: S independent 16-lane states, interleaved so that the
+  // multiply latency of one hides behind the others (one state alone is
+  // latency-bound: each round waits on its multiplies).
+  template <int S>
+  __attribute__((target("avx512f"))) void blocks_avx512(std::uint64_t b, std::uint32_t* out) const noexcept {
+    alignas(64) std::uint32_t c0v[16 * S], c3v[16 * S];
+    for (int j = 0; j < 16 * S; ++j) {
       c0v[j] = static_cast<std::uint32_t>(b + static_cast<std::uint64_t>(j));
       c3v[j] = c3(b + static_cast<std::uint64_t>(j));
     }
-    __m512i x0 = _mm512_load_si512(c0v);
-    __m512i x1 = _mm512_set1_epi32(static_cast<int>(tensor_));
-    __m512i x2 = _mm512_set1_epi32(static_cast<int>(step_lo_));
-    __m512i x3 = _mm512_load_si512(c3v);
+    __m512i x0[S], x1[S], x2[S], x3[S];
+    for (int q = 0; q < S; ++q) {
+      x0[q] = _mm512_load_si512(c0v + 16 * q);
+      x1[q] = _mm512_set1_epi32(static_cast<int>(tensor_));
+      x2[q] = _mm512_set1_epi32(static_cast<int>(step_lo_));
+      x3[q] = _mm512_load_si512(c3v + 16 * q);
+    }
     const __m512i m0 = _mm512_set1_epi32(static_cast<int>(philox4x32::m0));
     const __m512i m1 = _mm512_set1_epi32(static_cast<int>(philox4x32::m1));
     std::uint32_t k0 = k0_, k1 = k1_;
     for (int r = 0; r < philox4x32::rounds; ++r) {
-      __m512i lo0, lo1;
-      const __m512i hi0 = mulhi_lo_avx512(x0, m0, lo0);
-      const __m512i hi1 = mulhi_lo_avx512(x2, m1, lo1);
-      x0 = _mm512_xor_si512(_mm512_xor_si512(hi1, x1), _mm512_set1_epi32(static_cast<int>(k0)));
-      x1 = lo1;
-      x2 = _mm512_xor_si512(_mm512_xor_si512(hi0, x3), _mm512_set1_epi32(static_cast<int>(k1)));
-      x3 = lo0;
+      const __m512i kv0 = _mm512_set1_epi32(static_cast<int>(k0)), kv1 = _mm512_set1_epi32(static_cast<int>(k1));
+      for (int q = 0; q < S; ++q) {
+        __m512i lo0, lo1;
+        const __m512i hi0 = mulhi_lo_avx512(x0[q], m0, lo0);
+        const __m512i hi1 = mulhi_lo_avx512(x2[q], m1, lo1);
+        x0[q] = _mm512_xor_si512(_mm512_xor_si512(hi1, x1[q]), kv0);
+        x1[q] = lo1;
+        x2[q] = _mm512_xor_si512(_mm512_xor_si512(hi0, x3[q]), kv1);
+        x3[q] = lo0;
+      }
       k0 += philox4x32::w0;
       k1 += philox4x32::w1;
     }
-    // In-lane 4x4 transposes give r_w = (block w | w+4 | w+8 | w+12) per
-    // 128-bit lane; a 4x4 transpose of lanes puts blocks in order.
-    const __m512i t0 = _mm512_unpacklo_epi32(x0, x1), t1 = _mm512_unpacklo_epi32(x2, x3);
-    const __m512i t2 = _mm512_unpackhi_epi32(x0, x1), t3 = _mm512_unpackhi_epi32(x2, x3);
-    const __m512i r0 = _mm512_unpacklo_epi64(t0, t1), r1 = _mm512_unpackhi_epi64(t0, t1);
-    const __m512i r2 = _mm512_unpacklo_epi64(t2, t3), r3 = _mm512_unpackhi_epi64(t2, t3);
-    const __m512i a = _mm512_shuffle_i32x4(r0, r1, 0x44), c = _mm512_shuffle_i32x4(r2, r3, 0x44);
-    const __m512i d = _mm512_shuffle_i32x4(r0, r1, 0xee), e = _mm512_shuffle_i32x4(r2, r3, 0xee);
-    _mm512_storeu_si512(out + 0, _mm512_shuffle_i32x4(a, c, 0x88));
-    _mm512_storeu_si512(out + 16, _mm512_shuffle_i32x4(a, c, 0xdd));
-    _mm512_storeu_si512(out + 32, _mm512_shuffle_i32x4(d, e, 0x88));
-    _mm512_storeu_si512(out + 48, _mm512_shuffle_i32x4(d, e, 0xdd));
+    for (int q = 0; q < S; ++q) {
+      // In-lane 4x4 transposes give r_w = (block w | w+4 | w+8 | w+12) per
+      // 128-bit lane; a 4x4 transpose of lanes puts blocks in order.
+      const __m512i t0 = _mm512_unpacklo_epi32(x0[q], x1[q]), t1 = _mm512_unpacklo_epi32(x2[q], x3[q]);
+      const __m512i t2 = _mm512_unpackhi_epi32(x0[q], x1[q]), t3 = _mm512_unpackhi_epi32(x2[q], x3[q]);
+      const __m512i r0 = _mm512_unpacklo_epi64(t0, t1), r1 = _mm512_unpackhi_epi64(t0, t1);
+      const __m512i r2 = _mm512_unpacklo_epi64(t2, t3), r3 = _mm512_unpackhi_epi64(t2, t3);
+      const __m512i a = _mm512_shuffle_i32x4(r0, r1, 0x44), c = _mm512_shuffle_i32x4(r2, r3, 0x44);
+      const __m512i d = _mm512_shuffle_i32x4(r0, r1, 0xee), e = _mm512_shuffle_i32x4(r2, r3, 0xee);
+      std::uint32_t* o = out + 64 * q;
+      _mm512_storeu_si512(o + 0, _mm512_shuffle_i32x4(a, c, 0x88));
+      _mm512_storeu_si512(o + 16, _mm512_shuffle_i32x4(a, c, 0xdd));
+      _mm512_storeu_si512(o + 32, _mm512_shuffle_i32x4(d, e, 0x88));
+      _mm512_storeu_si512(o + 48, _mm512_shuffle_i32x4(d, e, 0xdd));
+    }
   }
 #endif
 
