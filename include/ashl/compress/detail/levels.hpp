@@ -1,9 +1,8 @@
 // ashl/compress/detail/levels.hpp — bucketed stochastic level quantization
-// shared by qsgd and terngrad, plus the small bit-stream helpers they and
-// sign use.
+// shared by qsgd and terngrad (kernels in detail/quantize.hpp).
 //
 //   detail::level_spec spec{.bucket = 512, .levels = 4, .norm = detail::bucket_norm::l2};
-//   detail::levels_encode(x, n, spec, rng, norms_out, codes_out);   // after validating spec
+//   detail::levels_encode(x, n, spec, detail::random_words(seed, step, tensor), norms_out, codes_out);
 //   ASHL_TRY(detail::levels_validate("qsgd", spec, n, norms, codes)); // then
 //   detail::levels_decode_add(spec, n, norms, codes, acc, scale);
 //
@@ -55,56 +54,6 @@ inline std::uint64_t bucket_count(std::uint64_t n, std::uint64_t bucket) noexcep
   return bucket == 0 ? 0 : (n + bucket - 1) / bucket;
 }
 inline std::uint64_t packed_bytes(std::uint64_t n, unsigned bits) noexcept { return (n * bits + 7) / 8; }
-
-// LSB-first bit stream writer over a caller-sized buffer (no bounds checks:
-// callers size the buffer with packed_bytes first).
-class bit_sink {
- public:
-  explicit bit_sink(std::byte* out) noexcept : out_(out) {}
-  void put(std::uint32_t code, unsigned bits) noexcept {
-    acc_ |= static_cast<std::uint64_t>(code) << fill_;
-    fill_ += bits;
-    if (fill_ >= 32) {
-      store_le<std::uint32_t>(out_, static_cast<std::uint32_t>(acc_));
-      out_ += 4;
-      acc_ >>= 32;
-      fill_ -= 32;
-    }
-  }
-  void finish() noexcept {
-    for (; fill_ > 0; fill_ = fill_ > 8 ? fill_ - 8 : 0, acc_ >>= 8) *out_++ = static_cast<std::byte>(acc_ & 0xffu);
-  }
-
- private:
-  std::byte* out_;
-  std::uint64_t acc_ = 0;
-  unsigned fill_ = 0;
-};
-
-class bit_source {
- public:
-  bit_source(const std::byte* in, std::uint64_t bytes) noexcept : in_(in), left_(bytes) {}
-  std::uint32_t get(unsigned bits) noexcept {
-    while (fill_ < bits) {
-      const std::uint64_t b = left_ ? static_cast<std::uint64_t>(*in_++) : 0;
-      left_ -= left_ ? 1 : 0;
-      acc_ |= b << fill_;
-      fill_ += 8;
-    }
-    const std::uint32_t v = static_cast<std::uint32_t>(acc_ & ((std::uint64_t{1} << bits) - 1));
-    acc_ >>= bits;
-    fill_ -= bits;
-    return v;
-  }
-  // The bits left in the partially consumed byte (padding after the last code).
-  [[nodiscard]] std::uint64_t rest() const noexcept { return acc_; }
-
- private:
-  const std::byte* in_;
-  std::uint64_t left_;
-  std::uint64_t acc_ = 0;
-  unsigned fill_ = 0;
-};
 
 enum class bucket_norm { l2, max_abs };
 
@@ -201,30 +150,47 @@ inline status levels_validate(std::string_view codec, const level_spec& spec, st
     if (!(std::isfinite(s) && s >= 0.0f))
       return malformed(std::string(codec) + what + std::to_string(b) + "]", s, "must be finite and >= 0");
   }
+  // Chunks of 1024 codes (whole bytes each): a flag pass, and the exact
+  // index only for a chunk that holds a bad code.
   const unsigned bits = spec.bits();
-  bit_source src(codes, packed_bytes(n, bits));
-  for (std::uint64_t i = 0; i < n; ++i) {
-    const std::uint32_t c = src.get(bits);
-    if ((c >> 1) > spec.levels || c == 1u)
-      return malformed(std::string(codec) + ".code[" + std::to_string(i) + "]", c,
-                       "level must be <= " + std::to_string(spec.levels) + " and a zero level has no sign");
+  std::uint16_t cbuf[chunk];
+  for (std::uint64_t c0 = 0; c0 < n; c0 += chunk) {
+    const std::size_t m = static_cast<std::size_t>(n - c0 < chunk ? n - c0 : chunk);
+    unpack_chunk(codes + c0 / 8 * bits, m, bits, cbuf);
+    unsigned bad = 0;
+    for (std::size_t i = 0; i < m; ++i) bad |= static_cast<unsigned>((cbuf[i] >> 1) > spec.levels) | (cbuf[i] == 1u);
+    if (bad != 0) {
+      for (std::size_t i = 0; i < m; ++i)
+        if ((cbuf[i] >> 1) > spec.levels || cbuf[i] == 1u)
+          return malformed(std::string(codec) + ".code[" + std::to_string(c0 + i) + "]", cbuf[i],
+                           "level must be <= " + std::to_string(spec.levels) + " and a zero level has no sign");
+    }
   }
-  if (src.rest() != 0) return malformed(std::string(codec) + ".padding", src.rest(), "unused bits must be 0");
+  const unsigned used = static_cast<unsigned>((n % 8) * bits % 8);
+  const std::uint64_t rest = used == 0 ? 0 : static_cast<unsigned>(codes[packed_bytes(n, bits) - 1]) >> used;
+  if (rest != 0) return malformed(std::string(codec) + ".padding", rest, "unused bits must be 0");
   return {};
 }
 
 inline void levels_decode_add(const level_spec& spec, std::uint64_t n, const std::byte* norms, const std::byte* codes,
                               float* acc, float scale) noexcept {
   const unsigned bits = spec.bits();
-  bit_source src(codes, packed_bytes(n, bits));
-  const std::uint64_t nb = bucket_count(n, spec.bucket);
-  for (std::uint64_t b = 0; b < nb; ++b) {
-    const std::uint64_t lo = b * spec.bucket, hi = lo + spec.bucket < n ? lo + spec.bucket : n;
-    const float unit = scale * (load_le<float>(norms + 4 * b) / static_cast<float>(spec.levels));
-    for (std::uint64_t i = lo; i < hi; ++i) {
-      const std::uint32_t c = src.get(bits);
-      const float m = static_cast<float>(c >> 1) * unit;
-      acc[i] += (c & 1u) ? -m : m;
+  const std::uint64_t B = spec.bucket;
+  std::uint16_t cbuf[chunk];
+  for (std::uint64_t c0 = 0; c0 < n; c0 += chunk) {
+    const std::size_t m = static_cast<std::size_t>(n - c0 < chunk ? n - c0 : chunk);
+    unpack_chunk(codes + c0 / 8 * bits, m, bits, cbuf);
+    for (std::uint64_t b = c0 / B, lo = c0; lo < c0 + m; ++b) {
+      const std::uint64_t hi = (b + 1) * B < c0 + m ? (b + 1) * B : c0 + m;
+      const float unit = scale * (load_le<float>(norms + 4 * b) / static_cast<float>(spec.levels));
+      float* a = acc + lo;
+      const std::uint16_t* c = cbuf + (lo - c0);
+      for (std::size_t i = 0, e = static_cast<std::size_t>(hi - lo); i < e; ++i) {
+        // -m as m with the sign bit flipped: the same bits as a negation.
+        const float v = static_cast<float>(c[i] >> 1) * unit;
+        a[i] += std::bit_cast<float>(std::bit_cast<std::uint32_t>(v) ^ (static_cast<std::uint32_t>(c[i] & 1u) << 31));
+      }
+      lo = hi;
     }
   }
 }

@@ -439,5 +439,39 @@ inline void natural_codes(const float* x, std::size_t len, std::int32_t emin, co
   }
 }
 
+// Unpacks len codes of w bits (1..16) written by pack_chunk from exactly
+// ceil(len w / 8) bytes at in.
+inline void unpack_chunk(const std::byte* in, std::size_t len, unsigned w, std::uint16_t* codes) noexcept {
+  std::size_t g = 0;
+  const std::size_t groups = len & ~std::size_t{7};
+  if (w == 8) {
+    for (; g < groups; ++g) codes[g] = static_cast<std::uint16_t>(in[g]);
+  } else if (w == 4) {
+    for (; g < groups; g += 2) {
+      const unsigned b = static_cast<unsigned>(in[g / 2]);
+      codes[g] = static_cast<std::uint16_t>(b & 15u);
+      codes[g + 1] = static_cast<std::uint16_t>(b >> 4);
+    }
+  } else if (w == 2) {
+    for (; g < groups; g += 4) {
+      const unsigned b = static_cast<unsigned>(in[g / 4]);
+      for (unsigned j = 0; j < 4; ++j) codes[g + j] = static_cast<std::uint16_t>((b >> (2 * j)) & 3u);
+    }
+  }
+  std::size_t o = g * w / 8;
+  const std::uint64_t mask = (std::uint64_t{1} << w) - 1;
+  std::uint64_t acc = 0;
+  unsigned fill = 0;
+  for (; g < len; ++g) {
+    while (fill < w) {
+      acc |= static_cast<std::uint64_t>(in[o++]) << fill;
+      fill += 8;
+    }
+    codes[g] = static_cast<std::uint16_t>(acc & mask);
+    acc >>= w;
+    fill -= w;
+  }
+}
+
 }  // namespace compress::detail
 ASHL_NAMESPACE_END
