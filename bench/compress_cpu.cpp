@@ -233,24 +233,31 @@ void parallel(unsigned threads, F&& body) {
   for (auto& th : pool) th.join();
 }
 
+// Measures the memcpy baseline and the nth_element baselines for the k ratios
+// in `nth_ratios` (default both; none when empty). What is not measured stays 0.
 template <class T>
-baselines measure_baselines(pool<T>& in, unsigned threads, int reps) {
+baselines measure_baselines(pool<T>& in, unsigned threads, int reps, bool with_memcpy = true,
+                            std::vector<double> nth_ratios = {0.01, 0.001}) {
   const std::size_t n = in.n();
   const double bytes = static_cast<double>(n * sizeof(T));
   const auto parts = chunks(n, threads);
   baselines b;
-  std::vector<T> dst(n);
-  b.memcpy_gbps = bytes /
-                  time_median(reps,
-                              [&] {
-                                const T* src = in.next().data();
-                                parallel(threads, [&](unsigned t) {
-                                  std::memcpy(dst.data() + parts[t].off, src + parts[t].off, parts[t].len * sizeof(T));
-                                });
-                              }) /
-                  1e9;
+  if (with_memcpy) {
+    std::vector<T> dst(n);
+    b.memcpy_gbps = bytes /
+                    time_median(reps,
+                                [&] {
+                                  const T* src = in.next().data();
+                                  parallel(threads, [&](unsigned t) {
+                                    std::memcpy(dst.data() + parts[t].off, src + parts[t].off,
+                                                parts[t].len * sizeof(T));
+                                  });
+                                }) /
+                    1e9;
+  }
+  if (nth_ratios.empty()) return b;
   std::vector<float> mag(n);
-  for (double kr : {0.01, 0.001}) {
+  for (double kr : nth_ratios) {
     const double t = time_median(std::max(3, reps / 2), [&] {
       const T* x = in.next().data();
       parallel(threads, [&](unsigned t) {
@@ -543,11 +550,13 @@ int main(int argc, char** argv) {
           }))
         continue;
       for (double kr : c.sparse ? std::vector<double>{0.01, 0.001} : std::vector<double>{0.01}) {
-        const baselines before = measure_baselines(p32, 1, opt.reps);
+        const bool mem = c.kind == baseline_kind::memcpy;
+        const std::vector<double> nth = mem ? std::vector<double>{} : std::vector<double>{kr};
+        const baselines before = measure_baselines(p32, 1, opt.reps, mem, nth);
         const case_env env{{&p32, &p16, &acc}, 1, &before, &before, opt.reps};
         std::vector<row> one;
         c.run(kr, env, one, true, false);
-        const baselines after = measure_baselines(p32, 1, opt.reps);
+        const baselines after = measure_baselines(p32, 1, opt.reps, mem, nth);
         row& r = one.front();
         r.base_memcpy = 0.5 * (before.memcpy_gbps + after.memcpy_gbps);
         r.base_nth = 0.5 * (before.nth(kr) + after.nth(kr));
