@@ -26,6 +26,7 @@
 #include <ashl/core/tensor_view.hpp>
 #include <ashl/wire/ids.hpp>
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -103,11 +104,18 @@ class sign {
     float* a = acc.data();
     for (std::uint64_t b = 0; b < nb; ++b) {
       const std::uint64_t lo = b * bucket, hi = lo + bucket < n ? lo + bucket : n;
-      const float d = scale * detail::load_le<float>(scales + 4 * b);
-      for (std::uint64_t i = lo; i < hi; ++i) {
-        const bool neg = ((static_cast<unsigned>(bits[i >> 3]) >> (i & 7u)) & 1u) != 0;
-        a[i] += neg ? -d : d;
+      // -d as d with the sign bit flipped (the same bits), so signs that
+      // are random do not cost a mispredicted branch each.
+      const std::uint32_t du = std::bit_cast<std::uint32_t>(scale * detail::load_le<float>(scales + 4 * b));
+      std::uint64_t i = lo;
+      for (; i < hi && (i & 7u) != 0; ++i)
+        a[i] += std::bit_cast<float>(du ^ (((static_cast<std::uint32_t>(bits[i >> 3]) >> (i & 7u)) & 1u) << 31));
+      for (; i + 8 <= hi; i += 8) {  // whole bytes: eight lanes from one load
+        const std::uint32_t byte = static_cast<std::uint32_t>(bits[i >> 3]);
+        for (unsigned j = 0; j < 8; ++j) a[i + j] += std::bit_cast<float>(du ^ (((byte >> j) & 1u) << 31));
       }
+      for (; i < hi; ++i)
+        a[i] += std::bit_cast<float>(du ^ (((static_cast<std::uint32_t>(bits[i >> 3]) >> (i & 7u)) & 1u) << 31));
     }
     return {};
   }
