@@ -14,6 +14,20 @@
 // misses a live worker or has H = 0, a ratio outside (0, 1] or a negative
 // share, is recorded (planner_status()) and the uniform plan is used instead,
 // so training never stops on a bad plan. ALGORITHMS.md §2.
+//
+// Re-planning ("ASHL+", ours): with a replanner factory the schedule builds,
+// right after the first plan, an online replanner from the profiling report
+// and that plan; it then sees every measurement of the AHL and SHL phases
+// and may return a new plan (e.g. when a worker's measured times drifted).
+// A new plan passes the same checks, replaces H_i, R_i and D_i from each
+// worker's next cycle on, keeps the SSP counters and held pulls, and says
+// plans_changed; a rejected one is recorded (replan_status()) and the old
+// plan stays. sync/ashl_profile.hpp adapts profile::replanner.
+//
+// Membership after the plan: the weights D_i are renormalised over the live
+// workers (an eviction does not shrink the step); a worker that joins later
+// gets the mean share of the live workers, the smallest planned ratios and
+// the default H until a re-plan covers it.
 #pragma once
 
 #include <ashl/config.hpp>
@@ -24,6 +38,8 @@
 #include <ashl/sync/ssp.hpp>
 #include <ashl/sync/staged.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -59,6 +75,11 @@ struct profile_report {
 
 using ashl_planner = std::function<result<ashl_plan>(const profile_report&)>;
 
+// Sees one measurement of the AHL/SHL phases; a new plan, or none.
+using ashl_replanner = std::function<result<std::optional<ashl_plan>>(const measurement_event&)>;
+// Builds the replanner once, from the profiling report and the first plan.
+using ashl_replanner_factory = std::function<result<ashl_replanner>(const profile_report&, const ashl_plan&)>;
+
 // H_i = h_ahl / h_shl for all, R_i = ratio, D_i = 1/M over the live workers.
 inline ashl_planner uniform_planner(std::uint32_t h_ahl = 8, std::uint32_t h_shl = 2, double ratio = 1.0) {
   return [=](const profile_report& r) -> result<ashl_plan> {
@@ -80,6 +101,7 @@ struct ashl_params {
   switch_trigger to_shl{.loss_below = 0.3};
   std::uint32_t shl_staleness = 3;
   staleness_weighting ahl_staleness_weight{};
+  ashl_replanner_factory replanner{};     // empty: plan once (the paper's ASHL)
 };
 
 class ashl_schedule {
@@ -119,19 +141,32 @@ class ashl_schedule {
     return maybe_plan(m.time);
   }
   outcome on_join(const membership_event& j) {
-    if (phases_) return phases_->on_join(j);
+    if (phases_) {
+      outcome o = phases_->on_join(j);
+      if (j.worker >= plan_.workers.size() || plan_.workers[j.worker].share <= 0.0) adopt(j.worker);
+      o.merge(install());
+      return o;
+    }
     if (j.worker >= commits_.size()) commits_.resize(std::size_t{j.worker} + 1, 0);
     commits_[j.worker] = 0;
     return profile_.on_join(j);
   }
   outcome on_evict(const membership_event& j) {
-    if (phases_) return phases_->on_evict(j);
+    if (phases_) {
+      outcome o = phases_->on_evict(j);
+      o.merge(install());
+      return o;
+    }
     outcome o = profile_.on_evict(j);
     o.merge(maybe_plan(j.time));
     return o;
   }
   outcome on_measurement(const measurement_event& x) {
-    if (phases_) return phases_->on_measurement(x);
+    if (phases_) {
+      outcome o = phases_->on_measurement(x);
+      if (replanner_) o.merge(replan(x));
+      return o;
+    }
     report_.measurements.push_back(x);
     return {};
   }
@@ -146,7 +181,12 @@ class ashl_schedule {
   // "profile", "ahl" or "shl".
   [[nodiscard]] std::string_view phase() const { return name(); }
   [[nodiscard]] const status& planner_status() const noexcept { return planner_status_; }
+  // The plan in force as the planner (or replanner) made it; the applied
+  // weights are its shares renormalised over the live workers.
   [[nodiscard]] const ashl_plan& current_plan() const noexcept { return plan_; }
+  [[nodiscard]] const status& replan_status() const noexcept { return replan_status_; }
+  // New plans the replanner made and the schedule accepted.
+  [[nodiscard]] std::size_t replans() const noexcept { return replans_; }
 
  private:
   void note_time(double t) {
@@ -193,21 +233,90 @@ class ashl_schedule {
 
     asp_params ahl{.workers = size, .scale = 0.0, .staleness_weight = p_.ahl_staleness_weight, .stage = "ahl"};
     ssp_params shl{.workers = size, .staleness = p_.shl_staleness, .scale = 0.0, .stage = "shl"};
-    for (worker_id w = 0; w < size; ++w) {
-      const ashl_worker_plan e = w < plan_.workers.size() ? plan_.workers[w] : ashl_worker_plan{};
-      ahl.weights.push_back(e.share);
-      shl.weights.push_back(e.share);
-      ahl.plans.push_back({e.h_ahl, 0.0, e.batch_size, e.share, e.ratio_ahl, "ahl"});
-      shl.plans.push_back({e.h_shl, 0.0, e.batch_size, e.share, e.ratio_shl, "shl"});
-    }
     phases_.emplace(std::array<switch_trigger, 1>{p_.to_shl}, asp(std::move(ahl)), ssp(std::move(shl)));
     for (worker_id w = 0; w < size; ++w)
       if (!profile_.is_live(w)) (void)phases_->on_evict({w, now});
+    (void)install();
+    if (p_.replanner && planner_status_.ok()) {
+      auto r = p_.replanner(report_, plan_);
+      if (r) replanner_ = std::move(*r);
+      else replan_status_ = r.error();
+    }
     report_.measurements.clear();
     report_.measurements.shrink_to_fit();
     outcome o = profile_.drain();
     o.plans_changed = true;
     return o;
+  }
+
+  [[nodiscard]] std::vector<worker_id> live_workers() const {
+    std::vector<worker_id> live;
+    for (worker_id w = 0; w < plan_.workers.size(); ++w)
+      if (phases_->is_live(w)) live.push_back(w);
+    return live;
+  }
+
+  // A worker the plan does not cover: the mean live share, the smallest
+  // planned ratios, the default H.
+  void adopt(worker_id w) {
+    double sum = 0.0, ra = 1.0, rs = 1.0;
+    std::size_t n = 0;
+    for (worker_id v = 0; v < plan_.workers.size(); ++v) {
+      if (v == w || !phases_->is_live(v)) continue;
+      const auto& e = plan_.workers[v];
+      sum += e.share;
+      ra = std::min(ra, e.ratio_ahl);
+      rs = std::min(rs, e.ratio_shl);
+      ++n;
+    }
+    if (w >= plan_.workers.size()) plan_.workers.resize(std::size_t{w} + 1, ashl_worker_plan{});
+    auto& e = plan_.workers[w];
+    e = ashl_worker_plan{};
+    e.ratio_ahl = ra;
+    e.ratio_shl = rs;
+    e.share = n == 0 ? 1.0 : sum / static_cast<double>(n);
+  }
+
+  // Pushes plan_ into both stages; weights are the shares over the live
+  // workers' total (so they sum to 1 whoever is live).
+  outcome install() {
+    double total = 0.0;
+    for (worker_id w = 0; w < plan_.workers.size(); ++w)
+      if (phases_->is_live(w)) total += plan_.workers[w].share;
+    for (worker_id w = 0; w < plan_.workers.size(); ++w) {
+      const ashl_worker_plan& e = plan_.workers[w];
+      const double d = total > 0.0 ? e.share / total : 0.0;
+      phases_->stage_policy<0>().set_plan(w, d, {e.h_ahl, 0.0, e.batch_size, d, e.ratio_ahl, "ahl"});
+      phases_->stage_policy<1>().set_plan(w, d, {e.h_shl, 0.0, e.batch_size, d, e.ratio_shl, "shl"});
+    }
+    outcome o;
+    o.plans_changed = true;
+    return o;
+  }
+
+  outcome replan(const measurement_event& x) {
+    result<std::optional<ashl_plan>> r = replanner_(x);
+    if (!r) {
+      replan_status_ = r.error();
+      return {};
+    }
+    if (!*r) return {};
+    // Entries the new plan lacks (workers that joined after profiling) keep theirs.
+    ashl_plan next = std::move(**r);
+    if (next.workers.size() < plan_.workers.size()) {
+      const std::size_t old = next.workers.size();
+      next.workers.resize(plan_.workers.size());
+      for (std::size_t w = old; w < plan_.workers.size(); ++w) next.workers[w] = plan_.workers[w];
+    }
+    status ok = check(next, live_workers());
+    if (!ok.ok()) {
+      replan_status_ = std::move(ok);
+      return {};
+    }
+    plan_ = std::move(next);
+    ++replans_;
+    replan_status_ = {};
+    return install();
   }
 
   ashl_params p_;
@@ -218,6 +327,9 @@ class ashl_schedule {
   status planner_status_;
   ashl_plan plan_;
   std::optional<phases> phases_;
+  ashl_replanner replanner_;
+  status replan_status_;
+  std::size_t replans_ = 0;
 };
 
 static_assert(consistency_policy<ashl_schedule>);

@@ -162,6 +162,7 @@ struct policy_params {
   double switch_loss = 0.3;
   std::int64_t shl_staleness = 3;
   ashl_planner planner{};
+  ashl_replanner_factory replanner{};  // ASHL+: online re-planning; empty: plan once
 };
 
 namespace detail {
@@ -275,7 +276,8 @@ inline result<any_policy> make_policy(std::string_view name, const policy_params
                  .planner = p.planner ? p.planner : uniform_planner(u32(p.h_ahl), u32(p.h_shl), p.compression_ratio),
                  .to_shl = switch_trigger{.loss_below = p.switch_loss},
                  .shl_staleness = u32(p.shl_staleness),
-                 .ahl_staleness_weight = *sw};
+                 .ahl_staleness_weight = *sw,
+                 .replanner = p.replanner};
   return any_policy(ashl_schedule(std::move(ap)));
 }
 

@@ -81,6 +81,12 @@ class ssp {
   outcome drain() { return {{}, core_.table().release_all(), false}; }
 
   [[nodiscard]] worker_plan plan(worker_id w) const { return core_.plan(w); }
+  // A new weight and plan for w from its next commit and cycle on (ASHL+
+  // re-planning); counters and held pulls are kept.
+  void set_plan(worker_id w, double weight, worker_plan p) {
+    core_.set_weight(w, weight);
+    core_.set_plan(w, std::move(p));
+  }
   [[nodiscard]] std::string_view name() const noexcept { return core_.stage(); }
   [[nodiscard]] bool is_live(worker_id w) const noexcept { return core_.table().is_live(w); }
   [[nodiscard]] bool is_held(worker_id w) const noexcept { return core_.table().is_held(w); }

@@ -54,6 +54,11 @@ class async_core {
     if (w >= cfg_.plans.size()) cfg_.plans.resize(std::size_t{w} + 1);
     cfg_.plans[w] = std::move(p);
   }
+  // Workers below the weights' size that had none get the scale.
+  void set_weight(worker_id w, double weight) {
+    if (w >= cfg_.weights.size()) cfg_.weights.resize(std::size_t{w} + 1, cfg_.scale);
+    cfg_.weights[w] = weight;
+  }
 
  private:
   worker_table table_;
