@@ -62,6 +62,12 @@ BOOST_AUTO_TEST_CASE(invalid_fields_are_reported_by_path_and_value) {
   BOOST_TEST(error_of(R"({"workers": []})") == "workers.size = 0: must be >= 1");
   BOOST_TEST(error_of(R"({"reference": {"seconds_per_iteration": -0.5}, "workers": [{}]})") ==
              "reference.seconds_per_iteration = -0.5: must be > 0");
+  BOOST_TEST(error_of(R"({"reference": {"compress_seconds": -1}, "workers": [{}]})") ==
+             "reference.compress_seconds = -1: must be finite and >= 0");
+  BOOST_TEST(error_of(R"({"workers": [{}, {"compress_seconds": -0.25}]})") ==
+             "workers[1].compress_seconds = -0.25: must be finite and >= 0");
+  BOOST_TEST(error_of(R"({"workers": [{"compress_seconds": "slow"}]})") ==
+             "workers[0].compress_seconds = \"slow\": must be a number");
   BOOST_TEST(error_of("{not json") == "cluster_spec = \"json\": does not parse as JSON");
   BOOST_TEST(error_of("[1, 2]") == "cluster_spec = \"array\": must be a JSON object");
 }

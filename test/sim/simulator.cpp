@@ -1,8 +1,11 @@
 #include <ashl/sim/simulator.hpp>
+#include <ashl/sync/ashl_profile.hpp>
 
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 namespace sim = ashl::sim;
 namespace ss = ashl::sync;
@@ -141,4 +144,68 @@ BOOST_AUTO_TEST_CASE(jitter_is_deterministic_per_seed) {
   BOOST_TEST(ra.workers[0].compute_s != ra.workers[1].compute_s);
   // mean 1: 50 iterations of 10 ms take about 0.5 s
   BOOST_TEST(ra.workers[0].compute_s == 0.5, tolerance(0.25));
+}
+
+// One worker at 10 ms per iteration whose plan sends half the model: after
+// each compute it compresses for 4 ms (reference.compress_seconds, its own
+// multiplier 1), sends 0.5 MB in 0.5 ms and pulls 1 MB in 1 ms; a worker
+// twice as slow compresses in 8 ms. Commits arrive at 14.5 and 30 ms.
+BOOST_AUTO_TEST_CASE(compression_time_is_charged_when_the_plan_compresses) {
+  auto spec = spec_of(R"({"reference": {"seconds_per_iteration": 0.01, "compress_seconds": 0.004},
+    "model_bytes": 1000000, "header_bytes": 0,
+    "workers": [{"compute_multiplier": 1, "bandwidth_gbps": 8}, {"compute_multiplier": 2, "bandwidth_gbps": 8}]})");
+  BOOST_TEST(spec.workers[1].compress_seconds == 0.008, tolerance(1e-12));
+  std::vector<ss::worker_plan> plans(2, ss::worker_plan{.local_iterations = 1, .compression_ratio = 0.5});
+  sim::simulator s(spec, ss::asp({.workers = 2, .plans = plans}), {});
+  auto r = s.run({.commits_per_worker = 2, .record_trace = true});
+  BOOST_TEST(r.workers[0].compress_s == 0.008, tolerance(1e-9));
+  BOOST_TEST(r.workers[1].compress_s == 0.016, tolerance(1e-9));
+  BOOST_TEST(r.workers[0].send_s == 0.001, tolerance(1e-9));
+  BOOST_TEST(r.workers[0].bytes_sent == 1000000u);
+  BOOST_TEST(r.end_time == 0.0285 + 0.001 + 0.0285, tolerance(1e-9));  // worker 1: 20 + 8 + 0.5, pull 1, again
+  std::size_t compress_spans = 0;
+  for (const auto& t : r.trace) compress_spans += t.what == sim::activity::compress;
+  BOOST_TEST(compress_spans == 4u);
+  // A dense plan is never charged.
+  sim::simulator dense(spec, policy("asp", 2), {});
+  BOOST_TEST(dense.run({.commits_per_worker = 2}).workers[1].compress_s == 0.0);
+}
+
+// ASHL+ in the simulator: two workers profiled for 3 commits each, then the
+// fast worker slows down 3x at t = 1 s; the re-planner sees its compute
+// measurements drift and gives it fewer local steps and a smaller share.
+BOOST_AUTO_TEST_CASE(ashl_replans_when_a_worker_slows_down) {
+  auto spec = spec_of(R"({"model_bytes": 100000, "header_bytes": 0,
+    "workers": [{"seconds_per_iteration": 0.01, "bandwidth_gbps": 8}, {"seconds_per_iteration": 0.03, "bandwidth_gbps": 8}],
+    "changes": [{"at": 1.0, "worker": 0, "kind": "slowdown", "factor": 3}]})");
+  auto make = [](bool replan) {
+    return ss::ashl_schedule{{.workers = 2, .profile_iterations = 3,
+                              .planner = ss::profile_planner({.h_ahl = 4, .h_shl = 2, .r0 = 1.0, .trim = 0}),
+                              .to_shl = {.at_time = 1e9},
+                              .replanner = replan ? ss::profile_replanner({.h_ahl = 4, .h_shl = 2, .r0 = 1.0, .trim = 0},
+                                                                          {.drift = 0.2, .half_life = 2})
+                                                  : ss::ashl_replanner_factory{}}};
+  };
+  std::vector<double> changed;
+  sim::hooks h;
+  h.plans_changed = [&](double t) { changed.push_back(t); };
+  sim::simulator s(spec, make(true), h);
+  auto r = s.run({.until = 3.0});
+  auto* p = s.policy().target<ss::ashl_schedule>();
+  BOOST_TEST_REQUIRE(p != nullptr);
+  BOOST_TEST(p->replan_status().ok());
+  BOOST_TEST(p->replans() >= 1u);
+  // Before the slowdown worker 0 was planned 3x the local steps of worker 1;
+  // after it both take about the same time per step.
+  const auto& plan = p->current_plan();
+  BOOST_TEST(plan.workers[0].h_ahl <= plan.workers[1].h_ahl + 1);
+  BOOST_TEST(plan.workers[0].share > 0.4);
+  BOOST_TEST(plan.workers[0].share < 0.6);
+  BOOST_TEST(std::count_if(changed.begin(), changed.end(), [](double t) { return t > 1.0; }) >= 1);
+  // Without the re-planner the first plan stays: worker 0 keeps 3x the steps.
+  sim::simulator once(spec, make(false), {});
+  (void)once.run({.until = 3.0});
+  const auto& first = once.policy().target<ss::ashl_schedule>()->current_plan();
+  BOOST_TEST(first.workers[0].h_ahl == 3 * first.workers[1].h_ahl);
+  BOOST_TEST(r.workers[0].commits > 0u);
 }

@@ -16,7 +16,10 @@
 // A worker's speed is either its own seconds per iteration at the reference
 // batch or a multiplier of the reference (2 = twice as slow); its compute
 // time scales linearly with the batch it is told to use. Bandwidths are in
-// gigabits per second, latencies in microseconds. A server without
+// gigabits per second, latencies in microseconds. Compression time (the
+// time to compress one dense update, "reference.compress_seconds", scaled
+// like compute, or a worker's own "compress_seconds") is charged after the
+// compute of a commit whose plan has a compression ratio below 1. A server without
 // bandwidth_gbps has an unlimited link; with one, its link is shared by the
 // transfers that use it at the same time (sim/network.hpp). "count" repeats an
 // entry (worker ids are assigned in order). Changes: "slowdown" multiplies a
@@ -56,6 +59,7 @@ struct jitter_spec {
 
 struct worker_spec {
   double seconds_per_iteration = 0.0;  // at the reference batch
+  double compress_seconds = 0.0;       // to compress one dense update (charged when the plan's ratio < 1)
   std::uint32_t batch = 64;            // the worker's own batch when the plan names none
   double latency_s = 0.0;
   double bandwidth_bytes_per_s = std::numeric_limits<double>::infinity();
@@ -80,6 +84,7 @@ struct scheduled_change {
 struct cluster_spec {
   double reference_seconds_per_iteration = 0.01;
   std::uint32_t reference_batch = 64;
+  double reference_compress_seconds = 0.0;  // the reference worker's time to compress one dense update
   std::uint64_t model_bytes = 0;        // dense parameters, the size of a pull and of an uncompressed commit
   std::uint64_t header_bytes = 72;      // per message (wire header)
   double failure_timeout_s = 0.0;       // from a worker's death to its eviction
@@ -112,6 +117,7 @@ inline status validate(const cluster_spec& s) {
   if (!std::isfinite(s.reference_seconds_per_iteration))
     return invalid_argument("reference.seconds_per_iteration", s.reference_seconds_per_iteration, "must be finite");
   if (s.reference_batch == 0) return invalid_argument("reference.batch", 0, "must be >= 1");
+  ASHL_TRY(nonneg("reference.compress_seconds", s.reference_compress_seconds));
   ASHL_TRY(nonneg("failure_timeout_s", s.failure_timeout_s));
   if (s.servers.empty()) return invalid_argument("servers.size", 0, "must be >= 1");
   if (s.workers.empty()) return invalid_argument("workers.size", 0, "must be >= 1");
@@ -128,6 +134,7 @@ inline status validate(const cluster_spec& s) {
       return invalid_argument(f + ".seconds_per_iteration", w.seconds_per_iteration, "must be finite");
     if (w.batch == 0) return invalid_argument(f + ".batch", 0, "must be >= 1");
     ASHL_TRY(nonneg(f + ".latency_us", w.latency_s * 1e6));
+    ASHL_TRY(nonneg(f + ".compress_seconds", w.compress_seconds));
     ASHL_TRY(pos(f + ".bandwidth_gbps", w.bandwidth_bytes_per_s * 8e-9));
     ASHL_TRY(jit(f + ".jitter", w.compute_jitter));
     ASHL_TRY(jit(f + ".comm_jitter", w.comm_jitter));
@@ -223,6 +230,9 @@ inline result<cluster_spec> parse_cluster_spec(std::string_view text) {
     std::uint64_t b = s.reference_batch;
     ASHL_TRY(detail::read_count(*r, "reference.", "batch", b, 1));
     s.reference_batch = static_cast<std::uint32_t>(b);
+    ASHL_TRY(detail::read_number(*r, "reference.", "compress_seconds", s.reference_compress_seconds));
+    if (!(s.reference_compress_seconds >= 0.0) || !std::isfinite(s.reference_compress_seconds))
+      return invalid_argument("reference.compress_seconds", s.reference_compress_seconds, "must be finite and >= 0");
     if (!(s.reference_seconds_per_iteration > 0.0) || !std::isfinite(s.reference_seconds_per_iteration))
       return invalid_argument("reference.seconds_per_iteration", s.reference_seconds_per_iteration, "must be > 0");
   }
@@ -270,6 +280,10 @@ inline result<cluster_spec> parse_cluster_spec(std::string_view text) {
     ASHL_TRY(detail::read_number(e, p, "seconds_per_iteration", w.seconds_per_iteration));
     if (!(w.seconds_per_iteration > 0.0))
       return invalid_argument(p + "seconds_per_iteration", w.seconds_per_iteration, "must be > 0");
+    // A codec runs on the worker's processor: it scales like its compute.
+    w.compress_seconds =
+        s.reference_compress_seconds * w.seconds_per_iteration / s.reference_seconds_per_iteration;
+    ASHL_TRY(detail::read_number(e, p, "compress_seconds", w.compress_seconds));
     std::uint64_t batch = s.reference_batch, count = 1;
     ASHL_TRY(detail::read_count(e, p, "batch", batch, 1));
     ASHL_TRY(detail::read_count(e, p, "count", count, 1));

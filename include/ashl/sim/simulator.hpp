@@ -16,14 +16,15 @@
 //   h.evaluate = [&](double t) { return ashl::sim::evaluation{{{"loss", eval()}}}; };
 //
 // One worker's cycle: compute (H local iterations of its plan, or, with
-// H = 0, iterations until the plan's commit interval is filled), send the
+// H = 0, iterations until the plan's commit interval is filled), compress
+// (when the plan's ratio is below 1 and the spec gives a codec time), send the
 // commit (payload + header, split evenly over the servers, each shard a
 // transfer on that server's shared ingress link), at arrival the policy sees
 // on_commit and on_pull (the pull is piggybacked on the commit), then either
 // the reply (the dense model, over the servers' egress links) starts, or the
 // worker waits until the policy releases its pull; at the reply's arrival the
 // worker loads the model and computes again. The policy is told measurements
-// (compute per iteration, push, pull, commit = push + pull) and, every
+// (compute per iteration, compress, push, pull, commit = push + pull) and, every
 // metric_interval, the metrics the evaluate hook returns. Without hooks the
 // run is timing only: no math, payload = model_bytes × plan ratio.
 // Scheduled changes (cluster_spec.hpp) slow workers down, kill them (their
@@ -57,11 +58,12 @@
 ASHL_NAMESPACE_BEGIN
 namespace sim {
 
-enum class activity : std::uint8_t { compute, send, wait, receive };
+enum class activity : std::uint8_t { compute, compress, send, wait, receive };
 
 constexpr const char* to_string(activity a) noexcept {
   switch (a) {
     case activity::compute: return "compute";
+    case activity::compress: return "compress";
     case activity::send: return "send";
     case activity::wait: return "wait";
     case activity::receive: return "receive";
@@ -117,11 +119,11 @@ struct run_options {
 };
 
 struct worker_stats {
-  double compute_s = 0.0, send_s = 0.0, wait_s = 0.0, receive_s = 0.0;
+  double compute_s = 0.0, compress_s = 0.0, send_s = 0.0, wait_s = 0.0, receive_s = 0.0;
   std::uint64_t bytes_sent = 0, bytes_received = 0;
   std::uint64_t commits = 0, iterations = 0, samples = 0;
   bool alive = false;
-  [[nodiscard]] double busy_s() const noexcept { return compute_s + send_s + wait_s + receive_s; }
+  [[nodiscard]] double busy_s() const noexcept { return compute_s + compress_s + send_s + wait_s + receive_s; }
 };
 
 struct metric_row {
@@ -188,9 +190,9 @@ class simulator {
   }
 
  private:
-  enum kind : std::uint32_t { k_compute_done, k_link_check, k_flow_done, k_arrive, k_metric, k_change, k_evict };
+  enum kind : std::uint32_t { k_compute_done, k_compress_done, k_link_check, k_flow_done, k_arrive, k_metric, k_change, k_evict };
   enum dir : std::uint32_t { up = 0, down = 1 };
-  enum class state : std::uint8_t { absent, computing, sending, waiting, receiving, done, dead };
+  enum class state : std::uint8_t { absent, computing, compressing, sending, waiting, receiving, done, dead };
 
   struct worker {
     state st = state::absent;
@@ -202,6 +204,7 @@ class simulator {
     double msg_start[2] = {0.0, 0.0};
     std::uint64_t msg_bytes[2] = {0, 0};
     double last_push_s = 0.0;
+    std::uint64_t payload = 0;           // of the commit being compressed
     std::uint64_t jitter_counter = 0;
     std::uint32_t iterations = 0;
     std::uint32_t batch = 0;
@@ -245,7 +248,7 @@ class simulator {
     r_.end_time = end;
     for (std::uint32_t w = 0; w < w_.size(); ++w) {
       const state st = w_[w].st;
-      if (st == state::computing || st == state::sending || st == state::waiting || st == state::receiving)
+      if (st == state::computing || st == state::compressing || st == state::sending || st == state::waiting || st == state::receiving)
         close(w, end);
     }
   }
@@ -254,6 +257,7 @@ class simulator {
   void dispatch(const event& e) {
     switch (e.kind) {
       case k_compute_done: on_compute_done(e.target, e.tag); break;
+      case k_compress_done: on_compress_done(e.target, e.tag); break;
       case k_link_check: on_link_check(e.target, e.tag); break;
       case k_flow_done: on_flow_done(e.target, e.tag); break;
       case k_arrive: on_arrive(e.target, e.tag); break;
@@ -319,8 +323,26 @@ class simulator {
     if (hooks_.compute) payload = hooks_.compute(w, plan, wk.iterations, wk.batch, wk.sequence);
     if (payload == 0)
       payload = static_cast<std::uint64_t>(std::ceil(static_cast<double>(spec_.model_bytes) * plan.compression_ratio));
+    const auto& ws = spec_.workers[w];
+    if (plan.compression_ratio < 1.0 && ws.compress_seconds > 0.0) {
+      wk.payload = payload;
+      begin(w, state::compressing);
+      q_.push(now + ws.compress_seconds * wk.slowdown * draw(w, ws.compute_jitter), k_compress_done, w, wk.gen[up]);
+      return;
+    }
     begin(w, state::sending);
     send(w, up, payload);
+  }
+
+  void on_compress_done(std::uint32_t w, std::uint64_t gen) {
+    auto& wk = w_[w];
+    if (wk.st != state::compressing || gen != wk.gen[up]) return;
+    const double now = clock_.now();
+    r_.workers[w].compress_s += now - wk.activity_start;
+    span(w, activity::compress, wk.activity_start, now);
+    if (opt_.measurements) measure(w, sync::measurement_kind::compress, now - wk.activity_start, wk.payload);
+    begin(w, state::sending);
+    send(w, up, wk.payload);
   }
 
   // Start a message (commit up, or reply down), one transfer per server.
@@ -561,6 +583,7 @@ class simulator {
     const double dt = std::max(0.0, t - wk.activity_start);
     switch (wk.st) {
       case state::computing: st.compute_s += dt; span(w, activity::compute, wk.activity_start, t); break;
+      case state::compressing: st.compress_s += dt; span(w, activity::compress, wk.activity_start, t); break;
       case state::sending: st.send_s += dt; span(w, activity::send, wk.activity_start, t); break;
       case state::waiting: st.wait_s += dt; span(w, activity::wait, wk.activity_start, t); break;
       case state::receiving: st.receive_s += dt; span(w, activity::receive, wk.activity_start, t); break;

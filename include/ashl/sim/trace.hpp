@@ -6,7 +6,7 @@
 //   std::ofstream c("run.csv");         ashl::sim::write_metrics_csv(c, r);
 //
 // Trace: one complete event ("ph": "X") per span, pid 0, tid = worker,
-// name = compute | send | wait | receive, times in microseconds of virtual
+// name = compute | compress | send | wait | receive, times in microseconds of virtual
 // time. CSV: time_s, commits, bytes_sent, then one column per metric name in
 // the order first seen (empty where a row lacks it). docs/sim.md "Outputs".
 #pragma once
