@@ -3,11 +3,43 @@
 
 #include "../support/codec_testing.hpp"
 
+#include <ashl/core/philox.hpp>
+
+#include <cstdint>
+#include <ios>
+
 #include <cmath>
 #include <limits>
 
 using namespace ashl;
 using namespace codec_testing;
+
+namespace {
+// Inputs of the pinned payloads, from Philox words only (the std::
+// distributions differ between standard libraries): random signs, |x| in
+// [2^-10, 2^6), and 1 in 256 each of exact zeros, subnormals (~2^-140) and
+// large values (~2^14, finite in f16).
+std::vector<float> golden_input(std::size_t n, std::uint32_t tensor) {
+  const philox_stream s(0x5eed5eed5eedull, 3, tensor);
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t a = s.word(i, 0), b = s.word(i, 1);
+    const float m = 1.0f + static_cast<float>(a >> 9) * 0x1p-23f;  // [1, 2)
+    const std::uint32_t sel = b >> 24;
+    const int e = sel == 1 ? -140 : sel == 2 ? 14 : static_cast<int>(b & 15u) - 10;
+    const float v = sel == 0 ? 0.0f : std::ldexp(m, e);
+    x[i] = ((b >> 4) & 1u) != 0 ? -v : v;
+  }
+  return x;
+}
+
+// FNV-1a, 64 bits, of a payload.
+std::uint64_t fnv1a(const std::vector<std::byte>& p) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::byte b : p) h = (h ^ static_cast<std::uint64_t>(b)) * 0x100000001b3ull;
+  return h;
+}
+}  // namespace
 
 namespace {
 bool power_of_two_or_zero(float v) {
@@ -109,4 +141,39 @@ BOOST_AUTO_TEST_CASE(rejects_bad_input_and_payloads) {
   expect_field(bad, "natural.code[29]");
   const auto xh = to_type<half>(x);
   check_rejects_truncation(compress::natural{}, encode_to_vector(compress::natural{}, std::span<const half>(xh)), {30, dtype::f16});
+}
+
+// The exact payload bytes (FNV-1a of each) as written by the encoder of
+// commit 1e05f39, before its kernels were fused with the Philox generator:
+// any rewrite must keep every bit (a GPU codec draws the same words). The
+// input scaled by 2^-100 and 2^-120 puts many elements below the code range
+// (the u < a 2^-emin path), 2^113 makes emin clamp at 1 (f16 would
+// overflow there, so that case has no f16 pin), and the tensor of
+// 2^-145 subnormals alone gives the deepest emin.
+BOOST_AUTO_TEST_CASE(payload_bytes_are_pinned) {
+  struct pin {
+    int scale_exp;
+    std::uint64_t f32, f16, bf16;
+  };
+  const pin pins[] = {{0, 0x3a96a5c920e6af19, 0xbca113706cf82380, 0x381c94600be3de12}, {-100, 0xb32bf22c0e724acd, 0x2a98556cc1a35057, 0x1ff902136a93f816}, {-120, 0x3083fbb4b1f5d5a1, 0x2a98556cc1a35057, 0xc1c61f9637eda59d}, {113, 0x8ddd92854a441fcd, 0x0, 0x139ec7bf0c4f7d7}};
+  const auto base = golden_input(100003, 13);
+  const compress::codec_context ctx{.seed = 0x1111222233334444ull, .step = (std::uint64_t{1} << 40) | 3u, .tensor = 9};
+  for (const pin& p : pins) {
+    std::vector<float> xf(base.size());
+    for (std::size_t i = 0; i < xf.size(); ++i)  // at most 1.5 2^127: finite in bf16 too
+      xf[i] = std::copysign(std::fmin(std::ldexp(std::fabs(base[i]), p.scale_exp), 0x1.8p127f), base[i]);
+    const auto xh = to_type<half>(xf);
+    const auto xb = to_type<bfloat16>(xf);
+    const std::uint64_t h32 = fnv1a(encode_to_vector(compress::natural{}, std::span<const float>(xf), ctx));
+    const std::uint64_t h16 =
+        p.scale_exp > 15 ? 0 : fnv1a(encode_to_vector(compress::natural{}, std::span<const half>(xh), ctx));
+    const std::uint64_t hb = fnv1a(encode_to_vector(compress::natural{}, std::span<const bfloat16>(xb), ctx));
+    BOOST_CHECK_MESSAGE(h32 == p.f32 && h16 == p.f16 && hb == p.bf16,
+                        "scale 2^" << p.scale_exp << ": {" << std::hex << "0x" << h32 << ", 0x" << h16 << ", 0x" << hb
+                                   << "}");
+  }
+  std::vector<float> tiny(4099);
+  for (std::size_t i = 0; i < tiny.size(); ++i) tiny[i] = std::ldexp(base[i] == 0.0f ? 0.0f : 1.0f, -145 - int(i % 4));
+  const std::uint64_t ht = fnv1a(encode_to_vector(compress::natural{}, std::span<const float>(tiny), ctx));
+  BOOST_CHECK_MESSAGE(ht == 0xfdc4eb43a6f5d423, "subnormal tensor: 0x" << std::hex << ht);
 }

@@ -3,11 +3,43 @@
 
 #include "../support/codec_testing.hpp"
 
+#include <ashl/core/philox.hpp>
+
+#include <cstdint>
+#include <ios>
+
 #include <cmath>
 #include <limits>
 
 using namespace ashl;
 using namespace codec_testing;
+
+namespace {
+// Inputs of the pinned payloads, from Philox words only (the std::
+// distributions differ between standard libraries): random signs, |x| in
+// [2^-10, 2^6), and 1 in 256 each of exact zeros, subnormals (~2^-140) and
+// large values (~2^14, finite in f16).
+std::vector<float> golden_input(std::size_t n, std::uint32_t tensor) {
+  const philox_stream s(0x5eed5eed5eedull, 3, tensor);
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t a = s.word(i, 0), b = s.word(i, 1);
+    const float m = 1.0f + static_cast<float>(a >> 9) * 0x1p-23f;  // [1, 2)
+    const std::uint32_t sel = b >> 24;
+    const int e = sel == 1 ? -140 : sel == 2 ? 14 : static_cast<int>(b & 15u) - 10;
+    const float v = sel == 0 ? 0.0f : std::ldexp(m, e);
+    x[i] = ((b >> 4) & 1u) != 0 ? -v : v;
+  }
+  return x;
+}
+
+// FNV-1a, 64 bits, of a payload.
+std::uint64_t fnv1a(const std::vector<std::byte>& p) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::byte b : p) h = (h ^ static_cast<std::uint64_t>(b)) * 0x100000001b3ull;
+  return h;
+}
+}  // namespace
 
 namespace {
 template <class T>
@@ -158,4 +190,34 @@ BOOST_AUTO_TEST_CASE(rejects_malformed_payloads) {
   const auto xh = to_type<half>(x);
   auto ph = encode_to_vector(c, std::span<const half>(xh), {.seed = 2});
   check_rejects_truncation(compress::qsgd{}, ph, {50, dtype::f16});
+}
+
+// The exact payload bytes (FNV-1a of each) as written by the encoder of
+// commit 1e05f39, before its kernels were fused with the Philox generator:
+// any rewrite must keep every bit, since a GPU encoder or decoder draws the
+// same philox_stream words. The cases cover every packer width (2, 4, 8, 11
+// and 16 bits), buckets of 1 (subnormal norms: the exact rounding path) to
+// 3000, and the f16 / bf16 inputs.
+BOOST_AUTO_TEST_CASE(payload_bytes_are_pinned) {
+  struct pin {
+    std::uint32_t levels, bucket;
+    std::uint64_t f32, f16, bf16;
+  };
+  const pin pins[] = {
+      {127, 512, 0xf958413a73a12865, 0x8c88070de60c93e9, 0x2b995684b57e477}, {7, 100, 0x127b0b107f93f89, 0xc36398eed8c67e1c, 0x7ab2a3d1a4f4ae3}, {1, 1, 0x55903f0c19660678, 0x4b355f9040b28dad, 0x7e6654b950db257}, {1000, 3000, 0xb287f06cecc509c7, 0x53bb269084f1b5b5, 0x6498588537252db2}, {32767, 512, 0xdc5f27fb7ba4e4c5, 0x862920638c84c06e, 0x59125e37bd87f765},
+      {3, 17, 0x42d9e3097fd658d6, 0xcdc57bf8c44cbf42, 0x7a984a07b127e05f},
+  };
+  const auto xf = golden_input(100003, 11);
+  const auto xh = to_type<half>(xf);
+  const auto xb = to_type<bfloat16>(xf);
+  const compress::codec_context ctx{.seed = 0x0123456789abcdefull, .step = (std::uint64_t{5} << 32) | 9u, .tensor = 77};
+  for (const pin& p : pins) {
+    const compress::qsgd c{{.levels = p.levels, .bucket = p.bucket}};
+    const std::uint64_t h32 = fnv1a(encode_to_vector(c, std::span<const float>(xf), ctx));
+    const std::uint64_t h16 = fnv1a(encode_to_vector(c, std::span<const half>(xh), ctx));
+    const std::uint64_t hb = fnv1a(encode_to_vector(c, std::span<const bfloat16>(xb), ctx));
+    BOOST_CHECK_MESSAGE(h32 == p.f32 && h16 == p.f16 && hb == p.bf16,
+                        "levels " << p.levels << " bucket " << p.bucket << ": {" << std::hex << "0x" << h32 << ", 0x"
+                                  << h16 << ", 0x" << hb << "}");
+  }
 }

@@ -3,11 +3,43 @@
 
 #include "../support/codec_testing.hpp"
 
+#include <ashl/core/philox.hpp>
+
+#include <cstdint>
+#include <ios>
+
 #include <cmath>
 #include <limits>
 
 using namespace ashl;
 using namespace codec_testing;
+
+namespace {
+// Inputs of the pinned payloads, from Philox words only (the std::
+// distributions differ between standard libraries): random signs, |x| in
+// [2^-10, 2^6), and 1 in 256 each of exact zeros, subnormals (~2^-140) and
+// large values (~2^14, finite in f16).
+std::vector<float> golden_input(std::size_t n, std::uint32_t tensor) {
+  const philox_stream s(0x5eed5eed5eedull, 3, tensor);
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t a = s.word(i, 0), b = s.word(i, 1);
+    const float m = 1.0f + static_cast<float>(a >> 9) * 0x1p-23f;  // [1, 2)
+    const std::uint32_t sel = b >> 24;
+    const int e = sel == 1 ? -140 : sel == 2 ? 14 : static_cast<int>(b & 15u) - 10;
+    const float v = sel == 0 ? 0.0f : std::ldexp(m, e);
+    x[i] = ((b >> 4) & 1u) != 0 ? -v : v;
+  }
+  return x;
+}
+
+// FNV-1a, 64 bits, of a payload.
+std::uint64_t fnv1a(const std::vector<std::byte>& p) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::byte b : p) h = (h ^ static_cast<std::uint64_t>(b)) * 0x100000001b3ull;
+  return h;
+}
+}  // namespace
 
 BOOST_AUTO_TEST_CASE(unbiased_ternary_for_each_dtype) {
   const std::size_t n = 90;
@@ -103,4 +135,28 @@ BOOST_AUTO_TEST_CASE(rejects_bad_input_and_payloads) {
   expect_field(bad, "terngrad.padding");
   const auto xb = to_type<bfloat16>(x);
   check_rejects_truncation(compress::terngrad{}, encode_to_vector(c, std::span<const bfloat16>(xb), {.seed = 2}), {50, dtype::bf16});
+}
+
+// The exact payload bytes (FNV-1a of each) as written by the encoder of
+// commit 1e05f39, before its kernels were fused with the Philox generator:
+// any rewrite must keep every bit (a GPU codec draws the same words).
+BOOST_AUTO_TEST_CASE(payload_bytes_are_pinned) {
+  struct pin {
+    std::uint32_t bucket;
+    std::uint64_t f32, f16, bf16;
+  };
+  const pin pins[] = {{512, 0x33dbf80de7011d44, 0x93ca38d857ccb7ea, 0xed21199b072eda9f}, {77, 0xa952ed77d22bccfc, 0x887eaae6e37a26b7, 0xd4eded2ac6b1c8b}, {1, 0xa8a5df16b99b59ee, 0x1f294c4355808f15, 0x158aba23660d3a9a}, {5000, 0x31e93daf288cbea9, 0xb6a5e618476eed81, 0x5584c015a6be34db}};
+  const auto xf = golden_input(100003, 12);
+  const auto xh = to_type<half>(xf);
+  const auto xb = to_type<bfloat16>(xf);
+  const compress::codec_context ctx{.seed = 0xfedcba9876543210ull, .step = 123456789, .tensor = 5};
+  for (const pin& p : pins) {
+    const compress::terngrad c{{.bucket = p.bucket}};
+    const std::uint64_t h32 = fnv1a(encode_to_vector(c, std::span<const float>(xf), ctx));
+    const std::uint64_t h16 = fnv1a(encode_to_vector(c, std::span<const half>(xh), ctx));
+    const std::uint64_t hb = fnv1a(encode_to_vector(c, std::span<const bfloat16>(xb), ctx));
+    BOOST_CHECK_MESSAGE(h32 == p.f32 && h16 == p.f16 && hb == p.bf16,
+                        "bucket " << p.bucket << ": {" << std::hex << "0x" << h32 << ", 0x" << h16 << ", 0x" << hb
+                                  << "}");
+  }
 }

@@ -3,11 +3,42 @@
 
 #include "../support/codec_testing.hpp"
 
+#include <ashl/core/philox.hpp>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <ios>
 
 using namespace ashl;
 using namespace codec_testing;
+
+namespace {
+// Inputs of the pinned payloads, from Philox words only (the std::
+// distributions differ between standard libraries): random signs, |x| in
+// [2^-10, 2^6), and 1 in 256 each of exact zeros, subnormals (~2^-140) and
+// large values (~2^14, finite in f16).
+std::vector<float> golden_input(std::size_t n, std::uint32_t tensor) {
+  const philox_stream s(0x5eed5eed5eedull, 3, tensor);
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t a = s.word(i, 0), b = s.word(i, 1);
+    const float m = 1.0f + static_cast<float>(a >> 9) * 0x1p-23f;  // [1, 2)
+    const std::uint32_t sel = b >> 24;
+    const int e = sel == 1 ? -140 : sel == 2 ? 14 : static_cast<int>(b & 15u) - 10;
+    const float v = sel == 0 ? 0.0f : std::ldexp(m, e);
+    x[i] = ((b >> 4) & 1u) != 0 ? -v : v;
+  }
+  return x;
+}
+
+// FNV-1a, 64 bits, of a payload.
+std::uint64_t fnv1a(const std::vector<std::byte>& p) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::byte b : p) h = (h ^ static_cast<std::uint64_t>(b)) * 0x100000001b3ull;
+  return h;
+}
+}  // namespace
 
 namespace {
 template <class T>
@@ -95,4 +126,56 @@ BOOST_AUTO_TEST_CASE(rejects_malformed_payloads) {
   const auto x = normal_values(64, 24);
   auto p = encode_to_vector(compress::topk_sampled{0.1}, std::span<const float>(x));
   check_sparse_rejections(compress::topk_sampled{}, p, {64, dtype::f32});
+}
+
+// The exact payload bytes (FNV-1a of each) as written by the encoder of
+// commit 1e05f39 (one full pass over x per threshold tried). The encoder
+// that collects candidates once and refines on them must choose the same
+// thresholds and so the same pairs. The cases reach a first pass in range,
+// refinement passes up and down, bisection, ties at the threshold, and the
+// exact fallback (tolerance 0.01 and one pass, or all passes missing).
+BOOST_AUTO_TEST_CASE(payload_bytes_are_pinned) {
+  const std::size_t n = 300007;
+  const auto gold = golden_input(n, 14);
+  std::vector<float> ties(n), equal(n, -0.5f);
+  for (std::size_t i = 0; i < n; ++i) ties[i] = std::round(std::fabs(gold[i]) * 4.0f) / 4.0f;
+  struct input {
+    const char* name;
+    const std::vector<float>* x;
+  };
+  const input inputs[] = {{"golden", &gold}, {"ties", &ties}, {"equal", &equal}};
+  struct setting {
+    double ratio, tolerance;
+    int passes;
+  };
+  const setting settings[] = {{0.01, 0.1, 3}, {0.001, 0.1, 3}, {0.1, 0.1, 3}, {0.0001, 0.1, 3},
+                              {0.01, 0.01, 3}, {0.001, 0.02, 1}, {0.003, 0.005, 5}};
+  // pins[input][setting][step]
+  const std::uint64_t pins[3][7][2] = {
+      {{0x5d7cd5a861741d7e, 0xebe8d59c36c843cf}, {0x65ce3664daf473da, 0x65ce3664daf473da}, {0xff7846c0510db621, 0xb948635058ac56d8}, {0x362f7e55bf5e4990, 0x2c6cf179724f81ce}, {0xd8576064d0f80b3a, 0xd8576064d0f80b3a}, {0x65ce3664daf473da, 0x65ce3664daf473da}, {0xd62f9da8c367fd48, 0xd62f9da8c367fd48}},  // golden
+      {{0xeb31c746fc66b448, 0xe66ea3b4cdfa82ea}, {0xfec9512718ac7f5f, 0xfec9512718ac7f5f}, {0xfff0a9fbae3bc89, 0xc0e871a06e78b58b}, {0x1baa2301db81ff24, 0x20ba648b7db00af1}, {0x3644644a3f64aabe, 0x318da73e78688e3c}, {0xfec9512718ac7f5f, 0xfec9512718ac7f5f}, {0x522354d457854f93, 0x522354d457854f93}},  // ties
+      {{0x370a8736c03fa45e, 0x370a8736c03fa45e}, {0xda6176c0bae8b30, 0xda6176c0bae8b30}, {0x906fef4a8967689b, 0x906fef4a8967689b}, {0x18abf8c534e19a9c, 0x18abf8c534e19a9c}, {0x370a8736c03fa45e, 0x370a8736c03fa45e}, {0xda6176c0bae8b30, 0xda6176c0bae8b30}, {0xed5aad22bd2c5f86, 0xed5aad22bd2c5f86}},  // equal
+  };
+  for (std::size_t a = 0; a < 3; ++a) {
+    for (std::size_t b = 0; b < 7; ++b) {
+      const setting& st = settings[b];
+      const compress::topk_sampled c{{.ratio = st.ratio, .tolerance = st.tolerance, .passes = st.passes}};
+      std::vector<std::byte> scratch(c.scratch_bytes(n, dtype::f32));
+      for (std::uint64_t step = 0; step < 2; ++step) {
+        const compress::codec_context ctx{.seed = 99, .step = step, .tensor = 4, .scratch = scratch};
+        const std::uint64_t h = fnv1a(encode_to_vector(c, std::span<const float>(*inputs[a].x), ctx));
+        BOOST_CHECK_MESSAGE(h == pins[a][b][step], inputs[a].name << " setting " << b << " step " << step << ": 0x"
+                                                                << std::hex << h);
+      }
+    }
+  }
+  // f16 and bf16 inputs (keys of 15 bits).
+  const auto xh = to_type<half>(gold);
+  const auto xb = to_type<bfloat16>(gold);
+  const compress::topk_sampled c{0.01};
+  std::vector<std::byte> scratch(c.scratch_bytes(n, dtype::f16));
+  const compress::codec_context ctx{.seed = 5, .step = 1, .tensor = 2, .scratch = scratch};
+  const std::uint64_t hh = fnv1a(encode_to_vector(c, std::span<const half>(xh), ctx));
+  const std::uint64_t hb = fnv1a(encode_to_vector(c, std::span<const bfloat16>(xb), ctx));
+  BOOST_CHECK_MESSAGE(hh == 0x2176db92d0709b49 && hb == 0x37cb131ee611d6cb, "f16 0x" << std::hex << hh << " bf16 0x" << hb);
 }
