@@ -27,6 +27,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -56,6 +57,11 @@ enum class device_fault : std::uint32_t {
   payload_bytes = 4,         // sparse payload: size is not 12 + count * (4 + value bytes)
   index_out_of_range = 5,    // sparse payload: index >= n
   index_not_increasing = 6,  // sparse payload: index <= the previous one
+  nonfinite_input = 7,       // quantizer encode: a bucket (index) or the tensor (~0) has a non-finite scale
+  payload_field = 8,         // dense payload: a header field (bucket, levels, emin, flags) out of range
+  payload_scale = 9,         // dense payload: scale of bucket `index` is not finite and >= 0
+  payload_code = 10,         // dense payload: code of element `index` is not a valid code
+  payload_padding = 11,      // dense payload: unused bits of the last byte are not 0
 };
 
 constexpr std::string_view to_string(device_fault f) noexcept {
@@ -67,6 +73,11 @@ constexpr std::string_view to_string(device_fault f) noexcept {
     case device_fault::payload_bytes: return "payload_bytes";
     case device_fault::index_out_of_range: return "index_out_of_range";
     case device_fault::index_not_increasing: return "index_not_increasing";
+    case device_fault::nonfinite_input: return "nonfinite_input";
+    case device_fault::payload_field: return "payload_field";
+    case device_fault::payload_scale: return "payload_scale";
+    case device_fault::payload_code: return "payload_code";
+    case device_fault::payload_padding: return "payload_padding";
   }
   return "?";
 }
@@ -162,10 +173,39 @@ __device__ __forceinline__ float scaled_add(float acc, float scale, float v) noe
   return __fadd_rn(acc, __fmul_rn(scale, v));
 }
 
+// The first fault kind recorded wins; `index` is the smallest among the
+// reports of that kind only, so it always belongs to the recorded fault.
 __device__ __forceinline__ void report_fault(device_report* r, device_fault f, std::uint64_t index) noexcept {
   if (r == nullptr) return;
-  atomicCAS(&r->fault, 0u, static_cast<std::uint32_t>(f));
-  atomicMin(reinterpret_cast<unsigned long long*>(&r->index), static_cast<unsigned long long>(index));
+  const std::uint32_t code = static_cast<std::uint32_t>(f);
+  const std::uint32_t old = atomicCAS(&r->fault, 0u, code);
+  if (old == 0u || old == code)
+    atomicMin(reinterpret_cast<unsigned long long*>(&r->index), static_cast<unsigned long long>(index));
+}
+
+// Little-endian scalar loads and stores at any byte offset (randomk's header
+// is 21 bytes, so its values are not aligned). The device is little-endian.
+template <class U>
+__device__ __forceinline__ U load_unaligned(const std::byte* p) noexcept {
+  U v = 0;
+  for (unsigned b = 0; b < sizeof(U); ++b) v |= static_cast<U>(static_cast<U>(static_cast<unsigned char>(p[b])) << (8 * b));
+  return v;
+}
+template <class U>
+__device__ __forceinline__ void store_unaligned(std::byte* p, U v) noexcept {
+  for (unsigned b = 0; b < sizeof(U); ++b) p[b] = static_cast<std::byte>(static_cast<unsigned char>(v >> (8 * b)));
+}
+
+// An element as float, exactly (f16/bf16 widened with core/dtype's bits,
+// which equal compress/detail's as_float).
+template <class T>
+__device__ __forceinline__ float element_float(T v) noexcept {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, half>)
+    return ::ashl::detail::f16_bits_to_f32(v.bits);
+  else
+    return ::ashl::detail::bf16_bits_to_f32(v.bits);
 }
 
 inline status clear_report(device_report* r, cudaStream_t stream, std::string_view codec) {
@@ -173,6 +213,30 @@ inline status clear_report(device_report* r, cudaStream_t stream, std::string_vi
   // fault = 0, index = ~0 (so atomicMin finds the smallest failing index).
   ASHL_TRY(cuda_check(cudaMemsetAsync(r, 0, sizeof(std::uint64_t), stream), std::string(codec) + ".report"));
   return cuda_check(cudaMemsetAsync(&r->index, 0xff, sizeof(std::uint64_t), stream), std::string(codec) + ".report");
+}
+
+// The verdict a kernel pipeline leaves in scratch, copied to the caller's
+// report when one is given.
+inline status copy_report(device_report* d_report, const device_report* verdict, cudaStream_t stream,
+                          std::string_view codec) {
+  if (d_report == nullptr) return {};
+  return cuda_check(cudaMemcpyAsync(d_report, verdict, sizeof(device_report), cudaMemcpyDeviceToDevice, stream),
+                    std::string(codec) + ".report");
+}
+
+// What every device decoder checks on the host before it reads a payload
+// (compress/detail/elements.hpp's check_decode_args), plus the alignment the
+// kernels rely on.
+inline status check_decode_host(std::string_view codec, dtype t, std::size_t count, std::size_t acc_size, float scale,
+                                const void* in, std::size_t in_bytes, std::size_t min_bytes) {
+  const std::string c(codec);
+  if (t != dtype::f32 && t != dtype::f16 && t != dtype::bf16)
+    return invalid_argument(c + ".info.type", to_string(t), "must be f32, f16 or bf16");
+  if (acc_size != count) return invalid_argument(c + ".acc.size", acc_size, "must equal info.count = " + std::to_string(count));
+  if (!std::isfinite(scale)) return invalid_argument(c + ".scale", scale, "must be finite");
+  if (in_bytes < min_bytes)
+    return malformed(c + ".payload_bytes", in_bytes, "shorter than the " + std::to_string(min_bytes) + "-byte header");
+  return check_alignment(c + ".in.data", in, 4);
 }
 
 // Blocks for a grid-stride loop over n items: enough to fill the device

@@ -1,0 +1,77 @@
+// ashl/compress/cuda/dispatch/kernels/residual.cuh — the two element-wise
+// steps of error feedback on the device (compress/error_feedback.hpp):
+// forming y = e + x in the residual, and removing a sparse payload's values
+// from it.
+//
+//   residual_add_kernel<float><<<g, b, 0, s>>>(x, e, n, ipt);          // e[i] = e[i] + x[i]
+//   residual_sparse_subtract_kernel<<<g, b, 0, s>>>(payload, e, verdict, cap, ipt);
+//
+// Same roundings as the CPU decorator: e + x in f32 (one addition), and the
+// inner decoder's scale -1 add, e + (-1 * v), with no FMA contraction. The
+// dense quantizers fold their subtraction into their code kernels instead.
+// ALGORITHMS.md §4 (decorators).
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "ashl/compress/cuda/*.cuh needs nvcc (CUDA C++)"
+#endif
+
+#include <ashl/config.hpp>
+#include <ashl/compress/cuda/dispatch/common.cuh>
+#include <ashl/compress/cuda/dispatch/kernels/sparse.cuh>
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+ASHL_NAMESPACE_BEGIN
+namespace compress::cuda::detail {
+
+// e[i] = e[i] + float(x[i]) (the CPU's r[i] += to_float(x[i])).
+template <class T>
+__global__ ASHL_DETAIL_HIDDEN void residual_add_kernel(const T* __restrict__ x, float* __restrict__ e, std::size_t n,
+                                                       int items_per_thread) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < n;
+       base += stride * items_per_thread) {
+    for (int j = 0; j < items_per_thread; ++j) {
+      const std::size_t i = base + static_cast<std::size_t>(j) * stride;
+      if (i < n) e[i] = __fadd_rn(e[i], element_float(x[i]));
+    }
+  }
+}
+
+// e[index[j]] = e[index[j]] + (-1 * value[j]) for the pairs of an f32 sparse
+// payload this encode just wrote (count read from its header, at most
+// `capacity`). Skipped when the encode recorded a fault in `verdict`.
+__global__ ASHL_DETAIL_HIDDEN void residual_sparse_subtract_kernel(const std::byte* __restrict__ payload,
+                                                                   float* __restrict__ e,
+                                                                   const device_report* __restrict__ verdict,
+                                                                   std::uint64_t capacity, int items_per_thread) {
+  if (verdict != nullptr && verdict->fault != 0) return;
+  std::uint64_t count = sparse_read_count(payload);
+  if (count > capacity) count = capacity;
+  const auto* idx = reinterpret_cast<const std::uint32_t*>(payload + device_sparse_header_bytes);
+  const auto* val = reinterpret_cast<const float*>(payload + device_sparse_header_bytes + 4 * count);
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < count;
+       base += stride * items_per_thread) {
+    for (int j = 0; j < items_per_thread; ++j) {
+      const std::size_t p = base + static_cast<std::size_t>(j) * stride;
+      if (p < count) e[idx[p]] = __fadd_rn(e[idx[p]], __fmul_rn(-1.0f, val[p]));
+    }
+  }
+}
+
+// Enqueues e = e + x over n elements with the element-wise tuning.
+template <class T>
+cudaError_t launch_residual_add(const T* x, float* e, std::size_t n, int block_threads, int items_per_thread,
+                                unsigned grid, cudaStream_t stream) noexcept {
+  if (n == 0) return cudaSuccess;
+  residual_add_kernel<T><<<grid, block_threads, 0, stream>>>(x, e, n, items_per_thread);
+  return cudaGetLastError();
+}
+
+}  // namespace compress::cuda::detail
+ASHL_NAMESPACE_END
