@@ -12,10 +12,12 @@
 #include "fmnist.hpp"
 #include "mlp.hpp"
 
+#include <ashl/compress/error_feedback.hpp>
 #include <ashl/compress/topk.hpp>
 #include <ashl/profile/planner.hpp>
 #include <ashl/sim/simulator.hpp>
 #include <ashl/sim/trace.hpp>
+#include <ashl/sync/ashl_profile.hpp>
 #include <ashl/sync/factory.hpp>
 
 #include <algorithm>
@@ -53,6 +55,18 @@ struct settings {
   std::size_t eval_test = 2000;   // test images for the periodic accuracy
   std::size_t eval_train = 1000;  // training images for the periodic loss
   double ratio = 0.1;             // top-k r0 for ASHL
+  // The reference worker's time to top-k one dense update (r = 0.1, 203,530
+  // f32): 10 % of its 10 ms iteration, the ratio measured on this machine
+  // (1.56 ms top-k vs 15.6 ms for a batch-64 MLP step); error feedback's two
+  // extra passes cost another 32 % (2.06 ms).
+  double compress_seconds = 0.001;
+  double ef_compress_factor = 1.32;
+  double drift = 0.2;             // ASHL+ re-plans when a smoothed time drifts by this fraction
+  struct slowdown {
+    std::uint32_t worker;
+    double at, factor;
+  };
+  std::vector<slowdown> slowdowns;
   int jobs = 2;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string trace_policy;       // write a Chrome trace of this policy's first seed
@@ -64,11 +78,14 @@ void usage() {
   std::printf(
       "usage: ashl_experiment_fmnist [--mode sim] [--seeds N] [--policies a,b,...] [--budget S]\n"
       "                              [--target A] [--out DIR] [--quick] [--jobs J] [--lr X]\n"
-      "                              [--eval-every S] [--data DIR] [--trace POLICY] [--help]\n"
+      "                              [--eval-every S] [--data DIR] [--trace POLICY]\n"
+      "                              [--compress-seconds S] [--slowdown W,AT,F] [--help]\n"
       "policies: bsp asp ssp local_sgd adsp semi_async dlb ashl ashl_plus\n"
       "  --budget S    virtual seconds per run (default 20)\n"
       "  --target A    test accuracy to reach, in (0, 1] (default 0.85)\n"
-      "  --quick       a small run for tests: 1 seed, bsp,asp,ashl, 1 virtual second\n");
+      "  --quick       a small run for tests: 1 seed, bsp,asp,ashl, 1 virtual second\n"
+      "  --compress-seconds S  reference worker's time to top-k one update (default 0.001; 0: free)\n"
+      "  --slowdown W,AT,F     worker W (0-8) becomes F times slower at virtual time AT (repeatable)\n");
 }
 
 ashl::status bad(const char* field, const std::string& v, const char* why) { return ashl::invalid_argument(field, v, why); }
@@ -148,6 +165,22 @@ ashl::result<settings> parse(int argc, char** argv) {
       auto v = next("--trace");
       if (!v) return v.error();
       s.trace_policy = *v;
+    } else if (a == "--compress-seconds") {
+      ASHL_TRY(num("--compress-seconds", s.compress_seconds));
+      if (!(s.compress_seconds >= 0.0 && s.compress_seconds < 10.0))
+        return ashl::invalid_argument("--compress-seconds", s.compress_seconds, "must be in [0, 10)");
+    } else if (a == "--slowdown") {
+      auto v = next("--slowdown");
+      if (!v) return v.error();
+      double w = 0, at = 0, f = 0;
+      char tail = 0;
+      if (std::sscanf(v->c_str(), "%lf,%lf,%lf%c", &w, &at, &f, &tail) != 3)
+        return bad("--slowdown", *v, "must be WORKER,AT,FACTOR (e.g. 0,5,3)");
+      if (!(w >= 0 && w < static_cast<double>(workers_n) && w == std::floor(w)))
+        return ashl::invalid_argument("--slowdown.worker", w, "must be an integer in [0, 8]");
+      if (!(at >= 0.0 && std::isfinite(at))) return ashl::invalid_argument("--slowdown.at", at, "must be >= 0");
+      if (!(f > 0.0 && std::isfinite(f))) return ashl::invalid_argument("--slowdown.factor", f, "must be > 0");
+      s.slowdowns.push_back({static_cast<std::uint32_t>(w), at, f});
     } else if (a == "--quick") {
       s.quick = true;
     } else {
@@ -168,16 +201,26 @@ ashl::result<settings> parse(int argc, char** argv) {
 // The cluster of ALGORITHMS.md §5: the reference worker computes one batch-64
 // iteration in 10 ms and moves the dense model in 5 ms; groups of three are
 // (compute, comm) = (2×, 4×), (3×, 6×), (4×, 8×) slower.
-ashl::result<ashl::sim::cluster_spec> cluster() {
+ashl::result<ashl::sim::cluster_spec> cluster(const settings& s) {
   const double model_bytes = 4.0 * mlp::size();
   const double ref_gbps = model_bytes / 0.005 * 8.0 / 1e9;
-  std::string j = "{\"reference\": {\"seconds_per_iteration\": 0.01, \"batch\": 64}, \"model_bytes\": " +
-                  std::to_string(static_cast<std::uint64_t>(model_bytes)) + ", \"workers\": [";
+  char ref[160];
+  std::snprintf(ref, sizeof ref, "{\"reference\": {\"seconds_per_iteration\": 0.01, \"batch\": 64, \"compress_seconds\": %.9g}",
+                s.compress_seconds);
+  std::string j = std::string(ref) + ", \"model_bytes\": " + std::to_string(static_cast<std::uint64_t>(model_bytes)) +
+                  ", \"workers\": [";
   const double comp[3] = {2, 3, 4}, comm[3] = {4, 6, 8};
   for (int g = 0; g < 3; ++g) {
     char buf[200];
     std::snprintf(buf, sizeof buf, "%s{\"count\": 3, \"compute_multiplier\": %g, \"bandwidth_gbps\": %.9g}", g ? "," : "",
                   comp[g], ref_gbps / comm[g]);
+    j += buf;
+  }
+  j += "], \"changes\": [";
+  for (std::size_t k = 0; k < s.slowdowns.size(); ++k) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s{\"at\": %.9g, \"worker\": %u, \"kind\": \"slowdown\", \"factor\": %.9g}",
+                  k ? "," : "", s.slowdowns[k].at, s.slowdowns[k].worker, s.slowdowns[k].factor);
     j += buf;
   }
   j += "]}";
@@ -195,6 +238,8 @@ struct run_outcome {
   double final_accuracy = 0.0;
   double bytes_per_worker = 0.0;
   double wait_fraction = 0.0;
+  std::size_t replans = 0;  // ASHL+: plans the re-planner made
+  double switch_time = nan_v;  // ASHL: when AHL switched to SHL
   std::string note;
   std::vector<point> curve;
 };
@@ -203,49 +248,6 @@ std::uint64_t mix(std::uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
-}
-
-// Median of per-worker samples of one measurement kind.
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-// ASHL's planner: per-worker medians of the profiling measurements (compute
-// per iteration, dense push, pull) into profile::plan_local_iterations
-// (Algorithm 1, H₀ = h_ahl and h_shl) and profile::plan_compression
-// (Algorithm 2, r₀). Compression time is not modelled (T_compress = 0).
-ashl::sync::ashl_planner make_planner(std::uint32_t h_ahl, std::uint32_t h_shl, double r0) {
-  return [=](const ashl::sync::profile_report& r) -> ashl::result<ashl::sync::ashl_plan> {
-    std::size_t size = 0;
-    for (auto w : r.live) size = std::max<std::size_t>(size, std::size_t{w} + 1);
-    std::vector<std::vector<double>> it(size), push(size), pull(size);
-    for (const auto& m : r.measurements) {
-      if (m.worker >= size) continue;
-      if (m.kind == ashl::sync::measurement_kind::compute) it[m.worker].push_back(m.seconds);
-      if (m.kind == ashl::sync::measurement_kind::push) push[m.worker].push_back(m.seconds);
-      if (m.kind == ashl::sync::measurement_kind::pull) pull[m.worker].push_back(m.seconds);
-    }
-    std::vector<ashl::profile::worker_timing> t;
-    for (auto w : r.live) t.push_back({median_of(it[w]), median_of(push[w]), median_of(pull[w])});
-    auto ha = ashl::profile::plan_local_iterations(t, h_ahl);
-    if (!ha) return ha.error();
-    auto hs = ashl::profile::plan_local_iterations(t, h_shl);
-    if (!hs) return hs.error();
-    std::vector<std::uint32_t> hav, hsv;
-    for (const auto& p : *ha) hav.push_back(p.h);
-    for (const auto& p : *hs) hsv.push_back(p.h);
-    auto ra = ashl::profile::plan_compression(t, hav, 0.0, r0);
-    if (!ra) return ra.error();
-    auto rs = ashl::profile::plan_compression(t, hsv, 0.0, r0);
-    if (!rs) return rs.error();
-    ashl::sync::ashl_plan plan;
-    plan.workers.resize(size);
-    for (std::size_t k = 0; k < r.live.size(); ++k)
-      plan.workers[r.live[k]] = {hav[k], hsv[k], (*ra)[k], (*rs)[k], (*ha)[k].share, 0};
-    return plan;
-  };
 }
 
 struct policy_setup {
@@ -279,6 +281,8 @@ ashl::result<policy_setup> make_setup(const std::string& name, const settings& s
     out.batches = plan->batch;
   }
   if (name == "ashl" || name == "ashl_plus") {
+    // Algorithms 1 and 2 on the per-worker medians of the 5 profiling
+    // commits (trimmed mean of 5 with 2 off each end), T_compress measured.
     base = "ashl";
     pp.profile_iterations = 5;
     pp.h_ahl = 8;
@@ -286,8 +290,13 @@ ashl::result<policy_setup> make_setup(const std::string& name, const settings& s
     pp.shl_staleness = 3;
     pp.compression_ratio = s.ratio;
     pp.switch_loss = 0.5;  // scaled for Fashion-MNIST (0.3 on CIFAR-10 in the paper)
-    pp.planner = make_planner(8, 2, s.ratio);
-    out.error_feedback = name == "ashl_plus";
+    const ashl::sync::profile_planner_params plan{.h_ahl = 8, .h_shl = 2, .r0 = s.ratio, .trim = 2};
+    pp.planner = ashl::sync::profile_planner(plan);
+    if (name == "ashl_plus") {
+      // ASHL+: error feedback on the top-k residual and online re-planning.
+      pp.replanner = ashl::sync::profile_replanner(plan, {.drift = s.drift, .half_life = 8});
+      out.error_feedback = true;
+    }
   }
   auto p = ashl::sync::make_policy(base, pp);
   if (!p) return p.error();
@@ -308,12 +317,15 @@ run_outcome run_one(const std::string& name, int seed, const settings& s, const 
     o.note = setup.error().message();
     return o;
   }
+  if (setup->error_feedback)
+    for (auto& w : spec.workers) w.compress_seconds *= s.ef_compress_factor;
   const std::size_t n = mlp::size(), m = spec.workers.size();
   mlp net;
   std::vector<float> W = mlp::init(1000 + static_cast<std::uint64_t>(seed));
   struct worker_state {
-    std::vector<float> w, base, v, grad, delta, residual, snapshot;
+    std::vector<float> w, base, v, grad, delta, snapshot;
     std::vector<std::byte> payload;
+    ashl::compress::error_feedback<ashl::compress::topk> ef;  // ASHL+: the residual of what top-k dropped
     std::uint64_t step = 0;
     bool sparse = false;
   };
@@ -358,26 +370,29 @@ run_outcome run_one(const std::string& name, int seed, const settings& s, const 
     }
     for (std::size_t i = 0; i < n; ++i) x.delta[i] = x.w[i] - x.base[i];
     x.sparse = plan.compression_ratio < 1.0;
-    if (!x.sparse) return 4 * n;
-    if (ef) {
-      if (x.residual.empty()) x.residual.assign(n, 0.0f);
-      for (std::size_t i = 0; i < n; ++i) x.delta[i] += x.residual[i];
+    if (!x.sparse) {
+      if (ef) {
+        // A dense commit pays off the whole residual.
+        const auto e = x.ef.residual(0);
+        for (std::size_t i = 0; i < e.size(); ++i) x.delta[i] += e[i];
+        x.ef.reset();
+      }
+      return 4 * n;
     }
-    ashl::compress::topk c{plan.compression_ratio};
+    const ashl::compress::topk c{plan.compression_ratio};
     x.payload.resize(c.max_encoded_bytes(n, ashl::dtype::f32));
     scratch.resize(c.scratch_bytes(n, ashl::dtype::f32));
-    auto used = c.encode(ashl::host_view<const float>(x.delta.data(), n), x.payload,
-                         {.seed = 0, .step = 0, .tensor = 0, .scratch = scratch});
+    const ashl::compress::codec_context ctx{.seed = 0, .step = 0, .tensor = 0, .scratch = scratch};
+    ashl::result<std::size_t> used = 0;
+    if (ef) {
+      // e ← (Δ + e) − C(Δ + e): what top-k did not send stays for the next commit.
+      x.ef.inner() = c;
+      used = x.ef.encode(ashl::host_view<const float>(x.delta.data(), n), x.payload, ctx);
+    } else {
+      used = c.encode(ashl::host_view<const float>(x.delta.data(), n), x.payload, ctx);
+    }
     ASHL_ASSERT(used.has_value(), "topk encode failed");
     x.payload.resize(*used);
-    if (ef) {
-      // e ← (Δ + e) − C(Δ + e): what was not sent stays for the next commit.
-      x.residual = x.delta;
-      std::vector<float> sent(n, 0.0f);
-      (void)ashl::compress::topk{}.decode_add(x.payload, {n, ashl::dtype::f32}, ashl::host_view<float>(sent.data(), n),
-                                              1.0f, {});
-      for (std::size_t i = 0; i < n; ++i) x.residual[i] -= sent[i];
-    }
     return *used;
   };
   h.apply = [&](std::span<const ashl::sync::weighted_commit> cs) {
@@ -408,11 +423,17 @@ run_outcome run_one(const std::string& name, int seed, const settings& s, const 
     return ashl::sim::evaluation{{{"loss", loss}, {"accuracy", acc}}, false};
   };
 
+  const ashl::sim::simulator* running = nullptr;
+  h.plans_changed = [&](double t) {
+    if (running && std::isnan(o.switch_time) && running->policy().name() == "shl") o.switch_time = t;
+  };
   ashl::sim::simulator sim(spec, std::move(setup->policy), std::move(h));
+  running = &sim;
   auto r = sim.run({.until = s.budget, .metric_interval = s.eval_every, .record_trace = trace, .trace_limit = 200000});
   o.final_accuracy = net.evaluate(W, d.test.images.data(), d.test.labels.data(), d.test.count).first;
   o.bytes_per_worker = r.mean_bytes_sent();
   o.wait_fraction = r.wait_fraction();
+  if (const auto* a = sim.policy().target<ashl::sync::ashl_schedule>()) o.replans = a->replans();
   if (trace) {
     std::ofstream t(s.out + "/trace_" + name + ".json");
     ashl::sim::write_chrome_trace(t, r, "fmnist " + name);
@@ -447,7 +468,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ashl_experiment_fmnist: %s\n", data.error().message().c_str());
     return data.error().code() == ashl::errc::not_found ? 77 : 1;
   }
-  auto spec = cluster();
+  auto spec = cluster(s);
   if (!spec) {
     std::fprintf(stderr, "ashl_experiment_fmnist: %s\n", spec.error().message().c_str());
     return 1;
@@ -459,8 +480,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("# Fashion-MNIST, MLP 784-256-10, 9 workers (compute 2x/3x/4x, comm 4x/6x/8x of 10 ms / 5 ms), "
-              "budget %.1f virtual s, target %.2f, %d seed(s), lr %.3g momentum %.2g\n",
-              s.budget, s.target, s.seeds, s.lr, s.momentum);
+              "budget %.1f virtual s, target %.2f, %d seed(s), lr %.3g momentum %.2g, top-k %.3g ms\n",
+              s.budget, s.target, s.seeds, s.lr, s.momentum, s.compress_seconds * 1e3);
+  for (const auto& d : s.slowdowns)
+    std::printf("# worker %u becomes %gx slower at %g virtual s\n", d.worker, d.factor, d.at);
   std::fflush(stdout);
 
   struct job {
@@ -482,10 +505,14 @@ int main(int argc, char** argv) {
       std::lock_guard<std::mutex> lk(io);
       const auto& r = results[j];
       if (!r.note.empty()) std::printf("[%-10s seed %d] error: %s\n", r.policy.c_str(), r.seed, r.note.c_str());
-      else
-        std::printf("[%-10s seed %d] time to %.2f: %s s, final accuracy %.4f, %.1f MB sent per worker, wait %.3f\n",
+      else {
+        std::printf("[%-10s seed %d] time to %.2f: %s s, final accuracy %.4f, %.1f MB sent per worker, wait %.3f",
                     r.policy.c_str(), r.seed, s.target, num_or_null(r.time_to_target, "%.2f").c_str(), r.final_accuracy,
                     r.bytes_per_worker / 1e6, r.wait_fraction);
+        if (r.policy == "ashl" || r.policy == "ashl_plus")
+          std::printf(", SHL from %s s, %zu re-plans", num_or_null(r.switch_time, "%.2f").c_str(), r.replans);
+        std::printf("\n");
+      }
       std::fflush(stdout);
     }
   };

@@ -51,6 +51,9 @@ class error_feedback {
   error_feedback() = default;
   explicit error_feedback(C inner) : inner_(std::move(inner)) {}
   [[nodiscard]] const C& inner() const noexcept { return inner_; }
+  // The inner codec may be replaced between encodes (a new ratio from a
+  // re-plan); the residuals are kept: what is owed does not depend on it.
+  C& inner() noexcept { return inner_; }
 
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
     return inner_.max_encoded_bytes(n, dtype::f32);

@@ -168,6 +168,7 @@ class simulator {
   }
 
   [[nodiscard]] sync::any_policy& policy() noexcept { return policy_; }
+  [[nodiscard]] const sync::any_policy& policy() const noexcept { return policy_; }
   [[nodiscard]] const cluster_spec& spec() const noexcept { return spec_; }
   [[nodiscard]] double now() const noexcept { return clock_.now(); }
 
