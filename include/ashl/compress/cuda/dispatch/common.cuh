@@ -215,6 +215,14 @@ inline status clear_report(device_report* r, cudaStream_t stream, std::string_vi
   return cuda_check(cudaMemsetAsync(&r->index, 0xff, sizeof(std::uint64_t), stream), std::string(codec) + ".report");
 }
 
+// Writes up to four little-endian u32 header words at a 4-byte aligned
+// payload (one thread).
+static __global__ void header_words_kernel(std::byte* out, std::uint32_t w0, std::uint32_t w1,
+                                                              std::uint32_t w2, std::uint32_t w3, unsigned count) {
+  const std::uint32_t w[4] = {w0, w1, w2, w3};
+  for (unsigned i = 0; i < count && i < 4; ++i) reinterpret_cast<std::uint32_t*>(out)[i] = w[i];
+}
+
 // The verdict a kernel pipeline leaves in scratch, copied to the caller's
 // report when one is given.
 inline status copy_report(device_report* d_report, const device_report* verdict, cudaStream_t stream,

@@ -147,7 +147,7 @@ __global__ ASHL_DETAIL_HIDDEN void natural_codes_kernel(const T* x, std::size_t 
 // a negative zero, is the only invalid one). `n` is info.count; the code
 // loop runs only once the header (n, emin, size) is known to be good, which
 // the caller orders by launching the header check first.
-__global__ ASHL_DETAIL_HIDDEN void natural_validate_header_kernel(const std::byte* __restrict__ in,
+static __global__ void natural_validate_header_kernel(const std::byte* __restrict__ in,
                                                                   std::uint64_t in_bytes, std::uint64_t expected_n,
                                                                   device_report* verdict) {
   const auto* h = reinterpret_cast<const std::uint32_t*>(in);
@@ -161,7 +161,7 @@ __global__ ASHL_DETAIL_HIDDEN void natural_validate_header_kernel(const std::byt
     report_fault(verdict, device_fault::payload_bytes, ~std::uint64_t{0});
 }
 
-__global__ ASHL_DETAIL_HIDDEN void natural_validate_codes_kernel(const std::byte* __restrict__ in, std::uint64_t n,
+static __global__ void natural_validate_codes_kernel(const std::byte* __restrict__ in, std::uint64_t n,
                                                                  device_report* verdict) {
   if (verdict->fault != 0) return;
   const std::byte* codes = in + device_natural_header_bytes;
@@ -171,7 +171,7 @@ __global__ ASHL_DETAIL_HIDDEN void natural_validate_codes_kernel(const std::byte
 }
 
 // acc[i] = acc[i] + value(code i) * scale (the CPU table's bits).
-__global__ ASHL_DETAIL_HIDDEN void natural_add_kernel(const std::byte* __restrict__ in, float* __restrict__ acc,
+static __global__ void natural_add_kernel(const std::byte* __restrict__ in, float* __restrict__ acc,
                                                       std::uint64_t n, float scale,
                                                       const device_report* __restrict__ verdict) {
   if (verdict->fault != 0) return;

@@ -47,7 +47,7 @@ __device__ __forceinline__ randomk_stratum randomk_draw(const philox_stream& rng
   return {len, start + off};
 }
 
-__global__ ASHL_DETAIL_HIDDEN void randomk_header_kernel(std::byte* out, std::uint64_t n, std::uint32_t k,
+static __global__ void randomk_header_kernel(std::byte* out, std::uint64_t n, std::uint32_t k,
                                                          std::uint8_t flags, std::uint64_t seed) {
   store_unaligned<std::uint64_t>(out, n);
   store_unaligned<std::uint32_t>(out + 8, k);
@@ -84,7 +84,7 @@ __global__ ASHL_DETAIL_HIDDEN void randomk_gather_kernel(const T* x, std::byte* 
 }
 
 // The checks of randomk::decode_add, in its order; faults go to `verdict`.
-__global__ ASHL_DETAIL_HIDDEN void randomk_validate_kernel(const std::byte* __restrict__ in, std::uint64_t in_bytes,
+static __global__ void randomk_validate_kernel(const std::byte* __restrict__ in, std::uint64_t in_bytes,
                                                            std::uint64_t expected_n, std::uint64_t value_bytes,
                                                            device_report* verdict) {
   const std::uint64_t n = load_unaligned<std::uint64_t>(in);

@@ -45,7 +45,7 @@ __global__ ASHL_DETAIL_HIDDEN void residual_add_kernel(const T* __restrict__ x, 
 // e[index[j]] = e[index[j]] + (-1 * value[j]) for the pairs of an f32 sparse
 // payload this encode just wrote (count read from its header, at most
 // `capacity`). Skipped when the encode recorded a fault in `verdict`.
-__global__ ASHL_DETAIL_HIDDEN void residual_sparse_subtract_kernel(const std::byte* __restrict__ payload,
+static __global__ void residual_sparse_subtract_kernel(const std::byte* __restrict__ payload,
                                                                    float* __restrict__ e,
                                                                    const device_report* __restrict__ verdict,
                                                                    std::uint64_t capacity, int items_per_thread) {
