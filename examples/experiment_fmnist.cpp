@@ -62,6 +62,7 @@ struct settings {
   double compress_seconds = 0.001;
   double ef_compress_factor = 1.32;
   double drift = 0.2;             // ASHL+ re-plans when a smoothed time drifts by this fraction
+  bool replan = true;             // --no-replan: ASHL+ without re-planning (an ablation)
   struct slowdown {
     std::uint32_t worker;
     double at, factor;
@@ -85,7 +86,8 @@ void usage() {
       "  --target A    test accuracy to reach, in (0, 1] (default 0.85)\n"
       "  --quick       a small run for tests: 1 seed, bsp,asp,ashl, 1 virtual second\n"
       "  --compress-seconds S  reference worker's time to top-k one update (default 0.001; 0: free)\n"
-      "  --slowdown W,AT,F     worker W (0-8) becomes F times slower at virtual time AT (repeatable)\n");
+      "  --slowdown W,AT,F     worker W (0-8) becomes F times slower at virtual time AT (repeatable)\n"
+      "  --no-replan           ASHL+ keeps error feedback but plans once (ablation)\n");
 }
 
 ashl::status bad(const char* field, const std::string& v, const char* why) { return ashl::invalid_argument(field, v, why); }
@@ -181,6 +183,8 @@ ashl::result<settings> parse(int argc, char** argv) {
       if (!(at >= 0.0 && std::isfinite(at))) return ashl::invalid_argument("--slowdown.at", at, "must be >= 0");
       if (!(f > 0.0 && std::isfinite(f))) return ashl::invalid_argument("--slowdown.factor", f, "must be > 0");
       s.slowdowns.push_back({static_cast<std::uint32_t>(w), at, f});
+    } else if (a == "--no-replan") {
+      s.replan = false;
     } else if (a == "--quick") {
       s.quick = true;
     } else {
@@ -294,7 +298,7 @@ ashl::result<policy_setup> make_setup(const std::string& name, const settings& s
     pp.planner = ashl::sync::profile_planner(plan);
     if (name == "ashl_plus") {
       // ASHL+: error feedback on the top-k residual and online re-planning.
-      pp.replanner = ashl::sync::profile_replanner(plan, {.drift = s.drift, .half_life = 8});
+      if (s.replan) pp.replanner = ashl::sync::profile_replanner(plan, {.drift = s.drift, .half_life = 8});
       out.error_feedback = true;
     }
   }
