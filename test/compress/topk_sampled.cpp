@@ -42,10 +42,12 @@ std::uint64_t fnv1a(const std::vector<std::byte>& p) {
 
 namespace {
 template <class T>
-void check_bounds(const std::vector<float>& xf, const compress::topk_sampled& c, std::uint64_t step) {
+void check_bounds(const std::vector<float>& xf, const compress::topk_sampled& c, std::uint64_t step,
+                  std::size_t scratch_size = ~std::size_t{0}) {
   const auto x = to_type<T>(xf);
   const std::size_t n = x.size();
-  std::vector<std::byte> scratch(c.scratch_bytes(n, dtype_of<T>));
+  const bool full = scratch_size == ~std::size_t{0};
+  std::vector<std::byte> scratch(full ? c.scratch_bytes(n, dtype_of<T>) : scratch_size);
   compress::codec_context ctx{.seed = 42, .step = step, .tensor = 3, .scratch = scratch};
   auto p = encode_to_vector(c, std::span<const T>(x), ctx);
   const auto got = read_pairs(p, dtype_of<T>);
@@ -70,7 +72,7 @@ void check_bounds(const std::vector<float>& xf, const compress::topk_sampled& c,
   // Also with caller scratch absent (allocates) the result is in range.
   compress::codec_context bare{.seed = 42, .step = step, .tensor = 3};
   auto q = encode_to_vector(c, std::span<const T>(x), bare);
-  BOOST_CHECK(q == p);
+  if (full) BOOST_CHECK(q == p);
 }
 }  // namespace
 
@@ -115,6 +117,33 @@ BOOST_AUTO_TEST_CASE(random_heavy_tailed_and_all_equal) {
   for (std::size_t j = 0; j < got.index.size(); ++j) BOOST_CHECK_EQUAL(got.index[j], j);
 }
 
+// A caller scratch smaller than scratch_bytes: one that holds only the cap
+// (the selection at the first threshold over x), and one that holds nothing
+// useful (exact top-k by radix select). The contract holds either way; and
+// the heavy-tie input overflows the candidate list at the safe threshold.
+BOOST_AUTO_TEST_CASE(smaller_scratch_and_overflowing_candidates) {
+  const std::size_t n = 1 << 18;
+  const auto normal = normal_values(n, 25);
+  // ties: few distinct values. plateau: 10 % equal to 10 (the safe threshold
+  // falls among them and their count overflows the list), 1 % distinct above.
+  std::vector<float> ties(n), plateau(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    ties[i] = std::round(std::fabs(normal[i]) * 2.0f);
+    plateau[i] = i % 100 == 0 ? 100.0f + std::fabs(normal[i]) : i % 10 == 1 ? 10.0f : normal[i];
+  }
+  for (double r : {0.001, 0.01}) {
+    const compress::topk_sampled c{r};
+    const std::size_t one_pass = 8 * std::max(c.hi_for(n), compress::topk_sampled::sample_size / 2) + 7;
+    for (std::size_t bytes : {one_pass, std::size_t{64}}) {
+      check_bounds<float>(normal, c, 1, bytes);
+      check_bounds<float>(ties, c, 1, bytes);
+    }
+    for (std::uint64_t step = 0; step < 4; ++step) check_bounds<float>(plateau, c, step);
+    check_bounds<float>(ties, c, 0);
+    check_bounds<half>(plateau, c, 2);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(small_tensors_are_exact) {
   const auto x = normal_values(1000, 23);
   compress::topk_sampled c{0.05};
@@ -128,12 +157,15 @@ BOOST_AUTO_TEST_CASE(rejects_malformed_payloads) {
   check_sparse_rejections(compress::topk_sampled{}, p, {64, dtype::f32});
 }
 
-// The exact payload bytes (FNV-1a of each) as written by the encoder of
-// commit 1e05f39 (one full pass over x per threshold tried). The encoder
-// that collects candidates once and refines on them must choose the same
-// thresholds and so the same pairs. The cases reach a first pass in range,
-// refinement passes up and down, bisection, ties at the threshold, and the
-// exact fallback (tolerance 0.01 and one pass, or all passes missing).
+// The exact payload bytes (FNV-1a of each), pinned from the encoder of
+// commit 1e05f39 (one full pass over x per threshold tried) before it was
+// replaced by one candidate pass at a safe threshold. The cases reach a
+// first threshold in range, ties at it, and misses (tolerance 0.005 / 0.01,
+// one pass or several). Every pin is unchanged but one: ties, setting 4,
+// step 0, where the old encoder's third pass landed in range (its refined
+// sample ranks read keys the first pass had overwritten) and the new one
+// sends the exact top-k, as the old one did with passes = 1 and as it does
+// for step 1.
 BOOST_AUTO_TEST_CASE(payload_bytes_are_pinned) {
   const std::size_t n = 300007;
   const auto gold = golden_input(n, 14);
@@ -153,7 +185,7 @@ BOOST_AUTO_TEST_CASE(payload_bytes_are_pinned) {
   // pins[input][setting][step]
   const std::uint64_t pins[3][7][2] = {
       {{0x5d7cd5a861741d7e, 0xebe8d59c36c843cf}, {0x65ce3664daf473da, 0x65ce3664daf473da}, {0xff7846c0510db621, 0xb948635058ac56d8}, {0x362f7e55bf5e4990, 0x2c6cf179724f81ce}, {0xd8576064d0f80b3a, 0xd8576064d0f80b3a}, {0x65ce3664daf473da, 0x65ce3664daf473da}, {0xd62f9da8c367fd48, 0xd62f9da8c367fd48}},  // golden
-      {{0xeb31c746fc66b448, 0xe66ea3b4cdfa82ea}, {0xfec9512718ac7f5f, 0xfec9512718ac7f5f}, {0xfff0a9fbae3bc89, 0xc0e871a06e78b58b}, {0x1baa2301db81ff24, 0x20ba648b7db00af1}, {0x3644644a3f64aabe, 0x318da73e78688e3c}, {0xfec9512718ac7f5f, 0xfec9512718ac7f5f}, {0x522354d457854f93, 0x522354d457854f93}},  // ties
+      {{0xeb31c746fc66b448, 0xe66ea3b4cdfa82ea}, {0xfec9512718ac7f5f, 0xfec9512718ac7f5f}, {0xfff0a9fbae3bc89, 0xc0e871a06e78b58b}, {0x1baa2301db81ff24, 0x20ba648b7db00af1}, {0x318da73e78688e3c, 0x318da73e78688e3c}, {0xfec9512718ac7f5f, 0xfec9512718ac7f5f}, {0x522354d457854f93, 0x522354d457854f93}},  // ties
       {{0x370a8736c03fa45e, 0x370a8736c03fa45e}, {0xda6176c0bae8b30, 0xda6176c0bae8b30}, {0x906fef4a8967689b, 0x906fef4a8967689b}, {0x18abf8c534e19a9c, 0x18abf8c534e19a9c}, {0x370a8736c03fa45e, 0x370a8736c03fa45e}, {0xda6176c0bae8b30, 0xda6176c0bae8b30}, {0xed5aad22bd2c5f86, 0xed5aad22bd2c5f86}},  // equal
   };
   for (std::size_t a = 0; a < 3; ++a) {

@@ -7,18 +7,26 @@
 //   auto used = c.encode(ashl::host_view<const float>(g.data(), n), buf, ctx);
 //
 // Estimates the k-th largest magnitude from a random sample of 16384
-// elements drawn from philox_stream(ctx.seed, ctx.step, ctx.tensor) (lane 2),
-// selects |x| >= θ in one linear pass, and accepts the result when the count
-// lies in [lo, hi] = [max(1, ceil(k (1 - tol))), max(k, floor(k (1 + tol)))].
-// Otherwise θ is refined (a rescaled sample rank, or bisection on the key
-// bits inside the bracket the earlier passes established) for at most
-// `passes` passes; ties at θ are broken by taking the lowest indices, which
-// makes all-equal input send exactly k pairs. If no pass lands in range, the
+// elements drawn from philox_stream(ctx.seed, ctx.step, ctx.tensor) (lane 2):
+// θ is the sample key of rank round(16384 k / n), and the result is every
+// element with |x| >= θ when that count lies in [lo, hi] =
+// [max(1, ceil(k (1 - tol))), max(k, floor(k (1 + tol)))]. When only ties at
+// θ make the count exceed hi, those above θ and the lowest-index equal ones
+// up to k are sent (all-equal input sends exactly k pairs). Otherwise the
 // exact top-k (k pairs) is sent. So the count is always in [lo, hi]: the cap
-// k' = hi is never exceeded (1.1 k by default). Small tensors (n < 2^17)
-// use exact top-k directly. Payload: the sparse layout of topk (u64 n,
-// u32 count, count u32 indices strictly increasing, count values in the input
-// dtype); max_encoded_bytes(n, t) = 12 + hi(n) * (4 + size_of(t)).
+// k' = hi is never exceeded (1.1 k by default).
+//
+// One read of x does it: the sample also gives a lower, safe threshold (the
+// rank exact top-k uses, detail::topk_sample_rank, which a little more than
+// k elements reach with high probability), one pass collects every element
+// at or above it, and θ's count, the ties rule and the exact top-k are then
+// taken from that list. Only when the list overflows or holds fewer than k
+// is x read again. `passes` no longer changes the result: a miss at θ goes
+// straight to the exact selection, as passes = 1 always did (the earlier
+// encoder's refinement passes read a sample the first pass had overwritten).
+// Small tensors (n < 2^17) use exact top-k directly. Payload: the sparse
+// layout of topk (u64 n, u32 count, count u32 indices strictly increasing,
+// count values in the input dtype); max_encoded_bytes(n, t) = 12 + hi(n) * (4 + size_of(t)).
 // ALGORITHMS.md §4 (Lin et al., "Deep Gradient Compression", ICLR 2018);
 // docs/wire-format.md, "Codec payloads / topk_sampled".
 #pragma once
@@ -26,6 +34,7 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/random_words.hpp>
 #include <ashl/compress/detail/sparse.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
@@ -37,6 +46,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -47,7 +57,7 @@ struct topk_sampled_options {
   double ratio = 0.01;     // k = max(1, round(ratio * n)) when count == 0
   std::size_t count = 0;   // absolute k when non-zero
   double tolerance = 0.1;  // accepted relative deviation of the count from k, in (0, 1)
-  int passes = 3;          // selection passes before falling back to exact top-k, >= 1
+  int passes = 3;          // >= 1; kept for compatibility, no longer changes the result (see above)
 };
 
 class topk_sampled {
@@ -89,8 +99,9 @@ class topk_sampled {
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype t) const noexcept {
     return detail::sparse_payload_bytes(hi_for(n), t);
   }
-  // Max of: the sample (16384 u32), the candidate list (hi u64) and exact
-  // top-k's scratch for the fallback; + 7 bytes for alignment.
+  // Max of: the sample (16384 u32), the one-pass list (hi u64) and the
+  // candidate list at the safe threshold, which is exact top-k's scratch
+  // (detail::topk_candidate_capacity u64); + 7 bytes for alignment.
   [[nodiscard]] std::size_t scratch_bytes(std::size_t n, dtype) const noexcept {
     const std::size_t k = k_for(n);
     const std::size_t exact = k == 0 ? 0 : 8 * detail::topk_candidate_capacity(n, k);
@@ -126,53 +137,109 @@ class topk_sampled {
     if (n < min_sampled_n || k == n) return detail::encode_topk(x, n, k, ctx.scratch, out);
     const std::size_t lo = lo_for(n);
 
+    // The candidate list (at the safe threshold) needs `cap` entries; a
+    // caller scratch that holds only the first threshold's (hi) runs the
+    // one-pass selection over x instead; a smaller one, exact top-k.
+    const std::size_t cap = detail::topk_candidate_capacity(n, k);
+    const std::size_t one_pass_entries = std::max(hi, sample_size / 2);
     std::vector<std::uint64_t> owned;
-    std::uint64_t* buf = detail::scratch_u64(ctx.scratch, std::max(hi, sample_size / 2));
-    if (buf == nullptr) {
-      if (!ctx.scratch.empty()) return detail::encode_topk(x, n, k, ctx.scratch, out);
-      owned.resize(std::max(hi, sample_size / 2));
+    std::uint64_t* buf = detail::scratch_u64(ctx.scratch, std::max(cap, sample_size / 2));
+    bool listed = buf != nullptr;
+    if (buf == nullptr && !ctx.scratch.empty()) {
+      buf = detail::scratch_u64(ctx.scratch, one_pass_entries);
+      if (buf == nullptr) return detail::encode_topk(x, n, k, ctx.scratch, out);
+    } else if (buf == nullptr) {
+      owned.resize(std::max(cap, sample_size / 2));
       buf = owned.data();
+      listed = true;
     }
-    // The sample, sorted descending once; each refinement reads a rank from it.
+
+    // The sample: keys of elements (word_j n) >> 32, j < 16384, word_j of
+    // philox_stream lane 2 (drawn in bulk), in the front of buf.
     auto* keys = reinterpret_cast<std::uint32_t*>(buf);
-    const philox_stream rng(ctx.seed, ctx.step, ctx.tensor);
-    for (std::size_t j = 0; j < sample_size; ++j) {
-      const std::uint64_t i = (static_cast<std::uint64_t>(rng.word(j, 2)) * n) >> 32;
-      keys[j] = detail::magnitude_key(x[i]);
+    const detail::random_words rw(ctx.seed, ctx.step, ctx.tensor, 2);
+    constexpr std::size_t block = 1024;  // words drawn, then turned into keys, while in L1
+    for (std::size_t j = 0; j < sample_size; j += block) {
+      rw.fill(j / 4, block / 4, keys + j);
+      for (std::size_t q = j; q < j + block; ++q)
+        keys[q] = detail::magnitude_key(x[(static_cast<std::uint64_t>(keys[q]) * n) >> 32]);
     }
-    std::sort(keys, keys + sample_size, [](std::uint32_t a, std::uint32_t b) { return a > b; });
-    auto key_at_rank = [&](double rank) {
-      const auto r = static_cast<std::size_t>(std::clamp(rank, 1.0, static_cast<double>(sample_size)));
-      return keys[r - 1];
-    };
+    // θ = the sample key of rank round(k s / n) (descending, from 1), the
+    // threshold the count is judged by; θs = the key of the safe rank of
+    // exact top-k (detail::topk_sample_rank), a little more than k elements
+    // reach it with high probability, so θs <= θ and every element >= θ is
+    // among those >= θs.
     const double base_rank = static_cast<double>(k) * static_cast<double>(sample_size) / static_cast<double>(n);
-    std::uint32_t theta = key_at_rank(std::round(base_rank));
-    // Bracket on the key: counts at `low` are above hi, counts at `high` below lo.
-    std::uint64_t low = 0, high = std::uint64_t{1} << 32;
-    double rank = base_rank;
-    for (int pass = 0; pass < opt_.passes; ++pass) {
-      const detail::collect_counts cc = detail::collect_ge(x, n, theta, buf, hi);
-      const std::size_t ge = cc.ge, eq = cc.eq;
-      const std::size_t gt = ge - eq;
-      if (ge >= lo && ge <= hi) return write_candidates(x, n, buf, ge, out);
-      if (ge > hi && gt <= hi) {
-        // Too many only because of ties at θ: keep those above and the lowest-index equal ones.
-        const std::size_t take = gt >= k ? 0 : k - gt;
-        return detail::write_selected(x, n, detail::selection{theta, gt, take}, out);
-      }
-      // Refine: rescale the sample rank by how far the count was off; bisect
-      // on the key bits when that does not land strictly inside the bracket.
-      if (ge > hi)
-        low = theta;
-      else
-        high = theta;
-      rank = rank * static_cast<double>(k) / static_cast<double>(std::max<std::size_t>(ge, 1));
-      std::uint64_t next = key_at_rank(std::round(rank));
-      if (next <= low || next >= high) next = (low + high) / 2;
-      if (next <= low || next >= high) break;
-      theta = static_cast<std::uint32_t>(next);
+    const auto clamp_rank = [](double r) {
+      return static_cast<std::size_t>(std::clamp(r, 1.0, static_cast<double>(sample_size)));
+    };
+    const std::size_t r1 = clamp_rank(std::round(base_rank));
+    const std::size_t rs = std::max(r1, clamp_rank(std::floor(detail::topk_sample_rank(n, k))));
+    std::nth_element(keys, keys + (rs - 1), keys + sample_size, std::greater<>());
+    const std::uint32_t theta_s = keys[rs - 1];
+    if (r1 < rs) std::nth_element(keys, keys + (r1 - 1), keys + (rs - 1), std::greater<>());
+    const std::uint32_t theta = r1 < rs ? keys[r1 - 1] : theta_s;
+
+    if (!listed) return one_pass(x, n, k, lo, hi, theta, buf, ctx.scratch, out);
+    const detail::collect_counts cs = detail::collect_ge(x, n, theta_s, buf, cap);
+    if (cs.ge > cap) {
+      // The list overflowed (heavy ties at θs): with θ = θs the counts are
+      // still known; otherwise the one-pass selection at θ.
+      if (theta != theta_s) return one_pass(x, n, k, lo, hi, theta, buf, ctx.scratch, out);
+      const std::size_t gt = cs.ge - cs.eq;
+      if (gt <= hi) return detail::write_selected(x, n, detail::selection{theta, gt, gt >= k ? 0 : k - gt}, out);
+      return detail::encode_topk(x, n, k, ctx.scratch, out);
     }
-    return detail::encode_topk(x, n, k, ctx.scratch, out);
+    // Every element >= θ is in the list: count them there.
+    std::size_t ge = 0, eq = 0;
+    for (std::size_t j = 0; j < cs.ge; ++j) {
+      const std::uint32_t key = detail::candidate_key<T>(buf[j]);
+      ge += key >= theta;
+      eq += key == theta;
+    }
+    const std::size_t gt = ge - eq;
+    if (ge >= lo && ge <= hi) {
+      std::size_t m = 0;
+      for (std::size_t j = 0; j < cs.ge; ++j)
+        if (detail::candidate_key<T>(buf[j]) >= theta) buf[m++] = buf[j];
+      return write_candidates(x, n, buf, m, out);
+    }
+    if (ge > hi && gt <= hi) {
+      // Too many only because of ties at θ: those above, and the lowest-index equal ones.
+      std::size_t take = gt >= k ? 0 : k - gt, m = 0;
+      for (std::size_t j = 0; j < cs.ge; ++j) {
+        const std::uint32_t key = detail::candidate_key<T>(buf[j]);
+        if (key > theta || (key == theta && take != 0)) {
+          take -= key == theta;
+          buf[m++] = buf[j];
+        }
+      }
+      return write_candidates(x, n, buf, m, out);
+    }
+    if (cs.ge < k) return detail::encode_topk(x, n, k, ctx.scratch, out);
+    // θ missed: the exact k largest, selected among the candidates (every
+    // element outside the list is below all of them).
+    std::byte* const base = out.data();
+    detail::store_le<std::uint64_t>(base, n);
+    detail::store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(k));
+    std::byte* const idx = base + detail::sparse_header_bytes;
+    detail::finish_topk<T>(k, 0, 0, 0, buf, cs.ge, idx, idx + 4 * k);
+    return detail::sparse_payload_bytes(k, dtype_of<T>);
+  }
+
+  // The selection of one pass over x at θ: the elements >= θ when they are
+  // [lo, hi], the ties rule when only equal keys make too many, else exact
+  // top-k. buf holds at least max(hi, s / 2) entries.
+  template <class T>
+  static std::size_t one_pass(const T* x, std::size_t n, std::size_t k, std::size_t lo, std::size_t hi,
+                              std::uint32_t theta, std::uint64_t* buf, std::span<std::byte> scratch,
+                              std::span<std::byte> out) {
+    const detail::collect_counts cc = detail::collect_ge(x, n, theta, buf, hi);
+    const std::size_t gt = cc.ge - cc.eq;
+    if (cc.ge >= lo && cc.ge <= hi) return write_candidates(x, n, buf, cc.ge, out);
+    if (cc.ge > hi && gt <= hi)
+      return detail::write_selected(x, n, detail::selection{theta, gt, gt >= k ? 0 : k - gt}, out);
+    return detail::encode_topk(x, n, k, scratch, out);
   }
 
   template <class T>
