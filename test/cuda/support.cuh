@@ -78,7 +78,7 @@ class device_buffer {
   std::size_t n_;
 };
 
-enum class pattern { normal, ties, all_equal, heavy_tailed, special };
+enum class pattern { normal, ties, all_equal, heavy_tailed, special, zeros, tiny };
 inline const char* name(pattern p) {
   switch (p) {
     case pattern::normal: return "normal";
@@ -86,6 +86,8 @@ inline const char* name(pattern p) {
     case pattern::all_equal: return "all_equal";
     case pattern::heavy_tailed: return "heavy_tailed";
     case pattern::special: return "special";
+    case pattern::zeros: return "zeros";
+    case pattern::tiny: return "tiny";
   }
   return "?";
 }
@@ -118,6 +120,8 @@ inline std::vector<float> make_input(std::size_t n, pattern p, std::uint32_t see
         else x[i] = nd(rng);
         break;
       }
+      case pattern::zeros: x[i] = (i & 1) ? -0.0f : 0.0f; break;
+      case pattern::tiny: x[i] = nd(rng) * 1e-39f; break;  // f32 subnormals: tiny norms, exact fallbacks
     }
   }
   return x;
@@ -147,6 +151,20 @@ ashl::status two_call(Call&& call, std::unique_ptr<device_buffer<std::byte>>& ke
   if (!s.ok()) return s;
   keep = std::make_unique<device_buffer<std::byte>>(bytes);
   return call(keep->data(), bytes);
+}
+
+// Index of the first float that differs in its bits, where NaN equals any
+// NaN (x86 propagates a NaN operand's payload through arithmetic, a GPU
+// returns the canonical NaN, so accumulators with NaN agree only as NaN).
+inline long long first_float_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return static_cast<long long>(a.size() < b.size() ? a.size() : b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    std::uint32_t x, y;
+    std::memcpy(&x, &a[i], 4);
+    std::memcpy(&y, &b[i], 4);
+    if (x != y && !(std::isnan(a[i]) && std::isnan(b[i]))) return static_cast<long long>(i);
+  }
+  return -1;
 }
 
 // Index of the first differing byte, or -1.

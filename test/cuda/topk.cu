@@ -65,7 +65,7 @@ void compare_decode(const std::vector<std::byte>& payload, std::size_t n, ashl::
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
   check(cudaDeviceSynchronize(), "decode");
   BOOST_TEST(report.download(1)[0].fault == 0u);
-  BOOST_TEST(first_difference(as_bytes(acc), as_bytes(dacc.download(n))) == -1);
+  BOOST_TEST(first_float_difference(acc, dacc.download(n)) == -1);
 }
 
 template <class T>
