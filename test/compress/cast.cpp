@@ -130,3 +130,107 @@ BOOST_AUTO_TEST_CASE(sizes_and_rejections) {
   check_rejects_truncation(compress::bf16{}, p, {x.size(), dtype::bf16});
   BOOST_CHECK(!decode_guarded(compress::fp16{}, p, {x.size(), dtype::u8}).ok());
 }
+
+// The F16C kernels (x86 with F16C and AVX2, chosen at run time) against the
+// portable ones and core/dtype.hpp, bit for bit; on other CPUs both calls
+// take the portable path and the test still checks it against core.
+BOOST_AUTO_TEST_CASE(f16c_path_is_bit_exact) {
+  using compress::detail::convert_path;
+  // Every exponent by a stride, each half's rounding midpoint with its two
+  // float neighbours (ties to even), both signs, and NaNs of every top
+  // payload with quiet and signalling bits.
+  std::vector<float> x = pattern_floats();
+  for (std::uint32_t h = 0; h < 0x7c00u; ++h) {
+    const double mid = (double(detail::f16_bits_to_f32(static_cast<std::uint16_t>(h))) +
+                        double(detail::f16_bits_to_f32(static_cast<std::uint16_t>(h + 1)))) / 2;
+    const float m = static_cast<float>(mid);  // exact: 12 significant bits
+    for (float v : {m, std::nextafter(m, 0.0f), std::nextafter(m, 1e30f)}) {
+      x.push_back(v);
+      x.push_back(-v);
+    }
+  }
+  for (std::uint32_t p = 0; p < 0x400000u; p += 0x1fffu)
+    for (std::uint32_t top : {0x7f800000u, 0xff800000u}) x.push_back(detail::bits_float(top | (p == 0 ? 1u : p)));
+  std::vector<std::byte> best(2 * x.size()), portable(2 * x.size());
+  const bool ob = compress::detail::convert_f32_to_16<true>(x.data(), best.data(), x.size(), convert_path::best);
+  const bool op = compress::detail::convert_f32_to_16<true>(x.data(), portable.data(), x.size(), convert_path::portable);
+  BOOST_CHECK(ob && op);  // 65520 and larger are in the set
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    std::uint16_t a, b;
+    std::memcpy(&a, best.data() + 2 * i, 2);
+    std::memcpy(&b, portable.data() + 2 * i, 2);
+    bad += a != b || a != detail::f32_to_f16_bits(x[i]);
+  }
+  BOOST_CHECK_EQUAL(bad, 0u);
+  // The overflow flag of every window (lengths cross the 16-lane blocks).
+  bad = 0;
+  std::size_t flagged = 0;
+  for (std::size_t i = 0, len = 1; i + len <= x.size(); i += len, len = len % 61 + 1) {
+    bool expect = false;
+    for (std::size_t j = i; j < i + len; ++j)
+      expect |= std::isfinite(x[j]) && std::isinf(detail::f16_bits_to_f32(detail::f32_to_f16_bits(x[j])));
+    bad += compress::detail::convert_f32_to_16<true>(x.data() + i, best.data(), len, convert_path::best) != expect;
+    bad += compress::detail::convert_f32_to_16<true>(x.data() + i, best.data(), len, convert_path::portable) != expect;
+    flagged += expect;
+  }
+  BOOST_CHECK_EQUAL(bad, 0u);
+  BOOST_CHECK_GT(flagged, 100u);
+
+  // Decode-add of all 65536 patterns, several scales and accumulators: the
+  // accumulator bits agree exactly, NaNs included.
+  std::vector<std::byte> all(2 * 65536);
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const auto v = static_cast<std::uint16_t>(h);
+    std::memcpy(all.data() + 2 * h, &v, 2);
+  }
+  bad = 0;
+  for (float scale : {1.0f, -0.5f, 3.0e-3f, 0.0f}) {
+    for (float start : {0.0f, -0.0f, 1.25f, -65504.0f}) {
+      for (std::size_t off : {std::size_t{0}, std::size_t{3}}) {  // unaligned starts and tails
+        const std::size_t n = 65536 - off;
+        std::vector<float> a(n, start), b(n, start);
+        compress::detail::add_dense(all.data() + 2 * off, dtype::f16, a.data(), n, scale, convert_path::best);
+        compress::detail::add_dense(all.data() + 2 * off, dtype::f16, b.data(), n, scale, convert_path::portable);
+        for (std::size_t i = 0; i < n; ++i) {
+          const float want = start + scale * detail::f16_bits_to_f32(static_cast<std::uint16_t>(i + off));
+          bad += detail::float_bits(a[i]) != detail::float_bits(b[i]);
+          bad += !std::isnan(want) && detail::float_bits(a[i]) != detail::float_bits(want);
+        }
+      }
+    }
+  }
+  BOOST_CHECK_EQUAL(bad, 0u);
+}
+
+// Strict mode names the first overflowing index wherever it lies (the
+// 16-lane kernel or the tail), and inf, NaN and 65519.99 are no overflow.
+BOOST_AUTO_TEST_CASE(strict_mode_over_the_kernel_and_the_tail) {
+  const compress::fp16 strict{compress::cast_options{.strict = true}};
+  for (std::size_t n : {std::size_t{10000}, std::size_t{10007}}) {
+    std::vector<float> x(n, 0.5f);
+    x[100] = std::numeric_limits<float>::infinity();
+    x[200] = -std::numeric_limits<float>::quiet_NaN();
+    x[300] = std::nextafter(65520.0f, 0.0f);
+    std::vector<std::byte> out(2 * n);
+    BOOST_CHECK(strict.encode(host_view<const float>(x.data(), n), out, {}).has_value());
+    for (std::size_t at : {std::size_t{5000}, n - 1, n - 3}) {
+      auto y = x;
+      y[at] = -65520.0f;
+      y[at - 1000] = 3e38f;
+      auto r = strict.encode(host_view<const float>(y.data(), n), out, {});
+      BOOST_REQUIRE(!r.has_value());
+      BOOST_CHECK_EQUAL(r.error().message(), "fp16.input[" + std::to_string(at - 1000) +
+                                                 "] = 3e+38: overflows fp16 to inf (|x| >= 65520)");
+      y[at - 1000] = 0.5f;
+      r = strict.encode(host_view<const float>(y.data(), n), out, {});
+      BOOST_REQUIRE(!r.has_value());
+      BOOST_CHECK_NE(r.error().message().find("fp16.input[" + std::to_string(at) + "]"), std::string::npos);
+      // Lax mode writes -inf there and succeeds.
+      BOOST_REQUIRE(compress::fp16{}.encode(host_view<const float>(y.data(), n), out, {}).has_value());
+      std::uint16_t h;
+      std::memcpy(&h, out.data() + 2 * at, 2);
+      BOOST_CHECK_EQUAL(h, 0xfc00u);
+    }
+  }
+}

@@ -11,7 +11,8 @@
 // mode a finite input that would round to +-inf is an error naming the first
 // such index and its value; inf and NaN inputs are carried as they are.
 // Payload: n u16 bit patterns, little-endian, nothing else. The conversion
-// loops are branch free, so they vectorize at -O2/-O3 without -march.
+// loops are branch free, so they vectorize at -O2/-O3 without -march; on x86
+// with F16C (detected at run time) fp16 uses vcvtps2ph / vcvtph2ps, same bits.
 // ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / fp16, bf16".
 #pragma once
 
@@ -68,7 +69,7 @@ result<std::size_t> cast_encode(const char* name, host_view<const T> x, std::spa
     bool overflow = false;
     for (std::size_t b = 0; b < n; b += block) {
       const std::size_t m = n - b < block ? n - b : block;
-      for (std::size_t i = 0; i < m; ++i) tmp[i] = to_float(x[b + i]);
+      widen_16_to_f32(x.data() + b, m, tmp);
       overflow |= convert_f32_to_16<ToHalf>(tmp, out.data() + 2 * b, m);
     }
     if (strict && overflow) {

@@ -25,6 +25,11 @@
 #include <cstring>
 #include <type_traits>
 
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
 ASHL_NAMESPACE_BEGIN
 namespace compress::detail {
 
@@ -226,12 +231,103 @@ inline ashl_f32x4 bf16_to_f32_x4(const std::byte* in) noexcept {
 #define ASHL_DETAIL_VECTOR_EXT false
 #endif
 
+// n half or bfloat16 elements widened exactly into out (the vector
+// extension's 4 lanes where available, then the scalar functions).
+template <class T>
+inline void widen_16_to_f32(const T* x, std::size_t n, float* out) noexcept {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16>, "widen_16_to_f32: half or bfloat16");
+  const auto* in = reinterpret_cast<const std::byte*>(x);
+  std::size_t i = 0;
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+  if constexpr (ASHL_DETAIL_VECTOR_EXT) {
+    for (const std::size_t e = n & ~std::size_t{3}; i < e; i += 4) {
+      const ashl_f32x4 v = std::is_same_v<T, half> ? f16_to_f32_x4(in + 2 * i) : bf16_to_f32_x4(in + 2 * i);
+      std::memcpy(out + i, &v, 16);
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    const std::uint16_t b = load_le<std::uint16_t>(in + 2 * i);
+    out[i] = std::is_same_v<T, half> ? f16_to_f32(b) : bf16_to_f32(b);
+  }
+}
+
+// x86 with F16C and AVX2 (chosen at run time, so the default build without
+// -march has it; function-level target attributes): vcvtps2ph rounds to
+// nearest even by its immediate (not MXCSR) and vcvtph2ps widens exactly,
+// with the bits of the functions above (the codec tests compare every 16-bit
+// pattern and the float rounding boundaries). The one difference, a
+// signalling NaN half widened quiet, disappears in decode-add's multiply,
+// which quiets it the same way. Like the float-add trick, this expects the
+// default MXCSR (no flush-to-zero or denormals-are-zero).
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#define ASHL_DETAIL_F16C_X86 1
+inline bool cpu_has_avx2_f16c() noexcept {
+  // clang's __builtin_cpu_supports does not know "f16c": cpuid leaf 1, ECX bit 29.
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0 && __builtin_cpu_supports("avx2");
+  }();
+  return yes;
+}
+
+// Elements [0, returned) of in (a multiple of 16) to binary16; `overflow`
+// set when one of them is finite and becomes +-inf (|x| >= 65520, a key in
+// (0x477fefff, 0x7f800000)).
+__attribute__((target("avx2,f16c"))) inline std::size_t f32_to_f16_f16c(const float* in, std::byte* out, std::size_t n,
+                                                                      bool& overflow) noexcept {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i big = _mm256_set1_epi32(0x477fefff), inf = _mm256_set1_epi32(0x7f800000);
+  __m256i ov = _mm256_setzero_si256();
+  std::size_t i = 0;
+  for (const std::size_t e = n & ~std::size_t{15}; i < e; i += 16) {
+    const __m256 v0 = _mm256_loadu_ps(in + i), v1 = _mm256_loadu_ps(in + i + 8);
+    const __m128i h0 = _mm256_cvtps_ph(v0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m128i h1 = _mm256_cvtps_ph(v1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), h0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i + 16), h1);
+    const __m256i a0 = _mm256_and_si256(_mm256_castps_si256(v0), abs_mask);
+    const __m256i a1 = _mm256_and_si256(_mm256_castps_si256(v1), abs_mask);
+    ov = _mm256_or_si256(ov, _mm256_and_si256(_mm256_cmpgt_epi32(a0, big), _mm256_cmpgt_epi32(inf, a0)));
+    ov = _mm256_or_si256(ov, _mm256_and_si256(_mm256_cmpgt_epi32(a1, big), _mm256_cmpgt_epi32(inf, a1)));
+  }
+  overflow = _mm256_testz_si256(ov, ov) == 0;
+  return i;
+}
+
+// acc[i] += scale * f16 value i for i < returned (a multiple of 8): the
+// multiply and the add of the portable loop, in that order.
+__attribute__((target("avx2,f16c"))) inline std::size_t add_f16_f16c(const std::byte* in, float* acc, std::size_t n,
+                                                                   float scale) noexcept {
+  const __m256 s = _mm256_set1_ps(scale);
+  std::size_t i = 0;
+  for (const std::size_t e = n & ~std::size_t{7}; i < e; i += 8) {
+    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i)));
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_mul_ps(s, v)));
+  }
+  return i;
+}
+#else
+#define ASHL_DETAIL_F16C_X86 0
+#endif
+
+// Which kernels the bulk conversions may use: the best this CPU has, or only
+// the portable ones (the tests compare the two).
+enum class convert_path { best, portable };
+
 // n floats to binary16 (ToHalf) or bfloat16 patterns, little-endian. Returns
 // whether some finite input became +-inf.
 template <bool ToHalf>
-inline bool convert_f32_to_16(const float* in, std::byte* out, std::size_t n) noexcept {
+inline bool convert_f32_to_16(const float* in, std::byte* out, std::size_t n,
+                              convert_path path = convert_path::best) noexcept {
   std::size_t i = 0;
   bool overflow = false;
+#if ASHL_DETAIL_F16C_X86
+  if constexpr (ToHalf && std::endian::native == std::endian::little)
+    if (path == convert_path::best && cpu_has_avx2_f16c()) i = f32_to_f16_f16c(in, out, n, overflow);
+#else
+  (void)path;
+#endif
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
   if constexpr (ASHL_DETAIL_VECTOR_EXT) {
     ashl_u32x4 ov{};
@@ -254,8 +350,16 @@ inline bool convert_f32_to_16(const float* in, std::byte* out, std::size_t n) no
 }
 
 // acc[i] += scale * value(payload element i) for n dense values of type t.
-inline void add_dense(const std::byte* in, dtype t, float* acc, std::size_t n, float scale) noexcept {
+inline void add_dense(const std::byte* in, dtype t, float* acc, std::size_t n, float scale,
+                      convert_path path = convert_path::best) noexcept {
   std::size_t i = 0;
+#if ASHL_DETAIL_F16C_X86
+  if (t == dtype::f16 && std::endian::native == std::endian::little && path == convert_path::best &&
+      cpu_has_avx2_f16c())
+    i = add_f16_f16c(in, acc, n, scale);
+#else
+  (void)path;
+#endif
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
   if constexpr (ASHL_DETAIL_VECTOR_EXT) {
     for (; i < (n & ~std::size_t{3}); i += 4) {

@@ -50,20 +50,7 @@ inline const float* as_float(const T* x, std::size_t len, float* buf) noexcept {
     (void)len;
     return x;
   } else {
-    const auto* in = reinterpret_cast<const std::byte*>(x);
-    std::size_t i = 0;
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
-    if constexpr (ASHL_DETAIL_VECTOR_EXT) {
-      for (const std::size_t e = len & ~std::size_t{3}; i < e; i += 4) {
-        const ashl_f32x4 v = std::is_same_v<T, half> ? f16_to_f32_x4(in + 2 * i) : bf16_to_f32_x4(in + 2 * i);
-        std::memcpy(buf + i, &v, 16);
-      }
-    }
-#endif
-    for (; i < len; ++i) {
-      const std::uint16_t b = load_le<std::uint16_t>(in + 2 * i);
-      buf[i] = std::is_same_v<T, half> ? f16_to_f32(b) : bf16_to_f32(b);
-    }
+    widen_16_to_f32(x, len, buf);
     return buf;
   }
 }
