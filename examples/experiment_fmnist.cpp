@@ -50,6 +50,8 @@ struct settings {
   std::string out = "fmnist-results";
   bool quick = false;
   double lr = 0.02;
+  std::map<std::string, double> lr_of;  // per-policy learning rates (override lr)
+  int first_seed = 1;
   double momentum = 0.9;
   double eval_every = 0.25;
   std::size_t eval_test = 2000;   // test images for the periodic accuracy
@@ -71,6 +73,11 @@ struct settings {
   int jobs = 2;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string trace_policy;       // write a Chrome trace of this policy's first seed
+
+  [[nodiscard]] double lr_for(const std::string& policy) const {
+    const auto it = lr_of.find(policy);
+    return it == lr_of.end() ? lr : it->second;
+  }
 };
 
 const char* const known_policies[] = {"bsp", "asp", "ssp", "local_sgd", "adsp", "semi_async", "dlb", "ashl", "ashl_plus"};
@@ -80,10 +87,13 @@ void usage() {
       "usage: ashl_experiment_fmnist [--mode sim] [--seeds N] [--policies a,b,...] [--budget S]\n"
       "                              [--target A] [--out DIR] [--quick] [--jobs J] [--lr X]\n"
       "                              [--eval-every S] [--data DIR] [--trace POLICY]\n"
-      "                              [--compress-seconds S] [--slowdown W,AT,F] [--help]\n"
+      "                              [--compress-seconds S] [--slowdown W,AT,F] [--first-seed K]\n"
+      "                              [--help]\n"
       "policies: bsp asp ssp local_sgd adsp semi_async dlb ashl ashl_plus\n"
       "  --budget S    virtual seconds per run (default 20)\n"
       "  --target A    test accuracy to reach, in (0, 1] (default 0.85)\n"
+      "  --lr X        learning rate of every policy; or per policy: --lr bsp=0.05,asp=0.02\n"
+      "  --first-seed K  seeds K .. K+N-1 (default 1)\n"
       "  --quick       a small run for tests: 1 seed, bsp,asp,ashl, 1 virtual second\n"
       "  --compress-seconds S  reference worker's time to top-k one update (default 0.001; 0: free)\n"
       "  --slowdown W,AT,F     worker W (0-8) becomes F times slower at virtual time AT (repeatable)\n"
@@ -145,8 +155,31 @@ ashl::result<settings> parse(int argc, char** argv) {
       ASHL_TRY(num("--target", s.target));
       if (!(s.target > 0.0 && s.target <= 1.0)) return ashl::invalid_argument("--target", s.target, "must be in (0, 1]");
     } else if (a == "--lr") {
-      ASHL_TRY(num("--lr", s.lr));
-      if (!(s.lr > 0.0 && s.lr < 10.0)) return ashl::invalid_argument("--lr", s.lr, "must be in (0, 10)");
+      if (i + 1 < argc && std::strchr(argv[i + 1], '=') != nullptr) {
+        std::stringstream ss(argv[++i]);
+        std::string item;
+        while (std::getline(ss, item, ',')) {
+          const auto eq = item.find('=');
+          const std::string name = item.substr(0, eq == std::string::npos ? item.size() : eq);
+          bool ok = false;
+          for (auto k : known_policies) ok = ok || name == k;
+          if (!ok || eq == std::string::npos) return bad("--lr", item, "must be POLICY=RATE with a known policy");
+          char* end = nullptr;
+          const double v = std::strtod(item.c_str() + eq + 1, &end);
+          if (end == item.c_str() + eq + 1 || *end) return bad("--lr", item, "the rate must be a number");
+          if (!(v > 0.0 && v < 10.0)) return ashl::invalid_argument("--lr." + name, v, "must be in (0, 10)");
+          s.lr_of[name] = v;
+        }
+      } else {
+        ASHL_TRY(num("--lr", s.lr));
+        if (!(s.lr > 0.0 && s.lr < 10.0)) return ashl::invalid_argument("--lr", s.lr, "must be in (0, 10)");
+        s.lr_of.clear();
+      }
+    } else if (a == "--first-seed") {
+      double v;
+      ASHL_TRY(num("--first-seed", v));
+      if (!(v >= 1 && v <= 1e6 && v == std::floor(v))) return ashl::invalid_argument("--first-seed", v, "must be an integer in [1, 1000000]");
+      s.first_seed = static_cast<int>(v);
     } else if (a == "--eval-every") {
       ASHL_TRY(num("--eval-every", s.eval_every));
       if (!(s.eval_every > 0.0)) return ashl::invalid_argument("--eval-every", s.eval_every, "must be > 0");
@@ -346,6 +379,7 @@ run_outcome run_one(const std::string& name, int seed, const settings& s, const 
   std::vector<std::uint8_t> yb;
   std::vector<std::byte> scratch;
   const bool ef = setup->error_feedback;
+  const double lr_policy = s.lr_for(name);
   const auto batches = setup->batches;
   const std::uint64_t rng_seed = mix(static_cast<std::uint64_t>(seed) * 7919 + 17);
 
@@ -366,7 +400,7 @@ run_outcome run_one(const std::string& name, int seed, const settings& s, const 
       }
       ++x.step;
       net.forward_backward(x.w, xb.data(), yb.data(), batch, x.grad);
-      const float mu = static_cast<float>(s.momentum), lr = static_cast<float>(s.lr);
+      const float mu = static_cast<float>(s.momentum), lr = static_cast<float>(lr_policy);
       for (std::size_t i = 0; i < n; ++i) {
         x.v[i] = mu * x.v[i] + x.grad[i];
         x.w[i] -= lr * x.v[i];
@@ -486,6 +520,7 @@ int main(int argc, char** argv) {
   std::printf("# Fashion-MNIST, MLP 784-256-10, 9 workers (compute 2x/3x/4x, comm 4x/6x/8x of 10 ms / 5 ms), "
               "budget %.1f virtual s, target %.2f, %d seed(s), lr %.3g momentum %.2g, top-k %.3g ms\n",
               s.budget, s.target, s.seeds, s.lr, s.momentum, s.compress_seconds * 1e3);
+  for (const auto& [p, v] : s.lr_of) std::printf("# lr %s = %g\n", p.c_str(), v);
   for (const auto& d : s.slowdowns)
     std::printf("# worker %u becomes %gx slower at %g virtual s\n", d.worker, d.factor, d.at);
   std::fflush(stdout);
@@ -496,7 +531,7 @@ int main(int argc, char** argv) {
   };
   std::vector<job> jobs;
   for (const auto& p : s.policies)
-    for (int k = 1; k <= s.seeds; ++k) jobs.push_back({p, k});
+    for (int k = s.first_seed; k < s.first_seed + s.seeds; ++k) jobs.push_back({p, k});
   std::vector<run_outcome> results(jobs.size());
   std::atomic<std::size_t> next{0};
   std::mutex io;
@@ -504,7 +539,7 @@ int main(int argc, char** argv) {
   // running several at once changes no result.
   auto worker = [&] {
     for (std::size_t j; (j = next.fetch_add(1)) < jobs.size();) {
-      const bool trace = jobs[j].seed == 1 && jobs[j].policy == s.trace_policy;
+      const bool trace = jobs[j].seed == s.first_seed && jobs[j].policy == s.trace_policy;
       results[j] = run_one(jobs[j].policy, jobs[j].seed, s, *data, *spec, trace);
       std::lock_guard<std::mutex> lk(io);
       const auto& r = results[j];
@@ -546,7 +581,8 @@ int main(int argc, char** argv) {
     json << "{\"policy\":\"" << p << "\",\"seeds\":" << s.seeds << ",\"target_accuracy\":" << s.target
          << ",\"time_to_target_s\":" << num_or_null(t, "%.4f") << ",\"final_accuracy\":" << num_or_null(median(acc), "%.5f")
          << ",\"bytes_per_worker\":" << num_or_null(median(bytes), "%.0f")
-         << ",\"wait_fraction\":" << num_or_null(median(wait), "%.5f") << ",\"budget_s\":" << s.budget << "}\n";
+         << ",\"wait_fraction\":" << num_or_null(median(wait), "%.5f") << ",\"budget_s\":" << s.budget
+         << ",\"lr\":" << s.lr_for(p) << "}\n";
   }
   std::printf("\n%s", json.str().c_str());
 
@@ -567,13 +603,13 @@ int main(int argc, char** argv) {
                                    "#8c564b", "#e377c2", "#000000", "#17becf"};
     std::ofstream g(gp);
     g << "set datafile separator ','\nset terminal pngcairo size 1000,600\nset output '" << s.out
-      << "/accuracy_vs_time.png'\nset xlabel 'virtual time (s)'\nset ylabel 'test accuracy (seed 1)'\n"
+      << "/accuracy_vs_time.png'\nset xlabel 'virtual time (s)'\nset ylabel 'test accuracy (seed " << s.first_seed << ")'\n"
          "set yrange [0.5:0.92]\nset key bottom right\nset grid\nset termoption noenhanced\n"
       << "set arrow from graph 0, first " << s.target << " to graph 1, first " << s.target << " nohead dt 2\n"
       << "plot ";
     for (std::size_t k = 0; k < s.policies.size(); ++k)
       g << (k ? ", " : "") << "'" << csv << "' using (strcol(1) eq '" << s.policies[k]
-        << "' && $2 == 1 ? $3 : 1/0):4 with lines lw 2 lc rgb '" << colors[k % 9] << "' title '" << s.policies[k] << "'";
+        << "' && $2 == " << s.first_seed << " ? $3 : 1/0):4 with lines lw 2 lc rgb '" << colors[k % 9] << "' title '" << s.policies[k] << "'";
     g << "\n";
     g.close();
     if (std::system(("gnuplot " + gp + " 2>/dev/null").c_str()) != 0)
