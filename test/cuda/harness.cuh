@@ -18,6 +18,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace ashl_test {
@@ -28,7 +29,7 @@ namespace cc = ::ashl::compress;
 // (randomk: no encode report, a context on decode).
 template <class C>
 inline constexpr bool randomk_shape = std::is_same_v<C, cc::randomk>;
-template <class C, class T>
+template <class C, class T, std::enable_if_t<!randomk_shape<C>, int> = 0>
 ashl::status dev_encode(const C& c, void* s, std::size_t& b, ashl::device_view<const T> x,
                         ashl::device_view<std::byte> o, std::size_t& used, const cc::codec_context& ctx,
                         cudaStream_t st, cc::cuda::device_report* r) {
@@ -40,7 +41,7 @@ ashl::status dev_encode(const cc::randomk& c, void* s, std::size_t& b, ashl::dev
                         cudaStream_t st, cc::cuda::device_report*) {
   return cc::cuda::encode(c, s, b, x, o, used, ctx, st);
 }
-template <class C, class T>
+template <class C, class T, std::enable_if_t<!randomk_shape<C>, int> = 0>
 ashl::status dev_encode_ef(const C& c, void* s, std::size_t& b, ashl::device_view<const T> x,
                            ashl::device_view<float> e, ashl::device_view<std::byte> o, std::size_t& used,
                            const cc::codec_context& ctx, cudaStream_t st, cc::cuda::device_report* r) {
@@ -52,7 +53,7 @@ ashl::status dev_encode_ef(const cc::randomk& c, void* s, std::size_t& b, ashl::
                            const cc::codec_context& ctx, cudaStream_t st, cc::cuda::device_report*) {
   return cc::cuda::encode_error_feedback(c, s, b, x, e, o, used, ctx, st);
 }
-template <class C>
+template <class C, std::enable_if_t<!randomk_shape<C>, int> = 0>
 ashl::status dev_decode(const C& c, void* s, std::size_t& b, ashl::device_view<const std::byte> in,
                         cc::payload_info info, ashl::device_view<float> acc, float scale, const cc::codec_context&,
                         cudaStream_t st, cc::cuda::device_report* r) {
