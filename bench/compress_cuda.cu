@@ -6,7 +6,8 @@
 // Cases: sizes 2^20 .. 2^28 and 25,557,032 (ResNet-50's parameter count),
 // f32 and bf16 inputs; codecs: copy (cudaMemcpyAsync D2D, the bandwidth
 // ceiling), bf16 cast (f32 input only), fp16 cast, exact top-k at k = 1 % and
-// 0.1 %. Method (docs/perf/compress-gpu.md): scratch and outputs allocated
+// 0.1 %, random-k 1 %, qsgd (127 levels, bucket 512), terngrad, sign,
+// natural (stochastic codecs with a fixed codec_context). Method (docs/perf/compress-gpu.md): scratch and outputs allocated
 // once per case; inputs rotate over enough buffers that the working set
 // exceeds the L2 cache; warm-up runs, then each run timed alone with CUDA
 // events on one stream; the median is reported with min and max. Copy
@@ -14,9 +15,19 @@
 // bytes read once. Prints a table, then one JSON object per case. Never an
 // assertion on time.
 #include <ashl/compress/cuda/cast.cuh>
+#include <ashl/compress/cuda/natural.cuh>
+#include <ashl/compress/cuda/qsgd.cuh>
+#include <ashl/compress/cuda/randomk.cuh>
+#include <ashl/compress/cuda/sign.cuh>
+#include <ashl/compress/cuda/terngrad.cuh>
 #include <ashl/compress/cuda/topk.cuh>
 
 #include <ashl/compress/cast.hpp>
+#include <ashl/compress/natural.hpp>
+#include <ashl/compress/qsgd.hpp>
+#include <ashl/compress/randomk.hpp>
+#include <ashl/compress/sign.hpp>
+#include <ashl/compress/terngrad.hpp>
 #include <ashl/compress/topk.hpp>
 
 #include <cuda_runtime.h>
@@ -131,11 +142,33 @@ bool run_size(std::size_t n, int warmup, int runs, cudaStream_t stream, std::vec
     cudaFree(scratch);
     return true;
   };
+  // The stochastic codecs take a codec_context (and a device report, unread here).
+  const ashl::compress::codec_context ctx{.seed = 42, .step = 7, .tensor = 1};
+  auto ctx_case = [&](const char* name, const auto& codec, std::size_t k) {
+    std::size_t scratch_bytes = 0, used = 0;
+    if (!cc::cuda::encode(codec, nullptr, scratch_bytes, view(0), ov, used, ctx, stream).ok()) return false;
+    void* scratch = nullptr;
+    if (!ok(cudaMalloc(&scratch, scratch_bytes), "cudaMalloc scratch")) return false;
+    result_row r{name, dt, n, k, used, static_cast<double>(bytes), {}};
+    r.t = time_runs(stream, warmup, runs, [&](int i) {
+      const ashl::status s = cc::cuda::encode(codec, scratch, scratch_bytes, view(i), ov, used, ctx, stream);
+      if (!s.ok()) std::fprintf(stderr, "%s: %s\n", name, s.message().c_str());
+      return s.ok();
+    });
+    rows.push_back(r);
+    cudaFree(scratch);
+    return true;
+  };
   bool good = true;
   if constexpr (std::is_same_v<T, float>) good &= codec_case("bf16_cast", cc::bf16{}, n);
   good &= codec_case("fp16_cast", cc::fp16{}, n);
   good &= codec_case("topk_1%", cc::topk{0.01}, cc::topk{0.01}.k_for(n));
   good &= codec_case("topk_0.1%", cc::topk{0.001}, cc::topk{0.001}.k_for(n));
+  good &= ctx_case("randomk_1%", cc::randomk{{0.01, 0, false}}, cc::randomk{{0.01, 0, false}}.k_for(n));
+  good &= ctx_case("qsgd_127", cc::qsgd{}, n);
+  good &= ctx_case("terngrad", cc::terngrad{}, n);
+  good &= ctx_case("sign", cc::sign{}, n);
+  good &= ctx_case("natural", cc::natural{}, n);
   for (auto* p : in) cudaFree(p);
   cudaFree(out);
   return good;
@@ -177,11 +210,18 @@ int main(int argc, char** argv) {
     if (!run_size<float>(n, warmup, runs, stream, rows)) return 1;
     if (!run_size<ashl::bfloat16>(n, warmup, runs, stream, rows)) return 1;
   }
-  std::printf("%-10s %-5s %11s %10s %12s %11s %11s %9s\n", "codec", "dtype", "n", "k", "payload_B", "median_us",
-              "min_us", "GB/s");
-  for (const auto& r : rows)
-    std::printf("%-10s %-5s %11zu %10zu %12zu %11.1f %11.1f %9.1f\n", r.codec.c_str(), r.dtype.c_str(), r.n, r.k,
-                r.payload, r.t.median_us, r.t.min_us, r.t.median_us > 0 ? r.read_bytes / (r.t.median_us * 1e3) : 0.0);
+  std::printf("%-10s %-5s %11s %10s %12s %11s %11s %9s %8s\n", "codec", "dtype", "n", "k", "payload_B", "median_us",
+              "min_us", "GB/s", "vs_copy");
+  for (const auto& r : rows) {
+    // vs_copy: the copy of the same input (same n and dtype) over this codec's median time.
+    double copy_us = 0;
+    for (const auto& c : rows)
+      if (c.codec == "copy" && c.n == r.n && c.dtype == r.dtype) copy_us = c.t.median_us;
+    std::printf("%-10s %-5s %11zu %10zu %12zu %11.1f %11.1f %9.1f %8.3f\n", r.codec.c_str(), r.dtype.c_str(), r.n,
+                r.k, r.payload, r.t.median_us, r.t.min_us,
+                r.t.median_us > 0 ? r.read_bytes / (r.t.median_us * 1e3) : 0.0,
+                r.t.median_us > 0 ? copy_us / r.t.median_us : 0.0);
+  }
   for (const auto& r : rows) print_json(r);
   std::fflush(stdout);
 

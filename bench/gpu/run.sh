@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # bench/gpu/run.sh — the device check of the CUDA codecs in one go, for a
-# machine with a GPU (designed for < 8 minutes on an H200):
+# machine with a GPU (designed for < 8 minutes on a 16-core H200 machine;
+# it builds only the GPU tests, the benchmark and the .cuh header check):
 #   1. configure with the cuda preset (build/cuda),
 #   2. build the GPU tests and the benchmark,
 #   3. run ctest -L gpu,
-#   4. run ashl_bench_compress_cuda (and torch.topk when torch is installed),
+#   4. run ashl_bench_compress_cuda (every device codec against a D2D copy;
+#      torch.topk too when torch is installed),
 #   5. print a short summary table last.
 # Usage: bench/gpu/run.sh [--quick]     (--quick: sizes 2^20..2^22 and 25,557,032 only)
 # Output: build/cuda/gpu-run/{ctest.log,bench.log,bench.jsonl}; also copied to
@@ -50,9 +52,12 @@ echo "ctest exit: $ctest_rc   bench exit: $bench_rc"
 python3 - "$log/bench.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+copy = {(r["n"], r["dtype"]): r["median_us"] for r in rows if r["codec"] == "copy"}
 big = [r for r in rows if r["n"] in (25557032, max((r["n"] for r in rows), default=0))]
-print(f'{"codec":<16}{"dtype":<6}{"n":>11}{"median_us":>12}{"GB/s":>9}')
+print(f'{"codec":<16}{"dtype":<6}{"n":>11}{"median_us":>12}{"GB/s":>9}{"vs_copy":>9}')
 for r in big:
-    print(f'{r["codec"]:<16}{r["dtype"]:<6}{r["n"]:>11}{r["median_us"]:>12.1f}{r["gbps"]:>9.1f}')
+    c = copy.get((r["n"], r["dtype"]), 0.0)
+    ratio = c / r["median_us"] if r["median_us"] > 0 and c > 0 else 0.0
+    print(f'{r["codec"]:<16}{r["dtype"]:<6}{r["n"]:>11}{r["median_us"]:>12.1f}{r["gbps"]:>9.1f}{ratio:>9.3f}')
 PY
 exit $(( ctest_rc != 0 || bench_rc != 0 ))
