@@ -57,8 +57,8 @@ BOOST_AUTO_TEST_CASE(malformed_payloads) {
   std::memcpy(bad.data() + 16 + 4 * 3, &nan, 4);  // norm of bucket 3
   check_malformed(c, bad, n, ashl::dtype::f32, cc::cuda::device_fault::payload_scale, ctx);
   bad = good;
-  bad[16 + 40] = std::byte{0xff};  // codes 0 and 1 start here: level 15 | sign, then 0b111.. > 15
-  bad[16 + 41] = std::byte{0xff};
+  // Codes start after the 10 norms; code 0 = 0b00001 is a sign on level 0.
+  bad[16 + 40] = (bad[16 + 40] & std::byte{0xe0}) | std::byte{0x01};
   check_malformed(c, bad, n, ashl::dtype::f32, cc::cuda::device_fault::payload_code, ctx);
   // Host-checkable: an unknown dtype, a short buffer.
   device_buffer<std::byte> din(good.size());

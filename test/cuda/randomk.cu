@@ -57,7 +57,7 @@ BOOST_AUTO_TEST_CASE(malformed_payloads) {
   bad.pop_back();
   check_malformed(c, bad, n, ashl::dtype::f32, cc::cuda::device_fault::payload_bytes, ctx);
   bad = good;
-  bad[8] = std::byte{0xff};  // k = 255 > n? no: 255 < 1000, but the buffer holds 10 values
+  bad[8] = std::byte{0xff};  // k = 255 <= n, but the buffer holds 10 values
   check_malformed(c, bad, n, ashl::dtype::f32, cc::cuda::device_fault::payload_bytes, ctx);
 }
 
