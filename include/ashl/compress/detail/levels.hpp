@@ -25,6 +25,7 @@
 #include <ashl/core/philox.hpp>
 #include <ashl/core/status.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -71,12 +72,18 @@ struct level_spec {
 template <gradient_element T>
 float bucket_scale(const T* x, std::uint64_t len, bucket_norm kind, float* buf) noexcept {
   bucket_stats st;
+  if (kind == bucket_norm::max_abs) {  // the max alone (exact, whatever the order)
+    for (std::uint64_t p = 0; p < len; p += chunk) {
+      const std::size_t m = static_cast<std::size_t>(len - p < chunk ? len - p : chunk);
+      st.max_key = std::max(st.max_key, max_abs_key(as_float(x + p, m, buf), m));
+    }
+    return st.finite() ? st.max_abs() : std::numeric_limits<float>::quiet_NaN();
+  }
   for (std::uint64_t p = 0; p < len; p += chunk) {
     const std::size_t m = static_cast<std::size_t>(len - p < chunk ? len - p : chunk);
     merge(st, stats(as_float(x + p, m, buf), m));
   }
   if (!st.finite()) return std::numeric_limits<float>::quiet_NaN();
-  if (kind == bucket_norm::max_abs) return st.max_abs();
   const float s = std::sqrt(st.sum_sq);
   if (std::isfinite(s) && s >= st.max_abs() && (st.sum_sq >= 1e-30f || st.max_key == 0)) return s;
   double acc = 0.0;
@@ -87,6 +94,20 @@ float bucket_scale(const T* x, std::uint64_t len, bucket_norm kind, float* buf) 
   }
   const float sd = static_cast<float>(std::sqrt(acc));
   return sd > st.max_abs() ? sd : st.max_abs();
+}
+
+// Asks for elements [from, from + chunk) of x (those below n) to be brought
+// into the cache, one request per 64-byte line.
+template <gradient_element T>
+inline void prefetch_ahead(const T* x, std::uint64_t n, std::uint64_t from) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  if (from >= n) return;
+  const std::uint64_t bytes = (n - from < chunk ? n - from : chunk) * sizeof(T);
+  const char* p = reinterpret_cast<const char*>(x + from);
+  for (std::uint64_t j = 0; j < bytes; j += 64) __builtin_prefetch(p + j);
+#else
+  (void)x, (void)n, (void)from;
+#endif
 }
 
 // Writes bucket_count(n) f32 scales at `norms` and the packed codes at
@@ -111,6 +132,9 @@ std::uint64_t levels_encode(const T* x, std::uint64_t n, const level_spec& spec,
   std::uint64_t scaled = 0;  // buckets whose scale is stored
   for (std::uint64_t c0 = 0; c0 < n; c0 += chunk) {
     const std::size_t m = static_cast<std::size_t>(n - c0 < chunk ? n - c0 : chunk);
+    // The chunk after next is requested now, so memory streams while this
+    // one is computed (the encode is otherwise read, compute, read, ...).
+    prefetch_ahead(x, n, c0 + 2 * chunk);
     const std::uint64_t last = (c0 + m - 1) / B;
     for (; scaled <= last; ++scaled) {
       const std::uint64_t lo = scaled * B, len = lo + B < n ? B : n - lo;

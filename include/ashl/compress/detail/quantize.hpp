@@ -71,9 +71,71 @@ inline void merge(bucket_stats& a, const bucket_stats& b) noexcept {
   a.max_key = std::max(a.max_key, b.max_key);
 }
 
+#if ASHL_DETAIL_PHILOX_X86
+// stats and max_abs_key on 8 lanes for CPUs with AVX2 (chosen at run time):
+// lane j takes elements i + j of every 8, which is exactly what the two
+// 4-lane accumulator sets of the portable loop take, and the lanes are
+// combined in the same order, so the float sums have the same bits. They
+// do elements [0, len & ~7); the caller adds the tail as the portable loop does.
+__attribute__((target("avx2"))) inline bucket_stats stats_avx2(const float* x, std::size_t len) noexcept {
+  typedef float f32x8 __attribute__((vector_size(32)));
+  typedef std::int32_t i32x8 __attribute__((vector_size(32)));
+  f32x8 sq{}, ab{};
+  i32x8 mk{};
+  for (std::size_t i = 0, e = len & ~std::size_t{7}; i < e; i += 8) {
+    i32x8 b;
+    std::memcpy(&b, x + i, 32);
+    b &= 0x7fffffff;
+    const f32x8 a = reinterpret_cast<f32x8>(b);
+    sq += a * a;
+    ab += a;
+    mk = b > mk ? b : mk;  // keys have the sign bit clear: a signed compare orders them
+  }
+  bucket_stats st;
+  const float q0 = sq[0] + sq[4], q1 = sq[1] + sq[5], q2 = sq[2] + sq[6], q3 = sq[3] + sq[7];
+  const float a0 = ab[0] + ab[4], a1 = ab[1] + ab[5], a2 = ab[2] + ab[6], a3 = ab[3] + ab[7];
+  st.sum_sq = (q0 + q1) + (q2 + q3);
+  st.sum_abs = (a0 + a1) + (a2 + a3);
+  std::uint32_t m = 0;
+  for (int l = 0; l < 8; ++l) m = std::max(m, static_cast<std::uint32_t>(mk[l]));
+  st.max_key = m;
+  return st;
+}
+__attribute__((target("avx2"))) inline std::uint32_t max_abs_key_avx2(const float* x, std::size_t len) noexcept {
+  typedef std::int32_t i32x8 __attribute__((vector_size(32)));
+  i32x8 m0{}, m1{};
+  std::size_t i = 0;
+  for (const std::size_t e = len & ~std::size_t{15}; i < e; i += 16) {
+    i32x8 b0, b1;
+    std::memcpy(&b0, x + i, 32);
+    std::memcpy(&b1, x + i + 8, 32);
+    b0 &= 0x7fffffff;
+    b1 &= 0x7fffffff;
+    m0 = b0 > m0 ? b0 : m0;
+    m1 = b1 > m1 ? b1 : m1;
+  }
+  if (i < (len & ~std::size_t{7})) {
+    i32x8 b;
+    std::memcpy(&b, x + i, 32);
+    b &= 0x7fffffff;
+    m0 = b > m0 ? b : m0;
+  }
+  m0 = m1 > m0 ? m1 : m0;
+  std::uint32_t r = 0;
+  for (int l = 0; l < 8; ++l) r = std::max(r, static_cast<std::uint32_t>(m0[l]));
+  return r;
+}
+#endif
+
 inline bucket_stats stats(const float* x, std::size_t len) noexcept {
   bucket_stats st;
   std::size_t i = 0;
+#if ASHL_DETAIL_PHILOX_X86
+  if (cpu_has_avx2()) {
+    st = stats_avx2(x, len);
+    i = len & ~std::size_t{7};
+  } else
+#endif
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
   if constexpr (ASHL_DETAIL_VECTOR_EXT) {
     // Two independent accumulator sets hide the add latency.
@@ -115,6 +177,12 @@ inline bucket_stats stats(const float* x, std::size_t len) noexcept {
 inline std::uint32_t max_abs_key(const float* x, std::size_t len) noexcept {
   std::size_t i = 0;
   std::uint32_t r = 0;
+#if ASHL_DETAIL_PHILOX_X86
+  if (cpu_has_avx2()) {
+    r = max_abs_key_avx2(x, len);
+    i = len & ~std::size_t{7};
+  } else
+#endif
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
   if constexpr (ASHL_DETAIL_VECTOR_EXT) {
     ashl_u32x4 m0{}, m1{};
@@ -184,32 +252,39 @@ inline void negative_bits(const float* x, std::size_t len, std::byte* out) noexc
 }
 
 #if ASHL_DETAIL_PHILOX_X86
+// The rounding of 8 elements with their 8 words (AVX2 intrinsics; the same
+// float operations as the loops: min(|x| k, L), truncation, the fraction,
+// the 24-bit uniform by an exact 2^-24 scaling, and min(level, 1) as the
+// level != 0 test of the sign).
+__attribute__((target("avx2"), always_inline)) inline __m256i level_codes8_avx2(const float* x, __m256i w,
+                                                                               __m256 k, __m256 L) noexcept {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m256 r0 = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff))), k);
+  const __m256 r = _mm256_min_ps(r0, L);  // r0 < L ? r0 : L
+  const __m256i l = _mm256_cvttps_epi32(r);
+  const __m256 frac = _mm256_sub_ps(r, _mm256_cvtepi32_ps(l));
+  const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w, 8)), _mm256_set1_ps(1.0f / 16777216.0f));
+  const __m256i level = _mm256_sub_epi32(l, _mm256_castps_si256(_mm256_cmp_ps(u, frac, _CMP_LT_OQ)));
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(b, 31), _mm256_min_epu32(level, _mm256_set1_epi32(1)));
+  return _mm256_or_si256(_mm256_slli_epi32(level, 1), sign);
+}
+
 // round_levels on 8 lanes for CPUs with AVX2 (chosen at run time); returns
-// how many elements it did (a multiple of 8). Same arithmetic as the 4-lane
+// how many elements it did (a multiple of 16). Same arithmetic as the 4-lane
 // loop, so the codes do not depend on the path taken.
 __attribute__((target("avx2"))) inline std::size_t round_levels_avx2(const float* x, std::size_t len, float k, float L,
                                                                     const std::uint32_t* words,
                                                                     std::uint16_t* codes) noexcept {
-  typedef float f32x8 __attribute__((vector_size(32)));
-  typedef std::int32_t i32x8 __attribute__((vector_size(32)));
-  typedef std::uint32_t u32x8 __attribute__((vector_size(32)));
-  typedef std::uint16_t u16x8 __attribute__((vector_size(16)));
+  const __m256 kv = _mm256_set1_ps(k), Lv = _mm256_set1_ps(L);
   std::size_t i = 0;
-  const f32x8 top = f32x8{} + L;
-  for (const std::size_t e = len & ~std::size_t{7}; i < e; i += 8) {
-    u32x8 b, w;
-    std::memcpy(&b, x + i, 32);
-    std::memcpy(&w, words + i, 32);
-    const f32x8 r0 = reinterpret_cast<f32x8>(b & 0x7fffffffu) * k;
-    const f32x8 r = r0 < L ? r0 : top;
-    const i32x8 l = __builtin_convertvector(r, i32x8);
-    const f32x8 frac = r - __builtin_convertvector(l, f32x8);
-    const f32x8 u = __builtin_convertvector(reinterpret_cast<i32x8>(w >> 8), f32x8) * (1.0f / 16777216.0f);
-    const i32x8 level = l - (u < frac);
-    const u32x8 sign = (b >> 31) & reinterpret_cast<u32x8>(level != 0);
-    const u32x8 code = (reinterpret_cast<u32x8>(level) << 1) | sign;
-    const u16x8 c16 = __builtin_convertvector(code, u16x8);
-    std::memcpy(codes + i, &c16, 16);
+  for (const std::size_t e = len & ~std::size_t{15}; i < e; i += 16) {
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i + 8));
+    const __m256i c0 = level_codes8_avx2(x + i, w0, kv, Lv), c1 = level_codes8_avx2(x + i + 8, w1, kv, Lv);
+    // Codes are below 2^16: the unsigned-saturating pack keeps them; it
+    // works per 128-bit half, so the quadwords are put back in order.
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(c0, c1), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), p);
   }
   return i;
 }
@@ -330,9 +405,31 @@ inline void pack_chunk(const std::uint16_t* codes, std::size_t len, unsigned w, 
     for (; g < groups; ++g) out[g] = static_cast<std::byte>(codes[g]);
     o = groups;
   } else if (w == 4) {
+#if defined(__SSE2__) && !defined(__CUDACC__)
+    // 16 codes per step: pmaddwd joins neighbours (c0 + 16 c1 is a byte),
+    // two saturating packs narrow the sums (each <= 255) to bytes.
+    const __m128i join = _mm_set1_epi32(0x00100001);
+    for (; g + 16 <= groups; g += 16) {
+      const __m128i a = _mm_madd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + g)), join);
+      const __m128i b = _mm_madd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + g + 8)), join);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + g / 2), _mm_packus_epi16(_mm_packs_epi32(a, b), a));
+    }
+#endif
     for (; g < groups; g += 2) out[g / 2] = static_cast<std::byte>(codes[g] | (codes[g + 1] << 4));
     o = groups / 2;
   } else if (w == 2) {
+#if defined(__SSE2__) && !defined(__CUDACC__)
+    // 16 codes per step: c0 + 4 c1 (pmaddwd), pack, then q0 + 16 q1 is the byte.
+    const __m128i join2 = _mm_set1_epi32(0x00040001), join4 = _mm_set1_epi32(0x00100001);
+    for (; g + 16 <= groups; g += 16) {
+      const __m128i a = _mm_madd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + g)), join2);
+      const __m128i b = _mm_madd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + g + 8)), join2);
+      const __m128i q = _mm_madd_epi16(_mm_packs_epi32(a, b), join4);
+      const __m128i bytes = _mm_packus_epi16(_mm_packs_epi32(q, q), q);
+      const std::uint32_t four = static_cast<std::uint32_t>(_mm_cvtsi128_si32(bytes));
+      std::memcpy(out + g / 4, &four, 4);
+    }
+#endif
     for (; g < groups; g += 4)
       out[g / 4] =
           static_cast<std::byte>(codes[g] | (codes[g + 1] << 2) | (codes[g + 2] << 4) | (codes[g + 3] << 6));
