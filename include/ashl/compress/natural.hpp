@@ -130,6 +130,8 @@ class natural {
     std::uint32_t words[detail::chunk];
     for (std::size_t p = 0; p < n; p += detail::chunk) {
       const std::size_t m = n - p < detail::chunk ? n - p : detail::chunk;
+      // The second read of x: ask for the chunk after next while this one is coded.
+      detail::prefetch_ahead(x, n, p + 2 * detail::chunk);
       rw.fill(p / 4, (m + 3) / 4, words);
       detail::natural_codes(detail::as_float(x + p, m, buf), m, emin, f, words, codes + p);
     }

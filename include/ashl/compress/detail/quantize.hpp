@@ -459,39 +459,58 @@ inline void pack_chunk(const std::uint16_t* codes, std::size_t len, unsigned w, 
 }
 
 #if ASHL_DETAIL_PHILOX_X86
+// natural codes of 8 elements (AVX2 intrinsics): the integer tests of the
+// 4-lane loop; the below-range test (three float multiplies) only when some
+// lane has low < 1, which gradients rarely do (emin sits 126 binades below
+// max |x|).
+__attribute__((target("avx2"), always_inline)) inline __m256i natural_codes8_avx2(const float* x, __m256i w,
+                                                                                 __m256i emin_126,
+                                                                                 const float* f) noexcept {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m256i ab = _mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff));
+  const __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x00800000), ab);
+  // Subnormals normalized by an exact 2^64 scaling (exponent then 64 too high).
+  const __m256 af = _mm256_castsi256_ps(ab);
+  const __m256i nb = _mm256_castps_si256(_mm256_mul_ps(af, _mm256_set1_ps(18446744073709551616.0f)));
+  const __m256i bits = _mm256_blendv_epi8(ab, nb, sub);
+  const __m256i E = _mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_and_si256(sub, _mm256_set1_epi32(64)));
+  const __m256i M2 = _mm256_slli_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffff)), 1);
+  const __m256i u = _mm256_srli_epi32(w, 8);
+  const __m256i low = _mm256_sub_epi32(E, emin_126);  // E - 126 - emin
+  const __m256i in_range = _mm256_sub_epi32(low, _mm256_cmpgt_epi32(M2, u));  // low + [u < M2]
+  const __m256i below_one = _mm256_cmpgt_epi32(_mm256_set1_epi32(1), low);
+  __m256i c = in_range;
+  if (!_mm256_testz_si256(below_one, below_one)) {
+    const __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(af, _mm256_set1_ps(f[0])), _mm256_set1_ps(f[1])),
+                                   _mm256_set1_ps(f[2]));
+    const __m256i below = _mm256_srli_epi32(_mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(u), t, _CMP_LT_OQ)), 31);
+    c = _mm256_blendv_epi8(in_range, below, below_one);
+  }
+  c = _mm256_min_epi32(c, _mm256_set1_epi32(127));
+  c = _mm256_andnot_si256(_mm256_cmpeq_epi32(ab, _mm256_setzero_si256()), c);
+  const __m256i nonzero = _mm256_min_epu32(c, _mm256_set1_epi32(1));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(b, 31), nonzero), 7);
+  return _mm256_or_si256(c, sign);
+}
+
 // natural_codes on 8 lanes for CPUs with AVX2 (chosen at run time); returns
-// how many elements it did. Same integer tests as the 4-lane loop.
+// how many elements it did (a multiple of 32). Same tests as the 4-lane loop.
 __attribute__((target("avx2"))) inline std::size_t natural_codes_avx2(const float* x, std::size_t len,
                                                                      std::int32_t emin, const float* f,
                                                                      const std::uint32_t* words,
                                                                      std::byte* out) noexcept {
-  typedef float f32x8 __attribute__((vector_size(32)));
-  typedef std::int32_t i32x8 __attribute__((vector_size(32)));
-  typedef std::uint32_t u32x8 __attribute__((vector_size(32)));
-  typedef std::uint8_t u8x8 __attribute__((vector_size(8)));
+  const __m256i emin_126 = _mm256_set1_epi32(126 + emin);
   std::size_t i = 0;
-  for (const std::size_t e = len & ~std::size_t{7}; i < e; i += 8) {
-    u32x8 b, w;
-    std::memcpy(&b, x + i, 32);
-    std::memcpy(&w, words + i, 32);
-    const u32x8 ab = b & 0x7fffffffu;
-    const f32x8 af = reinterpret_cast<f32x8>(ab);
-    const u32x8 nb = reinterpret_cast<u32x8>(af * 18446744073709551616.0f);
-    const i32x8 sub = reinterpret_cast<i32x8>(ab) < 0x00800000;
-    const u32x8 bits = sub ? nb : ab;
-    const i32x8 E = reinterpret_cast<i32x8>(bits >> 23) - (sub & 64);
-    const i32x8 M2 = reinterpret_cast<i32x8>((bits & 0x7fffffu) << 1);
-    const i32x8 u = reinterpret_cast<i32x8>(w >> 8);
-    const i32x8 low = E - 126 - emin;
-    const i32x8 in_range = low - (u < M2);
-    const f32x8 t = af * f[0] * f[1] * f[2];
-    const i32x8 below = -(__builtin_convertvector(u, f32x8) < t);
-    i32x8 c = low >= 1 ? in_range : below;
-    c = c > 127 ? i32x8{} + 127 : c;
-    c = reinterpret_cast<i32x8>(ab) == 0 ? i32x8{} : c;
-    const u32x8 sign = ((b >> 31) & reinterpret_cast<u32x8>(c != 0)) << 7;
-    const u8x8 c8 = __builtin_convertvector(reinterpret_cast<u32x8>(c) | sign, u8x8);
-    std::memcpy(out + i, &c8, 8);
+  for (const std::size_t e = len & ~std::size_t{31}; i < e; i += 32) {
+    __m256i c[4];
+    for (int j = 0; j < 4; ++j)
+      c[j] = natural_codes8_avx2(x + i + 8 * j,
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i + 8 * j)), emin_126, f);
+    // Codes are bytes: two saturating packs (per 128-bit half), then the
+    // dwords back in element order.
+    const __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+    const __m256i o = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), o);
   }
   return i;
 }
