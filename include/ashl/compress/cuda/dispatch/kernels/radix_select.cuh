@@ -48,7 +48,7 @@ struct select_state {
   std::uint64_t index_prefix; // tie-break: index digits fixed so far
 };
 
-__global__ ASHL_DETAIL_HIDDEN void select_init_kernel(select_state* st, std::uint64_t k) {
+static __global__ void select_init_kernel(select_state* st, std::uint64_t k) {
   st->want = k;
   st->greater = 0;
   st->index_want = 0;
