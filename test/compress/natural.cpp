@@ -5,10 +5,9 @@
 
 #include <ashl/core/philox.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <ios>
-
-#include <cmath>
 #include <limits>
 
 using namespace ashl;
