@@ -104,7 +104,7 @@ void usage() {
       "                ssp 0.02, local_sgd 0.1, adsp 0.1, semi_async 0.005, dlb 0.1, ashl 0.1,\n"
       "                ashl_plus 0.05)\n"
       "  --first-seed K  seeds K .. K+N-1 (default 1)\n"
-      "  --quick       a small run for tests: 1 seed, bsp,asp,ashl, 1 virtual second\n"
+      "  --quick       a small run for tests: 1 seed, bsp,asp,ashl,ashl_plus, 1 virtual second\n"
       "  --compress-seconds S  reference worker's time to top-k one update (default 0.001; 0: free)\n"
       "  --slowdown W,AT,F     worker W (0-8) becomes F times slower at virtual time AT (repeatable)\n"
       "  --no-replan           ASHL+ keeps error feedback but plans once (ablation)\n");
@@ -235,7 +235,7 @@ ashl::result<settings> parse(int argc, char** argv) {
     }
   }
   if (s.quick) {
-    if (!policies_given) s.policies = {"bsp", "asp", "ashl"};
+    if (!policies_given) s.policies = {"bsp", "asp", "ashl", "ashl_plus"};
     if (!budget_given) s.budget = 1.0;
     if (!seeds_given) s.seeds = 1;
     s.eval_test = 500;
