@@ -9,9 +9,11 @@
 
 #include <ashl/compress/concepts.hpp>
 #include <ashl/core/dtype.hpp>
+#include <ashl/core/philox.hpp>
 
 #include <boost/test/unit_test.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -158,6 +160,31 @@ void check_sparse_rejections(const C& c, const std::vector<std::byte>& good, ash
     bad.type = ashl::dtype::f64;
     BOOST_CHECK(!decode_guarded(c, good, bad).ok());
   }
+}
+
+// Inputs of the pinned payloads, from Philox words only (the std::
+// distributions differ between standard libraries): random signs, |x| in
+// [2^-10, 2^6), and 1 in 256 each of exact zeros, subnormals (~2^-140) and
+// large values (~2^14, finite in f16).
+inline std::vector<float> golden_input(std::size_t n, std::uint32_t tensor) {
+  const ashl::philox_stream s(0x5eed5eed5eedull, 3, tensor);
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t a = s.word(i, 0), b = s.word(i, 1);
+    const float m = 1.0f + static_cast<float>(a >> 9) * 0x1p-23f;  // [1, 2)
+    const std::uint32_t sel = b >> 24;
+    const int e = sel == 1 ? -140 : sel == 2 ? 14 : static_cast<int>(b & 15u) - 10;
+    const float v = sel == 0 ? 0.0f : std::ldexp(m, e);
+    x[i] = ((b >> 4) & 1u) != 0 ? -v : v;
+  }
+  return x;
+}
+
+// FNV-1a, 64 bits, of a payload.
+inline std::uint64_t fnv1a(const std::vector<std::byte>& p) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::byte b : p) h = (h ^ static_cast<std::uint64_t>(b)) * 0x100000001b3ull;
+  return h;
 }
 
 }  // namespace codec_testing
