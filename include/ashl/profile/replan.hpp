@@ -104,15 +104,16 @@ class replanner {
   result<std::optional<full_plan>> observe(std::uint32_t worker, timing_kind kind, double seconds) {
     if (worker >= smooth_.size()) return out_of_range("replan.worker", worker, "no such worker");
     ASHL_TRY(smooth_[worker][static_cast<std::size_t>(kind)].add(seconds));
-    bool drifted = false;
+    // Only this worker's EWMA moved, and after the previous sample nobody
+    // was off (or a re-plan reset every basis): checking it alone is enough,
+    // and a sample that changes nothing allocates nothing.
+    const auto k = static_cast<std::size_t>(kind);
+    const auto& b = plan_.basis[worker];
+    const double basis = kind == timing_kind::iter ? b.t_iter : kind == timing_kind::push ? b.t_push : b.t_pull;
+    if (!off(*smooth_[worker][k].value(), basis)) return std::optional<full_plan>{};
     std::vector<worker_timing> now(smooth_.size());
-    for (std::size_t w = 0; w < smooth_.size(); ++w) {
-      const auto& b = plan_.basis[w];
+    for (std::size_t w = 0; w < smooth_.size(); ++w)
       now[w] = {*smooth_[w][0].value(), *smooth_[w][1].value(), *smooth_[w][2].value()};
-      drifted = drifted || off(now[w].t_iter, b.t_iter) || off(now[w].t_push, b.t_push) ||
-                off(now[w].t_pull, b.t_pull);
-    }
-    if (!drifted) return std::optional<full_plan>{};
     auto next = make_plan(now, p_.h0, p_.t_compress, p_.r0);
     if (!next) return next.error();
     plan_ = std::move(*next);
