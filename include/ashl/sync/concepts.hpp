@@ -1,24 +1,29 @@
 // ashl/sync/concepts.hpp — the consistency-policy concept.
 //
 //   template <ashl::sync::consistency_policy P>
-//   void serve(P& p, const ashl::sync::commit_event& c) {
-//     auto d = p.on_commit(c);            // apply / buffer / drop, plus effects
+//   void serve(P& p, const ashl::sync::commit_event& c, ashl::sync::outcome_sink& out) {
+//     auto d = p.on_commit(c, out);       // apply / buffer / drop; effects into `out`
 //     ...
 //   }
 //
 // A policy is a pure state machine (DESIGN.md "The one rule"): events in
-// (commit, pull, metric, join, evict, measurement), decisions out (commit
-// decision, pull decision, outcome: a round of buffered commits to apply,
-// held pulls now released, plans changed) and the current worker_plan per
-// worker. It never reads a clock or does I/O: time arrives in the events.
-// Types in sync/events.hpp; ALGORITHMS.md §1–§2.
+// (commit, pull, metric, join, evict, measurement), decisions out (the commit
+// decision, the pull action, and into a caller-owned outcome_sink: a round of
+// buffered commits to apply, held pulls now released, the workers whose plans
+// changed) and the current worker_plan per worker. It never reads a clock or
+// does I/O: time arrives in the events. It holds plain values only (no
+// std::function, no shared_ptr), so a copy is independent of the original,
+// and its whole state saves to bytes and loads back (checkpoints): a loaded
+// copy makes the same decisions as the one saved. After warm-up no event
+// allocates. Types in sync/events.hpp; ALGORITHMS.md §1–§2.
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/state_io.hpp>
+#include <ashl/core/status.hpp>
 #include <ashl/sync/events.hpp>
 
 #include <concepts>
-#include <string_view>
 
 ASHL_NAMESPACE_BEGIN
 namespace sync {
@@ -30,21 +35,24 @@ template <class P>
 concept consistency_policy =
     std::copy_constructible<P> &&
     requires(P& p, const P& cp, const commit_event& c, const pull_event& q, const metric_event& m,
-             const membership_event& j, const measurement_event& x, worker_id w) {
+             const membership_event& j, const measurement_event& x, worker_id w, outcome_sink& out,
+             state_writer& sw, state_reader& sr) {
       requires std::same_as<typename P::policy_concept, policy_tag>;
-      { p.on_commit(c) } -> std::same_as<commit_decision>;
-      { p.on_pull(q) } -> std::same_as<pull_decision>;
-      { p.on_metric(m) } -> std::same_as<outcome>;
-      { p.on_join(j) } -> std::same_as<outcome>;
-      { p.on_evict(j) } -> std::same_as<outcome>;
-      { p.on_measurement(x) } -> std::same_as<outcome>;
+      { p.on_commit(c, out) } -> std::same_as<commit_decision>;
+      { p.on_pull(q, out) } -> std::same_as<pull_action>;
+      { p.on_metric(m, out) } -> std::same_as<void>;
+      { p.on_join(j, out) } -> std::same_as<void>;
+      { p.on_evict(j, out) } -> std::same_as<void>;
+      { p.on_measurement(x, out) } -> std::same_as<void>;
       // Apply everything buffered (as a round) and release every held pull:
       // used by a staged schedule at its switch and by a driver at shutdown.
-      { p.drain() } -> std::same_as<outcome>;
+      { p.drain(out) } -> std::same_as<void>;
       { cp.plan(w) } -> std::same_as<worker_plan>;
-      { cp.name() } -> std::convertible_to<std::string_view>;
+      { cp.stage() } -> std::same_as<stage_id>;
       { cp.is_live(w) } -> std::same_as<bool>;
       { cp.is_held(w) } -> std::same_as<bool>;
+      { cp.save(sw) } -> std::same_as<void>;
+      { p.load(sr) } -> std::same_as<status>;
     };
 
 }  // namespace sync

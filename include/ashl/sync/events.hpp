@@ -1,32 +1,38 @@
 // ashl/sync/events.hpp — what a consistency policy is told and what it answers.
 //
 //   ashl::sync::ssp p{{.workers = 4, .staleness = 3}};
-//   auto d = p.on_commit({.worker = 2, .sequence = 7, .clock = 7, .time = 1.25, .bytes = 4096});
-//   if (d.action == ashl::sync::commit_action::apply) server.add(delta, d.weight);
-//   for (const auto& c : d.effects.round) server.add(buffered[c.worker, c.sequence], c.weight);
-//   for (auto w : d.effects.released) server.answer_pull(w);
-//   if (p.on_pull({.worker = 1, .time = 1.3}).action == ashl::sync::pull_action::serve) ...
+//   ashl::sync::outcome_sink out(4);                       // caller-owned, reused
+//   auto d = p.on_commit({.worker = 2, .sequence = 7, .clock = 7, .time = 1.25, .bytes = 4096}, out);
+//   if (d.action == ashl::sync::commit_action::apply) server.add(delta, d.weight);  // 1. the commit
+//   for (const auto& c : out.round()) server.add(stored[c.worker, c.sequence], c.weight);  // 2. the round
+//   for (auto w : out.released()) server.answer_pull(w);   // 3. then the pulls
+//   for (auto w : out.plans_changed()) server.send_plan(w, p.plan(w));
+//   out.clear();                                           // keeps its capacity
 //
 // Events carry the driver's time (seconds, any epoch, never decreasing); a
 // policy never reads a clock (DESIGN.md "The one rule", "Consistency policy").
-// Worker ids are dense small integers: 0..workers-1 at construction, larger
-// ids may join later.
+// Outcomes go into a caller-owned outcome_sink whose storage is reused, so
+// after warm-up no event allocates. Worker ids are dense small integers:
+// 0..workers-1 at construction, larger ids may join later.
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/plan.hpp>
 
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <limits>
-#include <string>
-#include <string_view>
-#include <utility>
+#include <span>
 #include <vector>
 
 ASHL_NAMESPACE_BEGIN
 namespace sync {
 
 using worker_id = std::uint32_t;
+using ashl::measurement_kind;
+using ashl::metric_id;
+using ashl::stage_id;
+using ashl::worker_plan;
 
 // ---------------------------------------------------------------- events in
 
@@ -51,10 +57,10 @@ struct pull_event {
   double time = 0.0;
 };
 
-// A global metric evaluated by the driver ("loss", "accuracy", ...). A
-// non-finite value is recorded as nothing: it never triggers anything.
+// A global metric evaluated by the driver. A non-finite value is recorded as
+// nothing: it never triggers anything.
 struct metric_event {
-  std::string_view name = "loss";
+  metric_id metric = metric_id::loss;
   double value = 0.0;
   double time = 0.0;
 };
@@ -65,22 +71,9 @@ struct membership_event {
   double time = 0.0;
 };
 
-enum class measurement_kind : std::uint8_t {
-  compute,   // one local iteration at the worker's batch size
-  push,      // sending one commit
-  pull,      // receiving the parameters
-  compress,  // compressing one update
-  commit,    // push + pull of one commit together (ADSP's O_i)
-};
-
-// A timing measurement (ALGORITHMS.md §3 "Measurements").
-struct measurement_event {
-  worker_id worker = 0;
-  measurement_kind kind = measurement_kind::compute;
-  double seconds = 0.0;
-  std::uint64_t amount = 0;  // bytes or batch size, 0 when not relevant
-  double time = 0.0;
-};
+// A timing measurement (ALGORITHMS.md §3 "Measurements"): the one type that
+// profile/ and wire/ use too.
+using measurement_event = ashl::measurement;
 
 // ------------------------------------------------------------ decisions out
 
@@ -92,79 +85,111 @@ struct weighted_commit {
   friend bool operator==(const weighted_commit&, const weighted_commit&) = default;
 };
 
-// Everything an event caused besides its direct answer, in the order the
-// driver must act: first apply `round` (buffered commits, each with its
-// weight, then one optimizer step), then answer the pulls in `released`.
-struct outcome {
-  std::vector<weighted_commit> round;
-  std::vector<worker_id> released;
-  bool plans_changed = false;  // plan(w) may differ now: tell the workers
+// Everything events caused besides their direct answers, in the order the
+// driver must act: first the direct commit (commit_decision), then `round`
+// (buffered commits, each with its weight, then one optimizer step), then the
+// pulls in `released`; plans of the workers in `plans_changed()` (or of
+// every worker, when all_plans_changed()) may differ now.
+//
+// Owned by the driver and reused: clear() keeps every buffer's capacity and
+// costs O(entries), so a sink reserved for the worker count never allocates.
+class outcome_sink {
+ public:
+  outcome_sink() = default;
+  explicit outcome_sink(std::size_t workers) { reserve(workers); }
 
-  [[nodiscard]] bool empty() const noexcept { return round.empty() && released.empty() && !plans_changed; }
-  void merge(outcome&& o) {
-    round.insert(round.end(), o.round.begin(), o.round.end());
-    released.insert(released.end(), o.released.begin(), o.released.end());
-    plans_changed = plans_changed || o.plans_changed;
+  void reserve(std::size_t workers) {
+    round_.reserve(2 * workers);
+    released_.reserve(workers);
+    changed_.reserve(workers);
+    if (marked_.size() < workers) marked_.resize(workers, 0);
   }
+
+  // ---- written by policies
+  void apply(worker_id w, std::uint64_t sequence, double weight) { round_.push_back({w, sequence, weight}); }
+  void release(worker_id w) { released_.push_back(w); }
+  void plan_changed(worker_id w) {
+    if (w >= marked_.size()) marked_.resize(std::size_t{w} + 1, 0);
+    if (marked_[w] != 0) return;
+    marked_[w] = 1;
+    changed_.push_back(w);
+  }
+  void all_plans_changed() noexcept { all_ = true; }
+  // The round's entries from index `from` on, for a policy that weighs a
+  // round after listing it.
+  [[nodiscard]] std::span<weighted_commit> round_from(std::size_t from) noexcept {
+    return std::span<weighted_commit>(round_).subspan(from);
+  }
+
+  // ---- read by drivers
+  [[nodiscard]] std::span<const weighted_commit> round() const noexcept { return round_; }
+  [[nodiscard]] std::span<const worker_id> released() const noexcept { return released_; }
+  [[nodiscard]] std::span<const worker_id> plans_changed() const noexcept { return changed_; }
+  [[nodiscard]] bool every_plan_changed() const noexcept { return all_; }
+  [[nodiscard]] bool plan_changed_for(worker_id w) const noexcept {
+    return all_ || (w < marked_.size() && marked_[w] != 0);
+  }
+  [[nodiscard]] bool any_plan_changed() const noexcept { return all_ || !changed_.empty(); }
+  [[nodiscard]] bool empty() const noexcept {
+    return round_.empty() && released_.empty() && changed_.empty() && !all_;
+  }
+
+  void clear() noexcept {
+    for (worker_id w : changed_) marked_[w] = 0;
+    changed_.clear();
+    round_.clear();
+    released_.clear();
+    all_ = false;
+  }
+
+ private:
+  std::vector<weighted_commit> round_;
+  std::vector<worker_id> released_;
+  std::vector<worker_id> changed_;
+  std::vector<std::uint8_t> marked_;
+  bool all_ = false;
 };
 
 enum class commit_action : std::uint8_t {
   apply,   // apply this commit now, scaled by `weight`
-  buffer,  // keep it; a later outcome.round names it with its weight
+  buffer,  // keep it; a later round names it with its weight
   drop,    // a duplicate, or from a worker that is not live: ignore it
 };
 
 struct commit_decision {
   commit_action action = commit_action::apply;
   double weight = 0.0;  // meaningful for apply only
-  outcome effects;      // may include this very commit in effects.round
+  friend bool operator==(const commit_decision&, const commit_decision&) = default;
 };
 
 enum class pull_action : std::uint8_t {
   serve,  // answer now
-  hold,   // keep it; a later outcome.released names the worker
-};
-
-struct pull_decision {
-  pull_action action = pull_action::serve;
-  outcome effects;  // e.g. a staged schedule switching on this event's time
-};
-
-// What a worker should do until told otherwise.
-struct worker_plan {
-  std::uint32_t local_iterations = 1;  // local steps per commit; 0: commit by interval
-  double commit_interval = 0.0;        // seconds between commits (ADSP); 0: by iterations
-  std::uint32_t batch_size = 0;        // 0: keep the worker's own
-  double data_share = 0.0;             // fraction of the training data; 0: unspecified
-  double compression_ratio = 1.0;      // fraction kept, in (0, 1]
-  std::string stage;                   // policy or stage name, for telemetry
-  friend bool operator==(const worker_plan&, const worker_plan&) = default;
+  hold,   // keep it; a later outcome's released() names the worker
 };
 
 // ------------------------------------------------------ staleness weighting
 
 // Scale for an update of staleness τ (ALGORITHMS.md §1, "Staleness-aware
-// weighting"): none (1), 1/(1+τ), or a caller function. Every async policy
-// takes one.
+// weighting"): none (1), inverse 1/(1+τ), or power (1+τ)^(−exponent). A
+// plain value, so a policy that holds one copies and saves as a value.
 struct staleness_weighting {
-  enum class kind : std::uint8_t { none, inverse, custom };
+  enum class kind : std::uint8_t { none = 0, inverse = 1, power = 2 };
   kind mode = kind::none;
-  std::function<double(std::uint64_t)> custom_fn{};
+  double exponent = 1.0;  // for power
 
-  static staleness_weighting none() { return {}; }
-  static staleness_weighting inverse() { return {kind::inverse, {}}; }
-  static staleness_weighting custom(std::function<double(std::uint64_t)> f) {
-    return {kind::custom, std::move(f)};
-  }
+  static constexpr staleness_weighting none() noexcept { return {}; }
+  static constexpr staleness_weighting inverse() noexcept { return {kind::inverse, 1.0}; }
+  static constexpr staleness_weighting power(double a) noexcept { return {kind::power, a}; }
 
-  [[nodiscard]] double operator()(std::uint64_t tau) const {
+  [[nodiscard]] double operator()(std::uint64_t tau) const noexcept {
     switch (mode) {
       case kind::none: return 1.0;
       case kind::inverse: return 1.0 / (1.0 + static_cast<double>(tau));
-      case kind::custom: return custom_fn ? custom_fn(tau) : 1.0;
+      case kind::power: return std::pow(1.0 + static_cast<double>(tau), -exponent);
     }
     return 1.0;
   }
+  friend constexpr bool operator==(const staleness_weighting&, const staleness_weighting&) = default;
 };
 
 }  // namespace sync

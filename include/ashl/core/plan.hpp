@@ -1,0 +1,160 @@
+// ashl/core/plan.hpp — the vocabulary every layer shares: what a worker is
+// told to do (worker_plan, also the wire's plan_update body), which schedule
+// stage it is in (stage_id), what a driver measured (measurement_kind,
+// measurement) and which global metric a value is (metric_id).
+//
+//   ashl::worker_plan p{.local_iterations = 0, .commit_interval_us = 250'000, .stage = ashl::stage_id::adsp};
+//   double dt = p.commit_interval();           // 0.25 s: commit by interval, not by H
+//   ashl::measurement m{.worker = 2, .kind = ashl::measurement_kind::push, .seconds = 0.012, .amount = 4e6};
+//
+// These are plain values with fixed-width fields: sync/, profile/, wire/ and
+// ps/ all speak them, so a plan made by a policy is the body a server sends,
+// and a measurement a worker reports is what the planner reads, without a
+// translation layer (DESIGN.md "Interfaces"; issue "One vocabulary").
+// Numeric values are part of the wire format: never renumber, only append.
+#pragma once
+
+#include <ashl/config.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+ASHL_NAMESPACE_BEGIN
+
+// ------------------------------------------------------------------ stages
+
+// The policy or schedule stage a plan belongs to. Integer on hot paths and on
+// the wire; names (to_string) only for telemetry.
+enum class stage_id : std::uint32_t {
+  none = 0,
+  bsp = 1,
+  asp = 2,
+  ssp = 3,
+  local_sgd = 4,
+  dssp = 5,
+  semi_async = 6,
+  adsp = 7,
+  profile = 8,  // ASHL phase 0
+  ahl = 9,      // ASHL phase 1
+  shl = 10,     // ASHL phase 2
+  dlb = 11,
+};
+inline constexpr std::uint32_t stage_id_count = 12;
+
+constexpr std::string_view to_string(stage_id s) noexcept {
+  switch (s) {
+    case stage_id::none: return "none";
+    case stage_id::bsp: return "bsp";
+    case stage_id::asp: return "asp";
+    case stage_id::ssp: return "ssp";
+    case stage_id::local_sgd: return "local_sgd";
+    case stage_id::dssp: return "dssp";
+    case stage_id::semi_async: return "semi_async";
+    case stage_id::adsp: return "adsp";
+    case stage_id::profile: return "profile";
+    case stage_id::ahl: return "ahl";
+    case stage_id::shl: return "shl";
+    case stage_id::dlb: return "dlb";
+  }
+  return "?";
+}
+
+constexpr std::optional<stage_id> stage_id_from_string(std::string_view s) noexcept {
+  for (std::uint32_t i = 0; i < stage_id_count; ++i)
+    if (to_string(static_cast<stage_id>(i)) == s) return static_cast<stage_id>(i);
+  return std::nullopt;
+}
+
+// -------------------------------------------------------------- the plan
+
+// What a worker does until told otherwise; the wire's plan_update body
+// (docs/wire-format.md), 24 bytes in this field order.
+struct worker_plan {
+  std::uint32_t local_iterations = 1;    // local steps per commit; 0: commit by interval
+  std::uint32_t commit_interval_us = 0;  // time between commits (ADSP); 0: by iterations
+  std::uint32_t batch_size = 0;          // 0: keep the worker's own
+  stage_id stage = stage_id::none;       // for telemetry and the worker's schedule
+  float data_share = 0.0f;               // fraction of the training data, [0, 1]; 0: unspecified
+  float compression_ratio = 1.0f;        // fraction kept, (0, 1]
+
+  [[nodiscard]] constexpr double commit_interval() const noexcept {
+    return static_cast<double>(commit_interval_us) * 1e-6;
+  }
+  // Seconds to the plan's microseconds, rounded to nearest, saturating; a
+  // positive interval never rounds to 0 (that would mean "by iterations").
+  static std::uint32_t interval_us(double seconds) noexcept {
+    if (!(seconds > 0.0)) return 0;
+    const double us = std::round(seconds * 1e6);
+    if (!(us < 4294967295.0)) return 4294967295u;
+    return us < 1.0 ? 1u : static_cast<std::uint32_t>(us);
+  }
+  friend constexpr bool operator==(const worker_plan&, const worker_plan&) = default;
+};
+
+// ------------------------------------------------------------ measurements
+
+// What a driver timed (ALGORITHMS.md §3 "Measurements"). One enum for sync,
+// profile and the wire's measurement records.
+enum class measurement_kind : std::uint8_t {
+  compute = 0,   // one local iteration at the worker's batch size; amount = batch
+  push = 1,      // sending one commit; amount = bytes
+  pull = 2,      // receiving the parameters; amount = bytes
+  compress = 3,  // encoding one update; amount = bytes of payload (or elements)
+  commit = 4,    // push + pull of one commit together (ADSP's O_i); amount unused
+  round = 5,     // one whole round (compute·H + push + pull); amount unused
+};
+inline constexpr std::uint8_t measurement_kind_count = 6;
+
+constexpr std::string_view to_string(measurement_kind k) noexcept {
+  switch (k) {
+    case measurement_kind::compute: return "compute";
+    case measurement_kind::push: return "push";
+    case measurement_kind::pull: return "pull";
+    case measurement_kind::compress: return "compress";
+    case measurement_kind::commit: return "commit";
+    case measurement_kind::round: return "round";
+  }
+  return "?";
+}
+
+// One timing measurement, as the driver built it and every layer reads it.
+struct measurement {
+  std::uint32_t worker = 0;
+  measurement_kind kind = measurement_kind::compute;
+  double seconds = 0.0;  // finite and > 0 to be usable
+  double amount = 0.0;   // bytes or batch size (see measurement_kind); 0: not relevant
+  double time = 0.0;     // the driver's time when it was taken
+  friend constexpr bool operator==(const measurement&, const measurement&) = default;
+};
+
+// ------------------------------------------------------------------ metrics
+
+// Global metrics a driver evaluates; the wire's metric body carries the id.
+enum class metric_id : std::uint32_t { loss = 0, accuracy = 1, samples_per_second = 2, iteration_seconds = 3 };
+inline constexpr std::uint32_t metric_id_count = 4;
+// Ids from here up are the application's; those between are reserved.
+inline constexpr std::uint32_t metric_id_application = 1024;
+
+constexpr std::string_view to_string(metric_id m) noexcept {
+  switch (m) {
+    case metric_id::loss: return "loss";
+    case metric_id::accuracy: return "accuracy";
+    case metric_id::samples_per_second: return "samples_per_second";
+    case metric_id::iteration_seconds: return "iteration_seconds";
+  }
+  return "application";
+}
+
+// ------------------------------------------------------ ADSP commit interval
+
+// ADSP's time between two commits of one worker (ALGORITHMS.md §1 "ADSP"):
+// max(t_min, Γ/ΔC − O_i). The one formula both the policy and the planner use.
+constexpr double adsp_commit_interval(double period, double commits_per_period, double commit_overhead,
+                                      double t_min) noexcept {
+  const double t = commits_per_period > 0.0 ? period / commits_per_period - commit_overhead : period;
+  return t > t_min ? t : t_min;
+}
+
+ASHL_NAMESPACE_END
