@@ -7,9 +7,12 @@
 
 BOOST_AUTO_TEST_CASE(codec_ids_are_stable_and_named) {
   // Wire values: these numbers are in docs/wire-format.md and must never change.
-  static_assert(static_cast<int>(ashl::codec_id::identity) == 0);
-  static_assert(static_cast<int>(ashl::codec_id::topk) == 3);
-  static_assert(static_cast<int>(ashl::codec_id::natural) == 10);
+  using c = ashl::codec_id;
+  static_assert(static_cast<int>(c::identity) == 0 && static_cast<int>(c::fp16) == 1 && static_cast<int>(c::bf16) == 2 &&
+                static_cast<int>(c::topk) == 3 && static_cast<int>(c::topk_sampled) == 4 &&
+                static_cast<int>(c::randomk) == 5 && static_cast<int>(c::threshold) == 6 &&
+                static_cast<int>(c::qsgd) == 7 && static_cast<int>(c::terngrad) == 8 && static_cast<int>(c::sign) == 9 &&
+                static_cast<int>(c::natural) == 10 && ashl::codec_id_count == 11);
   std::set<std::string_view> names;
   for (int i = 0; i < ashl::codec_id_count; ++i) {
     const auto c = static_cast<ashl::codec_id>(i);

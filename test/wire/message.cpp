@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace w = ashl::wire;
@@ -64,6 +65,28 @@ bytes encode_control(const Body& b, w::header h = {}) {
 
 const std::string error_text = "qsgd.levels = 0: must be >= 1";
 
+const ashl::worker_plan a_plan{.local_iterations = 4, .commit_interval_us = 1500, .batch_size = 48,
+                               .stage = ashl::stage_id::ssp, .data_share = 0.25f, .compression_ratio = 0.01f};
+
+// Three records of worker 3 (encode_control's rank).
+std::vector<ashl::measurement> some_measurements() {
+  return {{.worker = 3, .kind = ashl::measurement_kind::compute, .seconds = 0.125, .amount = 64, .time = 10.5},
+          {.worker = 3, .kind = ashl::measurement_kind::push, .seconds = 0.02, .amount = 4e6, .time = 10.75},
+          {.worker = 3, .kind = ashl::measurement_kind::round, .seconds = 1.5, .amount = 0, .time = -2.0}};
+}
+
+bytes encode_measurements(const std::vector<ashl::measurement>& ms, const w::limits& lim = {}) {
+  w::header h;
+  h.rank = 3;
+  h.sequence = 9;
+  h.clock = 4;
+  bytes out(w::encoded_size(w::measurements_body::bytes_for(ms.size())));
+  auto n = w::encode(h, std::span<const ashl::measurement>(ms), out, lim);
+  BOOST_TEST_REQUIRE(n.has_value(), (n ? "" : n.error().to_string()));
+  BOOST_TEST_REQUIRE(*n == out.size());
+  return out;
+}
+
 // One valid message of every kind.
 std::vector<bytes> every_kind() {
   std::vector<bytes> all;
@@ -73,10 +96,10 @@ std::vector<bytes> every_kind() {
   all.push_back(encode_data(data_header(w::message_kind::pull_reply), payload_of(64, 2)));
   all.push_back(encode_control(w::join_body{.incarnation = 7, .batch = 32}));
   all.push_back(encode_control(w::leave_body{.reason = w::leave_reason::evicted_timeout, .subject = 2}));
-  all.push_back(encode_control(w::plan_update_body{.local_iterations = 4, .commit_interval_us = 1500, .batch = 48,
-                                                   .stage = 2, .share = 0.25f, .ratio = 0.01f}));
-  all.push_back(encode_control(w::metric_body{.name = 1, .value = 0.875}));
+  all.push_back(encode_control(a_plan));
+  all.push_back(encode_control(w::metric_body{.name = ashl::metric_id::accuracy, .value = 0.875}));
   all.push_back(encode_control(w::error_body{.code = errc::invalid_argument, .in_reply_to = 77, .text = error_text}));
+  all.push_back(encode_measurements(some_measurements()));
   return all;
 }
 
@@ -116,7 +139,7 @@ BOOST_AUTO_TEST_CASE(header_layout_is_the_documented_one) {
   BOOST_TEST(u8(1) == unsigned('S'));
   BOOST_TEST(u8(2) == unsigned('H'));
   BOOST_TEST(u8(3) == unsigned('L'));
-  BOOST_TEST((u8(4) | u8(5) << 8) == 1u);   // version
+  BOOST_TEST((u8(4) | u8(5) << 8) == 2u);   // version
   BOOST_TEST((u8(6) | u8(7) << 8) == 72u);  // header bytes
   BOOST_TEST(u8(8) == 1u);                  // kind commit
   BOOST_TEST(u8(9) == 7u);                  // codec qsgd
@@ -160,7 +183,8 @@ BOOST_AUTO_TEST_CASE(control_kinds_round_trip) {
   const w::message_kind kinds[] = {w::message_kind::commit, w::message_kind::pull_request,
                                    w::message_kind::pull_reply, w::message_kind::join,
                                    w::message_kind::leave, w::message_kind::plan_update,
-                                   w::message_kind::metric, w::message_kind::error};
+                                   w::message_kind::metric, w::message_kind::error,
+                                   w::message_kind::measurements};
   for (std::size_t i = 0; i < all.size(); ++i) {
     auto d = dec(all[i]);
     BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().to_string()));
@@ -178,18 +202,14 @@ BOOST_AUTO_TEST_CASE(control_kinds_round_trip) {
   BOOST_TEST((l->get<w::leave_body>()->reason == w::leave_reason::evicted_timeout));
   BOOST_TEST(l->get<w::leave_body>()->subject == 2u);
   auto p = dec(all[5]);
-  const auto* plan = p->get<w::plan_update_body>();
+  const auto* plan = p->get<ashl::worker_plan>();
   BOOST_TEST_REQUIRE(plan != nullptr);
-  BOOST_TEST(plan->local_iterations == 4u);
-  BOOST_TEST(plan->commit_interval_us == 1500u);
-  BOOST_TEST(plan->batch == 48u);
-  BOOST_TEST(plan->stage == 2u);
-  BOOST_TEST(plan->share == 0.25f);
-  BOOST_TEST(plan->ratio == 0.01f);
+  BOOST_TEST((*plan == a_plan));
+  BOOST_TEST((p->get<w::plan_update_body>() == plan));  // one type: the alias
   BOOST_TEST((p->header.codec == ashl::codec_id::topk));
   BOOST_TEST((p->header.type == ashl::dtype::f16));
   auto mt = dec(all[6]);
-  BOOST_TEST(mt->get<w::metric_body>()->name == 1u);
+  BOOST_TEST((mt->get<w::metric_body>()->name == ashl::metric_id::accuracy));
   BOOST_TEST(mt->get<w::metric_body>()->value == 0.875);
   BOOST_TEST(mt->get<w::join_body>() == nullptr);
   auto e = dec(all[7]);
@@ -204,7 +224,19 @@ BOOST_AUTO_TEST_CASE(control_kinds_round_trip) {
   BOOST_TEST(empty.size() == 72u + 16u);
   BOOST_TEST(dec(empty).has_value());
   // Application metric ids.
-  BOOST_TEST(dec(encode_control(w::metric_body{.name = w::metric_id_application + 5, .value = -1e300})).has_value());
+  BOOST_TEST(dec(encode_control(w::metric_body{.name = static_cast<ashl::metric_id>(ashl::metric_id_application + 5),
+                                               .value = -1e300}))
+                 .has_value());
+  auto ms = dec(all[8]);
+  const auto* rec = ms->get<w::measurements_body>();
+  BOOST_TEST_REQUIRE(rec != nullptr);
+  BOOST_TEST(rec->worker == 3u);
+  BOOST_TEST_REQUIRE(rec->size() == 3u);
+  const auto want = some_measurements();
+  std::size_t i = 0;
+  for (ashl::measurement x : *rec) BOOST_TEST((x == want[i++]));
+  BOOST_TEST(i == 3u);
+  BOOST_TEST(rec->records.data() == all[8].data() + 72 + 4);  // a view, no copy
 }
 
 BOOST_AUTO_TEST_CASE(seal_writes_the_header_in_front_of_an_in_place_payload) {
@@ -228,10 +260,13 @@ BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {
   const auto commit = encode_data(data_header(w::message_kind::commit), payload_of(8, 4));
   expect_error(dec(bytes(commit.begin(), commit.begin() + 71)), errc::malformed, "message.size = 71");
   expect_error(dec(patched(commit, 0, std::uint32_t{0x4c485342})), errc::malformed, "header.magic = 0x4c485342");
-  expect_error(dec(patched(commit, 4, std::uint16_t{2})), errc::unsupported, "header.version = 2");
+  expect_error(dec(patched(commit, 4, std::uint16_t{1})), errc::unsupported,
+               "header.version = 1: this build reads version 2");
+  expect_error(dec(patched(commit, 4, std::uint16_t{3})), errc::unsupported, "header.version = 3");
   expect_error(dec(patched(commit, 6, std::uint16_t{80})), errc::malformed, "header.header_bytes = 80");
   expect_error(dec(patched(commit, 8, std::uint8_t{0})), errc::unsupported, "header.kind = 0");
-  expect_error(dec(patched(commit, 8, std::uint8_t{9})), errc::unsupported, "header.kind = 9");
+  expect_error(dec(patched(commit, 8, std::uint8_t{10})), errc::unsupported,
+               "header.kind = 10: not a message kind of version 2");
   expect_error(dec(patched(commit, 9, std::uint8_t{11})), errc::unsupported, "header.codec = 11");
   expect_error(dec(patched(commit, 10, std::uint8_t{6})), errc::unsupported, "header.dtype = 6");
   expect_error(dec(patched(commit, 11, std::uint8_t{1})), errc::malformed, "header.reserved0 = 1");
@@ -286,13 +321,22 @@ BOOST_AUTO_TEST_CASE(control_failures_name_field_and_value) {
   // Body fields.
   expect_error(dec(patched(join, 72 + 8, std::uint32_t{0})), errc::invalid_argument, "join.batch = 0: must be >= 1");
   expect_error(dec(patched(leave, 72, std::uint32_t{4})), errc::malformed, "leave.reason = 4: unknown reason");
-  expect_error(dec(patched(plan, 72, std::uint32_t{0})), errc::invalid_argument, "plan_update.local_iterations = 0");
-  expect_error(dec(patched(plan, 80, std::uint32_t{0})), errc::invalid_argument, "plan_update.batch = 0");
-  expect_error(dec(patched(plan, 88, std::numeric_limits<float>::quiet_NaN())), errc::invalid_argument, "plan_update.share = nan");
-  expect_error(dec(patched(plan, 88, 1.5f)), errc::invalid_argument, "plan_update.share = 1.5");
-  expect_error(dec(patched(plan, 88, -0.5f)), errc::invalid_argument, "plan_update.share = -0.5");
-  expect_error(dec(patched(plan, 92, 0.0f)), errc::invalid_argument, "plan_update.ratio = 0");
-  expect_error(dec(patched(plan, 92, std::numeric_limits<float>::infinity())), errc::invalid_argument, "plan_update.ratio = inf");
+  // local_iterations 0 needs an interval (ADSP commits by time); with one it is a valid plan.
+  expect_error(dec(patched(patched(plan, 72, std::uint32_t{0}), 76, std::uint32_t{0})), errc::invalid_argument,
+               "plan_update.local_iterations = 0: must be >= 1 unless commit_interval_us > 0");
+  BOOST_TEST(dec(patched(plan, 72, std::uint32_t{0})).has_value());
+  BOOST_TEST(dec(patched(plan, 80, std::uint32_t{0})).has_value());  // batch 0: keep the worker's own
+  expect_error(dec(patched(plan, 84, std::uint32_t{12})), errc::unsupported, "plan_update.stage = 12: unknown stage id");
+  expect_error(dec(patched(plan, 84, std::uint32_t{0xffffffff})), errc::unsupported, "plan_update.stage = 4294967295");
+  expect_error(dec(patched(plan, 88, std::numeric_limits<float>::quiet_NaN())), errc::invalid_argument,
+               "plan_update.data_share = nan: must be finite and in [0, 1]");
+  expect_error(dec(patched(plan, 88, 1.5f)), errc::invalid_argument, "plan_update.data_share = 1.5");
+  expect_error(dec(patched(plan, 88, -0.5f)), errc::invalid_argument, "plan_update.data_share = -0.5");
+  expect_error(dec(patched(plan, 92, 0.0f)), errc::invalid_argument,
+               "plan_update.compression_ratio = 0: must be finite and in (0, 1]");
+  expect_error(dec(patched(plan, 92, 1.25f)), errc::invalid_argument, "plan_update.compression_ratio = 1.25");
+  expect_error(dec(patched(plan, 92, std::numeric_limits<float>::infinity())), errc::invalid_argument,
+               "plan_update.compression_ratio = inf");
   expect_error(dec(patched(metric, 76, std::numeric_limits<double>::infinity())), errc::invalid_argument, "metric.value = inf: must be finite");
   expect_error(dec(patched(metric, 76, -std::numeric_limits<double>::infinity())), errc::invalid_argument, "metric.value = -inf");
   expect_error(dec(patched(metric, 76, std::numeric_limits<double>::quiet_NaN())), errc::invalid_argument, "metric.value = nan");
@@ -323,8 +367,12 @@ BOOST_AUTO_TEST_CASE(encoder_refuses_what_the_decoder_would) {
                "wire.out.size = 75: bytes, fewer than the 76");
   h.kind = w::message_kind::join;
   expect_error(w::encode(h, payload_of(4, 0), out).to_status(), errc::invalid_argument, "header.kind = \"join\"");
-  expect_error(w::encode(w::header{}, w::plan_update_body{.share = std::nanf("")}, out).to_status(),
-               errc::invalid_argument, "plan_update.share = nan");
+  expect_error(w::encode(w::header{}, ashl::worker_plan{.data_share = std::nanf("")}, out).to_status(),
+               errc::invalid_argument, "plan_update.data_share = nan");
+  expect_error(w::encode(w::header{}, ashl::worker_plan{.local_iterations = 0}, out).to_status(),
+               errc::invalid_argument, "plan_update.local_iterations = 0");
+  expect_error(w::encode(w::header{}, ashl::worker_plan{.stage = static_cast<ashl::stage_id>(99)}, out).to_status(),
+               errc::unsupported, "plan_update.stage = 99");
   expect_error(w::encode(w::header{}, w::metric_body{.value = HUGE_VAL}, out).to_status(), errc::invalid_argument,
                "metric.value = inf");
   expect_error(w::encode(w::header{}, w::join_body{.batch = 1}, std::span<std::byte>(out.data(), 83)).to_status(),
@@ -374,6 +422,234 @@ BOOST_AUTO_TEST_CASE(every_truncation_and_extension_is_rejected) {
 
 BOOST_AUTO_TEST_CASE(kind_names) {
   BOOST_TEST(w::to_string(w::message_kind::plan_update) == "plan_update");
+  BOOST_TEST(w::to_string(w::message_kind::measurements) == "measurements");
+  BOOST_TEST(w::is_control(w::message_kind::measurements));
   BOOST_TEST(w::is_control(w::message_kind::join));
   BOOST_TEST(!w::is_control(w::message_kind::pull_reply));
+}
+
+namespace {
+// Little-endian reads at a byte offset of a frame.
+struct at {
+  const bytes& m;
+  unsigned u8(std::size_t o) const { return std::to_integer<unsigned>(m[o]); }
+  std::uint32_t u32(std::size_t o) const { std::uint32_t v; std::memcpy(&v, m.data() + o, 4); return v; }
+  std::uint64_t u64(std::size_t o) const { std::uint64_t v; std::memcpy(&v, m.data() + o, 8); return v; }
+  float f32(std::size_t o) const { float v; std::memcpy(&v, m.data() + o, 4); return v; }
+  double f64(std::size_t o) const { double v; std::memcpy(&v, m.data() + o, 8); return v; }
+};
+}  // namespace
+
+// Every control body at the offsets docs/wire-format.md gives (from header offset 72).
+BOOST_AUTO_TEST_CASE(body_layouts_are_the_documented_ones) {
+  const auto all = every_kind();
+  {
+    const at j{all[3]};
+    BOOST_TEST(all[3].size() == 72u + 12u);
+    BOOST_TEST(j.u64(72 + 0) == 7u);   // incarnation
+    BOOST_TEST(j.u32(72 + 8) == 32u);  // batch
+  }
+  {
+    const at l{all[4]};
+    BOOST_TEST(all[4].size() == 72u + 8u);
+    BOOST_TEST(l.u32(72 + 0) == 1u);  // reason evicted_timeout
+    BOOST_TEST(l.u32(72 + 4) == 2u);  // subject
+  }
+  {
+    const at p{all[5]};
+    BOOST_TEST(all[5].size() == 72u + 24u);
+    BOOST_TEST(p.u8(9) == 3u);                 // header codec topk
+    BOOST_TEST(p.u8(10) == 1u);                // header dtype f16
+    BOOST_TEST(p.u32(72 + 0) == 4u);           // local_iterations
+    BOOST_TEST(p.u32(72 + 4) == 1500u);        // commit_interval_us
+    BOOST_TEST(p.u32(72 + 8) == 48u);          // batch_size
+    BOOST_TEST(p.u32(72 + 12) == 3u);          // stage: stage_id::ssp
+    BOOST_TEST(p.f32(72 + 16) == 0.25f);       // data_share
+    BOOST_TEST(p.f32(72 + 20) == 0.01f);       // compression_ratio
+  }
+  {
+    const at m{all[6]};
+    BOOST_TEST(all[6].size() == 72u + 12u);
+    BOOST_TEST(m.u32(72 + 0) == 1u);      // name: metric_id::accuracy
+    BOOST_TEST(m.f64(72 + 4) == 0.875);   // value
+  }
+  {
+    const at e{all[7]};
+    BOOST_TEST(all[7].size() == 72u + 16u + error_text.size());
+    BOOST_TEST(e.u32(72 + 0) == static_cast<std::uint32_t>(errc::invalid_argument));
+    BOOST_TEST(e.u32(72 + 4) == error_text.size());
+    BOOST_TEST(e.u64(72 + 8) == 77u);
+    BOOST_TEST(std::memcmp(all[7].data() + 72 + 16, error_text.data(), error_text.size()) == 0);
+  }
+  {
+    const at r{all[8]};
+    BOOST_TEST(all[8].size() == 72u + 4u + 3u * 25u);
+    BOOST_TEST(r.u8(8) == 9u);                 // kind measurements
+    BOOST_TEST(r.u32(28) == 3u);               // header rank: the worker measured
+    BOOST_TEST(r.u32(72 + 0) == 3u);           // count
+    const auto want = some_measurements();
+    for (std::size_t i = 0; i < 3; ++i) {
+      const std::size_t o = 72 + 4 + 25 * i;
+      BOOST_TEST(r.u8(o + 0) == static_cast<unsigned>(want[i].kind));
+      BOOST_TEST(r.f64(o + 1) == want[i].seconds);
+      BOOST_TEST(r.f64(o + 9) == want[i].amount);
+      BOOST_TEST(r.f64(o + 17) == want[i].time);
+    }
+  }
+}
+
+// The numbers docs/wire-format.md documents; never renumber, only append.
+BOOST_AUTO_TEST_CASE(documented_id_values_are_pinned) {
+  using k = w::message_kind;
+  static_assert(static_cast<int>(k::commit) == 1 && static_cast<int>(k::pull_request) == 2 &&
+                static_cast<int>(k::pull_reply) == 3 && static_cast<int>(k::join) == 4 &&
+                static_cast<int>(k::leave) == 5 && static_cast<int>(k::plan_update) == 6 &&
+                static_cast<int>(k::metric) == 7 && static_cast<int>(k::error) == 8 &&
+                static_cast<int>(k::measurements) == 9);
+  static_assert(w::message_kind_first == 1 && w::message_kind_last == 9);
+  static_assert(w::version == 2 && w::header_bytes == 72 && w::crc_offset == 68 && w::magic == 0x4C485341u);
+  using lr = w::leave_reason;
+  static_assert(static_cast<int>(lr::left) == 0 && static_cast<int>(lr::evicted_timeout) == 1 &&
+                static_cast<int>(lr::evicted_failure) == 2 && static_cast<int>(lr::evicted_policy) == 3 &&
+                w::leave_reason_count == 4);
+  using mi = ashl::metric_id;
+  static_assert(static_cast<int>(mi::loss) == 0 && static_cast<int>(mi::accuracy) == 1 &&
+                static_cast<int>(mi::samples_per_second) == 2 && static_cast<int>(mi::iteration_seconds) == 3 &&
+                ashl::metric_id_count == 4 && ashl::metric_id_application == 1024);
+  using st = ashl::stage_id;
+  static_assert(static_cast<int>(st::none) == 0 && static_cast<int>(st::bsp) == 1 && static_cast<int>(st::asp) == 2 &&
+                static_cast<int>(st::ssp) == 3 && static_cast<int>(st::local_sgd) == 4 &&
+                static_cast<int>(st::dssp) == 5 && static_cast<int>(st::semi_async) == 6 &&
+                static_cast<int>(st::adsp) == 7 && static_cast<int>(st::profile) == 8 &&
+                static_cast<int>(st::ahl) == 9 && static_cast<int>(st::shl) == 10 && static_cast<int>(st::dlb) == 11 &&
+                ashl::stage_id_count == 12);
+  using mk = ashl::measurement_kind;
+  static_assert(static_cast<int>(mk::compute) == 0 && static_cast<int>(mk::push) == 1 &&
+                static_cast<int>(mk::pull) == 2 && static_cast<int>(mk::compress) == 3 &&
+                static_cast<int>(mk::commit) == 4 && static_cast<int>(mk::round) == 5 &&
+                ashl::measurement_kind_count == 6);
+  static_assert(w::flag_last_shard == 1u && w::flag_ack_requested == 2u);
+  static_assert(w::body_traits<ashl::worker_plan>::wire_bytes == 24 &&
+                w::body_traits<ashl::worker_plan>::kind == w::message_kind::plan_update);
+  static_assert(std::is_same_v<w::plan_update_body, ashl::worker_plan>);
+  static_assert(w::measurements_body::record_bytes == 25 && w::measurements_body::fixed_bytes == 4);
+  BOOST_TEST(w::limits{}.max_measurements == 1024u);
+}
+
+BOOST_AUTO_TEST_CASE(plan_bodies_round_trip) {
+  const ashl::worker_plan plans[] = {
+      a_plan,
+      // ADSP: commit by interval, no local-iteration count.
+      {.local_iterations = 0, .commit_interval_us = 250'000, .batch_size = 0, .stage = ashl::stage_id::adsp,
+       .data_share = 0.5f, .compression_ratio = 1.0f},
+      // Batch 0 keeps the worker's own; the extremes of share and ratio.
+      {.local_iterations = 1, .commit_interval_us = 0, .batch_size = 0, .stage = ashl::stage_id::dlb,
+       .data_share = 0.0f, .compression_ratio = 1.0f},
+      {.local_iterations = 0xffffffffu, .commit_interval_us = 0xffffffffu, .batch_size = 0xffffffffu,
+       .stage = ashl::stage_id::shl, .data_share = 1.0f, .compression_ratio = 1e-30f},
+      ashl::worker_plan{},
+  };
+  for (const auto& plan : plans) {
+    const auto m = encode_control(plan);
+    auto d = dec(m);
+    BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().to_string()));
+    BOOST_TEST_REQUIRE(d->get<ashl::worker_plan>() != nullptr);
+    BOOST_TEST((*d->get<ashl::worker_plan>() == plan));
+    bytes again(m.size());
+    BOOST_TEST_REQUIRE(w::encode(*d, again).has_value());
+    BOOST_TEST((again == m));
+  }
+  BOOST_TEST(ashl::worker_plan{.commit_interval_us = 250'000}.commit_interval() == 0.25);
+}
+
+BOOST_AUTO_TEST_CASE(measurements_round_trip_every_kind) {
+  std::vector<ashl::measurement> ms;
+  for (std::uint8_t k = 0; k < ashl::measurement_kind_count; ++k)
+    ms.push_back({.worker = 3, .kind = static_cast<ashl::measurement_kind>(k), .seconds = 1e-9 * (k + 1),
+                  .amount = k == 0 ? 0.0 : 1e12 * k, .time = -1e6 + k});
+  const auto m = encode_measurements(ms);
+  auto d = dec(m);
+  BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().to_string()));
+  const auto* r = d->get<w::measurements_body>();
+  BOOST_TEST_REQUIRE(r != nullptr);
+  BOOST_TEST_REQUIRE(r->size() == ms.size());
+  for (std::size_t i = 0; i < ms.size(); ++i) BOOST_TEST(((*r)[i] == ms[i]));
+  bytes again(m.size());
+  BOOST_TEST_REQUIRE(w::encode(*d, again).has_value());
+  BOOST_TEST((again == m));
+  // The limit itself is accepted.
+  w::limits lim;
+  lim.max_measurements = static_cast<std::uint32_t>(ms.size());
+  BOOST_TEST(w::decode(m, lim).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(malformed_measurements_are_refused_naming_the_field) {
+  const auto m = encode_measurements(some_measurements());
+  const std::size_t r1 = 72 + 4 + 25;  // record 1
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  expect_error(dec(patched(m, r1, std::uint8_t{6})), errc::unsupported,
+               "measurements[1].kind = 6: unknown measurement kind");
+  expect_error(dec(patched(m, r1, std::uint8_t{255})), errc::unsupported, "measurements[1].kind = 255");
+  expect_error(dec(patched(m, r1 + 1, 0.0)), errc::invalid_argument, "measurements[1].seconds = 0: must be finite and > 0");
+  expect_error(dec(patched(m, r1 + 1, -0.5)), errc::invalid_argument, "measurements[1].seconds = -0.5");
+  expect_error(dec(patched(m, r1 + 1, nan)), errc::invalid_argument, "measurements[1].seconds = nan");
+  expect_error(dec(patched(m, r1 + 1, inf)), errc::invalid_argument, "measurements[1].seconds = inf");
+  expect_error(dec(patched(m, r1 + 9, -1.0)), errc::invalid_argument, "measurements[1].amount = -1: must be finite and >= 0");
+  expect_error(dec(patched(m, r1 + 9, inf)), errc::invalid_argument, "measurements[1].amount = inf");
+  expect_error(dec(patched(m, r1 + 17, nan)), errc::invalid_argument, "measurements[1].time = nan: must be finite");
+  expect_error(dec(patched(m, r1 + 17, -inf)), errc::invalid_argument, "measurements[1].time = -inf");
+  // The count must agree with the bytes, be >= 1 and within the limit.
+  expect_error(dec(patched(m, 72, std::uint32_t{2})), errc::malformed,
+               "measurements.count = 2: disagrees with the 75 bytes after it");
+  expect_error(dec(patched(m, 72, std::uint32_t{0xffffffff})), errc::out_of_range,
+               "measurements.count = 4294967295: exceeds limits.max_measurements = 1024");
+  bytes empty(m.begin(), m.begin() + 72 + 4);
+  expect_error(dec(patched(patched(empty, 56, std::uint64_t{4}), 72, std::uint32_t{0})), errc::malformed,
+               "measurements.count = 0: a measurements message carries at least one record");
+  bytes tiny(m.begin(), m.begin() + 72 + 3);
+  expect_error(dec(patched(tiny, 56, std::uint64_t{3})), errc::malformed, "measurements.payload_bytes = 3");
+  bytes partial(m.begin(), m.end() - 1);
+  expect_error(dec(patched(partial, 56, std::uint64_t{partial.size() - 72})), errc::malformed,
+               "measurements.count = 3: disagrees with the 74 bytes after it");
+  w::limits lim;
+  lim.max_measurements = 2;
+  expect_error(dec(m, lim), errc::out_of_range, "measurements.count = 3: exceeds limits.max_measurements = 2");
+  // Header rules of a control kind.
+  expect_error(dec(patched(m, 9, std::uint8_t{3})), errc::malformed, "header.codec = \"topk\": must be identity");
+  expect_error(dec(patched(m, 16, std::uint64_t{3})), errc::malformed, "header.element_count = 3: must be 0");
+}
+
+BOOST_AUTO_TEST_CASE(measurement_encoder_refuses_what_the_decoder_would) {
+  bytes out(1024);
+  w::header h;
+  h.rank = 3;
+  auto ms = some_measurements();
+  auto enc = [&](const std::vector<ashl::measurement>& v, const w::limits& lim = {}) {
+    return w::encode(h, std::span<const ashl::measurement>(v), out, lim).to_status();
+  };
+  BOOST_TEST(enc(ms).ok());
+  auto bad = ms;
+  bad[2].seconds = 0.0;
+  expect_error(enc(bad), errc::invalid_argument, "measurements[2].seconds = 0");
+  bad = ms;
+  bad[0].kind = static_cast<ashl::measurement_kind>(17);
+  expect_error(enc(bad), errc::unsupported, "measurements[0].kind = 17");
+  bad = ms;
+  bad[1].worker = 4;
+  expect_error(enc(bad), errc::invalid_argument, "measurements[1].worker = 4: must equal header.rank = 3");
+  expect_error(enc({}), errc::malformed, "measurements.count = 0");
+  w::limits lim;
+  lim.max_measurements = 1;
+  expect_error(enc(ms, lim), errc::out_of_range, "measurements.count = 3: exceeds limits.max_measurements = 1");
+  expect_error(w::encode(h, std::span<const ashl::measurement>(ms), std::span<std::byte>(out.data(), 100)).to_status(),
+               errc::buffer_too_small, "wire.out.size = 100: bytes, fewer than the 151");
+  // A decoded body re-encodes only under its own rank.
+  const auto m = encode_measurements(ms);
+  auto d = dec(m);
+  BOOST_TEST_REQUIRE(d.has_value());
+  w::header other = d->header;
+  other.rank = 4;
+  expect_error(w::encode(other, *d->get<w::measurements_body>(), out).to_status(), errc::invalid_argument,
+               "measurements.worker = 3: must equal header.rank = 4");
 }

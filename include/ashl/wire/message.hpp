@@ -10,28 +10,35 @@
 //   auto m = w::decode({buf.data(), *used}, w::limits{});            // result<message_view>
 //   if (!m) return m.error();                                        // names field and value
 //   m->payload;                                                      // view into buf
-//   if (auto* p = m->get<w::plan_update_body>()) ...                 // typed control body
+//   if (auto* p = m->get<ashl::worker_plan>()) ...                   // typed control body
+//   if (auto* r = m->get<w::measurements_body>())                    // a view: no allocation
+//     for (ashl::measurement x : *r) planner.observe(x);             // worker = header.rank
 //
 // A message is a fixed 72-byte header followed by a payload. decode checks
 // every header field, the lengths against the buffer and the limits, and the
 // CRC-32C, before the caller may use anything; it never copies or allocates
 // (the payload and an error text are views into the input). encode applies the
 // same rules, so no build emits a message another build of the same version
-// rejects. docs/wire-format.md describes the layout byte by byte; DESIGN.md,
-// "Data flow of one commit".
+// rejects. The plan_update body is ashl::worker_plan and a measurement record
+// is an ashl::measurement (core/plan.hpp): what a policy decides and a driver
+// measures goes on the wire as is. docs/wire-format.md describes the layout
+// byte by byte; DESIGN.md, "Data flow of one commit".
 #pragma once
 
 #include <ashl/config.hpp>
 #include <ashl/core/bytes.hpp>
 #include <ashl/core/dtype.hpp>
+#include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/wire/crc32c.hpp>
 #include <ashl/wire/ids.hpp>
 
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <ostream>
 #include <sstream>
@@ -46,7 +53,10 @@ namespace wire {
 
 // "ASHL" in the first four bytes.
 inline constexpr std::uint32_t magic = 0x4C485341u;
-inline constexpr std::uint16_t version = 1;
+// Version 2: the plan_update body is ashl::worker_plan (batch 0 keeps the
+// worker's own, local_iterations 0 commits by interval, stage is a stage_id)
+// and the measurements kind exists. A version-1 peer is refused by version.
+inline constexpr std::uint16_t version = 2;
 inline constexpr std::size_t header_bytes = 72;
 // The CRC field sits at the end of the header and covers everything before it
 // plus the payload.
@@ -62,9 +72,10 @@ enum class message_kind : std::uint8_t {
   plan_update = 6,   // server -> worker: the worker's new plan
   metric = 7,        // worker -> server: a named scalar (loss, accuracy, ...)
   error = 8,         // either way: the message with sequence `in_reply_to` was refused
+  measurements = 9,  // worker -> server: timing measurements of worker `rank`
 };
 inline constexpr std::uint8_t message_kind_first = 1;
-inline constexpr std::uint8_t message_kind_last = 8;
+inline constexpr std::uint8_t message_kind_last = 9;
 
 constexpr std::string_view to_string(message_kind k) noexcept {
   switch (k) {
@@ -76,6 +87,7 @@ constexpr std::string_view to_string(message_kind k) noexcept {
     case message_kind::plan_update: return "plan_update";
     case message_kind::metric: return "metric";
     case message_kind::error: return "error";
+    case message_kind::measurements: return "measurements";
   }
   return "?";
 }
@@ -92,6 +104,7 @@ struct limits {
   std::uint64_t max_elements = std::uint64_t{1} << 32;
   std::uint64_t max_payload_bytes = std::uint64_t{1} << 30;
   std::uint32_t max_error_text = 4096;
+  std::uint32_t max_measurements = 1024;  // records in one measurements message
 };
 
 // Header fields a sender chooses; magic, version, lengths and CRC are derived.
@@ -109,7 +122,31 @@ struct header {
   friend constexpr bool operator==(const header&, const header&) = default;
 };
 
-// ---- control bodies (the payload of kinds join .. error) -------------------
+// ---- control bodies (the payload of kinds join .. measurements) ------------
+
+// The kind and fixed size of a control body type. A body type names them as
+// members; ashl::worker_plan (core/plan.hpp, shared with sync/ and profile/)
+// gets them here.
+template <class Body>
+struct body_traits {};
+template <class Body>
+  requires requires {
+    { Body::kind } -> std::convertible_to<message_kind>;
+    { Body::wire_bytes } -> std::convertible_to<std::size_t>;
+  }
+struct body_traits<Body> {
+  static constexpr message_kind kind = Body::kind;
+  static constexpr std::size_t wire_bytes = Body::wire_bytes;
+};
+// error_body and measurements_body have a size that depends on their content.
+template <class Body>
+  requires requires {
+    { Body::kind } -> std::convertible_to<message_kind>;
+    { Body::fixed_bytes } -> std::convertible_to<std::size_t>;
+  }
+struct body_traits<Body> {
+  static constexpr message_kind kind = Body::kind;
+};
 
 struct join_body {
   static constexpr message_kind kind = message_kind::join;
@@ -130,30 +167,21 @@ struct leave_body {
   friend constexpr bool operator==(const leave_body&, const leave_body&) = default;
 };
 
+// The plan_update body is the worker's plan itself, 24 bytes in field order.
 // The header's codec and dtype fields of a plan_update say what the worker
 // commits with from now on.
-struct plan_update_body {
+using plan_update_body = ashl::worker_plan;
+template <>
+struct body_traits<ashl::worker_plan> {
   static constexpr message_kind kind = message_kind::plan_update;
   static constexpr std::size_t wire_bytes = 24;
-  std::uint32_t local_iterations = 1;    // >= 1: local steps per commit
-  std::uint32_t commit_interval_us = 0;  // minimum time between commits; 0: none
-  std::uint32_t batch = 1;               // >= 1
-  std::uint32_t stage = 0;               // index of the schedule stage
-  float share = 1.0f;                    // fraction of the data set, in [0, 1]
-  float ratio = 1.0f;                    // compression ratio, in (0, 1]
-  friend constexpr bool operator==(const plan_update_body&, const plan_update_body&) = default;
 };
-
-enum class metric_id : std::uint32_t { loss = 0, accuracy = 1, samples_per_second = 2, iteration_seconds = 3 };
-inline constexpr std::uint32_t metric_id_count = 4;
-// Ids from here up are the application's; those between are reserved.
-inline constexpr std::uint32_t metric_id_application = 1024;
 
 struct metric_body {
   static constexpr message_kind kind = message_kind::metric;
   static constexpr std::size_t wire_bytes = 12;
-  std::uint32_t name = 0;  // a metric_id or >= metric_id_application
-  double value = 0;        // finite
+  metric_id name = metric_id::loss;  // an ashl::metric_id, or a value >= metric_id_application
+  double value = 0;                  // finite
   friend constexpr bool operator==(const metric_body&, const metric_body&) = default;
 };
 
@@ -166,7 +194,76 @@ struct error_body {
   friend constexpr bool operator==(const error_body&, const error_body&) = default;
 };
 
-using control_body = std::variant<std::monostate, join_body, leave_body, plan_update_body, metric_body, error_body>;
+// Timing measurements of the worker named by the header's rank: a u32 count,
+// then `count` records of 25 bytes (kind u8, seconds f64, amount f64, time
+// f64). Decoding checks every record and keeps a view of them: nothing is
+// allocated, whatever the count says (which limits.max_measurements bounds).
+// Encode from values with encode(header, std::span<const ashl::measurement>, out).
+struct measurements_body {
+  static constexpr message_kind kind = message_kind::measurements;
+  static constexpr std::size_t fixed_bytes = 4;
+  static constexpr std::size_t record_bytes = 25;
+  std::span<const std::byte> records;  // count * record_bytes bytes, already validated
+  std::uint32_t worker = 0;            // the header's rank (not repeated in the body)
+
+  static constexpr std::size_t bytes_for(std::size_t count) noexcept { return fixed_bytes + count * record_bytes; }
+  [[nodiscard]] std::size_t size() const noexcept { return records.size() / record_bytes; }
+  [[nodiscard]] bool empty() const noexcept { return records.empty(); }
+  // Record i as a measurement. Precondition: i < size().
+  [[nodiscard]] measurement operator[](std::size_t i) const noexcept {
+    ASHL_ASSERT(i < size(), "measurements_body: record index out of range");
+    return parse(records.subspan(i * record_bytes, record_bytes), worker);
+  }
+
+  class iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = measurement;
+    using difference_type = std::ptrdiff_t;
+    using reference = measurement;
+    iterator() = default;
+    iterator(const measurements_body* b, std::size_t i) noexcept : b_(b), i_(i) {}
+    measurement operator*() const noexcept { return (*b_)[i_]; }
+    iterator& operator++() noexcept {
+      ++i_;
+      return *this;
+    }
+    iterator operator++(int) noexcept {
+      iterator t = *this;
+      ++i_;
+      return t;
+    }
+    friend bool operator==(const iterator& a, const iterator& b) noexcept { return a.i_ == b.i_; }
+
+   private:
+    const measurements_body* b_ = nullptr;
+    std::size_t i_ = 0;
+  };
+  [[nodiscard]] iterator begin() const noexcept { return {this, 0}; }
+  [[nodiscard]] iterator end() const noexcept { return {this, size()}; }
+
+  // One 25-byte record (no validation; decode validated it).
+  static measurement parse(std::span<const std::byte> rec, std::uint32_t worker) noexcept {
+    measurement m;
+    m.worker = worker;
+    std::uint8_t k = 0;
+    std::memcpy(&k, rec.data(), 1);
+    m.kind = static_cast<measurement_kind>(k);
+    byte_reader r(rec.subspan(1));
+    (void)r.get(m.seconds, "");
+    (void)r.get(m.amount, "");
+    (void)r.get(m.time, "");
+    return m;
+  }
+
+  friend bool operator==(const measurements_body& a, const measurements_body& b) noexcept {
+    return a.worker == b.worker && a.records.size() == b.records.size() &&
+           (a.records.empty() || std::memcmp(a.records.data(), b.records.data(), a.records.size()) == 0);
+  }
+};
+
+using control_body =
+    std::variant<std::monostate, join_body, leave_body, plan_update_body, metric_body, error_body, measurements_body>;
 
 // A decoded message: views into the decoded buffer, valid while it lives.
 struct message_view {
@@ -209,7 +306,8 @@ inline bool is_data_dtype(message_kind k, dtype t) noexcept {
 // Rules on the header that hold whether encoding or decoding.
 inline status check_header(const header& h, std::uint64_t payload_bytes, const limits& lim) {
   const auto k = static_cast<std::uint8_t>(h.kind);
-  if (!valid_kind(k)) return make_error(errc::unsupported, "header.kind", k, "not a message kind of version 1");
+  if (!valid_kind(k))
+    return make_error(errc::unsupported, "header.kind", k, "not a message kind of version " + std::to_string(version));
   if (static_cast<std::uint8_t>(h.codec) >= codec_id_count)
     return make_error(errc::unsupported, "header.codec", static_cast<std::uint8_t>(h.codec), "unknown codec id");
   if (static_cast<std::uint8_t>(h.type) >= dtype_count)
@@ -256,18 +354,25 @@ inline status check_body(const leave_body& b, const limits&) {
     return make_error(errc::malformed, "leave.reason", static_cast<std::uint32_t>(b.reason), "unknown reason");
   return {};
 }
+// batch_size 0 keeps the worker's own batch; local_iterations 0 means "commit
+// by interval" (ADSP) and so needs an interval.
 inline status check_body(const plan_update_body& b, const limits&) {
-  if (b.local_iterations == 0) return make_error(errc::invalid_argument, "plan_update.local_iterations", 0, "must be >= 1");
-  if (b.batch == 0) return make_error(errc::invalid_argument, "plan_update.batch", 0, "must be >= 1");
-  if (!std::isfinite(b.share) || b.share < 0.0f || b.share > 1.0f)
-    return make_error(errc::invalid_argument, "plan_update.share", b.share, "must be finite and in [0, 1]");
-  if (!std::isfinite(b.ratio) || b.ratio <= 0.0f || b.ratio > 1.0f)
-    return make_error(errc::invalid_argument, "plan_update.ratio", b.ratio, "must be finite and in (0, 1]");
+  if (b.local_iterations == 0 && b.commit_interval_us == 0)
+    return make_error(errc::invalid_argument, "plan_update.local_iterations", 0,
+                      "must be >= 1 unless commit_interval_us > 0 (commit by interval)");
+  const auto stage = static_cast<std::uint32_t>(b.stage);
+  if (stage >= stage_id_count) return make_error(errc::unsupported, "plan_update.stage", stage, "unknown stage id");
+  if (!std::isfinite(b.data_share) || b.data_share < 0.0f || b.data_share > 1.0f)
+    return make_error(errc::invalid_argument, "plan_update.data_share", b.data_share, "must be finite and in [0, 1]");
+  if (!std::isfinite(b.compression_ratio) || b.compression_ratio <= 0.0f || b.compression_ratio > 1.0f)
+    return make_error(errc::invalid_argument, "plan_update.compression_ratio", b.compression_ratio,
+                      "must be finite and in (0, 1]");
   return {};
 }
 inline status check_body(const metric_body& b, const limits&) {
-  if (b.name >= metric_id_count && b.name < metric_id_application)
-    return make_error(errc::unsupported, "metric.name", b.name, "reserved metric id");
+  const auto name = static_cast<std::uint32_t>(b.name);
+  if (name >= metric_id_count && name < metric_id_application)
+    return make_error(errc::unsupported, "metric.name", name, "reserved metric id");
   if (!std::isfinite(b.value)) return make_error(errc::invalid_argument, "metric.value", b.value, "must be finite");
   return {};
 }
@@ -278,6 +383,36 @@ inline status check_body(const error_body& b, const limits& lim) {
   if (b.text.size() > lim.max_error_text)
     return make_error(errc::out_of_range, "error.text_bytes", b.text.size(),
                       "exceeds limits.max_error_text = " + std::to_string(lim.max_error_text));
+  return {};
+}
+
+inline std::string record_field(std::size_t i, const char* field) {
+  return "measurements[" + std::to_string(i) + "]." + field;
+}
+// One record's rules (docs/wire-format.md "measurements"), for encode and decode.
+inline status check_record(std::size_t i, const measurement& m) {
+  const auto k = static_cast<std::uint8_t>(m.kind);
+  if (k >= measurement_kind_count)
+    return make_error(errc::unsupported, record_field(i, "kind"), k, "unknown measurement kind");
+  if (!std::isfinite(m.seconds) || m.seconds <= 0.0)
+    return make_error(errc::invalid_argument, record_field(i, "seconds"), m.seconds, "must be finite and > 0");
+  if (!std::isfinite(m.amount) || m.amount < 0.0)
+    return make_error(errc::invalid_argument, record_field(i, "amount"), m.amount, "must be finite and >= 0");
+  if (!std::isfinite(m.time)) return make_error(errc::invalid_argument, record_field(i, "time"), m.time, "must be finite");
+  return {};
+}
+inline status check_count(std::size_t count, const limits& lim) {
+  if (count == 0) return make_error(errc::malformed, "measurements.count", 0, "a measurements message carries at least one record");
+  if (count > lim.max_measurements)
+    return make_error(errc::out_of_range, "measurements.count", count,
+                      "exceeds limits.max_measurements = " + std::to_string(lim.max_measurements));
+  return {};
+}
+inline status check_body(const measurements_body& b, const limits& lim) {
+  if (b.records.size() % measurements_body::record_bytes != 0)
+    return make_error(errc::malformed, "measurements.records_bytes", b.records.size(), "not a whole number of 25-byte records");
+  ASHL_TRY(check_count(b.size(), lim));
+  for (std::size_t i = 0; i < b.size(); ++i) ASHL_TRY(check_record(i, b[i]));
   return {};
 }
 
@@ -292,14 +427,24 @@ inline void put_body(byte_writer& w, const leave_body& b) {
 inline void put_body(byte_writer& w, const plan_update_body& b) {
   w.put(b.local_iterations);
   w.put(b.commit_interval_us);
-  w.put(b.batch);
-  w.put(b.stage);
-  w.put(b.share);
-  w.put(b.ratio);
+  w.put(b.batch_size);
+  w.put(static_cast<std::uint32_t>(b.stage));
+  w.put(b.data_share);
+  w.put(b.compression_ratio);
 }
 inline void put_body(byte_writer& w, const metric_body& b) {
-  w.put(b.name);
+  w.put(static_cast<std::uint32_t>(b.name));
   w.put(b.value);
+}
+inline void put_record(byte_writer& w, const measurement& m) {
+  w.put(static_cast<std::uint8_t>(m.kind));
+  w.put(m.seconds);
+  w.put(m.amount);
+  w.put(m.time);
+}
+inline void put_body(byte_writer& w, const measurements_body& b) {
+  w.put(static_cast<std::uint32_t>(b.size()));
+  w.put_bytes(b.records);
 }
 inline void put_body(byte_writer& w, const error_body& b) {
   w.put(static_cast<std::uint32_t>(b.code));
@@ -312,8 +457,10 @@ template <class Body>
 std::size_t body_bytes(const Body& b) noexcept {
   if constexpr (std::is_same_v<Body, error_body>)
     return error_body::fixed_bytes + b.text.size();
+  else if constexpr (std::is_same_v<Body, measurements_body>)
+    return measurements_body::fixed_bytes + b.records.size();
   else
-    return Body::wire_bytes;
+    return body_traits<Body>::wire_bytes;
 }
 
 inline status fixed_size(std::string_view kind, std::size_t got, std::size_t want) {
@@ -324,9 +471,9 @@ inline status fixed_size(std::string_view kind, std::size_t got, std::size_t wan
 
 // Parses and checks the body of a control kind; the payload length was
 // already checked against the buffer.
-inline result<control_body> read_body(message_kind k, std::span<const std::byte> p, const limits& lim) {
+inline result<control_body> read_body(const header& h, std::span<const std::byte> p, const limits& lim) {
   byte_reader r(p);
-  switch (k) {
+  switch (h.kind) {
     case message_kind::join: {
       ASHL_TRY(fixed_size("join", p.size(), join_body::wire_bytes));
       join_body b;
@@ -346,21 +493,25 @@ inline result<control_body> read_body(message_kind k, std::span<const std::byte>
       return control_body(b);
     }
     case message_kind::plan_update: {
-      ASHL_TRY(fixed_size("plan_update", p.size(), plan_update_body::wire_bytes));
+      ASHL_TRY(fixed_size("plan_update", p.size(), body_traits<plan_update_body>::wire_bytes));
       plan_update_body b;
+      std::uint32_t stage = 0;
       ASHL_TRY(r.get(b.local_iterations, "plan_update.local_iterations"));
       ASHL_TRY(r.get(b.commit_interval_us, "plan_update.commit_interval_us"));
-      ASHL_TRY(r.get(b.batch, "plan_update.batch"));
-      ASHL_TRY(r.get(b.stage, "plan_update.stage"));
-      ASHL_TRY(r.get(b.share, "plan_update.share"));
-      ASHL_TRY(r.get(b.ratio, "plan_update.ratio"));
+      ASHL_TRY(r.get(b.batch_size, "plan_update.batch_size"));
+      ASHL_TRY(r.get(stage, "plan_update.stage"));
+      ASHL_TRY(r.get(b.data_share, "plan_update.data_share"));
+      ASHL_TRY(r.get(b.compression_ratio, "plan_update.compression_ratio"));
+      b.stage = static_cast<stage_id>(stage);
       ASHL_TRY(check_body(b, lim));
       return control_body(b);
     }
     case message_kind::metric: {
       ASHL_TRY(fixed_size("metric", p.size(), metric_body::wire_bytes));
       metric_body b;
-      ASHL_TRY(r.get(b.name, "metric.name"));
+      std::uint32_t name = 0;
+      ASHL_TRY(r.get(name, "metric.name"));
+      b.name = static_cast<metric_id>(name);
       ASHL_TRY(r.get(b.value, "metric.value"));
       ASHL_TRY(check_body(b, lim));
       return control_body(b);
@@ -380,6 +531,23 @@ inline result<control_body> read_body(message_kind k, std::span<const std::byte>
       b.code = static_cast<errc>(code);
       const auto text = r.rest();
       b.text = std::string_view(reinterpret_cast<const char*>(text.data()), text.size());
+      ASHL_TRY(check_body(b, lim));
+      return control_body(b);
+    }
+    case message_kind::measurements: {
+      // The count is checked against the limit and the bytes present before
+      // any record is looked at; nothing is allocated either way.
+      if (p.size() < measurements_body::fixed_bytes)
+        return make_error(errc::malformed, "measurements.payload_bytes", p.size(),
+                          "a measurements body is at least 4 bytes");
+      std::uint32_t count = 0;
+      ASHL_TRY(r.get(count, "measurements.count"));
+      ASHL_TRY(check_count(count, lim));
+      if (r.remaining() != std::size_t{count} * measurements_body::record_bytes)
+        return make_error(errc::malformed, "measurements.count", count,
+                          "disagrees with the " + std::to_string(r.remaining()) +
+                              " bytes after it (25 bytes a record)");
+      measurements_body b{r.rest(), h.rank};
       ASHL_TRY(check_body(b, lim));
       return control_body(b);
     }
@@ -452,15 +620,20 @@ inline result<std::size_t> encode(const header& h, std::span<const std::byte> pa
 
 // Encodes a control message; h.kind is taken from the body type.
 template <class Body>
-  requires(!std::is_same_v<Body, std::span<const std::byte>> && requires { Body::kind; })
+  requires(!std::is_same_v<Body, std::span<const std::byte>> && requires { body_traits<Body>::kind; })
 result<std::size_t> encode(header h, const Body& body, std::span<std::byte> out, const limits& lim = {}) {
-  h.kind = Body::kind;
+  h.kind = body_traits<Body>::kind;
   const std::size_t n = detail::body_bytes(body);
   if constexpr (std::is_same_v<Body, error_body>) {
     if (body.text.size() > std::numeric_limits<std::uint32_t>::max())
       return make_error(errc::out_of_range, "error.text_bytes", body.text.size(), "does not fit 32 bits");
   }
   ASHL_TRY(detail::check_header(h, n, lim));
+  if constexpr (std::is_same_v<Body, measurements_body>) {
+    if (body.worker != h.rank)
+      return make_error(errc::invalid_argument, "measurements.worker", body.worker,
+                        "must equal header.rank = " + std::to_string(h.rank));
+  }
   ASHL_TRY(detail::check_body(body, lim));
   if (out.size() < encoded_size(n))
     return make_error(errc::buffer_too_small, "wire.out.size", out.size(),
@@ -470,6 +643,36 @@ result<std::size_t> encode(header h, const Body& body, std::span<std::byte> out,
   w.put(std::uint32_t{0});
   detail::put_body(w, body);
   ASHL_ASSERT(w.ok() && w.position() == encoded_size(n), "wire control body layout");
+  std::uint32_t crc = crc32c(out.first(crc_offset));
+  crc = crc32c(out.subspan(header_bytes, n), crc);
+  byte_writer c(out.subspan(crc_offset, 4));
+  c.put(crc);
+  return encoded_size(n);
+}
+
+// Encodes the measurements of one worker (each m.worker must be h.rank) as a
+// measurements message; the records are validated as decode validates them.
+inline result<std::size_t> encode(header h, std::span<const measurement> ms, std::span<std::byte> out,
+                                  const limits& lim = {}) {
+  h.kind = message_kind::measurements;
+  const std::size_t n = measurements_body::bytes_for(ms.size());
+  ASHL_TRY(detail::check_header(h, n, lim));
+  ASHL_TRY(detail::check_count(ms.size(), lim));
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    if (ms[i].worker != h.rank)
+      return make_error(errc::invalid_argument, detail::record_field(i, "worker"), ms[i].worker,
+                        "must equal header.rank = " + std::to_string(h.rank));
+    ASHL_TRY(detail::check_record(i, ms[i]));
+  }
+  if (out.size() < encoded_size(n))
+    return make_error(errc::buffer_too_small, "wire.out.size", out.size(),
+                      "bytes, fewer than the " + std::to_string(encoded_size(n)) + " the message needs");
+  byte_writer w(out.first(encoded_size(n)));
+  detail::put_header(w, h, n);
+  w.put(std::uint32_t{0});
+  w.put(static_cast<std::uint32_t>(ms.size()));
+  for (const auto& m : ms) detail::put_record(w, m);
+  ASHL_ASSERT(w.ok() && w.position() == encoded_size(n), "wire measurements body layout");
   std::uint32_t crc = crc32c(out.first(crc_offset));
   crc = crc32c(out.subspan(header_bytes, n), crc);
   byte_writer c(out.subspan(crc_offset, 4));
@@ -506,10 +709,11 @@ inline result<message_view> decode(std::span<const std::byte> in, const limits& 
     return make_error(errc::malformed, "header.magic", detail::hex32{got_magic}, "not an ashl message (want 0x4c485341)");
   (void)r.get(got_version, "header.version");
   if (got_version != version)
-    return make_error(errc::unsupported, "header.version", got_version, "this build reads version 1");
+    return make_error(errc::unsupported, "header.version", got_version,
+                      "this build reads version " + std::to_string(version));
   (void)r.get(got_header_bytes, "header.header_bytes");
   if (got_header_bytes != header_bytes)
-    return make_error(errc::malformed, "header.header_bytes", got_header_bytes, "version 1 headers are 72 bytes");
+    return make_error(errc::malformed, "header.header_bytes", got_header_bytes, "headers are 72 bytes");
   (void)r.get(kind, "header.kind");
   (void)r.get(codec, "header.codec");
   (void)r.get(type, "header.dtype");
@@ -544,7 +748,7 @@ inline result<message_view> decode(std::span<const std::byte> in, const limits& 
   ASHL_TRY(detail::check_header(h, payload_bytes, lim));
   message_view m{h, in.subspan(header_bytes), {}};
   if (is_control(h.kind)) {
-    auto body = detail::read_body(h.kind, m.payload, lim);
+    auto body = detail::read_body(h, m.payload, lim);
     if (!body) return body.error();
     m.body = *body;
   }
