@@ -4,8 +4,19 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace as = ashl::sync;
+using ashl::metric_id;
+using ashl::measurement_kind;
+
+namespace {
+as::outcome_sink sink;  // reused by every event, as a driver does
+as::outcome_sink& fresh() {
+  sink.clear();
+  return sink;
+}
+}  // namespace
 
 BOOST_AUTO_TEST_CASE(fit_recovers_known_parameters) {
   const as::loss_curve truth{0.04, 0.5, 0.12};
@@ -39,18 +50,42 @@ BOOST_AUTO_TEST_CASE(reward_guards_unreachable_targets) {
 BOOST_AUTO_TEST_CASE(plan_interval_and_weights) {
   as::adsp p{{.workers = 4, .period = 60.0, .t_min = 1.0}};
   BOOST_TEST(p.commit_rate() == 1u);
-  BOOST_TEST(p.plan(0).commit_interval == 60.0);
+  BOOST_TEST(p.plan(0).commit_interval() == 60.0);
   BOOST_TEST(p.plan(0).local_iterations == 0u);
-  auto o = p.on_measurement({.worker = 2, .kind = as::measurement_kind::push, .seconds = 1.5});
-  BOOST_TEST(o.plans_changed);
-  (void)p.on_measurement({.worker = 2, .kind = as::measurement_kind::pull, .seconds = 0.5});
-  BOOST_TEST(p.plan(2).commit_interval == 58.0);
-  (void)p.on_measurement({.worker = 3, .kind = as::measurement_kind::commit, .seconds = 70.0});
-  BOOST_TEST(p.plan(3).commit_interval == 1.0);  // t_min
-  BOOST_TEST(p.on_commit({.worker = 0, .sequence = 1}).weight == 0.25);
-  (void)p.on_evict({.worker = 3});
-  BOOST_TEST(p.on_commit({.worker = 0, .sequence = 2}).weight == 1.0 / 3.0);
-  BOOST_TEST((p.on_pull({.worker = 1}).action == as::pull_action::serve));
+  BOOST_TEST((p.stage() == ashl::stage_id::adsp));
+  BOOST_TEST((p.plan(0).stage == ashl::stage_id::adsp));
+  auto& o = fresh();
+  p.on_measurement({.worker = 2, .kind = measurement_kind::push, .seconds = 1.5}, o);
+  BOOST_TEST((o.plans_changed().size() == 1u && o.plans_changed()[0] == 2u));  // only worker 2's plan
+  BOOST_TEST(!o.every_plan_changed());
+  p.on_measurement({.worker = 2, .kind = measurement_kind::pull, .seconds = 0.5}, fresh());
+  BOOST_TEST(p.plan(2).commit_interval() == 58.0);
+  BOOST_TEST(p.plan(2).commit_interval_us == 58'000'000u);
+  // The same overhead again changes no plan.
+  p.on_measurement({.worker = 2, .kind = measurement_kind::commit, .seconds = 2.0}, fresh());
+  BOOST_TEST(!sink.any_plan_changed());
+  p.on_measurement({.worker = 3, .kind = measurement_kind::commit, .seconds = 70.0}, fresh());
+  BOOST_TEST(p.plan(3).commit_interval() == 1.0);  // t_min
+  // One formula: the plan is ashl::adsp_commit_interval in microseconds.
+  BOOST_TEST(p.plan(3).commit_interval_us == ashl::worker_plan::interval_us(ashl::adsp_commit_interval(60.0, 1, 70.0, 1.0)));
+  BOOST_TEST(p.on_commit({.worker = 0, .sequence = 1}, fresh()).weight == 0.25);
+  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 1}, fresh()).action == as::commit_action::drop));
+  p.on_evict({.worker = 3}, fresh());
+  BOOST_TEST(p.on_commit({.worker = 0, .sequence = 2}, fresh()).weight == 1.0 / 3.0);
+  BOOST_TEST((p.on_commit({.worker = 3, .sequence = 1}, fresh()).action == as::commit_action::drop));
+  BOOST_TEST((p.on_pull({.worker = 1}, fresh()) == as::pull_action::serve));
+  p.on_join({.worker = 6}, fresh());
+  BOOST_TEST((sink.plans_changed().size() == 1u && sink.plans_changed()[0] == 6u));
+  BOOST_TEST(p.on_commit({.worker = 6, .sequence = 1}, fresh()).weight == 0.25);
+}
+
+BOOST_AUTO_TEST_CASE(staleness_weighting_scales_the_commit) {
+  as::adsp p{{.workers = 2, .staleness_weight = as::staleness_weighting::inverse()}};
+  p.on_pull({.worker = 1}, fresh());
+  (void)p.on_commit({.worker = 0, .sequence = 1}, fresh());
+  (void)p.on_commit({.worker = 0, .sequence = 2}, fresh());
+  BOOST_TEST(p.staleness(1) == 2u);
+  BOOST_TEST(p.on_commit({.worker = 1, .sequence = 1}, fresh()).weight == 0.5 * (1.0 / 3.0));
 }
 
 namespace {
@@ -70,7 +105,7 @@ struct synthetic_run {
   void step(double dt) {
     now += dt;
     const double l = loss();
-    (void)p.on_metric({.name = "loss", .value = l, .time = now});
+    p.on_metric({.metric = metric_id::loss, .value = l, .time = now}, fresh());
     if (p.commit_rate() != rate) {
       rate = p.commit_rate();
       trial_start = now;
@@ -83,41 +118,53 @@ struct synthetic_run {
 BOOST_AUTO_TEST_CASE(search_finds_the_known_best_commit_rate) {
   synthetic_run run{as::adsp{{.workers = 2, .period = 40.0, .search_every = 1e9, .target_loss = 0.2}}};
   run.rate = run.p.commit_rate();
-  (void)run.p.on_metric({.name = "loss", .value = run.loss(), .time = 0.0});
+  run.p.on_metric({.metric = metric_id::loss, .value = run.loss(), .time = 0.0}, fresh());
   for (int i = 0; i < 200 && run.p.searching(); ++i) run.step(10.0);
   BOOST_TEST(!run.p.searching());
   BOOST_TEST(run.p.commit_rate() == 3u);
-  BOOST_TEST(run.p.plan(0).commit_interval == 40.0 / 3.0);
+  BOOST_TEST(run.p.plan(0).commit_interval_us == ashl::worker_plan::interval_us(40.0 / 3.0));
 }
 
 BOOST_AUTO_TEST_CASE(nan_loss_is_ignored_and_a_loss_rise_restarts_the_search) {
   synthetic_run run{as::adsp{{.workers = 2, .period = 40.0, .search_every = 1e9, .target_loss = 0.2}}};
   run.rate = run.p.commit_rate();
-  (void)run.p.on_metric({.name = "loss", .value = std::nan(""), .time = 0.0});
-  (void)run.p.on_metric({.name = "loss", .value = run.loss(), .time = 0.0});
+  run.p.on_metric({.metric = metric_id::loss, .value = std::nan(""), .time = 0.0}, fresh());
+  run.p.on_metric({.metric = metric_id::loss, .value = run.loss(), .time = 0.0}, fresh());
   for (int i = 0; i < 200 && run.p.searching(); ++i) {
     run.step(10.0);
-    (void)run.p.on_metric({.name = "loss", .value = std::numeric_limits<double>::infinity(), .time = run.now});
+    run.p.on_metric({.metric = metric_id::loss, .value = std::numeric_limits<double>::infinity(), .time = run.now}, fresh());
   }
   BOOST_TEST(run.p.commit_rate() == 3u);
   BOOST_TEST(run.p.searches_done() == 1u);
   // Loss jumps up by 50 % a period later: a new search starts from ΔC = 1.
   const double t = run.now;
-  (void)run.p.on_metric({.name = "loss", .value = run.loss(), .time = t + 20.0});
-  auto o = run.p.on_metric({.name = "loss", .value = 1.5 * run.loss() + 0.5, .time = t + 41.0});
+  run.p.on_metric({.metric = metric_id::loss, .value = run.loss(), .time = t + 20.0}, fresh());
+  run.p.on_metric({.metric = metric_id::loss, .value = 1.5 * run.loss() + 0.5, .time = t + 41.0}, fresh());
   BOOST_TEST(run.p.searching());
-  BOOST_TEST(o.plans_changed);
+  BOOST_TEST(sink.every_plan_changed());
   BOOST_TEST(run.p.commit_rate() == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(search_reruns_after_t_search) {
   synthetic_run run{as::adsp{{.workers = 2, .period = 40.0, .search_every = 500.0, .target_loss = 0.2}}};
   run.rate = run.p.commit_rate();
-  (void)run.p.on_metric({.name = "loss", .value = run.loss(), .time = 0.0});
+  run.p.on_metric({.metric = metric_id::loss, .value = run.loss(), .time = 0.0}, fresh());
   for (int i = 0; i < 200 && run.p.searching(); ++i) run.step(10.0);
   BOOST_TEST(!run.p.searching());
   for (int i = 0; i < 49; ++i) run.step(10.0);
   BOOST_TEST(!run.p.searching());
   for (int i = 0; i < 2 && !run.p.searching(); ++i) run.step(10.0);
   BOOST_TEST(run.p.searching());
+}
+
+BOOST_AUTO_TEST_CASE(the_metric_read_is_a_parameter) {
+  as::adsp p{{.workers = 2, .period = 10.0, .metric = metric_id::accuracy}};
+  p.on_metric({.metric = metric_id::loss, .value = 1.0, .time = 0.0}, fresh());
+  p.on_metric({.metric = metric_id::loss, .value = 0.9, .time = 6.0}, fresh());
+  p.on_metric({.metric = metric_id::loss, .value = 0.8, .time = 11.0}, fresh());
+  BOOST_TEST(p.commit_rate() == 1u);  // loss is not what it reads
+  p.on_metric({.metric = metric_id::accuracy, .value = 1.0, .time = 0.0}, fresh());
+  p.on_metric({.metric = metric_id::accuracy, .value = 0.9, .time = 6.0}, fresh());
+  p.on_metric({.metric = metric_id::accuracy, .value = 0.8, .time = 11.0}, fresh());
+  BOOST_TEST(p.commit_rate() == 2u);  // the first trial ended: ΔC + 1
 }

@@ -1,12 +1,14 @@
 // ashl/sync/adsp.hpp — ADSP: commit-rate control. Workers never wait; each
 // commits its accumulated local delta when the time since its last commit
-// reaches max(t_min, Γ/ΔC − O_i); the server applies Δ_i / M. ΔC (commits per
+// reaches max(t_min, Γ/ΔC − O_i) (ashl::adsp_commit_interval, the one
+// formula); the server applies Δ_i / M over the live workers. ΔC (commits per
 // worker per period Γ) is chosen online by the commit-rate search.
 //
 //   ashl::sync::adsp p{{.workers = 4, .period = 60, .target_loss = 0.3}};
-//   p.on_measurement({.worker = 0, .kind = ashl::sync::measurement_kind::commit, .seconds = 2});
-//   p.plan(0).commit_interval;                              // max(t_min, 60/ΔC − 2)
-//   p.on_metric({.name = "loss", .value = 1.9, .time = 30}); // drives the search
+//   ashl::sync::outcome_sink out(4);
+//   p.on_measurement({.worker = 0, .kind = ashl::measurement_kind::commit, .seconds = 2}, out);
+//   p.plan(0).commit_interval();                        // max(t_min, 60/ΔC − 2) s
+//   p.on_metric({.metric = ashl::metric_id::loss, .value = 1.9, .time = 30}, out);  // drives the search
 //
 // Search (ALGORITHMS.md §1 "ADSP"): from ΔC = initial, run ΔC for one period
 // and record the loss at its start, middle and end (the first metrics at or
@@ -16,11 +18,18 @@
 // while the reward improves; settle on the best. The search re-runs after
 // T_search seconds, or when the loss at the end of a period is >= (1 + rise)
 // times the previous period's. Non-finite losses are ignored.
+//
+// Outcomes: a new ΔC changes every plan (all_plans_changed); a measurement
+// of O_i marks only worker i, and only when its interval moved; a joiner's
+// own plan is marked. Per-worker state is sized at construction and on the
+// join of a new id; the live count is kept, so no event scans the workers.
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/plan.hpp>
+#include <ashl/core/state_io.hpp>
+#include <ashl/core/status.hpp>
 #include <ashl/sync/concepts.hpp>
-#include <ashl/sync/detail/async.hpp>
 #include <ashl/sync/events.hpp>
 
 #include <algorithm>
@@ -30,7 +39,6 @@
 #include <limits>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -89,16 +97,17 @@ inline double commit_rate_reward(const std::optional<loss_curve>& f, double targ
 
 struct adsp_params {
   std::size_t workers = 0;
-  double period = 60.0;             // Γ, seconds
-  double t_min = 0.0;               // shortest commit interval, seconds
-  double search_every = 1000.0;     // T_search, seconds
-  double target_loss = 0.3;         // ℓ_target of the reward
-  double loss_rise = 0.3;           // re-search when a period's loss rises by this fraction
+  double period = 60.0;                   // Γ, seconds
+  double t_min = 0.0;                     // shortest commit interval, seconds
+  double search_every = 1000.0;           // T_search, seconds
+  double target_loss = 0.3;               // ℓ_target of the reward
+  double loss_rise = 0.3;                 // re-search when a period's loss rises by this fraction
   std::uint32_t initial_commit_rate = 1;  // ΔC the search starts from
   std::uint32_t max_commit_rate = 64;     // the climb stops here
-  std::string metric = "loss";
+  metric_id metric = metric_id::loss;     // the metric the search reads
   staleness_weighting staleness_weight{};
-  std::string stage = "adsp";
+  stage_id stage = stage_id::adsp;
+  friend bool operator==(const adsp_params&, const adsp_params&) = default;
 };
 
 class adsp {
@@ -106,86 +115,201 @@ class adsp {
   using policy_concept = policy_tag;
 
   adsp() = default;
-  explicit adsp(adsp_params p)
-      : core_(p.workers, {1.0, {}, {}, p.staleness_weight}, p.stage), p_(std::move(p)),
-        overhead_(p_.workers, 0.0), push_(p_.workers, 0.0), pull_(p_.workers, 0.0),
-        rate_(std::max<std::uint32_t>(1, p_.initial_commit_rate)) {
+  explicit adsp(adsp_params p) : p_(p), rate_(std::max<std::uint32_t>(1, p.initial_commit_rate)) {
+    grow(p_.workers);
+    for (std::size_t w = 0; w < p_.workers; ++w) w_[w].live = true;
+    live_ = p_.workers;
     trial_ = rate_;
+    best_ = rate_;
   }
 
-  commit_decision on_commit(const commit_event& c) {
-    if (!core_.table().accept(c)) return {commit_action::drop, 0.0, {}};
-    const std::size_t m = core_.table().live_count();
-    core_.set_scale(m == 0 ? 0.0 : 1.0 / static_cast<double>(m));
-    return {commit_action::apply, core_.apply(c.worker), {}};
+  commit_decision on_commit(const commit_event& c, outcome_sink&) {
+    if (!is_live(c.worker)) return {commit_action::drop, 0.0};
+    auto& e = w_[c.worker];
+    if (e.has_sequence && c.sequence <= e.last_sequence) return {commit_action::drop, 0.0};
+    e.has_sequence = true;
+    e.last_sequence = c.sequence;
+    const double wt = (1.0 / static_cast<double>(live_)) * p_.staleness_weight(version_ - e.pulled_version);
+    ++version_;
+    return {commit_action::apply, wt};
   }
-  pull_decision on_pull(const pull_event& q) {
-    if (core_.table().is_live(q.worker)) core_.table().served(q.worker);
-    return {pull_action::serve, {}};
+  pull_action on_pull(const pull_event& q, outcome_sink&) {
+    if (is_live(q.worker)) w_[q.worker].pulled_version = version_;
+    return pull_action::serve;
   }
-  outcome on_metric(const metric_event& m) {
-    outcome o;
-    if (m.name != p_.metric || !std::isfinite(m.value)) return o;
+  void on_metric(const metric_event& m, outcome_sink& out) {
+    if (m.metric != p_.metric || !std::isfinite(m.value)) return;
     const std::uint32_t before = rate_;
     if (searching_) search_step(m.time, m.value);
     else exploit_step(m.time, m.value);
-    o.plans_changed = rate_ != before;
-    return o;
+    if (rate_ != before) out.all_plans_changed();
   }
-  outcome on_join(const membership_event& j) {
-    outcome o;
-    if (core_.table().join(j.worker, 0)) {
-      grow(j.worker);
-      o.plans_changed = true;
-    }
-    return o;
+  void on_join(const membership_event& j, outcome_sink& out) {
+    if (is_live(j.worker)) return;
+    grow(std::size_t{j.worker} + 1);
+    w_[j.worker] = entry{};
+    w_[j.worker].live = true;
+    w_[j.worker].pulled_version = version_;
+    ++live_;
+    out.plan_changed(j.worker);
   }
-  outcome on_evict(const membership_event& j) {
-    core_.table().evict(j.worker);
-    return {};
+  void on_evict(const membership_event& j, outcome_sink&) {
+    if (!is_live(j.worker)) return;
+    w_[j.worker].live = false;
+    --live_;
   }
-  outcome on_measurement(const measurement_event& x) {
-    outcome o;
-    if (!core_.table().is_live(x.worker) || !std::isfinite(x.seconds) || x.seconds < 0.0) return o;
-    grow(x.worker);
+  void on_measurement(const measurement_event& x, outcome_sink& out) {
+    if (!is_live(x.worker) || !std::isfinite(x.seconds) || x.seconds < 0.0) return;
+    auto& e = w_[x.worker];
+    const std::uint32_t before = interval_us(e.overhead);
     switch (x.kind) {
-      case measurement_kind::commit: overhead_[x.worker] = x.seconds; break;
-      case measurement_kind::push: push_[x.worker] = x.seconds; overhead_[x.worker] = push_[x.worker] + pull_[x.worker]; break;
-      case measurement_kind::pull: pull_[x.worker] = x.seconds; overhead_[x.worker] = push_[x.worker] + pull_[x.worker]; break;
-      default: return o;
+      case measurement_kind::commit: e.overhead = x.seconds; break;
+      case measurement_kind::push: e.push = x.seconds; e.overhead = e.push + e.pull; break;
+      case measurement_kind::pull: e.pull = x.seconds; e.overhead = e.push + e.pull; break;
+      default: return;
     }
-    o.plans_changed = true;
-    return o;
+    if (interval_us(e.overhead) != before) out.plan_changed(x.worker);
   }
-  outcome drain() { return {{}, core_.table().release_all(), false}; }
+  void drain(outcome_sink&) {}  // nothing is ever buffered or held
 
   [[nodiscard]] worker_plan plan(worker_id w) const {
-    worker_plan p = core_.plan(w);
+    worker_plan p;
     p.local_iterations = 0;  // commit by time
-    const double o = w < overhead_.size() ? overhead_[w] : 0.0;
-    p.commit_interval = std::max(p_.t_min, p_.period / static_cast<double>(rate_) - o);
+    p.commit_interval_us = interval_us(w < w_.size() ? w_[w].overhead : 0.0);
+    p.stage = p_.stage;
     return p;
   }
-  [[nodiscard]] std::string_view name() const noexcept { return core_.stage(); }
-  [[nodiscard]] bool is_live(worker_id w) const noexcept { return core_.table().is_live(w); }
-  [[nodiscard]] bool is_held(worker_id w) const noexcept { return core_.table().is_held(w); }
+  [[nodiscard]] stage_id stage() const noexcept { return p_.stage; }
+  [[nodiscard]] bool is_live(worker_id w) const noexcept { return w < w_.size() && w_[w].live; }
+  [[nodiscard]] bool is_held(worker_id) const noexcept { return false; }
 
+  [[nodiscard]] const adsp_params& params() const noexcept { return p_; }
   [[nodiscard]] std::uint32_t commit_rate() const noexcept { return rate_; }  // ΔC in force
   [[nodiscard]] bool searching() const noexcept { return searching_; }
   [[nodiscard]] std::uint64_t searches_done() const noexcept { return searches_done_; }
+  // τ of w's next commit: commits applied since its last served pull.
+  [[nodiscard]] std::uint64_t staleness(worker_id w) const noexcept { return version_ - w_[w].pulled_version; }
+
+  void save(state_writer& w) const {
+    w.tag("ADSP", 1);
+    w.put<std::uint64_t>(p_.workers);
+    w.put(p_.period);
+    w.put(p_.t_min);
+    w.put(p_.search_every);
+    w.put(p_.target_loss);
+    w.put(p_.loss_rise);
+    w.put(p_.initial_commit_rate);
+    w.put(p_.max_commit_rate);
+    w.put(static_cast<std::uint32_t>(p_.metric));
+    w.put(static_cast<std::uint8_t>(p_.staleness_weight.mode));
+    w.put(p_.staleness_weight.exponent);
+    w.put(static_cast<std::uint32_t>(p_.stage));
+    w.put<std::uint64_t>(w_.size());
+    for (const auto& e : w_) {
+      w.put(e.live);
+      w.put(e.has_sequence);
+      w.put(e.last_sequence);
+      w.put(e.pulled_version);
+      w.put(e.overhead);
+      w.put(e.push);
+      w.put(e.pull);
+    }
+    w.put(version_);
+    w.put(rate_);
+    w.put(searching_);
+    w.put(first_trial_);
+    w.put(trial_);
+    w.put(best_);
+    w.put(best_reward_);
+    w.put(has_start_);
+    w.put(start_.t);
+    w.put(start_.l);
+    w.put(has_mid_);
+    w.put(mid_.t);
+    w.put(mid_.l);
+    w.put(searches_done_);
+    w.put(search_end_);
+    w.put(period_start_.t);
+    w.put(period_start_.l);
+  }
+  status load(state_reader& r) {
+    adsp n;
+    std::uint64_t workers = 0, size = 0;
+    std::uint32_t metric = 0, stage = 0;
+    std::uint8_t mode = 0;
+    ASHL_TRY(r.tag("ADSP", 1));
+    ASHL_TRY(r.get(workers, "adsp.workers"));
+    n.p_.workers = static_cast<std::size_t>(workers);
+    ASHL_TRY(r.get(n.p_.period, "adsp.period"));
+    ASHL_TRY(r.get(n.p_.t_min, "adsp.t_min"));
+    ASHL_TRY(r.get(n.p_.search_every, "adsp.search_every"));
+    ASHL_TRY(r.get(n.p_.target_loss, "adsp.target_loss"));
+    ASHL_TRY(r.get(n.p_.loss_rise, "adsp.loss_rise"));
+    ASHL_TRY(r.get(n.p_.initial_commit_rate, "adsp.initial_commit_rate"));
+    ASHL_TRY(r.get(n.p_.max_commit_rate, "adsp.max_commit_rate"));
+    ASHL_TRY(r.get(metric, "adsp.metric"));
+    n.p_.metric = static_cast<metric_id>(metric);
+    ASHL_TRY(r.get(mode, "adsp.staleness_weight"));
+    if (mode > 2) return malformed("adsp.staleness_weight", unsigned{mode}, "must be 0, 1 or 2");
+    n.p_.staleness_weight.mode = static_cast<staleness_weighting::kind>(mode);
+    ASHL_TRY(r.get(n.p_.staleness_weight.exponent, "adsp.staleness_weight.exponent"));
+    ASHL_TRY(r.get(stage, "adsp.stage"));
+    if (stage >= stage_id_count) return malformed("adsp.stage", stage, "not a stage id");
+    n.p_.stage = static_cast<stage_id>(stage);
+    ASHL_TRY(r.count(size, 2 + 5 * 8, "adsp.worker_count"));
+    n.w_.resize(static_cast<std::size_t>(size));
+    n.live_ = 0;
+    for (auto& e : n.w_) {
+      ASHL_TRY(r.get(e.live, "adsp.worker.live"));
+      ASHL_TRY(r.get(e.has_sequence, "adsp.worker.has_sequence"));
+      ASHL_TRY(r.get(e.last_sequence, "adsp.worker.last_sequence"));
+      ASHL_TRY(r.get(e.pulled_version, "adsp.worker.pulled_version"));
+      ASHL_TRY(r.get(e.overhead, "adsp.worker.overhead"));
+      ASHL_TRY(r.get(e.push, "adsp.worker.push"));
+      ASHL_TRY(r.get(e.pull, "adsp.worker.pull"));
+      n.live_ += e.live ? 1 : 0;
+    }
+    ASHL_TRY(r.get(n.version_, "adsp.version"));
+    ASHL_TRY(r.get(n.rate_, "adsp.rate"));
+    if (n.rate_ == 0) return malformed("adsp.rate", n.rate_, "must be >= 1");
+    ASHL_TRY(r.get(n.searching_, "adsp.searching"));
+    ASHL_TRY(r.get(n.first_trial_, "adsp.first_trial"));
+    ASHL_TRY(r.get(n.trial_, "adsp.trial"));
+    ASHL_TRY(r.get(n.best_, "adsp.best"));
+    ASHL_TRY(r.get(n.best_reward_, "adsp.best_reward"));
+    ASHL_TRY(r.get(n.has_start_, "adsp.has_start"));
+    ASHL_TRY(r.get(n.start_.t, "adsp.start.t"));
+    ASHL_TRY(r.get(n.start_.l, "adsp.start.l"));
+    ASHL_TRY(r.get(n.has_mid_, "adsp.has_mid"));
+    ASHL_TRY(r.get(n.mid_.t, "adsp.mid.t"));
+    ASHL_TRY(r.get(n.mid_.l, "adsp.mid.l"));
+    ASHL_TRY(r.get(n.searches_done_, "adsp.searches_done"));
+    ASHL_TRY(r.get(n.search_end_, "adsp.search_end"));
+    ASHL_TRY(r.get(n.period_start_.t, "adsp.period_start.t"));
+    ASHL_TRY(r.get(n.period_start_.l, "adsp.period_start.l"));
+    *this = std::move(n);
+    return {};
+  }
 
  private:
   struct point {
-    double t;
-    double l;
+    double t = 0.0;
+    double l = 0.0;
+  };
+  struct entry {
+    bool live = false;
+    bool has_sequence = false;
+    std::uint64_t last_sequence = 0;
+    std::uint64_t pulled_version = 0;  // version at w's last served pull
+    double overhead = 0.0;             // O_i
+    double push = 0.0, pull = 0.0;     // its parts, when measured apart
   };
 
-  void grow(worker_id w) {
-    if (w >= overhead_.size()) {
-      overhead_.resize(std::size_t{w} + 1, 0.0);
-      push_.resize(std::size_t{w} + 1, 0.0);
-      pull_.resize(std::size_t{w} + 1, 0.0);
-    }
+  [[nodiscard]] std::uint32_t interval_us(double overhead) const noexcept {
+    return worker_plan::interval_us(adsp_commit_interval(p_.period, rate_, overhead, p_.t_min));
+  }
+  void grow(std::size_t n) {
+    if (n > w_.size()) w_.resize(n);
   }
 
   void start_search(point at) {
@@ -196,19 +320,24 @@ class adsp {
     best_reward_ = -std::numeric_limits<double>::infinity();
     first_trial_ = true;
     start_ = at;
-    mid_.reset();
+    has_start_ = true;
+    has_mid_ = false;
   }
   void search_step(double t, double l) {
-    if (!start_) {
+    if (!has_start_) {
       start_ = point{t, l};
+      has_start_ = true;
       return;
     }
-    if (!mid_) {
-      if (t >= start_->t + 0.5 * p_.period) mid_ = point{t, l};
+    if (!has_mid_) {
+      if (t >= start_.t + 0.5 * p_.period) {
+        mid_ = point{t, l};
+        has_mid_ = true;
+      }
       return;
     }
-    if (t < start_->t + p_.period) return;
-    const double r = commit_rate_reward(fit_loss_curve(start_->t, start_->l, mid_->t, mid_->l, t, l), p_.target_loss);
+    if (t < start_.t + p_.period) return;
+    const double r = commit_rate_reward(fit_loss_curve(start_.t, start_.l, mid_.t, mid_.l, t, l), p_.target_loss);
     const point end{t, l};
     if (first_trial_ || r > best_reward_) {
       best_ = trial_;
@@ -218,7 +347,7 @@ class adsp {
         ++trial_;
         rate_ = trial_;
         start_ = end;
-        mid_.reset();
+        has_mid_ = false;
         return;
       }
     }
@@ -243,9 +372,10 @@ class adsp {
     period_start_ = point{t, l};
   }
 
-  detail::async_core core_;
   adsp_params p_;
-  std::vector<double> overhead_, push_, pull_;  // O_i and its parts
+  std::vector<entry> w_;
+  std::size_t live_ = 0;
+  std::uint64_t version_ = 0;  // commits applied
   std::uint32_t rate_ = 1;
   // search state
   bool searching_ = true;
@@ -253,11 +383,12 @@ class adsp {
   std::uint32_t trial_ = 1;
   std::uint32_t best_ = 1;
   double best_reward_ = -std::numeric_limits<double>::infinity();
-  std::optional<point> start_, mid_;
+  bool has_start_ = false, has_mid_ = false;
+  point start_, mid_;
   std::uint64_t searches_done_ = 0;
   // exploitation state
   double search_end_ = 0.0;
-  point period_start_{0.0, 0.0};
+  point period_start_;
 };
 
 static_assert(consistency_policy<adsp>);
