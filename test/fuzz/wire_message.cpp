@@ -4,12 +4,16 @@
 // encoding per message), and must decode again to the same header.
 // Random bytes almost never carry a valid CRC, so each input is also tried
 // with its checksum recomputed, which lets the fuzzer reach the field checks.
-// Seed corpus: test/fuzz/corpus/wire_message/ (one valid message of every kind).
+// A measurements message's records are read back through the view and must
+// satisfy the rules decode checked (the view allocates nothing).
+// Seed corpus: test/fuzz/corpus/wire_message/ (one valid message of every
+// kind, version 2).
 #include <ashl/wire/message.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -22,12 +26,21 @@ void check_one(std::span<const std::byte> in) {
   lim.max_elements = std::uint64_t{1} << 20;
   lim.max_payload_bytes = std::uint64_t{1} << 20;
   lim.max_error_text = 256;
+  lim.max_measurements = 64;
   auto m = w::decode(in, lim);
   if (!m) {
     if (m.error().message().empty()) std::abort();  // every refusal says why
     return;
   }
   if (m->payload.data() != in.data() + w::header_bytes) std::abort();  // a view, not a copy
+  if (const auto* r = m->get<w::measurements_body>()) {
+    if (r->size() == 0 || r->size() > lim.max_measurements || r->worker != m->header.rank) std::abort();
+    for (const ashl::measurement x : *r) {
+      if (static_cast<unsigned>(x.kind) >= ashl::measurement_kind_count || !(x.seconds > 0.0) ||
+          !std::isfinite(x.seconds) || !(x.amount >= 0.0) || !std::isfinite(x.amount) || !std::isfinite(x.time))
+        std::abort();
+    }
+  }
   std::vector<std::byte> out(size);
   auto n = w::encode(*m, out, lim);
   if (!n || *n != size || std::memcmp(out.data(), in.data(), size) != 0) std::abort();
