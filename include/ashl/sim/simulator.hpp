@@ -40,6 +40,7 @@
 #include <ashl/sim/cluster_spec.hpp>
 #include <ashl/sim/event_queue.hpp>
 #include <ashl/sim/network.hpp>
+#include <ashl/sim/run_result.hpp>
 #include <ashl/sync/events.hpp>
 #include <ashl/sync/factory.hpp>
 
@@ -57,31 +58,6 @@
 
 ASHL_NAMESPACE_BEGIN
 namespace sim {
-
-enum class activity : std::uint8_t { compute, compress, send, wait, receive };
-
-constexpr const char* to_string(activity a) noexcept {
-  switch (a) {
-    case activity::compute: return "compute";
-    case activity::compress: return "compress";
-    case activity::send: return "send";
-    case activity::wait: return "wait";
-    case activity::receive: return "receive";
-  }
-  return "?";
-}
-
-struct trace_span {
-  std::uint32_t worker = 0;
-  activity what = activity::compute;
-  double start = 0.0;
-  double end = 0.0;
-};
-
-struct metric_sample {
-  std::string name;
-  double value = 0.0;
-};
 
 struct evaluation {
   std::vector<metric_sample> metrics;
@@ -116,47 +92,6 @@ struct run_options {
   bool record_trace = false;
   std::size_t trace_limit = 2'000'000;   // spans kept at most
   bool measurements = true;              // tell the policy what was measured
-};
-
-struct worker_stats {
-  double compute_s = 0.0, compress_s = 0.0, send_s = 0.0, wait_s = 0.0, receive_s = 0.0;
-  std::uint64_t bytes_sent = 0, bytes_received = 0;
-  std::uint64_t commits = 0, iterations = 0, samples = 0;
-  bool alive = false;
-  [[nodiscard]] double busy_s() const noexcept { return compute_s + compress_s + send_s + wait_s + receive_s; }
-};
-
-struct metric_row {
-  double time = 0.0;
-  std::vector<metric_sample> metrics;
-  std::uint64_t commits = 0;
-  std::uint64_t bytes_sent = 0;
-};
-
-struct run_result {
-  double end_time = 0.0;
-  std::uint64_t events = 0;
-  std::uint64_t commits = 0;       // arrived at the servers
-  std::uint64_t applications = 0;  // apply calls (optimizer steps)
-  bool stopped_by_hook = false;
-  std::vector<worker_stats> workers;
-  std::vector<metric_row> metrics;
-  std::vector<trace_span> trace;
-
-  [[nodiscard]] double wait_fraction() const noexcept {
-    double w = 0.0, b = 0.0;
-    for (const auto& s : workers) {
-      w += s.wait_s;
-      b += s.busy_s();
-    }
-    return b > 0.0 ? w / b : 0.0;
-  }
-  [[nodiscard]] double mean_bytes_sent() const noexcept {
-    if (workers.empty()) return 0.0;
-    double t = 0.0;
-    for (const auto& s : workers) t += static_cast<double>(s.bytes_sent);
-    return t / static_cast<double>(workers.size());
-  }
 };
 
 class simulator {

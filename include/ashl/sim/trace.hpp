@@ -8,11 +8,12 @@
 // Trace: one complete event ("ph": "X") per span, pid 0, tid = worker,
 // name = compute | compress | send | wait | receive, times in microseconds of virtual
 // time. CSV: time_s, commits, bytes_sent, then one column per metric name in
-// the order first seen (empty where a row lacks it). docs/sim.md "Outputs".
+// the order first seen (empty where a row lacks it; named by metric_name).
+// docs/sim.md "Outputs".
 #pragma once
 
 #include <ashl/config.hpp>
-#include <ashl/sim/simulator.hpp>
+#include <ashl/sim/run_result.hpp>
 
 #include <cstdio>
 #include <ostream>
@@ -46,25 +47,25 @@ inline void write_chrome_trace(std::ostream& os, const run_result& r, const std:
 }
 
 inline void write_metrics_csv(std::ostream& os, const run_result& r) {
-  std::vector<std::string> names;
+  std::vector<metric_id> names;
   for (const auto& row : r.metrics)
     for (const auto& m : row.metrics) {
       bool seen = false;
-      for (const auto& n : names) seen = seen || n == m.name;
-      if (!seen) names.push_back(m.name);
+      for (const auto n : names) seen = seen || n == m.metric;
+      if (!seen) names.push_back(m.metric);
     }
   os << "time_s,commits,bytes_sent";
-  for (const auto& n : names) os << ',' << n;
+  for (const auto n : names) os << ',' << metric_name(n);
   os << '\n';
   char buf[64];
   for (const auto& row : r.metrics) {
     std::snprintf(buf, sizeof buf, "%.6f,%llu,%llu", row.time, static_cast<unsigned long long>(row.commits),
                   static_cast<unsigned long long>(row.bytes_sent));
     os << buf;
-    for (const auto& n : names) {
+    for (const auto n : names) {
       os << ',';
       for (const auto& m : row.metrics)
-        if (m.name == n) {
+        if (m.metric == n) {
           std::snprintf(buf, sizeof buf, "%.9g", m.value);
           os << buf;
           break;

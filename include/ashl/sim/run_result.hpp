@@ -1,0 +1,101 @@
+// ashl/sim/run_result.hpp — what a simulator run returns: per-worker time
+// accounting, counts, metric rows and (optionally) the timeline of spans.
+//
+//   ashl::sim::run_result r = sim.run({.commits_per_worker = 100, .record_trace = true});
+//   std::printf("%.3f s, wait %.1f %%\n", r.end_time, 100 * r.wait_fraction());
+//   for (const auto& s : r.trace) use(s.worker, to_string(s.what), s.start, s.end);
+//
+// Plain values (no simulator state), so trace.hpp writes them and a test can
+// build one by hand. docs/sim.md "Outputs".
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/core/plan.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace sim {
+
+// What a worker does during a span of virtual time.
+enum class activity : std::uint8_t { compute, compress, send, wait, receive };
+
+constexpr const char* to_string(activity a) noexcept {
+  switch (a) {
+    case activity::compute: return "compute";
+    case activity::compress: return "compress";
+    case activity::send: return "send";
+    case activity::wait: return "wait";
+    case activity::receive: return "receive";
+  }
+  return "?";
+}
+
+struct trace_span {
+  std::uint32_t worker = 0;
+  activity what = activity::compute;
+  double start = 0.0;
+  double end = 0.0;
+  friend bool operator==(const trace_span&, const trace_span&) = default;
+};
+
+// One evaluated global metric (the evaluate hook's answer; the policy sees it
+// as a metric_event).
+struct metric_sample {
+  metric_id metric = metric_id::loss;
+  double value = 0.0;
+};
+
+// A metric's column name: its to_string, or "metric_<id>" for an
+// application's own id.
+inline std::string metric_name(metric_id m) {
+  if (static_cast<std::uint32_t>(m) < metric_id_count) return std::string(to_string(m));
+  return "metric_" + std::to_string(static_cast<std::uint32_t>(m));
+}
+
+struct worker_stats {
+  double compute_s = 0.0, compress_s = 0.0, send_s = 0.0, wait_s = 0.0, receive_s = 0.0;
+  std::uint64_t bytes_sent = 0, bytes_received = 0;
+  std::uint64_t commits = 0, iterations = 0, samples = 0;
+  bool alive = false;
+  [[nodiscard]] double busy_s() const noexcept { return compute_s + compress_s + send_s + wait_s + receive_s; }
+};
+
+struct metric_row {
+  double time = 0.0;
+  std::vector<metric_sample> metrics;
+  std::uint64_t commits = 0;
+  std::uint64_t bytes_sent = 0;
+};
+
+struct run_result {
+  double end_time = 0.0;
+  std::uint64_t events = 0;        // simulator events processed
+  std::uint64_t commits = 0;       // commits that arrived whole at the servers
+  std::uint64_t applications = 0;  // optimizer steps (of server 0's core: every server takes the same steps)
+  std::uint64_t refused = 0;       // commit shards a server refused (errors it answered)
+  bool stopped_by_hook = false;
+  std::vector<worker_stats> workers;
+  std::vector<metric_row> metrics;
+  std::vector<trace_span> trace;
+
+  [[nodiscard]] double wait_fraction() const noexcept {
+    double w = 0.0, b = 0.0;
+    for (const auto& s : workers) {
+      w += s.wait_s;
+      b += s.busy_s();
+    }
+    return b > 0.0 ? w / b : 0.0;
+  }
+  [[nodiscard]] double mean_bytes_sent() const noexcept {
+    if (workers.empty()) return 0.0;
+    double t = 0.0;
+    for (const auto& s : workers) t += static_cast<double>(s.bytes_sent);
+    return t / static_cast<double>(workers.size());
+  }
+};
+
+}  // namespace sim
+ASHL_NAMESPACE_END
