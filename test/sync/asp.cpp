@@ -2,50 +2,114 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "../support/policy_testing.hpp"
+
+#include <cmath>
+#include <cstdint>
+
 namespace as = ashl::sync;
 
 BOOST_AUTO_TEST_CASE(applies_everything_at_once_and_serves_every_pull) {
   as::asp p{{.workers = 2}};
+  as::outcome_sink out(2);
   for (std::uint64_t s = 1; s <= 5; ++s) {
-    auto d = p.on_commit({.worker = 0, .sequence = s});
+    auto d = p.on_commit({.worker = 0, .sequence = s}, out);
     BOOST_TEST((d.action == as::commit_action::apply));
     BOOST_TEST(d.weight == 1.0);
-    BOOST_TEST(d.effects.empty());
+    BOOST_TEST(out.empty());
   }
-  BOOST_TEST((p.on_pull({.worker = 1}).action == as::pull_action::serve));
-  BOOST_TEST(p.plan(0).stage == "asp");
-  BOOST_TEST(p.name() == "asp");
+  BOOST_TEST((p.on_pull({.worker = 1}, out) == as::pull_action::serve));
+  BOOST_TEST(out.empty());
+  BOOST_TEST((p.plan(0).stage == as::stage_id::asp));
+  BOOST_TEST((p.stage() == as::stage_id::asp));
+  BOOST_TEST(p.clock(0) == 5u);
 }
 
 BOOST_AUTO_TEST_CASE(duplicates_and_unknown_workers_are_dropped) {
   as::asp p{{.workers = 2}};
-  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 3}).action == as::commit_action::apply));
-  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 3}).action == as::commit_action::drop));
-  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 2}).action == as::commit_action::drop));
-  BOOST_TEST((p.on_commit({.worker = 5, .sequence = 1}).action == as::commit_action::drop));
-  p.on_evict({.worker = 1});
-  BOOST_TEST((p.on_commit({.worker = 1, .sequence = 1}).action == as::commit_action::drop));
-  p.on_join({.worker = 5});
-  BOOST_TEST((p.on_commit({.worker = 5, .sequence = 1}).action == as::commit_action::apply));
+  as::outcome_sink out(2);
+  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 3}, out).action == as::commit_action::apply));
+  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 3}, out).action == as::commit_action::drop));
+  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 2}, out).action == as::commit_action::drop));
+  BOOST_TEST((p.on_commit({.worker = 5, .sequence = 1}, out).action == as::commit_action::drop));
+  p.on_evict({.worker = 1}, out);
+  BOOST_TEST((p.on_commit({.worker = 1, .sequence = 1}, out).action == as::commit_action::drop));
+  BOOST_TEST(p.live_count() == 1u);
+  p.on_join({.worker = 5}, out);
+  BOOST_TEST((p.on_commit({.worker = 5, .sequence = 1}, out).action == as::commit_action::apply));
+  BOOST_TEST(p.live_count() == 2u);
+  // A rejoining id starts a fresh sequence.
+  p.on_join({.worker = 1}, out);
+  BOOST_TEST((p.on_commit({.worker = 1, .sequence = 1}, out).action == as::commit_action::apply));
 }
 
 BOOST_AUTO_TEST_CASE(staleness_aware_weighting_counts_updates_since_last_pull) {
   as::asp p{{.workers = 2, .scale = 0.5, .staleness_weight = as::staleness_weighting::inverse()}};
+  as::outcome_sink out(2);
   // Worker 1 pulls, then worker 0 commits 3 times: worker 1's next commit is 3 stale.
-  (void)p.on_pull({.worker = 1});
-  for (std::uint64_t s = 1; s <= 3; ++s) (void)p.on_commit({.worker = 0, .sequence = s});
+  (void)p.on_pull({.worker = 1}, out);
+  for (std::uint64_t s = 1; s <= 3; ++s) (void)p.on_commit({.worker = 0, .sequence = s}, out);
   BOOST_TEST(p.staleness(1) == 3u);
-  auto d = p.on_commit({.worker = 1, .sequence = 1});
+  auto d = p.on_commit({.worker = 1, .sequence = 1}, out);
   BOOST_TEST(d.weight == 0.5 * 0.25);
-  (void)p.on_pull({.worker = 1});
-  BOOST_TEST(p.on_commit({.worker = 1, .sequence = 2}).weight == 0.5);
+  (void)p.on_pull({.worker = 1}, out);
+  BOOST_TEST(p.on_commit({.worker = 1, .sequence = 2}, out).weight == 0.5);
 }
 
-BOOST_AUTO_TEST_CASE(custom_staleness_function_and_per_worker_weights) {
-  as::asp p{{.workers = 2,
-               .weights = {0.25, 0.75},
-               .staleness_weight = as::staleness_weighting::custom([](std::uint64_t t) { return t == 0 ? 1.0 : 0.5; })}};
-  BOOST_TEST(p.on_commit({.worker = 1, .sequence = 1}).weight == 0.75);
-  BOOST_TEST(p.on_commit({.worker = 0, .sequence = 1}).weight == 0.25 * 0.5);
-  BOOST_TEST(p.plan(1).data_share == 0.75);
+BOOST_AUTO_TEST_CASE(power_staleness_weighting_and_per_worker_weights) {
+  as::asp p{{.workers = 2, .weights = {0.25, 0.75}, .staleness_weight = as::staleness_weighting::power(2.0)}};
+  as::outcome_sink out(2);
+  BOOST_TEST(p.on_commit({.worker = 1, .sequence = 1}, out).weight == 0.75);
+  BOOST_TEST(p.on_commit({.worker = 0, .sequence = 1}, out).weight == 0.25 * 0.25);  // τ = 1: 2^-2
+  BOOST_TEST(p.plan(1).data_share == 0.75f);
+}
+
+BOOST_AUTO_TEST_CASE(set_plan_changes_weight_and_plan) {
+  as::asp p{{.workers = 2}};
+  as::outcome_sink out(2);
+  p.set_plan(1, 0.4, {.local_iterations = 6, .stage = as::stage_id::ahl, .data_share = 0.4f, .compression_ratio = 0.1f});
+  BOOST_TEST(p.plan(1).local_iterations == 6u);
+  BOOST_TEST((p.plan(1).stage == as::stage_id::ahl));
+  BOOST_TEST(p.plan(1).compression_ratio == 0.1f);
+  BOOST_TEST((p.plan(0).stage == as::stage_id::asp));
+  BOOST_TEST(p.on_commit({.worker = 1, .sequence = 1}, out).weight == 0.4);
+  BOOST_TEST(p.on_commit({.worker = 0, .sequence = 1}, out).weight == 1.0);
+  // A plan without a stage gets the policy's.
+  p.set_plan(0, 1.0, {.local_iterations = 3});
+  BOOST_TEST((p.plan(0).stage == as::stage_id::asp));
+}
+
+BOOST_AUTO_TEST_CASE(save_load_round_trip_makes_the_same_decisions) {
+  for (std::uint32_t seed = 1; seed <= 6; ++seed) {
+    as::asp p{{.workers = 3 + seed % 4,
+               .scale = 0.5,
+               .weights = {0.2, 0.3},
+               .plans = {{.local_iterations = 4, .data_share = 0.2f}},
+               .staleness_weight = seed % 2 ? as::staleness_weighting::inverse() : as::staleness_weighting::power(0.5),
+               .stage = as::stage_id::ahl}};
+    policy_testing::check_round_trip(p, 3 + seed % 4, seed);
+  }
+  as::asp p{{.workers = 3}};
+  as::outcome_sink out(3);
+  (void)p.on_commit({.worker = 0, .sequence = 1}, out);
+  policy_testing::check_load_rejects_truncation(p);
+}
+
+BOOST_AUTO_TEST_CASE(load_refuses_another_policy_and_bad_values) {
+  as::asp p{{.workers = 2}};
+  std::vector<std::byte> bytes;
+  ashl::state_writer w(bytes);
+  w.tag("SSP_", 1);
+  ashl::state_reader r(bytes);
+  BOOST_TEST(!p.load(r).ok());
+  // A bad staleness-weighting mode is refused with its field named.
+  as::asp q{{.workers = 1}};
+  auto good = policy_testing::saved(q);
+  // Layout: ASP_ tag(8) ASYN tag(8) stage(4) scale(8) weights(8) plans(8) mode(1)...
+  good[8 + 8 + 4 + 8 + 8 + 8] = std::byte{7};
+  ashl::state_reader r2(good);
+  const auto st = p.load(r2);
+  BOOST_TEST(!st.ok());
+  BOOST_TEST(st.message().find("staleness_weight.mode") != std::string::npos);
+  BOOST_TEST(p.is_live(1));  // unchanged
 }

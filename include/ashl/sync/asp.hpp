@@ -2,20 +2,26 @@
 // answer every pull at once; no bound on staleness.
 //
 //   ashl::sync::asp p{{.workers = 8, .staleness_weight = ashl::sync::staleness_weighting::inverse()}};
-//   auto d = p.on_commit({.worker = 3, .sequence = 1});   // apply, weight 1/(1+τ)
+//   ashl::sync::outcome_sink out(8);
+//   auto d = p.on_commit({.worker = 3, .sequence = 1}, out);   // apply, weight 1/(1+τ)
+//   p.on_pull({.worker = 3}, out);                              // always serve
+//   out.clear();
 //
 // ALGORITHMS.md §1 "ASP" and "Staleness-aware weighting". τ counts the
-// updates applied since the worker's last served pull.
+// updates applied since the worker's last served pull. Every event is O(log M)
+// (the worker table keeps the minimum clock for the policies built on it) and
+// allocates nothing; a new id joining grows the per-worker arrays.
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/state_io.hpp>
+#include <ashl/core/status.hpp>
 #include <ashl/sync/concepts.hpp>
 #include <ashl/sync/detail/async.hpp>
 #include <ashl/sync/events.hpp>
 
 #include <cstddef>
-#include <string>
-#include <string_view>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -28,7 +34,7 @@ struct asp_params {
   std::vector<double> weights{};     // optional per-worker weights, override scale
   std::vector<worker_plan> plans{};  // optional per-worker plans
   staleness_weighting staleness_weight{};
-  std::string stage = "asp";
+  stage_id stage = stage_id::asp;
 };
 
 class asp {
@@ -37,40 +43,51 @@ class asp {
 
   asp() = default;
   explicit asp(asp_params p)
-      : core_(p.workers, {p.scale, std::move(p.weights), std::move(p.plans), std::move(p.staleness_weight)},
-              std::move(p.stage)) {}
+      : core_(p.workers, {p.scale, std::move(p.weights), std::move(p.plans), p.staleness_weight}, p.stage) {}
 
-  commit_decision on_commit(const commit_event& c) {
-    if (!core_.table().accept(c)) return {commit_action::drop, 0.0, {}};
-    return {commit_action::apply, core_.apply(c.worker), {}};
+  commit_decision on_commit(const commit_event& c, outcome_sink&) {
+    if (!core_.table().accept(c)) return {commit_action::drop, 0.0};
+    return {commit_action::apply, core_.apply(c.worker)};
   }
-  pull_decision on_pull(const pull_event& q) {
+  pull_action on_pull(const pull_event& q, outcome_sink&) {
     if (core_.table().is_live(q.worker)) core_.table().served(q.worker);
-    return {pull_action::serve, {}};
+    return pull_action::serve;
   }
-  outcome on_metric(const metric_event&) { return {}; }
-  outcome on_join(const membership_event& j) {
-    core_.table().join(j.worker, 0);
-    return {};
+  void on_metric(const metric_event&, outcome_sink&) {}
+  void on_join(const membership_event& j, outcome_sink&) { core_.table().join(j.worker, 0); }
+  void on_evict(const membership_event& j, outcome_sink&) { core_.table().evict(j.worker); }
+  void on_measurement(const measurement_event&, outcome_sink&) {}
+  void drain(outcome_sink& out) {
+    core_.table().release_if(out, [](worker_id) { return true; });
   }
-  outcome on_evict(const membership_event& j) {
-    core_.table().evict(j.worker);
-    return {};
-  }
-  outcome on_measurement(const measurement_event&) { return {}; }
-  outcome drain() { return {{}, core_.table().release_all(), false}; }
 
   [[nodiscard]] worker_plan plan(worker_id w) const { return core_.plan(w); }
   // A new weight and plan for w from its next commit and cycle on (ASHL+
-  // re-planning); counters and held pulls are kept.
-  void set_plan(worker_id w, double weight, worker_plan p) {
+  // re-planning); counters are kept. Not an event: it may grow the per-worker
+  // arrays, and the caller tells the driver the plan changed.
+  void set_plan(worker_id w, double weight, const worker_plan& p) {
     core_.set_weight(w, weight);
-    core_.set_plan(w, std::move(p));
+    core_.set_plan(w, p);
   }
-  [[nodiscard]] std::string_view name() const noexcept { return core_.stage(); }
+  [[nodiscard]] stage_id stage() const noexcept { return core_.stage(); }
   [[nodiscard]] bool is_live(worker_id w) const noexcept { return core_.table().is_live(w); }
   [[nodiscard]] bool is_held(worker_id w) const noexcept { return core_.table().is_held(w); }
+  [[nodiscard]] std::size_t live_count() const noexcept { return core_.table().live_count(); }
   [[nodiscard]] std::uint64_t staleness(worker_id w) const noexcept { return core_.table().staleness(w); }
+  // c_i: commits accepted from w (since it joined, from 0).
+  [[nodiscard]] std::uint64_t clock(worker_id w) const { return core_.table()[w].commits; }
+
+  void save(state_writer& out) const {
+    out.tag("ASP_", 1);
+    core_.save(out);
+  }
+  status load(state_reader& in) {
+    asp n;
+    ASHL_TRY(in.tag("ASP_", 1));
+    ASHL_TRY(n.core_.load(in));
+    *this = std::move(n);
+    return {};
+  }
 
  private:
   detail::async_core core_;
