@@ -18,14 +18,14 @@
 #include <ashl/wire/message.hpp>
 #include <ashl/compress/compress.hpp>
 #include <ashl/sync/adsp.hpp>
-#include <ashl/sync/ashl.hpp>
+#include <ashl/sync/any_policy.hpp>
+#include <ashl/sync/ashl_schedule.hpp>
 #include <ashl/sync/ashl_profile.hpp>
 #include <ashl/sync/asp.hpp>
 #include <ashl/sync/bsp.hpp>
 #include <ashl/sync/concepts.hpp>
 #include <ashl/sync/dssp.hpp>
 #include <ashl/sync/events.hpp>
-#include <ashl/sync/factory.hpp>
 #include <ashl/sync/local_sgd.hpp>
 #include <ashl/sync/semi_async.hpp>
 #include <ashl/sync/ssp.hpp>

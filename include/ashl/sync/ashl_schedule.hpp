@@ -1,0 +1,519 @@
+// ashl/sync/ashl_schedule.hpp — the ASHL schedule: profiling, then AHL
+// (asynchronous, coarse), then SHL (semi-asynchronous, fine), built with
+// staged.hpp and templated on a planner and a re-planner (sync/ashl_plan.hpp).
+//
+//   ashl::sync::ashl_schedule<> p{{.workers = 9, .profile_iterations = 50},
+//                                 ashl::sync::uniform_planner{.h_ahl = 8, .h_shl = 2}};
+//   ashl::sync::outcome_sink out(9);
+//   // profiling: every commit applied with 1/M, plan = commit every iteration;
+//   // then planner.plan(report) gives H_i, R_i, D_i; AHL applies D_i·Δ_i at once;
+//   // a loss below 0.3 switches to SHL: SSP(3) over SHL commits, weights D_i.
+//   p.stage();                                        // stage_id::profile, ahl, shl
+//
+// The planner is a value (ashl_planner): it receives every measurement of
+// the profiling phase (trimming and warm-up skipping are its business) and
+// the live workers. Models that use profile/ live in ps/planners.hpp. A
+// planner error, or a plan that misses a live worker or has H = 0, a ratio
+// outside (0, 1] or a negative share, is recorded (planner_status()) and the
+// default uniform_planner{} plan is used instead, so training never stops on
+// a bad plan. ALGORITHMS.md §2.
+//
+// Re-planning ("ASHL+", ours): a Replanner with `enabled` is started once,
+// right after a good first plan, from the profiling report and that plan; it
+// then sees every measurement of the AHL and SHL phases and may write a new
+// plan into a buffer the schedule keeps (so a measurement that changes
+// nothing allocates nothing). A new plan passes the same checks, replaces
+// H_i, R_i and D_i from each worker's next cycle on, keeps the SSP counters
+// and held pulls, and marks the workers whose plans changed (every plan when
+// the shares' total moved); a rejected one is recorded (replan_status()) and
+// the old plan stays.
+//
+// Membership after the plan: the weights D_i are renormalised over the live
+// workers (an eviction does not shrink the step; every data share changes);
+// a worker that joins later gets the mean share of the live workers, the
+// smallest ratios of the plan in force and the default H until a re-plan
+// covers it. The live count, the live shares' total and the profiling
+// progress (live workers that reached profile_iterations) are kept
+// incrementally, so no event scans the workers; only a new plan costs O(M).
+// The stage policies only decide apply / hold (their weights are 1); the
+// schedule scales each applied commit by D_i / ΣD and builds the plans.
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/core/plan.hpp>
+#include <ashl/core/state_io.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/sync/ashl_plan.hpp>
+#include <ashl/sync/asp.hpp>
+#include <ashl/sync/concepts.hpp>
+#include <ashl/sync/events.hpp>
+#include <ashl/sync/ssp.hpp>
+#include <ashl/sync/staged.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace sync {
+
+struct ashl_params {
+  std::size_t workers = 0;
+  std::uint32_t profile_iterations = 20;  // commits per live worker; 0: by time only
+  double profile_seconds = 0.0;           // from the first event; 0: by iterations only
+  switch_trigger to_shl{.loss_below = 0.3};
+  std::uint32_t shl_staleness = 3;
+  staleness_weighting ahl_staleness_weight{};
+  friend bool operator==(const ashl_params&, const ashl_params&) = default;
+};
+
+template <ashl_planner Planner = uniform_planner, ashl_replanner Replanner = no_replanner>
+class ashl_schedule {
+ public:
+  using policy_concept = policy_tag;
+  using phases = staged<asp, ssp>;
+  using planner_type = Planner;
+  using replanner_type = Replanner;
+
+  explicit ashl_schedule(ashl_params p, Planner planner = {}, Replanner replanner = {})
+      : p_(p),
+        planner_(std::move(planner)),
+        replanner_(std::move(replanner)),
+        profile_(asp_params{.workers = p.workers, .stage = stage_id::profile}),
+        phases_({p.to_shl}, asp(asp_params{.workers = p.workers, .staleness_weight = p.ahl_staleness_weight,
+                                           .stage = stage_id::ahl}),
+                ssp(ssp_params{.workers = p.workers, .staleness = p.shl_staleness, .stage = stage_id::shl})),
+        commits_(p.workers, 0),
+        live_(p.workers, 1),
+        nlive_(p.workers) {}
+
+  commit_decision on_commit(const commit_event& c, outcome_sink& out) {
+    if (planned_) {
+      commit_decision d = phases_.on_commit(c, out);
+      if (d.action == commit_action::apply) d.weight *= weight_of(c.worker);
+      return d;
+    }
+    note_time(c.time);
+    commit_decision d = profile_.on_commit(c, out);
+    if (d.action != commit_action::drop) {
+      if (++commits_[c.worker] == p_.profile_iterations) ++reached_;
+      if (d.action == commit_action::apply) d.weight *= profile_scale();
+    }
+    maybe_plan(c.time, out);
+    return d;
+  }
+  pull_action on_pull(const pull_event& q, outcome_sink& out) {
+    if (planned_) return phases_.on_pull(q, out);
+    note_time(q.time);
+    const pull_action a = profile_.on_pull(q, out);
+    maybe_plan(q.time, out);
+    return a;
+  }
+  void on_metric(const metric_event& m, outcome_sink& out) {
+    if (planned_) {
+      phases_.on_metric(m, out);
+      return;
+    }
+    note_time(m.time);
+    maybe_plan(m.time, out);
+  }
+  void on_join(const membership_event& j, outcome_sink& out) {
+    const worker_id w = j.worker;
+    const bool fresh = !is_live(w);
+    if (fresh) grow(std::size_t{w} + 1);
+    if (planned_) {
+      phases_.on_join(j, out);
+      if (!fresh) return;
+      if (w >= plan_.workers.size() || plan_.workers[w].share <= 0.0) adopt(w);
+      live_[w] = 1;
+      ++nlive_;
+      total_ += plan_.workers[w].share;
+      out.all_plans_changed();  // every data share D_i / ΣD moved
+      return;
+    }
+    profile_.on_join(j, out);
+    phases_.on_join(j, scratch_);
+    scratch_.clear();
+    if (!fresh) return;
+    live_[w] = 1;
+    ++nlive_;
+    commits_[w] = 0;
+  }
+  void on_evict(const membership_event& j, outcome_sink& out) {
+    const worker_id w = j.worker;
+    const bool was = is_live(w);
+    if (was) {
+      live_[w] = 0;
+      --nlive_;
+    }
+    if (planned_) {
+      phases_.on_evict(j, out);
+      if (!was) return;
+      if (w < plan_.workers.size()) total_ -= plan_.workers[w].share;
+      out.all_plans_changed();
+      return;
+    }
+    if (was && p_.profile_iterations > 0 && commits_[w] >= p_.profile_iterations) --reached_;
+    profile_.on_evict(j, out);
+    phases_.on_evict(j, scratch_);
+    scratch_.clear();
+    maybe_plan(j.time, out);
+  }
+  void on_measurement(const measurement_event& x, outcome_sink& out) {
+    if (planned_) {
+      phases_.on_measurement(x, out);
+      if constexpr (Replanner::enabled) {
+        if (replanning_) replan(x, out);
+      }
+      return;
+    }
+    report_.measurements.push_back(x);
+  }
+  void drain(outcome_sink& out) {
+    if (planned_) phases_.drain(out);
+    else profile_.drain(out);
+  }
+
+  [[nodiscard]] worker_plan plan(worker_id w) const {
+    worker_plan p;
+    p.stage = stage();
+    if (!planned_ || w >= plan_.workers.size()) return p;
+    const ashl_worker_plan& e = plan_.workers[w];
+    const bool shl = phases_.stage_index() == 1;
+    p.local_iterations = shl ? e.h_shl : e.h_ahl;
+    p.batch_size = e.batch_size;
+    p.data_share = static_cast<float>(share_of(w));
+    p.compression_ratio = static_cast<float>(shl ? e.ratio_shl : e.ratio_ahl);
+    return p;
+  }
+  [[nodiscard]] stage_id stage() const noexcept {
+    if (!planned_) return stage_id::profile;
+    return phases_.stage_index() == 0 ? stage_id::ahl : stage_id::shl;
+  }
+  [[nodiscard]] bool is_live(worker_id w) const noexcept { return w < live_.size() && live_[w] != 0; }
+  [[nodiscard]] bool is_held(worker_id w) const {
+    return planned_ ? phases_.is_held(w) : profile_.is_held(w);
+  }
+
+  [[nodiscard]] const ashl_params& params() const noexcept { return p_; }
+  [[nodiscard]] const Planner& planner() const noexcept { return planner_; }
+  [[nodiscard]] const Replanner& replanner() const noexcept { return replanner_; }
+  [[nodiscard]] bool profiling() const noexcept { return !planned_; }
+  [[nodiscard]] const status& planner_status() const noexcept { return planner_status_; }
+  // The plan in force as the planner (or re-planner) made it; the applied
+  // weights are its shares renormalised over the live workers.
+  [[nodiscard]] const ashl_plan& current_plan() const noexcept { return plan_; }
+  [[nodiscard]] const status& replan_status() const noexcept { return replan_status_; }
+  // New plans the re-planner made and the schedule accepted.
+  [[nodiscard]] std::size_t replans() const noexcept { return replans_; }
+  // Time the SHL phase began (driver time); meaningful once stage() is shl.
+  [[nodiscard]] double switched_at() const { return phases_.switched_at(1); }
+  [[nodiscard]] std::size_t live_count() const noexcept { return nlive_; }
+
+  void save(state_writer& w) const {
+    w.tag("ASHL", 1);
+    w.put<std::uint64_t>(p_.workers);
+    w.put(p_.profile_iterations);
+    w.put(p_.profile_seconds);
+    p_.to_shl.save(w);
+    w.put(p_.shl_staleness);
+    w.put(static_cast<std::uint8_t>(p_.ahl_staleness_weight.mode));
+    w.put(p_.ahl_staleness_weight.exponent);
+    planner_.save(w);
+    replanner_.save(w);
+    profile_.save(w);
+    phases_.save(w);
+    w.put(planned_);
+    w.put_vector(commits_);
+    w.put_vector(live_);
+    w.put(started_);
+    w.put(report_.start_time);
+    w.put(report_.end_time);
+    w.put<std::uint64_t>(report_.measurements.size());
+    for (const auto& m : report_.measurements) {
+      w.put(m.worker);
+      w.put(static_cast<std::uint8_t>(m.kind));
+      w.put(m.seconds);
+      w.put(m.amount);
+      w.put(m.time);
+    }
+    w.put_vector(report_.live);
+    save_status(w, planner_status_);
+    save_plan(w, plan_);
+    w.put(total_);
+    w.put(min_ratio_ahl_);
+    w.put(min_ratio_shl_);
+    w.put(replanning_);
+    save_status(w, replan_status_);
+    w.put<std::uint64_t>(replans_);
+  }
+  status load(state_reader& r) {
+    ashl_schedule n = *this;
+    std::uint64_t workers = 0, count = 0, replans = 0;
+    std::uint8_t mode = 0;
+    ASHL_TRY(r.tag("ASHL", 1));
+    ASHL_TRY(r.get(workers, "ashl.workers"));
+    n.p_.workers = static_cast<std::size_t>(workers);
+    ASHL_TRY(r.get(n.p_.profile_iterations, "ashl.profile_iterations"));
+    ASHL_TRY(r.get(n.p_.profile_seconds, "ashl.profile_seconds"));
+    ASHL_TRY(n.p_.to_shl.load(r));
+    ASHL_TRY(r.get(n.p_.shl_staleness, "ashl.shl_staleness"));
+    ASHL_TRY(r.get(mode, "ashl.ahl_staleness_weight"));
+    if (mode > 2) return malformed("ashl.ahl_staleness_weight", unsigned{mode}, "must be 0, 1 or 2");
+    n.p_.ahl_staleness_weight.mode = static_cast<staleness_weighting::kind>(mode);
+    ASHL_TRY(r.get(n.p_.ahl_staleness_weight.exponent, "ashl.ahl_staleness_weight.exponent"));
+    ASHL_TRY(n.planner_.load(r));
+    ASHL_TRY(n.replanner_.load(r));
+    ASHL_TRY(n.profile_.load(r));
+    ASHL_TRY(n.phases_.load(r));
+    ASHL_TRY(r.get(n.planned_, "ashl.planned"));
+    ASHL_TRY(r.get_vector(n.commits_, "ashl.commits"));
+    ASHL_TRY(r.get_vector(n.live_, "ashl.live"));
+    if (n.live_.size() != n.commits_.size()) return malformed("ashl.live", n.live_.size(), "must match ashl.commits");
+    ASHL_TRY(r.get(n.started_, "ashl.started"));
+    ASHL_TRY(r.get(n.report_.start_time, "ashl.report.start_time"));
+    ASHL_TRY(r.get(n.report_.end_time, "ashl.report.end_time"));
+    ASHL_TRY(r.count(count, 4 + 1 + 3 * 8, "ashl.report.measurements"));
+    n.report_.measurements.resize(static_cast<std::size_t>(count));
+    for (auto& m : n.report_.measurements) {
+      std::uint8_t kind = 0;
+      ASHL_TRY(r.get(m.worker, "ashl.report.measurement.worker"));
+      ASHL_TRY(r.get(kind, "ashl.report.measurement.kind"));
+      if (kind >= measurement_kind_count) return malformed("ashl.report.measurement.kind", unsigned{kind}, "not a kind");
+      m.kind = static_cast<measurement_kind>(kind);
+      ASHL_TRY(r.get(m.seconds, "ashl.report.measurement.seconds"));
+      ASHL_TRY(r.get(m.amount, "ashl.report.measurement.amount"));
+      ASHL_TRY(r.get(m.time, "ashl.report.measurement.time"));
+    }
+    ASHL_TRY(r.get_vector(n.report_.live, "ashl.report.live"));
+    ASHL_TRY(load_status(r, n.planner_status_, "ashl.planner_status"));
+    ASHL_TRY(load_plan(r, n.plan_));
+    ASHL_TRY(r.get(n.total_, "ashl.total_share"));
+    ASHL_TRY(r.get(n.min_ratio_ahl_, "ashl.min_ratio_ahl"));
+    ASHL_TRY(r.get(n.min_ratio_shl_, "ashl.min_ratio_shl"));
+    ASHL_TRY(r.get(n.replanning_, "ashl.replanning"));
+    ASHL_TRY(load_status(r, n.replan_status_, "ashl.replan_status"));
+    ASHL_TRY(r.get(replans, "ashl.replans"));
+    n.replans_ = static_cast<std::size_t>(replans);
+    n.nlive_ = 0;
+    n.reached_ = 0;
+    for (std::size_t w = 0; w < n.live_.size(); ++w) {
+      if (n.live_[w] == 0) continue;
+      ++n.nlive_;
+      if (n.p_.profile_iterations > 0 && n.commits_[w] >= n.p_.profile_iterations) ++n.reached_;
+    }
+    *this = std::move(n);
+    return {};
+  }
+
+ private:
+  [[nodiscard]] double profile_scale() const noexcept {
+    return p_.workers == 0 ? 0.0 : 1.0 / static_cast<double>(p_.workers);
+  }
+  [[nodiscard]] double share_of(worker_id w) const noexcept {
+    if (w >= plan_.workers.size() || !(total_ > 0.0)) return 0.0;
+    return plan_.workers[w].share / total_;
+  }
+  [[nodiscard]] double weight_of(worker_id w) const noexcept { return share_of(w); }
+
+  void grow(std::size_t n) {
+    if (n <= live_.size()) return;
+    live_.resize(n, 0);
+    commits_.resize(n, 0);
+  }
+  void note_time(double t) {
+    if (!started_) {
+      started_ = true;
+      report_.start_time = t;
+    }
+  }
+  [[nodiscard]] bool profile_done(double now) const {
+    if (p_.profile_seconds > 0.0 && started_ && now - report_.start_time >= p_.profile_seconds) return true;
+    if (p_.profile_iterations == 0) return false;
+    return nlive_ > 0 && reached_ == nlive_;
+  }
+  // Scans the live workers: run for a new plan only.
+  [[nodiscard]] status check(const ashl_plan& plan) const {
+    for (worker_id w = 0; w < live_.size(); ++w) {
+      if (live_[w] == 0) continue;
+      if (w >= plan.workers.size())
+        return out_of_range("ashl.plan.workers.size", plan.workers.size(), "misses a live worker");
+      const auto& e = plan.workers[w];
+      if (e.h_ahl == 0) return invalid_argument("ashl.plan.h_ahl", e.h_ahl, "must be >= 1");
+      if (e.h_shl == 0) return invalid_argument("ashl.plan.h_shl", e.h_shl, "must be >= 1");
+      if (!(e.ratio_ahl > 0.0 && e.ratio_ahl <= 1.0))
+        return invalid_argument("ashl.plan.ratio_ahl", e.ratio_ahl, "must be in (0, 1]");
+      if (!(e.ratio_shl > 0.0 && e.ratio_shl <= 1.0))
+        return invalid_argument("ashl.plan.ratio_shl", e.ratio_shl, "must be in (0, 1]");
+      if (!(e.share >= 0.0) || !std::isfinite(e.share))
+        return invalid_argument("ashl.plan.share", e.share, "must be finite and >= 0");
+    }
+    return {};
+  }
+  // The live shares' total and the smallest ratios of `plan`, for the
+  // weights and for joiners.
+  struct summary {
+    double total = 0.0;
+    double ratio_ahl = 1.0;
+    double ratio_shl = 1.0;
+  };
+  [[nodiscard]] summary summarise(const ashl_plan& plan) const {
+    summary s;
+    const std::size_t n = std::min(plan.workers.size(), live_.size());
+    for (worker_id w = 0; w < n; ++w) {
+      if (live_[w] == 0) continue;
+      const auto& e = plan.workers[w];
+      s.total += e.share;
+      s.ratio_ahl = std::min(s.ratio_ahl, e.ratio_ahl);
+      s.ratio_shl = std::min(s.ratio_shl, e.ratio_shl);
+    }
+    return s;
+  }
+  void install_summary(const summary& s) {
+    total_ = s.total;
+    min_ratio_ahl_ = s.ratio_ahl;
+    min_ratio_shl_ = s.ratio_shl;
+  }
+
+  void maybe_plan(double now, outcome_sink& out) {
+    if (planned_ || !profile_done(now)) return;
+    report_.end_time = now;
+    report_.live.clear();
+    for (worker_id w = 0; w < live_.size(); ++w)
+      if (live_[w] != 0) report_.live.push_back(w);
+    result<ashl_plan> r = planner_.plan(report_);
+    planner_status_ = r ? check(*r) : r.error();
+    if (planner_status_.ok()) plan_ = std::move(*r);
+    else plan_ = std::move(*uniform_planner{}.plan(report_));
+    install_summary(summarise(plan_));
+    planned_ = true;
+    if constexpr (Replanner::enabled) {
+      if (planner_status_.ok()) {
+        status s = replanner_.start(report_, plan_);
+        replanning_ = s.ok();
+        if (!s.ok()) replan_status_ = std::move(s);
+      }
+    }
+    report_.measurements.clear();
+    report_.measurements.shrink_to_fit();
+    profile_.drain(out);
+    out.all_plans_changed();
+  }
+
+  // A worker the plan does not cover: the mean live share, the smallest
+  // ratios of the plan, the default H. Called before w counts as live.
+  void adopt(worker_id w) {
+    if (w >= plan_.workers.size()) plan_.workers.resize(std::size_t{w} + 1, ashl_worker_plan{});
+    auto& e = plan_.workers[w];
+    e = ashl_worker_plan{};
+    e.ratio_ahl = min_ratio_ahl_;
+    e.ratio_shl = min_ratio_shl_;
+    e.share = nlive_ == 0 ? 1.0 : total_ / static_cast<double>(nlive_);
+  }
+
+  void replan(const measurement_event& x, outcome_sink& out) {
+    result<bool> r = replanner_.observe(x, next_);
+    if (!r) {
+      replan_status_ = r.error();
+      return;
+    }
+    if (!*r) return;
+    // Entries the new plan lacks (workers that joined after profiling) keep theirs.
+    if (next_.workers.size() < plan_.workers.size()) {
+      const std::size_t old = next_.workers.size();
+      next_.workers.resize(plan_.workers.size());
+      for (std::size_t w = old; w < plan_.workers.size(); ++w) next_.workers[w] = plan_.workers[w];
+    }
+    status ok = check(next_);
+    if (!ok.ok()) {
+      replan_status_ = std::move(ok);
+      return;
+    }
+    const summary s = summarise(next_);
+    if (s.total != total_) {
+      out.all_plans_changed();
+    } else {
+      const std::size_t n = std::max(next_.workers.size(), plan_.workers.size());
+      for (worker_id w = 0; w < n; ++w) {
+        const bool differs = w >= next_.workers.size() || w >= plan_.workers.size() ||
+                             !(next_.workers[w] == plan_.workers[w]);
+        if (differs) out.plan_changed(w);
+      }
+    }
+    std::swap(plan_, next_);  // keeps both buffers: the next re-plan reuses the old one
+    install_summary(s);
+    ++replans_;
+    replan_status_ = status{};
+  }
+
+  static void save_status(state_writer& w, const status& s) {
+    w.put(static_cast<std::uint8_t>(s.code()));
+    w.put_string(s.message());
+  }
+  static status load_status(state_reader& r, status& s, const char* field) {
+    std::uint8_t code = 0;
+    std::string msg;
+    ASHL_TRY(r.get(code, field));
+    if (code > static_cast<std::uint8_t>(errc::internal)) return malformed(field, unsigned{code}, "not an error code");
+    ASHL_TRY(r.get_string(msg, field));
+    s = code == 0 ? status{} : status(static_cast<errc>(code), std::move(msg));
+    return {};
+  }
+  static void save_plan(state_writer& w, const ashl_plan& p) {
+    w.put<std::uint64_t>(p.workers.size());
+    for (const auto& e : p.workers) {
+      w.put(e.h_ahl);
+      w.put(e.h_shl);
+      w.put(e.ratio_ahl);
+      w.put(e.ratio_shl);
+      w.put(e.share);
+      w.put(e.batch_size);
+    }
+  }
+  static status load_plan(state_reader& r, ashl_plan& p) {
+    std::uint64_t n = 0;
+    ASHL_TRY(r.count(n, 3 * 4 + 3 * 8, "ashl.plan.workers"));
+    p.workers.resize(static_cast<std::size_t>(n));
+    for (auto& e : p.workers) {
+      ASHL_TRY(r.get(e.h_ahl, "ashl.plan.h_ahl"));
+      ASHL_TRY(r.get(e.h_shl, "ashl.plan.h_shl"));
+      ASHL_TRY(r.get(e.ratio_ahl, "ashl.plan.ratio_ahl"));
+      ASHL_TRY(r.get(e.ratio_shl, "ashl.plan.ratio_shl"));
+      ASHL_TRY(r.get(e.share, "ashl.plan.share"));
+      ASHL_TRY(r.get(e.batch_size, "ashl.plan.batch_size"));
+    }
+    return {};
+  }
+
+  ashl_params p_;
+  Planner planner_;
+  Replanner replanner_;
+  asp profile_;
+  phases phases_;
+  bool planned_ = false;
+  std::vector<std::uint64_t> commits_;  // accepted profiling commits per worker
+  std::vector<std::uint8_t> live_;
+  std::size_t nlive_ = 0;
+  std::size_t reached_ = 0;  // live workers with commits_ >= profile_iterations
+  bool started_ = false;
+  profile_report report_;
+  status planner_status_;
+  ashl_plan plan_;
+  ashl_plan next_;  // the re-planner writes here; swapped with plan_ on success
+  double total_ = 0.0;  // Σ D_i over live workers
+  double min_ratio_ahl_ = 1.0, min_ratio_shl_ = 1.0;
+  bool replanning_ = false;
+  status replan_status_;
+  std::size_t replans_ = 0;
+  outcome_sink scratch_;  // the AHL/SHL stages' answers during profiling; empty between events
+};
+
+static_assert(consistency_policy<ashl_schedule<>>);
+
+}  // namespace sync
+ASHL_NAMESPACE_END

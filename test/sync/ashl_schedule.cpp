@@ -1,0 +1,260 @@
+#include <ashl/sync/ashl_schedule.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace as = ashl::sync;
+using ashl::measurement_kind;
+using ashl::metric_id;
+using ashl::stage_id;
+
+namespace {
+as::outcome_sink sink;  // reused by every event, as a driver does
+as::outcome_sink& fresh() {
+  sink.clear();
+  return sink;
+}
+float f(double v) { return static_cast<float>(v); }
+
+// A planner in the spirit of Algorithm 1: worker 0 is twice as fast. Records
+// how many measurements the report had.
+struct two_speed_planner {
+  std::size_t seen = 0;
+  ashl::result<as::ashl_plan> plan(const as::profile_report& r) {
+    seen = r.measurements.size();
+    as::ashl_plan p;
+    p.workers = {{16, 4, 0.5, 0.25, 2.0 / 3.0, 0}, {8, 2, 0.1, 0.05, 1.0 / 3.0, 0}};
+    return p;
+  }
+  void save(ashl::state_writer& w) const { w.put<std::uint64_t>(seen); }
+  ashl::status load(ashl::state_reader& r) { return r.get(seen, "two_speed.seen"); }
+};
+
+// Returns a fixed plan.
+struct fixed_planner {
+  std::vector<as::ashl_worker_plan> workers;
+  ashl::result<as::ashl_plan> plan(const as::profile_report&) const { return as::ashl_plan{workers}; }
+  void save(ashl::state_writer&) const {}
+  ashl::status load(ashl::state_reader&) { return {}; }
+};
+}  // namespace
+
+static_assert(as::consistency_policy<as::ashl_schedule<two_speed_planner>>);
+
+BOOST_AUTO_TEST_CASE(profiling_then_ahl_then_shl) {
+  as::ashl_schedule<two_speed_planner> p{{.workers = 2, .profile_iterations = 2}};
+  BOOST_TEST((p.stage() == stage_id::profile));
+  BOOST_TEST(p.plan(0).local_iterations == 1u);
+  BOOST_TEST((p.plan(0).stage == stage_id::profile));
+  p.on_measurement({.worker = 0, .kind = measurement_kind::compute, .seconds = 0.1}, fresh());
+  p.on_measurement({.worker = 1, .kind = measurement_kind::compute, .seconds = 0.2}, fresh());
+  BOOST_TEST(p.on_commit({.worker = 0, .sequence = 1}, fresh()).weight == 0.5);
+  (void)p.on_commit({.worker = 0, .sequence = 2}, fresh());
+  (void)p.on_commit({.worker = 1, .sequence = 1}, fresh());
+  BOOST_TEST(p.profiling());
+  auto d = p.on_commit({.worker = 1, .sequence = 2}, fresh());  // the last profiling commit
+  BOOST_TEST((d.action == as::commit_action::apply));
+  BOOST_TEST(sink.every_plan_changed());
+  BOOST_TEST(!p.profiling());
+  BOOST_TEST(p.planner().seen == 2u);
+  BOOST_TEST(p.planner_status().ok());
+  BOOST_TEST((p.stage() == stage_id::ahl));
+  BOOST_TEST((p.plan(0).stage == stage_id::ahl));
+  BOOST_TEST(p.plan(0).local_iterations == 16u);
+  BOOST_TEST(p.plan(0).compression_ratio == 0.5f);
+  BOOST_TEST(p.plan(1).data_share == f(1.0 / 3.0));
+  // AHL: applied at once with D_i, never held.
+  BOOST_TEST(p.on_commit({.worker = 0, .sequence = 3}, fresh()).weight == 2.0 / 3.0);
+  for (std::uint64_t s = 4; s < 12; ++s) (void)p.on_commit({.worker = 0, .sequence = s}, fresh());
+  BOOST_TEST((p.on_pull({.worker = 0}, fresh()) == as::pull_action::serve));
+  // NaN loss does not switch; 0.29 does.
+  p.on_metric({.metric = metric_id::loss, .value = std::nan(""), .time = 5}, fresh());
+  BOOST_TEST(sink.empty());
+  BOOST_TEST((p.stage() == stage_id::ahl));
+  p.on_metric({.metric = metric_id::loss, .value = 0.29, .time = 6}, fresh());
+  BOOST_TEST(sink.every_plan_changed());
+  BOOST_TEST((p.stage() == stage_id::shl));
+  BOOST_TEST(p.switched_at() == 6.0);
+  BOOST_TEST(p.plan(1).local_iterations == 2u);
+  BOOST_TEST(p.plan(1).compression_ratio == 0.05f);
+  BOOST_TEST((p.plan(1).stage == stage_id::shl));
+  // SHL: s = 3 counting SHL commits only (the AHL commits of worker 0 do not count).
+  for (std::uint64_t s = 12; s < 16; ++s) BOOST_TEST(p.on_commit({.worker = 0, .sequence = s}, fresh()).weight == 2.0 / 3.0);
+  BOOST_TEST((p.on_pull({.worker = 0}, fresh()) == as::pull_action::hold));  // 4 − 0 > 3
+  auto r = p.on_commit({.worker = 1, .sequence = 3}, fresh());
+  BOOST_TEST(r.weight == 1.0 / 3.0);
+  BOOST_TEST((std::vector<as::worker_id>(sink.released().begin(), sink.released().end()) == std::vector<as::worker_id>{0}));
+}
+
+BOOST_AUTO_TEST_CASE(bad_plan_falls_back_to_uniform_and_says_why) {
+  as::ashl_schedule<fixed_planner> p{{.workers = 2, .profile_iterations = 1},
+                                     fixed_planner{{{8, 2, 1.5, 1.0, 0.5, 0}, {8, 2, 1.0, 1.0, 0.5, 0}}}};
+  (void)p.on_commit({.worker = 0, .sequence = 1}, fresh());
+  (void)p.on_commit({.worker = 1, .sequence = 1}, fresh());
+  BOOST_TEST(!p.profiling());
+  BOOST_TEST(!p.planner_status().ok());
+  BOOST_TEST(p.planner_status().message() == "ashl.plan.ratio_ahl = 1.5: must be in (0, 1]");
+  BOOST_TEST(p.plan(0).local_iterations == 8u);
+  BOOST_TEST(p.plan(0).data_share == 0.5f);
+}
+
+BOOST_AUTO_TEST_CASE(eviction_during_profiling_ends_it_and_carries_over) {
+  as::ashl_schedule<> p{{.workers = 3, .profile_iterations = 1}};
+  (void)p.on_commit({.worker = 0, .sequence = 1}, fresh());
+  (void)p.on_commit({.worker = 1, .sequence = 1}, fresh());
+  BOOST_TEST(p.profiling());
+  p.on_evict({.worker = 2, .time = 3.0}, fresh());  // nobody waits for worker 2
+  BOOST_TEST(sink.every_plan_changed());
+  BOOST_TEST(!p.profiling());
+  BOOST_TEST(!p.is_live(2));
+  BOOST_TEST(p.plan(0).data_share == 0.5f);
+  BOOST_TEST((p.on_commit({.worker = 2, .sequence = 2}, fresh()).action == as::commit_action::drop));
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_that_rejoins_during_profiling_starts_over) {
+  as::ashl_schedule<> p{{.workers = 2, .profile_iterations = 2}};
+  (void)p.on_commit({.worker = 0, .sequence = 1}, fresh());
+  (void)p.on_commit({.worker = 0, .sequence = 2}, fresh());
+  (void)p.on_commit({.worker = 1, .sequence = 1}, fresh());
+  p.on_evict({.worker = 0}, fresh());
+  p.on_join({.worker = 0}, fresh());
+  p.on_join({.worker = 5}, fresh());
+  (void)p.on_commit({.worker = 1, .sequence = 2}, fresh());
+  BOOST_TEST(p.profiling());  // 0 and 5 have not reached 2 commits since they joined
+  for (std::uint64_t s = 1; s <= 2; ++s) {
+    (void)p.on_commit({.worker = 0, .sequence = s}, fresh());
+    (void)p.on_commit({.worker = 5, .sequence = s}, fresh());
+  }
+  BOOST_TEST(!p.profiling());
+  BOOST_TEST(p.live_count() == 3u);
+  BOOST_TEST(p.plan(5).data_share == f(1.0 / 3.0));
+}
+
+BOOST_AUTO_TEST_CASE(profiling_by_time) {
+  as::ashl_schedule<> p{{.workers = 2, .profile_iterations = 0, .profile_seconds = 10.0}};
+  (void)p.on_pull({.worker = 0, .time = 1.0}, fresh());
+  (void)p.on_commit({.worker = 0, .sequence = 1, .time = 5.0}, fresh());
+  BOOST_TEST(p.profiling());
+  (void)p.on_pull({.worker = 1, .time = 11.0}, fresh());
+  BOOST_TEST(sink.every_plan_changed());
+  BOOST_TEST((p.stage() == stage_id::ahl));
+}
+
+namespace {
+// Re-plans when worker 2's compute time reaches 1 s: worker 2 slowed down,
+// fewer local steps and a smaller share; 2..5 s gives a bad plan (H = 0),
+// above 5 s an error.
+struct test_replanner {
+  static constexpr bool enabled = true;
+  std::size_t started = 0;
+  as::ashl_plan first;
+  ashl::status start(const as::profile_report& r, const as::ashl_plan& plan) {
+    ++started;
+    first = plan;
+    BOOST_TEST(r.live.size() == 3u);
+    return {};
+  }
+  ashl::result<bool> observe(const as::measurement_event& m, as::ashl_plan& next) {
+    if (m.worker != 2 || m.seconds < 1.0) return false;
+    if (m.seconds > 5.0) return ashl::invalid_argument("test.seconds", m.seconds, "too slow to plan");
+    const std::uint32_t h = m.seconds > 2.0 ? 0u : 2u;  // H = 0 is a bad plan
+    next.workers = {{8, 2, 0.2, 0.1, 0.5, 0}, {4, 1, 0.2, 0.1, 0.3, 0}, {h, 1, 0.2, 0.1, 0.2, 0}};
+    return true;
+  }
+  void save(ashl::state_writer& w) const { w.put<std::uint64_t>(started); }
+  ashl::status load(ashl::state_reader& r) { return r.get(started, "test_replanner.started"); }
+};
+static_assert(as::ashl_replanner<test_replanner>);
+
+// Three workers with shares 1/2, 1/4, 1/4 after one profiling commit each.
+template <class R = as::no_replanner>
+as::ashl_schedule<fixed_planner, R> three_workers() {
+  as::ashl_schedule<fixed_planner, R> p{
+      {.workers = 3, .profile_iterations = 1},
+      fixed_planner{{{8, 2, 0.2, 0.1, 0.5, 0}, {4, 1, 0.2, 0.1, 0.25, 0}, {4, 1, 0.2, 0.1, 0.25, 0}}}};
+  for (as::worker_id w = 0; w < 3; ++w) (void)p.on_commit({.worker = w, .sequence = 1}, fresh());
+  return p;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(eviction_renormalises_the_shares_and_a_joiner_gets_the_mean) {
+  auto p = three_workers();
+  BOOST_TEST_REQUIRE((p.stage() == stage_id::ahl));
+  BOOST_TEST(p.on_commit({.worker = 1, .sequence = 2}, fresh()).weight == 0.25);
+  p.on_evict({.worker = 0, .time = 1}, fresh());
+  BOOST_TEST(sink.every_plan_changed());
+  // 0.25 / (0.25 + 0.25): the step does not shrink with the cluster.
+  BOOST_TEST(p.on_commit({.worker = 1, .sequence = 3}, fresh()).weight == 0.5);
+  BOOST_TEST(p.plan(2).data_share == 0.5f);
+  // Worker 0 comes back with its planned share; a new worker 3 gets the mean.
+  p.on_join({.worker = 0, .time = 2}, fresh());
+  BOOST_TEST(p.on_commit({.worker = 1, .sequence = 4}, fresh()).weight == 0.25);
+  p.on_join({.worker = 3, .time = 3}, fresh());
+  BOOST_TEST(sink.every_plan_changed());
+  BOOST_TEST_REQUIRE(p.current_plan().workers.size() == 4u);
+  BOOST_TEST(p.current_plan().workers[3].share == 1.0 / 3.0);
+  BOOST_TEST(p.plan(3).compression_ratio == 0.2f);
+  BOOST_TEST(p.plan(3).local_iterations == 8u);
+  BOOST_TEST(p.on_commit({.worker = 3, .sequence = 1}, fresh()).weight > 0.0);
+}
+
+BOOST_AUTO_TEST_CASE(a_replanner_changes_the_plan_and_keeps_the_counters) {
+  auto p = three_workers<test_replanner>();
+  BOOST_TEST_REQUIRE(p.replanner().started == 1u);
+  BOOST_TEST(p.replanner().first.workers[0].share == 0.5);
+  BOOST_TEST(p.plan(2).local_iterations == 4u);
+  // A measurement that changes nothing.
+  p.on_measurement({.worker = 2, .kind = measurement_kind::compute, .seconds = 0.5}, fresh());
+  BOOST_TEST(!sink.any_plan_changed());
+  BOOST_TEST(p.replans() == 0u);
+  // Switch to SHL and make worker 0 run ahead so that its pull is held.
+  p.on_metric({.metric = metric_id::loss, .value = 0.1, .time = 1}, fresh());
+  BOOST_TEST_REQUIRE((p.stage() == stage_id::shl));
+  for (std::uint64_t s = 2; s < 6; ++s) (void)p.on_commit({.worker = 0, .sequence = s}, fresh());
+  BOOST_TEST((p.on_pull({.worker = 0}, fresh()) == as::pull_action::hold));
+  p.on_measurement({.worker = 2, .kind = measurement_kind::compute, .seconds = 1.5}, fresh());
+  BOOST_TEST(sink.any_plan_changed());
+  BOOST_TEST(p.replans() == 1u);
+  BOOST_TEST(p.replan_status().ok());
+  BOOST_TEST(p.plan(2).local_iterations == 1u);
+  BOOST_TEST(p.plan(2).data_share == 0.2f);
+  BOOST_TEST(p.is_held(0));  // the SSP state survived the new plan
+  BOOST_TEST(p.on_commit({.worker = 1, .sequence = 2}, fresh()).weight == 0.3);
+  // The same plan again: nothing changes, no worker is marked.
+  p.on_measurement({.worker = 2, .kind = measurement_kind::compute, .seconds = 1.2}, fresh());
+  BOOST_TEST(!sink.any_plan_changed());
+  BOOST_TEST(p.replans() == 2u);
+  // A bad plan (H = 0) and a replanner error are recorded; the plan stays.
+  p.on_measurement({.worker = 2, .kind = measurement_kind::compute, .seconds = 3.0}, fresh());
+  BOOST_TEST(!sink.any_plan_changed());
+  BOOST_TEST(p.replan_status().message() == "ashl.plan.h_ahl = 0: must be >= 1");
+  p.on_measurement({.worker = 2, .kind = measurement_kind::compute, .seconds = 6.0}, fresh());
+  BOOST_TEST(p.replan_status().message() == "test.seconds = 6: too slow to plan");
+  BOOST_TEST(p.replans() == 2u);
+  BOOST_TEST(p.plan(2).data_share == 0.2f);
+}
+
+namespace {
+struct swap_replanner {
+  static constexpr bool enabled = true;
+  ashl::status start(const as::profile_report&, const as::ashl_plan&) { return {}; }
+  ashl::result<bool> observe(const as::measurement_event&, as::ashl_plan& next) {
+    next.workers = {{8, 2, 0.2, 0.1, 0.5, 0}, {6, 1, 0.2, 0.1, 0.25, 0}, {4, 1, 0.2, 0.1, 0.25, 0}};
+    return true;
+  }
+  void save(ashl::state_writer&) const {}
+  ashl::status load(ashl::state_reader&) { return {}; }
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_new_plan_with_the_same_total_marks_only_the_changed_workers) {
+  auto p = three_workers<swap_replanner>();
+  p.on_measurement({.worker = 1, .kind = measurement_kind::compute, .seconds = 1.0}, fresh());
+  BOOST_TEST(!sink.every_plan_changed());
+  BOOST_TEST((std::vector<as::worker_id>(sink.plans_changed().begin(), sink.plans_changed().end()) ==
+              std::vector<as::worker_id>{1}));
+  BOOST_TEST(p.plan(1).local_iterations == 6u);
+}
