@@ -11,10 +11,21 @@
 // runs at min(cap_i, B / n), where cap_i is the sender's own link (ours:
 // share a transfer leaves unused because of its cap is not redistributed;
 // this keeps every rate a closed form and the arithmetic hand-checkable).
-// Bytes are drained lazily: progress is brought up to date only when the set
-// of transfers changes, and the driver keeps one pending event per link (the
-// earliest completion). An unlimited link (B = inf) runs each transfer at its
-// cap. docs/sim.md "Network".
+// An unlimited link (B = inf) runs each transfer at its cap.
+//
+// Cost per add, remove or next_completion: O(log n), not O(n), so a link
+// with 10,000 concurrent transfers is as cheap per event as one with ten.
+// Transfers with the same cap progress identically, so they form one group
+// with a progress coordinate P (bytes served to each member since the group
+// began); a transfer finishes when P reaches its tag (P at its start plus its
+// bytes), and a group keeps its tags in a min-heap. A group is either capped
+// (cap < B/n: P grows at cap, its next finish is a fixed time) or shared (P
+// grows with the link's virtual time V, V' = B/n: its next finish is a fixed
+// V). Two ordered sets hold each group's next finish, one in time and one in
+// V, so the earliest completion is the smaller of two set heads. When n
+// changes only the groups whose cap lies between the old and the new share
+// change class (O(log G) each). Ids should be small integers (a vector is
+// indexed by id). docs/sim.md "Network".
 #pragma once
 
 #include <ashl/config.hpp>
@@ -23,8 +34,12 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <map>
 #include <optional>
+#include <set>
+#include <utility>
 #include <vector>
 
 ASHL_NAMESPACE_BEGIN
@@ -41,62 +56,217 @@ class shared_link {
   explicit shared_link(double bandwidth_bytes_per_s) : bandwidth_(bandwidth_bytes_per_s) {}
 
   [[nodiscard]] double bandwidth() const noexcept { return bandwidth_; }
-  [[nodiscard]] std::size_t active() const noexcept { return flows_.size(); }
+  [[nodiscard]] std::size_t active() const noexcept { return active_; }
   // The rate a transfer with this cap gets now.
   [[nodiscard]] double rate(double cap) const noexcept {
-    if (flows_.empty() || !std::isfinite(bandwidth_)) return cap;
-    return std::min(cap, bandwidth_ / static_cast<double>(flows_.size()));
+    if (active_ == 0 || !std::isfinite(bandwidth_)) return cap;
+    return std::min(cap, share());
   }
 
   void add(double now, std::uint64_t id, double bytes, double cap) {
     advance(now);
-    flows_.push_back({id, std::max(bytes, 0.0), cap});
+    if (id >= flows_.size()) flows_.resize(static_cast<std::size_t>(id) + 1);
+    ASHL_ASSERT(!flows_[id].active, "shared_link::add: id already active");
+    const double old_share = share();
+    ++active_;
+    const std::uint32_t g = group_of(cap);
+    group& gr = groups_[g];
+    const double tag = progress(gr) + std::max(bytes, 0.0);
+    flows_[id] = flow{g, tag, ++serial_, true};
+    const bool new_min = gr.heap.empty() || entry_before({tag, id, serial_}, gr.heap.front());
+    if (new_min) unlist(g);
+    gr.heap.push_back({tag, id, serial_});
+    std::push_heap(gr.heap.begin(), gr.heap.end(), heap_after);
+    ++gr.members;
+    if (new_min) list(g);
+    reclassify(old_share);
   }
+
   // Removes a transfer (finished or cancelled); false when it is not here.
   bool remove(double now, std::uint64_t id) {
+    if (id >= flows_.size() || !flows_[id].active) return false;
     advance(now);
-    for (std::size_t i = 0; i < flows_.size(); ++i) {
-      if (flows_[i].id == id) {
-        flows_[i] = flows_.back();
-        flows_.pop_back();
-        return true;
-      }
+    const double old_share = share();
+    flow& f = flows_[id];
+    const std::uint32_t g = f.group;
+    group& gr = groups_[g];
+    f.active = false;
+    --active_;
+    --gr.members;
+    const bool was_min = gr.heap.front().id == id && gr.heap.front().serial == f.serial;
+    if (was_min) unlist(g);
+    if (gr.members == 0) {
+      release(g);
+    } else if (was_min) {
+      pop_stale(gr);
+      list(g);
     }
-    return false;
+    reclassify(old_share);
+    return true;
   }
+
   // The earliest finishing transfer if nothing changes; ties: lowest id.
   [[nodiscard]] std::optional<completion> next_completion(double now) const {
     std::optional<completion> best;
-    for (const auto& f : flows_) {
-      const double r = rate(f.cap);
-      const double t = (now < last_ ? last_ : now) + (f.remaining <= 0.0 ? 0.0 : f.remaining / r);
-      if (!best || t < best->time || (t == best->time && f.id < best->id)) best = completion{t, f.id};
+    const double t0 = now < last_ ? last_ : now;
+    if (!by_time_.empty()) {
+      const auto& [t, id] = *by_time_.begin();
+      best = completion{std::max(t, t0), id};
+    }
+    if (!by_v_.empty()) {
+      const auto& [v, id] = *by_v_.begin();
+      const double dv = v - v_at(t0);
+      const double t = t0 + (dv > 0.0 ? dv / share() : 0.0);
+      if (!best || t < best->time || (t == best->time && id < best->id)) best = completion{t, id};
     }
     return best;
   }
-  [[nodiscard]] double remaining(std::uint64_t id) const {
-    for (const auto& f : flows_)
-      if (f.id == id) return f.remaining;
-    return 0.0;
+
+  // Bytes the transfer has left at `now`; 0 when it is not here.
+  [[nodiscard]] double remaining(double now, std::uint64_t id) const {
+    if (id >= flows_.size() || !flows_[id].active) return 0.0;
+    const flow& f = flows_[id];
+    const group& gr = groups_[f.group];
+    const double t = now < last_ ? last_ : now;
+    const double p = gr.capped ? gr.p_ref + gr.cap * (t - gr.ref) : gr.p_ref + (v_at(t) - gr.ref);
+    return std::max(0.0, f.tag - p);
   }
 
  private:
-  struct flow {
+  struct entry {
+    double tag;
     std::uint64_t id;
-    double remaining;
-    double cap;
+    std::uint64_t serial;
   };
+  // min-heap on (tag, id) through std::push_heap's max-heap with "after".
+  static bool entry_before(const entry& a, const entry& b) noexcept {
+    return a.tag < b.tag || (a.tag == b.tag && a.id < b.id);
+  }
+  static bool heap_after(const entry& a, const entry& b) noexcept { return entry_before(b, a); }
+
+  struct group {
+    double cap = 0.0;
+    bool capped = false;  // P grows at cap (true) or with V (false)
+    double ref = 0.0;     // capped: the time of p_ref; shared: the V of p_ref
+    double p_ref = 0.0;   // P at ref
+    std::uint32_t members = 0;
+    std::vector<entry> heap;   // may hold entries of removed transfers (skipped lazily)
+    bool listed = false;
+    std::pair<double, std::uint64_t> key{};  // its entry in by_time_ or by_v_
+  };
+  struct flow {
+    std::uint32_t group = 0;
+    double tag = 0.0;
+    std::uint64_t serial = 0;
+    bool active = false;
+  };
+
+  [[nodiscard]] double share() const noexcept {
+    return active_ == 0 ? std::numeric_limits<double>::infinity() : bandwidth_ / static_cast<double>(active_);
+  }
+  [[nodiscard]] double v_at(double t) const noexcept {
+    return active_ == 0 || !std::isfinite(bandwidth_) ? v_ : v_ + share() * (t - last_);
+  }
+  // Brings V to `now` (the share is constant since last_).
   void advance(double now) {
     if (now > last_) {
-      const double dt = now - last_;
-      for (auto& f : flows_) f.remaining = std::max(0.0, f.remaining - rate(f.cap) * dt);
+      v_ = v_at(now);
       last_ = now;
+    }
+  }
+  [[nodiscard]] double progress(const group& gr) const noexcept {
+    return gr.capped ? gr.p_ref + gr.cap * (last_ - gr.ref) : gr.p_ref + (v_ - gr.ref);
+  }
+
+  std::uint32_t group_of(double cap) {
+    const auto it = by_cap_.find(cap);
+    if (it != by_cap_.end()) return it->second;
+    std::uint32_t g;
+    if (!free_.empty()) {
+      g = free_.back();
+      free_.pop_back();
+    } else {
+      g = static_cast<std::uint32_t>(groups_.size());
+      groups_.emplace_back();
+    }
+    group& gr = groups_[g];
+    gr.cap = cap;
+    gr.members = 0;
+    gr.heap.clear();
+    gr.listed = false;
+    gr.p_ref = 0.0;
+    gr.capped = cap < share();
+    gr.ref = gr.capped ? last_ : v_;
+    by_cap_.emplace(cap, g);
+    return g;
+  }
+  void release(std::uint32_t g) {
+    group& gr = groups_[g];
+    gr.heap.clear();
+    by_cap_.erase(gr.cap);
+    free_.push_back(g);
+  }
+  void pop_stale(group& gr) {
+    while (!gr.heap.empty()) {
+      const entry& e = gr.heap.front();
+      const flow& f = flows_[e.id];
+      if (f.active && f.serial == e.serial) return;
+      std::pop_heap(gr.heap.begin(), gr.heap.end(), heap_after);
+      gr.heap.pop_back();
+    }
+  }
+  // Lists a group's earliest transfer in the set of its class.
+  void list(std::uint32_t g) {
+    group& gr = groups_[g];
+    if (gr.members == 0) return;
+    const entry& e = gr.heap.front();
+    if (gr.capped) {
+      gr.key = {gr.ref + (e.tag - gr.p_ref) / gr.cap, e.id};
+      by_time_.insert(gr.key);
+    } else {
+      gr.key = {gr.ref + (e.tag - gr.p_ref), e.id};
+      by_v_.insert(gr.key);
+    }
+    gr.listed = true;
+  }
+  void unlist(std::uint32_t g) {
+    group& gr = groups_[g];
+    if (!gr.listed) return;
+    if (gr.capped) by_time_.erase(gr.key);
+    else by_v_.erase(gr.key);
+    gr.listed = false;
+  }
+  // After n changed: the groups whose cap lies between the old and the new
+  // share switch class (capped iff cap < share).
+  void reclassify(double old_share) {
+    const double s = share();
+    if (s == old_share || !std::isfinite(bandwidth_)) return;
+    const double lo = std::min(s, old_share), hi = std::max(s, old_share);
+    for (auto it = by_cap_.lower_bound(lo); it != by_cap_.end() && it->first < hi; ++it) {
+      const std::uint32_t g = it->second;
+      group& gr = groups_[g];
+      const bool capped = gr.cap < s;
+      if (capped == gr.capped) continue;
+      const double p = progress(gr);
+      unlist(g);
+      gr.capped = capped;
+      gr.p_ref = p;
+      gr.ref = capped ? last_ : v_;
+      list(g);
     }
   }
 
   double bandwidth_ = std::numeric_limits<double>::infinity();
+  std::size_t active_ = 0;
+  double last_ = 0.0;  // time up to which v_ is current
+  double v_ = 0.0;     // virtual time: bytes served to each shared transfer since the start
+  std::uint64_t serial_ = 0;
   std::vector<flow> flows_;
-  double last_ = 0.0;
+  std::vector<group> groups_;
+  std::vector<std::uint32_t> free_;
+  std::map<double, std::uint32_t> by_cap_;
+  std::set<std::pair<double, std::uint64_t>> by_time_;  // capped groups: (finish time, id)
+  std::set<std::pair<double, std::uint64_t>> by_v_;     // shared groups: (finish V, id)
 };
 
 }  // namespace sim
