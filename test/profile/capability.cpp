@@ -87,11 +87,11 @@ BOOST_AUTO_TEST_CASE(capability_from_measurements_recovers_known_parameters) {
   for (std::size_t i = 0; i < 24; ++i) {
     const double batch = 16.0 * static_cast<double>(1 + (i / 2) % 4);  // both jitters per batch
     const double bytes = 1e6 * static_cast<double>(1 + i % 3);
-    m.push_back({.worker = 1, .kind = k::compute, .amount = batch, .seconds = (a + b * batch) * jitter(i)});
-    m.push_back({.worker = 1, .kind = k::push, .amount = bytes, .seconds = (alpha + bytes / up_beta) * jitter(i)});
-    m.push_back({.worker = 1, .kind = k::pull, .amount = 4e6, .seconds = alpha + 4e6 / beta});
-    m.push_back({.worker = 1, .kind = k::compress, .amount = 1e6, .seconds = spe * 1e6 * jitter(i)});
-    m.push_back({.worker = 0, .kind = k::compute, .amount = 32, .seconds = 9.0});  // another worker
+    m.push_back({.worker = 1, .kind = k::compute, .seconds = (a + b * batch) * jitter(i), .amount = batch});
+    m.push_back({.worker = 1, .kind = k::push, .seconds = (alpha + bytes / up_beta) * jitter(i), .amount = bytes});
+    m.push_back({.worker = 1, .kind = k::pull, .seconds = alpha + 4e6 / beta, .amount = 4e6});
+    m.push_back({.worker = 1, .kind = k::compress, .seconds = spe * 1e6 * jitter(i), .amount = 1e6});
+    m.push_back({.worker = 0, .kind = k::compute, .seconds = 9.0, .amount = 32});  // another worker
     m.push_back({.worker = 1, .kind = k::round, .seconds = 7.0});                 // ignored
   }
   // Pull has one size only: it needs the latency.
@@ -110,9 +110,9 @@ BOOST_AUTO_TEST_CASE(capability_from_measurements_recovers_known_parameters) {
   BOOST_TEST(c->codec.seconds_per_element == spe, tt::tolerance(1e-9));
 
   // One batch size: compute proportional to the batch.
-  auto one = ap::fit_capability({{.worker = 0, .kind = k::compute, .amount = 32, .seconds = 0.064},
-                                 {.worker = 0, .kind = k::push, .amount = 1e6, .seconds = 0.002},
-                                 {.worker = 0, .kind = k::pull, .amount = 1e6, .seconds = 0.002}},
+  auto one = ap::fit_capability({{.worker = 0, .kind = k::compute, .seconds = 0.064, .amount = 32},
+                                 {.worker = 0, .kind = k::push, .seconds = 0.002, .amount = 1e6},
+                                 {.worker = 0, .kind = k::pull, .seconds = 0.002, .amount = 1e6}},
                                 0, {.link_latency = 0.0});
   BOOST_TEST_REQUIRE(one.has_value());
   BOOST_TEST(one->compute.a == 0.0);
@@ -123,8 +123,8 @@ BOOST_AUTO_TEST_CASE(capability_from_measurements_recovers_known_parameters) {
 BOOST_AUTO_TEST_CASE(capability_rejects_absurd_timings) {
   using k = ap::measurement_kind;
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  std::vector<ap::measurement> m{{.worker = 0, .kind = k::compute, .amount = 32, .seconds = 0.1},
-                                 {.worker = 0, .kind = k::compute, .amount = 64, .seconds = nan}};
+  std::vector<ap::measurement> m{{.worker = 0, .kind = k::compute, .seconds = 0.1, .amount = 32},
+                                 {.worker = 0, .kind = k::compute, .seconds = nan, .amount = 64}};
   auto c = ap::fit_capability(m, 0);
   BOOST_TEST_REQUIRE(!c.has_value());
   BOOST_TEST(c.error().message() == "measurement.seconds = nan: duration must be finite and > 0");

@@ -122,6 +122,11 @@ BOOST_AUTO_TEST_CASE(dlb_minimum_batch) {
 BOOST_AUTO_TEST_CASE(adsp_interval) {
   BOOST_TEST(*ap::adsp_commit_interval(60.0, 4, 2.0, 0.0) == 13.0);
   BOOST_TEST(*ap::adsp_commit_interval(60.0, 4, 20.0, 1.0) == 1.0);
+  // The same formula as core's (which the ADSP policy uses).
+  BOOST_TEST(*ap::adsp_commit_interval(60.0, 7, 2.5, 0.1) == ashl::adsp_commit_interval(60.0, 7.0, 2.5, 0.1));
+  BOOST_TEST(!ap::adsp_commit_interval(60.0, 1, 2.0, -1.0).has_value());
+  BOOST_TEST(ap::adsp_commit_interval(std::numeric_limits<double>::infinity(), 1, 2.0, 0.0).error().message() ==
+             "planner.gamma = inf: must be finite and > 0");
   BOOST_TEST(!ap::adsp_commit_interval(0.0, 4, 2.0, 0.0).has_value());
   BOOST_TEST(!ap::adsp_commit_interval(60.0, 0, 2.0, 0.0).has_value());
   BOOST_TEST(!ap::adsp_commit_interval(60.0, 1, -2.0, 0.0).has_value());
@@ -139,18 +144,29 @@ BOOST_AUTO_TEST_CASE(dlb_ties_and_one_worker) {
   const auto w = ap::to_worker_plans(*p);
   BOOST_TEST_REQUIRE(w.size() == 3u);
   BOOST_TEST(w[0].batch_size == 4u);
-  BOOST_TEST(w[0].data_share == 0.4, tt::tolerance(1e-12));
+  BOOST_TEST(w[0].data_share == 0.4f);
   BOOST_TEST(w[1].local_iterations == 1u);
-  BOOST_TEST(w[1].compression_ratio == 1.0);
+  BOOST_TEST(w[1].compression_ratio == 1.0f);
+  BOOST_TEST((w[1].stage == ashl::stage_id::dlb));
 }
 
 BOOST_AUTO_TEST_CASE(adsp_plans_per_worker) {
   auto p = ap::plan_adsp(60.0, 4, {2.0, 14.5, 20.0}, 1.0);
   BOOST_TEST_REQUIRE(p.has_value());
-  BOOST_TEST(p->at(0).commit_interval == 13.0);
-  BOOST_TEST(p->at(1).commit_interval == 1.0);  // 15 − 14.5 = 0.5 < t_min
-  BOOST_TEST(p->at(2).commit_interval == 1.0);
-  BOOST_TEST(p->at(2).data_share == 1.0 / 3, tt::tolerance(1e-12));
+  // Commit by interval (local_iterations 0), in microseconds.
+  BOOST_TEST(p->at(0).commit_interval_us == 13'000'000u);
+  BOOST_TEST(p->at(0).commit_interval() == 13.0);
+  BOOST_TEST(p->at(0).local_iterations == 0u);
+  BOOST_TEST(p->at(1).commit_interval_us == 1'000'000u);  // 15 − 14.5 = 0.5 < t_min
+  BOOST_TEST(p->at(2).commit_interval_us == 1'000'000u);
+  BOOST_TEST(p->at(2).data_share == static_cast<float>(1.0 / 3));
+  BOOST_TEST((p->at(2).stage == ashl::stage_id::adsp));
+  // A zero interval means "commit at once": every iteration.
+  auto z = ap::plan_adsp(60.0, 4, {15.0, 1.0}, 0.0);
+  BOOST_TEST_REQUIRE(z.has_value());
+  BOOST_TEST(z->at(0).commit_interval_us == 0u);
+  BOOST_TEST(z->at(0).local_iterations == 1u);
+  BOOST_TEST(z->at(1).commit_interval_us == 14'000'000u);
   auto e = ap::plan_adsp(60.0, 4, {2.0, std::numeric_limits<double>::infinity()}, 0.0);
   BOOST_TEST_REQUIRE(!e.has_value());
   BOOST_TEST(e.error().message() == "planner.o_i = inf: must be finite and >= 0");
@@ -164,38 +180,68 @@ BOOST_AUTO_TEST_CASE(summarize_trims_per_worker_and_rejects_absurd_timings) {
     const double f = w == 0 ? 1.0 : 2.0;
     // A 9 (warm-up), then 1, 2, 3 and a 100 outlier, all scaled by f and a per-kind unit.
     for (double s : {9.0, 1.0, 2.0, 3.0, 100.0}) {
-      m.push_back({.worker = w, .kind = k::compute, .amount = 32, .seconds = s * f * 0.01});
-      m.push_back({.worker = w, .kind = k::push, .amount = 1e6, .seconds = s * f * 0.002});
-      m.push_back({.worker = w, .kind = k::pull, .amount = 1e6, .seconds = s * f * 0.001});
+      m.push_back({.worker = w, .kind = k::compute, .seconds = s * f * 0.01, .amount = 32});
+      m.push_back({.worker = w, .kind = k::push, .seconds = s * f * 0.002, .amount = 1e6 * f});
+      m.push_back({.worker = w, .kind = k::pull, .seconds = s * f * 0.001, .amount = 1e6});
     }
     m.push_back({.worker = w, .kind = k::round, .seconds = 123.0});
+    m.push_back({.worker = w, .kind = k::commit, .seconds = 77.0});
   }
   for (double s : {0.5, 0.004, 0.005, 0.006, 0.9}) m.push_back({.worker = 1, .kind = k::compress, .seconds = s});
   // After the warm-up (9) the kept samples are {1, 2, 3, 100}; trim 1 drops 1 and 100: mean 2.5.
-  auto s = ap::summarize(m, 2, {.trim = 1, .warmup = 1});
+  const std::vector<std::uint32_t> live{0, 1};
+  auto s = ap::summarize(m, live, {.trim = 1, .warmup = 1});
   BOOST_TEST_REQUIRE(s.has_value());
-  BOOST_TEST(s->workers[0].t_iter == 0.025, tt::tolerance(1e-12));
-  BOOST_TEST(s->workers[0].t_push == 0.005, tt::tolerance(1e-12));
-  BOOST_TEST(s->workers[1].t_iter == 0.05, tt::tolerance(1e-12));
-  BOOST_TEST(s->workers[1].t_pull == 0.005, tt::tolerance(1e-12));
+  BOOST_TEST((s->live == live));
+  BOOST_TEST(s->timing[0].t_iter == 0.025, tt::tolerance(1e-12));
+  BOOST_TEST(s->timing[0].t_push == 0.005, tt::tolerance(1e-12));
+  BOOST_TEST(s->timing[1].t_iter == 0.05, tt::tolerance(1e-12));
+  BOOST_TEST(s->timing[1].t_pull == 0.005, tt::tolerance(1e-12));
+  BOOST_TEST(s->push_bytes[0] == 1e6);
+  BOOST_TEST(s->push_bytes[1] == 2e6);
   // compress: warm-up 0.5, kept {0.004, 0.005, 0.006, 0.9}, trimmed mean 0.0055.
   BOOST_TEST(s->t_compress == 0.0055, tt::tolerance(1e-12));
 
-  // A third worker with no samples is an error naming it.
-  auto missing = ap::summarize(m, 3, {.trim = 1, .warmup = 1});
+  // Live workers in any order; a worker that left counts for T_compress only.
+  const std::vector<std::uint32_t> one{1};
+  auto only = ap::summarize(m, one, {.trim = 1, .warmup = 1});
+  BOOST_TEST_REQUIRE(only.has_value());
+  BOOST_TEST(only->timing.size() == 1u);
+  BOOST_TEST(only->timing[0].t_iter == 0.05, tt::tolerance(1e-12));
+  // A live worker with no samples is an error naming it.
+  const std::vector<std::uint32_t> three{0, 1, 2};
+  auto missing = ap::summarize(m, three, {.trim = 1, .warmup = 1});
   BOOST_TEST_REQUIRE(!missing.has_value());
-  BOOST_TEST(missing.error().message() ==
-             "planner.worker[2].compute.count = 0: needs more than 2 * trim samples after the warm-up");
-  // One absurd timing is rejected, not trimmed away or planned around.
-  m.push_back({.worker = 0, .kind = k::push, .amount = 1e6, .seconds = -3.0});
-  auto bad = ap::summarize(m, 2, {.trim = 1, .warmup = 1});
+  BOOST_TEST(missing.error().message() == "profile.summary.worker[2].compute.count = 0: no samples");
+  // One absurd timing is rejected, not trimmed away or planned around, even
+  // from a worker that is not live.
+  m.push_back({.worker = 7, .kind = k::push, .seconds = -3.0, .amount = 1e6});
+  auto bad = ap::summarize(m, live, {.trim = 1, .warmup = 1});
   BOOST_TEST_REQUIRE(!bad.has_value());
-  BOOST_TEST(bad.error().message() == "measurement.seconds = -3: duration must be finite and > 0");
-  m.back() = {.worker = 7, .kind = k::push, .amount = 1e6, .seconds = 3.0};
-  auto who = ap::summarize(m, 2, {.trim = 1, .warmup = 1});
-  BOOST_TEST_REQUIRE(!who.has_value());
-  BOOST_TEST(who.error().message() == "planner.measurements[37].worker = 7: no such worker");
-  BOOST_TEST(!ap::summarize({}, 0).has_value());
+  BOOST_TEST(bad.error().message() ==
+             "profile.summary.measurements[39].seconds = -3: duration must be finite and > 0");
+  BOOST_TEST(!ap::summarize({}, {}).has_value());
+  const std::vector<std::uint32_t> twice{1, 1};
+  BOOST_TEST(ap::summarize(m, twice).error().message() == "profile.summary.live[1] = 1: listed twice");
+}
+
+BOOST_AUTO_TEST_CASE(summarize_reduces_warmup_and_trim_when_few_samples) {
+  using k = ap::measurement_kind;
+  std::vector<ap::measurement> m;
+  // One sample of each: warm-up and trim shrink to keep it.
+  m.push_back({.worker = 4, .kind = k::compute, .seconds = 0.1, .amount = 32});
+  m.push_back({.worker = 4, .kind = k::push, .seconds = 0.02});
+  m.push_back({.worker = 4, .kind = k::pull, .seconds = 0.03});
+  // Four pulls more: warm-up 3 kept (first pull 0.03 and two more skipped), trim 20 reduced to 0.
+  for (double x : {0.5, 0.5, 0.04, 0.06}) m.push_back({.worker = 4, .kind = k::pull, .seconds = x});
+  const std::vector<std::uint32_t> live{4};
+  auto s = ap::summarize(m, live, {.trim = 20, .warmup = 3});
+  BOOST_TEST_REQUIRE(s.has_value());
+  BOOST_TEST(s->timing[0].t_iter == 0.1);
+  BOOST_TEST(s->timing[0].t_push == 0.02);
+  BOOST_TEST(s->timing[0].t_pull == 0.05, tt::tolerance(1e-12));
+  BOOST_TEST(s->push_bytes[0] == 0.0);  // no push said how many bytes
+  BOOST_TEST(s->t_compress == 0.0);
 }
 
 BOOST_AUTO_TEST_CASE(worker_whose_communication_exceeds_everyone_elses_round) {
@@ -212,10 +258,11 @@ BOOST_AUTO_TEST_CASE(worker_whose_communication_exceeds_everyone_elses_round) {
   // Worker 0 is now the slowest and sends r0; worker 1 gets (2.011 − 1.04) / 1.0 = 0.971.
   BOOST_TEST(full->ratio[0] == 0.1, tt::tolerance(1e-9));
   BOOST_TEST(full->ratio[1] == 0.971, tt::tolerance(1e-9));
-  const auto w = full->workers();
+  const auto w = full->workers(ashl::stage_id::ahl);
   BOOST_TEST(w[1].local_iterations == 4u);
-  BOOST_TEST(w[1].compression_ratio == 0.971, tt::tolerance(1e-9));
-  BOOST_TEST(w[0].data_share == 20.0 / 24, tt::tolerance(1e-12));
+  BOOST_TEST(w[1].compression_ratio == static_cast<float>(full->ratio[1]));
+  BOOST_TEST(w[0].data_share == static_cast<float>(20.0 / 24));
   BOOST_TEST(w[0].batch_size == 0u);
-  BOOST_TEST(w[0].commit_interval == 0.0);
+  BOOST_TEST(w[0].commit_interval_us == 0u);
+  BOOST_TEST((w[0].stage == ashl::stage_id::ahl));
 }

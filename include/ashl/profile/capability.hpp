@@ -183,7 +183,8 @@ inline result<link_model> fit_link_of(const std::vector<sample>& s, std::uint32_
 //   (a = 0, b = mean seconds / batch);
 // - push and pull from (bytes, seconds) of several sizes (least squares), or
 //   of one size with params.link_latency;
-// - codec from (elements, seconds); no compress samples means no codec time.
+// - codec from (elements or bytes, seconds); no compress samples means no codec time;
+// - commit and round measurements are not part of the model.
 // Every measurement of the worker is validated first, so an absurd timing is
 // an error here rather than a distorted model.
 inline result<worker_capability> fit_capability(const std::vector<measurement>& ms, std::uint32_t worker,
@@ -198,6 +199,7 @@ inline result<worker_capability> fit_capability(const std::vector<measurement>& 
       case measurement_kind::push: push.push_back(s); break;
       case measurement_kind::pull: pull.push_back(s); break;
       case measurement_kind::compress: codec.push_back(s); break;
+      case measurement_kind::commit:
       case measurement_kind::round: break;
     }
   }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/profile/measurement.hpp>  // check_duration
 
@@ -111,6 +112,28 @@ class ewma {
     if (count_ == 0) return out_of_range("profile.ewma.count", count_, "needs at least one sample");
     return value_;
   }
+
+  // The whole state (alpha too), so a loaded ewma continues exactly.
+  void save(state_writer& w) const {
+    w.put(alpha_);
+    w.put(value_);
+    w.put<std::uint64_t>(count_);
+  }
+  status load(state_reader& r) {
+    double alpha = 0.0, value = 0.0;
+    std::uint64_t count = 0;
+    ASHL_TRY(r.get(alpha, "ewma.alpha"));
+    ASHL_TRY(r.get(value, "ewma.value"));
+    ASHL_TRY(r.get(count, "ewma.count"));
+    if (!(alpha > 0.0 && alpha < 1.0)) return make_error(errc::malformed, "ewma.alpha", alpha, "must be in (0, 1)");
+    if (count > 0 && !(std::isfinite(value) && value > 0.0))
+      return make_error(errc::malformed, "ewma.value", value, "must be finite and > 0");
+    alpha_ = alpha;
+    value_ = count > 0 ? value : 0.0;
+    count_ = static_cast<std::size_t>(count);
+    return {};
+  }
+  friend bool operator==(const ewma&, const ewma&) = default;
 
  private:
   double alpha_;

@@ -1,53 +1,34 @@
 // ashl/profile/measurement.hpp — one timing measurement as the profile layer
-// sees it: which worker, what was timed, how big it was (bytes, batch or
-// elements), and how long it took. ALGORITHMS.md §3 "Measurements".
+// reads it: which worker, what was timed, how long it took, how big it was
+// (bytes or batch) and when. ALGORITHMS.md §3 "Measurements".
 //
 //   ashl::profile::measurement m{.worker = 2, .kind = ashl::profile::measurement_kind::push,
-//                                .amount = 4e6, .seconds = 0.012};
+//                                .seconds = 0.012, .amount = 4e6};
 //   if (auto s = ashl::profile::validate(m); !s) return s;
 //   // "measurement.seconds = -0.5: duration must be finite and > 0"
 //
-// The driver (real runtime or simulator) times things and builds these; the
-// profile layer never reads a clock. sync/ has its own event type for the
-// same data; an adapter maps one onto the other, so neither layer includes
-// the other.
+// The type is ashl::measurement and the enum ashl::measurement_kind
+// (core/plan.hpp): the one measurement vocabulary of sync/, profile/ and the
+// wire's measurements records, so a driver's measurement reaches a planner
+// without translation. The driver (real runtime or simulator) times things
+// and builds these; the profile layer never reads a clock.
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 ASHL_NAMESPACE_BEGIN
 namespace profile {
 
-enum class measurement_kind : std::uint8_t {
-  compute,   // one local iteration; amount = batch size
-  push,      // sending one commit; amount = bytes
-  pull,      // receiving the parameters; amount = bytes
-  compress,  // encoding one update; amount = elements
-  round,     // one whole round (compute·H + push + pull); amount unused
-};
-
-constexpr std::string_view to_string(measurement_kind k) noexcept {
-  switch (k) {
-    case measurement_kind::compute: return "compute";
-    case measurement_kind::push: return "push";
-    case measurement_kind::pull: return "pull";
-    case measurement_kind::compress: return "compress";
-    case measurement_kind::round: return "round";
-  }
-  return "unknown";
-}
-
-struct measurement {
-  std::uint32_t worker = 0;
-  measurement_kind kind = measurement_kind::compute;
-  double amount = 0.0;   // bytes, batch size or elements (see measurement_kind); 0 when unknown
-  double seconds = 0.0;  // must be finite and > 0
-};
+using measurement_kind = ashl::measurement_kind;
+using measurement = ashl::measurement;
+using ashl::to_string;
 
 // ok when `seconds` is a usable duration: finite and > 0. A zero or negative
 // duration is a broken timer, not a very fast worker, so it is refused
@@ -60,15 +41,18 @@ inline status check_duration(std::string_view field, double seconds) {
 }
 
 // A measurement is usable when its kind is known, its duration is finite and
-// > 0, and its amount is finite and >= 0.
-inline status validate(const measurement& m) {
-  if (static_cast<std::uint8_t>(m.kind) > static_cast<std::uint8_t>(measurement_kind::round)) {
-    return invalid_argument("measurement.kind", static_cast<unsigned>(m.kind), "unknown kind");
+// > 0, its amount is finite and >= 0, and its time is finite (the same rules
+// the wire applies to a measurements record). Errors name `<what>.<field>`.
+inline status validate(const measurement& m, std::string_view what = "measurement") {
+  const auto field = [&](std::string_view f) { return std::string(what) + "." + std::string(f); };
+  if (static_cast<std::uint8_t>(m.kind) >= measurement_kind_count) {
+    return invalid_argument(field("kind"), static_cast<unsigned>(m.kind), "unknown kind");
   }
-  ASHL_TRY(check_duration("measurement.seconds", m.seconds));
+  if (!std::isfinite(m.seconds) || m.seconds <= 0.0) return check_duration(field("seconds"), m.seconds);
   if (!std::isfinite(m.amount) || m.amount < 0.0) {
-    return invalid_argument("measurement.amount", m.amount, "must be finite and >= 0");
+    return invalid_argument(field("amount"), m.amount, "must be finite and >= 0");
   }
+  if (!std::isfinite(m.time)) return invalid_argument(field("time"), m.time, "must be finite");
   return {};
 }
 

@@ -6,15 +6,17 @@
 //   std::vector<ashl::profile::worker_timing> t{{0.10, 0.02, 0.02}, {0.05, 0.02, 0.02}};
 //   auto h = ashl::profile::plan_local_iterations(t, 8);       // H = {8, 16}
 //   auto r = ashl::profile::plan_compression(t, {8, 16}, 0.01, 0.1);
-//   auto s = ashl::profile::summarize(measurements, 2, {.trim = 20, .warmup = 50});
-//   auto full = ashl::profile::make_plan(s->workers, 8, s->t_compress, 0.1);   // replan.hpp
-//   std::vector<ashl::profile::worker_plan> plans = full->workers();
+//   auto s = ashl::profile::summarize(measurements, live, {.trim = 20, .warmup = 50});
+//   auto full = ashl::profile::make_plan(s->timing, 8, s->t_compress, 0.1);   // replan.hpp
+//   std::vector<ashl::worker_plan> plans = full->workers(ashl::stage_id::ahl);
 //
-// Nothing here knows about sync/: sync/ashl_profile.hpp adapts these to the
-// ashl_schedule planner callable.
+// Plans come out as ashl::worker_plan (core/plan.hpp), the type policies hold
+// and the wire sends. Nothing here knows about sync/: ps/planners.hpp makes
+// these the ASHL schedule's planner and re-planner.
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/profile/estimators.hpp>
 #include <ashl/profile/measurement.hpp>
@@ -25,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,6 +39,7 @@ struct worker_timing {
   double t_iter = 0.0;
   double t_push = 0.0;
   double t_pull = 0.0;
+  friend bool operator==(const worker_timing&, const worker_timing&) = default;
 };
 
 struct local_plan {
@@ -49,22 +53,19 @@ struct dlb_plan {
   std::vector<double> weight;        // b_i / B
 };
 
-// What one worker is told to do; the common currency between planners and
-// the policies (sync/) or simulator that apply them. A planner fills the
-// fields it decides and leaves the others at their defaults.
-struct worker_plan {
-  std::uint32_t local_iterations = 1;  // H_i: local steps per commit
-  double data_share = 0.0;             // D_i: data share and aggregation weight
-  std::uint32_t batch_size = 0;        // b_i; 0: the worker keeps its own
-  double compression_ratio = 1.0;      // R_i in (0, 1]
-  double commit_interval = 0.0;        // seconds between commits (ADSP); 0: after H_i steps
-  bool operator==(const worker_plan&) const = default;
+// What the profiling phase measured, reduced per live worker (summarize).
+struct profile_summary {
+  std::vector<std::uint32_t> live;     // worker ids, in the order they were given
+  std::vector<worker_timing> timing;   // by position in live
+  std::vector<double> push_bytes;      // mean bytes of a push (amount > 0), by position; 0 when none
+  double t_compress = 0.0;             // pooled over all workers; 0 without compress samples
 };
 
-// Robust per-worker timings from the profiling phase's measurements.
-struct profile_summary {
-  std::vector<worker_timing> workers;  // indexed by worker id
-  double t_compress = 0.0;             // pooled over all workers; 0 without compress samples
+// Warm-up and trim of the robust means (ALGORITHMS.md §2 Phase 0: the
+// original trims 20 largest and smallest and skips the first epoch).
+struct summary_params {
+  std::size_t trim = 20;
+  std::size_t warmup = 0;
 };
 
 namespace detail {
@@ -86,52 +87,85 @@ inline status check_timings(const std::vector<worker_timing>& t) {
 }
 }  // namespace detail
 
-// Trimmed means (ALGORITHMS.md §2 Phase 0: skip the warm-up, drop the `trim`
-// largest and smallest) of each worker's compute, push and pull seconds, for
-// workers 0..workers−1, and of every worker's compress seconds pooled (the
-// warm-up and trim count per worker and kind, and once for the pool). Every
-// measurement is validated: one absurd timing is an error naming it, not a
-// sample quietly trimmed away. A worker with too few samples of a kind is an
-// error naming the worker and the kind; `round` measurements are ignored.
-inline result<profile_summary> summarize(const std::vector<measurement>& ms, std::uint32_t workers,
-                                         trimmed_mean::params tp = {}) {
-  if (workers == 0) return invalid_argument("planner.workers", workers, "must be >= 1");
-  std::vector<std::array<trimmed_mean, 3>> per(workers, {trimmed_mean(tp), trimmed_mean(tp), trimmed_mean(tp)});
-  trimmed_mean codec(tp);
-  for (std::size_t i = 0; i < ms.size(); ++i) {
-    const auto& m = ms[i];
-    ASHL_TRY(validate(m));
-    if (m.worker >= workers) {
-      return out_of_range("planner.measurements[" + std::to_string(i) + "].worker", m.worker, "no such worker");
+namespace detail {
+// Mean of `v` after skipping the first `warmup` and trimming `trim` from each
+// end, both reduced so that at least one sample is kept: a short profile
+// still gives a value. Precondition: !v.empty().
+inline double robust_mean(const std::vector<double>& v, summary_params p) {
+  ASHL_ASSERT(!v.empty(), "robust_mean of no samples");
+  const std::size_t warm = std::min(p.warmup, v.size() - 1);
+  const std::size_t trim = std::min(p.trim, (v.size() - warm - 1) / 2);
+  trimmed_mean tm{{.trim = trim, .warmup = warm}};
+  for (double s : v) (void)tm.add(s);  // validated by summarize
+  return *tm.value();
+}
+}  // namespace detail
+
+// The one reduction of a profiling phase (ALGORITHMS.md §2 Phase 0): for each
+// worker in `live`, the robust mean (warm-up skipped, trimmed; both reduced
+// when there are few samples, see detail::robust_mean) of its compute, push
+// and pull seconds and the mean bytes of its pushes; T_compress is the robust
+// mean of every worker's compress seconds pooled (0 without any). Every
+// measurement is validated first: one absurd timing is an error naming it,
+// not a sample quietly trimmed away. Measurements of workers not in `live`
+// (they left) count for T_compress only; commit and round are ignored. A
+// live worker without a compute, push or pull sample is an error naming it.
+inline result<profile_summary> summarize(std::span<const measurement> ms, std::span<const std::uint32_t> live,
+                                         summary_params p = {}) {
+  if (live.empty()) return invalid_argument("profile.summary.live.size", 0, "needs at least one worker");
+  constexpr std::size_t npos = static_cast<std::size_t>(-1);
+  std::vector<std::size_t> index;  // worker id -> position in live
+  for (std::size_t i = 0; i < live.size(); ++i) {
+    if (live[i] >= index.size()) index.resize(std::size_t{live[i]} + 1, npos);
+    if (index[live[i]] != npos)
+      return invalid_argument("profile.summary.live[" + std::to_string(i) + "]", live[i], "listed twice");
+    index[live[i]] = i;
+  }
+  std::vector<std::array<std::vector<double>, 3>> per(live.size());
+  std::vector<double> bytes(live.size(), 0.0);
+  std::vector<std::size_t> sends(live.size(), 0);
+  std::vector<double> codec;
+  for (std::size_t j = 0; j < ms.size(); ++j) {
+    const auto& m = ms[j];
+    if (!validate(m)) return validate(m, "profile.summary.measurements[" + std::to_string(j) + "]");
+    if (m.kind == measurement_kind::compress) {
+      codec.push_back(m.seconds);
+      continue;
     }
+    if (m.worker >= index.size() || index[m.worker] == npos) continue;
+    const std::size_t i = index[m.worker];
     switch (m.kind) {
-      case measurement_kind::compute: ASHL_TRY(per[m.worker][0].add(m.seconds)); break;
-      case measurement_kind::push: ASHL_TRY(per[m.worker][1].add(m.seconds)); break;
-      case measurement_kind::pull: ASHL_TRY(per[m.worker][2].add(m.seconds)); break;
-      case measurement_kind::compress: ASHL_TRY(codec.add(m.seconds)); break;
+      case measurement_kind::compute: per[i][0].push_back(m.seconds); break;
+      case measurement_kind::push:
+        per[i][1].push_back(m.seconds);
+        if (m.amount > 0.0) {
+          bytes[i] += m.amount;
+          ++sends[i];
+        }
+        break;
+      case measurement_kind::pull: per[i][2].push_back(m.seconds); break;
+      case measurement_kind::compress:
+      case measurement_kind::commit:
       case measurement_kind::round: break;
     }
   }
   static constexpr const char* names[3] = {"compute", "push", "pull"};
   profile_summary out;
-  out.workers.resize(workers);
-  for (std::uint32_t w = 0; w < workers; ++w) {
+  out.live.assign(live.begin(), live.end());
+  out.timing.resize(live.size());
+  out.push_bytes.resize(live.size());
+  for (std::size_t i = 0; i < live.size(); ++i) {
     double v[3];
     for (std::size_t k = 0; k < 3; ++k) {
-      auto r = per[w][k].value();
-      if (!r) {
-        return out_of_range(detail::indexed("planner.worker", w, names[k]) + ".count", per[w][k].count(),
-                            "needs more than 2 * trim samples after the warm-up");
-      }
-      v[k] = *r;
+      if (per[i][k].empty())
+        return invalid_argument(detail::indexed("profile.summary.worker", live[i], names[k]) + ".count", 0,
+                                "no samples");
+      v[k] = detail::robust_mean(per[i][k], p);
     }
-    out.workers[w] = {v[0], v[1], v[2]};
+    out.timing[i] = {v[0], v[1], v[2]};
+    out.push_bytes[i] = sends[i] == 0 ? 0.0 : bytes[i] / static_cast<double>(sends[i]);
   }
-  if (codec.count() > 0) {
-    auto r = codec.value();
-    if (!r) return out_of_range("planner.compress.count", codec.count(), "needs more than 2 * trim samples after the warm-up");
-    out.t_compress = *r;
-  }
+  if (!codec.empty()) out.t_compress = detail::robust_mean(codec, p);
   return out;
 }
 
@@ -253,7 +287,9 @@ inline result<dlb_plan> plan_dlb_batches(const std::vector<double>& speeds, std:
 }
 
 // ADSP: worker i commits when the time since its last commit reaches
-// max(t_min, Γ / ΔC − O_i).
+// max(t_min, Γ / ΔC − O_i). The arguments of user configuration are checked
+// here; the formula is ashl::adsp_commit_interval (core/plan.hpp), the one
+// the ADSP policy uses too.
 inline result<double> adsp_commit_interval(double gamma, std::uint32_t delta_c, double o_i, double t_min) {
   ASHL_TRY(detail::check_positive("planner.gamma", gamma));
   if (delta_c == 0) return invalid_argument("planner.delta_c", delta_c, "must be >= 1");
@@ -261,12 +297,13 @@ inline result<double> adsp_commit_interval(double gamma, std::uint32_t delta_c, 
   if (!std::isfinite(t_min) || t_min < 0.0) {
     return invalid_argument("planner.t_min", t_min, "must be finite and >= 0");
   }
-  return std::max(t_min, gamma / delta_c - o_i);
+  return ashl::adsp_commit_interval(gamma, static_cast<double>(delta_c), o_i, t_min);
 }
 
-// ADSP for every worker: commit_interval_i = max(t_min, Γ / ΔC − O_i), with
-// H_i = 1 (ADSP commits whatever it accumulated when the interval elapses)
-// and data shares 1/M (the server applies Δ_i / M).
+// ADSP for every worker: commit by interval (local_iterations 0: ADSP
+// commits whatever it accumulated when the interval elapses) every
+// max(t_min, Γ / ΔC − O_i), in whole microseconds (a positive interval is at
+// least 1 µs), with data shares 1/M (the server applies Δ_i / M), stage adsp.
 inline result<std::vector<worker_plan>> plan_adsp(double gamma, std::uint32_t delta_c,
                                                   const std::vector<double>& commit_seconds, double t_min) {
   if (commit_seconds.empty()) return invalid_argument("planner.commit_seconds.size", 0, "needs at least one worker");
@@ -274,8 +311,12 @@ inline result<std::vector<worker_plan>> plan_adsp(double gamma, std::uint32_t de
   for (std::size_t i = 0; i < commit_seconds.size(); ++i) {
     auto t = adsp_commit_interval(gamma, delta_c, commit_seconds[i], t_min);
     if (!t) return t.error();
-    out[i].commit_interval = *t;
-    out[i].data_share = 1.0 / static_cast<double>(commit_seconds.size());
+    // A zero interval (t_min = 0 and O_i >= Γ / ΔC) is "commit at once":
+    // after every iteration.
+    out[i].commit_interval_us = worker_plan::interval_us(*t);
+    out[i].local_iterations = out[i].commit_interval_us > 0 ? 0 : 1;
+    out[i].data_share = static_cast<float>(1.0 / static_cast<double>(commit_seconds.size()));
+    out[i].stage = stage_id::adsp;
   }
   return out;
 }
@@ -285,7 +326,8 @@ inline std::vector<worker_plan> to_worker_plans(const dlb_plan& d) {
   std::vector<worker_plan> out(d.batch.size());
   for (std::size_t i = 0; i < out.size(); ++i) {
     out[i].batch_size = d.batch[i];
-    out[i].data_share = d.weight[i];
+    out[i].data_share = static_cast<float>(d.weight[i]);
+    out[i].stage = stage_id::dlb;
   }
   return out;
 }

@@ -5,13 +5,17 @@
 //
 //   auto r = ashl::profile::replanner::create({.h0 = 8, .r0 = 0.1, .drift = 0.2}, timings);
 //   auto next = r->observe(worker, ashl::profile::timing_kind::iter, seconds);
-//   if (next && *next) apply(**next);   // a worker slowed down: new H_i, D_i, R_i
+//   if (next && *next) apply((*next)->workers(ashl::stage_id::ahl));  // a worker slowed down
+//   r->save(writer);  auto back = ashl::profile::replanner::load(reader);  // the whole state
 //
 // Each EWMA starts at the planned value, so a single slow sample moves it by
 // alpha only: a slowdown must persist for about a half-life to re-plan.
+// A sample that re-plans nothing allocates nothing.
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/plan.hpp>
+#include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/profile/estimators.hpp>
 #include <ashl/profile/measurement.hpp>
@@ -22,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 ASHL_NAMESPACE_BEGIN
@@ -35,17 +40,20 @@ struct full_plan {
   std::vector<double> ratio;       // R_i
   std::vector<worker_timing> basis;
 
-  // The same plan per worker: H_i, D_i and R_i; batch and commit interval
-  // stay at their defaults (ASHL does not change them).
-  [[nodiscard]] std::vector<worker_plan> workers() const {
+  // The same plan per worker as ashl::worker_plan: H_i, D_i and R_i, in
+  // stage `stage`; batch and commit interval stay at their defaults (ASHL
+  // does not change them).
+  [[nodiscard]] std::vector<worker_plan> workers(stage_id stage = stage_id::none) const {
     std::vector<worker_plan> out(local.size());
     for (std::size_t i = 0; i < out.size(); ++i) {
       out[i].local_iterations = local[i].h;
-      out[i].data_share = local[i].share;
-      out[i].compression_ratio = ratio[i];
+      out[i].data_share = static_cast<float>(local[i].share);
+      out[i].compression_ratio = static_cast<float>(ratio[i]);
+      out[i].stage = stage;
     }
     return out;
   }
+  friend bool operator==(const full_plan&, const full_plan&) = default;
 };
 
 inline result<full_plan> make_plan(const std::vector<worker_timing>& t, std::uint32_t h0, double t_compress,
@@ -67,15 +75,11 @@ class replanner {
     double r0 = 0.1;
     double drift = 0.2;      // re-plan when |EWMA − basis| > drift · basis
     double half_life = 8.0;  // EWMA half-life, samples
+    friend bool operator==(const params&, const params&) = default;
   };
 
   static result<replanner> create(params p, const std::vector<worker_timing>& timings) {
-    if (!(std::isfinite(p.drift) && p.drift > 0.0)) {
-      return invalid_argument("replan.drift", p.drift, "must be finite and > 0");
-    }
-    if (!(std::isfinite(p.half_life) && p.half_life > 0.0)) {
-      return invalid_argument("replan.half_life", p.half_life, "must be finite and > 0");
-    }
+    ASHL_TRY(check(p));
     auto plan = make_plan(timings, p.h0, p.t_compress, p.r0);
     if (!plan) return plan.error();
     replanner r(p, std::move(*plan));
@@ -86,7 +90,7 @@ class replanner {
   [[nodiscard]] std::size_t replans() const noexcept { return replans_; }
 
   // A measurement from the driver: compute, push and pull feed the EWMAs;
-  // compress and round are not part of the basis and change nothing.
+  // compress, commit and round are not part of the basis and change nothing.
   result<std::optional<full_plan>> observe(const measurement& m) {
     ASHL_TRY(validate(m));
     switch (m.kind) {
@@ -94,6 +98,7 @@ class replanner {
       case measurement_kind::push: return observe(m.worker, timing_kind::push, m.seconds);
       case measurement_kind::pull: return observe(m.worker, timing_kind::pull, m.seconds);
       case measurement_kind::compress:
+      case measurement_kind::commit:
       case measurement_kind::round: break;
     }
     if (m.worker >= smooth_.size()) return out_of_range("replan.worker", m.worker, "no such worker");
@@ -121,7 +126,84 @@ class replanner {
     return std::optional<full_plan>{plan_};
   }
 
+ [[nodiscard]] const params& parameters() const noexcept { return p_; }
+
+  // The whole state: parameters, the current plan and its basis, every EWMA
+  // and the re-plan count; load() of it gives a replanner that decides as
+  // this one would.
+  void save(state_writer& w) const {
+    w.tag("RPLN", 1);
+    w.put(p_.h0);
+    w.put(p_.t_compress);
+    w.put(p_.r0);
+    w.put(p_.drift);
+    w.put(p_.half_life);
+    w.put<std::uint64_t>(plan_.local.size());
+    for (std::size_t i = 0; i < plan_.local.size(); ++i) {
+      w.put(plan_.local[i].h);
+      w.put(plan_.local[i].share);
+      w.put(plan_.ratio[i]);
+      w.put(plan_.basis[i].t_iter);
+      w.put(plan_.basis[i].t_push);
+      w.put(plan_.basis[i].t_pull);
+      for (const auto& e : smooth_[i]) e.save(w);
+    }
+    w.put<std::uint64_t>(replans_);
+  }
+  static result<replanner> load(state_reader& r) {
+    ASHL_TRY(r.tag("RPLN", 1));
+    params p;
+    ASHL_TRY(r.get(p.h0, "replan.h0"));
+    ASHL_TRY(r.get(p.t_compress, "replan.t_compress"));
+    ASHL_TRY(r.get(p.r0, "replan.r0"));
+    ASHL_TRY(r.get(p.drift, "replan.drift"));
+    ASHL_TRY(r.get(p.half_life, "replan.half_life"));
+    ASHL_TRY(check(p));
+    if (p.h0 == 0) return make_error(errc::malformed, "replan.h0", p.h0, "must be >= 1");
+    if (!(p.r0 > 0.0 && p.r0 <= 1.0)) return make_error(errc::malformed, "replan.r0", p.r0, "must be in (0, 1]");
+    if (!(std::isfinite(p.t_compress) && p.t_compress >= 0.0))
+      return make_error(errc::malformed, "replan.t_compress", p.t_compress, "must be finite and >= 0");
+    std::uint64_t n = 0;
+    // Per worker: u32 + 5 f64 + 3 ewma of 24 bytes.
+    ASHL_TRY(r.count(n, 4 + 5 * 8 + 3 * 24, "replan.workers"));
+    if (n == 0) return make_error(errc::malformed, "replan.workers", n, "a plan has at least one worker");
+    full_plan plan;
+    plan.local.resize(static_cast<std::size_t>(n));
+    plan.ratio.resize(plan.local.size());
+    plan.basis.resize(plan.local.size());
+    std::vector<std::array<ewma, 3>> smooth(plan.local.size());
+    for (std::size_t i = 0; i < plan.local.size(); ++i) {
+      ASHL_TRY(r.get(plan.local[i].h, "replan.plan.h"));
+      ASHL_TRY(r.get(plan.local[i].share, "replan.plan.share"));
+      ASHL_TRY(r.get(plan.ratio[i], "replan.plan.ratio"));
+      ASHL_TRY(r.get(plan.basis[i].t_iter, "replan.basis.t_iter"));
+      ASHL_TRY(r.get(plan.basis[i].t_push, "replan.basis.t_push"));
+      ASHL_TRY(r.get(plan.basis[i].t_pull, "replan.basis.t_pull"));
+      for (auto& e : smooth[i]) ASHL_TRY(e.load(r));
+      for (const auto& e : smooth[i])
+        if (e.count() == 0) return make_error(errc::malformed, "replan.ewma.count", 0, "a seeded EWMA has samples");
+    }
+    ASHL_TRY(detail::check_timings(plan.basis));
+    std::uint64_t replans = 0;
+    ASHL_TRY(r.get(replans, "replan.replans"));
+    replanner out(p, std::move(plan));
+    out.smooth_ = std::move(smooth);
+    out.replans_ = static_cast<std::size_t>(replans);
+    return out;
+  }
+  friend bool operator==(const replanner&, const replanner&) = default;
+
  private:
+  static status check(const params& p) {
+    if (!(std::isfinite(p.drift) && p.drift > 0.0)) {
+      return invalid_argument("replan.drift", p.drift, "must be finite and > 0");
+    }
+    if (!(std::isfinite(p.half_life) && p.half_life > 0.0)) {
+      return invalid_argument("replan.half_life", p.half_life, "must be finite and > 0");
+    }
+    return {};
+  }
+
   replanner(params p, full_plan plan) : p_(p), plan_(std::move(plan)) {
     for (const auto& t : plan_.basis) {
       std::array<ewma, 3> e{ewma(p_.half_life), ewma(p_.half_life), ewma(p_.half_life)};
