@@ -2,55 +2,100 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "../support/policy_testing.hpp"
+
 #include <vector>
 
 namespace as = ashl::sync;
 
+namespace {
+std::vector<as::weighted_commit> round(const as::outcome_sink& out) { return {out.round().begin(), out.round().end()}; }
+std::vector<as::worker_id> released(const as::outcome_sink& out) {
+  return {out.released().begin(), out.released().end()};
+}
+}  // namespace
+
 BOOST_AUTO_TEST_CASE(barrier_every_k_iterations_averages) {
   as::semi_async p{{.workers = 2, .sync_every_iterations = 3}};
+  as::outcome_sink out(2);
   for (std::uint64_t s = 1; s <= 2; ++s) {
-    BOOST_TEST((p.on_commit({.worker = 0, .sequence = s}).action == as::commit_action::apply));
-    BOOST_TEST((p.on_pull({.worker = 0}).action == as::pull_action::serve));
+    BOOST_TEST((p.on_commit({.worker = 0, .sequence = s}, out).action == as::commit_action::apply));
+    BOOST_TEST((p.on_pull({.worker = 0}, out) == as::pull_action::serve));
   }
-  auto b0 = p.on_commit({.worker = 0, .sequence = 3});
+  auto b0 = p.on_commit({.worker = 0, .sequence = 3}, out);
   BOOST_TEST((b0.action == as::commit_action::buffer));
-  BOOST_TEST((p.on_pull({.worker = 0}).action == as::pull_action::hold));
-  BOOST_TEST((p.on_commit({.worker = 1, .sequence = 1}).action == as::commit_action::apply));
-  BOOST_TEST((p.on_commit({.worker = 1, .sequence = 2}).action == as::commit_action::apply));
-  auto b1 = p.on_commit({.worker = 1, .sequence = 3});
-  BOOST_TEST((b1.effects.round == std::vector<as::weighted_commit>{{0, 3, 0.5}, {1, 3, 0.5}}));
-  BOOST_TEST((b1.effects.released == std::vector<as::worker_id>{0}));
+  BOOST_TEST((p.on_pull({.worker = 0}, out) == as::pull_action::hold));
+  BOOST_TEST((p.on_commit({.worker = 1, .sequence = 1}, out).action == as::commit_action::apply));
+  BOOST_TEST((p.on_commit({.worker = 1, .sequence = 2}, out).action == as::commit_action::apply));
+  BOOST_TEST(out.empty());
+  (void)p.on_commit({.worker = 1, .sequence = 3}, out);
+  BOOST_TEST((round(out) == std::vector<as::weighted_commit>{{0, 3, 0.5}, {1, 3, 0.5}}));
+  BOOST_TEST((released(out) == std::vector<as::worker_id>{0}));
   BOOST_TEST(p.barriers() == 1u);
+  out.clear();
   // The count restarts after the barrier.
-  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 4}).action == as::commit_action::apply));
+  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 4}, out).action == as::commit_action::apply));
 }
 
 BOOST_AUTO_TEST_CASE(barrier_every_dt_seconds) {
   as::semi_async p{{.workers = 2, .sync_every_seconds = 10.0}};
-  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 1, .time = 4.0}).action == as::commit_action::apply));
-  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 2, .time = 10.5}).action == as::commit_action::buffer));
-  BOOST_TEST((p.on_pull({.worker = 0, .time = 10.6}).action == as::pull_action::hold));
-  auto d = p.on_commit({.worker = 1, .sequence = 1, .time = 12.0});
-  BOOST_TEST(d.effects.round.size() == 2u);
-  BOOST_TEST((d.effects.released == std::vector<as::worker_id>{0}));
+  as::outcome_sink out(2);
+  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 1, .time = 4.0}, out).action == as::commit_action::apply));
+  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 2, .time = 10.5}, out).action == as::commit_action::buffer));
+  BOOST_TEST((p.on_pull({.worker = 0, .time = 10.6}, out) == as::pull_action::hold));
+  (void)p.on_commit({.worker = 1, .sequence = 1, .time = 12.0}, out);
+  BOOST_TEST(out.round().size() == 2u);
+  BOOST_TEST((released(out) == std::vector<as::worker_id>{0}));
   BOOST_TEST(p.next_barrier_time() == 20.0);
-  BOOST_TEST((p.on_commit({.worker = 1, .sequence = 2, .time = 15.0}).action == as::commit_action::apply));
+  out.clear();
+  BOOST_TEST((p.on_commit({.worker = 1, .sequence = 2, .time = 15.0}, out).action == as::commit_action::apply));
 }
 
 BOOST_AUTO_TEST_CASE(eviction_completes_the_barrier) {
   as::semi_async p{{.workers = 3, .sync_every_iterations = 1}};
-  (void)p.on_commit({.worker = 0, .sequence = 1});
-  (void)p.on_commit({.worker = 1, .sequence = 1});
-  BOOST_TEST((p.on_pull({.worker = 0}).action == as::pull_action::hold));
-  BOOST_TEST((p.on_pull({.worker = 1}).action == as::pull_action::hold));
-  auto o = p.on_evict({.worker = 2});
-  BOOST_TEST(o.round.size() == 2u);
-  BOOST_TEST((o.released == std::vector<as::worker_id>{0, 1}));
+  as::outcome_sink out(3);
+  (void)p.on_commit({.worker = 0, .sequence = 1}, out);
+  (void)p.on_commit({.worker = 1, .sequence = 1}, out);
+  BOOST_TEST((p.on_pull({.worker = 0}, out) == as::pull_action::hold));
+  BOOST_TEST((p.on_pull({.worker = 1}, out) == as::pull_action::hold));
+  p.on_evict({.worker = 2}, out);
+  BOOST_TEST(out.round().size() == 2u);
+  BOOST_TEST((released(out) == std::vector<as::worker_id>{0, 1}));
 }
 
 BOOST_AUTO_TEST_CASE(staleness_weighting_applies_to_async_commits) {
   as::semi_async p{{.workers = 2, .sync_every_iterations = 100, .scale = 1.0,
                     .staleness_weight = as::staleness_weighting::inverse()}};
-  (void)p.on_commit({.worker = 0, .sequence = 1});
-  BOOST_TEST(p.on_commit({.worker = 1, .sequence = 1}).weight == 0.5);
+  as::outcome_sink out(2);
+  (void)p.on_commit({.worker = 0, .sequence = 1}, out);
+  BOOST_TEST(p.on_commit({.worker = 1, .sequence = 1}, out).weight == 0.5);
+  BOOST_TEST((p.plan(0).stage == as::stage_id::semi_async));
+}
+
+BOOST_AUTO_TEST_CASE(a_joiner_counts_from_zero_and_joins_the_next_barrier) {
+  as::semi_async p{{.workers = 1, .sync_every_iterations = 2}};
+  as::outcome_sink out(2);
+  (void)p.on_commit({.worker = 0, .sequence = 1}, out);
+  p.on_join({.worker = 1}, out);
+  BOOST_TEST(out.empty());
+  (void)p.on_commit({.worker = 0, .sequence = 2}, out);  // barrier commit: waits for worker 1
+  BOOST_TEST(out.round().empty());
+  BOOST_TEST((p.on_commit({.worker = 1, .sequence = 1}, out).action == as::commit_action::apply));
+  BOOST_TEST((p.on_commit({.worker = 1, .sequence = 2}, out).action == as::commit_action::buffer));
+  BOOST_TEST((round(out) == std::vector<as::weighted_commit>{{0, 2, 0.5}, {1, 2, 0.5}}));
+}
+
+BOOST_AUTO_TEST_CASE(save_load_round_trip_makes_the_same_decisions) {
+  for (std::uint32_t seed = 1; seed <= 8; ++seed) {
+    as::semi_async p{{.workers = 2 + seed % 5,
+                      .sync_every_iterations = seed % 3 == 0 ? 0u : 1 + seed % 4,
+                      .sync_every_seconds = (seed % 3 == 0 || seed % 2 == 1) ? 3.0 : 0.0,
+                      .scale = 0.5,
+                      .staleness_weight = as::staleness_weighting::inverse()}};
+    policy_testing::check_round_trip(p, 2 + seed % 5, seed);
+  }
+  as::semi_async p{{.workers = 2, .sync_every_iterations = 1}};
+  as::outcome_sink out(2);
+  (void)p.on_commit({.worker = 0, .sequence = 1}, out);
+  policy_testing::check_load_rejects_truncation(p);
 }

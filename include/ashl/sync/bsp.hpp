@@ -2,20 +2,30 @@
 // H-local-steps form).
 //
 //   ashl::sync::bsp p{{.workers = 3}};
-//   p.on_commit({.worker = 0, .sequence = 1});        // buffer
-//   p.on_pull({.worker = 0});                         // hold until the round completes
-//   p.on_commit({.worker = 1, .sequence = 1});        // buffer
-//   auto d = p.on_commit({.worker = 2, .sequence = 1});
-//   // d.effects.round: the 3 commits, weight 1/3 each; d.effects.released: {0}
+//   ashl::sync::outcome_sink out(3);                  // the driver's, reused
+//   p.on_commit({.worker = 0, .sequence = 1}, out);   // buffer
+//   p.on_pull({.worker = 0}, out);                    // hold until the round completes
+//   p.on_commit({.worker = 1, .sequence = 1}, out);   // buffer
+//   p.on_commit({.worker = 2, .sequence = 1}, out);   // buffer, and the round completes:
+//   // out.round(): the 3 commits, weight 1/3 each; out.released(): {0}
+//   out.clear();
 //
 // A round is one commit from every live worker; the server applies it once
 // (mean, or weighted by b_i / Σb) and then answers the round's pulls. An
 // evicted worker leaves the round count at once, so a barrier never waits for
-// it, and its already-received commit still joins the round. ALGORITHMS.md §1
+// it, and its already-received commit still joins the round. A joiner counts
+// from the round in progress: it has nothing buffered, so that round waits
+// for its first commit. Data shares are 1/M over live workers, so a join or
+// an eviction changes every plan (out.all_plans_changed()). ALGORITHMS.md §1
 // "BSP", "Local SGD(H)".
+//
+// Cost: O(1) per event that completes no round (completeness is counted), a
+// completed round O(ids) once; no allocation after construction.
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/state_io.hpp>
+#include <ashl/core/status.hpp>
 #include <ashl/sync/concepts.hpp>
 #include <ashl/sync/detail/round.hpp>
 #include <ashl/sync/detail/workers.hpp>
@@ -23,8 +33,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
-#include <string_view>
 #include <utility>
 
 ASHL_NAMESPACE_BEGIN
@@ -35,7 +43,7 @@ struct bsp_params {
   round_weighting weighting = round_weighting::mean;
   std::uint32_t local_iterations = 1;  // H: local steps per commit (Local SGD)
   std::uint32_t batch_size = 0;        // advertised in the plan; 0: the worker's own
-  std::string stage = "bsp";
+  stage_id stage = stage_id::bsp;
 };
 
 class bsp {
@@ -45,60 +53,82 @@ class bsp {
   bsp() = default;
   explicit bsp(bsp_params p)
       : table_(p.workers), rounds_(p.workers, p.weighting), h_(p.local_iterations), batch_(p.batch_size),
-        stage_(std::move(p.stage)) {}
+        stage_(p.stage) {}
 
-  commit_decision on_commit(const commit_event& c) {
-    if (!table_.accept(c)) return {commit_action::drop, 0.0, {}};
-    rounds_.add(c);
-    return {commit_action::buffer, 0.0, rounds_.settle(table_)};
+  commit_decision on_commit(const commit_event& c, outcome_sink& out) {
+    if (!table_.accept(c)) return {commit_action::drop, 0.0};
+    rounds_.add(table_, c);
+    rounds_.settle(table_, out);
+    return {commit_action::buffer, 0.0};
   }
-  pull_decision on_pull(const pull_event& q) {
-    if (!table_.is_live(q.worker)) return {pull_action::serve, {}};
+  pull_action on_pull(const pull_event& q, outcome_sink&) {
+    if (!table_.is_live(q.worker)) return pull_action::serve;
     if (rounds_.waiting(q.worker)) {
       table_.hold(q.worker);
-      return {pull_action::hold, {}};
+      return pull_action::hold;
     }
     table_.served(q.worker);
-    return {pull_action::serve, {}};
+    return pull_action::serve;
   }
-  outcome on_metric(const metric_event&) { return {}; }
-  // A joiner counts from the next round on: it has nothing buffered, so the
-  // round in progress now also waits for its first commit.
-  outcome on_join(const membership_event& j) {
-    outcome o;
-    o.plans_changed = table_.join(j.worker, 0);  // data shares 1/M changed
-    return o;
+  void on_metric(const metric_event&, outcome_sink&) {}
+  void on_join(const membership_event& j, outcome_sink& out) {
+    if (!table_.join(j.worker, 0)) return;
+    rounds_.joined(j.worker);  // cannot complete a round: it adds one to both counts at most
+    out.all_plans_changed();   // data shares 1/M  // data shares 1/M
   }
-  outcome on_evict(const membership_event& j) {
-    if (!table_.evict(j.worker)) return {};
-    outcome o = rounds_.settle(table_);
-    o.plans_changed = true;
-    return o;
+  void on_evict(const membership_event& j, outcome_sink& out) {
+    if (!table_.is_live(j.worker)) return;
+    rounds_.evicted(j.worker);
+    table_.evict(j.worker);
+    rounds_.settle(table_, out);
+    out.all_plans_changed();
   }
-  outcome on_measurement(const measurement_event&) { return {}; }
-  outcome drain() { return rounds_.drain(table_); }
+  void on_measurement(const measurement_event&, outcome_sink&) {}
+  void drain(outcome_sink& out) { rounds_.drain(table_, out); }
 
   [[nodiscard]] worker_plan plan(worker_id) const {
     worker_plan p;
     p.local_iterations = h_;
     p.batch_size = batch_;
     const std::size_t m = table_.live_count();
-    p.data_share = m == 0 ? 0.0 : 1.0 / static_cast<double>(m);
+    p.data_share = m == 0 ? 0.0f : static_cast<float>(1.0 / static_cast<double>(m));
     p.stage = stage_;
     return p;
   }
-  [[nodiscard]] std::string_view name() const noexcept { return stage_; }
+  [[nodiscard]] stage_id stage() const noexcept { return stage_; }
   [[nodiscard]] bool is_live(worker_id w) const noexcept { return table_.is_live(w); }
   [[nodiscard]] bool is_held(worker_id w) const noexcept { return table_.is_held(w); }
+  [[nodiscard]] std::size_t live_count() const noexcept { return table_.live_count(); }
   [[nodiscard]] std::uint64_t rounds() const noexcept { return rounds_.rounds(); }
   [[nodiscard]] std::size_t buffered() const noexcept { return rounds_.buffered(); }
+  [[nodiscard]] std::uint32_t local_iterations() const noexcept { return h_; }
+
+  void save(state_writer& out) const {
+    out.tag("BSP_", 1);
+    out.put(h_);
+    out.put(batch_);
+    out.put(static_cast<std::uint32_t>(stage_));
+    table_.save(out);
+    rounds_.save(out);
+  }
+  status load(state_reader& in) {
+    bsp n;
+    ASHL_TRY(in.tag("BSP_", 1));
+    ASHL_TRY(in.get(n.h_, "bsp.local_iterations"));
+    ASHL_TRY(in.get(n.batch_, "bsp.batch_size"));
+    ASHL_TRY(detail::load_stage(in, n.stage_, "bsp.stage"));
+    ASHL_TRY(n.table_.load(in));
+    ASHL_TRY(n.rounds_.load(in, n.table_));
+    *this = std::move(n);
+    return {};
+  }
 
  private:
   detail::worker_table table_;
   detail::round_core rounds_;
   std::uint32_t h_ = 1;
   std::uint32_t batch_ = 0;
-  std::string stage_ = "bsp";
+  stage_id stage_ = stage_id::bsp;
 };
 
 static_assert(consistency_policy<bsp>);

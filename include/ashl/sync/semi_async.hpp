@@ -3,9 +3,11 @@
 // iterations or every Δt seconds where the models are averaged.
 //
 //   ashl::sync::semi_async p{{.workers = 4, .sync_every_iterations = 10}};
-//   // commits 1..9 of a worker: apply at once; its 10th: buffer, and its pull
-//   // is held until every live worker reached the barrier; then the barrier
-//   // commits are applied as one round (1/n each) and the pulls released.
+//   ashl::sync::outcome_sink out(4);
+//   auto d = p.on_commit({.worker = 0, .sequence = 1}, out);   // commits 1..9: apply at once
+//   // its 10th: buffer, and its pull is held until every live worker reached
+//   // the barrier; then out.round() lists the barrier commits (1/n each) and
+//   // out.released() the pulls.
 //
 // A worker's barrier commit is its K-th since the last barrier, or (with Δt)
 // its first commit at or after the barrier time k·Δt of the driver's clock;
@@ -13,10 +15,16 @@
 // workers that started from the same parameters averages their models (ours:
 // in delta form, so the server keeps one W). The barrier counts live workers
 // only; an eviction completes it when the evicted worker was the last one
-// missing. ALGORITHMS.md §1 "Semi-asynchronous with interval sync".
+// missing. A joiner starts its count at 0. ALGORITHMS.md §1
+// "Semi-asynchronous with interval sync".
+//
+// Cost: as sync/asp.hpp for asynchronous commits, as sync/bsp.hpp for the
+// barrier (counted completeness; a completed barrier O(ids) once).
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/state_io.hpp>
+#include <ashl/core/status.hpp>
 #include <ashl/sync/concepts.hpp>
 #include <ashl/sync/detail/async.hpp>
 #include <ashl/sync/detail/round.hpp>
@@ -25,8 +33,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -39,7 +45,7 @@ struct semi_async_params {
   double sync_every_seconds = 0.0;          // Δt; 0: off (at least one of the two is set)
   double scale = 1.0;                       // weight of an asynchronous commit
   staleness_weighting staleness_weight{};
-  std::string stage = "semi_async";
+  stage_id stage = stage_id::semi_async;
 };
 
 class semi_async {
@@ -48,61 +54,90 @@ class semi_async {
 
   semi_async() = default;
   explicit semi_async(semi_async_params p)
-      : core_(p.workers, {p.scale, {}, {}, std::move(p.staleness_weight)}, std::move(p.stage)),
-        rounds_(p.workers, round_weighting::mean), k_(p.sync_every_iterations), dt_(p.sync_every_seconds),
-        since_(p.workers, 0), next_barrier_time_(p.sync_every_seconds) {
+      : core_(p.workers, {p.scale, {}, {}, p.staleness_weight}, p.stage), rounds_(p.workers, round_weighting::mean),
+        k_(p.sync_every_iterations), dt_(p.sync_every_seconds), since_(p.workers, 0),
+        next_barrier_time_(p.sync_every_seconds) {
     ASHL_ASSERT(k_ > 0 || dt_ > 0.0, "semi_async: set sync_every_iterations or sync_every_seconds");
   }
 
-  commit_decision on_commit(const commit_event& c) {
+  commit_decision on_commit(const commit_event& c, outcome_sink& out) {
     auto& t = core_.table();
-    if (!t.accept(c)) return {commit_action::drop, 0.0, {}};
-    if (c.worker >= since_.size()) since_.resize(std::size_t{c.worker} + 1, 0);
+    if (!t.accept(c)) return {commit_action::drop, 0.0};
     const bool barrier = rounds_.waiting(c.worker) || (k_ > 0 && ++since_[c.worker] >= k_) ||
                          (dt_ > 0.0 && c.time >= next_barrier_time_);
-    if (!barrier) return {commit_action::apply, core_.apply(c.worker), {}};
+    if (!barrier) return {commit_action::apply, core_.apply(c.worker)};
     since_[c.worker] = 0;
-    rounds_.add(c);
-    return {commit_action::buffer, 0.0, settle(c.time)};
+    rounds_.add(t, c);
+    settle(c.time, out);
+    return {commit_action::buffer, 0.0};
   }
-  pull_decision on_pull(const pull_event& q) {
+  pull_action on_pull(const pull_event& q, outcome_sink&) {
     auto& t = core_.table();
-    if (!t.is_live(q.worker)) return {pull_action::serve, {}};
+    if (!t.is_live(q.worker)) return pull_action::serve;
     if (rounds_.waiting(q.worker)) {
       t.hold(q.worker);
-      return {pull_action::hold, {}};
+      return pull_action::hold;
     }
     t.served(q.worker);
-    return {pull_action::serve, {}};
+    return pull_action::serve;
   }
-  outcome on_metric(const metric_event&) { return {}; }
-  outcome on_join(const membership_event& j) {
-    if (core_.table().join(j.worker, 0)) {
-      if (j.worker >= since_.size()) since_.resize(std::size_t{j.worker} + 1, 0);
-      since_[j.worker] = 0;
-    }
-    return {};
+  void on_metric(const metric_event&, outcome_sink&) {}
+  void on_join(const membership_event& j, outcome_sink&) {
+    auto& t = core_.table();
+    if (!t.join(j.worker, 0)) return;
+    if (since_.size() < t.size()) since_.resize(t.size(), 0);
+    since_[j.worker] = 0;
+    rounds_.joined(j.worker);  // cannot complete a barrier: it adds one to both counts at most
   }
-  outcome on_evict(const membership_event& j) {
-    if (!core_.table().evict(j.worker)) return {};
-    return settle(j.time);
+  void on_evict(const membership_event& j, outcome_sink& out) {
+    auto& t = core_.table();
+    if (!t.is_live(j.worker)) return;
+    rounds_.evicted(j.worker);
+    t.evict(j.worker);
+    settle(j.time, out);
   }
-  outcome on_measurement(const measurement_event&) { return {}; }
-  outcome drain() { return rounds_.drain(core_.table()); }
+  void on_measurement(const measurement_event&, outcome_sink&) {}
+  void drain(outcome_sink& out) { rounds_.drain(core_.table(), out); }
 
   [[nodiscard]] worker_plan plan(worker_id w) const { return core_.plan(w); }
-  [[nodiscard]] std::string_view name() const noexcept { return core_.stage(); }
+  [[nodiscard]] stage_id stage() const noexcept { return core_.stage(); }
   [[nodiscard]] bool is_live(worker_id w) const noexcept { return core_.table().is_live(w); }
   [[nodiscard]] bool is_held(worker_id w) const noexcept { return core_.table().is_held(w); }
+  [[nodiscard]] std::size_t live_count() const noexcept { return core_.table().live_count(); }
   [[nodiscard]] std::uint64_t barriers() const noexcept { return rounds_.rounds(); }
+  [[nodiscard]] std::size_t buffered() const noexcept { return rounds_.buffered(); }
   [[nodiscard]] double next_barrier_time() const noexcept { return next_barrier_time_; }
+  [[nodiscard]] std::uint64_t staleness(worker_id w) const noexcept { return core_.table().staleness(w); }
+
+  void save(state_writer& out) const {
+    out.tag("SEMI", 1);
+    out.put(k_);
+    out.put(dt_);
+    out.put(next_barrier_time_);
+    out.put_vector(since_);
+    core_.save(out);
+    rounds_.save(out);
+  }
+  status load(state_reader& in) {
+    semi_async n;
+    ASHL_TRY(in.tag("SEMI", 1));
+    ASHL_TRY(in.get(n.k_, "semi_async.sync_every_iterations"));
+    ASHL_TRY(in.get(n.dt_, "semi_async.sync_every_seconds"));
+    if (!(n.k_ > 0 || n.dt_ > 0.0))
+      return malformed("semi_async.sync_every_seconds", n.dt_, "no barrier: K = 0 and Δt <= 0");
+    ASHL_TRY(in.get(n.next_barrier_time_, "semi_async.next_barrier_time"));
+    ASHL_TRY(in.get_vector(n.since_, "semi_async.since"));
+    ASHL_TRY(n.core_.load(in));
+    if (n.since_.size() != n.core_.table().size())
+      return malformed("semi_async.since", n.since_.size(), "one count per worker id");
+    ASHL_TRY(n.rounds_.load(in, n.core_.table()));
+    *this = std::move(n);
+    return {};
+  }
 
  private:
-  outcome settle(double now) {
-    const std::uint64_t before = rounds_.rounds();
-    outcome o = rounds_.settle(core_.table());
-    if (rounds_.rounds() != before && dt_ > 0.0) next_barrier_time_ = (std::floor(now / dt_) + 1.0) * dt_;
-    return o;
+  void settle(double now, outcome_sink& out) {
+    if (rounds_.settle(core_.table(), out) > 0 && dt_ > 0.0) next_barrier_time_ = (std::floor(now / dt_) + 1.0) * dt_;
   }
 
   detail::async_core core_;
