@@ -2,6 +2,8 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "../support/policy_testing.hpp"
+
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -167,4 +169,15 @@ BOOST_AUTO_TEST_CASE(the_metric_read_is_a_parameter) {
   p.on_metric({.metric = metric_id::accuracy, .value = 0.9, .time = 6.0}, fresh());
   p.on_metric({.metric = metric_id::accuracy, .value = 0.8, .time = 11.0}, fresh());
   BOOST_TEST(p.commit_rate() == 2u);  // the first trial ended: ΔC + 1
+}
+
+BOOST_AUTO_TEST_CASE(save_load_round_trip_and_truncation) {
+  policy_testing::check_round_trip(as::adsp{{.workers = 4, .period = 2.0, .search_every = 30.0, .target_loss = 0.2,
+                                             .staleness_weight = as::staleness_weighting::power(0.5)}},
+                                   4, 11);
+  as::adsp p{{.workers = 3, .period = 4.0}};
+  p.on_measurement({.worker = 1, .kind = measurement_kind::push, .seconds = 0.5}, fresh());
+  (void)p.on_commit({.worker = 0, .sequence = 1}, fresh());
+  p.on_metric({.metric = metric_id::loss, .value = 1.0, .time = 0.0}, fresh());
+  policy_testing::check_load_rejects_truncation(p);
 }

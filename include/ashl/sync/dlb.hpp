@@ -1,0 +1,215 @@
+// ashl/sync/dlb.hpp — DLB: BSP rounds whose per-worker batch sizes follow
+// measured throughput, so every worker finishes its share of a round at
+// about the same time.
+//
+//   ashl::sync::dlb p{{.workers = 3, .total_batch = 192, .min_batch = 8}};
+//   ashl::sync::outcome_sink out(3);
+//   p.on_measurement({.worker = 0, .kind = ashl::measurement_kind::compute, .seconds = 0.1, .amount = 64}, out);
+//   ...                                    // rounds complete as in bsp
+//   p.plan(0).batch_size;                  // b_0 = round(B·v_0 / Σv) after the next re-plan
+//
+// ALGORITHMS.md §3 "DLB": from compute measurements (amount = the batch the
+// iteration ran; 0 means the batch of the worker's plan) the speed
+// v_i = samples / second is smoothed by an EWMA with a half-life counted in
+// measurements; every `replan_every` completed rounds each live worker gets
+// b_i = max(min_batch, round(B·v_i / Σ_j v_j)) (a worker not measured yet
+// counts at the mean measured speed), a data share b_i / B, and its update
+// is weighted by its samples (the round's samples weighting: b_i / Σb when
+// the driver reports commit_event::samples). Only workers whose b_i changed
+// are marked. A joiner starts at round(B / M) until the next re-plan.
+//
+// Cost: a measurement is O(1); a re-plan O(ids), once per completed round at
+// most (a completed BSP round costs O(M) anyway); no allocation after
+// construction except when a new id joins. The round logic is bsp's, held
+// by value.
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/core/plan.hpp>
+#include <ashl/core/state_io.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/sync/bsp.hpp>
+#include <ashl/sync/concepts.hpp>
+#include <ashl/sync/events.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace sync {
+
+struct dlb_params {
+  std::size_t workers = 0;
+  std::uint32_t total_batch = 64;     // B: samples of one round over all workers
+  std::uint32_t min_batch = 1;        // no worker's batch goes below this
+  double half_life = 8.0;             // EWMA half-life of v_i, in compute measurements of one worker
+  std::uint32_t replan_every = 1;     // completed rounds between re-plans
+  std::uint32_t local_iterations = 1; // H per commit (1: plain BSP)
+  friend bool operator==(const dlb_params&, const dlb_params&) = default;
+};
+
+class dlb {
+ public:
+  using policy_concept = policy_tag;
+
+  dlb() = default;
+  explicit dlb(dlb_params p)
+      : p_(p),
+        bsp_(bsp_params{.workers = p.workers, .weighting = round_weighting::samples,
+                        .local_iterations = p.local_iterations, .stage = stage_id::dlb}),
+        speed_(p.workers, 0.0),
+        batch_(p.workers, even_batch(p.workers)) {
+    ASHL_ASSERT(p.total_batch >= 1, "dlb: total_batch must be >= 1");
+  }
+
+  commit_decision on_commit(const commit_event& c, outcome_sink& out) {
+    const std::uint64_t before = bsp_.rounds();
+    const commit_decision d = bsp_.on_commit(c, out);
+    after_rounds(before, out);
+    return d;
+  }
+  pull_action on_pull(const pull_event& q, outcome_sink& out) { return bsp_.on_pull(q, out); }
+  void on_metric(const metric_event& m, outcome_sink& out) { bsp_.on_metric(m, out); }
+  void on_join(const membership_event& j, outcome_sink& out) {
+    const bool fresh = !bsp_.is_live(j.worker);
+    bsp_.on_join(j, out);
+    if (!fresh) return;
+    if (j.worker >= speed_.size()) {
+      speed_.resize(std::size_t{j.worker} + 1, 0.0);
+      batch_.resize(std::size_t{j.worker} + 1, 0);
+    }
+    speed_[j.worker] = 0.0;  // a new incarnation is measured anew
+    batch_[j.worker] = even_batch(bsp_.live_count());
+    out.plan_changed(j.worker);
+  }
+  void on_evict(const membership_event& j, outcome_sink& out) {
+    const std::uint64_t before = bsp_.rounds();
+    bsp_.on_evict(j, out);
+    after_rounds(before, out);
+  }
+  void on_measurement(const measurement_event& x, outcome_sink& out) {
+    bsp_.on_measurement(x, out);
+    if (x.kind != measurement_kind::compute || !bsp_.is_live(x.worker)) return;
+    if (!(x.seconds > 0.0) || !std::isfinite(x.seconds) || !(x.amount >= 0.0) || !std::isfinite(x.amount)) return;
+    const double samples = x.amount > 0.0 ? x.amount : static_cast<double>(batch_[x.worker]);
+    const double v = samples / x.seconds;
+    if (!(v > 0.0) || !std::isfinite(v)) return;
+    double& s = speed_[x.worker];
+    s = s > 0.0 ? s + alpha() * (v - s) : v;
+  }
+  void drain(outcome_sink& out) { bsp_.drain(out); }
+
+  [[nodiscard]] worker_plan plan(worker_id w) const {
+    worker_plan p = bsp_.plan(w);
+    const std::uint32_t b = w < batch_.size() ? batch_[w] : even_batch(bsp_.live_count());
+    p.batch_size = b;
+    p.data_share = static_cast<float>(static_cast<double>(b) / static_cast<double>(p_.total_batch));
+    return p;
+  }
+  [[nodiscard]] stage_id stage() const noexcept { return stage_id::dlb; }
+  [[nodiscard]] bool is_live(worker_id w) const noexcept { return bsp_.is_live(w); }
+  [[nodiscard]] bool is_held(worker_id w) const noexcept { return bsp_.is_held(w); }
+
+  [[nodiscard]] const dlb_params& params() const noexcept { return p_; }
+  [[nodiscard]] std::uint64_t rounds() const noexcept { return bsp_.rounds(); }
+  // The smoothed speed v_i in samples per second; 0 before a measurement.
+  [[nodiscard]] double speed(worker_id w) const noexcept { return w < speed_.size() ? speed_[w] : 0.0; }
+  [[nodiscard]] std::uint64_t replans() const noexcept { return replans_; }
+
+  void save(state_writer& w) const {
+    w.tag("DLB_", 1);
+    w.put<std::uint64_t>(p_.workers);
+    w.put(p_.total_batch);
+    w.put(p_.min_batch);
+    w.put(p_.half_life);
+    w.put(p_.replan_every);
+    w.put(p_.local_iterations);
+    bsp_.save(w);
+    w.put_vector(speed_);
+    w.put_vector(batch_);
+    w.put(since_);
+    w.put(replans_);
+  }
+  status load(state_reader& r) {
+    dlb n;
+    std::uint64_t workers = 0;
+    ASHL_TRY(r.tag("DLB_", 1));
+    ASHL_TRY(r.get(workers, "dlb.workers"));
+    n.p_.workers = static_cast<std::size_t>(workers);
+    ASHL_TRY(r.get(n.p_.total_batch, "dlb.total_batch"));
+    if (n.p_.total_batch == 0) return malformed("dlb.total_batch", 0, "must be >= 1");
+    ASHL_TRY(r.get(n.p_.min_batch, "dlb.min_batch"));
+    ASHL_TRY(r.get(n.p_.half_life, "dlb.half_life"));
+    ASHL_TRY(r.get(n.p_.replan_every, "dlb.replan_every"));
+    ASHL_TRY(r.get(n.p_.local_iterations, "dlb.local_iterations"));
+    ASHL_TRY(n.bsp_.load(r));
+    ASHL_TRY(r.get_vector(n.speed_, "dlb.speed"));
+    ASHL_TRY(r.get_vector(n.batch_, "dlb.batch"));
+    if (n.batch_.size() != n.speed_.size()) return malformed("dlb.batch", n.batch_.size(), "must match dlb.speed");
+    ASHL_TRY(r.get(n.since_, "dlb.rounds_since_replan"));
+    ASHL_TRY(r.get(n.replans_, "dlb.replans"));
+    *this = std::move(n);
+    return {};
+  }
+
+ private:
+  [[nodiscard]] double alpha() const noexcept {
+    return p_.half_life > 0.0 ? 1.0 - std::exp2(-1.0 / p_.half_life) : 1.0;
+  }
+  [[nodiscard]] std::uint32_t even_batch(std::size_t live) const noexcept {
+    const double b = live == 0 ? static_cast<double>(p_.total_batch)
+                               : std::round(static_cast<double>(p_.total_batch) / static_cast<double>(live));
+    return std::max(p_.min_batch, static_cast<std::uint32_t>(b));
+  }
+  void after_rounds(std::uint64_t before, outcome_sink& out) {
+    const std::uint64_t done = bsp_.rounds() - before;
+    if (done == 0) return;
+    since_ += done;
+    if (since_ < std::max<std::uint32_t>(1, p_.replan_every)) return;
+    since_ = 0;
+    replan(out);
+  }
+  // b_i = max(min_batch, round(B·v_i / Σv)) over the live workers.
+  void replan(outcome_sink& out) {
+    double sum = 0.0;
+    std::size_t known = 0, live = 0;
+    for (worker_id w = 0; w < speed_.size(); ++w) {
+      if (!bsp_.is_live(w)) continue;
+      ++live;
+      if (speed_[w] > 0.0) {
+        sum += speed_[w];
+        ++known;
+      }
+    }
+    if (known == 0) return;  // nothing measured: the batches stay
+    const double mean = sum / static_cast<double>(known);
+    const double total = sum + static_cast<double>(live - known) * mean;
+    for (worker_id w = 0; w < speed_.size(); ++w) {
+      if (!bsp_.is_live(w)) continue;
+      const double v = speed_[w] > 0.0 ? speed_[w] : mean;
+      const double b = std::round(static_cast<double>(p_.total_batch) * v / total);
+      const std::uint32_t next = std::max(p_.min_batch, static_cast<std::uint32_t>(b));
+      if (next != batch_[w]) {
+        batch_[w] = next;
+        out.plan_changed(w);
+      }
+    }
+    ++replans_;
+  }
+
+  dlb_params p_;
+  bsp bsp_;
+  std::vector<double> speed_;         // v_i, EWMA; 0: not measured since joining
+  std::vector<std::uint32_t> batch_;  // b_i in force
+  std::uint64_t since_ = 0;           // completed rounds since the last re-plan
+  std::uint64_t replans_ = 0;
+};
+
+static_assert(consistency_policy<dlb>);
+
+}  // namespace sync
+ASHL_NAMESPACE_END
