@@ -24,6 +24,7 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/registry.hpp>  // codecs, sparse_pair_codec
 #include <ashl/compress/threshold.hpp>
 #include <ashl/compress/topk.hpp>
 #include <ashl/compress/topk_sampled.hpp>
@@ -44,11 +45,8 @@
 ASHL_NAMESPACE_BEGIN
 namespace compress {
 
-// Codecs whose payload is the sparse-pair layout (indices readable directly).
-template <class C>
-concept sparse_pair_codec =
-    codec<C> && (C::id == codec_id::topk || C::id == codec_id::topk_sampled || C::id == codec_id::threshold);
-
+// The inner codec must be one registry.hpp lists with the sparse-pair payload
+// layout (sparse_pair_codec), so the sent indices can be read back.
 struct dgc_options {
   float momentum = 0.9f;  // m in [0, 1)
 };
