@@ -1,0 +1,791 @@
+// ashl/ps/server_core.hpp — the rules of one parameter server, pure: decoded
+// messages and the driver's time in, what the driver must send out into a
+// caller-owned server_actions. No clock, no I/O, no threads; the simulator
+// and the real server drive the same object.
+//
+//   auto layout = ashl::ps::shard_layout::even(n, 1);
+//   auto core = ashl::ps::server_core<ashl::sync::ssp>::create(
+//       {.layout = *layout, .workers = 4, .optimizer = {.mode = ashl::ps::optimizer_params::kind::sgd, .lr = 0.1}},
+//       ashl::sync::ssp{{.workers = 4, .staleness = 3}}, initial);        // result<server_core<ssp>>
+//   ashl::ps::server_actions out(4);                                      // reused across events
+//   core->commit({.worker = 2, .incarnation = 0, .sequence = 7, .codec = ashl::codec_id::topk,
+//                 .element_count = n, .payload = bytes, .pull = true}, now, out);
+//   for (auto w : out.pull_replies()) send_parameters(w, core->parameters());
+//   for (const auto& p : out.plans()) send_plan(p.worker, p.plan);
+//   for (const auto& e : out.errors()) send_error(e.worker, e.code, e.in_reply_to, e.text);
+//   out.clear();
+//
+// One event, one order (DESIGN.md "Data flow of one commit"): validate (a
+// refused message changes nothing but the refusal counters) → the policy's
+// decision → apply the commit → apply the round the policy named (one
+// optimizer step each) → the pulls it released → the pull riding with the
+// commit → the plans that changed. Exactly once per (worker, incarnation,
+// sequence): a sequence at or below the last accepted one of the worker's
+// current incarnation is a duplicate, counted and dropped before the policy
+// sees it; a commit of another incarnation is refused. Buffered commits
+// live in a commit_store under params.store_bytes; a commit the store could
+// not take is refused before the policy is asked. Every payload is decoded
+// by its own codec id (compress/registry.hpp) into the one dense buffer of
+// the shard (sgd) or straight into the parameters (model deltas). A layout
+// of 0 elements is timing only: no payload is read, policy decisions only.
+// After warm-up (every worker joined once, the store's arena and index at
+// their working size) no valid event allocates. ALGORITHMS.md §1–§2;
+// DESIGN.md "Server core"; docs/ps.md.
+//
+// Deviations from docs/internal/issue9-plan.md's sketch (see docs/ps.md):
+// - server_core_params.workers: ids 0..workers-1 are live from creation
+//   (incarnation 0), as the policy was constructed; others join().
+// - The policy sees a sequence the core assigns (1, 2, ... per worker id,
+//   never reset, so a rejoin with a new incarnation cannot collide with its
+//   old incarnation's commits still buffered); errors and the exactly-once
+//   table use the worker's own sequence.
+// - leave() tells the policy on_evict (the concept has no leave event); it
+//   differs from evict() in its counter and in refusing a worker not live.
+// - drain() added (the policy's drain: shutdown, tests).
+// - Policy has no default (sync::any_policy works as the argument).
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/identity.hpp>
+#include <ashl/compress/cast.hpp>
+#include <ashl/compress/registry.hpp>
+#include <ashl/core/dtype.hpp>
+#include <ashl/core/plan.hpp>
+#include <ashl/core/state_io.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/core/tensor_view.hpp>
+#include <ashl/ps/commit_store.hpp>
+#include <ashl/ps/optimizer.hpp>
+#include <ashl/ps/shards.hpp>
+#include <ashl/sync/concepts.hpp>
+#include <ashl/sync/events.hpp>
+#include <ashl/wire/crc32c.hpp>
+#include <ashl/wire/ids.hpp>
+#include <ashl/wire/message.hpp>
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace ps {
+
+using sync::worker_id;
+
+// Why a message was refused; counters are kept per reason.
+enum class refusal : std::uint8_t {
+  unknown_worker = 0,  // never joined this server
+  not_live = 1,        // left or was evicted: join again
+  incarnation = 2,     // a commit or join of another incarnation than the worker's current one
+  sequence = 3,        // sequence 0 (sequences start at 1)
+  element_count = 4,   // not the element count of this server's shard
+  dtype = 5,           // not f32, f16 or bf16
+  codec = 6,           // a codec id this build cannot decode
+  payload = 7,         // the codec refused the payload (malformed)
+  limits = 8,          // over wire::limits
+  store_full = 9,      // the commit store could not take it (store_bytes)
+  measurement = 10,    // a measurement with a bad kind, time or amount
+};
+inline constexpr std::size_t refusal_count = 11;
+
+constexpr std::string_view to_string(refusal r) noexcept {
+  switch (r) {
+    case refusal::unknown_worker: return "unknown_worker";
+    case refusal::not_live: return "not_live";
+    case refusal::incarnation: return "incarnation";
+    case refusal::sequence: return "sequence";
+    case refusal::element_count: return "element_count";
+    case refusal::dtype: return "dtype";
+    case refusal::codec: return "codec";
+    case refusal::payload: return "payload";
+    case refusal::limits: return "limits";
+    case refusal::store_full: return "store_full";
+    case refusal::measurement: return "measurement";
+  }
+  return "?";
+}
+
+struct server_core_params {
+  shard_layout layout{};          // elements() == 0: timing only (payloads ignored, nothing decoded)
+  std::uint32_t shard = 0;        // the range this core holds (one server of S)
+  std::uint32_t workers = 0;      // ids 0..workers-1 live from creation, incarnation 0
+  optimizer_params optimizer{};
+  std::uint64_t store_bytes = std::uint64_t{64} << 20;  // bound on buffered commit payload bytes
+  wire::limits limits{};
+  std::uint64_t seed = 0;         // codec_context seed for decode
+};
+
+// One commit shard, as decoded from a wire commit message.
+struct commit_in {
+  worker_id worker = 0;
+  std::uint64_t incarnation = 0;
+  std::uint64_t sequence = 0;  // the worker's, 1, 2, ... per incarnation
+  std::uint64_t clock = 0;
+  std::uint64_t samples = 0;
+  std::uint64_t bytes = 0;     // bytes on the wire (for the policy)
+  codec_id codec = codec_id::identity;
+  dtype type = dtype::f32;
+  std::uint64_t element_count = 0;
+  std::uint64_t step = 0;      // codec_context.step
+  std::uint32_t tensor = 0;    // codec_context.tensor
+  std::span<const std::byte> payload{};  // not kept: copied into the store if buffered
+  bool pull = false;                     // a pull rides with the commit
+};
+
+struct plan_out {
+  worker_id worker = 0;
+  worker_plan plan{};
+  friend bool operator==(const plan_out&, const plan_out&) = default;
+};
+
+struct error_out {
+  worker_id worker = 0;
+  errc code = errc::internal;
+  std::uint64_t in_reply_to = 0;  // the refused message's sequence (0 for kinds without one)
+  refusal reason = refusal::unknown_worker;
+  std::string text;               // "<field> = <value>: <why>"
+};
+
+// What the driver must send after an event. Caller-owned and reused:
+// clear() keeps every buffer's capacity (error texts too).
+class server_actions {
+ public:
+  server_actions() = default;
+  explicit server_actions(std::size_t workers) { reserve(workers); }
+  void reserve(std::size_t workers) {
+    replies_.reserve(workers);
+    plans_.reserve(workers);
+  }
+
+  // Send the parameters to these workers, in this order.
+  [[nodiscard]] std::span<const worker_id> pull_replies() const noexcept { return replies_; }
+  // Send these plan_updates.
+  [[nodiscard]] std::span<const plan_out> plans() const noexcept { return plans_; }
+  // Send these errors.
+  [[nodiscard]] std::span<const error_out> errors() const noexcept { return {errors_.data(), n_errors_}; }
+  // Optimizer steps the events took (the parameters changed when > 0).
+  [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
+  [[nodiscard]] bool empty() const noexcept {
+    return replies_.empty() && plans_.empty() && n_errors_ == 0 && steps_ == 0;
+  }
+  void clear() noexcept {
+    replies_.clear();
+    plans_.clear();
+    n_errors_ = 0;
+    steps_ = 0;
+  }
+
+  // ---- written by server_core
+  void reply(worker_id w) { replies_.push_back(w); }
+  void plan(worker_id w, const worker_plan& p) { plans_.push_back({w, p}); }
+  void step() noexcept { ++steps_; }
+  void error(worker_id w, std::uint64_t in_reply_to, refusal why, const status& s) {
+    if (n_errors_ == errors_.size()) errors_.emplace_back();
+    error_out& e = errors_[n_errors_++];
+    e.worker = w;
+    e.code = s.code();
+    e.in_reply_to = in_reply_to;
+    e.reason = why;
+    e.text.assign(s.message());
+  }
+
+ private:
+  std::vector<worker_id> replies_;
+  std::vector<plan_out> plans_;
+  std::vector<error_out> errors_;
+  std::size_t n_errors_ = 0;
+  std::uint64_t steps_ = 0;
+};
+
+struct counters {
+  std::uint64_t commits = 0;           // accepted (validated, told to the policy)
+  std::uint64_t commits_applied = 0;   // added into the parameters (at once or in a round)
+  std::uint64_t commits_buffered = 0;  // kept for a round
+  std::uint64_t commits_dropped = 0;   // the policy said drop
+  std::uint64_t duplicates = 0;        // seen before: dropped, the policy not told
+  std::uint64_t bytes_in = 0;          // commit_in.bytes of accepted commits
+  std::uint64_t pulls = 0;             // pull requests taken to the policy
+  std::uint64_t pulls_served = 0;      // answered at once
+  std::uint64_t pulls_held = 0;
+  std::uint64_t pulls_released = 0;
+  std::uint64_t pulls_dropped = 0;     // held by a worker that left or was evicted
+  std::uint64_t plans_sent = 0;
+  std::uint64_t steps = 0;             // optimizer steps (the version)
+  std::uint64_t joins = 0, leaves = 0, evictions = 0;
+  std::uint64_t round_missing = 0;     // a round named a commit the store did not hold (a policy error)
+  std::array<std::uint64_t, refusal_count> refused{};
+
+  [[nodiscard]] std::uint64_t refused_total() const noexcept {
+    std::uint64_t t = 0;
+    for (auto r : refused) t += r;
+    return t;
+  }
+  [[nodiscard]] std::uint64_t refused_for(refusal r) const noexcept { return refused[static_cast<std::size_t>(r)]; }
+  friend bool operator==(const counters&, const counters&) = default;
+};
+
+template <sync::consistency_policy Policy>
+class server_core {
+ public:
+  static result<server_core> create(server_core_params p, Policy policy, std::span<const float> initial = {}) {
+    if (p.shard >= p.layout.servers())
+      return invalid_argument("server_core.shard", p.shard,
+                              "must be < layout.servers() = " + std::to_string(p.layout.servers()));
+    const std::uint64_t n = p.layout.range(p.shard).size();
+    if (!initial.empty() && initial.size() != n)
+      return invalid_argument("server_core.initial.size", initial.size(),
+                              "must be 0 or the shard's " + std::to_string(n) + " elements");
+    for (worker_id w = 0; w < p.workers; ++w)
+      if (!policy.is_live(w))
+        return invalid_argument("server_core.workers", p.workers,
+                                "the policy does not hold worker " + std::to_string(w) + " live");
+    auto opt = optimizer::create(p.optimizer, static_cast<std::size_t>(n));
+    if (!opt) return opt.error();
+    server_core c(std::move(p), std::move(policy), std::move(*opt));
+    if (initial.empty()) c.w_.assign(static_cast<std::size_t>(n), 0.0f);
+    else c.w_.assign(initial.begin(), initial.end());
+    c.acc_.assign(static_cast<std::size_t>(n), 0.0f);
+    c.table_.resize(c.p_.workers);
+    for (auto& e : c.table_) e.known = e.live = true;
+    return c;
+  }
+
+  // ---------------------------------------------------------------- events
+
+  // w (re)joins as `incarnation`: the plan is sent. A larger incarnation
+  // than the one held starts a fresh sequence (a restart; a live older
+  // incarnation is evicted first); the same one is a duplicate join when w is
+  // live (the plan is sent again) or a rejoin keeping its sequence when not;
+  // a smaller one is refused.
+  void join(worker_id w, std::uint64_t incarnation, double now, server_actions& out) {
+    if (w >= table_.size()) table_.resize(std::size_t{w} + 1);
+    worker_entry& e = table_[w];
+    if (e.known && incarnation < e.incarnation) {
+      refuse(out, w, 0, refusal::incarnation,
+             make_error(errc::invalid_argument, "join.incarnation", incarnation,
+                        "worker " + std::to_string(w) + " is at incarnation " + std::to_string(e.incarnation)));
+      return;
+    }
+    if (e.known && e.live && incarnation == e.incarnation) {
+      send_plan(w, out);
+      return;
+    }
+    if (e.known && e.live) {  // a restart the server had not noticed
+      policy_.on_evict({w, now}, sink_);
+      drop_pull(w);
+      e.live = false;
+      ++stats_.evictions;
+    }
+    if (!e.known || incarnation > e.incarnation) e.last_sequence = 0;
+    e.known = e.live = true;
+    e.incarnation = incarnation;
+    ++stats_.joins;
+    policy_.on_join({w, now}, sink_);
+    finish(out, {}, w);
+  }
+
+  // w says it leaves: its held pull is dropped; the policy evicts it.
+  void leave(worker_id w, double now, server_actions& out) {
+    if (!check_live(w, 0, "leave.worker", out)) return;
+    ++stats_.leaves;
+    remove(w, now, out);
+  }
+
+  // The driver decided w is gone (timeout, failure): held pulls of w are
+  // dropped, the policy recomputes its bounds (releasing others' pulls);
+  // w's buffered commits stay and apply as the policy says. A worker not
+  // live is ignored.
+  void evict(worker_id w, double now, server_actions& out) {
+    if (w >= table_.size() || !table_[w].live) return;
+    ++stats_.evictions;
+    remove(w, now, out);
+  }
+
+  void commit(const commit_in& c, double now, server_actions& out) {
+    const worker_id w = c.worker;
+    if (!check_live(w, c.sequence, "commit.worker", out)) return;
+    worker_entry& e = table_[w];
+    if (c.incarnation != e.incarnation) {
+      refuse(out, w, c.sequence, refusal::incarnation,
+             make_error(errc::invalid_argument, "commit.incarnation", c.incarnation,
+                        "worker " + std::to_string(w) + " joined as incarnation " + std::to_string(e.incarnation)));
+      return;
+    }
+    if (c.sequence == 0) {
+      refuse(out, w, 0, refusal::sequence, invalid_argument("commit.sequence", 0, "sequences start at 1"));
+      return;
+    }
+    if (c.sequence <= e.last_sequence) {
+      ++stats_.duplicates;
+      if (c.pull) pull(w, now, out);
+      return;
+    }
+    const bool math = !timing_only();
+    if (math && !validate(c, out)) return;
+
+    e.last_sequence = c.sequence;
+    const std::uint64_t seq = ++e.policy_sequence;
+    ++stats_.commits;
+    stats_.bytes_in += c.bytes;
+    const sync::commit_decision d = policy_.on_commit({w, seq, c.clock, now, c.bytes, c.samples}, sink_);
+    bool pending = false;  // buffered and not yet stored
+    switch (d.action) {
+      case sync::commit_action::apply:
+        ASHL_ASSERT(std::isfinite(d.weight), "server_core: the policy gave a non-finite weight");
+        if (math) {
+          if (opt_.adds_deltas()) decode_or_die(c.codec, c.type, c.step, c.tensor, c.payload, w_, d.weight);
+          else opt_.step(w_, acc_, static_cast<float>(d.weight));  // acc_ holds the validated commit
+        }
+        ++stats_.commits_applied;
+        take_step(out);
+        break;
+      case sync::commit_action::buffer:
+        if (math && !opt_.adds_deltas()) clear_acc();
+        pending = true;
+        break;
+      case sync::commit_action::drop:
+        if (math && !opt_.adds_deltas()) clear_acc();
+        ++stats_.commits_dropped;
+        break;
+    }
+    current_ = pending ? &c : nullptr;
+    current_sequence_ = seq;
+    finish(out, {}, no_worker, c.pull ? w : no_worker, now);
+    if (current_ != nullptr) {  // still buffered: keep it (room was checked before the policy saw it)
+      if (math) {
+        const status s = store_.put(w, seq, {c.codec, c.type, c.element_count, c.step, c.tensor}, c.payload);
+        ASHL_ASSERT(s.ok(), "server_core: store refused a commit it had room for");
+        (void)s;
+      }
+      ++stats_.commits_buffered;
+      current_ = nullptr;
+    }
+  }
+
+  void pull(worker_id w, double now, server_actions& out) {
+    if (!check_live(w, 0, "pull.worker", out)) return;
+    finish(out, {}, no_worker, w, now);
+  }
+
+  void metric(metric_id m, double value, double now, server_actions& out) {
+    policy_.on_metric({m, value, now}, sink_);
+    finish(out);
+  }
+
+  void measurement(const ashl::measurement& m, server_actions& out) {
+    if (!check_live_or_known(m.worker, out)) return;
+    if (static_cast<std::uint8_t>(m.kind) >= measurement_kind_count) {
+      refuse(out, m.worker, 0, refusal::measurement,
+             invalid_argument("measurement.kind", static_cast<unsigned>(m.kind), "unknown measurement kind"));
+      return;
+    }
+    if (!(std::isfinite(m.seconds) && m.seconds > 0.0)) {
+      refuse(out, m.worker, 0, refusal::measurement,
+             invalid_argument("measurement.seconds", m.seconds, "must be finite and > 0"));
+      return;
+    }
+    if (!(std::isfinite(m.amount) && m.amount >= 0.0) || !std::isfinite(m.time)) {
+      refuse(out, m.worker, 0, refusal::measurement,
+             invalid_argument(std::isfinite(m.time) ? "measurement.amount" : "measurement.time",
+                              std::isfinite(m.time) ? m.amount : m.time, "must be finite (amount >= 0)"));
+      return;
+    }
+    policy_.on_measurement(m, sink_);
+    finish(out);
+  }
+
+  // Everything buffered is applied (one round) and every held pull released:
+  // at shutdown, or before a checkpoint that must hold no buffered commit.
+  void drain(server_actions& out) {
+    policy_.drain(sink_);
+    finish(out);
+  }
+
+  // ------------------------------------------------------------ inspection
+
+  [[nodiscard]] std::span<const float> parameters() const noexcept { return w_; }
+  [[nodiscard]] std::uint64_t version() const noexcept { return stats_.steps; }
+  [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
+  [[nodiscard]] const counters& stats() const noexcept { return stats_; }
+  [[nodiscard]] const server_core_params& params() const noexcept { return p_; }
+  [[nodiscard]] const optimizer& optimizer_state() const noexcept { return opt_; }
+  [[nodiscard]] const commit_store& store() const noexcept { return store_; }
+  [[nodiscard]] key_range range() const noexcept { return p_.layout.range(p_.shard); }
+  [[nodiscard]] bool timing_only() const noexcept { return w_.empty(); }
+  [[nodiscard]] bool is_live(worker_id w) const noexcept { return w < table_.size() && table_[w].live; }
+  [[nodiscard]] bool is_held(worker_id w) const noexcept { return w < table_.size() && table_[w].held; }
+  // The worker's incarnation and the last sequence accepted from it.
+  [[nodiscard]] std::uint64_t incarnation(worker_id w) const noexcept {
+    return w < table_.size() ? table_[w].incarnation : 0;
+  }
+  [[nodiscard]] std::uint64_t last_sequence(worker_id w) const noexcept {
+    return w < table_.size() ? table_[w].last_sequence : 0;
+  }
+
+  // ------------------------------------------------------------ save/load
+
+  // The whole state: parameters of the core, the shard's values, optimizer
+  // state, buffered commits, the exactly-once table, the policy, counters;
+  // one CRC-32C over it all, so a corrupt state is refused.
+  void save(state_writer& out) const {
+    std::vector<std::byte> body;
+    state_writer w(body);
+    p_.layout.save(w);
+    w.put(p_.shard);
+    w.put(p_.workers);
+    w.put(p_.store_bytes);
+    w.put(p_.limits.max_elements);
+    w.put(p_.limits.max_payload_bytes);
+    w.put(p_.limits.max_error_text);
+    w.put(p_.limits.max_measurements);
+    w.put(p_.seed);
+    opt_.save(w);
+    w.put_vector(w_);
+    w.put<std::uint64_t>(table_.size());
+    for (const auto& e : table_) {
+      w.put(e.known);
+      w.put(e.live);
+      w.put(e.held);
+      w.put(e.incarnation);
+      w.put(e.last_sequence);
+      w.put(e.policy_sequence);
+    }
+    store_.save(w);
+    save_counters(w, stats_);
+    policy_.save(w);
+    out.tag("PSCR", 1);
+    out.put_string(std::string_view(reinterpret_cast<const char*>(body.data()), body.size()));
+    out.put(wire::crc32c(body));
+  }
+
+  // Reads into fresh values and assigns only when everything was read: a
+  // truncated or corrupt state is refused and leaves the core unchanged.
+  status load(state_reader& in) {
+    ASHL_TRY(in.tag("PSCR", 1));
+    std::string body;
+    ASHL_TRY(in.get_string(body, "server_core.state"));
+    std::uint32_t crc = 0;
+    ASHL_TRY(in.get(crc, "server_core.crc"));
+    const auto bytes = std::as_bytes(std::span<const char>(body.data(), body.size()));
+    if (wire::crc32c(bytes) != crc)
+      return make_error(errc::checksum_mismatch, "server_core.crc", crc, "does not match the saved state");
+    state_reader r(bytes);
+    server_core_params p;
+    ASHL_TRY(p.layout.load(r));
+    ASHL_TRY(r.get(p.shard, "server_core.shard"));
+    ASHL_TRY(r.get(p.workers, "server_core.workers"));
+    ASHL_TRY(r.get(p.store_bytes, "server_core.store_bytes"));
+    ASHL_TRY(r.get(p.limits.max_elements, "server_core.limits.max_elements"));
+    ASHL_TRY(r.get(p.limits.max_payload_bytes, "server_core.limits.max_payload_bytes"));
+    ASHL_TRY(r.get(p.limits.max_error_text, "server_core.limits.max_error_text"));
+    ASHL_TRY(r.get(p.limits.max_measurements, "server_core.limits.max_measurements"));
+    ASHL_TRY(r.get(p.seed, "server_core.seed"));
+    if (p.shard >= p.layout.servers())
+      return make_error(errc::malformed, "server_core.shard", p.shard, "not a server of the saved layout");
+    const std::uint64_t n = p.layout.range(p.shard).size();
+    optimizer opt;
+    ASHL_TRY(opt.load(r));
+    p.optimizer = opt.params();
+    std::vector<float> w;
+    ASHL_TRY(r.get_vector(w, "server_core.parameters"));
+    if (w.size() != n || opt.size() != n)
+      return make_error(errc::malformed, "server_core.parameters.size", w.size(),
+                        "the saved shard holds " + std::to_string(n) + " elements");
+    std::uint64_t m = 0;
+    ASHL_TRY(r.count(m, 27, "server_core.workers_known"));
+    std::vector<worker_entry> table(static_cast<std::size_t>(m));
+    for (auto& e : table) {
+      ASHL_TRY(r.get(e.known, "server_core.worker.known"));
+      ASHL_TRY(r.get(e.live, "server_core.worker.live"));
+      ASHL_TRY(r.get(e.held, "server_core.worker.held"));
+      ASHL_TRY(r.get(e.incarnation, "server_core.worker.incarnation"));
+      ASHL_TRY(r.get(e.last_sequence, "server_core.worker.last_sequence"));
+      ASHL_TRY(r.get(e.policy_sequence, "server_core.worker.policy_sequence"));
+    }
+    commit_store store(p.store_bytes);
+    ASHL_TRY(store.load(r));
+    counters st;
+    ASHL_TRY(load_counters(r, st));
+    Policy pol = policy_;
+    ASHL_TRY(pol.load(r));
+    ASHL_TRY(r.expect_end("server_core.state"));
+    p_ = std::move(p);
+    opt_ = std::move(opt);
+    w_ = std::move(w);
+    acc_.assign(w_.size(), 0.0f);
+    table_ = std::move(table);
+    store_ = std::move(store);
+    stats_ = st;
+    policy_ = std::move(pol);
+    sink_.clear();
+    sink_.reserve(table_.size());
+    return {};
+  }
+
+ private:
+  static constexpr worker_id no_worker = 0xffffffffu;
+
+  struct worker_entry {
+    bool known = false;
+    bool live = false;
+    bool held = false;                  // a pull of it waits for a release
+    std::uint64_t incarnation = 0;
+    std::uint64_t last_sequence = 0;    // the worker's, in this incarnation (exactly once)
+    std::uint64_t policy_sequence = 0;  // what the policy was told, never reset
+  };
+
+  server_core(server_core_params p, Policy policy, optimizer opt)
+      : p_(std::move(p)), policy_(std::move(policy)), opt_(std::move(opt)), store_(p_.store_bytes), sink_(p_.workers) {}
+
+  void refuse(server_actions& out, worker_id w, std::uint64_t seq, refusal why, const status& s) {
+    ++stats_.refused[static_cast<std::size_t>(why)];
+    out.error(w, seq, why, s);
+  }
+
+  bool check_live(worker_id w, std::uint64_t seq, std::string_view field, server_actions& out) {
+    if (w >= table_.size() || !table_[w].known) {
+      refuse(out, w, seq, refusal::unknown_worker,
+             make_error(errc::not_found, field, w, "not a worker of this server (join first)"));
+      return false;
+    }
+    if (!table_[w].live) {
+      refuse(out, w, seq, refusal::not_live, make_error(errc::unavailable, field, w, "left or was evicted: join again"));
+      return false;
+    }
+    return true;
+  }
+  bool check_live_or_known(worker_id w, server_actions& out) {
+    if (w < table_.size() && table_[w].known) return true;
+    refuse(out, w, 0, refusal::unknown_worker,
+           make_error(errc::not_found, "measurement.worker", w, "not a worker of this server"));
+    return false;
+  }
+
+  // Every check before the policy may see the commit. On success, with sgd,
+  // acc_ holds the commit decoded at scale 1 (the decode is the check).
+  bool validate(const commit_in& c, server_actions& out) {
+    const std::uint64_t n = w_.size();
+    if (c.payload.size() > p_.limits.max_payload_bytes) {
+      refuse(out, c.worker, c.sequence, refusal::limits,
+             make_error(errc::out_of_range, "commit.payload_bytes", c.payload.size(),
+                        "exceeds limits.max_payload_bytes = " + std::to_string(p_.limits.max_payload_bytes)));
+      return false;
+    }
+    if (c.element_count != n) {
+      refuse(out, c.worker, c.sequence, refusal::element_count,
+             make_error(errc::invalid_argument, "commit.element_count", c.element_count,
+                        "this server's shard " + std::to_string(p_.shard) + " holds " + std::to_string(n)));
+      return false;
+    }
+    if (c.type != dtype::f32 && c.type != dtype::f16 && c.type != dtype::bf16) {
+      refuse(out, c.worker, c.sequence, refusal::dtype,
+             make_error(errc::invalid_argument, "commit.dtype", to_string(c.type), "must be f32, f16 or bf16"));
+      return false;
+    }
+    if (static_cast<int>(c.codec) >= codec_id_count) {
+      refuse(out, c.worker, c.sequence, refusal::codec,
+             make_error(errc::unsupported, "commit.codec", static_cast<unsigned>(c.codec), "unknown codec id"));
+      return false;
+    }
+    if (status s = store_.can_hold(c.payload.size()); !s) {
+      refuse(out, c.worker, c.sequence, refusal::store_full, s);
+      return false;
+    }
+    const compress::payload_info info{static_cast<std::size_t>(n), c.type};
+    const compress::codec_context ctx{p_.seed, c.step, c.tensor, {}};
+    if (!opt_.adds_deltas()) {
+      // The decode into the (zero) accumulator is the check; a codec that
+      // refuses may have written part of it, so it is zeroed again.
+      status s = compress::decode_add(c.codec, c.payload, info, host_view<float>(acc_.data(), acc_.size()), 1.0f, ctx);
+      if (!s) {
+        clear_acc();
+        return refuse_payload(c, s, out);
+      }
+      return true;
+    }
+    // Model deltas decode straight into the parameters after the policy's
+    // decision, so the payload is checked here without touching them: a
+    // dense cast's only rule is its size; any other codec decodes once into
+    // the scratch buffer (scale 0, never read).
+    const std::size_t dense = dense_payload_bytes(c.codec, static_cast<std::size_t>(n), c.type);
+    if (dense != 0) {
+      if (c.payload.size() == dense) return true;
+      return refuse_payload(c, make_error(errc::malformed, "commit.payload_bytes", c.payload.size(),
+                                          std::string(to_string(c.codec)) + " of " + std::to_string(n) + " " +
+                                              std::string(to_string(c.type)) + " is " + std::to_string(dense) +
+                                              " bytes"),
+                            out);
+    }
+    status s = compress::decode_add(c.codec, c.payload, info, host_view<float>(acc_.data(), acc_.size()), 0.0f, ctx);
+    if (!s) return refuse_payload(c, s, out);
+    return true;
+  }
+
+  bool refuse_payload(const commit_in& c, const status& s, server_actions& out) {
+    refuse(out, c.worker, c.sequence, s.code() == errc::unsupported ? refusal::codec : refusal::payload, s);
+    return false;
+  }
+
+  // Bytes of a dense cast payload (identity, fp16, bf16), 0 for other codecs.
+  static std::size_t dense_payload_bytes(codec_id id, std::size_t n, dtype t) noexcept {
+    switch (id) {
+      case codec_id::identity: return compress::identity{}.max_encoded_bytes(n, t);
+      case codec_id::fp16: return compress::fp16{}.max_encoded_bytes(n, t);
+      case codec_id::bf16: return compress::bf16{}.max_encoded_bytes(n, t);
+      default: return 0;
+    }
+  }
+
+  void decode_or_die(codec_id id, dtype t, std::uint64_t step, std::uint32_t tensor, std::span<const std::byte> payload,
+                     std::vector<float>& into, double weight) {
+    const compress::codec_context ctx{p_.seed, step, tensor, {}};
+    const status s = compress::decode_add(id, payload, {into.size(), t}, host_view<float>(into.data(), into.size()),
+                                          static_cast<float>(weight), ctx);
+    ASHL_ASSERT(s.ok(), "server_core: a validated payload failed to decode");
+    (void)s;
+  }
+
+  void clear_acc() noexcept {
+    if (!acc_.empty()) std::memset(acc_.data(), 0, acc_.size() * sizeof(float));
+  }
+
+  void take_step(server_actions& out) {
+    ++stats_.steps;
+    out.step();
+  }
+
+  void drop_pull(worker_id w) {
+    if (!table_[w].held) return;
+    table_[w].held = false;
+    ++stats_.pulls_dropped;
+  }
+
+  void remove(worker_id w, double now, server_actions& out) {
+    table_[w].live = false;
+    drop_pull(w);
+    policy_.on_evict({w, now}, sink_);
+    finish(out);
+  }
+
+  void send_plan(worker_id w, server_actions& out) {
+    out.plan(w, policy_.plan(w));
+    ++stats_.plans_sent;
+  }
+
+  struct progress {
+    std::size_t round = 0, released = 0;
+  };
+
+  // Acts on what the sink holds beyond `from`, in the one order: the round
+  // (one step), then released pulls.
+  progress settle(server_actions& out, progress from) {
+    const auto round = sink_.round();
+    if (round.size() > from.round) {
+      const bool math = !timing_only();
+      for (std::size_t k = from.round; k < round.size(); ++k) {
+        const sync::weighted_commit& rc = round[k];
+        ASHL_ASSERT(std::isfinite(rc.weight), "server_core: the policy gave a non-finite round weight");
+        std::vector<float>& into = opt_.adds_deltas() ? w_ : acc_;
+        if (current_ != nullptr && rc.worker == current_->worker && rc.sequence == current_sequence_) {
+          if (math) decode_or_die(current_->codec, current_->type, current_->step, current_->tensor, current_->payload,
+                                  into, rc.weight);
+          current_ = nullptr;  // consumed without being stored
+        } else if (math) {
+          const commit_store::entry* e = store_.find(rc.worker, rc.sequence);
+          if (e == nullptr) {
+            ++stats_.round_missing;
+            continue;
+          }
+          decode_or_die(e->meta.codec, e->meta.type, e->meta.step, e->meta.tensor, store_.payload(*e), into,
+                        rc.weight);
+          store_.erase(rc.worker, rc.sequence);
+        }
+        ++stats_.commits_applied;
+      }
+      if (math && !opt_.adds_deltas()) opt_.step(w_, acc_, 1.0f);
+      take_step(out);
+    }
+    const auto rel = sink_.released();
+    for (std::size_t k = from.released; k < rel.size(); ++k) {
+      const worker_id r = rel[k];
+      if (r >= table_.size() || !table_[r].held) continue;  // nothing asked: nothing to answer
+      table_[r].held = false;
+      ++stats_.pulls_released;
+      out.reply(r);
+    }
+    return {round.size(), rel.size()};
+  }
+
+  // Settles the event's outcomes; then the pull of `puller` (riding with a
+  // commit, or alone); then the plans that changed (and the joiner's).
+  void finish(server_actions& out, progress from = {}, worker_id joiner = no_worker, worker_id puller = no_worker,
+              double now = 0.0) {
+    from = settle(out, from);
+    if (puller != no_worker && table_[puller].live) {
+      if (table_[puller].held) {
+        // Asked again while held: it stays held and is answered once, on release.
+      } else {
+        ++stats_.pulls;
+        const sync::pull_action a = policy_.on_pull({puller, now}, sink_);
+        if (a == sync::pull_action::serve) {
+          from = settle(out, from);
+          ++stats_.pulls_served;
+          out.reply(puller);
+        } else {
+          table_[puller].held = true;
+          ++stats_.pulls_held;
+          from = settle(out, from);
+        }
+      }
+    }
+    if (sink_.every_plan_changed()) {
+      for (worker_id w = 0; w < table_.size(); ++w)
+        if (table_[w].live) send_plan(w, out);
+    } else {
+      for (worker_id w : sink_.plans_changed())
+        if (w < table_.size() && table_[w].live) send_plan(w, out);
+      if (joiner != no_worker && !sink_.plan_changed_for(joiner)) send_plan(joiner, out);
+    }
+    sink_.clear();
+  }
+
+  static void save_counters(state_writer& w, const counters& c) {
+    for (std::uint64_t v : {c.commits, c.commits_applied, c.commits_buffered, c.commits_dropped, c.duplicates,
+                            c.bytes_in, c.pulls, c.pulls_served, c.pulls_held, c.pulls_released, c.pulls_dropped,
+                            c.plans_sent, c.steps, c.joins, c.leaves, c.evictions, c.round_missing})
+      w.put(v);
+    for (std::uint64_t v : c.refused) w.put(v);
+  }
+  static status load_counters(state_reader& r, counters& c) {
+    for (std::uint64_t* v : {&c.commits, &c.commits_applied, &c.commits_buffered, &c.commits_dropped, &c.duplicates,
+                             &c.bytes_in, &c.pulls, &c.pulls_served, &c.pulls_held, &c.pulls_released,
+                             &c.pulls_dropped, &c.plans_sent, &c.steps, &c.joins, &c.leaves, &c.evictions,
+                             &c.round_missing})
+      ASHL_TRY(r.get(*v, "server_core.counters"));
+    for (auto& v : c.refused) ASHL_TRY(r.get(v, "server_core.counters.refused"));
+    return {};
+  }
+
+  server_core_params p_;
+  Policy policy_;
+  optimizer opt_;
+  std::vector<float> w_;    // this shard's parameters
+  std::vector<float> acc_;  // sgd: the aggregate of what one step applies; model deltas: decode-check scratch
+  std::vector<worker_entry> table_;
+  commit_store store_;
+  sync::outcome_sink sink_;
+  counters stats_{};
+  const commit_in* current_ = nullptr;  // the commit of this event, while buffered and not stored
+  std::uint64_t current_sequence_ = 0;
+};
+
+}  // namespace ps
+ASHL_NAMESPACE_END

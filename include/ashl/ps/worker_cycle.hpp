@@ -1,0 +1,170 @@
+// ashl/ps/worker_cycle.hpp — a worker's rules between two pulls, pure: how
+// many local iterations at which batch, whether to compress, the commit's
+// sequence, and what to report as measurements. The driver owns time (it
+// passes `now`) and does the work.
+//
+//   ashl::ps::worker_cycle cyc(w);
+//   cyc.start(plan, /*own_batch=*/64, now);
+//   while (!cyc.iteration_done(now = train_one_step(cyc.batch()))) {}
+//   if (cyc.compresses()) { encode(plan.compression_ratio); cyc.compressed(now, payload_bytes); }
+//   auto seq = cyc.commit_sent(now);                  // 1, 2, ...
+//   cyc.commit_arrived(now, bytes);                   // push measured
+//   cyc.reply_started(now);                           // optional: the reply left the server
+//   cyc.reply_arrived(now, bytes);                    // pull and commit (push + pull) measured
+//   for (const auto& m : cyc.measurements()) report(m);
+//   cyc.clear_measurements();
+//
+// A cycle runs H = plan.local_iterations iterations, or with H = 0
+// iterations until plan.commit_interval() has passed since start (at least
+// one; ADSP). Batch = plan.batch_size, or the worker's own when 0. It
+// compresses when the plan's ratio is below 1. Measurements (core/plan.hpp):
+// compute = the cycle's compute time per iteration with amount = batch (one
+// per cycle), compress with amount = payload bytes, push and pull with
+// amount = bytes, commit = push + pull of the same commit (ADSP's O_i);
+// a measurement of no positive duration is not reported. These are the
+// rules the simulator's workers held inline (sim/simulator.hpp before
+// issue 9). ALGORITHMS.md §1 "ADSP", §2 "Phase 0"; docs/ps.md.
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/core/plan.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace ps {
+
+class worker_cycle {
+ public:
+  enum class phase : std::uint8_t { idle, computing, compressing, sending, waiting, receiving };
+
+  // The most iterations an interval-driven cycle runs (a guard against a
+  // zero-duration iteration).
+  static constexpr std::uint32_t max_interval_iterations = 1u << 24;
+
+  worker_cycle() { log_.reserve(8); }
+  explicit worker_cycle(std::uint32_t worker) : worker_(worker) { log_.reserve(8); }
+
+  // Begins a cycle with the plan in force now.
+  void start(const worker_plan& plan, std::uint32_t own_batch, double now) {
+    ASHL_ASSERT(phase_ == phase::idle, "worker_cycle::start: the previous cycle has not ended");
+    plan_ = plan;
+    batch_ = plan.batch_size != 0 ? plan.batch_size : own_batch;
+    iterations_ = 0;
+    started_ = now;
+    has_commit_ = false;
+    phase_ = phase::computing;
+  }
+
+  // One local iteration finished at `now`; true when the cycle's compute is
+  // complete (then the compute measurement is recorded).
+  bool iteration_done(double now) {
+    ASHL_ASSERT(phase_ == phase::computing, "worker_cycle::iteration_done: not computing");
+    ++iterations_;
+    bool done;
+    if (plan_.local_iterations > 0) done = iterations_ >= plan_.local_iterations;
+    else done = now - started_ >= plan_.commit_interval() || iterations_ >= max_interval_iterations;
+    if (!done) return false;
+    compute_end_ = now;
+    record(measurement_kind::compute, (now - started_) / iterations_, batch_, now);
+    phase_ = compresses() ? phase::compressing : phase::sending;
+    return true;
+  }
+
+  [[nodiscard]] std::uint32_t iterations() const noexcept { return iterations_; }
+  [[nodiscard]] std::uint32_t batch() const noexcept { return batch_; }
+  [[nodiscard]] const worker_plan& plan() const noexcept { return plan_; }
+  [[nodiscard]] bool compresses() const noexcept { return plan_.compression_ratio < 1.0f; }
+  [[nodiscard]] phase state() const noexcept { return phase_; }
+  // Samples this cycle covered (iterations × batch): commit_event.samples.
+  [[nodiscard]] std::uint64_t samples() const noexcept { return std::uint64_t{iterations_} * batch_; }
+
+  // Compression finished at `now`, producing `payload_bytes`.
+  void compressed(double now, double payload_bytes) {
+    ASHL_ASSERT(phase_ == phase::compressing, "worker_cycle::compressed: not compressing");
+    record(measurement_kind::compress, now - compute_end_, payload_bytes, now);
+    phase_ = phase::sending;
+  }
+
+  // The commit leaves now; returns its sequence (1, 2, ... per incarnation).
+  std::uint64_t commit_sent(double now) {
+    ASHL_ASSERT(phase_ == phase::sending || phase_ == phase::compressing, "worker_cycle::commit_sent: no compute done");
+    push_start_ = now;
+    has_commit_ = true;
+    phase_ = phase::sending;
+    return ++sequence_;
+  }
+
+  // The commit arrived at the server(s): push measured.
+  void commit_arrived(double now, double bytes) {
+    ASHL_ASSERT(phase_ == phase::sending, "worker_cycle::commit_arrived: no commit sent");
+    push_s_ = now - push_start_;
+    record(measurement_kind::push, push_s_, bytes, now);
+    pull_start_ = now;
+    phase_ = phase::waiting;
+  }
+
+  // A pull without a commit (after joining): the pull is timed from here.
+  void pull_sent(double now) {
+    ASHL_ASSERT(phase_ == phase::idle, "worker_cycle::pull_sent: a cycle is running");
+    has_commit_ = false;
+    pull_start_ = now;
+    phase_ = phase::waiting;
+  }
+
+  // The server started the reply (the pull is timed from here, not from the
+  // commit's arrival, so a held pull's wait is not counted as transfer).
+  void reply_started(double now) {
+    ASHL_ASSERT(phase_ == phase::waiting, "worker_cycle::reply_started: not waiting for a reply");
+    pull_start_ = now;
+    phase_ = phase::receiving;
+  }
+
+  // The parameters arrived: pull (and, after a commit, commit = push + pull)
+  // measured; the cycle ends.
+  void reply_arrived(double now, double bytes) {
+    ASHL_ASSERT(phase_ == phase::waiting || phase_ == phase::receiving, "worker_cycle::reply_arrived: no pull pending");
+    const double pull_s = now - pull_start_;
+    record(measurement_kind::pull, pull_s, bytes, now);
+    if (has_commit_) record(measurement_kind::commit, push_s_ + pull_s, 0.0, now);
+    has_commit_ = false;
+    phase_ = phase::idle;
+  }
+
+  // A new incarnation (the worker restarted): sequences start again at 1.
+  void restart() noexcept {
+    sequence_ = 0;
+    has_commit_ = false;
+    phase_ = phase::idle;
+  }
+  // The worker stops mid-cycle (it was evicted, or the run ended).
+  void abandon() noexcept { phase_ = phase::idle; }
+
+  [[nodiscard]] std::uint64_t sequence() const noexcept { return sequence_; }
+  [[nodiscard]] std::uint32_t worker() const noexcept { return worker_; }
+
+  [[nodiscard]] std::span<const ashl::measurement> measurements() const noexcept { return log_; }
+  void clear_measurements() noexcept { log_.clear(); }
+
+ private:
+  void record(measurement_kind k, double seconds, double amount, double now) {
+    if (!(seconds > 0.0)) return;
+    log_.push_back({worker_, k, seconds, amount, now});
+  }
+
+  std::uint32_t worker_ = 0;
+  worker_plan plan_{};
+  std::uint32_t batch_ = 0;
+  std::uint32_t iterations_ = 0;
+  double started_ = 0.0, compute_end_ = 0.0, push_start_ = 0.0, pull_start_ = 0.0, push_s_ = 0.0;
+  std::uint64_t sequence_ = 0;
+  bool has_commit_ = false;
+  phase phase_ = phase::idle;
+  std::vector<ashl::measurement> log_;
+};
+
+}  // namespace ps
+ASHL_NAMESPACE_END

@@ -1,0 +1,796 @@
+#include <ashl/ps/server_core.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <ashl/compress/identity.hpp>
+#include <ashl/compress/qsgd.hpp>
+#include <ashl/compress/topk.hpp>
+#include <ashl/core/bytes.hpp>
+#include <ashl/sync/any_policy.hpp>
+#include <ashl/sync/asp.hpp>
+#include <ashl/sync/ssp.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <span>
+#include <vector>
+
+// ------------------------------------------------------ allocation counting
+
+namespace {
+std::atomic<std::uint64_t> g_allocations{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+
+namespace ps = ashl::ps;
+namespace sync = ashl::sync;
+using ashl::codec_id;
+using ashl::dtype;
+
+// ---------------------------------------------------------- a round policy
+
+// Buffers every commit; when every live worker has one buffered, names them
+// all in one round (weight 1/live, in worker order) and releases the held
+// pulls. An evicted worker's buffered commit stays in the round. Written for
+// these tests (independent of sync/bsp.hpp); allocation-free after
+// construction.
+class rounds {
+ public:
+  using policy_concept = sync::policy_tag;
+  rounds() = default;
+  explicit rounds(std::size_t m) : live_(m, 1), seq_(m, 0), has_(m, 0), held_(m, 0), live_count_(m) {}
+
+  sync::commit_decision on_commit(const sync::commit_event& c, sync::outcome_sink& out) {
+    if (c.worker >= live_.size() || !live_[c.worker] || has_[c.worker]) return {sync::commit_action::drop, 0.0};
+    has_[c.worker] = 1;
+    seq_[c.worker] = c.sequence;
+    ++buffered_;
+    maybe_round(out);
+    return {sync::commit_action::buffer, 0.0};
+  }
+  sync::pull_action on_pull(const sync::pull_event& q, sync::outcome_sink&) {
+    if (has_[q.worker]) {
+      held_[q.worker] = 1;
+      return sync::pull_action::hold;
+    }
+    return sync::pull_action::serve;
+  }
+  void on_metric(const sync::metric_event&, sync::outcome_sink&) {}
+  void on_join(const sync::membership_event& j, sync::outcome_sink& out) {
+    if (!live_[j.worker]) ++live_count_;
+    live_[j.worker] = 1;
+    out.plan_changed(j.worker);
+  }
+  void on_evict(const sync::membership_event& j, sync::outcome_sink& out) {
+    if (!live_[j.worker]) return;
+    live_[j.worker] = 0;
+    held_[j.worker] = 0;
+    --live_count_;
+    maybe_round(out);
+  }
+  void on_measurement(const sync::measurement_event&, sync::outcome_sink&) {}
+  void drain(sync::outcome_sink& out) { round(out); }
+  [[nodiscard]] ashl::worker_plan plan(sync::worker_id w) const {
+    return {.local_iterations = 1 + w, .stage = ashl::stage_id::bsp};
+  }
+  [[nodiscard]] ashl::stage_id stage() const { return ashl::stage_id::bsp; }
+  [[nodiscard]] bool is_live(sync::worker_id w) const { return w < live_.size() && live_[w]; }
+  [[nodiscard]] bool is_held(sync::worker_id w) const { return w < held_.size() && held_[w]; }
+  void save(ashl::state_writer& w) const {
+    w.tag("TRND", 1);
+    w.put_vector(live_);
+    w.put_vector(seq_);
+    w.put_vector(has_);
+    w.put_vector(held_);
+    w.put<std::uint64_t>(live_count_);
+    w.put<std::uint64_t>(buffered_);
+  }
+  ashl::status load(ashl::state_reader& r) {
+    rounds f;
+    ASHL_TRY(r.tag("TRND", 1));
+    ASHL_TRY(r.get_vector(f.live_, "live"));
+    ASHL_TRY(r.get_vector(f.seq_, "seq"));
+    ASHL_TRY(r.get_vector(f.has_, "has"));
+    ASHL_TRY(r.get_vector(f.held_, "held"));
+    std::uint64_t a = 0, b = 0;
+    ASHL_TRY(r.get(a, "live_count"));
+    ASHL_TRY(r.get(b, "buffered"));
+    f.live_count_ = a;
+    f.buffered_ = b;
+    *this = std::move(f);
+    return {};
+  }
+
+ private:
+  void maybe_round(sync::outcome_sink& out) {
+    std::size_t live_with = 0;
+    for (std::size_t w = 0; w < live_.size(); ++w) live_with += live_[w] && has_[w];
+    if (live_count_ > 0 && live_with == live_count_) round(out);
+  }
+  void round(sync::outcome_sink& out) {
+    if (buffered_ == 0) return;
+    const double wt = 1.0 / static_cast<double>(buffered_);
+    for (std::size_t w = 0; w < has_.size(); ++w)
+      if (has_[w]) {
+        out.apply(static_cast<sync::worker_id>(w), seq_[w], wt);
+        has_[w] = 0;
+      }
+    for (std::size_t w = 0; w < held_.size(); ++w)
+      if (held_[w]) {
+        out.release(static_cast<sync::worker_id>(w));
+        held_[w] = 0;
+      }
+    buffered_ = 0;
+  }
+
+  std::vector<std::uint8_t> live_;
+  std::vector<std::uint64_t> seq_;
+  std::vector<std::uint8_t> has_, held_;
+  std::size_t live_count_ = 0;
+  std::size_t buffered_ = 0;
+};
+static_assert(sync::consistency_policy<rounds>);
+
+// ---------------------------------------------------------------- helpers
+
+std::vector<std::byte> dense(const std::vector<float>& v) {
+  std::vector<std::byte> b(v.size() * 4);
+  ashl::compress::identity{}.encode(ashl::host_view<const float>(v.data(), v.size()), b, {}).value();
+  return b;
+}
+
+std::vector<float> vec(std::size_t n, float base, float step) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = base + step * static_cast<float>(i);
+  return v;
+}
+
+ps::shard_layout layout(std::uint64_t n) { return *ps::shard_layout::even(n, 1); }
+
+ps::commit_in commit_of(sync::worker_id w, std::uint64_t seq, std::span<const std::byte> payload, std::uint64_t n,
+                        bool pull = false, codec_id codec = codec_id::identity) {
+  ps::commit_in c;
+  c.worker = w;
+  c.sequence = seq;
+  c.clock = seq;
+  c.bytes = payload.size() + 72;
+  c.codec = codec;
+  c.type = dtype::f32;
+  c.element_count = n;
+  c.payload = payload;
+  c.pull = pull;
+  return c;
+}
+
+std::uint32_t index_at(const std::vector<std::byte>& sparse, std::size_t j) {
+  std::uint32_t v = 0;
+  ashl::byte_reader r(std::span<const std::byte>(sparse).subspan(12 + 4 * j, 4));
+  (void)r.get(v, "index");
+  return v;
+}
+
+bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+template <class P>
+ps::server_core<P> make(P p, std::uint64_t n, std::uint32_t m, ps::optimizer_params o = {},
+                        std::span<const float> init = {}, std::uint64_t store = std::uint64_t{1} << 20) {
+  auto c = ps::server_core<P>::create({.layout = layout(n), .workers = m, .optimizer = o, .store_bytes = store},
+                                      std::move(p), init);
+  BOOST_REQUIRE_MESSAGE(c.has_value(), c.to_status().to_string());
+  return std::move(*c);
+}
+
+const ps::optimizer_params sgd_plain{.mode = ps::optimizer_params::kind::sgd, .lr = 0.5};
+
+}  // namespace
+
+// ------------------------------------------------------------- creation
+
+BOOST_AUTO_TEST_CASE(create_refuses_bad_parameters) {
+  auto bad_shard = ps::server_core<sync::asp>::create({.layout = layout(4), .shard = 1}, sync::asp{{.workers = 1}});
+  BOOST_REQUIRE(!bad_shard.has_value());
+  BOOST_TEST(bad_shard.error().message() == "server_core.shard = 1: must be < layout.servers() = 1");
+  const std::vector<float> three(3, 0.0f);
+  auto bad_init = ps::server_core<sync::asp>::create({.layout = layout(4)}, sync::asp{{.workers = 1}}, three);
+  BOOST_REQUIRE(!bad_init.has_value());
+  BOOST_TEST(bad_init.error().message() == "server_core.initial.size = 3: must be 0 or the shard's 4 elements");
+  auto bad_workers = ps::server_core<sync::asp>::create({.layout = layout(4), .workers = 3}, sync::asp{{.workers = 2}});
+  BOOST_REQUIRE(!bad_workers.has_value());
+  auto bad_opt = ps::server_core<sync::asp>::create(
+      {.layout = layout(4), .optimizer = {.mode = ps::optimizer_params::kind::model_delta, .momentum = 0.9}},
+      sync::asp{{.workers = 1}});
+  BOOST_REQUIRE(!bad_opt.has_value());
+  BOOST_TEST(bad_opt.error().message() == "optimizer.momentum = 0.9: applies to sgd only (model_delta adds the deltas)");
+}
+
+// --------------------------------------------------------- exact values: ASP
+
+BOOST_AUTO_TEST_CASE(asp_model_deltas_add_each_commit_with_its_weight_bit_exactly) {
+  const std::size_t n = 37;
+  const std::uint32_t m = 3;
+  const auto w0 = vec(n, 0.25f, -0.01f);
+  auto core = make(sync::asp{{.workers = m, .scale = 1.0 / 3.0}}, n, m, {}, w0);
+  ps::server_actions out(m);
+  std::vector<float> expect = w0;
+  const float third = static_cast<float>(1.0 / 3.0);
+  for (std::uint64_t seq = 1; seq <= 4; ++seq)
+    for (sync::worker_id w = 0; w < m; ++w) {
+      const auto delta = vec(n, 0.1f * static_cast<float>(w + 1), 0.003f * static_cast<float>(seq));
+      const auto bytes = dense(delta);
+      core.commit(commit_of(w, seq, bytes, n, /*pull=*/true), 1.0 * static_cast<double>(seq), out);
+      for (std::size_t i = 0; i < n; ++i) expect[i] += third * delta[i];
+      BOOST_TEST(out.steps() == 1u);
+      BOOST_TEST(out.errors().empty());
+      BOOST_REQUIRE(out.pull_replies().size() == 1u);  // ASP serves the riding pull at once
+      BOOST_TEST(out.pull_replies()[0] == w);
+      out.clear();
+    }
+  BOOST_TEST(same_bits(core.parameters(), expect));
+  BOOST_TEST(core.version() == 12u);
+  BOOST_TEST(core.stats().commits == 12u);
+  BOOST_TEST(core.stats().commits_applied == 12u);
+  BOOST_TEST(core.stats().pulls_served == 12u);
+  BOOST_TEST(core.store().empty());
+}
+
+BOOST_AUTO_TEST_CASE(sgd_momentum_nesterov_weight_decay_bit_exactly) {
+  const std::size_t n = 19;
+  for (bool nesterov : {false, true}) {
+    const ps::optimizer_params o{.mode = ps::optimizer_params::kind::sgd, .lr = 0.05, .momentum = 0.9,
+                                 .weight_decay = 1e-3, .nesterov = nesterov};
+    const auto w0 = vec(n, -0.5f, 0.05f);
+    auto core = make(sync::asp{{.workers = 2, .scale = 0.5}}, n, 2, o, w0);
+    ps::server_actions out(2);
+    std::vector<float> W = w0, v(n, 0.0f);
+    const float lr = 0.05f, mu = 0.9f, wd = 1e-3f, half = 0.5f;
+    for (std::uint64_t seq = 1; seq <= 5; ++seq)
+      for (sync::worker_id w = 0; w < 2; ++w) {
+        const auto g = vec(n, 0.2f - 0.1f * static_cast<float>(w), 0.01f * static_cast<float>(seq));
+        const auto bytes = dense(g);
+        core.commit(commit_of(w, seq, bytes, n), 0.0, out);
+        BOOST_TEST(out.errors().empty());
+        for (std::size_t i = 0; i < n; ++i) {
+          const float acc = 0.0f + 1.0f * g[i];  // decoded at scale 1 into the zero accumulator
+          const float gi = half * acc + wd * W[i];
+          v[i] = mu * v[i] + gi;
+          W[i] -= lr * (nesterov ? gi + mu * v[i] : v[i]);
+        }
+        out.clear();
+      }
+    BOOST_TEST(same_bits(core.parameters(), W));
+    BOOST_TEST(same_bits(core.optimizer_state().velocity(), v));
+  }
+}
+
+// ------------------------------------------------------- exact values: rounds
+
+BOOST_AUTO_TEST_CASE(round_policy_applies_buffered_commits_once_per_round_bit_exactly) {
+  const std::size_t n = 23;
+  const std::uint32_t m = 4;
+  for (bool sgd : {false, true}) {
+    const auto w0 = vec(n, 1.0f, 0.125f);
+    auto core = make(rounds(m), n, m, sgd ? sgd_plain : ps::optimizer_params{}, w0);
+    ps::server_actions out(m);
+    std::vector<float> W = w0;
+    const float q = 0.25f;
+    for (std::uint64_t seq = 1; seq <= 3; ++seq) {
+      std::vector<std::vector<float>> deltas;
+      for (sync::worker_id w = 0; w < m; ++w) {
+        deltas.push_back(vec(n, 0.3f * static_cast<float>(w) - 0.4f, 0.07f / static_cast<float>(seq)));
+        const auto bytes = dense(deltas.back());
+        core.commit(commit_of(w, seq, bytes, n, /*pull=*/true), 0.0, out);
+        BOOST_TEST(out.errors().empty());
+        if (w + 1 < m) {
+          BOOST_TEST(out.steps() == 0u);
+          BOOST_TEST(out.pull_replies().empty());  // held until the round
+          BOOST_TEST(same_bits(core.parameters(), W));
+          BOOST_TEST(core.store().size() == w + 1u);
+        }
+      }
+      // The last commit completed the round: it is decoded from the message
+      // (not stored), every held pull is released, and the last worker's own
+      // pull is served.
+      BOOST_TEST(out.steps() == 1u);
+      BOOST_TEST(out.pull_replies().size() == m);
+      BOOST_TEST(core.store().empty());
+      if (sgd) {
+        std::vector<float> acc(n, 0.0f);
+        for (sync::worker_id w = 0; w < m; ++w)
+          for (std::size_t i = 0; i < n; ++i) acc[i] += q * deltas[w][i];
+        for (std::size_t i = 0; i < n; ++i) W[i] -= 0.5f * (1.0f * acc[i] + 0.0f * W[i]);
+      } else {
+        for (sync::worker_id w = 0; w < m; ++w)
+          for (std::size_t i = 0; i < n; ++i) W[i] += q * deltas[w][i];
+      }
+      BOOST_TEST(same_bits(core.parameters(), W));
+      out.clear();
+    }
+    BOOST_TEST(core.version() == 3u);
+    BOOST_TEST(core.stats().commits_applied == 12u);
+    BOOST_TEST(core.stats().commits_buffered == 9u);  // the round's last commit was never stored
+    BOOST_TEST(core.stats().pulls_held == 9u);
+    BOOST_TEST(core.stats().pulls_released == 9u);
+  }
+}
+
+// ------------------------------------------------------------ exactly once
+
+BOOST_AUTO_TEST_CASE(duplicates_are_dropped_and_counted_without_touching_parameters) {
+  const std::size_t n = 8;
+  auto core = make(sync::asp{{.workers = 2}}, n, 2);
+  ps::server_actions out(2);
+  const auto a = dense(vec(n, 1.0f, 0.0f)), b = dense(vec(n, 2.0f, 0.0f));
+  core.commit(commit_of(0, 1, a, n), 0.0, out);
+  core.commit(commit_of(0, 2, a, n), 0.0, out);
+  const std::vector<float> after(core.parameters().begin(), core.parameters().end());
+  out.clear();
+  core.commit(commit_of(0, 2, b, n, /*pull=*/true), 0.0, out);  // retransmission, different bytes even
+  core.commit(commit_of(0, 1, b, n), 0.0, out);                 // older
+  BOOST_TEST(same_bits(core.parameters(), after));
+  BOOST_TEST(core.stats().duplicates == 2u);
+  BOOST_TEST(core.stats().commits == 2u);
+  BOOST_TEST(out.steps() == 0u);
+  BOOST_TEST(out.errors().empty());
+  BOOST_REQUIRE(out.pull_replies().size() == 1u);  // the riding pull is still answered
+  BOOST_TEST(core.policy().staleness(0) == 0u);    // the policy saw only two commits
+  for (float x : core.parameters()) BOOST_TEST(x == 2.0f);
+}
+
+BOOST_AUTO_TEST_CASE(rejoin_with_a_new_incarnation_restarts_sequences_and_refuses_the_old_one) {
+  const std::size_t n = 4;
+  auto core = make(sync::asp{{.workers = 2}}, n, 2);
+  ps::server_actions out(2);
+  const auto one = dense(vec(n, 1.0f, 0.0f));
+  core.commit(commit_of(1, 1, one, n), 0.0, out);
+  core.commit(commit_of(1, 2, one, n), 0.0, out);
+  core.evict(1, 1.0, out);
+  out.clear();
+  auto c = commit_of(1, 3, one, n);
+  core.commit(c, 1.5, out);  // evicted: refused
+  BOOST_REQUIRE(out.errors().size() == 1u);
+  BOOST_TEST((out.errors()[0].reason == ps::refusal::not_live));
+  BOOST_TEST(out.errors()[0].text == "commit.worker = 1: left or was evicted: join again");
+  out.clear();
+  core.join(1, 7, 2.0, out);  // restarted process
+  BOOST_REQUIRE(out.plans().size() == 1u);
+  BOOST_TEST(out.plans()[0].worker == 1u);
+  BOOST_TEST((out.plans()[0].plan.stage == ashl::stage_id::asp));
+  out.clear();
+  core.commit(commit_of(1, 3, one, n), 2.1, out);  // incarnation 0: refused
+  BOOST_REQUIRE(out.errors().size() == 1u);
+  BOOST_TEST((out.errors()[0].reason == ps::refusal::incarnation));
+  BOOST_TEST(out.errors()[0].text == "commit.incarnation = 0: worker 1 joined as incarnation 7");
+  BOOST_TEST(out.errors()[0].in_reply_to == 3u);
+  out.clear();
+  c = commit_of(1, 1, one, n);
+  c.incarnation = 7;
+  core.commit(c, 2.2, out);  // sequence 1 again: a new incarnation's first
+  BOOST_TEST(out.errors().empty());
+  BOOST_TEST(out.steps() == 1u);
+  core.commit(c, 2.3, out);  // and now a duplicate
+  BOOST_TEST(core.stats().duplicates == 1u);
+  for (float x : core.parameters()) BOOST_TEST(x == 3.0f);
+  out.clear();
+  core.join(1, 3, 2.4, out);  // an older incarnation's late join
+  BOOST_REQUIRE(out.errors().size() == 1u);
+  BOOST_TEST(out.errors()[0].text == "join.incarnation = 3: worker 1 is at incarnation 7");
+  out.clear();
+  core.join(1, 7, 2.5, out);  // duplicate join: the plan again, nothing else
+  BOOST_TEST(out.plans().size() == 1u);
+  BOOST_TEST(core.stats().joins == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(rejoin_while_an_old_commit_is_still_buffered_does_not_collide) {
+  const std::size_t n = 3;
+  auto core = make(rounds(2), n, 2);
+  ps::server_actions out(2);
+  const auto one = dense({1.0f, 1.0f, 1.0f}), ten = dense({10.0f, 10.0f, 10.0f});
+  core.commit(commit_of(0, 1, one, n), 0.0, out);  // buffered (waits for worker 1)
+  core.join(0, 1, 0.5, out);                       // worker 0 restarts: old incarnation evicted, commit kept
+  auto c = commit_of(0, 1, ten, n);
+  c.incarnation = 1;
+  core.commit(c, 0.6, out);  // its sequence 1 again; the policy sees sequence 2
+  BOOST_TEST(out.errors().empty());
+  // The rounds policy keeps one commit per worker, so it drops the new one;
+  // the old incarnation's commit stays stored under its own key.
+  BOOST_TEST(core.stats().commits_dropped == 1u);
+  BOOST_TEST(core.store().size() == 1u);
+  out.clear();
+  core.drain(out);
+  BOOST_TEST(out.steps() == 1u);
+  BOOST_TEST(core.store().empty());
+  for (float x : core.parameters()) BOOST_TEST(x == 1.0f);
+}
+
+// ------------------------------------------------------------ bounded store
+
+BOOST_AUTO_TEST_CASE(store_bound_refuses_past_it_keeps_what_it_had_and_applies_it_later) {
+  const std::size_t n = 16;  // 64-byte payloads
+  const std::uint32_t m = 4;
+  auto core = make(rounds(m), n, m, {}, {}, /*store=*/150);
+  ps::server_actions out(m);
+  std::vector<std::vector<float>> d;
+  for (sync::worker_id w = 0; w < m; ++w) d.push_back(vec(n, static_cast<float>(w + 1), 0.5f));
+  std::vector<std::vector<std::byte>> b;
+  for (auto& x : d) b.push_back(dense(x));
+  core.commit(commit_of(0, 1, b[0], n), 0.0, out);
+  core.commit(commit_of(1, 1, b[1], n), 0.0, out);
+  BOOST_TEST(out.errors().empty());
+  core.commit(commit_of(2, 1, b[2], n), 0.0, out);
+  BOOST_REQUIRE(out.errors().size() == 1u);
+  BOOST_TEST((out.errors()[0].reason == ps::refusal::store_full));
+  BOOST_TEST((out.errors()[0].code == ashl::errc::out_of_range));
+  BOOST_TEST(out.errors()[0].text ==
+             "store_bytes = 150: a payload of 64 bytes would pass it (128 bytes of 2 buffered commits held)");
+  BOOST_TEST(core.store().size() == 2u);
+  BOOST_TEST(core.stats().refused_for(ps::refusal::store_full) == 1u);
+  BOOST_TEST(core.stats().commits == 2u);  // the policy never saw the refused one
+  for (float x : core.parameters()) BOOST_TEST(x == 0.0f);
+  out.clear();
+  // Workers 2 and 3 are evicted: the round of 0 and 1 completes with what
+  // the store kept.
+  core.evict(2, 1.0, out);
+  BOOST_TEST(out.steps() == 0u);
+  core.evict(3, 1.0, out);
+  BOOST_TEST(out.steps() == 1u);
+  std::vector<float> expect(n, 0.0f);
+  for (int w = 0; w < 2; ++w)
+    for (std::size_t i = 0; i < n; ++i) expect[i] += 0.5f * d[w][i];
+  BOOST_TEST(same_bits(core.parameters(), expect));
+  BOOST_TEST(core.store().empty());
+  BOOST_TEST(core.store().arena_bytes() <= 150u);
+}
+
+// ------------------------------------------------------------ eviction
+
+BOOST_AUTO_TEST_CASE(eviction_releases_held_pulls_of_others_and_drops_the_evicted_ones) {
+  const std::size_t n = 2;
+  auto core = make(sync::ssp{{.workers = 3, .staleness = 0}}, n, 3);
+  ps::server_actions out(3);
+  const auto x = dense({1.0f, 1.0f});
+  core.commit(commit_of(0, 1, x, n), 0.0, out);
+  core.commit(commit_of(0, 2, x, n, true), 0.1, out);  // c0 = 2, min 0: held
+  core.commit(commit_of(1, 1, x, n, true), 0.2, out);  // c1 = 1: held
+  BOOST_TEST(out.pull_replies().empty());
+  BOOST_TEST(core.is_held(0));
+  BOOST_TEST(core.is_held(1));
+  out.clear();
+  core.evict(2, 1.0, out);  // min over {0, 1} = 1: worker 1 released, 0 still ahead
+  BOOST_REQUIRE(out.pull_replies().size() == 1u);
+  BOOST_TEST(out.pull_replies()[0] == 1u);
+  BOOST_TEST(core.is_held(0));
+  out.clear();
+  core.evict(0, 2.0, out);  // its held pull is dropped, never answered
+  BOOST_TEST(out.pull_replies().empty());
+  BOOST_TEST(!core.is_held(0));
+  BOOST_TEST(core.stats().pulls_dropped == 1u);
+  BOOST_TEST(core.stats().pulls_released == 1u);
+  BOOST_TEST(core.stats().evictions == 2u);
+  out.clear();
+  core.pull(0, 2.5, out);
+  BOOST_REQUIRE(out.errors().size() == 1u);
+  BOOST_TEST((out.errors()[0].reason == ps::refusal::not_live));
+}
+
+BOOST_AUTO_TEST_CASE(buffered_commits_of_an_evicted_worker_still_apply) {
+  const std::size_t n = 2;
+  auto core = make(rounds(3), n, 3);
+  ps::server_actions out(3);
+  core.commit(commit_of(0, 1, dense({4.0f, 8.0f}), n), 0.0, out);
+  core.commit(commit_of(1, 1, dense({2.0f, 2.0f}), n), 0.0, out);
+  core.evict(0, 0.5, out);  // its commit stays buffered
+  BOOST_TEST(core.store().size() == 2u);
+  BOOST_TEST(out.steps() == 0u);
+  core.evict(2, 0.6, out);  // round of live worker 1, with 0's commit too
+  BOOST_TEST(out.steps() == 1u);
+  BOOST_TEST(core.parameters()[0] == 0.5f * 4.0f + 0.5f * 2.0f);
+  BOOST_TEST(core.parameters()[1] == 0.5f * 8.0f + 0.5f * 2.0f);
+}
+
+// ---------------------------------------------------------------- bad input
+
+BOOST_AUTO_TEST_CASE(bad_commits_are_refused_named_counted_and_change_nothing) {
+  const std::size_t n = 64;
+  for (bool sgd : {false, true}) {
+    const auto w0 = vec(n, 0.5f, 0.01f);
+    auto core = make(sync::asp{{.workers = 2}}, n, 2, sgd ? sgd_plain : ps::optimizer_params{}, w0);
+    ps::server_actions out(2);
+    const auto good = dense(vec(n, 1.0f, 0.0f));
+    std::uint64_t seq = 1;
+    auto expect_refused = [&](ps::commit_in c, ps::refusal why, const std::string& text) {
+      c.sequence = seq;
+      core.commit(c, 0.0, out);
+      BOOST_REQUIRE(out.errors().size() == 1u);
+      BOOST_TEST((out.errors()[0].reason == why), ps::to_string(why));
+      BOOST_TEST(out.errors()[0].text == text);
+      BOOST_TEST(out.errors()[0].in_reply_to == c.sequence);
+      BOOST_TEST(out.steps() == 0u);
+      BOOST_TEST(same_bits(core.parameters(), w0));
+      BOOST_TEST(core.stats().commits == 0u);
+      BOOST_TEST(core.last_sequence(0) == 0u);  // the sequence is not consumed
+      out.clear();
+    };
+    // identity of the wrong size
+    expect_refused(commit_of(0, 1, std::span(good).first(good.size() - 4), n), ps::refusal::payload,
+                   sgd ? "identity.payload_bytes = 252: must be count * 4 = 256"
+                       : "commit.payload_bytes = 252: identity of 64 f32 is 256 bytes");
+    expect_refused(commit_of(0, 1, good, n - 1), ps::refusal::element_count,
+                   "commit.element_count = 63: this server's shard 0 holds 64");
+    auto i8 = commit_of(0, 1, good, n);
+    i8.type = dtype::i8;
+    expect_refused(i8, ps::refusal::dtype, "commit.dtype = \"i8\": must be f32, f16 or bf16");
+    auto unknown = commit_of(0, 1, good, n);
+    unknown.codec = static_cast<codec_id>(200);
+    expect_refused(unknown, ps::refusal::codec, "commit.codec = 200: unknown codec id");
+    auto zero = commit_of(0, 0, good, n);
+    core.commit(zero, 0.0, out);
+    BOOST_REQUIRE(out.errors().size() == 1u);
+    BOOST_TEST(out.errors()[0].text == "commit.sequence = 0: sequences start at 1");
+    out.clear();
+    core.commit(commit_of(9, 1, good, n), 0.0, out);
+    BOOST_REQUIRE(out.errors().size() == 1u);
+    BOOST_TEST(out.errors()[0].text == "commit.worker = 9: not a worker of this server (join first)");
+    BOOST_TEST((out.errors()[0].code == ashl::errc::not_found));
+    out.clear();
+    // top-k with an index out of range, and with indices not increasing
+    const auto g = vec(n, -1.0f, 0.05f);
+    ashl::compress::topk tk(ashl::compress::topk::count{4});
+    std::vector<std::byte> sparse(tk.max_encoded_bytes(n, dtype::f32));
+    sparse.resize(tk.encode(ashl::host_view<const float>(g.data(), n), sparse, {}).value());
+    auto bad_index = sparse;
+    ashl::byte_writer(std::span(bad_index).subspan(12 + 4 * 3, 4)).put(std::uint32_t{64});
+    expect_refused(commit_of(0, 1, bad_index, n, false, codec_id::topk), ps::refusal::payload,
+                   "topk.index[3] = 64: must be < n = 64");
+    auto unordered = sparse;
+    ashl::byte_writer(std::span(unordered).subspan(12 + 4 * 2, 4)).put(std::uint32_t{0});
+    expect_refused(commit_of(0, 1, unordered, n, false, codec_id::topk), ps::refusal::payload,
+                   "topk.index[2] = 0: must be greater than the previous index " + std::to_string(index_at(sparse, 1)));
+    // qsgd truncated
+    ashl::compress::qsgd qs;
+    std::vector<std::byte> qb(qs.max_encoded_bytes(n, dtype::f32));
+    qb.resize(qs.encode(ashl::host_view<const float>(g.data(), n), qb, {}).value());
+    auto qcut = commit_of(0, 1, std::span(qb).first(qb.size() - 1), n, false, codec_id::qsgd);
+    qcut.sequence = seq;
+    core.commit(qcut, 0.0, out);
+    BOOST_REQUIRE(out.errors().size() == 1u);
+    BOOST_TEST((out.errors()[0].reason == ps::refusal::payload));
+    BOOST_TEST(same_bits(core.parameters(), w0));
+    out.clear();
+    // over the wire limits
+    auto big = ps::server_core<sync::asp>::create(
+        {.layout = layout(n), .workers = 1, .limits = {.max_payload_bytes = 100}}, sync::asp{{.workers = 1}});
+    big->commit(commit_of(0, 1, good, n), 0.0, out);
+    BOOST_REQUIRE(out.errors().size() == 1u);
+    BOOST_TEST(out.errors()[0].text == "commit.payload_bytes = 256: exceeds limits.max_payload_bytes = 100");
+    out.clear();
+    // A valid commit afterwards lands exactly: nothing of the refused ones
+    // stayed in the accumulator.
+    core.commit(commit_of(0, 1, good, n), 0.0, out);
+    BOOST_TEST(out.errors().empty());
+    std::vector<float> expect = w0;
+    for (std::size_t i = 0; i < n; ++i) expect[i] = sgd ? w0[i] - 0.5f * (1.0f * 1.0f + 0.0f * w0[i]) : w0[i] + 1.0f;
+    BOOST_TEST(same_bits(core.parameters(), expect));
+    BOOST_TEST(core.stats().refused_total() == 9u);
+    BOOST_TEST(core.stats().refused_for(ps::refusal::payload) == 4u);
+    out.clear();
+  }
+}
+
+BOOST_AUTO_TEST_CASE(every_codec_decodes_by_its_own_id) {
+  const std::size_t n = 300;
+  const auto g = vec(n, -0.7f, 0.004f);
+  auto core = make(sync::asp{{.workers = 1}}, n, 1);
+  ps::server_actions out(1);
+  std::uint64_t seq = 0;
+  std::vector<float> expect(n, 0.0f);
+  auto send = [&](const auto& codec) {
+    std::vector<std::byte> b(codec.max_encoded_bytes(n, dtype::f32));
+    b.resize(codec.encode(ashl::host_view<const float>(g.data(), n), b, {}).value());
+    auto c = commit_of(0, ++seq, b, n, false, std::decay_t<decltype(codec)>::id);
+    core.commit(c, 0.0, out);
+    BOOST_TEST(out.errors().empty());
+    BOOST_TEST(ashl::compress::decode_add(c.codec, b, {n, dtype::f32}, ashl::host_view<float>(expect.data(), n), 1.0f,
+                                          {})
+                   .ok());
+    BOOST_TEST(same_bits(core.parameters(), expect));
+    out.clear();
+  };
+  send(ashl::compress::identity{});
+  send(ashl::compress::topk{0.05});
+  send(ashl::compress::qsgd{});
+  BOOST_TEST(core.version() == 3u);
+}
+
+BOOST_AUTO_TEST_CASE(bad_measurements_are_refused) {
+  auto core = make(sync::asp{{.workers = 1}}, 0, 1);
+  ps::server_actions out(1);
+  core.measurement({.worker = 0, .kind = ashl::measurement_kind::push, .seconds = 0.0}, out);
+  BOOST_REQUIRE(out.errors().size() == 1u);
+  BOOST_TEST(out.errors()[0].text == "measurement.seconds = 0: must be finite and > 0");
+  out.clear();
+  core.measurement({.worker = 5, .kind = ashl::measurement_kind::push, .seconds = 1.0}, out);
+  BOOST_REQUIRE(out.errors().size() == 1u);
+  BOOST_TEST((out.errors()[0].reason == ps::refusal::unknown_worker));
+  out.clear();
+  core.measurement({.worker = 0, .kind = ashl::measurement_kind::push, .seconds = 0.5, .amount = 10}, out);
+  BOOST_TEST(out.errors().empty());
+  BOOST_TEST(core.stats().refused_for(ps::refusal::measurement) == 1u);
+}
+
+// ---------------------------------------------------------------- timing only
+
+BOOST_AUTO_TEST_CASE(timing_only_layout_takes_policy_decisions_without_payloads) {
+  auto core = make(rounds(3), 0, 3);
+  ps::server_actions out(3);
+  BOOST_TEST(core.timing_only());
+  for (std::uint64_t seq = 1; seq <= 5; ++seq)
+    for (sync::worker_id w = 0; w < 3; ++w) {
+      ps::commit_in c{.worker = w, .sequence = seq, .bytes = 4096, .element_count = 123456, .pull = true};
+      core.commit(c, 0.0, out);
+    }
+  BOOST_TEST(out.errors().empty());
+  BOOST_TEST(out.steps() == 5u);
+  BOOST_TEST(out.pull_replies().size() == 15u);
+  BOOST_TEST(core.version() == 5u);
+  BOOST_TEST(core.store().empty());
+  BOOST_TEST(core.stats().bytes_in == 15u * 4096u);
+  BOOST_TEST(core.parameters().empty());
+}
+
+BOOST_AUTO_TEST_CASE(join_sends_the_plan_and_plan_changes_reach_live_workers) {
+  auto core = make(rounds(4), 0, 2);  // the policy knows 4 ids, 2 live at creation... all 4 live in rounds
+  ps::server_actions out(4);
+  core.join(3, 0, 0.0, out);  // a new id for the core
+  BOOST_REQUIRE(out.plans().size() == 1u);
+  BOOST_TEST(out.plans()[0].worker == 3u);
+  BOOST_TEST(out.plans()[0].plan.local_iterations == 4u);
+  BOOST_TEST(core.stats().plans_sent == 1u);
+  out.clear();
+  core.leave(3, 1.0, out);
+  BOOST_TEST(core.stats().leaves == 1u);
+  core.leave(3, 1.0, out);
+  BOOST_REQUIRE(out.errors().size() == 1u);
+  BOOST_TEST(out.errors()[0].text == "leave.worker = 3: left or was evicted: join again");
+}
+
+// ---------------------------------------------------------------- allocation
+
+BOOST_AUTO_TEST_CASE(no_allocation_in_steady_state) {
+  const std::size_t n = 512;
+  const std::uint32_t m = 4;
+  const auto g = vec(n, 0.01f, 0.0001f);
+  const auto dense_bytes = dense(g);
+  ashl::compress::topk tk(0.05);
+  std::vector<std::byte> sparse(tk.max_encoded_bytes(n, dtype::f32));
+  sparse.resize(tk.encode(ashl::host_view<const float>(g.data(), n), sparse, {}).value());
+
+  auto check = [&](auto core, const char* what) {
+    ps::server_actions out(m);
+    std::uint64_t errors = 0;
+    auto events = [&](std::uint64_t from, std::uint64_t to) {
+      for (std::uint64_t seq = from; seq < to; ++seq)
+        for (sync::worker_id w = 0; w < m; ++w) {
+          const bool sp = (seq + w) % 2 == 0;
+          core.commit(commit_of(w, seq, sp ? std::span<const std::byte>(sparse) : std::span<const std::byte>(dense_bytes),
+                                n, /*pull=*/true, sp ? codec_id::topk : codec_id::identity),
+                      static_cast<double>(seq), out);
+          core.measurement({.worker = w, .kind = ashl::measurement_kind::push, .seconds = 0.01, .amount = 100,
+                            .time = static_cast<double>(seq)},
+                           out);
+          errors += out.errors().size();
+          out.clear();
+        }
+    };
+    events(1, 50);  // warm-up
+    const std::uint64_t before = g_allocations.load();
+    events(50, 800);
+    const std::uint64_t after = g_allocations.load();
+    BOOST_TEST(errors == 0u, what);
+    BOOST_TEST(after - before == 0u, what);
+    BOOST_TEST(core.stats().commits == 799u * m, what);
+  };
+  check(make(sync::ssp{{.workers = m, .staleness = 2}}, n, m), "ssp model deltas");
+  check(make(sync::ssp{{.workers = m, .staleness = 2}}, n, m,
+             {.mode = ps::optimizer_params::kind::sgd, .lr = 0.01, .momentum = 0.9}),
+        "ssp sgd");
+  check(make(rounds(m), n, m), "rounds model deltas (the store)");
+  check(make(rounds(m), n, m, sgd_plain), "rounds sgd (the store)");
+  check(make(rounds(m), 0, m), "rounds timing only");
+}
+
+// ---------------------------------------------------------------- save/load
+
+namespace {
+
+template <class Core>
+void script(Core& core, std::uint64_t from, std::uint64_t to, std::vector<float>& trail) {
+  ps::server_actions out(3);
+  for (std::uint64_t seq = from; seq < to; ++seq)
+    for (sync::worker_id w = 0; w < 3; ++w) {
+      const auto d = vec(5, 0.1f * static_cast<float>(w + seq), 0.01f);
+      const auto b = dense(d);
+      core.commit(commit_of(w, seq, b, 5, /*pull=*/w != 1), static_cast<double>(seq), out);
+      if (seq % 3 == 0 && w == 2) core.pull(1, static_cast<double>(seq), out);
+      for (auto r : out.pull_replies()) trail.push_back(static_cast<float>(r));
+      trail.push_back(static_cast<float>(out.steps()));
+      out.clear();
+    }
+  for (float x : core.parameters()) trail.push_back(x);
+}
+
+template <class P>
+void round_trip(P policy, ps::optimizer_params o) {
+  auto a = make(policy, 5, 3, o);
+  std::vector<float> ta, tb;
+  script(a, 1, 5, ta);
+  ps::server_actions out(3);
+  a.commit(commit_of(0, 5, dense(vec(5, 1.0f, 1.0f)), 5, true), 5.0, out);  // leave something buffered/held
+  std::vector<std::byte> bytes;
+  ashl::state_writer w(bytes);
+  a.save(w);
+
+  auto b = make(policy, 5, 3, {.mode = ps::optimizer_params::kind::sgd, .lr = 0.3});  // other parameters
+  ashl::state_reader r(bytes);
+  BOOST_REQUIRE_MESSAGE(b.load(r).ok(), "load");
+  BOOST_TEST(same_bits(a.parameters(), b.parameters()));
+  BOOST_TEST((a.stats() == b.stats()));
+  BOOST_TEST((a.params().optimizer == b.params().optimizer));
+  BOOST_TEST(a.store().size() == b.store().size());
+  ta.clear();
+  script(a, 6, 12, ta);
+  script(b, 6, 12, tb);
+  BOOST_TEST(ta == tb);
+  BOOST_TEST((a.stats() == b.stats()));
+  BOOST_TEST(same_bits(a.optimizer_state().velocity(), b.optimizer_state().velocity()));
+
+  // Truncated and corrupt states are refused and leave the core unchanged.
+  std::vector<std::byte> before;
+  ashl::state_writer wb(before);
+  b.save(wb);
+  for (std::size_t cut : {std::size_t{0}, std::size_t{7}, bytes.size() / 2, bytes.size() - 1}) {
+    ashl::state_reader t(std::span<const std::byte>(bytes.data(), cut));
+    BOOST_TEST(!b.load(t).ok());
+  }
+  auto corrupt = bytes;
+  corrupt[corrupt.size() / 2] ^= std::byte{0x10};
+  ashl::state_reader cr(corrupt);
+  const auto s = b.load(cr);
+  BOOST_TEST(!s.ok());
+  BOOST_TEST((s.code() == ashl::errc::checksum_mismatch));
+  std::vector<std::byte> after;
+  ashl::state_writer wa(after);
+  b.save(wa);
+  BOOST_TEST((before == after));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(save_load_round_trip_continues_identically) {
+  round_trip(sync::ssp{{.workers = 3, .staleness = 1}}, {});
+  round_trip(sync::ssp{{.workers = 3, .staleness = 0}},
+             {.mode = ps::optimizer_params::kind::sgd, .lr = 0.1, .momentum = 0.5, .nesterov = true});
+  round_trip(rounds(3), {});
+  round_trip(sync::any_policy(rounds(3)), {.mode = ps::optimizer_params::kind::sgd, .lr = 0.2});
+}
