@@ -104,10 +104,9 @@ class ssp {
     release(out);
   }
   void on_measurement(const measurement_event&, outcome_sink&) {}
-  // Releases every held pull in (c_i, i) order.
+  // Releases every held pull, in id order (O(ids): a drain happens once).
   void drain(outcome_sink& out) {
-    held_.sort(pos_, order());
-    for (worker_id w : held_.items()) core_.table().release(w, out);
+    core_.table().release_if(out, [](worker_id) { return true; });
     held_.clear(pos_);
   }
 

@@ -68,18 +68,6 @@ class id_heap {
     up(i, pos, less);
     down(pos[w], pos, less);
   }
-  // Sort into key order (a sorted array is a valid heap): for a drain that
-  // names everything in a deterministic order without allocating.
-  template <class Less>
-  void sort(std::vector<std::uint32_t>& pos, Less&& less) {
-    for (std::size_t i = 1; i < h_.size(); ++i) {  // insertion sort: no allocation, drains only
-      const worker_id w = h_[i];
-      std::size_t j = i;
-      for (; j > 0 && less(w, h_[j - 1]); --j) h_[j] = h_[j - 1];
-      h_[j] = w;
-    }
-    for (std::size_t i = 0; i < h_.size(); ++i) pos[h_[i]] = static_cast<std::uint32_t>(i);
-  }
   void clear(std::vector<std::uint32_t>& pos) noexcept {
     for (worker_id w : h_) pos[w] = no_position;
     h_.clear();
