@@ -162,7 +162,7 @@ class commit_store {
     ASHL_TRY(r.tag("PSTO", 1));
     std::uint64_t bound = 0, n = 0;
     ASHL_TRY(r.get(bound, "commit_store.bound"));
-    ASHL_TRY(r.count(n, 38, "commit_store.entries"));
+    ASHL_TRY(r.count(n, 42, "commit_store.entries"));  // 42: the fixed fields of an entry
     commit_store fresh(bound);
     std::vector<std::byte> bytes;
     for (std::uint64_t i = 0; i < n; ++i) {

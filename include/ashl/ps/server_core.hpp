@@ -255,7 +255,7 @@ class server_core {
     c.acc_.assign(static_cast<std::size_t>(n), 0.0f);
     c.table_.resize(c.p_.workers);
     for (auto& e : c.table_) e.known = e.live = true;
-    return c;
+    return std::move(c);
   }
 
   // ---------------------------------------------------------------- events
@@ -381,7 +381,7 @@ class server_core {
   }
 
   void measurement(const ashl::measurement& m, server_actions& out) {
-    if (!check_live_or_known(m.worker, out)) return;
+    if (!check_known(m.worker, out)) return;
     if (static_cast<std::uint8_t>(m.kind) >= measurement_kind_count) {
       refuse(out, m.worker, 0, refusal::measurement,
              invalid_argument("measurement.kind", static_cast<unsigned>(m.kind), "unknown measurement kind"));
@@ -562,7 +562,7 @@ class server_core {
     }
     return true;
   }
-  bool check_live_or_known(worker_id w, server_actions& out) {
+  bool check_known(worker_id w, server_actions& out) {
     if (w < table_.size() && table_[w].known) return true;
     refuse(out, w, 0, refusal::unknown_worker,
            make_error(errc::not_found, "measurement.worker", w, "not a worker of this server"));

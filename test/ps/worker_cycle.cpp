@@ -1,0 +1,111 @@
+#include <ashl/ps/worker_cycle.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <cstdint>
+#include <vector>
+
+namespace ps = ashl::ps;
+using ashl::measurement;
+using ashl::measurement_kind;
+using ashl::worker_plan;
+
+BOOST_AUTO_TEST_CASE(h_iterations_then_commit_and_pull_with_measurements) {
+  ps::worker_cycle c(3);
+  c.start(worker_plan{.local_iterations = 4, .batch_size = 0}, 32, 10.0);
+  BOOST_TEST(c.batch() == 32u);  // the plan keeps the worker's own
+  BOOST_TEST(!c.compresses());
+  BOOST_TEST(!c.iteration_done(10.5));
+  BOOST_TEST(!c.iteration_done(11.0));
+  BOOST_TEST(!c.iteration_done(11.5));
+  BOOST_TEST(c.iteration_done(12.0));
+  BOOST_TEST(c.iterations() == 4u);
+  BOOST_TEST(c.samples() == 128u);
+  BOOST_TEST(c.commit_sent(12.0) == 1u);
+  c.commit_arrived(12.25, 4096);
+  c.reply_started(13.0);  // the pull was held 0.75 s
+  c.reply_arrived(13.5, 8192);
+  const std::vector<measurement> expect{
+      {3, measurement_kind::compute, 0.5, 32, 12.0},
+      {3, measurement_kind::push, 0.25, 4096, 12.25},
+      {3, measurement_kind::pull, 0.5, 8192, 13.5},
+      {3, measurement_kind::commit, 0.75, 0, 13.5},
+  };
+  const auto got = c.measurements();
+  BOOST_TEST((std::vector<measurement>(got.begin(), got.end()) == expect));
+  c.clear_measurements();
+  BOOST_TEST(c.measurements().empty());
+  BOOST_TEST((c.state() == ps::worker_cycle::phase::idle));
+}
+
+BOOST_AUTO_TEST_CASE(interval_driven_cycle_runs_until_the_interval_is_filled) {
+  ps::worker_cycle c(0);
+  const worker_plan p{.local_iterations = 0, .commit_interval_us = 1'000'000, .batch_size = 16};
+  c.start(p, 64, 0.0);
+  BOOST_TEST(c.batch() == 16u);  // the plan's batch wins
+  BOOST_TEST(!c.iteration_done(0.3));
+  BOOST_TEST(!c.iteration_done(0.6));
+  BOOST_TEST(!c.iteration_done(0.9));
+  BOOST_TEST(c.iteration_done(1.2));
+  BOOST_TEST(c.iterations() == 4u);
+  BOOST_REQUIRE(c.measurements().size() == 1u);
+  BOOST_TEST(c.measurements()[0].seconds == 1.2 / 4);
+  BOOST_TEST(c.measurements()[0].amount == 16.0);
+  // One iteration longer than the interval is still one iteration.
+  ps::worker_cycle d(1);
+  c.commit_sent(1.2);
+  d.start(p, 8, 5.0);
+  BOOST_TEST(d.iteration_done(7.0));
+  BOOST_TEST(d.iterations() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(compression_when_the_ratio_is_below_one) {
+  ps::worker_cycle c(2);
+  c.start(worker_plan{.local_iterations = 1, .compression_ratio = 0.1f}, 8, 0.0);
+  BOOST_TEST(c.compresses());
+  BOOST_TEST(c.iteration_done(1.0));
+  BOOST_TEST((c.state() == ps::worker_cycle::phase::compressing));
+  c.compressed(1.25, 400);
+  BOOST_REQUIRE(c.measurements().size() == 2u);
+  BOOST_TEST((c.measurements()[1] == measurement{2, measurement_kind::compress, 0.25, 400, 1.25}));
+  BOOST_TEST(c.commit_sent(1.25) == 1u);
+  c.commit_arrived(1.5, 472);
+  c.reply_arrived(2.0, 4000);  // no reply_started: timed from the arrival
+  BOOST_REQUIRE(c.measurements().size() == 5u);
+  BOOST_TEST(c.measurements()[3].seconds == 0.5);
+  BOOST_TEST(c.measurements()[4].seconds == 0.75);
+  ps::worker_cycle full(2);
+  full.start(worker_plan{.local_iterations = 1, .compression_ratio = 1.0f}, 8, 0.0);
+  BOOST_TEST(!full.compresses());
+}
+
+BOOST_AUTO_TEST_CASE(sequences_count_commits_and_restart_with_a_new_incarnation) {
+  ps::worker_cycle c(0);
+  for (std::uint64_t k = 1; k <= 5; ++k) {
+    c.start(worker_plan{}, 4, static_cast<double>(k));
+    BOOST_TEST(c.iteration_done(k + 0.5));
+    BOOST_TEST(c.commit_sent(k + 0.5) == k);
+    c.commit_arrived(k + 0.6, 10);
+    c.reply_arrived(k + 0.7, 10);
+  }
+  BOOST_TEST(c.sequence() == 5u);
+  c.restart();
+  c.pull_sent(10.0);  // the first pull after joining: no commit measurement
+  c.clear_measurements();
+  c.reply_arrived(10.5, 100);
+  BOOST_REQUIRE(c.measurements().size() == 1u);
+  BOOST_TEST((c.measurements()[0].kind == measurement_kind::pull));
+  c.start(worker_plan{}, 4, 11.0);
+  BOOST_TEST(c.iteration_done(11.5));
+  BOOST_TEST(c.commit_sent(11.5) == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(zero_durations_are_not_reported) {
+  ps::worker_cycle c(0);
+  c.start(worker_plan{}, 4, 1.0);
+  BOOST_TEST(c.iteration_done(1.0));
+  c.commit_sent(1.0);
+  c.commit_arrived(1.0, 10);
+  c.reply_arrived(1.0, 10);
+  BOOST_TEST(c.measurements().empty());
+}
