@@ -1,0 +1,423 @@
+// ashl/ps/policies.hpp — every consistency policy by name: make_policy(name,
+// params) for drivers, configuration files and command lines.
+//
+//   ashl::ps::policy_params pp;
+//   pp.workers = 9;
+//   pp.staleness = 3;
+//   auto p = ashl::ps::make_policy("ssp", pp);      // result<sync::any_policy>
+//   if (!p) std::cerr << p.error().message();       // "ssp.staleness = -1: must be >= 0"
+//   std::cout << ashl::ps::policy_help();           // one line per policy: name, fields it reads
+//
+// The names live once, in `policies` (name, the policy_params fields it
+// reads, a one-line description); make_policy, its errors and help texts all
+// read that table. Each policy reads only the fields listed for it. ASHL's
+// planner ("uniform" or "profile") and re-planner ("none" or "profile") pick
+// the ashl_schedule instantiation; the profile models come from
+// ps/planners.hpp. ps composes sync and profile, so this is where the
+// choice of planner meets the policy (DESIGN.md "Layers"); the simulator and
+// the servers drive the result through sync::any_policy.
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/ps/planners.hpp>
+#include <ashl/sync/adsp.hpp>
+#include <ashl/sync/any_policy.hpp>
+#include <ashl/sync/ashl_plan.hpp>
+#include <ashl/sync/ashl_schedule.hpp>
+#include <ashl/sync/asp.hpp>
+#include <ashl/sync/bsp.hpp>
+#include <ashl/sync/dlb.hpp>
+#include <ashl/sync/dssp.hpp>
+#include <ashl/sync/events.hpp>
+#include <ashl/sync/local_sgd.hpp>
+#include <ashl/sync/semi_async.hpp>
+#include <ashl/sync/ssp.hpp>
+#include <ashl/sync/staged.hpp>
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+ASHL_NAMESPACE_BEGIN
+namespace ps {
+
+// ------------------------------------------------------------ the one list
+
+struct policy_description {
+  std::string_view name;
+  std::string_view fields;  // the policy_params fields make_policy reads, space-separated
+  std::string_view what;
+};
+
+// Indexed by policy_kind.
+inline constexpr std::array<policy_description, 9> policies{{
+    {"bsp", "workers weighting batch_size", "bulk synchronous rounds (ALGORITHMS.md §1 BSP)"},
+    {"asp", "workers staleness_weight staleness_exponent", "apply every commit at once"},
+    {"ssp", "workers staleness staleness_weight staleness_exponent", "hold a pull while c_i - min c_j > staleness"},
+    {"local_sgd", "workers local_steps weighting batch_size", "synchronous rounds of local_steps local steps"},
+    {"dssp", "workers s_min s_max window staleness_weight staleness_exponent",
+     "SSP whose bound moves in [s_min, s_max] with iteration times"},
+    {"semi_async", "workers sync_every_iterations sync_every_seconds staleness_weight staleness_exponent",
+     "asynchronous, with a global barrier every K iterations or seconds"},
+    {"adsp",
+     "workers period t_min search_every target_loss loss_rise initial_commit_rate max_commit_rate staleness_weight "
+     "staleness_exponent",
+     "commit-rate control with the online commit-rate search"},
+    {"ashl",
+     "workers profile_iterations profile_seconds h_ahl h_shl compression_ratio switch_loss shl_staleness "
+     "staleness_weight staleness_exponent planner replanner profile_trim profile_warmup replan_drift "
+     "replan_half_life",
+     "profiling, then AHL (async, D_i weights), then SHL (SSP) after the loss falls below switch_loss"},
+    {"dlb", "workers total_batch min_batch speed_half_life replan_every",
+     "BSP with per-worker batches proportional to measured throughput"},
+}};
+
+enum class policy_kind : std::uint8_t { bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb };
+static_assert(policies[static_cast<std::size_t>(policy_kind::bsp)].name == "bsp" &&
+                  policies[static_cast<std::size_t>(policy_kind::local_sgd)].name == "local_sgd" &&
+                  policies[static_cast<std::size_t>(policy_kind::adsp)].name == "adsp" &&
+                  policies[static_cast<std::size_t>(policy_kind::dlb)].name == "dlb",
+              "policy_kind indexes policies");
+
+inline constexpr std::array<std::string_view, 2> ashl_planner_names{"uniform", "profile"};
+inline constexpr std::array<std::string_view, 2> ashl_replanner_names{"none", "profile"};
+inline constexpr std::array<std::string_view, 3> staleness_weight_names{"none", "inverse", "power"};
+inline constexpr std::array<std::string_view, 2> weighting_names{"mean", "samples"};
+
+// "a, b or c"
+template <std::size_t N>
+std::string one_of(const std::array<std::string_view, N>& names) {
+  std::string s;
+  for (std::size_t i = 0; i < N; ++i) {
+    if (i > 0) s += i + 1 == N ? " or " : ", ";
+    s += names[i];
+  }
+  return s;
+}
+inline std::string policy_names_text() {
+  std::string s;
+  for (const auto& p : policies) {
+    if (!s.empty()) s += ", ";
+    s += p.name;
+  }
+  return s;
+}
+inline std::optional<policy_kind> policy_kind_of(std::string_view name) noexcept {
+  for (std::size_t i = 0; i < policies.size(); ++i)
+    if (policies[i].name == name) return static_cast<policy_kind>(i);
+  return std::nullopt;
+}
+// One line per policy: "  ssp         workers staleness ... — hold a pull ...".
+inline std::string policy_help() {
+  std::string s;
+  for (const auto& p : policies) {
+    s += "  ";
+    s += p.name;
+    s.append(p.name.size() < 12 ? 12 - p.name.size() : 1, ' ');
+    s += p.what;
+    s += "\n              reads: ";
+    s += p.fields;
+    s += '\n';
+  }
+  return s;
+}
+
+// ------------------------------------------------------------- parameters
+
+// Every knob of every policy; each policy reads the fields its entry in
+// `policies` names. Signed integers so a negative value from a config file
+// is reported, not wrapped.
+struct policy_params {
+  std::int64_t workers = 0;
+  // asynchronous policies: scale of an update of staleness τ
+  std::string staleness_weight = "none";  // "none" | "inverse" (1/(1+τ)) | "power" ((1+τ)^-exponent)
+  double staleness_exponent = 1.0;        // for "power", finite and > 0
+  // bsp, local_sgd
+  std::string weighting = "mean";  // "mean" | "samples" (b_i / Σb)
+  std::int64_t batch_size = 0;     // advertised in the plan; 0: the worker's own
+  std::int64_t local_steps = 2;    // local_sgd H
+  // ssp
+  std::int64_t staleness = 3;
+  // dssp
+  std::int64_t s_min = 1;
+  std::int64_t s_max = 5;
+  std::int64_t window = 5;
+  // semi_async
+  std::int64_t sync_every_iterations = 0;
+  double sync_every_seconds = 0.0;
+  // adsp
+  double period = 60.0;
+  double t_min = 0.0;
+  double search_every = 1000.0;
+  double target_loss = 0.3;
+  double loss_rise = 0.3;
+  std::int64_t initial_commit_rate = 1;
+  std::int64_t max_commit_rate = 64;
+  // ashl
+  std::int64_t profile_iterations = 20;
+  double profile_seconds = 0.0;
+  std::int64_t h_ahl = 8;
+  std::int64_t h_shl = 2;
+  double compression_ratio = 1.0;  // r₀ of the planner
+  double switch_loss = 0.3;
+  std::int64_t shl_staleness = 3;
+  std::string planner = "uniform";  // "uniform" | "profile"
+  std::string replanner = "none";   // "none" | "profile" (ASHL+: online re-planning)
+  std::int64_t profile_trim = 20;   // profile planner/re-planner: samples trimmed off each end
+  std::int64_t profile_warmup = 0;  // profile planner/re-planner: first samples skipped
+  double replan_drift = 0.2;        // profile re-planner: relative drift that re-plans
+  double replan_half_life = 8.0;    // profile re-planner: EWMA half-life, in samples
+  // dlb
+  std::int64_t total_batch = 0;  // B, samples of a round over all workers; 0: 64 per worker
+  std::int64_t min_batch = 8;
+  double speed_half_life = 8.0;  // EWMA half-life of the throughput, in measurements
+  std::int64_t replan_every = 1; // completed rounds between re-plans
+};
+
+namespace detail {
+inline std::string field(std::string_view policy, std::string_view name) {
+  std::string s(policy);
+  s += '.';
+  s += name;
+  return s;
+}
+inline status at_least(std::string_view policy, std::string_view name, std::int64_t v, std::int64_t lo) {
+  if (v < lo) return invalid_argument(field(policy, name), v, "must be >= " + std::to_string(lo));
+  return {};
+}
+inline status at_most_u32(std::string_view policy, std::string_view name, std::int64_t v) {
+  if (v > 0xffffffffll) return invalid_argument(field(policy, name), v, "must be < 2^32");
+  return {};
+}
+inline status positive(std::string_view policy, std::string_view name, double v) {
+  if (!(v > 0.0) || !std::isfinite(v)) return invalid_argument(field(policy, name), v, "must be finite and > 0");
+  return {};
+}
+inline status non_negative(std::string_view policy, std::string_view name, double v) {
+  if (!(v >= 0.0) || !std::isfinite(v)) return invalid_argument(field(policy, name), v, "must be finite and >= 0");
+  return {};
+}
+inline status finite(std::string_view policy, std::string_view name, double v) {
+  if (!std::isfinite(v)) return invalid_argument(field(policy, name), v, "must be finite");
+  return {};
+}
+inline status ratio(std::string_view policy, std::string_view name, double v) {
+  if (!(v > 0.0 && v <= 1.0)) return invalid_argument(field(policy, name), v, "must be in (0, 1]");
+  return {};
+}
+inline result<sync::staleness_weighting> staleness_of(std::string_view policy, const policy_params& p) {
+  if (p.staleness_weight == "none") return sync::staleness_weighting::none();
+  if (p.staleness_weight == "inverse") return sync::staleness_weighting::inverse();
+  if (p.staleness_weight == "power") {
+    ASHL_TRY(positive(policy, "staleness_exponent", p.staleness_exponent));
+    return sync::staleness_weighting::power(p.staleness_exponent);
+  }
+  return invalid_argument(field(policy, "staleness_weight"), p.staleness_weight,
+                          "must be " + one_of(staleness_weight_names));
+}
+inline result<sync::round_weighting> weighting_of(std::string_view policy, const policy_params& p) {
+  if (p.weighting == "mean") return sync::round_weighting::mean;
+  if (p.weighting == "samples") return sync::round_weighting::samples;
+  return invalid_argument(field(policy, "weighting"), p.weighting, "must be " + one_of(weighting_names));
+}
+inline std::uint32_t u32(std::int64_t v) noexcept { return static_cast<std::uint32_t>(v); }
+
+template <class Planner, class Replanner>
+sync::any_policy ashl_of(const sync::ashl_params& ap, Planner planner, Replanner replanner) {
+  return sync::any_policy(sync::ashl_schedule<Planner, Replanner>(ap, std::move(planner), std::move(replanner)));
+}
+
+// ASHL with the planner and re-planner chosen by name. The profile fields
+// (trim, warm-up, drift, half-life) are read only when a profile model is.
+inline result<sync::any_policy> make_ashl(const policy_params& p, const sync::ashl_params& ap) {
+  std::size_t planner = ashl_planner_names.size(), replanner = ashl_replanner_names.size();
+  for (std::size_t i = 0; i < ashl_planner_names.size(); ++i)
+    if (ashl_planner_names[i] == p.planner) planner = i;
+  for (std::size_t i = 0; i < ashl_replanner_names.size(); ++i)
+    if (ashl_replanner_names[i] == p.replanner) replanner = i;
+  if (planner == ashl_planner_names.size())
+    return invalid_argument("ashl.planner", p.planner, "must be " + one_of(ashl_planner_names));
+  if (replanner == ashl_replanner_names.size())
+    return invalid_argument("ashl.replanner", p.replanner, "must be " + one_of(ashl_replanner_names));
+  const sync::uniform_planner uniform{.h_ahl = u32(p.h_ahl), .h_shl = u32(p.h_shl), .ratio = p.compression_ratio};
+  if (planner == 0 && replanner == 0) return ashl_of(ap, uniform, sync::no_replanner{});
+  ASHL_TRY(at_least("ashl", "profile_trim", p.profile_trim, 0));
+  ASHL_TRY(at_least("ashl", "profile_warmup", p.profile_warmup, 0));
+  const profile_planner prof{.h_ahl = u32(p.h_ahl),
+                             .h_shl = u32(p.h_shl),
+                             .r0 = p.compression_ratio,
+                             .trim = static_cast<std::size_t>(p.profile_trim),
+                             .warmup = static_cast<std::size_t>(p.profile_warmup)};
+  if (replanner == 0) return ashl_of(ap, prof, sync::no_replanner{});
+  ASHL_TRY(positive("ashl", "replan_drift", p.replan_drift));
+  ASHL_TRY(positive("ashl", "replan_half_life", p.replan_half_life));
+  const profile_replanner re(prof, {.drift = p.replan_drift, .half_life = p.replan_half_life});
+  if (planner == 0) return ashl_of(ap, uniform, re);
+  return ashl_of(ap, prof, re);
+}
+}  // namespace detail
+
+inline result<sync::any_policy> make_policy(std::string_view name, const policy_params& p) {
+  using namespace detail;
+  const auto kind = policy_kind_of(name);
+  if (!kind) return make_error(errc::not_found, "sync.policy", name, "unknown policy (" + policy_names_text() + ")");
+  ASHL_TRY(at_least(name, "workers", p.workers, 1));
+  ASHL_TRY(at_most_u32(name, "workers", p.workers));
+  const auto m = static_cast<std::size_t>(p.workers);
+  switch (*kind) {
+    case policy_kind::bsp:
+    case policy_kind::local_sgd: {
+      auto rw = weighting_of(name, p);
+      if (!rw) return rw.error();
+      ASHL_TRY(at_least(name, "batch_size", p.batch_size, 0));
+      ASHL_TRY(at_most_u32(name, "batch_size", p.batch_size));
+      if (*kind == policy_kind::bsp)
+        return sync::any_policy(sync::bsp({.workers = m, .weighting = *rw, .batch_size = u32(p.batch_size)}));
+      ASHL_TRY(at_least(name, "local_steps", p.local_steps, 1));
+      ASHL_TRY(at_most_u32(name, "local_steps", p.local_steps));
+      return sync::any_policy(sync::local_sgd(
+          {.workers = m, .local_steps = u32(p.local_steps), .weighting = *rw, .batch_size = u32(p.batch_size)}));
+    }
+    case policy_kind::asp: {
+      auto sw = staleness_of(name, p);
+      if (!sw) return sw.error();
+      return sync::any_policy(sync::asp({.workers = m, .staleness_weight = *sw}));
+    }
+    case policy_kind::ssp: {
+      ASHL_TRY(at_least(name, "staleness", p.staleness, 0));
+      ASHL_TRY(at_most_u32(name, "staleness", p.staleness));
+      auto sw = staleness_of(name, p);
+      if (!sw) return sw.error();
+      return sync::any_policy(sync::ssp({.workers = m, .staleness = u32(p.staleness), .staleness_weight = *sw}));
+    }
+    case policy_kind::dssp: {
+      ASHL_TRY(at_least(name, "s_min", p.s_min, 0));
+      ASHL_TRY(at_most_u32(name, "s_min", p.s_min));
+      ASHL_TRY(at_least(name, "s_max", p.s_max, 0));
+      ASHL_TRY(at_most_u32(name, "s_max", p.s_max));
+      if (p.s_max < p.s_min) return invalid_argument("dssp.s_max", p.s_max, "must be >= dssp.s_min");
+      ASHL_TRY(at_least(name, "window", p.window, 1));
+      ASHL_TRY(at_most_u32(name, "window", p.window));
+      auto sw = staleness_of(name, p);
+      if (!sw) return sw.error();
+      return sync::any_policy(sync::dssp({.workers = m, .s_min = u32(p.s_min), .s_max = u32(p.s_max),
+                                          .window = u32(p.window), .staleness_weight = *sw}));
+    }
+    case policy_kind::semi_async: {
+      ASHL_TRY(at_least(name, "sync_every_iterations", p.sync_every_iterations, 0));
+      ASHL_TRY(at_most_u32(name, "sync_every_iterations", p.sync_every_iterations));
+      ASHL_TRY(non_negative(name, "sync_every_seconds", p.sync_every_seconds));
+      if (p.sync_every_iterations == 0 && p.sync_every_seconds == 0.0)
+        return invalid_argument("semi_async.sync_every_iterations", p.sync_every_iterations,
+                                "set it or semi_async.sync_every_seconds");
+      auto sw = staleness_of(name, p);
+      if (!sw) return sw.error();
+      return sync::any_policy(sync::semi_async({.workers = m, .sync_every_iterations = u32(p.sync_every_iterations),
+                                                .sync_every_seconds = p.sync_every_seconds,
+                                                .staleness_weight = *sw}));
+    }
+    case policy_kind::adsp: {
+      ASHL_TRY(positive(name, "period", p.period));
+      ASHL_TRY(non_negative(name, "t_min", p.t_min));
+      ASHL_TRY(positive(name, "search_every", p.search_every));
+      ASHL_TRY(finite(name, "target_loss", p.target_loss));
+      ASHL_TRY(positive(name, "loss_rise", p.loss_rise));
+      ASHL_TRY(at_least(name, "initial_commit_rate", p.initial_commit_rate, 1));
+      ASHL_TRY(at_most_u32(name, "initial_commit_rate", p.initial_commit_rate));
+      if (p.max_commit_rate < p.initial_commit_rate)
+        return invalid_argument("adsp.max_commit_rate", p.max_commit_rate, "must be >= adsp.initial_commit_rate");
+      ASHL_TRY(at_most_u32(name, "max_commit_rate", p.max_commit_rate));
+      auto sw = staleness_of(name, p);
+      if (!sw) return sw.error();
+      return sync::any_policy(sync::adsp({.workers = m, .period = p.period, .t_min = p.t_min,
+                                          .search_every = p.search_every, .target_loss = p.target_loss,
+                                          .loss_rise = p.loss_rise, .initial_commit_rate = u32(p.initial_commit_rate),
+                                          .max_commit_rate = u32(p.max_commit_rate), .staleness_weight = *sw}));
+    }
+    case policy_kind::ashl: {
+      ASHL_TRY(at_least(name, "profile_iterations", p.profile_iterations, 0));
+      ASHL_TRY(at_most_u32(name, "profile_iterations", p.profile_iterations));
+      ASHL_TRY(non_negative(name, "profile_seconds", p.profile_seconds));
+      if (p.profile_iterations == 0 && p.profile_seconds == 0.0)
+        return invalid_argument("ashl.profile_iterations", p.profile_iterations, "set it or ashl.profile_seconds");
+      ASHL_TRY(at_least(name, "h_ahl", p.h_ahl, 1));
+      ASHL_TRY(at_most_u32(name, "h_ahl", p.h_ahl));
+      ASHL_TRY(at_least(name, "h_shl", p.h_shl, 1));
+      ASHL_TRY(at_most_u32(name, "h_shl", p.h_shl));
+      ASHL_TRY(ratio(name, "compression_ratio", p.compression_ratio));
+      ASHL_TRY(finite(name, "switch_loss", p.switch_loss));
+      ASHL_TRY(at_least(name, "shl_staleness", p.shl_staleness, 0));
+      ASHL_TRY(at_most_u32(name, "shl_staleness", p.shl_staleness));
+      auto sw = staleness_of(name, p);
+      if (!sw) return sw.error();
+      return make_ashl(p, {.workers = m,
+                           .profile_iterations = u32(p.profile_iterations),
+                           .profile_seconds = p.profile_seconds,
+                           .to_shl = sync::switch_trigger{.loss_below = p.switch_loss},
+                           .shl_staleness = u32(p.shl_staleness),
+                           .ahl_staleness_weight = *sw});
+    }
+    case policy_kind::dlb: {
+      ASHL_TRY(at_least(name, "total_batch", p.total_batch, 0));
+      ASHL_TRY(at_least(name, "min_batch", p.min_batch, 1));
+      ASHL_TRY(at_most_u32(name, "min_batch", p.min_batch));
+      const std::int64_t total = p.total_batch == 0 ? 64 * p.workers : p.total_batch;
+      ASHL_TRY(at_most_u32(name, "total_batch", total));
+      if (total < p.min_batch * p.workers)
+        return invalid_argument("dlb.total_batch", total, "must be >= dlb.min_batch * workers");
+      ASHL_TRY(positive(name, "speed_half_life", p.speed_half_life));
+      ASHL_TRY(at_least(name, "replan_every", p.replan_every, 1));
+      ASHL_TRY(at_most_u32(name, "replan_every", p.replan_every));
+      return sync::any_policy(sync::dlb({.workers = m, .total_batch = u32(total), .min_batch = u32(p.min_batch),
+                                         .half_life = p.speed_half_life, .replan_every = u32(p.replan_every)}));
+    }
+  }
+  return make_error(errc::internal, "sync.policy", name, "no builder");
+}
+
+// ------------------------------------------------- what an ASHL run did
+
+// For reports: the ASHL schedule's state behind an any_policy that
+// make_policy built, whatever its planner and re-planner (the four
+// instantiations make_ashl makes).
+struct ashl_summary {
+  stage_id stage = stage_id::profile;
+  std::size_t replans = 0;
+  status planner_status;
+  status replan_status;
+  double switched_at = 0.0;  // when SHL began; meaningful when stage is shl
+};
+
+namespace detail {
+template <class S>
+bool summarise_as(const sync::any_policy& p, ashl_summary& out) {
+  const S* s = p.target<S>();
+  if (s == nullptr) return false;
+  out.stage = s->stage();
+  out.replans = s->replans();
+  out.planner_status = s->planner_status();
+  out.replan_status = s->replan_status();
+  out.switched_at = s->switched_at();
+  return true;
+}
+}  // namespace detail
+
+inline std::optional<ashl_summary> ashl_summary_of(const sync::any_policy& p) {
+  ashl_summary out;
+  using sync::ashl_schedule, sync::uniform_planner, sync::no_replanner;
+  if (detail::summarise_as<ashl_schedule<uniform_planner, no_replanner>>(p, out) ||
+      detail::summarise_as<ashl_schedule<uniform_planner, profile_replanner>>(p, out) ||
+      detail::summarise_as<ashl_schedule<profile_planner, no_replanner>>(p, out) ||
+      detail::summarise_as<ashl_schedule<profile_planner, profile_replanner>>(p, out))
+    return out;
+  return std::nullopt;
+}
+
+}  // namespace ps
+ASHL_NAMESPACE_END

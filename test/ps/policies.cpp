@@ -1,0 +1,250 @@
+#include <ashl/ps/policies.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include "../support/ps_policy_cases.hpp"
+
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace as = ashl::sync;
+namespace ps = ashl::ps;
+using ashl::stage_id;
+
+namespace {
+std::string error_of(std::string_view name, const ps::policy_params& p) {
+  auto r = ps::make_policy(name, p);
+  return r ? std::string("ok") : r.error().message();
+}
+ps::policy_params with_workers(std::int64_t m) {
+  ps::policy_params p;
+  p.workers = m;
+  return p;
+}
+constexpr std::size_t script_workers = 4;
+constexpr int script_events = 1500;
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_name_builds_and_drives) {
+  for (const auto& c : ps_cases::every_policy(2)) {
+    auto r = ps::make_policy(c.name, c.params);
+    BOOST_TEST_REQUIRE(r.has_value(), c.label);
+    as::any_policy a = std::move(*r);
+    as::outcome_sink out(4);
+    auto d = a.on_commit({.worker = 0, .sequence = 1}, out);
+    BOOST_TEST((d.action != as::commit_action::drop), c.label);
+    out.clear();
+    BOOST_TEST((a.on_commit({.worker = 0, .sequence = 1}, out).action == as::commit_action::drop), c.label);
+    out.clear();
+    (void)a.on_pull({.worker = 0}, out);
+    out.clear();
+    a.on_evict({.worker = 1}, out);
+    BOOST_TEST(!a.is_held(0), c.label);  // nothing waits for the evicted worker
+    BOOST_TEST((a.plan(0).stage != stage_id::none), c.label);
+    BOOST_TEST((a.stage() == a.plan(0).stage), c.label);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_names_are_listed_once_and_drive_errors_and_help) {
+  BOOST_TEST(ps::policy_names_text() == "bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb");
+  BOOST_TEST(error_of("gossip", with_workers(2)) ==
+             "sync.policy = \"gossip\": unknown policy (bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb)");
+  const std::string help = ps::policy_help();
+  for (const auto& d : ps::policies) {
+    BOOST_TEST(help.find(std::string(d.name)) != std::string::npos, d.name);
+    BOOST_TEST(help.find(std::string(d.fields)) != std::string::npos, d.name);
+    BOOST_TEST(ps::policy_kind_of(d.name).has_value());
+  }
+  BOOST_TEST(!ps::policy_kind_of("ASP").has_value());
+}
+
+BOOST_AUTO_TEST_CASE(rejects_unknown_names_and_impossible_parameters) {
+  BOOST_TEST(error_of("asp", with_workers(0)) == "asp.workers = 0: must be >= 1");
+  auto p = with_workers(2);
+  p.staleness = -1;
+  BOOST_TEST(error_of("ssp", p) == "ssp.staleness = -1: must be >= 0");
+  p = with_workers(2);
+  p.local_steps = 0;
+  BOOST_TEST(error_of("local_sgd", p) == "local_sgd.local_steps = 0: must be >= 1");
+  p = with_workers(2);
+  p.h_ahl = 0;
+  BOOST_TEST(error_of("ashl", p) == "ashl.h_ahl = 0: must be >= 1");
+  p = with_workers(2);
+  p.compression_ratio = 0.0;
+  BOOST_TEST(error_of("ashl", p) == "ashl.compression_ratio = 0: must be in (0, 1]");
+  p.compression_ratio = 1.5;
+  BOOST_TEST(error_of("ashl", p) == "ashl.compression_ratio = 1.5: must be in (0, 1]");
+  p = with_workers(2);
+  p.s_min = 4;
+  p.s_max = 2;
+  BOOST_TEST(error_of("dssp", p) == "dssp.s_max = 2: must be >= dssp.s_min");
+  p = with_workers(2);
+  BOOST_TEST(error_of("semi_async", p) == "semi_async.sync_every_iterations = 0: set it or semi_async.sync_every_seconds");
+  p = with_workers(2);
+  p.period = 0.0;
+  BOOST_TEST(error_of("adsp", p) == "adsp.period = 0: must be finite and > 0");
+  p = with_workers(2);
+  p.weighting = "median";
+  BOOST_TEST(error_of("bsp", p) == "bsp.weighting = \"median\": must be mean or samples");
+  p = with_workers(2);
+  p.staleness_weight = "custom";
+  BOOST_TEST(error_of("asp", p) == "asp.staleness_weight = \"custom\": must be none, inverse or power");
+  p.staleness_weight = "power";
+  p.staleness_exponent = -1.0;
+  BOOST_TEST(error_of("asp", p) == "asp.staleness_exponent = -1: must be finite and > 0");
+  p.staleness_exponent = 2.0;
+  BOOST_TEST(error_of("asp", p) == "ok");
+  BOOST_TEST(error_of("adsp", p) == "ok");
+  p = with_workers(2);
+  p.planner = "oracle";
+  BOOST_TEST(error_of("ashl", p) == "ashl.planner = \"oracle\": must be uniform or profile");
+  p = with_workers(2);
+  p.replanner = "always";
+  BOOST_TEST(error_of("ashl", p) == "ashl.replanner = \"always\": must be none or profile");
+  p = with_workers(2);
+  p.replanner = "profile";
+  p.replan_drift = 0.0;
+  BOOST_TEST(error_of("ashl", p) == "ashl.replan_drift = 0: must be finite and > 0");
+  p = with_workers(2);
+  p.planner = "profile";
+  p.profile_trim = -1;
+  BOOST_TEST(error_of("ashl", p) == "ashl.profile_trim = -1: must be >= 0");
+  p = with_workers(4);
+  p.total_batch = 16;
+  p.min_batch = 8;
+  BOOST_TEST(error_of("dlb", p) == "dlb.total_batch = 16: must be >= dlb.min_batch * workers");
+  p.min_batch = 0;
+  BOOST_TEST(error_of("dlb", p) == "dlb.min_batch = 0: must be >= 1");
+  p = with_workers(2);
+  p.replan_every = 0;
+  BOOST_TEST(error_of("dlb", p) == "dlb.replan_every = 0: must be >= 1");
+  p = with_workers(2);
+  p.speed_half_life = std::nan("");
+  BOOST_TEST(error_of("dlb", p) == "dlb.speed_half_life = nan: must be finite and > 0");
+  p = with_workers(2);
+  p.initial_commit_rate = 3;
+  p.max_commit_rate = 2;
+  BOOST_TEST(error_of("adsp", p) == "adsp.max_commit_rate = 2: must be >= adsp.initial_commit_rate");
+  p = with_workers(2);
+  p.staleness = std::int64_t{1} << 33;
+  BOOST_TEST(error_of("ssp", p) == "ssp.staleness = 8589934592: must be < 2^32");
+}
+
+namespace {
+// One field of one policy: a base (on top of ps_cases::base_params) and the
+// change that must show in what the policy decides.
+struct field_case {
+  std::string policy;
+  std::string field;
+  std::function<void(ps::policy_params&)> base;
+  std::function<void(ps::policy_params&)> change;
+};
+
+void none(ps::policy_params&) {}
+
+std::vector<field_case> field_cases() {
+  std::vector<field_case> c;
+  const auto add = [&](std::string policy, std::string field, std::function<void(ps::policy_params&)> change,
+                       std::function<void(ps::policy_params&)> base = none) {
+    c.push_back({std::move(policy), std::move(field), std::move(base), std::move(change)});
+  };
+  const auto power = [](ps::policy_params& p) { p.staleness_weight = "power"; };
+  for (const auto& d : ps::policies) add(std::string(d.name), "workers", [](auto& p) { p.workers = 5; });
+  for (std::string n : {"asp", "ssp", "dssp", "semi_async", "adsp", "ashl"}) {
+    add(n, "staleness_weight", [](auto& p) { p.staleness_weight = "inverse"; });
+    add(n, "staleness_exponent", [](auto& p) { p.staleness_exponent = 3.0; }, power);
+  }
+  for (std::string n : {"bsp", "local_sgd"}) {
+    add(n, "weighting", [](auto& p) { p.weighting = "samples"; });
+    add(n, "batch_size", [](auto& p) { p.batch_size = 32; });
+  }
+  add("local_sgd", "local_steps", [](auto& p) { p.local_steps = 3; });
+  add("ssp", "staleness", [](auto& p) { p.staleness = 0; });
+  add("dssp", "s_min", [](auto& p) { p.s_min = 0; });
+  add("dssp", "s_max", [](auto& p) { p.s_max = 1; });
+  add("dssp", "window", [](auto& p) { p.window = 1; });
+  add("semi_async", "sync_every_iterations", [](auto& p) { p.sync_every_iterations = 2; });
+  add("semi_async", "sync_every_seconds", [](auto& p) { p.sync_every_seconds = 3.0; });
+  add("adsp", "period", [](auto& p) { p.period = 10.0; });
+  add("adsp", "t_min", [](auto& p) { p.t_min = 15.0; });
+  add("adsp", "search_every", [](auto& p) { p.search_every = 150.0; });
+  add("adsp", "target_loss", [](auto& p) { p.target_loss = 0.9; });
+  add("adsp", "loss_rise", [](auto& p) { p.loss_rise = 5.0; });
+  add("adsp", "initial_commit_rate", [](auto& p) { p.initial_commit_rate = 2; });
+  add("adsp", "max_commit_rate", [](auto& p) { p.max_commit_rate = 1; });
+  add("ashl", "profile_iterations", [](auto& p) { p.profile_iterations = 2; });
+  add("ashl", "profile_seconds", [](auto& p) { p.profile_seconds = 1.0; });
+  add("ashl", "h_ahl", [](auto& p) { p.h_ahl = 4; });
+  add("ashl", "h_shl", [](auto& p) { p.h_shl = 3; });
+  add("ashl", "compression_ratio", [](auto& p) { p.compression_ratio = 0.5; });
+  add("ashl", "switch_loss", [](auto& p) { p.switch_loss = 0.6; });
+  add("ashl", "shl_staleness", [](auto& p) { p.shl_staleness = 0; });
+  add("ashl", "planner", [](auto& p) { p.planner = "profile"; });
+  add("ashl", "replanner", [](auto& p) { p.replanner = "profile"; });
+  const auto profiled = [](ps::policy_params& p) {
+    p.planner = "profile";
+    p.compression_ratio = 0.1;  // R_i then varies continuously with the measured times
+  };
+  add("ashl", "profile_trim", [](auto& p) { p.profile_trim = 0; }, profiled);
+  add("ashl", "profile_warmup", [](auto& p) { p.profile_warmup = 3; }, profiled);
+  const auto replanned = [](ps::policy_params& p) { p.replanner = "profile"; };
+  add("ashl", "replan_drift", [](auto& p) { p.replan_drift = 5.0; }, replanned);
+  add("ashl", "replan_half_life", [](auto& p) { p.replan_half_life = 1.0; }, replanned);
+  add("dlb", "total_batch", [](auto& p) { p.total_batch = 100; });
+  add("dlb", "min_batch", [](auto& p) { p.min_batch = 40; });
+  add("dlb", "speed_half_life", [](auto& p) { p.speed_half_life = 1.0; });
+  add("dlb", "replan_every", [](auto& p) { p.replan_every = 3; });
+  return c;
+}
+
+std::vector<ps_cases::trace_entry> trace_of(const std::string& policy, const ps::policy_params& p) {
+  auto r = ps::make_policy(policy, p);
+  BOOST_REQUIRE_MESSAGE(r.has_value(), policy + ": " + (r ? std::string() : r.error().message()));
+  return ps_cases::trace(*r, script_workers, 5, script_events);
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_field_a_policy_reads_changes_what_it_decides) {
+  const auto cases = field_cases();
+  std::set<std::pair<std::string, std::string>> covered;
+  for (const auto& c : cases) {
+    ps::policy_params a = ps_cases::base_params(c.policy, static_cast<std::int64_t>(script_workers));
+    c.base(a);
+    ps::policy_params b = a;
+    c.change(b);
+    const auto ta = trace_of(c.policy, a);
+    const auto tb = trace_of(c.policy, b);
+    BOOST_TEST(!(ta == tb), c.policy + "." + c.field + " changed nothing");
+    covered.insert({c.policy, c.field});
+  }
+  // Every field the table says a policy reads has a case.
+  for (const auto& d : ps::policies) {
+    std::istringstream fields{std::string(d.fields)};
+    for (std::string f; fields >> f;)
+      BOOST_TEST(covered.count({std::string(d.name), f}) == 1u, std::string(d.name) + "." + f + " has no case");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(fields_a_policy_does_not_read_change_nothing) {
+  // ssp does not read bsp's weighting, nor ashl's planner.
+  auto a = ps_cases::base_params("ssp", 4);
+  auto b = a;
+  b.weighting = "samples";
+  b.planner = "profile";
+  b.local_steps = 7;
+  BOOST_TEST((trace_of("ssp", a) == trace_of("ssp", b)));
+}
+
+BOOST_AUTO_TEST_CASE(ashl_summary_sees_every_instantiation) {
+  for (const auto& c : ps_cases::every_policy(2)) {
+    auto r = ps::make_policy(c.name, c.params);
+    BOOST_TEST_REQUIRE(r.has_value());
+    const auto s = ps::ashl_summary_of(*r);
+    BOOST_TEST(s.has_value() == (c.name == "ashl"), c.label);
+    if (s) BOOST_TEST((s->stage == stage_id::profile), c.label);
+  }
+}
