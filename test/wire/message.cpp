@@ -529,6 +529,16 @@ BOOST_AUTO_TEST_CASE(documented_id_values_are_pinned) {
                 static_cast<int>(mk::commit) == 4 && static_cast<int>(mk::round) == 5 &&
                 ashl::measurement_kind_count == 6);
   static_assert(w::flag_last_shard == 1u && w::flag_ack_requested == 2u);
+  // error.code carries an errc (1..11); header.dtype a dtype.
+  static_assert(static_cast<int>(errc::ok) == 0 && static_cast<int>(errc::invalid_argument) == 1 &&
+                static_cast<int>(errc::out_of_range) == 2 && static_cast<int>(errc::malformed) == 3 &&
+                static_cast<int>(errc::checksum_mismatch) == 4 && static_cast<int>(errc::unsupported) == 5 &&
+                static_cast<int>(errc::buffer_too_small) == 6 && static_cast<int>(errc::not_found) == 7 &&
+                static_cast<int>(errc::io_error) == 8 && static_cast<int>(errc::unavailable) == 9 &&
+                static_cast<int>(errc::timed_out) == 10 && static_cast<int>(errc::internal) == 11);
+  static_assert(static_cast<int>(ashl::dtype::f32) == 0 && static_cast<int>(ashl::dtype::f16) == 1 &&
+                static_cast<int>(ashl::dtype::bf16) == 2 && static_cast<int>(ashl::dtype::f64) == 3 &&
+                static_cast<int>(ashl::dtype::i8) == 4 && static_cast<int>(ashl::dtype::u8) == 5);
   static_assert(w::body_traits<ashl::worker_plan>::wire_bytes == 24 &&
                 w::body_traits<ashl::worker_plan>::kind == w::message_kind::plan_update);
   static_assert(std::is_same_v<w::plan_update_body, ashl::worker_plan>);
