@@ -7,7 +7,10 @@
 // bytes into a default-constructed value (so nothing comes from construction
 // parameters), then feeds both the same further events and requires the same
 // decisions, sinks, plans and membership after every one, and the same bytes
-// when both are saved again.
+// when both are saved again. check_steady_state runs a driver-like schedule
+// (a worker commits, pulls, and waits while its pull is held) and counts the
+// allocations after warm-up with an allocation counter the test provides
+// (test/support/counting_new.hpp).
 #pragma once
 
 #include <ashl/core/state_io.hpp>
@@ -151,6 +154,62 @@ void check_round_trip(P original, std::size_t workers, std::uint32_t seed, int b
                  std::vector<as::weighted_commit>(out_b.round().begin(), out_b.round().end())));
   BOOST_REQUIRE((std::vector<as::worker_id>(out.released().begin(), out.released().end()) ==
                  std::vector<as::worker_id>(out_b.released().begin(), out_b.released().end())));
+}
+
+// Raw event delivery, recording nothing (no allocation of its own).
+template <as::consistency_policy P>
+void feed(P& p, const any_event& e, as::outcome_sink& out) {
+  if (auto* c = std::get_if<as::commit_event>(&e)) (void)p.on_commit(*c, out);
+  else if (auto* q = std::get_if<as::pull_event>(&e)) (void)p.on_pull(*q, out);
+  else if (auto* m = std::get_if<as::metric_event>(&e)) p.on_metric(*m, out);
+  else if (auto* j = std::get_if<join_event>(&e)) p.on_join(*j, out);
+  else if (auto* v = std::get_if<evict_event>(&e)) p.on_evict(*v, out);
+  else p.on_measurement(std::get<as::measurement_event>(e), out);
+}
+
+// Workers 0..workers-1 (all joined first) run commit → pull → wait while
+// held, at random speeds; now and then one is evicted and rejoins, metrics and
+// measurements arrive. Returns the allocations counted (by `count`) during
+// the events after `warmup`.
+template <as::consistency_policy P, class Count>
+std::size_t steady_state_allocations(P& p, std::size_t workers, std::uint32_t seed, Count&& count,
+                                     int warmup = 2000, int measured = 4000) {
+  std::mt19937 rng(seed);
+  as::outcome_sink out(workers);
+  std::vector<std::uint64_t> seq(workers, 0);
+  std::vector<std::uint8_t> waiting(workers, 0), live(workers, 1);
+  for (as::worker_id w = 0; w < workers; ++w) p.on_join({.worker = w}, out);
+  double now = 0.0;
+  std::size_t before = 0;
+  for (int i = 0; i < warmup + measured; ++i) {
+    if (i == warmup) before = count();
+    out.clear();
+    now += 0.001 * static_cast<double>(1 + rng() % 10);
+    const auto w = static_cast<as::worker_id>(rng() % workers);
+    const unsigned r = rng() % 100;
+    if (r < 2) {
+      if (live[w]) {
+        p.on_evict({.worker = w, .time = now}, out);
+        live[w] = 0;
+      } else {
+        p.on_join({.worker = w, .time = now}, out);
+        live[w] = 1;
+        seq[w] = 0;
+      }
+      waiting[w] = 0;
+    } else if (r < 4) {
+      p.on_metric({.metric = as::metric_id::loss, .value = 1.0 / (1.0 + now), .time = now}, out);
+    } else if (r < 6) {
+      p.on_measurement({.worker = w, .kind = as::measurement_kind::compute, .seconds = 0.01, .time = now}, out);
+    } else if (live[w] && !waiting[w] && rng() % (1 + w % 4) == 0) {
+      (void)p.on_commit({.worker = w, .sequence = ++seq[w], .clock = seq[w], .time = now, .samples = 32}, out);
+      for (auto x : out.released()) waiting[x] = 0;
+      out.clear();
+      if (p.on_pull({.worker = w, .time = now}, out) == as::pull_action::hold) waiting[w] = 1;
+    }
+    for (auto x : out.released()) waiting[x] = 0;
+  }
+  return count() - before;
 }
 
 // A load of damaged bytes fails and leaves the target as it was.

@@ -2,6 +2,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "../support/counting_new.hpp"
 #include "../support/policy_testing.hpp"
 
 #include <cmath>
@@ -112,4 +113,11 @@ BOOST_AUTO_TEST_CASE(load_refuses_another_policy_and_bad_values) {
   BOOST_TEST(!st.ok());
   BOOST_TEST(st.message().find("staleness_weight.mode") != std::string::npos);
   BOOST_TEST(p.is_live(1));  // unchanged
+}
+
+BOOST_AUTO_TEST_CASE(steady_state_events_allocate_nothing) {
+  for (std::uint32_t seed = 1; seed <= 3; ++seed) {
+    as::asp p{{.workers = 16, .staleness_weight = as::staleness_weighting::power(0.5)}};
+    BOOST_TEST(policy_testing::steady_state_allocations(p, 16, seed, counting_new::count) == 0u);
+  }
 }

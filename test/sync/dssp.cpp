@@ -2,6 +2,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "../support/counting_new.hpp"
 #include "../support/policy_testing.hpp"
 
 #include <algorithm>
@@ -299,4 +300,11 @@ BOOST_AUTO_TEST_CASE(save_load_round_trip_makes_the_same_decisions) {
   (void)p.on_pull({.worker = 0, .time = 4.0}, out);
   BOOST_TEST(p.is_held(0));
   policy_testing::check_load_rejects_truncation(p);
+}
+
+BOOST_AUTO_TEST_CASE(steady_state_events_allocate_nothing) {
+  for (std::uint32_t seed = 1; seed <= 3; ++seed) {
+    as::dssp p{{.workers = 16, .s_min = 1, .s_max = 4, .window = 3}};
+    BOOST_TEST(policy_testing::steady_state_allocations(p, 16, seed, counting_new::count) == 0u);
+  }
 }

@@ -2,28 +2,13 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include <atomic>
+#include "../support/counting_new.hpp"
+
 #include <cmath>
 #include <cstddef>
-#include <cstdlib>
-#include <new>
 #include <vector>
 
 namespace as = ashl::sync;
-
-// Counts every allocation of this executable, so a test can prove a stretch
-// of code allocates nothing.
-namespace {
-std::atomic<std::size_t> allocations{0};
-}  // namespace
-
-void* operator new(std::size_t n) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 BOOST_AUTO_TEST_CASE(staleness_weighting_modes) {
   BOOST_TEST(as::staleness_weighting::none()(7) == 1.0);
@@ -102,15 +87,15 @@ BOOST_AUTO_TEST_CASE(a_reserved_sink_never_allocates_and_clear_keeps_capacity) {
     }
     out.all_plans_changed();
   };
-  const std::size_t before = allocations.load();
+  const std::size_t before = counting_new::count();
   for (int round = 0; round < 100; ++round) {
     fill();
     out.clear();
   }
-  const std::size_t after = allocations.load();
+  const std::size_t after = counting_new::count();
   BOOST_TEST(after == before);
   // The counter does count: a vector that grows allocates.
   std::vector<int> grows;
   grows.push_back(1);
-  BOOST_TEST(allocations.load() > after);
+  BOOST_TEST(counting_new::count() > after);
 }

@@ -2,6 +2,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "../support/counting_new.hpp"
 #include "../support/policy_testing.hpp"
 
 #include <vector>
@@ -53,4 +54,11 @@ BOOST_AUTO_TEST_CASE(save_load_round_trip_makes_the_same_decisions) {
   BOOST_TEST(q.load(in).ok());
   BOOST_TEST(q.plan(0).local_iterations == 3u);
   policy_testing::check_load_rejects_truncation(p);
+}
+
+BOOST_AUTO_TEST_CASE(steady_state_events_allocate_nothing) {
+  for (std::uint32_t seed = 1; seed <= 3; ++seed) {
+    as::local_sgd p{{.workers = 16, .local_steps = 4}};
+    BOOST_TEST(policy_testing::steady_state_allocations(p, 16, seed, counting_new::count) == 0u);
+  }
 }

@@ -2,6 +2,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "../support/counting_new.hpp"
 #include "../support/policy_testing.hpp"
 
 #include <vector>
@@ -98,4 +99,11 @@ BOOST_AUTO_TEST_CASE(save_load_round_trip_makes_the_same_decisions) {
   as::outcome_sink out(2);
   (void)p.on_commit({.worker = 0, .sequence = 1}, out);
   policy_testing::check_load_rejects_truncation(p);
+}
+
+BOOST_AUTO_TEST_CASE(steady_state_events_allocate_nothing) {
+  for (std::uint32_t seed = 1; seed <= 3; ++seed) {
+    as::semi_async p{{.workers = 16, .sync_every_iterations = 5, .sync_every_seconds = 0.5}};
+    BOOST_TEST(policy_testing::steady_state_allocations(p, 16, seed, counting_new::count) == 0u);
+  }
 }

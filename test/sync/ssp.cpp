@@ -2,6 +2,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "../support/counting_new.hpp"
 #include "../support/policy_testing.hpp"
 
 #include <algorithm>
@@ -257,4 +258,11 @@ BOOST_AUTO_TEST_CASE(save_load_round_trip_makes_the_same_decisions) {
   (void)p.on_commit({.worker = 0, .sequence = 1}, out);
   (void)p.on_pull({.worker = 0}, out);
   policy_testing::check_load_rejects_truncation(p);
+}
+
+BOOST_AUTO_TEST_CASE(steady_state_events_allocate_nothing) {
+  for (std::uint32_t seed = 1; seed <= 3; ++seed) {
+    as::ssp p{{.workers = 16, .staleness = 2, .staleness_weight = as::staleness_weighting::inverse()}};
+    BOOST_TEST(policy_testing::steady_state_allocations(p, 16, seed, counting_new::count) == 0u);
+  }
 }
