@@ -4,10 +4,44 @@
 
 #include <ashl/sync/ashl_schedule.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <vector>
+
+// Counts every allocation of this program, so a test can require that a
+// path allocates nothing.
+namespace {
+std::atomic<std::size_t> allocations{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(n == 0 ? 1 : n);
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(n == 0 ? 1 : n);
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace as = ashl::sync;
 namespace aps = ashl::ps;
@@ -193,6 +227,25 @@ BOOST_AUTO_TEST_CASE(replanner_reuses_the_callers_plan_storage) {
   BOOST_TEST_REQUIRE(changed);
   BOOST_TEST(next.workers.data() == storage);
   BOOST_TEST(next.workers.size() == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(replanner_allocates_nothing_when_nothing_drifted) {
+  auto r = started(0.5);
+  as::ashl_plan next;
+  const std::size_t before = allocations.load();
+  std::size_t changed = 0;
+  for (int k = 0; k < 100; ++k) {
+    for (as::worker_id w = 0; w < 3; ++w) {  // worker 2 was not profiled
+      for (auto kind : {measurement_kind::compute, measurement_kind::push, measurement_kind::pull,
+                        measurement_kind::compress, measurement_kind::commit, measurement_kind::round}) {
+        const double s = kind == measurement_kind::compute ? (w == 0 ? 0.10 : 0.05) : 0.02;
+        auto o = r.observe({.worker = w, .kind = kind, .seconds = s * (k % 2 == 0 ? 1.1 : 0.9), .amount = 1000}, next);
+        changed += o.has_value() && *o ? 1 : 0;
+      }
+    }
+  }
+  BOOST_TEST(allocations.load() == before);
+  BOOST_TEST(changed == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(replanner_save_and_load_continue_exactly) {

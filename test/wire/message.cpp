@@ -2,14 +2,53 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <string>
 #include <type_traits>
 #include <vector>
+
+// Counts every allocation of this program, so a test can require that a
+// path allocates nothing.
+namespace {
+std::atomic<std::size_t> allocations{0};
+std::atomic<std::size_t> allocated_bytes{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  allocated_bytes.fetch_add(n, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  allocated_bytes.fetch_add(n, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  allocated_bytes.fetch_add(n, std::memory_order_relaxed);
+  return std::malloc(n == 0 ? 1 : n);
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  allocated_bytes.fetch_add(n, std::memory_order_relaxed);
+  return std::malloc(n == 0 ? 1 : n);
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace w = ashl::wire;
 using ashl::errc;
@@ -591,6 +630,31 @@ BOOST_AUTO_TEST_CASE(measurements_round_trip_every_kind) {
   w::limits lim;
   lim.max_measurements = static_cast<std::uint32_t>(ms.size());
   BOOST_TEST(w::decode(m, lim).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(measurements_decode_and_read_without_allocating) {
+  std::vector<ashl::measurement> ms(1024, {.worker = 3, .kind = ashl::measurement_kind::pull, .seconds = 0.5,
+                                           .amount = 8, .time = 1});
+  const auto m = encode_measurements(ms);
+  // A count far beyond the bytes (the limit raised out of the way) is refused
+  // before anything is sized by it: only the error text is allocated.
+  const auto huge = patched(m, 72, std::uint32_t{0x7fffffff});
+  w::limits big;
+  big.max_measurements = 0xffffffffu;
+  double sum = 0.0;
+  const std::size_t before = allocations.load();
+  auto d = w::decode(m, {});
+  if (d)
+    if (const auto* r = d->get<w::measurements_body>())
+      for (const ashl::measurement x : *r) sum += x.seconds;
+  BOOST_TEST(allocations.load() == before);
+  BOOST_TEST_REQUIRE(d.has_value());
+  BOOST_TEST(sum == 512.0);
+  const std::size_t bytes_before = allocated_bytes.load();
+  auto bad = w::decode(huge, big);  // refused; only its error text allocates
+  BOOST_TEST(allocated_bytes.load() - bytes_before < 4096u);
+  BOOST_TEST_REQUIRE(!bad.has_value());
+  BOOST_TEST(bad.error().message().rfind("measurements.count = 2147483647: disagrees", 0) == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(malformed_measurements_are_refused_naming_the_field) {
