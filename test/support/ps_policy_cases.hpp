@@ -79,9 +79,14 @@ inline std::vector<policy_case> every_policy(std::int64_t workers) {
 class script {
  public:
   script(std::size_t workers, std::uint32_t seed, bool membership = true)
-      : rng_(seed), workers_(workers), ids_(workers + 2), seq_(workers + 2, 0), membership_(membership) {}
+      : rng_(seed), workers_(workers), ids_(workers + 2), seq_(workers + 2, 0), blocked_(workers + 2, 0),
+        membership_(membership) {}
 
   void set_membership(bool on) noexcept { membership_ = on; }
+  // A driver that keeps to the policy's holds: a worker whose pull is held
+  // sends no commit until the pull is released (as a real worker waits).
+  void block(as::worker_id w) { blocked_[w] = 1; }
+  void unblock(as::worker_id w) { blocked_[w] = 0; }
   [[nodiscard]] double now() const noexcept { return time_; }
 
   policy_testing::any_event next() {
@@ -89,6 +94,7 @@ class script {
     if (queued_ > 0) return timing(queued_w_, kinds_[3 - queued_--]);
     const auto w = static_cast<as::worker_id>(rng_() % ids_);
     const unsigned r = rng_() % 100;
+    if (r < 40 && blocked_[w] != 0) return timing(w, as::measurement_kind::commit);
     if (r < 40) {
       std::uint64_t s = ++seq_[w];
       if (rng_() % 12 == 0 && s > 1) s -= 1 + rng_() % s;  // a duplicate
@@ -129,6 +135,7 @@ class script {
   std::size_t workers_;
   std::size_t ids_;
   std::vector<std::uint64_t> seq_;
+  std::vector<std::uint8_t> blocked_;
   bool membership_;
   int queued_ = 0;
   as::worker_id queued_w_ = 0;
