@@ -74,8 +74,9 @@ struct run_result {
   double end_time = 0.0;
   std::uint64_t events = 0;        // simulator events processed
   std::uint64_t commits = 0;       // commits that arrived whole at the servers
-  std::uint64_t applications = 0;  // optimizer steps (of server 0's core: every server takes the same steps)
-  std::uint64_t refused = 0;       // commit shards a server refused (errors it answered)
+  std::uint64_t applications = 0;  // optimizer steps of server 0 (server_steps[0])
+  std::uint64_t refused = 0;       // messages the servers refused (errors they answered), all servers
+  std::vector<std::uint64_t> server_steps;  // optimizer steps per server
   bool stopped_by_hook = false;
   std::vector<worker_stats> workers;
   std::vector<metric_row> metrics;

@@ -1,48 +1,59 @@
-// ashl/sim/simulator.hpp — runs workers and servers in virtual time over a
-// modelled network, driving any consistency policy (sync::any_policy).
+// ashl/sim/simulator.hpp — runs workers and parameter servers in virtual time
+// over a modelled network. The servers are ps::server_core (one per server,
+// each with its own copy of the policy) and the workers follow
+// ps::worker_cycle: the same rules the real server and worker run.
 //
-//   auto spec = ashl::sim::load_cluster_spec("cluster.json");
-//   auto policy = ashl::sync::make_policy("ssp", params);
-//   ashl::sim::simulator s(*spec, std::move(*policy));          // timing only
-//   auto r = s.run({.commits_per_worker = 1000});
+//   ashl::sim::cluster_spec spec = ...;                         // sim/cluster_spec.hpp
+//   auto s = ashl::sim::simulator<>::create(spec, std::move(*ashl::ps::make_policy("ssp", pp)));
+//   if (!s) std::cerr << s.error().message();                   // "policy.workers = 3: must be ..."
+//   auto r = s->run({.commits_per_worker = 1000});               // timing only
 //   std::cout << r.end_time << " s, wait fraction " << r.wait_fraction() << '\n';
 //
-//   ashl::sim::hooks h;                                          // full mode
-//   h.compute = [&](auto w, const auto& plan, auto iters, auto batch, auto seq) {
-//     return trainer.local_steps(w, iters, batch, plan.compression_ratio, seq); };  // payload bytes
-//   h.apply = [&](std::span<const ashl::sync::weighted_commit> cs) { server.add(cs); };
-//   h.serve = [&](auto w) { snapshot[w] = server.W; };
-//   h.deliver = [&](auto w) { trainer.load(w, snapshot[w]); };
-//   h.evaluate = [&](double t) { return ashl::sim::evaluation{{{"loss", eval()}}}; };
+//   ashl::sim::hooks h;                                          // full mode: real math
+//   h.compute = [&](const ashl::sim::compute_request& q, std::span<ashl::sim::shard_payload> out) {
+//     trainer.local_steps(q.worker, q.iterations, q.batch);      // then encode each shard's range
+//     for (std::uint32_t k = 0; k < out.size(); ++k) out[k] = trainer.encode(q.worker, q.layout.range(k)); };
+//   h.serve = [&](auto w, auto server, std::span<const float> p) { trainer.receive(w, server, p); };
+//   h.deliver = [&](auto w) { trainer.load(w); };
+//   h.evaluate = [&](double t, std::span<const float> W) { return ashl::sim::evaluation{{{ashl::metric_id::loss, loss(W)}}}; };
+//   auto s = ashl::sim::simulator<>::create(spec, policy, h, {.elements = n, .optimizer = {.lr = 0.1}, .initial = W0});
 //
 // One worker's cycle: compute (H local iterations of its plan, or, with
-// H = 0, iterations until the plan's commit interval is filled), compress
-// (when the plan's ratio is below 1 and the spec gives a codec time), send the
-// commit (payload + header, split evenly over the servers, each shard a
-// transfer on that server's shared ingress link), at arrival the policy sees
-// on_commit and on_pull (the pull is piggybacked on the commit), then either
-// the reply (the dense model, over the servers' egress links) starts, or the
-// worker waits until the policy releases its pull; at the reply's arrival the
-// worker loads the model and computes again. The policy is told measurements
-// (compute per iteration, compress, push, pull, commit = push + pull) and, every
-// metric_interval, the metrics the evaluate hook returns. Without hooks the
-// run is timing only: no math, payload = model_bytes × plan ratio.
-// Scheduled changes (cluster_spec.hpp) slow workers down, kill them (their
-// transfers are cancelled, the policy evicts them after failure_timeout_s) or
-// start them. Policies are driven, never copied: the simulator holds no
-// consistency logic of its own (DESIGN.md "The one rule"). docs/sim.md.
+// H = 0, iterations until the plan's commit interval is filled; decided by
+// ps::worker_cycle), compress (when the plan's ratio is below 1 and the spec
+// gives a codec time), send the commit: one shard per server (payload +
+// header), each a transfer on that server's shared ingress link. At the
+// arrival of shard k, server k's core takes the commit with the pull riding
+// along (server_core::commit); its actions drive the network: every pull
+// reply it names starts a transfer of that server's parameters on its egress
+// link. The worker waits until every server has replied and computes again.
+// Measurements (compute, compress, push, pull, commit) are worker_cycle's,
+// told to every server; metrics (the evaluate hook, every metric_interval)
+// likewise. Without a compute hook the run is timing only: a layout of 0
+// elements, payload = model_bytes × plan ratio. Scheduled changes
+// (cluster_spec.hpp) slow workers down, kill them (their transfers are
+// cancelled, every server evicts them after failure_timeout_s) or start them.
+// The simulator holds no consistency or commit logic of its own (DESIGN.md
+// "The one rule"). docs/sim.md.
 #pragma once
 
 #include <ashl/config.hpp>
 #include <ashl/core/clock.hpp>
+#include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
+#include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
+#include <ashl/ps/server_core.hpp>
+#include <ashl/ps/shards.hpp>
+#include <ashl/ps/worker_cycle.hpp>
 #include <ashl/sim/cluster_spec.hpp>
 #include <ashl/sim/event_queue.hpp>
 #include <ashl/sim/network.hpp>
 #include <ashl/sim/run_result.hpp>
+#include <ashl/sync/any_policy.hpp>
+#include <ashl/sync/concepts.hpp>
 #include <ashl/sync/events.hpp>
-#include <ashl/sync/factory.hpp>
+#include <ashl/wire/ids.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -53,6 +64,7 @@
 #include <numbers>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -64,25 +76,59 @@ struct evaluation {
   bool stop = false;  // end the run now (e.g. a target was reached)
 };
 
-// Full-mode callbacks; any may be empty. Without compute/apply the run is
-// timing only.
+// What a worker's compute hook is asked to do: run `iterations` local steps
+// at `batch` from its local model, then encode commit `sequence`, one
+// payload per shard of `layout`.
+struct compute_request {
+  sync::worker_id worker = 0;
+  const worker_plan* plan = nullptr;
+  std::uint32_t iterations = 0;
+  std::uint32_t batch = 0;
+  std::uint64_t sequence = 0;
+  const ps::shard_layout* layout = nullptr;
+};
+
+// One shard of a commit as the worker encoded it. The bytes belong to the
+// hook and must stay valid until the same worker's next compute call (a
+// worker computes again only after its commit has arrived everywhere).
+struct shard_payload {
+  codec_id codec = codec_id::identity;
+  dtype type = dtype::f32;
+  std::uint64_t element_count = 0;  // elements of the shard's range
+  std::uint64_t step = 0;           // codec_context.step of the encode
+  std::uint32_t tensor = 0;         // codec_context.tensor of the encode
+  std::span<const std::byte> bytes{};
+};
+
+// Full-mode callbacks; any may be empty. Without compute the run is timing
+// only (payload sizes from the plan's compression ratio).
 struct hooks {
-  // Worker w runs `iterations` local steps at `batch` from its local model
-  // and prepares commit `sequence`; returns the payload bytes (0: dense
-  // model_bytes × plan.compression_ratio).
-  std::function<std::uint64_t(sync::worker_id w, const sync::worker_plan& plan, std::uint32_t iterations,
-                              std::uint32_t batch, std::uint64_t sequence)>
-      compute;
-  // Add these commits (each with its weight) into the server parameters; one
-  // call is one optimizer step.
-  std::function<void(std::span<const sync::weighted_commit>)> apply;
-  std::function<void(sync::worker_id)> serve;    // a pull is answered: take the parameters now
-  std::function<void(sync::worker_id)> deliver;  // the answer arrived at the worker
-  std::function<evaluation(double now)> evaluate;
-  // Adjust the plan a worker starts a cycle with (e.g. DLB batch sizes from a planner).
-  std::function<void(sync::worker_id, sync::worker_plan&)> adjust_plan;
-  // Every time the policy said plans_changed.
+  // Run the local steps and fill out[k] (out.size() == servers) with the
+  // commit's shard for server k. In timing-only mode (elements == 0) only the
+  // byte counts are used (nothing is decoded).
+  std::function<void(const compute_request&, std::span<shard_payload> out)> compute;
+  // Server `server` answers worker w's pull now: its parameters (the range of
+  // its shard; empty in timing-only mode). Copy what the worker will load.
+  std::function<void(sync::worker_id w, std::uint32_t server, std::span<const float> parameters)> serve;
+  std::function<void(sync::worker_id)> deliver;  // every server's answer has arrived
+  // Every metric_interval: the metrics to report, given the servers'
+  // parameters (all shards in order; empty in timing-only mode).
+  std::function<evaluation(double now, std::span<const float> parameters)> evaluate;
+  // Adjust the plan a worker starts a cycle with (the plan in force is server 0's).
+  std::function<void(sync::worker_id, worker_plan&)> adjust_plan;
+  // Server 0 sent plan updates (a policy changed plans).
   std::function<void(double now)> plans_changed;
+  // Every measurement a worker reports (after it is told to the servers).
+  std::function<void(const measurement&)> measured;
+};
+
+// The servers' model in full mode; elements == 0 is timing only.
+struct server_setup {
+  std::uint64_t elements = 0;             // parameters (f32), split evenly over the servers
+  ps::optimizer_params optimizer{};
+  std::span<const float> initial{};       // elements values, or empty (zeros)
+  std::uint64_t store_bytes = std::uint64_t{64} << 20;  // per server: bound on buffered commit bytes
+  std::uint64_t seed = 0;                 // codec_context seed of the decodes
 };
 
 struct run_options {
@@ -91,23 +137,67 @@ struct run_options {
   double metric_interval = 0.0;          // seconds between evaluations; 0: none
   bool record_trace = false;
   std::size_t trace_limit = 2'000'000;   // spans kept at most
-  bool measurements = true;              // tell the policy what was measured
+  bool measurements = true;              // tell the servers what the workers measured
 };
 
+template <sync::consistency_policy Policy = sync::any_policy>
 class simulator {
  public:
-  simulator(cluster_spec spec, sync::any_policy policy, hooks h = {})
-      : spec_(std::move(spec)), policy_(std::move(policy)), hooks_(std::move(h)) {
-    ASHL_ASSERT(validate(spec_).ok(), "simulator: invalid cluster_spec (validate() it first)");
-    ASHL_ASSERT(policy_.has_value(), "simulator: empty policy");
+  using core_type = ps::server_core<Policy>;
+
+  // Checks the spec (validate), the policy (it must know exactly the spec's
+  // workers, with usable initial plans) and the server setup; every error
+  // names the field and the value.
+  static result<simulator> create(cluster_spec spec, Policy policy, hooks h = {}, server_setup setup = {}) {
+    ASHL_TRY(validate(spec));
+    ASHL_TRY(check_policy(policy, spec.workers.size()));
+    const auto servers = static_cast<std::uint32_t>(spec.servers.size());
+    if (setup.elements > 0) {
+      if (spec.model_bytes != 4 * setup.elements)
+        return invalid_argument("spec.model_bytes", spec.model_bytes,
+                                "must be 4 x server elements (" + std::to_string(setup.elements) + " f32) in full mode");
+      if (!h.compute) return invalid_argument("hooks.compute", "empty", "required in full mode (elements > 0)");
+    }
+    if (!setup.initial.empty() && setup.initial.size() != setup.elements)
+      return invalid_argument("server.initial.size", setup.initial.size(),
+                              "must be 0 or server.elements (" + std::to_string(setup.elements) + ")");
+    auto layout = ps::shard_layout::even(setup.elements, servers);
+    if (!layout) return layout.error();
+    simulator s;
+    s.spec_ = std::move(spec);
+    s.hooks_ = std::move(h);
+    s.layout_ = *layout;
+    s.cores_.reserve(servers);
+    for (std::uint32_t k = 0; k < servers; ++k) {
+      const ps::key_range r = s.layout_.range(k);
+      std::span<const float> init;
+      if (!setup.initial.empty()) init = setup.initial.subspan(r.begin, r.size());
+      auto c = core_type::create({.layout = s.layout_, .shard = k,
+                                  .workers = static_cast<std::uint32_t>(s.spec_.workers.size()),
+                                  .optimizer = setup.optimizer, .store_bytes = setup.store_bytes, .seed = setup.seed},
+                                 k + 1 == servers ? std::move(policy) : Policy(policy), init);
+      if (!c) return c.error();
+      s.cores_.push_back(std::move(*c));
+    }
+    return s;
   }
 
-  [[nodiscard]] sync::any_policy& policy() noexcept { return policy_; }
-  [[nodiscard]] const sync::any_policy& policy() const noexcept { return policy_; }
+  [[nodiscard]] const Policy& policy(std::uint32_t server = 0) const { return cores_[server].policy(); }
+  [[nodiscard]] const core_type& core(std::uint32_t server = 0) const { return cores_[server]; }
   [[nodiscard]] const cluster_spec& spec() const noexcept { return spec_; }
+  [[nodiscard]] const ps::shard_layout& layout() const noexcept { return layout_; }
   [[nodiscard]] double now() const noexcept { return clock_.now(); }
+  // Every server's parameters, shards in order (a copy; empty when timing only).
+  [[nodiscard]] std::vector<float> parameters() const {
+    std::vector<float> p;
+    for (const auto& c : cores_) p.insert(p.end(), c.parameters().begin(), c.parameters().end());
+    return p;
+  }
 
+  // One run per simulator (the servers' state carries the run).
   run_result run(const run_options& opt) {
+    ASHL_ASSERT(!ran_, "simulator::run: a simulator runs once (create another)");
+    ran_ = true;
     opt_ = opt;
     setup();
     while (!q_.empty()) {
@@ -126,6 +216,31 @@ class simulator {
   }
 
  private:
+  simulator() = default;
+
+  static status check_policy(const Policy& p, std::size_t m) {
+    if constexpr (std::is_same_v<Policy, sync::any_policy>) {
+      if (!p.has_value()) return invalid_argument("policy", "empty", "an any_policy must hold a policy");
+    }
+    for (std::size_t w = 0; w < m; ++w)
+      if (!p.is_live(static_cast<sync::worker_id>(w)))
+        return invalid_argument("policy.workers", w, "must be spec.workers.size (" + std::to_string(m) +
+                                                         "): the policy does not know worker " + std::to_string(w));
+    if (p.is_live(static_cast<sync::worker_id>(m)))
+      return invalid_argument("policy.workers", "> " + std::to_string(m),
+                              "must be spec.workers.size (" + std::to_string(m) + "): worker " + std::to_string(m) +
+                                  " would never commit");
+    for (std::size_t w = 0; w < m; ++w) {
+      const worker_plan pl = p.plan(static_cast<sync::worker_id>(w));
+      const std::string f = "policy.plan(" + std::to_string(w) + ")";
+      if (!(pl.compression_ratio > 0.0f && pl.compression_ratio <= 1.0f))
+        return invalid_argument(f + ".compression_ratio", pl.compression_ratio, "must be in (0, 1]");
+      if (pl.local_iterations == 0 && pl.commit_interval_us == 0)
+        return invalid_argument(f + ".commit_interval_us", 0, "must be > 0 when local_iterations = 0");
+    }
+    return {};
+  }
+
   enum kind : std::uint32_t { k_compute_done, k_compress_done, k_link_check, k_flow_done, k_arrive, k_metric, k_change, k_evict };
   enum dir : std::uint32_t { up = 0, down = 1 };
   enum class state : std::uint8_t { absent, computing, compressing, sending, waiting, receiving, done, dead };
@@ -134,16 +249,16 @@ class simulator {
     state st = state::absent;
     double activity_start = 0.0;
     double slowdown = 1.0;
-    std::uint64_t sequence = 0;
-    std::uint64_t gen[2] = {0, 0};       // message generation per direction: stale events are ignored
-    std::uint32_t shards_left[2] = {0, 0};
-    double msg_start[2] = {0.0, 0.0};
-    std::uint64_t msg_bytes[2] = {0, 0};
-    double last_push_s = 0.0;
-    std::uint64_t payload = 0;           // of the commit being compressed
     std::uint64_t jitter_counter = 0;
-    std::uint32_t iterations = 0;
-    std::uint32_t batch = 0;
+    std::uint64_t incarnation = 0;
+    std::uint64_t sequence = 0;          // of the commit in flight
+    std::uint64_t gen[2] = {0, 0};       // message generation per direction: stale events are ignored
+    std::uint32_t up_left = 0;           // commit shards not yet arrived
+    std::uint32_t down_started = 0;      // reply shards started (servers that answered)
+    std::uint32_t down_left = 0;         // reply shards not yet arrived
+    std::uint64_t up_bytes = 0, down_bytes = 0, down_payload = 0;
+    bool last_commit = false;            // no pull rides with this commit (the worker is done after it)
+    worker_plan plan{};                  // of the cycle in progress
   };
 
   // ------------------------------------------------------------ setup/finish
@@ -151,11 +266,16 @@ class simulator {
     const std::size_t m = spec_.workers.size(), s = spec_.servers.size();
     clock_ = virtual_clock{};
     q_.clear();
-    q_.reserve(4 * m + 64);
+    q_.reserve(4 * m * s + 64);
     r_ = run_result{};
     r_.workers.assign(m, worker_stats{});
+    r_.server_steps.assign(s, 0);
     w_.assign(m, worker{});
-    plans_.assign(m, sync::worker_plan{});
+    cycles_.clear();
+    cycles_.reserve(m);
+    for (std::uint32_t w = 0; w < m; ++w) cycles_.emplace_back(w);
+    act_.reserve(m);
+    payloads_.assign(s, shard_payload{});
     links_.clear();
     link_version_.assign(2 * s, 0);
     for (std::size_t k = 0; k < s; ++k) {
@@ -170,7 +290,11 @@ class simulator {
       q_.push(c.at, k_change, static_cast<std::uint32_t>(i));
     }
     for (std::uint32_t w = 0; w < m; ++w)
-      if (joins_later[w]) handle(policy_.on_evict({w, 0.0}));
+      if (joins_later[w])
+        for (std::uint32_t k = 0; k < s; ++k) {
+          cores_[k].evict(w, 0.0, act_);
+          act(k);
+        }
     for (std::uint32_t w = 0; w < m; ++w) {
       if (joins_later[w]) continue;
       r_.workers[w].alive = true;
@@ -184,9 +308,12 @@ class simulator {
     r_.end_time = end;
     for (std::uint32_t w = 0; w < w_.size(); ++w) {
       const state st = w_[w].st;
-      if (st == state::computing || st == state::compressing || st == state::sending || st == state::waiting || st == state::receiving)
+      if (st == state::computing || st == state::compressing || st == state::sending || st == state::waiting ||
+          st == state::receiving)
         close(w, end);
     }
+    r_.applications = r_.server_steps.empty() ? 0 : r_.server_steps[0];
+    for (std::uint32_t k = 0; k < cores_.size(); ++k) r_.refused += cores_[k].stats().refused_total();
   }
 
   // ---------------------------------------------------------------- events
@@ -199,7 +326,12 @@ class simulator {
       case k_arrive: on_arrive(e.target, e.tag); break;
       case k_metric: on_metric_tick(); break;
       case k_change: on_change(spec_.changes[e.target]); break;
-      case k_evict: handle(policy_.on_evict({e.target, clock_.now()})); break;
+      case k_evict:
+        for (std::uint32_t k = 0; k < cores_.size(); ++k) {
+          cores_[k].evict(e.target, clock_.now(), act_);
+          act(k);
+        }
+        break;
       default: ASHL_ASSERT(false, "simulator: unknown event kind");
     }
   }
@@ -216,58 +348,54 @@ class simulator {
     return std::exp(j.param * z - 0.5 * j.param * j.param);
   }
 
+  // The worker starts a cycle with the plan in force (server 0's policy) and
+  // computes; worker_cycle says when the cycle's compute is complete.
   void start_compute(std::uint32_t w) {
     auto& wk = w_[w];
-    sync::worker_plan plan = policy_.plan(w);
+    worker_plan plan = cores_[0].policy().plan(w);
     if (hooks_.adjust_plan) hooks_.adjust_plan(w, plan);
     const auto& ws = spec_.workers[w];
-    wk.batch = plan.batch_size ? plan.batch_size : ws.batch;
-    const double t_iter = ws.seconds_per_iteration * wk.slowdown * static_cast<double>(wk.batch) /
+    auto& cy = cycles_[w];
+    const double now = clock_.now();
+    cy.start(plan, ws.batch, now);
+    const double t_iter = ws.seconds_per_iteration * wk.slowdown * static_cast<double>(cy.batch()) /
                           static_cast<double>(spec_.reference_batch);
-    double dur = 0.0;
-    std::uint32_t n = 0;
-    if (plan.local_iterations > 0) {
-      for (n = 0; n < plan.local_iterations; ++n) dur += t_iter * draw(w, ws.compute_jitter);
-    } else {
-      const double target = plan.commit_interval;
-      do {
-        dur += t_iter * draw(w, ws.compute_jitter);
-        ++n;
-      } while (dur < target && n < (1u << 24));
-    }
-    wk.iterations = n;
+    double t = now;
+    do {
+      t += t_iter * draw(w, ws.compute_jitter);
+    } while (!cy.iteration_done(t));
+    wk.plan = plan;
     begin(w, state::computing);
-    q_.push(clock_.now() + dur, k_compute_done, w, wk.gen[up]);
-    // Kept so compute_done uses the plan the cycle started with.
-    plans_[w] = std::move(plan);
+    q_.push(t, k_compute_done, w, wk.gen[up]);
   }
 
   void on_compute_done(std::uint32_t w, std::uint64_t gen) {
     auto& wk = w_[w];
     if (wk.st != state::computing || gen != wk.gen[up]) return;
     const double now = clock_.now();
+    auto& cy = cycles_[w];
     auto& st = r_.workers[w];
     st.compute_s += now - wk.activity_start;
-    st.iterations += wk.iterations;
-    st.samples += std::uint64_t{wk.iterations} * wk.batch;
+    st.iterations += cy.iterations();
+    st.samples += std::uint64_t{cy.iterations()} * cy.batch();
     span(w, activity::compute, wk.activity_start, now);
-    if (opt_.measurements)
-      measure(w, sync::measurement_kind::compute, (now - wk.activity_start) / wk.iterations, wk.batch);
-    ++wk.sequence;
-    const auto& plan = plans_[w];
-    std::uint64_t payload = 0;
-    if (hooks_.compute) payload = hooks_.compute(w, plan, wk.iterations, wk.batch, wk.sequence);
-    if (payload == 0)
-      payload = static_cast<std::uint64_t>(std::ceil(static_cast<double>(spec_.model_bytes) * plan.compression_ratio));
+    report(w);
+    wk.sequence = cy.sequence() + 1;  // commit_sent will number it so
+    const std::size_t s = cores_.size();
+    if (hooks_.compute) {
+      const compute_request q{w, &wk.plan, cy.iterations(), cy.batch(), wk.sequence, &layout_};
+      for (auto& p : payloads_) p = shard_payload{};
+      hooks_.compute(q, payloads_);
+      if (payload_of_.size() < w_.size() * s) payload_of_.resize(w_.size() * s);
+      for (std::size_t k = 0; k < s; ++k) payload_of_[w * s + k] = payloads_[k];
+    }
     const auto& ws = spec_.workers[w];
-    if (plan.compression_ratio < 1.0 && ws.compress_seconds > 0.0) {
-      wk.payload = payload;
+    if (cy.compresses() && ws.compress_seconds > 0.0) {
       begin(w, state::compressing);
       q_.push(now + ws.compress_seconds * wk.slowdown * draw(w, ws.compute_jitter), k_compress_done, w, wk.gen[up]);
       return;
     }
-    begin(w, state::sending);
-    send(w, up, payload);
+    send_commit(w);
   }
 
   void on_compress_done(std::uint32_t w, std::uint64_t gen) {
@@ -276,42 +404,80 @@ class simulator {
     const double now = clock_.now();
     r_.workers[w].compress_s += now - wk.activity_start;
     span(w, activity::compress, wk.activity_start, now);
-    if (opt_.measurements) measure(w, sync::measurement_kind::compress, now - wk.activity_start, wk.payload);
-    begin(w, state::sending);
-    send(w, up, wk.payload);
+    cycles_[w].compressed(now, static_cast<double>(commit_payload_bytes(w)));
+    report(w);
+    send_commit(w);
   }
 
-  // Start a message (commit up, or reply down), one transfer per server.
-  void send(std::uint32_t w, dir d, std::uint64_t payload) {
+  // Payload bytes of the commit (all shards, without headers).
+  [[nodiscard]] std::uint64_t commit_payload_bytes(std::uint32_t w) const {
+    if (!hooks_.compute)
+      return static_cast<std::uint64_t>(
+          std::ceil(static_cast<double>(spec_.model_bytes) * static_cast<double>(w_[w].plan.compression_ratio)));
+    std::uint64_t b = 0;
+    for (std::size_t k = 0; k < cores_.size(); ++k) b += payload_of_[w * cores_.size() + k].bytes.size();
+    return b;
+  }
+  [[nodiscard]] std::uint64_t shard_bytes(std::uint32_t w, std::uint64_t total, std::size_t k) const {
+    const std::size_t s = cores_.size();
+    if (hooks_.compute) return payload_of_[w * s + k].bytes.size();
+    return total / s + (k < total % s ? 1 : 0);
+  }
+
+  void send_commit(std::uint32_t w) {
     auto& wk = w_[w];
-    const std::size_t s = spec_.servers.size();
-    ++wk.gen[d];
-    wk.shards_left[d] = static_cast<std::uint32_t>(s);
-    wk.msg_start[d] = clock_.now();
-    const auto& ws = spec_.workers[w];
-    const double cap = ws.bandwidth_bytes_per_s / static_cast<double>(s) / (wk.slowdown * draw(w, ws.comm_jitter));
+    begin(w, state::sending);
+    const std::uint64_t seq = cycles_[w].commit_sent(clock_.now());
+    ASHL_ASSERT(seq == wk.sequence, "simulator: commit sequence out of step with worker_cycle");
+    (void)seq;
+    ++wk.gen[down];  // replies to this commit carry the new generation
+    wk.down_started = 0;
+    wk.down_left = static_cast<std::uint32_t>(cores_.size());
+    wk.down_bytes = wk.down_payload = 0;
+    wk.last_commit = opt_.commits_per_worker > 0 && r_.workers[w].commits + 1 >= opt_.commits_per_worker;
+    send(w, up, commit_payload_bytes(w));
+  }
+
+  // Starts a commit (all shards, one per server).
+  void send(std::uint32_t w, dir d, std::uint64_t payload) {
+    ASHL_ASSERT(d == up, "simulator::send: replies start per server (start_reply)");
+    auto& wk = w_[w];
+    const std::size_t s = cores_.size();
+    ++wk.gen[up];
+    wk.up_left = static_cast<std::uint32_t>(s);
+    const double cap = cap_of(w);
     std::uint64_t total = 0;
     for (std::size_t k = 0; k < s; ++k) {
-      const std::uint64_t part = payload / s + (k < payload % s ? 1 : 0) + spec_.header_bytes;
+      const std::uint64_t part = shard_bytes(w, payload, k) + spec_.header_bytes;
       total += part;
-      const std::uint32_t li = static_cast<std::uint32_t>(2 * k + d);
-      const std::uint64_t fid = flow_id(w, d, k);
-      auto& link = links_[li];
-      if (!std::isfinite(link.bandwidth())) {
-        const double t = std::isfinite(cap) ? static_cast<double>(part) / cap : 0.0;
-        q_.push(clock_.now() + t, k_flow_done, static_cast<std::uint32_t>(fid), wk.gen[d]);
-      } else {
-        link.add(clock_.now(), fid, static_cast<double>(part), cap);
-        reschedule(li);
-      }
+      start_flow(w, up, k, part, cap);
     }
-    wk.msg_bytes[d] = total;
-    if (d == up) r_.workers[w].bytes_sent += total;
-    else r_.workers[w].bytes_received += total;
+    wk.up_bytes = total;
+    r_.workers[w].bytes_sent += total;
+  }
+
+  // The worker's own link, per shard, this message (slowdown and comm jitter).
+  double cap_of(std::uint32_t w) {
+    const auto& ws = spec_.workers[w];
+    return ws.bandwidth_bytes_per_s / static_cast<double>(cores_.size()) /
+           (w_[w].slowdown * draw(w, ws.comm_jitter));
+  }
+
+  void start_flow(std::uint32_t w, dir d, std::size_t k, std::uint64_t bytes, double cap) {
+    const std::uint32_t li = static_cast<std::uint32_t>(2 * k + d);
+    const std::uint64_t fid = flow_id(w, d, k);
+    auto& link = links_[li];
+    if (!std::isfinite(link.bandwidth())) {
+      const double t = std::isfinite(cap) ? static_cast<double>(bytes) / cap : 0.0;
+      q_.push(clock_.now() + t, k_flow_done, static_cast<std::uint32_t>(fid), w_[w].gen[d]);
+    } else {
+      link.add(clock_.now(), fid, static_cast<double>(bytes), cap);
+      reschedule(li);
+    }
   }
 
   [[nodiscard]] std::uint64_t flow_id(std::uint32_t w, dir d, std::size_t shard) const {
-    return (std::uint64_t{w} * 2 + d) * spec_.servers.size() + shard;
+    return (std::uint64_t{w} * 2 + d) * cores_.size() + shard;
   }
 
   void reschedule(std::uint32_t li) {
@@ -330,7 +496,7 @@ class simulator {
   }
 
   void on_flow_done(std::uint32_t fid, std::uint64_t gen) {
-    const std::size_t s = spec_.servers.size();
+    const std::size_t s = cores_.size();
     const std::uint64_t msg = fid / s;
     const auto w = static_cast<std::uint32_t>(msg / 2);
     const auto d = static_cast<dir>(msg % 2);
@@ -340,7 +506,7 @@ class simulator {
 
   // The bytes of one shard left the link; it arrives after the latencies.
   void flow_finished(std::uint64_t fid) {
-    const std::size_t s = spec_.servers.size();
+    const std::size_t s = cores_.size();
     const std::uint64_t msg = fid / s;
     const auto w = static_cast<std::uint32_t>(msg / 2);
     const auto d = static_cast<dir>(msg % 2);
@@ -349,50 +515,70 @@ class simulator {
   }
 
   void on_arrive(std::uint32_t fid, std::uint64_t gen) {
-    const std::size_t s = spec_.servers.size();
+    const std::size_t s = cores_.size();
     const std::uint64_t msg = fid / s;
     const auto w = static_cast<std::uint32_t>(msg / 2);
     const auto d = static_cast<dir>(msg % 2);
+    const auto k = static_cast<std::uint32_t>(fid % s);
     auto& wk = w_[w];
-    if (gen != wk.gen[d] || wk.shards_left[d] == 0) return;
-    if (--wk.shards_left[d] > 0) return;
-    if (d == up) commit_arrived(w);
-    else reply_arrived(w);
+    if (gen != wk.gen[d]) return;
+    if (d == up) {
+      if (wk.up_left == 0) return;
+      commit_shard_arrived(w, k, --wk.up_left == 0);
+    } else {
+      if (wk.down_left == 0) return;
+      if (--wk.down_left == 0) reply_arrived(w);
+    }
   }
 
-  void commit_arrived(std::uint32_t w) {
+  // Shard k of w's commit reached server k: the core takes it (and the pull
+  // riding along); its actions start the replies.
+  void commit_shard_arrived(std::uint32_t w, std::uint32_t k, bool last) {
     auto& wk = w_[w];
     const double now = clock_.now();
-    auto& st = r_.workers[w];
-    st.send_s += now - wk.activity_start;
-    span(w, activity::send, wk.activity_start, now);
-    ++st.commits;
-    ++r_.commits;
-    wk.last_push_s = now - wk.msg_start[up];
-    if (opt_.measurements) measure(w, sync::measurement_kind::push, wk.last_push_s, wk.msg_bytes[up]);
-    const sync::commit_event c{w, wk.sequence, wk.sequence, now, wk.msg_bytes[up],
-                               std::uint64_t{wk.iterations} * wk.batch};
-    sync::commit_decision d = policy_.on_commit(c);
-    if (d.action == sync::commit_action::apply) {
-      const sync::weighted_commit one{w, wk.sequence, d.weight};
-      apply({&one, 1});
+    if (last) {
+      auto& st = r_.workers[w];
+      st.send_s += now - wk.activity_start;
+      span(w, activity::send, wk.activity_start, now);
+      ++st.commits;
+      ++r_.commits;
+      cycles_[w].commit_arrived(now, static_cast<double>(wk.up_bytes));
+      report(w);
+      // The worker waits from here (a reply that already started shortens it).
+      if (wk.last_commit) {
+        wk.st = state::done;
+      } else {
+        begin(w, state::waiting);
+      }
     }
-    // The worker waits from here; a release inside the effects ends the wait.
-    begin(w, state::waiting);
-    handle(std::move(d.effects));
-    if (opt_.commits_per_worker > 0 && st.commits >= opt_.commits_per_worker) {
-      // Done: no pull. A release may have started a reply: cancel it.
-      wk.st = state::done;
-      ++wk.gen[down];
-      wk.shards_left[down] = 0;
-      cancel_flows(w, down);
+    const std::size_t s = cores_.size();
+    const auto cy_iters = cycles_[w].iterations();
+    ps::commit_in c{};
+    c.worker = w;
+    c.incarnation = wk.incarnation;
+    c.sequence = wk.sequence;
+    c.clock = wk.sequence;
+    c.samples = std::uint64_t{cy_iters} * cycles_[w].batch();
+    c.bytes = wk.up_bytes;
+    if (hooks_.compute) {
+      const auto& p = payload_of_[w * s + k];
+      c.codec = p.codec;
+      c.type = p.type;
+      c.element_count = p.element_count;
+      c.step = p.step;
+      c.tensor = p.tensor;
+      c.payload = p.bytes;
+    }
+    c.pull = !wk.last_commit;
+    cores_[k].commit(c, now, act_);
+    act(k);
+    if (last && wk.st == state::done) {
+      wk.down_left = 0;
       check_all_done();
-      return;
+    } else if (last && wk.st == state::waiting && wk.down_started == s) {
+      // Every server answered before (or as) the last shard arrived.
+      to_receiving(w);
     }
-    if (wk.st != state::waiting) return;  // already released by the effects above
-    sync::pull_decision p = policy_.on_pull({w, now});
-    handle(std::move(p.effects));
-    if (p.action == sync::pull_action::serve && wk.st == state::waiting) start_reply(w);
   }
 
   void check_all_done() {
@@ -401,54 +587,71 @@ class simulator {
     stop_ = true;
   }
 
-  void start_reply(std::uint32_t w) {
+  // Server k answers w's pull: its parameters travel on k's egress link.
+  void start_reply(std::uint32_t w, std::uint32_t k) {
+    if (w >= w_.size()) return;
+    auto& wk = w_[w];
+    if (wk.st == state::dead || wk.st == state::done || wk.st == state::absent) return;
+    if (wk.down_started >= cores_.size()) return;
+    if (hooks_.serve) hooks_.serve(w, k, cores_[k].parameters());
+    const std::uint64_t bytes = reply_bytes(k) + spec_.header_bytes;
+    wk.down_bytes += bytes;
+    wk.down_payload += reply_bytes(k);
+    r_.workers[w].bytes_received += bytes;
+    ++wk.down_started;
+    start_flow(w, down, k, bytes, cap_of(w));
+    if (wk.down_started == cores_.size() && wk.st == state::waiting) to_receiving(w);
+  }
+
+  [[nodiscard]] std::uint64_t reply_bytes(std::uint32_t k) const {
+    if (layout_.elements() > 0) return 4 * layout_.range(k).size();
+    const std::size_t s = cores_.size();
+    return spec_.model_bytes / s + (k < spec_.model_bytes % s ? 1 : 0);
+  }
+
+  // The last server answered: the wait ends, the reply is on its way.
+  void to_receiving(std::uint32_t w) {
     auto& wk = w_[w];
     const double now = clock_.now();
-    if (wk.st == state::waiting) {
-      r_.workers[w].wait_s += now - wk.activity_start;
-      span(w, activity::wait, wk.activity_start, now);
-    }
-    if (hooks_.serve) hooks_.serve(w);
+    r_.workers[w].wait_s += now - wk.activity_start;
+    span(w, activity::wait, wk.activity_start, now);
     begin(w, state::receiving);
-    send(w, down, spec_.model_bytes);
+    cycles_[w].reply_started(now);
   }
 
   void reply_arrived(std::uint32_t w) {
     auto& wk = w_[w];
+    if (wk.st != state::receiving) return;
     const double now = clock_.now();
     r_.workers[w].receive_s += now - wk.activity_start;
     span(w, activity::receive, wk.activity_start, now);
     if (hooks_.deliver) hooks_.deliver(w);
-    if (opt_.measurements) {
-      const double pull_s = now - wk.msg_start[down];
-      measure(w, sync::measurement_kind::pull, pull_s, spec_.model_bytes);
-      if (wk.sequence > 0) measure(w, sync::measurement_kind::commit, wk.last_push_s + pull_s, 0);
-    }
+    // Pull amount: the parameters' bytes (headers not counted, as before issue 9).
+    cycles_[w].reply_arrived(now, static_cast<double>(wk.down_payload));
+    report(w);
     start_compute(w);
   }
 
-  void release(sync::worker_id w) {
-    if (w >= w_.size()) return;
-    // Only a worker blocked on its pull takes a reply; a release for a worker
-    // that has not asked yet (its commit released itself) is answered below
-    // by its own on_pull, which the policy then serves.
-    if (w_[w].st == state::waiting) start_reply(w);
+  // Acts on server k's actions: replies, plan updates, errors, steps.
+  void act(std::uint32_t k) {
+    r_.server_steps[k] += act_.steps();
+    for (const auto w : act_.pull_replies()) start_reply(w, k);
+    if (k == 0 && !act_.plans().empty() && hooks_.plans_changed) hooks_.plans_changed(clock_.now());
+    act_.clear();
   }
 
-  void apply(std::span<const sync::weighted_commit> cs) {
-    ++r_.applications;
-    if (hooks_.apply) hooks_.apply(cs);
-  }
-
-  void handle(sync::outcome&& o) {
-    if (!o.round.empty()) apply(o.round);
-    for (auto w : o.released) release(w);
-    if (o.plans_changed && hooks_.plans_changed) hooks_.plans_changed(clock_.now());
-  }
-
-  void measure(std::uint32_t w, sync::measurement_kind k, double seconds, std::uint64_t amount) {
-    if (!(seconds > 0.0)) return;
-    handle(policy_.on_measurement({w, k, seconds, amount, clock_.now()}));
+  // Tells every server what worker w measured since the last report.
+  void report(std::uint32_t w) {
+    auto& cy = cycles_[w];
+    for (const auto& m : cy.measurements()) {
+      if (opt_.measurements)
+        for (std::uint32_t k = 0; k < cores_.size(); ++k) {
+          cores_[k].measurement(m, act_);
+          act(k);
+        }
+      if (hooks_.measured) hooks_.measured(m);
+    }
+    cy.clear_measurements();
   }
 
   void on_metric_tick() {
@@ -458,8 +661,16 @@ class simulator {
     for (const auto& s : r_.workers) row.bytes_sent += s.bytes_sent;
     row.commits = r_.commits;
     if (hooks_.evaluate) {
-      evaluation ev = hooks_.evaluate(now);
-      for (const auto& m : ev.metrics) handle(policy_.on_metric({m.name, m.value, now}));
+      if (layout_.elements() > 0) {
+        eval_params_.clear();
+        for (const auto& c : cores_) eval_params_.insert(eval_params_.end(), c.parameters().begin(), c.parameters().end());
+      }
+      evaluation ev = hooks_.evaluate(now, eval_params_);
+      for (const auto& m : ev.metrics)
+        for (std::uint32_t k = 0; k < cores_.size(); ++k) {
+          cores_[k].metric(m.metric, m.value, now, act_);
+          act(k);
+        }
       row.metrics = std::move(ev.metrics);
       if (ev.stop) {
         stop_ = true;
@@ -482,30 +693,41 @@ class simulator {
         if (wk.st != state::done) close(w, now);
         wk.st = state::dead;
         r_.workers[w].alive = false;
-        ++wk.gen[up];
-        ++wk.gen[down];
-        wk.shards_left[up] = wk.shards_left[down] = 0;
+        cycles_[w].abandon();
+        cycles_[w].clear_measurements();
         cancel_flows(w, up);
         cancel_flows(w, down);
+        ++wk.gen[up];
+        ++wk.gen[down];
+        wk.up_left = wk.down_left = 0;
         q_.push(now + spec_.failure_timeout_s, k_evict, w);
         break;
       case change_kind::join:
         if (wk.st != state::absent && wk.st != state::dead) break;
         r_.workers[w].alive = true;
-        wk.sequence = 0;
-        handle(policy_.on_join({w, now}));
+        ++wk.incarnation;
+        cycles_[w].restart();
+        cycles_[w].pull_sent(now);
+        ++wk.gen[down];
+        wk.down_started = 0;
+        wk.down_left = static_cast<std::uint32_t>(cores_.size());
+        wk.down_bytes = wk.down_payload = 0;
         begin(w, state::waiting);
-        {
-          sync::pull_decision p = policy_.on_pull({w, now});
-          handle(std::move(p.effects));
-          if (p.action == sync::pull_action::serve && wk.st == state::waiting) start_reply(w);
+        // The joiner registers with every server, then pulls from each.
+        for (std::uint32_t k = 0; k < cores_.size(); ++k) {
+          cores_[k].join(w, wk.incarnation, now, act_);
+          act(k);
+        }
+        for (std::uint32_t k = 0; k < cores_.size(); ++k) {
+          cores_[k].pull(w, now, act_);
+          act(k);
         }
         break;
     }
   }
 
   void cancel_flows(std::uint32_t w, dir d) {
-    for (std::size_t k = 0; k < spec_.servers.size(); ++k) {
+    for (std::size_t k = 0; k < cores_.size(); ++k) {
       const auto li = static_cast<std::uint32_t>(2 * k + d);
       if (!std::isfinite(links_[li].bandwidth())) continue;  // its event carries a stale generation
       if (links_[li].remove(clock_.now(), flow_id(w, d, k))) reschedule(li);
@@ -532,22 +754,27 @@ class simulator {
     w_[w].activity_start = clock_.now();
   }
   void span(std::uint32_t w, activity a, double start, double end) {
-    if (opt_.record_trace && r_.trace.size() < opt_.trace_limit && end > start)
-      r_.trace.push_back({w, a, start, end});
+    if (opt_.record_trace && r_.trace.size() < opt_.trace_limit && end > start) r_.trace.push_back({w, a, start, end});
   }
 
   cluster_spec spec_;
-  sync::any_policy policy_;
   hooks hooks_;
+  ps::shard_layout layout_;
+  std::vector<core_type> cores_;
+  ps::server_actions act_;
   run_options opt_{};
   virtual_clock clock_;
   event_queue q_;
   std::vector<shared_link> links_;
   std::vector<std::uint64_t> link_version_;
   std::vector<worker> w_;
-  std::vector<sync::worker_plan> plans_;
+  std::vector<ps::worker_cycle> cycles_;
+  std::vector<shard_payload> payloads_;    // the compute hook's answer, one per server
+  std::vector<shard_payload> payload_of_;  // per (worker, server): the commit in flight
+  std::vector<float> eval_params_;
   run_result r_;
   bool stop_ = false;
+  bool ran_ = false;
 };
 
 }  // namespace sim
