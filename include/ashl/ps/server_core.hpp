@@ -43,6 +43,9 @@
 //   differs from evict() in its counter and in refusing a worker not live.
 // - drain() added (the policy's drain: shutdown, tests).
 // - Policy has no default (sync::any_policy works as the argument).
+// - error_out carries the message text and a `refusal` reason.
+// - worker_cycle: built with its worker id; compressed(now, payload_bytes);
+//   reply_started, pull_sent, restart, abandon, samples, state added.
 #pragma once
 
 #include <ashl/config.hpp>
@@ -624,9 +627,37 @@ class server_core {
                                               " bytes"),
                             out);
     }
+    // Sparse pairs (a published layout, docs/wire-format.md "Sparse pairs")
+    // are checked by reading their header and indices: the rules of
+    // decode_add_pairs. A payload of 0 pairs goes to the dry run, which knows
+    // whether its codec allows none.
+    if (compress::sparse_pairs(c.codec) && sparse_pairs_valid(c.payload, n, c.type)) return true;
     status s = compress::decode_add(c.codec, c.payload, info, host_view<float>(acc_.data(), acc_.size()), 0.0f, ctx);
     if (!s) return refuse_payload(c, s, out);
     return true;
+  }
+
+  // True when the payload is well-formed sparse pairs of n elements with at
+  // least one pair; false sends it to the decode check, which names the
+  // fault (so this never refuses by itself).
+  static bool sparse_pairs_valid(std::span<const std::byte> p, std::uint64_t n, dtype t) noexcept {
+    if (p.size() < 12) return false;
+    const std::uint64_t pn = le32(p.data()) | std::uint64_t{le32(p.data() + 4)} << 32;
+    const std::uint32_t count = le32(p.data() + 8);
+    if (pn != n || count == 0 || count > n) return false;
+    if (p.size() != 12 + std::uint64_t{count} * (4 + size_of(t))) return false;
+    const std::byte* idx = p.data() + 12;
+    std::uint64_t prev = 0;
+    bool ok = true;
+    for (std::uint32_t j = 0; j < count; ++j) {
+      const std::uint32_t i = le32(idx + 4 * std::size_t{j});
+      ok &= i < n && (j == 0 || i > prev);  // branch-free: one verdict at the end
+      prev = i;
+    }
+    return ok;
+  }
+  static std::uint32_t le32(const std::byte* b) noexcept {  // one load on little-endian targets
+    return std::uint32_t(b[0]) | std::uint32_t(b[1]) << 8 | std::uint32_t(b[2]) << 16 | std::uint32_t(b[3]) << 24;
   }
 
   bool refuse_payload(const commit_in& c, const status& s, server_actions& out) {

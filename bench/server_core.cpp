@@ -1,0 +1,354 @@
+// ashl_bench_server_core — the cost of ps::server_core (docs/perf/server-core.md).
+//
+//   ashl_bench_server_core                 # every policy at 9 and 1,024 workers; apply path at 2^20 and 2^24
+//   ashl_bench_server_core --quick         # fewer events and reps, apply path at 2^20 only
+//   ashl_bench_server_core --reps 15 --json-only
+//
+// Two parts, one thread, every figure the median of --reps timed runs after
+// one warm-up run:
+//
+// 1. Policy path: events per second through server_core<sync::any_policy>
+//    built by ps::make_policy(name) for every policy name, with the timing-only
+//    layout (0 elements), so only validation, the exactly-once table, the
+//    policy and the actions are measured. A fixed script: workers whose pull
+//    was answered commit again (the pull rides with the commit) and report
+//    compute and push measurements; every 4·M commits a falling loss is
+//    reported. Baseline: the same script driving the bare policy (its own
+//    outcome sink, no core), so the ratio baseline/core is the core's share.
+// 2. Apply path: one commit of a dense f32 (identity) payload and of a top-k
+//    1 % payload decoded into a shard of n elements through server_core
+//    (ASP, model deltas: validation, the policy, decode_add into the
+//    parameters), against std::memcpy of the same payload bytes into a
+//    buffer. Ratio = memcpy time / apply time (goal >= 0.5). Also sgd with
+//    momentum (decode into the accumulator, then the fused step), for
+//    reference.
+//
+// Output: a human table, then one JSON object per case (machine, date,
+// sizes, median, baseline, ratio).
+#include <ashl/compress/identity.hpp>
+#include <ashl/compress/topk.hpp>
+#include <ashl/ps/policies.hpp>
+#include <ashl/ps/server_core.hpp>
+#include <ashl/sync/any_policy.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace ps = ashl::ps;
+namespace sync = ashl::sync;
+using clock_type = std::chrono::steady_clock;
+
+struct options {
+  int reps = 9;
+  bool quick = false;
+  bool json_only = false;
+};
+
+std::string machine() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) {
+      const auto c = line.find(':');
+      return c == std::string::npos ? line : line.substr(c + 2);
+    }
+  return "unknown";
+}
+
+std::string today() {
+  const std::time_t t = std::time(nullptr);
+  char b[32];
+  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return b;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+template <class F>
+double time_median(int reps, F&& f) {
+  f();  // warm-up
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto a = clock_type::now();
+    f();
+    t.push_back(std::chrono::duration<double>(clock_type::now() - a).count());
+  }
+  return median(t);
+}
+
+struct row {
+  std::string part, name;
+  std::uint64_t n = 0, workers = 0, events = 0, bytes = 0;
+  double median_s = 0, baseline_s = 0;
+  std::string baseline;
+  double decode_s = 0;  // apply: compress::decode_add alone into the same shard
+};
+
+// ------------------------------------------------------------ policy path
+
+ps::policy_params params_for(std::uint32_t m) {
+  ps::policy_params pp;
+  pp.workers = m;
+  pp.profile_iterations = 3;  // ASHL leaves profiling early in the script
+  pp.profile_trim = 0;
+  pp.switch_loss = 0.5;
+  pp.period = 5.0;
+  pp.sync_every_iterations = 4;
+  return pp;
+}
+
+// A ring of workers ready to commit (their pull was answered).
+struct ready_ring {
+  std::vector<sync::worker_id> q;
+  std::size_t head = 0, size = 0;
+  explicit ready_ring(std::size_t m) : q(m) {}
+  void push(sync::worker_id w) {
+    q[(head + size) % q.size()] = w;
+    ++size;
+  }
+  sync::worker_id pop() {
+    const sync::worker_id w = q[head];
+    head = (head + 1) % q.size();
+    --size;
+    return w;
+  }
+};
+
+// Drives `commits` commits through the core; returns the events it took.
+std::uint64_t drive_core(ps::server_core<sync::any_policy>& core, std::uint32_t m, std::uint64_t commits,
+                         std::vector<std::uint64_t>& seq, double& now) {
+  ps::server_actions out(m);
+  ready_ring ready(m);
+  for (sync::worker_id w = 0; w < m; ++w) ready.push(w);
+  std::uint64_t events = 0;
+  double loss = 2.0;
+  for (std::uint64_t k = 0; k < commits; ++k) {
+    if (ready.size == 0) {
+      core.drain(out);
+      ++events;
+      for (auto w : out.pull_replies()) ready.push(w);
+      out.clear();
+      if (ready.size == 0) break;
+    }
+    const sync::worker_id w = ready.pop();
+    now += 1e-4;
+    core.measurement({w, ashl::measurement_kind::compute, 0.01 * (1 + w % 3), 32, now}, out);
+    core.measurement({w, ashl::measurement_kind::push, 0.002, 1e6, now}, out);
+    ps::commit_in c{.worker = w, .sequence = ++seq[w], .clock = seq[w], .samples = 32, .bytes = 1'000'000,
+                    .pull = true};
+    core.commit(c, now, out);
+    events += 3;
+    if ((k + 1) % (4 * m) == 0) {
+      loss *= 0.9;
+      core.metric(ashl::metric_id::loss, loss, now, out);
+      ++events;
+    }
+    for (auto r : out.pull_replies()) ready.push(r);
+    out.clear();
+  }
+  return events;
+}
+
+// The same script on the bare policy.
+std::uint64_t drive_bare(sync::any_policy& p, std::uint32_t m, std::uint64_t commits, std::vector<std::uint64_t>& seq,
+                         double& now) {
+  sync::outcome_sink out(m);
+  ready_ring ready(m);
+  for (sync::worker_id w = 0; w < m; ++w) ready.push(w);
+  std::vector<std::uint8_t> held(m, 0);
+  std::uint64_t events = 0;
+  double loss = 2.0;
+  auto take = [&] {
+    for (auto r : out.released())
+      if (held[r]) {
+        held[r] = 0;
+        ready.push(r);
+      }
+    out.clear();
+  };
+  for (std::uint64_t k = 0; k < commits; ++k) {
+    if (ready.size == 0) {
+      p.drain(out);
+      ++events;
+      take();
+      if (ready.size == 0) break;
+    }
+    const sync::worker_id w = ready.pop();
+    now += 1e-4;
+    p.on_measurement({w, ashl::measurement_kind::compute, 0.01 * (1 + w % 3), 32, now}, out);
+    take();
+    p.on_measurement({w, ashl::measurement_kind::push, 0.002, 1e6, now}, out);
+    take();
+    ++seq[w];
+    (void)p.on_commit({w, seq[w], seq[w], now, 1'000'000, 32}, out);
+    take();
+    if (p.on_pull({w, now}, out) == sync::pull_action::serve) ready.push(w);
+    else held[w] = 1;
+    take();
+    events += 3;
+    if ((k + 1) % (4 * m) == 0) {
+      loss *= 0.9;
+      p.on_metric({ashl::metric_id::loss, loss, now}, out);
+      take();
+      ++events;
+    }
+  }
+  return events;
+}
+
+void policy_path(const options& o, std::vector<row>& rows) {
+  for (std::uint32_t m : {9u, 1024u}) {
+    const std::uint64_t commits = (o.quick ? 20'000u : 200'000u);
+    for (const auto& d : ps::policies) {
+      auto pol = ps::make_policy(d.name, params_for(m));
+      if (!pol) {
+        std::fprintf(stderr, "make_policy(%s): %s\n", std::string(d.name).c_str(), pol.error().message().c_str());
+        continue;
+      }
+      std::uint64_t events = 0;
+      const double core_s = time_median(o.reps, [&] {
+        auto core = ps::server_core<sync::any_policy>::create({.workers = m}, *pol).value();
+        std::vector<std::uint64_t> seq(m, 0);
+        double now = 0.0;
+        events = drive_core(core, m, commits, seq, now);
+      });
+      std::uint64_t bare_events = 0;
+      const double bare_s = time_median(o.reps, [&] {
+        sync::any_policy p = *pol;
+        std::vector<std::uint64_t> seq(m, 0);
+        double now = 0.0;
+        bare_events = drive_bare(p, m, commits, seq, now);
+      });
+      row r{"policy", std::string(d.name), 0, m, events, 0, core_s, bare_s, "bare policy, same script"};
+      if (bare_events != events) r.baseline = "bare policy, same script (" + std::to_string(bare_events) + " events)";
+      rows.push_back(r);
+    }
+  }
+}
+
+// ------------------------------------------------------------- apply path
+
+void apply_path(const options& o, std::vector<row>& rows) {
+  std::vector<std::size_t> sizes{std::size_t{1} << 20};
+  if (!o.quick) sizes.push_back(std::size_t{1} << 24);
+  for (std::size_t n : sizes) {
+    std::vector<float> g(n);
+    for (std::size_t i = 0; i < n; ++i) g[i] = std::sin(0.001f * static_cast<float>(i)) * 1e-3f;
+    std::vector<std::byte> dense(4 * n);
+    (void)ashl::compress::identity{}.encode(ashl::host_view<const float>(g.data(), n), dense, {});
+    ashl::compress::topk tk(0.01);
+    std::vector<std::byte> sparse(tk.max_encoded_bytes(n, ashl::dtype::f32));
+    sparse.resize(tk.encode(ashl::host_view<const float>(g.data(), n), sparse, {}).value());
+    std::vector<std::byte> sink(dense.size());
+    const auto layout = ps::shard_layout::even(n, 1).value();
+    struct which {
+      const char* name;
+      const std::vector<std::byte>* payload;
+      ashl::codec_id codec;
+      ps::optimizer_params opt;
+    };
+    const ps::optimizer_params sgd{.mode = ps::optimizer_params::kind::sgd, .lr = 0.01, .momentum = 0.9};
+    for (const which& c : {which{"identity model_delta", &dense, ashl::codec_id::identity, {}},
+                           which{"topk1% model_delta", &sparse, ashl::codec_id::topk, {}},
+                           which{"identity sgd+momentum", &dense, ashl::codec_id::identity, sgd},
+                           which{"topk1% sgd+momentum", &sparse, ashl::codec_id::topk, sgd}}) {
+      auto core = ps::server_core<sync::asp>::create({.layout = layout, .workers = 1, .optimizer = c.opt},
+                                                     sync::asp{{.workers = 1, .scale = 1e-3}})
+                      .value();
+      ps::server_actions out(1);
+      std::uint64_t seq = 0;
+      const std::size_t bytes = c.payload->size();
+      // Enough commits per timed run to be well above the clock's resolution.
+      const int per_run = std::max<int>(1, static_cast<int>((std::size_t{1} << 24) / std::max<std::size_t>(bytes, 1)));
+      const int runs = std::min(per_run, 64);
+      const double apply_s = time_median(o.reps, [&] {
+        for (int k = 0; k < runs; ++k) {
+          ps::commit_in ci{.worker = 0, .sequence = ++seq, .bytes = bytes, .codec = c.codec,
+                           .element_count = n, .payload = *c.payload};
+          core.commit(ci, 0.0, out);
+          if (!out.errors().empty()) std::fprintf(stderr, "refused: %s\n", out.errors()[0].text.c_str());
+          out.clear();
+        }
+      }) / runs;
+      const double copy_s = time_median(o.reps, [&] {
+        for (int k = 0; k < runs; ++k) {
+          std::memcpy(sink.data(), c.payload->data(), bytes);
+          asm volatile("" : : "r"(sink.data()) : "memory");
+        }
+      }) / runs;
+      std::vector<float> shard(n, 0.0f);
+      const double decode_s = time_median(o.reps, [&] {
+        for (int k = 0; k < runs; ++k)
+          (void)ashl::compress::decode_add(c.codec, *c.payload, {n, ashl::dtype::f32},
+                                           ashl::host_view<float>(shard.data(), n), 1e-3f, {});
+      }) / runs;
+      rows.push_back({"apply", c.name, n, 1, 1, bytes, apply_s, copy_s, "memcpy of the payload bytes", decode_s});
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      o.quick = true;
+      o.reps = 5;
+    } else if (a == "--json-only") {
+      o.json_only = true;
+    } else if (a == "--reps" && i + 1 < argc) {
+      o.reps = std::max(1, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: ashl_bench_server_core [--quick] [--reps N] [--json-only]\n");
+      return 2;
+    }
+  }
+  const std::string mach = machine(), date = today();
+  std::vector<row> rows;
+  policy_path(o, rows);
+  apply_path(o, rows);
+  if (!o.json_only) {
+    std::printf("server_core on %s, %s, median of %d\n\n", mach.c_str(), date.c_str(), o.reps);
+    std::printf("%-8s %-24s %10s %8s %14s %14s %8s %14s\n", "part", "case", "n", "workers", "median", "baseline",
+                "ratio", "decode_add");
+    for (const auto& r : rows) {
+      if (r.part == "policy") {
+        std::printf("%-8s %-24s %10s %8llu %10.2f Mev/s %10.2f Mev/s %8.2f\n", r.part.c_str(), r.name.c_str(), "-",
+                    static_cast<unsigned long long>(r.workers), r.events / r.median_s * 1e-6,
+                    r.events / r.baseline_s * 1e-6, r.baseline_s / r.median_s);
+      } else {
+        std::printf("%-8s %-24s %10llu %8s %11.1f us %11.1f us %8.2f %11.1f us\n", r.part.c_str(), r.name.c_str(),
+                    static_cast<unsigned long long>(r.n), "1", r.median_s * 1e6, r.baseline_s * 1e6,
+                    r.baseline_s / r.median_s, r.decode_s * 1e6);
+      }
+    }
+    std::printf("\n");
+  }
+  for (const auto& r : rows) {
+    std::printf(
+        "{\"bench\":\"server_core\",\"part\":\"%s\",\"case\":\"%s\",\"machine\":\"%s\",\"date\":\"%s\",\"n\":%llu,"
+        "\"workers\":%llu,\"events\":%llu,\"payload_bytes\":%llu,\"reps\":%d,\"median_s\":%.9g,"
+        "\"events_per_s\":%.6g,\"baseline\":\"%s\",\"baseline_median_s\":%.9g,\"ratio\":%.4f,\"decode_add_alone_s\":%.9g}\n",
+        r.part.c_str(), r.name.c_str(), mach.c_str(), date.c_str(), static_cast<unsigned long long>(r.n),
+        static_cast<unsigned long long>(r.workers), static_cast<unsigned long long>(r.events),
+        static_cast<unsigned long long>(r.bytes), o.reps, r.median_s,
+        r.part == "policy" ? r.events / r.median_s : 0.0, r.baseline.c_str(), r.baseline_s,
+        r.baseline_s / r.median_s, r.decode_s);
+  }
+  return 0;
+}
