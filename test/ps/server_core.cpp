@@ -6,11 +6,17 @@
 #include <ashl/compress/qsgd.hpp>
 #include <ashl/compress/topk.hpp>
 #include <ashl/core/bytes.hpp>
+#include <ashl/compress/threshold.hpp>
+#include <ashl/compress/topk_sampled.hpp>
+#include <ashl/ps/policies.hpp>
 #include <ashl/sync/any_policy.hpp>
 #include <ashl/sync/asp.hpp>
+#include <ashl/sync/bsp.hpp>
 #include <ashl/sync/ssp.hpp>
 
 #include <atomic>
+#include <map>
+#include <utility>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -793,4 +799,239 @@ BOOST_AUTO_TEST_CASE(save_load_round_trip_continues_identically) {
              {.mode = ps::optimizer_params::kind::sgd, .lr = 0.1, .momentum = 0.5, .nesterov = true});
   round_trip(rounds(3), {});
   round_trip(sync::any_policy(rounds(3)), {.mode = ps::optimizer_params::kind::sgd, .lr = 0.2});
+}
+
+// ------------------------------------------------------- every policy by name
+
+namespace {
+
+// The rules of docs/ps.md written out plainly, driving a bare copy of the
+// policy: what the core must do with each decision. Parameters are added as
+// W += float(weight) * delta, in the order the decisions name them.
+struct mirror {
+  sync::any_policy p;
+  std::vector<float> W;
+  std::map<std::pair<sync::worker_id, std::uint64_t>, std::vector<float>> stored;
+  std::vector<std::uint64_t> pseq;
+  std::vector<std::uint8_t> held, live;
+  sync::outcome_sink sink;
+  std::vector<sync::worker_id> replies;
+  std::uint64_t steps = 0;
+
+  void add(const std::vector<float>& d, double w) {
+    for (std::size_t i = 0; i < W.size(); ++i) W[i] += static_cast<float>(w) * d[i];
+  }
+  void settle(std::size_t& r0, std::size_t& q0, const std::vector<float>* current, std::uint64_t cur_seq,
+              sync::worker_id cur_w, bool& pending) {
+    const auto round = sink.round();
+    if (round.size() > r0) {
+      for (std::size_t k = r0; k < round.size(); ++k) {
+        if (pending && round[k].worker == cur_w && round[k].sequence == cur_seq) {
+          add(*current, round[k].weight);
+          pending = false;
+        } else {
+          auto it = stored.find({round[k].worker, round[k].sequence});
+          BOOST_REQUIRE(it != stored.end());
+          add(it->second, round[k].weight);
+          stored.erase(it);
+        }
+      }
+      ++steps;
+    }
+    r0 = round.size();
+    const auto rel = sink.released();
+    for (std::size_t k = q0; k < rel.size(); ++k)
+      if (held[rel[k]]) {
+        held[rel[k]] = 0;
+        replies.push_back(rel[k]);
+      }
+    q0 = rel.size();
+  }
+  void event_done(const std::vector<float>* current, std::uint64_t seq, sync::worker_id w, bool pending, bool pull,
+                  double now) {
+    std::size_t r0 = 0, q0 = 0;
+    settle(r0, q0, current, seq, w, pending);
+    if (pull && live[w] && !held[w]) {
+      if (p.on_pull({w, now}, sink) == sync::pull_action::serve) {
+        settle(r0, q0, current, seq, w, pending);
+        replies.push_back(w);
+      } else {
+        held[w] = 1;
+        settle(r0, q0, current, seq, w, pending);
+      }
+    }
+    if (pending) stored[{w, seq}] = *current;
+    sink.clear();
+  }
+  void commit(sync::worker_id w, const std::vector<float>& d, double now, bool pull) {
+    const std::uint64_t seq = ++pseq[w];
+    const auto dec = p.on_commit({w, seq, seq, now, 100, 8}, sink);
+    bool pending = false;
+    if (dec.action == sync::commit_action::apply) {
+      add(d, dec.weight);
+      ++steps;
+    } else if (dec.action == sync::commit_action::buffer) {
+      pending = true;
+    }
+    event_done(&d, seq, w, pending, pull, now);
+  }
+  void other() { event_done(nullptr, 0, 0, false, false, 0.0); }
+};
+
+void drive_every_policy(std::string_view name, bool evictions) {
+  const std::uint32_t m = 3;
+  const std::size_t n = 6;
+  ps::policy_params pp;
+  pp.workers = m;
+  pp.profile_iterations = 2;
+  pp.profile_trim = 0;
+  pp.switch_loss = 0.8;
+  pp.period = 0.5;
+  pp.sync_every_iterations = 3;
+  pp.staleness = 1;
+  pp.local_steps = 2;
+  auto pol = ps::make_policy(name, pp);
+  BOOST_REQUIRE_MESSAGE(pol.has_value(), pol.to_status().to_string());
+  const auto w0 = vec(n, 0.5f, 0.25f);
+  auto core = make(*pol, n, m, {}, w0);
+  mirror ref{*pol, w0, {}, std::vector<std::uint64_t>(m, 0), std::vector<std::uint8_t>(m, 0),
+             std::vector<std::uint8_t>(m, 1), sync::outcome_sink(m), {}, 0};
+  ps::server_actions out(m);
+  std::vector<std::uint64_t> seq(m, 0);
+  std::vector<std::uint64_t> incarnation(m, 0);
+  std::vector<sync::worker_id> ready{0, 1, 2};
+  double now = 0.0, loss = 2.0;
+  std::uint64_t x = 12345;
+  auto compare = [&](const char* what, int step) {
+    BOOST_TEST(same_bits(core.parameters(), ref.W), name << " " << what << " at " << step);
+    std::vector<sync::worker_id> got(out.pull_replies().begin(), out.pull_replies().end());
+    BOOST_TEST(got == ref.replies, name << " " << what << " replies at " << step);
+    BOOST_TEST(out.steps() == ref.steps, name << " steps at " << step);
+    BOOST_TEST(out.errors().empty(), name << " errors at " << step);
+    for (auto r : got) ready.push_back(r);
+    ref.replies.clear();
+    ref.steps = 0;
+    out.clear();
+  };
+  for (int step = 0; step < 150; ++step) {
+    now += 0.01;
+    if (evictions && step == 40 && core.is_live(2)) {
+      core.evict(2, now, out);
+      ref.live[2] = 0;
+      ref.held[2] = 0;
+      ref.p.on_evict({2, now}, ref.sink);
+      ref.other();
+      std::erase(ready, 2u);
+      compare("evict", step);
+    }
+    if (evictions && step == 70 && !core.is_live(2)) {
+      core.join(2, ++incarnation[2], now, out);
+      seq[2] = 0;
+      ref.live[2] = 1;
+      ref.p.on_join({2, now}, ref.sink);
+      ref.other();
+      compare("join", step);
+      core.pull(2, now, out);
+      std::size_t r0 = 0, q0 = 0;
+      bool pending = false;
+      if (ref.p.on_pull({2, now}, ref.sink) == sync::pull_action::serve) {
+        ref.settle(r0, q0, nullptr, 0, 0, pending);
+        ref.replies.push_back(2);
+      } else {
+        ref.held[2] = 1;
+        ref.settle(r0, q0, nullptr, 0, 0, pending);
+      }
+      ref.sink.clear();
+      compare("pull after join", step);
+    }
+    if (ready.empty()) {
+      core.drain(out);
+      ref.p.drain(ref.sink);
+      ref.other();
+      compare("drain", step);
+      if (ready.empty()) break;
+      continue;
+    }
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const std::size_t pick = static_cast<std::size_t>(x >> 33) % ready.size();
+    const sync::worker_id w = ready[pick];
+    ready.erase(ready.begin() + static_cast<std::ptrdiff_t>(pick));
+    const ashl::measurement mc{w, ashl::measurement_kind::compute, 0.01 * (1 + w), 8, now};
+    const ashl::measurement mp{w, ashl::measurement_kind::push, 0.002, 100, now};
+    for (const auto& ms : {mc, mp}) {
+      core.measurement(ms, out);
+      ref.p.on_measurement(ms, ref.sink);
+      ref.other();
+    }
+    const auto d = vec(n, 0.01f * static_cast<float>(w + 1), -0.001f * static_cast<float>(step % 7));
+    const auto b = dense(d);
+    auto c = commit_of(w, ++seq[w], b, n, /*pull=*/true);
+    c.incarnation = incarnation[w];
+    c.bytes = 100;
+    c.samples = 8;
+    core.commit(c, now, out);
+    ref.commit(w, d, now, true);
+    compare("commit", step);
+    if (step % 9 == 8) {
+      loss *= 0.8;
+      core.metric(ashl::metric_id::loss, loss, now, out);
+      ref.p.on_metric({ashl::metric_id::loss, loss, now}, ref.sink);
+      ref.other();
+      compare("metric", step);
+    }
+  }
+  BOOST_TEST(core.stats().commits > 50u, name);
+  BOOST_TEST(core.store().size() == ref.stored.size(), name);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_policy_by_name_applies_exactly_what_it_decides) {
+  for (const auto& d : ps::policies) {
+    drive_every_policy(d.name, false);
+    drive_every_policy(d.name, true);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(bsp_and_local_sgd_rounds_by_hand) {
+  // Dyadic values and M = 4 (weight 1/4): every sum is exact in any order.
+  const std::size_t n = 4;
+  for (const char* name : {"bsp", "local_sgd"}) {
+    ps::policy_params pp;
+    pp.workers = 4;
+    auto core = make(ps::make_policy(name, pp).value(), n, 4, {}, std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f});
+    ps::server_actions out(4);
+    for (sync::worker_id w = 0; w < 4; ++w) {
+      const float v = static_cast<float>(w + 1);  // worker w commits (w+1) * (1, -1, 2, 0.5)
+      core.commit(commit_of(w, 1, dense({v, -v, 2 * v, 0.5f * v}), n, true), 0.0, out);
+    }
+    BOOST_TEST(out.steps() == 1u);
+    BOOST_TEST(out.pull_replies().size() == 4u);
+    // Σ (w+1)/4 = 2.5
+    BOOST_TEST(same_bits(core.parameters(), std::vector<float>{3.5f, -0.5f, 8.0f, 5.25f}), name);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(sparse_pair_payloads_of_no_pairs_follow_their_codec) {
+  const std::size_t n = 10;
+  auto core = make(sync::asp{{.workers = 1}}, n, 1);
+  ps::server_actions out(1);
+  std::vector<std::byte> none(12);
+  ashl::byte_writer bw(none);
+  bw.put(std::uint64_t{n});
+  bw.put(std::uint32_t{0});
+  core.commit(commit_of(0, 1, none, n, false, codec_id::topk_sampled), 0.0, out);  // allowed: nothing above threshold
+  core.commit(commit_of(0, 2, none, n, false, codec_id::threshold), 0.0, out);
+  BOOST_TEST(out.errors().empty());
+  BOOST_TEST(out.steps() == 2u);
+  core.commit(commit_of(0, 3, none, n, false, codec_id::topk), 0.0, out);  // top-k sends at least one
+  BOOST_REQUIRE(out.errors().size() == 1u);
+  BOOST_TEST(out.errors()[0].text == "topk.count = 0: must be >= 1");
+  out.clear();
+  std::vector<std::byte> wrong_n = none;
+  ashl::byte_writer(wrong_n).put(std::uint64_t{n + 1});
+  core.commit(commit_of(0, 3, wrong_n, n, false, codec_id::topk_sampled), 0.0, out);
+  BOOST_REQUIRE(out.errors().size() == 1u);
+  BOOST_TEST(out.errors()[0].text == "topk_sampled.n = 11: must equal info.count = 10");
+  for (float v : core.parameters()) BOOST_TEST(v == 0.0f);
 }
