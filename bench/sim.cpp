@@ -1,11 +1,14 @@
-// ashl_bench_sim — events per second of the simulator in timing-only mode:
-// 1,024 workers × 1,000 commits each under SSP(3), against a baseline
+// ashl_bench_sim — wall time and events per second of the simulator in
+// timing-only mode: N workers (default 1,024) × R commits each (default
+// 1,000) under SSP(3) built by name (ps::make_policy, driven through
+// sync::any_policy and ps::server_core as every run is), against a baseline
 // measured in the same run: a bare std::priority_queue push/pop of the same
 // number of events (the floor any event-driven simulator pays).
 //
 //   ashl_bench_sim [--workers N] [--rounds R]
 //
 // Prints a table and one JSON object per case. docs/perf/sim.md.
+#include <ashl/ps/policies.hpp>
 #include <ashl/sim/simulator.hpp>
 
 #include <chrono>
@@ -61,32 +64,35 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // Four speed groups, lognormal jitter, 1 Gbit/s worker links, one server
-  // with a 100 Gbit/s link shared by all transfers, a 1 MB model.
-  std::string json = R"({"model_bytes": 1000000, "seed": 1, "servers": [{"bandwidth_gbps": 100, "latency_us": 5}],
-    "workers": [)";
-  for (int g = 0; g < 4; ++g) {
-    json += std::string(g ? "," : "") + "{\"count\": " + std::to_string(workers / 4 + (g < int(workers % 4) ? 1 : 0)) +
-            ", \"compute_multiplier\": " + std::to_string(1 + g) +
-            ", \"bandwidth_gbps\": 1, \"latency_us\": 50, \"jitter\": {\"kind\": \"lognormal\", \"sigma\": 0.1}}";
+  // Four speed groups (1x to 4x the 10 ms reference), lognormal jitter, 1
+  // Gbit/s worker links with 50 us latency, one server with a 100 Gbit/s
+  // link (5 us) shared by all transfers, a 1 MB model.
+  ashl::sim::cluster_spec spec;
+  spec.model_bytes = 1'000'000;
+  spec.seed = 1;
+  spec.servers = {{.latency_s = 5e-6, .bandwidth_bytes_per_s = ashl::sim::gbps_to_bytes_per_s(100)}};
+  for (std::size_t w = 0; w < workers; ++w) {
+    const std::size_t g = w * 4 / workers;  // contiguous groups, sizes differ by at most one
+    spec.workers.push_back({.seconds_per_iteration = 0.01 * static_cast<double>(1 + g),
+                            .latency_s = 50e-6,
+                            .bandwidth_bytes_per_s = ashl::sim::gbps_to_bytes_per_s(1),
+                            .compute_jitter = {ashl::sim::jitter_kind::lognormal, 0.1}});
   }
-  json += "]}";
-  auto spec = ashl::sim::parse_cluster_spec(json);
-  if (!spec) {
-    std::fprintf(stderr, "%s\n", spec.error().message().c_str());
-    return 1;
-  }
-  ashl::sync::policy_params pp;
+  ashl::ps::policy_params pp;
   pp.workers = static_cast<std::int64_t>(workers);
   pp.staleness = 3;
-  auto policy = ashl::sync::make_policy("ssp", pp);
+  auto policy = ashl::ps::make_policy("ssp", pp);
   if (!policy) {
     std::fprintf(stderr, "%s\n", policy.error().message().c_str());
     return 1;
   }
-  ashl::sim::simulator s(*spec, std::move(*policy));
+  auto s = ashl::sim::simulator<>::create(std::move(spec), std::move(*policy));
+  if (!s) {
+    std::fprintf(stderr, "%s\n", s.error().message().c_str());
+    return 1;
+  }
   const auto t0 = std::chrono::steady_clock::now();
-  auto r = s.run({.commits_per_worker = rounds});
+  auto r = s->run({.commits_per_worker = rounds});
   const double sim_s = seconds_since(t0);
   std::uint64_t checksum = 0;
   const double base_s = baseline(r.events, workers + 8, checksum);
@@ -102,14 +108,15 @@ int main(int argc, char** argv) {
               sim_s, eps);
   std::printf("%-28s %12llu %10.3f %14.0f\n", "baseline priority_queue", static_cast<unsigned long long>(r.events),
               base_s, base_eps);
-  std::printf("ratio (simulator / baseline time): %.2f; virtual time %.2f s, commits %llu, wait fraction %.3f\n",
-              sim_s / base_s, r.end_time, static_cast<unsigned long long>(r.commits), r.wait_fraction());
+  std::printf("ratio (simulator / baseline time): %.2f; virtual time %.2f s, commits %llu (%.0f per s), wait fraction %.3f\n",
+              sim_s / base_s, r.end_time, static_cast<unsigned long long>(r.commits),
+              static_cast<double>(r.commits) / sim_s, r.wait_fraction());
   std::printf(
       "{\"bench\":\"sim\",\"machine\":\"%s %s\",\"date\":\"%s\",\"workers\":%zu,\"rounds\":%llu,\"policy\":\"ssp(3)\","
-      "\"events\":%llu,\"wall_s\":%.4f,\"events_per_s\":%.0f,\"baseline\":\"std::priority_queue push+pop\","
+      "\"events\":%llu,\"commits\":%llu,\"wall_s\":%.4f,\"events_per_s\":%.0f,\"baseline\":\"std::priority_queue push+pop\","
       "\"baseline_wall_s\":%.4f,\"baseline_events_per_s\":%.0f,\"ratio\":%.3f,\"virtual_s\":%.4f,\"checksum\":%llu}\n",
       u.nodename, u.machine, date, workers, static_cast<unsigned long long>(rounds),
-      static_cast<unsigned long long>(r.events), sim_s, eps, base_s, base_eps, sim_s / base_s, r.end_time,
+      static_cast<unsigned long long>(r.events), static_cast<unsigned long long>(r.commits), sim_s, eps, base_s, base_eps, sim_s / base_s, r.end_time,
       static_cast<unsigned long long>(checksum % 1000));
   return 0;
 }

@@ -588,3 +588,39 @@ BOOST_AUTO_TEST_CASE(timing_only_traces_of_every_policy_match_the_simulator_befo
     }
   }
 }
+
+// ASHL+ in the simulator: two workers (10 and 30 ms) profiled for 3 commits
+// each, then the fast worker slows down 3x at t = 1 s; the re-planner sees
+// its compute measurements (worker_cycle's, told to the servers) drift and
+// gives it about the local steps and share of the other.
+BOOST_AUTO_TEST_CASE(ashl_replans_when_a_worker_slows_down) {
+  auto spec = cluster({worker(0.01, 8), worker(0.03, 8)}, 100'000);
+  spec.changes = {{.at = 1.0, .worker = 0, .kind = sim::change_kind::slowdown, .factor = 3}};
+  const auto make_ashl = [](bool replan) {
+    ashl::ps::policy_params pp;
+    pp.profile_iterations = 3;
+    pp.h_ahl = 4;
+    pp.h_shl = 2;
+    pp.planner = "profile";
+    pp.profile_trim = 0;
+    pp.replanner = replan ? "profile" : "none";
+    pp.replan_drift = 0.2;
+    pp.replan_half_life = 2;
+    return policy("ashl", 2, pp);
+  };
+  std::vector<double> changed;
+  sim::hooks h;
+  h.plans_changed = [&](double t) { changed.push_back(t); };
+  auto s = make(spec, make_ashl(true), h);
+  auto r = s.run({.until = 3.0});
+  BOOST_TEST(r.workers[0].commits > 0u);
+  const auto p0 = s.policy().plan(0), p1 = s.policy().plan(1);
+  BOOST_TEST(p0.local_iterations <= p1.local_iterations + 1);
+  BOOST_TEST(p0.data_share > 0.4f);
+  BOOST_TEST(p0.data_share < 0.6f);
+  BOOST_TEST(std::count_if(changed.begin(), changed.end(), [](double t) { return t > 1.0; }) >= 1);
+  // Without the re-planner the first plan stays: worker 0 keeps 3x the steps.
+  auto once = make(spec, make_ashl(false));
+  (void)once.run({.until = 3.0});
+  BOOST_TEST(once.policy().plan(0).local_iterations == 3 * once.policy().plan(1).local_iterations);
+}

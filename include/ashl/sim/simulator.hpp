@@ -295,9 +295,11 @@ class simulator {
           cores_[k].evict(w, 0.0, act_);
           act(k);
         }
+    running_ = 0;
     for (std::uint32_t w = 0; w < m; ++w) {
       if (joins_later[w]) continue;
       r_.workers[w].alive = true;
+      ++running_;
       start_compute(w);
     }
     if (opt_.metric_interval > 0.0) q_.push(0.0, k_metric, 0);
@@ -581,10 +583,10 @@ class simulator {
     }
   }
 
+  // A worker reached its commit limit; the run stops when none is running
+  // (a count, so no event scans the workers).
   void check_all_done() {
-    for (const auto& wk : w_)
-      if (wk.st != state::done && wk.st != state::dead && wk.st != state::absent) return;
-    stop_ = true;
+    if (--running_ == 0) stop_ = true;
   }
 
   // Server k answers w's pull: its parameters travel on k's egress link.
@@ -690,7 +692,10 @@ class simulator {
       case change_kind::slowdown: wk.slowdown = c.factor; break;
       case change_kind::die:
         if (wk.st == state::dead || wk.st == state::absent) break;
-        if (wk.st != state::done) close(w, now);
+        if (wk.st != state::done) {
+          close(w, now);
+          --running_;
+        }
         wk.st = state::dead;
         r_.workers[w].alive = false;
         cycles_[w].abandon();
@@ -705,6 +710,7 @@ class simulator {
       case change_kind::join:
         if (wk.st != state::absent && wk.st != state::dead) break;
         r_.workers[w].alive = true;
+        ++running_;
         ++wk.incarnation;
         cycles_[w].restart();
         cycles_[w].pull_sent(now);
@@ -773,6 +779,7 @@ class simulator {
   std::vector<shard_payload> payload_of_;  // per (worker, server): the commit in flight
   std::vector<float> eval_params_;
   run_result r_;
+  std::size_t running_ = 0;  // workers neither done, dead nor absent
   bool stop_ = false;
   bool ran_ = false;
 };
