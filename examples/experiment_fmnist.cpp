@@ -1,7 +1,10 @@
 // ashl_experiment_fmnist — the reference experiment (ALGORITHMS.md §5):
 // Fashion-MNIST, a 784-256-10 MLP, 1 server and 9 workers in three groups,
 // every policy run under the simulator in full mode (real gradients in
-// virtual time) through sync::make_policy and the profile planners.
+// virtual time) through ps::make_policy and the profile planners. The
+// server side is ps::server_core (the simulator's): it stores each buffered
+// commit's payload, decodes it by codec id and applies W += w_i Δ_i; the
+// workers here only train and encode their deltas.
 //
 //   ashl_experiment_fmnist --mode sim --seeds 3 --budget 30 --target 0.85 --out results
 //   ashl_experiment_fmnist --quick
@@ -13,12 +16,11 @@
 #include "mlp.hpp"
 
 #include <ashl/compress/error_feedback.hpp>
+#include <ashl/compress/identity.hpp>
 #include <ashl/compress/topk.hpp>
-#include <ashl/profile/planner.hpp>
+#include <ashl/ps/policies.hpp>
 #include <ashl/sim/simulator.hpp>
 #include <ashl/sim/trace.hpp>
-#include <ashl/sync/ashl_profile.hpp>
-#include <ashl/sync/factory.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -87,7 +89,11 @@ struct settings {
   }
 };
 
-const char* const known_policies[] = {"bsp", "asp", "ssp", "local_sgd", "adsp", "semi_async", "dlb", "ashl", "ashl_plus"};
+// The library's policy names (ps::policies, listed once there) and this
+// experiment's variant "ashl_plus" (ASHL with the profile re-planner and
+// error feedback).
+bool known_policy(std::string_view name) { return name == "ashl_plus" || ashl::ps::policy_kind_of(name).has_value(); }
+std::string known_policies_text() { return ashl::ps::policy_names_text() + " ashl_plus"; }
 
 void usage() {
   std::printf(
@@ -96,7 +102,7 @@ void usage() {
       "                              [--eval-every S] [--data DIR] [--trace POLICY]\n"
       "                              [--compress-seconds S] [--slowdown W,AT,F] [--first-seed K]\n"
       "                              [--help]\n"
-      "policies: bsp asp ssp local_sgd adsp semi_async dlb ashl ashl_plus\n"
+      "policies: %s (default: all but dssp)\n"
       "  --budget S    virtual seconds per run (default 20)\n"
       "  --target A    test accuracy to reach, in (0, 1] (default 0.85)\n"
       "  --lr X        learning rate of every policy; or per policy on top of the defaults:\n"
@@ -107,7 +113,8 @@ void usage() {
       "  --quick       a small run for tests: 1 seed, bsp,asp,ashl,ashl_plus, 1 virtual second\n"
       "  --compress-seconds S  reference worker's time to top-k one update (default 0.001; 0: free)\n"
       "  --slowdown W,AT,F     worker W (0-8) becomes F times slower at virtual time AT (repeatable)\n"
-      "  --no-replan           ASHL+ keeps error feedback but plans once (ablation)\n");
+      "  --no-replan           ASHL+ keeps error feedback but plans once (ablation)\n",
+      known_policies_text().c_str());
 }
 
 ashl::status bad(const char* field, const std::string& v, const char* why) { return ashl::invalid_argument(field, v, why); }
@@ -150,9 +157,7 @@ ashl::result<settings> parse(int argc, char** argv) {
       std::stringstream ss(*v);
       std::string p;
       while (std::getline(ss, p, ',')) {
-        bool ok = false;
-        for (auto k : known_policies) ok = ok || p == k;
-        if (!ok) return bad("--policies", p, "unknown policy (bsp asp ssp local_sgd adsp semi_async dlb ashl ashl_plus)");
+        if (!known_policy(p)) return bad("--policies", p, ("unknown policy (" + known_policies_text() + ")").c_str());
         s.policies.push_back(p);
       }
       if (s.policies.empty()) return bad("--policies", *v, "must name at least one policy");
@@ -171,9 +176,7 @@ ashl::result<settings> parse(int argc, char** argv) {
         while (std::getline(ss, item, ',')) {
           const auto eq = item.find('=');
           const std::string name = item.substr(0, eq == std::string::npos ? item.size() : eq);
-          bool ok = false;
-          for (auto k : known_policies) ok = ok || name == k;
-          if (!ok || eq == std::string::npos) return bad("--lr", item, "must be POLICY=RATE with a known policy");
+          if (!known_policy(name) || eq == std::string::npos) return bad("--lr", item, "must be POLICY=RATE with a known policy");
           char* end = nullptr;
           const double v = std::strtod(item.c_str() + eq + 1, &end);
           if (end == item.c_str() + eq + 1 || *end) return bad("--lr", item, "the rate must be a number");
@@ -247,31 +250,29 @@ ashl::result<settings> parse(int argc, char** argv) {
 
 // The cluster of ALGORITHMS.md §5: the reference worker computes one batch-64
 // iteration in 10 ms and moves the dense model in 5 ms; groups of three are
-// (compute, comm) = (2×, 4×), (3×, 6×), (4×, 8×) slower.
+// (compute, comm) = (2×, 4×), (3×, 6×), (4×, 8×) slower. Built in code: only
+// a JSON spec file needs nlohmann_json.
 ashl::result<ashl::sim::cluster_spec> cluster(const settings& s) {
-  const double model_bytes = 4.0 * mlp::size();
-  const double ref_gbps = model_bytes / 0.005 * 8.0 / 1e9;
-  char ref[160];
-  std::snprintf(ref, sizeof ref, "{\"reference\": {\"seconds_per_iteration\": 0.01, \"batch\": 64, \"compress_seconds\": %.9g}",
-                s.compress_seconds);
-  std::string j = std::string(ref) + ", \"model_bytes\": " + std::to_string(static_cast<std::uint64_t>(model_bytes)) +
-                  ", \"workers\": [";
+  ashl::sim::cluster_spec spec;
+  spec.reference_seconds_per_iteration = 0.01;
+  spec.reference_batch = 64;
+  spec.reference_compress_seconds = s.compress_seconds;
+  spec.model_bytes = 4 * std::uint64_t{mlp::size()};
+  const double ref_bytes_per_s = static_cast<double>(spec.model_bytes) / 0.005;
   const double comp[3] = {2, 3, 4}, comm[3] = {4, 6, 8};
   for (int g = 0; g < 3; ++g) {
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "%s{\"count\": 3, \"compute_multiplier\": %g, \"bandwidth_gbps\": %.9g}", g ? "," : "",
-                  comp[g], ref_gbps / comm[g]);
-    j += buf;
+    ashl::sim::worker_spec w;
+    w.seconds_per_iteration = spec.reference_seconds_per_iteration * comp[g];
+    // A codec runs on the worker's processor: it scales like its compute.
+    w.compress_seconds = spec.reference_compress_seconds * comp[g];
+    w.batch = spec.reference_batch;
+    w.bandwidth_bytes_per_s = ref_bytes_per_s / comm[g];
+    for (int k = 0; k < 3; ++k) spec.workers.push_back(w);
   }
-  j += "], \"changes\": [";
-  for (std::size_t k = 0; k < s.slowdowns.size(); ++k) {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "%s{\"at\": %.9g, \"worker\": %u, \"kind\": \"slowdown\", \"factor\": %.9g}",
-                  k ? "," : "", s.slowdowns[k].at, s.slowdowns[k].worker, s.slowdowns[k].factor);
-    j += buf;
-  }
-  j += "]}";
-  return ashl::sim::parse_cluster_spec(j);
+  for (const auto& d : s.slowdowns)
+    spec.changes.push_back({.at = d.at, .worker = d.worker, .kind = ashl::sim::change_kind::slowdown, .factor = d.factor});
+  ASHL_TRY(ashl::sim::validate(spec));
+  return spec;
 }
 
 struct point {
@@ -300,11 +301,10 @@ std::uint64_t mix(std::uint64_t z) {
 struct policy_setup {
   ashl::sync::any_policy policy;
   bool error_feedback = false;
-  std::vector<std::uint32_t> batches;  // DLB: per-worker batch sizes
 };
 
 ashl::result<policy_setup> make_setup(const std::string& name, const settings& s, const ashl::sim::cluster_spec& spec) {
-  ashl::sync::policy_params pp;
+  ashl::ps::policy_params pp;
   pp.workers = static_cast<std::int64_t>(spec.workers.size());
   policy_setup out;
   std::string base = name;
@@ -319,17 +319,14 @@ ashl::result<policy_setup> make_setup(const std::string& name, const settings& s
   }
   if (name == "semi_async") pp.sync_every_iterations = 8;
   if (name == "dlb") {
-    base = "bsp";
-    pp.weighting = "samples";
-    std::vector<double> speeds;
-    for (const auto& w : spec.workers) speeds.push_back(static_cast<double>(spec.reference_batch) / w.seconds_per_iteration);
-    auto plan = ashl::profile::plan_dlb_batches(speeds, static_cast<std::uint32_t>(64 * spec.workers.size()), 8);
-    if (!plan) return plan.error();
-    out.batches = plan->batch;
+    // Batches b_i = B v_i / Σv from the measured throughput (EWMA), B = 64 per
+    // worker, at least 8; the rounds weigh each commit by its samples.
+    pp.total_batch = 64 * pp.workers;
+    pp.min_batch = 8;
   }
   if (name == "ashl" || name == "ashl_plus") {
-    // Algorithms 1 and 2 on the per-worker medians of the 5 profiling
-    // commits (trimmed mean of 5 with 2 off each end), T_compress measured.
+    // Algorithms 1 and 2 on the per-worker trimmed means of the 5 profiling
+    // commits (2 off each end), T_compress measured.
     base = "ashl";
     pp.profile_iterations = 5;
     pp.h_ahl = 8;
@@ -337,15 +334,19 @@ ashl::result<policy_setup> make_setup(const std::string& name, const settings& s
     pp.shl_staleness = 3;
     pp.compression_ratio = s.ratio;
     pp.switch_loss = 0.5;  // scaled for Fashion-MNIST (0.3 on CIFAR-10 in the paper)
-    const ashl::sync::profile_planner_params plan{.h_ahl = 8, .h_shl = 2, .r0 = s.ratio, .trim = 2};
-    pp.planner = ashl::sync::profile_planner(plan);
+    pp.planner = "profile";
+    pp.profile_trim = 2;
     if (name == "ashl_plus") {
       // ASHL+: error feedback on the top-k residual and online re-planning.
-      if (s.replan) pp.replanner = ashl::sync::profile_replanner(plan, {.drift = s.drift, .half_life = 8});
+      if (s.replan) {
+        pp.replanner = "profile";
+        pp.replan_drift = s.drift;
+        pp.replan_half_life = 8;
+      }
       out.error_feedback = true;
     }
   }
-  auto p = ashl::sync::make_policy(base, pp);
+  auto p = ashl::ps::make_policy(base, pp);
   if (!p) return p.error();
   out.policy = std::move(*p);
   return out;
@@ -368,43 +369,42 @@ run_outcome run_one(const std::string& name, int seed, const settings& s, const 
     for (auto& w : spec.workers) w.compress_seconds *= s.ef_compress_factor;
   const std::size_t n = mlp::size(), m = spec.workers.size();
   mlp net;
-  std::vector<float> W = mlp::init(1000 + static_cast<std::uint64_t>(seed));
+  const std::vector<float> W0 = mlp::init(1000 + static_cast<std::uint64_t>(seed));
   struct worker_state {
     std::vector<float> w, base, v, grad, delta, snapshot;
-    std::vector<std::byte> payload;
+    std::vector<std::vector<std::byte>> payload;  // per server shard, valid until the next compute
     ashl::compress::error_feedback<ashl::compress::topk> ef;  // ASHL+: the residual of what top-k dropped
     std::uint64_t step = 0;
-    bool sparse = false;
   };
   std::vector<worker_state> ws(m);
   for (auto& x : ws) {
-    x.w = W;
-    x.base = W;
+    x.w = W0;
+    x.base = W0;
     x.v.assign(n, 0.0f);
     x.grad.assign(n, 0.0f);
     x.delta.assign(n, 0.0f);
-    x.snapshot = W;
+    x.snapshot = W0;
   }
   std::vector<float> xb;
   std::vector<std::uint8_t> yb;
   std::vector<std::byte> scratch;
   const bool ef = setup->error_feedback;
   const double lr_policy = s.lr_for(name);
-  const auto batches = setup->batches;
   const std::uint64_t rng_seed = mix(static_cast<std::uint64_t>(seed) * 7919 + 17);
 
+  // Workers: local SGD with momentum from the last pulled model, then the
+  // model delta Δ = w − w(pulled), one shard per server: identity (dense) or
+  // top-k at the plan's ratio (with error feedback for ASHL+). The server
+  // (ps::server_core) applies W += weight · Δ as the policy says.
   ashl::sim::hooks h;
-  h.adjust_plan = [&](ashl::sync::worker_id w, ashl::sync::worker_plan& p) {
-    if (!batches.empty()) p.batch_size = batches[w];
-  };
-  h.compute = [&](ashl::sync::worker_id w, const ashl::sync::worker_plan& plan, std::uint32_t iters, std::uint32_t batch,
-                  std::uint64_t) -> std::uint64_t {
-    auto& x = ws[w];
+  h.compute = [&](const ashl::sim::compute_request& q, std::span<ashl::sim::shard_payload> out) {
+    auto& x = ws[q.worker];
+    const std::uint32_t batch = q.batch;
     xb.resize(std::size_t{batch} * mlp::in);
     yb.resize(batch);
-    for (std::uint32_t k = 0; k < iters; ++k) {
+    for (std::uint32_t k = 0; k < q.iterations; ++k) {
       for (std::uint32_t b = 0; b < batch; ++b) {
-        const std::size_t idx = mix(rng_seed ^ (std::uint64_t{w} << 40) ^ (x.step * 65536 + b)) % d.train.count;
+        const std::size_t idx = mix(rng_seed ^ (std::uint64_t{q.worker} << 40) ^ (x.step * 65536 + b)) % d.train.count;
         mlp::to_float(&d.train.images[idx * mlp::in], 1, &xb[std::size_t{b} * mlp::in]);
         yb[b] = d.train.labels[idx];
       }
@@ -417,71 +417,83 @@ run_outcome run_one(const std::string& name, int seed, const settings& s, const 
       }
     }
     for (std::size_t i = 0; i < n; ++i) x.delta[i] = x.w[i] - x.base[i];
-    x.sparse = plan.compression_ratio < 1.0;
-    if (!x.sparse) {
-      if (ef) {
-        // A dense commit pays off the whole residual.
-        const auto e = x.ef.residual(0);
-        for (std::size_t i = 0; i < e.size(); ++i) x.delta[i] += e[i];
-        x.ef.reset();
-      }
-      return 4 * n;
-    }
-    const ashl::compress::topk c{plan.compression_ratio};
-    x.payload.resize(c.max_encoded_bytes(n, ashl::dtype::f32));
-    scratch.resize(c.scratch_bytes(n, ashl::dtype::f32));
-    const ashl::compress::codec_context ctx{.seed = 0, .step = 0, .tensor = 0, .scratch = scratch};
-    ashl::result<std::size_t> used = 0;
-    if (ef) {
-      // e ← (Δ + e) − C(Δ + e): what top-k did not send stays for the next commit.
-      x.ef.inner() = c;
-      used = x.ef.encode(ashl::host_view<const float>(x.delta.data(), n), x.payload, ctx);
-    } else {
-      used = c.encode(ashl::host_view<const float>(x.delta.data(), n), x.payload, ctx);
-    }
-    ASHL_ASSERT(used.has_value(), "topk encode failed");
-    x.payload.resize(*used);
-    return *used;
-  };
-  h.apply = [&](std::span<const ashl::sync::weighted_commit> cs) {
-    for (const auto& c : cs) {
-      auto& x = ws[c.worker];
-      const float wgt = static_cast<float>(c.weight);
-      if (x.sparse) {
-        (void)ashl::compress::topk{}.decode_add(x.payload, {n, ashl::dtype::f32}, ashl::host_view<float>(W.data(), n),
-                                                wgt, {});
+    const double ratio = q.plan->compression_ratio;
+    x.payload.resize(out.size());
+    for (std::uint32_t k = 0; k < out.size(); ++k) {
+      const ashl::ps::key_range r = q.layout->range(k);
+      const auto len = static_cast<std::size_t>(r.size());
+      const ashl::host_view<const float> delta(x.delta.data() + r.begin, len);
+      auto& bytes = x.payload[k];
+      ashl::result<std::size_t> used = std::size_t{0};
+      out[k] = {.element_count = r.size(), .step = q.sequence, .tensor = k};
+      if (ratio >= 1.0) {
+        if (ef) {
+          // A dense commit pays off the whole residual of this shard.
+          const auto e = x.ef.residual(k);
+          for (std::size_t i = 0; i < e.size(); ++i) x.delta[r.begin + i] += e[i];
+        }
+        const ashl::compress::identity c;
+        bytes.resize(c.max_encoded_bytes(len, ashl::dtype::f32));
+        used = c.encode(delta, bytes, {});
+        out[k].codec = ashl::codec_id::identity;
       } else {
-        for (std::size_t i = 0; i < n; ++i) W[i] += wgt * x.delta[i];
+        const ashl::compress::topk c{ratio};
+        bytes.resize(c.max_encoded_bytes(len, ashl::dtype::f32));
+        scratch.resize(c.scratch_bytes(len, ashl::dtype::f32));
+        const ashl::compress::codec_context ctx{.seed = 0, .step = 0, .tensor = k, .scratch = scratch};
+        if (ef) {
+          // e ← (Δ + e) − C(Δ + e): what top-k did not send stays for the next commit.
+          x.ef.inner() = c;
+          used = x.ef.encode(delta, bytes, ctx);
+        } else {
+          used = c.encode(delta, bytes, ctx);
+        }
+        out[k].codec = ashl::codec_id::topk;
       }
+      ASHL_ASSERT(used.has_value(), "worker encode failed");
+      out[k].bytes = std::span<const std::byte>(bytes.data(), *used);
     }
+    if (ef && ratio >= 1.0) x.ef.reset();
   };
-  h.serve = [&](ashl::sync::worker_id w) { ws[w].snapshot = W; };
+  h.serve = [&](ashl::sync::worker_id w, std::uint32_t server, std::span<const float> p) {
+    const ashl::ps::key_range r = ashl::ps::shard_layout::even(n, static_cast<std::uint32_t>(spec.servers.size()))->range(server);
+    std::copy(p.begin(), p.end(), ws[w].snapshot.begin() + static_cast<std::ptrdiff_t>(r.begin));
+  };
   h.deliver = [&](ashl::sync::worker_id w) {
     ws[w].w = ws[w].snapshot;
     ws[w].base = ws[w].snapshot;
   };
-  h.evaluate = [&](double t) {
-    auto [acc, tl] = net.evaluate(W, d.test.images.data(), d.test.labels.data(), s.eval_test);
-    auto [tracc, loss] = net.evaluate(W, d.train.images.data(), d.train.labels.data(), s.eval_train);
+  h.evaluate = [&](double t, std::span<const float> W) {
+    const std::vector<float> Wv(W.begin(), W.end());
+    auto [acc, tl] = net.evaluate(Wv, d.test.images.data(), d.test.labels.data(), s.eval_test);
+    auto [tracc, loss] = net.evaluate(Wv, d.train.images.data(), d.train.labels.data(), s.eval_train);
     (void)tl;
     (void)tracc;
     if (!std::isfinite(loss)) loss = 1e9;
     o.curve.push_back({t, acc, loss});
     if (std::isnan(o.time_to_target) && acc >= s.target) o.time_to_target = t;
-    return ashl::sim::evaluation{{{"loss", loss}, {"accuracy", acc}}, false};
+    return ashl::sim::evaluation{{{ashl::metric_id::loss, loss}, {ashl::metric_id::accuracy, acc}}, false};
   };
 
-  const ashl::sim::simulator* running = nullptr;
+  const ashl::sim::simulator<>* running = nullptr;
   h.plans_changed = [&](double t) {
-    if (running && std::isnan(o.switch_time) && running->policy().name() == "shl") o.switch_time = t;
+    if (running && std::isnan(o.switch_time) && running->policy().stage() == ashl::stage_id::shl) o.switch_time = t;
   };
-  ashl::sim::simulator sim(spec, std::move(setup->policy), std::move(h));
-  running = &sim;
-  auto r = sim.run({.until = s.budget, .metric_interval = s.eval_every, .record_trace = trace, .trace_limit = 200000});
+  auto sim = ashl::sim::simulator<>::create(spec, std::move(setup->policy), std::move(h),
+                                            {.elements = n,
+                                             .optimizer = {.mode = ashl::ps::optimizer_params::kind::model_delta},
+                                             .initial = W0});
+  if (!sim) {
+    o.note = sim.error().message();
+    return o;
+  }
+  running = &*sim;
+  auto r = sim->run({.until = s.budget, .metric_interval = s.eval_every, .record_trace = trace, .trace_limit = 200000});
+  const std::vector<float> W = sim->parameters();
   o.final_accuracy = net.evaluate(W, d.test.images.data(), d.test.labels.data(), d.test.count).first;
   o.bytes_per_worker = r.mean_bytes_sent();
   o.wait_fraction = r.wait_fraction();
-  if (const auto* a = sim.policy().target<ashl::sync::ashl_schedule>()) o.replans = a->replans();
+  if (auto a = ashl::ps::ashl_summary_of(sim->policy())) o.replans = a->replans;
   if (trace) {
     std::ofstream t(s.out + "/trace_" + name + ".json");
     ashl::sim::write_chrome_trace(t, r, "fmnist " + name);
