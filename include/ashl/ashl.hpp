@@ -2,9 +2,9 @@
 // third-party dependencies): core, wire, compress, sync, profile.
 //
 //   #include <ashl/ashl.hpp>
-//   ashl::sync::policy_params pp;
+//   ashl::ps::policy_params pp;
 //   pp.workers = 9;
-//   auto policy = ashl::sync::make_policy("ssp", pp);   // result<any_policy>
+//   auto policy = ashl::ps::make_policy("ssp", pp);     // result<sync::any_policy>
 //
 // The simulator (ashl/sim/*, needs nlohmann_json) and the CUDA codecs
 // (ashl/compress/cuda/*.cuh, need nvcc) are included separately. DESIGN.md,
@@ -20,10 +20,10 @@
 #include <ashl/sync/adsp.hpp>
 #include <ashl/sync/any_policy.hpp>
 #include <ashl/sync/ashl_schedule.hpp>
-#include <ashl/sync/ashl_profile.hpp>
 #include <ashl/sync/asp.hpp>
 #include <ashl/sync/bsp.hpp>
 #include <ashl/sync/concepts.hpp>
+#include <ashl/sync/dlb.hpp>
 #include <ashl/sync/dssp.hpp>
 #include <ashl/sync/events.hpp>
 #include <ashl/sync/local_sgd.hpp>
@@ -37,3 +37,5 @@
 #include <ashl/profile/planner.hpp>
 #include <ashl/profile/replan.hpp>
 #include <ashl/profile/straggler.hpp>
+#include <ashl/ps/planners.hpp>
+#include <ashl/ps/policies.hpp>

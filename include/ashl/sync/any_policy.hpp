@@ -34,8 +34,10 @@ class any_policy {
   using policy_concept = policy_tag;
 
   any_policy() = default;
-  template <consistency_policy P>
-    requires(!std::same_as<std::remove_cvref_t<P>, any_policy>)
+  // The any_policy test comes first: checking consistency_policy<any_policy>
+  // from inside its own copy-constructibility check would recurse.
+  template <class P>
+    requires(!std::same_as<std::remove_cvref_t<P>, any_policy> && consistency_policy<P>)
   any_policy(P p) : p_(std::make_unique<model<P>>(std::move(p))) {}  // NOLINT(google-explicit-constructor)
   any_policy(const any_policy& o) : p_(o.p_ ? o.p_->clone() : nullptr) {}
   any_policy(any_policy&&) noexcept = default;
