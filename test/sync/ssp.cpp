@@ -258,6 +258,14 @@ BOOST_AUTO_TEST_CASE(save_load_round_trip_makes_the_same_decisions) {
   (void)p.on_commit({.worker = 0, .sequence = 1}, out);
   (void)p.on_pull({.worker = 0}, out);
   policy_testing::check_load_rejects_truncation(p);
+  // A state holding a pull its own bound allows is refused.
+  auto bytes = policy_testing::saved(p);
+  bytes[8] = std::byte{5};  // the bound, right after the SSP_ tag and version
+  as::ssp q;
+  ashl::state_reader in(bytes);
+  const auto st = q.load(in);
+  BOOST_TEST(!st.ok());
+  BOOST_TEST(st.message().find("ssp.held") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(steady_state_events_allocate_nothing) {

@@ -144,8 +144,12 @@ class ssp {
     ASHL_TRY(n.core_.load(in));
     const auto& t = n.core_.table();
     n.grow(t.size());
-    for (worker_id w = 0; w < t.size(); ++w)
-      if (t.is_held(w)) n.held_.push(w, n.pos_, n.order());
+    const std::uint64_t m = t.min_live_commits();
+    for (worker_id w = 0; w < t.size(); ++w) {
+      if (!t.is_held(w)) continue;
+      if (t[w].commits - m <= n.bound_) return malformed("ssp.held", w, "a held pull within the bound");
+      n.held_.push(w, n.pos_, n.order());
+    }
     *this = std::move(n);
     return {};
   }
