@@ -20,8 +20,9 @@
 // times are the intervals between a worker's accepted commits since it joined
 // (one iteration per commit), over the last `window`. A held pull is released
 // at the first event after which the same rule, at that event's time, allows
-// it; since the allowance only shrinks as time passes, only commits,
-// evictions and joins can release. Membership as in sync/ssp.hpp.
+// it; since the allowance only shrinks as time passes (and a joiner, at the
+// minimum without timing data, only lowers it), only commits and evictions
+// release. Membership as in sync/ssp.hpp.
 // ALGORITHMS.md §1 "DSSP".
 //
 // Cost: the minimum clock and t_next come from the worker table's heap over
