@@ -278,6 +278,7 @@ class simulator {
     payloads_.assign(s, shard_payload{});
     links_.clear();
     link_version_.assign(2 * s, 0);
+    link_pending_.assign(2 * s, pending_check{});
     for (std::size_t k = 0; k < s; ++k) {
       links_.emplace_back(spec_.servers[k].bandwidth_bytes_per_s);  // ingress (up)
       links_.emplace_back(spec_.servers[k].bandwidth_bytes_per_s);  // egress (down)
@@ -482,14 +483,25 @@ class simulator {
     return (std::uint64_t{w} * 2 + d) * cores_.size() + shard;
   }
 
+  // Keeps one pending event per link at its earliest completion; when a
+  // change leaves that completion as it was, the pending event stands (no
+  // new event, so a link with thousands of transfers does not flood the queue).
   void reschedule(std::uint32_t li) {
     auto c = links_[li].next_completion(clock_.now());
+    auto& pending = link_pending_[li];
+    if (c && pending.armed && pending.time == c->time && pending.id == c->id) return;
     ++link_version_[li];
-    if (c) q_.push(c->time, k_link_check, li, link_version_[li]);
+    pending.armed = c.has_value();
+    if (c) {
+      pending.time = c->time;
+      pending.id = c->id;
+      q_.push(c->time, k_link_check, li, link_version_[li]);
+    }
   }
 
   void on_link_check(std::uint32_t li, std::uint64_t version) {
     if (version != link_version_[li]) return;
+    link_pending_[li].armed = false;
     auto c = links_[li].next_completion(clock_.now());
     if (!c) return;
     links_[li].remove(clock_.now(), c->id);
@@ -773,6 +785,12 @@ class simulator {
   event_queue q_;
   std::vector<shared_link> links_;
   std::vector<std::uint64_t> link_version_;
+  struct pending_check {
+    double time = 0.0;
+    std::uint64_t id = 0;
+    bool armed = false;
+  };
+  std::vector<pending_check> link_pending_;
   std::vector<worker> w_;
   std::vector<ps::worker_cycle> cycles_;
   std::vector<shard_payload> payloads_;    // the compute hook's answer, one per server
