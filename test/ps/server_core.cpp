@@ -721,6 +721,8 @@ BOOST_AUTO_TEST_CASE(no_allocation_in_steady_state) {
   check(make(sync::ssp{{.workers = m, .staleness = 2}}, n, m,
              {.mode = ps::optimizer_params::kind::sgd, .lr = 0.01, .momentum = 0.9}),
         "ssp sgd");
+  check(make(sync::bsp{{.workers = m}}, n, m), "bsp model deltas (the store)");
+  check(make(sync::bsp{{.workers = m}}, n, m, sgd_plain), "bsp sgd (the store)");
   check(make(rounds(m), n, m), "rounds model deltas (the store)");
   check(make(rounds(m), n, m, sgd_plain), "rounds sgd (the store)");
   check(make(rounds(m), 0, m), "rounds timing only");
@@ -799,6 +801,14 @@ BOOST_AUTO_TEST_CASE(save_load_round_trip_continues_identically) {
              {.mode = ps::optimizer_params::kind::sgd, .lr = 0.1, .momentum = 0.5, .nesterov = true});
   round_trip(rounds(3), {});
   round_trip(sync::any_policy(rounds(3)), {.mode = ps::optimizer_params::kind::sgd, .lr = 0.2});
+  ps::policy_params pp;
+  pp.workers = 3;
+  pp.profile_iterations = 2;
+  pp.profile_trim = 0;
+  pp.sync_every_iterations = 3;
+  for (const auto& d : ps::policies) {
+    BOOST_TEST_CONTEXT(d.name) { round_trip(ps::make_policy(d.name, pp).value(), {}); }
+  }
 }
 
 // ------------------------------------------------------- every policy by name
