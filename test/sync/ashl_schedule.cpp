@@ -258,3 +258,30 @@ BOOST_AUTO_TEST_CASE(a_new_plan_with_the_same_total_marks_only_the_changed_worke
               std::vector<as::worker_id>{1}));
   BOOST_TEST(p.plan(1).local_iterations == 6u);
 }
+
+namespace {
+// Covers workers 0 and 1 only: worker 2's entry is the default (share 0).
+struct partial_replanner {
+  static constexpr bool enabled = true;
+  ashl::status start(const as::profile_report&, const as::ashl_plan&) { return {}; }
+  ashl::result<bool> observe(const as::measurement_event&, as::ashl_plan& next) {
+    next.workers.assign(3, as::ashl_worker_plan{});
+    next.workers[0] = {8, 2, 0.2, 0.1, 0.5, 0};
+    next.workers[1] = {5, 1, 0.2, 0.1, 0.25, 0};
+    return true;
+  }
+  void save(ashl::state_writer&) const {}
+  ashl::status load(ashl::state_reader&) { return {}; }
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_worker_the_new_plan_does_not_cover_keeps_its_entry) {
+  auto p = three_workers<partial_replanner>();
+  const auto before = p.current_plan().workers[2];
+  p.on_measurement({.worker = 1, .kind = measurement_kind::compute, .seconds = 1.0}, fresh());
+  BOOST_TEST(p.replans() == 1u);
+  BOOST_TEST((p.current_plan().workers[2] == before));
+  BOOST_TEST(p.plan(1).local_iterations == 5u);
+  BOOST_TEST(p.plan(2).local_iterations == 4u);
+  BOOST_TEST(p.on_commit({.worker = 2, .sequence = 2}, fresh()).weight == 0.25);
+}

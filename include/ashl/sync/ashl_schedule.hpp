@@ -22,11 +22,12 @@
 // right after a good first plan, from the profiling report and that plan; it
 // then sees every measurement of the AHL and SHL phases and may write a new
 // plan into a buffer the schedule keeps (so a measurement that changes
-// nothing allocates nothing). A new plan passes the same checks, replaces
-// H_i, R_i and D_i from each worker's next cycle on, keeps the SSP counters
-// and held pulls, and marks the workers whose plans changed (every plan when
-// the shares' total moved); a rejected one is recorded (replan_status()) and
-// the old plan stays.
+// nothing allocates nothing). A live worker the new plan does not cover (no
+// entry, or a share of 0) keeps its entry. A new plan passes the same
+// checks, replaces H_i, R_i and D_i from each worker's next cycle on, keeps
+// the SSP counters and held pulls, and marks the workers whose plans changed
+// (every plan when the shares' total moved); a rejected one is recorded
+// (replan_status()) and the old plan stays.
 //
 // Membership after the plan: the weights D_i are renormalised over the live
 // workers (an eviction does not shrink the step; every data share changes);
@@ -423,12 +424,15 @@ class ashl_schedule {
       return;
     }
     if (!*r) return;
-    // Entries the new plan lacks (workers that joined after profiling) keep theirs.
+    // Workers the new plan does not cover (no entry, or a share of 0: those
+    // that joined after profiling) keep their entries. O(M), for a new plan only.
     if (next_.workers.size() < plan_.workers.size()) {
       const std::size_t old = next_.workers.size();
       next_.workers.resize(plan_.workers.size());
       for (std::size_t w = old; w < plan_.workers.size(); ++w) next_.workers[w] = plan_.workers[w];
     }
+    for (worker_id w = 0; w < plan_.workers.size(); ++w)
+      if (is_live(w) && !(next_.workers[w].share > 0.0) && plan_.workers[w].share > 0.0) next_.workers[w] = plan_.workers[w];
     status ok = check(next_);
     if (!ok.ok()) {
       replan_status_ = std::move(ok);
