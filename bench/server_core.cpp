@@ -3,9 +3,11 @@
 //   ashl_bench_server_core                 # every policy at 9 and 1,024 workers; apply path at 2^20 and 2^24
 //   ashl_bench_server_core --quick         # fewer events and reps, apply path at 2^20 only
 //   ashl_bench_server_core --reps 15 --json-only
+//   ashl_bench_server_core --part apply --reps 31   # one part only (policy | apply)
 //
 // Two parts, one thread, every figure the median of --reps timed runs after
-// one warm-up run:
+// one warm-up run; a case and its baselines run interleaved (case, baseline,
+// case, baseline, ...), so load drift on a shared machine reaches both:
 //
 // 1. Policy path: events per second through server_core<sync::any_policy>
 //    built by ps::make_policy(name) for every policy name, with the timing-only
@@ -19,9 +21,10 @@
 //    1 % payload decoded into a shard of n elements through server_core
 //    (ASP, model deltas: validation, the policy, decode_add into the
 //    parameters), against std::memcpy of the same payload bytes into a
-//    buffer. Ratio = memcpy time / apply time (goal >= 0.5). Also sgd with
-//    momentum (decode into the accumulator, then the fused step), for
-//    reference.
+//    buffer. Ratio = memcpy time / apply time (goal >= 0.5). Also
+//    compress::decode_add alone into a shard of the same size (what the core
+//    adds on top of the codec), and sgd with momentum (decode into the
+//    accumulator, then the fused step), for reference.
 //
 // Output: a human table, then one JSON object per case (machine, date,
 // sizes, median, baseline, ratio).
@@ -32,6 +35,7 @@
 #include <ashl/sync/any_policy.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -52,6 +56,7 @@ struct options {
   int reps = 9;
   bool quick = false;
   bool json_only = false;
+  std::string part = "all";  // all | policy | apply
 };
 
 std::string machine() {
@@ -77,16 +82,24 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-template <class F>
-double time_median(int reps, F&& f) {
-  f();  // warm-up
-  std::vector<double> t;
+// Times each of fs once per rep, interleaved (f0, f1, ..., f0, f1, ...), so
+// load drift on a shared machine reaches every figure alike; medians.
+template <class... F>
+std::array<double, sizeof...(F)> time_interleaved(int reps, F&&... fs) {
+  (fs(), ...);  // warm-up
+  std::array<std::vector<double>, sizeof...(F)> t;
   for (int r = 0; r < reps; ++r) {
-    const auto a = clock_type::now();
-    f();
-    t.push_back(std::chrono::duration<double>(clock_type::now() - a).count());
+    std::size_t k = 0;
+    auto one = [&](auto& f) {
+      const auto a = clock_type::now();
+      f();
+      t[k++].push_back(std::chrono::duration<double>(clock_type::now() - a).count());
+    };
+    (one(fs), ...);
   }
-  return median(t);
+  std::array<double, sizeof...(F)> m{};
+  for (std::size_t k = 0; k < m.size(); ++k) m[k] = median(t[k]);
+  return m;
 }
 
 struct row {
@@ -218,20 +231,22 @@ void policy_path(const options& o, std::vector<row>& rows) {
         std::fprintf(stderr, "make_policy(%s): %s\n", std::string(d.name).c_str(), pol.error().message().c_str());
         continue;
       }
-      std::uint64_t events = 0;
-      const double core_s = time_median(o.reps, [&] {
-        auto core = ps::server_core<sync::any_policy>::create({.workers = m}, *pol).value();
-        std::vector<std::uint64_t> seq(m, 0);
-        double now = 0.0;
-        events = drive_core(core, m, commits, seq, now);
-      });
-      std::uint64_t bare_events = 0;
-      const double bare_s = time_median(o.reps, [&] {
-        sync::any_policy p = *pol;
-        std::vector<std::uint64_t> seq(m, 0);
-        double now = 0.0;
-        bare_events = drive_bare(p, m, commits, seq, now);
-      });
+      std::uint64_t events = 0, bare_events = 0;
+      const auto t = time_interleaved(
+          o.reps,
+          [&] {
+            auto core = ps::server_core<sync::any_policy>::create({.workers = m}, *pol).value();
+            std::vector<std::uint64_t> seq(m, 0);
+            double now = 0.0;
+            events = drive_core(core, m, commits, seq, now);
+          },
+          [&] {
+            sync::any_policy p = *pol;
+            std::vector<std::uint64_t> seq(m, 0);
+            double now = 0.0;
+            bare_events = drive_bare(p, m, commits, seq, now);
+          });
+      const double core_s = t[0], bare_s = t[1];
       row r{"policy", std::string(d.name), 0, m, events, 0, core_s, bare_s, "bare policy, same script"};
       if (bare_events != events) r.baseline = "bare policy, same script (" + std::to_string(bare_events) + " events)";
       rows.push_back(r);
@@ -274,27 +289,30 @@ void apply_path(const options& o, std::vector<row>& rows) {
       // Enough commits per timed run to be well above the clock's resolution.
       const int per_run = std::max<int>(1, static_cast<int>((std::size_t{1} << 24) / std::max<std::size_t>(bytes, 1)));
       const int runs = std::min(per_run, 64);
-      const double apply_s = time_median(o.reps, [&] {
-        for (int k = 0; k < runs; ++k) {
-          ps::commit_in ci{.worker = 0, .sequence = ++seq, .bytes = bytes, .codec = c.codec,
-                           .element_count = n, .payload = *c.payload};
-          core.commit(ci, 0.0, out);
-          if (!out.errors().empty()) std::fprintf(stderr, "refused: %s\n", out.errors()[0].text.c_str());
-          out.clear();
-        }
-      }) / runs;
-      const double copy_s = time_median(o.reps, [&] {
-        for (int k = 0; k < runs; ++k) {
-          std::memcpy(sink.data(), c.payload->data(), bytes);
-          asm volatile("" : : "r"(sink.data()) : "memory");
-        }
-      }) / runs;
       std::vector<float> shard(n, 0.0f);
-      const double decode_s = time_median(o.reps, [&] {
-        for (int k = 0; k < runs; ++k)
-          (void)ashl::compress::decode_add(c.codec, *c.payload, {n, ashl::dtype::f32},
-                                           ashl::host_view<float>(shard.data(), n), 1e-3f, {});
-      }) / runs;
+      const auto t = time_interleaved(
+          o.reps,
+          [&] {
+            for (int k = 0; k < runs; ++k) {
+              ps::commit_in ci{.worker = 0, .sequence = ++seq, .bytes = bytes, .codec = c.codec,
+                               .element_count = n, .payload = *c.payload};
+              core.commit(ci, 0.0, out);
+              if (!out.errors().empty()) std::fprintf(stderr, "refused: %s\n", out.errors()[0].text.c_str());
+              out.clear();
+            }
+          },
+          [&] {
+            for (int k = 0; k < runs; ++k) {
+              std::memcpy(sink.data(), c.payload->data(), bytes);
+              asm volatile("" : : "r"(sink.data()) : "memory");
+            }
+          },
+          [&] {
+            for (int k = 0; k < runs; ++k)
+              (void)ashl::compress::decode_add(c.codec, *c.payload, {n, ashl::dtype::f32},
+                                               ashl::host_view<float>(shard.data(), n), 1e-3f, {});
+          });
+      const double apply_s = t[0] / runs, copy_s = t[1] / runs, decode_s = t[2] / runs;
       rows.push_back({"apply", c.name, n, 1, 1, bytes, apply_s, copy_s, "memcpy of the payload bytes", decode_s});
     }
   }
@@ -311,17 +329,23 @@ int main(int argc, char** argv) {
       o.reps = 5;
     } else if (a == "--json-only") {
       o.json_only = true;
+    } else if (a == "--part" && i + 1 < argc) {
+      o.part = argv[++i];
+      if (o.part != "all" && o.part != "policy" && o.part != "apply") {
+        std::fprintf(stderr, "ashl_bench_server_core: --part = \"%s\": must be all, policy or apply\n", o.part.c_str());
+        return 2;
+      }
     } else if (a == "--reps" && i + 1 < argc) {
       o.reps = std::max(1, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: ashl_bench_server_core [--quick] [--reps N] [--json-only]\n");
+      std::fprintf(stderr, "usage: ashl_bench_server_core [--quick] [--reps N] [--part all|policy|apply] [--json-only]\n");
       return 2;
     }
   }
   const std::string mach = machine(), date = today();
   std::vector<row> rows;
-  policy_path(o, rows);
-  apply_path(o, rows);
+  if (o.part != "apply") policy_path(o, rows);
+  if (o.part != "policy") apply_path(o, rows);
   if (!o.json_only) {
     std::printf("server_core on %s, %s, median of %d\n\n", mach.c_str(), date.c_str(), o.reps);
     std::printf("%-8s %-24s %10s %8s %14s %14s %8s %14s\n", "part", "case", "n", "workers", "median", "baseline",
