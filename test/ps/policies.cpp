@@ -247,4 +247,20 @@ BOOST_AUTO_TEST_CASE(ashl_summary_sees_every_instantiation) {
     BOOST_TEST(s.has_value() == (c.name == "ashl"), c.label);
     if (s) BOOST_TEST((s->stage == stage_id::profile), c.label);
   }
+  // After profiling: the plan the planner made, and the stage.
+  auto p = ps_cases::base_params("ashl", 2);
+  p.profile_iterations = 1;
+  p.h_ahl = 6;
+  auto r = ps::make_policy("ashl", p);
+  BOOST_TEST_REQUIRE(r.has_value());
+  as::outcome_sink out(2);
+  (void)r->on_commit({.worker = 0, .sequence = 1}, out);
+  (void)r->on_commit({.worker = 1, .sequence = 1}, out);
+  const auto s = ps::ashl_summary_of(*r);
+  BOOST_TEST_REQUIRE(s.has_value());
+  BOOST_TEST((s->stage == stage_id::ahl));
+  BOOST_TEST(s->planner_status.ok());
+  BOOST_TEST_REQUIRE(s->plan.workers.size() == 2u);
+  BOOST_TEST(s->plan.workers[1].h_ahl == 6u);
+  BOOST_TEST(s->plan.workers[1].share == 0.5);
 }

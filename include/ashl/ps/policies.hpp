@@ -392,6 +392,7 @@ struct ashl_summary {
   status planner_status;
   status replan_status;
   double switched_at = 0.0;  // when SHL began; meaningful when stage is shl
+  sync::ashl_plan plan;      // the plan in force as its planner made it (current_plan())
 };
 
 namespace detail {
@@ -404,6 +405,7 @@ bool summarise_as(const sync::any_policy& p, ashl_summary& out) {
   out.planner_status = s->planner_status();
   out.replan_status = s->replan_status();
   out.switched_at = s->switched_at();
+  out.plan = s->current_plan();
   return true;
 }
 }  // namespace detail

@@ -188,7 +188,9 @@ class adsp {
   [[nodiscard]] bool searching() const noexcept { return searching_; }
   [[nodiscard]] std::uint64_t searches_done() const noexcept { return searches_done_; }
   // τ of w's next commit: commits applied since its last served pull.
-  [[nodiscard]] std::uint64_t staleness(worker_id w) const noexcept { return version_ - w_[w].pulled_version; }
+  [[nodiscard]] std::uint64_t staleness(worker_id w) const noexcept {
+    return w < w_.size() ? version_ - w_[w].pulled_version : 0;
+  }
 
   void save(state_writer& w) const {
     w.tag("ADSP", 1);
