@@ -79,7 +79,7 @@ inline std::vector<policy_case> every_policy(std::int64_t workers) {
 class script {
  public:
   script(std::size_t workers, std::uint32_t seed, bool membership = true)
-      : rng_(seed), workers_(workers), ids_(workers + 2), seq_(workers + 2, 0), blocked_(workers + 2, 0),
+      : rng_(seed), ids_(workers + 2), seq_(workers + 2, 0), blocked_(workers + 2, 0),
         membership_(membership) {}
 
   void set_membership(bool on) noexcept { membership_ = on; }
@@ -132,7 +132,6 @@ class script {
   static constexpr as::measurement_kind kinds_[3] = {as::measurement_kind::compute, as::measurement_kind::push,
                                                     as::measurement_kind::pull};
   std::mt19937 rng_;
-  std::size_t workers_;
   std::size_t ids_;
   std::vector<std::uint64_t> seq_;
   std::vector<std::uint8_t> blocked_;
