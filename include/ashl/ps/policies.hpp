@@ -57,7 +57,7 @@ struct policy_description {
 
 // Indexed by policy_kind.
 inline constexpr std::array<policy_description, 9> policies{{
-    {"bsp", "workers weighting batch_size", "bulk synchronous rounds (ALGORITHMS.md §1 BSP)"},
+    {"bsp", "workers weighting batch_size", "bulk synchronous rounds, mean or samples-weighted"},
     {"asp", "workers staleness_weight staleness_exponent", "apply every commit at once"},
     {"ssp", "workers staleness staleness_weight staleness_exponent", "hold a pull while c_i - min c_j > staleness"},
     {"local_sgd", "workers local_steps weighting batch_size", "synchronous rounds of local_steps local steps"},
