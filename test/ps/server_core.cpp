@@ -6,6 +6,11 @@
 #include <ashl/compress/qsgd.hpp>
 #include <ashl/compress/topk.hpp>
 #include <ashl/core/bytes.hpp>
+#include <ashl/compress/cast.hpp>
+#include <ashl/compress/natural.hpp>
+#include <ashl/compress/randomk.hpp>
+#include <ashl/compress/sign.hpp>
+#include <ashl/compress/terngrad.hpp>
 #include <ashl/compress/threshold.hpp>
 #include <ashl/compress/topk_sampled.hpp>
 #include <ashl/ps/policies.hpp>
@@ -1044,4 +1049,91 @@ BOOST_AUTO_TEST_CASE(sparse_pair_payloads_of_no_pairs_follow_their_codec) {
   BOOST_REQUIRE(out.errors().size() == 1u);
   BOOST_TEST(out.errors()[0].text == "topk_sampled.n = 11: must equal info.count = 10");
   for (float v : core.parameters()) BOOST_TEST(v == 0.0f);
+}
+
+// ---------------------------------------------------- mutated payloads
+
+namespace {
+
+// Encodes g with `codec`, then mutates the payload at random (flip bytes,
+// cut, extend) and commits it: a refused commit leaves the parameters as
+// they were; an accepted one changes them exactly as decode_add of that
+// payload does. So every check before the policy matches the codec's rules.
+template <class Codec>
+void mutate(const Codec& codec, bool sgd, std::uint64_t seed) {
+  const std::size_t n = 96;
+  const auto g = vec(n, -0.4f, 0.011f);
+  std::vector<std::byte> base(codec.max_encoded_bytes(n, dtype::f32));
+  std::vector<std::byte> scratch(codec.scratch_bytes(n, dtype::f32));
+  const ashl::compress::codec_context ctx{.seed = 0, .step = 3, .tensor = 1, .scratch = scratch};
+  base.resize(codec.encode(ashl::host_view<const float>(g.data(), n), base, ctx).value());
+  auto core = make(sync::asp{{.workers = 1}}, n, 1, sgd ? sgd_plain : ps::optimizer_params{});
+  ps::server_actions out(1);
+  std::uint64_t x = seed, seq = 0, accepted = 0, refused = 0;
+  auto next = [&] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return x >> 33;
+  };
+  for (int trial = 0; trial < 120; ++trial) {
+    auto p = base;
+    const auto kind = next() % 4;
+    if (kind == 0 && !p.empty()) {
+      for (int k = 0, m = 1 + static_cast<int>(next() % 3); k < m; ++k) p[next() % p.size()] ^= std::byte{static_cast<unsigned char>(1u << (next() % 8))};
+    } else if (kind == 1 && !p.empty()) {
+      p.resize(next() % p.size());
+    } else if (kind == 2) {
+      p.resize(p.size() + 1 + next() % 8, std::byte{0});
+    }  // kind 3: unchanged
+    const std::vector<float> before(core.parameters().begin(), core.parameters().end());
+    auto c = commit_of(0, ++seq, p, n, false, Codec::id);
+    c.step = 3;
+    c.tensor = 1;
+    core.commit(c, 0.0, out);
+    if (!out.errors().empty()) {
+      ++refused;
+      BOOST_REQUIRE(same_bits(core.parameters(), before));
+      BOOST_REQUIRE(out.steps() == 0u);
+      --seq;  // the sequence was not consumed; reuse it
+    } else {
+      ++accepted;
+      std::vector<float> acc(n, 0.0f);
+      const ashl::compress::codec_context dctx{.seed = 0, .step = 3, .tensor = 1};
+      BOOST_REQUIRE(ashl::compress::decode_add(Codec::id, p, {n, dtype::f32}, ashl::host_view<float>(acc.data(), n),
+                                               1.0f, dctx)
+                        .ok());
+      std::vector<float> expect = before;
+      if (sgd) {
+        for (std::size_t i = 0; i < n; ++i) expect[i] -= 0.5f * (1.0f * acc[i] + 0.0f * before[i]);
+      } else {
+        expect = before;
+        BOOST_REQUIRE(ashl::compress::decode_add(Codec::id, p, {n, dtype::f32},
+                                                 ashl::host_view<float>(expect.data(), n), 1.0f, dctx)
+                          .ok());
+      }
+      // NaN from a flipped exponent compares by bits on both sides.
+      BOOST_REQUIRE(same_bits(core.parameters(), expect));
+    }
+    out.clear();
+  }
+  BOOST_TEST(accepted > 0u, ashl::to_string(Codec::id));
+  BOOST_TEST(refused > 0u, ashl::to_string(Codec::id));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(mutated_payloads_are_refused_or_applied_exactly) {
+  namespace cz = ashl::compress;
+  for (bool sgd : {false, true}) {
+    mutate(cz::identity{}, sgd, 1);
+    mutate(cz::fp16{}, sgd, 2);
+    mutate(cz::bf16{}, sgd, 3);
+    mutate(cz::topk{0.1}, sgd, 4);
+    mutate(cz::topk_sampled{}, sgd, 5);
+    mutate(cz::threshold{}, sgd, 6);
+    mutate(cz::randomk{}, sgd, 7);
+    mutate(cz::qsgd{}, sgd, 8);
+    mutate(cz::terngrad{}, sgd, 9);
+    mutate(cz::sign{}, sgd, 10);
+    mutate(cz::natural{}, sgd, 11);
+  }
 }
