@@ -2,6 +2,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -284,4 +285,39 @@ BOOST_AUTO_TEST_CASE(a_worker_the_new_plan_does_not_cover_keeps_its_entry) {
   BOOST_TEST(p.plan(1).local_iterations == 5u);
   BOOST_TEST(p.plan(2).local_iterations == 4u);
   BOOST_TEST(p.on_commit({.worker = 2, .sequence = 2}, fresh()).weight == 0.25);
+}
+
+BOOST_AUTO_TEST_CASE(save_load_round_trip_and_a_state_with_a_bad_plan_is_refused) {
+  auto a = three_workers<test_replanner>();
+  a.on_metric({.metric = metric_id::loss, .value = 0.1, .time = 1}, fresh());
+  std::vector<std::byte> bytes;
+  ashl::state_writer w(bytes);
+  a.save(w);
+  auto b = as::ashl_schedule<fixed_planner, test_replanner>{{.workers = 1}, fixed_planner{}};
+  ashl::state_reader r(bytes);
+  BOOST_TEST_REQUIRE(b.load(r).ok());
+  BOOST_TEST((b.stage() == stage_id::shl));
+  BOOST_TEST(b.replanner().started == 1u);
+  BOOST_TEST((b.current_plan() == a.current_plan()));
+  for (std::uint64_t s = 2; s < 7; ++s) {
+    const auto da = a.on_commit({.worker = 0, .sequence = s}, fresh());
+    const auto db = b.on_commit({.worker = 0, .sequence = s}, fresh());
+    BOOST_TEST((da == db));
+  }
+  BOOST_TEST((a.on_pull({.worker = 0}, fresh()) == b.on_pull({.worker = 0}, fresh())));
+  BOOST_TEST(b.is_held(0));
+  // The plan's H of worker 0 is the first u32 after the plan count: make it 0.
+  std::vector<std::byte> plan_bytes;
+  ashl::state_writer pw(plan_bytes);
+  pw.put<std::uint64_t>(3);
+  pw.put<std::uint32_t>(8);  // h_ahl of worker 0 as saved
+  auto bad = bytes;
+  const auto at = std::search(bad.begin(), bad.end(), plan_bytes.begin(), plan_bytes.end());
+  BOOST_TEST_REQUIRE((at != bad.end()));
+  *(at + 8) = std::byte{0};
+  auto c = as::ashl_schedule<fixed_planner, test_replanner>{{.workers = 1}, fixed_planner{}};
+  ashl::state_reader rc(bad);
+  const auto st = c.load(rc);
+  BOOST_TEST(st.message() == "ashl.plan.h_ahl = 0: must be >= 1");
+  BOOST_TEST(c.profiling());
 }

@@ -301,6 +301,11 @@ class ashl_schedule {
     ASHL_TRY(load_status(r, n.replan_status_, "ashl.replan_status"));
     ASHL_TRY(r.get(replans, "ashl.replans"));
     n.replans_ = static_cast<std::size_t>(replans);
+    if (n.planned_) {
+      // What install and adopt keep true: every live worker has a valid entry.
+      if (status ok = n.check(n.plan_); !ok.ok()) return status(errc::malformed, ok.message());
+      if (!(n.total_ >= 0.0) || !std::isfinite(n.total_)) return malformed("ashl.total_share", n.total_, "must be >= 0");
+    }
     n.nlive_ = 0;
     n.reached_ = 0;
     for (std::size_t w = 0; w < n.live_.size(); ++w) {
