@@ -42,7 +42,6 @@
 // - leave() tells the policy on_evict (the concept has no leave event); it
 //   differs from evict() in its counter and in refusing a worker not live.
 // - drain() added (the policy's drain: shutdown, tests).
-// - Policy has no default (sync::any_policy works as the argument).
 // - error_out carries the message text and a `refusal` reason.
 // - worker_cycle: built with its worker id; compressed(now, payload_bytes);
 //   reply_started, pull_sent, restart, abandon, samples, state added.
@@ -61,6 +60,7 @@
 #include <ashl/ps/commit_store.hpp>
 #include <ashl/ps/optimizer.hpp>
 #include <ashl/ps/shards.hpp>
+#include <ashl/sync/any_policy.hpp>
 #include <ashl/sync/concepts.hpp>
 #include <ashl/sync/events.hpp>
 #include <ashl/wire/crc32c.hpp>
@@ -236,7 +236,7 @@ struct counters {
   friend bool operator==(const counters&, const counters&) = default;
 };
 
-template <sync::consistency_policy Policy>
+template <sync::consistency_policy Policy = sync::any_policy>
 class server_core {
  public:
   static result<server_core> create(server_core_params p, Policy policy, std::span<const float> initial = {}) {
