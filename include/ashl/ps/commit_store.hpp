@@ -132,13 +132,15 @@ class commit_store {
   }
 
   // Every held entry, in (worker, sequence) order: the order save() writes.
+  // Allocates its own ordering (not a hot path), so const stays thread-safe.
   template <class F>
   void for_each(F&& f) const {
+    std::vector<std::uint32_t> order;
     for (std::uint32_t w = 0; w < by_worker_.size(); ++w) {
-      order_.assign(by_worker_[w].begin(), by_worker_[w].end());
-      std::sort(order_.begin(), order_.end(),
+      order.assign(by_worker_[w].begin(), by_worker_[w].end());
+      std::sort(order.begin(), order.end(),
                 [&](std::uint32_t a, std::uint32_t b) { return entries_[a].sequence < entries_[b].sequence; });
-      for (std::uint32_t id : order_) f(entries_[id], payload(entries_[id]));
+      for (std::uint32_t id : order) f(entries_[id], payload(entries_[id]));
     }
   }
 
@@ -281,7 +283,7 @@ class commit_store {
   std::vector<entry> entries_;
   std::vector<std::uint32_t> free_ids_;
   std::vector<std::vector<std::uint32_t>> by_worker_;
-  mutable std::vector<std::uint32_t> order_;  // scratch of for_each / compact
+  std::vector<std::uint32_t> order_;  // scratch of compact
 };
 
 }  // namespace ps
