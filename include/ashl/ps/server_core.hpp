@@ -43,6 +43,8 @@
 //   differs from evict() in its counter and in refusing a worker not live.
 // - drain() added (the policy's drain: shutdown, tests).
 // - error_out carries the message text and a `refusal` reason.
+// - Model deltas decode straight into the parameters, commit after commit
+//   in the policy's order (no accumulator pass; sgd uses the accumulator).
 // - worker_cycle: built with its worker id; compressed(now, payload_bytes);
 //   reply_started, pull_sent, restart, abandon, samples, state added.
 #pragma once
