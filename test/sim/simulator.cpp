@@ -427,6 +427,48 @@ BOOST_AUTO_TEST_CASE(full_mode_decodes_commits_into_the_servers_parameters) {
   BOOST_TEST(r.metrics[1].metrics[0].value == 1.0);
 }
 
+// BSP in full mode: each round's commits are buffered in the cores' stores
+// and applied together with weight 1/M: every round adds (1 + 2) / 2.
+BOOST_AUTO_TEST_CASE(full_mode_rounds_apply_the_stored_payloads) {
+  constexpr std::uint64_t n = 4;
+  auto spec = cluster({worker(0.01), worker(0.02)}, 4 * n);
+  std::array<std::vector<std::byte>, 2> buf;
+  sim::hooks h;
+  h.compute = [&](const sim::compute_request& q, std::span<sim::shard_payload> out) {
+    std::vector<float> delta(n, static_cast<float>(q.worker + 1));
+    auto& b = buf[q.worker];
+    b.resize(4 * n);
+    (void)ashl::compress::identity{}.encode(ashl::host_view<const float>(delta.data(), n), b, {});
+    out[0] = {.codec = ashl::codec_id::identity, .element_count = n, .bytes = b};
+  };
+  const std::vector<float> w0(n, 0.5f);
+  auto s = make(spec, policy("bsp", 2), h, {.elements = n, .initial = w0});
+  auto r = s.run({.commits_per_worker = 3});
+  BOOST_TEST(r.error.empty());
+  BOOST_TEST(r.applications == 3u);
+  BOOST_TEST((s.parameters() == std::vector<float>(n, 0.5f + 3 * 1.5f)));
+  // Per round the first commit waits in the store; the one completing the
+  // round is applied from its message.
+  BOOST_TEST(s.core().stats().commits_buffered == 3u);
+  BOOST_TEST(s.core().stats().commits_applied == 6u);
+}
+
+// A hook that encodes the wrong number of elements: the server refuses the
+// commit (the worker would wait forever), so the run stops and names it.
+BOOST_AUTO_TEST_CASE(a_refused_commit_stops_the_run_with_the_servers_error) {
+  auto spec = cluster({worker(0.01)}, 24);
+  std::vector<std::byte> b(20);
+  sim::hooks h;
+  h.compute = [&](const sim::compute_request&, std::span<sim::shard_payload> out) {
+    out[0] = {.codec = ashl::codec_id::identity, .element_count = 5, .bytes = b};
+  };
+  auto s = make(spec, policy("asp", 1), h, {.elements = 6});
+  auto r = s.run({.commits_per_worker = 3});
+  BOOST_TEST(r.error == "server 0 refused worker 0's message: commit.element_count = 5: this server's shard 0 holds 6");
+  BOOST_TEST(r.refused == 1u);
+  BOOST_TEST(r.end_time == 0.01, tolerance(1e-9));
+}
+
 // --------------------------------------------- the iteration-time model
 
 // profile/iteration_model.hpp predicts a BSP round from the workers'

@@ -78,6 +78,7 @@ struct run_result {
   std::uint64_t refused = 0;       // messages the servers refused (errors they answered), all servers
   std::vector<std::uint64_t> server_steps;  // optimizer steps per server
   bool stopped_by_hook = false;
+  std::string error;               // the first refusal by a server (the run stopped there); empty: none
   std::vector<worker_stats> workers;
   std::vector<metric_row> metrics;
   std::vector<trace_span> trace;

@@ -649,6 +649,14 @@ class simulator {
   // Acts on server k's actions: replies, plan updates, errors, steps.
   void act(std::uint32_t k) {
     r_.server_steps[k] += act_.steps();
+    // A refusal means a hook built a commit the server cannot take (the
+    // simulator's own messages are well formed): the worker would wait for
+    // an answer that never comes, so the run stops and says why.
+    if (!act_.errors().empty() && r_.error.empty()) {
+      r_.error = "server " + std::to_string(k) + " refused worker " + std::to_string(act_.errors()[0].worker) +
+                 "'s message: " + act_.errors()[0].text;
+      stop_ = true;
+    }
     for (const auto w : act_.pull_replies()) start_reply(w, k);
     if (k == 0 && !act_.plans().empty() && hooks_.plans_changed) hooks_.plans_changed(clock_.now());
     act_.clear();
