@@ -229,6 +229,11 @@ BOOST_AUTO_TEST_CASE(create_refuses_bad_parameters) {
   BOOST_TEST(bad_init.error().message() == "server_core.initial.size = 3: must be 0 or the shard's 4 elements");
   auto bad_workers = ps::server_core<sync::asp>::create({.layout = layout(4), .workers = 3}, sync::asp{{.workers = 2}});
   BOOST_REQUIRE(!bad_workers.has_value());
+  auto small_store =
+      ps::server_core<sync::asp>::create({.layout = layout(100), .store_bytes = 399}, sync::asp{{.workers = 1}});
+  BOOST_REQUIRE(!small_store.has_value());
+  BOOST_TEST(small_store.error().message() ==
+             "server_core.store_bytes = 399: holds less than one dense f32 commit of the shard (4 x 100 = 400 bytes)");
   auto bad_opt = ps::server_core<sync::asp>::create(
       {.layout = layout(4), .optimizer = {.mode = ps::optimizer_params::kind::model_delta, .momentum = 0.9}},
       sync::asp{{.workers = 1}});

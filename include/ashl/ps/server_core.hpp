@@ -249,6 +249,13 @@ class server_core {
     if (!initial.empty() && initial.size() != n)
       return invalid_argument("server_core.initial.size", initial.size(),
                               "must be 0 or the shard's " + std::to_string(n) + " elements");
+    // The store must take a commit before the policy is asked (a decision
+    // cannot be undone), so it holds at least one dense f32 commit: a policy
+    // that never buffers then never sees a valid dense commit refused.
+    if (p.store_bytes < 4 * n)
+      return invalid_argument("server_core.store_bytes", p.store_bytes,
+                              "holds less than one dense f32 commit of the shard (4 x " + std::to_string(n) +
+                                  " = " + std::to_string(4 * n) + " bytes)");
     for (worker_id w = 0; w < p.workers; ++w)
       if (!policy.is_live(w))
         return invalid_argument("server_core.workers", p.workers,
