@@ -438,12 +438,12 @@ class simulator {
     wk.down_left = static_cast<std::uint32_t>(cores_.size());
     wk.down_bytes = wk.down_payload = 0;
     wk.last_commit = opt_.commits_per_worker > 0 && r_.workers[w].commits + 1 >= opt_.commits_per_worker;
-    send(w, up, commit_payload_bytes(w));
+    send_shards(w, commit_payload_bytes(w));
   }
 
-  // Starts a commit (all shards, one per server).
-  void send(std::uint32_t w, dir d, std::uint64_t payload) {
-    ASHL_ASSERT(d == up, "simulator::send: replies start per server (start_reply)");
+  // Starts the commit's transfers, one shard per server (replies start per
+  // server, in start_reply).
+  void send_shards(std::uint32_t w, std::uint64_t payload) {
     auto& wk = w_[w];
     const std::size_t s = cores_.size();
     ++wk.gen[up];
