@@ -12,7 +12,7 @@
 //   ashl::sim::hooks h;                                          // full mode: real math
 //   h.compute = [&](const ashl::sim::compute_request& q, std::span<ashl::sim::shard_payload> out) {
 //     trainer.local_steps(q.worker, q.iterations, q.batch);      // then encode each shard's range
-//     for (std::uint32_t k = 0; k < out.size(); ++k) out[k] = trainer.encode(q.worker, q.layout.range(k)); };
+//     for (std::uint32_t k = 0; k < out.size(); ++k) out[k] = trainer.encode(q.worker, q.layout->range(k)); };
 //   h.serve = [&](auto w, auto server, std::span<const float> p) { trainer.receive(w, server, p); };
 //   h.deliver = [&](auto w) { trainer.load(w); };
 //   h.evaluate = [&](double t, std::span<const float> W) { return ashl::sim::evaluation{{{ashl::metric_id::loss, loss(W)}}}; };
