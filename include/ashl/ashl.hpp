@@ -1,13 +1,14 @@
 // ashl/ashl.hpp — umbrella of the host-safe headers (no CUDA, no UCX, no
-// third-party dependencies): core, wire, compress, sync, profile.
+// third-party dependencies): core, wire, compress, sync, profile, ps.
 //
 //   #include <ashl/ashl.hpp>
 //   ashl::ps::policy_params pp;
 //   pp.workers = 9;
 //   auto policy = ashl::ps::make_policy("ssp", pp);     // result<sync::any_policy>
 //
-// The simulator (ashl/sim/*, needs nlohmann_json) and the CUDA codecs
-// (ashl/compress/cuda/*.cuh, need nvcc) are included separately. DESIGN.md,
+// The simulator (ashl/sim/*; only sim/cluster_spec_json.hpp needs
+// nlohmann_json) and the CUDA codecs (ashl/compress/cuda/*.cuh, need nvcc)
+// are included separately. DESIGN.md,
 // "Layers".
 #pragma once
 
@@ -37,5 +38,10 @@
 #include <ashl/profile/planner.hpp>
 #include <ashl/profile/replan.hpp>
 #include <ashl/profile/straggler.hpp>
+#include <ashl/ps/commit_store.hpp>
+#include <ashl/ps/optimizer.hpp>
 #include <ashl/ps/planners.hpp>
 #include <ashl/ps/policies.hpp>
+#include <ashl/ps/server_core.hpp>
+#include <ashl/ps/shards.hpp>
+#include <ashl/ps/worker_cycle.hpp>

@@ -7,5 +7,7 @@
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/memory_space.hpp>
 #include <ashl/core/philox.hpp>
+#include <ashl/core/plan.hpp>
+#include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/core/tensor_view.hpp>
