@@ -342,6 +342,7 @@ class server_core {
       return;
     }
     const bool math = !timing_only();
+    in_acc_ = false;
     if (math && !validate(c, out)) return;
 
     e.last_sequence = c.sequence;
@@ -354,18 +355,26 @@ class server_core {
       case sync::commit_action::apply:
         ASHL_ASSERT(std::isfinite(d.weight), "server_core: the policy gave a non-finite weight");
         if (math) {
-          if (opt_.adds_deltas()) decode_or_die(c.codec, c.type, c.step, c.tensor, c.payload, w_, d.weight);
-          else opt_.step(w_, acc_, static_cast<float>(d.weight));  // acc_ holds the validated commit
+          if (opt_.adds_deltas()) {
+            decode_or_die(c.codec, c.type, c.step, c.tensor, c.payload, w_, d.weight);
+          } else if (in_acc_) {
+            opt_.step(w_, acc_, static_cast<float>(d.weight));  // acc_ holds the commit at scale 1
+          } else {
+            // 0 + w·v in the accumulator, then a step at scale 1: the same
+            // bits as decoding at scale 1 and stepping at w.
+            decode_or_die(c.codec, c.type, c.step, c.tensor, c.payload, acc_, d.weight);
+            opt_.step(w_, acc_, 1.0f);
+          }
         }
         ++stats_.commits_applied;
         take_step(out);
         break;
       case sync::commit_action::buffer:
-        if (math && !opt_.adds_deltas()) clear_acc();
+        if (in_acc_) clear_acc();
         pending = true;
         break;
       case sync::commit_action::drop:
-        if (math && !opt_.adds_deltas()) clear_acc();
+        if (in_acc_) clear_acc();
         ++stats_.commits_dropped;
         break;
     }
@@ -582,8 +591,9 @@ class server_core {
     return false;
   }
 
-  // Every check before the policy may see the commit. On success, with sgd,
-  // acc_ holds the commit decoded at scale 1 (the decode is the check).
+  // Every check before the policy may see the commit. On success in_acc_
+  // says whether acc_ now holds the commit decoded at scale 1 (sgd, a codec
+  // whose check is its decode).
   bool validate(const commit_in& c, server_actions& out) {
     const std::uint64_t n = w_.size();
     if (c.payload.size() > p_.limits.max_payload_bytes) {
@@ -614,20 +624,13 @@ class server_core {
     }
     const compress::payload_info info{static_cast<std::size_t>(n), c.type};
     const compress::codec_context ctx{p_.seed, c.step, c.tensor, {}};
-    if (!opt_.adds_deltas()) {
-      // The decode into the (zero) accumulator is the check; a codec that
-      // refuses may have written part of it, so it is zeroed again.
-      status s = compress::decode_add(c.codec, c.payload, info, host_view<float>(acc_.data(), acc_.size()), 1.0f, ctx);
-      if (!s) {
-        clear_acc();
-        return refuse_payload(c, s, out);
-      }
-      return true;
-    }
-    // Model deltas decode straight into the parameters after the policy's
-    // decision, so the payload is checked here without touching them: a
-    // dense cast's only rule is its size; any other codec decodes once into
-    // the scratch buffer (scale 0, never read).
+    in_acc_ = false;
+    // The payload is checked here without touching the parameters: a dense
+    // cast's only rule is its size; sparse pairs (a published layout,
+    // docs/wire-format.md "Sparse pairs") are checked by reading their header
+    // and indices, the rules of decode_add_pairs (a payload of 0 pairs goes
+    // to the decode check, which knows whether its codec allows none). Such
+    // a commit is decoded once, after the policy's decision.
     const std::size_t dense = dense_payload_bytes(c.codec, static_cast<std::size_t>(n), c.type);
     if (dense != 0) {
       if (c.payload.size() == dense) return true;
@@ -637,11 +640,21 @@ class server_core {
                                               " bytes"),
                             out);
     }
-    // Sparse pairs (a published layout, docs/wire-format.md "Sparse pairs")
-    // are checked by reading their header and indices: the rules of
-    // decode_add_pairs. A payload of 0 pairs goes to the dry run, which knows
-    // whether its codec allows none.
     if (compress::sparse_pairs(c.codec) && sparse_pairs_valid(c.payload, n, c.type)) return true;
+    if (!opt_.adds_deltas()) {
+      // Any other codec, sgd: the decode into the (zero) accumulator at
+      // scale 1 is the check and the decode (the step scales it); a codec
+      // that refuses may have written part of it, so it is zeroed again.
+      status s = compress::decode_add(c.codec, c.payload, info, host_view<float>(acc_.data(), acc_.size()), 1.0f, ctx);
+      if (!s) {
+        clear_acc();
+        return refuse_payload(c, s, out);
+      }
+      in_acc_ = true;
+      return true;
+    }
+    // Any other codec, model deltas: one decode at scale 0 into the scratch
+    // buffer (never read), then the real one into the parameters.
     status s = compress::decode_add(c.codec, c.payload, info, host_view<float>(acc_.data(), acc_.size()), 0.0f, ctx);
     if (!s) return refuse_payload(c, s, out);
     return true;
@@ -827,11 +840,12 @@ class server_core {
   Policy policy_;
   optimizer opt_;
   std::vector<float> w_;    // this shard's parameters
-  std::vector<float> acc_;  // sgd: the aggregate of what one step applies; model deltas: decode-check scratch
+  std::vector<float> acc_;  // sgd: the aggregate one step applies; model deltas: scratch of decode checks
   std::vector<worker_entry> table_;
   commit_store store_;
   sync::outcome_sink sink_;
   counters stats_{};
+  bool in_acc_ = false;                 // this event's commit was decoded into acc_ by its check
   const commit_in* current_ = nullptr;  // the commit of this event, while buffered and not stored
   std::uint64_t current_sequence_ = 0;
 };
