@@ -1141,3 +1141,31 @@ BOOST_AUTO_TEST_CASE(mutated_payloads_are_refused_or_applied_exactly) {
     mutate(cz::natural{}, sgd, 11);
   }
 }
+
+BOOST_AUTO_TEST_CASE(sgd_round_of_a_checked_by_decode_codec_and_a_dense_one) {
+  // qsgd is checked by decoding it into the accumulator; buffered, that
+  // decode is cleared, and the round decodes it again with its weight.
+  const std::size_t n = 40;
+  const auto g0 = vec(n, 0.3f, -0.02f), g1 = vec(n, -0.1f, 0.005f);
+  ashl::compress::qsgd qs;
+  std::vector<std::byte> q(qs.max_encoded_bytes(n, dtype::f32));
+  q.resize(qs.encode(ashl::host_view<const float>(g0.data(), n), q, {}).value());
+  const auto d1 = dense(g1);
+  const auto w0 = vec(n, 1.0f, 0.0f);
+  auto core = make(rounds(2), n, 2, sgd_plain, w0);
+  ps::server_actions out(2);
+  core.commit(commit_of(0, 1, q, n, false, codec_id::qsgd), 0.0, out);
+  BOOST_TEST(out.steps() == 0u);
+  BOOST_TEST(same_bits(core.parameters(), w0));
+  core.commit(commit_of(1, 1, d1, n), 0.0, out);
+  BOOST_TEST(out.errors().empty());
+  BOOST_TEST(out.steps() == 1u);
+  std::vector<float> acc(n, 0.0f);
+  BOOST_REQUIRE(ashl::compress::decode_add(codec_id::qsgd, q, {n, dtype::f32}, ashl::host_view<float>(acc.data(), n),
+                                           0.5f, {})
+                    .ok());
+  for (std::size_t i = 0; i < n; ++i) acc[i] += 0.5f * g1[i];
+  std::vector<float> expect = w0;
+  for (std::size_t i = 0; i < n; ++i) expect[i] -= 0.5f * (1.0f * acc[i] + 0.0f * w0[i]);
+  BOOST_TEST(same_bits(core.parameters(), expect));
+}
