@@ -441,6 +441,8 @@ class server_core {
   [[nodiscard]] const optimizer& optimizer_state() const noexcept { return opt_; }
   [[nodiscard]] const commit_store& store() const noexcept { return store_; }
   [[nodiscard]] key_range range() const noexcept { return p_.layout.range(p_.shard); }
+  // No payload is read: the layout has 0 elements (the simulator's timing
+  // runs), or this server's range is empty (more servers than elements).
   [[nodiscard]] bool timing_only() const noexcept { return w_.empty(); }
   [[nodiscard]] bool is_live(worker_id w) const noexcept { return w < table_.size() && table_[w].live; }
   [[nodiscard]] bool is_held(worker_id w) const noexcept { return w < table_.size() && table_[w].held; }
