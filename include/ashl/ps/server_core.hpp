@@ -268,7 +268,7 @@ class server_core {
     c.acc_.assign(static_cast<std::size_t>(n), 0.0f);
     c.table_.resize(c.p_.workers);
     for (auto& e : c.table_) e.known = e.live = true;
-    return std::move(c);
+    return c;
   }
 
   // ---------------------------------------------------------------- events
