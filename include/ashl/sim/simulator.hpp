@@ -114,8 +114,6 @@ struct hooks {
   // Every metric_interval: the metrics to report, given the servers'
   // parameters (all shards in order; empty in timing-only mode).
   std::function<evaluation(double now, std::span<const float> parameters)> evaluate;
-  // Adjust the plan a worker starts a cycle with (the plan in force is server 0's).
-  std::function<void(sync::worker_id, worker_plan&)> adjust_plan;
   // Server 0 sent plan updates (a policy changed plans).
   std::function<void(double now)> plans_changed;
   // Every measurement a worker reports (after it is told to the servers).
@@ -355,8 +353,9 @@ class simulator {
   // computes; worker_cycle says when the cycle's compute is complete.
   void start_compute(std::uint32_t w) {
     auto& wk = w_[w];
-    worker_plan plan = cores_[0].policy().plan(w);
-    if (hooks_.adjust_plan) hooks_.adjust_plan(w, plan);
+    // Plans come only from the policy (DLB's batches too): no hook may
+    // change them, or the simulator would run a rule the server does not.
+    const worker_plan plan = cores_[0].policy().plan(w);
     const auto& ws = spec_.workers[w];
     auto& cy = cycles_[w];
     const double now = clock_.now();
