@@ -12,36 +12,7 @@
 #include <new>
 #include <vector>
 
-// Counts every allocation of this program, so a test can require that a
-// path allocates nothing.
-namespace {
-std::atomic<std::size_t> allocations{0};
-}  // namespace
-
-void* operator new(std::size_t n) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  return std::malloc(n == 0 ? 1 : n);
-}
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  return std::malloc(n == 0 ? 1 : n);
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+#include "../support/counting_new.hpp"
 
 namespace as = ashl::sync;
 namespace aps = ashl::ps;
@@ -232,7 +203,7 @@ BOOST_AUTO_TEST_CASE(replanner_reuses_the_callers_plan_storage) {
 BOOST_AUTO_TEST_CASE(replanner_allocates_nothing_when_nothing_drifted) {
   auto r = started(0.5);
   as::ashl_plan next;
-  const std::size_t before = allocations.load();
+  const std::size_t before = counting_new::count();
   std::size_t changed = 0;
   for (int k = 0; k < 100; ++k) {
     for (as::worker_id w = 0; w < 3; ++w) {  // worker 2 was not profiled
@@ -244,7 +215,7 @@ BOOST_AUTO_TEST_CASE(replanner_allocates_nothing_when_nothing_drifted) {
       }
     }
   }
-  BOOST_TEST(allocations.load() == before);
+  BOOST_TEST(counting_new::count() == before);
   BOOST_TEST(changed == 0u);
 }
 

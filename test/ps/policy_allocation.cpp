@@ -9,10 +9,7 @@
 #include <variant>
 
 // Counts every allocation of this program (the issue 9 rule: no allocation
-// per event after warm-up). GCC cannot see that the replaced new is malloc.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
+// per event after warm-up).
 #include "../support/counting_new.hpp"
 
 namespace as = ashl::sync;

@@ -30,26 +30,7 @@
 #include <span>
 #include <vector>
 
-// ------------------------------------------------------ allocation counting
-
-namespace {
-std::atomic<std::uint64_t> g_allocations{0};
-}  // namespace
-
-void* operator new(std::size_t n) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+#include "../support/counting_new.hpp"
 
 namespace {
 
@@ -719,9 +700,9 @@ BOOST_AUTO_TEST_CASE(no_allocation_in_steady_state) {
         }
     };
     events(1, 50);  // warm-up
-    const std::uint64_t before = g_allocations.load();
+    const std::uint64_t before = counting_new::count();
     events(50, 800);
-    const std::uint64_t after = g_allocations.load();
+    const std::uint64_t after = counting_new::count();
     BOOST_TEST(errors == 0u, what);
     BOOST_TEST(after - before == 0u, what);
     BOOST_TEST(core.stats().commits == 799u * m, what);
