@@ -1,6 +1,9 @@
 #include <ashl/compress/registry.hpp>
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -77,4 +80,41 @@ BOOST_AUTO_TEST_CASE(an_unknown_id_is_unsupported) {
   BOOST_TEST((s.code() == errc::unsupported));
   BOOST_TEST(s.message() == "codec = 11: no CPU decoder for this codec in this build");
   BOOST_TEST(a == std::vector<float>(4, 1.0f));
+}
+
+BOOST_AUTO_TEST_CASE(dense_casts_are_checked_by_size) {
+  for (int i = 0; i < codec_id_count; ++i) {
+    const auto id = static_cast<codec_id>(i);
+    const std::size_t want = id == codec_id::identity ? 40 : (id == codec_id::fp16 || id == codec_id::bf16) ? 20 : 0;
+    BOOST_TEST(compress::dense_payload_bytes(id, {10, dtype::f32}) == want, to_string(id));
+  }
+  BOOST_TEST(compress::dense_payload_bytes(codec_id::identity, {10, dtype::bf16}) == 20u);
+  BOOST_TEST(compress::dense_payload_bytes(static_cast<codec_id>(200), {10, dtype::f32}) == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(sparse_pairs_are_checked_without_decoding) {
+  const std::size_t n = 1000;
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>((i * 37) % 101) - 50.0f;
+  const compress::topk c{0.05};
+  std::vector<std::byte> p(c.max_encoded_bytes(n, dtype::f32));
+  std::vector<std::byte> scratch(c.scratch_bytes(n, dtype::f32));
+  auto used = c.encode(host_view<const float>(x.data(), n), p, {.scratch = scratch});
+  BOOST_TEST_REQUIRE(used.has_value());
+  p.resize(*used);
+  BOOST_TEST(compress::sparse_pairs_well_formed(p, {n, dtype::f32}));
+  BOOST_TEST(!compress::sparse_pairs_well_formed(p, {n + 1, dtype::f32}));           // header's n differs
+  BOOST_TEST(!compress::sparse_pairs_well_formed({p.data(), p.size() - 1}, {n, dtype::f32}));  // truncated
+  auto swapped = p;  // indices 0 and 1 swapped: no longer strictly increasing
+  std::swap_ranges(swapped.begin() + 12, swapped.begin() + 16, swapped.begin() + 16);
+  BOOST_TEST(!compress::sparse_pairs_well_formed(swapped, {n, dtype::f32}));
+  auto far = p;  // the last index at n
+  const auto k = static_cast<std::uint32_t>((p.size() - 12) / 8);
+  const std::uint32_t big = static_cast<std::uint32_t>(n);
+  std::memcpy(far.data() + 12 + 4 * (k - 1), &big, 4);
+  BOOST_TEST(!compress::sparse_pairs_well_formed(far, {n, dtype::f32}));
+  // Every case the check refuses, decode_add refuses too (it names the fault).
+  std::vector<float> acc(n + 1, 0.0f);
+  BOOST_TEST(!compress::decode_add(codec_id::topk, swapped, {n, dtype::f32}, host_view<float>(acc.data(), n), 1.0f, {}).ok());
+  BOOST_TEST(!compress::decode_add(codec_id::topk, far, {n, dtype::f32}, host_view<float>(acc.data(), n), 1.0f, {}).ok());
 }

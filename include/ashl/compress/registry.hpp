@@ -29,13 +29,16 @@
 #include <ashl/compress/threshold.hpp>
 #include <ashl/compress/topk.hpp>
 #include <ashl/compress/topk_sampled.hpp>
+#include <ashl/core/dtype.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/core/tensor_view.hpp>
 #include <ashl/wire/ids.hpp>
 
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <type_traits>
 
@@ -46,6 +49,7 @@ namespace compress {
 enum class payload_layout : std::uint8_t {
   opaque,        // only the codec itself reads it
   sparse_pairs,  // u64 n, u32 count, u32 index[count], values (docs/wire-format.md "Sparse pairs")
+  dense,         // a cast: exactly max_encoded_bytes(n, dtype) bytes, every byte pattern decodes
 };
 
 template <codec C, payload_layout L = payload_layout::opaque>
@@ -61,9 +65,9 @@ struct codec_list {
 };
 
 // Every codec of the wire format, once.
-using codecs = codec_list<codec_entry<identity>,                                   //
-                          codec_entry<fp16>,                                       //
-                          codec_entry<bf16>,                                       //
+using codecs = codec_list<codec_entry<identity, payload_layout::dense>,            //
+                          codec_entry<fp16, payload_layout::dense>,                //
+                          codec_entry<bf16, payload_layout::dense>,                //
                           codec_entry<topk, payload_layout::sparse_pairs>,         //
                           codec_entry<topk_sampled, payload_layout::sparse_pairs>, //
                           codec_entry<randomk>,                                    //
@@ -121,6 +125,23 @@ status decode_with(std::span<const std::byte> payload, payload_info info, host_v
                    const codec_context& ctx) {
   return C{}.decode_add(payload, info, acc, scale, ctx);
 }
+using size_fn = std::size_t (*)(std::size_t, dtype);
+template <class C>
+std::size_t max_bytes_of(std::size_t n, dtype t) {
+  return C{}.max_encoded_bytes(n, t);
+}
+template <class... E>
+consteval std::array<size_fn, codec_id_count> dense_sizes(codec_list<E...>) {
+  std::array<size_fn, codec_id_count> t{};
+  ((t[static_cast<std::size_t>(E::id)] = E::layout == payload_layout::dense ? &max_bytes_of<typename E::type> : nullptr),
+   ...);
+  return t;
+}
+
+inline std::uint32_t load_le32(const std::byte* b) noexcept {  // one load on little-endian targets
+  return std::uint32_t(b[0]) | std::uint32_t(b[1]) << 8 | std::uint32_t(b[2]) << 16 | std::uint32_t(b[3]) << 24;
+}
+
 template <class... E>
 consteval std::array<decode_fn, codec_id_count> decoders(codec_list<E...>) {
   std::array<decode_fn, codec_id_count> t{};
@@ -141,6 +162,47 @@ constexpr bool sparse_pairs(codec_id id) noexcept {
   constexpr auto table = detail::layouts(codecs{});
   const auto i = static_cast<std::size_t>(id);
   return i < table.size() && table[i] == payload_layout::sparse_pairs;
+}
+
+// Bytes of codec `id`'s payload for `info` when it is a dense cast (its only
+// rule is that size); 0 for any other codec.
+inline std::size_t dense_payload_bytes(codec_id id, payload_info info) noexcept {
+  constexpr auto table = detail::dense_sizes(codecs{});
+  const auto i = static_cast<std::size_t>(id);
+  return i < table.size() && table[i] != nullptr ? table[i](info.count, info.type) : 0;
+}
+
+// True when `p` is a well-formed sparse-pair payload for `info` with at least
+// one pair: the header's n, the count, the size, and strictly increasing
+// indices below n (the rules decode_add of a sparse-pair codec checks),
+// without adding anything. False says nothing more: decode_add names the
+// fault (and knows whether its codec allows no pairs). Lets a server check
+// a commit before its policy decides, and decode it once afterwards.
+inline bool sparse_pairs_well_formed(std::span<const std::byte> p, payload_info info) noexcept {
+  const std::uint64_t n = info.count;
+  if (p.size() < 12) return false;
+  const std::uint64_t pn = detail::load_le32(p.data()) | std::uint64_t{detail::load_le32(p.data() + 4)} << 32;
+  const std::uint32_t count = detail::load_le32(p.data() + 8);
+  if (pn != n || count == 0 || count > n) return false;
+  if (p.size() != 12 + std::uint64_t{count} * (4 + size_of(info.type))) return false;
+  const std::byte* idx = p.data() + 12;
+  // Strictly increasing and the last below n: every index is below n.
+  if (detail::load_le32(idx + 4 * std::size_t{count - 1}) >= n) return false;
+  std::uint32_t bad = 0;
+  if constexpr (std::endian::native == std::endian::little) {
+    // Adjacent pairs compared without a branch: the compiler vectorizes it.
+    std::uint32_t a = 0, b = 0;
+    for (std::uint32_t j = 1; j < count; ++j) {
+      std::memcpy(&a, idx + 4 * std::size_t{j - 1}, 4);
+      std::memcpy(&b, idx + 4 * std::size_t{j}, 4);
+      bad |= static_cast<std::uint32_t>(b <= a);
+    }
+  } else {
+    for (std::uint32_t j = 1; j < count; ++j)
+      bad |= static_cast<std::uint32_t>(detail::load_le32(idx + 4 * std::size_t{j}) <=
+                                        detail::load_le32(idx + 4 * std::size_t{j - 1}));
+  }
+  return bad == 0;
 }
 
 // C is the listed codec of a sparse-pair id (what dgc<C> needs).

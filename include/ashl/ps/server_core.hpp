@@ -51,8 +51,6 @@
 
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
-#include <ashl/compress/identity.hpp>
-#include <ashl/compress/cast.hpp>
 #include <ashl/compress/registry.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/plan.hpp>
@@ -633,7 +631,7 @@ class server_core {
     // and indices, the rules of decode_add_pairs (a payload of 0 pairs goes
     // to the decode check, which knows whether its codec allows none). Such
     // a commit is decoded once, after the policy's decision.
-    const std::size_t dense = dense_payload_bytes(c.codec, static_cast<std::size_t>(n), c.type);
+    const std::size_t dense = compress::dense_payload_bytes(c.codec, info);
     if (dense != 0) {
       if (c.payload.size() == dense) return true;
       return refuse_payload(c, make_error(errc::malformed, "commit.payload_bytes", c.payload.size(),
@@ -642,7 +640,7 @@ class server_core {
                                               " bytes"),
                             out);
     }
-    if (compress::sparse_pairs(c.codec) && sparse_pairs_valid(c.payload, n, c.type)) return true;
+    if (compress::sparse_pairs(c.codec) && compress::sparse_pairs_well_formed(c.payload, info)) return true;
     if (!opt_.adds_deltas()) {
       // Any other codec, sgd: the decode into the (zero) accumulator at
       // scale 1 is the check and the decode (the step scales it); a codec
@@ -662,50 +660,9 @@ class server_core {
     return true;
   }
 
-  // True when the payload is well-formed sparse pairs of n elements with at
-  // least one pair; false sends it to the decode check, which names the
-  // fault (so this never refuses by itself).
-  static bool sparse_pairs_valid(std::span<const std::byte> p, std::uint64_t n, dtype t) noexcept {
-    if (p.size() < 12) return false;
-    const std::uint64_t pn = le32(p.data()) | std::uint64_t{le32(p.data() + 4)} << 32;
-    const std::uint32_t count = le32(p.data() + 8);
-    if (pn != n || count == 0 || count > n) return false;
-    if (p.size() != 12 + std::uint64_t{count} * (4 + size_of(t))) return false;
-    const std::byte* idx = p.data() + 12;
-    // Strictly increasing and the last below n: every index is below n.
-    if (le32(idx + 4 * std::size_t{count - 1}) >= n) return false;
-    std::uint32_t bad = 0;
-    if constexpr (std::endian::native == std::endian::little) {
-      // Adjacent pairs compared without a branch: the compiler vectorizes it.
-      std::uint32_t a = 0, b = 0;
-      for (std::uint32_t j = 1; j < count; ++j) {
-        std::memcpy(&a, idx + 4 * std::size_t{j - 1}, 4);
-        std::memcpy(&b, idx + 4 * std::size_t{j}, 4);
-        bad |= static_cast<std::uint32_t>(b <= a);
-      }
-    } else {
-      for (std::uint32_t j = 1; j < count; ++j)
-        bad |= static_cast<std::uint32_t>(le32(idx + 4 * std::size_t{j}) <= le32(idx + 4 * std::size_t{j - 1}));
-    }
-    return bad == 0;
-  }
-  static std::uint32_t le32(const std::byte* b) noexcept {  // one load on little-endian targets
-    return std::uint32_t(b[0]) | std::uint32_t(b[1]) << 8 | std::uint32_t(b[2]) << 16 | std::uint32_t(b[3]) << 24;
-  }
-
   bool refuse_payload(const commit_in& c, const status& s, server_actions& out) {
     refuse(out, c.worker, c.sequence, s.code() == errc::unsupported ? refusal::codec : refusal::payload, s);
     return false;
-  }
-
-  // Bytes of a dense cast payload (identity, fp16, bf16), 0 for other codecs.
-  static std::size_t dense_payload_bytes(codec_id id, std::size_t n, dtype t) noexcept {
-    switch (id) {
-      case codec_id::identity: return compress::identity{}.max_encoded_bytes(n, t);
-      case codec_id::fp16: return compress::fp16{}.max_encoded_bytes(n, t);
-      case codec_id::bf16: return compress::bf16{}.max_encoded_bytes(n, t);
-      default: return 0;
-    }
   }
 
   void decode_or_die(codec_id id, dtype t, std::uint64_t step, std::uint32_t tensor, std::span<const std::byte> payload,
