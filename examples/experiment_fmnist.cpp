@@ -455,8 +455,14 @@ run_outcome run_one(const std::string& name, int seed, const settings& s, const 
     }
     if (ef && ratio >= 1.0) x.ef.reset();
   };
+  // The servers' layout (the simulator splits the parameters the same way).
+  const auto layout = ashl::ps::shard_layout::even(n, static_cast<std::uint32_t>(spec.servers.size()));
+  if (!layout) {
+    o.note = layout.error().message();
+    return o;
+  }
   h.serve = [&](ashl::sync::worker_id w, std::uint32_t server, std::span<const float> p) {
-    const ashl::ps::key_range r = ashl::ps::shard_layout::even(n, static_cast<std::uint32_t>(spec.servers.size()))->range(server);
+    const ashl::ps::key_range r = layout->range(server);
     std::copy(p.begin(), p.end(), ws[w].snapshot.begin() + static_cast<std::ptrdiff_t>(r.begin));
   };
   h.deliver = [&](ashl::sync::worker_id w) {
@@ -464,9 +470,8 @@ run_outcome run_one(const std::string& name, int seed, const settings& s, const 
     ws[w].base = ws[w].snapshot;
   };
   h.evaluate = [&](double t, std::span<const float> W) {
-    const std::vector<float> Wv(W.begin(), W.end());
-    auto [acc, tl] = net.evaluate(Wv, d.test.images.data(), d.test.labels.data(), s.eval_test);
-    auto [tracc, loss] = net.evaluate(Wv, d.train.images.data(), d.train.labels.data(), s.eval_train);
+    auto [acc, tl] = net.evaluate(W, d.test.images.data(), d.test.labels.data(), s.eval_test);
+    auto [tracc, loss] = net.evaluate(W, d.train.images.data(), d.train.labels.data(), s.eval_train);
     (void)tl;
     (void)tracc;
     if (!std::isfinite(loss)) loss = 1e9;

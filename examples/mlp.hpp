@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -104,7 +105,7 @@ class mlp {
   }
 
   // (accuracy, mean loss) over n samples of u8 images.
-  std::pair<double, double> evaluate(const std::vector<float>& p, const std::uint8_t* images, const std::uint8_t* labels,
+  std::pair<double, double> evaluate(std::span<const float> p, const std::uint8_t* images, const std::uint8_t* labels,
                                      std::size_t n) {
     constexpr std::size_t chunk = 256;
     std::vector<float> x(chunk * in);
@@ -134,7 +135,7 @@ class mlp {
   }
 
  private:
-  void forward(const std::vector<float>& p, const float* x, std::size_t n) {
+  void forward(std::span<const float> p, const float* x, std::size_t n) {
     h_.assign(n * hidden, 0.0f);
     constexpr std::size_t rb = 8;
     for (std::size_t i0 = 0; i0 < n; i0 += rb) {
