@@ -2,6 +2,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstddef>
@@ -293,6 +294,33 @@ BOOST_AUTO_TEST_CASE(seal_writes_the_header_in_front_of_an_in_place_payload) {
   BOOST_TEST((d->header == h));
   BOOST_TEST(std::memcmp(d->payload.data(), p.data(), p.size()) == 0);
   BOOST_TEST((encode_data(h, p) == bytes(buf.begin(), buf.begin() + 222)));
+}
+
+BOOST_AUTO_TEST_CASE(seal_header_and_two_part_decode_match_one_buffer) {
+  // A transport sends the header and a payload that lies elsewhere; the bytes
+  // are those of the one-buffer encoding, and the receiver decodes the parts.
+  const auto h = data_header(w::message_kind::commit);
+  const auto p = payload_of(150, 9);
+  std::array<std::byte, w::header_bytes> head{};
+  BOOST_TEST_REQUIRE(w::seal_header(h, p, head).ok());
+  const bytes whole = encode_data(h, p);
+  BOOST_TEST(std::memcmp(head.data(), whole.data(), w::header_bytes) == 0);
+  auto d = w::decode(head, p, {});
+  BOOST_TEST_REQUIRE(d.has_value());
+  BOOST_TEST((d->header == h));
+  BOOST_TEST(d->payload.data() == reinterpret_cast<const std::byte*>(p.data()));
+  // The payload is checksummed: one flipped bit is refused, and a payload of
+  // another length too.
+  bytes flipped(p.begin(), p.end());
+  flipped[17] ^= std::byte{1};
+  expect_error(w::decode(head, flipped, {}), errc::checksum_mismatch, "header.crc32c");
+  expect_error(w::decode(head, std::span<const std::byte>(p).first(149), {}), errc::malformed,
+               "header.payload_bytes = 150: disagrees with the 149 bytes");
+  expect_error(w::decode(std::span<const std::byte>(head).first(71), p, {}), errc::malformed,
+               "message.header_size = 71");
+  std::array<std::byte, 71> small{};
+  BOOST_TEST((w::seal_header(h, p, small).code() == errc::buffer_too_small));
+  BOOST_TEST((w::seal_header(h, p, head, w::limits{.max_payload_bytes = 100}).code() == errc::out_of_range));
 }
 
 BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {

@@ -680,6 +680,25 @@ inline result<std::size_t> encode(header h, std::span<const measurement> ms, std
   return encoded_size(n);
 }
 
+// Writes only the 72-byte header for a data message (commit, pull_request,
+// pull_reply) whose payload lies elsewhere, checksumming header and payload:
+// a transport then sends the header and the payload from where it lies (a
+// gradient or parameter buffer) without assembling them in one buffer.
+inline status seal_header(const header& h, std::span<const std::byte> payload, std::span<std::byte> out,
+                          const limits& lim = {}) {
+  if (is_control(h.kind) && detail::valid_kind(static_cast<std::uint8_t>(h.kind)))
+    return make_error(errc::invalid_argument, "header.kind", to_string(h.kind),
+                      "control messages are encoded from their typed body");
+  ASHL_TRY(detail::check_header(h, payload.size(), lim));
+  if (out.size() < header_bytes)
+    return make_error(errc::buffer_too_small, "wire.header_out.size", out.size(), "bytes, fewer than the 72-byte header");
+  byte_writer w(out.first(header_bytes));
+  detail::put_header(w, h, payload.size());
+  w.put(crc32c(payload, crc32c(out.first(crc_offset))));
+  ASHL_ASSERT(w.ok() && w.position() == header_bytes, "wire header layout");
+  return {};
+}
+
 // Re-encodes a decoded message (the fuzz target's round trip).
 inline result<std::size_t> encode(const message_view& m, std::span<std::byte> out, const limits& lim = {}) {
   return std::visit(
@@ -692,12 +711,14 @@ inline result<std::size_t> encode(const message_view& m, std::span<std::byte> ou
       m.body);
 }
 
-// Validates every field of `in` and returns views into it. The buffer must
-// hold exactly one message.
-inline result<message_view> decode(std::span<const std::byte> in, const limits& lim) {
-  if (in.size() < header_bytes)
-    return make_error(errc::malformed, "message.size", in.size(), "bytes, fewer than the 72-byte header");
-  byte_reader r(in);
+// Validates a message that arrived in two parts, the 72-byte header and the
+// payload (a transport that received the payload straight into its
+// destination), and returns views into them.
+inline result<message_view> decode(std::span<const std::byte> head, std::span<const std::byte> payload,
+                                   const limits& lim) {
+  if (head.size() != header_bytes)
+    return make_error(errc::malformed, "message.header_size", head.size(), "bytes, not the 72-byte header");
+  byte_reader r(head);
   std::uint32_t got_magic = 0, crc = 0, reserved32 = 0, flags = 0;
   std::uint16_t got_version = 0, got_header_bytes = 0;
   std::uint8_t kind = 0, codec = 0, type = 0, reserved8 = 0;
@@ -731,11 +752,10 @@ inline result<message_view> decode(std::span<const std::byte> in, const limits& 
   if (payload_bytes > lim.max_payload_bytes)
     return make_error(errc::out_of_range, "header.payload_bytes", payload_bytes,
                       "exceeds limits.max_payload_bytes = " + std::to_string(lim.max_payload_bytes));
-  if (payload_bytes != in.size() - header_bytes)
+  if (payload_bytes != payload.size())
     return make_error(errc::malformed, "header.payload_bytes", payload_bytes,
-                      "disagrees with the " + std::to_string(in.size() - header_bytes) +
-                          " bytes that follow the header");
-  const std::uint32_t want_crc = crc32c(in.subspan(header_bytes), crc32c(in.first(crc_offset)));
+                      "disagrees with the " + std::to_string(payload.size()) + " bytes that follow the header");
+  const std::uint32_t want_crc = crc32c(payload, crc32c(head.first(crc_offset)));
   if (crc != want_crc)
     return make_error(errc::checksum_mismatch, "header.crc32c", detail::hex32{crc},
                       "computed " + detail::hex32{want_crc}.str() + " over header and payload");
@@ -746,13 +766,21 @@ inline result<message_view> decode(std::span<const std::byte> in, const limits& 
   h.type = static_cast<dtype>(type);
   h.flags = flags;
   ASHL_TRY(detail::check_header(h, payload_bytes, lim));
-  message_view m{h, in.subspan(header_bytes), {}};
+  message_view m{h, payload, {}};
   if (is_control(h.kind)) {
     auto body = detail::read_body(h, m.payload, lim);
     if (!body) return body.error();
     m.body = *body;
   }
   return m;
+}
+
+// Validates every field of `in` and returns views into it. The buffer must
+// hold exactly one message.
+inline result<message_view> decode(std::span<const std::byte> in, const limits& lim) {
+  if (in.size() < header_bytes)
+    return make_error(errc::malformed, "message.size", in.size(), "bytes, fewer than the 72-byte header");
+  return decode(in.first(header_bytes), in.subspan(header_bytes), lim);
 }
 
 }  // namespace wire
