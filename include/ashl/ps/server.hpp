@@ -1,0 +1,676 @@
+// ashl/ps/server.hpp — one parameter server process: the event loop that
+// drives a ps::server_core over a transport (DESIGN.md "Data flow of one
+// commit", "Runtime contract for real runs"; docs/ps.md "Servers and workers").
+//
+//   auto t = ashl::transport::ucx::create({.listen = "0.0.0.0:5000", .token = token});
+//   auto layout = ashl::ps::shard_layout::even(n, servers);
+//   ashl::ps::server_params sp{.core = {.layout = *layout, .shard = rank, .workers = m,
+//                                        .optimizer = {.mode = ashl::ps::optimizer_params::kind::sgd, .lr = 0.1}}};
+//   auto srv = ashl::ps::server<ashl::transport::ucx>::create(sp, *ashl::ps::make_policy("ssp", pp), std::move(*t), init);
+//   std::atomic<bool> stop{false};
+//   srv->run(stop);                        // progress + wait until stop, or every worker left
+//   srv->telemetry();                      // counters: applied, refused by reason, bytes, pulls held, ...
+//
+// The server owns no rule of its own: every commit, pull, join, leave,
+// metric and measurement goes to server_core, and what server_core says to
+// send (pull replies, plans, errors) goes out. What the server adds is what a
+// network needs: a message is decoded and validated (wire::decode, with
+// limits from the shard's size, so no length field makes it allocate past
+// the bound) before anything else; a connection is bound to one worker rank
+// by its join and may speak only for that rank; a data part larger than the
+// bound is refused before it is received; a peer that fails is evicted. A
+// message that is refused is answered with an error naming the field and
+// counted by reason; it never changes the parameters.
+//
+// Pull replies are dense f32 parameters of the shard. Parameters change while
+// a reply is on its way, so a reply is sent from a snapshot of one version:
+// one copy per version however many workers pull it, reference-counted
+// by the sends in flight, and checksummed once (each reply's header is
+// combined with the snapshot's CRC). Snapshots, receive buffers and send
+// slots are pools: after warm-up no message allocates.
+//
+// Plans: every server runs a copy of the policy over its shard (holds,
+// rounds), and the plans of server 0 are the ones workers follow (they
+// ignore the others'), so a time-driven policy cannot give a worker two
+// plans (docs/ps.md, "Plan authority").
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/compress/registry.hpp>
+#include <ashl/core/clock.hpp>
+#include <ashl/core/plan.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/ps/server_core.hpp>
+#include <ashl/sync/any_policy.hpp>
+#include <ashl/sync/concepts.hpp>
+#include <ashl/transport/concepts.hpp>
+#include <ashl/wire/crc32c.hpp>
+#include <ashl/wire/ids.hpp>
+#include <ashl/wire/message.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace ps {
+
+struct server_params {
+  server_core_params core{};
+  // What a worker whose plan compresses (ratio < 1) commits with; the codec
+  // goes to the worker in the plan_update header.
+  codec_id compression = codec_id::topk;
+  // > 0: print one progress line to stderr every progress_seconds.
+  double progress_seconds = 0.0;
+  // The longest single wait() of run(); bounds how late a stop is noticed.
+  std::chrono::milliseconds wait_slice{50};
+  // run() returns once each of the job's workers has joined at least once and
+  // none is connected any more (each left, or failed and was evicted).
+  bool stop_when_all_left = true;
+};
+
+// Messages refused before they reached server_core.
+enum class wire_refusal : std::uint8_t {
+  malformed = 0,      // wire::decode refused it (truncated, bad magic/version/CRC/field)
+  oversized = 1,      // a data part above the bound: refused before it was received
+  unbound = 2,        // a message other than join from a connection that has not joined
+  rank = 3,           // header.rank is not the rank this connection joined as, or is out of range
+  rank_taken = 4,     // a join for a rank another live connection holds
+  element_count = 5,  // a pull_request for another shard size (the worker's model differs)
+  unexpected = 6,     // a kind a server does not take (pull_reply, plan_update)
+};
+inline constexpr std::size_t wire_refusal_count = 7;
+
+constexpr std::string_view to_string(wire_refusal r) noexcept {
+  switch (r) {
+    case wire_refusal::malformed: return "malformed";
+    case wire_refusal::oversized: return "oversized";
+    case wire_refusal::unbound: return "unbound";
+    case wire_refusal::rank: return "rank";
+    case wire_refusal::rank_taken: return "rank_taken";
+    case wire_refusal::element_count: return "element_count";
+    case wire_refusal::unexpected: return "unexpected";
+  }
+  return "?";
+}
+
+// Everything a server counts; readable from the program at any time.
+struct server_telemetry {
+  counters core{};                          // server_core: applied, refused by reason, pulls, plans, ...
+  transport::transport_counters transport{};
+  std::array<std::uint64_t, wire_refusal_count> wire_refused{};
+  std::uint64_t messages_in = 0, messages_out = 0;
+  std::uint64_t bytes_in = 0, bytes_out = 0;  // header + data, this server's messages
+  std::uint64_t pull_replies = 0, plans = 0, errors_sent = 0;
+  std::uint64_t worker_errors = 0;          // error messages workers sent us
+  std::uint64_t snapshots = 0;              // parameter snapshots taken (one per version pulled)
+  std::uint64_t peers_failed = 0;           // connections that failed (their worker was evicted)
+  double seconds = 0.0;                     // since creation
+  double wait_seconds = 0.0;                // in transport.wait (idle)
+
+  [[nodiscard]] std::uint64_t wire_refused_total() const noexcept {
+    std::uint64_t t = 0;
+    for (auto r : wire_refused) t += r;
+    return t;
+  }
+  [[nodiscard]] std::uint64_t wire_refused_for(wire_refusal r) const noexcept {
+    return wire_refused[static_cast<std::size_t>(r)];
+  }
+};
+
+namespace detail {
+
+// A byte buffer that grows but never shrinks (pools keep their capacity).
+struct pooled_buffer {
+  std::vector<std::byte> bytes;
+  std::size_t used = 0;
+  bool busy = false;
+};
+
+// Ids of free entries of a pool, most recently freed first.
+class free_list {
+ public:
+  [[nodiscard]] bool empty() const noexcept { return ids_.empty(); }
+  std::uint32_t take() noexcept {
+    const std::uint32_t i = ids_.back();
+    ids_.pop_back();
+    return i;
+  }
+  void give(std::uint32_t i) { ids_.push_back(i); }
+  void reserve(std::size_t n) { ids_.reserve(n); }
+
+ private:
+  std::vector<std::uint32_t> ids_;
+};
+
+}  // namespace detail
+
+template <transport::transport Transport, sync::consistency_policy Policy = sync::any_policy>
+class server {
+ public:
+  using core_type = server_core<Policy>;
+
+  static result<server> create(server_params p, Policy policy, Transport t, std::span<const float> initial = {}) {
+    if (!(p.progress_seconds >= 0.0))
+      return invalid_argument("server.progress_seconds", p.progress_seconds, "must be >= 0");
+    // The largest data part a worker may send this shard: any codec's
+    // payload for its elements is below 8 bytes per element (sparse pairs at
+    // ratio 1) plus a small header.
+    const std::uint64_t n = p.core.layout.range(p.core.shard).size();
+    p.core.limits.max_elements = std::min<std::uint64_t>(p.core.limits.max_elements, std::max<std::uint64_t>(n, 1));
+    p.core.limits.max_payload_bytes =
+        std::min<std::uint64_t>(p.core.limits.max_payload_bytes, 8 * n + 4096 + wire::measurements_body::bytes_for(
+                                                                                  p.core.limits.max_measurements));
+    auto core = core_type::create(p.core, std::move(policy), initial);
+    if (!core) return core.error();
+    return server(std::move(p), std::move(*core), std::move(t));
+  }
+
+  server(server&&) noexcept = default;
+  server& operator=(server&&) noexcept = default;
+
+  // One pass: the transport's progress (every message handled, replies sent).
+  std::size_t poll() {
+    handler h{this};
+    const std::size_t n = t_.progress(h);
+    maybe_print_progress();
+    return n;
+  }
+
+  // Polls and waits (at most wait_slice at a time) until `stop` is set, or
+  // (stop_when_all_left) every worker that joined has left.
+  void run(const std::atomic<bool>& stop) {
+    while (!stop.load(std::memory_order_relaxed)) {
+      if (poll() == 0) {
+        const double t0 = clock_.now();
+        t_.wait(std::chrono::duration_cast<std::chrono::microseconds>(p_.wait_slice));
+        tel_.wait_seconds += clock_.now() - t0;
+      }
+      if (p_.stop_when_all_left && all_left()) break;
+    }
+    poll();  // what arrived last (leave acknowledgements, errors) is handled
+  }
+
+  // Drains the core (buffered commits applied, held pulls released) and sends
+  // what that produced: at shutdown, before a final checkpoint.
+  void drain() {
+    core_.drain(out_);
+    flush(clock_.now());
+  }
+
+  [[nodiscard]] const core_type& core() const noexcept { return core_; }
+  [[nodiscard]] std::span<const float> parameters() const noexcept { return core_.parameters(); }
+  [[nodiscard]] Transport& transport() noexcept { return t_; }
+  [[nodiscard]] const server_params& params() const noexcept { return p_; }
+  [[nodiscard]] std::uint32_t workers_bound() const noexcept { return bound_; }
+  [[nodiscard]] bool any_joined() const noexcept { return joined_count_ > 0; }
+  // Every worker of the job joined once, and none is connected now.
+  [[nodiscard]] bool all_left() const noexcept { return joined_count_ == p_.core.workers && bound_ == 0; }
+
+  [[nodiscard]] server_telemetry telemetry() const {
+    server_telemetry s = tel_;
+    s.core = core_.stats();
+    s.transport = t_.counters();
+    s.seconds = clock_.now();
+    return s;
+  }
+
+  // "[server 0] 12.0 s v=1234 commits 4000 applied 3990 refused 2 pulls held 3 in 1.2 GB out 1.1 GB ..."
+  [[nodiscard]] std::string progress_line() const {
+    const server_telemetry s = telemetry();
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "[server %u] %.1f s  version %llu  commits %llu (applied %llu, buffered %llu, dup %llu)  "
+                  "refused %llu+%llu  pulls %llu (held now %u, released %llu)  plans %llu  in %.1f MB  out %.1f MB  "
+                  "idle %.0f%%  workers %u",
+                  p_.core.shard, s.seconds, static_cast<unsigned long long>(s.core.steps),
+                  static_cast<unsigned long long>(s.core.commits), static_cast<unsigned long long>(s.core.commits_applied),
+                  static_cast<unsigned long long>(s.core.commits_buffered),
+                  static_cast<unsigned long long>(s.core.duplicates),
+                  static_cast<unsigned long long>(s.core.refused_total()),
+                  static_cast<unsigned long long>(s.wire_refused_total()), static_cast<unsigned long long>(s.core.pulls),
+                  held_now(), static_cast<unsigned long long>(s.core.pulls_released),
+                  static_cast<unsigned long long>(s.plans), s.bytes_in / 1e6, s.bytes_out / 1e6,
+                  s.seconds > 0 ? 100.0 * s.wait_seconds / s.seconds : 0.0, bound_);
+    return buf;
+  }
+
+ private:
+  static constexpr std::uint32_t no_rank = ~std::uint32_t{0};
+
+  struct peer_state {
+    std::uint32_t rank = no_rank;
+    bool failed = false;
+  };
+
+  // A parameter snapshot: the bytes of one version, their CRC, the sends
+  // that still read it.
+  struct snapshot {
+    std::vector<float> values;
+    std::uint64_t version = ~std::uint64_t{0};
+    std::uint32_t readers = 0;
+  };
+
+  // One message in flight: its header (and a small control body), the
+  // snapshot it reads (pull replies).
+  struct send_slot {
+    std::array<std::byte, wire::header_bytes> head{};
+    std::vector<std::byte> body;  // control body (plan, error); capacity kept
+    std::uint32_t snap = ~std::uint32_t{0};
+  };
+
+  struct handler {
+    server* s;
+    std::span<std::byte> receive_buffer(transport::peer_id p, std::span<const std::byte> head, std::size_t n) {
+      return s->on_receive_buffer(p, head, n);
+    }
+    void on_message(transport::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data) {
+      s->on_message(p, head, data);
+    }
+    void on_sent(transport::peer_id p, std::uint64_t cookie, const status& st) { s->on_sent(p, cookie, st); }
+    void on_peer(transport::peer_id p, transport::peer_event e, const status& why) { s->on_peer(p, e, why); }
+  };
+  static_assert(transport::handler<handler>);
+
+  server(server_params p, core_type core, Transport t)
+      : p_(std::move(p)), core_(std::move(core)), t_(std::move(t)), out_(p_.core.workers) {
+    rank_peer_.assign(p_.core.workers, transport::no_peer);
+    last_step_.assign(p_.core.workers, 0);
+    batch_.assign(p_.core.workers, 1);
+    joined_once_.assign(p_.core.workers, 0);
+    slots_.reserve(4 * std::size_t{p_.core.workers} + 8);
+    free_slots_.reserve(4 * std::size_t{p_.core.workers} + 8);
+    snaps_.reserve(8);
+    rx_.reserve(2 * std::size_t{p_.core.workers} + 2);
+    next_progress_ = p_.progress_seconds;
+  }
+
+  // ------------------------------------------------------------- receiving
+
+  std::span<std::byte> on_receive_buffer(transport::peer_id, std::span<const std::byte> head, std::size_t n) {
+    if (n > p_.core.limits.max_payload_bytes || head.size() != wire::header_bytes) {
+      refuse_wire(wire_refusal::oversized);
+      return {};
+    }
+    std::uint32_t i;
+    if (!free_rx_.empty()) {
+      i = free_rx_.take();
+    } else {
+      i = static_cast<std::uint32_t>(rx_.size());
+      rx_.emplace_back();
+    }
+    detail::pooled_buffer& b = rx_[i];
+    if (b.bytes.size() < n) b.bytes.resize(n);
+    b.busy = true;
+    b.used = n;
+    return {b.bytes.data(), n};
+  }
+
+  // The pooled receive buffer that `data` lies in, if any, goes back.
+  void release_rx(std::span<const std::byte> data) {
+    if (data.empty()) return;
+    for (std::uint32_t i = 0; i < rx_.size(); ++i) {
+      if (rx_[i].busy && rx_[i].bytes.data() == data.data()) {
+        rx_[i].busy = false;
+        free_rx_.give(i);
+        return;
+      }
+    }
+  }
+
+  void on_message(transport::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data) {
+    const double now = clock_.now();
+    ++tel_.messages_in;
+    tel_.bytes_in += head.size() + data.size();
+    handle(p, head, data, now);
+    release_rx(data);
+    flush(now);
+  }
+
+  void handle(transport::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data, double now) {
+    auto m = wire::decode(head, data, p_.core.limits);
+    if (!m) {
+      refuse_wire(wire_refusal::malformed);
+      send_error(p, m.error().code(), 0, m.error().message());
+      return;
+    }
+    const wire::header& h = m->header;
+    peer_state& ps = peer(p);
+    if (h.kind == wire::message_kind::join) {
+      on_join(p, ps, h, *m->template get<wire::join_body>(), now);
+      return;
+    }
+    if (ps.rank == no_rank) {
+      refuse_wire(wire_refusal::unbound);
+      send_error(p, errc::invalid_argument, h.sequence,
+                 std::string("message.kind = ") + std::string(wire::to_string(h.kind)) +
+                     ": this connection has not joined (send join first)");
+      return;
+    }
+    if (h.rank != ps.rank) {
+      refuse_wire(wire_refusal::rank);
+      send_error(p, errc::invalid_argument, h.sequence,
+                 "header.rank = " + std::to_string(h.rank) + ": this connection joined as worker " +
+                     std::to_string(ps.rank));
+      return;
+    }
+    const std::uint32_t w = ps.rank;
+    switch (h.kind) {
+      case wire::message_kind::commit: {
+        // A commit's header.step is the worker's iteration count (also the
+        // codec's Philox step): the samples it covers are the iterations
+        // since its last commit times the batch its plan runs.
+        const std::uint64_t iters = h.step > last_step_[w] ? h.step - last_step_[w] : 1;
+        commit_in c{.worker = w,
+                    .incarnation = core_.incarnation(w),
+                    .sequence = h.sequence,
+                    .clock = h.clock,
+                    .samples = iters * batch_[w],
+                    .bytes = wire::header_bytes + data.size(),
+                    .codec = h.codec,
+                    .type = h.type,
+                    .element_count = h.element_count,
+                    .step = h.step,
+                    .tensor = h.tensor,
+                    .payload = m->payload,
+                    .pull = false};
+        const std::uint64_t accepted_before = core_.stats().commits;
+        core_.commit(c, now, out_);
+        if (core_.stats().commits != accepted_before) last_step_[w] = h.step;
+        return;
+      }
+      case wire::message_kind::pull_request:
+        if (h.element_count != core_.range().size()) {
+          refuse_wire(wire_refusal::element_count);
+          send_error(p, errc::invalid_argument, h.sequence,
+                     "pull_request.element_count = " + std::to_string(h.element_count) + ": server " +
+                         std::to_string(p_.core.shard) + " holds " + std::to_string(core_.range().size()) +
+                         " elements of the model's " + std::to_string(p_.core.layout.elements()) +
+                         " (the worker's model differs from the server's)");
+          return;
+        }
+        core_.pull(w, now, out_);
+        return;
+      case wire::message_kind::metric: {
+        const auto* b = m->template get<wire::metric_body>();
+        core_.metric(b->name, b->value, now, out_);
+        return;
+      }
+      case wire::message_kind::measurements: {
+        const auto* b = m->template get<wire::measurements_body>();
+        for (ashl::measurement x : *b) core_.measurement(x, out_);
+        return;
+      }
+      case wire::message_kind::leave:
+        core_.leave(w, now, out_);
+        unbind(p, ps);
+        return;
+      case wire::message_kind::error:
+        ++tel_.worker_errors;
+        return;
+      default:
+        refuse_wire(wire_refusal::unexpected);
+        send_error(p, errc::invalid_argument, h.sequence,
+                   std::string("message.kind = ") + std::string(wire::to_string(h.kind)) +
+                       ": a server does not take this kind");
+        return;
+    }
+  }
+
+  void on_join(transport::peer_id p, peer_state& ps, const wire::header& h, const wire::join_body& b, double now) {
+    const std::uint32_t w = h.rank;
+    if (w >= p_.core.workers) {
+      refuse_wire(wire_refusal::rank);
+      send_error(p, errc::out_of_range, h.sequence,
+                 "join.rank = " + std::to_string(w) + ": this job has " + std::to_string(p_.core.workers) +
+                     " workers (ranks 0.." + std::to_string(p_.core.workers - 1) + ")");
+      return;
+    }
+    if (ps.rank != no_rank && ps.rank != w) {
+      refuse_wire(wire_refusal::rank);
+      send_error(p, errc::invalid_argument, h.sequence,
+                 "join.rank = " + std::to_string(w) + ": this connection joined as worker " + std::to_string(ps.rank));
+      return;
+    }
+    const transport::peer_id holder = rank_peer_[w];
+    if (holder != transport::no_peer && holder != p) {
+      if (t_.is_connected(holder) && !peer(holder).failed && b.incarnation <= core_.incarnation(w)) {
+        refuse_wire(wire_refusal::rank_taken);
+        send_error(p, errc::invalid_argument, h.sequence,
+                   "join.rank = " + std::to_string(w) + ": worker " + std::to_string(w) +
+                       " is connected already (a restarted worker joins with a larger incarnation)");
+        return;
+      }
+      peer(holder).rank = no_rank;  // the old connection no longer speaks for w
+      --bound_;
+    }
+    const std::uint64_t joins_before = core_.stats().joins;
+    core_.join(w, b.incarnation, now, out_);
+    const bool refused = core_.stats().joins == joins_before && !core_.is_live(w);
+    if (refused) return;
+    if (ps.rank == no_rank) {
+      ps.rank = w;
+      ++bound_;
+    }
+    rank_peer_[w] = p;
+    batch_[w] = b.batch;
+    last_step_[w] = 0;
+    if (!joined_once_[w]) {
+      joined_once_[w] = 1;
+      ++joined_count_;
+    }
+  }
+
+  void on_sent(transport::peer_id, std::uint64_t cookie, const status&) {
+    const auto i = static_cast<std::uint32_t>(cookie);
+    ASHL_ASSERT(i < slots_.size(), "server: a send completion for an unknown slot");
+    send_slot& s = slots_[i];
+    if (s.snap != ~std::uint32_t{0}) {
+      snapshot& sn = snaps_[s.snap];
+      ASHL_ASSERT(sn.readers > 0, "server: snapshot reader count");
+      --sn.readers;
+      s.snap = ~std::uint32_t{0};
+    }
+    free_slots_.give(i);
+  }
+
+  void on_peer(transport::peer_id p, transport::peer_event e, const status&) {
+    if (e == transport::peer_event::connected) {
+      peer(p);
+      return;
+    }
+    peer_state& ps = peer(p);
+    ps.failed = true;
+    if (e == transport::peer_event::failed) ++tel_.peers_failed;
+    if (ps.rank != no_rank) {
+      const std::uint32_t w = ps.rank;
+      unbind(p, ps);
+      core_.evict(w, clock_.now(), out_);
+      flush(clock_.now());
+    }
+  }
+
+  void unbind(transport::peer_id p, peer_state& ps) {
+    if (ps.rank == no_rank) return;
+    if (rank_peer_[ps.rank] == p) rank_peer_[ps.rank] = transport::no_peer;
+    ps.rank = no_rank;
+    --bound_;
+  }
+
+  peer_state& peer(transport::peer_id p) {
+    if (p >= peers_.size()) peers_.resize(std::size_t{p} + 1);
+    return peers_[p];
+  }
+
+  void refuse_wire(wire_refusal r) { ++tel_.wire_refused[static_cast<std::size_t>(r)]; }
+
+  // --------------------------------------------------------------- sending
+
+  // Sends what the core's last event asked for.
+  void flush(double now) {
+    (void)now;
+    for (worker_id w : out_.pull_replies()) send_parameters(w);
+    for (const plan_out& pl : out_.plans()) send_plan(pl.worker, pl.plan);
+    for (const error_out& e : out_.errors())
+      if (e.worker < rank_peer_.size() && rank_peer_[e.worker] != transport::no_peer)
+        send_error(rank_peer_[e.worker], e.code, e.in_reply_to, e.text);
+    out_.clear();
+  }
+
+  std::uint32_t take_slot() {
+    if (!free_slots_.empty()) return free_slots_.take();
+    slots_.emplace_back();
+    return static_cast<std::uint32_t>(slots_.size() - 1);
+  }
+
+  // The snapshot of the current version (taken now if none holds it).
+  std::uint32_t current_snapshot() {
+    const std::uint64_t v = core_.version();
+    for (std::uint32_t i = 0; i < snaps_.size(); ++i)
+      if (snaps_[i].version == v) return i;
+    std::uint32_t pick = ~std::uint32_t{0};
+    for (std::uint32_t i = 0; i < snaps_.size(); ++i)
+      if (snaps_[i].readers == 0) {
+        pick = i;
+        break;
+      }
+    if (pick == ~std::uint32_t{0}) {
+      snaps_.emplace_back();
+      pick = static_cast<std::uint32_t>(snaps_.size() - 1);
+    }
+    snapshot& s = snaps_[pick];
+    const auto params = core_.parameters();
+    s.values.resize(params.size());
+    if (!params.empty()) std::memcpy(s.values.data(), params.data(), params.size_bytes());
+    s.version = v;
+    ++tel_.snapshots;
+    return pick;
+  }
+
+  void send_parameters(worker_id w) {
+    const transport::peer_id p = rank_peer_[w];
+    if (p == transport::no_peer) return;
+    const std::uint32_t si = current_snapshot();
+    snapshot& sn = snaps_[si];
+    const std::uint32_t i = take_slot();
+    send_slot& s = slots_[i];
+    const auto payload = std::as_bytes(std::span<const float>(sn.values));
+    wire::header h{.kind = wire::message_kind::pull_reply,
+                   .codec = codec_id::identity,
+                   .type = dtype::f32,
+                   .flags = wire::flag_last_shard,
+                   .element_count = sn.values.size(),
+                   .tensor = p_.core.shard,
+                   .rank = w,
+                   .sequence = sn.version,
+                   .clock = sn.version,
+                   .step = 0};
+    const status st = wire::seal_header(h, payload, s.head, p_.core.limits);
+    ASHL_ASSERT(st.ok(), "server: a pull reply the wire refuses");
+    (void)st;
+    s.snap = si;
+    ++sn.readers;
+    send(p, i, s.head, payload);
+    ++tel_.pull_replies;
+  }
+
+  void send_plan(worker_id w, const worker_plan& plan) {
+    const transport::peer_id p = rank_peer_[w];
+    if (p == transport::no_peer) return;
+    if (plan.batch_size != 0) batch_[w] = plan.batch_size;
+    wire::header h{.kind = wire::message_kind::plan_update,
+                   .codec = plan.compression_ratio < 1.0f ? p_.compression : codec_id::identity,
+                   .type = dtype::f32,
+                   .rank = w,
+                   .sequence = ++plan_sequence_,
+                   .clock = core_.version()};
+    if (!send_control(p, h, plan)) return;
+    ++tel_.plans;
+  }
+
+  void send_error(transport::peer_id p, errc code, std::uint64_t in_reply_to, std::string_view text) {
+    if (code == errc::ok) code = errc::internal;
+    const std::size_t cap = p_.core.limits.max_error_text;
+    wire::error_body b{.code = code, .in_reply_to = in_reply_to, .text = text.substr(0, cap)};
+    wire::header h{.kind = wire::message_kind::error, .rank = p < peers_.size() && peers_[p].rank != no_rank ? peers_[p].rank : 0};
+    if (send_control(p, h, b)) ++tel_.errors_sent;
+  }
+
+  template <class Body>
+  bool send_control(transport::peer_id p, wire::header h, const Body& body) {
+    const std::uint32_t i = take_slot();
+    send_slot& s = slots_[i];
+    const std::size_t n = wire::encoded_size(body);
+    if (s.body.size() < n) s.body.resize(n);
+    auto used = wire::encode(h, body, std::span<std::byte>(s.body.data(), n), p_.core.limits);
+    if (!used) {  // a body the wire refuses: a defect of the server, not the peer's
+      free_slots_.give(i);
+      return false;
+    }
+    std::memcpy(s.head.data(), s.body.data(), wire::header_bytes);
+    send(p, i, s.head, std::span<const std::byte>(s.body.data() + wire::header_bytes, n - wire::header_bytes));
+    return true;
+  }
+
+  void send(transport::peer_id p, std::uint32_t slot, std::span<const std::byte> head, std::span<const std::byte> data) {
+    const status st = t_.send(p, head, data, slot);
+    if (!st.ok()) {  // not connected any more: the slot is free again
+      send_slot& s = slots_[slot];
+      if (s.snap != ~std::uint32_t{0}) {
+        --snaps_[s.snap].readers;
+        s.snap = ~std::uint32_t{0};
+      }
+      free_slots_.give(slot);
+      return;
+    }
+    ++tel_.messages_out;
+    tel_.bytes_out += head.size() + data.size();
+  }
+
+  [[nodiscard]] std::uint32_t held_now() const noexcept {
+    std::uint32_t k = 0;
+    for (std::uint32_t w = 0; w < p_.core.workers; ++w) k += core_.is_held(w) ? 1u : 0u;
+    return k;
+  }
+
+  void maybe_print_progress() {
+    if (p_.progress_seconds <= 0.0) return;
+    const double now = clock_.now();
+    if (now < next_progress_) return;
+    next_progress_ = now + p_.progress_seconds;
+    std::fprintf(stderr, "%s\n", progress_line().c_str());
+  }
+
+  server_params p_;
+  core_type core_;
+  Transport t_;
+  server_actions out_;
+  steady_clock clock_;
+  server_telemetry tel_{};
+  std::vector<peer_state> peers_;
+  std::vector<transport::peer_id> rank_peer_;
+  std::vector<std::uint64_t> last_step_;
+  std::vector<std::uint32_t> batch_;
+  std::vector<send_slot> slots_;
+  detail::free_list free_slots_;
+  std::vector<snapshot> snaps_;
+  std::vector<detail::pooled_buffer> rx_;
+  detail::free_list free_rx_;
+  std::uint32_t bound_ = 0;
+  std::vector<std::uint8_t> joined_once_;
+  std::uint32_t joined_count_ = 0;
+  std::uint64_t plan_sequence_ = 0;
+  double next_progress_ = 0.0;
+};
+
+}  // namespace ps
+ASHL_NAMESPACE_END

@@ -1,0 +1,699 @@
+// ashl/ps/worker.hpp — a training process's side of the parameter server:
+// commits the caller's gradient (or model delta) buffer, shard by shard, and
+// pulls the parameters back into the caller's buffer, following the plans the
+// servers send (DESIGN.md "Data flow of one commit"; docs/ps.md "Servers and
+// workers"). Small, like ps-lite's worker: commit, wait, and the plan.
+//
+//   std::vector<float> w(n), g(n);                     // the framework's flat buffers
+//   auto t = ashl::transport::ucx::create({.token = token});
+//   auto wk = ashl::ps::worker<ashl::transport::ucx>::create(
+//       {.rank = r, .servers = {"10.0.0.1:5000"}, .batch = 64}, std::move(*t), w);   // joins, pulls w
+//   while (training) {
+//     do { compute_gradient(w, g, wk->batch()); local_step(w, g); } while (!wk->iteration_done());
+//     if (auto s = wk->commit(g); !s) return fail(s);  // sends at once; g must stay as is until wait()
+//     overlap_something_else();                          // data loading, the next batch, ...
+//     if (auto s = wk->wait(); !s) return fail(s);     // commit sent, parameters written into w
+//   }
+//   wk->leave();
+//
+// The buffers are views: a commit is sent from the caller's gradient buffer
+// when the plan does not compress (identity f32, zero copy: the header is
+// sealed over the payload where it lies), and a pull reply is received
+// straight into the caller's parameter buffer (rendezvous data lands there;
+// small eager replies are copied once from the transport's buffer). With a
+// compressing plan each shard is encoded with the plan's codec and error
+// feedback (one residual per shard) into a buffer the worker owns.
+//
+// The rules between two pulls are ps::worker_cycle's (H local iterations
+// or a commit interval, batch, when to compress, the measurements to
+// report), so a worker here behaves as the simulator's does. The plan that
+// counts is server 0's (ps/server.hpp, "Plans"); a new plan takes effect at
+// the next cycle. header.clock of a commit is its sequence (the commit
+// clock), header.step the worker's iteration count (the codec's Philox
+// step; the server derives the commit's samples from it).
+//
+// Threads: the caller drives the transport inside wait() and progress(); no
+// thread of the worker's own runs unless worker_params.progress_thread is set,
+// then one thread drives progress and every public call takes the same lock.
+// Every wait is bounded by worker_params.timeout and ends with a status that
+// says why (a server failed, refused, or did not answer in time).
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/compress/error_feedback.hpp>
+#include <ashl/compress/registry.hpp>
+#include <ashl/core/clock.hpp>
+#include <ashl/core/plan.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/core/tensor_view.hpp>
+#include <ashl/ps/shards.hpp>
+#include <ashl/ps/worker_cycle.hpp>
+#include <ashl/transport/concepts.hpp>
+#include <ashl/wire/ids.hpp>
+#include <ashl/wire/message.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace ps {
+
+struct worker_params {
+  std::uint32_t rank = 0;
+  std::vector<std::string> servers;  // server s's address (transport::connect), s = 0 .. S-1
+  std::uint32_t batch = 1;           // the batch it runs when the plan says 0 (its own)
+  std::uint64_t incarnation = 0;     // larger after a restart
+  std::chrono::milliseconds timeout{30000};  // the bound of every wait
+  std::uint64_t seed = 0;            // codec seed (the servers' server_core_params.seed)
+  bool progress_thread = false;      // a thread of the worker's own drives the transport
+};
+
+struct worker_telemetry {
+  std::uint64_t commits = 0, pulls = 0;
+  std::uint64_t bytes_out = 0, bytes_in = 0;  // header + data
+  std::uint64_t plans = 0;            // plan_updates from server 0
+  std::uint64_t plan_changes = 0;     // of them, plans that differed from the one in force
+  std::uint64_t plans_ignored = 0;    // plan_updates from servers other than 0
+  std::uint64_t errors = 0;           // error messages from servers
+  std::uint64_t copied_replies = 0;   // pull replies delivered eagerly (copied once into the buffer)
+  double wait_seconds = 0.0;          // inside wait()
+  double compress_seconds = 0.0;
+  transport::transport_counters transport{};
+};
+
+namespace detail {
+
+// The plan's codec with error feedback, built from the plan_update's codec
+// id and compression ratio. identity needs no residual.
+template <codec_id Id>
+auto make_codec(double ratio) {
+  using C = compress::codec_for<Id>;
+  if constexpr (std::is_constructible_v<C, double>) return C{ratio};
+  else if constexpr (Id == codec_id::randomk) return C{compress::randomk_options{.ratio = ratio}};
+  else return C{};
+}
+
+template <class Seq>
+struct encoder_variant;
+template <std::size_t... I>
+struct encoder_variant<std::index_sequence<I...>> {
+  using type = std::variant<std::monostate, compress::error_feedback<compress::codec_for<static_cast<codec_id>(I)>>...>;
+};
+using any_encoder = typename encoder_variant<std::make_index_sequence<codec_id_count>>::type;
+
+template <std::size_t I = 0>
+any_encoder make_encoder(codec_id id, double ratio) {
+  if constexpr (I == codec_id_count) {
+    return std::monostate{};
+  } else {
+    if (static_cast<std::size_t>(id) == I) {
+      using C = compress::codec_for<static_cast<codec_id>(I)>;
+      return compress::error_feedback<C>{make_codec<static_cast<codec_id>(I)>(ratio)};
+    }
+    return make_encoder<I + 1>(id, ratio);
+  }
+}
+
+}  // namespace detail
+
+template <transport::transport Transport>
+class worker {
+ public:
+  static result<worker> create(worker_params p, Transport t, std::span<float> parameters) {
+    if (p.servers.empty()) return invalid_argument("worker.servers", 0, "needs at least one server address");
+    if (parameters.empty()) return invalid_argument("worker.parameters.size", 0, "needs at least one element");
+    if (p.batch == 0) return invalid_argument("worker.batch", 0, "must be >= 1");
+    if (p.timeout.count() <= 0) return invalid_argument("worker.timeout_ms", p.timeout.count(), "must be > 0");
+    auto layout = shard_layout::even(parameters.size(), static_cast<std::uint32_t>(p.servers.size()));
+    if (!layout) return layout.error();
+    worker wk(std::move(p), std::move(t), parameters, *layout);
+    ASHL_TRY(wk.state_->start());
+    return wk;
+  }
+
+  worker(worker&&) noexcept = default;
+  worker& operator=(worker&&) noexcept = default;
+  ~worker() {
+    if (state_) state_->stop_thread();
+  }
+
+  // The plan in force for this cycle, its batch, and the codec it commits with.
+  [[nodiscard]] worker_plan plan() const { return locked([](const state& s) { return s.cycle.plan(); }); }
+  [[nodiscard]] std::uint32_t batch() const { return locked([](const state& s) { return s.cycle.batch(); }); }
+  [[nodiscard]] codec_id codec() const { return locked([](const state& s) { return s.codec; }); }
+  [[nodiscard]] const shard_layout& layout() const noexcept { return state_->layout; }
+  [[nodiscard]] std::uint32_t rank() const noexcept { return state_->p.rank; }
+
+  // One local iteration is done; true when the plan's iterations (or commit
+  // interval) are complete: commit now.
+  bool iteration_done() {
+    std::lock_guard g(state_->mu);
+    if (state_->cycle.state() != worker_cycle::phase::computing) return true;  // done already: commit
+    return state_->cycle.iteration_done(state_->clock.now());
+  }
+
+  // Sends `update` (gradient or model delta, all the model's elements) to
+  // the servers, shard by shard, and asks for the parameters back; returns
+  // at once. `update` must stay unchanged until wait() returns.
+  status commit(std::span<const float> update) {
+    std::lock_guard g(state_->mu);
+    return state_->commit(update);
+  }
+
+  // Drives the transport until the last commit was sent and the parameters
+  // arrived in the caller's buffer (then the next cycle starts with the
+  // newest plan), or a server failed, refused, or the timeout passed.
+  status wait() { return state_->wait(); }
+
+  // One progress pass without blocking; true when nothing is pending.
+  bool test() {
+    std::lock_guard g(state_->mu);
+    state_->poll();
+    return !state_->pending();
+  }
+
+  // A named scalar to every server (loss, accuracy: ADSP and ASHL read it).
+  status report_metric(metric_id m, double value) {
+    std::lock_guard g(state_->mu);
+    return state_->send_metric(m, value);
+  }
+
+  // Leaves every server (a commit in flight is waited for first).
+  status leave() { return state_->leave(); }
+
+  [[nodiscard]] worker_telemetry telemetry() const {
+    return locked([](const state& s) {
+      worker_telemetry t = s.tel;
+      t.transport = s.t.counters();
+      return t;
+    });
+  }
+  [[nodiscard]] Transport& transport() noexcept { return state_->t; }
+
+ private:
+  struct slot {
+    std::array<std::byte, wire::header_bytes> head{};
+    std::vector<std::byte> body;
+    std::int32_t commit_shard = -1;  // a commit's send: its completion counts
+  };
+
+  struct handler;
+
+  // Lives on the heap so the transport's callbacks and the progress thread
+  // keep a stable address when the worker moves.
+  struct state {
+    worker_params p;
+    Transport t;
+    std::span<float> params;
+    shard_layout layout;
+    std::vector<transport::peer_id> peer;  // per server
+    std::vector<std::uint8_t> connected, replied;
+    std::vector<std::vector<std::byte>> enc;  // per shard: encoded commit payload
+    std::vector<std::byte> scratch;          // codec scratch
+    std::vector<std::byte> spill;            // a data part that is not a pull reply into params
+    std::vector<slot> slots;
+    std::vector<std::uint32_t> free_slots;
+    std::vector<ashl::measurement> reports;
+    detail::any_encoder encoder;
+    codec_id codec = codec_id::identity;
+    std::optional<worker_plan> next_plan;
+    codec_id next_codec = codec_id::identity;
+    bool have_plan = false;
+    worker_cycle cycle;
+    steady_clock clock;
+    worker_telemetry tel{};
+    status failed{};                // sticky: a server failed or refused
+    std::uint32_t sends_pending = 0, replies_pending = 0;
+    std::uint64_t commit_bytes = 0, reply_bytes = 0;
+    std::uint64_t iterations_total = 0;  // header.step of commits
+    bool committing = false;
+    mutable std::mutex mu;
+    std::thread progress;
+    std::atomic<bool> stop{false};
+
+    state(worker_params wp, Transport tr, std::span<float> w, shard_layout l)
+        : p(std::move(wp)), t(std::move(tr)), params(w), layout(l), cycle(p.rank) {
+      const std::size_t S = p.servers.size();
+      peer.assign(S, transport::no_peer);
+      connected.assign(S, 0);
+      replied.assign(S, 0);
+      enc.resize(S);
+      slots.reserve(4 * S + 8);
+      free_slots.reserve(4 * S + 8);
+      reports.reserve(16);
+    }
+
+    [[nodiscard]] bool pending() const noexcept { return sends_pending != 0 || replies_pending != 0; }
+    [[nodiscard]] std::uint32_t servers() const noexcept { return static_cast<std::uint32_t>(peer.size()); }
+
+    std::string server_name(std::uint32_t s) const {
+      return "server " + std::to_string(s) + " at " + p.servers[s];
+    }
+
+    // -------------------------------------------------------------- start
+
+    status start() {
+      for (std::uint32_t s = 0; s < servers(); ++s) {
+        auto id = t.connect(p.servers[s]);
+        if (!id) return id.error();
+        peer[s] = *id;
+      }
+      const double deadline = clock.now() + seconds(p.timeout);
+      ASHL_TRY(drive_until([&] { return all_connected(); }, deadline, "connecting to the servers"));
+      for (std::uint32_t s = 0; s < servers(); ++s) {
+        wire::header h{.kind = wire::message_kind::join, .rank = p.rank};
+        ASHL_TRY(send_control(s, h, wire::join_body{.incarnation = p.incarnation, .batch = p.batch}));
+      }
+      // The initial parameters, and the plan server 0 sends on join.
+      cycle.pull_sent(clock.now());
+      ASHL_TRY(send_pulls(0));
+      ASHL_TRY(drive_until([&] { return !pending() && have_plan; }, deadline, "joining (plan and parameters)"));
+      finish_cycle();
+      if (p.progress_thread) {
+        progress = std::thread([this] { run_thread(); });
+      }
+      return {};
+    }
+
+    [[nodiscard]] bool all_connected() const noexcept {
+      return std::all_of(connected.begin(), connected.end(), [](std::uint8_t c) { return c != 0; });
+    }
+
+    static double seconds(std::chrono::milliseconds d) { return std::chrono::duration<double>(d).count(); }
+
+    // Progress until done() or failure or the deadline.
+    template <class Done>
+    status drive_until(Done done, double deadline, const char* what) {
+      const bool threaded = progress.joinable();
+      while (true) {
+        {
+          std::lock_guard g(mu);
+          if (!threaded) poll();
+          if (!failed.ok()) return failed;
+          if (done()) return {};
+        }
+        const double now = clock.now();
+        if (now >= deadline)
+          return make_error(errc::timed_out, "worker.timeout_ms", p.timeout.count(),
+                            std::string("passed while ") + what + " (worker " + std::to_string(p.rank) + ")");
+        if (threaded) {
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        } else {
+          const double left = std::min(deadline - now, 0.001);
+          t.wait(std::chrono::microseconds(static_cast<std::int64_t>(left * 1e6) + 1));
+        }
+        tel.wait_seconds += clock.now() - now;
+      }
+    }
+
+    std::size_t poll() {
+      handler h{this};
+      return t.progress(h);
+    }
+
+    void run_thread() {
+      while (!stop.load(std::memory_order_relaxed)) {
+        std::size_t n;
+        {
+          std::lock_guard g(mu);
+          n = poll();
+        }
+        if (n == 0) t.wait(std::chrono::microseconds(200));
+      }
+    }
+
+    void stop_thread() {
+      stop.store(true);
+      if (progress.joinable()) progress.join();
+    }
+
+    // ------------------------------------------------------------- commit
+
+    status commit(std::span<const float> update) {
+      if (!failed.ok()) return failed;
+      if (update.size() != params.size())
+        return invalid_argument("worker.commit.update.size", update.size(),
+                                "must be the model's " + std::to_string(params.size()) + " elements");
+      if (committing) return invalid_argument("worker.commit", "pending", "the last commit is not complete: wait() first");
+      if (cycle.state() != worker_cycle::phase::compressing && cycle.state() != worker_cycle::phase::sending)
+        return invalid_argument("worker.commit.iterations", cycle.iterations(),
+                                "the plan's cycle is not complete: call iteration_done() until it returns true");
+      double now = clock.now();
+      iterations_total += cycle.iterations();
+      const bool compressing = cycle.compresses() && codec != codec_id::identity;
+      std::uint64_t bytes = 0;
+      if (compressing) {
+        for (std::uint32_t s = 0; s < servers(); ++s) {
+          const key_range r = layout.range(s);
+          ASHL_TRY(encode_shard(s, update.subspan(r.begin, r.size())));
+          bytes += enc[s].size();
+        }
+        const double t1 = clock.now();
+        tel.compress_seconds += t1 - now;
+        now = t1;
+        cycle.compressed(now, static_cast<double>(bytes));
+      } else if (cycle.state() == worker_cycle::phase::compressing) {
+        cycle.compressed(now, static_cast<double>(update.size_bytes()));
+      }
+      const std::uint64_t seq = cycle.commit_sent(now);
+      commit_bytes = 0;
+      for (std::uint32_t s = 0; s < servers(); ++s) {
+        const key_range r = layout.range(s);
+        std::span<const std::byte> payload =
+            compressing ? std::span<const std::byte>(enc[s]) : std::as_bytes(update.subspan(r.begin, r.size()));
+        wire::header h{.kind = wire::message_kind::commit,
+                       .codec = compressing ? codec : codec_id::identity,
+                       .type = dtype::f32,
+                       .flags = wire::flag_last_shard,
+                       .element_count = r.size(),
+                       .tensor = s,
+                       .rank = p.rank,
+                       .sequence = seq,
+                       .clock = seq,
+                       .step = iterations_total};
+        const std::uint32_t i = take_slot();
+        slots[i].commit_shard = static_cast<std::int32_t>(s);
+        ASHL_TRY(wire::seal_header(h, payload, slots[i].head));
+        ASHL_TRY(send(s, i, slots[i].head, payload));
+        commit_bytes += wire::header_bytes + payload.size();
+        ++sends_pending;
+      }
+      ++tel.commits;
+      committing = true;
+      return send_pulls(seq);
+    }
+
+    status encode_shard(std::uint32_t s, std::span<const float> x) {
+      return std::visit(
+          [&](auto& e) -> status {
+            using E = std::decay_t<decltype(e)>;
+            if constexpr (std::is_same_v<E, std::monostate>) {
+              return make_error(errc::internal, "worker.codec", to_string(codec), "no encoder");
+            } else {
+              const std::size_t cap = e.max_encoded_bytes(x.size(), dtype::f32);
+              if (enc[s].size() < cap) enc[s].resize(cap);
+              const std::size_t sb = e.scratch_bytes(x.size(), dtype::f32);
+              if (scratch.size() < sb) scratch.resize(sb);
+              compress::codec_context ctx{.seed = p.seed,
+                                          .step = iterations_total,
+                                          .tensor = s,
+                                          .scratch = std::span<std::byte>(scratch.data(), sb)};
+              auto used = e.encode(host_view<const float>(x.data(), x.size()), enc[s], ctx);
+              if (!used) return used.error();
+              enc[s].resize(*used);
+              return {};
+            }
+          },
+          encoder);
+    }
+
+    status send_pulls(std::uint64_t seq) {
+      for (std::uint32_t s = 0; s < servers(); ++s) {
+        wire::header h{.kind = wire::message_kind::pull_request,
+                       .type = dtype::f32,
+                       .element_count = layout.range(s).size(),
+                       .tensor = s,
+                       .rank = p.rank,
+                       .sequence = seq};
+        const std::uint32_t i = take_slot();
+        ASHL_TRY(wire::seal_header(h, {}, slots[i].head));
+        ASHL_TRY(send(s, i, slots[i].head, {}));
+        replied[s] = 0;
+        ++replies_pending;
+      }
+      ++tel.pulls;
+      reply_bytes = 0;
+      return {};
+    }
+
+    // --------------------------------------------------------------- wait
+
+    status wait() {
+      const double deadline = clock.now() + seconds(p.timeout);
+      ASHL_TRY(drive_until([&] { return !pending(); }, deadline, "waiting for the commit and the parameters"));
+      std::lock_guard g(mu);
+      if (committing) finish_cycle();
+      return failed;
+    }
+
+    // The parameters arrived: measurements out, the next cycle starts.
+    void finish_cycle() {
+      const double now = clock.now();
+      cycle.reply_arrived(now, static_cast<double>(reply_bytes));
+      committing = false;
+      if (!cycle.measurements().empty()) {
+        (void)send_measurements();
+        cycle.clear_measurements();
+      }
+      if (next_plan) {
+        if (!have_started_ || !(*next_plan == cycle.plan()) || next_codec != codec) ++tel.plan_changes;
+        set_codec(next_codec, next_plan->compression_ratio);
+        current_plan_ = *next_plan;
+        next_plan.reset();
+      }
+      have_started_ = true;
+      cycle.start(current_plan_, p.batch, now);
+    }
+
+    void set_codec(codec_id id, float ratio) {
+      if (id == codec && ratio == codec_ratio_ && encoder.index() != 0) return;
+      codec = id;
+      codec_ratio_ = ratio;
+      encoder = id == codec_id::identity ? detail::any_encoder{} : detail::make_encoder(id, ratio);
+    }
+
+    status send_measurements() {
+      for (std::uint32_t s = 0; s < servers(); ++s) {
+        const std::uint32_t i = take_slot();
+        auto ms = cycle.measurements();
+        const std::size_t n = wire::encoded_size(wire::measurements_body::bytes_for(ms.size()));
+        if (slots[i].body.size() < n) slots[i].body.resize(n);
+        auto used = wire::encode(wire::header{.rank = p.rank}, ms, std::span<std::byte>(slots[i].body.data(), n));
+        if (!used) {
+          free_slots.push_back(i);
+          return used.error();
+        }
+        std::memcpy(slots[i].head.data(), slots[i].body.data(), wire::header_bytes);
+        ASHL_TRY(send(s, i, slots[i].head, std::span<const std::byte>(slots[i].body).subspan(wire::header_bytes, n - wire::header_bytes)));
+      }
+      return {};
+    }
+
+    status send_metric(metric_id m, double value) {
+      if (!failed.ok()) return failed;
+      for (std::uint32_t s = 0; s < servers(); ++s)
+        ASHL_TRY(send_control(s, wire::header{.rank = p.rank}, wire::metric_body{.name = m, .value = value}));
+      return {};
+    }
+
+    status leave() {
+      if (committing) (void)wait();
+      stop_thread();
+      std::lock_guard g(mu);
+      if (!failed.ok()) return failed;
+      for (std::uint32_t s = 0; s < servers(); ++s)
+        ASHL_TRY(send_control(s, wire::header{.rank = p.rank},
+                              wire::leave_body{.reason = wire::leave_reason::left, .subject = p.rank}));
+      // The leave messages go out before the connections close.
+      const double deadline = clock.now() + seconds(p.timeout);
+      while (free_slots.size() < slots.size() && failed.ok() && clock.now() < deadline) {
+        if (poll() == 0) t.wait(std::chrono::microseconds(500));
+      }
+      t.close();
+      return {};
+    }
+
+    template <class Body>
+    status send_control(std::uint32_t s, wire::header h, const Body& body) {
+      const std::uint32_t i = take_slot();
+      const std::size_t n = wire::encoded_size(body);
+      if (slots[i].body.size() < n) slots[i].body.resize(n);
+      auto used = wire::encode(h, body, std::span<std::byte>(slots[i].body.data(), n));
+      if (!used) {
+        free_slots.push_back(i);
+        return used.error();
+      }
+      std::memcpy(slots[i].head.data(), slots[i].body.data(), wire::header_bytes);
+      return send(s, i, slots[i].head, std::span<const std::byte>(slots[i].body).subspan(wire::header_bytes, n - wire::header_bytes));
+    }
+
+    std::uint32_t take_slot() {
+      if (!free_slots.empty()) {
+        const std::uint32_t i = free_slots.back();
+        free_slots.pop_back();
+        return i;
+      }
+      slots.emplace_back();
+      return static_cast<std::uint32_t>(slots.size() - 1);
+    }
+
+    status send(std::uint32_t s, std::uint32_t i, std::span<const std::byte> head, std::span<const std::byte> data) {
+      const status st = t.send(peer[s], head, data, i);
+      if (!st.ok()) {
+        slots[i].commit_shard = -1;
+        free_slots.push_back(i);
+        fail(make_error(st.code(), "worker.send", server_name(s), st.message()));
+        return failed;
+      }
+      tel.bytes_out += head.size() + data.size();
+      return {};
+    }
+
+    void fail(status s) {
+      if (failed.ok()) failed = std::move(s);
+    }
+
+    // ---------------------------------------------------------- receiving
+
+    std::uint32_t server_of_peer(transport::peer_id pid) const noexcept {
+      for (std::uint32_t s = 0; s < servers(); ++s)
+        if (peer[s] == pid) return s;
+      return ~std::uint32_t{0};
+    }
+
+    std::span<std::byte> receive_buffer(transport::peer_id pid, std::span<const std::byte> head, std::size_t n) {
+      const std::uint32_t s = server_of_peer(pid);
+      if (s == ~std::uint32_t{0} || head.size() != wire::header_bytes) return {};
+      const auto kind = static_cast<wire::message_kind>(std::to_integer<std::uint8_t>(head[8]));
+      const key_range r = layout.range(s);
+      if (kind == wire::message_kind::pull_reply && n == r.size() * sizeof(float) && replies_pending != 0 && !replied[s])
+        return std::as_writable_bytes(params.subspan(r.begin, r.size()));
+      // Anything else (an error text, a reply of the wrong size) goes to a
+      // buffer of the worker's, bounded by the largest reply it can expect.
+      if (n > 8 * r.size() + 65536) return {};
+      if (spill.size() < n) spill.resize(n);
+      return {spill.data(), n};
+    }
+
+    void on_message(transport::peer_id pid, std::span<const std::byte> head, std::span<const std::byte> data) {
+      const std::uint32_t s = server_of_peer(pid);
+      if (s == ~std::uint32_t{0}) return;
+      tel.bytes_in += head.size() + data.size();
+      const key_range r = layout.range(s);
+      wire::limits lim;
+      lim.max_elements = std::max<std::uint64_t>(r.size(), 1);
+      auto m = wire::decode(head, data, lim);
+      if (!m) {
+        fail(make_error(m.error().code(), "worker.message", server_name(s), m.error().message()));
+        return;
+      }
+      const wire::header& h = m->header;
+      switch (h.kind) {
+        case wire::message_kind::pull_reply: {
+          if (replied[s] || replies_pending == 0) return;  // not asked for: ignore
+          if (h.codec != codec_id::identity || h.type != dtype::f32 || h.element_count != r.size() ||
+              h.tensor != s) {
+            fail(make_error(errc::malformed, "pull_reply.element_count", h.element_count,
+                            "from " + server_name(s) + ": expected " + std::to_string(r.size()) +
+                                " f32 identity elements of shard " + std::to_string(s)));
+            return;
+          }
+          auto dst = std::as_writable_bytes(params.subspan(r.begin, r.size()));
+          if (m->payload.data() != dst.data()) {
+            std::memcpy(dst.data(), m->payload.data(), dst.size());
+            ++tel.copied_replies;
+          }
+          replied[s] = 1;
+          --replies_pending;
+          reply_bytes += head.size() + data.size();
+          return;
+        }
+        case wire::message_kind::plan_update: {
+          if (s != 0) {
+            ++tel.plans_ignored;
+            return;
+          }
+          ++tel.plans;
+          next_plan = *m->template get<worker_plan>();
+          next_codec = h.codec;
+          have_plan = true;
+          return;
+        }
+        case wire::message_kind::error: {
+          ++tel.errors;
+          const auto* e = m->template get<wire::error_body>();
+          fail(status(e->code, server_name(s) + " refused: " + std::string(e->text)));
+          return;
+        }
+        case wire::message_kind::leave: {
+          fail(make_error(errc::unavailable, "worker.rank", p.rank, "evicted by " + server_name(s)));
+          return;
+        }
+        default:
+          return;
+      }
+    }
+
+    void on_sent(transport::peer_id pid, std::uint64_t cookie, const status& st) {
+      const auto i = static_cast<std::uint32_t>(cookie);
+      if (i >= slots.size()) return;
+      if (slots[i].commit_shard >= 0) {
+        slots[i].commit_shard = -1;
+        if (sends_pending > 0 && --sends_pending == 0) cycle.commit_arrived(clock.now(), static_cast<double>(commit_bytes));
+      }
+      free_slots.push_back(i);
+      if (!st.ok()) {
+        const std::uint32_t s = server_of_peer(pid);
+        fail(make_error(st.code(), "worker.send", s < servers() ? server_name(s) : "a server", st.message()));
+      }
+    }
+
+    void on_peer(transport::peer_id pid, transport::peer_event e, const status& why) {
+      const std::uint32_t s = server_of_peer(pid);
+      if (s == ~std::uint32_t{0}) return;
+      if (e == transport::peer_event::connected) {
+        connected[s] = 1;
+        return;
+      }
+      connected[s] = 0;
+      fail(status(errc::unavailable, server_name(s) + (e == transport::peer_event::failed ? " failed: " : " closed: ") +
+                                         why.message()));
+    }
+
+    worker_plan current_plan_{};
+    float codec_ratio_ = 1.0f;
+    bool have_started_ = false;
+  };
+
+  struct handler {
+    state* s;
+    std::span<std::byte> receive_buffer(transport::peer_id p, std::span<const std::byte> h, std::size_t n) {
+      return s->receive_buffer(p, h, n);
+    }
+    void on_message(transport::peer_id p, std::span<const std::byte> h, std::span<const std::byte> d) {
+      s->on_message(p, h, d);
+    }
+    void on_sent(transport::peer_id p, std::uint64_t c, const status& st) { s->on_sent(p, c, st); }
+    void on_peer(transport::peer_id p, transport::peer_event e, const status& why) { s->on_peer(p, e, why); }
+  };
+  static_assert(transport::handler<handler>);
+
+  worker(worker_params p, Transport t, std::span<float> params, shard_layout l)
+      : state_(std::make_unique<state>(std::move(p), std::move(t), params, l)) {}
+
+  template <class F>
+  auto locked(F f) const {
+    std::lock_guard g(state_->mu);
+    return f(*state_);
+  }
+
+  std::unique_ptr<state> state_;
+};
+
+}  // namespace ps
+ASHL_NAMESPACE_END
