@@ -1,0 +1,342 @@
+// ashl/ps/launch.hpp — the runtime contract of a real run: who this process
+// is (server or worker, its rank, the job's size, the servers' addresses, the
+// token), read from the environment and overridden by the same flags
+// (DESIGN.md "Runtime contract for real runs"; docs/multi-host.md).
+//
+//   int main(int argc, char** argv) {
+//     auto j = ashl::ps::job_from(argc, argv);          // result<job>
+//     if (!j) { std::fprintf(stderr, "%s\n", j.error().message().c_str()); return 2; }
+//     std::fprintf(stderr, "%s\n", ashl::ps::describe(*j).c_str());   // never prints the token
+//     if (j->role == ashl::ps::role::server) serve(j->server_addresses[j->rank], *j);
+//     else train(*j, j->rest);                         // the program's own arguments
+//   }
+//
+// Variables and flags (a flag wins over its variable; "--flag value" and
+// "--flag=value" both work; an empty variable counts as unset):
+//
+//   ASHL_ROLE         --role         server | worker (required)
+//   ASHL_RANK         --rank         0 .. count of that role - 1 (required when that count > 1)
+//   ASHL_NUM_WORKERS  --num-workers  >= 1 (default 1)
+//   ASHL_NUM_SERVERS  --num-servers  >= 1 (default 1)
+//   ASHL_SERVER_ADDR  --server-addr  server 0's host:port, or every server's, comma-separated (required)
+//   ASHL_TOKEN        --token        the job's shared secret (required unless insecure)
+//   ASHL_INSECURE     --insecure     run without a token (variable: 1/0, true/false, yes/no, on/off)
+//   ASHL_VERBOSE      --verbose      print transport details
+//   ASHL_PROGRESS     --progress S   a progress line every S seconds (0 = none, the default)
+//
+// A single host:port with S > 1 servers means server i listens on port + i of
+// that host. Hosts are names, IPv4 addresses or bracketed IPv6 ("[::1]:5000").
+// Arguments that are not these flags (including unknown --flags) are left
+// for the program in job::rest, in order, after argv[0]; parsing stops at
+// "--", which is left in rest with everything after it. Every error names
+// the variable or flag and the bad value.
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/core/status.hpp>
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace ps {
+
+enum class role : std::uint8_t { server, worker };
+
+constexpr std::string_view to_string(role r) noexcept { return r == role::server ? "server" : "worker"; }
+
+struct job {
+  ps::role role = ps::role::worker;
+  std::uint32_t rank = 0;
+  std::uint32_t num_workers = 1;
+  std::uint32_t num_servers = 1;
+  std::vector<std::string> server_addresses;  // one per server: "host:port", server i at index i
+  std::string token;                          // empty only when insecure
+  bool insecure = false;
+  bool verbose = false;
+  double progress_seconds = 0;                // 0 = no progress line
+  std::vector<std::string> rest;              // argv[0], then the arguments left for the program
+};
+
+// "host:port" split; an IPv6 host keeps no brackets here.
+struct host_port {
+  std::string host;
+  std::uint16_t port = 0;
+  bool ipv6 = false;
+};
+
+namespace detail {
+
+// "<source> = '<value>': <why>", the contract's error form for text values.
+inline status launch_error(std::string_view source, std::string_view value, std::string_view why) {
+  std::string m(source);
+  m += " = '";
+  m += value;
+  m += "': ";
+  m += why;
+  return status(errc::invalid_argument, std::move(m));
+}
+
+inline result<std::uint32_t> parse_count(std::string_view source, std::string_view text, std::uint32_t min) {
+  std::uint32_t v = 0;
+  const auto* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc{} || p != end)
+    return launch_error(source, text, "expected a non-negative integer");
+  if (v < min) return launch_error(source, text, "must be >= " + std::to_string(min));
+  return v;
+}
+
+inline result<bool> parse_flag_value(std::string_view source, std::string_view text) {
+  if (text == "1" || text == "true" || text == "yes" || text == "on") return true;
+  if (text == "0" || text == "false" || text == "no" || text == "off") return false;
+  return launch_error(source, text, "expected 1, 0, true, false, yes, no, on or off");
+}
+
+inline result<double> parse_seconds(std::string_view source, std::string_view text) {
+  const std::string s(text);
+  char* end = nullptr;
+  const double v = s.empty() ? -1 : std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || !(v >= 0) || v > 1e9)
+    return launch_error(source, text, "expected a number of seconds >= 0");
+  return v;
+}
+
+inline std::string join_host_port(const host_port& a) {
+  return (a.ipv6 ? "[" + a.host + "]" : a.host) + ":" + std::to_string(a.port);
+}
+
+}  // namespace detail
+
+// Parses "host:port" or "[v6]:port"; errors name `source` and the text.
+inline result<host_port> parse_host_port(std::string_view text, std::string_view source) {
+  host_port out;
+  std::string_view port;
+  if (text.starts_with('[')) {
+    const auto close = text.find(']');
+    if (close == std::string_view::npos || close == 1 || close + 1 >= text.size() || text[close + 1] != ':')
+      return detail::launch_error(source, text, "expected [ipv6]:port");
+    out.host = std::string(text.substr(1, close - 1));
+    out.ipv6 = true;
+    port = text.substr(close + 2);
+  } else {
+    const auto colon = text.rfind(':');
+    if (colon == std::string_view::npos || colon == 0) return detail::launch_error(source, text, "expected host:port");
+    if (text.substr(0, colon).find(':') != std::string_view::npos)
+      return detail::launch_error(source, text, "expected host:port (an IPv6 host goes in brackets: [::1]:5000)");
+    out.host = std::string(text.substr(0, colon));
+    port = text.substr(colon + 1);
+  }
+  unsigned v = 0;
+  auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), v);
+  if (port.empty() || ec != std::errc{} || p != port.data() + port.size() || v > 65535)
+    return detail::launch_error(source, text, "expected host:port with a port in 0..65535");
+  out.port = static_cast<std::uint16_t>(v);
+  return out;
+}
+
+// The servers' addresses from ASHL_SERVER_ADDR's value: every server's,
+// comma-separated, or server 0's alone (server i then at port + i).
+inline result<std::vector<std::string>> server_addresses_from(std::string_view text, std::uint32_t num_servers,
+                                                              std::string_view source,
+                                                              std::string_view servers_source = "ASHL_NUM_SERVERS") {
+  std::vector<std::string> out;
+  if (text.find(',') != std::string_view::npos) {
+    std::size_t begin = 0;
+    while (begin <= text.size()) {
+      auto end = text.find(',', begin);
+      if (end == std::string_view::npos) end = text.size();
+      auto a = parse_host_port(text.substr(begin, end - begin), source);
+      if (!a) return a.error();
+      out.push_back(detail::join_host_port(*a));
+      begin = end + 1;
+    }
+    if (out.size() != num_servers)
+      return detail::launch_error(source, text,
+                                  "lists " + std::to_string(out.size()) + " addresses, expected one per server (" +
+                                      std::string(servers_source) + " = " + std::to_string(num_servers) + ")");
+    return out;
+  }
+  auto a = parse_host_port(text, source);
+  if (!a) return a.error();
+  if (num_servers > 1 && a->port == 0)
+    return detail::launch_error(source, text,
+                                "port 0 (any free port) cannot give " + std::to_string(num_servers) +
+                                    " servers their ports; list every server's host:port, comma-separated");
+  if (std::uint32_t{a->port} + num_servers - 1 > 65535)
+    return detail::launch_error(source, text,
+                                "server " + std::to_string(num_servers - 1) + " would listen on port " +
+                                    std::to_string(std::uint32_t{a->port} + num_servers - 1) +
+                                    " (port + rank), above 65535");
+  for (std::uint32_t i = 0; i < num_servers; ++i) {
+    host_port s = *a;
+    s.port = static_cast<std::uint16_t>(a->port + i);
+    out.push_back(detail::join_host_port(s));
+  }
+  return out;
+}
+
+// The job of this process: the environment, then the flags in argv over it.
+inline result<job> job_from(int argc, char** argv) {
+  struct setting {
+    std::string_view env, flag;
+    std::optional<std::string> value;
+    std::string source;  // the variable or the flag the value came from
+  };
+  setting role_s{"ASHL_ROLE", "--role", {}, {}}, rank_s{"ASHL_RANK", "--rank", {}, {}},
+      workers_s{"ASHL_NUM_WORKERS", "--num-workers", {}, {}}, servers_s{"ASHL_NUM_SERVERS", "--num-servers", {}, {}},
+      addr_s{"ASHL_SERVER_ADDR", "--server-addr", {}, {}}, token_s{"ASHL_TOKEN", "--token", {}, {}},
+      insecure_s{"ASHL_INSECURE", "--insecure", {}, {}}, verbose_s{"ASHL_VERBOSE", "--verbose", {}, {}},
+      progress_s{"ASHL_PROGRESS", "--progress", {}, {}};
+  setting* all[] = {&role_s, &rank_s, &workers_s, &servers_s, &addr_s, &token_s, &insecure_s, &verbose_s, &progress_s};
+  for (auto* s : all) {
+    const std::string name(s->env);
+    if (const char* v = std::getenv(name.c_str()); v && *v) {
+      s->value = v;
+      s->source = name;
+    }
+  }
+  // ASHL_TOKEN set but empty is reported as such, not as missing.
+  if (const char* v = std::getenv("ASHL_TOKEN"); v && !*v) {
+    token_s.value = std::string();
+    token_s.source = "ASHL_TOKEN";
+  }
+
+  job j;
+  if (argc > 0 && argv[0]) j.rest.emplace_back(argv[0]);
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") {
+      for (; i < argc; ++i) j.rest.emplace_back(argv[i]);
+      break;
+    }
+    setting* match = nullptr;
+    std::optional<std::string_view> inline_value;
+    for (auto* s : all) {
+      if (arg == s->flag) match = s;
+      else if (arg.size() > s->flag.size() && arg.starts_with(s->flag) && arg[s->flag.size()] == '=') {
+        match = s;
+        inline_value = arg.substr(s->flag.size() + 1);
+      }
+      if (match) break;
+    }
+    if (!match) {
+      j.rest.emplace_back(arg);
+      continue;
+    }
+    match->source = std::string(match->flag);
+    const bool is_switch = match == &insecure_s || match == &verbose_s;
+    if (is_switch) {
+      match->value = inline_value ? std::string(*inline_value) : std::string("1");
+    } else if (inline_value) {
+      match->value = std::string(*inline_value);
+    } else if (i + 1 < argc) {
+      match->value = std::string(argv[++i]);
+    } else {
+      return status(errc::invalid_argument, std::string(match->flag) + ": expects a value");
+    }
+  }
+
+  if (!role_s.value)
+    return status(errc::invalid_argument, "ASHL_ROLE is not set: set it (or pass --role) to server or worker");
+  if (*role_s.value == "server") j.role = role::server;
+  else if (*role_s.value == "worker") j.role = role::worker;
+  else return detail::launch_error(role_s.source, *role_s.value, "expected server or worker");
+
+  if (workers_s.value) {
+    auto v = detail::parse_count(workers_s.source, *workers_s.value, 1);
+    if (!v) return v.error();
+    j.num_workers = *v;
+  }
+  if (servers_s.value) {
+    auto v = detail::parse_count(servers_s.source, *servers_s.value, 1);
+    if (!v) return v.error();
+    j.num_servers = *v;
+  }
+  const bool server = j.role == role::server;
+  const std::uint32_t count = server ? j.num_servers : j.num_workers;
+  const setting& count_s = server ? servers_s : workers_s;
+  const std::string count_name = count_s.value ? count_s.source : std::string(count_s.env);
+  if (rank_s.value) {
+    auto v = detail::parse_count(rank_s.source, *rank_s.value, 0);
+    if (!v) return v.error();
+    if (*v >= count)
+      return status(errc::out_of_range, rank_s.source + " = " + std::to_string(*v) + ": must be < " + count_name +
+                                            " = " + std::to_string(count));
+    j.rank = *v;
+  } else if (count > 1) {
+    return status(errc::invalid_argument, "ASHL_RANK is not set: set it (or pass --rank) to this " +
+                                              std::string(to_string(j.role)) + "'s rank, 0.." +
+                                              std::to_string(count - 1));
+  }
+
+  if (!addr_s.value)
+    return status(errc::invalid_argument,
+                  "ASHL_SERVER_ADDR is not set: set it (or pass --server-addr) to server 0's host:port");
+  auto addrs = server_addresses_from(*addr_s.value, j.num_servers, addr_s.source,
+                                     servers_s.value ? servers_s.source : std::string(servers_s.env));
+  if (!addrs) return addrs.error();
+  j.server_addresses = std::move(*addrs);
+
+  if (insecure_s.value) {
+    auto v = detail::parse_flag_value(insecure_s.source, *insecure_s.value);
+    if (!v) return v.error();
+    j.insecure = *v;
+  }
+  if (verbose_s.value) {
+    auto v = detail::parse_flag_value(verbose_s.source, *verbose_s.value);
+    if (!v) return v.error();
+    j.verbose = *v;
+  }
+  if (progress_s.value) {
+    auto v = detail::parse_seconds(progress_s.source, *progress_s.value);
+    if (!v) return v.error();
+    j.progress_seconds = *v;
+  }
+  if (token_s.value) j.token = *token_s.value;
+  if (j.token.empty() && !j.insecure) {
+    const std::string name = token_s.value ? token_s.source : std::string("ASHL_TOKEN");
+    return status(errc::invalid_argument,
+                  name + " is empty: set it, or pass --insecure to run without authentication");
+  }
+  return j;
+}
+
+// One line for logs: "worker 3 of 4, servers 127.0.0.1:5000,127.0.0.1:5001, token set".
+// Never contains the token.
+inline std::string describe(const job& j) {
+  std::string s(to_string(j.role));
+  s += ' ';
+  s += std::to_string(j.rank);
+  s += " of ";
+  s += std::to_string(j.role == role::server ? j.num_servers : j.num_workers);
+  s += " (";
+  s += std::to_string(j.num_servers);
+  s += j.num_servers == 1 ? " server, " : " servers, ";
+  s += std::to_string(j.num_workers);
+  s += j.num_workers == 1 ? " worker), servers " : " workers), servers ";
+  for (std::size_t i = 0; i < j.server_addresses.size(); ++i) {
+    if (i) s += ',';
+    s += j.server_addresses[i];
+  }
+  s += j.token.empty() ? ", insecure (no token)" : ", token set";
+  if (j.verbose) s += ", verbose";
+  if (j.progress_seconds > 0) {
+    s += ", progress every ";
+    std::string secs = std::to_string(j.progress_seconds);
+    while (secs.ends_with('0')) secs.pop_back();
+    if (secs.ends_with('.')) secs.pop_back();
+    s += secs;
+    s += " s";
+  }
+  return s;
+}
+
+}  // namespace ps
+ASHL_NAMESPACE_END

@@ -1,0 +1,158 @@
+#include <ashl/ps/launch.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+namespace ps = ashl::ps;
+
+namespace {
+
+// Clears the contract's variables, sets the given ones, and clears them again
+// on destruction, so every case starts from an empty environment.
+struct env_guard {
+  static constexpr const char* names[] = {"ASHL_ROLE",  "ASHL_RANK",     "ASHL_NUM_WORKERS", "ASHL_NUM_SERVERS",
+                                          "ASHL_SERVER_ADDR", "ASHL_TOKEN", "ASHL_INSECURE", "ASHL_VERBOSE",
+                                          "ASHL_PROGRESS"};
+  env_guard(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    clear();
+    for (auto [k, v] : vars) ::setenv(k, v, 1);
+  }
+  ~env_guard() { clear(); }
+  static void clear() {
+    for (auto* n : names) ::unsetenv(n);
+  }
+};
+
+ashl::result<ps::job> parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "prog");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  return ps::job_from(static_cast<int>(args.size()), argv.data());
+}
+
+std::string error_of(const ashl::result<ps::job>& r) {
+  BOOST_REQUIRE(!r);
+  return r.error().message();
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(environment_contract) {
+  env_guard env{{"ASHL_ROLE", "worker"},        {"ASHL_RANK", "3"},   {"ASHL_NUM_WORKERS", "4"},
+                {"ASHL_NUM_SERVERS", "2"},      {"ASHL_TOKEN", "s3cret"},
+                {"ASHL_SERVER_ADDR", "10.0.0.1:5000"}, {"ASHL_PROGRESS", "2.5"}};
+  auto j = parse({});
+  BOOST_REQUIRE(j);
+  BOOST_TEST((j->role == ps::role::worker));
+  BOOST_TEST(j->rank == 3u);
+  BOOST_TEST(j->num_workers == 4u);
+  BOOST_TEST(j->num_servers == 2u);
+  BOOST_TEST((j->server_addresses == std::vector<std::string>{"10.0.0.1:5000", "10.0.0.1:5001"}));
+  BOOST_TEST(j->token == "s3cret");
+  BOOST_TEST(!j->insecure);
+  BOOST_TEST(!j->verbose);
+  BOOST_TEST(j->progress_seconds == 2.5);
+  BOOST_TEST((j->rest == std::vector<std::string>{"prog"}));
+  const auto d = ps::describe(*j);
+  BOOST_TEST(d == "worker 3 of 4 (2 servers, 4 workers), servers 10.0.0.1:5000,10.0.0.1:5001, token set, "
+                  "progress every 2.5 s");
+  BOOST_TEST(d.find("s3cret") == std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(flags_win_and_the_rest_is_left_for_the_program) {
+  env_guard env{{"ASHL_ROLE", "worker"}, {"ASHL_RANK", "9"}, {"ASHL_NUM_WORKERS", "4"},
+                {"ASHL_SERVER_ADDR", "x"}, {"ASHL_TOKEN", "from-env"}};
+  auto j = parse({"--lr", "0.1", "--role", "server", "--rank=1", "--num-servers", "3", "--server-addr",
+                  "[::1]:7000,h1:1,h2:2", "--token=from-flag", "--verbose", "--epochs=3", "--progress", "5", "--",
+                  "--rank", "7"});
+  BOOST_REQUIRE(j);
+  BOOST_TEST((j->role == ps::role::server));
+  BOOST_TEST(j->rank == 1u);
+  BOOST_TEST(j->num_servers == 3u);
+  BOOST_TEST(j->num_workers == 4u);
+  BOOST_TEST((j->server_addresses == std::vector<std::string>{"[::1]:7000", "h1:1", "h2:2"}));
+  BOOST_TEST(j->token == "from-flag");
+  BOOST_TEST(j->verbose);
+  BOOST_TEST(j->progress_seconds == 5.0);
+  BOOST_TEST((j->rest == std::vector<std::string>{"prog", "--lr", "0.1", "--epochs=3", "--", "--rank", "7"}));
+}
+
+BOOST_AUTO_TEST_CASE(insecure_and_defaults) {
+  env_guard env{{"ASHL_ROLE", "server"}, {"ASHL_SERVER_ADDR", "127.0.0.1:0"}};
+  BOOST_TEST(error_of(parse({})) == "ASHL_TOKEN is empty: set it, or pass --insecure to run without authentication");
+  auto j = parse({"--insecure"});
+  BOOST_REQUIRE(j);
+  BOOST_TEST(j->insecure);
+  BOOST_TEST(j->token.empty());
+  BOOST_TEST(j->rank == 0u);  // one server: the rank may be omitted
+  BOOST_TEST(j->num_workers == 1u);
+  BOOST_TEST((j->server_addresses == std::vector<std::string>{"127.0.0.1:0"}));
+  BOOST_TEST(ps::describe(*j) == "server 0 of 1 (1 server, 1 worker), servers 127.0.0.1:0, insecure (no token)");
+  ::setenv("ASHL_INSECURE", "1", 1);
+  BOOST_TEST(parse({}).has_value());
+  ::setenv("ASHL_INSECURE", "maybe", 1);
+  BOOST_TEST(error_of(parse({})) == "ASHL_INSECURE = 'maybe': expected 1, 0, true, false, yes, no, on or off");
+  ::unsetenv("ASHL_INSECURE");
+  ::setenv("ASHL_TOKEN", "", 1);
+  BOOST_TEST(error_of(parse({})) == "ASHL_TOKEN is empty: set it, or pass --insecure to run without authentication");
+  BOOST_TEST(error_of(parse({"--token="})) ==
+             "--token is empty: set it, or pass --insecure to run without authentication");
+}
+
+BOOST_AUTO_TEST_CASE(errors_name_the_variable_or_flag_and_the_value) {
+  env_guard env{{"ASHL_ROLE", "worker"}, {"ASHL_RANK", "7"},          {"ASHL_NUM_WORKERS", "4"},
+                {"ASHL_TOKEN", "t"},     {"ASHL_SERVER_ADDR", "h:1"}};
+  BOOST_TEST(error_of(parse({})) == "ASHL_RANK = 7: must be < ASHL_NUM_WORKERS = 4");
+  BOOST_TEST(error_of(parse({"--num-workers", "2", "--rank", "3"})) == "--rank = 3: must be < --num-workers = 2");
+  BOOST_TEST(error_of(parse({"--rank", "-1"})) == "--rank = '-1': expected a non-negative integer");
+  BOOST_TEST(error_of(parse({"--rank"})) == "--rank: expects a value");
+  BOOST_TEST(error_of(parse({"--rank", "1", "--role", "boss"})) == "--role = 'boss': expected server or worker");
+  BOOST_TEST(error_of(parse({"--rank", "1", "--num-servers", "0"})) == "--num-servers = '0': must be >= 1");
+  BOOST_TEST(error_of(parse({"--rank", "1", "--progress", "-2"})) ==
+             "--progress = '-2': expected a number of seconds >= 0");
+
+  ::setenv("ASHL_RANK", "1", 1);
+  ::setenv("ASHL_SERVER_ADDR", "x", 1);
+  BOOST_TEST(error_of(parse({})) == "ASHL_SERVER_ADDR = 'x': expected host:port");
+  BOOST_TEST(error_of(parse({"--server-addr", "h:99999"})) ==
+             "--server-addr = 'h:99999': expected host:port with a port in 0..65535");
+  BOOST_TEST(error_of(parse({"--server-addr", "::1:5000"})) ==
+             "--server-addr = '::1:5000': expected host:port (an IPv6 host goes in brackets: [::1]:5000)");
+  BOOST_TEST(error_of(parse({"--server-addr", "[::1]5000"})) == "--server-addr = '[::1]5000': expected [ipv6]:port");
+  BOOST_TEST(error_of(parse({"--num-servers", "3", "--server-addr", "h:65534"})) ==
+             "--server-addr = 'h:65534': server 2 would listen on port 65536 (port + rank), above 65535");
+  BOOST_TEST(error_of(parse({"--num-servers", "2", "--server-addr", "h:0"})) ==
+             "--server-addr = 'h:0': port 0 (any free port) cannot give 2 servers their ports; list every "
+             "server's host:port, comma-separated");
+  BOOST_TEST(error_of(parse({"--server-addr", "a:1,b:2"})) ==
+             "--server-addr = 'a:1,b:2': lists 2 addresses, expected one per server (ASHL_NUM_SERVERS = 1)");
+  BOOST_TEST(error_of(parse({"--server-addr", "a:1,"})) == "--server-addr = '': expected host:port");
+
+  ::unsetenv("ASHL_SERVER_ADDR");
+  BOOST_TEST(error_of(parse({})) ==
+             "ASHL_SERVER_ADDR is not set: set it (or pass --server-addr) to server 0's host:port");
+  ::unsetenv("ASHL_RANK");
+  BOOST_TEST(error_of(parse({"--server-addr", "h:1"})) ==
+             "ASHL_RANK is not set: set it (or pass --rank) to this worker's rank, 0..3");
+  ::unsetenv("ASHL_ROLE");
+  BOOST_TEST(error_of(parse({})) == "ASHL_ROLE is not set: set it (or pass --role) to server or worker");
+}
+
+BOOST_AUTO_TEST_CASE(host_port_parsing) {
+  auto a = ps::parse_host_port("[fe80::1]:80", "addr");
+  BOOST_REQUIRE(a);
+  BOOST_TEST(a->host == "fe80::1");
+  BOOST_TEST(a->ipv6);
+  BOOST_TEST(a->port == 80u);
+  auto s = ps::server_addresses_from("[::1]:5000", 2, "ASHL_SERVER_ADDR");
+  BOOST_REQUIRE(s);
+  BOOST_TEST((*s == std::vector<std::string>{"[::1]:5000", "[::1]:5001"}));
+  BOOST_TEST(!ps::parse_host_port(":5000", "addr"));
+  BOOST_TEST(!ps::parse_host_port("h:", "addr"));
+  BOOST_TEST(!ps::parse_host_port("[]:1", "addr"));
+}
