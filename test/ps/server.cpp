@@ -2,9 +2,7 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include <ashl/ps/policies.hpp>
-#include <ashl/ps/worker.hpp>
-#include <ashl/transport/inproc.hpp>
+#include "../support/ps_job.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -22,131 +20,10 @@
 // process: the whole runtime path (wire, transport, server_core, worker_cycle)
 // without UCX. test/ps/ucx_job.cpp runs the same jobs as real processes.
 
+using namespace ps_job;
 namespace ps = ashl::ps;
 namespace tr = ashl::transport;
 using namespace std::chrono_literals;
-
-namespace {
-
-// A gradient whose values are multiples of 1/8 in [-4, 4]: sums of a few of
-// them are exact in f32 whatever the order, so a round's result does not
-// depend on the order in which the commits arrived.
-float grad_value(std::uint32_t rank, std::uint64_t step, std::size_t i) {
-  const std::uint64_t h = (rank * 2654435761u) ^ (step * 40503u) ^ (i * 2246822519u);
-  return static_cast<float>(static_cast<int>((h >> 7) % 65) - 32) / 8.0f;
-}
-
-struct job_spec {
-  std::string policy = "bsp";
-  ps::policy_params pp{};
-  std::uint32_t workers = 4;
-  std::uint32_t servers = 1;
-  std::size_t elements = 1000;
-  int cycles = 20;
-  ps::optimizer_params opt{.mode = ps::optimizer_params::kind::sgd, .lr = 0.125};
-  std::function<void(std::uint32_t rank, int cycle)> before_commit = [](std::uint32_t, int) {};
-  std::function<void(std::uint32_t rank, int cycle, const std::vector<float>& w)> after_wait =
-      [](std::uint32_t, int, const std::vector<float>&) {};
-  std::function<double(std::uint32_t rank, int cycle)> metric;  // reported after wait when set
-  std::size_t eager_bytes = 256;
-};
-
-struct job_result {
-  std::vector<std::vector<float>> server_params;  // per server
-  std::vector<ps::server_telemetry> servers;
-  std::vector<ps::worker_telemetry> workers;
-  std::vector<std::vector<std::uint32_t>> iterations;  // per worker, per cycle: local iterations run
-  std::vector<std::vector<ashl::worker_plan>> plans;   // per worker, per cycle: the plan in force
-  std::vector<std::string> worker_errors;
-};
-
-job_result run_job(const job_spec& spec) {
-  auto fabric = tr::inproc_fabric::create({.eager_bytes = spec.eager_bytes});
-  auto layout = ps::shard_layout::even(spec.elements, spec.servers);
-  BOOST_TEST_REQUIRE(layout.has_value());
-  std::vector<float> initial(spec.elements, 0.5f);
-
-  job_result res;
-  res.server_params.resize(spec.servers);
-  res.servers.resize(spec.servers);
-  res.workers.resize(spec.workers);
-  res.iterations.resize(spec.workers);
-  res.plans.resize(spec.workers);
-  res.worker_errors.resize(spec.workers);
-
-  std::vector<std::thread> threads;
-  std::atomic<bool> stop{false};
-  std::atomic<int> servers_up{0};
-  for (std::uint32_t s = 0; s < spec.servers; ++s) {
-    threads.emplace_back([&, s] {
-      auto node = fabric->node("server" + std::to_string(s));
-      BOOST_TEST_REQUIRE(node.has_value());
-      ps::policy_params pp = spec.pp;
-      pp.workers = spec.workers;
-      auto policy = ps::make_policy(spec.policy, pp);
-      BOOST_TEST_REQUIRE(policy.has_value(), (policy ? "" : policy.error().message()));
-      const auto r = layout->range(s);
-      ps::server_params sp{.core = {.layout = *layout, .shard = s, .workers = spec.workers, .optimizer = spec.opt}};
-      auto srv = ps::server<tr::inproc>::create(
-          sp, std::move(*policy), std::move(*node),
-          std::span<const float>(initial).subspan(r.begin, r.size()));
-      BOOST_TEST_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
-      ++servers_up;
-      srv->run(stop);
-      res.server_params[s].assign(srv->parameters().begin(), srv->parameters().end());
-      res.servers[s] = srv->telemetry();
-    });
-  }
-  while (servers_up.load() < static_cast<int>(spec.servers)) std::this_thread::sleep_for(1ms);
-
-  for (std::uint32_t k = 0; k < spec.workers; ++k) {
-    threads.emplace_back([&, k] {
-      auto node = fabric->node();
-      BOOST_TEST_REQUIRE(node.has_value());
-      std::vector<std::string> addrs;
-      for (std::uint32_t s = 0; s < spec.servers; ++s) addrs.push_back("server" + std::to_string(s));
-      std::vector<float> w(spec.elements), g(spec.elements);
-      auto wk = ps::worker<tr::inproc>::create({.rank = k, .servers = addrs, .batch = 16, .timeout = 20s},
-                                               std::move(*node), w);
-      if (!wk) {
-        res.worker_errors[k] = wk.error().message();
-        return;
-      }
-      for (int c = 0; c < spec.cycles; ++c) {
-        res.plans[k].push_back(wk->plan());
-        std::uint32_t iters = 0;
-        do {
-          ++iters;
-        } while (!wk->iteration_done());
-        res.iterations[k].push_back(iters);
-        for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad_value(k, static_cast<std::uint64_t>(c), i);
-        spec.before_commit(k, c);
-        if (auto s = wk->commit(g); !s) {
-          res.worker_errors[k] = s.message();
-          return;
-        }
-        if (auto s = wk->wait(); !s) {
-          res.worker_errors[k] = s.message();
-          return;
-        }
-        spec.after_wait(k, c, w);
-        if (spec.metric) (void)wk->report_metric(ashl::metric_id::loss, spec.metric(k, c));
-      }
-      res.workers[k] = wk->telemetry();
-      if (auto s = wk->leave(); !s) res.worker_errors[k] = s.message();
-    });
-  }
-  for (std::size_t i = spec.servers; i < threads.size(); ++i) threads[i].join();
-  // The servers stop by themselves once every worker joined and left; a
-  // worker that failed may never have joined, so then they are told to.
-  bool any_error = false;
-  for (auto& e : res.worker_errors) any_error |= !e.empty();
-  if (any_error) stop = true;
-  for (std::uint32_t s = 0; s < spec.servers; ++s) threads[s].join();
-  return res;
-}
-
-}  // namespace
 
 BOOST_AUTO_TEST_CASE(bsp_matches_a_single_process_server_core_bit_for_bit) {
   for (std::uint32_t servers : {1u, 2u}) {

@@ -166,7 +166,6 @@ class server {
     // payload for its elements is below 8 bytes per element (sparse pairs at
     // ratio 1) plus a small header.
     const std::uint64_t n = p.core.layout.range(p.core.shard).size();
-    p.core.limits.max_elements = std::min<std::uint64_t>(p.core.limits.max_elements, std::max<std::uint64_t>(n, 1));
     p.core.limits.max_payload_bytes =
         std::min<std::uint64_t>(p.core.limits.max_payload_bytes, 8 * n + 4096 + wire::measurements_body::bytes_for(
                                                                                   p.core.limits.max_measurements));

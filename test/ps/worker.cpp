@@ -1,0 +1,220 @@
+#include <ashl/ps/worker.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include "../support/counting_new.hpp"
+#include "../support/ps_job.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+// ps::worker over inproc: errors a user can act on, zero-copy commits and
+// pulls, compression, the progress thread, and no allocation in steady state.
+
+using namespace ps_job;
+namespace ps = ashl::ps;
+namespace tr = ashl::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A server thread over `fabric` named "server0" holding `elements` for
+// `workers` workers, until `stop`.
+struct server_thread {
+  std::atomic<bool> stop{false};
+  std::atomic<bool> up{false};
+  std::thread th;
+  server_thread(std::shared_ptr<tr::inproc_fabric> fabric, std::size_t elements, std::uint32_t workers,
+                std::string policy = "bsp") {
+    th = std::thread([this, fabric, elements, workers, policy] {
+      auto node = fabric->node("server0");
+      auto layout = ps::shard_layout::even(elements, 1);
+      ps::policy_params pp;
+      pp.workers = workers;
+      auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = workers}},
+                                                std::move(*ps::make_policy(policy, pp)), std::move(*node));
+      up = true;
+      srv->run(stop);
+    });
+    while (!up) std::this_thread::sleep_for(1ms);
+  }
+  ~server_thread() {
+    stop = true;
+    th.join();
+  }
+};
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+tr::inproc node_of(const std::shared_ptr<tr::inproc_fabric>& f) {
+  auto n = f->node();
+  BOOST_TEST_REQUIRE(n.has_value());
+  return std::move(*n);
+}
+
+// Forwards to inproc and records where each send's data part lay.
+struct spy {
+  using transport_concept = tr::transport_tag;
+  tr::inproc t;
+  std::vector<const std::byte*>* sent_from;
+  ashl::result<tr::peer_id> connect(std::string_view a) { return t.connect(a); }
+  ashl::status send(tr::peer_id p, std::span<const std::byte> h, std::span<const std::byte> d, std::uint64_t c) {
+    if (!d.empty()) sent_from->push_back(d.data());
+    return t.send(p, h, d, c);
+  }
+  template <tr::handler H>
+  std::size_t progress(H& h) {
+    return t.progress(h);
+  }
+  void wait(std::chrono::microseconds d) { t.wait(d); }
+  std::span<const tr::peer_id> peers() const { return t.peers(); }
+  bool is_connected(tr::peer_id p) const { return t.is_connected(p); }
+  void close(tr::peer_id p) { t.close(p); }
+  void close() { t.close(); }
+  const tr::transport_counters& counters() const { return t.counters(); }
+};
+static_assert(tr::transport<spy>);
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_model_of_another_size_is_refused_with_both_sizes_named) {
+  auto fabric = tr::inproc_fabric::create({});
+  server_thread srv(fabric, 999, 1);
+  std::vector<float> w(1000);
+  auto wk = ps::worker<tr::inproc>::create({.servers = {"server0"}, .timeout = 5s}, node_of(fabric), w);
+  BOOST_TEST_REQUIRE(!wk.has_value());
+  const std::string m = wk.error().message();
+  BOOST_TEST(contains(m, "pull_request.element_count = 1000"), m);
+  BOOST_TEST(contains(m, "holds 999 elements"), m);
+  BOOST_TEST(contains(m, "server 0 at server0"), m);
+}
+
+BOOST_AUTO_TEST_CASE(a_server_that_does_not_exist_is_named) {
+  auto fabric = tr::inproc_fabric::create({});
+  std::vector<float> w(10);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto wk = ps::worker<tr::inproc>::create({.servers = {"nowhere"}, .timeout = 5s}, node_of(fabric), w);
+  BOOST_TEST_REQUIRE(!wk.has_value());
+  BOOST_TEST(contains(wk.error().message(), "nowhere"), wk.error().message());
+  BOOST_TEST((std::chrono::steady_clock::now() - t0 < 5s));  // failed, not timed out
+}
+
+BOOST_AUTO_TEST_CASE(a_wait_that_cannot_end_times_out_with_its_bound_named) {
+  // BSP over two workers, only one of them commits: its pull is held, and
+  // wait() ends at the worker's timeout, saying so.
+  auto fabric = tr::inproc_fabric::create({});
+  server_thread srv(fabric, 64, 2);
+  std::vector<float> w(64), g(64, 1.0f);
+  auto wk = ps::worker<tr::inproc>::create({.servers = {"server0"}, .timeout = 300ms}, node_of(fabric), w);
+  BOOST_TEST_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+  while (!wk->iteration_done()) {}
+  BOOST_TEST_REQUIRE(wk->commit(g).ok());
+  const auto s = wk->wait();
+  BOOST_TEST((s.code() == ashl::errc::timed_out));
+  BOOST_TEST(contains(s.message(), "worker.timeout_ms = 300"), s.message());
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_server_ends_the_wait_with_why) {
+  auto fabric = tr::inproc_fabric::create({});
+  server_thread srv(fabric, 64, 2);
+  std::vector<float> w(64), g(64, 1.0f);
+  auto wk = ps::worker<tr::inproc>::create({.servers = {"server0"}, .timeout = 10s}, node_of(fabric), w);
+  BOOST_TEST_REQUIRE(wk.has_value());
+  while (!wk->iteration_done()) {}
+  BOOST_TEST_REQUIRE(wk->commit(g).ok());
+  std::thread killer([&] {
+    std::this_thread::sleep_for(50ms);
+    (void)fabric->fail("server0");
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto s = wk->wait();
+  killer.join();
+  BOOST_TEST((s.code() == ashl::errc::unavailable));
+  BOOST_TEST(contains(s.message(), "server 0 at server0 failed"), s.message());
+  BOOST_TEST((std::chrono::steady_clock::now() - t0 < 5s));
+  // Every later call says the same.
+  BOOST_TEST((wk->commit(g).code() == ashl::errc::unavailable));
+}
+
+BOOST_AUTO_TEST_CASE(commits_go_from_the_callers_buffer_and_replies_land_in_it) {
+  auto fabric = tr::inproc_fabric::create({.eager_bytes = 256});
+  server_thread srv(fabric, 1000, 1, "asp");
+  std::vector<float> w(1000), g(1000, 0.25f);
+  std::vector<const std::byte*> sent_from;
+  auto wk = ps::worker<spy>::create({.servers = {"server0"}, .timeout = 10s}, spy{node_of(fabric), &sent_from}, w);
+  BOOST_TEST_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+  for (int c = 0; c < 5; ++c) {
+    while (!wk->iteration_done()) {}
+    sent_from.clear();
+    BOOST_TEST_REQUIRE(wk->commit(g).ok());
+    BOOST_TEST_REQUIRE(wk->wait().ok());
+    // The commit's data part was the caller's gradient buffer itself.
+    BOOST_TEST(std::count(sent_from.begin(), sent_from.end(), reinterpret_cast<const std::byte*>(g.data())) == 1);
+  }
+  // Every pull reply (4000 bytes, above the eager size) was received into w.
+  BOOST_TEST(wk->telemetry().copied_replies == 0u);
+  // model_delta default: w = 0 + 5 commits of 0.25 each.
+  BOOST_TEST(w[0] == 1.25f);
+  BOOST_TEST(w[999] == 1.25f);
+}
+
+BOOST_AUTO_TEST_CASE(compressing_plans_send_topk_with_error_feedback) {
+  // ASHL's AHL stage at ratio 0.05: after profiling, commits are top-k
+  // payloads (8 bytes per kept element), far below the dense 4000 bytes.
+  job_spec spec;
+  spec.policy = "ashl";
+  spec.pp.profile_iterations = 1;
+  spec.pp.h_ahl = 1;
+  spec.pp.compression_ratio = 0.05;
+  spec.pp.switch_loss = -1.0;  // never switches to SHL
+  spec.workers = 2;
+  spec.cycles = 20;
+  spec.opt = {.mode = ps::optimizer_params::kind::model_delta};
+  const job_result r = run_job(spec);
+  for (const auto& e : r.worker_errors) BOOST_TEST_REQUIRE(e.empty(), e);
+  const std::uint64_t dense = std::uint64_t{spec.workers} * spec.cycles * (72 + 4 * spec.elements);
+  BOOST_TEST(r.servers[0].core.bytes_in < dense / 4);
+  BOOST_TEST(r.servers[0].core.refused_total() == 0u);
+  bool compressed = false;
+  for (const auto& plans : r.plans)
+    for (const auto& p : plans) compressed |= p.compression_ratio < 1.0f;
+  BOOST_TEST(compressed);
+  for (const auto& w : r.workers) BOOST_TEST(w.compress_seconds > 0.0);
+}
+
+BOOST_AUTO_TEST_CASE(a_progress_thread_drives_the_transport) {
+  job_spec spec;
+  spec.progress_thread = true;
+  spec.cycles = 10;
+  const job_result r = run_job(spec);
+  for (const auto& e : r.worker_errors) BOOST_TEST_REQUIRE(e.empty(), e);
+  BOOST_TEST(r.servers[0].core.commits_applied == std::uint64_t{spec.workers} * spec.cycles);
+}
+
+BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
+  // Server and workers on their threads; after a warm-up, a stretch of
+  // commit/pull cycles (BSP rounds, plans, measurements) must not call
+  // operator new anywhere in the process.
+  constexpr int warmup = 10, measured = 30;
+  std::atomic<int> at_warmup_end{0};
+  std::atomic<std::size_t> before{0}, after{0};
+  job_spec spec;
+  spec.cycles = warmup + measured;
+  spec.after_wait = [&](std::uint32_t k, int c, const std::vector<float>&) {
+    if (c == warmup - 1) {
+      // The last worker to finish its warm-up takes the first count; BSP
+      // keeps every worker within one round of the others.
+      if (++at_warmup_end == static_cast<int>(spec.workers)) before = counting_new::count();
+    }
+    if (c == spec.cycles - 2 && k == 0) after = counting_new::count();
+  };
+  const job_result r = run_job(spec);
+  for (const auto& e : r.worker_errors) BOOST_TEST_REQUIRE(e.empty(), e);
+  BOOST_TEST(before.load() > 0u);
+  BOOST_TEST(after.load() == before.load(), "allocations in steady state: " << after.load() - before.load());
+}
