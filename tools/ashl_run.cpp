@@ -1,0 +1,512 @@
+// ashl-run — starts one job (S servers and M workers of a program) on this
+// machine with the runtime contract set for every process (DESIGN.md
+// "Runtime contract for real runs"; docs/multi-host.md, "One host").
+//
+//   ashl-run -s 2 -w 4 -- ./train --epochs 3
+//
+// Every process gets ASHL_ROLE, ASHL_RANK, ASHL_NUM_WORKERS,
+// ASHL_NUM_SERVERS, ASHL_SERVER_ADDR and ASHL_TOKEN (or ASHL_INSECURE=1) in
+// its environment, nothing on its command line; stdin is /dev/null. Without
+// --addr the servers get free loopback ports (each bound on 127.0.0.1:0 and
+// released just before the start: another program could take one in
+// between). Without --token and --insecure the token is ASHL_TOKEN of
+// ashl-run's own environment, or 32 random bytes from /dev/urandom in hex.
+// Each line a process writes to stdout or stderr goes to ashl-run's stdout or
+// stderr prefixed "[server 0] " or "[worker 3] ", whole (a line longer than
+// 1 MiB is cut into pieces). When a process fails (exit status != 0 or a
+// signal) the others are stopped: SIGTERM to each process group, SIGKILL
+// after the grace period. The exit status is 0 when all succeeded, else the
+// first failure's exit status (128 + signal for a signal); 124 when --timeout
+// passed; 128 + signal when ashl-run itself got SIGINT, SIGTERM or SIGHUP
+// (forwarded to every process first); 2 for a usage error.
+#include <ashl/ps/launch.hpp>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+namespace ps = ashl::ps;
+
+constexpr const char* usage_text =
+    "usage: ashl-run -s S -w M [--addr HOST:PORT] [--token T | --insecure] [--timeout SECONDS]\n"
+    "                [--grace SECONDS] [--verbose] -- program [args...]\n"
+    "  -s, --servers S    number of servers (>= 1)\n"
+    "  -w, --workers M    number of workers (>= 1)\n"
+    "  --addr HOST:PORT   server 0's address (server i: port + i), or every server's, comma-separated;\n"
+    "                     default: free ports on 127.0.0.1\n"
+    "  --token T          the job's token (default: ASHL_TOKEN, else a random one); visible in ps(1),\n"
+    "                     prefer ASHL_TOKEN in ashl-run's environment\n"
+    "  --insecure         no token (ASHL_INSECURE=1 for every process)\n"
+    "  --timeout SECONDS  stop the job and exit 124 after this long (default: none)\n"
+    "  --grace SECONDS    between SIGTERM and SIGKILL when stopping (default 5)\n"
+    "  --verbose          print the processes started; ASHL_VERBOSE=1 for every process\n";
+
+struct options {
+  std::uint32_t servers = 0, workers = 0;
+  std::string addr, token;
+  bool token_set = false, insecure = false, verbose = false;
+  double timeout = 0, grace = 5;
+  std::vector<std::string> program;
+};
+
+int usage_error(const std::string& why) {
+  std::fprintf(stderr, "ashl-run: %s\n%s", why.c_str(), usage_text);
+  return 2;
+}
+
+// Parses the command line; returns 0 (ok), or the exit status after printing.
+int parse(int argc, char** argv, options& o) {
+  bool servers_set = false, workers_set = false;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg == "-h" || arg == "--help") {
+      std::fputs(usage_text, stdout);
+      return -1;
+    }
+    if (!arg.starts_with('-')) break;  // the program, without "--"
+    std::string_view flag = arg, value;
+    bool has_inline = false;
+    if (const auto eq = arg.find('='); arg.starts_with("--") && eq != std::string_view::npos) {
+      flag = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      has_inline = true;
+    }
+    const bool is_switch = flag == "--insecure" || flag == "--verbose";
+    const bool known = is_switch || flag == "-s" || flag == "--servers" || flag == "-w" || flag == "--workers" ||
+                       flag == "--addr" || flag == "--token" || flag == "--timeout" || flag == "--grace";
+    if (!known) return usage_error("unknown option '" + std::string(arg) + "'");
+    if (is_switch) {
+      if (has_inline) return usage_error(std::string(flag) + " takes no value");
+      (flag == "--insecure" ? o.insecure : o.verbose) = true;
+      continue;
+    }
+    if (!has_inline) {
+      if (i + 1 >= argc) return usage_error(std::string(flag) + ": expects a value");
+      value = argv[++i];
+    }
+    const std::string f(flag);
+    if (flag == "-s" || flag == "--servers" || flag == "-w" || flag == "--workers") {
+      auto n = ps::detail::parse_count(f, value, 1);
+      if (!n) return usage_error(n.error().message());
+      (flag == "-s" || flag == "--servers" ? o.servers : o.workers) = *n;
+      (flag == "-s" || flag == "--servers" ? servers_set : workers_set) = true;
+    } else if (flag == "--addr") {
+      o.addr = std::string(value);
+    } else if (flag == "--token") {
+      if (value.empty()) return usage_error("--token is empty: give a token, or --insecure");
+      o.token = std::string(value);
+      o.token_set = true;
+    } else {
+      auto s = ps::detail::parse_seconds(f, value);
+      if (!s) return usage_error(s.error().message());
+      (flag == "--timeout" ? o.timeout : o.grace) = *s;
+    }
+  }
+  if (!servers_set) return usage_error("-s (the number of servers) is required");
+  if (!workers_set) return usage_error("-w (the number of workers) is required");
+  if (o.token_set && o.insecure) return usage_error("--token and --insecure: give one of them");
+  if (!o.addr.empty()) {
+    auto a = ps::server_addresses_from(o.addr, o.servers, "--addr", "-s");
+    if (!a) return usage_error(a.error().message());
+  }
+  for (; i < argc; ++i) o.program.emplace_back(argv[i]);
+  if (o.program.empty()) return usage_error("no program given (expected: -- program [args...])");
+  return 0;
+}
+
+// S free loopback ports: all bound at once (so they differ), then released.
+bool free_ports(std::uint32_t n, std::vector<std::uint16_t>& ports, std::string& why) {
+  std::vector<int> fds;
+  bool ok = true;
+  for (std::uint32_t i = 0; i < n && ok; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    socklen_t len = sizeof a;
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      why = std::string("cannot bind a free port on 127.0.0.1: ") + std::strerror(errno);
+      ok = false;
+    } else {
+      ports.push_back(ntohs(a.sin_port));
+    }
+    if (fd >= 0) fds.push_back(fd);
+  }
+  for (int fd : fds) ::close(fd);
+  return ok;
+}
+
+bool random_token(std::string& token, std::string& why) {
+  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  unsigned char b[32];
+  std::size_t got = 0;
+  while (fd >= 0 && got < sizeof b) {
+    const auto r = ::read(fd, b + got, sizeof b - got);
+    if (r <= 0 && errno != EINTR) break;
+    if (r > 0) got += static_cast<std::size_t>(r);
+  }
+  if (fd >= 0) ::close(fd);
+  if (got != sizeof b) {
+    why = std::string("cannot read 32 random bytes from /dev/urandom: ") + std::strerror(errno);
+    return false;
+  }
+  static constexpr char hex[] = "0123456789abcdef";
+  token.clear();
+  for (unsigned char c : b) {
+    token += hex[c >> 4];
+    token += hex[c & 15];
+  }
+  return true;
+}
+
+void write_all(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    const auto w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return;  // our own output is gone (EPIPE): nothing to do
+    }
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+void say(const std::string& text) {
+  const std::string line = "ashl-run: " + text + "\n";
+  write_all(2, line.data(), line.size());
+}
+
+// One output stream of one process: a partial line waits for its end.
+struct stream {
+  int fd = -1;
+  int out = 1;  // where its lines go
+  std::string pending;
+
+  static constexpr std::size_t max_line = std::size_t{1} << 20;
+
+  void emit(const std::string& prefix, std::string_view line) {
+    std::string s;
+    s.reserve(prefix.size() + line.size() + 1);
+    s += prefix;
+    s += line;
+    s += '\n';
+    write_all(out, s.data(), s.size());
+  }
+  // Reads what is there; false at end of file (the stream is then closed).
+  bool read_some(const std::string& prefix) {
+    char buf[65536];
+    const auto r = ::read(fd, buf, sizeof buf);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+    if (r <= 0) {
+      finish(prefix);
+      return false;
+    }
+    pending.append(buf, static_cast<std::size_t>(r));
+    std::size_t start = 0;
+    for (std::size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1)
+      emit(prefix, std::string_view(pending).substr(start, nl - start));
+    pending.erase(0, start);
+    while (pending.size() >= max_line) {
+      emit(prefix, std::string_view(pending).substr(0, max_line));
+      pending.erase(0, max_line);
+    }
+    return true;
+  }
+  void finish(const std::string& prefix) {
+    if (!pending.empty()) emit(prefix, pending);  // a last line without its newline
+    pending.clear();
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+};
+
+struct process {
+  std::string label;   // "server 0"
+  std::string prefix;  // "[server 0] "
+  pid_t pid = -1;
+  bool running = false;
+  int exit_code = 0;   // 128 + signal for a signal
+  clock_type::time_point exited_at;
+  stream out, err;
+};
+
+int signal_pipe[2] = {-1, -1};
+void on_signal(int sig) {
+  const int saved = errno;
+  const unsigned char s = static_cast<unsigned char>(sig);
+  (void)!::write(signal_pipe[1], &s, 1);
+  errno = saved;
+}
+
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
+}
+
+std::string describe_status(int code) {
+  if (code > 128) {
+    const char* name = ::strsignal(code - 128);
+    return "was killed by signal " + std::to_string(code - 128) + (name ? std::string(" (") + name + ")" : "");
+  }
+  return "exited with status " + std::to_string(code);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  if (const int rc = parse(argc, argv, o); rc != 0) return rc < 0 ? 0 : rc;
+
+  std::string why;
+  std::string server_addr = o.addr;
+  if (server_addr.empty()) {
+    std::vector<std::uint16_t> ports;
+    if (!free_ports(o.servers, ports, why)) {
+      say(why);
+      return 1;
+    }
+    for (std::size_t i = 0; i < ports.size(); ++i)
+      server_addr += (i ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(ports[i]);
+  }
+  std::string token = o.token;
+  if (!o.insecure && token.empty()) {
+    if (const char* t = std::getenv("ASHL_TOKEN"); t && *t) token = t;
+    else if (!random_token(token, why)) {
+      say(why);
+      return 1;
+    }
+  }
+
+  if (::pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    say(std::string("pipe: ") + std::strerror(errno));
+    return 1;
+  }
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the launcher mid-job
+
+  // The environment every process shares, less the contract's variables.
+  static constexpr std::string_view contract[] = {"ASHL_ROLE=",        "ASHL_RANK=",  "ASHL_NUM_WORKERS=",
+                                                  "ASHL_NUM_SERVERS=", "ASHL_SERVER_ADDR=", "ASHL_TOKEN=",
+                                                  "ASHL_INSECURE=",    "ASHL_VERBOSE="};
+  std::vector<std::string> base_env;
+  for (char** e = environ; *e; ++e) {
+    const std::string_view v = *e;
+    bool ours = false;
+    for (auto c : contract) ours = ours || v.starts_with(c);
+    if (!ours) base_env.emplace_back(v);
+  }
+  base_env.push_back("ASHL_NUM_WORKERS=" + std::to_string(o.workers));
+  base_env.push_back("ASHL_NUM_SERVERS=" + std::to_string(o.servers));
+  base_env.push_back("ASHL_SERVER_ADDR=" + server_addr);
+  if (o.insecure) base_env.emplace_back("ASHL_INSECURE=1");
+  else base_env.push_back("ASHL_TOKEN=" + token);
+  if (o.verbose) base_env.emplace_back("ASHL_VERBOSE=1");
+
+  std::vector<char*> args;
+  for (auto& a : o.program) args.push_back(a.data());
+  args.push_back(nullptr);
+
+  const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  std::vector<process> procs(o.servers + o.workers);
+  if (o.verbose)
+    say("starting " + std::to_string(o.servers) + " server(s) and " + std::to_string(o.workers) +
+        " worker(s) of '" + o.program[0] + "'; ASHL_SERVER_ADDR=" + server_addr +
+        (o.insecure ? "; insecure (no token)" : "; token set"));
+  int first_failure = 0;
+  bool stopping = false, timed_out = false, killed_all = false;
+  int got_signal = 0;
+  clock_type::time_point kill_at;
+  const auto start = clock_type::now();
+
+  auto stop_all = [&](int sig) {
+    for (auto& p : procs)
+      if (p.running && ::kill(-p.pid, sig) != 0) ::kill(p.pid, sig);
+    if (!stopping) {
+      stopping = true;
+      kill_at = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(o.grace));
+    }
+  };
+
+  for (std::uint32_t i = 0; i < procs.size(); ++i) {
+    auto& p = procs[i];
+    const bool server = i < o.servers;
+    const std::uint32_t rank = server ? i : i - o.servers;
+    p.label = std::string(server ? "server " : "worker ") + std::to_string(rank);
+    p.prefix = "[" + p.label + "] ";
+    std::vector<std::string> env = base_env;
+    env.push_back(std::string("ASHL_ROLE=") + (server ? "server" : "worker"));
+    env.push_back("ASHL_RANK=" + std::to_string(rank));
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+      say(std::string("pipe: ") + std::strerror(errno));
+      stop_all(SIGKILL);
+      first_failure = 1;
+      break;
+    }
+    std::fflush(nullptr);
+    // Until the child has its default handlers back, a signal sent to it
+    // must not run ashl-run's handler there (it would write to the shared
+    // signal pipe): the signals stay blocked across fork until then.
+    sigset_t forwarded, previous;
+    sigemptyset(&forwarded);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&forwarded, sig);
+    ::sigprocmask(SIG_BLOCK, &forwarded, &previous);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::signal(sig, SIG_DFL);
+      ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+      ::setpgid(0, 0);  // its own group: stopping it stops what it started
+      ::dup2(devnull, 0);
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      environ = envp.data();
+      ::execvp(args[0], args.data());
+      const std::string msg = "ashl-run: cannot run '" + o.program[0] + "': " + std::strerror(errno) + "\n";
+      write_all(2, msg.data(), msg.size());
+      ::_exit(127);
+    }
+    ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+    ::close(out[1]);
+    ::close(err[1]);
+    if (pid < 0) {
+      say(std::string("fork: ") + std::strerror(errno));
+      ::close(out[0]);
+      ::close(err[0]);
+      stop_all(SIGKILL);
+      first_failure = 1;
+      break;
+    }
+    ::setpgid(pid, pid);
+    p.pid = pid;
+    p.running = true;
+    p.out = {out[0], 1, {}};
+    p.err = {err[0], 2, {}};
+    if (o.verbose) say(p.label + ": pid " + std::to_string(pid));
+  }
+
+  std::vector<pollfd> fds;
+  std::vector<stream*> streams;
+  for (;;) {
+    bool any_running = false, any_open = false;
+    for (auto& p : procs) {
+      any_running = any_running || p.running;
+      any_open = any_open || p.out.fd >= 0 || p.err.fd >= 0;
+    }
+    if (!any_running && !any_open) break;
+
+    fds.clear();
+    streams.clear();
+    fds.push_back({signal_pipe[0], POLLIN, 0});
+    streams.push_back(nullptr);
+    for (auto& p : procs)
+      for (stream* s : {&p.out, &p.err})
+        if (s->fd >= 0) {
+          fds.push_back({s->fd, POLLIN, 0});
+          streams.push_back(s);
+        }
+    // Short waits: exits are found by waitpid between polls.
+    const int n = ::poll(fds.data(), fds.size(), 50);
+    if (n < 0 && errno != EINTR) {
+      say(std::string("poll: ") + std::strerror(errno));
+      stop_all(SIGKILL);
+      break;
+    }
+    for (std::size_t k = 0; n > 0 && k < fds.size(); ++k) {
+      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      if (k == 0) {
+        unsigned char sig = 0;
+        while (::read(signal_pipe[0], &sig, 1) == 1) {
+          if (!got_signal) {
+            got_signal = sig;
+            say("got signal " + std::to_string(sig) + " (" + ::strsignal(sig) + "); forwarding it to every process");
+          }
+          for (auto& p : procs)
+            if (p.running && ::kill(-p.pid, sig) != 0) ::kill(p.pid, sig);
+          if (!stopping) {
+            stopping = true;
+            kill_at = clock_type::now() +
+                      std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(o.grace));
+          }
+        }
+        continue;
+      }
+      for (auto& p : procs)
+        if (streams[k] == &p.out || streams[k] == &p.err) streams[k]->read_some(p.prefix);
+    }
+
+    const auto now = clock_type::now();
+    for (auto& p : procs) {
+      if (p.running) {
+        int st = 0;
+        const pid_t r = ::waitpid(p.pid, &st, WNOHANG);
+        if (r == p.pid) {
+          p.running = false;
+          p.exited_at = now;
+          p.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+          if (p.exit_code != 0 && !stopping) {
+            first_failure = p.exit_code;
+            say(p.label + " " + describe_status(p.exit_code) + "; stopping the others");
+            stop_all(SIGTERM);
+          } else if (o.verbose) {
+            say(p.label + " " + describe_status(p.exit_code));
+          }
+        }
+      } else if ((p.out.fd >= 0 || p.err.fd >= 0) && now - p.exited_at > std::chrono::seconds(1)) {
+        // Something it started still holds its output open: stop waiting for it.
+        ::kill(-p.pid, SIGKILL);
+        p.out.finish(p.prefix);
+        p.err.finish(p.prefix);
+      }
+    }
+    if (o.timeout > 0 && !timed_out && now - start > std::chrono::duration<double>(o.timeout)) {
+      timed_out = true;
+      say("the job ran past --timeout " + seconds_text(o.timeout) + " s; stopping every process");
+      stop_all(SIGTERM);
+    }
+    if (stopping && !killed_all && now > kill_at) {
+      killed_all = true;
+      for (auto& p : procs)
+        if (p.running) say(p.label + " did not stop within the grace period; sending SIGKILL");
+      stop_all(SIGKILL);
+    }
+  }
+
+  if (timed_out) return 124;
+  if (got_signal) return 128 + got_signal;
+  return first_failure;
+}
