@@ -79,6 +79,7 @@ inline job_result run_job(const job_spec& spec) {
   std::vector<std::thread> threads;
   std::atomic<bool> stop{false};
   std::atomic<int> servers_up{0};
+  std::atomic<int> joined{0};
   for (std::uint32_t s = 0; s < spec.servers; ++s) {
     threads.emplace_back([&, s] {
       auto node = fabric->node("server" + std::to_string(s));
@@ -116,6 +117,13 @@ inline job_result run_job(const job_spec& spec) {
         res.worker_errors[k] = wk.error().message();
         return;
       }
+      // Every worker joins before any commits (bounded): a worker that joined
+      // late would start at the others' clock, which the tests' own
+      // bookkeeping (commits sent per worker) does not model.
+      ++joined;
+      const auto join_deadline = std::chrono::steady_clock::now() + 20s;
+      while (joined.load() < static_cast<int>(spec.workers) && std::chrono::steady_clock::now() < join_deadline)
+        std::this_thread::sleep_for(100us);
       res.plans[k].reserve(static_cast<std::size_t>(spec.cycles));  // no allocation of the harness's own in the loop
       res.iterations[k].reserve(static_cast<std::size_t>(spec.cycles));
       for (int c = 0; c < spec.cycles; ++c) {

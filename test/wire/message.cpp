@@ -318,6 +318,10 @@ BOOST_AUTO_TEST_CASE(seal_header_and_two_part_decode_match_one_buffer) {
                "header.payload_bytes = 150: disagrees with the 149 bytes");
   expect_error(w::decode(std::span<const std::byte>(head).first(71), p, {}), errc::malformed,
                "message.header_size = 71");
+  // With the payload's CRC known, the header is the same bytes.
+  std::array<std::byte, w::header_bytes> head2{};
+  BOOST_TEST_REQUIRE(w::seal_header(h, p.size(), ashl::wire::crc32c(std::span<const std::byte>(p)), head2).ok());
+  BOOST_TEST((head2 == head));
   std::array<std::byte, 71> small{};
   BOOST_TEST((w::seal_header(h, p, small).code() == errc::buffer_too_small));
   BOOST_TEST((w::seal_header(h, p, head, w::limits{.max_payload_bytes = 100}).code() == errc::out_of_range));

@@ -256,6 +256,7 @@ class server {
   struct snapshot {
     std::vector<float> values;
     std::uint64_t version = ~std::uint64_t{0};
+    std::uint32_t crc = 0;  // crc32c of the values
     std::uint32_t readers = 0;
   };
 
@@ -551,6 +552,7 @@ class server {
     s.values.resize(params.size());
     if (!params.empty()) std::memcpy(s.values.data(), params.data(), params.size_bytes());
     s.version = v;
+    s.crc = wire::crc32c(std::as_bytes(std::span<const float>(s.values)));
     ++tel_.snapshots;
     return pick;
   }
@@ -573,7 +575,7 @@ class server {
                    .sequence = sn.version,
                    .clock = sn.version,
                    .step = 0};
-    const status st = wire::seal_header(h, payload, s.head, p_.core.limits);
+    const status st = wire::seal_header(h, payload.size(), sn.crc, s.head, p_.core.limits);
     ASHL_ASSERT(st.ok(), "server: a pull reply the wire refuses");
     (void)st;
     s.snap = si;

@@ -699,6 +699,24 @@ inline status seal_header(const header& h, std::span<const std::byte> payload, s
   return {};
 }
 
+// The same for a payload whose CRC-32C (crc32c(payload)) is known: a
+// server sending one parameter snapshot to many workers checksums it once
+// and each 72-byte header in O(log n) (crc32c_combine).
+inline status seal_header(const header& h, std::size_t payload_bytes, std::uint32_t payload_crc,
+                          std::span<std::byte> out, const limits& lim = {}) {
+  if (is_control(h.kind) && detail::valid_kind(static_cast<std::uint8_t>(h.kind)))
+    return make_error(errc::invalid_argument, "header.kind", to_string(h.kind),
+                      "control messages are encoded from their typed body");
+  ASHL_TRY(detail::check_header(h, payload_bytes, lim));
+  if (out.size() < header_bytes)
+    return make_error(errc::buffer_too_small, "wire.header_out.size", out.size(), "bytes, fewer than the 72-byte header");
+  byte_writer w(out.first(header_bytes));
+  detail::put_header(w, h, payload_bytes);
+  w.put(crc32c_combine(crc32c(out.first(crc_offset)), payload_crc, payload_bytes));
+  ASHL_ASSERT(w.ok() && w.position() == header_bytes, "wire header layout");
+  return {};
+}
+
 // Re-encodes a decoded message (the fuzz target's round trip).
 inline result<std::size_t> encode(const message_view& m, std::span<std::byte> out, const limits& lim = {}) {
   return std::visit(
