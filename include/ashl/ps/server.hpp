@@ -223,15 +223,15 @@ class server {
     return s;
   }
 
-  // "[server 0] 12.0 s v=1234 commits 4000 applied 3990 refused 2 pulls held 3 in 1.2 GB out 1.1 GB ..."
+  // "server 0/2: 12.0 s  version 1234  commits 4000 (applied 3990, ...)  refused 2+0  pulls ..."
   [[nodiscard]] std::string progress_line() const {
     const server_telemetry s = telemetry();
     char buf[512];
     std::snprintf(buf, sizeof buf,
-                  "[server %u] %.1f s  version %llu  commits %llu (applied %llu, buffered %llu, dup %llu)  "
+                  "server %u/%u: %.1f s  version %llu  commits %llu (applied %llu, buffered %llu, dup %llu)  "
                   "refused %llu+%llu  pulls %llu (held now %u, released %llu)  plans %llu  in %.1f MB  out %.1f MB  "
                   "idle %.0f%%  workers %u",
-                  p_.core.shard, s.seconds, static_cast<unsigned long long>(s.core.steps),
+                  p_.core.shard, p_.core.layout.servers(), s.seconds, static_cast<unsigned long long>(s.core.steps),
                   static_cast<unsigned long long>(s.core.commits), static_cast<unsigned long long>(s.core.commits_applied),
                   static_cast<unsigned long long>(s.core.commits_buffered),
                   static_cast<unsigned long long>(s.core.duplicates),

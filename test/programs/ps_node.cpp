@@ -1,0 +1,245 @@
+// ashl_test_ps_node — one process of a parameter-server job for the
+// multi-process tests (test/ps/ucx_job.cpp) and the benchmark: a server or a
+// worker over UCX, by the runtime contract (ps/launch.hpp; started by
+// ashl-run). Workers commit a deterministic gradient (multiples of 1/8, so a
+// BSP round's sum is exact in any order) for --cycles cycles and write what
+// they saw; servers write their parameters and counters. The tests compare
+// these files with a single-process server_core run.
+//
+//   ashl-run -s 2 -w 4 -- ashl_test_ps_node --policy bsp --elements 1000 --cycles 20 --out DIR
+//
+// Files in --out: server<r>.f32 (the shard's parameters, raw little-endian
+// f32), server<r>.txt and worker<k>.txt (key value lines; a worker also
+// writes one "cycle" line per cycle: stage, plan's local iterations, the
+// iterations it ran, compression ratio). --ssp-check FILE: a file of 64
+// u64 counters shared by the workers (mmap): each worker counts its commits
+// there before sending, and after each wait checks that no worker is more
+// than --staleness commits behind its own count.
+#include <ashl/ps/launch.hpp>
+#include <ashl/ps/policies.hpp>
+#include <ashl/ps/server.hpp>
+#include <ashl/ps/worker.hpp>
+#include <ashl/transport/ucx.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#if !ASHL_HAS_UCX()
+int main() {
+  std::fprintf(stderr, "ashl_test_ps_node: built without UCX\n");
+  return 77;
+}
+#else
+
+namespace ps = ashl::ps;
+namespace tr = ashl::transport;
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+extern "C" void on_signal(int) { g_stop = true; }
+
+float grad_value(std::uint32_t rank, std::uint64_t step, std::size_t i) {
+  const std::uint64_t h = (rank * 2654435761u) ^ (step * 40503u) ^ (i * 2246822519u);
+  return static_cast<float>(static_cast<int>((h >> 7) % 65) - 32) / 8.0f;
+}
+
+struct options {
+  std::string policy = "bsp";
+  ps::policy_params pp{};
+  std::size_t elements = 1000;
+  int cycles = 20;
+  std::string out;
+  std::string ssp_check;
+  int slow_rank = -1;
+  int slow_ms = 0;
+  double max_seconds = 120;
+  int loss_switch_cycle = -1;  // report loss 1.0 before this cycle, 0.1 from it (ASHL's switch)
+  std::string optimizer = "sgd";
+};
+
+int fail(const std::string& m) {
+  std::fprintf(stderr, "ashl_test_ps_node: %s\n", m.c_str());
+  return 1;
+}
+
+bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
+  for (std::size_t i = 1; i < rest.size(); ++i) {
+    const std::string& a = rest[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= rest.size()) {
+        err = a + ": needs a value";
+        return {};
+      }
+      return rest[++i];
+    };
+    if (a == "--policy") o.policy = next();
+    else if (a == "--elements") o.elements = std::stoull(next());
+    else if (a == "--cycles") o.cycles = std::stoi(next());
+    else if (a == "--out") o.out = next();
+    else if (a == "--ssp-check") o.ssp_check = next();
+    else if (a == "--staleness") o.pp.staleness = std::stoll(next());
+    else if (a == "--slow-rank") o.slow_rank = std::stoi(next());
+    else if (a == "--slow-ms") o.slow_ms = std::stoi(next());
+    else if (a == "--max-seconds") o.max_seconds = std::stod(next());
+    else if (a == "--profile-iterations") o.pp.profile_iterations = std::stoll(next());
+    else if (a == "--h-ahl") o.pp.h_ahl = std::stoll(next());
+    else if (a == "--h-shl") o.pp.h_shl = std::stoll(next());
+    else if (a == "--compression-ratio") o.pp.compression_ratio = std::stod(next());
+    else if (a == "--switch-loss") o.pp.switch_loss = std::stod(next());
+    else if (a == "--loss-switch-cycle") o.loss_switch_cycle = std::stoi(next());
+    else if (a == "--optimizer") o.optimizer = next();
+    else {
+      err = "unknown argument '" + a + "'";
+      return false;
+    }
+    if (!err.empty()) return false;
+  }
+  return true;
+}
+
+template <class T>
+void write_file(const std::string& path, const T* data, std::size_t n) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(n * sizeof(T)));
+}
+
+ps::optimizer_params optimizer_of(const options& o) {
+  if (o.optimizer == "delta") return {.mode = ps::optimizer_params::kind::model_delta};
+  return {.mode = ps::optimizer_params::kind::sgd, .lr = 0.125};
+}
+
+int serve(const ps::job& j, const options& o) {
+  auto t = tr::ucx::create({.listen = j.server_addresses[j.rank], .token = j.token, .insecure = j.insecure,
+                            .verbose = j.verbose});
+  if (!t) return fail(t.error().message());
+  auto layout = ps::shard_layout::even(o.elements, j.num_servers);
+  if (!layout) return fail(layout.error().message());
+  ps::policy_params pp = o.pp;
+  pp.workers = j.num_workers;
+  auto policy = ps::make_policy(o.policy, pp);
+  if (!policy) return fail(policy.error().message());
+  const auto r = layout->range(j.rank);
+  std::vector<float> initial(r.size(), 0.5f);
+  ps::server_params sp{.core = {.layout = *layout, .shard = j.rank, .workers = j.num_workers,
+                                .optimizer = optimizer_of(o)},
+                       .progress_seconds = j.progress_seconds};
+  auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
+  if (!srv) return fail(srv.error().message());
+  std::fprintf(stderr, "listening on %s\n", srv->transport().listen_address().c_str());
+  // Bounded: the workers leave, or a signal, or --max-seconds.
+  std::thread guard([&] {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.max_seconds);
+    while (!g_stop && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    g_stop = true;
+  });
+  srv->run(g_stop);
+  const bool finished = srv->all_left();
+  g_stop = true;
+  guard.join();
+  const ps::server_telemetry s = srv->telemetry();
+  if (!o.out.empty()) {
+    write_file(o.out + "/server" + std::to_string(j.rank) + ".f32", srv->parameters().data(), srv->parameters().size());
+    std::ofstream f(o.out + "/server" + std::to_string(j.rank) + ".txt");
+    f << "commits " << s.core.commits << "\ncommits_applied " << s.core.commits_applied << "\nsteps " << s.core.steps
+      << "\npulls " << s.core.pulls << "\npulls_served " << s.core.pulls_served << "\npulls_held " << s.core.pulls_held
+      << "\nrefused " << s.core.refused_total() << "\nwire_refused " << s.wire_refused_total() << "\nmalformed "
+      << s.wire_refused_for(ps::wire_refusal::malformed) << "\noversized " << s.wire_refused_for(ps::wire_refusal::oversized)
+      << "\nunbound " << s.wire_refused_for(ps::wire_refusal::unbound) << "\nrank "
+      << s.wire_refused_for(ps::wire_refusal::rank) << "\nerrors_sent " << s.errors_sent << "\nauth_refused "
+      << s.transport.auth_refused << "\nunauthenticated_dropped " << s.transport.unauthenticated_dropped
+      << "\nreceives_refused " << s.transport.receives_refused << "\npeers_failed " << s.peers_failed << "\nstage "
+      << static_cast<unsigned>(srv->core().policy().stage()) << "\nfinished " << finished << "\n";
+  }
+  std::fprintf(stderr, "%s\n", srv->progress_line().c_str());
+  return finished ? 0 : fail("stopped before every worker left (signal or --max-seconds)");
+}
+
+int train(const ps::job& j, const options& o) {
+  auto t = tr::ucx::create({.token = j.token, .insecure = j.insecure, .verbose = j.verbose});
+  if (!t) return fail(t.error().message());
+  std::vector<float> w(o.elements), g(o.elements);
+  auto wk = ps::worker<tr::ucx>::create(
+      {.rank = j.rank, .servers = j.server_addresses, .batch = 16, .timeout = std::chrono::seconds(60)}, std::move(*t), w);
+  if (!wk) return fail(wk.error().message());
+  std::uint64_t* shared = nullptr;
+  if (!o.ssp_check.empty()) {
+    const int fd = ::open(o.ssp_check.c_str(), O_RDWR);
+    if (fd < 0) return fail("--ssp-check " + o.ssp_check + ": cannot open");
+    void* m = ::mmap(nullptr, 64 * sizeof(std::uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (m == MAP_FAILED) return fail("--ssp-check: mmap failed");
+    shared = static_cast<std::uint64_t*>(m);
+  }
+  if (shared) {  // every worker joined before anyone commits (slot 63 counts the joined)
+    std::atomic_ref<std::uint64_t>(shared[63]).fetch_add(1);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::atomic_ref<std::uint64_t>(shared[63]).load() < j.num_workers && std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  std::string cycles;
+  long violations = 0, max_gap = 0;
+  for (int c = 0; c < o.cycles; ++c) {
+    const ashl::worker_plan plan = wk->plan();
+    std::uint32_t iters = 0;
+    do {
+      ++iters;
+      if (static_cast<int>(j.rank) == o.slow_rank) std::this_thread::sleep_for(std::chrono::milliseconds(o.slow_ms));
+    } while (!wk->iteration_done());
+    cycles += "cycle " + std::to_string(c) + " " + std::to_string(static_cast<unsigned>(plan.stage)) + " " +
+              std::to_string(plan.local_iterations) + " " + std::to_string(iters) + " " +
+              std::to_string(plan.compression_ratio) + "\n";
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad_value(j.rank, static_cast<std::uint64_t>(c), i);
+    if (shared) std::atomic_ref<std::uint64_t>(shared[j.rank]).fetch_add(1);
+    if (auto s = wk->commit(g); !s) return fail(s.to_string());
+    if (auto s = wk->wait(); !s) return fail(s.to_string());
+    if (shared) {
+      std::uint64_t mn = ~std::uint64_t{0};
+      for (std::uint32_t k = 0; k < j.num_workers; ++k) mn = std::min(mn, std::atomic_ref<std::uint64_t>(shared[k]).load());
+      const long gap = static_cast<long>(c + 1) - static_cast<long>(mn);
+      max_gap = std::max(max_gap, gap);
+      if (gap > o.pp.staleness) ++violations;
+    }
+    if (o.loss_switch_cycle >= 0) (void)wk->report_metric(ashl::metric_id::loss, c < o.loss_switch_cycle ? 1.0 : 0.1);
+  }
+  const ps::worker_telemetry tel = wk->telemetry();
+  if (auto s = wk->leave(); !s) return fail(s.to_string());
+  if (!o.out.empty()) {
+    std::ofstream f(o.out + "/worker" + std::to_string(j.rank) + ".txt");
+    f << cycles << "commits " << tel.commits << "\nplans " << tel.plans << "\nplan_changes " << tel.plan_changes
+      << "\nerrors " << tel.errors << "\ncopied_replies " << tel.copied_replies << "\nviolations " << violations
+      << "\nmax_gap " << max_gap << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
+  auto j = ps::job_from(argc, argv);
+  if (!j) return fail(j.error().message());
+  options o;
+  std::string err;
+  try {
+    if (!parse(j->rest, o, err)) return fail(err);
+  } catch (const std::exception& e) {
+    return fail(std::string("bad number: ") + e.what());
+  }
+  return j->role == ps::role::server ? serve(*j, o) : train(*j, o);
+}
+
+#endif

@@ -1,0 +1,209 @@
+#include <ashl/ps/server.hpp>
+
+#include <cstdio>
+
+// Parameter-server jobs as real processes over UCX on loopback: ashl-run
+// starts S servers and 4 workers of test/programs/ps_node.cpp, once with
+// UCX's shared-memory transports and once with TCP; the files the
+// processes write are checked against a single-process server_core run.
+
+#if !ASHL_HAS_UCX() || !defined(ASHL_TEST_PS_NODE) || !defined(ASHL_RUN_PATH)
+int main() {
+  std::puts("skipped: ps/ucx_job needs the ucx component (UCX and OpenSSL) and ashl-run");
+  return 77;
+}
+#else
+
+#include <boost/test/unit_test.hpp>
+
+#include "../support/process.hpp"
+#include "../support/ps_job.hpp"
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace ps = ashl::ps;
+using namespace std::chrono_literals;
+
+extern "C" const char* __lsan_default_suppressions() {
+  return "leak:libucs.so\nleak:libucp.so\nleak:libuct.so\nleak:libucm.so\nleak:libuct_\n";
+}
+
+namespace {
+
+// Shared memory (posix/sysv/cma with self) for data, TCP for the
+// connection's setup, or TCP for everything.
+const std::vector<std::pair<std::string, std::string>> shm = {{"UCX_TLS", "sm,self,tcp"}};
+const std::vector<std::pair<std::string, std::string>> tcp = {{"UCX_TLS", "tcp,self"}};
+
+struct job_out {
+  process::outcome run;
+  std::string dir;
+  std::vector<float> params;  // every server's shard, in order
+  std::vector<std::map<std::string, double>> servers, workers;
+  std::vector<std::vector<std::vector<double>>> cycles;  // per worker: stage, plan H, iterations run, ratio
+};
+
+std::map<std::string, double> read_counters(const std::string& path, std::vector<std::vector<double>>* cycles = nullptr) {
+  std::map<std::string, double> m;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    std::istringstream is(line);
+    std::string key;
+    is >> key;
+    if (key == "cycle") {
+      std::vector<double> v;
+      double x;
+      is >> x;  // cycle index
+      while (is >> x) v.push_back(x);
+      if (cycles) cycles->push_back(v);
+      continue;
+    }
+    double v = 0;
+    if (is >> v) m[key] = v;
+  }
+  return m;
+}
+
+job_out run_job(std::uint32_t servers, std::uint32_t workers, const std::vector<std::string>& args,
+                const std::vector<std::pair<std::string, std::string>>& env) {
+  job_out o;
+  o.dir = process::temp_dir("ashl-ucx-job");
+  BOOST_TEST_REQUIRE(!o.dir.empty());
+  std::vector<std::string> argv = {ASHL_RUN_PATH, "-s", std::to_string(servers), "-w", std::to_string(workers),
+                                   "--timeout", "120", "--", ASHL_TEST_PS_NODE, "--out", o.dir};
+  argv.insert(argv.end(), args.begin(), args.end());
+  o.run = process::run(argv, env, 150s, o.dir + "/log.txt");
+  for (std::uint32_t s = 0; s < servers; ++s) {
+    std::ifstream f(o.dir + "/server" + std::to_string(s) + ".f32", std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const std::size_t n0 = o.params.size();
+    o.params.resize(n0 + bytes.size() / sizeof(float));
+    if (!bytes.empty()) std::memcpy(o.params.data() + n0, bytes.data(), bytes.size());
+    o.servers.push_back(read_counters(o.dir + "/server" + std::to_string(s) + ".txt"));
+  }
+  o.cycles.resize(workers);
+  for (std::uint32_t k = 0; k < workers; ++k)
+    o.workers.push_back(read_counters(o.dir + "/worker" + std::to_string(k) + ".txt", &o.cycles[k]));
+  return o;
+}
+
+// One server_core over the whole model fed every worker's cycle-c gradient
+// in round c: the BSP run the processes must equal.
+std::vector<float> bsp_reference(std::uint32_t workers, std::size_t elements, int cycles) {
+  auto layout = ps::shard_layout::even(elements, 1);
+  ps::policy_params pp;
+  pp.workers = workers;
+  auto core = ps::server_core<ashl::sync::any_policy>::create(
+      {.layout = *layout, .workers = workers, .optimizer = {.mode = ps::optimizer_params::kind::sgd, .lr = 0.125}},
+      *ps::make_policy("bsp", pp), std::vector<float>(elements, 0.5f));
+  ps::server_actions out(workers);
+  std::vector<float> g(elements);
+  for (int c = 0; c < cycles; ++c)
+    for (std::uint32_t k = 0; k < workers; ++k) {
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = ps_job::grad_value(k, static_cast<std::uint64_t>(c), i);
+      core->commit({.worker = k, .sequence = static_cast<std::uint64_t>(c) + 1, .clock = static_cast<std::uint64_t>(c) + 1,
+                    .samples = 16, .codec = ashl::codec_id::identity, .element_count = elements,
+                    .payload = std::as_bytes(std::span<const float>(g))},
+                   0.0, out);
+      out.clear();
+    }
+  return {core->parameters().begin(), core->parameters().end()};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(bsp_over_ucx_is_bit_identical_to_one_server_core) {
+  constexpr std::size_t n = 100'003;  // 400 KB: rendezvous-sized replies
+  constexpr int cycles = 12;
+  const auto want = bsp_reference(4, n, cycles);
+  for (std::uint32_t servers : {1u, 2u}) {
+    for (const auto* env : {&shm, &tcp}) {
+      const std::string what = "servers " + std::to_string(servers) + ", " + env->front().second;
+      auto o = run_job(servers, 4, {"--policy", "bsp", "--elements", std::to_string(n), "--cycles", std::to_string(cycles)},
+                       *env);
+      BOOST_TEST_REQUIRE(o.run.exit_code == 0, what << "\n" << o.run.log());
+      BOOST_TEST_REQUIRE(o.params.size() == n, what);
+      BOOST_TEST(std::memcmp(o.params.data(), want.data(), n * sizeof(float)) == 0, what);
+      for (const auto& s : o.servers) {
+        BOOST_TEST(s.at("commits_applied") == 4.0 * cycles, what);
+        BOOST_TEST(s.at("refused") + s.at("wire_refused") == 0.0, what);
+        BOOST_TEST(s.at("finished") == 1.0, what);
+      }
+      for (const auto& w : o.workers) BOOST_TEST(w.at("commits") == cycles, what);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(ssp_over_ucx_never_exceeds_the_bound) {
+  const std::string dir = process::temp_dir("ashl-ssp");
+  const std::string counters = dir + "/counters";
+  {
+    std::ofstream f(counters, std::ios::binary);
+    std::vector<char> zeros(64 * 8, 0);
+    f.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
+  }
+  auto o = run_job(1, 4,
+                   {"--policy", "ssp", "--staleness", "2", "--optimizer", "delta", "--cycles", "30", "--slow-rank", "0",
+                    "--slow-ms", "4", "--ssp-check", counters},
+                   shm);
+  BOOST_TEST_REQUIRE(o.run.exit_code == 0, o.run.log());
+  double max_gap = 0;
+  for (const auto& w : o.workers) {
+    BOOST_TEST(w.at("violations") == 0.0);
+    max_gap = std::max(max_gap, w.at("max_gap"));
+  }
+  BOOST_TEST(max_gap >= 1.0);                     // the fast workers ran ahead ...
+  BOOST_TEST(o.servers[0].at("pulls_held") > 0.0);  // ... and were held at the bound
+  BOOST_TEST(o.servers[0].at("commits_applied") == 4.0 * 30);
+}
+
+BOOST_AUTO_TEST_CASE(asp_over_ucx_never_holds_a_pull) {
+  auto o = run_job(2, 4, {"--policy", "asp", "--optimizer", "delta", "--cycles", "20", "--slow-rank", "0", "--slow-ms", "2"},
+                   tcp);
+  BOOST_TEST_REQUIRE(o.run.exit_code == 0, o.run.log());
+  for (const auto& s : o.servers) {
+    BOOST_TEST(s.at("pulls_held") == 0.0);
+    BOOST_TEST(s.at("pulls_served") == s.at("pulls"));
+    BOOST_TEST(s.at("commits_applied") == 4.0 * 20);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(ashl_over_ucx_switches_stages_and_workers_follow) {
+  auto o = run_job(2, 4,
+                   {"--policy", "ashl", "--optimizer", "delta", "--cycles", "30", "--profile-iterations", "3", "--h-ahl",
+                    "4", "--h-shl", "2", "--compression-ratio", "0.1", "--switch-loss", "0.5", "--loss-switch-cycle", "15"},
+                   shm);
+  BOOST_TEST_REQUIRE(o.run.exit_code == 0, o.run.log());
+  const double ahl = static_cast<double>(ashl::stage_id::ahl), shl = static_cast<double>(ashl::stage_id::shl);
+  for (std::size_t k = 0; k < o.cycles.size(); ++k) {
+    bool saw_ahl = false, saw_shl = false;
+    BOOST_TEST_REQUIRE(o.cycles[k].size() == 30u);
+    for (const auto& c : o.cycles[k]) {
+      // stage, plan H, iterations run, ratio
+      if (c[1] > 0) BOOST_TEST(c[2] == c[1], "worker " << k);
+      if (c[0] == ahl) {
+        saw_ahl = true;
+        BOOST_TEST(c[1] == 4.0);
+        BOOST_TEST(c[3] < 1.0);  // AHL compresses
+      }
+      if (c[0] == shl) {
+        saw_shl = true;
+        BOOST_TEST(c[1] == 2.0);
+      }
+    }
+    BOOST_TEST(saw_ahl, "worker " << k);
+    BOOST_TEST(saw_shl, "worker " << k);
+  }
+  for (const auto& s : o.servers) {
+    BOOST_TEST(s.at("stage") == shl);
+    BOOST_TEST(s.at("refused") + s.at("wire_refused") == 0.0);
+  }
+}
+
+#endif
