@@ -206,6 +206,23 @@ BOOST_AUTO_TEST_CASE(close_is_seen_by_both_sides_after_earlier_messages) {
   BOOST_TEST((k.hb.log == std::vector<std::string>{"peer 0 closed"}));
 }
 
+BOOST_AUTO_TEST_CASE(close_while_connecting_closes_the_far_side_too) {
+  auto fabric = t::inproc_fabric::create({.deterministic = true});
+  auto a = fabric->node("a").value();
+  auto b = fabric->node("b").value();
+  recorder ha, hb;
+  const auto p = *a.connect("b");
+  a.close(p);  // before b took the request
+  for (int i = 0; i < 4; ++i) {
+    a.progress(ha);
+    b.progress(hb);
+  }
+  BOOST_TEST((ha.log == std::vector<std::string>{"peer 0 closed"}));
+  BOOST_TEST((hb.log == std::vector<std::string>{"peer 0 connected", "peer 0 closed"}));
+  BOOST_TEST(a.peers().empty());
+  BOOST_TEST(b.peers().empty());
+}
+
 BOOST_AUTO_TEST_CASE(a_killed_node_is_reported_failed_and_sends_to_it_fail) {
   pair_fixture f;
   auto c = f.fabric->node("c");
@@ -243,7 +260,7 @@ BOOST_AUTO_TEST_CASE(a_killed_node_is_reported_failed_and_sends_to_it_fail) {
   auto x = fabric->node("x");
   auto y = fabric->node("y");
   recorder hx;
-  auto p = x->connect("y");
+  BOOST_REQUIRE(x->connect("y"));
   y->kill();
   settle(hx, *x);
   BOOST_TEST((hx.log == std::vector<std::string>{"peer 0 failed"}));
