@@ -296,9 +296,12 @@ class server {
 
   // ------------------------------------------------------------- receiving
 
-  std::span<std::byte> on_receive_buffer(transport::peer_id, std::span<const std::byte> head, std::size_t n) {
+  std::span<std::byte> on_receive_buffer(transport::peer_id p, std::span<const std::byte> head, std::size_t n) {
     if (n > p_.core.limits.max_payload_bytes || head.size() != wire::header_bytes) {
       refuse_wire(wire_refusal::oversized);
+      send_error(p, errc::out_of_range, 0,
+                 "message.data_bytes = " + std::to_string(n) + ": exceeds this server's bound of " +
+                     std::to_string(p_.core.limits.max_payload_bytes) + " bytes (not received)");
       return {};
     }
     std::uint32_t i;
