@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,13 +21,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-// UCX keeps some process-lifetime allocations (its global configuration,
-// memory pools of a destroyed worker are returned to libc lazily) that
-// LeakSanitizer reports at exit; they are UCX's, not the transport's.
-extern "C" const char* __lsan_default_suppressions() {
-  return "leak:libucs.so\nleak:libucp.so\nleak:libuct.so\nleak:libucm.so\nleak:libuct_\n";
-}
 
 namespace t = ashl::transport;
 using namespace std::chrono_literals;
@@ -506,6 +500,36 @@ BOOST_AUTO_TEST_CASE(connect_before_listen) {
   BOOST_TEST(server.finish(10s) == 0);
 }
 
+// Registered once, used for every send from and receive into the region.
+BOOST_AUTO_TEST_CASE(registered_memory_round_trip) {
+  std::string address;
+  child server = start_echo({}, address);
+  BOOST_TEST_REQUIRE(!address.empty());
+  t::ucx client = make_client();
+  recorder h;
+  auto p = connect_to(client, h, address);
+  BOOST_TEST_REQUIRE(p.has_value());
+  const std::size_t n = 4 << 20;
+  std::vector<std::byte> region(3 * n);
+  auto id = client.register_memory(region);
+  BOOST_TEST_REQUIRE(id.has_value(), (id ? "" : id.error().message()));
+  const std::span<std::byte> out = std::span<std::byte>(region).first(n), in = std::span<std::byte>(region).subspan(n, n);
+  for (std::uint32_t round = 0; round < 3; ++round) {
+    auto want = pattern(n, 100 + round);
+    std::copy(want.begin(), want.end(), out.begin());
+    h.messages.clear();
+    h.buffers = {in};
+    h.buffer_asks = 0;
+    BOOST_TEST_REQUIRE(client.send(*p, header_of(round, n), out, round).ok());
+    BOOST_TEST_REQUIRE(drive(client, h, 10s, [&] { return !h.messages.empty(); }));
+    BOOST_TEST(h.messages[0].where == in.data());
+    BOOST_TEST((h.messages[0].data == want));
+  }
+  client.deregister_memory(*id);
+  client.close();
+  BOOST_TEST(server.finish(10s) == 0);
+}
+
 BOOST_AUTO_TEST_CASE(wrong_token_is_refused_and_the_server_keeps_serving) {
   std::string address;
   child server = start_echo({.clients = 2}, address);
@@ -569,6 +593,84 @@ BOOST_AUTO_TEST_CASE(killed_peer_is_reported_and_pending_sends_fail) {
   BOOST_TEST(!client.is_connected(*p));
   BOOST_TEST(!client.send(*p, header, small, 9).ok());  // refused at once now
   server.finish(1s);
+}
+
+// A raw UCX client that connects to the listener but never answers the
+// challenge, and sends a data message anyway: the message is dropped and
+// counted, and the peer is closed and counted after auth_timeout.
+BOOST_AUTO_TEST_CASE(silent_peer_is_dropped_after_auth_timeout) {
+  auto server = t::ucx::create({.listen = "127.0.0.1:0", .token = token, .auth_timeout = 500ms});
+  BOOST_TEST_REQUIRE(server.has_value());
+  auto target = t::detail::ucx_parse_address("test", server->listen_address());
+  BOOST_TEST_REQUIRE(target.has_value());
+
+  ucp_config_t* config = nullptr;
+  BOOST_TEST_REQUIRE(ucp_config_read(nullptr, nullptr, &config) == UCS_OK);
+  ucp_params_t cp{};
+  cp.field_mask = UCP_PARAM_FIELD_FEATURES;
+  cp.features = UCP_FEATURE_AM;
+  ucp_context_h context = nullptr;
+  BOOST_TEST_REQUIRE(ucp_init(&cp, config, &context) == UCS_OK);
+  ucp_config_release(config);
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  ucp_worker_h worker = nullptr;
+  BOOST_TEST_REQUIRE(ucp_worker_create(context, &wp, &worker) == UCS_OK);
+  ucp_am_handler_param_t hp{};  // takes the challenge and ignores it
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
+  hp.id = t::detail::ucx_am_control;
+  hp.cb = [](void*, const void*, std::size_t, void*, std::size_t, const ucp_am_recv_param_t*) { return UCS_OK; };
+  BOOST_TEST_REQUIRE(ucp_worker_set_am_recv_handler(worker, &hp) == UCS_OK);
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&target->storage);
+  ep.sockaddr.addrlen = target->length;
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_handler.cb = [](void*, ucp_ep_h, ucs_status_t) {};
+  ucp_ep_h raw = nullptr;
+  BOOST_TEST_REQUIRE(ucp_ep_create(worker, &ep, &raw) == UCS_OK);
+
+  std::array<std::byte, 72> header{};
+  std::array<std::byte, 100> data{};
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  rp.flags = UCP_AM_SEND_FLAG_REPLY;
+  ucs_status_ptr_t sent = ucp_am_send_nbx(raw, t::detail::ucx_am_data, header.data(), header.size(), data.data(),
+                                          data.size(), &rp);
+  BOOST_TEST_REQUIRE(!UCS_PTR_IS_ERR(sent));
+
+  recorder h;
+  const auto until = clock_type::now() + 10s;
+  while (h.notes.empty() && clock_type::now() < until) {
+    ucp_worker_progress(worker);
+    server->progress(h);
+    server->wait(std::chrono::milliseconds(1));
+  }
+  BOOST_TEST_REQUIRE(h.notes.size() == 1u);
+  BOOST_TEST((h.notes[0].event == t::peer_event::failed));
+  BOOST_TEST(h.notes[0].why.find("authentication did not finish within 0.5 s") != std::string::npos, h.notes[0].why);
+  BOOST_TEST(h.messages.empty());
+  BOOST_TEST(server->counters().unauthenticated_dropped == 1u);
+  BOOST_TEST(server->counters().auth_refused == 1u);
+  BOOST_TEST(server->peers().empty());
+
+  if (sent != nullptr) {
+    while (ucp_request_check_status(sent) == UCS_INPROGRESS) ucp_worker_progress(worker);
+    ucp_request_free(sent);
+  }
+  ucp_request_param_t cl{};
+  cl.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  cl.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t closing = ucp_ep_close_nbx(raw, &cl);
+  if (closing != nullptr && !UCS_PTR_IS_ERR(closing)) {
+    while (ucp_request_check_status(closing) == UCS_INPROGRESS) ucp_worker_progress(worker);
+    ucp_request_free(closing);
+  }
+  ucp_worker_destroy(worker);
+  ucp_cleanup(context);
 }
 
 BOOST_AUTO_TEST_CASE(steady_state_does_not_allocate) {
