@@ -218,3 +218,27 @@ BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
   BOOST_TEST(before.load() > 0u);
   BOOST_TEST(after.load() == before.load(), "allocations in steady state: " << after.load() - before.load());
 }
+
+BOOST_AUTO_TEST_CASE(a_pull_without_commit_reads_the_model) {
+  auto fabric = tr::inproc_fabric::create({});
+  server_thread srv(fabric, 100, 2, "asp");
+  std::vector<float> w1(100), w2(100), g(100, 0.5f);
+  auto a = ps::worker<tr::inproc>::create({.rank = 0, .servers = {"server0"}, .timeout = 10s}, node_of(fabric), w1);
+  auto b = ps::worker<tr::inproc>::create({.rank = 1, .servers = {"server0"}, .timeout = 10s}, node_of(fabric), w2);
+  BOOST_TEST_REQUIRE((a.has_value() && b.has_value()));
+  for (int c = 0; c < 3; ++c) {
+    while (!a->iteration_done()) {}
+    BOOST_TEST_REQUIRE(a->commit(g).ok());
+    BOOST_TEST_REQUIRE(a->wait().ok());
+  }
+  BOOST_TEST(w1[7] == 1.5f);
+  BOOST_TEST(w2[7] == 0.0f);  // b has not pulled since it joined
+  BOOST_TEST_REQUIRE(b->pull().ok());
+  BOOST_TEST((b->pull().code() == ashl::errc::invalid_argument));  // one at a time
+  BOOST_TEST_REQUIRE(b->wait().ok());
+  BOOST_TEST(w2[7] == 1.5f);
+  // After an iteration has begun, a pull must wait for the commit.
+  (void)b->iteration_done();
+  BOOST_TEST((b->pull().code() == ashl::errc::invalid_argument));
+  BOOST_TEST(b->progress_line().find("worker 1:") == 0u, b->progress_line());
+}

@@ -58,6 +58,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -81,6 +82,7 @@ struct worker_params {
   std::chrono::milliseconds timeout{30000};  // the bound of every wait
   std::uint64_t seed = 0;            // codec seed (the servers' server_core_params.seed)
   bool progress_thread = false;      // a thread of the worker's own drives the transport
+  double progress_seconds = 0.0;     // > 0: one progress line to stderr every so often (from wait())
 };
 
 struct worker_telemetry {
@@ -175,6 +177,14 @@ class worker {
     return state_->commit(update);
   }
 
+  // Asks every server for its parameters without committing (after a
+  // rejoin, or to read the model); wait() completes it. Outside a cycle's
+  // compute only: before the first iteration_done() of a cycle.
+  status pull() {
+    std::lock_guard g(state_->mu);
+    return state_->pull_only();
+  }
+
   // Drives the transport until the last commit was sent and the parameters
   // arrived in the caller's buffer (then the next cycle starts with the
   // newest plan), or a server failed, refused, or the timeout passed.
@@ -204,6 +214,10 @@ class worker {
     });
   }
   [[nodiscard]] Transport& transport() noexcept { return state_->t; }
+  // "worker 3: 12.0 s  commits 120  pulls 120  out 4.1 MB  in 4.1 MB  waiting 35%  plan H=4 ..."
+  [[nodiscard]] std::string progress_line() const {
+    return locked([](const state& s) { return s.progress_line(); });
+  }
 
  private:
   struct slot {
@@ -441,6 +455,18 @@ class worker {
       return {};
     }
 
+    status pull_only() {
+      if (!failed.ok()) return failed;
+      if (committing) return invalid_argument("worker.pull", "pending", "a commit or pull is in flight: wait() first");
+      if (cycle.state() != worker_cycle::phase::computing || cycle.iterations() != 0)
+        return invalid_argument("worker.pull.iterations", cycle.iterations(),
+                                "a pull without commit goes between cycles, before iterating");
+      cycle.abandon();
+      cycle.pull_sent(clock.now());
+      committing = true;
+      return send_pulls(0);
+    }
+
     // --------------------------------------------------------------- wait
 
     status wait() {
@@ -448,7 +474,25 @@ class worker {
       ASHL_TRY(drive_until([&] { return !pending(); }, deadline, "waiting for the commit and the parameters"));
       std::lock_guard g(mu);
       if (committing) finish_cycle();
+      if (p.progress_seconds > 0.0 && clock.now() >= next_progress_) {
+        next_progress_ = clock.now() + p.progress_seconds;
+        std::fprintf(stderr, "%s\n", progress_line().c_str());
+      }
       return failed;
+    }
+
+    std::string progress_line() const {
+      char buf[400];
+      std::snprintf(buf, sizeof buf,
+                    "worker %u: %.1f s  commits %llu  pulls %llu  out %.1f MB  in %.1f MB  waiting %.0f%%  "
+                    "plan H=%u batch=%u ratio=%.3g stage %s (%llu changes)",
+                    p.rank, clock.now(), static_cast<unsigned long long>(tel.commits),
+                    static_cast<unsigned long long>(tel.pulls), tel.bytes_out / 1e6, tel.bytes_in / 1e6,
+                    clock.now() > 0 ? 100.0 * tel.wait_seconds / clock.now() : 0.0, cycle.plan().local_iterations,
+                    cycle.batch(), static_cast<double>(cycle.plan().compression_ratio),
+                    std::string(to_string(cycle.plan().stage)).c_str(),
+                    static_cast<unsigned long long>(tel.plan_changes));
+      return buf;
     }
 
     // The parameters arrived: measurements out, the next cycle starts.
@@ -666,6 +710,7 @@ class worker {
     }
 
     worker_plan current_plan_{};
+    double next_progress_ = 0.0;
     float codec_ratio_ = 1.0f;
     bool have_started_ = false;
   };
