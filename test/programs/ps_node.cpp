@@ -68,6 +68,7 @@ struct options {
   double max_seconds = 120;
   int loss_switch_cycle = -1;  // report loss 1.0 before this cycle, 0.1 from it (ASHL's switch)
   std::string optimizer = "sgd";
+  double connect_timeout = 30;  // seconds a worker keeps trying to reach the servers
 };
 
 int fail(const std::string& m) {
@@ -101,6 +102,7 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--switch-loss") o.pp.switch_loss = std::stod(next());
     else if (a == "--loss-switch-cycle") o.loss_switch_cycle = std::stoi(next());
     else if (a == "--optimizer") o.optimizer = next();
+    else if (a == "--connect-timeout") o.connect_timeout = std::stod(next());
     else {
       err = "unknown argument '" + a + "'";
       return false;
@@ -168,7 +170,10 @@ int serve(const ps::job& j, const options& o) {
 }
 
 int train(const ps::job& j, const options& o) {
-  auto t = tr::ucx::create({.token = j.token, .insecure = j.insecure, .verbose = j.verbose});
+  auto t = tr::ucx::create({.token = j.token,
+                            .insecure = j.insecure,
+                            .connect_timeout = std::chrono::milliseconds(static_cast<long>(o.connect_timeout * 1000)),
+                            .verbose = j.verbose});
   if (!t) return fail(t.error().message());
   std::vector<float> w(o.elements), g(o.elements);
   auto wk = ps::worker<tr::ucx>::create(

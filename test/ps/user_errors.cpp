@@ -1,0 +1,115 @@
+#include <ashl/ps/server.hpp>
+
+#include <cstdio>
+
+// Mistakes a user makes when starting a job, as real processes over UCX:
+// each one ends within a bound, with a non-zero exit and one message that
+// names the value at fault.
+
+#if !ASHL_HAS_UCX() || !defined(ASHL_TEST_PS_NODE) || !defined(ASHL_RUN_PATH)
+int main() {
+  std::puts("skipped: ps/user_errors needs the ucx component (UCX and OpenSSL) and ashl-run");
+  return 77;
+}
+#else
+
+#include <boost/test/unit_test.hpp>
+
+#include "../support/process.hpp"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+using namespace std::chrono_literals;
+using env_t = std::vector<std::pair<std::string, std::string>>;
+
+namespace {
+
+const std::string dir = process::temp_dir("ashl-user-errors");
+
+env_t contract(const std::string& role, const std::string& addr, const std::string& token) {
+  env_t e = {{"ASHL_ROLE", role}, {"ASHL_RANK", "0"}, {"ASHL_NUM_WORKERS", "1"}, {"ASHL_NUM_SERVERS", "1"},
+             {"ASHL_SERVER_ADDR", addr}, {"UCX_TLS", "tcp,self"}};
+  if (!token.empty()) e.emplace_back("ASHL_TOKEN", token);
+  return e;
+}
+
+std::string addr_of(int port) { return "127.0.0.1:" + std::to_string(port); }
+
+// Runs ps_node with `args`; checks it failed within `bound` and its output
+// names `what`.
+void expect_failure(const std::string& name, const env_t& env, const std::vector<std::string>& args,
+                    const std::string& what, std::chrono::milliseconds bound = 20s) {
+  std::vector<std::string> argv = {ASHL_TEST_PS_NODE};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = process::run(argv, env, bound + 10s, dir + "/" + name + ".log");
+  const auto took = std::chrono::steady_clock::now() - t0;
+  const std::string log = r.log();
+  BOOST_TEST(!r.timed_out, name);
+  BOOST_TEST(r.exit_code != 0, name << ": " << log);
+  BOOST_TEST((took < bound), name << " took too long");
+  BOOST_TEST(log.find(what) != std::string::npos, name << ": expected '" << what << "' in:\n" << log);
+}
+
+struct running_server {
+  pid_t pid;
+  std::string log;
+  running_server(const std::string& addr, const std::string& token, std::vector<std::string> extra = {})
+      : log(dir + "/server-" + std::to_string(process::free_port()) + ".log") {
+    std::vector<std::string> argv = {ASHL_TEST_PS_NODE, "--max-seconds", "30"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    pid = process::start(argv, contract("server", addr, token), log);
+    // Ready when it says where it listens.
+    const auto end = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < end) {
+      process::outcome o{.log_path = log};
+      if (o.log().find("listening on") != std::string::npos) break;
+      std::this_thread::sleep_for(10ms);
+    }
+  }
+  ~running_server() {
+    ::kill(-pid, SIGKILL);
+    (void)process::finish(pid, 5s, log);
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_malformed_address_is_named) {
+  expect_failure("malformed-address", contract("worker", "localhost", "t"), {}, "ASHL_SERVER_ADDR = 'localhost'");
+}
+
+BOOST_AUTO_TEST_CASE(a_job_without_a_token_refuses_to_start) {
+  expect_failure("no-token", contract("worker", "127.0.0.1:1", ""), {}, "ASHL_TOKEN");
+}
+
+BOOST_AUTO_TEST_CASE(a_server_that_never_comes_up_is_named_after_the_deadline) {
+  const std::string addr = addr_of(process::free_port());
+  expect_failure("never-up", contract("worker", addr, "t"), {"--connect-timeout", "2"}, addr, 15s);
+}
+
+BOOST_AUTO_TEST_CASE(a_port_in_use_is_named) {
+  const std::string addr = addr_of(process::free_port());
+  running_server first(addr, "t");
+  expect_failure("port-in-use", contract("server", addr, "t"), {}, addr);
+  process::outcome o{.log_path = dir + "/port-in-use.log"};
+  BOOST_TEST(o.log().find("in use") != std::string::npos, o.log());
+}
+
+BOOST_AUTO_TEST_CASE(a_token_mismatch_is_named) {
+  const std::string addr = addr_of(process::free_port());
+  running_server srv(addr, "the right token");
+  expect_failure("token", contract("worker", addr, "a wrong token"), {}, "token mismatch");
+}
+
+BOOST_AUTO_TEST_CASE(a_model_of_another_size_is_named) {
+  const std::string addr = addr_of(process::free_port());
+  running_server srv(addr, "t", {"--elements", "1000"});
+  expect_failure("size", contract("worker", addr, "t"), {"--elements", "999"}, "pull_request.element_count = 999");
+  process::outcome o{.log_path = dir + "/size.log"};
+  BOOST_TEST(o.log().find("holds 1000 elements") != std::string::npos, o.log());
+}
+
+#endif
