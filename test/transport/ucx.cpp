@@ -287,7 +287,9 @@ child start_echo(const echo_options& o, std::string& address) {
 }
 
 t::ucx make_client(std::string tok = token, std::chrono::milliseconds connect_timeout = 10000ms) {
-  auto c = t::ucx::create({.token = std::move(tok), .connect_timeout = connect_timeout, .retry_interval = 50ms});
+  // verbose: the test log shows which UCX transports each connection used.
+  auto c = t::ucx::create(
+      {.token = std::move(tok), .connect_timeout = connect_timeout, .retry_interval = 50ms, .verbose = true});
   BOOST_TEST_REQUIRE(c.has_value(), (c ? "" : c.error().message()));
   return std::move(*c);
 }

@@ -831,9 +831,18 @@ class ucx_impl {
     return next;
   }
 
-  bool has_ready_work() const {
+  // Something progress() would hand to the handler now. A message queued
+  // behind a rendezvous receive of the same peer is not: waiting for that
+  // receive must sleep, not spin.
+  bool has_ready_work() {
     if (!completions_.empty() || !notes_.empty() || !conn_requests_.empty()) return true;
-    return std::any_of(queue_.begin(), queue_.end(), [](const ucx_item* it) { return it->recv != ucx_recv_state::receiving; });
+    blocked_.clear();
+    for (const ucx_item* it : queue_) {
+      if (blocked(it->peer)) continue;
+      if (it->recv != ucx_recv_state::receiving) return true;
+      blocked_.push_back(it->peer);
+    }
+    return false;
   }
 
   // ---- handshake -----------------------------------------------------------------
@@ -951,7 +960,10 @@ class ucx_impl {
       const auto end = info.find_first_of(" \t\n", start);
       std::string name = info.substr(start, end - start);
       if (const auto dot = name.rfind('.'); dot != std::string::npos && name.find('/') < dot) name.resize(dot);
-      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+      // "cm" lanes (the connection manager) carry no messages.
+      if (name.find('/') != std::string::npos && std::find(names.begin(), names.end(), name) == names.end()) {
+        names.push_back(name);
+      }
       pos = eol == std::string::npos ? info.size() : eol;
     }
     std::string out;
