@@ -462,6 +462,48 @@ BOOST_AUTO_TEST_CASE(nobody_listening_fails_naming_the_address) {
   BOOST_TEST(client.peers().empty());
 }
 
+// Polling mode (wait() only polls), both ends in one process and thread.
+BOOST_AUTO_TEST_CASE(polling_mode_in_one_process) {
+  auto server = t::ucx::create({.listen = "127.0.0.1:0", .token = token, .blocking = false});
+  auto client = t::ucx::create({.token = token, .blocking = false});
+  BOOST_TEST_REQUIRE(server.has_value());
+  BOOST_TEST_REQUIRE(client.has_value());
+  recorder hs, hc;
+  std::vector<std::byte> big(1 << 20);
+  hs.buffers = {big};
+  auto p = client->connect(server->listen_address());
+  BOOST_TEST_REQUIRE(p.has_value());
+  auto step = [&] {
+    server->progress(hs);
+    client->progress(hc);
+    server->wait(std::chrono::milliseconds(1));
+    client->wait(std::chrono::milliseconds(1));
+  };
+  auto until = clock_type::now() + 10s;
+  while (!(client->is_connected(*p) && server->peers().size() == 1) && clock_type::now() < until) step();
+  BOOST_TEST_REQUIRE(client->is_connected(*p));
+  BOOST_TEST_REQUIRE(server->peers().size() == 1u);
+  BOOST_TEST((hs.notes.at(0).event == t::peer_event::connected));
+  const auto small = pattern(100, 1), large = pattern(big.size(), 2);
+  BOOST_TEST_REQUIRE(client->send(*p, header_of(0, small.size()), small, 0).ok());
+  BOOST_TEST_REQUIRE(client->send(*p, header_of(1, large.size()), large, 1).ok());
+  until = clock_type::now() + 10s;
+  while ((hs.messages.size() < 2 || hc.sent.size() < 2) && clock_type::now() < until) step();
+  BOOST_TEST_REQUIRE(hs.messages.size() == 2u);
+  BOOST_TEST((hs.messages[0].data == small));
+  BOOST_TEST((hs.messages[1].data == large));
+  BOOST_TEST(hs.messages[1].where == big.data());
+  BOOST_TEST(hs.messages[0].peer == server->peers()[0]);
+  // An orderly close is reported closed on both sides.
+  client->close(*p);
+  until = clock_type::now() + 10s;
+  while (hs.notes.size() < 2 && clock_type::now() < until) step();
+  BOOST_TEST_REQUIRE(hs.notes.size() == 2u);
+  BOOST_TEST((hs.notes[1].event == t::peer_event::closed));
+  BOOST_TEST((hc.notes.back().event == t::peer_event::closed));
+  BOOST_TEST(server->peers().empty());
+}
+
 // ---- real processes -----------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(round_trip_ucx_chooses) { round_trip(nullptr, "127.0.0.1:0"); }
