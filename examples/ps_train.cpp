@@ -1,0 +1,196 @@
+// ashl_ps_train — a training program on the real runtime: one binary that is
+// a parameter server or a worker by the runtime contract (ps/launch.hpp),
+// over UCX. The model is deliberately small (a noisy quadratic per worker,
+// whose joint optimum is the mean of the workers' targets), so the example
+// shows the runtime and not a network: how a program builds a server, how a
+// worker commits and pulls with its own buffers, follows the plans, reports
+// its loss, and how a job is started.
+//
+//   ashl-run -s 2 -w 4 -- ashl_ps_train --policy ssp --cycles 200 --progress 2
+//   ashl-run -s 1 -w 4 -- ashl_ps_train --policy ashl --profile-iterations 10 --slow 0:5
+//
+// Flags (after the runtime contract's, see docs/multi-host.md):
+//   --policy NAME        bsp asp ssp local_sgd dssp semi_async adsp ashl dlb (ps::policy_help())
+//   --dim N              parameters (default 100000)
+//   --cycles N           commits per worker (default 100)
+//   --lr X               the workers' local step size (default 0.1)
+//   --print-every N      worker 0 prints its loss every N cycles (default 20)
+//   --slow RANK:MS       worker RANK sleeps MS per local iteration (a slow worker)
+//   --staleness S, --profile-iterations N, --h-ahl H, --h-shl H, --compression-ratio R,
+//   --switch-loss L, --local-steps H, --period SECONDS (adsp), --sync-every N (semi_async)
+//                        the policy's parameters (ps::policy_params)
+//   --expect-loss-below X  exit 1 unless worker 0's final loss is below X (used by the test)
+// Every worker does plan.local_iterations local steps on its own copy, then
+// commits the model delta (the servers add deltas: optimizer model_delta).
+#include <ashl/ps/launch.hpp>
+#include <ashl/ps/policies.hpp>
+#include <ashl/ps/server.hpp>
+#include <ashl/ps/worker.hpp>
+#include <ashl/transport/ucx.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ps = ashl::ps;
+namespace tr = ashl::transport;
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+extern "C" void on_signal(int) { g_stop = true; }
+
+struct options {
+  std::string policy = "ssp";
+  ps::policy_params pp{};
+  std::size_t dim = 100000;
+  int cycles = 100;
+  double lr = 0.1;
+  int slow_rank = -1, slow_ms = 0;
+  double expect_loss_below = -1;
+  int print_every = 20;
+};
+
+int fail(const std::string& m) {
+  std::fprintf(stderr, "ashl_ps_train: %s\n", m.c_str());
+  return 1;
+}
+
+ashl::status parse(const std::vector<std::string>& a, options& o) {
+  for (std::size_t i = 1; i < a.size(); ++i) {
+    auto value = [&]() -> const std::string& {
+      static const std::string none;
+      return i + 1 < a.size() ? a[++i] : none;
+    };
+    const std::string& f = a[i];
+    char* end = nullptr;
+    auto number = [&](const std::string& v) {
+      const double x = std::strtod(v.c_str(), &end);
+      return (end == v.c_str() || *end != '\0') ? std::nan("") : x;
+    };
+    double x = 0;
+    if (f == "--policy") o.policy = value();
+    else if (f == "--slow") {
+      const std::string v = value();
+      const auto colon = v.find(':');
+      if (colon == std::string::npos) return ashl::invalid_argument("--slow", v, "expected RANK:MS");
+      o.slow_rank = std::atoi(v.substr(0, colon).c_str());
+      o.slow_ms = std::atoi(v.substr(colon + 1).c_str());
+    } else if (std::isnan(x = number(value()))) {
+      return ashl::invalid_argument(f, a[i], "expected a number after " + f);
+    } else if (f == "--dim") o.dim = static_cast<std::size_t>(x);
+    else if (f == "--cycles") o.cycles = static_cast<int>(x);
+    else if (f == "--lr") o.lr = x;
+    else if (f == "--staleness") o.pp.staleness = static_cast<std::int64_t>(x);
+    else if (f == "--profile-iterations") o.pp.profile_iterations = static_cast<std::int64_t>(x);
+    else if (f == "--h-ahl") o.pp.h_ahl = static_cast<std::int64_t>(x);
+    else if (f == "--h-shl") o.pp.h_shl = static_cast<std::int64_t>(x);
+    else if (f == "--compression-ratio") o.pp.compression_ratio = x;
+    else if (f == "--switch-loss") o.pp.switch_loss = x;
+    else if (f == "--local-steps") o.pp.local_steps = static_cast<std::int64_t>(x);
+    else if (f == "--expect-loss-below") o.expect_loss_below = x;
+    else if (f == "--print-every") o.print_every = std::max(1, static_cast<int>(x));
+    else if (f == "--period") o.pp.period = x;
+    else if (f == "--sync-every") o.pp.sync_every_iterations = static_cast<std::int64_t>(x);
+    else return ashl::invalid_argument("argument", f, "unknown (see the comment at the top of examples/ps_train.cpp)");
+  }
+  if (o.dim == 0) return ashl::invalid_argument("--dim", 0, "must be >= 1");
+  return {};
+}
+
+// Worker k's target: a common one plus a small part of its own (its data
+// differs a little from the others'); the joint optimum is their mean.
+float target(std::uint32_t k, std::size_t i) {
+  return std::sin(0.001f * static_cast<float>(i)) + 0.1f * std::sin(0.37f * static_cast<float>(i) + static_cast<float>(k));
+}
+
+int serve(const ps::job& j, const options& o) {
+  auto t = tr::ucx::create({.listen = j.server_addresses[j.rank], .token = j.token, .insecure = j.insecure,
+                            .verbose = j.verbose});
+  if (!t) return fail(t.error().message());
+  auto layout = ps::shard_layout::even(o.dim, j.num_servers);
+  if (!layout) return fail(layout.error().message());
+  ps::policy_params pp = o.pp;
+  pp.workers = j.num_workers;
+  auto policy = ps::make_policy(o.policy, pp);
+  if (!policy) return fail(policy.error().message());
+  auto srv = ps::server<tr::ucx>::create(
+      {.core = {.layout = *layout, .shard = j.rank, .workers = j.num_workers}, .progress_seconds = j.progress_seconds},
+      std::move(*policy), std::move(*t));
+  if (!srv) return fail(srv.error().message());
+  std::fprintf(stderr, "server %u listening on %s (%s)\n", j.rank, srv->transport().listen_address().c_str(),
+               o.policy.c_str());
+  srv->run(g_stop);  // until every worker left, or a signal
+  std::fprintf(stderr, "%s\n", srv->progress_line().c_str());
+  return srv->all_left() ? 0 : 1;
+}
+
+int train(const ps::job& j, const options& o) {
+  auto t = tr::ucx::create({.token = j.token, .insecure = j.insecure, .verbose = j.verbose});
+  if (!t) return fail(t.error().message());
+  std::vector<float> w(o.dim), local(o.dim), delta(o.dim), mean_target(o.dim);
+  for (std::size_t i = 0; i < o.dim; ++i) {
+    float s = 0;
+    for (std::uint32_t k = 0; k < j.num_workers; ++k) s += target(k, i);
+    mean_target[i] = s / static_cast<float>(j.num_workers);
+  }
+  auto loss_of = [&](const std::vector<float>& v) {
+    double l = 0;
+    for (std::size_t i = 0; i < o.dim; ++i) l += 0.5 * (v[i] - mean_target[i]) * (v[i] - mean_target[i]);
+    return l / static_cast<double>(o.dim);
+  };
+  // w is this program's parameter buffer: the worker pulls into it.
+  auto wk = ps::worker<tr::ucx>::create({.rank = j.rank, .servers = j.server_addresses, .batch = 32,
+                                         .progress_seconds = j.progress_seconds},
+                                        std::move(*t), w);
+  if (!wk) return fail(wk.error().message());
+  std::uint64_t noise = 0x9e3779b97f4a7c15ull * (j.rank + 1);
+  const double first = loss_of(w);
+  double loss = first;
+  for (int c = 0; c < o.cycles && !g_stop; ++c) {
+    local = w;
+    do {  // local iterations on this worker's own objective, as the plan says
+      for (std::size_t i = 0; i < o.dim; ++i) {
+        noise = noise * 6364136223846793005ull + 1442695040888963407ull;
+        const float xi = static_cast<float>(static_cast<std::int64_t>(noise >> 40) - (1 << 23)) / float(1 << 23);
+        local[i] -= static_cast<float>(o.lr) * (local[i] - target(j.rank, i) + 0.1f * xi);
+      }
+      if (static_cast<int>(j.rank) == o.slow_rank) std::this_thread::sleep_for(std::chrono::milliseconds(o.slow_ms));
+    } while (!wk->iteration_done());
+    for (std::size_t i = 0; i < o.dim; ++i) delta[i] = local[i] - w[i];
+    if (auto s = wk->commit(delta); !s) return fail(s.to_string());
+    if (auto s = wk->wait(); !s) return fail(s.to_string());  // w now holds the servers' parameters
+    loss = loss_of(w);
+    (void)wk->report_metric(ashl::metric_id::loss, loss);
+    if (j.rank == 0 && (c % o.print_every == 0 || c + 1 == o.cycles)) {
+      const auto p = wk->plan();
+      std::printf("cycle %4d  loss %.5f  plan H=%u stage %s ratio %.2f\n", c, loss, p.local_iterations,
+                  std::string(ashl::to_string(p.stage)).c_str(), static_cast<double>(p.compression_ratio));
+      std::fflush(stdout);
+    }
+  }
+  if (auto s = wk->leave(); !s) return fail(s.to_string());
+  if (j.rank == 0) std::printf("worker 0: loss %.5f -> %.5f\n", first, loss);
+  if (o.expect_loss_below > 0 && j.rank == 0 && !(loss < o.expect_loss_below))
+    return fail("final loss " + std::to_string(loss) + " is not below " + std::to_string(o.expect_loss_below));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
+  auto j = ps::job_from(argc, argv);
+  if (!j) return fail(j.error().message());
+  options o;
+  if (auto s = parse(j->rest, o); !s) return fail(s.message());
+  return j->role == ps::role::server ? serve(*j, o) : train(*j, o);
+}
