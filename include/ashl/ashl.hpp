@@ -1,5 +1,6 @@
 // ashl/ashl.hpp — umbrella of the host-safe headers (no CUDA, no UCX, no
-// third-party dependencies): core, wire, compress, sync, profile, ps.
+// third-party dependencies): core, wire, compress, sync, profile, transport
+// (the concept and inproc), ps (server_core, server, worker, launch).
 //
 //   #include <ashl/ashl.hpp>
 //   ashl::ps::policy_params pp;
@@ -8,7 +9,8 @@
 //
 // The simulator (ashl/sim/*; only sim/cluster_spec_json.hpp needs
 // nlohmann_json) and the CUDA codecs (ashl/compress/cuda/*.cuh, need nvcc)
-// are included separately. DESIGN.md,
+// are included separately, as is transport/ucx.hpp (the ucx component).
+// DESIGN.md,
 // "Layers".
 #pragma once
 
@@ -38,6 +40,8 @@
 #include <ashl/profile/planner.hpp>
 #include <ashl/profile/replan.hpp>
 #include <ashl/profile/straggler.hpp>
+#include <ashl/transport/concepts.hpp>
+#include <ashl/transport/inproc.hpp>
 #include <ashl/ps/commit_store.hpp>
 #include <ashl/ps/optimizer.hpp>
 #include <ashl/ps/planners.hpp>
@@ -45,3 +49,7 @@
 #include <ashl/ps/server_core.hpp>
 #include <ashl/ps/shards.hpp>
 #include <ashl/ps/worker_cycle.hpp>
+#include <ashl/ps/launch.hpp>
+#include <ashl/ps/server.hpp>
+#include <ashl/ps/worker.hpp>
+// transport/ucx.hpp needs the ucx component (ashl::ucx): include it yourself.
