@@ -1,0 +1,805 @@
+// ashl_bench_ps_ucx — ps::server and ps::worker over transport::ucx, process
+// to process on this host, against ucx_perftest on the same sizes, transports
+// and CPUs (docs/perf/ps-ucx.md).
+//
+//   ashl_bench_ps_ucx                       # shm and tcp; 4 KiB .. 64 MiB; fan-in of 8 workers
+//   ashl_bench_ps_ucx --quick               # fewer sizes and reps (under a minute)
+//   ashl_bench_ps_ucx --transports tcp --ops pull,commit --reps 9 --json-only
+//   ashl_bench_ps_ucx --progress poll       # ucx_params.blocking = false (spin instead of the event fd)
+//   ashl_bench_ps_ucx --no-pin              # leave placement to the scheduler (for comparison)
+//
+// Every case forks its own processes from a parent that never creates a UCX
+// object: one ps::server (ASP, model deltas, one shard holding the whole
+// model, dense f32) and one worker (eight for fan_in), or a ucx_perftest
+// server and client (/usr/bin/ucx_perftest; --perftest PATH). Each child sets
+// UCX_TLS (shm: "sm,self,tcp" — tcp carries the sockaddr connection setup;
+// tcp: "tcp,self") and UCX_NET_DEVICES=lo before UCX starts, and is pinned
+// with sched_setaffinity: the server on CPU 0, the worker(s) and the
+// perftest client on CPU 1 (UCX #5322: shm bandwidth depends on placement).
+// Addresses are 127.0.0.1 only; ports are free loopback ports.
+//
+// Operations (X = bytes of f32 parameters, the model size):
+//   pull        ps::worker::pull() + wait(): a 72-byte pull request out, X
+//               bytes of parameters back into the caller's buffer.
+//               gbps = X / time; baseline ucp_am_bw at X (one stream, one
+//               direction); ratio = gbps / baseline_gbps (goal >= 0.8 at >= 1 MiB).
+//   commit      iteration_done() + commit(X bytes) + wait(): the commit goes
+//               out, the server checks and applies it, and the pull reply of
+//               X bytes comes back — two transfers of X, one after the other.
+//               gbps = 2X / time, against the same ucp_am_bw at X; ratio =
+//               gbps / baseline_gbps (goal >= 0.8 at >= 1 MiB).
+//               commit_oneway_gbps = X / (commit time - pull time): what the
+//               commit alone adds (transfer, CRC, decode/apply, snapshot).
+//   round_trip  the commit at 4 KiB: commit + pull reply of 4 KiB each way.
+//               usec = time of one; baseline_usec = the round trip of
+//               ucp_am_lat at 4 KiB (ucx_perftest prints half a round trip:
+//               the value here is twice that); ratio = usec / baseline_usec
+//               (goal <= 2).
+//   fan_in      8 worker processes (all on CPU 1), each committing 4 MiB
+//               (commit + wait, so each commit also brings 4 MiB back) in a
+//               loop, started together. gbps = commit bytes applied by the
+//               server / wall time (first start to last end): the server's
+//               goodput. moved_gbps counts the replies as well. Baseline:
+//               one ucp_am_bw stream at 4 MiB; ratio = gbps / baseline_gbps
+//               (goal >= 0.7).
+// For reference, tag_bw (bandwidth sizes) and tag_lat (4 KiB) run too and
+// are reported as ref_tag_gbps / ref_tag_usec.
+//
+// Every figure is the median of --reps repetitions. An ashl repetition is
+// the mean of `iters` operations in a row (after warm-up); a perftest
+// repetition is one ucx_perftest run (its "overall" figure, -n iters, -w
+// warm-up). GB/s = 10^9 bytes/s (perftest's MB/s are MiB/s and converted).
+// Also recorded per case: the UCX lanes of the worker's endpoint
+// (transport::ucx::describe) and of perftest's (UCX_LOG_LEVEL=info, ep_cfg).
+//
+// Output: a human table, then one JSON object per case:
+//   {"bench":"ps_ucx","op":...,"transport":...,"bytes":...,"gbps":...,"usec":...,
+//    "baseline":...,"baseline_gbps":...,"baseline_usec":...,"ratio":...,"goal":...,"met":...,
+//    "lanes":...,"baseline_lanes":...,"progress":...,"placement":...,"reps":...,...}
+#include <ashl/config.hpp>
+
+#if !ASHL_HAS_UCX()
+#include <cstdio>
+int main() {
+  std::fprintf(stderr, "ashl_bench_ps_ucx: built without UCX\n");
+  return 77;
+}
+#else
+
+#include <ashl/ps/policies.hpp>
+#include <ashl/ps/server.hpp>
+#include <ashl/ps/worker.hpp>
+#include <ashl/transport/ucx.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace {
+
+namespace ps = ashl::ps;
+namespace tr = ashl::transport;
+using clock_type = std::chrono::steady_clock;
+
+constexpr std::size_t KiB = 1024, MiB = 1024 * 1024;
+constexpr int max_reps = 64;
+constexpr int max_workers = 16;
+constexpr const char* token = "ashl-bench-ps-ucx";
+
+struct options {
+  int reps = 7;
+  bool quick = false;
+  bool json_only = false;
+  bool poll = false;  // ucx_params.blocking = false
+  bool pin = true;
+  bool describe = false;  // print the worker endpoint's whole ucp_ep_print_info
+  bool baseline = true;   // false: ashl only (for profiling)
+  std::vector<std::string> transports = {"shm", "tcp"};
+  std::vector<std::string> ops = {"pull", "commit", "round_trip", "fan_in"};
+  std::vector<std::size_t> sizes;
+  std::string perftest = "/usr/bin/ucx_perftest";
+  int fan_workers = 8;
+};
+
+const char* tls_of(const std::string& transport) { return transport == "shm" ? "sm,self,tcp" : "tcp,self"; }
+
+double now_s() { return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count(); }
+
+std::string machine() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) {
+      const auto c = line.find(':');
+      return c == std::string::npos ? line : line.substr(c + 2);
+    }
+  return "unknown";
+}
+
+std::string today() {
+  const std::time_t t = std::time(nullptr);
+  char b[32];
+  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return b;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream in(s);
+  while (std::getline(in, cur, sep))
+    if (!cur.empty()) out.push_back(cur);
+  return out;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (c == '\n') {
+      o += "\\n";
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+
+int cpus() { return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN))); }
+
+// Pins the calling process to one CPU (when the machine has more than one).
+void pin_to(int cpu, bool pin) {
+  if (!pin || cpus() < 2) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu % cpus(), &set);
+  ::sched_setaffinity(0, sizeof set, &set);
+}
+
+std::string placement(const options& o, bool fan) {
+  if (!o.pin || cpus() < 2) return "unpinned";
+  return fan ? "server cpu0, 8 workers cpu1" : "server cpu0, client cpu1";
+}
+
+// UCX's environment for a child, before any UCX object exists in it.
+void set_ucx_env(const std::string& transport) {
+  ::setenv("UCX_TLS", tls_of(transport), 1);
+  ::setenv("UCX_NET_DEVICES", "lo", 1);  // the tcp lanes use loopback only
+}
+
+// A free TCP port on 127.0.0.1 (bound and released; perftest's server binds it next).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+// True once something listens on `port` (any local address), from /proc/net/tcp.
+bool listening(int port) {
+  for (const char* file : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream f(file);
+    std::string line;
+    std::getline(f, line);
+    while (std::getline(f, line)) {
+      std::istringstream in(line);
+      std::string sl, local, remote, state;
+      in >> sl >> local >> remote >> state;
+      const auto colon = local.rfind(':');
+      if (colon == std::string::npos || state != "0A") continue;
+      if (std::strtol(local.c_str() + colon + 1, nullptr, 16) == port) return true;
+    }
+  }
+  return false;
+}
+
+// Waits for a child up to `seconds`; kills it (SIGKILL) past that. Exit code, or -signal.
+int reap(pid_t pid, double seconds) {
+  const double end = now_s() + seconds;
+  int st = 0;
+  while (true) {
+    const pid_t r = ::waitpid(pid, &st, WNOHANG);
+    if (r == pid) break;
+    if (r < 0) return -1;
+    if (now_s() > end) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+      return -SIGKILL;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+}
+
+// Reads a pipe to its end (or until `seconds` pass).
+std::string read_all(int fd, double seconds) {
+  std::string out;
+  const double end = now_s() + seconds;
+  char buf[4096];
+  while (now_s() < end) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  return out;
+}
+
+// The distinct "transport/device" names of the lanes in ucp_ep_print_info's text.
+std::string summarize_lanes(const std::string& info) {
+  std::vector<std::string> names;
+  std::size_t pos = 0;
+  while ((pos = info.find("lane[", pos)) != std::string::npos) {
+    const auto colon = info.find(':', pos);
+    const auto eol = info.find('\n', pos);
+    if (colon == std::string::npos || colon > eol) break;
+    auto start = info.find_first_not_of(' ', colon + 1);
+    const auto sep = info.find(':', start);
+    if (sep != std::string::npos && sep < eol) start = sep + 1;
+    const auto end = info.find_first_of(" \t\n", start);
+    std::string name = info.substr(start, end - start);
+    if (const auto dot = name.rfind('.'); dot != std::string::npos && name.find('/') < dot) name.resize(dot);
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    pos = eol == std::string::npos ? info.size() : eol;
+  }
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : " ") + n;
+  return out.empty() ? "(unknown)" : out;
+}
+
+// ------------------------------------------------------------------ ashl side
+
+// What the children of one ashl case share with the parent (MAP_SHARED).
+struct shared_area {
+  std::atomic<std::uint64_t> arrived;  // barrier of the fan-in workers
+  double pull_s[max_reps];             // per repetition: mean seconds per pull
+  double commit_s[max_reps];           // per repetition: mean seconds per commit + wait
+  double start[max_reps][max_workers], end[max_reps][max_workers];
+  double server_idle;                  // server's share of time in transport.wait
+  std::uint64_t snapshots, commits_applied, copied_replies;
+  char lanes[1024];                    // the worker's endpoint (describe, summarized)
+  char describe[8192];                 // the worker's endpoint (describe, whole)
+  char error[1024];
+};
+
+void set_error(shared_area* sh, const std::string& m) {
+  std::snprintf(sh->error, sizeof sh->error, "%s", m.c_str());
+}
+
+struct ashl_case {
+  std::size_t bytes = 0;
+  int workers = 1;
+  int reps = 1;
+  int iters = 1;  // operations per repetition
+  bool fan = false;
+  bool do_pull = true, do_commit = true;
+};
+
+int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_fd) {
+  const std::size_t n = c.bytes / sizeof(float);
+  auto t = tr::ucx::create({.listen = "127.0.0.1:0", .token = token, .blocking = !o.poll});
+  if (!t) return set_error(sh, "server: " + t.error().message()), 1;
+  auto layout = ps::shard_layout::even(n, 1);
+  if (!layout) return set_error(sh, layout.error().message()), 1;
+  ps::policy_params pp;
+  pp.workers = c.workers;
+  auto policy = ps::make_policy("asp", pp);
+  if (!policy) return set_error(sh, policy.error().message()), 1;
+  std::vector<float> initial(n, 0.5f);
+  ps::server_params sp{.core = {.layout = *layout,
+                                .shard = 0,
+                                .workers = static_cast<std::uint32_t>(c.workers),
+                                .optimizer = {.mode = ps::optimizer_params::kind::model_delta}}};
+  auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
+  if (!srv) return set_error(sh, "server: " + srv.error().message()), 1;
+  const std::string addr = srv->transport().listen_address() + "\n";
+  if (::write(addr_fd, addr.data(), addr.size()) != static_cast<ssize_t>(addr.size())) return 1;
+  ::close(addr_fd);
+  std::atomic<bool> stop{false};
+  srv->run(stop);  // until every worker left
+  const ps::server_telemetry s = srv->telemetry();
+  sh->server_idle = s.seconds > 0 ? s.wait_seconds / s.seconds : 0.0;
+  sh->snapshots = s.snapshots;
+  sh->commits_applied = s.core.commits_applied;
+  return 0;
+}
+
+int run_worker(const options& o, const ashl_case& c, shared_area* sh, const std::string& addr, std::uint32_t rank) {
+  const std::size_t n = c.bytes / sizeof(float);
+  auto t = tr::ucx::create({.token = token, .blocking = !o.poll});
+  if (!t) return set_error(sh, "worker: " + t.error().message()), 1;
+  std::vector<float> w(n), g(n, 1.0f / 1024);
+  auto wk = ps::worker<tr::ucx>::create(
+      {.rank = rank, .servers = {addr}, .batch = 1, .timeout = std::chrono::seconds(120)}, std::move(*t), w);
+  if (!wk) return set_error(sh, "worker: " + wk.error().message()), 1;
+  if (rank == 0 && !wk->transport().peers().empty()) {
+    const std::string d = wk->transport().describe(wk->transport().peers()[0]);
+    std::snprintf(sh->lanes, sizeof sh->lanes, "%s", summarize_lanes(d).c_str());
+    std::snprintf(sh->describe, sizeof sh->describe, "%s", d.c_str());
+  }
+  auto commit = [&]() -> bool {
+    while (!wk->iteration_done()) {
+    }
+    if (auto s = wk->commit(g); !s) return set_error(sh, s.to_string()), false;
+    if (auto s = wk->wait(); !s) return set_error(sh, s.to_string()), false;
+    return true;
+  };
+  auto pull = [&]() -> bool {
+    if (auto s = wk->pull(); !s) return set_error(sh, s.to_string()), false;
+    if (auto s = wk->wait(); !s) return set_error(sh, s.to_string()), false;
+    return true;
+  };
+  // Warm-up: buffers, pools, UCX's registration cache and rendezvous paths.
+  for (int k = 0; k < 3; ++k)
+    if (!commit() || (c.do_pull && !pull())) return 1;
+  for (int r = 0; r < c.reps; ++r) {
+    if (c.fan) {
+      // Everyone starts together: a barrier per repetition.
+      sh->arrived.fetch_add(1);
+      const std::uint64_t target = static_cast<std::uint64_t>(c.workers) * (r + 1);
+      while (sh->arrived.load() < target) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      sh->start[r][rank] = now_s();
+      for (int k = 0; k < c.iters; ++k)
+        if (!commit()) return 1;
+      sh->end[r][rank] = now_s();
+      continue;
+    }
+    if (c.do_pull) {
+      const double t0 = now_s();
+      for (int k = 0; k < c.iters; ++k)
+        if (!pull()) return 1;
+      sh->pull_s[r] = (now_s() - t0) / c.iters;
+    }
+    if (c.do_commit) {
+      const double t0 = now_s();
+      for (int k = 0; k < c.iters; ++k)
+        if (!commit()) return 1;
+      sh->commit_s[r] = (now_s() - t0) / c.iters;
+    }
+  }
+  if (rank == 0) {
+    const ps::worker_telemetry wt = wk->telemetry();
+    sh->copied_replies = wt.copied_replies;
+    if (o.describe)
+      std::fprintf(stderr, "worker 0: commits %llu pulls %llu plans %llu messages out %llu in %llu copied replies %llu\n",
+                   static_cast<unsigned long long>(wt.commits), static_cast<unsigned long long>(wt.pulls),
+                   static_cast<unsigned long long>(wt.plans),
+                   static_cast<unsigned long long>(wt.transport.messages_sent),
+                   static_cast<unsigned long long>(wt.transport.messages_received),
+                   static_cast<unsigned long long>(wt.copied_replies));
+  }
+  if (auto s = wk->leave(); !s) return set_error(sh, s.to_string()), 1;
+  return 0;
+}
+
+struct ashl_result {
+  bool ok = false;
+  std::string error, lanes;
+  std::vector<double> pull_s, commit_s, fan_gbps;
+  double server_idle = 0;
+  std::uint64_t snapshots = 0, commits_applied = 0, copied_replies = 0;
+};
+
+ashl_result run_ashl(const options& o, const std::string& transport, const ashl_case& c) {
+  ashl_result res;
+  void* m = ::mmap(nullptr, sizeof(shared_area), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return res.error = "mmap failed", res;
+  auto* sh = new (m) shared_area{};
+  int fds[2];
+  if (::pipe(fds) != 0) return res.error = "pipe failed", res;
+  std::fflush(nullptr);
+  const pid_t server = ::fork();
+  if (server == 0) {
+    ::close(fds[0]);
+    set_ucx_env(transport);
+    pin_to(0, o.pin);
+    ::alarm(900);
+    std::_Exit(run_server(o, c, sh, fds[1]));
+  }
+  ::close(fds[1]);
+  std::string addr = read_all(fds[0], 30);
+  ::close(fds[0]);
+  while (!addr.empty() && (addr.back() == '\n' || addr.back() == '\r')) addr.pop_back();
+  std::vector<pid_t> workers;
+  if (!addr.empty()) {
+    for (int k = 0; k < c.workers; ++k) {
+      const pid_t p = ::fork();
+      if (p == 0) {
+        set_ucx_env(transport);
+        pin_to(1, o.pin);
+        ::alarm(900);
+        std::_Exit(run_worker(o, c, sh, addr, static_cast<std::uint32_t>(k)));
+      }
+      workers.push_back(p);
+    }
+  }
+  int bad = addr.empty() ? 1 : 0;
+  for (pid_t p : workers) bad |= reap(p, 900) != 0;
+  if (bad) ::kill(server, SIGTERM);
+  bad |= reap(server, bad ? 5 : 60) != 0;
+  res.ok = !bad;
+  res.error = sh->error[0] ? sh->error : (bad ? "a process failed" : "");
+  res.lanes = sh->lanes;
+  if (o.describe) std::fprintf(stderr, "worker endpoint (%s, %zu bytes):\n%s\n", transport.c_str(), c.bytes, sh->describe);
+  for (int r = 0; r < c.reps; ++r) {
+    if (c.fan) {
+      double a = 1e300, b = 0;
+      for (int k = 0; k < c.workers; ++k) {
+        a = std::min(a, sh->start[r][k]);
+        b = std::max(b, sh->end[r][k]);
+      }
+      const double bytes = static_cast<double>(c.bytes) * c.iters * c.workers;
+      res.fan_gbps.push_back(b > a ? bytes / (b - a) * 1e-9 : 0.0);
+      continue;
+    }
+    if (c.do_pull) res.pull_s.push_back(sh->pull_s[r]);
+    if (c.do_commit) res.commit_s.push_back(sh->commit_s[r]);
+  }
+  res.server_idle = sh->server_idle;
+  res.snapshots = sh->snapshots;
+  res.commits_applied = sh->commits_applied;
+  res.copied_replies = sh->copied_replies;
+  sh->~shared_area();
+  ::munmap(m, sizeof(shared_area));
+  return res;
+}
+
+// ------------------------------------------------------------- ucx_perftest
+
+struct perftest_result {
+  bool ok = false;
+  double gbps = 0, usec = 0;  // overall bandwidth (10^9 B/s), overall latency (perftest's: half a round trip for *_lat)
+  std::string lanes, error;
+};
+
+// One ucx_perftest run: server (cpu 0) and client (cpu 1) with the case's UCX_TLS.
+perftest_result run_perftest_once(const options& o, const std::string& transport, const std::string& test,
+                                  std::size_t bytes, long iters) {
+  perftest_result res;
+  const int port = free_port();
+  if (port == 0) return res.error = "no free port", res;
+  const std::string port_s = std::to_string(port);
+  std::fflush(nullptr);
+  const pid_t server = ::fork();
+  if (server == 0) {
+    set_ucx_env(transport);
+    pin_to(0, o.pin);
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    ::execl(o.perftest.c_str(), "ucx_perftest", "-p", port_s.c_str(), static_cast<char*>(nullptr));
+    std::_Exit(127);
+  }
+  const double until = now_s() + 10;
+  while (!listening(port) && now_s() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  int fds[2];
+  if (::pipe(fds) != 0) return res.error = "pipe failed", res;
+  const std::string size = std::to_string(bytes), n = std::to_string(iters),
+                    warm = std::to_string(std::max<long>(iters / 10, 2));
+  const pid_t client = ::fork();
+  if (client == 0) {
+    set_ucx_env(transport);
+    ::setenv("UCX_LOG_LEVEL", "info", 1);  // prints the endpoint's lanes (ep_cfg) at start
+    pin_to(1, o.pin);
+    ::close(fds[0]);
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::execl(o.perftest.c_str(), "ucx_perftest", "127.0.0.1", "-p", port_s.c_str(), "-t", test.c_str(), "-s", size.c_str(),
+            "-n", n.c_str(), "-w", warm.c_str(), "-f", "-v", static_cast<char*>(nullptr));
+    std::_Exit(127);
+  }
+  ::close(fds[1]);
+  const std::string out = read_all(fds[0], 300);
+  ::close(fds[0]);
+  const int rc = reap(client, 10);
+  reap(server, 10);
+  // The last line that starts with a number is the CSV of the final figures:
+  // iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr
+  std::istringstream in(out);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    const auto p = line.find_first_not_of(' ');
+    if (p != std::string::npos && std::isdigit(static_cast<unsigned char>(line[p]))) last = line.substr(p);
+    if (const auto e = line.find("ep_cfg["); e != std::string::npos) {
+      const auto colon = line.find(": ", e);
+      if (colon != std::string::npos && res.lanes.empty()) res.lanes = line.substr(colon + 2);
+    }
+  }
+  const auto f = split(last, ',');
+  if (rc != 0 || f.size() < 8) {
+    res.error = "ucx_perftest " + test + " -s " + size + " failed (exit " + std::to_string(rc) + "): " +
+                out.substr(out.size() > 300 ? out.size() - 300 : 0);
+    return res;
+  }
+  res.usec = std::strtod(f[3].c_str(), nullptr);
+  res.gbps = std::strtod(f[5].c_str(), nullptr) * double(MiB) * 1e-9;  // perftest's MB/s are MiB/s
+  res.ok = true;
+  return res;
+}
+
+struct perftest_figure {
+  bool ok = false;
+  double gbps = std::nan(""), usec = std::nan("");
+  std::string lanes, error;
+};
+
+perftest_figure run_perftest(const options& o, const std::string& transport, const std::string& test,
+                             std::size_t bytes, long iters) {
+  std::vector<double> g, u;
+  perftest_figure fig;
+  if (!o.baseline) return fig;
+  for (int r = 0; r < o.reps; ++r) {
+    auto p = run_perftest_once(o, transport, test, bytes, iters);
+    if (!p.ok) {
+      fig.error = p.error;
+      continue;
+    }
+    g.push_back(p.gbps);
+    u.push_back(p.usec);
+    if (fig.lanes.empty()) fig.lanes = p.lanes;
+  }
+  if (!g.empty()) {
+    fig.ok = true;
+    fig.gbps = median(g);
+    fig.usec = median(u);
+  }
+  return fig;
+}
+
+// ------------------------------------------------------------------- output
+
+struct row {
+  std::string op, transport;
+  std::size_t bytes = 0;
+  double gbps = std::nan(""), usec = std::nan("");
+  std::string baseline;
+  double baseline_gbps = std::nan(""), baseline_usec = std::nan("");
+  double ratio = std::nan("");
+  std::string goal;  // ">= 0.8", "<= 2", ... or "" (no goal at this size)
+  bool met = false;
+  double ref_tag_gbps = std::nan(""), ref_tag_usec = std::nan("");
+  double extra = std::nan("");  // commit_oneway_gbps (commit), moved_gbps (fan_in)
+  std::string lanes, baseline_lanes, placement;
+  int reps = 0, iters = 0;
+  double server_idle = std::nan("");
+  std::string error;
+};
+
+std::string num(double v, int prec = 4) {
+  if (!std::isfinite(v)) return "null";
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", prec, v);
+  return b;
+}
+
+std::string human_bytes(std::size_t b) {
+  if (b >= MiB) return std::to_string(b / MiB) + " MiB";
+  return std::to_string(b / KiB) + " KiB";
+}
+
+long perftest_iters(const options& o, std::size_t bytes) {
+  const double target = o.quick ? 256.0 * MiB : 1024.0 * MiB;
+  return std::clamp<long>(static_cast<long>(target / static_cast<double>(bytes)), 16, 100000);
+}
+
+int ashl_iters(const options& o, std::size_t bytes) {
+  const double target = o.quick ? 32.0 * MiB : 128.0 * MiB;
+  return std::clamp<int>(static_cast<int>(target / static_cast<double>(bytes)), 2, o.quick ? 500 : 2000);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  bool reps_given = false;
+  std::string sizes_arg;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--quick") o.quick = true;
+    else if (a == "--json-only") o.json_only = true;
+    else if (a == "--reps") o.reps = std::clamp(std::atoi(next().c_str()), 1, max_reps), reps_given = true;
+    else if (a == "--progress") {
+      const std::string v = next();
+      if (v != "poll" && v != "wait") return std::fprintf(stderr, "--progress: poll or wait\n"), 2;
+      o.poll = v == "poll";
+    } else if (a == "--no-pin") o.pin = false;
+    else if (a == "--describe") o.describe = true;
+    else if (a == "--no-baseline") o.baseline = false;
+    else if (a == "--transports") o.transports = split(next(), ',');
+    else if (a == "--ops") o.ops = split(next(), ',');
+    else if (a == "--sizes") sizes_arg = next();
+    else if (a == "--perftest") o.perftest = next();
+    else if (a == "--fan-workers") o.fan_workers = std::clamp(std::atoi(next().c_str()), 1, max_workers);
+    else {
+      std::fprintf(stderr,
+                   "usage: ashl_bench_ps_ucx [--quick] [--reps N] [--json-only] [--progress wait|poll] [--no-pin]\n"
+                   "         [--transports shm,tcp] [--ops pull,commit,round_trip,fan_in] [--sizes 4K,1M,...]\n"
+                   "         [--perftest PATH] [--fan-workers N] [--describe] [--no-baseline]\n");
+      return 2;
+    }
+  }
+  if (o.quick && !reps_given) o.reps = 3;
+  if (!sizes_arg.empty()) {
+    for (const auto& s : split(sizes_arg, ',')) {
+      const double v = std::strtod(s.c_str(), nullptr);
+      const char u = s.back();
+      o.sizes.push_back(static_cast<std::size_t>(v * (u == 'K' ? KiB : u == 'M' ? MiB : 1)));
+    }
+  } else if (o.quick) {
+    o.sizes = {4 * KiB, 1 * MiB, 16 * MiB};
+  } else {
+    o.sizes = {4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB};
+  }
+  auto has = [&](const char* op) { return std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end(); };
+  if (::access(o.perftest.c_str(), X_OK) != 0) {
+    std::fprintf(stderr, "ashl_bench_ps_ucx: %s not found (Debian: apt-get install ucx-utils; or --perftest PATH)\n",
+                 o.perftest.c_str());
+    return 2;
+  }
+  std::signal(SIGPIPE, SIG_IGN);
+
+  const std::string mach = machine(), date = today();
+  const char* progress = o.poll ? "poll" : "wait";
+  std::vector<row> rows;
+  for (const auto& transport : o.transports) {
+    if (transport != "shm" && transport != "tcp") {
+      std::fprintf(stderr, "--transports: shm or tcp, not '%s'\n", transport.c_str());
+      return 2;
+    }
+    // Bandwidth and the 4 KiB round trip: one server and one worker per size.
+    for (const std::size_t bytes : o.sizes) {
+      const bool want_pull = has("pull"), want_commit = has("commit") || (has("round_trip") && bytes == 4 * KiB);
+      if (!want_pull && !want_commit) continue;
+      const ashl_case c{.bytes = bytes, .workers = 1, .reps = o.reps, .iters = ashl_iters(o, bytes),
+                        .do_pull = true, .do_commit = want_commit};
+      const perftest_figure am = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes));
+      const ashl_result a = run_ashl(o, transport, c);
+      const perftest_figure tag = run_perftest(o, transport, "tag_bw", bytes, perftest_iters(o, bytes));
+      const double pull_s = median(a.pull_s), commit_s = median(a.commit_s);
+      auto base = [&](const std::string& op) {
+        row r{.op = op, .transport = transport, .bytes = bytes, .baseline = "ucp_am_bw",
+              .baseline_gbps = am.gbps, .ref_tag_gbps = tag.gbps, .lanes = a.lanes, .baseline_lanes = am.lanes,
+              .placement = placement(o, false), .reps = o.reps, .iters = c.iters, .server_idle = a.server_idle};
+        r.error = !a.ok ? a.error : (!am.ok ? am.error : "");
+        return r;
+      };
+      if (want_pull && has("pull")) {
+        row r = base("pull");
+        r.gbps = static_cast<double>(bytes) / pull_s * 1e-9;
+        r.usec = pull_s * 1e6;
+        r.baseline_usec = static_cast<double>(bytes) / (am.gbps * 1e9) * 1e6;
+        r.ratio = r.gbps / r.baseline_gbps;
+        if (bytes >= MiB) r.goal = ">= 0.8", r.met = r.ratio >= 0.8;
+        rows.push_back(r);
+      }
+      if (has("commit")) {
+        row r = base("commit");
+        r.gbps = 2.0 * static_cast<double>(bytes) / commit_s * 1e-9;
+        r.usec = commit_s * 1e6;
+        r.baseline_usec = 2.0 * static_cast<double>(bytes) / (am.gbps * 1e9) * 1e6;
+        r.ratio = r.gbps / r.baseline_gbps;
+        r.extra = commit_s > pull_s ? static_cast<double>(bytes) / (commit_s - pull_s) * 1e-9 : std::nan("");
+        if (bytes >= MiB) r.goal = ">= 0.8", r.met = r.ratio >= 0.8;
+        rows.push_back(r);
+      }
+      if (has("round_trip") && bytes == 4 * KiB) {
+        const perftest_figure lat = run_perftest(o, transport, "ucp_am_lat", bytes, o.quick ? 5000 : 20000);
+        const perftest_figure tlat = run_perftest(o, transport, "tag_lat", bytes, o.quick ? 5000 : 20000);
+        row r = base("round_trip");
+        r.baseline = "ucp_am_lat";
+        r.baseline_gbps = std::nan("");
+        r.ref_tag_gbps = std::nan("");
+        r.baseline_lanes = lat.lanes;
+        r.usec = commit_s * 1e6;
+        r.baseline_usec = 2.0 * lat.usec;  // perftest prints half a round trip
+        r.ref_tag_usec = 2.0 * tlat.usec;
+        r.ratio = r.usec / r.baseline_usec;
+        r.goal = "<= 2";
+        r.met = r.ratio <= 2.0;
+        if (r.error.empty() && !lat.ok) r.error = lat.error;
+        rows.push_back(r);
+      }
+      if (!o.json_only)
+        std::fprintf(stderr, "  %s %s: done (pull %.1f us, commit %.1f us, am_bw %.2f GB/s)%s%s\n", transport.c_str(),
+                     human_bytes(bytes).c_str(), pull_s * 1e6, commit_s * 1e6, am.gbps, a.ok ? "" : " ERROR ",
+                     a.error.c_str());
+    }
+    if (has("fan_in")) {
+      const std::size_t bytes = 4 * MiB;
+      const ashl_case c{.bytes = bytes, .workers = o.fan_workers, .reps = o.reps, .iters = o.quick ? 4 : 16,
+                        .fan = true, .do_pull = false, .do_commit = true};
+      const perftest_figure am = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes));
+      const ashl_result a = run_ashl(o, transport, c);
+      row r{.op = "fan_in", .transport = transport, .bytes = bytes, .baseline = "ucp_am_bw",
+            .baseline_gbps = am.gbps, .lanes = a.lanes, .baseline_lanes = am.lanes, .placement = placement(o, true),
+            .reps = o.reps, .iters = c.iters, .server_idle = a.server_idle};
+      r.gbps = median(a.fan_gbps);
+      r.usec = static_cast<double>(bytes) * c.iters * c.workers / (r.gbps * 1e9) * 1e6 / (c.iters * c.workers);
+      r.baseline_usec = static_cast<double>(bytes) / (am.gbps * 1e9) * 1e6;
+      r.extra = 2.0 * r.gbps;  // each commit brings its 4 MiB pull reply back
+      r.ratio = r.gbps / r.baseline_gbps;
+      r.goal = ">= 0.7";
+      r.met = r.ratio >= 0.7;
+      r.error = !a.ok ? a.error : (!am.ok ? am.error : "");
+      rows.push_back(r);
+      if (!o.json_only)
+        std::fprintf(stderr, "  %s fan_in: done (%.2f GB/s)%s%s\n", transport.c_str(), r.gbps, a.ok ? "" : " ERROR ",
+                     a.error.c_str());
+    }
+  }
+
+  if (!o.json_only) {
+    std::printf("ps_ucx on %s (%d CPUs), %s, progress %s, median of %d; ratio = gbps / baseline_gbps "
+                "(round_trip: usec / baseline_usec)\n\n",
+                mach.c_str(), cpus(), date.c_str(), progress, o.reps);
+    std::printf("%-10s %-4s %8s %10s %10s %-10s %10s %10s %7s %7s %4s  %s | %s\n", "op", "tl", "bytes", "GB/s", "usec",
+                "baseline", "base GB/s", "base usec", "ratio", "goal", "met", "ashl lanes", "perftest lanes");
+    for (const auto& r : rows) {
+      std::printf("%-10s %-4s %8s %10s %10s %-10s %10s %10s %7s %7s %4s  %s | %s%s%s\n", r.op.c_str(),
+                  r.transport.c_str(), human_bytes(r.bytes).c_str(), num(r.gbps, 3).c_str(), num(r.usec, 1).c_str(),
+                  r.baseline.c_str(), num(r.baseline_gbps, 3).c_str(), num(r.baseline_usec, 1).c_str(),
+                  num(r.ratio, 2).c_str(), r.goal.empty() ? "-" : r.goal.c_str(),
+                  r.goal.empty() ? "-" : (r.met ? "yes" : "no"), r.lanes.c_str(), r.baseline_lanes.c_str(),
+                  r.error.empty() ? "" : "  ERROR: ", r.error.c_str());
+    }
+    std::printf("\n");
+  }
+  for (const auto& r : rows) {
+    std::printf(
+        "{\"bench\":\"ps_ucx\",\"op\":\"%s\",\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
+        "\"usec\":%s,\"baseline\":\"%s\",\"baseline_gbps\":%s,\"baseline_usec\":%s,\"ratio\":%s,\"goal\":\"%s\","
+        "\"met\":%s,\"ref_tag_gbps\":%s,\"ref_tag_usec\":%s,\"%s\":%s,\"server_idle\":%s,\"lanes\":\"%s\","
+        "\"baseline_lanes\":\"%s\",\"progress\":\"%s\",\"placement\":\"%s\",\"reps\":%d,\"iters\":%d,"
+        "\"machine\":\"%s\",\"date\":\"%s\",\"error\":\"%s\"}\n",
+        r.op.c_str(), r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
+        r.baseline.c_str(), num(r.baseline_gbps).c_str(), num(r.baseline_usec, 2).c_str(), num(r.ratio).c_str(),
+        r.goal.c_str(), r.goal.empty() ? "null" : (r.met ? "true" : "false"), num(r.ref_tag_gbps).c_str(),
+        num(r.ref_tag_usec, 2).c_str(), r.op == "fan_in" ? "moved_gbps" : "commit_oneway_gbps", num(r.extra).c_str(),
+        num(r.server_idle, 3).c_str(), json_escape(r.lanes).c_str(), json_escape(r.baseline_lanes).c_str(), progress,
+        r.placement.c_str(), r.reps, r.iters, json_escape(mach).c_str(), date.c_str(), json_escape(r.error).c_str());
+  }
+  bool errors = false;
+  for (const auto& r : rows) errors |= !r.error.empty();
+  return errors ? 1 : 0;
+}
+
+#endif  // ASHL_HAS_UCX()
