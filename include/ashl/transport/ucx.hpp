@@ -19,7 +19,22 @@
 // error. A peer is reported connected only after the HMAC-SHA256 handshake
 // of transport/auth.hpp, carried on its own active-message id.
 //
-// A message is one active message: the header part is the AM header, the
+// Data endpoints: UCX 1.13 gives sockaddr endpoints TCP lanes only, whatever
+// UCX_TLS says. So after the handshake both sides send each other, over the
+// authenticated sockaddr endpoint, a session key (8 random bytes the receiver
+// chose) and their UCP worker address, and each creates a second endpoint
+// from the other's address (UCP_EP_PARAM_FIELD_REMOTE_ADDRESS), over which
+// UCX may choose shared memory on one host. All data to a peer goes over
+// that endpoint (order per peer holds); the sockaddr endpoint stays open for
+// failure detection (its TCP reset is seen at once, where shared memory
+// relies on UCX's keepalive). A peer is reported connected once its data
+// endpoint exists. An address endpoint does not tell the receiver who sent
+// a message, so every data message carries the receiver's key in front of
+// its header; an unknown key is dropped and counted as unauthenticated.
+// ucx_params::address_endpoints = false keeps data on the sockaddr endpoint.
+//
+// A message is one active message: the header part (after the key) is the
+// AM header, the
 // data part is sent from where the caller's span lies. UCX chooses eager or
 // rendezvous by its own thresholds. Eager data is kept in UCX's descriptor
 // (no copy) until the handler has seen it; rendezvous data is received with
@@ -79,6 +94,10 @@ struct ucx_params {
   std::chrono::milliseconds close_timeout{2000};     // close()/destructor wait this long for orderly closes
   bool blocking = true;  // wait() sleeps on the worker's event fd; false: wait() only polls once
   bool verbose = false;  // print the UCX transports of each endpoint to stderr when it connects
+  // After the handshake, send data over an endpoint made from the peer's UCP
+  // worker address (UCX may pick shared memory on one host); false: over the
+  // sockaddr endpoint (TCP only with UCX 1.13).
+  bool address_endpoints = true;
   std::size_t max_message_bytes = std::size_t{1} << 31;  // larger incoming data is refused without allocating
   std::size_t queue_reserve = 1024;  // messages/sends in flight before a queue grows (allocates)
 };
@@ -159,9 +178,18 @@ inline std::string ucx_seconds(std::chrono::milliseconds d) {
   return buf;
 }
 
-// Active-message ids: the handshake and control channel, and data.
+// Active-message ids: the handshake and control channel (sockaddr
+// endpoint; the sender is its reply endpoint), data, and control messages
+// that must stay in order with data (both carry the receiver's session key
+// in front of the header, and may come over a worker-address endpoint).
 inline constexpr unsigned ucx_am_control = 0xa5;
 inline constexpr unsigned ucx_am_data = 0xa6;
+inline constexpr unsigned ucx_am_keyed_control = 0xa7;
+
+// The session key in front of every data message's header.
+inline constexpr std::size_t ucx_key_bytes = 8;
+// The largest data part of a control message (a worker address).
+inline constexpr std::size_t ucx_max_control_data = 16384;
 
 // Control messages (the AM header; no data part).
 enum class ucx_control : std::uint8_t {
@@ -169,16 +197,24 @@ enum class ucx_control : std::uint8_t {
   answer = 2,     // client → listener: client nonce ‖ client proof
   accept = 3,     // listener → client: server proof
   refuse = 4,     // listener → client: the client's proof was wrong
-  goodbye = 5,    // either side: an orderly close follows
+  goodbye = 5,    // either side: an orderly close follows (sockaddr endpoint: body = 1 when a
+                  // keyed goodbye follows the data on the data endpoint)
+  link = 6,       // either side, once the other is authenticated: body = the key it expects in
+                  // front of data; data part = its worker address (empty: send over sockaddr)
 };
 
-enum class ucx_peer_state : std::uint8_t { connecting, handshake, connected, done };
+// linking: authenticated, waiting for the peer's key and worker address.
+enum class ucx_peer_state : std::uint8_t { connecting, handshake, linking, connected, done };
 
 struct ucx_peer {
   peer_id id = no_peer;
   bool client = false;  // we connected to it (else it connected to our listener)
   ucx_peer_state state = ucx_peer_state::connecting;
-  ucp_ep_h ep = nullptr;
+  ucp_ep_h ep = nullptr;       // the sockaddr endpoint: handshake, control, failure detection
+  ucp_ep_h data_ep = nullptr;  // made from the peer's worker address; null: data goes over `ep`
+  std::uint64_t own_key = 0;   // the key the peer puts in front of its data to us
+  std::uint64_t peer_key = 0;  // the key we put in front of our data to it
+  bool draining = false;       // its sockaddr goodbye came; waiting for the keyed one behind its data
   std::string address;  // what we connected to, or where the peer connected from
   ucx_sockaddr target;  // client side: the listener's address
   ucx_clock::time_point start{}, deadline{}, retry_at{};
@@ -188,7 +224,7 @@ struct ucx_peer {
   unsigned attempts = 0;
   ucs_status_t last_error = UCS_OK;
   auth::nonce own_nonce{}, peer_nonce{};
-  std::string transports;  // ucp_ep_print_info, once connected
+  std::string transports;  // ucp_ep_print_info of the endpoint that carries data, once connected
 };
 
 enum class ucx_item_kind : std::uint8_t { data, control, ep_error };
@@ -204,7 +240,7 @@ struct ucx_item {
   bool held = false;  // `data` is a UCX descriptor to release with ucp_am_data_release
   bool done = false;
   peer_id peer = no_peer;
-  ucp_ep_h ep = nullptr;
+  ucp_ep_h ep = nullptr;  // control and ep_error: the endpoint; keyed messages: null
   ucs_status_t status = UCS_OK;
   std::size_t header_size = 0;
   std::array<std::byte, max_header_bytes> header{};
@@ -213,13 +249,17 @@ struct ucx_item {
   std::span<std::byte> destination;  // rendezvous: the handler's buffer
 };
 
-// One send in flight: the header copy UCX 1.13 needs until completion.
+// One send in flight: the header copy (after the session key) UCX 1.13
+// needs until completion.
 struct ucx_send_slot {
   peer_id peer = no_peer;
   std::uint64_t cookie = 0;
   std::size_t bytes = 0;
   ucs_status_t status = UCS_OK;
-  std::array<std::byte, max_header_bytes> header{};
+  bool in_flight = false;  // UCX holds the request: its callback is still to come
+  bool orphaned = false;   // completed with an error by ashl (its endpoint cannot cancel it)
+  bool reported = false;   // orphaned and already handed to the handler
+  std::array<std::byte, ucx_key_bytes + max_header_bytes> header{};
   class ucx_impl* owner = nullptr;
 };
 
@@ -290,6 +330,7 @@ class ucx_impl {
     for (ucx_item* it : queue_) release(*it);
     queue_.clear();
     if (listener_ != nullptr) ucp_listener_destroy(listener_);
+    if (worker_address_ != nullptr) ucp_worker_release_address(worker_, worker_address_);
     for (auto& r : regions_) {
       if (r.memh != nullptr) ucp_mem_unmap(context_, r.memh);
     }
@@ -324,7 +365,14 @@ class ucx_impl {
       s = ucp_worker_get_efd(worker_, &efd_);
       if (s != UCS_OK) return ucx_error("ucp_worker_get_efd", s);
     }
-    for (unsigned id : {ucx_am_control, ucx_am_data}) {
+    if (params_.address_endpoints) {
+      s = ucp_worker_get_address(worker_, &worker_address_, &worker_address_length_);
+      if (s != UCS_OK) return ucx_error("ucp_worker_get_address", s);
+      if (worker_address_length_ > ucx_max_control_data) {
+        return ucx_error("ucp_worker_get_address", UCS_ERR_EXCEEDS_LIMIT);
+      }
+    }
+    for (unsigned id : {ucx_am_control, ucx_am_data, ucx_am_keyed_control}) {
       ucp_am_handler_param_t hp{};
       hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS | UCP_AM_HANDLER_PARAM_FIELD_CB |
                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -332,7 +380,7 @@ class ucx_impl {
       // Persistent data: eager payloads stay in UCX's descriptor until the
       // handler has seen them, instead of being copied out in the callback.
       hp.flags = UCP_AM_FLAG_WHOLE_MSG | UCP_AM_FLAG_PERSISTENT_DATA;
-      hp.cb = id == ucx_am_control ? &on_am_control : &on_am_data;
+      hp.cb = id == ucx_am_control ? &on_am_control : id == ucx_am_data ? &on_am_data : &on_am_keyed_control;
       hp.arg = this;
       s = ucp_worker_set_am_recv_handler(worker_, &hp);
       if (s != UCS_OK) return ucx_error("ucp_worker_set_am_recv_handler", s);
@@ -344,6 +392,7 @@ class ucx_impl {
     completions_work_.reserve(n);
     free_slots_.reserve(n);
     blocked_.reserve(64);
+    held_.reserve(64);
     notes_.reserve(64);
     notes_work_.reserve(64);
     conn_requests_.reserve(64);
@@ -403,22 +452,26 @@ class ucx_impl {
     slot->cookie = cookie;
     slot->bytes = header.size() + data.size();
     slot->status = UCS_OK;
-    if (!header.empty()) std::memcpy(slot->header.data(), header.data(), header.size());
+    std::memcpy(slot->header.data(), &p->peer_key, ucx_key_bytes);
+    if (!header.empty()) std::memcpy(slot->header.data() + ucx_key_bytes, header.data(), header.size());
     ucp_request_param_t rp{};
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    // No UCP_AM_SEND_FLAG_REPLY: the receiver knows the sender by the key.
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     rp.cb.send = &on_send_done;
     rp.user_data = slot;
-    rp.flags = UCP_AM_SEND_FLAG_REPLY;
     if (const ucx_region* r = region_of(data.data(), data.size())) {
       rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
       rp.memh = r->memh;
     }
-    ucs_status_ptr_t req = ucp_am_send_nbx(p->ep, ucx_am_data, slot->header.data(), header.size(), data.data(), data.size(), &rp);
+    ucs_status_ptr_t req = ucp_am_send_nbx(data_endpoint(*p), ucx_am_data, slot->header.data(),
+                                           ucx_key_bytes + header.size(), data.data(), data.size(), &rp);
     if (req == nullptr) {
       completions_.push_back(slot);
     } else if (UCS_PTR_IS_ERR(req)) {
       slot->status = UCS_PTR_STATUS(req);
       completions_.push_back(slot);
+    } else {
+      slot->in_flight = true;
     }
     return {};
   }
@@ -450,7 +503,15 @@ class ucx_impl {
   void close(peer_id id) {
     ucx_peer* p = find(id);
     if (p == nullptr || p->state == ucx_peer_state::done) return;
-    if (p->state == ucx_peer_state::connected) send_control(*p, ucx_control::goodbye, {});
+    if (p->state == ucx_peer_state::connected) {
+      // A keyed goodbye behind the data on the data endpoint tells the peer
+      // all data has arrived; the one on the sockaddr endpoint comes first
+      // and tells it that the disconnect that follows is no failure.
+      const bool keyed = p->data_ep != nullptr;
+      if (keyed) send_keyed_control(*p, ucx_control::goodbye);
+      const std::array<std::byte, 1> body{std::byte{keyed ? std::uint8_t{1} : std::uint8_t{0}}};
+      send_control(*p, ucx_control::goodbye, body);
+    }
     finish(*p, true);
     note(id, peer_event::closed, status{});
     ++counters_.peers_closed;
@@ -481,10 +542,12 @@ class ucx_impl {
   const transport_counters& counters() const noexcept { return counters_; }
   const std::string& listen_address() const noexcept { return listen_address_; }
 
+  // The lanes of the endpoint that carries the peer's data.
   std::string describe(peer_id id) const {
     const ucx_peer* p = find(id);
     if (p == nullptr) return {};
-    return p->ep != nullptr ? print_endpoint(p->ep) : p->transports;
+    if (p->data_ep != nullptr) return print_endpoint(p->data_ep);
+    return p->ep != nullptr && p->state != ucx_peer_state::done ? print_endpoint(p->ep) : p->transports;
   }
 
   result<memory_id> register_memory(std::span<std::byte> region) {
@@ -546,9 +609,15 @@ class ucx_impl {
 
   static void on_send_done(void* request, ucs_status_t s, void* user_data) {
     auto* slot = static_cast<ucx_send_slot*>(user_data);
+    ucp_request_free(request);
+    slot->in_flight = false;
+    if (slot->orphaned) {
+      // Its error was (or is about to be) reported; the slot is free once both happened.
+      if (slot->reported) slot->owner->free_slots_.push_back(slot);
+      return;
+    }
     slot->status = s;
     slot->owner->completions_.push_back(slot);
-    ucp_request_free(request);
   }
 
   static void on_recv_done(void* request, ucs_status_t s, std::size_t, void* user_data) {
@@ -564,31 +633,68 @@ class ucx_impl {
   }
   static ucs_status_t on_am_data(void* arg, const void* header, std::size_t header_length, void* data,
                                  std::size_t length, const ucp_am_recv_param_t* param) {
-    return static_cast<ucx_impl*>(arg)->on_am(ucx_item_kind::data, header, header_length, data, length, param);
+    return static_cast<ucx_impl*>(arg)->on_am_keyed(ucx_item_kind::data, header, header_length, data, length, param);
+  }
+  static ucs_status_t on_am_keyed_control(void* arg, const void* header, std::size_t header_length, void* data,
+                                          std::size_t length, const ucp_am_recv_param_t* param) {
+    return static_cast<ucx_impl*>(arg)->on_am_keyed(ucx_item_kind::control, header, header_length, data, length, param);
   }
 
+  // Nothing is allocated for a message that is dropped: a rendezvous sender
+  // is told the data was refused, eager bytes are dropped where they lie.
+  static ucs_status_t drop(const ucp_am_recv_param_t* param) noexcept {
+    return (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0 ? UCS_ERR_MESSAGE_TRUNCATED : UCS_OK;
+  }
+
+  // The handshake channel: the sender is the sockaddr endpoint it came from.
   ucs_status_t on_am(ucx_item_kind kind, const void* header, std::size_t header_length, void* data, std::size_t length,
                      const ucp_am_recv_param_t* param) {
-    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    const bool persistent = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0;
     peer_id from = no_peer;
     if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0) {
       auto it = ep_peer_.find(param->reply_ep);
       if (it != ep_peer_.end()) from = it->second;
     }
+    if (from == no_peer) {
+      ++counters_.unauthenticated_dropped;
+      return drop(param);
+    }
+    return queue_am(kind, from, param->reply_ep, header, header_length, data, length, param);
+  }
+
+  // Data and keyed control: the sender is whoever holds the key in front of
+  // the header, which only an authenticated peer was told.
+  ucs_status_t on_am_keyed(ucx_item_kind kind, const void* header, std::size_t header_length, void* data,
+                           std::size_t length, const ucp_am_recv_param_t* param) {
+    peer_id from = no_peer;
+    if (header_length >= ucx_key_bytes) {
+      std::uint64_t key = 0;
+      std::memcpy(&key, header, ucx_key_bytes);
+      auto it = keys_.find(key);
+      if (it != keys_.end()) from = it->second;
+    }
+    if (from == no_peer) {
+      ++counters_.unauthenticated_dropped;
+      return drop(param);
+    }
+    if (find(from)->state == ucx_peer_state::done) return drop(param);  // a closed link's last messages
+    return queue_am(kind, from, nullptr, static_cast<const std::byte*>(header) + ucx_key_bytes,
+                    header_length - ucx_key_bytes, data, length, param);
+  }
+
+  ucs_status_t queue_am(ucx_item_kind kind, peer_id from, ucp_ep_h ep, const void* header, std::size_t header_length,
+                        void* data, std::size_t length, const ucp_am_recv_param_t* param) {
+    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    const bool persistent = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0;
     const bool too_big = header_length > max_header_bytes || length > params_.max_message_bytes ||
-                         (kind == ucx_item_kind::control && length != 0);
-    if (from == no_peer || too_big) {
-      // Nothing is allocated for it: a rendezvous sender is told the data was
-      // refused, eager bytes are dropped where they lie.
-      if (too_big) ++counters_.receives_refused;
-      else ++counters_.unauthenticated_dropped;
-      return rndv ? UCS_ERR_MESSAGE_TRUNCATED : UCS_OK;
+                         (kind == ucx_item_kind::control && (rndv || length > ucx_max_control_data));
+    if (too_big) {
+      ++counters_.receives_refused;
+      return drop(param);
     }
     ucx_item* item = take_item();
     item->kind = kind;
     item->peer = from;
-    item->ep = param->reply_ep;
+    item->ep = ep;
     item->header_size = header_length;
     if (header_length != 0) std::memcpy(item->header.data(), header, header_length);
     item->length = length;
@@ -629,6 +735,7 @@ class ucx_impl {
     }
     ucx_send_slot* s = free_slots_.back();
     free_slots_.pop_back();
+    s->in_flight = s->orphaned = s->reported = false;
     return s;
   }
 
@@ -713,19 +820,44 @@ class ucx_impl {
     }
     p.state = ucx_peer_state::done;
     p.retry_pending = false;
+    if (!flush) orphan_sends(p.id);
     drop_endpoint(p, flush);
   }
 
   void drop_endpoint(ucx_peer& p, bool flush) {
-    if (p.ep == nullptr) return;
-    ep_peer_.erase(p.ep);
+    // UCX refuses to force-close an endpoint without error handling (the
+    // data endpoint): it is flushed, which is local for shared memory.
+    close_endpoint(p.data_ep, true);
+    close_endpoint(p.ep, flush);
+  }
+
+  // Sends still in flight to a peer that failed or closed: UCX cancels those
+  // on a force-closed sockaddr endpoint, but not those on a data endpoint
+  // (no error handling), whose rendezvous would wait for the peer forever.
+  // Each is reported failed now; its slot is reused once UCX lets go of it.
+  void orphan_sends(peer_id id) {
+    for (auto& owned : slots_) {
+      ucx_send_slot* slot = owned.get();
+      if (slot->in_flight && !slot->orphaned && slot->peer == id) {
+        slot->orphaned = true;
+        slot->status = UCS_ERR_CANCELED;
+        completions_.push_back(slot);
+      }
+    }
+  }
+
+  void close_endpoint(ucp_ep_h& ep, bool flush) {
+    if (ep == nullptr) return;
+    ep_peer_.erase(ep);
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     rp.flags = flush ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t req = ucp_ep_close_nbx(p.ep, &rp);
+    ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &rp);
     if (req != nullptr && !UCS_PTR_IS_ERR(req)) closing_.push_back(req);
-    p.ep = nullptr;
+    ep = nullptr;
   }
+
+  ucp_ep_h data_endpoint(const ucx_peer& p) const noexcept { return p.data_ep != nullptr ? p.data_ep : p.ep; }
 
   void fail(ucx_peer& p, status why) {
     finish(p, false);
@@ -745,7 +877,10 @@ class ucx_impl {
     }
   }
 
-  void send_control(ucx_peer& p, ucx_control type, std::span<const std::byte> body) {
+  // A control message on the sockaddr endpoint; `data` (a worker address)
+  // must outlive the send.
+  void send_control(ucx_peer& p, ucx_control type, std::span<const std::byte> body,
+                    std::span<const std::byte> data = {}) {
     if (p.ep == nullptr) return;
     ucx_send_slot* slot = take_slot();
     slot->peer = no_peer;  // internal: no on_sent
@@ -759,11 +894,81 @@ class ucx_impl {
     rp.cb.send = &on_send_done;
     rp.user_data = slot;
     rp.flags = UCP_AM_SEND_FLAG_REPLY;
-    ucs_status_ptr_t req = ucp_am_send_nbx(p.ep, ucx_am_control, slot->header.data(), 1 + body.size(), nullptr, 0, &rp);
+    ucs_status_ptr_t req = ucp_am_send_nbx(p.ep, ucx_am_control, slot->header.data(), 1 + body.size(), data.data(),
+                                           data.size(), &rp);
     if (req == nullptr || UCS_PTR_IS_ERR(req)) {
       if (UCS_PTR_IS_ERR(req)) slot->status = UCS_PTR_STATUS(req);
       completions_.push_back(slot);
     }
+  }
+
+  // A control message in order with the data: on the data endpoint, keyed.
+  void send_keyed_control(ucx_peer& p, ucx_control type) {
+    const ucp_ep_h ep = data_endpoint(p);
+    if (ep == nullptr) return;
+    ucx_send_slot* slot = take_slot();
+    slot->peer = no_peer;  // internal: no on_sent
+    slot->cookie = 0;
+    slot->bytes = 0;
+    slot->status = UCS_OK;
+    std::memcpy(slot->header.data(), &p.peer_key, ucx_key_bytes);
+    slot->header[ucx_key_bytes] = static_cast<std::byte>(type);
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    rp.cb.send = &on_send_done;
+    rp.user_data = slot;
+    ucs_status_ptr_t req =
+        ucp_am_send_nbx(ep, ucx_am_keyed_control, slot->header.data(), ucx_key_bytes + 1, nullptr, 0, &rp);
+    if (req == nullptr || UCS_PTR_IS_ERR(req)) {
+      if (UCS_PTR_IS_ERR(req)) slot->status = UCS_PTR_STATUS(req);
+      completions_.push_back(slot);
+    }
+  }
+
+  // Authenticated: tell the peer the key it must put in front of its data
+  // and where our worker is. The key goes only over the sockaddr endpoint
+  // whose peer just proved it holds the token.
+  status send_link(ucx_peer& p) {
+    std::uint64_t key = 0;
+    while (key == 0 || keys_.count(key) != 0) {
+      auto n = auth::make_nonce();
+      if (!n) return n.error();
+      std::memcpy(&key, n->data(), sizeof key);
+    }
+    p.own_key = key;
+    keys_.emplace(key, p.id);
+    std::array<std::byte, ucx_key_bytes> body{};
+    std::memcpy(body.data(), &key, ucx_key_bytes);
+    send_control(p, ucx_control::link, body,
+                 std::span<const std::byte>(reinterpret_cast<const std::byte*>(worker_address_), worker_address_length_));
+    p.state = ucx_peer_state::linking;
+    return {};
+  }
+
+  // The peer's link: its key, and an endpoint to its worker address (UCX
+  // picks the transports: shared memory on one host when UCX_TLS allows).
+  void on_link(ucx_peer& p, const ucx_item& it, std::span<const std::byte> body) {
+    if (p.state != ucx_peer_state::linking || it.ep == nullptr || body.size() != ucx_key_bytes) return;
+    std::memcpy(&p.peer_key, body.data(), ucx_key_bytes);
+    if (params_.address_endpoints && it.length != 0 && it.data != nullptr) {
+      // UCP_ERR_HANDLING_MODE_NONE: with PEER, UCX 1.13 leaves out posix and
+      // sysv (they lack peer-failure support) and picks TCP even on one host.
+      // A dead peer is detected by the sockaddr endpoint (PEER mode), whose
+      // failure force-closes this one, cancelling its pending sends.
+      ucp_ep_params_t ep = ep_params();
+      ep.field_mask |= UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+      ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+      ep.address = static_cast<const ucp_address_t*>(it.data);
+      const ucs_status_t s = ucp_ep_create(worker_, &ep, &p.data_ep);
+      if (s != UCS_OK) {
+        p.data_ep = nullptr;
+        return fail(p, status(errc::unavailable, "peer " + p.address +
+                                                     ": cannot create an endpoint to its worker address: " +
+                                                     ucx_status_name(s)));
+      }
+      ep_peer_[p.data_ep] = p.id;
+    }
+    mark_connected(p);
   }
 
   void accept_connections() {
@@ -807,6 +1012,12 @@ class ucx_impl {
         } else if (now >= p.deadline) {
           give_up_connecting(p);
         }
+      } else if (p.state == ucx_peer_state::connected && p.draining && now >= p.deadline) {
+        // Its keyed goodbye never came (it died after its sockaddr goodbye).
+        close_by_peer(p);
+      } else if (p.state == ucx_peer_state::linking && now >= p.deadline) {
+        fail(p, status(errc::timed_out, "peer " + p.address + ": no data endpoint within " +
+                                            ucx_seconds(params_.auth_timeout) + " of authentication"));
       } else if (p.state == ucx_peer_state::handshake && now >= p.deadline) {
         if (!p.client) ++counters_.auth_refused;
         fail(p, status(errc::timed_out, "peer " + p.address + ": authentication did not finish within " +
@@ -819,7 +1030,9 @@ class ucx_impl {
     auto next = ucx_clock::time_point::max();
     for (const auto& pp : peers_) {
       const ucx_peer& p = *pp;
-      if (p.state == ucx_peer_state::connecting || p.state == ucx_peer_state::handshake) {
+      if (p.state == ucx_peer_state::connected && p.draining) next = std::min(next, p.deadline);
+      if (p.state == ucx_peer_state::connecting || p.state == ucx_peer_state::handshake ||
+          p.state == ucx_peer_state::linking) {
         next = std::min(next, p.deadline);
         if (p.retry_pending) next = std::min(next, p.retry_at);
         // The connection manager's events do not always wake the worker's fd:
@@ -839,10 +1052,18 @@ class ucx_impl {
     blocked_.clear();
     for (const ucx_item* it : queue_) {
       if (blocked(it->peer)) continue;
+      if (it->ep == nullptr && it->kind != ucx_item_kind::ep_error && held_back(it->peer)) continue;
       if (it->recv != ucx_recv_state::receiving) return true;
       blocked_.push_back(it->peer);
     }
     return false;
+  }
+
+  // A keyed message from a peer whose own link (over the sockaddr endpoint)
+  // has not been handled yet waits for it: endpoints are not ordered.
+  bool held_back(peer_id id) const noexcept {
+    const ucx_peer* p = find(id);
+    return p != nullptr && p->state == ucx_peer_state::linking;
   }
 
   // ---- handshake -----------------------------------------------------------------
@@ -891,7 +1112,8 @@ class ucx_impl {
         auto proof = auth::server_proof(params_.token, p.peer_nonce, p.own_nonce);
         if (!proof) return fail(p, proof.error());
         send_control(p, ucx_control::accept, *proof);
-        mark_connected(p);
+        p.deadline = ucx_clock::now() + params_.auth_timeout;
+        if (status s = send_link(p); !s.ok()) return fail(p, std::move(s));
         return;
       }
       case ucx_control::accept: {
@@ -902,7 +1124,12 @@ class ucx_impl {
                                                             " did not prove it holds the token (ASHL_TOKEN differs, "
                                                             "or it is not an ashl server)"));
         }
-        mark_connected(p);
+        p.deadline = ucx_clock::now() + params_.auth_timeout;
+        if (status s = send_link(p); !s.ok()) return fail(p, std::move(s));
+        return;
+      }
+      case ucx_control::link: {
+        on_link(p, it, body);
         return;
       }
       case ucx_control::refuse: {
@@ -911,22 +1138,37 @@ class ucx_impl {
                                                           " refused authentication (ASHL_TOKEN differs)"));
       }
       case ucx_control::goodbye: {
+        if (it.ep == nullptr) {
+          // Keyed, behind all its data: everything it sent has arrived.
+          if (p.state == ucx_peer_state::connected) close_by_peer(p);
+          return;
+        }
         p.goodbye = true;
         if (p.state == ucx_peer_state::connected) {
-          finish(p, false);
-          ++counters_.peers_closed;
-          note(p.id, peer_event::closed, status{});
+          if (body.size() == 1 && body[0] == std::byte{1}) {
+            // Its data may still be on the way over the data endpoint.
+            p.draining = true;
+            p.deadline = ucx_clock::now() + params_.close_timeout;
+          } else {
+            close_by_peer(p);
+          }
         }
         return;
       }
     }
   }
 
+  void close_by_peer(ucx_peer& p) {
+    finish(p, false);
+    ++counters_.peers_closed;
+    note(p.id, peer_event::closed, status{});
+  }
+
   void mark_connected(ucx_peer& p) {
     p.state = ucx_peer_state::connected;
     connected_.push_back(p.id);
     ++counters_.peers_connected;
-    p.transports = print_endpoint(p.ep);
+    p.transports = print_endpoint(data_endpoint(p));
     if (params_.verbose) {
       std::fprintf(stderr, "ashl ucx: peer %u %s connected over %s\n", p.id, p.address.c_str(),
                    summarize(p.transports).c_str());
@@ -1006,7 +1248,11 @@ class ucx_impl {
           }
           ++calls;
         }
-        free_slots_.push_back(slot);
+        if (slot->in_flight) {
+          slot->reported = true;  // orphaned: free once UCX's callback came
+        } else {
+          free_slots_.push_back(slot);
+        }
       }
       completions_work_.clear();
     }
@@ -1014,11 +1260,13 @@ class ucx_impl {
   }
 
   bool blocked(peer_id p) const noexcept { return std::find(blocked_.begin(), blocked_.end(), p) != blocked_.end(); }
+  bool is_held(peer_id p) const noexcept { return std::find(held_.begin(), held_.end(), p) != held_.end(); }
 
   template <class H>
   std::size_t deliver_items(H& h) {
     std::size_t calls = 0;
     blocked_.clear();
+    held_.clear();
     // Items are appended only by UCX callbacks, i.e. inside
     // ucp_worker_progress, which nothing below calls; index-based anyway.
     for (std::size_t i = 0; i < queue_.size(); ++i) {
@@ -1027,13 +1275,22 @@ class ucx_impl {
       ucx_peer* p = find(it.peer);
       if (it.kind == ucx_item_kind::ep_error) {
         it.done = true;
-        if (p != nullptr && p->ep == it.ep) on_endpoint_error(*p, it.status);
+        if (p != nullptr && it.ep != nullptr && (p->ep == it.ep || p->data_ep == it.ep)) {
+          on_endpoint_error(*p, it.ep, it.status);
+        }
         calls += deliver_notes(h);
         continue;
       }
-      if (p == nullptr || p->ep != it.ep || p->state == ucx_peer_state::done) {
+      const bool keyed = it.ep == nullptr;
+      if (p == nullptr || (!keyed && p->ep != it.ep) || p->state == ucx_peer_state::done) {
         release(it);  // from an endpoint that is gone: nobody to deliver to
         it.done = true;
+        continue;
+      }
+      if (keyed && (p->state == ucx_peer_state::linking || is_held(it.peer))) {
+        // Came over its data endpoint before its link: kept, in order, for
+        // the next progress().
+        if (!is_held(it.peer)) held_.push_back(it.peer);
         continue;
       }
       if (it.kind == ucx_item_kind::control) {
@@ -1115,7 +1372,7 @@ class ucx_impl {
     }
   }
 
-  void on_endpoint_error(ucx_peer& p, ucs_status_t s) {
+  void on_endpoint_error(ucx_peer& p, ucp_ep_h ep, ucs_status_t s) {
     if (p.state == ucx_peer_state::done) return;
     if (p.client && p.state == ucx_peer_state::connecting && !p.challenged) {
       // Nobody listens (yet): try again until the connect deadline.
@@ -1125,14 +1382,21 @@ class ucx_impl {
       return;
     }
     if (p.goodbye) {
-      finish(p, false);
-      ++counters_.peers_closed;
-      note(p.id, peer_event::closed, status{});
+      if (p.draining && ep == p.ep) {
+        // The disconnect after its sockaddr goodbye; its data endpoint
+        // still brings the rest of its data and the keyed goodbye.
+        close_endpoint(p.ep, false);
+        return;
+      }
+      close_by_peer(p);
       return;
     }
     const bool was_connected = p.state == ucx_peer_state::connected;
     std::string why = "peer " + std::to_string(p.id) + " (" + p.address + ") " +
-                      (was_connected ? "failed: " : "failed before authentication: ") + ucx_status_name(s);
+                      (was_connected                               ? "failed: "
+                       : p.state == ucx_peer_state::linking ? "failed before its data endpoint was ready: "
+                                                            : "failed before authentication: ") +
+                      ucx_status_name(s);
     fail(p, status(errc::unavailable, std::move(why)));
   }
 
@@ -1148,12 +1412,15 @@ class ucx_impl {
   std::vector<std::unique_ptr<ucx_peer>> peers_;  // by peer_id; never reused
   std::vector<peer_id> connected_;
   std::unordered_map<ucp_ep_h, peer_id> ep_peer_;
+  std::unordered_map<std::uint64_t, peer_id> keys_;  // own_key → peer; kept after a peer is done
+  ucp_address_t* worker_address_ = nullptr;         // sent in each link; null without address endpoints
+  std::size_t worker_address_length_ = 0;
 
   std::vector<std::unique_ptr<ucx_item>> items_;
   std::vector<ucx_item*> free_items_, queue_;
   std::vector<std::unique_ptr<ucx_send_slot>> slots_;
   std::vector<ucx_send_slot*> free_slots_, completions_, completions_work_;
-  std::vector<peer_id> blocked_;
+  std::vector<peer_id> blocked_, held_;
   std::vector<ucx_peer_note> notes_, notes_work_;
   std::vector<ucp_conn_request_h> conn_requests_;
   std::vector<void*> closing_;
