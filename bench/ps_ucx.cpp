@@ -43,7 +43,13 @@
 //               one ucp_am_bw stream at 4 MiB; ratio = gbps / baseline_gbps
 //               (goal >= 0.7).
 // For reference, tag_bw (bandwidth sizes) and tag_lat (4 KiB) run too and
-// are reported as ref_tag_gbps / ref_tag_usec.
+// are reported as ref_tag_gbps / ref_tag_usec; and the same ucp_am_bw /
+// ucp_am_lat with -e (endpoints with peer error handling, which ashl's
+// endpoints always have: UCX 1.13 then leaves out the transports that cannot
+// report a dead peer) as ref_eh_gbps / ref_eh_usec with their lanes.
+// UCX_* variables in the environment (other than UCX_TLS and
+// UCX_NET_DEVICES) reach every child and are recorded (ucx_env), as is the
+// load average before and after (load).
 //
 // Every figure is the median of --reps repetitions. An ashl repetition is
 // the mean of `iters` operations in a row (after warm-up); a perftest
@@ -144,6 +150,25 @@ std::string today() {
   char b[32];
   std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
   return b;
+}
+
+// The 1/5/15-minute load averages: other work on a shared machine moves every figure.
+std::string loadavg() {
+  std::ifstream f("/proc/loadavg");
+  std::string a, b, c;
+  f >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+// UCX_* variables the children inherit (besides UCX_TLS and UCX_NET_DEVICES, set per case).
+std::string ucx_environment() {
+  std::string out;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string v = *e;
+    if (v.rfind("UCX_", 0) == 0 && v.rfind("UCX_TLS=", 0) != 0 && v.rfind("UCX_NET_DEVICES=", 0) != 0)
+      out += (out.empty() ? "" : " ") + v;
+  }
+  return out;
 }
 
 double median(std::vector<double> v) {
@@ -492,7 +517,7 @@ struct perftest_result {
 
 // One ucx_perftest run: server (cpu 0) and client (cpu 1) with the case's UCX_TLS.
 perftest_result run_perftest_once(const options& o, const std::string& transport, const std::string& test,
-                                  std::size_t bytes, long iters) {
+                                  std::size_t bytes, long iters, bool eh) {
   perftest_result res;
   const int port = free_port();
   if (port == 0) return res.error = "no free port", res;
@@ -523,7 +548,8 @@ perftest_result run_perftest_once(const options& o, const std::string& transport
     ::dup2(fds[1], 1);
     ::dup2(fds[1], 2);
     ::execl(o.perftest.c_str(), "ucx_perftest", "127.0.0.1", "-p", port_s.c_str(), "-t", test.c_str(), "-s", size.c_str(),
-            "-n", n.c_str(), "-w", warm.c_str(), "-f", "-v", static_cast<char*>(nullptr));
+            "-n", n.c_str(), "-w", warm.c_str(), "-f", "-v", eh ? "-e" : static_cast<char*>(nullptr),
+            static_cast<char*>(nullptr));
     std::_Exit(127);
   }
   ::close(fds[1]);
@@ -562,12 +588,12 @@ struct perftest_figure {
 };
 
 perftest_figure run_perftest(const options& o, const std::string& transport, const std::string& test,
-                             std::size_t bytes, long iters) {
+                             std::size_t bytes, long iters, bool eh = false) {
   std::vector<double> g, u;
   perftest_figure fig;
   if (!o.baseline) return fig;
   for (int r = 0; r < o.reps; ++r) {
-    auto p = run_perftest_once(o, transport, test, bytes, iters);
+    auto p = run_perftest_once(o, transport, test, bytes, iters, eh);
     if (!p.ok) {
       fig.error = p.error;
       continue;
@@ -596,6 +622,8 @@ struct row {
   std::string goal;  // ">= 0.8", "<= 2", ... or "" (no goal at this size)
   bool met = false;
   double ref_tag_gbps = std::nan(""), ref_tag_usec = std::nan("");
+  double ref_eh_gbps = std::nan(""), ref_eh_usec = std::nan("");  // perftest -e (peer error handling, as ashl)
+  std::string ref_eh_lanes;
   double extra = std::nan("");  // commit_oneway_gbps (commit), moved_gbps (fan_in)
   std::string lanes, baseline_lanes, placement;
   int reps = 0, iters = 0;
@@ -677,7 +705,7 @@ int main(int argc, char** argv) {
   }
   std::signal(SIGPIPE, SIG_IGN);
 
-  const std::string mach = machine(), date = today();
+  const std::string mach = machine(), date = today(), ucx_env = ucx_environment(), load_before = loadavg();
   const char* progress = o.poll ? "poll" : "wait";
   std::vector<row> rows;
   for (const auto& transport : o.transports) {
@@ -694,12 +722,15 @@ int main(int argc, char** argv) {
       const perftest_figure am = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes));
       const ashl_result a = run_ashl(o, transport, c);
       const perftest_figure tag = run_perftest(o, transport, "tag_bw", bytes, perftest_iters(o, bytes));
+      const perftest_figure eh = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes), true);
       const double pull_s = median(a.pull_s), commit_s = median(a.commit_s);
       auto base = [&](const std::string& op) {
         row r{.op = op, .transport = transport, .bytes = bytes, .baseline = "ucp_am_bw",
               .baseline_gbps = am.gbps, .ref_tag_gbps = tag.gbps, .lanes = a.lanes, .baseline_lanes = am.lanes,
               .placement = placement(o, false), .reps = o.reps, .iters = c.iters, .server_idle = a.server_idle};
         r.error = !a.ok ? a.error : (!am.ok ? am.error : "");
+        r.ref_eh_gbps = eh.gbps;
+        r.ref_eh_lanes = eh.lanes;
         return r;
       };
       if (want_pull && has("pull")) {
@@ -724,6 +755,7 @@ int main(int argc, char** argv) {
       if (has("round_trip") && bytes == 4 * KiB) {
         const perftest_figure lat = run_perftest(o, transport, "ucp_am_lat", bytes, o.quick ? 5000 : 20000);
         const perftest_figure tlat = run_perftest(o, transport, "tag_lat", bytes, o.quick ? 5000 : 20000);
+        const perftest_figure elat = run_perftest(o, transport, "ucp_am_lat", bytes, o.quick ? 5000 : 20000, true);
         row r = base("round_trip");
         r.baseline = "ucp_am_lat";
         r.baseline_gbps = std::nan("");
@@ -732,6 +764,9 @@ int main(int argc, char** argv) {
         r.usec = commit_s * 1e6;
         r.baseline_usec = 2.0 * lat.usec;  // perftest prints half a round trip
         r.ref_tag_usec = 2.0 * tlat.usec;
+        r.ref_eh_gbps = std::nan("");
+        r.ref_eh_usec = 2.0 * elat.usec;
+        r.ref_eh_lanes = elat.lanes;
         r.ratio = r.usec / r.baseline_usec;
         r.goal = "<= 2";
         r.met = r.ratio <= 2.0;
@@ -749,6 +784,7 @@ int main(int argc, char** argv) {
                         .fan = true, .do_pull = false, .do_commit = true};
       const perftest_figure am = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes));
       const ashl_result a = run_ashl(o, transport, c);
+      const perftest_figure eh = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes), true);
       row r{.op = "fan_in", .transport = transport, .bytes = bytes, .baseline = "ucp_am_bw",
             .baseline_gbps = am.gbps, .lanes = a.lanes, .baseline_lanes = am.lanes, .placement = placement(o, true),
             .reps = o.reps, .iters = c.iters, .server_idle = a.server_idle};
@@ -757,6 +793,8 @@ int main(int argc, char** argv) {
       r.baseline_usec = static_cast<double>(bytes) / (am.gbps * 1e9) * 1e6;
       r.extra = 2.0 * r.gbps;  // each commit brings its 4 MiB pull reply back
       r.ratio = r.gbps / r.baseline_gbps;
+      r.ref_eh_gbps = eh.gbps;
+      r.ref_eh_lanes = eh.lanes;
       r.goal = ">= 0.7";
       r.met = r.ratio >= 0.7;
       r.error = !a.ok ? a.error : (!am.ok ? am.error : "");
@@ -767,18 +805,23 @@ int main(int argc, char** argv) {
     }
   }
 
+  const std::string load = load_before + " -> " + loadavg();
   if (!o.json_only) {
     std::printf("ps_ucx on %s (%d CPUs), %s, progress %s, median of %d; ratio = gbps / baseline_gbps "
                 "(round_trip: usec / baseline_usec)\n\n",
                 mach.c_str(), cpus(), date.c_str(), progress, o.reps);
-    std::printf("%-10s %-4s %8s %10s %10s %-10s %10s %10s %7s %7s %4s  %s | %s\n", "op", "tl", "bytes", "GB/s", "usec",
-                "baseline", "base GB/s", "base usec", "ratio", "goal", "met", "ashl lanes", "perftest lanes");
+    std::printf("load average %s; UCX env: %s\n\n", load.c_str(), ucx_env.empty() ? "(none)" : ucx_env.c_str());
+    std::printf("%-10s %-4s %8s %10s %10s %-10s %10s %10s %7s %7s %4s %10s  %s | %s | %s\n", "op", "tl", "bytes", "GB/s",
+                "usec", "baseline", "base GB/s", "base usec", "ratio", "goal", "met", "-e GB/s|us", "ashl lanes",
+                "perftest lanes", "perftest -e lanes");
     for (const auto& r : rows) {
-      std::printf("%-10s %-4s %8s %10s %10s %-10s %10s %10s %7s %7s %4s  %s | %s%s%s\n", r.op.c_str(),
+      std::printf("%-10s %-4s %8s %10s %10s %-10s %10s %10s %7s %7s %4s %10s  %s | %s | %s%s%s\n", r.op.c_str(),
                   r.transport.c_str(), human_bytes(r.bytes).c_str(), num(r.gbps, 3).c_str(), num(r.usec, 1).c_str(),
                   r.baseline.c_str(), num(r.baseline_gbps, 3).c_str(), num(r.baseline_usec, 1).c_str(),
                   num(r.ratio, 2).c_str(), r.goal.empty() ? "-" : r.goal.c_str(),
-                  r.goal.empty() ? "-" : (r.met ? "yes" : "no"), r.lanes.c_str(), r.baseline_lanes.c_str(),
+                  r.goal.empty() ? "-" : (r.met ? "yes" : "no"),
+                  std::isfinite(r.ref_eh_gbps) ? num(r.ref_eh_gbps, 3).c_str() : num(r.ref_eh_usec, 1).c_str(),
+                  r.lanes.c_str(), r.baseline_lanes.c_str(), r.ref_eh_lanes.c_str(),
                   r.error.empty() ? "" : "  ERROR: ", r.error.c_str());
     }
     std::printf("\n");
@@ -787,15 +830,18 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"bench\":\"ps_ucx\",\"op\":\"%s\",\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
         "\"usec\":%s,\"baseline\":\"%s\",\"baseline_gbps\":%s,\"baseline_usec\":%s,\"ratio\":%s,\"goal\":\"%s\","
-        "\"met\":%s,\"ref_tag_gbps\":%s,\"ref_tag_usec\":%s,\"%s\":%s,\"server_idle\":%s,\"lanes\":\"%s\","
+        "\"met\":%s,\"ref_tag_gbps\":%s,\"ref_tag_usec\":%s,\"ref_eh_gbps\":%s,\"ref_eh_usec\":%s,\"ref_eh_lanes\":\"%s\",\"%s\":%s,\"server_idle\":%s,\"lanes\":\"%s\","
         "\"baseline_lanes\":\"%s\",\"progress\":\"%s\",\"placement\":\"%s\",\"reps\":%d,\"iters\":%d,"
-        "\"machine\":\"%s\",\"date\":\"%s\",\"error\":\"%s\"}\n",
+        "\"machine\":\"%s\",\"date\":\"%s\",\"ucx_env\":\"%s\",\"load\":\"%s\","
+        "\"error\":\"%s\"}\n",
         r.op.c_str(), r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
         r.baseline.c_str(), num(r.baseline_gbps).c_str(), num(r.baseline_usec, 2).c_str(), num(r.ratio).c_str(),
         r.goal.c_str(), r.goal.empty() ? "null" : (r.met ? "true" : "false"), num(r.ref_tag_gbps).c_str(),
-        num(r.ref_tag_usec, 2).c_str(), r.op == "fan_in" ? "moved_gbps" : "commit_oneway_gbps", num(r.extra).c_str(),
+        num(r.ref_tag_usec, 2).c_str(), num(r.ref_eh_gbps).c_str(), num(r.ref_eh_usec, 2).c_str(),
+        json_escape(r.ref_eh_lanes).c_str(), r.op == "fan_in" ? "moved_gbps" : "commit_oneway_gbps", num(r.extra).c_str(),
         num(r.server_idle, 3).c_str(), json_escape(r.lanes).c_str(), json_escape(r.baseline_lanes).c_str(), progress,
-        r.placement.c_str(), r.reps, r.iters, json_escape(mach).c_str(), date.c_str(), json_escape(r.error).c_str());
+        r.placement.c_str(), r.reps, r.iters, json_escape(mach).c_str(), date.c_str(), json_escape(ucx_env).c_str(), load.c_str(),
+        json_escape(r.error).c_str());
   }
   bool errors = false;
   for (const auto& r : rows) errors |= !r.error.empty();
