@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -211,13 +212,15 @@ struct echo_options {
   std::chrono::milliseconds delay{0};           // start listening this late
   bool stall_after_first = false;               // stop progressing after the first message
   std::chrono::milliseconds lifetime{15000};
+  bool address_endpoints = true;
 };
 
 // Echoes every message (header and data) to its sender. Prints its address,
 // then at exit one line "auth_refused=<n> received=<n> connected=<n>".
 int echo_server(int fd, const echo_options& o) {
   if (o.delay.count() > 0) std::this_thread::sleep_for(o.delay);
-  auto server = t::ucx::create({.listen = o.listen, .token = o.token, .connect_timeout = 5000ms});
+  auto server = t::ucx::create(
+      {.listen = o.listen, .token = o.token, .connect_timeout = 5000ms, .address_endpoints = o.address_endpoints});
   if (!server) {
     say(fd, "error " + server.error().message());
     return 2;
@@ -286,10 +289,14 @@ child start_echo(const echo_options& o, std::string& address) {
   return c;
 }
 
-t::ucx make_client(std::string tok = token, std::chrono::milliseconds connect_timeout = 10000ms) {
+t::ucx make_client(std::string tok = token, std::chrono::milliseconds connect_timeout = 10000ms,
+                   bool address_endpoints = true) {
   // verbose: the test log shows which UCX transports each connection used.
-  auto c = t::ucx::create(
-      {.token = std::move(tok), .connect_timeout = connect_timeout, .retry_interval = 50ms, .verbose = true});
+  auto c = t::ucx::create({.token = std::move(tok),
+                           .connect_timeout = connect_timeout,
+                           .retry_interval = 50ms,
+                           .verbose = true,
+                           .address_endpoints = address_endpoints});
   BOOST_TEST_REQUIRE(c.has_value(), (c ? "" : c.error().message()));
   return std::move(*c);
 }
@@ -309,16 +316,54 @@ std::optional<t::peer_id> connect_to(t::ucx& x, recorder& h, const std::string& 
   return *p;
 }
 
+// The "transport/device" names of the lanes in describe()'s text.
+std::vector<std::string> lane_transports(const std::string& info) {
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  while ((pos = info.find("lane[", pos)) != std::string::npos) {
+    const auto colon = info.find(':', pos);
+    const auto eol = info.find('\n', pos);
+    const auto start = info.find(':', info.find_first_not_of(' ', colon + 1)) + 1;
+    const auto end = info.find_first_of(" .\n", start);
+    // "cm" lanes (the connection manager of a sockaddr endpoint) carry no messages.
+    if (start != 0 && start < eol) out.push_back(info.substr(start, end - start));
+    pos = eol;
+  }
+  return out;
+}
+
+// Which transports the data endpoint must use.
+enum class expect { shared_memory, tcp };
+
+void check_lanes(const std::string& info, expect e) {
+  const auto lanes = lane_transports(info);
+  BOOST_TEST_REQUIRE(!lanes.empty(), info);
+  std::size_t shm = 0, tcp = 0;
+  for (const auto& l : lanes) {
+    if (l.rfind("sysv/", 0) == 0 || l.rfind("posix/", 0) == 0 || l.rfind("cma/", 0) == 0) ++shm;
+    if (l.rfind("tcp/", 0) == 0) ++tcp;
+  }
+  if (e == expect::shared_memory) {
+    // Active messages over posix or sysv shared memory (cma for rendezvous), no TCP.
+    BOOST_TEST(lanes[0].find("/memory") != std::string::npos, info);
+    BOOST_TEST(shm == lanes.size(), info);
+  } else {
+    BOOST_TEST(tcp == lanes.size(), info);
+  }
+}
+
 // Sends 0 B, 100 B, 64 KiB and 8 MiB messages (twice over) to the echo
 // server and checks they come back intact, in order, large ones straight
 // into the buffers handed out by receive_buffer; one large echo is refused.
-void round_trip(const char* tls, const std::string& listen) {
+// `client_address_endpoints` false: the client sends over its sockaddr
+// endpoint while the server answers over its address endpoint.
+void round_trip(const char* tls, const std::string& listen, expect e, bool client_address_endpoints = true) {
   tls_scope scope(tls);
   std::string address;
   child server = start_echo({.listen = listen}, address);
   BOOST_TEST_REQUIRE(!address.empty());
   BOOST_TEST_REQUIRE(address.rfind("error", 0) != 0, address);
-  t::ucx client = make_client();
+  t::ucx client = make_client(token, 10000ms, client_address_endpoints);
   recorder h;
   auto p = connect_to(client, h, address);
   BOOST_TEST_REQUIRE(p.has_value());
@@ -327,6 +372,7 @@ void round_trip(const char* tls, const std::string& listen) {
   const std::string lanes = client.describe(*p);
   BOOST_TEST(!lanes.empty());
   BOOST_TEST_MESSAGE("UCX_TLS=" << (tls ? tls : "(unset)") << " " << address << " lanes:\n" << lanes);
+  check_lanes(lanes, e);
 
   const std::size_t sizes[] = {0, 100, 64 << 10, 8 << 20, 0, 100, 64 << 10, 8 << 20, 100};
   const std::size_t n = std::size(sizes);
@@ -506,12 +552,16 @@ BOOST_AUTO_TEST_CASE(polling_mode_in_one_process) {
 
 // ---- real processes -----------------------------------------------------------------
 
-BOOST_AUTO_TEST_CASE(round_trip_ucx_chooses) { round_trip(nullptr, "127.0.0.1:0"); }
-BOOST_AUTO_TEST_CASE(round_trip_tcp) { round_trip("tcp", "127.0.0.1:0"); }
-// Shared memory requested: UCX 1.13 cannot use posix/sysv/cma on endpoints
-// made through a listener (sockaddr), so this runs over tcp too; it checks
-// that the setting a user on one host would pick still works.
-BOOST_AUTO_TEST_CASE(round_trip_shared_memory_requested) { round_trip("sm,tcp", "127.0.0.1:0"); }
+// UCX_TLS unset: UCX picks shared memory for the data endpoint on one host
+// (the sockaddr endpoint of the handshake is TCP).
+BOOST_AUTO_TEST_CASE(round_trip_ucx_chooses) { round_trip(nullptr, "127.0.0.1:0", expect::shared_memory); }
+BOOST_AUTO_TEST_CASE(round_trip_shared_memory) { round_trip("sm,self,tcp", "127.0.0.1:0", expect::shared_memory); }
+BOOST_AUTO_TEST_CASE(round_trip_tcp) { round_trip("tcp,self", "127.0.0.1:0", expect::tcp); }
+// address_endpoints = false on the client: it sends over its sockaddr
+// endpoint (TCP with UCX 1.13), the server answers over shared memory.
+BOOST_AUTO_TEST_CASE(round_trip_without_address_endpoints) {
+  round_trip(nullptr, "127.0.0.1:0", expect::tcp, false);
+}
 // IPv6 literals parse and bind; no round trip over ::1: UCX 1.13's TCP
 // transport reads past an address buffer when it accepts an IPv6 connection
 // (AddressSanitizer, inside uct_tcp_cm_conn_start; docs/transport.md).
@@ -606,7 +656,11 @@ BOOST_AUTO_TEST_CASE(wrong_token_is_refused_and_the_server_keeps_serving) {
   BOOST_TEST(summary.value_or("") == "auth_refused=1 received=1 connected=1");
 }
 
-BOOST_AUTO_TEST_CASE(killed_peer_is_reported_and_pending_sends_fail) {
+// SIGKILL of the peer: reported failed (its sockaddr endpoint notices), and
+// the rendezvous sends it never pulled over the data endpoint complete with
+// an error.
+static void killed_peer(const char* tls, expect e) {
+  tls_scope scope(tls);
   std::string address;
   child server = start_echo({.stall_after_first = true}, address);
   BOOST_TEST_REQUIRE(!address.empty());
@@ -614,6 +668,7 @@ BOOST_AUTO_TEST_CASE(killed_peer_is_reported_and_pending_sends_fail) {
   recorder h;
   auto p = connect_to(client, h, address);
   BOOST_TEST_REQUIRE(p.has_value());
+  check_lanes(client.describe(*p), e);
   auto small = pattern(10, 1);
   auto header = header_of(0, small.size());
   BOOST_TEST_REQUIRE(client.send(*p, header, small, 0).ok());
@@ -638,6 +693,9 @@ BOOST_AUTO_TEST_CASE(killed_peer_is_reported_and_pending_sends_fail) {
   BOOST_TEST(!client.send(*p, header, small, 9).ok());  // refused at once now
   server.finish(1s);
 }
+
+BOOST_AUTO_TEST_CASE(killed_peer_is_reported_and_pending_sends_fail) { killed_peer(nullptr, expect::shared_memory); }
+BOOST_AUTO_TEST_CASE(killed_peer_over_tcp) { killed_peer("tcp,self", expect::tcp); }
 
 // A raw UCX client that connects to the listener but never answers the
 // challenge, and sends a data message anyway: the message is dropped and
@@ -713,6 +771,169 @@ BOOST_AUTO_TEST_CASE(silent_peer_is_dropped_after_auth_timeout) {
     while (ucp_request_check_status(closing) == UCS_INPROGRESS) ucp_worker_progress(worker);
     ucp_request_free(closing);
   }
+  ucp_worker_destroy(worker);
+  ucp_cleanup(context);
+}
+
+// A raw UCX peer that holds the token: it does the handshake by hand, then
+// sends data over an endpoint made from the server's worker address. Data
+// with a wrong session key (eager and rendezvous) and data before the
+// handshake are dropped and counted; data with the key the server sent is
+// delivered from that peer.
+BOOST_AUTO_TEST_CASE(forged_session_key_is_dropped) {
+  auto server = t::ucx::create({.listen = "127.0.0.1:0", .token = token});
+  BOOST_TEST_REQUIRE(server.has_value());
+  auto target = t::detail::ucx_parse_address("test", server->listen_address());
+  BOOST_TEST_REQUIRE(target.has_value());
+
+  ucp_config_t* config = nullptr;
+  BOOST_TEST_REQUIRE(ucp_config_read(nullptr, nullptr, &config) == UCS_OK);
+  ucp_params_t cp{};
+  cp.field_mask = UCP_PARAM_FIELD_FEATURES;
+  cp.features = UCP_FEATURE_AM;
+  ucp_context_h context = nullptr;
+  BOOST_TEST_REQUIRE(ucp_init(&cp, config, &context) == UCS_OK);
+  ucp_config_release(config);
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  ucp_worker_h worker = nullptr;
+  BOOST_TEST_REQUIRE(ucp_worker_create(context, &wp, &worker) == UCS_OK);
+  // Control messages from the server: the header, and the data part (a worker address).
+  struct control {
+    std::vector<std::byte> header, data;
+  };
+  std::vector<control> got;
+  ucp_am_handler_param_t hp{};
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  hp.id = t::detail::ucx_am_control;
+  hp.arg = &got;
+  hp.cb = [](void* arg, const void* hd, std::size_t hn, void* d, std::size_t n, const ucp_am_recv_param_t*) {
+    const auto* h = static_cast<const std::byte*>(hd);
+    const auto* b = static_cast<const std::byte*>(d);
+    static_cast<std::vector<control>*>(arg)->push_back({{h, h + hn}, {b, b + n}});
+    return UCS_OK;
+  };
+  BOOST_TEST_REQUIRE(ucp_worker_set_am_recv_handler(worker, &hp) == UCS_OK);
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&target->storage);
+  ep.sockaddr.addrlen = target->length;
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_handler.cb = [](void*, ucp_ep_h, ucs_status_t) {};
+  ucp_ep_h sock_ep = nullptr;
+  BOOST_TEST_REQUIRE(ucp_ep_create(worker, &ep, &sock_ep) == UCS_OK);
+
+  recorder h;
+  std::vector<ucs_status_ptr_t> requests;
+  std::vector<std::unique_ptr<std::vector<std::byte>>> headers;  // UCX 1.13 reads a header until completion
+  auto send = [&](ucp_ep_h e, unsigned id, std::span<const std::byte> header_part, std::span<const std::byte> d,
+                  bool reply) {
+    headers.push_back(std::make_unique<std::vector<std::byte>>(header_part.begin(), header_part.end()));
+    const auto& hd = *headers.back();
+    ucp_request_param_t rp{};
+    if (reply) {
+      rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      rp.flags = UCP_AM_SEND_FLAG_REPLY;
+    }
+    ucs_status_ptr_t r = ucp_am_send_nbx(e, id, hd.data(), hd.size(), d.data(), d.size(), &rp);
+    BOOST_TEST_REQUIRE(!UCS_PTR_IS_ERR(r));
+    if (r != nullptr) requests.push_back(r);
+  };
+  auto step_until = [&](auto done) {
+    const auto until = clock_type::now() + 10s;
+    while (!done() && clock_type::now() < until) {
+      ucp_worker_progress(worker);
+      server->progress(h);
+      server->wait(std::chrono::milliseconds(1));
+    }
+    return done();
+  };
+  auto keyed = [](std::uint64_t key, std::span<const std::byte> hd) {
+    std::vector<std::byte> out(sizeof key + hd.size());
+    std::memcpy(out.data(), &key, sizeof key);
+    std::copy(hd.begin(), hd.end(), out.begin() + sizeof key);
+    return out;
+  };
+  const auto header = header_of(1, 100);
+  const auto data = pattern(100, 3);
+  const auto large = pattern(1 << 20, 4);
+
+  // Before the handshake: a data message with a made-up key.
+  send(sock_ep, t::detail::ucx_am_data, keyed(0x0123456789abcdefull, header), data, true);
+  BOOST_TEST_REQUIRE(step_until([&] { return server->counters().unauthenticated_dropped == 1 && !got.empty(); }));
+
+  // The handshake, by hand: challenge → answer → accept + link; our link.
+  BOOST_TEST_REQUIRE(got[0].header.size() == 1 + ashl::transport::auth::nonce_size);
+  BOOST_TEST_REQUIRE((got[0].header[0] == std::byte{1}));
+  ashl::transport::auth::nonce server_nonce{}, client_nonce{};
+  std::memcpy(server_nonce.data(), got[0].header.data() + 1, server_nonce.size());
+  client_nonce = ashl::transport::auth::make_nonce().value();
+  const auto proof = ashl::transport::auth::client_proof(token, server_nonce, client_nonce).value();
+  std::vector<std::byte> answer{std::byte{2}};
+  answer.insert(answer.end(), client_nonce.begin(), client_nonce.end());
+  answer.insert(answer.end(), proof.begin(), proof.end());
+  send(sock_ep, t::detail::ucx_am_control, answer, {}, true);
+  BOOST_TEST_REQUIRE(step_until([&] { return got.size() >= 3; }));
+  BOOST_TEST_REQUIRE((got[1].header[0] == std::byte{3}));  // accept
+  BOOST_TEST_REQUIRE((got[2].header[0] == std::byte{6}));  // link: key, worker address
+  BOOST_TEST_REQUIRE(got[2].header.size() == 1 + sizeof(std::uint64_t));
+  BOOST_TEST_REQUIRE(!got[2].data.empty());
+  std::uint64_t key = 0;
+  std::memcpy(&key, got[2].header.data() + 1, sizeof key);
+  ucp_address_t* own_address = nullptr;
+  std::size_t own_length = 0;
+  BOOST_TEST_REQUIRE(ucp_worker_get_address(worker, &own_address, &own_length) == UCS_OK);
+  const std::array<std::byte, 9> link{std::byte{6}};  // our key: zero (we expect nothing)
+  send(sock_ep, t::detail::ucx_am_control, link,
+       std::span<const std::byte>(reinterpret_cast<const std::byte*>(own_address), own_length), true);
+  BOOST_TEST_REQUIRE(step_until([&] { return server->peers().size() == 1; }));
+  const t::peer_id peer = server->peers()[0];
+
+  ucp_ep_params_t ap{};
+  ap.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+  ap.address = reinterpret_cast<const ucp_address_t*>(got[2].data.data());
+  ucp_ep_h data_ep = nullptr;
+  BOOST_TEST_REQUIRE(ucp_ep_create(worker, &ap, &data_ep) == UCS_OK);
+
+  // A wrong key, eager and rendezvous, then the right one; no REPLY flag.
+  send(data_ep, t::detail::ucx_am_data, keyed(key ^ 1, header), data, false);
+  send(data_ep, t::detail::ucx_am_data, keyed(key + 1, header_of(2, large.size())), large, false);
+  send(data_ep, t::detail::ucx_am_data, keyed(key, header), data, false);
+  BOOST_TEST_REQUIRE(step_until([&] { return !h.messages.empty(); }));
+  BOOST_TEST(step_until([&] { return server->counters().unauthenticated_dropped == 3; }));
+  BOOST_TEST(server->counters().unauthenticated_dropped == 3u);
+  BOOST_TEST(h.buffer_asks == 0u);  // the forged rendezvous never reached receive_buffer
+  BOOST_TEST_REQUIRE(h.messages.size() == 1u);
+  BOOST_TEST(h.messages[0].peer == peer);
+  BOOST_TEST((h.messages[0].header == header));
+  BOOST_TEST((h.messages[0].data == data));
+  BOOST_TEST(server->counters().messages_received == 1u);
+
+  for (auto* r : requests) {
+    const auto until = clock_type::now() + 5s;
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && clock_type::now() < until) {
+      ucp_worker_progress(worker);
+      server->progress(h);
+    }
+    ucp_request_free(r);
+  }
+  for (ucp_ep_h e : {data_ep, sock_ep}) {
+    ucp_request_param_t cl{};
+    ucs_status_ptr_t closing = ucp_ep_close_nbx(e, &cl);
+    if (closing != nullptr && !UCS_PTR_IS_ERR(closing)) {
+      const auto until = clock_type::now() + 5s;
+      while (ucp_request_check_status(closing) == UCS_INPROGRESS && clock_type::now() < until) {
+        ucp_worker_progress(worker);
+        server->progress(h);
+      }
+      ucp_request_free(closing);
+    }
+  }
+  server->close();
+  ucp_worker_release_address(worker, own_address);
   ucp_worker_destroy(worker);
   ucp_cleanup(context);
 }
