@@ -515,8 +515,8 @@ BOOST_AUTO_TEST_CASE(polling_mode_in_one_process) {
   BOOST_TEST_REQUIRE(server.has_value());
   BOOST_TEST_REQUIRE(client.has_value());
   recorder hs, hc;
-  std::vector<std::byte> big(1 << 20);
-  hs.buffers = {big};
+  std::vector<std::byte> big(1 << 20), last(1 << 20);
+  hs.buffers = {big, last};
   auto p = client->connect(server->listen_address());
   BOOST_TEST_REQUIRE(p.has_value());
   auto step = [&] {
@@ -540,12 +540,21 @@ BOOST_AUTO_TEST_CASE(polling_mode_in_one_process) {
   BOOST_TEST((hs.messages[1].data == large));
   BOOST_TEST(hs.messages[1].where == big.data());
   BOOST_TEST(hs.messages[0].peer == server->peers()[0]);
-  // An orderly close is reported closed on both sides.
+  // An orderly close is reported closed on both sides, after the messages
+  // sent just before it (they travel on the data endpoint, the goodbye that
+  // reaches the server first on the sockaddr endpoint).
+  const auto before_close = pattern(last.size(), 3);
+  BOOST_TEST_REQUIRE(client->send(*p, header_of(2, small.size()), small, 2).ok());
+  BOOST_TEST_REQUIRE(client->send(*p, header_of(3, before_close.size()), before_close, 3).ok());
   client->close(*p);
   until = clock_type::now() + 10s;
   while (hs.notes.size() < 2 && clock_type::now() < until) step();
   BOOST_TEST_REQUIRE(hs.notes.size() == 2u);
   BOOST_TEST((hs.notes[1].event == t::peer_event::closed));
+  BOOST_TEST_REQUIRE(hs.messages.size() == 4u);
+  BOOST_TEST((hs.messages[2].data == small));
+  BOOST_TEST((hs.messages[3].data == before_close));
+  BOOST_TEST(hs.messages[3].where == last.data());
   BOOST_TEST((hc.notes.back().event == t::peer_event::closed));
   BOOST_TEST(server->peers().empty());
 }

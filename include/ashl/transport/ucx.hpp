@@ -1170,8 +1170,9 @@ class ucx_impl {
     ++counters_.peers_connected;
     p.transports = print_endpoint(data_endpoint(p));
     if (params_.verbose) {
-      std::fprintf(stderr, "ashl ucx: peer %u %s connected over %s\n", p.id, p.address.c_str(),
-                   summarize(p.transports).c_str());
+      // The lanes that carry its data, and which endpoint that is.
+      std::fprintf(stderr, "ashl ucx: peer %u %s connected over %s (%s endpoint)\n", p.id, p.address.c_str(),
+                   summarize(p.transports).c_str(), p.data_ep != nullptr ? "worker-address" : "sockaddr");
     }
     note(p.id, peer_event::connected, status{});
   }
