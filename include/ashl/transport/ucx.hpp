@@ -25,10 +25,11 @@
 // chose) and their UCP worker address, and each creates a second endpoint
 // from the other's address (UCP_EP_PARAM_FIELD_REMOTE_ADDRESS), over which
 // UCX may choose shared memory on one host. All data to a peer goes over
-// that endpoint (order per peer holds); the sockaddr endpoint stays open for
-// failure detection (its TCP reset is seen at once, where shared memory
-// relies on UCX's keepalive). A peer is reported connected once its data
-// endpoint exists. An address endpoint does not tell the receiver who sent
+// that endpoint (order per peer holds). It has no error handling: with
+// UCP_ERR_HANDLING_MODE_PEER UCX 1.13 leaves out posix and sysv. The
+// sockaddr endpoint (PEER mode) stays open to detect a dead peer; then the
+// peer's sends still in flight are completed with an error by ashl. A peer
+// is reported connected once its data endpoint exists. An address endpoint does not tell the receiver who sent
 // a message, so every data message carries the receiver's key in front of
 // its header; an unknown key is dropped and counted as unauthenticated.
 // ucx_params::address_endpoints = false keeps data on the sockaddr endpoint.
