@@ -553,12 +553,26 @@ class server {
     snapshot& s = snaps_[pick];
     const auto params = core_.parameters();
     s.values.resize(params.size());
-    if (!params.empty()) std::memcpy(s.values.data(), params.data(), params.size_bytes());
+    // Copy and checksum in chunks that stay in the cache: the CRC reads what
+    // the copy just wrote, so the bytes cross memory once instead of twice
+    // (64 MiB: 11.3 ms -> 8.5 ms; docs/perf/ps-ucx.md).
+    const auto* src = reinterpret_cast<const std::byte*>(params.data());
+    auto* dst = reinterpret_cast<std::byte*>(s.values.data());
+    std::uint32_t crc = 0;
+    for (std::size_t at = 0, n = params.size_bytes(); at < n; at += snapshot_chunk_bytes) {
+      const std::size_t k = std::min(snapshot_chunk_bytes, n - at);
+      std::memcpy(dst + at, src + at, k);
+      crc = wire::crc32c(std::span<const std::byte>(dst + at, k), crc);
+    }
     s.version = v;
-    s.crc = wire::crc32c(std::as_bytes(std::span<const float>(s.values)));
+    s.crc = crc;
     ++tel_.snapshots;
     return pick;
   }
+
+  // Three of crc32c's 64 KiB streams: the whole chunk takes its fastest path
+  // and fits in a core's L2 cache.
+  static constexpr std::size_t snapshot_chunk_bytes = std::size_t{192} << 10;
 
   void send_parameters(worker_id w) {
     const transport::peer_id p = rank_peer_[w];
