@@ -177,14 +177,22 @@ BOOST_AUTO_TEST_CASE(compressing_plans_send_topk_with_error_feedback) {
   spec.opt = {.mode = ps::optimizer_params::kind::model_delta};
   const job_result r = run_job(spec);
   for (const auto& e : r.worker_errors) BOOST_TEST_REQUIRE(e.empty(), e);
-  const std::uint64_t dense = std::uint64_t{spec.workers} * spec.cycles * (72 + 4 * spec.elements);
-  BOOST_TEST(r.servers[0].core.bytes_in < dense / 4);
-  BOOST_TEST(r.servers[0].core.refused_total() == 0u);
-  bool compressed = false;
+  // Each commit made under a compressing plan is a top-k payload (k = 50:
+  // 12 + 8 k bytes), each other one dense (4 bytes per element); how many
+  // cycles profiling takes depends on timing, so the bound is per cycle.
+  std::uint64_t dense_cycles = 0, sparse_cycles = 0;
   for (const auto& plans : r.plans)
-    for (const auto& p : plans) compressed |= p.compression_ratio < 1.0f;
-  BOOST_TEST(compressed);
-  for (const auto& w : r.workers) BOOST_TEST(w.compress_seconds > 0.0);
+    for (const auto& p : plans) (p.compression_ratio < 1.0f ? sparse_cycles : dense_cycles) += 1;
+  const std::uint64_t bound = dense_cycles * (72 + 4 * spec.elements) + sparse_cycles * (72 + 12 + 8 * 50);
+  BOOST_TEST(sparse_cycles >= std::uint64_t{spec.workers});
+  BOOST_TEST(r.servers[0].core.bytes_in <= bound);
+  BOOST_TEST(r.servers[0].core.bytes_in < std::uint64_t{spec.workers} * spec.cycles * (72 + 4 * spec.elements));
+  BOOST_TEST(r.servers[0].core.refused_total() == 0u);
+  for (std::size_t k = 0; k < r.workers.size(); ++k) {
+    bool compressing = false;
+    for (const auto& p : r.plans[k]) compressing |= p.compression_ratio < 1.0f;
+    if (compressing) BOOST_TEST(r.workers[k].compress_seconds > 0.0);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(a_progress_thread_drives_the_transport) {
