@@ -11,10 +11,13 @@
 // Files in --out: server<r>.f32 (the shard's parameters, raw little-endian
 // f32), server<r>.txt and worker<k>.txt (key value lines; a worker also
 // writes one "cycle" line per cycle: stage, plan's local iterations, the
-// iterations it ran, compression ratio). --ssp-check FILE: a file of 64
-// u64 counters shared by the workers (mmap): each worker counts its commits
-// there before sending, and after each wait checks that no worker is more
-// than --staleness commits behind its own count.
+// iterations it ran, compression ratio). --shared FILE: a file of 64 u64
+// counters shared by the workers (mmap): the workers meet there before their
+// first commit (a barrier: a worker that finished before another connected
+// would leave an asynchronous policy with nobody to switch stages with),
+// each counts its commits there before sending, and with --ssp-check after
+// each wait checks that no worker is more than --staleness commits behind
+// its own count.
 #include <ashl/ps/launch.hpp>
 #include <ashl/ps/policies.hpp>
 #include <ashl/ps/server.hpp>
@@ -62,7 +65,8 @@ struct options {
   std::size_t elements = 1000;
   int cycles = 20;
   std::string out;
-  std::string ssp_check;
+  std::string shared;
+  bool ssp_check = false;
   int slow_rank = -1;
   int slow_ms = 0;
   double max_seconds = 120;
@@ -90,7 +94,8 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--elements") o.elements = std::stoull(next());
     else if (a == "--cycles") o.cycles = std::stoi(next());
     else if (a == "--out") o.out = next();
-    else if (a == "--ssp-check") o.ssp_check = next();
+    else if (a == "--shared") o.shared = next();
+    else if (a == "--ssp-check") o.ssp_check = true;
     else if (a == "--staleness") o.pp.staleness = std::stoll(next());
     else if (a == "--slow-rank") o.slow_rank = std::stoi(next());
     else if (a == "--slow-ms") o.slow_ms = std::stoi(next());
@@ -162,7 +167,7 @@ int serve(const ps::job& j, const options& o) {
       << "\nunbound " << s.wire_refused_for(ps::wire_refusal::unbound) << "\nrank "
       << s.wire_refused_for(ps::wire_refusal::rank) << "\nerrors_sent " << s.errors_sent << "\nauth_refused "
       << s.transport.auth_refused << "\nunauthenticated_dropped " << s.transport.unauthenticated_dropped
-      << "\nreceives_refused " << s.transport.receives_refused << "\npeers_failed " << s.peers_failed << "\nstage "
+      << "\nreceives_refused " << s.transport.receives_refused << "\nsends_failed " << s.transport.sends_failed << "\nplans_sent " << s.plans << "\nmessages_out " << s.messages_out << "\nunsendable " << s.unsendable << "\npeers_failed " << s.peers_failed << "\nstage "
       << static_cast<unsigned>(srv->core().policy().stage()) << "\nfinished " << finished << "\n";
   }
   std::fprintf(stderr, "%s\n", srv->progress_line().c_str());
@@ -180,12 +185,12 @@ int train(const ps::job& j, const options& o) {
       {.rank = j.rank, .servers = j.server_addresses, .batch = 16, .timeout = std::chrono::seconds(60)}, std::move(*t), w);
   if (!wk) return fail(wk.error().message());
   std::uint64_t* shared = nullptr;
-  if (!o.ssp_check.empty()) {
-    const int fd = ::open(o.ssp_check.c_str(), O_RDWR);
-    if (fd < 0) return fail("--ssp-check " + o.ssp_check + ": cannot open");
+  if (!o.shared.empty()) {
+    const int fd = ::open(o.shared.c_str(), O_RDWR);
+    if (fd < 0) return fail("--shared " + o.shared + ": cannot open");
     void* m = ::mmap(nullptr, 64 * sizeof(std::uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ::close(fd);
-    if (m == MAP_FAILED) return fail("--ssp-check: mmap failed");
+    if (m == MAP_FAILED) return fail("--shared: mmap failed");
     shared = static_cast<std::uint64_t*>(m);
   }
   if (shared) {  // every worker joined before anyone commits (slot 63 counts the joined)
@@ -210,7 +215,7 @@ int train(const ps::job& j, const options& o) {
     if (shared) std::atomic_ref<std::uint64_t>(shared[j.rank]).fetch_add(1);
     if (auto s = wk->commit(g); !s) return fail(s.to_string());
     if (auto s = wk->wait(); !s) return fail(s.to_string());
-    if (shared) {
+    if (shared && o.ssp_check) {
       std::uint64_t mn = ~std::uint64_t{0};
       for (std::uint32_t k = 0; k < j.num_workers; ++k) mn = std::min(mn, std::atomic_ref<std::uint64_t>(shared[k]).load());
       const long gap = static_cast<long>(c + 1) - static_cast<long>(mn);
@@ -223,7 +228,7 @@ int train(const ps::job& j, const options& o) {
   if (auto s = wk->leave(); !s) return fail(s.to_string());
   if (!o.out.empty()) {
     std::ofstream f(o.out + "/worker" + std::to_string(j.rank) + ".txt");
-    f << cycles << "commits " << tel.commits << "\nplans " << tel.plans << "\nplan_changes " << tel.plan_changes
+    f << cycles << "commits " << tel.commits << "\nplans " << tel.plans << "\nplans_ignored " << tel.plans_ignored << "\nplan_changes " << tel.plan_changes
       << "\nerrors " << tel.errors << "\ncopied_replies " << tel.copied_replies << "\nviolations " << violations
       << "\nmax_gap " << max_gap << "\n";
   }

@@ -70,13 +70,21 @@ std::map<std::string, double> read_counters(const std::string& path, std::vector
   return m;
 }
 
+// Every job's workers meet in a shared counter file before their first
+// commit (ps_node --shared), so they train together.
 job_out run_job(std::uint32_t servers, std::uint32_t workers, const std::vector<std::string>& args,
                 const std::vector<std::pair<std::string, std::string>>& env) {
   job_out o;
   o.dir = process::temp_dir("ashl-ucx-job");
   BOOST_TEST_REQUIRE(!o.dir.empty());
+  const std::string shared = o.dir + "/counters";
+  {
+    std::ofstream f(shared, std::ios::binary);
+    std::vector<char> zeros(64 * 8, 0);
+    f.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
+  }
   std::vector<std::string> argv = {ASHL_RUN_PATH, "-s", std::to_string(servers), "-w", std::to_string(workers),
-                                   "--timeout", "120", "--", ASHL_TEST_PS_NODE, "--out", o.dir};
+                                   "--timeout", "120", "--", ASHL_TEST_PS_NODE, "--out", o.dir, "--shared", shared};
   argv.insert(argv.end(), args.begin(), args.end());
   o.run = process::run(argv, env, 150s, o.dir + "/log.txt");
   for (std::uint32_t s = 0; s < servers; ++s) {
@@ -141,16 +149,9 @@ BOOST_AUTO_TEST_CASE(bsp_over_ucx_is_bit_identical_to_one_server_core) {
 }
 
 BOOST_AUTO_TEST_CASE(ssp_over_ucx_never_exceeds_the_bound) {
-  const std::string dir = process::temp_dir("ashl-ssp");
-  const std::string counters = dir + "/counters";
-  {
-    std::ofstream f(counters, std::ios::binary);
-    std::vector<char> zeros(64 * 8, 0);
-    f.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
-  }
   auto o = run_job(1, 4,
                    {"--policy", "ssp", "--staleness", "2", "--optimizer", "delta", "--cycles", "30", "--slow-rank", "0",
-                    "--slow-ms", "4", "--ssp-check", counters},
+                    "--slow-ms", "4", "--ssp-check"},
                    shm);
   BOOST_TEST_REQUIRE(o.run.exit_code == 0, o.run.log());
   double max_gap = 0;

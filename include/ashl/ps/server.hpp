@@ -113,6 +113,7 @@ struct server_telemetry {
   std::uint64_t pull_replies = 0, plans = 0, errors_sent = 0;
   std::uint64_t worker_errors = 0;          // error messages workers sent us
   std::uint64_t snapshots = 0;              // parameter snapshots taken (one per version pulled)
+  std::uint64_t unsendable = 0;             // plans or errors the wire refused to encode (a defect; the first is printed)
   std::uint64_t peers_failed = 0;           // connections that failed (their worker was evicted)
   double seconds = 0.0;                     // since creation
   double wait_seconds = 0.0;                // in transport.wait (idle)
@@ -630,8 +631,12 @@ class server {
     const std::size_t n = wire::encoded_size(body);
     if (s.body.size() < n) s.body.resize(n);
     auto used = wire::encode(h, body, std::span<std::byte>(s.body.data(), n), p_.core.limits);
-    if (!used) {  // a body the wire refuses: a defect of the server, not the peer's
+    if (!used) {  // a body the wire refuses: a defect of the policy or server, not the peer's
       free_slots_.give(i);
+      ++tel_.unsendable;
+      if (tel_.unsendable == 1)
+        std::fprintf(stderr, "ashl server %u: a %s could not be encoded: %s\n", p_.core.shard,
+                     std::string(wire::to_string(h.kind)).c_str(), used.error().message().c_str());
       return false;
     }
     std::memcpy(s.head.data(), s.body.data(), wire::header_bytes);
