@@ -113,7 +113,7 @@ BOOST_AUTO_TEST_CASE(malformed_messages_and_a_wrong_token_change_nothing) {
                                     "120", "--", ASHL_TEST_PS_NODE, "--out", dir, "--policy", "bsp", "--elements",
                                     std::to_string(n), "--cycles", std::to_string(cycles), "--slow-rank", "0",
                                     "--slow-ms", "50"},
-                                   {{"UCX_TLS", "tcp,self"}}, dir + "/log.txt");
+                                   {{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}}, dir + "/log.txt");
 
   // A client with the wrong token is refused and told why.
   auto bad = tr::ucx::create({.token = "wrong token", .connect_timeout = 30s});
@@ -125,6 +125,10 @@ BOOST_AUTO_TEST_CASE(malformed_messages_and_a_wrong_token_change_nothing) {
   BOOST_TEST(!hb.connected);
   BOOST_TEST(hb.why.find("token") != std::string::npos, hb.why);
   bad->close();
+
+  // This process's own transports use loopback only too.
+  ::setenv("UCX_NET_DEVICES", "lo", 1);
+  ::setenv("UCX_TLS", "tcp,self", 1);
 
   // The raw client, holding the token.
   auto t = tr::ucx::create({.token = token, .connect_timeout = 30s});

@@ -35,10 +35,12 @@ extern "C" const char* __lsan_default_suppressions() {
 
 namespace {
 
-// Shared memory (posix/sysv/cma with self) for data, TCP for the
-// connection's setup, or TCP for everything.
-const std::vector<std::pair<std::string, std::string>> shm = {{"UCX_TLS", "sm,self,tcp"}};
-const std::vector<std::pair<std::string, std::string>> tcp = {{"UCX_TLS", "tcp,self"}};
+// Shared memory (sysv/posix/cma) for data, TCP for the connection's setup
+// (docs/transport.md), or TCP for everything; --verbose logs which.
+// UCX_NET_DEVICES=lo: TCP only over loopback (UCX would also use the host's
+// other interfaces for a worker-address endpoint; tests talk to 127.0.0.1 only).
+const std::vector<std::pair<std::string, std::string>> shm = {{"UCX_TLS", "sm,self,tcp"}, {"UCX_NET_DEVICES", "lo"}};
+const std::vector<std::pair<std::string, std::string>> tcp = {{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}};
 
 struct job_out {
   process::outcome run;
@@ -84,7 +86,8 @@ job_out run_job(std::uint32_t servers, std::uint32_t workers, const std::vector<
     f.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
   }
   std::vector<std::string> argv = {ASHL_RUN_PATH, "-s", std::to_string(servers), "-w", std::to_string(workers),
-                                   "--timeout", "120", "--", ASHL_TEST_PS_NODE, "--out", o.dir, "--shared", shared};
+                                   "--timeout", "120", "--verbose", "--", ASHL_TEST_PS_NODE, "--out", o.dir,
+                                   "--shared", shared};
   argv.insert(argv.end(), args.begin(), args.end());
   o.run = process::run(argv, env, 150s, o.dir + "/log.txt");
   for (std::uint32_t s = 0; s < servers; ++s) {
@@ -136,6 +139,11 @@ BOOST_AUTO_TEST_CASE(bsp_over_ucx_is_bit_identical_to_one_server_core) {
       auto o = run_job(servers, 4, {"--policy", "bsp", "--elements", std::to_string(n), "--cycles", std::to_string(cycles)},
                        *env);
       BOOST_TEST_REQUIRE(o.run.exit_code == 0, what << "\n" << o.run.log());
+      // --verbose: each connection says which transports carry its data.
+      const std::string log = o.run.log();
+      if (env == &shm) BOOST_TEST(log.find("/memory") != std::string::npos, what << ": no shared memory in\n" << log);
+      else BOOST_TEST((log.find("connected over tcp") != std::string::npos && log.find("/memory") == std::string::npos),
+                      what << ": not tcp only in\n" << log);
       BOOST_TEST_REQUIRE(o.params.size() == n, what);
       BOOST_TEST(std::memcmp(o.params.data(), want.data(), n * sizeof(float)) == 0, what);
       for (const auto& s : o.servers) {

@@ -30,7 +30,7 @@ const std::string dir = process::temp_dir("ashl-user-errors");
 
 env_t contract(const std::string& role, const std::string& addr, const std::string& token) {
   env_t e = {{"ASHL_ROLE", role}, {"ASHL_RANK", "0"}, {"ASHL_NUM_WORKERS", "1"}, {"ASHL_NUM_SERVERS", "1"},
-             {"ASHL_SERVER_ADDR", addr}, {"UCX_TLS", "tcp,self"}};
+             {"ASHL_SERVER_ADDR", addr}, {"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}};
   if (!token.empty()) e.emplace_back("ASHL_TOKEN", token);
   return e;
 }
