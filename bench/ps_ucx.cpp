@@ -52,9 +52,13 @@
 // load average before and after (load).
 //
 // Every figure is the median of --reps repetitions. An ashl repetition is
-// the mean of `iters` operations in a row (after warm-up); a perftest
-// repetition is one ucx_perftest run (its "overall" figure, -n iters, -w
-// warm-up). GB/s = 10^9 bytes/s (perftest's MB/s are MiB/s and converted).
+// the mean of `iters` operations in a row (after warm-up) by freshly started
+// processes; a perftest repetition is one ucx_perftest run (its "overall"
+// figure, -n iters, -w warm-up). Per size, each repetition runs perftest,
+// then ashl, then the reference perftests, one after the other, and `ratio`
+// is the median of the repetitions' own ratios (ashl / the perftest run next
+// to it), so that load from other work on a shared machine, which moves
+// every figure, cancels as far as it can. GB/s = 10^9 bytes/s (perftest's MB/s are MiB/s and converted).
 // Also recorded per case: the UCX lanes of the worker's endpoint
 // (transport::ucx::describe) and of perftest's (UCX_LOG_LEVEL=info, ep_cfg).
 //
@@ -588,11 +592,11 @@ struct perftest_figure {
 };
 
 perftest_figure run_perftest(const options& o, const std::string& transport, const std::string& test,
-                             std::size_t bytes, long iters, bool eh = false) {
+                             std::size_t bytes, long iters, bool eh, int reps) {
   std::vector<double> g, u;
   perftest_figure fig;
   if (!o.baseline) return fig;
-  for (int r = 0; r < o.reps; ++r) {
+  for (int r = 0; r < reps; ++r) {
     auto p = run_perftest_once(o, transport, test, bytes, iters, eh);
     if (!p.ok) {
       fig.error = p.error;
@@ -644,12 +648,12 @@ std::string human_bytes(std::size_t b) {
 }
 
 long perftest_iters(const options& o, std::size_t bytes) {
-  const double target = o.quick ? 256.0 * MiB : 1024.0 * MiB;
+  const double target = o.quick ? 64.0 * MiB : 256.0 * MiB;
   return std::clamp<long>(static_cast<long>(target / static_cast<double>(bytes)), 16, 100000);
 }
 
 int ashl_iters(const options& o, std::size_t bytes) {
-  const double target = o.quick ? 32.0 * MiB : 128.0 * MiB;
+  const double target = o.quick ? 16.0 * MiB : 64.0 * MiB;
   return std::clamp<int>(static_cast<int>(target / static_cast<double>(bytes)), 2, o.quick ? 500 : 2000);
 }
 
@@ -713,95 +717,141 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "--transports: shm or tcp, not '%s'\n", transport.c_str());
       return 2;
     }
-    // Bandwidth and the 4 KiB round trip: one server and one worker per size.
+    // Bandwidth and the 4 KiB round trip: per size, each repetition runs
+    // perftest, then a fresh ashl server and worker, then the reference
+    // perftests, so load from elsewhere reaches a repetition's figures alike;
+    // ratios are medians of the repetitions' paired ratios.
     for (const std::size_t bytes : o.sizes) {
       const bool want_pull = has("pull"), want_commit = has("commit") || (has("round_trip") && bytes == 4 * KiB);
       if (!want_pull && !want_commit) continue;
-      const ashl_case c{.bytes = bytes, .workers = 1, .reps = o.reps, .iters = ashl_iters(o, bytes),
+      const bool rt = has("round_trip") && bytes == 4 * KiB;
+      const ashl_case c{.bytes = bytes, .workers = 1, .reps = 1, .iters = ashl_iters(o, bytes),
                         .do_pull = true, .do_commit = want_commit};
-      const perftest_figure am = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes));
-      const ashl_result a = run_ashl(o, transport, c);
-      const perftest_figure tag = run_perftest(o, transport, "tag_bw", bytes, perftest_iters(o, bytes));
-      const perftest_figure eh = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes), true);
-      const double pull_s = median(a.pull_s), commit_s = median(a.commit_s);
+      const long n_bw = perftest_iters(o, bytes), n_lat = o.quick ? 5000 : 10000;
+      std::vector<double> am_g, tag_g, eh_g, lat_u, tlat_u, elat_u, pull_s, commit_s, r_pull, r_commit, r_rt, idle;
+      std::string lanes, am_lanes, eh_lanes, lat_lanes, elat_lanes, error;
+      for (int rep = 0; rep < o.reps; ++rep) {
+        const perftest_figure am = run_perftest(o, transport, "ucp_am_bw", bytes, n_bw, false, 1);
+        const ashl_result a = run_ashl(o, transport, c);
+        const perftest_figure tag = run_perftest(o, transport, "tag_bw", bytes, n_bw, false, 1);
+        const perftest_figure eh = run_perftest(o, transport, "ucp_am_bw", bytes, n_bw, true, 1);
+        perftest_figure lat, tlat, elat;
+        if (rt) {
+          lat = run_perftest(o, transport, "ucp_am_lat", bytes, n_lat, false, 1);
+          tlat = run_perftest(o, transport, "tag_lat", bytes, n_lat, false, 1);
+          elat = run_perftest(o, transport, "ucp_am_lat", bytes, n_lat, true, 1);
+        }
+        if (!a.ok && error.empty()) error = a.error;
+        if (!am.ok && error.empty() && o.baseline) error = am.error;
+        if (lanes.empty()) lanes = a.lanes;
+        if (am_lanes.empty()) am_lanes = am.lanes;
+        if (eh_lanes.empty()) eh_lanes = rt ? elat.lanes : eh.lanes;
+        if (lat_lanes.empty()) lat_lanes = lat.lanes;
+        if (am.ok) am_g.push_back(am.gbps);
+        if (tag.ok) tag_g.push_back(tag.gbps);
+        if (eh.ok) eh_g.push_back(eh.gbps);
+        if (lat.ok) lat_u.push_back(2.0 * lat.usec);  // perftest prints half a round trip
+        if (tlat.ok) tlat_u.push_back(2.0 * tlat.usec);
+        if (elat.ok) elat_u.push_back(2.0 * elat.usec);
+        if (!a.ok) continue;
+        idle.push_back(a.server_idle);
+        pull_s.push_back(a.pull_s[0]);
+        if (am.ok) r_pull.push_back(static_cast<double>(bytes) / a.pull_s[0] * 1e-9 / am.gbps);
+        if (want_commit) {
+          commit_s.push_back(a.commit_s[0]);
+          if (am.ok) r_commit.push_back(2.0 * static_cast<double>(bytes) / a.commit_s[0] * 1e-9 / am.gbps);
+          if (lat.ok) r_rt.push_back(a.commit_s[0] * 1e6 / (2.0 * lat.usec));
+        }
+      }
+      const double pull_m = median(pull_s), commit_m = median(commit_s), am_m = median(am_g);
       auto base = [&](const std::string& op) {
-        row r{.op = op, .transport = transport, .bytes = bytes, .baseline = "ucp_am_bw",
-              .baseline_gbps = am.gbps, .ref_tag_gbps = tag.gbps, .lanes = a.lanes, .baseline_lanes = am.lanes,
-              .placement = placement(o, false), .reps = o.reps, .iters = c.iters, .server_idle = a.server_idle};
-        r.error = !a.ok ? a.error : (!am.ok ? am.error : "");
-        r.ref_eh_gbps = eh.gbps;
-        r.ref_eh_lanes = eh.lanes;
+        row r{.op = op, .transport = transport, .bytes = bytes, .baseline = "ucp_am_bw", .baseline_gbps = am_m,
+              .ref_tag_gbps = median(tag_g), .lanes = lanes, .baseline_lanes = am_lanes,
+              .placement = placement(o, false), .reps = o.reps, .iters = c.iters, .server_idle = median(idle)};
+        r.error = error;
+        r.ref_eh_gbps = median(eh_g);
+        r.ref_eh_lanes = eh_lanes;
         return r;
       };
-      if (want_pull && has("pull")) {
+      if (has("pull")) {
         row r = base("pull");
-        r.gbps = static_cast<double>(bytes) / pull_s * 1e-9;
-        r.usec = pull_s * 1e6;
-        r.baseline_usec = static_cast<double>(bytes) / (am.gbps * 1e9) * 1e6;
-        r.ratio = r.gbps / r.baseline_gbps;
+        r.gbps = static_cast<double>(bytes) / pull_m * 1e-9;
+        r.usec = pull_m * 1e6;
+        r.baseline_usec = static_cast<double>(bytes) / (am_m * 1e9) * 1e6;
+        r.ratio = median(r_pull);
         if (bytes >= MiB) r.goal = ">= 0.8", r.met = r.ratio >= 0.8;
         rows.push_back(r);
       }
       if (has("commit")) {
         row r = base("commit");
-        r.gbps = 2.0 * static_cast<double>(bytes) / commit_s * 1e-9;
-        r.usec = commit_s * 1e6;
-        r.baseline_usec = 2.0 * static_cast<double>(bytes) / (am.gbps * 1e9) * 1e6;
-        r.ratio = r.gbps / r.baseline_gbps;
-        r.extra = commit_s > pull_s ? static_cast<double>(bytes) / (commit_s - pull_s) * 1e-9 : std::nan("");
+        r.gbps = 2.0 * static_cast<double>(bytes) / commit_m * 1e-9;
+        r.usec = commit_m * 1e6;
+        r.baseline_usec = 2.0 * static_cast<double>(bytes) / (am_m * 1e9) * 1e6;
+        r.ratio = median(r_commit);
+        r.extra = commit_m > pull_m ? static_cast<double>(bytes) / (commit_m - pull_m) * 1e-9 : std::nan("");
         if (bytes >= MiB) r.goal = ">= 0.8", r.met = r.ratio >= 0.8;
         rows.push_back(r);
       }
-      if (has("round_trip") && bytes == 4 * KiB) {
-        const perftest_figure lat = run_perftest(o, transport, "ucp_am_lat", bytes, o.quick ? 5000 : 20000);
-        const perftest_figure tlat = run_perftest(o, transport, "tag_lat", bytes, o.quick ? 5000 : 20000);
-        const perftest_figure elat = run_perftest(o, transport, "ucp_am_lat", bytes, o.quick ? 5000 : 20000, true);
+      if (rt) {
         row r = base("round_trip");
         r.baseline = "ucp_am_lat";
         r.baseline_gbps = std::nan("");
         r.ref_tag_gbps = std::nan("");
-        r.baseline_lanes = lat.lanes;
-        r.usec = commit_s * 1e6;
-        r.baseline_usec = 2.0 * lat.usec;  // perftest prints half a round trip
-        r.ref_tag_usec = 2.0 * tlat.usec;
+        r.baseline_lanes = lat_lanes;
+        r.usec = commit_m * 1e6;
+        r.baseline_usec = median(lat_u);
+        r.ref_tag_usec = median(tlat_u);
         r.ref_eh_gbps = std::nan("");
-        r.ref_eh_usec = 2.0 * elat.usec;
-        r.ref_eh_lanes = elat.lanes;
-        r.ratio = r.usec / r.baseline_usec;
+        r.ref_eh_usec = median(elat_u);
+        r.ratio = median(r_rt);
         r.goal = "<= 2";
         r.met = r.ratio <= 2.0;
-        if (r.error.empty() && !lat.ok) r.error = lat.error;
         rows.push_back(r);
       }
       if (!o.json_only)
         std::fprintf(stderr, "  %s %s: done (pull %.1f us, commit %.1f us, am_bw %.2f GB/s)%s%s\n", transport.c_str(),
-                     human_bytes(bytes).c_str(), pull_s * 1e6, commit_s * 1e6, am.gbps, a.ok ? "" : " ERROR ",
-                     a.error.c_str());
+                     human_bytes(bytes).c_str(), pull_m * 1e6, commit_m * 1e6, am_m,
+                     error.empty() ? "" : " ERROR ", error.c_str());
     }
     if (has("fan_in")) {
       const std::size_t bytes = 4 * MiB;
-      const ashl_case c{.bytes = bytes, .workers = o.fan_workers, .reps = o.reps, .iters = o.quick ? 4 : 16,
+      const ashl_case c{.bytes = bytes, .workers = o.fan_workers, .reps = 1, .iters = o.quick ? 4 : 16,
                         .fan = true, .do_pull = false, .do_commit = true};
-      const perftest_figure am = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes));
-      const ashl_result a = run_ashl(o, transport, c);
-      const perftest_figure eh = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes), true);
+      std::vector<double> am_g, eh_g, fan_g, ratios, idle;
+      std::string lanes, am_lanes, eh_lanes, error;
+      for (int rep = 0; rep < o.reps; ++rep) {
+        const perftest_figure am = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes), false, 1);
+        const ashl_result a = run_ashl(o, transport, c);
+        const perftest_figure eh = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes), true, 1);
+        if (!a.ok && error.empty()) error = a.error;
+        if (!am.ok && error.empty() && o.baseline) error = am.error;
+        if (lanes.empty()) lanes = a.lanes;
+        if (am_lanes.empty()) am_lanes = am.lanes;
+        if (eh_lanes.empty()) eh_lanes = eh.lanes;
+        if (am.ok) am_g.push_back(am.gbps);
+        if (eh.ok) eh_g.push_back(eh.gbps);
+        if (!a.ok) continue;
+        idle.push_back(a.server_idle);
+        fan_g.push_back(a.fan_gbps[0]);
+        if (am.ok) ratios.push_back(a.fan_gbps[0] / am.gbps);
+      }
       row r{.op = "fan_in", .transport = transport, .bytes = bytes, .baseline = "ucp_am_bw",
-            .baseline_gbps = am.gbps, .lanes = a.lanes, .baseline_lanes = am.lanes, .placement = placement(o, true),
-            .reps = o.reps, .iters = c.iters, .server_idle = a.server_idle};
-      r.gbps = median(a.fan_gbps);
-      r.usec = static_cast<double>(bytes) * c.iters * c.workers / (r.gbps * 1e9) * 1e6 / (c.iters * c.workers);
-      r.baseline_usec = static_cast<double>(bytes) / (am.gbps * 1e9) * 1e6;
+            .baseline_gbps = median(am_g), .lanes = lanes, .baseline_lanes = am_lanes,
+            .placement = placement(o, true), .reps = o.reps, .iters = c.iters, .server_idle = median(idle)};
+      r.gbps = median(fan_g);
+      r.usec = static_cast<double>(bytes) / (r.gbps * 1e9) * 1e6;  // per commit, at the server
+      r.baseline_usec = static_cast<double>(bytes) / (r.baseline_gbps * 1e9) * 1e6;
       r.extra = 2.0 * r.gbps;  // each commit brings its 4 MiB pull reply back
-      r.ratio = r.gbps / r.baseline_gbps;
-      r.ref_eh_gbps = eh.gbps;
-      r.ref_eh_lanes = eh.lanes;
+      r.ratio = median(ratios);
+      r.ref_eh_gbps = median(eh_g);
+      r.ref_eh_lanes = eh_lanes;
       r.goal = ">= 0.7";
       r.met = r.ratio >= 0.7;
-      r.error = !a.ok ? a.error : (!am.ok ? am.error : "");
+      r.error = error;
       rows.push_back(r);
       if (!o.json_only)
-        std::fprintf(stderr, "  %s fan_in: done (%.2f GB/s)%s%s\n", transport.c_str(), r.gbps, a.ok ? "" : " ERROR ",
-                     a.error.c_str());
+        std::fprintf(stderr, "  %s fan_in: done (%.2f GB/s)%s%s\n", transport.c_str(), r.gbps,
+                     error.empty() ? "" : " ERROR ", error.c_str());
     }
   }
 
