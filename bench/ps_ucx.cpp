@@ -6,6 +6,7 @@
 //   ashl_bench_ps_ucx --quick               # fewer sizes and reps (under a minute)
 //   ashl_bench_ps_ucx --transports tcp --ops pull,commit --reps 9 --json-only
 //   ashl_bench_ps_ucx --progress poll       # ucx_params.blocking = false (spin instead of the event fd)
+//   ashl_bench_ps_ucx --spin-us 0           # ucx_params.spin: poll this long before sleeping (default: the library's)
 //   ashl_bench_ps_ucx --no-pin              # leave placement to the scheduler (for comparison)
 //
 // Every case forks its own processes from a parent that never creates a UCX
@@ -127,6 +128,7 @@ struct options {
   bool pin = true;
   bool describe = false;  // print the worker endpoint's whole ucp_ep_print_info
   bool baseline = true;   // false: ashl only (for profiling)
+  long spin_us = -1;      // >= 0: ucx_params.spin (else the library's default)
   std::vector<std::string> transports = {"shm", "tcp"};
   std::vector<std::string> ops = {"pull", "commit", "round_trip", "fan_in"};
   std::vector<std::size_t> sizes;
@@ -342,9 +344,15 @@ struct ashl_case {
   bool do_pull = true, do_commit = true;
 };
 
+tr::ucx_params ucx_params_of(const options& o, std::string listen) {
+  tr::ucx_params p{.listen = std::move(listen), .token = token, .blocking = !o.poll};
+  if (o.spin_us >= 0) p.spin = std::chrono::microseconds(o.spin_us);
+  return p;
+}
+
 int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_fd) {
   const std::size_t n = c.bytes / sizeof(float);
-  auto t = tr::ucx::create({.listen = "127.0.0.1:0", .token = token, .blocking = !o.poll});
+  auto t = tr::ucx::create(ucx_params_of(o, "127.0.0.1:0"));
   if (!t) return set_error(sh, "server: " + t.error().message()), 1;
   auto layout = ps::shard_layout::even(n, 1);
   if (!layout) return set_error(sh, layout.error().message()), 1;
@@ -373,7 +381,7 @@ int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_f
 
 int run_worker(const options& o, const ashl_case& c, shared_area* sh, const std::string& addr, std::uint32_t rank) {
   const std::size_t n = c.bytes / sizeof(float);
-  auto t = tr::ucx::create({.token = token, .blocking = !o.poll});
+  auto t = tr::ucx::create(ucx_params_of(o, ""));
   if (!t) return set_error(sh, "worker: " + t.error().message()), 1;
   std::vector<float> w(n), g(n, 1.0f / 1024);
   auto wk = ps::worker<tr::ucx>::create(
@@ -676,6 +684,7 @@ int main(int argc, char** argv) {
     } else if (a == "--no-pin") o.pin = false;
     else if (a == "--describe") o.describe = true;
     else if (a == "--no-baseline") o.baseline = false;
+    else if (a == "--spin-us") o.spin_us = std::atol(next().c_str());
     else if (a == "--transports") o.transports = split(next(), ',');
     else if (a == "--ops") o.ops = split(next(), ',');
     else if (a == "--sizes") sizes_arg = next();
@@ -685,7 +694,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: ashl_bench_ps_ucx [--quick] [--reps N] [--json-only] [--progress wait|poll] [--no-pin]\n"
                    "         [--transports shm,tcp] [--ops pull,commit,round_trip,fan_in] [--sizes 4K,1M,...]\n"
-                   "         [--perftest PATH] [--fan-workers N] [--describe] [--no-baseline]\n");
+                   "         [--perftest PATH] [--fan-workers N] [--describe] [--no-baseline] [--spin-us N]\n");
       return 2;
     }
   }
