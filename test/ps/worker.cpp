@@ -205,26 +205,61 @@ BOOST_AUTO_TEST_CASE(a_progress_thread_drives_the_transport) {
 }
 
 BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
-  // Server and workers on their threads; after a warm-up, a stretch of
-  // commit/pull cycles (BSP rounds, plans, measurements) must not call
-  // operator new anywhere in the process.
+  // A BSP server and four workers, driven from this one thread in a fixed
+  // order over a deterministic fabric (threads only while the workers join),
+  // so the run is the same every time: after a warm-up, a stretch of
+  // commit/pull cycles (rounds, snapshots, plans, measurements, the fabric's
+  // buffers) must not call operator new anywhere in the process.
+  constexpr std::uint32_t M = 4;
+  constexpr std::size_t n = 1000;
   constexpr int warmup = 10, measured = 30;
-  std::atomic<int> at_warmup_end{0};
-  std::atomic<std::size_t> before{0}, after{0};
-  job_spec spec;
-  spec.cycles = warmup + measured;
-  spec.after_wait = [&](std::uint32_t k, int c, const std::vector<float>&) {
-    if (c == warmup - 1) {
-      // The last worker to finish its warm-up takes the first count; BSP
-      // keeps every worker within one round of the others.
-      if (++at_warmup_end == static_cast<int>(spec.workers)) before = counting_new::count();
+  auto fabric = tr::inproc_fabric::create({.eager_bytes = 256, .deterministic = true});
+  auto layout = ps::shard_layout::even(n, 1);
+  ps::policy_params pp;
+  pp.workers = M;
+  auto node = fabric->node("server0");
+  BOOST_TEST_REQUIRE(node.has_value());
+  auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = M}},
+                                            std::move(*ps::make_policy("bsp", pp)), std::move(*node));
+  BOOST_TEST_REQUIRE(srv.has_value());
+  std::vector<std::vector<float>> w(M, std::vector<float>(n)), g(M, std::vector<float>(n));
+  std::vector<ps::worker<tr::inproc>> workers;
+  {
+    std::atomic<bool> stop{false};
+    std::thread th([&] { srv->run(stop); });
+    for (std::uint32_t k = 0; k < M; ++k) {
+      auto wk = ps::worker<tr::inproc>::create({.rank = k, .servers = {"server0"}, .timeout = 20s}, node_of(fabric), w[k]);
+      BOOST_TEST_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+      workers.push_back(std::move(*wk));
     }
-    if (c == spec.cycles - 2 && k == 0) after = counting_new::count();
+    stop = true;
+    th.join();
+  }
+  auto cycle = [&](int c) {
+    for (std::uint32_t k = 0; k < M; ++k) {
+      for (std::size_t i = 0; i < n; ++i) g[k][i] = grad_value(k, static_cast<std::uint64_t>(c), i);
+      while (!workers[k].iteration_done()) {}
+      if (!workers[k].commit(g[k]).ok()) return false;
+    }
+    for (int spins = 0; spins < 100000; ++spins) {
+      srv->poll();
+      bool done = true;
+      for (auto& wk : workers) done = wk.test() && done;
+      if (done) break;
+    }
+    for (auto& wk : workers)
+      if (!wk.wait().ok()) return false;  // complete: finishes the cycle
+    return true;
   };
-  const job_result r = run_job(spec);
-  for (const auto& e : r.worker_errors) BOOST_TEST_REQUIRE(e.empty(), e);
-  BOOST_TEST(before.load() > 0u);
-  BOOST_TEST(after.load() == before.load(), "allocations in steady state: " << after.load() - before.load());
+  for (int c = 0; c < warmup; ++c) BOOST_TEST_REQUIRE(cycle(c));
+  const std::size_t before = counting_new::count();
+  bool ok = true;
+  for (int c = warmup; c < warmup + measured; ++c) ok = cycle(c) && ok;
+  const std::size_t after = counting_new::count();
+  BOOST_TEST_REQUIRE(ok);
+  BOOST_TEST(after == before, "allocations in steady state: " << after - before);
+  BOOST_TEST(srv->core().stats().commits_applied == std::uint64_t{M} * (warmup + measured));
+  for (auto& wk : workers) BOOST_TEST(wk.leave().ok());
 }
 
 BOOST_AUTO_TEST_CASE(a_pull_without_commit_reads_the_model) {
