@@ -368,6 +368,13 @@ BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {
   pull_with_payload.push_back(std::byte{0});
   expect_error(dec(patched(pull_with_payload, 56, std::uint64_t{1})), errc::malformed, "header.payload_bytes = 1: a pull_request");
   expect_error(dec(patched(pull, 12, w::flag_last_shard)), errc::malformed, "header.flags = 0x00000001");
+  // A pull rides only with a commit.
+  expect_error(dec(patched(pull, 12, w::flag_pull)), errc::malformed, "header.flags = 0x00000004: pull is only for commit");
+  auto commit_pull = data_header(w::message_kind::commit);
+  commit_pull.flags = w::flag_last_shard | w::flag_pull;
+  auto d = w::decode(encode_data(commit_pull, payload_of(8, 3)), {});
+  BOOST_TEST_REQUIRE(d.has_value());
+  BOOST_TEST(d->header.flags == (w::flag_last_shard | w::flag_pull));
 }
 
 BOOST_AUTO_TEST_CASE(control_failures_name_field_and_value) {

@@ -386,7 +386,7 @@ class server {
                     .step = h.step,
                     .tensor = h.tensor,
                     .payload = m->payload,
-                    .pull = false};
+                    .pull = (h.flags & wire::flag_pull) != 0};
         const std::uint64_t accepted_before = core_.stats().commits;
         core_.commit(c, now, out_);
         if (core_.stats().commits != accepted_before) last_step_[w] = h.step;

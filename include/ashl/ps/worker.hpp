@@ -393,7 +393,7 @@ class worker {
         wire::header h{.kind = wire::message_kind::commit,
                        .codec = compressing ? codec : codec_id::identity,
                        .type = dtype::f32,
-                       .flags = wire::flag_last_shard,
+                       .flags = wire::flag_last_shard | wire::flag_pull,  // the pull rides with it
                        .element_count = r.size(),
                        .tensor = s,
                        .rank = p.rank,
@@ -408,8 +408,12 @@ class worker {
         ++sends_pending;
       }
       ++tel.commits;
+      ++tel.pulls;
       committing = true;
-      return send_pulls(seq);
+      std::fill(replied.begin(), replied.end(), std::uint8_t{0});
+      replies_pending = servers();
+      reply_bytes = 0;
+      return {};
     }
 
     status encode_shard(std::uint32_t s, std::span<const float> x) {

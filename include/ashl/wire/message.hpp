@@ -97,7 +97,8 @@ constexpr bool is_control(message_kind k) noexcept { return static_cast<std::uin
 // Header flag bits. Bits not named here must be zero.
 inline constexpr std::uint32_t flag_last_shard = 1u << 0;     // commit, pull_reply: final shard of the tensor
 inline constexpr std::uint32_t flag_ack_requested = 1u << 1;  // any kind: the sender wants an acknowledgement
-inline constexpr std::uint32_t flags_known = flag_last_shard | flag_ack_requested;
+inline constexpr std::uint32_t flag_pull = 1u << 2;           // commit: a pull rides with it (no pull_request follows)
+inline constexpr std::uint32_t flags_known = flag_last_shard | flag_ack_requested | flag_pull;
 
 // What a receiver accepts. A server sets these from its tensors' sizes.
 struct limits {
@@ -323,6 +324,8 @@ inline status check_header(const header& h, std::uint64_t payload_bytes, const l
   const std::string kind_name(to_string(h.kind));
   if ((h.flags & flag_last_shard) != 0 && h.kind != message_kind::commit && h.kind != message_kind::pull_reply)
     return make_error(errc::malformed, "header.flags", hex32{h.flags}, "last_shard is only for commit and pull_reply");
+  if ((h.flags & flag_pull) != 0 && h.kind != message_kind::commit)
+    return make_error(errc::malformed, "header.flags", hex32{h.flags}, "pull is only for commit");
   if (!is_control(h.kind) || h.kind == message_kind::plan_update) {
     if (!is_data_dtype(h.kind, h.type))
       return make_error(errc::malformed, "header.dtype", to_string(h.type),
