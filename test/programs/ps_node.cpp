@@ -15,7 +15,9 @@
 // counters shared by the workers (mmap): the workers meet there before their
 // first commit (a barrier: a worker that finished before another connected
 // would leave an asynchronous policy with nobody to switch stages with),
-// each counts its commits there before sending, and with --ssp-check after
+// each counts its commits there before sending (with --together N it first
+// waits, at most 5 s, while the slowest worker is more than N commits
+// behind: the workers train together on a loaded machine), and with --ssp-check after
 // each wait checks that no worker is more than --staleness commits behind
 // its own count.
 #include <ashl/ps/launch.hpp>
@@ -67,6 +69,7 @@ struct options {
   std::string out;
   std::string shared;
   bool ssp_check = false;
+  int together = -1;  // with --shared: wait (bounded) before a commit while the slowest worker is more than this many commits behind
   int slow_rank = -1;
   int slow_ms = 0;
   double max_seconds = 120;
@@ -96,6 +99,7 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--out") o.out = next();
     else if (a == "--shared") o.shared = next();
     else if (a == "--ssp-check") o.ssp_check = true;
+    else if (a == "--together") o.together = std::stoi(next());
     else if (a == "--staleness") o.pp.staleness = std::stoll(next());
     else if (a == "--slow-rank") o.slow_rank = std::stoi(next());
     else if (a == "--slow-ms") o.slow_ms = std::stoi(next());
@@ -212,6 +216,15 @@ int train(const ps::job& j, const options& o) {
               std::to_string(plan.local_iterations) + " " + std::to_string(iters) + " " +
               std::to_string(plan.compression_ratio) + "\n";
     for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad_value(j.rank, static_cast<std::uint64_t>(c), i);
+    if (shared && o.together >= 0) {
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (std::chrono::steady_clock::now() < end) {
+        std::uint64_t mn = ~std::uint64_t{0};
+        for (std::uint32_t k = 0; k < j.num_workers; ++k) mn = std::min(mn, std::atomic_ref<std::uint64_t>(shared[k]).load());
+        if (static_cast<long>(c) - static_cast<long>(mn) <= o.together) break;
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
     if (shared) std::atomic_ref<std::uint64_t>(shared[j.rank]).fetch_add(1);
     if (auto s = wk->commit(g); !s) return fail(s.to_string());
     if (auto s = wk->wait(); !s) return fail(s.to_string());

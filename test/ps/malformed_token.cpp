@@ -103,17 +103,29 @@ BOOST_AUTO_TEST_CASE(malformed_messages_and_a_wrong_token_change_nothing) {
   constexpr std::size_t n = 1000;
   constexpr int cycles = 40;
   const std::string token = "correct horse battery staple";
-  const int port = process::free_port();
-  BOOST_TEST_REQUIRE(port > 0);
-  const std::string addr = "127.0.0.1:" + std::to_string(port);
   const std::string dir = process::temp_dir("ashl-malformed");
   // Worker 0 takes 50 ms per iteration, so the job lasts two seconds
-  // while the bad clients do their work.
-  const pid_t job = process::start({ASHL_RUN_PATH, "-s", "1", "-w", "4", "--addr", addr, "--token", token, "--timeout",
-                                    "120", "--", ASHL_TEST_PS_NODE, "--out", dir, "--policy", "bsp", "--elements",
-                                    std::to_string(n), "--cycles", std::to_string(cycles), "--slow-rank", "0",
-                                    "--slow-ms", "50"},
+  // while the bad clients do their work. A port found free can be taken by
+  // another process before the server binds it: then another port.
+  std::string addr;
+  pid_t job = -1;
+  for (int attempt = 0; attempt < 5 && job < 0; ++attempt) {
+    const int port = process::free_port();
+    BOOST_TEST_REQUIRE(port > 0);
+    addr = "127.0.0.1:" + std::to_string(port);
+    const pid_t p = process::start({ASHL_RUN_PATH, "-s", "1", "-w", "4", "--addr", addr, "--token", token,
+                                    "--timeout", "120", "--", ASHL_TEST_PS_NODE, "--out", dir, "--policy", "bsp",
+                                    "--elements", std::to_string(n), "--cycles", std::to_string(cycles),
+                                    "--slow-rank", "0", "--slow-ms", "50"},
                                    {{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}}, dir + "/log.txt");
+    if (process::wait_for_text(p, dir + "/log.txt", "listening on", 30s)) {
+      job = p;
+    } else {
+      const auto r = process::finish(p, 30s, dir + "/log.txt");
+      BOOST_TEST_REQUIRE(r.log().find("port in use") != std::string::npos, r.log());
+    }
+  }
+  BOOST_TEST_REQUIRE(job > 0);
 
   // A client with the wrong token is refused and told why.
   auto bad = tr::ucx::create({.token = "wrong token", .connect_timeout = 30s});

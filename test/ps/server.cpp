@@ -5,6 +5,7 @@
 #include "../support/ps_job.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -142,6 +143,21 @@ BOOST_AUTO_TEST_CASE(ashl_switches_stages_and_the_workers_follow_the_plans) {
   spec.cycles = 30;
   spec.opt = {.mode = ps::optimizer_params::kind::model_delta};
   spec.metric = [](std::uint32_t, int c) { return c < 15 ? 1.0 : 0.1; };
+  // The workers train together (none more than two cycles ahead of the
+  // slowest, a bounded wait), as the test means: on a loaded machine a
+  // starved thread could otherwise still be profiling when the others have
+  // finished, and never meet the stages at all.
+  std::array<std::atomic<int>, 4> started{};
+  spec.before_commit = [&](std::uint32_t k, int c) {
+    started[k] = c;
+    const auto end = std::chrono::steady_clock::now() + 5s;
+    while (std::chrono::steady_clock::now() < end) {
+      int mn = c;
+      for (auto& x : started) mn = std::min(mn, x.load());
+      if (c - mn <= 2) break;
+      std::this_thread::sleep_for(100us);
+    }
+  };
   const job_result r = run_job(spec);
   for (const auto& e : r.worker_errors) BOOST_TEST_REQUIRE(e.empty(), e);
   for (std::uint32_t k = 0; k < spec.workers; ++k) {

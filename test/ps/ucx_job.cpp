@@ -186,7 +186,8 @@ BOOST_AUTO_TEST_CASE(asp_over_ucx_never_holds_a_pull) {
 BOOST_AUTO_TEST_CASE(ashl_over_ucx_switches_stages_and_workers_follow) {
   auto o = run_job(2, 4,
                    {"--policy", "ashl", "--optimizer", "delta", "--cycles", "30", "--profile-iterations", "3", "--h-ahl",
-                    "4", "--h-shl", "2", "--compression-ratio", "0.1", "--switch-loss", "0.5", "--loss-switch-cycle", "15"},
+                    "4", "--h-shl", "2", "--compression-ratio", "0.1", "--switch-loss", "0.5", "--loss-switch-cycle", "15",
+                    "--together", "2"},
                    shm);
   BOOST_TEST_REQUIRE(o.run.exit_code == 0, o.run.log());
   const double ahl = static_cast<double>(ashl::stage_id::ahl), shl = static_cast<double>(ashl::stage_id::shl);

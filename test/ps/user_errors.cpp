@@ -53,23 +53,26 @@ void expect_failure(const std::string& name, const env_t& env, const std::vector
   BOOST_TEST(log.find(what) != std::string::npos, name << ": expected '" << what << "' in:\n" << log);
 }
 
+// A server of its own on a free loopback port (another one if a port found
+// free was taken before the server bound it), until the test ends.
 struct running_server {
-  pid_t pid;
-  std::string log;
-  running_server(const std::string& addr, const std::string& token, std::vector<std::string> extra = {})
-      : log(dir + "/server-" + std::to_string(process::free_port()) + ".log") {
+  pid_t pid = -1;
+  std::string addr, log;
+  explicit running_server(const std::string& token, std::vector<std::string> extra = {}) {
     std::vector<std::string> argv = {ASHL_TEST_PS_NODE, "--max-seconds", "30"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    pid = process::start(argv, contract("server", addr, token), log);
-    // Ready when it says where it listens.
-    const auto end = std::chrono::steady_clock::now() + 10s;
-    while (std::chrono::steady_clock::now() < end) {
-      process::outcome o{.log_path = log};
-      if (o.log().find("listening on") != std::string::npos) break;
-      std::this_thread::sleep_for(10ms);
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      addr = addr_of(process::free_port());
+      log = dir + "/server-" + std::to_string(attempt) + "-" + addr.substr(addr.find(':') + 1) + ".log";
+      pid = process::start(argv, contract("server", addr, token), log);
+      if (process::wait_for_text(pid, log, "listening on", 10s)) return;
+      (void)process::finish(pid, 5s, log);
+      pid = -1;
     }
+    BOOST_TEST_REQUIRE(pid > 0, "no server came up on a free port in 5 attempts");
   }
   ~running_server() {
+    if (pid <= 0) return;
     ::kill(-pid, SIGKILL);
     (void)process::finish(pid, 5s, log);
   }
@@ -91,23 +94,20 @@ BOOST_AUTO_TEST_CASE(a_server_that_never_comes_up_is_named_after_the_deadline) {
 }
 
 BOOST_AUTO_TEST_CASE(a_port_in_use_is_named) {
-  const std::string addr = addr_of(process::free_port());
-  running_server first(addr, "t");
-  expect_failure("port-in-use", contract("server", addr, "t"), {}, addr);
+  running_server first("t");
+  expect_failure("port-in-use", contract("server", first.addr, "t"), {}, first.addr);
   process::outcome o{.log_path = dir + "/port-in-use.log"};
   BOOST_TEST(o.log().find("in use") != std::string::npos, o.log());
 }
 
 BOOST_AUTO_TEST_CASE(a_token_mismatch_is_named) {
-  const std::string addr = addr_of(process::free_port());
-  running_server srv(addr, "the right token");
-  expect_failure("token", contract("worker", addr, "a wrong token"), {}, "token mismatch");
+  running_server srv("the right token");
+  expect_failure("token", contract("worker", srv.addr, "a wrong token"), {}, "token mismatch");
 }
 
 BOOST_AUTO_TEST_CASE(a_model_of_another_size_is_named) {
-  const std::string addr = addr_of(process::free_port());
-  running_server srv(addr, "t", {"--elements", "1000"});
-  expect_failure("size", contract("worker", addr, "t"), {"--elements", "999"}, "pull_request.element_count = 999");
+  running_server srv("t", {"--elements", "1000"});
+  expect_failure("size", contract("worker", srv.addr, "t"), {"--elements", "999"}, "pull_request.element_count = 999");
   process::outcome o{.log_path = dir + "/size.log"};
   BOOST_TEST(o.log().find("holds 1000 elements") != std::string::npos, o.log());
 }

@@ -90,7 +90,27 @@ inline outcome run(const std::vector<std::string>& argv, const std::vector<std::
   return finish(start(argv, env, log_path), bound, log_path);
 }
 
-// A loopback TCP port that was free a moment ago.
+// Waits until `text` appears in the log at log_path, for at most `bound`;
+// false if it did not, or if the process exited first (it is not reaped:
+// finish() still reads its status).
+inline bool wait_for_text(pid_t pid, const std::string& log_path, const std::string& text,
+                          std::chrono::milliseconds bound) {
+  const auto end = std::chrono::steady_clock::now() + bound;
+  while (std::chrono::steady_clock::now() < end) {
+    outcome o;
+    o.log_path = log_path;
+    if (o.log().find(text) != std::string::npos) return true;
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// A loopback TCP port that was free a moment ago (another process may take
+// it before it is bound: callers retry with another one when a server says
+// its port is in use).
 inline int free_port() {
   const int s = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
