@@ -186,18 +186,35 @@ class server {
     return n;
   }
 
+  // One pass, and when it handled nothing a wait of at most max_wait for the
+  // transport's next event: the body of run(), for a program that runs its
+  // own loop (evaluations, checkpoints on its own schedule). Returns the
+  // number of events handled.
+  std::size_t run_once(std::chrono::microseconds max_wait) {
+    std::size_t n = poll();
+    if (n == 0) {
+      const double t0 = clock_.now();
+      t_.wait(max_wait);
+      tel_.wait_seconds += clock_.now() - t0;
+    }
+    return n;
+  }
+
   // Polls and waits (at most wait_slice at a time) until `stop` is set, or
   // (stop_when_all_left) every worker that joined has left.
   void run(const std::atomic<bool>& stop) {
     while (!stop.load(std::memory_order_relaxed)) {
-      if (poll() == 0) {
-        const double t0 = clock_.now();
-        t_.wait(std::chrono::duration_cast<std::chrono::microseconds>(p_.wait_slice));
-        tel_.wait_seconds += clock_.now() - t0;
-      }
+      run_once(std::chrono::duration_cast<std::chrono::microseconds>(p_.wait_slice));
       if (p_.stop_when_all_left && all_left()) break;
     }
     poll();  // what arrived last (leave acknowledgements, errors) is handled
+  }
+
+  // A metric measured by the server's own program (a loss on held-out data,
+  // say), handed to server_core as a worker's metric message would be.
+  void report_metric(metric_id m, double value) {
+    core_.metric(m, value, clock_.now(), out_);
+    flush(clock_.now());
   }
 
   // Drains the core (buffered commits applied, held pulls released) and sends

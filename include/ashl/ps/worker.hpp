@@ -56,6 +56,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -83,6 +84,17 @@ struct worker_params {
   std::uint64_t seed = 0;            // codec seed (the servers' server_core_params.seed)
   bool progress_thread = false;      // a thread of the worker's own drives the transport
   double progress_seconds = 0.0;     // > 0: one progress line to stderr every so often (from wait())
+  // A compressing plan's codec keeps each shard's residual (error feedback)
+  // unless this is false; then the codec encodes the update alone.
+  bool error_feedback = true;
+  // > 0: emulates a link of this many bytes per second (heterogeneity on one
+  // machine, the reference experiment's padding): commit() holds the commit
+  // for commit_bytes / rate before it sends it, and wait() holds the
+  // parameters for reply_bytes / rate after they arrived, so the transfer
+  // occupies the time a slower link would, before the server sees the commit
+  // and before the caller sees the reply, and the push and pull
+  // measurements include it.
+  double link_bytes_per_second = 0.0;
 };
 
 struct worker_telemetry {
@@ -95,6 +107,7 @@ struct worker_telemetry {
   std::uint64_t copied_replies = 0;   // pull replies delivered eagerly (copied once into the buffer)
   double wait_seconds = 0.0;          // inside wait()
   double compress_seconds = 0.0;
+  double link_seconds = 0.0;          // held by the emulated link (worker_params.link_bytes_per_second)
   transport::transport_counters transport{};
 };
 
@@ -141,6 +154,8 @@ class worker {
     if (parameters.empty()) return invalid_argument("worker.parameters.size", 0, "needs at least one element");
     if (p.batch == 0) return invalid_argument("worker.batch", 0, "must be >= 1");
     if (p.timeout.count() <= 0) return invalid_argument("worker.timeout_ms", p.timeout.count(), "must be > 0");
+    if (!(p.link_bytes_per_second >= 0.0) || !std::isfinite(p.link_bytes_per_second))
+      return invalid_argument("worker.link_bytes_per_second", p.link_bytes_per_second, "must be >= 0 and finite");
     auto layout = shard_layout::even(parameters.size(), static_cast<std::uint32_t>(p.servers.size()));
     if (!layout) return layout.error();
     worker wk(std::move(p), std::move(t), parameters, *layout);
@@ -384,6 +399,12 @@ class worker {
       } else if (cycle.state() == worker_cycle::phase::compressing) {
         cycle.compressed(now, static_cast<double>(update.size_bytes()));
       }
+      if (p.link_bytes_per_second > 0.0) {
+        std::uint64_t b = 0;
+        for (std::uint32_t s = 0; s < servers(); ++s)
+          b += wire::header_bytes + (compressing ? enc[s].size() : layout.range(s).size() * sizeof(float));
+        hold_for_link(b);
+      }
       const std::uint64_t seq = cycle.commit_sent(now);
       commit_bytes = 0;
       for (std::uint32_t s = 0; s < servers(); ++s) {
@@ -431,7 +452,8 @@ class worker {
                                           .step = iterations_total,
                                           .tensor = s,
                                           .scratch = std::span<std::byte>(scratch.data(), sb)};
-              auto used = e.encode(host_view<const float>(x.data(), x.size()), enc[s], ctx);
+              const host_view<const float> view(x.data(), x.size());
+              auto used = p.error_feedback ? e.encode(view, enc[s], ctx) : e.inner().encode(view, enc[s], ctx);
               if (!used) return used.error();
               enc[s].resize(*used);
               return {};
@@ -477,7 +499,10 @@ class worker {
       const double deadline = clock.now() + seconds(p.timeout);
       ASHL_TRY(drive_until([&] { return !pending(); }, deadline, "waiting for the commit and the parameters"));
       std::lock_guard g(mu);
-      if (committing) finish_cycle();
+      if (committing) {
+        hold_for_link(reply_bytes);
+        finish_cycle();
+      }
       if (p.progress_seconds > 0.0 && clock.now() >= next_progress_) {
         next_progress_ = clock.now() + p.progress_seconds;
         std::fprintf(stderr, "%s\n", progress_line().c_str());
@@ -604,6 +629,16 @@ class worker {
 
     void fail(status s) {
       if (failed.ok()) failed = std::move(s);
+    }
+
+    // The emulated link (worker_params.link_bytes_per_second): `bytes` take
+    // bytes / rate seconds. A sleep, not a spin: ten emulated workers share
+    // a few cores.
+    void hold_for_link(std::uint64_t bytes) {
+      if (p.link_bytes_per_second <= 0.0 || bytes == 0) return;
+      const double s = static_cast<double>(bytes) / p.link_bytes_per_second;
+      std::this_thread::sleep_for(std::chrono::duration<double>(s));
+      tel.link_seconds += s;
     }
 
     // ---------------------------------------------------------- receiving
