@@ -1,533 +1,42 @@
 // ashl_experiment_fmnist — the reference experiment (ALGORITHMS.md §5):
-// Fashion-MNIST, a 784-256-10 MLP, 1 server and 9 workers in three groups,
-// every policy run under the simulator in full mode (real gradients in
-// virtual time) through ps::make_policy and the profile planners. The
-// server side is ps::server_core (the simulator's): it stores each buffered
-// commit's payload, decodes it by codec id and applies W += w_i Δ_i; the
-// workers here only train and encode their deltas.
+// Fashion-MNIST, a 784-256-10 MLP, 1 server and 9 workers in three groups.
+//
+// --mode sim (the default): every policy under the simulator in full mode
+// (real gradients in virtual time) through ps::make_policy and the profile
+// planners. The server side is ps::server_core (the simulator's): it stores
+// each buffered commit's payload, decodes it by codec id and applies
+// W += w_i Δ_i; the workers here only train and encode their deltas.
+//
+// --mode real: the same experiment as 1 server and 9 worker processes over
+// UCX on 127.0.0.1, heterogeneity emulated by padding (experiment_real.hpp),
+// beside the simulator's prediction for the capabilities measured in the run.
 //
 //   ashl_experiment_fmnist --mode sim --seeds 3 --budget 30 --target 0.85 --out results
 //   ashl_experiment_fmnist --quick
+//   ashl_experiment_fmnist --mode real --time-scale 5 --policies bsp,ashl --trace ashl
 //
 // Prints a progress line per run, a table (median over seeds) and one JSON
 // object per policy; writes accuracy-vs-time CSV and, with gnuplot, a PNG.
-// docs/perf/time-to-accuracy.md reports a run.
-#include "fmnist.hpp"
-#include "mlp.hpp"
+// docs/perf/time-to-accuracy.md reports a simulated run, docs/perf/real-vs-sim.md
+// real ones.
+#include "experiment_common.hpp"
 
-#include <ashl/compress/error_feedback.hpp>
-#include <ashl/compress/identity.hpp>
-#include <ashl/compress/topk.hpp>
-#include <ashl/ps/policies.hpp>
-#include <ashl/sim/simulator.hpp>
-#include <ashl/sim/trace.hpp>
+#include <ashl/config.hpp>
+#if ASHL_HAS_UCX()
+#include "experiment_real.hpp"
+#endif
 
-#include <algorithm>
 #include <atomic>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <limits>
-#include <map>
 #include <mutex>
-#include <sstream>
-#include <string>
 #include <thread>
-#include <vector>
 
 namespace {
 
-constexpr double nan_v = std::numeric_limits<double>::quiet_NaN();
-constexpr std::size_t workers_n = 9;
+using namespace fmnist_experiment;
 
-struct settings {
-  std::string mode = "sim";
-  int seeds = 3;
-  std::vector<std::string> policies{"bsp", "asp", "ssp", "local_sgd", "adsp", "semi_async", "dlb", "ashl", "ashl_plus"};
-  double budget = 20.0;  // virtual seconds
-  double target = 0.85;
-  std::string out = "fmnist-results";
-  bool quick = false;
-  double lr = 0.02;
-  // Per-policy learning rates (override lr): each policy's best of the grid
-  // {0.005, 0.01, 0.02} (policies that add whole deltas) or {0.02, 0.05,
-  // 0.1, 0.2} (policies that average them) by time to 0.85 on seed 11, which
-  // the reported seeds 1-3 do not include (docs/perf/time-to-accuracy.md).
-  // --lr X sets every policy to X.
-  std::map<std::string, double> lr_of{{"bsp", 0.2},  {"asp", 0.005}, {"ssp", 0.02},  {"local_sgd", 0.1},
-                                      {"adsp", 0.1}, {"semi_async", 0.005}, {"dlb", 0.1}, {"ashl", 0.1},
-                                      {"ashl_plus", 0.05}};
-  int first_seed = 1;
-  double momentum = 0.9;
-  double eval_every = 0.25;
-  std::size_t eval_test = 2000;   // test images for the periodic accuracy
-  std::size_t eval_train = 1000;  // training images for the periodic loss
-  double ratio = 0.1;             // top-k r0 for ASHL
-  // The reference worker's time to top-k one dense update (r = 0.1, 203,530
-  // f32): 10 % of its 10 ms iteration, the ratio measured on this machine
-  // (1.56 ms top-k vs 15.6 ms for a batch-64 MLP step); error feedback's two
-  // extra passes cost another 32 % (2.06 ms).
-  double compress_seconds = 0.001;
-  double ef_compress_factor = 1.32;
-  double drift = 0.2;             // ASHL+ re-plans when a smoothed time drifts by this fraction
-  bool replan = true;             // --no-replan: ASHL+ without re-planning (an ablation)
-  struct slowdown {
-    std::uint32_t worker;
-    double at, factor;
-  };
-  std::vector<slowdown> slowdowns;
-  int jobs = 2;
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  std::string trace_policy;       // write a Chrome trace of this policy's first seed
-
-  [[nodiscard]] double lr_for(const std::string& policy) const {
-    const auto it = lr_of.find(policy);
-    return it == lr_of.end() ? lr : it->second;
-  }
-};
-
-// The library's policy names (ps::policies, listed once there) and this
-// experiment's variant "ashl_plus" (ASHL with the profile re-planner and
-// error feedback).
-bool known_policy(std::string_view name) { return name == "ashl_plus" || ashl::ps::policy_kind_of(name).has_value(); }
-std::string known_policies_text() { return ashl::ps::policy_names_text() + " ashl_plus"; }
-
-void usage() {
-  std::printf(
-      "usage: ashl_experiment_fmnist [--mode sim] [--seeds N] [--policies a,b,...] [--budget S]\n"
-      "                              [--target A] [--out DIR] [--quick] [--jobs J] [--lr X]\n"
-      "                              [--eval-every S] [--data DIR] [--trace POLICY]\n"
-      "                              [--compress-seconds S] [--slowdown W,AT,F] [--first-seed K]\n"
-      "                              [--help]\n"
-      "policies: %s (default: all but dssp)\n"
-      "  --budget S    virtual seconds per run (default 20)\n"
-      "  --target A    test accuracy to reach, in (0, 1] (default 0.85)\n"
-      "  --lr X        learning rate of every policy; or per policy on top of the defaults:\n"
-      "                --lr bsp=0.05,asp=0.02 (defaults, tuned on seed 11: bsp 0.2, asp 0.005,\n"
-      "                ssp 0.02, local_sgd 0.1, adsp 0.1, semi_async 0.005, dlb 0.1, ashl 0.1,\n"
-      "                ashl_plus 0.05)\n"
-      "  --first-seed K  seeds K .. K+N-1 (default 1)\n"
-      "  --quick       a small run for tests: 1 seed, bsp,asp,ashl,ashl_plus, 1 virtual second\n"
-      "  --compress-seconds S  reference worker's time to top-k one update (default 0.001; 0: free)\n"
-      "  --slowdown W,AT,F     worker W (0-8) becomes F times slower at virtual time AT (repeatable)\n"
-      "  --no-replan           ASHL+ keeps error feedback but plans once (ablation)\n",
-      known_policies_text().c_str());
-}
-
-ashl::status bad(const char* field, const std::string& v, const char* why) { return ashl::invalid_argument(field, v, why); }
-
-ashl::result<settings> parse(int argc, char** argv) {
-  settings s;
-  bool policies_given = false, budget_given = false, seeds_given = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&](const char* f) -> ashl::result<std::string> {
-      if (i + 1 >= argc) return bad(f, "", "needs a value");
-      return std::string(argv[++i]);
-    };
-    auto num = [&](const char* f, double& out) -> ashl::status {
-      auto v = next(f);
-      if (!v) return v.error();
-      char* end = nullptr;
-      out = std::strtod(v->c_str(), &end);
-      if (end == v->c_str() || *end) return bad(f, *v, "must be a number");
-      return {};
-    };
-    if (a == "--help" || a == "-h") {
-      usage();
-      std::exit(0);
-    } else if (a == "--mode") {
-      auto v = next("--mode");
-      if (!v) return v.error();
-      if (*v != "sim") return bad("--mode", *v, "must be sim (the only mode this example runs)");
-      s.mode = *v;
-    } else if (a == "--seeds") {
-      double v;
-      ASHL_TRY(num("--seeds", v));
-      if (!(v >= 1 && v <= 100 && v == std::floor(v))) return ashl::invalid_argument("--seeds", v, "must be an integer in [1, 100]");
-      s.seeds = static_cast<int>(v);
-      seeds_given = true;
-    } else if (a == "--policies") {
-      auto v = next("--policies");
-      if (!v) return v.error();
-      s.policies.clear();
-      std::stringstream ss(*v);
-      std::string p;
-      while (std::getline(ss, p, ',')) {
-        if (!known_policy(p)) return bad("--policies", p, ("unknown policy (" + known_policies_text() + ")").c_str());
-        s.policies.push_back(p);
-      }
-      if (s.policies.empty()) return bad("--policies", *v, "must name at least one policy");
-      policies_given = true;
-    } else if (a == "--budget") {
-      ASHL_TRY(num("--budget", s.budget));
-      if (!(s.budget > 0.0) || !std::isfinite(s.budget)) return ashl::invalid_argument("--budget", s.budget, "must be > 0");
-      budget_given = true;
-    } else if (a == "--target") {
-      ASHL_TRY(num("--target", s.target));
-      if (!(s.target > 0.0 && s.target <= 1.0)) return ashl::invalid_argument("--target", s.target, "must be in (0, 1]");
-    } else if (a == "--lr") {
-      if (i + 1 < argc && std::strchr(argv[i + 1], '=') != nullptr) {
-        std::stringstream ss(argv[++i]);
-        std::string item;
-        while (std::getline(ss, item, ',')) {
-          const auto eq = item.find('=');
-          const std::string name = item.substr(0, eq == std::string::npos ? item.size() : eq);
-          if (!known_policy(name) || eq == std::string::npos) return bad("--lr", item, "must be POLICY=RATE with a known policy");
-          char* end = nullptr;
-          const double v = std::strtod(item.c_str() + eq + 1, &end);
-          if (end == item.c_str() + eq + 1 || *end) return bad("--lr", item, "the rate must be a number");
-          if (!(v > 0.0 && v < 10.0)) return ashl::invalid_argument("--lr." + name, v, "must be in (0, 10)");
-          s.lr_of[name] = v;
-        }
-      } else {
-        ASHL_TRY(num("--lr", s.lr));
-        if (!(s.lr > 0.0 && s.lr < 10.0)) return ashl::invalid_argument("--lr", s.lr, "must be in (0, 10)");
-        s.lr_of.clear();
-      }
-    } else if (a == "--first-seed") {
-      double v;
-      ASHL_TRY(num("--first-seed", v));
-      if (!(v >= 1 && v <= 1e6 && v == std::floor(v))) return ashl::invalid_argument("--first-seed", v, "must be an integer in [1, 1000000]");
-      s.first_seed = static_cast<int>(v);
-    } else if (a == "--eval-every") {
-      ASHL_TRY(num("--eval-every", s.eval_every));
-      if (!(s.eval_every > 0.0)) return ashl::invalid_argument("--eval-every", s.eval_every, "must be > 0");
-    } else if (a == "--jobs") {
-      double v;
-      ASHL_TRY(num("--jobs", v));
-      if (!(v >= 1 && v <= 64)) return ashl::invalid_argument("--jobs", v, "must be in [1, 64]");
-      s.jobs = static_cast<int>(v);
-    } else if (a == "--out") {
-      auto v = next("--out");
-      if (!v) return v.error();
-      s.out = *v;
-    } else if (a == "--data") {
-      auto v = next("--data");
-      if (!v) return v.error();
-      s.data_dir = *v;
-    } else if (a == "--trace") {
-      auto v = next("--trace");
-      if (!v) return v.error();
-      s.trace_policy = *v;
-    } else if (a == "--compress-seconds") {
-      ASHL_TRY(num("--compress-seconds", s.compress_seconds));
-      if (!(s.compress_seconds >= 0.0 && s.compress_seconds < 10.0))
-        return ashl::invalid_argument("--compress-seconds", s.compress_seconds, "must be in [0, 10)");
-    } else if (a == "--slowdown") {
-      auto v = next("--slowdown");
-      if (!v) return v.error();
-      double w = 0, at = 0, f = 0;
-      char tail = 0;
-      if (std::sscanf(v->c_str(), "%lf,%lf,%lf%c", &w, &at, &f, &tail) != 3)
-        return bad("--slowdown", *v, "must be WORKER,AT,FACTOR (e.g. 0,5,3)");
-      if (!(w >= 0 && w < static_cast<double>(workers_n) && w == std::floor(w)))
-        return ashl::invalid_argument("--slowdown.worker", w, "must be an integer in [0, 8]");
-      if (!(at >= 0.0 && std::isfinite(at))) return ashl::invalid_argument("--slowdown.at", at, "must be >= 0");
-      if (!(f > 0.0 && std::isfinite(f))) return ashl::invalid_argument("--slowdown.factor", f, "must be > 0");
-      s.slowdowns.push_back({static_cast<std::uint32_t>(w), at, f});
-    } else if (a == "--no-replan") {
-      s.replan = false;
-    } else if (a == "--quick") {
-      s.quick = true;
-    } else {
-      return bad("argument", a, "unknown (see --help)");
-    }
-  }
-  if (s.quick) {
-    if (!policies_given) s.policies = {"bsp", "asp", "ashl", "ashl_plus"};
-    if (!budget_given) s.budget = 1.0;
-    if (!seeds_given) s.seeds = 1;
-    s.eval_test = 500;
-    s.eval_train = 250;
-  }
-  if (s.eval_every > s.budget) return ashl::invalid_argument("--eval-every", s.eval_every, "must be <= --budget");
-  return s;
-}
-
-// The cluster of ALGORITHMS.md §5: the reference worker computes one batch-64
-// iteration in 10 ms and moves the dense model in 5 ms; groups of three are
-// (compute, comm) = (2×, 4×), (3×, 6×), (4×, 8×) slower. Built in code: only
-// a JSON spec file needs nlohmann_json.
-ashl::result<ashl::sim::cluster_spec> cluster(const settings& s) {
-  ashl::sim::cluster_spec spec;
-  spec.reference_seconds_per_iteration = 0.01;
-  spec.reference_batch = 64;
-  spec.reference_compress_seconds = s.compress_seconds;
-  spec.model_bytes = 4 * std::uint64_t{mlp::size()};
-  const double ref_bytes_per_s = static_cast<double>(spec.model_bytes) / 0.005;
-  const double comp[3] = {2, 3, 4}, comm[3] = {4, 6, 8};
-  for (int g = 0; g < 3; ++g) {
-    ashl::sim::worker_spec w;
-    w.seconds_per_iteration = spec.reference_seconds_per_iteration * comp[g];
-    // A codec runs on the worker's processor: it scales like its compute.
-    w.compress_seconds = spec.reference_compress_seconds * comp[g];
-    w.batch = spec.reference_batch;
-    w.bandwidth_bytes_per_s = ref_bytes_per_s / comm[g];
-    for (int k = 0; k < 3; ++k) spec.workers.push_back(w);
-  }
-  for (const auto& d : s.slowdowns)
-    spec.changes.push_back({.at = d.at, .worker = d.worker, .kind = ashl::sim::change_kind::slowdown, .factor = d.factor});
-  ASHL_TRY(ashl::sim::validate(spec));
-  return spec;
-}
-
-struct point {
-  double t, acc, loss;
-};
-
-struct run_outcome {
-  std::string policy;
-  int seed = 0;
-  double time_to_target = nan_v;
-  double final_accuracy = 0.0;
-  double bytes_per_worker = 0.0;
-  double wait_fraction = 0.0;
-  std::size_t replans = 0;  // ASHL+: plans the re-planner made
-  double switch_time = nan_v;  // ASHL: when AHL switched to SHL
-  std::string note;
-  std::vector<point> curve;
-};
-
-std::uint64_t mix(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-struct policy_setup {
-  ashl::sync::any_policy policy;
-  bool error_feedback = false;
-};
-
-ashl::result<policy_setup> make_setup(const std::string& name, const settings& s, const ashl::sim::cluster_spec& spec) {
-  ashl::ps::policy_params pp;
-  pp.workers = static_cast<std::int64_t>(spec.workers.size());
-  policy_setup out;
-  std::string base = name;
-  if (name == "ssp") pp.staleness = 3;
-  if (name == "local_sgd") pp.local_steps = 2;
-  if (name == "adsp") {
-    // Scaled to runs of tens of seconds: period Γ = 1 s (60 s in the paper).
-    pp.period = 1.0;
-    pp.search_every = 1000.0;
-    pp.target_loss = 0.4;
-    pp.initial_commit_rate = 1;
-  }
-  if (name == "semi_async") pp.sync_every_iterations = 8;
-  if (name == "dlb") {
-    // Batches b_i = B v_i / Σv from the measured throughput (EWMA), B = 64 per
-    // worker, at least 8; the rounds weigh each commit by its samples.
-    pp.total_batch = 64 * pp.workers;
-    pp.min_batch = 8;
-  }
-  if (name == "ashl" || name == "ashl_plus") {
-    // Algorithms 1 and 2 on the per-worker trimmed means of the 5 profiling
-    // commits (2 off each end), T_compress measured.
-    base = "ashl";
-    pp.profile_iterations = 5;
-    pp.h_ahl = 8;
-    pp.h_shl = 2;
-    pp.shl_staleness = 3;
-    pp.compression_ratio = s.ratio;
-    pp.switch_loss = 0.5;  // scaled for Fashion-MNIST (0.3 on CIFAR-10 in the paper)
-    pp.planner = "profile";
-    pp.profile_trim = 2;
-    if (name == "ashl_plus") {
-      // ASHL+: error feedback on the top-k residual and online re-planning.
-      if (s.replan) {
-        pp.replanner = "profile";
-        pp.replan_drift = s.drift;
-        pp.replan_half_life = 8;
-      }
-      out.error_feedback = true;
-    }
-  }
-  auto p = ashl::ps::make_policy(base, pp);
-  if (!p) return p.error();
-  out.policy = std::move(*p);
-  return out;
-}
-
-// One run: a policy, a seed, the full budget.
-run_outcome run_one(const std::string& name, int seed, const settings& s, const fmnist::dataset& d,
-                    const ashl::sim::cluster_spec& spec0, bool trace) {
-  run_outcome o;
-  o.policy = name;
-  o.seed = seed;
-  ashl::sim::cluster_spec spec = spec0;
-  spec.seed = static_cast<std::uint64_t>(seed);
-  auto setup = make_setup(name, s, spec);
-  if (!setup) {
-    o.note = setup.error().message();
-    return o;
-  }
-  if (setup->error_feedback)
-    for (auto& w : spec.workers) w.compress_seconds *= s.ef_compress_factor;
-  const std::size_t n = mlp::size(), m = spec.workers.size();
-  mlp net;
-  const std::vector<float> W0 = mlp::init(1000 + static_cast<std::uint64_t>(seed));
-  struct worker_state {
-    std::vector<float> w, base, v, grad, delta, snapshot;
-    std::vector<std::vector<std::byte>> payload;  // per server shard, valid until the next compute
-    ashl::compress::error_feedback<ashl::compress::topk> ef;  // ASHL+: the residual of what top-k dropped
-    std::uint64_t step = 0;
-  };
-  std::vector<worker_state> ws(m);
-  for (auto& x : ws) {
-    x.w = W0;
-    x.base = W0;
-    x.v.assign(n, 0.0f);
-    x.grad.assign(n, 0.0f);
-    x.delta.assign(n, 0.0f);
-    x.snapshot = W0;
-  }
-  std::vector<float> xb;
-  std::vector<std::uint8_t> yb;
-  std::vector<std::byte> scratch;
-  const bool ef = setup->error_feedback;
-  const double lr_policy = s.lr_for(name);
-  const std::uint64_t rng_seed = mix(static_cast<std::uint64_t>(seed) * 7919 + 17);
-
-  // Workers: local SGD with momentum from the last pulled model, then the
-  // model delta Δ = w − w(pulled), one shard per server: identity (dense) or
-  // top-k at the plan's ratio (with error feedback for ASHL+). The server
-  // (ps::server_core) applies W += weight · Δ as the policy says.
-  ashl::sim::hooks h;
-  h.compute = [&](const ashl::sim::compute_request& q, std::span<ashl::sim::shard_payload> out) {
-    auto& x = ws[q.worker];
-    const std::uint32_t batch = q.batch;
-    xb.resize(std::size_t{batch} * mlp::in);
-    yb.resize(batch);
-    for (std::uint32_t k = 0; k < q.iterations; ++k) {
-      for (std::uint32_t b = 0; b < batch; ++b) {
-        const std::size_t idx = mix(rng_seed ^ (std::uint64_t{q.worker} << 40) ^ (x.step * 65536 + b)) % d.train.count;
-        mlp::to_float(&d.train.images[idx * mlp::in], 1, &xb[std::size_t{b} * mlp::in]);
-        yb[b] = d.train.labels[idx];
-      }
-      ++x.step;
-      net.forward_backward(x.w, xb.data(), yb.data(), batch, x.grad);
-      const float mu = static_cast<float>(s.momentum), lr = static_cast<float>(lr_policy);
-      for (std::size_t i = 0; i < n; ++i) {
-        x.v[i] = mu * x.v[i] + x.grad[i];
-        x.w[i] -= lr * x.v[i];
-      }
-    }
-    for (std::size_t i = 0; i < n; ++i) x.delta[i] = x.w[i] - x.base[i];
-    const double ratio = q.plan->compression_ratio;
-    x.payload.resize(out.size());
-    for (std::uint32_t k = 0; k < out.size(); ++k) {
-      const ashl::ps::key_range r = q.layout->range(k);
-      const auto len = static_cast<std::size_t>(r.size());
-      const ashl::host_view<const float> delta(x.delta.data() + r.begin, len);
-      auto& bytes = x.payload[k];
-      ashl::result<std::size_t> used = std::size_t{0};
-      out[k] = {.element_count = r.size(), .step = q.sequence, .tensor = k};
-      if (ratio >= 1.0) {
-        if (ef) {
-          // A dense commit pays off the whole residual of this shard.
-          const auto e = x.ef.residual(k);
-          for (std::size_t i = 0; i < e.size(); ++i) x.delta[r.begin + i] += e[i];
-        }
-        const ashl::compress::identity c;
-        bytes.resize(c.max_encoded_bytes(len, ashl::dtype::f32));
-        used = c.encode(delta, bytes, {});
-        out[k].codec = ashl::codec_id::identity;
-      } else {
-        const ashl::compress::topk c{ratio};
-        bytes.resize(c.max_encoded_bytes(len, ashl::dtype::f32));
-        scratch.resize(c.scratch_bytes(len, ashl::dtype::f32));
-        const ashl::compress::codec_context ctx{.seed = 0, .step = 0, .tensor = k, .scratch = scratch};
-        if (ef) {
-          // e ← (Δ + e) − C(Δ + e): what top-k did not send stays for the next commit.
-          x.ef.inner() = c;
-          used = x.ef.encode(delta, bytes, ctx);
-        } else {
-          used = c.encode(delta, bytes, ctx);
-        }
-        out[k].codec = ashl::codec_id::topk;
-      }
-      ASHL_ASSERT(used.has_value(), "worker encode failed");
-      out[k].bytes = std::span<const std::byte>(bytes.data(), *used);
-    }
-    if (ef && ratio >= 1.0) x.ef.reset();
-  };
-  // The servers' layout (the simulator splits the parameters the same way).
-  const auto layout = ashl::ps::shard_layout::even(n, static_cast<std::uint32_t>(spec.servers.size()));
-  if (!layout) {
-    o.note = layout.error().message();
-    return o;
-  }
-  h.serve = [&](ashl::sync::worker_id w, std::uint32_t server, std::span<const float> p) {
-    const ashl::ps::key_range r = layout->range(server);
-    std::copy(p.begin(), p.end(), ws[w].snapshot.begin() + static_cast<std::ptrdiff_t>(r.begin));
-  };
-  h.deliver = [&](ashl::sync::worker_id w) {
-    ws[w].w = ws[w].snapshot;
-    ws[w].base = ws[w].snapshot;
-  };
-  h.evaluate = [&](double t, std::span<const float> W) {
-    auto [acc, tl] = net.evaluate(W, d.test.images.data(), d.test.labels.data(), s.eval_test);
-    auto [tracc, loss] = net.evaluate(W, d.train.images.data(), d.train.labels.data(), s.eval_train);
-    (void)tl;
-    (void)tracc;
-    if (!std::isfinite(loss)) loss = 1e9;
-    o.curve.push_back({t, acc, loss});
-    if (std::isnan(o.time_to_target) && acc >= s.target) o.time_to_target = t;
-    return ashl::sim::evaluation{{{ashl::metric_id::loss, loss}, {ashl::metric_id::accuracy, acc}}, false};
-  };
-
-  const ashl::sim::simulator<>* running = nullptr;
-  h.plans_changed = [&](double t) {
-    if (running && std::isnan(o.switch_time) && running->policy().stage() == ashl::stage_id::shl) o.switch_time = t;
-  };
-  auto sim = ashl::sim::simulator<>::create(spec, std::move(setup->policy), std::move(h),
-                                            {.elements = n,
-                                             .optimizer = {.mode = ashl::ps::optimizer_params::kind::model_delta},
-                                             .initial = W0});
-  if (!sim) {
-    o.note = sim.error().message();
-    return o;
-  }
-  running = &*sim;
-  auto r = sim->run({.until = s.budget, .metric_interval = s.eval_every, .record_trace = trace, .trace_limit = 200000});
-  const std::vector<float> W = sim->parameters();
-  o.final_accuracy = net.evaluate(W, d.test.images.data(), d.test.labels.data(), d.test.count).first;
-  o.bytes_per_worker = r.mean_bytes_sent();
-  o.wait_fraction = r.wait_fraction();
-  if (auto a = ashl::ps::ashl_summary_of(sim->policy())) o.replans = a->replans;
-  if (trace) {
-    std::ofstream t(s.out + "/trace_" + name + ".json");
-    ashl::sim::write_chrome_trace(t, r, "fmnist " + name);
-  }
-  return o;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return nan_v;
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-std::string num_or_null(double v, const char* fmt = "%.3f") {
-  if (!std::isfinite(v)) return "null";
-  char b[64];
-  std::snprintf(b, sizeof b, fmt, v);
-  return b;
-}
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  auto sp = parse(argc, argv);
-  if (!sp) {
-    std::fprintf(stderr, "ashl_experiment_fmnist: %s\n", sp.error().message().c_str());
-    return 2;
-  }
-  const settings s = *sp;
+// --mode sim: every policy and seed in the simulator, `--jobs` at a time.
+int run_sim(const settings& s) {
   auto data = fmnist::load(s.data_dir);
   if (!data) {
     std::fprintf(stderr, "ashl_experiment_fmnist: %s\n", data.error().message().c_str());
@@ -569,7 +78,8 @@ int main(int argc, char** argv) {
   auto worker = [&] {
     for (std::size_t j; (j = next.fetch_add(1)) < jobs.size();) {
       const bool trace = jobs[j].seed == s.first_seed && jobs[j].policy == s.trace_policy;
-      results[j] = run_one(jobs[j].policy, jobs[j].seed, s, *data, *spec, trace);
+      results[j] = run_one(jobs[j].policy, jobs[j].seed, s, *data, *spec,
+                           trace ? s.out + "/trace_" + jobs[j].policy + ".json" : "");
       std::lock_guard<std::mutex> lk(io);
       const auto& r = results[j];
       if (!r.note.empty()) std::printf("[%-10s seed %d] error: %s\n", r.policy.c_str(), r.seed, r.note.c_str());
@@ -624,26 +134,29 @@ int main(int argc, char** argv) {
     std::ofstream js(s.out + "/summary.json");
     js << json.str();
   }
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0)
     std::printf("note: gnuplot not found; wrote %s only (apt-get install gnuplot for the PNG)\n", csv.c_str());
-  } else {
-    const std::string gp = s.out + "/accuracy_vs_time.gp";
-    const char* const colors[9] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                                   "#8c564b", "#e377c2", "#000000", "#17becf"};
-    std::ofstream g(gp);
-    g << "set datafile separator ','\nset terminal pngcairo size 1000,600\nset output '" << s.out
-      << "/accuracy_vs_time.png'\nset xlabel 'virtual time (s)'\nset ylabel 'test accuracy (seed " << s.first_seed << ")'\n"
-         "set yrange [0.5:0.92]\nset key bottom right\nset grid\nset termoption noenhanced\n"
-      << "set arrow from graph 0, first " << s.target << " to graph 1, first " << s.target << " nohead dt 2\n"
-      << "plot ";
-    for (std::size_t k = 0; k < s.policies.size(); ++k)
-      g << (k ? ", " : "") << "'" << csv << "' using (strcol(1) eq '" << s.policies[k]
-        << "' && $2 == " << s.first_seed << " ? $3 : 1/0):4 with lines lw 2 lc rgb '" << colors[k % 9] << "' title '" << s.policies[k] << "'";
-    g << "\n";
-    g.close();
-    if (std::system(("gnuplot " + gp + " 2>/dev/null").c_str()) != 0)
-      std::printf("note: gnuplot failed; wrote %s only\n", csv.c_str());
-    else std::printf("wrote %s and %s/accuracy_vs_time.png\n", csv.c_str(), s.out.c_str());
-  }
+  else if (!plot(s, csv)) std::printf("note: gnuplot failed; wrote %s only\n", csv.c_str());
+  else std::printf("wrote %s and %s/accuracy_vs_time.png\n", csv.c_str(), s.out.c_str());
   return failed ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto sp = parse(argc, argv);
+  if (!sp) {
+    std::fprintf(stderr, "ashl_experiment_fmnist: %s\n", sp.error().message().c_str());
+    return 2;
+  }
+  const settings& s = *sp;
+  if (s.mode == "sim" && s.role.empty()) return run_sim(s);
+#if ASHL_HAS_UCX()
+  if (!s.role.empty()) return fmnist_experiment::run_role(s);
+  return fmnist_experiment::run_real(s, argc, argv);
+#else
+  std::fprintf(stderr, "ashl_experiment_fmnist: --mode real needs the ucx component (UCX and OpenSSL; "
+                       "scripts/deps.sh installs them); this build has none\n");
+  return 77;
+#endif
 }
