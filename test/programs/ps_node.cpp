@@ -28,6 +28,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -76,6 +78,17 @@ struct options {
   int loss_switch_cycle = -1;  // report loss 1.0 before this cycle, 0.1 from it (ASHL's switch)
   std::string optimizer = "sgd";
   double connect_timeout = 30;  // seconds a worker keeps trying to reach the servers
+  // Faults (test/ps/kill_*.cpp, evict_*.cpp, checkpoint_*.cpp):
+  double quadratic = std::numeric_limits<double>::quiet_NaN();  // gradient w - T: training converges to T
+  int cycle_ms = 0;               // a worker sleeps this long per cycle (training lasts)
+  long timeout_ms = 60000;        // worker_params.timeout
+  long reconnect_ms = 0;          // worker_params.reconnect
+  std::uint64_t incarnation = 0;  // worker_params.incarnation (a restarted worker: larger)
+  std::string checkpoint_dir;     // server_params.checkpoint_dir
+  double checkpoint_every_seconds = 0;
+  std::uint64_t checkpoint_every_commits = 0;
+  bool restore = false;
+  long worker_timeout_ms = 20000;  // server_params.worker_timeout
 };
 
 int fail(const std::string& m) {
@@ -112,6 +125,16 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--loss-switch-cycle") o.loss_switch_cycle = std::stoi(next());
     else if (a == "--optimizer") o.optimizer = next();
     else if (a == "--connect-timeout") o.connect_timeout = std::stod(next());
+    else if (a == "--quadratic") o.quadratic = std::stod(next());
+    else if (a == "--cycle-ms") o.cycle_ms = std::stoi(next());
+    else if (a == "--timeout-ms") o.timeout_ms = std::stol(next());
+    else if (a == "--reconnect-ms") o.reconnect_ms = std::stol(next());
+    else if (a == "--incarnation") o.incarnation = std::stoull(next());
+    else if (a == "--checkpoint-dir") o.checkpoint_dir = next();
+    else if (a == "--checkpoint-every-seconds") o.checkpoint_every_seconds = std::stod(next());
+    else if (a == "--checkpoint-every-commits") o.checkpoint_every_commits = std::stoull(next());
+    else if (a == "--restore") o.restore = true;
+    else if (a == "--worker-timeout-ms") o.worker_timeout_ms = std::stol(next());
     else {
       err = "unknown argument '" + a + "'";
       return false;
@@ -146,9 +169,19 @@ int serve(const ps::job& j, const options& o) {
   std::vector<float> initial(r.size(), 0.5f);
   ps::server_params sp{.core = {.layout = *layout, .shard = j.rank, .workers = j.num_workers,
                                 .optimizer = optimizer_of(o)},
-                       .progress_seconds = j.progress_seconds};
+                       .progress_seconds = j.progress_seconds,
+                       .worker_timeout = std::chrono::milliseconds(o.worker_timeout_ms),
+                       .checkpoint_dir = o.checkpoint_dir,
+                       .checkpoint_every_seconds = o.checkpoint_every_seconds,
+                       .checkpoint_every_commits = o.checkpoint_every_commits,
+                       .restore = o.restore};
   auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
   if (!srv) return fail(srv.error().message());
+  const std::uint64_t restored_applied = srv->core().stats().commits_applied;
+  if (srv->restored_version() != 0)
+    std::fprintf(stderr, "restored version %llu (%llu commits applied) from %s\n",
+                 static_cast<unsigned long long>(srv->restored_version()),
+                 static_cast<unsigned long long>(restored_applied), o.checkpoint_dir.c_str());
   std::fprintf(stderr, "listening on %s\n", srv->transport().listen_address().c_str());
   // Bounded: the workers leave, or a signal, or --max-seconds.
   std::thread guard([&] {
@@ -171,7 +204,10 @@ int serve(const ps::job& j, const options& o) {
       << "\nunbound " << s.wire_refused_for(ps::wire_refusal::unbound) << "\nrank "
       << s.wire_refused_for(ps::wire_refusal::rank) << "\nerrors_sent " << s.errors_sent << "\nauth_refused "
       << s.transport.auth_refused << "\nunauthenticated_dropped " << s.transport.unauthenticated_dropped
-      << "\nreceives_refused " << s.transport.receives_refused << "\nsends_failed " << s.transport.sends_failed << "\nplans_sent " << s.plans << "\nmessages_out " << s.messages_out << "\nunsendable " << s.unsendable << "\npeers_failed " << s.peers_failed << "\nstage "
+      << "\nreceives_refused " << s.transport.receives_refused << "\nsends_failed " << s.transport.sends_failed << "\nplans_sent " << s.plans << "\nmessages_out " << s.messages_out << "\nunsendable " << s.unsendable << "\npeers_failed " << s.peers_failed << "\nevictions " << s.core.evictions << "\nevicted_silent "
+      << s.evicted_silent << "\njoins " << s.core.joins << "\nduplicates " << s.core.duplicates << "\ncheckpoints "
+      << s.checkpoints << "\ncheckpoint_failures " << s.checkpoint_failures << "\nrestored_version "
+      << srv->restored_version() << "\nrestored_applied " << restored_applied << "\nstage "
       << static_cast<unsigned>(srv->core().policy().stage()) << "\nfinished " << finished << "\n";
   }
   std::fprintf(stderr, "%s\n", srv->progress_line().c_str());
@@ -185,8 +221,13 @@ int train(const ps::job& j, const options& o) {
                             .verbose = j.verbose});
   if (!t) return fail(t.error().message());
   std::vector<float> w(o.elements), g(o.elements);
-  auto wk = ps::worker<tr::ucx>::create(
-      {.rank = j.rank, .servers = j.server_addresses, .batch = 16, .timeout = std::chrono::seconds(60)}, std::move(*t), w);
+  auto wk = ps::worker<tr::ucx>::create({.rank = j.rank,
+                                         .servers = j.server_addresses,
+                                         .batch = 16,
+                                         .incarnation = o.incarnation,
+                                         .timeout = std::chrono::milliseconds(o.timeout_ms),
+                                         .reconnect = std::chrono::milliseconds(o.reconnect_ms)},
+                                        std::move(*t), w);
   if (!wk) return fail(wk.error().message());
   std::uint64_t* shared = nullptr;
   if (!o.shared.empty()) {
@@ -215,7 +256,12 @@ int train(const ps::job& j, const options& o) {
     cycles += "cycle " + std::to_string(c) + " " + std::to_string(static_cast<unsigned>(plan.stage)) + " " +
               std::to_string(plan.local_iterations) + " " + std::to_string(iters) + " " +
               std::to_string(plan.compression_ratio) + "\n";
-    for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad_value(j.rank, static_cast<std::uint64_t>(c), i);
+    if (std::isnan(o.quadratic)) {
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad_value(j.rank, static_cast<std::uint64_t>(c), i);
+    } else {
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = w[i] - static_cast<float>(o.quadratic);
+    }
+    if (o.cycle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.cycle_ms));
     if (shared && o.together >= 0) {
       const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
       while (std::chrono::steady_clock::now() < end) {
@@ -243,7 +289,7 @@ int train(const ps::job& j, const options& o) {
     std::ofstream f(o.out + "/worker" + std::to_string(j.rank) + ".txt");
     f << cycles << "commits " << tel.commits << "\nplans " << tel.plans << "\nplans_ignored " << tel.plans_ignored << "\nplan_changes " << tel.plan_changes
       << "\nerrors " << tel.errors << "\ncopied_replies " << tel.copied_replies << "\nviolations " << violations
-      << "\nmax_gap " << max_gap << "\n";
+      << "\nmax_gap " << max_gap << "\nreconnects " << tel.reconnects << "\n";
   }
   return 0;
 }

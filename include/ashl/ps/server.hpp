@@ -40,6 +40,8 @@
 #include <ashl/core/clock.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
+#include <ashl/core/state_io.hpp>
+#include <ashl/ps/checkpoint.hpp>
 #include <ashl/ps/server_core.hpp>
 #include <ashl/sync/any_policy.hpp>
 #include <ashl/sync/concepts.hpp>
@@ -52,6 +54,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -76,6 +79,25 @@ struct server_params {
   // run() returns once each of the job's workers has joined at least once and
   // none is connected any more (each left, or failed and was evicted).
   bool stop_when_all_left = true;
+  // A worker the server has heard nothing from for this long while it does
+  // not hold the worker's pull (a hung or stopped process whose connection
+  // stays up) is evicted and its connection closed; 0: never. Keep it below
+  // the workers' own worker_params.timeout, so a barrier that waits for a
+  // silent worker is released (by the eviction) before the others give up.
+  std::chrono::milliseconds worker_timeout{20000};
+  // Checkpoints (docs/checkpoints.md): with a directory, the state of
+  // server_core (parameters, optimizer, clocks, exactly-once table, buffered
+  // commits, policy, planner, plans) is written to
+  // checkpoint_file(checkpoint_dir, shard) every checkpoint_every_seconds
+  // and/or every checkpoint_every_commits applied commits (0: not by that
+  // measure), and once more when run() ends.
+  std::string checkpoint_dir;
+  double checkpoint_every_seconds = 0.0;
+  std::uint64_t checkpoint_every_commits = 0;
+  // create() restores the checkpoint in checkpoint_dir when there is one (a
+  // corrupt, truncated or foreign one is an error, never half-loaded); every
+  // worker it held is evicted, to rejoin (ps::worker_params::reconnect).
+  bool restore = false;
 };
 
 // Messages refused before they reached server_core.
@@ -115,6 +137,11 @@ struct server_telemetry {
   std::uint64_t snapshots = 0;              // parameter snapshots taken (one per version pulled)
   std::uint64_t unsendable = 0;             // plans or errors the wire refused to encode (a defect; the first is printed)
   std::uint64_t peers_failed = 0;           // connections that failed (their worker was evicted)
+  std::uint64_t evicted_silent = 0;         // workers evicted by server_params.worker_timeout
+  std::uint64_t checkpoints = 0, checkpoint_failures = 0;
+  double checkpoint_seconds = 0.0;          // writing them (serialising, fsync, rename)
+  std::uint64_t checkpoint_bytes = 0;       // the last one's state
+  std::uint64_t restored_version = 0;       // the version restored at creation (0: none)
   double seconds = 0.0;                     // since creation
   double wait_seconds = 0.0;                // in transport.wait (idle)
 
@@ -170,9 +197,38 @@ class server {
     p.core.limits.max_payload_bytes =
         std::min<std::uint64_t>(p.core.limits.max_payload_bytes, 8 * n + 4096 + wire::measurements_body::bytes_for(
                                                                                   p.core.limits.max_measurements));
+    if (!(p.checkpoint_every_seconds >= 0.0) || !std::isfinite(p.checkpoint_every_seconds))
+      return invalid_argument("server.checkpoint_every_seconds", p.checkpoint_every_seconds, "must be >= 0");
+    if (p.worker_timeout.count() < 0)
+      return invalid_argument("server.worker_timeout_ms", p.worker_timeout.count(), "must be >= 0 (0: never)");
+    if (p.restore && p.checkpoint_dir.empty())
+      return invalid_argument("server.restore", "true", "needs server.checkpoint_dir");
     auto core = core_type::create(p.core, std::move(policy), initial);
     if (!core) return core.error();
-    return server(std::move(p), std::move(*core), std::move(t));
+    std::uint64_t restored = 0;
+    if (p.restore) {
+      const std::string file = checkpoint_file(p.checkpoint_dir, p.core.shard);
+      auto c = read_checkpoint(file);
+      if (!c && c.error().code() != errc::not_found) return c.error();
+      if (c) {
+        if (c->meta.shard != p.core.shard || c->meta.servers != p.core.layout.servers())
+          return make_error(errc::invalid_argument, "checkpoint.shard", c->meta.shard,
+                            "\"" + file + "\" is server " + std::to_string(c->meta.shard) + " of " +
+                                std::to_string(c->meta.servers) + ", not " + std::to_string(p.core.shard) + " of " +
+                                std::to_string(p.core.layout.servers()));
+        state_reader in(c->state);
+        if (auto s = core->load(in); !s)
+          return status(s.code(), "checkpoint \"" + file + "\": " + s.message());
+        // Every connection died with the old process: its workers rejoin.
+        server_actions ignored(p.core.workers);
+        for (worker_id w = 0; w < p.core.workers; ++w) core->evict(w, 0.0, ignored);
+        restored = std::max<std::uint64_t>(core->version(), 1);
+      }
+    }
+    server srv(std::move(p), std::move(*core), std::move(t));
+    srv.tel_.restored_version = restored;
+    srv.applied_at_checkpoint_ = srv.core_.stats().commits_applied;
+    return srv;
   }
 
   server(server&&) noexcept = default;
@@ -197,6 +253,12 @@ class server {
       t_.wait(max_wait);
       tel_.wait_seconds += clock_.now() - t0;
     }
+    const double now = clock_.now();
+    if (now >= next_housekeeping_) {
+      next_housekeeping_ = now + 0.05;
+      evict_silent(now);
+      if (checkpoint_due(now)) (void)checkpoint();
+    }
     return n;
   }
 
@@ -208,6 +270,40 @@ class server {
       if (p_.stop_when_all_left && all_left()) break;
     }
     poll();  // what arrived last (leave acknowledgements, errors) is handled
+    if (!p_.checkpoint_dir.empty()) (void)checkpoint();
+  }
+
+  // Writes the checkpoint now (checkpoint_dir must be set): the state of
+  // server_core, atomically (docs/checkpoints.md). A failure is counted,
+  // printed and returned; the server goes on.
+  status checkpoint() {
+    if (p_.checkpoint_dir.empty())
+      return invalid_argument("server.checkpoint_dir", "", "is empty: no checkpoints");
+    const double t0 = clock_.now();
+    ckpt_.clear();  // capacity kept: one buffer for every checkpoint
+    state_writer w(ckpt_);
+    core_.save(w);
+    const counters& c = core_.stats();
+    const checkpoint_meta meta{.shard = p_.core.shard,
+                               .servers = p_.core.layout.servers(),
+                               .version = core_.version(),
+                               .commits_applied = c.commits_applied,
+                               .unix_seconds = std::chrono::duration<double>(
+                                                   std::chrono::system_clock::now().time_since_epoch())
+                                                   .count()};
+    status s = write_checkpoint(checkpoint_file(p_.checkpoint_dir, p_.core.shard), meta, ckpt_);
+    const double t1 = clock_.now();
+    last_checkpoint_ = t1;
+    applied_at_checkpoint_ = c.commits_applied;
+    tel_.checkpoint_seconds += t1 - t0;
+    if (s) {
+      ++tel_.checkpoints;
+      tel_.checkpoint_bytes = ckpt_.size();
+    } else {
+      if (tel_.checkpoint_failures++ == 0)
+        std::fprintf(stderr, "server %u: checkpoint failed: %s\n", p_.core.shard, s.message().c_str());
+    }
+    return s;
   }
 
   // A metric measured by the server's own program (a loss on held-out data,
@@ -229,6 +325,8 @@ class server {
   [[nodiscard]] Transport& transport() noexcept { return t_; }
   [[nodiscard]] const server_params& params() const noexcept { return p_; }
   [[nodiscard]] std::uint32_t workers_bound() const noexcept { return bound_; }
+  // The version restored from a checkpoint at creation; 0 when none was.
+  [[nodiscard]] std::uint64_t restored_version() const noexcept { return tel_.restored_version; }
   [[nodiscard]] bool any_joined() const noexcept { return joined_count_ > 0; }
   // Every worker of the job joined once, and none is connected now.
   [[nodiscard]] bool all_left() const noexcept { return joined_count_ == p_.core.workers && bound_ == 0; }
@@ -303,6 +401,7 @@ class server {
       : p_(std::move(p)), core_(std::move(core)), t_(std::move(t)), out_(p_.core.workers) {
     rank_peer_.assign(p_.core.workers, transport::no_peer);
     last_step_.assign(p_.core.workers, 0);
+    last_heard_.assign(p_.core.workers, 0.0);
     batch_.assign(p_.core.workers, 1);
     joined_once_.assign(p_.core.workers, 0);
     slots_.reserve(4 * std::size_t{p_.core.workers} + 8);
@@ -385,6 +484,7 @@ class server {
       return;
     }
     const std::uint32_t w = ps.rank;
+    last_heard_[w] = now;
     switch (h.kind) {
       case wire::message_kind::commit: {
         // A commit's header.step is the worker's iteration count (also the
@@ -475,6 +575,7 @@ class server {
       --bound_;
     }
     const std::uint64_t joins_before = core_.stats().joins;
+    const bool same_incarnation = joined_once_[w] && b.incarnation == core_.incarnation(w);
     core_.join(w, b.incarnation, now, out_);
     const bool refused = core_.stats().joins == joins_before && !core_.is_live(w);
     if (refused) return;
@@ -484,7 +585,8 @@ class server {
     }
     rank_peer_[w] = p;
     batch_[w] = b.batch;
-    last_step_[w] = 0;
+    if (!same_incarnation) last_step_[w] = 0;  // a rejoin (reconnect) keeps counting its iterations
+    last_heard_[w] = now;
     if (!joined_once_[w]) {
       joined_once_[w] = 1;
       ++joined_count_;
@@ -518,6 +620,36 @@ class server {
       core_.evict(w, clock_.now(), out_);
       flush(clock_.now());
     }
+  }
+
+  // server_params.worker_timeout: a live worker silent that long, whose
+  // pull the server does not hold, is evicted and its connection closed. A
+  // worker the policy counts from creation that never joined is silent
+  // since the server started.
+  void evict_silent(double now) {
+    if (p_.worker_timeout.count() == 0) return;
+    const double limit = std::chrono::duration<double>(p_.worker_timeout).count();
+    for (std::uint32_t w = 0; w < p_.core.workers; ++w) {
+      if (!core_.is_live(w) || core_.is_held(w) || now - last_heard_[w] <= limit) continue;
+      ++tel_.evicted_silent;
+      std::fprintf(stderr, "server %u: worker %u evicted: %s for %.1f s (worker_timeout %.1f s)\n", p_.core.shard, w,
+                   joined_once_[w] ? "silent" : "never joined", now - last_heard_[w], limit);
+      const transport::peer_id holder = rank_peer_[w];
+      if (holder != transport::no_peer) {
+        unbind(holder, peer(holder));
+        peer(holder).failed = true;
+      }
+      core_.evict(w, now, out_);
+      flush(now);
+      if (holder != transport::no_peer) t_.close(holder);
+    }
+  }
+
+  [[nodiscard]] bool checkpoint_due(double now) const noexcept {
+    if (p_.checkpoint_dir.empty()) return false;
+    if (p_.checkpoint_every_seconds > 0.0 && now - last_checkpoint_ >= p_.checkpoint_every_seconds) return true;
+    return p_.checkpoint_every_commits > 0 &&
+           core_.stats().commits_applied - applied_at_checkpoint_ >= p_.checkpoint_every_commits;
   }
 
   void unbind(transport::peer_id p, peer_state& ps) {
@@ -707,6 +839,10 @@ class server {
   detail::free_list free_rx_;
   std::uint32_t bound_ = 0;
   std::vector<std::uint8_t> joined_once_;
+  std::vector<double> last_heard_;        // per rank: its last message (server_params.worker_timeout)
+  std::vector<std::byte> ckpt_;           // the checkpoint being written; capacity kept
+  double last_checkpoint_ = 0.0, next_housekeeping_ = 0.0;
+  std::uint64_t applied_at_checkpoint_ = 0;
   std::uint32_t joined_count_ = 0;
   std::uint64_t plan_sequence_ = 0;
   double next_progress_ = 0.0;

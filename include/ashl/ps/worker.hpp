@@ -95,6 +95,13 @@ struct worker_params {
   // and before the caller sees the reply, and the push and pull
   // measurements include it.
   double link_bytes_per_second = 0.0;
+  // > 0: a server whose connection fails or closes (it died, or evicted this
+  // worker) is connected to again for up to this long: the worker rejoins
+  // (same incarnation, keeping its sequence), sends the commit in flight
+  // again (the server's exactly-once table drops it if it was applied) and
+  // takes the parameters the server has (a restarted server: those of its
+  // checkpoint). 0: the worker fails at once with the server's error.
+  std::chrono::milliseconds reconnect{0};
 };
 
 struct worker_telemetry {
@@ -105,6 +112,7 @@ struct worker_telemetry {
   std::uint64_t plans_ignored = 0;    // plan_updates from servers other than 0
   std::uint64_t errors = 0;           // error messages from servers
   std::uint64_t copied_replies = 0;   // pull replies delivered eagerly (copied once into the buffer)
+  std::uint64_t reconnects = 0;       // connections to a server made again (worker_params.reconnect)
   double wait_seconds = 0.0;          // inside wait()
   double compress_seconds = 0.0;
   double link_seconds = 0.0;          // held by the emulated link (worker_params.link_bytes_per_second)
@@ -154,6 +162,7 @@ class worker {
     if (parameters.empty()) return invalid_argument("worker.parameters.size", 0, "needs at least one element");
     if (p.batch == 0) return invalid_argument("worker.batch", 0, "must be >= 1");
     if (p.timeout.count() <= 0) return invalid_argument("worker.timeout_ms", p.timeout.count(), "must be > 0");
+    if (p.reconnect.count() < 0) return invalid_argument("worker.reconnect_ms", p.reconnect.count(), "must be >= 0");
     if (!(p.link_bytes_per_second >= 0.0) || !std::isfinite(p.link_bytes_per_second))
       return invalid_argument("worker.link_bytes_per_second", p.link_bytes_per_second, "must be >= 0 and finite");
     auto layout = shard_layout::even(parameters.size(), static_cast<std::uint32_t>(p.servers.size()));
@@ -268,7 +277,16 @@ class worker {
     worker_telemetry tel{};
     status failed{};                // sticky: a server failed or refused
     std::uint32_t sends_pending = 0, replies_pending = 0;
+    std::uint32_t arrived_count = 0;         // shards of the commit in flight sent (completed ok)
     std::uint64_t commit_bytes = 0, reply_bytes = 0;
+    // The commit (or pull) in flight, to send again after a reconnect.
+    std::span<const float> last_update;
+    std::uint64_t last_seq = 0;
+    bool last_compressed = false, last_was_commit = false;
+    std::vector<std::uint8_t> arrived;       // per shard: its commit send completed ok
+    std::vector<std::uint8_t> lost;          // per server: reconnecting (worker_params.reconnect)
+    std::vector<double> lost_until;          // per server: the reconnect's deadline
+    bool leaving = false;
     std::uint64_t iterations_total = 0;  // header.step of commits
     bool committing = false;
     mutable std::mutex mu;
@@ -281,6 +299,9 @@ class worker {
       peer.assign(S, transport::no_peer);
       connected.assign(S, 0);
       replied.assign(S, 0);
+      arrived.assign(S, 0);
+      lost.assign(S, 0);
+      lost_until.assign(S, 0.0);
       enc.resize(S);
       slots.reserve(4 * S + 8);
       free_slots.reserve(4 * S + 8);
@@ -329,15 +350,23 @@ class worker {
     template <class Done>
     status drive_until(Done done, double deadline, const char* what) {
       const bool threaded = progress.joinable();
+      std::uint64_t reconnects = tel.reconnects;
+      bool reconnecting = false;
       while (true) {
         {
           std::lock_guard g(mu);
           if (!threaded) poll();
           if (!failed.ok()) return failed;
           if (done()) return {};
+          reconnecting = any_lost();
+          if (reconnecting) check_reconnects(clock.now());
+          if (tel.reconnects != reconnects) {  // a server came back: a whole timeout for its answer
+            reconnects = tel.reconnects;
+            deadline = std::max(deadline, clock.now() + seconds(p.timeout));
+          }
         }
         const double now = clock.now();
-        if (now >= deadline)
+        if (now >= deadline && !reconnecting)
           return make_error(errc::timed_out, "worker.timeout_ms", p.timeout.count(),
                             std::string("passed while ") + what + " (worker " + std::to_string(p.rank) + ")");
         if (threaded) {
@@ -405,28 +434,17 @@ class worker {
           b += wire::header_bytes + (compressing ? enc[s].size() : layout.range(s).size() * sizeof(float));
         hold_for_link(b);
       }
-      const std::uint64_t seq = cycle.commit_sent(now);
+      last_seq = cycle.commit_sent(now);
+      last_update = update;
+      last_compressed = compressing;
+      last_was_commit = true;
       commit_bytes = 0;
+      arrived_count = 0;
+      std::fill(arrived.begin(), arrived.end(), std::uint8_t{0});
       for (std::uint32_t s = 0; s < servers(); ++s) {
-        const key_range r = layout.range(s);
-        std::span<const std::byte> payload =
-            compressing ? std::span<const std::byte>(enc[s]) : std::as_bytes(update.subspan(r.begin, r.size()));
-        wire::header h{.kind = wire::message_kind::commit,
-                       .codec = compressing ? codec : codec_id::identity,
-                       .type = dtype::f32,
-                       .flags = wire::flag_last_shard | wire::flag_pull,  // the pull rides with it
-                       .element_count = r.size(),
-                       .tensor = s,
-                       .rank = p.rank,
-                       .sequence = seq,
-                       .clock = seq,
-                       .step = iterations_total};
-        const std::uint32_t i = take_slot();
-        slots[i].commit_shard = static_cast<std::int32_t>(s);
-        ASHL_TRY(wire::seal_header(h, payload, slots[i].head));
-        ASHL_TRY(send(s, i, slots[i].head, payload));
-        commit_bytes += wire::header_bytes + payload.size();
-        ++sends_pending;
+        commit_bytes += wire::header_bytes +
+                        (compressing ? enc[s].size() : layout.range(s).size() * sizeof(float));
+        ASHL_TRY(send_commit_shard(s));
       }
       ++tel.commits;
       ++tel.pulls;
@@ -435,6 +453,29 @@ class worker {
       replies_pending = servers();
       reply_bytes = 0;
       return {};
+    }
+
+    // Shard s of the commit in flight (again, after a reconnect), with the pull.
+    status send_commit_shard(std::uint32_t s) {
+      if (lost[s]) return {};  // sent when the server is back
+      const key_range r = layout.range(s);
+      std::span<const std::byte> payload = last_compressed ? std::span<const std::byte>(enc[s])
+                                                           : std::as_bytes(last_update.subspan(r.begin, r.size()));
+      wire::header h{.kind = wire::message_kind::commit,
+                     .codec = last_compressed ? codec : codec_id::identity,
+                     .type = dtype::f32,
+                     .flags = wire::flag_last_shard | wire::flag_pull,  // the pull rides with it
+                     .element_count = r.size(),
+                     .tensor = s,
+                     .rank = p.rank,
+                     .sequence = last_seq,
+                     .clock = last_seq,
+                     .step = iterations_total};
+      const std::uint32_t i = take_slot();
+      slots[i].commit_shard = static_cast<std::int32_t>(s);
+      ASHL_TRY(wire::seal_header(h, payload, slots[i].head));
+      ++sends_pending;
+      return send(s, i, slots[i].head, payload);
     }
 
     status encode_shard(std::uint32_t s, std::span<const float> x) {
@@ -463,22 +504,29 @@ class worker {
     }
 
     status send_pulls(std::uint64_t seq) {
+      last_was_commit = false;
+      last_seq = seq;
       for (std::uint32_t s = 0; s < servers(); ++s) {
-        wire::header h{.kind = wire::message_kind::pull_request,
-                       .type = dtype::f32,
-                       .element_count = layout.range(s).size(),
-                       .tensor = s,
-                       .rank = p.rank,
-                       .sequence = seq};
-        const std::uint32_t i = take_slot();
-        ASHL_TRY(wire::seal_header(h, {}, slots[i].head));
-        ASHL_TRY(send(s, i, slots[i].head, {}));
         replied[s] = 0;
         ++replies_pending;
+        ASHL_TRY(send_pull(s));
       }
       ++tel.pulls;
       reply_bytes = 0;
       return {};
+    }
+
+    status send_pull(std::uint32_t s) {
+      if (lost[s]) return {};  // sent when the server is back
+      wire::header h{.kind = wire::message_kind::pull_request,
+                     .type = dtype::f32,
+                     .element_count = layout.range(s).size(),
+                     .tensor = s,
+                     .rank = p.rank,
+                     .sequence = last_seq};
+      const std::uint32_t i = take_slot();
+      ASHL_TRY(wire::seal_header(h, {}, slots[i].head));
+      return send(s, i, slots[i].head, {});
     }
 
     status pull_only() {
@@ -579,6 +627,7 @@ class worker {
       stop_thread();
       std::lock_guard g(mu);
       if (!failed.ok()) return failed;
+      leaving = true;  // connections closing now are not reconnected
       for (std::uint32_t s = 0; s < servers(); ++s)
         ASHL_TRY(send_control(s, wire::header{.rank = p.rank},
                               wire::leave_body{.reason = wire::leave_reason::left, .subject = p.rank}));
@@ -616,10 +665,21 @@ class worker {
     }
 
     status send(std::uint32_t s, std::uint32_t i, std::span<const std::byte> head, std::span<const std::byte> data) {
-      const status st = t.send(peer[s], head, data, i);
-      if (!st.ok()) {
+      if (lost[s]) {  // reconnecting: what matters is sent again after (rejoin)
+        if (slots[i].commit_shard >= 0) --sends_pending;
         slots[i].commit_shard = -1;
         free_slots.push_back(i);
+        return failed;
+      }
+      const status st = t.send(peer[s], head, data, i);
+      if (!st.ok()) {
+        if (slots[i].commit_shard >= 0) --sends_pending;
+        slots[i].commit_shard = -1;
+        free_slots.push_back(i);
+        if (may_reconnect()) {  // sent again once the server is back
+          lose(s, st);
+          return failed;
+        }
         fail(make_error(st.code(), "worker.send", server_name(s), st.message()));
         return failed;
       }
@@ -726,11 +786,17 @@ class worker {
       const auto i = static_cast<std::uint32_t>(cookie);
       if (i >= slots.size()) return;
       if (slots[i].commit_shard >= 0) {
+        const auto shard = static_cast<std::uint32_t>(slots[i].commit_shard);
         slots[i].commit_shard = -1;
-        if (sends_pending > 0 && --sends_pending == 0) cycle.commit_arrived(clock.now(), static_cast<double>(commit_bytes));
+        if (sends_pending > 0) --sends_pending;
+        if (st.ok() && shard < servers() && !arrived[shard]) {
+          arrived[shard] = 1;
+          if (++arrived_count == servers()) cycle.commit_arrived(clock.now(), static_cast<double>(commit_bytes));
+        }
       }
       free_slots.push_back(i);
       if (!st.ok()) {
+        if (may_reconnect()) return;  // the server's failure comes through on_peer; sent again after
         const std::uint32_t s = server_of_peer(pid);
         fail(make_error(st.code(), "worker.send", s < servers() ? server_name(s) : "a server", st.message()));
       }
@@ -741,11 +807,70 @@ class worker {
       if (s == ~std::uint32_t{0}) return;
       if (e == transport::peer_event::connected) {
         connected[s] = 1;
+        if (lost[s]) rejoin(s);
         return;
       }
       connected[s] = 0;
-      fail(status(errc::unavailable, server_name(s) + (e == transport::peer_event::failed ? " failed: " : " closed: ") +
-                                         why.message()));
+      const status st(errc::unavailable,
+                      server_name(s) + (e == transport::peer_event::failed ? " failed: " : " closed: ") + why.message());
+      if (may_reconnect()) {
+        lose(s, st);
+        return;
+      }
+      fail(st);
+    }
+
+    // ------------------------------------------------------- reconnecting
+
+    [[nodiscard]] bool may_reconnect() const noexcept { return p.reconnect.count() > 0 && !leaving && failed.ok(); }
+    [[nodiscard]] bool any_lost() const noexcept {
+      return std::any_of(lost.begin(), lost.end(), [](std::uint8_t l) { return l != 0; });
+    }
+
+    // Server s is gone: connect again (the transport retries until its
+    // connect deadline; a failed attempt comes back here) until lost_until.
+    void lose(std::uint32_t s, const status& why) {
+      const double now = clock.now();
+      if (!lost[s]) {
+        lost[s] = 1;
+        lost_until[s] = now + seconds(p.reconnect);
+        std::fprintf(stderr, "worker %u: %s; reconnecting for up to %.1f s\n", p.rank, why.message().c_str(),
+                     seconds(p.reconnect));
+      }
+      if (now >= lost_until[s]) {
+        fail(make_error(errc::timed_out, "worker.reconnect_ms", p.reconnect.count(),
+                        "passed and " + server_name(s) + " is not back (" + why.message() + ")"));
+        return;
+      }
+      connected[s] = 0;
+      auto id = t.connect(p.servers[s]);
+      if (!id) {
+        fail(make_error(id.error().code(), "worker.reconnect", server_name(s), id.error().message()));
+        return;
+      }
+      peer[s] = *id;
+    }
+
+    // Server s is back: join again (the same incarnation keeps the
+    // sequence), then what was in flight to it: the commit with its pull, or
+    // the pull.
+    void rejoin(std::uint32_t s) {
+      lost[s] = 0;
+      ++tel.reconnects;
+      std::fprintf(stderr, "worker %u: reconnected to %s\n", p.rank, server_name(s).c_str());
+      wire::header h{.kind = wire::message_kind::join, .rank = p.rank};
+      if (auto st = send_control(s, h, wire::join_body{.incarnation = p.incarnation, .batch = p.batch}); !st) return;
+      if (!committing || replied[s]) return;
+      if (last_was_commit) (void)send_commit_shard(s);
+      else (void)send_pull(s);
+    }
+
+    // A reconnect that outlived its bound fails the worker.
+    void check_reconnects(double now) {
+      for (std::uint32_t s = 0; s < servers(); ++s)
+        if (lost[s] && now >= lost_until[s])
+          fail(make_error(errc::timed_out, "worker.reconnect_ms", p.reconnect.count(),
+                          "passed and " + server_name(s) + " is not back"));
     }
 
     worker_plan current_plan_{};

@@ -1,0 +1,184 @@
+// test/support/fault_job.hpp — a parameter-server job of ashl_test_ps_node
+// processes started one by one, so a test can kill, stop, restart or add
+// any of them (test/ps/kill.cpp, evict.cpp, checkpoint_restart.cpp). Every
+// process runs over UCX on 127.0.0.1 (TCP, UCX_NET_DEVICES=lo) with a job
+// token, writes its log to the job's directory, and is bounded: finish()
+// kills what outlives its bound, and the destructor kills what is left.
+//
+//   fault_job::job j(3);                                   // 3 workers
+//   pid_t s = j.start_server({"--policy", "bsp"});         // waits for "listening on"
+//   pid_t w0 = j.start_worker(0, {"--cycles", "100"});
+//   ::kill(w0, SIGKILL);
+//   auto o = j.finish(s, 60s);                             // exit code, log
+#pragma once
+
+#include "process.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+namespace fault_job {
+
+using env_list = std::vector<std::pair<std::string, std::string>>;
+
+// "key value" lines of a server<r>.txt or worker<k>.txt.
+inline std::map<std::string, double> read_counters(const std::string& path) {
+  std::map<std::string, double> m;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    std::istringstream is(line);
+    std::string key;
+    double v = 0;
+    if (is >> key >> v) m[key] = v;
+  }
+  return m;
+}
+
+inline std::vector<float> read_f32(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<float> v(bytes.size() / sizeof(float));
+  if (!v.empty()) std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
+}
+
+class job {
+ public:
+  explicit job(std::uint32_t workers, std::string stem = "ashl-fault-job")
+      : workers_(workers), dir_(process::temp_dir(stem)) {
+    shared_ = dir_ + "/counters";
+    std::ofstream f(shared_, std::ios::binary);
+    std::vector<char> zeros(64 * 8, 0);
+    f.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
+    f.close();
+    const int fd = ::open(shared_.c_str(), O_RDWR);
+    if (fd >= 0) {
+      void* m = ::mmap(nullptr, 64 * sizeof(std::uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      ::close(fd);
+      if (m != MAP_FAILED) counters_ = static_cast<std::uint64_t*>(m);
+    }
+  }
+  job(const job&) = delete;
+  job& operator=(const job&) = delete;
+  ~job() {
+    for (pid_t p : running_) {
+      ::kill(-p, SIGKILL);
+      ::waitpid(p, nullptr, 0);
+    }
+    if (counters_) ::munmap(counters_, 64 * sizeof(std::uint64_t));
+  }
+
+  [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
+  [[nodiscard]] std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  [[nodiscard]] bool ok() const noexcept { return !dir_.empty() && counters_ != nullptr; }
+
+  // The server, on a free port (another one when the first was taken), or on
+  // the port of the last start (a restart: workers reconnect to it). Returns
+  // -1 if it did not start listening within `bound`.
+  pid_t start_server(const std::vector<std::string>& args, const std::string& log = "server.log",
+                     std::chrono::milliseconds bound = std::chrono::seconds(30)) {
+    const bool restart = port_ != 0;
+    for (int attempt = 0; attempt < (restart ? 20 : 5); ++attempt) {
+      if (!restart) port_ = process::free_port();
+      const pid_t p = process::start(node_argv(args), env({{"ASHL_ROLE", "server"}}), dir_ + "/" + log);
+      if (p < 0) return -1;
+      if (process::wait_for_text(p, dir_ + "/" + log, "listening on", bound)) {
+        running_.push_back(p);
+        return p;
+      }
+      ::kill(-p, SIGKILL);
+      ::waitpid(p, nullptr, 0);
+      // A restart waits for the old listener's port to be free again.
+      if (restart) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+    return -1;
+  }
+
+  pid_t start_worker(std::uint32_t rank, const std::vector<std::string>& args, const std::string& log = "") {
+    const std::string name = log.empty() ? "worker" + std::to_string(rank) + ".log" : log;
+    const pid_t p = process::start(node_argv(args), env({{"ASHL_ROLE", "worker"}, {"ASHL_RANK", std::to_string(rank)}}),
+                                   dir_ + "/" + name);
+    if (p > 0) running_.push_back(p);
+    return p;
+  }
+
+  // Waits for pid (killed past `bound`); the outcome's log is its log file.
+  process::outcome finish(pid_t pid, std::chrono::milliseconds bound, const std::string& log) {
+    process::outcome o = process::finish(pid, bound, dir_ + "/" + log);
+    running_.erase(std::remove(running_.begin(), running_.end(), pid), running_.end());
+    return o;
+  }
+
+  // Kills pid with `sig` (SIGKILL: reaped here).
+  void signal(pid_t pid, int sig) {
+    ::kill(pid, sig);
+    if (sig == SIGKILL) {
+      ::waitpid(pid, nullptr, 0);
+      running_.erase(std::remove(running_.begin(), running_.end(), pid), running_.end());
+    }
+  }
+
+  // The commits worker `rank` has started (ps_node --shared counts before sending).
+  [[nodiscard]] std::uint64_t commits_started(std::uint32_t rank) const {
+    return std::atomic_ref<std::uint64_t>(counters_[rank]).load();
+  }
+  [[nodiscard]] std::uint64_t commits_started_total() const {
+    std::uint64_t t = 0;
+    for (std::uint32_t k = 0; k < workers_; ++k) t += commits_started(k);
+    return t;
+  }
+  // Waits (bounded) until worker `rank` has started at least n commits.
+  bool wait_commits(std::uint32_t rank, std::uint64_t n, std::chrono::milliseconds bound) const {
+    const auto end = std::chrono::steady_clock::now() + bound;
+    while (std::chrono::steady_clock::now() < end) {
+      if (commits_started(rank) >= n) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return false;
+  }
+
+  [[nodiscard]] std::map<std::string, double> server_counters() const { return read_counters(dir_ + "/server0.txt"); }
+  [[nodiscard]] std::map<std::string, double> worker_counters(std::uint32_t k) const {
+    return read_counters(dir_ + "/worker" + std::to_string(k) + ".txt");
+  }
+  [[nodiscard]] std::vector<float> parameters() const { return read_f32(dir_ + "/server0.f32"); }
+
+ private:
+  std::vector<std::string> node_argv(const std::vector<std::string>& args) const {
+    std::vector<std::string> argv = {ASHL_TEST_PS_NODE, "--out", dir_, "--shared", shared_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
+  env_list env(env_list extra) const {
+    env_list e = {{"UCX_TLS", "tcp,self"},
+                  {"UCX_NET_DEVICES", "lo"},
+                  {"ASHL_NUM_WORKERS", std::to_string(workers_)},
+                  {"ASHL_SERVER_ADDR", address()},
+                  {"ASHL_TOKEN", "fault-job-token"}};
+    e.insert(e.end(), extra.begin(), extra.end());
+    return e;
+  }
+
+  std::uint32_t workers_;
+  std::string dir_, shared_;
+  std::uint64_t* counters_ = nullptr;
+  int port_ = 0;
+  std::vector<pid_t> running_;
+};
+
+}  // namespace fault_job
