@@ -109,9 +109,14 @@ class job {
     return -1;
   }
 
-  pid_t start_worker(std::uint32_t rank, const std::vector<std::string>& args, const std::string& log = "") {
+  // A worker; with `counters` it counts its commits in the job's shared
+  // file (commits_started) and first meets every other worker there (ps_node
+  // --shared: a start barrier of at most 30 s).
+  pid_t start_worker(std::uint32_t rank, const std::vector<std::string>& args, const std::string& log = "",
+                     bool counters = true) {
     const std::string name = log.empty() ? "worker" + std::to_string(rank) + ".log" : log;
-    const pid_t p = process::start(node_argv(args), env({{"ASHL_ROLE", "worker"}, {"ASHL_RANK", std::to_string(rank)}}),
+    const pid_t p = process::start(node_argv(args, counters),
+                                   env({{"ASHL_ROLE", "worker"}, {"ASHL_RANK", std::to_string(rank)}}),
                                    dir_ + "/" + name);
     if (p > 0) running_.push_back(p);
     return p;
@@ -159,8 +164,12 @@ class job {
   [[nodiscard]] std::vector<float> parameters() const { return read_f32(dir_ + "/server0.f32"); }
 
  private:
-  std::vector<std::string> node_argv(const std::vector<std::string>& args) const {
-    std::vector<std::string> argv = {ASHL_TEST_PS_NODE, "--out", dir_, "--shared", shared_};
+  std::vector<std::string> node_argv(const std::vector<std::string>& args, bool counters = true) const {
+    std::vector<std::string> argv = {ASHL_TEST_PS_NODE, "--out", dir_};
+    if (counters) {
+      argv.push_back("--shared");
+      argv.push_back(shared_);
+    }
     argv.insert(argv.end(), args.begin(), args.end());
     return argv;
   }

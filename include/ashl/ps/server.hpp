@@ -328,7 +328,8 @@ class server {
   // The version restored from a checkpoint at creation; 0 when none was.
   [[nodiscard]] std::uint64_t restored_version() const noexcept { return tel_.restored_version; }
   [[nodiscard]] bool any_joined() const noexcept { return joined_count_ > 0; }
-  // Every worker of the job joined once, and none is connected now.
+  // Every worker of the job joined once (or was evicted without ever
+  // joining), and none is connected now.
   [[nodiscard]] bool all_left() const noexcept { return joined_count_ == p_.core.workers && bound_ == 0; }
 
   [[nodiscard]] server_telemetry telemetry() const {
@@ -638,6 +639,10 @@ class server {
       if (holder != transport::no_peer) {
         unbind(holder, peer(holder));
         peer(holder).failed = true;
+      }
+      if (!joined_once_[w]) {  // accounted for: run() does not wait for it to leave
+        joined_once_[w] = 1;
+        ++joined_count_;
       }
       core_.evict(w, now, out_);
       flush(now);

@@ -98,6 +98,11 @@ struct ucx_params {
   // that comes within it costs no wake-up (4 KiB round trip over shared
   // memory: 64 us with 0, 9 us with 50; docs/perf/ps-ucx.md). 0: sleep at once.
   std::chrono::microseconds spin{50};
+  // The listener binds its port with SO_REUSEADDR (UCX's TCP_CM_REUSEADDR),
+  // so a server restarted at once on its address binds it while the
+  // connections of its previous life sit in TIME_WAIT. An explicit
+  // UCX_TCP_CM_REUSEADDR in the environment wins.
+  bool reuse_address = true;
   bool verbose = false;  // print the UCX transports of each endpoint to stderr when it connects
   // After the handshake, send data over an endpoint made from the peer's UCP
   // worker address (UCX may pick shared memory on one host); false: over the
@@ -352,6 +357,10 @@ class ucx_impl {
       if (!a) return a.error();
       listen_at = *a;
     }
+    // UCX reads its connection managers' settings from the environment when
+    // the worker opens them, and ucp_config_modify does not reach them: the
+    // variable is set (not overwritten) for this process.
+    if (params_.reuse_address && !params_.listen.empty()) ::setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
     ucp_config_t* config = nullptr;
     ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
     if (s != UCS_OK) return ucx_error("ucp_config_read", s);

@@ -1,0 +1,103 @@
+#include <ashl/ps/server.hpp>
+
+#include <cstdio>
+
+// Silent workers as real processes (issue 11): a worker whose process is
+// stopped (SIGSTOP: its connection stays up, it says nothing) is evicted
+// after the server's worker_timeout, so the others' barriers are released;
+// when it resumes it finds its connection closed, reconnects, rejoins with
+// its sequence and finishes. A worker that never joins is evicted the same
+// way and the job ends without it. ashl_test_ps_node over UCX/TCP on
+// 127.0.0.1 (test/support/fault_job.hpp).
+
+#if !ASHL_HAS_UCX() || !defined(ASHL_TEST_PS_NODE)
+int main() {
+  std::puts("skipped: ps/evict needs the ucx component (UCX and OpenSSL)");
+  return 77;
+}
+#else
+
+#include <boost/test/unit_test.hpp>
+
+#include "../support/fault_job.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <vector>
+
+using namespace std::chrono_literals;
+
+extern "C" const char* __lsan_default_suppressions() {
+  return "leak:libucs.so\nleak:libucp.so\nleak:libuct.so\nleak:libucm.so\nleak:libuct_\n";
+}
+
+namespace {
+
+std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+float max_distance(const std::vector<float>& w, float target) {
+  float d = 0;
+  for (float x : w) d = std::max(d, std::fabs(x - target));
+  return w.empty() ? 1e9f : d;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(evict_stopped_worker_then_it_rejoins) {
+  fault_job::job j(3);
+  BOOST_TEST_REQUIRE(j.ok());
+  const std::vector<std::string> common = {"--policy", "bsp", "--elements", "64"};
+  const pid_t srv = j.start_server(cat(common, {"--worker-timeout-ms", "1000"}));
+  BOOST_TEST_REQUIRE(srv > 0);
+  const auto worker_args = cat(common, {"--quadratic", "2", "--cycles", "150", "--cycle-ms", "3", "--timeout-ms",
+                                        "30000", "--reconnect-ms", "30000"});
+  pid_t w[3];
+  for (std::uint32_t k = 0; k < 3; ++k) w[k] = j.start_worker(k, worker_args);
+  BOOST_TEST_REQUIRE(j.wait_commits(2, 10, 60s));
+  j.signal(w[2], SIGSTOP);
+  const std::uint64_t at_stop = j.commits_started(0);
+  // The others go on only once the silent worker is evicted (BSP).
+  BOOST_TEST_REQUIRE(j.wait_commits(0, at_stop + 20, 60s));
+  j.signal(w[2], SIGCONT);
+  for (std::uint32_t k = 0; k < 3; ++k) {
+    const auto o = j.finish(w[k], 90s, "worker" + std::to_string(k) + ".log");
+    BOOST_TEST(o.exit_code == 0, "worker " << k << ": " << o.log());
+  }
+  const auto so = j.finish(srv, 60s, "server.log");
+  BOOST_TEST(so.exit_code == 0, so.log());
+  const auto s = j.server_counters();
+  BOOST_TEST(s.at("evicted_silent") >= 1.0);
+  BOOST_TEST(so.log().find("worker 2 evicted: silent") != std::string::npos, so.log());
+  BOOST_TEST(j.worker_counters(2).at("reconnects") >= 1.0);
+  BOOST_TEST(j.worker_counters(2).at("commits") == 150.0);
+  BOOST_TEST(s.at("refused") == 0.0);
+  BOOST_TEST(max_distance(j.parameters(), 2.0f) < 1e-3f);
+}
+
+BOOST_AUTO_TEST_CASE(evict_a_worker_that_never_joins) {
+  fault_job::job j(3);
+  BOOST_TEST_REQUIRE(j.ok());
+  const std::vector<std::string> common = {"--policy", "bsp", "--elements", "64"};
+  const pid_t srv = j.start_server(cat(common, {"--worker-timeout-ms", "1500"}));
+  BOOST_TEST_REQUIRE(srv > 0);
+  // Without the shared start barrier (it would wait for rank 2): BSP's
+  // first round waits for rank 2 until the server evicts it.
+  const auto worker_args = cat(common, {"--quadratic", "2", "--cycles", "60", "--timeout-ms", "30000"});
+  pid_t w[2];
+  for (std::uint32_t k = 0; k < 2; ++k) w[k] = j.start_worker(k, worker_args, "", false);
+  for (std::uint32_t k = 0; k < 2; ++k) {
+    const auto o = j.finish(w[k], 90s, "worker" + std::to_string(k) + ".log");
+    BOOST_TEST(o.exit_code == 0, "worker " << k << ": " << o.log());
+  }
+  const auto so = j.finish(srv, 60s, "server.log");
+  BOOST_TEST(so.exit_code == 0, so.log());
+  BOOST_TEST(so.log().find("worker 2 evicted: never joined") != std::string::npos, so.log());
+  BOOST_TEST(j.server_counters().at("evicted_silent") == 1.0);
+  BOOST_TEST(max_distance(j.parameters(), 2.0f) < 1e-3f);
+}
+
+#endif
