@@ -20,6 +20,13 @@
 //   --switch-loss L, --local-steps H, --period SECONDS (adsp), --sync-every N (semi_async)
 //                        the policy's parameters (ps::policy_params)
 //   --expect-loss-below X  exit 1 unless worker 0's final loss is below X (used by the test)
+// Faults (docs/ps.md, "Faults, checkpoints and rejoining"):
+//   --checkpoint-dir DIR   servers checkpoint there (at the end, and as below)
+//   --checkpoint-every S   ... every S seconds too
+//   --restore              a server restores DIR's checkpoint at start (a restart)
+//   --worker-timeout S     a server evicts a worker silent this long (default 20; 0: never)
+//   --reconnect S          a worker whose server fails waits up to S seconds for it to come back
+//   --timeout S            a worker's bound on every wait (default 30)
 // Every worker does plan.local_iterations local steps on its own copy, then
 // commits the model delta (the servers add deltas: optimizer model_delta).
 #include <ashl/ps/launch.hpp>
@@ -56,6 +63,9 @@ struct options {
   int slow_rank = -1, slow_ms = 0;
   double expect_loss_below = -1;
   int print_every = 20;
+  std::string checkpoint_dir;
+  double checkpoint_every = 0, worker_timeout = 20, reconnect = 0, timeout = 30;
+  bool restore = false;
 };
 
 int fail(const std::string& m) {
@@ -77,6 +87,8 @@ ashl::status parse(const std::vector<std::string>& a, options& o) {
     };
     double x = 0;
     if (f == "--policy") o.policy = value();
+    else if (f == "--checkpoint-dir") o.checkpoint_dir = value();
+    else if (f == "--restore") o.restore = true;
     else if (f == "--slow") {
       const std::string v = value();
       const auto colon = v.find(':');
@@ -99,9 +111,17 @@ ashl::status parse(const std::vector<std::string>& a, options& o) {
     else if (f == "--print-every") o.print_every = std::max(1, static_cast<int>(x));
     else if (f == "--period") o.pp.period = x;
     else if (f == "--sync-every") o.pp.sync_every_iterations = static_cast<std::int64_t>(x);
+    else if (f == "--checkpoint-every") o.checkpoint_every = x;
+    else if (f == "--worker-timeout") o.worker_timeout = x;
+    else if (f == "--reconnect") o.reconnect = x;
+    else if (f == "--timeout") o.timeout = x;
     else return ashl::invalid_argument("argument", f, "unknown (see the comment at the top of examples/ps_train.cpp)");
   }
   if (o.dim == 0) return ashl::invalid_argument("--dim", 0, "must be >= 1");
+  if (o.restore && o.checkpoint_dir.empty()) return ashl::invalid_argument("--restore", "", "needs --checkpoint-dir");
+  if (!(o.timeout > 0)) return ashl::invalid_argument("--timeout", o.timeout, "must be > 0 seconds");
+  if (!(o.worker_timeout >= 0) || !(o.reconnect >= 0) || !(o.checkpoint_every >= 0))
+    return ashl::invalid_argument("--worker-timeout/--reconnect/--checkpoint-every", "", "must be >= 0 seconds");
   return {};
 }
 
@@ -122,9 +142,17 @@ int serve(const ps::job& j, const options& o) {
   auto policy = ps::make_policy(o.policy, pp);
   if (!policy) return fail(policy.error().message());
   auto srv = ps::server<tr::ucx>::create(
-      {.core = {.layout = *layout, .shard = j.rank, .workers = j.num_workers}, .progress_seconds = j.progress_seconds},
+      {.core = {.layout = *layout, .shard = j.rank, .workers = j.num_workers},
+       .progress_seconds = j.progress_seconds,
+       .worker_timeout = std::chrono::milliseconds(static_cast<long>(o.worker_timeout * 1000)),
+       .checkpoint_dir = o.checkpoint_dir,
+       .checkpoint_every_seconds = o.checkpoint_every,
+       .restore = o.restore},
       std::move(*policy), std::move(*t));
   if (!srv) return fail(srv.error().message());
+  if (srv->restored_version() != 0)
+    std::fprintf(stderr, "server %u restored version %llu from %s\n", j.rank,
+                 static_cast<unsigned long long>(srv->restored_version()), o.checkpoint_dir.c_str());
   std::fprintf(stderr, "server %u listening on %s (%s)\n", j.rank, srv->transport().listen_address().c_str(),
                o.policy.c_str());
   srv->run(g_stop);  // until every worker left, or a signal
@@ -147,8 +175,12 @@ int train(const ps::job& j, const options& o) {
     return l / static_cast<double>(o.dim);
   };
   // w is this program's parameter buffer: the worker pulls into it.
-  auto wk = ps::worker<tr::ucx>::create({.rank = j.rank, .servers = j.server_addresses, .batch = 32,
-                                         .progress_seconds = j.progress_seconds},
+  auto wk = ps::worker<tr::ucx>::create({.rank = j.rank,
+                                         .servers = j.server_addresses,
+                                         .batch = 32,
+                                         .timeout = std::chrono::milliseconds(static_cast<long>(o.timeout * 1000)),
+                                         .progress_seconds = j.progress_seconds,
+                                         .reconnect = std::chrono::milliseconds(static_cast<long>(o.reconnect * 1000))},
                                         std::move(*t), w);
   if (!wk) return fail(wk.error().message());
   std::uint64_t noise = 0x9e3779b97f4a7c15ull * (j.rank + 1);
