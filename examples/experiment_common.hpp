@@ -371,7 +371,11 @@ struct policy_setup {
   bool error_feedback = false;
 };
 
-inline ashl::result<policy_setup> make_setup(const std::string& name, const settings& s, const ashl::sim::cluster_spec& spec) {
+// time_scale: wall seconds per reference second (real mode's K): the
+// policy's own durations (ADSP's period, a barrier or profile in seconds)
+// stretch with it, since a real server's policy reads wall time.
+inline ashl::result<policy_setup> make_setup(const std::string& name, const settings& s, const ashl::sim::cluster_spec& spec,
+                                             double time_scale = 1.0) {
   ashl::ps::policy_params pp;
   pp.workers = static_cast<std::int64_t>(spec.workers.size());
   policy_setup out;
@@ -414,6 +418,11 @@ inline ashl::result<policy_setup> make_setup(const std::string& name, const sett
       out.error_feedback = true;
     }
   }
+  pp.period *= time_scale;
+  pp.t_min *= time_scale;
+  pp.search_every *= time_scale;
+  pp.sync_every_seconds *= time_scale;
+  pp.profile_seconds *= time_scale;
   auto p = ashl::ps::make_policy(base, pp);
   if (!p) return p.error();
   out.policy = std::move(*p);

@@ -321,7 +321,7 @@ inline int server_role(const settings& s) {
   const data_view& d = *dv;
   auto spec = cluster(s);
   if (!spec) return fail(s.run_dir, who, spec.error().message());
-  auto setup = make_setup(s.run_policy, s, *spec);
+  auto setup = make_setup(s.run_policy, s, *spec, s.time_scale);
   if (!setup) return fail(s.run_dir, who, setup.error().message());
   const std::size_t n = mlp::size();
   const std::vector<float> W0 = mlp::init(1000 + static_cast<std::uint64_t>(s.run_seed));
