@@ -138,3 +138,85 @@ BOOST_AUTO_TEST_CASE(save_and_load_continue_exactly) {
   BOOST_TEST_REQUIRE(!d.has_value());
   BOOST_TEST(d.error().message() == "replan.drift = -1: must be finite and > 0");
 }
+
+BOOST_AUTO_TEST_CASE(a_straggler_flag_replans_once_for_the_new_capability) {
+  // Drift re-planning effectively off (100x), so only straggler flags re-plan.
+  auto r = ap::replanner::create({.h0 = 8, .r0 = 0.1, .drift = 100.0, .half_life = 2.0, .stragglers = true,
+                                  .straggler_window = 4, .straggler_threshold = 0.5, .straggler_consecutive = 2},
+                                 {{0.10, 0.02, 0.02}, {0.05, 0.02, 0.02}});
+  BOOST_TEST_REQUIRE(r.has_value());
+  BOOST_TEST_REQUIRE(r->stragglers() != nullptr);
+  BOOST_TEST((r->last_replan().reason == ap::replan_reason::none));
+  // Worker 0 is twice as slow as worker 1 by design, and runs at its prediction: no flag.
+  for (int n = 0; n < 40; ++n) {
+    BOOST_TEST(!r->observe(0, ap::timing_kind::iter, 0.10)->has_value());
+    BOOST_TEST(!r->observe(1, ap::timing_kind::iter, 0.05)->has_value());
+  }
+  // Worker 1 becomes 2x slower than its own prediction: flagged after two
+  // windows of four samples, re-planned once, at the window's end.
+  int replans = 0, at = -1;
+  for (int n = 0; n < 40; ++n) {
+    auto o = r->observe(1, ap::timing_kind::iter, 0.10);
+    BOOST_TEST_REQUIRE(o.has_value());
+    if (o->has_value()) {
+      ++replans;
+      at = n;
+      // Algorithm 1 on the new capability: both take 0.1 s now, so H = 8 each.
+      BOOST_TEST((*o)->basis[1].t_iter == 0.10);
+      BOOST_TEST((*o)->local[1].h == 8u);
+    }
+  }
+  BOOST_TEST(replans == 1);
+  BOOST_TEST(at == 7);
+  BOOST_TEST(r->replans() == 1u);
+  BOOST_TEST(r->straggler_replans() == 1u);
+  const ap::replan_record& why = r->last_replan();
+  BOOST_TEST(why.worker == 1u);
+  BOOST_TEST((why.reason == ap::replan_reason::straggler));
+  BOOST_TEST(ap::to_string(why.reason) == "straggler");
+  BOOST_TEST(why.measured == 0.10);
+  BOOST_TEST(why.predicted == 0.05);
+  // It drifts again (0.3 s, 3x the new basis): one re-plan per window at most.
+  replans = 0;
+  for (int n = 0; n < 16; ++n) replans += r->observe(1, ap::timing_kind::iter, 0.30)->has_value() ? 1 : 0;
+  BOOST_TEST(replans == 1);
+  BOOST_TEST(r->straggler_replans() == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(a_drift_replan_is_recorded_with_its_worker_and_reason) {
+  auto r = ap::replanner::create({.h0 = 8, .r0 = 0.1, .drift = 0.6, .half_life = 2.0},
+                                 {{0.10, 0.02, 0.02}, {0.05, 0.02, 0.02}});
+  BOOST_TEST_REQUIRE(r.has_value());
+  BOOST_TEST(r->stragglers() == nullptr);  // off by default
+  for (int n = 0; n < 3; ++n) (void)r->observe(1, ap::timing_kind::iter, 0.1);
+  BOOST_TEST(r->replans() == 1u);
+  BOOST_TEST(r->straggler_replans() == 0u);
+  BOOST_TEST(r->last_replan().worker == 1u);
+  BOOST_TEST((r->last_replan().reason == ap::replan_reason::drift));
+  BOOST_TEST(r->last_replan().predicted == 0.05);
+  BOOST_TEST(r->last_replan().measured == 0.1 - 0.05 * 0.35355339059327373, tt::tolerance(1e-9));
+}
+
+BOOST_AUTO_TEST_CASE(straggler_state_saves_and_loads) {
+  auto r = ap::replanner::create({.h0 = 4, .r0 = 0.5, .drift = 100.0, .stragglers = true, .straggler_window = 3,
+                                  .straggler_consecutive = 1},
+                                 {{0.10, 0.02, 0.02}, {0.05, 0.02, 0.02}});
+  BOOST_TEST_REQUIRE(r.has_value());
+  for (int n = 0; n < 4; ++n) (void)r->observe(1, ap::timing_kind::iter, 0.2);  // a flag, one sample open
+  BOOST_TEST(r->straggler_replans() == 1u);
+  std::vector<std::byte> bytes;
+  ashl::state_writer w(bytes);
+  r->save(w);
+  ashl::state_reader in(bytes);
+  auto back = ap::replanner::load(in);
+  BOOST_TEST_REQUIRE(back.has_value(), (back ? "" : back.error().to_string()));
+  BOOST_TEST(in.at_end());
+  BOOST_TEST((*back == *r));
+  for (double x : {0.5, 0.5, 0.5, 0.5, 0.05}) {
+    auto a = r->observe(1, ap::timing_kind::iter, x);
+    auto b = back->observe(1, ap::timing_kind::iter, x);
+    BOOST_TEST(a->has_value() == b->has_value());
+  }
+  BOOST_TEST((*back == *r));
+  BOOST_TEST(!ap::replanner::create({.stragglers = true, .straggler_window = 0}, {{0.1, 0.1, 0.1}}).has_value());
+}

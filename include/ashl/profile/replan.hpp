@@ -10,7 +10,20 @@
 //
 // Each EWMA starts at the planned value, so a single slow sample moves it by
 // alpha only: a slowdown must persist for about a half-life to re-plan.
-// A sample that re-plans nothing allocates nothing.
+// A sample that re-plans nothing allocates nothing (after a straggler
+// window's first use, with straggler re-planning on).
+//
+// Straggler re-planning (EP4DDL-like, off by default; ALGORITHMS.md §3
+// "Straggler detection"): with params.stragglers, every iteration time also
+// goes to a profile::straggler_detector whose model of worker i is the plan's
+// basis T_iter,i (the capability the plan was made from). A report (the
+// window's median over T_iter,i · (1 + straggler_threshold) for
+// straggler_consecutive windows of straggler_window samples) re-runs
+// Algorithms 1 and 2 at once with that median as worker i's T_iter (its EWMA
+// restarts there), so the new basis is the new capability and the worker is
+// not flagged again for it; at most one re-plan per window per worker. Each
+// re-plan, by drift or straggler, leaves a replan_record (last_replan()):
+// the worker, the reason, what was measured and what the plan had predicted.
 #pragma once
 
 #include <ashl/config.hpp>
@@ -20,6 +33,7 @@
 #include <ashl/profile/estimators.hpp>
 #include <ashl/profile/measurement.hpp>
 #include <ashl/profile/planner.hpp>
+#include <ashl/profile/straggler.hpp>
 
 #include <array>
 #include <cmath>
@@ -27,6 +41,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 ASHL_NAMESPACE_BEGIN
@@ -67,6 +82,32 @@ inline result<full_plan> make_plan(const std::vector<worker_timing>& t, std::uin
   return full_plan{std::move(*local), std::move(*ratio), t};
 }
 
+enum class replan_reason : std::uint8_t {
+  none = 0,       // no re-plan yet
+  drift = 1,      // a smoothed time drifted more than `drift` from the basis
+  straggler = 2,  // the straggler detector flagged the worker
+};
+constexpr std::string_view to_string(replan_reason r) noexcept {
+  switch (r) {
+    case replan_reason::none: return "none";
+    case replan_reason::drift: return "drift";
+    case replan_reason::straggler: return "straggler";
+  }
+  return "?";
+}
+
+// Why the latest re-plan happened: which worker, and its measured time
+// (drift: the EWMA that drifted; straggler: the window's median iteration
+// time) against the time the plan in force had predicted (the basis).
+struct replan_record {
+  std::uint32_t worker = 0;
+  replan_reason reason = replan_reason::none;
+  timing_kind kind = timing_kind::iter;
+  double measured = 0.0;
+  double predicted = 0.0;
+  friend bool operator==(const replan_record&, const replan_record&) = default;
+};
+
 class replanner {
  public:
   struct params {
@@ -75,11 +116,19 @@ class replanner {
     double r0 = 0.1;
     double drift = 0.2;      // re-plan when |EWMA − basis| > drift · basis
     double half_life = 8.0;  // EWMA half-life, samples
+    bool stragglers = false;                // straggler re-planning (see the header comment)
+    std::uint32_t straggler_window = 8;     // iteration samples of one worker per window
+    double straggler_threshold = 0.5;       // flagged above basis · (1 + threshold)
+    std::uint32_t straggler_consecutive = 2;
     friend bool operator==(const params&, const params&) = default;
   };
 
   static result<replanner> create(params p, const std::vector<worker_timing>& timings) {
     ASHL_TRY(check(p));
+    if (p.stragglers) {
+      auto d = straggler_detector::create(detector_params(p, timings.empty() ? 1 : timings.size()));
+      if (!d) return d.error();
+    }
     auto plan = make_plan(timings, p.h0, p.t_compress, p.r0);
     if (!plan) return plan.error();
     replanner r(p, std::move(*plan));
@@ -87,7 +136,14 @@ class replanner {
   }
 
   [[nodiscard]] const full_plan& plan() const noexcept { return plan_; }
+  // Every re-plan, by drift or straggler.
   [[nodiscard]] std::size_t replans() const noexcept { return replans_; }
+  // Re-plans a straggler report caused.
+  [[nodiscard]] std::size_t straggler_replans() const noexcept { return straggler_replans_; }
+  // The latest re-plan's worker and reason (reason none before the first).
+  [[nodiscard]] const replan_record& last_replan() const noexcept { return last_; }
+  // The straggler detector; null when straggler re-planning is off.
+  [[nodiscard]] const straggler_detector* stragglers() const noexcept { return detector_ ? &*detector_ : nullptr; }
 
   // A measurement from the driver: compute, push and pull feed the EWMAs;
   // compress, commit and round are not part of the basis and change nothing.
@@ -115,15 +171,22 @@ class replanner {
     const auto k = static_cast<std::size_t>(kind);
     const auto& b = plan_.basis[worker];
     const double basis = kind == timing_kind::iter ? b.t_iter : kind == timing_kind::push ? b.t_push : b.t_pull;
-    if (!off(*smooth_[worker][k].value(), basis)) return std::optional<full_plan>{};
-    std::vector<worker_timing> now(smooth_.size());
-    for (std::size_t w = 0; w < smooth_.size(); ++w)
-      now[w] = {*smooth_[w][0].value(), *smooth_[w][1].value(), *smooth_[w][2].value()};
-    auto next = make_plan(now, p_.h0, p_.t_compress, p_.r0);
-    if (!next) return next.error();
-    plan_ = std::move(*next);
-    ++replans_;
-    return std::optional<full_plan>{plan_};
+    if (detector_ && kind == timing_kind::iter) {
+      auto flag = detector_->record(worker, seconds, 0.0);
+      if (!flag) return flag.error();
+      if (*flag) {
+        // The window's median is the worker's capability now: its EWMA
+        // restarts there, so the new basis does not drift off it at once.
+        const straggler_report& r = **flag;
+        ewma fresh(p_.half_life);
+        ASHL_TRY(fresh.add(r.time));
+        smooth_[worker][k] = fresh;
+        return replan({worker, replan_reason::straggler, kind, r.time, basis});
+      }
+    }
+    const double now = *smooth_[worker][k].value();
+    if (!off(now, basis)) return std::optional<full_plan>{};
+    return replan({worker, replan_reason::drift, kind, now, basis});
   }
 
  [[nodiscard]] const params& parameters() const noexcept { return p_; }
@@ -132,12 +195,16 @@ class replanner {
   // and the re-plan count; load() of it gives a replanner that decides as
   // this one would.
   void save(state_writer& w) const {
-    w.tag("RPLN", 1);
+    w.tag("RPLN", 2);
     w.put(p_.h0);
     w.put(p_.t_compress);
     w.put(p_.r0);
     w.put(p_.drift);
     w.put(p_.half_life);
+    w.put(p_.stragglers);
+    w.put(p_.straggler_window);
+    w.put(p_.straggler_threshold);
+    w.put(p_.straggler_consecutive);
     w.put<std::uint64_t>(plan_.local.size());
     for (std::size_t i = 0; i < plan_.local.size(); ++i) {
       w.put(plan_.local[i].h);
@@ -149,15 +216,26 @@ class replanner {
       for (const auto& e : smooth_[i]) e.save(w);
     }
     w.put<std::uint64_t>(replans_);
+    w.put<std::uint64_t>(straggler_replans_);
+    w.put(last_.worker);
+    w.put(static_cast<std::uint8_t>(last_.reason));
+    w.put(static_cast<std::uint8_t>(last_.kind));
+    w.put(last_.measured);
+    w.put(last_.predicted);
+    if (detector_) detector_->save(w);
   }
   static result<replanner> load(state_reader& r) {
-    ASHL_TRY(r.tag("RPLN", 1));
+    ASHL_TRY(r.tag("RPLN", 2));
     params p;
     ASHL_TRY(r.get(p.h0, "replan.h0"));
     ASHL_TRY(r.get(p.t_compress, "replan.t_compress"));
     ASHL_TRY(r.get(p.r0, "replan.r0"));
     ASHL_TRY(r.get(p.drift, "replan.drift"));
     ASHL_TRY(r.get(p.half_life, "replan.half_life"));
+    ASHL_TRY(r.get(p.stragglers, "replan.stragglers"));
+    ASHL_TRY(r.get(p.straggler_window, "replan.straggler_window"));
+    ASHL_TRY(r.get(p.straggler_threshold, "replan.straggler_threshold"));
+    ASHL_TRY(r.get(p.straggler_consecutive, "replan.straggler_consecutive"));
     ASHL_TRY(check(p));
     if (p.h0 == 0) return make_error(errc::malformed, "replan.h0", p.h0, "must be >= 1");
     if (!(p.r0 > 0.0 && p.r0 <= 1.0)) return make_error(errc::malformed, "replan.r0", p.r0, "must be in (0, 1]");
@@ -184,11 +262,33 @@ class replanner {
         if (e.count() == 0) return make_error(errc::malformed, "replan.ewma.count", 0, "a seeded EWMA has samples");
     }
     ASHL_TRY(detail::check_timings(plan.basis));
-    std::uint64_t replans = 0;
+    std::uint64_t replans = 0, stragglers = 0;
     ASHL_TRY(r.get(replans, "replan.replans"));
+    ASHL_TRY(r.get(stragglers, "replan.straggler_replans"));
+    if (stragglers > replans) return make_error(errc::malformed, "replan.straggler_replans", stragglers, "above replans");
+    replan_record last;
+    std::uint8_t reason = 0, kind = 0;
+    ASHL_TRY(r.get(last.worker, "replan.last.worker"));
+    ASHL_TRY(r.get(reason, "replan.last.reason"));
+    ASHL_TRY(r.get(kind, "replan.last.kind"));
+    ASHL_TRY(r.get(last.measured, "replan.last.measured"));
+    ASHL_TRY(r.get(last.predicted, "replan.last.predicted"));
+    if (reason > 2) return make_error(errc::malformed, "replan.last.reason", unsigned{reason}, "unknown reason");
+    if (kind > 2) return make_error(errc::malformed, "replan.last.kind", unsigned{kind}, "unknown timing kind");
+    last.reason = static_cast<replan_reason>(reason);
+    last.kind = static_cast<timing_kind>(kind);
     replanner out(p, std::move(plan));
     out.smooth_ = std::move(smooth);
     out.replans_ = static_cast<std::size_t>(replans);
+    out.straggler_replans_ = static_cast<std::size_t>(stragglers);
+    out.last_ = last;
+    if (p.stragglers) {
+      auto d = straggler_detector::load(r);
+      if (!d) return d.error();
+      if (d->workers() != out.smooth_.size() || !(d->parameters() == detector_params(p, out.smooth_.size())))
+        return make_error(errc::malformed, "replan.stragglers.workers", d->workers(), "must match the plan");
+      out.detector_ = std::move(*d);
+    }
     return out;
   }
   friend bool operator==(const replanner&, const replanner&) = default;
@@ -203,6 +303,10 @@ class replanner {
     }
     return {};
   }
+  static straggler_detector::params detector_params(const params& p, std::size_t workers) {
+    return {.workers = static_cast<std::uint32_t>(workers), .window = p.straggler_window,
+            .threshold = p.straggler_threshold, .consecutive = p.straggler_consecutive};
+  }
 
   replanner(params p, full_plan plan) : p_(p), plan_(std::move(plan)) {
     for (const auto& t : plan_.basis) {
@@ -213,6 +317,29 @@ class replanner {
       (void)e[2].add(t.t_pull);
       smooth_.push_back(e);
     }
+    if (p_.stragglers) {
+      detector_.emplace(detector_params(p_, plan_.basis.size()));
+      predict();
+    }
+  }
+  // The detector's model of each worker: the basis iteration time, whatever
+  // the batch (the basis has no batch dimension).
+  void predict() {
+    for (std::uint32_t w = 0; w < plan_.basis.size(); ++w) (void)detector_->set_model(w, {plan_.basis[w].t_iter, 0.0});
+  }
+  // Algorithms 1 and 2 from every smoothed time; the record says why.
+  result<std::optional<full_plan>> replan(const replan_record& why) {
+    std::vector<worker_timing> now(smooth_.size());
+    for (std::size_t w = 0; w < smooth_.size(); ++w)
+      now[w] = {*smooth_[w][0].value(), *smooth_[w][1].value(), *smooth_[w][2].value()};
+    auto next = make_plan(now, p_.h0, p_.t_compress, p_.r0);
+    if (!next) return next.error();
+    plan_ = std::move(*next);
+    ++replans_;
+    if (why.reason == replan_reason::straggler) ++straggler_replans_;
+    last_ = why;
+    if (detector_) predict();
+    return std::optional<full_plan>{plan_};
   }
   [[nodiscard]] bool off(double now, double basis) const noexcept {
     return std::fabs(now - basis) > p_.drift * basis;
@@ -222,6 +349,9 @@ class replanner {
   full_plan plan_;
   std::vector<std::array<ewma, 3>> smooth_;
   std::size_t replans_ = 0;
+  std::size_t straggler_replans_ = 0;
+  replan_record last_;
+  std::optional<straggler_detector> detector_;  // with params.stragglers only
 };
 
 }  // namespace profile
