@@ -2,6 +2,8 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <ashl/ps/planners.hpp>  // ps::straggler_monitor: profile's detector as dlb's monitor
+
 #include "../support/policy_testing.hpp"
 
 #include <cmath>
@@ -106,4 +108,97 @@ BOOST_AUTO_TEST_CASE(save_load_round_trip_and_truncation) {
   p.on_measurement({.worker = 0, .kind = measurement_kind::compute, .seconds = 1.0, .amount = 20}, fresh());
   round(p, {0, 1, 2}, 1);
   policy_testing::check_load_rejects_truncation(p);
+}
+
+namespace {
+using straggler_dlb = as::basic_dlb<ashl::ps::straggler_monitor>;
+straggler_dlb make_straggler_dlb() {
+  // No scheduled re-plan within the test: only flags re-plan.
+  return straggler_dlb({.workers = 3, .total_batch = 120, .min_batch = 8, .half_life = 1e-9, .replan_every = 1000},
+                       ashl::ps::straggler_monitor({.workers = 3, .window = 4, .threshold = 0.5, .consecutive = 2}));
+}
+void measure(straggler_dlb& p, as::worker_id w, double seconds, double batch) {
+  p.on_measurement({.worker = w, .kind = measurement_kind::compute, .seconds = seconds, .amount = batch}, fresh());
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_straggler_flag_replans_the_batches_at_once) {
+  straggler_dlb p = make_straggler_dlb();
+  // 400, 400 and 100 samples/s: worker 2 is 4x slower by design, at its own speed.
+  for (int n = 0; n < 20; ++n) {
+    measure(p, 0, 0.1, 40);
+    measure(p, 1, 0.1, 40);
+    measure(p, 2, 0.4, 40);
+    BOOST_TEST(!sink.any_plan_changed());
+  }
+  BOOST_TEST(p.replans() == 0u);
+  BOOST_TEST(p.straggler_replans() == 0u);
+  // Worker 0 becomes 2x slower than its own capability: two windows of four
+  // samples, then one re-plan, at once, from the window's throughput (200/s).
+  int replans_seen = 0;
+  for (int n = 0; n < 8; ++n) {
+    measure(p, 0, 0.2, 40);
+    if (sink.any_plan_changed()) {
+      ++replans_seen;
+      BOOST_TEST(n == 7);
+      BOOST_TEST((changed() == std::vector<as::worker_id>{0, 1, 2}));
+    }
+  }
+  BOOST_TEST(replans_seen == 1);
+  BOOST_TEST(p.replans() == 1u);
+  BOOST_TEST(p.straggler_replans() == 1u);
+  BOOST_TEST(p.rounds() == 0u);  // no round had to complete
+  // b = 120 · (200, 400, 100) / 700.
+  BOOST_TEST(p.plan(0).batch_size == 34u);
+  BOOST_TEST(p.plan(1).batch_size == 69u);
+  BOOST_TEST(p.plan(2).batch_size == 17u);
+  // The report names the worker and why: 0.005 s per sample against 0.0025 predicted.
+  BOOST_TEST(p.last_straggler().worker == 0u);
+  BOOST_TEST(p.last_straggler().seconds_per_sample == 0.005, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(p.last_straggler().predicted_per_sample == 0.0025, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(p.last_straggler().windows == 2u);
+  // At its new speed, at its new batch, it is not flagged again: no re-plan storm.
+  for (int n = 0; n < 40; ++n) {
+    measure(p, 0, 0.17, 34);
+    measure(p, 1, 0.1725, 69);
+    measure(p, 2, 0.17, 17);
+  }
+  BOOST_TEST(p.straggler_replans() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_that_stays_slow_is_replanned_at_most_once_per_window) {
+  straggler_dlb p = make_straggler_dlb();
+  measure(p, 0, 0.1, 40);
+  // 3x, then 9x its first capability, sample after sample: each flag needs
+  // two fresh windows (8 samples) over the line of the prediction in force.
+  for (int n = 0; n < 8; ++n) measure(p, 0, 0.3, 40);
+  BOOST_TEST(p.straggler_replans() == 1u);
+  std::uint64_t flags = 0;
+  for (int n = 0; n < 32; ++n) {
+    measure(p, 0, 0.9, 40);
+    flags += sink.any_plan_changed() ? 1 : 0;
+  }
+  BOOST_TEST(p.straggler_replans() <= 1u + 32u / 4u);
+  BOOST_TEST(p.straggler_replans() == 2u);  // the re-plan made 0.9 s the prediction
+  BOOST_TEST(flags <= 1u);  // only 0 is measured: a re-plan changes at most its batch
+}
+
+BOOST_AUTO_TEST_CASE(plain_dlb_waits_for_replan_every) {
+  as::dlb p{{.workers = 3, .total_batch = 120, .min_batch = 8, .half_life = 1e-9, .replan_every = 1000}};
+  for (int n = 0; n < 20; ++n)
+    p.on_measurement({.worker = 0, .kind = measurement_kind::compute, .seconds = 0.2, .amount = 40}, fresh());
+  BOOST_TEST(p.replans() == 0u);
+  BOOST_TEST(p.straggler_replans() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(straggler_dlb_save_load_round_trip) {
+  policy_testing::check_round_trip(make_straggler_dlb(), 3, 11);
+  straggler_dlb p = make_straggler_dlb();
+  measure(p, 0, 0.1, 40);
+  for (int n = 0; n < 9; ++n) measure(p, 0, 0.3, 40);
+  policy_testing::check_load_rejects_truncation(p);
+  // A plain dlb's bytes are not a straggler dlb's.
+  const auto bytes = policy_testing::saved(as::dlb{{.workers = 3}});
+  ashl::state_reader in(bytes);
+  BOOST_TEST(!p.load(in).ok());
 }

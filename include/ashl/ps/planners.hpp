@@ -23,7 +23,15 @@
 // a profiling push / bytes sent: the link is taken to be bandwidth-bound, as
 // Algorithm 2 takes it); a measurement of a worker the profile did not cover
 // is ignored. Both are plain values: state by value, no shared state, and
-// save/load of everything (EWMAs included).
+// save/load of everything (EWMAs included). With straggler re-planning on
+// (profile_replanner_params::stragglers), a worker flagged by
+// profile::straggler_detector against its own planned T_iter re-plans both
+// phases at once (profile/replan.hpp); state()->last_replan() says which
+// worker and why.
+//
+// straggler_monitor: profile::straggler_detector as sync::basic_dlb's
+// straggler monitor (sync/dlb.hpp): worker i's model is compute seconds =
+// (planned seconds per sample) · batch.
 #pragma once
 
 #include <ashl/config.hpp>
@@ -32,7 +40,9 @@
 #include <ashl/core/status.hpp>
 #include <ashl/profile/planner.hpp>
 #include <ashl/profile/replan.hpp>
+#include <ashl/profile/straggler.hpp>
 #include <ashl/sync/ashl_plan.hpp>
+#include <ashl/sync/dlb.hpp>
 #include <ashl/sync/events.hpp>
 
 #include <algorithm>
@@ -112,6 +122,10 @@ static_assert(sync::ashl_planner<profile_planner>);
 struct profile_replanner_params {
   double drift = 0.2;      // re-plan when a smoothed time is off its planned value by more than this fraction
   double half_life = 8.0;  // EWMA half-life, in samples of one kind of one worker
+  bool stragglers = false;                  // re-plan when a worker is flagged against its own T_iter
+  std::uint32_t straggler_window = 8;       // iteration samples of one worker per window
+  double straggler_threshold = 0.5;         // flagged above T_iter · (1 + threshold)
+  std::uint32_t straggler_consecutive = 2;  // windows over the line before a flag
   friend bool operator==(const profile_replanner_params&, const profile_replanner_params&) = default;
 };
 
@@ -135,7 +149,10 @@ class profile_replanner {
     auto s = profile::summarize(rep.measurements, rep.live, p_.summary());
     if (!s) return s.error();
     auto rp = profile::replanner::create({.h0 = p_.h_ahl, .t_compress = s->t_compress, .r0 = p_.r0,
-                                          .drift = q_.drift, .half_life = q_.half_life},
+                                          .drift = q_.drift, .half_life = q_.half_life,
+                                          .stragglers = q_.stragglers, .straggler_window = q_.straggler_window,
+                                          .straggler_threshold = q_.straggler_threshold,
+                                          .straggler_consecutive = q_.straggler_consecutive},
                                          s->timing);
     if (!rp) return rp.error();
     r_ = std::move(*rp);
@@ -174,10 +191,14 @@ class profile_replanner {
   }
 
   void save(state_writer& w) const {
-    w.tag("PRPL", 1);
+    w.tag("PRPL", 2);
     p_.save(w);
     w.put(q_.drift);
     w.put(q_.half_life);
+    w.put(q_.stragglers);
+    w.put(q_.straggler_window);
+    w.put(q_.straggler_threshold);
+    w.put(q_.straggler_consecutive);
     w.put(r_.has_value());
     if (!r_) return;
     r_->save(w);
@@ -187,10 +208,14 @@ class profile_replanner {
   }
   status load(state_reader& r) {
     profile_replanner next;
-    ASHL_TRY(r.tag("PRPL", 1));
+    ASHL_TRY(r.tag("PRPL", 2));
     ASHL_TRY(next.p_.load(r));
     ASHL_TRY(r.get(next.q_.drift, "profile_replanner.drift"));
     ASHL_TRY(r.get(next.q_.half_life, "profile_replanner.half_life"));
+    ASHL_TRY(r.get(next.q_.stragglers, "profile_replanner.stragglers"));
+    ASHL_TRY(r.get(next.q_.straggler_window, "profile_replanner.straggler_window"));
+    ASHL_TRY(r.get(next.q_.straggler_threshold, "profile_replanner.straggler_threshold"));
+    ASHL_TRY(r.get(next.q_.straggler_consecutive, "profile_replanner.straggler_consecutive"));
     bool has = false;
     ASHL_TRY(r.get(has, "profile_replanner.started"));
     if (has) {
@@ -250,6 +275,47 @@ class profile_replanner {
   std::vector<std::pair<sync::worker_id, std::size_t>> index_;  // (id, position), sorted; derived from live_
 };
 static_assert(sync::ashl_replanner<profile_replanner>);
+
+// profile::straggler_detector as basic_dlb's straggler monitor (see the
+// header comment). Construct it with the detector's parameters; workers that
+// join later grow its table at their first prediction.
+class straggler_monitor {
+ public:
+  static constexpr bool enabled = true;
+
+  straggler_monitor() = default;
+  explicit straggler_monitor(profile::straggler_detector::params p) : d_(p) {}
+  static result<straggler_monitor> create(profile::straggler_detector::params p) {
+    auto d = profile::straggler_detector::create(p);
+    if (!d) return d.error();
+    return straggler_monitor(p);
+  }
+
+  [[nodiscard]] const profile::straggler_detector& detector() const noexcept { return d_; }
+
+  void predict(sync::worker_id w, double seconds_per_sample) {
+    (void)d_.set_model(w, {0.0, seconds_per_sample});  // refused (ignored) unless finite and > 0
+  }
+  std::optional<sync::straggler_flag> observe(sync::worker_id w, double seconds, double batch) {
+    if (w >= d_.workers() || !(batch > 0.0)) return std::nullopt;
+    auto r = d_.record(w, seconds, batch);
+    if (!r || !r->has_value()) return std::nullopt;  // a bad sample is the policy's to ignore, as its EWMA does
+    const profile::straggler_report& f = **r;
+    return sync::straggler_flag{w, f.ratio * d_.model(w).b, d_.model(w).b, f.windows};
+  }
+  void save(state_writer& w) const { d_.save(w); }
+  status load(state_reader& r) {
+    auto d = profile::straggler_detector::load(r);
+    if (!d) return d.error();
+    d_ = std::move(*d);
+    return {};
+  }
+  friend bool operator==(const straggler_monitor&, const straggler_monitor&) = default;
+
+ private:
+  profile::straggler_detector d_;
+};
+static_assert(sync::dlb_straggler_monitor<straggler_monitor>);
 
 }  // namespace ps
 ASHL_NAMESPACE_END

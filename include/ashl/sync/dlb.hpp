@@ -22,6 +22,19 @@
 // most (a completed BSP round costs O(M) anyway); no allocation after
 // construction except when a new id joins. The round logic is bsp's, held
 // by value.
+//
+// Straggler re-planning (EP4DDL-like, ALGORITHMS.md §3 "Straggler
+// detection"): basic_dlb<Monitor> hands every compute measurement to a
+// straggler monitor (the concept below; ps::straggler_monitor wraps
+// profile::straggler_detector, since sync/ does not include profile/). The
+// monitor's prediction of worker i is the speed its batch in force was
+// planned from (set at every re-plan, and at i's first measurement): a flag
+// means i runs slower than its own capability, not slower than the others.
+// A flag sets v_i to the window's measured speed and re-plans every batch at
+// once, instead of waiting for replan_every rounds; it is recorded
+// (last_straggler(): worker, measured and predicted seconds per sample, windows) and
+// counted (straggler_replans()). The monitor flags a worker at most once
+// per window. `dlb` (no monitor) is the plain policy, byte for byte.
 #pragma once
 
 #include <ashl/config.hpp>
@@ -34,6 +47,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
+#include <optional>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -41,6 +56,41 @@
 
 ASHL_NAMESPACE_BEGIN
 namespace sync {
+
+// What a straggler monitor reports: `worker`'s median seconds per sample
+// over its last window against the prediction, after `windows` windows over
+// the line.
+struct straggler_flag {
+  worker_id worker = 0;
+  double seconds_per_sample = 0.0;
+  double predicted_per_sample = 0.0;
+  std::uint32_t windows = 0;
+  friend bool operator==(const straggler_flag&, const straggler_flag&) = default;
+};
+
+// A straggler monitor for basic_dlb: told each worker's predicted seconds
+// per sample (predict), fed each compute sample (seconds, batch), returns a
+// flag when the worker is over its line. A plain value with save/load.
+template <class M>
+concept dlb_straggler_monitor =
+    std::copy_constructible<M> &&
+    requires(M& m, const M& cm, worker_id w, double x, state_writer& sw, state_reader& sr) {
+      { M::enabled } -> std::convertible_to<bool>;
+      { m.predict(w, x) } -> std::same_as<void>;
+      { m.observe(w, x, x) } -> std::same_as<std::optional<straggler_flag>>;
+      { cm.save(sw) } -> std::same_as<void>;
+      { m.load(sr) } -> std::same_as<status>;
+    };
+
+// No straggler re-planning: DLB as ALGORITHMS.md §3 states it.
+struct no_straggler_monitor {
+  static constexpr bool enabled = false;
+  void predict(worker_id, double) {}
+  std::optional<straggler_flag> observe(worker_id, double, double) { return std::nullopt; }
+  void save(state_writer&) const {}
+  status load(state_reader&) { return {}; }
+};
+static_assert(dlb_straggler_monitor<no_straggler_monitor>);
 
 struct dlb_params {
   std::size_t workers = 0;
@@ -52,17 +102,21 @@ struct dlb_params {
   friend bool operator==(const dlb_params&, const dlb_params&) = default;
 };
 
-class dlb {
+template <dlb_straggler_monitor Monitor = no_straggler_monitor>
+class basic_dlb {
  public:
   using policy_concept = policy_tag;
+  using monitor_type = Monitor;
 
-  dlb() = default;
-  explicit dlb(dlb_params p)
+  basic_dlb() = default;
+  explicit basic_dlb(dlb_params p, Monitor monitor = {})
       : p_(p),
+        monitor_(std::move(monitor)),
         bsp_(bsp_params{.workers = p.workers, .weighting = round_weighting::samples,
                         .local_iterations = p.local_iterations, .stage = stage_id::dlb}),
         speed_(p.workers, 0.0),
-        batch_(p.workers, even_batch(p.workers)) {
+        batch_(p.workers, even_batch(p.workers)),
+        basis_(p.workers, 0.0) {
     ASHL_ASSERT(p.total_batch >= 1, "dlb: total_batch must be >= 1");
   }
 
@@ -81,8 +135,10 @@ class dlb {
     if (j.worker >= speed_.size()) {
       speed_.resize(std::size_t{j.worker} + 1, 0.0);
       batch_.resize(std::size_t{j.worker} + 1, 0);
+      basis_.resize(std::size_t{j.worker} + 1, 0.0);
     }
     speed_[j.worker] = 0.0;  // a new incarnation is measured anew
+    basis_[j.worker] = 0.0;
     batch_[j.worker] = even_batch(bsp_.live_count());
     out.plan_changed(j.worker);
   }
@@ -100,6 +156,7 @@ class dlb {
     if (!(v > 0.0) || !std::isfinite(v)) return;
     double& s = speed_[x.worker];
     s = s > 0.0 ? s + alpha() * (v - s) : v;
+    if constexpr (Monitor::enabled) watch(x.worker, x.seconds, samples, out);
   }
   void drain(outcome_sink& out) { bsp_.drain(out); }
 
@@ -118,10 +175,16 @@ class dlb {
   [[nodiscard]] std::uint64_t rounds() const noexcept { return bsp_.rounds(); }
   // The smoothed speed v_i in samples per second; 0 before a measurement.
   [[nodiscard]] double speed(worker_id w) const noexcept { return w < speed_.size() ? speed_[w] : 0.0; }
+  // Every re-plan: every replan_every rounds, and at each straggler flag.
   [[nodiscard]] std::uint64_t replans() const noexcept { return replans_; }
+  // Re-plans a straggler flag caused, and the latest flag (worker 0 and
+  // zeros before the first).
+  [[nodiscard]] std::uint64_t straggler_replans() const noexcept { return straggler_replans_; }
+  [[nodiscard]] const straggler_flag& last_straggler() const noexcept { return last_; }
+  [[nodiscard]] const Monitor& monitor() const noexcept { return monitor_; }
 
   void save(state_writer& w) const {
-    w.tag("DLB_", 1);
+    w.tag(Monitor::enabled ? "DLBS" : "DLB_", 1);
     w.put<std::uint64_t>(p_.workers);
     w.put(p_.total_batch);
     w.put(p_.min_batch);
@@ -133,11 +196,20 @@ class dlb {
     w.put_vector(batch_);
     w.put(since_);
     w.put(replans_);
+    if constexpr (Monitor::enabled) {
+      w.put_vector(basis_);
+      w.put(straggler_replans_);
+      w.put(last_.worker);
+      w.put(last_.seconds_per_sample);
+      w.put(last_.predicted_per_sample);
+      w.put(last_.windows);
+      monitor_.save(w);
+    }
   }
   status load(state_reader& r) {
-    dlb n;
+    basic_dlb n;
     std::uint64_t workers = 0;
-    ASHL_TRY(r.tag("DLB_", 1));
+    ASHL_TRY(r.tag(Monitor::enabled ? "DLBS" : "DLB_", 1));
     ASHL_TRY(r.get(workers, "dlb.workers"));
     n.p_.workers = static_cast<std::size_t>(workers);
     ASHL_TRY(r.get(n.p_.total_batch, "dlb.total_batch"));
@@ -152,6 +224,18 @@ class dlb {
     if (n.batch_.size() != n.speed_.size()) return malformed("dlb.batch", n.batch_.size(), "must match dlb.speed");
     ASHL_TRY(r.get(n.since_, "dlb.rounds_since_replan"));
     ASHL_TRY(r.get(n.replans_, "dlb.replans"));
+    n.basis_.assign(n.speed_.size(), 0.0);
+    if constexpr (Monitor::enabled) {
+      ASHL_TRY(r.get_vector(n.basis_, "dlb.basis"));
+      if (n.basis_.size() != n.speed_.size()) return malformed("dlb.basis", n.basis_.size(), "must match dlb.speed");
+      ASHL_TRY(r.get(n.straggler_replans_, "dlb.straggler_replans"));
+      if (n.straggler_replans_ > n.replans_) return malformed("dlb.straggler_replans", n.straggler_replans_, "above replans");
+      ASHL_TRY(r.get(n.last_.worker, "dlb.last.worker"));
+      ASHL_TRY(r.get(n.last_.seconds_per_sample, "dlb.last.seconds_per_sample"));
+      ASHL_TRY(r.get(n.last_.predicted_per_sample, "dlb.last.predicted_per_sample"));
+      ASHL_TRY(r.get(n.last_.windows, "dlb.last.windows"));
+      ASHL_TRY(n.monitor_.load(r));
+    }
     *this = std::move(n);
     return {};
   }
@@ -170,6 +254,20 @@ class dlb {
     if (done == 0) return;
     since_ += done;
     if (since_ < std::max<std::uint32_t>(1, p_.replan_every)) return;
+    since_ = 0;
+    replan(out);
+  }
+  // A compute sample for the monitor; its flag re-plans at once.
+  void watch(worker_id w, double seconds, double samples, outcome_sink& out) {
+    if (!(basis_[w] > 0.0)) {  // the first measurement is the worker's capability
+      basis_[w] = 1.0 / speed_[w];
+      monitor_.predict(w, basis_[w]);
+    }
+    const std::optional<straggler_flag> f = monitor_.observe(w, seconds, samples);
+    if (!f) return;
+    if (f->seconds_per_sample > 0.0 && std::isfinite(f->seconds_per_sample)) speed_[w] = 1.0 / f->seconds_per_sample;
+    last_ = *f;
+    ++straggler_replans_;
     since_ = 0;
     replan(out);
   }
@@ -197,18 +295,30 @@ class dlb {
         batch_[w] = next;
         out.plan_changed(w);
       }
+      // The speed this batch was planned from is w's prediction from now on.
+      if constexpr (Monitor::enabled) {
+        if (speed_[w] > 0.0 && 1.0 / speed_[w] != basis_[w]) {
+          basis_[w] = 1.0 / speed_[w];
+          monitor_.predict(w, basis_[w]);
+        }
+      }
     }
     ++replans_;
   }
 
   dlb_params p_;
+  Monitor monitor_{};
   bsp bsp_;
   std::vector<double> speed_;         // v_i, EWMA; 0: not measured since joining
   std::vector<std::uint32_t> batch_;  // b_i in force
   std::uint64_t since_ = 0;           // completed rounds since the last re-plan
   std::uint64_t replans_ = 0;
+  std::vector<double> basis_;         // seconds per sample the batch in force was planned from; 0: none yet
+  std::uint64_t straggler_replans_ = 0;
+  straggler_flag last_{};
 };
 
+using dlb = basic_dlb<>;
 static_assert(consistency_policy<dlb>);
 
 }  // namespace sync
