@@ -455,6 +455,11 @@ class server {
     handle(p, head, data, now);
     release_rx(data);
     flush(now);
+    // By commits: checked per message, so a checkpoint is never more than
+    // checkpoint_every_commits behind (by seconds: in run_once).
+    if (p_.checkpoint_every_commits > 0 && !p_.checkpoint_dir.empty() &&
+        core_.stats().commits_applied - applied_at_checkpoint_ >= p_.checkpoint_every_commits)
+      (void)checkpoint();
   }
 
   void handle(transport::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data, double now) {
