@@ -124,6 +124,13 @@ class ssp {
   [[nodiscard]] std::size_t live_count() const noexcept { return core_.table().live_count(); }
   [[nodiscard]] std::size_t held_count() const noexcept { return held_.size(); }
   [[nodiscard]] std::uint32_t bound() const noexcept { return bound_; }
+  // A new bound s from now on (sync/joint.hpp re-chooses it): held pulls a
+  // wider bound allows are released into `out`; a narrower one applies from
+  // the next pull on (served pulls are not taken back). Not an event.
+  void set_bound(std::uint32_t s, outcome_sink& out) {
+    bound_ = s;
+    release(out);
+  }
   [[nodiscard]] std::uint64_t staleness(worker_id w) const noexcept { return core_.table().staleness(w); }
   // c_i as the policy counts it.
   [[nodiscard]] std::uint64_t clock(worker_id w) const { return core_.table()[w].commits; }
