@@ -50,9 +50,9 @@ BOOST_AUTO_TEST_CASE(every_name_builds_and_drives) {
 }
 
 BOOST_AUTO_TEST_CASE(the_names_are_listed_once_and_drive_errors_and_help) {
-  BOOST_TEST(ps::policy_names_text() == "bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb");
+  BOOST_TEST(ps::policy_names_text() == "bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb, joint");
   BOOST_TEST(error_of("gossip", with_workers(2)) ==
-             "sync.policy = \"gossip\": unknown policy (bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb)");
+             "sync.policy = \"gossip\": unknown policy (bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb, joint)");
   const std::string help = ps::policy_help();
   for (const auto& d : ps::policies) {
     BOOST_TEST(help.find(std::string(d.name)) != std::string::npos, d.name);
@@ -198,6 +198,37 @@ std::vector<field_case> field_cases() {
   add("dlb", "min_batch", [](auto& p) { p.min_batch = 40; });
   add("dlb", "speed_half_life", [](auto& p) { p.speed_half_life = 1.0; });
   add("dlb", "replan_every", [](auto& p) { p.replan_every = 3; });
+  // Straggler re-planning: scheduled re-plans rare, so flags show.
+  const auto straggling_dlb = [](ps::policy_params& p) {
+    p.replan_every = 50;
+    p.straggler_replan = true;
+  };
+  add("dlb", "straggler_replan", [](auto& p) { p.straggler_replan = true; },
+      [](ps::policy_params& p) { p.replan_every = 50; });
+  add("dlb", "straggler_window", [](auto& p) { p.straggler_window = 2; }, straggling_dlb);
+  add("dlb", "straggler_threshold", [](auto& p) { p.straggler_threshold = 5.0; }, straggling_dlb);
+  add("dlb", "straggler_consecutive", [](auto& p) { p.straggler_consecutive = 1; }, straggling_dlb);
+  const auto straggling_ashl = [](ps::policy_params& p) {
+    p.replanner = "profile";
+    p.replan_drift = 100.0;  // only flags re-plan
+    p.straggler_replan = true;
+  };
+  add("ashl", "straggler_replan", [](auto& p) { p.straggler_replan = true; }, [](ps::policy_params& p) {
+    p.replanner = "profile";
+    p.replan_drift = 100.0;
+  });
+  add("ashl", "straggler_window", [](auto& p) { p.straggler_window = 2; }, straggling_ashl);
+  add("ashl", "straggler_threshold", [](auto& p) { p.straggler_threshold = 5.0; }, straggling_ashl);
+  add("ashl", "straggler_consecutive", [](auto& p) { p.straggler_consecutive = 1; }, straggling_ashl);
+  add("joint", "s_min", [](auto& p) { p.s_min = 5; });
+  add("joint", "s_max", [](auto& p) { p.s_max = 1; });
+  add("joint", "min_batch", [](auto& p) { p.min_batch = 16; });
+  add("joint", "max_batch", [](auto& p) { p.max_batch = 32; });
+  add("joint", "batch_step", [](auto& p) { p.batch_step = 24; });
+  add("joint", "horizon", [](auto& p) { p.horizon = 1.0; });
+  add("joint", "staleness_cost", [](auto& p) { p.staleness_cost = 1.0; });
+  add("joint", "replan_drift", [](auto& p) { p.replan_drift = 5.0; });
+  add("joint", "speed_half_life", [](auto& p) { p.speed_half_life = 1.0; });
   return c;
 }
 

@@ -30,6 +30,7 @@
 #include <ashl/sync/dlb.hpp>
 #include <ashl/sync/dssp.hpp>
 #include <ashl/sync/events.hpp>
+#include <ashl/sync/joint.hpp>
 #include <ashl/sync/local_sgd.hpp>
 #include <ashl/sync/semi_async.hpp>
 #include <ashl/sync/ssp.hpp>
@@ -56,7 +57,7 @@ struct policy_description {
 };
 
 // Indexed by policy_kind.
-inline constexpr std::array<policy_description, 9> policies{{
+inline constexpr std::array<policy_description, 10> policies{{
     {"bsp", "workers weighting batch_size", "bulk synchronous rounds, mean or samples-weighted"},
     {"asp", "workers staleness_weight staleness_exponent", "apply every commit at once"},
     {"ssp", "workers staleness staleness_weight staleness_exponent", "hold a pull while c_i - min c_j > staleness"},
@@ -72,13 +73,18 @@ inline constexpr std::array<policy_description, 9> policies{{
     {"ashl",
      "workers profile_iterations profile_seconds h_ahl h_shl compression_ratio switch_loss shl_staleness "
      "staleness_weight staleness_exponent planner replanner profile_trim profile_warmup replan_drift "
-     "replan_half_life",
+     "replan_half_life straggler_replan straggler_window straggler_threshold straggler_consecutive",
      "profiling, then AHL (async, D_i weights), then SHL (SSP) after the loss falls below switch_loss"},
-    {"dlb", "workers total_batch min_batch speed_half_life replan_every",
+    {"dlb",
+     "workers total_batch min_batch speed_half_life replan_every straggler_replan straggler_window "
+     "straggler_threshold straggler_consecutive",
      "BSP with per-worker batches proportional to measured throughput"},
+    {"joint",
+     "workers s_min s_max min_batch max_batch batch_step horizon staleness_cost replan_drift speed_half_life",
+     "per-worker batches and the SSP bound chosen together for the least predicted time per sample"},
 }};
 
-enum class policy_kind : std::uint8_t { bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb };
+enum class policy_kind : std::uint8_t { bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb, joint };
 static_assert(policies[static_cast<std::size_t>(policy_kind::bsp)].name == "bsp" &&
                   policies[static_cast<std::size_t>(policy_kind::local_sgd)].name == "local_sgd" &&
                   policies[static_cast<std::size_t>(policy_kind::adsp)].name == "adsp" &&
@@ -178,6 +184,17 @@ struct policy_params {
   std::int64_t min_batch = 8;
   double speed_half_life = 8.0;  // EWMA half-life of the throughput, in measurements
   std::int64_t replan_every = 1; // completed rounds between re-plans
+  // straggler re-planning (dlb; ashl with replanner "profile"): a worker slower
+  // than its own prediction for straggler_consecutive windows re-plans at once
+  bool straggler_replan = false;
+  std::int64_t straggler_window = 8;       // samples of one worker per window
+  double straggler_threshold = 0.5;        // flagged above prediction · (1 + threshold)
+  std::int64_t straggler_consecutive = 2;  // windows over the line before a re-plan
+  // joint (also s_min, s_max, min_batch, replan_drift, speed_half_life)
+  std::int64_t max_batch = 128;
+  std::int64_t batch_step = 8;
+  double horizon = 10.0;          // R: slowest-worker cycles the bound lets others run ahead over
+  double staleness_cost = 0.02;   // λ: the objective's factor 1 + λ·s
 };
 
 namespace detail {
@@ -228,6 +245,15 @@ inline result<sync::round_weighting> weighting_of(std::string_view policy, const
 }
 inline std::uint32_t u32(std::int64_t v) noexcept { return static_cast<std::uint32_t>(v); }
 
+inline status straggler_fields(std::string_view policy, const policy_params& p) {
+  ASHL_TRY(at_least(policy, "straggler_window", p.straggler_window, 1));
+  ASHL_TRY(at_most_u32(policy, "straggler_window", p.straggler_window));
+  ASHL_TRY(non_negative(policy, "straggler_threshold", p.straggler_threshold));
+  ASHL_TRY(at_least(policy, "straggler_consecutive", p.straggler_consecutive, 1));
+  ASHL_TRY(at_most_u32(policy, "straggler_consecutive", p.straggler_consecutive));
+  return {};
+}
+
 template <class Planner, class Replanner>
 sync::any_policy ashl_of(const sync::ashl_params& ap, Planner planner, Replanner replanner) {
   return sync::any_policy(sync::ashl_schedule<Planner, Replanner>(ap, std::move(planner), std::move(replanner)));
@@ -257,7 +283,13 @@ inline result<sync::any_policy> make_ashl(const policy_params& p, const sync::as
   if (replanner == 0) return ashl_of(ap, prof, sync::no_replanner{});
   ASHL_TRY(positive("ashl", "replan_drift", p.replan_drift));
   ASHL_TRY(positive("ashl", "replan_half_life", p.replan_half_life));
-  const profile_replanner re(prof, {.drift = p.replan_drift, .half_life = p.replan_half_life});
+  if (p.straggler_replan) ASHL_TRY(straggler_fields("ashl", p));
+  const profile_replanner re(prof, {.drift = p.replan_drift,
+                                    .half_life = p.replan_half_life,
+                                    .stragglers = p.straggler_replan,
+                                    .straggler_window = u32(p.straggler_window),
+                                    .straggler_threshold = p.straggler_threshold,
+                                    .straggler_consecutive = u32(p.straggler_consecutive)});
   if (planner == 0) return ashl_of(ap, uniform, re);
   return ashl_of(ap, prof, re);
 }
@@ -374,8 +406,37 @@ inline result<sync::any_policy> make_policy(std::string_view name, const policy_
       ASHL_TRY(positive(name, "speed_half_life", p.speed_half_life));
       ASHL_TRY(at_least(name, "replan_every", p.replan_every, 1));
       ASHL_TRY(at_most_u32(name, "replan_every", p.replan_every));
-      return sync::any_policy(sync::dlb({.workers = m, .total_batch = u32(total), .min_batch = u32(p.min_batch),
-                                         .half_life = p.speed_half_life, .replan_every = u32(p.replan_every)}));
+      const sync::dlb_params dp{.workers = m, .total_batch = u32(total), .min_batch = u32(p.min_batch),
+                                .half_life = p.speed_half_life, .replan_every = u32(p.replan_every)};
+      if (!p.straggler_replan) return sync::any_policy(sync::dlb(dp));
+      ASHL_TRY(straggler_fields(name, p));
+      return sync::any_policy(sync::basic_dlb<straggler_monitor>(
+          dp, straggler_monitor({.workers = u32(p.workers), .window = u32(p.straggler_window),
+                                 .threshold = p.straggler_threshold,
+                                 .consecutive = u32(p.straggler_consecutive)})));
+    }
+    case policy_kind::joint: {
+      ASHL_TRY(at_least(name, "s_min", p.s_min, 0));
+      ASHL_TRY(at_most_u32(name, "s_min", p.s_min));
+      ASHL_TRY(at_least(name, "s_max", p.s_max, 0));
+      ASHL_TRY(at_most_u32(name, "s_max", p.s_max));
+      if (p.s_max < p.s_min) return invalid_argument("joint.s_max", p.s_max, "must be >= joint.s_min");
+      ASHL_TRY(at_least(name, "min_batch", p.min_batch, 1));
+      ASHL_TRY(at_least(name, "batch_step", p.batch_step, 1));
+      ASHL_TRY(at_most_u32(name, "batch_step", p.batch_step));
+      if (p.max_batch < p.min_batch) return invalid_argument("joint.max_batch", p.max_batch, "must be >= joint.min_batch");
+      ASHL_TRY(at_most_u32(name, "max_batch", p.max_batch));
+      if ((p.max_batch - p.min_batch) / p.batch_step >= 4096)
+        return invalid_argument("joint.batch_step", p.batch_step, "gives more than 4096 batch sizes");
+      ASHL_TRY(positive(name, "horizon", p.horizon));
+      ASHL_TRY(non_negative(name, "staleness_cost", p.staleness_cost));
+      ASHL_TRY(positive(name, "replan_drift", p.replan_drift));
+      ASHL_TRY(positive(name, "speed_half_life", p.speed_half_life));
+      return sync::any_policy(sync::joint({.workers = m, .s_min = u32(p.s_min), .s_max = u32(p.s_max),
+                                           .min_batch = u32(p.min_batch), .max_batch = u32(p.max_batch),
+                                           .batch_step = u32(p.batch_step), .horizon = p.horizon,
+                                           .staleness_cost = p.staleness_cost, .drift = p.replan_drift,
+                                           .half_life = p.speed_half_life}));
     }
   }
   return make_error(errc::internal, "sync.policy", name, "no builder");
@@ -409,6 +470,63 @@ bool summarise_as(const sync::any_policy& p, ashl_summary& out) {
   return true;
 }
 }  // namespace detail
+
+// ------------------------------------------------ what re-planning did
+
+// For reports: how often a policy re-planned and why the latest time, behind
+// an any_policy that make_policy built: dlb (with or without straggler
+// re-planning) and ashl (any planner; the reason needs replanner "profile").
+// worker, measured and predicted belong to the latest re-plan's record:
+// ashl's (a drift or a straggler, times in seconds per iteration) or dlb's
+// latest straggler flag (seconds per sample; reason "none" before one).
+struct replan_report {
+  std::uint64_t replans = 0;
+  std::uint64_t straggler_replans = 0;
+  std::string_view reason = "none";  // "none", "drift" or "straggler"
+  std::uint32_t worker = 0;
+  double measured = 0.0;
+  double predicted = 0.0;
+};
+
+namespace detail {
+template <class S>
+bool replan_report_as(const sync::any_policy& p, replan_report& out) {
+  const S* s = p.target<S>();
+  if (s == nullptr) return false;
+  out.replans = s->replans();
+  if constexpr (requires { s->replanner().state(); }) {
+    if (const profile::replanner* r = s->replanner().state()) {
+      out.straggler_replans = r->straggler_replans();
+      out.reason = profile::to_string(r->last_replan().reason);
+      out.worker = r->last_replan().worker;
+      out.measured = r->last_replan().measured;
+      out.predicted = r->last_replan().predicted;
+    }
+  } else if constexpr (requires { s->last_straggler(); }) {
+    out.straggler_replans = s->straggler_replans();
+    if (out.straggler_replans > 0) {
+      out.reason = "straggler";
+      out.worker = s->last_straggler().worker;
+      out.measured = s->last_straggler().seconds_per_sample;
+      out.predicted = s->last_straggler().predicted_per_sample;
+    }
+  }
+  return true;
+}
+}  // namespace detail
+
+inline std::optional<replan_report> replan_report_of(const sync::any_policy& p) {
+  replan_report out;
+  using sync::ashl_schedule, sync::uniform_planner, sync::no_replanner;
+  if (detail::replan_report_as<sync::dlb>(p, out) ||
+      detail::replan_report_as<sync::basic_dlb<straggler_monitor>>(p, out) ||
+      detail::replan_report_as<ashl_schedule<uniform_planner, no_replanner>>(p, out) ||
+      detail::replan_report_as<ashl_schedule<uniform_planner, profile_replanner>>(p, out) ||
+      detail::replan_report_as<ashl_schedule<profile_planner, no_replanner>>(p, out) ||
+      detail::replan_report_as<ashl_schedule<profile_planner, profile_replanner>>(p, out))
+    return out;
+  return std::nullopt;
+}
 
 inline std::optional<ashl_summary> ashl_summary_of(const sync::any_policy& p) {
   ashl_summary out;
