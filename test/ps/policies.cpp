@@ -295,3 +295,42 @@ BOOST_AUTO_TEST_CASE(ashl_summary_sees_every_instantiation) {
   BOOST_TEST(s->plan.workers[1].h_ahl == 6u);
   BOOST_TEST(s->plan.workers[1].share == 0.5);
 }
+
+BOOST_AUTO_TEST_CASE(replan_report_names_the_worker_and_the_reason) {
+  auto p = with_workers(3);
+  p.total_batch = 120;
+  p.replan_every = 1000;
+  p.speed_half_life = 1e-9;
+  p.straggler_replan = true;
+  p.straggler_window = 4;
+  auto r = ps::make_policy("dlb", p);
+  BOOST_TEST_REQUIRE(r.has_value());
+  as::outcome_sink out(3);
+  const auto measure = [&](as::worker_id w, double s) {
+    out.clear();
+    r->on_measurement({.worker = w, .kind = ashl::measurement_kind::compute, .seconds = s, .amount = 40}, out);
+  };
+  for (int n = 0; n < 8; ++n) {
+    measure(0, 0.1);
+    measure(1, 0.1);
+    measure(2, 0.4);  // 4x slower by design: never flagged
+  }
+  auto rep = ps::replan_report_of(*r);
+  BOOST_TEST_REQUIRE(rep.has_value());
+  BOOST_TEST(rep->reason == "none");
+  for (int n = 0; n < 8; ++n) measure(1, 0.2);  // 2x slower than its own prediction
+  rep = ps::replan_report_of(*r);
+  BOOST_TEST_REQUIRE(rep.has_value());
+  BOOST_TEST(rep->replans == 1u);
+  BOOST_TEST(rep->straggler_replans == 1u);
+  BOOST_TEST(rep->reason == "straggler");
+  BOOST_TEST(rep->worker == 1u);
+  BOOST_TEST(rep->measured == 0.005, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(rep->predicted == 0.0025, boost::test_tools::tolerance(1e-12));
+  // Off by default: the plain dlb; other policies have no report.
+  p.straggler_replan = false;
+  auto plain = ps::make_policy("dlb", p);
+  BOOST_TEST_REQUIRE(plain.has_value());
+  BOOST_TEST(plain->target<as::dlb>() != nullptr);
+  BOOST_TEST(!ps::replan_report_of(*ps::make_policy("ssp", with_workers(2))).has_value());
+}
