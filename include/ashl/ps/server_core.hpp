@@ -458,8 +458,14 @@ class server_core {
   // state, buffered commits, the exactly-once table, the policy, counters;
   // one CRC-32C over it all, so a corrupt state is refused.
   void save(state_writer& out) const {
-    std::vector<std::byte> body;
-    state_writer w(body);
+    // The body is written in place after a length placeholder (the layout of
+    // put_string: u64 length, bytes), then the length is patched and the CRC
+    // appended: no second buffer, no copy (a 64 MB shard saves at memory speed).
+    out.tag("PSCR", 1);
+    const std::size_t length_at = out.size();
+    out.put<std::uint64_t>(0);
+    const std::size_t body_at = out.size();
+    state_writer& w = out;
     p_.layout.save(w);
     w.put(p_.shard);
     w.put(p_.workers);
@@ -483,20 +489,18 @@ class server_core {
     store_.save(w);
     save_counters(w, stats_);
     policy_.save(w);
-    out.tag("PSCR", 1);
-    out.put_string(std::string_view(reinterpret_cast<const char*>(body.data()), body.size()));
-    out.put(wire::crc32c(body));
+    out.patch<std::uint64_t>(length_at, out.size() - body_at);
+    out.put(wire::crc32c(out.written(body_at)));
   }
 
   // Reads into fresh values and assigns only when everything was read: a
   // truncated or corrupt state is refused and leaves the core unchanged.
   status load(state_reader& in) {
     ASHL_TRY(in.tag("PSCR", 1));
-    std::string body;
-    ASHL_TRY(in.get_string(body, "server_core.state"));
+    std::span<const std::byte> bytes;
+    ASHL_TRY(in.get_bytes(bytes, "server_core.state"));
     std::uint32_t crc = 0;
     ASHL_TRY(in.get(crc, "server_core.crc"));
-    const auto bytes = std::as_bytes(std::span<const char>(body.data(), body.size()));
     if (wire::crc32c(bytes) != crc)
       return make_error(errc::checksum_mismatch, "server_core.crc", crc, "does not match the saved state");
     state_reader r(bytes);

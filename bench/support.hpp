@@ -1,0 +1,51 @@
+// bench/support.hpp — what every benchmark reports besides its figures: the
+// machine, the date, the load, and medians (these machines are shared and
+// noisy: a single time means little, a median and a ratio to a baseline
+// measured in the same run mean more).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace bench {
+
+// The CPU's model name from /proc/cpuinfo.
+inline std::string machine() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) {
+      const auto c = line.find(':');
+      return c == std::string::npos ? line : line.substr(c + 2);
+    }
+  return "unknown";
+}
+
+// UTC, ISO 8601.
+inline std::string today() {
+  const std::time_t t = std::time(nullptr);
+  char b[32];
+  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return b;
+}
+
+// The 1/5/15-minute load averages: other work on a shared machine moves every figure.
+inline std::string loadavg() {
+  std::ifstream f("/proc/loadavg");
+  std::string a, b, c;
+  f >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+// The median (the mean of the middle two for an even count); NaN when empty.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+}  // namespace bench
