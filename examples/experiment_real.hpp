@@ -35,6 +35,7 @@
 #pragma once
 
 #include "experiment_common.hpp"
+#include "netns.hpp"
 
 #include <ashl/ps/server.hpp>
 #include <ashl/ps/worker.hpp>
@@ -59,6 +60,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -486,7 +488,10 @@ struct child {
   bool running() const { return pid > 0 && status < 0; }
 };
 
-inline pid_t spawn(const std::vector<std::string>& args, const std::string& log, const std::string& token) {
+// args[0] is the program's path (this program, or /bin/sh from
+// netns_cluster::wrap); ucx_device: UCX_NET_DEVICES of the child.
+inline pid_t spawn(const std::vector<std::string>& args, const std::string& log, const std::string& token,
+                   const std::string& ucx_device) {
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
@@ -501,11 +506,14 @@ inline pid_t spawn(const std::vector<std::string>& args, const std::string& log,
     ::close(fd);
   }
   ::setenv("ASHL_TOKEN", token.c_str(), 1);
-  ::setenv("UCX_NET_DEVICES", "lo", 0);  // loopback only
+  ::setenv("UCX_NET_DEVICES", ucx_device.c_str(), 1);  // loopback, or the emulated host's link only
+  // Between emulated hosts only TCP: shared memory would pass by their
+  // shaped links (the namespaces share the file system).
+  if (ucx_device != "lo") ::setenv("UCX_TLS", "tcp,self", 1);
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  ::execv("/proc/self/exe", argv.data());
+  ::execv(argv[0], argv.data());
   ::_exit(127);
 }
 
@@ -626,7 +634,9 @@ inline ashl::sim::cluster_spec measured_cluster(const settings& s, const ashl::s
     if (!m[w].iteration_s.empty()) ws.seconds_per_iteration = median(m[w].iteration_s) / K;
     if (!m[w].compress_s.empty()) ws.compress_seconds = median(m[w].compress_s) / K;
     else if (error_feedback) ws.compress_seconds *= s.ef_compress_factor;  // never measured: the reference's
-    if (m[w].link_seconds > 0) ws.bandwidth_bytes_per_s = m[w].link_bytes / m[w].link_seconds * K;
+    // With --hosts netns the transfer hides in wait() (no emulated hold to
+    // time): the link is the tbf rate it was given, the reference's.
+    if (m[w].link_seconds > 0 && s.hosts == "padding") ws.bandwidth_bytes_per_s = m[w].link_bytes / m[w].link_seconds * K;
   }
   return spec;
 }
@@ -690,8 +700,11 @@ inline std::string last_line(const std::string& path) {
 
 // One policy, one seed, as processes. `self_args`: this program's arguments,
 // passed on to the children with their role.
+// With `net`, server and workers run in its hosts 0 and 1..9 (their own
+// network namespaces, shaped links and CPU quotas) and UCX over TCP between them.
 inline real_result run_processes(const settings& s, const std::string& policy, int seed,
-                                 const std::vector<std::string>& self_args, std::mutex& io) {
+                                 const std::vector<std::string>& self_args, std::mutex& io,
+                                 const hosts::netns_cluster* net) {
   real_result r;
   r.policy = policy;
   r.seed = seed;
@@ -703,12 +716,16 @@ inline real_result run_processes(const settings& s, const std::string& policy, i
   std::filesystem::remove_all(rd, ec);
   std::filesystem::create_directories(rd, ec);
   const std::string token = random_token();
+  const std::string server_host = net ? net->address(0) : std::string("127.0.0.1");
+  const std::string device = net ? std::string(hosts::netns_cluster::device) : std::string("lo");
   auto args_for = [&](const std::string& role, std::uint32_t rank, int port) {
     std::vector<std::string> a = self_args;
     for (std::string x : {std::string("--role"), role, std::string("--rank"), std::to_string(rank),
                           std::string("--run-dir"), rd, std::string("--run-policy"), policy, std::string("--run-seed"),
-                          std::to_string(seed), std::string("--port"), std::to_string(port)})
+                          std::to_string(seed), std::string("--port"), std::to_string(port),
+                          std::string("--server-host"), server_host})
       a.push_back(std::move(x));
+    if (net) a = net->wrap(role == "server" ? 0 : 1 + rank, std::move(a));
     return a;
   };
   std::vector<child> cs;
@@ -721,9 +738,9 @@ inline real_result run_processes(const settings& s, const std::string& policy, i
   // probe and its listen: then it exits 75 and we try another).
   int port = 0;
   for (int attempt = 0; attempt < 5 && port == 0; ++attempt) {
-    const int p = free_port();
+    const int p = net ? 5000 + attempt : free_port();  // a fresh namespace has every port free
     if (p == 0) continue;
-    child c{spawn(args_for("server", 0, p), rd + "/server.log", token), "server"};
+    child c{spawn(args_for("server", 0, p), rd + "/server.log", token, device), "server"};
     if (c.pid < 0) return give_up("fork failed");
     const double deadline = mono_now() + 60.0;
     cs.assign(1, c);
@@ -738,7 +755,7 @@ inline real_result run_processes(const settings& s, const std::string& policy, i
   }
   if (port == 0) return give_up("no free port on 127.0.0.1 after 5 tries");
   for (std::uint32_t w = 0; w < workers_n; ++w)
-    cs.push_back({spawn(args_for("worker", w, port), rd + "/worker-" + std::to_string(w) + ".log", token),
+    cs.push_back({spawn(args_for("worker", w, port), rd + "/worker-" + std::to_string(w) + ".log", token, device),
                   "worker " + std::to_string(w)});
   // Every worker joins (and pulls the initial parameters) before the start.
   const double join_deadline = mono_now() + 180.0;
@@ -858,11 +875,30 @@ inline std::string order_of(std::vector<std::pair<std::string, std::pair<double,
   return out;
 }
 
+// The CPU seconds of one batch-64 step of the MLP here (median of 15): with
+// --hosts netns a worker of group g gets step / (f_c × K × 10 ms) of a core,
+// so its quota, not a sleep, makes an iteration last f_c × K × 10 ms.
+inline double step_seconds(const data_view& d) {
+  mlp net;
+  std::vector<float> w = mlp::init(7), g(mlp::size()), x(64 * mlp::in);
+  std::vector<std::uint8_t> y(64);
+  std::vector<double> t;
+  for (int k = 0; k < 17; ++k) {
+    mlp::to_float(d.train_images + std::size_t{64} * k * mlp::in, 64, x.data());
+    std::copy(d.train_labels + 64 * k, d.train_labels + 64 * (k + 1), y.begin());
+    const double a = mono_now();
+    net.forward_backward(w, x.data(), y.data(), 64, g);
+    if (k >= 2) t.push_back(mono_now() - a);
+  }
+  return median(t);
+}
+
 inline int run_real(const settings& s, int argc, char** argv) {
   if (s.hosts == "netns") {
-    std::fprintf(stderr, "ashl_experiment_fmnist: --hosts netns is not available in this build (examples/netns.hpp "
-                         "is not part of it yet); --hosts padding runs the same experiment with emulated links\n");
-    return 77;
+    if (auto st = hosts::netns_cluster::available(); !st) {
+      std::fprintf(stderr, "ashl_experiment_fmnist: --hosts netns cannot run here: %s\n", st.message().c_str());
+      return 77;
+    }
   }
   auto data = fmnist::load(s.data_dir);
   if (!data) {
@@ -900,6 +936,53 @@ inline int run_real(const settings& s, int argc, char** argv) {
 
   std::vector<std::string> self_args;
   for (int i = 0; i < argc; ++i) self_args.emplace_back(argv[i]);
+  self_args[0] = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) self_args[0] = argv[0];
+  std::optional<hosts::netns_cluster> net;
+  if (s.hosts == "netns") {
+    auto dv = map_data(data_file(s));
+    if (!dv) {
+      std::fprintf(stderr, "ashl_experiment_fmnist: %s\n", dv.error().message().c_str());
+      return 1;
+    }
+    const double step = step_seconds(*dv);
+    std::vector<hosts::host_spec> hs(1 + workers_n);  // host 0: the server, unshaped and unlimited
+    const double model_bytes = 4.0 * static_cast<double>(mlp::size());
+    for (std::uint32_t w = 0; w < workers_n; ++w)
+      hs[1 + w] = {.rate_bytes_per_s = model_bytes / (comm_factor[w / 3] * reference_comm_s * K),
+                   .cpu_share = std::max(0.01, step / (compute_factor[w / 3] * reference_compute_s * K))};
+    auto c = hosts::netns_cluster::create(hs);
+    if (!c) {
+      std::fprintf(stderr, "ashl_experiment_fmnist: --hosts netns: %s\n", c.error().message().c_str());
+      return 1;
+    }
+    net.emplace(std::move(*c));
+    // A quota limits a period's CPU time, so a worker that waits for most of
+    // the 100 ms period netns_cluster sets (BSP's do) computes at full speed
+    // when it runs. A period near an iteration (at least 20 ms, and long
+    // enough that the smallest share is the kernel's smallest quota, 1 ms)
+    // makes an iteration last about step / share.
+    double min_share = 1.0;
+    for (std::uint32_t w = 0; w < workers_n; ++w) min_share = std::min(min_share, hs[1 + w].cpu_share);
+    const long period_us = std::max<long>(20000, std::lround(1000.0 / min_share));
+    for (std::uint32_t w = 0; w < workers_n; ++w) {
+      const std::string dir = net->cgroup(1 + w);
+      const long quota = std::max<long>(1000, std::lround(hs[1 + w].cpu_share * period_us));
+      bool ok;
+      if (net->cgroup_version() == 1) {
+        std::ofstream(dir + "/cpu.cfs_period_us") << period_us;
+        ok = static_cast<bool>(std::ofstream(dir + "/cpu.cfs_quota_us") << quota);
+      } else {
+        ok = static_cast<bool>(std::ofstream(dir + "/cpu.max") << quota << ' ' << period_us);
+      }
+      if (!ok) std::fprintf(stderr, "ashl_experiment_fmnist: %s refused a %ld us period\n", dir.c_str(), period_us);
+    }
+    std::printf("# --hosts netns: each process in its own network namespace (UCX over TCP on %s), links shaped by tbf "
+                "to %.2f/%.2f/%.2f MB/s, worker CPU quotas %.3f/%.3f/%.3f cores (a batch-64 step takes %.1f ms here); no "
+                "padding\n",
+                hosts::netns_cluster::device, hs[1].rate_bytes_per_s / 1e6, hs[4].rate_bytes_per_s / 1e6,
+                hs[7].rate_bytes_per_s / 1e6, hs[1].cpu_share, hs[4].cpu_share, hs[7].cpu_share, step * 1e3);
+  }
   std::vector<real_result> results;
   std::mutex io;
   for (const auto& p : s.policies)
@@ -909,7 +992,7 @@ inline int run_real(const settings& s, int argc, char** argv) {
         std::printf("[%-10s seed %d] starting 10 processes\n", p.c_str(), k);
         std::fflush(stdout);
       }
-      results.push_back(run_processes(s, p, k, self_args, io));
+      results.push_back(run_processes(s, p, k, self_args, io, net ? &*net : nullptr));
       const auto& r = results.back();
       std::lock_guard lk(io);
       if (!r.o.note.empty()) std::printf("[%-10s seed %d] error: %s\n", p.c_str(), k, r.o.note.c_str());
