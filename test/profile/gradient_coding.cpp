@@ -221,28 +221,35 @@ BOOST_AUTO_TEST_CASE(float_commits_recover_within_amplified_float_rounding) {
   BOOST_TEST_MESSAGE("M = 10, r = 3, f32: worst relative error " << worst << ", worst amplification " << amp);
 }
 
-BOOST_AUTO_TEST_CASE(a_cached_subset_decodes_without_allocating) {
+BOOST_AUTO_TEST_CASE(decodes_of_seen_sets_allocate_nothing) {
+  // Few sets of M − r (C(9, 2) = 36): all decoded by make().
   ap::gradient_code code = code_of(9, 2);
-  const std::uint64_t s1 = 0b111110110, s2 = 0b011111011;
-  const auto first = code.decode(s1);
-  BOOST_TEST_REQUIRE(first.has_value());
-  const std::vector<double> w1(first->weights.begin(), first->weights.end());
-  BOOST_TEST(code.decode(s2).has_value());
-  BOOST_TEST(code.cached_subsets() == 2u);
-  const std::size_t before = counting_new::count();
+  BOOST_TEST(code.cached_subsets() == 36u);
+  const std::uint64_t s1 = 0b111110110, s2 = 0b011111011, bigger = 0b111111110;
+  const std::vector<double> w1(code.decode(s1)->weights.begin(), code.decode(s1)->weights.end());
+  std::size_t before = counting_new::count();
   double sum = 0.0;
-  for (int k = 0; k < 100; ++k) {
-    const auto d = code.decode(k % 2 ? s1 : s2);
-    sum += d->weights[1];
-  }
+  for (int k = 0; k < 100; ++k) sum += code.decode(k % 3 == 0 ? s1 : k % 3 == 1 ? s2 : bigger)->weights[1];
   BOOST_TEST(counting_new::count() == before);
   BOOST_TEST(std::isfinite(sum));
-  BOOST_TEST(code.cached_subsets() == 2u);
-  const auto again = code.decode(s1);
-  BOOST_TEST((std::vector<double>(again->weights.begin(), again->weights.end()) == w1));
+  BOOST_TEST(code.cached_subsets() == 36u);
+  // A larger set uses its first M − r members: the same weights as those.
+  BOOST_TEST(code.decode(bigger)->used == 0b011111110u);
   // A copy decodes the same (the cache is a plain value).
   ap::gradient_code copy = code;
   BOOST_TEST((std::vector<double>(copy.decode(s1)->weights.begin(), copy.decode(s1)->weights.end()) == w1));
+  // Many sets (C(40, 3) = 9880): decoded lazily, once each.
+  ap::gradient_code big = code_of(40, 3);
+  BOOST_TEST(big.cached_subsets() == 0u);
+  const std::uint64_t s = (std::uint64_t{1} << 40) - 1 - 0b10101;
+  const auto first = big.decode(s);
+  BOOST_TEST_REQUIRE(first.has_value());
+  BOOST_TEST(first->residual < 1e-9);
+  BOOST_TEST(big.cached_subsets() == 1u);
+  before = counting_new::count();
+  BOOST_TEST(big.decode(s)->weights[5] == first->weights[5]);
+  BOOST_TEST(counting_new::count() == before);
+  BOOST_TEST(big.cached_subsets() == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(least_squares_for_fewer_workers_is_exact_from_m_minus_r_and_best_below) {

@@ -50,9 +50,9 @@ BOOST_AUTO_TEST_CASE(every_name_builds_and_drives) {
 }
 
 BOOST_AUTO_TEST_CASE(the_names_are_listed_once_and_drive_errors_and_help) {
-  BOOST_TEST(ps::policy_names_text() == "bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb, joint");
+  BOOST_TEST(ps::policy_names_text() == "bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb, joint, coded_bsp");
   BOOST_TEST(error_of("gossip", with_workers(2)) ==
-             "sync.policy = \"gossip\": unknown policy (bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb, joint)");
+             "sync.policy = \"gossip\": unknown policy (bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb, joint, coded_bsp)");
   const std::string help = ps::policy_help();
   for (const auto& d : ps::policies) {
     BOOST_TEST(help.find(std::string(d.name)) != std::string::npos, d.name);
@@ -229,6 +229,8 @@ std::vector<field_case> field_cases() {
   add("joint", "staleness_cost", [](auto& p) { p.staleness_cost = 1.0; });
   add("joint", "replan_drift", [](auto& p) { p.replan_drift = 5.0; });
   add("joint", "speed_half_life", [](auto& p) { p.speed_half_life = 1.0; });
+  add("coded_bsp", "stragglers", [](auto& p) { p.stragglers = 2; });
+  add("coded_bsp", "batch_size", [](auto& p) { p.batch_size = 32; });
   return c;
 }
 

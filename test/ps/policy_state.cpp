@@ -40,6 +40,7 @@ ps::policy_params other_numbers(const ps_cases::policy_case& c) {
   p.profile_iterations = 40;
   p.h_ahl = 3;
   p.total_batch = 500;
+  p.stragglers = 0;  // coded_bsp: must be < workers
   return p;
 }
 void require_same(const as::any_policy& a, const as::any_policy& b, const std::string& label, int at) {

@@ -52,9 +52,12 @@
 // something after losing more than r workers.
 //
 // Cost: make() is O(M·r³) per candidate plus 64 probe solves of
-// O(M·(M − r)²) each (about 2·10⁷ flops at M = 64); a decode of a new subset O(M·(M − r)²) and one
-// cache entry (it allocates: a hash node and M doubles); a decode of a subset
-// seen before is one hash lookup and allocates nothing. M ≤ 64 (bitmask).
+// O(M·(M − r)²) each (about 2·10⁷ flops at M = 64), and when C(M, r) ≤ 1024
+// it decodes every set of M − r workers up front (C(M, r) such solves; 120
+// at M = 10, r = 3), so decode() never allocates for such codes. Otherwise a
+// decode of a new set is O(M·(M − r)²) and one cache entry (it allocates: a
+// hash node, M doubles, temporaries); a set seen before is one hash lookup
+// and allocates nothing. M ≤ 64 (bitmask).
 #pragma once
 
 #include <ashl/config.hpp>
@@ -177,6 +180,24 @@ class gradient_code {
     }
     if (!found || !std::isfinite(best.probe_amplification_))
       return make_error(errc::internal, "gradient_code.seed", seed, "no candidate H gives a decodable B: pick another seed");
+    // Every set of exactly M − r workers, decoded now when there are few, so
+    // that no round ever decodes (and allocates) for the first time.
+    std::uint64_t sets = 1;
+    for (std::size_t k = 0; k < stragglers && sets <= eager_subsets; ++k) sets = sets * (workers - k) / (k + 1);
+    if (sets <= eager_subsets) {
+      best.cache_.reserve(static_cast<std::size_t>(sets));
+      best.pool_.reserve(static_cast<std::size_t>(sets) * workers);
+      best.stats_.reserve(static_cast<std::size_t>(sets));
+      const std::uint64_t all = workers == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << workers) - 1;
+      std::uint64_t v = stragglers == 0 ? 0 : (std::uint64_t{1} << stragglers) - 1;  // the missing workers
+      for (std::uint64_t n = 0; n < sets; ++n) {
+        if (!best.decode(all & ~v))
+          return make_error(errc::internal, "gradient_code.seed", seed, "a set of M - r workers does not decode");
+        if (n + 1 == sets) break;
+        const std::uint64_t t = v | (v - 1);
+        v = (t + 1) | (((~t & (t + 1)) - 1) >> (std::countr_zero(v) + 1));
+      }
+    }
     return best;
   }
 
@@ -212,16 +233,17 @@ class gradient_code {
   }
 
   // Exact decoding weights for the workers in `set` (bit i: worker i's
-  // commit arrived), at least M − r of them. Cached by the set: a set seen
-  // before costs a lookup and allocates nothing.
+  // commit arrived), at least M − r of them. Cached by the first M − r
+  // members of the set: a set whose first M − r were decoded before costs a
+  // lookup and allocates nothing.
   result<decoding> decode(std::uint64_t set) {
     ASHL_TRY(check_set(set));
     const auto n = static_cast<std::size_t>(std::popcount(set));
     if (n < needed())
       return invalid_argument("gradient_code.subset", n,
                               "workers given; an exact decode needs at least M - r = " + std::to_string(needed()));
-    if (auto it = cache_.find(set); it != cache_.end()) return view(it->second);
     const std::uint64_t used = first_members(set, needed());
+    if (auto it = cache_.find(used); it != cache_.end()) return view(it->second);
     std::vector<double> w(m_, 0.0);
     if (!solve_exact(used, w))
       return make_error(errc::internal, "gradient_code.subset", set,
@@ -230,7 +252,7 @@ class gradient_code {
     const std::size_t at = stats_.size();
     pool_.insert(pool_.end(), w.begin(), w.end());
     stats_.push_back({used, residual(w), amplification(w)});
-    cache_.emplace(set, at);
+    cache_.emplace(used, at);
     return view(at);
   }
 
@@ -277,6 +299,7 @@ class gradient_code {
   [[nodiscard]] double probe_amplification() const noexcept { return probe_amplification_; }
 
   static constexpr std::uint32_t candidates = 4;
+  static constexpr std::uint64_t eager_subsets = 1024;
   static constexpr std::uint64_t probe_subsets = 64;
 
  private:

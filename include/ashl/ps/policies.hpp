@@ -27,6 +27,7 @@
 #include <ashl/sync/ashl_schedule.hpp>
 #include <ashl/sync/asp.hpp>
 #include <ashl/sync/bsp.hpp>
+#include <ashl/sync/coded_bsp.hpp>
 #include <ashl/sync/dlb.hpp>
 #include <ashl/sync/dssp.hpp>
 #include <ashl/sync/events.hpp>
@@ -57,7 +58,7 @@ struct policy_description {
 };
 
 // Indexed by policy_kind.
-inline constexpr std::array<policy_description, 10> policies{{
+inline constexpr std::array<policy_description, 11> policies{{
     {"bsp", "workers weighting batch_size", "bulk synchronous rounds, mean or samples-weighted"},
     {"asp", "workers staleness_weight staleness_exponent", "apply every commit at once"},
     {"ssp", "workers staleness staleness_weight staleness_exponent", "hold a pull while c_i - min c_j > staleness"},
@@ -82,9 +83,11 @@ inline constexpr std::array<policy_description, 10> policies{{
     {"joint",
      "workers s_min s_max min_batch max_batch batch_step horizon staleness_cost replan_drift speed_half_life",
      "per-worker batches and the SSP bound chosen together for the least predicted time per sample"},
+    {"coded_bsp", "workers stragglers batch_size",
+     "BSP with gradient coding: a round completes after the first workers - stragglers commits"},
 }};
 
-enum class policy_kind : std::uint8_t { bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb, joint };
+enum class policy_kind : std::uint8_t { bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb, joint, coded_bsp };
 static_assert(policies[static_cast<std::size_t>(policy_kind::bsp)].name == "bsp" &&
                   policies[static_cast<std::size_t>(policy_kind::local_sgd)].name == "local_sgd" &&
                   policies[static_cast<std::size_t>(policy_kind::adsp)].name == "adsp" &&
@@ -195,6 +198,8 @@ struct policy_params {
   std::int64_t batch_step = 8;
   double horizon = 10.0;          // R: slowest-worker cycles the bound lets others run ahead over
   double staleness_cost = 0.02;   // λ: the objective's factor 1 + λ·s
+  // coded_bsp (also batch_size)
+  std::int64_t stragglers = 1;  // r: commits a round does not wait for, 0 <= r < workers
 };
 
 namespace detail {
@@ -437,6 +442,20 @@ inline result<sync::any_policy> make_policy(std::string_view name, const policy_
                                            .batch_step = u32(p.batch_step), .horizon = p.horizon,
                                            .staleness_cost = p.staleness_cost, .drift = p.replan_drift,
                                            .half_life = p.speed_half_life}));
+    }
+    case policy_kind::coded_bsp: {
+      ASHL_TRY(at_least(name, "stragglers", p.stragglers, 0));
+      if (p.stragglers >= p.workers)
+        return invalid_argument("coded_bsp.stragglers", p.stragglers,
+                                "must be < workers (" + std::to_string(p.workers) + ")");
+      if (p.stragglers > 0 && p.workers > static_cast<std::int64_t>(profile::gradient_code_max_workers))
+        return invalid_argument("coded_bsp.workers", p.workers,
+                                "must be <= " + std::to_string(profile::gradient_code_max_workers) +
+                                    " when stragglers > 0");
+      ASHL_TRY(at_least(name, "batch_size", p.batch_size, 0));
+      ASHL_TRY(at_most_u32(name, "batch_size", p.batch_size));
+      return sync::any_policy(
+          sync::coded_bsp({.workers = m, .stragglers = u32(p.stragglers), .batch_size = u32(p.batch_size)}));
     }
   }
   return make_error(errc::internal, "sync.policy", name, "no builder");

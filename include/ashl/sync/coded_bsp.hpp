@@ -63,7 +63,9 @@
 // Cost: an event that completes no round is O(1); a completed round O(ids)
 // plus the decode: a cache lookup for a set of workers seen before under the
 // current code, O(M·(M − r)²) and an allocation the first time. A re-plan
-// builds a new code (profile/gradient_coding.hpp "Cost") and allocates.
+// to a live-worker count not seen before builds its code (profile/
+// gradient_coding.hpp "Cost") and allocates; codes are kept per count, with
+// their decoding caches, so after warm-up neither re-plans nor rounds do.
 #pragma once
 
 #include <ashl/config.hpp>
@@ -173,7 +175,7 @@ class coded_bsp {
   [[nodiscard]] std::vector<profile::coded_partition> encoding(worker_id w) const {
     if (!member(w)) return {};
     if (r_eff_ == 0) return {{slot_[w], 1.0}};
-    return code_.encoding(slot_[w]);
+    return code().encoding(slot_[w]);
   }
   [[nodiscard]] std::size_t partitions() const noexcept { return members_.size(); }  // M of the current code
   [[nodiscard]] std::optional<std::uint32_t> position(worker_id w) const {
@@ -399,17 +401,17 @@ class coded_bsp {
     std::uint64_t set = 0;
     for (std::size_t k = 0; k < used; ++k) set |= std::uint64_t{1} << order_[k];
     if (used >= needed()) {
-      auto d = code_.decode(set);
+      auto d = code().decode(set);
       if (!d) return 0.0;
       for (std::size_t p = 0; p < m; ++p) weight_[p] = d->weights[p];
       return 1.0 / static_cast<double>(m);
     }
-    auto res = code_.approximate(set, std::span<double>(weight_.data(), m));
+    auto res = code().approximate(set, std::span<double>(weight_.data(), m));
     if (!res) return 0.0;
     double total = 0.0;  // Σ_j x_j, x = B_Sᵀa
     for (std::size_t p = 0; p < m; ++p)
       if (weight_[p] != 0.0)
-        for (std::size_t j = 0; j < m; ++j) total += weight_[p] * code_.coefficient(p, j);
+        for (std::size_t j = 0; j < m; ++j) total += weight_[p] * code().coefficient(p, j);
     if (!(total > 0.0)) return 0.0;
     ++inexact_;
     return 1.0 / total;
@@ -496,18 +498,25 @@ class coded_bsp {
     const std::size_t m = members_.size();
     for (std::uint32_t p = 0; p < m; ++p) slot_[members_[p]] = p;
     r_eff_ = !plain && r_ < m && m <= profile::gradient_code_max_workers ? r_ : 0;
-    if (r_eff_ == 0) code_ = profile::gradient_code{};
     arrived_.assign(m, 0);
     used_.assign(m, 0);
     weight_.assign(m, 0.0);
     order_.reserve(m);
   }
+  // The code for members_.size() workers, built once per size: the code is
+  // a function of (M, r, seed) only, so a membership that comes back to a
+  // size seen before reuses it and its decoding cache (no allocation).
   bool build_code() {
-    auto c = profile::gradient_code::make(members_.size(), r_eff_, seed_);
+    const std::size_t m = members_.size();
+    if (codes_.size() <= m) codes_.resize(m + 1);
+    if (codes_[m].workers() == m) return true;
+    auto c = profile::gradient_code::make(m, r_eff_, seed_);
     if (!c) return false;
-    code_ = std::move(*c);
+    codes_[m] = std::move(*c);
     return true;
   }
+  profile::gradient_code& code() { return codes_[members_.size()]; }
+  [[nodiscard]] const profile::gradient_code& code() const { return codes_[members_.size()]; }
 
   detail::worker_table table_;
   std::uint32_t r_ = 1;
@@ -518,7 +527,7 @@ class coded_bsp {
   // The code of the round in progress.
   std::vector<worker_id> members_;      // live workers when it was made, increasing; position = code worker
   std::size_t r_eff_ = 0;
-  profile::gradient_code code_;         // when r_eff_ > 0
+  std::vector<profile::gradient_code> codes_;  // by worker count, built when r_eff_ > 0
   std::uint64_t gen_ = 0;               // code generation: commits buffered under another are not decoded
   bool replan_ = false;                 // membership changed: a new code at the next round boundary
 
