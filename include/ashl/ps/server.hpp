@@ -751,7 +751,7 @@ class server {
                    .rank = w,
                    .sequence = sn.version,
                    .clock = sn.version,
-                   .step = 0};
+                   .step = core_.serve_staleness(w)};  // τ (docs/wire-format.md)
     const status st = wire::seal_header(h, payload.size(), sn.crc, s.head, p_.core.limits);
     ASHL_ASSERT(st.ok(), "server: a pull reply the wire refuses");
     (void)st;

@@ -265,6 +265,7 @@ class server_core {
     else c.w_.assign(initial.begin(), initial.end());
     c.acc_.assign(static_cast<std::size_t>(n), 0.0f);
     c.table_.resize(c.p_.workers);
+    c.served_at_.assign(c.p_.workers, no_version);
     for (auto& e : c.table_) e.known = e.live = true;
     return c;
   }
@@ -450,6 +451,20 @@ class server_core {
   }
   [[nodiscard]] std::uint64_t last_sequence(worker_id w) const noexcept {
     return w < table_.size() ? table_[w].last_sequence : 0;
+  }
+
+  // A driver sends w the parameters now (one call per reply; both drivers
+  // call it, so both report the same τ): the staleness of what w computed
+  // from its previous reply, τ = the versions applied since that reply, less
+  // the one w's own commit made; 0 at w's first reply. The worker can predict
+  // the parameters its next update will meet (SpecTrain: W - τ·η·v;
+  // ps/compensation.hpp). Bookkeeping only: no decision depends on it, and
+  // it is not part of save() (a restored server starts every τ at 0).
+  std::uint64_t serve_staleness(worker_id w) {
+    if (w >= served_at_.size()) served_at_.resize(std::size_t{w} + 1, no_version);
+    const std::uint64_t v = stats_.steps, last = served_at_[w];
+    served_at_[w] = v;
+    return last == no_version || v <= last + 1 ? 0 : v - last - 1;
   }
 
   // ------------------------------------------------------------ save/load
@@ -805,6 +820,8 @@ class server_core {
   std::vector<float> w_;    // this shard's parameters
   std::vector<float> acc_;  // sgd: the aggregate one step applies; model deltas: scratch of decode checks
   std::vector<worker_entry> table_;
+  static constexpr std::uint64_t no_version = ~std::uint64_t{0};
+  std::vector<std::uint64_t> served_at_;  // per worker: the version of its last reply (serve_staleness)
   commit_store store_;
   sync::outcome_sink sink_;
   counters stats_{};

@@ -184,6 +184,11 @@ class worker {
   [[nodiscard]] codec_id codec() const { return locked([](const state& s) { return s.codec; }); }
   [[nodiscard]] const shard_layout& layout() const noexcept { return state_->layout; }
   [[nodiscard]] std::uint32_t rank() const noexcept { return state_->p.rank; }
+  // τ of the parameters the last wait() delivered: the versions other
+  // workers' commits added between this worker's previous reply and this
+  // one (server 0's, from the pull reply's header): staleness compensation
+  // predicts W - τ·η·v with it (ps/compensation.hpp).
+  [[nodiscard]] std::uint64_t staleness() const { return locked([](const state& s) { return s.staleness; }); }
 
   // One local iteration is done; true when the plan's iterations (or commit
   // interval) are complete: commit now.
@@ -287,6 +292,7 @@ class worker {
     std::vector<std::uint8_t> lost;          // per server: reconnecting (worker_params.reconnect)
     std::vector<double> lost_until;          // per server: the reconnect's deadline
     bool leaving = false;
+    std::uint64_t staleness = 0;             // τ of the last reply from server 0
     std::uint64_t iterations_total = 0;  // header.step of commits
     bool committing = false;
     mutable std::mutex mu;
@@ -754,6 +760,7 @@ class worker {
           replied[s] = 1;
           --replies_pending;
           reply_bytes += head.size() + data.size();
+          if (s == 0) staleness = h.step;  // τ (docs/wire-format.md, pull_reply)
           return;
         }
         case wire::message_kind::plan_update: {

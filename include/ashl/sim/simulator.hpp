@@ -185,6 +185,12 @@ class simulator {
   [[nodiscard]] const cluster_spec& spec() const noexcept { return spec_; }
   [[nodiscard]] const ps::shard_layout& layout() const noexcept { return layout_; }
   [[nodiscard]] double now() const noexcept { return clock_.now(); }
+  // τ of worker w's last reply (server 0's server_core::serve_staleness, as
+  // a real worker reads it from the pull reply): readable from the deliver
+  // hook for staleness compensation.
+  [[nodiscard]] std::uint64_t staleness(sync::worker_id w) const noexcept {
+    return w < w_.size() ? w_[w].staleness : 0;
+  }
   // Every server's parameters, shards in order (a copy; empty when timing only).
   [[nodiscard]] std::vector<float> parameters() const {
     std::vector<float> p;
@@ -253,6 +259,7 @@ class simulator {
     std::uint64_t gen[2] = {0, 0};       // message generation per direction: stale events are ignored
     std::uint32_t up_left = 0;           // commit shards not yet arrived
     std::uint32_t down_started = 0;      // reply shards started (servers that answered)
+    std::uint64_t staleness = 0;         // τ of its last reply (server_core::serve_staleness)
     std::uint32_t down_left = 0;         // reply shards not yet arrived
     std::uint64_t up_bytes = 0, down_bytes = 0, down_payload = 0;
     bool last_commit = false;            // no pull rides with this commit (the worker is done after it)
@@ -606,6 +613,8 @@ class simulator {
     auto& wk = w_[w];
     if (wk.st == state::dead || wk.st == state::done || wk.st == state::absent) return;
     if (wk.down_started >= cores_.size()) return;
+    const std::uint64_t tau = cores_[k].serve_staleness(w);
+    if (k == 0) wk.staleness = tau;  // server 0's, as a real worker reads it
     if (hooks_.serve) hooks_.serve(w, k, cores_[k].parameters());
     const std::uint64_t bytes = reply_bytes(k) + spec_.header_bytes;
     wk.down_bytes += bytes;
