@@ -370,6 +370,34 @@ BOOST_AUTO_TEST_CASE(jitter_is_deterministic_per_seed_and_differs_across_seeds) 
   BOOST_TEST(rc.trace.size() == ra.trace.size());
 }
 
+// The straggler scenario: every cycle slowed by the factor at p = 1, none
+// at p = 0 (the run is the plain one, jitter draws untouched), and at 0 < p
+// < 1 a seeded, deterministic share of the cycles.
+BOOST_AUTO_TEST_CASE(stragglers_slow_whole_cycles_with_probability_p) {
+  auto spec = cluster({worker(0.01), worker(0.01)}, 0);
+  auto plain = make(spec, policy("asp", 2));
+  const auto r0 = plain.run({.commits_per_worker = 100});
+  BOOST_TEST(r0.workers[0].compute_s == 1.0, tolerance(1e-9));
+  spec.stragglers = {.probability = 1.0, .factor = 5.0};
+  auto all = make(spec, policy("asp", 2));
+  const auto r1 = all.run({.commits_per_worker = 100});
+  BOOST_TEST(r1.workers[0].compute_s == 5.0, tolerance(1e-9));
+  BOOST_TEST(all.straggles(0) == 100u);
+  spec.stragglers = {.probability = 0.2, .factor = 5.0};
+  auto some = make(spec, policy("asp", 2)), again = make(spec, policy("asp", 2));
+  const auto r2 = some.run({.commits_per_worker = 1000}), r3 = again.run({.commits_per_worker = 1000});
+  BOOST_TEST(some.straggles(0) == again.straggles(0));  // seeded
+  BOOST_TEST(r2.workers[1].compute_s == r3.workers[1].compute_s);
+  BOOST_TEST(some.straggles(0) > 140u);  // about 200 of 1000
+  BOOST_TEST(some.straggles(0) < 260u);
+  BOOST_TEST(some.straggles(0) != some.straggles(1));  // each worker its own stream
+  BOOST_TEST(r2.workers[0].compute_s == 0.01 * (1000 + 4.0 * static_cast<double>(some.straggles(0))), tolerance(1e-9));
+  spec.stragglers = {.probability = 1.5, .factor = 5.0};
+  auto bad = sim::simulator<ss::any_policy>::create(spec, policy("asp", 2), {}, {});
+  BOOST_TEST_REQUIRE(!bad.has_value());
+  BOOST_TEST(bad.error().message().find("stragglers.probability = 1.5") != std::string::npos, bad.error().message());
+}
+
 // ------------------------------------------------------------- full mode
 
 // Real math through the servers' cores: each worker commits a model delta

@@ -66,6 +66,17 @@ struct server_spec {
   double bandwidth_bytes_per_s = std::numeric_limits<double>::infinity();  // shared by concurrent transfers
 };
 
+// Random stragglers (the straggler scenario of the reference experiment,
+// docs/perf/time-to-accuracy.md): each compute cycle of each worker (a
+// round, under BSP) runs `factor` times slower with probability
+// `probability`, drawn from the worker's own stream of cluster_spec.seed
+// (independent of the jitter streams, so adding stragglers moves no jitter
+// draw). 0: none.
+struct straggler_spec {
+  double probability = 0.0;  // [0, 1]
+  double factor = 5.0;       // >= 1
+};
+
 enum class change_kind : std::uint8_t { slowdown, die, join };
 
 struct scheduled_change {
@@ -86,6 +97,7 @@ struct cluster_spec {
   std::vector<server_spec> servers{server_spec{}};
   std::vector<worker_spec> workers;
   std::vector<scheduled_change> changes;
+  straggler_spec stragglers{};
 };
 
 inline double gbps_to_bytes_per_s(double gbps) { return gbps * 1e9 / 8.0; }
@@ -144,6 +156,10 @@ inline status validate(const cluster_spec& s) {
       if (!std::isfinite(c.factor)) return invalid_argument(f + ".factor", c.factor, "must be finite");
     }
   }
+  if (!(s.stragglers.probability >= 0.0 && s.stragglers.probability <= 1.0))
+    return invalid_argument("stragglers.probability", s.stragglers.probability, "must be in [0, 1]");
+  if (!(s.stragglers.factor >= 1.0) || !std::isfinite(s.stragglers.factor))
+    return invalid_argument("stragglers.factor", s.stragglers.factor, "must be finite and >= 1");
   return {};
 }
 

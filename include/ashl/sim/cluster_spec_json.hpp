@@ -8,7 +8,8 @@
 //     "workers": [{"count": 3, "compute_multiplier": 2, "bandwidth_gbps": 0.65,
 //                  "jitter": {"kind": "lognormal", "sigma": 0.1}}],
 //     "changes": [{"at": 30, "worker": 1, "kind": "slowdown", "factor": 2},
-//                 {"at": 60, "worker": 2, "kind": "die"}]
+//                 {"at": 60, "worker": 2, "kind": "die"}],
+//     "stragglers": {"probability": 0.1, "factor": 5}
 //   })");
 //   if (!spec) std::cerr << spec.error().message();  // "workers[0].bandwidth_gbps = -1: must be > 0"
 //
@@ -219,6 +220,11 @@ inline result<cluster_spec> parse_cluster_spec(std::string_view text) {
       }
       s.changes.push_back(c);
     }
+  }
+  if (auto sv = j.find("stragglers"); sv != j.end()) {
+    if (!sv->is_object()) return detail::bad_json("stragglers", *sv, "must be an object");
+    ASHL_TRY(detail::read_number(*sv, "stragglers.", "probability", s.stragglers.probability));
+    ASHL_TRY(detail::read_number(*sv, "stragglers.", "factor", s.stragglers.factor));
   }
   if (status v = validate(s); !v.ok()) return detail::remap_worker_error(std::move(v), entry_of);
   return s;

@@ -191,6 +191,10 @@ class simulator {
   [[nodiscard]] std::uint64_t staleness(sync::worker_id w) const noexcept {
     return w < w_.size() ? w_[w].staleness : 0;
   }
+  // Compute cycles of worker w slowed by cluster_spec::stragglers so far.
+  [[nodiscard]] std::uint64_t straggles(sync::worker_id w) const noexcept {
+    return w < w_.size() ? w_[w].straggles : 0;
+  }
   // Every server's parameters, shards in order (a copy; empty when timing only).
   [[nodiscard]] std::vector<float> parameters() const {
     std::vector<float> p;
@@ -254,6 +258,7 @@ class simulator {
     double activity_start = 0.0;
     double slowdown = 1.0;
     std::uint64_t jitter_counter = 0;
+    std::uint64_t straggle_counter = 0, straggles = 0;  // cluster_spec::stragglers draws, and slowed cycles
     std::uint64_t incarnation = 0;
     std::uint64_t sequence = 0;          // of the commit in flight
     std::uint64_t gen[2] = {0, 0};       // message generation per direction: stale events are ignored
@@ -356,6 +361,19 @@ class simulator {
     return std::exp(j.param * z - 0.5 * j.param * j.param);
   }
 
+  // cluster_spec::stragglers: this cycle's slowdown (factor with probability
+  // p), from the worker's straggler stream (not its jitter stream).
+  double straggle(std::uint32_t w) {
+    const auto& st = spec_.stragglers;
+    if (st.probability <= 0.0) return 1.0;
+    const philox_stream s(spec_.seed, 0x57a6, w);
+    const auto b = s.block(w_[w].straggle_counter++);
+    const double u = (static_cast<double>(b[0]) + 0.5) * 0x1p-32;
+    if (u >= st.probability) return 1.0;
+    ++w_[w].straggles;
+    return st.factor;
+  }
+
   // The worker starts a cycle with the plan in force (server 0's policy) and
   // computes; worker_cycle says when the cycle's compute is complete.
   void start_compute(std::uint32_t w) {
@@ -367,7 +385,7 @@ class simulator {
     auto& cy = cycles_[w];
     const double now = clock_.now();
     cy.start(plan, ws.batch, now);
-    const double t_iter = ws.seconds_per_iteration * wk.slowdown * static_cast<double>(cy.batch()) /
+    const double t_iter = ws.seconds_per_iteration * wk.slowdown * straggle(w) * static_cast<double>(cy.batch()) /
                           static_cast<double>(spec_.reference_batch);
     double t = now;
     do {
