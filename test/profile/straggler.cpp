@@ -111,7 +111,7 @@ BOOST_AUTO_TEST_CASE(rejects_bad_input) {
   BOOST_TEST_REQUIRE(!s.has_value());
   BOOST_TEST(s.error().message() == "straggler.seconds = -0.5: duration must be finite and > 0");
   BOOST_TEST(!d.set_model(0, {0.0, 0.0}).ok());
-  BOOST_TEST(!d.set_model(0, {-1.0, 1.0}).ok());
+  BOOST_TEST(d.set_model(0, {-1.0, 1.0}).message() == "straggler.model.a = -1: must be finite and >= 0");
 }
 
 BOOST_AUTO_TEST_CASE(create_checks_parameters) {

@@ -93,8 +93,9 @@ class straggler_detector {
   // The samples of its open window and its count stay: they were judged by
   // the model in force when they arrived.
   status set_model(std::uint32_t w, const compute_model& m) {
-    if (!(std::isfinite(m.a) && std::isfinite(m.b) && m.a >= 0.0 && m.b >= 0.0 && m.a + m.b > 0.0))
-      return invalid_argument("straggler.model", m.a + m.b, "needs finite a, b >= 0, not both 0");
+    if (!(std::isfinite(m.a) && m.a >= 0.0)) return invalid_argument("straggler.model.a", m.a, "must be finite and >= 0");
+    if (!(std::isfinite(m.b) && m.b >= 0.0)) return invalid_argument("straggler.model.b", m.b, "must be finite and >= 0");
+    if (!(m.a + m.b > 0.0)) return invalid_argument("straggler.model.b", m.b, "a model that predicts no time (a = b = 0)");
     if (w >= model_.size()) grow(std::size_t{w} + 1);
     model_[w] = m;
     has_[w] = 1;
