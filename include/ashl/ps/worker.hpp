@@ -720,8 +720,10 @@ class worker {
       if (s == ~std::uint32_t{0} || head.size() != wire::header_bytes) return {};
       const auto kind = static_cast<wire::message_kind>(std::to_integer<std::uint8_t>(head[8]));
       const key_range r = layout.range(s);
-      if (kind == wire::message_kind::pull_reply && n == r.size() * sizeof(float) && replies_pending != 0 && !replied[s])
+      if (kind == wire::message_kind::pull_reply && n == r.size() * sizeof(float) && replies_pending != 0 && !replied[s]) {
+        note_reply_started();  // the data follows: it is the transfer
         return std::as_writable_bytes(params.subspan(r.begin, r.size()));
+      }
       // Anything else (an error text, a reply of the wrong size) goes to a
       // buffer of the worker's, bounded by the largest reply it can expect.
       if (n > 8 * r.size() + 65536) return {};
@@ -745,6 +747,7 @@ class worker {
       switch (h.kind) {
         case wire::message_kind::pull_reply: {
           if (replied[s] || replies_pending == 0) return;  // not asked for: ignore
+          note_reply_started();
           if (h.codec != codec_id::identity || h.type != dtype::f32 || h.element_count != r.size() ||
               h.tensor != s) {
             fail(make_error(errc::malformed, "pull_reply.element_count", h.element_count,
@@ -825,6 +828,15 @@ class worker {
         return;
       }
       fail(st);
+    }
+
+    // The first reply of the cycle began arriving: the pull is timed from
+    // here (worker_cycle::reply_started), as the simulator times it from the
+    // server's start of the reply, so a pull the server held (a barrier, a
+    // staleness bound) is not measured as transfer. A reply that overtakes
+    // the commit's send completion leaves the pull timed from that.
+    void note_reply_started() {
+      if (cycle.state() == worker_cycle::phase::waiting) cycle.reply_started(clock.now());
     }
 
     // ------------------------------------------------------- reconnecting
