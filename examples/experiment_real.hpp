@@ -50,6 +50,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <sched.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -72,6 +74,26 @@ using ucx = ashl::transport::ucx;
 
 inline constexpr double compute_factor[3] = {2, 3, 4}, comm_factor[3] = {4, 6, 8};
 inline constexpr double reference_compute_s = 0.010, reference_comm_s = 0.005;  // sim::cluster of §5
+
+// --hosts netns: compute heterogeneity by CPU quota over a fixed amount of
+// real work. Every local iteration (batch 64) performs netns_share × K × 10 ms
+// of CPU time (the MLP step, then further forward/backward passes on its batch
+// whose results are discarded, until the thread's CPU clock says so), and a
+// worker of group g gets netns_share / f_c of a core, so the quota alone
+// stretches an iteration to f_c × K × 10 ms. 0.4 keeps the nine workers'
+// demand at 3 × 0.4 × (1/2 + 1/3 + 1/4) = 1.3 cores of the machine's 2, the
+// server (unlimited) beside them. A 20 ms CFS period throttles in steps of at
+// most 20 ms within an iteration of 100-200 ms (the smallest quota, 0.1 core,
+// is then 2 ms per period, above the kernel's 1 ms floor).
+inline constexpr double netns_share = 0.4;
+inline constexpr long netns_period_us = 20'000;
+
+// CPU seconds this thread has run (not waited, not been throttled).
+inline double thread_cpu_now() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 // Seconds on CLOCK_MONOTONIC (steady_clock), which every process of one
 // machine shares: the start instant is passed between processes as a number.
@@ -218,7 +240,7 @@ inline int worker_role(const settings& s) {
   sleep_until_mono(t0);
   const double t_end = t0 + s.budget * K;
 
-  std::vector<float> local(n), base(n), v(n, 0.0f), grad(n), delta(n), xb;
+  std::vector<float> local(n), base(n), v(n, 0.0f), grad(n), delta(n), scratch(n), xb;
   std::vector<std::uint8_t> yb;
   mlp net;
   const std::uint64_t rng_seed = mix(static_cast<std::uint64_t>(s.run_seed) * 7919 + 17);
@@ -236,7 +258,7 @@ inline int worker_role(const settings& s) {
     std::uint32_t iters = 0, batch = 64;
     do {
       // Local SGD with momentum, the simulated workers' sampling (run_one).
-      const double it0 = mono_now();
+      const double it0 = mono_now(), cpu0 = thread_cpu_now();
       batch = wk->batch();
       xb.resize(std::size_t{batch} * mlp::in);
       yb.resize(batch);
@@ -252,10 +274,22 @@ inline int worker_role(const settings& s) {
         v[i] = mu * v[i] + grad[i];
         local[i] -= lr * v[i];
       }
-      // The padding: this iteration takes f_c × K × 10 ms in all.
       const double until = it0 + iteration_s * batch / 64.0;
-      if (mono_now() > until) ++overruns;
-      else if (s.hosts == "padding") sleep_until_mono(until);
+      if (s.hosts == "padding") {
+        // The padding: this iteration takes f_c × K × 10 ms in all.
+        if (mono_now() > until) ++overruns;
+        else sleep_until_mono(until);
+      } else {
+        // Namespaces: netns_share × K × 10 ms of real CPU work (× batch /
+        // 64); the cgroup's quota, netns_share / f_c of a core, makes it last
+        // f_c × K × 10 ms. The filler passes use 16 samples (≈ 0.4 ms), so
+        // the work overshoots its amount by little.
+        const double work = netns_share * reference_compute_s * K * batch / 64.0;
+        const std::uint32_t fill = std::min<std::uint32_t>(batch, 16);
+        while (thread_cpu_now() - cpu0 < work && !g_stop.load())
+          net.forward_backward(local, xb.data(), yb.data(), fill, scratch);
+        if (mono_now() > it0 + 1.1 * (until - it0)) ++overruns;  // over the emulated time by > 10 %
+      }
       ++iters;
     } while (!wk->iteration_done());
     for (std::size_t i = 0; i < n; ++i) delta[i] = local[i] - base[i];
@@ -625,8 +659,11 @@ struct real_result {
 // The cluster the run measured, in reference units: per worker the median
 // seconds per iteration at batch 64 and per top-k, and the link's bytes per
 // second over every push and pull.
+// probed_rate: with --hosts netns, each worker's TCP rate through its tbf
+// links measured before the runs (wall bytes/s, probe_link), 0 where none.
 inline ashl::sim::cluster_spec measured_cluster(const settings& s, const ashl::sim::cluster_spec& reference,
-                                                const std::vector<measured_worker>& m, bool error_feedback) {
+                                                const std::vector<measured_worker>& m, bool error_feedback,
+                                                const std::vector<double>& probed_rate = {}) {
   ashl::sim::cluster_spec spec = reference;
   const double K = s.time_scale;
   for (std::size_t w = 0; w < spec.workers.size() && w < m.size(); ++w) {
@@ -635,8 +672,9 @@ inline ashl::sim::cluster_spec measured_cluster(const settings& s, const ashl::s
     if (!m[w].compress_s.empty()) ws.compress_seconds = median(m[w].compress_s) / K;
     else if (error_feedback) ws.compress_seconds *= s.ef_compress_factor;  // never measured: the reference's
     // With --hosts netns the transfer hides in wait() (no emulated hold to
-    // time): the link is the tbf rate it was given, the reference's.
+    // time): the link is the TCP rate probed through its tbf before the runs.
     if (m[w].link_seconds > 0 && s.hosts == "padding") ws.bandwidth_bytes_per_s = m[w].link_bytes / m[w].link_seconds * K;
+    if (s.hosts == "netns" && w < probed_rate.size() && probed_rate[w] > 0) ws.bandwidth_bytes_per_s = probed_rate[w] * K;
   }
   return spec;
 }
@@ -884,9 +922,77 @@ inline bool orders_agree(const std::vector<std::pair<std::string, double>>& a,
   return true;
 }
 
-// The CPU seconds of one batch-64 step of the MLP here (median of 15): with
-// --hosts netns a worker of group g gets step / (f_c × K × 10 ms) of a core,
-// so its quota, not a sleep, makes an iteration last f_c × K × 10 ms.
+// The TCP rate (bytes/s) from host `from` to host `to` of the cluster: a
+// stream of `bytes` from a thread in one namespace to a thread in the other
+// (setns moves only the calling thread), timed by the receiver from the
+// connection's acceptance to the end of the stream. What tbf lets a real TCP
+// stream through, slow start and queueing included; UCX's TCP transport
+// carries the run's messages over such streams.
+inline double probe_link(const hosts::netns_cluster& net, std::size_t from, std::size_t to, std::size_t bytes, int port) {
+  auto enter = [&](std::size_t k) {
+    const int fd = ::open(("/run/netns/" + net.namespace_name(k)).c_str(), O_RDONLY | O_CLOEXEC);
+    const bool ok = fd >= 0 && ::setns(fd, CLONE_NEWNET) == 0;
+    if (fd >= 0) ::close(fd);
+    return ok;
+  };
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::inet_pton(AF_INET, net.address(to).c_str(), &a.sin_addr) != 1) return 0;
+  std::atomic<int> listening{0};  // 1: listening, -1: failed
+  double rate = 0;
+  std::thread rx([&] {
+    const int ls = enter(to) ? ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0) : -1;
+    const int one = 1;
+    if (ls < 0 || ::setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        ::bind(ls, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0 || ::listen(ls, 1) != 0) {
+      if (ls >= 0) ::close(ls);
+      listening.store(-1);
+      return;
+    }
+    const timeval patience{30, 0};  // accept and read give up after 30 s (a sender that never came)
+    ::setsockopt(ls, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof patience);
+    listening.store(1);
+    const int c = ::accept(ls, nullptr, nullptr);
+    ::close(ls);
+    if (c < 0) return;
+    ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof patience);
+    const double t0 = mono_now();
+    std::vector<char> buf(1 << 16);
+    std::size_t got = 0;
+    for (ssize_t k; (k = ::read(c, buf.data(), buf.size())) != 0;) {
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0) break;
+      got += static_cast<std::size_t>(k);
+    }
+    const double t1 = mono_now();
+    ::close(c);
+    if (got == bytes && t1 > t0) rate = static_cast<double>(bytes) / (t1 - t0);
+  });
+  std::thread tx([&] {
+    while (listening.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (listening.load() < 0 || !enter(from)) return;
+    const int c = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (c < 0) return;
+    if (::connect(c, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0) {
+      std::vector<char> buf(1 << 16, 1);
+      for (std::size_t sent = 0; sent < bytes;) {
+        const ssize_t k = ::write(c, buf.data(), std::min(buf.size(), bytes - sent));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        sent += static_cast<std::size_t>(k);
+      }
+    }
+    ::close(c);
+  });
+  tx.join();
+  rx.join();
+  return rate;
+}
+
+// The CPU seconds of one batch-64 step of the MLP here (median of 15); with
+// --hosts netns for the record (an iteration's work is netns_share × K × 10 ms
+// of CPU, the step and filler passes).
 inline double step_seconds(const data_view& d) {
   mlp net;
   std::vector<float> w = mlp::init(7), g(mlp::size()), x(64 * mlp::in);
@@ -948,6 +1054,7 @@ inline int run_real(const settings& s, int argc, char** argv) {
   self_args[0] = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) self_args[0] = argv[0];
   std::optional<hosts::netns_cluster> net;
+  std::vector<double> probed_rate(workers_n, 0.0);  // --hosts netns: TCP through tbf, wall bytes/s
   if (s.hosts == "netns") {
     auto dv = map_data(data_file(s));
     if (!dv) {
@@ -959,38 +1066,45 @@ inline int run_real(const settings& s, int argc, char** argv) {
     const double model_bytes = 4.0 * static_cast<double>(mlp::size());
     for (std::uint32_t w = 0; w < workers_n; ++w)
       hs[1 + w] = {.rate_bytes_per_s = model_bytes / (comm_factor[w / 3] * reference_comm_s * K),
-                   .cpu_share = std::max(0.01, step / (compute_factor[w / 3] * reference_compute_s * K))};
+                   .cpu_share = netns_share / compute_factor[w / 3]};
     auto c = hosts::netns_cluster::create(hs);
     if (!c) {
       std::fprintf(stderr, "ashl_experiment_fmnist: --hosts netns: %s\n", c.error().message().c_str());
       return 1;
     }
     net.emplace(std::move(*c));
-    // A quota limits a period's CPU time, so a worker that waits for most of
-    // the 100 ms period netns_cluster sets (BSP's do) computes at full speed
-    // when it runs. A period near an iteration (at least 20 ms, and long
-    // enough that the smallest share is the kernel's smallest quota, 1 ms)
-    // makes an iteration last about step / share.
-    double min_share = 1.0;
-    for (std::uint32_t w = 0; w < workers_n; ++w) min_share = std::min(min_share, hs[1 + w].cpu_share);
-    const long period_us = std::max<long>(20000, std::lround(1000.0 / min_share));
+    // netns_cluster sets 100 ms periods; a quota stretches work smoothly
+    // only when a period is short beside an iteration (netns_period_us).
     for (std::uint32_t w = 0; w < workers_n; ++w) {
       const std::string dir = net->cgroup(1 + w);
-      const long quota = std::max<long>(1000, std::lround(hs[1 + w].cpu_share * period_us));
+      const long quota = std::max<long>(1000, std::lround(hs[1 + w].cpu_share * netns_period_us));
       bool ok;
       if (net->cgroup_version() == 1) {
-        std::ofstream(dir + "/cpu.cfs_period_us") << period_us;
-        ok = static_cast<bool>(std::ofstream(dir + "/cpu.cfs_quota_us") << quota);
+        ok = static_cast<bool>(std::ofstream(dir + "/cpu.cfs_period_us") << netns_period_us);
+        ok = static_cast<bool>(std::ofstream(dir + "/cpu.cfs_quota_us") << quota) && ok;
       } else {
-        ok = static_cast<bool>(std::ofstream(dir + "/cpu.max") << quota << ' ' << period_us);
+        ok = static_cast<bool>(std::ofstream(dir + "/cpu.max") << quota << ' ' << netns_period_us);
       }
-      if (!ok) std::fprintf(stderr, "ashl_experiment_fmnist: %s refused a %ld us period\n", dir.c_str(), period_us);
+      if (!ok) std::fprintf(stderr, "ashl_experiment_fmnist: %s refused a %ld us period\n", dir.c_str(), netns_period_us);
+    }
+    // The links as TCP sees them: 4 dense models each way per group, before
+    // any run (the prediction's link rate; tbf's own is the emulated one).
+    for (std::uint32_t g = 0; g < 3; ++g) {
+      const auto bytes = static_cast<std::size_t>(4 * model_bytes);
+      const double down = probe_link(*net, 0, 1 + 3 * g, bytes, 6000 + 2 * static_cast<int>(g));
+      const double up = probe_link(*net, 1 + 3 * g, 0, bytes, 6001 + 2 * static_cast<int>(g));
+      const double r = down > 0 && up > 0 ? 2.0 / (1.0 / down + 1.0 / up) : std::max(down, up);
+      for (std::uint32_t w = 3 * g; w < 3 * g + 3; ++w) probed_rate[w] = r;
+      std::printf("# --hosts netns: group %u link: tbf %.3f MB/s, TCP through it %.3f MB/s down, %.3f MB/s up (%.1f %% of "
+                  "tbf's)\n",
+                  g, hs[1 + 3 * g].rate_bytes_per_s / 1e6, down / 1e6, up / 1e6, 100.0 * r / hs[1 + 3 * g].rate_bytes_per_s);
     }
     std::printf("# --hosts netns: each process in its own network namespace (UCX over TCP on %s), links shaped by tbf "
-                "to %.2f/%.2f/%.2f MB/s, worker CPU quotas %.3f/%.3f/%.3f cores (a batch-64 step takes %.1f ms here); no "
-                "padding\n",
+                "to %.2f/%.2f/%.2f MB/s, worker CPU quotas %.3f/%.3f/%.3f cores (%ld us periods) over %.1f ms of CPU "
+                "work per iteration (a batch-64 step takes %.1f ms here); no padding\n",
                 hosts::netns_cluster::device, hs[1].rate_bytes_per_s / 1e6, hs[4].rate_bytes_per_s / 1e6,
-                hs[7].rate_bytes_per_s / 1e6, hs[1].cpu_share, hs[4].cpu_share, hs[7].cpu_share, step * 1e3);
+                hs[7].rate_bytes_per_s / 1e6, hs[1].cpu_share, hs[4].cpu_share, hs[7].cpu_share, netns_period_us,
+                netns_share * reference_compute_s * K * 1e3, step * 1e3);
   }
   std::vector<real_result> results;
   std::mutex io;
@@ -1012,6 +1126,15 @@ inline int run_real(const settings& s, int argc, char** argv) {
                   r.o.wait_fraction, r.cpu_cores, 100.0 * r.machine_busy, 100.0 * r.overrun_fraction);
       if (p == "ashl" || p == "ashl_plus")
         std::printf(", SHL from %s s, %zu re-plans", num_or_null(r.o.switch_time, "%.2f").c_str(), r.o.replans);
+      // The compute the run measured: per group, the median wall ms per
+      // iteration (batch 64) over its workers' cycles.
+      std::printf(", iteration ms");
+      for (std::uint32_t g = 0; g < 3; ++g) {
+        std::vector<double> it;
+        for (std::uint32_t w = 3 * g; w < 3 * g + 3 && w < r.measured.size(); ++w)
+          it.insert(it.end(), r.measured[w].iteration_s.begin(), r.measured[w].iteration_s.end());
+        std::printf("%s%.1f", g ? "/" : " ", 1e3 * median(it));
+      }
       std::printf("\n");
       std::fflush(stdout);
     }
@@ -1027,7 +1150,8 @@ inline int run_real(const settings& s, int argc, char** argv) {
   for (std::size_t i = 0; i < results.size(); ++i) {
     if (!results[i].o.note.empty()) continue;
     auto setup = make_setup(results[i].policy, s, *spec);
-    results[i].measured_spec = measured_cluster(s, *spec, results[i].measured, setup && setup->error_feedback);
+    results[i].measured_spec =
+        measured_cluster(s, *spec, results[i].measured, setup && setup->error_feedback, probed_rate);
     tasks.push_back({i, true});
     if (s.reference_sim) tasks.push_back({i, false});
   }
