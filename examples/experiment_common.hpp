@@ -20,6 +20,7 @@
 #include <ashl/compress/error_feedback.hpp>
 #include <ashl/compress/identity.hpp>
 #include <ashl/compress/topk.hpp>
+#include <ashl/ps/compensation.hpp>
 #include <ashl/ps/policies.hpp>
 #include <ashl/sim/simulator.hpp>
 #include <ashl/sim/trace.hpp>
@@ -57,7 +58,11 @@ struct settings {
   // --lr X sets every policy to X.
   std::map<std::string, double> lr_of{{"bsp", 0.2},  {"asp", 0.005}, {"ssp", 0.02},  {"local_sgd", 0.1},
                                       {"adsp", 0.1}, {"semi_async", 0.005}, {"dlb", 0.1}, {"ashl", 0.1},
-                                      {"ashl_plus", 0.05}};
+                                      {"ashl_plus", 0.05},
+                                      // Issue 16's rows, not tuned: each takes the rate of the row it
+                                      // varies (coded BSP: BSP's 0.2 as the server's SGD rate).
+                                      {"coded_bsp1", 0.2}, {"coded_bsp2", 0.2}, {"ssp_comp", 0.02},
+                                      {"asp_comp", 0.005}, {"joint", 0.02}, {"dlb_straggler", 0.1}};
   int first_seed = 1;
   double momentum = 0.9;
   double eval_every = 0.25;
@@ -77,6 +82,9 @@ struct settings {
     double at, factor;
   };
   std::vector<slowdown> slowdowns;
+  // The straggler scenario (issue 16): each compute cycle of each worker runs
+  // 5x slower with this probability, drawn from the run's seed (0: steady).
+  double stragglers = 0.0;
   int jobs = 2;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string trace_policy;       // write a Chrome trace of this policy's first seed
@@ -100,10 +108,29 @@ struct settings {
 };
 
 // The library's policy names (ps::policies, listed once there) and this
-// experiment's variant "ashl_plus" (ASHL with the profile re-planner and
-// error feedback).
-inline bool known_policy(std::string_view name) { return name == "ashl_plus" || ashl::ps::policy_kind_of(name).has_value(); }
-inline std::string known_policies_text() { return ashl::ps::policy_names_text() + " ashl_plus"; }
+// experiment's variants (make_setup): "ashl_plus" (ASHL with the profile
+// re-planner and error feedback), and issue 16's rows, which exist in --mode
+// sim only (their workers do what run_one's hooks do): "coded_bsp1" and
+// "coded_bsp2" (coded_bsp with r = 1, 2; workers commit coded gradients to a
+// server-side SGD), "ssp_comp" and "asp_comp" (SSP(3) and ASP with staleness
+// compensation) and "dlb_straggler" (DLB with straggler-triggered
+// re-planning). Its "joint" row is the library's joint policy (make_setup
+// sets its fields).
+inline constexpr std::string_view sim_variants[] = {"coded_bsp1", "coded_bsp2", "ssp_comp", "asp_comp", "dlb_straggler"};
+inline bool sim_only_policy(std::string_view name) {
+  return std::find(std::begin(sim_variants), std::end(sim_variants), name) != std::end(sim_variants);
+}
+inline bool known_policy(std::string_view name) {
+  return name == "ashl_plus" || sim_only_policy(name) || ashl::ps::policy_kind_of(name).has_value();
+}
+inline std::string known_policies_text() {
+  std::string t = ashl::ps::policy_names_text() + " ashl_plus";
+  for (const auto v : sim_variants) {
+    t += ' ';
+    t += v;
+  }
+  return t;
+}
 
 inline void usage() {
   std::printf(
@@ -124,6 +151,13 @@ inline void usage() {
       "  --compress-seconds S  reference worker's time to top-k one update (default 0.001; 0: free)\n"
       "  --slowdown W,AT,F     worker W (0-8) becomes F times slower at virtual time AT (repeatable)\n"
       "  --no-replan           ASHL+ keeps error feedback but plans once (ablation)\n"
+      "  --stragglers P        each compute cycle of each worker is 5x slower with probability P\n"
+      "                        (seeded per run; default 0)\n"
+      "  issue 16's rows (not in the default list; all but joint sim only; docs/perf/time-to-accuracy.md):\n"
+      "    coded_bsp1, coded_bsp2  coded BSP, r = 1, 2 (workers commit coded gradients; server SGD)\n"
+      "    ssp_comp, asp_comp      SSP(3), ASP with staleness compensation (W - tau*lr*v on each pull)\n"
+      "    joint                   the joint (batch, staleness) controller\n"
+      "    dlb_straggler           DLB with straggler-triggered re-planning\n"
       "real mode (1 server and 9 worker processes over UCX on 127.0.0.1; docs/perf/real-vs-sim.md):\n"
       "  --mode real           default policies bsp,adsp,ashl,ashl_plus, 1 seed; --quick: bsp,ashl, 2 s\n"
       "  --time-scale K        wall seconds per reference second (default 5: an iteration of the\n"
@@ -246,6 +280,10 @@ inline ashl::result<settings> parse(int argc, char** argv) {
       if (!(at >= 0.0 && std::isfinite(at))) return ashl::invalid_argument("--slowdown.at", at, "must be >= 0");
       if (!(f > 0.0 && std::isfinite(f))) return ashl::invalid_argument("--slowdown.factor", f, "must be > 0");
       s.slowdowns.push_back({static_cast<std::uint32_t>(w), at, f});
+    } else if (a == "--stragglers") {
+      ASHL_TRY(num("--stragglers", s.stragglers));
+      if (!(s.stragglers >= 0.0 && s.stragglers <= 1.0))
+        return ashl::invalid_argument("--stragglers", s.stragglers, "must be in [0, 1]");
     } else if (a == "--no-replan") {
       s.replan = false;
     } else if (a == "--quick") {
@@ -312,6 +350,9 @@ inline ashl::result<settings> parse(int argc, char** argv) {
     s.eval_test = 500;
     s.eval_train = 250;
   }
+  if (s.mode == "real")
+    for (const auto& p : s.policies)
+      if (sim_only_policy(p)) return bad("--policies", p, "is a --mode sim row (its workers are run_one's hooks)");
   if (s.eval_every > s.budget) return ashl::invalid_argument("--eval-every", s.eval_every, "must be <= --budget");
   return s;
 }
@@ -339,6 +380,7 @@ inline ashl::result<ashl::sim::cluster_spec> cluster(const settings& s) {
   }
   for (const auto& d : s.slowdowns)
     spec.changes.push_back({.at = d.at, .worker = d.worker, .kind = ashl::sim::change_kind::slowdown, .factor = d.factor});
+  spec.stragglers = {.probability = s.stragglers, .factor = 5.0};
   ASHL_TRY(ashl::sim::validate(spec));
   return spec;
 }
@@ -355,6 +397,7 @@ struct run_outcome {
   double bytes_per_worker = 0.0;
   double wait_fraction = 0.0;
   std::size_t replans = 0;  // ASHL+: plans the re-planner made
+  std::string detail;       // issue 16's rows: what the policy did (late commits, flags, bound)
   double switch_time = nan_v;  // ASHL: when AHL switched to SHL
   std::string note;
   std::vector<point> curve;
@@ -369,6 +412,10 @@ inline std::uint64_t mix(std::uint64_t z) {
 struct policy_setup {
   ashl::sync::any_policy policy;
   bool error_feedback = false;
+  // coded_bsp rows: workers commit Σ_j B[i][j]·g_j (gradients at the pulled
+  // W, 64 samples of partition j each) and the server takes the SGD step.
+  bool coded = false;
+  bool compensate = false;  // ssp_comp, asp_comp: W − τ·η·v on every pull
 };
 
 // time_scale: wall seconds per reference second (real mode's K): the
@@ -390,7 +437,41 @@ inline ashl::result<policy_setup> make_setup(const std::string& name, const sett
     pp.initial_commit_rate = 1;
   }
   if (name == "semi_async") pp.sync_every_iterations = 8;
-  if (name == "dlb") {
+  if (name == "coded_bsp1" || name == "coded_bsp2") {
+    // r + 1 partitions of 64 samples per worker per round: the plan's batch
+    // makes the simulator charge r + 1 batches of compute.
+    base = "coded_bsp";
+    pp.stragglers = name == "coded_bsp1" ? 1 : 2;
+    pp.batch_size = 64 * (pp.stragglers + 1);
+    out.coded = true;
+  }
+  if (name == "ssp_comp") {
+    base = "ssp";
+    pp.staleness = 3;
+    out.compensate = true;
+  }
+  if (name == "asp_comp") {
+    base = "asp";
+    out.compensate = true;
+  }
+  if (name == "joint") {
+    // Batches 16..128 in steps of 16 around the reference 64, bound in
+    // [1, 5] around SSP's 3; horizon, λ, drift and half-life the defaults.
+    pp.s_min = 1;
+    pp.s_max = 5;
+    pp.min_batch = 16;
+    pp.max_batch = 128;
+    pp.batch_step = 16;
+    pp.horizon = 10.0;
+    pp.staleness_cost = 0.02;
+    pp.replan_drift = 0.2;
+    pp.speed_half_life = 8;
+  }
+  if (name == "dlb_straggler") {
+    base = "dlb";
+    pp.straggler_replan = true;  // window 8, threshold 0.5, 2 consecutive windows (defaults)
+  }
+  if (base == "dlb") {
     // Batches b_i = B v_i / Σv from the measured throughput (EWMA), B = 64 per
     // worker, at least 8; the rounds weigh each commit by its samples.
     pp.total_batch = 64 * pp.workers;
@@ -471,6 +552,7 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
   std::vector<std::uint8_t> yb;
   std::vector<std::byte> scratch;
   const bool ef = setup->error_feedback;
+  const bool coded = setup->coded, compensated = setup->compensate;
   const double lr_policy = s.lr_for(name);
   const std::uint64_t rng_seed = mix(static_cast<std::uint64_t>(seed) * 7919 + 17);
 
@@ -479,12 +561,46 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
   // top-k at the plan's ratio (with error feedback for ASHL+). The server
   // (ps::server_core) applies W += weight · Δ as the policy says.
   ashl::sim::hooks h;
+  const ashl::sim::simulator<>* running = nullptr;
   h.compute = [&](const ashl::sim::compute_request& q, std::span<ashl::sim::shard_payload> out) {
     auto& x = ws[q.worker];
     const std::uint32_t batch = q.batch;
     xb.resize(std::size_t{batch} * mlp::in);
     yb.resize(batch);
-    for (std::uint32_t k = 0; k < q.iterations; ++k) {
+    if (coded) {
+      // Gradient coding: the gradient g_j of each of the worker's partitions
+      // at the pulled W (partition j: the training images with index % M ==
+      // j), combined as Σ_j B[i][j]·g_j with the policy's own coefficients.
+      // The commit is that combination; no local step and no local momentum
+      // (the server's SGD has the momentum). Decoding recovers Σ_j g_j only
+      // if every holder of partition j computes the same g_j, so its 64
+      // samples are drawn from (round, partition), not from the worker: the
+      // round in progress when this compute ends is the one the commit is
+      // for unless it arrives late, and a late commit is dropped.
+      ASHL_ASSERT(q.iterations == 1, "coded_bsp plans one iteration per round");
+      const auto* cb = running->policy().target<ashl::sync::coded_bsp>();
+      ASHL_ASSERT(cb != nullptr, "a coded row runs coded_bsp");
+      const auto enc = cb->encoding(q.worker);
+      const std::size_t parts = cb->partitions();
+      const std::uint32_t per = enc.empty() ? batch : batch / static_cast<std::uint32_t>(enc.size());
+      const std::uint64_t round = cb->rounds();
+      std::fill(x.delta.begin(), x.delta.end(), 0.0f);
+      for (std::size_t t = 0; t < enc.size(); ++t) {
+        const std::size_t j = enc[t].partition;
+        const std::size_t count_j = (d.train.count - j + parts - 1) / parts;
+        for (std::uint32_t b = 0; b < per; ++b) {
+          const std::uint64_t key = round * 65536 + b;
+          const std::size_t idx = j + parts * (mix(rng_seed ^ (std::uint64_t{j} << 40) ^ key) % count_j);
+          mlp::to_float(&d.train.images[idx * mlp::in], 1, &xb[std::size_t{b} * mlp::in]);
+          yb[b] = d.train.labels[idx];
+        }
+        net.forward_backward(x.w, xb.data(), yb.data(), per, x.grad);
+        const auto c = static_cast<float>(enc[t].coefficient);
+        for (std::size_t i = 0; i < n; ++i) x.delta[i] += c * x.grad[i];
+      }
+      ++x.step;
+    }
+    for (std::uint32_t k = 0; k < (coded ? 0 : q.iterations); ++k) {
       for (std::uint32_t b = 0; b < batch; ++b) {
         const std::size_t idx = mix(rng_seed ^ (std::uint64_t{q.worker} << 40) ^ (x.step * 65536 + b)) % d.train.count;
         mlp::to_float(&d.train.images[idx * mlp::in], 1, &xb[std::size_t{b} * mlp::in]);
@@ -498,7 +614,8 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
         x.w[i] -= lr * x.v[i];
       }
     }
-    for (std::size_t i = 0; i < n; ++i) x.delta[i] = x.w[i] - x.base[i];
+    if (!coded)
+      for (std::size_t i = 0; i < n; ++i) x.delta[i] = x.w[i] - x.base[i];
     const double ratio = q.plan->compression_ratio;
     x.payload.resize(out.size());
     for (std::uint32_t k = 0; k < out.size(); ++k) {
@@ -549,7 +666,17 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
   };
   h.deliver = [&](ashl::sync::worker_id w) {
     ws[w].w = ws[w].snapshot;
-    ws[w].base = ws[w].snapshot;
+    if (compensated) {
+      // SpecTrain: start from the prediction Ŵ = W − τ·η·v of the
+      // parameters this worker's update will meet (τ: the versions others
+      // added since its last reply). The delta is taken from Ŵ, so the
+      // prediction itself is not pushed back to the server.
+      const auto st = ashl::ps::compensate(ws[w].w, ws[w].v, running->staleness(w), lr_policy);
+      ASHL_ASSERT(st.ok(), "compensate: sizes match");
+      ws[w].base = ws[w].w;
+    } else {
+      ws[w].base = ws[w].snapshot;
+    }
   };
   h.evaluate = [&](double t, std::span<const float> W) {
     auto [acc, tl] = net.evaluate(W, d.test.images.data(), d.test.labels.data(), s.eval_test);
@@ -562,13 +689,15 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
     return ashl::sim::evaluation{{{ashl::metric_id::loss, loss}, {ashl::metric_id::accuracy, acc}}, false};
   };
 
-  const ashl::sim::simulator<>* running = nullptr;
   h.plans_changed = [&](double t) {
     if (running && std::isnan(o.switch_time) && running->policy().stage() == ashl::stage_id::shl) o.switch_time = t;
   };
   auto sim = ashl::sim::simulator<>::create(spec, std::move(setup->policy), std::move(h),
                                             {.elements = n,
-                                             .optimizer = {.mode = ashl::ps::optimizer_params::kind::model_delta},
+                                             .optimizer = coded ? ashl::ps::optimizer_params{.mode = ashl::ps::optimizer_params::kind::sgd,
+                                                                                             .lr = lr_policy,
+                                                                                             .momentum = s.momentum}
+                                                                : ashl::ps::optimizer_params{},
                                              .initial = W0});
   if (!sim) {
     o.note = sim.error().message();
@@ -582,6 +711,24 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
   o.bytes_per_worker = r.mean_bytes_sent();
   o.wait_fraction = r.wait_fraction();
   if (auto a = ashl::ps::ashl_summary_of(sim->policy())) o.replans = a->replans;
+  {
+    std::ostringstream det;
+    if (const auto* cb = sim->policy().target<ashl::sync::coded_bsp>())
+      det << "rounds " << cb->rounds() << ", late commits " << cb->late_commits();
+    if (name == "dlb_straggler")
+      if (auto rr = ashl::ps::replan_report_of(sim->policy()))
+        det << "straggler re-plans " << rr->straggler_replans;
+    if (const auto* jp = sim->policy().target<ashl::sync::joint>()) {
+      det << "bound " << jp->bound() << ", choices " << jp->choices() << ", batches";
+      for (std::uint32_t w = 0; w < m; ++w) det << (w ? "/" : " ") << jp->plan(w).batch_size;
+    }
+    if (spec.stragglers.probability > 0.0) {
+      std::uint64_t slowed = 0;
+      for (std::uint32_t w = 0; w < m; ++w) slowed += sim->straggles(w);
+      det << (det.tellp() > 0 ? ", " : "") << "slowed cycles " << slowed;
+    }
+    o.detail = det.str();
+  }
   if (trace) {
     std::ofstream t(trace_file);
     ashl::sim::write_chrome_trace(t, r, "fmnist " + name);

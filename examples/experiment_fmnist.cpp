@@ -61,6 +61,9 @@ int run_sim(const settings& s) {
   std::printf("\n");
   for (const auto& d : s.slowdowns)
     std::printf("# worker %u becomes %gx slower at %g virtual s\n", d.worker, d.factor, d.at);
+  if (s.stragglers > 0.0)
+    std::printf("# stragglers: each compute cycle of each worker 5x slower with probability %g (seeded per run)\n",
+                s.stragglers);
   std::fflush(stdout);
 
   struct job {
@@ -89,6 +92,7 @@ int run_sim(const settings& s) {
                     r.bytes_per_worker / 1e6, r.wait_fraction);
         if (r.policy == "ashl" || r.policy == "ashl_plus")
           std::printf(", SHL from %s s, %zu re-plans", num_or_null(r.switch_time, "%.2f").c_str(), r.replans);
+        if (!r.detail.empty()) std::printf(", %s", r.detail.c_str());
         std::printf("\n");
       }
       std::fflush(stdout);
