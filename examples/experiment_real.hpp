@@ -18,6 +18,13 @@
 // × K; the table reports wall seconds / K, so a real run and its simulated
 // twin read on one scale.
 //
+// With --hosts netns there is no padding: each process runs in its own
+// network namespace (netns.hpp), UCX over TCP through tbf-shaped links at the
+// emulated rates, and each local iteration performs a fixed amount of real
+// CPU work (netns_share × K × 10 ms) under a cgroup quota of netns_share / f_c
+// of a core, so the kernel stretches it to f_c × K × 10 ms. The links' TCP
+// rate is probed before the runs (probe_link) and given to the prediction.
+//
 // The orchestrator (this process) writes the data set once as a raw file the
 // children map, starts the server (a free port, retried when taken, a random
 // token in ASHL_TOKEN), the workers, and the start instant (CLOCK_MONOTONIC,
