@@ -63,7 +63,9 @@ struct settings {
                                       // tuned by the same rule (coded BSP {0.05, 0.1, 0.2}, joint
                                       // {0.005, 0.01, 0.02, 0.05}); the compensated and straggler rows
                                       // keep the rate of the row they vary, for a like-for-like comparison.
-                                      {"coded_bsp1", 0.2}, {"coded_bsp2", 0.2}, {"ssp_comp", 0.02},
+                                      {"coded_bsp1", 0.2}, {"coded_bsp2", 0.2}, {"coded_bsp3", 0.2},
+                                      {"coded_bsp1_split", 0.2}, {"coded_bsp2_split", 0.2},
+                                      {"coded_bsp3_split", 0.2}, {"ssp_comp", 0.02},
                                       {"asp_comp", 0.005}, {"joint", 0.005}, {"dlb_straggler", 0.1}};
   int first_seed = 1;
   double momentum = 0.9;
@@ -118,7 +120,12 @@ struct settings {
 // compensation) and "dlb_straggler" (DLB with straggler-triggered
 // re-planning). Its "joint" row is the library's joint policy (make_setup
 // sets its fields).
-inline constexpr std::string_view sim_variants[] = {"coded_bsp1", "coded_bsp2", "ssp_comp", "asp_comp", "dlb_straggler"};
+// "coded_bsp3" (r = 3) and the "_split" rows: the worker's 64 samples are
+// split over its r + 1 partitions (64 / (r + 1) each), so a round costs the
+// compute of a BSP round instead of r + 1 times it.
+inline constexpr std::string_view sim_variants[] = {"coded_bsp1",       "coded_bsp2",       "coded_bsp3",
+                                                    "coded_bsp1_split", "coded_bsp2_split", "coded_bsp3_split",
+                                                    "ssp_comp",         "asp_comp",         "dlb_straggler"};
 inline bool sim_only_policy(std::string_view name) {
   return std::find(std::begin(sim_variants), std::end(sim_variants), name) != std::end(sim_variants);
 }
@@ -157,7 +164,9 @@ inline void usage() {
       "  --stragglers P        each compute cycle of each worker is 5x slower with probability P\n"
       "                        (seeded per run; default 0)\n"
       "  issue 16's rows (not in the default list; all but joint sim only; docs/perf/time-to-accuracy.md):\n"
-      "    coded_bsp1, coded_bsp2  coded BSP, r = 1, 2 (workers commit coded gradients; server SGD)\n"
+      "    coded_bsp1, coded_bsp2, coded_bsp3  coded BSP, r = 1, 2, 3 (workers commit coded gradients;\n"
+      "                            server SGD; r + 1 batches of 64 per round)\n"
+      "    coded_bspR_split        the same, the worker's 64 samples split over its r + 1 partitions\n"
       "    ssp_comp, asp_comp      SSP(3), ASP with staleness compensation (W - tau*lr*v on each pull)\n"
       "    joint                   the joint (batch, staleness) controller\n"
       "    dlb_straggler           DLB with straggler-triggered re-planning\n"
@@ -440,12 +449,14 @@ inline ashl::result<policy_setup> make_setup(const std::string& name, const sett
     pp.initial_commit_rate = 1;
   }
   if (name == "semi_async") pp.sync_every_iterations = 8;
-  if (name == "coded_bsp1" || name == "coded_bsp2") {
+  if (name.rfind("coded_bsp", 0) == 0 && name.size() >= 10) {
     // r + 1 partitions of 64 samples per worker per round: the plan's batch
-    // makes the simulator charge r + 1 batches of compute.
+    // makes the simulator charge r + 1 batches of compute. _split: 64 in
+    // all, 64 / (r + 1) per partition, the compute of a BSP round.
     base = "coded_bsp";
-    pp.stragglers = name == "coded_bsp1" ? 1 : 2;
-    pp.batch_size = 64 * (pp.stragglers + 1);
+    pp.stragglers = name[9] - '0';
+    const bool split = name.size() > 10;
+    pp.batch_size = split ? 64 : 64 * (pp.stragglers + 1);
     out.coded = true;
   }
   if (name == "ssp_comp") {
