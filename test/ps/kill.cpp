@@ -28,10 +28,6 @@ int main() {
 
 using namespace std::chrono_literals;
 
-extern "C" const char* __lsan_default_suppressions() {
-  return "leak:libucs.so\nleak:libucp.so\nleak:libuct.so\nleak:libucm.so\nleak:libuct_\n";
-}
-
 namespace {
 
 constexpr float target = 2.0f;

@@ -34,6 +34,7 @@ int main() {
 #include <boost/test/unit_test.hpp>
 
 #include "../support/process.hpp"
+#include "../support/node_files.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -52,10 +53,6 @@ int main() {
 
 using namespace std::chrono_literals;
 
-extern "C" const char* __lsan_default_suppressions() {
-  return "leak:libucs.so\nleak:libucp.so\nleak:libuct.so\nleak:libucm.so\nleak:libuct_\n";
-}
-
 namespace {
 
 constexpr std::uint32_t workers = 32;
@@ -70,19 +67,6 @@ const std::string token = "ashl-load-test";
 float grad_value(std::uint32_t rank, std::uint64_t step, std::size_t i) {
   const std::uint64_t h = (rank * 2654435761u) ^ (step * 40503u) ^ (i * 2246822519u);
   return static_cast<float>(static_cast<int>((h >> 7) % 65) - 32) / 8.0f;
-}
-
-std::map<std::string, double> read_counters(const std::string& path) {
-  std::map<std::string, double> m;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    std::istringstream is(line);
-    std::string key;
-    double v = 0;
-    if (is >> key && key != "cycle" && is >> v) m[key] = v;
-  }
-  return m;
 }
 
 // VmRSS of pid in KiB; nothing once it has exited (a zombie has no VmRSS).
@@ -246,10 +230,10 @@ BOOST_AUTO_TEST_CASE(thirty_two_workers_lose_nothing_and_the_server_does_not_gro
   BOOST_TEST_REQUIRE(srv.exit_code == 0, "server (files in " << dir << "):\n" << tail(srv.log()));
 
   // Applied = acknowledged, once each.
-  const auto s = read_counters(dir + "/server0.txt");
+  const auto s = node_files::read_counters(dir + "/server0.txt");
   double acknowledged = 0;
   for (std::uint32_t k = 0; k < workers; ++k) {
-    const auto w = read_counters(dir + "/worker" + std::to_string(k) + ".txt");
+    const auto w = node_files::read_counters(dir + "/worker" + std::to_string(k) + ".txt");
     BOOST_TEST_REQUIRE(w.count("commits") == 1u, "worker " << k << " wrote no counters");
     BOOST_TEST(w.at("commits") == cycles, "worker " << k);
     BOOST_TEST(w.at("errors") == 0.0, "worker " << k);

@@ -22,6 +22,7 @@ int main() {
 
 #include "../support/process.hpp"
 #include "../support/ps_job.hpp"
+#include "../support/node_files.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -35,10 +36,6 @@ namespace ps = ashl::ps;
 namespace tr = ashl::transport;
 namespace w = ashl::wire;
 using namespace std::chrono_literals;
-
-extern "C" const char* __lsan_default_suppressions() {
-  return "leak:libucs.so\nleak:libucp.so\nleak:libuct.so\nleak:libucm.so\nleak:libuct_\n";
-}
 
 namespace {
 
@@ -77,15 +74,6 @@ bool drive(tr::ucx& t, client_handler& h, Pred done, std::chrono::milliseconds b
     if (t.progress(h) == 0) t.wait(1ms);
   }
   return true;
-}
-
-std::map<std::string, double> read_counters(const std::string& path) {
-  std::map<std::string, double> m;
-  std::ifstream f(path);
-  std::string k;
-  double v;
-  while (f >> k >> v) m[k] = v;
-  return m;
 }
 
 std::vector<std::byte> encode_commit(std::size_t n, std::uint32_t rank) {
@@ -216,7 +204,7 @@ BOOST_AUTO_TEST_CASE(malformed_messages_and_a_wrong_token_change_nothing) {
   BOOST_TEST_REQUIRE(bytes.size() == n * sizeof(float));
   BOOST_TEST(std::memcmp(bytes.data(), core->parameters().data(), bytes.size()) == 0);
 
-  const auto s = read_counters(dir + "/server0.txt");
+  const auto s = node_files::read_counters(dir + "/server0.txt");
   BOOST_TEST(s.at("commits_applied") == 4.0 * cycles);
   BOOST_TEST(s.at("malformed") + s.at("oversized") >= 5.0);  // 1-5
   BOOST_TEST(s.at("unbound") >= 2.0);                       // 6 (commit) and 7

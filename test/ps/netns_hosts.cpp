@@ -24,6 +24,7 @@ int main() {
 
 #include "../support/process.hpp"
 #include "../support/ps_job.hpp"
+#include "../support/node_files.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -113,19 +114,6 @@ std::string run_text(const std::vector<std::string>& argv) {
 std::string trimmed(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   return s;
-}
-
-std::map<std::string, double> read_counters(const std::string& path) {
-  std::map<std::string, double> m;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    std::istringstream is(line);
-    std::string key;
-    double v = 0;
-    if (is >> key && key != "cycle" && is >> v) m[key] = v;
-  }
-  return m;
 }
 
 // One server_core fed every worker's cycle-c gradient in round c: the BSP
@@ -354,12 +342,12 @@ BOOST_AUTO_TEST_CASE(bsp_job_across_hosts_is_bit_identical_to_one_server_core) {
   BOOST_TEST_REQUIRE(bytes.size() == n * sizeof(float));
   const auto want = bsp_reference(workers, n, cycles);
   BOOST_TEST(std::memcmp(bytes.data(), want.data(), bytes.size()) == 0);
-  const auto s = read_counters(dir + "/server0.txt");
+  const auto s = node_files::read_counters(dir + "/server0.txt");
   BOOST_TEST(s.at("commits_applied") == double(workers) * cycles);
   BOOST_TEST(s.at("refused") + s.at("wire_refused") == 0.0);
   BOOST_TEST(s.at("finished") == 1.0);
   for (std::uint32_t k = 0; k < workers; ++k)
-    BOOST_TEST(read_counters(dir + "/worker" + std::to_string(k) + ".txt").at("commits") == cycles, "worker " << k);
+    BOOST_TEST(node_files::read_counters(dir + "/worker" + std::to_string(k) + ".txt").at("commits") == cycles, "worker " << k);
 
   // Each worker's traffic went through its tbf both ways (at least the
   // gradients up and the parameters down), and the shaper held it back.

@@ -18,6 +18,7 @@ int main() {
 
 #include "../support/process.hpp"
 #include "../support/ps_job.hpp"
+#include "../support/node_files.hpp"
 
 #include <cstring>
 #include <fstream>
@@ -28,10 +29,6 @@ int main() {
 
 namespace ps = ashl::ps;
 using namespace std::chrono_literals;
-
-extern "C" const char* __lsan_default_suppressions() {
-  return "leak:libucs.so\nleak:libucp.so\nleak:libuct.so\nleak:libucm.so\nleak:libuct_\n";
-}
 
 namespace {
 
@@ -49,28 +46,6 @@ struct job_out {
   std::vector<std::map<std::string, double>> servers, workers;
   std::vector<std::vector<std::vector<double>>> cycles;  // per worker: stage, plan H, iterations run, ratio
 };
-
-std::map<std::string, double> read_counters(const std::string& path, std::vector<std::vector<double>>* cycles = nullptr) {
-  std::map<std::string, double> m;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    std::istringstream is(line);
-    std::string key;
-    is >> key;
-    if (key == "cycle") {
-      std::vector<double> v;
-      double x;
-      is >> x;  // cycle index
-      while (is >> x) v.push_back(x);
-      if (cycles) cycles->push_back(v);
-      continue;
-    }
-    double v = 0;
-    if (is >> v) m[key] = v;
-  }
-  return m;
-}
 
 // Every job's workers meet in a shared counter file before their first
 // commit (ps_node --shared), so they train together.
@@ -96,11 +71,11 @@ job_out run_job(std::uint32_t servers, std::uint32_t workers, const std::vector<
     const std::size_t n0 = o.params.size();
     o.params.resize(n0 + bytes.size() / sizeof(float));
     if (!bytes.empty()) std::memcpy(o.params.data() + n0, bytes.data(), bytes.size());
-    o.servers.push_back(read_counters(o.dir + "/server" + std::to_string(s) + ".txt"));
+    o.servers.push_back(node_files::read_counters(o.dir + "/server" + std::to_string(s) + ".txt"));
   }
   o.cycles.resize(workers);
   for (std::uint32_t k = 0; k < workers; ++k)
-    o.workers.push_back(read_counters(o.dir + "/worker" + std::to_string(k) + ".txt", &o.cycles[k]));
+    o.workers.push_back(node_files::read_counters(o.dir + "/worker" + std::to_string(k) + ".txt", &o.cycles[k]));
   return o;
 }
 

@@ -12,6 +12,7 @@
 //   auto o = j.finish(s, 60s);                             // exit code, log
 #pragma once
 
+#include "node_files.hpp"
 #include "process.hpp"
 
 #include <algorithm>
@@ -34,28 +35,6 @@
 namespace fault_job {
 
 using env_list = std::vector<std::pair<std::string, std::string>>;
-
-// "key value" lines of a server<r>.txt or worker<k>.txt.
-inline std::map<std::string, double> read_counters(const std::string& path) {
-  std::map<std::string, double> m;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    std::istringstream is(line);
-    std::string key;
-    double v = 0;
-    if (is >> key >> v) m[key] = v;
-  }
-  return m;
-}
-
-inline std::vector<float> read_f32(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  std::vector<float> v(bytes.size() / sizeof(float));
-  if (!v.empty()) std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
-  return v;
-}
 
 class job {
  public:
@@ -157,11 +136,11 @@ class job {
     return false;
   }
 
-  [[nodiscard]] std::map<std::string, double> server_counters() const { return read_counters(dir_ + "/server0.txt"); }
+  [[nodiscard]] std::map<std::string, double> server_counters() const { return node_files::read_counters(dir_ + "/server0.txt"); }
   [[nodiscard]] std::map<std::string, double> worker_counters(std::uint32_t k) const {
-    return read_counters(dir_ + "/worker" + std::to_string(k) + ".txt");
+    return node_files::read_counters(dir_ + "/worker" + std::to_string(k) + ".txt");
   }
-  [[nodiscard]] std::vector<float> parameters() const { return read_f32(dir_ + "/server0.f32"); }
+  [[nodiscard]] std::vector<float> parameters() const { return node_files::read_f32(dir_ + "/server0.f32"); }
 
  private:
   std::vector<std::string> node_argv(const std::vector<std::string>& args, bool counters = true) const {
