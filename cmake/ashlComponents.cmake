@@ -1,4 +1,5 @@
-# Finds the optional components and defines ashl::ucx, ashl::cuda, ashl::nccl.
+# Finds the optional components and defines ashl::ucx, ashl::cuda, ashl::nccl,
+# ashl::mpi and ashl::torch.
 # Each one that is switched off or not found says so in one configure line.
 
 function(ashl_detail_component_off name why)
@@ -94,5 +95,49 @@ else()
     ashl_detail_component_on(nccl "NCCL ${NCCL_VERSION} at ${NCCL_LIBRARY}")
   else()
     ashl_detail_require_or_off(ASHL_WITH_NCCL nccl "nccl.h / libnccl not found (set NCCL_ROOT)")
+  endif()
+endif()
+
+# --- MPI ------------------------------------------------------------------
+# Host-memory collectives (include/ashl/coll/mpi.hpp) through MPI's C API;
+# Debian's OpenMPI 4.1 (libopenmpi-dev openmpi-bin) runs over UCX itself.
+set(ASHL_HAVE_MPI OFF)
+if(ASHL_WITH_MPI STREQUAL "OFF")
+  ashl_detail_component_off(mpi "ASHL_WITH_MPI=OFF")
+else()
+  # Only CXX is an enabled language; MPI::MPI_CXX carries the C API too.
+  find_package(MPI QUIET COMPONENTS CXX)
+  if(MPI_CXX_FOUND)
+    set(ASHL_HAVE_MPI ON)
+    add_library(ashl_mpi INTERFACE)
+    add_library(ashl::mpi ALIAS ashl_mpi)
+    target_link_libraries(ashl_mpi INTERFACE ashl MPI::MPI_CXX)
+    target_compile_definitions(ashl_mpi INTERFACE ASHL_CONFIG_HAS_MPI=1)
+    set_target_properties(ashl_mpi PROPERTIES EXPORT_NAME mpi)
+    ashl_detail_component_on(mpi "MPI ${MPI_CXX_VERSION}, mpiexec ${MPIEXEC_EXECUTABLE}")
+  else()
+    ashl_detail_require_or_off(ASHL_WITH_MPI mpi "MPI not found; apt-get install libopenmpi-dev openmpi-bin")
+  endif()
+endif()
+
+# --- libtorch ---------------------------------------------------------------
+# The framework adapter (include/ashl/adapt/torch.hpp) and the Python module
+# need libtorch: Debian libtorch-dev, or the C++ part of the PyPI torch wheel
+# (-DTorch_DIR=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')/Torch).
+set(ASHL_HAVE_TORCH OFF)
+if(ASHL_WITH_TORCH STREQUAL "OFF")
+  ashl_detail_component_off(torch "ASHL_WITH_TORCH=OFF")
+else()
+  find_package(Torch QUIET)
+  if(Torch_FOUND AND TORCH_LIBRARIES)
+    set(ASHL_HAVE_TORCH ON)
+    add_library(ashl_torch INTERFACE)
+    add_library(ashl::torch ALIAS ashl_torch)
+    target_link_libraries(ashl_torch INTERFACE ashl ${TORCH_LIBRARIES})
+    target_compile_definitions(ashl_torch INTERFACE ASHL_CONFIG_HAS_TORCH=1)
+    set_target_properties(ashl_torch PROPERTIES EXPORT_NAME torch)
+    ashl_detail_component_on(torch "libtorch ${Torch_VERSION} at ${Torch_DIR}")
+  else()
+    ashl_detail_require_or_off(ASHL_WITH_TORCH torch "libtorch not found; apt-get install libtorch-dev, or set Torch_DIR")
   endif()
 endif()

@@ -25,10 +25,18 @@
 #ifndef ASHL_CONFIG_HAS_UCX
 #define ASHL_CONFIG_HAS_UCX 0
 #endif
+#ifndef ASHL_CONFIG_HAS_MPI
+#define ASHL_CONFIG_HAS_MPI 0
+#endif
+#ifndef ASHL_CONFIG_HAS_TORCH
+#define ASHL_CONFIG_HAS_TORCH 0
+#endif
 
 #define ASHL_HAS_CUDA() (ASHL_CONFIG_HAS_CUDA + 0)
 #define ASHL_HAS_NCCL() (ASHL_CONFIG_HAS_NCCL + 0)
 #define ASHL_HAS_UCX() (ASHL_CONFIG_HAS_UCX + 0)
+#define ASHL_HAS_MPI() (ASHL_CONFIG_HAS_MPI + 0)
+#define ASHL_HAS_TORCH() (ASHL_CONFIG_HAS_TORCH + 0)
 
 // True while nvcc (or clang in CUDA mode) compiles this translation unit,
 // host and device passes alike.
