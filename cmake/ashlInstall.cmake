@@ -5,7 +5,7 @@ set(ASHL_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/ashl" CACHE STRING "Whe
 install(DIRECTORY include/ashl DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.hpp" PATTERN "*.cuh")
 
 set(_ashl_export_targets ashl)
-foreach(_c ucx cuda nccl)
+foreach(_c ucx cuda nccl mpi torch)
   if(TARGET ashl_${_c})
     list(APPEND _ashl_export_targets ashl_${_c})
   endif()
