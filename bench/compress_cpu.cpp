@@ -6,8 +6,9 @@
 //   ashl_bench_compress_cpu --codecs topk,topk_sampled --reps 9 --json-only
 //
 // For every (codec, n, k, dtype, threads): encode and decode-add throughput in
-// GB/s of *input* bytes (n x sizeof(dtype)), the compression ratio (input
-// bytes / payload bytes), and the ratio of encode throughput to its baseline:
+// GB/s of *input* bytes (n x sizeof(dtype)) and in elements per second, the
+// compression ratio (input bytes / payload bytes), and the ratio of encode
+// throughput to its baseline:
 // memcpy of the input buffer for the dense codecs (identity, casts,
 // quantizers, sign, natural), and exact top-k by std::nth_element for the
 // sparsifiers (top-k variants, threshold, random-k, DGC).
@@ -20,6 +21,12 @@
 //                modify its input either; only the magnitude is selected
 //                (no indices), which flatters the baseline slightly.
 //   Both count input bytes (n x sizeof(dtype)) for their GB/s.
+//
+// 16-bit inputs: every case runs on f32, f16 and bf16 copies of the same
+// values, timed interleaved (one f32, one f16, one bf16 repetition, then the
+// next round), so load drift hits the three alike; the "16-bit inputs" table
+// gives each codec's f16 and bf16 *element* rate as a ratio to its f32 rate
+// (goal >= 0.9x, issue 12) beside the f32 rate against memcpy.
 //
 // Threads: no codec has a multi-thread option, so "threads = T" is chunked
 // parallelism: T std::threads each encode (and decode-add) an independent
@@ -89,6 +96,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <concepts>
@@ -100,6 +108,8 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <unistd.h>
 #include <vector>
 
@@ -180,6 +190,7 @@ class pool {
 
 struct inputs {
   pool<float>* f32;
+  pool<ashl::half>* f16;
   pool<ashl::bfloat16>* bf16;
   pool<float>* acc;
 };
@@ -199,6 +210,7 @@ struct row {
   std::string dtype;
   unsigned threads;
   double gbps, decode_gbps, base_memcpy, base_nth, ratio, compression;
+  double melems, decode_melems;  // million elements per second
   baseline_kind base;
   bool sparse;
 };
@@ -287,63 +299,113 @@ baselines measure_baselines(pool<T>& in, unsigned threads, int reps, bool with_m
 template <class Codec>
 constexpr bool payload_is_f32 = std::same_as<typename Codec::codec_concept, cx::stateful_codec_tag>;
 
-// Encodes and decodes one codec configuration with `threads` chunks; each
+// One codec configuration on one input dtype with `threads` chunks; each
 // chunk has its own codec value (decorators keep per-tensor state).
+// encode_once / decode_once run one repetition; the caller times them, so
+// several dtypes can be timed interleaved.
 template <class Codec, class T>
-row run_case(const std::string& name, const Codec& proto, baseline_kind kind, bool sparse, double k_ratio, pool<T>& in,
-             pool<float>& acc, unsigned threads, const baselines& base, int reps) {
-  const std::size_t n = in.n();
-  const ashl::dtype dt = ashl::dtype_of<T>;
-  const ashl::dtype payload_dt = payload_is_f32<Codec> ? ashl::dtype::f32 : dt;
+class case_run {
+ public:
+  case_run(const Codec& proto, pool<T>& in, pool<float>& acc, unsigned threads)
+      : in_(in), acc_(acc), threads_(threads) {
+    const ashl::dtype dt = ashl::dtype_of<T>;
+    for (const chunk& c : chunks(in.n(), threads))
+      parts_.push_back({c, proto, std::vector<std::byte>(proto.max_encoded_bytes(c.len, dt)),
+                        std::vector<std::byte>(proto.scratch_bytes(c.len, dt))});
+  }
+  void encode_once() {
+    ++step_;
+    const T* x = in_.next().data();
+    parallel(threads_, [&](unsigned t) {
+      part& p = parts_[t];
+      cx::codec_context ctx{.seed = 42, .step = step_, .tensor = t, .scratch = p.scratch};
+      auto u = p.codec.encode(ashl::host_view<const T>(x + p.c.off, p.c.len), p.out, ctx);
+      if (!u) failed_ = true;
+      else p.used = *u;
+    });
+  }
+  void decode_once() {
+    const ashl::dtype payload_dt = payload_is_f32<Codec> ? ashl::dtype::f32 : ashl::dtype_of<T>;
+    float* a = acc_.next().data();
+    parallel(threads_, [&](unsigned t) {
+      part& p = parts_[t];
+      cx::codec_context ctx{.seed = 42, .step = step_, .tensor = t, .scratch = p.scratch};
+      auto s = p.codec.decode_add({p.out.data(), p.used}, {p.c.len, payload_dt},
+                                  ashl::host_view<float>(a + p.c.off, p.c.len), 1.0f, ctx);
+      if (!s.ok()) failed_ = true;
+    });
+  }
+  [[nodiscard]] bool failed() const { return failed_; }
+  [[nodiscard]] std::size_t payload() const {
+    std::size_t b = 0;
+    for (const auto& p : parts_) b += p.used;
+    return b;
+  }
+  [[nodiscard]] std::size_t n() const { return in_.n(); }
+
+ private:
   struct part {
     chunk c;
     Codec codec;
     std::vector<std::byte> out, scratch;
     std::size_t used = 0;
   };
-  std::vector<part> parts;
-  for (const chunk& c : chunks(n, threads))
-    parts.push_back({c, proto, std::vector<std::byte>(proto.max_encoded_bytes(c.len, dt)),
-                     std::vector<std::byte>(proto.scratch_bytes(c.len, dt))});
-  std::atomic<bool> failed{false};
-  std::uint64_t step = 0;
-  const double te = time_median(reps, [&] {
-    ++step;
-    const T* x = in.next().data();
-    parallel(threads, [&](unsigned t) {
-      part& p = parts[t];
-      cx::codec_context ctx{.seed = 42, .step = step, .tensor = t, .scratch = p.scratch};
-      auto u = p.codec.encode(ashl::host_view<const T>(x + p.c.off, p.c.len), p.out, ctx);
-      if (!u) failed = true;
-      else p.used = *u;
-    });
-  });
-  const double td = time_median(reps, [&] {
-    float* a = acc.next().data();
-    parallel(threads, [&](unsigned t) {
-      part& p = parts[t];
-      cx::codec_context ctx{.seed = 42, .step = step, .tensor = t, .scratch = p.scratch};
-      auto s = p.codec.decode_add({p.out.data(), p.used}, {p.c.len, payload_dt}, ashl::host_view<float>(a + p.c.off, p.c.len),
-                                  1.0f, ctx);
-      if (!s.ok()) failed = true;
-    });
-  });
-  if (failed) std::fprintf(stderr, "warning: %s failed to encode or decode (n = %zu)\n", name.c_str(), n);
-  std::size_t payload = 0;
-  for (auto& p : parts) payload += p.used;
+  pool<T>& in_;
+  pool<float>& acc_;
+  unsigned threads_;
+  std::vector<part> parts_;
+  std::atomic<bool> failed_{false};
+  std::uint64_t step_ = 0;
+};
+
+// Times the encode and then the decode-add of several runs interleaved: one
+// warm-up each, then `reps` rounds of one repetition of every run in turn.
+// Returns per run the median encode and decode seconds.
+template <class... Runs>
+std::array<std::pair<double, double>, sizeof...(Runs)> time_interleaved(int reps, Runs&... runs) {
+  constexpr std::size_t m = sizeof...(Runs);
+  std::array<std::vector<double>, m> te, td;
+  auto timed = [](auto&& f) {
+    const auto a = clock_type::now();
+    f();
+    return std::chrono::duration<double>(clock_type::now() - a).count();
+  };
+  (runs.encode_once(), ...);
+  for (int r = 0; r < reps; ++r) {
+    std::size_t i = 0;
+    ((te[i++].push_back(timed([&] { runs.encode_once(); }))), ...);
+  }
+  (runs.decode_once(), ...);
+  for (int r = 0; r < reps; ++r) {
+    std::size_t i = 0;
+    ((td[i++].push_back(timed([&] { runs.decode_once(); }))), ...);
+  }
+  std::array<std::pair<double, double>, m> out;
+  for (std::size_t i = 0; i < m; ++i) out[i] = {median(te[i]), median(td[i])};
+  return out;
+}
+
+template <class Codec, class T>
+row make_row(const std::string& name, const case_run<Codec, T>& run, std::pair<double, double> secs,
+             baseline_kind kind, bool sparse, double k_ratio, unsigned threads, const baselines& base) {
+  const std::size_t n = run.n();
+  if (run.failed()) std::fprintf(stderr, "warning: %s failed to encode or decode (n = %zu)\n", name.c_str(), n);
   const double bytes = static_cast<double>(n * sizeof(T));
+  const auto [te, td] = secs;
   row rw{name,
          n,
          sparse ? k_of(k_ratio, n) : 0,
          sparse ? k_ratio : 0.0,
-         std::string(ashl::to_string(dt)),
+         std::string(ashl::to_string(ashl::dtype_of<T>)),
          threads,
          bytes / te / 1e9,
          bytes / td / 1e9,
          base.memcpy_gbps,
          base.nth(k_ratio),
          0,
-         bytes / static_cast<double>(std::max<std::size_t>(payload, 1)),
+         bytes / static_cast<double>(std::max<std::size_t>(run.payload(), 1)),
+         static_cast<double>(n) / te / 1e6,
+         static_cast<double>(n) / td / 1e6,
          kind,
          sparse};
   rw.ratio = rw.gbps / (kind == baseline_kind::nth_element ? rw.base_nth : rw.base_memcpy);
@@ -354,7 +416,8 @@ struct case_env {
   inputs in;
   unsigned threads;
   const baselines* b32;  // for this thread count
-  const baselines* b16;
+  const baselines* bf16;
+  const baselines* bh16;  // f16 input
   int reps;
 };
 
@@ -362,21 +425,29 @@ struct codec_entry {
   std::string name;
   baseline_kind kind;
   bool sparse;  // runs k = 1 % and 0.1 %
-  // Appends the f32 row (with_f32) and the bf16 row (with_bf16).
-  std::function<void(double k_ratio, const case_env&, std::vector<row>&, bool with_f32, bool with_bf16)> run;
+  // Appends the f32 row, and with with_16 the f16 and bf16 rows (timed interleaved with it).
+  std::function<void(double k_ratio, const case_env&, std::vector<row>&, bool with_16)> run;
 };
 
 // One line per codec: its name, its baseline, whether it takes k, and how to
 // build it for a given k ratio (ignored by dense codecs).
 template <class Make>
 codec_entry entry(std::string name, baseline_kind kind, bool sparse, Make make) {
-  return {name, kind, sparse, [name, kind, sparse, make](double kr, const case_env& e, std::vector<row>& out, bool with_f32,
-                                                      bool with_bf16) {
+  return {name, kind, sparse, [name, kind, sparse, make](double kr, const case_env& e, std::vector<row>& out, bool with_16) {
             const auto c = make(kr);
-            if (with_f32)
-              out.push_back(run_case(name, c, kind, sparse, kr, *e.in.f32, *e.in.acc, e.threads, *e.b32, e.reps));
-            if (with_bf16)
-              out.push_back(run_case(name, c, kind, sparse, kr, *e.in.bf16, *e.in.acc, e.threads, *e.b16, e.reps));
+            using C = std::remove_const_t<decltype(c)>;
+            case_run<C, float> r32(c, *e.in.f32, *e.in.acc, e.threads);
+            if (!with_16) {
+              const auto t = time_interleaved(e.reps, r32);
+              out.push_back(make_row(name, r32, t[0], kind, sparse, kr, e.threads, *e.b32));
+              return;
+            }
+            case_run<C, ashl::half> rh(c, *e.in.f16, *e.in.acc, e.threads);
+            case_run<C, ashl::bfloat16> rb(c, *e.in.bf16, *e.in.acc, e.threads);
+            const auto t = time_interleaved(e.reps, r32, rh, rb);
+            out.push_back(make_row(name, r32, t[0], kind, sparse, kr, e.threads, *e.b32));
+            out.push_back(make_row(name, rh, t[1], kind, sparse, kr, e.threads, *e.bh16));
+            out.push_back(make_row(name, rb, t[2], kind, sparse, kr, e.threads, *e.bf16));
           }};
 }
 
@@ -444,11 +515,11 @@ const std::vector<std::string> not_built = [] {
 void print_json(const row& r, const std::string& machine, const std::string& date, int reps, bool goal) {
   std::printf(
       "{\"codec\":\"%s\",\"n\":%zu,\"k\":%zu,\"k_ratio\":%g,\"dtype\":\"%s\",\"threads\":%u,\"parallelism\":\"%s\","
-      "\"gbps\":%.4f,\"decode_gbps\":%.4f,\"baseline_memcpy_gbps\":%.4f,\"baseline_nth_element_gbps\":%.4f,"
+      "\"gbps\":%.4f,\"decode_gbps\":%.4f,\"melems\":%.2f,\"decode_melems\":%.2f,\"baseline_memcpy_gbps\":%.4f,\"baseline_nth_element_gbps\":%.4f,"
       "\"ratio\":%.4f,\"ratio_baseline\":\"%s\",\"compression_ratio\":%.3f,\"reps\":%d,\"machine\":\"%s\","
       "\"nproc\":%u,\"date\":\"%s\",\"goal_check\":%s}\n",
       r.codec.c_str(), r.n, r.k, r.k_ratio, r.dtype.c_str(), r.threads, r.threads == 1 ? "none" : "chunked", r.gbps,
-      r.decode_gbps, r.base_memcpy, r.base_nth, r.ratio, r.base == baseline_kind::nth_element ? "nth_element" : "memcpy",
+      r.decode_gbps, r.melems, r.decode_melems, r.base_memcpy, r.base_nth, r.ratio, r.base == baseline_kind::nth_element ? "nth_element" : "memcpy",
       r.compression, reps, machine.c_str(), std::thread::hardware_concurrency(), date.c_str(),
       goal ? "true" : "false");
 }
@@ -464,7 +535,8 @@ int usage(int rc, const std::vector<codec_entry>& codecs) {
       "  --json-only  print only the JSON lines (one per case)\n"
       "  --reps N     timed repetitions per figure after one warm-up, median reported (default 7)\n"
       "  --codecs     comma-separated subset of: %s (default: all)\n"
-      "Sizes n = 2^20, 2^24, 25557032; k = 1%% and 0.1%% for sparsifiers; f32 and bf16 input;\n"
+      "Sizes n = 2^20, 2^24, 25557032; k = 1%% and 0.1%% for sparsifiers; f32, f16 and bf16 input\n"
+      "(timed interleaved; the 16-bit table gives their element rates as ratios to f32's);\n"
       "threads 1 and hardware_concurrency (chunked: T independent n/T-element encodes).\n"
       "Not in this build (header missing): %s\n",
       names.c_str(), missing.empty() ? "none" : missing.c_str());
@@ -522,27 +594,37 @@ int main(int argc, char** argv) {
   for (std::size_t n : sizes) {
     std::vector<float> base32[2];
     std::vector<ashl::bfloat16> base16[2];
+    std::vector<ashl::half> baseh[2];
     for (int b = 0; b < 2; ++b) {
       base32[b] = make_input(n, 1000 + b);
       base16[b].resize(n);
+      baseh[b].resize(n);
       for (std::size_t i = 0; i < n; ++i) base16[b][i] = ashl::bfloat16::from_float(base32[b][i]);
+      for (std::size_t i = 0; i < n; ++i) baseh[b][i] = ashl::half::from_float(base32[b][i]);
     }
     const std::vector<float> zeros[2] = {std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f)};
     pool<float> p32(base32, llc), acc(zeros, llc);
     pool<ashl::bfloat16> p16(base16, llc);
+    pool<ashl::half> ph(baseh, llc);
     if (!opt.json_only)
-      std::fprintf(stderr, "ashl_bench_compress_cpu: n = %zu (%zu f32 / %zu bf16 buffers in rotation, LLC %zu MiB)\n",
-                   n, p32.size(), p16.size(), llc >> 20);
+      std::fprintf(stderr,
+                   "ashl_bench_compress_cpu: n = %zu (%zu f32 / %zu f16 / %zu bf16 buffers in rotation, LLC %zu MiB)\n",
+                   n, p32.size(), ph.size(), p16.size(), llc >> 20);
     for (unsigned th : thread_counts) {
+      // The 16-bit rows' memcpy baseline is the same bytes whatever the
+      // 16-bit type; nth_element is measured for each (its conversion differs).
       const baselines b32 = measure_baselines(p32, th, opt.reps), b16 = measure_baselines(p16, th, opt.reps);
-      const case_env env{{&p32, &p16, &acc}, th, &b32, &b16, opt.reps};
+      const baselines bh = measure_baselines(ph, th, opt.reps, false);
+      baselines bh16 = bh;
+      bh16.memcpy_gbps = b16.memcpy_gbps;
+      const case_env env{{&p32, &ph, &p16, &acc}, th, &b32, &b16, &bh16, opt.reps};
       for (const auto& c : codecs) {
         if (!opt.codecs.empty() && std::find(opt.codecs.begin(), opt.codecs.end(), c.name) == opt.codecs.end())
           continue;
         if (c.sparse) {
-          for (double kr : {0.01, 0.001}) c.run(kr, env, rows, true, true);
+          for (double kr : {0.01, 0.001}) c.run(kr, env, rows, true);
         } else {
-          c.run(0.01, env, rows, true, true);
+          c.run(0.01, env, rows, true);
         }
       }
     }
@@ -561,9 +643,9 @@ int main(int argc, char** argv) {
         const bool mem = c.kind == baseline_kind::memcpy;
         const std::vector<double> nth = mem ? std::vector<double>{} : std::vector<double>{kr};
         const baselines before = measure_baselines(p32, 1, opt.reps, mem, nth);
-        const case_env env{{&p32, &p16, &acc}, 1, &before, &before, opt.reps};
+        const case_env env{{&p32, &ph, &p16, &acc}, 1, &before, &before, &before, opt.reps};
         std::vector<row> one;
-        c.run(kr, env, one, true, false);
+        c.run(kr, env, one, false);
         const baselines after = measure_baselines(p32, 1, opt.reps, mem, nth);
         row& r = one.front();
         r.base_memcpy = 0.5 * (before.memcpy_gbps + after.memcpy_gbps);
@@ -596,6 +678,25 @@ int main(int argc, char** argv) {
                 r.sparse ? (r.k_ratio == 0.01 ? "1%" : "0.1%") : "-", r.dtype.c_str(), r.threads, r.gbps,
                 r.decode_gbps, r.base_memcpy, r.base_nth, r.ratio, r.base == baseline_kind::nth_element ? 'n' : 'm',
                 r.compression);
+
+  // 16-bit inputs: each codec's f16 and bf16 element rate against its own f32
+  // rate of the same interleaved rounds (goal >= 0.9x), and f32 against memcpy.
+  std::printf("\n16-bit inputs (1 thread): element rates, Melem/s, encode (decode-add); ratio = 16-bit / f32\n"
+              "element rate of the same interleaved rounds (goal >= 0.90x); f32 GB/s against memcpy\n");
+  std::printf("%-14s %9s %5s %15s %8s %15s %13s %15s %13s\n", "codec", "n", "k", "f32 Melem/s", "f32/mcpy",
+              "f16 Melem/s", "f16/f32", "bf16 Melem/s", "bf16/f32");
+  for (std::size_t i = 0; i + 2 < rows.size(); ++i) {
+    const row &a = rows[i], &h = rows[i + 1], &b = rows[i + 2];
+    if (a.dtype != "f32" || h.dtype != "f16" || b.dtype != "bf16" || a.threads != 1 || h.codec != a.codec ||
+        b.codec != a.codec || h.threads != 1 || b.threads != 1 || h.k_ratio != a.k_ratio || b.k_ratio != a.k_ratio)
+      continue;
+    const double rh = h.melems / a.melems, rb = b.melems / a.melems;
+    std::printf("%-14s %9zu %5s %7.0f (%5.0f) %7.2fx %7.0f (%5.0f) %5.2fx%c (%4.2f) %7.0f (%5.0f) %5.2fx%c (%4.2f)\n",
+                a.codec.c_str(), a.n, a.sparse ? (a.k_ratio == 0.01 ? "1%" : "0.1%") : "-", a.melems,
+                a.decode_melems, a.gbps / a.base_memcpy, h.melems, h.decode_melems, rh, rh >= 0.9 ? ' ' : '!',
+                h.decode_melems / a.decode_melems, b.melems, b.decode_melems, rb, rb >= 0.9 ? ' ' : '!',
+                b.decode_melems / a.decode_melems);
+  }
 
   // The goals, at the largest size run, f32, one thread, from the back-to-back runs.
   const std::size_t nmax = sizes.back();
