@@ -320,7 +320,7 @@ class nccl {
       if (counts[ur] == 0) continue;
       const auto* src = static_cast<const std::byte*>(in.data()) + displs[ur] * es;
       st = call("ncclReduce", ncclReduce(src, r == rank_ ? out.data() : nullptr, counts[ur], *t,
-                                         detail::nccl_op(op), r, comm_, s));
+                                         detail::nccl_op(op), r, comm_, s)));
     }
     const status end = call("ncclGroupEnd", ncclGroupEnd());
     ASHL_TRY(counted(st));
@@ -352,7 +352,7 @@ class nccl {
       const auto ur = static_cast<std::size_t>(r);
       if (counts[ur] == 0) continue;
       auto* dst = static_cast<std::byte*>(out.data()) + displs[ur] * es;
-      st = call("ncclBroadcast", ncclBroadcast(r == rank_ ? in.data() : dst, dst, counts[ur], *t, r, comm_, s));
+      (void)(st = call("ncclBroadcast", ncclBroadcast(r == rank_ ? in.data() : dst, dst, counts[ur], *t, r, comm_, s)));
     }
     const status end = call("ncclGroupEnd", ncclGroupEnd());
     ASHL_TRY(counted(st));
