@@ -319,8 +319,8 @@ class nccl {
       const auto ur = static_cast<std::size_t>(r);
       if (counts[ur] == 0) continue;
       const auto* src = static_cast<const std::byte*>(in.data()) + displs[ur] * es;
-      st = call("ncclReduce", ncclReduce(src, r == rank_ ? out.data() : nullptr, counts[ur], *t,
-                                         detail::nccl_op(op), r, comm_, s)));
+      (void)(st = call("ncclReduce", ncclReduce(src, r == rank_ ? out.data() : nullptr, counts[ur], *t,
+                                                 detail::nccl_op(op), r, comm_, s)));
     }
     const status end = call("ncclGroupEnd", ncclGroupEnd());
     ASHL_TRY(counted(st));
