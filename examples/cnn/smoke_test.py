@@ -1,0 +1,55 @@
+#!/usr/bin/python3
+"""ctest examples/cnn_quick: the CNN example at --quick with 2 workers, BSP
+and ASHL, 15 s each; passes when both runs wrote a JSON line whose final
+accuracy (10,000 test images) is well above chance (0.1). Exit 77 (skipped)
+when PyTorch, the ashl module or the data set is missing.
+
+    /usr/bin/python3 examples/cnn/smoke_test.py --out DIR
+"""
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main():
+    out = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "/tmp/ashl-cnn-smoke"
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("skipped: PyTorch is not importable by", sys.executable, "(Debian python3-torch)")
+        return 77
+    try:
+        import ashl.torch  # noqa: F401
+    except ImportError as e:
+        print(f"skipped: the ashl Python module is not importable ({e})")
+        return 77
+    if not os.path.exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"):
+        print("skipped: the data set is not installed (Debian dataset-fashion-mnist)")
+        return 77
+    cmd = [sys.executable, os.path.join(HERE, "run.py"), "--quick", "--methods", "bsp,ashl", "--budget", "15",
+           "--eval-every", "5", "--out", out]
+    r = subprocess.run(cmd, timeout=110)
+    if r.returncode != 0:
+        print(f"{' '.join(cmd)} exited with {r.returncode}")
+        return 1
+    with open(os.path.join(out, "results.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    seen = {row["method"]: row for row in rows}
+    for m in ("bsp", "ashl"):
+        if m not in seen:
+            print(f"no result line for {m}")
+            return 1
+        row = seen[m]
+        if not row["final_accuracy"] > 0.4 or row["iterations"] < 20:
+            print(f"{m}: final accuracy {row['final_accuracy']} after {row['iterations']} iterations: "
+                  "a run that trains is well above 0.1")
+            return 1
+    print("cnn --quick: bsp", seen["bsp"]["final_accuracy"], "ashl", seen["ashl"]["final_accuracy"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
