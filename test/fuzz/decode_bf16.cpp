@@ -4,5 +4,5 @@
 #include "decode_fuzz.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  return decode_fuzz::run(ashl::compress::bf16{}, data, size);
+  return decode_fuzz::run(ashl::compress::bf16{}, data, size, decode_fuzz::payload::lossless_from_f32);
 }
