@@ -1,0 +1,228 @@
+// ashl/coll/compressed.hpp — how a synchronous step moves its buffer
+// (issue 14 item 3): the "exchanges" that coll/driver.hpp calls, and the
+// iteration-time-model decision between compression and 16-bit dense.
+//
+//   ashl::coll::dense_exchange dense{ashl::dtype::bf16};           // native 16-bit allreduce
+//   ashl::coll::payload_exchange<ashl::compress::error_feedback<ashl::compress::topk>> sparse{
+//       ashl::compress::error_feedback<ashl::compress::topk>{ashl::compress::topk{0.01}}};
+//   std::vector<double> w(c.size(), 1.0 / c.size());
+//   ASHL_TRY(sparse(c, ashl::host_view<float>(g), w, step));      // g = Σ_j w_j · C(g_j + e_j)
+//
+//   auto e = ashl::coll::estimate_transfer({.elements = n, .ranks = 8, .link = link,
+//                                           .payload_bytes = 0.08 * n, .codec = codec});
+//   if (e.compress()) ...                                          // compressed beats 16-bit dense
+//
+// Every exchange computes x ← Σ_j w_j · x_j over the ranks j (weights from
+// the synchronous policy: 1/M, or b_j/Σb for DLB), in place:
+// - dense_exchange: scale by the own weight, cast to the wire dtype (f32,
+//   f16 or bf16), one allreduce-sum in that dtype (MPI/NCCL reduce 16-bit
+//   natively), cast back. f16/bf16 halve the bytes and round.
+// - payload_exchange<Codec>: encode with the codec (a stateful codec such as
+//   error_feedback keeps its residual), all-gather the payload sizes, then
+//   the payloads (uneven all-gather of bytes), and decode-add each rank's
+//   payload into the zeroed buffer with that rank's weight, in rank order,
+//   so every rank computes bitwise the same sum. Sparse and quantized
+//   codecs cannot be summed inside an allreduce; this is what
+//   sparse-collective libraries do (all-gather, then add).
+// - auto_exchange<Codec>: one of the two, chosen by estimate_transfer on
+//   rank 0 and broadcast, so every rank takes the same path.
+//
+// estimate_transfer is the iteration-time model's link term (profile::
+// link_model: α + bytes/β) applied to each collective's steps: a ring
+// allreduce of 16-bit values takes 2(M−1) steps of 2n/M bytes; an all-gather
+// of payloads M−1 steps of P bytes (the largest payload), plus the codec's
+// measured time per bucket element. Compression is compared with 16-bit
+// dense transfer, not 32-bit (LESSONS.md: "Compression often does not pay").
+// ALGORITHMS.md §4 (the per-tensor switch); docs/coll.md.
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/coll/concepts.hpp>
+#include <ashl/compress/concepts.hpp>
+#include <ashl/core/dtype.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/core/tensor_view.hpp>
+#include <ashl/profile/capability.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace coll {
+
+namespace detail {
+inline status check_weights(std::span<const double> w, rank_t size) {
+  if (w.size() != static_cast<std::size_t>(size))
+    return invalid_argument("exchange.weights.size", w.size(), "must equal the group size");
+  return {};
+}
+}  // namespace detail
+
+// ---------------------------------------------------------------- dense
+
+class dense_exchange {
+ public:
+  dense_exchange() = default;
+  explicit dense_exchange(dtype wire) : wire_(wire) {
+    ASHL_ASSERT(wire == dtype::f32 || wire == dtype::f16 || wire == dtype::bf16, "dense_exchange: f32, f16 or bf16");
+  }
+  [[nodiscard]] dtype wire() const noexcept { return wire_; }
+
+  template <host_collective C>
+  status operator()(C& c, host_view<float> x, std::span<const double> weights, std::uint64_t /*step*/ = 0) {
+    ASHL_TRY(detail::check_weights(weights, c.size()));
+    const auto w = static_cast<float>(weights[static_cast<std::size_t>(c.rank())]);
+    const std::size_t n = x.size();
+    if (wire_ == dtype::f32) {
+      if (w != 1.0f)
+        for (auto& v : x) v *= w;
+      return blocking(c, c.allreduce(in_view<>(x.data(), n, dtype::f32), out_view<>(x.data(), n, dtype::f32),
+                                     reduce_op::sum, c.default_stream()));
+    }
+    wire_buf_.resize(n * 2);
+    if (wire_ == dtype::f16) return run16<half>(c, x, w);
+    return run16<bfloat16>(c, x, w);
+  }
+
+ private:
+  template <class T, host_collective C>
+  status run16(C& c, host_view<float> x, float w) {
+    T* h = reinterpret_cast<T*>(wire_buf_.data());
+    const std::size_t n = x.size();
+    for (std::size_t i = 0; i < n; ++i) h[i] = T::from_float(x[i] * w);
+    ASHL_TRY(blocking(c, c.allreduce(in_view<>(h, n, dtype_of<T>), out_view<>(h, n, dtype_of<T>), reduce_op::sum,
+                                     c.default_stream())));
+    for (std::size_t i = 0; i < n; ++i) x[i] = h[i].to_float();
+    return {};
+  }
+
+  dtype wire_ = dtype::f32;
+  std::vector<std::byte> wire_buf_;
+};
+
+// ------------------------------------------------------------- payloads
+
+template <class Codec>
+  requires(compress::codec<Codec> || compress::stateful_codec<Codec>)
+class payload_exchange {
+ public:
+  payload_exchange() = default;
+  explicit payload_exchange(Codec codec, std::uint64_t seed = 0, std::uint32_t tensor = 0)
+      : codec_(std::move(codec)), seed_(seed), tensor_(tensor) {}
+
+  [[nodiscard]] const Codec& codec() const noexcept { return codec_; }
+  Codec& codec() noexcept { return codec_; }
+  // Bytes this rank sent in the last call (its payload) and received (all payloads).
+  [[nodiscard]] std::size_t last_payload_bytes() const noexcept { return last_sent_; }
+  [[nodiscard]] std::size_t last_gathered_bytes() const noexcept { return gathered_.size(); }
+
+  template <host_collective C>
+  status operator()(C& c, host_view<float> x, std::span<const double> weights, std::uint64_t step = 0) {
+    ASHL_TRY(detail::check_weights(weights, c.size()));
+    const std::size_t n = x.size();
+    const auto m = static_cast<std::size_t>(c.size());
+    payload_.resize(codec_.max_encoded_bytes(n, dtype::f32));
+    scratch_.resize(codec_.scratch_bytes(n, dtype::f32));
+    // Each rank draws its own stream (stochastic codecs), the same one every run.
+    compress::codec_context ctx{.seed = seed_ + 0x9e3779b97f4a7c15ull * (static_cast<std::uint64_t>(c.rank()) + 1),
+                                .step = step,
+                                .tensor = tensor_,
+                                .scratch = scratch_};
+    auto used = codec_.encode(host_view<const float>(x.data(), n), payload_, ctx);
+    if (!used) return used.error();
+    last_sent_ = *used;
+
+    // Sizes first (8 bytes from every rank), then the payloads themselves.
+    sizes_.assign(m, 0);
+    const std::uint64_t mine = *used;
+    eight_.assign(m, 8);
+    ASHL_TRY(blocking(c, c.all_gather(in_view<>(&mine, 8, dtype::u8), out_view<>(sizes_.data(), 8 * m, dtype::u8),
+                                      eight_, c.default_stream())));
+    counts_.assign(sizes_.begin(), sizes_.end());
+    const auto d = displacements(counts_);
+    gathered_.resize(d.back());
+    ASHL_TRY(blocking(c, c.all_gather(in_view<>(payload_.data(), mine, dtype::u8),
+                                      out_view<>(gathered_.data(), gathered_.size(), dtype::u8), counts_,
+                                      c.default_stream())));
+
+    std::fill(x.begin(), x.end(), 0.0f);
+    for (std::size_t j = 0; j < m; ++j) {
+      compress::codec_context dj = ctx;
+      dj.seed = seed_ + 0x9e3779b97f4a7c15ull * (j + 1);
+      ASHL_TRY(codec_.decode_add(std::span<const std::byte>(gathered_.data() + d[j], counts_[j]),
+                                 compress::payload_info{n, dtype::f32}, x, static_cast<float>(weights[j]), dj));
+    }
+    return {};
+  }
+
+ private:
+  Codec codec_{};
+  std::uint64_t seed_ = 0;
+  std::uint32_t tensor_ = 0;
+  std::vector<std::byte> payload_, scratch_, gathered_;
+  std::vector<std::uint64_t> sizes_;
+  std::vector<std::size_t> counts_, eight_;
+  std::size_t last_sent_ = 0;
+};
+
+// ------------------------------------------------------------- decision
+
+struct transfer_inputs {
+  std::size_t elements = 0;          // n, the bucket
+  rank_t ranks = 1;                  // M
+  profile::link_model link{};        // one rank's link (α seconds, β bytes/s)
+  double payload_bytes = 0.0;        // the largest compressed payload of the bucket
+  profile::codec_model codec{};      // encode + decode-adds, seconds per bucket element
+};
+
+struct transfer_estimate {
+  double dense16_seconds = 0.0;      // ring allreduce of 16-bit values
+  double compressed_seconds = 0.0;   // all-gather of payloads + codec
+  [[nodiscard]] bool compress() const noexcept { return compressed_seconds < dense16_seconds; }
+};
+
+inline transfer_estimate estimate_transfer(const transfer_inputs& in) {
+  transfer_estimate e;
+  const double m = static_cast<double>(std::max<rank_t>(1, in.ranks));
+  if (m <= 1.0) return e;  // nothing moves; neither pays
+  const double dense_bytes = 2.0 * static_cast<double>(in.elements);
+  e.dense16_seconds = 2.0 * (m - 1.0) * in.link.predict(dense_bytes / m);
+  e.compressed_seconds = (m - 1.0) * in.link.predict(in.payload_bytes) +
+                         in.codec.predict(static_cast<double>(in.elements));
+  return e;
+}
+
+template <class Codec>
+class auto_exchange {
+ public:
+  auto_exchange(dtype dense_wire, payload_exchange<Codec> compressed)
+      : dense_(dense_wire), compressed_(std::move(compressed)) {}
+
+  // Decides on rank 0 from the model and tells every rank (a 1-byte broadcast).
+  template <host_collective C>
+  status decide(C& c, const transfer_inputs& in) {
+    std::uint8_t choice = c.rank() == 0 && estimate_transfer(in).compress() ? 1 : 0;
+    ASHL_TRY(blocking(c, c.broadcast(out_view<>(&choice, 1, dtype::u8), 0, c.default_stream())));
+    compress_ = choice != 0;
+    return {};
+  }
+  [[nodiscard]] bool compressing() const noexcept { return compress_; }
+  payload_exchange<Codec>& compressed() noexcept { return compressed_; }
+
+  template <host_collective C>
+  status operator()(C& c, host_view<float> x, std::span<const double> weights, std::uint64_t step = 0) {
+    return compress_ ? compressed_(c, x, weights, step) : dense_(c, x, weights, step);
+  }
+
+ private:
+  dense_exchange dense_;
+  payload_exchange<Codec> compressed_;
+  bool compress_ = false;
+};
+
+}  // namespace coll
+ASHL_NAMESPACE_END
