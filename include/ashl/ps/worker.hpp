@@ -206,6 +206,29 @@ class worker {
     return state_->commit(update);
   }
 
+  // Whether this cycle's commit is compressed (the plan's ratio is below 1
+  // and its codec is not identity); known once iteration_done() said true.
+  // A caller that encodes itself (ps/device_worker.cuh) asks this, encodes
+  // with codec() at plan().compression_ratio and context {seed,
+  // commit_step(), shard}, and hands the payloads to commit_encoded().
+  [[nodiscard]] bool compresses() const {
+    return locked([](const state& s) { return s.cycle.compresses() && s.codec != codec_id::identity; });
+  }
+  // header.step of the next commit (the codec's Philox step): the
+  // iterations before this cycle and this cycle's.
+  [[nodiscard]] std::uint64_t commit_step() const {
+    return locked([](const state& s) { return s.iterations_total + s.cycle.iterations(); });
+  }
+
+  // commit() with payloads the caller encoded: payloads[s] is shard s's
+  // payload of codec() (layout().range(s) elements, f32 input), with the
+  // pull. Only for a cycle that compresses(); the payloads must stay
+  // unchanged until wait() returns (a reconnect sends them again).
+  status commit_encoded(std::span<const std::span<const std::byte>> payloads) {
+    std::lock_guard g(state_->mu);
+    return state_->commit_encoded(payloads);
+  }
+
   // Asks every server for its parameters without committing (after a
   // rejoin, or to read the model); wait() completes it. Outside a cycle's
   // compute only: before the first iteration_done() of a cycle.
@@ -286,8 +309,9 @@ class worker {
     std::uint64_t commit_bytes = 0, reply_bytes = 0;
     // The commit (or pull) in flight, to send again after a reconnect.
     std::span<const float> last_update;
+    std::vector<std::span<const std::byte>> last_payloads;  // commit_encoded's, per shard
     std::uint64_t last_seq = 0;
-    bool last_compressed = false, last_was_commit = false;
+    bool last_compressed = false, last_was_commit = false, last_external = false;
     std::vector<std::uint8_t> arrived;       // per shard: its commit send completed ok
     std::vector<std::uint8_t> lost;          // per server: reconnecting (worker_params.reconnect)
     std::vector<double> lost_until;          // per server: the reconnect's deadline
@@ -434,22 +458,58 @@ class worker {
       } else if (cycle.state() == worker_cycle::phase::compressing) {
         cycle.compressed(now, static_cast<double>(update.size_bytes()));
       }
+      last_update = update;
+      last_compressed = compressing;
+      last_external = false;
+      return send_commit(now);
+    }
+
+    status commit_encoded(std::span<const std::span<const std::byte>> payloads) {
+      if (!failed.ok()) return failed;
+      if (payloads.size() != servers())
+        return invalid_argument("worker.commit_encoded.payloads.size", payloads.size(),
+                                "must be one payload per server (" + std::to_string(servers()) + ")");
+      if (committing) return invalid_argument("worker.commit", "pending", "the last commit is not complete: wait() first");
+      if (cycle.state() != worker_cycle::phase::compressing || codec == codec_id::identity)
+        return invalid_argument("worker.commit_encoded", "dense cycle",
+                                "this cycle does not compress (compresses() is false): commit() the update");
+      std::uint64_t bytes = 0;
+      for (const auto& b : payloads) {
+        if (b.empty()) return invalid_argument("worker.commit_encoded.payload.size", 0, "a payload is never empty");
+        bytes += b.size();
+      }
+      const double now = clock.now();
+      iterations_total += cycle.iterations();
+      cycle.compressed(now, static_cast<double>(bytes));
+      last_payloads.assign(payloads.begin(), payloads.end());
+      last_update = {};
+      last_compressed = true;
+      last_external = true;
+      return send_commit(now);
+    }
+
+    // Shard s's payload of the commit in flight.
+    [[nodiscard]] std::span<const std::byte> commit_payload(std::uint32_t s) const {
+      if (last_external) return last_payloads[s];
+      if (last_compressed) return enc[s];
+      const key_range r = layout.range(s);
+      return std::as_bytes(last_update.subspan(r.begin, r.size()));
+    }
+
+    // The commit whose payloads commit_payload() gives, with its pull.
+    status send_commit(double now) {
       if (p.link_bytes_per_second > 0.0) {
         std::uint64_t b = 0;
-        for (std::uint32_t s = 0; s < servers(); ++s)
-          b += wire::header_bytes + (compressing ? enc[s].size() : layout.range(s).size() * sizeof(float));
+        for (std::uint32_t s = 0; s < servers(); ++s) b += wire::header_bytes + commit_payload(s).size();
         hold_for_link(b);
       }
       last_seq = cycle.commit_sent(now);
-      last_update = update;
-      last_compressed = compressing;
       last_was_commit = true;
       commit_bytes = 0;
       arrived_count = 0;
       std::fill(arrived.begin(), arrived.end(), std::uint8_t{0});
       for (std::uint32_t s = 0; s < servers(); ++s) {
-        commit_bytes += wire::header_bytes +
-                        (compressing ? enc[s].size() : layout.range(s).size() * sizeof(float));
+        commit_bytes += wire::header_bytes + commit_payload(s).size();
         ASHL_TRY(send_commit_shard(s));
       }
       ++tel.commits;
@@ -465,8 +525,7 @@ class worker {
     status send_commit_shard(std::uint32_t s) {
       if (lost[s]) return {};  // sent when the server is back
       const key_range r = layout.range(s);
-      std::span<const std::byte> payload = last_compressed ? std::span<const std::byte>(enc[s])
-                                                           : std::as_bytes(last_update.subspan(r.begin, r.size()));
+      const std::span<const std::byte> payload = commit_payload(s);
       wire::header h{.kind = wire::message_kind::commit,
                      .codec = last_compressed ? codec : codec_id::identity,
                      .type = dtype::f32,
