@@ -1,0 +1,590 @@
+// ashl._ashl — the pybind11 core of `import ashl` (docs/torch.md, "Python"):
+// ps::worker and ps::server over UCX or inproc, the runtime contract
+// (ps/launch.hpp), plans and telemetry as Python objects. The torch side
+// (ashl/torch.py) flattens a model into one float32 bucket with torch's own
+// Python API and hands this module plain buffers (numpy views of that
+// bucket), so the module needs no libtorch headers and no torch ABI: it works
+// with whichever torch the interpreter imports (LESSONS.md, "Integrate
+// through plain buffers and a thin adapter").
+//
+// Errors at the boundary are Python exceptions carrying ashl's message
+// ("worker.timeout_ms = 300: passed while ..."): invalid arguments raise
+// ValueError, a wait that passed its bound TimeoutError, anything else
+// RuntimeError. Blocking calls (create, wait, leave, run) release the GIL.
+#include <ashl/config.hpp>
+#include <ashl/core/plan.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/ps/launch.hpp>
+#include <ashl/ps/policies.hpp>
+#include <ashl/ps/server.hpp>
+#include <ashl/ps/worker.hpp>
+#include <ashl/transport/inproc.hpp>
+#if ASHL_HAS_UCX()
+#include <ashl/transport/ucx.hpp>
+#endif
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+namespace py = pybind11;
+namespace ps = ashl::ps;
+namespace tr = ashl::transport;
+
+namespace {
+
+[[noreturn]] void raise(const ashl::status& s) {
+  switch (s.code()) {
+    case ashl::errc::invalid_argument:
+    case ashl::errc::out_of_range:
+    case ashl::errc::not_found:
+      throw py::value_error(s.message());
+    case ashl::errc::timed_out:
+      PyErr_SetString(PyExc_TimeoutError, s.message().c_str());
+      throw py::error_already_set();
+    default:
+      throw std::runtime_error(s.message());
+  }
+}
+
+void check(const ashl::status& s) {
+  if (!s) raise(s);
+}
+
+std::chrono::milliseconds millis(double seconds, const char* field) {
+  if (!(seconds >= 0.0) || !std::isfinite(seconds))
+    raise(ashl::invalid_argument(field, seconds, "must be >= 0 seconds and finite"));
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(seconds * 1000.0)));
+}
+
+// A 1-D float32 array the module writes into or reads from in place: the
+// caller's buffer, never a converted copy (a copy would break the views).
+using f32_array = py::array_t<float, 0>;  // no forcecast: wrong dtypes are refused, not converted
+
+std::span<float> buffer_of(const py::array& a, const char* field, bool writable) {
+  if (!py::isinstance<py::array_t<float>>(a) || a.dtype().kind() != 'f' || a.itemsize() != 4)
+    raise(ashl::invalid_argument(std::string(field) + ".dtype", std::string(py::str(a.dtype())),
+                                 "must be float32"));
+  if (a.ndim() != 1) raise(ashl::invalid_argument(std::string(field) + ".ndim", a.ndim(), "must be 1 (a flat bucket)"));
+  if (a.ndim() == 1 && a.shape(0) > 1 && a.strides(0) != static_cast<py::ssize_t>(sizeof(float)))
+    raise(ashl::invalid_argument(std::string(field) + ".stride", a.strides(0),
+                                 "must be 4 bytes (a contiguous buffer)"));
+  if (writable && !a.writeable())
+    raise(ashl::invalid_argument(std::string(field) + ".writeable", "false", "the worker writes into it"));
+  return {static_cast<float*>(const_cast<void*>(a.data())), static_cast<std::size_t>(a.shape(0))};
+}
+
+// -------------------------------------------------------------- the job
+
+py::dict job_dict(const ps::job& j) {
+  py::dict d;
+  d["role"] = std::string(ps::to_string(j.role));
+  d["rank"] = j.rank;
+  d["num_workers"] = j.num_workers;
+  d["num_servers"] = j.num_servers;
+  d["server_addresses"] = j.server_addresses;
+  d["token"] = j.token;
+  d["insecure"] = j.insecure;
+  d["verbose"] = j.verbose;
+  d["progress_seconds"] = j.progress_seconds;
+  d["rest"] = j.rest;
+  return d;
+}
+
+// The runtime contract from the environment and `argv` (flags win).
+py::dict job_from(std::vector<std::string> argv) {
+  if (argv.empty()) argv.push_back("python");
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  auto j = ps::job_from(static_cast<int>(argv.size()), args.data());
+  if (!j) raise(j.error());
+  return job_dict(*j);
+}
+
+// -------------------------------------------------------------- plans
+
+py::dict plan_dict(const ashl::worker_plan& p) {
+  py::dict d;
+  d["local_iterations"] = p.local_iterations;
+  d["commit_interval"] = p.commit_interval();
+  d["batch_size"] = p.batch_size;
+  d["stage"] = std::string(ashl::to_string(p.stage));
+  d["data_share"] = p.data_share;
+  d["compression_ratio"] = p.compression_ratio;
+  return d;
+}
+
+py::dict transport_dict(const tr::transport_counters& c) {
+  py::dict d;
+  d["messages_sent"] = c.messages_sent;
+  d["messages_received"] = c.messages_received;
+  d["bytes_sent"] = c.bytes_sent;
+  d["bytes_received"] = c.bytes_received;
+  d["sends_failed"] = c.sends_failed;
+  d["receives_refused"] = c.receives_refused;
+  d["peers_connected"] = c.peers_connected;
+  d["peers_failed"] = c.peers_failed;
+  d["peers_closed"] = c.peers_closed;
+  d["auth_refused"] = c.auth_refused;
+  return d;
+}
+
+py::dict worker_telemetry_dict(const ps::worker_telemetry& t) {
+  py::dict d;
+  d["commits"] = t.commits;
+  d["pulls"] = t.pulls;
+  d["bytes_out"] = t.bytes_out;
+  d["bytes_in"] = t.bytes_in;
+  d["plans"] = t.plans;
+  d["plan_changes"] = t.plan_changes;
+  d["plans_ignored"] = t.plans_ignored;
+  d["errors"] = t.errors;
+  d["copied_replies"] = t.copied_replies;
+  d["reconnects"] = t.reconnects;
+  d["wait_seconds"] = t.wait_seconds;
+  d["compress_seconds"] = t.compress_seconds;
+  d["link_seconds"] = t.link_seconds;
+  d["transport"] = transport_dict(t.transport);
+  return d;
+}
+
+py::dict server_telemetry_dict(const ps::server_telemetry& t) {
+  py::dict core;
+  core["commits"] = t.core.commits;
+  core["commits_applied"] = t.core.commits_applied;
+  core["commits_buffered"] = t.core.commits_buffered;
+  core["commits_dropped"] = t.core.commits_dropped;
+  core["duplicates"] = t.core.duplicates;
+  core["bytes_in"] = t.core.bytes_in;
+  core["pulls"] = t.core.pulls;
+  core["pulls_served"] = t.core.pulls_served;
+  core["pulls_held"] = t.core.pulls_held;
+  core["pulls_released"] = t.core.pulls_released;
+  core["plans_sent"] = t.core.plans_sent;
+  core["steps"] = t.core.steps;
+  core["joins"] = t.core.joins;
+  core["leaves"] = t.core.leaves;
+  core["evictions"] = t.core.evictions;
+  core["refused"] = t.core.refused_total();
+  py::dict d;
+  d["core"] = core;
+  d["transport"] = transport_dict(t.transport);
+  d["messages_in"] = t.messages_in;
+  d["messages_out"] = t.messages_out;
+  d["bytes_in"] = t.bytes_in;
+  d["bytes_out"] = t.bytes_out;
+  d["pull_replies"] = t.pull_replies;
+  d["plans"] = t.plans;
+  d["errors_sent"] = t.errors_sent;
+  d["peers_failed"] = t.peers_failed;
+  d["evicted_silent"] = t.evicted_silent;
+  d["checkpoints"] = t.checkpoints;
+  d["seconds"] = t.seconds;
+  d["wait_seconds"] = t.wait_seconds;
+  return d;
+}
+
+// -------------------------------------------------------------- policies
+
+// policy_params from a dict of its field names (ps::policy_params); an
+// unknown name or a value of the wrong type is named.
+ps::policy_params policy_params_from(const py::dict& d) {
+  ps::policy_params p;
+  using setter = std::function<void(const py::handle&)>;
+  auto i64 = [](std::int64_t& f) { return setter([&f](const py::handle& v) { f = v.cast<std::int64_t>(); }); };
+  auto f64 = [](double& f) { return setter([&f](const py::handle& v) { f = v.cast<double>(); }); };
+  auto str = [](std::string& f) { return setter([&f](const py::handle& v) { f = v.cast<std::string>(); }); };
+  auto bln = [](bool& f) { return setter([&f](const py::handle& v) { f = v.cast<bool>(); }); };
+  const std::map<std::string, setter> fields{
+      {"workers", i64(p.workers)},
+      {"staleness_weight", str(p.staleness_weight)},
+      {"staleness_exponent", f64(p.staleness_exponent)},
+      {"weighting", str(p.weighting)},
+      {"batch_size", i64(p.batch_size)},
+      {"local_steps", i64(p.local_steps)},
+      {"staleness", i64(p.staleness)},
+      {"s_min", i64(p.s_min)},
+      {"s_max", i64(p.s_max)},
+      {"window", i64(p.window)},
+      {"sync_every_iterations", i64(p.sync_every_iterations)},
+      {"sync_every_seconds", f64(p.sync_every_seconds)},
+      {"period", f64(p.period)},
+      {"t_min", f64(p.t_min)},
+      {"search_every", f64(p.search_every)},
+      {"target_loss", f64(p.target_loss)},
+      {"loss_rise", f64(p.loss_rise)},
+      {"initial_commit_rate", i64(p.initial_commit_rate)},
+      {"max_commit_rate", i64(p.max_commit_rate)},
+      {"profile_iterations", i64(p.profile_iterations)},
+      {"profile_seconds", f64(p.profile_seconds)},
+      {"h_ahl", i64(p.h_ahl)},
+      {"h_shl", i64(p.h_shl)},
+      {"compression_ratio", f64(p.compression_ratio)},
+      {"switch_loss", f64(p.switch_loss)},
+      {"shl_staleness", i64(p.shl_staleness)},
+      {"planner", str(p.planner)},
+      {"replanner", str(p.replanner)},
+      {"profile_trim", i64(p.profile_trim)},
+      {"profile_warmup", i64(p.profile_warmup)},
+      {"replan_drift", f64(p.replan_drift)},
+      {"replan_half_life", f64(p.replan_half_life)},
+      {"total_batch", i64(p.total_batch)},
+      {"min_batch", i64(p.min_batch)},
+      {"speed_half_life", f64(p.speed_half_life)},
+      {"replan_every", i64(p.replan_every)},
+      {"straggler_replan", bln(p.straggler_replan)},
+      {"straggler_window", i64(p.straggler_window)},
+      {"straggler_threshold", f64(p.straggler_threshold)},
+      {"straggler_consecutive", i64(p.straggler_consecutive)},
+      {"max_batch", i64(p.max_batch)},
+      {"batch_step", i64(p.batch_step)},
+      {"horizon", f64(p.horizon)},
+      {"staleness_cost", f64(p.staleness_cost)},
+  };
+  for (auto [k, v] : d) {
+    const std::string name = py::str(k);
+    auto it = fields.find(name);
+    if (it == fields.end())
+      raise(ashl::invalid_argument("policy." + name, std::string(py::repr(v)), "unknown policy parameter"));
+    try {
+      it->second(v);
+    } catch (const py::cast_error&) {
+      raise(ashl::invalid_argument("policy." + name, std::string(py::repr(v)), "has the wrong type"));
+    }
+  }
+  return p;
+}
+
+// -------------------------------------------------------------- worker
+
+// One interface over ps::worker<ucx> and ps::worker<inproc>.
+struct any_worker {
+  virtual ~any_worker() = default;
+  virtual bool iteration_done() = 0;
+  virtual ashl::status commit(std::span<const float>) = 0;
+  virtual ashl::status pull() = 0;
+  virtual ashl::status wait() = 0;
+  virtual ashl::status leave() = 0;
+  virtual ashl::status report_metric(ashl::metric_id, double) = 0;
+  virtual ashl::worker_plan plan() const = 0;
+  virtual std::uint32_t batch() const = 0;
+  virtual ashl::codec_id codec() const = 0;
+  virtual std::uint64_t staleness() const = 0;
+  virtual ps::worker_telemetry telemetry() const = 0;
+  virtual std::string progress_line() const = 0;
+};
+
+template <class T>
+struct worker_of final : any_worker {
+  ps::worker<T> w;
+  explicit worker_of(ps::worker<T>&& x) : w(std::move(x)) {}
+  bool iteration_done() override { return w.iteration_done(); }
+  ashl::status commit(std::span<const float> u) override { return w.commit(u); }
+  ashl::status pull() override { return w.pull(); }
+  ashl::status wait() override { return w.wait(); }
+  ashl::status leave() override { return w.leave(); }
+  ashl::status report_metric(ashl::metric_id m, double v) override { return w.report_metric(m, v); }
+  ashl::worker_plan plan() const override { return w.plan(); }
+  std::uint32_t batch() const override { return w.batch(); }
+  ashl::codec_id codec() const override { return w.codec(); }
+  std::uint64_t staleness() const override { return w.staleness(); }
+  ps::worker_telemetry telemetry() const override { return w.telemetry(); }
+  std::string progress_line() const override { return w.progress_line(); }
+};
+
+struct fabric {
+  std::shared_ptr<tr::inproc_fabric> f;
+};
+
+class py_worker {
+ public:
+  py_worker(py::array parameters, std::vector<std::string> servers, std::uint32_t rank, std::uint32_t batch,
+            double timeout, std::uint64_t seed, bool error_feedback, double link_bytes_per_second, double reconnect,
+            double progress_seconds, std::string token, bool insecure, bool verbose, std::optional<fabric> inproc)
+      : params_obj_(parameters) {
+    const auto w = buffer_of(parameters, "parameters", true);
+    ps::worker_params p{.rank = rank,
+                        .servers = std::move(servers),
+                        .batch = batch,
+                        .timeout = millis(timeout, "worker.timeout"),
+                        .seed = seed,
+                        .progress_seconds = progress_seconds,
+                        .error_feedback = error_feedback,
+                        .link_bytes_per_second = link_bytes_per_second,
+                        .reconnect = millis(reconnect, "worker.reconnect")};
+    if (p.timeout.count() == 0) raise(ashl::invalid_argument("worker.timeout", timeout, "must be > 0 seconds"));
+    ashl::status failed;
+    {
+      py::gil_scoped_release nogil;
+      if (inproc) {
+        auto node = inproc->f->node();
+        if (!node) failed = node.error();
+        else failed = make(ps::worker<tr::inproc>::create(std::move(p), std::move(*node), w));
+      } else {
+#if ASHL_HAS_UCX()
+        auto t = tr::ucx::create({.token = token, .insecure = insecure, .verbose = verbose});
+        if (!t) failed = t.error();
+        else failed = make(ps::worker<tr::ucx>::create(std::move(p), std::move(*t), w));
+#else
+        (void)token, (void)insecure, (void)verbose;
+        failed = ashl::make_error(ashl::errc::unavailable, "worker.transport", "ucx",
+                                  "this build of ashl has no UCX (libucx-dev); use an InprocFabric");
+#endif
+      }
+    }
+    check(failed);
+  }
+
+  bool iteration_done() { return w_->iteration_done(); }
+
+  void commit(py::array update) {
+    const auto u = buffer_of(update, "update", false);
+    check(w_->commit(u));
+    update_obj_ = update;  // the worker sends from it until wait() returns
+  }
+  void pull() { check(w_->pull()); }
+  void wait() {
+    ashl::status s;
+    {
+      py::gil_scoped_release nogil;
+      s = w_->wait();
+    }
+    update_obj_ = py::none();
+    check(s);
+  }
+  void leave() {
+    ashl::status s;
+    {
+      py::gil_scoped_release nogil;
+      s = w_->leave();
+    }
+    check(s);
+  }
+  void report_metric(const std::string& name, double v) {
+    for (std::uint32_t i = 0; i < ashl::metric_id_count; ++i) {
+      const auto m = static_cast<ashl::metric_id>(i);
+      if (ashl::to_string(m) == name) return check(w_->report_metric(m, v));
+    }
+    raise(ashl::invalid_argument("metric", name, "must be loss, accuracy, samples_per_second or iteration_seconds"));
+  }
+  py::dict plan() const { return plan_dict(w_->plan()); }
+  std::uint32_t batch() const { return w_->batch(); }
+  std::string codec() const { return std::string(ashl::to_string(w_->codec())); }
+  std::uint64_t staleness() const { return w_->staleness(); }
+  py::dict telemetry() const { return worker_telemetry_dict(w_->telemetry()); }
+  std::string progress_line() const { return w_->progress_line(); }
+
+ private:
+  template <class T>
+  ashl::status make(ashl::result<ps::worker<T>>&& r) {
+    if (!r) return r.error();
+    w_ = std::make_unique<worker_of<T>>(std::move(*r));
+    return {};
+  }
+
+  std::unique_ptr<any_worker> w_;
+  py::object params_obj_;  // keeps the parameter buffer alive as long as the worker writes into it
+  py::object update_obj_ = py::none();
+};
+
+// -------------------------------------------------------------- server
+
+struct any_server {
+  virtual ~any_server() = default;
+  virtual void run(const std::atomic<bool>& stop) = 0;
+  virtual ps::server_telemetry telemetry() const = 0;
+  virtual std::string progress_line() const = 0;
+  virtual bool all_left() const = 0;
+};
+
+template <class T>
+struct server_of final : any_server {
+  ps::server<T> s;
+  explicit server_of(ps::server<T>&& x) : s(std::move(x)) {}
+  void run(const std::atomic<bool>& stop) override { s.run(stop); }
+  ps::server_telemetry telemetry() const override { return s.telemetry(); }
+  std::string progress_line() const override { return s.progress_line(); }
+  bool all_left() const override { return s.all_left(); }
+};
+
+class py_server {
+ public:
+  py_server(std::uint64_t size, std::optional<py::array> initial, std::string policy, py::dict policy_params,
+            std::uint32_t workers, std::string listen, std::uint32_t shard, std::uint32_t servers,
+            std::string optimizer, double lr, double momentum, double weight_decay, bool nesterov,
+            std::string compression, std::string token, bool insecure, bool verbose, double worker_timeout,
+            double progress_seconds, std::string checkpoint_dir, double checkpoint_every, bool restore,
+            std::uint64_t seed, std::optional<fabric> inproc) {
+    if (workers == 0) raise(ashl::invalid_argument("server.workers", 0, "must be >= 1"));
+    std::span<const float> init;
+    if (initial) {
+      init = buffer_of(*initial, "initial", false);
+      if (size != 0 && size != init.size())
+        raise(ashl::invalid_argument("server.size", size, "differs from initial's " + std::to_string(init.size()) +
+                                                              " elements"));
+      size = init.size();
+    }
+    if (size == 0) raise(ashl::invalid_argument("server.size", 0, "must be >= 1 (the model's elements)"));
+    auto layout = ps::shard_layout::even(size, servers);
+    if (!layout) raise(layout.error());
+    if (shard >= servers) raise(ashl::invalid_argument("server.shard", shard, "must be < servers"));
+    const auto r = layout->range(shard);
+    if (!init.empty()) init = init.subspan(r.begin, r.size());  // this server's part of the whole model
+    auto pp = policy_params_from(policy_params);
+    pp.workers = workers;
+    auto pol = ps::make_policy(policy, pp);
+    if (!pol) raise(pol.error());
+    ps::optimizer_params opt;
+    if (optimizer == "model_delta") opt.mode = ps::optimizer_params::kind::model_delta;
+    else if (optimizer == "sgd") opt.mode = ps::optimizer_params::kind::sgd;
+    else raise(ashl::invalid_argument("server.optimizer", optimizer, "must be model_delta or sgd"));
+    opt.lr = lr;
+    opt.momentum = momentum;
+    opt.weight_decay = weight_decay;
+    opt.nesterov = nesterov;
+    const auto codec = ashl::codec_id_from_string(compression);
+    if (!codec) raise(ashl::invalid_argument("server.compression", compression, "unknown codec"));
+    ps::server_params sp{.core = {.layout = *layout, .shard = shard, .workers = workers, .optimizer = opt, .seed = seed},
+                         .compression = *codec,
+                         .progress_seconds = progress_seconds,
+                         .worker_timeout = millis(worker_timeout, "server.worker_timeout"),
+                         .checkpoint_dir = std::move(checkpoint_dir),
+                         .checkpoint_every_seconds = checkpoint_every,
+                         .restore = restore};
+    ashl::status failed;
+    if (inproc) {
+      auto node = inproc->f->node(listen);
+      if (!node) failed = node.error();
+      else failed = make(ps::server<tr::inproc>::create(std::move(sp), std::move(*pol), std::move(*node), init));
+      address_ = listen;
+    } else {
+#if ASHL_HAS_UCX()
+      auto t = tr::ucx::create({.listen = listen, .token = token, .insecure = insecure, .verbose = verbose});
+      if (!t) failed = t.error();
+      else {
+        address_ = t->listen_address();
+        failed = make(ps::server<tr::ucx>::create(std::move(sp), std::move(*pol), std::move(*t), init));
+      }
+#else
+      (void)token, (void)insecure, (void)verbose;
+      failed = ashl::make_error(ashl::errc::unavailable, "server.transport", "ucx",
+                                "this build of ashl has no UCX (libucx-dev); use an InprocFabric");
+#endif
+    }
+    check(failed);
+  }
+  ~py_server() { stop_and_join(); }
+
+  const std::string& address() const { return address_; }
+
+  // Serves until every worker left (or stop()); the GIL is released.
+  void run() {
+    if (thread_.joinable()) raise(ashl::invalid_argument("server.run", "running", "start() ran it already"));
+    py::gil_scoped_release nogil;
+    s_->run(stop_);
+  }
+  void start() {
+    if (thread_.joinable()) raise(ashl::invalid_argument("server.start", "running", "already started"));
+    thread_ = std::thread([this] { s_->run(stop_); });
+  }
+  void stop() { stop_ = true; }
+  void join() {
+    py::gil_scoped_release nogil;
+    if (thread_.joinable()) thread_.join();
+  }
+  void stop_and_join() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  // Telemetry from another thread than the server's: read while it runs is
+  // a racy snapshot of counters; after join() it is exact.
+  py::dict telemetry() const { return server_telemetry_dict(s_->telemetry()); }
+  std::string progress_line() const { return s_->progress_line(); }
+  bool all_left() const { return s_->all_left(); }
+
+ private:
+  template <class T>
+  ashl::status make(ashl::result<ps::server<T>>&& r) {
+    if (!r) return r.error();
+    s_ = std::make_unique<server_of<T>>(std::move(*r));
+    return {};
+  }
+
+  std::unique_ptr<any_server> s_;
+  std::string address_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_ashl, m) {
+  m.doc() = "ashl's runtime: parameter-server workers and servers over UCX or in-process (docs/torch.md)";
+  m.attr("has_ucx") = static_cast<bool>(ASHL_HAS_UCX());
+
+  m.def("job_from", &job_from, py::arg("argv") = std::vector<std::string>{},
+        "The runtime contract (ASHL_ROLE, ASHL_RANK, ...; flags in argv win) as a dict");
+  m.def("policy_help", [] { return ps::policy_help(); });
+
+  py::class_<fabric>(m, "InprocFabric", "Nodes of one process that exchange messages (tests, one-process runs)")
+      .def(py::init([](std::size_t eager_bytes, bool deterministic) {
+             return fabric{tr::inproc_fabric::create({.eager_bytes = eager_bytes, .deterministic = deterministic})};
+           }),
+           py::arg("eager_bytes") = 256, py::arg("deterministic") = false);
+
+  py::class_<py_worker>(m, "Worker", "ps::worker: commits a flat float32 buffer and pulls into another")
+      .def(py::init<py::array, std::vector<std::string>, std::uint32_t, std::uint32_t, double, std::uint64_t, bool,
+                    double, double, double, std::string, bool, bool, std::optional<fabric>>(),
+           py::arg("parameters"), py::arg("servers"), py::arg("rank") = 0, py::arg("batch") = 1,
+           py::arg("timeout") = 30.0, py::arg("seed") = 0, py::arg("error_feedback") = true,
+           py::arg("link_bytes_per_second") = 0.0, py::arg("reconnect") = 0.0, py::arg("progress_seconds") = 0.0,
+           py::arg("token") = "", py::arg("insecure") = false, py::arg("verbose") = false,
+           py::arg("fabric") = std::nullopt)
+      .def("iteration_done", &py_worker::iteration_done)
+      .def("commit", &py_worker::commit, py::arg("update"))
+      .def("pull", &py_worker::pull)
+      .def("wait", &py_worker::wait)
+      .def("leave", &py_worker::leave)
+      .def("report_metric", &py_worker::report_metric, py::arg("name"), py::arg("value"))
+      .def_property_readonly("plan", &py_worker::plan)
+      .def_property_readonly("batch", &py_worker::batch)
+      .def_property_readonly("codec", &py_worker::codec)
+      .def_property_readonly("staleness", &py_worker::staleness)
+      .def_property_readonly("telemetry", &py_worker::telemetry)
+      .def("progress_line", &py_worker::progress_line);
+
+  py::class_<py_server>(m, "Server", "ps::server: one shard of the model, a consistency policy, an optimizer")
+      .def(py::init<std::uint64_t, std::optional<py::array>, std::string, py::dict, std::uint32_t, std::string,
+                    std::uint32_t, std::uint32_t, std::string, double, double, double, bool, std::string, std::string,
+                    bool, bool, double, double, std::string, double, bool, std::uint64_t, std::optional<fabric>>(),
+           py::arg("size") = 0, py::arg("initial") = std::nullopt, py::arg("policy") = "bsp",
+           py::arg("policy_params") = py::dict(), py::arg("workers") = 1, py::arg("listen") = "127.0.0.1:0",
+           py::arg("shard") = 0, py::arg("servers") = 1, py::arg("optimizer") = "model_delta", py::arg("lr") = 0.1,
+           py::arg("momentum") = 0.0, py::arg("weight_decay") = 0.0, py::arg("nesterov") = false,
+           py::arg("compression") = "topk", py::arg("token") = "", py::arg("insecure") = false,
+           py::arg("verbose") = false, py::arg("worker_timeout") = 20.0, py::arg("progress_seconds") = 0.0,
+           py::arg("checkpoint_dir") = "", py::arg("checkpoint_every") = 0.0, py::arg("restore") = false,
+           py::arg("seed") = 0, py::arg("fabric") = std::nullopt)
+      .def_property_readonly("address", &py_server::address)
+      .def("run", &py_server::run)
+      .def("start", &py_server::start)
+      .def("stop", &py_server::stop)
+      .def("join", &py_server::join)
+      .def_property_readonly("telemetry", &py_server::telemetry)
+      .def_property_readonly("all_left", &py_server::all_left)
+      .def("progress_line", &py_server::progress_line);
+}
