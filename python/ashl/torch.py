@@ -208,8 +208,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             stages = _STAGES.get(self._policy.name)
             if stages is not None and plan.stage not in stages:
                 raise ValueError(f"policy = {self._policy.name!r}: the servers run stage {plan.stage!r}")
-        if self._compression is not None and self._worker.codec != self._compression:
-            raise ValueError(f"compression = {self._compression!r}: the servers' codec is {self._worker.codec!r}")
+        # The servers name their codec only in a plan that compresses (ratio < 1).
+        codec = self._worker.codec
+        if self._compression is not None and codec != "identity" and codec != self._compression:
+            raise ValueError(f"compression = {self._compression!r}: the servers' codec is {codec!r}")
 
     @property
     def plan(self) -> Plan:
@@ -290,6 +292,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._worker.commit(update.numpy())
         self._worker.wait()  # the servers' parameters are in the bucket now
         self.commits += 1
+        self._check_servers()  # a new plan may have come with them
 
     def synchronize(self) -> None:
         """Pulls the servers' parameters into the model now (outside a cycle's iterations)."""

@@ -1,0 +1,210 @@
+"""ashl.torch through the Python module (docs/torch.md): the bucket views,
+plain SGD bit for bit, the plan followed, a two-worker UCX job whose loss
+falls, and bad arguments named in the exception."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import ashl
+import ashl.torch as at
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def tiny_model(seed=7):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+
+
+def inproc_job(fabric_workers=1):
+    server = ashl.Job(role="server", num_workers=fabric_workers, server_addresses=("server0",), insecure=True)
+    worker = ashl.Job(role="worker", num_workers=fabric_workers, server_addresses=("server0",), insecure=True)
+    return server, worker
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+
+
+def test_bucket_views_alias_parameters_and_gradients():
+    model = tiny_model()
+    before = flat(model)
+    b = at.Bucket(model)
+    assert b.size == before.numel() == 53
+    assert torch.equal(b.params, before)  # values kept
+    b.params[0] = 42.0  # through the bucket
+    assert model[0].weight[0, 0].item() == 42.0
+    with torch.no_grad():
+        model[2].bias.fill_(-3.0)  # through the parameter
+    assert torch.equal(b.params[-3:], torch.full((3,), -3.0))
+    model(torch.randn(4, 6)).sum().backward()
+    assert model[2].bias.grad.data_ptr() == b.grads[-3:].data_ptr()
+    assert torch.equal(b.grads[-3:], torch.full((3,), 4.0))
+    model[2].bias.grad = None  # zero_grad(set_to_none=True) does this
+    b.attach()
+    assert model[2].bias.grad.data_ptr() == b.grads[-3:].data_ptr()
+
+
+def test_bsp_identity_sgd_over_inproc_is_plain_sgd_bit_for_bit():
+    lr = 0.1
+    model, ref = tiny_model(), tiny_model()
+    fabric = ashl.InprocFabric()
+    sjob, wjob = inproc_job()
+    srv = at.serve(model, sjob, "bsp", "none", optimizer="sgd", lr=lr, fabric=fabric, background=True)
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr), model, "bsp", "none",
+                                  update="gradient", job=wjob, fabric=fabric)
+    assert opt.plan.local_iterations == 1 and opt.plan.stage == "bsp"
+    torch.manual_seed(3)
+    for _ in range(5):
+        x, y = torch.randn(8, 6), torch.randn(8, 3)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        for p in ref.parameters():
+            p.grad = None
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        with torch.no_grad():  # plain SGD in float32: W - lr * g
+            for p in ref.parameters():
+                p.copy_(torch.from_numpy(p.numpy() - np.float32(lr) * p.grad.numpy()))
+        assert all(torch.equal(a, b) for a, b in zip(model.parameters(), ref.parameters()))
+    assert opt.commits == 5
+    opt.leave()
+    srv.join()
+    assert srv.telemetry["core"]["commits_applied"] == 5
+
+
+def test_delta_updates_with_one_worker_follow_the_local_optimizer():
+    model, ref = tiny_model(), tiny_model()
+    fabric = ashl.InprocFabric()
+    sjob, wjob = inproc_job()
+    srv = at.serve(model, sjob, "bsp", fabric=fabric, background=True)
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, "bsp",
+                                  job=wjob, fabric=fabric)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(4):
+        x = torch.randn(8, 6)
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        ref_opt.zero_grad()
+        ref(x).pow(2).mean().backward()
+        ref_opt.step()
+        # W + (W' - W) on the server: equal up to rounding
+        assert torch.allclose(flat(model), flat(ref), rtol=0, atol=1e-6)
+    opt.leave()
+    srv.join()
+
+
+def test_the_plans_local_iterations_and_batch_size_are_followed():
+    model = tiny_model()
+    fabric = ashl.InprocFabric()
+    sjob, wjob = inproc_job()
+    srv = at.serve(model, sjob, ashl.Policy("local_sgd", local_steps=3, batch_size=16), fabric=fabric,
+                   background=True)
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model, "local_sgd",
+                                  batch_size=4, job=wjob, fabric=fabric)
+    assert opt.plan == ashl.Plan(local_iterations=3, batch_size=16, stage="local_sgd", data_share=opt.plan.data_share)
+    assert opt.batch_size == 16  # the plan's, not the worker's own 4
+    for it in range(1, 10):
+        x = torch.randn(opt.batch_size, 6)
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        before = flat(model)
+        opt.step()
+        assert opt.commits == it // 3, f"after iteration {it}"
+        assert not torch.equal(flat(model), before)
+    assert opt.telemetry["commits"] == 3
+    opt.leave()
+    srv.join()
+
+
+def test_a_float64_parameter_is_named():
+    model = tiny_model().double()
+    with pytest.raises(ValueError, match=r"parameter '0.weight'.dtype = torch.float64"):
+        at.Bucket(model)
+
+
+def test_a_non_contiguous_parameter_is_named():
+    w = torch.nn.Parameter(torch.randn(4, 3).t())
+    with pytest.raises(ValueError, match=r"parameter 'w'.stride = \(1, 3\)"):
+        at.Bucket([("w", w)])
+
+
+def test_a_model_of_another_size_than_the_servers_is_named():
+    fabric = ashl.InprocFabric()
+    sjob, wjob = inproc_job()
+    srv = at.serve(torch.nn.Linear(3, 3), sjob, "bsp", fabric=fabric, background=True)  # 12 elements
+    model = tiny_model()  # 53
+    with pytest.raises(Exception, match=r"element_count = 53.*holds 12 elements"):
+        at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, job=wjob, fabric=fabric,
+                                timeout=5.0)
+    srv.stop()
+    srv.join()
+
+
+def test_a_policy_or_codec_other_than_the_servers_is_named():
+    model = tiny_model()
+    fabric = ashl.InprocFabric()
+    sjob, wjob = inproc_job()
+    srv = at.serve(model, sjob, "ssp", "topk", fabric=fabric, background=True)
+    with pytest.raises(ValueError, match=r"policy = 'bsp': the servers run stage 'ssp'"):
+        at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, "bsp", job=wjob, fabric=fabric)
+    srv.stop()
+    srv.join()
+    # The servers name their codec in the first plan that compresses: ASHL's
+    # after its profiling iterations (ratio 0.1 here).
+    fabric = ashl.InprocFabric()
+    srv = at.serve(model, sjob, ashl.Policy("ashl", compression_ratio=0.1, profile_iterations=2), "topk",
+                   fabric=fabric, background=True)
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, "ashl", "qsgd", job=wjob,
+                                  fabric=fabric)
+    with pytest.raises(ValueError, match=r"compression = 'qsgd': the servers' codec is 'topk'"):
+        for _ in range(20):
+            opt.zero_grad()
+            model(torch.randn(4, 6)).pow(2).mean().backward()
+            opt.step()
+    srv.stop()
+    srv.join()
+
+
+def test_bad_arguments_are_named():
+    model = tiny_model()
+    with pytest.raises(ValueError, match=r"update = 'grads'"):
+        at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, update="grads")
+    with pytest.raises(ValueError, match=r"policy.h_ahll = \"3\": unknown policy parameter"):
+        at.serve(model, inproc_job()[0], ashl.Policy("ashl", h_ahll=3), fabric=ashl.InprocFabric())
+    with pytest.raises(ValueError, match=r"sync.policy = \"bspp\": unknown policy"):
+        at.serve(model, inproc_job()[0], "bspp", fabric=ashl.InprocFabric())
+    with pytest.raises(ValueError, match=r"parameters.dtype = \"float64\": must be float32"):
+        ashl.Worker(np.zeros(4), ["server0"], fabric=ashl.InprocFabric())
+
+
+def test_the_job_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("ASHL_ROLE", "worker")
+    monkeypatch.setenv("ASHL_RANK", "1")
+    monkeypatch.setenv("ASHL_NUM_WORKERS", "2")
+    monkeypatch.setenv("ASHL_SERVER_ADDR", "127.0.0.1:5000")
+    monkeypatch.setenv("ASHL_TOKEN", "secret")
+    j = ashl.job()
+    assert (j.role, j.rank, j.num_workers, j.num_servers) == ("worker", 1, 2, 1)
+    assert j.server_addresses == ("127.0.0.1:5000",) and j.token == "secret"
+    assert "secret" not in repr(j)
+    monkeypatch.setenv("ASHL_RANK", "7")
+    with pytest.raises(ValueError, match=r"ASHL_RANK = 7"):
+        ashl.job()
+
+
+@pytest.mark.skipif(not ashl.has_ucx, reason="this build has no UCX")
+def test_two_workers_over_ucx_loopback_train_and_the_loss_falls(tmp_path):
+    out = tmp_path / "result.json"
+    env = dict(os.environ, UCX_NET_DEVICES="lo")
+    done = ashl.run([sys.executable, os.path.join(HERE, "two_workers_job.py"), str(out)], servers=1, workers=2,
+                    timeout=120, env=env, check=False, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    r = json.loads(out.read_text())
+    assert r["commits"] == r["iterations"] == 40
+    assert r["last_loss"] < 0.25 * r["first_loss"], r
