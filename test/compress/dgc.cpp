@@ -3,7 +3,11 @@
 
 #include "../support/codec_testing.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
 
 using namespace ashl;
 using namespace codec_testing;
@@ -31,6 +35,14 @@ BOOST_AUTO_TEST_CASE(momentum_correction_and_masking_match_reference) {
       u[i] = m * u[i] + g[i];
       v[i] += u[i];
     }
+    // The sent indices are the top-k of |v| (ties to the lower index), in order.
+    std::vector<std::uint32_t> order(n);
+    for (std::uint32_t i = 0; i < n; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::uint32_t a, std::uint32_t b) { return std::fabs(v[a]) > std::fabs(v[b]); });
+    std::vector<std::uint32_t> top(order.begin(), order.begin() + 10);
+    std::sort(top.begin(), top.end());
+    BOOST_CHECK(pairs.index == top);
     for (std::size_t j = 0; j < pairs.index.size(); ++j) {
       const auto i = pairs.index[j];
       BOOST_CHECK_EQUAL(pairs.value[j], v[i]);  // sends the accumulated velocity
@@ -42,6 +54,49 @@ BOOST_AUTO_TEST_CASE(momentum_correction_and_masking_match_reference) {
       BOOST_REQUIRE_EQUAL(d.momentum(7)[i], u[i]);
       BOOST_REQUIRE_EQUAL(d.velocity(7)[i], v[i]);
     }
+  }
+}
+
+// Sampled top-k inside DGC, on f16 gradients at a size where it samples:
+// every sent |v| is at least every unsent one, the count is in the codec's
+// [lo, hi], sent values are v, and u, v after the step match the reference.
+BOOST_AUTO_TEST_CASE(sampled_inner_sends_the_largest_velocities) {
+  const std::size_t n = compress::topk_sampled::min_sampled_n + 1000;
+  const float m = 0.5f;
+  const compress::topk_sampled inner{0.01};
+  compress::dgc<compress::topk_sampled> d{inner, {.momentum = m}};
+  std::vector<float> u(n, 0.0f), v(n, 0.0f);
+  std::vector<std::byte> buf(d.max_encoded_bytes(n, dtype::f16));
+  std::vector<std::byte> scratch(d.scratch_bytes(n, dtype::f16));
+  for (int t = 0; t < 3; ++t) {
+    const auto g = to_type<half>(normal_values(n, 900 + t));
+    const compress::codec_context ctx{.seed = 2, .step = static_cast<std::uint64_t>(t), .tensor = 4, .scratch = scratch};
+    auto used = d.encode(host_view<const half>(g.data(), n), buf, ctx);
+    BOOST_REQUIRE(used.has_value());
+    for (std::size_t i = 0; i < n; ++i) {
+      u[i] = m * u[i] + to_float(g[i]);
+      v[i] += u[i];
+    }
+    const auto pairs = read_pairs(std::vector<std::byte>(buf.begin(), buf.begin() + *used), dtype::f32);
+    BOOST_REQUIRE_GE(pairs.index.size(), inner.lo_for(n));
+    BOOST_REQUIRE_LE(pairs.index.size(), inner.hi_for(n));
+    std::vector<bool> sent(n, false);
+    float min_sent = std::numeric_limits<float>::infinity();
+    for (std::size_t j = 0; j < pairs.index.size(); ++j) {
+      const auto i = pairs.index[j];
+      BOOST_REQUIRE_EQUAL(pairs.value[j], v[i]);
+      sent[i] = true;
+      min_sent = std::min(min_sent, std::fabs(v[i]));
+    }
+    float max_unsent = 0.0f;
+    for (std::size_t i = 0; i < n; ++i)
+      if (!sent[i]) max_unsent = std::max(max_unsent, std::fabs(v[i]));
+    BOOST_CHECK_GE(min_sent, max_unsent);
+    for (std::size_t i = 0; i < n; ++i)
+      if (sent[i]) u[i] = v[i] = 0.0f;
+    std::size_t state_bad = 0;
+    for (std::size_t i = 0; i < n; ++i) state_bad += d.momentum(4)[i] != u[i] || d.velocity(4)[i] != v[i];
+    BOOST_CHECK_EQUAL(state_bad, 0u);
   }
 }
 
