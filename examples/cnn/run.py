@@ -41,9 +41,9 @@ def parse(argv):
     p.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated, of " + ",".join(ALL_METHODS))
     p.add_argument("--seeds", type=int, default=1, help="seeds 1..N per method (default 1)")
     p.add_argument("--workers", type=int, default=cc.WORKERS, help="worker processes (default 9: 3 groups of 3)")
-    p.add_argument("--budget", type=float, default=150.0, help="wall seconds of training per run (default 150)")
+    p.add_argument("--budget", type=float, default=180.0, help="wall seconds of training per run (default 180)")
     p.add_argument("--time-scale", type=float, default=5.0, help="K: wall seconds per reference second (default 5)")
-    p.add_argument("--eval-every", type=float, default=2.5, help="wall seconds between evaluation ticks (default 2.5)")
+    p.add_argument("--eval-every", type=float, default=5.0, help="wall seconds between evaluation ticks (default 5)")
     p.add_argument("--eval-images", type=int, default=2000, help="test images per tick (default 2000; the end: all 10,000)")
     p.add_argument("--target", type=float, default=0.88, help="test accuracy to reach (default 0.88)")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
@@ -58,10 +58,11 @@ def parse(argv):
     p.add_argument("--run-dir", default="", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    if a.quick:
-        a.workers, a.budget = 2, 25.0
-        if "--methods" not in " ".join(argv):
-            a.methods = "ddp,bsp,ashl"
+    if a.quick:  # smaller defaults; flags given explicitly win
+        given = " ".join(argv)
+        a.workers = a.workers if "--workers" in given else 2
+        a.budget = a.budget if "--budget" in given else 25.0
+        a.methods = a.methods if "--methods" in given else "ddp,bsp,ashl"
     a.methods = [m for m in a.methods.split(",") if m]
     for m in a.methods:
         if m not in ALL_METHODS:
@@ -100,7 +101,8 @@ def run_one(a, method, seed):
     os.makedirs(run_dir)
     port = free_port()
     procs = []
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", ASHL_TOKEN=os.urandom(16).hex())
+    env.setdefault("UCX_NET_DEVICES", "lo")
     if method == "ddp":
         roles = [("ddp", r) for r in range(a.workers)]
     else:
@@ -122,6 +124,13 @@ def run_one(a, method, seed):
     t0 = cc.mono() + 0.5
     cc.write_file(f"{run_dir}/start", repr(t0) + "\n")
     load0, busy0 = os.getloadavg()[0], cpu_busy()
+    step = 30.0 if a.budget > 60 else a.budget
+    for k in range(1, int(a.budget // step) + 1):  # progress lines
+        cc.sleep_until(t0 + k * step)
+        if k * step < a.budget:
+            alive = sum(p.poll() is None for p in procs)
+            print(f"  {LABEL[method]} seed {seed}: {k * step:.0f}/{a.budget:g} s, {alive}/{len(procs)} processes, "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
     cc.sleep_until(t0 + a.budget)
     load1 = os.getloadavg()[0]
     busy1 = cpu_busy()
