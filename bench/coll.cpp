@@ -13,7 +13,8 @@
 // in place on an f32 buffer of the size (restored from the input before
 // every iteration, outside the timed region):
 //   mpi_allreduce   MPI_Allreduce(MPI_IN_PLACE, f32, MPI_SUM): the baseline
-//   dense_f32       coll::mpi through dense_exchange{f32} (MPI_Iallreduce + wait)
+//   dense_f32       coll::mpi through dense_exchange{f32} (allreduce_now: MPI_Allreduce)
+//   dense_f32_nb    the non-blocking request: c.allreduce (MPI_Iallreduce) + c.wait
 //   dense_bf16      dense_exchange{bf16}: cast, 16-bit allreduce (user op), cast back
 //   topk1_ef        payload_exchange<error_feedback<topk(1 %)>>: encode, all-gather
 //                   sizes and payloads, decode-add every rank's payload
@@ -180,6 +181,11 @@ int run(const options& o) {
     coll::dense_exchange f32{dtype::f32}, bf16{dtype::bf16};
     rows.push_back({"dense_f32", time_case(c.native(), o.warmup, iters, reset, [&] {
                       return f32(c, host_view<float>(x.data(), n), ones).ok();
+                    }), 0});
+    rows.push_back({"dense_f32_nb", time_case(c.native(), o.warmup, iters, reset, [&] {
+                      auto r = c.allreduce(coll::in_view<>(x.data(), n, dtype::f32),
+                                           coll::out_view<>(x.data(), n, dtype::f32), coll::reduce_op::sum, {});
+                      return r && c.wait(*r).ok();
                     }), 0});
     rows.push_back({"dense_bf16", time_case(c.native(), o.warmup, iters, reset, [&] {
                       return bf16(c, host_view<float>(x.data(), n), ones).ok();

@@ -80,8 +80,7 @@ class dense_exchange {
     if (wire_ == dtype::f32) {
       if (w != 1.0f)
         for (auto& v : x) v *= w;
-      return blocking(c, c.allreduce(in_view<>(x.data(), n, dtype::f32), out_view<>(x.data(), n, dtype::f32),
-                                     reduce_op::sum, c.default_stream()));
+      return allreduce_now(c, in_view<>(x.data(), n, dtype::f32), out_view<>(x.data(), n, dtype::f32), reduce_op::sum);
     }
     wire_buf_.resize(n * 2);
     if (wire_ == dtype::f16) return run16<half>(c, x, w);
@@ -94,8 +93,7 @@ class dense_exchange {
     T* h = reinterpret_cast<T*>(wire_buf_.data());
     const std::size_t n = x.size();
     for (std::size_t i = 0; i < n; ++i) h[i] = T::from_float(x[i] * w);
-    ASHL_TRY(blocking(c, c.allreduce(in_view<>(h, n, dtype_of<T>), out_view<>(h, n, dtype_of<T>), reduce_op::sum,
-                                     c.default_stream())));
+    ASHL_TRY(allreduce_now(c, in_view<>(h, n, dtype_of<T>), out_view<>(h, n, dtype_of<T>), reduce_op::sum));
     for (std::size_t i = 0; i < n; ++i) x[i] = h[i].to_float();
     return {};
   }
@@ -140,14 +138,12 @@ class payload_exchange {
     sizes_.assign(m, 0);
     const std::uint64_t mine = *used;
     eight_.assign(m, 8);
-    ASHL_TRY(blocking(c, c.all_gather(in_view<>(&mine, 8, dtype::u8), out_view<>(sizes_.data(), 8 * m, dtype::u8),
-                                      eight_, c.default_stream())));
+    ASHL_TRY(all_gather_now(c, in_view<>(&mine, 8, dtype::u8), out_view<>(sizes_.data(), 8 * m, dtype::u8), eight_));
     counts_.assign(sizes_.begin(), sizes_.end());
     const auto d = displacements(counts_);
     gathered_.resize(d.back());
-    ASHL_TRY(blocking(c, c.all_gather(in_view<>(payload_.data(), mine, dtype::u8),
-                                      out_view<>(gathered_.data(), gathered_.size(), dtype::u8), counts_,
-                                      c.default_stream())));
+    ASHL_TRY(all_gather_now(c, in_view<>(payload_.data(), mine, dtype::u8),
+                            out_view<>(gathered_.data(), gathered_.size(), dtype::u8), counts_));
 
     std::fill(x.begin(), x.end(), 0.0f);
     for (std::size_t j = 0; j < m; ++j) {

@@ -207,5 +207,27 @@ status blocking(C& c, result<typename C::request> r) {
   return c.wait(*r);
 }
 
+// Start-and-wait forms of allreduce and all-gather. A model may offer a
+// blocking call of its engine (`allreduce_now`, `all_gather_now`: same
+// arguments without the stream, returning status) when that is faster than
+// starting and waiting: Open MPI's blocking collectives come from coll/tuned
+// and its non-blocking ones from coll/libnbc, with other algorithms
+// (docs/perf/coll.md). The drivers use these; models without them start and wait.
+template <collective C>
+status allreduce_now(C& c, in_view<typename C::space> in, out_view<typename C::space> out, reduce_op op) {
+  if constexpr (requires { { c.allreduce_now(in, out, op) } -> std::same_as<status>; })
+    return c.allreduce_now(in, out, op);
+  else
+    return blocking(c, c.allreduce(in, out, op, c.default_stream()));
+}
+template <collective C>
+status all_gather_now(C& c, in_view<typename C::space> in, out_view<typename C::space> out,
+                      std::span<const std::size_t> counts) {
+  if constexpr (requires { { c.all_gather_now(in, out, counts) } -> std::same_as<status>; })
+    return c.all_gather_now(in, out, counts);
+  else
+    return blocking(c, c.all_gather(in, out, counts, c.default_stream()));
+}
+
 }  // namespace coll
 ASHL_NAMESPACE_END

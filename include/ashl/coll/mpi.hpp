@@ -229,6 +229,34 @@ class mpi {
     return r;
   }
 
+  // Blocking forms (coll::allreduce_now / all_gather_now use them): MPI_Allreduce
+  // and MPI_Allgatherv, whose Open MPI algorithms (coll/tuned) beat the
+  // non-blocking ones (coll/libnbc) on large buffers; docs/perf/coll.md.
+  status allreduce_now(in_view<> in, out_view<> out, reduce_op op) {
+    ASHL_TRY(refuse(detail::check_allreduce(in, out)));
+    ASHL_TRY(refuse(check_count("allreduce.in.size", in.size())));
+    ++counters_.allreduces;
+    counters_.bytes_in += in.size_bytes();
+    const void* src = in.data() == out.data() ? MPI_IN_PLACE : in.data();
+    return finished("Allreduce", MPI_Allreduce(src, out.data(), static_cast<int>(in.size()), type(in.element_dtype()),
+                                               mpi_op(in.element_dtype(), op), comm_));
+  }
+
+  status all_gather_now(in_view<> in, out_view<> out, std::span<const std::size_t> counts) {
+    ASHL_TRY(refuse(detail::check_all_gather(in, out, counts, rank_, size_)));
+    ASHL_TRY(refuse(check_count("all_gather.out.size", out.size())));
+    ++counters_.all_gathers;
+    counters_.bytes_in += in.size_bytes();
+    const auto d = displacements(counts);
+    scratch_counts_.assign(counts.begin(), counts.end());
+    scratch_displs_.assign(d.begin(), d.end() - 1);
+    const std::size_t es = size_of(in.element_dtype());
+    const bool in_place = in.data() == static_cast<const std::byte*>(out.data()) + d[static_cast<std::size_t>(rank_)] * es;
+    const MPI_Datatype t = type(in.element_dtype());
+    return finished("Allgatherv", MPI_Allgatherv(in_place ? MPI_IN_PLACE : in.data(), static_cast<int>(in.size()), t,
+                                                 out.data(), scratch_counts_.data(), scratch_displs_.data(), t, comm_));
+  }
+
   status wait(request& r) {
     if (!r.pending_) return r.failed_;
     r.pending_ = false;
@@ -278,6 +306,11 @@ class mpi {
     if (n > static_cast<std::size_t>(INT_MAX)) return out_of_range(field, n, "MPI counts are int: at most INT_MAX");
     return {};
   }
+  status finished(std::string_view call, int e) {
+    if (e == MPI_SUCCESS) return {};
+    ++counters_.errors;
+    return detail::mpi_error(call, e);
+  }
   status started(request& r, std::string_view call, int e) {
     if (e != MPI_SUCCESS) {
       ++counters_.errors;
@@ -315,6 +348,7 @@ class mpi {
   MPI_Datatype half_type_ = MPI_DATATYPE_NULL;
   MPI_Op ops_[6] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
   coll_counters counters_{};
+  std::vector<int> scratch_counts_, scratch_displs_;  // of the blocking all-gather
 };
 
 static_assert(collective<mpi>);
