@@ -119,7 +119,7 @@ class Bucket:
         copying the replacement's values in first."""
         pb, gb = self.params.data_ptr(), self.grads.data_ptr()
         for i, (p, off) in enumerate(zip(self.tensors, self.offsets)):
-            if p.data_ptr() != pb + 4 * off or p.data.numel() != p.numel():
+            if p.data_ptr() != pb + 4 * off:
                 with torch.no_grad():
                     self.param_view(i).copy_(p.data)
                 p.data = self.param_view(i)
