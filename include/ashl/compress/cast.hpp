@@ -17,6 +17,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/core/dtype.hpp>
@@ -31,8 +32,7 @@
 #include <string>
 #include <type_traits>
 
-ASHL_NAMESPACE_BEGIN
-namespace compress {
+ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
 struct cast_options {
   bool strict = false;  // a finite value that overflows to +-inf is an error
@@ -164,5 +164,4 @@ class bf16 {
 static_assert(codec<fp16>);
 static_assert(codec<bf16>);
 
-}  // namespace compress
-ASHL_NAMESPACE_END
+ASHL_DETAIL_COMPRESS_HOST_END

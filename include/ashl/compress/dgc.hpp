@@ -22,6 +22,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/registry.hpp>  // codecs, sparse_pair_codec
@@ -42,8 +43,7 @@
 #include <utility>
 #include <vector>
 
-ASHL_NAMESPACE_BEGIN
-namespace compress {
+ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
 // The inner codec must be one registry.hpp lists with the sparse-pair payload
 // layout (sparse_pair_codec), so the sent indices can be read back.
@@ -155,5 +155,4 @@ class dgc {
 
 static_assert(stateful_codec<dgc<topk>>);
 
-}  // namespace compress
-ASHL_NAMESPACE_END
+ASHL_DETAIL_COMPRESS_HOST_END

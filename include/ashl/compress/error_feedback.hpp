@@ -23,6 +23,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/identity.hpp>
 #include <ashl/core/dtype.hpp>
@@ -38,8 +39,7 @@
 #include <utility>
 #include <vector>
 
-ASHL_NAMESPACE_BEGIN
-namespace compress {
+ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
 template <codec C>
 class error_feedback {
@@ -115,5 +115,4 @@ class error_feedback {
 
 static_assert(stateful_codec<error_feedback<identity>>);
 
-}  // namespace compress
-ASHL_NAMESPACE_END
+ASHL_DETAIL_COMPRESS_HOST_END

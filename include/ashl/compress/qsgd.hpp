@@ -18,6 +18,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/detail/levels.hpp>
@@ -33,8 +34,7 @@
 #include <span>
 #include <string>
 
-ASHL_NAMESPACE_BEGIN
-namespace compress {
+ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
 struct qsgd_options {
   std::uint32_t levels = 127;  // s >= 1; 127 gives 8 bits per element
@@ -134,5 +134,4 @@ class qsgd {
 
 static_assert(codec<qsgd>);
 
-}  // namespace compress
-ASHL_NAMESPACE_END
+ASHL_DETAIL_COMPRESS_HOST_END

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/detail/sparse.hpp>
@@ -35,8 +36,7 @@
 #include <span>
 #include <string>
 
-ASHL_NAMESPACE_BEGIN
-namespace compress {
+ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
 struct randomk_options {
   double ratio = 0.01;    // k = max(1, round(ratio * n)) when count == 0
@@ -154,5 +154,4 @@ class randomk {
 
 static_assert(codec<randomk>);
 
-}  // namespace compress
-ASHL_NAMESPACE_END
+ASHL_DETAIL_COMPRESS_HOST_END

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/cast.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/identity.hpp>
@@ -42,8 +43,7 @@
 #include <span>
 #include <type_traits>
 
-ASHL_NAMESPACE_BEGIN
-namespace compress {
+ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
 // What a codec's payload layout promises beyond "decode_add reads it".
 enum class payload_layout : std::uint8_t {
@@ -219,5 +219,4 @@ inline status decode_add(codec_id id, std::span<const std::byte> payload, payloa
   return make_error(errc::unsupported, "codec", static_cast<unsigned>(id), "no CPU decoder for this codec in this build");
 }
 
-}  // namespace compress
-ASHL_NAMESPACE_END
+ASHL_DETAIL_COMPRESS_HOST_END

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/detail/levels.hpp>
@@ -33,8 +34,7 @@
 #include <span>
 #include <string>
 
-ASHL_NAMESPACE_BEGIN
-namespace compress {
+ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
 struct terngrad_options {
   std::uint32_t bucket = 512;  // elements per scale, >= 1
@@ -126,5 +126,4 @@ class terngrad {
 
 static_assert(codec<terngrad>);
 
-}  // namespace compress
-ASHL_NAMESPACE_END
+ASHL_DETAIL_COMPRESS_HOST_END

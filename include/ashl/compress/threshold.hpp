@@ -15,6 +15,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/detail/sparse.hpp>
@@ -27,8 +28,7 @@
 #include <cstddef>
 #include <span>
 
-ASHL_NAMESPACE_BEGIN
-namespace compress {
+ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
 struct threshold_options {
   float theta = 1e-3f;     // finite, >= 0
@@ -113,5 +113,4 @@ class threshold {
 
 static_assert(codec<threshold>);
 
-}  // namespace compress
-ASHL_NAMESPACE_END
+ASHL_DETAIL_COMPRESS_HOST_END

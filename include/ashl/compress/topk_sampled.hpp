@@ -32,6 +32,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/detail/random_words.hpp>
@@ -50,8 +51,7 @@
 #include <span>
 #include <vector>
 
-ASHL_NAMESPACE_BEGIN
-namespace compress {
+ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
 struct topk_sampled_options {
   double ratio = 0.01;     // k = max(1, round(ratio * n)) when count == 0
@@ -263,5 +263,4 @@ class topk_sampled {
 
 static_assert(codec<topk_sampled>);
 
-}  // namespace compress
-ASHL_NAMESPACE_END
+ASHL_DETAIL_COMPRESS_HOST_END

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/core/bytes.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/status.hpp>
@@ -25,13 +26,13 @@
 #include <cstring>
 #include <type_traits>
 
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_X86
 #include <cpuid.h>
 #include <immintrin.h>
 #endif
 
-ASHL_NAMESPACE_BEGIN
-namespace compress::detail {
+ASHL_DETAIL_COMPRESS_HOST_BEGIN
+namespace detail {
 
 // The bit pattern of a gradient element (float -> u32, half/bfloat16 -> u16).
 template <gradient_element T>
@@ -162,7 +163,7 @@ inline bool is_gradient_dtype(dtype t) noexcept { return t == dtype::f32 || t ==
 // auto-vectorize the select chains above (its very-cheap cost model refuses,
 // and -ftrapping-math blocks if-conversion around the float add). The lanes
 // compute exactly the scalar functions; the tail uses those directly.
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_VECTOR
 #define ASHL_DETAIL_VECTOR_EXT (std::endian::native == std::endian::little)
 typedef std::uint32_t ashl_u32x4 __attribute__((vector_size(16)));
 typedef std::int32_t ashl_i32x4 __attribute__((vector_size(16)));
@@ -238,7 +239,7 @@ inline void widen_16_to_f32(const T* x, std::size_t n, float* out) noexcept {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16>, "widen_16_to_f32: half or bfloat16");
   const auto* in = reinterpret_cast<const std::byte*>(x);
   std::size_t i = 0;
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_VECTOR
   if constexpr (ASHL_DETAIL_VECTOR_EXT) {
     for (const std::size_t e = n & ~std::size_t{3}; i < e; i += 4) {
       const ashl_f32x4 v = std::is_same_v<T, half> ? f16_to_f32_x4(in + 2 * i) : bf16_to_f32_x4(in + 2 * i);
@@ -260,9 +261,10 @@ inline void widen_16_to_f32(const T* x, std::size_t n, float* out) noexcept {
 // signalling NaN half widened quiet, disappears in decode-add's multiply,
 // which quiets it the same way. Like the float-add trick, this expects the
 // default MXCSR (no flush-to-zero or denormals-are-zero).
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_X86
 #define ASHL_DETAIL_F16C_X86 1
 inline bool cpu_has_avx2_f16c() noexcept {
+  if constexpr (ASHL_HOST_SIMD < ASHL_HOST_SIMD_F16C) return false;
   // clang's __builtin_cpu_supports does not know "f16c": cpuid leaf 1, ECX bit 29.
   static const bool yes = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
@@ -328,7 +330,7 @@ inline bool convert_f32_to_16(const float* in, std::byte* out, std::size_t n,
 #else
   (void)path;
 #endif
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_VECTOR
   if constexpr (ASHL_DETAIL_VECTOR_EXT) {
     ashl_u32x4 ov{};
     for (; i < (n & ~std::size_t{3}); i += 4) {
@@ -360,7 +362,7 @@ inline void add_dense(const std::byte* in, dtype t, float* acc, std::size_t n, f
 #else
   (void)path;
 #endif
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_VECTOR
   if constexpr (ASHL_DETAIL_VECTOR_EXT) {
     for (; i < (n & ~std::size_t{3}); i += 4) {
       ashl_f32x4 v;
@@ -415,5 +417,5 @@ struct k_spec {
   }
 };
 
-}  // namespace compress::detail
-ASHL_NAMESPACE_END
+}  // namespace detail
+ASHL_DETAIL_COMPRESS_HOST_END

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/detail/quantize.hpp>
 #include <ashl/compress/detail/random_words.hpp>
@@ -35,8 +36,8 @@
 #include <string_view>
 #include <type_traits>
 
-ASHL_NAMESPACE_BEGIN
-namespace compress::detail {
+ASHL_DETAIL_COMPRESS_HOST_BEGIN
+namespace detail {
 
 // Largest element count the bucketed codecs accept (keeps n * bits in 64 bits).
 inline constexpr std::uint64_t bucketed_max_elements = std::uint64_t{1} << 48;
@@ -219,5 +220,5 @@ inline void levels_decode_add(const level_spec& spec, std::uint64_t n, const std
   }
 }
 
-}  // namespace compress::detail
-ASHL_NAMESPACE_END
+}  // namespace detail
+ASHL_DETAIL_COMPRESS_HOST_END

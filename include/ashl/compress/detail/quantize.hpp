@@ -17,6 +17,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
@@ -31,12 +32,12 @@
 #include <limits>
 #include <type_traits>
 
-#if defined(__SSE2__) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_X86
 #include <immintrin.h>
 #endif
 
-ASHL_NAMESPACE_BEGIN
-namespace compress::detail {
+ASHL_DETAIL_COMPRESS_HOST_BEGIN
+namespace detail {
 
 // Elements per inner chunk: 1024 floats and 1024 random words (8 KiB of
 // stack) stay in L1 while a bucket is read twice (statistics, then codes).
@@ -136,7 +137,7 @@ inline bucket_stats stats(const float* x, std::size_t len) noexcept {
     i = len & ~std::size_t{7};
   } else
 #endif
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_VECTOR
   if constexpr (ASHL_DETAIL_VECTOR_EXT) {
     // Two independent accumulator sets hide the add latency.
     ashl_f32x4 sq0{}, sq1{}, ab0{}, ab1{};
@@ -183,7 +184,7 @@ inline std::uint32_t max_abs_key(const float* x, std::size_t len) noexcept {
     i = len & ~std::size_t{7};
   } else
 #endif
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_VECTOR
   if constexpr (ASHL_DETAIL_VECTOR_EXT) {
     ashl_u32x4 m0{}, m1{};
     for (const std::size_t e = len & ~std::size_t{7}; i < e; i += 8) {
@@ -209,7 +210,7 @@ inline std::uint32_t max_abs_key(const float* x, std::size_t len) noexcept {
 inline double sum_abs_f64(const float* x, std::size_t len) noexcept {
   std::size_t i = 0;
   double s = 0.0;
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_VECTOR
   if constexpr (ASHL_DETAIL_VECTOR_EXT) {
     typedef double ashl_f64x2 __attribute__((vector_size(16)));
     typedef float ashl_f32x2 __attribute__((vector_size(8)));
@@ -236,7 +237,7 @@ inline double sum_abs_f64(const float* x, std::size_t len) noexcept {
 // elements; writes ceil(len / 8) bytes, unused bits of the last one 0.
 inline void negative_bits(const float* x, std::size_t len, std::byte* out) noexcept {
   std::size_t i = 0;
-#if defined(__SSE2__) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_X86
   const __m128 zero = _mm_setzero_ps();
   for (const std::size_t e = len & ~std::size_t{7}; i < e; i += 8) {
     const int lo = _mm_movemask_ps(_mm_cmplt_ps(_mm_loadu_ps(x + i), zero));
@@ -332,7 +333,7 @@ inline void round_levels(const float* x, std::size_t len, float k, float L, cons
   else if (cpu_has_avx2())
     i = round_levels_avx2(x, len, k, L, words, codes);
 #endif
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_VECTOR
   if constexpr (ASHL_DETAIL_VECTOR_EXT) {
     const ashl_u32x4 top = reinterpret_cast<ashl_u32x4>(ashl_f32x4{} + L);
     for (const std::size_t e = len & ~std::size_t{3}; i < e; i += 4) {
@@ -390,7 +391,7 @@ inline void pack_chunk(const std::uint16_t* codes, std::size_t len, unsigned w, 
   // The common widths (terngrad 2, qsgd levels 7 -> 4, 127 -> 8) as plain
   // loops the compiler vectorizes; others as 8-code groups in one u64.
   if (w == 8) {
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_VECTOR
     if constexpr (ASHL_DETAIL_VECTOR_EXT) {
       typedef std::uint16_t ashl_u16x8 __attribute__((vector_size(16)));
       typedef std::uint8_t ashl_u8x8 __attribute__((vector_size(8)));
@@ -405,7 +406,7 @@ inline void pack_chunk(const std::uint16_t* codes, std::size_t len, unsigned w, 
     for (; g < groups; ++g) out[g] = static_cast<std::byte>(codes[g]);
     o = groups;
   } else if (w == 4) {
-#if defined(__SSE2__) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_X86
     // 16 codes per step: pmaddwd joins neighbours (c0 + 16 c1 is a byte),
     // two saturating packs narrow the sums (each <= 255) to bytes.
     const __m128i join = _mm_set1_epi32(0x00100001);
@@ -418,7 +419,7 @@ inline void pack_chunk(const std::uint16_t* codes, std::size_t len, unsigned w, 
     for (; g < groups; g += 2) out[g / 2] = static_cast<std::byte>(codes[g] | (codes[g + 1] << 4));
     o = groups / 2;
   } else if (w == 2) {
-#if defined(__SSE2__) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_X86
     // 16 codes per step: c0 + 4 c1 (pmaddwd), pack, then q0 + 16 q1 is the byte.
     const __m128i join2 = _mm_set1_epi32(0x00040001), join4 = _mm_set1_epi32(0x00100001);
     for (; g + 16 <= groups; g += 16) {
@@ -529,7 +530,7 @@ inline void natural_codes(const float* x, std::size_t len, std::int32_t emin, co
 #if ASHL_DETAIL_PHILOX_X86
   if (cpu_has_avx2()) i = natural_codes_avx2(x, len, emin, f, words, out);
 #endif
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_VECTOR
   if constexpr (ASHL_DETAIL_VECTOR_EXT) {
     typedef std::uint8_t ashl_u8x4 __attribute__((vector_size(4)));
     for (const std::size_t e = len & ~std::size_t{3}; i < e; i += 4) {
@@ -607,5 +608,5 @@ inline void unpack_chunk(const std::byte* in, std::size_t len, unsigned w, std::
   }
 }
 
-}  // namespace compress::detail
-ASHL_NAMESPACE_END
+}  // namespace detail
+ASHL_DETAIL_COMPRESS_HOST_END

@@ -17,12 +17,13 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/core/philox.hpp>
 
 #include <cstddef>
 #include <cstdint>
 
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_X86
 #define ASHL_DETAIL_PHILOX_X86 1
 #include <immintrin.h>
 // gcc 12 reports its own _mm512_undefined_epi32() as uninitialized when
@@ -37,16 +38,19 @@
 #define ASHL_DETAIL_PHILOX_X86 0
 #endif
 
-ASHL_NAMESPACE_BEGIN
-namespace compress::detail {
+ASHL_DETAIL_COMPRESS_HOST_BEGIN
+namespace detail {
 
 #if ASHL_DETAIL_PHILOX_X86
-// Run-time CPU features for the codec kernels built with target attributes.
+// Run-time CPU features for the codec kernels built with target attributes,
+// false above the level ASHL_HOST_SIMD allows (detail/host_simd.hpp).
 inline bool cpu_has_avx2() noexcept {
+  if constexpr (ASHL_HOST_SIMD < ASHL_HOST_SIMD_AVX2) return false;
   static const bool yes = __builtin_cpu_supports("avx2");
   return yes;
 }
 inline bool cpu_has_avx512f() noexcept {
+  if constexpr (ASHL_HOST_SIMD < ASHL_HOST_SIMD_AVX512) return false;
   static const bool yes = __builtin_cpu_supports("avx512f");
   return yes;
 }
@@ -254,11 +258,14 @@ class random_words {
 #endif
 
   philox_stream stream_;
-  std::uint32_t k0_, k1_, step_lo_, tensor_, lane_;
+  // The key and counter words of the vector kernels (unused when
+  // ASHL_HOST_SIMD leaves them out).
+  [[maybe_unused]] std::uint32_t k0_, k1_, step_lo_, tensor_;
+  std::uint32_t lane_;
 };
 
-}  // namespace compress::detail
-ASHL_NAMESPACE_END
+}  // namespace detail
+ASHL_DETAIL_COMPRESS_HOST_END
 
 #if defined(ASHL_DETAIL_PHILOX_POP_DIAGNOSTIC)
 #pragma GCC diagnostic pop

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/detail/random_words.hpp>
@@ -34,8 +35,8 @@
 #include <string>
 #include <string_view>
 
-ASHL_NAMESPACE_BEGIN
-namespace compress::detail {
+ASHL_DETAIL_COMPRESS_HOST_BEGIN
+namespace detail {
 
 inline constexpr std::size_t sparse_header_bytes = 12;  // u64 n + u32 count
 
@@ -341,7 +342,7 @@ collect_counts collect_ge(const T* x, std::size_t n, std::uint32_t theta, std::u
   if constexpr (std::is_same_v<T, float>)
     if (cpu_has_avx2()) i = collect_ge_avx2(x, n, theta, cand, cap, r);
 #endif
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if ASHL_DETAIL_HOST_VECTOR
   if constexpr (std::is_same_v<T, float>) {
     const ashl_i32x4 th = ashl_i32x4{} + static_cast<std::int32_t>(theta);
     for (; i < (n & ~std::size_t{7}); i += 8) {
@@ -509,5 +510,5 @@ inline status decode_add_pairs(std::string_view codec, std::span<const std::byte
   return {};
 }
 
-}  // namespace compress::detail
-ASHL_NAMESPACE_END
+}  // namespace detail
+ASHL_DETAIL_COMPRESS_HOST_END
