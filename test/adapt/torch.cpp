@@ -1,0 +1,216 @@
+#include <ashl/adapt/torch.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <ashl/ps/policies.hpp>
+#include <ashl/ps/server.hpp>
+#include <ashl/transport/inproc.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+// adapt/torch.hpp: the buckets alias the module's parameters and gradients;
+// BSP + identity + server SGD over inproc is plain SGD bit for bit; the
+// plan's local iterations and batch size are followed; bad models are named.
+
+namespace adapt = ashl::adapt;
+namespace ps = ashl::ps;
+namespace tr = ashl::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct net_impl : torch::nn::Module {
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  net_impl() {
+    fc1 = register_module("fc1", torch::nn::Linear(6, 5));
+    fc2 = register_module("fc2", torch::nn::Linear(5, 3));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2->forward(torch::tanh(fc1->forward(x))); }
+};
+TORCH_MODULE_IMPL(net, net_impl);
+
+net make_net() {
+  torch::manual_seed(7);
+  return net();
+}
+
+std::vector<float> flat_copy(const torch::nn::Module& m) {
+  std::vector<float> out;
+  for (const auto& p : m.parameters()) {
+    auto c = p.detach().contiguous();
+    out.insert(out.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  }
+  return out;
+}
+
+// One server over `fabric` ("server0") starting from `initial`, until destroyed.
+struct server_thread {
+  std::atomic<bool> stop{false};
+  std::thread th;
+  server_thread(std::shared_ptr<tr::inproc_fabric> fabric, std::vector<float> initial, std::string policy,
+                ps::policy_params pp, ps::optimizer_params opt) {
+    auto node = fabric->node("server0");
+    BOOST_TEST_REQUIRE(node.has_value());
+    auto layout = ps::shard_layout::even(initial.size(), 1);
+    pp.workers = 1;
+    auto pol = ps::make_policy(policy, pp);
+    BOOST_TEST_REQUIRE(pol.has_value());
+    auto srv = ps::server<tr::inproc>::create(
+        {.core = {.layout = *layout, .workers = 1, .optimizer = opt}, .compression = ashl::codec_id::identity},
+        std::move(*pol), std::move(*node), initial);
+    BOOST_TEST_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+    th = std::thread([this, s = std::make_shared<ps::server<tr::inproc>>(std::move(*srv))] { s->run(stop); });
+  }
+  ~server_thread() {
+    stop = true;
+    th.join();
+  }
+};
+
+tr::inproc node_of(const std::shared_ptr<tr::inproc_fabric>& f) {
+  auto n = f->node();
+  BOOST_TEST_REQUIRE(n.has_value());
+  return std::move(*n);
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(bucket_views_alias_the_parameters_and_gradients) {
+  auto m = make_net();
+  const auto before = flat_copy(*m);
+  auto b = adapt::torch_bucket::create(*m);
+  BOOST_TEST_REQUIRE(b.has_value(), (b ? "" : b.error().message()));
+  BOOST_TEST(b->size() == before.size());
+  BOOST_TEST(flat_copy(*m) == before);  // values kept
+  float* flat = b->params().data_ptr<float>();
+  BOOST_TEST(std::memcmp(flat, before.data(), before.size() * 4) == 0);
+  // Through the bucket -> seen by the parameter.
+  flat[0] = 42.0f;
+  BOOST_TEST(m->fc1->weight[0][0].item<float>() == 42.0f);
+  // Through the parameter -> seen by the bucket (fc2.bias is the last one).
+  {
+    torch::NoGradGuard g;
+    m->fc2->bias.fill_(-3.0f);
+  }
+  BOOST_TEST(flat[b->size() - 1] == -3.0f);
+  // backward() accumulates into the gradient bucket.
+  auto x = torch::randn({4, 6});
+  m->forward(x).sum().backward();
+  const float* gflat = b->grads().data_ptr<float>();
+  const auto gb = m->fc2->bias.grad();
+  BOOST_TEST(gb.data_ptr<float>() == gflat + b->size() - 3);
+  BOOST_TEST(gflat[b->size() - 1] == 4.0f);  // d(sum)/d(bias) over 4 rows
+  // A replaced grad (zero_grad(set_to_none)) is a view again after attach().
+  m->fc2->bias.mutable_grad() = torch::ones({3});
+  b->attach();
+  BOOST_TEST(m->fc2->bias.grad().data_ptr<float>() == gflat + b->size() - 3);
+  BOOST_TEST(gflat[b->size() - 1] == 1.0f);
+}
+
+BOOST_AUTO_TEST_CASE(bsp_identity_sgd_over_inproc_is_plain_sgd_bit_for_bit) {
+  constexpr double lr = 0.1;
+  auto reference = make_net();
+  auto m = make_net();
+  const auto initial = flat_copy(*m);
+  auto fabric = tr::inproc_fabric::create({});
+  server_thread srv(fabric, initial, "bsp", {},
+                    {.mode = ps::optimizer_params::kind::sgd, .lr = lr});
+  auto d = adapt::torch_worker<tr::inproc>::create(*m, nullptr, {.servers = {"server0"}, .timeout = 10s},
+                                                   node_of(fabric), adapt::torch_update::gradient);
+  BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
+  BOOST_TEST(d->plan().local_iterations == 1u);
+  torch::manual_seed(3);
+  for (int it = 0; it < 5; ++it) {
+    auto x = torch::randn({8, 6});
+    auto y = torch::randn({8, 3});
+    // Plain SGD on the reference: W -= lr * g in f32.
+    reference->zero_grad();
+    torch::mse_loss(reference->forward(x), y).backward();
+    {
+      torch::NoGradGuard g;
+      for (auto& p : reference->parameters()) {
+        auto w = p.data_ptr<float>();
+        auto gr = p.grad().data_ptr<float>();
+        for (std::int64_t i = 0; i < p.numel(); ++i) w[i] -= static_cast<float>(lr) * gr[i];
+      }
+    }
+    d->zero_grad();
+    torch::mse_loss(m->forward(x), y).backward();
+    const auto s = d->step();
+    BOOST_TEST_REQUIRE(s.ok(), s.message());
+    const auto a = flat_copy(*reference), b = flat_copy(*m);
+    BOOST_TEST_REQUIRE(a.size() == b.size());
+    BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * 4) == 0, "iteration " << it << " differs");
+  }
+  BOOST_TEST(d->commits() == 5u);
+  BOOST_TEST(d->leave().ok());
+}
+
+BOOST_AUTO_TEST_CASE(local_iterations_and_batch_size_of_the_plan_are_followed) {
+  auto m = make_net();
+  const auto initial = flat_copy(*m);
+  auto fabric = tr::inproc_fabric::create({});
+  ps::policy_params pp;
+  pp.local_steps = 3;
+  pp.batch_size = 16;
+  server_thread srv(fabric, initial, "local_sgd", pp, {});
+  torch::optim::SGD local(m->parameters(), 0.05);
+  auto d = adapt::torch_worker<tr::inproc>::create(*m, &local, {.servers = {"server0"}, .batch = 4, .timeout = 10s},
+                                                   node_of(fabric));
+  BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
+  BOOST_TEST(d->plan().local_iterations == 3u);
+  BOOST_TEST(d->batch() == 16u);  // the plan's, not the worker's own 4
+  for (int it = 1; it <= 9; ++it) {
+    const auto x = torch::randn({static_cast<std::int64_t>(d->batch()), 6});
+    d->zero_grad();
+    m->forward(x).pow(2).mean().backward();
+    const auto before = flat_copy(*m);
+    BOOST_TEST_REQUIRE(d->step().ok());
+    BOOST_TEST(d->commits() == static_cast<std::uint64_t>(it / 3), "after iteration " << it);
+    BOOST_TEST((flat_copy(*m) != before));  // the local step moved the model
+  }
+  // One worker: the server holds exactly the worker's model after each commit.
+  BOOST_TEST(d->worker().telemetry().commits == 3u);
+  BOOST_TEST(d->leave().ok());
+}
+
+BOOST_AUTO_TEST_CASE(bad_models_are_refused_with_the_value_named) {
+  {
+    auto lin = torch::nn::Linear(3, 2);
+    lin->to(torch::kDouble);
+    auto b = adapt::torch_bucket::create(*lin);
+    BOOST_TEST_REQUIRE(!b.has_value());
+    BOOST_TEST(contains(b.error().message(), "torch.parameter[weight].dtype = \"Double\": must be float32"), b.error().message());
+  }
+  {
+    auto t = torch::randn({4, 3}).t().set_requires_grad(true);  // strides (1, 3)
+    auto b = adapt::torch_bucket::create({t}, {"w"});
+    BOOST_TEST_REQUIRE(!b.has_value());
+    BOOST_TEST(contains(b.error().message(), "torch.parameter[w].stride = \"(1, 3)\": must be contiguous"), b.error().message());
+  }
+  {
+    auto m = make_net();
+    auto fabric = tr::inproc_fabric::create({});
+    server_thread srv(fabric, std::vector<float>(10), "bsp", {}, {});
+    torch::optim::SGD local(m->parameters(), 0.05);
+    auto d = adapt::torch_worker<tr::inproc>::create(*m, &local, {.servers = {"server0"}, .timeout = 5s},
+                                                     node_of(fabric));
+    BOOST_TEST_REQUIRE(!d.has_value());
+    BOOST_TEST(contains(d.error().message(), "element_count = 53"), d.error().message());
+  }
+  {
+    auto m = make_net();
+    auto fabric = tr::inproc_fabric::create({});
+    auto d = adapt::torch_worker<tr::inproc>::create(*m, nullptr, {.servers = {"server0"}}, node_of(fabric));
+    BOOST_TEST_REQUIRE(!d.has_value());
+    BOOST_TEST(contains(d.error().message(), "torch_worker.local = \"null\""), d.error().message());
+  }
+}
