@@ -232,27 +232,6 @@ inline ashl_f32x4 bf16_to_f32_x4(const std::byte* in) noexcept {
 #define ASHL_DETAIL_VECTOR_EXT false
 #endif
 
-// n half or bfloat16 elements widened exactly into out (the vector
-// extension's 4 lanes where available, then the scalar functions).
-template <class T>
-inline void widen_16_to_f32(const T* x, std::size_t n, float* out) noexcept {
-  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16>, "widen_16_to_f32: half or bfloat16");
-  const auto* in = reinterpret_cast<const std::byte*>(x);
-  std::size_t i = 0;
-#if ASHL_DETAIL_HOST_VECTOR
-  if constexpr (ASHL_DETAIL_VECTOR_EXT) {
-    for (const std::size_t e = n & ~std::size_t{3}; i < e; i += 4) {
-      const ashl_f32x4 v = std::is_same_v<T, half> ? f16_to_f32_x4(in + 2 * i) : bf16_to_f32_x4(in + 2 * i);
-      std::memcpy(out + i, &v, 16);
-    }
-  }
-#endif
-  for (; i < n; ++i) {
-    const std::uint16_t b = load_le<std::uint16_t>(in + 2 * i);
-    out[i] = std::is_same_v<T, half> ? f16_to_f32(b) : bf16_to_f32(b);
-  }
-}
-
 // x86 with F16C and AVX2 (chosen at run time, so the default build without
 // -march has it; function-level target attributes): vcvtps2ph rounds to
 // nearest even by its immediate (not MXCSR) and vcvtph2ps widens exactly,
@@ -309,9 +288,104 @@ __attribute__((target("avx2,f16c"))) inline std::size_t add_f16_f16c(const std::
   }
   return i;
 }
+
+// Halves [0, returned) of in (a multiple of 16) widened exactly (vcvtph2ps).
+__attribute__((target("avx2,f16c"))) inline std::size_t widen_f16_f16c(const std::byte* in, float* out,
+                                                                     std::size_t n) noexcept {
+  std::size_t i = 0;
+  for (const std::size_t e = n & ~std::size_t{15}; i < e; i += 16) {
+    const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i)));
+    const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i + 16)));
+    _mm256_storeu_ps(out + i, a);
+    _mm256_storeu_ps(out + i + 8, b);
+  }
+  return i;
+}
+// bfloat16 [0, returned) (a multiple of 16) widened: the pattern in the top half.
+__attribute__((target("avx2"))) inline std::size_t widen_bf16_avx2(const std::byte* in, float* out,
+                                                                 std::size_t n) noexcept {
+  std::size_t i = 0;
+  for (const std::size_t e = n & ~std::size_t{15}; i < e; i += 16) {
+    const __m256i a = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i)));
+    const __m256i b = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i + 16)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_slli_epi32(a, 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + 8), _mm256_slli_epi32(b, 16));
+  }
+  return i;
+}
 #else
 #define ASHL_DETAIL_F16C_X86 0
 #endif
+
+// n half or bfloat16 elements widened exactly into out: 16 per step with
+// F16C (halves) or AVX2 (bfloat16, a zero-extend and a shift) where the CPU
+// has them, the vector extension's 4 lanes otherwise, then the scalar
+// functions. Every path gives the same floats (a signalling NaN half comes
+// out quiet from vcvtph2ps; every caller either refuses a NaN input or
+// quiets it in its next float operation).
+template <class T>
+inline void widen_16_to_f32(const T* x, std::size_t n, float* out) noexcept {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16>, "widen_16_to_f32: half or bfloat16");
+  const auto* in = reinterpret_cast<const std::byte*>(x);
+  std::size_t i = 0;
+#if ASHL_DETAIL_F16C_X86
+  if constexpr (std::endian::native == std::endian::little)
+    if (cpu_has_avx2_f16c())
+      i = std::is_same_v<T, half> ? widen_f16_f16c(in, out, n) : widen_bf16_avx2(in, out, n);
+#endif
+#if ASHL_DETAIL_HOST_VECTOR
+  if constexpr (ASHL_DETAIL_VECTOR_EXT) {
+    for (const std::size_t e = n & ~std::size_t{3}; i < e; i += 4) {
+      const ashl_f32x4 v = std::is_same_v<T, half> ? f16_to_f32_x4(in + 2 * i) : bf16_to_f32_x4(in + 2 * i);
+      std::memcpy(out + i, &v, 16);
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    const std::uint16_t b = load_le<std::uint16_t>(in + 2 * i);
+    out[i] = std::is_same_v<T, half> ? f16_to_f32(b) : bf16_to_f32(b);
+  }
+}
+
+// r[i] += x[i] (as float) for n elements: 16-bit inputs widened a block at a
+// time into L1 (the same sums as adding to_float(x[i]) one by one).
+template <gradient_element T>
+inline void add_widened(float* r, const T* x, std::size_t n) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    for (std::size_t i = 0; i < n; ++i) r[i] += x[i];
+  } else {
+    constexpr std::size_t block = 1024;
+    float buf[block];
+    for (std::size_t p = 0; p < n; p += block) {
+      const std::size_t m = n - p < block ? n - p : block;
+      widen_16_to_f32(x + p, m, buf);
+      for (std::size_t i = 0; i < m; ++i) r[p + i] += buf[i];
+    }
+  }
+}
+
+// DGC's momentum step: u = m u + g, v += u, for n elements (16-bit g widened
+// a block at a time; the same float operations in the same order).
+template <gradient_element T>
+inline void momentum_accumulate(float* u, float* v, const T* g, float m, std::size_t n) noexcept {
+  constexpr std::size_t block = 1024;
+  float buf[block];
+  for (std::size_t p = 0; p < n; p += block) {
+    const std::size_t len = n - p < block ? n - p : block;
+    const float* gf = buf;
+    if constexpr (std::is_same_v<T, float>)
+      gf = g + p;
+    else
+      widen_16_to_f32(g + p, len, buf);
+    float* up = u + p;
+    float* vp = v + p;
+    for (std::size_t i = 0; i < len; ++i) {
+      up[i] = m * up[i] + gf[i];
+      vp[i] += up[i];
+    }
+  }
+}
+
 
 // Which kernels the bulk conversions may use: the best this CPU has, or only
 // the portable ones (the tests compare the two).

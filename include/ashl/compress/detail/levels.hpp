@@ -136,14 +136,19 @@ std::uint64_t levels_encode(const T* x, std::uint64_t n, const level_spec& spec,
     // The chunk after next is requested now, so memory streams while this
     // one is computed (the encode is otherwise read, compute, read, ...).
     prefetch_ahead(x, n, c0 + 2 * chunk);
+    // The chunk widened once (16-bit inputs): a bucket that lies inside it
+    // takes its scale from the widened copy, the same floats the bucket
+    // would widen to on its own, so the scale has the same bits.
+    const float* xf = as_float(x + c0, m, xbuf);
     const std::uint64_t last = (c0 + m - 1) / B;
     for (; scaled <= last; ++scaled) {
       const std::uint64_t lo = scaled * B, len = lo + B < n ? B : n - lo;
-      const float s = bucket_scale(x + lo, len, spec.norm, sbuf);
+      const bool inside = lo >= c0 && lo + len <= c0 + m;
+      const float s = inside ? bucket_scale(xf + (lo - c0), len, spec.norm, sbuf)
+                             : bucket_scale(x + lo, len, spec.norm, sbuf);
       if (!std::isfinite(s)) return scaled;
       store_le<float>(norms + 4 * scaled, s);
     }
-    const float* xf = as_float(x + c0, m, xbuf);
     rw.fill(c0 / 4, (m + 3) / 4, words);
     // One rounding call per bucket segment of the chunk, with that bucket's
     // L / s; where L / s is not a finite float (subnormal s), exactly.

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -154,6 +155,61 @@ std::size_t write_all(const T* x, std::size_t n, std::span<std::byte> out) noexc
   for (std::size_t i = 0; i < n; ++i) store_le<std::uint32_t>(idx + 4 * i, static_cast<std::uint32_t>(i));
   store_array_le(idx + 4 * n, x, n);
   return sparse_payload_bytes(n, dtype_of<T>);
+}
+
+// The magnitude key of +inf; NaN keys lie above it.
+template <gradient_element T>
+inline constexpr std::uint32_t inf_key = std::is_same_v<T, float> ? 0x7f800000u
+                                         : std::is_same_v<T, half> ? 0x7c00u
+                                                                   : 0x7f80u;
+
+// The smallest magnitude key of T whose value is >= th (th finite, >= 0), so
+// that for every non-NaN x: |x| >= th exactly when key(x) >= key_at_least(th)
+// (keys order magnitudes; a 16-bit th is rounded, then stepped up once if
+// the rounded value fell below th).
+template <gradient_element T>
+inline std::uint32_t key_at_least(float th) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    return std::bit_cast<std::uint32_t>(th) & 0x7fffffffu;
+  } else {
+    constexpr bool is_half = std::is_same_v<T, half>;
+    const std::uint32_t h = (is_half ? f32_to_f16_rne(th) : f32_to_bf16_rne(th)) & 0x7fffu;
+    const float back = is_half ? f16_to_f32(static_cast<std::uint16_t>(h)) : bf16_to_f32(static_cast<std::uint16_t>(h));
+    return back < th ? h + 1u : h;
+  }
+}
+
+// How many elements have a magnitude key in [lo, hi] (one unsigned compare
+// each, so the loop vectorizes).
+template <gradient_element T>
+std::size_t count_keys_in(const T* x, std::size_t n, std::uint32_t lo, std::uint32_t hi) noexcept {
+  const std::uint32_t span = hi - lo;
+  std::size_t c = 0;
+  for (std::size_t i = 0; i < n; ++i) c += (magnitude_key(x[i]) - lo) <= span;
+  return c;
+}
+
+// The sparse payload of the `count` elements whose key is in [lo, hi], in
+// index order (count from count_keys_in). Returns the bytes written.
+template <gradient_element T>
+std::size_t write_keys_in(const T* x, std::size_t n, std::uint32_t lo, std::uint32_t hi, std::size_t count,
+                          std::span<std::byte> out) noexcept {
+  std::byte* const base = out.data();
+  store_le<std::uint64_t>(base, n);
+  store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(count));
+  std::byte* const idx = base + sparse_header_bytes;
+  std::byte* const val = idx + 4 * count;
+  const std::uint32_t span = hi - lo;
+  std::size_t j = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if ((magnitude_key(x[i]) - lo) <= span) {
+      store_le<std::uint32_t>(idx + 4 * j, static_cast<std::uint32_t>(i));
+      store_le(val + sizeof(T) * j, element_bits(x[i]));
+      ++j;
+    }
+  }
+  ASHL_ASSERT(j == count, "write_keys_in: count mismatch");
+  return sparse_payload_bytes(count, dtype_of<T>);
 }
 
 // Pass 1 of the two-pass exact top-k: the top key digit holding the k-th largest.
@@ -325,6 +381,45 @@ __attribute__((target("avx2,bmi"))) inline std::size_t collect_ge_avx2(const flo
 }
 #endif
 
+#if ASHL_DETAIL_PHILOX_X86
+// The same for half / bfloat16 (15-bit keys, 16 per vector): elements
+// [0, returned) of x, a multiple of 32. The compare mask of 32 keys is
+// packed to bytes (packs works per 128-bit half, so the quadwords are put
+// back in element order) and each hit taken with tzcnt.
+template <class T>
+__attribute__((target("avx2,bmi"))) inline std::size_t collect_ge16_avx2(const T* x, std::size_t n,
+                                                                       std::uint32_t theta, std::uint64_t* cand,
+                                                                       std::size_t cap, collect_counts& r) noexcept {
+  // theta <= 0x8000 (a 15-bit key, or one above every key): theta - 1 fits
+  // an i16, and a signed compare with it is key >= theta (theta = 0: -1).
+  const __m256i below = _mm256_set1_epi16(static_cast<short>(static_cast<int>(theta) - 1));
+  const __m256i abs_mask = _mm256_set1_epi16(0x7fff);
+  std::size_t ge = r.ge, eq = r.eq;
+  std::size_t i = 0;
+  const auto* p = reinterpret_cast<const std::uint16_t*>(x);
+  for (const std::size_t e = n & ~std::size_t{31}; i < e; i += 32) {
+    const __m256i k0 = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)), abs_mask);
+    const __m256i k1 = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 16)), abs_mask);
+    const __m256i h0 = _mm256_cmpgt_epi16(k0, below), h1 = _mm256_cmpgt_epi16(k1, below);
+    const __m256i any = _mm256_or_si256(h0, h1);
+    if (_mm256_testz_si256(any, any)) continue;
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi16(h0, h1), 0xd8);
+    std::uint32_t bits = static_cast<std::uint32_t>(_mm256_movemask_epi8(packed));
+    while (bits != 0) {
+      const std::size_t j = i + static_cast<std::size_t>(_tzcnt_u32(bits));
+      bits &= bits - 1;
+      const std::uint32_t b = p[j];
+      if (ge < cap) cand[ge] = (static_cast<std::uint64_t>(b) << 32) | static_cast<std::uint32_t>(j);
+      ++ge;
+      eq += (b & 0x7fffu) == theta;
+    }
+  }
+  r.ge = ge;
+  r.eq = eq;
+  return i;
+}
+#endif
+
 template <gradient_element T>
 collect_counts collect_ge(const T* x, std::size_t n, std::uint32_t theta, std::uint64_t* cand,
                           std::size_t cap) noexcept {
@@ -339,8 +434,11 @@ collect_counts collect_ge(const T* x, std::size_t n, std::uint32_t theta, std::u
     }
   };
 #if ASHL_DETAIL_PHILOX_X86
-  if constexpr (std::is_same_v<T, float>)
+  if constexpr (std::is_same_v<T, float>) {
     if (cpu_has_avx2()) i = collect_ge_avx2(x, n, theta, cand, cap, r);
+  } else if constexpr (std::endian::native == std::endian::little) {
+    if (cpu_has_avx2() && theta <= 0x8000u) i = collect_ge16_avx2(x, n, theta, cand, cap, r);
+  }
 #endif
 #if ASHL_DETAIL_HOST_VECTOR
   if constexpr (std::is_same_v<T, float>) {
