@@ -129,10 +129,7 @@ class dgc {
     float* u = s.u.data();
     float* v = s.v.data();
     const float m = opt_.momentum;
-    for (std::size_t i = 0; i < n; ++i) {
-      u[i] = m * u[i] + to_float(g[i]);
-      v[i] += u[i];
-    }
+    detail::momentum_accumulate(u, v, g, m, n);  // u = m u + g; v += u
     auto used = inner_.encode(host_view<const float>(v, n), out, ctx);
     if (!used.has_value()) return used;
     // Our own sparse-pair payload: u64 n, u32 count, count u32 indices (each < n).

@@ -101,7 +101,7 @@ class error_feedback {
     std::vector<float>& e = residual_slot(ctx.tensor, n);
     const T* x = xv.data();
     float* r = e.data();
-    for (std::size_t i = 0; i < n; ++i) r[i] += to_float(x[i]);
+    detail::add_widened(r, x, n);  // 16-bit x widened a block at a time
     auto used = inner_.encode(host_view<const float>(r, n), out, ctx);
     if (!used.has_value()) return used;
     ASHL_TRY(inner_.decode_add(std::span<const std::byte>(out.data(), *used), {n, dtype::f32},

@@ -88,24 +88,11 @@ class threshold {
     const std::size_t cap = cap_for(n);
     ASHL_TRY(detail::check_sparse_encode("threshold", n, out.size(), detail::sparse_payload_bytes(cap, dtype_of<T>)));
     const T* x = xv.data();
-    const float th = opt_.theta;
-    std::size_t c = 0;
-    for (std::size_t i = 0; i < n; ++i) c += std::fabs(to_float(x[i])) >= th;
+    // |x| >= theta as a compare of magnitude keys (NaN keys lie above inf's).
+    const std::uint32_t lo = detail::key_at_least<T>(opt_.theta), hi = detail::inf_key<T>;
+    const std::size_t c = detail::count_keys_in(x, n, lo, hi);
     if (c > cap) return detail::encode_topk(x, n, cap, ctx.scratch, out);
-    std::byte* const base = out.data();
-    detail::store_le<std::uint64_t>(base, n);
-    detail::store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(c));
-    std::byte* const idx = base + detail::sparse_header_bytes;
-    std::byte* const val = idx + 4 * c;
-    std::size_t j = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (std::fabs(to_float(x[i])) >= th) {
-        detail::store_le<std::uint32_t>(idx + 4 * j, static_cast<std::uint32_t>(i));
-        detail::store_le(val + sizeof(T) * j, detail::element_bits(x[i]));
-        ++j;
-      }
-    }
-    return detail::sparse_payload_bytes(c, dtype_of<T>);
+    return detail::write_keys_in(x, n, lo, hi, c, out);
   }
 
   threshold_options opt_{};
