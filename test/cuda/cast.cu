@@ -37,18 +37,13 @@ std::vector<std::byte> gpu_encode(const Codec& c, const std::vector<T>& x, cc::c
   device_buffer<T> dx(x);
   device_buffer<std::byte> dout(c.max_encoded_bytes(x.size(), ashl::dtype_of<T>));
   std::unique_ptr<device_buffer<std::byte>> scratch;
-  std::size_t used = 0;
+  cc::cuda::device_output o{.bytes = dout.view()};
   const ashl::status s = two_call(
-      [&](void* p, std::size_t& b) {
-        if constexpr (std::is_same_v<Codec, cc::identity>)
-          return cc::cuda::encode(c, p, b, dx.cview(), dout.view(), used, cudaStream_t{});
-        else
-          return cc::cuda::encode(c, p, b, dx.cview(), dout.view(), used, cudaStream_t{}, report);
-      },
+      [&](cc::cuda::device_scratch& sc) { return cc::cuda::encode(c, dx.cview(), o, {}, sc, report, cudaStream_t{}); },
       scratch);
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
   check(cudaDeviceSynchronize(), "encode");
-  return dout.download(used);
+  return dout.download(o.used);
 }
 
 template <class Codec>
@@ -63,8 +58,9 @@ void compare_decode(const Codec& c, const std::vector<std::byte>& payload, std::
   BOOST_REQUIRE(c.decode_add(payload, {n, t}, ashl::host_view<float>(acc.data(), n), scale, {}).ok());
   std::unique_ptr<device_buffer<std::byte>> scratch;
   const ashl::status s = two_call(
-      [&](void* p, std::size_t& b) {
-        return cc::cuda::decode_add(c, p, b, {din.data(), payload.size()}, {n, t}, dacc.view(), scale, cudaStream_t{});
+      [&](cc::cuda::device_scratch& sc) {
+        return cc::cuda::decode_add(c, {din.data(), payload.size()}, {n, t}, dacc.view(), scale, {}, sc, nullptr,
+                                    cudaStream_t{});
       },
       scratch);
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
@@ -122,8 +118,9 @@ BOOST_AUTO_TEST_CASE(strict_overflow_is_reported_at_the_cpu_index) {
   device_buffer<float> dx(x);
   device_buffer<std::byte> dout(2 * n);
   device_buffer<std::byte> scratch(4096);
-  std::size_t bytes = 4096, used = 0;
-  BOOST_TEST(!cc::cuda::encode(c, scratch.data(), bytes, dx.cview(), dout.view(), used, cudaStream_t{}).ok());
+  cc::cuda::device_scratch sc{scratch.data(), 4096};
+  cc::cuda::device_output o{.bytes = dout.view()};
+  BOOST_TEST(!cc::cuda::encode(c, dx.cview(), o, {}, sc, nullptr, cudaStream_t{}).ok());
 
   // A clean input leaves the report clear; inf and NaN inputs are not overflows.
   std::vector<float> y = make_input(n, pattern::normal, 10);
@@ -137,15 +134,15 @@ BOOST_AUTO_TEST_CASE(bad_decode_arguments_are_statuses) {
   device_buffer<std::byte> in(64);
   device_buffer<float> acc(16);
   device_buffer<std::byte> scratch(4096);
-  std::size_t bytes = 4096;
-  BOOST_TEST(!cc::cuda::decode_add(cc::fp16{}, scratch.data(), bytes, {in.data(), 30}, {16, ashl::dtype::f32},
-                                   acc.view(), 1.0f, cudaStream_t{})
+  cc::cuda::device_scratch sc{scratch.data(), 4096};
+  BOOST_TEST(!cc::cuda::decode_add(cc::fp16{}, {in.data(), 30}, {16, ashl::dtype::f32}, acc.view(), 1.0f, {}, sc,
+                                   nullptr, cudaStream_t{})
                   .ok());
-  BOOST_TEST(!cc::cuda::decode_add(cc::bf16{}, scratch.data(), bytes, {in.data(), 32}, {15, ashl::dtype::f32},
-                                   acc.view(), 1.0f, cudaStream_t{})
+  BOOST_TEST(!cc::cuda::decode_add(cc::bf16{}, {in.data(), 32}, {15, ashl::dtype::f32}, acc.view(), 1.0f, {}, sc,
+                                   nullptr, cudaStream_t{})
                   .ok());
-  BOOST_TEST(!cc::cuda::decode_add(cc::identity{}, scratch.data(), bytes, {in.data(), 64}, {16, ashl::dtype::f32},
-                                   acc.view(), std::numeric_limits<float>::infinity(), cudaStream_t{})
+  BOOST_TEST(!cc::cuda::decode_add(cc::identity{}, {in.data(), 64}, {16, ashl::dtype::f32}, acc.view(),
+                                   std::numeric_limits<float>::infinity(), {}, sc, nullptr, cudaStream_t{})
                   .ok());
 }
 
@@ -157,20 +154,23 @@ BOOST_AUTO_TEST_CASE(graph_capture_and_replay) {
   device_buffer<float> dx(x1);
   device_buffer<std::byte> out(2 * n);
   device_buffer<float> acc(std::vector<float>(n, 0.0f));
-  std::size_t bytes = 0, dbytes = 0, used = 0;
-  BOOST_REQUIRE(cc::cuda::encode(c, nullptr, bytes, dx.cview(), out.view(), used, cudaStream_t{}).ok());
-  BOOST_REQUIRE(cc::cuda::decode_add(c, nullptr, dbytes, {out.data(), 2 * n}, {n, ashl::dtype::f32}, acc.view(),
-                                     1.0f, cudaStream_t{})
+  cc::cuda::device_output o{.bytes = out.view()};
+  cc::cuda::device_scratch q{}, dq{};
+  BOOST_REQUIRE(cc::cuda::encode(c, dx.cview(), o, {}, q, nullptr, cudaStream_t{}).ok());
+  BOOST_REQUIRE(cc::cuda::decode_add(c, {out.data(), 2 * n}, {n, ashl::dtype::f32}, acc.view(), 1.0f, {}, dq, nullptr,
+                                     cudaStream_t{})
                     .ok());
-  device_buffer<std::byte> scratch(bytes), dscratch(dbytes);
+  const std::size_t used = o.used;
+  device_buffer<std::byte> scratch(q.bytes), dscratch(dq.bytes);
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   cudaGraph_t graph;
   check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
   const ashl::status s = [&] {
-    ASHL_TRY(cc::cuda::encode(c, scratch.data(), bytes, dx.cview(), out.view(), used, stream));
-    return cc::cuda::decode_add(c, dscratch.data(), dbytes, {out.data(), 2 * n}, {n, ashl::dtype::f32}, acc.view(),
-                                1.0f, stream);
+    cc::cuda::device_scratch sc{scratch.data(), q.bytes}, dsc{dscratch.data(), dq.bytes};
+    ASHL_TRY(cc::cuda::encode(c, dx.cview(), o, {}, sc, nullptr, stream));
+    return cc::cuda::decode_add(c, {out.data(), 2 * n}, {n, ashl::dtype::f32}, acc.view(), 1.0f, {}, dsc, nullptr,
+                                stream);
   }();
   check(cudaStreamEndCapture(stream, &graph), "end capture");
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());

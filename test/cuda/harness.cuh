@@ -1,7 +1,8 @@
-// test/cuda/harness.cuh — the checks every device codec with a host-known
-// payload size shares (qsgd, terngrad, sign, natural, randomk): payload bytes
-// against the CPU reference, decode-add against the CPU decoder, error
-// feedback over several steps, graph capture and replay, malformed payloads.
+// test/cuda/harness.cuh — the checks every device codec shares: payload
+// bytes against the CPU reference, decode-add against the CPU decoder, error
+// feedback (cuda::error_feedback<C>) over several steps, graph capture and
+// replay, malformed payloads. Written against compress::cuda::device_codec
+// only: one call shape, no per-codec shims.
 //
 //   check_payloads<float>(cc::qsgd{}, {0, 1, 1000003}, all_patterns, ctx);
 //   check_error_feedback<ashl::half>(cc::qsgd{}, 100003, ctx);
@@ -12,7 +13,8 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include <ashl/compress/randomk.hpp>
+#include <ashl/compress/cuda/concepts.cuh>
+#include <ashl/compress/cuda/error_feedback.cuh>
 
 #include <cstddef>
 #include <cstring>
@@ -25,66 +27,35 @@ namespace ashl_test {
 
 namespace cc = ::ashl::compress;
 
-// The device entry points, whichever of the two call shapes a codec has
-// (randomk: no encode report, a context on decode).
-template <class C>
-inline constexpr bool randomk_shape = std::is_same_v<C, cc::randomk>;
-template <class C, class T, std::enable_if_t<!randomk_shape<C>, int> = 0>
-ashl::status dev_encode(const C& c, void* s, std::size_t& b, ashl::device_view<const T> x,
-                        ashl::device_view<std::byte> o, std::size_t& used, const cc::codec_context& ctx,
-                        cudaStream_t st, cc::cuda::device_report* r) {
-  return cc::cuda::encode(c, s, b, x, o, used, ctx, st, r);
-}
-template <class T>
-ashl::status dev_encode(const cc::randomk& c, void* s, std::size_t& b, ashl::device_view<const T> x,
-                        ashl::device_view<std::byte> o, std::size_t& used, const cc::codec_context& ctx,
-                        cudaStream_t st, cc::cuda::device_report*) {
-  return cc::cuda::encode(c, s, b, x, o, used, ctx, st);
-}
-template <class C, class T, std::enable_if_t<!randomk_shape<C>, int> = 0>
-ashl::status dev_encode_ef(const C& c, void* s, std::size_t& b, ashl::device_view<const T> x,
-                           ashl::device_view<float> e, ashl::device_view<std::byte> o, std::size_t& used,
-                           const cc::codec_context& ctx, cudaStream_t st, cc::cuda::device_report* r) {
-  return cc::cuda::encode_error_feedback(c, s, b, x, e, o, used, ctx, st, r);
-}
-template <class T>
-ashl::status dev_encode_ef(const cc::randomk& c, void* s, std::size_t& b, ashl::device_view<const T> x,
-                           ashl::device_view<float> e, ashl::device_view<std::byte> o, std::size_t& used,
-                           const cc::codec_context& ctx, cudaStream_t st, cc::cuda::device_report*) {
-  return cc::cuda::encode_error_feedback(c, s, b, x, e, o, used, ctx, st);
-}
-template <class C, std::enable_if_t<!randomk_shape<C>, int> = 0>
-ashl::status dev_decode(const C& c, void* s, std::size_t& b, ashl::device_view<const std::byte> in,
-                        cc::payload_info info, ashl::device_view<float> acc, float scale, const cc::codec_context&,
-                        cudaStream_t st, cc::cuda::device_report* r) {
-  return cc::cuda::decode_add(c, s, b, in, info, acc, scale, st, r);
-}
-ashl::status dev_decode(const cc::randomk& c, void* s, std::size_t& b, ashl::device_view<const std::byte> in,
-                        cc::payload_info info, ashl::device_view<float> acc, float scale,
-                        const cc::codec_context& ctx, cudaStream_t st, cc::cuda::device_report* r);
-
 struct gpu_encoded {
   std::vector<std::byte> payload;
   cc::cuda::device_report report{};
 };
 
+// A stateless codec, taken by value (so temporaries bind).
 template <class C, class T>
-gpu_encoded gpu_encode(const C& c, const std::vector<T>& x, const cc::codec_context& ctx) {
+gpu_encoded gpu_encode(C c, const std::vector<T>& x, const cc::codec_context& ctx) {
   device_buffer<T> dx(x);
   device_buffer<std::byte> out(c.max_encoded_bytes(x.size(), ashl::dtype_of<T>));
   device_buffer<cc::cuda::device_report> report(1);
   std::unique_ptr<device_buffer<std::byte>> scratch;
-  std::size_t used = 0;
+  device_buffer<std::uint64_t> d_used(1);
+  check(cudaMemset(report.data(), 0, sizeof(cc::cuda::device_report)), "report");
+  cc::cuda::device_output o{.bytes = out.view(), .d_used = d_used.data()};
   const ashl::status s = two_call(
-      [&](void* p, std::size_t& b) {
-        return dev_encode(c, p, b, dx.cview(), out.view(), used, ctx, cudaStream_t{}, report.data());
+      [&](cc::cuda::device_scratch& sc) {
+        return cc::cuda::encode(c, dx.cview(), o, ctx, sc, report.data(), cudaStream_t{});
       },
       scratch);
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
   check(cudaDeviceSynchronize(), "encode");
+  // The size on the device is the payload's; on the host, the size or its bound.
+  const std::uint64_t used = d_used.download(1)[0];
+  if (o.size_known) BOOST_TEST(used == o.used);
+  BOOST_TEST(used <= o.used);
   gpu_encoded r;
   r.payload = out.download(used);
-  if constexpr (!randomk_shape<C>) r.report = report.download(1)[0];
+  r.report = report.download(1)[0];
   return r;
 }
 
@@ -104,9 +75,9 @@ void compare_decode(const C& c, const std::vector<std::byte>& payload, std::size
   device_buffer<cc::cuda::device_report> report(1);
   std::unique_ptr<device_buffer<std::byte>> scratch;
   const ashl::status s = two_call(
-      [&](void* p, std::size_t& b) {
-        return dev_decode(c, p, b, {din.data(), payload.size()}, {n, t}, dacc.view(), scale, ctx, cudaStream_t{},
-                          report.data());
+      [&](cc::cuda::device_scratch& sc) {
+        return cc::cuda::decode_add(c, {din.data(), payload.size()}, {n, t}, dacc.view(), scale, ctx, sc,
+                                    report.data(), cudaStream_t{});
       },
       scratch);
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
@@ -170,33 +141,40 @@ void check_error_feedback(const C& c, std::size_t n, pattern p, cc::codec_contex
     for (std::uint32_t s = 0; s < 3; ++s) xs.push_back(convert<T>(make_input(n, p, 100 + s)));
     for (const auto& x : xs) ptrs.push_back(x.data());
     const ref::ef_run cpu = ref::error_feedback(c, ashl::dtype_of<T>, ptrs, n, ctx);
-    device_buffer<float> e(std::vector<float>(n, 0.0f));
-    device_buffer<std::byte> out(c.max_encoded_bytes(n, ashl::dtype::f32));
+    cc::cuda::error_feedback<C> ef{c};
+    BOOST_REQUIRE(ef.reserve(ctx.tensor, n, cudaStream_t{}).ok());
+    device_buffer<std::byte> out(ef.max_encoded_bytes(n, ashl::dtype::f32));
     device_buffer<cc::cuda::device_report> report(1);
-    std::size_t bytes = 0, used = 0;
+    device_buffer<std::uint64_t> d_used(1);
+    cc::cuda::device_output o{.bytes = out.view(), .d_used = d_used.data()};
+    cc::cuda::device_scratch query{};
     {
       device_buffer<T> probe(1);
-      BOOST_REQUIRE(dev_encode_ef(c, nullptr, bytes, ashl::device_view<const T>(probe.data(), n), e.view(), out.view(),
-                                  used, ctx, cudaStream_t{}, report.data())
+      BOOST_REQUIRE(cc::cuda::encode(ef, ashl::device_view<const T>(probe.data(), n), o, ctx, query, report.data(),
+                                     cudaStream_t{})
                         .ok());
     }
-    device_buffer<std::byte> scratch(bytes);
+    device_buffer<std::byte> scratch(query.bytes);
     const std::uint64_t first = ctx.step;
     for (std::size_t s = 0; s < xs.size(); ++s) {
       ctx.step = first + s;
       device_buffer<T> dx(xs[s]);
-      const ashl::status st =
-          dev_encode_ef(c, scratch.data(), bytes, dx.cview(), e.view(), out.view(), used, ctx, cudaStream_t{},
-                        report.data());
+      check(cudaMemset(report.data(), 0, sizeof(cc::cuda::device_report)), "report");
+      cc::cuda::device_scratch sc{scratch.data(), query.bytes};
+      const ashl::status st = cc::cuda::encode(ef, dx.cview(), o, ctx, sc, report.data(), cudaStream_t{});
       BOOST_REQUIRE_MESSAGE(st.ok(), st.message());
       check(cudaDeviceSynchronize(), "ef encode");
       if (!cpu.steps[s].payload) {
         check_refusal(cpu.steps[s], report.download(1)[0]);
       } else {
-        BOOST_TEST(first_difference(*cpu.steps[s].payload, out.download(used)) == -1);
+        BOOST_TEST(first_difference(*cpu.steps[s].payload, out.download(d_used.download(1)[0])) == -1);
       }
     }
-    BOOST_TEST(first_float_difference(cpu.residual, e.download(n)) == -1);
+    const ashl::device_view<const float> e = ef.residual(ctx.tensor);
+    BOOST_REQUIRE(e.size() == n);
+    std::vector<float> residual(n);
+    if (n != 0) check(cudaMemcpy(residual.data(), e.data(), n * sizeof(float), cudaMemcpyDeviceToHost), "residual");
+    BOOST_TEST(first_float_difference(cpu.residual, residual) == -1);
   }
 }
 
@@ -209,20 +187,25 @@ void check_graph_replay(const C& c, std::size_t n, const cc::codec_context& ctx)
   const std::size_t cap = c.max_encoded_bytes(n, ashl::dtype::f32);
   device_buffer<std::byte> out(cap);
   device_buffer<float> acc(std::vector<float>(n, 0.0f));
-  std::size_t bytes = 0, dbytes = 0, used = 0;
-  BOOST_REQUIRE(dev_encode(c, nullptr, bytes, dx.cview(), out.view(), used, ctx, cudaStream_t{}, nullptr).ok());
-  BOOST_REQUIRE(dev_decode(c, nullptr, dbytes, {out.data(), used}, {n, ashl::dtype::f32}, acc.view(), 1.0f, ctx,
-                           cudaStream_t{}, nullptr)
+  C dc = c;
+  cc::cuda::device_output o{.bytes = out.view()};
+  cc::cuda::device_scratch q{}, dq{};
+  BOOST_REQUIRE(cc::cuda::encode(dc, dx.cview(), o, ctx, q, nullptr, cudaStream_t{}).ok());
+  const std::size_t used = o.used;  // the bound where the size depends on the data
+  BOOST_REQUIRE(o.size_known);
+  BOOST_REQUIRE(cc::cuda::decode_add(c, {out.data(), used}, {n, ashl::dtype::f32}, acc.view(), 1.0f, ctx, dq,
+                                     nullptr, cudaStream_t{})
                     .ok());
-  device_buffer<std::byte> scratch(bytes), dscratch(dbytes);
+  device_buffer<std::byte> scratch(q.bytes), dscratch(dq.bytes);
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   cudaGraph_t graph;
   check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
   const ashl::status s = [&] {
-    ASHL_TRY(dev_encode(c, scratch.data(), bytes, dx.cview(), out.view(), used, ctx, stream, nullptr));
-    return dev_decode(c, dscratch.data(), dbytes, {out.data(), used}, {n, ashl::dtype::f32}, acc.view(), 1.0f, ctx,
-                      stream, nullptr);
+    cc::cuda::device_scratch sc{scratch.data(), q.bytes}, dsc{dscratch.data(), dq.bytes};
+    ASHL_TRY(cc::cuda::encode(dc, dx.cview(), o, ctx, sc, nullptr, stream));
+    return cc::cuda::decode_add(c, {out.data(), used}, {n, ashl::dtype::f32}, acc.view(), 1.0f, ctx, dsc, nullptr,
+                                stream);
   }();
   check(cudaStreamEndCapture(stream, &graph), "end capture");
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
@@ -260,9 +243,9 @@ void check_malformed(const C& c, std::vector<std::byte> payload, std::size_t n, 
     device_buffer<cc::cuda::device_report> report(1);
     std::unique_ptr<device_buffer<std::byte>> scratch;
     const ashl::status s = two_call(
-        [&](void* p, std::size_t& b) {
-          return dev_decode(c, p, b, {din.data(), payload.size()}, {n, t}, acc.view(), 1.0f, ctx, cudaStream_t{},
-                            report.data());
+        [&](cc::cuda::device_scratch& sc) {
+          return cc::cuda::decode_add(c, {din.data(), payload.size()}, {n, t}, acc.view(), 1.0f, ctx, sc,
+                                      report.data(), cudaStream_t{});
         },
         scratch);
     BOOST_REQUIRE_MESSAGE(s.ok(), s.message());

@@ -64,12 +64,12 @@ BOOST_AUTO_TEST_CASE(malformed_payloads) {
   device_buffer<std::byte> din(good.size());
   device_buffer<float> acc(n);
   device_buffer<std::byte> scratch(4096);
-  std::size_t bytes = 4096;
-  BOOST_TEST(!cc::cuda::decode_add(c, scratch.data(), bytes, {din.data(), 8}, {n, ashl::dtype::f32}, acc.view(), 1.0f,
+  cc::cuda::device_scratch sc{scratch.data(), 4096};
+  BOOST_TEST(!cc::cuda::decode_add(c, {din.data(), 8}, {n, ashl::dtype::f32}, acc.view(), 1.0f, ctx, sc, nullptr,
                                    cudaStream_t{})
                   .ok());
-  BOOST_TEST(!cc::cuda::decode_add(c, scratch.data(), bytes, {din.data(), good.size()}, {n, ashl::dtype::i8},
-                                   acc.view(), 1.0f, cudaStream_t{})
+  BOOST_TEST(!cc::cuda::decode_add(c, {din.data(), good.size()}, {n, ashl::dtype::i8}, acc.view(), 1.0f, ctx, sc,
+                                   nullptr, cudaStream_t{})
                   .ok());
 }
 

@@ -3,10 +3,6 @@
 // scaling, dtypes, seeds and 64-bit steps; decode-add (indices regenerated
 // from the payload's seed); error feedback; graph replay; malformed payloads.
 #include <ashl/compress/cuda/randomk.cuh>
-// harness.cuh's generic entry points call cc::cuda::decode_add without a
-// context; with randomk's overloads alone in scope nvcc rejects that body at
-// its definition, so one codec of the other call shape is in scope too.
-#include <ashl/compress/cuda/sign.cuh>
 
 #define BOOST_TEST_NO_MAIN
 #include <boost/test/unit_test.hpp>
@@ -16,13 +12,6 @@
 #include <ashl/compress/randomk.hpp>
 
 using namespace ashl_test;
-
-ashl::status ashl_test::dev_decode(const cc::randomk& c, void* s, std::size_t& b,
-                                   ashl::device_view<const std::byte> in, cc::payload_info info,
-                                   ashl::device_view<float> acc, float scale, const cc::codec_context& ctx,
-                                   cudaStream_t st, cc::cuda::device_report* r) {
-  return cc::cuda::decode_add(c, s, b, in, info, acc, scale, ctx, st, r);
-}
 
 namespace {
 const cc::codec_context ctx{.seed = 0xfeedfacecafebeefull, .step = (std::uint64_t{1} << 40) + 3, .tensor = 12};

@@ -1,6 +1,6 @@
 // test/cuda/support.cuh — what the GPU tests share: the main that skips
 // without a device (exit 77, ctest "skipped"), device buffers, input
-// patterns, and the two-call helper.
+// patterns, and the two-call helper. A test skips only without a device.
 //
 //   ASHL_TEST_CUDA_MAIN()                      // once per test executable, after boost/test
 //   device_buffer<float> d(host);              // upload
@@ -11,6 +11,7 @@
 #error "test/cuda/support.cuh needs nvcc"
 #endif
 
+#include <ashl/compress/cuda/concepts.cuh>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/core/tensor_view.hpp>
@@ -31,17 +32,44 @@
 
 namespace ashl_test {
 
-inline bool cuda_device_present() {
+// Whether the tests can run. No device is a skip: cudaErrorNoDevice, a count
+// of 0, or no driver at all (cudaDriverGetVersion gives 0 then; the runtime
+// says cudaErrorInsufficientDriver, which also means a driver too old for
+// this runtime, so the driver version tells the two apart). Any other error
+// is a failure the test must not hide: a driver that is present but does not
+// match, a device that will not initialize.
+enum class device_state { present, absent, broken };
+inline device_state cuda_device_state(std::string& why) {
   int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess) {
+    why = "no CUDA device";
+    return n > 0 ? device_state::present : device_state::absent;
+  }
+  int driver = 0;
+  const bool no_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0;
+  if (e == cudaErrorNoDevice || no_driver) {
+    why = no_driver ? "no CUDA driver (so no device)" : "no CUDA device";
+    return device_state::absent;
+  }
+  why = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+        "), driver version " + std::to_string(driver);
+  return device_state::broken;
 }
 
-// Boost.Test's runner, preceded by the device check.
+// Boost.Test's runner, preceded by the device check: exit 77 (ctest
+// "skipped") only without a device, 1 on any other CUDA error.
 #define ASHL_TEST_CUDA_MAIN()                                                  \
   int main(int argc, char** argv) {                                            \
-    if (!::ashl_test::cuda_device_present()) {                                 \
-      std::puts("SKIPPED: no CUDA device");                                    \
-      return 77;                                                               \
+    std::string why;                                                           \
+    switch (::ashl_test::cuda_device_state(why)) {                             \
+      case ::ashl_test::device_state::absent:                                  \
+        std::printf("SKIPPED: %s\n", why.c_str());                             \
+        return 77;                                                             \
+      case ::ashl_test::device_state::broken:                                  \
+        std::printf("FAILED: %s\n", why.c_str());                              \
+        return 1;                                                              \
+      case ::ashl_test::device_state::present: break;                          \
     }                                                                          \
     return ::boost::unit_test::unit_test_main(&init_unit_test, argc, argv);    \
   }
@@ -142,15 +170,17 @@ std::vector<std::byte> as_bytes(const std::vector<T>& v) {
 }
 
 // Runs a device entry point with the two-call protocol: size query, scratch,
-// run. `call(d_scratch, scratch_bytes)` returns an ashl::status.
-// `keep` owns the scratch afterwards (a graph replay needs it to stay).
+// run. `call(scratch)` takes an ashl::compress::cuda::device_scratch& and
+// returns an ashl::status. `keep` owns the scratch afterwards (a graph
+// replay needs it to stay).
 template <class Call>
 ashl::status two_call(Call&& call, std::unique_ptr<device_buffer<std::byte>>& keep) {
-  std::size_t bytes = 0;
-  ashl::status s = call(nullptr, bytes);
-  if (!s.ok()) return s;
-  keep = std::make_unique<device_buffer<std::byte>>(bytes);
-  return call(keep->data(), bytes);
+  ashl::compress::cuda::device_scratch s{};
+  ashl::status st = call(s);
+  if (!st.ok()) return st;
+  keep = std::make_unique<device_buffer<std::byte>>(s.bytes);
+  s.data = keep->data();
+  return call(s);
 }
 
 // Index of the first float that differs in its bits, where NaN equals any

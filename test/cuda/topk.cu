@@ -33,15 +33,13 @@ std::vector<std::byte> gpu_encode(const cc::topk& c, const std::vector<T>& x) {
   device_buffer<T> dx(x);
   device_buffer<std::byte> dout(c.max_encoded_bytes(x.size(), ashl::dtype_of<T>));
   std::unique_ptr<device_buffer<std::byte>> scratch;
-  std::size_t used = 0;
+  cc::cuda::device_output o{.bytes = dout.view()};
   const ashl::status s = two_call(
-      [&](void* p, std::size_t& bytes) {
-        return cc::cuda::encode(c, p, bytes, dx.cview(), dout.view(), used, cudaStream_t{});
-      },
+      [&](cc::cuda::device_scratch& sc) { return cc::cuda::encode(c, dx.cview(), o, {}, sc, nullptr, cudaStream_t{}); },
       scratch);
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
   check(cudaDeviceSynchronize(), "encode");
-  return dout.download(used);
+  return dout.download(o.used);
 }
 
 // Decodes `payload` on both sides into the same starting accumulator.
@@ -57,9 +55,9 @@ void compare_decode(const std::vector<std::byte>& payload, std::size_t n, ashl::
   device_buffer<cc::cuda::device_report> report(1);
   std::unique_ptr<device_buffer<std::byte>> scratch;
   const ashl::status s = two_call(
-      [&](void* p, std::size_t& bytes) {
-        return cc::cuda::decode_add(cc::topk{}, p, bytes, {din.data(), payload.size()}, {n, t}, dacc.view(), scale,
-                                    cudaStream_t{}, report.data());
+      [&](cc::cuda::device_scratch& sc) {
+        return cc::cuda::decode_add(cc::topk{}, {din.data(), payload.size()}, {n, t}, dacc.view(), scale, {}, sc,
+                                    report.data(), cudaStream_t{});
       },
       scratch);
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
@@ -125,9 +123,9 @@ BOOST_AUTO_TEST_CASE(malformed_payload_adds_nothing_and_reports) {
   device_buffer<cc::cuda::device_report> report(1);
   std::unique_ptr<device_buffer<std::byte>> scratch;
   const ashl::status s = two_call(
-      [&](void* p, std::size_t& bytes) {
-        return cc::cuda::decode_add(cc::topk{}, p, bytes, {din.data(), payload.size()}, {n, ashl::dtype::f32},
-                                    acc.view(), 1.0f, cudaStream_t{}, report.data());
+      [&](cc::cuda::device_scratch& sc) {
+        return cc::cuda::decode_add(cc::topk{}, {din.data(), payload.size()}, {n, ashl::dtype::f32}, acc.view(), 1.0f,
+                                    {}, sc, report.data(), cudaStream_t{});
       },
       scratch);
   BOOST_REQUIRE(s.ok());
@@ -138,12 +136,12 @@ BOOST_AUTO_TEST_CASE(malformed_payload_adds_nothing_and_reports) {
   for (float v : acc.download(n)) BOOST_TEST(v == 1.0f);
 
   // Host-checkable errors are statuses.
-  std::size_t bytes = 1 << 20;
-  BOOST_TEST(!cc::cuda::decode_add(cc::topk{}, scratch->data(), bytes, {din.data(), 8}, {n, ashl::dtype::f32},
-                                   acc.view(), 1.0f, cudaStream_t{})
+  cc::cuda::device_scratch sc{scratch->data(), scratch->size()};
+  BOOST_TEST(!cc::cuda::decode_add(cc::topk{}, {din.data(), 8}, {n, ashl::dtype::f32}, acc.view(), 1.0f, {}, sc,
+                                   nullptr, cudaStream_t{})
                   .ok());
-  BOOST_TEST(!cc::cuda::decode_add(cc::topk{}, scratch->data(), bytes, {din.data(), payload.size()},
-                                   {n + 1, ashl::dtype::f32}, acc.view(), 1.0f, cudaStream_t{})
+  BOOST_TEST(!cc::cuda::decode_add(cc::topk{}, {din.data(), payload.size()}, {n + 1, ashl::dtype::f32}, acc.view(),
+                                   1.0f, {}, sc, nullptr, cudaStream_t{})
                   .ok());
 }
 
@@ -151,16 +149,21 @@ BOOST_AUTO_TEST_CASE(too_small_scratch_or_output_is_an_error) {
   const std::vector<float> x = make_input(1000, pattern::normal, 5);
   device_buffer<float> dx(x);
   device_buffer<std::byte> out(8);
-  std::size_t bytes = 0, used = 0;
-  BOOST_REQUIRE(cc::cuda::encode(cc::topk{0.1}, nullptr, bytes, dx.cview(), out.view(), used, cudaStream_t{}).ok());
-  BOOST_TEST(used == cc::topk{0.1}.max_encoded_bytes(1000, ashl::dtype::f32));
-  device_buffer<std::byte> scratch(bytes);
-  BOOST_TEST((cc::cuda::encode(cc::topk{0.1}, scratch.data(), bytes, dx.cview(), out.view(), used, cudaStream_t{})
-                  .code() == ashl::errc::buffer_too_small));
-  std::size_t small = bytes - 1;
-  device_buffer<std::byte> big(used);
-  BOOST_TEST((cc::cuda::encode(cc::topk{0.1}, scratch.data(), small, dx.cview(), big.view(), used, cudaStream_t{})
-                  .code() == ashl::errc::buffer_too_small));
+  const cc::topk c{0.1};
+  cc::cuda::device_output o{.bytes = out.view()};
+  cc::cuda::device_scratch q{};
+  BOOST_REQUIRE(cc::cuda::encode(c, dx.cview(), o, {}, q, nullptr, cudaStream_t{}).ok());
+  BOOST_TEST(o.used == c.max_encoded_bytes(1000, ashl::dtype::f32));
+  BOOST_TEST(o.size_known);
+  device_buffer<std::byte> scratch(q.bytes);
+  cc::cuda::device_scratch sc{scratch.data(), q.bytes};
+  BOOST_TEST((cc::cuda::encode(c, dx.cview(), o, {}, sc, nullptr, cudaStream_t{}).code() ==
+              ashl::errc::buffer_too_small));
+  device_buffer<std::byte> big(o.used);
+  cc::cuda::device_output ob{.bytes = big.view()};
+  cc::cuda::device_scratch small{scratch.data(), q.bytes - 1};
+  BOOST_TEST((cc::cuda::encode(c, dx.cview(), ob, {}, small, nullptr, cudaStream_t{}).code() ==
+              ashl::errc::buffer_too_small));
 }
 
 BOOST_AUTO_TEST_CASE(graph_capture_and_replay) {
@@ -170,14 +173,17 @@ BOOST_AUTO_TEST_CASE(graph_capture_and_replay) {
   const auto x2 = make_input(n, pattern::ties, 12);
   device_buffer<float> dx(x1);
   device_buffer<std::byte> out(c.max_encoded_bytes(n, ashl::dtype::f32));
-  std::size_t bytes = 0, used = 0;
-  BOOST_REQUIRE(cc::cuda::encode(c, nullptr, bytes, dx.cview(), out.view(), used, cudaStream_t{}).ok());
-  device_buffer<std::byte> scratch(bytes);
+  cc::cuda::device_output o{.bytes = out.view()};
+  cc::cuda::device_scratch q{};
+  BOOST_REQUIRE(cc::cuda::encode(c, dx.cview(), o, {}, q, nullptr, cudaStream_t{}).ok());
+  const std::size_t used = o.used;
+  device_buffer<std::byte> scratch(q.bytes);
+  cc::cuda::device_scratch sc{scratch.data(), q.bytes};
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   cudaGraph_t graph;
   check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
-  const ashl::status s = cc::cuda::encode(c, scratch.data(), bytes, dx.cview(), out.view(), used, stream);
+  const ashl::status s = cc::cuda::encode(c, dx.cview(), o, {}, sc, nullptr, stream);
   check(cudaStreamEndCapture(stream, &graph), "end capture");
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
   cudaGraphExec_t exec;

@@ -1,9 +1,10 @@
 // ashl/compress/cuda/cast.cuh — the fp16 and bf16 cast codecs on the device.
 //
 //   compress::fp16 c{{.strict = true}};
-//   std::size_t scratch = 0, used = 0;
-//   compress::cuda::encode(c, nullptr, scratch, x, out, used, stream);       // size query
-//   ASHL_TRY(compress::cuda::encode(c, d_scratch, scratch, x, out, used, stream, d_report));
+//   compress::cuda::device_output out{.bytes = d_out};
+//   compress::cuda::device_scratch scratch{};                               // size query first
+//   ASHL_TRY(compress::cuda::encode(c, x, out, ctx, scratch, d_report, stream));
+//   // ... scratch.data = a buffer of scratch.bytes, then the same call runs
 //   // ... later, after a synchronization the caller makes anyway:
 //   // d_report->fault == device_fault::overflow: d_report->index is the first bad element
 //
@@ -25,6 +26,7 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/cast.hpp>
 #include <ashl/compress/concepts.hpp>
+#include <ashl/compress/cuda/concepts.cuh>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/dispatch_dense.cuh>
 #include <ashl/core/dtype.hpp>
@@ -45,42 +47,40 @@ inline status check_strict_report(const char* codec, bool strict, const device_r
                             "strict mode needs a device_report to record an overflow in");
   return {};
 }
+
+// fp16 and bf16 differ only in their target format and name.
+template <class C, dense_target Target, dtype PayloadType>
+struct cast_impl {
+  static constexpr const char* name = Target == dense_target::f16 ? "fp16" : "bf16";
+
+  // Writes exactly 2 n bytes; the context is not used.
+  template <gradient_element T>
+  static status encode(const C& c, device_view<const T> x, device_output& out, const codec_context&,
+                       device_scratch& scratch, device_report* report, cudaStream_t stream) {
+    if (scratch.data != nullptr) ASHL_TRY(check_strict_report(name, c.options().strict, report));
+    return run_known_size(name, out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
+      return dispatch_dense_encode<T>(name, Target, c.options().strict, s, b, x, out.bytes, used, report, stream);
+    });
+  }
+
+  // acc[i] += scale * value[i]; info.type is the sender's input dtype (it
+  // does not change the payload, always 2 n bytes). Every byte pattern is a
+  // payload, so there is nothing to report.
+  static status decode_add(const C&, device_view<const std::byte> in, payload_info info, device_view<float> acc,
+                           float scale, const codec_context&, device_scratch& scratch, device_report*,
+                           cudaStream_t stream) {
+    return dispatch_dense_decode_add(name, PayloadType, scratch.data, scratch.bytes, in, info, acc, scale, stream);
+  }
+};
 }  // namespace detail
 
-// Writes exactly 2 n bytes (used_bytes, known on the host).
-template <gradient_element T>
-status encode(const compress::fp16& c, void* d_scratch, std::size_t& scratch_bytes, device_view<const T> x,
-              device_view<std::byte> out, std::size_t& used_bytes, cudaStream_t stream,
-              device_report* d_report = nullptr) {
-  if (d_scratch != nullptr) ASHL_TRY(detail::check_strict_report("fp16", c.options().strict, d_report));
-  return detail::dispatch_dense_encode<T>("fp16", detail::dense_target::f16, c.options().strict, d_scratch,
-                                          scratch_bytes, x, out, used_bytes, d_report, stream);
-}
+template <>
+struct device_impl<compress::fp16> : detail::cast_impl<compress::fp16, detail::dense_target::f16, dtype::f16> {};
+template <>
+struct device_impl<compress::bf16> : detail::cast_impl<compress::bf16, detail::dense_target::bf16, dtype::bf16> {};
 
-template <gradient_element T>
-status encode(const compress::bf16& c, void* d_scratch, std::size_t& scratch_bytes, device_view<const T> x,
-              device_view<std::byte> out, std::size_t& used_bytes, cudaStream_t stream,
-              device_report* d_report = nullptr) {
-  if (d_scratch != nullptr) ASHL_TRY(detail::check_strict_report("bf16", c.options().strict, d_report));
-  return detail::dispatch_dense_encode<T>("bf16", detail::dense_target::bf16, c.options().strict, d_scratch,
-                                          scratch_bytes, x, out, used_bytes, d_report, stream);
-}
-
-// acc[i] += scale * value[i]; info.type is the sender's input dtype (it does
-// not change the payload, which is always 2 n bytes).
-inline status decode_add(const compress::fp16&, void* d_scratch, std::size_t& scratch_bytes,
-                         device_view<const std::byte> in, payload_info info, device_view<float> acc, float scale,
-                         cudaStream_t stream) {
-  return detail::dispatch_dense_decode_add("fp16", dtype::f16, d_scratch, scratch_bytes, in, info, acc, scale,
-                                           stream);
-}
-
-inline status decode_add(const compress::bf16&, void* d_scratch, std::size_t& scratch_bytes,
-                         device_view<const std::byte> in, payload_info info, device_view<float> acc, float scale,
-                         cudaStream_t stream) {
-  return detail::dispatch_dense_decode_add("bf16", dtype::bf16, d_scratch, scratch_bytes, in, info, acc, scale,
-                                           stream);
-}
+static_assert(device_codec<compress::fp16>);
+static_assert(device_codec<compress::bf16>);
 
 }  // namespace compress::cuda
 ASHL_NAMESPACE_END

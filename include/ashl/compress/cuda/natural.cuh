@@ -1,13 +1,13 @@
 // ashl/compress/cuda/natural.cuh — natural compression on the device.
 //
+//   compress::natural c;
 //   compress::codec_context ctx{.seed = s, .step = t, .tensor = id};
-//   std::size_t scratch = 0, used = 0;
-//   compress::cuda::encode(compress::natural{}, nullptr, scratch, x, out, used, ctx, stream);   // size query
-//   ASHL_TRY(compress::cuda::encode(compress::natural{}, d_scratch, scratch, x, out, used, ctx, stream, d_report));
-//   // after the caller's next synchronization: d_report->fault == nonfinite_input means the CPU
-//   // codec would have refused this input (inf/NaN); the payload must not be sent.
-//   ASHL_TRY(compress::cuda::decode_add(compress::natural{}, d_scratch2, scratch2, payload, {n, dtype::f32},
-//                                       acc, 1.0f, stream, d_report));
+//   compress::cuda::device_output out{.bytes = d_out};
+//   compress::cuda::device_scratch scratch{};                               // size query first
+//   ASHL_TRY(compress::cuda::encode(c, x, out, ctx, scratch, d_report, stream));
+//   // ... scratch.data = a buffer of scratch.bytes, then the same call runs
+//   ASHL_TRY(compress::cuda::decode_add(compress::natural{}, payload, {n, dtype::f32}, acc, 1.0f, ctx,
+//                                       scratch2, d_report, stream));
 //
 // The payload of compress/natural.hpp, byte for byte, for the same input and
 // codec_context: u64 n, i32 emin, n code bytes, the codes drawn with word
@@ -27,6 +27,7 @@
 
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
+#include <ashl/compress/cuda/concepts.cuh>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/dispatch_natural.cuh>
 #include <ashl/compress/natural.hpp>
@@ -42,32 +43,38 @@
 ASHL_NAMESPACE_BEGIN
 namespace compress::cuda {
 
-template <gradient_element T>
-status encode(const compress::natural&, void* d_scratch, std::size_t& scratch_bytes, device_view<const T> x,
-              device_view<std::byte> out, std::size_t& used_bytes, const codec_context& ctx, cudaStream_t stream,
-              device_report* d_report = nullptr) {
-  return detail::dispatch_natural_encode<T>(d_scratch, scratch_bytes, x, out, used_bytes, ctx, nullptr, stream,
-                                            d_report);
-}
+template <>
+struct device_impl<compress::natural> {
+  template <gradient_element T>
+  static status encode(const compress::natural&, device_view<const T> x, device_output& out, const codec_context& ctx,
+                       device_scratch& scratch, device_report* report, cudaStream_t stream) {
+    return detail::run_known_size("natural", out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
+      return detail::dispatch_natural_encode<T>(s, b, x, out.bytes, used, ctx, nullptr, stream, report);
+    });
+  }
 
-// e <- (x + e) - C(x + e); the payload is of f32 input (C(x + e)).
-template <gradient_element T>
-status encode_error_feedback(const compress::natural&, void* d_scratch, std::size_t& scratch_bytes,
-                             device_view<const T> x, device_view<float> residual, device_view<std::byte> out,
-                             std::size_t& used_bytes, const codec_context& ctx, cudaStream_t stream,
-                             device_report* d_report = nullptr) {
-  if (d_scratch != nullptr && residual.size() != x.size())
-    return invalid_argument("natural.residual.size", residual.size(),
-                            "must equal the input size " + std::to_string(x.size()));
-  return detail::dispatch_natural_encode<T>(d_scratch, scratch_bytes, x, out, used_bytes, ctx, residual.data(),
-                                            stream, d_report);
-}
+  // e <- (x + e) - C(x + e), fused; the payload is of f32 input.
+  // cuda::error_feedback<natural> calls it.
+  template <gradient_element T>
+  static status encode_error_feedback(const compress::natural&, device_view<const T> x, device_view<float> residual,
+                                      device_output& out, const codec_context& ctx, device_scratch& scratch,
+                                      device_report* report, cudaStream_t stream) {
+    if (scratch.data != nullptr && residual.size() != x.size())
+      return invalid_argument("natural.residual.size", residual.size(),
+                              "must equal the input size " + std::to_string(x.size()));
+    return detail::run_known_size("natural", out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
+      return detail::dispatch_natural_encode<T>(s, b, x, out.bytes, used, ctx, residual.data(), stream, report);
+    });
+  }
 
-inline status decode_add(const compress::natural&, void* d_scratch, std::size_t& scratch_bytes,
-                         device_view<const std::byte> in, payload_info info, device_view<float> acc, float scale,
-                         cudaStream_t stream, device_report* d_report = nullptr) {
-  return detail::dispatch_natural_decode_add(d_scratch, scratch_bytes, in, info, acc, scale, stream, d_report);
-}
+  static status decode_add(const compress::natural&, device_view<const std::byte> in, payload_info info,
+                           device_view<float> acc, float scale, const codec_context&, device_scratch& scratch,
+                           device_report* report, cudaStream_t stream) {
+    return detail::dispatch_natural_decode_add(scratch.data, scratch.bytes, in, info, acc, scale, stream, report);
+  }
+};
+
+static_assert(device_codec<compress::natural>);
 
 }  // namespace compress::cuda
 ASHL_NAMESPACE_END

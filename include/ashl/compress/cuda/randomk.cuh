@@ -1,14 +1,13 @@
 // ashl/compress/cuda/randomk.cuh — random-k on the device.
 //
 //   compress::randomk c{{.ratio = 0.01, .unbiased = true}};
-//   compress::codec_context ctx{.seed = job_seed, .step = t, .tensor = id};
-//   std::size_t scratch = 0, used = 0;
-//   compress::cuda::encode(c, nullptr, scratch, x, out, used, ctx, stream);           // size query
-//   ASHL_TRY(compress::cuda::encode(c, d_scratch, scratch, x, out, used, ctx, stream));
-//   ASHL_TRY(compress::cuda::decode_add(c, d_scratch2, scratch2, payload, {n, dtype::f32}, acc, 1.0f,
-//                                       ctx, stream, d_report));
-//   // error feedback, e <- (x + e) - C(x + e), e a device f32 residual of n elements:
-//   ASHL_TRY(compress::cuda::encode_error_feedback(c, d_scratch, scratch, x, e, out, used, ctx, stream));
+//   compress::codec_context ctx{.seed = s, .step = t, .tensor = id};
+//   compress::cuda::device_output out{.bytes = d_out};
+//   compress::cuda::device_scratch scratch{};                               // size query first
+//   ASHL_TRY(compress::cuda::encode(c, x, out, ctx, scratch, d_report, stream));
+//   // ... scratch.data = a buffer of scratch.bytes, then the same call runs
+//   ASHL_TRY(compress::cuda::decode_add(c, payload, {n, dtype::f32}, acc, 1.0f, ctx,
+//                                       scratch2, d_report, stream));
 //
 // The payload of compress/randomk.hpp, byte for byte, for the same input and
 // codec_context: u64 n, u32 k, u8 flags, u64 seed, the k stratum values in
@@ -31,6 +30,7 @@
 
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
+#include <ashl/compress/cuda/concepts.cuh>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/dispatch_randomk.cuh>
 #include <ashl/compress/randomk.hpp>
@@ -45,26 +45,38 @@
 ASHL_NAMESPACE_BEGIN
 namespace compress::cuda {
 
-template <gradient_element T>
-status encode(const compress::randomk& c, void* d_scratch, std::size_t& scratch_bytes, device_view<const T> x,
-              device_view<std::byte> out, std::size_t& used_bytes, const codec_context& ctx, cudaStream_t stream) {
-  return detail::dispatch_randomk_encode<T>(c, d_scratch, scratch_bytes, x, out, used_bytes, ctx, nullptr, stream);
-}
+template <>
+struct device_impl<compress::randomk> {
+  // The report is not used: randomk's encode has nothing to refuse.
+  template <gradient_element T>
+  static status encode(const compress::randomk& c, device_view<const T> x, device_output& out, const codec_context& ctx,
+                       device_scratch& scratch, device_report*, cudaStream_t stream) {
+    return detail::run_known_size("randomk", out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
+      return detail::dispatch_randomk_encode<T>(c, s, b, x, out.bytes, used, ctx, nullptr, stream);
+    });
+  }
 
-// e <- (x + e) - C(x + e); the payload is of f32 input (C(x + e)).
-template <gradient_element T>
-status encode_error_feedback(const compress::randomk& c, void* d_scratch, std::size_t& scratch_bytes,
-                             device_view<const T> x, device_view<float> residual, device_view<std::byte> out,
-                             std::size_t& used_bytes, const codec_context& ctx, cudaStream_t stream) {
-  return detail::dispatch_randomk_encode_error_feedback<T>(c, d_scratch, scratch_bytes, x, residual, out, used_bytes,
-                                                           ctx, stream);
-}
+  // e <- (x + e) - C(x + e): one pass forms y = e + x in e, the gather sends
+  // y at the k indices and removes there what the CPU decoder would add back
+  // with scale -1. cuda::error_feedback<randomk> calls it.
+  template <gradient_element T>
+  static status encode_error_feedback(const compress::randomk& c, device_view<const T> x, device_view<float> residual,
+                                      device_output& out, const codec_context& ctx, device_scratch& scratch,
+                                      device_report*, cudaStream_t stream) {
+    return detail::run_known_size("randomk", out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
+      return detail::dispatch_randomk_encode_error_feedback<T>(c, s, b, x, residual, out.bytes, used, ctx, stream);
+    });
+  }
 
-inline status decode_add(const compress::randomk&, void* d_scratch, std::size_t& scratch_bytes,
-                         device_view<const std::byte> in, payload_info info, device_view<float> acc, float scale,
-                         const codec_context& ctx, cudaStream_t stream, device_report* d_report = nullptr) {
-  return detail::dispatch_randomk_decode_add(d_scratch, scratch_bytes, in, info, acc, scale, ctx, stream, d_report);
-}
+  // Indices come from the payload's seed and ctx.step / ctx.tensor.
+  static status decode_add(const compress::randomk&, device_view<const std::byte> in, payload_info info,
+                           device_view<float> acc, float scale, const codec_context& ctx, device_scratch& scratch,
+                           device_report* report, cudaStream_t stream) {
+    return detail::dispatch_randomk_decode_add(scratch.data, scratch.bytes, in, info, acc, scale, ctx, stream, report);
+  }
+};
+
+static_assert(device_codec<compress::randomk>);
 
 }  // namespace compress::cuda
 ASHL_NAMESPACE_END

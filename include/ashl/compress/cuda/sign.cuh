@@ -1,12 +1,12 @@
 // ashl/compress/cuda/sign.cuh — scaled sign compression (EF-signSGD) on the device.
 //
-//   compress::sign c{{.bucket = 512}};   // ctx is accepted for a uniform call shape, unused
-//   compress::codec_context ctx{.seed = s, .step = t, .tensor = id};
-//   std::size_t scratch = 0, used = 0;
-//   compress::cuda::encode(c, nullptr, scratch, x, out, used, ctx, stream);                // size query
-//   ASHL_TRY(compress::cuda::encode(c, d_scratch, scratch, x, out, used, ctx, stream, d_report));
-//   ASHL_TRY(compress::cuda::decode_add(compress::sign{}, d_scratch2, scratch2, payload,
-//                                       {n, dtype::f32}, acc, 1.0f, stream, d_report));
+//   compress::sign c{{.bucket = 512}};   // ctx is accepted for the uniform call shape, unused
+//   compress::cuda::device_output out{.bytes = d_out};
+//   compress::cuda::device_scratch scratch{};                               // size query first
+//   ASHL_TRY(compress::cuda::encode(c, x, out, ctx, scratch, d_report, stream));
+//   // ... scratch.data = a buffer of scratch.bytes, then the same call runs
+//   ASHL_TRY(compress::cuda::decode_add(compress::sign{}, payload, {n, dtype::f32}, acc, 1.0f, ctx,
+//                                       scratch2, d_report, stream));
 //
 // The payload of compress/sign.hpp, byte for byte, for the same input: u64
 // n, u32 bucket, the f32 bucket scales d = mean |x| (summed in double in the
@@ -28,6 +28,7 @@
 
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
+#include <ashl/compress/cuda/concepts.cuh>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/dispatch_sign.cuh>
 #include <ashl/compress/sign.hpp>
@@ -43,36 +44,41 @@
 ASHL_NAMESPACE_BEGIN
 namespace compress::cuda {
 
-template <gradient_element T>
-status encode(const compress::sign& c, void* d_scratch, std::size_t& scratch_bytes, device_view<const T> x,
-              device_view<std::byte> out, std::size_t& used_bytes, const codec_context& ctx, cudaStream_t stream,
-              device_report* d_report = nullptr) {
-  ASHL_TRY(c.validate());
-  (void)ctx;
-  return detail::dispatch_sign_encode<T>(c.options().bucket, d_scratch, scratch_bytes, x, out, used_bytes, nullptr,
-                                         stream, d_report);
-}
+template <>
+struct device_impl<compress::sign> {
+  template <gradient_element T>
+  static status encode(const compress::sign& c, device_view<const T> x, device_output& out, const codec_context&,
+                       device_scratch& scratch, device_report* report, cudaStream_t stream) {
+    ASHL_TRY(c.validate());
+    return detail::run_known_size("sign", out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
+      return detail::dispatch_sign_encode<T>(c.options().bucket, s, b, x, out.bytes, used, nullptr, stream, report);
+    });
+  }
 
-// e <- (x + e) - C(x + e); the payload is of f32 input (C(x + e)).
-template <gradient_element T>
-status encode_error_feedback(const compress::sign& c, void* d_scratch, std::size_t& scratch_bytes,
-                             device_view<const T> x, device_view<float> residual, device_view<std::byte> out,
-                             std::size_t& used_bytes, const codec_context& ctx, cudaStream_t stream,
-                             device_report* d_report = nullptr) {
-  ASHL_TRY(c.validate());
-  if (d_scratch != nullptr && residual.size() != x.size())
-    return invalid_argument("sign.residual.size", residual.size(),
-                            "must equal the input size " + std::to_string(x.size()));
-  (void)ctx;
-  return detail::dispatch_sign_encode<T>(c.options().bucket, d_scratch, scratch_bytes, x, out, used_bytes,
-                                         residual.data(), stream, d_report);
-}
+  // e <- (x + e) - C(x + e), the subtraction fused into the bit pass; the
+  // payload is of f32 input (C(x + e)). cuda::error_feedback<sign> calls it.
+  template <gradient_element T>
+  static status encode_error_feedback(const compress::sign& c, device_view<const T> x, device_view<float> residual,
+                                      device_output& out, const codec_context&, device_scratch& scratch,
+                                      device_report* report, cudaStream_t stream) {
+    ASHL_TRY(c.validate());
+    if (scratch.data != nullptr && residual.size() != x.size())
+      return invalid_argument("sign.residual.size", residual.size(),
+                              "must equal the input size " + std::to_string(x.size()));
+    return detail::run_known_size("sign", out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
+      return detail::dispatch_sign_encode<T>(c.options().bucket, s, b, x, out.bytes, used, residual.data(), stream,
+                                             report);
+    });
+  }
 
-inline status decode_add(const compress::sign&, void* d_scratch, std::size_t& scratch_bytes,
-                         device_view<const std::byte> in, payload_info info, device_view<float> acc, float scale,
-                         cudaStream_t stream, device_report* d_report = nullptr) {
-  return detail::dispatch_sign_decode_add(d_scratch, scratch_bytes, in, info, acc, scale, stream, d_report);
-}
+  static status decode_add(const compress::sign&, device_view<const std::byte> in, payload_info info,
+                           device_view<float> acc, float scale, const codec_context&, device_scratch& scratch,
+                           device_report* report, cudaStream_t stream) {
+    return detail::dispatch_sign_decode_add(scratch.data, scratch.bytes, in, info, acc, scale, stream, report);
+  }
+};
+
+static_assert(device_codec<compress::sign>);
 
 }  // namespace compress::cuda
 ASHL_NAMESPACE_END

@@ -2,11 +2,12 @@
 //
 //   compress::terngrad c{{.bucket = 512}};
 //   compress::codec_context ctx{.seed = s, .step = t, .tensor = id};
-//   std::size_t scratch = 0, used = 0;
-//   compress::cuda::encode(c, nullptr, scratch, x, out, used, ctx, stream);                // size query
-//   ASHL_TRY(compress::cuda::encode(c, d_scratch, scratch, x, out, used, ctx, stream, d_report));
-//   ASHL_TRY(compress::cuda::decode_add(compress::terngrad{}, d_scratch2, scratch2, payload,
-//                                       {n, dtype::f32}, acc, 1.0f, stream, d_report));
+//   compress::cuda::device_output out{.bytes = d_out};
+//   compress::cuda::device_scratch scratch{};                               // size query first
+//   ASHL_TRY(compress::cuda::encode(c, x, out, ctx, scratch, d_report, stream));
+//   // ... scratch.data = a buffer of scratch.bytes, then the same call runs
+//   ASHL_TRY(compress::cuda::decode_add(compress::terngrad{}, payload, {n, dtype::f32}, acc, 1.0f, ctx,
+//                                       scratch2, d_report, stream));
 //
 // The payload of compress/terngrad.hpp, byte for byte, for the same input and
 // codec_context: u64 n, u32 bucket, the f32 bucket scales max |x|, 2-bit
@@ -27,8 +28,10 @@
 
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
+#include <ashl/compress/cuda/concepts.cuh>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/dispatch_levels.cuh>
+#include <ashl/compress/layout.hpp>
 #include <ashl/compress/terngrad.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/status.hpp>
@@ -44,39 +47,48 @@ namespace compress::cuda {
 
 namespace detail {
 inline levels_params terngrad_params(const compress::terngrad& c) noexcept {
-  return {"terngrad", compress::terngrad::header_bytes, c.options().bucket, 1, false};
+  return {"terngrad", layout::terngrad::header_bytes, c.options().bucket, 1, false};
 }
 }  // namespace detail
 
-template <gradient_element T>
-status encode(const compress::terngrad& c, void* d_scratch, std::size_t& scratch_bytes, device_view<const T> x,
-              device_view<std::byte> out, std::size_t& used_bytes, const codec_context& ctx, cudaStream_t stream,
-              device_report* d_report = nullptr) {
-  ASHL_TRY(c.validate());
-  return detail::dispatch_levels_encode<T>(detail::terngrad_params(c), d_scratch, scratch_bytes, x, out, used_bytes,
-                                           ctx, nullptr, stream, d_report);
-}
+template <>
+struct device_impl<compress::terngrad> {
+  template <gradient_element T>
+  static status encode(const compress::terngrad& c, device_view<const T> x, device_output& out, const codec_context& ctx,
+                       device_scratch& scratch, device_report* report, cudaStream_t stream) {
+    ASHL_TRY(c.validate());
+    return detail::run_known_size("terngrad", out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
+      return detail::dispatch_levels_encode<T>(detail::terngrad_params(c), s, b, x, out.bytes, used, ctx, nullptr,
+                                               stream, report);
+    });
+  }
 
-// e <- (x + e) - C(x + e); the payload is of f32 input (C(x + e)).
-template <gradient_element T>
-status encode_error_feedback(const compress::terngrad& c, void* d_scratch, std::size_t& scratch_bytes,
-                             device_view<const T> x, device_view<float> residual, device_view<std::byte> out,
-                             std::size_t& used_bytes, const codec_context& ctx, cudaStream_t stream,
-                             device_report* d_report = nullptr) {
-  ASHL_TRY(c.validate());
-  if (d_scratch != nullptr && residual.size() != x.size())
-    return invalid_argument("terngrad.residual.size", residual.size(),
-                            "must equal the input size " + std::to_string(x.size()));
-  return detail::dispatch_levels_encode<T>(detail::terngrad_params(c), d_scratch, scratch_bytes, x, out, used_bytes,
-                                           ctx, residual.data(), stream, d_report);
-}
+  // e <- (x + e) - C(x + e), the subtraction fused into the code pass; the
+  // payload is of f32 input (C(x + e)); a refused input leaves x + e in the
+  // residual. cuda::error_feedback<terngrad> calls it.
+  template <gradient_element T>
+  static status encode_error_feedback(const compress::terngrad& c, device_view<const T> x, device_view<float> residual,
+                                      device_output& out, const codec_context& ctx, device_scratch& scratch,
+                                      device_report* report, cudaStream_t stream) {
+    ASHL_TRY(c.validate());
+    if (scratch.data != nullptr && residual.size() != x.size())
+      return invalid_argument("terngrad.residual.size", residual.size(),
+                              "must equal the input size " + std::to_string(x.size()));
+    return detail::run_known_size("terngrad", out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
+      return detail::dispatch_levels_encode<T>(detail::terngrad_params(c), s, b, x, out.bytes, used, ctx,
+                                               residual.data(), stream, report);
+    });
+  }
 
-inline status decode_add(const compress::terngrad&, void* d_scratch, std::size_t& scratch_bytes,
-                         device_view<const std::byte> in, payload_info info, device_view<float> acc, float scale,
-                         cudaStream_t stream, device_report* d_report = nullptr) {
-  return detail::dispatch_levels_decode_add("terngrad", false, 1, d_scratch, scratch_bytes, in, info, acc, scale,
-                                            stream, d_report);
-}
+  static status decode_add(const compress::terngrad&, device_view<const std::byte> in, payload_info info,
+                           device_view<float> acc, float scale, const codec_context&, device_scratch& scratch,
+                           device_report* report, cudaStream_t stream) {
+    return detail::dispatch_levels_decode_add("terngrad", false, 1, scratch.data, scratch.bytes, in, info, acc, scale, stream,
+                                              report);
+  }
+};
+
+static_assert(device_codec<compress::terngrad>);
 
 }  // namespace compress::cuda
 ASHL_NAMESPACE_END

@@ -1,11 +1,13 @@
 // ashl/compress/cuda/topk.cuh — exact top-k on the device.
 //
 //   compress::topk c{0.01};
-//   std::size_t scratch = 0, used = 0;
-//   compress::cuda::encode(c, nullptr, scratch, x, out, used, stream);      // size query
-//   ASHL_TRY(compress::cuda::encode(c, d_scratch, scratch, x, out, used, stream));
-//   ASHL_TRY(compress::cuda::decode_add(c, d_scratch2, scratch2, payload, {n, dtype::f32}, acc, 1.0f,
-//                                       stream, d_report));
+//   compress::codec_context ctx{.seed = s, .step = t, .tensor = id};
+//   compress::cuda::device_output out{.bytes = d_out};
+//   compress::cuda::device_scratch scratch{};                               // size query first
+//   ASHL_TRY(compress::cuda::encode(c, x, out, ctx, scratch, d_report, stream));
+//   // ... scratch.data = a buffer of scratch.bytes, then the same call runs
+//   ASHL_TRY(compress::cuda::decode_add(c, payload, {n, dtype::f32}, acc, 1.0f, ctx,
+//                                       scratch2, d_report, stream));
 //
 // The payload of compress/topk.hpp, byte for byte: u64 n, u32 k, the k
 // indices of largest |x| in increasing order (ties to the lower index, NaN
@@ -25,6 +27,7 @@
 
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
+#include <ashl/compress/cuda/concepts.cuh>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/dispatch_sparse.cuh>
 #include <ashl/compress/topk.hpp>
@@ -39,21 +42,28 @@
 ASHL_NAMESPACE_BEGIN
 namespace compress::cuda {
 
-template <gradient_element T>
-status encode(const compress::topk& c, void* d_scratch, std::size_t& scratch_bytes, device_view<const T> x,
-              device_view<std::byte> out, std::size_t& used_bytes, cudaStream_t stream) {
-  ASHL_TRY(c.validate());
-  return detail::dispatch_topk_encode<T>("topk", c.k_for(x.size()), d_scratch, scratch_bytes, x, out, used_bytes,
-                                         stream);
-}
+template <>
+struct device_impl<compress::topk> {
+  // Deterministic and never refuses: the context and report are not used.
+  template <gradient_element T>
+  static status encode(const compress::topk& c, device_view<const T> x, device_output& out, const codec_context&,
+                       device_scratch& scratch, device_report*, cudaStream_t stream) {
+    ASHL_TRY(c.validate());
+    return detail::run_known_size("topk", out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
+      return detail::dispatch_topk_encode<T>("topk", c.k_for(x.size()), s, b, x, out.bytes, used, stream);
+    });
+  }
 
-// Accepts any k in [1, n], as the CPU decoder does.
-inline status decode_add(const compress::topk&, void* d_scratch, std::size_t& scratch_bytes,
-                         device_view<const std::byte> in, payload_info info, device_view<float> acc, float scale,
-                         cudaStream_t stream, device_report* d_report = nullptr) {
-  return detail::dispatch_sparse_decode_add("topk", /*require_nonempty=*/true, d_scratch, scratch_bytes, in, info,
-                                            acc, scale, stream, d_report);
-}
+  // Accepts any k in [1, n], as the CPU decoder does.
+  static status decode_add(const compress::topk&, device_view<const std::byte> in, payload_info info,
+                           device_view<float> acc, float scale, const codec_context&, device_scratch& scratch,
+                           device_report* report, cudaStream_t stream) {
+    return detail::dispatch_sparse_decode_add("topk", /*require_nonempty=*/true, scratch.data, scratch.bytes, in, info,
+                                              acc, scale, stream, report);
+  }
+};
+
+static_assert(device_codec<compress::topk>);
 
 }  // namespace compress::cuda
 ASHL_NAMESPACE_END

@@ -70,10 +70,10 @@ struct topk_scratch {
 template <class T>
 using index_iterator = thrust::counting_iterator<std::uint32_t>;
 
-// One layout for the size query and the run.
+// One layout for the size query and the run, carved from `c` (other
+// pieces may come before or after it in the same scratch).
 template <class T>
-inline result<topk_scratch> carve_topk_scratch(void* d_scratch, std::size_t& total, std::size_t n) {
-  scratch_carver c(d_scratch);
+inline result<topk_scratch> carve_topk_scratch(scratch_carver& c, std::size_t n) {
   topk_scratch s{};
   s.state = c.take<select_state>(1);
   s.hist = c.take<std::uint32_t>(histogram_passes * radix_max_bins);
@@ -86,8 +86,62 @@ inline result<topk_scratch> carve_topk_scratch(void* d_scratch, std::size_t& tot
   if (e != cudaSuccess) return cuda_check(e, "topk.scratch_query");
   s.cub_temp = c.take_bytes(cub_bytes);
   s.cub_bytes = cub_bytes;
+  return s;
+}
+template <class T>
+inline result<topk_scratch> carve_topk_scratch(void* d_scratch, std::size_t& total, std::size_t n) {
+  scratch_carver c(d_scratch);
+  auto s = carve_topk_scratch<T>(c, n);
   total = c.bytes();
   return s;
+}
+
+// Enqueues the exact selection of the k largest magnitudes (NaN above inf,
+// ties to the lower index) and the compaction of their indices, in
+// increasing order, to `idx`. k is `*d_k` when d_k is given (decided on the
+// device; 0 selects nothing), else `host_k` (>= 1). n >= 1.
+template <class T>
+status enqueue_topk_select(const std::string& c, const T* x, std::size_t n, std::uint64_t host_k,
+                           const unsigned long long* d_k, const topk_scratch& s, std::uint32_t* idx,
+                           const device_properties& dev, const codec_tuning& tune, cudaStream_t stream) {
+  ASHL_TRY(cuda_check(cudaMemsetAsync(s.hist, 0, sizeof(std::uint32_t) * histogram_passes * radix_max_bins, stream),
+                      c + ".memset"));
+  if (d_k != nullptr)
+    select_init_device_kernel<<<1, 1, 0, stream>>>(s.state, d_k);
+  else
+    select_init_kernel<<<1, 1, 0, stream>>>(s.state, host_k);
+
+  const auto& h = tune.histogram;
+  const unsigned hgrid = grid_for(n, h.block_threads, h.items_per_thread, dev.sm_count, h.blocks_per_sm);
+  int pass = 0;
+  int done = 0;
+  constexpr auto kw = key_digit_widths<T>;
+  for (std::size_t d = 0; d < kw.size() && kw[d] != 0; ++d, ++pass) {
+    const int w = kw[d];
+    const int shift = key_bits<T> - done - w;
+    const bool last = d + 1 == kw.size() || kw[d + 1] == 0;
+    std::uint32_t* hist = s.hist + pass * radix_max_bins;
+    key_histogram_kernel<T><<<hgrid, h.block_threads, 0, stream>>>(x, n, s.state, shift, w, hist,
+                                                                  h.items_per_thread);
+    select_digit_kernel<false><<<1, select_block_threads, 0, stream>>>(hist, w, s.state, last);
+    done += w;
+  }
+  done = 0;
+  for (std::size_t d = 0; d < index_digit_widths.size(); ++d, ++pass) {
+    const int w = index_digit_widths[d];
+    const int shift = 32 - done - w;
+    std::uint32_t* hist = s.hist + pass * radix_max_bins;
+    index_histogram_kernel<T><<<hgrid, h.block_threads, 0, stream>>>(x, n, s.state, shift, w, hist,
+                                                                    h.items_per_thread);
+    select_digit_kernel<true><<<1, select_block_threads, 0, stream>>>(hist, w, s.state,
+                                                                      d + 1 == index_digit_widths.size());
+    done += w;
+  }
+  ASHL_TRY(cuda_check(cudaGetLastError(), c + ".select_kernels"));
+  std::size_t cub_bytes = s.cub_bytes;
+  return cuda_check(cub::DeviceSelect::If(s.cub_temp, cub_bytes, index_iterator<T>(0), idx, s.selected,
+                                          static_cast<std::int64_t>(n), take_selected<T>{x, s.state}, stream),
+                    c + ".compaction");
 }
 
 template <class T>
@@ -127,45 +181,8 @@ status dispatch_topk_encode(std::string_view codec, std::size_t k, void* d_scrat
   std::size_t total = 0;
   auto carved = carve_topk_scratch<T>(d_scratch, total, n);
   if (!carved) return carved.error();
-  const topk_scratch s = *carved;
-  ASHL_TRY(cuda_check(cudaMemsetAsync(s.hist, 0, sizeof(std::uint32_t) * histogram_passes * radix_max_bins, stream),
-                      c + ".memset"));
-  select_init_kernel<<<1, 1, 0, stream>>>(s.state, k);
-
-  const auto& h = tune.histogram;
-  const unsigned hgrid = grid_for(n, h.block_threads, h.items_per_thread, dev.sm_count, h.blocks_per_sm);
-  int pass = 0;
-  int done = 0;
-  constexpr auto kw = key_digit_widths<T>;
-  for (std::size_t d = 0; d < kw.size() && kw[d] != 0; ++d, ++pass) {
-    const int w = kw[d];
-    const int shift = key_bits<T> - done - w;
-    const bool last = d + 1 == kw.size() || kw[d + 1] == 0;
-    std::uint32_t* hist = s.hist + pass * radix_max_bins;
-    key_histogram_kernel<T><<<hgrid, h.block_threads, 0, stream>>>(x.data(), n, s.state, shift, w, hist,
-                                                                  h.items_per_thread);
-    select_digit_kernel<false><<<1, select_block_threads, 0, stream>>>(hist, w, s.state, last);
-    done += w;
-  }
-  done = 0;
-  for (std::size_t d = 0; d < index_digit_widths.size(); ++d, ++pass) {
-    const int w = index_digit_widths[d];
-    const int shift = 32 - done - w;
-    std::uint32_t* hist = s.hist + pass * radix_max_bins;
-    index_histogram_kernel<T><<<hgrid, h.block_threads, 0, stream>>>(x.data(), n, s.state, shift, w, hist,
-                                                                    h.items_per_thread);
-    select_digit_kernel<true><<<1, select_block_threads, 0, stream>>>(hist, w, s.state,
-                                                                      d + 1 == index_digit_widths.size());
-    done += w;
-  }
-  ASHL_TRY(cuda_check(cudaGetLastError(), c + ".select_kernels"));
-
   auto* idx = reinterpret_cast<std::uint32_t*>(o + device_sparse_header_bytes);
-  std::size_t cub_bytes = s.cub_bytes;
-  ASHL_TRY(cuda_check(cub::DeviceSelect::If(s.cub_temp, cub_bytes, index_iterator<T>(0), idx, s.selected,
-                                            static_cast<std::int64_t>(n), take_selected<T>{x.data(), s.state},
-                                            stream),
-                      c + ".compaction"));
+  ASHL_TRY(enqueue_topk_select<T>(c, x.data(), n, k, nullptr, *carved, idx, dev, tune, stream));
   sparse_header_kernel<std::uint32_t><<<1, 1, 0, stream>>>(o, n, nullptr, k);
   sparse_gather_kernel<T, std::uint32_t>
       <<<grid_for(k, ew.block_threads, ew.items_per_thread, dev.sm_count, ew.blocks_per_sm), ew.block_threads, 0,

@@ -58,6 +58,20 @@ static __global__ void select_init_kernel(select_state* st, std::uint64_t k) {
   st->index_prefix = 0;
 }
 
+// The same with k decided on the device. k = 0 selects nothing: a prefix
+// no key has (keys are at most 31 bits) keeps every histogram empty, no
+// digit is ever chosen, and take_selected accepts no key.
+static __global__ void select_init_device_kernel(select_state* st, const unsigned long long* d_k) {
+  const std::uint64_t k = *d_k;
+  st->want = k;
+  st->greater = 0;
+  st->index_want = 0;
+  st->cutoff = ~std::uint64_t{0};
+  st->prefix = k == 0 ? 0xffffffffu : 0u;
+  st->tie = 0;
+  st->index_prefix = 0;
+}
+
 // Histogram of digit (key >> shift) & mask over the elements whose higher key
 // bits equal state->prefix.
 template <class T>

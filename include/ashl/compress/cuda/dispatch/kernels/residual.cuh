@@ -1,10 +1,13 @@
-// ashl/compress/cuda/dispatch/kernels/residual.cuh — the two element-wise
-// steps of error feedback on the device (compress/error_feedback.hpp):
-// forming y = e + x in the residual, and removing a sparse payload's values
-// from it.
+// ashl/compress/cuda/dispatch/kernels/residual.cuh — the element-wise steps
+// of the device decorators: error feedback (compress/error_feedback.hpp),
+// forming y = e + x in the residual and removing a sparse payload's values
+// from it; DGC (compress/dgc.hpp), the momentum update and the masking of
+// the sent coordinates.
 //
 //   residual_add_kernel<float><<<g, b, 0, s>>>(x, e, n, ipt);          // e[i] = e[i] + x[i]
 //   residual_sparse_subtract_kernel<<<g, b, 0, s>>>(payload, e, verdict, cap, ipt);
+//   dgc_momentum_kernel<float><<<g, b, 0, s>>>(grad, u, v, n, m, ipt);  // u = m u + g; v += u
+//   sparse_mask_kernel<<<g, b, 0, s>>>(payload, u, v, cap, ipt);        // u = v = 0 where sent
 //
 // Same roundings as the CPU decorator: e + x in f32 (one addition), and the
 // inner decoder's scale -1 add, e + (-1 * v), with no FMA contraction. The
@@ -60,6 +63,48 @@ static __global__ void residual_sparse_subtract_kernel(const std::byte* __restri
     for (int j = 0; j < items_per_thread; ++j) {
       const std::size_t p = base + static_cast<std::size_t>(j) * stride;
       if (p < count) e[idx[p]] = __fadd_rn(e[idx[p]], __fmul_rn(-1.0f, val[p]));
+    }
+  }
+}
+
+// DGC's momentum correction, the CPU's loop in dgc.hpp:
+//   u[i] = m * u[i] + float(g[i]);  v[i] += u[i];
+// with one rounding per operation (no FMA), as the CPU source reads.
+template <class T>
+__global__ ASHL_DETAIL_HIDDEN void dgc_momentum_kernel(const T* __restrict__ g, float* __restrict__ u,
+                                                       float* __restrict__ v, std::size_t n, float m,
+                                                       int items_per_thread) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < n;
+       base += stride * items_per_thread) {
+    for (int j = 0; j < items_per_thread; ++j) {
+      const std::size_t i = base + static_cast<std::size_t>(j) * stride;
+      if (i < n) {
+        const float ui = __fadd_rn(__fmul_rn(m, u[i]), element_float(g[i]));
+        u[i] = ui;
+        v[i] = __fadd_rn(v[i], ui);
+      }
+    }
+  }
+}
+
+// DGC's masking: u[index[j]] = v[index[j]] = 0 for the pairs of the sparse
+// payload this encode just wrote (count read from its header, at most
+// `capacity`; indices were produced < n by the encoder).
+static __global__ void sparse_mask_kernel(const std::byte* __restrict__ payload, float* __restrict__ u,
+                                          float* __restrict__ v, std::uint64_t capacity, int items_per_thread) {
+  std::uint64_t count = sparse_read_count(payload);
+  if (count > capacity) count = capacity;
+  const auto* idx = reinterpret_cast<const std::uint32_t*>(payload + device_sparse_header_bytes);
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < count;
+       base += stride * items_per_thread) {
+    for (int j = 0; j < items_per_thread; ++j) {
+      const std::size_t p = base + static_cast<std::size_t>(j) * stride;
+      if (p < count) {
+        u[idx[p]] = 0.0f;
+        v[idx[p]] = 0.0f;
+      }
     }
   }
 }

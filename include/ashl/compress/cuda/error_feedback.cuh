@@ -1,0 +1,191 @@
+// ashl/compress/cuda/error_feedback.cuh — the error-feedback decorator on the
+// device: a wrapper around a device codec that owns its device residuals.
+//
+//   compress::cuda::error_feedback<compress::topk> ef{compress::topk{0.01}};
+//   ASHL_TRY(ef.reserve(ctx.tensor, n, stream));          // optional: no allocation on the hot path
+//   compress::cuda::device_output out{.bytes = {d_buf, ef.max_encoded_bytes(n, dtype::f32)}};
+//   compress::cuda::device_scratch scratch{};
+//   ASHL_TRY(compress::cuda::encode(ef, x, out, ctx, scratch, d_report, stream));   // size query
+//   // ... scratch.data = a buffer of scratch.bytes, then the same call runs
+//   // the server: compress::topk{}.decode_add(payload, {n, dtype::f32}, acc, 1, ctx) (host or device)
+//
+// compress/error_feedback.hpp on the GPU: per tensor id (ctx.tensor) an f32
+// residual e, and e <- (x + e) - C(x + e); what is sent is C(x + e), the
+// inner codec's payload of f32 input (so the header's dtype is f32 whatever
+// the gradient's), max_encoded_bytes(n, t) = inner.max_encoded_bytes(n, f32).
+// Payloads and residuals equal the host decorator's bit for bit for the same
+// inputs and contexts, by the route each inner codec takes:
+//   - fused (sign, qsgd, terngrad, natural, randomk): the inner codec's
+//     device_impl::encode_error_feedback forms x + e and subtracts what its
+//     decoder would add back inside its own kernels;
+//   - sparse pairs (topk, topk_sampled, threshold): e += x, the inner encode
+//     of e, then e[index] += -1 * value for the pairs written (the count is
+//     read on the device, so data-dependent sizes need no host sync);
+//   - the rest (identity, fp16, bf16): e += x, the inner encode of e, then
+//     the inner decode_add of that payload into e with scale -1, exactly as
+//     the host decorator does. fp16/bf16 in strict mode are refused
+//     (`error_feedback.inner.strict`): the host keeps x + e on an overflow,
+//     which the device cannot know without synchronizing.
+// A refused input (a non-finite bucket scale; its fault in the report)
+// leaves x + e in the residual, as on the host. Residuals are allocated with
+// cudaMallocAsync on the stream of a tensor's first encode (or reserve());
+// move-only; not thread-safe across tensors. The stateless codecs are models
+// of cuda::device_codec, and so is this wrapper (static_assert below).
+// ALGORITHMS.md §4 (decorators); DESIGN.md "Codec".
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "ashl/compress/cuda/error_feedback.cuh needs nvcc; use ashl/compress/error_feedback.hpp on the host"
+#endif
+
+#include <ashl/config.hpp>
+#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/cuda/concepts.cuh>
+#include <ashl/compress/cuda/dispatch/common.cuh>
+#include <ashl/compress/cuda/dispatch/kernels/residual.cuh>
+#include <ashl/compress/cuda/dispatch/state.cuh>
+#include <ashl/compress/cuda/dispatch/tuning/tuning.cuh>
+#include <ashl/compress/cuda/identity.cuh>
+#include <ashl/compress/layout.hpp>
+#include <ashl/compress/registry.hpp>
+#include <ashl/core/dtype.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/core/tensor_view.hpp>
+#include <ashl/wire/ids.hpp>
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+ASHL_NAMESPACE_BEGIN
+namespace compress::cuda {
+
+// C's device implementation folds error feedback into its own kernels.
+template <class C>
+concept fused_error_feedback =
+    requires(const C& c, device_view<const float> x, device_view<float> e, device_output& out,
+             const codec_context& ctx, device_scratch& scratch, device_report* report, cudaStream_t stream) {
+      { device_impl<C>::encode_error_feedback(c, x, e, out, ctx, scratch, report, stream) } -> std::same_as<status>;
+    };
+
+template <device_codec C>
+class error_feedback {
+ public:
+  using inner_codec = C;
+  static constexpr codec_id id = C::id;  // the payload is the inner codec's
+
+  error_feedback() = default;
+  explicit error_feedback(C inner) : inner_(std::move(inner)) {}
+  [[nodiscard]] const C& inner() const noexcept { return inner_; }
+  // The inner codec may be replaced between encodes; the residuals are kept.
+  C& inner() noexcept { return inner_; }
+
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
+    return inner_.max_encoded_bytes(n, dtype::f32);
+  }
+
+  // Allocates (zeroed, on `stream`) the residual of `tensor` for n elements.
+  status reserve(std::uint32_t tensor, std::size_t n, cudaStream_t stream) {
+    std::array<float*, 1> a{};
+    return state_.slot(tensor, n, stream, "error_feedback", a);
+  }
+  // The residual of `tensor` (device memory; empty if never encoded).
+  [[nodiscard]] device_view<const float> residual(std::uint32_t tensor) const noexcept {
+    return state_.view(tensor, 0);
+  }
+  status reset(cudaStream_t stream) { return state_.zero(stream, "error_feedback"); }
+
+ private:
+  friend struct device_impl<error_feedback<C>>;
+  C inner_{};
+  detail::tensor_state_map<1> state_;
+};
+
+template <class C>
+struct device_impl<error_feedback<C>> {
+  template <gradient_element T>
+  static status encode(error_feedback<C>& ef, device_view<const T> x, device_output& out, const codec_context& ctx,
+                       device_scratch& scratch, device_report* report, cudaStream_t stream) {
+    const std::size_t n = x.size();
+    if constexpr (requires { ef.inner_.options().strict; }) {
+      if (ef.inner_.options().strict)
+        return invalid_argument("error_feedback.inner.strict", "true",
+                                "a strict cast cannot keep x + e on overflow without a host synchronization");
+    }
+    if (scratch.data == nullptr) return size_query(ef, n, out, ctx, scratch, stream);
+    std::array<float*, 1> arrays{};
+    ASHL_TRY(ef.state_.slot(ctx.tensor, n, stream, "error_feedback", arrays));
+    float* const e = arrays[0];
+    const device_view<float> ev(e, n);
+    if constexpr (fused_error_feedback<C>) {
+      return device_impl<C>::encode_error_feedback(ef.inner_, x, ev, out, ctx, scratch, report, stream);
+    } else {
+      detail::device_properties dev;
+      ASHL_TRY(detail::cuda_check(detail::current_device(dev), "error_feedback.device"));
+      const auto ew = detail::tuning_for(dev.cc_major, dev.cc_minor).elementwise;
+      const unsigned grid = detail::grid_for(n, ew.block_threads, ew.items_per_thread, dev.sm_count, ew.blocks_per_sm);
+      ASHL_TRY(detail::cuda_check(detail::launch_residual_add(x.data(), e, n, ew.block_threads, ew.items_per_thread,
+                                                              grid, stream),
+                                  "error_feedback.residual_add"));
+      ASHL_TRY(device_impl<C>::encode(ef.inner_, device_view<const float>(e, n), out, ctx, scratch, report, stream));
+      if constexpr (sparse_pair_codec<C>) {
+        const std::uint64_t capacity =
+            (ef.inner_.max_encoded_bytes(n, dtype::f32) - layout::sparse::header_bytes) / (4 + 4);
+        if (capacity == 0) return {};
+        detail::residual_sparse_subtract_kernel<<<
+            detail::grid_for(capacity, ew.block_threads, ew.items_per_thread, dev.sm_count, ew.blocks_per_sm),
+            ew.block_threads, 0, stream>>>(out.bytes.data(), e, nullptr, capacity, ew.items_per_thread);
+        return detail::cuda_check(cudaGetLastError(), "error_feedback.subtract");
+      } else {
+        // The inner decoder's own scale -1 add; its scratch fits in the
+        // encode's (size_query takes the larger of the two).
+        device_scratch dscratch{scratch.data, scratch.bytes};
+        return device_impl<C>::decode_add(ef.inner_, device_view<const std::byte>(out.bytes.data(), out.used),
+                                          {n, dtype::f32}, ev, -1.0f, ctx, dscratch, nullptr, stream);
+      }
+    }
+  }
+
+  static status decode_add(const error_feedback<C>& ef, device_view<const std::byte> in, payload_info info,
+                           device_view<float> acc, float scale, const codec_context& ctx, device_scratch& scratch,
+                           device_report* report, cudaStream_t stream) {
+    return device_impl<C>::decode_add(ef.inner_, in, info, acc, scale, ctx, scratch, report, stream);
+  }
+
+ private:
+  // The scratch the run will need (the inner encode of f32, and for the
+  // generic route the inner decode too), without touching the residuals.
+  static status size_query(const error_feedback<C>& ef, std::size_t n, device_output& out, const codec_context& ctx,
+                           device_scratch& scratch, cudaStream_t stream) {
+    const device_view<const float> probe(nullptr, n);
+    device_scratch q{};
+    if constexpr (fused_error_feedback<C>) {
+      ASHL_TRY(device_impl<C>::encode_error_feedback(ef.inner_, probe, device_view<float>(nullptr, n), out, ctx, q,
+                                                     nullptr, stream));
+      scratch.bytes = q.bytes;
+      return {};
+    } else {
+      ASHL_TRY(device_impl<C>::encode(ef.inner_, probe, out, ctx, q, nullptr, stream));
+      std::size_t bytes = q.bytes;
+      if constexpr (!sparse_pair_codec<C>) {
+        device_scratch d{};
+        ASHL_TRY(device_impl<C>::decode_add(ef.inner_, device_view<const std::byte>(nullptr, out.used),
+                                            {n, dtype::f32}, device_view<float>(nullptr, n), -1.0f, ctx, d, nullptr,
+                                            stream));
+        if (d.bytes > bytes) bytes = d.bytes;
+      }
+      scratch.bytes = bytes;
+      return {};
+    }
+  }
+};
+
+static_assert(device_codec<error_feedback<compress::identity>>);
+
+}  // namespace compress::cuda
+ASHL_NAMESPACE_END
