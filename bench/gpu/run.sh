@@ -43,6 +43,13 @@ timeout 360 build/cuda/bench/ashl_bench_compress_cuda "${quick[@]}" --torch-scri
 bench_rc=${PIPESTATUS[0]}
 grep '^{' "$log/bench.log" >"$log/bench.jsonl" || true
 
+# coll::nccl dense allreduce against a bare ncclAllReduce (issue 14, bench/coll_nccl.cu; needs NCCL).
+if ninja -C build/cuda -j"$jobs" ashl_bench_coll_nccl >>"$log/build.log" 2>&1; then
+  timeout 120 build/cuda/bench/ashl_bench_coll_nccl 2>&1 | tee "$log/coll_nccl.log"
+  grep '^{' "$log/coll_nccl.log" >"$log/coll_nccl.jsonl" || true
+  [[ -n "${OUT:-}" && -d "${OUT:-}" ]] && cp "$log/coll_nccl.jsonl" "$OUT"/ 2>/dev/null
+fi
+
 if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then cp "$log"/*.log "$log"/bench.jsonl "$OUT"/ 2>/dev/null; fi
 
 echo
