@@ -10,15 +10,16 @@
 //                                       scratch2, d_report, stream));
 //
 // The payload of compress/natural.hpp, byte for byte, for the same input and
-// codec_context: u64 n, i32 emin, n code bytes, the codes drawn with word
-// i % 4 of Philox block i / 4 of philox_stream(seed, step, tensor). The size,
-// 12 + n, is known on the host. Error feedback (encode_error_feedback):
-// e <- (x + e) - C(x + e) with the subtraction fused into the code pass; on
-// a non-finite input the residual keeps x + e, as on the CPU. Decode
-// validates on the device and adds nothing when the payload is malformed.
-// Device views; payload buffers 4-byte aligned; two-call scratch pattern;
-// asynchronous on `stream`, no host synchronization, graph capturable.
-// ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / natural".
+// codec_context: u64 n, i32 emin, n code bytes, the codes drawn with word i % 4
+// of Philox block i / 4 of philox_stream(seed, step, tensor). The size, 12 + n,
+// is known on the host. Error feedback (cuda::error_feedback<C>, through
+// device_impl::encode_error_feedback): e <- (x + e) - C(x + e) with the
+// subtraction fused into the code pass; on a non-finite input the residual
+// keeps x + e, as on the CPU. Decode validates on the device and adds nothing
+// when the payload is malformed. Device views; payload buffers 4-byte aligned;
+// two-call scratch pattern; asynchronous on `stream`, no host synchronization,
+// graph capturable. ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads /
+// natural".
 #pragma once
 
 #if !defined(__CUDACC__)

@@ -10,16 +10,16 @@
 //                                       scratch2, d_report, stream));
 //
 // The payload of compress/qsgd.hpp, byte for byte, for the same input and
-// codec_context: u64 n, u32 bucket, u32 levels, the f32 bucket norms (the
-// CPU's f32 sum of squares in its order, see dispatch/kernels/levels.cuh),
-// the packed codes drawn with word i % 4 of Philox block i / 4. The size is
-// known on the host. Error feedback (encode_error_feedback): e <- (x + e) -
-// C(x + e), the subtraction fused into the code pass; the residual keeps
-// x + e when the input is refused. Decode validates on the device and adds
-// nothing when the payload is malformed. Device views; payload buffers
-// 4-byte aligned; two-call scratch pattern; asynchronous on `stream`, no host
-// synchronization, graph capturable. ALGORITHMS.md §4; docs/wire-format.md,
-// "Codec payloads / qsgd".
+// codec_context: u64 n, u32 bucket, u32 levels, the f32 bucket norms (the CPU's
+// f32 sum of squares in its order, see dispatch/kernels/levels.cuh), the packed
+// codes drawn with word i % 4 of Philox block i / 4. The size is known on the
+// host. Error feedback (cuda::error_feedback<C>, through
+// device_impl::encode_error_feedback): e <- (x + e) - C(x + e), the subtraction
+// fused into the code pass; the residual keeps x + e when the input is refused.
+// Decode validates on the device and adds nothing when the payload is
+// malformed. Device views; payload buffers 4-byte aligned; two-call scratch
+// pattern; asynchronous on `stream`, no host synchronization, graph capturable.
+// ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / qsgd".
 #pragma once
 
 #if !defined(__CUDACC__)

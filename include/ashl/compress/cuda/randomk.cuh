@@ -10,18 +10,19 @@
 //                                       scratch2, d_report, stream));
 //
 // The payload of compress/randomk.hpp, byte for byte, for the same input and
-// codec_context: u64 n, u32 k, u8 flags, u64 seed, the k stratum values in
-// the input dtype (f32 for error feedback, as the CPU decorator sends).
-// Indices come from the same Philox words (lanes 0 and 1 of
-// philox_stream(seed, step, tensor)), so the size, 21 + k * sizeof(T), is
-// known on the host. Decode regenerates the indices from the payload's seed
-// and ctx.step / ctx.tensor, validates the header on the device, and adds
-// nothing when it is malformed (fault in d_report). Error feedback: one pass
-// forms y = e + x in e, the gather sends y at the k indices and removes
-// there exactly what the CPU decoder would add back with scale -1. Device
-// views; payload buffers 4-byte aligned; two-call scratch pattern;
-// asynchronous on `stream`, no host synchronization, graph capturable.
-// ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / randomk".
+// codec_context: u64 n, u32 k, u8 flags, u64 seed, the k stratum values in the
+// input dtype (f32 for error feedback, as the CPU decorator sends). Indices
+// come from the same Philox words (lanes 0 and 1 of philox_stream(seed, step,
+// tensor)), so the size, 21 + k * sizeof(T), is known on the host. Decode
+// regenerates the indices from the payload's seed and ctx.step / ctx.tensor,
+// validates the header on the device, and adds nothing when it is malformed
+// (fault in d_report). Error feedback (cuda::error_feedback<randomk>, through
+// device_impl::encode_error_feedback): one pass forms y = e + x in e, the
+// gather sends y at the k indices and removes there exactly what the CPU
+// decoder would add back with scale -1. Device views; payload buffers 4-byte
+// aligned; two-call scratch pattern; asynchronous on `stream`, no host
+// synchronization, graph capturable. ALGORITHMS.md §4; docs/wire-format.md,
+// "Codec payloads / randomk".
 #pragma once
 
 #if !defined(__CUDACC__)
