@@ -20,7 +20,10 @@
 // the stream when every rank reached it. A request is a CUDA event recorded
 // after the operation: wait() synchronizes that event only (never the
 // device), test() queries it; both also report NCCL's asynchronous error.
-// The communicator must outlive its requests.
+// Events come from a pool of the communicator's (a request gives its event
+// back when done or destroyed), so steady state creates none; the
+// communicator must outlive its requests, and one thread uses it at a time
+// (as NCCL requires of a communicator).
 //
 // Without NCCL (ASHL_HAS_NCCL() == 0) only the unique-id value type and its
 // hex form are here, so launchers and the parameter server's side can carry
@@ -39,6 +42,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -115,6 +119,17 @@ inline status broadcast_nccl_id(nccl_unique_id& id, int root, MPI_Comm comm) {
 
 namespace detail {
 
+// Completion events, reused: created on first need, destroyed with the pool.
+struct nccl_event_pool {
+  std::vector<cudaEvent_t> free;
+  nccl_event_pool() = default;
+  nccl_event_pool(const nccl_event_pool&) = delete;
+  nccl_event_pool& operator=(const nccl_event_pool&) = delete;
+  ~nccl_event_pool() {
+    for (cudaEvent_t e : free) (void)cudaEventDestroy(e);
+  }
+};
+
 inline status nccl_error(const char* call, ncclResult_t r) {
   return make_error(errc::unavailable, std::string("nccl.") + call, static_cast<int>(r), ncclGetErrorString(r));
 }
@@ -170,12 +185,13 @@ class nccl {
   class request {
    public:
     request() = default;
-    request(request&& o) noexcept : event_(std::exchange(o.event_, nullptr)), comm_(o.comm_) {}
+    request(request&& o) noexcept : event_(std::exchange(o.event_, nullptr)), comm_(o.comm_), pool_(o.pool_) {}
     request& operator=(request&& o) noexcept {
       if (this != &o) {
         release();
         event_ = std::exchange(o.event_, nullptr);
         comm_ = o.comm_;
+        pool_ = o.pool_;
       }
       return *this;
     }
@@ -187,13 +203,17 @@ class nccl {
 
    private:
     friend class nccl;
-    request(cudaEvent_t e, ncclComm_t c) noexcept : event_(e), comm_(c) {}
+    request(cudaEvent_t e, ncclComm_t c, detail::nccl_event_pool* p) noexcept : event_(e), comm_(c), pool_(p) {}
+    // Back to the pool (re-recording it later is stream-ordered; nobody
+    // waits on a released request's event).
     void release() noexcept {
-      if (event_ != nullptr) (void)cudaEventDestroy(event_);
+      if (event_ == nullptr) return;
+      pool_->free.push_back(event_);
       event_ = nullptr;
     }
     cudaEvent_t event_ = nullptr;
     ncclComm_t comm_ = nullptr;
+    detail::nccl_event_pool* pool_ = nullptr;
   };
 
   // Joins the group `id` names as `rank` of `size`, on CUDA device `device`
@@ -263,6 +283,7 @@ class nccl {
       destroy();
       comm_ = std::exchange(o.comm_, nullptr);
       barrier_word_ = std::exchange(o.barrier_word_, nullptr);
+      events_ = std::move(o.events_);
       rank_ = o.rank_;
       size_ = o.size_;
       device_ = o.device_;
@@ -426,13 +447,17 @@ class nccl {
   // The operation's completion: an event recorded after it on `s`.
   result<request> completion(stream_type s) {
     cudaEvent_t e = nullptr;
-    if (const cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming); err != cudaSuccess)
+    if (!events_->free.empty()) {
+      e = events_->free.back();
+      events_->free.pop_back();
+    } else if (const cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming); err != cudaSuccess) {
       return counted(detail::nccl_cuda_error("cudaEventCreate", err));
+    }
     if (const cudaError_t err = cudaEventRecord(e, s); err != cudaSuccess) {
-      (void)cudaEventDestroy(e);
+      events_->free.push_back(e);
       return counted(detail::nccl_cuda_error("cudaEventRecord", err));
     }
-    return request(e, comm_);
+    return request(e, comm_, events_.get());
   }
 
   void destroy() noexcept {
@@ -444,6 +469,7 @@ class nccl {
 
   ncclComm_t comm_ = nullptr;
   void* barrier_word_ = nullptr;
+  std::unique_ptr<detail::nccl_event_pool> events_ = std::make_unique<detail::nccl_event_pool>();
   rank_t rank_ = 0, size_ = 1;
   int device_ = 0;
   coll_counters counters_{};
