@@ -178,7 +178,10 @@ void check_error_feedback(const C& c, std::size_t n, pattern p, cc::codec_contex
   }
 }
 
-// Encode and decode captured into one graph, replayed on two inputs.
+// Encode and decode captured into one graph, replayed on two inputs. Where
+// the size depends on the data (threshold, topk_sampled) the host cannot
+// give the decoder the payload's size at capture time: the graph holds the
+// encode alone, and its payload is read back by the size in d_used.
 template <class C>
 void check_graph_replay(const C& c, std::size_t n, const cc::codec_context& ctx) {
   const auto x1 = make_input(n, pattern::heavy_tailed, 11);
@@ -188,14 +191,16 @@ void check_graph_replay(const C& c, std::size_t n, const cc::codec_context& ctx)
   device_buffer<std::byte> out(cap);
   device_buffer<float> acc(std::vector<float>(n, 0.0f));
   C dc = c;
-  cc::cuda::device_output o{.bytes = out.view()};
+  device_buffer<std::uint64_t> d_used(1);
+  cc::cuda::device_output o{.bytes = out.view(), .d_used = d_used.data()};
   cc::cuda::device_scratch q{}, dq{};
   BOOST_REQUIRE(cc::cuda::encode(dc, dx.cview(), o, ctx, q, nullptr, cudaStream_t{}).ok());
   const std::size_t used = o.used;  // the bound where the size depends on the data
-  BOOST_REQUIRE(o.size_known);
-  BOOST_REQUIRE(cc::cuda::decode_add(c, {out.data(), used}, {n, ashl::dtype::f32}, acc.view(), 1.0f, ctx, dq,
-                                     nullptr, cudaStream_t{})
-                    .ok());
+  const bool known = o.size_known;
+  if (known)
+    BOOST_REQUIRE(cc::cuda::decode_add(c, {out.data(), used}, {n, ashl::dtype::f32}, acc.view(), 1.0f, ctx, dq,
+                                       nullptr, cudaStream_t{})
+                      .ok());
   device_buffer<std::byte> scratch(q.bytes), dscratch(dq.bytes);
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
@@ -204,6 +209,7 @@ void check_graph_replay(const C& c, std::size_t n, const cc::codec_context& ctx)
   const ashl::status s = [&] {
     cc::cuda::device_scratch sc{scratch.data(), q.bytes}, dsc{dscratch.data(), dq.bytes};
     ASHL_TRY(cc::cuda::encode(dc, dx.cview(), o, ctx, sc, nullptr, stream));
+    if (!known) return ashl::status{};
     return cc::cuda::decode_add(c, {out.data(), used}, {n, ashl::dtype::f32}, acc.view(), 1.0f, ctx, dsc, nullptr,
                                 stream);
   }();
@@ -218,7 +224,8 @@ void check_graph_replay(const C& c, std::size_t n, const cc::codec_context& ctx)
     check(cudaStreamSynchronize(stream), "replay");
     const ref::encoded cpu = ref::encode(c, ashl::dtype::f32, x->data(), n, ctx);
     BOOST_REQUIRE(cpu.payload.has_value());
-    BOOST_TEST(first_difference(*cpu.payload, out.download(used)) == -1);
+    BOOST_TEST(first_difference(*cpu.payload, out.download(d_used.download(1)[0])) == -1);
+    if (!known) continue;
     BOOST_REQUIRE(c.decode_add(*cpu.payload, {n, ashl::dtype::f32}, ashl::host_view<float>(expect.data(), n), 1.0f, ctx)
                       .ok());
     BOOST_TEST(first_float_difference(expect, acc.download(n)) == -1);

@@ -40,4 +40,14 @@ template <class Codec>
 ef_run error_feedback(const Codec& c, ashl::dtype t, const std::vector<const void*>& xs, std::size_t n,
                       ashl::compress::codec_context ctx);
 
+// dgc<Codec> with momentum m over several steps, as error_feedback above;
+// the payloads, then u (momentum) and v (velocity) after.
+struct dgc_run {
+  std::vector<encoded> steps;
+  std::vector<float> momentum, velocity;
+};
+template <class Codec>
+dgc_run dgc(const Codec& c, float m, ashl::dtype t, const std::vector<const void*>& xs, std::size_t n,
+            ashl::compress::codec_context ctx);
+
 }  // namespace ashl_test::ref

@@ -8,6 +8,7 @@
 
 #include "reference.hpp"
 
+#include <ashl/compress/dgc.hpp>
 #include <ashl/compress/error_feedback.hpp>
 #include <ashl/core/tensor_view.hpp>
 
@@ -31,8 +32,8 @@ encoded encode(const Codec& c, ashl::dtype t, const void* x, std::size_t n, cons
   }
 }
 
-template <class Codec, class T>
-encoded ef_step(ashl::compress::error_feedback<Codec>& ef, const T* x, std::size_t n,
+template <class Decorator, class T>
+encoded ef_step(Decorator& ef, const T* x, std::size_t n,
                 const ashl::compress::codec_context& ctx) {
   std::vector<std::byte> out(ef.max_encoded_bytes(n, ashl::dtype_of<T>));
   auto used = ef.encode(ashl::host_view<const T>(x, n), out, ctx);
@@ -61,12 +62,40 @@ ef_run error_feedback(const Codec& c, ashl::dtype t, const std::vector<const voi
   return r;
 }
 
+template <class Codec>
+dgc_run dgc(const Codec& c, float m, ashl::dtype t, const std::vector<const void*>& xs, std::size_t n,
+            ashl::compress::codec_context ctx) {
+  ashl::compress::dgc<Codec> d{c, {.momentum = m}};
+  d.reserve(ctx.tensor, n);
+  dgc_run r;
+  const std::uint64_t first = ctx.step;
+  for (std::size_t s = 0; s < xs.size(); ++s) {
+    ctx.step = first + s;
+    switch (t) {
+      case ashl::dtype::f32: r.steps.push_back(ef_step(d, static_cast<const float*>(xs[s]), n, ctx)); break;
+      case ashl::dtype::f16: r.steps.push_back(ef_step(d, static_cast<const ashl::half*>(xs[s]), n, ctx)); break;
+      default: r.steps.push_back(ef_step(d, static_cast<const ashl::bfloat16*>(xs[s]), n, ctx)); break;
+    }
+  }
+  const auto u = d.momentum(ctx.tensor);
+  const auto v = d.velocity(ctx.tensor);
+  r.momentum.assign(u.begin(), u.end());
+  r.velocity.assign(v.begin(), v.end());
+  return r;
+}
+
 }  // namespace ashl_test::ref
 
-// Explicit instantiations for one codec type.
+// Explicit instantiations for one codec type (dgc: ASHL_TEST_REFERENCE_DGC
+// for the sparse-pair codecs).
 #define ASHL_TEST_REFERENCE(Codec)                                                                              \
   template ashl_test::ref::encoded ashl_test::ref::encode<Codec>(const Codec&, ashl::dtype, const void*,       \
                                                                   std::size_t,                                  \
                                                                   const ashl::compress::codec_context&);        \
   template ashl_test::ref::ef_run ashl_test::ref::error_feedback<Codec>(                                       \
       const Codec&, ashl::dtype, const std::vector<const void*>&, std::size_t, ashl::compress::codec_context)
+
+#define ASHL_TEST_REFERENCE_DGC(Codec)                                                                          \
+  template ashl_test::ref::dgc_run ashl_test::ref::dgc<Codec>(const Codec&, float, ashl::dtype,                \
+                                                              const std::vector<const void*>&, std::size_t,     \
+                                                              ashl::compress::codec_context)
