@@ -7,6 +7,7 @@ missing = [m for m in ("pytest", "torch", "numpy") if importlib.util.find_spec(m
 if missing:
     print(f"skipped: {sys.executable} has no {', '.join(missing)} (python3-pytest python3-torch python3-numpy)")
     sys.exit(77)
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import pytest  # noqa: E402
 
 sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", sys.argv[1] if len(sys.argv) > 1 else "."]))
