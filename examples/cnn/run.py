@@ -151,6 +151,7 @@ def run_one(a, method, seed):
 
 def evaluate_run(a, method, seed, run_dir, data):
     import torch
+    torch.set_num_threads(min(2, os.cpu_count() or 1))  # nothing else of this run is left to compete with
     snap = torch.load(f"{run_dir}/snapshots.pt")
     model = cc.make_model(seed)
     xs, ys = data.test_set(a.eval_images)
