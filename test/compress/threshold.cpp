@@ -4,6 +4,9 @@
 #include "../support/codec_testing.hpp"
 
 #include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 using namespace ashl;
 using namespace codec_testing;
@@ -49,4 +52,35 @@ BOOST_AUTO_TEST_CASE(options_and_rejections) {
   const auto x = normal_values(80, 43);
   auto p = encode_to_vector(compress::threshold{{.theta = 0.5f}}, std::span<const float>(x));
   check_sparse_rejections(compress::threshold{}, p, {80, dtype::f32});
+}
+
+// The selection compares magnitude keys (16-bit theta rounded, then stepped
+// up): over every 16-bit pattern (NaNs, infinities, subnormals, both zeros)
+// and thetas on, between and beyond representable values, the sent indices
+// are exactly those with |to_float(x)| >= theta, and f32 agrees on the same values.
+BOOST_AUTO_TEST_CASE(every_16_bit_pattern_against_float_compare) {
+  const std::size_t n = 65536;
+  const float thetas[] = {0.0f, 1e-10f, 5.9604645e-08f, 6.0e-08f, 1e-3f, 0.999f, 1.0f, 1.0009766f, 1.0004883f,
+                          3.0f, 65504.0f, 65505.0f, 65520.0f, 1e30f, 3.3895314e38f, 3.3e38f};
+  auto run = [&]<class T>(T) {
+    std::vector<T> x(n);
+    std::vector<float> xf(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      x[i] = T{static_cast<std::uint16_t>(i)};
+      xf[i] = to_float(x[i]);
+    }
+    for (const float th : thetas) {
+      const compress::threshold c{{.theta = th, .max_ratio = 1.0}};
+      std::vector<std::uint32_t> want;
+      for (std::size_t i = 0; i < n; ++i)
+        if (std::fabs(xf[i]) >= th) want.push_back(static_cast<std::uint32_t>(i));
+      const auto p16 = read_pairs(encode_to_vector(c, std::span<const T>(x)), dtype_of<T>);
+      BOOST_CHECK_MESSAGE(p16.index == want, std::string(to_string(dtype_of<T>)) + " theta " + std::to_string(th));
+      const auto p32 = read_pairs(encode_to_vector(c, std::span<const float>(xf)), dtype::f32);
+      BOOST_CHECK_MESSAGE(p32.index == want, "f32 of " + std::string(to_string(dtype_of<T>)) + " theta " +
+                                                 std::to_string(th));
+    }
+  };
+  run(half{});
+  run(bfloat16{});
 }
