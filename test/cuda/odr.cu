@@ -1,9 +1,9 @@
 // One definition per function, whatever the compiler (issue 12 item 1): this
 // file (nvcc's host pass) and odr_host.cpp (the host C++ compiler) encode the
-// same inputs with every host codec and the two decorators, and the payload
-// bytes must be equal, and both must have compiled the same host SIMD level
-// (compress/detail/host_simd.hpp). Host code only, so it runs without a GPU:
-// it does not use ASHL_TEST_CUDA_MAIN's skip.
+// same inputs with every host codec and the two decorators; the payload
+// bytes and what decode_add adds must be equal, and both files must have
+// compiled the same host SIMD level (compress/detail/host_simd.hpp). Host
+// code only, so it runs without a GPU: no ASHL_TEST_CUDA_MAIN skip here.
 #define ASHL_ODR_VERSION_NS v0_odr_nvcc
 #include "odr_encode.hpp"
 
@@ -37,7 +37,8 @@ BOOST_AUTO_TEST_CASE(same_payloads_from_nvcc_and_host_compiler) {
       BOOST_TEST(a[i].bytes.size() == b[i].bytes.size());
       if (a[i].bytes.size() == b[i].bytes.size())
         BOOST_TEST(std::memcmp(a[i].bytes.data(), b[i].bytes.data(), a[i].bytes.size()) == 0,
-                   "payload bytes differ");
+                   a[i].what << ": payload bytes differ");
+      BOOST_TEST(a[i].decoded == b[i].decoded, a[i].what << ": decode_add results differ");
       encoded += a[i].error.empty() ? 1 : 0;
     }
   }

@@ -1,9 +1,11 @@
 // test/cuda/odr_encode.hpp — what test/cuda/odr.cu (nvcc) and odr_host.cpp
 // (the host C++ compiler) both compute: the payload of every host codec, and
 // of error feedback and DGC over two steps, for f32, f16 and bf16 inputs of a
-// few sizes, with one fixed context.
+// few sizes, with one fixed context, and what each payload adds into a
+// non-zero accumulator at scale 0.75. test/compress/simd_paths_level.cpp
+// computes the same at each forced host SIMD level.
 //
-// Each file defines ASHL_ODR_VERSION_NS before including this, and the
+// odr.cu and odr_host.cpp define ASHL_ODR_VERSION_NS before including this: the
 // library is included with the token `v0` renamed to it, so ashl's
 // versioned inline namespace (config.hpp) differs between the two files and
 // no inline function of the library has the same mangled name in both. The
@@ -12,9 +14,6 @@
 // its own compiler built. Only std types cross between the files.
 #pragma once
 
-#if !defined(ASHL_ODR_VERSION_NS)
-#error "define ASHL_ODR_VERSION_NS (a namespace name) before including odr_encode.hpp"
-#endif
 
 // Every standard and platform header the library uses, first, so the
 // rename below reaches only ashl's own code.
@@ -55,7 +54,9 @@
 #if defined(v0)
 #error "odr_encode.hpp renames the token v0; it must not be a macro already"
 #endif
+#if defined(ASHL_ODR_VERSION_NS)
 #define v0 ASHL_ODR_VERSION_NS
+#endif
 #include <ashl/compress/cast.hpp>
 #include <ashl/compress/dgc.hpp>
 #include <ashl/compress/detail/host_simd.hpp>
@@ -70,11 +71,14 @@
 #include <ashl/compress/topk.hpp>
 #include <ashl/compress/topk_sampled.hpp>
 
+#if defined(ASHL_ODR_VERSION_NS)
 #undef v0
+#endif
 
 struct odr_payload {
-  std::string what;             // "qsgd f16 n=4099"
-  std::vector<std::byte> bytes;  // empty with `error` set when encode failed
+  std::string what;               // "qsgd f16 n=4099 step=17"
+  std::vector<std::byte> bytes;   // empty with `error` set when encode failed
+  std::vector<std::byte> decoded;  // the accumulator after decode_add, as bytes
   std::string error;
 };
 
@@ -124,12 +128,23 @@ void encode_one(C& c, const char* name, const std::vector<T>& x, const cc::codec
   cc::codec_context k = ctx;
   k.scratch = scratch;
   auto r = c.encode(::ashl::host_view<const T>(x.data(), x.size()), std::span<std::byte>(buf), k);
-  if (r) {
-    buf.resize(*r);
-    p.bytes = std::move(buf);
-  } else {
+  if (!r) {
     p.error = r.error().message();
+    out.push_back(std::move(p));
+    return;
   }
+  buf.resize(*r);
+  // acc[i] = (i % 64) / 8 - 3: not zero, so decode_add must add, not overwrite.
+  std::vector<float> acc(x.size());
+  for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = static_cast<float>(i % 64) / 8.0f - 3.0f;
+  // A decorator encodes x + its state in f32, so its payload says f32.
+  const ::ashl::dtype payload_type = cc::stateful_codec<C> ? ::ashl::dtype::f32 : ::ashl::dtype_of<T>;
+  const ::ashl::status st = c.decode_add(std::span<const std::byte>(buf), cc::payload_info{x.size(), payload_type},
+                                         ::ashl::host_view<float>(acc.data(), acc.size()), 0.75f, k);
+  if (!st) p.error = "decode: " + st.message();
+  p.decoded.resize(acc.size() * sizeof(float));
+  if (!acc.empty()) std::memcpy(p.decoded.data(), acc.data(), p.decoded.size());
+  p.bytes = std::move(buf);
   out.push_back(std::move(p));
 }
 

@@ -164,6 +164,22 @@ inline bucket_stats stats(const float* x, std::size_t len) noexcept {
     st.max_key = std::max(std::max(mk0[0], mk0[1]), std::max(mk0[2], mk0[3]));
   }
 #endif
+  if (i == 0 && len >= 8) {
+    // Portable build (ASHL_HOST_SIMD_PORTABLE): the same eight lanes,
+    // combined in the same order, so the sums have the bits of the vector
+    // paths (test/compress/simd_paths.cpp compares them).
+    float sq[8] = {}, ab[8] = {};
+    for (const std::size_t e = len & ~std::size_t{7}; i < e; i += 8)
+      for (std::size_t l = 0; l < 8; ++l) {
+        const std::uint32_t k = std::bit_cast<std::uint32_t>(x[i + l]) & 0x7fffffffu;
+        const float a = std::bit_cast<float>(k);
+        sq[l] += a * a;
+        ab[l] += a;
+        st.max_key = std::max(st.max_key, k);
+      }
+    st.sum_sq = ((sq[0] + sq[4]) + (sq[1] + sq[5])) + ((sq[2] + sq[6]) + (sq[3] + sq[7]));
+    st.sum_abs = ((ab[0] + ab[4]) + (ab[1] + ab[5])) + ((ab[2] + ab[6]) + (ab[3] + ab[7]));
+  }
   for (; i < len; ++i) {
     const std::uint32_t k = std::bit_cast<std::uint32_t>(x[i]) & 0x7fffffffu;
     const float a = std::bit_cast<float>(k);
@@ -229,6 +245,12 @@ inline double sum_abs_f64(const float* x, std::size_t len) noexcept {
     s = a[0] + a[1];
   }
 #endif
+  if (i == 0 && len >= 4) {  // portable build: the vector path's lanes and order
+    double l[4] = {};
+    for (const std::size_t e = len & ~std::size_t{3}; i < e; i += 4)
+      for (std::size_t j = 0; j < 4; ++j) l[j] += std::fabs(static_cast<double>(x[i + j]));
+    s = (l[0] + l[2]) + (l[1] + l[3]);
+  }
   for (; i < len; ++i) s += std::fabs(static_cast<double>(x[i]));
   return s;
 }
