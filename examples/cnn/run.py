@@ -3,7 +3,7 @@
 processes under ashl's BSP, ADSP, ASHL and ASHL+, and by torch.distributed
 DDP (gloo, 127.0.0.1) under the same emulated heterogeneity, one after the
 other in one run; test accuracy against wall-clock time as a table, JSON
-lines, a CSV and a PNG plot (gnuplot). docs/cnn.md, docs/perf/cnn.md.
+lines, the curves as text and a PNG plot (gnuplot). docs/cnn.md, docs/perf/cnn.md.
 
     /usr/bin/python3 examples/cnn/run.py --out cnn-results              # the README's job
     /usr/bin/python3 examples/cnn/run.py --quick --out /tmp/cnn-quick   # 2 workers, 25 s per method
