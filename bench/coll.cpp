@@ -18,8 +18,9 @@
 //   dense_bf16      dense_exchange{bf16}: cast, 16-bit allreduce (user op), cast back
 //   topk1_ef        payload_exchange<error_feedback<topk(1 %)>>: encode, all-gather
 //                   sizes and payloads, decode-add every rank's payload
-// Time of one iteration: the slowest rank's, after a barrier; the median
-// over iterations. algbw = bytes / time; busbw = algbw · 2(M−1)/M (the
+// Time of one iteration: the slowest rank's, after a barrier; the cases
+// interleaved (each iteration runs every case once); the median over
+// iterations. algbw = bytes / time; busbw = algbw · 2(M−1)/M (the
 // allreduce factor of nccl-tests, applied to every case so they compare).
 // "ratio" is the baseline's median time over the case's: > 1 is faster.
 // docs/perf/coll.md has the figures and the method.
@@ -51,7 +52,7 @@ struct options {
   std::vector<std::string> fabrics = {"tcp", "shm"};
   std::vector<double> sizes_mib = {1, 4, 16, 64, 100, 256};
   int iters = 0;  // 0: by size (20 up to 16 MiB, 7 above)
-  int warmup = 1;
+  int warmup = 2;
   double ratio = 0.01;
   std::string fabric;  // inside the job
 };
@@ -124,21 +125,16 @@ int launch(const options& o) {
 
 using namespace ashl;
 
-// Median over iterations of the slowest rank's time of `op`; `reset` runs
-// before each iteration, untimed.
-double time_case(MPI_Comm comm, int warmup, int iters, const std::function<void()>& reset,
-                 const std::function<bool()>& op) {
-  std::vector<double> t;
-  for (int i = 0; i < warmup + iters; ++i) {
-    reset();
-    MPI_Barrier(comm);
-    const auto t0 = std::chrono::steady_clock::now();
-    if (!op()) return std::nan("");
-    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, comm);
-    if (i >= warmup) t.push_back(dt);
-  }
-  return bench::median(t);
+// One timed run of `op` after an untimed `reset` and a barrier: the
+// slowest rank's seconds (NaN when the op failed).
+double time_once(MPI_Comm comm, const std::function<void()>& reset, const std::function<bool()>& op) {
+  reset();
+  MPI_Barrier(comm);
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool ok = op();
+  double dt = ok ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() : std::nan("");
+  MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return dt;
 }
 
 int run(const options& o) {
@@ -170,32 +166,36 @@ int run(const options& o) {
 
     struct row {
       std::string name;
-      double t;
-      std::size_t payload;
+      std::function<bool()> op;
+      std::vector<double> times;
+      double t = 0.0;
+      std::size_t payload = 0;
     };
-    std::vector<row> rows;
-    rows.push_back({"mpi_allreduce", time_case(c.native(), o.warmup, iters, reset, [&] {
-                      return MPI_Allreduce(MPI_IN_PLACE, x.data(), int(n), MPI_FLOAT, MPI_SUM, c.native()) ==
-                             MPI_SUCCESS;
-                    }), 0});
     coll::dense_exchange f32{dtype::f32}, bf16{dtype::bf16};
-    rows.push_back({"dense_f32", time_case(c.native(), o.warmup, iters, reset, [&] {
-                      return f32(c, host_view<float>(x.data(), n), ones).ok();
-                    }), 0});
-    rows.push_back({"dense_f32_nb", time_case(c.native(), o.warmup, iters, reset, [&] {
-                      auto r = c.allreduce(coll::in_view<>(x.data(), n, dtype::f32),
-                                           coll::out_view<>(x.data(), n, dtype::f32), coll::reduce_op::sum, {});
-                      return r && c.wait(*r).ok();
-                    }), 0});
-    rows.push_back({"dense_bf16", time_case(c.native(), o.warmup, iters, reset, [&] {
-                      return bf16(c, host_view<float>(x.data(), n), ones).ok();
-                    }), 0});
     using ef = compress::error_feedback<compress::topk>;
     coll::payload_exchange<ef> topk{ef(compress::topk(o.ratio))};
     std::uint64_t step = 0;
-    rows.push_back({"topk1_ef", time_case(c.native(), o.warmup, iters, reset, [&] {
-                      return topk(c, host_view<float>(x.data(), n), ones, ++step).ok();
-                    }), 0});
+    std::vector<row> rows;
+    rows.push_back({"mpi_allreduce", [&] {
+                      return MPI_Allreduce(MPI_IN_PLACE, x.data(), int(n), MPI_FLOAT, MPI_SUM, c.native()) ==
+                             MPI_SUCCESS;
+                    }});
+    rows.push_back({"dense_f32", [&] { return f32(c, host_view<float>(x.data(), n), ones).ok(); }});
+    rows.push_back({"dense_f32_nb", [&] {
+                      auto r = c.allreduce(coll::in_view<>(x.data(), n, dtype::f32),
+                                           coll::out_view<>(x.data(), n, dtype::f32), coll::reduce_op::sum, {});
+                      return r && c.wait(*r).ok();
+                    }});
+    rows.push_back({"dense_bf16", [&] { return bf16(c, host_view<float>(x.data(), n), ones).ok(); }});
+    rows.push_back({"topk1_ef", [&] { return topk(c, host_view<float>(x.data(), n), ones, ++step).ok(); }});
+    // Interleaved: iteration i runs every case once, so load that comes and
+    // goes on a shared machine falls on all cases alike.
+    for (int i = 0; i < o.warmup + iters; ++i)
+      for (auto& r : rows) {
+        const double t = time_once(c.native(), reset, r.op);
+        if (i >= o.warmup) r.times.push_back(t);
+      }
+    for (auto& r : rows) r.t = bench::median(r.times);
     rows.back().payload = topk.last_payload_bytes();
 
     if (me != 0) continue;
