@@ -34,8 +34,9 @@
 //   results without any host wait (what a training step should do); wait and
 //   test are for the host.
 // - Every rank calls the same operations in the same order with the same
-//   counts, dtype and op (as in MPI and NCCL). Operations complete in the
-//   order they were started on one rank.
+//   counts, dtype and op (as in MPI and NCCL): the k-th operation of one
+//   rank meets the k-th of every other. Wait on requests in the order they
+//   were started when in doubt (a model may complete them in any order).
 // - In place: allreduce allows in.data() == out.data(); all_gather allows
 //   in.data() == the rank's own block inside out. Other overlaps are errors.
 // - Reductions sum (or max/min) elementwise; f16 and bf16 are reduced as
