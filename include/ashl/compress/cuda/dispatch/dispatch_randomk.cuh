@@ -17,6 +17,7 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
+#include <ashl/compress/cuda/dispatch/launch.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/randomk.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/residual.cuh>
 #include <ashl/compress/cuda/dispatch/tuning/tuning.cuh>
@@ -24,6 +25,7 @@
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
 #include <ashl/core/status.hpp>
+#include <ashl/compress/layout.hpp>
 #include <ashl/core/tensor_view.hpp>
 
 #include <cstddef>
@@ -103,39 +105,31 @@ status dispatch_randomk_encode_error_feedback(const compress::randomk& c, void* 
 inline status dispatch_randomk_decode_add(void* d_scratch, std::size_t& scratch_bytes, device_view<const std::byte> in,
                                           payload_info info, device_view<float> acc, float scale,
                                           const codec_context& ctx, cudaStream_t stream, device_report* d_report) {
-  scratch_carver carver(d_scratch);
-  device_report* verdict = carver.take<device_report>(1);
-  auto go = scratch_protocol("randomk", d_scratch, scratch_bytes, carver.bytes());
-  if (!go) return go.error();
-  if (!*go) return {};
-  ASHL_TRY(check_decode_host("randomk", info.type, info.count, acc.size(), scale, in.data(), in.size(),
-                             device_randomk_header_bytes));
-  ASHL_TRY(clear_report(verdict, stream, "randomk"));
-  const std::size_t vs = size_of(info.type);
-  const std::uint64_t max_k = (in.size() - device_randomk_header_bytes) / vs;
-  device_properties dev;
-  ASHL_TRY(cuda_check(current_device(dev), "randomk.device"));
-  const auto ew = tuning_for(dev.cc_major, dev.cc_minor).elementwise;
-  randomk_validate_kernel<<<1, 1, 0, stream>>>(in.data(), in.size(), info.count, vs, verdict);
-  if (max_k != 0) {
-    const unsigned grid = grid_for(max_k, ew.block_threads, ew.items_per_thread, dev.sm_count, ew.blocks_per_sm);
-    switch (info.type) {
-      case dtype::f32:
-        randomk_add_kernel<dtype::f32><<<grid, ew.block_threads, 0, stream>>>(
-            in.data(), acc.data(), scale, ctx.step, ctx.tensor, verdict, max_k, ew.items_per_thread);
-        break;
-      case dtype::f16:
-        randomk_add_kernel<dtype::f16><<<grid, ew.block_threads, 0, stream>>>(
-            in.data(), acc.data(), scale, ctx.step, ctx.tensor, verdict, max_k, ew.items_per_thread);
-        break;
-      default:
-        randomk_add_kernel<dtype::bf16><<<grid, ew.block_threads, 0, stream>>>(
-            in.data(), acc.data(), scale, ctx.step, ctx.tensor, verdict, max_k, ew.items_per_thread);
-        break;
-    }
-  }
-  ASHL_TRY(cuda_check(cudaGetLastError(), "randomk.decode_kernels"));
-  return copy_report(d_report, verdict, stream, "randomk");
+  return decode_skeleton(
+      "randomk", d_scratch, scratch_bytes, in, info, acc, scale, layout::randomk::header_bytes, d_report, stream,
+      [&](device_report* verdict, const launch_env& env) -> status {
+        const std::size_t vs = size_of(info.type);
+        const std::uint64_t max_k = (in.size() - layout::randomk::header_bytes) / vs;
+        randomk_validate_kernel<<<1, 1, 0, stream>>>(in.data(), in.size(), info.count, vs, verdict);
+        if (max_k == 0) return {};
+        const unsigned grid = env.grid(max_k, env.items_per_thread());
+        const int bt = env.block(), ipt = env.items_per_thread();
+        switch (info.type) {
+          case dtype::f32:
+            randomk_add_kernel<dtype::f32><<<grid, bt, 0, stream>>>(in.data(), acc.data(), scale, ctx.step,
+                                                                    ctx.tensor, verdict, max_k, ipt);
+            break;
+          case dtype::f16:
+            randomk_add_kernel<dtype::f16><<<grid, bt, 0, stream>>>(in.data(), acc.data(), scale, ctx.step,
+                                                                    ctx.tensor, verdict, max_k, ipt);
+            break;
+          default:
+            randomk_add_kernel<dtype::bf16><<<grid, bt, 0, stream>>>(in.data(), acc.data(), scale, ctx.step,
+                                                                     ctx.tensor, verdict, max_k, ipt);
+            break;
+        }
+        return {};
+      });
 }
 
 }  // namespace compress::cuda::detail

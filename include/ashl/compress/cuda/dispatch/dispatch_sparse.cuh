@@ -24,9 +24,11 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
+#include <ashl/compress/cuda/dispatch/launch.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/radix_select.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/sparse.cuh>
 #include <ashl/compress/cuda/dispatch/tuning/tuning.cuh>
+#include <ashl/compress/layout.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/core/tensor_view.hpp>
@@ -198,52 +200,35 @@ inline status dispatch_sparse_decode_add(std::string_view codec, bool require_no
                                          std::size_t& scratch_bytes, device_view<const std::byte> in,
                                          payload_info info, device_view<float> acc, float scale,
                                          cudaStream_t stream, device_report* d_report) {
-  const std::string c(codec);
-  scratch_carver carver(d_scratch);
-  device_report* verdict = carver.take<device_report>(1);
-  auto go = scratch_protocol(codec, d_scratch, scratch_bytes, carver.bytes());
-  if (!go) return go.error();
-  if (!*go) return {};
-  if (info.type != dtype::f32 && info.type != dtype::f16 && info.type != dtype::bf16)
-    return invalid_argument(c + ".info.type", to_string(info.type), "must be f32, f16 or bf16");
-  if (acc.size() != info.count)
-    return invalid_argument(c + ".acc.size", acc.size(), "must equal info.count = " + std::to_string(info.count));
-  if (!std::isfinite(scale)) return invalid_argument(c + ".scale", scale, "must be finite");
-  if (in.size() < device_sparse_header_bytes)
-    return malformed(c + ".payload_bytes", in.size(), "shorter than the 12-byte header");
-  ASHL_TRY(check_alignment(c + ".in.data", in.data(), 4));
-  ASHL_TRY(clear_report(verdict, stream, codec));
-  const std::size_t vs = size_of(info.type);
-  const std::uint64_t max_pairs = (in.size() - device_sparse_header_bytes) / (4 + vs);
-  device_properties dev;
-  ASHL_TRY(cuda_check(current_device(dev), c + ".device"));
-  const auto ew = tuning_for(dev.cc_major, dev.cc_minor).elementwise;
-  const unsigned grid = grid_for(max_pairs, ew.block_threads, ew.items_per_thread, dev.sm_count, ew.blocks_per_sm);
-  switch (info.type) {
-    case dtype::f32:
-      sparse_validate_kernel<dtype::f32>
-          <<<grid, ew.block_threads, 0, stream>>>(in.data(), in.size(), info.count, require_nonempty, verdict, max_pairs);
-      sparse_add_kernel<dtype::f32>
-          <<<grid, ew.block_threads, 0, stream>>>(in.data(), acc.data(), scale, verdict, max_pairs, ew.items_per_thread);
-      break;
-    case dtype::f16:
-      sparse_validate_kernel<dtype::f16>
-          <<<grid, ew.block_threads, 0, stream>>>(in.data(), in.size(), info.count, require_nonempty, verdict, max_pairs);
-      sparse_add_kernel<dtype::f16>
-          <<<grid, ew.block_threads, 0, stream>>>(in.data(), acc.data(), scale, verdict, max_pairs, ew.items_per_thread);
-      break;
-    default:
-      sparse_validate_kernel<dtype::bf16>
-          <<<grid, ew.block_threads, 0, stream>>>(in.data(), in.size(), info.count, require_nonempty, verdict, max_pairs);
-      sparse_add_kernel<dtype::bf16>
-          <<<grid, ew.block_threads, 0, stream>>>(in.data(), acc.data(), scale, verdict, max_pairs, ew.items_per_thread);
-      break;
-  }
-  ASHL_TRY(cuda_check(cudaGetLastError(), c + ".decode_kernels"));
-  if (d_report != nullptr)
-    ASHL_TRY(cuda_check(cudaMemcpyAsync(d_report, verdict, sizeof(device_report), cudaMemcpyDeviceToDevice, stream),
-                        c + ".report"));
-  return {};
+  return decode_skeleton(
+      codec, d_scratch, scratch_bytes, in, info, acc, scale, layout::sparse::header_bytes, d_report, stream,
+      [&](device_report* verdict, const launch_env& env) -> status {
+        const std::size_t vs = size_of(info.type);
+        const std::uint64_t max_pairs = (in.size() - layout::sparse::header_bytes) / (4 + vs);
+        const unsigned grid = env.grid(max_pairs, env.items_per_thread());
+        const int bt = env.block(), ipt = env.items_per_thread();
+        switch (info.type) {
+          case dtype::f32:
+            sparse_validate_kernel<dtype::f32>
+                <<<grid, bt, 0, stream>>>(in.data(), in.size(), info.count, require_nonempty, verdict, max_pairs);
+            sparse_add_kernel<dtype::f32>
+                <<<grid, bt, 0, stream>>>(in.data(), acc.data(), scale, verdict, max_pairs, ipt);
+            break;
+          case dtype::f16:
+            sparse_validate_kernel<dtype::f16>
+                <<<grid, bt, 0, stream>>>(in.data(), in.size(), info.count, require_nonempty, verdict, max_pairs);
+            sparse_add_kernel<dtype::f16>
+                <<<grid, bt, 0, stream>>>(in.data(), acc.data(), scale, verdict, max_pairs, ipt);
+            break;
+          default:
+            sparse_validate_kernel<dtype::bf16>
+                <<<grid, bt, 0, stream>>>(in.data(), in.size(), info.count, require_nonempty, verdict, max_pairs);
+            sparse_add_kernel<dtype::bf16>
+                <<<grid, bt, 0, stream>>>(in.data(), acc.data(), scale, verdict, max_pairs, ipt);
+            break;
+        }
+        return {};
+      });
 }
 
 }  // namespace compress::cuda::detail

@@ -28,6 +28,7 @@
 
 #include <ashl/config.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
+#include <ashl/compress/cuda/dispatch/kernels/reduce.cuh>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
 
@@ -83,9 +84,7 @@ __global__ ASHL_DETAIL_HIDDEN void levels_chunk_kernel(const T* __restrict__ x, 
       const float v2 = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 1));      // t = 0, 2: pairs
       sq = __fadd_rn(v2, __shfl_down_sync(0xffffffffu, v2, 2));                // t = 0: the chunk's lanes
     }
-    mk = max(mk, __shfl_down_sync(0xffffffffu, mk, 4));
-    mk = max(mk, __shfl_down_sync(0xffffffffu, mk, 2));
-    mk = max(mk, __shfl_down_sync(0xffffffffu, mk, 1));
+    mk = group_max<8>(mk);
     if (t == 0 && q < nchunks && m != 0) {
       for (std::uint64_t i = m & ~std::uint64_t{7}; i < m; ++i) {
         const float a = abs_of(element_float(x[lo + i]));

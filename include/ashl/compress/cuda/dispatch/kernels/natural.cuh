@@ -20,6 +20,7 @@
 
 #include <ashl/config.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
+#include <ashl/compress/cuda/dispatch/kernels/reduce.cuh>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
 
@@ -45,8 +46,7 @@ __global__ ASHL_DETAIL_HIDDEN void max_key_kernel(const T* __restrict__ x, std::
       if (i < n) m = max(m, __float_as_uint(element_float(x[i])) & 0x7fffffffu);
     }
   }
-  m = __reduce_max_sync(0xffffffffu, m);
-  if ((threadIdx.x & 31u) == 0 && m != 0) atomicMax(d_max, m);
+  warp_max_to(d_max, m);
 }
 
 // 2^e as a float for e in [-274, 127], exactly as std::ldexp(1.0f, e) rounds
