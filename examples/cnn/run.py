@@ -39,7 +39,8 @@ LABEL = {"ddp": "DDP (gloo)", "bsp": "BSP", "adsp": "ADSP", "ashl": "ASHL", "ash
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated, of " + ",".join(ALL_METHODS))
-    p.add_argument("--seeds", type=int, default=1, help="seeds 1..N per method (default 1)")
+    p.add_argument("--seeds", type=int, default=1, help="seeds per method (default 1)")
+    p.add_argument("--first-seed", type=int, default=1, help="the first seed (default 1)")
     p.add_argument("--workers", type=int, default=cc.WORKERS, help="worker processes (default 9: 3 groups of 3)")
     p.add_argument("--budget", type=float, default=180.0, help="wall seconds of training per run (default 180)")
     p.add_argument("--time-scale", type=float, default=5.0, help="K: wall seconds per reference second (default 5)")
@@ -249,10 +250,10 @@ def orchestrate(a):
                              "or run only --methods ddp")
     print(f"# LeNet-5 ({sum(p.numel() for p in cc.make_model(1).parameters())} parameters), {a.workers} workers, "
           f"K = {a.time_scale:g}, budget {a.budget:g} s per run, target {a.target}, lr {a.lr}, "
-          f"methods {','.join(a.methods)}, seeds 1..{a.seeds}; load average {os.getloadavg()[0]:.2f}", flush=True)
+          f"methods {','.join(a.methods)}, seeds {a.first_seed}..{a.first_seed + a.seeds - 1}; load average {os.getloadavg()[0]:.2f}", flush=True)
     results, curves = [], {}
     jsonl = open(os.path.join(a.out, "results.jsonl"), "w")
-    for seed in range(1, a.seeds + 1):
+    for seed in range(a.first_seed, a.first_seed + a.seeds):
         for method in a.methods:
             t_run = time.time()
             run_dir, machine = run_one(a, method, seed)
