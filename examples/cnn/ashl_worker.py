@@ -35,7 +35,7 @@ import cnn_common as cc
 
 # The reference experiment's policy settings (examples/experiment_common.hpp
 # make_setup), durations x K since the server's policy reads wall time.
-def policy_of(method, time_scale, workers):
+def policy_of(method, time_scale):
     if method == "bsp":
         return ashl.Policy("bsp")
     if method == "adsp":
@@ -57,7 +57,7 @@ def job_of(a, role):
 def server(a):
     torch.set_num_threads(1)
     model = cc.make_model(a.seed)
-    srv = ashl.torch.serve(model, job_of(a, "server"), policy=policy_of(a.method, a.time_scale, a.workers),
+    srv = ashl.torch.serve(model, job_of(a, "server"), policy=policy_of(a.method, a.time_scale),
                            compression="topk", optimizer="model_delta", worker_timeout=60.0, background=True)
     cc.write_file(f"{a.run_dir}/listening", "1\n")
     srv.join()
@@ -78,7 +78,7 @@ def worker(a):
         if cc.mono() > deadline:
             raise SystemExit(f"worker {rank}: the server did not listen within 120 s")
         time.sleep(0.02)
-    opt = ashl.torch.DistributedOptimizer(sgd, model, policy=policy_of(a.method, a.time_scale, n).name,
+    opt = ashl.torch.DistributedOptimizer(sgd, model, policy=policy_of(a.method, a.time_scale).name,
                                           compression="topk", job=job_of(a, "worker"), batch_size=64,
                                           timeout=120.0, seed=a.seed, error_feedback=a.method == "ashl_plus",
                                           link_bytes_per_second=rate)

@@ -20,8 +20,6 @@ Started by run.py (``--role ddp``); see cnn_common.py for the emulation.
 """
 import datetime
 import json
-import os
-import sys
 import time
 
 import torch

@@ -210,7 +210,7 @@ def plot(a, curves):
             for t, acc, _ in curve:
                 f.write(f"{t} {acc}\n")
         files.append((method, seed, path))
-    lines = [f'set terminal pngcairo size 1000,600' if "pngcairo" in terminals() else "set terminal png size 1000,600",
+    lines = ['set terminal pngcairo size 1000,600' if "pngcairo" in terminals() else "set terminal png size 1000,600",
              f'set output "{out}/accuracy_vs_time.png"',
              f'set title "LeNet-5 on Fashion-MNIST, {a.workers} heterogeneous workers (K = {a.time_scale:g})"',
              'set xlabel "wall-clock seconds"', 'set ylabel "test accuracy (2,000 images)"', "set key bottom right",
