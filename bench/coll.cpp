@@ -5,6 +5,7 @@
 //
 //   ashl_bench_coll                          # 2 ranks; tcp then shm; 1..256 MiB
 //   ashl_bench_coll --ranks 4 --fabrics tcp --sizes 100 --iters 7
+//   ashl_bench_coll --fabrics ucx          # MPI's pml ucx over TCP loopback
 //
 // Started by hand, it re-runs itself under mpiexec once per fabric
 // (--oversubscribe, loopback only; as root it adds OMPI_ALLOW_RUN_AS_ROOT*
@@ -107,11 +108,14 @@ int launch(const options& o) {
     std::string cmd;
     if (::geteuid() == 0) cmd += "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ";
     cmd += "timeout 1800 mpiexec --oversubscribe --bind-to none -n " + std::to_string(o.ranks) +
-           " --mca pml ob1 --mca oob_tcp_if_include lo ";
-    if (f == "tcp") cmd += "--mca btl self,tcp --mca btl_tcp_if_include lo ";
-    else if (f == "shm") cmd += "--mca btl self,vader ";
+           " --mca oob_tcp_if_include lo ";
+    if (f == "tcp") cmd += "--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo ";
+    else if (f == "shm") cmd += "--mca pml ob1 --mca btl self,vader ";
+    else if (f == "ucx")  // Open MPI selects pml ucx over TCP only with tls/devices "any"
+      cmd += "--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any --mca osc ^ucx "
+             "-x UCX_NET_DEVICES=lo -x UCX_TLS=tcp,self ";
     else {
-      std::fprintf(stderr, "--fabrics: %s is not tcp or shm\n", f.c_str());
+      std::fprintf(stderr, "--fabrics: %s is not tcp, shm or ucx\n", f.c_str());
       return 2;
     }
     cmd += self_path() + " --fabric " + f + " --sizes " + join(o.sizes_mib) + " --iters " + std::to_string(o.iters) +

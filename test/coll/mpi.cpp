@@ -50,12 +50,20 @@ std::string self_path() {
 
 using env_list = std::vector<std::pair<std::string, std::string>>;
 
-// mpiexec's part of the command line for a transport: "tcp" or "shm".
+// mpiexec's part of the command line for a transport: "tcp", "shm" (pml ob1
+// with those btls) or "ucx" (pml ucx over TCP loopback).
 std::vector<std::string> mpiexec_args(const std::string& fabric) {
   std::vector<std::string> a = {ASHL_MPIEXEC, "--oversubscribe", "--bind-to", "none", "--mca", "pml", "ob1",
                                 "--mca", "oob_tcp_if_include", "lo"};
-  if (fabric == "tcp") a.insert(a.end(), {"--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"});
-  else a.insert(a.end(), {"--mca", "btl", "self,vader"});
+  if (fabric == "ucx") {  // MPI over UCX (TCP on loopback); Open MPI selects pml ucx only with these two
+    a[6] = "ucx";
+    a.insert(a.end(), {"--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any", "--mca", "osc", "^ucx",
+                       "-x", "UCX_NET_DEVICES=lo", "-x", "UCX_TLS=tcp,self"});
+  } else if (fabric == "tcp") {
+    a.insert(a.end(), {"--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"});
+  } else {
+    a.insert(a.end(), {"--mca", "btl", "self,vader"});
+  }
   return a;
 }
 
@@ -90,6 +98,11 @@ BOOST_AUTO_TEST_CASE(launch_collectives_over_tcp) {
 BOOST_AUTO_TEST_CASE(launch_collectives_over_shared_memory) {
   if (in_mpi_job()) return;
   launch(4, "shm", "rank_collectives");
+}
+
+BOOST_AUTO_TEST_CASE(launch_collectives_over_ucx) {
+  if (in_mpi_job()) return;
+  launch(4, "ucx", "rank_collectives");
 }
 
 BOOST_AUTO_TEST_CASE(launch_drivers_and_compressed_over_tcp) {
