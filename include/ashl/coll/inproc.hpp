@@ -19,6 +19,8 @@
 // is not last returns its request at once; wait() sleeps on a condition
 // variable until the last rank ran it. Ranks that disagree on the
 // operation, dtype, op, counts or root all get an error naming the field.
+// A slot is freed when every rank waited (or tested complete) its request:
+// a request dropped unwaited keeps its slot until the group is destroyed.
 // coll/concepts.hpp states the semantics.
 #pragma once
 
