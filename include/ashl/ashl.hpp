@@ -52,4 +52,13 @@
 #include <ashl/ps/launch.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/ps/worker.hpp>
-// transport/ucx.hpp needs the ucx component (ashl::ucx): include it yourself.
+#include <ashl/coll/concepts.hpp>
+#include <ashl/coll/compressed.hpp>
+#include <ashl/coll/driver.hpp>
+#include <ashl/coll/hierarchical.hpp>
+#include <ashl/coll/hierarchical_ps.hpp>
+#include <ashl/coll/inproc.hpp>
+#include <ashl/coll/shards.hpp>
+// transport/ucx.hpp needs the ucx component (ashl::ucx), coll/mpi.hpp the mpi
+// component, coll/nccl.hpp the nccl component, adapt/torch.hpp the torch
+// component, and ps/device_worker.cuh CUDA: include them yourself.
