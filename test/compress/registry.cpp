@@ -118,3 +118,53 @@ BOOST_AUTO_TEST_CASE(sparse_pairs_are_checked_without_decoding) {
   BOOST_TEST(!compress::decode_add(codec_id::topk, swapped, {n, dtype::f32}, host_view<float>(acc.data(), n), 1.0f, {}).ok());
   BOOST_TEST(!compress::decode_add(codec_id::topk, far, {n, dtype::f32}, host_view<float>(acc.data(), n), 1.0f, {}).ok());
 }
+
+namespace {
+// A default-constructed codec C of the list encodes 16-bit input T; the
+// registry decodes it by C::id exactly as C does.
+template <class C, class T>
+void listed_codec_decodes(const std::vector<float>& xf) {
+  std::vector<T> x;
+  for (float v : xf) x.push_back(from_float<T>(v));
+  const C c{};
+  std::vector<std::byte> scratch(c.scratch_bytes(x.size(), dtype_of<T>));
+  const compress::codec_context ctx{.seed = 9, .step = 3, .tensor = 2, .scratch = scratch};
+  std::vector<std::byte> p(c.max_encoded_bytes(x.size(), dtype_of<T>));
+  const auto used = c.encode(host_view<const T>(x.data(), x.size()), p, ctx);
+  BOOST_REQUIRE_MESSAGE(used.has_value(), to_string(C::id));
+  p.resize(*used);
+  const compress::payload_info info{x.size(), dtype_of<T>};
+  std::vector<float> a(x.size(), -0.5f), b(x.size(), -0.5f);
+  BOOST_REQUIRE(c.decode_add(p, info, host_view<float>(a.data(), a.size()), 1.5f, ctx).ok());
+  BOOST_REQUIRE(compress::decode_add(C::id, p, info, host_view<float>(b.data(), b.size()), 1.5f, ctx).ok());
+  BOOST_TEST(a == b, to_string(C::id));
+  BOOST_TEST(a != std::vector<float>(x.size(), -0.5f), to_string(C::id) << ": decode added nothing");
+}
+template <class... E>
+std::size_t every_listed_codec(compress::codec_list<E...>, const std::vector<float>& x) {
+  (listed_codec_decodes<typename E::type, half>(x), ...);
+  (listed_codec_decodes<typename E::type, bfloat16>(x), ...);
+  return sizeof...(E);
+}
+}  // namespace
+
+// Every codec id, through the one list, with f16 and bf16 inputs.
+BOOST_AUTO_TEST_CASE(every_codec_id_dispatches_16_bit_payloads) {
+  const auto x = normal_values(300, 52);
+  BOOST_TEST(every_listed_codec(compress::codecs{}, x) == static_cast<std::size_t>(codec_id_count));
+}
+
+// Every id past the list is refused, named, and adds nothing.
+BOOST_AUTO_TEST_CASE(every_unknown_id_is_unsupported) {
+  std::vector<float> a(4, 1.0f);
+  const std::vector<std::byte> p(16);
+  for (int i = codec_id_count; i <= 255; ++i) {
+    auto s = compress::decode_add(static_cast<codec_id>(i), p, {4, dtype::f32}, host_view<float>(a.data(), a.size()),
+                                  1.0f, {});
+    BOOST_TEST((s.code() == errc::unsupported), i);
+    BOOST_TEST(s.message() == "codec = " + std::to_string(i) + ": no CPU decoder for this codec in this build");
+    BOOST_TEST(!compress::sparse_pairs(static_cast<codec_id>(i)));
+    BOOST_TEST(compress::dense_payload_bytes(static_cast<codec_id>(i), {4, dtype::f32}) == 0u);
+  }
+  BOOST_TEST(a == std::vector<float>(4, 1.0f));
+}

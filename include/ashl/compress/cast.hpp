@@ -111,13 +111,8 @@ class fp16 {
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept { return 2 * n; }
   [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
 
-  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context&) const {
-    return detail::cast_encode<true>("fp16", x, out, opt_.strict);
-  }
-  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context&) const {
-    return detail::cast_encode<true>("fp16", x, out, opt_.strict);
-  }
-  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out, const codec_context&) const {
+  template <gradient_element T>
+  result<std::size_t> encode(host_view<const T> x, std::span<std::byte> out, const codec_context&) const {
     return detail::cast_encode<true>("fp16", x, out, opt_.strict);
   }
   status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
@@ -143,13 +138,8 @@ class bf16 {
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept { return 2 * n; }
   [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
 
-  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context&) const {
-    return detail::cast_encode<false>("bf16", x, out, opt_.strict);
-  }
-  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context&) const {
-    return detail::cast_encode<false>("bf16", x, out, opt_.strict);
-  }
-  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out, const codec_context&) const {
+  template <gradient_element T>
+  result<std::size_t> encode(host_view<const T> x, std::span<std::byte> out, const codec_context&) const {
     return detail::cast_encode<false>("bf16", x, out, opt_.strict);
   }
   status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,

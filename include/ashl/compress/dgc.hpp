@@ -25,6 +25,7 @@
 #include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/tensor_state.hpp>
 #include <ashl/compress/registry.hpp>  // codecs, sparse_pair_codec
 #include <ashl/compress/threshold.hpp>
 #include <ashl/compress/topk.hpp>
@@ -39,7 +40,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -76,58 +76,20 @@ class dgc {
     return inner_.scratch_bytes(n, dtype::f32);
   }
 
-  void reserve(std::uint32_t tensor, std::size_t n) { slot(tensor, n); }
+  void reserve(std::uint32_t tensor, std::size_t n) { state_.slot(tensor, n); }
   // u (momentum) and v (accumulated velocity) of `tensor`; empty if never encoded.
-  [[nodiscard]] std::span<const float> momentum(std::uint32_t tensor) const noexcept { return view(tensor, 0); }
-  [[nodiscard]] std::span<const float> velocity(std::uint32_t tensor) const noexcept { return view(tensor, 1); }
-  void reset() noexcept {
-    for (auto& [k, s] : state_) {
-      std::fill(s.u.begin(), s.u.end(), 0.0f);
-      std::fill(s.v.begin(), s.v.end(), 0.0f);
-    }
-  }
+  [[nodiscard]] std::span<const float> momentum(std::uint32_t tensor) const noexcept { return state_.view(tensor, 0); }
+  [[nodiscard]] std::span<const float> velocity(std::uint32_t tensor) const noexcept { return state_.view(tensor, 1); }
+  void reset() noexcept { state_.reset(); }
 
-  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context& ctx) {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context& ctx) {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out, const codec_context& ctx) {
-    return encode_impl(x, out, ctx);
-  }
-
-  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
-                    const codec_context& ctx) const {
-    return inner_.decode_add(in, info, acc, scale, ctx);
-  }
-
- private:
-  struct tensor_state {
-    std::vector<float> u, v;
-  };
-  tensor_state& slot(std::uint32_t tensor, std::size_t n) {
-    tensor_state& s = state_[tensor];
-    if (s.u.size() != n) {
-      s.u.assign(n, 0.0f);
-      s.v.assign(n, 0.0f);
-    }
-    return s;
-  }
-  [[nodiscard]] std::span<const float> view(std::uint32_t tensor, int which) const noexcept {
-    const auto it = state_.find(tensor);
-    if (it == state_.end()) return {};
-    return which == 0 ? std::span<const float>(it->second.u) : std::span<const float>(it->second.v);
-  }
-
-  template <class T>
-  result<std::size_t> encode_impl(host_view<const T> gv, std::span<std::byte> out, const codec_context& ctx) {
+  template <gradient_element T>
+  result<std::size_t> encode(host_view<const T> gv, std::span<std::byte> out, const codec_context& ctx) {
     ASHL_TRY(validate());
     const std::size_t n = gv.size();
-    tensor_state& s = slot(ctx.tensor, n);
+    auto& [us, vs] = state_.slot(ctx.tensor, n);
     const T* g = gv.data();
-    float* u = s.u.data();
-    float* v = s.v.data();
+    float* u = us.data();
+    float* v = vs.data();
     const float m = opt_.momentum;
     detail::momentum_accumulate(u, v, g, m, n);  // u = m u + g; v += u
     auto used = inner_.encode(host_view<const float>(v, n), out, ctx);
@@ -145,9 +107,15 @@ class dgc {
     return used;
   }
 
+  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
+                    const codec_context& ctx) const {
+    return inner_.decode_add(in, info, acc, scale, ctx);
+  }
+
+ private:
   C inner_{};
   dgc_options opt_{};
-  std::unordered_map<std::uint32_t, tensor_state> state_;
+  detail::tensor_state<2> state_;  // momentum u, velocity v
 };
 
 static_assert(stateful_codec<dgc<topk>>);

@@ -25,6 +25,7 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
+#include <ashl/compress/detail/tensor_state.hpp>
 #include <ashl/compress/identity.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/status.hpp>
@@ -35,7 +36,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -63,42 +63,17 @@ class error_feedback {
   }
 
   // Allocates (zeroed) the residual of `tensor` for n elements ahead of time.
-  void reserve(std::uint32_t tensor, std::size_t n) { residual_slot(tensor, n); }
+  void reserve(std::uint32_t tensor, std::size_t n) { residuals_.slot(tensor, n); }
   // The current residual of `tensor` (empty if it was never encoded).
   [[nodiscard]] std::span<const float> residual(std::uint32_t tensor) const noexcept {
-    const auto it = residuals_.find(tensor);
-    return it == residuals_.end() ? std::span<const float>{} : std::span<const float>(it->second);
+    return residuals_.view(tensor, 0);
   }
-  void reset() noexcept {
-    for (auto& [k, v] : residuals_) std::fill(v.begin(), v.end(), 0.0f);
-  }
+  void reset() noexcept { residuals_.reset(); }
 
-  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context& ctx) {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context& ctx) {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out, const codec_context& ctx) {
-    return encode_impl(x, out, ctx);
-  }
-
-  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
-                    const codec_context& ctx) const {
-    return inner_.decode_add(in, info, acc, scale, ctx);
-  }
-
- private:
-  std::vector<float>& residual_slot(std::uint32_t tensor, std::size_t n) {
-    std::vector<float>& e = residuals_[tensor];
-    if (e.size() != n) e.assign(n, 0.0f);  // a new shape starts with no debt
-    return e;
-  }
-
-  template <class T>
-  result<std::size_t> encode_impl(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) {
+  template <gradient_element T>
+  result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) {
     const std::size_t n = xv.size();
-    std::vector<float>& e = residual_slot(ctx.tensor, n);
+    std::vector<float>& e = residuals_.slot(ctx.tensor, n)[0];  // a new shape starts with no debt
     const T* x = xv.data();
     float* r = e.data();
     detail::add_widened(r, x, n);  // 16-bit x widened a block at a time
@@ -109,8 +84,14 @@ class error_feedback {
     return used;
   }
 
+  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
+                    const codec_context& ctx) const {
+    return inner_.decode_add(in, info, acc, scale, ctx);
+  }
+
+ private:
   C inner_{};
-  std::unordered_map<std::uint32_t, std::vector<float>> residuals_;
+  detail::tensor_state<1> residuals_;
 };
 
 static_assert(stateful_codec<error_feedback<identity>>);

@@ -35,14 +35,14 @@ class identity {
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype t) const noexcept { return n * size_of(t); }
   [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
 
-  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context&) const {
-    return encode_impl(x, out);
-  }
-  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context&) const {
-    return encode_impl(x, out);
-  }
-  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out, const codec_context&) const {
-    return encode_impl(x, out);
+  template <gradient_element T>
+  result<std::size_t> encode(host_view<const T> x, std::span<std::byte> out, const codec_context&) const {
+    const std::size_t bytes = x.size() * sizeof(T);
+    if (out.size() < bytes)
+      return make_error(errc::buffer_too_small, "identity.out.size", out.size(),
+                        "bytes, fewer than max_encoded_bytes = " + std::to_string(bytes));
+    detail::store_array_le(out.data(), x.data(), x.size());
+    return bytes;
   }
 
   status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
@@ -55,17 +55,6 @@ class identity {
                                                                 std::to_string(expect));
     detail::add_dense(in.data(), info.type, acc.data(), info.count, scale);
     return {};
-  }
-
- private:
-  template <class T>
-  static result<std::size_t> encode_impl(host_view<const T> x, std::span<std::byte> out) {
-    const std::size_t bytes = x.size() * sizeof(T);
-    if (out.size() < bytes)
-      return make_error(errc::buffer_too_small, "identity.out.size", out.size(),
-                        "bytes, fewer than max_encoded_bytes = " + std::to_string(bytes));
-    detail::store_array_le(out.data(), x.data(), x.size());
-    return bytes;
   }
 };
 

@@ -55,45 +55,8 @@ class natural {
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept { return header_bytes + n; }
   [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
 
-  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out,
-                             const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-
-  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
-                    const codec_context&) const {
-    ASHL_TRY(detail::check_decode_args("natural", info.type, info.count, acc.size(), scale));
-    byte_reader r(in);
-    std::uint64_t n = 0;
-    std::int32_t emin = 0;
-    ASHL_TRY(r.get(n, "natural.n"));
-    ASHL_TRY(r.get(emin, "natural.emin"));
-    if (n != info.count) return malformed("natural.n", n, "must equal info.count = " + std::to_string(info.count));
-    if (emin < min_emin || emin > max_emin) return malformed("natural.emin", emin, "must be in [-274, 1]");
-    if (in.size() - header_bytes != n)
-      return malformed("natural.payload_bytes", in.size(), "must be 12 + n = " + std::to_string(n + header_bytes));
-    const std::byte* codes = in.data() + header_bytes;
-    for (std::uint64_t i = 0; i < n; ++i)
-      if (codes[i] == std::byte{0x80})
-        return malformed("natural.code[" + std::to_string(i) + "]", 0x80, "negative zero is not a valid code");
-    float table[256];  // every code's scaled value: one lookup per element
-    table[0] = 0.0f;
-    for (int c = 1; c < 128; ++c) table[c] = scale * std::ldexp(1.0f, emin + c - 1);
-    for (int c = 0; c < 128; ++c) table[128 + c] = -table[c];
-    float* a = acc.data();
-    for (std::uint64_t i = 0; i < n; ++i) a[i] += table[static_cast<unsigned>(codes[i])];
-    return {};
-  }
-
- private:
-  template <class T>
-  result<std::size_t> encode_impl(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
+  template <gradient_element T>
+  result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
     const std::size_t n = xv.size();
     const std::size_t need = header_bytes + n;
     if (out.size() < need)
@@ -137,6 +100,32 @@ class natural {
     }
     return need;
   }
+
+  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
+                    const codec_context&) const {
+    ASHL_TRY(detail::check_decode_args("natural", info.type, info.count, acc.size(), scale));
+    byte_reader r(in);
+    std::uint64_t n = 0;
+    std::int32_t emin = 0;
+    ASHL_TRY(r.get(n, "natural.n"));
+    ASHL_TRY(r.get(emin, "natural.emin"));
+    if (n != info.count) return malformed("natural.n", n, "must equal info.count = " + std::to_string(info.count));
+    if (emin < min_emin || emin > max_emin) return malformed("natural.emin", emin, "must be in [-274, 1]");
+    if (in.size() - header_bytes != n)
+      return malformed("natural.payload_bytes", in.size(), "must be 12 + n = " + std::to_string(n + header_bytes));
+    const std::byte* codes = in.data() + header_bytes;
+    for (std::uint64_t i = 0; i < n; ++i)
+      if (codes[i] == std::byte{0x80})
+        return malformed("natural.code[" + std::to_string(i) + "]", 0x80, "negative zero is not a valid code");
+    float table[256];  // every code's scaled value: one lookup per element
+    table[0] = 0.0f;
+    for (int c = 1; c < 128; ++c) table[c] = scale * std::ldexp(1.0f, emin + c - 1);
+    for (int c = 0; c < 128; ++c) table[128 + c] = -table[c];
+    float* a = acc.data();
+    for (std::uint64_t i = 0; i < n; ++i) a[i] += table[static_cast<unsigned>(codes[i])];
+    return {};
+  }
+
 };
 
 static_assert(codec<natural>);

@@ -20,6 +20,8 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
+#include <ashl/compress/detail/bucketed.hpp>
+#include <ashl/compress/layout.hpp>
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/detail/levels.hpp>
 #include <ashl/core/bytes.hpp>
@@ -45,8 +47,10 @@ class qsgd {
  public:
   using codec_concept = codec_tag;
   static constexpr codec_id id = codec_id::qsgd;
-  static constexpr std::size_t header_bytes = 16;  // n u64, bucket u32, levels u32
-  static constexpr std::uint32_t max_levels = 32767;  // codes fit in 16 bits
+  static constexpr std::size_t header_bytes = layout::qsgd::header_bytes;  // n u64, bucket u32, levels u32
+  static constexpr std::uint32_t max_levels = layout::qsgd::max_levels;    // codes fit in 16 bits
+  static constexpr detail::bucketed_format payload_format{
+      "qsgd", header_bytes, 0, "ceil(n bits / 8)", "qsgd.n", "qsgd.bucket", "qsgd.levels", max_levels};
 
   qsgd() = default;
   explicit qsgd(qsgd_options o) : opt_(o) {}
@@ -60,66 +64,22 @@ class qsgd {
   }
 
   static std::size_t payload_bytes(std::uint64_t n, std::uint32_t bucket, std::uint32_t levels) noexcept {
-    const detail::level_spec s{bucket, levels};
-    return header_bytes + 4 * detail::bucket_count(n, bucket) + detail::packed_bytes(n, s.bits());
+    return layout::qsgd_payload_bytes(n, bucket, levels);
   }
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
     return payload_bytes(n, opt_.bucket == 0 ? 1 : opt_.bucket, opt_.levels == 0 ? 1 : opt_.levels);
   }
   [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
 
-  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out,
-                             const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-
-  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
-                    const codec_context&) const {
-    ASHL_TRY(detail::check_decode_args("qsgd", info.type, info.count, acc.size(), scale));
-    byte_reader r(in);
-    std::uint64_t n = 0;
-    std::uint32_t bucket = 0, levels = 0;
-    ASHL_TRY(r.get(n, "qsgd.n"));
-    ASHL_TRY(r.get(bucket, "qsgd.bucket"));
-    ASHL_TRY(r.get(levels, "qsgd.levels"));
-    if (n != info.count) return malformed("qsgd.n", n, "must equal info.count = " + std::to_string(info.count));
-    if (n > detail::bucketed_max_elements) return malformed("qsgd.n", n, "exceeds 2^48");
-    if (bucket < 1) return malformed("qsgd.bucket", bucket, "must be >= 1");
-    if (levels < 1 || levels > max_levels) return malformed("qsgd.levels", levels, "must be in [1, 32767]");
-    const std::size_t expect = payload_bytes(n, bucket, levels);
-    if (in.size() != expect)
-      return malformed("qsgd.payload_bytes", in.size(),
-                       "must be 16 + 4 ceil(n / bucket) + ceil(n bits / 8) = " + std::to_string(expect));
-    const detail::level_spec spec{bucket, levels, detail::bucket_norm::l2};
-    const std::byte* norms = in.data() + header_bytes;
-    const std::byte* codes = norms + 4 * detail::bucket_count(n, bucket);
-    ASHL_TRY(detail::levels_validate("qsgd", spec, n, norms, codes));
-    detail::levels_decode_add(spec, n, norms, codes, acc.data(), scale);
-    return {};
-  }
-
- private:
-  template <class T>
-  result<std::size_t> encode_impl(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
+  template <gradient_element T>
+  result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
     ASHL_TRY(validate());
     const std::size_t n = xv.size();
-    if (n > detail::bucketed_max_elements) return out_of_range("qsgd.input.size", n, "exceeds 2^48");
-    const std::size_t need = payload_bytes(n, opt_.bucket, opt_.levels);
-    if (out.size() < need)
-      return make_error(errc::buffer_too_small, "qsgd.out.size", out.size(),
-                        "bytes, fewer than max_encoded_bytes = " + std::to_string(need));
-    std::byte* const base = out.data();
-    detail::store_le<std::uint64_t>(base, n);
-    detail::store_le<std::uint32_t>(base + 8, opt_.bucket);
-    detail::store_le<std::uint32_t>(base + 12, opt_.levels);
-    std::byte* norms = base + header_bytes;
-    std::byte* codes = norms + 4 * detail::bucket_count(n, opt_.bucket);
+    auto w = detail::write_bucketed_header(payload_format, {n, opt_.bucket, opt_.levels}, out);
+    if (!w) return w.error();
+    const std::size_t need = w->bytes;
+    std::byte* norms = w->scales;
+    std::byte* codes = w->codes;
     const detail::level_spec spec{opt_.bucket, opt_.levels, detail::bucket_norm::l2};
     const std::uint64_t bad =
         detail::levels_encode(xv.data(), n, spec, detail::random_words(ctx.seed, ctx.step, ctx.tensor), norms, codes);
@@ -128,6 +88,19 @@ class qsgd {
                           "has a non-finite L2 norm (inf/NaN input or overflow)");
     return need;
   }
+
+  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
+                    const codec_context&) const {
+    const auto p = detail::read_bucketed_header(payload_format, in, info, acc.size(), scale);
+    if (!p) return p.error();
+    const std::uint64_t n = p->header.n;
+    const detail::level_spec spec{p->header.bucket, p->header.levels, detail::bucket_norm::l2};
+    ASHL_TRY(detail::levels_validate("qsgd", spec, n, p->scales, p->codes));
+    detail::levels_decode_add(spec, n, p->scales, p->codes, acc.data(), scale);
+    return {};
+  }
+
+ private:
 
   qsgd_options opt_{};
 };

@@ -81,15 +81,27 @@ class randomk {
     return {start, len, start + off};
   }
 
-  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out,
-                             const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
+  template <gradient_element T>
+  result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
+    ASHL_TRY(validate());
+    const std::size_t n = xv.size();
+    const std::size_t k = k_for(n);
+    if (n > detail::sparse_max_elements)
+      return out_of_range("randomk.input.size", n, "exceeds 2^32 (the count is u32)");
+    const std::size_t need = header_bytes + k * sizeof(T);
+    if (out.size() < need)
+      return make_error(errc::buffer_too_small, "randomk.out.size", out.size(),
+                        "bytes, fewer than max_encoded_bytes = " + std::to_string(need));
+    std::byte* const base = out.data();
+    detail::store_le<std::uint64_t>(base, n);
+    detail::store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(k));
+    detail::store_le<std::uint8_t>(base + 12, opt_.unbiased ? 1 : 0);
+    detail::store_le<std::uint64_t>(base + 13, ctx.seed);
+    std::byte* const val = base + header_bytes;
+    const philox_stream rng(ctx.seed, ctx.step, ctx.tensor);
+    const T* x = xv.data();
+    for (std::size_t j = 0; j < k; ++j) detail::store_le(val + sizeof(T) * j, detail::element_bits(x[draw(rng, n, k, j).index]));
+    return need;
   }
 
   status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
@@ -126,28 +138,6 @@ class randomk {
   }
 
  private:
-  template <class T>
-  result<std::size_t> encode_impl(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
-    ASHL_TRY(validate());
-    const std::size_t n = xv.size();
-    const std::size_t k = k_for(n);
-    if (n > detail::sparse_max_elements)
-      return out_of_range("randomk.input.size", n, "exceeds 2^32 (the count is u32)");
-    const std::size_t need = header_bytes + k * sizeof(T);
-    if (out.size() < need)
-      return make_error(errc::buffer_too_small, "randomk.out.size", out.size(),
-                        "bytes, fewer than max_encoded_bytes = " + std::to_string(need));
-    std::byte* const base = out.data();
-    detail::store_le<std::uint64_t>(base, n);
-    detail::store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(k));
-    detail::store_le<std::uint8_t>(base + 12, opt_.unbiased ? 1 : 0);
-    detail::store_le<std::uint64_t>(base + 13, ctx.seed);
-    std::byte* const val = base + header_bytes;
-    const philox_stream rng(ctx.seed, ctx.step, ctx.tensor);
-    const T* x = xv.data();
-    for (std::size_t j = 0; j < k; ++j) detail::store_le(val + sizeof(T) * j, detail::element_bits(x[draw(rng, n, k, j).index]));
-    return need;
-  }
 
   randomk_options opt_{};
 };

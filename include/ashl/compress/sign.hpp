@@ -18,6 +18,8 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
+#include <ashl/compress/detail/bucketed.hpp>
+#include <ashl/compress/layout.hpp>
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/detail/levels.hpp>
 #include <ashl/compress/detail/quantize.hpp>
@@ -44,7 +46,9 @@ class sign {
  public:
   using codec_concept = codec_tag;
   static constexpr codec_id id = codec_id::sign;
-  static constexpr std::size_t header_bytes = 12;  // n u64, bucket u32
+  static constexpr std::size_t header_bytes = layout::sign::header_bytes;  // n u64, bucket u32
+  static constexpr detail::bucketed_format payload_format{
+      "sign", header_bytes, layout::sign::code_bits, "ceil(n / 8)", "sign.n", "sign.bucket", ""};
 
   sign() = default;
   explicit sign(sign_options o) : opt_(o) {}
@@ -56,42 +60,57 @@ class sign {
   }
 
   static std::size_t payload_bytes(std::uint64_t n, std::uint32_t bucket) noexcept {
-    return header_bytes + 4 * detail::bucket_count(n, bucket) + detail::packed_bytes(n, 1);
+    return layout::sign_payload_bytes(n, bucket);
   }
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
     return payload_bytes(n, opt_.bucket == 0 ? 1 : opt_.bucket);
   }
   [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
 
-  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out,
-                             const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
+  template <gradient_element T>
+  result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context&) const {
+    ASHL_TRY(validate());
+    const std::size_t n = xv.size();
+    auto w = detail::write_bucketed_header(payload_format, {n, opt_.bucket}, out);
+    if (!w) return w.error();
+    const std::size_t need = w->bytes;
+    std::byte* scales = w->scales;
+    std::byte* bits = w->codes;
+    // Chunks of 1024 elements (multiples of 8, so each starts on a bit
+    // byte): the scales of the buckets a chunk touches first (a bucket of
+    // up to a chunk stays in L1 for its bits), then the chunk's bits.
+    const T* x = xv.data();
+    const std::uint64_t B = opt_.bucket;
+    float xbuf[detail::chunk], sbuf[detail::chunk];
+    std::uint64_t scaled = 0;
+    for (std::uint64_t c0 = 0; c0 < n; c0 += detail::chunk) {
+      const std::size_t m = static_cast<std::size_t>(n - c0 < detail::chunk ? n - c0 : detail::chunk);
+      for (const std::uint64_t last = (c0 + m - 1) / B; scaled <= last; ++scaled) {
+        const std::uint64_t lo = scaled * B, len = lo + B < n ? B : n - lo;
+        double sum = 0.0;
+        for (std::uint64_t p = 0; p < len; p += detail::chunk) {
+          const std::size_t k = static_cast<std::size_t>(len - p < detail::chunk ? len - p : detail::chunk);
+          sum += detail::sum_abs_f64(detail::as_float(x + lo + p, k, sbuf), k);
+        }
+        const float d = static_cast<float>(sum / static_cast<double>(len));
+        if (!std::isfinite(d))
+          return out_of_range("sign.input.bucket[" + std::to_string(scaled) + "]", scaled,
+                              "has a non-finite mean |x| (inf/NaN input)");
+        detail::store_le<float>(scales + 4 * scaled, d);
+      }
+      detail::negative_bits(detail::as_float(x + c0, m, xbuf), m, bits + c0 / 8);
+    }
+    return need;
   }
 
   status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
                     const codec_context&) const {
-    ASHL_TRY(detail::check_decode_args("sign", info.type, info.count, acc.size(), scale));
-    byte_reader r(in);
-    std::uint64_t n = 0;
-    std::uint32_t bucket = 0;
-    ASHL_TRY(r.get(n, "sign.n"));
-    ASHL_TRY(r.get(bucket, "sign.bucket"));
-    if (n != info.count) return malformed("sign.n", n, "must equal info.count = " + std::to_string(info.count));
-    if (n > detail::bucketed_max_elements) return malformed("sign.n", n, "exceeds 2^48");
-    if (bucket < 1) return malformed("sign.bucket", bucket, "must be >= 1");
-    const std::size_t expect = payload_bytes(n, bucket);
-    if (in.size() != expect)
-      return malformed("sign.payload_bytes", in.size(),
-                       "must be 12 + 4 ceil(n / bucket) + ceil(n / 8) = " + std::to_string(expect));
+    const auto p = detail::read_bucketed_header(payload_format, in, info, acc.size(), scale);
+    if (!p) return p.error();
+    const std::uint64_t n = p->header.n, bucket = p->header.bucket;
     const std::uint64_t nb = detail::bucket_count(n, bucket);
-    const std::byte* scales = in.data() + header_bytes;
-    const std::byte* bits = scales + 4 * nb;
+    const std::byte* scales = p->scales;
+    const std::byte* bits = p->codes;
     for (std::uint64_t b = 0; b < nb; ++b) {
       const float d = detail::load_le<float>(scales + 4 * b);
       if (!(std::isfinite(d) && d >= 0.0f))
@@ -121,47 +140,6 @@ class sign {
   }
 
  private:
-  template <class T>
-  result<std::size_t> encode_impl(host_view<const T> xv, std::span<std::byte> out, const codec_context&) const {
-    ASHL_TRY(validate());
-    const std::size_t n = xv.size();
-    if (n > detail::bucketed_max_elements) return out_of_range("sign.input.size", n, "exceeds 2^48");
-    const std::size_t need = payload_bytes(n, opt_.bucket);
-    if (out.size() < need)
-      return make_error(errc::buffer_too_small, "sign.out.size", out.size(),
-                        "bytes, fewer than max_encoded_bytes = " + std::to_string(need));
-    std::byte* const base = out.data();
-    detail::store_le<std::uint64_t>(base, n);
-    detail::store_le<std::uint32_t>(base + 8, opt_.bucket);
-    const std::uint64_t nb = detail::bucket_count(n, opt_.bucket);
-    std::byte* scales = base + header_bytes;
-    std::byte* bits = scales + 4 * nb;
-    // Chunks of 1024 elements (multiples of 8, so each starts on a bit
-    // byte): the scales of the buckets a chunk touches first (a bucket of
-    // up to a chunk stays in L1 for its bits), then the chunk's bits.
-    const T* x = xv.data();
-    const std::uint64_t B = opt_.bucket;
-    float xbuf[detail::chunk], sbuf[detail::chunk];
-    std::uint64_t scaled = 0;
-    for (std::uint64_t c0 = 0; c0 < n; c0 += detail::chunk) {
-      const std::size_t m = static_cast<std::size_t>(n - c0 < detail::chunk ? n - c0 : detail::chunk);
-      for (const std::uint64_t last = (c0 + m - 1) / B; scaled <= last; ++scaled) {
-        const std::uint64_t lo = scaled * B, len = lo + B < n ? B : n - lo;
-        double sum = 0.0;
-        for (std::uint64_t p = 0; p < len; p += detail::chunk) {
-          const std::size_t k = static_cast<std::size_t>(len - p < detail::chunk ? len - p : detail::chunk);
-          sum += detail::sum_abs_f64(detail::as_float(x + lo + p, k, sbuf), k);
-        }
-        const float d = static_cast<float>(sum / static_cast<double>(len));
-        if (!std::isfinite(d))
-          return out_of_range("sign.input.bucket[" + std::to_string(scaled) + "]", scaled,
-                              "has a non-finite mean |x| (inf/NaN input)");
-        detail::store_le<float>(scales + 4 * scaled, d);
-      }
-      detail::negative_bits(detail::as_float(x + c0, m, xbuf), m, bits + c0 / 8);
-    }
-    return need;
-  }
 
   sign_options opt_{};
 };

@@ -20,6 +20,8 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
+#include <ashl/compress/detail/bucketed.hpp>
+#include <ashl/compress/layout.hpp>
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/detail/levels.hpp>
 #include <ashl/core/bytes.hpp>
@@ -44,7 +46,9 @@ class terngrad {
  public:
   using codec_concept = codec_tag;
   static constexpr codec_id id = codec_id::terngrad;
-  static constexpr std::size_t header_bytes = 12;  // n u64, bucket u32
+  static constexpr std::size_t header_bytes = layout::terngrad::header_bytes;  // n u64, bucket u32
+  static constexpr detail::bucketed_format payload_format{
+      "terngrad", header_bytes, layout::terngrad::code_bits, "ceil(n / 4)", "terngrad.n", "terngrad.bucket", ""};
 
   terngrad() = default;
   explicit terngrad(terngrad_options o) : opt_(o) {}
@@ -56,62 +60,22 @@ class terngrad {
   }
 
   static std::size_t payload_bytes(std::uint64_t n, std::uint32_t bucket) noexcept {
-    return header_bytes + 4 * detail::bucket_count(n, bucket) + detail::packed_bytes(n, 2);
+    return layout::terngrad_payload_bytes(n, bucket);
   }
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
     return payload_bytes(n, opt_.bucket == 0 ? 1 : opt_.bucket);
   }
   [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
 
-  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out,
-                             const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-
-  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
-                    const codec_context&) const {
-    ASHL_TRY(detail::check_decode_args("terngrad", info.type, info.count, acc.size(), scale));
-    byte_reader r(in);
-    std::uint64_t n = 0;
-    std::uint32_t bucket = 0;
-    ASHL_TRY(r.get(n, "terngrad.n"));
-    ASHL_TRY(r.get(bucket, "terngrad.bucket"));
-    if (n != info.count) return malformed("terngrad.n", n, "must equal info.count = " + std::to_string(info.count));
-    if (n > detail::bucketed_max_elements) return malformed("terngrad.n", n, "exceeds 2^48");
-    if (bucket < 1) return malformed("terngrad.bucket", bucket, "must be >= 1");
-    const std::size_t expect = payload_bytes(n, bucket);
-    if (in.size() != expect)
-      return malformed("terngrad.payload_bytes", in.size(),
-                       "must be 12 + 4 ceil(n / bucket) + ceil(n / 4) = " + std::to_string(expect));
-    const detail::level_spec spec{bucket, 1, detail::bucket_norm::max_abs};
-    const std::byte* scales = in.data() + header_bytes;
-    const std::byte* codes = scales + 4 * detail::bucket_count(n, bucket);
-    ASHL_TRY(detail::levels_validate("terngrad", spec, n, scales, codes));
-    detail::levels_decode_add(spec, n, scales, codes, acc.data(), scale);
-    return {};
-  }
-
- private:
-  template <class T>
-  result<std::size_t> encode_impl(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
+  template <gradient_element T>
+  result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
     ASHL_TRY(validate());
     const std::size_t n = xv.size();
-    if (n > detail::bucketed_max_elements) return out_of_range("terngrad.input.size", n, "exceeds 2^48");
-    const std::size_t need = payload_bytes(n, opt_.bucket);
-    if (out.size() < need)
-      return make_error(errc::buffer_too_small, "terngrad.out.size", out.size(),
-                        "bytes, fewer than max_encoded_bytes = " + std::to_string(need));
-    std::byte* const base = out.data();
-    detail::store_le<std::uint64_t>(base, n);
-    detail::store_le<std::uint32_t>(base + 8, opt_.bucket);
-    std::byte* scales = base + header_bytes;
-    std::byte* codes = scales + 4 * detail::bucket_count(n, opt_.bucket);
+    auto w = detail::write_bucketed_header(payload_format, {n, opt_.bucket}, out);
+    if (!w) return w.error();
+    const std::size_t need = w->bytes;
+    std::byte* scales = w->scales;
+    std::byte* codes = w->codes;
     const detail::level_spec spec{opt_.bucket, 1, detail::bucket_norm::max_abs};
     const std::uint64_t bad =
         detail::levels_encode(xv.data(), n, spec, detail::random_words(ctx.seed, ctx.step, ctx.tensor), scales, codes);
@@ -120,6 +84,19 @@ class terngrad {
                           "has a non-finite max |x| (inf/NaN input)");
     return need;
   }
+
+  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
+                    const codec_context&) const {
+    const auto p = detail::read_bucketed_header(payload_format, in, info, acc.size(), scale);
+    if (!p) return p.error();
+    const std::uint64_t n = p->header.n;
+    const detail::level_spec spec{p->header.bucket, 1, detail::bucket_norm::max_abs};
+    ASHL_TRY(detail::levels_validate("terngrad", spec, n, p->scales, p->codes));
+    detail::levels_decode_add(spec, n, p->scales, p->codes, acc.data(), scale);
+    return {};
+  }
+
+ private:
 
   terngrad_options opt_{};
 };

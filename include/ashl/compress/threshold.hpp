@@ -64,25 +64,8 @@ class threshold {
     return cap == 0 ? 0 : 8 * detail::topk_candidate_capacity(n, cap) + 7;
   }
 
-  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out,
-                             const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-
-  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
-                    const codec_context&) const {
-    return detail::decode_add_pairs("threshold", in, info, acc, scale, /*require_nonempty=*/false);
-  }
-
- private:
-  template <class T>
-  result<std::size_t> encode_impl(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
+  template <gradient_element T>
+  result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
     ASHL_TRY(validate());
     const std::size_t n = xv.size();
     const std::size_t cap = cap_for(n);
@@ -94,6 +77,13 @@ class threshold {
     if (c > cap) return detail::encode_topk(x, n, cap, ctx.scratch, out);
     return detail::write_keys_in(x, n, lo, hi, c, out);
   }
+
+  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
+                    const codec_context&) const {
+    return detail::decode_add_pairs("threshold", in, info, acc, scale, /*require_nonempty=*/false);
+  }
+
+ private:
 
   threshold_options opt_{};
 };

@@ -62,15 +62,13 @@ class topk {
     return 8 * detail::topk_candidate_capacity(n, k_for(n)) + 7;
   }
 
-  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context& ctx) const {
-    return encode_impl(x, out, ctx.scratch);
-  }
-  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context& ctx) const {
-    return encode_impl(x, out, ctx.scratch);
-  }
-  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out,
-                             const codec_context& ctx) const {
-    return encode_impl(x, out, ctx.scratch);
+  template <gradient_element T>
+  result<std::size_t> encode(host_view<const T> x, std::span<std::byte> out, const codec_context& ctx) const {
+    ASHL_TRY(validate());
+    const std::size_t n = x.size();
+    const std::size_t k = k_for(n);
+    ASHL_TRY(detail::check_sparse_encode("topk", n, out.size(), detail::sparse_payload_bytes(k, dtype_of<T>)));
+    return detail::encode_topk(x.data(), n, k, ctx.scratch, out);
   }
 
   // Accepts any k in [1, n] (a server does not know the sender's ratio).
@@ -80,16 +78,6 @@ class topk {
   }
 
  private:
-  template <class T>
-  result<std::size_t> encode_impl(host_view<const T> x, std::span<std::byte> out,
-                                  std::span<std::byte> scratch) const {
-    ASHL_TRY(validate());
-    const std::size_t n = x.size();
-    const std::size_t k = k_for(n);
-    ASHL_TRY(detail::check_sparse_encode("topk", n, out.size(), detail::sparse_payload_bytes(k, dtype_of<T>)));
-    return detail::encode_topk(x.data(), n, k, scratch, out);
-  }
-
   detail::k_spec spec_{};
 };
 

@@ -108,25 +108,8 @@ class topk_sampled {
     return std::max({4 * sample_size, 8 * hi_for(n), exact}) + 7;
   }
 
-  result<std::size_t> encode(host_view<const float> x, std::span<std::byte> out, const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const half> x, std::span<std::byte> out, const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-  result<std::size_t> encode(host_view<const bfloat16> x, std::span<std::byte> out,
-                             const codec_context& ctx) const {
-    return encode_impl(x, out, ctx);
-  }
-
-  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
-                    const codec_context&) const {
-    return detail::decode_add_pairs("topk_sampled", in, info, acc, scale, /*require_nonempty=*/false);
-  }
-
- private:
-  template <class T>
-  result<std::size_t> encode_impl(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
+  template <gradient_element T>
+  result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
     ASHL_TRY(validate());
     const std::size_t n = xv.size();
     const std::size_t hi = hi_for(n);
@@ -226,6 +209,13 @@ class topk_sampled {
     detail::finish_topk<T>(k, 0, 0, 0, buf, cs.ge, idx, idx + 4 * k);
     return detail::sparse_payload_bytes(k, dtype_of<T>);
   }
+
+  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
+                    const codec_context&) const {
+    return detail::decode_add_pairs("topk_sampled", in, info, acc, scale, /*require_nonempty=*/false);
+  }
+
+ private:
 
   // The selection of one pass over x at θ: the elements >= θ when they are
   // [lo, hi], the ties rule when only equal keys make too many, else exact

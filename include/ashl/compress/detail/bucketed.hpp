@@ -1,0 +1,107 @@
+// ashl/compress/detail/bucketed.hpp — the header of a bucketed payload
+// (qsgd, terngrad, sign), written and read in one place.
+//
+//   constexpr detail::bucketed_format fmt{"sign", layout::sign::header_bytes, 1, "ceil(n / 8)",
+//                                         "sign.n", "sign.bucket", ""};
+//   auto w = detail::write_bucketed_header(fmt, {n, bucket}, out);          // encode: w->scales, w->codes
+//   auto r = detail::read_bucketed_header(fmt, in, info, acc.size(), scale);  // decode: r->header.n
+//
+// Layout (compress/layout.hpp): u64 n, u32 bucket, [u32 levels,] f32
+// scale[ceil(n / bucket)], then n codes of a fixed width packed LSB-first.
+// The writer checks n and the output size; the reader checks the decode
+// arguments, every header field, and the exact payload size, with the error
+// messages the codecs gave before (the field names come from the format).
+// docs/wire-format.md "Codec payloads"; ALGORITHMS.md §4.
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/compress/detail/host_simd.hpp>
+#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/layout.hpp>
+#include <ashl/core/bytes.hpp>
+#include <ashl/core/status.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+ASHL_DETAIL_COMPRESS_HOST_BEGIN
+namespace detail {
+
+// One bucketed payload kind.
+struct bucketed_format {
+  std::string_view codec;         // "qsgd": prefix of the encode-side fields
+  std::uint64_t header_bytes;     // layout::<codec>::header_bytes
+  unsigned code_bits;             // bits per element; 0: from the levels field (qsgd)
+  std::string_view size_rule;     // how the codes' bytes follow from n, for the size message
+  std::string_view n_field, bucket_field, levels_field;  // "qsgd.n", ...; levels_field only for qsgd
+  std::uint32_t max_levels = 0;   // qsgd: the largest levels field accepted
+};
+
+struct bucketed_header {
+  std::uint64_t n = 0;
+  std::uint32_t bucket = 0;
+  std::uint32_t levels = 0;  // qsgd only
+};
+
+inline std::uint64_t bucketed_bytes(const bucketed_format& f, const bucketed_header& h) noexcept {
+  const unsigned bits = f.code_bits != 0 ? f.code_bits : layout::qsgd_code_bits(h.levels);
+  return layout::bucketed_payload_bytes(f.header_bytes, h.n, h.bucket, bits);
+}
+
+// Where the scales and the codes go (encode) or come from (decode).
+template <class Byte>
+struct bucketed_parts {
+  bucketed_header header;
+  Byte* scales = nullptr;
+  Byte* codes = nullptr;
+  std::size_t bytes = 0;  // the whole payload
+};
+
+// Checks n and out's size, writes the header.
+inline result<bucketed_parts<std::byte>> write_bucketed_header(const bucketed_format& f, const bucketed_header& h,
+                                                               std::span<std::byte> out) {
+  if (h.n > layout::bucketed_max_elements)
+    return out_of_range(std::string(f.codec) + ".input.size", h.n, "exceeds 2^48");
+  const std::size_t need = bucketed_bytes(f, h);
+  if (out.size() < need)
+    return make_error(errc::buffer_too_small, std::string(f.codec) + ".out.size", out.size(),
+                      "bytes, fewer than max_encoded_bytes = " + std::to_string(need));
+  std::byte* const base = out.data();
+  store_le<std::uint64_t>(base, h.n);
+  store_le<std::uint32_t>(base + 8, h.bucket);
+  if (f.code_bits == 0) store_le<std::uint32_t>(base + 12, h.levels);
+  std::byte* scales = base + f.header_bytes;
+  return bucketed_parts<std::byte>{h, scales, scales + 4 * layout::bucket_count(h.n, h.bucket), need};
+}
+
+// Checks the decode arguments, the header's fields and the payload's size.
+inline result<bucketed_parts<const std::byte>> read_bucketed_header(const bucketed_format& f,
+                                                                    std::span<const std::byte> in, payload_info info,
+                                                                    std::size_t acc_size, float scale) {
+  ASHL_TRY(check_decode_args(f.codec, info.type, info.count, acc_size, scale));
+  byte_reader r(in);
+  bucketed_header h;
+  ASHL_TRY(r.get(h.n, f.n_field));
+  ASHL_TRY(r.get(h.bucket, f.bucket_field));
+  if (f.code_bits == 0) ASHL_TRY(r.get(h.levels, f.levels_field));
+  if (h.n != info.count)
+    return malformed(f.n_field, h.n, "must equal info.count = " + std::to_string(info.count));
+  if (h.n > layout::bucketed_max_elements) return malformed(f.n_field, h.n, "exceeds 2^48");
+  if (h.bucket < 1) return malformed(f.bucket_field, h.bucket, "must be >= 1");
+  if (f.code_bits == 0 && (h.levels < 1 || h.levels > f.max_levels))
+    return malformed(f.levels_field, h.levels, "must be in [1, " + std::to_string(f.max_levels) + "]");
+  const std::size_t expect = bucketed_bytes(f, h);
+  if (in.size() != expect)
+    return malformed(std::string(f.codec) + ".payload_bytes", in.size(),
+                     "must be " + std::to_string(f.header_bytes) + " + 4 ceil(n / bucket) + " +
+                         std::string(f.size_rule) + " = " + std::to_string(expect));
+  const std::byte* scales = in.data() + f.header_bytes;
+  return bucketed_parts<const std::byte>{h, scales, scales + 4 * layout::bucket_count(h.n, h.bucket), expect};
+}
+
+}  // namespace detail
+ASHL_DETAIL_COMPRESS_HOST_END
