@@ -53,7 +53,9 @@
 #include <ashl/compress/cuda/randomk.cuh>
 #include <ashl/compress/cuda/sign.cuh>
 #include <ashl/compress/cuda/terngrad.cuh>
+#include <ashl/compress/cuda/threshold.cuh>
 #include <ashl/compress/cuda/topk.cuh>
+#include <ashl/compress/cuda/topk_sampled.cuh>
 #include <ashl/compress/registry.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/core/tensor_view.hpp>
@@ -244,7 +246,11 @@ class device_worker {
   [[nodiscard]] codec_id codec() const { return im_->wk->codec(); }
   [[nodiscard]] const shard_layout& layout() const noexcept { return im_->wk->layout(); }
   [[nodiscard]] std::uint64_t staleness() const { return im_->wk->staleness(); }
-  bool iteration_done() { return im_->wk->iteration_done(); }
+  bool iteration_done() {
+    const bool done = im_->wk->iteration_done();
+    if (done) im_->ready = true;
+    return done;
+  }
 
   // Sends `update` (device memory, all the model's elements), encoded on
   // `stream` when the plan compresses, with the pull; returns once the
@@ -290,6 +296,7 @@ class device_worker {
     cudaEvent_t params_copied = nullptr;
     bool params_pending = false;  // a copy to the device was enqueued after the event's last query
     bool in_flight = false;       // a commit or pull not yet completed by wait(): staging is in use
+    bool ready = false;           // iteration_done() said true since the last commit: the residual may change
     pinned_buffer host_params;    // pull replies land here
     pinned_buffer staging;        // commit payloads (or the dense update) wait here
     pinned_buffer control;        // d_used and the report, read back after the stream sync
@@ -376,13 +383,21 @@ class device_worker {
         return invalid_argument("device_worker.commit.update.size", update.size(),
                                 "must be the model's " + std::to_string(n) + " elements");
       ASHL_TRY(idle("device_worker.commit"));
+      // Checked here, not only by ps::worker: the error-feedback residual
+      // changes as soon as the update is encoded.
+      if (!ready)
+        return invalid_argument("device_worker.commit.iterations", "incomplete",
+                                "the plan's cycle is not complete: call iteration_done() until it returns true");
       ASHL_TRY(params_free());
       if (wk->compresses()) {
         status st;
         const bool has = detail::with_device_codec(wk->codec(), wk->plan().compression_ratio,
                                                    [&](auto c) { (void)(st = encode_on_device(c, update, s)); });
         if (has) {
-          if (st.ok()) in_flight = true;
+          if (st.ok()) {
+            in_flight = true;
+            ready = false;
+          }
           return st;
         }
         ++tel.host_encoded;
@@ -399,6 +414,7 @@ class device_worker {
       tel.bytes_to_host += bytes;
       ASHL_TRY(wk->commit(std::span<const float>(reinterpret_cast<const float*>(staging.data()), n)));
       in_flight = true;
+      ready = false;
       return {};
     }
 
