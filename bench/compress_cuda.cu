@@ -7,7 +7,13 @@
 // f32 and bf16 inputs; codecs: copy (cudaMemcpyAsync D2D, the bandwidth
 // ceiling), bf16 cast (f32 input only), fp16 cast, exact top-k at k = 1 % and
 // 0.1 %, random-k 1 %, qsgd (127 levels, bucket 512), terngrad, sign,
-// natural (stochastic codecs with a fixed codec_context). Method (docs/perf/compress-gpu.md): scratch and outputs allocated
+// natural, threshold (theta 2, about 4.6 % of normal data, cap 10 %), sampled
+// top-k 1 %, and the decorators error_feedback<topk 1 %> and dgc<topk 1 %>
+// (stochastic codecs with a fixed codec_context). Every codec is called
+// through the one device-codec concept (compress/cuda/concepts.cuh). The
+// payload of a data-dependent size (threshold, topk_sampled) is read back
+// from device_output::d_used after the runs; `ratio` is payload bytes over
+// input bytes. Method (docs/perf/compress-gpu.md): scratch and outputs allocated
 // once per case; inputs rotate over enough buffers that the working set
 // exceeds the L2 cache; warm-up runs, then each run timed alone with CUDA
 // events on one stream; the median is reported with min and max. Copy
@@ -15,12 +21,17 @@
 // bytes read once. Prints a table, then one JSON object per case. Never an
 // assertion on time.
 #include <ashl/compress/cuda/cast.cuh>
+#include <ashl/compress/cuda/concepts.cuh>
+#include <ashl/compress/cuda/dgc.cuh>
+#include <ashl/compress/cuda/error_feedback.cuh>
 #include <ashl/compress/cuda/natural.cuh>
 #include <ashl/compress/cuda/qsgd.cuh>
 #include <ashl/compress/cuda/randomk.cuh>
 #include <ashl/compress/cuda/sign.cuh>
 #include <ashl/compress/cuda/terngrad.cuh>
+#include <ashl/compress/cuda/threshold.cuh>
 #include <ashl/compress/cuda/topk.cuh>
+#include <ashl/compress/cuda/topk_sampled.cuh>
 
 #include <ashl/compress/cast.hpp>
 #include <ashl/compress/natural.hpp>
@@ -28,7 +39,9 @@
 #include <ashl/compress/randomk.hpp>
 #include <ashl/compress/sign.hpp>
 #include <ashl/compress/terngrad.hpp>
+#include <ashl/compress/threshold.hpp>
 #include <ashl/compress/topk.hpp>
+#include <ashl/compress/topk_sampled.hpp>
 
 #include <cuda_runtime.h>
 
@@ -88,11 +101,17 @@ struct result_row {
   timing t;
 };
 
+// Payload bytes over input bytes (the copy row: 1).
+double ratio(const result_row& r) {
+  const double in = r.codec == "copy" ? static_cast<double>(r.payload) : r.read_bytes;
+  return in > 0 ? static_cast<double>(r.payload) / in : 0.0;
+}
+
 void print_json(const result_row& r) {
   std::printf(
       "{\"bench\":\"compress_cuda\",\"codec\":\"%s\",\"dtype\":\"%s\",\"n\":%zu,\"k\":%zu,\"payload_bytes\":%zu,"
-      "\"median_us\":%.3f,\"min_us\":%.3f,\"max_us\":%.3f,\"gbps\":%.2f}\n",
-      r.codec.c_str(), r.dtype.c_str(), r.n, r.k, r.payload, r.t.median_us, r.t.min_us, r.t.max_us,
+      "\"ratio\":%.6f,\"median_us\":%.3f,\"min_us\":%.3f,\"max_us\":%.3f,\"gbps\":%.2f}\n",
+      r.codec.c_str(), r.dtype.c_str(), r.n, r.k, r.payload, ratio(r), r.t.median_us, r.t.min_us, r.t.max_us,
       r.t.median_us > 0 ? r.read_bytes / (r.t.median_us * 1e3) : 0.0);
 }
 
@@ -127,36 +146,27 @@ bool run_size(std::size_t n, int warmup, int runs, cudaStream_t stream, std::vec
     });
     rows.push_back(r);
   }
-  auto codec_case = [&](const char* name, const auto& codec, std::size_t k) {
-    std::size_t scratch_bytes = 0, used = 0;
-    if (!cc::cuda::encode(codec, nullptr, scratch_bytes, view(0), ov, used, stream).ok()) return false;
-    void* scratch = nullptr;
-    if (!ok(cudaMalloc(&scratch, scratch_bytes), "cudaMalloc scratch")) return false;
-    result_row r{name, dt, n, k, used, static_cast<double>(bytes), {}};
-    r.t = time_runs(stream, warmup, runs, [&](int i) {
-      const ashl::status s = cc::cuda::encode(codec, scratch, scratch_bytes, view(i), ov, used, stream);
-      if (!s.ok()) std::fprintf(stderr, "%s: %s\n", name, s.message().c_str());
-      return s.ok();
-    });
-    rows.push_back(r);
-    cudaFree(scratch);
-    return true;
-  };
-  // The stochastic codecs take a codec_context (and a device report, unread here).
+  // Every codec through the one call shape; `codec` by value, so the
+  // decorators keep their state across the runs of a case.
   const ashl::compress::codec_context ctx{.seed = 42, .step = 7, .tensor = 1};
-  auto ctx_case = [&](const char* name, const auto& codec, std::size_t k) {
-    std::size_t scratch_bytes = 0, used = 0;
-    if (!cc::cuda::encode(codec, nullptr, scratch_bytes, view(0), ov, used, ctx, stream).ok()) return false;
-    void* scratch = nullptr;
-    if (!ok(cudaMalloc(&scratch, scratch_bytes), "cudaMalloc scratch")) return false;
-    result_row r{name, dt, n, k, used, static_cast<double>(bytes), {}};
+  std::uint64_t* d_used = nullptr;
+  if (!ok(cudaMalloc(&d_used, sizeof(std::uint64_t)), "cudaMalloc d_used")) return false;
+  auto codec_case = [&](const char* name, auto codec, std::size_t k) {
+    cc::cuda::device_output o{.bytes = ov, .d_used = d_used};
+    cc::cuda::device_scratch scratch{};
+    if (!cc::cuda::encode(codec, view(0), o, ctx, scratch, nullptr, stream).ok()) return false;
+    if (!ok(cudaMalloc(&scratch.data, scratch.bytes == 0 ? 1 : scratch.bytes), "cudaMalloc scratch")) return false;
+    result_row r{name, dt, n, k, o.used, static_cast<double>(bytes), {}};
     r.t = time_runs(stream, warmup, runs, [&](int i) {
-      const ashl::status s = cc::cuda::encode(codec, scratch, scratch_bytes, view(i), ov, used, ctx, stream);
+      const ashl::status s = cc::cuda::encode(codec, view(i), o, ctx, scratch, nullptr, stream);
       if (!s.ok()) std::fprintf(stderr, "%s: %s\n", name, s.message().c_str());
       return s.ok();
     });
+    std::uint64_t used = 0;
+    if (!ok(cudaMemcpy(&used, d_used, sizeof used, cudaMemcpyDeviceToHost), "d_used")) return false;
+    r.payload = static_cast<std::size_t>(used);
     rows.push_back(r);
-    cudaFree(scratch);
+    cudaFree(scratch.data);
     return true;
   };
   bool good = true;
@@ -164,11 +174,16 @@ bool run_size(std::size_t n, int warmup, int runs, cudaStream_t stream, std::vec
   good &= codec_case("fp16_cast", cc::fp16{}, n);
   good &= codec_case("topk_1%", cc::topk{0.01}, cc::topk{0.01}.k_for(n));
   good &= codec_case("topk_0.1%", cc::topk{0.001}, cc::topk{0.001}.k_for(n));
-  good &= ctx_case("randomk_1%", cc::randomk{{0.01, 0, false}}, cc::randomk{{0.01, 0, false}}.k_for(n));
-  good &= ctx_case("qsgd_127", cc::qsgd{}, n);
-  good &= ctx_case("terngrad", cc::terngrad{}, n);
-  good &= ctx_case("sign", cc::sign{}, n);
-  good &= ctx_case("natural", cc::natural{}, n);
+  good &= codec_case("randomk_1%", cc::randomk{{0.01, 0, false}}, cc::randomk{{0.01, 0, false}}.k_for(n));
+  good &= codec_case("qsgd_127", cc::qsgd{}, n);
+  good &= codec_case("terngrad", cc::terngrad{}, n);
+  good &= codec_case("sign", cc::sign{}, n);
+  good &= codec_case("natural", cc::natural{}, n);
+  good &= codec_case("threshold", cc::threshold{{.theta = 2.0f, .max_ratio = 0.1}}, 0);
+  good &= codec_case("topk_s_1%", cc::topk_sampled{0.01}, cc::topk_sampled{0.01}.k_for(n));
+  good &= codec_case("ef_topk_1%", cc::cuda::error_feedback<cc::topk>{cc::topk{0.01}}, cc::topk{0.01}.k_for(n));
+  good &= codec_case("dgc_topk_1%", cc::cuda::dgc<cc::topk>{cc::topk{0.01}}, cc::topk{0.01}.k_for(n));
+  cudaFree(d_used);
   for (auto* p : in) cudaFree(p);
   cudaFree(out);
   return good;
@@ -189,11 +204,16 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // Skip only without a device (or without any driver); any other error fails.
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+  const cudaError_t de = cudaGetDeviceCount(&devices);
+  int driver = 0;
+  cudaDriverGetVersion(&driver);
+  if ((de == cudaSuccess && devices == 0) || de == cudaErrorNoDevice || (de != cudaSuccess && driver == 0)) {
     std::puts("SKIPPED: no CUDA device");
     return 77;
   }
+  if (!ok(de, "cudaGetDeviceCount")) return 1;
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   std::printf("# device: %s (sm_%d%d, %d SMs, L2 %d MiB)\n", prop.name, prop.major, prop.minor,
@@ -210,15 +230,15 @@ int main(int argc, char** argv) {
     if (!run_size<float>(n, warmup, runs, stream, rows)) return 1;
     if (!run_size<ashl::bfloat16>(n, warmup, runs, stream, rows)) return 1;
   }
-  std::printf("%-10s %-5s %11s %10s %12s %11s %11s %9s %8s\n", "codec", "dtype", "n", "k", "payload_B", "median_us",
-              "min_us", "GB/s", "vs_copy");
+  std::printf("%-12s %-5s %11s %10s %12s %9s %11s %11s %9s %8s\n", "codec", "dtype", "n", "k", "payload_B", "ratio",
+              "median_us", "min_us", "GB/s", "vs_copy");
   for (const auto& r : rows) {
     // vs_copy: the copy of the same input (same n and dtype) over this codec's median time.
     double copy_us = 0;
     for (const auto& c : rows)
       if (c.codec == "copy" && c.n == r.n && c.dtype == r.dtype) copy_us = c.t.median_us;
-    std::printf("%-10s %-5s %11zu %10zu %12zu %11.1f %11.1f %9.1f %8.3f\n", r.codec.c_str(), r.dtype.c_str(), r.n,
-                r.k, r.payload, r.t.median_us, r.t.min_us,
+    std::printf("%-12s %-5s %11zu %10zu %12zu %9.5f %11.1f %11.1f %9.1f %8.3f\n", r.codec.c_str(), r.dtype.c_str(),
+                r.n, r.k, r.payload, ratio(r), r.t.median_us, r.t.min_us,
                 r.t.median_us > 0 ? r.read_bytes / (r.t.median_us * 1e3) : 0.0,
                 r.t.median_us > 0 ? copy_us / r.t.median_us : 0.0);
   }

@@ -4,10 +4,13 @@
 # it builds only the GPU tests, the benchmark and the .cuh header check):
 #   1. configure with the cuda preset (build/cuda),
 #   2. build the GPU tests and the benchmark,
-#   3. run ctest -L gpu,
-#   4. run ashl_bench_compress_cuda (every device codec against a D2D copy;
-#      torch.topk too when torch is installed),
-#   5. print a short summary table last.
+#   3. run ctest -L gpu (every test/cuda/*.cu: the device codecs, threshold,
+#      topk_sampled, error_feedback/dgc, odr, and the ps/coll device tests),
+#   4. run ashl_bench_compress_cuda (every device codec and decorator against
+#      a D2D copy, with the compression ratio; torch.topk too when torch is
+#      installed),
+#   5. print a short summary table last: each GPU test's verdict, then the
+#      benchmark's largest cases.
 # Usage: bench/gpu/run.sh [--quick]     (--quick: sizes 2^20..2^22 and 25,557,032 only)
 # Output: build/cuda/gpu-run/{ctest.log,bench.log,bench.jsonl}; also copied to
 # $OUT when that variable names a directory.
@@ -54,17 +57,19 @@ if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then cp "$log"/*.log "$log"/bench.jsonl
 
 echo
 echo "==== summary ($(( $(date +%s) - start )) s) ===="
-grep -E "tests passed|tests failed|Skipped|Failed|\*\*\*" "$log/ctest.log" | head -12
+grep -E "Test +#[0-9]+:" "$log/ctest.log" | sed -E 's/^ *[0-9]+\/[0-9]+ +Test +#[0-9]+: +//; s/ \.+/ /' | head -40
+grep -E "tests passed|tests failed" "$log/ctest.log" | head -2
 echo "ctest exit: $ctest_rc   bench exit: $bench_rc"
 python3 - "$log/bench.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 copy = {(r["n"], r["dtype"]): r["median_us"] for r in rows if r["codec"] == "copy"}
 big = [r for r in rows if r["n"] in (25557032, max((r["n"] for r in rows), default=0))]
-print(f'{"codec":<16}{"dtype":<6}{"n":>11}{"median_us":>12}{"GB/s":>9}{"vs_copy":>9}')
+print(f'{"codec":<16}{"dtype":<6}{"n":>11}{"ratio":>9}{"median_us":>12}{"GB/s":>9}{"vs_copy":>9}')
 for r in big:
     c = copy.get((r["n"], r["dtype"]), 0.0)
-    ratio = c / r["median_us"] if r["median_us"] > 0 and c > 0 else 0.0
-    print(f'{r["codec"]:<16}{r["dtype"]:<6}{r["n"]:>11}{r["median_us"]:>12.1f}{r["gbps"]:>9.1f}{ratio:>9.3f}')
+    speed = c / r["median_us"] if r["median_us"] > 0 and c > 0 else 0.0
+    print(f'{r["codec"]:<16}{r["dtype"]:<6}{r["n"]:>11}{r.get("ratio", 0.0):>9.4f}{r["median_us"]:>12.1f}'
+          f'{r["gbps"]:>9.1f}{speed:>9.3f}')
 PY
 exit $(( ctest_rc != 0 || bench_rc != 0 ))
