@@ -74,34 +74,17 @@ class qsgd {
   template <gradient_element T>
   result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
     ASHL_TRY(validate());
-    const std::size_t n = xv.size();
-    auto w = detail::write_bucketed_header(payload_format, {n, opt_.bucket, opt_.levels}, out);
-    if (!w) return w.error();
-    const std::size_t need = w->bytes;
-    std::byte* norms = w->scales;
-    std::byte* codes = w->codes;
-    const detail::level_spec spec{opt_.bucket, opt_.levels, detail::bucket_norm::l2};
-    const std::uint64_t bad =
-        detail::levels_encode(xv.data(), n, spec, detail::random_words(ctx.seed, ctx.step, ctx.tensor), norms, codes);
-    if (bad != n)
-      return out_of_range("qsgd.input.bucket[" + std::to_string(bad) + "]", bad,
-                          "has a non-finite L2 norm (inf/NaN input or overflow)");
-    return need;
+    return detail::levels_payload_encode(payload_format, {xv.size(), opt_.bucket, opt_.levels}, opt_.levels,
+                                         detail::bucket_norm::l2, xv.data(), out, ctx,
+                                         "has a non-finite L2 norm (inf/NaN input or overflow)");
   }
 
   status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
                     const codec_context&) const {
-    const auto p = detail::read_bucketed_header(payload_format, in, info, acc.size(), scale);
-    if (!p) return p.error();
-    const std::uint64_t n = p->header.n;
-    const detail::level_spec spec{p->header.bucket, p->header.levels, detail::bucket_norm::l2};
-    ASHL_TRY(detail::levels_validate("qsgd", spec, n, p->scales, p->codes));
-    detail::levels_decode_add(spec, n, p->scales, p->codes, acc.data(), scale);
-    return {};
+    return detail::levels_payload_decode_add(payload_format, 0, detail::bucket_norm::l2, in, info, acc, scale);
   }
 
  private:
-
   qsgd_options opt_{};
 };
 

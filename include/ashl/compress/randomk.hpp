@@ -138,7 +138,6 @@ class randomk {
   }
 
  private:
-
   randomk_options opt_{};
 };
 

@@ -140,7 +140,6 @@ class sign {
   }
 
  private:
-
   sign_options opt_{};
 };
 

@@ -70,34 +70,16 @@ class terngrad {
   template <gradient_element T>
   result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
     ASHL_TRY(validate());
-    const std::size_t n = xv.size();
-    auto w = detail::write_bucketed_header(payload_format, {n, opt_.bucket}, out);
-    if (!w) return w.error();
-    const std::size_t need = w->bytes;
-    std::byte* scales = w->scales;
-    std::byte* codes = w->codes;
-    const detail::level_spec spec{opt_.bucket, 1, detail::bucket_norm::max_abs};
-    const std::uint64_t bad =
-        detail::levels_encode(xv.data(), n, spec, detail::random_words(ctx.seed, ctx.step, ctx.tensor), scales, codes);
-    if (bad != n)
-      return out_of_range("terngrad.input.bucket[" + std::to_string(bad) + "]", bad,
-                          "has a non-finite max |x| (inf/NaN input)");
-    return need;
+    return detail::levels_payload_encode(payload_format, {xv.size(), opt_.bucket}, 1, detail::bucket_norm::max_abs,
+                                         xv.data(), out, ctx, "has a non-finite max |x| (inf/NaN input)");
   }
 
   status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
                     const codec_context&) const {
-    const auto p = detail::read_bucketed_header(payload_format, in, info, acc.size(), scale);
-    if (!p) return p.error();
-    const std::uint64_t n = p->header.n;
-    const detail::level_spec spec{p->header.bucket, 1, detail::bucket_norm::max_abs};
-    ASHL_TRY(detail::levels_validate("terngrad", spec, n, p->scales, p->codes));
-    detail::levels_decode_add(spec, n, p->scales, p->codes, acc.data(), scale);
-    return {};
+    return detail::levels_payload_decode_add(payload_format, 1, detail::bucket_norm::max_abs, in, info, acc, scale);
   }
 
  private:
-
   terngrad_options opt_{};
 };
 

@@ -84,7 +84,6 @@ class threshold {
   }
 
  private:
-
   threshold_options opt_{};
 };
 

@@ -216,7 +216,6 @@ class topk_sampled {
   }
 
  private:
-
   // The selection of one pass over x at θ: the elements >= θ when they are
   // [lo, hi], the ties rule when only equal keys make too many, else exact
   // top-k. buf holds at least max(hi, s / 2) entries.

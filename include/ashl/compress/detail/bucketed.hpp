@@ -18,6 +18,8 @@
 #include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/levels.hpp>
+#include <ashl/compress/detail/random_words.hpp>
 #include <ashl/compress/layout.hpp>
 #include <ashl/core/bytes.hpp>
 #include <ashl/core/status.hpp>
@@ -101,6 +103,34 @@ inline result<bucketed_parts<const std::byte>> read_bucketed_header(const bucket
                          std::string(f.size_rule) + " = " + std::to_string(expect));
   const std::byte* scales = in.data() + f.header_bytes;
   return bucketed_parts<const std::byte>{h, scales, scales + 4 * layout::bucket_count(h.n, h.bucket), expect};
+}
+
+// qsgd and terngrad whole: a bucketed payload of stochastic levels
+// (detail/levels.hpp) with `levels` levels per sign and per-bucket `norm`.
+// `bad_norm` says why a bucket's norm was refused.
+template <gradient_element T>
+result<std::size_t> levels_payload_encode(const bucketed_format& f, const bucketed_header& h, std::uint32_t levels,
+                                          bucket_norm norm, const T* x, std::span<std::byte> out,
+                                          const codec_context& ctx, std::string_view bad_norm) {
+  const auto w = write_bucketed_header(f, h, out);
+  if (!w) return w.error();
+  const level_spec spec{h.bucket, levels, norm};
+  const random_words rw(ctx.seed, ctx.step, ctx.tensor);
+  const std::uint64_t bad = levels_encode(x, h.n, spec, rw, w->scales, w->codes);
+  if (bad != h.n)
+    return out_of_range(std::string(f.codec) + ".input.bucket[" + std::to_string(bad) + "]", bad, bad_norm);
+  return w->bytes;
+}
+// `levels`: the count the format fixes (terngrad: 1), or 0 to take the header's (qsgd).
+inline status levels_payload_decode_add(const bucketed_format& f, std::uint32_t levels, bucket_norm norm,
+                                        std::span<const std::byte> in, payload_info info, host_view<float> acc,
+                                        float scale) {
+  const auto p = read_bucketed_header(f, in, info, acc.size(), scale);
+  if (!p) return p.error();
+  const level_spec spec{p->header.bucket, levels != 0 ? levels : p->header.levels, norm};
+  ASHL_TRY(levels_validate(f.codec, spec, p->header.n, p->scales, p->codes));
+  levels_decode_add(spec, p->header.n, p->scales, p->codes, acc.data(), scale);
+  return {};
 }
 
 }  // namespace detail
