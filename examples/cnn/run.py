@@ -186,6 +186,12 @@ def time_to_target(curve, target):
     return math.nan
 
 
+def json_line(obj):
+    """One strict JSON object (NaN, e.g. a target not reached, as null)."""
+    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in obj.items()}
+    return json.dumps(clean, allow_nan=False) + "\n"
+
+
 def median(v):
     v = sorted(x for x in v if not math.isnan(x))
     if not v:
@@ -272,7 +278,7 @@ def orchestrate(a):
                    "cpu_seconds": sum(w["cpu_seconds"] for w in ws), "run_wall_s": round(time.time() - t_run, 1),
                    "curve": [[t, round(acc, 4)] for t, acc, _ in curve], **machine}
             results.append(rec)
-            jsonl.write(json.dumps(rec) + "\n")
+            jsonl.write(json_line(rec))
             jsonl.flush()
             print(f"{LABEL[method]:<11} seed {seed}: target at {fmt(rec['time_to_target_s'])} s, final accuracy "
                   f"{final_acc:.4f}, {steps} iterations, {rec['bytes_sent_per_worker'] / 1e6:.1f} MB sent per worker, "
@@ -318,7 +324,7 @@ def table(a, results):
         f.write(text)
     with open(os.path.join(a.out, "summary.jsonl"), "w") as f:
         for s in summary:
-            f.write(json.dumps(s) + "\n")
+            f.write(json_line(s))
 
 
 def main(argv):
