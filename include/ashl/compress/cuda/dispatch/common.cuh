@@ -247,6 +247,22 @@ inline status check_decode_host(std::string_view codec, dtype t, std::size_t cou
   return check_alignment(c + ".in.data", in, 4);
 }
 
+// The grid-stride loop of the element-wise kernels: per step, a thread takes
+// items_per_thread items a grid-width apart (so every warp access is
+// coalesced), and f(i) runs once for each i < n, in that order. The kernels
+// launch with grid_for's grid for the same items_per_thread.
+template <class F>
+__device__ __forceinline__ void for_each_strided(std::size_t n, int items_per_thread, F&& f) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < n;
+       base += stride * items_per_thread) {
+    for (int j = 0; j < items_per_thread; ++j) {
+      const std::size_t i = base + static_cast<std::size_t>(j) * stride;
+      if (i < n) f(i);
+    }
+  }
+}
+
 // Blocks for a grid-stride loop over n items: enough to fill the device
 // (sm_count * blocks_per_sm), never more than the work needs.
 inline unsigned grid_for(std::size_t n, int block_threads, int items_per_thread, int sm_count,

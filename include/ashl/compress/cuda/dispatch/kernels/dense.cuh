@@ -55,15 +55,9 @@ template <class T, dense_target Target>
 __global__ ASHL_DETAIL_HIDDEN void dense_encode_kernel(const T* __restrict__ x, void* __restrict__ out,
                                                        std::size_t n, bool strict, device_report* report,
                                                        int items_per_thread) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < n;
-       base += stride * items_per_thread) {
-    // Items of one thread are a block-width apart, so every warp access is coalesced.
-    for (int j = 0; j < items_per_thread; ++j) {
-      const std::size_t i = base + static_cast<std::size_t>(j) * stride;
-      if (i < n) dense_encode_one<T, Target>(x, out, i, strict, report);
-    }
-  }
+  for_each_strided(n, items_per_thread, [&](std::size_t i) {
+    dense_encode_one<T, Target>(x, out, i, strict, report);
+  });
 }
 
 // acc[i] = acc[i] + scale * value[i], rounded as the CPU rounds (no FMA).
@@ -71,14 +65,9 @@ template <dtype Type>
 __global__ ASHL_DETAIL_HIDDEN void dense_decode_add_kernel(const std::byte* __restrict__ payload,
                                                            float* __restrict__ acc, std::size_t n, float scale,
                                                            int items_per_thread) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < n;
-       base += stride * items_per_thread) {
-    for (int j = 0; j < items_per_thread; ++j) {
-      const std::size_t i = base + static_cast<std::size_t>(j) * stride;
-      if (i < n) acc[i] = scaled_add(acc[i], scale, payload_value<Type>(payload, i));
-    }
-  }
+  for_each_strided(n, items_per_thread, [&](std::size_t i) {
+    acc[i] = scaled_add(acc[i], scale, payload_value<Type>(payload, i));
+  });
 }
 
 }  // namespace compress::cuda::detail

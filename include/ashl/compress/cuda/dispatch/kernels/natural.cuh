@@ -38,14 +38,9 @@ template <class T>
 __global__ ASHL_DETAIL_HIDDEN void max_key_kernel(const T* __restrict__ x, std::size_t n,
                                                   std::uint32_t* __restrict__ d_max, int items_per_thread) {
   std::uint32_t m = 0;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < n;
-       base += stride * items_per_thread) {
-    for (int j = 0; j < items_per_thread; ++j) {
-      const std::size_t i = base + static_cast<std::size_t>(j) * stride;
-      if (i < n) m = max(m, __float_as_uint(element_float(x[i])) & 0x7fffffffu);
-    }
-  }
+  for_each_strided(n, items_per_thread, [&](std::size_t i) {
+    m = max(m, __float_as_uint(element_float(x[i])) & 0x7fffffffu);
+  });
   warp_max_to(d_max, m);
 }
 

@@ -85,17 +85,10 @@ __global__ ASHL_DETAIL_HIDDEN void key_histogram_kernel(const T* __restrict__ x,
   const std::uint32_t prefix = st->prefix;
   const int pshift = shift + width;  // <= 31 for f32 keys, <= 15 for 16-bit keys
   const std::uint32_t mask = static_cast<std::uint32_t>(bins - 1);
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < n;
-       base += stride * items_per_thread) {
-    for (int j = 0; j < items_per_thread; ++j) {
-      const std::size_t i = base + static_cast<std::size_t>(j) * stride;
-      if (i < n) {
-        const std::uint32_t key = magnitude_key(x[i]);
-        if ((key >> pshift) == prefix) atomicAdd(&local[(key >> shift) & mask], 1u);
-      }
-    }
-  }
+  for_each_strided(n, items_per_thread, [&](std::size_t i) {
+    const std::uint32_t key = magnitude_key(x[i]);
+    if ((key >> pshift) == prefix) atomicAdd(&local[(key >> shift) & mask], 1u);
+  });
   __syncthreads();
   for (int b = threadIdx.x; b < bins; b += blockDim.x)
     if (local[b] != 0) atomicAdd(&hist[b], local[b]);
@@ -117,15 +110,10 @@ __global__ ASHL_DETAIL_HIDDEN void index_histogram_kernel(const T* __restrict__ 
   const std::uint64_t prefix = st->index_prefix;
   const int pshift = shift + width;  // <= 32; indices are 64-bit here
   const std::uint64_t mask = static_cast<std::uint64_t>(bins - 1);
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < n;
-       base += stride * items_per_thread) {
-    for (int j = 0; j < items_per_thread; ++j) {
-      const std::uint64_t i = base + static_cast<std::size_t>(j) * stride;
-      if (i < n && magnitude_key(x[i]) == key_t && (i >> pshift) == prefix)
-        atomicAdd(&local[(i >> shift) & mask], 1u);
-    }
-  }
+  for_each_strided(n, items_per_thread, [&](std::uint64_t i) {
+    if (magnitude_key(x[i]) == key_t && (i >> pshift) == prefix)
+      atomicAdd(&local[(i >> shift) & mask], 1u);
+  });
   __syncthreads();
   for (int b = threadIdx.x; b < bins; b += blockDim.x)
     if (local[b] != 0) atomicAdd(&hist[b], local[b]);

@@ -64,23 +64,17 @@ __global__ ASHL_DETAIL_HIDDEN void randomk_gather_kernel(const T* x, std::byte* 
                                                          std::uint64_t n, std::uint64_t k, philox_stream rng,
                                                          float* residual, bool unbiased, int items_per_thread) {
   std::byte* val = out + device_randomk_header_bytes;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < k;
-       base += stride * items_per_thread) {
-    for (int t = 0; t < items_per_thread; ++t) {
-      const std::uint64_t j = base + static_cast<std::size_t>(t) * stride;
-      if (j >= k) continue;
-      const randomk_stratum s = randomk_draw(rng, n, k, j);
-      const T v = x[s.index];
-      store_unaligned<device_bits_t<T>>(val + sizeof(T) * j, bits_of(v));
-      if constexpr (std::is_same_v<T, float>) {
-        if (residual != nullptr) {
-          const float w = unbiased ? __fmul_rn(-1.0f, __ull2float_rn(s.length)) : -1.0f;
-          residual[s.index] = __fadd_rn(residual[s.index], __fmul_rn(w, v));
-        }
+  for_each_strided(k, items_per_thread, [&](std::uint64_t j) {
+    const randomk_stratum s = randomk_draw(rng, n, k, j);
+    const T v = x[s.index];
+    store_unaligned<device_bits_t<T>>(val + sizeof(T) * j, bits_of(v));
+    if constexpr (std::is_same_v<T, float>) {
+      if (residual != nullptr) {
+        const float w = unbiased ? __fmul_rn(-1.0f, __ull2float_rn(s.length)) : -1.0f;
+        residual[s.index] = __fadd_rn(residual[s.index], __fmul_rn(w, v));
       }
     }
-  }
+  });
 }
 
 // The checks of randomk::decode_add, in its order; faults go to `verdict`.
@@ -117,24 +111,18 @@ __global__ ASHL_DETAIL_HIDDEN void randomk_add_kernel(const std::byte* __restric
   const philox_stream rng(load_unaligned<std::uint64_t>(in + 13), step, tensor);
   const std::byte* val = in + device_randomk_header_bytes;
   constexpr std::size_t vs = Type == dtype::f32 ? 4 : 2;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < k;
-       base += stride * items_per_thread) {
-    for (int t = 0; t < items_per_thread; ++t) {
-      const std::uint64_t j = base + static_cast<std::size_t>(t) * stride;
-      if (j >= k) continue;
-      const randomk_stratum s = randomk_draw(rng, n, k, j);
-      const float w = unbiased ? __fmul_rn(scale, __ull2float_rn(s.length)) : scale;
-      float v;
-      if constexpr (Type == dtype::f32)
-        v = __uint_as_float(load_unaligned<std::uint32_t>(val + vs * j));
-      else if constexpr (Type == dtype::f16)
-        v = ::ashl::detail::f16_bits_to_f32(load_unaligned<std::uint16_t>(val + vs * j));
-      else
-        v = ::ashl::detail::bf16_bits_to_f32(load_unaligned<std::uint16_t>(val + vs * j));
-      acc[s.index] = scaled_add(acc[s.index], w, v);
-    }
-  }
+  for_each_strided(k, items_per_thread, [&](std::uint64_t j) {
+    const randomk_stratum s = randomk_draw(rng, n, k, j);
+    const float w = unbiased ? __fmul_rn(scale, __ull2float_rn(s.length)) : scale;
+    float v;
+    if constexpr (Type == dtype::f32)
+      v = __uint_as_float(load_unaligned<std::uint32_t>(val + vs * j));
+    else if constexpr (Type == dtype::f16)
+      v = ::ashl::detail::f16_bits_to_f32(load_unaligned<std::uint16_t>(val + vs * j));
+    else
+      v = ::ashl::detail::bf16_bits_to_f32(load_unaligned<std::uint16_t>(val + vs * j));
+    acc[s.index] = scaled_add(acc[s.index], w, v);
+  });
 }
 
 }  // namespace compress::cuda::detail

@@ -35,14 +35,9 @@ namespace compress::cuda::detail {
 template <class T>
 __global__ ASHL_DETAIL_HIDDEN void residual_add_kernel(const T* __restrict__ x, float* __restrict__ e, std::size_t n,
                                                        int items_per_thread) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < n;
-       base += stride * items_per_thread) {
-    for (int j = 0; j < items_per_thread; ++j) {
-      const std::size_t i = base + static_cast<std::size_t>(j) * stride;
-      if (i < n) e[i] = __fadd_rn(e[i], element_float(x[i]));
-    }
-  }
+  for_each_strided(n, items_per_thread, [&](std::size_t i) {
+    e[i] = __fadd_rn(e[i], element_float(x[i]));
+  });
 }
 
 // e[index[j]] = e[index[j]] + (-1 * value[j]) for the pairs of an f32 sparse
@@ -57,14 +52,9 @@ static __global__ void residual_sparse_subtract_kernel(const std::byte* __restri
   if (count > capacity) count = capacity;
   const auto* idx = reinterpret_cast<const std::uint32_t*>(payload + device_sparse_header_bytes);
   const auto* val = reinterpret_cast<const float*>(payload + device_sparse_header_bytes + 4 * count);
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < count;
-       base += stride * items_per_thread) {
-    for (int j = 0; j < items_per_thread; ++j) {
-      const std::size_t p = base + static_cast<std::size_t>(j) * stride;
-      if (p < count) e[idx[p]] = __fadd_rn(e[idx[p]], __fmul_rn(-1.0f, val[p]));
-    }
-  }
+  for_each_strided(count, items_per_thread, [&](std::size_t p) {
+    e[idx[p]] = __fadd_rn(e[idx[p]], __fmul_rn(-1.0f, val[p]));
+  });
 }
 
 // DGC's momentum correction, the CPU's loop in dgc.hpp:
@@ -74,18 +64,11 @@ template <class T>
 __global__ ASHL_DETAIL_HIDDEN void dgc_momentum_kernel(const T* __restrict__ g, float* __restrict__ u,
                                                        float* __restrict__ v, std::size_t n, float m,
                                                        int items_per_thread) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < n;
-       base += stride * items_per_thread) {
-    for (int j = 0; j < items_per_thread; ++j) {
-      const std::size_t i = base + static_cast<std::size_t>(j) * stride;
-      if (i < n) {
-        const float ui = __fadd_rn(__fmul_rn(m, u[i]), element_float(g[i]));
-        u[i] = ui;
-        v[i] = __fadd_rn(v[i], ui);
-      }
-    }
-  }
+  for_each_strided(n, items_per_thread, [&](std::size_t i) {
+    const float ui = __fadd_rn(__fmul_rn(m, u[i]), element_float(g[i]));
+    u[i] = ui;
+    v[i] = __fadd_rn(v[i], ui);
+  });
 }
 
 // DGC's masking: u[index[j]] = v[index[j]] = 0 for the pairs of the sparse
@@ -96,17 +79,10 @@ static __global__ void sparse_mask_kernel(const std::byte* __restrict__ payload,
   std::uint64_t count = sparse_read_count(payload);
   if (count > capacity) count = capacity;
   const auto* idx = reinterpret_cast<const std::uint32_t*>(payload + device_sparse_header_bytes);
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < count;
-       base += stride * items_per_thread) {
-    for (int j = 0; j < items_per_thread; ++j) {
-      const std::size_t p = base + static_cast<std::size_t>(j) * stride;
-      if (p < count) {
-        u[idx[p]] = 0.0f;
-        v[idx[p]] = 0.0f;
-      }
-    }
-  }
+  for_each_strided(count, items_per_thread, [&](std::size_t p) {
+    u[idx[p]] = 0.0f;
+    v[idx[p]] = 0.0f;
+  });
 }
 
 // Enqueues e = e + x over n elements with the element-wise tuning.

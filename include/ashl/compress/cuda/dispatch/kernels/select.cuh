@@ -45,14 +45,9 @@ __global__ ASHL_DETAIL_HIDDEN void threshold_count_kernel(const T* __restrict__ 
                                                           unsigned long long* __restrict__ counts,
                                                           int items_per_thread) {
   unsigned long long mine = 0;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < n;
-       base += stride * items_per_thread) {
-    for (int j = 0; j < items_per_thread; ++j) {
-      const std::size_t i = base + static_cast<std::size_t>(j) * stride;
-      if (i < n) mine += fabsf(element_float(x[i])) >= theta ? 1u : 0u;
-    }
-  }
+  for_each_strided(n, items_per_thread, [&](std::size_t i) {
+    mine += fabsf(element_float(x[i])) >= theta ? 1u : 0u;
+  });
   warp_add_to(&counts[counter_primary], mine);
 }
 
@@ -98,18 +93,11 @@ __global__ ASHL_DETAIL_HIDDEN void count_ge_eq_kernel(const T* __restrict__ x, s
                                                       int items_per_thread) {
   const std::uint32_t theta = sorted_keys[rank - 1];
   unsigned long long ge = 0, eq = 0;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < n;
-       base += stride * items_per_thread) {
-    for (int j = 0; j < items_per_thread; ++j) {
-      const std::size_t i = base + static_cast<std::size_t>(j) * stride;
-      if (i < n) {
-        const std::uint32_t key = magnitude_key(x[i]);
-        ge += key >= theta ? 1u : 0u;
-        eq += key == theta ? 1u : 0u;
-      }
-    }
-  }
+  for_each_strided(n, items_per_thread, [&](std::size_t i) {
+    const std::uint32_t key = magnitude_key(x[i]);
+    ge += key >= theta ? 1u : 0u;
+    eq += key == theta ? 1u : 0u;
+  });
   warp_add_to(&counts[counter_primary], ge);
   warp_add_to(&counts[counter_equal], eq);
 }

@@ -49,14 +49,9 @@ __global__ ASHL_DETAIL_HIDDEN void sparse_gather_kernel(const T* __restrict__ x,
   const std::uint64_t count = d_count != nullptr ? static_cast<std::uint64_t>(*d_count) : capacity;
   const auto* idx = reinterpret_cast<const std::uint32_t*>(out + device_sparse_header_bytes);
   auto* val = reinterpret_cast<device_bits_t<T>*>(out + device_sparse_header_bytes + 4 * count);
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < count;
-       base += stride * items_per_thread) {
-    for (int j = 0; j < items_per_thread; ++j) {
-      const std::size_t p = base + static_cast<std::size_t>(j) * stride;
-      if (p < count) val[p] = bits_of(x[idx[p]]);
-    }
-  }
+  for_each_strided(count, items_per_thread, [&](std::size_t p) {
+    val[p] = bits_of(x[idx[p]]);
+  });
 }
 
 // Every element: indices 0..n-1 and the values (k = n).
@@ -65,17 +60,10 @@ __global__ ASHL_DETAIL_HIDDEN void sparse_all_kernel(const T* __restrict__ x, st
                                                      std::uint64_t n, int items_per_thread) {
   auto* idx = reinterpret_cast<std::uint32_t*>(out + device_sparse_header_bytes);
   auto* val = reinterpret_cast<device_bits_t<T>*>(out + device_sparse_header_bytes + 4 * n);
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < n;
-       base += stride * items_per_thread) {
-    for (int j = 0; j < items_per_thread; ++j) {
-      const std::size_t i = base + static_cast<std::size_t>(j) * stride;
-      if (i < n) {
-        idx[i] = static_cast<std::uint32_t>(i);
-        val[i] = bits_of(x[i]);
-      }
-    }
-  }
+  for_each_strided(n, items_per_thread, [&](std::size_t i) {
+    idx[i] = static_cast<std::uint32_t>(i);
+    val[i] = bits_of(x[i]);
+  });
 }
 
 __device__ __forceinline__ std::uint64_t sparse_read_n(const std::byte* in) noexcept {
@@ -130,17 +118,10 @@ __global__ ASHL_DETAIL_HIDDEN void sparse_add_kernel(const std::byte* __restrict
   const std::uint64_t pairs = count < max_pairs ? count : max_pairs;
   const auto* idx = reinterpret_cast<const std::uint32_t*>(in + device_sparse_header_bytes);
   const std::byte* val = in + device_sparse_header_bytes + 4 * count;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < pairs;
-       base += stride * items_per_thread) {
-    for (int j = 0; j < items_per_thread; ++j) {
-      const std::size_t p = base + static_cast<std::size_t>(j) * stride;
-      if (p < pairs) {
-        const std::uint32_t i = idx[p];
-        acc[i] = scaled_add(acc[i], scale, payload_value<Type>(val, p));
-      }
-    }
-  }
+  for_each_strided(pairs, items_per_thread, [&](std::size_t p) {
+    const std::uint32_t i = idx[p];
+    acc[i] = scaled_add(acc[i], scale, payload_value<Type>(val, p));
+  });
 }
 
 }  // namespace compress::cuda::detail
