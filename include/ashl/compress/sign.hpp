@@ -77,20 +77,30 @@ class sign {
     std::byte* scales = w->scales;
     std::byte* bits = w->codes;
     // Chunks of 1024 elements (multiples of 8, so each starts on a bit
-    // byte): the scales of the buckets a chunk touches first (a bucket of
-    // up to a chunk stays in L1 for its bits), then the chunk's bits.
+    // byte), each widened once (16-bit inputs): the scales of the buckets
+    // the chunk touches first, then the chunk's bits from the same copy. A
+    // bucket inside the chunk sums the widened copy, the floats it would
+    // widen to on its own, so its scale has the same bits; one that crosses
+    // a chunk boundary widens its pieces separately (detail/levels.hpp does
+    // the same for qsgd and terngrad).
     const T* x = xv.data();
     const std::uint64_t B = opt_.bucket;
     float xbuf[detail::chunk], sbuf[detail::chunk];
     std::uint64_t scaled = 0;
     for (std::uint64_t c0 = 0; c0 < n; c0 += detail::chunk) {
       const std::size_t m = static_cast<std::size_t>(n - c0 < detail::chunk ? n - c0 : detail::chunk);
+      detail::prefetch_ahead(x, n, c0 + 2 * detail::chunk);
+      const float* xf = detail::as_float(x + c0, m, xbuf);
       for (const std::uint64_t last = (c0 + m - 1) / B; scaled <= last; ++scaled) {
         const std::uint64_t lo = scaled * B, len = lo + B < n ? B : n - lo;
         double sum = 0.0;
-        for (std::uint64_t p = 0; p < len; p += detail::chunk) {
-          const std::size_t k = static_cast<std::size_t>(len - p < detail::chunk ? len - p : detail::chunk);
-          sum += detail::sum_abs_f64(detail::as_float(x + lo + p, k, sbuf), k);
+        if (lo >= c0 && lo + len <= c0 + m) {
+          sum = detail::sum_abs_f64(xf + (lo - c0), static_cast<std::size_t>(len));
+        } else {
+          for (std::uint64_t p = 0; p < len; p += detail::chunk) {
+            const std::size_t k = static_cast<std::size_t>(len - p < detail::chunk ? len - p : detail::chunk);
+            sum += detail::sum_abs_f64(detail::as_float(x + lo + p, k, sbuf), k);
+          }
         }
         const float d = static_cast<float>(sum / static_cast<double>(len));
         if (!std::isfinite(d))
@@ -98,7 +108,7 @@ class sign {
                               "has a non-finite mean |x| (inf/NaN input)");
         detail::store_le<float>(scales + 4 * scaled, d);
       }
-      detail::negative_bits(detail::as_float(x + c0, m, xbuf), m, bits + c0 / 8);
+      detail::negative_bits(xf, m, bits + c0 / 8);
     }
     return need;
   }
