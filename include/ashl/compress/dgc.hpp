@@ -25,7 +25,7 @@
 #include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/detail/elements.hpp>
-#include <ashl/compress/detail/tensor_state.hpp>
+#include <ashl/compress/detail/decorator.hpp>
 #include <ashl/compress/registry.hpp>  // codecs, sparse_pair_codec
 #include <ashl/compress/threshold.hpp>
 #include <ashl/compress/topk.hpp>
@@ -52,15 +52,14 @@ struct dgc_options {
 };
 
 template <sparse_pair_codec C>
-class dgc {
- public:
-  using codec_concept = stateful_codec_tag;
-  using inner_codec = C;
-  static constexpr codec_id id = C::id;
+class dgc : public detail::decorator<C, 2> {  // state: momentum u, velocity v
+  using base = detail::decorator<C, 2>;
+  using base::inner_;
+  using base::state_;
 
+ public:
   dgc() = default;
-  explicit dgc(C inner, dgc_options o = {}) : inner_(std::move(inner)), opt_(o) {}
-  [[nodiscard]] const C& inner() const noexcept { return inner_; }
+  explicit dgc(C inner, dgc_options o = {}) : base(std::move(inner)), opt_(o) {}
   [[nodiscard]] const dgc_options& options() const noexcept { return opt_; }
 
   [[nodiscard]] status validate() const {
@@ -69,18 +68,9 @@ class dgc {
     return {};
   }
 
-  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
-    return inner_.max_encoded_bytes(n, dtype::f32);
-  }
-  [[nodiscard]] std::size_t scratch_bytes(std::size_t n, dtype) const noexcept {
-    return inner_.scratch_bytes(n, dtype::f32);
-  }
-
-  void reserve(std::uint32_t tensor, std::size_t n) { state_.slot(tensor, n); }
   // u (momentum) and v (accumulated velocity) of `tensor`; empty if never encoded.
   [[nodiscard]] std::span<const float> momentum(std::uint32_t tensor) const noexcept { return state_.view(tensor, 0); }
   [[nodiscard]] std::span<const float> velocity(std::uint32_t tensor) const noexcept { return state_.view(tensor, 1); }
-  void reset() noexcept { state_.reset(); }
 
   template <gradient_element T>
   result<std::size_t> encode(host_view<const T> gv, std::span<std::byte> out, const codec_context& ctx) {
@@ -107,15 +97,8 @@ class dgc {
     return used;
   }
 
-  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
-                    const codec_context& ctx) const {
-    return inner_.decode_add(in, info, acc, scale, ctx);
-  }
-
  private:
-  C inner_{};
   dgc_options opt_{};
-  detail::tensor_state<2> state_;  // momentum u, velocity v
 };
 
 static_assert(stateful_codec<dgc<topk>>);

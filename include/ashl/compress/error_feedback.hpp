@@ -25,7 +25,8 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/detail/host_simd.hpp>
 #include <ashl/compress/concepts.hpp>
-#include <ashl/compress/detail/tensor_state.hpp>
+#include <ashl/compress/detail/decorator.hpp>
+#include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/identity.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/status.hpp>
@@ -42,38 +43,27 @@
 ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
 template <codec C>
-class error_feedback {
- public:
-  using codec_concept = stateful_codec_tag;
-  using inner_codec = C;
-  static constexpr codec_id id = C::id;  // the payload is the inner codec's
+class error_feedback : public detail::decorator<C, 1> {
+  using base = detail::decorator<C, 1>;
+  using base::inner_;
 
+ public:
   error_feedback() = default;
-  explicit error_feedback(C inner) : inner_(std::move(inner)) {}
-  [[nodiscard]] const C& inner() const noexcept { return inner_; }
+  explicit error_feedback(C inner) : base(std::move(inner)) {}
+  using base::inner;
   // The inner codec may be replaced between encodes (a new ratio from a
   // re-plan); the residuals are kept: what is owed does not depend on it.
   C& inner() noexcept { return inner_; }
 
-  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
-    return inner_.max_encoded_bytes(n, dtype::f32);
-  }
-  [[nodiscard]] std::size_t scratch_bytes(std::size_t n, dtype) const noexcept {
-    return inner_.scratch_bytes(n, dtype::f32);
-  }
-
-  // Allocates (zeroed) the residual of `tensor` for n elements ahead of time.
-  void reserve(std::uint32_t tensor, std::size_t n) { residuals_.slot(tensor, n); }
   // The current residual of `tensor` (empty if it was never encoded).
   [[nodiscard]] std::span<const float> residual(std::uint32_t tensor) const noexcept {
-    return residuals_.view(tensor, 0);
+    return this->state_.view(tensor, 0);
   }
-  void reset() noexcept { residuals_.reset(); }
 
   template <gradient_element T>
   result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) {
     const std::size_t n = xv.size();
-    std::vector<float>& e = residuals_.slot(ctx.tensor, n)[0];  // a new shape starts with no debt
+    std::vector<float>& e = this->state_.slot(ctx.tensor, n)[0];  // a new shape starts with no debt
     const T* x = xv.data();
     float* r = e.data();
     detail::add_widened(r, x, n);  // 16-bit x widened a block at a time
@@ -83,15 +73,6 @@ class error_feedback {
                                host_view<float>(r, n), -1.0f, ctx));
     return used;
   }
-
-  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
-                    const codec_context& ctx) const {
-    return inner_.decode_add(in, info, acc, scale, ctx);
-  }
-
- private:
-  C inner_{};
-  detail::tensor_state<1> residuals_;
 };
 
 static_assert(stateful_codec<error_feedback<identity>>);
