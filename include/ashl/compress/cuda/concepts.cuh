@@ -144,6 +144,57 @@ status run_known_size(std::string_view codec, device_output& out, device_scratch
   return cuda_check(cudaGetLastError(), std::string(codec) + ".d_used");
 }
 
+// The device_impl of a codec whose size is known on the host and whose
+// error feedback is fused into its code pass (natural, qsgd, sign, terngrad):
+// encode_error_feedback, which cuda::error_feedback<C> calls, makes
+// e <- (x + e) - C(x + e) and a payload of f32 input (C(x + e)). Ops gives
+// `name`, `dispatch<T>(c, d_scratch, scratch_bytes, x, out, used_bytes, ctx,
+// residual or nullptr, stream, report)` and `decode_add(d_scratch,
+// scratch_bytes, in, info, acc, scale, stream, report)`. A codec with a
+// validate() is validated first, as its CPU encode does.
+template <class Codec, class Ops>
+struct fused_feedback_impl {
+  template <gradient_element T>
+  static status encode(const Codec& c, device_view<const T> x, device_output& out, const codec_context& ctx,
+                       device_scratch& scratch, device_report* report, cudaStream_t stream) {
+    ASHL_TRY(validate(c));
+    return run(c, x, nullptr, out, ctx, scratch, report, stream);
+  }
+
+  template <gradient_element T>
+  static status encode_error_feedback(const Codec& c, device_view<const T> x, device_view<float> residual,
+                                      device_output& out, const codec_context& ctx, device_scratch& scratch,
+                                      device_report* report, cudaStream_t stream) {
+    ASHL_TRY(validate(c));
+    if (scratch.data != nullptr && residual.size() != x.size())
+      return invalid_argument(std::string(Ops::name) + ".residual.size", residual.size(),
+                              "must equal the input size " + std::to_string(x.size()));
+    return run(c, x, residual.data(), out, ctx, scratch, report, stream);
+  }
+
+  static status decode_add(const Codec&, device_view<const std::byte> in, payload_info info, device_view<float> acc,
+                           float scale, const codec_context&, device_scratch& scratch, device_report* report,
+                           cudaStream_t stream) {
+    return Ops::decode_add(scratch.data, scratch.bytes, in, info, acc, scale, stream, report);
+  }
+
+ private:
+  static status validate(const Codec& c) {
+    if constexpr (requires { c.validate(); })
+      return c.validate();
+    else
+      return {};
+  }
+
+  template <class T>
+  static status run(const Codec& c, device_view<const T> x, float* residual, device_output& out,
+                    const codec_context& ctx, device_scratch& scratch, device_report* report, cudaStream_t stream) {
+    return run_known_size(Ops::name, out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
+      return Ops::template dispatch<T>(c, s, b, x, out.bytes, used, ctx, residual, stream, report);
+    });
+  }
+};
+
 }  // namespace detail
 }  // namespace compress::cuda
 ASHL_NAMESPACE_END

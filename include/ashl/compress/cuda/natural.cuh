@@ -45,35 +45,7 @@ ASHL_NAMESPACE_BEGIN
 namespace compress::cuda {
 
 template <>
-struct device_impl<compress::natural> {
-  template <gradient_element T>
-  static status encode(const compress::natural&, device_view<const T> x, device_output& out, const codec_context& ctx,
-                       device_scratch& scratch, device_report* report, cudaStream_t stream) {
-    return detail::run_known_size("natural", out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
-      return detail::dispatch_natural_encode<T>(s, b, x, out.bytes, used, ctx, nullptr, stream, report);
-    });
-  }
-
-  // e <- (x + e) - C(x + e), fused; the payload is of f32 input.
-  // cuda::error_feedback<natural> calls it.
-  template <gradient_element T>
-  static status encode_error_feedback(const compress::natural&, device_view<const T> x, device_view<float> residual,
-                                      device_output& out, const codec_context& ctx, device_scratch& scratch,
-                                      device_report* report, cudaStream_t stream) {
-    if (scratch.data != nullptr && residual.size() != x.size())
-      return invalid_argument("natural.residual.size", residual.size(),
-                              "must equal the input size " + std::to_string(x.size()));
-    return detail::run_known_size("natural", out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
-      return detail::dispatch_natural_encode<T>(s, b, x, out.bytes, used, ctx, residual.data(), stream, report);
-    });
-  }
-
-  static status decode_add(const compress::natural&, device_view<const std::byte> in, payload_info info,
-                           device_view<float> acc, float scale, const codec_context&, device_scratch& scratch,
-                           device_report* report, cudaStream_t stream) {
-    return detail::dispatch_natural_decode_add(scratch.data, scratch.bytes, in, info, acc, scale, stream, report);
-  }
-};
+struct device_impl<compress::natural> : detail::fused_feedback_impl<compress::natural, detail::natural_ops<compress::natural>> {};
 
 static_assert(device_codec<compress::natural>);
 

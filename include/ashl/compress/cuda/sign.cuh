@@ -45,38 +45,7 @@ ASHL_NAMESPACE_BEGIN
 namespace compress::cuda {
 
 template <>
-struct device_impl<compress::sign> {
-  template <gradient_element T>
-  static status encode(const compress::sign& c, device_view<const T> x, device_output& out, const codec_context&,
-                       device_scratch& scratch, device_report* report, cudaStream_t stream) {
-    ASHL_TRY(c.validate());
-    return detail::run_known_size("sign", out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
-      return detail::dispatch_sign_encode<T>(c.options().bucket, s, b, x, out.bytes, used, nullptr, stream, report);
-    });
-  }
-
-  // e <- (x + e) - C(x + e), the subtraction fused into the bit pass; the
-  // payload is of f32 input (C(x + e)). cuda::error_feedback<sign> calls it.
-  template <gradient_element T>
-  static status encode_error_feedback(const compress::sign& c, device_view<const T> x, device_view<float> residual,
-                                      device_output& out, const codec_context&, device_scratch& scratch,
-                                      device_report* report, cudaStream_t stream) {
-    ASHL_TRY(c.validate());
-    if (scratch.data != nullptr && residual.size() != x.size())
-      return invalid_argument("sign.residual.size", residual.size(),
-                              "must equal the input size " + std::to_string(x.size()));
-    return detail::run_known_size("sign", out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
-      return detail::dispatch_sign_encode<T>(c.options().bucket, s, b, x, out.bytes, used, residual.data(), stream,
-                                             report);
-    });
-  }
-
-  static status decode_add(const compress::sign&, device_view<const std::byte> in, payload_info info,
-                           device_view<float> acc, float scale, const codec_context&, device_scratch& scratch,
-                           device_report* report, cudaStream_t stream) {
-    return detail::dispatch_sign_decode_add(scratch.data, scratch.bytes, in, info, acc, scale, stream, report);
-  }
-};
+struct device_impl<compress::sign> : detail::fused_feedback_impl<compress::sign, detail::sign_ops<compress::sign>> {};
 
 static_assert(device_codec<compress::sign>);
 

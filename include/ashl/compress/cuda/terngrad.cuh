@@ -45,48 +45,11 @@
 ASHL_NAMESPACE_BEGIN
 namespace compress::cuda {
 
-namespace detail {
-inline levels_params terngrad_params(const compress::terngrad& c) noexcept {
-  return {"terngrad", layout::terngrad::header_bytes, c.options().bucket, 1, false};
-}
-}  // namespace detail
-
+// Encode, error feedback (a refused input leaves x + e in the residual) and
+// decode: the shared path of dispatch/dispatch_levels.cuh.
 template <>
-struct device_impl<compress::terngrad> {
-  template <gradient_element T>
-  static status encode(const compress::terngrad& c, device_view<const T> x, device_output& out, const codec_context& ctx,
-                       device_scratch& scratch, device_report* report, cudaStream_t stream) {
-    ASHL_TRY(c.validate());
-    return detail::run_known_size("terngrad", out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
-      return detail::dispatch_levels_encode<T>(detail::terngrad_params(c), s, b, x, out.bytes, used, ctx, nullptr,
-                                               stream, report);
-    });
-  }
-
-  // e <- (x + e) - C(x + e), the subtraction fused into the code pass; the
-  // payload is of f32 input (C(x + e)); a refused input leaves x + e in the
-  // residual. cuda::error_feedback<terngrad> calls it.
-  template <gradient_element T>
-  static status encode_error_feedback(const compress::terngrad& c, device_view<const T> x, device_view<float> residual,
-                                      device_output& out, const codec_context& ctx, device_scratch& scratch,
-                                      device_report* report, cudaStream_t stream) {
-    ASHL_TRY(c.validate());
-    if (scratch.data != nullptr && residual.size() != x.size())
-      return invalid_argument("terngrad.residual.size", residual.size(),
-                              "must equal the input size " + std::to_string(x.size()));
-    return detail::run_known_size("terngrad", out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
-      return detail::dispatch_levels_encode<T>(detail::terngrad_params(c), s, b, x, out.bytes, used, ctx,
-                                               residual.data(), stream, report);
-    });
-  }
-
-  static status decode_add(const compress::terngrad&, device_view<const std::byte> in, payload_info info,
-                           device_view<float> acc, float scale, const codec_context&, device_scratch& scratch,
-                           device_report* report, cudaStream_t stream) {
-    return detail::dispatch_levels_decode_add("terngrad", false, 1, scratch.data, scratch.bytes, in, info, acc, scale, stream,
-                                              report);
-  }
-};
+struct device_impl<compress::terngrad>
+    : detail::fused_feedback_impl<compress::terngrad, detail::levels_ops<compress::terngrad, false>> {};
 
 static_assert(device_codec<compress::terngrad>);
 

@@ -83,5 +83,19 @@ inline status dispatch_natural_decode_add(void* d_scratch, std::size_t& scratch_
                          });
 }
 
-}  // namespace compress::cuda::detail}  // namespace compress::cuda::detail
+// The Ops of fused_feedback_impl (cuda/concepts.cuh) for natural.
+template <class Codec>
+struct natural_ops {
+  static constexpr const char* name = "natural";
+  static constexpr auto decode_add = &dispatch_natural_decode_add;
+
+  template <class T>
+  static status dispatch(const Codec&, void* d_scratch, std::size_t& scratch_bytes, device_view<const T> x,
+                         device_view<std::byte> out, std::size_t& used_bytes, const codec_context& ctx,
+                         float* residual, cudaStream_t stream, device_report* d_report) {
+    return dispatch_natural_encode<T>(d_scratch, scratch_bytes, x, out, used_bytes, ctx, residual, stream, d_report);
+  }
+};
+
+}  // namespace compress::cuda::detail
 ASHL_NAMESPACE_END

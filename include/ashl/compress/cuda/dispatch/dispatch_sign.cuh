@@ -96,5 +96,20 @@ inline status dispatch_sign_decode_add(void* d_scratch, std::size_t& scratch_byt
                          });
 }
 
-}  // namespace compress::cuda::detail}  // namespace compress::cuda::detail
+// The Ops of fused_feedback_impl (cuda/concepts.cuh) for sign.
+template <class Codec>
+struct sign_ops {
+  static constexpr const char* name = "sign";
+  static constexpr auto decode_add = &dispatch_sign_decode_add;
+
+  template <class T>
+  static status dispatch(const Codec& c, void* d_scratch, std::size_t& scratch_bytes, device_view<const T> x,
+                         device_view<std::byte> out, std::size_t& used_bytes, const codec_context&, float* residual,
+                         cudaStream_t stream, device_report* d_report) {
+    return dispatch_sign_encode<T>(c.options().bucket, d_scratch, scratch_bytes, x, out, used_bytes, residual, stream,
+                                   d_report);
+  }
+};
+
+}  // namespace compress::cuda::detail
 ASHL_NAMESPACE_END
