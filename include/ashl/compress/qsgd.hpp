@@ -43,33 +43,19 @@ struct qsgd_options {
   std::uint32_t bucket = 512;  // elements per norm, >= 1
 };
 
-class qsgd {
+class qsgd : public detail::bucketed_codec<qsgd, qsgd_options> {
  public:
-  using codec_concept = codec_tag;
   static constexpr codec_id id = codec_id::qsgd;
   static constexpr std::size_t header_bytes = layout::qsgd::header_bytes;  // n u64, bucket u32, levels u32
   static constexpr std::uint32_t max_levels = layout::qsgd::max_levels;    // codes fit in 16 bits
   static constexpr detail::bucketed_format payload_format{
       "qsgd", header_bytes, 0, "ceil(n bits / 8)", "qsgd.n", "qsgd.bucket", "qsgd.levels", max_levels};
 
-  qsgd() = default;
-  explicit qsgd(qsgd_options o) : opt_(o) {}
-  [[nodiscard]] const qsgd_options& options() const noexcept { return opt_; }
-
-  [[nodiscard]] status validate() const {
-    if (opt_.levels < 1 || opt_.levels > max_levels)
-      return invalid_argument("qsgd.levels", opt_.levels, "must be in [1, 32767]");
-    if (opt_.bucket < 1) return invalid_argument("qsgd.bucket", opt_.bucket, "must be >= 1");
-    return {};
-  }
+  using bucketed_codec::bucketed_codec;
 
   static std::size_t payload_bytes(std::uint64_t n, std::uint32_t bucket, std::uint32_t levels) noexcept {
     return layout::qsgd_payload_bytes(n, bucket, levels);
   }
-  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
-    return payload_bytes(n, opt_.bucket == 0 ? 1 : opt_.bucket, opt_.levels == 0 ? 1 : opt_.levels);
-  }
-  [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
 
   template <gradient_element T>
   result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
@@ -83,9 +69,6 @@ class qsgd {
                     const codec_context&) const {
     return detail::levels_payload_decode_add(payload_format, 0, detail::bucket_norm::l2, in, info, acc, scale);
   }
-
- private:
-  qsgd_options opt_{};
 };
 
 static_assert(codec<qsgd>);

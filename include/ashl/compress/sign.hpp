@@ -42,30 +42,18 @@ struct sign_options {
   std::uint32_t bucket = 512;  // elements per scale, >= 1
 };
 
-class sign {
+class sign : public detail::bucketed_codec<sign, sign_options> {
  public:
-  using codec_concept = codec_tag;
   static constexpr codec_id id = codec_id::sign;
   static constexpr std::size_t header_bytes = layout::sign::header_bytes;  // n u64, bucket u32
   static constexpr detail::bucketed_format payload_format{
       "sign", header_bytes, layout::sign::code_bits, "ceil(n / 8)", "sign.n", "sign.bucket", ""};
 
-  sign() = default;
-  explicit sign(sign_options o) : opt_(o) {}
-  [[nodiscard]] const sign_options& options() const noexcept { return opt_; }
-
-  [[nodiscard]] status validate() const {
-    if (opt_.bucket < 1) return invalid_argument("sign.bucket", opt_.bucket, "must be >= 1");
-    return {};
-  }
+  using bucketed_codec::bucketed_codec;
 
   static std::size_t payload_bytes(std::uint64_t n, std::uint32_t bucket) noexcept {
     return layout::sign_payload_bytes(n, bucket);
   }
-  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
-    return payload_bytes(n, opt_.bucket == 0 ? 1 : opt_.bucket);
-  }
-  [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
 
   template <gradient_element T>
   result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context&) const {
@@ -148,9 +136,6 @@ class sign {
     }
     return {};
   }
-
- private:
-  sign_options opt_{};
 };
 
 static_assert(codec<sign>);

@@ -42,30 +42,18 @@ struct terngrad_options {
   std::uint32_t bucket = 512;  // elements per scale, >= 1
 };
 
-class terngrad {
+class terngrad : public detail::bucketed_codec<terngrad, terngrad_options> {
  public:
-  using codec_concept = codec_tag;
   static constexpr codec_id id = codec_id::terngrad;
   static constexpr std::size_t header_bytes = layout::terngrad::header_bytes;  // n u64, bucket u32
   static constexpr detail::bucketed_format payload_format{
       "terngrad", header_bytes, layout::terngrad::code_bits, "ceil(n / 4)", "terngrad.n", "terngrad.bucket", ""};
 
-  terngrad() = default;
-  explicit terngrad(terngrad_options o) : opt_(o) {}
-  [[nodiscard]] const terngrad_options& options() const noexcept { return opt_; }
-
-  [[nodiscard]] status validate() const {
-    if (opt_.bucket < 1) return invalid_argument("terngrad.bucket", opt_.bucket, "must be >= 1");
-    return {};
-  }
+  using bucketed_codec::bucketed_codec;
 
   static std::size_t payload_bytes(std::uint64_t n, std::uint32_t bucket) noexcept {
     return layout::terngrad_payload_bytes(n, bucket);
   }
-  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
-    return payload_bytes(n, opt_.bucket == 0 ? 1 : opt_.bucket);
-  }
-  [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
 
   template <gradient_element T>
   result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
@@ -78,9 +66,6 @@ class terngrad {
                     const codec_context&) const {
     return detail::levels_payload_decode_add(payload_format, 1, detail::bucket_norm::max_abs, in, info, acc, scale);
   }
-
- private:
-  terngrad_options opt_{};
 };
 
 static_assert(codec<terngrad>);

@@ -105,6 +105,42 @@ inline result<bucketed_parts<const std::byte>> read_bucketed_header(const bucket
   return bucketed_parts<const std::byte>{h, scales, scales + 4 * layout::bucket_count(h.n, h.bucket), expect};
 }
 
+// The options half of a bucketed codec (sign, terngrad, qsgd), which the
+// codec derives from: Options has `bucket` (and `levels` for qsgd), Codec
+// names its payload_format. validate() refuses a bucket (or levels) the
+// payload cannot carry; max_encoded_bytes is the exact payload size, with a
+// refused 0 taken as 1 so that it is still a size.
+template <class Codec, class Options>
+class bucketed_codec {
+  static constexpr bool has_levels = requires(const Options& o) { o.levels; };
+
+ public:
+  using codec_concept = codec_tag;
+
+  bucketed_codec() = default;
+  explicit bucketed_codec(Options o) : opt_(o) {}
+  [[nodiscard]] const Options& options() const noexcept { return opt_; }
+
+  [[nodiscard]] status validate() const {
+    constexpr const bucketed_format& f = Codec::payload_format;
+    if constexpr (has_levels)
+      if (opt_.levels < 1 || opt_.levels > f.max_levels)
+        return invalid_argument(f.levels_field, opt_.levels, "must be in [1, " + std::to_string(f.max_levels) + "]");
+    if (opt_.bucket < 1) return invalid_argument(f.bucket_field, opt_.bucket, "must be >= 1");
+    return {};
+  }
+
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
+    bucketed_header h{n, opt_.bucket == 0 ? 1 : opt_.bucket, 0};
+    if constexpr (has_levels) h.levels = opt_.levels == 0 ? 1 : opt_.levels;
+    return static_cast<std::size_t>(bucketed_bytes(Codec::payload_format, h));
+  }
+  [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
+
+ protected:
+  Options opt_{};
+};
+
 // qsgd and terngrad whole: a bucketed payload of stochastic levels
 // (detail/levels.hpp) with `levels` levels per sign and per-bucket `norm`.
 // `bad_norm` says why a bucket's norm was refused.
