@@ -26,21 +26,9 @@
 #error "ashl/compress/cuda/terngrad.cuh needs nvcc; use ashl/compress/terngrad.hpp on the host"
 #endif
 
-#include <ashl/config.hpp>
-#include <ashl/compress/concepts.hpp>
 #include <ashl/compress/cuda/concepts.cuh>
-#include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/dispatch_levels.cuh>
-#include <ashl/compress/layout.hpp>
 #include <ashl/compress/terngrad.hpp>
-#include <ashl/core/dtype.hpp>
-#include <ashl/core/status.hpp>
-#include <ashl/core/tensor_view.hpp>
-
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <string>
 
 ASHL_NAMESPACE_BEGIN
 namespace compress::cuda {

@@ -13,7 +13,9 @@
 // so every entry point can be captured into a CUDA graph. Checks that need the
 // data (strict overflow, a malformed payload) cannot return a status without
 // a host sync; they leave their verdict in a caller-owned device_report the
-// caller reads when it synchronizes anyway. ALGORITHMS.md §4.
+// caller reads when it synchronizes anyway. Every file under dispatch/ but
+// tuning/ includes this one, and its nvcc check stands for theirs.
+// ALGORITHMS.md §4.
 #pragma once
 
 #if !defined(__CUDACC__)

@@ -14,10 +14,6 @@
 // checks on the device, in the CPU's order, then the add. ALGORITHMS.md §4.
 #pragma once
 
-#if !defined(__CUDACC__)
-#error "ashl/compress/cuda/*.cuh needs nvcc (CUDA C++)"
-#endif
-
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>

@@ -10,10 +10,6 @@
 // report (the CPU codec's "natural.input.max_abs" error). ALGORITHMS.md §4.
 #pragma once
 
-#if !defined(__CUDACC__)
-#error "ashl/compress/cuda/*.cuh needs nvcc (CUDA C++)"
-#endif
-
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>

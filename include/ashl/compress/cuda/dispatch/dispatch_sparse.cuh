@@ -17,10 +17,6 @@
 // is copied to the caller's device_report if one is given. ALGORITHMS.md §4.
 #pragma once
 
-#if !defined(__CUDACC__)
-#error "ashl/compress/cuda/*.cuh needs nvcc (CUDA C++)"
-#endif
-
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>

@@ -18,10 +18,6 @@
 // kernels and the sizes they need. ALGORITHMS.md §4.
 #pragma once
 
-#if !defined(__CUDACC__)
-#error "ashl/compress/cuda/*.cuh needs nvcc (CUDA C++)"
-#endif
-
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>

@@ -11,10 +11,6 @@
 // visibility and live in the versioned namespace (STYLE.md).
 #pragma once
 
-#if !defined(__CUDACC__)
-#error "ashl/compress/cuda/*.cuh needs nvcc (CUDA C++)"
-#endif
-
 #include <ashl/config.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/core/dtype.hpp>

@@ -22,10 +22,6 @@
 // thread in the CPU's order.
 #pragma once
 
-#if !defined(__CUDACC__)
-#error "ashl/compress/cuda/*.cuh needs nvcc (CUDA C++)"
-#endif
-
 #include <ashl/config.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/reduce.cuh>

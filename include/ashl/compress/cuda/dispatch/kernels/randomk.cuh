@@ -14,10 +14,6 @@
 // host-device, so its four lines are restated in randomk_draw below).
 #pragma once
 
-#if !defined(__CUDACC__)
-#error "ashl/compress/cuda/*.cuh needs nvcc (CUDA C++)"
-#endif
-
 #include <ashl/config.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/core/dtype.hpp>

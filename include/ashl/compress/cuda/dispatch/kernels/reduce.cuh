@@ -17,11 +17,8 @@
 // ALGORITHMS.md §4.
 #pragma once
 
-#if !defined(__CUDACC__)
-#error "ashl/compress/cuda/*.cuh needs nvcc (CUDA C++)"
-#endif
-
 #include <ashl/config.hpp>
+#include <ashl/compress/cuda/dispatch/common.cuh>
 
 #include <cstdint>
 

@@ -11,10 +11,6 @@
 // ALGORITHMS.md §4.
 #pragma once
 
-#if !defined(__CUDACC__)
-#error "ashl/compress/cuda/*.cuh needs nvcc (CUDA C++)"
-#endif
-
 #include <ashl/config.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/reduce.cuh>

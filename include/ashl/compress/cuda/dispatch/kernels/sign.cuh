@@ -15,10 +15,6 @@
 // chains. Bits: one warp ballot per 32 elements (bit i = x_i < 0).
 #pragma once
 
-#if !defined(__CUDACC__)
-#error "ashl/compress/cuda/*.cuh needs nvcc (CUDA C++)"
-#endif
-
 #include <ashl/config.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/levels.cuh>

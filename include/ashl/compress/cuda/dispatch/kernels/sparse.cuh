@@ -13,10 +13,6 @@
 // that 8-byte alignment is not needed.
 #pragma once
 
-#if !defined(__CUDACC__)
-#error "ashl/compress/cuda/*.cuh needs nvcc (CUDA C++)"
-#endif
-
 #include <ashl/config.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/core/dtype.hpp>
