@@ -34,7 +34,7 @@
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/residual.cuh>
 #include <ashl/compress/cuda/dispatch/state.cuh>
-#include <ashl/compress/cuda/dispatch/tuning/tuning.cuh>
+#include <ashl/compress/cuda/dispatch/launch.cuh>
 #include <ashl/compress/cuda/topk.cuh>
 #include <ashl/compress/dgc.hpp>
 #include <ashl/compress/layout.hpp>
@@ -105,21 +105,19 @@ struct device_impl<dgc<C>> {
     ASHL_TRY(d.state_.slot(ctx.tensor, n, stream, "dgc", uv));
     float* const u = uv[0];
     float* const v = uv[1];
-    detail::device_properties dev;
-    ASHL_TRY(detail::cuda_check(detail::current_device(dev), "dgc.device"));
-    const auto ew = detail::tuning_for(dev.cc_major, dev.cc_minor).elementwise;
+    detail::launch_env env;
+    ASHL_TRY(detail::current_launch_env("dgc", env));
+    const int ipt = env.items_per_thread();
     if (n != 0) {
-      detail::dgc_momentum_kernel<T>
-          <<<detail::grid_for(n, ew.block_threads, ew.items_per_thread, dev.sm_count, ew.blocks_per_sm),
-             ew.block_threads, 0, stream>>>(g.data(), u, v, n, d.opt_.momentum, ew.items_per_thread);
+      detail::dgc_momentum_kernel<T><<<env.grid(n, ipt), env.block(), 0, stream>>>(g.data(), u, v, n, d.opt_.momentum,
+                                                                                    ipt);
       ASHL_TRY(detail::cuda_check(cudaGetLastError(), "dgc.momentum_kernel"));
     }
     ASHL_TRY(device_impl<C>::encode(d.inner_, device_view<const float>(v, n), out, ctx, scratch, report, stream));
     const std::uint64_t capacity = (out.used - layout::sparse::header_bytes) / (4 + 4);
     if (capacity == 0) return {};
-    detail::sparse_mask_kernel<<<
-        detail::grid_for(capacity, ew.block_threads, ew.items_per_thread, dev.sm_count, ew.blocks_per_sm),
-        ew.block_threads, 0, stream>>>(out.bytes.data(), u, v, capacity, ew.items_per_thread);
+    detail::sparse_mask_kernel<<<env.grid(capacity, ipt), env.block(), 0, stream>>>(out.bytes.data(), u, v, capacity,
+                                                                                  ipt);
     return detail::cuda_check(cudaGetLastError(), "dgc.mask_kernel");
   }
 

@@ -44,7 +44,7 @@
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/residual.cuh>
 #include <ashl/compress/cuda/dispatch/state.cuh>
-#include <ashl/compress/cuda/dispatch/tuning/tuning.cuh>
+#include <ashl/compress/cuda/dispatch/launch.cuh>
 #include <ashl/compress/cuda/identity.cuh>
 #include <ashl/compress/layout.hpp>
 #include <ashl/compress/registry.hpp>
@@ -125,21 +125,19 @@ struct device_impl<error_feedback<C>> {
     if constexpr (fused_error_feedback<C>) {
       return device_impl<C>::encode_error_feedback(ef.inner_, x, ev, out, ctx, scratch, report, stream);
     } else {
-      detail::device_properties dev;
-      ASHL_TRY(detail::cuda_check(detail::current_device(dev), "error_feedback.device"));
-      const auto ew = detail::tuning_for(dev.cc_major, dev.cc_minor).elementwise;
-      const unsigned grid = detail::grid_for(n, ew.block_threads, ew.items_per_thread, dev.sm_count, ew.blocks_per_sm);
-      ASHL_TRY(detail::cuda_check(detail::launch_residual_add(x.data(), e, n, ew.block_threads, ew.items_per_thread,
-                                                              grid, stream),
-                                  "error_feedback.residual_add"));
+      detail::launch_env env;
+      ASHL_TRY(detail::current_launch_env("error_feedback", env));
+      const int ipt = env.items_per_thread();
+      ASHL_TRY(detail::cuda_check(
+          detail::launch_residual_add(x.data(), e, n, env.block(), ipt, env.grid(n, ipt), stream),
+          "error_feedback.residual_add"));
       ASHL_TRY(device_impl<C>::encode(ef.inner_, device_view<const float>(e, n), out, ctx, scratch, report, stream));
       if constexpr (sparse_pair_codec<C>) {
         const std::uint64_t capacity =
             (ef.inner_.max_encoded_bytes(n, dtype::f32) - layout::sparse::header_bytes) / (4 + 4);
         if (capacity == 0) return {};
-        detail::residual_sparse_subtract_kernel<<<
-            detail::grid_for(capacity, ew.block_threads, ew.items_per_thread, dev.sm_count, ew.blocks_per_sm),
-            ew.block_threads, 0, stream>>>(out.bytes.data(), e, nullptr, capacity, ew.items_per_thread);
+        detail::residual_sparse_subtract_kernel<<<env.grid(capacity, ipt), env.block(), 0, stream>>>(
+            out.bytes.data(), e, nullptr, capacity, ipt);
         return detail::cuda_check(cudaGetLastError(), "error_feedback.subtract");
       } else {
         // The inner decoder's own scale -1 add; its scratch fits in the
