@@ -249,6 +249,18 @@ inline status check_decode_host(std::string_view codec, dtype t, std::size_t cou
   return check_alignment(c + ".in.data", in, 4);
 }
 
+// f(std::integral_constant<dtype, V>{}) for a payload's value dtype V: f32,
+// f16, or bf16 for anything else (the host checks refused other dtypes
+// before any launch).
+template <class F>
+decltype(auto) with_value_type(dtype t, F&& f) {
+  switch (t) {
+    case dtype::f32: return f(std::integral_constant<dtype, dtype::f32>{});
+    case dtype::f16: return f(std::integral_constant<dtype, dtype::f16>{});
+    default: return f(std::integral_constant<dtype, dtype::bf16>{});
+  }
+}
+
 // The grid-stride loop of the element-wise kernels: per step, a thread takes
 // items_per_thread items a grid-width apart (so every warp access is
 // coalesced), and f(i) runs once for each i < n, in that order. The kernels

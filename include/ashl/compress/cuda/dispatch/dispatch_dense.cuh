@@ -15,7 +15,7 @@
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/dense.cuh>
-#include <ashl/compress/cuda/dispatch/tuning/tuning.cuh>
+#include <ashl/compress/cuda/dispatch/launch.cuh>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/core/tensor_view.hpp>
@@ -58,30 +58,16 @@ status dispatch_dense_encode(std::string_view codec, dense_target target, bool s
   auto go = scratch_protocol(codec, d_scratch, scratch_bytes, dense_scratch_bytes);
   if (!go) return go.error();
   if (!*go) return {};
-  if (out.size() < bytes)
-    return make_error(errc::buffer_too_small, c + ".out.size", out.size(),
-                      "bytes, fewer than max_encoded_bytes = " + std::to_string(bytes));
-  ASHL_TRY(check_alignment(c + ".out.data", out.data(), 4));
+  ASHL_TRY(check_output(codec, out, bytes));
   ASHL_TRY(clear_report(report, stream, codec));
   if (n == 0) return {};
-  device_properties dev;
-  ASHL_TRY(cuda_check(current_device(dev), c + ".device"));
-  const auto t = tuning_for(dev.cc_major, dev.cc_minor).elementwise;
-  const unsigned grid = grid_for(n, t.block_threads, t.items_per_thread, dev.sm_count, t.blocks_per_sm);
-  switch (target) {
-    case dense_target::identity:
-      dense_encode_kernel<T, dense_target::identity>
-          <<<grid, t.block_threads, 0, stream>>>(x.data(), out.data(), n, strict, report, t.items_per_thread);
-      break;
-    case dense_target::f16:
-      dense_encode_kernel<T, dense_target::f16>
-          <<<grid, t.block_threads, 0, stream>>>(x.data(), out.data(), n, strict, report, t.items_per_thread);
-      break;
-    case dense_target::bf16:
-      dense_encode_kernel<T, dense_target::bf16>
-          <<<grid, t.block_threads, 0, stream>>>(x.data(), out.data(), n, strict, report, t.items_per_thread);
-      break;
-  }
+  launch_env env;
+  ASHL_TRY(current_launch_env(codec, env));
+  auto* kernel = dense_encode_kernel<T, dense_target::identity>;
+  if (target == dense_target::f16) kernel = dense_encode_kernel<T, dense_target::f16>;
+  if (target == dense_target::bf16) kernel = dense_encode_kernel<T, dense_target::bf16>;
+  const int ipt = env.items_per_thread();
+  kernel<<<env.grid(n, ipt), env.block(), 0, stream>>>(x.data(), out.data(), n, strict, report, ipt);
   return cuda_check(cudaGetLastError(), c + ".encode_kernel");
 }
 
@@ -99,24 +85,13 @@ inline status dispatch_dense_decode_add(std::string_view codec, dtype payload_ty
   ASHL_TRY(check_alignment(c + ".in.data", in.data(), 4));
   const std::size_t n = info.count;
   if (n == 0) return {};
-  device_properties dev;
-  ASHL_TRY(cuda_check(current_device(dev), c + ".device"));
-  const auto t = tuning_for(dev.cc_major, dev.cc_minor).elementwise;
-  const unsigned grid = grid_for(n, t.block_threads, t.items_per_thread, dev.sm_count, t.blocks_per_sm);
-  switch (payload_type) {
-    case dtype::f32:
-      dense_decode_add_kernel<dtype::f32>
-          <<<grid, t.block_threads, 0, stream>>>(in.data(), acc.data(), n, scale, t.items_per_thread);
-      break;
-    case dtype::f16:
-      dense_decode_add_kernel<dtype::f16>
-          <<<grid, t.block_threads, 0, stream>>>(in.data(), acc.data(), n, scale, t.items_per_thread);
-      break;
-    default:
-      dense_decode_add_kernel<dtype::bf16>
-          <<<grid, t.block_threads, 0, stream>>>(in.data(), acc.data(), n, scale, t.items_per_thread);
-      break;
-  }
+  launch_env env;
+  ASHL_TRY(current_launch_env(codec, env));
+  const int ipt = env.items_per_thread();
+  with_value_type(payload_type, [&](auto type) {
+    dense_decode_add_kernel<decltype(type)::value>
+        <<<env.grid(n, ipt), env.block(), 0, stream>>>(in.data(), acc.data(), n, scale, ipt);
+  });
   return cuda_check(cudaGetLastError(), c + ".decode_add_kernel");
 }
 

@@ -46,7 +46,7 @@
 #include <ashl/compress/cuda/dispatch/kernels/radix_select.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/select.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/sparse.cuh>
-#include <ashl/compress/cuda/dispatch/tuning/tuning.cuh>
+#include <ashl/compress/cuda/dispatch/launch.cuh>
 #include <ashl/compress/layout.hpp>
 #include <ashl/compress/threshold.hpp>
 #include <ashl/compress/topk_sampled.hpp>
@@ -66,14 +66,6 @@
 
 ASHL_NAMESPACE_BEGIN
 namespace compress::cuda::detail {
-
-// Checks the output once the run is known to go ahead.
-inline status check_sparse_output(const std::string& c, device_view<std::byte> out, std::size_t bound) {
-  if (out.size() < bound)
-    return make_error(errc::buffer_too_small, c + ".out.size", out.size(),
-                      "bytes, fewer than max_encoded_bytes = " + std::to_string(bound));
-  return check_alignment(c + ".out.data", out.data(), 4);
-}
 
 // Header, values and (when asked) the exact size, from the device count.
 template <class T>
@@ -131,11 +123,11 @@ status dispatch_threshold_encode(const compress::threshold& codec, void* d_scrat
   auto go = scratch_protocol(c, d_scratch, scratch_bytes, *needed);
   if (!go) return go.error();
   if (!*go) return {};
-  ASHL_TRY(check_sparse_output(c, out, layout::sparse_payload_bytes(cap, sizeof(T))));
+  ASHL_TRY(check_output(c, out, layout::sparse_payload_bytes(cap, sizeof(T))));
   ASHL_TRY(carve(d_scratch, counts, selected, cub_temp, cub_bytes, sel).to_status());
-  device_properties dev;
-  ASHL_TRY(cuda_check(current_device(dev), c + ".device"));
-  const auto tune = tuning_for(dev.cc_major, dev.cc_minor);
+  launch_env env;
+  ASHL_TRY(current_launch_env(c, env));
+  const auto& [dev, tune] = env;
   const auto& ew = tune.elementwise;
   std::byte* const o = out.data();
   auto* idx = reinterpret_cast<std::uint32_t*>(o + layout::sparse::header_bytes);
@@ -210,11 +202,11 @@ status dispatch_topk_sampled_encode(const compress::topk_sampled& codec, void* d
   auto go = scratch_protocol(c, d_scratch, scratch_bytes, *needed);
   if (!go) return go.error();
   if (!*go) return {};
-  ASHL_TRY(check_sparse_output(c, out, layout::sparse_payload_bytes(hi, sizeof(T))));
+  ASHL_TRY(check_output(c, out, layout::sparse_payload_bytes(hi, sizeof(T))));
   ASHL_TRY(carve(d_scratch, counts, keys, sorted, sort_temp, sort_bytes, sel).to_status());
-  device_properties dev;
-  ASHL_TRY(cuda_check(current_device(dev), c + ".device"));
-  const auto tune = tuning_for(dev.cc_major, dev.cc_minor);
+  launch_env env;
+  ASHL_TRY(current_launch_env(c, env));
+  const auto& [dev, tune] = env;
   const auto& ew = tune.elementwise;
   std::byte* const o = out.data();
   auto* idx = reinterpret_cast<std::uint32_t*>(o + layout::sparse::header_bytes);

@@ -158,13 +158,10 @@ status dispatch_topk_encode(std::string_view codec, std::size_t k, void* d_scrat
   auto go = scratch_protocol(codec, d_scratch, scratch_bytes, needed);
   if (!go) return go.error();
   if (!*go) return {};
-  if (out.size() < bytes)
-    return make_error(errc::buffer_too_small, c + ".out.size", out.size(),
-                      "bytes, fewer than max_encoded_bytes = " + std::to_string(bytes));
-  ASHL_TRY(check_alignment(c + ".out.data", out.data(), 4));
-  device_properties dev;
-  ASHL_TRY(cuda_check(current_device(dev), c + ".device"));
-  const auto tune = tuning_for(dev.cc_major, dev.cc_minor);
+  ASHL_TRY(check_output(codec, out, bytes));
+  launch_env env;
+  ASHL_TRY(current_launch_env(c, env));
+  const auto& [dev, tune] = env;
   const auto& ew = tune.elementwise;
   std::byte* const o = out.data();
 
@@ -203,26 +200,12 @@ inline status dispatch_sparse_decode_add(std::string_view codec, bool require_no
         const std::uint64_t max_pairs = (in.size() - layout::sparse::header_bytes) / (4 + vs);
         const unsigned grid = env.grid(max_pairs, env.items_per_thread());
         const int bt = env.block(), ipt = env.items_per_thread();
-        switch (info.type) {
-          case dtype::f32:
-            sparse_validate_kernel<dtype::f32>
-                <<<grid, bt, 0, stream>>>(in.data(), in.size(), info.count, require_nonempty, verdict, max_pairs);
-            sparse_add_kernel<dtype::f32>
-                <<<grid, bt, 0, stream>>>(in.data(), acc.data(), scale, verdict, max_pairs, ipt);
-            break;
-          case dtype::f16:
-            sparse_validate_kernel<dtype::f16>
-                <<<grid, bt, 0, stream>>>(in.data(), in.size(), info.count, require_nonempty, verdict, max_pairs);
-            sparse_add_kernel<dtype::f16>
-                <<<grid, bt, 0, stream>>>(in.data(), acc.data(), scale, verdict, max_pairs, ipt);
-            break;
-          default:
-            sparse_validate_kernel<dtype::bf16>
-                <<<grid, bt, 0, stream>>>(in.data(), in.size(), info.count, require_nonempty, verdict, max_pairs);
-            sparse_add_kernel<dtype::bf16>
-                <<<grid, bt, 0, stream>>>(in.data(), acc.data(), scale, verdict, max_pairs, ipt);
-            break;
-        }
+        with_value_type(info.type, [&](auto type) {
+          constexpr dtype V = decltype(type)::value;
+          sparse_validate_kernel<V>
+              <<<grid, bt, 0, stream>>>(in.data(), in.size(), info.count, require_nonempty, verdict, max_pairs);
+          sparse_add_kernel<V><<<grid, bt, 0, stream>>>(in.data(), acc.data(), scale, verdict, max_pairs, ipt);
+        });
         return {};
       });
 }

@@ -53,6 +53,15 @@ inline status current_launch_env(std::string_view codec, launch_env& env) {
   return {};
 }
 
+// The encode's output buffer: room for `payload_bytes`, 4-byte aligned.
+inline status check_output(std::string_view codec, device_view<std::byte> out, std::size_t payload_bytes) {
+  const std::string c(codec);
+  if (out.size() < payload_bytes)
+    return make_error(errc::buffer_too_small, c + ".out.size", out.size(),
+                      "bytes, fewer than max_encoded_bytes = " + std::to_string(payload_bytes));
+  return check_alignment(c + ".out.data", out.data(), 4);
+}
+
 // carve(scratch_carver&) -> Pieces; enqueue(Pieces, device_report* verdict,
 // const launch_env&) -> status. `payload_bytes` is the size the encode
 // writes (known on the host).
@@ -69,10 +78,7 @@ status encode_skeleton(std::string_view codec, void* d_scratch, std::size_t& scr
     if (!go) return go.error();
     if (!*go) return {};
   }
-  if (out.size() < payload_bytes)
-    return make_error(errc::buffer_too_small, c + ".out.size", out.size(),
-                      "bytes, fewer than max_encoded_bytes = " + std::to_string(payload_bytes));
-  ASHL_TRY(check_alignment(c + ".out.data", out.data(), 4));
+  ASHL_TRY(check_output(codec, out, payload_bytes));
   scratch_carver run(d_scratch);
   device_report* const verdict = run.take<device_report>(1);
   auto pieces = carve(run);
