@@ -38,6 +38,16 @@ namespace compress::cuda::detail {
 inline constexpr std::uint64_t stats_chunk = 1024;  // compress/detail/quantize.hpp's chunk
 inline constexpr std::uint64_t device_bucketed_max_elements = std::uint64_t{1} << 48;
 
+// Chunk q (of cpb per bucket of B elements, n in all) as [lo, lo + m): the
+// statistics chunks of levels_chunk_kernel and sign_chunk_kernel.
+__device__ __forceinline__ void chunk_extent(std::uint64_t q, std::uint64_t cpb, std::uint64_t B, std::uint64_t n,
+                                             std::uint64_t& lo, std::uint64_t& m) noexcept {
+  const std::uint64_t b = q / cpb, p = q % cpb;
+  const std::uint64_t bend = (b + 1) * B < n ? (b + 1) * B : n;
+  lo = b * B + p * stats_chunk;
+  m = lo < bend ? (bend - lo < stats_chunk ? bend - lo : stats_chunk) : 0;
+}
+
 // Chunks of stats_chunk per bucket (the last bucket may use fewer).
 inline std::uint64_t levels_chunks_per_bucket(std::uint64_t n, std::uint64_t bucket) noexcept {
   const std::uint64_t len = bucket < n ? bucket : n;
@@ -63,10 +73,7 @@ __global__ ASHL_DETAIL_HIDDEN void levels_chunk_kernel(const T* __restrict__ x, 
     std::uint32_t mk = 0;
     std::uint64_t lo = 0, m = 0;
     if (q < nchunks) {
-      const std::uint64_t b = q / cpb, p = q % cpb;
-      const std::uint64_t bend = (b + 1) * B < n ? (b + 1) * B : n;
-      lo = b * B + p * stats_chunk;
-      m = lo < bend ? (bend - lo < stats_chunk ? bend - lo : stats_chunk) : 0;
+      chunk_extent(q, cpb, B, n, lo, m);
       const std::uint64_t e = m & ~std::uint64_t{7};
       for (std::uint64_t g = t; g < e; g += 8) {
         const float a = abs_of(element_float(x[lo + g]));

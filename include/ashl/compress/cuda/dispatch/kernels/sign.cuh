@@ -39,10 +39,7 @@ __global__ ASHL_DETAIL_HIDDEN void sign_chunk_kernel(const T* __restrict__ x, st
     double acc = 0.0;
     std::uint64_t lo = 0, m = 0;
     if (q < nchunks) {
-      const std::uint64_t b = q / cpb, p = q % cpb;
-      const std::uint64_t bend = (b + 1) * B < n ? (b + 1) * B : n;
-      lo = b * B + p * stats_chunk;
-      m = lo < bend ? (bend - lo < stats_chunk ? bend - lo : stats_chunk) : 0;
+      chunk_extent(q, cpb, B, n, lo, m);
       for (std::uint64_t g = t; g < (m & ~std::uint64_t{3}); g += 4)
         acc = __dadd_rn(acc, static_cast<double>(abs_of(element_float(x[lo + g]))));
     }
