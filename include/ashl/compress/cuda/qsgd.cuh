@@ -26,20 +26,4 @@
 #error "ashl/compress/cuda/qsgd.cuh needs nvcc; use ashl/compress/qsgd.hpp on the host"
 #endif
 
-#include <ashl/compress/cuda/concepts.cuh>
-#include <ashl/compress/cuda/dispatch/dispatch_levels.cuh>
-#include <ashl/compress/qsgd.hpp>
-
-ASHL_NAMESPACE_BEGIN
-namespace compress::cuda {
-
-// Encode, error feedback (a refused input leaves x + e in the residual) and
-// decode: the shared path of dispatch/dispatch_levels.cuh.
-template <>
-struct device_impl<compress::qsgd>
-    : detail::fused_feedback_impl<compress::qsgd, detail::levels_ops<compress::qsgd, true>> {};
-
-static_assert(device_codec<compress::qsgd>);
-
-}  // namespace compress::cuda
-ASHL_NAMESPACE_END
+#include <ashl/compress/cuda/levels.cuh>

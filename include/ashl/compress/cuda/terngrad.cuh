@@ -26,20 +26,4 @@
 #error "ashl/compress/cuda/terngrad.cuh needs nvcc; use ashl/compress/terngrad.hpp on the host"
 #endif
 
-#include <ashl/compress/cuda/concepts.cuh>
-#include <ashl/compress/cuda/dispatch/dispatch_levels.cuh>
-#include <ashl/compress/terngrad.hpp>
-
-ASHL_NAMESPACE_BEGIN
-namespace compress::cuda {
-
-// Encode, error feedback (a refused input leaves x + e in the residual) and
-// decode: the shared path of dispatch/dispatch_levels.cuh.
-template <>
-struct device_impl<compress::terngrad>
-    : detail::fused_feedback_impl<compress::terngrad, detail::levels_ops<compress::terngrad, false>> {};
-
-static_assert(device_codec<compress::terngrad>);
-
-}  // namespace compress::cuda
-ASHL_NAMESPACE_END
+#include <ashl/compress/cuda/levels.cuh>
