@@ -95,16 +95,18 @@ inline status cast_decode(const char* name, bool half_payload, std::span<const s
   return {};
 }
 
-}  // namespace detail
+// The two casts differ only in the 16-bit format: Half picks binary16
+// (fp16) or bfloat16 (bf16).
+template <bool Half>
+class cast_codec {
+  static constexpr const char* name = Half ? "fp16" : "bf16";
 
-// IEEE binary16 cast.
-class fp16 {
  public:
   using codec_concept = codec_tag;
-  static constexpr codec_id id = codec_id::fp16;
+  static constexpr codec_id id = Half ? codec_id::fp16 : codec_id::bf16;
 
-  fp16() = default;
-  explicit fp16(cast_options o) : opt_(o) {}
+  cast_codec() = default;
+  explicit cast_codec(cast_options o) : opt_(o) {}
   [[nodiscard]] const cast_options& options() const noexcept { return opt_; }
 
   // Exactly 2 n, whatever the input dtype.
@@ -113,42 +115,29 @@ class fp16 {
 
   template <gradient_element T>
   result<std::size_t> encode(host_view<const T> x, std::span<std::byte> out, const codec_context&) const {
-    return detail::cast_encode<true>("fp16", x, out, opt_.strict);
+    return cast_encode<Half>(name, x, out, opt_.strict);
   }
   status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
                     const codec_context&) const {
-    return detail::cast_decode("fp16", true, in, info, acc, scale);
+    return cast_decode(name, Half, in, info, acc, scale);
   }
 
  private:
   cast_options opt_{};
 };
 
-// bfloat16 cast (the top half of binary32, rounded to nearest even).
-class bf16 {
+}  // namespace detail
+
+// IEEE binary16 cast.
+class fp16 : public detail::cast_codec<true> {
  public:
-  using codec_concept = codec_tag;
-  static constexpr codec_id id = codec_id::bf16;
+  using cast_codec::cast_codec;
+};
 
-  bf16() = default;
-  explicit bf16(cast_options o) : opt_(o) {}
-  [[nodiscard]] const cast_options& options() const noexcept { return opt_; }
-
-  // Exactly 2 n, whatever the input dtype.
-  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept { return 2 * n; }
-  [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
-
-  template <gradient_element T>
-  result<std::size_t> encode(host_view<const T> x, std::span<std::byte> out, const codec_context&) const {
-    return detail::cast_encode<false>("bf16", x, out, opt_.strict);
-  }
-  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
-                    const codec_context&) const {
-    return detail::cast_decode("bf16", false, in, info, acc, scale);
-  }
-
- private:
-  cast_options opt_{};
+// bfloat16 cast (the top half of binary32, rounded to nearest even).
+class bf16 : public detail::cast_codec<false> {
+ public:
+  using cast_codec::cast_codec;
 };
 
 static_assert(codec<fp16>);
