@@ -53,10 +53,6 @@ class qsgd : public detail::bucketed_codec<qsgd, qsgd_options> {
 
   using bucketed_codec::bucketed_codec;
 
-  static std::size_t payload_bytes(std::uint64_t n, std::uint32_t bucket, std::uint32_t levels) noexcept {
-    return layout::qsgd_payload_bytes(n, bucket, levels);
-  }
-
   template <gradient_element T>
   result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
     ASHL_TRY(validate());

@@ -51,10 +51,6 @@ class sign : public detail::bucketed_codec<sign, sign_options> {
 
   using bucketed_codec::bucketed_codec;
 
-  static std::size_t payload_bytes(std::uint64_t n, std::uint32_t bucket) noexcept {
-    return layout::sign_payload_bytes(n, bucket);
-  }
-
   template <gradient_element T>
   result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context&) const {
     ASHL_TRY(validate());

@@ -108,8 +108,9 @@ inline result<bucketed_parts<const std::byte>> read_bucketed_header(const bucket
 // The options half of a bucketed codec (sign, terngrad, qsgd), which the
 // codec derives from: Options has `bucket` (and `levels` for qsgd), Codec
 // names its payload_format. validate() refuses a bucket (or levels) the
-// payload cannot carry; max_encoded_bytes is the exact payload size, with a
-// refused 0 taken as 1 so that it is still a size.
+// payload cannot carry; payload_bytes is the layout.hpp size, and
+// max_encoded_bytes that size for the options, a refused 0 taken as 1 so
+// that it is still a size.
 template <class Codec, class Options>
 class bucketed_codec {
   static constexpr bool has_levels = requires(const Options& o) { o.levels; };
@@ -130,10 +131,22 @@ class bucketed_codec {
     return {};
   }
 
+  // The payload of n elements; every payload has exactly this size.
+  static std::size_t payload_bytes(std::uint64_t n, std::uint32_t bucket) noexcept
+    requires(!has_levels)
+  {
+    return static_cast<std::size_t>(bucketed_bytes(Codec::payload_format, {n, bucket, 0}));
+  }
+  static std::size_t payload_bytes(std::uint64_t n, std::uint32_t bucket, std::uint32_t levels) noexcept
+    requires has_levels
+  {
+    return static_cast<std::size_t>(bucketed_bytes(Codec::payload_format, {n, bucket, levels}));
+  }
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
-    bucketed_header h{n, opt_.bucket == 0 ? 1 : opt_.bucket, 0};
-    if constexpr (has_levels) h.levels = opt_.levels == 0 ? 1 : opt_.levels;
-    return static_cast<std::size_t>(bucketed_bytes(Codec::payload_format, h));
+    if constexpr (has_levels)
+      return payload_bytes(n, opt_.bucket == 0 ? 1 : opt_.bucket, opt_.levels == 0 ? 1 : opt_.levels);
+    else
+      return payload_bytes(n, opt_.bucket == 0 ? 1 : opt_.bucket);
   }
   [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }
 
