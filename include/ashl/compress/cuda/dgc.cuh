@@ -31,6 +31,7 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/cuda/concepts.cuh>
+#include <ashl/compress/cuda/decorator.cuh>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/residual.cuh>
 #include <ashl/compress/cuda/dispatch/state.cuh>
@@ -56,14 +57,15 @@ namespace compress::cuda {
 
 template <class C>
   requires device_codec<C> && sparse_pair_codec<C>
-class dgc {
+class dgc : public detail::device_decorator<dgc<C>, C, 2> {  // state: momentum u, velocity v
+  using base = detail::device_decorator<dgc<C>, C, 2>;
+  using base::state_;
+
  public:
-  using inner_codec = C;
-  static constexpr codec_id id = C::id;
+  static constexpr const char* name = "dgc";
 
   dgc() = default;
-  explicit dgc(C inner, dgc_options o = {}) : inner_(std::move(inner)), opt_(o) {}
-  [[nodiscard]] const C& inner() const noexcept { return inner_; }
+  explicit dgc(C inner, dgc_options o = {}) : base(std::move(inner)), opt_(o) {}
   [[nodiscard]] const dgc_options& options() const noexcept { return opt_; }
 
   [[nodiscard]] status validate() const {
@@ -72,28 +74,17 @@ class dgc {
     return {};
   }
 
-  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
-    return inner_.max_encoded_bytes(n, dtype::f32);
-  }
-
-  status reserve(std::uint32_t tensor, std::size_t n, cudaStream_t stream) {
-    std::array<float*, 2> a{};
-    return state_.slot(tensor, n, stream, "dgc", a);
-  }
   // u (momentum) and v (accumulated velocity) of `tensor`; empty if never encoded.
   [[nodiscard]] device_view<const float> momentum(std::uint32_t tensor) const noexcept { return state_.view(tensor, 0); }
   [[nodiscard]] device_view<const float> velocity(std::uint32_t tensor) const noexcept { return state_.view(tensor, 1); }
-  status reset(cudaStream_t stream) { return state_.zero(stream, "dgc"); }
 
  private:
   friend struct device_impl<dgc<C>>;
-  C inner_{};
   dgc_options opt_{};
-  detail::tensor_state_map<2> state_;
 };
 
 template <class C>
-struct device_impl<dgc<C>> {
+struct device_impl<dgc<C>> : detail::decorator_decode<dgc<C>> {
   template <gradient_element T>
   static status encode(dgc<C>& d, device_view<const T> g, device_output& out, const codec_context& ctx,
                        device_scratch& scratch, device_report* report, cudaStream_t stream) {
@@ -119,12 +110,6 @@ struct device_impl<dgc<C>> {
     detail::sparse_mask_kernel<<<env.grid(capacity, ipt), env.block(), 0, stream>>>(out.bytes.data(), u, v, capacity,
                                                                                   ipt);
     return detail::cuda_check(cudaGetLastError(), "dgc.mask_kernel");
-  }
-
-  static status decode_add(const dgc<C>& d, device_view<const std::byte> in, payload_info info,
-                           device_view<float> acc, float scale, const codec_context& ctx, device_scratch& scratch,
-                           device_report* report, cudaStream_t stream) {
-    return device_impl<C>::decode_add(d.inner_, in, info, acc, scale, ctx, scratch, report, stream);
   }
 };
 

@@ -41,6 +41,7 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/cuda/concepts.cuh>
+#include <ashl/compress/cuda/decorator.cuh>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/residual.cuh>
 #include <ashl/compress/cuda/dispatch/state.cuh>
@@ -74,40 +75,31 @@ concept fused_error_feedback =
     };
 
 template <device_codec C>
-class error_feedback {
+class error_feedback : public detail::device_decorator<error_feedback<C>, C, 1> {  // state: the residual e
+  using base = detail::device_decorator<error_feedback<C>, C, 1>;
+  using base::inner_;
+  using base::state_;
+
  public:
-  using inner_codec = C;
-  static constexpr codec_id id = C::id;  // the payload is the inner codec's
+  static constexpr const char* name = "error_feedback";
 
   error_feedback() = default;
-  explicit error_feedback(C inner) : inner_(std::move(inner)) {}
-  [[nodiscard]] const C& inner() const noexcept { return inner_; }
+  explicit error_feedback(C inner) : base(std::move(inner)) {}
+  using base::inner;
   // The inner codec may be replaced between encodes; the residuals are kept.
   C& inner() noexcept { return inner_; }
 
-  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
-    return inner_.max_encoded_bytes(n, dtype::f32);
-  }
-
-  // Allocates (zeroed, on `stream`) the residual of `tensor` for n elements.
-  status reserve(std::uint32_t tensor, std::size_t n, cudaStream_t stream) {
-    std::array<float*, 1> a{};
-    return state_.slot(tensor, n, stream, "error_feedback", a);
-  }
   // The residual of `tensor` (device memory; empty if never encoded).
   [[nodiscard]] device_view<const float> residual(std::uint32_t tensor) const noexcept {
     return state_.view(tensor, 0);
   }
-  status reset(cudaStream_t stream) { return state_.zero(stream, "error_feedback"); }
 
  private:
   friend struct device_impl<error_feedback<C>>;
-  C inner_{};
-  detail::tensor_state_map<1> state_;
 };
 
 template <class C>
-struct device_impl<error_feedback<C>> {
+struct device_impl<error_feedback<C>> : detail::decorator_decode<error_feedback<C>> {
   template <gradient_element T>
   static status encode(error_feedback<C>& ef, device_view<const T> x, device_output& out, const codec_context& ctx,
                        device_scratch& scratch, device_report* report, cudaStream_t stream) {
@@ -147,12 +139,6 @@ struct device_impl<error_feedback<C>> {
                                           {n, dtype::f32}, ev, -1.0f, ctx, dscratch, nullptr, stream);
       }
     }
-  }
-
-  static status decode_add(const error_feedback<C>& ef, device_view<const std::byte> in, payload_info info,
-                           device_view<float> acc, float scale, const codec_context& ctx, device_scratch& scratch,
-                           device_report* report, cudaStream_t stream) {
-    return device_impl<C>::decode_add(ef.inner_, in, info, acc, scale, ctx, scratch, report, stream);
   }
 
  private:
