@@ -49,6 +49,12 @@ ASHL_DETAIL_COMPRESS_HOST_BEGIN
 // layout (sparse_pair_codec), so the sent indices can be read back.
 struct dgc_options {
   float momentum = 0.9f;  // m in [0, 1)
+
+  // The one check of the options, for the host dgc and the device one.
+  [[nodiscard]] status validate() const {
+    if (!(momentum >= 0.0f && momentum < 1.0f)) return invalid_argument("dgc.momentum", momentum, "must be in [0, 1)");
+    return {};
+  }
 };
 
 template <sparse_pair_codec C>
@@ -62,11 +68,7 @@ class dgc : public detail::decorator<C, 2> {  // state: momentum u, velocity v
   explicit dgc(C inner, dgc_options o = {}) : base(std::move(inner)), opt_(o) {}
   [[nodiscard]] const dgc_options& options() const noexcept { return opt_; }
 
-  [[nodiscard]] status validate() const {
-    if (!(opt_.momentum >= 0.0f && opt_.momentum < 1.0f))
-      return invalid_argument("dgc.momentum", opt_.momentum, "must be in [0, 1)");
-    return {};
-  }
+  [[nodiscard]] status validate() const { return opt_.validate(); }
 
   // u (momentum) and v (accumulated velocity) of `tensor`; empty if never encoded.
   [[nodiscard]] std::span<const float> momentum(std::uint32_t tensor) const noexcept { return state_.view(tensor, 0); }
