@@ -68,11 +68,7 @@ class dgc : public detail::device_decorator<dgc<C>, C, 2> {  // state: momentum 
   explicit dgc(C inner, dgc_options o = {}) : base(std::move(inner)), opt_(o) {}
   [[nodiscard]] const dgc_options& options() const noexcept { return opt_; }
 
-  [[nodiscard]] status validate() const {
-    if (!(opt_.momentum >= 0.0f && opt_.momentum < 1.0f))
-      return invalid_argument("dgc.momentum", opt_.momentum, "must be in [0, 1)");
-    return {};
-  }
+  [[nodiscard]] status validate() const { return opt_.validate(); }
 
   // u (momentum) and v (accumulated velocity) of `tensor`; empty if never encoded.
   [[nodiscard]] device_view<const float> momentum(std::uint32_t tensor) const noexcept { return state_.view(tensor, 0); }
