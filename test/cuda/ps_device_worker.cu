@@ -19,17 +19,8 @@
 
 namespace {
 
-// 77 only without a device (support.cuh tells "no driver" from a driver
-// that does not match); any other answer of the runtime fails the test.
-int device_state() {
-  std::string why;
-  switch (::ashl_test::cuda_device_state(why)) {
-    case ::ashl_test::device_state::absent: std::printf("SKIPPED: %s\n", why.c_str()); return 77;
-    case ::ashl_test::device_state::broken: std::printf("FAILED: %s\n", why.c_str()); return 1;
-    case ::ashl_test::device_state::present: break;
-  }
-  return 0;
-}
+// 77 only without a device, 1 on any other CUDA error (support.cuh).
+int device_state() { return ::ashl_test::cuda_device_exit_code(); }
 
 }  // namespace
 

@@ -57,21 +57,24 @@ inline device_state cuda_device_state(std::string& why) {
   return device_state::broken;
 }
 
-// Boost.Test's runner, preceded by the device check: exit 77 (ctest
-// "skipped") only without a device, 1 on any other CUDA error.
-#define ASHL_TEST_CUDA_MAIN()                                                  \
-  int main(int argc, char** argv) {                                            \
-    std::string why;                                                           \
-    switch (::ashl_test::cuda_device_state(why)) {                             \
-      case ::ashl_test::device_state::absent:                                  \
-        std::printf("SKIPPED: %s\n", why.c_str());                             \
-        return 77;                                                             \
-      case ::ashl_test::device_state::broken:                                  \
-        std::printf("FAILED: %s\n", why.c_str());                              \
-        return 1;                                                              \
-      case ::ashl_test::device_state::present: break;                          \
-    }                                                                          \
-    return ::boost::unit_test::unit_test_main(&init_unit_test, argc, argv);    \
+// The device check as an exit code, printing why: 77 (ctest "skipped") only
+// without a device, 1 on any other CUDA error, 0 when the tests can run.
+inline int cuda_device_exit_code() {
+  std::string why;
+  switch (cuda_device_state(why)) {
+    case device_state::absent: std::printf("SKIPPED: %s\n", why.c_str()); return 77;
+    case device_state::broken: std::printf("FAILED: %s\n", why.c_str()); return 1;
+    case device_state::present: break;
+  }
+  return 0;
+}
+
+// Boost.Test's runner, preceded by the device check.
+#define ASHL_TEST_CUDA_MAIN()                                                 \
+  int main(int argc, char** argv) {                                           \
+    if (const int code = ::ashl_test::cuda_device_exit_code(); code != 0)     \
+      return code;                                                            \
+    return ::boost::unit_test::unit_test_main(&init_unit_test, argc, argv);   \
   }
 
 inline void check(cudaError_t e, const char* what) {
