@@ -14,20 +14,13 @@
 // single-process reference: encode every rank's vector, decode-add in rank
 // order with the rank's weight.
 
+#include "../support/on_ranks.hpp"
+
 using namespace ashl;
+using ashl_test::on_ranks;
 using namespace ashl::coll;
 
 namespace {
-void on_ranks(int n, const std::function<void(inproc&)>& body) {
-  inproc_group g(n);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&g, r, &body] {
-      inproc c = g.communicator(r);
-      body(c);
-    });
-  for (auto& t : ts) t.join();
-}
 
 std::vector<float> input(int rank, std::size_t n) {
   std::vector<float> x(n);

@@ -15,21 +15,11 @@
 // The collective drivers over the in-process model: the sync policies decide
 // when and with which weights; values are checked exactly (dyadic weights).
 
-using namespace ashl;
-using namespace ashl::coll;
+#include "../support/on_ranks.hpp"
 
-namespace {
-void on_ranks(int n, const std::function<void(inproc&)>& body) {
-  inproc_group g(n);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&g, r, &body] {
-      inproc c = g.communicator(r);
-      body(c);
-    });
-  for (auto& t : ts) t.join();
-}
-}  // namespace
+using namespace ashl;
+using ashl_test::on_ranks;
+using namespace ashl::coll;
 
 BOOST_AUTO_TEST_CASE(bsp_averages_gradients_every_step) {
   on_ranks(4, [](inproc& c) {

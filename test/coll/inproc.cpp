@@ -5,22 +5,11 @@
 #include <thread>
 #include <vector>
 
-using namespace ashl;
-using namespace ashl::coll;
+#include "../support/on_ranks.hpp"
 
-namespace {
-// Runs body(comm) on n threads, one per rank.
-void on_ranks(int n, const std::function<void(inproc&)>& body) {
-  inproc_group g(n);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&g, r, &body] {
-      inproc c = g.communicator(r);
-      body(c);
-    });
-  for (auto& t : ts) t.join();
-}
-}  // namespace
+using namespace ashl;
+using ashl_test::on_ranks;
+using namespace ashl::coll;
 
 BOOST_AUTO_TEST_CASE(allreduce_sum_max_min_and_in_place) {
   on_ranks(3, [](inproc& c) {
