@@ -16,20 +16,9 @@
 // ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / fp16, bf16".
 #pragma once
 
-#include <ashl/config.hpp>
-#include <ashl/compress/detail/host_simd.hpp>
-#include <ashl/compress/concepts.hpp>
-#include <ashl/compress/detail/elements.hpp>
-#include <ashl/core/dtype.hpp>
-#include <ashl/core/status.hpp>
-#include <ashl/core/tensor_view.hpp>
-#include <ashl/wire/ids.hpp>
+#include <ashl/compress/detail/codec.hpp>
 
 #include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <string>
 #include <type_traits>
 
 ASHL_DETAIL_COMPRESS_HOST_BEGIN
@@ -98,13 +87,10 @@ inline status cast_decode(const char* name, bool half_payload, std::span<const s
 // The two casts differ only in the 16-bit format: Half picks binary16
 // (fp16) or bfloat16 (bf16).
 template <bool Half>
-class cast_codec {
+class cast_codec : public codec_base<Half ? codec_id::fp16 : codec_id::bf16> {
   static constexpr const char* name = Half ? "fp16" : "bf16";
 
  public:
-  using codec_concept = codec_tag;
-  static constexpr codec_id id = Half ? codec_id::fp16 : codec_id::bf16;
-
   cast_codec() = default;
   explicit cast_codec(cast_options o) : opt_(o) {}
   [[nodiscard]] const cast_options& options() const noexcept { return opt_; }

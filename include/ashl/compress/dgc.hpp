@@ -21,25 +21,15 @@
 // warm-up of the sparsity are the caller's. ALGORITHMS.md §4 (decorators).
 #pragma once
 
-#include <ashl/config.hpp>
-#include <ashl/compress/detail/host_simd.hpp>
-#include <ashl/compress/concepts.hpp>
-#include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/codec.hpp>
 #include <ashl/compress/detail/decorator.hpp>
 #include <ashl/compress/registry.hpp>  // codecs, sparse_pair_codec
 #include <ashl/compress/threshold.hpp>
 #include <ashl/compress/topk.hpp>
 #include <ashl/compress/topk_sampled.hpp>
-#include <ashl/core/dtype.hpp>
-#include <ashl/core/status.hpp>
-#include <ashl/core/tensor_view.hpp>
-#include <ashl/wire/ids.hpp>
 
 #include <algorithm>
 #include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <span>
 #include <utility>
 #include <vector>
 

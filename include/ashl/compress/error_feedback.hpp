@@ -22,21 +22,11 @@
 // (decorators); DESIGN.md "Codec".
 #pragma once
 
-#include <ashl/config.hpp>
-#include <ashl/compress/detail/host_simd.hpp>
-#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/detail/codec.hpp>
 #include <ashl/compress/detail/decorator.hpp>
-#include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/identity.hpp>
-#include <ashl/core/dtype.hpp>
-#include <ashl/core/status.hpp>
-#include <ashl/core/tensor_view.hpp>
-#include <ashl/wire/ids.hpp>
 
 #include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <span>
 #include <utility>
 #include <vector>
 

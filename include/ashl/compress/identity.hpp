@@ -11,25 +11,12 @@
 // docs/wire-format.md, "Codec payloads / identity".
 #pragma once
 
-#include <ashl/config.hpp>
-#include <ashl/compress/detail/host_simd.hpp>
-#include <ashl/compress/concepts.hpp>
-#include <ashl/compress/detail/elements.hpp>
-#include <ashl/core/dtype.hpp>
-#include <ashl/core/status.hpp>
-#include <ashl/core/tensor_view.hpp>
-#include <ashl/wire/ids.hpp>
-
-#include <cstddef>
-#include <span>
-#include <string>
+#include <ashl/compress/detail/codec.hpp>
 
 ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
-class identity {
+class identity : public detail::codec_base<codec_id::identity> {
  public:
-  using codec_concept = codec_tag;
-  static constexpr codec_id id = codec_id::identity;
 
   // Exactly n * size_of(t).
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype t) const noexcept { return n * size_of(t); }

@@ -21,33 +21,20 @@
 // "Codec payloads / natural".
 #pragma once
 
-#include <ashl/config.hpp>
-#include <ashl/compress/detail/host_simd.hpp>
-#include <ashl/compress/concepts.hpp>
-#include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/codec.hpp>
 #include <ashl/compress/detail/levels.hpp>
 #include <ashl/compress/detail/quantize.hpp>
 #include <ashl/compress/detail/random_words.hpp>
 #include <ashl/core/bytes.hpp>
-#include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
-#include <ashl/core/status.hpp>
-#include <ashl/core/tensor_view.hpp>
-#include <ashl/wire/ids.hpp>
 
 #include <bit>
 #include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <string>
 
 ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
-class natural {
+class natural : public detail::codec_base<codec_id::natural> {
  public:
-  using codec_concept = codec_tag;
-  static constexpr codec_id id = codec_id::natural;
   static constexpr std::size_t header_bytes = 12;  // n u64, emin i32
   // emin range: max |x| = 2^-149 (smallest subnormal) gives -274; the clamp gives 1.
   static constexpr std::int32_t min_emin = -274, max_emin = 1;

@@ -17,24 +17,12 @@
 // ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / qsgd".
 #pragma once
 
-#include <ashl/config.hpp>
-#include <ashl/compress/detail/host_simd.hpp>
-#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/detail/codec.hpp>
 #include <ashl/compress/detail/bucketed.hpp>
 #include <ashl/compress/layout.hpp>
-#include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/detail/levels.hpp>
 #include <ashl/core/bytes.hpp>
-#include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
-#include <ashl/core/status.hpp>
-#include <ashl/core/tensor_view.hpp>
-#include <ashl/wire/ids.hpp>
-
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <string>
 
 ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
@@ -43,28 +31,11 @@ struct qsgd_options {
   std::uint32_t bucket = 512;  // elements per norm, >= 1
 };
 
-class qsgd : public detail::bucketed_codec<qsgd, qsgd_options> {
+class qsgd : public detail::levels_codec<qsgd_options, codec_id::qsgd, detail::bucket_norm::l2> {
  public:
-  static constexpr codec_id id = codec_id::qsgd;
-  static constexpr std::size_t header_bytes = layout::qsgd::header_bytes;  // n u64, bucket u32, levels u32
-  static constexpr std::uint32_t max_levels = layout::qsgd::max_levels;    // codes fit in 16 bits
-  static constexpr detail::bucketed_format payload_format{
-      "qsgd", header_bytes, 0, "ceil(n bits / 8)", "qsgd.n", "qsgd.bucket", "qsgd.levels", max_levels};
+  static constexpr std::uint32_t max_levels = layout::qsgd::max_levels;  // codes fit in 16 bits
 
-  using bucketed_codec::bucketed_codec;
-
-  template <gradient_element T>
-  result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
-    ASHL_TRY(validate());
-    return detail::levels_payload_encode(payload_format, {xv.size(), opt_.bucket, opt_.levels}, opt_.levels,
-                                         detail::bucket_norm::l2, xv.data(), out, ctx,
-                                         "has a non-finite L2 norm (inf/NaN input or overflow)");
-  }
-
-  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
-                    const codec_context&) const {
-    return detail::levels_payload_decode_add(payload_format, 0, detail::bucket_norm::l2, in, info, acc, scale);
-  }
+  using levels_codec::levels_codec;
 };
 
 static_assert(codec<qsgd>);

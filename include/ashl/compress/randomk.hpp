@@ -19,22 +19,10 @@
 // ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / randomk".
 #pragma once
 
-#include <ashl/config.hpp>
-#include <ashl/compress/detail/host_simd.hpp>
-#include <ashl/compress/concepts.hpp>
-#include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/codec.hpp>
 #include <ashl/compress/detail/sparse.hpp>
 #include <ashl/core/bytes.hpp>
-#include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
-#include <ashl/core/status.hpp>
-#include <ashl/core/tensor_view.hpp>
-#include <ashl/wire/ids.hpp>
-
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <string>
 
 ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
@@ -44,10 +32,8 @@ struct randomk_options {
   bool unbiased = false;  // decode scales each value by its stratum length (~ n / k)
 };
 
-class randomk {
+class randomk : public detail::codec_base<codec_id::randomk> {
  public:
-  using codec_concept = codec_tag;
-  static constexpr codec_id id = codec_id::randomk;
   static constexpr std::size_t header_bytes = 21;  // n u64, k u32, flags u8, seed u64
 
   randomk() = default;

@@ -15,40 +15,22 @@
 // ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / sign".
 #pragma once
 
-#include <ashl/config.hpp>
-#include <ashl/compress/detail/host_simd.hpp>
-#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/detail/codec.hpp>
 #include <ashl/compress/detail/bucketed.hpp>
 #include <ashl/compress/layout.hpp>
-#include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/detail/levels.hpp>
 #include <ashl/compress/detail/quantize.hpp>
 #include <ashl/core/bytes.hpp>
-#include <ashl/core/dtype.hpp>
-#include <ashl/core/status.hpp>
-#include <ashl/core/tensor_view.hpp>
-#include <ashl/wire/ids.hpp>
 
 #include <bit>
 #include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <string>
 
 ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
-struct sign_options {
-  std::uint32_t bucket = 512;  // elements per scale, >= 1
-};
+using sign_options = detail::bucket_options;
 
-class sign : public detail::bucketed_codec<sign, sign_options> {
+class sign : public detail::bucketed_codec<sign_options, codec_id::sign> {
  public:
-  static constexpr codec_id id = codec_id::sign;
-  static constexpr std::size_t header_bytes = layout::sign::header_bytes;  // n u64, bucket u32
-  static constexpr detail::bucketed_format payload_format{
-      "sign", header_bytes, layout::sign::code_bits, "ceil(n / 8)", "sign.n", "sign.bucket", ""};
-
   using bucketed_codec::bucketed_codec;
 
   template <gradient_element T>

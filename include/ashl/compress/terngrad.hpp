@@ -17,51 +17,20 @@
 // ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / terngrad".
 #pragma once
 
-#include <ashl/config.hpp>
-#include <ashl/compress/detail/host_simd.hpp>
-#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/detail/codec.hpp>
 #include <ashl/compress/detail/bucketed.hpp>
 #include <ashl/compress/layout.hpp>
-#include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/detail/levels.hpp>
 #include <ashl/core/bytes.hpp>
-#include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
-#include <ashl/core/status.hpp>
-#include <ashl/core/tensor_view.hpp>
-#include <ashl/wire/ids.hpp>
-
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <string>
 
 ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
-struct terngrad_options {
-  std::uint32_t bucket = 512;  // elements per scale, >= 1
-};
+using terngrad_options = detail::bucket_options;
 
-class terngrad : public detail::bucketed_codec<terngrad, terngrad_options> {
+class terngrad : public detail::levels_codec<terngrad_options, codec_id::terngrad, detail::bucket_norm::max_abs> {
  public:
-  static constexpr codec_id id = codec_id::terngrad;
-  static constexpr std::size_t header_bytes = layout::terngrad::header_bytes;  // n u64, bucket u32
-  static constexpr detail::bucketed_format payload_format{
-      "terngrad", header_bytes, layout::terngrad::code_bits, "ceil(n / 4)", "terngrad.n", "terngrad.bucket", ""};
-
-  using bucketed_codec::bucketed_codec;
-
-  template <gradient_element T>
-  result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
-    ASHL_TRY(validate());
-    return detail::levels_payload_encode(payload_format, {xv.size(), opt_.bucket}, 1, detail::bucket_norm::max_abs,
-                                         xv.data(), out, ctx, "has a non-finite max |x| (inf/NaN input)");
-  }
-
-  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
-                    const codec_context&) const {
-    return detail::levels_payload_decode_add(payload_format, 1, detail::bucket_norm::max_abs, in, info, acc, scale);
-  }
+  using levels_codec::levels_codec;
 };
 
 static_assert(codec<terngrad>);

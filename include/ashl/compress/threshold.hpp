@@ -14,19 +14,10 @@
 // "Codec payloads / threshold".
 #pragma once
 
-#include <ashl/config.hpp>
-#include <ashl/compress/detail/host_simd.hpp>
-#include <ashl/compress/concepts.hpp>
-#include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/codec.hpp>
 #include <ashl/compress/detail/sparse.hpp>
-#include <ashl/core/dtype.hpp>
-#include <ashl/core/status.hpp>
-#include <ashl/core/tensor_view.hpp>
-#include <ashl/wire/ids.hpp>
 
 #include <cmath>
-#include <cstddef>
-#include <span>
 
 ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
@@ -35,11 +26,8 @@ struct threshold_options {
   double max_ratio = 1.0;  // cap = max(1, round(max_ratio * n)), in (0, 1]
 };
 
-class threshold {
+class threshold : public detail::sparse_codec<threshold, codec_id::threshold, /*RequireNonempty=*/false> {
  public:
-  using codec_concept = codec_tag;
-  static constexpr codec_id id = codec_id::threshold;
-
   threshold() = default;
   explicit threshold(threshold_options o) : opt_(o) {}
   [[nodiscard]] const threshold_options& options() const noexcept { return opt_; }
@@ -55,22 +43,21 @@ class threshold {
     return detail::k_spec{opt_.max_ratio, 0}.k_for(n);
   }
 
-  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype t) const noexcept {
-    return detail::sparse_payload_bytes(cap_for(n), t);
-  }
+  [[nodiscard]] std::size_t bound_for(std::size_t n) const noexcept { return cap_for(n); }
   // Exact top-k's candidate list for k = cap (used when the cap binds), + 7.
   [[nodiscard]] std::size_t scratch_bytes(std::size_t n, dtype) const noexcept {
     const std::size_t cap = cap_for(n);
     return cap == 0 ? 0 : 8 * detail::topk_candidate_capacity(n, cap) + 7;
   }
 
+  // encode and decode_add: detail::sparse_codec (a payload of 0 pairs is valid).
+
+ private:
+  friend sparse_codec;
+
   template <gradient_element T>
-  result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
-    ASHL_TRY(validate());
-    const std::size_t n = xv.size();
+  result<std::size_t> encode_pairs(const T* x, std::size_t n, std::span<std::byte> out, const codec_context& ctx) const {
     const std::size_t cap = cap_for(n);
-    ASHL_TRY(detail::check_sparse_encode("threshold", n, out.size(), detail::sparse_payload_bytes(cap, dtype_of<T>)));
-    const T* x = xv.data();
     // |x| >= theta as a compare of magnitude keys (NaN keys lie above inf's).
     const std::uint32_t lo = detail::key_at_least<T>(opt_.theta), hi = detail::inf_key<T>;
     const std::size_t c = detail::count_keys_in(x, n, lo, hi);
@@ -78,12 +65,6 @@ class threshold {
     return detail::write_keys_in(x, n, lo, hi, c, out);
   }
 
-  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
-                    const codec_context&) const {
-    return detail::decode_add_pairs("threshold", in, info, acc, scale, /*require_nonempty=*/false);
-  }
-
- private:
   threshold_options opt_{};
 };
 

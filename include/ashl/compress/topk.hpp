@@ -17,25 +17,13 @@
 // exactly that. ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / topk".
 #pragma once
 
-#include <ashl/config.hpp>
-#include <ashl/compress/detail/host_simd.hpp>
-#include <ashl/compress/concepts.hpp>
-#include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/codec.hpp>
 #include <ashl/compress/detail/sparse.hpp>
-#include <ashl/core/dtype.hpp>
-#include <ashl/core/status.hpp>
-#include <ashl/core/tensor_view.hpp>
-#include <ashl/wire/ids.hpp>
-
-#include <cstddef>
-#include <span>
 
 ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
-class topk {
+class topk : public detail::sparse_codec<topk, codec_id::topk, /*RequireNonempty=*/true> {
  public:
-  using codec_concept = codec_tag;
-  static constexpr codec_id id = codec_id::topk;
 
   // An absolute k (clamped to n), as opposed to a ratio.
   struct count {
@@ -54,30 +42,23 @@ class topk {
   }
   [[nodiscard]] std::size_t k_for(std::size_t n) const noexcept { return spec_.k_for(n); }
 
-  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype t) const noexcept {
-    return detail::sparse_payload_bytes(k_for(n), t);
-  }
+  [[nodiscard]] std::size_t bound_for(std::size_t n) const noexcept { return k_for(n); }
   // The candidate list (detail::topk_candidate_capacity u64 entries, + 7 for alignment).
   [[nodiscard]] std::size_t scratch_bytes(std::size_t n, dtype) const noexcept {
     return 8 * detail::topk_candidate_capacity(n, k_for(n)) + 7;
   }
 
-  template <gradient_element T>
-  result<std::size_t> encode(host_view<const T> x, std::span<std::byte> out, const codec_context& ctx) const {
-    ASHL_TRY(validate());
-    const std::size_t n = x.size();
-    const std::size_t k = k_for(n);
-    ASHL_TRY(detail::check_sparse_encode("topk", n, out.size(), detail::sparse_payload_bytes(k, dtype_of<T>)));
-    return detail::encode_topk(x.data(), n, k, ctx.scratch, out);
-  }
-
-  // Accepts any k in [1, n] (a server does not know the sender's ratio).
-  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
-                    const codec_context&) const {
-    return detail::decode_add_pairs("topk", in, info, acc, scale, /*require_nonempty=*/true);
-  }
+  // encode and decode_add: detail::sparse_codec; a decode accepts any k in
+  // [1, n] (a server does not know the sender's ratio).
 
  private:
+  friend sparse_codec;
+
+  template <gradient_element T>
+  result<std::size_t> encode_pairs(const T* x, std::size_t n, std::span<std::byte> out, const codec_context& ctx) const {
+    return detail::encode_topk(x, n, k_for(n), ctx.scratch, out);
+  }
+
   detail::k_spec spec_{};
 };
 

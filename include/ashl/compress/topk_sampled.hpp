@@ -31,24 +31,14 @@
 // docs/wire-format.md, "Codec payloads / topk_sampled".
 #pragma once
 
-#include <ashl/config.hpp>
-#include <ashl/compress/detail/host_simd.hpp>
-#include <ashl/compress/concepts.hpp>
-#include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/codec.hpp>
 #include <ashl/compress/detail/random_words.hpp>
 #include <ashl/compress/detail/sparse.hpp>
-#include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
-#include <ashl/core/status.hpp>
-#include <ashl/core/tensor_view.hpp>
-#include <ashl/wire/ids.hpp>
 
 #include <algorithm>
 #include <cmath>
-#include <cstddef>
-#include <cstdint>
 #include <functional>
-#include <span>
 #include <vector>
 
 ASHL_DETAIL_COMPRESS_HOST_BEGIN
@@ -60,10 +50,8 @@ struct topk_sampled_options {
   int passes = 3;          // >= 1; kept for compatibility, no longer changes the result (see above)
 };
 
-class topk_sampled {
+class topk_sampled : public detail::sparse_codec<topk_sampled, codec_id::topk_sampled, /*RequireNonempty=*/false> {
  public:
-  using codec_concept = codec_tag;
-  static constexpr codec_id id = codec_id::topk_sampled;
   static constexpr std::size_t sample_size = 16384;
   static constexpr std::size_t min_sampled_n = 8 * sample_size;
 
@@ -96,9 +84,7 @@ class topk_sampled {
     return std::min(n, std::max(k, hi));
   }
 
-  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype t) const noexcept {
-    return detail::sparse_payload_bytes(hi_for(n), t);
-  }
+  [[nodiscard]] std::size_t bound_for(std::size_t n) const noexcept { return hi_for(n); }
   // Max of: the sample (16384 u32), the one-pass list (hi u64) and the
   // candidate list at the safe threshold, which is exact top-k's scratch
   // (detail::topk_candidate_capacity u64); + 7 bytes for alignment.
@@ -108,13 +94,14 @@ class topk_sampled {
     return std::max({4 * sample_size, 8 * hi_for(n), exact}) + 7;
   }
 
+  // encode and decode_add: detail::sparse_codec (a payload of 0 pairs is valid).
+
+ private:
+  friend sparse_codec;
+
   template <gradient_element T>
-  result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
-    ASHL_TRY(validate());
-    const std::size_t n = xv.size();
+  result<std::size_t> encode_pairs(const T* x, std::size_t n, std::span<std::byte> out, const codec_context& ctx) const {
     const std::size_t hi = hi_for(n);
-    ASHL_TRY(detail::check_sparse_encode("topk_sampled", n, out.size(), detail::sparse_payload_bytes(hi, dtype_of<T>)));
-    const T* x = xv.data();
     const std::size_t k = k_for(n);
     if (k == 0) return detail::write_all(x, 0, out);
     if (n < min_sampled_n || k == n) return detail::encode_topk(x, n, k, ctx.scratch, out);
@@ -210,12 +197,6 @@ class topk_sampled {
     return detail::sparse_payload_bytes(k, dtype_of<T>);
   }
 
-  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
-                    const codec_context&) const {
-    return detail::decode_add_pairs("topk_sampled", in, info, acc, scale, /*require_nonempty=*/false);
-  }
-
- private:
   // The selection of one pass over x at θ: the elements >= θ when they are
   // [lo, hi], the ties rule when only equal keys make too many, else exact
   // top-k. buf holds at least max(hi, s / 2) entries.

@@ -144,15 +144,33 @@ status run_known_size(std::string_view codec, device_output& out, device_scratch
   return cuda_check(cudaGetLastError(), std::string(codec) + ".d_used");
 }
 
-// The device_impl of a codec whose size is known on the host and whose
-// error feedback is fused into its code pass (natural, qsgd, sign, terngrad):
-// encode_error_feedback, which cuda::error_feedback<C> calls, makes
-// e <- (x + e) - C(x + e) and a payload of f32 input (C(x + e)). Ops gives
-// `name`, `dispatch<T>(c, d_scratch, scratch_bytes, x, out, used_bytes, ctx,
-// residual or nullptr, stream, report)` and `decode_add(d_scratch,
-// scratch_bytes, in, info, acc, scale, stream, report)`. A codec with a
-// validate() is validated first, as its CPU encode does.
-template <class Codec, class Ops>
+// The codecs whose size is known on the host and whose error feedback is
+// fused into their code pass (natural, qsgd, sign, terngrad) give their
+// kernels as two overloads, found by argument-dependent lookup through
+// fused_tag, in their dispatch header:
+//   template <class T>
+//   status fused_encode(fused_tag, const compress::sign&, void* d_scratch, std::size_t& scratch_bytes,
+//                       device_view<const T> x, device_view<std::byte> out, std::size_t& used_bytes,
+//                       const codec_context&, float* residual, cudaStream_t, device_report*);
+//   status fused_decode_add(fused_tag, const compress::sign&, void* d_scratch, std::size_t& scratch_bytes,
+//                           device_view<const std::byte> in, payload_info, device_view<float> acc, float scale,
+//                           cudaStream_t, device_report*);
+// (residual: nullptr, or error feedback), and device_impl<C> is then
+// fused_feedback_impl<C> below.
+struct fused_tag {};
+
+template <class C>
+concept fused_codec = requires(const C& c, void* p, std::size_t& bytes, device_view<const std::byte> in,
+                               payload_info info, device_view<float> acc, float scale, cudaStream_t stream,
+                               device_report* report) {
+  { fused_decode_add(fused_tag{}, c, p, bytes, in, info, acc, scale, stream, report) } -> std::same_as<status>;
+};
+
+// The device_impl of a fused codec: encode_error_feedback, which
+// cuda::error_feedback<C> calls, makes e <- (x + e) - C(x + e) and a payload
+// of f32 input (C(x + e)). A codec with a validate() is validated first, as
+// its CPU encode does.
+template <class Codec>
 struct fused_feedback_impl {
   template <gradient_element T>
   static status encode(const Codec& c, device_view<const T> x, device_output& out, const codec_context& ctx,
@@ -167,18 +185,20 @@ struct fused_feedback_impl {
                                       device_report* report, cudaStream_t stream) {
     ASHL_TRY(validate(c));
     if (scratch.data != nullptr && residual.size() != x.size())
-      return invalid_argument(std::string(Ops::name) + ".residual.size", residual.size(),
+      return invalid_argument(std::string(name) + ".residual.size", residual.size(),
                               "must equal the input size " + std::to_string(x.size()));
     return run(c, x, residual.data(), out, ctx, scratch, report, stream);
   }
 
-  static status decode_add(const Codec&, device_view<const std::byte> in, payload_info info, device_view<float> acc,
+  static status decode_add(const Codec& c, device_view<const std::byte> in, payload_info info, device_view<float> acc,
                            float scale, const codec_context&, device_scratch& scratch, device_report* report,
                            cudaStream_t stream) {
-    return Ops::decode_add(scratch.data, scratch.bytes, in, info, acc, scale, stream, report);
+    return fused_decode_add(fused_tag{}, c, scratch.data, scratch.bytes, in, info, acc, scale, stream, report);
   }
 
  private:
+  static constexpr std::string_view name = to_string(Codec::id);
+
   static status validate(const Codec& c) {
     if constexpr (requires { c.validate(); })
       return c.validate();
@@ -189,12 +209,18 @@ struct fused_feedback_impl {
   template <class T>
   static status run(const Codec& c, device_view<const T> x, float* residual, device_output& out,
                     const codec_context& ctx, device_scratch& scratch, device_report* report, cudaStream_t stream) {
-    return run_known_size(Ops::name, out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
-      return Ops::template dispatch<T>(c, s, b, x, out.bytes, used, ctx, residual, stream, report);
+    return run_known_size(name, out, scratch, stream, [&](void* s, std::size_t& b, std::size_t& used) {
+      return fused_encode(fused_tag{}, c, s, b, x, out.bytes, used, ctx, residual, stream, report);
     });
   }
 };
 
 }  // namespace detail
+
+// Every fused codec (a fused_decode_add overload is visible) is a device codec.
+template <class C>
+  requires detail::fused_codec<C>
+struct device_impl<C> : detail::fused_feedback_impl<C> {};
+
 }  // namespace compress::cuda
 ASHL_NAMESPACE_END

@@ -26,17 +26,4 @@
 #error "ashl/compress/cuda/natural.cuh needs nvcc; use ashl/compress/natural.hpp on the host"
 #endif
 
-#include <ashl/compress/cuda/concepts.cuh>
-#include <ashl/compress/cuda/dispatch/dispatch_natural.cuh>
-#include <ashl/compress/natural.hpp>
-
-ASHL_NAMESPACE_BEGIN
-namespace compress::cuda {
-
-template <>
-struct device_impl<compress::natural> : detail::fused_feedback_impl<compress::natural, detail::natural_ops<compress::natural>> {};
-
-static_assert(device_codec<compress::natural>);
-
-}  // namespace compress::cuda
-ASHL_NAMESPACE_END
+#include <ashl/compress/cuda/dispatch/dispatch_natural.cuh>  // device_impl through fused_feedback_impl

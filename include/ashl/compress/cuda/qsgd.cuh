@@ -26,4 +26,4 @@
 #error "ashl/compress/cuda/qsgd.cuh needs nvcc; use ashl/compress/qsgd.hpp on the host"
 #endif
 
-#include <ashl/compress/cuda/levels.cuh>
+#include <ashl/compress/cuda/dispatch/dispatch_levels.cuh>  // qsgd and terngrad share one device path

@@ -26,17 +26,4 @@
 #error "ashl/compress/cuda/sign.cuh needs nvcc; use ashl/compress/sign.hpp on the host"
 #endif
 
-#include <ashl/compress/cuda/concepts.cuh>
-#include <ashl/compress/cuda/dispatch/dispatch_sign.cuh>
-#include <ashl/compress/sign.hpp>
-
-ASHL_NAMESPACE_BEGIN
-namespace compress::cuda {
-
-template <>
-struct device_impl<compress::sign> : detail::fused_feedback_impl<compress::sign, detail::sign_ops<compress::sign>> {};
-
-static_assert(device_codec<compress::sign>);
-
-}  // namespace compress::cuda
-ASHL_NAMESPACE_END
+#include <ashl/compress/cuda/dispatch/dispatch_sign.cuh>  // device_impl through fused_feedback_impl

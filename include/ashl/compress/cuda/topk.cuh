@@ -43,7 +43,7 @@ ASHL_NAMESPACE_BEGIN
 namespace compress::cuda {
 
 template <>
-struct device_impl<compress::topk> {
+struct device_impl<compress::topk> : detail::sparse_pairs_decode<compress::topk> {
   // Deterministic and never refuses: the context and report are not used.
   template <gradient_element T>
   static status encode(const compress::topk& c, device_view<const T> x, device_output& out, const codec_context&,
@@ -53,14 +53,7 @@ struct device_impl<compress::topk> {
       return detail::dispatch_topk_encode<T>("topk", c.k_for(x.size()), s, b, x, out.bytes, used, stream);
     });
   }
-
-  // Accepts any k in [1, n], as the CPU decoder does.
-  static status decode_add(const compress::topk&, device_view<const std::byte> in, payload_info info,
-                           device_view<float> acc, float scale, const codec_context&, device_scratch& scratch,
-                           device_report* report, cudaStream_t stream) {
-    return detail::dispatch_sparse_decode_add("topk", /*require_nonempty=*/true, scratch.data, scratch.bytes, in, info,
-                                              acc, scale, stream, report);
-  }
+  // decode_add: accepts any k in [1, n], as the CPU decoder does.
 };
 
 static_assert(device_codec<compress::topk>);

@@ -33,45 +33,4 @@
 #error "ashl/compress/cuda/topk_sampled.cuh needs nvcc; use ashl/compress/topk_sampled.hpp on the host"
 #endif
 
-#include <ashl/config.hpp>
-#include <ashl/compress/concepts.hpp>
-#include <ashl/compress/cuda/concepts.cuh>
-#include <ashl/compress/cuda/dispatch/common.cuh>
-#include <ashl/compress/cuda/dispatch/dispatch_select.cuh>
-#include <ashl/compress/cuda/dispatch/dispatch_sparse.cuh>
-#include <ashl/compress/topk_sampled.hpp>
-#include <ashl/core/dtype.hpp>
-#include <ashl/core/status.hpp>
-#include <ashl/core/tensor_view.hpp>
-
-#include <cuda_runtime.h>
-
-#include <cstddef>
-
-ASHL_NAMESPACE_BEGIN
-namespace compress::cuda {
-
-template <>
-struct device_impl<compress::topk_sampled> {
-  template <gradient_element T>
-  static status encode(const compress::topk_sampled& c, device_view<const T> x, device_output& out,
-                       const codec_context& ctx, device_scratch& scratch, device_report*, cudaStream_t stream) {
-    ASHL_TRY(c.validate());
-    out.used = c.max_encoded_bytes(x.size(), dtype_of<T>);
-    out.size_known = false;
-    return detail::dispatch_topk_sampled_encode<T>(c, scratch.data, scratch.bytes, x, out.bytes, out.d_used, ctx,
-                                                   stream);
-  }
-
-  static status decode_add(const compress::topk_sampled&, device_view<const std::byte> in, payload_info info,
-                           device_view<float> acc, float scale, const codec_context&, device_scratch& scratch,
-                           device_report* report, cudaStream_t stream) {
-    return detail::dispatch_sparse_decode_add("topk_sampled", /*require_nonempty=*/false, scratch.data, scratch.bytes,
-                                              in, info, acc, scale, stream, report);
-  }
-};
-
-static_assert(device_codec<compress::topk_sampled>);
-
-}  // namespace compress::cuda
-ASHL_NAMESPACE_END
+#include <ashl/compress/cuda/dispatch/dispatch_select.cuh>  // device_impl of threshold and topk_sampled

@@ -14,20 +14,12 @@
 // docs/wire-format.md "Codec payloads"; ALGORITHMS.md §4.
 #pragma once
 
-#include <ashl/config.hpp>
-#include <ashl/compress/detail/host_simd.hpp>
-#include <ashl/compress/concepts.hpp>
-#include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/codec.hpp>
 #include <ashl/compress/detail/levels.hpp>
 #include <ashl/compress/detail/random_words.hpp>
 #include <ashl/compress/layout.hpp>
 #include <ashl/core/bytes.hpp>
-#include <ashl/core/status.hpp>
 
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <string>
 #include <string_view>
 
 ASHL_DETAIL_COMPRESS_HOST_BEGIN
@@ -47,6 +39,25 @@ struct bucketed_header {
   std::uint64_t n = 0;
   std::uint32_t bucket = 0;
   std::uint32_t levels = 0;  // qsgd only
+};
+
+// The three bucketed payload kinds, by wire id (layout.hpp has their sizes).
+constexpr bucketed_format bucketed_format_of(codec_id id) noexcept {
+  switch (id) {
+    case codec_id::sign:
+      return {"sign", layout::sign::header_bytes, layout::sign::code_bits, "ceil(n / 8)", "sign.n", "sign.bucket", ""};
+    case codec_id::terngrad:
+      return {"terngrad", layout::terngrad::header_bytes, layout::terngrad::code_bits, "ceil(n / 4)", "terngrad.n",
+              "terngrad.bucket", ""};
+    default:
+      return {"qsgd",        layout::qsgd::header_bytes, 0, "ceil(n bits / 8)", "qsgd.n", "qsgd.bucket",
+              "qsgd.levels", layout::qsgd::max_levels};
+  }
+}
+
+// The options of a bucketed codec that has nothing but its bucket (sign, terngrad).
+struct bucket_options {
+  std::uint32_t bucket = 512;  // elements per scale, >= 1
 };
 
 inline std::uint64_t bucketed_bytes(const bucketed_format& f, const bucketed_header& h) noexcept {
@@ -106,24 +117,25 @@ inline result<bucketed_parts<const std::byte>> read_bucketed_header(const bucket
 }
 
 // The options half of a bucketed codec (sign, terngrad, qsgd), which the
-// codec derives from: Options has `bucket` (and `levels` for qsgd), Codec
-// names its payload_format. validate() refuses a bucket (or levels) the
-// payload cannot carry; payload_bytes is the layout.hpp size, and
-// max_encoded_bytes that size for the options, a refused 0 taken as 1 so
-// that it is still a size.
-template <class Codec, class Options>
-class bucketed_codec {
+// codec derives from: Options has `bucket` (and `levels` for qsgd), Id picks
+// the payload_format. validate() refuses a bucket (or levels) the payload
+// cannot carry; payload_bytes is the layout.hpp size, and max_encoded_bytes
+// that size for the options, a refused 0 taken as 1 so that it is still a
+// size.
+template <class Options, codec_id Id>
+class bucketed_codec : public codec_base<Id> {
+ protected:
   static constexpr bool has_levels = requires(const Options& o) { o.levels; };
 
  public:
-  using codec_concept = codec_tag;
+  static constexpr bucketed_format payload_format = bucketed_format_of(Id);
 
   bucketed_codec() = default;
   explicit bucketed_codec(Options o) : opt_(o) {}
   [[nodiscard]] const Options& options() const noexcept { return opt_; }
 
   [[nodiscard]] status validate() const {
-    constexpr const bucketed_format& f = Codec::payload_format;
+    constexpr const bucketed_format& f = payload_format;
     if constexpr (has_levels)
       if (opt_.levels < 1 || opt_.levels > f.max_levels)
         return invalid_argument(f.levels_field, opt_.levels, "must be in [1, " + std::to_string(f.max_levels) + "]");
@@ -135,12 +147,12 @@ class bucketed_codec {
   static std::size_t payload_bytes(std::uint64_t n, std::uint32_t bucket) noexcept
     requires(!has_levels)
   {
-    return static_cast<std::size_t>(bucketed_bytes(Codec::payload_format, {n, bucket, 0}));
+    return static_cast<std::size_t>(bucketed_bytes(payload_format, {n, bucket, 0}));
   }
   static std::size_t payload_bytes(std::uint64_t n, std::uint32_t bucket, std::uint32_t levels) noexcept
     requires has_levels
   {
-    return static_cast<std::size_t>(bucketed_bytes(Codec::payload_format, {n, bucket, levels}));
+    return static_cast<std::size_t>(bucketed_bytes(payload_format, {n, bucket, levels}));
   }
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept {
     if constexpr (has_levels)
@@ -181,6 +193,42 @@ inline status levels_payload_decode_add(const bucketed_format& f, std::uint32_t 
   levels_decode_add(spec, p->header.n, p->scales, p->codes, acc.data(), scale);
   return {};
 }
+
+// qsgd and terngrad as one codec: a bucketed payload of stochastic levels
+// with Norm per bucket; `levels` levels per sign from the options (qsgd) or
+// one (terngrad, whose options have no levels).
+template <class Options, codec_id Id, bucket_norm Norm>
+class levels_codec : public bucketed_codec<Options, Id> {
+  using base = bucketed_codec<Options, Id>;
+
+ public:
+  using base::base;
+
+  template <gradient_element T>
+  result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) const {
+    ASHL_TRY(this->validate());
+    constexpr std::string_view bad_norm = Norm == bucket_norm::l2
+                                              ? "has a non-finite L2 norm (inf/NaN input or overflow)"
+                                              : "has a non-finite max |x| (inf/NaN input)";
+    const std::uint32_t levels = levels_of(this->opt_);
+    return levels_payload_encode(base::payload_format, {xv.size(), this->opt_.bucket, base::has_levels ? levels : 0},
+                                 levels, Norm, xv.data(), out, ctx, bad_norm);
+  }
+
+  // qsgd reads its levels from the header; terngrad's are fixed at one.
+  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
+                    const codec_context&) const {
+    return levels_payload_decode_add(base::payload_format, base::has_levels ? 0 : 1, Norm, in, info, acc, scale);
+  }
+
+ private:
+  static std::uint32_t levels_of(const Options& o) noexcept {
+    if constexpr (base::has_levels)
+      return o.levels;
+    else
+      return 1;
+  }
+};
 
 }  // namespace detail
 ASHL_DETAIL_COMPRESS_HOST_END

@@ -11,10 +11,7 @@
 // and decode are two contiguous streams. ALGORITHMS.md §4.
 #pragma once
 
-#include <ashl/config.hpp>
-#include <ashl/compress/detail/host_simd.hpp>
-#include <ashl/compress/concepts.hpp>
-#include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/codec.hpp>
 #include <ashl/compress/detail/random_words.hpp>
 #include <ashl/core/bytes.hpp>
 #include <ashl/core/dtype.hpp>
@@ -607,6 +604,38 @@ inline status decode_add_pairs(std::string_view codec, std::span<const std::byte
   }
   return {};
 }
+
+// The skeleton of a codec whose payload is sparse pairs (topk, threshold,
+// topk_sampled), for it to derive from. Derived gives validate(),
+// bound_for(n), the most pairs it sends for n elements, and
+// encode_pairs(x, n, out, ctx), called once the options were validated and
+// `out` was checked to hold bound_for(n) pairs. RequireNonempty: a payload of
+// 0 pairs is refused (topk always sends k >= 1).
+template <class Derived, codec_id Id, bool RequireNonempty>
+class sparse_codec : public codec_base<Id> {
+ public:
+  static constexpr bool require_nonempty = RequireNonempty;
+
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype t) const noexcept {
+    return sparse_payload_bytes(self().bound_for(n), t);
+  }
+
+  template <gradient_element T>
+  result<std::size_t> encode(host_view<const T> x, std::span<std::byte> out, const codec_context& ctx) const {
+    ASHL_TRY(self().validate());
+    const std::size_t n = x.size();
+    ASHL_TRY(check_sparse_encode(to_string(Id), n, out.size(), sparse_payload_bytes(self().bound_for(n), dtype_of<T>)));
+    return self().encode_pairs(x.data(), n, out, ctx);
+  }
+
+  status decode_add(std::span<const std::byte> in, payload_info info, host_view<float> acc, float scale,
+                    const codec_context&) const {
+    return decode_add_pairs(to_string(Id), in, info, acc, scale, require_nonempty);
+  }
+
+ private:
+  const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
+};
 
 }  // namespace detail
 ASHL_DETAIL_COMPRESS_HOST_END

@@ -15,7 +15,9 @@
 #pragma once
 
 #include <ashl/config.hpp>
-#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/cuda/concepts.cuh>
+#include <ashl/compress/qsgd.hpp>
+#include <ashl/compress/terngrad.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/launch.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/levels.cuh>
@@ -28,6 +30,7 @@
 #include <ashl/core/tensor_view.hpp>
 
 #include <bit>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -130,31 +133,35 @@ inline status dispatch_levels_decode_add(const char* codec, bool has_levels, std
       });
 }
 
-// The Ops of fused_feedback_impl (cuda/concepts.cuh) for both quantizers:
-// L2 = true is qsgd (L2 norms, the levels of its options, a levels header
-// field), false is terngrad (max |x|, one level).
-template <class Codec, bool L2>
-struct levels_ops {
-  static constexpr const char* name = L2 ? "qsgd" : "terngrad";
+// The fused kernels (cuda/concepts.cuh) of both quantizers: qsgd (L2 norms,
+// the levels of its options, a levels header field) and terngrad (max |x|,
+// one level).
+template <class Codec>
+concept levels_quantizer = std::same_as<Codec, compress::qsgd> || std::same_as<Codec, compress::terngrad>;
 
-  template <class T>
-  static status dispatch(const Codec& c, void* d_scratch, std::size_t& scratch_bytes, device_view<const T> x,
-                         device_view<std::byte> out, std::size_t& used_bytes, const codec_context& ctx,
-                         float* residual, cudaStream_t stream, device_report* d_report) {
-    std::uint32_t levels = 1;
-    if constexpr (L2) levels = c.options().levels;
-    const levels_params p{name, L2 ? layout::qsgd::header_bytes : layout::terngrad::header_bytes,
-                          c.options().bucket, levels, L2};
-    return dispatch_levels_encode<T>(p, d_scratch, scratch_bytes, x, out, used_bytes, ctx, residual, stream, d_report);
-  }
+template <levels_quantizer Codec, class T>
+status fused_encode(fused_tag, const Codec& c, void* d_scratch, std::size_t& scratch_bytes, device_view<const T> x,
+                    device_view<std::byte> out, std::size_t& used_bytes, const codec_context& ctx, float* residual,
+                    cudaStream_t stream, device_report* d_report) {
+  constexpr bool l2 = std::same_as<Codec, compress::qsgd>;
+  std::uint32_t levels = 1;
+  if constexpr (l2) levels = c.options().levels;
+  const levels_params p{l2 ? "qsgd" : "terngrad", l2 ? layout::qsgd::header_bytes : layout::terngrad::header_bytes,
+                        c.options().bucket, levels, l2};
+  return dispatch_levels_encode<T>(p, d_scratch, scratch_bytes, x, out, used_bytes, ctx, residual, stream, d_report);
+}
 
-  static status decode_add(void* d_scratch, std::size_t& scratch_bytes, device_view<const std::byte> in,
-                           payload_info info, device_view<float> acc, float scale, cudaStream_t stream,
-                           device_report* d_report) {
-    return dispatch_levels_decode_add(name, L2, L2 ? layout::qsgd::max_levels : 1, d_scratch, scratch_bytes, in, info,
-                                      acc, scale, stream, d_report);
-  }
-};
+template <levels_quantizer Codec>
+status fused_decode_add(fused_tag, const Codec&, void* d_scratch, std::size_t& scratch_bytes,
+                        device_view<const std::byte> in, payload_info info, device_view<float> acc, float scale,
+                        cudaStream_t stream, device_report* d_report) {
+  constexpr bool l2 = std::same_as<Codec, compress::qsgd>;
+  return dispatch_levels_decode_add(l2 ? "qsgd" : "terngrad", l2, l2 ? layout::qsgd::max_levels : 1, d_scratch,
+                                    scratch_bytes, in, info, acc, scale, stream, d_report);
+}
+
+static_assert(device_codec<compress::qsgd>);  // through fused_feedback_impl (cuda/concepts.cuh)
+static_assert(device_codec<compress::terngrad>);
 
 }  // namespace compress::cuda::detail
 ASHL_NAMESPACE_END

@@ -1,7 +1,8 @@
 // ashl/compress/cuda/dispatch/dispatch_natural.cuh — launch logic of natural
 // compression on the device.
 //
-//   ASHL_TRY(detail::dispatch_natural_encode<float>(d_scratch, bytes, x, out, used, ctx, residual, stream, d_report));
+//   ASHL_TRY(detail::fused_encode(detail::fused_tag{}, compress::natural{}, d_scratch, bytes, x, out, used, ctx,
+//                                 residual, stream, d_report));
 //
 // Two passes: max |x| (one atomicMax per warp into scratch), then header and
 // codes, one Philox block per four elements. Error feedback: a residual add
@@ -11,7 +12,8 @@
 #pragma once
 
 #include <ashl/config.hpp>
-#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/cuda/concepts.cuh>
+#include <ashl/compress/natural.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/launch.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/natural.cuh>
@@ -33,9 +35,9 @@ namespace compress::cuda::detail {
 // `residual` non-null: error feedback; x is added into it first and the
 // codes are made from it (as f32).
 template <class T>
-status dispatch_natural_encode(void* d_scratch, std::size_t& scratch_bytes, device_view<const T> x,
-                               device_view<std::byte> out, std::size_t& used_bytes, const codec_context& ctx,
-                               float* residual, cudaStream_t stream, device_report* d_report) {
+status fused_encode(fused_tag, const compress::natural&, void* d_scratch, std::size_t& scratch_bytes,
+                    device_view<const T> x, device_view<std::byte> out, std::size_t& used_bytes,
+                    const codec_context& ctx, float* residual, cudaStream_t stream, device_report* d_report) {
   const std::size_t n = x.size();
   used_bytes = layout::natural_payload_bytes(n);
   return encode_skeleton(
@@ -62,9 +64,9 @@ status dispatch_natural_encode(void* d_scratch, std::size_t& scratch_bytes, devi
       });
 }
 
-inline status dispatch_natural_decode_add(void* d_scratch, std::size_t& scratch_bytes, device_view<const std::byte> in,
-                                          payload_info info, device_view<float> acc, float scale, cudaStream_t stream,
-                                          device_report* d_report) {
+inline status fused_decode_add(fused_tag, const compress::natural&, void* d_scratch, std::size_t& scratch_bytes,
+                               device_view<const std::byte> in, payload_info info, device_view<float> acc,
+                               float scale, cudaStream_t stream, device_report* d_report) {
   return decode_skeleton("natural", d_scratch, scratch_bytes, in, info, acc, scale, layout::natural::header_bytes,
                          d_report, stream, [&](device_report* verdict, const launch_env& env) -> status {
                            const std::size_t n = info.count;
@@ -79,19 +81,7 @@ inline status dispatch_natural_decode_add(void* d_scratch, std::size_t& scratch_
                          });
 }
 
-// The Ops of fused_feedback_impl (cuda/concepts.cuh) for natural.
-template <class Codec>
-struct natural_ops {
-  static constexpr const char* name = "natural";
-  static constexpr auto decode_add = &dispatch_natural_decode_add;
-
-  template <class T>
-  static status dispatch(const Codec&, void* d_scratch, std::size_t& scratch_bytes, device_view<const T> x,
-                         device_view<std::byte> out, std::size_t& used_bytes, const codec_context& ctx,
-                         float* residual, cudaStream_t stream, device_report* d_report) {
-    return dispatch_natural_encode<T>(d_scratch, scratch_bytes, x, out, used_bytes, ctx, residual, stream, d_report);
-  }
-};
+static_assert(device_codec<compress::natural>);  // through fused_feedback_impl (cuda/concepts.cuh)
 
 }  // namespace compress::cuda::detail
 ASHL_NAMESPACE_END

@@ -3,8 +3,11 @@
 // top-k.
 //
 //   std::size_t bytes = 0;                                  // size query, then the run
-//   detail::dispatch_threshold_encode<float>(c, nullptr, bytes, x, out, d_used, stream);
-//   detail::dispatch_threshold_encode<float>(c, d_scratch, bytes, x, out, d_used, stream);
+//   detail::counted_encode(c, nullptr, bytes, x, out, d_used, ctx, stream);
+//   detail::counted_encode(c, d_scratch, bytes, x, out, d_used, ctx, stream);
+//
+// (cuda/threshold.cuh and cuda/topk_sampled.cuh are the codecs' headers;
+// device_impl of both is here.)
 //
 // Both are an exact top-k (dispatch_sparse.cuh's radix selection) whose k is
 // decided on the device, so no count ever reaches the host and the calls
@@ -40,7 +43,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
-#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/cuda/concepts.cuh>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/dispatch_sparse.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/radix_select.cuh>
@@ -65,7 +68,8 @@
 #include <string>
 
 ASHL_NAMESPACE_BEGIN
-namespace compress::cuda::detail {
+namespace compress::cuda {
+namespace detail {
 
 // Header, values and (when asked) the exact size, from the device count.
 template <class T>
@@ -81,23 +85,69 @@ status finish_device_count(const std::string& c, const T* x, std::byte* o, std::
   return cuda_check(cudaGetLastError(), c + ".finish_kernels");
 }
 
+// The skeleton of both encoders. The scratch is the counter block, then
+// what `carve(cv)` takes from the carver (a size query: from nullptr). On a
+// run (d_scratch given) the output is checked to hold `bound` pairs, the
+// counters are zeroed, and `body(env, counts, idx)` enqueues the count,
+// decide and selection kernels (idx: the payload's index array) and returns
+// the capacity up to which finish_device_count gathers the values. A size
+// query writes scratch_bytes and enqueues nothing.
+template <class T, class Carve, class Body>
+status counted_skeleton(const std::string& c, void* d_scratch, std::size_t& scratch_bytes, device_view<const T> x,
+                        device_view<std::byte> out, std::size_t bound, std::uint64_t* d_used, cudaStream_t stream,
+                        Carve&& carve, Body&& body) {
+  if (x.size() > layout::sparse::max_elements)
+    return out_of_range(c + ".input.size", x.size(), "exceeds 2^32 (indices are u32)");
+  unsigned long long* counts = nullptr;
+  const auto lay_out = [&](void* base) -> result<std::size_t> {
+    scratch_carver cv(base);
+    counts = cv.take<unsigned long long>(counter_slots);
+    ASHL_TRY(carve(cv));
+    return cv.bytes();
+  };
+  auto needed = lay_out(nullptr);
+  if (!needed) return needed.error();
+  auto go = scratch_protocol(c, d_scratch, scratch_bytes, *needed);
+  if (!go) return go.error();
+  if (!*go) return {};
+  ASHL_TRY(check_output(c, out, layout::sparse_payload_bytes(bound, sizeof(T))));
+  ASHL_TRY(lay_out(d_scratch).to_status());
+  launch_env env;
+  ASHL_TRY(current_launch_env(c, env));
+  ASHL_TRY(cuda_check(cudaMemsetAsync(counts, 0, sizeof(unsigned long long) * counter_slots, stream), c + ".memset"));
+  std::byte* const o = out.data();
+  const result<std::uint64_t> capacity =
+      body(env, counts, reinterpret_cast<std::uint32_t*>(o + layout::sparse::header_bytes));
+  if (!capacity) return capacity.error();
+  return finish_device_count<T>(c, x.data(), o, x.size(), *capacity, counts, d_used, env.dev, env.tune.elementwise,
+                                stream);
+}
+
+// Exact top-k's pieces (dispatch_sparse.cuh), carved into `sel`.
 template <class T>
-status dispatch_threshold_encode(const compress::threshold& codec, void* d_scratch, std::size_t& scratch_bytes,
-                                 device_view<const T> x, device_view<std::byte> out, std::uint64_t* d_used,
-                                 cudaStream_t stream) {
+status take_topk_scratch(scratch_carver& cv, std::size_t n, topk_scratch& sel) {
+  auto t = carve_topk_scratch<T>(cv, n);
+  if (!t) return t.error();
+  sel = *t;
+  return {};
+}
+
+template <class T>
+status counted_encode(const compress::threshold& codec, void* d_scratch, std::size_t& scratch_bytes,
+                      device_view<const T> x, device_view<std::byte> out, std::uint64_t* d_used, const codec_context&,
+                      cudaStream_t stream) {
   const std::string c = "threshold";
-  ASHL_TRY(codec.validate());
   const std::size_t n = x.size();
-  if (n > layout::sparse::max_elements) return out_of_range(c + ".input.size", n, "exceeds 2^32 (indices are u32)");
   const std::size_t cap = codec.cap_for(n);
   const bool may_cap = cap < n;  // with cap = n every count fits
 
   // Layout: counters, the compaction's count and CUB storage, then the
   // selection's pieces when the cap can bind.
-  const auto carve = [&](void* base, unsigned long long*& counts, std::int64_t*& selected, void*& cub_temp,
-                         std::size_t& cub_bytes, topk_scratch& sel) -> result<std::size_t> {
-    scratch_carver cv(base);
-    counts = cv.take<unsigned long long>(counter_slots);
+  std::int64_t* selected = nullptr;
+  void* cub_temp = nullptr;
+  std::size_t cub_bytes = 0;
+  topk_scratch sel{};
+  const auto carve = [&](scratch_carver& cv) -> status {
     selected = cv.take<std::int64_t>(1);
     cub_bytes = 0;
     ASHL_TRY(cuda_check(cub::DeviceSelect::If(nullptr, cub_bytes, index_iterator<T>(0),
@@ -106,48 +156,28 @@ status dispatch_threshold_encode(const compress::threshold& codec, void* d_scrat
                                               threshold_take<T>{nullptr, 0.0f, nullptr, 0}, cudaStream_t{}),
                         c + ".scratch_query"));
     cub_temp = cv.take_bytes(cub_bytes);
-    if (may_cap) {
-      auto s = carve_topk_scratch<T>(cv, n);
-      if (!s) return s.error();
-      sel = *s;
-    }
-    return cv.bytes();
+    return may_cap ? take_topk_scratch<T>(cv, n, sel) : status{};
   };
-  unsigned long long* counts = nullptr;
-  std::int64_t* selected = nullptr;
-  void* cub_temp = nullptr;
-  std::size_t cub_bytes = 0;
-  topk_scratch sel{};
-  auto needed = carve(nullptr, counts, selected, cub_temp, cub_bytes, sel);
-  if (!needed) return needed.error();
-  auto go = scratch_protocol(c, d_scratch, scratch_bytes, *needed);
-  if (!go) return go.error();
-  if (!*go) return {};
-  ASHL_TRY(check_output(c, out, layout::sparse_payload_bytes(cap, sizeof(T))));
-  ASHL_TRY(carve(d_scratch, counts, selected, cub_temp, cub_bytes, sel).to_status());
-  launch_env env;
-  ASHL_TRY(current_launch_env(c, env));
-  const auto& [dev, tune] = env;
-  const auto& ew = tune.elementwise;
-  std::byte* const o = out.data();
-  auto* idx = reinterpret_cast<std::uint32_t*>(o + layout::sparse::header_bytes);
-
-  ASHL_TRY(cuda_check(cudaMemsetAsync(counts, 0, sizeof(unsigned long long) * counter_slots, stream), c + ".memset"));
-  if (n != 0) {
-    const float theta = codec.options().theta;
-    threshold_count_kernel<T>
-        <<<grid_for(n, ew.block_threads, ew.items_per_thread, dev.sm_count, ew.blocks_per_sm), ew.block_threads, 0,
-           stream>>>(x.data(), n, theta, counts, ew.items_per_thread);
-    threshold_decide_kernel<<<1, 1, 0, stream>>>(counts, cap);
-    ASHL_TRY(cuda_check(cudaGetLastError(), c + ".count_kernels"));
-    if (may_cap) ASHL_TRY(enqueue_topk_select<T>(c, x.data(), n, 0, counts + counter_select_k, sel, idx, dev, tune, stream));
-    std::size_t bytes = cub_bytes;
-    ASHL_TRY(cuda_check(cub::DeviceSelect::If(cub_temp, bytes, index_iterator<T>(0), idx, selected,
-                                              static_cast<std::int64_t>(n),
-                                              threshold_take<T>{x.data(), theta, counts, cap}, stream),
-                        c + ".compaction"));
-  }
-  return finish_device_count<T>(c, x.data(), o, n, cap, counts, d_used, dev, ew, stream);
+  return counted_skeleton<T>(
+      c, d_scratch, scratch_bytes, x, out, cap, d_used, stream, carve,
+      [&](const launch_env& env, unsigned long long* counts, std::uint32_t* idx) -> result<std::uint64_t> {
+        if (n == 0) return std::uint64_t{cap};
+        const float theta = codec.options().theta;
+        const auto& ew = env.tune.elementwise;
+        threshold_count_kernel<T><<<env.grid(n, ew.items_per_thread), ew.block_threads, 0, stream>>>(
+            x.data(), n, theta, counts, ew.items_per_thread);
+        threshold_decide_kernel<<<1, 1, 0, stream>>>(counts, cap);
+        ASHL_TRY(cuda_check(cudaGetLastError(), c + ".count_kernels"));
+        if (may_cap)
+          ASHL_TRY(enqueue_topk_select<T>(c, x.data(), n, 0, counts + counter_select_k, sel, idx, env.dev, env.tune,
+                                          stream));
+        std::size_t bytes = cub_bytes;
+        ASHL_TRY(cuda_check(cub::DeviceSelect::If(cub_temp, bytes, index_iterator<T>(0), idx, selected,
+                                                  static_cast<std::int64_t>(n),
+                                                  threshold_take<T>{x.data(), theta, counts, cap}, stream),
+                            c + ".compaction"));
+        return std::uint64_t{cap};
+      });
 }
 
 // The sample rank r1 of the CPU encoder (topk_sampled.hpp), in the same
@@ -159,21 +189,21 @@ inline std::uint32_t topk_sampled_rank(std::size_t n, std::size_t k) noexcept {
 }
 
 template <class T>
-status dispatch_topk_sampled_encode(const compress::topk_sampled& codec, void* d_scratch, std::size_t& scratch_bytes,
-                                    device_view<const T> x, device_view<std::byte> out, std::uint64_t* d_used,
-                                    const codec_context& ctx, cudaStream_t stream) {
+status counted_encode(const compress::topk_sampled& codec, void* d_scratch, std::size_t& scratch_bytes,
+                      device_view<const T> x, device_view<std::byte> out, std::uint64_t* d_used,
+                      const codec_context& ctx, cudaStream_t stream) {
   const std::string c = "topk_sampled";
   const std::size_t n = x.size();
-  if (n > layout::sparse::max_elements) return out_of_range(c + ".input.size", n, "exceeds 2^32 (indices are u32)");
   const std::size_t k = codec.k_for(n);
   const std::size_t hi = codec.hi_for(n);
   constexpr std::uint32_t s = static_cast<std::uint32_t>(compress::topk_sampled::sample_size);
   const bool exact = n < compress::topk_sampled::min_sampled_n || k == n;
 
-  const auto carve = [&](void* base, unsigned long long*& counts, std::uint32_t*& keys, std::uint32_t*& sorted,
-                         void*& sort_temp, std::size_t& sort_bytes, topk_scratch& sel) -> result<std::size_t> {
-    scratch_carver cv(base);
-    counts = cv.take<unsigned long long>(counter_slots);
+  std::uint32_t *keys = nullptr, *sorted = nullptr;
+  void* sort_temp = nullptr;
+  std::size_t sort_bytes = 0;
+  topk_scratch sel{};
+  const auto carve = [&](scratch_carver& cv) -> status {
     if (!exact) {
       keys = cv.take<std::uint32_t>(s);
       sorted = cv.take<std::uint32_t>(s);
@@ -185,54 +215,58 @@ status dispatch_topk_sampled_encode(const compress::topk_sampled& codec, void* d
                           c + ".scratch_query"));
       sort_temp = cv.take_bytes(sort_bytes);
     }
-    if (n != 0) {
-      auto t = carve_topk_scratch<T>(cv, n);
-      if (!t) return t.error();
-      sel = *t;
-    }
-    return cv.bytes();
+    return n != 0 ? take_topk_scratch<T>(cv, n, sel) : status{};
   };
-  unsigned long long* counts = nullptr;
-  std::uint32_t *keys = nullptr, *sorted = nullptr;
-  void* sort_temp = nullptr;
-  std::size_t sort_bytes = 0;
-  topk_scratch sel{};
-  auto needed = carve(nullptr, counts, keys, sorted, sort_temp, sort_bytes, sel);
-  if (!needed) return needed.error();
-  auto go = scratch_protocol(c, d_scratch, scratch_bytes, *needed);
-  if (!go) return go.error();
-  if (!*go) return {};
-  ASHL_TRY(check_output(c, out, layout::sparse_payload_bytes(hi, sizeof(T))));
-  ASHL_TRY(carve(d_scratch, counts, keys, sorted, sort_temp, sort_bytes, sel).to_status());
-  launch_env env;
-  ASHL_TRY(current_launch_env(c, env));
-  const auto& [dev, tune] = env;
-  const auto& ew = tune.elementwise;
-  std::byte* const o = out.data();
-  auto* idx = reinterpret_cast<std::uint32_t*>(o + layout::sparse::header_bytes);
-
   // counts[count] = counts[select_k] = k, unless the sampled rule says otherwise.
-  ASHL_TRY(cuda_check(cudaMemsetAsync(counts, 0, sizeof(unsigned long long) * counter_slots, stream), c + ".memset"));
-  if (n == 0) return finish_device_count<T>(c, x.data(), o, n, 0, counts, d_used, dev, ew, stream);
-  if (!exact) {
-    sample_keys_kernel<T><<<(s + 255) / 256, 256, 0, stream>>>(x.data(), n, philox_stream(ctx.seed, ctx.step, ctx.tensor),
-                                                              keys, s);
-    ASHL_TRY(cuda_check(cudaGetLastError(), c + ".sample_kernel"));
-    std::size_t bytes = sort_bytes;
-    ASHL_TRY(cuda_check(cub::DeviceRadixSort::SortKeysDescending(sort_temp, bytes, keys, sorted, static_cast<int>(s),
-                                                                 0, 32, stream),
-                        c + ".sort"));
-    count_ge_eq_kernel<T>
-        <<<grid_for(n, ew.block_threads, ew.items_per_thread, dev.sm_count, ew.blocks_per_sm), ew.block_threads, 0,
-           stream>>>(x.data(), n, sorted, topk_sampled_rank(n, k), counts, ew.items_per_thread);
-    topk_sampled_decide_kernel<<<1, 1, 0, stream>>>(counts, k, codec.lo_for(n), hi);
-  } else {
-    topk_sampled_decide_kernel<<<1, 1, 0, stream>>>(counts, k, k + 1, k);  // an empty [lo, hi]: exactly k
-  }
-  ASHL_TRY(cuda_check(cudaGetLastError(), c + ".decide_kernels"));
-  ASHL_TRY(enqueue_topk_select<T>(c, x.data(), n, 0, counts + counter_select_k, sel, idx, dev, tune, stream));
-  return finish_device_count<T>(c, x.data(), o, n, hi, counts, d_used, dev, ew, stream);
+  return counted_skeleton<T>(
+      c, d_scratch, scratch_bytes, x, out, hi, d_used, stream, carve,
+      [&](const launch_env& env, unsigned long long* counts, std::uint32_t* idx) -> result<std::uint64_t> {
+        if (n == 0) return std::uint64_t{0};
+        if (!exact) {
+          const auto& ew = env.tune.elementwise;
+          sample_keys_kernel<T><<<(s + 255) / 256, 256, 0, stream>>>(
+              x.data(), n, philox_stream(ctx.seed, ctx.step, ctx.tensor), keys, s);
+          ASHL_TRY(cuda_check(cudaGetLastError(), c + ".sample_kernel"));
+          std::size_t bytes = sort_bytes;
+          ASHL_TRY(cuda_check(cub::DeviceRadixSort::SortKeysDescending(sort_temp, bytes, keys, sorted,
+                                                                       static_cast<int>(s), 0, 32, stream),
+                              c + ".sort"));
+          count_ge_eq_kernel<T><<<env.grid(n, ew.items_per_thread), ew.block_threads, 0, stream>>>(
+              x.data(), n, sorted, topk_sampled_rank(n, k), counts, ew.items_per_thread);
+          topk_sampled_decide_kernel<<<1, 1, 0, stream>>>(counts, k, codec.lo_for(n), hi);
+        } else {
+          topk_sampled_decide_kernel<<<1, 1, 0, stream>>>(counts, k, k + 1, k);  // an empty [lo, hi]: exactly k
+        }
+        ASHL_TRY(cuda_check(cudaGetLastError(), c + ".decide_kernels"));
+        ASHL_TRY(enqueue_topk_select<T>(c, x.data(), n, 0, counts + counter_select_k, sel, idx, env.dev, env.tune,
+                                        stream));
+        return std::uint64_t{hi};
+      });
 }
 
-}  // namespace compress::cuda::detail
+// The device_impl of both: `out.used` is the bound max_encoded_bytes, the
+// exact size is written to *out.d_used on the device (cuda/concepts.cuh).
+template <class Codec>
+struct counted_sparse_impl : sparse_pairs_decode<Codec> {
+  template <gradient_element T>
+  static status encode(const Codec& c, device_view<const T> x, device_output& out, const codec_context& ctx,
+                       device_scratch& scratch, device_report*, cudaStream_t stream) {
+    ASHL_TRY(c.validate());
+    out.used = c.max_encoded_bytes(x.size(), dtype_of<T>);
+    out.size_known = false;
+    return counted_encode(c, scratch.data, scratch.bytes, x, out.bytes, out.d_used, ctx, stream);
+  }
+};
+
+}  // namespace detail
+
+template <>
+struct device_impl<compress::threshold> : detail::counted_sparse_impl<compress::threshold> {};
+template <>
+struct device_impl<compress::topk_sampled> : detail::counted_sparse_impl<compress::topk_sampled> {};
+
+static_assert(device_codec<compress::threshold>);
+static_assert(device_codec<compress::topk_sampled>);
+
+}  // namespace compress::cuda
 ASHL_NAMESPACE_END

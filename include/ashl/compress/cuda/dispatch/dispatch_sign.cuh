@@ -1,7 +1,8 @@
 // ashl/compress/cuda/dispatch/dispatch_sign.cuh — launch logic of scaled sign
 // compression on the device.
 //
-//   ASHL_TRY(detail::dispatch_sign_encode<float>(bucket, d_scratch, bytes, x, out, used, residual, stream, report));
+//   ASHL_TRY(detail::fused_encode(detail::fused_tag{}, compress::sign{}, d_scratch, bytes, x, out, used, ctx,
+//                                 residual, stream, report));
 //
 // Encode: chunk sums of |x| in double (4 threads per 1024-element chunk), one
 // thread per bucket for the scale, one ballot per 32 bits; error feedback
@@ -19,7 +20,8 @@
 #include <ashl/compress/cuda/dispatch/kernels/residual.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/sign.cuh>
 #include <ashl/compress/cuda/dispatch/tuning/tuning.cuh>
-#include <ashl/compress/concepts.hpp>
+#include <ashl/compress/cuda/concepts.cuh>
+#include <ashl/compress/sign.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/compress/layout.hpp>
@@ -33,9 +35,10 @@ ASHL_NAMESPACE_BEGIN
 namespace compress::cuda::detail {
 
 template <class T>
-status dispatch_sign_encode(std::uint32_t bucket, void* d_scratch, std::size_t& scratch_bytes, device_view<const T> x,
-                            device_view<std::byte> out, std::size_t& used_bytes, float* residual, cudaStream_t stream,
-                            device_report* d_report) {
+status fused_encode(fused_tag, const compress::sign& codec, void* d_scratch, std::size_t& scratch_bytes,
+                    device_view<const T> x, device_view<std::byte> out, std::size_t& used_bytes, const codec_context&,
+                    float* residual, cudaStream_t stream, device_report* d_report) {
+  const std::uint32_t bucket = codec.options().bucket;
   const std::uint64_t n = x.size();
   if (n > device_bucketed_max_elements) return out_of_range("sign.input.size", n, "exceeds 2^48");
   const std::uint64_t B = bucket;
@@ -74,9 +77,9 @@ status dispatch_sign_encode(std::uint32_t bucket, void* d_scratch, std::size_t& 
       });
 }
 
-inline status dispatch_sign_decode_add(void* d_scratch, std::size_t& scratch_bytes, device_view<const std::byte> in,
-                                       payload_info info, device_view<float> acc, float scale, cudaStream_t stream,
-                                       device_report* d_report) {
+inline status fused_decode_add(fused_tag, const compress::sign&, void* d_scratch, std::size_t& scratch_bytes,
+                               device_view<const std::byte> in, payload_info info, device_view<float> acc,
+                               float scale, cudaStream_t stream, device_report* d_report) {
   return decode_skeleton("sign", d_scratch, scratch_bytes, in, info, acc, scale, layout::sign::header_bytes, d_report,
                          stream, [&](device_report* verdict, const launch_env& env) -> status {
                            const std::uint64_t n = info.count;
@@ -92,20 +95,7 @@ inline status dispatch_sign_decode_add(void* d_scratch, std::size_t& scratch_byt
                          });
 }
 
-// The Ops of fused_feedback_impl (cuda/concepts.cuh) for sign.
-template <class Codec>
-struct sign_ops {
-  static constexpr const char* name = "sign";
-  static constexpr auto decode_add = &dispatch_sign_decode_add;
-
-  template <class T>
-  static status dispatch(const Codec& c, void* d_scratch, std::size_t& scratch_bytes, device_view<const T> x,
-                         device_view<std::byte> out, std::size_t& used_bytes, const codec_context&, float* residual,
-                         cudaStream_t stream, device_report* d_report) {
-    return dispatch_sign_encode<T>(c.options().bucket, d_scratch, scratch_bytes, x, out, used_bytes, residual, stream,
-                                   d_report);
-  }
-};
+static_assert(device_codec<compress::sign>);  // through fused_feedback_impl (cuda/concepts.cuh)
 
 }  // namespace compress::cuda::detail
 ASHL_NAMESPACE_END

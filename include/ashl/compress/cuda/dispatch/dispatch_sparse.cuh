@@ -19,6 +19,7 @@
 
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
+#include <ashl/compress/cuda/concepts.cuh>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/launch.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/radix_select.cuh>
@@ -209,6 +210,19 @@ inline status dispatch_sparse_decode_add(std::string_view codec, bool require_no
         return {};
       });
 }
+
+// The decode_add of every sparse-pairs codec's device_impl (topk,
+// threshold, topk_sampled): one kernel path, the host codec's name and its
+// require_nonempty (detail::sparse_codec).
+template <class Codec>
+struct sparse_pairs_decode {
+  static status decode_add(const Codec&, device_view<const std::byte> in, payload_info info, device_view<float> acc,
+                           float scale, const codec_context&, device_scratch& scratch, device_report* report,
+                           cudaStream_t stream) {
+    return dispatch_sparse_decode_add(to_string(Codec::id), Codec::require_nonempty, scratch.data, scratch.bytes, in,
+                                      info, acc, scale, stream, report);
+  }
+};
 
 }  // namespace compress::cuda::detail
 ASHL_NAMESPACE_END

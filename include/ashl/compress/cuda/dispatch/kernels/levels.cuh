@@ -48,6 +48,28 @@ __device__ __forceinline__ void chunk_extent(std::uint64_t q, std::uint64_t cpb,
   m = lo < bend ? (bend - lo < stats_chunk ? bend - lo : stats_chunk) : 0;
 }
 
+// The chunk loop of the statistics kernels (levels_chunk_kernel,
+// sign_chunk_kernel): Lanes lanes per chunk (a power of two dividing 32),
+// 32 / Lanes chunks per warp, grid-stride over warps. Every lane of a warp
+// calls f(q, t, lo, m) in the same iteration, so f may shuffle across the
+// warp: q is the chunk, t the lane within the chunk's group, [lo, lo + m) its
+// elements (m = 0 when q >= nchunks).
+template <unsigned Lanes, class F>
+__device__ __forceinline__ void for_each_chunk_group(std::uint64_t n, std::uint64_t B, std::uint64_t cpb,
+                                                     std::uint64_t nchunks, F&& f) {
+  static_assert(Lanes != 0 && 32 % Lanes == 0 && (Lanes & (Lanes - 1)) == 0);
+  constexpr unsigned per_warp = 32 / Lanes;
+  const unsigned lane = threadIdx.x & 31u;
+  const std::uint64_t warps = (static_cast<std::uint64_t>(gridDim.x) * blockDim.x) >> 5;
+  for (std::uint64_t cw = (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+       cw * per_warp < nchunks; cw += warps) {
+    const std::uint64_t q = cw * per_warp + lane / Lanes;
+    std::uint64_t lo = 0, m = 0;
+    if (q < nchunks) chunk_extent(q, cpb, B, n, lo, m);
+    f(q, lane & (Lanes - 1), lo, m);
+  }
+}
+
 // Chunks of stats_chunk per bucket (the last bucket may use fewer).
 inline std::uint64_t levels_chunks_per_bucket(std::uint64_t n, std::uint64_t bucket) noexcept {
   const std::uint64_t len = bucket < n ? bucket : n;
@@ -63,33 +85,24 @@ __global__ ASHL_DETAIL_HIDDEN void levels_chunk_kernel(const T* __restrict__ x, 
                                                        std::uint64_t cpb, std::uint64_t nchunks,
                                                        float* __restrict__ chunk_sum,
                                                        std::uint32_t* __restrict__ chunk_max) {
-  const unsigned lane = threadIdx.x & 31u;
-  const unsigned t = lane & 7u;
-  const std::uint64_t warps = (static_cast<std::uint64_t>(gridDim.x) * blockDim.x) >> 5;
-  for (std::uint64_t cw = (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; cw * 4 < nchunks;
-       cw += warps) {
-    const std::uint64_t q = cw * 4 + (lane >> 3);
+  for_each_chunk_group<8>(n, B, cpb, nchunks, [&](std::uint64_t q, unsigned t, std::uint64_t lo, std::uint64_t m) {
     float sq = 0.0f;
     std::uint32_t mk = 0;
-    std::uint64_t lo = 0, m = 0;
-    if (q < nchunks) {
-      chunk_extent(q, cpb, B, n, lo, m);
-      const std::uint64_t e = m & ~std::uint64_t{7};
-      for (std::uint64_t g = t; g < e; g += 8) {
-        const float a = abs_of(element_float(x[lo + g]));
-        if constexpr (L2) sq = __fadd_rn(sq, __fmul_rn(a, a));
-        mk = max(mk, __float_as_uint(a));
-      }
+    const std::uint64_t e = m & ~std::uint64_t{7};
+    for (std::uint64_t g = t; g < e; g += 8) {
+      const float a = abs_of(element_float(x[lo + g]));
+      if constexpr (L2) sq = __fadd_rn(sq, __fmul_rn(a, a));
+      mk = max(mk, __float_as_uint(a));
     }
     // Lanes 8j .. 8j+7 hold chains 0..7 of chunk 4 cw + j.
     if constexpr (L2) {
-      const float v = __fadd_rn(sq, __shfl_down_sync(0xffffffffu, sq, 4));     // t < 4: c_t + c_{t+4}
-      const float v2 = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 1));      // t = 0, 2: pairs
-      sq = __fadd_rn(v2, __shfl_down_sync(0xffffffffu, v2, 2));                // t = 0: the chunk's lanes
+      const float v = __fadd_rn(sq, __shfl_down_sync(0xffffffffu, sq, 4));  // t < 4: c_t + c_{t+4}
+      const float v2 = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 1));   // t = 0, 2: pairs
+      sq = __fadd_rn(v2, __shfl_down_sync(0xffffffffu, v2, 2));             // t = 0: the chunk's lanes
     }
     mk = group_max<8>(mk);
     if (t == 0 && q < nchunks && m != 0) {
-      for (std::uint64_t i = m & ~std::uint64_t{7}; i < m; ++i) {
+      for (std::uint64_t i = e; i < m; ++i) {
         const float a = abs_of(element_float(x[lo + i]));
         if constexpr (L2) sq = __fadd_rn(sq, __fmul_rn(a, a));
         mk = max(mk, __float_as_uint(a));
@@ -97,7 +110,7 @@ __global__ ASHL_DETAIL_HIDDEN void levels_chunk_kernel(const T* __restrict__ x, 
       if constexpr (L2) chunk_sum[q] = sq;
       chunk_max[q] = mk;
     }
-  }
+  });
 }
 
 // detail::bucket_scale, one thread per bucket: the scale (L2 norm or max

@@ -30,27 +30,17 @@ template <class T>
 __global__ ASHL_DETAIL_HIDDEN void sign_chunk_kernel(const T* __restrict__ x, std::uint64_t n, std::uint64_t B,
                                                      std::uint64_t cpb, std::uint64_t nchunks,
                                                      double* __restrict__ chunk_sum) {
-  const unsigned lane = threadIdx.x & 31u;
-  const unsigned t = lane & 3u;
-  const std::uint64_t warps = (static_cast<std::uint64_t>(gridDim.x) * blockDim.x) >> 5;
-  for (std::uint64_t cw = (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; cw * 8 < nchunks;
-       cw += warps) {
-    const std::uint64_t q = cw * 8 + (lane >> 2);
+  for_each_chunk_group<4>(n, B, cpb, nchunks, [&](std::uint64_t q, unsigned t, std::uint64_t lo, std::uint64_t m) {
+    const std::uint64_t e = m & ~std::uint64_t{3};
     double acc = 0.0;
-    std::uint64_t lo = 0, m = 0;
-    if (q < nchunks) {
-      chunk_extent(q, cpb, B, n, lo, m);
-      for (std::uint64_t g = t; g < (m & ~std::uint64_t{3}); g += 4)
-        acc = __dadd_rn(acc, static_cast<double>(abs_of(element_float(x[lo + g]))));
-    }
+    for (std::uint64_t g = t; g < e; g += 4) acc = __dadd_rn(acc, static_cast<double>(abs_of(element_float(x[lo + g]))));
     const double v = __dadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 2));  // t < 2: c_t + c_{t+2}
     double s = __dadd_rn(v, __shfl_down_sync(0xffffffffu, v, 1));            // t = 0: a[0] + a[1]
     if (t == 0 && q < nchunks && m != 0) {
-      for (std::uint64_t i = m & ~std::uint64_t{3}; i < m; ++i)
-        s = __dadd_rn(s, static_cast<double>(abs_of(element_float(x[lo + i]))));
+      for (std::uint64_t i = e; i < m; ++i) s = __dadd_rn(s, static_cast<double>(abs_of(element_float(x[lo + i]))));
       chunk_sum[q] = s;
     }
-  }
+  });
 }
 
 static __global__ void sign_scale_kernel(std::uint64_t n, std::uint64_t B, std::uint64_t cpb, std::uint64_t nb,
