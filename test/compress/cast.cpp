@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 using namespace ashl;
 using namespace codec_testing;
@@ -233,4 +234,28 @@ BOOST_AUTO_TEST_CASE(strict_mode_over_the_kernel_and_the_tail) {
       BOOST_CHECK_EQUAL(h, 0xfc00u);
     }
   }
+}
+
+// bf16 of f16 input: every f16 pattern (NaNs, infinities, subnormals, both
+// zeros), plus a tail that is not a multiple of the 16-element kernel, equals
+// the scalar route f16 -> f32 -> bf16 (round to nearest even, NaN quiet).
+BOOST_AUTO_TEST_CASE(bf16_of_every_f16_pattern) {
+  std::vector<half> x(65536 + 13);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const auto b = static_cast<std::uint16_t>(i);
+    std::memcpy(&x[i], &b, 2);
+  }
+  std::vector<std::byte> out(2 * x.size());
+  const auto used = compress::bf16{}.encode(host_view<const half>(x.data(), x.size()), out, {});
+  BOOST_TEST_REQUIRE(used.has_value());
+  BOOST_TEST(*used == out.size());
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    std::uint16_t h = 0, got = 0;
+    std::memcpy(&h, &x[i], 2);
+    std::memcpy(&got, out.data() + 2 * i, 2);
+    const std::uint16_t want = compress::detail::f32_to_bf16_rne(compress::detail::f16_to_f32(h));
+    if (got != want && bad++ < 5) BOOST_TEST(got == want, "f16 pattern " << h);
+  }
+  BOOST_TEST(bad == 0u);
 }

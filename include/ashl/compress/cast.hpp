@@ -18,6 +18,7 @@
 
 #include <ashl/compress/detail/codec.hpp>
 
+#include <bit>
 #include <cmath>
 #include <type_traits>
 
@@ -52,11 +53,17 @@ result<std::size_t> cast_encode(const char* name, host_view<const T> x, std::spa
     }
     return 2 * n;
   } else {
-    // The other 16-bit type: widen exactly to f32 in blocks, then round once.
+    // The other 16-bit type: widen exactly to f32 in blocks, then round once
+    // (f16 to bf16 in registers where F16C runs).
     constexpr std::size_t block = 1024;
     float tmp[block];
     bool overflow = false;
-    for (std::size_t b = 0; b < n; b += block) {
+    std::size_t done = 0;
+#if ASHL_DETAIL_F16C_X86
+    if constexpr (!ToHalf && std::is_same_v<T, half> && std::endian::native == std::endian::little)
+      if (cpu_has_avx2_f16c()) done = f16_to_bf16_f16c(reinterpret_cast<const std::byte*>(x.data()), out.data(), n);
+#endif
+    for (std::size_t b = done; b < n; b += block) {
       const std::size_t m = n - b < block ? n - b : block;
       widen_16_to_f32(x.data() + b, m, tmp);
       overflow |= convert_f32_to_16<ToHalf>(tmp, out.data() + 2 * b, m);

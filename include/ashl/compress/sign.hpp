@@ -43,29 +43,36 @@ class sign : public detail::bucketed_codec<sign_options, codec_id::sign> {
     std::byte* scales = w->scales;
     std::byte* bits = w->codes;
     // Chunks of 1024 elements (multiples of 8, so each starts on a bit
-    // byte), each widened once (16-bit inputs): the scales of the buckets
-    // the chunk touches first, then the chunk's bits from the same copy. A
-    // bucket inside the chunk sums the widened copy, the floats it would
-    // widen to on its own, so its scale has the same bits; one that crosses
-    // a chunk boundary widens its pieces separately (detail/levels.hpp does
-    // the same for qsgd and terngrad).
+    // byte): the scales of the buckets the chunk touches first, then the
+    // chunk's bits. 16-bit input is read as it is where AVX2 and F16C run
+    // (detail::direct_16); otherwise each chunk is widened once and both the
+    // bucket means of the buckets inside it and its bits come from that
+    // copy. A bucket that crosses a chunk boundary sums its pieces
+    // separately (detail/levels.hpp does the same for qsgd and terngrad).
+    // Every route sums the same floats in the same order: the same bytes.
     const T* x = xv.data();
     const std::uint64_t B = opt_.bucket;
+    const bool direct = detail::direct_16<T>();
     float xbuf[detail::chunk], sbuf[detail::chunk];
+    const auto sum_abs = [&](std::uint64_t lo, std::size_t len, const float* widened) {
+      if constexpr (!std::is_same_v<T, float>)
+        if (direct) return detail::sum_abs_f64_16(x + lo, len);
+      return detail::sum_abs_f64(widened != nullptr ? widened : detail::as_float(x + lo, len, sbuf), len);
+    };
     std::uint64_t scaled = 0;
     for (std::uint64_t c0 = 0; c0 < n; c0 += detail::chunk) {
       const std::size_t m = static_cast<std::size_t>(n - c0 < detail::chunk ? n - c0 : detail::chunk);
       detail::prefetch_ahead(x, n, c0 + 2 * detail::chunk);
-      const float* xf = detail::as_float(x + c0, m, xbuf);
+      const float* xf = direct ? nullptr : detail::as_float(x + c0, m, xbuf);
       for (const std::uint64_t last = (c0 + m - 1) / B; scaled <= last; ++scaled) {
         const std::uint64_t lo = scaled * B, len = lo + B < n ? B : n - lo;
         double sum = 0.0;
         if (lo >= c0 && lo + len <= c0 + m) {
-          sum = detail::sum_abs_f64(xf + (lo - c0), static_cast<std::size_t>(len));
+          sum = sum_abs(lo, static_cast<std::size_t>(len), xf != nullptr ? xf + (lo - c0) : nullptr);
         } else {
           for (std::uint64_t p = 0; p < len; p += detail::chunk) {
             const std::size_t k = static_cast<std::size_t>(len - p < detail::chunk ? len - p : detail::chunk);
-            sum += detail::sum_abs_f64(detail::as_float(x + lo + p, k, sbuf), k);
+            sum += sum_abs(lo + p, k, nullptr);
           }
         }
         const float d = static_cast<float>(sum / static_cast<double>(len));
@@ -74,6 +81,11 @@ class sign : public detail::bucketed_codec<sign_options, codec_id::sign> {
                               "has a non-finite mean |x| (inf/NaN input)");
         detail::store_le<float>(scales + 4 * scaled, d);
       }
+      if constexpr (!std::is_same_v<T, float>)
+        if (direct) {
+          detail::negative_bits_16(x + c0, m, bits + c0 / 8);
+          continue;
+        }
       detail::negative_bits(xf, m, bits + c0 / 8);
     }
     return need;

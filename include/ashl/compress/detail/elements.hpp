@@ -313,6 +313,30 @@ __attribute__((target("avx2"))) inline std::size_t widen_bf16_avx2(const std::by
   }
   return i;
 }
+// Eight f16 at p widened exactly (vcvtph2ps), then rounded to bfloat16 as
+// f32_to_bf16_x4 does (round to nearest even, NaN kept quiet), one pattern
+// per 32-bit lane.
+__attribute__((target("avx2,f16c"))) inline __m256i f16_to_bf16_x8(const std::byte* p) noexcept {
+  const __m256i x = _mm256_castps_si256(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x0040));
+  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)),
+                                            _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(rounded, nan, is_nan);
+}
+// f16 [0, returned) (a multiple of 16) to bfloat16 in registers, no f32
+// buffer. A finite f16 never rounds to a bf16 inf.
+__attribute__((target("avx2,f16c"))) inline std::size_t f16_to_bf16_f16c(const std::byte* in, std::byte* out,
+                                                                       std::size_t n) noexcept {
+  std::size_t i = 0;
+  for (const std::size_t e = n & ~std::size_t{15}; i < e; i += 16) {
+    // packus works per 128-bit lane, (a0..3, b0..3, a4..7, b4..7): the quadwords go back in order.
+    const __m256i packed = _mm256_packus_epi32(f16_to_bf16_x8(in + 2 * i), f16_to_bf16_x8(in + 2 * i + 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i), _mm256_permute4x64_epi64(packed, 0xD8));
+  }
+  return i;
+}
 #else
 #define ASHL_DETAIL_F16C_X86 0
 #endif

@@ -255,6 +255,86 @@ inline double sum_abs_f64(const float* x, std::size_t len) noexcept {
   return s;
 }
 
+#if ASHL_DETAIL_F16C_X86
+// Four 16-bit elements at p widened exactly to f32 (half: vcvtph2ps,
+// bfloat16: the pattern in the top half).
+template <class T>
+__attribute__((target("avx2,f16c"))) inline __m128 widen4_16(const T* p) noexcept {
+  const __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  if constexpr (std::is_same_v<T, half>)
+    return _mm_cvtph_ps(h);
+  else
+    return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16));
+}
+
+// sum_abs_f64 of the widened elements [0, returned) (a multiple of 4), from
+// the 16-bit patterns: one 4-lane double accumulator holds sum_abs_f64's
+// lanes (l0, l1 | l2, l3), combined as it does.
+template <class T>
+__attribute__((target("avx2,f16c"))) inline std::size_t sum_abs_16_avx2(const T* x, std::size_t len,
+                                                                      double& s) noexcept {
+  const __m128i abs_mask = _mm_set1_epi32(0x7fffffff);
+  __m256d acc = _mm256_setzero_pd();
+  std::size_t i = 0;
+  for (const std::size_t e = len & ~std::size_t{3}; i < e; i += 4) {
+    const __m128 f = _mm_castsi128_ps(_mm_and_si128(_mm_castps_si128(widen4_16(x + i)), abs_mask));
+    acc = _mm256_add_pd(acc, _mm256_cvtps_pd(f));
+  }
+  alignas(32) double l[4];
+  _mm256_store_pd(l, acc);
+  s = i == 0 ? 0.0 : (l[0] + l[2]) + (l[1] + l[3]);
+  return i;
+}
+
+// negative_bits of the widened elements [0, returned) (a multiple of 8).
+template <class T>
+__attribute__((target("avx2,f16c"))) inline std::size_t negative_bits_16_avx2(const T* x, std::size_t len,
+                                                                            std::byte* out) noexcept {
+  const __m256 zero = _mm256_setzero_ps();
+  std::size_t i = 0;
+  for (const std::size_t e = len & ~std::size_t{7}; i < e; i += 8) {
+    const __m256 f = _mm256_set_m128(widen4_16(x + i + 4), widen4_16(x + i));
+    out[i / 8] = static_cast<std::byte>(_mm256_movemask_ps(_mm256_cmp_ps(f, zero, _CMP_LT_OQ)));
+  }
+  return i;
+}
+#endif
+
+// Whether sum_abs_f64_16 and negative_bits_16 run on this CPU (16-bit T,
+// AVX2 and F16C): a 16-bit caller then needs no widened copy.
+template <class T>
+inline bool direct_16() noexcept {
+#if ASHL_DETAIL_F16C_X86
+  if constexpr (!std::is_same_v<T, float> && std::endian::native == std::endian::little) return cpu_has_avx2_f16c();
+#endif
+  return false;
+}
+
+// sum_abs_f64 and negative_bits of the widened 16-bit elements, read from
+// the 16-bit patterns (only where direct_16<T>(): same sums, same bits).
+template <class T>
+inline double sum_abs_f64_16(const T* x, std::size_t len) noexcept {
+  double s = 0.0;
+  std::size_t i = 0;
+#if ASHL_DETAIL_F16C_X86
+  i = sum_abs_16_avx2(x, len, s);
+#endif
+  for (; i < len; ++i) s += std::fabs(static_cast<double>(to_float(x[i])));
+  return s;
+}
+template <class T>
+inline void negative_bits_16(const T* x, std::size_t len, std::byte* out) noexcept {
+  std::size_t i = 0;
+#if ASHL_DETAIL_F16C_X86
+  i = negative_bits_16_avx2(x, len, out);
+#endif
+  for (; i < len; i += 8) {
+    unsigned byte = 0;
+    for (std::size_t j = i; j < len && j < i + 8; ++j) byte |= (to_float(x[j]) < 0.0f ? 1u : 0u) << (j - i);
+    out[i / 8] = static_cast<std::byte>(byte);
+  }
+}
+
 // Bit i of out (LSB first) = x_i < 0 (so -0 and +0 send 0), for len
 // elements; writes ceil(len / 8) bytes, unused bits of the last one 0.
 inline void negative_bits(const float* x, std::size_t len, std::byte* out) noexcept {

@@ -177,9 +177,11 @@ inline std::uint32_t key_at_least(float th) noexcept {
 }
 
 // How many elements have a magnitude key in [lo, hi] (one unsigned compare
-// each, so the loop vectorizes).
+// each, so the loop vectorizes). Always inlined, as is write_keys_in: out of
+// line, threshold's 16-bit encode ran at 0.7x its f32 element rate on bf16
+// (docs/perf/compress-cpu.md, issue 12).
 template <gradient_element T>
-std::size_t count_keys_in(const T* x, std::size_t n, std::uint32_t lo, std::uint32_t hi) noexcept {
+[[gnu::always_inline]] inline std::size_t count_keys_in(const T* x, std::size_t n, std::uint32_t lo, std::uint32_t hi) noexcept {
   const std::uint32_t span = hi - lo;
   std::size_t c = 0;
   for (std::size_t i = 0; i < n; ++i) c += (magnitude_key(x[i]) - lo) <= span;
@@ -189,7 +191,7 @@ std::size_t count_keys_in(const T* x, std::size_t n, std::uint32_t lo, std::uint
 // The sparse payload of the `count` elements whose key is in [lo, hi], in
 // index order (count from count_keys_in). Returns the bytes written.
 template <gradient_element T>
-std::size_t write_keys_in(const T* x, std::size_t n, std::uint32_t lo, std::uint32_t hi, std::size_t count,
+[[gnu::always_inline]] inline std::size_t write_keys_in(const T* x, std::size_t n, std::uint32_t lo, std::uint32_t hi, std::size_t count,
                           std::span<std::byte> out) noexcept {
   std::byte* const base = out.data();
   store_le<std::uint64_t>(base, n);
