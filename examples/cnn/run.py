@@ -74,7 +74,9 @@ def parse(argv):
     if not (0 < a.eval_every <= a.budget):
         p.error(f"--eval-every = {a.eval_every}: must be in (0, --budget]")
     a.lr, a.lr_by = parse_lr(p, a.lr)
-    a.data_dir_npy = os.path.join(os.path.abspath(a.out), "data")
+    # The processes of a run start in this directory: they get the output directory as an absolute path.
+    a.out = os.path.abspath(a.out)
+    a.data_dir_npy = os.path.join(a.out, "data")
     return a
 
 
