@@ -34,15 +34,16 @@ import ashl.torch
 import cnn_common as cc
 
 # The reference experiment's policy settings (examples/experiment_common.hpp
-# make_setup), durations x K since the server's policy reads wall time.
-def policy_of(method, time_scale):
+# make_setup), durations x K since the server's policy reads wall time; ASHL's
+# r0 and switch loss come from run.py (--ratio, --switch-loss).
+def policy_of(method, time_scale, ratio, switch_loss):
     if method == "bsp":
         return ashl.Policy("bsp")
     if method == "adsp":
         return ashl.Policy("adsp", period=1.0 * time_scale, search_every=1000.0 * time_scale, target_loss=0.4,
                            initial_commit_rate=1)
-    params = dict(profile_iterations=5, h_ahl=8, h_shl=2, shl_staleness=3, compression_ratio=0.1,
-                  switch_loss=0.5, planner="profile", profile_trim=2)
+    params = dict(profile_iterations=5, h_ahl=8, h_shl=2, shl_staleness=3, compression_ratio=ratio,
+                  switch_loss=switch_loss, planner="profile", profile_trim=2)
     if method == "ashl_plus":
         params.update(replanner="profile", replan_drift=0.5, replan_half_life=8)
     return ashl.Policy("ashl", **params)
@@ -57,7 +58,7 @@ def job_of(a, role):
 def server(a):
     torch.set_num_threads(1)
     model = cc.make_model(a.seed)
-    srv = ashl.torch.serve(model, job_of(a, "server"), policy=policy_of(a.method, a.time_scale),
+    srv = ashl.torch.serve(model, job_of(a, "server"), policy=policy_of(a.method, a.time_scale, a.ratio, a.switch_loss),
                            compression="topk", optimizer="model_delta", worker_timeout=60.0, background=True)
     cc.write_file(f"{a.run_dir}/listening", "1\n")
     srv.join()
@@ -78,7 +79,7 @@ def worker(a):
         if cc.mono() > deadline:
             raise SystemExit(f"worker {rank}: the server did not listen within 120 s")
         time.sleep(0.02)
-    opt = ashl.torch.DistributedOptimizer(sgd, model, policy=policy_of(a.method, a.time_scale).name,
+    opt = ashl.torch.DistributedOptimizer(sgd, model, policy=policy_of(a.method, a.time_scale, a.ratio, a.switch_loss).name,
                                           compression="topk", job=job_of(a, "worker"), batch_size=64,
                                           timeout=120.0, seed=a.seed, error_feedback=a.method == "ashl_plus",
                                           link_bytes_per_second=rate)
@@ -95,6 +96,7 @@ def worker(a):
     snapshots, next_tick, next_report = [], t0 + a.eval_every, t0 + 1.25
     pulled = opt.bucket.params.clone()
     commits = steps = samples = overruns = 0
+    stages = [(0.0, opt.plan.stage)]  # (seconds since the start, stage) at every change of the plan's stage
     while cc.mono() < t_end:
         it0 = cc.mono()
         b = opt.batch_size
@@ -113,6 +115,8 @@ def worker(a):
         now = cc.mono()
         if opt.commits != commits:
             commits = opt.commits
+            if opt.plan.stage != stages[-1][1]:
+                stages.append((round(now - t0, 3), opt.plan.stage))
             if rank == 0:
                 pulled.copy_(opt.bucket.params)  # what the server sent, before the next local step
         if rank == 0:
@@ -136,6 +140,7 @@ def worker(a):
              "link_seconds": tel.get("link_seconds", 0.0), "wait_seconds": tel.get("wait_seconds", 0.0),
              "plan": {"local_iterations": plan.local_iterations, "stage": plan.stage,
                       "compression_ratio": plan.compression_ratio, "batch_size": plan.batch_size},
+             "stages": stages,
              "cpu_seconds": time.process_time()}
     cc.write_file(f"{run_dir}/worker-{rank}.json", json.dumps(stats) + "\n")
     return 0

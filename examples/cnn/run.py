@@ -50,6 +50,10 @@ def parse(argv):
     p.add_argument("--lr", default="0.05", help="SGD learning rate: one value for every method, then optionally "
                    "method=value pairs, e.g. 0.05,ashl=0.07 (default 0.05)")
     p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--ratio", type=float, default=0.3,
+                   help="ASHL's preset compression ratio r0 (the longest round's top-k share; default 0.3)")
+    p.add_argument("--switch-loss", type=float, default=0.5,
+                   help="ASHL's switch from AHL to SHL: worker 0's training loss below this (default 0.5)")
     p.add_argument("--quick", action="store_true", help="2 workers, 25 s per run, ddp,bsp,ashl: a smoke test")
     p.add_argument("--out", default="cnn-results")
     p.add_argument("--data-dir", default=cc.DATA_DIR)
@@ -74,6 +78,10 @@ def parse(argv):
     if not (0 < a.eval_every <= a.budget):
         p.error(f"--eval-every = {a.eval_every}: must be in (0, --budget]")
     a.lr, a.lr_by = parse_lr(p, a.lr)
+    if not (a.switch_loss >= 0 and math.isfinite(a.switch_loss)):
+        p.error(f"--switch-loss = {a.switch_loss}: must be a finite number >= 0")
+    if not (0 < a.ratio <= 1):
+        p.error(f"--ratio = {a.ratio}: must be in (0, 1]")
     # The processes of a run start in this directory: they get the output directory as an absolute path.
     a.out = os.path.abspath(a.out)
     a.data_dir_npy = os.path.join(a.out, "data")
@@ -116,7 +124,8 @@ def child_args(a, role, rank, method, seed, run_dir, port):
     return [sys.executable, os.path.abspath(__file__), "--role", role, "--rank", str(rank), "--method", method,
             "--seed", str(seed), "--run-dir", run_dir, "--port", str(port), "--workers", str(a.workers),
             "--budget", repr(a.budget), "--time-scale", repr(a.time_scale), "--eval-every", repr(a.eval_every),
-            "--lr", repr(lr_for(a, method)), "--momentum", repr(a.momentum), "--out", a.out]
+            "--lr", repr(lr_for(a, method)), "--momentum", repr(a.momentum), "--ratio", repr(a.ratio),
+            "--switch-loss", repr(a.switch_loss), "--out", a.out]
 
 
 def cpu_busy():

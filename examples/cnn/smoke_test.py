@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """ctest examples/cnn_quick: the CNN example at --quick with 2 workers, BSP
 and ASHL, 15 s each; passes when both runs wrote a JSON line whose final
-accuracy (10,000 test images) is well above chance (0.1). Exit 77 (skipped)
+accuracy (10,000 test images) is well above chance (0.1) and ASHL's workers
+went from profiling to AHL; a bad --ratio is refused by name. Exit 77 (skipped)
 when PyTorch, the ashl module or the data set is missing.
 
     /usr/bin/python3 examples/cnn/smoke_test.py --out DIR
@@ -29,8 +30,13 @@ def main():
     if not os.path.exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"):
         print("skipped: the data set is not installed (Debian dataset-fashion-mnist)")
         return 77
+    bad = subprocess.run([sys.executable, os.path.join(HERE, "run.py"), "--ratio", "0", "--out", out],
+                         capture_output=True, text=True, timeout=60)
+    if bad.returncode != 2 or "--ratio = 0.0" not in bad.stderr:
+        print(f"run.py --ratio 0: exit {bad.returncode}, stderr {bad.stderr!r}: expected exit 2 naming --ratio")
+        return 1
     cmd = [sys.executable, os.path.join(HERE, "run.py"), "--quick", "--methods", "bsp,ashl", "--budget", "15",
-           "--eval-every", "5", "--out", out]
+           "--eval-every", "5", "--ratio", "0.3", "--out", out]
     r = subprocess.run(cmd, timeout=110)
     if r.returncode != 0:
         print(f"{' '.join(cmd)} exited with {r.returncode}")
@@ -46,6 +52,12 @@ def main():
         if not row["final_accuracy"] > 0.4 or row["iterations"] < 20:
             print(f"{m}: final accuracy {row['final_accuracy']} after {row['iterations']} iterations: "
                   "a run that trains is well above 0.1")
+            return 1
+    for rank in (0, 1):
+        with open(os.path.join(out, "runs", "ashl-seed1", f"worker-{rank}.json")) as f:
+            stages = [stage for _, stage in json.load(f)["stages"]]
+        if stages[:2] != ["profile", "ahl"]:
+            print(f"ashl worker {rank}: stages {stages}: expected profiling, then AHL")
             return 1
     print("cnn --quick: bsp", seen["bsp"]["final_accuracy"], "ashl", seen["ashl"]["final_accuracy"])
     return 0

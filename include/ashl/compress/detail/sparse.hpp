@@ -189,29 +189,51 @@ template <gradient_element T>
 }
 
 #if ASHL_DETAIL_PHILOX_X86
-// write_keys_in's loop over [0, returned) (a multiple of 16) for 16-bit
-// elements: the 15-bit keys of 16 elements compared at once (signed 16-bit
-// compares; lo <= 0x8000 and hi < 0x7fff), and only the hits, by their mask
-// bits, visited in index order. j counts the pairs written.
-template <class T>
-__attribute__((target("avx2"))) inline std::size_t write_keys_in_16_avx2(const T* x, std::size_t n, std::uint32_t lo,
-                                                                       std::uint32_t hi, std::byte* idx,
-                                                                       std::byte* val, std::size_t& j) noexcept {
+// The one AVX2 hit scan of the 16-bit sparse passes (write_keys_in, collect_ge):
+// the 15-bit keys of 32 half / bfloat16 elements compared at once with signed
+// 16-bit compares against lo (and hi when Upper), and only the hits visited,
+// in index order, as visit(j) with j the element's index. The compare masks
+// are packed to bytes (packs works per 128-bit half, so the quadwords are put
+// back in element order) and each hit taken with tzcnt; a block without a
+// hit costs one test. Covers [0, returned), a multiple of 32.
+// Needs lo <= 0x8000 (lo - 1 fits an i16; lo = 0 gives -1, below every key)
+// and, when Upper, hi < 0x7fff (hi + 1 fits an i16).
+template <bool Upper, class Visit>
+__attribute__((target("avx2,bmi"))) inline std::size_t visit_keys16_avx2(const std::uint16_t* p, std::size_t n,
+                                                                       std::uint32_t lo, std::uint32_t hi,
+                                                                       Visit&& visit) noexcept {
   const __m256i key_mask = _mm256_set1_epi16(0x7fff);
-  const __m256i below = _mm256_set1_epi16(static_cast<short>(lo - 1));  // lo = 0: -1, below every key
-  const __m256i above = _mm256_set1_epi16(static_cast<short>(hi + 1));
+  const __m256i below = _mm256_set1_epi16(static_cast<short>(static_cast<int>(lo) - 1));
+  const __m256i above = _mm256_set1_epi16(static_cast<short>(Upper ? hi + 1 : 0));
   std::size_t i = 0;
-  for (const std::size_t e = n & ~std::size_t{15}; i < e; i += 16) {
-    const __m256i k = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), key_mask);
-    const __m256i in = _mm256_and_si256(_mm256_cmpgt_epi16(k, below), _mm256_cmpgt_epi16(above, k));
-    for (auto m = static_cast<std::uint32_t>(_mm256_movemask_epi8(in)); m != 0; m &= m - 1, m &= m - 1) {
-      const std::size_t at = i + static_cast<std::size_t>(std::countr_zero(m)) / 2;
-      store_le<std::uint32_t>(idx + 4 * j, static_cast<std::uint32_t>(at));
-      store_le(val + sizeof(T) * j, element_bits(x[at]));
-      ++j;
+  for (const std::size_t e = n & ~std::size_t{31}; i < e; i += 32) {
+    const __m256i k0 = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)), key_mask);
+    const __m256i k1 = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 16)), key_mask);
+    __m256i h0 = _mm256_cmpgt_epi16(k0, below), h1 = _mm256_cmpgt_epi16(k1, below);
+    if constexpr (Upper) {
+      h0 = _mm256_and_si256(h0, _mm256_cmpgt_epi16(above, k0));
+      h1 = _mm256_and_si256(h1, _mm256_cmpgt_epi16(above, k1));
     }
+    const __m256i any = _mm256_or_si256(h0, h1);
+    if (_mm256_testz_si256(any, any)) continue;
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi16(h0, h1), 0xd8);
+    for (auto bits = static_cast<std::uint32_t>(_mm256_movemask_epi8(packed)); bits != 0; bits &= bits - 1)
+      visit(i + static_cast<std::size_t>(_tzcnt_u32(bits)));
   }
   return i;
+}
+
+// write_keys_in's loop over [0, returned) for 16-bit elements (keys in
+// [lo, hi]; lo <= 0x8000 and hi < 0x7fff). j counts the pairs written.
+template <class T>
+__attribute__((target("avx2,bmi"))) inline std::size_t write_keys_in_16_avx2(const T* x, std::size_t n, std::uint32_t lo,
+                                                                           std::uint32_t hi, std::byte* idx,
+                                                                           std::byte* val, std::size_t& j) noexcept {
+  return visit_keys16_avx2<true>(reinterpret_cast<const std::uint16_t*>(x), n, lo, hi, [&](std::size_t at) {
+    store_le<std::uint32_t>(idx + 4 * j, static_cast<std::uint32_t>(at));
+    store_le(val + sizeof(T) * j, element_bits(x[at]));
+    ++j;
+  });
 }
 #endif
 
@@ -413,38 +435,20 @@ __attribute__((target("avx2,bmi"))) inline std::size_t collect_ge_avx2(const flo
 #endif
 
 #if ASHL_DETAIL_PHILOX_X86
-// The same for half / bfloat16 (15-bit keys, 16 per vector): elements
-// [0, returned) of x, a multiple of 32. The compare mask of 32 keys is
-// packed to bytes (packs works per 128-bit half, so the quadwords are put
-// back in element order) and each hit taken with tzcnt.
+// The same for half / bfloat16 (keys >= theta, theta <= 0x8000: a 15-bit key,
+// or one above every key), over [0, returned) of x.
 template <class T>
 __attribute__((target("avx2,bmi"))) inline std::size_t collect_ge16_avx2(const T* x, std::size_t n,
                                                                        std::uint32_t theta, std::uint64_t* cand,
                                                                        std::size_t cap, collect_counts& r) noexcept {
-  // theta <= 0x8000 (a 15-bit key, or one above every key): theta - 1 fits
-  // an i16, and a signed compare with it is key >= theta (theta = 0: -1).
-  const __m256i below = _mm256_set1_epi16(static_cast<short>(static_cast<int>(theta) - 1));
-  const __m256i abs_mask = _mm256_set1_epi16(0x7fff);
-  std::size_t ge = r.ge, eq = r.eq;
-  std::size_t i = 0;
   const auto* p = reinterpret_cast<const std::uint16_t*>(x);
-  for (const std::size_t e = n & ~std::size_t{31}; i < e; i += 32) {
-    const __m256i k0 = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)), abs_mask);
-    const __m256i k1 = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 16)), abs_mask);
-    const __m256i h0 = _mm256_cmpgt_epi16(k0, below), h1 = _mm256_cmpgt_epi16(k1, below);
-    const __m256i any = _mm256_or_si256(h0, h1);
-    if (_mm256_testz_si256(any, any)) continue;
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi16(h0, h1), 0xd8);
-    std::uint32_t bits = static_cast<std::uint32_t>(_mm256_movemask_epi8(packed));
-    while (bits != 0) {
-      const std::size_t j = i + static_cast<std::size_t>(_tzcnt_u32(bits));
-      bits &= bits - 1;
-      const std::uint32_t b = p[j];
-      if (ge < cap) cand[ge] = (static_cast<std::uint64_t>(b) << 32) | static_cast<std::uint32_t>(j);
-      ++ge;
-      eq += (b & 0x7fffu) == theta;
-    }
-  }
+  std::size_t ge = r.ge, eq = r.eq;
+  const std::size_t i = visit_keys16_avx2<false>(p, n, theta, 0, [&](std::size_t j) {
+    const std::uint32_t b = p[j];
+    if (ge < cap) cand[ge] = (static_cast<std::uint64_t>(b) << 32) | static_cast<std::uint32_t>(j);
+    ++ge;
+    eq += (b & 0x7fffu) == theta;
+  });
   r.ge = ge;
   r.eq = eq;
   return i;
