@@ -36,14 +36,15 @@ import cnn_common as cc
 # The reference experiment's policy settings (examples/experiment_common.hpp
 # make_setup), durations x K since the server's policy reads wall time; ASHL's
 # r0 and switch loss come from run.py (--ratio, --switch-loss).
-def policy_of(method, time_scale, ratio, switch_loss):
+def policy_of(a):
+    method, time_scale = a.method, a.time_scale
     if method == "bsp":
         return ashl.Policy("bsp")
     if method == "adsp":
         return ashl.Policy("adsp", period=1.0 * time_scale, search_every=1000.0 * time_scale, target_loss=0.4,
                            initial_commit_rate=1)
-    params = dict(profile_iterations=5, h_ahl=8, h_shl=2, shl_staleness=3, compression_ratio=ratio,
-                  switch_loss=switch_loss, planner="profile", profile_trim=2)
+    params = dict(profile_iterations=5, h_ahl=8, h_shl=2, shl_staleness=3, compression_ratio=a.ratio,
+                  switch_loss=a.switch_loss, planner="profile", profile_trim=2)
     if method == "ashl_plus":
         params.update(replanner="profile", replan_drift=0.5, replan_half_life=8)
     return ashl.Policy("ashl", **params)
@@ -58,7 +59,7 @@ def job_of(a, role):
 def server(a):
     torch.set_num_threads(1)
     model = cc.make_model(a.seed)
-    srv = ashl.torch.serve(model, job_of(a, "server"), policy=policy_of(a.method, a.time_scale, a.ratio, a.switch_loss),
+    srv = ashl.torch.serve(model, job_of(a, "server"), policy=policy_of(a),
                            compression="topk", optimizer="model_delta", worker_timeout=60.0, background=True)
     cc.write_file(f"{a.run_dir}/listening", "1\n")
     srv.join()
@@ -79,7 +80,7 @@ def worker(a):
         if cc.mono() > deadline:
             raise SystemExit(f"worker {rank}: the server did not listen within 120 s")
         time.sleep(0.02)
-    opt = ashl.torch.DistributedOptimizer(sgd, model, policy=policy_of(a.method, a.time_scale, a.ratio, a.switch_loss).name,
+    opt = ashl.torch.DistributedOptimizer(sgd, model, policy=policy_of(a).name,
                                           compression="topk", job=job_of(a, "worker"), batch_size=64,
                                           timeout=120.0, seed=a.seed, error_feedback=a.method == "ashl_plus",
                                           link_bytes_per_second=rate)
@@ -115,8 +116,9 @@ def worker(a):
         now = cc.mono()
         if opt.commits != commits:
             commits = opt.commits
-            if opt.plan.stage != stages[-1][1]:
-                stages.append((round(now - t0, 3), opt.plan.stage))
+            stage = opt.plan.stage
+            if stage != stages[-1][1]:
+                stages.append((round(now - t0, 3), stage))
             if rank == 0:
                 pulled.copy_(opt.bucket.params)  # what the server sent, before the next local step
         if rank == 0:

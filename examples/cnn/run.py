@@ -311,7 +311,9 @@ def orchestrate(a):
             steps = sum(w["steps"] for w in ws)
             rec = {"method": method, "seed": seed, "target_accuracy": a.target,
                    "time_to_target_s": time_to_target(curve, a.target), "final_accuracy": final_acc,
-                   "final_loss": final_loss, "lr": lr_for(a, method), "budget_s": a.budget, "time_scale": a.time_scale, "workers": a.workers,
+                   "final_loss": final_loss, "lr": lr_for(a, method),
+                   **({"ratio": a.ratio, "switch_loss": a.switch_loss} if method in ("ashl", "ashl_plus") else {}),
+                   "budget_s": a.budget, "time_scale": a.time_scale, "workers": a.workers,
                    "iterations": steps, "samples": sum(w["samples"] for w in ws),
                    "iterations_per_group": [sum(w["steps"] for w in ws if cc.group_of(w["rank"], a.workers) == g)
                                             for g in range(3)],

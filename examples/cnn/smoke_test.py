@@ -53,6 +53,10 @@ def main():
             print(f"{m}: final accuracy {row['final_accuracy']} after {row['iterations']} iterations: "
                   "a run that trains is well above 0.1")
             return 1
+    if seen["ashl"].get("ratio") != 0.3 or "ratio" in seen["bsp"]:
+        print(f"results.jsonl: ashl ratio {seen['ashl'].get('ratio')}, bsp {seen['bsp'].get('ratio')}: "
+              "expected 0.3 for ashl (as given) and none for bsp")
+        return 1
     for rank in (0, 1):
         with open(os.path.join(out, "runs", "ashl-seed1", f"worker-{rank}.json")) as f:
             stages = [stage for _, stage in json.load(f)["stages"]]
