@@ -106,6 +106,30 @@ std::vector<std::string> lines_of(const std::string& text) {
   return lines;
 }
 
+// A directory of its own, removed with everything in it when the test ends.
+struct scratch_dir {
+  std::string path;
+  scratch_dir() {
+    char name[] = "/tmp/ashl-run-test-XXXXXX";
+    BOOST_REQUIRE(::mkdtemp(name) != nullptr);
+    path = name;
+  }
+  ~scratch_dir() { std::system(("rm -rf '" + path + "'").c_str()); }
+  scratch_dir(const scratch_dir&) = delete;
+  scratch_dir& operator=(const scratch_dir&) = delete;
+};
+
+// Shell text that marks this process ready in `dir` (after it has set its
+// SIGTERM disposition) and text that waits, at most 20 s, until `n` processes
+// have; so that a process meant to fail fails only once the others can
+// receive the SIGTERM the way the test means them to. Without it a slow
+// machine (ASan, two cores) may deliver the SIGTERM before `trap` has run.
+std::string mark_ready(const scratch_dir& dir) { return "touch '" + dir.path + "/'$ASHL_ROLE$ASHL_RANK; "; }
+std::string wait_until_ready(const scratch_dir& dir, int n) {
+  return "i=0; while [ $(ls '" + dir.path + "' | wc -l) -lt " + std::to_string(n) +
+         " ] && [ $i -lt 2000 ]; do sleep 0.01; i=$((i+1)); done; ";
+}
+
 struct clean_environment {
   clean_environment() {
     for (const char* n : {"ASHL_ROLE", "ASHL_RANK", "ASHL_NUM_WORKERS", "ASHL_NUM_SERVERS", "ASHL_SERVER_ADDR",
@@ -212,9 +236,10 @@ BOOST_AUTO_TEST_CASE(output_is_prefixed_and_lines_stay_whole) {
 
 BOOST_AUTO_TEST_CASE(one_failure_stops_the_others_with_its_status) {
   // worker 1 fails; the others wait for a SIGTERM, report it and exit 0.
-  const std::string script =
-      "if [ $ASHL_ROLE = worker ] && [ $ASHL_RANK = 1 ]; then sleep 0.2; exit 3; fi; "
-      "trap 'echo stopped; exit 0' TERM; echo ready; sleep 60 & wait";
+  const scratch_dir first;
+  const std::string script = "if [ $ASHL_ROLE = worker ] && [ $ASHL_RANK = 1 ]; then " +
+                             wait_until_ready(first, 4) + "exit 3; fi; trap 'echo stopped; exit 0' TERM; " +
+                             mark_ready(first) + "sleep 60 & wait";
   auto r = run({"-s", "2", "-w", "3", "--", "/bin/sh", "-c", script});
   BOOST_TEST(r.code == 3);
   BOOST_TEST(r.err.find("ashl-run: worker 1 exited with status 3; stopping the others") != std::string::npos);
@@ -223,8 +248,10 @@ BOOST_AUTO_TEST_CASE(one_failure_stops_the_others_with_its_status) {
 
   // A process that ignores SIGTERM gets SIGKILL after the grace period; the
   // first failure's status stands.
+  const scratch_dir second;
   r = run({"-s", "1", "-w", "2", "--grace", "0.3", "--", "/bin/sh", "-c",
-           "if [ $ASHL_ROLE = worker ] && [ $ASHL_RANK = 0 ]; then exit 5; fi; trap '' TERM; sleep 60"});
+           "if [ $ASHL_ROLE = worker ] && [ $ASHL_RANK = 0 ]; then " + wait_until_ready(second, 2) +
+               "exit 5; fi; trap '' TERM; " + mark_ready(second) + "sleep 60"});
   BOOST_TEST(r.code == 5, r.err);
   BOOST_TEST(r.err.find("did not stop within the grace period; sending SIGKILL") != std::string::npos);
 }
