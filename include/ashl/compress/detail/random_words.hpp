@@ -87,9 +87,11 @@ class random_words {
 #else
     (void)limit;
 #endif
-    for (; j < nblocks; ++j) {
+    // The tail, walked by pointer: g++ cannot bound j after the SIMD loops
+    // and warned (-Waggressive-loop-optimizations) that 4 * j might wrap.
+    for (std::uint32_t* o = out + 4 * j; j < nblocks; ++j, o += 4) {
       const philox_block b = stream_.block(first_block + j, lane_);
-      for (int w = 0; w < 4; ++w) out[4 * j + w] = b.v[w];
+      for (int w = 0; w < 4; ++w) o[w] = b.v[w];
     }
   }
 
