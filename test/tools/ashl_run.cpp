@@ -4,6 +4,8 @@
 // one process fails, exit statuses, timeout, signal forwarding, usage errors.
 #include <ashl/ps/launch.hpp>
 
+#include "../support/process.hpp"
+
 #include <boost/test/unit_test.hpp>
 
 #include <fcntl.h>
@@ -15,6 +17,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -106,15 +109,15 @@ std::vector<std::string> lines_of(const std::string& text) {
   return lines;
 }
 
-// A directory of its own, removed with everything in it when the test ends.
+// A directory of its own (process::temp_dir), removed with everything in it
+// when the test ends.
 struct scratch_dir {
-  std::string path;
-  scratch_dir() {
-    char name[] = "/tmp/ashl-run-test-XXXXXX";
-    BOOST_REQUIRE(::mkdtemp(name) != nullptr);
-    path = name;
+  std::string path = process::temp_dir("ashl-run-test");
+  scratch_dir() { BOOST_REQUIRE(!path.empty()); }
+  ~scratch_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
   }
-  ~scratch_dir() { std::system(("rm -rf '" + path + "'").c_str()); }
   scratch_dir(const scratch_dir&) = delete;
   scratch_dir& operator=(const scratch_dir&) = delete;
 };
