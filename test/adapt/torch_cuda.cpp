@@ -1,0 +1,225 @@
+#include <ashl/adapt/torch.hpp>
+
+#ifndef BOOST_TEST_NO_MAIN
+#define BOOST_TEST_NO_MAIN
+#endif
+#include <boost/test/unit_test.hpp>
+
+#include <ashl/ps/policies.hpp>
+#include <ashl/ps/server.hpp>
+#include <ashl/transport/inproc.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+// adapt/torch.hpp with CUDA tensors (label gpu): the buckets live on the
+// device and alias the module's parameters and gradients there; the worker
+// exchanges through pinned host copies; BSP + identity + server SGD over
+// inproc equals the same SGD done on the host, bit for bit; a plan's local
+// iterations are followed; a model split across devices is refused, named.
+//
+// It runs only where libtorch has CUDA and a device is present
+// (torch::cuda::is_available()); elsewhere (Debian's CPU-only libtorch, CI)
+// it reports itself skipped (exit 77). bench/gpu/run.sh builds it against
+// the device machine's CUDA libtorch and runs it.
+
+namespace adapt = ashl::adapt;
+namespace ps = ashl::ps;
+namespace tr = ashl::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct net_impl : torch::nn::Module {
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  net_impl() {
+    fc1 = register_module("fc1", torch::nn::Linear(64, 48));
+    fc2 = register_module("fc2", torch::nn::Linear(48, 10));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2->forward(torch::tanh(fc1->forward(x))); }
+};
+TORCH_MODULE_IMPL(net, net_impl);
+
+const torch::Device cuda0(torch::kCUDA, 0);
+
+net make_cuda_net() {
+  torch::manual_seed(7);
+  net m;
+  m->to(cuda0);
+  return m;
+}
+
+std::vector<float> flat_copy(const torch::nn::Module& m) {
+  std::vector<float> out;
+  for (const auto& p : m.parameters()) {
+    auto c = p.detach().to(torch::kCPU).contiguous();
+    out.insert(out.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  }
+  return out;
+}
+
+// One server over `fabric` ("server0") starting from `initial`, until destroyed.
+struct server_thread {
+  std::atomic<bool> stop{false};
+  std::thread th;
+  server_thread(std::shared_ptr<tr::inproc_fabric> fabric, std::vector<float> initial, std::string policy,
+                ps::policy_params pp, ps::optimizer_params opt) {
+    auto node = fabric->node("server0");
+    BOOST_TEST_REQUIRE(node.has_value());
+    auto layout = ps::shard_layout::even(initial.size(), 1);
+    pp.workers = 1;
+    auto pol = ps::make_policy(policy, pp);
+    BOOST_TEST_REQUIRE(pol.has_value());
+    auto srv = ps::server<tr::inproc>::create(
+        {.core = {.layout = *layout, .workers = 1, .optimizer = opt}, .compression = ashl::codec_id::identity},
+        std::move(*pol), std::move(*node), initial);
+    BOOST_TEST_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+    th = std::thread([this, s = std::make_shared<ps::server<tr::inproc>>(std::move(*srv))] { s->run(stop); });
+  }
+  ~server_thread() {
+    stop = true;
+    th.join();
+  }
+};
+
+tr::inproc node_of(const std::shared_ptr<tr::inproc_fabric>& f) {
+  auto n = f->node();
+  BOOST_TEST_REQUIRE(n.has_value());
+  return std::move(*n);
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(cuda_buckets_alias_the_parameters_and_gradients_on_the_device) {
+  auto m = make_cuda_net();
+  const auto before = flat_copy(*m);
+  auto b = adapt::torch_bucket::create(*m);
+  BOOST_TEST_REQUIRE(b.has_value(), (b ? "" : b.error().message()));
+  BOOST_TEST(b->is_cuda());
+  BOOST_TEST(b->params().device() == cuda0);
+  BOOST_TEST(b->grads().device() == cuda0);
+  BOOST_TEST(flat_copy(*m) == before);  // values kept
+  const auto* pflat = static_cast<const char*>(b->params().data_ptr());
+  const auto* gflat = static_cast<const char*>(b->grads().data_ptr());
+  std::size_t offset = 0;
+  auto x = torch::randn({16, 64}, torch::TensorOptions().device(cuda0));
+  m->forward(x).sum().backward();
+  for (const auto& p : m->parameters()) {
+    BOOST_TEST(p.is_cuda());
+    BOOST_TEST(static_cast<const char*>(p.data_ptr()) == pflat + offset * 4);
+    BOOST_TEST_REQUIRE(p.grad().defined());
+    BOOST_TEST(static_cast<const char*>(p.grad().data_ptr()) == gflat + offset * 4);  // backward wrote in place
+    offset += static_cast<std::size_t>(p.numel());
+  }
+  BOOST_TEST(offset == b->size());
+  // d(sum)/d(fc2.bias) = 16 per output, read through the gradient bucket.
+  const auto tail = b->grads().narrow(0, static_cast<std::int64_t>(b->size()) - 10, 10).to(torch::kCPU);
+  for (std::int64_t i = 0; i < 10; ++i) BOOST_TEST(tail[i].item<float>() == 16.0f);
+}
+
+BOOST_AUTO_TEST_CASE(cuda_bsp_identity_sgd_over_inproc_equals_host_sgd_bit_for_bit) {
+  constexpr double lr = 0.05;
+  auto reference = make_cuda_net();
+  auto m = make_cuda_net();
+  const auto initial = flat_copy(*m);
+  BOOST_TEST_REQUIRE(flat_copy(*reference) == initial);
+  auto fabric = tr::inproc_fabric::create({});
+  server_thread srv(fabric, initial, "bsp", {}, {.mode = ps::optimizer_params::kind::sgd, .lr = lr});
+  auto d = adapt::torch_worker<tr::inproc>::create(*m, nullptr, {.servers = {"server0"}, .timeout = 20s},
+                                                   node_of(fabric), adapt::torch_update::gradient);
+  BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
+  BOOST_TEST(d->bucket().is_cuda());
+  torch::manual_seed(3);
+  const auto on_gpu = torch::TensorOptions().device(cuda0);
+  for (int it = 0; it < 6; ++it) {
+    auto x = torch::randn({32, 64}, on_gpu);
+    auto y = torch::randn({32, 10}, on_gpu);
+    // The reference: the same forward/backward on the device, then the
+    // server's rule W -= lr * g in f32 on the host, and back to the device.
+    reference->zero_grad();
+    torch::mse_loss(reference->forward(x), y).backward();
+    {
+      torch::NoGradGuard g;
+      for (auto& p : reference->parameters()) {
+        auto w = p.detach().to(torch::kCPU).contiguous();
+        auto gr = p.grad().to(torch::kCPU).contiguous();
+        float* wp = w.data_ptr<float>();
+        const float* gp = gr.data_ptr<float>();
+        for (std::int64_t i = 0; i < w.numel(); ++i) wp[i] -= static_cast<float>(lr) * gp[i];
+        p.copy_(w);
+      }
+    }
+    d->zero_grad();
+    torch::mse_loss(m->forward(x), y).backward();
+    const auto s = d->step();
+    BOOST_TEST_REQUIRE(s.ok(), s.message());
+    for (const auto& p : m->parameters()) BOOST_TEST_REQUIRE(p.is_cuda());
+    const auto a = flat_copy(*reference), b = flat_copy(*m);
+    BOOST_TEST_REQUIRE(a.size() == b.size());
+    double worst = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - double(b[i])));
+    BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * 4) == 0,
+               "iteration " << it << " differs; largest difference " << worst);
+  }
+  BOOST_TEST(d->commits() == 6u);
+  BOOST_TEST(d->leave().ok());
+}
+
+BOOST_AUTO_TEST_CASE(cuda_local_iterations_of_the_plan_are_followed_and_the_server_holds_the_model) {
+  auto m = make_cuda_net();
+  const auto initial = flat_copy(*m);
+  auto fabric = tr::inproc_fabric::create({});
+  ps::policy_params pp;
+  pp.local_steps = 3;
+  server_thread srv(fabric, initial, "local_sgd", pp, {});
+  torch::optim::SGD local(m->parameters(), 0.05);
+  auto d = adapt::torch_worker<tr::inproc>::create(*m, &local, {.servers = {"server0"}, .timeout = 20s},
+                                                   node_of(fabric));
+  BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
+  BOOST_TEST(d->plan().local_iterations == 3u);
+  const auto on_gpu = torch::TensorOptions().device(cuda0);
+  for (int it = 1; it <= 9; ++it) {
+    const auto x = torch::randn({16, 64}, on_gpu);
+    d->zero_grad();
+    m->forward(x).pow(2).mean().backward();
+    const auto before = flat_copy(*m);
+    BOOST_TEST_REQUIRE(d->step().ok());
+    BOOST_TEST(d->commits() == static_cast<std::uint64_t>(it / 3), "after iteration " << it);
+    BOOST_TEST((flat_copy(*m) != before));  // the local step moved the model
+  }
+  BOOST_TEST(d->worker().telemetry().commits == 3u);
+  // One worker, model deltas: after a pull the device model is the server's;
+  // it moved away from the start, and stays on the device, in the bucket.
+  BOOST_TEST_REQUIRE(d->synchronize().ok());
+  const auto now = flat_copy(*m);
+  BOOST_TEST((now != initial));
+  for (float v : now) BOOST_TEST_REQUIRE(std::isfinite(v));
+  BOOST_TEST(m->parameters()[0].data_ptr() == d->bucket().params().data_ptr());
+  BOOST_TEST(d->leave().ok());
+}
+
+BOOST_AUTO_TEST_CASE(a_model_split_across_devices_is_refused_with_the_device_named) {
+  auto a = torch::randn({4}, torch::TensorOptions().device(cuda0)).set_requires_grad(true);
+  auto b = torch::randn({3}).set_requires_grad(true);
+  auto bucket = adapt::torch_bucket::create({a, b}, {"a", "b"});
+  BOOST_TEST_REQUIRE(!bucket.has_value());
+  BOOST_TEST(contains(bucket.error().message(), "torch.parameter[b].device = \"cpu\""), bucket.error().message());
+}
+
+// Skips (exit 77, ctest "Skipped") only where libtorch reports no usable CUDA.
+int main(int argc, char** argv) {
+  if (!torch::cuda::is_available()) {
+    std::printf("SKIPPED: torch::cuda::is_available() is false (libtorch built without CUDA, or no device)\n");
+    return 77;
+  }
+  return ::boost::unit_test::unit_test_main(&init_unit_test, argc, argv);
+}
