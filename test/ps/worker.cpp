@@ -285,3 +285,50 @@ BOOST_AUTO_TEST_CASE(a_pull_without_commit_reads_the_model) {
   BOOST_TEST((b->pull().code() == ashl::errc::invalid_argument));
   BOOST_TEST(b->progress_line().find("worker 1:") == 0u, b->progress_line());
 }
+
+// Issue 25: the plan in force is worker_cycle's, adopted at a cycle start
+// only. ADSP re-plans from every measurement a worker sends when a cycle ends
+// (the join's pull too); the plan_updates reach the worker while it computes
+// the next cycle, and the plan it runs by does not change until that cycle
+// has committed and pulled. The first cycle runs the join's plan.
+BOOST_AUTO_TEST_CASE(plans_from_the_servers_take_effect_at_cycle_starts_only) {
+  auto fabric = tr::inproc_fabric::create({});
+  std::atomic<bool> stop{false}, up{false};
+  std::thread th([&] {
+    auto node = fabric->node("server0");
+    auto layout = ps::shard_layout::even(256, 1);
+    ps::policy_params pp;
+    pp.workers = 1;
+    pp.period = 0.1;
+    pp.initial_commit_rate = 4;  // a 25 ms interval until an overhead is measured
+    auto pol = ps::make_policy("adsp", pp);
+    BOOST_TEST_REQUIRE(pol.has_value());
+    auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = 1}}, std::move(*pol),
+                                              std::move(*node));
+    BOOST_TEST_REQUIRE(srv.has_value());
+    up = true;
+    srv->run(stop);
+  });
+  while (!up) std::this_thread::sleep_for(1ms);
+  std::vector<float> w(256), g(256, 0.5f);
+  auto wk = ps::worker<tr::inproc>::create({.servers = {"server0"}, .timeout = 10s}, node_of(fabric), w);
+  BOOST_TEST_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+  std::vector<std::uint32_t> interval_us;
+  for (int c = 0; c < 4; ++c) {
+    const ashl::worker_plan at_start = wk->plan();
+    interval_us.push_back(at_start.commit_interval_us);
+    while (!wk->iteration_done()) {}
+    BOOST_TEST_REQUIRE(wk->commit(g).ok());
+    // plan_updates may have arrived during the cycle (the measurements of the
+    // last one were re-planned), yet the cycle ran, and committed, by its
+    // start's plan.
+    BOOST_TEST((wk->plan() == at_start), "cycle " << c);
+    BOOST_TEST_REQUIRE(wk->wait().ok());
+  }
+  BOOST_TEST(interval_us[0] == 25'000u);  // the join's plan
+  BOOST_TEST(interval_us[3] < 25'000u);   // 25 ms less a measured commit overhead
+  BOOST_TEST(wk->telemetry().plan_changes >= 2u);
+  BOOST_TEST(wk->leave().ok());
+  stop = true;
+  th.join();
+}

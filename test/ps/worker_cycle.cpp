@@ -10,9 +10,17 @@ using ashl::measurement;
 using ashl::measurement_kind;
 using ashl::worker_plan;
 
+namespace {
+// A plan arrives, then the cycle starts with it.
+void start_with(ps::worker_cycle& c, const worker_plan& p, std::uint32_t own_batch, double now) {
+  c.plan_arrived(p);
+  c.start(own_batch, now);
+}
+}  // namespace
+
 BOOST_AUTO_TEST_CASE(h_iterations_then_commit_and_pull_with_measurements) {
   ps::worker_cycle c(3);
-  c.start(worker_plan{.local_iterations = 4, .batch_size = 0}, 32, 10.0);
+  start_with(c, worker_plan{.local_iterations = 4, .batch_size = 0}, 32, 10.0);
   BOOST_TEST(c.batch() == 32u);  // the plan keeps the worker's own
   BOOST_TEST(!c.compresses());
   BOOST_TEST(!c.iteration_done(10.5));
@@ -41,7 +49,7 @@ BOOST_AUTO_TEST_CASE(h_iterations_then_commit_and_pull_with_measurements) {
 BOOST_AUTO_TEST_CASE(interval_driven_cycle_runs_until_the_interval_is_filled) {
   ps::worker_cycle c(0);
   const worker_plan p{.local_iterations = 0, .commit_interval_us = 1'000'000, .batch_size = 16};
-  c.start(p, 64, 0.0);
+  start_with(c, p, 64, 0.0);
   BOOST_TEST(c.batch() == 16u);  // the plan's batch wins
   BOOST_TEST(!c.iteration_done(0.3));
   BOOST_TEST(!c.iteration_done(0.6));
@@ -54,14 +62,14 @@ BOOST_AUTO_TEST_CASE(interval_driven_cycle_runs_until_the_interval_is_filled) {
   // One iteration longer than the interval is still one iteration.
   ps::worker_cycle d(1);
   c.commit_sent(1.2);
-  d.start(p, 8, 5.0);
+  start_with(d, p, 8, 5.0);
   BOOST_TEST(d.iteration_done(7.0));
   BOOST_TEST(d.iterations() == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(compression_when_the_ratio_is_below_one) {
   ps::worker_cycle c(2);
-  c.start(worker_plan{.local_iterations = 1, .compression_ratio = 0.1f}, 8, 0.0);
+  start_with(c, worker_plan{.local_iterations = 1, .compression_ratio = 0.1f}, 8, 0.0);
   BOOST_TEST(c.compresses());
   BOOST_TEST(c.iteration_done(1.0));
   BOOST_TEST((c.state() == ps::worker_cycle::phase::compressing));
@@ -75,14 +83,14 @@ BOOST_AUTO_TEST_CASE(compression_when_the_ratio_is_below_one) {
   BOOST_TEST(c.measurements()[3].seconds == 0.5);
   BOOST_TEST(c.measurements()[4].seconds == 0.75);
   ps::worker_cycle full(2);
-  full.start(worker_plan{.local_iterations = 1, .compression_ratio = 1.0f}, 8, 0.0);
+  start_with(full, worker_plan{.local_iterations = 1, .compression_ratio = 1.0f}, 8, 0.0);
   BOOST_TEST(!full.compresses());
 }
 
 BOOST_AUTO_TEST_CASE(sequences_count_commits_and_restart_with_a_new_incarnation) {
   ps::worker_cycle c(0);
   for (std::uint64_t k = 1; k <= 5; ++k) {
-    c.start(worker_plan{}, 4, static_cast<double>(k));
+    start_with(c, worker_plan{}, 4, static_cast<double>(k));
     BOOST_TEST(c.iteration_done(k + 0.5));
     BOOST_TEST(c.commit_sent(k + 0.5) == k);
     c.commit_arrived(k + 0.6, 10);
@@ -95,17 +103,58 @@ BOOST_AUTO_TEST_CASE(sequences_count_commits_and_restart_with_a_new_incarnation)
   c.reply_arrived(10.5, 100);
   BOOST_REQUIRE(c.measurements().size() == 1u);
   BOOST_TEST((c.measurements()[0].kind == measurement_kind::pull));
-  c.start(worker_plan{}, 4, 11.0);
+  start_with(c, worker_plan{}, 4, 11.0);
   BOOST_TEST(c.iteration_done(11.5));
   BOOST_TEST(c.commit_sent(11.5) == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(zero_durations_are_not_reported) {
   ps::worker_cycle c(0);
-  c.start(worker_plan{}, 4, 1.0);
+  start_with(c, worker_plan{}, 4, 1.0);
   BOOST_TEST(c.iteration_done(1.0));
   c.commit_sent(1.0);
   c.commit_arrived(1.0, 10);
   c.reply_arrived(1.0, 10);
   BOOST_TEST(c.measurements().empty());
+}
+
+BOOST_AUTO_TEST_CASE(plans_arrive_as_events_and_are_adopted_at_the_next_start_only) {
+  using ashl::codec_id;
+  ps::worker_cycle c(1);
+  BOOST_TEST(!c.has_plan());
+  c.plan_arrived(worker_plan{.local_iterations = 2, .batch_size = 8});
+  BOOST_TEST(c.has_plan());
+  BOOST_TEST(c.start(4, 0.0));  // the first plan is a change
+  BOOST_TEST(c.plan().local_iterations == 2u);
+  // Two plans arrive during the cycle: neither is used before the cycle ends,
+  // and the newer one replaces the older.
+  c.plan_arrived(worker_plan{.local_iterations = 5, .batch_size = 8});
+  BOOST_TEST(!c.iteration_done(0.1));
+  c.plan_arrived(worker_plan{.local_iterations = 3, .batch_size = 8, .compression_ratio = 0.25f}, codec_id::topk);
+  BOOST_TEST(c.plan().local_iterations == 2u);
+  BOOST_TEST(c.iteration_done(0.2));  // H = 2, the plan in force
+  BOOST_TEST((c.codec() == codec_id::identity));
+  c.commit_sent(0.3);
+  c.commit_arrived(0.4, 10);
+  c.reply_arrived(0.5, 10);
+  BOOST_TEST(c.start(4, 0.5));  // adopted now
+  BOOST_TEST(c.plan().local_iterations == 3u);
+  BOOST_TEST((c.codec() == codec_id::topk));
+  BOOST_TEST(c.compresses());
+  BOOST_TEST(c.plans_adopted() == 2u);
+  BOOST_TEST(c.plan_changes() == 2u);
+  c.abandon();
+  // The same plan again is adopted but is no change; no arrival keeps the plan.
+  c.plan_arrived(worker_plan{.local_iterations = 3, .batch_size = 8, .compression_ratio = 0.25f}, codec_id::topk);
+  BOOST_TEST(!c.start(4, 1.0));
+  c.abandon();
+  BOOST_TEST(!c.start(4, 2.0));
+  BOOST_TEST(c.plans_adopted() == 3u);
+  BOOST_TEST(c.plan_changes() == 2u);
+  // A new incarnation has no plan until its join's plan arrives.
+  c.restart();
+  BOOST_TEST(!c.has_plan());
+  c.plan_arrived(worker_plan{.local_iterations = 1});
+  BOOST_TEST(c.start(4, 3.0));
+  BOOST_TEST(c.plan().local_iterations == 1u);
 }

@@ -297,9 +297,6 @@ class worker {
     std::vector<ashl::measurement> reports;
     detail::any_encoder encoder;
     codec_id codec = codec_id::identity;
-    std::optional<worker_plan> next_plan;
-    codec_id next_codec = codec_id::identity;
-    bool have_plan = false;
     worker_cycle cycle;
     steady_clock clock;
     worker_telemetry tel{};
@@ -362,7 +359,7 @@ class worker {
       // The initial parameters, and the plan server 0 sends on join.
       cycle.pull_sent(clock.now());
       ASHL_TRY(send_pulls(0));
-      ASHL_TRY(drive_until([&] { return !pending() && have_plan; }, deadline, "joining (plan and parameters)"));
+      ASHL_TRY(drive_until([&] { return !pending() && cycle.has_plan(); }, deadline, "joining (plan and parameters)"));
       finish_cycle();
       if (p.progress_thread) {
         progress = std::thread([this] { run_thread(); });
@@ -646,14 +643,12 @@ class worker {
         (void)send_measurements();
         cycle.clear_measurements();
       }
-      if (next_plan) {
-        if (!have_started_ || !(*next_plan == cycle.plan()) || next_codec != codec) ++tel.plan_changes;
-        set_codec(next_codec, next_plan->compression_ratio);
-        current_plan_ = *next_plan;
-        next_plan.reset();
+      // The newest plan server 0 sent is adopted here, at the cycle's start
+      // (worker_cycle's rule, the simulator's too).
+      if (cycle.start(p.batch, now)) {
+        ++tel.plan_changes;
+        set_codec(cycle.codec(), cycle.plan().compression_ratio);
       }
-      have_started_ = true;
-      cycle.start(current_plan_, p.batch, now);
     }
 
     void set_codec(codec_id id, float ratio) {
@@ -831,9 +826,7 @@ class worker {
             return;
           }
           ++tel.plans;
-          next_plan = *m->template get<worker_plan>();
-          next_codec = h.codec;
-          have_plan = true;
+          cycle.plan_arrived(*m->template get<worker_plan>(), h.codec);
           return;
         }
         case wire::message_kind::error: {
@@ -951,10 +944,8 @@ class worker {
                           "passed and " + server_name(s) + " is not back"));
     }
 
-    worker_plan current_plan_{};
     double next_progress_ = 0.0;
     float codec_ratio_ = 1.0f;
-    bool have_started_ = false;
   };
 
   struct handler {

@@ -4,7 +4,8 @@
 // passes `now`) and does the work.
 //
 //   ashl::ps::worker_cycle cyc(w);
-//   cyc.start(plan, /*own_batch=*/64, now);
+//   cyc.plan_arrived(plan, codec);                   // the join's plan; later, each plan_update
+//   cyc.start(/*own_batch=*/64, now);                // adopts the newest plan that has arrived
 //   while (!cyc.iteration_done(now = train_one_step(cyc.batch()))) {}
 //   if (cyc.compresses()) { encode(plan.compression_ratio); cyc.compressed(now, payload_bytes); }
 //   auto seq = cyc.commit_sent(now);                  // 1, 2, ...
@@ -13,6 +14,14 @@
 //   cyc.reply_arrived(now, bytes);                    // pull and commit (push + pull) measured
 //   for (const auto& m : cyc.measurements()) report(m);
 //   cyc.clear_measurements();
+//
+// The plan in force is the cycle's: plans arrive as events (plan_arrived:
+// the join's plan, then server 0's plan_updates, in the order the wire
+// delivers them, after the measurements that caused them) and the newest
+// one is adopted at the next start(), never in the middle of a cycle. Both
+// drivers follow this one rule: the real worker calls plan_arrived when a
+// plan_update is delivered, the simulator when server 0's plan reaches the
+// worker over its modelled link (issue 25).
 //
 // A cycle runs H = plan.local_iterations iterations, or with H = 0
 // iterations until plan.commit_interval() has passed since start (at least
@@ -28,6 +37,7 @@
 
 #include <ashl/config.hpp>
 #include <ashl/core/plan.hpp>
+#include <ashl/wire/ids.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -48,15 +58,36 @@ class worker_cycle {
   worker_cycle() { log_.reserve(8); }
   explicit worker_cycle(std::uint32_t worker) : worker_(worker) { log_.reserve(8); }
 
-  // Begins a cycle with the plan in force now.
-  void start(const worker_plan& plan, std::uint32_t own_batch, double now) {
+  // A plan (and the codec its commits use) arrived from the servers; it is
+  // adopted at the next start(). A newer arrival replaces one not yet adopted.
+  void plan_arrived(const worker_plan& plan, codec_id codec = codec_id::identity) noexcept {
+    next_plan_ = plan;
+    next_codec_ = codec;
+    has_next_ = true;
+  }
+  // Whether a plan has arrived (the first start() needs one).
+  [[nodiscard]] bool has_plan() const noexcept { return has_next_ || adopted_ > 0; }
+
+  // Begins a cycle with the newest plan that has arrived; true when that
+  // plan (or its codec) differs from the one of the previous cycle.
+  bool start(std::uint32_t own_batch, double now) {
     ASHL_ASSERT(phase_ == phase::idle, "worker_cycle::start: the previous cycle has not ended");
-    plan_ = plan;
-    batch_ = plan.batch_size != 0 ? plan.batch_size : own_batch;
+    ASHL_ASSERT(has_plan(), "worker_cycle::start: no plan has arrived");
+    bool changed = false;
+    if (has_next_) {
+      changed = adopted_ == 0 || !(next_plan_ == plan_) || next_codec_ != codec_;
+      plan_ = next_plan_;
+      codec_ = next_codec_;
+      has_next_ = false;
+      ++adopted_;
+      if (changed) ++plan_changes_;
+    }
+    batch_ = plan_.batch_size != 0 ? plan_.batch_size : own_batch;
     iterations_ = 0;
     started_ = now;
     has_commit_ = false;
     phase_ = phase::computing;
+    return changed;
   }
 
   // One local iteration finished at `now`; true when the cycle's compute is
@@ -77,6 +108,11 @@ class worker_cycle {
   [[nodiscard]] std::uint32_t iterations() const noexcept { return iterations_; }
   [[nodiscard]] std::uint32_t batch() const noexcept { return batch_; }
   [[nodiscard]] const worker_plan& plan() const noexcept { return plan_; }
+  [[nodiscard]] codec_id codec() const noexcept { return codec_; }
+  // Plans adopted at a start (the first one included), and of them those that
+  // changed the plan or codec in force.
+  [[nodiscard]] std::uint64_t plans_adopted() const noexcept { return adopted_; }
+  [[nodiscard]] std::uint64_t plan_changes() const noexcept { return plan_changes_; }
   [[nodiscard]] bool compresses() const noexcept { return plan_.compression_ratio < 1.0f; }
   [[nodiscard]] phase state() const noexcept { return phase_; }
   // Samples this cycle covered (iterations × batch): commit_event.samples.
@@ -134,9 +170,14 @@ class worker_cycle {
     phase_ = phase::idle;
   }
 
-  // A new incarnation (the worker restarted): sequences start again at 1.
+  // A new incarnation (the worker restarted as a new process): sequences
+  // start again at 1, and no plan is in force until the join's arrives.
   void restart() noexcept {
     sequence_ = 0;
+    has_next_ = false;
+    adopted_ = 0;
+    plan_ = {};
+    codec_ = codec_id::identity;
     has_commit_ = false;
     phase_ = phase::idle;
   }
@@ -156,7 +197,10 @@ class worker_cycle {
   }
 
   std::uint32_t worker_ = 0;
-  worker_plan plan_{};
+  worker_plan plan_{}, next_plan_{};
+  codec_id codec_ = codec_id::identity, next_codec_ = codec_id::identity;
+  bool has_next_ = false;
+  std::uint64_t adopted_ = 0, plan_changes_ = 0;
   std::uint32_t batch_ = 0;
   std::uint32_t iterations_ = 0;
   double started_ = 0.0, compute_end_ = 0.0, push_start_ = 0.0, pull_start_ = 0.0, push_s_ = 0.0;

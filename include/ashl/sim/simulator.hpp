@@ -249,7 +249,9 @@ class simulator {
     return {};
   }
 
-  enum kind : std::uint32_t { k_compute_done, k_compress_done, k_link_check, k_flow_done, k_arrive, k_metric, k_change, k_evict };
+  enum kind : std::uint32_t {
+    k_compute_done, k_compress_done, k_link_check, k_flow_done, k_arrive, k_metric, k_change, k_evict, k_plan
+  };
   enum dir : std::uint32_t { up = 0, down = 1 };
   enum class state : std::uint8_t { absent, computing, compressing, sending, waiting, receiving, done, dead };
 
@@ -276,6 +278,8 @@ class simulator {
     const std::size_t m = spec_.workers.size(), s = spec_.servers.size();
     clock_ = virtual_clock{};
     q_.clear();
+    mail_.clear();
+    free_mail_.clear();
     q_.reserve(4 * m * s + 64);
     r_ = run_result{};
     r_.workers.assign(m, worker_stats{});
@@ -311,6 +315,8 @@ class simulator {
       if (joins_later[w]) continue;
       r_.workers[w].alive = true;
       ++running_;
+      // The join's plan (the real worker waits for it before its first cycle).
+      cycles_[w].plan_arrived(cores_[0].policy().plan(w));
       start_compute(w);
     }
     if (opt_.metric_interval > 0.0) q_.push(0.0, k_metric, 0);
@@ -339,6 +345,7 @@ class simulator {
       case k_arrive: on_arrive(e.target, e.tag); break;
       case k_metric: on_metric_tick(); break;
       case k_change: on_change(spec_.changes[e.target]); break;
+      case k_plan: on_plan(e.target); break;
       case k_evict:
         for (std::uint32_t k = 0; k < cores_.size(); ++k) {
           cores_[k].evict(e.target, clock_.now(), act_);
@@ -374,17 +381,18 @@ class simulator {
     return st.factor;
   }
 
-  // The worker starts a cycle with the plan in force (server 0's policy) and
+  // The worker starts a cycle with the newest plan that reached it (server
+  // 0's plan_updates, delivered by on_plan as the wire delivers them) and
   // computes; worker_cycle says when the cycle's compute is complete.
   void start_compute(std::uint32_t w) {
     auto& wk = w_[w];
     // Plans come only from the policy (DLB's batches too): no hook may
     // change them, or the simulator would run a rule the server does not.
-    const worker_plan plan = cores_[0].policy().plan(w);
     const auto& ws = spec_.workers[w];
     auto& cy = cycles_[w];
     const double now = clock_.now();
-    cy.start(plan, ws.batch, now);
+    cy.start(ws.batch, now);
+    const worker_plan& plan = cy.plan();
     const double t_iter = ws.seconds_per_iteration * wk.slowdown * straggle(w) * static_cast<double>(cy.batch()) /
                           static_cast<double>(spec_.reference_batch);
     double t = now;
@@ -684,8 +692,39 @@ class simulator {
       stop_ = true;
     }
     for (const auto w : act_.pull_replies()) start_reply(w, k);
-    if (k == 0 && !act_.plans().empty() && hooks_.plans_changed) hooks_.plans_changed(clock_.now());
+    if (k == 0) {
+      // Server 0's plans travel to their workers as plan_updates do: sent
+      // after the replies of the same event, arriving after the latencies
+      // (a small message), adopted at the worker's next cycle start.
+      for (const auto& pl : act_.plans()) mail_plan(pl.worker, pl.plan);
+      if (!act_.plans().empty() && hooks_.plans_changed) hooks_.plans_changed(clock_.now());
+    }
     act_.clear();
+  }
+
+  void mail_plan(std::uint32_t w, const worker_plan& plan) {
+    if (w >= w_.size()) return;
+    std::uint32_t slot;
+    if (!free_mail_.empty()) {
+      slot = free_mail_.back();
+      free_mail_.pop_back();
+    } else {
+      slot = static_cast<std::uint32_t>(mail_.size());
+      mail_.emplace_back();
+    }
+    mail_[slot] = {w, w_[w].incarnation, plan};
+    q_.push(clock_.now() + spec_.workers[w].latency_s + spec_.servers[0].latency_s, k_plan, slot);
+  }
+
+  // A plan_update reached its worker: the cycle adopts it at its next start.
+  // One sent to an earlier incarnation, or to a worker no longer running, is
+  // dropped, as a closed connection drops it.
+  void on_plan(std::uint32_t slot) {
+    const plan_mail m = mail_[slot];
+    free_mail_.push_back(slot);
+    const auto& wk = w_[m.worker];
+    if (wk.incarnation != m.incarnation || wk.st == state::dead || wk.st == state::absent) return;
+    cycles_[m.worker].plan_arrived(m.plan);
   }
 
   // Tells every server what worker w measured since the last report.
@@ -827,6 +866,13 @@ class simulator {
   std::vector<pending_check> link_pending_;
   std::vector<worker> w_;
   std::vector<ps::worker_cycle> cycles_;
+  struct plan_mail {
+    std::uint32_t worker = 0;
+    std::uint64_t incarnation = 0;
+    worker_plan plan{};
+  };
+  std::vector<plan_mail> mail_;             // plan_updates in flight (k_plan's target is the slot)
+  std::vector<std::uint32_t> free_mail_;
   std::vector<shard_payload> payloads_;    // the compute hook's answer, one per server
   std::vector<shard_payload> payload_of_;  // per (worker, server): the commit in flight
   std::vector<float> eval_params_;
