@@ -17,9 +17,7 @@
 #include "fmnist.hpp"
 #include "mlp.hpp"
 
-#include <ashl/compress/error_feedback.hpp>
-#include <ashl/compress/identity.hpp>
-#include <ashl/compress/topk.hpp>
+#include <ashl/ps/commit_encoder.hpp>
 #include <ashl/ps/compensation.hpp>
 #include <ashl/ps/policies.hpp>
 #include <ashl/sim/simulator.hpp>
@@ -549,12 +547,12 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
   const std::vector<float> W0 = mlp::init(1000 + static_cast<std::uint64_t>(seed));
   struct worker_state {
     std::vector<float> w, base, v, grad, delta, snapshot;
-    std::vector<std::vector<std::byte>> payload;  // per server shard, valid until the next compute
-    ashl::compress::error_feedback<ashl::compress::topk> ef;  // ASHL+: the residual of what top-k dropped
+    ashl::ps::commit_encoder enc;  // the plan's codec; ASHL+: the residual of what top-k dropped
     std::uint64_t step = 0;
   };
   std::vector<worker_state> ws(m);
   for (auto& x : ws) {
+    x.enc = ashl::ps::commit_encoder({.error_feedback = setup->error_feedback});
     x.w = W0;
     x.base = W0;
     x.v.assign(n, 0.0f);
@@ -564,8 +562,6 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
   }
   std::vector<float> xb;
   std::vector<std::uint8_t> yb;
-  std::vector<std::byte> scratch;
-  const bool ef = setup->error_feedback;
   const bool coded = setup->coded, compensated = setup->compensate;
   const double lr_policy = s.lr_for(name);
   const std::uint64_t rng_seed = mix(static_cast<std::uint64_t>(seed) * 7919 + 17);
@@ -630,43 +626,22 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
     }
     if (!coded)
       for (std::size_t i = 0; i < n; ++i) x.delta[i] = x.w[i] - x.base[i];
-    const double ratio = q.plan->compression_ratio;
-    x.payload.resize(out.size());
+    // The plan's codec (top-k, the servers' compression codec here) and the
+    // error-feedback rule are ps::commit_encoder's, as in ps::worker: a dense
+    // commit pays off what earlier top-k commits left (ASHL+'s residual).
+    (void)x.enc.set(ashl::ps::plan_codec(*q.plan, ashl::codec_id::topk), q.plan->compression_ratio);
     for (std::uint32_t k = 0; k < out.size(); ++k) {
       const ashl::ps::key_range r = q.layout->range(k);
-      const auto len = static_cast<std::size_t>(r.size());
-      const ashl::host_view<const float> delta(x.delta.data() + r.begin, len);
-      auto& bytes = x.payload[k];
-      ashl::result<std::size_t> used = std::size_t{0};
-      out[k] = {.element_count = r.size(), .step = q.sequence, .tensor = k};
-      if (ratio >= 1.0) {
-        if (ef) {
-          // A dense commit pays off the whole residual of this shard.
-          const auto e = x.ef.residual(k);
-          for (std::size_t i = 0; i < e.size(); ++i) x.delta[r.begin + i] += e[i];
-        }
-        const ashl::compress::identity c;
-        bytes.resize(c.max_encoded_bytes(len, ashl::dtype::f32));
-        used = c.encode(delta, bytes, {});
-        out[k].codec = ashl::codec_id::identity;
+      const std::span<const float> delta(x.delta.data() + r.begin, static_cast<std::size_t>(r.size()));
+      out[k] = {.codec = x.enc.codec(), .element_count = r.size(), .step = q.sequence, .tensor = k};
+      if (x.enc.compresses()) {
+        auto payload = x.enc.encode(k, delta, q.sequence);
+        ASHL_ASSERT(payload.has_value(), "worker encode failed");
+        out[k].bytes = *payload;
       } else {
-        const ashl::compress::topk c{ratio};
-        bytes.resize(c.max_encoded_bytes(len, ashl::dtype::f32));
-        scratch.resize(c.scratch_bytes(len, ashl::dtype::f32));
-        const ashl::compress::codec_context ctx{.seed = 0, .step = 0, .tensor = k, .scratch = scratch};
-        if (ef) {
-          // e ← (Δ + e) − C(Δ + e): what top-k did not send stays for the next commit.
-          x.ef.inner() = c;
-          used = x.ef.encode(delta, bytes, ctx);
-        } else {
-          used = c.encode(delta, bytes, ctx);
-        }
-        out[k].codec = ashl::codec_id::topk;
+        out[k].bytes = std::as_bytes(x.enc.dense(k, delta));
       }
-      ASHL_ASSERT(used.has_value(), "worker encode failed");
-      out[k].bytes = std::span<const std::byte>(bytes.data(), *used);
     }
-    if (ef && ratio >= 1.0) x.ef.reset();
   };
   // The servers' layout (the simulator splits the parameters the same way).
   const auto layout = ashl::ps::shard_layout::even(n, static_cast<std::uint32_t>(spec.servers.size()));

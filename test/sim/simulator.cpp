@@ -104,10 +104,15 @@ BOOST_AUTO_TEST_CASE(create_refuses_a_bad_configuration_by_field_and_value) {
              "policy.workers = \"> 2\": must be spec.workers.size (2): worker 2 would never commit");
   std::vector<ashl::worker_plan> plans(2, ashl::worker_plan{.local_iterations = 0});
   BOOST_TEST(error_of(sim::simulator<ss::asp>::create(spec, ss::asp({.workers = 2, .plans = plans}))) ==
-             "policy.plan(0).commit_interval_us = 0: must be > 0 when local_iterations = 0");
+             "policy.plan(0).local_iterations = 0: must be >= 1 unless commit_interval_us > 0 (commit by interval)");
   plans.assign(2, ashl::worker_plan{.compression_ratio = 1.5f});
   BOOST_TEST(error_of(sim::simulator<ss::asp>::create(spec, ss::asp({.workers = 2, .plans = plans}))) ==
-             "policy.plan(0).compression_ratio = 1.5: must be in (0, 1]");
+             "policy.plan(0).compression_ratio = 1.5: must be finite and in (0, 1]");
+  // The same rule as the wire's plan_update (core/plan.hpp check_plan), so a
+  // plan the simulator runs is one a real worker would accept.
+  plans.assign(2, ashl::worker_plan{.data_share = 2.0f});
+  BOOST_TEST(error_of(sim::simulator<ss::asp>::create(spec, ss::asp({.workers = 2, .plans = plans}))) ==
+             "policy.plan(0).data_share = 2: must be finite and in [0, 1]");
   BOOST_TEST(error_of(sim::simulator<>::create(spec, policy("asp", 2), {}, {.elements = 100})) ==
              "spec.model_bytes = 1000: must be 4 x server elements (100 f32) in full mode");
   BOOST_TEST(error_of(sim::simulator<>::create(spec, policy("asp", 2), {}, {.elements = 250})) ==

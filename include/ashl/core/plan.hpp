@@ -15,10 +15,12 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/status.hpp>
 
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 ASHL_NAMESPACE_BEGIN
@@ -92,6 +94,26 @@ struct worker_plan {
   }
   friend constexpr bool operator==(const worker_plan&, const worker_plan&) = default;
 };
+
+// Whether a plan can be run, the one check of every driver: the wire's
+// plan_update ("plan_update"), a policy's plans in the simulator
+// ("policy.plan(3)"). `field` prefixes the field named in the error.
+// batch_size 0 keeps the worker's own batch; local_iterations 0 means
+// "commit by interval" (ADSP) and so needs an interval.
+inline status check_plan(const worker_plan& p, std::string_view field) {
+  const std::string f(field);
+  if (p.local_iterations == 0 && p.commit_interval_us == 0)
+    return make_error(errc::invalid_argument, f + ".local_iterations", 0,
+                      "must be >= 1 unless commit_interval_us > 0 (commit by interval)");
+  const auto stage = static_cast<std::uint32_t>(p.stage);
+  if (stage >= stage_id_count) return make_error(errc::unsupported, f + ".stage", stage, "unknown stage id");
+  if (!std::isfinite(p.data_share) || p.data_share < 0.0f || p.data_share > 1.0f)
+    return make_error(errc::invalid_argument, f + ".data_share", p.data_share, "must be finite and in [0, 1]");
+  if (!std::isfinite(p.compression_ratio) || p.compression_ratio <= 0.0f || p.compression_ratio > 1.0f)
+    return make_error(errc::invalid_argument, f + ".compression_ratio", p.compression_ratio,
+                      "must be finite and in (0, 1]");
+  return {};
+}
 
 // ------------------------------------------------------------ measurements
 

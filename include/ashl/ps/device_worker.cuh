@@ -85,6 +85,7 @@ struct device_worker_telemetry {
   std::uint64_t device_encoded = 0;  // compressed commits encoded on the device
   std::uint64_t host_encoded = 0;    // compressed commits whose codec has no device implementation
   std::uint64_t dense = 0;           // uncompressed commits
+  std::uint64_t residual_paid = 0;   // of them, commits that paid off the device residual (commit_encoder rule)
   std::uint64_t bytes_to_host = 0;   // device → page-locked host
   std::uint64_t bytes_to_device = 0; // page-locked host → device parameters
   std::uint64_t staging_allocations = 0;  // page-locked buffers (re)allocated and registered
@@ -303,6 +304,7 @@ class device_worker {
     std::optional<typename detail::region_id<Transport>::type> params_region, staging_region;
     detail::device_block residual, payload, scratch, d_control;
     std::size_t residual_elements = 0;
+    bool device_owed = false;     // the device residual holds what earlier compressed commits dropped
     device_worker_telemetry tel{};
     std::optional<worker<Transport>> wk;  // destroyed before the buffers it points into
 
@@ -397,6 +399,7 @@ class device_worker {
           if (st.ok()) {
             in_flight = true;
             ready = false;
+            device_owed = device_owed || error_feedback;
           }
           return st;
         }
@@ -406,10 +409,27 @@ class device_worker {
       }
       // Dense, or a codec without a device implementation: the update
       // itself goes to host memory and ps::worker sends (or encodes) it.
+      // A dense commit after device-encoded ones pays their residual off,
+      // the rule of ps::commit_encoder (issue 25): e <- e + x is sent and e
+      // is cleared, so nothing compression dropped is lost.
       const std::size_t bytes = n * sizeof(float);
       ASHL_TRY(stage(bytes, wk->transport()));
-      ASHL_TRY(detail::cuda_status(cudaMemcpyAsync(staging.data(), update.data(), bytes, cudaMemcpyDeviceToHost, s),
+      const float* from = update.data();
+      const bool pay_off = !wk->compresses() && device_owed;
+      if (pay_off) {
+        const unsigned blocks = static_cast<unsigned>(std::clamp<std::size_t>((n + 255) / 256, 1, 4096));
+        auto* e = static_cast<float*>(residual.data);
+        detail::add_into_kernel<<<blocks, 256, 0, s>>>(e, update.data(), n);
+        ASHL_TRY(detail::cuda_status(cudaGetLastError(), "add_into_kernel"));
+        from = e;
+      }
+      ASHL_TRY(detail::cuda_status(cudaMemcpyAsync(staging.data(), from, bytes, cudaMemcpyDeviceToHost, s),
                                    "cudaMemcpyAsync(update)"));
+      if (pay_off) {
+        ASHL_TRY(detail::cuda_status(cudaMemsetAsync(residual.data, 0, bytes, s), "cudaMemsetAsync(residual)"));
+        device_owed = false;
+        ++tel.residual_paid;
+      }
       ASHL_TRY(detail::cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize"));
       tel.bytes_to_host += bytes;
       ASHL_TRY(wk->commit(std::span<const float>(reinterpret_cast<const float*>(staging.data()), n)));

@@ -42,6 +42,7 @@
 #include <ashl/core/status.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/ps/checkpoint.hpp>
+#include <ashl/ps/commit_encoder.hpp>
 #include <ashl/ps/server_core.hpp>
 #include <ashl/sync/any_policy.hpp>
 #include <ashl/sync/concepts.hpp>
@@ -766,7 +767,7 @@ class server {
     if (p == transport::no_peer) return;
     if (plan.batch_size != 0) batch_[w] = plan.batch_size;
     wire::header h{.kind = wire::message_kind::plan_update,
-                   .codec = plan.compression_ratio < 1.0f ? p_.compression : codec_id::identity,
+                   .codec = plan_codec(plan, p_.compression),
                    .type = dtype::f32,
                    .rank = w,
                    .sequence = ++plan_sequence_,

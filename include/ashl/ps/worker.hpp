@@ -47,6 +47,7 @@
 #include <ashl/core/status.hpp>
 #include <ashl/core/tensor_view.hpp>
 #include <ashl/ps/shards.hpp>
+#include <ashl/ps/commit_encoder.hpp>
 #include <ashl/ps/worker_cycle.hpp>
 #include <ashl/transport/concepts.hpp>
 #include <ashl/wire/ids.hpp>
@@ -119,40 +120,6 @@ struct worker_telemetry {
   transport::transport_counters transport{};
 };
 
-namespace detail {
-
-// The plan's codec with error feedback, built from the plan_update's codec
-// id and compression ratio. identity needs no residual.
-template <codec_id Id>
-auto make_codec(double ratio) {
-  using C = compress::codec_for<Id>;
-  if constexpr (std::is_constructible_v<C, double>) return C{ratio};
-  else if constexpr (Id == codec_id::randomk) return C{compress::randomk_options{.ratio = ratio}};
-  else return C{};
-}
-
-template <class Seq>
-struct encoder_variant;
-template <std::size_t... I>
-struct encoder_variant<std::index_sequence<I...>> {
-  using type = std::variant<std::monostate, compress::error_feedback<compress::codec_for<static_cast<codec_id>(I)>>...>;
-};
-using any_encoder = typename encoder_variant<std::make_index_sequence<codec_id_count>>::type;
-
-template <std::size_t I = 0>
-any_encoder make_encoder(codec_id id, double ratio) {
-  if constexpr (I == codec_id_count) {
-    return std::monostate{};
-  } else {
-    if (static_cast<std::size_t>(id) == I) {
-      using C = compress::codec_for<static_cast<codec_id>(I)>;
-      return compress::error_feedback<C>{make_codec<static_cast<codec_id>(I)>(ratio)};
-    }
-    return make_encoder<I + 1>(id, ratio);
-  }
-}
-
-}  // namespace detail
 
 template <transport::transport Transport>
 class worker {
@@ -181,7 +148,7 @@ class worker {
   // The plan in force for this cycle, its batch, and the codec it commits with.
   [[nodiscard]] worker_plan plan() const { return locked([](const state& s) { return s.cycle.plan(); }); }
   [[nodiscard]] std::uint32_t batch() const { return locked([](const state& s) { return s.cycle.batch(); }); }
-  [[nodiscard]] codec_id codec() const { return locked([](const state& s) { return s.codec; }); }
+  [[nodiscard]] codec_id codec() const { return locked([](const state& s) { return s.encoder.codec(); }); }
   [[nodiscard]] const shard_layout& layout() const noexcept { return state_->layout; }
   [[nodiscard]] std::uint32_t rank() const noexcept { return state_->p.rank; }
   // τ of the parameters the last wait() delivered: the versions other
@@ -212,7 +179,7 @@ class worker {
   // with codec() at plan().compression_ratio and context {seed,
   // commit_step(), shard}, and hands the payloads to commit_encoded().
   [[nodiscard]] bool compresses() const {
-    return locked([](const state& s) { return s.cycle.compresses() && s.codec != codec_id::identity; });
+    return locked([](const state& s) { return s.cycle.compresses() && s.encoder.compresses(); });
   }
   // header.step of the next commit (the codec's Philox step): the
   // iterations before this cycle and this cycle's.
@@ -289,14 +256,13 @@ class worker {
     shard_layout layout;
     std::vector<transport::peer_id> peer;  // per server
     std::vector<std::uint8_t> connected, replied;
-    std::vector<std::vector<std::byte>> enc;  // per shard: encoded commit payload
-    std::vector<std::byte> scratch;          // codec scratch
+    std::vector<std::span<const std::byte>> enc;  // per shard: the encoded payload of the commit in flight
+    std::vector<std::span<const float>> dense;    // per shard: the dense update in flight (maybe with e folded in)
     std::vector<std::byte> spill;            // a data part that is not a pull reply into params
     std::vector<slot> slots;
     std::vector<std::uint32_t> free_slots;
     std::vector<ashl::measurement> reports;
-    detail::any_encoder encoder;
-    codec_id codec = codec_id::identity;
+    commit_encoder encoder;  // the plan's codec, error feedback (ps/commit_encoder.hpp, shared with the simulator)
     worker_cycle cycle;
     steady_clock clock;
     worker_telemetry tel{};
@@ -321,7 +287,12 @@ class worker {
     std::atomic<bool> stop{false};
 
     state(worker_params wp, Transport tr, std::span<float> w, shard_layout l)
-        : p(std::move(wp)), t(std::move(tr)), params(w), layout(l), cycle(p.rank) {
+        : p(std::move(wp)),
+          t(std::move(tr)),
+          params(w),
+          layout(l),
+          encoder({.error_feedback = p.error_feedback, .seed = p.seed}),
+          cycle(p.rank) {
       const std::size_t S = p.servers.size();
       peer.assign(S, transport::no_peer);
       connected.assign(S, 0);
@@ -330,6 +301,7 @@ class worker {
       lost.assign(S, 0);
       lost_until.assign(S, 0.0);
       enc.resize(S);
+      dense.resize(S);
       slots.reserve(4 * S + 8);
       free_slots.reserve(4 * S + 8);
       reports.reserve(16);
@@ -440,20 +412,29 @@ class worker {
                                 "the plan's cycle is not complete: call iteration_done() until it returns true");
       double now = clock.now();
       iterations_total += cycle.iterations();
-      const bool compressing = cycle.compresses() && codec != codec_id::identity;
+      const bool compressing = cycle.compresses() && encoder.compresses();
       std::uint64_t bytes = 0;
       if (compressing) {
         for (std::uint32_t s = 0; s < servers(); ++s) {
           const key_range r = layout.range(s);
-          ASHL_TRY(encode_shard(s, update.subspan(r.begin, r.size())));
+          auto payload = encoder.encode(s, update.subspan(r.begin, r.size()), iterations_total);
+          if (!payload) return payload.error();
+          enc[s] = *payload;
           bytes += enc[s].size();
         }
         const double t1 = clock.now();
         tel.compress_seconds += t1 - now;
         now = t1;
         cycle.compressed(now, static_cast<double>(bytes));
-      } else if (cycle.state() == worker_cycle::phase::compressing) {
-        cycle.compressed(now, static_cast<double>(update.size_bytes()));
+      } else {
+        // Dense: the caller's buffer itself, unless compressed commits left a
+        // residual, which this commit pays off (commit_encoder::dense).
+        for (std::uint32_t s = 0; s < servers(); ++s) {
+          const key_range r = layout.range(s);
+          dense[s] = encoder.dense(s, update.subspan(r.begin, r.size()));
+        }
+        if (cycle.state() == worker_cycle::phase::compressing)
+          cycle.compressed(now, static_cast<double>(update.size_bytes()));
       }
       last_update = update;
       last_compressed = compressing;
@@ -467,7 +448,7 @@ class worker {
         return invalid_argument("worker.commit_encoded.payloads.size", payloads.size(),
                                 "must be one payload per server (" + std::to_string(servers()) + ")");
       if (committing) return invalid_argument("worker.commit", "pending", "the last commit is not complete: wait() first");
-      if (cycle.state() != worker_cycle::phase::compressing || codec == codec_id::identity)
+      if (cycle.state() != worker_cycle::phase::compressing || !encoder.compresses())
         return invalid_argument("worker.commit_encoded", "dense cycle",
                                 "this cycle does not compress (compresses() is false): commit() the update");
       std::uint64_t bytes = 0;
@@ -489,8 +470,7 @@ class worker {
     [[nodiscard]] std::span<const std::byte> commit_payload(std::uint32_t s) const {
       if (last_external) return last_payloads[s];
       if (last_compressed) return enc[s];
-      const key_range r = layout.range(s);
-      return std::as_bytes(last_update.subspan(r.begin, r.size()));
+      return std::as_bytes(dense[s]);
     }
 
     // The commit whose payloads commit_payload() gives, with its pull.
@@ -524,7 +504,7 @@ class worker {
       const key_range r = layout.range(s);
       const std::span<const std::byte> payload = commit_payload(s);
       wire::header h{.kind = wire::message_kind::commit,
-                     .codec = last_compressed ? codec : codec_id::identity,
+                     .codec = last_compressed ? encoder.codec() : codec_id::identity,
                      .type = dtype::f32,
                      .flags = wire::flag_last_shard | wire::flag_pull,  // the pull rides with it
                      .element_count = r.size(),
@@ -538,31 +518,6 @@ class worker {
       ASHL_TRY(wire::seal_header(h, payload, slots[i].head));
       ++sends_pending;
       return send(s, i, slots[i].head, payload);
-    }
-
-    status encode_shard(std::uint32_t s, std::span<const float> x) {
-      return std::visit(
-          [&](auto& e) -> status {
-            using E = std::decay_t<decltype(e)>;
-            if constexpr (std::is_same_v<E, std::monostate>) {
-              return make_error(errc::internal, "worker.codec", to_string(codec), "no encoder");
-            } else {
-              const std::size_t cap = e.max_encoded_bytes(x.size(), dtype::f32);
-              if (enc[s].size() < cap) enc[s].resize(cap);
-              const std::size_t sb = e.scratch_bytes(x.size(), dtype::f32);
-              if (scratch.size() < sb) scratch.resize(sb);
-              compress::codec_context ctx{.seed = p.seed,
-                                          .step = iterations_total,
-                                          .tensor = s,
-                                          .scratch = std::span<std::byte>(scratch.data(), sb)};
-              const host_view<const float> view(x.data(), x.size());
-              auto used = p.error_feedback ? e.encode(view, enc[s], ctx) : e.inner().encode(view, enc[s], ctx);
-              if (!used) return used.error();
-              enc[s].resize(*used);
-              return {};
-            }
-          },
-          encoder);
     }
 
     status send_pulls(std::uint64_t seq) {
@@ -647,15 +602,9 @@ class worker {
       // (worker_cycle's rule, the simulator's too).
       if (cycle.start(p.batch, now)) {
         ++tel.plan_changes;
-        set_codec(cycle.codec(), cycle.plan().compression_ratio);
+        // check_plan_codec held when the plan_update arrived: this cannot fail.
+        (void)encoder.set(cycle.codec(), cycle.plan().compression_ratio);
       }
-    }
-
-    void set_codec(codec_id id, float ratio) {
-      if (id == codec && ratio == codec_ratio_ && encoder.index() != 0) return;
-      codec = id;
-      codec_ratio_ = ratio;
-      encoder = id == codec_id::identity ? detail::any_encoder{} : detail::make_encoder(id, ratio);
     }
 
     status send_measurements() {
@@ -748,7 +697,8 @@ class worker {
     }
 
     void fail(status s) {
-      if (failed.ok()) failed = std::move(s);
+      // swap, not operator= (whose status& result nvcc warns is discarded)
+      if (failed.ok()) std::swap(failed, s);
     }
 
     // The emulated link (worker_params.link_bytes_per_second): `bytes` take
@@ -826,7 +776,12 @@ class worker {
             return;
           }
           ++tel.plans;
-          cycle.plan_arrived(*m->template get<worker_plan>(), h.codec);
+          const worker_plan& plan = *m->template get<worker_plan>();
+          if (auto ok = check_plan_codec(plan, h.codec); !ok) {
+            fail(status(ok.code(), server_name(s) + " sent a plan this worker cannot run: " + ok.message()));
+            return;
+          }
+          cycle.plan_arrived(plan, h.codec);
           return;
         }
         case wire::message_kind::error: {
@@ -945,7 +900,6 @@ class worker {
     }
 
     double next_progress_ = 0.0;
-    float codec_ratio_ = 1.0f;
   };
 
   struct handler {

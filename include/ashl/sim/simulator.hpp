@@ -240,11 +240,7 @@ class simulator {
                                   " would never commit");
     for (std::size_t w = 0; w < m; ++w) {
       const worker_plan pl = p.plan(static_cast<sync::worker_id>(w));
-      const std::string f = "policy.plan(" + std::to_string(w) + ")";
-      if (!(pl.compression_ratio > 0.0f && pl.compression_ratio <= 1.0f))
-        return invalid_argument(f + ".compression_ratio", pl.compression_ratio, "must be in (0, 1]");
-      if (pl.local_iterations == 0 && pl.commit_interval_us == 0)
-        return invalid_argument(f + ".commit_interval_us", 0, "must be > 0 when local_iterations = 0");
+      ASHL_TRY(check_plan(pl, "policy.plan(" + std::to_string(w) + ")"));
     }
     return {};
   }

@@ -357,21 +357,8 @@ inline status check_body(const leave_body& b, const limits&) {
     return make_error(errc::malformed, "leave.reason", static_cast<std::uint32_t>(b.reason), "unknown reason");
   return {};
 }
-// batch_size 0 keeps the worker's own batch; local_iterations 0 means "commit
-// by interval" (ADSP) and so needs an interval.
-inline status check_body(const plan_update_body& b, const limits&) {
-  if (b.local_iterations == 0 && b.commit_interval_us == 0)
-    return make_error(errc::invalid_argument, "plan_update.local_iterations", 0,
-                      "must be >= 1 unless commit_interval_us > 0 (commit by interval)");
-  const auto stage = static_cast<std::uint32_t>(b.stage);
-  if (stage >= stage_id_count) return make_error(errc::unsupported, "plan_update.stage", stage, "unknown stage id");
-  if (!std::isfinite(b.data_share) || b.data_share < 0.0f || b.data_share > 1.0f)
-    return make_error(errc::invalid_argument, "plan_update.data_share", b.data_share, "must be finite and in [0, 1]");
-  if (!std::isfinite(b.compression_ratio) || b.compression_ratio <= 0.0f || b.compression_ratio > 1.0f)
-    return make_error(errc::invalid_argument, "plan_update.compression_ratio", b.compression_ratio,
-                      "must be finite and in (0, 1]");
-  return {};
-}
+// The plan's own rules (core/plan.hpp, shared with the simulator).
+inline status check_body(const plan_update_body& b, const limits&) { return check_plan(b, "plan_update"); }
 inline status check_body(const metric_body& b, const limits&) {
   const auto name = static_cast<std::uint32_t>(b.name);
   if (name >= metric_id_count && name < metric_id_application)

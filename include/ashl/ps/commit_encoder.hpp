@@ -1,0 +1,248 @@
+// ashl/ps/commit_encoder.hpp — how a worker turns an update into what it
+// commits, pure and shared by every driver (issue 25): which codec a plan
+// commits with (plan_codec, the server's choice sent in the plan_update),
+// whether a plan_update's plan and codec go together (check_plan_codec),
+// and the error-feedback rule, held once here for ps::worker and the
+// simulator's hooks alike:
+//
+//   ashl::ps::commit_encoder enc({.error_feedback = true, .seed = 7});
+//   enc.set(ashl::ps::plan_codec(plan, ashl::codec_id::topk), plan.compression_ratio);
+//   if (enc.compresses()) {
+//     auto payload = enc.encode(/*shard*/ 0, update, step);   // e <- e + x; send C(e); e <- e - C(e)
+//   } else {
+//     auto dense = enc.dense(0, update);   // update itself, or update + e when something is owed
+//   }
+//
+// Residuals are per shard (the tensor id of the payload) and survive a
+// change of codec or ratio: what compression dropped is owed whatever codec
+// sends it. A dense commit pays the debt off: it sends x + e and clears e
+// (before issue 25 the real worker dropped the residual when its plan
+// stopped compressing, while the simulator's hook sent it). Nothing is
+// lost, and a worker that never compressed sends its caller's buffer
+// itself (no copy). A shard's first encode (or a size change) allocates
+// its buffers unless reserve() was called; after that, nothing allocates.
+// ALGORITHMS.md §4 (error feedback); DESIGN.md "Data flow of one commit".
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/compress/registry.hpp>
+#include <ashl/core/plan.hpp>
+#include <ashl/core/status.hpp>
+#include <ashl/core/tensor_view.hpp>
+#include <ashl/wire/ids.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace ps {
+
+// The codec a plan commits with: the servers' compression codec when the
+// plan keeps less than everything (ratio < 1), identity otherwise.
+[[nodiscard]] constexpr codec_id plan_codec(const worker_plan& plan, codec_id compression) noexcept {
+  return plan.compression_ratio < 1.0f ? compression : codec_id::identity;
+}
+
+// A plan_update's plan and codec: the plan's own rules (core/plan.hpp), a
+// known codec, and identity exactly when the plan keeps everything.
+inline status check_plan_codec(const worker_plan& plan, codec_id codec, std::string_view field = "plan_update") {
+  ASHL_TRY(check_plan(plan, field));
+  const auto id = static_cast<unsigned>(codec);
+  const std::string f = std::string(field) + ".codec";
+  if (id >= static_cast<unsigned>(codec_id_count)) return make_error(errc::unsupported, f, id, "unknown codec id");
+  if (plan.compression_ratio < 1.0f && codec == codec_id::identity)
+    return invalid_argument(f, to_string(codec),
+                            "must compress: the plan's compression_ratio is " + std::to_string(plan.compression_ratio));
+  if (plan.compression_ratio >= 1.0f && codec != codec_id::identity)
+    return invalid_argument(f, to_string(codec), "must be identity: the plan's compression_ratio is 1");
+  return {};
+}
+
+namespace detail {
+
+// A codec of wire id `Id` at a plan's compression ratio (codecs without a
+// ratio take none).
+template <codec_id Id>
+auto make_codec(double ratio) {
+  using C = compress::codec_for<Id>;
+  if constexpr (std::is_constructible_v<C, double>) return C{ratio};
+  else if constexpr (Id == codec_id::randomk) return C{compress::randomk_options{.ratio = ratio}};
+  else return C{};
+}
+
+template <class Seq>
+struct codec_variant;
+template <std::size_t... I>
+struct codec_variant<std::index_sequence<I...>> {
+  using type = std::variant<std::monostate, compress::codec_for<static_cast<codec_id>(I)>...>;
+};
+using any_codec = typename codec_variant<std::make_index_sequence<codec_id_count>>::type;
+
+template <std::size_t I = 0>
+any_codec make_any_codec(codec_id id, double ratio) {
+  if constexpr (I == codec_id_count) {
+    return std::monostate{};
+  } else {
+    if (static_cast<std::size_t>(id) == I) return make_codec<static_cast<codec_id>(I)>(ratio);
+    return make_any_codec<I + 1>(id, ratio);
+  }
+}
+
+}  // namespace detail
+
+class commit_encoder {
+ public:
+  struct options {
+    bool error_feedback = true;  // keep what compression dropped and send it later
+    std::uint64_t seed = 0;      // Philox seed of the stochastic codecs (codec_context.seed)
+  };
+
+  commit_encoder() = default;
+  explicit commit_encoder(options o) : o_(o) {}
+
+  // The codec and ratio of the next commits (a plan's). Residuals are kept.
+  status set(codec_id id, float ratio) {
+    if (static_cast<unsigned>(id) >= static_cast<unsigned>(codec_id_count))
+      return make_error(errc::unsupported, "commit_encoder.codec", static_cast<unsigned>(id), "unknown codec id");
+    if (!(ratio > 0.0f && ratio <= 1.0f))
+      return invalid_argument("commit_encoder.ratio", ratio, "must be in (0, 1]");
+    if (id == id_ && ratio == ratio_ && codec_.index() != 0) return {};
+    id_ = id;
+    ratio_ = ratio;
+    codec_ = detail::make_any_codec(id, ratio);
+    return {};
+  }
+
+  [[nodiscard]] codec_id codec() const noexcept { return id_; }
+  [[nodiscard]] float ratio() const noexcept { return ratio_; }
+  [[nodiscard]] bool compresses() const noexcept { return id_ != codec_id::identity; }
+  [[nodiscard]] const options& config() const noexcept { return o_; }
+
+  // The largest payload of an n-element shard under the codec in force.
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const {
+    return std::visit(
+        [&](const auto& c) -> std::size_t {
+          if constexpr (std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) return n * sizeof(float);
+          else return c.max_encoded_bytes(n, dtype::f32);
+        },
+        codec_);
+  }
+
+  // Sizes shard `shard`'s buffers for n elements now, so commits allocate nothing.
+  void reserve(std::uint32_t shard, std::size_t n) {
+    state& st = slot(shard, n);
+    const std::size_t cap = max_encoded_bytes(n);
+    if (st.payload.capacity() < cap) st.payload.reserve(cap);
+    if (st.folded.capacity() < n) st.folded.reserve(n);
+  }
+
+  // Encodes shard `shard` (x, its elements) of an update at `step` (the
+  // codec's Philox step) with the codec in force. With error feedback:
+  // e <- e + x, payload = C(e), e <- e - C(e) (C as the decoder computes
+  // it); on an error nothing was sent and e keeps e + x (all of it owed).
+  // The payload stays valid until this shard's next encode.
+  result<std::span<const std::byte>> encode(std::uint32_t shard, std::span<const float> x, std::uint64_t step) {
+    if (!compresses())
+      return invalid_argument("commit_encoder.codec", "identity", "does not encode: use dense()");
+    state& st = slot(shard, x.size());
+    return std::visit(
+        [&](auto& c) -> result<std::span<const std::byte>> {
+          using C = std::decay_t<decltype(c)>;
+          if constexpr (std::is_same_v<C, std::monostate>) {
+            return make_error(errc::internal, "commit_encoder.codec", to_string(id_), "no codec");
+          } else {
+            const std::size_t n = x.size();
+            const std::size_t cap = c.max_encoded_bytes(n, dtype::f32);
+            if (st.payload.size() < cap) st.payload.resize(cap);
+            const std::size_t sb = c.scratch_bytes(n, dtype::f32);
+            if (scratch_.size() < sb) scratch_.resize(sb);
+            const compress::codec_context ctx{
+                .seed = o_.seed, .step = step, .tensor = shard, .scratch = std::span<std::byte>(scratch_.data(), sb)};
+            const std::span<std::byte> out(st.payload.data(), cap);
+            if (!o_.error_feedback) {
+              auto used = c.encode(host_view<const float>(x.data(), n), out, ctx);
+              if (!used) return used.error();
+              return std::span<const std::byte>(st.payload.data(), *used);
+            }
+            float* e = st.residual.data();
+            for (std::size_t i = 0; i < n; ++i) e[i] += x[i];
+            st.owed = true;
+            auto used = c.encode(host_view<const float>(e, n), out, ctx);
+            if (!used) return used.error();
+            ASHL_TRY(c.decode_add(std::span<const std::byte>(st.payload.data(), *used), {n, dtype::f32},
+                                  host_view<float>(e, n), -1.0f, ctx));
+            return std::span<const std::byte>(st.payload.data(), *used);
+          }
+        },
+        codec_);
+  }
+
+  // A dense commit of shard `shard`: x itself when nothing is owed (no
+  // copy), else x + e in the encoder's buffer, and e is cleared (paid off).
+  // The span stays valid until this shard's next call.
+  std::span<const float> dense(std::uint32_t shard, std::span<const float> x) {
+    if (shard >= shards_.size() || !shards_[shard].owed || shards_[shard].residual.size() != x.size()) return x;
+    state& st = shards_[shard];
+    if (st.folded.size() != x.size()) st.folded.resize(x.size());
+    float* e = st.residual.data();
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      st.folded[i] = x[i] + e[i];
+      e[i] = 0.0f;
+    }
+    st.owed = false;
+    return st.folded;
+  }
+
+  // What shard `shard` still owes (empty before its first compressed commit).
+  [[nodiscard]] std::span<const float> residual(std::uint32_t shard) const noexcept {
+    if (shard >= shards_.size()) return {};
+    return shards_[shard].residual;
+  }
+  // Whether any shard owes anything (a dense commit would not be zero-copy).
+  [[nodiscard]] bool owes() const noexcept {
+    return std::any_of(shards_.begin(), shards_.end(), [](const state& s) { return s.owed; });
+  }
+
+  // Forgets every residual (a restarted worker owes nothing).
+  void clear() noexcept {
+    for (auto& s : shards_) {
+      std::fill(s.residual.begin(), s.residual.end(), 0.0f);
+      s.owed = false;
+    }
+  }
+
+ private:
+  struct state {
+    std::vector<float> residual;    // e, what compression dropped and is still owed
+    std::vector<float> folded;      // x + e of a dense commit that pays e off
+    std::vector<std::byte> payload;
+    bool owed = false;
+  };
+
+  state& slot(std::uint32_t shard, std::size_t n) {
+    if (shard >= shards_.size()) shards_.resize(std::size_t{shard} + 1);
+    state& st = shards_[shard];
+    if (st.residual.size() != n) {  // a new shape starts with no debt
+      st.residual.assign(n, 0.0f);
+      st.owed = false;
+    }
+    return st;
+  }
+
+  options o_{};
+  codec_id id_ = codec_id::identity;
+  float ratio_ = 1.0f;
+  detail::any_codec codec_{};
+  std::vector<state> shards_;
+  std::vector<std::byte> scratch_;
+};
+
+}  // namespace ps
+ASHL_NAMESPACE_END
