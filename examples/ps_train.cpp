@@ -16,9 +16,9 @@
 //   --lr X               the workers' local step size (default 0.1)
 //   --print-every N      worker 0 prints its loss every N cycles (default 20)
 //   --slow RANK:MS       worker RANK sleeps MS per local iteration (a slow worker)
-//   --staleness S, --profile-iterations N, --h-ahl H, --h-shl H, --compression-ratio R,
-//   --switch-loss L, --local-steps H, --period SECONDS (adsp), --sync-every N (semi_async)
-//                        the policy's parameters (ps::policy_params)
+//   --NAME VALUE         any policy parameter of ps::policy_params::fields(), dashes for
+//                        underscores: --staleness 3, --h-ahl 4, --compression-ratio 0.1,
+//                        --sync-every-iterations 8, --staleness-weight inverse (--help lists them)
 //   --expect-loss-below X  exit 1 unless worker 0's final loss is below X (used by the test)
 // Faults (docs/ps.md, "Faults, checkpoints and rejoining"):
 //   --checkpoint-dir DIR   servers checkpoint there (at the end, and as below)
@@ -85,7 +85,15 @@ ashl::status parse(const std::vector<std::string>& a, options& o) {
       const double x = std::strtod(v.c_str(), &end);
       return (end == v.c_str() || *end != '\0') ? std::nan("") : x;
     };
+    // A policy parameter: --NAME for each field of ps::policy_params::fields(),
+    // dashes for underscores (--h-ahl 4, --staleness-weight inverse).
+    std::string field = f.size() > 2 && f.starts_with("--") ? f.substr(2) : std::string();
+    std::replace(field.begin(), field.end(), '-', '_');
     double x = 0;
+    if (!field.empty() && field != "workers" && ashl::has_field<ps::policy_params>(field)) {
+      ASHL_TRY(ashl::set_field(o.pp, field, value(), "policy"));
+      continue;
+    }
     if (f == "--policy") o.policy = value();
     else if (f == "--checkpoint-dir") o.checkpoint_dir = value();
     else if (f == "--restore") o.restore = true;
@@ -100,17 +108,8 @@ ashl::status parse(const std::vector<std::string>& a, options& o) {
     } else if (f == "--dim") o.dim = static_cast<std::size_t>(x);
     else if (f == "--cycles") o.cycles = static_cast<int>(x);
     else if (f == "--lr") o.lr = x;
-    else if (f == "--staleness") o.pp.staleness = static_cast<std::int64_t>(x);
-    else if (f == "--profile-iterations") o.pp.profile_iterations = static_cast<std::int64_t>(x);
-    else if (f == "--h-ahl") o.pp.h_ahl = static_cast<std::int64_t>(x);
-    else if (f == "--h-shl") o.pp.h_shl = static_cast<std::int64_t>(x);
-    else if (f == "--compression-ratio") o.pp.compression_ratio = x;
-    else if (f == "--switch-loss") o.pp.switch_loss = x;
-    else if (f == "--local-steps") o.pp.local_steps = static_cast<std::int64_t>(x);
     else if (f == "--expect-loss-below") o.expect_loss_below = x;
     else if (f == "--print-every") o.print_every = std::max(1, static_cast<int>(x));
-    else if (f == "--period") o.pp.period = x;
-    else if (f == "--sync-every") o.pp.sync_every_iterations = static_cast<std::int64_t>(x);
     else if (f == "--checkpoint-every") o.checkpoint_every = x;
     else if (f == "--worker-timeout") o.worker_timeout = x;
     else if (f == "--reconnect") o.reconnect = x;
@@ -217,7 +216,28 @@ int train(const ps::job& j, const options& o) {
 
 }  // namespace
 
+// --help: the flags, then the policies and every policy parameter, read off
+// ps::policies and ps::policy_params::fields().
+void print_help() {
+  std::printf(
+      "ashl_ps_train [runtime flags, docs/multi-host.md] [--policy NAME] [--dim N] [--cycles N] [--lr X]\n"
+      "              [--print-every N] [--slow RANK:MS] [--expect-loss-below X] [--checkpoint-dir DIR]\n"
+      "              [--checkpoint-every S] [--restore] [--worker-timeout S] [--reconnect S] [--timeout S]\n"
+      "              [--NAME VALUE for any policy parameter below]\n\npolicies:\n%s\npolicy parameters:\n",
+      ps::policy_help().c_str());
+  ashl::for_each_field_of<ps::policy_params>([](const auto& fd) {
+    std::string flag = "--" + std::string(fd.name);
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    std::printf("  %-26s %s\n", flag.c_str(), std::string(fd.help).c_str());
+  });
+}
+
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--help") {
+      print_help();
+      return 0;
+    }
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
   auto j = ps::job_from(argc, argv);

@@ -26,19 +26,31 @@ __all__ = ["Job", "Plan", "Policy", "InprocFabric", "Server", "Worker", "job", "
            "policy_help", "has_ucx", "torch"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """What the servers told a worker to do (core/plan.hpp, worker_plan)."""
-    local_iterations: int = 1      # local steps per commit; 0: commit by interval
-    commit_interval: float = 0.0   # seconds between commits (ADSP); 0: by iterations
-    batch_size: int = 0            # 0: the worker's own
-    stage: str = "none"            # bsp, ssp, profile, ahl, shl, adsp, dlb, ...
-    data_share: float = 0.0        # fraction of the training data; 0: unspecified
-    compression_ratio: float = 1.0  # fraction of the update kept
+def _plan_class():
+    """Plan's fields are worker_plan's (core/plan.hpp, worker_plan::fields()),
+    read from the native module's table, so the two cannot drift."""
+    defaults = _ashl.plan_defaults()
+    fields = [(name, type(defaults[name]), dataclasses.field(default=defaults[name]))
+              for name, _help in _ashl.plan_fields()]
 
-    @staticmethod
+    def commit_interval(self) -> float:
+        """Seconds between commits (ADSP); 0: commit by iterations."""
+        return self.commit_interval_us * 1e-6
+
     def from_dict(d: Mapping[str, Any]) -> "Plan":
         return Plan(**d)
+
+    doc = "What the servers told a worker to do (core/plan.hpp, worker_plan):\n" + "\n".join(
+        f"    {name}: {help_}" for name, help_ in _ashl.plan_fields())
+    cls = dataclasses.make_dataclass(
+        "Plan", fields, frozen=True,
+        namespace={"__doc__": doc, "commit_interval": property(commit_interval),
+                   "from_dict": staticmethod(from_dict)})
+    cls.__module__ = __name__
+    return cls
+
+
+Plan = _plan_class()
 
 
 @dataclasses.dataclass(frozen=True)

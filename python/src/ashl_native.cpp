@@ -117,85 +117,55 @@ py::dict job_from(std::vector<std::string> argv) {
 
 // -------------------------------------------------------------- plans
 
-py::dict plan_dict(const ashl::worker_plan& p) {
+// A described struct (core/fields.hpp) as a dict, read off its field table:
+// nested tables become dicts, arrays lists, a stage its name. Nothing here
+// lists fields by hand, so a counter added to a struct reaches Python.
+template <class T>
+py::object to_py(const T& v);
+
+template <ashl::described S>
+py::dict fields_dict(const S& s) {
   py::dict d;
-  d["local_iterations"] = p.local_iterations;
-  d["commit_interval"] = p.commit_interval();
-  d["batch_size"] = p.batch_size;
-  d["stage"] = std::string(ashl::to_string(p.stage));
-  d["data_share"] = p.data_share;
-  d["compression_ratio"] = p.compression_ratio;
+  ashl::for_each_field(s, [&](std::string_view name, const auto& v) { d[py::str(std::string(name))] = to_py(v); });
   return d;
 }
 
-py::dict transport_dict(const tr::transport_counters& c) {
-  py::dict d;
-  d["messages_sent"] = c.messages_sent;
-  d["messages_received"] = c.messages_received;
-  d["bytes_sent"] = c.bytes_sent;
-  d["bytes_received"] = c.bytes_received;
-  d["sends_failed"] = c.sends_failed;
-  d["receives_refused"] = c.receives_refused;
-  d["peers_connected"] = c.peers_connected;
-  d["peers_failed"] = c.peers_failed;
-  d["peers_closed"] = c.peers_closed;
-  d["auth_refused"] = c.auth_refused;
-  return d;
+template <class T>
+py::object to_py(const T& v) {
+  if constexpr (ashl::described<T>) {
+    return fields_dict(v);
+  } else if constexpr (std::is_same_v<T, ashl::stage_id>) {
+    return py::str(std::string(ashl::to_string(v)));
+  } else if constexpr (requires { std::tuple_size<T>::value; v.begin(); }) {
+    py::list l;
+    for (const auto& x : v) l.append(to_py(x));
+    return l;
+  } else {
+    return py::cast(v);
+  }
 }
 
-py::dict worker_telemetry_dict(const ps::worker_telemetry& t) {
-  py::dict d;
-  d["commits"] = t.commits;
-  d["pulls"] = t.pulls;
-  d["bytes_out"] = t.bytes_out;
-  d["bytes_in"] = t.bytes_in;
-  d["plans"] = t.plans;
-  d["plan_changes"] = t.plan_changes;
-  d["plans_ignored"] = t.plans_ignored;
-  d["errors"] = t.errors;
-  d["copied_replies"] = t.copied_replies;
-  d["reconnects"] = t.reconnects;
-  d["wait_seconds"] = t.wait_seconds;
-  d["compress_seconds"] = t.compress_seconds;
-  d["link_seconds"] = t.link_seconds;
-  d["transport"] = transport_dict(t.transport);
-  return d;
-}
+py::dict plan_dict(const ashl::worker_plan& p) { return fields_dict(p); }
 
+py::dict worker_telemetry_dict(const ps::worker_telemetry& t) { return fields_dict(t); }
+
+// Derived totals beside the per-reason lists.
 py::dict server_telemetry_dict(const ps::server_telemetry& t) {
-  py::dict core;
-  core["commits"] = t.core.commits;
-  core["commits_applied"] = t.core.commits_applied;
-  core["commits_buffered"] = t.core.commits_buffered;
-  core["commits_dropped"] = t.core.commits_dropped;
-  core["duplicates"] = t.core.duplicates;
-  core["bytes_in"] = t.core.bytes_in;
-  core["pulls"] = t.core.pulls;
-  core["pulls_served"] = t.core.pulls_served;
-  core["pulls_held"] = t.core.pulls_held;
-  core["pulls_released"] = t.core.pulls_released;
-  core["plans_sent"] = t.core.plans_sent;
-  core["steps"] = t.core.steps;
-  core["joins"] = t.core.joins;
-  core["leaves"] = t.core.leaves;
-  core["evictions"] = t.core.evictions;
+  py::dict d = fields_dict(t);
+  py::dict core = d["core"];
   core["refused"] = t.core.refused_total();
-  py::dict d;
-  d["core"] = core;
-  d["transport"] = transport_dict(t.transport);
-  d["messages_in"] = t.messages_in;
-  d["messages_out"] = t.messages_out;
-  d["bytes_in"] = t.bytes_in;
-  d["bytes_out"] = t.bytes_out;
-  d["pull_replies"] = t.pull_replies;
-  d["plans"] = t.plans;
-  d["errors_sent"] = t.errors_sent;
-  d["peers_failed"] = t.peers_failed;
-  d["evicted_silent"] = t.evicted_silent;
-  d["checkpoints"] = t.checkpoints;
-  d["seconds"] = t.seconds;
-  d["wait_seconds"] = t.wait_seconds;
+  d["wire_refused"] = t.wire_refused_total();
   return d;
+}
+
+// (name, help) of every field of a described struct, in table order.
+template <ashl::described S>
+py::list field_help() {
+  py::list l;
+  ashl::for_each_field_of<S>([&](const auto& fd) {
+    l.append(py::make_tuple(std::string(fd.name), std::string(fd.help)));
+  });
+  return l;
 }
 
 // -------------------------------------------------------------- policies
@@ -204,67 +174,30 @@ py::dict server_telemetry_dict(const ps::server_telemetry& t) {
 // unknown name or a value of the wrong type is named.
 ps::policy_params policy_params_from(const py::dict& d) {
   ps::policy_params p;
-  using setter = std::function<void(const py::handle&)>;
-  auto i64 = [](std::int64_t& f) { return setter([&f](const py::handle& v) { f = v.cast<std::int64_t>(); }); };
-  auto f64 = [](double& f) { return setter([&f](const py::handle& v) { f = v.cast<double>(); }); };
-  auto str = [](std::string& f) { return setter([&f](const py::handle& v) { f = v.cast<std::string>(); }); };
-  auto bln = [](bool& f) { return setter([&f](const py::handle& v) { f = v.cast<bool>(); }); };
-  const std::map<std::string, setter> fields{
-      {"workers", i64(p.workers)},
-      {"staleness_weight", str(p.staleness_weight)},
-      {"staleness_exponent", f64(p.staleness_exponent)},
-      {"weighting", str(p.weighting)},
-      {"batch_size", i64(p.batch_size)},
-      {"local_steps", i64(p.local_steps)},
-      {"staleness", i64(p.staleness)},
-      {"s_min", i64(p.s_min)},
-      {"s_max", i64(p.s_max)},
-      {"window", i64(p.window)},
-      {"sync_every_iterations", i64(p.sync_every_iterations)},
-      {"sync_every_seconds", f64(p.sync_every_seconds)},
-      {"period", f64(p.period)},
-      {"t_min", f64(p.t_min)},
-      {"search_every", f64(p.search_every)},
-      {"target_loss", f64(p.target_loss)},
-      {"loss_rise", f64(p.loss_rise)},
-      {"initial_commit_rate", i64(p.initial_commit_rate)},
-      {"max_commit_rate", i64(p.max_commit_rate)},
-      {"profile_iterations", i64(p.profile_iterations)},
-      {"profile_seconds", f64(p.profile_seconds)},
-      {"h_ahl", i64(p.h_ahl)},
-      {"h_shl", i64(p.h_shl)},
-      {"compression_ratio", f64(p.compression_ratio)},
-      {"switch_loss", f64(p.switch_loss)},
-      {"shl_staleness", i64(p.shl_staleness)},
-      {"planner", str(p.planner)},
-      {"replanner", str(p.replanner)},
-      {"profile_trim", i64(p.profile_trim)},
-      {"profile_warmup", i64(p.profile_warmup)},
-      {"replan_drift", f64(p.replan_drift)},
-      {"replan_half_life", f64(p.replan_half_life)},
-      {"total_batch", i64(p.total_batch)},
-      {"min_batch", i64(p.min_batch)},
-      {"speed_half_life", f64(p.speed_half_life)},
-      {"replan_every", i64(p.replan_every)},
-      {"straggler_replan", bln(p.straggler_replan)},
-      {"straggler_window", i64(p.straggler_window)},
-      {"straggler_threshold", f64(p.straggler_threshold)},
-      {"straggler_consecutive", i64(p.straggler_consecutive)},
-      {"max_batch", i64(p.max_batch)},
-      {"batch_step", i64(p.batch_step)},
-      {"horizon", f64(p.horizon)},
-      {"staleness_cost", f64(p.staleness_cost)},
-  };
   for (auto [k, v] : d) {
     const std::string name = py::str(k);
-    auto it = fields.find(name);
-    if (it == fields.end())
-      raise(ashl::invalid_argument("policy." + name, std::string(py::repr(v)), "unknown policy parameter"));
-    try {
-      it->second(v);
-    } catch (const py::cast_error&) {
-      raise(ashl::invalid_argument("policy." + name, std::string(py::repr(v)), "has the wrong type"));
-    }
+    if (!ashl::has_field<ps::policy_params>(name))
+      raise(ashl::invalid_argument("policy." + name, std::string(py::repr(v)), "unknown policy parameter (known: " +
+                                                                                  ashl::field_names<ps::policy_params>() + ")"));
+    bool bad_type = false;
+    ashl::for_each_field(p, [&](std::string_view field, auto& value) {
+      if (field != name) return;
+      using T = std::decay_t<decltype(value)>;
+      try {
+        // bool is an int in Python: refuse it for numbers, and numbers for bool.
+        if constexpr (std::is_same_v<T, bool>) {
+          if (!py::isinstance<py::bool_>(v)) throw py::cast_error();
+        } else if constexpr (std::is_arithmetic_v<T>) {
+          if (py::isinstance<py::bool_>(v)) throw py::cast_error();
+          if constexpr (std::is_integral_v<T>)
+            if (!py::isinstance<py::int_>(v)) throw py::cast_error();
+        }
+        value = v.template cast<T>();
+      } catch (const py::cast_error&) {
+        bad_type = true;
+      }
+    });
+    if (bad_type) raise(ashl::invalid_argument("policy." + name, std::string(py::repr(v)), "has the wrong type"));
   }
   return p;
 }
@@ -539,6 +472,11 @@ PYBIND11_MODULE(_ashl, m) {
   m.def("job_from", &job_from, py::arg("argv") = std::vector<std::string>{},
         "The runtime contract (ASHL_ROLE, ASHL_RANK, ...; flags in argv win) as a dict");
   m.def("policy_help", [] { return ps::policy_help(); });
+  m.def("policy_fields", [] { return field_help<ps::policy_params>(); },
+        "(name, help) of every policy parameter (ps::policy_params::fields())");
+  m.def("plan_fields", [] { return field_help<ashl::worker_plan>(); },
+        "(name, help) of every plan field (worker_plan::fields()), in wire order");
+  m.def("plan_defaults", [] { return plan_dict(ashl::worker_plan{}); }, "a default worker_plan as a dict");
 
   py::class_<fabric>(m, "InprocFabric", "Nodes of one process that exchange messages (tests, one-process runs)")
       .def(py::init([](std::size_t eager_bytes, bool deterministic) {

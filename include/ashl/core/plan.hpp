@@ -15,6 +15,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/core/status.hpp>
 
 #include <cmath>
@@ -93,7 +94,19 @@ struct worker_plan {
     return us < 1.0 ? 1u : static_cast<std::uint32_t>(us);
   }
   friend constexpr bool operator==(const worker_plan&, const worker_plan&) = default;
+
+  // The one list of the plan's fields, in wire order (core/fields.hpp): the
+  // wire's plan_update body, checkpoints and the Python binding read it.
+  static constexpr auto fields() {
+    return std::tuple{field{"local_iterations", &worker_plan::local_iterations, "local steps per commit; 0: by interval"},
+                      field{"commit_interval_us", &worker_plan::commit_interval_us, "time between commits (ADSP)"},
+                      field{"batch_size", &worker_plan::batch_size, "0: keep the worker's own"},
+                      field{"stage", &worker_plan::stage, "the policy or schedule stage"},
+                      field{"data_share", &worker_plan::data_share, "fraction of the training data; 0: unspecified"},
+                      field{"compression_ratio", &worker_plan::compression_ratio, "fraction kept, (0, 1]"}};
+  }
 };
+static_assert(fields_cover<worker_plan>(), "worker_plan::fields() must list every field");
 
 // Whether a plan can be run, the one check of every driver: the wire's
 // plan_update ("plan_update"), a policy's plans in the simulator

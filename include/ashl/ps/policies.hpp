@@ -19,6 +19,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/ps/planners.hpp>
 #include <ashl/sync/adsp.hpp>
@@ -200,7 +201,74 @@ struct policy_params {
   double staleness_cost = 0.02;   // λ: the objective's factor 1 + λ·s
   // coded_bsp (also batch_size)
   std::int64_t stragglers = 1;  // r: commits a round does not wait for, 0 <= r < workers
+
+  // The one list of these fields (core/fields.hpp): flags, the Python
+  // binding's dict and help text are all read off it.
+  static constexpr auto fields() {
+    return std::tuple{
+        field{"workers", &policy_params::workers, "workers of the job (set by the launcher)"},
+        field{"staleness_weight", &policy_params::staleness_weight, "none, inverse (1/(1+tau)) or power ((1+tau)^-exponent): scale of a stale update"},
+        field{"staleness_exponent", &policy_params::staleness_exponent, "exponent of staleness_weight power, > 0"},
+        field{"weighting", &policy_params::weighting, "mean or samples (b_i / sum b): weights of a synchronous round"},
+        field{"batch_size", &policy_params::batch_size, "batch advertised in the plan; 0: the worker's own"},
+        field{"local_steps", &policy_params::local_steps, "local_sgd: local steps per round (H)"},
+        field{"staleness", &policy_params::staleness, "ssp: bound on c_i - min c_j"},
+        field{"s_min", &policy_params::s_min, "dssp, joint: smallest staleness bound"},
+        field{"s_max", &policy_params::s_max, "dssp, joint: largest staleness bound"},
+        field{"window", &policy_params::window, "dssp: iteration-time window"},
+        field{"sync_every_iterations", &policy_params::sync_every_iterations, "semi_async: global barrier every K iterations (0: off)"},
+        field{"sync_every_seconds", &policy_params::sync_every_seconds, "semi_async: global barrier every so many seconds (0: off)"},
+        field{"period", &policy_params::period, "adsp: control period, seconds"},
+        field{"t_min", &policy_params::t_min, "adsp: shortest commit interval, seconds"},
+        field{"search_every", &policy_params::search_every, "adsp: seconds between commit-rate searches"},
+        field{"target_loss", &policy_params::target_loss, "adsp: loss that ends the search"},
+        field{"loss_rise", &policy_params::loss_rise, "adsp: relative loss rise that undoes a rate step"},
+        field{"initial_commit_rate", &policy_params::initial_commit_rate, "adsp: commits per period to start with"},
+        field{"max_commit_rate", &policy_params::max_commit_rate, "adsp: largest commits per period"},
+        field{"profile_iterations", &policy_params::profile_iterations, "ashl: profiling iterations per worker"},
+        field{"profile_seconds", &policy_params::profile_seconds, "ashl: profiling time, seconds (0: by iterations)"},
+        field{"h_ahl", &policy_params::h_ahl, "ashl: local iterations in the AHL stage"},
+        field{"h_shl", &policy_params::h_shl, "ashl: local iterations in the SHL stage"},
+        field{"compression_ratio", &policy_params::compression_ratio, "ashl: r0, the planner's base compression ratio, (0, 1]"},
+        field{"switch_loss", &policy_params::switch_loss, "ashl: loss below which AHL switches to SHL"},
+        field{"shl_staleness", &policy_params::shl_staleness, "ashl: SSP bound of the SHL stage"},
+        field{"planner", &policy_params::planner, "ashl: uniform or profile"},
+        field{"replanner", &policy_params::replanner, "ashl: none or profile (ASHL+: online re-planning)"},
+        field{"profile_trim", &policy_params::profile_trim, "profile planner: samples trimmed off each end"},
+        field{"profile_warmup", &policy_params::profile_warmup, "profile planner: first samples skipped"},
+        field{"replan_drift", &policy_params::replan_drift, "profile re-planner, joint: relative drift that re-plans"},
+        field{"replan_half_life", &policy_params::replan_half_life, "profile re-planner: EWMA half-life, samples"},
+        field{"total_batch", &policy_params::total_batch, "dlb: samples of a round over all workers (0: 64 per worker)"},
+        field{"min_batch", &policy_params::min_batch, "dlb, joint: smallest per-worker batch"},
+        field{"speed_half_life", &policy_params::speed_half_life, "dlb, joint: EWMA half-life of the throughput, measurements"},
+        field{"replan_every", &policy_params::replan_every, "dlb: completed rounds between re-plans"},
+        field{"straggler_replan", &policy_params::straggler_replan, "dlb, ashl: re-plan at once when a worker straggles"},
+        field{"straggler_window", &policy_params::straggler_window, "straggler detector: samples per window"},
+        field{"straggler_threshold", &policy_params::straggler_threshold, "straggler detector: flagged above prediction * (1 + threshold)"},
+        field{"straggler_consecutive", &policy_params::straggler_consecutive, "straggler detector: windows over the line before a re-plan"},
+        field{"max_batch", &policy_params::max_batch, "joint: largest per-worker batch"},
+        field{"batch_step", &policy_params::batch_step, "joint: batch granularity"},
+        field{"horizon", &policy_params::horizon, "joint: slowest-worker cycles the bound lets others run ahead over"},
+        field{"staleness_cost", &policy_params::staleness_cost, "joint: lambda of the objective 1 + lambda * s"},
+        field{"stragglers", &policy_params::stragglers, "coded_bsp: commits a round does not wait for, 0 <= r < workers"}};
+  }
 };
+namespace detail {
+// Every field a policy's entry in `policies` says it reads is in the table.
+constexpr bool policy_fields_known() {
+  for (const auto& p : policies) {
+    std::string_view f = p.fields;
+    while (!f.empty()) {
+      const auto sp = f.find(' ');
+      if (!has_field<policy_params>(f.substr(0, sp))) return false;
+      f = sp == std::string_view::npos ? std::string_view{} : f.substr(sp + 1);
+    }
+  }
+  return true;
+}
+}  // namespace detail
+static_assert(detail::policy_fields_known(), "a policy reads a field that policy_params::fields() does not list");
+
 
 namespace detail {
 inline std::string field(std::string_view policy, std::string_view name) {

@@ -36,6 +36,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/compress/registry.hpp>
 #include <ashl/core/clock.hpp>
 #include <ashl/core/plan.hpp>
@@ -154,7 +155,37 @@ struct server_telemetry {
   [[nodiscard]] std::uint64_t wire_refused_for(wire_refusal r) const noexcept {
     return wire_refused[static_cast<std::size_t>(r)];
   }
+
+  // The one list of these counters (core/fields.hpp): the Python binding's
+  // dicts are read off it, and fields_cover<>() proves none is missing.
+  static constexpr auto fields() {
+    return std::tuple{
+        field{"core", &server_telemetry::core},
+        field{"transport", &server_telemetry::transport},
+        field{"wire_refused_by_reason", &server_telemetry::wire_refused},
+        field{"messages_in", &server_telemetry::messages_in},
+        field{"messages_out", &server_telemetry::messages_out},
+        field{"bytes_in", &server_telemetry::bytes_in},
+        field{"bytes_out", &server_telemetry::bytes_out},
+        field{"pull_replies", &server_telemetry::pull_replies},
+        field{"plans", &server_telemetry::plans},
+        field{"errors_sent", &server_telemetry::errors_sent},
+        field{"worker_errors", &server_telemetry::worker_errors},
+        field{"snapshots", &server_telemetry::snapshots},
+        field{"unsendable", &server_telemetry::unsendable},
+        field{"peers_failed", &server_telemetry::peers_failed},
+        field{"evicted_silent", &server_telemetry::evicted_silent},
+        field{"checkpoints", &server_telemetry::checkpoints},
+        field{"checkpoint_failures", &server_telemetry::checkpoint_failures},
+        field{"checkpoint_seconds", &server_telemetry::checkpoint_seconds},
+        field{"checkpoint_bytes", &server_telemetry::checkpoint_bytes},
+        field{"restored_version", &server_telemetry::restored_version},
+        field{"seconds", &server_telemetry::seconds},
+        field{"wait_seconds", &server_telemetry::wait_seconds}};
+  }
 };
+static_assert(fields_cover<server_telemetry>(), "server_telemetry::fields() must list every counter");
+
 
 namespace detail {
 

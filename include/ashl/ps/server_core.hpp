@@ -50,6 +50,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/registry.hpp>
 #include <ashl/core/dtype.hpp>
@@ -234,7 +235,33 @@ struct counters {
   }
   [[nodiscard]] std::uint64_t refused_for(refusal r) const noexcept { return refused[static_cast<std::size_t>(r)]; }
   friend bool operator==(const counters&, const counters&) = default;
+
+  // The one list of these counters (core/fields.hpp): the Python binding's
+  // dicts are read off it, and fields_cover<>() proves none is missing.
+  static constexpr auto fields() {
+    return std::tuple{
+        field{"commits", &counters::commits},
+        field{"commits_applied", &counters::commits_applied},
+        field{"commits_buffered", &counters::commits_buffered},
+        field{"commits_dropped", &counters::commits_dropped},
+        field{"duplicates", &counters::duplicates},
+        field{"bytes_in", &counters::bytes_in},
+        field{"pulls", &counters::pulls},
+        field{"pulls_served", &counters::pulls_served},
+        field{"pulls_held", &counters::pulls_held},
+        field{"pulls_released", &counters::pulls_released},
+        field{"pulls_dropped", &counters::pulls_dropped},
+        field{"plans_sent", &counters::plans_sent},
+        field{"steps", &counters::steps},
+        field{"joins", &counters::joins},
+        field{"leaves", &counters::leaves},
+        field{"evictions", &counters::evictions},
+        field{"round_missing", &counters::round_missing},
+        field{"refused_by_reason", &counters::refused}};
+  }
 };
+static_assert(fields_cover<counters>(), "counters::fields() must list every counter");
+
 
 template <sync::consistency_policy Policy = sync::any_policy>
 class server_core {

@@ -40,6 +40,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/compress/error_feedback.hpp>
 #include <ashl/compress/registry.hpp>
 #include <ashl/core/clock.hpp>
@@ -118,7 +119,29 @@ struct worker_telemetry {
   double compress_seconds = 0.0;
   double link_seconds = 0.0;          // held by the emulated link (worker_params.link_bytes_per_second)
   transport::transport_counters transport{};
+
+  // The one list of these counters (core/fields.hpp): the Python binding's
+  // dicts are read off it, and fields_cover<>() proves none is missing.
+  static constexpr auto fields() {
+    return std::tuple{
+        field{"commits", &worker_telemetry::commits},
+        field{"pulls", &worker_telemetry::pulls},
+        field{"bytes_out", &worker_telemetry::bytes_out},
+        field{"bytes_in", &worker_telemetry::bytes_in},
+        field{"plans", &worker_telemetry::plans},
+        field{"plan_changes", &worker_telemetry::plan_changes},
+        field{"plans_ignored", &worker_telemetry::plans_ignored},
+        field{"errors", &worker_telemetry::errors},
+        field{"copied_replies", &worker_telemetry::copied_replies},
+        field{"reconnects", &worker_telemetry::reconnects},
+        field{"wait_seconds", &worker_telemetry::wait_seconds},
+        field{"compress_seconds", &worker_telemetry::compress_seconds},
+        field{"link_seconds", &worker_telemetry::link_seconds},
+        field{"transport", &worker_telemetry::transport}};
+  }
 };
+static_assert(fields_cover<worker_telemetry>(), "worker_telemetry::fields() must list every counter");
+
 
 
 template <transport::transport Transport>

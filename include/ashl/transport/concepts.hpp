@@ -33,6 +33,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/core/status.hpp>
 
 #include <chrono>
@@ -77,7 +78,26 @@ struct transport_counters {
   std::uint64_t peers_connected = 0, peers_failed = 0, peers_closed = 0;
   std::uint64_t auth_refused = 0;        // peers that failed authentication
   std::uint64_t unauthenticated_dropped = 0;  // messages from a peer before it authenticated
+
+  // The one list of these counters (core/fields.hpp): the Python binding's
+  // dicts are read off it, and fields_cover<>() proves none is missing.
+  static constexpr auto fields() {
+    return std::tuple{
+        field{"messages_sent", &transport_counters::messages_sent},
+        field{"messages_received", &transport_counters::messages_received},
+        field{"bytes_sent", &transport_counters::bytes_sent},
+        field{"bytes_received", &transport_counters::bytes_received},
+        field{"sends_failed", &transport_counters::sends_failed},
+        field{"receives_refused", &transport_counters::receives_refused},
+        field{"peers_connected", &transport_counters::peers_connected},
+        field{"peers_failed", &transport_counters::peers_failed},
+        field{"peers_closed", &transport_counters::peers_closed},
+        field{"auth_refused", &transport_counters::auth_refused},
+        field{"unauthenticated_dropped", &transport_counters::unauthenticated_dropped}};
+  }
 };
+static_assert(fields_cover<transport_counters>(), "transport_counters::fields() must list every counter");
+
 
 // What a transport calls from progress().
 template <class H>

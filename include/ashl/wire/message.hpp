@@ -414,14 +414,8 @@ inline void put_body(byte_writer& w, const leave_body& b) {
   w.put(static_cast<std::uint32_t>(b.reason));
   w.put(b.subject);
 }
-inline void put_body(byte_writer& w, const plan_update_body& b) {
-  w.put(b.local_iterations);
-  w.put(b.commit_interval_us);
-  w.put(b.batch_size);
-  w.put(static_cast<std::uint32_t>(b.stage));
-  w.put(b.data_share);
-  w.put(b.compression_ratio);
-}
+// The plan's fields in their table's order (worker_plan::fields()).
+inline void put_body(byte_writer& w, const plan_update_body& b) { put_fields(w, b); }
 inline void put_body(byte_writer& w, const metric_body& b) {
   w.put(static_cast<std::uint32_t>(b.name));
   w.put(b.value);
@@ -485,15 +479,8 @@ inline result<control_body> read_body(const header& h, std::span<const std::byte
     case message_kind::plan_update: {
       ASHL_TRY(fixed_size("plan_update", p.size(), body_traits<plan_update_body>::wire_bytes));
       plan_update_body b;
-      std::uint32_t stage = 0;
-      ASHL_TRY(r.get(b.local_iterations, "plan_update.local_iterations"));
-      ASHL_TRY(r.get(b.commit_interval_us, "plan_update.commit_interval_us"));
-      ASHL_TRY(r.get(b.batch_size, "plan_update.batch_size"));
-      ASHL_TRY(r.get(stage, "plan_update.stage"));
-      ASHL_TRY(r.get(b.data_share, "plan_update.data_share"));
-      ASHL_TRY(r.get(b.compression_ratio, "plan_update.compression_ratio"));
-      b.stage = static_cast<stage_id>(stage);
-      ASHL_TRY(check_body(b, lim));
+      ASHL_TRY(get_fields(r, b, "plan_update"));
+      ASHL_TRY(check_body(b, lim));  // the stage's range too
       return control_body(b);
     }
     case message_kind::metric: {

@@ -121,25 +121,13 @@ class id_heap {
 
 // ------------------------------------------------------------ save helpers
 
-inline void save_plan(state_writer& w, const worker_plan& p) {
-  w.put(p.local_iterations);
-  w.put(p.commit_interval_us);
-  w.put(p.batch_size);
-  w.put(static_cast<std::uint32_t>(p.stage));
-  w.put(p.data_share);
-  w.put(p.compression_ratio);
-}
+// The plan's fields in their table's order (worker_plan::fields()).
+inline void save_plan(state_writer& w, const worker_plan& p) { put_fields(w, p); }
 inline status load_plan(state_reader& r, worker_plan& p) {
   worker_plan n;
-  std::uint32_t stage = 0;
-  ASHL_TRY(r.get(n.local_iterations, "worker_plan.local_iterations"));
-  ASHL_TRY(r.get(n.commit_interval_us, "worker_plan.commit_interval_us"));
-  ASHL_TRY(r.get(n.batch_size, "worker_plan.batch_size"));
-  ASHL_TRY(r.get(stage, "worker_plan.stage"));
+  ASHL_TRY(get_fields(r, n, "worker_plan"));
+  const auto stage = static_cast<std::uint32_t>(n.stage);
   if (stage >= stage_id_count) return malformed("worker_plan.stage", stage, "not a stage id");
-  n.stage = static_cast<stage_id>(stage);
-  ASHL_TRY(r.get(n.data_share, "worker_plan.data_share"));
-  ASHL_TRY(r.get(n.compression_ratio, "worker_plan.compression_ratio"));
   p = n;
   return {};
 }

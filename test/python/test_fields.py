@@ -1,0 +1,52 @@
+"""The native module's field tables (core/fields.hpp, issue 25 item 5): the
+Python Plan, the policy parameters a server accepts and the telemetry dicts
+are read off the C++ structs' tables, so none can miss a field."""
+import numpy as np
+import pytest
+
+import ashl
+from ashl import _ashl
+
+
+def test_plan_fields_are_worker_plans_in_wire_order():
+    names = [n for n, _ in _ashl.plan_fields()]
+    assert names == ["local_iterations", "commit_interval_us", "batch_size", "stage", "data_share",
+                     "compression_ratio"]
+    assert [f.name for f in ashl.Plan.__dataclass_fields__.values()] == names
+    p = ashl.Plan.from_dict({**_ashl.plan_defaults(), "commit_interval_us": 250000, "stage": "adsp"})
+    assert p.commit_interval == pytest.approx(0.25)
+    assert p.local_iterations == 1 and p.compression_ratio == 1.0
+
+
+def test_every_policy_parameter_is_accepted_by_name_and_unknown_ones_are_named():
+    fields = dict(_ashl.policy_fields())
+    assert len(fields) == 45 and all(fields.values())  # every one has its help
+    assert "stragglers" in fields  # coded_bsp's, missing from the old hand-written list
+    fabric = ashl.InprocFabric()
+    srv = ashl.Server(size=8, policy="coded_bsp", policy_params={"stragglers": 1}, workers=3, fabric=fabric,
+                      listen="s0", insecure=True)
+    assert srv.telemetry["core"]["joins"] == 0
+    with pytest.raises(ValueError, match=r"policy\.h_ahll = \"3\": unknown policy parameter \(known: workers "):
+        ashl.Server(size=8, policy="ashl", policy_params={"h_ahll": 3}, fabric=fabric, listen="s1", insecure=True)
+    with pytest.raises(ValueError, match=r"policy\.staleness = \"True\": has the wrong type"):
+        ashl.Server(size=8, policy="ssp", policy_params={"staleness": True}, fabric=fabric, listen="s2",
+                    insecure=True)
+
+
+def test_telemetry_dicts_carry_every_counter():
+    fabric = ashl.InprocFabric()
+    srv = ashl.Server(size=4, policy="asp", workers=1, fabric=fabric, listen="s0", insecure=True)
+    srv.start()
+    w = np.zeros(4, dtype=np.float32)
+    wk = ashl.Worker(w, ["s0"], fabric=fabric, insecure=True)
+    t = wk.telemetry
+    # Counters the hand-written dict had missed.
+    assert "unauthenticated_dropped" in t["transport"]
+    assert t["plans"] >= 1 and t["plan_changes"] >= 1
+    s = srv.telemetry
+    for name in ("snapshots", "unsendable", "worker_errors", "checkpoint_failures", "restored_version"):
+        assert name in s, name
+    assert isinstance(s["core"]["refused_by_reason"], list) and s["core"]["refused"] == 0
+    assert s["wire_refused"] == 0 and sum(s["wire_refused_by_reason"]) == 0
+    wk.leave()
+    srv.join()
