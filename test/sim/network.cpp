@@ -176,3 +176,39 @@ BOOST_AUTO_TEST_CASE(agrees_with_the_direct_rule_under_churn) {
     BOOST_TEST(completions > 500u);
   }
 }
+
+// link_set (issue 25: the simulator's flow scheduling, moved here): one
+// check per link at its earliest completion, not re-armed while that stays
+// the same; a stale check is ignored; a cancel re-arms; unlimited links
+// schedule nothing.
+BOOST_AUTO_TEST_CASE(link_set_keeps_one_current_check_per_link) {
+  ashl::sim::link_set ls;
+  ls.reset({1e6, std::numeric_limits<double>::infinity()});
+  BOOST_TEST(!ls.unlimited(0));
+  BOOST_TEST(ls.unlimited(1));
+  auto c1 = ls.add(0, 0.0, 1, 1000, 1e9);  // alone at 1 MB/s: done at 1 ms
+  BOOST_TEST_REQUIRE(c1.has_value());
+  BOOST_TEST(c1->time == 0.001, boost::test_tools::tolerance(1e-12));
+  // A second, longer transfer halves the share: transfer 1 now ends at 2 ms (re-armed).
+  auto c2 = ls.add(0, 0.0, 2, 3000, 1e9);
+  BOOST_TEST_REQUIRE(c2.has_value());
+  BOOST_TEST(c2->version > c1->version);
+  BOOST_TEST(c2->time == 0.002, boost::test_tools::tolerance(1e-12));
+  // The first check is stale now: it completes nothing and schedules nothing.
+  auto stale = ls.fire(0, c1->version, 0.001);
+  BOOST_TEST(!stale.finished.has_value());
+  BOOST_TEST(!stale.next.has_value());
+  // The current one completes transfer 1 and arms the check of transfer 2
+  // (2000 bytes left alone at 1 MB/s: 2 ms later).
+  auto r = ls.fire(0, c2->version, 0.002);
+  BOOST_TEST_REQUIRE(r.finished.has_value());
+  BOOST_TEST(*r.finished == 1u);
+  BOOST_TEST_REQUIRE(r.next.has_value());
+  BOOST_TEST(r.next->time == 0.004, boost::test_tools::tolerance(1e-12));
+  // Cancelling transfer 2 leaves nothing to check; cancelling it again is a no-op.
+  BOOST_TEST(!ls.cancel(0, 0.003, 2).has_value());
+  BOOST_TEST(ls[0].active() == 0u);
+  auto after = ls.fire(0, r.next->version, 0.004);  // its check went stale with the cancel
+  BOOST_TEST(!after.finished.has_value());
+  BOOST_TEST(!ls.cancel(1, 0.0, 5).has_value());  // unlimited: nothing to cancel
+}

@@ -1,5 +1,6 @@
 // ashl/sim/network.hpp — a shared link: the bandwidth of a server's link
-// divided among the transfers that use it at the same time.
+// divided among the transfers that use it at the same time; and link_set,
+// the links of a cluster with the scheduling of their completions.
 //
 //   ashl::sim::shared_link up{/*bytes/s*/ 1e9};
 //   up.add(/*now*/ 0.0, /*id*/ 7, /*bytes*/ 1e6, /*cap*/ 2e9);   // alone: 1 GB/s
@@ -267,6 +268,92 @@ class shared_link {
   std::map<double, std::uint32_t> by_cap_;
   std::set<std::pair<double, std::uint64_t>> by_time_;  // capped groups: (finish time, id)
   std::set<std::pair<double, std::uint64_t>> by_v_;     // shared groups: (finish V, id)
+};
+
+// The links of a simulated cluster and the scheduling of their completions:
+// one pending check per link at its earliest completion, re-armed only when
+// that completion changes, so a link with thousands of transfers does not
+// flood the event queue. The driver (sim/simulator.hpp) pushes each check
+// it is given as an event and hands it back when it fires; stale checks
+// (an older version) are ignored here.
+//
+//   ashl::sim::link_set links;
+//   links.reset({1e9, 1e9});                             // two links, bytes/s
+//   if (auto c = links.add(0, now, /*id*/ 7, 1e6, cap)) queue.push(c->time, kind, c->link, c->version);
+//   auto r = links.fire(link, version, now);             // when that event comes
+//   if (r.next) queue.push(...);  if (r.finished) transfer_done(*r.finished);
+//
+// An unlimited link (bandwidth inf) schedules nothing: each transfer takes
+// bytes / cap on its own (unlimited(link) tells the driver so).
+class link_set {
+ public:
+  struct check {
+    std::uint32_t link = 0;
+    std::uint64_t version = 0;
+    double time = 0.0;
+  };
+  struct fired {
+    std::optional<std::uint64_t> finished;  // the transfer that completed, if the check was current
+    std::optional<check> next;              // the link's next check to schedule
+  };
+
+  void reset(const std::vector<double>& bandwidths) {
+    links_.clear();
+    for (double b : bandwidths) links_.emplace_back(b);
+    pending_.assign(bandwidths.size(), pending{});
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return links_.size(); }
+  [[nodiscard]] bool unlimited(std::uint32_t link) const { return !std::isfinite(links_[link].bandwidth()); }
+  [[nodiscard]] const shared_link& operator[](std::uint32_t link) const { return links_[link]; }
+
+  // A transfer starts; the link's next check when its earliest completion moved.
+  std::optional<check> add(std::uint32_t link, double now, std::uint64_t id, double bytes, double cap) {
+    links_[link].add(now, id, bytes, cap);
+    return rearm(link, now);
+  }
+  // A transfer is cancelled; the next check when it was on the link and the
+  // earliest completion moved.
+  std::optional<check> cancel(std::uint32_t link, double now, std::uint64_t id) {
+    if (unlimited(link) || !links_[link].remove(now, id)) return std::nullopt;
+    return rearm(link, now);
+  }
+  // A scheduled check fired: the transfer it completes (if still current) and
+  // the link's next check.
+  fired fire(std::uint32_t link, std::uint64_t version, double now) {
+    fired r;
+    pending& p = pending_[link];
+    if (version != p.version) return r;
+    p.armed = false;
+    auto c = links_[link].next_completion(now);
+    if (!c) return r;
+    links_[link].remove(now, c->id);
+    r.finished = c->id;
+    r.next = rearm(link, now);
+    return r;
+  }
+
+ private:
+  struct pending {
+    double time = 0.0;
+    std::uint64_t id = 0;
+    std::uint64_t version = 0;
+    bool armed = false;
+  };
+
+  std::optional<check> rearm(std::uint32_t link, double now) {
+    auto c = links_[link].next_completion(now);
+    pending& p = pending_[link];
+    if (c && p.armed && p.time == c->time && p.id == c->id) return std::nullopt;
+    ++p.version;
+    p.armed = c.has_value();
+    if (!c) return std::nullopt;
+    p.time = c->time;
+    p.id = c->id;
+    return check{link, p.version, c->time};
+  }
+
+  std::vector<shared_link> links_;
+  std::vector<pending> pending_;
 };
 
 }  // namespace sim

@@ -286,12 +286,11 @@ class simulator {
     for (std::uint32_t w = 0; w < m; ++w) cycles_.emplace_back(w);
     act_.reserve(m);
     payloads_.assign(s, shard_payload{});
-    links_.clear();
-    link_version_.assign(2 * s, 0);
-    link_pending_.assign(2 * s, pending_check{});
-    for (std::size_t k = 0; k < s; ++k) {
-      links_.emplace_back(spec_.servers[k].bandwidth_bytes_per_s);  // ingress (up)
-      links_.emplace_back(spec_.servers[k].bandwidth_bytes_per_s);  // egress (down)
+    {
+      std::vector<double> bandwidths;  // per server: ingress (up), then egress (down)
+      for (std::size_t k = 0; k < s; ++k)
+        bandwidths.insert(bandwidths.end(), 2, spec_.servers[k].bandwidth_bytes_per_s);
+      links_.reset(bandwidths);
     }
     stop_ = false;
     std::vector<bool> joins_later(m, false);
@@ -497,13 +496,11 @@ class simulator {
   void start_flow(std::uint32_t w, dir d, std::size_t k, std::uint64_t bytes, double cap) {
     const std::uint32_t li = static_cast<std::uint32_t>(2 * k + d);
     const std::uint64_t fid = flow_id(w, d, k);
-    auto& link = links_[li];
-    if (!std::isfinite(link.bandwidth())) {
+    if (links_.unlimited(li)) {
       const double t = std::isfinite(cap) ? static_cast<double>(bytes) / cap : 0.0;
       q_.push(clock_.now() + t, k_flow_done, static_cast<std::uint32_t>(fid), w_[w].gen[d]);
     } else {
-      link.add(clock_.now(), fid, static_cast<double>(bytes), cap);
-      reschedule(li);
+      schedule(links_.add(li, clock_.now(), fid, static_cast<double>(bytes), cap));
     }
   }
 
@@ -511,30 +508,15 @@ class simulator {
     return (std::uint64_t{w} * 2 + d) * cores_.size() + shard;
   }
 
-  // Keeps one pending event per link at its earliest completion; when a
-  // change leaves that completion as it was, the pending event stands (no
-  // new event, so a link with thousands of transfers does not flood the queue).
-  void reschedule(std::uint32_t li) {
-    auto c = links_[li].next_completion(clock_.now());
-    auto& pending = link_pending_[li];
-    if (c && pending.armed && pending.time == c->time && pending.id == c->id) return;
-    ++link_version_[li];
-    pending.armed = c.has_value();
-    if (c) {
-      pending.time = c->time;
-      pending.id = c->id;
-      q_.push(c->time, k_link_check, li, link_version_[li]);
-    }
+  // A link's next completion check (sim/network.hpp link_set) as an event.
+  void schedule(const std::optional<link_set::check>& c) {
+    if (c) q_.push(c->time, k_link_check, c->link, c->version);
   }
 
   void on_link_check(std::uint32_t li, std::uint64_t version) {
-    if (version != link_version_[li]) return;
-    link_pending_[li].armed = false;
-    auto c = links_[li].next_completion(clock_.now());
-    if (!c) return;
-    links_[li].remove(clock_.now(), c->id);
-    reschedule(li);
-    flow_finished(c->id);
+    const auto r = links_.fire(li, version, clock_.now());
+    schedule(r.next);
+    if (r.finished) flow_finished(*r.finished);
   }
 
   void on_flow_done(std::uint32_t fid, std::uint64_t gen) {
@@ -815,9 +797,8 @@ class simulator {
 
   void cancel_flows(std::uint32_t w, dir d) {
     for (std::size_t k = 0; k < cores_.size(); ++k) {
-      const auto li = static_cast<std::uint32_t>(2 * k + d);
-      if (!std::isfinite(links_[li].bandwidth())) continue;  // its event carries a stale generation
-      if (links_[li].remove(clock_.now(), flow_id(w, d, k))) reschedule(li);
+      // (on an unlimited link the transfer's event carries a stale generation)
+      schedule(links_.cancel(static_cast<std::uint32_t>(2 * k + d), clock_.now(), flow_id(w, d, k)));
     }
   }
 
@@ -852,14 +833,7 @@ class simulator {
   run_options opt_{};
   virtual_clock clock_;
   event_queue q_;
-  std::vector<shared_link> links_;
-  std::vector<std::uint64_t> link_version_;
-  struct pending_check {
-    double time = 0.0;
-    std::uint64_t id = 0;
-    bool armed = false;
-  };
-  std::vector<pending_check> link_pending_;
+  link_set links_;  // per server: ingress 2k, egress 2k + 1 (sim/network.hpp)
   std::vector<worker> w_;
   std::vector<ps::worker_cycle> cycles_;
   struct plan_mail {
