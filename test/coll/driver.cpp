@@ -116,3 +116,62 @@ BOOST_AUTO_TEST_CASE(bsp_with_a_16_bit_exchange) {
     BOOST_TEST(g[1] == 1.f);  // rounded to bf16 before the sum
   });
 }
+
+// Issue 25: a commit's samples are those of all its H steps (a samples-
+// weighted round), not the last step's. Rank 0 runs 24, 4, 4 samples and
+// rank 1 runs 8, 8, 16: both 32 over the cycle, so the round weighs them
+// equally (the last step alone would have weighed them 4 : 16).
+BOOST_AUTO_TEST_CASE(a_commit_counts_the_samples_of_all_its_steps) {
+  on_ranks(2, [](inproc& c) {
+    auto d = sync_driver<inproc, sync::local_sgd>::create(
+        c, sync::local_sgd{{.workers = 2, .local_steps = 3, .weighting = sync::round_weighting::samples}});
+    BOOST_REQUIRE(d.has_value());
+    const double samples[2][3] = {{24, 4, 4}, {8, 8, 16}};
+    std::vector<float> w = {float(4 * c.rank())};
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> g = {0.f};
+      BOOST_REQUIRE(d->reduce_gradients(g, {.samples = samples[c.rank()][step]}).has_value());
+    }
+    auto s = d->sync_models(w);
+    BOOST_REQUIRE(s.has_value());
+    BOOST_TEST(*s);
+    BOOST_TEST(d->weights()[0] == 0.5);
+    BOOST_TEST(d->weights()[1] == 0.5);
+    BOOST_TEST(w[0] == 2.f);  // (0 + 4) / 2
+  });
+}
+
+namespace {
+// local_sgd whose plan commits by interval (H = 0, 250 ms), as ADSP-style
+// plans do: the collective driver must follow the interval, not commit
+// every step.
+struct interval_local_sgd : sync::local_sgd {
+  using sync::local_sgd::local_sgd;
+  [[nodiscard]] worker_plan plan(sync::worker_id w) const {
+    worker_plan p = sync::local_sgd::plan(w);
+    p.local_iterations = 0;
+    p.commit_interval_us = 250'000;
+    return p;
+  }
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(interval_plans_commit_when_the_interval_has_passed) {
+  on_ranks(2, [](inproc& c) {
+    auto d = sync_driver<inproc, interval_local_sgd>::create(c, interval_local_sgd{{.workers = 2}});
+    BOOST_REQUIRE(d.has_value());
+    std::vector<float> w = {float(c.rank())};
+    std::vector<int> synced;
+    // Steps of 0.1 s from t = 0: the first cycle starts at 0 (the first step's
+    // own compute time before 0.1), so commits at 0.3 s and then 0.6 s.
+    for (int step = 1; step <= 6; ++step) {
+      std::vector<float> g = {0.f};
+      BOOST_REQUIRE(d->reduce_gradients(g, {.samples = 1, .compute_seconds = 0.1, .time = 0.1 * step}).has_value());
+      auto s = d->sync_models(w);
+      BOOST_REQUIRE(s.has_value());
+      if (*s) synced.push_back(step);
+    }
+    BOOST_TEST(synced == (std::vector<int>{3, 6}));
+    BOOST_TEST(w[0] == 0.5f);
+  });
+}

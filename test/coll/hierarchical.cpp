@@ -144,6 +144,7 @@ BOOST_AUTO_TEST_CASE(two_hosts_two_local_ranks_through_parameter_servers) {
         std::vector<float> u(n), w(n);
         for (int round = 1; round <= 2; ++round) {
           for (std::size_t i = 0; i < n; ++i) u[i] = update_of(h, l, i);
+          BOOST_REQUIRE(hi.iteration_done());  // BSP: H = 1, every iteration exchanges
           BOOST_REQUIRE(hi.step(u, w).ok());
           // model deltas, BSP mean over the 2 hosts of the host means
           for (std::size_t i = 0; i < n; ++i) BOOST_TEST(w[i] == 2.f + float(round) * (5.f + float(i % 5)));
@@ -153,4 +154,52 @@ BOOST_AUTO_TEST_CASE(two_hosts_two_local_ranks_through_parameter_servers) {
   for (auto& t : ts) t.join();
   stop = true;
   for (auto& t : servers) t.join();
+}
+
+// Issue 25: the servers' plan decides when a host exchanges. Local SGD with
+// H = 3: iteration_done() says so on every third iteration; an exchange
+// before that is refused with the cycle named (ps_upper no longer spins
+// iteration_done() itself, which reported H iterations in no time).
+BOOST_AUTO_TEST_CASE(the_servers_plan_decides_when_a_host_exchanges) {
+  constexpr std::size_t n = 6;
+  const auto slices = even_slices(n, 1);
+  auto fabric = tr::inproc_fabric::create({});
+  std::atomic<bool> stop{false}, up{false};
+  std::thread server([&] {
+    auto node = fabric->node("slice0");
+    auto layout = ps::shard_layout::even(n, 1);
+    ps::policy_params pp;
+    pp.workers = 1;
+    pp.local_steps = 3;
+    auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = 1}},
+                                              std::move(*ps::make_policy("local_sgd", pp)), std::move(*node));
+    BOOST_REQUIRE(srv.has_value());
+    up = true;
+    srv->run(stop);
+  });
+  while (!up) std::this_thread::sleep_for(1ms);
+  {
+    inproc_group host(1);
+    inproc local = host.communicator(0);
+    auto node = fabric->node();
+    BOOST_REQUIRE(node.has_value());
+    auto upper = ps_upper<tr::inproc>::create({.rank = 0, .servers = {"slice0"}, .timeout = 10s}, std::move(*node), n);
+    BOOST_REQUIRE(upper.has_value());
+    hierarchical<inproc, ps_upper<tr::inproc>&> hi(local, slices, *upper);
+    std::vector<float> u(n, 1.0f), w(n);
+    const auto early = hi.step(u, w);
+    BOOST_TEST(!early.ok());
+    BOOST_TEST(early.message().find("the plan's cycle is not complete") != std::string::npos, early.message());
+    std::vector<bool> says;
+    for (int it = 0; it < 6; ++it) {
+      const bool now = hi.iteration_done();
+      says.push_back(now);
+      if (now) BOOST_REQUIRE(hi.step(u, w).ok());
+    }
+    BOOST_TEST((says == std::vector<bool>{false, false, true, false, false, true}));
+    BOOST_TEST(upper->worker().telemetry().commits == 2u);
+    BOOST_TEST(upper->leave().ok());
+  }
+  stop = true;
+  server.join();
 }

@@ -363,6 +363,7 @@ BOOST_AUTO_TEST_CASE(rank_hierarchical) {
     std::vector<float> u(n), w(n);
     for (int round = 1; round <= 2; ++round) {
       for (std::size_t i = 0; i < n; ++i) u[i] = float(host * 8 + g->rank * 2) + float(i % 5);
+      BOOST_REQUIRE(h.iteration_done());  // BSP: H = 1
       BOOST_REQUIRE(h.step(u, w).ok());
       // servers start at 2 and add the mean over hosts of each host's mean
       for (std::size_t i = 0; i < n; ++i) BOOST_TEST(w[i] == 2.f + float(round) * (5.f + float(i % 5)));

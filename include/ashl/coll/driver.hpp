@@ -42,6 +42,7 @@
 #include <ashl/sync/events.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -106,6 +107,8 @@ class sync_driver {
     const stage_id s = policy_.stage();
     models_ = s == stage_id::local_sgd || s == stage_id::semi_async;
     since_.assign(m_, 0);
+    started_.assign(m_, 0.0);
+    samples_since_.assign(m_, 0.0);
     sequence_.assign(m_, 0);
     weights_.assign(m_, 0.0);
   }
@@ -134,9 +137,16 @@ class sync_driver {
     std::fill(weights_.begin(), weights_.end(), 0.0);
     for (std::size_t j = 0; j < m_; ++j) {
       const auto w = static_cast<sync::worker_id>(j);
-      const std::uint32_t h = std::max<std::uint32_t>(1, policy_.plan(w).local_iterations);
-      if (++since_[j] < h) continue;
+      // The commit rule every driver shares (core/plan.hpp cycle_complete):
+      // H steps, or the plan's commit interval in the ranks' common time.
+      samples_since_[j] += all_[3 * j];
+      // A cycle begins where the previous step ended (the first one: this
+      // step's own compute time before now).
+      if (++since_[j] == 1) started_[j] = have_previous_ ? previous_now_ : now - std::max(0.0, all_[3 * j + 1]);
+      if (!cycle_complete(policy_.plan(w), since_[j], now - started_[j])) continue;
+      const double samples = samples_since_[j];
       since_[j] = 0;
+      samples_since_[j] = 0.0;
       ++sequence_[j];
       const std::size_t from = out_.round().size();
       (void)policy_.on_commit({.worker = w,
@@ -144,10 +154,12 @@ class sync_driver {
                                .clock = sequence_[j],
                                .time = now,
                                .bytes = 0,
-                               .samples = static_cast<std::uint64_t>(all_[3 * j])},
+                               .samples = samples > 0.0 ? static_cast<std::uint64_t>(std::llround(samples)) : 0},
                               out_);
       if (out_.round().size() > from) round = true;
     }
+    previous_now_ = now;
+    have_previous_ = true;
     if (!round) return false;
     for (const auto& wc : out_.round())
       if (wc.worker < m_) weights_[wc.worker] += wc.weight;
@@ -164,7 +176,11 @@ class sync_driver {
   bool models_ = false;
   bool pending_models_ = false;
   std::uint64_t steps_ = 0, rounds_ = 0;
-  std::vector<std::uint32_t> since_;
+  std::vector<std::uint32_t> since_;         // per rank: steps in its current cycle
+  std::vector<double> started_;              // per rank: the time its cycle began (the previous step's time)
+  std::vector<double> samples_since_;        // per rank: samples of its current cycle (all H steps, not the last)
+  double previous_now_ = 0.0;                // the time of the last step
+  bool have_previous_ = false;
   std::vector<std::uint64_t> sequence_;
   std::vector<double> weights_, all_;
   std::vector<std::size_t> three_;

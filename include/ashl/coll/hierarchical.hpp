@@ -9,7 +9,7 @@
 //   auto slices = ashl::coll::even_slices(n, g->size);        // or shard_counts(n, weights)
 //   auto up = ashl::coll::ps_upper<ashl::transport::ucx>::create(...slice (*slices)[g->rank]...);
 //   ashl::coll::hierarchical<ashl::coll::mpi, decltype(*up)&> h(*local, *slices, *up);
-//   ASHL_TRY(h.step(delta, params));   // params = what the servers hold after this commit
+//   if (h.iteration_done()) ASHL_TRY(h.step(delta, params));   // params = what the servers hold after this commit
 //
 // step(update, params): (1) reduce-scatter (sum) of the local ranks'
 // updates, so local rank j holds the host's sum of slice j, scaled by
@@ -146,6 +146,14 @@ class hierarchical {
     return std::accumulate(slices_.begin(), slices_.end(), std::size_t{0});
   }
   std::remove_reference_t<Upper>& upper() noexcept { return upper_; }
+
+  // One local iteration is done: true when step() should run now. An upper
+  // level with a plan (ps_upper: the servers' H or commit interval) decides;
+  // one without exchanges every iteration.
+  bool iteration_done() {
+    if constexpr (requires { upper_.iteration_done(); }) return upper_.iteration_done();
+    else return true;
+  }
 
   status step(std::span<const float> update, std::span<float> params) {
     const std::size_t n = elements();

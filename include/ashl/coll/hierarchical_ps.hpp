@@ -13,9 +13,14 @@
 // itself does not. Each exchange is one commit of the slice (the server's
 // ids are host ranks, so a server sees one commit per host per round) and
 // one pull into the slice's parameter buffer, which the host then
-// all-gathers straight from (no copy). A plan with H > 1 local iterations
-// is the caller's to follow (call step() every H iterations): exchange()
-// ends the worker's cycle and commits at once.
+// all-gathers straight from (no copy). The plan decides when to exchange,
+// as for any ps::worker: the host calls iteration_done() after each local
+// iteration (hierarchical::iteration_done() forwards it) and step() when it
+// returns true (every H iterations, or once the plan's commit interval has
+// passed). exchange() on an incomplete cycle is refused, naming it; before
+// issue 25 it spun iteration_done() itself, which reported H iterations in
+// no time (a compute measurement of elapsed / H) and busy-waited through an
+// interval plan.
 #pragma once
 
 #include <ashl/config.hpp>
@@ -46,9 +51,13 @@ class ps_upper {
     return ps_upper(std::move(params), std::move(*w));
   }
 
+  // One local iteration of the host is done; true when the plan says to
+  // exchange now (then call exchange(), through hierarchical::step()).
+  bool iteration_done() { return w_.iteration_done(); }
+
+  // Commits the slice and pulls the current parameters; the cycle must be
+  // complete (iteration_done() returned true).
   status exchange(std::span<const float> slice) {
-    while (!w_.iteration_done()) {
-    }
     ASHL_TRY(w_.commit(slice));
     return w_.wait();
   }

@@ -108,6 +108,19 @@ struct worker_plan {
 };
 static_assert(fields_cover<worker_plan>(), "worker_plan::fields() must list every field");
 
+// Whether a cycle of `plan` is complete after `iterations` local iterations
+// that took `elapsed` seconds: H = local_iterations iterations, or, with
+// H = 0, once the commit interval has passed (at least one iteration; at
+// most `max_iterations`, a guard against zero-duration iterations). The
+// one rule of ps::worker_cycle (parameter servers, the simulator) and
+// coll::sync_driver (collectives).
+[[nodiscard]] constexpr bool cycle_complete(const worker_plan& plan, std::uint32_t iterations, double elapsed,
+                                            std::uint32_t max_iterations = 1u << 24) noexcept {
+  if (iterations == 0) return false;
+  if (plan.local_iterations > 0) return iterations >= plan.local_iterations;
+  return elapsed >= plan.commit_interval() || iterations >= max_iterations;
+}
+
 // Whether a plan can be run, the one check of every driver: the wire's
 // plan_update ("plan_update"), a policy's plans in the simulator
 // ("policy.plan(3)"). `field` prefixes the field named in the error.

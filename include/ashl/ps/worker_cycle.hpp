@@ -95,10 +95,7 @@ class worker_cycle {
   bool iteration_done(double now) {
     ASHL_ASSERT(phase_ == phase::computing, "worker_cycle::iteration_done: not computing");
     ++iterations_;
-    bool done;
-    if (plan_.local_iterations > 0) done = iterations_ >= plan_.local_iterations;
-    else done = now - started_ >= plan_.commit_interval() || iterations_ >= max_interval_iterations;
-    if (!done) return false;
+    if (!cycle_complete(plan_, iterations_, now - started_, max_interval_iterations)) return false;
     compute_end_ = now;
     record(measurement_kind::compute, (now - started_) / iterations_, batch_, now);
     phase_ = compresses() ? phase::compressing : phase::sending;
