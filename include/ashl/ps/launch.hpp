@@ -34,6 +34,7 @@
 
 #include <ashl/config.hpp>
 #include <ashl/core/status.hpp>
+#include <ashl/transport/address.hpp>
 
 #include <charconv>
 #include <cstdint>
@@ -65,11 +66,7 @@ struct job {
 };
 
 // "host:port" split; an IPv6 host keeps no brackets here.
-struct host_port {
-  std::string host;
-  std::uint16_t port = 0;
-  bool ipv6 = false;
-};
+using transport::host_port;  // transport/address.hpp: the one address parser
 
 namespace detail {
 
@@ -108,37 +105,16 @@ inline result<double> parse_seconds(std::string_view source, std::string_view te
   return v;
 }
 
-inline std::string join_host_port(const host_port& a) {
-  return (a.ipv6 ? "[" + a.host + "]" : a.host) + ":" + std::to_string(a.port);
-}
+using transport::join_host_port;
 
 }  // namespace detail
 
-// Parses "host:port" or "[v6]:port"; errors name `source` and the text.
+// Parses "host:port" or "[v6]:port" (transport::split_host_port, shared with
+// the UCX transport); errors name `source` and the text.
 inline result<host_port> parse_host_port(std::string_view text, std::string_view source) {
-  host_port out;
-  std::string_view port;
-  if (text.starts_with('[')) {
-    const auto close = text.find(']');
-    if (close == std::string_view::npos || close == 1 || close + 1 >= text.size() || text[close + 1] != ':')
-      return detail::launch_error(source, text, "expected [ipv6]:port");
-    out.host = std::string(text.substr(1, close - 1));
-    out.ipv6 = true;
-    port = text.substr(close + 2);
-  } else {
-    const auto colon = text.rfind(':');
-    if (colon == std::string_view::npos || colon == 0) return detail::launch_error(source, text, "expected host:port");
-    if (text.substr(0, colon).find(':') != std::string_view::npos)
-      return detail::launch_error(source, text, "expected host:port (an IPv6 host goes in brackets: [::1]:5000)");
-    out.host = std::string(text.substr(0, colon));
-    port = text.substr(colon + 1);
-  }
-  unsigned v = 0;
-  auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), v);
-  if (port.empty() || ec != std::errc{} || p != port.data() + port.size() || v > 65535)
-    return detail::launch_error(source, text, "expected host:port with a port in 0..65535");
-  out.port = static_cast<std::uint16_t>(v);
-  return out;
+  auto a = transport::split_host_port(text);
+  if (!a) return detail::launch_error(source, text, a.error().message());
+  return a;
 }
 
 // The servers' addresses from ASHL_SERVER_ADDR's value: every server's,

@@ -55,6 +55,7 @@
 #if ASHL_HAS_UCX()
 
 #include <ashl/core/status.hpp>
+#include <ashl/transport/address.hpp>
 #include <ashl/transport/auth.hpp>
 #include <ashl/transport/concepts.hpp>
 
@@ -143,35 +144,16 @@ inline std::string ucx_format_sockaddr(const sockaddr_storage& sa) {
 
 // "host:port" or "[v6]:port" → socket address; errors name `field` and the value.
 inline result<ucx_sockaddr> ucx_parse_address(std::string_view field, std::string_view address) {
-  std::string host;
-  std::string_view port;
-  if (!address.empty() && address.front() == '[') {
-    const auto close = address.find(']');
-    if (close == std::string_view::npos || close + 1 >= address.size() || address[close + 1] != ':') {
-      return invalid_argument(field, address, "expected host:port ([v6-address]:port for IPv6)");
-    }
-    host = std::string(address.substr(1, close - 1));
-    port = address.substr(close + 2);
-  } else {
-    const auto colon = address.rfind(':');
-    if (colon == std::string_view::npos || colon == 0 || address.find(':') != colon) {
-      return invalid_argument(field, address, "expected host:port ([v6-address]:port for IPv6)");
-    }
-    host = std::string(address.substr(0, colon));
-    port = address.substr(colon + 1);
-  }
-  unsigned long port_value = 0;
-  if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return invalid_argument(field, address, "expected host:port with a numeric port");
-  }
-  port_value = std::strtoul(std::string(port).c_str(), nullptr, 10);
-  if (port_value > 65535) return invalid_argument(field, address, "port must be at most 65535");
+  // The one host:port parser (transport/address.hpp), shared with ps/launch.hpp.
+  auto hp = split_host_port(address);
+  if (!hp) return invalid_argument(field, address, hp.error().message());
+  const std::string host = hp->host, port = std::to_string(hp->port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  const int rc = getaddrinfo(host.c_str(), std::string(port).c_str(), &hints, &found);
+  const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
   if (rc != 0 || found == nullptr) {
     return make_error(errc::not_found, field, address, std::string("cannot resolve host '") + host + "': " + gai_strerror(rc));
   }
