@@ -101,13 +101,13 @@ export UCX_NET_DEVICES=lo  # the ps test's processes talk over loopback only
 run_test() {  # name exe -> tests/<name>.log, tests/<name>.rc
   local name=$1 exe=$2 t0 rc
   t0=$(date +%s)
-  timeout 150 "$exe" --report_level=short >"$log/tests/$name.log" 2>&1
+  timeout 100 "$exe" --report_level=short >"$log/tests/$name.log" 2>&1
   rc=$?
   echo "$rc $(( $(date +%s) - t0 ))" >"$log/tests/$name.rc"
 }
 export -f run_test
 export log
-ls "$bin"/test_cuda_* | xargs -P 4 -I{} bash -c 'n=$(basename {}); run_test "${n#test_}" {}'
+ls "$bin"/test_cuda_* | xargs -P 6 -I{} bash -c 'n=$(basename {}); run_test "${n#test_}" {}'
 if [[ -n "$torch_pid" ]]; then
   if wait "$torch_pid"; then echo "run.sh: test_adapt_torch_cuda built"; else
     echo "run.sh: test_adapt_torch_cuda did not build (tail of $log/torch_build.log):"; tail -15 "$log/torch_build.log"; fi
@@ -122,14 +122,14 @@ for f in "$log"/tests/*.rc; do
 done
 
 # ---- 3. the benchmarks -------------------------------------------------------
-timeout 300 "$bin/ashl_bench_compress_cuda" "${quick[@]}" --torch-script bench/gpu/torch_topk.py >"$log/bench.log" 2>&1
+timeout 150 "$bin/ashl_bench_compress_cuda" "${quick[@]}" --torch-script bench/gpu/torch_topk.py >"$log/bench.log" 2>&1
 bench_rc=$?
 grep '^{' "$log/bench.log" >"$log/bench.jsonl"
 echo "run.sh: compress benchmark exit $bench_rc after $(elapsed)"
 sizes=$(python3 -c 'import json,sys; print(" ".join(sorted({str(json.loads(l)["n"]) for l in open(sys.argv[1])}, key=int)))' "$log/bench.jsonl" 2>/dev/null)
 if [[ -x "$bin/cub_topk" && -n "$sizes" ]]; then
   # shellcheck disable=SC2086
-  timeout 90 "$bin/cub_topk" --runs 25 --sizes $sizes >"$log/cub_topk.log" 2>&1
+  timeout 60 "$bin/cub_topk" --runs 25 --sizes $sizes >"$log/cub_topk.log" 2>&1
   echo "run.sh: cub_topk exit $? after $(elapsed)"
   grep '^{' "$log/cub_topk.log" >>"$log/bench.jsonl"
 else
@@ -137,7 +137,7 @@ else
 fi
 nccl_rc=-1
 if [[ -x "$bin/ashl_bench_coll_nccl" ]]; then
-  timeout 90 "$bin/ashl_bench_coll_nccl" >"$log/coll_nccl.log" 2>&1
+  timeout 60 "$bin/ashl_bench_coll_nccl" >"$log/coll_nccl.log" 2>&1
   nccl_rc=$?
   grep '^{' "$log/coll_nccl.log" >"$log/coll_nccl.jsonl"
   echo "run.sh: coll_nccl benchmark exit $nccl_rc after $(elapsed)"

@@ -115,7 +115,11 @@ BOOST_AUTO_TEST_CASE(cuda_buckets_alias_the_parameters_and_gradients_on_the_devi
   m->forward(x).sum().backward();
   for (const auto& p : m->parameters()) {
     BOOST_TEST(p.is_cuda());
-    BOOST_TEST(static_cast<const char*>(p.data_ptr()) == pflat + offset * 4);
+    BOOST_TEST(static_cast<const char*>(p.data_ptr()) == pflat + offset * 4,
+               "parameter at offset " << offset << ": data " << p.data_ptr() << " (storage "
+                                      << p.storage().data() << " + " << p.storage_offset() << "), bucket "
+                                      << static_cast<const void*>(pflat) << " + " << offset * 4 << " bytes, sizes "
+                                      << p.sizes() << ", same values " << torch::equal(p.detach().flatten(), b->params().narrow(0, static_cast<std::int64_t>(offset), p.numel())));
     BOOST_TEST_REQUIRE(p.grad().defined());
     BOOST_TEST(static_cast<const char*>(p.grad().data_ptr()) == gflat + offset * 4);  // backward wrote in place
     offset += static_cast<std::size_t>(p.numel());
