@@ -12,6 +12,7 @@
 // ValueError, a wait that passed its bound TimeoutError, anything else
 // RuntimeError. Blocking calls (create, wait, leave, run) release the GIL.
 #include <ashl/config.hpp>
+#include <ashl/adapt/update_builder.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/ps/launch.hpp>
@@ -353,7 +354,14 @@ class py_worker {
 
   void commit(py::array update) {
     const auto u = buffer_of(update, "update", false);
-    check(w_->commit(u));
+    ashl::status s;
+    {
+      // An emulated link holds the commit here, and an ashl.torch
+      // communication thread commits while backward runs: no GIL.
+      py::gil_scoped_release nogil;
+      s = w_->commit(u);
+    }
+    check(s);
     update_obj_ = update;  // the worker sends from it until wait() returns
   }
   void pull() { check(w_->pull()); }
@@ -530,6 +538,49 @@ class py_server {
   std::thread thread_;
 };
 
+// -------------------------------------------------------------- adapters
+
+// adapt::update_builder over numpy float32 views (ashl.torch's buckets):
+// the same update as the C++ adapter builds for the same step.
+class py_update_builder {
+ public:
+  py_update_builder(const std::string& kind, std::size_t size)
+      : b_(kind_of(kind), size) {}
+  void pulled(const py::array& params) {
+    const auto p = sized(params, "params");
+    py::gil_scoped_release nogil;
+    b_.pulled(p);
+  }
+  void add(const py::array& grads) {
+    const auto g = sized(grads, "grads");
+    py::gil_scoped_release nogil;
+    b_.add(g);
+  }
+  void build(const py::array& params, const py::array& out) {
+    const auto p = sized(params, "params");
+    const auto o = buffer_of(out, "out", true);
+    if (o.size() != b_.size()) raise(ashl::invalid_argument("out.size", o.size(), "must be the bucket's " + std::to_string(b_.size())));
+    py::gil_scoped_release nogil;
+    b_.build(p, o);
+  }
+  std::uint64_t iterations() const { return b_.iterations(); }
+  std::size_t size() const { return b_.size(); }
+
+ private:
+  static ashl::adapt::update_kind kind_of(const std::string& k) {
+    if (k == "delta") return ashl::adapt::update_kind::delta;
+    if (k == "gradient") return ashl::adapt::update_kind::gradient;
+    raise(ashl::invalid_argument("update", k, "must be delta or gradient"));
+  }
+  std::span<float> sized(const py::array& a, const char* field) const {
+    const auto s = buffer_of(a, field, false);
+    if (s.size() != b_.size())
+      raise(ashl::invalid_argument(std::string(field) + ".size", s.size(), "must be the bucket's " + std::to_string(b_.size())));
+    return s;
+  }
+  ashl::adapt::update_builder b_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_ashl, m) {
@@ -566,6 +617,40 @@ PYBIND11_MODULE(_ashl, m) {
       .def_property_readonly("staleness", &py_worker::staleness)
       .def_property_readonly("telemetry", &py_worker::telemetry)
       .def("progress_line", &py_worker::progress_line);
+
+  py::class_<py_update_builder>(m, "UpdateBuilder",
+                                "adapt::update_builder: the commit of a bucket (delta since the pull, or mean gradient)")
+      .def(py::init<const std::string&, std::size_t>(), py::arg("update"), py::arg("size"))
+      .def("pulled", &py_update_builder::pulled, py::arg("params"))
+      .def("add", &py_update_builder::add, py::arg("grads"))
+      .def("build", &py_update_builder::build, py::arg("params"), py::arg("out"))
+      .def_property_readonly("iterations", &py_update_builder::iterations)
+      .def_property_readonly("size", &py_update_builder::size);
+  m.def(
+      "all_finite",
+      [](const py::array& x) {
+        const auto s = buffer_of(x, "x", false);
+        py::gil_scoped_release nogil;
+        return ashl::adapt::all_finite(s);
+      },
+      py::arg("x"), "adapt::all_finite: no inf or nan (a mixed-precision step that has them is skipped)");
+  m.def(
+      "first_registrations",
+      [](const std::vector<std::int64_t>& keys) {
+        return ashl::adapt::first_registrations(std::span<const std::int64_t>(keys));
+      },
+      py::arg("keys"), "adapt::first_registrations: per parameter, whether it owns a slot (tied ones do not)");
+  m.def(
+      "partition",
+      [](const std::vector<std::string>& dtypes, const std::vector<std::uint64_t>& bytes, std::uint64_t cap_bytes) {
+        if (dtypes.size() != bytes.size())
+          raise(ashl::invalid_argument("partition.bytes.size", bytes.size(), "must equal dtypes.size()"));
+        return ashl::adapt::partition(
+            dtypes.size(), [&](std::size_t i) { return dtypes[i]; }, [&](std::size_t i) { return bytes[i]; },
+            cap_bytes);
+      },
+      py::arg("dtypes"), py::arg("bytes"), py::arg("cap_bytes"),
+      "adapt::partition: slots into buckets (reverse order, one dtype each, at most cap_bytes)");
 
   py::class_<py_server>(m, "Server", "ps::server: one shard of the model, a consistency policy, an optimizer")
       .def(py::init<std::uint64_t, std::optional<py::array>, std::string, py::dict, std::uint32_t, std::string,
