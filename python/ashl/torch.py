@@ -363,13 +363,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._hooks: List[Any] = []
         self._grad_accs: List[Any] = []  # keep the accumulators (and their hooks) alive
         self._install_hooks(model)
-        self._queue: "queue.Queue" = queue.Queue()
-        self._comm = threading.Thread(target=self._comm_loop, name="ashl-comm", daemon=True)
-        self._comm.start()
+        # Two communication threads, one per direction of the link: a full
+        # duplex link uploads a bucket while it downloads another.
+        self._queue: "queue.Queue" = queue.Queue()  # buckets to commit
+        self._cv = threading.Condition()
+        self._sent: List[int] = []                  # committed, their pulls not yet waited for
+        self._stopping = False
+        self._comm = [threading.Thread(target=self._send_loop, name="ashl-send", daemon=True),
+                      threading.Thread(target=self._pull_loop, name="ashl-pull", daemon=True)]
+        for t in self._comm:
+            t.start()
         self._left = False
         self._compute_start = Tracer.now()
         self.iterations = 0
         self.commits = 0
+        self.wait_seconds = 0.0  # the training thread blocked on pulls (forward pre-hooks, step())
 
     # -- what the servers said ------------------------------------------------
 
@@ -414,6 +422,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         t["bucket_commits"] = sum(p["commits"] for p in per)
         t["buckets"] = per
         t["skipped"] = self.skipped
+        t["train_wait_seconds"] = self.wait_seconds
         return t
 
     @property
@@ -491,30 +500,44 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # -- the communication thread -------------------------------------------
 
-    def _comm_loop(self) -> None:
-        inflight: "collections.deque" = collections.deque()
+    def _send_loop(self) -> None:
+        # Commits in the order their buckets filled (each holds an emulated
+        # link's upload, then sends).
         tr = self._tracer
         while True:
+            bi = self._queue.get()
+            if bi == "stop":
+                with self._cv:
+                    self._stopping = True
+                    self._cv.notify_all()
+                return
+            ex = self._ex[bi]
+            t0 = tr.now()
             try:
-                item = self._queue.get(block=not inflight)
-            except queue.Empty:
-                item = None
-            if item is None and not inflight:
+                ex.worker.commit(ex.bucket.send.numpy())
+            except BaseException as e:  # noqa: BLE001 (handed to the training thread)
+                ex.error = e
+                ex.arrived.set()
                 continue
-            if item == "stop":
-                break
-            if item is not None:
-                ex = self._ex[item]
-                t0 = tr.now()
-                try:
-                    ex.worker.commit(ex.bucket.send.numpy())
-                    inflight.append(item)
-                except BaseException as e:  # noqa: BLE001 (handed to the training thread)
-                    ex.error = e
-                    ex.arrived.set()
-                tr.span("commit", "comm", t0, tr.now(), item)
-                continue
-            bi = inflight.popleft()
+            finally:
+                tr.span("commit", "comm", t0, tr.now(), bi)
+            with self._cv:
+                self._sent.append(bi)
+                self._cv.notify_all()
+
+    def _pull_loop(self) -> None:
+        # The pulls of committed buckets, the one the next forward needs
+        # first (the last bucket: the first layers) first, as BytePS's
+        # priority scheduling.
+        tr = self._tracer
+        while True:
+            with self._cv:
+                while not self._sent and not self._stopping:
+                    self._cv.wait()
+                if not self._sent:
+                    return
+                bi = max(self._sent)
+                self._sent.remove(bi)
             ex = self._ex[bi]
             t0 = tr.now()
             try:
@@ -523,7 +546,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 ex.builder.pulled(ex.bucket.host_params.numpy())
             except BaseException as e:  # noqa: BLE001
                 ex.error = e
-            tr.span("pull", "comm", t0, tr.now(), bi)
+            tr.span("pull", "pull", t0, tr.now(), bi)
             ex.arrived.set()
 
     def _wait_bucket(self, bi: int) -> None:
@@ -531,7 +554,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not ex.arrived.is_set():
             t0 = self._tracer.now()
             ex.arrived.wait()  # the comm thread's wait() runs without the GIL
-            self._tracer.span("wait", "train", t0, self._tracer.now(), bi)
+            t1 = self._tracer.now()
+            self._tracer.span("wait", "train", t0, t1, bi)
+            self.wait_seconds += (t1 - t0) * 1e-6
         if ex.error is not None:
             e, ex.error = ex.error, None
             raise e
@@ -671,7 +696,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._wait_all()
         finally:
             self._queue.put("stop")
-            self._comm.join()
+            for t in self._comm:
+                t.join()
             for h in self._hooks:
                 h.remove()
             self._tracer.close()

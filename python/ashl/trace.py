@@ -13,9 +13,9 @@ host line up):
 - ``encode`` (thread "train"): building a bucket's update (the copy out of
   the gradient bucket, the delta, the mean, 16-bit or device staging);
 - ``commit`` (thread "comm"): ps::worker::commit of a bucket (encoding with
-  the plan's codec, an emulated link's hold, the send);
-- ``pull`` (thread "comm"): ps::worker::wait of a bucket, until its
-  parameters arrived;
+  the plan's codec, an emulated link's upload hold, the send);
+- ``pull`` (thread "pull"): ps::worker::wait of a bucket, until its
+  parameters arrived (and an emulated link's download hold);
 - ``wait`` (thread "train"): the training thread blocked on a bucket's pull
   (a forward pre-hook, or step()).
 
@@ -51,7 +51,7 @@ class Tracer:
         self.name = f"{role} {rank}"
         self._events: List[dict] = []
         self._lock = threading.Lock()
-        self._tids = {"train": 1, "comm": 2}
+        self._tids = {"train": 1, "comm": 2, "pull": 3}
 
     @property
     def enabled(self) -> bool:
@@ -65,7 +65,7 @@ class Tracer:
         if self.path is None:
             return
         e = {"name": name, "ph": "X", "ts": start_us, "dur": max(0.0, end_us - start_us), "pid": self.pid,
-             "tid": self._tids.get(thread, 3), "cat": "ashl"}
+             "tid": self._tids.get(thread, 4), "cat": "ashl"}
         if bucket is not None:
             e["args"] = {"bucket": bucket}
         with self._lock:
