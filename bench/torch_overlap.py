@@ -51,10 +51,10 @@ def args_of(argv=None):
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--compute-ms", type=float, default=200.0, help="emulated compute per step (fwd + bwd)")
-    ap.add_argument("--rate", type=float, default=420e6, help="emulated link, bytes per second each way")
+    ap.add_argument("--compute-ms", type=float, default=1000.0, help="emulated compute per step (fwd + bwd)")
+    ap.add_argument("--rate", type=float, default=84e6, help="emulated link, bytes per second each way")
     ap.add_argument("--bucket-mb", type=float, default=10.0)
-    ap.add_argument("--trace", default=None, help="a Chrome trace of the overlapped run (the last one)")
+    ap.add_argument("--trace", default=None, help="Chrome traces of the last runs: PATH.serial.json, PATH.overlap.json")
     ap.add_argument("--job", default=None, help=argparse.SUPPRESS)  # internal: mode,outdir
     return ap.parse_args(argv)
 
@@ -103,7 +103,7 @@ def job_main(a):
     opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model, "bsp", "none",
                                   update="gradient", timeout=120.0, link_bytes_per_second=a.rate,
                                   bucket_cap_mb=cap, overlap=mode == "overlap",
-                                  trace=a.trace if (a.trace and mode == "overlap") else "")
+                                  trace=a.trace or "")
     g = torch.Generator().manual_seed(job.rank)
     x = torch.randn(a.batch, 1024, generator=g)
     y = torch.randint(0, 10, (a.batch,), generator=g)
@@ -145,10 +145,11 @@ def run_mode(a, mode, outdir):
     cmd = [sys.executable, os.path.abspath(__file__), "--job", f"{mode},{outdir}", "--steps", str(a.steps),
            "--warmup", str(a.warmup), "--hidden", str(a.hidden), "--batch", str(a.batch), "--compute-ms",
            str(a.compute_ms), "--rate", str(a.rate), "--bucket-mb", str(a.bucket_mb)]
-    if a.trace and mode == "overlap":
-        cmd += ["--trace", os.path.abspath(a.trace)]
+    trace = os.path.abspath(f"{a.trace}.{mode}.json") if a.trace else None
+    if trace:
+        cmd += ["--trace", trace]
     done = ashl.run(cmd, servers=1, workers=a.workers, timeout=600, env=env, check=False, capture_output=True,
-                    text=True, trace=os.path.abspath(a.trace) if (a.trace and mode == "overlap") else None)
+                    text=True, trace=trace)
     if done.returncode != 0:
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
         raise SystemExit(f"torch_overlap: the {mode} job failed (exit {done.returncode})")

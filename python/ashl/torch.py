@@ -767,13 +767,17 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
           fabric: Optional[_ashl.InprocFabric] = None, listen: Optional[str] = None,
           worker_timeout: float = 20.0, progress_seconds: Optional[float] = None, checkpoint_dir: str = "",
           checkpoint_every: float = 0.0, restore: bool = False, seed: int = 0,
-          background: bool = False, bucket_cap_mb: Optional[float] = DEFAULT_BUCKET_CAP_MB) -> Any:
+          background: bool = False, bucket_cap_mb: Optional[float] = DEFAULT_BUCKET_CAP_MB,
+          store_mb: Optional[float] = None) -> Any:
     """Runs this process's servers of the job (job.role == "server"), one per
     bucket (``partition(model, bucket_cap_mb, policy)``, as the workers make
     them), starting from ``model``'s parameters (its shard of each bucket).
     Blocks until every worker left and returns the server (an ashl.Server
     for a one-bucket model, else ``Servers``); ``background=True`` starts
-    them in threads and returns at once (stop() and join() end them)."""
+    them in threads and returns at once (stop() and join() end them).
+    ``store_mb``: the bound of each server's buffered commits (server_core's
+    store_bytes); default the larger of 64 MiB and one float32 commit of
+    the bucket per worker and one more (what BSP buffers)."""
     job = job if job is not None else _job_from_env()
     if job.role != "server":
         raise ValueError(f"job.role = {job.role!r}: serve() runs on a server (the workers make a DistributedOptimizer)")
@@ -783,6 +787,7 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
     for bi, named in enumerate(partition(model, bucket_cap_mb, pol)):
         with torch.no_grad():
             initial = torch.cat([p.detach().reshape(-1).to(torch.float32).cpu() for _, p in named]).contiguous()
+        store = int(store_mb * (1 << 20)) if store_mb else max(64 << 20, (job.num_workers + 1) * 4 * initial.numel())
         srv = _ashl.Server(initial=initial.numpy(), policy=pol.name, policy_params=dict(pol.params),
                            workers=job.num_workers, listen=bucket_addresses([address], bi, fabric is not None)[0]
                            if job.num_servers == 1 or bi == 0 else
@@ -794,7 +799,8 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
                            progress_seconds=(job.progress_seconds if progress_seconds is None else progress_seconds)
                            if bi == 0 else 0.0,
                            checkpoint_dir=f"{checkpoint_dir}/bucket{bi}" if checkpoint_dir and bi else checkpoint_dir,
-                           checkpoint_every=checkpoint_every, restore=restore, seed=seed, fabric=fabric)
+                           checkpoint_every=checkpoint_every, restore=restore, seed=seed, fabric=fabric,
+                           store_bytes=store)
         servers.append(srv)
     out = servers[0] if len(servers) == 1 else Servers(servers)
     if background:

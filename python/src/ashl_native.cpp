@@ -436,7 +436,7 @@ class py_server {
             std::string optimizer, double lr, double momentum, double weight_decay, bool nesterov,
             std::string compression, std::string token, bool insecure, bool verbose, double worker_timeout,
             double progress_seconds, std::string checkpoint_dir, double checkpoint_every, bool restore,
-            std::uint64_t seed, std::optional<fabric> inproc) {
+            std::uint64_t seed, std::optional<fabric> inproc, std::uint64_t store_bytes) {
     if (workers == 0) raise(ashl::invalid_argument("server.workers", 0, "must be >= 1"));
     std::span<const float> init;
     if (initial) {
@@ -473,6 +473,7 @@ class py_server {
                          .checkpoint_dir = std::move(checkpoint_dir),
                          .checkpoint_every_seconds = checkpoint_every,
                          .restore = restore};
+    if (store_bytes != 0) sp.core.store_bytes = store_bytes;  // 0: server_core's default (64 MiB)
     ashl::status failed;
     if (inproc) {
       auto node = inproc->f->node(listen);
@@ -655,7 +656,8 @@ PYBIND11_MODULE(_ashl, m) {
   py::class_<py_server>(m, "Server", "ps::server: one shard of the model, a consistency policy, an optimizer")
       .def(py::init<std::uint64_t, std::optional<py::array>, std::string, py::dict, std::uint32_t, std::string,
                     std::uint32_t, std::uint32_t, std::string, double, double, double, bool, std::string, std::string,
-                    bool, bool, double, double, std::string, double, bool, std::uint64_t, std::optional<fabric>>(),
+                    bool, bool, double, double, std::string, double, bool, std::uint64_t, std::optional<fabric>,
+                    std::uint64_t>(),
            py::arg("size") = 0, py::arg("initial") = std::nullopt, py::arg("policy") = "bsp",
            py::arg("policy_params") = py::dict(), py::arg("workers") = 1, py::arg("listen") = "127.0.0.1:0",
            py::arg("shard") = 0, py::arg("servers") = 1, py::arg("optimizer") = "model_delta", py::arg("lr") = 0.1,
@@ -663,7 +665,7 @@ PYBIND11_MODULE(_ashl, m) {
            py::arg("compression") = "topk", py::arg("token") = "", py::arg("insecure") = false,
            py::arg("verbose") = false, py::arg("worker_timeout") = 20.0, py::arg("progress_seconds") = 0.0,
            py::arg("checkpoint_dir") = "", py::arg("checkpoint_every") = 0.0, py::arg("restore") = false,
-           py::arg("seed") = 0, py::arg("fabric") = std::nullopt)
+           py::arg("seed") = 0, py::arg("fabric") = std::nullopt, py::arg("store_bytes") = 0)
       .def_property_readonly("address", &py_server::address)
       .def("run", &py_server::run)
       .def("start", &py_server::start)
