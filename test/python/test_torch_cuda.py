@@ -65,3 +65,41 @@ def test_a_bf16_cuda_model_trains(update):
     losses, _, buckets, devices = train("cuda", torch.bfloat16, update=update)
     assert devices == {"cuda"} and all(b.dtype == torch.bfloat16 for b in buckets)
     assert losses[-1] < 0.7 * losses[0], losses
+
+
+@pytest.mark.parametrize("update", ["gradient", "delta"])
+def test_a_grad_scaler_loop_commits_only_the_finite_steps(update):
+    fabric = ashl.InprocFabric()
+    sjob = ashl.Job(role="server", server_addresses=("server0",), insecure=True)
+    wjob = ashl.Job(role="worker", server_addresses=("server0",), insecure=True)
+    model = mlp(3, "cuda")
+    srv = at.serve(model, sjob, "bsp", "none", optimizer="sgd" if update == "gradient" else "model_delta", lr=0.05,
+                   fabric=fabric, background=True, bucket_cap_mb=4 * KIB)
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model, "bsp", "none", update=update,
+                                  job=wjob, fabric=fabric, bucket_cap_mb=4 * KIB, commit_in_backward=False)
+    # A scale far too large: the first steps overflow in float16 and
+    # scaler.step() does not call opt.step(); the scale halves each time.
+    scaler = (torch.amp.GradScaler("cuda", init_scale=2.0 ** 40) if hasattr(torch, "amp") and
+              hasattr(torch.amp, "GradScaler") else torch.cuda.amp.GradScaler(init_scale=2.0 ** 40))
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(128, 16, generator=g)
+    y = x @ torch.randn(16, 4, generator=g)
+    x, y = x.cuda(), y.cuda()
+    losses, skipped, steps = [], 0, 40
+    for _ in range(steps):
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = (model(x).float() - y).pow(2).mean()
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        skipped += scaler.get_scale() < scale
+        losses.append(loss.item())
+    opt.wait()
+    assert skipped >= 5  # 2^40 down to float16's range
+    assert opt.iterations == steps - skipped
+    assert opt.telemetry["bucket_commits"] == opt.iterations * len(opt.buckets)
+    assert losses[-1] < 0.5 * losses[skipped], losses
+    opt.leave()
+    srv.join()
