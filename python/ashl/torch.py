@@ -244,6 +244,14 @@ class Bucket:
             self.host_grads.copy_(self.grads)
 
 
+_METRICS = ("loss", "accuracy", "samples_per_second", "iteration_seconds")
+
+
+def _ashl_metric_check(name: str) -> None:
+    if name not in _METRICS:
+        raise ValueError(f"metric = \"{name}\": must be loss, accuracy, samples_per_second or iteration_seconds")
+
+
 class _Exchange:
     """One bucket's worker, update builder and state in the cycle."""
 
@@ -256,6 +264,7 @@ class _Exchange:
         self.arrived.set()
         self.error: Optional[BaseException] = None
         self.committed = False            # committed in this iteration (its backward)
+        self.metrics: List[Tuple[str, float]] = []  # reported while the exchange was in flight
         self.added = False                # this iteration's gradient is in the builder
 
 
@@ -446,8 +455,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._ex[0].worker.progress_line()
 
     def report_metric(self, name: str, value: float) -> None:
-        """A global metric to the servers: "loss" or "accuracy" (ADSP and ASHL read them)."""
-        self._ex[0].worker.report_metric(name, float(value))
+        """A global metric to bucket 0's servers: "loss" or "accuracy" (ADSP
+        and ASHL read them). While bucket 0's exchange is in flight its
+        worker belongs to a communication thread (ps::worker is not
+        thread-safe), which sends the metric when the parameters are back."""
+        ex = self._ex[0]
+        with self._cv:
+            if ex.arrived.is_set():
+                ex.worker.report_metric(name, float(value))
+            else:
+                _ashl_metric_check(name)
+                ex.metrics.append((name, float(value)))
 
     # -- hooks ------------------------------------------------------------------
 
@@ -547,7 +565,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             except BaseException as e:  # noqa: BLE001
                 ex.error = e
             tr.span("pull", "pull", t0, tr.now(), bi)
-            ex.arrived.set()
+            with self._cv:  # report_metric() looks at `arrived` under this lock
+                for name, value in ex.metrics:
+                    try:
+                        ex.worker.report_metric(name, value)
+                    except BaseException as e:  # noqa: BLE001
+                        ex.error = ex.error or e
+                ex.metrics.clear()
+                ex.arrived.set()
 
     def _wait_bucket(self, bi: int) -> None:
         ex = self._ex[bi]
