@@ -317,6 +317,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if batch_size < 1:
             raise ValueError(f"batch_size = {batch_size}: must be >= 1")
         self._inner = optimizer
+        self._timeout = float(timeout)
         self._policy = Policy.of(policy) if policy is not None else None
         self._compression = _codec_name(compression)
         self._update = update
@@ -578,7 +579,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ex = self._ex[bi]
         if not ex.arrived.is_set():
             t0 = self._tracer.now()
-            ex.arrived.wait()  # the comm thread's wait() runs without the GIL
+            # The comm threads' commit() and wait() run without the GIL and
+            # end within the worker's timeout each; this bound only catches
+            # a thread that died.
+            if not ex.arrived.wait(3 * self._timeout + 10):
+                raise TimeoutError(f"bucket {bi}: its exchange did not end within {3 * self._timeout + 10:.0f} s "
+                                   "(the communication threads stopped?)")
             t1 = self._tracer.now()
             self._tracer.span("wait", "train", t0, t1, bi)
             self.wait_seconds += (t1 - t0) * 1e-6
