@@ -1,16 +1,19 @@
 // ashl._ashl — the pybind11 core of `import ashl` (docs/torch.md, "Python"):
 // ps::worker and ps::server over UCX or inproc, the runtime contract
-// (ps/launch.hpp), plans and telemetry as Python objects. The torch side
-// (ashl/torch.py) flattens a model into one float32 bucket with torch's own
-// Python API and hands this module plain buffers (numpy views of that
-// bucket), so the module needs no libtorch headers and no torch ABI: it works
+// (ps/launch.hpp), plans and telemetry as Python objects, and the adapters'
+// shared update rules (adapt/update_builder.hpp). The torch side
+// (ashl/torch.py) flattens a model into buckets with torch's own Python API
+// and hands this module plain float32 buffers (numpy views of the buckets,
+// or of their float32 staging), so the module needs no libtorch headers and
+// no torch ABI: it works
 // with whichever torch the interpreter imports (LESSONS.md, "Integrate
 // through plain buffers and a thin adapter").
 //
 // Errors at the boundary are Python exceptions carrying ashl's message
 // ("worker.timeout_ms = 300: passed while ..."): invalid arguments raise
 // ValueError, a wait that passed its bound TimeoutError, anything else
-// RuntimeError. Blocking calls (create, wait, leave, run) release the GIL.
+// RuntimeError. Blocking calls (create, commit, wait, leave, run, the
+// update builder's passes) release the GIL.
 #include <ashl/config.hpp>
 #include <ashl/adapt/update_builder.hpp>
 #include <ashl/core/plan.hpp>
