@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import queue
 import threading
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -818,6 +819,9 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
     for bi, named in enumerate(partition(model, bucket_cap_mb, pol)):
         with torch.no_grad():
             initial = torch.cat([p.detach().reshape(-1).to(torch.float32).cpu() for _, p in named]).contiguous()
+        ckpt = f"{checkpoint_dir}/bucket{bi}" if checkpoint_dir and bi else checkpoint_dir
+        if ckpt:
+            os.makedirs(ckpt, exist_ok=True)
         store = int(store_mb * (1 << 20)) if store_mb else max(64 << 20, (job.num_workers + 1) * 4 * initial.numel())
         srv = _ashl.Server(initial=initial.numpy(), policy=pol.name, policy_params=dict(pol.params),
                            workers=job.num_workers, listen=bucket_addresses([address], bi, fabric is not None)[0]
@@ -829,7 +833,7 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
                            verbose=job.verbose, worker_timeout=worker_timeout,
                            progress_seconds=(job.progress_seconds if progress_seconds is None else progress_seconds)
                            if bi == 0 else 0.0,
-                           checkpoint_dir=f"{checkpoint_dir}/bucket{bi}" if checkpoint_dir and bi else checkpoint_dir,
+                           checkpoint_dir=ckpt,
                            checkpoint_every=checkpoint_every, restore=restore, seed=seed, fabric=fabric,
                            store_bytes=store)
         servers.append(srv)
