@@ -44,6 +44,8 @@ def test_buckets_follow_reverse_registration_order_and_alias_parameters_and_grad
     assert names[0] == ["4.weight", "4.bias"] or names[0][0] == "4.bias"  # the last layer first
     assert [n for g in names for n in g] == [n for n, _ in reversed(list(model.named_parameters()))]
     assert len(groups) >= 3
+    # Policies that plan from measurements keep one bucket per dtype.
+    assert [len(at.partition(model, 2 * KIB, p)) for p in ("ashl", "adsp", "dlb", "bsp")] == [1, 1, 1, len(groups)]
     buckets = [at.Bucket(g, i) for i, g in enumerate(groups)]
     assert torch.equal(flat(model), before)  # values kept
     model(torch.randn(3, 16)).sum().backward()
@@ -297,3 +299,26 @@ def test_python_m_ashl_run_starts_a_bucketed_ucx_job_and_merges_its_traces(tmp_p
     assert r["last_loss"] < 0.25 * r["first_loss"], r
     events = check_trace(str(trace), r["buckets"])
     assert {e["pid"] for e in events if e["ph"] == "X"} == {0, 1}  # both workers, one row each
+
+
+@pytest.mark.parametrize("update", ["delta", "gradient"])
+def test_every_bucket_follows_the_plans_local_iterations(update):
+    fabric = ashl.InprocFabric()
+    sjob, (wjob,) = jobs(1)
+    model = mlp()
+    policy = ashl.Policy("local_sgd", local_steps=3)
+    srv = at.serve(mlp(), sjob, policy, "none", optimizer="sgd" if update == "gradient" else "model_delta",
+                   lr=0.1, fabric=fabric, background=True, bucket_cap_mb=2 * KIB)
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, "local_sgd", "none",
+                                  update=update, job=wjob, fabric=fabric, bucket_cap_mb=2 * KIB)
+    assert len(opt.buckets) >= 3 and opt.plan.local_iterations == 3
+    for it in range(1, 10):
+        opt.zero_grad()
+        model(torch.randn(4, 16)).pow(2).mean().backward()
+        opt.step()
+        assert opt.commits == it // 3, f"after iteration {it}"
+    tel = opt.telemetry
+    assert tel["bucket_commits"] == 3 * len(opt.buckets)
+    assert all(b["commits"] == 3 for b in tel["buckets"])
+    opt.leave()
+    srv.join()
