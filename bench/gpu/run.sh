@@ -143,6 +143,23 @@ if [[ -x "$bin/ashl_bench_coll_nccl" ]]; then
   echo "run.sh: coll_nccl benchmark exit $nccl_rc after $(elapsed)"
 fi
 
+# ---- 3b. the Python module's CUDA tests (issue 26) ------------------------------
+# ashl.torch with CUDA tensors (test/python/test_torch_cuda.py, pytest marker
+# gpu), when this python3's torch sees a device: the module is built here
+# for this interpreter (pybind11 from pip; no libtorch inside it).
+if python3 -c 'import sys, torch, pytest, pybind11; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  t0=$(date +%s)
+  pyb=build/cuda/python-gpu
+  { cmake -S python -B "$pyb" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v python3)" \
+      -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" && ninja -C "$pyb" -j"$jobs" ashl_python &&
+    PYTHONPATH="$pyb/python" timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu test/python; } \
+    >"$log/tests/python_gpu.log" 2>&1
+  echo "$? $(( $(date +%s) - t0 ))" >"$log/tests/python_gpu.rc"
+  echo "run.sh: python -m pytest -m gpu exit $(cut -d' ' -f1 "$log/tests/python_gpu.rc") after $(elapsed)"
+else
+  echo "run.sh: python -m pytest -m gpu not run (python3 lacks torch with CUDA, pytest or pybind11)"
+fi
+
 # ---- 4. the table --------------------------------------------------------------
 python3 - "$log" <<'PY' | tee "$log/summary.txt"
 import json, os, sys

@@ -83,7 +83,11 @@ def worker(a):
     opt = ashl.torch.DistributedOptimizer(sgd, model, policy=policy_of(a).name,
                                           compression="topk", job=job_of(a, "worker"), batch_size=64,
                                           timeout=120.0, seed=a.seed, error_feedback=a.method == "ashl_plus",
-                                          link_bytes_per_second=rate)
+                                          link_bytes_per_second=rate,
+                                          # The exchange inside step(), as measured in docs/perf/cnn.md:
+                                          # the compute padding below is timed from the iteration's start,
+                                          # and worker 0 snapshots the pulled parameters after step().
+                                          overlap=False)
     cc.write_file(f"{run_dir}/ready-{rank}", "1\n")
     t0 = cc.wait_for_start(run_dir)
     # A fresh pull just before the start, so the first cycle's compute (ASHL
@@ -95,7 +99,10 @@ def worker(a):
     t_end = t0 + a.budget
     losses = collections.deque(maxlen=20)
     snapshots, next_tick, next_report = [], t0 + a.eval_every, t0 + 1.25
-    pulled = opt.bucket.params.clone()
+    def flat():  # registration order (run.py's vector_to_parameters); the buckets hold them in reverse
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    pulled = flat()
     commits = steps = samples = overruns = 0
     stages = [(0.0, opt.plan.stage)]  # (seconds since the start, stage) at every change of the plan's stage
     while cc.mono() < t_end:
@@ -120,7 +127,7 @@ def worker(a):
             if stage != stages[-1][1]:
                 stages.append((round(now - t0, 3), stage))
             if rank == 0:
-                pulled.copy_(opt.bucket.params)  # what the server sent, before the next local step
+                pulled.copy_(flat())  # what the server sent, before the next local step
         if rank == 0:
             while next_tick <= now and next_tick <= t_end + 1e-9:
                 snapshots.append((next_tick - t0, pulled.clone()))

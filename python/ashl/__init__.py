@@ -6,7 +6,7 @@ PyTorch adapter ``ashl.torch`` (imported on first use, so ``import ashl``
 works without torch). docs/torch.md has the whole story.
 
     import ashl
-    job = ashl.job()                      # ASHL_ROLE, ASHL_RANK, ... as set by ashl-run
+    job = ashl.job()                      # ASHL_ROLE, ASHL_RANK, ... as set by ashl-run (or torchrun's, SLURM's)
     ashl.run(["python3", "train.py"], servers=1, workers=2)   # starts a job on this machine
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ._ashl import InprocFabric, Server, Worker, has_ucx, policy_help  # noqa: F
 from . import _ashl
 
 __all__ = ["Job", "Plan", "Policy", "InprocFabric", "Server", "Worker", "job", "run", "ashl_run_path",
-           "policy_help", "has_ucx", "torch"]
+           "launcher_flags", "policy_help", "has_ucx", "torch", "trace"]
 
 
 def _plan_class():
@@ -96,12 +96,98 @@ class Policy:
         raise TypeError(f"policy = {p!r}: must be a policy name (str) or ashl.Policy")
 
 
+DEFAULT_SERVER_PORT_OFFSET = 1  # torchrun/SLURM: server i listens at MASTER_PORT + 1 + i
+
+
+def _first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: "node[03-05,7],gpu1" -> "node03"."""
+    head = ""
+    depth = 0
+    for c in nodelist:
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth -= 1
+        elif c == "," and depth == 0:
+            break
+        head += c
+    if "[" not in head:
+        return head
+    prefix, _, rng = head.partition("[")
+    first = rng.rstrip("]").split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def launcher_flags(env: Optional[Mapping[str, str]] = None) -> tuple:
+    """The runtime contract a foreign launcher implies, as (flags, source):
+    ``source`` is "ashl" (ASHL_ROLE is set: nothing derived), "torchrun"
+    (RANK and WORLD_SIZE), "slurm" (SLURM_PROCID and SLURM_NTASKS) or "none".
+
+    The mapping (docs/torch.md, "Launching"): of the launcher's WORLD_SIZE
+    processes, the first S = ASHL_NUM_SERVERS (default 1) are servers (server
+    rank = RANK) and the others workers (worker rank = RANK - S, num_workers =
+    WORLD_SIZE - S). Server i listens at ASHL_SERVER_ADDR's address when set,
+    else at MASTER_ADDR:MASTER_PORT + 1 + i (torchrun's store keeps
+    MASTER_PORT itself); under SLURM without MASTER_ADDR the host is the
+    first of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) and the port
+    MASTER_PORT or 29500. So the S servers must run on that host: the first
+    ranks of torchrun's node 0, srun's first tasks (block distribution).
+    The token is ASHL_TOKEN (or ASHL_INSECURE=1), from the environment only."""
+    env = os.environ if env is None else env
+    if env.get("ASHL_ROLE"):
+        return [], "ashl"
+    if env.get("RANK") and env.get("WORLD_SIZE"):
+        rank_var, world_var, source = "RANK", "WORLD_SIZE", "torchrun"
+    elif env.get("SLURM_PROCID") and env.get("SLURM_NTASKS"):
+        rank_var, world_var, source = "SLURM_PROCID", "SLURM_NTASKS", "slurm"
+    else:
+        return [], "none"
+
+    def count(var: str) -> int:
+        try:
+            v = int(env[var])
+        except ValueError:
+            raise ValueError(f"{var} = '{env[var]}': expected a non-negative integer") from None
+        if v < 0:
+            raise ValueError(f"{var} = '{env[var]}': expected a non-negative integer")
+        return v
+
+    rank, world = count(rank_var), count(world_var)
+    servers = count("ASHL_NUM_SERVERS") if env.get("ASHL_NUM_SERVERS") else 1
+    if servers < 1:
+        raise ValueError(f"ASHL_NUM_SERVERS = '{servers}': must be >= 1")
+    if world <= servers:
+        raise ValueError(f"{world_var} = '{world}': must be more than ASHL_NUM_SERVERS ({servers}): "
+                         "the first ranks are servers, the others workers")
+    if rank >= world:
+        raise ValueError(f"{rank_var} = '{rank}': must be < {world_var} ({world})")
+    flags = ["--num-servers", str(servers), "--num-workers", str(world - servers)]
+    if rank < servers:
+        flags += ["--role", "server", "--rank", str(rank)]
+    else:
+        flags += ["--role", "worker", "--rank", str(rank - servers)]
+    if not env.get("ASHL_SERVER_ADDR"):
+        host = env.get("MASTER_ADDR")
+        if not host and source == "slurm":
+            nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+            host = _first_host(nodes) if nodes else None
+        if not host:
+            raise ValueError(f"MASTER_ADDR is not set: {source} needs it (or ASHL_SERVER_ADDR) to find server 0")
+        base = count("MASTER_PORT") if env.get("MASTER_PORT") else 29500
+        addrs = [f"{host}:{base + DEFAULT_SERVER_PORT_OFFSET + i}" for i in range(servers)]
+        flags += ["--server-addr", ",".join(addrs)]
+    return flags, source
+
+
 def job(argv: Optional[Sequence[str]] = None) -> Job:
     """This process's runtime contract from ASHL_ROLE, ASHL_RANK, ASHL_NUM_WORKERS,
     ASHL_NUM_SERVERS, ASHL_SERVER_ADDR, ASHL_TOKEN (or ASHL_INSECURE) as ashl-run
-    sets them; flags in ``argv`` (``--role`` ...) win. Raises ValueError naming
-    the variable and its bad value."""
-    args = ["python"] + list(argv if argv is not None else [])
+    sets them, or, without ASHL_ROLE, from torchrun's (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT) or SLURM's (SLURM_PROCID, SLURM_NTASKS,
+    SLURM_STEP_NODELIST) variables (``launcher_flags``); flags in ``argv``
+    (``--role`` ...) win. Raises ValueError naming the variable and its bad value."""
+    derived, _ = launcher_flags()
+    args = ["python"] + derived + list(argv if argv is not None else [])
     return Job.from_dict(_ashl.job_from(args))
 
 
@@ -122,20 +208,21 @@ def ashl_run_path() -> str:
 
 def run(command: Sequence[str], servers: int = 1, workers: int = 1, *, addr: Optional[str] = None,
         token: Optional[str] = None, insecure: bool = False, timeout: Optional[float] = None,
-        grace: Optional[float] = None, verbose: bool = False, check: bool = True,
+        grace: Optional[float] = None, verbose: bool = False, check: bool = True, trace: Optional[str] = None,
         **popen: Any) -> subprocess.CompletedProcess:
     """Starts one job on this machine through ashl-run: ``servers`` servers and
     ``workers`` workers of ``command``, each with the runtime contract in its
     environment. Blocks until the job ends; returns the CompletedProcess
     (raises CalledProcessError when a process failed and ``check``). Pass
-    ``sys.executable`` as the program to run Python scripts with this interpreter."""
+    ``sys.executable`` as the program to run Python scripts with this interpreter.
+    ``token`` goes to the processes through ASHL_TOKEN, not a command line.
+    ``trace``: every worker writes a Chrome trace (ASHL_TRACE) and they are
+    merged into this path when the job ends (ashl.trace)."""
     if not command:
         raise ValueError("command = []: needs the program to run")
     args = [ashl_run_path(), "-s", str(servers), "-w", str(workers)]
     if addr:
         args += ["--addr", addr]
-    if token:
-        args += ["--token", token]
     if insecure:
         args.append("--insecure")
     if timeout is not None:
@@ -145,10 +232,25 @@ def run(command: Sequence[str], servers: int = 1, workers: int = 1, *, addr: Opt
     if verbose:
         args.append("--verbose")
     args += ["--"] + [str(c) for c in command]
-    return subprocess.run(args, check=check, **popen)
+    if token:  # through the environment, never on a command line (ps(1) shows those)
+        popen["env"] = dict(popen.get("env") or os.environ, ASHL_TOKEN=token)
+    if trace:
+        trace = os.path.abspath(trace)
+        popen["env"] = dict(popen.get("env") or os.environ, ASHL_TRACE=trace)
+    try:
+        return subprocess.run(args, check=check, **popen)
+    finally:
+        if trace:
+            from .trace import merge
+            merge(trace)
+
+
+_run_function = run  # ashl.run the function, also when the module ashl.run (python -m ashl.run) was imported
 
 
 def __getattr__(name: str):
     if name == "torch":  # the adapter needs torch: imported on first use
         return importlib.import_module(".torch", __name__)
+    if name == "trace":
+        return importlib.import_module(".trace", __name__)
     raise AttributeError(f"module 'ashl' has no attribute {name!r}")

@@ -2,37 +2,47 @@
 
     import torch, ashl
     model = Net()
-    job = ashl.job()                                    # the runtime contract ashl-run set
+    job = ashl.job()                                    # ashl-run's, torchrun's or SLURM's variables
     if job.role == "server":
-        ashl.torch.serve(model, job, policy="ashl", compression="topk")   # until every worker left
+        ashl.torch.serve(model, job, policy="bsp", compression="topk", optimizer="sgd")  # until every worker left
     else:
         opt = ashl.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model,
-                                              policy="ashl", compression="topk")
+                                              policy="bsp", compression="topk", update="gradient")
         for x, y in loader:                             # opt.batch_size: the plan's batch
             opt.zero_grad()
             loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()                                  # local step; commit + pull when the plan says
+            loss.backward()                             # full buckets are committed while backward runs
+            opt.step()                                  # the rest; pulls are waited for in the next forward
         opt.leave()
 
-and ``ashl.run([sys.executable, "train.py"], servers=1, workers=4)`` starts the job.
+and ``python3 -m ashl.run -s 1 -w 4 -- python3 train.py`` starts the job.
 
-The model's parameters and gradients are flattened once into one float32
-bucket each (like DDP's gradient_as_bucket_view): every parameter's .data and
-.grad are views into them, so the worker commits straight from the gradient
-bucket and the servers' parameters land straight in the parameter bucket.
-docs/torch.md has the details; include/ashl/adapt/torch.hpp is the same for C++.
+The model's parameters and gradients are flattened into buckets (default
+25 MiB, as DDP; reverse registration order; one dtype and device each):
+every parameter's .data and .grad are views into them. Each bucket is one
+parameter-server tensor: its own ps::worker, served by its own ps::server
+in each server process (docs/torch.md, "Buckets and overlap"). A gradient
+hook marks a parameter ready; a full bucket's update is built (the shared
+adapt::update_builder) and committed by a communication thread while
+backward continues; its pull is waited for by a forward pre-hook of the
+first module that uses it. include/ashl/adapt/torch.hpp is the C++ side.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+import collections
+import contextlib
+import os
+import queue
+import threading
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from . import Job, Plan, Policy, _ashl
 from . import job as _job_from_env
+from .trace import Tracer, path_of
 
-__all__ = ["Bucket", "DistributedOptimizer", "serve"]
+__all__ = ["Bucket", "DistributedOptimizer", "serve", "partition", "bucket_addresses", "ADAPTIVE_POLICIES"]
 
 # The plan stages each policy's servers send (core/plan.hpp, stage_id): a
 # worker whose servers run another policy than it was told fails at once.
@@ -40,6 +50,15 @@ _STAGES = {
     "bsp": {"bsp"}, "asp": {"asp"}, "ssp": {"ssp"}, "local_sgd": {"local_sgd"}, "dssp": {"dssp"},
     "semi_async": {"semi_async"}, "adsp": {"adsp"}, "ashl": {"profile", "ahl", "shl"}, "dlb": {"dlb"},
 }
+
+# Policies whose plans come from measurements (a planner): every bucket's
+# server would plan on its own measurements and the buckets could follow
+# different plans, so these run one bucket per dtype (docs/torch.md).
+ADAPTIVE_POLICIES = frozenset({"ashl", "adsp", "dlb", "joint"})
+
+_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+DEFAULT_BUCKET_CAP_MB = 25.0
 
 
 def _codec_name(compression: Optional[str]) -> Optional[str]:
@@ -52,50 +71,119 @@ def _codec_name(compression: Optional[str]) -> Optional[str]:
 
 def _named_parameters(model: Any) -> List[Tuple[str, torch.Tensor]]:
     if isinstance(model, torch.nn.Module):
-        named = list(model.named_parameters())
+        named = list(model.named_parameters(remove_duplicate=False)) if _has_remove_duplicate() \
+            else list(model.named_parameters())
     else:
         named = [item if isinstance(item, tuple) else (str(i), item) for i, item in enumerate(model)]
     return [(n, p) for n, p in named if p.requires_grad]
 
 
+def _has_remove_duplicate() -> bool:
+    import inspect
+    try:
+        return "remove_duplicate" in inspect.signature(torch.nn.Module.named_parameters).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _named_parameters_unique(model: Any) -> List[Tuple[str, torch.Tensor]]:
+    """The parameters that own a slot: tied ones once, at their first
+    registration (adapt::first_registrations, the C++ adapter's rule)."""
+    named = _named_parameters(model)
+    own = _ashl.first_registrations([id(p) for _, p in named])
+    return [item for item, o in zip(named, own) if o]
+
+
+def _check(name: str, p: torch.Tensor) -> None:
+    if p.dtype not in _DTYPES:
+        raise ValueError(f"parameter '{name}'.dtype = {p.dtype}: must be torch.float32, torch.float16 or "
+                         "torch.bfloat16")
+    if p.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"parameter '{name}'.device = {p.device}: must be the CPU or a CUDA device")
+    if not p.is_contiguous():
+        raise ValueError(f"parameter '{name}'.stride = {tuple(p.stride())}: must be contiguous "
+                         f"(shape {tuple(p.shape)}); call .contiguous() when building the model")
+
+
+def partition(model: Any, bucket_cap_mb: Optional[float] = DEFAULT_BUCKET_CAP_MB,
+              policy: Union[Policy, str, None] = None) -> List[List[Tuple[str, torch.Tensor]]]:
+    """The buckets a worker and a server make of ``model`` (they must agree):
+    the parameters that own a slot, in reverse registration order, one dtype
+    and device per bucket, at most ``bucket_cap_mb`` MiB each (a larger
+    parameter alone). ``bucket_cap_mb`` None or 0, or an adaptive policy
+    (ADAPTIVE_POLICIES): one bucket per dtype and device."""
+    named = _named_parameters_unique(model)
+    if not named:
+        raise ValueError("model.parameters: none requires grad (nothing to train)")
+    for n, p in named:
+        _check(n, p)
+    pol = Policy.of(policy).name if policy is not None else None
+    cap = 0 if not bucket_cap_mb or pol in ADAPTIVE_POLICIES else int(bucket_cap_mb * (1 << 20))
+    if cap < 0:
+        raise ValueError(f"bucket_cap_mb = {bucket_cap_mb}: must be >= 0")
+    keys = [f"{_DTYPES[p.dtype]}@{p.device}" for _, p in named]
+    sizes = [p.numel() * p.element_size() for _, p in named]
+    return [[named[i] for i in b] for b in _ashl.partition(keys, sizes, cap)]
+
+
+def bucket_addresses(addresses: Sequence[str], bucket: int, inproc: bool) -> List[str]:
+    """Where bucket ``bucket``'s servers listen, given the job's server
+    addresses (bucket 0's): in-process nodes ``<node>/b<bucket>``; UCX
+    ``host:port + bucket * num_servers`` (ashl-run's contiguous ports stay
+    disjoint between servers)."""
+    if bucket == 0:
+        return list(addresses)
+    if inproc:
+        return [f"{a}/b{bucket}" for a in addresses]
+    out = []
+    for a in addresses:
+        host, _, port = a.rpartition(":")
+        out.append(f"{host}:{int(port) + bucket * len(addresses)}")
+    return out
+
+
 class Bucket:
-    """A model's trainable parameters flattened into one contiguous float32
-    tensor ``params``, and their gradients into ``grads``: after construction
+    """Parameters of one dtype and device flattened into one contiguous
+    tensor ``params`` and their gradients into ``grads``: after construction
     every parameter's ``.data`` and ``.grad`` are views into them (a write
     through either is seen through the other). Parameters keep their values.
 
-    Raises ValueError naming the parameter and the value for a dtype other
-    than float32, a device other than the CPU, or a non-contiguous tensor."""
+    ``Bucket(model)`` takes every trainable parameter (tied ones once) and
+    needs them all of one dtype and device; DistributedOptimizer makes
+    several (``partition``). Raises ValueError naming the parameter and the
+    value for a dtype other than float32/float16/bfloat16, a non-contiguous
+    tensor, or mixed dtypes or devices.
 
-    def __init__(self, model: Any):
-        named = _named_parameters(model)
+    ``host_params`` is the float32 CPU buffer the worker pulls into:
+    ``params`` itself for a float32 CPU bucket (zero copy), else a staging
+    copy (pinned for CUDA); ``send`` the float32 CPU buffer a commit is sent
+    from."""
+
+    def __init__(self, model: Any, index: int = 0):
+        named = model if isinstance(model, list) and all(isinstance(x, tuple) for x in model) and \
+            not isinstance(model, torch.nn.Module) else _named_parameters_unique(model)
         if not named:
             raise ValueError("model.parameters: none requires grad (nothing to train)")
-        seen = set()
+        self.index = index
         self.names: List[str] = []
         self.tensors: List[torch.Tensor] = []
         for name, p in named:
-            if id(p) in seen:  # shared (tied) parameters: one slot
-                continue
-            seen.add(id(p))
-            if p.dtype != torch.float32:
-                raise ValueError(f"parameter '{name}'.dtype = {p.dtype}: must be torch.float32")
-            if p.device.type != "cpu":
-                raise ValueError(f"parameter '{name}'.device = {p.device}: the Python adapter takes CPU tensors "
-                                 "(CUDA tensors: include/ashl/adapt/torch.hpp, docs/torch.md)")
-            if not p.is_contiguous():
-                raise ValueError(f"parameter '{name}'.stride = {tuple(p.stride())}: must be contiguous "
-                                 f"(shape {tuple(p.shape)}); call .contiguous() when building the model")
+            _check(name, p)
+            if self.tensors and (p.dtype != self.tensors[0].dtype or p.device != self.tensors[0].device):
+                raise ValueError(f"parameter '{name}': {p.dtype} on {p.device} differs from '{self.names[0]}''s "
+                                 f"{self.tensors[0].dtype} on {self.tensors[0].device} (one bucket holds one)")
             self.names.append(name)
             self.tensors.append(p)
+        self.dtype = self.tensors[0].dtype
+        self.device = self.tensors[0].device
         self.offsets: List[int] = []
         n = 0
         for p in self.tensors:
             self.offsets.append(n)
             n += p.numel()
         self.size = n
-        self.params = torch.empty(n, dtype=torch.float32)
-        self.grads = torch.zeros(n, dtype=torch.float32)
+        self.params = torch.empty(n, dtype=self.dtype, device=self.device)
+        self.grads = torch.zeros(n, dtype=self.dtype, device=self.device)
         with torch.no_grad():
             for p, off in zip(self.tensors, self.offsets):
                 self.params[off:off + p.numel()].copy_(p.reshape(-1))
@@ -104,6 +192,16 @@ class Bucket:
                 if p.grad is not None:
                     g.copy_(p.grad)
                 p.grad = g
+        self.staged = self.dtype != torch.float32 or self.device.type != "cpu"
+        pin = self.device.type == "cuda"
+        if self.staged:
+            self.host_params = torch.empty(n, dtype=torch.float32, pin_memory=pin)
+            self.host_params.copy_(self.params)
+        else:
+            self.host_params = self.params
+        self.send = torch.empty(n, dtype=torch.float32, pin_memory=pin)
+        # Staging of the gradients for a 16-bit or CUDA bucket.
+        self.host_grads = torch.empty(n, dtype=torch.float32, pin_memory=pin) if self.staged else self.grads
 
     def param_view(self, i: int) -> torch.Tensor:
         p, off = self.tensors[i], self.offsets[i]
@@ -117,20 +215,58 @@ class Bucket:
         """Makes every .data and .grad a view into the buckets again where the
         caller replaced it (``zero_grad(set_to_none=True)``, ``p.data = ...``),
         copying the replacement's values in first."""
-        pb, gb = self.params.data_ptr(), self.grads.data_ptr()
+        pb, gb, es = self.params.data_ptr(), self.grads.data_ptr(), self.params.element_size()
         for i, (p, off) in enumerate(zip(self.tensors, self.offsets)):
-            if p.data_ptr() != pb + 4 * off:
+            if p.data_ptr() != pb + es * off:
                 with torch.no_grad():
                     self.param_view(i).copy_(p.data)
                 p.data = self.param_view(i)
             g = p.grad
-            if g is None or g.data_ptr() != gb + 4 * off:
+            if g is None or g.data_ptr() != gb + es * off:
                 v = self.grad_view(i)
                 if g is None:
                     v.zero_()
                 else:
                     v.copy_(g)
                 p.grad = v
+
+    def stage_in(self) -> None:
+        """The pulled float32 parameters into a 16-bit or CUDA bucket."""
+        if self.staged:
+            with torch.no_grad():
+                self.params.copy_(self.host_params)
+
+    def stage_params_out(self) -> None:
+        if self.staged:
+            self.host_params.copy_(self.params)
+
+    def stage_grads_out(self) -> None:
+        if self.staged:
+            self.host_grads.copy_(self.grads)
+
+
+_METRICS = ("loss", "accuracy", "samples_per_second", "iteration_seconds")
+
+
+def _ashl_metric_check(name: str) -> None:
+    if name not in _METRICS:
+        raise ValueError(f"metric = \"{name}\": must be loss, accuracy, samples_per_second or iteration_seconds")
+
+
+class _Exchange:
+    """One bucket's worker, update builder and state in the cycle."""
+
+    def __init__(self, bucket: Bucket, worker: Any, builder: Any):
+        self.bucket = bucket
+        self.worker = worker
+        self.builder = builder
+        self.ready: set = set()           # slots whose gradient is accumulated in this backward
+        self.arrived = threading.Event()  # no exchange in flight
+        self.arrived.set()
+        self.error: Optional[BaseException] = None
+        self.committed = False            # committed in this iteration (its backward)
+        self.metrics: List[Tuple[str, float]] = []  # reported while the exchange was in flight
+        self.added = False                # this iteration's gradient is in the builder
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -139,28 +275,42 @@ class DistributedOptimizer(torch.optim.Optimizer):
     ``DistributedOptimizer(optimizer, model, policy=..., compression=...)``:
     ``optimizer`` must hold ``model``'s parameters. Each ``step()`` is one
     local iteration; when the plan's iterations (or commit interval) are done
-    it commits and pulls the servers' parameters into the model.
+    every bucket commits and pulls the servers' parameters into the model.
 
     update: "delta" (default; servers with optimizer "model_delta"): the local
     optimizer steps every iteration and the change since the last pull is
-    committed (local SGD when the plan says H > 1). "gradient" (servers with
-    optimizer "sgd"): the local optimizer is not stepped; the gradient (the
-    mean over the plan's local iterations) is committed and the servers step.
+    committed (local SGD when the plan says H > 1), in step(). "gradient"
+    (servers with optimizer "sgd"): the local optimizer is not stepped; the
+    gradient (the mean over the plan's local iterations) is committed, with
+    ``overlap`` bucket by bucket while backward runs.
 
     policy, compression: the job's policy (name or ashl.Policy) and codec name
     ("topk", "qsgd", ..., "none"); the worker checks on joining that its
-    servers run them (ValueError otherwise). None: whatever the servers run.
+    servers run them (ValueError otherwise). None: whatever the servers run
+    (then pass ``bucket_cap_mb=0`` against an adaptive policy's servers).
 
-    job: the runtime contract (default: ashl.job(), from the ASHL_* variables
-    ashl-run sets). fabric: an ashl.InprocFabric to reach servers in this
-    process (job.server_addresses are then node names) instead of UCX.
+    bucket_cap_mb: bucket size (serve() must be given the same). overlap:
+    commits in backward (gradient updates) and pulls waited for in forward
+    pre-hooks; False: every exchange inside step(), serially.
+    commit_in_backward: None (default) is ``overlap and update ==
+    "gradient"``; pass False with a GradScaler (the gradients in backward are
+    still scaled; scaler.step() calls step() only when they are finite).
+    check_finite: a step whose gradients hold inf or nan is skipped and not
+    committed (default: when a bucket is 16-bit). trace: a Chrome trace path
+    (default ASHL_TRACE; ashl.trace).
+
+    job: the runtime contract (default: ashl.job()). fabric: an
+    ashl.InprocFabric to reach servers in this process (job.server_addresses
+    are then node names) instead of UCX.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: Any, policy: Union[Policy, str, None] = None,
                  compression: Optional[str] = None, *, update: str = "delta", job: Optional[Job] = None,
                  fabric: Optional[_ashl.InprocFabric] = None, batch_size: int = 32, timeout: float = 30.0,
                  seed: int = 0, error_feedback: bool = True, link_bytes_per_second: float = 0.0,
-                 reconnect: float = 0.0):
+                 reconnect: float = 0.0, bucket_cap_mb: Optional[float] = DEFAULT_BUCKET_CAP_MB,
+                 overlap: bool = True, commit_in_backward: Optional[bool] = None,
+                 check_finite: Optional[bool] = None, trace: Optional[str] = None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer = {type(optimizer).__name__}: must be a torch.optim.Optimizer")
         if update not in ("delta", "gradient"):
@@ -168,16 +318,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if batch_size < 1:
             raise ValueError(f"batch_size = {batch_size}: must be >= 1")
         self._inner = optimizer
+        self._timeout = float(timeout)
         self._policy = Policy.of(policy) if policy is not None else None
         self._compression = _codec_name(compression)
         self._update = update
-        self._bucket = Bucket(model)
-        in_bucket = {id(p) for p in self._bucket.tensors}
+        self._buckets = [Bucket(b, i) for i, b in enumerate(partition(model, bucket_cap_mb, self._policy))]
+        in_bucket = {id(p) for b in self._buckets for p in b.tensors}
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.requires_grad and id(p) not in in_bucket:
                     raise ValueError(f"optimizer parameter of shape {tuple(p.shape)}: not a parameter of the model")
-        # Shared with the local optimizer: LR schedulers and state_dict see one set.
+        # Shared with the local optimizer: LR schedulers, state_dict and GradScaler see one set.
         self.param_groups = optimizer.param_groups
         self.state = optimizer.state
         self.defaults = optimizer.defaults
@@ -185,20 +336,59 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._job.role != "worker":
             raise ValueError(f"job.role = {self._job.role!r}: a DistributedOptimizer runs on a worker "
                              "(the servers call ashl.torch.serve)")
-        self._worker = _ashl.Worker(self._bucket.params.numpy(), list(self._job.server_addresses),
-                                    rank=self._job.rank, batch=batch_size, timeout=timeout, seed=seed,
-                                    error_feedback=error_feedback, link_bytes_per_second=link_bytes_per_second,
-                                    reconnect=reconnect, progress_seconds=self._job.progress_seconds,
-                                    token=self._job.token, insecure=self._job.insecure, verbose=self._job.verbose,
-                                    fabric=fabric)
+        self._overlap = bool(overlap)
+        self._in_backward = (self._overlap and update == "gradient") if commit_in_backward is None \
+            else bool(commit_in_backward and update == "gradient")
+        self._check_finite = any(b.dtype != torch.float32 for b in self._buckets) if check_finite is None \
+            else bool(check_finite)
+        self._tracer = Tracer(path_of(trace, "worker", self._job.rank), "worker", self._job.rank)
+        self._ex: List[_Exchange] = []
+        try:
+            for b in self._buckets:
+                w = _ashl.Worker(b.host_params.numpy(), bucket_addresses(self._job.server_addresses, b.index,
+                                                                         fabric is not None),
+                                 rank=self._job.rank, batch=batch_size, timeout=timeout, seed=seed,
+                                 error_feedback=error_feedback, link_bytes_per_second=link_bytes_per_second,
+                                 reconnect=reconnect, progress_seconds=self._job.progress_seconds if b.index == 0
+                                 else 0.0, token=self._job.token, insecure=self._job.insecure,
+                                 verbose=self._job.verbose, fabric=fabric)
+                b.stage_in()
+                builder = _ashl.UpdateBuilder(update, b.size)
+                builder.pulled(b.host_params.numpy())
+                self._ex.append(_Exchange(b, w, builder))
+        except Exception:
+            for e in self._ex:
+                with contextlib.suppress(Exception):
+                    e.worker.leave()
+            raise
         self._check_servers()
-        self._w0 = self._bucket.params.clone() if update == "delta" else None
-        self._delta = torch.empty_like(self._bucket.params) if update == "delta" else None
-        self._acc = torch.zeros_like(self._bucket.params) if update == "gradient" else None
-        self._accumulated = 0
+        self._no_sync = False
+        self._plan_check = False
+        self._skipped_step = False
+        self.skipped = 0
+        self.hook_calls: Dict[str, int] = collections.defaultdict(int)
+        self._slot_of: Dict[int, Tuple[int, int]] = {}
+        for bi, b in enumerate(self._buckets):
+            for si, p in enumerate(b.tensors):
+                self._slot_of[id(p)] = (bi, si)
+        self._hooks: List[Any] = []
+        self._grad_accs: List[Any] = []  # keep the accumulators (and their hooks) alive
+        self._install_hooks(model)
+        # Two communication threads, one per direction of the link: a full
+        # duplex link uploads a bucket while it downloads another.
+        self._queue: "queue.Queue" = queue.Queue()  # buckets to commit
+        self._cv = threading.Condition()
+        self._sent: List[int] = []                  # committed, their pulls not yet waited for
+        self._stopping = False
+        self._comm = [threading.Thread(target=self._send_loop, name="ashl-send", daemon=True),
+                      threading.Thread(target=self._pull_loop, name="ashl-pull", daemon=True)]
+        for t in self._comm:
+            t.start()
         self._left = False
+        self._compute_start = Tracer.now()
         self.iterations = 0
         self.commits = 0
+        self.wait_seconds = 0.0  # the training thread blocked on pulls (forward pre-hooks, step())
 
     # -- what the servers said ------------------------------------------------
 
@@ -209,19 +399,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if stages is not None and plan.stage not in stages:
                 raise ValueError(f"policy = {self._policy.name!r}: the servers run stage {plan.stage!r}")
         # The servers name their codec only in a plan that compresses (ratio < 1).
-        codec = self._worker.codec
+        codec = self._ex[0].worker.codec
         if self._compression is not None and codec != "identity" and codec != self._compression:
             raise ValueError(f"compression = {self._compression!r}: the servers' codec is {codec!r}")
 
     @property
     def plan(self) -> Plan:
-        """The plan in force: local iterations, commit interval, batch size, data share, ratio, stage."""
-        return Plan.from_dict(self._worker.plan)
+        """The plan in force (bucket 0's; every bucket's servers run the same
+        fixed plan): local iterations, commit interval, batch size, data share, ratio, stage."""
+        return Plan.from_dict(self._ex[0].worker.plan)
 
     @property
     def batch_size(self) -> int:
         """The batch the plan says (or the worker's own): size the next batch by it."""
-        return self._worker.batch
+        return self._ex[0].worker.batch
 
     @property
     def data_share(self) -> float:
@@ -230,33 +421,227 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def telemetry(self) -> dict:
-        return self._worker.telemetry
+        """Bucket 0's worker telemetry, with the counters summed over buckets
+        (commits and pulls count bucket exchanges), and ``buckets``: each one's;
+        read once the exchanges in flight are complete."""
+        self._wait_all()
+        per = [e.worker.telemetry for e in self._ex]
+        t = dict(per[0])
+        for k in ("bytes_out", "bytes_in", "wait_seconds", "compress_seconds", "link_seconds", "errors",
+                  "copied_replies", "reconnects"):
+            t[k] = sum(p[k] for p in per)
+        t["bucket_commits"] = sum(p["commits"] for p in per)
+        t["buckets"] = per
+        t["skipped"] = self.skipped
+        t["train_wait_seconds"] = self.wait_seconds
+        return t
 
     @property
     def bucket(self) -> Bucket:
-        return self._bucket
+        """The first bucket (the whole model when there is one)."""
+        return self._buckets[0]
+
+    @property
+    def buckets(self) -> List[Bucket]:
+        return list(self._buckets)
 
     @property
     def worker(self) -> _ashl.Worker:
-        return self._worker
+        return self._ex[0].worker
 
     @property
     def job(self) -> Job:
         return self._job
 
     def progress_line(self) -> str:
-        return self._worker.progress_line()
+        return self._ex[0].worker.progress_line()
 
     def report_metric(self, name: str, value: float) -> None:
-        """A global metric to the servers: "loss" or "accuracy" (ADSP and ASHL read them)."""
-        self._worker.report_metric(name, float(value))
+        """A global metric to bucket 0's servers: "loss" or "accuracy" (ADSP
+        and ASHL read them). While bucket 0's exchange is in flight its
+        worker belongs to a communication thread (ps::worker is not
+        thread-safe), which sends the metric when the parameters are back."""
+        ex = self._ex[0]
+        with self._cv:
+            if ex.arrived.is_set():
+                ex.worker.report_metric(name, float(value))
+            else:
+                _ashl_metric_check(name)
+                ex.metrics.append((name, float(value)))
+
+    # -- hooks ------------------------------------------------------------------
+
+    def _install_hooks(self, model: Any) -> None:
+        for b in self._buckets:
+            for p in b.tensors:
+                # The gradient accumulator's hook (Horovod's way on torch
+                # 1.13): it runs once per backward, after the parameter's
+                # gradient (summed over its uses when tied) is accumulated.
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                acc.register_hook(self._make_hook(p))
+                self._grad_accs.append(acc)
+        if isinstance(model, torch.nn.Module) and self._overlap:
+            for mod in model.modules():
+                own = [self._slot_of[id(p)][0] for p in mod.parameters(recurse=False) if id(p) in self._slot_of]
+                if own:
+                    self._hooks.append(mod.register_forward_pre_hook(self._make_pre_hook(sorted(set(own)))))
+        self._pre_hooked = isinstance(model, torch.nn.Module) and self._overlap
+
+    def _make_hook(self, p: torch.Tensor):
+        bi, si = self._slot_of[id(p)]
+        name = self._buckets[bi].names[si]
+
+        def hook(*_: Any) -> None:
+            self.hook_calls[name] += 1
+            ex = self._ex[bi]
+            ex.ready.add(si)
+            if len(ex.ready) == len(ex.bucket.tensors):
+                ex.ready.clear()
+                if self._in_backward and not self._no_sync:
+                    self._bucket_done(bi)
+        return hook
+
+    def _make_pre_hook(self, buckets: List[int]):
+        def pre_hook(*_: Any) -> None:
+            for bi in buckets:
+                self._wait_bucket(bi)
+        return pre_hook
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradient accumulation over several backward passes (as DDP's
+        no_sync): inside, full buckets are not committed; the backward after
+        it (or step()) commits."""
+        old, self._no_sync = self._no_sync, True
+        try:
+            yield
+        finally:
+            self._no_sync = old
+
+    # -- the communication thread -------------------------------------------
+
+    def _send_loop(self) -> None:
+        # Commits in the order their buckets filled (each holds an emulated
+        # link's upload, then sends).
+        tr = self._tracer
+        while True:
+            bi = self._queue.get()
+            if bi == "stop":
+                with self._cv:
+                    self._stopping = True
+                    self._cv.notify_all()
+                return
+            ex = self._ex[bi]
+            t0 = tr.now()
+            try:
+                ex.worker.commit(ex.bucket.send.numpy())
+            except BaseException as e:  # noqa: BLE001 (handed to the training thread)
+                ex.error = e
+                ex.arrived.set()
+                continue
+            finally:
+                tr.span("commit", "comm", t0, tr.now(), bi)
+            with self._cv:
+                self._sent.append(bi)
+                self._cv.notify_all()
+
+    def _pull_loop(self) -> None:
+        # The pulls of committed buckets, the one the next forward needs
+        # first (the last bucket: the first layers) first, as BytePS's
+        # priority scheduling.
+        tr = self._tracer
+        while True:
+            with self._cv:
+                while not self._sent and not self._stopping:
+                    self._cv.wait()
+                if not self._sent:
+                    return
+                bi = max(self._sent)
+                self._sent.remove(bi)
+            ex = self._ex[bi]
+            t0 = tr.now()
+            try:
+                ex.worker.wait()
+                ex.bucket.stage_in()
+                ex.builder.pulled(ex.bucket.host_params.numpy())
+            except BaseException as e:  # noqa: BLE001
+                ex.error = e
+            tr.span("pull", "pull", t0, tr.now(), bi)
+            with self._cv:  # report_metric() looks at `arrived` under this lock
+                for name, value in ex.metrics:
+                    try:
+                        ex.worker.report_metric(name, value)
+                    except BaseException as e:  # noqa: BLE001
+                        ex.error = ex.error or e
+                ex.metrics.clear()
+                ex.arrived.set()
+
+    def _wait_bucket(self, bi: int) -> None:
+        ex = self._ex[bi]
+        if not ex.arrived.is_set():
+            t0 = self._tracer.now()
+            # The comm threads' commit() and wait() run without the GIL and
+            # end within the worker's timeout each; this bound only catches
+            # a thread that died.
+            if not ex.arrived.wait(3 * self._timeout + 10):
+                raise TimeoutError(f"bucket {bi}: its exchange did not end within {3 * self._timeout + 10:.0f} s "
+                                   "(the communication threads stopped?)")
+            t1 = self._tracer.now()
+            self._tracer.span("wait", "train", t0, t1, bi)
+            self.wait_seconds += (t1 - t0) * 1e-6
+        if ex.error is not None:
+            e, ex.error = ex.error, None
+            raise e
+        if bi == 0 and self._plan_check:
+            self._plan_check = False
+            self._check_servers()  # a new plan may have come with the parameters
+
+    def _wait_all(self) -> None:
+        for bi in range(len(self._ex)):
+            self._wait_bucket(bi)
 
     # -- the training loop ----------------------------------------------------
 
+    def _bucket_done(self, bi: int) -> None:
+        """Bucket bi's gradient of this local iteration is complete: add it to
+        the cycle; commit when the plan's cycle is done."""
+        ex = self._ex[bi]
+        if ex.added:
+            return
+        self._wait_bucket(bi)  # its last exchange (a bucket no forward used) is complete
+        b = ex.bucket
+        t0 = self._tracer.now()
+        b.stage_grads_out()
+        if self._check_finite and not _ashl.all_finite(b.host_grads.numpy()):
+            self._skipped_step = True
+        ex.added = True
+        if self._skipped_step and not ex.committed:
+            # A non-finite step: this bucket's gradient is not added. A bucket
+            # committed in this backward before it cannot be taken back
+            # (commit_in_backward=False avoids that; docs/torch.md).
+            self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
+            return
+        ex.builder.add(b.host_grads.numpy())
+        if ex.worker.iteration_done():
+            ex.builder.build(b.host_params.numpy(), b.send.numpy())
+            self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
+            self._commit(bi)
+        else:
+            self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
+
+    def _commit(self, bi: int) -> None:
+        ex = self._ex[bi]
+        ex.committed = True
+        if bi == 0:
+            self._plan_check = True
+        ex.arrived.clear()
+        self._queue.put(bi)
+
     def zero_grad(self, set_to_none: bool = False) -> None:
-        """Zeroes the gradient bucket; gradients stay views into it (set_to_none is ignored)."""
-        self._bucket.attach()
-        self._bucket.grads.zero_()
+        """Zeroes the gradient buckets; gradients stay views into them (set_to_none is ignored)."""
+        for b in self._buckets:
+            b.attach()
+            b.grads.zero_()
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -266,49 +651,93 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         if self._left:
             raise RuntimeError("step() after leave()")
-        self._bucket.attach()
+        t_step = self._tracer.now()
+        self._tracer.span("compute", "train", self._compute_start, t_step)
+        for b in self._buckets:
+            b.attach()
+        if self._check_finite and not self._skipped_step:
+            for b in self._buckets:
+                if not bool(torch.isfinite(b.grads).all()):
+                    self._skipped_step = True
+                    break
+        any_committed = any(e.committed for e in self._ex)
+        if self._skipped_step and not any_committed:
+            # The step is skipped: no local step, no commit, no iteration.
+            self.skipped += 1
+            self._end_iteration()
+            return loss
         self.iterations += 1
         if self._update == "delta":
-            self._inner.step()
-            if self._worker.iteration_done():
-                torch.sub(self._bucket.params, self._w0, out=self._delta)
-                self._exchange(self._delta)
-                self._w0.copy_(self._bucket.params)
+            self._wait_all()
+            if not self._skipped_step:
+                self._inner.step()
+            for bi, ex in enumerate(self._ex):
+                ex.added = True
+                ex.builder.add(ex.bucket.send.numpy())  # delta: counts the iteration
+                if ex.worker.iteration_done():
+                    t0 = self._tracer.now()
+                    ex.bucket.stage_params_out()
+                    ex.builder.build(ex.bucket.host_params.numpy(), ex.bucket.send.numpy())
+                    self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
+                    self._commit(bi)
         else:
-            done = self._worker.iteration_done()
-            if done and self._accumulated == 0:
-                self._exchange(self._bucket.grads)  # straight from the gradient bucket
-            else:
-                self._acc.add_(self._bucket.grads)
-                self._accumulated += 1
-                if done:
-                    self._acc.div_(self._accumulated)
-                    self._exchange(self._acc)
-                    self._acc.zero_()
-                    self._accumulated = 0
+            for bi, ex in enumerate(self._ex):
+                if not ex.added:  # not committed in backward: some parameter had no gradient, or no overlap
+                    self._bucket_done(bi)
+        if self._skipped_step:
+            self.skipped += 1
+        committed = any(e.committed for e in self._ex)
+        if committed:
+            self.commits += 1
+        if not self._pre_hooked:
+            self._wait_all()
+        self._end_iteration()
         return loss
 
-    def _exchange(self, update: torch.Tensor) -> None:
-        self._worker.commit(update.numpy())
-        self._worker.wait()  # the servers' parameters are in the bucket now
-        self.commits += 1
-        self._check_servers()  # a new plan may have come with them
+    def _end_iteration(self) -> None:
+        for ex in self._ex:
+            ex.committed = False
+            ex.added = False
+            ex.ready.clear()
+        self._skipped_step = False
+        self._compute_start = self._tracer.now()
+
+    def wait(self) -> None:
+        """Waits for every bucket's exchange in flight: the model then holds
+        the servers' parameters. (Training loops need not call it: a forward
+        pre-hook waits for each bucket before its first layer runs.)"""
+        self._wait_all()
 
     def synchronize(self) -> None:
-        """Pulls the servers' parameters into the model now (outside a cycle's iterations)."""
-        self._worker.pull()
-        self._worker.wait()
-        if self._w0 is not None:
-            self._w0.copy_(self._bucket.params)
+        """Waits for the exchanges in flight and pulls the servers' parameters
+        into the model now (outside a cycle's iterations)."""
+        self._wait_all()
+        for ex in self._ex:
+            ex.worker.pull()
+            ex.worker.wait()
+            ex.bucket.stage_in()
+            ex.builder.pulled(ex.bucket.host_params.numpy())
 
     def leave(self) -> None:
-        """Leaves the servers (a worker that is done; they stop when every worker left)."""
-        if not self._left:
-            self._left = True
-            self._worker.leave()
+        """Leaves the servers (a worker that is done; they stop when every
+        worker left); writes the trace."""
+        if self._left:
+            return
+        self._left = True
+        try:
+            self._wait_all()
+        finally:
+            self._queue.put("stop")
+            for t in self._comm:
+                t.join()
+            for h in self._hooks:
+                h.remove()
+            self._tracer.close()
+            for ex in self._ex:
+                ex.worker.leave()
 
     def add_param_group(self, param_group: dict) -> None:
-        raise ValueError("add_param_group: the bucket is fixed when the DistributedOptimizer is made")
+        raise ValueError("add_param_group: the buckets are fixed when the DistributedOptimizer is made")
 
     def __enter__(self) -> "DistributedOptimizer":
         return self
@@ -317,7 +746,51 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.leave()
 
     def __repr__(self) -> str:
-        return f"DistributedOptimizer({self._inner!r}, update={self._update!r}, plan={self.plan})"
+        return (f"DistributedOptimizer({self._inner!r}, update={self._update!r}, buckets={len(self._buckets)}, "
+                f"plan={self.plan})")
+
+
+class Servers:
+    """A server process's servers, one per bucket (ashl.Server each):
+    start/stop/join them together. ``telemetry`` is bucket 0's with
+    ``buckets`` (each one's)."""
+
+    def __init__(self, servers: List[_ashl.Server]):
+        self.servers = servers
+        self._threads: List[threading.Thread] = []
+
+    @property
+    def address(self) -> str:
+        return self.servers[0].address
+
+    def start(self) -> None:
+        for s in self.servers:
+            s.start()
+
+    def run(self) -> None:
+        self.start()
+        self.join()
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop()
+
+    def join(self) -> None:
+        for s in self.servers:
+            s.join()
+
+    @property
+    def all_left(self) -> bool:
+        return all(s.all_left for s in self.servers)
+
+    @property
+    def telemetry(self) -> dict:
+        t = dict(self.servers[0].telemetry)
+        t["buckets"] = [s.telemetry for s in self.servers]
+        return t
+
+    def progress_line(self) -> str:
+        return self.servers[0].progress_line()
 
 
 def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None] = "bsp",
@@ -326,38 +799,47 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
           fabric: Optional[_ashl.InprocFabric] = None, listen: Optional[str] = None,
           worker_timeout: float = 20.0, progress_seconds: Optional[float] = None, checkpoint_dir: str = "",
           checkpoint_every: float = 0.0, restore: bool = False, seed: int = 0,
-          background: bool = False) -> _ashl.Server:
-    """Runs this process's server of the job (job.role == "server"), starting
-    from ``model``'s parameters (its shard of them). Blocks until every worker
-    left and returns the server (its telemetry); ``background=True`` starts it
-    in a thread and returns at once (stop() and join() end it)."""
+          background: bool = False, bucket_cap_mb: Optional[float] = DEFAULT_BUCKET_CAP_MB,
+          store_mb: Optional[float] = None) -> Any:
+    """Runs this process's servers of the job (job.role == "server"), one per
+    bucket (``partition(model, bucket_cap_mb, policy)``, as the workers make
+    them), starting from ``model``'s parameters (its shard of each bucket).
+    Blocks until every worker left and returns the server (an ashl.Server
+    for a one-bucket model, else ``Servers``); ``background=True`` starts
+    them in threads and returns at once (stop() and join() end them).
+    ``store_mb``: the bound of each server's buffered commits (server_core's
+    store_bytes); default the larger of 64 MiB and one float32 commit of
+    the bucket per worker and one more (what BSP buffers)."""
     job = job if job is not None else _job_from_env()
     if job.role != "server":
         raise ValueError(f"job.role = {job.role!r}: serve() runs on a server (the workers make a DistributedOptimizer)")
     pol = Policy.of(policy)
-    with torch.no_grad():
-        initial = torch.cat([p.detach().reshape(-1).to(torch.float32).cpu()
-                             for _, p in _named_parameters_unique(model)]).contiguous()
     address = listen if listen is not None else job.server_addresses[job.rank]
-    srv = _ashl.Server(initial=initial.numpy(), policy=pol.name, policy_params=dict(pol.params),
-                       workers=job.num_workers, listen=address, shard=job.rank, servers=job.num_servers,
-                       optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
-                       compression=_codec_name(compression) or "topk", token=job.token, insecure=job.insecure,
-                       verbose=job.verbose, worker_timeout=worker_timeout,
-                       progress_seconds=job.progress_seconds if progress_seconds is None else progress_seconds,
-                       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, restore=restore, seed=seed,
-                       fabric=fabric)
+    servers = []
+    for bi, named in enumerate(partition(model, bucket_cap_mb, pol)):
+        with torch.no_grad():
+            initial = torch.cat([p.detach().reshape(-1).to(torch.float32).cpu() for _, p in named]).contiguous()
+        ckpt = f"{checkpoint_dir}/bucket{bi}" if checkpoint_dir and bi else checkpoint_dir
+        if ckpt:
+            os.makedirs(ckpt, exist_ok=True)
+        store = int(store_mb * (1 << 20)) if store_mb else max(64 << 20, (job.num_workers + 1) * 4 * initial.numel())
+        srv = _ashl.Server(initial=initial.numpy(), policy=pol.name, policy_params=dict(pol.params),
+                           workers=job.num_workers, listen=bucket_addresses([address], bi, fabric is not None)[0]
+                           if job.num_servers == 1 or bi == 0 else
+                           bucket_addresses(list(job.server_addresses), bi, fabric is not None)[job.rank],
+                           shard=job.rank, servers=job.num_servers, optimizer=optimizer, lr=lr, momentum=momentum,
+                           weight_decay=weight_decay, nesterov=nesterov,
+                           compression=_codec_name(compression) or "topk", token=job.token, insecure=job.insecure,
+                           verbose=job.verbose, worker_timeout=worker_timeout,
+                           progress_seconds=(job.progress_seconds if progress_seconds is None else progress_seconds)
+                           if bi == 0 else 0.0,
+                           checkpoint_dir=ckpt,
+                           checkpoint_every=checkpoint_every, restore=restore, seed=seed, fabric=fabric,
+                           store_bytes=store)
+        servers.append(srv)
+    out = servers[0] if len(servers) == 1 else Servers(servers)
     if background:
-        srv.start()
+        out.start()
     else:
-        srv.run()
-    return srv
-
-
-def _named_parameters_unique(model: Any) -> List[Tuple[str, torch.Tensor]]:
-    seen, out = set(), []
-    for n, p in _named_parameters(model):
-        if id(p) not in seen:
-            seen.add(id(p))
-            out.append((n, p))
+        out.run()
     return out

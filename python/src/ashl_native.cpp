@@ -1,17 +1,21 @@
 // ashl._ashl — the pybind11 core of `import ashl` (docs/torch.md, "Python"):
 // ps::worker and ps::server over UCX or inproc, the runtime contract
-// (ps/launch.hpp), plans and telemetry as Python objects. The torch side
-// (ashl/torch.py) flattens a model into one float32 bucket with torch's own
-// Python API and hands this module plain buffers (numpy views of that
-// bucket), so the module needs no libtorch headers and no torch ABI: it works
+// (ps/launch.hpp), plans and telemetry as Python objects, and the adapters'
+// shared update rules (adapt/update_builder.hpp). The torch side
+// (ashl/torch.py) flattens a model into buckets with torch's own Python API
+// and hands this module plain float32 buffers (numpy views of the buckets,
+// or of their float32 staging), so the module needs no libtorch headers and
+// no torch ABI: it works
 // with whichever torch the interpreter imports (LESSONS.md, "Integrate
 // through plain buffers and a thin adapter").
 //
 // Errors at the boundary are Python exceptions carrying ashl's message
 // ("worker.timeout_ms = 300: passed while ..."): invalid arguments raise
 // ValueError, a wait that passed its bound TimeoutError, anything else
-// RuntimeError. Blocking calls (create, wait, leave, run) release the GIL.
+// RuntimeError. Blocking calls (create, commit, wait, leave, run, the
+// update builder's passes) release the GIL.
 #include <ashl/config.hpp>
+#include <ashl/adapt/update_builder.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/ps/launch.hpp>
@@ -286,7 +290,14 @@ class py_worker {
 
   void commit(py::array update) {
     const auto u = buffer_of(update, "update", false);
-    check(w_->commit(u));
+    ashl::status s;
+    {
+      // An emulated link holds the commit here, and an ashl.torch
+      // communication thread commits while backward runs: no GIL.
+      py::gil_scoped_release nogil;
+      s = w_->commit(u);
+    }
+    check(s);
     update_obj_ = update;  // the worker sends from it until wait() returns
   }
   void pull() { check(w_->pull()); }
@@ -361,7 +372,7 @@ class py_server {
             std::string optimizer, double lr, double momentum, double weight_decay, bool nesterov,
             std::string compression, std::string token, bool insecure, bool verbose, double worker_timeout,
             double progress_seconds, std::string checkpoint_dir, double checkpoint_every, bool restore,
-            std::uint64_t seed, std::optional<fabric> inproc) {
+            std::uint64_t seed, std::optional<fabric> inproc, std::uint64_t store_bytes) {
     if (workers == 0) raise(ashl::invalid_argument("server.workers", 0, "must be >= 1"));
     std::span<const float> init;
     if (initial) {
@@ -398,6 +409,7 @@ class py_server {
                          .checkpoint_dir = std::move(checkpoint_dir),
                          .checkpoint_every_seconds = checkpoint_every,
                          .restore = restore};
+    if (store_bytes != 0) sp.core.store_bytes = store_bytes;  // 0: server_core's default (64 MiB)
     ashl::status failed;
     if (inproc) {
       auto node = inproc->f->node(listen);
@@ -463,6 +475,49 @@ class py_server {
   std::thread thread_;
 };
 
+// -------------------------------------------------------------- adapters
+
+// adapt::update_builder over numpy float32 views (ashl.torch's buckets):
+// the same update as the C++ adapter builds for the same step.
+class py_update_builder {
+ public:
+  py_update_builder(const std::string& kind, std::size_t size)
+      : b_(kind_of(kind), size) {}
+  void pulled(const py::array& params) {
+    const auto p = sized(params, "params");
+    py::gil_scoped_release nogil;
+    b_.pulled(p);
+  }
+  void add(const py::array& grads) {
+    const auto g = sized(grads, "grads");
+    py::gil_scoped_release nogil;
+    b_.add(g);
+  }
+  void build(const py::array& params, const py::array& out) {
+    const auto p = sized(params, "params");
+    const auto o = buffer_of(out, "out", true);
+    if (o.size() != b_.size()) raise(ashl::invalid_argument("out.size", o.size(), "must be the bucket's " + std::to_string(b_.size())));
+    py::gil_scoped_release nogil;
+    b_.build(p, o);
+  }
+  std::uint64_t iterations() const { return b_.iterations(); }
+  std::size_t size() const { return b_.size(); }
+
+ private:
+  static ashl::adapt::update_kind kind_of(const std::string& k) {
+    if (k == "delta") return ashl::adapt::update_kind::delta;
+    if (k == "gradient") return ashl::adapt::update_kind::gradient;
+    raise(ashl::invalid_argument("update", k, "must be delta or gradient"));
+  }
+  std::span<float> sized(const py::array& a, const char* field) const {
+    const auto s = buffer_of(a, field, false);
+    if (s.size() != b_.size())
+      raise(ashl::invalid_argument(std::string(field) + ".size", s.size(), "must be the bucket's " + std::to_string(b_.size())));
+    return s;
+  }
+  ashl::adapt::update_builder b_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_ashl, m) {
@@ -505,10 +560,45 @@ PYBIND11_MODULE(_ashl, m) {
       .def_property_readonly("telemetry", &py_worker::telemetry)
       .def("progress_line", &py_worker::progress_line);
 
+  py::class_<py_update_builder>(m, "UpdateBuilder",
+                                "adapt::update_builder: the commit of a bucket (delta since the pull, or mean gradient)")
+      .def(py::init<const std::string&, std::size_t>(), py::arg("update"), py::arg("size"))
+      .def("pulled", &py_update_builder::pulled, py::arg("params"))
+      .def("add", &py_update_builder::add, py::arg("grads"))
+      .def("build", &py_update_builder::build, py::arg("params"), py::arg("out"))
+      .def_property_readonly("iterations", &py_update_builder::iterations)
+      .def_property_readonly("size", &py_update_builder::size);
+  m.def(
+      "all_finite",
+      [](const py::array& x) {
+        const auto s = buffer_of(x, "x", false);
+        py::gil_scoped_release nogil;
+        return ashl::adapt::all_finite(s);
+      },
+      py::arg("x"), "adapt::all_finite: no inf or nan (a mixed-precision step that has them is skipped)");
+  m.def(
+      "first_registrations",
+      [](const std::vector<std::int64_t>& keys) {
+        return ashl::adapt::first_registrations(std::span<const std::int64_t>(keys));
+      },
+      py::arg("keys"), "adapt::first_registrations: per parameter, whether it owns a slot (tied ones do not)");
+  m.def(
+      "partition",
+      [](const std::vector<std::string>& dtypes, const std::vector<std::uint64_t>& bytes, std::uint64_t cap_bytes) {
+        if (dtypes.size() != bytes.size())
+          raise(ashl::invalid_argument("partition.bytes.size", bytes.size(), "must equal dtypes.size()"));
+        return ashl::adapt::partition(
+            dtypes.size(), [&](std::size_t i) { return dtypes[i]; }, [&](std::size_t i) { return bytes[i]; },
+            cap_bytes);
+      },
+      py::arg("dtypes"), py::arg("bytes"), py::arg("cap_bytes"),
+      "adapt::partition: slots into buckets (reverse order, one dtype each, at most cap_bytes)");
+
   py::class_<py_server>(m, "Server", "ps::server: one shard of the model, a consistency policy, an optimizer")
       .def(py::init<std::uint64_t, std::optional<py::array>, std::string, py::dict, std::uint32_t, std::string,
                     std::uint32_t, std::uint32_t, std::string, double, double, double, bool, std::string, std::string,
-                    bool, bool, double, double, std::string, double, bool, std::uint64_t, std::optional<fabric>>(),
+                    bool, bool, double, double, std::string, double, bool, std::uint64_t, std::optional<fabric>,
+                    std::uint64_t>(),
            py::arg("size") = 0, py::arg("initial") = std::nullopt, py::arg("policy") = "bsp",
            py::arg("policy_params") = py::dict(), py::arg("workers") = 1, py::arg("listen") = "127.0.0.1:0",
            py::arg("shard") = 0, py::arg("servers") = 1, py::arg("optimizer") = "model_delta", py::arg("lr") = 0.1,
@@ -516,7 +606,7 @@ PYBIND11_MODULE(_ashl, m) {
            py::arg("compression") = "topk", py::arg("token") = "", py::arg("insecure") = false,
            py::arg("verbose") = false, py::arg("worker_timeout") = 20.0, py::arg("progress_seconds") = 0.0,
            py::arg("checkpoint_dir") = "", py::arg("checkpoint_every") = 0.0, py::arg("restore") = false,
-           py::arg("seed") = 0, py::arg("fabric") = std::nullopt)
+           py::arg("seed") = 0, py::arg("fabric") = std::nullopt, py::arg("store_bytes") = 0)
       .def_property_readonly("address", &py_server::address)
       .def("run", &py_server::run)
       .def("start", &py_server::start)

@@ -214,3 +214,33 @@ BOOST_AUTO_TEST_CASE(bad_models_are_refused_with_the_value_named) {
     BOOST_TEST(contains(d.error().message(), "torch_worker.local = \"null\""), d.error().message());
   }
 }
+
+// A tied parameter (one tensor registered twice) owns one slot, at its first
+// registration, as in ashl.torch (adapt::first_registrations); its gradient
+// is the sum over both uses, and one step with BSP + identity + server SGD
+// is W - lr * that sum.
+BOOST_AUTO_TEST_CASE(tied_parameters_own_one_slot_and_step_by_their_summed_gradient) {
+  torch::manual_seed(3);
+  auto w = torch::randn({4, 4}).set_requires_grad(true);
+  auto b = torch::randn({4}).set_requires_grad(true);
+  auto bucket = adapt::torch_bucket::create({w, b, w}, {"enc", "bias", "dec"});
+  BOOST_TEST_REQUIRE(bucket.has_value(), (bucket ? "" : bucket.error().message()));
+  BOOST_TEST(bucket->size() == 20u);
+  BOOST_TEST((bucket->names() == std::vector<std::string>{"enc", "bias"}));
+  std::vector<float> initial(bucket->params().data_ptr<float>(), bucket->params().data_ptr<float>() + 20);
+  auto fabric = tr::inproc_fabric::create({});
+  ps::optimizer_params opt;
+  opt.mode = ps::optimizer_params::kind::sgd;
+  opt.lr = 0.5;
+  server_thread srv(fabric, initial, "bsp", {}, opt);
+  auto d = adapt::torch_worker<tr::inproc>::create(std::move(*bucket), nullptr, {.servers = {"server0"}},
+                                                   node_of(fabric), adapt::torch_update::gradient);
+  BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
+  d->zero_grad();
+  auto x = torch::randn({2, 4});
+  (torch::matmul(torch::matmul(x, w) + b, w.t())).pow(2).sum().backward();
+  const auto expect = (w.detach() - 0.5f * w.grad()).clone();
+  BOOST_TEST_REQUIRE(d->step().ok());
+  BOOST_TEST(torch::equal(w.detach(), expect));
+  BOOST_TEST(d->leave().ok());
+}

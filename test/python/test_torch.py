@@ -64,6 +64,7 @@ def test_bsp_identity_sgd_over_inproc_is_plain_sgd_bit_for_bit():
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+        opt.wait()  # the pull in flight (a forward pre-hook would wait for it)
         for p in ref.parameters():
             p.grad = None
         torch.nn.functional.mse_loss(ref(x), y).backward()
@@ -90,6 +91,7 @@ def test_delta_updates_with_one_worker_follow_the_local_optimizer():
         opt.zero_grad()
         model(x).pow(2).mean().backward()
         opt.step()
+        opt.wait()
         ref_opt.zero_grad()
         ref(x).pow(2).mean().backward()
         ref_opt.step()
@@ -115,6 +117,7 @@ def test_the_plans_local_iterations_and_batch_size_are_followed():
         model(x).pow(2).mean().backward()
         before = flat(model)
         opt.step()
+        opt.wait()
         assert opt.commits == it // 3, f"after iteration {it}"
         assert not torch.equal(flat(model), before)
     assert opt.telemetry["commits"] == 3

@@ -2,6 +2,7 @@
 linear regression whose workers each hold half the data; worker 0 writes its
 first and last loss to argv[1]."""
 import json
+import os
 import sys
 
 import torch
@@ -12,15 +13,17 @@ import ashl.torch as at
 job = ashl.job()
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
+cap = float(os.environ.get("ASHL_TEST_BUCKET_MB", "25"))  # a tiny cap: weight and bias in two buckets
 if job.role == "server":
-    at.serve(model, job, "bsp", "none")
+    at.serve(model, job, "bsp", "none", bucket_cap_mb=cap)
     sys.exit(0)
 
 g = torch.Generator().manual_seed(100 + job.rank)
 truth = torch.arange(8, dtype=torch.float32).reshape(1, 8) / 8
 x = torch.randn(256, 8, generator=g)
 y = x @ truth.t() + 0.5
-opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, "bsp", "none", timeout=30.0)
+opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, "bsp", "none", timeout=30.0,
+                              bucket_cap_mb=cap)
 losses = []
 for it in range(40):
     i = torch.randint(0, 256, (opt.batch_size,), generator=g)
@@ -33,7 +36,9 @@ for it in range(40):
 with torch.no_grad():
     final = torch.nn.functional.mse_loss(model(x), y).item()
 commits = opt.commits
+buckets = len(opt.buckets)
 opt.leave()
 if job.rank == 0:
     with open(sys.argv[1], "w") as f:
-        json.dump({"first_loss": losses[0], "last_loss": final, "iterations": len(losses), "commits": commits}, f)
+        json.dump({"first_loss": losses[0], "last_loss": final, "iterations": len(losses), "commits": commits,
+                   "buckets": buckets}, f)

@@ -18,6 +18,12 @@
 //   }
 //   d->leave();
 //
+// Tied parameters (one tensor registered twice) own one slot, at their
+// first registration (adapt::first_registrations, the Python adapter's rule
+// too). The update a step commits is built by adapt::update_builder, the
+// same code ashl.torch runs through the Python module, so both adapters send
+// the same bytes for the same step.
+//
 // Updates (torch_update): delta (servers with optimizer model_delta, the
 // default): the local optimizer steps every iteration and the change since
 // the last pull is committed after the plan's local iterations (local SGD).
@@ -45,6 +51,7 @@
 
 #if ASHL_HAS_TORCH()
 
+#include <ashl/adapt/update_builder.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/ps/worker.hpp>
@@ -65,6 +72,9 @@ ASHL_NAMESPACE_BEGIN
 namespace adapt {
 
 enum class torch_update : std::uint8_t { delta = 0, gradient = 1 };
+
+static_assert(static_cast<int>(torch_update::delta) == static_cast<int>(update_kind::delta) &&
+              static_cast<int>(torch_update::gradient) == static_cast<int>(update_kind::gradient));
 
 // A module's trainable parameters in one float32 buffer and their gradients
 // in another; after create() every parameter's data and grad are views into
@@ -88,6 +98,21 @@ class torch_bucket {
     names.resize(tensors.size());
     for (std::size_t i = 0; i < names.size(); ++i)
       if (names[i].empty()) names[i] = std::to_string(i);
+    {  // tied parameters: the first registration owns the slot
+      std::vector<std::uintptr_t> keys;
+      for (const auto& t : tensors)
+        keys.push_back(t.defined() ? reinterpret_cast<std::uintptr_t>(t.unsafeGetTensorImpl()) : 0);
+      const auto own = first_registrations(std::span<const std::uintptr_t>(keys));
+      std::size_t k = 0;
+      for (std::size_t i = 0; i < tensors.size(); ++i)
+        if (own[i] || !tensors[i].defined()) {
+          tensors[k] = tensors[i];
+          names[k] = names[i];
+          ++k;
+        }
+      tensors.resize(k);
+      names.resize(k);
+    }
     torch_bucket b;
     std::int64_t n = 0;
     for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -101,8 +126,6 @@ class torch_bucket {
       if (p.device() != tensors[0].device())
         return invalid_argument(field + ".device", p.device().str(),
                                 "differs from the first parameter's " + tensors[0].device().str());
-      for (std::size_t k = 0; k < i; ++k)
-        if (tensors[k].is_same(p)) return invalid_argument(field, names[k], "is the same tensor as another one");
       b.offsets_.push_back(n);
       n += p.numel();
     }
@@ -201,23 +224,24 @@ class torch_worker {
       return invalid_argument("torch_worker.local", "null", "torch_update::delta steps a local optimizer: pass one");
     auto st = std::make_unique<state>(std::move(bucket), local, update);
     // The worker reads and writes host memory: the buckets themselves on the
-    // CPU, a pinned copy of them for CUDA tensors.
-    std::span<float> host;
+    // CPU, a pinned copy of them for CUDA tensors; the update is built on the
+    // host (adapt::update_builder) into host_update.
+    const auto n = static_cast<std::int64_t>(st->bucket.size());
     if (st->bucket.is_cuda()) {
       const auto pinned = torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true);
-      st->host_params = torch::empty({static_cast<std::int64_t>(st->bucket.size())}, pinned);
-      st->host_update = torch::empty({static_cast<std::int64_t>(st->bucket.size())}, pinned);
+      st->host_params = torch::empty({n}, pinned);
+      st->host_grads = torch::empty({n}, pinned);
+      st->host_update = torch::empty({n}, pinned);
       st->host_params.copy_(st->bucket.params());
-      host = span_of(st->host_params);
     } else {
-      host = span_of(st->bucket.params());
+      st->host_params = st->bucket.params();
+      st->host_grads = st->bucket.grads();
+      st->host_update = torch::empty({n}, torch::TensorOptions().dtype(torch::kFloat));
     }
-    auto wk = ps::worker<Transport>::create(std::move(p), std::move(t), host);
+    auto wk = ps::worker<Transport>::create(std::move(p), std::move(t), span_of(st->host_params));
     if (!wk) return wk.error();
     st->worker.emplace(std::move(*wk));
-    if (st->bucket.is_cuda()) st->bucket.params().copy_(st->host_params);
-    if (update == torch_update::delta) st->w0 = st->bucket.params().clone();
-    else st->acc = torch::zeros_like(st->bucket.params());
+    st->after_pull();
     return torch_worker(std::move(st));
   }
 
@@ -239,31 +263,29 @@ class torch_worker {
     ++s.iterations;
     if (s.update == torch_update::delta) {
       s.local->step();
+      s.builder.add({});  // counts the iteration
       if (!s.worker->iteration_done()) return {};
-      // The delta is made in the gradient bucket's neighbour w0: w0 := params - w0.
-      torch::sub_out(s.w0, s.bucket.params(), s.w0);
-      ASHL_TRY(exchange(s.w0));
-      s.w0.copy_(s.bucket.params());
-      return {};
+      // params - w0, from the parameters as they are now (on the host).
+      if (s.bucket.is_cuda()) {
+        s.host_update.copy_(s.bucket.params());
+        s.builder.build(span_of(s.host_update), span_of(s.host_update));
+      } else {
+        s.builder.build(span_of(s.bucket.params()), span_of(s.host_update));
+      }
+      return exchange();
     }
-    const bool done = s.worker->iteration_done();
-    if (done && s.accumulated == 0) return exchange(s.bucket.grads());  // straight from the bucket
-    s.acc.add_(s.bucket.grads());
-    ++s.accumulated;
-    if (!done) return {};
-    s.acc.div_(static_cast<double>(s.accumulated));
-    ASHL_TRY(exchange(s.acc));
-    s.acc.zero_();
-    s.accumulated = 0;
-    return {};
+    if (s.bucket.is_cuda()) s.host_grads.copy_(s.bucket.grads());
+    s.builder.add(span_of(s.host_grads));
+    if (!s.worker->iteration_done()) return {};
+    s.builder.build(span_of(s.host_params), span_of(s.host_update));  // the mean of the cycle's gradients
+    return exchange();
   }
 
   // Pulls the servers' parameters into the module now (outside a cycle).
   status synchronize() {
     ASHL_TRY(s_->worker->pull());
     ASHL_TRY(s_->worker->wait());
-    after_pull();
-    if (s_->update == torch_update::delta) s_->w0.copy_(s_->bucket.params());
+    s_->after_pull();
     return {};
   }
 
@@ -284,11 +306,22 @@ class torch_worker {
     torch::optim::Optimizer* local;
     torch_update update;
     std::optional<ps::worker<Transport>> worker;
-    torch::Tensor w0, acc;                   // delta: parameters at the last pull, then the delta; gradient: the sum
-    torch::Tensor host_params, host_update;  // CUDA tensors only: the worker's pinned host buffers
-    std::int64_t accumulated = 0;
+    update_builder builder;  // delta: w0; gradient: the cycle's sum
+    // The worker's host buffers: the parameters it pulls into (the bucket
+    // itself on the CPU), the gradients the builder reads (the bucket on the
+    // CPU) and the update it commits; pinned copies for CUDA tensors.
+    torch::Tensor host_params, host_grads, host_update;
     std::uint64_t iterations = 0, commits = 0;
-    state(torch_bucket b, torch::optim::Optimizer* l, torch_update u) : bucket(std::move(b)), local(l), update(u) {}
+    state(torch_bucket b, torch::optim::Optimizer* l, torch_update u)
+        : bucket(std::move(b)), local(l), update(u),
+          builder(static_cast<update_kind>(u), bucket.size()) {}
+
+    // The servers' parameters arrived in host_params: into the module, and
+    // the builder's next cycle starts from them.
+    void after_pull() {
+      if (bucket.is_cuda()) bucket.params().copy_(host_params);
+      builder.pulled(span_of(host_params));
+    }
   };
 
   explicit torch_worker(std::unique_ptr<state> s) : s_(std::move(s)) {}
@@ -297,22 +330,13 @@ class torch_worker {
     return {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())};
   }
 
-  status exchange(const torch::Tensor& update) {
+  status exchange() {
     state& s = *s_;
-    if (s.bucket.is_cuda()) {
-      s.host_update.copy_(update);
-      ASHL_TRY(s.worker->commit(span_of(s.host_update)));
-    } else {
-      ASHL_TRY(s.worker->commit(span_of(update)));
-    }
+    ASHL_TRY(s.worker->commit(span_of(s.host_update)));
     ASHL_TRY(s.worker->wait());  // the servers' parameters are in the (host) bucket now
-    after_pull();
+    s.after_pull();
     ++s.commits;
     return {};
-  }
-
-  void after_pull() {
-    if (s_->bucket.is_cuda()) s_->bucket.params().copy_(s_->host_params);
   }
 
   std::unique_ptr<state> s_;

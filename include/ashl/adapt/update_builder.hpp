@@ -1,0 +1,140 @@
+// ashl/adapt/update_builder.hpp — what a framework adapter commits, built
+// over plain float spans: the model delta since the last pull, or the mean
+// gradient over the cycle's local iterations; plus the finiteness check that
+// skips a mixed-precision step, and the one rule for tied parameters. Shared
+// by the C++ torch adapter (adapt/torch.hpp) and, through the Python module,
+// by ashl.torch (docs/torch.md, "Buckets and overlap"), so both build the
+// same bytes for the same step.
+//
+//   ashl::adapt::update_builder b(ashl::adapt::update_kind::gradient, n);
+//   b.pulled(params);                 // after each pull (delta: remembers w0)
+//   b.add(grads);                     // once per local iteration
+//   if (worker.iteration_done()) { b.build(params, send); worker.commit(send); ... }
+//
+// The builder owns its buffers (w0 or the gradient sum) and never allocates
+// after construction. It does not know about threads or tensors.
+#pragma once
+
+#include <ashl/config.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace adapt {
+
+enum class update_kind : std::uint8_t {
+  delta = 0,     // the local optimizer steps; commit params - w0 (servers: model_delta)
+  gradient = 1,  // nothing steps locally; commit the mean gradient of the cycle (servers: sgd)
+};
+
+// Whether every element is finite (an AMP step with inf/nan is skipped).
+[[nodiscard]] inline bool all_finite(std::span<const float> x) noexcept {
+  // One pass that vectorises: x - x is 0 for finite x and NaN otherwise.
+  float acc = 0.0f;
+  for (float v : x) acc += v - v;
+  return acc == 0.0f;
+}
+
+class update_builder {
+ public:
+  update_builder(update_kind kind, std::size_t size) : kind_(kind), buf_(size, 0.0f) {}
+
+  [[nodiscard]] update_kind kind() const noexcept { return kind_; }
+  [[nodiscard]] std::size_t size() const noexcept { return buf_.size(); }
+  // Local iterations added since the last pull.
+  [[nodiscard]] std::uint64_t iterations() const noexcept { return n_; }
+
+  // The parameters arrived (or the cycle starts): delta remembers them as
+  // w0; gradient forgets the sum.
+  void pulled(std::span<const float> params) noexcept {
+    if (kind_ == update_kind::delta)
+      for (std::size_t i = 0; i < buf_.size(); ++i) buf_[i] = params[i];
+    n_ = 0;
+  }
+
+  // One local iteration's gradients (gradient: summed; delta: counted only).
+  void add(std::span<const float> grads) noexcept {
+    if (kind_ == update_kind::gradient) {
+      if (n_ == 0)
+        for (std::size_t i = 0; i < buf_.size(); ++i) buf_[i] = grads[i];
+      else
+        for (std::size_t i = 0; i < buf_.size(); ++i) buf_[i] += grads[i];
+    }
+    ++n_;
+  }
+
+  // The commit into `out`: params - w0 (delta) or sum / iterations
+  // (gradient; one iteration: the gradient itself, bit for bit).
+  void build(std::span<const float> params, std::span<float> out) const noexcept {
+    if (kind_ == update_kind::delta) {
+      for (std::size_t i = 0; i < buf_.size(); ++i) out[i] = params[i] - buf_[i];
+    } else if (n_ <= 1) {
+      for (std::size_t i = 0; i < buf_.size(); ++i) out[i] = buf_[i];
+    } else {
+      const float k = static_cast<float>(n_);
+      for (std::size_t i = 0; i < buf_.size(); ++i) out[i] = buf_[i] / k;
+    }
+  }
+
+ private:
+  update_kind kind_;
+  std::vector<float> buf_;  // delta: w0; gradient: the sum of the cycle's gradients
+  std::uint64_t n_ = 0;
+};
+
+// Tied (shared) parameters: the first registration of a tensor owns its
+// slot, later ones are skipped. `keys[i]` identifies parameter i's storage
+// (its data pointer in torch, id() in Python); returns, per parameter, true
+// when it owns a slot.
+template <class Key>
+[[nodiscard]] std::vector<bool> first_registrations(std::span<const Key> keys) {
+  std::vector<bool> own(keys.size(), true);
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    for (std::size_t k = 0; k < i; ++k)
+      if (own[k] && keys[k] == keys[i]) {
+        own[i] = false;
+        break;
+      }
+  return own;
+}
+
+// Buckets: slots (the parameters that own one, in registration order) into
+// buckets of at most `cap_bytes` (a larger parameter gets a bucket alone),
+// in reverse registration order (the last layers' gradients are ready
+// first in backward, as in DDP), one dtype per bucket. dtype_of(i) is any
+// comparable tag; bytes_of(i) the parameter's size in bytes. cap 0: one
+// bucket per dtype. Returns, per bucket, its slot indices in bucket order.
+template <class DtypeOf, class BytesOf>
+[[nodiscard]] std::vector<std::vector<std::size_t>> partition(std::size_t slots, DtypeOf dtype_of, BytesOf bytes_of,
+                                                              std::uint64_t cap_bytes) {
+  std::vector<std::vector<std::size_t>> out;
+  std::vector<std::size_t> open_bucket;  // per dtype seen: index into out of its open bucket
+  std::vector<decltype(dtype_of(std::size_t{0}))> dtypes;
+  std::vector<std::uint64_t> filled;
+  for (std::size_t k = slots; k-- > 0;) {
+    const auto d = dtype_of(k);
+    std::size_t j = 0;
+    while (j < dtypes.size() && !(dtypes[j] == d)) ++j;
+    const std::uint64_t b = bytes_of(k);
+    if (j == dtypes.size()) {
+      dtypes.push_back(d);
+      open_bucket.push_back(out.size());
+      filled.push_back(0);
+      out.emplace_back();
+    } else if (cap_bytes != 0 && filled[j] != 0 && filled[j] + b > cap_bytes) {
+      open_bucket[j] = out.size();
+      filled[j] = 0;
+      out.emplace_back();
+    }
+    out[open_bucket[j]].push_back(k);
+    filled[j] += b;
+  }
+  return out;
+}
+
+}  // namespace adapt
+ASHL_NAMESPACE_END

@@ -1,0 +1,75 @@
+#include <ashl/adapt/update_builder.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+// adapt/update_builder.hpp: the delta since the pull, the mean gradient of a
+// cycle (one iteration: the gradient bit for bit), finiteness, the tied
+// parameter rule and the bucket partition that both torch adapters use.
+
+namespace adapt = ashl::adapt;
+
+BOOST_AUTO_TEST_CASE(delta_is_params_minus_the_pulled_parameters) {
+  adapt::update_builder b(adapt::update_kind::delta, 3);
+  std::vector<float> w{1.0f, 2.0f, 3.0f}, out(3);
+  b.pulled(w);
+  w = {1.5f, 1.0f, 3.0f};  // the local optimizer stepped
+  b.add({});
+  b.build(w, out);
+  BOOST_TEST((out == std::vector<float>{0.5f, -1.0f, 0.0f}));
+  BOOST_TEST(b.iterations() == 1u);
+  b.pulled(w);
+  BOOST_TEST(b.iterations() == 0u);
+  b.build(w, out);
+  BOOST_TEST((out == std::vector<float>{0.0f, 0.0f, 0.0f}));
+}
+
+BOOST_AUTO_TEST_CASE(gradient_is_the_mean_of_the_cycle_and_one_iteration_is_copied_exactly) {
+  adapt::update_builder b(adapt::update_kind::gradient, 2);
+  std::vector<float> g1{0.1f, 3.0f}, g2{0.3f, -1.0f}, out(2);
+  b.add(g1);
+  b.build({}, out);
+  BOOST_TEST((out == g1));
+  b.add(g2);
+  b.build({}, out);
+  BOOST_TEST(out[0] == (0.1f + 0.3f) / 2.0f);
+  BOOST_TEST(out[1] == 1.0f);
+  b.pulled({});
+  b.add(g2);
+  b.build({}, out);
+  BOOST_TEST((out == g2));
+}
+
+BOOST_AUTO_TEST_CASE(all_finite_finds_inf_and_nan) {
+  std::vector<float> x(1000, 1.5f);
+  BOOST_TEST(adapt::all_finite(x));
+  x[977] = std::numeric_limits<float>::infinity();
+  BOOST_TEST(!adapt::all_finite(x));
+  x[977] = -std::numeric_limits<float>::infinity();
+  BOOST_TEST(!adapt::all_finite(x));
+  x[977] = std::nanf("");
+  BOOST_TEST(!adapt::all_finite(x));
+  BOOST_TEST(adapt::all_finite(std::span<const float>{}));
+}
+
+BOOST_AUTO_TEST_CASE(a_tied_parameter_owns_its_first_registration) {
+  const std::vector<int> keys{7, 3, 7, 9, 3};
+  BOOST_TEST((adapt::first_registrations(std::span<const int>(keys)) == std::vector<bool>{true, true, false, true, false}));
+}
+
+BOOST_AUTO_TEST_CASE(buckets_go_in_reverse_order_one_dtype_each_up_to_the_cap) {
+  // Slots 0..5 in registration order; bytes and dtypes per slot.
+  const std::vector<std::string> dt{"f32", "f32", "bf16", "f32", "f32", "f32"};
+  const std::vector<std::uint64_t> bytes{100, 40, 10, 30, 80, 20};
+  auto d = [&](std::size_t i) { return dt[i]; };
+  auto n = [&](std::size_t i) { return bytes[i]; };
+  using buckets = std::vector<std::vector<std::size_t>>;
+  BOOST_TEST((adapt::partition(6, d, n, 100) == buckets{{5, 4}, {3, 1}, {2}, {0}}));
+  BOOST_TEST((adapt::partition(6, d, n, 0) == buckets{{5, 4, 3, 1, 0}, {2}}));
+  BOOST_TEST((adapt::partition(6, d, n, 10) == buckets{{5}, {4}, {3}, {2}, {1}, {0}}));  // larger ones alone
+}

@@ -1,0 +1,324 @@
+"""ashl.torch's buckets and overlap (issue 26): buckets alias parameters and
+gradients; overlapped and serial exchanges give bit-identical parameters
+under BSP; the gradient hooks fire once per parameter per backward with
+gradient accumulation and tied parameters; a bf16 loop, with a non-finite
+step skipped and not committed; torchrun's and SLURM's variables; a trace
+that parses."""
+import json
+import os
+import sys
+import threading
+
+import pytest
+import torch
+
+import ashl
+import ashl.torch as at
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+KIB = 1.0 / 1024  # bucket_cap_mb of one KiB
+
+
+def mlp(seed=5, dtype=torch.float32):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
+                               torch.nn.Linear(32, 4)).to(dtype)
+
+
+def jobs(workers=1):
+    s = ashl.Job(role="server", num_workers=workers, server_addresses=("server0",), insecure=True)
+    w = [ashl.Job(role="worker", rank=r, num_workers=workers, server_addresses=("server0",), insecure=True)
+         for r in range(workers)]
+    return s, w
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+
+
+def test_buckets_follow_reverse_registration_order_and_alias_parameters_and_gradients():
+    model = mlp()
+    before = flat(model)
+    groups = at.partition(model, bucket_cap_mb=2 * KIB)  # 2 KiB: Linear(32, 32)'s weight (4 KiB) alone
+    names = [[n for n, _ in g] for g in groups]
+    assert names[0] == ["4.weight", "4.bias"] or names[0][0] == "4.bias"  # the last layer first
+    assert [n for g in names for n in g] == [n for n, _ in reversed(list(model.named_parameters()))]
+    assert len(groups) >= 3
+    # Policies that plan from measurements keep one bucket per dtype.
+    assert [len(at.partition(model, 2 * KIB, p)) for p in ("ashl", "adsp", "dlb", "bsp")] == [1, 1, 1, len(groups)]
+    buckets = [at.Bucket(g, i) for i, g in enumerate(groups)]
+    assert torch.equal(flat(model), before)  # values kept
+    model(torch.randn(3, 16)).sum().backward()
+    for b in buckets:
+        for i, p in enumerate(b.tensors):
+            off = b.offsets[i]
+            assert p.data_ptr() == b.params.data_ptr() + 4 * off
+            assert p.grad.data_ptr() == b.grads.data_ptr() + 4 * off
+            assert torch.equal(b.grads[off:off + p.numel()], p.grad.reshape(-1))
+        b.params.fill_(0.5)  # through the bucket
+        assert all(bool((p == 0.5).all()) for p in b.tensors)
+        assert b.host_params.data_ptr() == b.params.data_ptr()  # float32 CPU: the worker pulls in place
+
+
+def test_one_bucket_per_dtype_and_a_bf16_bucket_is_staged():
+    model = mlp()
+    model[4].to(torch.bfloat16)
+    groups = at.partition(model, bucket_cap_mb=0)
+    assert [sorted({p.dtype for _, p in g}) for g in groups] == [[torch.bfloat16], [torch.float32]]
+    b = at.Bucket(groups[0])
+    assert b.staged and b.host_params.dtype == torch.float32 and b.params.dtype == torch.bfloat16
+    assert b.names == ["4.bias", "4.weight"]  # reverse registration order inside a bucket too
+    assert model[4].weight.data_ptr() == b.params.data_ptr() + 2 * b.offsets[1]
+
+
+def run_bsp(workers, steps, bucket_cap_mb, overlap, seed=11):
+    """`workers` workers in threads over one InprocFabric, BSP, gradient
+    updates (servers: sgd); the final parameters of worker 0 and the server."""
+    fabric = ashl.InprocFabric(deterministic=True)
+    sjob, wjobs = jobs(workers)
+    srv = at.serve(mlp(), sjob, "bsp", "none", optimizer="sgd", lr=0.05, fabric=fabric, background=True,
+                   bucket_cap_mb=bucket_cap_mb)
+    out, errors, nbuckets = {}, [], []
+
+    def worker(r):
+        try:
+            model = mlp()
+            opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model, "bsp", "none",
+                                          update="gradient", job=wjobs[r], fabric=fabric,
+                                          bucket_cap_mb=bucket_cap_mb, overlap=overlap)
+            nbuckets.append(len(opt.buckets))
+            g = torch.Generator().manual_seed(seed + r)
+            for _ in range(steps):
+                x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            opt.wait()
+            out[r] = flat(model)
+            opt.leave()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    srv.join()
+    assert not errors, errors
+    return out, nbuckets
+
+
+def test_overlapped_and_serial_bsp_exchanges_give_bit_identical_parameters():
+    serial, nb_serial = run_bsp(2, 6, bucket_cap_mb=0, overlap=False)
+    overlapped, nb_overlap = run_bsp(2, 6, bucket_cap_mb=2 * KIB, overlap=True)
+    assert nb_serial == [1, 1] and min(nb_overlap) >= 3
+    assert torch.equal(serial[0], serial[1])
+    assert torch.equal(overlapped[0], overlapped[1])
+    assert torch.equal(serial[0], overlapped[0])  # bit for bit
+    assert not torch.equal(serial[0], flat(mlp()))  # and it trained
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.emb = torch.nn.Embedding(10, 8)
+        self.mid = torch.nn.Linear(8, 8)
+        self.out = torch.nn.Linear(8, 10, bias=False)
+        self.out.weight = self.emb.weight  # tied: one parameter, two uses
+
+    def forward(self, i):
+        return self.out(torch.tanh(self.mid(self.emb(i))))
+
+
+def test_hooks_fire_once_per_parameter_with_gradient_accumulation_and_tied_parameters():
+    fabric = ashl.InprocFabric()
+    sjob, (wjob,) = jobs(1)
+    model = Tied()
+    srv = at.serve(Tied(), sjob, "bsp", "none", optimizer="sgd", lr=0.1, fabric=fabric, background=True,
+                   bucket_cap_mb=KIB / 4)
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, "bsp", "none",
+                                  update="gradient", job=wjob, fabric=fabric, bucket_cap_mb=KIB / 4)
+    slots = [n for b in opt.buckets for n in b.names]
+    assert sorted(slots) == ["emb.weight", "mid.bias", "mid.weight"]  # out.weight is emb.weight's slot
+    assert len(opt.buckets) >= 2
+    micro = 3
+    for step in range(1, 3):
+        opt.zero_grad()
+        for k in range(micro):
+            i = torch.randint(0, 10, (4,))
+            if k < micro - 1:
+                with opt.no_sync():
+                    model(i).pow(2).mean().backward()
+            else:
+                # The pull of a bucket committed in this backward may land any
+                # time after it: the parameters before it are the reference.
+                before = flat(model)
+                model(i).pow(2).mean().backward()
+        assert dict(opt.hook_calls) == {n: micro * step for n in slots}, dict(opt.hook_calls)
+        ref = before - 0.1 * torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        opt.step()
+        opt.wait()
+        # The summed (tied: both uses) gradient of the three micro-batches, once.
+        assert torch.allclose(flat(model), ref, rtol=0, atol=1e-6)
+    assert opt.telemetry["bucket_commits"] == 2 * len(opt.buckets)
+    opt.leave()
+    srv.join()
+
+
+def test_a_bf16_model_trains_and_a_non_finite_step_is_skipped_and_not_committed():
+    fabric = ashl.InprocFabric()
+    sjob, (wjob,) = jobs(1)
+    model = mlp(dtype=torch.bfloat16)
+    srv = at.serve(model, sjob, "bsp", "none", optimizer="model_delta", fabric=fabric, background=True)
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model, "bsp", "none", job=wjob,
+                                  fabric=fabric)
+    assert all(b.dtype == torch.bfloat16 for b in opt.buckets)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(64, 16, generator=g).to(torch.bfloat16)
+    y = (x.float() @ torch.randn(16, 4, generator=g)).to(torch.bfloat16)
+    losses = []
+    for _ in range(30):
+        opt.zero_grad()
+        loss = (model(x).float() - y.float()).pow(2).mean()  # bf16 forward and backward, f32 loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0], losses
+    opt.wait()
+    commits = opt.telemetry["bucket_commits"]
+    before = flat(model)
+    opt.zero_grad()
+    (model(x).float() - y.float()).pow(2).mean().backward()
+    model[0].weight.grad[0, 0] = float("inf")  # an overflowed step, as GradScaler would find it
+    opt.step()
+    assert opt.skipped == 1
+    assert opt.telemetry["bucket_commits"] == commits  # not committed
+    assert torch.equal(flat(model), before)  # no local step either
+    assert opt.iterations == 30
+    opt.leave()
+    srv.join()
+    assert srv.telemetry["core"]["commits_applied"] == commits
+
+
+def test_torchruns_variables_map_to_servers_and_workers(monkeypatch):
+    for v in ("ASHL_ROLE", "ASHL_RANK", "ASHL_NUM_WORKERS", "ASHL_NUM_SERVERS", "ASHL_SERVER_ADDR", "SLURM_PROCID",
+              "SLURM_NTASKS"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("ASHL_TOKEN", "secret")
+    monkeypatch.setenv("WORLD_SIZE", "5")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
+    monkeypatch.setenv("MASTER_PORT", "29400")
+    monkeypatch.setenv("RANK", "0")
+    j = ashl.job()
+    assert (j.role, j.rank, j.num_workers, j.num_servers) == ("server", 0, 4, 1)
+    assert j.server_addresses == ("10.1.2.3:29401",) and j.token == "secret"
+    monkeypatch.setenv("RANK", "3")
+    j = ashl.job()
+    assert (j.role, j.rank, j.num_workers) == ("worker", 2, 4)
+    monkeypatch.setenv("ASHL_NUM_SERVERS", "2")
+    j = ashl.job()
+    assert (j.role, j.rank, j.num_workers, j.num_servers) == ("worker", 1, 3, 2)
+    assert j.server_addresses == ("10.1.2.3:29401", "10.1.2.3:29402")
+    assert ashl.job(["--rank", "0"]).rank == 0  # flags still win
+    monkeypatch.setenv("RANK", "9")
+    with pytest.raises(ValueError, match=r"RANK = '9': must be < WORLD_SIZE \(5\)"):
+        ashl.job()
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("MASTER_ADDR")
+    with pytest.raises(ValueError, match=r"MASTER_ADDR is not set"):
+        ashl.job()
+
+
+def test_slurms_variables_map_to_servers_and_workers(monkeypatch):
+    for v in ("ASHL_ROLE", "ASHL_NUM_SERVERS", "ASHL_SERVER_ADDR", "RANK", "WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("ASHL_INSECURE", "1")
+    monkeypatch.setenv("SLURM_PROCID", "2")
+    monkeypatch.setenv("SLURM_NTASKS", "3")
+    monkeypatch.setenv("SLURM_STEP_NODELIST", "gpu[07-09,12],cpu1")
+    j = ashl.job()
+    assert (j.role, j.rank, j.num_workers, j.num_servers) == ("worker", 1, 2, 1)
+    assert j.server_addresses == ("gpu07:29501",)
+    assert ashl.launcher_flags()[1] == "slurm"
+    monkeypatch.setenv("ASHL_ROLE", "server")  # ashl's own variables win over a launcher's
+    assert ashl.launcher_flags() == ([], "ashl")
+
+
+def check_trace(path, buckets):
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    names = {e["name"] for e in spans}
+    assert {"compute", "encode", "commit", "pull"} <= names, names
+    for e in spans:
+        assert e["dur"] >= 0 and e["ts"] > 1.5e15  # microseconds since the epoch
+    per_bucket = {e["args"]["bucket"] for e in spans if e["name"] == "commit"}
+    assert per_bucket == set(range(buckets))
+    return events
+
+
+def test_a_trace_file_parses_with_every_buckets_events(tmp_path):
+    fabric = ashl.InprocFabric()
+    sjob, (wjob,) = jobs(1)
+    model = mlp()
+    srv = at.serve(model, sjob, "bsp", "none", optimizer="sgd", fabric=fabric, background=True,
+                   bucket_cap_mb=2 * KIB)
+    path = str(tmp_path / "t.json")
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, "bsp", "none",
+                                  update="gradient", job=wjob, fabric=fabric, bucket_cap_mb=2 * KIB, trace=path)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(4, 16)).sum().backward()
+        opt.step()
+    opt.leave()
+    srv.join()
+    mine = path + ".worker0.json"
+    check_trace(mine, len(opt.buckets))
+    assert ashl.trace.merge(path) == 1
+    check_trace(path, len(opt.buckets))
+
+
+@pytest.mark.skipif(not ashl.has_ucx, reason="this build has no UCX")
+def test_python_m_ashl_run_starts_a_bucketed_ucx_job_and_merges_its_traces(tmp_path):
+    out = tmp_path / "result.json"
+    trace = tmp_path / "job.json"
+    env = dict(os.environ, UCX_NET_DEVICES="lo", ASHL_TEST_BUCKET_MB=str(16 / 2**20), ASHL_TOKEN="t0ken")
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(ashl.__file__)))
+    env["PYTHONPATH"] = pkg + os.pathsep + env.get("PYTHONPATH", "")
+    import subprocess
+    done = subprocess.run([sys.executable, "-m", "ashl.run", "-s", "1", "-w", "2", "--timeout", "120", "--trace",
+                           str(trace), "--", sys.executable, os.path.join(HERE, "two_workers_job.py"), str(out)],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    r = json.loads(out.read_text())
+    assert r["buckets"] >= 2 and r["commits"] == r["iterations"] == 40
+    assert r["last_loss"] < 0.25 * r["first_loss"], r
+    events = check_trace(str(trace), r["buckets"])
+    assert {e["pid"] for e in events if e["ph"] == "X"} == {0, 1}  # both workers, one row each
+
+
+@pytest.mark.parametrize("update", ["delta", "gradient"])
+def test_every_bucket_follows_the_plans_local_iterations(update):
+    fabric = ashl.InprocFabric()
+    sjob, (wjob,) = jobs(1)
+    model = mlp()
+    policy = ashl.Policy("local_sgd", local_steps=3)
+    srv = at.serve(mlp(), sjob, policy, "none", optimizer="sgd" if update == "gradient" else "model_delta",
+                   lr=0.1, fabric=fabric, background=True, bucket_cap_mb=2 * KIB)
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, "local_sgd", "none",
+                                  update=update, job=wjob, fabric=fabric, bucket_cap_mb=2 * KIB)
+    assert len(opt.buckets) >= 3 and opt.plan.local_iterations == 3
+    for it in range(1, 10):
+        opt.zero_grad()
+        model(torch.randn(4, 16)).pow(2).mean().backward()
+        opt.step()
+        assert opt.commits == it // 3, f"after iteration {it}"
+    tel = opt.telemetry
+    assert tel["bucket_commits"] == 3 * len(opt.buckets)
+    assert all(b["commits"] == 3 for b in tel["buckets"])
+    opt.leave()
+    srv.join()
