@@ -947,6 +947,112 @@ BOOST_AUTO_TEST_CASE(forged_session_key_is_dropped) {
   ucp_cleanup(context);
 }
 
+// A large message whose sender stops (SIGSTOP) once the receiver has
+// handed out its buffer, so the transfer is mid-way when the receiver
+// closes the sender (an eviction). The buffer comes back through
+// on_receive_abandoned only once UCX let go of it (never delivered), and
+// nothing writes into it afterwards, even when the sender resumes.
+// UCX_RNDV_SCHEME=put_zcopy: the sender moves the data (with get_zcopy over
+// cma the receiver would read it all at once, stopped sender or not).
+namespace {
+void closed_mid_transfer(const char* tls, expect e) {
+  tls_scope scope(tls);
+  ::setenv("UCX_RNDV_SCHEME", "put_zcopy", 1);
+  struct unset_scheme {
+    ~unset_scheme() { ::unsetenv("UCX_RNDV_SCHEME"); }
+  } unset;
+  constexpr std::size_t big = std::size_t{64} << 20;
+  {
+    // The sender (forked before this process has any UCX object): listens,
+    // sends one large message to whoever connects, and goes on progressing
+    // (until it is stopped, continued, and told goodbye).
+    child sender = spawn([](int fd) {
+      auto c = t::ucx::create({.listen = "127.0.0.1:0", .token = token});
+      if (!c) return 2;
+      say(fd, c->listen_address());
+      recorder h;
+      const auto until = clock_type::now() + 20s;
+      while (h.notes.empty() && clock_type::now() < until) {
+        c->progress(h);
+        c->wait(5ms);
+      }
+      if (h.notes.empty() || h.notes[0].event != t::peer_event::connected) return 4;
+      auto data = pattern(big, 5);
+      if (!c->send(h.notes[0].peer, header_of(1, big), data, 1).ok()) return 5;
+      while (h.notes.size() < 2 && clock_type::now() < until) {
+        c->progress(h);
+        c->wait(5ms);
+      }
+      c->close();
+      return h.notes.size() >= 2 ? 0 : 6;
+    });
+    const std::string address = sender.read_line(10s).value_or("");
+    BOOST_TEST_REQUIRE(!address.empty());
+    auto server = t::ucx::create({.token = token, .retry_interval = 50ms, .keepalive_interval = 100ms});
+    BOOST_TEST_REQUIRE(server.has_value(), (server ? "" : server.error().message()));
+    BOOST_TEST_REQUIRE(server->connect(address).has_value());
+    struct receiver : recorder {
+      pid_t stop = -1;
+      std::vector<std::byte>* into = nullptr;
+      std::vector<std::span<std::byte>> abandoned;
+      std::span<std::byte> receive_buffer(t::peer_id, std::span<const std::byte>, std::size_t n) {
+        ++buffer_asks;
+        if (stop > 0) ::kill(stop, SIGSTOP);  // before UCX can move the data
+        return n <= into->size() ? std::span<std::byte>(*into).first(n) : std::span<std::byte>{};
+      }
+      void on_receive_abandoned(t::peer_id, std::span<std::byte> b) { abandoned.push_back(b); }
+    } h;
+    std::vector<std::byte> into(big, std::byte{0});
+    h.into = &into;
+    h.stop = sender.pid;
+    BOOST_TEST_REQUIRE(drive(*server, h, 20s, [&] { return !h.notes.empty(); }));
+    BOOST_TEST_REQUIRE((h.notes[0].event == t::peer_event::connected));
+    const t::peer_id p = h.notes[0].peer;
+    if (e == expect::tcp) {
+      check_lanes(server->describe(p), e);
+    } else {  // put_zcopy adds a TCP lane for RMA besides cma's; messages go over shared memory
+      const auto lanes = lane_transports(server->describe(p));
+      BOOST_TEST_REQUIRE(!lanes.empty());
+      BOOST_TEST(lanes[0].find("/memory") != std::string::npos, server->describe(p));
+    }
+    BOOST_TEST_REQUIRE(drive(*server, h, 20s, [&] { return h.buffer_asks == 1; }));
+    // Stopped mid-transfer: the message does not arrive.
+    drive(*server, h, 300ms, [] { return false; });
+    BOOST_TEST_REQUIRE(h.messages.empty(), "the transfer finished before the sender was stopped");
+    const auto heard_before = server->last_heard(p);
+    BOOST_TEST((heard_before != clock_type::time_point{}));
+    server->close(p);  // the eviction
+    // UCX owns the buffer until its receive completes: UCX 1.13 cannot
+    // cancel it, so it completes only once the sender goes on (a UCX that
+    // can cancel hands it back at once). Either way it comes back once, is
+    // never delivered, and nothing lands in it after it came back.
+    drive(*server, h, 500ms, [&] { return !h.abandoned.empty(); });
+    const bool back_while_stopped = !h.abandoned.empty();
+    if (back_while_stopped) std::fill(into.begin(), into.end(), std::byte{0xee});
+    BOOST_TEST_MESSAGE(tls << ": handed back while the sender was stopped: " << back_while_stopped);
+    ::kill(sender.pid, SIGCONT);
+    BOOST_TEST_REQUIRE(drive(*server, h, 15s, [&] { return !h.abandoned.empty(); }),
+                       "the buffer was not handed back within 15 s of the sender going on");
+    drive(*server, h, 300ms, [] { return false; });
+    BOOST_TEST(h.abandoned.size() == 1u);
+    BOOST_TEST(h.abandoned[0].data() == into.data());
+    BOOST_TEST(h.abandoned[0].size() == big);
+    BOOST_TEST(h.messages.empty());
+    BOOST_TEST(server->counters().receives_abandoned == 1u);
+    BOOST_TEST(server->counters().receives_stuck == 0u);
+    BOOST_TEST(server->counters().messages_received == 0u);
+    BOOST_TEST((server->last_heard(p) == clock_type::time_point{}));  // not connected any more
+    if (back_while_stopped)
+      BOOST_TEST(std::all_of(into.begin(), into.end(), [](std::byte x) { return x == std::byte{0xee}; }));
+    server->close();
+    sender.finish(10s);
+  }
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(closed_mid_transfer_over_shared_memory) { closed_mid_transfer("sm,self,tcp", expect::shared_memory); }
+BOOST_AUTO_TEST_CASE(closed_mid_transfer_over_tcp) { closed_mid_transfer("tcp,self", expect::tcp); }
+
 BOOST_AUTO_TEST_CASE(steady_state_does_not_allocate) {
   std::string address;
   child server = start_echo({}, address);

@@ -109,6 +109,18 @@ struct ucx_params {
   // sockaddr endpoint (TCP only with UCX 1.13).
   bool address_endpoints = true;
   std::size_t max_message_bytes = std::size_t{1} << 31;  // larger incoming data is refused without allocating
+  // Every connected peer is sent a keepalive (a keyed control message of 9
+  // bytes, eager) at least this often from progress(), and last_heard()
+  // moves on any message's arrival, the first part of a large one included,
+  // so a peer that drives progress() during a long transfer or a long cycle
+  // is heard from. 0: none. Keep it well below a liveness timeout built on
+  // last_heard() (ps::server_params::worker_timeout).
+  std::chrono::milliseconds keepalive_interval{1000};
+  // Peers that connected to the listener and have not finished
+  // authentication yet; a connection beyond it is refused at once and
+  // counted (transport_counters::peers_refused). Records of peers that are
+  // done are reused, so a stream of failed connections does not grow memory.
+  std::size_t max_pending_peers = 256;
   std::size_t queue_reserve = 1024;  // messages/sends in flight before a queue grows (allocates)
 };
 
@@ -211,6 +223,7 @@ enum class ucx_control : std::uint8_t {
                   // keyed goodbye follows the data on the data endpoint)
   link = 6,       // either side, once the other is authenticated: body = the key it expects in
                   // front of data; data part = its worker address (empty: send over sockaddr)
+  keepalive = 7,  // either side, keyed, every keepalive_interval: moves last_heard(); never queued
 };
 
 // linking: authenticated, waiting for the peer's key and worker address.
@@ -228,6 +241,8 @@ struct ucx_peer {
   std::string address;  // what we connected to, or where the peer connected from
   ucx_sockaddr target;  // client side: the listener's address
   ucx_clock::time_point start{}, deadline{}, retry_at{};
+  ucx_clock::time_point heard{};           // the last message from it arrived (last_heard())
+  ucx_clock::time_point next_keepalive{};  // connected: the next keepalive goes out then
   bool retry_pending = false;
   bool challenged = false;  // client side: the listener answered (so errors are no longer "nobody listens")
   bool goodbye = false;     // the peer said it closes in order
@@ -257,6 +272,14 @@ struct ucx_item {
   void* data = nullptr;  // eager: the bytes; rendezvous: the descriptor
   std::size_t length = 0;
   std::span<std::byte> destination;  // rendezvous: the handler's buffer
+  // Receiving: UCX's request, until its callback runs (on_recv_done). The
+  // item and `destination` belong to UCX until then, whatever happens to
+  // the peer: a peer that is done has its receive cancelled, and the item
+  // is recycled (the buffer handed back) only once the callback came.
+  void* request = nullptr;
+  bool cancelled = false;
+  bool stuck = false;  // cancelled, and no callback within close_timeout
+  ucx_clock::time_point cancelled_at{};
 };
 
 // One send in flight: the header copy (after the session key) UCX 1.13
@@ -522,6 +545,11 @@ class ucx_impl {
     return p != nullptr && p->state == ucx_peer_state::connected;
   }
 
+  ucx_clock::time_point last_heard(peer_id id) const noexcept {
+    const ucx_peer* p = find(id);
+    return p != nullptr && p->state == ucx_peer_state::connected ? p->heard : ucx_clock::time_point{};
+  }
+
   void close(peer_id id) {
     ucx_peer* p = find(id);
     if (p == nullptr || p->state == ucx_peer_state::done) return;
@@ -646,6 +674,7 @@ class ucx_impl {
     auto* item = static_cast<ucx_item*>(user_data);
     item->status = s;
     item->recv = s == UCS_OK ? ucx_recv_state::received : ucx_recv_state::failed;
+    item->request = nullptr;
     ucp_request_free(request);
   }
 
@@ -680,6 +709,7 @@ class ucx_impl {
       ++counters_.unauthenticated_dropped;
       return drop(param);
     }
+    find(from)->heard = ucx_clock::now();
     return queue_am(kind, from, param->reply_ep, header, header_length, data, length, param);
   }
 
@@ -698,7 +728,15 @@ class ucx_impl {
       ++counters_.unauthenticated_dropped;
       return drop(param);
     }
-    if (find(from)->state == ucx_peer_state::done) return drop(param);  // a closed link's last messages
+    ucx_peer& p = *find(from);
+    if (p.state == ucx_peer_state::done) return drop(param);  // a closed link's last messages
+    // Heard now, however long the message takes to arrive whole (or waits
+    // behind an earlier one of its peer).
+    p.heard = ucx_clock::now();
+    if (kind == ucx_item_kind::control && header_length == ucx_key_bytes + 1 &&
+        static_cast<const std::byte*>(header)[ucx_key_bytes] == static_cast<std::byte>(ucx_control::keepalive)) {
+      return drop(param);  // its arrival was all it had to say
+    }
     return queue_am(kind, from, nullptr, static_cast<const std::byte*>(header) + ucx_key_bytes,
                     header_length - ucx_key_bytes, data, length, param);
   }
@@ -843,6 +881,7 @@ class ucx_impl {
     p.state = ucx_peer_state::done;
     p.retry_pending = false;
     if (!flush) orphan_sends(p.id);
+    cancel_receives(p.id);
     drop_endpoint(p, flush);
   }
 
@@ -1034,6 +1073,10 @@ class ucx_impl {
         } else if (now >= p.deadline) {
           give_up_connecting(p);
         }
+      } else if (p.state == ucx_peer_state::connected && !p.draining && params_.keepalive_interval.count() > 0 &&
+                 now >= p.next_keepalive) {
+        p.next_keepalive = now + params_.keepalive_interval;
+        send_keyed_control(p, ucx_control::keepalive);
       } else if (p.state == ucx_peer_state::connected && p.draining && now >= p.deadline) {
         // Its keyed goodbye never came (it died after its sockaddr goodbye).
         close_by_peer(p);
@@ -1053,6 +1096,8 @@ class ucx_impl {
     for (const auto& pp : peers_) {
       const ucx_peer& p = *pp;
       if (p.state == ucx_peer_state::connected && p.draining) next = std::min(next, p.deadline);
+      if (p.state == ucx_peer_state::connected && !p.draining && params_.keepalive_interval.count() > 0)
+        next = std::min(next, p.next_keepalive);
       if (p.state == ucx_peer_state::connecting || p.state == ucx_peer_state::handshake ||
           p.state == ucx_peer_state::linking) {
         next = std::min(next, p.deadline);
@@ -1154,6 +1199,8 @@ class ucx_impl {
         on_link(p, it, body);
         return;
       }
+      case ucx_control::keepalive:
+        return;  // handled on arrival (on_am_keyed)
       case ucx_control::refuse: {
         if (!p.client) return;
         return fail(p, status(errc::invalid_argument, "token mismatch: the server at " + p.address +
@@ -1188,6 +1235,8 @@ class ucx_impl {
 
   void mark_connected(ucx_peer& p) {
     p.state = ucx_peer_state::connected;
+    p.heard = ucx_clock::now();
+    p.next_keepalive = p.heard + params_.keepalive_interval;
     connected_.push_back(p.id);
     ++counters_.peers_connected;
     p.transports = print_endpoint(data_endpoint(p));
@@ -1306,6 +1355,24 @@ class ucx_impl {
       }
       const bool keyed = it.ep == nullptr;
       if (p == nullptr || (!keyed && p->ep != it.ep) || p->state == ucx_peer_state::done) {
+        if (it.recv == ucx_recv_state::receiving) {
+          // UCX still owns the item and the buffer: kept until its callback
+          // (its peer's later messages are dropped meanwhile, not held).
+          // UCX 1.13 cannot cancel an active-message receive: the callback
+          // comes when the sender goes on, and never when it died; such a
+          // receive is counted stuck after close_timeout, and its buffer is
+          // never handed back (nor written by anyone).
+          if (!it.cancelled) {
+            it.cancelled = true;
+            it.cancelled_at = ucx_clock::now();
+            if (it.request != nullptr) ucp_request_cancel(worker_, it.request);
+          } else if (!it.stuck && ucx_clock::now() - it.cancelled_at >= params_.close_timeout) {
+            it.stuck = true;
+            ++counters_.receives_stuck;
+          }
+          continue;
+        }
+        if (it.rndv && it.recv != ucx_recv_state::queued) calls += abandon(h, it);
         release(it);  // from an endpoint that is gone: nobody to deliver to
         it.done = true;
         continue;
@@ -1347,6 +1414,7 @@ class ucx_impl {
         continue;
       }
       if (it.recv == ucx_recv_state::failed) {
+        calls += abandon(h, it);
         it.done = true;  // the peer died mid-transfer; its failure follows
         continue;
       }
@@ -1392,6 +1460,37 @@ class ucx_impl {
     } else if (UCS_PTR_IS_ERR(req)) {
       it.status = UCS_PTR_STATUS(req);
       it.recv = ucx_recv_state::failed;
+    } else if (it.recv == ucx_recv_state::receiving) {
+      it.request = req;  // (a callback that already ran freed it)
+    }
+  }
+
+  // The receives in flight from a peer that is done: UCX is asked to cancel
+  // them. Each item (and the handler's buffer) stays UCX's until the
+  // callback comes; deliver_items() then hands the buffer back.
+  void cancel_receives(peer_id id) {
+    for (ucx_item* it : queue_) {
+      if (it->peer != id || it->recv != ucx_recv_state::receiving || it->cancelled) continue;
+      it->cancelled = true;
+      it->cancelled_at = ucx_clock::now();
+      if (it->request != nullptr) ucp_request_cancel(worker_, it->request);
+    }
+  }
+
+  // A buffer from receive_buffer() that will not be delivered, handed back
+  // once UCX no longer writes into it.
+  template <class H>
+  std::size_t abandon(H& h, ucx_item& it) {
+    ++counters_.receives_abandoned;
+    if (it.stuck) --counters_.receives_stuck;  // its callback came after all
+    if (it.destination.empty()) return 0;
+    const std::span<std::byte> buffer = it.destination;
+    it.destination = {};
+    if constexpr (requires { h.on_receive_abandoned(it.peer, buffer); }) {
+      h.on_receive_abandoned(it.peer, buffer);
+      return 1;
+    } else {
+      return 0;
     }
   }
 
@@ -1481,6 +1580,10 @@ class ucx {
   void wait(std::chrono::microseconds timeout) { impl_->wait(timeout); }
   std::span<const peer_id> peers() const noexcept { return impl_->peers(); }
   bool is_connected(peer_id p) const noexcept { return impl_->is_connected(p); }
+  // When a message of a connected peer last arrived (a keepalive, or the
+  // first part of a large message, counts); a time_point{} when p is not
+  // connected. Read on steady_clock.
+  std::chrono::steady_clock::time_point last_heard(peer_id p) const noexcept { return impl_->last_heard(p); }
   void close(peer_id p) { impl_->close(p); }
   void close() { impl_->close_all(true); }
   const transport_counters& counters() const noexcept { return impl_->counters(); }
