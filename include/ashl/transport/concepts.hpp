@@ -89,6 +89,7 @@ struct transport_counters {
   std::uint64_t auth_refused = 0;        // peers that failed authentication
   std::uint64_t unauthenticated_dropped = 0;  // messages from a peer before it authenticated
   std::uint64_t peers_refused = 0;       // connections refused at once: too many not yet authenticated
+  std::uint64_t peer_records_reused = 0;  // records (and ids) of peers that were done, reused for new ones
 };
 
 // What a transport calls from progress().

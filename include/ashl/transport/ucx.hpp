@@ -242,6 +242,7 @@ struct ucx_peer {
   ucx_sockaddr target;  // client side: the listener's address
   ucx_clock::time_point start{}, deadline{}, retry_at{};
   ucx_clock::time_point heard{};           // the last message from it arrived (last_heard())
+  ucx_clock::time_point done_at{};         // done since (its record is reused close_timeout later)
   ucx_clock::time_point next_keepalive{};  // connected: the next keepalive goes out then
   bool retry_pending = false;
   bool challenged = false;  // client side: the listener answered (so errors are no longer "nobody listens")
@@ -591,6 +592,7 @@ class ucx_impl {
 
   const transport_counters& counters() const noexcept { return counters_; }
   const std::string& listen_address() const noexcept { return listen_address_; }
+  std::size_t peer_records() const noexcept { return peers_.size(); }
 
   // The lanes of the endpoint that carries the peer's data.
   std::string describe(peer_id id) const {
@@ -814,12 +816,48 @@ class ucx_impl {
 
   // ---- peers -----------------------------------------------------------------
 
+  // A record of a peer that is done is reused (its id with it) once nothing
+  // refers to it any more and close_timeout has passed (its last messages
+  // drained), so connections that come and go do not grow memory.
   ucx_peer& new_peer(bool client) {
-    peers_.push_back(std::make_unique<ucx_peer>());
-    auto& p = *peers_.back();
-    p.id = static_cast<peer_id>(peers_.size() - 1);
-    p.client = client;
-    return p;
+    ucx_peer* p = nullptr;
+    const auto now = ucx_clock::now();
+    for (auto& pp : peers_) {
+      if (pp->state == ucx_peer_state::done && now >= pp->done_at + params_.close_timeout && unreferenced(pp->id)) {
+        p = pp.get();
+        break;
+      }
+    }
+    if (p == nullptr) {
+      peers_.push_back(std::make_unique<ucx_peer>());
+      p = peers_.back().get();
+      p->id = static_cast<peer_id>(peers_.size() - 1);
+    } else {
+      if (p->own_key != 0) keys_.erase(p->own_key);
+      const peer_id id = p->id;
+      *p = ucx_peer{};
+      p->id = id;
+      ++counters_.peer_records_reused;
+    }
+    p->client = client;
+    return *p;
+  }
+
+  bool unreferenced(peer_id id) const noexcept {
+    for (const ucx_item* it : queue_) if (it->peer == id) return false;
+    for (const auto& slot : slots_) if ((slot->in_flight || slot->orphaned) && !slot->reported && slot->peer == id) return false;
+    for (const ucx_send_slot* slot : completions_) if (slot->peer == id) return false;
+    for (const auto& n : notes_) if (n.peer == id) return false;
+    return true;
+  }
+
+  // Peers that connected to our listener and are not authenticated and
+  // linked yet (ucx_params::max_pending_peers).
+  std::size_t pending_peers() const noexcept {
+    std::size_t n = 0;
+    for (const auto& pp : peers_)
+      n += !pp->client && (pp->state == ucx_peer_state::handshake || pp->state == ucx_peer_state::linking) ? 1 : 0;
+    return n;
   }
 
   ucx_peer* find(peer_id id) noexcept { return id < peers_.size() ? peers_[id].get() : nullptr; }
@@ -879,6 +917,7 @@ class ucx_impl {
       connected_.erase(std::remove(connected_.begin(), connected_.end(), p.id), connected_.end());
     }
     p.state = ucx_peer_state::done;
+    p.done_at = ucx_clock::now();
     p.retry_pending = false;
     if (!flush) orphan_sends(p.id);
     cancel_receives(p.id);
@@ -1035,6 +1074,15 @@ class ucx_impl {
   void accept_connections() {
     for (std::size_t i = 0; i < conn_requests_.size(); ++i) {
       ucp_conn_request_h request = conn_requests_[i];
+      if (pending_peers() >= params_.max_pending_peers) {
+        // Refused before a record or an endpoint exists for it.
+        ++counters_.peers_refused;
+        if (counters_.peers_refused == 1)
+          std::fprintf(stderr, "ashl ucx: a connection refused: ucx_params.max_pending_peers = %zu peers are "
+                               "authenticating already (counted in peers_refused)\n", params_.max_pending_peers);
+        ucp_listener_reject(listener_, request);
+        continue;
+      }
       auto& p = new_peer(false);
       ucp_conn_request_attr_t ca{};
       ca.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
@@ -1531,10 +1579,10 @@ class ucx_impl {
   std::string listen_address_;
   transport_counters counters_;
 
-  std::vector<std::unique_ptr<ucx_peer>> peers_;  // by peer_id; never reused
+  std::vector<std::unique_ptr<ucx_peer>> peers_;  // by peer_id; a done one is reused (new_peer)
   std::vector<peer_id> connected_;
   std::unordered_map<ucp_ep_h, peer_id> ep_peer_;
-  std::unordered_map<std::uint64_t, peer_id> keys_;  // own_key → peer; kept after a peer is done
+  std::unordered_map<std::uint64_t, peer_id> keys_;  // own_key → peer; kept after a peer is done, until its record is reused
   ucp_address_t* worker_address_ = nullptr;         // sent in each link; null without address endpoints
   std::size_t worker_address_length_ = 0;
 
@@ -1587,6 +1635,10 @@ class ucx {
   void close(peer_id p) { impl_->close(p); }
   void close() { impl_->close_all(true); }
   const transport_counters& counters() const noexcept { return impl_->counters(); }
+
+  // Peer records held (connected, being set up, or done and not reused yet):
+  // bounded by the live ones plus those done within close_timeout.
+  std::size_t peer_records() const noexcept { return impl_->peer_records(); }
 
   // The bound "host:port" of the listener ("" when not listening): the real
   // port when created with port 0.
