@@ -444,7 +444,7 @@ class server {
   static_assert(transport::handler<handler>);
 
   server(server_params p, core_type core, Transport t)
-      : p_(std::move(p)), core_(std::move(core)), t_(std::move(t)), out_(p_.core.workers) {
+      : p_(std::move(p)), core_(std::move(core)), out_(p_.core.workers), t_(std::move(t)) {
     rank_peer_.assign(p_.core.workers, transport::no_peer);
     last_step_.assign(p_.core.workers, 0);
     last_heard_.assign(p_.core.workers, 0.0);
@@ -967,7 +967,6 @@ class server {
 
   server_params p_;
   core_type core_;
-  Transport t_;
   server_actions out_;
   steady_clock clock_;
   server_telemetry tel_{};
@@ -989,6 +988,9 @@ class server {
   std::uint32_t joined_count_ = 0;
   std::uint64_t plan_sequence_ = 0;
   double next_progress_ = 0.0;
+  // Last: destroyed first, so the sends and receives its close still
+  // progresses never touch snapshots, bodies or receive buffers gone before it.
+  Transport t_;
 };
 
 }  // namespace ps
