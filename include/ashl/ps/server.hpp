@@ -42,6 +42,7 @@
 #include <ashl/core/status.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/ps/checkpoint.hpp>
+#include <ashl/ps/incarnation.hpp>
 #include <ashl/ps/server_core.hpp>
 #include <ashl/sync/any_policy.hpp>
 #include <ashl/sync/concepts.hpp>
@@ -108,20 +109,12 @@ struct server_params {
   // pulled); a reply that needs one more is refused. 0: 2 × workers + 2 (a
   // worker has one reply in flight at a time).
   std::uint32_t max_snapshots = 0;
-  // A join whose incarnation is ahead of incarnation_now() (microseconds
-  // since the Unix epoch, what a time-based incarnation is now) by more than
+  // A join whose incarnation is ahead of incarnation_now() (ps/incarnation.hpp:
+  // microseconds since the Unix epoch, a time-based incarnation now) by more than
   // this is refused, so a rank cannot be taken with an incarnation no
   // restart could ever pass (UINT64_MAX); 0 s: no bound.
   std::chrono::seconds max_incarnation_ahead{86400};
 };
-
-// A time-based incarnation: microseconds since the Unix epoch (what
-// server_params::max_incarnation_ahead measures against).
-inline std::uint64_t incarnation_now() noexcept {
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count());
-}
 
 // Messages refused before they reached server_core.
 enum class wire_refusal : std::uint8_t {
