@@ -185,7 +185,9 @@ struct stopping_ucx {
     }
     void on_sent(tr::peer_id p, std::uint64_t c, const ashl::status& st) { h.on_sent(p, c, st); }
     void on_peer(tr::peer_id p, tr::peer_event e, const ashl::status& why) { h.on_peer(p, e, why); }
-    void on_receive_abandoned(tr::peer_id p, std::span<std::byte> b) { h.on_receive_abandoned(p, b); }
+    void on_receive_abandoned(tr::peer_id p, std::span<std::byte> b) {
+      if constexpr (requires { h.on_receive_abandoned(p, b); }) h.on_receive_abandoned(p, b);
+    }
   };
 
   ashl::result<tr::peer_id> connect(std::string_view a) { return t.connect(a); }
