@@ -43,6 +43,7 @@
 #include <ashl/transport/concepts.hpp>
 #include <ashl/transport/inproc.hpp>
 #include <ashl/ps/commit_store.hpp>
+#include <ashl/ps/incarnation.hpp>
 #include <ashl/ps/optimizer.hpp>
 #include <ashl/ps/planners.hpp>
 #include <ashl/ps/policies.hpp>

@@ -90,6 +90,31 @@ BOOST_AUTO_TEST_CASE(profiling_then_ahl_then_shl) {
   BOOST_TEST((std::vector<as::worker_id>(sink.released().begin(), sink.released().end()) == std::vector<as::worker_id>{0}));
 }
 
+// A worker that floods measurements while profiling: past
+// max_profile_measurements its own are dropped and counted, the other
+// worker's are still kept, and the planner sees the bounded report.
+BOOST_AUTO_TEST_CASE(measurements_kept_while_profiling_are_bounded_per_worker) {
+  as::ashl_schedule<two_speed_planner> p{{.workers = 2, .profile_iterations = 1, .max_profile_measurements = 100}};
+  for (int i = 0; i < 100000; ++i)
+    p.on_measurement({.worker = 0, .kind = measurement_kind::compute, .seconds = 0.1}, fresh());
+  p.on_measurement({.worker = 1, .kind = measurement_kind::compute, .seconds = 0.2}, fresh());
+  BOOST_TEST(p.measurements_dropped() == 100000u - 100u);
+  // Saved and loaded, the bound still holds for what is already kept.
+  std::vector<std::byte> bytes;
+  ashl::state_writer w(bytes);
+  p.save(w);
+  as::ashl_schedule<two_speed_planner> q{{.workers = 2, .profile_iterations = 1, .max_profile_measurements = 100}};
+  ashl::state_reader r(bytes);
+  BOOST_TEST_REQUIRE(q.load(r).ok());
+  q.on_measurement({.worker = 0, .kind = measurement_kind::compute, .seconds = 0.1}, fresh());
+  BOOST_TEST(q.measurements_dropped() == 1u);  // its own count; what p kept came with the state
+  q.on_measurement({.worker = 1, .kind = measurement_kind::compute, .seconds = 0.2}, fresh());
+  (void)q.on_commit({.worker = 0, .sequence = 1}, fresh());
+  (void)q.on_commit({.worker = 1, .sequence = 1}, fresh());
+  BOOST_TEST(!q.profiling());
+  BOOST_TEST(q.planner().seen == 102u);
+}
+
 BOOST_AUTO_TEST_CASE(bad_plan_falls_back_to_uniform_and_says_why) {
   as::ashl_schedule<fixed_planner> p{{.workers = 2, .profile_iterations = 1},
                                      fixed_planner{{{8, 2, 1.5, 1.0, 0.5, 0}, {8, 2, 1.0, 1.0, 0.5, 0}}}};

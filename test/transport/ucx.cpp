@@ -947,6 +947,210 @@ BOOST_AUTO_TEST_CASE(forged_session_key_is_dropped) {
   ucp_cleanup(context);
 }
 
+// A large message whose sender stops (SIGSTOP) once the receiver has
+// handed out its buffer, so the transfer is mid-way when the receiver
+// closes the sender (an eviction). The buffer comes back through
+// on_receive_abandoned only once UCX let go of it (never delivered), and
+// nothing writes into it afterwards, even when the sender resumes.
+// UCX_RNDV_SCHEME=put_zcopy: the sender moves the data (with get_zcopy over
+// cma the receiver would read it all at once, stopped sender or not).
+namespace {
+void closed_mid_transfer(const char* tls, expect e) {
+  tls_scope scope(tls);
+  ::setenv("UCX_RNDV_SCHEME", "put_zcopy", 1);
+  struct unset_scheme {
+    ~unset_scheme() { ::unsetenv("UCX_RNDV_SCHEME"); }
+  } unset;
+  constexpr std::size_t big = std::size_t{64} << 20;
+  {
+    // The sender (forked before this process has any UCX object): listens,
+    // sends one large message to whoever connects, and goes on progressing
+    // (until it is stopped, continued, and told goodbye).
+    child sender = spawn([](int fd) {
+      auto c = t::ucx::create({.listen = "127.0.0.1:0", .token = token});
+      if (!c) return 2;
+      say(fd, c->listen_address());
+      recorder h;
+      const auto until = clock_type::now() + 20s;
+      while (h.notes.empty() && clock_type::now() < until) {
+        c->progress(h);
+        c->wait(5ms);
+      }
+      if (h.notes.empty() || h.notes[0].event != t::peer_event::connected) return 4;
+      auto data = pattern(big, 5);
+      if (!c->send(h.notes[0].peer, header_of(1, big), data, 1).ok()) return 5;
+      while (h.notes.size() < 2 && clock_type::now() < until) {
+        c->progress(h);
+        c->wait(5ms);
+      }
+      c->close();
+      return h.notes.size() >= 2 ? 0 : 6;
+    });
+    const std::string address = sender.read_line(10s).value_or("");
+    BOOST_TEST_REQUIRE(!address.empty());
+    auto server = t::ucx::create({.token = token, .retry_interval = 50ms, .keepalive_interval = 100ms});
+    BOOST_TEST_REQUIRE(server.has_value(), (server ? "" : server.error().message()));
+    BOOST_TEST_REQUIRE(server->connect(address).has_value());
+    struct receiver : recorder {
+      pid_t stop = -1;
+      std::vector<std::byte>* into = nullptr;
+      std::vector<std::span<std::byte>> abandoned;
+      std::span<std::byte> receive_buffer(t::peer_id, std::span<const std::byte>, std::size_t n) {
+        ++buffer_asks;
+        if (stop > 0) ::kill(stop, SIGSTOP);  // before UCX can move the data
+        return n <= into->size() ? std::span<std::byte>(*into).first(n) : std::span<std::byte>{};
+      }
+      void on_receive_abandoned(t::peer_id, std::span<std::byte> b) { abandoned.push_back(b); }
+    } h;
+    std::vector<std::byte> into(big, std::byte{0});
+    h.into = &into;
+    h.stop = sender.pid;
+    BOOST_TEST_REQUIRE(drive(*server, h, 20s, [&] { return !h.notes.empty(); }));
+    BOOST_TEST_REQUIRE((h.notes[0].event == t::peer_event::connected));
+    const t::peer_id p = h.notes[0].peer;
+    if (e == expect::tcp) {
+      check_lanes(server->describe(p), e);
+    } else {  // put_zcopy adds a TCP lane for RMA besides cma's; messages go over shared memory
+      const auto lanes = lane_transports(server->describe(p));
+      BOOST_TEST_REQUIRE(!lanes.empty());
+      BOOST_TEST(lanes[0].find("/memory") != std::string::npos, server->describe(p));
+    }
+    BOOST_TEST_REQUIRE(drive(*server, h, 20s, [&] { return h.buffer_asks == 1; }));
+    // Stopped mid-transfer: the message does not arrive.
+    drive(*server, h, 300ms, [] { return false; });
+    BOOST_TEST_REQUIRE(h.messages.empty(), "the transfer finished before the sender was stopped");
+    const auto heard_before = server->last_heard(p);
+    BOOST_TEST((heard_before != clock_type::time_point{}));
+    server->close(p);  // the eviction
+    // UCX owns the buffer until its receive completes: UCX 1.13 cannot
+    // cancel it, so it completes only once the sender goes on (a UCX that
+    // can cancel hands it back at once). Either way it comes back once, is
+    // never delivered, and nothing lands in it after it came back.
+    drive(*server, h, 500ms, [&] { return !h.abandoned.empty(); });
+    const bool back_while_stopped = !h.abandoned.empty();
+    if (back_while_stopped) std::fill(into.begin(), into.end(), std::byte{0xee});
+    BOOST_TEST_MESSAGE(tls << ": handed back while the sender was stopped: " << back_while_stopped);
+    ::kill(sender.pid, SIGCONT);
+    BOOST_TEST_REQUIRE(drive(*server, h, 15s, [&] { return !h.abandoned.empty(); }),
+                       "the buffer was not handed back within 15 s of the sender going on");
+    drive(*server, h, 300ms, [] { return false; });
+    BOOST_TEST(h.abandoned.size() == 1u);
+    BOOST_TEST(h.abandoned[0].data() == into.data());
+    BOOST_TEST(h.abandoned[0].size() == big);
+    BOOST_TEST(h.messages.empty());
+    BOOST_TEST(server->counters().receives_abandoned == 1u);
+    BOOST_TEST(server->counters().receives_stuck == 0u);
+    BOOST_TEST(server->counters().messages_received == 0u);
+    BOOST_TEST((server->last_heard(p) == clock_type::time_point{}));  // not connected any more
+    if (back_while_stopped)
+      BOOST_TEST(std::all_of(into.begin(), into.end(), [](std::byte x) { return x == std::byte{0xee}; }));
+    server->close();
+    sender.finish(10s);
+  }
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(closed_mid_transfer_over_shared_memory) { closed_mid_transfer("sm,self,tcp", expect::shared_memory); }
+BOOST_AUTO_TEST_CASE(closed_mid_transfer_over_tcp) { closed_mid_transfer("tcp,self", expect::tcp); }
+
+// Raw UCX clients that connect to the listener and never answer the
+// challenge: past max_pending_peers the listener refuses them at once
+// (counted), before any record or endpoint exists; those it took fail
+// authentication in time, and their records are reused by the next peers,
+// so a stream of connections does not grow the listener's memory.
+BOOST_AUTO_TEST_CASE(unauthenticated_peers_are_bounded_and_their_records_reused) {
+  auto server = t::ucx::create({.listen = "127.0.0.1:0",
+                                .token = token,
+                                .auth_timeout = 300ms,
+                                .close_timeout = 200ms,
+                                .max_pending_peers = 2});
+  BOOST_TEST_REQUIRE(server.has_value());
+  auto target = t::detail::ucx_parse_address("test", server->listen_address());
+  BOOST_TEST_REQUIRE(target.has_value());
+
+  ucp_config_t* config = nullptr;
+  BOOST_TEST_REQUIRE(ucp_config_read(nullptr, nullptr, &config) == UCS_OK);
+  ucp_params_t cp{};
+  cp.field_mask = UCP_PARAM_FIELD_FEATURES;
+  cp.features = UCP_FEATURE_AM;
+  ucp_context_h context = nullptr;
+  BOOST_TEST_REQUIRE(ucp_init(&cp, config, &context) == UCS_OK);
+  ucp_config_release(config);
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  ucp_worker_h worker = nullptr;
+  BOOST_TEST_REQUIRE(ucp_worker_create(context, &wp, &worker) == UCS_OK);
+  ucp_am_handler_param_t hp{};  // takes the challenge and ignores it
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
+  hp.id = t::detail::ucx_am_control;
+  hp.cb = [](void*, const void*, std::size_t, void*, std::size_t, const ucp_am_recv_param_t*) { return UCS_OK; };
+  BOOST_TEST_REQUIRE(ucp_worker_set_am_recv_handler(worker, &hp) == UCS_OK);
+  std::vector<ucp_ep_h> eps;
+  auto connect_raw = [&] {
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&target->storage);
+    ep.sockaddr.addrlen = target->length;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = [](void*, ucp_ep_h, ucs_status_t) {};
+    ucp_ep_h raw = nullptr;
+    BOOST_TEST_REQUIRE(ucp_ep_create(worker, &ep, &raw) == UCS_OK);
+    eps.push_back(raw);
+  };
+  recorder h;
+  auto step_until = [&](auto done, std::chrono::milliseconds limit) {
+    const auto until = clock_type::now() + limit;
+    while (!done() && clock_type::now() < until) {
+      ucp_worker_progress(worker);
+      server->progress(h);
+      server->wait(std::chrono::milliseconds(1));
+    }
+    return done();
+  };
+  // Five at once: two are taken (handshake), three refused.
+  for (int i = 0; i < 5; ++i) connect_raw();
+  BOOST_TEST(step_until([&] { return server->counters().peers_refused == 3u; }, 10s));
+  BOOST_TEST(server->counters().peers_refused == 3u);
+  BOOST_TEST(server->peer_records() == 2u);
+  // The two fail authentication (auth_timeout), and are done.
+  BOOST_TEST(step_until([&] { return h.notes.size() == 2u; }, 10s));
+  BOOST_TEST(server->counters().auth_refused == 2u);
+  // Twenty more, in waves of two after the last ones are done and their
+  // records free again (close_timeout): the records are reused.
+  for (int wave = 0; wave < 10; ++wave) {
+    std::this_thread::sleep_for(250ms);
+    const std::size_t before = h.notes.size();
+    connect_raw();
+    connect_raw();
+    BOOST_TEST_REQUIRE(step_until([&] { return h.notes.size() == before + 2; }, 10s), "wave " << wave);
+  }
+  BOOST_TEST(server->counters().auth_refused == 22u);
+  BOOST_TEST(server->counters().peer_records_reused >= 10u);
+  BOOST_TEST(server->peer_records() <= 4u, server->peer_records());
+  BOOST_TEST(server->peers().empty());
+
+  for (ucp_ep_h e : eps) {
+    ucp_request_param_t cl{};
+    cl.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cl.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t closing = ucp_ep_close_nbx(e, &cl);
+    if (closing != nullptr && !UCS_PTR_IS_ERR(closing)) {
+      const auto until = clock_type::now() + 2s;
+      while (ucp_request_check_status(closing) == UCS_INPROGRESS && clock_type::now() < until) {
+        ucp_worker_progress(worker);
+        server->progress(h);
+      }
+      ucp_request_free(closing);
+    }
+  }
+  server->close();
+  ucp_worker_destroy(worker);
+  ucp_cleanup(context);
+}
+
 BOOST_AUTO_TEST_CASE(steady_state_does_not_allocate) {
   std::string address;
   child server = start_echo({}, address);

@@ -44,6 +44,7 @@
 #include <ashl/core/state_io.hpp>
 #include <ashl/ps/checkpoint.hpp>
 #include <ashl/ps/commit_encoder.hpp>
+#include <ashl/ps/incarnation.hpp>
 #include <ashl/ps/server_core.hpp>
 #include <ashl/sync/any_policy.hpp>
 #include <ashl/sync/concepts.hpp>
@@ -100,6 +101,21 @@ struct server_params {
   // corrupt, truncated or foreign one is an error, never half-loaded); every
   // worker it held is evicted, to rejoin (ps::worker_params::reconnect).
   bool restore = false;
+  // Global limits (docs/ps.md, "Limits"): what all connections together may
+  // make the server hold. Each refusal is counted and answered with an error
+  // naming the limit and its value.
+  // Bytes of receive buffers (large messages land there) over all
+  // connections; 0: (workers + 1) × the largest message this shard takes.
+  std::uint64_t max_receive_bytes = 0;
+  // Parameter snapshots pinned by pull replies in flight (one per version
+  // pulled); a reply that needs one more is refused. 0: 2 × workers + 2 (a
+  // worker has one reply in flight at a time).
+  std::uint32_t max_snapshots = 0;
+  // A join whose incarnation is ahead of incarnation_now() (ps/incarnation.hpp:
+  // microseconds since the Unix epoch, a time-based incarnation now) by more than
+  // this is refused, so a rank cannot be taken with an incarnation no
+  // restart could ever pass (UINT64_MAX); 0 s: no bound.
+  std::chrono::seconds max_incarnation_ahead{86400};
 };
 
 // Messages refused before they reached server_core.
@@ -111,8 +127,10 @@ enum class wire_refusal : std::uint8_t {
   rank_taken = 4,     // a join for a rank another live connection holds
   element_count = 5,  // a pull_request for another shard size (the worker's model differs)
   unexpected = 6,     // a kind a server does not take (pull_reply, plan_update)
+  receive_budget = 7, // a large message past server_params.max_receive_bytes: refused before it was received
+  incarnation = 8,    // a join past server_params.max_incarnation_ahead
 };
-inline constexpr std::size_t wire_refusal_count = 7;
+inline constexpr std::size_t wire_refusal_count = 9;
 
 constexpr std::string_view to_string(wire_refusal r) noexcept {
   switch (r) {
@@ -123,6 +141,8 @@ constexpr std::string_view to_string(wire_refusal r) noexcept {
     case wire_refusal::rank_taken: return "rank_taken";
     case wire_refusal::element_count: return "element_count";
     case wire_refusal::unexpected: return "unexpected";
+    case wire_refusal::receive_budget: return "receive_budget";
+    case wire_refusal::incarnation: return "incarnation";
   }
   return "?";
 }
@@ -140,6 +160,9 @@ struct server_telemetry {
   std::uint64_t unsendable = 0;             // plans or errors the wire refused to encode (a defect; the first is printed)
   std::uint64_t peers_failed = 0;           // connections that failed (their worker was evicted)
   std::uint64_t evicted_silent = 0;         // workers evicted by server_params.worker_timeout
+  std::uint64_t replies_refused = 0;        // pull replies past server_params.max_snapshots
+  std::uint64_t receive_bytes = 0;          // receive buffers now (all connections; max_receive_bytes)
+  std::uint64_t receive_bytes_lent = 0;     // of those, lent to receives in flight
   std::uint64_t checkpoints = 0, checkpoint_failures = 0;
   double checkpoint_seconds = 0.0;          // writing them (serialising, fsync, rename)
   std::uint64_t checkpoint_bytes = 0;       // the last one's state
@@ -175,6 +198,9 @@ struct server_telemetry {
         field{"unsendable", &server_telemetry::unsendable},
         field{"peers_failed", &server_telemetry::peers_failed},
         field{"evicted_silent", &server_telemetry::evicted_silent},
+        field{"replies_refused", &server_telemetry::replies_refused},
+        field{"receive_bytes", &server_telemetry::receive_bytes},
+        field{"receive_bytes_lent", &server_telemetry::receive_bytes_lent},
         field{"checkpoints", &server_telemetry::checkpoints},
         field{"checkpoint_failures", &server_telemetry::checkpoint_failures},
         field{"checkpoint_seconds", &server_telemetry::checkpoint_seconds},
@@ -207,6 +233,7 @@ class free_list {
   }
   void give(std::uint32_t i) { ids_.push_back(i); }
   void reserve(std::size_t n) { ids_.reserve(n); }
+  void remove(std::uint32_t i) noexcept { ids_.erase(std::remove(ids_.begin(), ids_.end(), i), ids_.end()); }
 
  private:
   std::vector<std::uint32_t> ids_;
@@ -235,6 +262,13 @@ class server {
       return invalid_argument("server.worker_timeout_ms", p.worker_timeout.count(), "must be >= 0 (0: never)");
     if (p.restore && p.checkpoint_dir.empty())
       return invalid_argument("server.restore", "true", "needs server.checkpoint_dir");
+    if (p.max_incarnation_ahead.count() < 0)
+      return invalid_argument("server.max_incarnation_ahead_s", p.max_incarnation_ahead.count(), "must be >= 0 (0: no bound)");
+    if (p.max_receive_bytes == 0) {
+      const std::uint64_t k = std::uint64_t{p.core.workers} + 1, one = p.core.limits.max_payload_bytes;
+      p.max_receive_bytes = one > ~std::uint64_t{0} / k ? ~std::uint64_t{0} : k * one;
+    }
+    if (p.max_snapshots == 0) p.max_snapshots = 2 * std::max<std::uint32_t>(p.core.workers, 1) + 2;
     auto core = core_type::create(p.core, std::move(policy), initial);
     if (!core) return core.error();
     std::uint64_t restored = 0;
@@ -369,6 +403,10 @@ class server {
     s.core = core_.stats();
     s.transport = t_.counters();
     s.seconds = clock_.now();
+    for (const detail::pooled_buffer& b : rx_) {
+      s.receive_bytes += b.bytes.size();
+      if (b.busy) s.receive_bytes_lent += b.bytes.size();
+    }
     return s;
   }
 
@@ -427,11 +465,14 @@ class server {
     }
     void on_sent(transport::peer_id p, std::uint64_t cookie, const status& st) { s->on_sent(p, cookie, st); }
     void on_peer(transport::peer_id p, transport::peer_event e, const status& why) { s->on_peer(p, e, why); }
+    // A receive that will not be delivered (its peer was evicted or failed
+    // mid-transfer): the buffer is the pool's again once the transport let go.
+    void on_receive_abandoned(transport::peer_id, std::span<std::byte> buffer) { s->release_rx(buffer); }
   };
   static_assert(transport::handler<handler>);
 
   server(server_params p, core_type core, Transport t)
-      : p_(std::move(p)), core_(std::move(core)), t_(std::move(t)), out_(p_.core.workers) {
+      : p_(std::move(p)), core_(std::move(core)), out_(p_.core.workers), t_(std::move(t)) {
     rank_peer_.assign(p_.core.workers, transport::no_peer);
     last_step_.assign(p_.core.workers, 0);
     last_heard_.assign(p_.core.workers, 0.0);
@@ -454,15 +495,59 @@ class server {
                      std::to_string(p_.core.limits.max_payload_bytes) + " bytes (not received)");
       return {};
     }
-    std::uint32_t i;
-    if (!free_rx_.empty()) {
-      i = free_rx_.take();
-    } else {
-      i = static_cast<std::uint32_t>(rx_.size());
-      rx_.emplace_back();
+    if (peer(p).rank == no_rank) {  // a join is small: nothing large before it
+      refuse_wire(wire_refusal::unbound);
+      send_error(p, errc::invalid_argument, 0,
+                 "message.data_bytes = " + std::to_string(n) + ": this connection has not joined (not received)");
+      return {};
     }
-    detail::pooled_buffer& b = rx_[i];
-    if (b.bytes.size() < n) b.bytes.resize(n);
+    return take_rx(p, n);
+  }
+
+  // A pooled receive buffer of n bytes within server_params.max_receive_bytes
+  // over all connections: the free buffer that fits best; idle capacity is
+  // given up before a message is refused.
+  std::span<std::byte> take_rx(transport::peer_id p, std::size_t n) {
+    std::uint64_t lent = 0, total = 0;
+    std::uint32_t pick = ~std::uint32_t{0};
+    for (std::uint32_t i = 0; i < rx_.size(); ++i) {
+      const std::size_t c = rx_[i].bytes.size();
+      total += c;
+      if (rx_[i].busy) {
+        lent += c;
+      } else if (pick == ~std::uint32_t{0} || (c >= n && (rx_[pick].bytes.size() < n || c < rx_[pick].bytes.size())) ||
+                 (c < n && rx_[pick].bytes.size() < n && c > rx_[pick].bytes.size())) {
+        pick = i;
+      }
+    }
+    const std::uint64_t budget = p_.max_receive_bytes;
+    if (lent + n > budget) {
+      refuse_wire(wire_refusal::receive_budget);
+      send_error(p, errc::unavailable, 0,
+                 "server.max_receive_bytes = " + std::to_string(budget) + ": receives in flight hold " +
+                     std::to_string(lent) + " bytes; a message of " + std::to_string(n) + " bytes would pass it (not received)");
+      return {};
+    }
+    const std::uint64_t grow = pick != ~std::uint32_t{0} && rx_[pick].bytes.size() >= n
+                                   ? 0
+                                   : n - (pick != ~std::uint32_t{0} ? rx_[pick].bytes.size() : 0);
+    for (std::uint32_t i = 0; total + grow > budget && i < rx_.size(); ++i) {
+      if (rx_[i].busy || i == pick || rx_[i].bytes.empty()) continue;
+      total -= rx_[i].bytes.size();
+      std::vector<std::byte>().swap(rx_[i].bytes);  // idle capacity given up
+    }
+    if (pick == ~std::uint32_t{0}) {
+      pick = static_cast<std::uint32_t>(rx_.size());
+      rx_.emplace_back();
+    } else {
+      free_rx_.remove(pick);
+    }
+    detail::pooled_buffer& b = rx_[pick];
+    if (b.bytes.size() < n || lent + b.bytes.size() > budget) {
+      // Exactly n: the budget counts capacity.
+      std::vector<std::byte> exact(n);
+      b.bytes.swap(exact);
+    }
     b.busy = true;
     b.used = n;
     return {b.bytes.data(), n};
@@ -594,6 +679,20 @@ class server {
                      " workers (ranks 0.." + std::to_string(p_.core.workers - 1) + ")");
       return;
     }
+    if (p_.max_incarnation_ahead.count() > 0) {
+      const std::uint64_t ahead = static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(p_.max_incarnation_ahead).count());
+      const std::uint64_t now_inc = incarnation_now();
+      if (b.incarnation > now_inc && b.incarnation - now_inc > ahead) {
+        refuse_wire(wire_refusal::incarnation);
+        send_error(p, errc::out_of_range, h.sequence,
+                   "join.incarnation = " + std::to_string(b.incarnation) + ": more than server.max_incarnation_ahead = " +
+                       std::to_string(p_.max_incarnation_ahead.count()) +
+                       " s ahead of a time-based incarnation now (" + std::to_string(now_inc) +
+                       " us since the Unix epoch)");
+        return;
+      }
+    }
     if (ps.rank != no_rank && ps.rank != w) {
       refuse_wire(wire_refusal::rank);
       send_error(p, errc::invalid_argument, h.sequence,
@@ -646,7 +745,7 @@ class server {
 
   void on_peer(transport::peer_id p, transport::peer_event e, const status&) {
     if (e == transport::peer_event::connected) {
-      peer(p);
+      peer(p) = peer_state{};  // a transport may reuse the id of a peer that is gone
       return;
     }
     peer_state& ps = peer(p);
@@ -669,6 +768,7 @@ class server {
     const double limit = std::chrono::duration<double>(p_.worker_timeout).count();
     for (std::uint32_t w = 0; w < p_.core.workers; ++w) {
       if (!core_.is_live(w) || core_.is_held(w) || now - last_heard_[w] <= limit) continue;
+      if (heard_lately(rank_peer_[w], limit)) continue;
       ++tel_.evicted_silent;
       std::fprintf(stderr, "server %u: worker %u evicted: %s for %.1f s (worker_timeout %.1f s)\n", p_.core.shard, w,
                    joined_once_[w] ? "silent" : "never joined", now - last_heard_[w], limit);
@@ -684,6 +784,25 @@ class server {
       core_.evict(w, now, out_);
       flush(now);
       if (holder != transport::no_peer) t_.close(holder);
+    }
+  }
+
+  // The transport heard the worker's connection within `limit` seconds (a
+  // keepalive from its progress loop, or a large message on its way): it is
+  // alive, however long its cycle or upload takes (transport/ucx.hpp,
+  // keepalive_interval). Transports without last_heard(): messages only.
+  [[nodiscard]] bool heard_lately(transport::peer_id p, double limit) const {
+    if constexpr (requires(const Transport& t) {
+                    { t.last_heard(p) } -> std::convertible_to<std::chrono::steady_clock::time_point>;
+                  }) {
+      if (p == transport::no_peer) return false;
+      const std::chrono::steady_clock::time_point at = t_.last_heard(p);
+      if (at == std::chrono::steady_clock::time_point{}) return false;
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - at).count() <= limit;
+    } else {
+      (void)p;
+      (void)limit;
+      return false;
     }
   }
 
@@ -727,7 +846,8 @@ class server {
     return static_cast<std::uint32_t>(slots_.size() - 1);
   }
 
-  // The snapshot of the current version (taken now if none holds it).
+  // The snapshot of the current version (taken now if none holds it); none
+  // when server_params::max_snapshots are all pinned by replies in flight.
   std::uint32_t current_snapshot() {
     const std::uint64_t v = core_.version();
     for (std::uint32_t i = 0; i < snaps_.size(); ++i)
@@ -739,6 +859,7 @@ class server {
         break;
       }
     if (pick == ~std::uint32_t{0}) {
+      if (snaps_.size() >= p_.max_snapshots) return pick;
       snaps_.emplace_back();
       pick = static_cast<std::uint32_t>(snaps_.size() - 1);
     }
@@ -770,6 +891,14 @@ class server {
     const transport::peer_id p = rank_peer_[w];
     if (p == transport::no_peer) return;
     const std::uint32_t si = current_snapshot();
+    if (si == ~std::uint32_t{0}) {
+      ++tel_.replies_refused;
+      send_error(p, errc::unavailable, 0,
+                 "server.max_snapshots = " + std::to_string(p_.max_snapshots) +
+                     ": every parameter snapshot is pinned by pull replies still in flight (pulls faster than "
+                     "replies are received); this pull is not answered");
+      return;
+    }
     snapshot& sn = snaps_[si];
     const std::uint32_t i = take_slot();
     send_slot& s = slots_[i];
@@ -866,7 +995,6 @@ class server {
 
   server_params p_;
   core_type core_;
-  Transport t_;
   server_actions out_;
   steady_clock clock_;
   server_telemetry tel_{};
@@ -888,6 +1016,9 @@ class server {
   std::uint32_t joined_count_ = 0;
   std::uint64_t plan_sequence_ = 0;
   double next_progress_ = 0.0;
+  // Last: destroyed first, so the sends and receives its close still
+  // progresses never touch snapshots, bodies or receive buffers gone before it.
+  Transport t_;
 };
 
 }  // namespace ps

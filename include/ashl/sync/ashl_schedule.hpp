@@ -70,6 +70,12 @@ struct ashl_params {
   switch_trigger to_shl{.loss_below = 0.3};
   std::uint32_t shl_staleness = 3;
   staleness_weighting ahl_staleness_weight{};
+  // Measurements kept per worker while profiling (the planner's input); past
+  // it a worker's measurements are dropped and counted
+  // (ashl_schedule::measurements_dropped), so a worker that floods
+  // measurements cannot grow the server's memory. A limit, not state: a
+  // loaded schedule keeps its own. 0: no bound.
+  std::uint32_t max_profile_measurements = 4096;
   friend bool operator==(const ashl_params&, const ashl_params&) = default;
 };
 
@@ -173,8 +179,20 @@ class ashl_schedule {
       }
       return;
     }
+    if (p_.max_profile_measurements != 0) {
+      if (x.worker >= kept_.size()) kept_.resize(std::size_t{x.worker} + 1, 0);
+      if (kept_[x.worker] >= p_.max_profile_measurements) {
+        ++dropped_;
+        return;
+      }
+      ++kept_[x.worker];
+    }
     report_.measurements.push_back(x);
   }
+
+  // Measurements dropped while profiling: past ashl_params::max_profile_measurements
+  // for their worker. Not saved (a count of this process's refusals).
+  [[nodiscard]] std::uint64_t measurements_dropped() const noexcept { return dropped_; }
   void drain(outcome_sink& out) {
     if (planned_) phases_.drain(out);
     else profile_.drain(out);
@@ -292,6 +310,11 @@ class ashl_schedule {
       ASHL_TRY(r.get(m.time, "ashl.report.measurement.time"));
     }
     ASHL_TRY(r.get_vector(n.report_.live, "ashl.report.live"));
+    n.kept_.clear();
+    for (const auto& m : n.report_.measurements) {
+      if (m.worker >= n.kept_.size()) n.kept_.resize(std::size_t{m.worker} + 1, 0);
+      ++n.kept_[m.worker];
+    }
     ASHL_TRY(load_status(r, n.planner_status_, "ashl.planner_status"));
     ASHL_TRY(load_plan(r, n.plan_));
     ASHL_TRY(r.get(n.total_, "ashl.total_share"));
@@ -407,6 +430,8 @@ class ashl_schedule {
     }
     report_.measurements.clear();
     report_.measurements.shrink_to_fit();
+    kept_.clear();
+    kept_.shrink_to_fit();
     profile_.drain(out);
     out.all_plans_changed();
   }
@@ -511,6 +536,8 @@ class ashl_schedule {
   std::size_t reached_ = 0;  // live workers with commits_ >= profile_iterations
   bool started_ = false;
   profile_report report_;
+  std::vector<std::uint32_t> kept_;  // per worker: measurements in report_ (rebuilt on load)
+  std::uint64_t dropped_ = 0;
   status planner_status_;
   ashl_plan plan_;
   ashl_plan next_;  // the re-planner writes here; swapped with plan_ on success

@@ -30,6 +30,12 @@
 // peer died, the link broke, or it failed authentication: `why` says which)
 // and closed (an orderly close). wait() blocks until an event may be ready
 // or the timeout passed, so an idle process does not spin.
+//
+// A handler may also define on_receive_abandoned(peer_id, std::span<std::byte>
+// buffer): a buffer receive_buffer() returned whose message will not be
+// delivered (its peer failed or was closed while the data was on its way),
+// handed back once the transport, and the engine below it, no longer write
+// into it. Without it such a buffer is simply never mentioned again.
 #pragma once
 
 #include <ashl/config.hpp>
@@ -75,9 +81,16 @@ struct transport_counters {
   std::uint64_t bytes_sent = 0, bytes_received = 0;
   std::uint64_t sends_failed = 0;        // completed with an error
   std::uint64_t receives_refused = 0;    // receive_buffer() returned an empty span, or too small
+  // Large messages not delivered because their sender failed or was closed
+  // mid-transfer, whose buffers were handed back (on_receive_abandoned); and
+  // now, such receives the engine has not let go of within the model's close
+  // timeout (their buffers stay lent: never reused, never written by us).
+  std::uint64_t receives_abandoned = 0, receives_stuck = 0;
   std::uint64_t peers_connected = 0, peers_failed = 0, peers_closed = 0;
   std::uint64_t auth_refused = 0;        // peers that failed authentication
   std::uint64_t unauthenticated_dropped = 0;  // messages from a peer before it authenticated
+  std::uint64_t peers_refused = 0;       // connections refused at once: too many not yet authenticated
+  std::uint64_t peer_records_reused = 0;  // records (and ids) of peers that were done, reused for new ones
 
   // The one list of these counters (core/fields.hpp): the Python binding's
   // dicts are read off it, and fields_cover<>() proves none is missing.
@@ -89,11 +102,15 @@ struct transport_counters {
         field{"bytes_received", &transport_counters::bytes_received},
         field{"sends_failed", &transport_counters::sends_failed},
         field{"receives_refused", &transport_counters::receives_refused},
+        field{"receives_abandoned", &transport_counters::receives_abandoned},
+        field{"receives_stuck", &transport_counters::receives_stuck},
         field{"peers_connected", &transport_counters::peers_connected},
         field{"peers_failed", &transport_counters::peers_failed},
         field{"peers_closed", &transport_counters::peers_closed},
         field{"auth_refused", &transport_counters::auth_refused},
-        field{"unauthenticated_dropped", &transport_counters::unauthenticated_dropped}};
+        field{"unauthenticated_dropped", &transport_counters::unauthenticated_dropped},
+        field{"peers_refused", &transport_counters::peers_refused},
+        field{"peer_records_reused", &transport_counters::peer_records_reused}};
   }
 };
 static_assert(fields_cover<transport_counters>(), "transport_counters::fields() must list every counter");

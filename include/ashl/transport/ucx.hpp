@@ -110,6 +110,18 @@ struct ucx_params {
   // sockaddr endpoint (TCP only with UCX 1.13).
   bool address_endpoints = true;
   std::size_t max_message_bytes = std::size_t{1} << 31;  // larger incoming data is refused without allocating
+  // Every connected peer is sent a keepalive (a keyed control message of 9
+  // bytes, eager) at least this often from progress(), and last_heard()
+  // moves on any message's arrival, the first part of a large one included,
+  // so a peer that drives progress() during a long transfer or a long cycle
+  // is heard from. 0: none. Keep it well below a liveness timeout built on
+  // last_heard() (ps::server_params::worker_timeout).
+  std::chrono::milliseconds keepalive_interval{1000};
+  // Peers that connected to the listener and have not finished
+  // authentication yet; a connection beyond it is refused at once and
+  // counted (transport_counters::peers_refused). Records of peers that are
+  // done are reused, so a stream of failed connections does not grow memory.
+  std::size_t max_pending_peers = 256;
   std::size_t queue_reserve = 1024;  // messages/sends in flight before a queue grows (allocates)
 };
 
@@ -193,6 +205,7 @@ enum class ucx_control : std::uint8_t {
                   // keyed goodbye follows the data on the data endpoint)
   link = 6,       // either side, once the other is authenticated: body = the key it expects in
                   // front of data; data part = its worker address (empty: send over sockaddr)
+  keepalive = 7,  // either side, keyed, every keepalive_interval: moves last_heard(); never queued
 };
 
 // linking: authenticated, waiting for the peer's key and worker address.
@@ -210,6 +223,9 @@ struct ucx_peer {
   std::string address;  // what we connected to, or where the peer connected from
   ucx_sockaddr target;  // client side: the listener's address
   ucx_clock::time_point start{}, deadline{}, retry_at{};
+  ucx_clock::time_point heard{};           // the last message from it arrived (last_heard())
+  ucx_clock::time_point done_at{};         // done since (its record is reused close_timeout later)
+  ucx_clock::time_point next_keepalive{};  // connected: the next keepalive goes out then
   bool retry_pending = false;
   bool challenged = false;  // client side: the listener answered (so errors are no longer "nobody listens")
   bool goodbye = false;     // the peer said it closes in order
@@ -239,6 +255,14 @@ struct ucx_item {
   void* data = nullptr;  // eager: the bytes; rendezvous: the descriptor
   std::size_t length = 0;
   std::span<std::byte> destination;  // rendezvous: the handler's buffer
+  // Receiving: UCX's request, until its callback runs (on_recv_done). The
+  // item and `destination` belong to UCX until then, whatever happens to
+  // the peer: a peer that is done has its receive cancelled, and the item
+  // is recycled (the buffer handed back) only once the callback came.
+  void* request = nullptr;
+  bool cancelled = false;
+  bool stuck = false;  // cancelled, and no callback within close_timeout
+  ucx_clock::time_point cancelled_at{};
 };
 
 // One send in flight: the header copy (after the session key) UCX 1.13
@@ -504,6 +528,11 @@ class ucx_impl {
     return p != nullptr && p->state == ucx_peer_state::connected;
   }
 
+  ucx_clock::time_point last_heard(peer_id id) const noexcept {
+    const ucx_peer* p = find(id);
+    return p != nullptr && p->state == ucx_peer_state::connected ? p->heard : ucx_clock::time_point{};
+  }
+
   void close(peer_id id) {
     ucx_peer* p = find(id);
     if (p == nullptr || p->state == ucx_peer_state::done) return;
@@ -545,6 +574,7 @@ class ucx_impl {
 
   const transport_counters& counters() const noexcept { return counters_; }
   const std::string& listen_address() const noexcept { return listen_address_; }
+  std::size_t peer_records() const noexcept { return peers_.size(); }
 
   // The lanes of the endpoint that carries the peer's data.
   std::string describe(peer_id id) const {
@@ -628,6 +658,7 @@ class ucx_impl {
     auto* item = static_cast<ucx_item*>(user_data);
     item->status = s;
     item->recv = s == UCS_OK ? ucx_recv_state::received : ucx_recv_state::failed;
+    item->request = nullptr;
     ucp_request_free(request);
   }
 
@@ -662,6 +693,7 @@ class ucx_impl {
       ++counters_.unauthenticated_dropped;
       return drop(param);
     }
+    find(from)->heard = ucx_clock::now();
     return queue_am(kind, from, param->reply_ep, header, header_length, data, length, param);
   }
 
@@ -680,7 +712,15 @@ class ucx_impl {
       ++counters_.unauthenticated_dropped;
       return drop(param);
     }
-    if (find(from)->state == ucx_peer_state::done) return drop(param);  // a closed link's last messages
+    ucx_peer& p = *find(from);
+    if (p.state == ucx_peer_state::done) return drop(param);  // a closed link's last messages
+    // Heard now, however long the message takes to arrive whole (or waits
+    // behind an earlier one of its peer).
+    p.heard = ucx_clock::now();
+    if (kind == ucx_item_kind::control && header_length == ucx_key_bytes + 1 &&
+        static_cast<const std::byte*>(header)[ucx_key_bytes] == static_cast<std::byte>(ucx_control::keepalive)) {
+      return drop(param);  // its arrival was all it had to say
+    }
     return queue_am(kind, from, nullptr, static_cast<const std::byte*>(header) + ucx_key_bytes,
                     header_length - ucx_key_bytes, data, length, param);
   }
@@ -758,12 +798,48 @@ class ucx_impl {
 
   // ---- peers -----------------------------------------------------------------
 
+  // A record of a peer that is done is reused (its id with it) once nothing
+  // refers to it any more and close_timeout has passed (its last messages
+  // drained), so connections that come and go do not grow memory.
   ucx_peer& new_peer(bool client) {
-    peers_.push_back(std::make_unique<ucx_peer>());
-    auto& p = *peers_.back();
-    p.id = static_cast<peer_id>(peers_.size() - 1);
-    p.client = client;
-    return p;
+    ucx_peer* p = nullptr;
+    const auto now = ucx_clock::now();
+    for (auto& pp : peers_) {
+      if (pp->state == ucx_peer_state::done && now >= pp->done_at + params_.close_timeout && unreferenced(pp->id)) {
+        p = pp.get();
+        break;
+      }
+    }
+    if (p == nullptr) {
+      peers_.push_back(std::make_unique<ucx_peer>());
+      p = peers_.back().get();
+      p->id = static_cast<peer_id>(peers_.size() - 1);
+    } else {
+      if (p->own_key != 0) keys_.erase(p->own_key);
+      const peer_id id = p->id;
+      *p = ucx_peer{};
+      p->id = id;
+      ++counters_.peer_records_reused;
+    }
+    p->client = client;
+    return *p;
+  }
+
+  bool unreferenced(peer_id id) const noexcept {
+    for (const ucx_item* it : queue_) if (it->peer == id) return false;
+    for (const auto& slot : slots_) if ((slot->in_flight || slot->orphaned) && !slot->reported && slot->peer == id) return false;
+    for (const ucx_send_slot* slot : completions_) if (slot->peer == id) return false;
+    for (const auto& n : notes_) if (n.peer == id) return false;
+    return true;
+  }
+
+  // Peers that connected to our listener and are not authenticated and
+  // linked yet (ucx_params::max_pending_peers).
+  std::size_t pending_peers() const noexcept {
+    std::size_t n = 0;
+    for (const auto& pp : peers_)
+      n += !pp->client && (pp->state == ucx_peer_state::handshake || pp->state == ucx_peer_state::linking) ? 1 : 0;
+    return n;
   }
 
   ucx_peer* find(peer_id id) noexcept { return id < peers_.size() ? peers_[id].get() : nullptr; }
@@ -823,8 +899,10 @@ class ucx_impl {
       connected_.erase(std::remove(connected_.begin(), connected_.end(), p.id), connected_.end());
     }
     p.state = ucx_peer_state::done;
+    p.done_at = ucx_clock::now();
     p.retry_pending = false;
     if (!flush) orphan_sends(p.id);
+    cancel_receives(p.id);
     drop_endpoint(p, flush);
   }
 
@@ -978,6 +1056,15 @@ class ucx_impl {
   void accept_connections() {
     for (std::size_t i = 0; i < conn_requests_.size(); ++i) {
       ucp_conn_request_h request = conn_requests_[i];
+      if (pending_peers() >= params_.max_pending_peers) {
+        // Refused before a record or an endpoint exists for it.
+        ++counters_.peers_refused;
+        if (counters_.peers_refused == 1)
+          std::fprintf(stderr, "ashl ucx: a connection refused: ucx_params.max_pending_peers = %zu peers are "
+                               "authenticating already (counted in peers_refused)\n", params_.max_pending_peers);
+        ucp_listener_reject(listener_, request);
+        continue;
+      }
       auto& p = new_peer(false);
       ucp_conn_request_attr_t ca{};
       ca.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
@@ -1016,6 +1103,10 @@ class ucx_impl {
         } else if (now >= p.deadline) {
           give_up_connecting(p);
         }
+      } else if (p.state == ucx_peer_state::connected && !p.draining && params_.keepalive_interval.count() > 0 &&
+                 now >= p.next_keepalive) {
+        p.next_keepalive = now + params_.keepalive_interval;
+        send_keyed_control(p, ucx_control::keepalive);
       } else if (p.state == ucx_peer_state::connected && p.draining && now >= p.deadline) {
         // Its keyed goodbye never came (it died after its sockaddr goodbye).
         close_by_peer(p);
@@ -1035,6 +1126,8 @@ class ucx_impl {
     for (const auto& pp : peers_) {
       const ucx_peer& p = *pp;
       if (p.state == ucx_peer_state::connected && p.draining) next = std::min(next, p.deadline);
+      if (p.state == ucx_peer_state::connected && !p.draining && params_.keepalive_interval.count() > 0)
+        next = std::min(next, p.next_keepalive);
       if (p.state == ucx_peer_state::connecting || p.state == ucx_peer_state::handshake ||
           p.state == ucx_peer_state::linking) {
         next = std::min(next, p.deadline);
@@ -1136,6 +1229,8 @@ class ucx_impl {
         on_link(p, it, body);
         return;
       }
+      case ucx_control::keepalive:
+        return;  // handled on arrival (on_am_keyed)
       case ucx_control::refuse: {
         if (!p.client) return;
         return fail(p, status(errc::invalid_argument, "token mismatch: the server at " + p.address +
@@ -1170,6 +1265,8 @@ class ucx_impl {
 
   void mark_connected(ucx_peer& p) {
     p.state = ucx_peer_state::connected;
+    p.heard = ucx_clock::now();
+    p.next_keepalive = p.heard + params_.keepalive_interval;
     connected_.push_back(p.id);
     ++counters_.peers_connected;
     p.transports = print_endpoint(data_endpoint(p));
@@ -1288,6 +1385,24 @@ class ucx_impl {
       }
       const bool keyed = it.ep == nullptr;
       if (p == nullptr || (!keyed && p->ep != it.ep) || p->state == ucx_peer_state::done) {
+        if (it.recv == ucx_recv_state::receiving) {
+          // UCX still owns the item and the buffer: kept until its callback
+          // (its peer's later messages are dropped meanwhile, not held).
+          // UCX 1.13 cannot cancel an active-message receive: the callback
+          // comes when the sender goes on, and never when it died; such a
+          // receive is counted stuck after close_timeout, and its buffer is
+          // never handed back (nor written by anyone).
+          if (!it.cancelled) {
+            it.cancelled = true;
+            it.cancelled_at = ucx_clock::now();
+            if (it.request != nullptr) ucp_request_cancel(worker_, it.request);
+          } else if (!it.stuck && ucx_clock::now() - it.cancelled_at >= params_.close_timeout) {
+            it.stuck = true;
+            ++counters_.receives_stuck;
+          }
+          continue;
+        }
+        if (it.rndv && it.recv != ucx_recv_state::queued) calls += abandon(h, it);
         release(it);  // from an endpoint that is gone: nobody to deliver to
         it.done = true;
         continue;
@@ -1329,6 +1444,7 @@ class ucx_impl {
         continue;
       }
       if (it.recv == ucx_recv_state::failed) {
+        calls += abandon(h, it);
         it.done = true;  // the peer died mid-transfer; its failure follows
         continue;
       }
@@ -1374,6 +1490,37 @@ class ucx_impl {
     } else if (UCS_PTR_IS_ERR(req)) {
       it.status = UCS_PTR_STATUS(req);
       it.recv = ucx_recv_state::failed;
+    } else if (it.recv == ucx_recv_state::receiving) {
+      it.request = req;  // (a callback that already ran freed it)
+    }
+  }
+
+  // The receives in flight from a peer that is done: UCX is asked to cancel
+  // them. Each item (and the handler's buffer) stays UCX's until the
+  // callback comes; deliver_items() then hands the buffer back.
+  void cancel_receives(peer_id id) {
+    for (ucx_item* it : queue_) {
+      if (it->peer != id || it->recv != ucx_recv_state::receiving || it->cancelled) continue;
+      it->cancelled = true;
+      it->cancelled_at = ucx_clock::now();
+      if (it->request != nullptr) ucp_request_cancel(worker_, it->request);
+    }
+  }
+
+  // A buffer from receive_buffer() that will not be delivered, handed back
+  // once UCX no longer writes into it.
+  template <class H>
+  std::size_t abandon(H& h, ucx_item& it) {
+    ++counters_.receives_abandoned;
+    if (it.stuck) --counters_.receives_stuck;  // its callback came after all
+    if (it.destination.empty()) return 0;
+    const std::span<std::byte> buffer = it.destination;
+    it.destination = {};
+    if constexpr (requires { h.on_receive_abandoned(it.peer, buffer); }) {
+      h.on_receive_abandoned(it.peer, buffer);
+      return 1;
+    } else {
+      return 0;
     }
   }
 
@@ -1414,10 +1561,10 @@ class ucx_impl {
   std::string listen_address_;
   transport_counters counters_;
 
-  std::vector<std::unique_ptr<ucx_peer>> peers_;  // by peer_id; never reused
+  std::vector<std::unique_ptr<ucx_peer>> peers_;  // by peer_id; a done one is reused (new_peer)
   std::vector<peer_id> connected_;
   std::unordered_map<ucp_ep_h, peer_id> ep_peer_;
-  std::unordered_map<std::uint64_t, peer_id> keys_;  // own_key → peer; kept after a peer is done
+  std::unordered_map<std::uint64_t, peer_id> keys_;  // own_key → peer; kept after a peer is done, until its record is reused
   ucp_address_t* worker_address_ = nullptr;         // sent in each link; null without address endpoints
   std::size_t worker_address_length_ = 0;
 
@@ -1463,9 +1610,17 @@ class ucx {
   void wait(std::chrono::microseconds timeout) { impl_->wait(timeout); }
   std::span<const peer_id> peers() const noexcept { return impl_->peers(); }
   bool is_connected(peer_id p) const noexcept { return impl_->is_connected(p); }
+  // When a message of a connected peer last arrived (a keepalive, or the
+  // first part of a large message, counts); a time_point{} when p is not
+  // connected. Read on steady_clock.
+  std::chrono::steady_clock::time_point last_heard(peer_id p) const noexcept { return impl_->last_heard(p); }
   void close(peer_id p) { impl_->close(p); }
   void close() { impl_->close_all(true); }
   const transport_counters& counters() const noexcept { return impl_->counters(); }
+
+  // Peer records held (connected, being set up, or done and not reused yet):
+  // bounded by the live ones plus those done within close_timeout.
+  std::size_t peer_records() const noexcept { return impl_->peer_records(); }
 
   // The bound "host:port" of the listener ("" when not listening): the real
   // port when created with port 0.
