@@ -129,7 +129,9 @@ BOOST_AUTO_TEST_CASE(allreduce_every_dtype_and_op) {
       for (coll::reduce_op op : {coll::reduce_op::sum, coll::reduce_op::max, coll::reduce_op::min}) {
         dbuf in(bytes), out(bytes);
         in.upload(ref);
-        check(cudaMemset(out.p, 0x5a, bytes), "memset");
+        // On the allreduce's stream: a cudaMemset on the legacy stream is not
+        // ordered before work on a non-blocking stream (it overwrote results).
+        check(cudaMemsetAsync(out.p, 0x5a, bytes, st.s), "memset");
         auto r = c.allreduce({in.p, n, t}, {out.p, n, t}, op, st.s);
         BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.error().message()));
         BOOST_TEST_REQUIRE(c.wait(*r).ok());

@@ -167,7 +167,9 @@ void check_error_feedback(const C& c, std::size_t n, pattern p, cc::codec_contex
       if (!cpu.steps[s].payload) {
         check_refusal(cpu.steps[s], report.download(1)[0]);
       } else {
-        BOOST_TEST(first_difference(*cpu.steps[s].payload, out.download(d_used.download(1)[0])) == -1);
+        const auto gpu = out.download(d_used.download(1)[0]);
+        BOOST_TEST(first_difference(*cpu.steps[s].payload, gpu) == -1,
+                   "step " << s << ": " << describe_difference(*cpu.steps[s].payload, gpu));
       }
     }
     const ashl::device_view<const float> e = ef.residual(ctx.tensor);

@@ -208,4 +208,25 @@ inline long long first_difference(const std::vector<std::byte>& a, const std::ve
   return a.size() == b.size() ? -1 : static_cast<long long>(m);
 }
 
+// What two payloads hold around their first difference, for a failure
+// message: the sizes, the offset, and the aligned 4-byte words there as hex
+// and as f32 (a NaN whose payload bits differ shows as two NaNs).
+inline std::string describe_difference(const std::vector<std::byte>& cpu, const std::vector<std::byte>& gpu) {
+  const long long at = first_difference(cpu, gpu);
+  if (at < 0) return "identical";
+  const std::size_t w = static_cast<std::size_t>(at) & ~std::size_t{3};
+  auto word = [&](const std::vector<std::byte>& v) {
+    if (w + 4 > v.size()) return std::string("(past the end)");
+    std::uint32_t u = 0;
+    std::memcpy(&u, v.data() + w, 4);
+    float f = 0;
+    std::memcpy(&f, &u, 4);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "0x%08x (%g)", u, static_cast<double>(f));
+    return std::string(buf);
+  };
+  return "sizes cpu " + std::to_string(cpu.size()) + " gpu " + std::to_string(gpu.size()) + ", first difference at byte " +
+         std::to_string(at) + ": word at " + std::to_string(w) + " cpu " + word(cpu) + " gpu " + word(gpu);
+}
+
 }  // namespace ashl_test
