@@ -122,25 +122,31 @@ for f in "$log"/tests/*.rc; do
 done
 
 # ---- 3. the benchmarks -------------------------------------------------------
-timeout 150 "$bin/ashl_bench_compress_cuda" "${quick[@]}" --torch-script bench/gpu/torch_topk.py >"$log/bench.log" 2>&1
-bench_rc=$?
-grep '^{' "$log/bench.log" >"$log/bench.jsonl"
-echo "run.sh: compress benchmark exit $bench_rc after $(elapsed)"
-sizes=$(python3 -c 'import json,sys; print(" ".join(sorted({str(json.loads(l)["n"]) for l in open(sys.argv[1])}, key=int)))' "$log/bench.jsonl" 2>/dev/null)
-if [[ -x "$bin/cub_topk" && -n "$sizes" ]]; then
-  # shellcheck disable=SC2086
-  timeout 60 "$bin/cub_topk" --runs 25 --sizes $sizes >"$log/cub_topk.log" 2>&1
-  echo "run.sh: cub_topk exit $? after $(elapsed)"
-  grep '^{' "$log/cub_topk.log" >>"$log/bench.jsonl"
-else
-  echo "run.sh: no cub::DeviceTopK baseline (bundle without cub_topk; see bench/gpu/bundle.sh)"
-fi
+bench_rc=0
 nccl_rc=-1
-if [[ -x "$bin/ashl_bench_coll_nccl" ]]; then
-  timeout 60 "$bin/ashl_bench_coll_nccl" >"$log/coll_nccl.log" 2>&1
-  nccl_rc=$?
-  grep '^{' "$log/coll_nccl.log" >"$log/coll_nccl.jsonl"
-  echo "run.sh: coll_nccl benchmark exit $nccl_rc after $(elapsed)"
+if [[ "${ASHL_GPU_TESTS_ONLY:-0}" == 1 ]]; then
+  echo "run.sh: benchmarks not run (ASHL_GPU_TESTS_ONLY=1)"
+else
+  timeout 150 "$bin/ashl_bench_compress_cuda" "${quick[@]}" --torch-script bench/gpu/torch_topk.py >"$log/bench.log" 2>&1
+  bench_rc=$?
+  grep '^{' "$log/bench.log" >"$log/bench.jsonl"
+  echo "run.sh: compress benchmark exit $bench_rc after $(elapsed)"
+  sizes=$(python3 -c 'import json,sys; print(" ".join(sorted({str(json.loads(l)["n"]) for l in open(sys.argv[1])}, key=int)))' "$log/bench.jsonl" 2>/dev/null)
+  if [[ -x "$bin/cub_topk" && -n "$sizes" ]]; then
+    # shellcheck disable=SC2086
+    timeout 60 "$bin/cub_topk" --runs 25 --sizes $sizes >"$log/cub_topk.log" 2>&1
+    echo "run.sh: cub_topk exit $? after $(elapsed)"
+    grep '^{' "$log/cub_topk.log" >>"$log/bench.jsonl"
+  else
+    echo "run.sh: no cub::DeviceTopK baseline (bundle without cub_topk; see bench/gpu/bundle.sh)"
+  fi
+  if [[ -x "$bin/ashl_bench_coll_nccl" ]]; then
+    timeout 60 "$bin/ashl_bench_coll_nccl" >"$log/coll_nccl.log" 2>&1
+    nccl_rc=$?
+    grep '^{' "$log/coll_nccl.log" >"$log/coll_nccl.jsonl"
+    echo "run.sh: coll_nccl benchmark exit $nccl_rc after $(elapsed)"
+  fi
+
 fi
 
 # ---- 3b. the Python module's CUDA tests (issue 26) ------------------------------

@@ -179,6 +179,7 @@ BOOST_AUTO_TEST_CASE(graph_capture_and_replay) {
   std::vector<float> expect(n, 0.0f);
   for (const auto* x : {&x1, &x2}) {
     check(cudaMemcpy(dx.data(), x->data(), n * sizeof(float), cudaMemcpyHostToDevice), "upload");
+    check(cudaDeviceSynchronize(), "upload (synchronize)");  // the legacy stream's copy vs the graph's stream
     check(cudaGraphLaunch(exec, stream), "launch");
     check(cudaStreamSynchronize(stream), "replay");
     const auto cpu = cpu_encode(c, *x);

@@ -44,8 +44,13 @@ struct dbuf {
   dbuf(const dbuf&) = delete;
   dbuf& operator=(const dbuf&) = delete;
   ~dbuf() { cudaFree(p); }
+  // cudaMemcpy from pageable memory may return before the copy has landed,
+  // and the legacy stream it runs on is not ordered before the tests'
+  // non-blocking streams: wait for it (on the H200 an allreduce read a
+  // half-uploaded input).
   void upload(const std::vector<std::byte>& h) {
     check(cudaMemcpy(p, h.data(), h.size(), cudaMemcpyHostToDevice), "upload");
+    check(cudaDeviceSynchronize(), "upload (synchronize)");
   }
   std::vector<std::byte> download(std::size_t bytes) const {
     std::vector<std::byte> h(bytes);

@@ -198,12 +198,14 @@ BOOST_AUTO_TEST_CASE(error_feedback_step_matches_the_host) {
   dbuf<std::byte> out(codec.max_encoded_bytes(n, ashl::dtype::f32));
   dbuf<ashl::compress::cuda::device_report> reports(2);
   check(cudaMemset(e.p, 0, n * sizeof(float)), "memset");
+  check(cudaDeviceSynchronize(), "memset (synchronize)");  // legacy stream vs st.s
   std::vector<float> xh(n);
   std::vector<std::byte> hp(host.max_encoded_bytes(n, ashl::dtype::f32)), hs(host.scratch_bytes(n, ashl::dtype::f32));
   void* scratch = nullptr;
   for (int step = 0; step < 3; ++step) {
     for (std::size_t i = 0; i < n; ++i) xh[i] = grad(step, i) * (1.0f + static_cast<float>(i % 7));
     check(cudaMemcpy(x.p, xh.data(), n * sizeof(float), cudaMemcpyHostToDevice), "upload");
+    check(cudaDeviceSynchronize(), "upload (synchronize)");  // the encode runs on st.s, a non-blocking stream
     const ashl::compress::codec_context ctx{.seed = 1, .step = static_cast<std::uint64_t>(step), .tensor = 0};
     ashl::compress::cuda::device_output o{.bytes = {out.p, out.n}};
     ashl::compress::cuda::device_scratch q{};

@@ -208,6 +208,32 @@ inline long long first_difference(const std::vector<std::byte>& a, const std::ve
   return a.size() == b.size() ? -1 : static_cast<long long>(m);
 }
 
+// The first element of two dense payloads of `width`-byte floats (4: f32,
+// 2: f16 or bf16, `bf16` telling which) that differs, where two NaNs match
+// whatever their bits: a NaN made by arithmetic carries the hardware's bits
+// (x86 keeps a quiet NaN's payload, 0x7fc00000 from a widened f16 NaN; the
+// GPU writes 0x7fffffff, or 0x7fff in f16), so error feedback over inputs
+// with inf and NaN is bit-identical except there. -1 when none differs;
+// the byte offset of the element otherwise.
+inline long long first_dense_difference(const std::vector<std::byte>& a, const std::vector<std::byte>& b,
+                                        std::size_t width, bool bf16 = false) {
+  if (a.size() != b.size()) return static_cast<long long>(a.size() < b.size() ? a.size() : b.size());
+  const auto is_nan = [&](const std::byte* p) {
+    if (width == 4) {
+      std::uint32_t u;
+      std::memcpy(&u, p, 4);
+      return (u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0;
+    }
+    std::uint16_t h;
+    std::memcpy(&h, p, 2);
+    return bf16 ? ((h & 0x7f80u) == 0x7f80u && (h & 0x007fu) != 0) : ((h & 0x7c00u) == 0x7c00u && (h & 0x03ffu) != 0);
+  };
+  for (std::size_t i = 0; i + width <= a.size(); i += width)
+    if (std::memcmp(a.data() + i, b.data() + i, width) != 0 && !(is_nan(a.data() + i) && is_nan(b.data() + i)))
+      return static_cast<long long>(i);
+  return a.size() % width == 0 ? -1 : first_difference(a, b);
+}
+
 // What two payloads hold around their first difference, for a failure
 // message: the sizes, the offset, and the aligned 4-byte words there as hex
 // and as f32 (a NaN whose payload bits differ shows as two NaNs).

@@ -191,6 +191,9 @@ BOOST_AUTO_TEST_CASE(graph_capture_and_replay) {
   int replay = 0;
   for (const auto* x : {&x1, &x2, &x1}) {
     check(cudaMemcpy(dx.data(), x->data(), n * sizeof(float), cudaMemcpyHostToDevice), "upload");
+    // The graph runs on a non-blocking stream, which the legacy stream's copy
+    // is not ordered before (a replay once read a half-uploaded input).
+    check(cudaDeviceSynchronize(), "upload (synchronize)");
     check(cudaGraphLaunch(exec, stream), "launch");
     check(cudaStreamSynchronize(stream), "replay");
     const auto cpu = cpu_encode(c, *x), gpu = out.download(used);
