@@ -392,7 +392,7 @@ BOOST_AUTO_TEST_CASE(rejoin_with_a_new_incarnation_restarts_sequences_and_refuse
   out.clear();
   core.join(1, 3, 2.4, out);  // an older incarnation's late join
   BOOST_REQUIRE(out.errors().size() == 1u);
-  BOOST_TEST(out.errors()[0].text == "join.incarnation = 3: worker 1 is at incarnation 7");
+  BOOST_TEST(out.errors()[0].text == "join.incarnation = 3: stale: worker 1 is at incarnation 7 (a later process of this rank joined; this one must not commit)");
   out.clear();
   core.join(1, 7, 2.5, out);  // duplicate join: the plan again, nothing else
   BOOST_TEST(out.plans().size() == 1u);
