@@ -160,7 +160,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  compression: Optional[str] = None, *, update: str = "delta", job: Optional[Job] = None,
                  fabric: Optional[_ashl.InprocFabric] = None, batch_size: int = 32, timeout: float = 30.0,
                  seed: int = 0, error_feedback: bool = True, link_bytes_per_second: float = 0.0,
-                 reconnect: float = 0.0):
+                 reconnect: float = 0.0, incarnation: int = 0):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer = {type(optimizer).__name__}: must be a torch.optim.Optimizer")
         if update not in ("delta", "gradient"):
@@ -190,7 +190,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                     error_feedback=error_feedback, link_bytes_per_second=link_bytes_per_second,
                                     reconnect=reconnect, progress_seconds=self._job.progress_seconds,
                                     token=self._job.token, insecure=self._job.insecure, verbose=self._job.verbose,
-                                    fabric=fabric)
+                                    fabric=fabric, incarnation=incarnation,
+                                    job=_job_id(self._job, self._bucket.params.numel()))
         self._check_servers()
         self._w0 = self._bucket.params.clone() if update == "delta" else None
         self._delta = torch.empty_like(self._bucket.params) if update == "delta" else None
@@ -326,11 +327,13 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
           fabric: Optional[_ashl.InprocFabric] = None, listen: Optional[str] = None,
           worker_timeout: float = 20.0, progress_seconds: Optional[float] = None, checkpoint_dir: str = "",
           checkpoint_every: float = 0.0, restore: bool = False, seed: int = 0,
-          background: bool = False) -> _ashl.Server:
+          background: bool = False, no_worker_grace: Optional[float] = None) -> _ashl.Server:
     """Runs this process's server of the job (job.role == "server"), starting
     from ``model``'s parameters (its shard of them). Blocks until every worker
-    left and returns the server (its telemetry); ``background=True`` starts it
-    in a thread and returns at once (stop() and join() end it)."""
+    left (or none was connected for ``no_worker_grace`` seconds, by default
+    the job's, ASHL_NO_WORKER_GRACE or 60) and returns the server (its
+    telemetry; ``ended`` says why); ``background=True`` starts it in a thread
+    and returns at once (stop() and join() end it)."""
     job = job if job is not None else _job_from_env()
     if job.role != "server":
         raise ValueError(f"job.role = {job.role!r}: serve() runs on a server (the workers make a DistributedOptimizer)")
@@ -346,12 +349,19 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
                        verbose=job.verbose, worker_timeout=worker_timeout,
                        progress_seconds=job.progress_seconds if progress_seconds is None else progress_seconds,
                        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, restore=restore, seed=seed,
-                       fabric=fabric)
+                       fabric=fabric,
+                       no_worker_grace=job.no_worker_grace if no_worker_grace is None else no_worker_grace,
+                       job=_job_id(job, initial.numel()))
     if background:
         srv.start()
     else:
         srv.run()
     return srv
+
+
+def _job_id(job: Job, elements: int) -> int:
+    """The job id every process of the job computes alike (ps::job_id_of)."""
+    return _ashl.make_job_id(job.name, int(elements), job.num_workers, job.num_servers)
 
 
 def _named_parameters_unique(model: Any) -> List[Tuple[str, torch.Tensor]]:
