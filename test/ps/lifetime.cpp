@@ -8,7 +8,8 @@
 // name and a superseded process fails with the reason; a lone worker paused
 // past worker_timeout is evicted, reconnects, and the server goes on; a
 // worker that starts after worker_timeout still joins; a server with nobody
-// ends after no_worker_grace. ashl_test_ps_node over UCX/TCP on 127.0.0.1
+// ends after no_worker_grace; after a whole-job restore, fresh workers'
+// commits are applied. ashl_test_ps_node over UCX/TCP on 127.0.0.1
 // (test/support/fault_job.hpp); ASP applies each commit at once, so the
 // server's applied count is the sum of the workers' commits.
 
@@ -25,6 +26,7 @@ int main() {
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -75,6 +77,42 @@ BOOST_AUTO_TEST_CASE(restarted_worker_commits_are_applied) {
              "applied " << s.at("commits_applied") << ", killed process had begun " << killed_started);
   BOOST_TEST(s.at("commits_applied") <= 60.0 + 30.0 + static_cast<double>(killed_started));
   BOOST_TEST(s.at("commits_applied") == s.at("commits"));
+}
+
+// Issue 24's reproduction: after a whole-job restore, fresh workers got
+// every commit refused as a duplicate and the version never moved. BSP, two
+// workers, a checkpoint at the end of the first job; the second job's new
+// processes have every commit applied.
+BOOST_AUTO_TEST_CASE(whole_job_restore_applies_fresh_workers_commits) {
+  fault_job::job j(2);
+  BOOST_TEST_REQUIRE(j.ok());
+  const std::string ckpt = j.dir() + "/ckpt";
+  std::filesystem::create_directories(ckpt);
+  const std::vector<std::string> common = {"--policy", "bsp", "--elements", "64"};
+  const auto server_args = cat(common, {"--checkpoint-dir", ckpt});
+  const auto worker_args = cat(common, {"--quadratic", "2", "--cycles", "10", "--timeout-ms", "20000"});
+  for (int run = 0; run < 2; ++run) {
+    const std::string tag = run == 0 ? "first" : "restored";
+    const pid_t srv = j.start_server(run == 0 ? server_args : cat(server_args, {"--restore"}), tag + "-server.log");
+    BOOST_TEST_REQUIRE(srv > 0);
+    pid_t w[2];
+    for (std::uint32_t k = 0; k < 2; ++k)
+      w[k] = j.start_worker(k, worker_args, tag + "-worker" + std::to_string(k) + ".log", false);
+    for (std::uint32_t k = 0; k < 2; ++k) {
+      const auto o = j.finish(w[k], 60s, tag + "-worker" + std::to_string(k) + ".log");
+      BOOST_TEST(o.exit_code == 0, tag << " worker " << k << ": " << o.log());
+    }
+    const auto so = j.finish(srv, 60s, tag + "-server.log");
+    BOOST_TEST(so.exit_code == 0, tag << ": " << so.log());
+    const auto s = j.server_counters();
+    BOOST_TEST(s.at("duplicates") == 0.0, tag << ": " << so.log());
+    BOOST_TEST(s.at("refused") == 0.0, tag << ": " << so.log());
+    BOOST_TEST(s.at("commits_applied_now") == 20.0, tag << ": " << so.log());
+    if (run == 1) {
+      BOOST_TEST(s.at("restored_applied") == 20.0, so.log());
+      BOOST_TEST(s.at("commits_applied") == 40.0, so.log());
+    }
+  }
 }
 
 // An older incarnation of a rank is refused with an error naming it, and a
