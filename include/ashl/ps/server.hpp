@@ -8,7 +8,7 @@
 //                                        .optimizer = {.mode = ashl::ps::optimizer_params::kind::sgd, .lr = 0.1}}};
 //   auto srv = ashl::ps::server<ashl::transport::ucx>::create(sp, *ashl::ps::make_policy("ssp", pp), std::move(*t), init);
 //   std::atomic<bool> stop{false};
-//   srv->run(stop);                        // progress + wait until stop, or every worker left
+//   srv->run(stop);                        // until stop, every rank left, or no worker for no_worker_grace
 //   srv->telemetry();                      // counters: applied, refused by reason, bytes, pulls held, ...
 //
 // The server owns no rule of its own: every commit, pull, join, leave,
