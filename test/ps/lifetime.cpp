@@ -133,7 +133,9 @@ BOOST_AUTO_TEST_CASE(stale_incarnation_is_refused_by_name) {
   BOOST_TEST(oo.exit_code == 1, oo.log());
   BOOST_TEST(has(oo.log(), "join.incarnation = 5: stale: worker 0 is at incarnation 1000"), oo.log());
   // A fresh process takes the rank; the first one is told it is stale.
-  const pid_t fresh = j.start_worker(0, cat(worker_args, {"--cycles", "20"}), "fresh.log", false);
+  // 100 cycles (0.3 s at least): the first process hears it is stale
+  // long before this one leaves and the server ends.
+  const pid_t fresh = j.start_worker(0, cat(worker_args, {"--cycles", "100"}), "fresh.log", false);
   const auto of = j.finish(fresh, 60s, "fresh.log");
   BOOST_TEST(of.exit_code == 0, of.log());
   const auto o1 = j.finish(first, 60s, "worker0.log");
