@@ -25,6 +25,13 @@
 //   --checkpoint-every S   ... every S seconds too
 //   --restore              a server restores DIR's checkpoint at start (a restart)
 //   --worker-timeout S     a server evicts a worker silent this long (default 20; 0: never)
+//   --no-worker-grace S    (the runtime contract's, ASHL_NO_WORKER_GRACE) a server ends after S
+//                          seconds with no worker connected (default 60); an evicted worker may
+//                          rejoin within it. A server also ends when every worker left.
+//   --job NAME             (ASHL_JOB) part of the job id: servers refuse a worker, and a
+//                          restore refuses a checkpoint, of another job (docs/ps.md, "Job identity")
+// A worker process joins with a fresh incarnation (from the clock), so a
+// worker restarted by hand has its commits applied, never taken for duplicates.
 //   --reconnect S          a worker whose server fails waits up to S seconds for it to come back
 //   --timeout S            a worker's bound on every wait (default 30)
 // Every worker does plan.local_iterations local steps on its own copy, then
@@ -144,9 +151,12 @@ int serve(const ps::job& j, const options& o) {
       {.core = {.layout = *layout, .shard = j.rank, .workers = j.num_workers},
        .progress_seconds = j.progress_seconds,
        .worker_timeout = std::chrono::milliseconds(static_cast<long>(o.worker_timeout * 1000)),
+       .no_worker_grace = std::chrono::milliseconds(static_cast<long>(j.no_worker_grace_seconds * 1000)),
        .checkpoint_dir = o.checkpoint_dir,
        .checkpoint_every_seconds = o.checkpoint_every,
-       .restore = o.restore},
+       .restore = o.restore,
+       .job = ps::job_id_of(j, o.dim),
+       .policy = o.policy},
       std::move(*policy), std::move(*t));
   if (!srv) return fail(srv.error().message());
   if (srv->restored_version() != 0)
@@ -154,9 +164,10 @@ int serve(const ps::job& j, const options& o) {
                  static_cast<unsigned long long>(srv->restored_version()), o.checkpoint_dir.c_str());
   std::fprintf(stderr, "server %u listening on %s (%s)\n", j.rank, srv->transport().listen_address().c_str(),
                o.policy.c_str());
-  srv->run(g_stop);  // until every worker left, or a signal
-  std::fprintf(stderr, "%s\n", srv->progress_line().c_str());
-  return srv->all_left() ? 0 : 1;
+  srv->run(g_stop);  // until every worker left, nobody came for no_worker_grace, or a signal
+  std::fprintf(stderr, "%s\nserver %u ended: %s\n", srv->progress_line().c_str(), j.rank,
+               std::string(ps::to_string(srv->end())).c_str());
+  return srv->end() == ps::server_end::stopped ? 1 : 0;
 }
 
 int train(const ps::job& j, const options& o) {
@@ -177,6 +188,7 @@ int train(const ps::job& j, const options& o) {
   auto wk = ps::worker<tr::ucx>::create({.rank = j.rank,
                                          .servers = j.server_addresses,
                                          .batch = 32,
+                                         .job = ps::job_id_of(j, o.dim),
                                          .timeout = std::chrono::milliseconds(static_cast<long>(o.timeout * 1000)),
                                          .progress_seconds = j.progress_seconds,
                                          .reconnect = std::chrono::milliseconds(static_cast<long>(o.reconnect * 1000))},

@@ -65,6 +65,8 @@ class Job:
     insecure: bool = False
     verbose: bool = False
     progress_seconds: float = 0.0
+    name: str = ""                 # ASHL_JOB: part of the job id (ashl._ashl.make_job_id)
+    no_worker_grace: float = 60.0  # ASHL_NO_WORKER_GRACE: a server ends after this long with no worker
     rest: tuple = ()
 
     @staticmethod

@@ -310,7 +310,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  seed: int = 0, error_feedback: bool = True, link_bytes_per_second: float = 0.0,
                  reconnect: float = 0.0, bucket_cap_mb: Optional[float] = DEFAULT_BUCKET_CAP_MB,
                  overlap: bool = True, commit_in_backward: Optional[bool] = None,
-                 check_finite: Optional[bool] = None, trace: Optional[str] = None):
+                 check_finite: Optional[bool] = None, trace: Optional[str] = None,
+                 incarnation: int = 0):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer = {type(optimizer).__name__}: must be a torch.optim.Optimizer")
         if update not in ("delta", "gradient"):
@@ -351,7 +352,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  error_feedback=error_feedback, link_bytes_per_second=link_bytes_per_second,
                                  reconnect=reconnect, progress_seconds=self._job.progress_seconds if b.index == 0
                                  else 0.0, token=self._job.token, insecure=self._job.insecure,
-                                 verbose=self._job.verbose, fabric=fabric)
+                                 verbose=self._job.verbose, fabric=fabric, incarnation=incarnation,
+                                 job=_job_id(self._job, b.size))
                 b.stage_in()
                 builder = _ashl.UpdateBuilder(update, b.size)
                 builder.pulled(b.host_params.numpy())
@@ -792,6 +794,11 @@ class Servers:
     def progress_line(self) -> str:
         return self.servers[0].progress_line()
 
+    @property
+    def ended(self) -> str:
+        """Why the servers' run() returned (bucket 0's: they end alike)."""
+        return self.servers[0].ended
+
 
 def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None] = "bsp",
           compression: Optional[str] = "topk", *, optimizer: str = "model_delta", lr: float = 0.1,
@@ -800,7 +807,7 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
           worker_timeout: float = 20.0, progress_seconds: Optional[float] = None, checkpoint_dir: str = "",
           checkpoint_every: float = 0.0, restore: bool = False, seed: int = 0,
           background: bool = False, bucket_cap_mb: Optional[float] = DEFAULT_BUCKET_CAP_MB,
-          store_mb: Optional[float] = None) -> Any:
+          store_mb: Optional[float] = None, no_worker_grace: Optional[float] = None) -> Any:
     """Runs this process's servers of the job (job.role == "server"), one per
     bucket (``partition(model, bucket_cap_mb, policy)``, as the workers make
     them), starting from ``model``'s parameters (its shard of each bucket).
@@ -809,7 +816,10 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
     them in threads and returns at once (stop() and join() end them).
     ``store_mb``: the bound of each server's buffered commits (server_core's
     store_bytes); default the larger of 64 MiB and one float32 commit of
-    the bucket per worker and one more (what BSP buffers)."""
+    the bucket per worker and one more (what BSP buffers). The servers end
+    when every worker left, or when none was connected for
+    ``no_worker_grace`` seconds (by default the job's, ASHL_NO_WORKER_GRACE or
+    60); each server's ``ended`` says why."""
     job = job if job is not None else _job_from_env()
     if job.role != "server":
         raise ValueError(f"job.role = {job.role!r}: serve() runs on a server (the workers make a DistributedOptimizer)")
@@ -835,7 +845,9 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
                            if bi == 0 else 0.0,
                            checkpoint_dir=ckpt,
                            checkpoint_every=checkpoint_every, restore=restore, seed=seed, fabric=fabric,
-                           store_bytes=store)
+                           store_bytes=store,
+                           no_worker_grace=job.no_worker_grace if no_worker_grace is None else no_worker_grace,
+                           job=_job_id(job, initial.numel()))
         servers.append(srv)
     out = servers[0] if len(servers) == 1 else Servers(servers)
     if background:
@@ -843,3 +855,9 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
     else:
         out.run()
     return out
+
+
+def _job_id(job: Job, elements: int) -> int:
+    """The job id every process of the job computes alike (ps::job_id_of): per
+    bucket, from the bucket's elements."""
+    return _ashl.make_job_id(job.name, int(elements), job.num_workers, job.num_servers)

@@ -104,6 +104,8 @@ py::dict job_dict(const ps::job& j) {
   d["insecure"] = j.insecure;
   d["verbose"] = j.verbose;
   d["progress_seconds"] = j.progress_seconds;
+  d["name"] = j.name;
+  d["no_worker_grace"] = j.no_worker_grace_seconds;
   d["rest"] = j.rest;
   return d;
 }
@@ -221,6 +223,7 @@ struct any_worker {
   virtual std::uint32_t batch() const = 0;
   virtual ashl::codec_id codec() const = 0;
   virtual std::uint64_t staleness() const = 0;
+  virtual std::uint64_t incarnation() const = 0;
   virtual ps::worker_telemetry telemetry() const = 0;
   virtual std::string progress_line() const = 0;
 };
@@ -239,6 +242,7 @@ struct worker_of final : any_worker {
   std::uint32_t batch() const override { return w.batch(); }
   ashl::codec_id codec() const override { return w.codec(); }
   std::uint64_t staleness() const override { return w.staleness(); }
+  std::uint64_t incarnation() const override { return w.incarnation(); }
   ps::worker_telemetry telemetry() const override { return w.telemetry(); }
   std::string progress_line() const override { return w.progress_line(); }
 };
@@ -251,12 +255,15 @@ class py_worker {
  public:
   py_worker(py::array parameters, std::vector<std::string> servers, std::uint32_t rank, std::uint32_t batch,
             double timeout, std::uint64_t seed, bool error_feedback, double link_bytes_per_second, double reconnect,
-            double progress_seconds, std::string token, bool insecure, bool verbose, std::optional<fabric> inproc)
+            double progress_seconds, std::string token, bool insecure, bool verbose, std::optional<fabric> inproc,
+            std::uint64_t incarnation, std::uint64_t job)
       : params_obj_(parameters) {
     const auto w = buffer_of(parameters, "parameters", true);
     ps::worker_params p{.rank = rank,
                         .servers = std::move(servers),
                         .batch = batch,
+                        .incarnation = incarnation,
+                        .job = job,
                         .timeout = millis(timeout, "worker.timeout"),
                         .seed = seed,
                         .progress_seconds = progress_seconds,
@@ -329,6 +336,7 @@ class py_worker {
   std::uint32_t batch() const { return w_->batch(); }
   std::string codec() const { return std::string(ashl::to_string(w_->codec())); }
   std::uint64_t staleness() const { return w_->staleness(); }
+  std::uint64_t incarnation() const { return w_->incarnation(); }
   py::dict telemetry() const { return worker_telemetry_dict(w_->telemetry()); }
   std::string progress_line() const { return w_->progress_line(); }
 
@@ -353,6 +361,7 @@ struct any_server {
   virtual ps::server_telemetry telemetry() const = 0;
   virtual std::string progress_line() const = 0;
   virtual bool all_left() const = 0;
+  virtual ps::server_end end() const = 0;
 };
 
 template <class T>
@@ -363,6 +372,7 @@ struct server_of final : any_server {
   ps::server_telemetry telemetry() const override { return s.telemetry(); }
   std::string progress_line() const override { return s.progress_line(); }
   bool all_left() const override { return s.all_left(); }
+  ps::server_end end() const override { return s.end(); }
 };
 
 class py_server {
@@ -372,7 +382,8 @@ class py_server {
             std::string optimizer, double lr, double momentum, double weight_decay, bool nesterov,
             std::string compression, std::string token, bool insecure, bool verbose, double worker_timeout,
             double progress_seconds, std::string checkpoint_dir, double checkpoint_every, bool restore,
-            std::uint64_t seed, std::optional<fabric> inproc, std::uint64_t store_bytes) {
+            std::uint64_t seed, std::optional<fabric> inproc, std::uint64_t store_bytes, double no_worker_grace,
+            std::uint64_t job) {
     if (workers == 0) raise(ashl::invalid_argument("server.workers", 0, "must be >= 1"));
     std::span<const float> init;
     if (initial) {
@@ -406,10 +417,15 @@ class py_server {
                          .compression = *codec,
                          .progress_seconds = progress_seconds,
                          .worker_timeout = millis(worker_timeout, "server.worker_timeout"),
+                         .no_worker_grace = millis(no_worker_grace, "server.no_worker_grace"),
                          .checkpoint_dir = std::move(checkpoint_dir),
                          .checkpoint_every_seconds = checkpoint_every,
-                         .restore = restore};
-    if (store_bytes != 0) sp.core.store_bytes = store_bytes;  // 0: server_core's default (64 MiB)
+                         .restore = restore,
+                         .job = job,
+                         .policy = policy};
+    if (sp.no_worker_grace.count() <= 0)
+      raise(ashl::invalid_argument("server.no_worker_grace", no_worker_grace, "must be > 0 seconds"));
+    if (store_bytes != 0) sp.core.store_bytes = store_bytes;  // 0: server_core's default
     ashl::status failed;
     if (inproc) {
       auto node = inproc->f->node(listen);
@@ -460,6 +476,8 @@ class py_server {
   py::dict telemetry() const { return server_telemetry_dict(s_->telemetry()); }
   std::string progress_line() const { return s_->progress_line(); }
   bool all_left() const { return s_->all_left(); }
+  // Why run() returned: "running", "stopped", "all_left" or "no_worker".
+  std::string ended() const { return std::string(ps::to_string(s_->end())); }
 
  private:
   template <class T>
@@ -532,6 +550,10 @@ PYBIND11_MODULE(_ashl, m) {
   m.def("plan_fields", [] { return field_help<ashl::worker_plan>(); },
         "(name, help) of every plan field (worker_plan::fields()), in wire order");
   m.def("plan_defaults", [] { return plan_dict(ashl::worker_plan{}); }, "a default worker_plan as a dict");
+  m.def("make_job_id", &ps::make_job_id, py::arg("name"), py::arg("elements"), py::arg("workers"), py::arg("servers"),
+        "The job id (ps::make_job_id): servers refuse a worker of another id and a checkpoint of another job");
+  m.def("fresh_incarnation", &ps::fresh_incarnation,
+        "A worker incarnation larger than any earlier process's (what Worker uses when incarnation is 0)");
 
   py::class_<fabric>(m, "InprocFabric", "Nodes of one process that exchange messages (tests, one-process runs)")
       .def(py::init([](std::size_t eager_bytes, bool deterministic) {
@@ -541,12 +563,13 @@ PYBIND11_MODULE(_ashl, m) {
 
   py::class_<py_worker>(m, "Worker", "ps::worker: commits a flat float32 buffer and pulls into another")
       .def(py::init<py::array, std::vector<std::string>, std::uint32_t, std::uint32_t, double, std::uint64_t, bool,
-                    double, double, double, std::string, bool, bool, std::optional<fabric>>(),
+                    double, double, double, std::string, bool, bool, std::optional<fabric>, std::uint64_t,
+                    std::uint64_t>(),
            py::arg("parameters"), py::arg("servers"), py::arg("rank") = 0, py::arg("batch") = 1,
            py::arg("timeout") = 30.0, py::arg("seed") = 0, py::arg("error_feedback") = true,
            py::arg("link_bytes_per_second") = 0.0, py::arg("reconnect") = 0.0, py::arg("progress_seconds") = 0.0,
            py::arg("token") = "", py::arg("insecure") = false, py::arg("verbose") = false,
-           py::arg("fabric") = std::nullopt)
+           py::arg("fabric") = std::nullopt, py::arg("incarnation") = 0, py::arg("job") = 0)
       .def("iteration_done", &py_worker::iteration_done)
       .def("commit", &py_worker::commit, py::arg("update"))
       .def("pull", &py_worker::pull)
@@ -557,6 +580,7 @@ PYBIND11_MODULE(_ashl, m) {
       .def_property_readonly("batch", &py_worker::batch)
       .def_property_readonly("codec", &py_worker::codec)
       .def_property_readonly("staleness", &py_worker::staleness)
+      .def_property_readonly("incarnation", &py_worker::incarnation)
       .def_property_readonly("telemetry", &py_worker::telemetry)
       .def("progress_line", &py_worker::progress_line);
 
@@ -598,7 +622,7 @@ PYBIND11_MODULE(_ashl, m) {
       .def(py::init<std::uint64_t, std::optional<py::array>, std::string, py::dict, std::uint32_t, std::string,
                     std::uint32_t, std::uint32_t, std::string, double, double, double, bool, std::string, std::string,
                     bool, bool, double, double, std::string, double, bool, std::uint64_t, std::optional<fabric>,
-                    std::uint64_t>(),
+                    std::uint64_t, double, std::uint64_t>(),
            py::arg("size") = 0, py::arg("initial") = std::nullopt, py::arg("policy") = "bsp",
            py::arg("policy_params") = py::dict(), py::arg("workers") = 1, py::arg("listen") = "127.0.0.1:0",
            py::arg("shard") = 0, py::arg("servers") = 1, py::arg("optimizer") = "model_delta", py::arg("lr") = 0.1,
@@ -606,7 +630,8 @@ PYBIND11_MODULE(_ashl, m) {
            py::arg("compression") = "topk", py::arg("token") = "", py::arg("insecure") = false,
            py::arg("verbose") = false, py::arg("worker_timeout") = 20.0, py::arg("progress_seconds") = 0.0,
            py::arg("checkpoint_dir") = "", py::arg("checkpoint_every") = 0.0, py::arg("restore") = false,
-           py::arg("seed") = 0, py::arg("fabric") = std::nullopt, py::arg("store_bytes") = 0)
+           py::arg("seed") = 0, py::arg("fabric") = std::nullopt, py::arg("store_bytes") = 0,
+           py::arg("no_worker_grace") = 60.0, py::arg("job") = 0)
       .def_property_readonly("address", &py_server::address)
       .def("run", &py_server::run)
       .def("start", &py_server::start)
@@ -614,5 +639,6 @@ PYBIND11_MODULE(_ashl, m) {
       .def("join", &py_server::join)
       .def_property_readonly("telemetry", &py_server::telemetry)
       .def_property_readonly("all_left", &py_server::all_left)
+      .def_property_readonly("ended", &py_server::ended)
       .def("progress_line", &py_server::progress_line);
 }

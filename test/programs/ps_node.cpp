@@ -83,12 +83,15 @@ struct options {
   int cycle_ms = 0;               // a worker sleeps this long per cycle (training lasts)
   long timeout_ms = 60000;        // worker_params.timeout
   long reconnect_ms = 0;          // worker_params.reconnect
-  std::uint64_t incarnation = 0;  // worker_params.incarnation (a restarted worker: larger)
+  std::uint64_t incarnation = 0;  // worker_params.incarnation (0: a fresh one, from the clock)
   std::string checkpoint_dir;     // server_params.checkpoint_dir
   double checkpoint_every_seconds = 0;
   std::uint64_t checkpoint_every_commits = 0;
   bool restore = false;
   long worker_timeout_ms = 20000;  // server_params.worker_timeout
+  long no_worker_grace_ms = -1;     // server_params.no_worker_grace (-1: ASHL_NO_WORKER_GRACE's, 60 s)
+  std::string codec = "topk";        // server_params.compression
+  long pause_after = -1, pause_ms = 0;  // a worker sleeps pause_ms before commit number pause_after (no messages)
 };
 
 int fail(const std::string& m) {
@@ -135,6 +138,10 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--checkpoint-every-commits") o.checkpoint_every_commits = std::stoull(next());
     else if (a == "--restore") o.restore = true;
     else if (a == "--worker-timeout-ms") o.worker_timeout_ms = std::stol(next());
+    else if (a == "--no-worker-grace-ms") o.no_worker_grace_ms = std::stol(next());
+    else if (a == "--codec") o.codec = next();
+    else if (a == "--pause-after") o.pause_after = std::stol(next());
+    else if (a == "--pause-ms") o.pause_ms = std::stol(next());
     else {
       err = "unknown argument '" + a + "'";
       return false;
@@ -167,14 +174,22 @@ int serve(const ps::job& j, const options& o) {
   if (!policy) return fail(policy.error().message());
   const auto r = layout->range(j.rank);
   std::vector<float> initial(r.size(), 0.5f);
+  auto codec = ashl::codec_id_from_string(o.codec);
+  if (!codec) return fail("--codec " + o.codec + ": unknown codec");
   ps::server_params sp{.core = {.layout = *layout, .shard = j.rank, .workers = j.num_workers,
                                 .optimizer = optimizer_of(o)},
+                       .compression = *codec,
                        .progress_seconds = j.progress_seconds,
                        .worker_timeout = std::chrono::milliseconds(o.worker_timeout_ms),
+                       .no_worker_grace = std::chrono::milliseconds(
+                           o.no_worker_grace_ms >= 0 ? o.no_worker_grace_ms
+                                                     : static_cast<long>(j.no_worker_grace_seconds * 1000)),
                        .checkpoint_dir = o.checkpoint_dir,
                        .checkpoint_every_seconds = o.checkpoint_every_seconds,
                        .checkpoint_every_commits = o.checkpoint_every_commits,
-                       .restore = o.restore};
+                       .restore = o.restore,
+                       .job = ps::job_id_of(j, o.elements),
+                       .policy = o.policy};
   auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
   if (!srv) return fail(srv.error().message());
   const std::uint64_t restored_applied = srv->core().stats().commits_applied;
@@ -190,7 +205,9 @@ int serve(const ps::job& j, const options& o) {
     g_stop = true;
   });
   srv->run(g_stop);
-  const bool finished = srv->all_left();
+  // The job ended as configured: every rank left, or nobody was connected
+  // for no_worker_grace (a signal or --max-seconds is a failure).
+  const bool finished = srv->end() == ps::server_end::all_left || srv->end() == ps::server_end::no_worker;
   g_stop = true;
   guard.join();
   const ps::server_telemetry s = srv->telemetry();
@@ -207,10 +224,15 @@ int serve(const ps::job& j, const options& o) {
       << "\nreceives_refused " << s.transport.receives_refused << "\nsends_failed " << s.transport.sends_failed << "\nplans_sent " << s.plans << "\nmessages_out " << s.messages_out << "\nunsendable " << s.unsendable << "\npeers_failed " << s.peers_failed << "\nevictions " << s.core.evictions << "\nevicted_silent "
       << s.evicted_silent << "\njoins " << s.core.joins << "\nduplicates " << s.core.duplicates << "\ncheckpoints "
       << s.checkpoints << "\ncheckpoint_failures " << s.checkpoint_failures << "\nrestored_version "
-      << srv->restored_version() << "\nrestored_applied " << restored_applied << "\nstage "
+      << srv->restored_version() << "\nrestored_applied " << restored_applied << "\nend "
+      << static_cast<unsigned>(srv->end()) << "\nstale " << s.wire_refused_for(ps::wire_refusal::stale)
+      << "\njob_refused " << s.wire_refused_for(ps::wire_refusal::job) << "\nincarnation_refused "
+      << s.core.refused_for(ps::refusal::incarnation) << "\ncommits_applied_now "
+      << s.core.commits_applied - restored_applied << "\nstage "
       << static_cast<unsigned>(srv->core().policy().stage()) << "\nfinished " << finished << "\n";
   }
   std::fprintf(stderr, "%s\n", srv->progress_line().c_str());
+  std::fprintf(stderr, "server ended: %s\n", std::string(ps::to_string(srv->end())).c_str());
   return finished ? 0 : fail("stopped before every worker left (signal or --max-seconds)");
 }
 
@@ -225,10 +247,13 @@ int train(const ps::job& j, const options& o) {
                                          .servers = j.server_addresses,
                                          .batch = 16,
                                          .incarnation = o.incarnation,
+                                         .job = ps::job_id_of(j, o.elements),
                                          .timeout = std::chrono::milliseconds(o.timeout_ms),
                                          .reconnect = std::chrono::milliseconds(o.reconnect_ms)},
                                         std::move(*t), w);
   if (!wk) return fail(wk.error().message());
+  std::fprintf(stderr, "worker %u joined as incarnation %llu\n", j.rank,
+               static_cast<unsigned long long>(wk->incarnation()));
   std::uint64_t* shared = nullptr;
   if (!o.shared.empty()) {
     const int fd = ::open(o.shared.c_str(), O_RDWR);
@@ -270,6 +295,10 @@ int train(const ps::job& j, const options& o) {
         if (static_cast<long>(c) - static_cast<long>(mn) <= o.together) break;
         std::this_thread::sleep_for(std::chrono::microseconds(100));
       }
+    }
+    if (c == o.pause_after && o.pause_ms > 0) {  // silent: the server evicts it past worker_timeout
+      std::fprintf(stderr, "worker %u: pausing %ld ms\n", j.rank, o.pause_ms);
+      std::this_thread::sleep_for(std::chrono::milliseconds(o.pause_ms));
     }
     if (shared) std::atomic_ref<std::uint64_t>(shared[j.rank]).fetch_add(1);
     if (auto s = wk->commit(g); !s) return fail(s.to_string());

@@ -78,7 +78,8 @@ BOOST_AUTO_TEST_CASE(evict_a_worker_that_never_joins) {
   fault_job::job j(3);
   BOOST_TEST_REQUIRE(j.ok());
   const std::vector<std::string> common = {"--policy", "bsp", "--elements", "64"};
-  const pid_t srv = j.start_server(cat(common, {"--worker-timeout-ms", "1500"}));
+  // Rank 2 never joins, so never leaves: the server ends 2 s after the others left.
+  const pid_t srv = j.start_server(cat(common, {"--worker-timeout-ms", "1500", "--no-worker-grace-ms", "2000"}));
   BOOST_TEST_REQUIRE(srv > 0);
   // Without the shared start barrier (it would wait for rank 2): BSP's
   // first round waits for rank 2 until the server evicts it.
@@ -92,6 +93,7 @@ BOOST_AUTO_TEST_CASE(evict_a_worker_that_never_joins) {
   const auto so = j.finish(srv, 60s, "server.log");
   BOOST_TEST(so.exit_code == 0, so.log());
   BOOST_TEST(so.log().find("worker 2 evicted: never joined") != std::string::npos, so.log());
+  BOOST_TEST(so.log().find("server ended: no_worker") != std::string::npos, so.log());
   BOOST_TEST(j.server_counters().at("evicted_silent") == 1.0);
   BOOST_TEST(max_distance(j.parameters(), 2.0f) < 1e-3f);
 }

@@ -55,7 +55,8 @@ void kill_one_worker(const std::string& policy) {
   fault_job::job j(3);
   BOOST_TEST_REQUIRE(j.ok());
   const auto common = cat(policy_args(policy), {"--elements", "64"});
-  const pid_t srv = j.start_server(cat(common, {"--worker-timeout-ms", "20000"}));
+  // Rank 2 never leaves: the server ends 2 s after the survivors left.
+  const pid_t srv = j.start_server(cat(common, {"--worker-timeout-ms", "20000", "--no-worker-grace-ms", "2000"}));
   BOOST_TEST_REQUIRE(srv > 0);
   const auto worker_args = cat(common, {"--quadratic", "2", "--cycles", "150", "--cycle-ms", "3", "--timeout-ms", "30000"});
   pid_t w[3];
@@ -68,6 +69,7 @@ void kill_one_worker(const std::string& policy) {
   }
   const auto so = j.finish(srv, 60s, "server.log");
   BOOST_TEST(so.exit_code == 0, policy << ": server " << so.log());
+  BOOST_TEST(so.log().find("server ended: no_worker") != std::string::npos, policy << ": server " << so.log());
   const auto s = j.server_counters();
   BOOST_TEST(s.at("peers_failed") >= 1.0, policy);
   BOOST_TEST(s.at("evictions") >= 1.0, policy);
@@ -85,9 +87,9 @@ BOOST_AUTO_TEST_CASE(kill_worker_bsp) { kill_one_worker("bsp"); }
 BOOST_AUTO_TEST_CASE(kill_worker_ssp) { kill_one_worker("ssp"); }
 BOOST_AUTO_TEST_CASE(kill_worker_ashl) { kill_one_worker("ashl"); }
 
-// A killed worker's rank is taken by a new process (a larger incarnation):
-// it joins mid-training, receives the current parameters and its plan, and
-// finishes with the others.
+// A killed worker's rank is taken by a new process (a larger incarnation,
+// the fresh one every process start gets): it joins mid-training, receives
+// the current parameters and its plan, and finishes with the others.
 BOOST_AUTO_TEST_CASE(kill_worker_then_a_new_one_joins) {
   fault_job::job j(3);
   BOOST_TEST_REQUIRE(j.ok());
@@ -100,7 +102,7 @@ BOOST_AUTO_TEST_CASE(kill_worker_then_a_new_one_joins) {
   BOOST_TEST_REQUIRE(j.wait_commits(2, 10, 60s));
   j.signal(w[2], SIGKILL);
   BOOST_TEST_REQUIRE(j.wait_commits(0, 40, 60s));
-  const pid_t again = j.start_worker(2, cat(worker_args, {"--incarnation", "1"}), "worker2-again.log");
+  const pid_t again = j.start_worker(2, worker_args, "worker2-again.log");
   const auto o2 = j.finish(again, 90s, "worker2-again.log");
   BOOST_TEST(o2.exit_code == 0, o2.log());
   for (std::uint32_t k = 0; k < 2; ++k) {
@@ -112,6 +114,8 @@ BOOST_AUTO_TEST_CASE(kill_worker_then_a_new_one_joins) {
   const auto s = j.server_counters();
   BOOST_TEST(s.at("joins") >= 1.0);  // the new incarnation (ranks 0-2 are live from creation)
   BOOST_TEST(s.at("evictions") >= 1.0);
+  BOOST_TEST(s.at("duplicates") == 0.0);
+  BOOST_TEST(so.log().find("server ended: all_left") != std::string::npos, so.log());
   BOOST_TEST(j.worker_counters(2).at("commits") == 120.0);  // the new process's file
   BOOST_TEST(j.worker_counters(2).at("plans") >= 1.0);
   BOOST_TEST(max_distance(j.parameters()) < 1e-3f);

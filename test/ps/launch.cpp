@@ -16,7 +16,7 @@ namespace {
 struct env_guard {
   static constexpr const char* names[] = {"ASHL_ROLE",  "ASHL_RANK",     "ASHL_NUM_WORKERS", "ASHL_NUM_SERVERS",
                                           "ASHL_SERVER_ADDR", "ASHL_TOKEN", "ASHL_INSECURE", "ASHL_VERBOSE",
-                                          "ASHL_PROGRESS"};
+                                          "ASHL_PROGRESS", "ASHL_JOB", "ASHL_NO_WORKER_GRACE"};
   env_guard(std::initializer_list<std::pair<const char*, const char*>> vars) {
     clear();
     for (auto [k, v] : vars) ::setenv(k, v, 1);
@@ -155,4 +155,33 @@ BOOST_AUTO_TEST_CASE(host_port_parsing) {
   BOOST_TEST(!ps::parse_host_port(":5000", "addr"));
   BOOST_TEST(!ps::parse_host_port("h:", "addr"));
   BOOST_TEST(!ps::parse_host_port("[]:1", "addr"));
+}
+
+// Issue 24: the job's name (part of its id) and a server's no-worker grace.
+BOOST_AUTO_TEST_CASE(job_name_and_no_worker_grace) {
+  {
+    env_guard env{{"ASHL_ROLE", "server"}, {"ASHL_SERVER_ADDR", "127.0.0.1:5000"}, {"ASHL_INSECURE", "1"},
+                  {"ASHL_JOB", "resnet"}, {"ASHL_NO_WORKER_GRACE", "2.5"}};
+    auto j = parse({});
+    BOOST_REQUIRE(j);
+    BOOST_TEST(j->name == "resnet");
+    BOOST_TEST(j->no_worker_grace_seconds == 2.5);
+    BOOST_TEST(ps::job_id_of(*j, 100) == ps::make_job_id("resnet", 100, 1, 1));
+    BOOST_TEST(ps::describe(*j).find(", job resnet") != std::string::npos);
+    auto f = parse({"--job", "other", "--no-worker-grace=7"});  // flags win
+    BOOST_REQUIRE(f);
+    BOOST_TEST(f->name == "other");
+    BOOST_TEST(f->no_worker_grace_seconds == 7.0);
+    BOOST_TEST(ps::job_id_of(*f, 100) != ps::job_id_of(*j, 100));
+  }
+  {
+    env_guard env{{"ASHL_ROLE", "server"}, {"ASHL_SERVER_ADDR", "127.0.0.1:5000"}, {"ASHL_INSECURE", "1"}};
+    auto j = parse({});
+    BOOST_REQUIRE(j);
+    BOOST_TEST(j->name.empty());
+    BOOST_TEST(j->no_worker_grace_seconds == 60.0);
+    BOOST_TEST(error_of(parse({"--no-worker-grace", "0"})) == "--no-worker-grace = '0': must be > 0 seconds");
+    BOOST_TEST(error_of(parse({"--no-worker-grace", "soon"})) ==
+               "--no-worker-grace = 'soon': expected a number of seconds >= 0");
+  }
 }

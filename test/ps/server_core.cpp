@@ -392,11 +392,47 @@ BOOST_AUTO_TEST_CASE(rejoin_with_a_new_incarnation_restarts_sequences_and_refuse
   out.clear();
   core.join(1, 3, 2.4, out);  // an older incarnation's late join
   BOOST_REQUIRE(out.errors().size() == 1u);
-  BOOST_TEST(out.errors()[0].text == "join.incarnation = 3: worker 1 is at incarnation 7");
+  BOOST_TEST(out.errors()[0].text == "join.incarnation = 3: stale: worker 1 is at incarnation 7 (a later process of this rank joined; this one must not commit)");
   out.clear();
   core.join(1, 7, 2.5, out);  // duplicate join: the plan again, nothing else
   BOOST_TEST(out.plans().size() == 1u);
   BOOST_TEST(core.stats().joins == 1u);
+}
+
+// Issue 24: workers join with fresh incarnations (the wall clock), not 0.
+// A worker live from creation takes its first joiner's incarnation without
+// an eviction: under BSP, worker 0's buffered commit does not make a round
+// of one when worker 1 joins late.
+BOOST_AUTO_TEST_CASE(first_join_of_a_worker_live_from_creation_takes_its_incarnation) {
+  const std::size_t n = 4;
+  auto core = make(sync::bsp{{.workers = 2}}, n, 2);
+  ps::server_actions out(2);
+  const auto one = dense(vec(n, 1.0f, 0.0f));
+  core.join(0, 1000, 0.0, out);
+  auto c0 = commit_of(0, 1, one, n);
+  c0.incarnation = 1000;
+  core.commit(c0, 0.1, out);
+  BOOST_TEST(out.errors().empty());
+  BOOST_TEST(core.stats().commits_buffered == 1u);
+  out.clear();
+  core.join(1, 2000, 0.2, out);
+  BOOST_TEST(core.stats().evictions == 0u);
+  BOOST_TEST(core.stats().joins == 2u);
+  BOOST_TEST(core.stats().commits_applied == 0u);  // the round still waits for worker 1
+  BOOST_TEST(core.incarnation(1) == 2000u);
+  BOOST_REQUIRE(out.plans().size() == 1u);
+  out.clear();
+  auto c1 = commit_of(1, 1, one, n);
+  c1.incarnation = 2000;
+  core.commit(c1, 0.3, out);
+  BOOST_TEST(out.errors().empty());
+  BOOST_TEST(core.stats().commits_applied == 2u);
+  BOOST_TEST(core.stats().duplicates == 0u);
+  // Now touched: a later process of rank 1 is a restart (an eviction first).
+  out.clear();
+  core.join(1, 3000, 0.4, out);
+  BOOST_TEST(core.stats().evictions == 1u);
+  BOOST_TEST(core.incarnation(1) == 3000u);
 }
 
 BOOST_AUTO_TEST_CASE(rejoin_while_an_old_commit_is_still_buffered_does_not_collide) {

@@ -142,11 +142,30 @@ def test_a_model_of_another_size_than_the_servers_is_named():
     sjob, wjob = inproc_job()
     srv = at.serve(torch.nn.Linear(3, 3), sjob, "bsp", fabric=fabric, background=True)  # 12 elements
     model = tiny_model()  # 53
-    with pytest.raises(Exception, match=r"element_count = 53.*holds 12 elements"):
+    # The model's size is part of the job id: the join is refused naming both ids and the server's shape.
+    other = ashl._ashl.make_job_id("", 53, 1, 1)
+    with pytest.raises(Exception, match=rf"join.job = 0x{other:016x}: .*a model of 12 elements"):
         at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, job=wjob, fabric=fabric,
                                 timeout=5.0)
     srv.stop()
     srv.join()
+
+
+def test_a_worker_gets_a_fresh_incarnation_and_the_server_says_why_it_ended():
+    fabric = ashl.InprocFabric()
+    sjob, wjob = inproc_job()
+    model = torch.nn.Linear(3, 3)
+    srv = at.serve(model, sjob, "asp", fabric=fabric, background=True, no_worker_grace=0.3)
+    a = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, job=wjob, fabric=fabric,
+                                timeout=5.0)
+    first = a.worker.incarnation
+    assert first > ashl._ashl.fresh_incarnation() - (1 << 40)  # from the clock, not 0
+    a.leave()
+    srv.join()  # every rank left
+    assert srv.ended == "all_left"
+    srv = at.serve(model, sjob, "asp", fabric=ashl.InprocFabric(), background=True, no_worker_grace=0.3)
+    srv.join()  # nobody: ends after the grace
+    assert srv.ended == "no_worker"
 
 
 def test_a_policy_or_codec_other_than_the_servers_is_named():

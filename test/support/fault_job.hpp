@@ -68,13 +68,16 @@ class job {
 
   // The server, on a free port (another one when the first was taken), or on
   // the port of the last start (a restart: workers reconnect to it). Returns
-  // -1 if it did not start listening within `bound`.
+  // -1 if it did not start listening within `bound`. `extra` variables go
+  // over the job's (ASHL_JOB, ASHL_NUM_WORKERS, ...).
   pid_t start_server(const std::vector<std::string>& args, const std::string& log = "server.log",
-                     std::chrono::milliseconds bound = std::chrono::seconds(30)) {
+                     std::chrono::milliseconds bound = std::chrono::seconds(30), env_list extra = {}) {
     const bool restart = port_ != 0;
     for (int attempt = 0; attempt < (restart ? 20 : 5); ++attempt) {
       if (!restart) port_ = process::free_port();
-      const pid_t p = process::start(node_argv(args), env({{"ASHL_ROLE", "server"}}), dir_ + "/" + log);
+      env_list e = {{"ASHL_ROLE", "server"}};
+      e.insert(e.end(), extra.begin(), extra.end());
+      const pid_t p = process::start(node_argv(args), env(std::move(e)), dir_ + "/" + log);
       if (p < 0) return -1;
       if (process::wait_for_text(p, dir_ + "/" + log, "listening on", bound)) {
         running_.push_back(p);
@@ -92,11 +95,11 @@ class job {
   // file (commits_started) and first meets every other worker there (ps_node
   // --shared: a start barrier of at most 30 s).
   pid_t start_worker(std::uint32_t rank, const std::vector<std::string>& args, const std::string& log = "",
-                     bool counters = true) {
+                     bool counters = true, env_list extra = {}) {
     const std::string name = log.empty() ? "worker" + std::to_string(rank) + ".log" : log;
-    const pid_t p = process::start(node_argv(args, counters),
-                                   env({{"ASHL_ROLE", "worker"}, {"ASHL_RANK", std::to_string(rank)}}),
-                                   dir_ + "/" + name);
+    env_list e = {{"ASHL_ROLE", "worker"}, {"ASHL_RANK", std::to_string(rank)}};
+    e.insert(e.end(), extra.begin(), extra.end());
+    const pid_t p = process::start(node_argv(args, counters), env(std::move(e)), dir_ + "/" + name);
     if (p > 0) running_.push_back(p);
     return p;
   }

@@ -134,7 +134,7 @@ std::vector<bytes> every_kind() {
   auto pr = data_header(w::message_kind::pull_request);
   all.push_back(encode_data(pr, {}));
   all.push_back(encode_data(data_header(w::message_kind::pull_reply), payload_of(64, 2)));
-  all.push_back(encode_control(w::join_body{.incarnation = 7, .batch = 32}));
+  all.push_back(encode_control(w::join_body{.incarnation = 7, .batch = 32, .job = 0x1122334455667788u}));
   all.push_back(encode_control(w::leave_body{.reason = w::leave_reason::evicted_timeout, .subject = 2}));
   all.push_back(encode_control(a_plan));
   all.push_back(encode_control(w::metric_body{.name = ashl::metric_id::accuracy, .value = 0.875}));
@@ -179,7 +179,7 @@ BOOST_AUTO_TEST_CASE(header_layout_is_the_documented_one) {
   BOOST_TEST(u8(1) == unsigned('S'));
   BOOST_TEST(u8(2) == unsigned('H'));
   BOOST_TEST(u8(3) == unsigned('L'));
-  BOOST_TEST((u8(4) | u8(5) << 8) == 2u);   // version
+  BOOST_TEST((u8(4) | u8(5) << 8) == 3u);   // version
   BOOST_TEST((u8(6) | u8(7) << 8) == 72u);  // header bytes
   BOOST_TEST(u8(8) == 1u);                  // kind commit
   BOOST_TEST(u8(9) == 7u);                  // codec qsgd
@@ -235,7 +235,7 @@ BOOST_AUTO_TEST_CASE(control_kinds_round_trip) {
   }
   auto j = dec(all[3]);
   BOOST_TEST_REQUIRE(j->get<w::join_body>() != nullptr);
-  BOOST_TEST((*j->get<w::join_body>() == w::join_body{7, 32}));
+  BOOST_TEST((*j->get<w::join_body>() == w::join_body{7, 32, 0x1122334455667788u}));
   BOOST_TEST(j->header.rank == 3u);
   BOOST_TEST(j->header.sequence == 9u);
   auto l = dec(all[4]);
@@ -332,12 +332,13 @@ BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {
   expect_error(dec(bytes(commit.begin(), commit.begin() + 71)), errc::malformed, "message.size = 71");
   expect_error(dec(patched(commit, 0, std::uint32_t{0x4c485342})), errc::malformed, "header.magic = 0x4c485342");
   expect_error(dec(patched(commit, 4, std::uint16_t{1})), errc::unsupported,
-               "header.version = 1: this build reads version 2");
-  expect_error(dec(patched(commit, 4, std::uint16_t{3})), errc::unsupported, "header.version = 3");
+               "header.version = 1: this build reads version 3");
+  expect_error(dec(patched(commit, 4, std::uint16_t{2})), errc::unsupported, "header.version = 2");
+  expect_error(dec(patched(commit, 4, std::uint16_t{4})), errc::unsupported, "header.version = 4");
   expect_error(dec(patched(commit, 6, std::uint16_t{80})), errc::malformed, "header.header_bytes = 80");
   expect_error(dec(patched(commit, 8, std::uint8_t{0})), errc::unsupported, "header.kind = 0");
   expect_error(dec(patched(commit, 8, std::uint8_t{10})), errc::unsupported,
-               "header.kind = 10: not a message kind of version 2");
+               "header.kind = 10: not a message kind of version 3");
   expect_error(dec(patched(commit, 9, std::uint8_t{11})), errc::unsupported, "header.codec = 11");
   expect_error(dec(patched(commit, 10, std::uint8_t{6})), errc::unsupported, "header.dtype = 6");
   expect_error(dec(patched(commit, 11, std::uint8_t{1})), errc::malformed, "header.reserved0 = 1");
@@ -393,7 +394,7 @@ BOOST_AUTO_TEST_CASE(control_failures_name_field_and_value) {
   // Bodies of the wrong size.
   bytes long_join = join;
   long_join.push_back(std::byte{0});
-  expect_error(dec(patched(long_join, 56, std::uint64_t{13})), errc::malformed, "join.payload_bytes = 13: a join body is 12 bytes");
+  expect_error(dec(patched(long_join, 56, std::uint64_t{21})), errc::malformed, "join.payload_bytes = 21: a join body is 20 bytes");
   bytes short_plan(plan.begin(), plan.end() - 1);
   expect_error(dec(patched(short_plan, 56, std::uint64_t{23})), errc::malformed, "plan_update.payload_bytes = 23");
   // Body fields.
@@ -453,8 +454,8 @@ BOOST_AUTO_TEST_CASE(encoder_refuses_what_the_decoder_would) {
                errc::unsupported, "plan_update.stage = 99");
   expect_error(w::encode(w::header{}, w::metric_body{.value = HUGE_VAL}, out).to_status(), errc::invalid_argument,
                "metric.value = inf");
-  expect_error(w::encode(w::header{}, w::join_body{.batch = 1}, std::span<std::byte>(out.data(), 83)).to_status(),
-               errc::buffer_too_small, "wire.out.size = 83");
+  expect_error(w::encode(w::header{}, w::join_body{.batch = 1}, std::span<std::byte>(out.data(), 91)).to_status(),
+               errc::buffer_too_small, "wire.out.size = 91");
   w::header f16;
   f16.type = ashl::dtype::f16;
   expect_error(w::encode(f16, w::join_body{.batch = 1}, out).to_status(), errc::malformed, "header.dtype = \"f16\"");
@@ -523,9 +524,10 @@ BOOST_AUTO_TEST_CASE(body_layouts_are_the_documented_ones) {
   const auto all = every_kind();
   {
     const at j{all[3]};
-    BOOST_TEST(all[3].size() == 72u + 12u);
+    BOOST_TEST(all[3].size() == 72u + 20u);
     BOOST_TEST(j.u64(72 + 0) == 7u);   // incarnation
     BOOST_TEST(j.u32(72 + 8) == 32u);  // batch
+    BOOST_TEST(j.u64(72 + 12) == 0x1122334455667788u);  // job
   }
   {
     const at l{all[4]};
@@ -585,7 +587,7 @@ BOOST_AUTO_TEST_CASE(documented_id_values_are_pinned) {
                 static_cast<int>(k::metric) == 7 && static_cast<int>(k::error) == 8 &&
                 static_cast<int>(k::measurements) == 9);
   static_assert(w::message_kind_first == 1 && w::message_kind_last == 9);
-  static_assert(w::version == 2 && w::header_bytes == 72 && w::crc_offset == 68 && w::magic == 0x4C485341u);
+  static_assert(w::version == 3 && w::header_bytes == 72 && w::crc_offset == 68 && w::magic == 0x4C485341u);
   using lr = w::leave_reason;
   static_assert(static_cast<int>(lr::left) == 0 && static_cast<int>(lr::evicted_timeout) == 1 &&
                 static_cast<int>(lr::evicted_failure) == 2 && static_cast<int>(lr::evicted_policy) == 3 &&

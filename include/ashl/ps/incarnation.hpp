@@ -1,10 +1,12 @@
 // ashl/ps/incarnation.hpp — what a time-based worker incarnation is now.
 //
-//   ashl::ps::worker_params wp{.rank = r, .incarnation = ashl::ps::incarnation_now()};
+//   const std::uint64_t now = ashl::ps::incarnation_now();   // the clock of ps::fresh_incarnation()
 //
 // A worker joins with an incarnation that must grow across restarts of its
-// process (a rejoin of the same process keeps it). Microseconds since the
-// Unix epoch grow across restarts without any state on disk, and are what
+// process (a rejoin of the same process keeps it). Nanoseconds since the
+// Unix epoch grow across restarts without any state on disk; a worker's
+// default incarnation is ps::fresh_incarnation() (ps/identity.hpp: this
+// clock with the low 16 bits random), and this clock is what
 // ps::server_params::max_incarnation_ahead measures a join against: a
 // join far ahead of incarnation_now() is refused, so nobody can take a rank
 // with an incarnation (UINT64_MAX) that no restart could ever pass
@@ -19,11 +21,12 @@
 ASHL_NAMESPACE_BEGIN
 namespace ps {
 
-// Microseconds since the Unix epoch (system_clock).
+// Nanoseconds since the Unix epoch (system_clock): the unit of every
+// time-based incarnation.
 inline std::uint64_t incarnation_now() noexcept {
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count());
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  return ns > 0 ? static_cast<std::uint64_t>(ns) : 0;
 }
 
 }  // namespace ps

@@ -23,6 +23,9 @@
 //   ASHL_INSECURE     --insecure     run without a token (variable: 1/0, true/false, yes/no, on/off)
 //   ASHL_VERBOSE      --verbose      print transport details
 //   ASHL_PROGRESS     --progress S   a progress line every S seconds (0 = none, the default)
+//   ASHL_JOB          --job NAME     the job's name, part of its id (job_id_of; default empty)
+//   ASHL_NO_WORKER_GRACE --no-worker-grace S   a server ends after S seconds with no worker
+//                                  connected (server_params::no_worker_grace; default 60, > 0)
 //
 // A single host:port with S > 1 servers means server i listens on port + i of
 // that host. Hosts are names, IPv4 addresses or bracketed IPv6 ("[::1]:5000").
@@ -34,6 +37,7 @@
 
 #include <ashl/config.hpp>
 #include <ashl/core/status.hpp>
+#include <ashl/ps/identity.hpp>
 #include <ashl/transport/address.hpp>
 
 #include <charconv>
@@ -62,6 +66,8 @@ struct job {
   bool insecure = false;
   bool verbose = false;
   double progress_seconds = 0;                // 0 = no progress line
+  std::string name;                           // ASHL_JOB: part of the job id (job_id_of)
+  double no_worker_grace_seconds = 60;        // servers: server_params::no_worker_grace
   std::vector<std::string> rest;              // argv[0], then the arguments left for the program
 };
 
@@ -169,8 +175,10 @@ inline result<job> job_from(int argc, char** argv) {
       workers_s{"ASHL_NUM_WORKERS", "--num-workers", {}, {}}, servers_s{"ASHL_NUM_SERVERS", "--num-servers", {}, {}},
       addr_s{"ASHL_SERVER_ADDR", "--server-addr", {}, {}}, token_s{"ASHL_TOKEN", "--token", {}, {}},
       insecure_s{"ASHL_INSECURE", "--insecure", {}, {}}, verbose_s{"ASHL_VERBOSE", "--verbose", {}, {}},
-      progress_s{"ASHL_PROGRESS", "--progress", {}, {}};
-  setting* all[] = {&role_s, &rank_s, &workers_s, &servers_s, &addr_s, &token_s, &insecure_s, &verbose_s, &progress_s};
+      progress_s{"ASHL_PROGRESS", "--progress", {}, {}}, name_s{"ASHL_JOB", "--job", {}, {}},
+      grace_s{"ASHL_NO_WORKER_GRACE", "--no-worker-grace", {}, {}};
+  setting* all[] = {&role_s,     &rank_s,      &workers_s,   &servers_s, &addr_s, &token_s,
+                    &insecure_s, &verbose_s,   &progress_s,  &name_s,    &grace_s};
   for (auto* s : all) {
     const std::string name(s->env);
     if (const char* v = std::getenv(name.c_str()); v && *v) {
@@ -275,6 +283,13 @@ inline result<job> job_from(int argc, char** argv) {
     if (!v) return v.error();
     j.progress_seconds = *v;
   }
+  if (name_s.value) j.name = *name_s.value;
+  if (grace_s.value) {
+    auto v = detail::parse_seconds(grace_s.source, *grace_s.value);
+    if (!v) return v.error();
+    if (*v <= 0) return detail::launch_error(grace_s.source, *grace_s.value, "must be > 0 seconds");
+    j.no_worker_grace_seconds = *v;
+  }
   if (token_s.value) j.token = *token_s.value;
   if (j.token.empty() && !j.insecure) {
     const std::string name = token_s.value ? token_s.source : std::string("ASHL_TOKEN");
@@ -282,6 +297,14 @@ inline result<job> job_from(int argc, char** argv) {
                   name + " is empty: set it, or pass --insecure to run without authentication");
   }
   return j;
+}
+
+// The id of job j for a model of `elements` elements: its name and shape
+// (ps/identity.hpp). Every process of a job computes the same one; a worker
+// of another job (another name, model size, worker or server count) is
+// refused by the servers' join.
+inline std::uint64_t job_id_of(const job& j, std::uint64_t elements) noexcept {
+  return make_job_id(j.name, elements, j.num_workers, j.num_servers);
 }
 
 // One line for logs: "worker 3 of 4, servers 127.0.0.1:5000,127.0.0.1:5001, token set".
@@ -310,6 +333,10 @@ inline std::string describe(const job& j) {
     if (secs.ends_with('.')) secs.pop_back();
     s += secs;
     s += " s";
+  }
+  if (!j.name.empty()) {
+    s += ", job ";
+    s += j.name;
   }
   return s;
 }

@@ -8,7 +8,7 @@
 //                                        .optimizer = {.mode = ashl::ps::optimizer_params::kind::sgd, .lr = 0.1}}};
 //   auto srv = ashl::ps::server<ashl::transport::ucx>::create(sp, *ashl::ps::make_policy("ssp", pp), std::move(*t), init);
 //   std::atomic<bool> stop{false};
-//   srv->run(stop);                        // progress + wait until stop, or every worker left
+//   srv->run(stop);                        // until stop, every rank left, or no worker for no_worker_grace
 //   srv->telemetry();                      // counters: applied, refused by reason, bytes, pulls held, ...
 //
 // The server owns no rule of its own: every commit, pull, join, leave,
@@ -45,6 +45,7 @@
 #include <ashl/ps/checkpoint.hpp>
 #include <ashl/ps/commit_encoder.hpp>
 #include <ashl/ps/incarnation.hpp>
+#include <ashl/ps/identity.hpp>
 #include <ashl/ps/server_core.hpp>
 #include <ashl/sync/any_policy.hpp>
 #include <ashl/sync/concepts.hpp>
@@ -79,8 +80,12 @@ struct server_params {
   double progress_seconds = 0.0;
   // The longest single wait() of run(); bounds how late a stop is noticed.
   std::chrono::milliseconds wait_slice{50};
-  // run() returns once each of the job's workers has joined at least once and
-  // none is connected any more (each left, or failed and was evicted).
+  // run() returns by itself (docs/ps.md "When a server ends"): once every
+  // rank of the job has left explicitly (a leave message of its current
+  // process), or once no worker has been connected for no_worker_grace (from
+  // creation, or from the moment the last one went: left, failed or was
+  // evicted). An evicted rank may rejoin within the grace and the server goes
+  // on. false: only `stop` ends run().
   bool stop_when_all_left = true;
   // A worker the server has heard nothing from for this long while it does
   // not hold the worker's pull (a hung or stopped process whose connection
@@ -88,6 +93,10 @@ struct server_params {
   // the workers' own worker_params.timeout, so a barrier that waits for a
   // silent worker is released (by the eviction) before the others give up.
   std::chrono::milliseconds worker_timeout{20000};
+  // stop_when_all_left: run() ends once no worker has been connected this
+  // long (> 0). Longer than worker_timeout, so a lone worker evicted for
+  // silence (a pause, a long step) can reconnect and the job goes on.
+  std::chrono::milliseconds no_worker_grace{60000};
   // Checkpoints (docs/checkpoints.md): with a directory, the state of
   // server_core (parameters, optimizer, clocks, exactly-once table, buffered
   // commits, policy, planner, plans) is written to
@@ -100,6 +109,8 @@ struct server_params {
   // create() restores the checkpoint in checkpoint_dir when there is one (a
   // corrupt, truncated or foreign one is an error, never half-loaded); every
   // worker it held is evicted, to rejoin (ps::worker_params::reconnect).
+  // A checkpoint of another job (job id, elements, workers, policy or codec
+  // differ from this server's) is refused naming the field and both values.
   bool restore = false;
   // Global limits (docs/ps.md, "Limits"): what all connections together may
   // make the server hold. Each refusal is counted and answered with an error
@@ -112,10 +123,17 @@ struct server_params {
   // worker has one reply in flight at a time).
   std::uint32_t max_snapshots = 0;
   // A join whose incarnation is ahead of incarnation_now() (ps/incarnation.hpp:
-  // microseconds since the Unix epoch, a time-based incarnation now) by more than
+  // nanoseconds since the Unix epoch, a time-based incarnation now) by more than
   // this is refused, so a rank cannot be taken with an incarnation no
   // restart could ever pass (UINT64_MAX); 0 s: no bound.
   std::chrono::seconds max_incarnation_ahead{86400};
+  // The job (ps/identity.hpp, make_job_id): written into checkpoints and
+  // checked against each worker's join; a join of another job (both ids
+  // non-zero and different) is refused naming both. 0: not checked.
+  std::uint64_t job = 0;
+  // The consistency policy's name (make_policy's), written into checkpoints
+  // so a restore under another policy is refused by name.
+  std::string policy;
 };
 
 // Messages refused before they reached server_core.
@@ -129,8 +147,10 @@ enum class wire_refusal : std::uint8_t {
   unexpected = 6,     // a kind a server does not take (pull_reply, plan_update)
   receive_budget = 7, // a large message past server_params.max_receive_bytes: refused before it was received
   incarnation = 8,    // a join past server_params.max_incarnation_ahead
+  job = 9,            // a join of another job (join.job differs from server_params.job)
+  stale = 10,         // a message from a connection whose rank a later process (larger incarnation) took
 };
-inline constexpr std::size_t wire_refusal_count = 9;
+inline constexpr std::size_t wire_refusal_count = 11;
 
 constexpr std::string_view to_string(wire_refusal r) noexcept {
   switch (r) {
@@ -143,6 +163,26 @@ constexpr std::string_view to_string(wire_refusal r) noexcept {
     case wire_refusal::unexpected: return "unexpected";
     case wire_refusal::receive_budget: return "receive_budget";
     case wire_refusal::incarnation: return "incarnation";
+    case wire_refusal::job: return "job";
+    case wire_refusal::stale: return "stale";
+  }
+  return "?";
+}
+
+// Why server::run() returned.
+enum class server_end : std::uint8_t {
+  running = 0,    // it has not returned
+  stopped = 1,    // the caller's stop flag
+  all_left = 2,   // every rank left explicitly
+  no_worker = 3,  // no worker connected for server_params.no_worker_grace
+};
+
+constexpr std::string_view to_string(server_end e) noexcept {
+  switch (e) {
+    case server_end::running: return "running";
+    case server_end::stopped: return "stopped";
+    case server_end::all_left: return "all_left";
+    case server_end::no_worker: return "no_worker";
   }
   return "?";
 }
@@ -269,6 +309,10 @@ class server {
       p.max_receive_bytes = one > ~std::uint64_t{0} / k ? ~std::uint64_t{0} : k * one;
     }
     if (p.max_snapshots == 0) p.max_snapshots = 2 * std::max<std::uint32_t>(p.core.workers, 1) + 2;
+    if (p.no_worker_grace.count() <= 0)
+      return invalid_argument("server.no_worker_grace_ms", p.no_worker_grace.count(), "must be > 0");
+    if (p.policy.size() > max_policy_name)
+      return invalid_argument("server.policy", p.policy, "longer than " + std::to_string(max_policy_name) + " bytes");
     auto core = core_type::create(p.core, std::move(policy), initial);
     if (!core) return core.error();
     std::uint64_t restored = 0;
@@ -283,8 +327,13 @@ class server {
                                 std::to_string(c->meta.servers) + ", not " + std::to_string(p.core.shard) + " of " +
                                 std::to_string(p.core.layout.servers()));
         state_reader in(c->state);
+        if (auto s = check_identity(in, p); !s)
+          return status(s.code(), "checkpoint \"" + file + "\": " + s.message());
         if (auto s = core->load(in); !s)
           return status(s.code(), "checkpoint \"" + file + "\": " + s.message());
+        if (core->params().workers != p.core.workers || core->params().layout.elements() != p.core.layout.elements())
+          return make_error(errc::invalid_argument, "checkpoint.state.workers", core->params().workers,
+                            "\"" + file + "\": the saved state disagrees with its identity section");
         // Every connection died with the old process: its workers rejoin.
         server_actions ignored(p.core.workers);
         for (worker_id w = 0; w < p.core.workers; ++w) core->evict(w, 0.0, ignored);
@@ -329,11 +378,28 @@ class server {
   }
 
   // Polls and waits (at most wait_slice at a time) until `stop` is set, or
-  // (stop_when_all_left) every worker that joined has left.
+  // (stop_when_all_left) every rank has left, or no worker has been
+  // connected for no_worker_grace; end() says which.
   void run(const std::atomic<bool>& stop) {
-    while (!stop.load(std::memory_order_relaxed)) {
+    end_ = server_end::running;
+    while (true) {
+      if (stop.load(std::memory_order_relaxed)) {
+        end_ = server_end::stopped;
+        break;
+      }
       run_once(std::chrono::duration_cast<std::chrono::microseconds>(p_.wait_slice));
-      if (p_.stop_when_all_left && all_left()) break;
+      if (!p_.stop_when_all_left) continue;
+      if (all_left()) {
+        end_ = server_end::all_left;
+        break;
+      }
+      const double alone = no_worker_seconds();
+      if (alone >= std::chrono::duration<double>(p_.no_worker_grace).count()) {
+        end_ = server_end::no_worker;
+        std::fprintf(stderr, "server %u: no worker connected for %.1f s (no_worker_grace %.1f s): ending\n",
+                     p_.core.shard, alone, std::chrono::duration<double>(p_.no_worker_grace).count());
+        break;
+      }
     }
     poll();  // what arrived last (leave acknowledgements, errors) is handled
     if (!p_.checkpoint_dir.empty()) (void)checkpoint();
@@ -348,6 +414,7 @@ class server {
     const double t0 = clock_.now();
     ckpt_.clear();  // capacity kept: one buffer for every checkpoint
     state_writer w(ckpt_);
+    save_identity(w);
     core_.save(w);
     const counters& c = core_.stats();
     const checkpoint_meta meta{.shard = p_.core.shard,
@@ -394,9 +461,16 @@ class server {
   // The version restored from a checkpoint at creation; 0 when none was.
   [[nodiscard]] std::uint64_t restored_version() const noexcept { return tel_.restored_version; }
   [[nodiscard]] bool any_joined() const noexcept { return joined_count_ > 0; }
-  // Every worker of the job joined once (or was evicted without ever
-  // joining), and none is connected now.
-  [[nodiscard]] bool all_left() const noexcept { return joined_count_ == p_.core.workers && bound_ == 0; }
+  // Every rank of the job left explicitly (its current process sent leave
+  // and did not join again); an evicted rank has not left.
+  [[nodiscard]] bool all_left() const noexcept { return left_count_ == p_.core.workers; }
+  // Seconds since a worker was last connected (since creation if none ever
+  // was); 0 while one is.
+  [[nodiscard]] double no_worker_seconds() const noexcept {
+    return bound_ > 0 ? 0.0 : clock_.now() - no_worker_since_;
+  }
+  // Why the last run() returned (running while it runs or before).
+  [[nodiscard]] server_end end() const noexcept { return end_; }
 
   [[nodiscard]] server_telemetry telemetry() const {
     server_telemetry s = tel_;
@@ -432,10 +506,63 @@ class server {
 
  private:
   static constexpr std::uint32_t no_rank = ~std::uint32_t{0};
+  static constexpr std::size_t max_policy_name = 64;
+
+  // The job a checkpoint belongs to, before server_core's state (section
+  // "PSID", docs/checkpoints.md "The state"): a restore checks it first, so
+  // another job's checkpoint is refused by name before anything is loaded.
+  void save_identity(state_writer& w) const {
+    w.tag("PSID", 1);
+    w.put(p_.job);
+    w.put(p_.core.layout.elements());
+    w.put(p_.core.workers);
+    w.put(static_cast<std::uint8_t>(p_.compression));
+    w.put_string(p_.policy);
+  }
+
+  static status check_identity(state_reader& in, const server_params& p) {
+    if (auto s = in.tag("PSID", 1); !s)
+      return status(s.code(), s.message() + " (not a checkpoint of this build's servers: no job identity)");
+    std::uint64_t job = 0, elements = 0;
+    std::uint32_t workers = 0;
+    std::uint8_t codec = 0;
+    std::string policy;
+    ASHL_TRY(in.get(job, "checkpoint.job"));
+    ASHL_TRY(in.get(elements, "checkpoint.elements"));
+    ASHL_TRY(in.get(workers, "checkpoint.workers"));
+    ASHL_TRY(in.get(codec, "checkpoint.codec"));
+    ASHL_TRY(in.get_string(policy, "checkpoint.policy"));
+    const std::string other = " (a checkpoint of another job is never restored)";
+    if (elements != p.core.layout.elements())
+      return make_error(errc::invalid_argument, "checkpoint.elements", elements,
+                        "this server's model has " + std::to_string(p.core.layout.elements()) + " elements" + other);
+    if (workers != p.core.workers)
+      return make_error(errc::invalid_argument, "checkpoint.workers", workers,
+                        "this server's job has " + std::to_string(p.core.workers) + " workers" + other);
+    if (policy != p.policy)
+      return make_error(errc::invalid_argument, "checkpoint.policy", policy,
+                        "this server runs \"" + p.policy + "\"" + other);
+    if (codec != static_cast<std::uint8_t>(p.compression)) {
+      const std::string saved = codec < codec_id_count ? std::string(to_string(static_cast<codec_id>(codec)))
+                                                       : std::to_string(codec);
+      return make_error(errc::invalid_argument, "checkpoint.codec", saved,
+                        "this server compresses with " + std::string(to_string(p.compression)) + other);
+    }
+    // Last: the job id derives from the shape checked above, so what is
+    // left to differ here is the job's name (or the number of servers).
+    if (job != p.job)
+      return make_error(errc::invalid_argument, "checkpoint.job", job_id_text(job),
+                        "this server's job is " + job_id_text(p.job) + other);
+    return {};
+  }
 
   struct peer_state {
     std::uint32_t rank = no_rank;
     bool failed = false;
+    // A later process (larger incarnation) took this connection's rank: what
+    // it sends is refused as stale, naming both incarnations.
+    std::uint32_t superseded_rank = no_rank;
+    std::uint64_t incarnation = 0, superseded_by = 0;
   };
 
   // A parameter snapshot: the bytes of one version, their CRC, the sends
@@ -478,6 +605,7 @@ class server {
     last_heard_.assign(p_.core.workers, 0.0);
     batch_.assign(p_.core.workers, 1);
     joined_once_.assign(p_.core.workers, 0);
+    left_.assign(p_.core.workers, 0);
     slots_.reserve(4 * std::size_t{p_.core.workers} + 8);
     free_slots_.reserve(4 * std::size_t{p_.core.workers} + 8);
     snaps_.reserve(8);
@@ -592,6 +720,14 @@ class server {
       on_join(p, ps, h, *m->template get<wire::join_body>(), now);
       return;
     }
+    if (ps.rank == no_rank && ps.superseded_rank != no_rank) {
+      refuse_wire(wire_refusal::stale);
+      send_error(p, errc::invalid_argument, h.sequence,
+                 "join.incarnation = " + std::to_string(ps.incarnation) + ": stale: worker " +
+                     std::to_string(ps.superseded_rank) + " joined again as incarnation " +
+                     std::to_string(ps.superseded_by) + " from another connection (a later process of this rank)");
+      return;
+    }
     if (ps.rank == no_rank) {
       refuse_wire(wire_refusal::unbound);
       send_error(p, errc::invalid_argument, h.sequence,
@@ -657,6 +793,10 @@ class server {
       case wire::message_kind::leave:
         core_.leave(w, now, out_);
         unbind(p, ps);
+        if (!left_[w]) {
+          left_[w] = 1;
+          ++left_count_;
+        }
         return;
       case wire::message_kind::error:
         ++tel_.worker_errors;
@@ -672,6 +812,17 @@ class server {
 
   void on_join(transport::peer_id p, peer_state& ps, const wire::header& h, const wire::join_body& b, double now) {
     const std::uint32_t w = h.rank;
+    if (p_.job != 0 && b.job != 0 && b.job != p_.job) {
+      refuse_wire(wire_refusal::job);
+      send_error(p, errc::invalid_argument, h.sequence,
+                 "join.job = " + job_id_text(b.job) + ": this server (" + std::to_string(p_.core.shard) +
+                     ") runs job " + job_id_text(p_.job) + ", a model of " +
+                     std::to_string(p_.core.layout.elements()) + " elements, " + std::to_string(p_.core.workers) +
+                     " workers, " + std::to_string(p_.core.layout.servers()) +
+                     " servers (another job's server at this address, or the worker's model size, worker or "
+                     "server count or ASHL_JOB differ: the job id derives from them)");
+      return;
+    }
     if (w >= p_.core.workers) {
       refuse_wire(wire_refusal::rank);
       send_error(p, errc::out_of_range, h.sequence,
@@ -681,7 +832,7 @@ class server {
     }
     if (p_.max_incarnation_ahead.count() > 0) {
       const std::uint64_t ahead = static_cast<std::uint64_t>(
-          std::chrono::duration_cast<std::chrono::microseconds>(p_.max_incarnation_ahead).count());
+          std::chrono::duration_cast<std::chrono::nanoseconds>(p_.max_incarnation_ahead).count());
       const std::uint64_t now_inc = incarnation_now();
       if (b.incarnation > now_inc && b.incarnation - now_inc > ahead) {
         refuse_wire(wire_refusal::incarnation);
@@ -689,7 +840,7 @@ class server {
                    "join.incarnation = " + std::to_string(b.incarnation) + ": more than server.max_incarnation_ahead = " +
                        std::to_string(p_.max_incarnation_ahead.count()) +
                        " s ahead of a time-based incarnation now (" + std::to_string(now_inc) +
-                       " us since the Unix epoch)");
+                       " ns since the Unix epoch)");
         return;
       }
     }
@@ -699,17 +850,41 @@ class server {
                  "join.rank = " + std::to_string(w) + ": this connection joined as worker " + std::to_string(ps.rank));
       return;
     }
+    // A smaller incarnation than the rank's is a process older than one
+    // that joined: server_core refuses it (counted, named) and the refusal
+    // goes back on this connection, which is bound to nothing.
+    if (b.incarnation < core_.incarnation(w)) {
+      core_.join(w, b.incarnation, now, out_);
+      for (const error_out& e : out_.errors()) send_error(p, e.code, h.sequence, e.text);
+      out_.clear();
+      return;
+    }
     const transport::peer_id holder = rank_peer_[w];
     if (holder != transport::no_peer && holder != p) {
       if (t_.is_connected(holder) && !peer(holder).failed && b.incarnation <= core_.incarnation(w)) {
         refuse_wire(wire_refusal::rank_taken);
         send_error(p, errc::invalid_argument, h.sequence,
                    "join.rank = " + std::to_string(w) + ": worker " + std::to_string(w) +
-                       " is connected already (a restarted worker joins with a larger incarnation)");
+                       " is connected already as incarnation " + std::to_string(core_.incarnation(w)) +
+                       " (a restarted worker joins with a larger incarnation)");
         return;
       }
-      peer(holder).rank = no_rank;  // the old connection no longer speaks for w
-      --bound_;
+      peer_state& old = peer(holder);
+      const bool superseded = b.incarnation > core_.incarnation(w);
+      if (superseded) {  // a later process takes the rank
+        old.superseded_rank = w;
+        old.superseded_by = b.incarnation;
+      }
+      unbind(holder, old);  // the old connection no longer speaks for w
+      if (superseded && t_.is_connected(holder) && !old.failed) {
+        // Told now, not at its next message: it may be waiting for a pull
+        // reply that will not come.
+        refuse_wire(wire_refusal::stale);
+        send_error(holder, errc::invalid_argument, 0,
+                   "join.incarnation = " + std::to_string(old.incarnation) + ": stale: worker " + std::to_string(w) +
+                       " joined again as incarnation " + std::to_string(b.incarnation) +
+                       " from another connection (a later process of this rank)");
+      }
     }
     const std::uint64_t joins_before = core_.stats().joins;
     const bool same_incarnation = joined_once_[w] && b.incarnation == core_.incarnation(w);
@@ -720,6 +895,8 @@ class server {
       ps.rank = w;
       ++bound_;
     }
+    ps.incarnation = b.incarnation;
+    ps.superseded_rank = no_rank;
     rank_peer_[w] = p;
     batch_[w] = b.batch;
     if (!same_incarnation) last_step_[w] = 0;  // a rejoin (reconnect) keeps counting its iterations
@@ -727,6 +904,10 @@ class server {
     if (!joined_once_[w]) {
       joined_once_[w] = 1;
       ++joined_count_;
+    }
+    if (left_[w]) {  // it joins again: the job waits for its leave
+      left_[w] = 0;
+      --left_count_;
     }
   }
 
@@ -777,10 +958,6 @@ class server {
         unbind(holder, peer(holder));
         peer(holder).failed = true;
       }
-      if (!joined_once_[w]) {  // accounted for: run() does not wait for it to leave
-        joined_once_[w] = 1;
-        ++joined_count_;
-      }
       core_.evict(w, now, out_);
       flush(now);
       if (holder != transport::no_peer) t_.close(holder);
@@ -817,7 +994,7 @@ class server {
     if (ps.rank == no_rank) return;
     if (rank_peer_[ps.rank] == p) rank_peer_[ps.rank] = transport::no_peer;
     ps.rank = no_rank;
-    --bound_;
+    if (--bound_ == 0) no_worker_since_ = clock_.now();  // no_worker_grace runs from here
   }
 
   peer_state& peer(transport::peer_id p) {
@@ -1014,6 +1191,10 @@ class server {
   double last_checkpoint_ = 0.0, next_housekeeping_ = 0.0;
   std::uint64_t applied_at_checkpoint_ = 0;
   std::uint32_t joined_count_ = 0;
+  std::vector<std::uint8_t> left_;        // per rank: its current process sent leave (all_left)
+  std::uint32_t left_count_ = 0;
+  double no_worker_since_ = 0.0;          // when bound_ last fell to 0 (creation: 0)
+  server_end end_ = server_end::running;
   std::uint64_t plan_sequence_ = 0;
   double next_progress_ = 0.0;
   // Last: destroyed first, so the sends and receives its close still

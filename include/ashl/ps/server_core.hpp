@@ -310,10 +310,21 @@ class server_core {
     if (e.known && incarnation < e.incarnation) {
       refuse(out, w, 0, refusal::incarnation,
              make_error(errc::invalid_argument, "join.incarnation", incarnation,
-                        "worker " + std::to_string(w) + " is at incarnation " + std::to_string(e.incarnation)));
+                        "stale: worker " + std::to_string(w) + " is at incarnation " + std::to_string(e.incarnation) +
+                            " (a later process of this rank joined; this one must not commit)"));
       return;
     }
     if (e.known && e.live && incarnation == e.incarnation) {
+      send_plan(w, out);
+      return;
+    }
+    if (e.known && e.live && untouched_since_creation(e)) {
+      // The first join of a worker the policy holds live from creation
+      // (incarnation 0, nothing committed or held): it takes the worker's
+      // incarnation. Not a restart: the policy is not told an eviction (a
+      // barrier would close without it) nor a join (it counts w already).
+      e.incarnation = incarnation;
+      ++stats_.joins;
       send_plan(w, out);
       return;
     }
@@ -612,6 +623,12 @@ class server_core {
 
   server_core(server_core_params p, Policy policy, optimizer opt)
       : p_(std::move(p)), policy_(std::move(policy)), opt_(std::move(opt)), store_(p_.store_bytes), sink_(p_.workers) {}
+
+  // A worker id held live from creation that no join, commit or pull has
+  // touched yet.
+  static bool untouched_since_creation(const worker_entry& e) noexcept {
+    return e.incarnation == 0 && e.last_sequence == 0 && e.policy_sequence == 0 && !e.held;
+  }
 
   void refuse(server_actions& out, worker_id w, std::uint64_t seq, refusal why, const status& s) {
     ++stats_.refused[static_cast<std::size_t>(why)];

@@ -47,6 +47,7 @@
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/core/tensor_view.hpp>
+#include <ashl/ps/identity.hpp>
 #include <ashl/ps/shards.hpp>
 #include <ashl/ps/commit_encoder.hpp>
 #include <ashl/ps/worker_cycle.hpp>
@@ -81,7 +82,15 @@ struct worker_params {
   std::uint32_t rank = 0;
   std::vector<std::string> servers;  // server s's address (transport::connect), s = 0 .. S-1
   std::uint32_t batch = 1;           // the batch it runs when the plan says 0 (its own)
-  std::uint64_t incarnation = 0;     // larger after a restart
+  // Larger after a restart: the server takes a join of a larger
+  // incarnation as a new process of this rank (fresh sequences) and refuses
+  // a smaller one by name. 0: a fresh one at create() (fresh_incarnation(),
+  // from the wall clock), so every process start has a larger one; set it
+  // only to reproduce a run.
+  std::uint64_t incarnation = 0;
+  // The job this worker belongs to (make_job_id): a server of another job
+  // refuses the join naming both ids. 0: not said (any server takes it).
+  std::uint64_t job = 0;
   std::chrono::milliseconds timeout{30000};  // the bound of every wait
   std::uint64_t seed = 0;            // codec seed (the servers' server_core_params.seed)
   bool progress_thread = false;      // a thread of the worker's own drives the transport
@@ -157,6 +166,7 @@ class worker {
       return invalid_argument("worker.link_bytes_per_second", p.link_bytes_per_second, "must be >= 0 and finite");
     auto layout = shard_layout::even(parameters.size(), static_cast<std::uint32_t>(p.servers.size()));
     if (!layout) return layout.error();
+    if (p.incarnation == 0) p.incarnation = fresh_incarnation();
     worker wk(std::move(p), std::move(t), parameters, *layout);
     ASHL_TRY(wk.state_->start());
     return wk;
@@ -174,6 +184,8 @@ class worker {
   [[nodiscard]] codec_id codec() const { return locked([](const state& s) { return s.encoder.codec(); }); }
   [[nodiscard]] const shard_layout& layout() const noexcept { return state_->layout; }
   [[nodiscard]] std::uint32_t rank() const noexcept { return state_->p.rank; }
+  // The incarnation it joined as (worker_params::incarnation, or the fresh one).
+  [[nodiscard]] std::uint64_t incarnation() const noexcept { return state_->p.incarnation; }
   // τ of the parameters the last wait() delivered: the versions other
   // workers' commits added between this worker's previous reply and this
   // one (server 0's, from the pull reply's header): staleness compensation
@@ -349,7 +361,7 @@ class worker {
       ASHL_TRY(drive_until([&] { return all_connected(); }, deadline, "connecting to the servers"));
       for (std::uint32_t s = 0; s < servers(); ++s) {
         wire::header h{.kind = wire::message_kind::join, .rank = p.rank};
-        ASHL_TRY(send_control(s, h, wire::join_body{.incarnation = p.incarnation, .batch = p.batch}));
+        ASHL_TRY(send_control(s, h, wire::join_body{.incarnation = p.incarnation, .batch = p.batch, .job = p.job}));
       }
       // The initial parameters, and the plan server 0 sends on join.
       cycle.pull_sent(clock.now());
@@ -908,7 +920,7 @@ class worker {
       ++tel.reconnects;
       std::fprintf(stderr, "worker %u: reconnected to %s\n", p.rank, server_name(s).c_str());
       wire::header h{.kind = wire::message_kind::join, .rank = p.rank};
-      if (auto st = send_control(s, h, wire::join_body{.incarnation = p.incarnation, .batch = p.batch}); !st) return;
+      if (auto st = send_control(s, h, wire::join_body{.incarnation = p.incarnation, .batch = p.batch, .job = p.job}); !st) return;
       if (!committing || replied[s]) return;
       if (last_was_commit) (void)send_commit_shard(s);
       else (void)send_pull(s);

@@ -55,8 +55,9 @@ namespace wire {
 inline constexpr std::uint32_t magic = 0x4C485341u;
 // Version 2: the plan_update body is ashl::worker_plan (batch 0 keeps the
 // worker's own, local_iterations 0 commits by interval, stage is a stage_id)
-// and the measurements kind exists. A version-1 peer is refused by version.
-inline constexpr std::uint16_t version = 2;
+// and the measurements kind exists. Version 3: the join body carries the
+// job id (20 bytes). An older peer is refused by version.
+inline constexpr std::uint16_t version = 3;
 inline constexpr std::size_t header_bytes = 72;
 // The CRC field sits at the end of the header and covers everything before it
 // plus the payload.
@@ -151,9 +152,10 @@ struct body_traits<Body> {
 
 struct join_body {
   static constexpr message_kind kind = message_kind::join;
-  static constexpr std::size_t wire_bytes = 12;
-  std::uint64_t incarnation = 0;  // differs after a restart, so a rejoin is not mistaken for a duplicate
+  static constexpr std::size_t wire_bytes = 20;
+  std::uint64_t incarnation = 0;  // larger after a restart, so a rejoin is not mistaken for a duplicate
   std::uint32_t batch = 0;        // local batch size it starts with; >= 1
+  std::uint64_t job = 0;          // the job id the worker belongs to (ps::make_job_id); 0: not said
   friend constexpr bool operator==(const join_body&, const join_body&) = default;
 };
 
@@ -409,6 +411,7 @@ inline status check_body(const measurements_body& b, const limits& lim) {
 inline void put_body(byte_writer& w, const join_body& b) {
   w.put(b.incarnation);
   w.put(b.batch);
+  w.put(b.job);
 }
 inline void put_body(byte_writer& w, const leave_body& b) {
   w.put(static_cast<std::uint32_t>(b.reason));
@@ -463,6 +466,7 @@ inline result<control_body> read_body(const header& h, std::span<const std::byte
       join_body b;
       ASHL_TRY(r.get(b.incarnation, "join.incarnation"));
       ASHL_TRY(r.get(b.batch, "join.batch"));
+      ASHL_TRY(r.get(b.job, "join.job"));
       ASHL_TRY(check_body(b, lim));
       return control_body(b);
     }
