@@ -326,11 +326,17 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
           fabric: Optional[_ashl.InprocFabric] = None, listen: Optional[str] = None,
           worker_timeout: float = 20.0, progress_seconds: Optional[float] = None, checkpoint_dir: str = "",
           checkpoint_every: float = 0.0, restore: bool = False, seed: int = 0,
+          store_bytes: int = 0, allow_non_finite: bool = False, max_commit_samples: int = 1 << 30,
           background: bool = False) -> _ashl.Server:
     """Runs this process's server of the job (job.role == "server"), starting
     from ``model``'s parameters (its shard of them). Blocks until every worker
     left and returns the server (its telemetry); ``background=True`` starts it
-    in a thread and returns at once (stop() and join() end it)."""
+    in a thread and returns at once (stop() and join() end it).
+
+    ``store_bytes`` bounds the commits a server buffers for a round (0:
+    automatic, workers x the largest commit of its shard); a NaN or infinite
+    update is refused unless ``allow_non_finite``; a commit saying it covers
+    more than ``max_commit_samples`` samples is refused (docs/ps.md)."""
     job = job if job is not None else _job_from_env()
     if job.role != "server":
         raise ValueError(f"job.role = {job.role!r}: serve() runs on a server (the workers make a DistributedOptimizer)")
@@ -346,7 +352,8 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
                        verbose=job.verbose, worker_timeout=worker_timeout,
                        progress_seconds=job.progress_seconds if progress_seconds is None else progress_seconds,
                        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, restore=restore, seed=seed,
-                       fabric=fabric)
+                       store_bytes=store_bytes, allow_non_finite=allow_non_finite,
+                       max_commit_samples=max_commit_samples, fabric=fabric)
     if background:
         srv.start()
     else:

@@ -180,6 +180,10 @@ py::dict server_telemetry_dict(const ps::server_telemetry& t) {
   core["leaves"] = t.core.leaves;
   core["evictions"] = t.core.evictions;
   core["refused"] = t.core.refused_total();
+  py::dict by_reason;  // every ps::refusal by name (non_finite, samples, store_full, ...)
+  for (std::size_t r = 0; r < ps::refusal_count; ++r)
+    by_reason[py::str(std::string(ps::to_string(static_cast<ps::refusal>(r))))] = t.core.refused[r];
+  core["refused_by_reason"] = by_reason;
   py::dict d;
   d["core"] = core;
   d["transport"] = transport_dict(t.transport);
@@ -428,7 +432,8 @@ class py_server {
             std::string optimizer, double lr, double momentum, double weight_decay, bool nesterov,
             std::string compression, std::string token, bool insecure, bool verbose, double worker_timeout,
             double progress_seconds, std::string checkpoint_dir, double checkpoint_every, bool restore,
-            std::uint64_t seed, std::optional<fabric> inproc) {
+            std::uint64_t seed, std::uint64_t store_bytes, bool allow_non_finite, std::uint64_t max_commit_samples,
+            std::optional<fabric> inproc) {
     if (workers == 0) raise(ashl::invalid_argument("server.workers", 0, "must be >= 1"));
     std::span<const float> init;
     if (initial) {
@@ -458,7 +463,14 @@ class py_server {
     opt.nesterov = nesterov;
     const auto codec = ashl::codec_id_from_string(compression);
     if (!codec) raise(ashl::invalid_argument("server.compression", compression, "unknown codec"));
-    ps::server_params sp{.core = {.layout = *layout, .shard = shard, .workers = workers, .optimizer = opt, .seed = seed},
+    ps::server_params sp{.core = {.layout = *layout,
+                                  .shard = shard,
+                                  .workers = workers,
+                                  .optimizer = opt,
+                                  .store_bytes = store_bytes,
+                                  .seed = seed,
+                                  .allow_non_finite = allow_non_finite,
+                                  .max_commit_samples = max_commit_samples},
                          .compression = *codec,
                          .progress_seconds = progress_seconds,
                          .worker_timeout = millis(worker_timeout, "server.worker_timeout"),
@@ -570,7 +582,8 @@ PYBIND11_MODULE(_ashl, m) {
   py::class_<py_server>(m, "Server", "ps::server: one shard of the model, a consistency policy, an optimizer")
       .def(py::init<std::uint64_t, std::optional<py::array>, std::string, py::dict, std::uint32_t, std::string,
                     std::uint32_t, std::uint32_t, std::string, double, double, double, bool, std::string, std::string,
-                    bool, bool, double, double, std::string, double, bool, std::uint64_t, std::optional<fabric>>(),
+                    bool, bool, double, double, std::string, double, bool, std::uint64_t, std::uint64_t, bool,
+                    std::uint64_t, std::optional<fabric>>(),
            py::arg("size") = 0, py::arg("initial") = std::nullopt, py::arg("policy") = "bsp",
            py::arg("policy_params") = py::dict(), py::arg("workers") = 1, py::arg("listen") = "127.0.0.1:0",
            py::arg("shard") = 0, py::arg("servers") = 1, py::arg("optimizer") = "model_delta", py::arg("lr") = 0.1,
@@ -578,7 +591,8 @@ PYBIND11_MODULE(_ashl, m) {
            py::arg("compression") = "topk", py::arg("token") = "", py::arg("insecure") = false,
            py::arg("verbose") = false, py::arg("worker_timeout") = 20.0, py::arg("progress_seconds") = 0.0,
            py::arg("checkpoint_dir") = "", py::arg("checkpoint_every") = 0.0, py::arg("restore") = false,
-           py::arg("seed") = 0, py::arg("fabric") = std::nullopt)
+           py::arg("seed") = 0, py::arg("store_bytes") = 0, py::arg("allow_non_finite") = false,
+           py::arg("max_commit_samples") = std::uint64_t{1} << 30, py::arg("fabric") = std::nullopt)
       .def_property_readonly("address", &py_server::address)
       .def("run", &py_server::run)
       .def("start", &py_server::start)
