@@ -291,3 +291,21 @@ BOOST_AUTO_TEST_CASE(refusal_counters_save_and_load) {
   // This server's own choice stays (not part of the state).
   BOOST_TEST(other->params().max_commit_samples == (std::uint64_t{1} << 30));
 }
+
+// The element is named in the shard and in the whole model.
+BOOST_AUTO_TEST_CASE(non_finite_names_the_model_element_of_another_shard) {
+  const auto l = layout(1000, 2);
+  auto core = ps::server_core<sync::asp>::create({.layout = l, .shard = 1, .workers = 3}, sync::asp{{.workers = 3}});
+  BOOST_REQUIRE(core.has_value());
+  const std::size_t n = l.range(1).size();
+  BOOST_REQUIRE(n == 500u);
+  auto g = vec(n, 1.0f, 0.0f);
+  g[10] = inf;
+  ps::server_actions out(3);
+  core->commit(commit_of(2, 4, dense(g), n), 0.0, out);
+  BOOST_REQUIRE(out.errors().size() == 1u);
+  BOOST_TEST(out.errors()[0].text ==
+             "commit.payload[10] = inf: worker 2 sent a non-finite value (element 10 of server 1's shard, 510 of the "
+             "model; commit 4); refused, the parameters unchanged (server allow_non_finite accepts it)");
+  BOOST_TEST(out.errors()[0].in_reply_to == 4u);
+}

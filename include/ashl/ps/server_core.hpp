@@ -23,8 +23,13 @@
 // sequence): a sequence at or below the last accepted one of the worker's
 // current incarnation is a duplicate, counted and dropped before the policy
 // sees it; a commit of another incarnation is refused. Buffered commits
-// live in a commit_store under params.store_bytes; a commit the store could
-// not take is refused before the policy is asked. Every payload is decoded
+// live in a commit_store under params.store_bytes (0: automatic_store_bytes,
+// workers x the largest commit of the shard); a commit the store could not
+// take is refused before the policy is asked. So is a commit with a NaN or
+// infinite value (unless params.allow_non_finite; the parameters and every
+// later checkpoint stay finite) and one saying it covers more samples than
+// params.max_commit_samples (the samples come from the worker's
+// worker_cycle, in the commit). Every payload is decoded
 // by its own codec id (compress/registry.hpp) into the one dense buffer of
 // the shard (sgd) or straight into the parameters (model deltas). A layout
 // of 0 elements is timing only: no payload is read, policy decisions only.
@@ -857,8 +862,9 @@ class server_core {
     refuse(out, c.worker, c.sequence, refusal::non_finite,
            make_error(errc::invalid_argument, field, detail::non_finite_value(p, i, b.bytes, b.mask),
                       "worker " + std::to_string(c.worker) + " sent a non-finite value (element " +
-                          std::to_string(element) + " of server " + std::to_string(p_.shard) +
-                          "'s shard, commit " + std::to_string(c.sequence) +
+                          std::to_string(element) + " of server " + std::to_string(p_.shard) + "'s shard, " +
+                          std::to_string(range().begin + element) + " of the model; commit " +
+                          std::to_string(c.sequence) +
                           "); refused, the parameters unchanged (server allow_non_finite accepts it)"));
     return false;
   }
