@@ -24,7 +24,9 @@
 //    buffer. Ratio = memcpy time / apply time (goal >= 0.5). Also
 //    compress::decode_add alone into a shard of the same size (what the core
 //    adds on top of the codec), and sgd with momentum (decode into the
-//    accumulator, then the fused step), for reference.
+//    accumulator, then the fused step), for reference. "unchecked" is the
+//    dense case with allow_non_finite (no NaN/infinity scan): the scan's
+//    cost is the difference.
 //
 // Output: a human table, then one JSON object per case (machine, date,
 // sizes, median, baseline, ratio).
@@ -257,13 +259,16 @@ void apply_path(const options& o, std::vector<row>& rows) {
       const std::vector<std::byte>* payload;
       ashl::codec_id codec;
       ps::optimizer_params opt;
+      bool allow_non_finite = false;  // true: without the value check (its cost is the difference)
     };
     const ps::optimizer_params sgd{.mode = ps::optimizer_params::kind::sgd, .lr = 0.01, .momentum = 0.9};
     for (const which& c : {which{"identity model_delta", &dense, ashl::codec_id::identity, {}},
+                           which{"identity model_delta unchecked", &dense, ashl::codec_id::identity, {}, true},
                            which{"topk1% model_delta", &sparse, ashl::codec_id::topk, {}},
                            which{"identity sgd+momentum", &dense, ashl::codec_id::identity, sgd},
                            which{"topk1% sgd+momentum", &sparse, ashl::codec_id::topk, sgd}}) {
-      auto core = ps::server_core<sync::asp>::create({.layout = layout, .workers = 1, .optimizer = c.opt},
+      auto core = ps::server_core<sync::asp>::create(
+                      {.layout = layout, .workers = 1, .optimizer = c.opt, .allow_non_finite = c.allow_non_finite},
                                                      sync::asp{{.workers = 1, .scale = 1e-3}})
                       .value();
       ps::server_actions out(1);

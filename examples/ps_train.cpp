@@ -34,6 +34,11 @@
 // worker restarted by hand has its commits applied, never taken for duplicates.
 //   --reconnect S          a worker whose server fails waits up to S seconds for it to come back
 //   --timeout S            a worker's bound on every wait (default 30)
+// Server limits (docs/ps.md, "Server limits"):
+//   --store-bytes N        bound on a server's buffered commit bytes (default 0: automatic,
+//                          workers x the largest commit of its shard)
+//   --max-commit-samples N a commit saying it covers more samples is refused (default 2^30)
+//   --allow-non-finite     accept NaN/infinite updates (refused by default)
 // Every worker does plan.local_iterations local steps on its own copy, then
 // commits the model delta (the servers add deltas: optimizer model_delta).
 #include <ashl/ps/launch.hpp>
@@ -73,6 +78,9 @@ struct options {
   std::string checkpoint_dir;
   double checkpoint_every = 0, worker_timeout = 20, reconnect = 0, timeout = 30;
   bool restore = false;
+  std::uint64_t store_bytes = 0;                           // ps::server_core_params::store_bytes (0: automatic)
+  std::uint64_t max_commit_samples = std::uint64_t{1} << 30;  // ps::server_core_params::max_commit_samples
+  bool allow_non_finite = false;                           // ps::server_core_params::allow_non_finite
 };
 
 int fail(const std::string& m) {
@@ -104,6 +112,15 @@ ashl::status parse(const std::vector<std::string>& a, options& o) {
     if (f == "--policy") o.policy = value();
     else if (f == "--checkpoint-dir") o.checkpoint_dir = value();
     else if (f == "--restore") o.restore = true;
+    else if (f == "--allow-non-finite") o.allow_non_finite = true;
+    else if (f == "--store-bytes" || f == "--max-commit-samples") {
+      const std::string& v = value();
+      char* e = nullptr;
+      const unsigned long long n = std::strtoull(v.c_str(), &e, 10);
+      if (v.empty() || e == v.c_str() || *e != '\0' || v[0] == '-')
+        return ashl::invalid_argument(f, v, "expected a count of " + std::string(f == "--store-bytes" ? "bytes" : "samples"));
+      (f == "--store-bytes" ? o.store_bytes : o.max_commit_samples) = n;
+    }
     else if (f == "--slow") {
       const std::string v = value();
       const auto colon = v.find(':');
@@ -148,7 +165,12 @@ int serve(const ps::job& j, const options& o) {
   auto policy = ps::make_policy(o.policy, pp);
   if (!policy) return fail(policy.error().message());
   auto srv = ps::server<tr::ucx>::create(
-      {.core = {.layout = *layout, .shard = j.rank, .workers = j.num_workers},
+      {.core = {.layout = *layout,
+                .shard = j.rank,
+                .workers = j.num_workers,
+                .store_bytes = o.store_bytes,
+                .allow_non_finite = o.allow_non_finite,
+                .max_commit_samples = o.max_commit_samples},
        .progress_seconds = j.progress_seconds,
        .worker_timeout = std::chrono::milliseconds(static_cast<long>(o.worker_timeout * 1000)),
        .no_worker_grace = std::chrono::milliseconds(static_cast<long>(j.no_worker_grace_seconds * 1000)),

@@ -807,19 +807,23 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
           worker_timeout: float = 20.0, progress_seconds: Optional[float] = None, checkpoint_dir: str = "",
           checkpoint_every: float = 0.0, restore: bool = False, seed: int = 0,
           background: bool = False, bucket_cap_mb: Optional[float] = DEFAULT_BUCKET_CAP_MB,
-          store_mb: Optional[float] = None, no_worker_grace: Optional[float] = None) -> Any:
+          store_bytes: int = 0, allow_non_finite: bool = False, max_commit_samples: int = 1 << 30,
+          no_worker_grace: Optional[float] = None) -> Any:
     """Runs this process's servers of the job (job.role == "server"), one per
     bucket (``partition(model, bucket_cap_mb, policy)``, as the workers make
     them), starting from ``model``'s parameters (its shard of each bucket).
     Blocks until every worker left and returns the server (an ashl.Server
     for a one-bucket model, else ``Servers``); ``background=True`` starts
-    them in threads and returns at once (stop() and join() end them).
-    ``store_mb``: the bound of each server's buffered commits (server_core's
-    store_bytes); default the larger of 64 MiB and one float32 commit of
-    the bucket per worker and one more (what BSP buffers). The servers end
-    when every worker left, or when none was connected for
+    them in threads and returns at once (stop() and join() end them). The
+    servers end when every worker left, or when none was connected for
     ``no_worker_grace`` seconds (by default the job's, ASHL_NO_WORKER_GRACE or
-    60); each server's ``ended`` says why."""
+    60); each server's ``ended`` says why.
+
+    ``store_bytes`` bounds the commits each server buffers for a round (0:
+    automatic, workers x the largest commit of its shard of the bucket); a
+    NaN or infinite update is refused unless ``allow_non_finite``; a commit
+    saying it covers more than ``max_commit_samples`` samples is refused
+    (docs/ps.md, "Values from workers")."""
     job = job if job is not None else _job_from_env()
     if job.role != "server":
         raise ValueError(f"job.role = {job.role!r}: serve() runs on a server (the workers make a DistributedOptimizer)")
@@ -832,7 +836,6 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
         ckpt = f"{checkpoint_dir}/bucket{bi}" if checkpoint_dir and bi else checkpoint_dir
         if ckpt:
             os.makedirs(ckpt, exist_ok=True)
-        store = int(store_mb * (1 << 20)) if store_mb else max(64 << 20, (job.num_workers + 1) * 4 * initial.numel())
         srv = _ashl.Server(initial=initial.numpy(), policy=pol.name, policy_params=dict(pol.params),
                            workers=job.num_workers, listen=bucket_addresses([address], bi, fabric is not None)[0]
                            if job.num_servers == 1 or bi == 0 else
@@ -845,7 +848,8 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
                            if bi == 0 else 0.0,
                            checkpoint_dir=ckpt,
                            checkpoint_every=checkpoint_every, restore=restore, seed=seed, fabric=fabric,
-                           store_bytes=store,
+                           store_bytes=store_bytes, allow_non_finite=allow_non_finite,
+                           max_commit_samples=max_commit_samples,
                            no_worker_grace=job.no_worker_grace if no_worker_grace is None else no_worker_grace,
                            job=_job_id(job, initial.numel()))
         servers.append(srv)

@@ -161,6 +161,14 @@ py::dict server_telemetry_dict(const ps::server_telemetry& t) {
   py::dict core = d["core"];
   core["refused"] = t.core.refused_total();
   d["wire_refused"] = t.wire_refused_total();
+  // Per reason by name (ps::refusal, wire_refusal), beside the tables' order.
+  py::dict by_reason, wire_by_reason;
+  for (std::size_t r = 0; r < ps::refusal_count; ++r)
+    by_reason[py::str(std::string(ps::to_string(static_cast<ps::refusal>(r))))] = t.core.refused[r];
+  for (std::size_t r = 0; r < ps::wire_refusal_count; ++r)
+    wire_by_reason[py::str(std::string(ps::to_string(static_cast<ps::wire_refusal>(r))))] = t.wire_refused[r];
+  core["refused_by_reason"] = by_reason;
+  d["wire_refused_by_reason"] = wire_by_reason;
   return d;
 }
 
@@ -382,8 +390,8 @@ class py_server {
             std::string optimizer, double lr, double momentum, double weight_decay, bool nesterov,
             std::string compression, std::string token, bool insecure, bool verbose, double worker_timeout,
             double progress_seconds, std::string checkpoint_dir, double checkpoint_every, bool restore,
-            std::uint64_t seed, std::optional<fabric> inproc, std::uint64_t store_bytes, double no_worker_grace,
-            std::uint64_t job) {
+            std::uint64_t seed, std::optional<fabric> inproc, std::uint64_t store_bytes, bool allow_non_finite,
+            std::uint64_t max_commit_samples, double no_worker_grace, std::uint64_t job) {
     if (workers == 0) raise(ashl::invalid_argument("server.workers", 0, "must be >= 1"));
     std::span<const float> init;
     if (initial) {
@@ -413,7 +421,14 @@ class py_server {
     opt.nesterov = nesterov;
     const auto codec = ashl::codec_id_from_string(compression);
     if (!codec) raise(ashl::invalid_argument("server.compression", compression, "unknown codec"));
-    ps::server_params sp{.core = {.layout = *layout, .shard = shard, .workers = workers, .optimizer = opt, .seed = seed},
+    ps::server_params sp{.core = {.layout = *layout,
+                                  .shard = shard,
+                                  .workers = workers,
+                                  .optimizer = opt,
+                                  .store_bytes = store_bytes,
+                                  .seed = seed,
+                                  .allow_non_finite = allow_non_finite,
+                                  .max_commit_samples = max_commit_samples},
                          .compression = *codec,
                          .progress_seconds = progress_seconds,
                          .worker_timeout = millis(worker_timeout, "server.worker_timeout"),
@@ -425,7 +440,6 @@ class py_server {
                          .policy = policy};
     if (sp.no_worker_grace.count() <= 0)
       raise(ashl::invalid_argument("server.no_worker_grace", no_worker_grace, "must be > 0 seconds"));
-    if (store_bytes != 0) sp.core.store_bytes = store_bytes;  // 0: server_core's default
     ashl::status failed;
     if (inproc) {
       auto node = inproc->f->node(listen);
@@ -622,7 +636,7 @@ PYBIND11_MODULE(_ashl, m) {
       .def(py::init<std::uint64_t, std::optional<py::array>, std::string, py::dict, std::uint32_t, std::string,
                     std::uint32_t, std::uint32_t, std::string, double, double, double, bool, std::string, std::string,
                     bool, bool, double, double, std::string, double, bool, std::uint64_t, std::optional<fabric>,
-                    std::uint64_t, double, std::uint64_t>(),
+                    std::uint64_t, bool, std::uint64_t, double, std::uint64_t>(),
            py::arg("size") = 0, py::arg("initial") = std::nullopt, py::arg("policy") = "bsp",
            py::arg("policy_params") = py::dict(), py::arg("workers") = 1, py::arg("listen") = "127.0.0.1:0",
            py::arg("shard") = 0, py::arg("servers") = 1, py::arg("optimizer") = "model_delta", py::arg("lr") = 0.1,
@@ -631,6 +645,7 @@ PYBIND11_MODULE(_ashl, m) {
            py::arg("verbose") = false, py::arg("worker_timeout") = 20.0, py::arg("progress_seconds") = 0.0,
            py::arg("checkpoint_dir") = "", py::arg("checkpoint_every") = 0.0, py::arg("restore") = false,
            py::arg("seed") = 0, py::arg("fabric") = std::nullopt, py::arg("store_bytes") = 0,
+           py::arg("allow_non_finite") = false, py::arg("max_commit_samples") = std::uint64_t{1} << 30,
            py::arg("no_worker_grace") = 60.0, py::arg("job") = 0)
       .def_property_readonly("address", &py_server::address)
       .def("run", &py_server::run)

@@ -214,7 +214,8 @@ BOOST_AUTO_TEST_CASE(create_refuses_bad_parameters) {
       ps::server_core<sync::asp>::create({.layout = layout(100), .store_bytes = 399}, sync::asp{{.workers = 1}});
   BOOST_REQUIRE(!small_store.has_value());
   BOOST_TEST(small_store.error().message() ==
-             "server_core.store_bytes = 399: holds less than one dense f32 commit of the shard (4 x 100 = 400 bytes)");
+             "server_core.store_bytes = 399: holds less than one dense f32 commit of the shard (4 x 100 = 400 bytes; "
+             "0 = automatic, 864 here)");
   auto bad_opt = ps::server_core<sync::asp>::create(
       {.layout = layout(4), .optimizer = {.mode = ps::optimizer_params::kind::model_delta, .momentum = 0.9}},
       sync::asp{{.workers = 1}});
@@ -476,7 +477,8 @@ BOOST_AUTO_TEST_CASE(store_bound_refuses_past_it_keeps_what_it_had_and_applies_i
   BOOST_TEST((out.errors()[0].reason == ps::refusal::store_full));
   BOOST_TEST((out.errors()[0].code == ashl::errc::out_of_range));
   BOOST_TEST(out.errors()[0].text ==
-             "store_bytes = 150: a payload of 64 bytes would pass it (128 bytes of 2 buffered commits held)");
+             "store_bytes = 150: a payload of 64 bytes would pass it (128 bytes of 2 buffered commits held); give the "
+             "server a larger store_bytes (0 = automatic: 768 for 4 workers)");
   BOOST_TEST(core.store().size() == 2u);
   BOOST_TEST(core.stats().refused_for(ps::refusal::store_full) == 1u);
   BOOST_TEST(core.stats().commits == 2u);  // the policy never saw the refused one

@@ -331,4 +331,61 @@ BOOST_AUTO_TEST_CASE(plans_from_the_servers_take_effect_at_cycle_starts_only) {
   BOOST_TEST(wk->leave().ok());
   stop = true;
   th.join();
+
+// The samples a commit covers travel in its header, from the worker's
+// worker_cycle (iterations x batch), and reach the policy: under
+// samples-weighted BSP two workers of batch 16 and 48 weigh 1 : 3. (Before
+// wire version 3 the server rebuilt them from header.step and its copy of
+// the batch.)
+BOOST_AUTO_TEST_CASE(commit_samples_come_from_the_workers_cycle) {
+  auto fabric = tr::inproc_fabric::create({.eager_bytes = 256});
+  std::atomic<bool> stop{false}, up{false};
+  std::vector<float> server_params;
+  ps::server_telemetry tel;
+  std::thread server([&] {
+    auto node = fabric->node("server0");
+    auto layout = ps::shard_layout::even(100, 1);
+    ps::policy_params pp;
+    pp.workers = 2;
+    pp.weighting = "samples";
+    pp.local_steps = 2;
+    auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = 2}},
+                                              std::move(*ps::make_policy("local_sgd", pp)), std::move(*node));
+    BOOST_TEST_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+    up = true;
+    srv->run(stop);
+    server_params.assign(srv->parameters().begin(), srv->parameters().end());
+    tel = srv->telemetry();
+  });
+  while (!up) std::this_thread::sleep_for(1ms);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> workers;
+  for (std::uint32_t k = 0; k < 2; ++k)
+    workers.emplace_back([&, k] {
+      std::vector<float> w(100), g(100, k == 0 ? 1.0f : 3.0f);
+      auto wk = ps::worker<tr::inproc>::create({.rank = k, .servers = {"server0"}, .batch = k == 0 ? 16u : 48u,
+                                                .timeout = 20s},
+                                               node_of(fabric), w);
+      if (!wk) {
+        errors[k] = wk.error().message();
+        return;
+      }
+      std::uint32_t iterations = 0;
+      do {
+        ++iterations;
+      } while (!wk->iteration_done());
+      if (iterations != 2) errors[k] = "ran " + std::to_string(iterations) + " iterations, not the plan's 2";
+      else if (auto s = wk->commit(g); !s) errors[k] = s.message();
+      else if (auto s2 = wk->wait(); !s2) errors[k] = s2.message();
+      (void)wk->leave();
+    });
+  for (auto& t : workers) t.join();
+  stop = true;
+  server.join();
+  for (const auto& e : errors) BOOST_TEST_REQUIRE(e.empty(), e);
+  BOOST_TEST(tel.core.commits_applied == 2u);
+  BOOST_TEST(tel.core.refused_total() == 0u);
+  // (2 x 16 x 1 + 2 x 48 x 3) / (2 x 16 + 2 x 48) = 2.5 (the mean would be 2).
+  BOOST_TEST_REQUIRE(server_params.size() == 100u);
+  for (float v : server_params) BOOST_TEST_REQUIRE(v == 2.5f);
 }

@@ -125,6 +125,40 @@ def test_the_plans_local_iterations_and_batch_size_are_followed():
     srv.join()
 
 
+def test_a_non_finite_update_is_refused_by_the_server_and_named():
+    model = tiny_model()
+    fabric = ashl.InprocFabric()
+    sjob, wjob = inproc_job()
+    srv = at.serve(model, sjob, "bsp", "none", optimizer="sgd", lr=0.1, fabric=fabric, background=True,
+                   store_bytes=0, max_commit_samples=1 << 20)
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, "bsp", "none",
+                                  update="gradient", job=wjob, fabric=fabric)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+        opt.step()
+    opt.zero_grad()
+    model(torch.randn(4, 6)).pow(2).mean().backward()
+    model[2].bias.grad[1] = float("nan")  # element 51 of the 53
+    with pytest.raises(Exception) as e:
+        opt.step()
+    assert "commit.payload[51] = nan" in str(e.value) and "worker 0" in str(e.value)
+    srv.stop()
+    srv.join()
+    core = srv.telemetry["core"]
+    assert core["commits_applied"] == 2
+    assert core["refused_by_reason"]["non_finite"] == 1
+    assert core["refused"] == 1
+
+
+def test_server_limits_are_arguments():
+    model = tiny_model()
+    fabric = ashl.InprocFabric()
+    sjob, _ = inproc_job()
+    with pytest.raises(Exception, match=r"server_core.store_bytes = 100: holds less than one dense f32 commit"):
+        at.serve(model, sjob, "bsp", fabric=fabric, background=True, store_bytes=100)
+
+
 def test_a_float64_parameter_is_named():
     model = tiny_model().double()
     with pytest.raises(ValueError, match=r"parameter '0.weight'.dtype = torch.float64"):

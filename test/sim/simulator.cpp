@@ -719,3 +719,24 @@ BOOST_AUTO_TEST_CASE(ashl_replans_when_a_worker_slows_down) {
   (void)once.run({.until = 3.0});
   BOOST_TEST(once.policy().plan(0).local_iterations == 3 * once.policy().plan(1).local_iterations);
 }
+
+// A commit's samples are the worker's cycle's (iterations x batch: the
+// plan's 128, the worker's own 32), the value a real worker puts in its
+// commit header, and the cores bound them as a real server does: a bound
+// of 100 refuses worker 0's first commit (which stops the run, naming it),
+// 128 takes every commit.
+BOOST_AUTO_TEST_CASE(commit_samples_come_from_the_cycle_and_are_bounded_by_the_server) {
+  std::vector<ashl::worker_plan> plans{ashl::worker_plan{.batch_size = 128}, ashl::worker_plan{}};
+  auto spec = cluster({worker(0.01), worker(0.01)}, 0);
+  spec.workers[1].batch = 32;
+  auto bounded = make<ss::asp>(spec, ss::asp({.workers = 2, .plans = plans}), {}, {.max_commit_samples = 100});
+  const auto refused = bounded.run({.commits_per_worker = 2});
+  BOOST_TEST(refused.error ==
+             "server 0 refused worker 0's message: commit.samples = 128: worker 0 says its commit covers more samples "
+             "than max_commit_samples = 100");
+  auto fits = make<ss::asp>(spec, ss::asp({.workers = 2, .plans = plans}), {}, {.max_commit_samples = 128});
+  const auto r = fits.run({.commits_per_worker = 2});
+  BOOST_TEST(r.error.empty(), r.error);
+  BOOST_TEST(r.commits == 4u);
+  BOOST_TEST(fits.core(0).stats().refused_total() == 0u);
+}

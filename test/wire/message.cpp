@@ -76,6 +76,7 @@ w::header data_header(w::message_kind k) {
   h.sequence = 0x1122334455667788ull;
   h.clock = 42;
   h.step = 0xfffffffffull;
+  if (k == w::message_kind::commit) h.samples = 96;  // version 3: the samples a commit covers
   return h;
 }
 
@@ -193,7 +194,7 @@ BOOST_AUTO_TEST_CASE(header_layout_is_the_documented_one) {
   BOOST_TEST(u64(40) == 42u);
   BOOST_TEST(u64(48) == 0xfffffffffull);
   BOOST_TEST(u64(56) == 3u);
-  BOOST_TEST(u32(64) == 0u);
+  BOOST_TEST(u32(64) == 96u);  // samples (version 3)
   BOOST_TEST(u32(68) == w::crc32c(std::span<const std::byte>(m).subspan(72),
                                   w::crc32c(std::span<const std::byte>(m).first(68))));
   BOOST_TEST(m.size() == 75u);
@@ -333,7 +334,8 @@ BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {
   expect_error(dec(patched(commit, 0, std::uint32_t{0x4c485342})), errc::malformed, "header.magic = 0x4c485342");
   expect_error(dec(patched(commit, 4, std::uint16_t{1})), errc::unsupported,
                "header.version = 1: this build reads version 3");
-  expect_error(dec(patched(commit, 4, std::uint16_t{2})), errc::unsupported, "header.version = 2");
+  expect_error(dec(patched(commit, 4, std::uint16_t{2})), errc::unsupported,
+               "header.version = 2: this build reads version 3");
   expect_error(dec(patched(commit, 4, std::uint16_t{4})), errc::unsupported, "header.version = 4");
   expect_error(dec(patched(commit, 6, std::uint16_t{80})), errc::malformed, "header.header_bytes = 80");
   expect_error(dec(patched(commit, 8, std::uint8_t{0})), errc::unsupported, "header.kind = 0");
@@ -343,7 +345,19 @@ BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {
   expect_error(dec(patched(commit, 10, std::uint8_t{6})), errc::unsupported, "header.dtype = 6");
   expect_error(dec(patched(commit, 11, std::uint8_t{1})), errc::malformed, "header.reserved0 = 1");
   expect_error(dec(patched(commit, 12, std::uint32_t{0x20})), errc::unsupported, "header.flags = 0x00000020");
-  expect_error(dec(patched(commit, 64, std::uint32_t{5})), errc::malformed, "header.reserved1 = 5");
+  // Offset 64 is a commit's samples (version 3); any other kind must leave it 0.
+  auto with_samples = dec(patched(commit, 64, std::uint32_t{0xffffffffu}));
+  BOOST_TEST_REQUIRE(with_samples.has_value());
+  BOOST_TEST(with_samples->header.samples == 0xffffffffu);
+  const auto a_reply = encode_data(data_header(w::message_kind::pull_reply), payload_of(8, 4));
+  expect_error(dec(patched(a_reply, 64, std::uint32_t{5})), errc::malformed,
+               "header.samples = 5: only a commit covers samples (must be 0)");
+  const auto a_join = encode_control(w::join_body{.incarnation = 7, .batch = 32});
+  expect_error(dec(patched(a_join, 64, std::uint32_t{1})), errc::malformed, "header.samples = 1");
+  w::header bad_pull = data_header(w::message_kind::pull_request);
+  bad_pull.samples = 3;
+  std::array<std::byte, w::header_bytes> bad_head{};
+  BOOST_TEST((w::seal_header(bad_pull, std::span<const std::byte>{}, bad_head).code() == errc::malformed));
   w::limits small;
   small.max_elements = 999;
   expect_error(dec(commit, small), errc::out_of_range, "header.element_count = 1000: exceeds limits.max_elements = 999");

@@ -117,6 +117,21 @@ class state_reader {
                         "this build reads version " + std::to_string(version));
     return {};
   }
+  // Checks a section header of any version from `oldest` to `newest`, and
+  // says which (a reader that still takes an older layout).
+  status tag(std::string_view four, std::uint32_t oldest, std::uint32_t newest, std::uint32_t& version) {
+    std::array<std::uint8_t, 4> got{};
+    for (auto& c : got) ASHL_TRY(r_.get(c, four));
+    const std::string seen(got.begin(), got.end());
+    if (seen != four) return make_error(errc::malformed, "state.tag", seen, "expected the section " + std::string(four));
+    std::uint32_t v = 0;
+    ASHL_TRY(r_.get(v, std::string(four) + ".version"));
+    if (v < oldest || v > newest)
+      return make_error(errc::unsupported, std::string(four) + ".version", v,
+                        "this build reads versions " + std::to_string(oldest) + " to " + std::to_string(newest));
+    version = v;
+    return {};
+  }
   // A count of elements of `element_bytes` each that must fit in what is left.
   status count(std::uint64_t& n, std::size_t element_bytes, std::string_view field) {
     ASHL_TRY(r_.get(n, field));

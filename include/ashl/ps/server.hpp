@@ -601,9 +601,7 @@ class server {
   server(server_params p, core_type core, Transport t)
       : p_(std::move(p)), core_(std::move(core)), out_(p_.core.workers), t_(std::move(t)) {
     rank_peer_.assign(p_.core.workers, transport::no_peer);
-    last_step_.assign(p_.core.workers, 0);
     last_heard_.assign(p_.core.workers, 0.0);
-    batch_.assign(p_.core.workers, 1);
     joined_once_.assign(p_.core.workers, 0);
     left_.assign(p_.core.workers, 0);
     slots_.reserve(4 * std::size_t{p_.core.workers} + 8);
@@ -746,15 +744,13 @@ class server {
     last_heard_[w] = now;
     switch (h.kind) {
       case wire::message_kind::commit: {
-        // A commit's header.step is the worker's iteration count (also the
-        // codec's Philox step): the samples it covers are the iterations
-        // since its last commit times the batch its plan runs.
-        const std::uint64_t iters = h.step > last_step_[w] ? h.step - last_step_[w] : 1;
+        // The samples a commit covers travel in its header (the worker's
+        // worker_cycle counted them); server_core bounds them.
         commit_in c{.worker = w,
                     .incarnation = core_.incarnation(w),
                     .sequence = h.sequence,
                     .clock = h.clock,
-                    .samples = iters * batch_[w],
+                    .samples = h.samples,
                     .bytes = wire::header_bytes + data.size(),
                     .codec = h.codec,
                     .type = h.type,
@@ -763,9 +759,7 @@ class server {
                     .tensor = h.tensor,
                     .payload = m->payload,
                     .pull = (h.flags & wire::flag_pull) != 0};
-        const std::uint64_t accepted_before = core_.stats().commits;
         core_.commit(c, now, out_);
-        if (core_.stats().commits != accepted_before) last_step_[w] = h.step;
         return;
       }
       case wire::message_kind::pull_request:
@@ -887,7 +881,6 @@ class server {
       }
     }
     const std::uint64_t joins_before = core_.stats().joins;
-    const bool same_incarnation = joined_once_[w] && b.incarnation == core_.incarnation(w);
     core_.join(w, b.incarnation, now, out_);
     const bool refused = core_.stats().joins == joins_before && !core_.is_live(w);
     if (refused) return;
@@ -898,8 +891,6 @@ class server {
     ps.incarnation = b.incarnation;
     ps.superseded_rank = no_rank;
     rank_peer_[w] = p;
-    batch_[w] = b.batch;
-    if (!same_incarnation) last_step_[w] = 0;  // a rejoin (reconnect) keeps counting its iterations
     last_heard_[w] = now;
     if (!joined_once_[w]) {
       joined_once_[w] = 1;
@@ -1102,7 +1093,6 @@ class server {
   void send_plan(worker_id w, const worker_plan& plan) {
     const transport::peer_id p = rank_peer_[w];
     if (p == transport::no_peer) return;
-    if (plan.batch_size != 0) batch_[w] = plan.batch_size;
     wire::header h{.kind = wire::message_kind::plan_update,
                    .codec = plan_codec(plan, p_.compression),
                    .type = dtype::f32,
@@ -1177,8 +1167,6 @@ class server {
   server_telemetry tel_{};
   std::vector<peer_state> peers_;
   std::vector<transport::peer_id> rank_peer_;
-  std::vector<std::uint64_t> last_step_;
-  std::vector<std::uint32_t> batch_;
   std::vector<send_slot> slots_;
   detail::free_list free_slots_;
   std::vector<snapshot> snaps_;

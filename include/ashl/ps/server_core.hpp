@@ -23,8 +23,13 @@
 // sequence): a sequence at or below the last accepted one of the worker's
 // current incarnation is a duplicate, counted and dropped before the policy
 // sees it; a commit of another incarnation is refused. Buffered commits
-// live in a commit_store under params.store_bytes; a commit the store could
-// not take is refused before the policy is asked. Every payload is decoded
+// live in a commit_store under params.store_bytes (0: automatic_store_bytes,
+// workers x the largest commit of the shard); a commit the store could not
+// take is refused before the policy is asked. So is a commit with a NaN or
+// infinite value (unless params.allow_non_finite; the parameters and every
+// later checkpoint stay finite) and one saying it covers more samples than
+// params.max_commit_samples (the samples come from the worker's
+// worker_cycle, in the commit). Every payload is decoded
 // by its own codec id (compress/registry.hpp) into the one dense buffer of
 // the shard (sgd) or straight into the parameters (model deltas). A layout
 // of 0 elements is timing only: no payload is read, policy decisions only.
@@ -50,6 +55,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/bytes.hpp>
 #include <ashl/core/fields.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/registry.hpp>
@@ -68,12 +74,14 @@
 #include <ashl/wire/ids.hpp>
 #include <ashl/wire/message.hpp>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -98,8 +106,10 @@ enum class refusal : std::uint8_t {
   limits = 8,          // over wire::limits
   store_full = 9,      // the commit store could not take it (store_bytes)
   measurement = 10,    // a measurement with a bad kind, time or amount
+  non_finite = 11,     // a NaN or infinite value in the update (server_core_params.allow_non_finite)
+  samples = 12,        // commit.samples above server_core_params.max_commit_samples
 };
-inline constexpr std::size_t refusal_count = 11;
+inline constexpr std::size_t refusal_count = 13;
 
 constexpr std::string_view to_string(refusal r) noexcept {
   switch (r) {
@@ -114,18 +124,124 @@ constexpr std::string_view to_string(refusal r) noexcept {
     case refusal::limits: return "limits";
     case refusal::store_full: return "store_full";
     case refusal::measurement: return "measurement";
+    case refusal::non_finite: return "non_finite";
+    case refusal::samples: return "samples";
   }
   return "?";
 }
+
+// The largest commit payload a server takes for a shard of n elements: 8
+// bytes an element (sparse pairs of f32 at ratio 1, twice a dense f32
+// commit) and a small header.
+constexpr std::uint64_t max_commit_payload_bytes(std::uint64_t n) noexcept {
+  return n > (~std::uint64_t{0} - 64) / 8 ? ~std::uint64_t{0} : 8 * n + 64;
+}
+
+// The automatic store bound (server_core_params.store_bytes = 0): one
+// commit of the largest payload per worker. Every buffering policy holds at
+// most one commit per worker for a round (BSP, DLB, semi-async's barrier;
+// coded BSP at most two dense ones, which the 8-byte bound covers), and a
+// policy that never buffers needs none: the store grows only as commits are
+// buffered, so the bound costs no memory until it is used. Saturates.
+constexpr std::uint64_t automatic_store_bytes(std::uint64_t shard_elements, std::uint32_t workers) noexcept {
+  const std::uint64_t one = max_commit_payload_bytes(shard_elements);
+  const std::uint64_t m = workers == 0 ? 1 : workers;
+  return one > ~std::uint64_t{0} / m ? ~std::uint64_t{0} : one * m;
+}
+
+namespace detail {
+
+// The first of n little-endian floating-point values at p whose exponent
+// bits are all ones (NaN or infinite), or n. `bytes` is 4 (f32) or 2, with
+// the exponent mask of the 16-bit format (0x7c00 f16, 0x7f80 bf16). Blocks
+// of 256 values OR a flag without a branch (the compiler vectorizes it; a
+// pass at memory speed), and only a flagged block is searched for the index.
+inline std::size_t first_non_finite(const std::byte* p, std::size_t n, std::size_t bytes,
+                                    std::uint32_t mask) noexcept {
+  constexpr std::size_t block = 256;
+  for (std::size_t at = 0; at < n; at += block) {
+    const std::size_t k = n - at < block ? n - at : block;
+    std::uint32_t bad = 0;
+    if (bytes == 4) {
+      for (std::size_t j = 0; j < k; ++j) {
+        std::uint32_t x;
+        std::memcpy(&x, p + 4 * (at + j), 4);
+        x = ::ashl::detail::byteswap_if_big(x);
+        bad |= static_cast<std::uint32_t>((x & mask) == mask);
+      }
+    } else {
+      for (std::size_t j = 0; j < k; ++j) {
+        std::uint16_t x;
+        std::memcpy(&x, p + 2 * (at + j), 2);
+        x = ::ashl::detail::byteswap_if_big(x);
+        bad |= static_cast<std::uint32_t>((x & mask) == mask);
+      }
+    }
+    if (bad == 0) continue;
+    for (std::size_t j = at; j < at + k; ++j) {
+      std::uint32_t x = 0;
+      if (bytes == 4) {
+        std::uint32_t v;
+        std::memcpy(&v, p + 4 * j, 4);
+        x = ::ashl::detail::byteswap_if_big(v);
+      } else {
+        std::uint16_t v;
+        std::memcpy(&v, p + 2 * j, 2);
+        x = ::ashl::detail::byteswap_if_big(v);
+      }
+      if ((x & mask) == mask) return j;
+    }
+  }
+  return n;
+}
+
+// The value at index i as a float (for the error: nan, inf or -inf).
+inline float non_finite_value(const std::byte* p, std::size_t i, std::size_t bytes, std::uint32_t mask) noexcept {
+  std::uint32_t x = 0;
+  if (bytes == 4) {
+    std::uint32_t v;
+    std::memcpy(&v, p + 4 * i, 4);
+    x = ::ashl::detail::byteswap_if_big(v);
+  } else {
+    std::uint16_t v;
+    std::memcpy(&v, p + 2 * i, 2);
+    x = ::ashl::detail::byteswap_if_big(v);
+  }
+  const bool negative = (x & (bytes == 4 ? 0x80000000u : 0x8000u)) != 0;
+  const std::uint32_t mantissa = x & ~mask & (bytes == 4 ? 0x7fffffffu : 0x7fffu);
+  if (mantissa != 0) return std::numeric_limits<float>::quiet_NaN();
+  return negative ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
+}
+
+struct float_bits {
+  std::size_t bytes = 4;
+  std::uint32_t mask = 0x7f800000u;
+};
+constexpr float_bits bits_of(dtype t) noexcept {
+  if (t == dtype::f16) return {2, 0x7c00u};
+  if (t == dtype::bf16) return {2, 0x7f80u};
+  return {4, 0x7f800000u};
+}
+
+}  // namespace detail
 
 struct server_core_params {
   shard_layout layout{};          // elements() == 0: timing only (payloads ignored, nothing decoded)
   std::uint32_t shard = 0;        // the range this core holds (one server of S)
   std::uint32_t workers = 0;      // ids 0..workers-1 live from creation, incarnation 0
   optimizer_params optimizer{};
-  std::uint64_t store_bytes = std::uint64_t{64} << 20;  // bound on buffered commit payload bytes
+  // Bound on buffered commit payload bytes; 0: automatic_store_bytes(shard
+  // elements, workers). An explicit value must hold one dense f32 commit.
+  std::uint64_t store_bytes = 0;
   wire::limits limits{};
   std::uint64_t seed = 0;         // codec_context seed for decode
+  // A commit with a NaN or infinite value is refused (refusal::non_finite,
+  // the parameters unchanged) unless this is set.
+  bool allow_non_finite = false;
+  // The most samples one commit may say it covers (iterations x batch); a
+  // commit above it is refused (refusal::samples). 0 says "not counted"
+  // (a samples-weighted round then weighs by the mean).
+  std::uint64_t max_commit_samples = std::uint64_t{1} << 30;
 };
 
 // One commit shard, as decoded from a wire commit message.
@@ -277,10 +393,12 @@ class server_core {
     // The store must take a commit before the policy is asked (a decision
     // cannot be undone), so it holds at least one dense f32 commit: a policy
     // that never buffers then never sees a valid dense commit refused.
+    if (p.store_bytes == 0) p.store_bytes = automatic_store_bytes(n, p.workers);
     if (p.store_bytes < 4 * n)
       return invalid_argument("server_core.store_bytes", p.store_bytes,
                               "holds less than one dense f32 commit of the shard (4 x " + std::to_string(n) +
-                                  " = " + std::to_string(4 * n) + " bytes)");
+                                  " = " + std::to_string(4 * n) + " bytes; 0 = automatic, " +
+                                  std::to_string(automatic_store_bytes(n, p.workers)) + " here)");
     for (worker_id w = 0; w < p.workers; ++w)
       if (!policy.is_live(w))
         return invalid_argument("server_core.workers", p.workers,
@@ -376,6 +494,13 @@ class server_core {
     if (c.sequence <= e.last_sequence) {
       ++stats_.duplicates;
       if (c.pull) pull(w, now, out);
+      return;
+    }
+    if (c.samples > p_.max_commit_samples) {
+      refuse(out, w, c.sequence, refusal::samples,
+             make_error(errc::out_of_range, "commit.samples", c.samples,
+                        "worker " + std::to_string(w) + " says its commit covers more samples than max_commit_samples = " +
+                            std::to_string(p_.max_commit_samples)));
       return;
     }
     const bool math = !timing_only();
@@ -514,7 +639,9 @@ class server_core {
     // The body is written in place after a length placeholder (the layout of
     // put_string: u64 length, bytes), then the length is patched and the CRC
     // appended: no second buffer, no copy (a 64 MB shard saves at memory speed).
-    out.tag("PSCR", 1);
+    // Version 2: the refusal counters are preceded by their count (version
+    // 1 had 11 reasons; load() reads both).
+    out.tag("PSCR", 2);
     const std::size_t length_at = out.size();
     out.put<std::uint64_t>(0);
     const std::size_t body_at = out.size();
@@ -549,7 +676,8 @@ class server_core {
   // Reads into fresh values and assigns only when everything was read: a
   // truncated or corrupt state is refused and leaves the core unchanged.
   status load(state_reader& in) {
-    ASHL_TRY(in.tag("PSCR", 1));
+    std::uint32_t version = 0;
+    ASHL_TRY(in.tag("PSCR", 1, 2, version));
     std::span<const std::byte> bytes;
     ASHL_TRY(in.get_bytes(bytes, "server_core.state"));
     std::uint32_t crc = 0;
@@ -589,13 +717,19 @@ class server_core {
       ASHL_TRY(r.get(e.last_sequence, "server_core.worker.last_sequence"));
       ASHL_TRY(r.get(e.policy_sequence, "server_core.worker.policy_sequence"));
     }
+    // The larger of the saved bound and this server's: a restart given a
+    // larger store_bytes (the saved one was too small) keeps it.
+    p.store_bytes = std::max(p.store_bytes, p_.store_bytes);
     commit_store store(p.store_bytes);
     ASHL_TRY(store.load(r));
     counters st;
-    ASHL_TRY(load_counters(r, st));
+    ASHL_TRY(load_counters(r, st, version));
     Policy pol = policy_;
     ASHL_TRY(pol.load(r));
     ASHL_TRY(r.expect_end("server_core.state"));
+    // Not part of the state: this server's own choices stay.
+    p.allow_non_finite = p_.allow_non_finite;
+    p.max_commit_samples = p_.max_commit_samples;
     p_ = std::move(p);
     opt_ = std::move(opt);
     w_ = std::move(w);
@@ -682,7 +816,10 @@ class server_core {
       return false;
     }
     if (status s = store_.can_hold(c.payload.size()); !s) {
-      refuse(out, c.worker, c.sequence, refusal::store_full, s);
+      refuse(out, c.worker, c.sequence, refusal::store_full,
+             status(s.code(), s.message() + "; give the server a larger store_bytes (0 = automatic: " +
+                                  std::to_string(automatic_store_bytes(n, p_.workers)) + " for " +
+                                  std::to_string(p_.workers) + " workers)"));
       return false;
     }
     const compress::payload_info info{static_cast<std::size_t>(n), c.type};
@@ -694,33 +831,86 @@ class server_core {
     // and indices, the rules of decode_add_pairs (a payload of 0 pairs goes
     // to the decode check, which knows whether its codec allows none). Such
     // a commit is decoded once, after the policy's decision.
+    //
+    // Values: unless allow_non_finite, a NaN or infinite value is refused
+    // before the policy sees the commit, so the parameters (and every later
+    // checkpoint) stay finite. A dense cast or sparse pairs are checked on
+    // their values as they lie in the payload (one branch-free pass that
+    // reads the bytes the decode reads next); any other codec on what its
+    // check-decode wrote into the accumulator (a finite payload can decode
+    // to an infinity: a huge QSGD norm).
+    const bool check_values = !p_.allow_non_finite;
     const std::size_t dense = compress::dense_payload_bytes(c.codec, info);
     if (dense != 0) {
-      if (c.payload.size() == dense) return true;
-      return refuse_payload(c, make_error(errc::malformed, "commit.payload_bytes", c.payload.size(),
-                                          std::string(to_string(c.codec)) + " of " + std::to_string(n) + " " +
-                                              std::string(to_string(c.type)) + " is " + std::to_string(dense) +
-                                              " bytes"),
-                            out);
+      if (c.payload.size() != dense)
+        return refuse_payload(c, make_error(errc::malformed, "commit.payload_bytes", c.payload.size(),
+                                            std::string(to_string(c.codec)) + " of " + std::to_string(n) + " " +
+                                                std::string(to_string(c.type)) + " is " + std::to_string(dense) +
+                                                " bytes"),
+                              out);
+      if (!check_values) return true;
+      const dtype values = c.codec == codec_id::fp16 ? dtype::f16 : c.codec == codec_id::bf16 ? dtype::bf16 : c.type;
+      return finite_values(c, c.payload.data(), static_cast<std::size_t>(n), values, nullptr, out);
     }
-    if (compress::sparse_pairs(c.codec) && compress::sparse_pairs_well_formed(c.payload, info)) return true;
-    if (!opt_.adds_deltas()) {
+    if (compress::sparse_pairs(c.codec) && compress::sparse_pairs_well_formed(c.payload, info)) {
+      if (!check_values) return true;
+      // 12-byte header (n, count), count u32 indices, count values.
+      const std::size_t count = ::ashl::compress::detail::load_le32(c.payload.data() + 8);
+      return finite_values(c, c.payload.data() + 12 + 4 * count, count, c.type, c.payload.data() + 12, out);
+    }
+    if (!opt_.adds_deltas() || check_values) {
       // Any other codec, sgd: the decode into the (zero) accumulator at
       // scale 1 is the check and the decode (the step scales it); a codec
       // that refuses may have written part of it, so it is zeroed again.
+      // Model deltas with the value check: the same decode, checked, then
+      // zeroed (the accumulator is scratch there).
       status s = compress::decode_add(c.codec, c.payload, info, host_view<float>(acc_.data(), acc_.size()), 1.0f, ctx);
       if (!s) {
         clear_acc();
         return refuse_payload(c, s, out);
       }
+      if (check_values &&
+          !finite_values(c, reinterpret_cast<const std::byte*>(acc_.data()), acc_.size(), dtype::f32, nullptr, out)) {
+        clear_acc();
+        return false;
+      }
+      if (opt_.adds_deltas()) {
+        clear_acc();
+        return true;
+      }
       in_acc_ = true;
       return true;
     }
-    // Any other codec, model deltas: one decode at scale 0 into the scratch
-    // buffer (never read), then the real one into the parameters.
+    // Any other codec, model deltas, non-finite values allowed: one decode
+    // at scale 0 into the scratch buffer (never read), then the real one
+    // into the parameters.
     status s = compress::decode_add(c.codec, c.payload, info, host_view<float>(acc_.data(), acc_.size()), 0.0f, ctx);
     if (!s) return refuse_payload(c, s, out);
     return true;
+  }
+
+  // Whether the n values of `type` at p are finite; refuses the commit
+  // otherwise, naming the worker and the element (the pair's index when
+  // `indices` gives the sparse pairs' u32 indices; the decoded element when
+  // the values are the accumulator's).
+  bool finite_values(const commit_in& c, const std::byte* p, std::size_t n, dtype type, const std::byte* indices,
+                     server_actions& out) {
+    const detail::float_bits b = detail::bits_of(type);
+    const std::size_t i = detail::first_non_finite(p, n, b.bytes, b.mask);
+    if (i == n) return true;
+    const bool decoded = p == reinterpret_cast<const std::byte*>(acc_.data());
+    const std::uint64_t element =
+        indices != nullptr ? ::ashl::compress::detail::load_le32(indices + 4 * i) : std::uint64_t{i};
+    const std::string field = std::string(decoded ? "commit.decoded[" : "commit.payload[") + std::to_string(element) +
+                              "]";
+    refuse(out, c.worker, c.sequence, refusal::non_finite,
+           make_error(errc::invalid_argument, field, detail::non_finite_value(p, i, b.bytes, b.mask),
+                      "worker " + std::to_string(c.worker) + " sent a non-finite value (element " +
+                          std::to_string(element) + " of server " + std::to_string(p_.shard) + "'s shard, " +
+                          std::to_string(range().begin + element) + " of the model; commit " +
+                          std::to_string(c.sequence) +
+                          "); refused, the parameters unchanged (server allow_non_finite accepts it)"));
+    return false;
   }
 
   bool refuse_payload(const commit_in& c, const status& s, server_actions& out) {
@@ -846,15 +1036,23 @@ class server_core {
                             c.bytes_in, c.pulls, c.pulls_served, c.pulls_held, c.pulls_released, c.pulls_dropped,
                             c.plans_sent, c.steps, c.joins, c.leaves, c.evictions, c.round_missing})
       w.put(v);
+    w.put<std::uint64_t>(c.refused.size());
     for (std::uint64_t v : c.refused) w.put(v);
   }
-  static status load_counters(state_reader& r, counters& c) {
+  static status load_counters(state_reader& r, counters& c, std::uint32_t version) {
     for (std::uint64_t* v : {&c.commits, &c.commits_applied, &c.commits_buffered, &c.commits_dropped, &c.duplicates,
                              &c.bytes_in, &c.pulls, &c.pulls_served, &c.pulls_held, &c.pulls_released,
                              &c.pulls_dropped, &c.plans_sent, &c.steps, &c.joins, &c.leaves, &c.evictions,
                              &c.round_missing})
       ASHL_TRY(r.get(*v, "server_core.counters"));
-    for (auto& v : c.refused) ASHL_TRY(r.get(v, "server_core.counters.refused"));
+    std::uint64_t reasons = 11;  // version 1: the reasons up to refusal::measurement
+    if (version >= 2) {
+      ASHL_TRY(r.get(reasons, "server_core.counters.refused.count"));
+      if (reasons > refusal_count)
+        return make_error(errc::malformed, "server_core.counters.refused.count", reasons,
+                          "this build knows " + std::to_string(refusal_count) + " refusal reasons");
+    }
+    for (std::uint64_t k = 0; k < reasons; ++k) ASHL_TRY(r.get(c.refused[k], "server_core.counters.refused"));
     return {};
   }
 

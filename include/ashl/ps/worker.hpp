@@ -30,7 +30,7 @@
 // counts is server 0's (ps/server.hpp, "Plans"); a new plan takes effect at
 // the next cycle. header.clock of a commit is its sequence (the commit
 // clock), header.step the worker's iteration count (the codec's Philox
-// step; the server derives the commit's samples from it).
+// step), header.samples the cycle's samples (worker_cycle::samples()).
 //
 // Threads: the caller drives the transport inside wait() and progress(); no
 // thread of the worker's own runs unless worker_params.progress_thread is set,
@@ -309,6 +309,7 @@ class worker {
     std::span<const float> last_update;
     std::vector<std::span<const std::byte>> last_payloads;  // commit_encoded's, per shard
     std::uint64_t last_seq = 0;
+    std::uint32_t last_samples = 0;  // header.samples of the commit in flight
     bool last_compressed = false, last_was_commit = false, last_external = false;
     std::vector<std::uint8_t> arrived;       // per shard: its commit send completed ok
     std::vector<std::uint8_t> lost;          // per server: reconnecting (worker_params.reconnect)
@@ -515,6 +516,10 @@ class worker {
         for (std::uint32_t s = 0; s < servers(); ++s) b += wire::header_bytes + commit_payload(s).size();
         hold_for_link(b);
       }
+      // The samples this commit covers, from the cycle (the rule the
+      // simulator's workers follow); the wire carries 32 bits, and a count
+      // past them reaches the server saturated, to be refused by its bound.
+      last_samples = static_cast<std::uint32_t>(std::min<std::uint64_t>(cycle.samples(), 0xffffffffu));
       last_seq = cycle.commit_sent(now);
       last_was_commit = true;
       commit_bytes = 0;
@@ -547,7 +552,8 @@ class worker {
                      .rank = p.rank,
                      .sequence = last_seq,
                      .clock = last_seq,
-                     .step = iterations_total};
+                     .step = iterations_total,
+                     .samples = last_samples};
       const std::uint32_t i = take_slot();
       slots[i].commit_shard = static_cast<std::int32_t>(s);
       ASHL_TRY(wire::seal_header(h, payload, slots[i].head));

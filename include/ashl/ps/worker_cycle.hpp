@@ -112,7 +112,9 @@ class worker_cycle {
   [[nodiscard]] std::uint64_t plan_changes() const noexcept { return plan_changes_; }
   [[nodiscard]] bool compresses() const noexcept { return plan_.compression_ratio < 1.0f; }
   [[nodiscard]] phase state() const noexcept { return phase_; }
-  // Samples this cycle covered (iterations × batch): commit_event.samples.
+  // Samples this cycle covered (iterations × batch): what its commit carries
+  // (wire::header::samples; the simulator's commit_in.samples), bounded by
+  // the server (server_core_params::max_commit_samples).
   [[nodiscard]] std::uint64_t samples() const noexcept { return std::uint64_t{iterations_} * batch_; }
 
   // Compression finished at `now`, producing `payload_bytes`.

@@ -125,8 +125,10 @@ struct server_setup {
   std::uint64_t elements = 0;             // parameters (f32), split evenly over the servers
   ps::optimizer_params optimizer{};
   std::span<const float> initial{};       // elements values, or empty (zeros)
-  std::uint64_t store_bytes = std::uint64_t{64} << 20;  // per server: bound on buffered commit bytes
+  std::uint64_t store_bytes = 0;  // per server: bound on buffered commit bytes; 0: automatic (ps::automatic_store_bytes)
   std::uint64_t seed = 0;                 // codec_context seed of the decodes
+  bool allow_non_finite = false;          // ps::server_core_params::allow_non_finite
+  std::uint64_t max_commit_samples = std::uint64_t{1} << 30;  // ps::server_core_params::max_commit_samples
 };
 
 struct run_options {
@@ -172,7 +174,9 @@ class simulator {
       if (!setup.initial.empty()) init = setup.initial.subspan(r.begin, r.size());
       auto c = core_type::create({.layout = s.layout_, .shard = k,
                                   .workers = static_cast<std::uint32_t>(s.spec_.workers.size()),
-                                  .optimizer = setup.optimizer, .store_bytes = setup.store_bytes, .seed = setup.seed},
+                                  .optimizer = setup.optimizer, .store_bytes = setup.store_bytes, .seed = setup.seed,
+                                  .allow_non_finite = setup.allow_non_finite,
+                                  .max_commit_samples = setup.max_commit_samples},
                                  k + 1 == servers ? std::move(policy) : Policy(policy), init);
       if (!c) return c.error();
       s.cores_.push_back(std::move(*c));
@@ -407,7 +411,7 @@ class simulator {
     auto& st = r_.workers[w];
     st.compute_s += now - wk.activity_start;
     st.iterations += cy.iterations();
-    st.samples += std::uint64_t{cy.iterations()} * cy.batch();
+    st.samples += cy.samples();
     span(w, activity::compute, wk.activity_start, now);
     report(w);
     wk.sequence = cy.sequence() + 1;  // commit_sent will number it so
@@ -576,13 +580,15 @@ class simulator {
       }
     }
     const std::size_t s = cores_.size();
-    const auto cy_iters = cycles_[w].iterations();
     ps::commit_in c{};
     c.worker = w;
     c.incarnation = wk.incarnation;
     c.sequence = wk.sequence;
     c.clock = wk.sequence;
-    c.samples = std::uint64_t{cy_iters} * cycles_[w].batch();
+    // The samples the worker's cycle covered, as a real worker puts them in
+    // the commit's header (32 bits on the wire, saturated; server_core
+    // bounds them): one rule for both drivers.
+    c.samples = std::min<std::uint64_t>(cycles_[w].samples(), 0xffffffffu);
     c.bytes = wk.up_bytes;
     if (hooks_.compute) {
       const auto& p = payload_of_[w * s + k];

@@ -56,7 +56,10 @@ inline constexpr std::uint32_t magic = 0x4C485341u;
 // Version 2: the plan_update body is ashl::worker_plan (batch 0 keeps the
 // worker's own, local_iterations 0 commits by interval, stage is a stage_id)
 // and the measurements kind exists. Version 3: the join body carries the
-// job id (20 bytes). An older peer is refused by version.
+// job id (20 bytes), and a commit's header carries the samples its update
+// covers (the u32 at offset 64, reserved before; 0 in every other kind), so
+// the server no longer rebuilds them from header.step. An older peer is
+// refused by version.
 inline constexpr std::uint16_t version = 3;
 inline constexpr std::size_t header_bytes = 72;
 // The CRC field sits at the end of the header and covers everything before it
@@ -121,6 +124,7 @@ struct header {
   std::uint64_t sequence = 0;
   std::uint64_t clock = 0;   // sender's logical clock (worker iteration / server version)
   std::uint64_t step = 0;    // training step; with seed and tensor it selects the Philox stream
+  std::uint32_t samples = 0; // commit: the samples its update covers (iterations x batch); 0 in other kinds
   friend constexpr bool operator==(const header&, const header&) = default;
 };
 
@@ -328,6 +332,8 @@ inline status check_header(const header& h, std::uint64_t payload_bytes, const l
     return make_error(errc::malformed, "header.flags", hex32{h.flags}, "last_shard is only for commit and pull_reply");
   if ((h.flags & flag_pull) != 0 && h.kind != message_kind::commit)
     return make_error(errc::malformed, "header.flags", hex32{h.flags}, "pull is only for commit");
+  if (h.samples != 0 && h.kind != message_kind::commit)
+    return make_error(errc::malformed, "header.samples", h.samples, "only a commit covers samples (must be 0)");
   if (!is_control(h.kind) || h.kind == message_kind::plan_update) {
     if (!is_data_dtype(h.kind, h.type))
       return make_error(errc::malformed, "header.dtype", to_string(h.type),
@@ -552,7 +558,7 @@ inline void put_header(byte_writer& w, const header& h, std::uint64_t payload_by
   w.put(h.clock);
   w.put(h.step);
   w.put(payload_bytes);
-  w.put(std::uint32_t{0});  // reserved
+  w.put(h.samples);
 }
 }  // namespace detail
 
@@ -718,7 +724,7 @@ inline result<message_view> decode(std::span<const std::byte> head, std::span<co
   if (head.size() != header_bytes)
     return make_error(errc::malformed, "message.header_size", head.size(), "bytes, not the 72-byte header");
   byte_reader r(head);
-  std::uint32_t got_magic = 0, crc = 0, reserved32 = 0, flags = 0;
+  std::uint32_t got_magic = 0, crc = 0, flags = 0;
   std::uint16_t got_version = 0, got_header_bytes = 0;
   std::uint8_t kind = 0, codec = 0, type = 0, reserved8 = 0;
   std::uint64_t payload_bytes = 0;
@@ -746,7 +752,7 @@ inline result<message_view> decode(std::span<const std::byte> head, std::span<co
   (void)r.get(h.clock, "header.clock");
   (void)r.get(h.step, "header.step");
   (void)r.get(payload_bytes, "header.payload_bytes");
-  (void)r.get(reserved32, "header.reserved1");
+  (void)r.get(h.samples, "header.samples");
   (void)r.get(crc, "header.crc32c");
   if (payload_bytes > lim.max_payload_bytes)
     return make_error(errc::out_of_range, "header.payload_bytes", payload_bytes,
@@ -759,7 +765,6 @@ inline result<message_view> decode(std::span<const std::byte> head, std::span<co
     return make_error(errc::checksum_mismatch, "header.crc32c", detail::hex32{crc},
                       "computed " + detail::hex32{want_crc}.str() + " over header and payload");
   if (reserved8 != 0) return make_error(errc::malformed, "header.reserved0", reserved8, "must be 0");
-  if (reserved32 != 0) return make_error(errc::malformed, "header.reserved1", reserved32, "must be 0");
   h.kind = static_cast<message_kind>(kind);
   h.codec = static_cast<codec_id>(codec);
   h.type = static_cast<dtype>(type);

@@ -172,7 +172,9 @@ class round_core {
       while (head_[w] != no_position) {
         const std::uint32_t n = head_[w];
         out.apply(w, seq_[n], static_cast<double>(samples_[n]));
-        total_samples += samples_[n];
+        // Saturating: a driver bounds each commit's samples (server_core's
+        // max_commit_samples), so only a misconfigured bound reaches the top.
+        total_samples = samples_[n] > ~std::uint64_t{0} - total_samples ? ~std::uint64_t{0} : total_samples + samples_[n];
         all_counted = all_counted && samples_[n] > 0;
         head_[w] = next_[n];
         next_[n] = free_;
