@@ -56,24 +56,7 @@ struct options {
   bool json_only = false;
 };
 
-// Times each of fs once per rep, interleaved (f0, f1, ..., f0, f1, ...); medians.
-template <class... F>
-std::array<double, sizeof...(F)> time_interleaved(int reps, F&&... fs) {
-  (fs(), ...);  // warm-up
-  std::array<std::vector<double>, sizeof...(F)> t;
-  for (int r = 0; r < reps; ++r) {
-    std::size_t k = 0;
-    auto one = [&](auto& f) {
-      const auto a = clock_type::now();
-      f();
-      t[k++].push_back(std::chrono::duration<double>(clock_type::now() - a).count());
-    };
-    (one(fs), ...);
-  }
-  std::array<double, sizeof...(F)> m{};
-  for (std::size_t k = 0; k < m.size(); ++k) m[k] = median(t[k]);
-  return m;
-}
+using bench::time_interleaved;
 
 struct row {
   std::string op, impl;

@@ -35,25 +35,7 @@
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-
-template <class... F>
-std::array<double, sizeof...(F)> time_interleaved(int reps, F&&... fs) {
-  (fs(), ...);  // warm-up
-  std::array<std::vector<double>, sizeof...(F)> t;
-  for (int r = 0; r < reps; ++r) {
-    std::size_t k = 0;
-    auto one = [&](auto& f) {
-      const auto a = clock_type::now();
-      f();
-      t[k++].push_back(std::chrono::duration<double>(clock_type::now() - a).count());
-    };
-    (one(fs), ...);
-  }
-  std::array<double, sizeof...(F)> m{};
-  for (std::size_t k = 0; k < m.size(); ++k) m[k] = bench::median(t[k]);
-  return m;
-}
+using bench::time_interleaved;
 
 // A sparse-pairs payload (compress/detail/sparse.hpp layout: u64 n, u32
 // count, count u32 indices, count f32 values) of k random distinct sorted

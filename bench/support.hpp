@@ -5,6 +5,8 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <ctime>
 #include <fstream>
@@ -46,6 +48,28 @@ inline double median(std::vector<double> v) {
   if (v.empty()) return std::nan("");
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Times each of fs once per rep, interleaved (f0, f1, ..., f0, f1, ...), so
+// load drift on a shared machine reaches every figure alike, after one
+// warm-up call of each; the median seconds of each.
+template <class... F>
+std::array<double, sizeof...(F)> time_interleaved(int reps, F&&... fs) {
+  using clock_type = std::chrono::steady_clock;
+  (fs(), ...);  // warm-up
+  std::array<std::vector<double>, sizeof...(F)> t;
+  for (int r = 0; r < reps; ++r) {
+    std::size_t k = 0;
+    auto one = [&](auto& f) {
+      const auto a = clock_type::now();
+      f();
+      t[k++].push_back(std::chrono::duration<double>(clock_type::now() - a).count());
+    };
+    (one(fs), ...);
+  }
+  std::array<double, sizeof...(F)> m{};
+  for (std::size_t k = 0; k < m.size(); ++k) m[k] = median(t[k]);
+  return m;
 }
 
 }  // namespace bench
