@@ -331,6 +331,7 @@ BOOST_AUTO_TEST_CASE(plans_from_the_servers_take_effect_at_cycle_starts_only) {
   BOOST_TEST(wk->leave().ok());
   stop = true;
   th.join();
+}
 
 // The samples a commit covers travel in its header, from the worker's
 // worker_cycle (iterations x batch), and reach the policy: under
