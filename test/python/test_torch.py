@@ -131,18 +131,21 @@ def test_a_non_finite_update_is_refused_by_the_server_and_named():
     sjob, wjob = inproc_job()
     srv = at.serve(model, sjob, "bsp", "none", optimizer="sgd", lr=0.1, fabric=fabric, background=True,
                    store_bytes=0, max_commit_samples=1 << 20)
+    # Committed in step(), not during backward (overlap=False), so the NaN
+    # set after backward is what the server receives.
     opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, "bsp", "none",
-                                  update="gradient", job=wjob, fabric=fabric)
+                                  update="gradient", job=wjob, fabric=fabric, overlap=False)
     for _ in range(2):
         opt.zero_grad()
         model(torch.randn(4, 6)).pow(2).mean().backward()
         opt.step()
     opt.zero_grad()
     model(torch.randn(4, 6)).pow(2).mean().backward()
-    model[2].bias.grad[1] = float("nan")  # element 51 of the 53
+    model[2].bias.grad[1] = float("nan")  # element 1 of the bucket (its parameters lie in reverse order)
     with pytest.raises(Exception) as e:
         opt.step()
-    assert "commit.payload[51] = nan" in str(e.value) and "worker 0" in str(e.value)
+        opt.wait()  # the overlapped exchange answers when its pull is waited for
+    assert "commit.payload[1] = nan" in str(e.value) and "worker 0" in str(e.value)
     srv.stop()
     srv.join()
     core = srv.telemetry["core"]
