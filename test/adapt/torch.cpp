@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "../support/checks.hpp"
 
 // adapt/torch.hpp: the buckets alias the module's parameters and gradients;
 // BSP + identity + server SGD over inproc is plain SGD bit for bit; the
@@ -56,15 +57,15 @@ struct server_thread {
   server_thread(std::shared_ptr<tr::inproc_fabric> fabric, std::vector<float> initial, std::string policy,
                 ps::policy_params pp, ps::optimizer_params opt) {
     auto node = fabric->node("server0");
-    BOOST_TEST_REQUIRE(node.has_value());
+    ASHL_REQUIRE(node.has_value());
     auto layout = ps::shard_layout::even(initial.size(), 1);
     pp.workers = 1;
     auto pol = ps::make_policy(policy, pp);
-    BOOST_TEST_REQUIRE(pol.has_value());
+    ASHL_REQUIRE(pol.has_value());
     auto srv = ps::server<tr::inproc>::create(
         {.core = {.layout = *layout, .workers = 1, .optimizer = opt}, .compression = ashl::codec_id::identity},
         std::move(*pol), std::move(*node), initial);
-    BOOST_TEST_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+    ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
     th = std::thread([this, s = std::make_shared<ps::server<tr::inproc>>(std::move(*srv))] { s->run(stop); });
   }
   ~server_thread() {
@@ -75,7 +76,7 @@ struct server_thread {
 
 tr::inproc node_of(const std::shared_ptr<tr::inproc_fabric>& f) {
   auto n = f->node();
-  BOOST_TEST_REQUIRE(n.has_value());
+  ASHL_REQUIRE(n.has_value());
   return std::move(*n);
 }
 
@@ -87,32 +88,32 @@ BOOST_AUTO_TEST_CASE(bucket_views_alias_the_parameters_and_gradients) {
   auto m = make_net();
   const auto before = flat_copy(*m);
   auto b = adapt::torch_bucket::create(*m);
-  BOOST_TEST_REQUIRE(b.has_value(), (b ? "" : b.error().message()));
-  BOOST_TEST(b->size() == before.size());
-  BOOST_TEST(flat_copy(*m) == before);  // values kept
+  ASHL_REQUIRE(b.has_value(), (b ? "" : b.error().message()));
+  ASHL_TEST(b->size() == before.size());
+  ASHL_TEST(flat_copy(*m) == before);  // values kept
   float* flat = b->params().data_ptr<float>();
-  BOOST_TEST(std::memcmp(flat, before.data(), before.size() * 4) == 0);
+  ASHL_TEST(std::memcmp(flat, before.data(), before.size() * 4) == 0);
   // Through the bucket -> seen by the parameter.
   flat[0] = 42.0f;
-  BOOST_TEST(m->fc1->weight[0][0].item<float>() == 42.0f);
+  ASHL_TEST(m->fc1->weight[0][0].item<float>() == 42.0f);
   // Through the parameter -> seen by the bucket (fc2.bias is the last one).
   {
     torch::NoGradGuard g;
     m->fc2->bias.fill_(-3.0f);
   }
-  BOOST_TEST(flat[b->size() - 1] == -3.0f);
+  ASHL_TEST(flat[b->size() - 1] == -3.0f);
   // backward() accumulates into the gradient bucket.
   auto x = torch::randn({4, 6});
   m->forward(x).sum().backward();
   const float* gflat = b->grads().data_ptr<float>();
   const auto gb = m->fc2->bias.grad();
-  BOOST_TEST(gb.data_ptr<float>() == gflat + b->size() - 3);
-  BOOST_TEST(gflat[b->size() - 1] == 4.0f);  // d(sum)/d(bias) over 4 rows
+  ASHL_TEST(gb.data_ptr<float>() == gflat + b->size() - 3);
+  ASHL_TEST(gflat[b->size() - 1] == 4.0f);  // d(sum)/d(bias) over 4 rows
   // A replaced grad (zero_grad(set_to_none)) is a view again after attach().
   m->fc2->bias.mutable_grad() = torch::ones({3});
   b->attach();
-  BOOST_TEST(m->fc2->bias.grad().data_ptr<float>() == gflat + b->size() - 3);
-  BOOST_TEST(gflat[b->size() - 1] == 1.0f);
+  ASHL_TEST(m->fc2->bias.grad().data_ptr<float>() == gflat + b->size() - 3);
+  ASHL_TEST(gflat[b->size() - 1] == 1.0f);
 }
 
 BOOST_AUTO_TEST_CASE(bsp_identity_sgd_over_inproc_is_plain_sgd_bit_for_bit) {
@@ -125,8 +126,8 @@ BOOST_AUTO_TEST_CASE(bsp_identity_sgd_over_inproc_is_plain_sgd_bit_for_bit) {
                     {.mode = ps::optimizer_params::kind::sgd, .lr = lr});
   auto d = adapt::torch_worker<tr::inproc>::create(*m, nullptr, {.servers = {"server0"}, .timeout = 10s},
                                                    node_of(fabric), adapt::torch_update::gradient);
-  BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
-  BOOST_TEST(d->plan().local_iterations == 1u);
+  ASHL_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
+  ASHL_TEST(d->plan().local_iterations == 1u);
   torch::manual_seed(3);
   for (int it = 0; it < 5; ++it) {
     auto x = torch::randn({8, 6});
@@ -145,13 +146,13 @@ BOOST_AUTO_TEST_CASE(bsp_identity_sgd_over_inproc_is_plain_sgd_bit_for_bit) {
     d->zero_grad();
     torch::mse_loss(m->forward(x), y).backward();
     const auto s = d->step();
-    BOOST_TEST_REQUIRE(s.ok(), s.message());
+    ASHL_REQUIRE(s.ok(), s.message());
     const auto a = flat_copy(*reference), b = flat_copy(*m);
-    BOOST_TEST_REQUIRE(a.size() == b.size());
-    BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * 4) == 0, "iteration " << it << " differs");
+    ASHL_REQUIRE(a.size() == b.size());
+    ASHL_TEST(std::memcmp(a.data(), b.data(), a.size() * 4) == 0, "iteration " << it << " differs");
   }
-  BOOST_TEST(d->commits() == 5u);
-  BOOST_TEST(d->leave().ok());
+  ASHL_TEST(d->commits() == 5u);
+  ASHL_TEST(d->leave().ok());
 }
 
 BOOST_AUTO_TEST_CASE(local_iterations_and_batch_size_of_the_plan_are_followed) {
@@ -165,21 +166,21 @@ BOOST_AUTO_TEST_CASE(local_iterations_and_batch_size_of_the_plan_are_followed) {
   torch::optim::SGD local(m->parameters(), 0.05);
   auto d = adapt::torch_worker<tr::inproc>::create(*m, &local, {.servers = {"server0"}, .batch = 4, .timeout = 10s},
                                                    node_of(fabric));
-  BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
-  BOOST_TEST(d->plan().local_iterations == 3u);
-  BOOST_TEST(d->batch() == 16u);  // the plan's, not the worker's own 4
+  ASHL_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
+  ASHL_TEST(d->plan().local_iterations == 3u);
+  ASHL_TEST(d->batch() == 16u);  // the plan's, not the worker's own 4
   for (int it = 1; it <= 9; ++it) {
     const auto x = torch::randn({static_cast<std::int64_t>(d->batch()), 6});
     d->zero_grad();
     m->forward(x).pow(2).mean().backward();
     const auto before = flat_copy(*m);
-    BOOST_TEST_REQUIRE(d->step().ok());
-    BOOST_TEST(d->commits() == static_cast<std::uint64_t>(it / 3), "after iteration " << it);
-    BOOST_TEST((flat_copy(*m) != before));  // the local step moved the model
+    ASHL_REQUIRE(d->step().ok());
+    ASHL_TEST(d->commits() == static_cast<std::uint64_t>(it / 3), "after iteration " << it);
+    ASHL_TEST((flat_copy(*m) != before));  // the local step moved the model
   }
   // One worker: the server holds exactly the worker's model after each commit.
-  BOOST_TEST(d->worker().telemetry().commits == 3u);
-  BOOST_TEST(d->leave().ok());
+  ASHL_TEST(d->worker().telemetry().commits == 3u);
+  ASHL_TEST(d->leave().ok());
 }
 
 BOOST_AUTO_TEST_CASE(bad_models_are_refused_with_the_value_named) {
@@ -187,14 +188,14 @@ BOOST_AUTO_TEST_CASE(bad_models_are_refused_with_the_value_named) {
     auto lin = torch::nn::Linear(3, 2);
     lin->to(torch::kDouble);
     auto b = adapt::torch_bucket::create(*lin);
-    BOOST_TEST_REQUIRE(!b.has_value());
-    BOOST_TEST(contains(b.error().message(), "torch.parameter[weight].dtype = \"Double\": must be float32"), b.error().message());
+    ASHL_REQUIRE(!b.has_value());
+    ASHL_TEST(contains(b.error().message(), "torch.parameter[weight].dtype = \"Double\": must be float32"), b.error().message());
   }
   {
     auto t = torch::randn({4, 3}).t().set_requires_grad(true);  // strides (1, 3)
     auto b = adapt::torch_bucket::create({t}, {"w"});
-    BOOST_TEST_REQUIRE(!b.has_value());
-    BOOST_TEST(contains(b.error().message(), "torch.parameter[w].stride = \"(1, 3)\": must be contiguous"), b.error().message());
+    ASHL_REQUIRE(!b.has_value());
+    ASHL_TEST(contains(b.error().message(), "torch.parameter[w].stride = \"(1, 3)\": must be contiguous"), b.error().message());
   }
   {
     auto m = make_net();
@@ -203,15 +204,15 @@ BOOST_AUTO_TEST_CASE(bad_models_are_refused_with_the_value_named) {
     torch::optim::SGD local(m->parameters(), 0.05);
     auto d = adapt::torch_worker<tr::inproc>::create(*m, &local, {.servers = {"server0"}, .timeout = 5s},
                                                      node_of(fabric));
-    BOOST_TEST_REQUIRE(!d.has_value());
-    BOOST_TEST(contains(d.error().message(), "element_count = 53"), d.error().message());
+    ASHL_REQUIRE(!d.has_value());
+    ASHL_TEST(contains(d.error().message(), "element_count = 53"), d.error().message());
   }
   {
     auto m = make_net();
     auto fabric = tr::inproc_fabric::create({});
     auto d = adapt::torch_worker<tr::inproc>::create(*m, nullptr, {.servers = {"server0"}}, node_of(fabric));
-    BOOST_TEST_REQUIRE(!d.has_value());
-    BOOST_TEST(contains(d.error().message(), "torch_worker.local = \"null\""), d.error().message());
+    ASHL_REQUIRE(!d.has_value());
+    ASHL_TEST(contains(d.error().message(), "torch_worker.local = \"null\""), d.error().message());
   }
 }
 
@@ -224,9 +225,9 @@ BOOST_AUTO_TEST_CASE(tied_parameters_own_one_slot_and_step_by_their_summed_gradi
   auto w = torch::randn({4, 4}).set_requires_grad(true);
   auto b = torch::randn({4}).set_requires_grad(true);
   auto bucket = adapt::torch_bucket::create({w, b, w}, {"enc", "bias", "dec"});
-  BOOST_TEST_REQUIRE(bucket.has_value(), (bucket ? "" : bucket.error().message()));
-  BOOST_TEST(bucket->size() == 20u);
-  BOOST_TEST((bucket->names() == std::vector<std::string>{"enc", "bias"}));
+  ASHL_REQUIRE(bucket.has_value(), (bucket ? "" : bucket.error().message()));
+  ASHL_TEST(bucket->size() == 20u);
+  ASHL_TEST((bucket->names() == std::vector<std::string>{"enc", "bias"}));
   std::vector<float> initial(bucket->params().data_ptr<float>(), bucket->params().data_ptr<float>() + 20);
   auto fabric = tr::inproc_fabric::create({});
   ps::optimizer_params opt;
@@ -235,12 +236,12 @@ BOOST_AUTO_TEST_CASE(tied_parameters_own_one_slot_and_step_by_their_summed_gradi
   server_thread srv(fabric, initial, "bsp", {}, opt);
   auto d = adapt::torch_worker<tr::inproc>::create(std::move(*bucket), nullptr, {.servers = {"server0"}},
                                                    node_of(fabric), adapt::torch_update::gradient);
-  BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
+  ASHL_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
   d->zero_grad();
   auto x = torch::randn({2, 4});
   (torch::matmul(torch::matmul(x, w) + b, w.t())).pow(2).sum().backward();
   const auto expect = (w.detach() - 0.5f * w.grad()).clone();
-  BOOST_TEST_REQUIRE(d->step().ok());
-  BOOST_TEST(torch::equal(w.detach(), expect));
-  BOOST_TEST(d->leave().ok());
+  ASHL_REQUIRE(d->step().ok());
+  ASHL_TEST(torch::equal(w.detach(), expect));
+  ASHL_TEST(d->leave().ok());
 }

@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "../support/checks.hpp"
 
 // adapt/torch.hpp with CUDA tensors (label gpu): the buckets live on the
 // device and alias the module's parameters and gradients there; the worker
@@ -73,15 +74,15 @@ struct server_thread {
   server_thread(std::shared_ptr<tr::inproc_fabric> fabric, std::vector<float> initial, std::string policy,
                 ps::policy_params pp, ps::optimizer_params opt) {
     auto node = fabric->node("server0");
-    BOOST_TEST_REQUIRE(node.has_value());
+    ASHL_REQUIRE(node.has_value());
     auto layout = ps::shard_layout::even(initial.size(), 1);
     pp.workers = 1;
     auto pol = ps::make_policy(policy, pp);
-    BOOST_TEST_REQUIRE(pol.has_value());
+    ASHL_REQUIRE(pol.has_value());
     auto srv = ps::server<tr::inproc>::create(
         {.core = {.layout = *layout, .workers = 1, .optimizer = opt}, .compression = ashl::codec_id::identity},
         std::move(*pol), std::move(*node), initial);
-    BOOST_TEST_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+    ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
     th = std::thread([this, s = std::make_shared<ps::server<tr::inproc>>(std::move(*srv))] { s->run(stop); });
   }
   ~server_thread() {
@@ -92,7 +93,7 @@ struct server_thread {
 
 tr::inproc node_of(const std::shared_ptr<tr::inproc_fabric>& f) {
   auto n = f->node();
-  BOOST_TEST_REQUIRE(n.has_value());
+  ASHL_REQUIRE(n.has_value());
   return std::move(*n);
 }
 
@@ -104,34 +105,34 @@ BOOST_AUTO_TEST_CASE(cuda_buckets_alias_the_parameters_and_gradients_on_the_devi
   auto m = make_cuda_net();
   const auto before = flat_copy(*m);
   auto b = adapt::torch_bucket::create(*m);
-  BOOST_TEST_REQUIRE(b.has_value(), (b ? "" : b.error().message()));
-  BOOST_TEST(b->is_cuda());
-  BOOST_TEST(b->params().device() == cuda0);
-  BOOST_TEST(b->grads().device() == cuda0);
-  BOOST_TEST(flat_copy(*m) == before);  // values kept
+  ASHL_REQUIRE(b.has_value(), (b ? "" : b.error().message()));
+  ASHL_TEST(b->is_cuda());
+  ASHL_TEST(b->params().device() == cuda0);
+  ASHL_TEST(b->grads().device() == cuda0);
+  ASHL_TEST(flat_copy(*m) == before);  // values kept
   const auto* pflat = static_cast<const char*>(b->params().data_ptr());
   const auto* gflat = static_cast<const char*>(b->grads().data_ptr());
   std::size_t offset = 0;
   auto x = torch::randn({16, 64}, torch::TensorOptions().device(cuda0));
   m->forward(x).sum().backward();
   for (const auto& p : m->parameters()) {
-    BOOST_TEST(p.is_cuda());
+    ASHL_TEST(p.is_cuda());
     // As integers: Boost.Test compares (and prints) char pointers as C strings,
     // which read device memory from the host.
-    BOOST_TEST(reinterpret_cast<std::uintptr_t>(p.data_ptr()) == reinterpret_cast<std::uintptr_t>(pflat + offset * 4),
+    ASHL_TEST(reinterpret_cast<std::uintptr_t>(p.data_ptr()) == reinterpret_cast<std::uintptr_t>(pflat + offset * 4),
                "parameter at offset " << offset << ": data " << p.data_ptr() << " (storage "
                                       << p.storage().data() << " + " << p.storage_offset() << "), bucket "
                                       << static_cast<const void*>(pflat) << " + " << offset * 4 << " bytes, sizes "
                                       << p.sizes() << ", same values " << torch::equal(p.detach().flatten(), b->params().narrow(0, static_cast<std::int64_t>(offset), p.numel())));
-    BOOST_TEST_REQUIRE(p.grad().defined());
-    BOOST_TEST(reinterpret_cast<std::uintptr_t>(p.grad().data_ptr()) ==
+    ASHL_REQUIRE(p.grad().defined());
+    ASHL_TEST(reinterpret_cast<std::uintptr_t>(p.grad().data_ptr()) ==
                reinterpret_cast<std::uintptr_t>(gflat + offset * 4));  // backward wrote in place
     offset += static_cast<std::size_t>(p.numel());
   }
-  BOOST_TEST(offset == b->size());
+  ASHL_TEST(offset == b->size());
   // d(sum)/d(fc2.bias) = 16 per output, read through the gradient bucket.
   const auto tail = b->grads().narrow(0, static_cast<std::int64_t>(b->size()) - 10, 10).to(torch::kCPU);
-  for (std::int64_t i = 0; i < 10; ++i) BOOST_TEST(tail[i].item<float>() == 16.0f);
+  for (std::int64_t i = 0; i < 10; ++i) ASHL_TEST(tail[i].item<float>() == 16.0f);
 }
 
 BOOST_AUTO_TEST_CASE(cuda_bsp_identity_sgd_over_inproc_equals_host_sgd_bit_for_bit) {
@@ -139,13 +140,13 @@ BOOST_AUTO_TEST_CASE(cuda_bsp_identity_sgd_over_inproc_equals_host_sgd_bit_for_b
   auto reference = make_cuda_net();
   auto m = make_cuda_net();
   const auto initial = flat_copy(*m);
-  BOOST_TEST_REQUIRE(flat_copy(*reference) == initial);
+  ASHL_REQUIRE(flat_copy(*reference) == initial);
   auto fabric = tr::inproc_fabric::create({});
   server_thread srv(fabric, initial, "bsp", {}, {.mode = ps::optimizer_params::kind::sgd, .lr = lr});
   auto d = adapt::torch_worker<tr::inproc>::create(*m, nullptr, {.servers = {"server0"}, .timeout = 20s},
                                                    node_of(fabric), adapt::torch_update::gradient);
-  BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
-  BOOST_TEST(d->bucket().is_cuda());
+  ASHL_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
+  ASHL_TEST(d->bucket().is_cuda());
   torch::manual_seed(3);
   const auto on_gpu = torch::TensorOptions().device(cuda0);
   for (int it = 0; it < 6; ++it) {
@@ -169,17 +170,17 @@ BOOST_AUTO_TEST_CASE(cuda_bsp_identity_sgd_over_inproc_equals_host_sgd_bit_for_b
     d->zero_grad();
     torch::mse_loss(m->forward(x), y).backward();
     const auto s = d->step();
-    BOOST_TEST_REQUIRE(s.ok(), s.message());
-    for (const auto& p : m->parameters()) BOOST_TEST_REQUIRE(p.is_cuda());
+    ASHL_REQUIRE(s.ok(), s.message());
+    for (const auto& p : m->parameters()) ASHL_REQUIRE(p.is_cuda());
     const auto a = flat_copy(*reference), b = flat_copy(*m);
-    BOOST_TEST_REQUIRE(a.size() == b.size());
+    ASHL_REQUIRE(a.size() == b.size());
     double worst = 0.0;
     for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - double(b[i])));
-    BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * 4) == 0,
+    ASHL_TEST(std::memcmp(a.data(), b.data(), a.size() * 4) == 0,
                "iteration " << it << " differs; largest difference " << worst);
   }
-  BOOST_TEST(d->commits() == 6u);
-  BOOST_TEST(d->leave().ok());
+  ASHL_TEST(d->commits() == 6u);
+  ASHL_TEST(d->leave().ok());
 }
 
 BOOST_AUTO_TEST_CASE(cuda_local_iterations_of_the_plan_are_followed_and_the_server_holds_the_model) {
@@ -192,35 +193,35 @@ BOOST_AUTO_TEST_CASE(cuda_local_iterations_of_the_plan_are_followed_and_the_serv
   torch::optim::SGD local(m->parameters(), 0.05);
   auto d = adapt::torch_worker<tr::inproc>::create(*m, &local, {.servers = {"server0"}, .timeout = 20s},
                                                    node_of(fabric));
-  BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
-  BOOST_TEST(d->plan().local_iterations == 3u);
+  ASHL_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
+  ASHL_TEST(d->plan().local_iterations == 3u);
   const auto on_gpu = torch::TensorOptions().device(cuda0);
   for (int it = 1; it <= 9; ++it) {
     const auto x = torch::randn({16, 64}, on_gpu);
     d->zero_grad();
     m->forward(x).pow(2).mean().backward();
     const auto before = flat_copy(*m);
-    BOOST_TEST_REQUIRE(d->step().ok());
-    BOOST_TEST(d->commits() == static_cast<std::uint64_t>(it / 3), "after iteration " << it);
-    BOOST_TEST((flat_copy(*m) != before));  // the local step moved the model
+    ASHL_REQUIRE(d->step().ok());
+    ASHL_TEST(d->commits() == static_cast<std::uint64_t>(it / 3), "after iteration " << it);
+    ASHL_TEST((flat_copy(*m) != before));  // the local step moved the model
   }
-  BOOST_TEST(d->worker().telemetry().commits == 3u);
+  ASHL_TEST(d->worker().telemetry().commits == 3u);
   // One worker, model deltas: after a pull the device model is the server's;
   // it moved away from the start, and stays on the device, in the bucket.
-  BOOST_TEST_REQUIRE(d->synchronize().ok());
+  ASHL_REQUIRE(d->synchronize().ok());
   const auto now = flat_copy(*m);
-  BOOST_TEST((now != initial));
-  for (float v : now) BOOST_TEST_REQUIRE(std::isfinite(v));
-  BOOST_TEST(m->parameters()[0].data_ptr() == d->bucket().params().data_ptr());
-  BOOST_TEST(d->leave().ok());
+  ASHL_TEST((now != initial));
+  for (float v : now) ASHL_REQUIRE(std::isfinite(v));
+  ASHL_TEST(m->parameters()[0].data_ptr() == d->bucket().params().data_ptr());
+  ASHL_TEST(d->leave().ok());
 }
 
 BOOST_AUTO_TEST_CASE(a_model_split_across_devices_is_refused_with_the_device_named) {
   auto a = torch::randn({4}, torch::TensorOptions().device(cuda0)).set_requires_grad(true);
   auto b = torch::randn({3}).set_requires_grad(true);
   auto bucket = adapt::torch_bucket::create({a, b}, {"a", "b"});
-  BOOST_TEST_REQUIRE(!bucket.has_value());
-  BOOST_TEST(contains(bucket.error().message(), "torch.parameter[b].device = \"cpu\""), bucket.error().message());
+  ASHL_REQUIRE(!bucket.has_value());
+  ASHL_TEST(contains(bucket.error().message(), "torch.parameter[b].device = \"cpu\""), bucket.error().message());
 }
 
 // Skips (exit 77, ctest "Skipped") only where libtorch reports no usable CUDA.

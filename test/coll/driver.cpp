@@ -16,6 +16,7 @@
 // when and with which weights; values are checked exactly (dyadic weights).
 
 #include "../support/on_ranks.hpp"
+#include "../support/checks.hpp"
 
 using namespace ashl;
 using ashl_test::on_ranks;
@@ -24,56 +25,56 @@ using namespace ashl::coll;
 BOOST_AUTO_TEST_CASE(bsp_averages_gradients_every_step) {
   on_ranks(4, [](inproc& c) {
     auto d = sync_driver<inproc, sync::bsp>::create(c, sync::bsp{{.workers = 4}});
-    BOOST_REQUIRE(d.has_value());
+    ASHL_REQUIRE(d.has_value());
     for (int step = 1; step <= 3; ++step) {
       std::vector<float> g = {float(c.rank() + step), -float(c.rank())};
       auto r = d->reduce_gradients(g, {.samples = 8});
-      BOOST_REQUIRE(r.has_value());
-      BOOST_TEST(*r);
-      BOOST_TEST(g[0] == 1.5f + float(step));  // mean of step..step+3
-      BOOST_TEST(g[1] == -1.5f);
+      ASHL_REQUIRE(r.has_value());
+      ASHL_TEST(*r);
+      ASHL_TEST(g[0] == 1.5f + float(step));  // mean of step..step+3
+      ASHL_TEST(g[1] == -1.5f);
       std::vector<float> w = {1.f};
-      BOOST_TEST(!*d->sync_models(w));
+      ASHL_TEST(!*d->sync_models(w));
     }
-    BOOST_TEST(d->rounds() == 3u);
+    ASHL_TEST(d->rounds() == 3u);
   });
 }
 
 BOOST_AUTO_TEST_CASE(dlb_weights_by_samples_and_replans_batches_from_speeds) {
   on_ranks(4, [](inproc& c) {
     auto d = sync_driver<inproc, sync::dlb>::create(c, sync::dlb{{.workers = 4, .total_batch = 64, .min_batch = 1}});
-    BOOST_REQUIRE(d.has_value());
+    ASHL_REQUIRE(d.has_value());
     const double samples[4] = {8, 8, 16, 32};  // Σ 64: weights 1/8 1/8 1/4 1/2
     std::vector<float> g = {float(c.rank() + 1)};
     // every rank takes 0.1 s for its samples: speeds 80 80 160 320 samples/s
     auto r = d->reduce_gradients(g, {.samples = samples[c.rank()], .compute_seconds = 0.1, .time = 1.0});
-    BOOST_REQUIRE(r.has_value());
-    BOOST_TEST(*r);
-    BOOST_TEST(g[0] == 1.f / 8 + 2.f / 8 + 3.f / 4 + 4.f / 2);
+    ASHL_REQUIRE(r.has_value());
+    ASHL_TEST(*r);
+    ASHL_TEST(g[0] == 1.f / 8 + 2.f / 8 + 3.f / 4 + 4.f / 2);
     const double expect[4] = {0.125, 0.125, 0.25, 0.5};
-    for (int j = 0; j < 4; ++j) BOOST_TEST(d->weights()[std::size_t(j)] == expect[j]);
+    for (int j = 0; j < 4; ++j) ASHL_TEST(d->weights()[std::size_t(j)] == expect[j]);
     // the plan follows the measured speeds: b = 64·v/Σv = 8 8 16 32
-    BOOST_TEST(d->plan().batch_size == std::uint32_t(samples[c.rank()]));
+    ASHL_TEST(d->plan().batch_size == std::uint32_t(samples[c.rank()]));
   });
 }
 
 BOOST_AUTO_TEST_CASE(local_sgd_averages_models_every_h_steps) {
   on_ranks(2, [](inproc& c) {
     auto d = sync_driver<inproc, sync::local_sgd>::create(c, sync::local_sgd{{.workers = 2, .local_steps = 3}});
-    BOOST_REQUIRE(d.has_value());
+    ASHL_REQUIRE(d.has_value());
     std::vector<float> w = {0.f};
     for (int step = 1; step <= 6; ++step) {
       std::vector<float> g = {float(c.rank() + 1)};
       auto r = d->reduce_gradients(g, {});
-      BOOST_REQUIRE(r.has_value());
-      BOOST_TEST(!*r);
-      BOOST_TEST(g[0] == float(c.rank() + 1));  // untouched
+      ASHL_REQUIRE(r.has_value());
+      ASHL_TEST(!*r);
+      ASHL_TEST(g[0] == float(c.rank() + 1));  // untouched
       w[0] += g[0];                              // the local step
       auto s = d->sync_models(w);
-      BOOST_REQUIRE(s.has_value());
-      BOOST_TEST(*s == (step % 3 == 0));
-      if (step == 3) BOOST_TEST(w[0] == 4.5f);  // (3 + 6) / 2
-      if (step == 6) BOOST_TEST(w[0] == 9.0f);  // 4.5 + (3 + 6) / 2
+      ASHL_REQUIRE(s.has_value());
+      ASHL_TEST(*s == (step % 3 == 0));
+      if (step == 3) ASHL_TEST(w[0] == 4.5f);  // (3 + 6) / 2
+      if (step == 6) ASHL_TEST(w[0] == 9.0f);  // 4.5 + (3 + 6) / 2
     }
   });
 }
@@ -81,20 +82,20 @@ BOOST_AUTO_TEST_CASE(local_sgd_averages_models_every_h_steps) {
 BOOST_AUTO_TEST_CASE(semi_async_averages_at_the_barrier_only) {
   on_ranks(4, [](inproc& c) {
     auto d = sync_driver<inproc, sync::semi_async>::create(c, sync::semi_async{{.workers = 4, .sync_every_iterations = 2}});
-    BOOST_REQUIRE(d.has_value());
+    ASHL_REQUIRE(d.has_value());
     std::vector<float> w = {float(c.rank())};
     int syncs = 0;
     for (int step = 1; step <= 4; ++step) {
       std::vector<float> g = {0.f};
-      BOOST_REQUIRE(d->reduce_gradients(g, {.time = double(step)}).has_value());
+      ASHL_REQUIRE(d->reduce_gradients(g, {.time = double(step)}).has_value());
       w[0] += 2.f * float(c.rank());
       auto s = d->sync_models(w);
-      BOOST_REQUIRE(s.has_value());
+      ASHL_REQUIRE(s.has_value());
       syncs += *s ? 1 : 0;
-      BOOST_TEST(*s == (step % 2 == 0));
-      if (step == 2) BOOST_TEST(w[0] == 7.5f);  // mean of 5r over r = 0..3
+      ASHL_TEST(*s == (step % 2 == 0));
+      if (step == 2) ASHL_TEST(w[0] == 7.5f);  // mean of 5r over r = 0..3
     }
-    BOOST_TEST(syncs == 2);
+    ASHL_TEST(syncs == 2);
   });
 }
 
@@ -102,18 +103,18 @@ BOOST_AUTO_TEST_CASE(asynchronous_policies_are_refused) {
   inproc_group g(1);
   inproc c = g.communicator(0);
   auto d = sync_driver<inproc, sync::asp>::create(c, sync::asp{{.workers = 1}});
-  BOOST_REQUIRE(!d.has_value());
-  BOOST_TEST(d.error().message().find("sync_driver.policy.stage = \"asp\"") != std::string::npos, d.error().message());
+  ASHL_REQUIRE(!d.has_value());
+  ASHL_TEST(d.error().message().find("sync_driver.policy.stage = \"asp\"") != std::string::npos, d.error().message());
 }
 
 BOOST_AUTO_TEST_CASE(bsp_with_a_16_bit_exchange) {
   on_ranks(2, [](inproc& c) {
     auto d = sync_driver<inproc, sync::bsp>::create(c, sync::bsp{{.workers = 2}}, dense_exchange{dtype::bf16});
-    BOOST_REQUIRE(d.has_value());
+    ASHL_REQUIRE(d.has_value());
     std::vector<float> g = {float(c.rank()) * 4.f, 1.f + 1.f / 1024};  // 1 + 2^-10 is not a bf16
-    BOOST_REQUIRE(*d->reduce_gradients(g, {}));
-    BOOST_TEST(g[0] == 2.f);
-    BOOST_TEST(g[1] == 1.f);  // rounded to bf16 before the sum
+    ASHL_REQUIRE(*d->reduce_gradients(g, {}));
+    ASHL_TEST(g[0] == 2.f);
+    ASHL_TEST(g[1] == 1.f);  // rounded to bf16 before the sum
   });
 }
 
@@ -125,19 +126,19 @@ BOOST_AUTO_TEST_CASE(a_commit_counts_the_samples_of_all_its_steps) {
   on_ranks(2, [](inproc& c) {
     auto d = sync_driver<inproc, sync::local_sgd>::create(
         c, sync::local_sgd{{.workers = 2, .local_steps = 3, .weighting = sync::round_weighting::samples}});
-    BOOST_REQUIRE(d.has_value());
+    ASHL_REQUIRE(d.has_value());
     const double samples[2][3] = {{24, 4, 4}, {8, 8, 16}};
     std::vector<float> w = {float(4 * c.rank())};
     for (int step = 0; step < 3; ++step) {
       std::vector<float> g = {0.f};
-      BOOST_REQUIRE(d->reduce_gradients(g, {.samples = samples[c.rank()][step]}).has_value());
+      ASHL_REQUIRE(d->reduce_gradients(g, {.samples = samples[c.rank()][step]}).has_value());
     }
     auto s = d->sync_models(w);
-    BOOST_REQUIRE(s.has_value());
-    BOOST_TEST(*s);
-    BOOST_TEST(d->weights()[0] == 0.5);
-    BOOST_TEST(d->weights()[1] == 0.5);
-    BOOST_TEST(w[0] == 2.f);  // (0 + 4) / 2
+    ASHL_REQUIRE(s.has_value());
+    ASHL_TEST(*s);
+    ASHL_TEST(d->weights()[0] == 0.5);
+    ASHL_TEST(d->weights()[1] == 0.5);
+    ASHL_TEST(w[0] == 2.f);  // (0 + 4) / 2
   });
 }
 
@@ -159,19 +160,19 @@ struct interval_local_sgd : sync::local_sgd {
 BOOST_AUTO_TEST_CASE(interval_plans_commit_when_the_interval_has_passed) {
   on_ranks(2, [](inproc& c) {
     auto d = sync_driver<inproc, interval_local_sgd>::create(c, interval_local_sgd{{.workers = 2}});
-    BOOST_REQUIRE(d.has_value());
+    ASHL_REQUIRE(d.has_value());
     std::vector<float> w = {float(c.rank())};
     std::vector<int> synced;
     // Steps of 0.1 s from t = 0: the first cycle starts at 0 (the first step's
     // own compute time before 0.1), so commits at 0.3 s and then 0.6 s.
     for (int step = 1; step <= 6; ++step) {
       std::vector<float> g = {0.f};
-      BOOST_REQUIRE(d->reduce_gradients(g, {.samples = 1, .compute_seconds = 0.1, .time = 0.1 * step}).has_value());
+      ASHL_REQUIRE(d->reduce_gradients(g, {.samples = 1, .compute_seconds = 0.1, .time = 0.1 * step}).has_value());
       auto s = d->sync_models(w);
-      BOOST_REQUIRE(s.has_value());
+      ASHL_REQUIRE(s.has_value());
       if (*s) synced.push_back(step);
     }
-    BOOST_TEST(synced == (std::vector<int>{3, 6}));
-    BOOST_TEST(w[0] == 0.5f);
+    ASHL_TEST(synced == (std::vector<int>{3, 6}));
+    ASHL_TEST(w[0] == 0.5f);
   });
 }

@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "../support/checks.hpp"
 
 // Hierarchical aggregation in one process: 2 "hosts" x 2 local ranks, local
 // collectives over inproc, slices across hosts through parameter servers
@@ -26,16 +27,16 @@ namespace tr = ashl::transport;
 
 BOOST_AUTO_TEST_CASE(local_group_from_the_environment_values) {
   auto g = local_group_from_env("1", "2");
-  BOOST_REQUIRE(g.has_value());
-  BOOST_TEST(g->rank == 1);
-  BOOST_TEST(g->size == 2);
+  ASHL_REQUIRE(g.has_value());
+  ASHL_TEST(g->rank == 1);
+  ASHL_TEST(g->size == 2);
   auto missing = local_group_from_env(nullptr, "2");
-  BOOST_REQUIRE(!missing);
-  BOOST_TEST(missing.error().message().find("ASHL_LOCAL_RANK") != std::string::npos);
+  ASHL_REQUIRE(!missing);
+  ASHL_TEST(missing.error().message().find("ASHL_LOCAL_RANK") != std::string::npos);
   auto bad = local_group_from_env("2", "2");
-  BOOST_REQUIRE(!bad);
-  BOOST_TEST(bad.error().message().find("ASHL_LOCAL_RANK = 2") != std::string::npos, bad.error().message());
-  BOOST_TEST(!local_group_from_env("x", "2"));
+  ASHL_REQUIRE(!bad);
+  ASHL_TEST(bad.error().message().find("ASHL_LOCAL_RANK = 2") != std::string::npos, bad.error().message());
+  ASHL_TEST(!local_group_from_env("x", "2"));
 }
 
 BOOST_AUTO_TEST_CASE(groups_from_a_bandwidth_matrix) {
@@ -45,19 +46,19 @@ BOOST_AUTO_TEST_CASE(groups_from_a_bandwidth_matrix) {
                                   f, 0, s, s,  //
                                   s, s, 0, f,  //
                                   s, s, f, 0};
-  BOOST_TEST(*groups_from_bandwidth(bw, 4, 0.5) == (std::vector<int>{0, 0, 1, 1}));
-  BOOST_TEST(*groups_from_bandwidth(bw, 4, 0.1) == (std::vector<int>{0, 0, 0, 0}));
+  ASHL_TEST(*groups_from_bandwidth(bw, 4, 0.5) == (std::vector<int>{0, 0, 1, 1}));
+  ASHL_TEST(*groups_from_bandwidth(bw, 4, 0.1) == (std::vector<int>{0, 0, 0, 0}));
   // one slow direction keeps two ranks apart
   auto one_way = bw;
   one_way[1 * 4 + 0] = s;
-  BOOST_TEST(*groups_from_bandwidth(one_way, 4, 0.5) == (std::vector<int>{0, 1, 2, 2}));
-  BOOST_TEST(!groups_from_bandwidth(bw, 3, 0.5));
-  BOOST_TEST(!groups_from_bandwidth(bw, 4, 0.0));
+  ASHL_TEST(*groups_from_bandwidth(one_way, 4, 0.5) == (std::vector<int>{0, 1, 2, 2}));
+  ASHL_TEST(!groups_from_bandwidth(bw, 3, 0.5));
+  ASHL_TEST(!groups_from_bandwidth(bw, 4, 0.0));
 }
 
 BOOST_AUTO_TEST_CASE(even_slices_add_up) {
-  BOOST_TEST(even_slices(7, 3) == (std::vector<std::size_t>{3, 2, 2}));
-  BOOST_TEST(even_slices(1, 2) == (std::vector<std::size_t>{1, 0}));
+  ASHL_TEST(even_slices(7, 3) == (std::vector<std::size_t>{3, 2, 2}));
+  ASHL_TEST(even_slices(1, 2) == (std::vector<std::size_t>{1, 0}));
 }
 
 namespace {
@@ -94,11 +95,11 @@ BOOST_AUTO_TEST_CASE(two_hosts_two_local_ranks_with_a_collective_upper_level) {
         hierarchical<inproc, allreduce_upper> hi(local, slices, allreduce_upper{&x, std::vector<float>(slices[std::size_t(l)], 1.f)});
         std::vector<float> u(n), w(n, -9.f);
         for (std::size_t i = 0; i < n; ++i) u[i] = update_of(h, l, i);
-        BOOST_REQUIRE(hi.step(u, w).ok());
+        ASHL_REQUIRE(hi.step(u, w).ok());
         for (std::size_t i = 0; i < n; ++i) {
           // mean over the 4 ranks of update_of: hosts 0/8, locals 0/2
           const float mean = 5.f + float(i % 5);
-          BOOST_TEST(w[i] == 1.f + mean);
+          ASHL_TEST(w[i] == 1.f + mean);
         }
       });
   for (auto& t : ts) t.join();
@@ -120,7 +121,7 @@ BOOST_AUTO_TEST_CASE(two_hosts_two_local_ranks_through_parameter_servers) {
       std::vector<float> initial(slices[std::size_t(j)], 2.f);
       auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = 2}},
                                                 std::move(*ps::make_policy("bsp", pp)), std::move(*node), initial);
-      BOOST_REQUIRE(srv.has_value());
+      ASHL_REQUIRE(srv.has_value());
       ++up;
       srv->run(stop);
     });
@@ -134,22 +135,22 @@ BOOST_AUTO_TEST_CASE(two_hosts_two_local_ranks_through_parameter_servers) {
       ts.emplace_back([&, h, l] {
         inproc local = hosts[h]->communicator(l);
         auto node = fabric->node();
-        BOOST_REQUIRE(node.has_value());
+        ASHL_REQUIRE(node.has_value());
         auto upper = ps_upper<tr::inproc>::create(
             {.rank = std::uint32_t(h), .servers = {"slice" + std::to_string(l)}, .timeout = 10s}, std::move(*node),
             slices[std::size_t(l)]);
-        BOOST_REQUIRE(upper.has_value());
-        for (float p : upper->parameters()) BOOST_TEST(p == 2.f);  // pulled at join
+        ASHL_REQUIRE(upper.has_value());
+        for (float p : upper->parameters()) ASHL_TEST(p == 2.f);  // pulled at join
         hierarchical<inproc, ps_upper<tr::inproc>&> hi(local, slices, *upper);
         std::vector<float> u(n), w(n);
         for (int round = 1; round <= 2; ++round) {
           for (std::size_t i = 0; i < n; ++i) u[i] = update_of(h, l, i);
-          BOOST_REQUIRE(hi.iteration_done());  // BSP: H = 1, every iteration exchanges
-          BOOST_REQUIRE(hi.step(u, w).ok());
+          ASHL_REQUIRE(hi.iteration_done());  // BSP: H = 1, every iteration exchanges
+          ASHL_REQUIRE(hi.step(u, w).ok());
           // model deltas, BSP mean over the 2 hosts of the host means
-          for (std::size_t i = 0; i < n; ++i) BOOST_TEST(w[i] == 2.f + float(round) * (5.f + float(i % 5)));
+          for (std::size_t i = 0; i < n; ++i) ASHL_TEST(w[i] == 2.f + float(round) * (5.f + float(i % 5)));
         }
-        BOOST_TEST(upper->leave().ok());
+        ASHL_TEST(upper->leave().ok());
       });
   for (auto& t : ts) t.join();
   stop = true;
@@ -173,7 +174,7 @@ BOOST_AUTO_TEST_CASE(the_servers_plan_decides_when_a_host_exchanges) {
     pp.local_steps = 3;
     auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = 1}},
                                               std::move(*ps::make_policy("local_sgd", pp)), std::move(*node));
-    BOOST_REQUIRE(srv.has_value());
+    ASHL_REQUIRE(srv.has_value());
     up = true;
     srv->run(stop);
   });
@@ -182,23 +183,23 @@ BOOST_AUTO_TEST_CASE(the_servers_plan_decides_when_a_host_exchanges) {
     inproc_group host(1);
     inproc local = host.communicator(0);
     auto node = fabric->node();
-    BOOST_REQUIRE(node.has_value());
+    ASHL_REQUIRE(node.has_value());
     auto upper = ps_upper<tr::inproc>::create({.rank = 0, .servers = {"slice0"}, .timeout = 10s}, std::move(*node), n);
-    BOOST_REQUIRE(upper.has_value());
+    ASHL_REQUIRE(upper.has_value());
     hierarchical<inproc, ps_upper<tr::inproc>&> hi(local, slices, *upper);
     std::vector<float> u(n, 1.0f), w(n);
     const auto early = hi.step(u, w);
-    BOOST_TEST(!early.ok());
-    BOOST_TEST(early.message().find("the plan's cycle is not complete") != std::string::npos, early.message());
+    ASHL_TEST(!early.ok());
+    ASHL_TEST(early.message().find("the plan's cycle is not complete") != std::string::npos, early.message());
     std::vector<bool> says;
     for (int it = 0; it < 6; ++it) {
       const bool now = hi.iteration_done();
       says.push_back(now);
-      if (now) BOOST_REQUIRE(hi.step(u, w).ok());
+      if (now) ASHL_REQUIRE(hi.step(u, w).ok());
     }
-    BOOST_TEST((says == std::vector<bool>{false, false, true, false, false, true}));
-    BOOST_TEST(upper->worker().telemetry().commits == 2u);
-    BOOST_TEST(upper->leave().ok());
+    ASHL_TEST((says == std::vector<bool>{false, false, true, false, false, true}));
+    ASHL_TEST(upper->worker().telemetry().commits == 2u);
+    ASHL_TEST(upper->leave().ok());
   }
   stop = true;
   server.join();

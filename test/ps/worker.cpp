@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "../support/checks.hpp"
 
 // ps::worker over inproc: errors a user can act on, zero-copy commits and
 // pulls, compression, the progress thread, and no allocation in steady state.
@@ -53,7 +54,7 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 tr::inproc node_of(const std::shared_ptr<tr::inproc_fabric>& f) {
   auto n = f->node();
-  BOOST_TEST_REQUIRE(n.has_value());
+  ASHL_REQUIRE(n.has_value());
   return std::move(*n);
 }
 
@@ -87,11 +88,11 @@ BOOST_AUTO_TEST_CASE(a_model_of_another_size_is_refused_with_both_sizes_named) {
   server_thread srv(fabric, 999, 1);
   std::vector<float> w(1000);
   auto wk = ps::worker<tr::inproc>::create({.servers = {"server0"}, .timeout = 5s}, node_of(fabric), w);
-  BOOST_TEST_REQUIRE(!wk.has_value());
+  ASHL_REQUIRE(!wk.has_value());
   const std::string m = wk.error().message();
-  BOOST_TEST(contains(m, "pull_request.element_count = 1000"), m);
-  BOOST_TEST(contains(m, "holds 999 elements"), m);
-  BOOST_TEST(contains(m, "server 0 at server0"), m);
+  ASHL_TEST(contains(m, "pull_request.element_count = 1000"), m);
+  ASHL_TEST(contains(m, "holds 999 elements"), m);
+  ASHL_TEST(contains(m, "server 0 at server0"), m);
 }
 
 BOOST_AUTO_TEST_CASE(a_server_that_does_not_exist_is_named) {
@@ -99,9 +100,9 @@ BOOST_AUTO_TEST_CASE(a_server_that_does_not_exist_is_named) {
   std::vector<float> w(10);
   const auto t0 = std::chrono::steady_clock::now();
   auto wk = ps::worker<tr::inproc>::create({.servers = {"nowhere"}, .timeout = 5s}, node_of(fabric), w);
-  BOOST_TEST_REQUIRE(!wk.has_value());
-  BOOST_TEST(contains(wk.error().message(), "nowhere"), wk.error().message());
-  BOOST_TEST((std::chrono::steady_clock::now() - t0 < 5s));  // failed, not timed out
+  ASHL_REQUIRE(!wk.has_value());
+  ASHL_TEST(contains(wk.error().message(), "nowhere"), wk.error().message());
+  ASHL_TEST((std::chrono::steady_clock::now() - t0 < 5s));  // failed, not timed out
 }
 
 BOOST_AUTO_TEST_CASE(a_wait_that_cannot_end_times_out_with_its_bound_named) {
@@ -111,12 +112,12 @@ BOOST_AUTO_TEST_CASE(a_wait_that_cannot_end_times_out_with_its_bound_named) {
   server_thread srv(fabric, 64, 2);
   std::vector<float> w(64), g(64, 1.0f);
   auto wk = ps::worker<tr::inproc>::create({.servers = {"server0"}, .timeout = 300ms}, node_of(fabric), w);
-  BOOST_TEST_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+  ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
   while (!wk->iteration_done()) {}
-  BOOST_TEST_REQUIRE(wk->commit(g).ok());
+  ASHL_REQUIRE(wk->commit(g).ok());
   const auto s = wk->wait();
-  BOOST_TEST((s.code() == ashl::errc::timed_out));
-  BOOST_TEST(contains(s.message(), "worker.timeout_ms = 300"), s.message());
+  ASHL_TEST((s.code() == ashl::errc::timed_out));
+  ASHL_TEST(contains(s.message(), "worker.timeout_ms = 300"), s.message());
 }
 
 BOOST_AUTO_TEST_CASE(a_failed_server_ends_the_wait_with_why) {
@@ -124,9 +125,9 @@ BOOST_AUTO_TEST_CASE(a_failed_server_ends_the_wait_with_why) {
   server_thread srv(fabric, 64, 2);
   std::vector<float> w(64), g(64, 1.0f);
   auto wk = ps::worker<tr::inproc>::create({.servers = {"server0"}, .timeout = 10s}, node_of(fabric), w);
-  BOOST_TEST_REQUIRE(wk.has_value());
+  ASHL_REQUIRE(wk.has_value());
   while (!wk->iteration_done()) {}
-  BOOST_TEST_REQUIRE(wk->commit(g).ok());
+  ASHL_REQUIRE(wk->commit(g).ok());
   std::thread killer([&] {
     std::this_thread::sleep_for(50ms);
     (void)fabric->fail("server0");
@@ -134,11 +135,11 @@ BOOST_AUTO_TEST_CASE(a_failed_server_ends_the_wait_with_why) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto s = wk->wait();
   killer.join();
-  BOOST_TEST((s.code() == ashl::errc::unavailable));
-  BOOST_TEST(contains(s.message(), "server 0 at server0 failed"), s.message());
-  BOOST_TEST((std::chrono::steady_clock::now() - t0 < 5s));
+  ASHL_TEST((s.code() == ashl::errc::unavailable));
+  ASHL_TEST(contains(s.message(), "server 0 at server0 failed"), s.message());
+  ASHL_TEST((std::chrono::steady_clock::now() - t0 < 5s));
   // Every later call says the same.
-  BOOST_TEST((wk->commit(g).code() == ashl::errc::unavailable));
+  ASHL_TEST((wk->commit(g).code() == ashl::errc::unavailable));
 }
 
 BOOST_AUTO_TEST_CASE(commits_go_from_the_callers_buffer_and_replies_land_in_it) {
@@ -147,20 +148,20 @@ BOOST_AUTO_TEST_CASE(commits_go_from_the_callers_buffer_and_replies_land_in_it) 
   std::vector<float> w(1000), g(1000, 0.25f);
   std::vector<const std::byte*> sent_from;
   auto wk = ps::worker<spy>::create({.servers = {"server0"}, .timeout = 10s}, spy{node_of(fabric), &sent_from}, w);
-  BOOST_TEST_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+  ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
   for (int c = 0; c < 5; ++c) {
     while (!wk->iteration_done()) {}
     sent_from.clear();
-    BOOST_TEST_REQUIRE(wk->commit(g).ok());
-    BOOST_TEST_REQUIRE(wk->wait().ok());
+    ASHL_REQUIRE(wk->commit(g).ok());
+    ASHL_REQUIRE(wk->wait().ok());
     // The commit's data part was the caller's gradient buffer itself.
-    BOOST_TEST(std::count(sent_from.begin(), sent_from.end(), reinterpret_cast<const std::byte*>(g.data())) == 1);
+    ASHL_TEST(std::count(sent_from.begin(), sent_from.end(), reinterpret_cast<const std::byte*>(g.data())) == 1);
   }
   // Every pull reply (4000 bytes, above the eager size) was received into w.
-  BOOST_TEST(wk->telemetry().copied_replies == 0u);
+  ASHL_TEST(wk->telemetry().copied_replies == 0u);
   // model_delta default: w = 0 + 5 commits of 0.25 each.
-  BOOST_TEST(w[0] == 1.25f);
-  BOOST_TEST(w[999] == 1.25f);
+  ASHL_TEST(w[0] == 1.25f);
+  ASHL_TEST(w[999] == 1.25f);
 }
 
 BOOST_AUTO_TEST_CASE(compressing_plans_send_topk_with_error_feedback) {
@@ -176,7 +177,7 @@ BOOST_AUTO_TEST_CASE(compressing_plans_send_topk_with_error_feedback) {
   spec.cycles = 20;
   spec.opt = {.mode = ps::optimizer_params::kind::model_delta};
   const job_result r = run_job(spec);
-  for (const auto& e : r.worker_errors) BOOST_TEST_REQUIRE(e.empty(), e);
+  for (const auto& e : r.worker_errors) ASHL_REQUIRE(e.empty(), e);
   // Each commit made under a compressing plan is a top-k payload (k = 50:
   // 12 + 8 k bytes), each other one dense (4 bytes per element); how many
   // cycles profiling takes depends on timing, so the bound is per cycle.
@@ -184,14 +185,14 @@ BOOST_AUTO_TEST_CASE(compressing_plans_send_topk_with_error_feedback) {
   for (const auto& plans : r.plans)
     for (const auto& p : plans) (p.compression_ratio < 1.0f ? sparse_cycles : dense_cycles) += 1;
   const std::uint64_t bound = dense_cycles * (72 + 4 * spec.elements) + sparse_cycles * (72 + 12 + 8 * 50);
-  BOOST_TEST(sparse_cycles >= std::uint64_t{spec.workers});
-  BOOST_TEST(r.servers[0].core.bytes_in <= bound);
-  BOOST_TEST(r.servers[0].core.bytes_in < std::uint64_t{spec.workers} * spec.cycles * (72 + 4 * spec.elements));
-  BOOST_TEST(r.servers[0].core.refused_total() == 0u);
+  ASHL_TEST(sparse_cycles >= std::uint64_t{spec.workers});
+  ASHL_TEST(r.servers[0].core.bytes_in <= bound);
+  ASHL_TEST(r.servers[0].core.bytes_in < std::uint64_t{spec.workers} * spec.cycles * (72 + 4 * spec.elements));
+  ASHL_TEST(r.servers[0].core.refused_total() == 0u);
   for (std::size_t k = 0; k < r.workers.size(); ++k) {
     bool compressing = false;
     for (const auto& p : r.plans[k]) compressing |= p.compression_ratio < 1.0f;
-    if (compressing) BOOST_TEST(r.workers[k].compress_seconds > 0.0);
+    if (compressing) ASHL_TEST(r.workers[k].compress_seconds > 0.0);
   }
 }
 
@@ -200,8 +201,8 @@ BOOST_AUTO_TEST_CASE(a_progress_thread_drives_the_transport) {
   spec.progress_thread = true;
   spec.cycles = 10;
   const job_result r = run_job(spec);
-  for (const auto& e : r.worker_errors) BOOST_TEST_REQUIRE(e.empty(), e);
-  BOOST_TEST(r.servers[0].core.commits_applied == std::uint64_t{spec.workers} * spec.cycles);
+  for (const auto& e : r.worker_errors) ASHL_REQUIRE(e.empty(), e);
+  ASHL_TEST(r.servers[0].core.commits_applied == std::uint64_t{spec.workers} * spec.cycles);
 }
 
 BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
@@ -218,10 +219,10 @@ BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
   ps::policy_params pp;
   pp.workers = M;
   auto node = fabric->node("server0");
-  BOOST_TEST_REQUIRE(node.has_value());
+  ASHL_REQUIRE(node.has_value());
   auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = M}},
                                             std::move(*ps::make_policy("bsp", pp)), std::move(*node));
-  BOOST_TEST_REQUIRE(srv.has_value());
+  ASHL_REQUIRE(srv.has_value());
   std::vector<std::vector<float>> w(M, std::vector<float>(n)), g(M, std::vector<float>(n));
   std::vector<ps::worker<tr::inproc>> workers;
   {
@@ -229,7 +230,7 @@ BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
     std::thread th([&] { srv->run(stop); });
     for (std::uint32_t k = 0; k < M; ++k) {
       auto wk = ps::worker<tr::inproc>::create({.rank = k, .servers = {"server0"}, .timeout = 20s}, node_of(fabric), w[k]);
-      BOOST_TEST_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+      ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
       workers.push_back(std::move(*wk));
     }
     stop = true;
@@ -251,15 +252,15 @@ BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
       if (!wk.wait().ok()) return false;  // complete: finishes the cycle
     return true;
   };
-  for (int c = 0; c < warmup; ++c) BOOST_TEST_REQUIRE(cycle(c));
+  for (int c = 0; c < warmup; ++c) ASHL_REQUIRE(cycle(c));
   const std::size_t before = counting_new::count();
   bool ok = true;
   for (int c = warmup; c < warmup + measured; ++c) ok = cycle(c) && ok;
   const std::size_t after = counting_new::count();
-  BOOST_TEST_REQUIRE(ok);
-  BOOST_TEST(after == before, "allocations in steady state: " << after - before);
-  BOOST_TEST(srv->core().stats().commits_applied == std::uint64_t{M} * (warmup + measured));
-  for (auto& wk : workers) BOOST_TEST(wk.leave().ok());
+  ASHL_REQUIRE(ok);
+  ASHL_TEST(after == before, "allocations in steady state: " << after - before);
+  ASHL_TEST(srv->core().stats().commits_applied == std::uint64_t{M} * (warmup + measured));
+  for (auto& wk : workers) ASHL_TEST(wk.leave().ok());
 }
 
 BOOST_AUTO_TEST_CASE(a_pull_without_commit_reads_the_model) {
@@ -268,22 +269,22 @@ BOOST_AUTO_TEST_CASE(a_pull_without_commit_reads_the_model) {
   std::vector<float> w1(100), w2(100), g(100, 0.5f);
   auto a = ps::worker<tr::inproc>::create({.rank = 0, .servers = {"server0"}, .timeout = 10s}, node_of(fabric), w1);
   auto b = ps::worker<tr::inproc>::create({.rank = 1, .servers = {"server0"}, .timeout = 10s}, node_of(fabric), w2);
-  BOOST_TEST_REQUIRE((a.has_value() && b.has_value()));
+  ASHL_REQUIRE((a.has_value() && b.has_value()));
   for (int c = 0; c < 3; ++c) {
     while (!a->iteration_done()) {}
-    BOOST_TEST_REQUIRE(a->commit(g).ok());
-    BOOST_TEST_REQUIRE(a->wait().ok());
+    ASHL_REQUIRE(a->commit(g).ok());
+    ASHL_REQUIRE(a->wait().ok());
   }
-  BOOST_TEST(w1[7] == 1.5f);
-  BOOST_TEST(w2[7] == 0.0f);  // b has not pulled since it joined
-  BOOST_TEST_REQUIRE(b->pull().ok());
-  BOOST_TEST((b->pull().code() == ashl::errc::invalid_argument));  // one at a time
-  BOOST_TEST_REQUIRE(b->wait().ok());
-  BOOST_TEST(w2[7] == 1.5f);
+  ASHL_TEST(w1[7] == 1.5f);
+  ASHL_TEST(w2[7] == 0.0f);  // b has not pulled since it joined
+  ASHL_REQUIRE(b->pull().ok());
+  ASHL_TEST((b->pull().code() == ashl::errc::invalid_argument));  // one at a time
+  ASHL_REQUIRE(b->wait().ok());
+  ASHL_TEST(w2[7] == 1.5f);
   // After an iteration has begun, a pull must wait for the commit.
   (void)b->iteration_done();
-  BOOST_TEST((b->pull().code() == ashl::errc::invalid_argument));
-  BOOST_TEST(b->progress_line().find("worker 1:") == 0u, b->progress_line());
+  ASHL_TEST((b->pull().code() == ashl::errc::invalid_argument));
+  ASHL_TEST(b->progress_line().find("worker 1:") == 0u, b->progress_line());
 }
 
 // Issue 25: the plan in force is worker_cycle's, adopted at a cycle start
@@ -302,33 +303,33 @@ BOOST_AUTO_TEST_CASE(plans_from_the_servers_take_effect_at_cycle_starts_only) {
     pp.period = 0.1;
     pp.initial_commit_rate = 4;  // a 25 ms interval until an overhead is measured
     auto pol = ps::make_policy("adsp", pp);
-    BOOST_TEST_REQUIRE(pol.has_value());
+    ASHL_REQUIRE(pol.has_value());
     auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = 1}}, std::move(*pol),
                                               std::move(*node));
-    BOOST_TEST_REQUIRE(srv.has_value());
+    ASHL_REQUIRE(srv.has_value());
     up = true;
     srv->run(stop);
   });
   while (!up) std::this_thread::sleep_for(1ms);
   std::vector<float> w(256), g(256, 0.5f);
   auto wk = ps::worker<tr::inproc>::create({.servers = {"server0"}, .timeout = 10s}, node_of(fabric), w);
-  BOOST_TEST_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+  ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
   std::vector<std::uint32_t> interval_us;
   for (int c = 0; c < 4; ++c) {
     const ashl::worker_plan at_start = wk->plan();
     interval_us.push_back(at_start.commit_interval_us);
     while (!wk->iteration_done()) {}
-    BOOST_TEST_REQUIRE(wk->commit(g).ok());
+    ASHL_REQUIRE(wk->commit(g).ok());
     // plan_updates may have arrived during the cycle (the measurements of the
     // last one were re-planned), yet the cycle ran, and committed, by its
     // start's plan.
-    BOOST_TEST((wk->plan() == at_start), "cycle " << c);
-    BOOST_TEST_REQUIRE(wk->wait().ok());
+    ASHL_TEST((wk->plan() == at_start), "cycle " << c);
+    ASHL_REQUIRE(wk->wait().ok());
   }
-  BOOST_TEST(interval_us[0] == 25'000u);  // the join's plan
-  BOOST_TEST(interval_us[3] < 25'000u);   // 25 ms less a measured commit overhead
-  BOOST_TEST(wk->telemetry().plan_changes >= 2u);
-  BOOST_TEST(wk->leave().ok());
+  ASHL_TEST(interval_us[0] == 25'000u);  // the join's plan
+  ASHL_TEST(interval_us[3] < 25'000u);   // 25 ms less a measured commit overhead
+  ASHL_TEST(wk->telemetry().plan_changes >= 2u);
+  ASHL_TEST(wk->leave().ok());
   stop = true;
   th.join();
 }
@@ -352,7 +353,7 @@ BOOST_AUTO_TEST_CASE(commit_samples_come_from_the_workers_cycle) {
     pp.local_steps = 2;
     auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = 2}},
                                               std::move(*ps::make_policy("local_sgd", pp)), std::move(*node));
-    BOOST_TEST_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+    ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
     up = true;
     srv->run(stop);
     server_params.assign(srv->parameters().begin(), srv->parameters().end());
@@ -383,10 +384,10 @@ BOOST_AUTO_TEST_CASE(commit_samples_come_from_the_workers_cycle) {
   for (auto& t : workers) t.join();
   stop = true;
   server.join();
-  for (const auto& e : errors) BOOST_TEST_REQUIRE(e.empty(), e);
-  BOOST_TEST(tel.core.commits_applied == 2u);
-  BOOST_TEST(tel.core.refused_total() == 0u);
+  for (const auto& e : errors) ASHL_REQUIRE(e.empty(), e);
+  ASHL_TEST(tel.core.commits_applied == 2u);
+  ASHL_TEST(tel.core.refused_total() == 0u);
   // (2 x 16 x 1 + 2 x 48 x 3) / (2 x 16 + 2 x 48) = 2.5 (the mean would be 2).
-  BOOST_TEST_REQUIRE(server_params.size() == 100u);
-  for (float v : server_params) BOOST_TEST_REQUIRE(v == 2.5f);
+  ASHL_REQUIRE(server_params.size() == 100u);
+  for (float v : server_params) ASHL_REQUIRE(v == 2.5f);
 }

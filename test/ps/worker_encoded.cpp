@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "../support/checks.hpp"
 
 // ps::worker::commit_encoded (the entry a device worker uses: the caller
 // encodes, the worker sends): refused outside a compressing cycle and with
@@ -51,7 +52,7 @@ struct outcome {
 outcome run(bool encoded) {
   auto fabric = tr::inproc_fabric::create({});
   auto layout = ps::shard_layout::even(elements, servers);
-  BOOST_TEST_REQUIRE(layout.has_value());
+  ASHL_REQUIRE(layout.has_value());
   std::vector<float> initial(elements, 0.5f);
   outcome out;
   out.server_w.resize(servers);
@@ -86,7 +87,7 @@ outcome run(bool encoded) {
   auto node = fabric->node();
   auto wk = ps::worker<tr::inproc>::create({.servers = {"server0", "server1"}, .timeout = 20s, .seed = 5},
                                            std::move(*node), w);
-  BOOST_TEST_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+  ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
   ashl::compress::error_feedback<ashl::compress::topk> ef{ashl::compress::topk{0.05}};
   std::vector<std::vector<std::byte>> enc(servers);
   std::vector<std::byte> scratch;
@@ -102,11 +103,11 @@ outcome run(bool encoded) {
       std::vector<std::span<const std::byte>> none(servers);
       out.refusals.push_back(wk->commit_encoded(none).message());
     }
-    BOOST_TEST_REQUIRE(wk->commit(g).ok());
+    ASHL_REQUIRE(wk->commit(g).ok());
     const auto s = wk->wait();
-    BOOST_TEST_REQUIRE(s.ok(), s.message());
+    ASHL_REQUIRE(s.ok(), s.message());
   }
-  BOOST_TEST_REQUIRE(wk->compresses());
+  ASHL_REQUIRE(wk->compresses());
   for (int c = 0; c < cycles; ++c) {
     while (!wk->iteration_done()) {}
     for (std::size_t i = 0; i < elements; ++i) g[i] = grad(c, i);
@@ -115,13 +116,13 @@ outcome run(bool encoded) {
         std::vector<std::span<const std::byte>> none(servers);
         out.refusals.push_back(wk->commit_encoded(none).message());
       }
-      BOOST_TEST_REQUIRE(wk->commit(g).ok());
+      ASHL_REQUIRE(wk->commit(g).ok());
     } else if (!encoded) {
       ++out.compressed_cycles;
-      BOOST_TEST_REQUIRE(wk->commit(g).ok());
+      ASHL_REQUIRE(wk->commit(g).ok());
     } else {
       ++out.compressed_cycles;
-      BOOST_TEST_REQUIRE((wk->codec() == ashl::codec_id::topk));
+      ASHL_REQUIRE((wk->codec() == ashl::codec_id::topk));
       std::vector<std::span<const std::byte>> payloads;
       for (std::uint32_t s = 0; s < servers; ++s) {
         const auto r = wk->layout().range(s);
@@ -129,17 +130,17 @@ outcome run(bool encoded) {
         scratch.resize(ef.scratch_bytes(r.size(), ashl::dtype::f32));
         const ashl::compress::codec_context ctx{.seed = 5, .step = wk->commit_step(), .tensor = s, .scratch = scratch};
         auto used = ef.encode(ashl::host_view<const float>(g.data() + r.begin, r.size()), enc[s], ctx);
-        BOOST_TEST_REQUIRE(used.has_value());
+        ASHL_REQUIRE(used.has_value());
         payloads.emplace_back(enc[s].data(), *used);
       }
       std::vector<std::span<const std::byte>> one(1, payloads[0]);
       out.refusals.push_back(wk->commit_encoded(one).message());  // one payload for two servers
-      BOOST_TEST_REQUIRE(wk->commit_encoded(payloads).ok());
+      ASHL_REQUIRE(wk->commit_encoded(payloads).ok());
     }
     const auto s = wk->wait();
-    BOOST_TEST_REQUIRE(s.ok(), s.message());
+    ASHL_REQUIRE(s.ok(), s.message());
   }
-  BOOST_TEST_REQUIRE(wk->leave().ok());
+  ASHL_REQUIRE(wk->leave().ok());
   stop = true;
   for (auto& t : th) t.join();
   out.w = w;
@@ -152,21 +153,21 @@ outcome run(bool encoded) {
 BOOST_AUTO_TEST_CASE(encoded_commits_equal_the_workers_own_encoding) {
   const outcome a = run(false);
   const outcome b = run(true);
-  BOOST_TEST(a.compressed_cycles > 0);
-  BOOST_TEST(b.compressed_cycles > 0);
-  BOOST_TEST(a.refused == 0u);
-  BOOST_TEST(b.refused == 0u);
+  ASHL_TEST(a.compressed_cycles > 0);
+  ASHL_TEST(b.compressed_cycles > 0);
+  ASHL_TEST(a.refused == 0u);
+  ASHL_TEST(b.refused == 0u);
   // The same plan sequence (one worker: plans arrive in message order), so
   // the same commits: parameters bit for bit.
-  BOOST_TEST(a.compressed_cycles == b.compressed_cycles);
-  BOOST_TEST((a.w == b.w));
-  BOOST_TEST((a.server_w == b.server_w));
-  BOOST_TEST((b.w != std::vector<float>(elements, 0.5f)));  // something was applied
+  ASHL_TEST(a.compressed_cycles == b.compressed_cycles);
+  ASHL_TEST((a.w == b.w));
+  ASHL_TEST((a.server_w == b.server_w));
+  ASHL_TEST((b.w != std::vector<float>(elements, 0.5f)));  // something was applied
   bool dense_refused = false, count_refused = false;
   for (const auto& m : b.refusals) {
     dense_refused |= m.find("does not compress") != std::string::npos;
     count_refused |= m.find("worker.commit_encoded.payloads.size = 1") != std::string::npos;
   }
-  BOOST_TEST(dense_refused);
-  BOOST_TEST(count_refused);
+  ASHL_TEST(dense_refused);
+  ASHL_TEST(count_refused);
 }

@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "checks.hpp"
 
 namespace ps_job {
 namespace ps = ashl::ps;
@@ -65,7 +66,7 @@ struct job_result {
 inline job_result run_job(const job_spec& spec) {
   auto fabric = tr::inproc_fabric::create({.eager_bytes = spec.eager_bytes});
   auto layout = ps::shard_layout::even(spec.elements, spec.servers);
-  BOOST_TEST_REQUIRE(layout.has_value());
+  ASHL_REQUIRE(layout.has_value());
   std::vector<float> initial(spec.elements, 0.5f);
 
   job_result res;
@@ -83,18 +84,18 @@ inline job_result run_job(const job_spec& spec) {
   for (std::uint32_t s = 0; s < spec.servers; ++s) {
     threads.emplace_back([&, s] {
       auto node = fabric->node("server" + std::to_string(s));
-      BOOST_TEST_REQUIRE(node.has_value());
+      ASHL_REQUIRE(node.has_value());
       ps::policy_params pp = spec.pp;
       pp.workers = spec.workers;
       auto policy = ps::make_policy(spec.policy, pp);
-      BOOST_TEST_REQUIRE(policy.has_value(), (policy ? "" : policy.error().message()));
+      ASHL_REQUIRE(policy.has_value(), (policy ? "" : policy.error().message()));
       const auto r = layout->range(s);
       ps::server_params sp{.core = {.layout = *layout, .shard = s, .workers = spec.workers, .optimizer = spec.opt},
                            .compression = spec.compression};
       auto srv = ps::server<tr::inproc>::create(
           sp, std::move(*policy), std::move(*node),
           std::span<const float>(initial).subspan(r.begin, r.size()));
-      BOOST_TEST_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+      ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
       ++servers_up;
       srv->run(stop);
       res.server_params[s].assign(srv->parameters().begin(), srv->parameters().end());
@@ -106,7 +107,7 @@ inline job_result run_job(const job_spec& spec) {
   for (std::uint32_t k = 0; k < spec.workers; ++k) {
     threads.emplace_back([&, k] {
       auto node = fabric->node();
-      BOOST_TEST_REQUIRE(node.has_value());
+      ASHL_REQUIRE(node.has_value());
       std::vector<std::string> addrs;
       for (std::uint32_t s = 0; s < spec.servers; ++s) addrs.push_back("server" + std::to_string(s));
       std::vector<float> w(spec.elements), g(spec.elements);

@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "../support/checks.hpp"
 
 namespace t = ashl::transport;
 using namespace std::chrono_literals;
@@ -73,15 +74,15 @@ struct pair_fixture {
   explicit pair_fixture(t::inproc_params p = {.eager_bytes = 16, .deterministic = true})
       : fabric(t::inproc_fabric::create(p)), a(fabric->node("a").value()), b(fabric->node("b").value()) {
     auto p_ab = a.connect("b");
-    BOOST_REQUIRE(p_ab);
+    ASHL_REQUIRE(p_ab);
     a_to_b = *p_ab;
-    BOOST_TEST(!a.is_connected(a_to_b));  // reported from progress, not at once
+    ASHL_TEST(!a.is_connected(a_to_b));  // reported from progress, not at once
     for (int i = 0; i < 4; ++i) {
       a.progress(ha);
       b.progress(hb);
     }
-    BOOST_REQUIRE(a.is_connected(a_to_b));
-    BOOST_REQUIRE_EQUAL(b.peers().size(), 1u);
+    ASHL_REQUIRE(a.is_connected(a_to_b));
+    ASHL_REQUIRE(b.peers().size() == 1u);
     b_to_a = b.peers()[0];
     ha.log.clear();
     hb.log.clear();
@@ -96,114 +97,114 @@ BOOST_AUTO_TEST_CASE(connect_reports_both_sides_and_unknown_names_fail) {
   auto fabric = t::inproc_fabric::create({.deterministic = true});
   auto a = fabric->node("a");
   auto b = fabric->node("b");
-  BOOST_REQUIRE(a && b);
-  BOOST_TEST(!fabric->node("a"));  // a name in use
+  ASHL_REQUIRE((a && b));
+  ASHL_TEST(!fabric->node("a"));  // a name in use
   recorder ha, hb;
   auto p = a->connect("b");
-  BOOST_REQUIRE(p);
+  ASHL_REQUIRE(p);
   a->progress(ha);
-  BOOST_TEST(hb.events.empty());
+  ASHL_TEST(hb.events.empty());
   b->progress(hb);
-  BOOST_REQUIRE_EQUAL(hb.events.size(), 1u);
-  BOOST_TEST((hb.events[0].second == t::peer_event::connected));
+  ASHL_REQUIRE(hb.events.size() == 1u);
+  ASHL_TEST((hb.events[0].second == t::peer_event::connected));
   a->progress(ha);
-  BOOST_REQUIRE_EQUAL(ha.events.size(), 1u);
-  BOOST_TEST(ha.events[0].first == *p);
-  BOOST_TEST((ha.events[0].second == t::peer_event::connected));
-  BOOST_TEST(a->counters().peers_connected == 1u);
-  BOOST_TEST(b->counters().peers_connected == 1u);
-  BOOST_TEST(a->peers().size() == 1u);
+  ASHL_REQUIRE(ha.events.size() == 1u);
+  ASHL_TEST(ha.events[0].first == *p);
+  ASHL_TEST((ha.events[0].second == t::peer_event::connected));
+  ASHL_TEST(a->counters().peers_connected == 1u);
+  ASHL_TEST(b->counters().peers_connected == 1u);
+  ASHL_TEST(a->peers().size() == 1u);
 
   auto q = a->connect("x");
-  BOOST_REQUIRE(q);
-  BOOST_TEST(!a->is_connected(*q));
+  ASHL_REQUIRE(q);
+  ASHL_TEST(!a->is_connected(*q));
   a->progress(ha);
-  BOOST_REQUIRE_EQUAL(ha.events.size(), 2u);
-  BOOST_TEST((ha.events[1].second == t::peer_event::failed));
-  BOOST_TEST(ha.last_why == "no inproc node named 'x'");
-  BOOST_TEST(!a->send(*q, {}, {}, 1).ok());  // not connected: an error at once
-  BOOST_TEST(a->peers().size() == 1u);
+  ASHL_REQUIRE(ha.events.size() == 2u);
+  ASHL_TEST((ha.events[1].second == t::peer_event::failed));
+  ASHL_TEST(ha.last_why == "no inproc node named 'x'");
+  ASHL_TEST(!a->send(*q, {}, {}, 1).ok());  // not connected: an error at once
+  ASHL_TEST(a->peers().size() == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(small_and_large_messages_single_thread) {
   pair_fixture f;
   const std::string small = "0123456789abcdef";  // 16 bytes: eager
   const std::string large(1000, 'z');            // above eager: via receive_buffer
-  BOOST_TEST(f.a.send(f.a_to_b, bytes_of("h1"), bytes_of(small), 11).ok());
-  BOOST_TEST(f.a.send(f.a_to_b, bytes_of("h2"), bytes_of(large), 12).ok());
-  BOOST_TEST(f.a.send(f.a_to_b, bytes_of("h3"), {}, 13).ok());
+  ASHL_TEST(f.a.send(f.a_to_b, bytes_of("h1"), bytes_of(small), 11).ok());
+  ASHL_TEST(f.a.send(f.a_to_b, bytes_of("h2"), bytes_of(large), 12).ok());
+  ASHL_TEST(f.a.send(f.a_to_b, bytes_of("h3"), {}, 13).ok());
   f.a.progress(f.ha);
-  BOOST_TEST((f.ha.log == std::vector<std::string>{"sent 0 11 ok", "sent 0 12 ok", "sent 0 13 ok"}));
+  ASHL_TEST((f.ha.log == std::vector<std::string>{"sent 0 11 ok", "sent 0 12 ok", "sent 0 13 ok"}));
   f.b.progress(f.hb);
-  BOOST_TEST((f.hb.log == std::vector<std::string>{"message 0 h1 16", "buffer 0 h2 1000", "message 0 h2 1000",
+  ASHL_TEST((f.hb.log == std::vector<std::string>{"message 0 h1 16", "buffer 0 h2 1000", "message 0 h2 1000",
                                                    "message 0 h3 0"}));
-  BOOST_REQUIRE_EQUAL(f.hb.messages.size(), 3u);
-  BOOST_TEST(f.hb.messages[0].second == small);
-  BOOST_TEST(f.hb.messages[1].second == large);
-  BOOST_TEST(f.hb.messages[2].second.empty());
-  BOOST_TEST(f.a.counters().messages_sent == 3u);
-  BOOST_TEST(f.a.counters().bytes_sent == 6u + 16u + 1000u);
-  BOOST_TEST(f.b.counters().messages_received == 3u);
-  BOOST_TEST(f.b.counters().bytes_received == 6u + 16u + 1000u);
+  ASHL_REQUIRE(f.hb.messages.size() == 3u);
+  ASHL_TEST(f.hb.messages[0].second == small);
+  ASHL_TEST(f.hb.messages[1].second == large);
+  ASHL_TEST(f.hb.messages[2].second.empty());
+  ASHL_TEST(f.a.counters().messages_sent == 3u);
+  ASHL_TEST(f.a.counters().bytes_sent == 6u + 16u + 1000u);
+  ASHL_TEST(f.b.counters().messages_received == 3u);
+  ASHL_TEST(f.b.counters().bytes_received == 6u + 16u + 1000u);
 
   // The large one landed in the handler's buffer.
-  BOOST_TEST(f.a.send(f.a_to_b, bytes_of("h4"), bytes_of(large), 14).ok());
+  ASHL_TEST(f.a.send(f.a_to_b, bytes_of("h4"), bytes_of(large), 14).ok());
   f.b.progress(f.hb);
-  BOOST_TEST(f.hb.last_data == f.hb.big.data());
+  ASHL_TEST(f.hb.last_data == f.hb.big.data());
 
   std::array<std::byte, 129> too_big{};
-  BOOST_TEST(!f.a.send(f.a_to_b, too_big, {}, 15).ok());
+  ASHL_TEST(!f.a.send(f.a_to_b, too_big, {}, 15).ok());
 }
 
 BOOST_AUTO_TEST_CASE(refused_large_message_is_dropped_and_counted) {
   pair_fixture f;
   f.hb.refuse = true;
   const std::string large(100, 'q');
-  BOOST_TEST(f.a.send(f.a_to_b, bytes_of("r"), bytes_of(large), 1).ok());
-  BOOST_TEST(f.a.send(f.a_to_b, bytes_of("s"), bytes_of("tiny"), 2).ok());
+  ASHL_TEST(f.a.send(f.a_to_b, bytes_of("r"), bytes_of(large), 1).ok());
+  ASHL_TEST(f.a.send(f.a_to_b, bytes_of("s"), bytes_of("tiny"), 2).ok());
   f.b.progress(f.hb);
-  BOOST_TEST((f.hb.log == std::vector<std::string>{"buffer 0 r 100", "message 0 s 4"}));
-  BOOST_TEST(f.b.counters().receives_refused == 1u);
-  BOOST_TEST(f.b.counters().messages_received == 1u);
+  ASHL_TEST((f.hb.log == std::vector<std::string>{"buffer 0 r 100", "message 0 s 4"}));
+  ASHL_TEST(f.b.counters().receives_refused == 1u);
+  ASHL_TEST(f.b.counters().messages_received == 1u);
   f.a.progress(f.ha);
-  BOOST_TEST(f.ha.sent.size() == 2u);  // the sender's completion is ok: refusal is the receiver's
+  ASHL_TEST(f.ha.sent.size() == 2u);  // the sender's completion is ok: refusal is the receiver's
 }
 
 BOOST_AUTO_TEST_CASE(close_is_seen_by_both_sides_after_earlier_messages) {
   pair_fixture f;
-  BOOST_TEST(f.a.send(f.a_to_b, bytes_of("before"), {}, 1).ok());
+  ASHL_TEST(f.a.send(f.a_to_b, bytes_of("before"), {}, 1).ok());
   f.a.close(f.a_to_b);
-  BOOST_TEST(!f.a.is_connected(f.a_to_b));
-  BOOST_TEST(f.a.peers().empty());
-  BOOST_TEST(!f.a.send(f.a_to_b, bytes_of("after"), {}, 2).ok());
+  ASHL_TEST(!f.a.is_connected(f.a_to_b));
+  ASHL_TEST(f.a.peers().empty());
+  ASHL_TEST(!f.a.send(f.a_to_b, bytes_of("after"), {}, 2).ok());
   f.a.progress(f.ha);
-  BOOST_TEST((f.ha.log == std::vector<std::string>{"sent 0 1 ok", "peer 0 closed"}));
+  ASHL_TEST((f.ha.log == std::vector<std::string>{"sent 0 1 ok", "peer 0 closed"}));
   f.b.progress(f.hb);
-  BOOST_TEST((f.hb.log == std::vector<std::string>{"message 0 before 0", "peer 0 closed"}));
-  BOOST_TEST(f.b.peers().empty());
-  BOOST_TEST(f.a.counters().peers_closed == 1u);
-  BOOST_TEST(f.b.counters().peers_closed == 1u);
+  ASHL_TEST((f.hb.log == std::vector<std::string>{"message 0 before 0", "peer 0 closed"}));
+  ASHL_TEST(f.b.peers().empty());
+  ASHL_TEST(f.a.counters().peers_closed == 1u);
+  ASHL_TEST(f.b.counters().peers_closed == 1u);
 
   // A message in flight towards a side that closed is dropped; the next send fails.
   pair_fixture g;
-  BOOST_TEST(g.b.send(g.b_to_a, bytes_of("late"), {}, 1).ok());
+  ASHL_TEST(g.b.send(g.b_to_a, bytes_of("late"), {}, 1).ok());
   g.a.close(g.a_to_b);
-  BOOST_TEST(g.b.send(g.b_to_a, bytes_of("later"), {}, 2).ok());  // b has not seen the close yet
+  ASHL_TEST(g.b.send(g.b_to_a, bytes_of("later"), {}, 2).ok());  // b has not seen the close yet
   settle(g.ha, g.a);
   settle(g.hb, g.b);
-  BOOST_TEST((g.ha.log == std::vector<std::string>{"peer 0 closed"}));
-  BOOST_TEST((g.hb.log == std::vector<std::string>{"sent 0 1 ok", "sent 0 2 error", "peer 0 closed"}));
-  BOOST_TEST(g.b.counters().sends_failed == 1u);
+  ASHL_TEST((g.ha.log == std::vector<std::string>{"peer 0 closed"}));
+  ASHL_TEST((g.hb.log == std::vector<std::string>{"sent 0 1 ok", "sent 0 2 error", "peer 0 closed"}));
+  ASHL_TEST(g.b.counters().sends_failed == 1u);
 
   // close() closes all; destroying a node closes its links.
   pair_fixture h;
   h.a.close();
   settle(h.hb, h.b);
-  BOOST_TEST((h.hb.log == std::vector<std::string>{"peer 0 closed"}));
+  ASHL_TEST((h.hb.log == std::vector<std::string>{"peer 0 closed"}));
   pair_fixture k;
   { t::inproc gone = std::move(k.a); }
   settle(k.hb, k.b);
-  BOOST_TEST((k.hb.log == std::vector<std::string>{"peer 0 closed"}));
+  ASHL_TEST((k.hb.log == std::vector<std::string>{"peer 0 closed"}));
 }
 
 BOOST_AUTO_TEST_CASE(close_while_connecting_closes_the_far_side_too) {
@@ -217,66 +218,66 @@ BOOST_AUTO_TEST_CASE(close_while_connecting_closes_the_far_side_too) {
     a.progress(ha);
     b.progress(hb);
   }
-  BOOST_TEST((ha.log == std::vector<std::string>{"peer 0 closed"}));
-  BOOST_TEST((hb.log == std::vector<std::string>{"peer 0 connected", "peer 0 closed"}));
-  BOOST_TEST(a.peers().empty());
-  BOOST_TEST(b.peers().empty());
+  ASHL_TEST((ha.log == std::vector<std::string>{"peer 0 closed"}));
+  ASHL_TEST((hb.log == std::vector<std::string>{"peer 0 connected", "peer 0 closed"}));
+  ASHL_TEST(a.peers().empty());
+  ASHL_TEST(b.peers().empty());
 }
 
 BOOST_AUTO_TEST_CASE(a_killed_node_is_reported_failed_and_sends_to_it_fail) {
   pair_fixture f;
   auto c = f.fabric->node("c");
-  BOOST_REQUIRE(c);
+  ASHL_REQUIRE(c);
   recorder hc;
   auto c_to_b = c->connect("b");
-  BOOST_REQUIRE(c_to_b);
+  ASHL_REQUIRE(c_to_b);
   settle(f.hb, f.b);
   settle(hc, *c);
-  BOOST_REQUIRE(c->is_connected(*c_to_b));
+  ASHL_REQUIRE(c->is_connected(*c_to_b));
   f.hb.log.clear();
 
-  BOOST_TEST(f.fabric->fail("b").ok());
-  BOOST_TEST(!f.fabric->fail("b").ok());  // no live node of that name now
-  BOOST_TEST(f.a.send(f.a_to_b, bytes_of("x"), {}, 7).ok());  // a has not seen it yet: fails via on_sent
+  ASHL_TEST(f.fabric->fail("b").ok());
+  ASHL_TEST(!f.fabric->fail("b").ok());  // no live node of that name now
+  ASHL_TEST(f.a.send(f.a_to_b, bytes_of("x"), {}, 7).ok());  // a has not seen it yet: fails via on_sent
   f.a.progress(f.ha);
-  BOOST_TEST((f.ha.log == std::vector<std::string>{"sent 0 7 error", "peer 0 failed"}));
-  BOOST_TEST(f.ha.last_why == "inproc node 'b' failed (killed)");
-  BOOST_TEST(!f.a.is_connected(f.a_to_b));
-  BOOST_TEST(!f.a.send(f.a_to_b, bytes_of("y"), {}, 8).ok());
-  BOOST_TEST(f.a.counters().peers_failed == 1u);
-  BOOST_TEST(f.a.counters().sends_failed == 1u);
+  ASHL_TEST((f.ha.log == std::vector<std::string>{"sent 0 7 error", "peer 0 failed"}));
+  ASHL_TEST(f.ha.last_why == "inproc node 'b' failed (killed)");
+  ASHL_TEST(!f.a.is_connected(f.a_to_b));
+  ASHL_TEST(!f.a.send(f.a_to_b, bytes_of("y"), {}, 8).ok());
+  ASHL_TEST(f.a.counters().peers_failed == 1u);
+  ASHL_TEST(f.a.counters().sends_failed == 1u);
   c->progress(hc);
-  BOOST_TEST((hc.events.back() == std::pair{*c_to_b, t::peer_event::failed}));
+  ASHL_TEST((hc.events.back() == std::pair{*c_to_b, t::peer_event::failed}));
 
   // The killed node makes no more handler calls and refuses new work.
-  BOOST_TEST(f.b.progress(f.hb) == 0u);
-  BOOST_TEST(f.hb.log.empty());
-  BOOST_TEST(!f.b.connect("a"));
+  ASHL_TEST(f.b.progress(f.hb) == 0u);
+  ASHL_TEST(f.hb.log.empty());
+  ASHL_TEST(!f.b.connect("a"));
   // Its name is free again (a restarted node).
-  BOOST_TEST(f.fabric->node("b").has_value());
+  ASHL_TEST(f.fabric->node("b").has_value());
 
   // kill() from the node itself, while a connect to it is under way.
   auto fabric = t::inproc_fabric::create({.deterministic = true});
   auto x = fabric->node("x");
   auto y = fabric->node("y");
   recorder hx;
-  BOOST_REQUIRE(x->connect("y"));
+  ASHL_REQUIRE(x->connect("y"));
   y->kill();
   settle(hx, *x);
-  BOOST_TEST((hx.log == std::vector<std::string>{"peer 0 failed"}));
+  ASHL_TEST((hx.log == std::vector<std::string>{"peer 0 failed"}));
 }
 
 BOOST_AUTO_TEST_CASE(wait_returns_when_something_is_queued) {
   pair_fixture f;
   std::thread sender([&] {
     std::this_thread::sleep_for(20ms);
-    BOOST_CHECK(f.a.send(f.a_to_b, bytes_of("wake"), {}, 1).ok());
+    ASHL_TEST(f.a.send(f.a_to_b, bytes_of("wake"), {}, 1).ok());
   });
   // Without the message this would sleep a minute; with it, it returns.
   f.b.wait(std::chrono::seconds(60));
   sender.join();
   f.b.progress(f.hb);
-  BOOST_TEST((f.hb.log == std::vector<std::string>{"message 0 wake 0"}));
+  ASHL_TEST((f.hb.log == std::vector<std::string>{"message 0 wake 0"}));
   f.b.wait(1ms);  // nothing queued: returns after the timeout
 }
 
@@ -332,18 +333,18 @@ std::vector<std::string> scripted_run(bool deterministic) {
 BOOST_AUTO_TEST_CASE(deterministic_runs_repeat_exactly) {
   const auto first = scripted_run(true);
   const auto second = scripted_run(true);
-  BOOST_TEST(first.size() > 200u);
-  BOOST_TEST(first == second);
+  ASHL_TEST(first.size() > 200u);
+  ASHL_TEST(first == second);
   // Deterministic order is the order of the posting calls: b sees a0, c0, a1, c1, ...
   std::vector<std::string> at_b;
   for (const auto& line : first)
     if (line.starts_with("message") && (line.find(" a") != std::string::npos || line.find(" c") != std::string::npos))
       at_b.push_back(line.substr(10, 2));
-  BOOST_REQUIRE(at_b.size() >= 4u);
-  BOOST_TEST(at_b[0] == "a0");
-  BOOST_TEST(at_b[1] == "c0");
-  BOOST_TEST(at_b[2] == "a1");
-  BOOST_TEST(at_b[3] == "c1");
+  ASHL_REQUIRE(at_b.size() >= 4u);
+  ASHL_TEST(at_b[0] == "a0");
+  ASHL_TEST(at_b[1] == "c0");
+  ASHL_TEST(at_b[2] == "a1");
+  ASHL_TEST(at_b[3] == "c1");
 }
 
 BOOST_AUTO_TEST_CASE(non_deterministic_mode_keeps_per_sender_order) {
@@ -355,13 +356,13 @@ BOOST_AUTO_TEST_CASE(non_deterministic_mode_keeps_per_sender_order) {
     for (const auto& line : log) {
       if (!line.starts_with("message")) continue;
       const auto header = line.substr(10, line.find(' ', 10) - 10);
-      if (header[0] == 'a') BOOST_TEST(header == "a" + std::to_string(next_a++));
-      if (header[0] == 'c') BOOST_TEST(header == "c" + std::to_string(next_c++));
+      if (header[0] == 'a') ASHL_TEST(header == "a" + std::to_string(next_a++));
+      if (header[0] == 'c') ASHL_TEST(header == "c" + std::to_string(next_c++));
       ++total;
     }
-    BOOST_TEST(next_a == 40);
-    BOOST_TEST(next_c == 40);
-    BOOST_TEST(total > 80);
+    ASHL_TEST(next_a == 40);
+    ASHL_TEST(next_c == 40);
+    ASHL_TEST(total > 80);
   }
 }
 
@@ -454,12 +455,12 @@ BOOST_AUTO_TEST_CASE(two_threads_exchange_ten_thousand_messages) {
     }
     exchange(a, p, ha, count);
     tb.join();
-    BOOST_TEST(ha.errors == 0u);
-    BOOST_TEST(hb.errors == 0u);
-    BOOST_TEST(ha.expected == count);
-    BOOST_TEST(hb.expected == count);
-    BOOST_TEST(a.counters().messages_received == count);
-    BOOST_TEST(b.counters().messages_sent == count);
+    ASHL_TEST(ha.errors == 0u);
+    ASHL_TEST(hb.errors == 0u);
+    ASHL_TEST(ha.expected == count);
+    ASHL_TEST(hb.expected == count);
+    ASHL_TEST(a.counters().messages_received == count);
+    ASHL_TEST(b.counters().messages_sent == count);
   }
 }
 
@@ -477,7 +478,7 @@ BOOST_AUTO_TEST_CASE(no_allocation_per_message_after_warm_up) {
       c.progress(hc);
       b.progress(hb);
     }
-    BOOST_REQUIRE(a.is_connected(ab) && c.is_connected(cb));
+    ASHL_REQUIRE((a.is_connected(ab) && c.is_connected(cb)));
     std::vector<std::byte> data(8192);
     std::array<std::byte, 8> header{};
     auto round = [&](std::uint64_t s) {
@@ -492,6 +493,6 @@ BOOST_AUTO_TEST_CASE(no_allocation_per_message_after_warm_up) {
     for (std::uint64_t s = 0; s < 2000; ++s) round(s);  // warm-up: every size class, every queue
     const auto before = counting_new::count();
     for (std::uint64_t s = 0; s < 2000; ++s) round(s);
-    BOOST_TEST(counting_new::count() == before);
+    ASHL_TEST(counting_new::count() == before);
   }
 }
