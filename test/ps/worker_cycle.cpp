@@ -29,7 +29,9 @@ BOOST_AUTO_TEST_CASE(h_iterations_then_commit_and_pull_with_measurements) {
   BOOST_TEST(c.iteration_done(12.0));
   BOOST_TEST(c.iterations() == 4u);
   BOOST_TEST(c.samples() == 128u);
+  BOOST_TEST(c.commit_samples() == 128u);
   BOOST_TEST(c.commit_sent(12.0) == 1u);
+  BOOST_TEST(c.clock() == 1u);  // the clock the commit carries (core/plan.hpp commit_clock)
   c.commit_arrived(12.25, 4096);
   c.reply_started(13.0);  // the pull was held 0.75 s
   c.reply_arrived(13.5, 8192);
@@ -157,4 +159,27 @@ BOOST_AUTO_TEST_CASE(plans_arrive_as_events_and_are_adopted_at_the_next_start_on
   c.plan_arrived(worker_plan{.local_iterations = 1});
   BOOST_TEST(c.start(4, 3.0));
   BOOST_TEST(c.plan().local_iterations == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(a_commit_carries_saturated_samples_and_its_clock) {
+  // 2^20 iterations of a 2^13 batch: 2^33 samples, past the wire's 32 bits.
+  ps::worker_cycle c(0);
+  start_with(c, worker_plan{.local_iterations = 1u << 20, .batch_size = 1u << 13}, 1, 0.0);
+  for (std::uint32_t i = 1; i < (1u << 20); ++i) BOOST_REQUIRE(!c.iteration_done(double(i)));
+  BOOST_REQUIRE(c.iteration_done(double(1u << 20)));
+  BOOST_TEST(c.samples() == std::uint64_t{1} << 33);
+  BOOST_TEST(c.commit_samples() == 0xffffffffu);  // saturated, for the server's bound to refuse
+  for (std::uint64_t k = 1; k <= 3; ++k) {
+    if (k > 1) {
+      c.start(1, 0.0);
+      while (!c.iteration_done(1.0)) {
+      }
+    }
+    BOOST_TEST(c.commit_sent(1.0) == k);
+    BOOST_TEST(c.clock() == k);
+    c.commit_arrived(1.5, 8);
+    c.reply_arrived(2.0, 8);
+  }
+  c.restart();  // a new incarnation: sequence and clock start again
+  BOOST_TEST(c.clock() == 0u);
 }

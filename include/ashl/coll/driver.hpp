@@ -151,7 +151,7 @@ class sync_driver {
       const std::size_t from = out_.round().size();
       (void)policy_.on_commit({.worker = w,
                                .sequence = sequence_[j],
-                               .clock = sequence_[j],
+                               .clock = commit_clock(sequence_[j]),
                                .time = now,
                                .bytes = 0,
                                .samples = samples > 0.0 ? static_cast<std::uint64_t>(std::llround(samples)) : 0},

@@ -121,6 +121,13 @@ static_assert(fields_cover<worker_plan>(), "worker_plan::fields() must list ever
   return elapsed >= plan.commit_interval() || iterations >= max_iterations;
 }
 
+// The logical clock a commit carries (sync::commit_event::clock; SSP and
+// DSSP bound staleness in it, the wire's header.clock): the commit's
+// sequence within its worker's incarnation. The one rule of every driver:
+// ps::worker_cycle::clock() for the real worker and the simulator, and the
+// collective driver.
+[[nodiscard]] constexpr std::uint64_t commit_clock(std::uint64_t sequence) noexcept { return sequence; }
+
 // Whether a plan can be run, the one check of every driver: the wire's
 // plan_update ("plan_update"), a policy's plans in the simulator
 // ("policy.plan(3)"). `field` prefixes the field named in the error.

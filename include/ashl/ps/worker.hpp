@@ -309,6 +309,7 @@ class worker {
     std::span<const float> last_update;
     std::vector<std::span<const std::byte>> last_payloads;  // commit_encoded's, per shard
     std::uint64_t last_seq = 0;
+    std::uint64_t last_clock = 0;  // worker_cycle::clock() of the commit in flight
     std::uint32_t last_samples = 0;  // header.samples of the commit in flight
     bool last_compressed = false, last_was_commit = false, last_external = false;
     std::vector<std::uint8_t> arrived;       // per shard: its commit send completed ok
@@ -516,11 +517,11 @@ class worker {
         for (std::uint32_t s = 0; s < servers(); ++s) b += wire::header_bytes + commit_payload(s).size();
         hold_for_link(b);
       }
-      // The samples this commit covers, from the cycle (the rule the
-      // simulator's workers follow); the wire carries 32 bits, and a count
-      // past them reaches the server saturated, to be refused by its bound.
-      last_samples = static_cast<std::uint32_t>(std::min<std::uint64_t>(cycle.samples(), 0xffffffffu));
+      // The samples and clock this commit carries, from the cycle (the rule
+      // the simulator's workers follow).
+      last_samples = cycle.commit_samples();
       last_seq = cycle.commit_sent(now);
+      last_clock = cycle.clock();
       last_was_commit = true;
       commit_bytes = 0;
       arrived_count = 0;
@@ -551,7 +552,7 @@ class worker {
                      .tensor = s,
                      .rank = p.rank,
                      .sequence = last_seq,
-                     .clock = last_seq,
+                     .clock = last_clock,
                      .step = iterations_total,
                      .samples = last_samples};
       const std::uint32_t i = take_slot();

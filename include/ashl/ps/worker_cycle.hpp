@@ -8,7 +8,7 @@
 //   cyc.start(/*own_batch=*/64, now);                // adopts the newest plan that has arrived
 //   while (!cyc.iteration_done(now = train_one_step(cyc.batch()))) {}
 //   if (cyc.compresses()) { encode(plan.compression_ratio); cyc.compressed(now, payload_bytes); }
-//   auto seq = cyc.commit_sent(now);                  // 1, 2, ...
+//   auto seq = cyc.commit_sent(now);                  // 1, 2, ...; cyc.clock(), cyc.samples() with it
 //   cyc.commit_arrived(now, bytes);                   // push measured
 //   cyc.reply_started(now);                           // optional: the reply left the server
 //   cyc.reply_arrived(now, bytes);                    // pull and commit (push + pull) measured
@@ -39,6 +39,7 @@
 #include <ashl/core/plan.hpp>
 #include <ashl/wire/ids.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -116,6 +117,11 @@ class worker_cycle {
   // (wire::header::samples; the simulator's commit_in.samples), bounded by
   // the server (server_core_params::max_commit_samples).
   [[nodiscard]] std::uint64_t samples() const noexcept { return std::uint64_t{iterations_} * batch_; }
+  // samples() as the commit carries them: 32 bits, saturated (a count past
+  // them reaches the server as UINT32_MAX, to be refused by its bound).
+  [[nodiscard]] std::uint32_t commit_samples() const noexcept {
+    return static_cast<std::uint32_t>(std::min<std::uint64_t>(samples(), 0xffffffffu));
+  }
 
   // Compression finished at `now`, producing `payload_bytes`.
   void compressed(double now, double payload_bytes) {
@@ -184,6 +190,9 @@ class worker_cycle {
   void abandon() noexcept { phase_ = phase::idle; }
 
   [[nodiscard]] std::uint64_t sequence() const noexcept { return sequence_; }
+  // The logical clock of the last commit sent (core/plan.hpp commit_clock):
+  // what its header.clock / commit_in.clock carries.
+  [[nodiscard]] std::uint64_t clock() const noexcept { return commit_clock(sequence_); }
   [[nodiscard]] std::uint32_t worker() const noexcept { return worker_; }
 
   [[nodiscard]] std::span<const ashl::measurement> measurements() const noexcept { return log_; }

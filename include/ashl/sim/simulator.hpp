@@ -584,11 +584,11 @@ class simulator {
     c.worker = w;
     c.incarnation = wk.incarnation;
     c.sequence = wk.sequence;
-    c.clock = wk.sequence;
+    c.clock = cycles_[w].clock();
     // The samples the worker's cycle covered, as a real worker puts them in
-    // the commit's header (32 bits on the wire, saturated; server_core
-    // bounds them): one rule for both drivers.
-    c.samples = std::min<std::uint64_t>(cycles_[w].samples(), 0xffffffffu);
+    // the commit's header (worker_cycle::commit_samples; server_core bounds
+    // them): one rule for both drivers.
+    c.samples = cycles_[w].commit_samples();
     c.bytes = wk.up_bytes;
     if (hooks_.compute) {
       const auto& p = payload_of_[w * s + k];
