@@ -1,0 +1,274 @@
+// ashl/transport/ucx/detail/impl.hpp — the one class behind transport::ucx,
+// declared here and defined by its parts, each in its own file:
+//   context.hpp    the UCP context and worker, waiting, registered memory
+//   handshake.hpp  connecting, the authenticated handshake, timers, closes
+//   link.hpp       the link protocol: session keys and data endpoints
+//   delivery.hpp   sends, active-message arrival, and delivery in progress()
+// (transport/ucx.hpp includes them all; docs/transport.md, "UCX").
+#pragma once
+
+#include <ashl/config.hpp>
+
+#if ASHL_HAS_UCX()
+
+#include <ashl/core/status.hpp>
+#include <ashl/transport/auth.hpp>
+#include <ashl/transport/concepts.hpp>
+#include <ashl/transport/ucx/detail/records.hpp>
+#include <ashl/transport/ucx/detail/sockaddr.hpp>
+#include <ashl/transport/ucx/params.hpp>
+
+#include <ucp/api/ucp.h>
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+ASHL_NAMESPACE_BEGIN
+namespace transport {
+namespace detail {
+
+class ucx_impl {
+ public:
+  explicit ucx_impl(ucx_params p) : params_(std::move(p)) {}
+  ucx_impl(const ucx_impl&) = delete;
+  ucx_impl& operator=(const ucx_impl&) = delete;
+
+  ~ucx_impl();
+
+  status init();
+
+  // ---- the public operations -------------------------------------------------
+
+  result<peer_id> connect(std::string_view address);
+
+  status send(peer_id id, std::span<const std::byte> header, std::span<const std::byte> data, std::uint64_t cookie);
+
+  void wait(std::chrono::microseconds timeout);
+
+  std::span<const peer_id> peers() const noexcept { return connected_; }
+
+  bool is_connected(peer_id id) const noexcept {
+    const ucx_peer* p = find(id);
+    return p != nullptr && p->state == ucx_peer_state::connected;
+  }
+
+  ucx_clock::time_point last_heard(peer_id id) const noexcept {
+    const ucx_peer* p = find(id);
+    return p != nullptr && p->state == ucx_peer_state::connected ? p->heard : ucx_clock::time_point{};
+  }
+
+  void close(peer_id id);
+
+  // Closes every peer; outside progress() waits (bounded) for the closes to
+  // flush, so a goodbye sent just before reaches the peer.
+  void close_all(bool wait_for_flush);
+
+  // Past the bounded wait: UCX frees what is still closing when it completes
+  // (or when the worker is destroyed).
+  void abandon_closes();
+
+  const transport_counters& counters() const noexcept { return counters_; }
+  const std::string& listen_address() const noexcept { return listen_address_; }
+  std::size_t peer_records() const noexcept { return peers_.size(); }
+
+  // The lanes of the endpoint that carries the peer's data.
+  std::string describe(peer_id id) const;
+
+  result<memory_id> register_memory(std::span<std::byte> region);
+
+  void deregister_memory(memory_id id);
+
+  // ---- progress ---------------------------------------------------------------
+
+  template <class H>
+  std::size_t progress(H& h);
+
+ private:
+  // ---- UCX callbacks: record only; the handler runs from progress() -----------
+
+  static void on_conn_request(ucp_conn_request_h request, void* arg) {
+    static_cast<ucx_impl*>(arg)->conn_requests_.push_back(request);
+  }
+
+  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t s);
+
+  static void on_send_done(void* request, ucs_status_t s, void* user_data);
+
+  static void on_recv_done(void* request, ucs_status_t s, std::size_t, void* user_data);
+
+  static ucs_status_t on_am_control(void* arg, const void* header, std::size_t header_length, void* data,
+                                    std::size_t length, const ucp_am_recv_param_t* param) {
+    return static_cast<ucx_impl*>(arg)->on_am(ucx_item_kind::control, header, header_length, data, length, param);
+  }
+  static ucs_status_t on_am_data(void* arg, const void* header, std::size_t header_length, void* data,
+                                 std::size_t length, const ucp_am_recv_param_t* param) {
+    return static_cast<ucx_impl*>(arg)->on_am_keyed(ucx_item_kind::data, header, header_length, data, length, param);
+  }
+  static ucs_status_t on_am_keyed_control(void* arg, const void* header, std::size_t header_length, void* data,
+                                          std::size_t length, const ucp_am_recv_param_t* param) {
+    return static_cast<ucx_impl*>(arg)->on_am_keyed(ucx_item_kind::control, header, header_length, data, length, param);
+  }
+
+  static ucs_status_t drop(const ucp_am_recv_param_t* param) noexcept;
+
+  ucs_status_t on_am(ucx_item_kind kind, const void* header, std::size_t header_length, void* data, std::size_t length,
+                     const ucp_am_recv_param_t* param);
+
+  ucs_status_t on_am_keyed(ucx_item_kind kind, const void* header, std::size_t header_length, void* data,
+                           std::size_t length, const ucp_am_recv_param_t* param);
+
+  ucs_status_t queue_am(ucx_item_kind kind, peer_id from, ucp_ep_h ep, const void* header, std::size_t header_length,
+                        void* data, std::size_t length, const ucp_am_recv_param_t* param);
+
+  // ---- pools -----------------------------------------------------------------
+
+  ucx_item* take_item();
+
+  void give_back(ucx_item* it) { free_items_.push_back(it); }
+
+  ucx_send_slot* take_slot();
+
+  void release(ucx_item& it);
+
+  const ucx_region* region_of(const void* p, std::size_t n) const noexcept;
+
+  // ---- peers -----------------------------------------------------------------
+
+  ucx_peer& new_peer(bool client);
+
+  bool unreferenced(peer_id id) const noexcept;
+
+  std::size_t pending_peers() const noexcept;
+
+  ucx_peer* find(peer_id id) noexcept { return id < peers_.size() ? peers_[id].get() : nullptr; }
+  const ucx_peer* find(peer_id id) const noexcept { return id < peers_.size() ? peers_[id].get() : nullptr; }
+
+  void note(peer_id id, peer_event e, status why) { notes_.push_back({id, e, std::move(why)}); }
+
+  ucp_ep_params_t ep_params();
+
+  void attempt(ucx_peer& p);
+
+  void schedule_retry(ucx_peer& p);
+
+  void give_up_connecting(ucx_peer& p);
+
+  void finish(ucx_peer& p, bool flush);
+
+  void drop_endpoint(ucx_peer& p, bool flush);
+
+  void orphan_sends(peer_id id);
+
+  void close_endpoint(ucp_ep_h& ep, bool flush);
+
+  ucp_ep_h data_endpoint(const ucx_peer& p) const noexcept { return p.data_ep != nullptr ? p.data_ep : p.ep; }
+
+  void fail(ucx_peer& p, status why);
+
+  void reap_closes();
+
+  void send_control(ucx_peer& p, ucx_control type, std::span<const std::byte> body,
+                    std::span<const std::byte> data = {});
+
+  void send_keyed_control(ucx_peer& p, ucx_control type);
+
+  status send_link(ucx_peer& p);
+
+  void on_link(ucx_peer& p, const ucx_item& it, std::span<const std::byte> body);
+
+  void accept_connections();
+
+  void run_timers();
+
+  ucx_clock::time_point next_timer() const;
+
+  bool has_ready_work();
+
+  bool held_back(peer_id id) const noexcept;
+
+  // ---- handshake -----------------------------------------------------------------
+
+  void on_control(ucx_peer& p, const ucx_item& it);
+
+  void close_by_peer(ucx_peer& p);
+
+  void mark_connected(ucx_peer& p);
+
+  static std::string print_endpoint(ucp_ep_h ep);
+
+  static std::string summarize(const std::string& info);
+
+  // ---- delivery ----------------------------------------------------------------
+
+  template <class H>
+  std::size_t deliver_notes(H& h);
+
+  template <class H>
+  std::size_t deliver_completions(H& h);
+
+  bool blocked(peer_id p) const noexcept { return std::find(blocked_.begin(), blocked_.end(), p) != blocked_.end(); }
+  bool is_held(peer_id p) const noexcept { return std::find(held_.begin(), held_.end(), p) != held_.end(); }
+
+  template <class H>
+  std::size_t deliver_items(H& h);
+
+  void start_receive(ucx_item& it);
+
+  void cancel_receives(peer_id id);
+
+  template <class H>
+  std::size_t abandon(H& h, ucx_item& it);
+
+  void on_endpoint_error(ucx_peer& p, ucp_ep_h ep, ucs_status_t s);
+
+  ucx_params params_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  ucp_listener_h listener_ = nullptr;
+  int efd_ = -1;
+  bool in_progress_ = false;
+  std::string listen_address_;
+  transport_counters counters_;
+
+  std::vector<std::unique_ptr<ucx_peer>> peers_;  // by peer_id; a done one is reused (new_peer)
+  std::vector<peer_id> connected_;
+  std::unordered_map<ucp_ep_h, peer_id> ep_peer_;
+  std::unordered_map<std::uint64_t, peer_id> keys_;  // own_key → peer; kept after a peer is done, until its record is reused
+  ucp_address_t* worker_address_ = nullptr;         // sent in each link; null without address endpoints
+  std::size_t worker_address_length_ = 0;
+
+  std::vector<std::unique_ptr<ucx_item>> items_;
+  std::vector<ucx_item*> free_items_, queue_;
+  std::vector<std::unique_ptr<ucx_send_slot>> slots_;
+  std::vector<ucx_send_slot*> free_slots_, completions_, completions_work_;
+  std::vector<peer_id> blocked_, held_;
+  std::vector<ucx_peer_note> notes_, notes_work_;
+  std::vector<ucp_conn_request_h> conn_requests_;
+  std::vector<void*> closing_;
+  std::vector<ucx_region> regions_;
+};
+
+}  // namespace detail
+}  // namespace transport
+ASHL_NAMESPACE_END
+
+#endif  // ASHL_HAS_UCX()

@@ -1,0 +1,193 @@
+// ashl/transport/ucx/detail/records.hpp — the records transport::ucx keeps:
+// active-message ids and control messages, peers, received items, send
+// slots, registered regions, and UCX's status names.
+#pragma once
+
+#include <ashl/config.hpp>
+
+#if ASHL_HAS_UCX()
+
+#include <ashl/core/status.hpp>
+#include <ashl/transport/auth.hpp>
+#include <ashl/transport/concepts.hpp>
+#include <ashl/transport/ucx/detail/sockaddr.hpp>
+
+#include <ucp/api/ucp.h>
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+ASHL_NAMESPACE_BEGIN
+namespace transport {
+namespace detail {
+
+using ucx_clock = std::chrono::steady_clock;
+
+inline std::string ucx_seconds(std::chrono::milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", static_cast<double>(d.count()) / 1000.0);
+  return buf;
+}
+
+// Active-message ids: the handshake and control channel (sockaddr
+// endpoint; the sender is its reply endpoint), data, and control messages
+// that must stay in order with data (both carry the receiver's session key
+// in front of the header, and may come over a worker-address endpoint).
+inline constexpr unsigned ucx_am_control = 0xa5;
+inline constexpr unsigned ucx_am_data = 0xa6;
+inline constexpr unsigned ucx_am_keyed_control = 0xa7;
+
+// The session key in front of every data message's header.
+inline constexpr std::size_t ucx_key_bytes = 8;
+// The largest data part of a control message (a worker address).
+inline constexpr std::size_t ucx_max_control_data = 16384;
+
+// Control messages (the AM header; no data part).
+enum class ucx_control : std::uint8_t {
+  challenge = 1,  // listener → client: server nonce
+  answer = 2,     // client → listener: client nonce ‖ client proof
+  accept = 3,     // listener → client: server proof
+  refuse = 4,     // listener → client: the client's proof was wrong
+  goodbye = 5,    // either side: an orderly close follows (sockaddr endpoint: body = 1 when a
+                  // keyed goodbye follows the data on the data endpoint)
+  link = 6,       // either side, once the other is authenticated: body = the key it expects in
+                  // front of data; data part = its worker address (empty: send over sockaddr)
+  keepalive = 7,  // either side, keyed, every keepalive_interval: moves last_heard(); never queued
+};
+
+// linking: authenticated, waiting for the peer's key and worker address.
+enum class ucx_peer_state : std::uint8_t { connecting, handshake, linking, connected, done };
+
+struct ucx_peer {
+  peer_id id = no_peer;
+  bool client = false;  // we connected to it (else it connected to our listener)
+  ucx_peer_state state = ucx_peer_state::connecting;
+  ucp_ep_h ep = nullptr;       // the sockaddr endpoint: handshake, control, failure detection
+  ucp_ep_h data_ep = nullptr;  // made from the peer's worker address; null: data goes over `ep`
+  std::uint64_t own_key = 0;   // the key the peer puts in front of its data to us
+  std::uint64_t peer_key = 0;  // the key we put in front of our data to it
+  bool draining = false;       // its sockaddr goodbye came; waiting for the keyed one behind its data
+  std::string address;  // what we connected to, or where the peer connected from
+  ucx_sockaddr target;  // client side: the listener's address
+  ucx_clock::time_point start{}, deadline{}, retry_at{};
+  ucx_clock::time_point heard{};           // the last message from it arrived (last_heard())
+  ucx_clock::time_point done_at{};         // done since (its record is reused close_timeout later)
+  ucx_clock::time_point next_keepalive{};  // connected: the next keepalive goes out then
+  bool retry_pending = false;
+  bool challenged = false;  // client side: the listener answered (so errors are no longer "nobody listens")
+  bool goodbye = false;     // the peer said it closes in order
+  unsigned attempts = 0;
+  ucs_status_t last_error = UCS_OK;
+  auth::nonce own_nonce{}, peer_nonce{};
+  std::string transports;  // ucp_ep_print_info of the endpoint that carries data, once connected
+};
+
+enum class ucx_item_kind : std::uint8_t { data, control, ep_error };
+enum class ucx_recv_state : std::uint8_t { queued, receiving, received, failed };
+
+// One received active message (or endpoint error), queued until progress()
+// hands it to the handler. Pooled: its address is stable while a rendezvous
+// receive into the caller's buffer is in flight.
+struct ucx_item {
+  ucx_item_kind kind = ucx_item_kind::data;
+  ucx_recv_state recv = ucx_recv_state::queued;
+  bool rndv = false;
+  bool held = false;  // `data` is a UCX descriptor to release with ucp_am_data_release
+  bool done = false;
+  peer_id peer = no_peer;
+  ucp_ep_h ep = nullptr;  // control and ep_error: the endpoint; keyed messages: null
+  ucs_status_t status = UCS_OK;
+  std::size_t header_size = 0;
+  std::array<std::byte, max_header_bytes> header{};
+  void* data = nullptr;  // eager: the bytes; rendezvous: the descriptor
+  std::size_t length = 0;
+  std::span<std::byte> destination;  // rendezvous: the handler's buffer
+  // Receiving: UCX's request, until its callback runs (on_recv_done). The
+  // item and `destination` belong to UCX until then, whatever happens to
+  // the peer: a peer that is done has its receive cancelled, and the item
+  // is recycled (the buffer handed back) only once the callback came.
+  void* request = nullptr;
+  bool cancelled = false;
+  bool stuck = false;  // cancelled, and no callback within close_timeout
+  ucx_clock::time_point cancelled_at{};
+};
+
+// One send in flight: the header copy (after the session key) UCX 1.13
+// needs until completion.
+struct ucx_send_slot {
+  peer_id peer = no_peer;
+  std::uint64_t cookie = 0;
+  std::size_t bytes = 0;
+  ucs_status_t status = UCS_OK;
+  bool in_flight = false;  // UCX holds the request: its callback is still to come
+  bool orphaned = false;   // completed with an error by ashl (its endpoint cannot cancel it)
+  bool reported = false;   // orphaned and already handed to the handler
+  std::array<std::byte, ucx_key_bytes + max_header_bytes> header{};
+  class ucx_impl* owner = nullptr;
+};
+
+struct ucx_peer_note {
+  peer_id peer;
+  peer_event event;
+  status why;
+};
+
+struct ucx_region {
+  std::byte* base = nullptr;
+  std::size_t size = 0;
+  ucp_mem_h memh = nullptr;
+};
+
+// UCX's status names. ucx_status_name() lives in libucs, which the
+// ucx::ucp CMake target does not link; the words are UCX's own.
+inline const char* ucx_status_name(ucs_status_t s) noexcept {
+  switch (s) {
+    case UCS_OK: return "Success";
+    case UCS_INPROGRESS: return "Operation in progress";
+    case UCS_ERR_NO_MESSAGE: return "No pending message";
+    case UCS_ERR_NO_RESOURCE: return "No resources are available to initiate the operation";
+    case UCS_ERR_IO_ERROR: return "Input/output error";
+    case UCS_ERR_NO_MEMORY: return "Out of memory";
+    case UCS_ERR_INVALID_PARAM: return "Invalid parameter";
+    case UCS_ERR_UNREACHABLE: return "Destination is unreachable";
+    case UCS_ERR_INVALID_ADDR: return "Address not valid";
+    case UCS_ERR_NOT_IMPLEMENTED: return "Function not implemented";
+    case UCS_ERR_MESSAGE_TRUNCATED: return "Message truncated";
+    case UCS_ERR_NO_PROGRESS: return "No progress";
+    case UCS_ERR_BUFFER_TOO_SMALL: return "Provided buffer is too small";
+    case UCS_ERR_NO_ELEM: return "No such element";
+    case UCS_ERR_SOME_CONNECTS_FAILED: return "Failed to connect some of the requested endpoints";
+    case UCS_ERR_NO_DEVICE: return "No such device";
+    case UCS_ERR_BUSY: return "Device is busy";
+    case UCS_ERR_CANCELED: return "Request canceled";
+    case UCS_ERR_SHMEM_SEGMENT: return "Shared memory error";
+    case UCS_ERR_ALREADY_EXISTS: return "Element already exists";
+    case UCS_ERR_OUT_OF_RANGE: return "Index out of range";
+    case UCS_ERR_TIMED_OUT: return "Operation timed out";
+    case UCS_ERR_EXCEEDS_LIMIT: return "User-defined limit was reached";
+    case UCS_ERR_UNSUPPORTED: return "Unsupported operation";
+    case UCS_ERR_REJECTED: return "Operation rejected by remote peer";
+    case UCS_ERR_NOT_CONNECTED: return "Endpoint is not connected";
+    case UCS_ERR_CONNECTION_RESET: return "Connection reset by remote peer";
+    case UCS_ERR_ENDPOINT_TIMEOUT: return "Endpoint timeout";
+    default: break;
+  }
+  if (UCS_IS_LINK_ERROR(s)) return "Link failure";
+  if (UCS_IS_ENDPOINT_ERROR(s)) return "Endpoint failure";
+  return "Unknown error";
+}
+
+inline status ucx_error(std::string_view what, ucs_status_t s) {
+  return status(errc::internal, std::string(what) + ": " + ucx_status_name(s));
+}
+
+}  // namespace detail
+}  // namespace transport
+ASHL_NAMESPACE_END
+
+#endif  // ASHL_HAS_UCX()

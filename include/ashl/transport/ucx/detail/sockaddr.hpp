@@ -1,0 +1,73 @@
+// ashl/transport/ucx/detail/sockaddr.hpp — socket addresses for UCX's
+// sockaddr listener and endpoints: "host:port" (the one parser,
+// transport/address.hpp) resolved, and printed back.
+#pragma once
+
+#include <ashl/config.hpp>
+
+#if ASHL_HAS_UCX()
+
+#include <ashl/core/status.hpp>
+#include <ashl/transport/address.hpp>
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstring>
+#include <string>
+#include <string_view>
+
+ASHL_NAMESPACE_BEGIN
+namespace transport {
+namespace detail {
+
+// A parsed "host:port".
+struct ucx_sockaddr {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+};
+
+inline std::string ucx_format_sockaddr(const sockaddr_storage& sa) {
+  char host[INET6_ADDRSTRLEN] = {};
+  unsigned port = 0;
+  if (sa.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&sa);
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+    port = ntohs(a->sin6_port);
+    return "[" + std::string(host) + "]:" + std::to_string(port);
+  }
+  const auto* a = reinterpret_cast<const sockaddr_in*>(&sa);
+  inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+  port = ntohs(a->sin_port);
+  return std::string(host) + ":" + std::to_string(port);
+}
+
+// "host:port" or "[v6]:port" → socket address; errors name `field` and the value.
+inline result<ucx_sockaddr> ucx_parse_address(std::string_view field, std::string_view address) {
+  // The one host:port parser (transport/address.hpp), shared with ps/launch.hpp.
+  auto hp = split_host_port(address);
+  if (!hp) return invalid_argument(field, address, hp.error().message());
+  const std::string host = hp->host, port = std::to_string(hp->port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    return make_error(errc::not_found, field, address, std::string("cannot resolve host '") + host + "': " + gai_strerror(rc));
+  }
+  ucx_sockaddr out;
+  std::memcpy(&out.storage, found->ai_addr, found->ai_addrlen);
+  out.length = static_cast<socklen_t>(found->ai_addrlen);
+  freeaddrinfo(found);
+  return out;
+}
+
+}  // namespace detail
+}  // namespace transport
+ASHL_NAMESPACE_END
+
+#endif  // ASHL_HAS_UCX()

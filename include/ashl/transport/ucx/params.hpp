@@ -1,0 +1,63 @@
+// ashl/transport/ucx/params.hpp — what a transport::ucx is created with
+// (transport/ucx.hpp).
+#pragma once
+
+#include <ashl/config.hpp>
+
+#if ASHL_HAS_UCX()
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+ASHL_NAMESPACE_BEGIN
+namespace transport {
+
+struct ucx_params {
+  std::string listen;  // "host:port" to listen on ("[::1]:0" for IPv6; port 0 = any free port); empty = do not listen
+  std::string token;   // the job's shared secret (ASHL_TOKEN)
+  bool insecure = false;  // allow an empty token (no authentication)
+  std::chrono::milliseconds connect_timeout{30000};  // connect(): keep retrying this long while nobody listens
+  std::chrono::milliseconds retry_interval{100};     // between connection attempts
+  std::chrono::milliseconds auth_timeout{10000};     // the handshake must finish within this
+  std::chrono::milliseconds close_timeout{2000};     // close()/destructor wait this long for orderly closes
+  bool blocking = true;  // wait() sleeps on the worker's event fd; false: wait() only polls once
+  // Blocking wait() polls this long before it sleeps on the event fd: a reply
+  // that comes within it costs no wake-up (4 KiB round trip over shared
+  // memory: 64 us with 0, 9 us with 50; docs/perf/ps-ucx.md). 0: sleep at once.
+  std::chrono::microseconds spin{50};
+  // The listener binds its port with SO_REUSEADDR (UCX's TCP_CM_REUSEADDR),
+  // so a server restarted at once on its address binds it while the
+  // connections of its previous life sit in TIME_WAIT. An explicit
+  // UCX_TCP_CM_REUSEADDR in the environment wins.
+  bool reuse_address = true;
+  bool verbose = false;  // print the UCX transports of each endpoint to stderr when it connects
+  // After the handshake, send data over an endpoint made from the peer's UCP
+  // worker address (UCX may pick shared memory on one host); false: over the
+  // sockaddr endpoint (TCP only with UCX 1.13).
+  bool address_endpoints = true;
+  std::size_t max_message_bytes = std::size_t{1} << 31;  // larger incoming data is refused without allocating
+  // Every connected peer is sent a keepalive (a keyed control message of 9
+  // bytes, eager) at least this often from progress(), and last_heard()
+  // moves on any message's arrival, the first part of a large one included,
+  // so a peer that drives progress() during a long transfer or a long cycle
+  // is heard from. 0: none. Keep it well below a liveness timeout built on
+  // last_heard() (ps::server_params::worker_timeout).
+  std::chrono::milliseconds keepalive_interval{1000};
+  // Peers that connected to the listener and have not finished
+  // authentication yet; a connection beyond it is refused at once and
+  // counted (transport_counters::peers_refused). Records of peers that are
+  // done are reused, so a stream of failed connections does not grow memory.
+  std::size_t max_pending_peers = 256;
+  std::size_t queue_reserve = 1024;  // messages/sends in flight before a queue grows (allocates)
+};
+
+// A region registered with register_memory(); sends from it and receives
+// into it use its UCX memory handle instead of UCX's registration cache.
+using memory_id = std::uint32_t;
+
+}  // namespace transport
+ASHL_NAMESPACE_END
+
+#endif  // ASHL_HAS_UCX()
