@@ -9,6 +9,7 @@
 #include <ashl/sync/semi_async.hpp>
 
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -174,5 +175,84 @@ BOOST_AUTO_TEST_CASE(interval_plans_commit_when_the_interval_has_passed) {
     }
     ASHL_TEST(synced == (std::vector<int>{3, 6}));
     ASHL_TEST(w[0] == 0.5f);
+  });
+}
+
+// ---- plan_exchange: each rank's plan picks its codec (issue 25) ----
+
+namespace {
+// BSP whose rank 0 keeps half of its update (top-k, error feedback) while
+// `compressing` is set; the other ranks send densely.
+struct half_on_rank0_bsp : sync::bsp {
+  using sync::bsp::bsp;
+  std::shared_ptr<bool> compressing = std::make_shared<bool>(true);
+  worker_plan plan(sync::worker_id w) const {
+    worker_plan p = sync::bsp::plan(w);
+    if (w == 0 && *compressing) p.compression_ratio = 0.5f;
+    return p;
+  }
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(plan_exchange_encodes_by_each_ranks_plan_and_pays_the_residual_off) {
+  on_ranks(2, [](inproc& c) {
+    // Every rank holds its own policy object; the flag is per rank and both
+    // ranks flip it at the same step, as a policy's plan would change.
+    half_on_rank0_bsp policy{{.workers = 2}};
+    auto d = sync_driver<inproc, half_on_rank0_bsp, plan_exchange>::create(c, policy, plan_exchange({.seed = 3}));
+    ASHL_REQUIRE(d.has_value(), d.error().message());
+    // Round 1: rank 0 top-k 50 % of {4, -1, 0.5, 3} = {4, 0, 0, 3}, owing {0, -1, 0.5, 0}; rank 1 dense.
+    std::vector<float> g = c.rank() == 0 ? std::vector<float>{4.f, -1.f, 0.5f, 3.f} : std::vector<float>{1.f, 1.f, 1.f, 1.f};
+    auto r = d->reduce_gradients(g, {.samples = 8});
+    ASHL_REQUIRE(r.has_value(), r.error().message());
+    ASHL_TEST(*r);
+    ASHL_TEST(g == (std::vector<float>{2.5f, 0.5f, 0.5f, 2.f}));  // ½(4,0,0,3) + ½(1,1,1,1)
+    ASHL_TEST((d->exchange().encoder().codec() == (c.rank() == 0 ? codec_id::topk : codec_id::identity)));
+    if (c.rank() == 0) {
+      const auto e = d->exchange().encoder().residual(0);
+      ASHL_TEST((std::vector<float>(e.begin(), e.end()) == std::vector<float>{0.f, -1.f, 0.5f, 0.f}));
+      ASHL_TEST(d->exchange().last_payload_bytes() < 4 * sizeof(float) + 16);  // two pairs and a count
+    } else {
+      ASHL_TEST(d->exchange().last_payload_bytes() == 4 * sizeof(float));
+    }
+    // Round 2: nobody compresses: one allreduce, and rank 0 sends its update plus what it owed.
+    *d->policy().compressing = false;
+    g = c.rank() == 0 ? std::vector<float>{0.f, 0.f, 0.f, 0.f} : std::vector<float>{1.f, 1.f, 1.f, 1.f};
+    r = d->reduce_gradients(g, {.samples = 8});
+    ASHL_REQUIRE(r.has_value(), r.error().message());
+    ASHL_TEST(g == (std::vector<float>{0.5f, 0.f, 0.75f, 0.5f}));  // ½(0,-1,0.5,0) + ½(1,1,1,1)
+    ASHL_TEST(!d->exchange().encoder().owes());
+    ASHL_TEST(d->exchange().last_gathered_bytes() == 0u);  // the allreduce path
+  });
+}
+
+BOOST_AUTO_TEST_CASE(plan_exchange_matches_the_dense_exchange_when_no_plan_compresses) {
+  on_ranks(4, [](inproc& c) {
+    auto a = sync_driver<inproc, sync::bsp, plan_exchange>::create(c, sync::bsp{{.workers = 4}});
+    auto b = sync_driver<inproc, sync::bsp>::create(c, sync::bsp{{.workers = 4}});
+    ASHL_REQUIRE((a.has_value() && b.has_value()));
+    for (int step = 1; step <= 3; ++step) {
+      std::vector<float> g = {float(c.rank() * step) / 8.f, -float(c.rank() + step)};
+      std::vector<float> h = g;
+      ASHL_REQUIRE(a->reduce_gradients(g, {.samples = 8}).has_value());
+      ASHL_REQUIRE(b->reduce_gradients(h, {.samples = 8}).has_value());
+      ASHL_TEST(g == h);
+    }
+  });
+}
+
+BOOST_AUTO_TEST_CASE(plan_exchange_refuses_an_exchange_before_any_plan_and_names_a_bad_plan) {
+  on_ranks(2, [](inproc& c) {
+    plan_exchange x;
+    std::vector<float> g = {1.f};
+    const std::vector<double> w = {0.5, 0.5};
+    auto s = x(c, host_view<float>(g.data(), g.size()), w);
+    ASHL_TEST(!s.ok());
+    ASHL_TEST(s.message().find("adopt()") != std::string::npos, s.message());
+    std::vector<worker_plan> plans(2);
+    plans[1].compression_ratio = 1.5f;
+    s = x.adopt(plans, c.rank());
+    ASHL_TEST(!s.ok());
+    ASHL_TEST(s.message().find("plan_exchange.plans[1].compression_ratio") != std::string::npos, s.message());
   });
 }

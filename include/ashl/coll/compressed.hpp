@@ -26,6 +26,14 @@
 //   sparse-collective libraries do (all-gather, then add).
 // - auto_exchange<Codec>: one of the two, chosen by estimate_transfer on
 //   rank 0 and broadcast, so every rank takes the same path.
+// - plan_exchange: each rank's plan decides (sync_driver hands it every
+//   rank's plan before each exchange): a rank whose plan keeps less than
+//   everything encodes with ps::commit_encoder, the codec ps::plan_codec
+//   picks at the plan's ratio with error feedback, as a ps worker does; a
+//   rank whose plan keeps everything sends x and pays its residual off. No
+//   rank compressing: one weighted f32 allreduce; else the payload path
+//   above, the dense ranks' payloads as identity ones (issue 25: one
+//   encoding rule for the parameter server, the simulator and collectives).
 //
 // estimate_transfer is the iteration-time model's link term (profile::
 // link_model: α + bytes/β) applied to each collective's steps: a ring
@@ -41,14 +49,17 @@
 #include <ashl/compress/concepts.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/status.hpp>
+#include <ashl/core/plan.hpp>
 #include <ashl/core/tensor_view.hpp>
 #include <ashl/profile/capability.hpp>
+#include <ashl/ps/commit_encoder.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
 #include <vector>
 
 ASHL_NAMESPACE_BEGIN
@@ -140,7 +151,8 @@ class payload_exchange {
     eight_.assign(m, 8);
     ASHL_TRY(all_gather_now(c, in_view<>(&mine, 8, dtype::u8), out_view<>(sizes_.data(), 8 * m, dtype::u8), eight_));
     counts_.assign(sizes_.begin(), sizes_.end());
-    const auto d = displacements(counts_);
+    displacements(counts_, displs_);
+    const std::vector<std::size_t>& d = displs_;
     gathered_.resize(d.back());
     ASHL_TRY(all_gather_now(c, in_view<>(payload_.data(), mine, dtype::u8),
                             out_view<>(gathered_.data(), gathered_.size(), dtype::u8), counts_));
@@ -161,8 +173,117 @@ class payload_exchange {
   std::uint32_t tensor_ = 0;
   std::vector<std::byte> payload_, scratch_, gathered_;
   std::vector<std::uint64_t> sizes_;
-  std::vector<std::size_t> counts_, eight_;
+  std::vector<std::size_t> counts_, eight_, displs_;
   std::size_t last_sent_ = 0;
+};
+
+// ------------------------------------------------------- the plan's codec
+
+class plan_exchange {
+ public:
+  struct options {
+    codec_id compression = codec_id::topk;  // what a compressing plan commits with (ps::plan_codec)
+    bool error_feedback = true;             // ps::commit_encoder's residual rule
+    std::uint64_t seed = 0;                 // rank j encodes with seed + golden·(j + 1)
+    std::uint32_t tensor = 0;               // the codec_context tensor id (and the encoder's shard)
+  };
+
+  plan_exchange() = default;
+  explicit plan_exchange(options o) : o_(o) {}
+
+  // The plans in force, one per rank, and this rank (sync_driver calls it
+  // before each exchange; every rank sees the same plans). A plan that
+  // cannot run is refused, naming its rank.
+  status adopt(std::span<const worker_plan> plans, rank_t me) {
+    if (me < 0 || static_cast<std::size_t>(me) >= plans.size())
+      return invalid_argument("plan_exchange.rank", me, "must be below the number of plans");
+    if (me == me_ && std::equal(plans.begin(), plans.end(), plans_.begin(), plans_.end())) return {};  // unchanged
+    for (std::size_t j = 0; j < plans.size(); ++j)
+      ASHL_TRY(check_plan(plans[j], "plan_exchange.plans[" + std::to_string(j) + "]"));
+    plans_.assign(plans.begin(), plans.end());
+    codecs_.resize(plans.size());
+    any_compresses_ = false;
+    for (std::size_t j = 0; j < plans.size(); ++j) {
+      codecs_[j] = ps::plan_codec(plans[j], o_.compression);
+      any_compresses_ = any_compresses_ || codecs_[j] != codec_id::identity;
+    }
+    if (!has_encoder_ || me != me_) {  // the encoder's stream is the rank's own
+      enc_ = ps::commit_encoder({.error_feedback = o_.error_feedback, .seed = seed_of(static_cast<std::size_t>(me))});
+      has_encoder_ = true;
+      me_ = me;
+    }
+    const auto& mine = plans[static_cast<std::size_t>(me)];
+    return enc_.set(codecs_[static_cast<std::size_t>(me)], mine.compression_ratio < 1.0f ? mine.compression_ratio : 1.0f);
+  }
+
+  template <host_collective C>
+  status operator()(C& c, host_view<float> x, std::span<const double> weights, std::uint64_t step = 0) {
+    ASHL_TRY(detail::check_weights(weights, c.size()));
+    const auto m = static_cast<std::size_t>(c.size());
+    if (!has_encoder_ || codecs_.size() != m || me_ != c.rank())
+      return invalid_argument("plan_exchange.plans", codecs_.size(), "adopt() every rank's plan before exchanging");
+    const std::size_t n = x.size();
+    const std::span<const float> xs(x.data(), n);
+    if (!any_compresses_) {
+      // Nobody compresses: x (plus what this rank still owed), weighted, summed.
+      const std::span<const float> d = enc_.dense(o_.tensor, xs);
+      const auto w = static_cast<float>(weights[static_cast<std::size_t>(c.rank())]);
+      for (std::size_t i = 0; i < n; ++i) x[i] = d[i] * w;
+      last_sent_ = n * sizeof(float);
+      gathered_bytes_ = 0;
+      return allreduce_now(c, in_view<>(x.data(), n, dtype::f32), out_view<>(x.data(), n, dtype::f32), reduce_op::sum);
+    }
+    std::span<const std::byte> mine;
+    if (enc_.compresses()) {
+      auto p = enc_.encode(o_.tensor, xs, step);
+      if (!p) return p.error();
+      mine = *p;
+    } else {
+      mine = std::as_bytes(enc_.dense(o_.tensor, xs));  // an identity payload: the f32 values
+    }
+    last_sent_ = mine.size();
+    // Sizes first (8 bytes from every rank), then the payloads themselves.
+    sizes_.assign(m, 0);
+    const std::uint64_t bytes = mine.size();
+    eight_.assign(m, 8);
+    ASHL_TRY(all_gather_now(c, in_view<>(&bytes, 8, dtype::u8), out_view<>(sizes_.data(), 8 * m, dtype::u8), eight_));
+    counts_.assign(sizes_.begin(), sizes_.end());
+    displacements(counts_, displs_);
+    const std::vector<std::size_t>& d = displs_;
+    gathered_.resize(d.back());
+    gathered_bytes_ = gathered_.size();
+    ASHL_TRY(all_gather_now(c, in_view<>(mine.data(), mine.size(), dtype::u8),
+                            out_view<>(gathered_.data(), gathered_.size(), dtype::u8), counts_));
+    std::fill(x.begin(), x.end(), 0.0f);
+    for (std::size_t j = 0; j < m; ++j) {
+      const compress::codec_context ctx{.seed = seed_of(j), .step = step, .tensor = o_.tensor};
+      ASHL_TRY(compress::decode_add(codecs_[j], std::span<const std::byte>(gathered_.data() + d[j], counts_[j]),
+                                    compress::payload_info{n, dtype::f32}, x, static_cast<float>(weights[j]), ctx));
+    }
+    return {};
+  }
+
+  [[nodiscard]] const ps::commit_encoder& encoder() const noexcept { return enc_; }
+  // Bytes this rank sent in the last exchange, and received (payload path; 0 after an allreduce).
+  [[nodiscard]] std::size_t last_payload_bytes() const noexcept { return last_sent_; }
+  [[nodiscard]] std::size_t last_gathered_bytes() const noexcept { return gathered_bytes_; }
+
+ private:
+  [[nodiscard]] std::uint64_t seed_of(std::size_t rank) const noexcept {
+    return o_.seed + 0x9e3779b97f4a7c15ull * (static_cast<std::uint64_t>(rank) + 1);
+  }
+
+  options o_{};
+  ps::commit_encoder enc_;
+  bool has_encoder_ = false;
+  rank_t me_ = -1;
+  std::vector<worker_plan> plans_;  // as last adopted
+  std::vector<codec_id> codecs_;
+  bool any_compresses_ = false;
+  std::vector<std::byte> gathered_;
+  std::vector<std::uint64_t> sizes_;
+  std::vector<std::size_t> counts_, eight_, displs_;
+  std::size_t last_sent_ = 0, gathered_bytes_ = 0;
 };
 
 // ------------------------------------------------------------- decision

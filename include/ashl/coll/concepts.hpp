@@ -146,9 +146,14 @@ concept host_collective = collective<C> && host_accessible_space<typename C::spa
 
 // Block offsets of uneven counts: displs[j] = Σ_{i<j} counts[i]; one more
 // entry at the end holds the total.
-inline std::vector<std::size_t> displacements(std::span<const std::size_t> counts) {
-  std::vector<std::size_t> d(counts.size() + 1, 0);
+// The second form fills `d` (no allocation once it has the capacity).
+inline void displacements(std::span<const std::size_t> counts, std::vector<std::size_t>& d) {
+  d.assign(counts.size() + 1, 0);
   for (std::size_t i = 0; i < counts.size(); ++i) d[i + 1] = d[i] + counts[i];
+}
+inline std::vector<std::size_t> displacements(std::span<const std::size_t> counts) {
+  std::vector<std::size_t> d;
+  displacements(counts, d);
   return d;
 }
 

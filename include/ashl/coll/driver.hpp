@@ -78,6 +78,7 @@ class sync_driver {
     auto round = step(info);
     if (!round) return round.error();
     if (!*round || models_) return false;
+    ASHL_TRY(adopt_plans());
     ASHL_TRY(exchange_(c_, host_view<float>(g), weights_, steps_));
     return true;
   }
@@ -87,6 +88,7 @@ class sync_driver {
   result<bool> sync_models(std::span<float> w) {
     if (!models_ || !pending_models_) return false;
     pending_models_ = false;
+    ASHL_TRY(adopt_plans());
     ASHL_TRY(exchange_(c_, host_view<float>(w), weights_, steps_));
     return true;
   }
@@ -111,6 +113,18 @@ class sync_driver {
     samples_since_.assign(m_, 0.0);
     sequence_.assign(m_, 0);
     weights_.assign(m_, 0.0);
+  }
+
+  // An exchange that follows the plans (plan_exchange) is handed every
+  // rank's plan in force before it runs: the same on every rank.
+  status adopt_plans() {
+    if constexpr (requires(Exchange& e, std::span<const worker_plan> p, rank_t r) { e.adopt(p, r); }) {
+      plans_.resize(m_);
+      for (std::size_t j = 0; j < m_; ++j) plans_[j] = policy_.plan(static_cast<sync::worker_id>(j));
+      return exchange_.adopt(plans_, c_.rank());
+    } else {
+      return {};
+    }
   }
 
   // Feeds the step to the policy; true when a round completed.
@@ -171,6 +185,7 @@ class sync_driver {
   C& c_;
   P policy_;
   Exchange exchange_;
+  std::vector<worker_plan> plans_;  // every rank's plan, for an exchange that adopts them
   sync::outcome_sink out_;
   std::size_t m_;
   bool models_ = false;
