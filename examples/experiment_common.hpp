@@ -626,10 +626,10 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
     }
     if (!coded)
       for (std::size_t i = 0; i < n; ++i) x.delta[i] = x.w[i] - x.base[i];
-    // The plan's codec (top-k, the servers' compression codec here) and the
-    // error-feedback rule are ps::commit_encoder's, as in ps::worker: a dense
-    // commit pays off what earlier top-k commits left (ASHL+'s residual).
-    (void)x.enc.set(ashl::ps::plan_codec(*q.plan, ashl::codec_id::topk), q.plan->compression_ratio);
+    // The codec in force with the plan (the worker's cycle adopted both, as
+    // ps::worker does) and the error-feedback rule are ps::commit_encoder's:
+    // a dense commit pays off what earlier top-k commits left (ASHL+'s residual).
+    (void)x.enc.set(q.codec, q.plan->compression_ratio);
     for (std::uint32_t k = 0; k < out.size(); ++k) {
       const ashl::ps::key_range r = q.layout->range(k);
       const std::span<const float> delta(x.delta.data() + r.begin, static_cast<std::size_t>(r.size()));

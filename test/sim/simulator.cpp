@@ -1,4 +1,5 @@
 #include <ashl/sim/simulator.hpp>
+#include <ashl/ps/commit_encoder.hpp>
 
 #include <ashl/compress/identity.hpp>
 #include <ashl/profile/iteration_model.hpp>
@@ -739,4 +740,40 @@ BOOST_AUTO_TEST_CASE(commit_samples_come_from_the_cycle_and_are_bounded_by_the_s
   BOOST_TEST(r.error.empty(), r.error);
   BOOST_TEST(r.commits == 4u);
   BOOST_TEST(fits.core(0).stats().refused_total() == 0u);
+}
+
+// The codec a worker commits with comes with its plan, as a real worker's
+// plan_update carries it: ps::plan_codec(plan, server_setup::compression),
+// adopted by the worker's cycle and handed to the compute hook (issue 25).
+BOOST_AUTO_TEST_CASE(the_compute_hook_gets_the_codec_in_force_with_the_plan) {
+  constexpr std::uint64_t n = 8;
+  for (const auto compression : {ashl::codec_id::topk, ashl::codec_id::randomk}) {
+    BOOST_TEST_CONTEXT("compression " << ashl::to_string(compression)) {
+      auto spec = cluster({worker(0.01, 8), worker(0.02, 8)}, 4 * n);
+      std::vector<ashl::worker_plan> plans = {ashl::worker_plan{.local_iterations = 1, .compression_ratio = 0.5f},
+                                              ashl::worker_plan{.local_iterations = 1}};
+      std::array<ashl::ps::commit_encoder, 2> enc;
+      std::array<std::vector<ashl::codec_id>, 2> seen;
+      sim::hooks h;
+      h.compute = [&](const sim::compute_request& q, std::span<sim::shard_payload> out) {
+        seen[q.worker].push_back(q.codec);
+        BOOST_REQUIRE(enc[q.worker].set(q.codec, q.plan->compression_ratio).ok());
+        const std::vector<float> delta(n, static_cast<float>(q.worker + 1));
+        out[0] = {.codec = q.codec, .element_count = n, .step = q.sequence, .tensor = 0};
+        if (enc[q.worker].compresses()) {
+          auto p = enc[q.worker].encode(0, delta, q.sequence);
+          BOOST_REQUIRE(p.has_value());
+          out[0].bytes = *p;
+        } else {
+          out[0].bytes = std::as_bytes(enc[q.worker].dense(0, delta));
+        }
+      };
+      auto s = make<ss::asp>(spec, ss::asp({.workers = 2, .plans = plans}), h,
+                             {.elements = n, .compression = compression});
+      auto r = s.run({.commits_per_worker = 2});
+      BOOST_TEST(r.refused == 0u);  // the server decoded every payload with the codec it named
+      BOOST_TEST((seen[0] == std::vector<ashl::codec_id>(2, compression)));
+      BOOST_TEST((seen[1] == std::vector<ashl::codec_id>(2, ashl::codec_id::identity)));
+    }
+  }
 }

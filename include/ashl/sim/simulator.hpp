@@ -43,6 +43,7 @@
 #include <ashl/core/philox.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
+#include <ashl/ps/commit_encoder.hpp>
 #include <ashl/ps/server_core.hpp>
 #include <ashl/ps/shards.hpp>
 #include <ashl/ps/worker_cycle.hpp>
@@ -82,6 +83,7 @@ struct evaluation {
 struct compute_request {
   sync::worker_id worker = 0;
   const worker_plan* plan = nullptr;
+  codec_id codec = codec_id::identity;  // the codec in force with the plan (worker_cycle::codec())
   std::uint32_t iterations = 0;
   std::uint32_t batch = 0;
   std::uint64_t sequence = 0;
@@ -127,6 +129,9 @@ struct server_setup {
   std::span<const float> initial{};       // elements values, or empty (zeros)
   std::uint64_t store_bytes = 0;  // per server: bound on buffered commit bytes; 0: automatic (ps::automatic_store_bytes)
   std::uint64_t seed = 0;                 // codec_context seed of the decodes
+  // What a compressing plan commits with (ps::server_params::compression):
+  // each plan reaches its worker with ps::plan_codec(plan, compression).
+  codec_id compression = codec_id::topk;
   bool allow_non_finite = false;          // ps::server_core_params::allow_non_finite
   std::uint64_t max_commit_samples = std::uint64_t{1} << 30;  // ps::server_core_params::max_commit_samples
 };
@@ -167,6 +172,7 @@ class simulator {
     s.spec_ = std::move(spec);
     s.hooks_ = std::move(h);
     s.layout_ = *layout;
+    s.compression_ = setup.compression;
     s.cores_.reserve(servers);
     for (std::uint32_t k = 0; k < servers; ++k) {
       const ps::key_range r = s.layout_.range(k);
@@ -315,7 +321,8 @@ class simulator {
       r_.workers[w].alive = true;
       ++running_;
       // The join's plan (the real worker waits for it before its first cycle).
-      cycles_[w].plan_arrived(cores_[0].policy().plan(w));
+      const worker_plan first = cores_[0].policy().plan(w);
+      cycles_[w].plan_arrived(first, ps::plan_codec(first, compression_));
       start_compute(w);
     }
     if (opt_.metric_interval > 0.0) q_.push(0.0, k_metric, 0);
@@ -417,7 +424,7 @@ class simulator {
     wk.sequence = cy.sequence() + 1;  // commit_sent will number it so
     const std::size_t s = cores_.size();
     if (hooks_.compute) {
-      const compute_request q{w, &wk.plan, cy.iterations(), cy.batch(), wk.sequence, &layout_};
+      const compute_request q{w, &wk.plan, cy.codec(), cy.iterations(), cy.batch(), wk.sequence, &layout_};
       for (auto& p : payloads_) p = shard_payload{};
       hooks_.compute(q, payloads_);
       if (payload_of_.size() < w_.size() * s) payload_of_.resize(w_.size() * s);
@@ -708,7 +715,7 @@ class simulator {
     free_mail_.push_back(slot);
     const auto& wk = w_[m.worker];
     if (wk.incarnation != m.incarnation || wk.st == state::dead || wk.st == state::absent) return;
-    cycles_[m.worker].plan_arrived(m.plan);
+    cycles_[m.worker].plan_arrived(m.plan, ps::plan_codec(m.plan, compression_));
   }
 
   // Tells every server what worker w measured since the last report.
@@ -834,6 +841,7 @@ class simulator {
   cluster_spec spec_;
   hooks hooks_;
   ps::shard_layout layout_;
+  codec_id compression_ = codec_id::topk;  // server_setup::compression
   std::vector<core_type> cores_;
   ps::server_actions act_;
   run_options opt_{};
