@@ -17,6 +17,11 @@
 #include <ashl/compress/cuda/error_feedback.cuh>
 #include <ashl/compress/cast.hpp>
 #include <ashl/compress/identity.hpp>
+#include <ashl/compress/layout.hpp>
+#include <ashl/compress/randomk.hpp>
+#include <ashl/compress/threshold.hpp>
+#include <ashl/compress/topk.hpp>
+#include <ashl/compress/topk_sampled.hpp>
 
 #include <cstddef>
 #include <cstring>
@@ -172,12 +177,31 @@ void check_error_feedback(const C& c, std::size_t n, pattern p, cc::codec_contex
         const auto gpu = out.download(d_used.download(1)[0]);
         // Dense payloads (identity, fp16, bf16) may differ only in the bits
         // of NaNs that the residual's arithmetic made (first_dense_difference).
+        // So may the f32 values of randomk and sparse-pair payloads (the
+        // headers and indices must match exactly).
+        const std::vector<std::byte>& want = *cpu.steps[s].payload;
         long long at = -1;
-        if constexpr (std::is_same_v<C, cc::identity>) at = first_dense_difference(*cpu.steps[s].payload, gpu, 4);
-        else if constexpr (std::is_same_v<C, cc::fp16>) at = first_dense_difference(*cpu.steps[s].payload, gpu, 2);
-        else if constexpr (std::is_same_v<C, cc::bf16>) at = first_dense_difference(*cpu.steps[s].payload, gpu, 2, true);
-        else at = first_difference(*cpu.steps[s].payload, gpu);
-        BOOST_TEST(at == -1, "step " << s << ": " << describe_difference(*cpu.steps[s].payload, gpu));
+        std::size_t values_from = 0;
+        if constexpr (std::is_same_v<C, cc::identity>) {
+          at = first_dense_difference(want, gpu, 4);
+        } else if constexpr (std::is_same_v<C, cc::fp16>) {
+          at = first_dense_difference(want, gpu, 2);
+        } else if constexpr (std::is_same_v<C, cc::bf16>) {
+          at = first_dense_difference(want, gpu, 2, true);
+        } else if constexpr (std::is_same_v<C, cc::randomk>) {
+          values_from = ashl::compress::layout::randomk::header_bytes;
+          at = first_value_difference(want, gpu, values_from, 4);
+        } else if constexpr (std::is_same_v<C, cc::topk> || std::is_same_v<C, cc::topk_sampled> ||
+                             std::is_same_v<C, cc::threshold>) {
+          std::uint32_t count = 0;
+          if (want.size() >= ashl::compress::layout::sparse::header_bytes)
+            std::memcpy(&count, want.data() + ashl::compress::layout::sparse::count_offset, 4);
+          values_from = ashl::compress::layout::sparse_values_offset(count);
+          at = first_value_difference(want, gpu, values_from, 4);
+        } else {
+          at = first_difference(want, gpu);
+        }
+        BOOST_TEST(at == -1, "step " << s << ": " << describe_difference(want, gpu, values_from));
       }
     }
     const ashl::device_view<const float> e = ef.residual(ctx.tensor);

@@ -208,16 +208,21 @@ inline long long first_difference(const std::vector<std::byte>& a, const std::ve
   return a.size() == b.size() ? -1 : static_cast<long long>(m);
 }
 
-// The first element of two dense payloads of `width`-byte floats (4: f32,
-// 2: f16 or bf16, `bf16` telling which) that differs, where two NaNs match
-// whatever their bits: a NaN made by arithmetic carries the hardware's bits
-// (x86 keeps a quiet NaN's payload, 0x7fc00000 from a widened f16 NaN; the
-// GPU writes 0x7fffffff, or 0x7fff in f16), so error feedback over inputs
-// with inf and NaN is bit-identical except there. -1 when none differs;
-// the byte offset of the element otherwise.
-inline long long first_dense_difference(const std::vector<std::byte>& a, const std::vector<std::byte>& b,
-                                        std::size_t width, bool bf16 = false) {
+// The first difference of two payloads whose values start at byte
+// `values_from` and are `width`-byte floats (4: f32, 2: f16 or bf16, `bf16`
+// telling which): the bytes before must be equal, and two values match when
+// their bits do or when both are NaN, whatever their bits. A NaN made by
+// arithmetic carries the hardware's bits (x86 keeps a quiet NaN's payload and
+// makes 0xffc00000 from inf - inf; the GPU writes 0x7fffffff, or 0x7fff in
+// f16), so error feedback over inputs with inf and NaN is bit-identical
+// except there. -1 when nothing differs; the byte offset of the first byte
+// or value that does otherwise.
+inline long long first_value_difference(const std::vector<std::byte>& a, const std::vector<std::byte>& b,
+                                        std::size_t values_from, std::size_t width, bool bf16 = false) {
   if (a.size() != b.size()) return static_cast<long long>(a.size() < b.size() ? a.size() : b.size());
+  if (values_from > a.size()) return first_difference(a, b);
+  for (std::size_t i = 0; i < values_from; ++i)
+    if (a[i] != b[i]) return static_cast<long long>(i);
   const auto is_nan = [&](const std::byte* p) {
     if (width == 4) {
       std::uint32_t u;
@@ -228,19 +233,33 @@ inline long long first_dense_difference(const std::vector<std::byte>& a, const s
     std::memcpy(&h, p, 2);
     return bf16 ? ((h & 0x7f80u) == 0x7f80u && (h & 0x007fu) != 0) : ((h & 0x7c00u) == 0x7c00u && (h & 0x03ffu) != 0);
   };
-  for (std::size_t i = 0; i + width <= a.size(); i += width)
+  std::size_t i = values_from;
+  for (; i + width <= a.size(); i += width)
     if (std::memcmp(a.data() + i, b.data() + i, width) != 0 && !(is_nan(a.data() + i) && is_nan(b.data() + i)))
       return static_cast<long long>(i);
-  return a.size() % width == 0 ? -1 : first_difference(a, b);
+  for (; i < a.size(); ++i)
+    if (a[i] != b[i]) return static_cast<long long>(i);
+  return -1;
+}
+
+// A dense payload (identity, fp16, bf16): values from byte 0.
+inline long long first_dense_difference(const std::vector<std::byte>& a, const std::vector<std::byte>& b,
+                                        std::size_t width, bool bf16 = false) {
+  return first_value_difference(a, b, 0, width, bf16);
 }
 
 // What two payloads hold around their first difference, for a failure
-// message: the sizes, the offset, and the aligned 4-byte words there as hex
-// and as f32 (a NaN whose payload bits differ shows as two NaNs).
-inline std::string describe_difference(const std::vector<std::byte>& cpu, const std::vector<std::byte>& gpu) {
+// message: the sizes, the offset, and the 4-byte words there as hex and as
+// f32 (a NaN whose payload bits differ shows as two NaNs). Words are aligned
+// to the payload's f32 values when they start at `values_from` (randomk's
+// start at byte 21: a word aligned to 4 there would mix two values), and to
+// 4 bytes before them.
+inline std::string describe_difference(const std::vector<std::byte>& cpu, const std::vector<std::byte>& gpu,
+                                       std::size_t values_from = 0) {
   const long long at = first_difference(cpu, gpu);
   if (at < 0) return "identical";
-  const std::size_t w = static_cast<std::size_t>(at) & ~std::size_t{3};
+  const auto a = static_cast<std::size_t>(at);
+  const std::size_t w = a >= values_from ? values_from + (a - values_from) / 4 * 4 : a & ~std::size_t{3};
   auto word = [&](const std::vector<std::byte>& v) {
     if (w + 4 > v.size()) return std::string("(past the end)");
     std::uint32_t u = 0;
