@@ -71,6 +71,36 @@ inline status check_weights(std::span<const double> w, rank_t size) {
     return invalid_argument("exchange.weights.size", w.size(), "must equal the group size");
   return {};
 }
+// Every rank's payload of uneven size, gathered in rank order: the sizes
+// first (8 bytes from every rank), then the payloads (an uneven all-gather of
+// bytes). Buffers are kept, so steady-state calls allocate nothing.
+class payload_gather {
+ public:
+  template <host_collective C>
+  status operator()(C& c, std::span<const std::byte> mine) {
+    const auto m = static_cast<std::size_t>(c.size());
+    sizes_.assign(m, 0);
+    const std::uint64_t bytes = mine.size();
+    eight_.assign(m, 8);
+    ASHL_TRY(all_gather_now(c, in_view<>(&bytes, 8, dtype::u8), out_view<>(sizes_.data(), 8 * m, dtype::u8), eight_));
+    counts_.assign(sizes_.begin(), sizes_.end());
+    displacements(counts_, displs_);
+    gathered_.resize(displs_.back());
+    return all_gather_now(c, in_view<>(mine.data(), mine.size(), dtype::u8),
+                          out_view<>(gathered_.data(), gathered_.size(), dtype::u8), counts_);
+  }
+  // Rank j's payload from the last call.
+  [[nodiscard]] std::span<const std::byte> of(std::size_t j) const noexcept {
+    return {gathered_.data() + displs_[j], counts_[j]};
+  }
+  [[nodiscard]] std::size_t total_bytes() const noexcept { return gathered_.size(); }
+
+ private:
+  std::vector<std::byte> gathered_;
+  std::vector<std::uint64_t> sizes_;
+  std::vector<std::size_t> counts_, eight_, displs_;
+};
+
 }  // namespace detail
 
 // ---------------------------------------------------------------- dense
@@ -127,7 +157,7 @@ class payload_exchange {
   Codec& codec() noexcept { return codec_; }
   // Bytes this rank sent in the last call (its payload) and received (all payloads).
   [[nodiscard]] std::size_t last_payload_bytes() const noexcept { return last_sent_; }
-  [[nodiscard]] std::size_t last_gathered_bytes() const noexcept { return gathered_.size(); }
+  [[nodiscard]] std::size_t last_gathered_bytes() const noexcept { return gather_.total_bytes(); }
 
   template <host_collective C>
   status operator()(C& c, host_view<float> x, std::span<const double> weights, std::uint64_t step = 0) {
@@ -144,25 +174,14 @@ class payload_exchange {
     auto used = codec_.encode(host_view<const float>(x.data(), n), payload_, ctx);
     if (!used) return used.error();
     last_sent_ = *used;
-
-    // Sizes first (8 bytes from every rank), then the payloads themselves.
-    sizes_.assign(m, 0);
-    const std::uint64_t mine = *used;
-    eight_.assign(m, 8);
-    ASHL_TRY(all_gather_now(c, in_view<>(&mine, 8, dtype::u8), out_view<>(sizes_.data(), 8 * m, dtype::u8), eight_));
-    counts_.assign(sizes_.begin(), sizes_.end());
-    displacements(counts_, displs_);
-    const std::vector<std::size_t>& d = displs_;
-    gathered_.resize(d.back());
-    ASHL_TRY(all_gather_now(c, in_view<>(payload_.data(), mine, dtype::u8),
-                            out_view<>(gathered_.data(), gathered_.size(), dtype::u8), counts_));
+    ASHL_TRY(gather_(c, std::span<const std::byte>(payload_.data(), *used)));
 
     std::fill(x.begin(), x.end(), 0.0f);
     for (std::size_t j = 0; j < m; ++j) {
       compress::codec_context dj = ctx;
       dj.seed = seed_ + 0x9e3779b97f4a7c15ull * (j + 1);
-      ASHL_TRY(codec_.decode_add(std::span<const std::byte>(gathered_.data() + d[j], counts_[j]),
-                                 compress::payload_info{n, dtype::f32}, x, static_cast<float>(weights[j]), dj));
+      ASHL_TRY(codec_.decode_add(gather_.of(j), compress::payload_info{n, dtype::f32}, x,
+                                 static_cast<float>(weights[j]), dj));
     }
     return {};
   }
@@ -171,9 +190,8 @@ class payload_exchange {
   Codec codec_{};
   std::uint64_t seed_ = 0;
   std::uint32_t tensor_ = 0;
-  std::vector<std::byte> payload_, scratch_, gathered_;
-  std::vector<std::uint64_t> sizes_;
-  std::vector<std::size_t> counts_, eight_, displs_;
+  std::vector<std::byte> payload_, scratch_;
+  detail::payload_gather gather_;
   std::size_t last_sent_ = 0;
 };
 
@@ -242,23 +260,13 @@ class plan_exchange {
       mine = std::as_bytes(enc_.dense(o_.tensor, xs));  // an identity payload: the f32 values
     }
     last_sent_ = mine.size();
-    // Sizes first (8 bytes from every rank), then the payloads themselves.
-    sizes_.assign(m, 0);
-    const std::uint64_t bytes = mine.size();
-    eight_.assign(m, 8);
-    ASHL_TRY(all_gather_now(c, in_view<>(&bytes, 8, dtype::u8), out_view<>(sizes_.data(), 8 * m, dtype::u8), eight_));
-    counts_.assign(sizes_.begin(), sizes_.end());
-    displacements(counts_, displs_);
-    const std::vector<std::size_t>& d = displs_;
-    gathered_.resize(d.back());
-    gathered_bytes_ = gathered_.size();
-    ASHL_TRY(all_gather_now(c, in_view<>(mine.data(), mine.size(), dtype::u8),
-                            out_view<>(gathered_.data(), gathered_.size(), dtype::u8), counts_));
+    ASHL_TRY(gather_(c, mine));
+    gathered_bytes_ = gather_.total_bytes();
     std::fill(x.begin(), x.end(), 0.0f);
     for (std::size_t j = 0; j < m; ++j) {
       const compress::codec_context ctx{.seed = seed_of(j), .step = step, .tensor = o_.tensor};
-      ASHL_TRY(compress::decode_add(codecs_[j], std::span<const std::byte>(gathered_.data() + d[j], counts_[j]),
-                                    compress::payload_info{n, dtype::f32}, x, static_cast<float>(weights[j]), ctx));
+      ASHL_TRY(compress::decode_add(codecs_[j], gather_.of(j), compress::payload_info{n, dtype::f32}, x,
+                                    static_cast<float>(weights[j]), ctx));
     }
     return {};
   }
@@ -280,9 +288,7 @@ class plan_exchange {
   std::vector<worker_plan> plans_;  // as last adopted
   std::vector<codec_id> codecs_;
   bool any_compresses_ = false;
-  std::vector<std::byte> gathered_;
-  std::vector<std::uint64_t> sizes_;
-  std::vector<std::size_t> counts_, eight_, displs_;
+  detail::payload_gather gather_;
   std::size_t last_sent_ = 0, gathered_bytes_ = 0;
 };
 
