@@ -36,10 +36,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
+using fault_job::cat;
 
 float max_distance(const std::vector<float>& w, float target) {
   float d = 0;

@@ -31,12 +31,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
+using fault_job::cat;
 
-bool has(const std::string& log, const std::string& text) { return log.find(text) != std::string::npos; }
+using fault_job::has;
 
 }  // namespace
 

@@ -39,10 +39,7 @@ std::vector<std::string> policy_args(const std::string& policy) {
   return {"--policy", policy};
 }
 
-std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
+using fault_job::cat;
 
 float max_distance(const std::vector<float>& w) {
   float d = 0;

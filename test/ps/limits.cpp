@@ -24,6 +24,8 @@ int main() {
 
 #include <boost/test/unit_test.hpp>
 
+#include "../support/forked.hpp"
+
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -50,56 +52,12 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
+using ashl_test::child;
+using ashl_test::free_port;
+using ashl_test::say;
+using ashl_test::spawn;
+
 const std::string token = "limits-token-0123456789";
-
-struct child {
-  pid_t pid = -1;
-  int from_child = -1;
-
-  std::optional<std::string> read_line(std::chrono::milliseconds limit) {
-    std::string line;
-    const auto until = clock_type::now() + limit;
-    while (clock_type::now() < until) {
-      pollfd pfd{from_child, POLLIN, 0};
-      if (::poll(&pfd, 1, 50) <= 0) continue;
-      char c = 0;
-      if (::read(from_child, &c, 1) != 1) return std::nullopt;
-      if (c == '\n') return line;
-      line += c;
-    }
-    return std::nullopt;
-  }
-
-  int finish(std::chrono::milliseconds limit) {
-    if (pid < 0) return -1;
-    const auto until = clock_type::now() + limit;
-    int st = 0;
-    while (::waitpid(pid, &st, WNOHANG) == 0) {
-      if (clock_type::now() >= until) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &st, 0);
-        pid = -1;
-        return -2;
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    pid = -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -3;
-  }
-
-  ~child() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-    if (from_child >= 0) ::close(from_child);
-  }
-};
-
-void say(int fd, const std::string& line) {
-  const std::string s = line + "\n";
-  (void)!::write(fd, s.data(), s.size());
-}
 
 std::atomic<bool> g_stop{false};
 extern "C" void on_term(int) { g_stop = true; }

@@ -36,6 +36,15 @@ namespace fault_job {
 
 using env_list = std::vector<std::pair<std::string, std::string>>;
 
+// a followed by b: argument lists built from common parts.
+inline std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Whether a process's log holds `text`.
+inline bool has(const std::string& log, const std::string& text) { return log.find(text) != std::string::npos; }
+
 class job {
  public:
   explicit job(std::uint32_t workers, std::string stem = "ashl-fault-job")
