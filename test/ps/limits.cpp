@@ -72,25 +72,18 @@ struct server_spec {
 // A server (ASP) in a child forked before this process has any UCX object:
 // prints its address, serves until SIGTERM (at most 60 s), prints counters.
 child start_server(const server_spec& o, std::string& address) {
-  int fds[2];
-  if (::pipe(fds) != 0) std::abort();
-  child c;
-  std::fflush(nullptr);
-  c.pid = ::fork();
-  if (c.pid == 0) {
-    ::close(fds[0]);
-    const int fd = fds[1];
+  child c = spawn([&o](int fd) {
     std::signal(SIGTERM, on_term);
     auto t = tr::ucx::create({.listen = "127.0.0.1:0", .token = token});
     if (!t) {
       say(fd, "error " + t.error().message());
-      ::_exit(2);
+      return 2;
     }
     auto layout = ps::shard_layout::even(o.elements, 1);
     ps::policy_params pp{};
     pp.workers = o.workers;
     auto policy = ps::make_policy("asp", pp);
-    if (!layout || !policy) ::_exit(3);
+    if (!layout || !policy) return 3;
     ps::server_params sp{.core = {.layout = *layout, .shard = 0, .workers = o.workers,
                                   .optimizer = {.mode = ps::optimizer_params::kind::sgd, .lr = 0.125}},
                          .stop_when_all_left = false,
@@ -101,7 +94,7 @@ child start_server(const server_spec& o, std::string& address) {
     auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
     if (!srv) {
       say(fd, "error " + srv.error().message());
-      ::_exit(4);
+      return 4;
     }
     say(fd, srv->transport().listen_address());
     std::uint64_t most_receive_bytes = 0;
@@ -121,12 +114,8 @@ child start_server(const server_spec& o, std::string& address) {
          << " snapshots=" << s.snapshots << " most_receive_bytes=" << most_receive_bytes
          << " applied=" << s.core.commits_applied << " joins=" << s.core.joins << " pull_replies=" << s.pull_replies;
     say(fd, line.str());
-    ::close(fd);
-    std::fflush(nullptr);
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  c.from_child = fds[0];
+    return 0;
+  });
   address = c.read_line(20s).value_or("");
   return c;
 }

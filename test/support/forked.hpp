@@ -8,11 +8,10 @@
 //   int code = c.finish(10s);      // its exit code; -2: killed after 10 s
 #pragma once
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
+#include "process.hpp"
+
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -124,17 +123,7 @@ child spawn(F body) {
   return c;
 }
 
-// A loopback port nobody listens on right now.
-inline unsigned free_port() {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t n = sizeof a;
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &n);
-  ::close(s);
-  return ntohs(a.sin_port);
-}
+// free_port(): test/support/process.hpp's.
+using process::free_port;
 
 }  // namespace ashl_test
