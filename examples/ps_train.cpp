@@ -39,6 +39,11 @@
 //                          workers x the largest commit of its shard)
 //   --max-commit-samples N a commit saying it covers more samples is refused (default 2^30)
 //   --allow-non-finite     accept NaN/infinite updates (refused by default)
+//   --max-receive-bytes N  receive buffers over all connections (default 0: (workers + 1) x the
+//                          largest message of the shard)
+//   --max-snapshots N      parameter snapshots pinned by pull replies (default 0: 2 x workers + 2)
+//   --max-incarnation-ahead S  a join whose incarnation is more than S seconds ahead of the
+//                          clock is refused (default 86400; 0: no bound)
 // Every worker does plan.local_iterations local steps on its own copy, then
 // commits the model delta (the servers add deltas: optimizer model_delta).
 #include <ashl/ps/launch.hpp>
@@ -81,6 +86,9 @@ struct options {
   std::uint64_t store_bytes = 0;                           // ps::server_core_params::store_bytes (0: automatic)
   std::uint64_t max_commit_samples = std::uint64_t{1} << 30;  // ps::server_core_params::max_commit_samples
   bool allow_non_finite = false;                           // ps::server_core_params::allow_non_finite
+  std::uint64_t max_receive_bytes = 0;                     // ps::server_params::max_receive_bytes (0: automatic)
+  std::uint64_t max_snapshots = 0;                         // ps::server_params::max_snapshots (0: automatic)
+  double max_incarnation_ahead = 86400;                    // ps::server_params::max_incarnation_ahead, seconds
 };
 
 int fail(const std::string& m) {
@@ -113,13 +121,20 @@ ashl::status parse(const std::vector<std::string>& a, options& o) {
     else if (f == "--checkpoint-dir") o.checkpoint_dir = value();
     else if (f == "--restore") o.restore = true;
     else if (f == "--allow-non-finite") o.allow_non_finite = true;
-    else if (f == "--store-bytes" || f == "--max-commit-samples") {
+    else if (f == "--store-bytes" || f == "--max-commit-samples" || f == "--max-receive-bytes" ||
+             f == "--max-snapshots") {
       const std::string& v = value();
       char* e = nullptr;
       const unsigned long long n = std::strtoull(v.c_str(), &e, 10);
+      const char* what = f == "--max-commit-samples" ? "samples" : f == "--max-snapshots" ? "snapshots" : "bytes";
       if (v.empty() || e == v.c_str() || *e != '\0' || v[0] == '-')
-        return ashl::invalid_argument(f, v, "expected a count of " + std::string(f == "--store-bytes" ? "bytes" : "samples"));
-      (f == "--store-bytes" ? o.store_bytes : o.max_commit_samples) = n;
+        return ashl::invalid_argument(f, v, std::string("expected a count of ") + what);
+      if (f == "--max-snapshots" && n > 0xffffffffull)
+        return ashl::invalid_argument(f, v, "must fit in 32 bits");
+      (f == "--store-bytes"          ? o.store_bytes
+       : f == "--max-commit-samples" ? o.max_commit_samples
+       : f == "--max-receive-bytes"  ? o.max_receive_bytes
+                                     : o.max_snapshots) = n;
     }
     else if (f == "--slow") {
       const std::string v = value();
@@ -138,11 +153,14 @@ ashl::status parse(const std::vector<std::string>& a, options& o) {
     else if (f == "--worker-timeout") o.worker_timeout = x;
     else if (f == "--reconnect") o.reconnect = x;
     else if (f == "--timeout") o.timeout = x;
+    else if (f == "--max-incarnation-ahead") o.max_incarnation_ahead = x;
     else return ashl::invalid_argument("argument", f, "unknown (see the comment at the top of examples/ps_train.cpp)");
   }
   if (o.dim == 0) return ashl::invalid_argument("--dim", 0, "must be >= 1");
   if (o.restore && o.checkpoint_dir.empty()) return ashl::invalid_argument("--restore", "", "needs --checkpoint-dir");
   if (!(o.timeout > 0)) return ashl::invalid_argument("--timeout", o.timeout, "must be > 0 seconds");
+  if (!(o.max_incarnation_ahead >= 0) || o.max_incarnation_ahead > 1e12)
+    return ashl::invalid_argument("--max-incarnation-ahead", o.max_incarnation_ahead, "must be in [0, 1e12] seconds");
   if (!(o.worker_timeout >= 0) || !(o.reconnect >= 0) || !(o.checkpoint_every >= 0))
     return ashl::invalid_argument("--worker-timeout/--reconnect/--checkpoint-every", "", "must be >= 0 seconds");
   return {};
@@ -177,6 +195,9 @@ int serve(const ps::job& j, const options& o) {
        .checkpoint_dir = o.checkpoint_dir,
        .checkpoint_every_seconds = o.checkpoint_every,
        .restore = o.restore,
+       .max_receive_bytes = o.max_receive_bytes,
+       .max_snapshots = static_cast<std::uint32_t>(o.max_snapshots),
+       .max_incarnation_ahead = std::chrono::seconds(static_cast<long long>(o.max_incarnation_ahead)),
        .job = ps::job_id_of(j, o.dim),
        .policy = o.policy},
       std::move(*policy), std::move(*t));
@@ -257,6 +278,8 @@ void print_help() {
       "ashl_ps_train [runtime flags, docs/multi-host.md] [--policy NAME] [--dim N] [--cycles N] [--lr X]\n"
       "              [--print-every N] [--slow RANK:MS] [--expect-loss-below X] [--checkpoint-dir DIR]\n"
       "              [--checkpoint-every S] [--restore] [--worker-timeout S] [--reconnect S] [--timeout S]\n"
+      "              [--store-bytes N] [--max-commit-samples N] [--allow-non-finite] [--max-receive-bytes N]\n"
+      "              [--max-snapshots N] [--max-incarnation-ahead S]\n"
       "              [--NAME VALUE for any policy parameter below]\n\npolicies:\n%s\npolicy parameters:\n",
       ps::policy_help().c_str());
   ashl::for_each_field_of<ps::policy_params>([](const auto& fd) {
