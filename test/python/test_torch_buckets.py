@@ -44,8 +44,8 @@ def test_buckets_follow_reverse_registration_order_and_alias_parameters_and_grad
     assert names[0] == ["4.weight", "4.bias"] or names[0][0] == "4.bias"  # the last layer first
     assert [n for g in names for n in g] == [n for n, _ in reversed(list(model.named_parameters()))]
     assert len(groups) >= 3
-    # Policies that plan from measurements keep one bucket per dtype.
-    assert [len(at.partition(model, 2 * KIB, p)) for p in ("ashl", "adsp", "dlb", "bsp")] == [1, 1, 1, len(groups)]
+    # Policies that plan from measurements are bucketed alike (their buckets follow bucket 0's cycle).
+    assert [len(at.partition(model, 2 * KIB, p)) for p in ("ashl", "adsp", "dlb", "bsp")] == [len(groups)] * 4
     buckets = [at.Bucket(g, i) for i, g in enumerate(groups)]
     assert torch.equal(flat(model), before)  # values kept
     model(torch.randn(3, 16)).sum().backward()
@@ -58,6 +58,25 @@ def test_buckets_follow_reverse_registration_order_and_alias_parameters_and_grad
         b.params.fill_(0.5)  # through the bucket
         assert all(bool((p == 0.5).all()) for p in b.tensors)
         assert b.host_params.data_ptr() == b.params.data_ptr()  # float32 CPU: the worker pulls in place
+
+
+def test_default_bucket_cap_is_a_quarter_of_a_small_model_and_25_mib_of_a_large_one():
+    mib = 1 << 20
+    assert at.bucket_cap_bytes(400 * mib) == 25 * mib             # DDP's size for a large model
+    assert at.bucket_cap_bytes(42 * mib) == int(42 * mib / 4)      # at least 4 buckets' worth
+    assert at.bucket_cap_bytes(2 * mib) == mib                     # never below 1 MiB
+    assert at.bucket_cap_bytes(42 * mib, 25) == 25 * mib           # a number is taken as given
+    assert at.bucket_cap_bytes(42 * mib, 0) == at.bucket_cap_bytes(42 * mib, None) == 0
+    with pytest.raises(ValueError, match="bucket_cap_mb = 'big'"):
+        at.bucket_cap_bytes(mib, "big")
+    with pytest.raises(ValueError, match="bucket_cap_mb = -1"):
+        at.bucket_cap_bytes(mib, -1)
+    # The rule applied: an MLP of 4 layers of 1 MiB (4 MiB) gets buckets of a layer by default, so its
+    # layers' gradients go out in four buckets; 25 MiB would have made one.
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
+    auto = at.partition(model)
+    assert len(auto) == 4 and [sorted(n for n, _ in g)[0][0] for g in auto] == ["3", "2", "1", "0"]
+    assert len(at.partition(model, 25)) == 1
 
 
 def test_one_bucket_per_dtype_and_a_bf16_bucket_is_staged():
