@@ -271,6 +271,92 @@ class Bucket:
             self.host_grads.copy_(self.grads)
 
 
+class _DeviceUpdate:
+    """A bucket's update built on the bucket's device, and encoded there when
+    the plan compresses with top-k: for a CUDA bucket only the payload (12 +
+    8k bytes a shard) crosses to the host, not the whole update. The device
+    side of adapt::update_builder (delta: params - w0, w0 the float32 pull;
+    gradient: the mean of the cycle's gradients) and of compress/topk.hpp's
+    payload (u64 n, u32 k, k u32 increasing indices, k f32 values) with
+    error feedback (e <- (x + e) - C(x + e), as compress/error_feedback.hpp);
+    ps::worker::commit_encoded sends the payloads. Ties in |x| may select
+    other indices than the host codec (which takes the lower index); the
+    server decodes any valid payload. Other codecs: the update is copied to
+    the host and ps::worker encodes it there."""
+
+    def __init__(self, bucket: "Bucket", update: str, error_feedback: bool):
+        self.bucket = bucket
+        self.delta = update == "delta"
+        self.error_feedback = error_feedback
+        self.buf = torch.zeros(bucket.size, dtype=torch.float32, device=bucket.device)  # delta: w0; gradient: sum
+        self.out = torch.empty(bucket.size, dtype=torch.float32, device=bucket.device)
+        self.residual: Optional[torch.Tensor] = None
+        self.n = 0
+        self._pinned = bucket.device.type == "cuda"
+        self._host: List[torch.Tensor] = []
+
+    @property
+    def iterations(self) -> int:
+        return self.n
+
+    def pulled(self) -> None:
+        if self.delta:
+            self.buf.copy_(self.bucket.host_params)
+        self.n = 0
+
+    def add(self) -> None:
+        if not self.delta:
+            if self.n == 0:
+                self.buf.copy_(self.bucket.grads)
+            else:
+                self.buf.add_(self.bucket.grads)
+        self.n += 1
+
+    def build(self, zero: bool = False) -> None:
+        if zero:
+            self.out.zero_()
+        elif self.delta:
+            torch.sub(self.bucket.params.to(torch.float32), self.buf, out=self.out)
+        elif self.n <= 1:
+            self.out.copy_(self.buf)
+        else:
+            torch.div(self.buf, float(self.n), out=self.out)
+
+    def dense_into(self, send: torch.Tensor) -> None:
+        """A dense commit: the update, paying off what compressed commits dropped."""
+        if self.residual is not None:
+            self.out.add_(self.residual)
+            self.residual.zero_()
+        send.copy_(self.out)
+
+    def encode_topk(self, ratio: float, ranges: Sequence[Tuple[int, int]]) -> List[Any]:
+        if self.error_feedback:
+            if self.residual is None:
+                self.residual = torch.zeros_like(self.out)
+            acc = self.residual.add_(self.out)  # x + e, kept as the residual
+        else:
+            acc = self.out
+        payloads = []
+        for s, (begin, size) in enumerate(ranges):
+            a = acc[begin:begin + size]
+            k = max(1, min(size, round(ratio * size)))  # compress::detail k_for: nearbyint, in [1, n]
+            idx = torch.sort(torch.topk(a.abs(), k, sorted=False).indices).values
+            vals = a[idx]
+            if self.error_feedback:
+                a[idx] = 0.0  # (x + e) - C(x + e): what was sent is no longer owed
+            body = torch.cat([idx.to(torch.int32).view(torch.uint8), vals.view(torch.uint8)])
+            n = 12 + body.numel()
+            if s >= len(self._host) or self._host[s].numel() < n:
+                buf = torch.empty(n, dtype=torch.uint8, pin_memory=self._pinned)
+                self._host[s:s + 1] = [buf]
+            host = self._host[s][:n]
+            host[:12].copy_(torch.frombuffer(bytearray(int(size).to_bytes(8, "little") + k.to_bytes(4, "little")),
+                                             dtype=torch.uint8))
+            host[12:].copy_(body)
+            payloads.append(host.numpy())
+        return payloads
+
+
 _METRICS = ("loss", "accuracy", "samples_per_second", "iteration_seconds")
 
 
@@ -295,6 +381,8 @@ class _Exchange:
         # (sent when it is complete): callables taking the worker.
         self.pending: List[Any] = []
         self.added = False                # this iteration's gradient is in the builder
+        self.device: Optional[_DeviceUpdate] = None  # update built and encoded on the bucket's device
+        self.encoded: Optional[List[Any]] = None     # the payloads of the commit in flight (device top-k)
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -327,7 +415,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     "gradient"``; pass False with a GradScaler (the gradients in backward are
     still scaled; scaler.step() calls step() only when they are finite).
     check_finite: a step whose gradients hold inf or nan is skipped and not
-    committed (default: when a bucket is 16-bit). trace: a Chrome trace path
+    committed (default: when a bucket is 16-bit). device_encode: build each
+    bucket's update on its device and, when the plan compresses with top-k,
+    encode it there (default: for CUDA buckets; True forces it on the CPU). trace: a Chrome trace path
     (default ASHL_TRACE; ashl.trace).
 
     job: the runtime contract (default: ashl.job()). fabric: an
@@ -342,7 +432,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  reconnect: float = 0.0, bucket_cap_mb: Union[float, str, None] = "auto",
                  overlap: bool = True, commit_in_backward: Optional[bool] = None,
                  check_finite: Optional[bool] = None, trace: Optional[str] = None,
-                 incarnation: int = 0):
+                 incarnation: int = 0, device_encode: Optional[bool] = None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer = {type(optimizer).__name__}: must be a torch.optim.Optimizer")
         if update not in ("delta", "gradient"):
@@ -388,7 +478,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 b.stage_in()
                 builder = _ashl.UpdateBuilder(update, b.size)
                 builder.pulled(b.host_params.numpy())
-                self._ex.append(_Exchange(b, w, builder))
+                ex = _Exchange(b, w, builder)
+                if b.device.type == "cuda" if device_encode is None else device_encode:
+                    ex.device = _DeviceUpdate(b, update, error_feedback)
+                    ex.device.pulled()
+                self._ex.append(ex)
         except Exception:
             for e in self._ex:
                 with contextlib.suppress(Exception):
@@ -578,7 +672,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             ex = self._ex[bi]
             t0 = tr.now()
             try:
-                ex.worker.commit(ex.bucket.send.numpy())
+                if ex.encoded is not None:
+                    ex.worker.commit_encoded(ex.encoded)
+                else:
+                    ex.worker.commit(ex.bucket.send.numpy())
             except BaseException as e:  # noqa: BLE001 (handed to the training thread)
                 ex.error = e
                 ex.arrived.set()
@@ -607,7 +704,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             try:
                 ex.worker.wait()
                 ex.bucket.stage_in()
-                ex.builder.pulled(ex.bucket.host_params.numpy())
+                self._pulled(ex)
                 if bi == 0 and len(self._ex) > 1:
                     # The leader's cycle ended: its measurements go to every
                     # bucket's servers (the followers report them as theirs).
@@ -662,9 +759,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._wait_bucket(bi)  # its last exchange (a bucket no forward used) is complete
         b = ex.bucket
         t0 = self._tracer.now()
-        b.stage_grads_out()
-        if self._check_finite and not _ashl.all_finite(b.host_grads.numpy()):
-            self._skipped_step = True
+        if ex.device is not None:
+            if self._check_finite and not bool(torch.isfinite(b.grads).all()):
+                self._skipped_step = True
+        else:
+            b.stage_grads_out()
+            if self._check_finite and not _ashl.all_finite(b.host_grads.numpy()):
+                self._skipped_step = True
         ex.added = True
         if self._skipped_step and not ex.committed:
             # A non-finite step: this bucket's gradient is not added. A bucket
@@ -673,20 +774,47 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # leader already counted the iteration, this bucket counts it too
             # (one cycle for all), and commits what its cycle holds.
             if self._lead is not None and self._cycle_done(bi):
-                if ex.builder.iterations == 0:
-                    b.send.zero_()
-                else:
-                    ex.builder.build(b.host_params.numpy(), b.send.numpy())
+                self._build(bi, zero=(ex.device or ex.builder).iterations == 0)
                 self._commit(bi)
             self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
             return
-        ex.builder.add(b.host_grads.numpy())
+        if ex.device is not None:
+            ex.device.add()
+        else:
+            ex.builder.add(b.host_grads.numpy())
         if self._cycle_done(bi):
-            ex.builder.build(b.host_params.numpy(), b.send.numpy())
+            self._build(bi)
             self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
             self._commit(bi)
         else:
             self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
+
+    def _pulled(self, ex: _Exchange) -> None:
+        if ex.device is not None:
+            ex.device.pulled()
+        else:
+            ex.builder.pulled(ex.bucket.host_params.numpy())
+
+    def _build(self, bi: int, zero: bool = False) -> None:
+        """Bucket bi's update of the cycle into its send buffer, or, built on
+        the device under a top-k plan, into payloads (ex.encoded)."""
+        ex = self._ex[bi]
+        b = ex.bucket
+        ex.encoded = None
+        if ex.device is None:
+            if zero:
+                b.send.zero_()
+            else:
+                if self._update == "delta":
+                    b.stage_params_out()
+                ex.builder.build(b.host_params.numpy(), b.send.numpy())
+            return
+        ex.device.build(zero)
+        w = ex.worker
+        if w.compresses and w.codec == "topk":
+            ex.encoded = ex.device.encode_topk(w.current_plan.plan["compression_ratio"], w.shard_ranges)
+        else:
+            ex.device.dense_into(b.send)
 
     def _cycle_done(self, bi: int) -> bool:
         """Bucket bi's worker counts this iteration; true when its cycle is
@@ -751,11 +879,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._inner.step()
             for bi, ex in enumerate(self._ex):
                 ex.added = True
-                ex.builder.add(ex.bucket.send.numpy())  # delta: counts the iteration
+                if ex.device is not None:
+                    ex.device.add()  # delta: counts the iteration
+                else:
+                    ex.builder.add(ex.bucket.send.numpy())
                 if self._cycle_done(bi):
                     t0 = self._tracer.now()
-                    ex.bucket.stage_params_out()
-                    ex.builder.build(ex.bucket.host_params.numpy(), ex.bucket.send.numpy())
+                    self._build(bi)
                     self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
                     self._commit(bi)
         else:
@@ -795,7 +925,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             ex.worker.pull()
             ex.worker.wait()
             ex.bucket.stage_in()
-            ex.builder.pulled(ex.bucket.host_params.numpy())
+            self._pulled(ex)
 
     def leave(self) -> None:
         """Leaves the servers (a worker that is done; they stop when every

@@ -235,6 +235,9 @@ struct any_worker {
   virtual ps::worker_telemetry telemetry() const = 0;
   virtual std::string progress_line() const = 0;
   virtual ps::plan_in_force current_plan() const = 0;
+  virtual bool compresses() const = 0;
+  virtual ashl::status commit_encoded(std::span<const std::span<const std::byte>>) = 0;
+  virtual std::vector<std::pair<std::size_t, std::size_t>> shard_ranges() const = 0;
   virtual bool follow(const ps::plan_in_force&, bool) = 0;
   virtual std::vector<ashl::measurement> reported_measurements() const = 0;
   virtual ashl::status report_measurements(std::span<const ashl::measurement>) = 0;
@@ -263,6 +266,14 @@ struct worker_of final : any_worker {
   ps::worker_telemetry telemetry() const override { return w.telemetry(); }
   std::string progress_line() const override { return w.progress_line(); }
   ps::plan_in_force current_plan() const override { return w.current_plan(); }
+  bool compresses() const override { return w.compresses(); }
+  ashl::status commit_encoded(std::span<const std::span<const std::byte>> p) override { return w.commit_encoded(p); }
+  std::vector<std::pair<std::size_t, std::size_t>> shard_ranges() const override {
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    for (std::uint32_t s = 0; s < w.layout().servers(); ++s)
+      out.emplace_back(w.layout().range(s).begin, w.layout().range(s).size());
+    return out;
+  }
   bool follow(const ps::plan_in_force& p, bool done) override { return w.iteration_done(p, done); }
   std::vector<ashl::measurement> reported_measurements() const override { return w.reported_measurements(); }
   ashl::status report_measurements(std::span<const ashl::measurement> m) override { return w.report_measurements(m); }
@@ -317,6 +328,25 @@ class py_worker {
 
   bool iteration_done() { return w_->iteration_done(); }
   ps::plan_in_force current_plan() const { return w_->current_plan(); }
+  bool compresses() const { return w_->compresses(); }
+  std::vector<std::pair<std::size_t, std::size_t>> shard_ranges() const { return w_->shard_ranges(); }
+  // Payloads the caller encoded (one uint8 array per shard, of codec at the
+  // plan's ratio): ashl.torch encodes a CUDA bucket's top-k on the device.
+  void commit_encoded(std::vector<py::array> payloads) {
+    std::vector<std::span<const std::byte>> spans;
+    for (auto& a : payloads) {
+      if (a.dtype().itemsize() != 1 || !(a.flags() & py::array::c_style))
+        raise(ashl::invalid_argument("worker.commit_encoded.payload", "dtype", "must be a contiguous uint8 array"));
+      spans.emplace_back(static_cast<const std::byte*>(a.data()), static_cast<std::size_t>(a.nbytes()));
+    }
+    ashl::status s;
+    {
+      py::gil_scoped_release nogil;
+      s = w_->commit_encoded(spans);
+    }
+    check(s);
+    update_obj_ = py::cast(payloads);  // sent from until wait() returns (and again after a reconnect)
+  }
   bool follow(const ps::plan_in_force& leader, bool leader_done) {
     return w_->follow(leader, leader_done);  // a plan it cannot run fails it: commit() says so
   }
@@ -616,6 +646,11 @@ PYBIND11_MODULE(_ashl, m) {
            py::arg("fabric") = std::nullopt, py::arg("incarnation") = 0, py::arg("job") = 0,
            py::arg("follower") = false)
       .def("iteration_done", &py_worker::iteration_done)
+      .def_property_readonly("compresses", &py_worker::compresses,
+                             "whether this cycle's commit is compressed (known once iteration_done said true)")
+      .def_property_readonly("shard_ranges", &py_worker::shard_ranges, "(begin, size) of each server's shard")
+      .def("commit_encoded", &py_worker::commit_encoded, py::arg("payloads"),
+           "commit() with one payload per shard, encoded by the caller with the plan's codec and ratio")
       .def_property_readonly("current_plan", &py_worker::current_plan,
                              "the plan and codec of this cycle (what a follower is handed)")
       .def("follow", &py_worker::follow, py::arg("leader_plan"), py::arg("leader_done"),

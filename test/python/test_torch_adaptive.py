@@ -28,7 +28,7 @@ def flat(model):
 
 
 def run(policy, workers, steps, *, update, overlap=True, cap=2 * KIB, compression="none", sleep=0.0,
-        on_step=None, seed=11, follows=None):
+        on_step=None, seed=11, follows=None, device_encode=None):
     """`workers` workers in threads against in-process servers; returns, per
     worker, (final parameters, optimizer) after the optimizer left."""
     fabric = ashl.InprocFabric(deterministic=True)
@@ -44,7 +44,7 @@ def run(policy, workers, steps, *, update, overlap=True, cap=2 * KIB, compressio
             model = mlp()
             opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5), model, policy,
                                           compression, update=update, job=wjob, fabric=fabric, bucket_cap_mb=cap,
-                                          overlap=overlap, batch_size=8)
+                                          overlap=overlap, batch_size=8, device_encode=device_encode)
             if follows is not None:
                 watch_follows(opt, follows)
             g = torch.Generator().manual_seed(seed + r)
@@ -89,6 +89,22 @@ def watch_follows(opt, log):
     opt._cycle_done = counted
 
 
+def same_schedule(run_a, run_b, tries=5):
+    """Runs both until they committed in the same iterations, and returns
+    their results. A new plan (ASHL's switch from profiling to AHL) is
+    adopted at the cycle after the plan_update arrived: when it overtakes the
+    pull reply, that is the next cycle, else the one after (ps::worker,
+    docs/ps.md "Plan authority"), in the serial and the overlapped exchange
+    alike; bit-identity holds between runs that adopted it at the same cycle."""
+    for _ in range(tries):
+        sched_a, sched_b = [], []
+        a = run_a(lambda r, step, opt: sched_a.append(opt.commits))
+        b = run_b(lambda r, step, opt: sched_b.append(opt.commits))
+        if sched_a == sched_b:
+            return a, b
+    raise AssertionError(f"no two runs of {tries} committed in the same iterations: {sched_a} {sched_b}")
+
+
 def lockstep(opt, tel, follows=None):
     """Every bucket's worker committed as often as the first, and ran the
     first one's plan in every cycle (a new plan is adopted by the leader at
@@ -108,17 +124,21 @@ def test_ashl_overlapped_over_buckets_gives_the_serial_exchange_bit_for_bit(upda
     # iterations (a commit each), then AHL with H = 3 (uniform planner).
     policy = ashl.Policy("ashl", profile_iterations=2, h_ahl=3, h_shl=2, planner="uniform")
     steps = 14
-    serial, _ = run(policy, 1, steps, update=update, overlap=False, cap=0)
     follows = []
-    over, srv = run(policy, 1, steps, update=update, overlap=True, follows=follows)
+
+    def overlapped(on_step):
+        follows.clear()
+        return run(policy, 1, steps, update=update, overlap=True, follows=follows, on_step=on_step)
+    (serial, _), (over, srv) = same_schedule(lambda on_step: run(policy, 1, steps, update=update, overlap=False,
+                                                                 cap=0, on_step=on_step), overlapped)
     (p_serial, o_serial, t_serial), (p_over, o_over, t_over) = serial[0], over[0]
     assert len(o_serial.buckets) == 1
     commits = lockstep(o_over, t_over, follows)
     assert len(follows) == steps * (len(o_over.buckets) - 1)
     assert {f[0][0]["stage"] for f in follows} == {"profile", "ahl"}  # the plan changed, and was followed
     assert o_over.plan.stage == "ahl" and o_over.plan.local_iterations == 3
-    # 2 profiling commits, then one per 3 iterations: the plan's H was followed by every bucket.
-    assert commits == t_serial["commits"] == 2 + (steps - 2) // 3
+    # 2 (or 3) profiling commits, then one per 3 iterations: the plan's H was followed by every bucket.
+    assert commits == t_serial["commits"] in (2 + (steps - 2) // 3, 3 + (steps - 3) // 3)
     assert torch.equal(p_serial, p_over)  # bit for bit
     assert not torch.equal(p_over, flat(mlp()))
     # The followers took their servers' plans as ignored: AHL's plans came from bucket 0's server.
@@ -188,3 +208,23 @@ def test_dlb_batches_of_the_plan_are_every_buckets():
     assert all(4 <= b <= 28 for b in batches)
     assert all(lead_batch == batch for _, _, (lead_batch, batch) in follows)  # the plan's, in every bucket
     assert len({batch for _, _, (_, batch) in follows}) >= 1 and all(b > 0 for _, _, (b, _) in follows)
+
+
+@pytest.mark.parametrize("update", ["gradient", "delta"])
+def test_topk_encoded_by_torch_on_the_buckets_device_gives_the_host_codecs_parameters(update):
+    # The device path of a CUDA bucket (the update built with torch, top-k and
+    # error feedback encoded with torch into compress/topk's payload,
+    # ps::worker::commit_encoded), forced on the CPU: one worker, so the
+    # servers' order is fixed, and the parameters are the host codec's bit for bit.
+    policy = ashl.Policy("ashl", profile_iterations=2, h_ahl=2, h_shl=2, compression_ratio=0.25, planner="uniform")
+    (host, _), (dev, _) = same_schedule(
+        lambda on_step: run(policy, 1, 12, update=update, compression="topk", on_step=on_step),
+        lambda on_step: run(policy, 1, 12, update=update, compression="topk", device_encode=True, on_step=on_step))
+    (p_host, o_host, t_host), (p_dev, o_dev, t_dev) = host[0], dev[0]
+    assert all(ex.device is not None for ex in o_dev._ex) and all(ex.device is None for ex in o_host._ex)
+    assert o_dev.plan.stage == "ahl" and o_dev.plan.compression_ratio == pytest.approx(0.25)
+    for b, hb in zip(t_dev["buckets"], t_host["buckets"]):
+        assert b["commits"] == hb["commits"]
+        assert b["compress_seconds"] == 0 and hb["compress_seconds"] > 0  # ps::worker encoded nothing
+    assert torch.equal(p_host, p_dev)  # bit for bit
+    assert not torch.equal(p_dev, flat(mlp()))

@@ -32,6 +32,11 @@
 // clock), header.step the worker's iteration count (the codec's Philox
 // step), header.samples the cycle's samples (worker_cycle::samples()).
 //
+// A follower (worker_params::follower) runs another worker's cycles: its
+// plan and cycle end are the leader's (iteration_done(leader_plan, done))
+// and it reports the leader's measurements, so several tensors of one
+// process follow one plan authority (docs/ps.md "Plan authority").
+//
 // Threads: the caller drives the transport inside wait() and progress(); no
 // thread of the worker's own runs unless worker_params.progress_thread is set,
 // then one thread drives progress and every public call takes the same lock.
