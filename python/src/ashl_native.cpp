@@ -347,11 +347,24 @@ class py_worker {
     check(s);
     update_obj_ = py::cast(payloads);  // sent from until wait() returns (and again after a reconnect)
   }
+  // Without the GIL: each takes the worker's lock, which a communication
+  // thread holds through a commit (an emulated link sleeps there).
   bool follow(const ps::plan_in_force& leader, bool leader_done) {
+    py::gil_scoped_release nogil;
     return w_->follow(leader, leader_done);  // a plan it cannot run fails it: commit() says so
   }
-  measurements reported_measurements() const { return {w_->reported_measurements()}; }
-  void report_measurements(const measurements& m) { check(w_->report_measurements(m.m)); }
+  measurements reported_measurements() const {
+    py::gil_scoped_release nogil;
+    return {w_->reported_measurements()};
+  }
+  void report_measurements(const measurements& m) {
+    ashl::status s;
+    {
+      py::gil_scoped_release nogil;
+      s = w_->report_measurements(m.m);
+    }
+    check(s);
+  }
 
   void commit(py::array update) {
     const auto u = buffer_of(update, "update", false);
