@@ -301,6 +301,22 @@ def test_a_trace_file_parses_with_every_buckets_events(tmp_path):
     check_trace(path, len(opt.buckets))
 
 
+def run_ucx_job(flags, out, env, attempts=3):
+    """two_workers_job.py under `python3 -m ashl.run -s 1 -w 2`. ashl-run
+    finds a free port for each server; bucket b's servers listen b ports
+    above it (bucket_addresses), which nothing reserves, so a port another
+    process took meanwhile fails the job with "Address already in use": the
+    job is then started again, on new ports."""
+    import subprocess
+    for _ in range(attempts):
+        done = subprocess.run([sys.executable, "-m", "ashl.run", "-s", "1", "-w", "2", "--timeout", "120"] + flags +
+                              ["--", sys.executable, os.path.join(HERE, "two_workers_job.py"), str(out)],
+                              env=env, capture_output=True, text=True, timeout=180)
+        if done.returncode == 0 or "Address already in use" not in done.stdout + done.stderr:
+            return done
+    return done
+
+
 @pytest.mark.skipif(not ashl.has_ucx, reason="this build has no UCX")
 def test_python_m_ashl_run_starts_a_bucketed_ucx_job_and_merges_its_traces(tmp_path):
     out = tmp_path / "result.json"
@@ -308,10 +324,7 @@ def test_python_m_ashl_run_starts_a_bucketed_ucx_job_and_merges_its_traces(tmp_p
     env = dict(os.environ, UCX_NET_DEVICES="lo", ASHL_TEST_BUCKET_MB=str(16 / 2**20), ASHL_TOKEN="t0ken")
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(ashl.__file__)))
     env["PYTHONPATH"] = pkg + os.pathsep + env.get("PYTHONPATH", "")
-    import subprocess
-    done = subprocess.run([sys.executable, "-m", "ashl.run", "-s", "1", "-w", "2", "--timeout", "120", "--trace",
-                           str(trace), "--", sys.executable, os.path.join(HERE, "two_workers_job.py"), str(out)],
-                          env=env, capture_output=True, text=True, timeout=180)
+    done = run_ucx_job(["--trace", str(trace)], out, env)
     assert done.returncode == 0, done.stdout + done.stderr
     r = json.loads(out.read_text())
     assert r["buckets"] >= 2 and r["commits"] == r["iterations"] == 40
@@ -332,10 +345,7 @@ def test_ashl_runs_overlapped_over_buckets_in_a_ucx_job(tmp_path):
                                             "planner": "uniform"}))
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(ashl.__file__)))
     env["PYTHONPATH"] = pkg + os.pathsep + env.get("PYTHONPATH", "")
-    import subprocess
-    done = subprocess.run([sys.executable, "-m", "ashl.run", "-s", "1", "-w", "2", "--timeout", "120", "--",
-                           sys.executable, os.path.join(HERE, "two_workers_job.py"), str(out)],
-                          env=env, capture_output=True, text=True, timeout=180)
+    done = run_ucx_job([], out, env)
     assert done.returncode == 0, done.stdout + done.stderr
     r = json.loads(out.read_text())
     # Profiling ends when both workers made 4 commits; a worker that started
