@@ -341,8 +341,8 @@ def test_ashl_runs_overlapped_over_buckets_in_a_ucx_job(tmp_path):
     # iterations as the first.
     out = tmp_path / "out.json"
     env = dict(os.environ, UCX_NET_DEVICES="lo", ASHL_TEST_BUCKET_MB=str(16 / 2**20), ASHL_TOKEN="t0ken",
-               ASHL_TEST_POLICY=json.dumps({"name": "ashl", "profile_iterations": 4, "h_ahl": 2, "h_shl": 2, "switch_loss": 0.0,
-                                            "planner": "uniform"}))
+               ASHL_TEST_POLICY=json.dumps({"name": "ashl", "profile_iterations": 4, "h_ahl": 2, "h_shl": 2,
+                                            "switch_loss": 0.0, "planner": "uniform"}))
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(ashl.__file__)))
     env["PYTHONPATH"] = pkg + os.pathsep + env.get("PYTHONPATH", "")
     done = run_ucx_job([], out, env)
