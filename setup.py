@@ -1,6 +1,10 @@
-"""Builds ashl._ashl (and ashl-run) with CMake for `pip install .`; the
-metadata is in pyproject.toml. Environment: ASHL_CMAKE_ARGS (extra configure
-arguments, space-separated), ASHL_BUILD_JOBS (parallel build jobs, default 2)."""
+"""Builds ashl._ashl (and the native ashl-run) with CMake for `pip install .`;
+the metadata (and the console script ashl-run -> ashl.run:main) is in
+pyproject.toml. Environment: ASHL_CMAKE_ARGS (extra configure arguments,
+space-separated), ASHL_BUILD_JOBS (parallel build jobs, default 2),
+ASHL_PREBUILT (a package directory an earlier build made, such as
+build/release/python/ashl: its module and bin/ashl-run are copied instead of
+building; packaging an existing build, and the install test)."""
 import os
 import shlex
 import shutil
@@ -22,6 +26,10 @@ class CMakeExtension(Extension):
 class CMakeBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
         package_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+        prebuilt = os.environ.get("ASHL_PREBUILT")
+        if prebuilt:
+            self.copy_prebuilt(Path(prebuilt), package_dir, Path(self.get_ext_fullpath(ext.name)).name)
+            return
         build_dir = Path(self.build_temp).resolve() / "cmake"
         build_dir.mkdir(parents=True, exist_ok=True)
         configure = ["cmake", "-S", str(ROOT / "python"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
@@ -32,6 +40,18 @@ class CMakeBuild(build_ext):
         subprocess.run(configure, check=True)
         jobs = os.environ.get("ASHL_BUILD_JOBS", "2")
         subprocess.run(["cmake", "--build", str(build_dir), "--target", "ashl_python", "-j", jobs], check=True)
+
+    @staticmethod
+    def copy_prebuilt(src: Path, package_dir: Path, module_name: str) -> None:
+        modules = sorted(src.glob("_ashl*.so")) + sorted(src.glob("_ashl*.pyd"))
+        if not modules:
+            raise SystemExit(f"ASHL_PREBUILT = '{src}': no _ashl module there (build the ashl_python target first)")
+        package_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(modules[0], package_dir / module_name)
+        native_run = src / "bin" / "ashl-run"
+        if native_run.exists():
+            (package_dir / "bin").mkdir(exist_ok=True)
+            shutil.copy2(native_run, package_dir / "bin" / "ashl-run")
 
 
 setup(ext_modules=[CMakeExtension("ashl._ashl")], cmdclass={"build_ext": CMakeBuild})

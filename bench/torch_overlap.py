@@ -8,8 +8,13 @@ stepping SGD on the gradients (update="gradient"). Two runs of the same job:
 
 - serial: one bucket, the exchange inside step() after backward (what
   ashl.torch did before issue 26);
-- overlap: buckets of --bucket-mb, committed from the gradient hooks while
-  backward runs, pulls waited for in forward pre-hooks.
+- overlap: buckets of --bucket-mb (default "auto", ashl.torch's default
+  rule: min(25 MiB, max(1 MiB, model / 4))), committed from the gradient
+  hooks while backward runs, pulls waited for in forward pre-hooks.
+
+--policy (default bsp) and --policy-params (JSON of ps::policy_params
+fields) run another policy, an adaptive one included (ashl, adsp, dlb: its
+buckets follow the first bucket's cycle).
 
 Emulation, as examples/cnn does it (so 4 workers fit on a small machine):
 - links: ps::worker's emulated link (link_bytes_per_second): a commit of b
@@ -53,7 +58,9 @@ def args_of(argv=None):
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--compute-ms", type=float, default=1000.0, help="emulated compute per step (fwd + bwd)")
     ap.add_argument("--rate", type=float, default=84e6, help="emulated link, bytes per second each way")
-    ap.add_argument("--bucket-mb", type=float, default=10.0)
+    ap.add_argument("--bucket-mb", default="auto", help='MiB, or "auto" (ashl.torch.bucket_cap_bytes)')
+    ap.add_argument("--policy", default="bsp")
+    ap.add_argument("--policy-params", default="{}", help="JSON: ps::policy_params fields of --policy")
     ap.add_argument("--trace", default=None, help="Chrome traces of the last runs: PATH.serial.json, PATH.overlap.json")
     ap.add_argument("--job", default=None, help=argparse.SUPPRESS)  # internal: mode,outdir
     return ap.parse_args(argv)
@@ -96,11 +103,12 @@ def job_main(a):
         if i < len(sizes) - 2:
             layers.append(torch.nn.ReLU())
     model = torch.nn.Sequential(*layers)
-    cap = a.bucket_mb if mode == "overlap" else 0
+    cap = (a.bucket_mb if a.bucket_mb == "auto" else float(a.bucket_mb)) if mode == "overlap" else 0
+    policy = ashl.Policy(a.policy, **json.loads(a.policy_params))
     if job.role == "server":
-        at.serve(model, job, "bsp", "none", optimizer="sgd", lr=0.01, worker_timeout=120.0, bucket_cap_mb=cap)
+        at.serve(model, job, policy, "none", optimizer="sgd", lr=0.01, worker_timeout=120.0, bucket_cap_mb=cap)
         return 0
-    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model, "bsp", "none",
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model, policy, "none",
                                   update="gradient", timeout=120.0, link_bytes_per_second=a.rate,
                                   bucket_cap_mb=cap, overlap=mode == "overlap",
                                   trace=a.trace or "")
@@ -130,7 +138,9 @@ def job_main(a):
            "step_s": statistics.median(steps), "in_step_s": statistics.median(inside),
            "bytes_per_step": (tel["bytes_out"] + tel["bytes_in"] - tel0["bytes_out"] - tel0["bytes_in"]) / n,
            "wait_fraction": (opt.wait_seconds - w0) / sum(steps),
-           "link_s_per_step": (tel["link_seconds"] - tel0["link_seconds"]) / n}
+           "link_s_per_step": (tel["link_seconds"] - tel0["link_seconds"]) / n,
+           "commits_per_step": (tel["buckets"][0]["commits"] - tel0["buckets"][0]["commits"]) / n,
+           "stage": opt.plan.stage}
     opt.leave()
     with open(os.path.join(outdir, f"{mode}-{job.rank}.json"), "w") as f:
         json.dump(res, f)
@@ -144,7 +154,8 @@ def run_mode(a, mode, outdir):
     env = dict(os.environ, UCX_NET_DEVICES=os.environ.get("UCX_NET_DEVICES", "lo"))
     cmd = [sys.executable, os.path.abspath(__file__), "--job", f"{mode},{outdir}", "--steps", str(a.steps),
            "--warmup", str(a.warmup), "--hidden", str(a.hidden), "--batch", str(a.batch), "--compute-ms",
-           str(a.compute_ms), "--rate", str(a.rate), "--bucket-mb", str(a.bucket_mb)]
+           str(a.compute_ms), "--rate", str(a.rate), "--bucket-mb", str(a.bucket_mb), "--policy", a.policy,
+           "--policy-params", a.policy_params]
     trace = os.path.abspath(f"{a.trace}.{mode}.json") if a.trace else None
     if trace:
         cmd += ["--trace", trace]
@@ -172,7 +183,8 @@ def main(a):
                  "step_s": med([x["step_s"] for x in rows]), "in_step_s": med([x["in_step_s"] for x in rows]),
                  "bytes_per_worker_step": med([x["bytes_per_step"] for x in rows]),
                  "wait_fraction": med([x["wait_fraction"] for x in rows]),
-                 "link_s_per_step": med([x["link_s_per_step"] for x in rows])}
+                 "link_s_per_step": med([x["link_s_per_step"] for x in rows]),
+                 "commits_per_step": med([x["commits_per_step"] for x in rows]), "stage": rows[0]["stage"]}
             runs[mode].append(r)
             print(json.dumps(r), flush=True)
     s = {k: med([r[k] for r in runs["serial"]]) for k in ("step_s", "in_step_s")}
@@ -184,6 +196,7 @@ def main(a):
     out = {"bench": "torch_overlap", "machine": f"{platform.node()} {os.cpu_count()} cpus {platform.processor()}",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
            "workers": a.workers, "params": runs["serial"][0]["params"], "bucket_mb": a.bucket_mb,
+           "policy": a.policy, "policy_params": json.loads(a.policy_params),
            "buckets": runs["overlap"][0]["buckets"], "rate": a.rate, "compute_ms": a.compute_ms,
            "steps": a.steps, "repeats": a.repeats, "serial_step_s": s["step_s"], "overlap_step_s": o_step,
            "compute_s": compute, "comm_s": comm, "ideal_s": ideal, "hidden": hidden,

@@ -151,8 +151,10 @@ fi
 
 # ---- 3b. the Python module's CUDA tests (issue 26) ------------------------------
 # ashl.torch with CUDA tensors (test/python/test_torch_cuda.py, pytest marker
-# gpu), when this python3's torch sees a device: the module is built here
-# for this interpreter (pybind11 from pip; no libtorch inside it).
+# gpu: the pinned staging, and a top-k plan's update built and encoded on
+# the device, test_topk_is_encoded_on_the_device_and_trains_like_the_host_codec),
+# when this python3's torch sees a device: the module is built here for
+# this interpreter (pybind11 from pip; no libtorch inside it).
 if [[ "${ASHL_GPU_SKIP_PYTHON:-0}" == 1 ]]; then
   echo "run.sh: python -m pytest -m gpu not run (ASHL_GPU_SKIP_PYTHON=1)"
 elif python3 -c 'import sys, torch, pytest, pybind11; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then

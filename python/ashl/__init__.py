@@ -202,10 +202,26 @@ def ashl_run_path() -> str:
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "ashl-run")
     if os.access(here, os.X_OK):
         return here
-    found = shutil.which("ashl-run")
-    if found:
-        return found
-    raise FileNotFoundError("ashl-run: not in this package, not in ASHL_RUN, not on PATH")
+    # On PATH, pip's console script ashl-run (ashl.run:main) comes first
+    # when the package was installed without the native one: skip it, or
+    # it would start itself again and again.
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        found = shutil.which("ashl-run", path=d) if d else None
+        if found and not _is_console_script(found):
+            return found
+    raise FileNotFoundError("ashl-run: the native one is not in this package, not in ASHL_RUN, not on PATH "
+                            "(the console script ashl-run needs it: build the ashl_run target)")
+
+
+def _is_console_script(path: str) -> bool:
+    """Whether ``path`` is the console script pip made from ashl.run:main (a
+    Python script), not the native ashl-run (an executable)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return head.startswith(b"#!") and b"ashl.run" in head
 
 
 def run(command: Sequence[str], servers: int = 1, workers: int = 1, *, addr: Optional[str] = None,

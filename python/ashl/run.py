@@ -1,6 +1,10 @@
-"""python3 -m ashl.run: starts one job on this machine (ashl-run underneath).
+"""python3 -m ashl.run (or ashl-run, the console script pip installs): starts one job on this machine.
 
     python3 -m ashl.run -s 1 -w 4 [--trace out.json] [--timeout S] [--insecure] -- python3 train.py
+    ashl-run -s 1 -w 4 -- python3 train.py
+
+It runs the native ashl-run (tools/ashl-run: the one inside the package,
+ASHL_RUN, or on PATH; ashl.ashl_run_path()).
 
 The token is ASHL_TOKEN of this environment (ashl-run makes a random one
 when it is unset); there is no --token flag, so it never appears on a
@@ -26,7 +30,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ours, command = argv[:i], argv[i + 1:]
     else:
         ours, command = argv, []
-    ap = argparse.ArgumentParser(prog="python3 -m ashl.run", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=_prog(), description=__doc__.split("\n\n")[0])
     ap.add_argument("-s", "--servers", type=int, default=1)
     ap.add_argument("-w", "--workers", type=int, default=1)
     ap.add_argument("--addr", default=None, help="server 0's HOST:PORT (server i: port + i)")
@@ -46,6 +50,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     done = run_job(command, servers=a.servers, workers=a.workers, addr=a.addr, insecure=a.insecure,
                    timeout=a.timeout, grace=a.grace, verbose=a.verbose, check=False, trace=a.trace)
     return done.returncode
+
+
+def _prog() -> str:
+    # "ashl-run" when started as pip's console script, else python3 -m ashl.run.
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return name if name.startswith("ashl-run") else "python3 -m ashl.run"
 
 
 class _CallableModule(types.ModuleType):

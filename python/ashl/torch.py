@@ -18,7 +18,8 @@
 and ``python3 -m ashl.run -s 1 -w 4 -- python3 train.py`` starts the job.
 
 The model's parameters and gradients are flattened into buckets (default
-25 MiB, as DDP; reverse registration order; one dtype and device each):
+"auto": DDP's 25 MiB, at most a quarter of a smaller model; reverse
+registration order; one dtype and device each):
 every parameter's .data and .grad are views into them. Each bucket is one
 parameter-server tensor: its own ps::worker, served by its own ps::server
 in each server process (docs/torch.md, "Buckets and overlap"). A gradient
@@ -42,7 +43,8 @@ from . import Job, Plan, Policy, _ashl
 from . import job as _job_from_env
 from .trace import Tracer, path_of
 
-__all__ = ["Bucket", "DistributedOptimizer", "serve", "partition", "bucket_addresses", "ADAPTIVE_POLICIES"]
+__all__ = ["Bucket", "DistributedOptimizer", "serve", "partition", "bucket_addresses", "bucket_cap_bytes",
+           "ADAPTIVE_POLICIES"]
 
 # The plan stages each policy's servers send (core/plan.hpp, stage_id): a
 # worker whose servers run another policy than it was told fails at once.
@@ -51,14 +53,40 @@ _STAGES = {
     "semi_async": {"semi_async"}, "adsp": {"adsp"}, "ashl": {"profile", "ahl", "shl"}, "dlb": {"dlb"},
 }
 
-# Policies whose plans come from measurements (a planner): every bucket's
-# server would plan on its own measurements and the buckets could follow
-# different plans, so these run one bucket per dtype (docs/torch.md).
+# Policies whose plans come from measurements (a planner). Their buckets
+# run the cycle and plans of the first bucket's worker (a ps::worker
+# follower each; docs/torch.md, "Buckets and overlap"), as every bucket does.
 ADAPTIVE_POLICIES = frozenset({"ashl", "adsp", "dlb", "joint"})
 
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
+# The default bucket size ("auto", docs/perf/torch.md "Bucket size"): DDP's
+# 25 MiB for a large model, but at least MIN_BUCKETS buckets' worth for a
+# smaller one (a quarter of the model), never below MIN_BUCKET_CAP_MB.
 DEFAULT_BUCKET_CAP_MB = 25.0
+MIN_BUCKETS = 4
+MIN_BUCKET_CAP_MB = 1.0
+
+
+def bucket_cap_bytes(model_bytes: int, bucket_cap_mb: Union[float, str, None] = "auto") -> int:
+    """The bucket cap in bytes for a model of ``model_bytes`` (the parameters
+    that own a slot, all dtypes). ``"auto"`` (the default):
+    min(25 MiB, max(1 MiB, model_bytes / 4)), so that a model under 100 MiB
+    still makes about four buckets and its last-computed gradients do not
+    share one bucket with half the model (docs/perf/torch.md, "Bucket
+    size": on a 42 MB model 10 MiB buckets hid 73-79 % of the exchange and
+    gave 1.43-1.46x, 25 MiB 5-42 % and 1.02-1.24x). A number: that many MiB;
+    None or 0: 0 (one bucket per dtype and device)."""
+    if isinstance(bucket_cap_mb, str):
+        if bucket_cap_mb != "auto":
+            raise ValueError(f"bucket_cap_mb = {bucket_cap_mb!r}: must be a number of MiB, 0, None or 'auto'")
+        mib = 1 << 20
+        return int(min(DEFAULT_BUCKET_CAP_MB * mib, max(MIN_BUCKET_CAP_MB * mib, model_bytes / MIN_BUCKETS)))
+    if not bucket_cap_mb:
+        return 0
+    if bucket_cap_mb < 0:
+        raise ValueError(f"bucket_cap_mb = {bucket_cap_mb}: must be >= 0")
+    return int(bucket_cap_mb * (1 << 20))
 
 
 def _codec_name(compression: Optional[str]) -> Optional[str]:
@@ -105,24 +133,23 @@ def _check(name: str, p: torch.Tensor) -> None:
                          f"(shape {tuple(p.shape)}); call .contiguous() when building the model")
 
 
-def partition(model: Any, bucket_cap_mb: Optional[float] = DEFAULT_BUCKET_CAP_MB,
+def partition(model: Any, bucket_cap_mb: Union[float, str, None] = "auto",
               policy: Union[Policy, str, None] = None) -> List[List[Tuple[str, torch.Tensor]]]:
     """The buckets a worker and a server make of ``model`` (they must agree):
     the parameters that own a slot, in reverse registration order, one dtype
-    and device per bucket, at most ``bucket_cap_mb`` MiB each (a larger
-    parameter alone). ``bucket_cap_mb`` None or 0, or an adaptive policy
-    (ADAPTIVE_POLICIES): one bucket per dtype and device."""
+    and device per bucket, at most ``bucket_cap_bytes(model bytes,
+    bucket_cap_mb)`` each (a larger parameter alone). ``bucket_cap_mb`` None
+    or 0: one bucket per dtype and device. ``policy`` does not change the
+    buckets (it did before adaptive policies overlapped; kept for callers)."""
+    del policy
     named = _named_parameters_unique(model)
     if not named:
         raise ValueError("model.parameters: none requires grad (nothing to train)")
     for n, p in named:
         _check(n, p)
-    pol = Policy.of(policy).name if policy is not None else None
-    cap = 0 if not bucket_cap_mb or pol in ADAPTIVE_POLICIES else int(bucket_cap_mb * (1 << 20))
-    if cap < 0:
-        raise ValueError(f"bucket_cap_mb = {bucket_cap_mb}: must be >= 0")
     keys = [f"{_DTYPES[p.dtype]}@{p.device}" for _, p in named]
     sizes = [p.numel() * p.element_size() for _, p in named]
+    cap = bucket_cap_bytes(sum(sizes), bucket_cap_mb)
     return [[named[i] for i in b] for b in _ashl.partition(keys, sizes, cap)]
 
 
@@ -245,6 +272,92 @@ class Bucket:
             self.host_grads.copy_(self.grads)
 
 
+class _DeviceUpdate:
+    """A bucket's update built on the bucket's device, and encoded there when
+    the plan compresses with top-k: for a CUDA bucket only the payload (12 +
+    8k bytes a shard) crosses to the host, not the whole update. The device
+    side of adapt::update_builder (delta: params - w0, w0 the float32 pull;
+    gradient: the mean of the cycle's gradients) and of compress/topk.hpp's
+    payload (u64 n, u32 k, k u32 increasing indices, k f32 values) with
+    error feedback (e <- (x + e) - C(x + e), as compress/error_feedback.hpp);
+    ps::worker::commit_encoded sends the payloads. Ties in |x| may select
+    other indices than the host codec (which takes the lower index); the
+    server decodes any valid payload. Other codecs: the update is copied to
+    the host and ps::worker encodes it there."""
+
+    def __init__(self, bucket: "Bucket", update: str, error_feedback: bool):
+        self.bucket = bucket
+        self.delta = update == "delta"
+        self.error_feedback = error_feedback
+        self.buf = torch.zeros(bucket.size, dtype=torch.float32, device=bucket.device)  # delta: w0; gradient: sum
+        self.out = torch.empty(bucket.size, dtype=torch.float32, device=bucket.device)
+        self.residual: Optional[torch.Tensor] = None
+        self.n = 0
+        self._pinned = bucket.device.type == "cuda"
+        self._host: List[torch.Tensor] = []
+
+    @property
+    def iterations(self) -> int:
+        return self.n
+
+    def pulled(self) -> None:
+        if self.delta:
+            self.buf.copy_(self.bucket.host_params)
+        self.n = 0
+
+    def add(self) -> None:
+        if not self.delta:
+            if self.n == 0:
+                self.buf.copy_(self.bucket.grads)
+            else:
+                self.buf.add_(self.bucket.grads)
+        self.n += 1
+
+    def build(self, zero: bool = False) -> None:
+        if zero:
+            self.out.zero_()
+        elif self.delta:
+            torch.sub(self.bucket.params.to(torch.float32), self.buf, out=self.out)
+        elif self.n <= 1:
+            self.out.copy_(self.buf)
+        else:
+            torch.div(self.buf, float(self.n), out=self.out)
+
+    def dense_into(self, send: torch.Tensor) -> None:
+        """A dense commit: the update, paying off what compressed commits dropped."""
+        if self.residual is not None:
+            self.out.add_(self.residual)
+            self.residual.zero_()
+        send.copy_(self.out)
+
+    def encode_topk(self, ratio: float, ranges: Sequence[Tuple[int, int]]) -> List[Any]:
+        if self.error_feedback:
+            if self.residual is None:
+                self.residual = torch.zeros_like(self.out)
+            acc = self.residual.add_(self.out)  # x + e, kept as the residual
+        else:
+            acc = self.out
+        payloads = []
+        for s, (begin, size) in enumerate(ranges):
+            a = acc[begin:begin + size]
+            k = max(1, min(size, round(ratio * size)))  # compress::detail k_for: nearbyint, in [1, n]
+            idx = torch.sort(torch.topk(a.abs(), k, sorted=False).indices).values
+            vals = a[idx]
+            if self.error_feedback:
+                a[idx] = 0.0  # (x + e) - C(x + e): what was sent is no longer owed
+            body = torch.cat([idx.to(torch.int32).view(torch.uint8), vals.view(torch.uint8)])
+            n = 12 + body.numel()
+            if s >= len(self._host) or self._host[s].numel() < n:
+                buf = torch.empty(n, dtype=torch.uint8, pin_memory=self._pinned)
+                self._host[s:s + 1] = [buf]
+            host = self._host[s][:n]
+            host[:12].copy_(torch.frombuffer(bytearray(int(size).to_bytes(8, "little") + k.to_bytes(4, "little")),
+                                             dtype=torch.uint8))
+            host[12:].copy_(body)
+            payloads.append(host.numpy())
+        return payloads
+
+
 _METRICS = ("loss", "accuracy", "samples_per_second", "iteration_seconds")
 
 
@@ -265,8 +378,12 @@ class _Exchange:
         self.arrived.set()
         self.error: Optional[BaseException] = None
         self.committed = False            # committed in this iteration (its backward)
-        self.metrics: List[Tuple[str, float]] = []  # reported while the exchange was in flight
+        # Metrics and measurements reported while the exchange was in flight
+        # (sent when it is complete): callables taking the worker.
+        self.pending: List[Any] = []
         self.added = False                # this iteration's gradient is in the builder
+        self.device: Optional[_DeviceUpdate] = None  # update built and encoded on the bucket's device
+        self.encoded: Optional[List[Any]] = None     # the payloads of the commit in flight (device top-k)
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -286,17 +403,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     policy, compression: the job's policy (name or ashl.Policy) and codec name
     ("topk", "qsgd", ..., "none"); the worker checks on joining that its
-    servers run them (ValueError otherwise). None: whatever the servers run
-    (then pass ``bucket_cap_mb=0`` against an adaptive policy's servers).
+    servers run them (ValueError otherwise). None: whatever the servers run.
 
-    bucket_cap_mb: bucket size (serve() must be given the same). overlap:
+    bucket_cap_mb: bucket size in MiB, "auto" (default: ``bucket_cap_bytes``)
+    or 0 / None (one bucket per dtype); serve() must be given the same. Every
+    bucket runs the first bucket's cycle: its plan (H, commit interval,
+    batch, compression ratio, adopted at the cycle start) and its end, also
+    for the adaptive policies (docs/torch.md, "Buckets and overlap"). overlap:
     commits in backward (gradient updates) and pulls waited for in forward
     pre-hooks; False: every exchange inside step(), serially.
     commit_in_backward: None (default) is ``overlap and update ==
     "gradient"``; pass False with a GradScaler (the gradients in backward are
     still scaled; scaler.step() calls step() only when they are finite).
     check_finite: a step whose gradients hold inf or nan is skipped and not
-    committed (default: when a bucket is 16-bit). trace: a Chrome trace path
+    committed (default: when a bucket is 16-bit). device_encode: build each
+    bucket's update on its device and, when the plan compresses with top-k,
+    encode it there (default: for CUDA buckets; True forces it on the CPU). trace: a Chrome trace path
     (default ASHL_TRACE; ashl.trace).
 
     job: the runtime contract (default: ashl.job()). fabric: an
@@ -308,10 +430,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  compression: Optional[str] = None, *, update: str = "delta", job: Optional[Job] = None,
                  fabric: Optional[_ashl.InprocFabric] = None, batch_size: int = 32, timeout: float = 30.0,
                  seed: int = 0, error_feedback: bool = True, link_bytes_per_second: float = 0.0,
-                 reconnect: float = 0.0, bucket_cap_mb: Optional[float] = DEFAULT_BUCKET_CAP_MB,
+                 reconnect: float = 0.0, bucket_cap_mb: Union[float, str, None] = "auto",
                  overlap: bool = True, commit_in_backward: Optional[bool] = None,
                  check_finite: Optional[bool] = None, trace: Optional[str] = None,
-                 incarnation: int = 0):
+                 incarnation: int = 0, device_encode: Optional[bool] = None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer = {type(optimizer).__name__}: must be a torch.optim.Optimizer")
         if update not in ("delta", "gradient"):
@@ -353,11 +475,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  reconnect=reconnect, progress_seconds=self._job.progress_seconds if b.index == 0
                                  else 0.0, token=self._job.token, insecure=self._job.insecure,
                                  verbose=self._job.verbose, fabric=fabric, incarnation=incarnation,
-                                 job=_job_id(self._job, b.size))
+                                 job=_job_id(self._job, b.size), follower=b.index > 0)
                 b.stage_in()
                 builder = _ashl.UpdateBuilder(update, b.size)
                 builder.pulled(b.host_params.numpy())
-                self._ex.append(_Exchange(b, w, builder))
+                ex = _Exchange(b, w, builder)
+                if b.device.type == "cuda" if device_encode is None else device_encode:
+                    ex.device = _DeviceUpdate(b, update, error_feedback)
+                    ex.device.pulled()
+                self._ex.append(ex)
         except Exception:
             for e in self._ex:
                 with contextlib.suppress(Exception):
@@ -367,6 +493,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._no_sync = False
         self._plan_check = False
         self._skipped_step = False
+        # This iteration's leader decision (bucket 0's worker): its plan of
+        # the cycle and whether its iteration_done() said the cycle is
+        # complete; None until a bucket of this iteration asks (_cycle_done).
+        self._lead: Optional[Tuple[Any, bool]] = None
         self.skipped = 0
         self.hook_calls: Dict[str, int] = collections.defaultdict(int)
         self._slot_of: Dict[int, Tuple[int, int]] = {}
@@ -407,8 +537,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def plan(self) -> Plan:
-        """The plan in force (bucket 0's; every bucket's servers run the same
-        fixed plan): local iterations, commit interval, batch size, data share, ratio, stage."""
+        """The plan in force (bucket 0's; every bucket's worker follows it):
+        local iterations, commit interval, batch size, data share, ratio, stage."""
         return Plan.from_dict(self._ex[0].worker.plan)
 
     @property
@@ -459,17 +589,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._ex[0].worker.progress_line()
 
     def report_metric(self, name: str, value: float) -> None:
-        """A global metric to bucket 0's servers: "loss" or "accuracy" (ADSP
-        and ASHL read them). While bucket 0's exchange is in flight its
-        worker belongs to a communication thread (ps::worker is not
-        thread-safe), which sends the metric when the parameters are back."""
-        ex = self._ex[0]
+        """A global metric to every bucket's servers: "loss" or "accuracy"
+        (ADSP and ASHL read them; each bucket's servers run a copy of the
+        policy, fed the same events). While a bucket's exchange is in flight
+        its worker belongs to a communication thread, which sends the metric
+        when the parameters are back."""
+        _ashl_metric_check(name)
+        value = float(value)
+        for ex in self._ex:
+            self._deliver(ex, lambda w: w.report_metric(name, value))
+
+    def _deliver(self, ex: _Exchange, send: Any) -> None:
+        """``send(worker)`` now when the bucket's exchange is complete, else
+        by the pull thread when it is."""
         with self._cv:
             if ex.arrived.is_set():
-                ex.worker.report_metric(name, float(value))
+                send(ex.worker)
             else:
-                _ashl_metric_check(name)
-                ex.metrics.append((name, float(value)))
+                ex.pending.append(send)
 
     # -- hooks ------------------------------------------------------------------
 
@@ -536,7 +673,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             ex = self._ex[bi]
             t0 = tr.now()
             try:
-                ex.worker.commit(ex.bucket.send.numpy())
+                if ex.encoded is not None:
+                    ex.worker.commit_encoded(ex.encoded)
+                else:
+                    ex.worker.commit(ex.bucket.send.numpy())
             except BaseException as e:  # noqa: BLE001 (handed to the training thread)
                 ex.error = e
                 ex.arrived.set()
@@ -565,17 +705,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
             try:
                 ex.worker.wait()
                 ex.bucket.stage_in()
-                ex.builder.pulled(ex.bucket.host_params.numpy())
+                self._pulled(ex)
+                if bi == 0 and len(self._ex) > 1:
+                    # The leader's cycle ended: its measurements go to every
+                    # bucket's servers (the followers report them as theirs).
+                    ms = ex.worker.reported_measurements
+                    if len(ms):
+                        for f in self._ex[1:]:
+                            self._deliver(f, lambda w, ms=ms: w.report_measurements(ms))
             except BaseException as e:  # noqa: BLE001
                 ex.error = e
             tr.span("pull", "pull", t0, tr.now(), bi)
-            with self._cv:  # report_metric() looks at `arrived` under this lock
-                for name, value in ex.metrics:
+            with self._cv:  # _deliver() looks at `arrived` under this lock
+                for send in ex.pending:
                     try:
-                        ex.worker.report_metric(name, value)
+                        send(ex.worker)
                     except BaseException as e:  # noqa: BLE001
                         ex.error = ex.error or e
-                ex.metrics.clear()
+                ex.pending.clear()
                 ex.arrived.set()
 
     def _wait_bucket(self, bi: int) -> None:
@@ -613,23 +760,81 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._wait_bucket(bi)  # its last exchange (a bucket no forward used) is complete
         b = ex.bucket
         t0 = self._tracer.now()
-        b.stage_grads_out()
-        if self._check_finite and not _ashl.all_finite(b.host_grads.numpy()):
-            self._skipped_step = True
+        if ex.device is not None:
+            if self._check_finite and not bool(torch.isfinite(b.grads).all()):
+                self._skipped_step = True
+        else:
+            b.stage_grads_out()
+            if self._check_finite and not _ashl.all_finite(b.host_grads.numpy()):
+                self._skipped_step = True
         ex.added = True
         if self._skipped_step and not ex.committed:
             # A non-finite step: this bucket's gradient is not added. A bucket
             # committed in this backward before it cannot be taken back
-            # (commit_in_backward=False avoids that; docs/torch.md).
+            # (commit_in_backward=False avoids that; docs/torch.md). When the
+            # leader already counted the iteration, this bucket counts it too
+            # (one cycle for all), and commits what its cycle holds.
+            if self._lead is not None and self._cycle_done(bi):
+                self._build(bi, zero=(ex.device or ex.builder).iterations == 0)
+                self._commit(bi)
             self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
             return
-        ex.builder.add(b.host_grads.numpy())
-        if ex.worker.iteration_done():
-            ex.builder.build(b.host_params.numpy(), b.send.numpy())
+        if ex.device is not None:
+            ex.device.add()
+        else:
+            ex.builder.add(b.host_grads.numpy())
+        if self._cycle_done(bi):
+            self._build(bi)
             self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
             self._commit(bi)
         else:
             self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
+
+    def _pulled(self, ex: _Exchange) -> None:
+        if ex.device is not None:
+            ex.device.pulled()
+        else:
+            ex.builder.pulled(ex.bucket.host_params.numpy())
+
+    def _build(self, bi: int, zero: bool = False) -> None:
+        """Bucket bi's update of the cycle into its send buffer, or, built on
+        the device under a top-k plan, into payloads (ex.encoded)."""
+        ex = self._ex[bi]
+        b = ex.bucket
+        ex.encoded = None
+        if ex.device is None:
+            if zero:
+                b.send.zero_()
+            else:
+                if self._update == "delta":
+                    b.stage_params_out()
+                ex.builder.build(b.host_params.numpy(), b.send.numpy())
+            return
+        ex.device.build(zero)
+        w = ex.worker
+        if w.compresses and w.codec == "topk":
+            ex.encoded = ex.device.encode_topk(w.current_plan.plan["compression_ratio"], w.shard_ranges)
+        else:
+            ex.device.dense_into(b.send)
+
+    def _cycle_done(self, bi: int) -> bool:
+        """Bucket bi's worker counts this iteration; true when its cycle is
+        complete. Bucket 0's worker leads: its iteration_done() decides, once
+        per iteration, for every bucket, and its plan of the cycle (adopted at
+        the cycle's start, taken before it commits) is every follower's plan
+        (ps::worker_params::follower). So all buckets run one cycle: the same
+        H, commit interval, batch and compression ratio, ADSP's and ASHL's
+        per-worker plans included."""
+        if self._lead is None:
+            if bi != 0:
+                self._wait_bucket(0)  # its last exchange is complete: its plan is this cycle's
+            lw = self._ex[0].worker
+            plan = lw.current_plan
+            self._lead = (plan, lw.iteration_done())
+        plan, done = self._lead
+        if bi == 0:
+            return done
+        return self._ex[bi].worker.follow(plan, done)
 
     def _commit(self, bi: int) -> None:
         ex = self._ex[bi]
@@ -675,11 +880,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._inner.step()
             for bi, ex in enumerate(self._ex):
                 ex.added = True
-                ex.builder.add(ex.bucket.send.numpy())  # delta: counts the iteration
-                if ex.worker.iteration_done():
+                if ex.device is not None:
+                    ex.device.add()  # delta: counts the iteration
+                else:
+                    ex.builder.add(ex.bucket.send.numpy())
+                if self._cycle_done(bi):
                     t0 = self._tracer.now()
-                    ex.bucket.stage_params_out()
-                    ex.builder.build(ex.bucket.host_params.numpy(), ex.bucket.send.numpy())
+                    self._build(bi)
                     self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
                     self._commit(bi)
         else:
@@ -702,6 +909,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             ex.added = False
             ex.ready.clear()
         self._skipped_step = False
+        self._lead = None
         self._compute_start = self._tracer.now()
 
     def wait(self) -> None:
@@ -718,7 +926,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             ex.worker.pull()
             ex.worker.wait()
             ex.bucket.stage_in()
-            ex.builder.pulled(ex.bucket.host_params.numpy())
+            self._pulled(ex)
 
     def leave(self) -> None:
         """Leaves the servers (a worker that is done; they stop when every
@@ -806,7 +1014,7 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
           fabric: Optional[_ashl.InprocFabric] = None, listen: Optional[str] = None,
           worker_timeout: float = 20.0, progress_seconds: Optional[float] = None, checkpoint_dir: str = "",
           checkpoint_every: float = 0.0, restore: bool = False, seed: int = 0,
-          background: bool = False, bucket_cap_mb: Optional[float] = DEFAULT_BUCKET_CAP_MB,
+          background: bool = False, bucket_cap_mb: Union[float, str, None] = "auto",
           store_bytes: int = 0, allow_non_finite: bool = False, max_commit_samples: int = 1 << 30,
           no_worker_grace: Optional[float] = None) -> Any:
     """Runs this process's servers of the job (job.role == "server"), one per

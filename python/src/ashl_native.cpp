@@ -234,6 +234,18 @@ struct any_worker {
   virtual std::uint64_t incarnation() const = 0;
   virtual ps::worker_telemetry telemetry() const = 0;
   virtual std::string progress_line() const = 0;
+  virtual ps::plan_in_force current_plan() const = 0;
+  virtual bool compresses() const = 0;
+  virtual ashl::status commit_encoded(std::span<const std::span<const std::byte>>) = 0;
+  virtual std::vector<std::pair<std::size_t, std::size_t>> shard_ranges() const = 0;
+  virtual bool follow(const ps::plan_in_force&, bool) = 0;
+  virtual std::vector<ashl::measurement> reported_measurements() const = 0;
+  virtual ashl::status report_measurements(std::span<const ashl::measurement>) = 0;
+};
+
+// A leader's measurements, handed to its followers (opaque in Python).
+struct measurements {
+  std::vector<ashl::measurement> m;
 };
 
 template <class T>
@@ -253,6 +265,18 @@ struct worker_of final : any_worker {
   std::uint64_t incarnation() const override { return w.incarnation(); }
   ps::worker_telemetry telemetry() const override { return w.telemetry(); }
   std::string progress_line() const override { return w.progress_line(); }
+  ps::plan_in_force current_plan() const override { return w.current_plan(); }
+  bool compresses() const override { return w.compresses(); }
+  ashl::status commit_encoded(std::span<const std::span<const std::byte>> p) override { return w.commit_encoded(p); }
+  std::vector<std::pair<std::size_t, std::size_t>> shard_ranges() const override {
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    for (std::uint32_t s = 0; s < w.layout().servers(); ++s)
+      out.emplace_back(w.layout().range(s).begin, w.layout().range(s).size());
+    return out;
+  }
+  bool follow(const ps::plan_in_force& p, bool done) override { return w.iteration_done(p, done); }
+  std::vector<ashl::measurement> reported_measurements() const override { return w.reported_measurements(); }
+  ashl::status report_measurements(std::span<const ashl::measurement> m) override { return w.report_measurements(m); }
 };
 
 struct fabric {
@@ -264,7 +288,7 @@ class py_worker {
   py_worker(py::array parameters, std::vector<std::string> servers, std::uint32_t rank, std::uint32_t batch,
             double timeout, std::uint64_t seed, bool error_feedback, double link_bytes_per_second, double reconnect,
             double progress_seconds, std::string token, bool insecure, bool verbose, std::optional<fabric> inproc,
-            std::uint64_t incarnation, std::uint64_t job)
+            std::uint64_t incarnation, std::uint64_t job, bool follower)
       : params_obj_(parameters) {
     const auto w = buffer_of(parameters, "parameters", true);
     ps::worker_params p{.rank = rank,
@@ -277,7 +301,8 @@ class py_worker {
                         .progress_seconds = progress_seconds,
                         .error_feedback = error_feedback,
                         .link_bytes_per_second = link_bytes_per_second,
-                        .reconnect = millis(reconnect, "worker.reconnect")};
+                        .reconnect = millis(reconnect, "worker.reconnect"),
+                        .follower = follower};
     if (p.timeout.count() == 0) raise(ashl::invalid_argument("worker.timeout", timeout, "must be > 0 seconds"));
     ashl::status failed;
     {
@@ -302,6 +327,44 @@ class py_worker {
   }
 
   bool iteration_done() { return w_->iteration_done(); }
+  ps::plan_in_force current_plan() const { return w_->current_plan(); }
+  bool compresses() const { return w_->compresses(); }
+  std::vector<std::pair<std::size_t, std::size_t>> shard_ranges() const { return w_->shard_ranges(); }
+  // Payloads the caller encoded (one uint8 array per shard, of codec at the
+  // plan's ratio): ashl.torch encodes a CUDA bucket's top-k on the device.
+  void commit_encoded(std::vector<py::array> payloads) {
+    std::vector<std::span<const std::byte>> spans;
+    for (auto& a : payloads) {
+      if (a.dtype().itemsize() != 1 || !(a.flags() & py::array::c_style))
+        raise(ashl::invalid_argument("worker.commit_encoded.payload", "dtype", "must be a contiguous uint8 array"));
+      spans.emplace_back(static_cast<const std::byte*>(a.data()), static_cast<std::size_t>(a.nbytes()));
+    }
+    ashl::status s;
+    {
+      py::gil_scoped_release nogil;
+      s = w_->commit_encoded(spans);
+    }
+    check(s);
+    update_obj_ = py::cast(payloads);  // sent from until wait() returns (and again after a reconnect)
+  }
+  // Without the GIL: each takes the worker's lock, which a communication
+  // thread holds through a commit (an emulated link sleeps there).
+  bool follow(const ps::plan_in_force& leader, bool leader_done) {
+    py::gil_scoped_release nogil;
+    return w_->follow(leader, leader_done);  // a plan it cannot run fails it: commit() says so
+  }
+  measurements reported_measurements() const {
+    py::gil_scoped_release nogil;
+    return {w_->reported_measurements()};
+  }
+  void report_measurements(const measurements& m) {
+    ashl::status s;
+    {
+      py::gil_scoped_release nogil;
+      s = w_->report_measurements(m.m);
+    }
+    check(s);
+  }
 
   void commit(py::array update) {
     const auto u = buffer_of(update, "update", false);
@@ -575,16 +638,40 @@ PYBIND11_MODULE(_ashl, m) {
            }),
            py::arg("eager_bytes") = 256, py::arg("deterministic") = false);
 
+  py::class_<ps::plan_in_force>(m, "CyclePlan", "a worker's plan and codec for one cycle (ps::plan_in_force)")
+      .def_property_readonly("plan", [](const ps::plan_in_force& p) { return plan_dict(p.plan); })
+      .def_property_readonly("codec", [](const ps::plan_in_force& p) { return std::string(ashl::to_string(p.codec)); });
+  py::class_<measurements>(m, "Measurements", "a worker's measurements of one cycle (core/plan.hpp measurement)")
+      .def("__len__", [](const measurements& x) { return x.m.size(); })
+      .def_property_readonly("kinds", [](const measurements& x) {
+        std::vector<std::string> out;
+        for (const auto& e : x.m) out.emplace_back(ashl::to_string(e.kind));
+        return out;
+      });
   py::class_<py_worker>(m, "Worker", "ps::worker: commits a flat float32 buffer and pulls into another")
       .def(py::init<py::array, std::vector<std::string>, std::uint32_t, std::uint32_t, double, std::uint64_t, bool,
                     double, double, double, std::string, bool, bool, std::optional<fabric>, std::uint64_t,
-                    std::uint64_t>(),
+                    std::uint64_t, bool>(),
            py::arg("parameters"), py::arg("servers"), py::arg("rank") = 0, py::arg("batch") = 1,
            py::arg("timeout") = 30.0, py::arg("seed") = 0, py::arg("error_feedback") = true,
            py::arg("link_bytes_per_second") = 0.0, py::arg("reconnect") = 0.0, py::arg("progress_seconds") = 0.0,
            py::arg("token") = "", py::arg("insecure") = false, py::arg("verbose") = false,
-           py::arg("fabric") = std::nullopt, py::arg("incarnation") = 0, py::arg("job") = 0)
+           py::arg("fabric") = std::nullopt, py::arg("incarnation") = 0, py::arg("job") = 0,
+           py::arg("follower") = false)
       .def("iteration_done", &py_worker::iteration_done)
+      .def_property_readonly("compresses", &py_worker::compresses,
+                             "whether this cycle's commit is compressed (known once iteration_done said true)")
+      .def_property_readonly("shard_ranges", &py_worker::shard_ranges, "(begin, size) of each server's shard")
+      .def("commit_encoded", &py_worker::commit_encoded, py::arg("payloads"),
+           "commit() with one payload per shard, encoded by the caller with the plan's codec and ratio")
+      .def_property_readonly("current_plan", &py_worker::current_plan,
+                             "the plan and codec of this cycle (what a follower is handed)")
+      .def("follow", &py_worker::follow, py::arg("leader_plan"), py::arg("leader_done"),
+           "a follower's iteration_done: the leader's plan of this cycle and what its iteration_done said")
+      .def_property_readonly("reported_measurements", &py_worker::reported_measurements,
+                             "what the end of the last cycle reported to the servers")
+      .def("report_measurements", &py_worker::report_measurements, py::arg("measurements"),
+           "measurements to the servers as this worker's (a follower: its leader's)")
       .def("commit", &py_worker::commit, py::arg("update"))
       .def("pull", &py_worker::pull)
       .def("wait", &py_worker::wait)

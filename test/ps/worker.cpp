@@ -391,3 +391,68 @@ BOOST_AUTO_TEST_CASE(commit_samples_come_from_the_workers_cycle) {
   ASHL_REQUIRE(server_params.size() == 100u);
   for (float v : server_params) ASHL_REQUIRE(v == 2.5f);
 }
+
+// Two workers of one process on two servers (the torch adapter's buckets):
+// the follower runs the leader's plan and cycle end, counts its own
+// servers' plan_updates as ignored, and reports the leader's measurements.
+BOOST_AUTO_TEST_CASE(a_follower_runs_its_leaders_cycles_and_reports_its_measurements) {
+  auto fabric = tr::inproc_fabric::create({});
+  std::atomic<bool> stop{false};
+  std::atomic<int> up{0};
+  std::vector<std::thread> servers;
+  for (const char* name : {"lead", "follow"}) {
+    servers.emplace_back([&, name] {
+      auto node = fabric->node(name);
+      auto layout = ps::shard_layout::even(128, 1);
+      ps::policy_params pp;
+      pp.workers = 1;
+      pp.period = 0.1;
+      pp.initial_commit_rate = 4;  // ADSP: a 25 ms interval until an overhead is measured
+      auto pol = ps::make_policy("adsp", pp);
+      ASHL_REQUIRE(pol.has_value());
+      auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = 1}}, std::move(*pol),
+                                                std::move(*node));
+      ASHL_REQUIRE(srv.has_value());
+      ++up;
+      srv->run(stop);
+    });
+  }
+  while (up < 2) std::this_thread::sleep_for(1ms);
+  std::vector<float> w0(128), w1(128), g(128, 0.25f);
+  auto lead = ps::worker<tr::inproc>::create({.servers = {"lead"}, .timeout = 10s}, node_of(fabric), w0);
+  auto fol = ps::worker<tr::inproc>::create({.servers = {"follow"}, .timeout = 10s, .follower = true},
+                                            node_of(fabric), w1);
+  ASHL_REQUIRE((lead.has_value() && fol.has_value()));
+  for (int c = 0; c < 5; ++c) {
+    const ps::plan_in_force p = lead->current_plan();
+    int iterations = 0;
+    bool done = false;
+    while (!done) {
+      done = lead->iteration_done();
+      ++iterations;
+      ASHL_TEST(fol->iteration_done(p, done) == done, "cycle " << c << " iteration " << iterations);
+      if (!done) std::this_thread::sleep_for(2ms);
+    }
+    ASHL_TEST((fol->plan() == p.plan), "cycle " << c);  // the leader's plan of this cycle
+    ASHL_TEST((fol->commit_step() == lead->commit_step()), "cycle " << c);
+    ASHL_REQUIRE(lead->commit(g).ok());
+    ASHL_REQUIRE(fol->commit(g).ok());
+    ASHL_REQUIRE(lead->wait().ok());
+    ASHL_REQUIRE(fol->wait().ok());
+    const auto ms = lead->reported_measurements();
+    ASHL_TEST(!ms.empty(), "cycle " << c);
+    ASHL_TEST(fol->report_measurements(ms).ok());
+  }
+  ASHL_TEST(lead->telemetry().plan_changes >= 2u);   // ADSP re-planned the interval
+  ASHL_TEST(fol->telemetry().plan_changes >= 2u);    // and the follower took it from the leader
+  ASHL_TEST(fol->telemetry().plans_ignored >= 1u);   // its own server's plans were not followed
+  ASHL_TEST(lead->telemetry().plans_ignored == 0u);
+  ASHL_TEST(fol->telemetry().commits == lead->telemetry().commits);
+  // A measurement of another rank is refused by name.
+  const auto bad = fol->report_measurements(std::vector<ashl::measurement>{{.worker = 7, .seconds = 1.0}});
+  ASHL_TEST((!bad.ok() && contains(bad.message(), "worker.report_measurements.worker")));
+  ASHL_TEST(lead->leave().ok());
+  ASHL_TEST(fol->leave().ok());
+  stop = true;
+  for (auto& t : servers) t.join();
+}

@@ -183,3 +183,35 @@ BOOST_AUTO_TEST_CASE(a_commit_carries_saturated_samples_and_its_clock) {
   c.restart();  // a new incarnation: sequence and clock start again
   BOOST_TEST(c.clock() == 0u);
 }
+
+// A follower's cycle (ps::worker_params::follower, the torch adapter's
+// buckets after the first): the leader's plan replaces its own before the
+// first iteration, and it ends when the leader says, whatever its own plan
+// would have said.
+BOOST_AUTO_TEST_CASE(a_follower_runs_its_leaders_plan_and_ends_with_its_leader) {
+  ps::worker_cycle c(2);
+  start_with(c, worker_plan{.local_iterations = 1}, 32, 1.0);
+  const worker_plan lead{.local_iterations = 0, .commit_interval_us = 1'000'000'000, .batch_size = 16,
+                         .compression_ratio = 0.5f};
+  BOOST_TEST(c.follow(lead, ashl::codec_id::topk, 32));
+  BOOST_TEST((c.plan() == lead));
+  BOOST_TEST((c.codec() == ashl::codec_id::topk));
+  BOOST_TEST(c.batch() == 16u);
+  BOOST_TEST(c.compresses());
+  BOOST_TEST(c.plan_changes() == 2u);
+  BOOST_TEST(!c.iteration_done(1.5, false));  // H = 1 of its own plan would have ended here
+  BOOST_TEST(!c.iteration_done(2.0, false));
+  BOOST_TEST(c.iteration_done(2.5, true));    // the leader's interval is not over by its clock: the leader's word
+  BOOST_TEST(c.iterations() == 3u);
+  BOOST_TEST(c.samples() == 48u);
+  BOOST_TEST((c.state() == ps::worker_cycle::phase::compressing));
+  BOOST_TEST(c.measurements().size() == 1u);
+  BOOST_TEST(c.measurements()[0].seconds == 0.5);  // (2.5 - 1.0) / 3 per iteration
+  c.compressed(2.6, 100);
+  c.commit_sent(2.6);
+  c.commit_arrived(2.7, 100);
+  c.reply_arrived(2.8, 100);
+  c.start(32, 2.8);
+  BOOST_TEST(!c.follow(lead, ashl::codec_id::topk, 32));  // the same plan: no change
+  BOOST_TEST(c.plan_changes() == 2u);
+}

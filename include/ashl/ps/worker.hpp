@@ -32,6 +32,11 @@
 // clock), header.step the worker's iteration count (the codec's Philox
 // step), header.samples the cycle's samples (worker_cycle::samples()).
 //
+// A follower (worker_params::follower) runs another worker's cycles: its
+// plan and cycle end are the leader's (iteration_done(leader_plan, done))
+// and it reports the leader's measurements, so several tensors of one
+// process follow one plan authority (docs/ps.md "Plan authority").
+//
 // Threads: the caller drives the transport inside wait() and progress(); no
 // thread of the worker's own runs unless worker_params.progress_thread is set,
 // then one thread drives progress and every public call takes the same lock.
@@ -113,6 +118,23 @@ struct worker_params {
   // takes the parameters the server has (a restarted server: those of its
   // checkpoint). 0: the worker fails at once with the server's error.
   std::chrono::milliseconds reconnect{0};
+  // This worker's cycles are another worker's, its leader's (one cycle for
+  // several workers of one process: the torch adapter's buckets, each a
+  // parameter-server tensor of its own, docs/torch.md "Buckets and
+  // overlap"). It takes the join's plan from its server 0, then counts every
+  // plan_update in plans_ignored: the caller hands it the leader's plan and
+  // cycle end (iteration_done(leader_plan, leader_done)) and the leader's
+  // measurements (report_measurements), which it reports to its servers
+  // instead of its own, so that its servers' policy copies see the events
+  // the leader's see (docs/ps.md, "Plan authority").
+  bool follower = false;
+};
+
+// The plan and codec in force for a worker's cycle (a leader's, handed to
+// its followers).
+struct plan_in_force {
+  worker_plan plan{};
+  codec_id codec = codec_id::identity;
 };
 
 struct worker_telemetry {
@@ -198,6 +220,49 @@ class worker {
     std::lock_guard g(state_->mu);
     if (state_->cycle.state() != worker_cycle::phase::computing) return true;  // done already: commit
     return state_->cycle.iteration_done(state_->clock.now());
+  }
+
+  // The plan and codec of this cycle (worker_params::follower: what the
+  // followers of this worker are handed).
+  [[nodiscard]] plan_in_force current_plan() const {
+    return locked([](const state& s) { return plan_in_force{s.cycle.plan(), s.cycle.codec()}; });
+  }
+
+  // A follower's iteration_done() (worker_params::follower): one local
+  // iteration of the cycle whose plan the leader adopted (`leader`, its
+  // current_plan() taken in this cycle before its commit) and which the
+  // leader said was complete or not (`leader_done`, its iteration_done() for
+  // the same iteration). The leader's plan replaces this worker's before
+  // the cycle's first iteration. True: commit now.
+  bool iteration_done(const plan_in_force& leader, bool leader_done) {
+    std::lock_guard g(state_->mu);
+    state& s = *state_;
+    if (s.cycle.state() != worker_cycle::phase::computing) return true;  // done already: commit
+    if (s.cycle.iterations() == 0 && s.cycle.follow(leader.plan, leader.codec, s.p.batch)) {
+      ++s.tel.plan_changes;
+      if (auto ok = check_plan_codec(leader.plan, leader.codec); !ok) s.fail(ok);
+      else (void)s.encoder.set(leader.codec, leader.plan.compression_ratio);
+    }
+    return s.cycle.iteration_done(s.clock.now(), leader_done);
+  }
+
+  // What the end of the last cycle reported to the servers (compute, push,
+  // pull, commit of ps::worker_cycle): a leader's, for its followers.
+  [[nodiscard]] std::vector<ashl::measurement> reported_measurements() const {
+    return locked([](const state& s) { return s.reported; });
+  }
+
+  // Measurements to every server as this worker's (a follower reports its
+  // leader's; their worker must be this rank).
+  status report_measurements(std::span<const ashl::measurement> ms) {
+    std::lock_guard g(state_->mu);
+    if (!state_->failed.ok()) return state_->failed;
+    for (const auto& m : ms)
+      if (m.worker != state_->p.rank)
+        return invalid_argument("worker.report_measurements.worker", m.worker,
+                                "must be this worker's rank " + std::to_string(state_->p.rank));
+    if (ms.empty()) return {};
+    return state_->send_measurements(ms);
   }
 
   // Sends `update` (gradient or model delta, all the model's elements) to
@@ -297,6 +362,7 @@ class worker {
     std::vector<slot> slots;
     std::vector<std::uint32_t> free_slots;
     std::vector<ashl::measurement> reports;
+    std::vector<ashl::measurement> reported;  // what the last finish_cycle sent (reported_measurements)
     commit_encoder encoder;  // the plan's codec, error feedback (ps/commit_encoder.hpp, shared with the simulator)
     worker_cycle cycle;
     steady_clock clock;
@@ -342,6 +408,7 @@ class worker {
       slots.reserve(4 * S + 8);
       free_slots.reserve(4 * S + 8);
       reports.reserve(16);
+      reported.reserve(8);
     }
 
     [[nodiscard]] bool pending() const noexcept { return sends_pending != 0 || replies_pending != 0; }
@@ -636,8 +703,10 @@ class worker {
       const double now = clock.now();
       cycle.reply_arrived(now, static_cast<double>(reply_bytes));
       committing = false;
+      reported.assign(cycle.measurements().begin(), cycle.measurements().end());
       if (!cycle.measurements().empty()) {
-        (void)send_measurements();
+        // A follower reports its leader's instead (report_measurements).
+        if (!p.follower) (void)send_measurements(cycle.measurements());
         cycle.clear_measurements();
       }
       // The newest plan server 0 sent is adopted here, at the cycle's start
@@ -649,10 +718,9 @@ class worker {
       }
     }
 
-    status send_measurements() {
+    status send_measurements(std::span<const ashl::measurement> ms) {
       for (std::uint32_t s = 0; s < servers(); ++s) {
         const std::uint32_t i = take_slot();
-        auto ms = cycle.measurements();
         const std::size_t n = wire::encoded_size(wire::measurements_body::bytes_for(ms.size()));
         if (slots[i].body.size() < n) slots[i].body.resize(n);
         auto used = wire::encode(wire::header{.rank = p.rank}, ms, std::span<std::byte>(slots[i].body.data(), n));
@@ -813,7 +881,7 @@ class worker {
           return;
         }
         case wire::message_kind::plan_update: {
-          if (s != 0) {
+          if (s != 0 || (p.follower && cycle.has_plan())) {  // a follower takes its join's plan only
             ++tel.plans_ignored;
             return;
           }

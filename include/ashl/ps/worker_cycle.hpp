@@ -97,9 +97,35 @@ class worker_cycle {
     ASHL_ASSERT(phase_ == phase::computing, "worker_cycle::iteration_done: not computing");
     ++iterations_;
     if (!cycle_complete(plan_, iterations_, now - started_, max_interval_iterations)) return false;
-    compute_end_ = now;
-    record(measurement_kind::compute, (now - started_) / iterations_, batch_, now);
-    phase_ = compresses() ? phase::compressing : phase::sending;
+    end_compute(now);
+    return true;
+  }
+
+  // A follower's cycle: one whose plan and end are another cycle's, its
+  // leader's (ps::worker_params::follower; the torch adapter's buckets after
+  // the first run the first bucket's cycle, docs/torch.md). Before the
+  // cycle's first iteration the plan in force is replaced by the plan the
+  // leader adopted at the start of the same cycle, so the rule "adopted at a
+  // cycle start, never inside one" holds for both; true when that changed
+  // the plan or codec.
+  bool follow(const worker_plan& plan, codec_id codec, std::uint32_t own_batch) {
+    ASHL_ASSERT(phase_ == phase::computing && iterations_ == 0,
+                "worker_cycle::follow: only before the cycle's first iteration");
+    const bool changed = !(plan == plan_) || codec != codec_;
+    plan_ = plan;
+    codec_ = codec;
+    if (changed) ++plan_changes_;
+    batch_ = plan_.batch_size != 0 ? plan_.batch_size : own_batch;
+    return changed;
+  }
+  // One local iteration of a follower's cycle finished at `now`; the cycle's
+  // compute is complete when the leader's is (`complete`, what the leader's
+  // iteration_done said for the same iteration).
+  bool iteration_done(double now, bool complete) {
+    ASHL_ASSERT(phase_ == phase::computing, "worker_cycle::iteration_done: not computing");
+    ++iterations_;
+    if (!complete) return false;
+    end_compute(now);
     return true;
   }
 
@@ -199,6 +225,12 @@ class worker_cycle {
   void clear_measurements() noexcept { log_.clear(); }
 
  private:
+  void end_compute(double now) {
+    compute_end_ = now;
+    record(measurement_kind::compute, (now - started_) / iterations_, batch_, now);
+    phase_ = compresses() ? phase::compressing : phase::sending;
+  }
+
   void record(measurement_kind k, double seconds, double amount, double now) {
     if (!(seconds > 0.0)) return;
     log_.push_back({worker_, k, seconds, amount, now});
