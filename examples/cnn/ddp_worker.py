@@ -7,8 +7,9 @@
 - ddp_powersgd: powerSGD_hook.PowerSGDState(matrix_approximation_rank =
   the knob, start_powerSGD_iter) + powerSGD_hook.
 - ddp_localsgd: post-local SGD, post_localSGD_hook.PostLocalSGDState
-  (start_localSGD_iter, one-rank subgroups: no gradient all-reduce after
-  the start) + post_localSGD_hook, and torch.distributed.optim.
+  (start_localSGD_iter, post_local_gradient_allreduce=False: each rank is
+  a node of its own, no gradient all-reduce after the start) +
+  post_localSGD_hook, and torch.distributed.optim.
   PostLocalSGDOptimizer over averagers.PeriodicModelAverager(period = the
   knob H, warmup_steps = the same start).
 - ddp_propbatch: fp32 all-reduce, per-rank batches proportional to the
@@ -95,8 +96,9 @@ def main(a):
         inner = powerSGD_hook.powerSGD_hook
     elif method == "ddp_localsgd":
         start_local = int(cfg.get("localsgd_start", 50))
-        subgroup, _ = dist.new_subgroups(group_size=1)  # a rank alone: no gradient all-reduce after the start
-        state = post_localSGD_hook.PostLocalSGDState(process_group=None, subgroup=subgroup,
+        # Each rank is a node of its own: no gradient all-reduce after the start (the default's
+        # intra-node subgroups need CUDA in torch 1.13, and would be one rank each here).
+        state = post_localSGD_hook.PostLocalSGDState(process_group=None, subgroup=None,
                                                      start_localSGD_iter=start_local,
                                                      post_local_gradient_allreduce=False)
         inner = post_localSGD_hook.post_localSGD_hook
@@ -166,5 +168,6 @@ def main(a):
              "pad_seconds": steps * pad, "wall_seconds": cc.mono() - t0,
              "cpu_seconds": time.process_time()}
     cc.write_file(f"{run_dir}/worker-{rank}.json", json.dumps(stats) + "\n")
+    dist.barrier()  # once, after the clock: rank 0 hosts the store, so it leaves last
     dist.destroy_process_group()
     return 0

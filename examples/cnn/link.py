@@ -164,20 +164,22 @@ class Link:
                 "transfers": self.transfers}
 
 
-def costed_all_reduce(link, dist=None):
+def costed_all_reduce(link, dist=None, size_of=None):
     """Make every torch.distributed.all_reduce of this process pay its ring
     bytes on `link` before it runs (the DDP hooks, PowerSGD's P and Q
     all-reduces and post-local SGD's averaging all call
-    torch.distributed.all_reduce by attribute). Returns the original."""
+    torch.distributed.all_reduce by attribute). size_of(group): the ranks
+    of the ring (default: the group's size). Returns the original."""
     if dist is None:
         import torch.distributed as dist
+    if size_of is None:
+        size_of = lambda group: dist.get_world_size(group) if group is not None else dist.get_world_size()
     original = dist.all_reduce
     if getattr(original, "_cnn_costed", False):
         raise RuntimeError("torch.distributed.all_reduce is already costed")
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
-        n = dist.get_world_size(group) if group is not None else dist.get_world_size()
-        b = ring_bytes(tensor.numel() * tensor.element_size(), n)
+        b = ring_bytes(tensor.numel() * tensor.element_size(), size_of(group))
         if b > 0:
             link.hold_duplex(b, b)
         if op is None:
