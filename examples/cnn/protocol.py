@@ -34,8 +34,8 @@ def run_order(methods, seed, salt="issue27"):
     """The methods of one seed in a random order that is a pure function of
     (methods, seed, salt): the order is random per seed (no method always
     runs first on a fresh machine) and the same on a rerun."""
-    methods = list(methods)
-    rng = random.Random(f"{salt}:{seed}:{','.join(sorted(methods))}")
+    methods = sorted(methods)  # the order they were given in does not matter
+    rng = random.Random(f"{salt}:{seed}:{','.join(methods)}")
     rng.shuffle(methods)
     return methods
 
