@@ -38,8 +38,15 @@ def main(a):
     count = ticks.tick_count(a.eval_every, a.budget)
     cc.write_file(f"{run_dir}/ready-evaluator", "1\n")
     done = f"{run_dir}/done"
+    t0 = cc.wait_for_start(run_dir, timeout=600.0)
+    give_up = t0 + a.budget + 600.0  # run.py went away: do not wait for ever
+
+    def wait_done():
+        if cc.mono() > give_up:
+            raise SystemExit(f"evaluator: no {done} 600 s after the run's end")
     if not concurrent:
         while not os.path.exists(done):
+            wait_done()
             time.sleep(0.25)
     torch.set_num_threads(len(cpus))
     curve, k = [], 1
@@ -48,6 +55,7 @@ def main(a):
         if not os.path.exists(path):
             if os.path.exists(done) and not os.path.exists(path):
                 raise SystemExit(f"evaluator: {path} missing after the run ended")
+            wait_done()
             time.sleep(0.05)
             continue
         torch.nn.utils.vector_to_parameters(torch.from_numpy(np.load(path)), model.parameters())
@@ -55,6 +63,9 @@ def main(a):
         curve.append([round(k * a.eval_every, 3), acc, loss])
         k += 1
     while not os.path.exists(ticks.final_path(run_dir)):
+        if os.path.exists(done) and not os.path.exists(ticks.final_path(run_dir)):
+            raise SystemExit(f"evaluator: {ticks.final_path(run_dir)} missing after the run ended")
+        wait_done()
         time.sleep(0.05)
     torch.nn.utils.vector_to_parameters(torch.from_numpy(np.load(ticks.final_path(run_dir))), model.parameters())
     final_acc, final_loss = cc.evaluate(model, x, y)

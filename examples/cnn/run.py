@@ -83,6 +83,8 @@ def parse(argv):
     p.add_argument("--protocol", action="store_true",
                    help="the test seeds (1-5), all methods, under the committed frozen file; writes table.md")
     p.add_argument("--report", default="", metavar="DIR", help="the table from DIR/results.jsonl")
+    p.add_argument("--max-runs", type=int, default=0, metavar="N",
+                   help="--tune, --protocol: stop after N (method, seed) runs; run again to go on (default: all)")
     p.add_argument("--boot", type=int, default=10000, help="bootstrap resamples (default 10000)")
     p.add_argument("--quick", action="store_true", help="2 workers, 25 s per run, ddp,bsp,ashl: a smoke test")
     p.add_argument("--out", default="cnn-results")
@@ -465,9 +467,16 @@ def runs(a):
     header(a, "protocol" if a.protocol else "runs", methods, a.seed_values)
     t_all = time.time()
     path = os.path.join(a.out, "results.jsonl")
-    done = {(r["method"], r["seed"]) for r in read_rows(path)} if a.protocol else set()
-    if not a.protocol and os.path.exists(path):
+    done = set()
+    if a.protocol:  # resumes the rows of this frozen file and budget; refuses a folder of other runs
+        for r in read_rows(path):
+            if r.get("frozen_digest") != frozen["digest"] or r["budget_s"] != a.budget or r["workers"] != a.workers:
+                raise SystemExit(f"{path} holds runs of another configuration ({r['method']} seed {r['seed']}): "
+                                 "use another --out")
+            done.add((r["method"], r["seed"]))
+    elif os.path.exists(path):
         os.remove(path)
+    todo = a.max_runs or -1
     with open(path, "a") as results, open(os.path.join(a.out, "attempts.jsonl"), "a") as log:
         for seed in a.seed_values:
             order = ordered(a, methods, seed)
@@ -475,6 +484,10 @@ def runs(a):
             for i, m in enumerate(order):
                 if (m, seed) in done:
                     continue  # --protocol resumes
+                if todo == 0:
+                    print(f"--max-runs {a.max_runs}: stopping; run the same command again to go on", flush=True)
+                    return 0
+                todo -= 1
                 row = run_clean(a, m, seed, config_for(a, m, frozen), f"{m}-seed{seed}",
                                 dict(extra, order_index=i, order=order), log)
                 results.write(json_line(row))
@@ -494,6 +507,7 @@ def tune(a):
     header(a, "tuning", methods, a.tuning_seed_values)
     path = os.path.join(a.out, "tuning.jsonl")
     have = {(r["method"], protocol.config_key(r["config"]), r["seed"]) for r in read_rows(path)}
+    todo = a.max_runs or -1
     with open(path, "a") as out, open(os.path.join(a.out, "attempts.jsonl"), "a") as log:
         for seed in a.tuning_seed_values:
             keys = [f"{m}#{i}" for m in methods for i in range(len(protocol.grid_configs(grid, m)))]
@@ -502,6 +516,10 @@ def tune(a):
                 cfg = dict(DEFAULT_CONFIG, **protocol.grid_configs(grid, m)[int(i)])
                 if (m, protocol.config_key(cfg), seed) in have:
                     continue
+                if todo == 0:
+                    print(f"--max-runs {a.max_runs}: stopping; run the same command again to go on", flush=True)
+                    return 0
+                todo -= 1
                 row = run_clean(a, m, seed, cfg, f"tune-{m}-{i}-seed{seed}", {"grid_index": int(i)}, log)
                 out.write(json_line(row))
                 out.flush()
