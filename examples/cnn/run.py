@@ -101,7 +101,7 @@ def parse(argv):
     if a.quick:  # smaller defaults; flags given explicitly win
         a.workers = a.workers if "--workers" in given else 2
         a.budget = a.budget if "--budget" in given else 25.0
-        a.methods = a.methods or "ddp,bsp,ashl"
+        a.methods = a.methods or ("" if a.protocol or a.tune or a.freeze else "ddp,bsp,ashl")
     if a.protocol:
         if a.methods or a.set or a.lr or a.ratio is not None:
             p.error("--protocol runs every method under the frozen file: no --methods, --set, --lr or --ratio")
@@ -213,7 +213,10 @@ def best_ddp_of(frozen):
         return None
     ddps = [m for m in protocol.DDP_METHODS if m in frozen["chosen"]]
     inf = math.inf
-    return min(ddps, key=lambda m: (frozen["chosen"][m]["median_time_to_target_s"] or inf, m)) if ddps else None
+    c = frozen["chosen"]
+    # The fastest to the target on the tuning seeds; among variants that did not reach it, the most accurate.
+    t = lambda m: inf if c[m]["median_time_to_target_s"] is None else c[m]["median_time_to_target_s"]
+    return min(ddps, key=lambda m: (t(m), -c[m]["median_final_accuracy"], m)) if ddps else None
 
 
 def resolve_methods(a, frozen):
@@ -456,7 +459,10 @@ def runs(a):
         ok, why = frozen_is_committed(a.config_file)
         if not ok:
             raise SystemExit(f"--protocol: {why}: the configuration must be committed before any test seed runs")
-        protocol.check_frozen(frozen, a.seed_values)
+        try:
+            protocol.check_frozen(frozen, a.seed_values)
+        except ValueError as e:
+            raise SystemExit(f"--protocol: {a.config_file}: {e}")
         extra = {"frozen_commit": why, "frozen_digest": frozen["digest"]}
     elif frozen is None:
         print(f"note: no frozen tuning file {a.config_file}: every method runs the default configuration "
