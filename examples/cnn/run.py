@@ -82,7 +82,8 @@ def parse(argv):
     p.add_argument("--freeze", default="", metavar="FILE", help="write the frozen file from --out's tuning.jsonl")
     p.add_argument("--protocol", action="store_true",
                    help="the test seeds (1-5), all methods, under the committed frozen file; writes table.md")
-    p.add_argument("--report", default="", metavar="DIR", help="the table from DIR/results.jsonl")
+    p.add_argument("--report", default="", metavar="DIR",
+                   help="the table from DIR/results.jsonl (with --target: at that accuracy, from the curves)")
     p.add_argument("--max-runs", type=int, default=0, metavar="N",
                    help="--tune, --protocol: stop after N (method, seed) runs; run again to go on (default: all)")
     p.add_argument("--boot", type=int, default=10000, help="bootstrap resamples (default 10000)")
@@ -98,6 +99,7 @@ def parse(argv):
     p.add_argument("--config-json", default="{}", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     given = " ".join(argv)
+    a.target_given = "--target" in given
     if a.quick:  # smaller defaults; flags given explicitly win
         a.workers = a.workers if "--workers" in given else 2
         a.budget = a.budget if "--budget" in given else 25.0
@@ -559,6 +561,9 @@ def report(a, rows):
     if not rows:
         print("no results", flush=True)
         return
+    if a.report and a.target_given:  # the table at another accuracy, from the curves
+        rows = [dict(r, target_accuracy=a.target,
+                     time_to_target_s=next((t for t, acc in r["curve"] if acc >= a.target), None)) for r in rows]
     target = rows[0]["target_accuracy"]
     budget = rows[0]["budget_s"]
     s = protocol.summarize(rows, target, budget, n_boot=a.boot)
