@@ -261,6 +261,13 @@ struct fabric {
   std::shared_ptr<tr::inproc_fabric> f;
 };
 
+// f() without the GIL (a call that takes a worker's or server's lock).
+template <class F>
+auto unlocked(F f) {
+  py::gil_scoped_release nogil;
+  return f();
+}
+
 class py_worker {
  public:
   py_worker(py::array parameters, std::vector<std::string> servers, std::uint32_t rank, std::uint32_t batch,
@@ -320,7 +327,13 @@ class py_worker {
     check(failed);
   }
 
-  bool iteration_done() { return w_->iteration_done(); }
+  // Every call that takes the worker's lock releases the GIL first: a
+  // `link` hold runs under that lock and takes the GIL (another thread
+  // holding the GIL while it waits for the lock would deadlock them).
+  bool iteration_done() {
+    py::gil_scoped_release nogil;
+    return w_->iteration_done();
+  }
 
   void commit(py::array update) {
     const auto u = buffer_of(update, "update", false);
@@ -335,7 +348,14 @@ class py_worker {
     check(s);
     update_obj_ = update;  // the worker sends from it until wait() returns
   }
-  void pull() { check(w_->pull()); }
+  void pull() {
+    ashl::status s;
+    {
+      py::gil_scoped_release nogil;
+      s = w_->pull();
+    }
+    check(s);
+  }
   void wait() {
     ashl::status s;
     {
@@ -357,17 +377,17 @@ class py_worker {
   void report_metric(const std::string& name, double v) {
     for (std::uint32_t i = 0; i < ashl::metric_id_count; ++i) {
       const auto m = static_cast<ashl::metric_id>(i);
-      if (ashl::to_string(m) == name) return check(w_->report_metric(m, v));
+      if (ashl::to_string(m) == name) return check(unlocked([&] { return w_->report_metric(m, v); }));
     }
     raise(ashl::invalid_argument("metric", name, "must be loss, accuracy, samples_per_second or iteration_seconds"));
   }
-  py::dict plan() const { return plan_dict(w_->plan()); }
-  std::uint32_t batch() const { return w_->batch(); }
-  std::string codec() const { return std::string(ashl::to_string(w_->codec())); }
-  std::uint64_t staleness() const { return w_->staleness(); }
-  std::uint64_t incarnation() const { return w_->incarnation(); }
-  py::dict telemetry() const { return worker_telemetry_dict(w_->telemetry()); }
-  std::string progress_line() const { return w_->progress_line(); }
+  py::dict plan() const { return plan_dict(unlocked([&] { return w_->plan(); })); }
+  std::uint32_t batch() const { return unlocked([&] { return w_->batch(); }); }
+  std::string codec() const { return std::string(ashl::to_string(unlocked([&] { return w_->codec(); }))); }
+  std::uint64_t staleness() const { return unlocked([&] { return w_->staleness(); }); }
+  std::uint64_t incarnation() const { return unlocked([&] { return w_->incarnation(); }); }
+  py::dict telemetry() const { return worker_telemetry_dict(unlocked([&] { return w_->telemetry(); })); }
+  std::string progress_line() const { return unlocked([&] { return w_->progress_line(); }); }
 
  private:
   template <class T>

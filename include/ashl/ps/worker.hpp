@@ -117,7 +117,10 @@ struct worker_params {
   // thread for as long as they take. A harness that emulates every method's
   // links with one model (a server's link shared by all its workers, say)
   // gives it here (examples/cnn/link.py). Its wall time is counted in
-  // telemetry's link_seconds.
+  // telemetry's link_seconds. It runs under the worker's lock, as the
+  // rate's sleep does: it must not call this worker, and a lock it takes
+  // must not be held by a thread that calls this worker (the Python
+  // binding releases the GIL around every call for that reason).
   std::function<void(link_direction, std::uint64_t)> link_hold;
   // > 0: a server whose connection fails or closes (it died, or evicted this
   // worker) is connected to again for up to this long: the worker rejoins
