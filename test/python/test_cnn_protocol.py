@@ -286,3 +286,38 @@ def test_each_ddp_variant_costs_the_bytes_its_all_reduces_are_given(gloo_one_ran
     assert st["bytes_up"] == pytest.approx(want, abs=steps * 2) and st["bytes_down"] == st["bytes_up"]
     # Every byte was held for at the link's rate (duplex: up and down at once).
     assert sum(c.slept) == pytest.approx(want / 8.14e6, rel=1e-6)
+
+
+# ------------------------------------------------------------------ run.py's checks
+
+def test_the_protocol_takes_a_frozen_file_only_once_committed_and_unmodified(tmp_path):
+    import subprocess
+    pytest.importorskip("torch")
+    import run
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    f = repo / "tuned.json"
+    f.write_text("{}\n")
+    ok, why = run.frozen_is_committed(str(f))
+    assert not ok and "not tracked" in why
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(git + ["-C", str(repo), "add", "tuned.json"], check=True)
+    subprocess.run(git + ["-C", str(repo), "commit", "-qm", "frozen"], check=True)
+    ok, commit = run.frozen_is_committed(str(f))
+    assert ok and len(commit) == 40
+    f.write_text('{"edited": 1}\n')
+    ok, why = run.frozen_is_committed(str(f))
+    assert not ok and "not committed" in why
+
+
+def test_the_best_ddp_variant_of_a_frozen_file_is_the_fastest_then_the_most_accurate():
+    pytest.importorskip("torch")
+    import run
+    chosen = {m: {"median_time_to_target_s": None, "median_final_accuracy": 0.85} for m in P.DDP_METHODS}
+    chosen["ddp_localsgd"]["median_final_accuracy"] = 0.87
+    assert run.best_ddp_of({"chosen": chosen}) == "ddp_localsgd"
+    chosen["ddp_fp16"]["median_time_to_target_s"] = 250.0
+    chosen["ddp_powersgd"]["median_time_to_target_s"] = 200.0
+    assert run.best_ddp_of({"chosen": chosen}) == "ddp_powersgd"
+    assert run.best_ddp_of(None) is None
