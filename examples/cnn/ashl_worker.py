@@ -1,29 +1,32 @@
-"""The server and the workers of an ashl run of the CNN example (BSP, ADSP,
-ASHL, ASHL+), through the Python module: ``ashl.torch.serve`` in the server
-process, ``ashl.torch.DistributedOptimizer`` around the workers' SGD.
+"""The server and the workers of an ashl run of the CNN comparison (BSP,
+ADSP, ASHL, ASHL+), through the Python module: ``ashl.torch.serve`` in the
+server process, ``ashl.torch.DistributedOptimizer`` around the workers' SGD.
 
 Started by run.py (``--role server`` / ``--role worker``); the emulation is
-cnn_common.py's, the same as ddp_worker.py's:
+cnn_common.py's and link.py's, the same as ddp_worker.py's:
 
 - Compute: each local iteration (forward, backward) is padded by a sleep to
   f_c x K x 10 ms x batch / 64 from its start, before the optimizer's step
   (which commits and pulls when the plan says).
-- Links: the module's ``link_bytes_per_second`` (ps::worker's emulated
-  link): a commit of b bytes is held b / rate before it is sent, a pull
-  reply of b bytes b / rate after it arrived.
+- Links: link.Link through the module's ``link`` hook (ps::worker's
+  link_hold): a commit's bytes (headers and payload, as encoded) cross the
+  worker's up channel and the server's down channel before they are sent,
+  a reply's the server's up and the worker's down channel after it arrived;
+  the server's channels (its own rate, --server-link-factor) are shared by
+  all nine workers (link.ServerPort).
 - Loss: the policies read a global loss (ASHL switches from AHL to SHL below
   ``switch_loss``, ADSP rewards commit rates by it). Worker 0 reports the
   mean loss of its last 20 batches every 1.25 s (the reference's 0.25
   reference s x K): free, where the reference server evaluates 1,000
   training images.
-- Snapshots: worker 0 keeps the parameters it last pulled from the server,
-  and at every tick the copy of that moment; run.py evaluates them after the
-  run. The server's own model is newer by at most worker 0's cycle (it is in
-  the fastest group), so this errs against ashl.
+- Evaluation: the server process writes the server's own parameters
+  (ashl.Server.parameters(), one version, taken between two passes of its
+  loop) at every tick to the run's ticks/ for the evaluator (ticks.py).
 """
 import collections
 import json
 import os
+import threading
 import time
 
 import torch
@@ -32,6 +35,9 @@ import torch.nn.functional as F
 import ashl
 import ashl.torch
 import cnn_common as cc
+import ddp_worker
+import link as lk
+import ticks
 
 # The reference experiment's policy settings (examples/experiment_common.hpp
 # make_setup), durations x K since the server's policy reads wall time; ASHL's
@@ -43,7 +49,7 @@ def policy_of(a):
     if method == "adsp":
         return ashl.Policy("adsp", period=1.0 * time_scale, search_every=1000.0 * time_scale, target_loss=0.4,
                            initial_commit_rate=1)
-    params = dict(profile_iterations=5, h_ahl=8, h_shl=2, shl_staleness=3, compression_ratio=a.ratio,
+    params = dict(profile_iterations=5, h_ahl=8, h_shl=2, shl_staleness=3, compression_ratio=a.config["ratio"],
                   switch_loss=a.switch_loss, planner="profile", profile_trim=2)
     if method == "ashl_plus":
         params.update(replanner="profile", replan_drift=0.5, replan_half_life=8)
@@ -56,13 +62,46 @@ def job_of(a, role):
                     insecure=not os.environ.get("ASHL_TOKEN"))
 
 
+def server_flat(model, buckets, flats):
+    """The servers' parameters (one flat array per bucket, each in its
+    bucket's order: reverse registration) in registration order."""
+    by_id = {}
+    for named, flat in zip(buckets, flats):
+        off = 0
+        for _, p in named:
+            by_id[id(p)] = torch.from_numpy(flat[off:off + p.numel()])
+            off += p.numel()
+    return torch.cat([by_id[id(p)] for p in model.parameters()])
+
+
 def server(a):
     torch.set_num_threads(1)
     model = cc.make_model(a.seed)
-    srv = ashl.torch.serve(model, job_of(a, "server"), policy=policy_of(a),
+    pol = policy_of(a)
+    srv = ashl.torch.serve(model, job_of(a, "server"), policy=pol,
                            compression="topk", optimizer="model_delta", worker_timeout=60.0, background=True)
+    buckets = ashl.torch.partition(model, ashl.torch.DEFAULT_BUCKET_CAP_MB, pol)
+    params = (lambda: srv.parameters()) if len(buckets) > 1 else (lambda: [srv.parameters()])
     cc.write_file(f"{a.run_dir}/listening", "1\n")
+    t0 = cc.wait_for_start(a.run_dir)
+    writer = ticks.TickWriter(a.run_dir, t0, a.eval_every, a.budget)
+    done = threading.Event()
+
+    def publish():  # the server's parameters at each tick, for the evaluator
+        while not done.is_set():
+            due = writer.due(cc.mono())
+            for k, _ in due:
+                writer.write(k, server_flat(model, buckets, params()))
+            if writer.next > writer.count:
+                return
+            done.wait(max(0.0, writer.time_of(writer.next) - cc.mono()))
+
+    th = threading.Thread(target=publish, name="ticks", daemon=True)
+    th.start()
     srv.join()
+    done.set()
+    th.join()
+    writer.finish(server_flat(model, buckets, params()))
     cc.write_file(f"{a.run_dir}/server.json", json.dumps(srv.telemetry, default=str) + "\n")
     return 0
 
@@ -74,8 +113,20 @@ def worker(a):
     data = cc.Data(a.data_dir)
     model = cc.make_model(a.seed)
     rate = cc.link_rate(rank, a.time_scale, n)
-    sgd = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
     deadline = cc.mono() + 120.0
+    while not os.path.exists(f"{run_dir}/server-link"):
+        if cc.mono() > deadline:
+            raise SystemExit(f"worker {rank}: no {run_dir}/server-link within 120 s")
+        time.sleep(0.02)
+    link = lk.Link(rate, server=lk.ServerPort(f"{run_dir}/server-link", a.server_rate))
+    costing = {"on": False}  # the first pull (the initial model, DDP's constructor broadcast) is not costed
+
+    def hold(direction, nbytes):
+        if costing["on"]:
+            link.hold(direction, nbytes)
+
+    cfg = a.config
+    sgd = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=a.momentum)
     while not os.path.exists(f"{run_dir}/listening"):
         if cc.mono() > deadline:
             raise SystemExit(f"worker {rank}: the server did not listen within 120 s")
@@ -83,37 +134,38 @@ def worker(a):
     opt = ashl.torch.DistributedOptimizer(sgd, model, policy=policy_of(a).name,
                                           compression="topk", job=job_of(a, "worker"), batch_size=64,
                                           timeout=120.0, seed=a.seed, error_feedback=a.method == "ashl_plus",
-                                          link_bytes_per_second=rate,
-                                          # The exchange inside step(), as measured in docs/perf/cnn.md:
-                                          # the compute padding below is timed from the iteration's start,
-                                          # and worker 0 snapshots the pulled parameters after step().
+                                          link=hold,
+                                          # The exchange inside step(), serially after the padded compute
+                                          # (timed from the iteration's start), as DDP's hook runs it.
                                           overlap=False)
     cc.write_file(f"{run_dir}/ready-{rank}", "1\n")
     t0 = cc.wait_for_start(run_dir)
-    # A fresh pull just before the start, so the first cycle's compute (ASHL
-    # profiles it) does not count the wait for the other processes; the pull
-    # is held for its emulated time, so it starts that much before t0.
-    cc.sleep_until(t0 - (cc.model_bytes(model) + 72) / rate - 0.005)
+    # A fresh pull just before the start (not costed), so the first cycle's
+    # compute (ASHL profiles it) does not count the wait for the other processes.
+    cc.sleep_until(t0 - 0.02)
     opt.synchronize()
     cc.sleep_until(t0)
+    costing["on"] = True
     t_end = t0 + a.budget
     losses = collections.deque(maxlen=20)
-    snapshots, next_tick, next_report = [], t0 + a.eval_every, t0 + 1.25
-    def flat():  # registration order (run.py's vector_to_parameters); the buckets hold them in reverse
-        return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-    pulled = flat()
+    next_report = t0 + 1.25
     commits = steps = samples = overruns = 0
+    pad_seconds = 0.0
     stages = [(0.0, opt.plan.stage)]  # (seconds since the start, stage) at every change of the plan's stage
     while cc.mono() < t_end:
         it0 = cc.mono()
+        lr = ddp_worker.lr_at(cfg["lr"], cfg.get("warmup_s", 0.0), it0 - t0)
+        for g in sgd.param_groups:
+            g["lr"] = lr
         b = opt.batch_size
         x, y = data.train_batch(cc.batch_indices(a.seed, rank, steps, b, len(data.train_y)))
         opt.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         losses.append(loss.item())
-        until = it0 + cc.iteration_seconds(rank, a.time_scale, b, n)
+        pad = cc.iteration_seconds(rank, a.time_scale, b, n)
+        pad_seconds += pad
+        until = it0 + pad
         if cc.mono() > until:
             overruns += 1
         cc.sleep_until(until)
@@ -126,27 +178,19 @@ def worker(a):
             stage = opt.plan.stage
             if stage != stages[-1][1]:
                 stages.append((round(now - t0, 3), stage))
-            if rank == 0:
-                pulled.copy_(flat())  # what the server sent, before the next local step
-        if rank == 0:
-            while next_tick <= now and next_tick <= t_end + 1e-9:
-                snapshots.append((next_tick - t0, pulled.clone()))
-                next_tick += a.eval_every
-            if now >= next_report:
-                opt.report_metric("loss", sum(losses) / len(losses))
-                next_report += 1.25
+        if rank == 0 and now >= next_report:
+            opt.report_metric("loss", sum(losses) / len(losses))
+            next_report += 1.25
     tel = opt.telemetry
     plan = opt.plan
+    wall = cc.mono() - t0
     opt.leave()
-    if rank == 0:
-        while next_tick <= t_end + 1e-9:
-            snapshots.append((next_tick - t0, pulled.clone()))
-            next_tick += a.eval_every
-        torch.save({"ticks": [t for t, _ in snapshots], "params": torch.stack([p for _, p in snapshots]),
-                    "final": pulled}, f"{run_dir}/snapshots.pt")
+    ls = link.stats()
     stats = {"rank": rank, "steps": steps, "samples": samples, "overruns": overruns, "commits": commits,
-             "bytes_sent": int(tel.get("bytes_out", 0)), "bytes_received": int(tel.get("bytes_in", 0)),
-             "link_seconds": tel.get("link_seconds", 0.0), "wait_seconds": tel.get("wait_seconds", 0.0),
+             "bytes_sent": ls["bytes_up"], "bytes_up": ls["bytes_up"], "bytes_down": ls["bytes_down"],
+             "module_bytes_out": int(tel.get("bytes_out", 0)), "module_bytes_in": int(tel.get("bytes_in", 0)),
+             "link_seconds": ls["link_seconds"], "transfers": ls["transfers"], "pad_seconds": pad_seconds,
+             "wall_seconds": wall, "wait_seconds": tel.get("wait_seconds", 0.0),
              "plan": {"local_iterations": plan.local_iterations, "stage": plan.stage,
                       "compression_ratio": plan.compression_ratio, "batch_size": plan.batch_size},
              "stages": stages,

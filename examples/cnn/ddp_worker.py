@@ -1,101 +1,175 @@
-"""One DDP worker of the CNN example: torch.distributed with gloo on
-127.0.0.1, under the emulated heterogeneity of the reference experiment.
+"""One DDP rank of the CNN comparison: torch.distributed with gloo on
+127.0.0.1 under the emulated heterogeneity, in one of five variants
+(issue 27, item 1), each with torch 1.13's own hooks and classes:
 
-Started by run.py (``--role ddp``); see cnn_common.py for the emulation.
+- ddp: fp32 all-reduce (default_hooks.allreduce_hook), batch 64 per rank.
+- ddp_fp16: default_hooks.fp16_compress_hook.
+- ddp_powersgd: powerSGD_hook.PowerSGDState(matrix_approximation_rank =
+  the knob, start_powerSGD_iter) + powerSGD_hook.
+- ddp_localsgd: post-local SGD, post_localSGD_hook.PostLocalSGDState
+  (start_localSGD_iter, post_local_gradient_allreduce=False: each rank is
+  a node of its own, no gradient all-reduce after the start) +
+  post_localSGD_hook, and torch.distributed.optim.
+  PostLocalSGDOptimizer over averagers.PeriodicModelAverager(period = the
+  knob H, warmup_steps = the same start).
+- ddp_propbatch: fp32 all-reduce, per-rank batches proportional to the
+  rank's speed (89/59/44 for the three groups, 576 in all as for ddp); each
+  rank's loss is scaled by n x b_i / B so the averaged gradient is the
+  global batch's mean.
 
-- Compute: the iteration's forward and backward are padded to f_c x K x
-  10 ms from its start by a sleep in the communication hook, which DDP calls
-  when backward has produced a bucket's gradients (the CNN's 247 kB fit in
-  DDP's first bucket of 1 MB, so that is the end of backward, and DDP has
-  nothing to overlap, as ashl's worker, which commits after the step).
-- Links: the hook then sleeps, before it all-reduces a bucket of b bytes,
-  for 2 (n - 1) / n x b / rate: the bytes a ring all-reduce sends
-  (and, on the full-duplex link, receives at the same time) through each
-  worker's link. Each rank sleeps by its own rate and the all-reduce waits
-  for the last one, as a ring waits for its slowest link.
-- Snapshots: rank 0 keeps a copy of the parameters as they were at every
-  evaluation tick (the model of the last step completed by the tick) and
-  writes them at the end; run.py evaluates them afterwards, off the clock,
-  as it does for the ashl runs.
+Emulation (cnn_common.py, link.py):
+
+- Compute: the hook DDP calls when backward produced the bucket (the
+  CNN's 247 kB are one bucket) first sleeps until the iteration's pad,
+  f_c x K x 10 ms x batch / 64 from its start.
+- Links: every torch.distributed.all_reduce of this process is costed by
+  link.costed_all_reduce (the ring's bytes on the rank's link, both
+  directions at once) before it runs: the hooks' all-reduces, PowerSGD's P
+  and Q, post-local SGD's averaging. Nothing else goes over the network
+  during training: the stop is decided without a collective (rank 0 writes
+  the step after which all stop into a file; the ranks are in lock step
+  through their all-reduces, so all of them read it in time).
+- Evaluation: rank 0 writes the parameters current at each tick (after the
+  last completed step; for post-local SGD after warm-up, the last averaged
+  ones, the model the method stands for) to the run's ticks/ for the
+  evaluator process (ticks.py).
 """
 import datetime
 import json
+import os
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
+from torch.distributed.algorithms.model_averaging import averagers
+from torch.distributed.optim import PostLocalSGDOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import cnn_common as cc
+import link as lk
+import protocol
+import ticks
+
+
+def lr_at(lr, warmup_s, t):
+    """Linear warm-up from lr / 10 to lr over the first warmup_s seconds of the run (every method alike)."""
+    if warmup_s <= 0 or t >= warmup_s:
+        return lr
+    return lr * (0.1 + 0.9 * max(0.0, t) / warmup_s)
+
+
+def batch_of(method, rank, n):
+    if method == "ddp_propbatch":
+        return protocol.propbatch_sizes(cc.COMPUTE_FACTOR, n, 64 * n)[rank]
+    return 64
 
 
 def main(a):
     torch.set_num_threads(1)
-    rank, n = a.rank, a.workers
+    rank, n, method = a.rank, a.workers, a.method
+    cfg = a.config
     run_dir = a.run_dir
     data = cc.Data(a.data_dir)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=n,
                             timeout=datetime.timedelta(seconds=120))
     model = cc.make_model(a.seed)
-    ddp = DDP(model)
-    rate = cc.link_rate(rank, a.time_scale, n)
-    link = {"seconds": 0.0, "bytes": 0, "until": 0.0, "overruns": 0}
+    # Broadcasts rank 0's parameters (all equal already) once, before the clock starts; no buffer
+    # broadcast per forward (LeNet has no buffers: said explicitly, so no collective but the hook's).
+    ddp = DDP(model, broadcast_buffers=False)
+    link = lk.Link(cc.link_rate(rank, a.time_scale, n))
+    lk.costed_all_reduce(link)
+    batch = batch_of(method, rank, n)
+    total_batch = sum(batch_of(method, r, n) for r in range(n))
+    loss_scale = n * batch / total_batch  # 1 for equal batches
+    sgd = torch.optim.SGD(ddp.parameters(), lr=cfg["lr"], momentum=a.momentum)
+    opt = sgd
+    sync_gap = 1  # steps between two all-reduces that every rank joins (the stop rule's margin)
+    start_local = 0
+    if method in ("ddp", "ddp_propbatch"):
+        inner, state = default_hooks.allreduce_hook, None
+    elif method == "ddp_fp16":
+        inner, state = default_hooks.fp16_compress_hook, None
+    elif method == "ddp_powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=int(cfg["powersgd_rank"]),
+                                            start_powerSGD_iter=int(cfg.get("powersgd_start", 50)),
+                                            random_seed=a.seed)
+        inner = powerSGD_hook.powerSGD_hook
+    elif method == "ddp_localsgd":
+        start_local = int(cfg.get("localsgd_start", 50))
+        # Each rank is a node of its own: no gradient all-reduce after the start (the default's
+        # intra-node subgroups need CUDA in torch 1.13, and would be one rank each here).
+        state = post_localSGD_hook.PostLocalSGDState(process_group=None, subgroup=None,
+                                                     start_localSGD_iter=start_local,
+                                                     post_local_gradient_allreduce=False)
+        inner = post_localSGD_hook.post_localSGD_hook
+        period = int(cfg["local_period"])
+        opt = PostLocalSGDOptimizer(optim=sgd, averager=averagers.PeriodicModelAverager(period=period,
+                                                                                        warmup_steps=start_local))
+        sync_gap = period + 1
+    else:
+        raise SystemExit(f"ddp_worker: {method!r} is not a DDP method")
+    pad = cc.iteration_seconds(rank, a.time_scale, batch, n)
+    step_state = {"until": 0.0, "overruns": 0, "padded": 0.0}
 
-    def emulated_link(state, bucket):
-        if cc.mono() > link["until"]:
-            link["overruns"] += 1
-        cc.sleep_until(link["until"])  # the compute padding (later buckets: already past)
-        b = bucket.buffer().numel() * bucket.buffer().element_size()
-        hold = 2.0 * (n - 1) / n * b / rate
-        link["seconds"] += hold
-        link["bytes"] += b
-        time.sleep(hold)
-        t = bucket.buffer().div_(n)
-        return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])
+    def padded(state_, bucket):
+        # The compute padding; DDP calls this once per step for the CNN's one bucket.
+        now = cc.mono()
+        if now > step_state["until"]:
+            step_state["overruns"] += 1
+        cc.sleep_until(step_state["until"])
+        return inner(state_, bucket)
 
-    ddp.register_comm_hook(None, emulated_link)
-    opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=a.momentum)
-    pad = cc.iteration_seconds(rank, a.time_scale, 64, n)
+    ddp.register_comm_hook(state, padded)
     cc.write_file(f"{run_dir}/ready-{rank}", "1\n")
     t0 = cc.wait_for_start(run_dir)
-    dist.barrier()
     t_end = t0 + a.budget
-    snapshots, next_tick = [], t0 + a.eval_every
+    writer = ticks.TickWriter(run_dir, t0, a.eval_every, a.budget) if rank == 0 else None
+    stop_file = f"{run_dir}/stop-after"
+    stop_after = None
+    flat = lambda: torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+    current = flat() if rank == 0 else None
     steps = 0
+    link_before_start = link.seconds
     cc.sleep_until(t0)
     while True:
         it0 = cc.mono()
-        idx = cc.batch_indices(a.seed, rank, steps, 64, len(data.train_y))
-        x, y = data.train_batch(idx)
+        lr = lr_at(cfg["lr"], cfg.get("warmup_s", 0.0), it0 - t0)
+        for g in sgd.param_groups:
+            g["lr"] = lr
+        x, y = data.train_batch(cc.batch_indices(a.seed, rank, steps, batch, len(data.train_y)))
         opt.zero_grad(set_to_none=False)
-        link["until"] = it0 + pad
-        F.cross_entropy(ddp(x), y).backward()  # the hook pads, holds the link and all-reduces
-        if rank == 0:
-            before = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-        opt.step()
+        step_state["until"] = it0 + pad
+        (F.cross_entropy(ddp(x), y) * loss_scale).backward()  # the hook pads, then the costed all-reduce
+        opt.step()  # post-local SGD: the periodic averaging (costed) inside
         steps += 1
         now = cc.mono()
         if rank == 0:
-            while next_tick <= now and next_tick <= t_end + 1e-9:
-                snapshots.append((next_tick - t0, before))
-                next_tick += a.eval_every
-        # Every rank stops after the same step: rank 0's clock decides.
-        stop = torch.tensor([1.0 if now >= t_end else 0.0])
-        dist.broadcast(stop, 0)
-        if stop.item() > 0:
+            # post-local SGD: steps 1..start all-reduce gradients; PeriodicModelAverager averages at
+            # steps start + 1, start + 1 + H, ... (its counter is the step count - 1)
+            consistent = method != "ddp_localsgd" or steps <= start_local or (steps - start_local - 1) % period == 0
+            for k, _ in writer.due(now):
+                writer.write(k, current)  # the model as it was at the tick (this step's update came at `now`)
+            if consistent:
+                current = flat()
+            if stop_after is None and now >= t_end:
+                stop_after = steps + sync_gap
+                cc.write_file(stop_file, f"{stop_after}\n")
+        elif stop_after is None and os.path.exists(stop_file):
+            with open(stop_file) as f:
+                stop_after = int(f.read())
+        if stop_after is not None and steps >= stop_after:
             break
     if rank == 0:
-        final = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-        while next_tick <= t_end + 1e-9:
-            snapshots.append((next_tick - t0, final))
-            next_tick += a.eval_every
-        torch.save({"ticks": [t for t, _ in snapshots], "params": torch.stack([p for _, p in snapshots]),
-                    "final": final}, f"{run_dir}/snapshots.pt")
-    stats = {"rank": rank, "steps": steps, "samples": steps * 64, "overruns": link["overruns"],
-             "link_seconds": link["seconds"], "bytes_sent": int(2.0 * (n - 1) / n * link["bytes"]),
+        writer.finish(current)
+    ls = link.stats()
+    stats = {"rank": rank, "steps": steps, "samples": steps * batch, "batch": batch, "overruns": step_state["overruns"],
+             "bytes_sent": ls["bytes_up"], "bytes_up": ls["bytes_up"], "bytes_down": ls["bytes_down"],
+             "link_seconds": ls["link_seconds"] - link_before_start, "transfers": ls["transfers"],
+             "pad_seconds": steps * pad, "wall_seconds": cc.mono() - t0,
              "cpu_seconds": time.process_time()}
     cc.write_file(f"{run_dir}/worker-{rank}.json", json.dumps(stats) + "\n")
+    dist.barrier()  # once, after the clock: rank 0 hosts the store, so it leaves last
     dist.destroy_process_group()
     return 0
-

@@ -1,19 +1,24 @@
 #!/usr/bin/python3
-"""A LeNet-5 on Fashion-MNIST trained by 1 server and 9 heterogeneous worker
-processes under ashl's BSP, ADSP, ASHL and ASHL+, and by torch.distributed
-DDP (gloo, 127.0.0.1) under the same emulated heterogeneity, one after the
-other in one run; test accuracy against wall-clock time as a table, JSON
-lines, the curves as text and a PNG plot (gnuplot). docs/cnn.md, docs/perf/cnn.md.
+"""A LeNet-5 on Fashion-MNIST trained by 9 heterogeneous worker processes
+on one machine, under five torch.distributed DDP variants (gloo) and ashl's
+BSP, ADSP, ASHL and ASHL+, every method's links emulated by one model
+(link.py); test accuracy against wall-clock time, evaluated by a separate
+process on all 10,000 test images (evaluator.py). docs/cnn.md,
+docs/perf/cnn.md, issue 27.
 
-    /usr/bin/python3 examples/cnn/run.py --out cnn-results              # the README's job
-    /usr/bin/python3 examples/cnn/run.py --quick --out /tmp/cnn-quick   # 2 workers, 25 s per method
+    run.py --methods ddp,ashl --seeds 1 --out DIR          # ad hoc runs (configuration: the frozen file)
+    run.py --tune --out DIR                                # the tuning grid on the tuning seeds (resumable)
+    run.py --freeze examples/cnn/tuned.json --out DIR      # choose per method from DIR/tuning.jsonl, write the file
+    run.py --protocol --out DIR                            # the test seeds under the committed frozen file
+    run.py --report DIR                                    # the table again from DIR/results.jsonl
+    run.py --quick --out DIR                               # 2 workers, 25 s per run: a smoke test
 
 Every method runs the same model, initial parameters, samples (a pure
-function of seed, rank and step), learning rate schedule-free SGD with
-momentum, compute padding and link rates (cnn_common.py). The processes keep
-the parameters as they were at every evaluation tick; this program evaluates
-those snapshots after each run (2,000 test images per tick, the 10,000 at
-the end), so evaluation takes no CPU from training.
+function of seed, rank and step), SGD with momentum and a linear warm-up,
+compute padding and link model; each method's learning rate, warm-up and
+own knob (PowerSGD's rank, post-local SGD's H, ASHL's r0) come from the
+frozen tuning file (examples/cnn/tuned.json), chosen on the tuning seeds
+with the same budget for every method (examples/cnn/grid.json).
 """
 import argparse
 import json
@@ -30,30 +35,58 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import cnn_common as cc  # noqa: E402
+import protocol  # noqa: E402
 
-ASHL_METHODS = ("bsp", "adsp", "ashl", "ashl_plus")
-ALL_METHODS = ("ddp",) + ASHL_METHODS
-LABEL = {"ddp": "DDP (gloo)", "bsp": "BSP", "adsp": "ADSP", "ashl": "ASHL", "ashl_plus": "ASHL+"}
+ALL_METHODS = protocol.ALL_METHODS
+LABEL = protocol.LABEL
+GRID = os.path.join(HERE, "grid.json")
+FROZEN = os.path.join(HERE, "tuned.json")
+# Without a frozen file (before the tuning ran): the previous harness's settings.
+DEFAULT_CONFIG = {"lr": 0.05, "warmup_s": 0.0, "powersgd_rank": 1, "powersgd_start": 50, "local_period": 8,
+                  "localsgd_start": 50, "ratio": 0.3}
+TUNING_SEEDS = (101, 102)
+TEST_SEEDS = (1, 2, 3, 4, 5)
 
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated, of " + ",".join(ALL_METHODS))
+    p.add_argument("--methods", default="", help="comma-separated, of " + ",".join(ALL_METHODS) +
+                   " (default: all; 'best_ddp' names the frozen file's best DDP variant)")
     p.add_argument("--seeds", type=int, default=1, help="seeds per method (default 1)")
     p.add_argument("--first-seed", type=int, default=1, help="the first seed (default 1)")
+    p.add_argument("--seed-list", default="", help="the seeds, comma-separated (instead of --seeds/--first-seed)")
     p.add_argument("--workers", type=int, default=cc.WORKERS, help="worker processes (default 9: 3 groups of 3)")
-    p.add_argument("--budget", type=float, default=150.0, help="wall seconds of training per run (default 150)")
+    p.add_argument("--budget", type=float, default=300.0, help="wall seconds of training per run (default 300)")
     p.add_argument("--time-scale", type=float, default=5.0, help="K: wall seconds per reference second (default 5)")
-    p.add_argument("--eval-every", type=float, default=5.0, help="wall seconds between evaluation ticks (default 5)")
-    p.add_argument("--eval-images", type=int, default=2000, help="test images per tick (default 2000; the end: all 10,000)")
+    p.add_argument("--eval-every", type=float, default=2.5, help="wall seconds between evaluation ticks (default 2.5)")
     p.add_argument("--target", type=float, default=0.88, help="test accuracy to reach (default 0.88)")
-    p.add_argument("--lr", default="0.05", help="SGD learning rate: one value for every method, then optionally "
-                   "method=value pairs, e.g. 0.05,ashl=0.07 (default 0.05)")
     p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--ratio", type=float, default=0.3,
-                   help="ASHL's preset compression ratio r0 (the longest round's top-k share; default 0.3)")
+    p.add_argument("--config", dest="config_file", default=FROZEN, help="the frozen tuning file (default examples/cnn/tuned.json)")
+    p.add_argument("--set", action="append", default=[], metavar="METHOD.KEY=VALUE",
+                   help="override one configuration value, e.g. ashl.ratio=0.1 or all.lr=0.07 (ad hoc runs only)")
+    p.add_argument("--lr", default="", help="shorthand: 0.05 or 0.05,ashl=0.07 (as --set all.lr=..., METHOD.lr=...)")
+    p.add_argument("--ratio", type=float, default=None, help="shorthand: ASHL's and ASHL+'s r0 (as --set)")
     p.add_argument("--switch-loss", type=float, default=0.5,
                    help="ASHL's switch from AHL to SHL: worker 0's training loss below this (default 0.5)")
+    p.add_argument("--server-link-factor", type=float, default=cc.LINK_FACTOR[0],
+                   help="f_m of the ashl server's link (default 4: the fastest group's), shared by all its workers")
+    p.add_argument("--eval-cpus", default="", help="CPUs for a concurrent evaluator, taken from the training "
+                   "(e.g. 2,3); default: none, the evaluator waits for the run's end")
+    p.add_argument("--max-attempts", type=int, default=3,
+                   help="runs of one (method, seed) while more than 2 %% of its iterations overran (default 3)")
+    p.add_argument("--order", choices=("random", "given"), default="random",
+                   help="methods per seed in a random order (default) or as given")
+    p.add_argument("--tune", action="store_true", help="run the tuning grid on the tuning seeds")
+    p.add_argument("--tuning-seeds", default=",".join(map(str, TUNING_SEEDS)))
+    p.add_argument("--grid", default=GRID)
+    p.add_argument("--freeze", default="", metavar="FILE", help="write the frozen file from --out's tuning.jsonl")
+    p.add_argument("--protocol", action="store_true",
+                   help="the test seeds (1-5), all methods, under the committed frozen file; writes table.md")
+    p.add_argument("--report", default="", metavar="DIR",
+                   help="the table from DIR/results.jsonl (with --target: at that accuracy, from the curves)")
+    p.add_argument("--max-runs", type=int, default=0, metavar="N",
+                   help="--tune, --protocol: stop after N (method, seed) runs; run again to go on (default: all)")
+    p.add_argument("--boot", type=int, default=10000, help="bootstrap resamples (default 10000)")
     p.add_argument("--quick", action="store_true", help="2 workers, 25 s per run, ddp,bsp,ashl: a smoke test")
     p.add_argument("--out", default="cnn-results")
     p.add_argument("--data-dir", default=cc.DATA_DIR)
@@ -63,56 +96,146 @@ def parse(argv):
     p.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--run-dir", default="", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--config-json", default="{}", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    given = " ".join(argv)
+    a.target_given = "--target" in given
     if a.quick:  # smaller defaults; flags given explicitly win
-        given = " ".join(argv)
         a.workers = a.workers if "--workers" in given else 2
         a.budget = a.budget if "--budget" in given else 25.0
-        a.methods = a.methods if "--methods" in given else "ddp,bsp,ashl"
-    a.methods = [m for m in a.methods.split(",") if m]
+        a.methods = a.methods or ("" if a.protocol or a.tune or a.freeze else "ddp,bsp,ashl")
+    if a.protocol:
+        if a.methods or a.set or a.lr or a.ratio is not None:
+            p.error("--protocol runs every method under the frozen file: no --methods, --set, --lr or --ratio")
+        if "--seed-list" not in given and "--seeds" not in given and "--first-seed" not in given:
+            a.seed_list = ",".join(map(str, TEST_SEEDS))
+    a.methods = [m for m in (a.methods or ",".join(ALL_METHODS)).split(",") if m]
     for m in a.methods:
-        if m not in ALL_METHODS:
-            p.error(f"--methods: {m!r} is not one of {','.join(ALL_METHODS)}")
+        if m not in ALL_METHODS and m != "best_ddp":
+            p.error(f"--methods: {m!r} is not one of {','.join(ALL_METHODS)} or best_ddp")
     if a.workers < 1:
         p.error(f"--workers = {a.workers}: must be >= 1")
     if not (0 < a.eval_every <= a.budget):
         p.error(f"--eval-every = {a.eval_every}: must be in (0, --budget]")
-    a.lr, a.lr_by = parse_lr(p, a.lr)
     if not (a.switch_loss >= 0 and math.isfinite(a.switch_loss)):
         p.error(f"--switch-loss = {a.switch_loss}: must be a finite number >= 0")
-    if not (0 < a.ratio <= 1):
+    if a.ratio is not None and not (0 < a.ratio <= 1):
         p.error(f"--ratio = {a.ratio}: must be in (0, 1]")
+    if not (a.server_link_factor > 0 and math.isfinite(a.server_link_factor)):
+        p.error(f"--server-link-factor = {a.server_link_factor}: must be > 0")
+    if a.max_attempts < 1:
+        p.error(f"--max-attempts = {a.max_attempts}: must be >= 1")
+    try:
+        a.seed_values = ([int(s) for s in a.seed_list.split(",") if s] if a.seed_list else
+                         list(range(a.first_seed, a.first_seed + a.seeds)))
+        a.tuning_seed_values = [int(s) for s in a.tuning_seeds.split(",") if s]
+        a.eval_cpus = [int(c) for c in a.eval_cpus.split(",") if c] if isinstance(a.eval_cpus, str) else a.eval_cpus
+    except ValueError as e:
+        p.error(f"a seed or CPU list: {e}")
+    a.overrides = parse_overrides(p, a)
+    a.config = json.loads(a.config_json)
     # The processes of a run start in this directory: they get the output directory as an absolute path.
     a.out = os.path.abspath(a.out)
     a.data_dir_npy = os.path.join(a.out, "data")
+    a.server_rate = cc.REFERENCE_MODEL_BYTES / (a.server_link_factor * cc.REFERENCE_COMM_S * a.time_scale)
     return a
 
 
-def parse_lr(p, text):
-    """--lr "0.05" or "0.05,ashl=0.07": the default rate and the per-method ones."""
-    def rate(v, what):
+def parse_overrides(p, a):
+    """{method or "all": {key: value}} from --set, --lr and --ratio."""
+    out = {}
+
+    def put(m, k, v):
+        if m != "all" and m not in ALL_METHODS:
+            p.error(f"--set: {m!r} is not 'all' or one of {','.join(ALL_METHODS)}")
+        if k not in DEFAULT_CONFIG:
+            p.error(f"--set: {k!r} is not one of {','.join(DEFAULT_CONFIG)}")
         try:
-            r = float(v)
+            x = float(v)
         except ValueError:
-            r = math.nan
-        if not (r > 0 and math.isfinite(r)):
-            p.error(f"--lr: {what} = {v!r} must be a positive number")
-        return r
-    lr, by = 0.05, {}
-    for part in (x for x in text.split(",") if x):
+            x = math.nan
+        if not (math.isfinite(x) and x >= 0) or (k in ("lr", "ratio") and not x > 0):
+            p.error(f"--set {m}.{k} = {v!r}: must be a number > 0 (>= 0 for warmup_s)")
+        out.setdefault(m, {})[k] = x
+
+    for s in a.set:
+        if "=" not in s or "." not in s.split("=", 1)[0]:
+            p.error(f"--set {s!r}: must be METHOD.KEY=VALUE")
+        lhs, v = s.split("=", 1)
+        m, k = lhs.split(".", 1)
+        put(m, k, v)
+    for part in (x for x in a.lr.split(",") if x):
         if "=" in part:
             m, v = part.split("=", 1)
-            if m not in ALL_METHODS:
-                p.error(f"--lr: {m!r} is not one of {','.join(ALL_METHODS)}")
-            by[m] = rate(v, m)
+            put(m, "lr", v)
         else:
-            lr = rate(part, "the default")
-    return lr, by
+            put("all", "lr", part)
+    if a.ratio is not None:
+        put("ashl", "ratio", a.ratio)
+        put("ashl_plus", "ratio", a.ratio)
+    return out
 
 
-def lr_for(a, method):
-    return a.lr_by.get(method, a.lr)
+# ------------------------------------------------------------------ configuration
 
+def load_frozen(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def frozen_is_committed(path):
+    """(True, commit) when path is tracked by git and unmodified; else (False, why)."""
+    d = os.path.dirname(os.path.abspath(path))
+    try:
+        subprocess.run(["git", "ls-files", "--error-unmatch", path], cwd=d, check=True, capture_output=True)
+        if subprocess.run(["git", "diff", "--quiet", "HEAD", "--", path], cwd=d).returncode != 0:
+            return False, f"{path} has changes not committed"
+        head = subprocess.run(["git", "log", "-1", "--format=%H", "--", path], cwd=d, check=True,
+                              capture_output=True, text=True).stdout.strip()
+        return True, head
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return False, f"{path} is not tracked by git"
+
+
+def config_for(a, method, frozen):
+    cfg = dict(DEFAULT_CONFIG)
+    if frozen is not None:
+        cfg.update(frozen["chosen"][method]["config"])
+    cfg.update(a.overrides.get("all", {}))
+    cfg.update(a.overrides.get(method, {}))
+    return cfg
+
+
+def best_ddp_of(frozen):
+    """The DDP variant with the lowest median tuning time (the frozen file's), or None."""
+    if frozen is None:
+        return None
+    ddps = [m for m in protocol.DDP_METHODS if m in frozen["chosen"]]
+    inf = math.inf
+    c = frozen["chosen"]
+    # The fastest to the target on the tuning seeds; among variants that did not reach it, the most accurate.
+    t = lambda m: inf if c[m]["median_time_to_target_s"] is None else c[m]["median_time_to_target_s"]
+    return min(ddps, key=lambda m: (t(m), -c[m]["median_final_accuracy"], m)) if ddps else None
+
+
+def resolve_methods(a, frozen):
+    out = []
+    for m in a.methods:
+        if m == "best_ddp":
+            b = best_ddp_of(frozen)
+            if b is None:
+                b = "ddp_fp16"
+                print("note: no frozen tuning file: the best DDP variant is not known; ddp_fp16 stands in", flush=True)
+            m = b
+        if m not in out:
+            out.append(m)
+    return out
+
+
+# ------------------------------------------------------------------ one run
 
 def free_port():
     with socket.socket() as s:
@@ -120,12 +243,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def child_args(a, role, rank, method, seed, run_dir, port):
+def child_args(a, role, rank, method, seed, run_dir, port, cfg):
     return [sys.executable, os.path.abspath(__file__), "--role", role, "--rank", str(rank), "--method", method,
             "--seed", str(seed), "--run-dir", run_dir, "--port", str(port), "--workers", str(a.workers),
             "--budget", repr(a.budget), "--time-scale", repr(a.time_scale), "--eval-every", repr(a.eval_every),
-            "--lr", repr(lr_for(a, method)), "--momentum", repr(a.momentum), "--ratio", repr(a.ratio),
-            "--switch-loss", repr(a.switch_loss), "--out", a.out]
+            "--momentum", repr(a.momentum), "--switch-loss", repr(a.switch_loss),
+            "--server-link-factor", repr(a.server_link_factor), "--config-json", json.dumps(cfg),
+            "--eval-cpus", ",".join(map(str, a.eval_cpus)), "--out", a.out]
 
 
 def cpu_busy():
@@ -134,9 +258,10 @@ def cpu_busy():
     return sum(v) - v[3] - v[4], sum(v)
 
 
-def run_one(a, method, seed):
-    """Start the processes of one run, the start instant once all are ready, wait for them."""
-    run_dir = os.path.join(os.path.abspath(a.out), "runs", f"{method}-seed{seed}")
+def run_one(a, method, seed, cfg, tag):
+    """Start the processes of one run and its evaluator, the start instant
+    once all are ready; wait for the training, then for the evaluator."""
+    run_dir = os.path.join(a.out, "runs", tag)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
     port = free_port()
@@ -146,18 +271,26 @@ def run_one(a, method, seed):
     # The processes start in this directory, where a relative PYTHONPATH entry names another place.
     if env.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(e) if e else e for e in env["PYTHONPATH"].split(os.pathsep))
-    if method == "ddp":
+    if method.startswith("ddp"):
         roles = [("ddp", r) for r in range(a.workers)]
     else:
+        import link
+        link.ServerPort.create(f"{run_dir}/server-link", a.server_rate).close()
         roles = [("server", 0)] + [("worker", r) for r in range(a.workers)]
+    roles.append(("evaluator", 0))
+    all_cpus = sorted(os.sched_getaffinity(0))
+    train_cpus = [c for c in all_cpus if c not in a.eval_cpus] or all_cpus
     for role, rank in roles:
         log = open(os.path.join(run_dir, f"{role}-{rank}.log"), "w")
-        procs.append(subprocess.Popen(child_args(a, role, rank, method, seed, run_dir, port), stdout=log,
-                                      stderr=subprocess.STDOUT, env=env, cwd=HERE))
+        cpus = train_cpus if role != "evaluator" or not a.eval_cpus else a.eval_cpus
+        procs.append(subprocess.Popen(child_args(a, role, rank, method, seed, run_dir, port, cfg), stdout=log,
+                                      stderr=subprocess.STDOUT, env=env, cwd=HERE,
+                                      preexec_fn=lambda c=cpus: os.sched_setaffinity(0, c)))
+    training, evaluator = procs[:-1], procs[-1]
     t_launch = time.time()
     deadline = cc.mono() + 180.0
-    ready = lambda: all(os.path.exists(f"{run_dir}/ready-{r}") for r in range(a.workers))
-    while not ready():
+    names = [f"ready-{r}" for r in range(a.workers)] + ["ready-evaluator"]
+    while not all(os.path.exists(f"{run_dir}/{n}") for n in names):
         if cc.mono() > deadline or any(p.poll() not in (None, 0) for p in procs):
             for p in procs:
                 p.kill()
@@ -171,46 +304,31 @@ def run_one(a, method, seed):
     for k in range(1, int(a.budget // step) + 1):  # progress lines
         cc.sleep_until(t0 + k * step)
         if k * step < a.budget:
-            alive = sum(p.poll() is None for p in procs)
-            print(f"  {LABEL[method]} seed {seed}: {k * step:.0f}/{a.budget:g} s, {alive}/{len(procs)} processes, "
+            alive = sum(p.poll() is None for p in training)
+            print(f"  {LABEL[method]} seed {seed}: {k * step:.0f}/{a.budget:g} s, {alive}/{len(training)} processes, "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
     cc.sleep_until(t0 + a.budget)
-    load1 = os.getloadavg()[0]
-    busy1 = cpu_busy()
+    load1, busy1 = os.getloadavg()[0], cpu_busy()
     grace = cc.mono() + 60.0
-    while any(p.poll() is None for p in procs) and cc.mono() < grace:
+    while any(p.poll() is None for p in training) and cc.mono() < grace:
         time.sleep(0.05)
-    for p in procs:
+    for p in training:
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
             p.wait()
+    cc.write_file(f"{run_dir}/done", "1\n")
+    t_eval = time.time()
+    try:
+        evaluator.wait(timeout=600 + 10 * a.budget / a.eval_every)
+    except subprocess.TimeoutExpired:
+        evaluator.kill()
+        evaluator.wait()
     bad = [(role, rank, p.returncode) for (role, rank), p in zip(roles, procs) if p.returncode != 0]
     if bad:
         raise SystemExit(f"{method} seed {seed}: {bad} failed; logs in {run_dir}")
     busy = (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1])
     return run_dir, {"load_start": load0, "load_end": load1, "machine_busy": round(busy, 3),
-                     "launch_to_start_s": round(t_ready - t_launch, 2)}
-
-
-def evaluate_run(a, method, seed, run_dir, data):
-    import torch
-    torch.set_num_threads(min(2, os.cpu_count() or 1))  # nothing else of this run is left to compete with
-    snap = torch.load(f"{run_dir}/snapshots.pt")
-    model = cc.make_model(seed)
-    xs, ys = data.test_set(a.eval_images)
-    xa, ya = data.test_set(len(data.test_y))
-
-    def load(flat):
-        torch.nn.utils.vector_to_parameters(flat, model.parameters())
-
-    curve = []
-    for t, flat in zip(snap["ticks"], snap["params"]):
-        load(flat)
-        acc, loss = cc.evaluate(model, xs, ys)
-        curve.append((round(t, 3), acc, loss))
-    load(snap["final"])
-    final_acc, final_loss = cc.evaluate(model, xa, ya)
-    return curve, final_acc, final_loss
+                     "launch_to_start_s": round(t_ready - t_launch, 2), "evaluation_s": round(time.time() - t_eval, 1)}
 
 
 def worker_stats(a, run_dir):
@@ -225,47 +343,268 @@ def time_to_target(curve, target):
     for t, acc, _ in curve:
         if acc >= target:
             return t
-    return math.nan
+    return None
+
+
+def run_row(a, method, seed, cfg, tag, extra):
+    """One run, evaluated: the row of results.jsonl."""
+    t_run = time.time()
+    run_dir, machine = run_one(a, method, seed, cfg, tag)
+    with open(f"{run_dir}/curve.json") as f:
+        ev = json.load(f)
+    ws = worker_stats(a, run_dir)
+    steps = sum(w["steps"] for w in ws)
+    overruns = sum(w["overruns"] for w in ws)
+    slow = max(cc.group_of(w["rank"], a.workers) for w in ws)
+    slowest = [w for w in ws if cc.group_of(w["rank"], a.workers) == slow and w["steps"] > 0]
+    measured = protocol.median_of([1e3 * w["wall_seconds"] / w["steps"] for w in slowest])
+    emulated = protocol.median_of([1e3 * (w["pad_seconds"] + w["link_seconds"]) / w["steps"] for w in slowest])
+    row = {"method": method, "seed": seed, "config": cfg, "target_accuracy": a.target,
+           "time_to_target_s": time_to_target(ev["curve"], a.target), "final_accuracy": ev["final_accuracy"],
+           "final_loss": ev["final_loss"], "eval_images": ev["images"], "eval_mode": ev["mode"],
+           "budget_s": a.budget, "time_scale": a.time_scale, "workers": a.workers,
+           "server_link_factor": a.server_link_factor if not method.startswith("ddp") else None,
+           "iterations": steps, "overruns": overruns, "overrun_fraction": protocol.overrun_fraction(overruns, steps),
+           "samples": sum(w["samples"] for w in ws),
+           "iterations_per_group": [sum(w["steps"] for w in ws if cc.group_of(w["rank"], a.workers) == g)
+                                    for g in range(3)],
+           "bytes_up_per_worker": sum(w["bytes_up"] for w in ws) / len(ws),
+           "bytes_down_per_worker": sum(w["bytes_down"] for w in ws) / len(ws),
+           "bytes_sent_per_worker": sum(w["bytes_up"] for w in ws) / len(ws),
+           "measured_ms_per_iteration": measured, "emulated_ms_per_iteration": emulated,
+           "cpu_seconds": sum(w["cpu_seconds"] for w in ws), "run_wall_s": round(time.time() - t_run, 1),
+           "curve": [[t, round(acc, 4)] for t, acc, _ in ev["curve"]], **machine, **extra}
+    if method in ("ashl", "ashl_plus"):
+        row["ratio"] = cfg["ratio"]
+        row["switch_loss"] = a.switch_loss
+    return row
 
 
 def json_line(obj):
-    """One strict JSON object (NaN, e.g. a target not reached, as null)."""
-    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in obj.items()}
-    return json.dumps(clean, allow_nan=False) + "\n"
+    """One strict JSON object (NaN as null)."""
+    def clean(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+    return json.dumps(clean(obj), allow_nan=False) + "\n"
 
 
-def median(v):
-    v = sorted(x for x in v if not math.isnan(x))
-    if not v:
-        return math.nan
-    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+def read_rows(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
-def fmt(x, spec=".1f"):
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+def say(row):
+    t = row["time_to_target_s"]
+    print(f"{LABEL[row['method']]:<32} seed {row['seed']} (attempt {row.get('attempt', 1)}): target at "
+          f"{'-' if t is None else f'{t:g}'} s, final accuracy {row['final_accuracy']:.4f}, {row['iterations']} "
+          f"iterations, {row['bytes_up_per_worker'] / 1e6:.1f}/{row['bytes_down_per_worker'] / 1e6:.1f} MB up/down "
+          f"per worker, {row['measured_ms_per_iteration']:.0f}/{row['emulated_ms_per_iteration']:.0f} ms measured/"
+          f"emulated (slowest group), overruns {row['overrun_fraction']:.2%}{' FLAGGED' if row.get('flagged') else ''}, "
+          f"load {row['load_start']:.1f}-{row['load_end']:.1f}, {row['run_wall_s']:.0f} s", flush=True)
 
 
-def plot(a, curves):
+def run_clean(a, method, seed, cfg, tag, extra, log):
+    """run_row until a run is not flagged (protocol.run_until_clean); every attempt is logged."""
+    def attempt(k):
+        row = run_row(a, method, seed, cfg, f"{tag}-a{k}", extra)
+        row["flagged"] = protocol.flagged(row["overruns"], row["iterations"])
+        row["attempt"] = k
+        log.write(json_line(row))
+        log.flush()
+        say(row)
+        return row
+    row, _ = protocol.run_until_clean(attempt, a.max_attempts)
+    return row
+
+
+# ------------------------------------------------------------------ modes
+
+def prepare(a):
+    import torch
+    torch.set_num_threads(1)
+    os.makedirs(a.out, exist_ok=True)
+    cc.prepare_data(a.data_dir_npy, a.data_dir)
+    if any(not m.startswith("ddp") for m in a.methods):
+        try:
+            import ashl.torch  # noqa: F401
+        except ImportError as e:
+            raise SystemExit(f"the ashl Python module is not importable ({e}); `pip install .` in the repository, "
+                             "or run only DDP methods")
+
+
+def header(a, what, methods, seeds):
+    print(f"# {what}: LeNet-5, {a.workers} workers, K = {a.time_scale:g}, budget {a.budget:g} s per run, "
+          f"ticks every {a.eval_every:g} s on all 10,000 test images, target {a.target}, methods "
+          f"{','.join(methods)}, seeds {','.join(map(str, seeds))}, server link f_m {a.server_link_factor:g}, "
+          f"order {a.order}; load average {os.getloadavg()[0]:.2f}", flush=True)
+
+
+def ordered(a, methods, seed):
+    return protocol.run_order(methods, seed) if a.order == "random" else list(methods)
+
+
+def runs(a):
+    """Ad hoc runs and --protocol: each seed's methods in a random order, flagged runs repeated."""
+    frozen = load_frozen(a.config_file)
+    extra = {}
+    if a.protocol:
+        if frozen is None:
+            raise SystemExit(f"--protocol: no frozen tuning file {a.config_file}: run --tune and --freeze first, "
+                             "and commit the file")
+        ok, why = frozen_is_committed(a.config_file)
+        if not ok:
+            raise SystemExit(f"--protocol: {why}: the configuration must be committed before any test seed runs")
+        try:
+            protocol.check_frozen(frozen, a.seed_values)
+        except ValueError as e:
+            raise SystemExit(f"--protocol: {a.config_file}: {e}")
+        extra = {"frozen_commit": why, "frozen_digest": frozen["digest"]}
+    elif frozen is None:
+        print(f"note: no frozen tuning file {a.config_file}: every method runs the default configuration "
+              f"{json.dumps(DEFAULT_CONFIG)} (not tuned)", flush=True)
+    methods = resolve_methods(a, frozen)
+    a.methods = methods
+    prepare(a)
+    header(a, "protocol" if a.protocol else "runs", methods, a.seed_values)
+    t_all = time.time()
+    path = os.path.join(a.out, "results.jsonl")
+    done = set()
+    if a.protocol:  # resumes the rows of this frozen file and budget; refuses a folder of other runs
+        for r in read_rows(path):
+            if r.get("frozen_digest") != frozen["digest"] or r["budget_s"] != a.budget or r["workers"] != a.workers:
+                raise SystemExit(f"{path} holds runs of another configuration ({r['method']} seed {r['seed']}): "
+                                 "use another --out")
+            done.add((r["method"], r["seed"]))
+    elif os.path.exists(path):
+        os.remove(path)
+    todo = a.max_runs or -1
+    with open(path, "a") as results, open(os.path.join(a.out, "attempts.jsonl"), "a") as log:
+        for seed in a.seed_values:
+            order = ordered(a, methods, seed)
+            print(f"seed {seed}: order {','.join(order)}", flush=True)
+            for i, m in enumerate(order):
+                if (m, seed) in done:
+                    continue  # --protocol resumes
+                if todo == 0:
+                    print(f"--max-runs {a.max_runs}: stopping; run the same command again to go on", flush=True)
+                    return 0
+                todo -= 1
+                row = run_clean(a, m, seed, config_for(a, m, frozen), f"{m}-seed{seed}",
+                                dict(extra, order_index=i, order=order), log)
+                results.write(json_line(row))
+                results.flush()
+    report(a, read_rows(path))
+    print(f"# total {time.time() - t_all:.0f} s", flush=True)
+    return 0
+
+
+def tune(a):
+    """Every grid configuration of every method on each tuning seed, in a random order per seed; resumable."""
+    with open(a.grid) as f:
+        grid = json.load(f)
+    methods = [m for m in a.methods if m != "best_ddp"]
+    a.methods = methods
+    prepare(a)
+    header(a, "tuning", methods, a.tuning_seed_values)
+    path = os.path.join(a.out, "tuning.jsonl")
+    have = {(r["method"], protocol.config_key(r["config"]), r["seed"]) for r in read_rows(path)}
+    todo = a.max_runs or -1
+    with open(path, "a") as out, open(os.path.join(a.out, "attempts.jsonl"), "a") as log:
+        for seed in a.tuning_seed_values:
+            keys = [f"{m}#{i}" for m in methods for i in range(len(protocol.grid_configs(grid, m)))]
+            for key in ordered(a, keys, seed):
+                m, i = key.split("#")
+                cfg = dict(DEFAULT_CONFIG, **protocol.grid_configs(grid, m)[int(i)])
+                if (m, protocol.config_key(cfg), seed) in have:
+                    continue
+                if todo == 0:
+                    print(f"--max-runs {a.max_runs}: stopping; run the same command again to go on", flush=True)
+                    return 0
+                todo -= 1
+                row = run_clean(a, m, seed, cfg, f"tune-{m}-{i}-seed{seed}", {"grid_index": int(i)}, log)
+                out.write(json_line(row))
+                out.flush()
+    return 0
+
+
+def freeze(a):
+    with open(a.grid) as f:
+        grid = json.load(f)
+    rows = [{k: r[k] for k in ("method", "seed", "config", "time_to_target_s", "final_accuracy", "flagged")}
+            for r in read_rows(os.path.join(a.out, "tuning.jsonl"))]
+    # Rows carry the full configuration (defaults included): match them to the grid's by its keys.
+    for r in rows:
+        for c in grid["methods"][r["method"]]:
+            if all(r["config"].get(k) == v for k, v in c.items()):
+                r["config"] = dict(c)
+                break
+    body = protocol.freeze(grid, rows, a.tuning_seed_values, [m for m in a.methods if m != "best_ddp"],
+                           a.budget, created=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    body["best_ddp"] = best_ddp_of(body)
+    with open(a.freeze, "w") as f:
+        json.dump(body, f, indent=1, sort_keys=True)
+        f.write("\n")
+    print(f"{a.freeze}: digest {body['digest']}; best DDP variant {body['best_ddp']}; commit it before --protocol")
+    for m, c in body["chosen"].items():
+        print(f"  {LABEL[m]:<32} {json.dumps(c['config'])}  median time {c['median_time_to_target_s']}")
+    return 0
+
+
+def report(a, rows):
+    if not rows:
+        print("no results", flush=True)
+        return
+    if a.report and a.target_given:  # the table at another accuracy, from the curves
+        rows = [dict(r, target_accuracy=a.target,
+                     time_to_target_s=next((t for t, acc in r["curve"] if acc >= a.target), None)) for r in rows]
+    target = rows[0]["target_accuracy"]
+    budget = rows[0]["budget_s"]
+    s = protocol.summarize(rows, target, budget, n_boot=a.boot)
+    text = protocol.report_table(s)
+    met, why = protocol.goal_verdict(s)
+    seeds = sorted({r["seed"] for r in rows})
+    verdict = (f"Goal (ASHL <= 0.6x the best DDP variant and <= 0.5x plain DDP, intervals below 1): "
+               f"{'met' if met else 'not met'}" + ("" if met else ": " + "; ".join(why)))
+    text = (f"{len(rows)} runs, seeds {','.join(map(str, seeds))}, {budget:g} s each, target {target}; medians "
+            f"over seeds with percentile-bootstrap 95 % intervals ({a.boot} resamples; with one seed an interval "
+            "is the point itself).\n\n" + text + "\n" + verdict + "\n")
+    print("\n" + text, flush=True)
+    with open(os.path.join(a.out, "table.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(a.out, "summary.json"), "w") as f:
+        f.write(json_line(s))
+    plot(a, rows)
+
+
+def plot(a, rows):
     """accuracy_vs_time.png with gnuplot (Debian gnuplot-nox); skipped with a note when it is missing."""
     if not shutil.which("gnuplot"):
         print("note: gnuplot not found (apt-get install gnuplot-nox); no PNG written", flush=True)
         return None
-    out = os.path.abspath(a.out)
+    out = a.out
     files = []
-    for (method, seed), curve in curves.items():
-        path = f"{out}/curve_{method}_seed{seed}.dat"
+    for r in rows:
+        path = f"{out}/curve_{r['method']}_seed{r['seed']}.dat"
         with open(path, "w") as f:
-            for t, acc, _ in curve:
+            for t, acc in r["curve"]:
                 f.write(f"{t} {acc}\n")
-        files.append((method, seed, path))
-    lines = ['set terminal pngcairo size 1000,600' if "pngcairo" in terminals() else "set terminal png size 1000,600",
-             f'set output "{out}/accuracy_vs_time.png"',
-             f'set title "LeNet-5 on Fashion-MNIST, {a.workers} heterogeneous workers (K = {a.time_scale:g})"',
-             'set xlabel "wall-clock seconds"', 'set ylabel "test accuracy (2,000 images)"', "set key bottom right",
+        files.append((r["method"], r["seed"], path))
+    term = "set terminal pngcairo size 1000,600" if "pngcairo" in terminals() else "set terminal png size 1000,600"
+    lines = [term, f'set output "{out}/accuracy_vs_time.png"',
+             f'set title "LeNet-5 on Fashion-MNIST, {rows[0]["workers"]} heterogeneous workers (K = {rows[0]["time_scale"]:g})"',
+             'set xlabel "wall-clock seconds"', 'set ylabel "test accuracy (10,000 images)"', "set key bottom right",
              "set grid", "set yrange [0.5:0.95]",
-             f'set arrow from graph 0, first {a.target} to graph 1, first {a.target} nohead dt 2']
-    styles = {"ddp": 1, "bsp": 2, "adsp": 3, "ashl": 4, "ashl_plus": 5}
-    plots = [f'"{path}" using 1:2 with lines lw 2 lc {styles[m]} title "{LABEL[m]}' + (f' seed {s}"' if a.seeds > 1 else '"')
+             f'set arrow from graph 0, first {rows[0]["target_accuracy"]} to graph 1, first {rows[0]["target_accuracy"]} nohead dt 2']
+    styles = {m: i + 1 for i, m in enumerate(ALL_METHODS)}
+    many = len({s for _, s, _ in files}) > 1
+    plots = [f'"{path}" using 1:2 with lines lw 2 lc {styles[m]} title "{LABEL[m]}' + (f' seed {s}"' if many else '"')
              for m, s, path in files]
     lines.append("plot " + ", ".join(plots))
     script = f"{out}/accuracy_vs_time.gp"
@@ -275,6 +614,7 @@ def plot(a, curves):
     if r.returncode != 0:
         print(f"note: gnuplot failed: {r.stderr.strip()}", flush=True)
         return None
+    print(f"plot: {out}/accuracy_vs_time.png", flush=True)
     return f"{out}/accuracy_vs_time.png"
 
 
@@ -283,106 +623,25 @@ def terminals():
     return r.stdout + r.stderr
 
 
-def orchestrate(a):
-    import torch
-    torch.set_num_threads(1)
-    t_all = time.time()
-    os.makedirs(a.out, exist_ok=True)
-    cc.prepare_data(a.data_dir_npy, a.data_dir)
-    data = cc.Data(a.data_dir_npy)
-    if any(m != "ddp" for m in a.methods):
-        try:
-            import ashl.torch  # noqa: F401
-        except ImportError as e:
-            raise SystemExit(f"the ashl Python module is not importable ({e}); `pip install .` in the repository, "
-                             "or run only --methods ddp")
-    print(f"# LeNet-5 ({sum(p.numel() for p in cc.make_model(1).parameters())} parameters), {a.workers} workers, "
-          f"K = {a.time_scale:g}, budget {a.budget:g} s per run, target {a.target}, lr {','.join([f'{a.lr:g}'] + [f'{m}={v:g}' for m, v in a.lr_by.items()])}, "
-          f"methods {','.join(a.methods)}, seeds {a.first_seed}..{a.first_seed + a.seeds - 1}; load average {os.getloadavg()[0]:.2f}", flush=True)
-    results, curves = [], {}
-    jsonl = open(os.path.join(a.out, "results.jsonl"), "w")
-    for seed in range(a.first_seed, a.first_seed + a.seeds):
-        for method in a.methods:
-            t_run = time.time()
-            run_dir, machine = run_one(a, method, seed)
-            curve, final_acc, final_loss = evaluate_run(a, method, seed, run_dir, data)
-            ws = worker_stats(a, run_dir)
-            curves[(method, seed)] = curve
-            steps = sum(w["steps"] for w in ws)
-            rec = {"method": method, "seed": seed, "target_accuracy": a.target,
-                   "time_to_target_s": time_to_target(curve, a.target), "final_accuracy": final_acc,
-                   "final_loss": final_loss, "lr": lr_for(a, method),
-                   **({"ratio": a.ratio, "switch_loss": a.switch_loss} if method in ("ashl", "ashl_plus") else {}),
-                   "budget_s": a.budget, "time_scale": a.time_scale, "workers": a.workers,
-                   "iterations": steps, "samples": sum(w["samples"] for w in ws),
-                   "iterations_per_group": [sum(w["steps"] for w in ws if cc.group_of(w["rank"], a.workers) == g)
-                                            for g in range(3)],
-                   "bytes_sent_per_worker": sum(w["bytes_sent"] for w in ws) / len(ws),
-                   "overrun_fraction": sum(w["overruns"] for w in ws) / max(1, steps),
-                   "cpu_seconds": sum(w["cpu_seconds"] for w in ws), "run_wall_s": round(time.time() - t_run, 1),
-                   "curve": [[t, round(acc, 4)] for t, acc, _ in curve], **machine}
-            results.append(rec)
-            jsonl.write(json_line(rec))
-            jsonl.flush()
-            print(f"{LABEL[method]:<11} seed {seed}: target at {fmt(rec['time_to_target_s'])} s, final accuracy "
-                  f"{final_acc:.4f}, {steps} iterations, {rec['bytes_sent_per_worker'] / 1e6:.1f} MB sent per worker, "
-                  f"overruns {rec['overrun_fraction']:.1%}, load {machine['load_start']:.1f}-{machine['load_end']:.1f}, "
-                  f"{rec['run_wall_s']:.0f} s", flush=True)
-    jsonl.close()
-    table(a, results)
-    png = plot(a, curves)
-    if png:
-        print(f"plot: {png}")
-    print(f"# total {time.time() - t_all:.0f} s", flush=True)
-    return 0
-
-
-def table(a, results):
-    by = {}
-    for r in results:
-        by.setdefault(r["method"], []).append(r)
-    ddp_t = median([r["time_to_target_s"] for r in by.get("ddp", [])])
-    ddp_acc = median([r["final_accuracy"] for r in by.get("ddp", [])])
-    lines = [f"\nmethod       time to {a.target:.2f} (s, median)   x DDP   final accuracy   vs DDP (points)   "
-             f"iterations   MB/worker   overruns",
-             "-" * 116]
-    summary = []
-    for m in a.methods:
-        rs = by.get(m, [])
-        if not rs:
-            continue
-        t = median([r["time_to_target_s"] for r in rs])
-        acc = median([r["final_accuracy"] for r in rs])
-        ratio = t / ddp_t if not math.isnan(ddp_t) and ddp_t > 0 else math.nan
-        # DDP ran but did not reach the target: the ratio is below t / budget.
-        below = t / a.budget if math.isnan(ddp_t) and "ddp" in by and m != "ddp" and not math.isnan(t) else math.nan
-        shown = fmt(ratio, ".2f") if math.isnan(below) else "<" + fmt(below, ".2f")
-        lines.append(f"{LABEL[m]:<12} {fmt(t):>26}   {shown:>5}   {acc:>14.4f}   "
-                     f"{fmt(100 * (acc - ddp_acc) if not math.isnan(ddp_acc) else math.nan, '+.2f'):>15}   "
-                     f"{median([r['iterations'] for r in rs]):>10.0f}   "
-                     f"{median([r['bytes_sent_per_worker'] for r in rs]) / 1e6:>9.1f}   "
-                     f"{median([r['overrun_fraction'] for r in rs]):>8.1%}")
-        summary.append({"method": m, "seeds": len(rs), "median_time_to_target_s": t, "ratio_to_ddp": ratio,
-                        "ratio_to_ddp_below": below,
-                        "median_final_accuracy": acc, "final_accuracy_vs_ddp_points":
-                        100 * (acc - ddp_acc) if not math.isnan(ddp_acc) else math.nan})
-    text = "\n".join(lines) + "\n"
-    print(text, flush=True)
-    with open(os.path.join(a.out, "table.txt"), "w") as f:
-        f.write(text)
-    with open(os.path.join(a.out, "summary.jsonl"), "w") as f:
-        for s in summary:
-            f.write(json_line(s))
-
-
 def main(argv):
     a = parse(argv)
     if a.role == "orchestrator":
-        return orchestrate(a)
+        if a.report:
+            a.out = os.path.abspath(a.report)
+            report(a, read_rows(os.path.join(a.out, "results.jsonl")))
+            return 0
+        if a.freeze:
+            return freeze(a)
+        if a.tune:
+            return tune(a)
+        return runs(a)
     a.data_dir = a.data_dir_npy
     if a.role == "ddp":
         import ddp_worker
         return ddp_worker.main(a)
+    if a.role == "evaluator":
+        import evaluator
+        return evaluator.main(a)
     import ashl_worker
     return ashl_worker.main(a)
 

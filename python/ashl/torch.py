@@ -35,7 +35,7 @@ import contextlib
 import os
 import queue
 import threading
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -421,6 +421,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
     encode it there (default: for CUDA buckets; True forces it on the CPU). trace: a Chrome trace path
     (default ASHL_TRACE; ashl.trace).
 
+    link: an emulated link in place of ``link_bytes_per_second``'s rate:
+    called as ``link("up", bytes)`` before a commit is sent and
+    ``link("down", bytes)`` after a pull reply arrived, it holds the thread
+    for as long as the bytes take (examples/cnn/link.py: every method's
+    links through one model).
+
     job: the runtime contract (default: ashl.job()). fabric: an
     ashl.InprocFabric to reach servers in this process (job.server_addresses
     are then node names) instead of UCX.
@@ -433,7 +439,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  reconnect: float = 0.0, bucket_cap_mb: Union[float, str, None] = "auto",
                  overlap: bool = True, commit_in_backward: Optional[bool] = None,
                  check_finite: Optional[bool] = None, trace: Optional[str] = None,
-                 incarnation: int = 0, device_encode: Optional[bool] = None):
+                 incarnation: int = 0, device_encode: Optional[bool] = None,
+                 link: Optional[Callable[[str, int], None]] = None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer = {type(optimizer).__name__}: must be a torch.optim.Optimizer")
         if update not in ("delta", "gradient"):
@@ -475,7 +482,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  reconnect=reconnect, progress_seconds=self._job.progress_seconds if b.index == 0
                                  else 0.0, token=self._job.token, insecure=self._job.insecure,
                                  verbose=self._job.verbose, fabric=fabric, incarnation=incarnation,
-                                 job=_job_id(self._job, b.size), follower=b.index > 0)
+                                 job=_job_id(self._job, b.size), follower=b.index > 0, link=link)
                 b.stage_in()
                 builder = _ashl.UpdateBuilder(update, b.size)
                 builder.pulled(b.host_params.numpy())
@@ -988,6 +995,11 @@ class Servers:
     def join(self) -> None:
         for s in self.servers:
             s.join()
+
+    def parameters(self) -> list:
+        """Each bucket's server's parameters (numpy, bucket order), each one
+        version (ashl.Server.parameters())."""
+        return [s.parameters() for s in self.servers]
 
     @property
     def all_left(self) -> bool:

@@ -34,9 +34,11 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -283,13 +285,20 @@ struct fabric {
   std::shared_ptr<tr::inproc_fabric> f;
 };
 
+// f() without the GIL (a call that takes a worker's or server's lock).
+template <class F>
+auto unlocked(F f) {
+  py::gil_scoped_release nogil;
+  return f();
+}
+
 class py_worker {
  public:
   py_worker(py::array parameters, std::vector<std::string> servers, std::uint32_t rank, std::uint32_t batch,
             double timeout, std::uint64_t seed, bool error_feedback, double link_bytes_per_second, double reconnect,
             double progress_seconds, std::string token, bool insecure, bool verbose, std::optional<fabric> inproc,
-            std::uint64_t incarnation, std::uint64_t job, bool follower)
-      : params_obj_(parameters) {
+            std::uint64_t incarnation, std::uint64_t job, bool follower, py::object link)
+      : params_obj_(parameters), link_(std::move(link)) {
     const auto w = buffer_of(parameters, "parameters", true);
     ps::worker_params p{.rank = rank,
                         .servers = std::move(servers),
@@ -303,6 +312,23 @@ class py_worker {
                         .link_bytes_per_second = link_bytes_per_second,
                         .reconnect = millis(reconnect, "worker.reconnect"),
                         .follower = follower};
+    if (!link_.is_none()) {
+      if (!PyCallable_Check(link_.ptr()))
+        raise(ashl::invalid_argument("worker.link", py::str(py::type::of(link_)).cast<std::string>(),
+                                     "must be callable as link(direction, bytes) or None"));
+      // Called from commit() and wait(), which released the GIL. The
+      // capture is `this` (link_ lives here), so the function copies
+      // without touching Python; an exception is kept and raised by the
+      // call that ran the hold.
+      p.link_hold = [this](ps::link_direction d, std::uint64_t bytes) {
+        py::gil_scoped_acquire gil;
+        try {
+          link_(d == ps::link_direction::up ? "up" : "down", bytes);
+        } catch (py::error_already_set& e) {
+          if (link_error_.empty()) link_error_ = e.what();
+        }
+      };
+    }
     if (p.timeout.count() == 0) raise(ashl::invalid_argument("worker.timeout", timeout, "must be > 0 seconds"));
     ashl::status failed;
     {
@@ -326,9 +352,22 @@ class py_worker {
     check(failed);
   }
 
-  bool iteration_done() { return w_->iteration_done(); }
-  ps::plan_in_force current_plan() const { return w_->current_plan(); }
-  bool compresses() const { return w_->compresses(); }
+  // Every call that takes the worker's lock releases the GIL first: a
+  // `link` hold runs under that lock and takes the GIL (another thread
+  // holding the GIL while it waits for the lock would deadlock them), and a
+  // communication thread holds the lock through a commit.
+  bool iteration_done() {
+    py::gil_scoped_release nogil;
+    return w_->iteration_done();
+  }
+  ps::plan_in_force current_plan() const {
+    py::gil_scoped_release nogil;
+    return w_->current_plan();
+  }
+  bool compresses() const {
+    py::gil_scoped_release nogil;
+    return w_->compresses();
+  }
   std::vector<std::pair<std::size_t, std::size_t>> shard_ranges() const { return w_->shard_ranges(); }
   // Payloads the caller encoded (one uint8 array per shard, of codec at the
   // plan's ratio): ashl.torch encodes a CUDA bucket's top-k on the device.
@@ -347,8 +386,6 @@ class py_worker {
     check(s);
     update_obj_ = py::cast(payloads);  // sent from until wait() returns (and again after a reconnect)
   }
-  // Without the GIL: each takes the worker's lock, which a communication
-  // thread holds through a commit (an emulated link sleeps there).
   bool follow(const ps::plan_in_force& leader, bool leader_done) {
     py::gil_scoped_release nogil;
     return w_->follow(leader, leader_done);  // a plan it cannot run fails it: commit() says so
@@ -375,10 +412,18 @@ class py_worker {
       py::gil_scoped_release nogil;
       s = w_->commit(u);
     }
+    check_link();
     check(s);
     update_obj_ = update;  // the worker sends from it until wait() returns
   }
-  void pull() { check(w_->pull()); }
+  void pull() {
+    ashl::status s;
+    {
+      py::gil_scoped_release nogil;
+      s = w_->pull();
+    }
+    check(s);
+  }
   void wait() {
     ashl::status s;
     {
@@ -386,6 +431,7 @@ class py_worker {
       s = w_->wait();
     }
     update_obj_ = py::none();
+    check_link();
     check(s);
   }
   void leave() {
@@ -399,17 +445,17 @@ class py_worker {
   void report_metric(const std::string& name, double v) {
     for (std::uint32_t i = 0; i < ashl::metric_id_count; ++i) {
       const auto m = static_cast<ashl::metric_id>(i);
-      if (ashl::to_string(m) == name) return check(w_->report_metric(m, v));
+      if (ashl::to_string(m) == name) return check(unlocked([&] { return w_->report_metric(m, v); }));
     }
     raise(ashl::invalid_argument("metric", name, "must be loss, accuracy, samples_per_second or iteration_seconds"));
   }
-  py::dict plan() const { return plan_dict(w_->plan()); }
-  std::uint32_t batch() const { return w_->batch(); }
-  std::string codec() const { return std::string(ashl::to_string(w_->codec())); }
-  std::uint64_t staleness() const { return w_->staleness(); }
-  std::uint64_t incarnation() const { return w_->incarnation(); }
-  py::dict telemetry() const { return worker_telemetry_dict(w_->telemetry()); }
-  std::string progress_line() const { return w_->progress_line(); }
+  py::dict plan() const { return plan_dict(unlocked([&] { return w_->plan(); })); }
+  std::uint32_t batch() const { return unlocked([&] { return w_->batch(); }); }
+  std::string codec() const { return std::string(ashl::to_string(unlocked([&] { return w_->codec(); }))); }
+  std::uint64_t staleness() const { return unlocked([&] { return w_->staleness(); }); }
+  std::uint64_t incarnation() const { return unlocked([&] { return w_->incarnation(); }); }
+  py::dict telemetry() const { return worker_telemetry_dict(unlocked([&] { return w_->telemetry(); })); }
+  std::string progress_line() const { return unlocked([&] { return w_->progress_line(); }); }
 
  private:
   template <class T>
@@ -422,13 +468,23 @@ class py_worker {
   std::unique_ptr<any_worker> w_;
   py::object params_obj_;  // keeps the parameter buffer alive as long as the worker writes into it
   py::object update_obj_ = py::none();
+  py::object link_;         // the emulated link's hold, or None
+  std::string link_error_;  // what link_ raised, raised by the next commit() or wait() (under the GIL)
+
+  void check_link() {
+    if (link_error_.empty()) return;
+    std::string e;
+    e.swap(link_error_);
+    throw std::runtime_error("worker.link raised: " + e);
+  }
 };
 
 // -------------------------------------------------------------- server
 
 struct any_server {
   virtual ~any_server() = default;
-  virtual void run(const std::atomic<bool>& stop) = 0;
+  virtual void run(const std::atomic<bool>& stop, const std::function<void()>& between) = 0;
+  virtual std::span<const float> parameters() const = 0;
   virtual ps::server_telemetry telemetry() const = 0;
   virtual std::string progress_line() const = 0;
   virtual bool all_left() const = 0;
@@ -439,7 +495,8 @@ template <class T>
 struct server_of final : any_server {
   ps::server<T> s;
   explicit server_of(ps::server<T>&& x) : s(std::move(x)) {}
-  void run(const std::atomic<bool>& stop) override { s.run(stop); }
+  void run(const std::atomic<bool>& stop, const std::function<void()>& between) override { s.run(stop, between); }
+  std::span<const float> parameters() const override { return s.parameters(); }
   ps::server_telemetry telemetry() const override { return s.telemetry(); }
   std::string progress_line() const override { return s.progress_line(); }
   bool all_left() const override { return s.all_left(); }
@@ -533,11 +590,41 @@ class py_server {
   void run() {
     if (thread_.joinable()) raise(ashl::invalid_argument("server.run", "running", "start() ran it already"));
     py::gil_scoped_release nogil;
-    s_->run(stop_);
+    serve();
   }
   void start() {
     if (thread_.joinable()) raise(ashl::invalid_argument("server.start", "running", "already started"));
-    thread_ = std::thread([this] { s_->run(stop_); });
+    {
+      std::lock_guard g(snap_mu_);
+      running_ = true;
+    }
+    thread_ = std::thread([this] { serve(); });
+  }
+  // A copy of this server's parameters (its shard). While run() or start()
+  // serves, the copy is taken on the server's thread between two passes, so
+  // it is one version (no commit half applied); otherwise directly.
+  py::array_t<float> parameters() {
+    std::vector<float> v;
+    {
+      py::gil_scoped_release nogil;
+      std::unique_lock g(snap_mu_);
+      if (running_) {
+        snap_wanted_ = true;
+        snap_ready_ = false;
+        snap_cv_.wait_for(g, std::chrono::seconds(10), [&] { return snap_ready_ || !running_; });
+      }
+      if (snap_ready_) {
+        v.swap(snap_);
+        snap_ready_ = false;
+      } else {
+        snap_wanted_ = false;
+        const auto p = s_->parameters();  // not serving: nothing else writes them
+        v.assign(p.begin(), p.end());
+      }
+    }
+    py::array_t<float> out(static_cast<py::ssize_t>(v.size()));
+    std::copy(v.begin(), v.end(), out.mutable_data());
+    return out;
   }
   void stop() { stop_ = true; }
   void join() {
@@ -565,9 +652,35 @@ class py_server {
   }
 
   std::unique_ptr<any_server> s_;
+  void serve() {
+    {
+      std::lock_guard g(snap_mu_);
+      running_ = true;
+    }
+    s_->run(stop_, [this] {
+      if (!snap_wanted_.load(std::memory_order_acquire)) return;
+      std::lock_guard g(snap_mu_);
+      const auto p = s_->parameters();
+      snap_.assign(p.begin(), p.end());
+      snap_wanted_ = false;
+      snap_ready_ = true;
+      snap_cv_.notify_all();
+    });
+    std::lock_guard g(snap_mu_);
+    running_ = false;
+    snap_cv_.notify_all();
+  }
+
   std::string address_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
+  // parameters() while serving: asked for by snap_wanted_, copied by the server's thread.
+  std::mutex snap_mu_;
+  std::condition_variable snap_cv_;
+  std::atomic<bool> snap_wanted_{false};
+  bool snap_ready_ = false;
+  bool running_ = false;
+  std::vector<float> snap_;
 };
 
 // -------------------------------------------------------------- adapters
@@ -651,13 +764,13 @@ PYBIND11_MODULE(_ashl, m) {
   py::class_<py_worker>(m, "Worker", "ps::worker: commits a flat float32 buffer and pulls into another")
       .def(py::init<py::array, std::vector<std::string>, std::uint32_t, std::uint32_t, double, std::uint64_t, bool,
                     double, double, double, std::string, bool, bool, std::optional<fabric>, std::uint64_t,
-                    std::uint64_t, bool>(),
+                    std::uint64_t, bool, py::object>(),
            py::arg("parameters"), py::arg("servers"), py::arg("rank") = 0, py::arg("batch") = 1,
            py::arg("timeout") = 30.0, py::arg("seed") = 0, py::arg("error_feedback") = true,
            py::arg("link_bytes_per_second") = 0.0, py::arg("reconnect") = 0.0, py::arg("progress_seconds") = 0.0,
            py::arg("token") = "", py::arg("insecure") = false, py::arg("verbose") = false,
            py::arg("fabric") = std::nullopt, py::arg("incarnation") = 0, py::arg("job") = 0,
-           py::arg("follower") = false)
+           py::arg("follower") = false, py::arg("link") = py::none())
       .def("iteration_done", &py_worker::iteration_done)
       .def_property_readonly("compresses", &py_worker::compresses,
                              "whether this cycle's commit is compressed (known once iteration_done said true)")
@@ -740,6 +853,8 @@ PYBIND11_MODULE(_ashl, m) {
       .def("stop", &py_server::stop)
       .def("join", &py_server::join)
       .def_property_readonly("telemetry", &py_server::telemetry)
+      .def("parameters", &py_server::parameters,
+           "a copy of the server's parameters (its shard), one version: taken between two passes while it serves")
       .def_property_readonly("all_left", &py_server::all_left)
       .def_property_readonly("ended", &py_server::ended)
       .def("progress_line", &py_server::progress_line);

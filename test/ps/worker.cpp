@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 #include "../support/checks.hpp"
 
@@ -261,6 +262,68 @@ BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
   ASHL_TEST(after == before, "allocations in steady state: " << after - before);
   ASHL_TEST(srv->core().stats().commits_applied == std::uint64_t{M} * (warmup + measured));
   for (auto& wk : workers) ASHL_TEST(wk.leave().ok());
+}
+
+// Issue 27: worker_params::link_hold replaces the rate's sleep. It is called
+// with link_direction::up and the commit's bytes (header and payload) before
+// the commit is sent, and with down and the reply's bytes after the reply
+// arrived; what it holds is telemetry's link_seconds. The server's
+// run(stop, between) calls between() on its own thread after every pass,
+// where its parameters are one version (here: what the worker pulled).
+BOOST_AUTO_TEST_CASE(a_link_hold_gets_each_transfer_and_between_sees_the_servers_parameters) {
+  auto fabric = tr::inproc_fabric::create({});
+  std::atomic<bool> stop{false}, up{false}, want{false};
+  std::vector<float> seen;
+  std::atomic<int> betweens{0};
+  std::thread server([&] {
+    auto node = fabric->node("server0");
+    auto layout = ps::shard_layout::even(100, 1);
+    ps::policy_params pp;
+    pp.workers = 1;
+    auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = 1}},
+                                              std::move(*ps::make_policy("asp", pp)), std::move(*node));
+    up = true;
+    srv->run(stop, [&] {
+      ++betweens;
+      if (want.exchange(false)) {
+        const auto p = srv->parameters();
+        seen.assign(p.begin(), p.end());
+      }
+    });
+  });
+  while (!up) std::this_thread::sleep_for(1ms);
+  std::vector<std::pair<ps::link_direction, std::uint64_t>> calls;
+  std::vector<float> w(100), g(100, 0.5f);
+  auto wk = ps::worker<tr::inproc>::create(
+      {.servers = {"server0"},
+       .timeout = 10s,
+       .link_hold = [&](ps::link_direction d, std::uint64_t b) {
+         calls.emplace_back(d, b);
+         std::this_thread::sleep_for(5ms);
+       }},
+      node_of(fabric), w);
+  ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+  calls.clear();  // the join's pull
+  for (int c = 0; c < 3; ++c) {
+    while (!wk->iteration_done()) {}
+    ASHL_REQUIRE(wk->commit(g).ok());
+    ASHL_REQUIRE(wk->wait().ok());
+  }
+  const std::uint64_t dense = ashl::wire::header_bytes + 100 * sizeof(float);
+  ASHL_REQUIRE(calls.size() == 6u, calls.size());
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    ASHL_TEST((calls[i].first == (i % 2 == 0 ? ps::link_direction::up : ps::link_direction::down)));
+    ASHL_TEST(calls[i].second == dense, calls[i].second);
+  }
+  ASHL_TEST(wk->telemetry().link_seconds >= 0.025, wk->telemetry().link_seconds);
+  want = true;
+  while (want) std::this_thread::sleep_for(1ms);
+  ASHL_TEST(betweens.load() > 0);
+  ASHL_REQUIRE(seen.size() == 100u);
+  ASHL_TEST((seen[0] == 1.5f && seen[99] == 1.5f && w[0] == 1.5f));
+  (void)wk->leave();
+  stop = true;
+  server.join();
 }
 
 BOOST_AUTO_TEST_CASE(a_pull_without_commit_reads_the_model) {

@@ -101,6 +101,103 @@ def test_delta_updates_with_one_worker_follow_the_local_optimizer():
     srv.join()
 
 
+def test_a_link_hold_gets_every_commit_and_reply_with_its_bytes_and_the_server_gives_its_parameters():
+    # worker_params::link_hold through the binding: called "up" before each
+    # commit is sent and "down" after each reply arrived, with the header and
+    # payload bytes; the time it holds is the telemetry's link_seconds. The
+    # server's parameters() while it serves equal what the worker pulled.
+    model = tiny_model()
+    fabric = ashl.InprocFabric()
+    sjob, wjob = inproc_job()
+    srv = at.serve(model, sjob, "bsp", "none", fabric=fabric, background=True)
+    calls = []
+
+    def link(direction, nbytes):
+        calls.append((direction, nbytes))
+        import time
+        time.sleep(0.01)
+
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, "bsp", "none",
+                                  job=wjob, fabric=fabric, overlap=False, link=link)
+    calls.clear()  # the join's first pull (a reply) may or may not have been held yet
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 6)).pow(2).mean().backward()
+        opt.step()
+    dense = 53 * 4
+    assert [d for d, _ in calls] == ["up", "down"] * 3
+    assert all(b > dense for _, b in calls) and all(b - dense < 200 for _, b in calls)  # payload + one header
+    assert opt.telemetry["link_seconds"] >= 0.06
+    served = srv.parameters()
+    assert np.array_equal(served, opt._buckets[0].host_params.numpy())
+    opt.leave()
+    srv.join()
+    assert np.array_equal(srv.parameters(), served)  # after join: read directly
+
+
+def test_a_link_hold_does_not_deadlock_with_a_thread_reading_the_worker():
+    # The hold runs under the worker's lock and takes the GIL; every binding
+    # call that takes the lock releases the GIL first, so a Python thread
+    # reading plan and telemetry while the communication threads commit and
+    # pull (overlap=True) does not deadlock with them.
+    import threading
+    import time
+    model = tiny_model()
+    fabric = ashl.InprocFabric()
+    sjob, wjob = inproc_job()
+    srv = at.serve(model, sjob, "bsp", "none", fabric=fabric, background=True)
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, "bsp", "none",
+                                  job=wjob, fabric=fabric, overlap=True,
+                                  link=lambda direction, nbytes: time.sleep(0.005))
+    stop = threading.Event()
+    reads = []
+
+    def reader():
+        while not stop.is_set():
+            reads.append((opt.plan.stage, opt.telemetry["commits"], opt.batch_size))
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+
+    def train():
+        for _ in range(10):
+            opt.zero_grad()
+            model(torch.randn(8, 6)).pow(2).mean().backward()
+            opt.step()
+        opt.wait()
+
+    trainer = threading.Thread(target=train, daemon=True)
+    trainer.start()
+    trainer.join(timeout=30)
+    stop.set()
+    t.join(timeout=5)
+    assert not trainer.is_alive(), "training deadlocked with the reader"
+    assert reads and opt.commits == 10
+    opt.leave()
+    srv.join()
+
+
+def test_an_exception_in_the_link_hold_is_raised_by_the_call_that_held():
+    model = tiny_model()
+    fabric = ashl.InprocFabric()
+    sjob, wjob = inproc_job()
+    srv = at.serve(model, sjob, "bsp", "none", fabric=fabric, background=True)
+    armed = []
+
+    def link(direction, nbytes):
+        if armed:
+            raise OSError("emulated link broke")
+
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, "bsp", "none",
+                                  job=wjob, fabric=fabric, overlap=False, link=link)
+    armed.append(1)
+    model(torch.randn(8, 6)).pow(2).mean().backward()
+    with pytest.raises(RuntimeError, match="worker.link raised.*emulated link broke"):
+        opt.step()
+    srv.stop()
+    srv.join()
+
+
 def test_the_plans_local_iterations_and_batch_size_are_followed():
     model = tiny_model()
     fabric = ashl.InprocFabric()

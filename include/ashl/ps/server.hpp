@@ -381,6 +381,15 @@ class server {
   // (stop_when_all_left) every rank has left, or no worker has been
   // connected for no_worker_grace; end() says which.
   void run(const std::atomic<bool>& stop) {
+    run(stop, [] {});
+  }
+
+  // The same, calling between() on the server's thread after every pass
+  // (at least every wait_slice): where a program reads the parameters
+  // consistently while the server runs (ashl.Server.parameters(), an
+  // evaluator's snapshots), since no commit is being applied then.
+  template <class Between>
+  void run(const std::atomic<bool>& stop, Between&& between) {
     end_ = server_end::running;
     while (true) {
       if (stop.load(std::memory_order_relaxed)) {
@@ -388,6 +397,7 @@ class server {
         break;
       }
       run_once(std::chrono::duration_cast<std::chrono::microseconds>(p_.wait_slice));
+      between();
       if (!p_.stop_when_all_left) continue;
       if (all_left()) {
         end_ = server_end::all_left;

@@ -69,6 +69,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -82,6 +83,9 @@
 
 ASHL_NAMESPACE_BEGIN
 namespace ps {
+
+// The direction of an emulated transfer (worker_params::link_hold).
+enum class link_direction : std::uint8_t { up, down };
 
 struct worker_params {
   std::uint32_t rank = 0;
@@ -111,6 +115,18 @@ struct worker_params {
   // and before the caller sees the reply, and the push and pull
   // measurements include it.
   double link_bytes_per_second = 0.0;
+  // When set, the emulated link is this function instead of the rate: it is
+  // called where the rate's sleep would be, with the direction (a commit:
+  // link_direction::up, before it is sent; a pull reply: down, after it
+  // arrived) and the bytes (headers and payloads), and holds the calling
+  // thread for as long as they take. A harness that emulates every method's
+  // links with one model (a server's link shared by all its workers, say)
+  // gives it here (examples/cnn/link.py). Its wall time is counted in
+  // telemetry's link_seconds. It runs under the worker's lock, as the
+  // rate's sleep does: it must not call this worker, and a lock it takes
+  // must not be held by a thread that calls this worker (the Python
+  // binding releases the GIL around every call for that reason).
+  std::function<void(link_direction, std::uint64_t)> link_hold;
   // > 0: a server whose connection fails or closes (it died, or evicted this
   // worker) is connected to again for up to this long: the worker rejoins
   // (same incarnation, keeping its sequence), sends the commit in flight
@@ -579,10 +595,10 @@ class worker {
 
     // The commit whose payloads commit_payload() gives, with its pull.
     status send_commit(double now) {
-      if (p.link_bytes_per_second > 0.0) {
+      if (p.link_bytes_per_second > 0.0 || p.link_hold) {
         std::uint64_t b = 0;
         for (std::uint32_t s = 0; s < servers(); ++s) b += wire::header_bytes + commit_payload(s).size();
-        hold_for_link(b);
+        hold_for_link(link_direction::up, b);
       }
       // The samples and clock this commit carries, from the cycle (the rule
       // the simulator's workers follow).
@@ -674,7 +690,7 @@ class worker {
       ASHL_TRY(drive_until([&] { return !pending(); }, deadline, "waiting for the commit and the parameters"));
       std::lock_guard g(mu);
       if (committing) {
-        hold_for_link(reply_bytes);
+        hold_for_link(link_direction::down, reply_bytes);
         finish_cycle();
       }
       if (p.progress_seconds > 0.0 && clock.now() >= next_progress_) {
@@ -814,8 +830,15 @@ class worker {
     // The emulated link (worker_params.link_bytes_per_second): `bytes` take
     // bytes / rate seconds. A sleep, not a spin: ten emulated workers share
     // a few cores.
-    void hold_for_link(std::uint64_t bytes) {
-      if (p.link_bytes_per_second <= 0.0 || bytes == 0) return;
+    void hold_for_link(link_direction d, std::uint64_t bytes) {
+      if (bytes == 0) return;
+      if (p.link_hold) {
+        const auto t0 = std::chrono::steady_clock::now();
+        p.link_hold(d, bytes);
+        tel.link_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return;
+      }
+      if (p.link_bytes_per_second <= 0.0) return;
       const double s = static_cast<double>(bytes) / p.link_bytes_per_second;
       std::this_thread::sleep_for(std::chrono::duration<double>(s));
       tel.link_seconds += s;

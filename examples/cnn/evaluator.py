@@ -1,0 +1,76 @@
+"""The evaluator of a CNN run (issue 27, item 3): a process of its own that
+evaluates the parameters the run wrote at each tick (ticks.py: the ashl
+server's, DDP rank 0's) on all 10,000 test images, and the final ones.
+
+It never competes with the training for a core:
+
+- deferred (the default): it waits, polling a file every 0.25 s, until
+  run.py writes `done` after the training processes ended, then evaluates
+  every tick on all the machine's cores;
+- concurrent (run.py --eval-cpus LIST): it is pinned to those CPUs, which
+  run.py takes away from every training process, and evaluates each tick
+  as it appears.
+
+Started by run.py (``--role evaluator``); writes the run's curve.json:
+{"curve": [[t, accuracy, loss], ...], "final_accuracy", "final_loss", "mode"}.
+"""
+import json
+import os
+import time
+
+import numpy as np
+import torch
+
+import cnn_common as cc
+import ticks
+
+
+def main(a):
+    run_dir = a.run_dir
+    cpus = sorted(os.sched_getaffinity(0))
+    concurrent = bool(a.eval_cpus)
+    if concurrent:
+        os.sched_setaffinity(0, a.eval_cpus)
+        cpus = a.eval_cpus
+    data = cc.Data(a.data_dir)
+    x, y = data.test_set(len(data.test_y))
+    model = cc.make_model(a.seed)
+    count = ticks.tick_count(a.eval_every, a.budget)
+    cc.write_file(f"{run_dir}/ready-evaluator", "1\n")
+    done = f"{run_dir}/done"
+    t0 = cc.wait_for_start(run_dir, timeout=600.0)
+    give_up = t0 + a.budget + 600.0  # run.py went away: do not wait for ever
+
+    def wait_done():
+        if cc.mono() > give_up:
+            raise SystemExit(f"evaluator: no {done} 600 s after the run's end")
+    if not concurrent:
+        while not os.path.exists(done):
+            wait_done()
+            time.sleep(0.25)
+    torch.set_num_threads(len(cpus))
+    curve, k = [], 1
+    while k <= count:
+        path = ticks.tick_path(run_dir, k)
+        if not os.path.exists(path):
+            if os.path.exists(done) and not os.path.exists(path):
+                raise SystemExit(f"evaluator: {path} missing after the run ended")
+            wait_done()
+            time.sleep(0.05)
+            continue
+        torch.nn.utils.vector_to_parameters(torch.from_numpy(np.load(path)), model.parameters())
+        acc, loss = cc.evaluate(model, x, y)
+        curve.append([round(k * a.eval_every, 3), acc, loss])
+        k += 1
+    while not os.path.exists(ticks.final_path(run_dir)):
+        if os.path.exists(done) and not os.path.exists(ticks.final_path(run_dir)):
+            raise SystemExit(f"evaluator: {ticks.final_path(run_dir)} missing after the run ended")
+        wait_done()
+        time.sleep(0.05)
+    torch.nn.utils.vector_to_parameters(torch.from_numpy(np.load(ticks.final_path(run_dir))), model.parameters())
+    final_acc, final_loss = cc.evaluate(model, x, y)
+    cc.write_file(f"{run_dir}/curve.json", json.dumps({"curve": curve, "final_accuracy": final_acc,
+                                                       "final_loss": final_loss, "images": len(y),
+                                                       "mode": "concurrent" if concurrent else "deferred",
+                                                       "cpus": list(cpus)}) + "\n")
+    return 0

@@ -1,0 +1,399 @@
+"""The comparison protocol of the CNN example (issue 27): the pure parts,
+without torch, so they are unit-tested (test/python/test_cnn_protocol.py).
+
+    order = run_order(methods, seed, salt)               # a method order per seed, random, reproducible
+    pt, lo, hi = bootstrap_ci(times, median_of)          # a median and its 95 % percentile interval
+    r = paired_ratio_ci(ashl_times, ddp_times)           # ratio of medians over paired seeds, with interval
+    flagged(overruns, steps)                             # more than 2 % of iterations overran their pad
+    frozen = freeze(grid, tuning_rows, ...)              # each method's configuration, chosen on the tuning seeds
+    text = report_table(rows, frozen, target, budget)    # the markdown table of docs/perf/cnn.md
+
+Times to target that were not reached are math.inf: a median or a bound
+that involves them is shown as "> budget", never as a number it is not.
+"""
+import hashlib
+import json
+import math
+import random
+
+# The methods, in the order of every table. Knob: the method's own tuning axis.
+DDP_METHODS = ("ddp", "ddp_fp16", "ddp_powersgd", "ddp_localsgd", "ddp_propbatch")
+ASHL_METHODS = ("bsp", "adsp", "ashl", "ashl_plus")
+ALL_METHODS = DDP_METHODS + ASHL_METHODS
+LABEL = {"ddp": "DDP", "ddp_fp16": "DDP + fp16 hook", "ddp_powersgd": "DDP + PowerSGD",
+         "ddp_localsgd": "DDP post-local SGD", "ddp_propbatch": "DDP, speed-proportional batches",
+         "bsp": "BSP", "adsp": "ADSP", "ashl": "ASHL", "ashl_plus": "ASHL+"}
+KNOB = {"ddp_powersgd": "powersgd_rank", "ddp_localsgd": "local_period", "ashl": "ratio", "ashl_plus": "ratio"}
+
+OVERRUN_LIMIT = 0.02  # issue 27: a run with more than 2 % of its iterations over their pad is flagged
+
+
+# ------------------------------------------------------------------ order
+
+def run_order(methods, seed, salt="issue27"):
+    """The methods of one seed in a random order that is a pure function of
+    (methods, seed, salt): the order is random per seed (no method always
+    runs first on a fresh machine) and the same on a rerun."""
+    methods = sorted(methods)  # the order they were given in does not matter
+    rng = random.Random(f"{salt}:{seed}:{','.join(methods)}")
+    rng.shuffle(methods)
+    return methods
+
+
+# ------------------------------------------------------------------ statistics
+
+def median_of(values):
+    v = sorted(values)
+    if not v:
+        return math.nan
+    k = len(v) // 2
+    if len(v) % 2:
+        return v[k]
+    a, b = v[k - 1], v[k]
+    if math.isinf(a) and math.isinf(b) and a == b:
+        return a
+    return 0.5 * (a + b)
+
+
+def _percentile(sorted_v, q):
+    """The q-quantile (0..1) of sorted values, linear between order statistics."""
+    if not sorted_v:
+        return math.nan
+    x = q * (len(sorted_v) - 1)
+    i = int(math.floor(x))
+    j = min(i + 1, len(sorted_v) - 1)
+    a, b = sorted_v[i], sorted_v[j]
+    if a == b or x == i:
+        return a
+    if math.isinf(a) or math.isinf(b):
+        return b if x - i > 0 else a
+    return a + (b - a) * (x - i)
+
+
+def bootstrap_ci(values, stat=median_of, n_boot=10000, level=0.95, seed=0):
+    """(stat(values), lower, upper): the percentile bootstrap interval of
+    stat over resamples (with replacement) of values, n_boot of them, from a
+    fixed seed (the same data give the same interval)."""
+    values = list(values)
+    if not values:
+        return math.nan, math.nan, math.nan
+    rng = random.Random(seed)
+    n = len(values)
+    boots = sorted(stat([values[rng.randrange(n)] for _ in range(n)]) for _ in range(n_boot))
+    a = (1.0 - level) / 2.0
+    return stat(values), _percentile(boots, a), _percentile(boots, 1.0 - a)
+
+
+def _ratio(a, b):
+    if math.isinf(a) and math.isinf(b):
+        return math.nan  # neither reached the target: nothing to say
+    if math.isinf(b):
+        return 0.0 if not math.isinf(a) else math.nan
+    if b <= 0:
+        return math.nan
+    return a / b
+
+
+def paired_ratio_ci(a, b, n_boot=10000, level=0.95, seed=0):
+    """median(a) / median(b) over seeds paired by index (a[i] and b[i] ran
+    the same seed), with the percentile bootstrap interval from resampling
+    the seeds (pairs together). inf (target not reached) in b makes the ratio
+    a bound toward 0, in a toward inf; resamples where both medians are inf
+    are dropped. Returns (ratio, lower, upper)."""
+    if len(a) != len(b):
+        raise ValueError(f"paired_ratio_ci: {len(a)} and {len(b)} values: the seeds must pair")
+    if not a:
+        return math.nan, math.nan, math.nan
+    rng = random.Random(seed)
+    n = len(a)
+    boots = []
+    for _ in range(n_boot):
+        idx = [rng.randrange(n) for _ in range(n)]
+        r = _ratio(median_of([a[i] for i in idx]), median_of([b[i] for i in idx]))
+        if not math.isnan(r):
+            boots.append(r)
+    boots.sort()
+    q = (1.0 - level) / 2.0
+    return (_ratio(median_of(a), median_of(b)), _percentile(boots, q) if boots else math.nan,
+            _percentile(boots, 1.0 - q) if boots else math.nan)
+
+
+# ------------------------------------------------------------------ overruns
+
+def overrun_fraction(overruns, steps):
+    return overruns / steps if steps > 0 else 1.0  # a run without iterations did not run as emulated
+
+
+def flagged(overruns, steps, limit=OVERRUN_LIMIT):
+    """True when more than `limit` of the iterations overran their pad (the
+    machine, not the emulation, set the pace)."""
+    return overrun_fraction(overruns, steps) > limit
+
+
+def run_until_clean(run, max_attempts=3, limit=OVERRUN_LIMIT):
+    """Call run(attempt) -> row (with "overruns" and "iterations") until a
+    row is not flagged, at most max_attempts times. Returns (the row to
+    report, every row): the first clean one, or the last attempt's, marked
+    "flagged": True, when none was clean. Each row gets "attempt" and
+    "flagged"."""
+    if max_attempts < 1:
+        raise ValueError(f"max_attempts = {max_attempts}: must be >= 1")
+    rows = []
+    for attempt in range(1, max_attempts + 1):
+        row = dict(run(attempt))
+        row["attempt"] = attempt
+        row["flagged"] = flagged(row["overruns"], row["iterations"], limit)
+        rows.append(row)
+        if not row["flagged"]:
+            return row, rows
+    return rows[-1], rows
+
+
+# ------------------------------------------------------------------ tuning
+
+def grid_configs(grid, method):
+    """The configurations of `method` in the grid (a list of dicts). Every
+    method has the same number: the same tuning budget (checked)."""
+    configs = grid["methods"][method]
+    counts = {m: len(c) for m, c in grid["methods"].items()}
+    if len(set(counts.values())) != 1:
+        raise ValueError(f"tuning grid: methods have {counts} configurations: the budget must be equal")
+    return [dict(c) for c in configs]
+
+
+def config_key(config):
+    return json.dumps(config, sort_keys=True)
+
+
+def select(rows, method, budget):
+    """The configuration of `method` with the lowest median time to target
+    over its tuning rows (inf counts as not reached), ties broken by the
+    higher median final accuracy, then by the key. rows: dicts with method,
+    config, time_to_target_s (None: not reached), final_accuracy."""
+    by = {}
+    for r in rows:
+        if r["method"] == method:
+            by.setdefault(config_key(r["config"]), []).append(r)
+    if not by:
+        raise ValueError(f"no tuning rows for {method}")
+
+    def score(k):
+        rs = by[k]
+        t = median_of([math.inf if r["time_to_target_s"] is None else r["time_to_target_s"] for r in rs])
+        return (t, -median_of([r["final_accuracy"] for r in rs]), k)
+
+    best = min(by, key=score)
+    t, neg_acc, _ = score(best)
+    return {"config": json.loads(best), "median_time_to_target_s": None if math.isinf(t) else t,
+            "median_final_accuracy": -neg_acc, "runs": len(by[best])}
+
+
+def freeze(grid, rows, tuning_seeds, methods=ALL_METHODS, budget=None, created=""):
+    """The frozen file's content: each method's chosen configuration, the grid,
+    the tuning seeds and every tuning row, and a digest of the selection.
+    Refuses a method whose rows do not cover every grid configuration on every
+    tuning seed (the budget was not spent equally)."""
+    chosen = {}
+    for m in methods:
+        want = {(config_key(c), s) for c in grid_configs(grid, m) for s in tuning_seeds}
+        have = {(config_key(r["config"]), r["seed"]) for r in rows if r["method"] == m}
+        missing = want - have
+        if missing:
+            raise ValueError(f"{m}: {len(missing)} of {len(want)} tuning runs missing, e.g. {sorted(missing)[0]}")
+        chosen[m] = select(rows, m, budget)
+    body = {"tuning_seeds": list(tuning_seeds), "grid": grid, "chosen": chosen, "created": created,
+            "rows": rows}
+    body["digest"] = digest(chosen)
+    return body
+
+
+def digest(chosen):
+    return hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_frozen(frozen, test_seeds):
+    """A frozen file may be used for test seeds only if none of them was a
+    tuning seed and its digest matches its selection."""
+    overlap = set(frozen["tuning_seeds"]) & set(test_seeds)
+    if overlap:
+        raise ValueError(f"test seeds {sorted(overlap)} were tuning seeds: choose others")
+    if digest(frozen["chosen"]) != frozen.get("digest"):
+        raise ValueError("frozen file: the digest does not match the chosen configurations (edited by hand?)")
+
+
+# ------------------------------------------------------------------ bytes
+
+def ddp_bytes_per_step(method, tensor_bytes, n, powersgd_bytes=None, averaging=False):
+    """Bytes on each rank's up channel (and as many on its down channel) in
+    one step of a DDP variant, by the ring all-reduce rule (link.ring_bytes):
+    fp32 DDP and speed-proportional batches the fp32 gradient, the fp16 hook
+    half of it, PowerSGD its factors (powersgd_bytes: what its all-reduces
+    are given in a step), post-local SGD nothing on a local step and the
+    fp32 parameters on an averaging one."""
+    ring = 0.0 if n <= 1 else 2.0 * (n - 1) / n
+    if method in ("ddp", "ddp_propbatch"):
+        return ring * tensor_bytes
+    if method == "ddp_fp16":
+        return ring * tensor_bytes / 2
+    if method == "ddp_powersgd":
+        if powersgd_bytes is None:
+            raise ValueError("ddp_powersgd: powersgd_bytes (the factors' bytes) is needed")
+        return ring * powersgd_bytes
+    if method == "ddp_localsgd":
+        return ring * tensor_bytes if averaging else 0.0
+    raise ValueError(f"{method}: not a DDP method")
+
+
+def powersgd_factor_bytes(shapes, rank, min_compression_rate=2.0, element_bytes=4):
+    """What PowerSGD (torch 1.13's powerSGD_hook, after its vanilla start)
+    all-reduces in one step for tensors of these shapes: each matrix (a
+    tensor viewed as rows x the rest) with (rows + cols) x rank x
+    min_compression_rate < rows x cols as its P (rows x rank) and Q
+    (cols x rank), the rest (biases, small matrices) as they are."""
+    total = 0
+    for shape in shapes:
+        if len(shape) <= 1:
+            total += (shape[0] if shape else 1) * element_bytes
+            continue
+        rows = shape[0]
+        cols = 1
+        for d in shape[1:]:
+            cols *= d
+        r = min(rows, cols, rank)
+        if (rows + cols) * r * min_compression_rate < rows * cols:
+            total += (rows + cols) * r * element_bytes
+        else:
+            total += rows * cols * element_bytes
+    return total
+
+
+def propbatch_sizes(compute_factors, workers, total):
+    """Per-rank batches proportional to each rank's speed (1 / its compute
+    factor), summing to `total` (the global batch of plain DDP): largest
+    remainders get the rounding."""
+    speed = [1.0 / compute_factors[min(2, r * 3 // workers)] for r in range(workers)]
+    s = sum(speed)
+    exact = [total * v / s for v in speed]
+    out = [int(math.floor(x)) for x in exact]
+    for i in sorted(range(workers), key=lambda i: exact[i] - out[i], reverse=True)[:total - sum(out)]:
+        out[i] += 1
+    return out
+
+
+# ------------------------------------------------------------------ report
+
+def shown_config(method, config):
+    """The configuration values that matter to `method` (a row stores them all)."""
+    keys = ["lr", "warmup_s"] + ([KNOB[method]] if method in KNOB else [])
+    keys += {"ddp_powersgd": ["powersgd_start"], "ddp_localsgd": ["localsgd_start"]}.get(method, [])
+    return {k: config[k] for k in keys if k in config}
+
+
+def fmt_s(x, budget):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if math.isinf(x):
+        return f"> {budget:g}"
+    return f"{x:.1f}"
+
+
+def fmt_ratio(r):
+    p, lo, hi = r
+    if math.isnan(p):
+        return "-"
+    f = lambda x: "?" if math.isnan(x) else ("inf" if math.isinf(x) else f"{x:.2f}")
+    return f"{f(p)}x [{f(lo)}, {f(hi)}]"
+
+
+def times_of(rows):
+    return [math.inf if r["time_to_target_s"] is None else r["time_to_target_s"] for r in rows]
+
+
+def summarize(rows, target, budget, n_boot=10000):
+    """Per method: seeds, median time to target with its interval, median
+    final accuracy with its interval, measured and emulated ms per iteration,
+    bytes up and down per worker, overrun fraction, flagged runs. The best
+    DDP variant (lowest median time on these rows; errs against ashl) and
+    ASHL's (and ASHL+'s) ratios to it and to plain DDP, paired by seed."""
+    by = {}
+    for r in rows:
+        by.setdefault(r["method"], []).append(r)
+    out = {"methods": {}, "target": target, "budget": budget}
+    for m in ALL_METHODS:
+        rs = sorted(by.get(m, []), key=lambda r: r["seed"])
+        if not rs:
+            continue
+        out["methods"][m] = {
+            "seeds": [r["seed"] for r in rs],
+            "time": bootstrap_ci(times_of(rs), n_boot=n_boot),
+            "accuracy": bootstrap_ci([r["final_accuracy"] for r in rs], n_boot=n_boot),
+            "measured_ms": median_of([r["measured_ms_per_iteration"] for r in rs]),
+            "emulated_ms": median_of([r["emulated_ms_per_iteration"] for r in rs]),
+            "mb_up": median_of([r["bytes_up_per_worker"] for r in rs]) / 1e6,
+            "mb_down": median_of([r["bytes_down_per_worker"] for r in rs]) / 1e6,
+            "overruns": median_of([r["overrun_fraction"] for r in rs]),
+            "flagged": sum(1 for r in rs if r.get("flagged")),
+            "config": shown_config(m, rs[0].get("config", {})),
+        }
+    ddps = [m for m in DDP_METHODS if m in out["methods"]]
+    # The fastest to the target; among variants that did not reach it, the most accurate.
+    best = min(ddps, key=lambda m: (out["methods"][m]["time"][0], -out["methods"][m]["accuracy"][0], m)) \
+        if ddps else None
+    out["best_ddp"] = best
+    out["ratios"] = {}
+    for m in ("ashl", "ashl_plus"):
+        if m not in by:
+            continue
+        for ref_name, ref in (("best_ddp", best), ("ddp", "ddp")):
+            if ref is None or ref not in by:
+                continue
+            a = {r["seed"]: r for r in by[m]}
+            b = {r["seed"]: r for r in by[ref]}
+            seeds = sorted(set(a) & set(b))
+            out["ratios"][f"{m}/{ref_name}"] = paired_ratio_ci(times_of([a[s] for s in seeds]),
+                                                               times_of([b[s] for s in seeds]), n_boot=n_boot)
+    return out
+
+
+def report_table(summary):
+    """The markdown of docs/perf/cnn.md's protocol table and its ratio lines."""
+    budget, target = summary["budget"], summary["target"]
+    lines = [f"| method | tuned | time to {target:.2f} (s), median [95 % CI] | final accuracy, median [95 % CI] "
+             "| ms per iteration, measured / emulated | MB per worker, up / down | overruns | flagged |",
+             "|---|---|---|---|---|---|---:|---:|"]
+    for m, s in summary["methods"].items():
+        t, tl, th = s["time"]
+        a, al, ah = s["accuracy"]
+        cfg = ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in s["config"].items())
+        best = " (best DDP)" if m == summary["best_ddp"] else ""
+        lines.append(f"| {LABEL[m]}{best} | {cfg} | {fmt_s(t, budget)} [{fmt_s(tl, budget)}, {fmt_s(th, budget)}] "
+                     f"| {a:.4f} [{al:.4f}, {ah:.4f}] | {s['measured_ms']:.0f} / {s['emulated_ms']:.0f} "
+                     f"| {s['mb_up']:.1f} / {s['mb_down']:.1f} | {100 * s['overruns']:.2f} % "
+                     f"| {s['flagged']} of {len(s['seeds'])} |")
+    lines.append("")
+    best = summary["best_ddp"]
+    for key, r in summary["ratios"].items():
+        m, ref = key.split("/")
+        ref_label = f"the best DDP variant ({LABEL[best]})" if ref == "best_ddp" else "plain DDP"
+        lines.append(f"- {LABEL[m]} / {ref_label}, time to {target:.2f}: **{fmt_ratio(r)}**")
+    return "\n".join(lines) + "\n"
+
+
+def goal_verdict(summary, best_goal=0.6, plain_goal=0.5):
+    """Issue 27's goal: ASHL <= 0.6x the best DDP variant and <= 0.5x plain
+    DDP, each with the interval's upper end below 1. (met, reasons)."""
+    reasons = []
+    r_best = summary["ratios"].get("ashl/best_ddp")
+    r_plain = summary["ratios"].get("ashl/ddp")
+    if r_best is None or r_plain is None:
+        return False, ["ASHL, plain DDP or a DDP variant did not run"]
+    for name, r, goal in (("best DDP variant", r_best, best_goal), ("plain DDP", r_plain, plain_goal)):
+        p, _, hi = r
+        if math.isnan(p):
+            reasons.append(f"ASHL / {name}: undefined (neither reached the target in the budget)")
+            continue
+        if p > goal:
+            reasons.append(f"ASHL / {name} = {fmt_ratio(r)}: above {goal}")
+        if math.isnan(hi) or hi >= 1.0:
+            reasons.append(f"ASHL / {name}: the interval reaches {hi:.2f} (not below 1)")
+    return not reasons, reasons

@@ -1,0 +1,323 @@
+"""The CNN comparison's protocol and link model (examples/cnn, issue 27):
+bootstrap intervals, the per-seed method order, overrun flagging and
+repeats, the tuning freeze, the report table, the link model's holds, and
+the bytes each DDP variant puts through the costed all-reduce (torch
+1.13's own hooks on a one-process gloo group, costed as a ring of nine)."""
+import math
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples", "cnn"))
+
+import link as lk  # noqa: E402
+import protocol as P  # noqa: E402
+
+INF = math.inf
+
+
+# ------------------------------------------------------------------ bootstrap
+
+def test_bootstrap_of_two_values_has_the_exact_percentile_interval():
+    # Resampled medians of [0, 1]: 0 (1/4), 0.5 (1/2), 1 (1/4); the 2.5 % and 97.5 % points are 0 and 1.
+    point, lo, hi = P.bootstrap_ci([0.0, 1.0], n_boot=4000, seed=3)
+    assert (point, lo, hi) == (0.5, 0.0, 1.0)
+
+
+def test_bootstrap_interval_holds_the_median_within_the_data_and_is_reproducible():
+    v = [100.0, 105.0, 110.0, 112.5, 190.0]
+    point, lo, hi = P.bootstrap_ci(v, n_boot=5000, seed=1)
+    assert point == 110.0
+    assert 100.0 <= lo <= point <= hi <= 190.0
+    assert lo < hi
+    assert P.bootstrap_ci(v, n_boot=5000, seed=1) == (point, lo, hi)
+    assert P.bootstrap_ci([7.0] * 5) == (7.0, 7.0, 7.0)
+
+
+def test_bootstrap_with_unreached_targets_keeps_them_infinite():
+    point, lo, hi = P.bootstrap_ci([100.0, INF, INF, INF, 120.0], n_boot=2000)
+    assert point == INF and hi == INF and lo >= 100.0
+
+
+def test_paired_ratio_of_medians_and_its_interval():
+    ddp = [200.0, 220.0, 240.0, 210.0, 230.0]
+    assert P.paired_ratio_ci([0.5 * t for t in ddp], ddp) == (0.5, 0.5, 0.5)
+    r, lo, hi = P.paired_ratio_ci([100.0, 130.0, 90.0, 150.0, 110.0], ddp, n_boot=4000)
+    assert r == pytest.approx(110.0 / 220.0)
+    assert lo < r < hi < 1.0
+    # DDP never reached the target: ASHL's ratio is a bound toward 0; neither: undefined.
+    assert P.paired_ratio_ci([100.0], [INF])[0] == 0.0
+    assert math.isnan(P.paired_ratio_ci([INF], [INF])[0])
+    with pytest.raises(ValueError, match="pair"):
+        P.paired_ratio_ci([1.0, 2.0], [1.0])
+
+
+# ------------------------------------------------------------------ order
+
+def test_the_order_is_a_permutation_random_per_seed_and_reproducible():
+    methods = list(P.ALL_METHODS)
+    orders = [P.run_order(methods, s) for s in range(1, 6)]
+    for o in orders:
+        assert sorted(o) == sorted(methods)
+    assert orders == [P.run_order(methods, s) for s in range(1, 6)]
+    assert len({tuple(o) for o in orders}) == 5
+    assert len({o[0] for o in orders}) > 1  # no method always first
+    assert P.run_order(methods, 1) == P.run_order(list(reversed(methods)), 1)  # the input order does not matter
+
+
+# ------------------------------------------------------------------ overruns
+
+def test_more_than_two_percent_of_overruns_is_flagged():
+    assert not P.flagged(2, 100)
+    assert P.flagged(3, 100)
+    assert P.flagged(0, 0)  # nothing ran
+
+
+def test_a_flagged_run_is_repeated_until_clean_or_out_of_attempts():
+    script = iter([(50, 1000), (10, 1000), (0, 1000)])
+    row, rows = P.run_until_clean(lambda k: dict(zip(("overruns", "iterations"), next(script)), k=k), 3)
+    assert [r["flagged"] for r in rows] == [True, False]
+    assert row["attempt"] == 2 and row["k"] == 2
+    row, rows = P.run_until_clean(lambda k: {"overruns": 900, "iterations": 1000}, 3)
+    assert len(rows) == 3 and row["flagged"] and row["attempt"] == 3
+
+
+# ------------------------------------------------------------------ tuning
+
+GRID = {"methods": {"ddp": [{"lr": 0.05}, {"lr": 0.1}], "ashl": [{"lr": 0.05, "ratio": 0.1},
+                                                                 {"lr": 0.05, "ratio": 0.3}]}}
+
+
+def rows_for(times):
+    out = []
+    for (m, i, seed), t in times.items():
+        out.append({"method": m, "config": GRID["methods"][m][i], "seed": seed,
+                    "time_to_target_s": t, "final_accuracy": 0.89})
+    return out
+
+
+def test_freeze_chooses_the_lowest_median_and_refuses_missing_runs_and_test_seeds():
+    times = {("ddp", 0, 101): 200.0, ("ddp", 0, 102): 210.0, ("ddp", 1, 101): 180.0, ("ddp", 1, 102): None,
+             ("ashl", 0, 101): 120.0, ("ashl", 0, 102): 130.0, ("ashl", 1, 101): 100.0, ("ashl", 1, 102): 110.0}
+    body = P.freeze(GRID, rows_for(times), [101, 102], ["ddp", "ashl"])
+    assert body["chosen"]["ddp"]["config"] == {"lr": 0.05}  # lr 0.1's median is (180 + inf) / 2
+    assert body["chosen"]["ashl"]["config"] == {"lr": 0.05, "ratio": 0.3}
+    assert body["chosen"]["ashl"]["median_time_to_target_s"] == 105.0
+    P.check_frozen(body, [1, 2, 3, 4, 5])
+    with pytest.raises(ValueError, match="tuning seeds"):
+        P.check_frozen(body, [1, 101])
+    body["chosen"]["ashl"]["config"]["ratio"] = 0.1  # edited after the freeze
+    with pytest.raises(ValueError, match="digest"):
+        P.check_frozen(body, [1])
+    del times[("ashl", 1, 102)]
+    with pytest.raises(ValueError, match="ashl: 1 of 4 tuning runs missing"):
+        P.freeze(GRID, rows_for(times), [101, 102], ["ddp", "ashl"])
+
+
+def test_an_unequal_grid_is_refused():
+    grid = {"methods": {"ddp": [{"lr": 0.05}], "ashl": [{"ratio": 0.1}, {"ratio": 0.3}]}}
+    with pytest.raises(ValueError, match="budget must be equal"):
+        P.grid_configs(grid, "ddp")
+
+
+def test_the_committed_grid_gives_every_method_the_same_budget():
+    import json
+    with open(os.path.join(HERE, "..", "..", "examples", "cnn", "grid.json")) as f:
+        grid = json.load(f)
+    assert set(grid["methods"]) == set(P.ALL_METHODS)
+    counts = {m: len(P.grid_configs(grid, m)) for m in P.ALL_METHODS}
+    assert set(counts.values()) == {8}
+    for m, knob in P.KNOB.items():
+        assert len({c[knob] for c in grid["methods"][m]}) == 2
+
+
+# ------------------------------------------------------------------ report
+
+def row(method, seed, t, acc=0.89):
+    return {"method": method, "seed": seed, "time_to_target_s": t, "final_accuracy": acc,
+            "measured_ms_per_iteration": 350.0, "emulated_ms_per_iteration": 308.0, "bytes_up_per_worker": 3.7e8,
+            "bytes_down_per_worker": 3.7e8, "overrun_fraction": 0.001, "flagged": False, "config": {"lr": 0.05}}
+
+
+def test_the_table_has_intervals_the_best_ddp_variant_and_the_verdict():
+    rows = []
+    for s, (d, f16, a) in enumerate([(225, 200, 100), (240, 190, 105), (225, 210, 95), (230, 205, 110),
+                                     (235, 195, 100)], start=1):
+        rows += [row("ddp", s, d), row("ddp_fp16", s, f16), row("ashl", s, a)]
+    s = P.summarize(rows, 0.88, 300.0, n_boot=2000)
+    assert s["best_ddp"] == "ddp_fp16"
+    r, lo, hi = s["ratios"]["ashl/best_ddp"]
+    assert r == pytest.approx(100.0 / 200.0) and lo <= r <= hi < 1.0
+    text = P.report_table(s)
+    assert "| DDP + fp16 hook (best DDP) |" in text
+    assert "200.0 [" in text and "ASHL / plain DDP" in text
+    met, why = P.goal_verdict(s)
+    assert met, why
+    slow = [dict(r, time_to_target_s=r["time_to_target_s"] * 1.5) if r["method"] == "ashl" else r for r in rows]
+    met, why = P.goal_verdict(P.summarize(slow, 0.88, 300.0, n_boot=2000))
+    assert not met and any("above 0.6" in w for w in why)
+
+
+def test_an_unreached_target_is_shown_as_beyond_the_budget():
+    s = P.summarize([row("ddp", 1, None), row("ashl", 1, 150.0)], 0.88, 300.0, n_boot=100)
+    text = P.report_table(s)
+    assert "> 300 [> 300, > 300]" in text
+    assert "0.00x" in text  # a bound: ASHL reached it, DDP did not
+
+
+# ------------------------------------------------------------------ bytes and links
+
+class FakeClock:
+    def __init__(self):
+        self.t = 1000.0
+        self.slept = []
+
+    def now(self):
+        return self.t
+
+    def sleep(self, d):
+        self.slept.append(d)
+        self.t += d
+
+
+def test_a_duplex_hold_takes_the_longer_direction_and_each_channel_queues():
+    c = FakeClock()
+    link = lk.Link(1000.0, clock=c.now, sleep=c.sleep)
+    link.hold_duplex(500, 500)
+    assert c.slept == [pytest.approx(0.5)]  # both directions at once: 0.5 s, not 1 s
+    link.hold("up", 1000)
+    link.hold("down", 1000)
+    assert c.slept[1:] == [pytest.approx(1.0), pytest.approx(1.0)]
+    assert link.stats()["bytes_up"] == 1500 and link.stats()["bytes_down"] == 1500
+
+
+def test_the_servers_port_is_shared_by_its_workers(tmp_path):
+    path = str(tmp_path / "server-link")
+    port = lk.ServerPort.create(path, 2000.0)
+    c = FakeClock()
+    # Two fast workers (10 kB/s each) commit 1,000 bytes at the same instant through a 2 kB/s server port:
+    # their own links take 0.1 s, the server's takes 0.5 s per commit, one after the other.
+    w0 = lk.Link(10000.0, server=lk.ServerPort(path, 2000.0), clock=c.now, sleep=lambda d: None)
+    w1 = lk.Link(10000.0, server=lk.ServerPort(path, 2000.0), clock=c.now, sleep=lambda d: None)
+    assert w0.end_of("up", 1000, c.t) == pytest.approx(c.t + 0.5)
+    assert w1.end_of("up", 1000, c.t) == pytest.approx(c.t + 1.0)
+    # The other direction of the port (replies) is free.
+    assert w1.end_of("down", 1000, c.t) == pytest.approx(c.t + 0.5)
+    port.close()
+
+
+def test_ring_bytes_and_the_bytes_of_each_ddp_variant():
+    assert lk.ring_bytes(246824, 9) == pytest.approx(2 * 8 / 9 * 246824)
+    assert lk.ring_bytes(246824, 1) == 0.0
+    shapes = [(6, 1, 5, 5), (6,), (16, 6, 5, 5), (16,), (120, 400), (120,), (84, 120), (84,), (10, 84), (10,)]
+    # LeNet-5 with rank 1: every weight matrix compressed, the biases as they are.
+    assert P.powersgd_factor_bytes(shapes, 1) == 4 * ((6 + 25) + (16 + 150) + (120 + 400) + (84 + 120) + (10 + 84)
+                                                        + 6 + 16 + 120 + 84 + 10)
+    assert P.ddp_bytes_per_step("ddp_fp16", 246824, 9) == P.ddp_bytes_per_step("ddp", 246824, 9) / 2
+    assert P.ddp_bytes_per_step("ddp_localsgd", 246824, 9) == 0.0
+    assert P.propbatch_sizes((2.0, 3.0, 4.0), 9, 576) == [89, 89, 89, 59, 59, 59, 44, 44, 44]
+
+
+@pytest.fixture(scope="module")
+def gloo_one_rank():
+    """A one-process gloo group; the costed all-reduce is told the ring has nine ranks."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield torch, dist
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("method", ["ddp", "ddp_fp16", "ddp_powersgd", "ddp_localsgd"])
+def test_each_ddp_variant_costs_the_bytes_its_all_reduces_are_given(gloo_one_rank, method):
+    torch, dist = gloo_one_rank
+    import torch.nn.functional as F
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
+    from torch.distributed.algorithms.model_averaging import averagers
+    from torch.distributed.optim import PostLocalSGDOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import cnn_common as cc
+
+    c = FakeClock()
+    link = lk.Link(8.14e6, clock=c.now, sleep=c.sleep)
+    original = lk.costed_all_reduce(link, dist, size_of=lambda group: 9)
+    try:
+        model = cc.make_model(1)
+        ddp = DDP(model)
+        opt = sgd = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        start, steps, period = 3, 9, 2
+        if method == "ddp":
+            ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+        elif method == "ddp_fp16":
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif method == "ddp_powersgd":
+            ddp.register_comm_hook(powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1,
+                                                               start_powerSGD_iter=start), powerSGD_hook.powerSGD_hook)
+        else:
+            ddp.register_comm_hook(post_localSGD_hook.PostLocalSGDState(None, None, start, False),
+                                   post_localSGD_hook.post_localSGD_hook)
+            opt = PostLocalSGDOptimizer(sgd, averagers.PeriodicModelAverager(period=period, warmup_steps=start))
+        g = torch.Generator().manual_seed(0)
+        for _ in range(steps):
+            opt.zero_grad()
+            F.cross_entropy(ddp(torch.randn(8, 1, 28, 28, generator=g)), torch.randint(0, 10, (8,), generator=g)).backward()
+            opt.step()
+    finally:
+        dist.all_reduce = original
+    full = cc.model_bytes(model)
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    ring = lk.ring_bytes(1, 9)
+    if method == "ddp":
+        want = steps * P.ddp_bytes_per_step("ddp", full, 9)
+    elif method == "ddp_fp16":
+        want = steps * P.ddp_bytes_per_step("ddp_fp16", full, 9)
+    elif method == "ddp_powersgd":
+        want = start * ring * full + (steps - start) * P.ddp_bytes_per_step(
+            "ddp_powersgd", full, 9, powersgd_bytes=P.powersgd_factor_bytes(shapes, 1))
+    else:
+        averagings = len([s for s in range(start, steps) if (s - start) % period == 0])
+        want = start * ring * full + averagings * P.ddp_bytes_per_step("ddp_localsgd", full, 9, averaging=True)
+    st = link.stats()
+    assert st["bytes_up"] == pytest.approx(want, abs=steps * 2) and st["bytes_down"] == st["bytes_up"]
+    # Every byte was held for at the link's rate (duplex: up and down at once).
+    assert sum(c.slept) == pytest.approx(want / 8.14e6, rel=1e-6)
+
+
+# ------------------------------------------------------------------ run.py's checks
+
+def test_the_protocol_takes_a_frozen_file_only_once_committed_and_unmodified(tmp_path):
+    import subprocess
+    pytest.importorskip("torch")
+    import run
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    f = repo / "tuned.json"
+    f.write_text("{}\n")
+    ok, why = run.frozen_is_committed(str(f))
+    assert not ok and "not tracked" in why
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(git + ["-C", str(repo), "add", "tuned.json"], check=True)
+    subprocess.run(git + ["-C", str(repo), "commit", "-qm", "frozen"], check=True)
+    ok, commit = run.frozen_is_committed(str(f))
+    assert ok and len(commit) == 40
+    f.write_text('{"edited": 1}\n')
+    ok, why = run.frozen_is_committed(str(f))
+    assert not ok and "not committed" in why
+
+
+def test_the_best_ddp_variant_of_a_frozen_file_is_the_fastest_then_the_most_accurate():
+    pytest.importorskip("torch")
+    import run
+    chosen = {m: {"median_time_to_target_s": None, "median_final_accuracy": 0.85} for m in P.DDP_METHODS}
+    chosen["ddp_localsgd"]["median_final_accuracy"] = 0.87
+    assert run.best_ddp_of({"chosen": chosen}) == "ddp_localsgd"
+    chosen["ddp_fp16"]["median_time_to_target_s"] = 250.0
+    chosen["ddp_powersgd"]["median_time_to_target_s"] = 200.0
+    assert run.best_ddp_of({"chosen": chosen}) == "ddp_powersgd"
+    assert run.best_ddp_of(None) is None
