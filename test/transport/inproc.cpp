@@ -496,3 +496,30 @@ BOOST_AUTO_TEST_CASE(no_allocation_per_message_after_warm_up) {
     ASHL_TEST(counting_new::count() == before);
   }
 }
+
+// The accepting side sees the link connected first and may send at once,
+// before the connecting side has taken the accept: those messages arrive,
+// in order, after the connecting side's own connected event (they were
+// refused as failed sends before, and a stream lost its first messages).
+BOOST_AUTO_TEST_CASE(sends_right_after_accepting_arrive_after_the_connect) {
+  for (const bool deterministic : {false, true}) {
+    auto fabric = t::inproc_fabric::create({.deterministic = deterministic});
+    auto a = fabric->node("a").value();
+    auto b = fabric->node("b").value();
+    recorder ha, hb;
+    const auto p = *a.connect("b");
+    while (hb.events.empty()) b.progress(hb);  // b takes the request: connected on its side
+    ASHL_REQUIRE((hb.events[0].second == t::peer_event::connected));
+    const auto q = hb.events[0].first;
+    for (int i = 0; i < 3; ++i) ASHL_TEST(b.send(q, bytes_of("m" + std::to_string(i)), {}, i).ok());
+    b.progress(hb);
+    ASHL_TEST(hb.sent.size() == 3u);
+    for (const auto& [cookie, st] : hb.sent) ASHL_TEST(st.ok(), "send " << cookie << ": " << st.message());
+    for (int k = 0; k < 100 && ha.messages.size() < 3; ++k) a.progress(ha);
+    ASHL_REQUIRE(!ha.events.empty());
+    ASHL_TEST((ha.events[0] == std::pair{p, t::peer_event::connected}));
+    ASHL_REQUIRE(ha.messages.size() == 3u);
+    for (int i = 0; i < 3; ++i) ASHL_TEST(ha.messages[std::size_t(i)].first == "m" + std::to_string(i));
+    ASHL_TEST(b.counters().sends_failed == 0u);
+  }
+}

@@ -354,7 +354,14 @@ class inproc {
     detail::inproc_node* to = slot.remote;
     {
       std::lock_guard lk(to->mu);
-      if (to->alive && to->slots[slot.remote_peer].state == detail::inproc_slot_state::connected) {
+      // The far side may not have taken our connect_accept yet (its slot is
+      // still connecting): the message queues behind the accept in its
+      // mailbox and arrives once the link is connected there. Refusing it
+      // would fail sends made right after on_peer(connected) (a race the
+      // two-thread stream test hit under load).
+      const auto far = to->slots[slot.remote_peer].state;
+      if (to->alive &&
+          (far == detail::inproc_slot_state::connected || far == detail::inproc_slot_state::connecting)) {
         inproc_fabric::append_locked(to, e);
         posted = true;
       }
