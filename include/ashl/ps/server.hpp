@@ -654,9 +654,15 @@ class server {
                      std::to_string(lent) + " bytes; a message of " + std::to_string(n) + " bytes would pass it (not received)");
       return {};
     }
+    // A buffer that must grow grows to the largest message taken so far
+    // (within the budget), so messages of varying sizes (measurements
+    // batches, commits) do not keep trading a buffer for a larger one: after
+    // warm-up no receive allocates.
+    rx_largest_ = std::max<std::uint64_t>(rx_largest_, n);
+    const std::uint64_t want = lent + rx_largest_ <= budget ? rx_largest_ : n;
     const std::uint64_t grow = pick != ~std::uint32_t{0} && rx_[pick].bytes.size() >= n
                                    ? 0
-                                   : n - (pick != ~std::uint32_t{0} ? rx_[pick].bytes.size() : 0);
+                                   : want - (pick != ~std::uint32_t{0} ? rx_[pick].bytes.size() : 0);
     for (std::uint32_t i = 0; total + grow > budget && i < rx_.size(); ++i) {
       if (rx_[i].busy || i == pick || rx_[i].bytes.empty()) continue;
       total -= rx_[i].bytes.size();
@@ -670,9 +676,9 @@ class server {
     }
     detail::pooled_buffer& b = rx_[pick];
     if (b.bytes.size() < n || lent + b.bytes.size() > budget) {
-      // Exactly n: the budget counts capacity.
-      std::vector<std::byte> exact(n);
-      b.bytes.swap(exact);
+      // want (n, or the largest message so far): the budget counts capacity.
+      std::vector<std::byte> fresh(b.bytes.size() < n ? want : n);
+      b.bytes.swap(fresh);
     }
     b.busy = true;
     b.used = n;
@@ -1172,6 +1178,7 @@ class server {
   std::vector<snapshot> snaps_;
   std::vector<detail::pooled_buffer> rx_;
   detail::free_list free_rx_;
+  std::uint64_t rx_largest_ = 0;          // the largest message a receive buffer was taken for
   std::uint32_t bound_ = 0;
   std::vector<std::uint8_t> joined_once_;
   std::vector<double> last_heard_;        // per rank: its last message (server_params.worker_timeout)

@@ -113,6 +113,18 @@ struct worker_params {
   // takes the parameters the server has (a restarted server: those of its
   // checkpoint). 0: the worker fails at once with the server's error.
   std::chrono::milliseconds reconnect{0};
+  // The measurements of its cycles (compute, push, pull, ...: worker_cycle)
+  // go to every server in one message once this long has passed since the
+  // last one went, or once measurement_batch records wait, and before
+  // leave(): a cycle shorter than the interval adds its records to the next
+  // message instead of sending its own (a 4 KiB round trip paid one
+  // measurements message per cycle before). Cycles longer than the interval
+  // (training steps) send theirs at every cycle's end as before. 0: after
+  // every cycle.
+  std::chrono::microseconds measurement_interval{1000};
+  // Records in one measurements message at most (>= 8: a cycle records up to
+  // five); at most the servers' wire limits.max_measurements.
+  std::uint32_t measurement_batch = 64;
 };
 
 struct worker_telemetry {
@@ -124,6 +136,7 @@ struct worker_telemetry {
   std::uint64_t errors = 0;           // error messages from servers
   std::uint64_t copied_replies = 0;   // pull replies delivered eagerly (copied once into the buffer)
   std::uint64_t reconnects = 0;       // connections to a server made again (worker_params.reconnect)
+  std::uint64_t measurement_messages = 0;  // measurements messages sent (to each server; measurement_interval)
   double wait_seconds = 0.0;          // inside wait()
   double compress_seconds = 0.0;
   double link_seconds = 0.0;          // held by the emulated link (worker_params.link_bytes_per_second)
@@ -143,6 +156,7 @@ struct worker_telemetry {
         field{"errors", &worker_telemetry::errors},
         field{"copied_replies", &worker_telemetry::copied_replies},
         field{"reconnects", &worker_telemetry::reconnects},
+        field{"measurement_messages", &worker_telemetry::measurement_messages},
         field{"wait_seconds", &worker_telemetry::wait_seconds},
         field{"compress_seconds", &worker_telemetry::compress_seconds},
         field{"link_seconds", &worker_telemetry::link_seconds},
@@ -164,6 +178,11 @@ class worker {
     if (p.reconnect.count() < 0) return invalid_argument("worker.reconnect_ms", p.reconnect.count(), "must be >= 0");
     if (!(p.link_bytes_per_second >= 0.0) || !std::isfinite(p.link_bytes_per_second))
       return invalid_argument("worker.link_bytes_per_second", p.link_bytes_per_second, "must be >= 0 and finite");
+    if (p.measurement_interval.count() < 0)
+      return invalid_argument("worker.measurement_interval_us", p.measurement_interval.count(), "must be >= 0");
+    if (p.measurement_batch < 8 || p.measurement_batch > wire::limits{}.max_measurements)
+      return invalid_argument("worker.measurement_batch", p.measurement_batch,
+                              "must be in 8.." + std::to_string(wire::limits{}.max_measurements));
     auto layout = shard_layout::even(parameters.size(), static_cast<std::uint32_t>(p.servers.size()));
     if (!layout) return layout.error();
     if (p.incarnation == 0) p.incarnation = fresh_incarnation();
@@ -296,7 +315,8 @@ class worker {
     std::vector<std::byte> spill;            // a data part that is not a pull reply into params
     std::vector<slot> slots;
     std::vector<std::uint32_t> free_slots;
-    std::vector<ashl::measurement> reports;
+    std::vector<ashl::measurement> reports;  // cycles' measurements not sent yet (capacity: measurement_batch)
+    double reports_sent_at = -1e300;         // when the last measurements message went
     commit_encoder encoder;  // the plan's codec, error feedback (ps/commit_encoder.hpp, shared with the simulator)
     worker_cycle cycle;
     steady_clock clock;
@@ -341,7 +361,7 @@ class worker {
       dense.resize(S);
       slots.reserve(4 * S + 8);
       free_slots.reserve(4 * S + 8);
-      reports.reserve(16);
+      reports.reserve(p.measurement_batch);
     }
 
     [[nodiscard]] bool pending() const noexcept { return sends_pending != 0 || replies_pending != 0; }
@@ -636,10 +656,7 @@ class worker {
       const double now = clock.now();
       cycle.reply_arrived(now, static_cast<double>(reply_bytes));
       committing = false;
-      if (!cycle.measurements().empty()) {
-        (void)send_measurements();
-        cycle.clear_measurements();
-      }
+      queue_measurements(now);
       // The newest plan server 0 sent is adopted here, at the cycle's start
       // (worker_cycle's rule, the simulator's too).
       if (cycle.start(p.batch, now)) {
@@ -649,21 +666,44 @@ class worker {
       }
     }
 
-    status send_measurements() {
-      for (std::uint32_t s = 0; s < servers(); ++s) {
+    // The cycle's measurements join the batch; the batch goes out when due
+    // (worker_params.measurement_interval, measurement_batch). Capacity is
+    // reserved: nothing allocates.
+    void queue_measurements(double now) {
+      for (const ashl::measurement& m : cycle.measurements()) {
+        if (reports.size() == p.measurement_batch) (void)send_measurements(now);
+        reports.push_back(m);
+      }
+      cycle.clear_measurements();
+      if (reports.empty()) return;
+      const double interval = std::chrono::duration<double>(p.measurement_interval).count();
+      if (reports.size() + 8 > p.measurement_batch || now - reports_sent_at >= interval) (void)send_measurements(now);
+    }
+
+    status send_measurements(double now) {
+      if (reports.empty()) return {};
+      reports_sent_at = now;
+      // Every slot body that carries measurements is sized for a full batch
+      // at once, so a larger batch later never grows it (no allocation).
+      const std::size_t full = wire::encoded_size(wire::measurements_body::bytes_for(p.measurement_batch));
+      const std::span<const ashl::measurement> ms(reports);
+      const std::size_t n = wire::encoded_size(wire::measurements_body::bytes_for(ms.size()));
+      status out{};
+      for (std::uint32_t s = 0; s < servers() && out.ok(); ++s) {
         const std::uint32_t i = take_slot();
-        auto ms = cycle.measurements();
-        const std::size_t n = wire::encoded_size(wire::measurements_body::bytes_for(ms.size()));
-        if (slots[i].body.size() < n) slots[i].body.resize(n);
+        if (slots[i].body.size() < full) slots[i].body.resize(full);
         auto used = wire::encode(wire::header{.rank = p.rank}, ms, std::span<std::byte>(slots[i].body.data(), n));
         if (!used) {
           free_slots.push_back(i);
-          return used.error();
+          out = used.error();
+          break;
         }
         std::memcpy(slots[i].head.data(), slots[i].body.data(), wire::header_bytes);
-        ASHL_TRY(send(s, i, slots[i].head, std::span<const std::byte>(slots[i].body).subspan(wire::header_bytes, n - wire::header_bytes)));
+        out = send(s, i, slots[i].head, std::span<const std::byte>(slots[i].body).subspan(wire::header_bytes, n - wire::header_bytes));
       }
-      return {};
+      ++tel.measurement_messages;
+      reports.clear();
+      return out;
     }
 
     status send_metric(metric_id m, double value) {
@@ -678,6 +718,7 @@ class worker {
       stop_thread();
       std::lock_guard g(mu);
       if (!failed.ok()) return failed;
+      (void)send_measurements(clock.now());  // what the batch still holds, before the leave
       leaving = true;  // connections closing now are not reconnected
       for (std::uint32_t s = 0; s < servers(); ++s)
         ASHL_TRY(send_control(s, wire::header{.rank = p.rank},
