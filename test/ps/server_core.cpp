@@ -1332,3 +1332,72 @@ BOOST_AUTO_TEST_CASE(pinned_versions_allocate_nothing_in_steady_state) {
   BOOST_TEST(core.applied_beside() >= 32u);
   BOOST_TEST(core.parameters()[5] == 5.0f + 0.5f * 40);
 }
+
+// Issue 28: the value check a driver runs in its CRC pass
+// (dense_value_check, chunk by chunk) says all_finite() only for a dense
+// payload of the header's size whose every value it saw finite; a commit it
+// cleared skips validate()'s pass, one it did not is checked (and named) by
+// validate() as before.
+BOOST_AUTO_TEST_CASE(the_drivers_value_check_clears_only_whole_finite_dense_payloads) {
+  const std::size_t n = 3000;
+  auto v = vec(n, 0.5f, 0.25f);
+  const auto good = dense(v);
+  auto feed = [](ps::dense_value_check& c, std::span<const std::byte> p, std::size_t chunk) {
+    for (std::size_t at = 0; at < p.size(); at += chunk) c(p.subspan(at, std::min(chunk, p.size() - at)));
+  };
+  {
+    ps::dense_value_check c(codec_id::identity, dtype::f32, n, good.size());
+    feed(c, good, 4096);
+    BOOST_TEST(c.all_finite());
+  }
+  {
+    ps::dense_value_check c(codec_id::identity, dtype::f32, n, good.size());
+    feed(c, std::span<const std::byte>(good).first(good.size() - 4096), 4096);  // not all seen
+    BOOST_TEST(!c.all_finite());
+  }
+  {
+    ps::dense_value_check c(codec_id::identity, dtype::f32, n, good.size());
+    feed(c, good, 4098);  // a chunk cut inside a value
+    BOOST_TEST(!c.all_finite());
+  }
+  BOOST_TEST(!ps::dense_value_check(codec_id::identity, dtype::f32, n + 1, good.size()).all_finite());
+  BOOST_TEST(!ps::dense_value_check(codec_id::topk, dtype::f32, n, good.size()).all_finite());
+  BOOST_TEST(!ps::dense_value_check(static_cast<codec_id>(200), dtype::f32, n, good.size()).all_finite());
+  BOOST_TEST(!ps::dense_value_check(codec_id::identity, static_cast<dtype>(99), n, good.size()).all_finite());
+  {
+    // fp16 payload: 2 bytes a value, checked as f16.
+    std::vector<std::byte> half(2 * n, std::byte{0});
+    ps::dense_value_check c(codec_id::fp16, dtype::f32, n, half.size());
+    feed(c, half, 1000);
+    BOOST_TEST(c.all_finite());
+    half[2 * 1234 + 1] = std::byte{0x7c};  // f16 +inf
+    ps::dense_value_check d(codec_id::fp16, dtype::f32, n, half.size());
+    feed(d, half, 1000);
+    BOOST_TEST(!d.all_finite());
+  }
+  // A NaN: the check does not clear it, and the core refuses it by name.
+  v[2222] = std::numeric_limits<float>::quiet_NaN();
+  const auto bad = dense(v);
+  ps::dense_value_check c(codec_id::identity, dtype::f32, n, bad.size());
+  feed(c, bad, 4096);
+  BOOST_TEST(!c.all_finite());
+  auto core = make(sync::asp{{.workers = 1}}, n, 1);
+  ps::server_actions out(1);
+  auto in = commit_of(0, 1, bad, n, true);
+  in.values_checked = c.all_finite();
+  core.commit(in, 1.0, out);
+  BOOST_REQUIRE(out.errors().size() == 1u);
+  BOOST_TEST(out.errors()[0].text.find("commit.payload[2222] = nan") != std::string::npos, out.errors()[0].text);
+  BOOST_TEST(core.stats().refused_for(ps::refusal::non_finite) == 1u);
+  BOOST_TEST(core.parameters()[0] == 0.0f);
+  out.clear();
+  // A cleared one applies without validate()'s pass.
+  auto ok = commit_of(0, 2, good, n, true);
+  ps::dense_value_check g(codec_id::identity, dtype::f32, n, good.size());
+  feed(g, good, 8192);
+  ok.values_checked = g.all_finite();
+  BOOST_TEST(ok.values_checked);
+  core.commit(ok, 2.0, out);
+  BOOST_TEST(out.errors().empty());
+  BOOST_TEST(core.parameters()[0] == 0.5f);
+}

@@ -713,7 +713,21 @@ class server {
   }
 
   void handle(transport::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data, double now) {
-    auto m = wire::decode(head, data, p_.core.limits);
+    // A dense commit's values are checked (finite) chunk by chunk as the
+    // CRC check reads them: one pass over the payload for both, and
+    // server_core skips its own (issue 28, item 2). Parameters still change
+    // only after the whole message is verified and the policy decided.
+    dense_value_check values;
+    bool started = false;
+    auto m = wire::decode(head, data, p_.core.limits,
+                          [&](const wire::header& raw, std::span<const std::byte> chunk) noexcept {
+                            if (!started) {
+                              started = true;
+                              if (raw.kind != wire::message_kind::commit || p_.core.allow_non_finite) return;
+                              values = dense_value_check(raw.codec, raw.type, raw.element_count, data.size());
+                            }
+                            values(chunk);
+                          });
     if (!m) {
       refuse_wire(wire_refusal::malformed);
       send_error(p, m.error().code(), 0, m.error().message());
@@ -765,7 +779,8 @@ class server {
                     .step = h.step,
                     .tensor = h.tensor,
                     .payload = m->payload,
-                    .pull = (h.flags & wire::flag_pull) != 0};
+                    .pull = (h.flags & wire::flag_pull) != 0,
+                    .values_checked = values.all_finite()};
         core_.commit(c, now, out_);
         return;
       }

@@ -259,6 +259,54 @@ struct commit_in {
   std::uint32_t tensor = 0;    // codec_context.tensor
   std::span<const std::byte> payload{};  // not kept: copied into the store if buffered
   bool pull = false;                     // a pull rides with the commit
+  // The driver ran a dense_value_check over this payload (in its CRC pass:
+  // wire::decode's visitor) and it found every value finite: validate()
+  // skips its own pass over the values. False: validate() checks (and names
+  // the first non-finite element).
+  bool values_checked = false;
+};
+
+// The values of a dense payload (identity, fp16, bf16 casts) are of this
+// type: the cast's for fp16/bf16, the header's for identity.
+constexpr dtype dense_values_type(codec_id codec, dtype type) noexcept {
+  return codec == codec_id::fp16 ? dtype::f16 : codec == codec_id::bf16 ? dtype::bf16 : type;
+}
+
+// server_core's check that a dense payload's values are finite, run by a
+// driver over the payload's chunks as its CRC check reads them (one pass
+// instead of two; wire::decode's visitor). all_finite() is true only when
+// the payload is dense for its header (codec, dtype, elements, size), every
+// byte was seen in order and no value is NaN or infinite; anything else
+// leaves the check to validate(), which names the element.
+class dense_value_check {
+ public:
+  dense_value_check() = default;
+  dense_value_check(codec_id codec, dtype type, std::uint64_t elements, std::size_t payload_bytes) noexcept {
+    if (type != dtype::f32 && type != dtype::f16 && type != dtype::bf16) return;
+    if (static_cast<int>(codec) >= codec_id_count) return;
+    const std::size_t dense = compress::dense_payload_bytes(codec, {static_cast<std::size_t>(elements), type});
+    if (dense == 0 || dense != payload_bytes) return;
+    bits_ = detail::bits_of(dense_values_type(codec, type));
+    if (bits_.bytes * elements != payload_bytes) return;
+    expected_ = payload_bytes;
+    active_ = true;
+  }
+  void operator()(std::span<const std::byte> chunk) noexcept {
+    if (!active_ || !finite_) return;
+    if (chunk.size() % bits_.bytes != 0 || seen_ + chunk.size() > expected_) {
+      finite_ = false;
+      return;
+    }
+    const std::size_t k = chunk.size() / bits_.bytes;
+    if (detail::first_non_finite(chunk.data(), k, bits_.bytes, bits_.mask) != k) finite_ = false;
+    seen_ += chunk.size();
+  }
+  [[nodiscard]] bool all_finite() const noexcept { return active_ && finite_ && seen_ == expected_; }
+
+ private:
+  detail::float_bits bits_{};
+  std::size_t expected_ = 0, seen_ = 0;
+  bool active_ = false, finite_ = true;
 };
 
 struct plan_out {
@@ -919,9 +967,9 @@ class server_core {
                                                 std::string(to_string(c.type)) + " is " + std::to_string(dense) +
                                                 " bytes"),
                               out);
-      if (!check_values) return true;
-      const dtype values = c.codec == codec_id::fp16 ? dtype::f16 : c.codec == codec_id::bf16 ? dtype::bf16 : c.type;
-      return finite_values(c, c.payload.data(), static_cast<std::size_t>(n), values, nullptr, out);
+      if (!check_values || c.values_checked) return true;  // checked by the driver in its CRC pass
+      return finite_values(c, c.payload.data(), static_cast<std::size_t>(n), dense_values_type(c.codec, c.type),
+                           nullptr, out);
     }
     if (compress::sparse_pairs(c.codec) && compress::sparse_pairs_well_formed(c.payload, info)) {
       if (!check_values) return true;
