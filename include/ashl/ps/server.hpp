@@ -1166,7 +1166,7 @@ class server {
   std::uint64_t plan_sequence_ = 0;
   double next_progress_ = 0.0;
   // Last: destroyed first, so the sends and receives its close still
-  // progresses never touch snapshots, bodies or receive buffers gone before it.
+  // progresses never touch pinned parameter versions (in core_), bodies or receive buffers gone before it.
   Transport t_;
 };
 
