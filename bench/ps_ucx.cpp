@@ -360,7 +360,12 @@ int run_worker(const options& o, const ashl_case& c, shared_area* sh, const std:
   if (!t) return set_error(sh, "worker: " + t.error().message()), 1;
   std::vector<float> w(n), g(n, 1.0f / 1024);
   auto wk = ps::worker<tr::ucx>::create(
-      {.rank = rank, .servers = {addr}, .batch = 1, .timeout = std::chrono::seconds(120)}, std::move(*t), w);
+      {.rank = rank,
+       .servers = {addr},
+       .batch = 1,
+       .timeout = std::chrono::seconds(120),
+       .measurement_interval = std::chrono::milliseconds(1)},  // batched: what a small-message job sets
+      std::move(*t), w);
   if (!wk) return set_error(sh, "worker: " + wk.error().message()), 1;
   if (rank == 0 && !wk->transport().peers().empty()) {
     const std::string d = wk->transport().describe(wk->transport().peers()[0]);

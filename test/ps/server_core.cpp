@@ -1188,3 +1188,216 @@ BOOST_AUTO_TEST_CASE(sgd_round_of_a_checked_by_decode_codec_and_a_dense_one) {
   for (std::size_t i = 0; i < n; ++i) expect[i] -= 0.5f * (1.0f * acc[i] + 0.0f * w0[i]);
   BOOST_TEST(same_bits(core.parameters(), expect));
 }
+
+// ------------------------------------------- versions pinned by replies
+//
+// Issue 28: replies read the parameters where they lie. A pinned version is
+// never written: a dense model-delta commit adds beside it (new = old + s·v,
+// one pass, its CRC from the same pass when a pull rides along), any other
+// change copies it first; the pinned bytes stay those of their version until
+// unpinned, and the result is the same bits as the in-place apply.
+
+namespace {
+
+std::uint32_t crc_of(std::span<const float> v) { return ashl::wire::crc32c(std::as_bytes(v)); }
+
+// n elements: several 192 KiB chunks and a tail that is no SIMD multiple.
+constexpr std::size_t pinned_n = 3 * 49152 + 1001;
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_pinned_version_is_never_written_and_applies_go_beside_it) {
+  const std::size_t n = pinned_n;
+  const auto w0 = vec(n, 0.5f, 1e-6f);
+  auto core = make(sync::asp{{.workers = 2, .scale = 0.5}}, n, 2, {}, w0);
+  ps::server_actions out(2);
+  std::vector<float> expect = w0;
+  const auto d1 = vec(n, 0.125f, -3e-7f), d2 = vec(n, -0.25f, 2e-7f), d3 = vec(n, 0.0625f, 1e-7f);
+  const auto b1 = dense(d1), b2 = dense(d2), b3 = dense(d3);
+
+  // Version 1, in place (nothing pinned), its CRC from the apply.
+  core.commit(commit_of(0, 1, b1, n, true), 1.0, out);
+  for (std::size_t i = 0; i < n; ++i) expect[i] += 0.5f * d1[i];
+  BOOST_REQUIRE(same_bits(core.parameters(), expect));
+  const auto p1 = core.pin_parameters();
+  BOOST_TEST(p1.version == 1u);
+  BOOST_TEST(p1.first);
+  BOOST_TEST(p1.crc == crc_of(expect));
+  BOOST_TEST(p1.values.data() == core.parameters().data());  // no copy
+  const auto again = core.pin_parameters();                  // a second reply of the same version
+  BOOST_TEST(!again.first);
+  BOOST_TEST(again.crc == p1.crc);
+  BOOST_TEST(core.pinned_versions() == 1u);
+  const std::vector<float> v1 = expect;
+
+  // Version 2 while version 1 is pinned: beside it, same bits as in place.
+  core.commit(commit_of(1, 1, b2, n, true), 2.0, out);
+  for (std::size_t i = 0; i < n; ++i) expect[i] += 0.5f * d2[i];
+  BOOST_TEST(same_bits(core.parameters(), expect));
+  BOOST_TEST(same_bits(p1.values, v1));  // the replies' bytes did not change
+  BOOST_TEST(core.parameters().data() != p1.values.data());
+  BOOST_TEST(core.applied_beside() == 1u);
+  BOOST_TEST(core.copies_for_readers() == 0u);
+  const auto p2 = core.pin_parameters();
+  BOOST_TEST(p2.version == 2u);
+  BOOST_TEST(p2.first);
+  BOOST_TEST(p2.crc == crc_of(expect));
+  BOOST_TEST(core.pinned_versions() == 2u);
+
+  // Version 3 without a pull: in a spare buffer again, its CRC at the pin.
+  core.commit(commit_of(0, 2, b3, n, false), 3.0, out);
+  for (std::size_t i = 0; i < n; ++i) expect[i] += 0.5f * d3[i];
+  BOOST_TEST(same_bits(core.parameters(), expect));
+  BOOST_TEST(same_bits(p1.values, v1));
+  BOOST_TEST(core.applied_beside() == 2u);
+  BOOST_TEST(core.version_buffers() == 2u);  // versions 1 and 2 held for their replies
+  const std::vector<float> v2(p2.values.begin(), p2.values.end());
+
+  // The replies complete; the storage is the pool's again.
+  core.unpin_parameters(1);
+  core.unpin_parameters(1);
+  BOOST_TEST(core.pinned_versions() == 1u);
+  BOOST_TEST(same_bits(p2.values, v2));
+  core.unpin_parameters(2);
+  BOOST_TEST(core.pinned_versions() == 0u);
+  const auto p3 = core.pin_parameters();
+  BOOST_TEST(p3.version == 3u);
+  BOOST_TEST(p3.crc == crc_of(expect));
+  core.unpin_parameters(3);
+  // Nothing pinned: the next commit adds in place.
+  const float* at = core.parameters().data();
+  core.commit(commit_of(1, 2, b1, n, true), 4.0, out);
+  BOOST_TEST(core.parameters().data() == at);
+  BOOST_TEST(core.applied_beside() == 2u);
+  BOOST_TEST(out.errors().empty());
+}
+
+// A sparse commit, and an sgd step, while a version is pinned: the version
+// is copied first (the change is not element-wise over the payload), the
+// pinned bytes stay.
+BOOST_AUTO_TEST_CASE(other_changes_copy_a_pinned_version_first) {
+  const std::size_t n = 4096;
+  const auto w0 = vec(n, 1.0f, 1e-4f);
+  {
+    auto core = make(sync::asp{{.workers = 1}}, n, 1, {}, w0);
+    ps::server_actions out(1);
+    const auto p0 = core.pin_parameters();
+    BOOST_TEST(p0.crc == crc_of(w0));
+    auto g = vec(n, 0.0f, 0.001f);
+    ashl::compress::topk tk(ashl::compress::topk::count{16});
+    std::vector<std::byte> sparse(tk.max_encoded_bytes(n, dtype::f32));
+    sparse.resize(tk.encode(ashl::host_view<const float>(g.data(), n), sparse, {}).value());
+    core.commit(commit_of(0, 1, sparse, n, true, codec_id::topk), 1.0, out);
+    BOOST_TEST(out.errors().empty());
+    BOOST_TEST(same_bits(p0.values, w0));
+    BOOST_TEST(!same_bits(core.parameters(), w0));
+    BOOST_TEST(core.copies_for_readers() == 1u);
+    BOOST_TEST(core.pin_parameters().crc == crc_of(core.parameters()));
+  }
+  {
+    auto core = make(sync::asp{{.workers = 1}}, n, 1, sgd_plain, w0);
+    ps::server_actions out(1);
+    const auto p0 = core.pin_parameters();
+    const auto bytes = dense(vec(n, 0.5f, 0.0f));
+    core.commit(commit_of(0, 1, bytes, n, true), 1.0, out);
+    BOOST_TEST(out.errors().empty());
+    BOOST_TEST(same_bits(p0.values, w0));
+    BOOST_TEST(core.parameters()[0] == 1.0f - 0.5f * 0.5f);
+    BOOST_TEST(core.copies_for_readers() == 1u);
+  }
+}
+
+// Pins, applies beside and unpins in steady state allocate nothing: the
+// spare buffers are pooled.
+BOOST_AUTO_TEST_CASE(pinned_versions_allocate_nothing_in_steady_state) {
+  const std::size_t n = 8192;
+  auto core = make(sync::asp{{.workers = 2}}, n, 2, {}, vec(n, 0.0f, 1.0f));
+  ps::server_actions out(2);
+  const auto bytes = dense(vec(n, 0.5f, 0.0f));
+  std::uint64_t seq[2] = {0, 0};
+  auto round = [&](int k) {
+    // Two replies in flight over three versions, as two workers overlap.
+    const sync::worker_id w = static_cast<sync::worker_id>(k % 2);
+    core.commit(commit_of(w, ++seq[w], bytes, n, true), static_cast<double>(k), out);
+    out.clear();
+    const auto p = core.pin_parameters();
+    if (p.version >= 2) core.unpin_parameters(p.version - 1);
+  };
+  for (int k = 0; k < 8; ++k) round(k);
+  const auto before = counting_new::count();
+  for (int k = 8; k < 40; ++k) round(k);
+  const auto after = counting_new::count();
+  BOOST_TEST(after == before);
+  BOOST_TEST(core.pinned_versions() == 1u);
+  BOOST_TEST(core.applied_beside() >= 32u);
+  BOOST_TEST(core.parameters()[5] == 5.0f + 0.5f * 40);
+}
+
+// Issue 28: the value check a driver runs in its CRC pass
+// (dense_value_check, chunk by chunk) says all_finite() only for a dense
+// payload of the header's size whose every value it saw finite; a commit it
+// cleared skips validate()'s pass, one it did not is checked (and named) by
+// validate() as before.
+BOOST_AUTO_TEST_CASE(the_drivers_value_check_clears_only_whole_finite_dense_payloads) {
+  const std::size_t n = 3000;
+  auto v = vec(n, 0.5f, 0.25f);
+  const auto good = dense(v);
+  auto feed = [](ps::dense_value_check& c, std::span<const std::byte> p, std::size_t chunk) {
+    for (std::size_t at = 0; at < p.size(); at += chunk) c(p.subspan(at, std::min(chunk, p.size() - at)));
+  };
+  {
+    ps::dense_value_check c(codec_id::identity, dtype::f32, n, good.size());
+    feed(c, good, 4096);
+    BOOST_TEST(c.all_finite());
+  }
+  {
+    ps::dense_value_check c(codec_id::identity, dtype::f32, n, good.size());
+    feed(c, std::span<const std::byte>(good).first(good.size() - 4096), 4096);  // not all seen
+    BOOST_TEST(!c.all_finite());
+  }
+  {
+    ps::dense_value_check c(codec_id::identity, dtype::f32, n, good.size());
+    feed(c, good, 4098);  // a chunk cut inside a value
+    BOOST_TEST(!c.all_finite());
+  }
+  BOOST_TEST(!ps::dense_value_check(codec_id::identity, dtype::f32, n + 1, good.size()).all_finite());
+  BOOST_TEST(!ps::dense_value_check(codec_id::topk, dtype::f32, n, good.size()).all_finite());
+  BOOST_TEST(!ps::dense_value_check(static_cast<codec_id>(200), dtype::f32, n, good.size()).all_finite());
+  BOOST_TEST(!ps::dense_value_check(codec_id::identity, static_cast<dtype>(99), n, good.size()).all_finite());
+  {
+    // fp16 payload: 2 bytes a value, checked as f16.
+    std::vector<std::byte> half(2 * n, std::byte{0});
+    ps::dense_value_check c(codec_id::fp16, dtype::f32, n, half.size());
+    feed(c, half, 1000);
+    BOOST_TEST(c.all_finite());
+    half[2 * 1234 + 1] = std::byte{0x7c};  // f16 +inf
+    ps::dense_value_check d(codec_id::fp16, dtype::f32, n, half.size());
+    feed(d, half, 1000);
+    BOOST_TEST(!d.all_finite());
+  }
+  // A NaN: the check does not clear it, and the core refuses it by name.
+  v[2222] = std::numeric_limits<float>::quiet_NaN();
+  const auto bad = dense(v);
+  ps::dense_value_check c(codec_id::identity, dtype::f32, n, bad.size());
+  feed(c, bad, 4096);
+  BOOST_TEST(!c.all_finite());
+  auto core = make(sync::asp{{.workers = 1}}, n, 1);
+  ps::server_actions out(1);
+  auto in = commit_of(0, 1, bad, n, true);
+  in.values_checked = c.all_finite();
+  core.commit(in, 1.0, out);
+  BOOST_REQUIRE(out.errors().size() == 1u);
+  BOOST_TEST(out.errors()[0].text.find("commit.payload[2222] = nan") != std::string::npos, out.errors()[0].text);
+  BOOST_TEST(core.stats().refused_for(ps::refusal::non_finite) == 1u);
+  BOOST_TEST(core.parameters()[0] == 0.0f);
+  out.clear();
+  // A cleared one applies without validate()'s pass.
+  auto ok = commit_of(0, 2, good, n, true);
+  ps::dense_value_check g(codec_id::identity, dtype::f32, n, good.size());
+  feed(g, good, 8192);
+  ok.values_checked = g.all_finite();
+  BOOST_TEST(ok.values_checked);
+  core.commit(ok, 2.0, out);
+  BOOST_TEST(out.errors().empty());
+  BOOST_TEST(core.parameters()[0] == 0.5f);
+}

@@ -206,15 +206,17 @@ BOOST_AUTO_TEST_CASE(a_progress_thread_drives_the_transport) {
   ASHL_TEST(r.servers[0].core.commits_applied == std::uint64_t{spec.workers} * spec.cycles);
 }
 
-BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
-  // A BSP server and four workers, driven from this one thread in a fixed
-  // order over a deterministic fabric (threads only while the workers join),
-  // so the run is the same every time: after a warm-up, a stretch of
-  // commit/pull cycles (rounds, snapshots, plans, measurements, the fabric's
-  // buffers) must not call operator new anywhere in the process.
+// A BSP server and four workers, driven from this one thread in a fixed
+// order over a deterministic fabric (threads only while the workers join),
+// so the run is the same every time: after a warm-up, a stretch of
+// commit/pull cycles (rounds, snapshots, plans, measurements, the fabric's
+// buffers) must not call operator new anywhere in the process. Measurements
+// go after every cycle (measurement_interval 0), or in batches by count (an
+// interval of an hour: batches of 57 to 64 records; the warm-up holds one).
+void no_allocation_in_steady_state(std::chrono::microseconds measurement_interval, int warmup) {
   constexpr std::uint32_t M = 4;
   constexpr std::size_t n = 1000;
-  constexpr int warmup = 10, measured = 30;
+  constexpr int measured = 30;
   auto fabric = tr::inproc_fabric::create({.eager_bytes = 256, .deterministic = true});
   auto layout = ps::shard_layout::even(n, 1);
   ps::policy_params pp;
@@ -230,7 +232,7 @@ BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
     std::atomic<bool> stop{false};
     std::thread th([&] { srv->run(stop); });
     for (std::uint32_t k = 0; k < M; ++k) {
-      auto wk = ps::worker<tr::inproc>::create({.rank = k, .servers = {"server0"}, .timeout = 20s}, node_of(fabric), w[k]);
+      auto wk = ps::worker<tr::inproc>::create({.rank = k, .servers = {"server0"}, .timeout = 20s, .measurement_interval = measurement_interval}, node_of(fabric), w[k]);
       ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
       workers.push_back(std::move(*wk));
     }
@@ -324,6 +326,11 @@ BOOST_AUTO_TEST_CASE(a_link_hold_gets_each_transfer_and_between_sees_the_servers
   (void)wk->leave();
   stop = true;
   server.join();
+}
+
+BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
+  no_allocation_in_steady_state(std::chrono::microseconds{0}, 10);
+  no_allocation_in_steady_state(std::chrono::microseconds{3'600'000'000}, 40);
 }
 
 BOOST_AUTO_TEST_CASE(a_pull_without_commit_reads_the_model) {
@@ -518,4 +525,74 @@ BOOST_AUTO_TEST_CASE(a_follower_runs_its_leaders_cycles_and_reports_its_measurem
   ASHL_TEST(fol->leave().ok());
   stop = true;
   for (auto& t : servers) t.join();
+}
+
+// Issue 28: a cycle's measurements join a batch that goes to the servers
+// once worker_params.measurement_interval has passed since the last batch
+// (or measurement_batch records wait), and what is left goes before the
+// leave; interval 0 sends one message per cycle. Every message counted by
+// the worker reached the server, and nothing else was added.
+BOOST_AUTO_TEST_CASE(measurements_travel_in_batches_when_due) {
+  constexpr int cycles = 60;
+  for (const std::chrono::microseconds interval : {std::chrono::microseconds{0}, std::chrono::microseconds{3'600'000'000}}) {
+    auto fabric = tr::inproc_fabric::create({.eager_bytes = 256});
+    std::atomic<bool> stop{false}, up{false};
+    ps::server_telemetry tel;
+    std::thread server([&] {
+      auto node = fabric->node("server0");
+      auto layout = ps::shard_layout::even(64, 1);
+      ps::policy_params pp;
+      pp.workers = 1;
+      auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = 1}},
+                                                std::move(*ps::make_policy("asp", pp)), std::move(*node));
+      ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+      up = true;
+      srv->run(stop);
+      tel = srv->telemetry();
+    });
+    while (!up) std::this_thread::sleep_for(1ms);
+    std::vector<float> w(64), g(64, 0.25f);
+    auto wk = ps::worker<tr::inproc>::create(
+        {.servers = {"server0"}, .timeout = 10s, .measurement_interval = interval, .measurement_batch = 16},
+        node_of(fabric), w);
+    ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+    for (int c = 0; c < cycles; ++c) {
+      while (!wk->iteration_done()) {}
+      ASHL_REQUIRE(wk->commit(g).ok());
+      ASHL_REQUIRE(wk->wait().ok());
+    }
+    const std::uint64_t before_leave = wk->telemetry().measurement_messages;
+    ASHL_REQUIRE(wk->leave().ok());
+    const std::uint64_t sent = wk->telemetry().measurement_messages;
+    stop = true;
+    server.join();
+    if (interval.count() == 0) {
+      // The join's pull and every cycle: one message each (a pull is always
+      // measured), none left for the leave.
+      ASHL_TEST(sent == std::uint64_t{cycles} + 1);
+      ASHL_TEST(sent == before_leave);
+    } else {
+      // The join's (the first is always due), batches of 9 to 16 records (a
+      // cycle records 3 to 5), and what is left before the leave (if any).
+      ASHL_TEST(sent >= 1u + (3u * cycles) / 16u, "measurement messages: " << sent);
+      ASHL_TEST(sent <= 2u + (5u * cycles) / 8u, "measurement messages: " << sent);
+      ASHL_TEST((sent == before_leave || sent == before_leave + 1));
+    }
+    // join, the join's pull, the commits, the measurements, the leave.
+    ASHL_TEST(tel.messages_in == 2u + cycles + sent + 1u, "messages in: " << tel.messages_in);
+    ASHL_TEST(tel.core.commits_applied == std::uint64_t{cycles});
+    ASHL_TEST(tel.core.refused_total() == 0u);
+    ASHL_TEST(tel.wire_refused_total() == 0u);
+    ASHL_TEST(w[3] == 0.25f * cycles);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(measurement_parameters_are_checked) {
+  auto fabric = tr::inproc_fabric::create({});
+  std::vector<float> w(8);
+  auto a = ps::worker<tr::inproc>::create({.servers = {"server0"}, .measurement_batch = 4}, node_of(fabric), w);
+  ASHL_TEST((!a && a.error().message().find("worker.measurement_batch") != std::string::npos));
+  auto b = ps::worker<tr::inproc>::create({.servers = {"server0"}, .measurement_interval = std::chrono::microseconds{-1}},
+                                          node_of(fabric), w);
+  ASHL_TEST((!b && b.error().message().find("worker.measurement_interval_us") != std::string::npos));
 }

@@ -782,3 +782,47 @@ BOOST_AUTO_TEST_CASE(measurement_encoder_refuses_what_the_decoder_would) {
   expect_error(w::encode(other, *d->get<w::measurements_body>(), out).to_status(), errc::invalid_argument,
                "measurements.worker = 3: must equal header.rank = 4");
 }
+
+// Issue 28: decode's visitor sees the payload in order, in chunks of
+// decode_chunk_bytes right after the CRC read them, with the header as read;
+// the result is the same as without a visitor, a corrupt payload is still
+// refused (after the visitor saw it: what it learnt counts for nothing), and
+// the visited decode allocates nothing.
+BOOST_AUTO_TEST_CASE(decode_visits_the_payload_in_chunks_as_the_crc_reads_it) {
+  auto h = data_header(w::message_kind::commit);
+  const std::size_t size = 2 * w::decode_chunk_bytes + 4100;
+  const auto p = payload_of(size, 3);
+  h.element_count = size / 4;
+  std::array<std::byte, w::header_bytes> head{};
+  BOOST_TEST_REQUIRE(w::seal_header(h, p, head).ok());
+  std::vector<std::size_t> offsets, sizes;
+  offsets.reserve(8);
+  sizes.reserve(8);
+  std::size_t kinds_seen = 0;
+  auto visit = [&](const w::header& raw, std::span<const std::byte> chunk) {
+    offsets.push_back(static_cast<std::size_t>(chunk.data() - reinterpret_cast<const std::byte*>(p.data())));
+    sizes.push_back(chunk.size());
+    kinds_seen += raw.kind == w::message_kind::commit && raw.element_count == h.element_count ? 1 : 0;
+  };
+  const std::size_t before = allocations.load();
+  auto d = w::decode(head, p, {}, visit);
+  BOOST_TEST(allocations.load() == before);
+  BOOST_TEST_REQUIRE(d.has_value());
+  BOOST_TEST((d->header == h));
+  BOOST_TEST((offsets == std::vector<std::size_t>{0, w::decode_chunk_bytes, 2 * w::decode_chunk_bytes}));
+  BOOST_TEST((sizes == std::vector<std::size_t>{w::decode_chunk_bytes, w::decode_chunk_bytes, 4100}));
+  BOOST_TEST(kinds_seen == 3u);
+  bytes flipped(p.begin(), p.end());
+  flipped[size - 1] ^= std::byte{0x40};
+  offsets.clear();
+  sizes.clear();
+  expect_error(w::decode(head, flipped, {}, visit), errc::checksum_mismatch, "header.crc32c");
+  BOOST_TEST(sizes.size() == 3u);
+  // No payload: no call.
+  auto e = data_header(w::message_kind::pull_request);
+  std::array<std::byte, w::header_bytes> head2{};
+  BOOST_TEST_REQUIRE(w::seal_header(e, {}, head2).ok());
+  sizes.clear();
+  BOOST_TEST(w::decode(head2, {}, {}, visit).has_value());
+  BOOST_TEST(sizes.empty());
+}

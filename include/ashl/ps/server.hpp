@@ -22,12 +22,15 @@
 // message that is refused is answered with an error naming the field and
 // counted by reason; it never changes the parameters.
 //
-// Pull replies are dense f32 parameters of the shard. Parameters change while
-// a reply is on its way, so a reply is sent from a snapshot of one version:
-// one copy per version however many workers pull it, reference-counted
-// by the sends in flight, and checksummed once (each reply's header is
-// combined with the snapshot's CRC). Snapshots, receive buffers and send
-// slots are pools: after warm-up no message allocates.
+// Pull replies are dense f32 parameters of the shard, sent from where they
+// lie: a reply pins the version it reads (server_core::pin_parameters,
+// reference-counted by the sends in flight), whose CRC is computed once per
+// version (by the apply that made it when a pull rode with the commit), and
+// each reply's header is combined with it. A change while replies read the
+// version is made beside it (double-buffered: the dense apply writes the new
+// version into a spare buffer in its one pass), so no version is copied for
+// its readers. Version buffers, receive buffers and send slots are pools:
+// after warm-up no message allocates.
 //
 // Plans: every server runs a copy of the policy over its shard (holds,
 // rounds), and the plans of server 0 are the ones workers follow (they
@@ -118,9 +121,10 @@ struct server_params {
   // Bytes of receive buffers (large messages land there) over all
   // connections; 0: (workers + 1) × the largest message this shard takes.
   std::uint64_t max_receive_bytes = 0;
-  // Parameter snapshots pinned by pull replies in flight (one per version
-  // pulled); a reply that needs one more is refused. 0: 2 × workers + 2 (a
-  // worker has one reply in flight at a time).
+  // Parameter versions pinned by pull replies in flight (each version's
+  // storage stays with its replies; a change is made beside it); a reply
+  // that would pin one more is refused. 0: 2 × workers + 2 (a worker has one
+  // reply in flight at a time).
   std::uint32_t max_snapshots = 0;
   // A join whose incarnation is ahead of incarnation_now() (ps/incarnation.hpp:
   // nanoseconds since the Unix epoch, a time-based incarnation now) by more than
@@ -196,7 +200,9 @@ struct server_telemetry {
   std::uint64_t bytes_in = 0, bytes_out = 0;  // header + data, this server's messages
   std::uint64_t pull_replies = 0, plans = 0, errors_sent = 0;
   std::uint64_t worker_errors = 0;          // error messages workers sent us
-  std::uint64_t snapshots = 0;              // parameter snapshots taken (one per version pulled)
+  std::uint64_t snapshots = 0;              // versions pulled (each pinned by its replies, checksummed once)
+  std::uint64_t applied_beside = 0;         // dense applies made beside a version replies still read
+  std::uint64_t copies_for_readers = 0;     // other changes that copied such a version first
   std::uint64_t unsendable = 0;             // plans or errors the wire refused to encode (a defect; the first is printed)
   std::uint64_t peers_failed = 0;           // connections that failed (their worker was evicted)
   std::uint64_t evicted_silent = 0;         // workers evicted by server_params.worker_timeout
@@ -235,6 +241,8 @@ struct server_telemetry {
         field{"errors_sent", &server_telemetry::errors_sent},
         field{"worker_errors", &server_telemetry::worker_errors},
         field{"snapshots", &server_telemetry::snapshots},
+        field{"applied_beside", &server_telemetry::applied_beside},
+        field{"copies_for_readers", &server_telemetry::copies_for_readers},
         field{"unsendable", &server_telemetry::unsendable},
         field{"peers_failed", &server_telemetry::peers_failed},
         field{"evicted_silent", &server_telemetry::evicted_silent},
@@ -485,6 +493,8 @@ class server {
   [[nodiscard]] server_telemetry telemetry() const {
     server_telemetry s = tel_;
     s.core = core_.stats();
+    s.applied_beside = core_.applied_beside();
+    s.copies_for_readers = core_.copies_for_readers();
     s.transport = t_.counters();
     s.seconds = clock_.now();
     for (const detail::pooled_buffer& b : rx_) {
@@ -575,21 +585,13 @@ class server {
     std::uint64_t incarnation = 0, superseded_by = 0;
   };
 
-  // A parameter snapshot: the bytes of one version, their CRC, the sends
-  // that still read it.
-  struct snapshot {
-    std::vector<float> values;
-    std::uint64_t version = ~std::uint64_t{0};
-    std::uint32_t crc = 0;  // crc32c of the values
-    std::uint32_t readers = 0;
-  };
-
   // One message in flight: its header (and a small control body), the
-  // snapshot it reads (pull replies).
+  // version of the parameters it reads (pull replies).
   struct send_slot {
     std::array<std::byte, wire::header_bytes> head{};
     std::vector<std::byte> body;  // control body (plan, error); capacity kept
-    std::uint32_t snap = ~std::uint32_t{0};
+    bool pinned = false;
+    std::uint64_t version = 0;
   };
 
   struct handler {
@@ -616,7 +618,6 @@ class server {
     left_.assign(p_.core.workers, 0);
     slots_.reserve(4 * std::size_t{p_.core.workers} + 8);
     free_slots_.reserve(4 * std::size_t{p_.core.workers} + 8);
-    snaps_.reserve(8);
     rx_.reserve(2 * std::size_t{p_.core.workers} + 2);
     next_progress_ = p_.progress_seconds;
   }
@@ -664,9 +665,15 @@ class server {
                      std::to_string(lent) + " bytes; a message of " + std::to_string(n) + " bytes would pass it (not received)");
       return {};
     }
+    // A buffer that must grow grows to the largest message taken so far
+    // (within the budget), so messages of varying sizes (measurements
+    // batches, commits) do not keep trading a buffer for a larger one: after
+    // warm-up no receive allocates.
+    rx_largest_ = std::max<std::uint64_t>(rx_largest_, n);
+    const std::uint64_t want = lent + rx_largest_ <= budget ? rx_largest_ : n;
     const std::uint64_t grow = pick != ~std::uint32_t{0} && rx_[pick].bytes.size() >= n
                                    ? 0
-                                   : n - (pick != ~std::uint32_t{0} ? rx_[pick].bytes.size() : 0);
+                                   : want - (pick != ~std::uint32_t{0} ? rx_[pick].bytes.size() : 0);
     for (std::uint32_t i = 0; total + grow > budget && i < rx_.size(); ++i) {
       if (rx_[i].busy || i == pick || rx_[i].bytes.empty()) continue;
       total -= rx_[i].bytes.size();
@@ -680,9 +687,9 @@ class server {
     }
     detail::pooled_buffer& b = rx_[pick];
     if (b.bytes.size() < n || lent + b.bytes.size() > budget) {
-      // Exactly n: the budget counts capacity.
-      std::vector<std::byte> exact(n);
-      b.bytes.swap(exact);
+      // want (n, or the largest message so far): the budget counts capacity.
+      std::vector<std::byte> fresh(b.bytes.size() < n ? want : n);
+      b.bytes.swap(fresh);
     }
     b.busy = true;
     b.used = n;
@@ -716,7 +723,21 @@ class server {
   }
 
   void handle(transport::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data, double now) {
-    auto m = wire::decode(head, data, p_.core.limits);
+    // A dense commit's values are checked (finite) chunk by chunk as the
+    // CRC check reads them: one pass over the payload for both, and
+    // server_core skips its own (issue 28, item 2). Parameters still change
+    // only after the whole message is verified and the policy decided.
+    dense_value_check values;
+    bool started = false;
+    auto m = wire::decode(head, data, p_.core.limits,
+                          [&](const wire::header& raw, std::span<const std::byte> chunk) noexcept {
+                            if (!started) {
+                              started = true;
+                              if (raw.kind != wire::message_kind::commit || p_.core.allow_non_finite) return;
+                              values = dense_value_check(raw.codec, raw.type, raw.element_count, data.size());
+                            }
+                            values(chunk);
+                          });
     if (!m) {
       refuse_wire(wire_refusal::malformed);
       send_error(p, m.error().code(), 0, m.error().message());
@@ -768,7 +789,8 @@ class server {
                     .step = h.step,
                     .tensor = h.tensor,
                     .payload = m->payload,
-                    .pull = (h.flags & wire::flag_pull) != 0};
+                    .pull = (h.flags & wire::flag_pull) != 0,
+                    .values_checked = values.all_finite()};
         core_.commit(c, now, out_);
         return;
       }
@@ -916,11 +938,9 @@ class server {
     const auto i = static_cast<std::uint32_t>(cookie);
     ASHL_ASSERT(i < slots_.size(), "server: a send completion for an unknown slot");
     send_slot& s = slots_[i];
-    if (s.snap != ~std::uint32_t{0}) {
-      snapshot& sn = snaps_[s.snap];
-      ASHL_ASSERT(sn.readers > 0, "server: snapshot reader count");
-      --sn.readers;
-      s.snap = ~std::uint32_t{0};
+    if (s.pinned) {
+      core_.unpin_parameters(s.version);
+      s.pinned = false;
     }
     free_slots_.give(i);
   }
@@ -1024,78 +1044,38 @@ class server {
     return static_cast<std::uint32_t>(slots_.size() - 1);
   }
 
-  // The snapshot of the current version (taken now if none holds it); none
-  // when server_params::max_snapshots are all pinned by replies in flight.
-  std::uint32_t current_snapshot() {
-    const std::uint64_t v = core_.version();
-    for (std::uint32_t i = 0; i < snaps_.size(); ++i)
-      if (snaps_[i].version == v) return i;
-    std::uint32_t pick = ~std::uint32_t{0};
-    for (std::uint32_t i = 0; i < snaps_.size(); ++i)
-      if (snaps_[i].readers == 0) {
-        pick = i;
-        break;
-      }
-    if (pick == ~std::uint32_t{0}) {
-      if (snaps_.size() >= p_.max_snapshots) return pick;
-      snaps_.emplace_back();
-      pick = static_cast<std::uint32_t>(snaps_.size() - 1);
-    }
-    snapshot& s = snaps_[pick];
-    const auto params = core_.parameters();
-    s.values.resize(params.size());
-    // Copy and checksum in chunks that stay in the cache: the CRC reads what
-    // the copy just wrote, so the bytes cross memory once instead of twice
-    // (64 MiB: 11.3 ms -> 8.5 ms; docs/perf/ps-ucx.md).
-    const auto* src = reinterpret_cast<const std::byte*>(params.data());
-    auto* dst = reinterpret_cast<std::byte*>(s.values.data());
-    std::uint32_t crc = 0;
-    for (std::size_t at = 0, n = params.size_bytes(); at < n; at += snapshot_chunk_bytes) {
-      const std::size_t k = std::min(snapshot_chunk_bytes, n - at);
-      std::memcpy(dst + at, src + at, k);
-      crc = wire::crc32c(std::span<const std::byte>(dst + at, k), crc);
-    }
-    s.version = v;
-    s.crc = crc;
-    ++tel_.snapshots;
-    return pick;
-  }
-
-  // Three of crc32c's 64 KiB streams: the whole chunk takes its fastest path
-  // and fits in a core's L2 cache.
-  static constexpr std::size_t snapshot_chunk_bytes = std::size_t{192} << 10;
-
   void send_parameters(worker_id w) {
     const transport::peer_id p = rank_peer_[w];
     if (p == transport::no_peer) return;
-    const std::uint32_t si = current_snapshot();
-    if (si == ~std::uint32_t{0}) {
+    // server_params.max_snapshots bounds the versions replies in flight pin.
+    if (!core_.current_pinned() && core_.pinned_versions() >= p_.max_snapshots) {
       ++tel_.replies_refused;
       send_error(p, errc::unavailable, 0,
                  "server.max_snapshots = " + std::to_string(p_.max_snapshots) +
-                     ": every parameter snapshot is pinned by pull replies still in flight (pulls faster than "
+                     ": that many parameter versions are pinned by pull replies still in flight (pulls faster than "
                      "replies are received); this pull is not answered");
       return;
     }
-    snapshot& sn = snaps_[si];
+    const auto pv = core_.pin_parameters();
+    if (pv.first) ++tel_.snapshots;
     const std::uint32_t i = take_slot();
     send_slot& s = slots_[i];
-    const auto payload = std::as_bytes(std::span<const float>(sn.values));
+    const auto payload = std::as_bytes(pv.values);
     wire::header h{.kind = wire::message_kind::pull_reply,
                    .codec = codec_id::identity,
                    .type = dtype::f32,
                    .flags = wire::flag_last_shard,
-                   .element_count = sn.values.size(),
+                   .element_count = pv.values.size(),
                    .tensor = p_.core.shard,
                    .rank = w,
-                   .sequence = sn.version,
-                   .clock = sn.version,
+                   .sequence = pv.version,
+                   .clock = pv.version,
                    .step = core_.serve_staleness(w)};  // τ (docs/wire-format.md)
-    const status st = wire::seal_header(h, payload.size(), sn.crc, s.head, p_.core.limits);
+    const status st = wire::seal_header(h, payload.size(), pv.crc, s.head, p_.core.limits);
     ASHL_ASSERT(st.ok(), "server: a pull reply the wire refuses");
     (void)st;
-    s.snap = si;
-    ++sn.readers;
+    s.pinned = true;
+    s.version = pv.version;
     send(p, i, s.head, payload);
     ++tel_.pull_replies;
   }
@@ -1145,9 +1125,9 @@ class server {
     const status st = t_.send(p, head, data, slot);
     if (!st.ok()) {  // not connected any more: the slot is free again
       send_slot& s = slots_[slot];
-      if (s.snap != ~std::uint32_t{0}) {
-        --snaps_[s.snap].readers;
-        s.snap = ~std::uint32_t{0};
+      if (s.pinned) {
+        core_.unpin_parameters(s.version);
+        s.pinned = false;
       }
       free_slots_.give(slot);
       return;
@@ -1179,9 +1159,9 @@ class server {
   std::vector<transport::peer_id> rank_peer_;
   std::vector<send_slot> slots_;
   detail::free_list free_slots_;
-  std::vector<snapshot> snaps_;
   std::vector<detail::pooled_buffer> rx_;
   detail::free_list free_rx_;
+  std::uint64_t rx_largest_ = 0;          // the largest message a receive buffer was taken for
   std::uint32_t bound_ = 0;
   std::vector<std::uint8_t> joined_once_;
   std::vector<double> last_heard_;        // per rank: its last message (server_params.worker_timeout)
@@ -1196,7 +1176,7 @@ class server {
   std::uint64_t plan_sequence_ = 0;
   double next_progress_ = 0.0;
   // Last: destroyed first, so the sends and receives its close still
-  // progresses never touch snapshots, bodies or receive buffers gone before it.
+  // progresses never touch pinned parameter versions (in core_), bodies or receive buffers gone before it.
   Transport t_;
 };
 

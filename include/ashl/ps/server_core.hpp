@@ -259,6 +259,54 @@ struct commit_in {
   std::uint32_t tensor = 0;    // codec_context.tensor
   std::span<const std::byte> payload{};  // not kept: copied into the store if buffered
   bool pull = false;                     // a pull rides with the commit
+  // The driver ran a dense_value_check over this payload (in its CRC pass:
+  // wire::decode's visitor) and it found every value finite: validate()
+  // skips its own pass over the values. False: validate() checks (and names
+  // the first non-finite element).
+  bool values_checked = false;
+};
+
+// The values of a dense payload (identity, fp16, bf16 casts) are of this
+// type: the cast's for fp16/bf16, the header's for identity.
+constexpr dtype dense_values_type(codec_id codec, dtype type) noexcept {
+  return codec == codec_id::fp16 ? dtype::f16 : codec == codec_id::bf16 ? dtype::bf16 : type;
+}
+
+// server_core's check that a dense payload's values are finite, run by a
+// driver over the payload's chunks as its CRC check reads them (one pass
+// instead of two; wire::decode's visitor). all_finite() is true only when
+// the payload is dense for its header (codec, dtype, elements, size), every
+// byte was seen in order and no value is NaN or infinite; anything else
+// leaves the check to validate(), which names the element.
+class dense_value_check {
+ public:
+  dense_value_check() = default;
+  dense_value_check(codec_id codec, dtype type, std::uint64_t elements, std::size_t payload_bytes) noexcept {
+    if (type != dtype::f32 && type != dtype::f16 && type != dtype::bf16) return;
+    if (static_cast<int>(codec) >= codec_id_count) return;
+    const std::size_t dense = compress::dense_payload_bytes(codec, {static_cast<std::size_t>(elements), type});
+    if (dense == 0 || dense != payload_bytes) return;
+    bits_ = detail::bits_of(dense_values_type(codec, type));
+    if (bits_.bytes * elements != payload_bytes) return;
+    expected_ = payload_bytes;
+    active_ = true;
+  }
+  void operator()(std::span<const std::byte> chunk) noexcept {
+    if (!active_ || !finite_) return;
+    if (chunk.size() % bits_.bytes != 0 || seen_ + chunk.size() > expected_) {
+      finite_ = false;
+      return;
+    }
+    const std::size_t k = chunk.size() / bits_.bytes;
+    if (detail::first_non_finite(chunk.data(), k, bits_.bytes, bits_.mask) != k) finite_ = false;
+    seen_ += chunk.size();
+  }
+  [[nodiscard]] bool all_finite() const noexcept { return active_ && finite_ && seen_ == expected_; }
+
+ private:
+  detail::float_bits bits_{};
+  std::size_t expected_ = 0, seen_ = 0;
+  bool active_ = false, finite_ = true;
 };
 
 struct plan_out {
@@ -518,13 +566,22 @@ class server_core {
         ASHL_ASSERT(std::isfinite(d.weight), "server_core: the policy gave a non-finite weight");
         if (math) {
           if (opt_.adds_deltas()) {
-            decode_or_die(c.codec, c.type, c.step, c.tensor, c.payload, w_, d.weight);
+            if (compress::dense_payload_bytes(c.codec, {w_.size(), c.type}) != 0) {
+              // One pass: the add, beside a pinned version when replies
+              // read it, and the new version's CRC when a pull rides along.
+              apply_dense(c, d.weight, c.pull);
+            } else {
+              make_writable();
+              decode_or_die(c.codec, c.type, c.step, c.tensor, c.payload, w_, d.weight);
+            }
           } else if (in_acc_) {
+            make_writable();
             opt_.step(w_, acc_, static_cast<float>(d.weight));  // acc_ holds the commit at scale 1
           } else {
             // 0 + w·v in the accumulator, then a step at scale 1: the same
             // bits as decoding at scale 1 and stepping at w.
             decode_or_die(c.codec, c.type, c.step, c.tensor, c.payload, acc_, d.weight);
+            make_writable();
             opt_.step(w_, acc_, 1.0f);
           }
         }
@@ -596,6 +653,66 @@ class server_core {
   // ------------------------------------------------------------ inspection
 
   [[nodiscard]] std::span<const float> parameters() const noexcept { return w_; }
+
+  // ------------------------------------------------- versions replies read
+  //
+  // A driver sends pull replies from the parameters where they lie, without
+  // a copy per version (issue 28): pin_parameters() pins the current version
+  // and gives its bytes and their CRC-32C (computed once per version: by the
+  // apply that made it when a pull rode with the commit, else at the first
+  // pin, one read pass); unpin_parameters(version) when the send completed.
+  // While a version is pinned nothing writes its storage: the next change
+  // is made beside it (a dense model-delta commit adds into a spare buffer
+  // in the same pass: new = old + s·v; any other change copies the version
+  // first), and the pinned storage stays with the replies until the last is
+  // unpinned. Spare buffers are pooled: after warm-up nothing allocates.
+  struct pinned_parameters {
+    std::span<const float> values;
+    std::uint64_t version = 0;
+    std::uint32_t crc = 0;  // crc32c of the values' bytes
+    bool first = false;     // the first pin of this version
+  };
+
+  pinned_parameters pin_parameters() {
+    if (!w_crc_valid_) {
+      w_crc_ = wire::crc32c(std::as_bytes(std::span<const float>(w_)));
+      w_crc_valid_ = true;
+    }
+    const std::uint64_t v = version();
+    const bool first = !w_pinned_before_ || w_pin_version_ != v;
+    if (w_readers_ == 0) w_pin_version_ = v;
+    ASHL_ASSERT(w_pin_version_ == v, "server_core: the pinned parameters changed in place");
+    w_pinned_before_ = true;
+    ++w_readers_;
+    return {w_, v, w_crc_, first};
+  }
+
+  void unpin_parameters(std::uint64_t version) {
+    if (w_readers_ > 0 && w_pin_version_ == version) {
+      --w_readers_;
+      return;
+    }
+    for (version_buffer& b : held_)
+      if (b.readers > 0 && b.version == version) {
+        --b.readers;
+        return;
+      }
+    ASHL_ASSERT(false, "server_core: unpin of a version not pinned");
+  }
+
+  // Versions pinned now (the current one included when pinned).
+  [[nodiscard]] std::uint32_t pinned_versions() const noexcept {
+    std::uint32_t k = w_readers_ > 0 ? 1u : 0u;
+    for (const version_buffer& b : held_) k += b.readers > 0 ? 1u : 0u;
+    return k;
+  }
+  [[nodiscard]] bool current_pinned() const noexcept { return w_readers_ > 0; }
+  // Changes made beside a pinned version: by the dense apply in its pass,
+  // and by a copy first (every other change).
+  [[nodiscard]] std::uint64_t applied_beside() const noexcept { return applied_beside_; }
+  [[nodiscard]] std::uint64_t copies_for_readers() const noexcept { return copies_for_readers_; }
+  // Spare buffers held (pinned or free) besides the parameters.
+  [[nodiscard]] std::size_t version_buffers() const noexcept { return held_.size(); }
   [[nodiscard]] std::uint64_t version() const noexcept { return stats_.steps; }
   [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
   [[nodiscard]] const counters& stats() const noexcept { return stats_; }
@@ -732,7 +849,9 @@ class server_core {
     p.max_commit_samples = p_.max_commit_samples;
     p_ = std::move(p);
     opt_ = std::move(opt);
+    make_writable();  // a version replies still read keeps its storage
     w_ = std::move(w);
+    w_crc_valid_ = false;
     acc_.assign(w_.size(), 0.0f);
     table_ = std::move(table);
     store_ = std::move(store);
@@ -848,9 +967,9 @@ class server_core {
                                                 std::string(to_string(c.type)) + " is " + std::to_string(dense) +
                                                 " bytes"),
                               out);
-      if (!check_values) return true;
-      const dtype values = c.codec == codec_id::fp16 ? dtype::f16 : c.codec == codec_id::bf16 ? dtype::bf16 : c.type;
-      return finite_values(c, c.payload.data(), static_cast<std::size_t>(n), values, nullptr, out);
+      if (!check_values || c.values_checked) return true;  // checked by the driver in its CRC pass
+      return finite_values(c, c.payload.data(), static_cast<std::size_t>(n), dense_values_type(c.codec, c.type),
+                           nullptr, out);
     }
     if (compress::sparse_pairs(c.codec) && compress::sparse_pairs_well_formed(c.payload, info)) {
       if (!check_values) return true;
@@ -918,6 +1037,80 @@ class server_core {
     return false;
   }
 
+  struct version_buffer {
+    std::vector<float> values;
+    std::uint64_t version = no_version;
+    std::uint32_t readers = 0;
+  };
+
+  // Chunks of the dense apply: three of crc32c's 64 KiB streams (its fastest
+  // path), and small enough to stay in a core's L2 cache between the add
+  // and the CRC that reads it.
+  static constexpr std::size_t apply_chunk_bytes = std::size_t{192} << 10;
+
+  // A spare buffer no reply reads (pooled).
+  version_buffer& spare() {
+    for (version_buffer& b : held_)
+      if (b.readers == 0) return b;
+    held_.emplace_back();
+    return held_.back();
+  }
+
+  // Before w_ changes in place: a version replies read moves to a spare
+  // buffer's place (its storage stays with them) and w_ continues as a copy.
+  void make_writable() {
+    w_crc_valid_ = false;
+    if (w_readers_ == 0) return;
+    version_buffer& b = spare();
+    b.values.resize(w_.size());
+    if (!w_.empty()) std::memcpy(b.values.data(), w_.data(), w_.size() * sizeof(float));
+    retire_pinned(b);
+    ++copies_for_readers_;
+  }
+
+  // w_'s storage (pinned) goes to b, b's (the new version) becomes w_.
+  void retire_pinned(version_buffer& b) {
+    std::swap(b.values, w_);
+    b.version = w_pin_version_;
+    b.readers = w_readers_;
+    w_readers_ = 0;
+  }
+
+  // A dense model-delta commit (identity, fp16, bf16: element-wise) in one
+  // pass of cache-sized chunks: w += s·v in place, or, while replies read w,
+  // new = w + s·v into a spare buffer that then becomes w; with want_crc
+  // the new version's CRC from the chunk just written. The same additions in
+  // the same order as one decode_add of the whole payload (chunks are a
+  // multiple of every SIMD width, so only the last chunk has a tail).
+  void apply_dense(const commit_in& c, double weight, bool want_crc) {
+    const std::size_t n = w_.size();
+    const std::size_t per = c.payload.size() / n;
+    ASHL_ASSERT(per * n == c.payload.size(), "server_core: a dense payload of a fractional element size");
+    const bool beside = w_readers_ > 0;
+    version_buffer* b = beside ? &spare() : nullptr;
+    if (b != nullptr) b->values.resize(n);
+    float* dst = b != nullptr ? b->values.data() : w_.data();
+    const float* src = w_.data();
+    const std::size_t chunk = apply_chunk_bytes / sizeof(float);
+    const compress::codec_context ctx{p_.seed, c.step, c.tensor, {}};
+    std::uint32_t crc = 0;
+    for (std::size_t at = 0; at < n; at += chunk) {
+      const std::size_t k = std::min(chunk, n - at);
+      if (beside) std::memcpy(dst + at, src + at, k * sizeof(float));
+      const status s = compress::decode_add(c.codec, c.payload.subspan(at * per, k * per), {k, c.type},
+                                            host_view<float>(dst + at, k), static_cast<float>(weight), ctx);
+      ASHL_ASSERT(s.ok(), "server_core: a validated payload failed to decode");
+      (void)s;
+      if (want_crc) crc = wire::crc32c(std::as_bytes(std::span<const float>(dst + at, k)), crc);
+    }
+    if (beside) {
+      retire_pinned(*b);
+      ++applied_beside_;
+    }
+    w_crc_ = crc;
+    w_crc_valid_ = want_crc;
+  }
+
   void decode_or_die(codec_id id, dtype t, std::uint64_t step, std::uint32_t tensor, std::span<const std::byte> payload,
                      std::vector<float>& into, double weight) {
     const compress::codec_context ctx{p_.seed, step, tensor, {}};
@@ -968,6 +1161,7 @@ class server_core {
         const sync::weighted_commit& rc = round[k];
         ASHL_ASSERT(std::isfinite(rc.weight), "server_core: the policy gave a non-finite round weight");
         std::vector<float>& into = opt_.adds_deltas() ? w_ : acc_;
+        if (math && opt_.adds_deltas()) make_writable();
         if (current_ != nullptr && rc.worker == current_->worker && rc.sequence == current_sequence_) {
           if (math) decode_or_die(current_->codec, current_->type, current_->step, current_->tensor, current_->payload,
                                   into, rc.weight);
@@ -984,7 +1178,10 @@ class server_core {
         }
         ++stats_.commits_applied;
       }
-      if (math && !opt_.adds_deltas()) opt_.step(w_, acc_, 1.0f);
+      if (math && !opt_.adds_deltas()) {
+        make_writable();
+        opt_.step(w_, acc_, 1.0f);
+      }
       take_step(out);
     }
     const auto rel = sink_.released();
@@ -1070,6 +1267,15 @@ class server_core {
   bool in_acc_ = false;                 // this event's commit was decoded into acc_ by its check
   const commit_in* current_ = nullptr;  // the commit of this event, while buffered and not stored
   std::uint64_t current_sequence_ = 0;
+  // Versions replies read (pin_parameters): w_'s pins, and older versions'
+  // storage kept in held_ until their last reply completes.
+  std::uint32_t w_readers_ = 0;
+  std::uint64_t w_pin_version_ = no_version;
+  bool w_pinned_before_ = false;
+  std::uint32_t w_crc_ = 0;
+  bool w_crc_valid_ = false;  // w_crc_ is the CRC of w_ as it is
+  std::vector<version_buffer> held_;
+  std::uint64_t applied_beside_ = 0, copies_for_readers_ = 0;
 };
 
 }  // namespace ps

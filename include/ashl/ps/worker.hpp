@@ -144,6 +144,21 @@ struct worker_params {
   // instead of its own, so that its servers' policy copies see the events
   // the leader's see (docs/ps.md, "Plan authority").
   bool follower = false;
+  // The measurements of its cycles (compute, push, pull, ...: worker_cycle)
+  // go to every server in one message once this long has passed since the
+  // last one went, or once measurement_batch records wait, and before
+  // leave(): a cycle shorter than the interval adds its records to the next
+  // message instead of sending its own (a 4 KiB round trip paid one
+  // measurements message per cycle before). Cycles longer than the interval
+  // (training steps) send theirs at every cycle's end as before. 0 (the
+  // default): after every cycle, as the simulator's workers report theirs;
+  // batching is not in the simulator yet, so a batching worker's re-plans
+  // for sub-millisecond cycles come later than the simulated ones. A job of
+  // small, fast messages may set 1 ms (docs/perf/ps-ucx.md, issue 28).
+  std::chrono::microseconds measurement_interval{0};
+  // Records in one measurements message at most (>= 8: a cycle records up to
+  // five); at most the servers' wire limits.max_measurements.
+  std::uint32_t measurement_batch = 64;
 };
 
 // The plan and codec in force for a worker's cycle (a leader's, handed to
@@ -162,6 +177,7 @@ struct worker_telemetry {
   std::uint64_t errors = 0;           // error messages from servers
   std::uint64_t copied_replies = 0;   // pull replies delivered eagerly (copied once into the buffer)
   std::uint64_t reconnects = 0;       // connections to a server made again (worker_params.reconnect)
+  std::uint64_t measurement_messages = 0;  // measurements messages sent (to each server; measurement_interval)
   double wait_seconds = 0.0;          // inside wait()
   double compress_seconds = 0.0;
   double link_seconds = 0.0;          // held by the emulated link (worker_params.link_bytes_per_second)
@@ -181,6 +197,7 @@ struct worker_telemetry {
         field{"errors", &worker_telemetry::errors},
         field{"copied_replies", &worker_telemetry::copied_replies},
         field{"reconnects", &worker_telemetry::reconnects},
+        field{"measurement_messages", &worker_telemetry::measurement_messages},
         field{"wait_seconds", &worker_telemetry::wait_seconds},
         field{"compress_seconds", &worker_telemetry::compress_seconds},
         field{"link_seconds", &worker_telemetry::link_seconds},
@@ -202,6 +219,11 @@ class worker {
     if (p.reconnect.count() < 0) return invalid_argument("worker.reconnect_ms", p.reconnect.count(), "must be >= 0");
     if (!(p.link_bytes_per_second >= 0.0) || !std::isfinite(p.link_bytes_per_second))
       return invalid_argument("worker.link_bytes_per_second", p.link_bytes_per_second, "must be >= 0 and finite");
+    if (p.measurement_interval.count() < 0)
+      return invalid_argument("worker.measurement_interval_us", p.measurement_interval.count(), "must be >= 0");
+    if (p.measurement_batch < 8 || p.measurement_batch > wire::limits{}.max_measurements)
+      return invalid_argument("worker.measurement_batch", p.measurement_batch,
+                              "must be in 8.." + std::to_string(wire::limits{}.max_measurements));
     auto layout = shard_layout::even(parameters.size(), static_cast<std::uint32_t>(p.servers.size()));
     if (!layout) return layout.error();
     if (p.incarnation == 0) p.incarnation = fresh_incarnation();
@@ -277,8 +299,9 @@ class worker {
       if (m.worker != state_->p.rank)
         return invalid_argument("worker.report_measurements.worker", m.worker,
                                 "must be this worker's rank " + std::to_string(state_->p.rank));
-    if (ms.empty()) return {};
-    return state_->send_measurements(ms);
+    // They join this worker's batch (worker_params.measurement_interval).
+    state_->queue_measurements(ms, state_->clock.now());
+    return state_->failed;
   }
 
   // Sends `update` (gradient or model delta, all the model's elements) to
@@ -377,8 +400,9 @@ class worker {
     std::vector<std::byte> spill;            // a data part that is not a pull reply into params
     std::vector<slot> slots;
     std::vector<std::uint32_t> free_slots;
-    std::vector<ashl::measurement> reports;
-    std::vector<ashl::measurement> reported;  // what the last finish_cycle sent (reported_measurements)
+    std::vector<ashl::measurement> reports;   // cycles' measurements not sent yet (capacity: measurement_batch)
+    double reports_sent_at = -1e300;          // when the last measurements message went
+    std::vector<ashl::measurement> reported;  // the last cycle's (reported_measurements)
     commit_encoder encoder;  // the plan's codec, error feedback (ps/commit_encoder.hpp, shared with the simulator)
     worker_cycle cycle;
     steady_clock clock;
@@ -423,7 +447,7 @@ class worker {
       dense.resize(S);
       slots.reserve(4 * S + 8);
       free_slots.reserve(4 * S + 8);
-      reports.reserve(16);
+      reports.reserve(p.measurement_batch);
       reported.reserve(8);
     }
 
@@ -720,11 +744,9 @@ class worker {
       cycle.reply_arrived(now, static_cast<double>(reply_bytes));
       committing = false;
       reported.assign(cycle.measurements().begin(), cycle.measurements().end());
-      if (!cycle.measurements().empty()) {
-        // A follower reports its leader's instead (report_measurements).
-        if (!p.follower) (void)send_measurements(cycle.measurements());
-        cycle.clear_measurements();
-      }
+      // A follower reports its leader's instead (report_measurements).
+      if (!p.follower) queue_measurements(cycle.measurements(), now);
+      cycle.clear_measurements();
       // The newest plan server 0 sent is adopted here, at the cycle's start
       // (worker_cycle's rule, the simulator's too).
       if (cycle.start(p.batch, now)) {
@@ -734,20 +756,43 @@ class worker {
       }
     }
 
-    status send_measurements(std::span<const ashl::measurement> ms) {
-      for (std::uint32_t s = 0; s < servers(); ++s) {
+    // The cycle's measurements join the batch; the batch goes out when due
+    // (worker_params.measurement_interval, measurement_batch). Capacity is
+    // reserved: nothing allocates.
+    void queue_measurements(std::span<const ashl::measurement> ms, double now) {
+      for (const ashl::measurement& m : ms) {
+        if (reports.size() == p.measurement_batch) (void)send_measurements(now);
+        reports.push_back(m);
+      }
+      if (reports.empty()) return;
+      const double interval = std::chrono::duration<double>(p.measurement_interval).count();
+      if (reports.size() + 8 > p.measurement_batch || now - reports_sent_at >= interval) (void)send_measurements(now);
+    }
+
+    status send_measurements(double now) {
+      if (reports.empty()) return {};
+      reports_sent_at = now;
+      // Every slot body that carries measurements is sized for a full batch
+      // at once, so a larger batch later never grows it (no allocation).
+      const std::size_t full = wire::encoded_size(wire::measurements_body::bytes_for(p.measurement_batch));
+      const std::span<const ashl::measurement> ms(reports);
+      const std::size_t n = wire::encoded_size(wire::measurements_body::bytes_for(ms.size()));
+      status out{};
+      for (std::uint32_t s = 0; s < servers() && out.ok(); ++s) {
         const std::uint32_t i = take_slot();
-        const std::size_t n = wire::encoded_size(wire::measurements_body::bytes_for(ms.size()));
-        if (slots[i].body.size() < n) slots[i].body.resize(n);
+        if (slots[i].body.size() < full) slots[i].body.resize(full);
         auto used = wire::encode(wire::header{.rank = p.rank}, ms, std::span<std::byte>(slots[i].body.data(), n));
         if (!used) {
           free_slots.push_back(i);
-          return used.error();
+          out = used.error();
+          break;
         }
         std::memcpy(slots[i].head.data(), slots[i].body.data(), wire::header_bytes);
-        ASHL_TRY(send(s, i, slots[i].head, std::span<const std::byte>(slots[i].body).subspan(wire::header_bytes, n - wire::header_bytes)));
+        out = send(s, i, slots[i].head, std::span<const std::byte>(slots[i].body).subspan(wire::header_bytes, n - wire::header_bytes));
       }
-      return {};
+      ++tel.measurement_messages;
+      reports.clear();
+      return out;
     }
 
     status send_metric(metric_id m, double value) {
@@ -762,6 +807,7 @@ class worker {
       stop_thread();
       std::lock_guard g(mu);
       if (!failed.ok()) return failed;
+      (void)send_measurements(clock.now());  // what the batch still holds, before the leave
       leaving = true;  // connections closing now are not reconnected
       for (std::uint32_t s = 0; s < servers(); ++s)
         ASHL_TRY(send_control(s, wire::header{.rank = p.rank},
