@@ -269,27 +269,6 @@ std::string read_all(int fd, double seconds) {
   return out;
 }
 
-// The distinct "transport/device" names of the lanes in ucp_ep_print_info's text.
-std::string summarize_lanes(const std::string& info) {
-  std::vector<std::string> names;
-  std::size_t pos = 0;
-  while ((pos = info.find("lane[", pos)) != std::string::npos) {
-    const auto colon = info.find(':', pos);
-    const auto eol = info.find('\n', pos);
-    if (colon == std::string::npos || colon > eol) break;
-    auto start = info.find_first_not_of(' ', colon + 1);
-    const auto sep = info.find(':', start);
-    if (sep != std::string::npos && sep < eol) start = sep + 1;
-    const auto end = info.find_first_of(" \t\n", start);
-    std::string name = info.substr(start, end - start);
-    if (const auto dot = name.rfind('.'); dot != std::string::npos && name.find('/') < dot) name.resize(dot);
-    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
-    pos = eol == std::string::npos ? info.size() : eol;
-  }
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : " ") + n;
-  return out.empty() ? "(unknown)" : out;
-}
 
 // ------------------------------------------------------------------ ashl side
 
@@ -369,7 +348,7 @@ int run_worker(const options& o, const ashl_case& c, shared_area* sh, const std:
   if (!wk) return set_error(sh, "worker: " + wk.error().message()), 1;
   if (rank == 0 && !wk->transport().peers().empty()) {
     const std::string d = wk->transport().describe(wk->transport().peers()[0]);
-    std::snprintf(sh->lanes, sizeof sh->lanes, "%s", summarize_lanes(d).c_str());
+    std::snprintf(sh->lanes, sizeof sh->lanes, "%s", tr::ucx::lanes_of(d).c_str());
     std::snprintf(sh->describe, sizeof sh->describe, "%s", d.c_str());
   }
   auto commit = [&]() -> bool {

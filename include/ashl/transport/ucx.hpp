@@ -122,6 +122,9 @@ class ucx {
   // The UCX lanes of a connected peer's endpoint (ucp_ep_print_info), for a
   // benchmark to record which transports carried its figures.
   std::string describe(peer_id p) const { return impl_->describe(p); }
+  // The distinct "transport/device" names of the lanes that carry messages
+  // in describe()'s text ("sysv/memory, cma/memory"), or "(unknown)".
+  static std::string lanes_of(const std::string& description) { return detail::ucx_impl::summarize(description); }
 
   // Registers a region once (ucp_mem_map); later sends from it and receives
   // into it pass its handle to UCX. Deregister before the memory goes away.

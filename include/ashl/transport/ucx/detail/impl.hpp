@@ -66,6 +66,9 @@ class ucx_impl {
 
   std::span<const peer_id> peers() const noexcept { return connected_; }
 
+  // The lanes named in ucp_ep_print_info's text (ucx::lanes_of).
+  static std::string summarize(const std::string& info);
+
   bool is_connected(peer_id id) const noexcept {
     const ucx_peer* p = find(id);
     return p != nullptr && p->state == ucx_peer_state::connected;
@@ -215,7 +218,6 @@ class ucx_impl {
 
   static std::string print_endpoint(ucp_ep_h ep);
 
-  static std::string summarize(const std::string& info);
 
   // ---- delivery ----------------------------------------------------------------
 
