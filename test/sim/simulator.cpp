@@ -754,18 +754,22 @@ BOOST_AUTO_TEST_CASE(the_compute_hook_gets_the_codec_in_force_with_the_plan) {
                                               ashl::worker_plan{.local_iterations = 1}};
       std::array<ashl::ps::commit_encoder, 2> enc;
       std::array<std::vector<ashl::codec_id>, 2> seen;
+      // The bytes a hook hands out stay valid until the worker's next compute:
+      // a dense commit of nothing owed is the delta itself, so it lives here.
+      std::array<std::vector<float>, 2> delta;
       sim::hooks h;
       h.compute = [&](const sim::compute_request& q, std::span<sim::shard_payload> out) {
         seen[q.worker].push_back(q.codec);
         BOOST_REQUIRE(enc[q.worker].set(q.codec, q.plan->compression_ratio).ok());
-        const std::vector<float> delta(n, static_cast<float>(q.worker + 1));
+        auto& d = delta[q.worker];
+        d.assign(n, static_cast<float>(q.worker + 1));
         out[0] = {.codec = q.codec, .element_count = n, .step = q.sequence, .tensor = 0};
         if (enc[q.worker].compresses()) {
-          auto p = enc[q.worker].encode(0, delta, q.sequence);
+          auto p = enc[q.worker].encode(0, d, q.sequence);
           BOOST_REQUIRE(p.has_value());
           out[0].bytes = *p;
         } else {
-          out[0].bytes = std::as_bytes(enc[q.worker].dense(0, delta));
+          out[0].bytes = std::as_bytes(enc[q.worker].dense(0, d));
         }
       };
       auto s = make<ss::asp>(spec, ss::asp({.workers = 2, .plans = plans}), h,
