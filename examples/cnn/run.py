@@ -484,7 +484,7 @@ def runs(a):
             done.add((r["method"], r["seed"]))
     elif os.path.exists(path):
         os.remove(path)
-    todo = a.max_runs or -1
+    runs_left = a.max_runs or -1
     with open(path, "a") as results, open(os.path.join(a.out, "attempts.jsonl"), "a") as log:
         for seed in a.seed_values:
             order = ordered(a, methods, seed)
@@ -492,10 +492,10 @@ def runs(a):
             for i, m in enumerate(order):
                 if (m, seed) in done:
                     continue  # --protocol resumes
-                if todo == 0:
+                if runs_left == 0:
                     print(f"--max-runs {a.max_runs}: stopping; run the same command again to go on", flush=True)
                     return 0
-                todo -= 1
+                runs_left -= 1
                 row = run_clean(a, m, seed, config_for(a, m, frozen), f"{m}-seed{seed}",
                                 dict(extra, order_index=i, order=order), log)
                 results.write(json_line(row))
@@ -515,7 +515,7 @@ def tune(a):
     header(a, "tuning", methods, a.tuning_seed_values)
     path = os.path.join(a.out, "tuning.jsonl")
     have = {(r["method"], protocol.config_key(r["config"]), r["seed"]) for r in read_rows(path)}
-    todo = a.max_runs or -1
+    runs_left = a.max_runs or -1
     with open(path, "a") as out, open(os.path.join(a.out, "attempts.jsonl"), "a") as log:
         for seed in a.tuning_seed_values:
             keys = [f"{m}#{i}" for m in methods for i in range(len(protocol.grid_configs(grid, m)))]
@@ -524,10 +524,10 @@ def tune(a):
                 cfg = dict(DEFAULT_CONFIG, **protocol.grid_configs(grid, m)[int(i)])
                 if (m, protocol.config_key(cfg), seed) in have:
                     continue
-                if todo == 0:
+                if runs_left == 0:
                     print(f"--max-runs {a.max_runs}: stopping; run the same command again to go on", flush=True)
                     return 0
-                todo -= 1
+                runs_left -= 1
                 row = run_clean(a, m, seed, cfg, f"tune-{m}-{i}-seed{seed}", {"grid_index": int(i)}, log)
                 out.write(json_line(row))
                 out.flush()
