@@ -390,3 +390,10 @@ def test_a_bucket_past_the_ports_ashl_run_reserved_is_refused_by_name(monkeypatc
     assert at.bucket_addresses(["node"], 7, inproc=True) == ["node/b7"]  # in-process nodes take no ports
     monkeypatch.delenv("ASHL_PORTS_PER_SERVER")
     assert at.bucket_addresses(addrs, 9, inproc=False)[1] == "127.0.0.1:5019"
+
+
+def test_ashl_run_passes_the_ports_per_server_through():
+    done = ashl.run(["/bin/sh", "-c", 'echo "n=$ASHL_PORTS_PER_SERVER"'], servers=2, workers=1, insecure=True,
+                    ports_per_server=3, timeout=60, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if "n=" in line]
+    assert len(lines) == 3 and all(line.endswith("] n=3") for line in lines), done.stdout + done.stderr
