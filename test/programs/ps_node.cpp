@@ -92,6 +92,7 @@ struct options {
   long no_worker_grace_ms = -1;     // server_params.no_worker_grace (-1: ASHL_NO_WORKER_GRACE's, 60 s)
   std::string codec = "topk";        // server_params.compression
   long pause_after = -1, pause_ms = 0;  // a worker sleeps pause_ms before commit number pause_after (no messages)
+  bool child_env = false;  // runs `env` as a child into <out>/child-env-<role><rank>.txt (test/ps/token_hygiene.cpp)
 };
 
 int fail(const std::string& m) {
@@ -142,6 +143,7 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--codec") o.codec = next();
     else if (a == "--pause-after") o.pause_after = std::stol(next());
     else if (a == "--pause-ms") o.pause_ms = std::stol(next());
+    else if (a == "--child-env") o.child_env = true;
     else {
       err = "unknown argument '" + a + "'";
       return false;
@@ -233,6 +235,7 @@ int serve(const ps::job& j, const options& o) {
   }
   std::fprintf(stderr, "%s\n", srv->progress_line().c_str());
   std::fprintf(stderr, "server ended: %s\n", std::string(ps::to_string(srv->end())).c_str());
+  if (!srv->final_checkpoint()) return fail("the final checkpoint failed: " + srv->final_checkpoint().message());
   return finished ? 0 : fail("stopped before every worker left (signal or --max-seconds)");
 }
 
@@ -336,6 +339,10 @@ int main(int argc, char** argv) {
     if (!parse(j->rest, o, err)) return fail(err);
   } catch (const std::exception& e) {
     return fail(std::string("bad number: ") + e.what());
+  }
+  if (o.child_env) {  // what a program this process starts inherits (a data loader, a shell)
+    const std::string file = o.out + "/child-env-" + std::string(ps::to_string(j->role)) + std::to_string(j->rank) + ".txt";
+    if (std::system(("env > '" + file + "'").c_str()) != 0) return fail("--child-env: env failed");
   }
   return j->role == ps::role::server ? serve(*j, o) : train(*j, o);
 }

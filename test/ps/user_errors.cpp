@@ -101,8 +101,8 @@ BOOST_AUTO_TEST_CASE(a_port_in_use_is_named) {
 }
 
 BOOST_AUTO_TEST_CASE(a_token_mismatch_is_named) {
-  running_server srv("the right token");
-  expect_failure("token", contract("worker", srv.addr, "a wrong token"), {}, "token mismatch");
+  running_server srv("the right token, long enough");
+  expect_failure("token", contract("worker", srv.addr, "a wrong token, long enough"), {}, "token mismatch");
 }
 
 // The model's size is part of the job id (ps/identity.hpp): the join is
