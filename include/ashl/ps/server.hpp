@@ -394,7 +394,7 @@ class server {
     if (now >= next_housekeeping_) {
       next_housekeeping_ = now + 0.05;
       evict_silent(now);
-      if (checkpoint_due(now)) start_checkpoint(now);
+      if (checkpoint_due(now)) start_checkpoint();
     }
     return n;
   }
@@ -449,7 +449,7 @@ class server {
   status checkpoint() {
     if (p_.checkpoint_dir.empty())
       return invalid_argument("server.checkpoint_dir", "", "is empty: no checkpoints");
-    const checkpoint_meta meta = serialise_checkpoint(clock_.now());
+    const checkpoint_meta meta = serialise_checkpoint();
     return writer_->write_now(meta);
   }
 
@@ -727,7 +727,7 @@ class server {
     // checkpoint_every_commits behind (by seconds: in run_once).
     if (p_.checkpoint_every_commits > 0 && !p_.checkpoint_dir.empty() &&
         core_.stats().commits_applied - applied_at_checkpoint_ >= p_.checkpoint_every_commits)
-      start_checkpoint(now);
+      start_checkpoint();
   }
 
   void handle(transport::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data, double now) {
@@ -1022,7 +1022,8 @@ class server {
   // The state into the writer's buffer (the loop's half of the double
   // buffer, capacity kept; the writer thread may be writing the other half).
   // The next periodic checkpoint is due from here.
-  checkpoint_meta serialise_checkpoint(double t0) {
+  checkpoint_meta serialise_checkpoint() {
+    const double t0 = clock_.now();
     std::vector<std::byte>& b = writer_->buffer();
     b.clear();
     state_writer w(b);
@@ -1044,14 +1045,14 @@ class server {
   // the writer thread. While the previous write still runs (a slow disk)
   // nothing is queued: the checkpoint stays due (counted once) and is
   // started at the first housekeeping pass after that write ended.
-  void start_checkpoint(double now) {
+  void start_checkpoint() {
     if (writer_->busy()) {
       if (!checkpoint_waiting_) ++tel_.checkpoints_deferred;
       checkpoint_waiting_ = true;
       return;
     }
     checkpoint_waiting_ = false;
-    const checkpoint_meta meta = serialise_checkpoint(now);
+    const checkpoint_meta meta = serialise_checkpoint();
     const double t = clock_.now();
     (void)writer_->submit(meta);  // cannot be refused: not busy, and only this thread submits
     tel_.checkpoint_loop_seconds += clock_.now() - t;
