@@ -225,7 +225,9 @@ int serve(const ps::job& j, const options& o) {
       << s.transport.auth_refused << "\nunauthenticated_dropped " << s.transport.unauthenticated_dropped
       << "\nreceives_refused " << s.transport.receives_refused << "\nsends_failed " << s.transport.sends_failed << "\nplans_sent " << s.plans << "\nmessages_out " << s.messages_out << "\nunsendable " << s.unsendable << "\npeers_failed " << s.peers_failed << "\nevictions " << s.core.evictions << "\nevicted_silent "
       << s.evicted_silent << "\njoins " << s.core.joins << "\nduplicates " << s.core.duplicates << "\ncheckpoints "
-      << s.checkpoints << "\ncheckpoint_failures " << s.checkpoint_failures << "\nrestored_version "
+      << s.checkpoints << "\ncheckpoint_failures " << s.checkpoint_failures << "\ncheckpoints_deferred "
+      << s.checkpoints_deferred << "\ncheckpoint_seconds " << s.checkpoint_seconds << "\ncheckpoint_loop_seconds "
+      << s.checkpoint_loop_seconds << "\ncheckpoint_bytes " << s.checkpoint_bytes << "\nrestored_version "
       << srv->restored_version() << "\nrestored_applied " << restored_applied << "\nend "
       << static_cast<unsigned>(srv->end()) << "\nstale " << s.wire_refused_for(ps::wire_refusal::stale)
       << "\njob_refused " << s.wire_refused_for(ps::wire_refusal::job) << "\nincarnation_refused "
