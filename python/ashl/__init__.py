@@ -252,7 +252,8 @@ def run(command: Sequence[str], servers: int = 1, workers: int = 1, *, addr: Opt
     environment. Blocks until the job ends; returns the CompletedProcess
     (raises CalledProcessError when a process failed and ``check``). Pass
     ``sys.executable`` as the program to run Python scripts with this interpreter.
-    ``token`` goes to the processes through ASHL_TOKEN, not a command line.
+    ``token`` goes to the processes through ASHL_TOKEN, not a command line
+    (at least 16 bytes, else ashl-run refuses it; unset: ASHL_TOKEN, else a random one).
     ``trace``: every worker writes a Chrome trace (ASHL_TRACE) and they are
     merged into this path when the job ends (ashl.trace)."""
     if not command:
