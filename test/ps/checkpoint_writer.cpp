@@ -16,6 +16,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "../support/checks.hpp"
+#include "../support/ps_job.hpp"
 
 #include <chrono>
 #include <condition_variable>
@@ -73,6 +74,10 @@ struct stalled_write {
   bool wait_started(int n) {
     std::unique_lock g(mu);
     return cv.wait_for(g, 60s, [&] { return started >= n; });
+  }
+  int started_now() {
+    std::lock_guard g(mu);
+    return started;
   }
   void release() {
     std::lock_guard g(mu);
@@ -149,7 +154,7 @@ BOOST_AUTO_TEST_CASE(write_now_waits_for_the_write_in_flight) {
   // ends as version 2, never overwritten by the older one.
   BOOST_TEST((*w)->write_now({.shard = 0, .servers = 1, .version = 2}).ok());
   releaser.join();
-  BOOST_TEST(stall.started == 2);
+  BOOST_TEST(stall.started_now() == 2);
   auto c = ps::read_checkpoint(file);
   BOOST_TEST_REQUIRE(c.has_value());
   BOOST_TEST(c->meta.version == 2u);
@@ -213,6 +218,45 @@ BOOST_AUTO_TEST_CASE(one_writer_per_shard_file_and_files_are_private) {
   BOOST_TEST_REQUIRE(!missing.has_value());
   BOOST_TEST(contains(missing.error().message(), "checkpoint_dir \"" + d.path + "/absent\": cannot create the lock file"),
              missing.error().message());
+}
+
+// A ps::server (inproc, in this process) whose every commit makes a
+// checkpoint due, on a disk that stalls the first write until both workers
+// have finished all their cycles: they can finish only if the event loop
+// answers them while that write is in progress (a server writing on its
+// loop would hold them until the stall's 60 s bound, and fail).
+BOOST_AUTO_TEST_CASE(a_server_keeps_answering_while_its_checkpoint_is_written) {
+  temp_dir d;
+  BOOST_TEST_REQUIRE(!d.path.empty());
+  stalled_write stall;
+  std::atomic<int> finished{0};
+  ps_job::job_spec spec;
+  spec.policy = "asp";
+  spec.workers = 2;
+  spec.cycles = 10;
+  spec.configure_server = [&](ps::server_params& sp) {
+    sp.checkpoint_dir = d.path;
+    sp.checkpoint_every_commits = 1;
+    sp.checkpoint_write = stall.function();
+  };
+  spec.after_wait = [&](std::uint32_t, int c, const std::vector<float>&) {
+    if (c + 1 == spec.cycles && ++finished == static_cast<int>(spec.workers)) {
+      ASHL_TEST(stall.started_now() == 1);  // the first write is still stalled: every reply came meanwhile
+      stall.release();
+    }
+  };
+  const ps_job::job_result r = ps_job::run_job(spec);
+  for (const auto& e : r.worker_errors) BOOST_TEST_REQUIRE(e.empty(), e);
+  BOOST_TEST(finished.load() == 2);
+  const ps::server_telemetry& t = r.servers[0];
+  BOOST_TEST(t.core.commits_applied == 20u);
+  BOOST_TEST(t.checkpoints_deferred >= 1u);  // due while the first write ran: waited, not queued
+  BOOST_TEST(t.checkpoints >= 2u);           // the stalled one and the final one at least
+  BOOST_TEST(t.checkpoint_failures == 0u);
+  BOOST_TEST(t.checkpoint_loop_seconds <= t.checkpoint_seconds);
+  auto c = ps::read_checkpoint(ps::checkpoint_file(d.path, 0));
+  BOOST_TEST_REQUIRE(c.has_value());
+  BOOST_TEST(c->meta.commits_applied == 20u);  // the final checkpoint: after every commit
 }
 
 #if ASHL_HAS_UCX() && defined(ASHL_TEST_PS_NODE)

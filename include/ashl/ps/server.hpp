@@ -109,6 +109,10 @@ struct server_params {
   std::string checkpoint_dir;
   double checkpoint_every_seconds = 0.0;
   std::uint64_t checkpoint_every_commits = 0;
+  // What writes a checkpoint's file, on the server's writer thread (the
+  // periodic ones) or its own (the final one): empty is write_checkpoint.
+  // Another store, or a test's stalled disk (test/ps/checkpoint_writer.cpp).
+  checkpoint_writer::write_function checkpoint_write;
   // create() restores the checkpoint in checkpoint_dir when there is one (a
   // corrupt, truncated or foreign one is an error, never half-loaded); every
   // worker it held is evicted, to rejoin (ps::worker_params::reconnect).
@@ -332,7 +336,8 @@ class server {
     std::unique_ptr<checkpoint_writer> writer;
     if (!p.checkpoint_dir.empty()) {
       auto w = checkpoint_writer::open(checkpoint_file(p.checkpoint_dir, p.core.shard),
-                                       "server " + std::to_string(p.core.shard));
+                                       "server " + std::to_string(p.core.shard),
+                                       p.checkpoint_write ? p.checkpoint_write : checkpoint_writer::write_function(write_checkpoint));
       if (!w) return w.error();
       writer = std::move(*w);
     }
