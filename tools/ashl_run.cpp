@@ -9,8 +9,11 @@
 // its environment, nothing on its command line; stdin is /dev/null. Without
 // --addr the servers get free loopback ports (each bound on 127.0.0.1:0 and
 // released just before the start: another program could take one in
-// between). Without --token and --insecure the token is ASHL_TOKEN of
-// ashl-run's own environment, or 32 random bytes from /dev/urandom in hex.
+// between). Without --insecure the token is ASHL_TOKEN of ashl-run's own
+// environment (at least 16 bytes), or 32 random bytes from /dev/urandom in
+// hex; it is never taken from the command line (--token is refused: ps(1)
+// shows command lines to every user) and reaches the processes only in
+// their environment (ps/launch.hpp's job_from then removes it from theirs).
 // Each line a process writes to stdout or stderr goes to ashl-run's stdout or
 // stderr prefixed "[server 0] " or "[worker 3] ", whole (a line longer than
 // 1 MiB is cut into pieces). When a process fails (exit status != 0 or a
@@ -48,8 +51,8 @@ using clock_type = std::chrono::steady_clock;
 namespace ps = ashl::ps;
 
 constexpr const char* usage_text =
-    "usage: ashl-run -s S -w M [--addr HOST:PORT] [--token T | --insecure] [--timeout SECONDS]\n"
-    "                [--grace SECONDS] [--verbose] -- program [args...]\n"
+    "usage: ashl-run -s S -w M [--addr HOST:PORT] [--ports-per-server K] [--insecure]\n"
+    "                [--timeout SECONDS] [--grace SECONDS] [--verbose] -- program [args...]\n"
     "  -s, --servers S    number of servers (>= 1)\n"
     "  -w, --workers M    number of workers (>= 1)\n"
     "  --addr HOST:PORT   server 0's address (server i: port + i), or every server's, comma-separated;\n"
@@ -57,19 +60,18 @@ constexpr const char* usage_text =
     "  --ports-per-server K  ports reserved per server in that block (default 16): a process with\n"
     "                     several tensors (ashl.torch's buckets) puts tensor b's server i at\n"
     "                     port + b * S + i; ASHL_PORTS_PER_SERVER=K tells it the bound\n"
-    "  --token T          the job's token (default: ASHL_TOKEN, else a random one); visible in ps(1),\n"
-    "                     prefer ASHL_TOKEN in ashl-run's environment\n"
     "  --insecure         no token (ASHL_INSECURE=1 for every process)\n"
     "  --timeout SECONDS  stop the job and exit 124 after this long (default: none)\n"
     "  --grace SECONDS    between SIGTERM and SIGKILL when stopping (default 5)\n"
-    "  --verbose          print the processes started; ASHL_VERBOSE=1 for every process\n";
+    "  --verbose          print the processes started; ASHL_VERBOSE=1 for every process\n"
+    "The token is ASHL_TOKEN of this environment (>= 16 bytes), else a random one; never a flag.\n";
 
 struct options {
   std::uint32_t servers = 0, workers = 0;
   std::uint32_t ports_per_server = 16;
   bool ports_per_server_set = false;
-  std::string addr, token;
-  bool token_set = false, insecure = false, verbose = false;
+  std::string addr;
+  bool insecure = false, verbose = false;
   double timeout = 0, grace = 5;
   std::vector<std::string> program;
 };
@@ -101,9 +103,12 @@ int parse(int argc, char** argv, options& o) {
       value = arg.substr(eq + 1);
       has_inline = true;
     }
+    if (flag == "--token")
+      return usage_error("--token: a token on the command line is visible to every user of this host (ps); "
+                         "put it in the environment variable ASHL_TOKEN instead");
     const bool is_switch = flag == "--insecure" || flag == "--verbose";
     const bool known = is_switch || flag == "-s" || flag == "--servers" || flag == "-w" || flag == "--workers" ||
-                       flag == "--addr" || flag == "--token" || flag == "--timeout" || flag == "--grace" ||
+                       flag == "--addr" || flag == "--timeout" || flag == "--grace" ||
                        flag == "--ports-per-server";
     if (!known) return usage_error("unknown option '" + std::string(arg) + "'");
     if (is_switch) {
@@ -129,10 +134,6 @@ int parse(int argc, char** argv, options& o) {
       o.ports_per_server_set = true;
     } else if (flag == "--addr") {
       o.addr = std::string(value);
-    } else if (flag == "--token") {
-      if (value.empty()) return usage_error("--token is empty: give a token, or --insecure");
-      o.token = std::string(value);
-      o.token_set = true;
     } else {
       auto s = ps::detail::parse_seconds(f, value);
       if (!s) return usage_error(s.error().message());
@@ -141,7 +142,6 @@ int parse(int argc, char** argv, options& o) {
   }
   if (!servers_set) return usage_error("-s (the number of servers) is required");
   if (!workers_set) return usage_error("-w (the number of workers) is required");
-  if (o.token_set && o.insecure) return usage_error("--token and --insecure: give one of them");
   if (std::uint64_t{o.servers} * o.ports_per_server > 16384)
     return usage_error("-s " + std::to_string(o.servers) + " x --ports-per-server " + std::to_string(o.ports_per_server) +
                        " = " + std::to_string(std::uint64_t{o.servers} * o.ports_per_server) +
@@ -336,13 +336,16 @@ int main(int argc, char** argv) {
     for (std::uint32_t i = 0; i < o.servers; ++i)
       server_addr += (i ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(base + i);
   }
-  std::string token = o.token;
-  if (!o.insecure && token.empty()) {
+  std::string token;
+  if (!o.insecure) {
     if (const char* t = std::getenv("ASHL_TOKEN"); t && *t) token = t;
     else if (!random_token(token, why)) {
       say(why);
       return 1;
     }
+    if (token.size() < ps::min_token_bytes)
+      return usage_error("ASHL_TOKEN is " + std::to_string(token.size()) + " bytes: a token must have at least " +
+                         std::to_string(ps::min_token_bytes) + " (e.g. openssl rand -hex 16), or pass --insecure");
   }
 
   if (::pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {

@@ -998,8 +998,16 @@ class Servers:
             s.stop()
 
     def join(self) -> None:
+        """Waits for every bucket's server; then raises the first failure
+        (a final checkpoint that could not be written, naming its file)."""
+        failed = None
         for s in self.servers:
-            s.join()
+            try:
+                s.join()
+            except RuntimeError as e:
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
     def parameters(self) -> list:
         """Each bucket's server's parameters (numpy, bucket order), each one

@@ -489,6 +489,7 @@ struct any_server {
   virtual std::string progress_line() const = 0;
   virtual bool all_left() const = 0;
   virtual ps::server_end end() const = 0;
+  virtual ashl::status final_checkpoint() const = 0;
 };
 
 template <class T>
@@ -501,6 +502,7 @@ struct server_of final : any_server {
   std::string progress_line() const override { return s.progress_line(); }
   bool all_left() const override { return s.all_left(); }
   ps::server_end end() const override { return s.end(); }
+  ashl::status final_checkpoint() const override { return s.final_checkpoint(); }
 };
 
 class py_server {
@@ -587,10 +589,15 @@ class py_server {
   const std::string& address() const { return address_; }
 
   // Serves until every worker left (or stop()); the GIL is released.
+  // Raises when the final checkpoint failed (the job's last state is not
+  // on disk), naming the file and the error.
   void run() {
     if (thread_.joinable()) raise(ashl::invalid_argument("server.run", "running", "start() ran it already"));
-    py::gil_scoped_release nogil;
-    serve();
+    {
+      py::gil_scoped_release nogil;
+      serve();
+    }
+    check_final_checkpoint();
   }
   void start() {
     if (thread_.joinable()) raise(ashl::invalid_argument("server.start", "running", "already started"));
@@ -627,9 +634,13 @@ class py_server {
     return out;
   }
   void stop() { stop_ = true; }
+  // Waits for start()'s thread; raises as run() does.
   void join() {
-    py::gil_scoped_release nogil;
-    if (thread_.joinable()) thread_.join();
+    {
+      py::gil_scoped_release nogil;
+      if (thread_.joinable()) thread_.join();
+    }
+    check_final_checkpoint();
   }
   void stop_and_join() {
     stop_ = true;
@@ -652,6 +663,10 @@ class py_server {
   }
 
   std::unique_ptr<any_server> s_;
+  void check_final_checkpoint() const {
+    if (const ashl::status c = s_->final_checkpoint(); !c)
+      throw std::runtime_error("the final checkpoint failed: " + c.message());
+  }
   void serve() {
     {
       std::lock_guard g(snap_mu_);

@@ -85,7 +85,7 @@ void refused_at_restart(const std::string& name, const std::function<void(std::v
       {ASHL_TEST_PS_NODE, "--out", j.dir(), "--policy", "asp", "--elements", "64", "--checkpoint-dir",
        j.dir() + "/ckpt", "--restore"},
       {{"UCX_NET_DEVICES", "lo"}, {"ASHL_ROLE", "server"}, {"ASHL_NUM_WORKERS", "1"},
-       {"ASHL_SERVER_ADDR", "127.0.0.1:" + std::to_string(process::free_port())}, {"ASHL_TOKEN", "t"}},
+       {"ASHL_SERVER_ADDR", "127.0.0.1:" + std::to_string(process::free_port())}, {"ASHL_TOKEN", "checkpoint-restart-token"}},
       j.dir() + "/" + log);
   const auto o = j.finish(again, 60s, log);
   BOOST_TEST(o.exit_code == 1, name << ": " << o.log());

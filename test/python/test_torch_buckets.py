@@ -225,7 +225,7 @@ def test_torchruns_variables_map_to_servers_and_workers(monkeypatch):
     for v in ("ASHL_ROLE", "ASHL_RANK", "ASHL_NUM_WORKERS", "ASHL_NUM_SERVERS", "ASHL_SERVER_ADDR", "SLURM_PROCID",
               "SLURM_NTASKS"):
         monkeypatch.delenv(v, raising=False)
-    monkeypatch.setenv("ASHL_TOKEN", "secret")
+    monkeypatch.setenv("ASHL_TOKEN", "secret-secret-secret")
     monkeypatch.setenv("WORLD_SIZE", "5")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
@@ -233,7 +233,7 @@ def test_torchruns_variables_map_to_servers_and_workers(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     j = ashl.job()
     assert (j.role, j.rank, j.num_workers, j.num_servers) == ("server", 0, 4, 1)
-    assert j.server_addresses == ("10.1.2.3:29401",) and j.token == "secret"
+    assert j.server_addresses == ("10.1.2.3:29401",) and j.token == "secret-secret-secret"
     monkeypatch.setenv("RANK", "3")
     j = ashl.job()
     assert (j.role, j.rank, j.num_workers) == ("worker", 2, 4)
@@ -321,7 +321,7 @@ def run_ucx_job(flags, out, env, attempts=3):
 def test_python_m_ashl_run_starts_a_bucketed_ucx_job_and_merges_its_traces(tmp_path):
     out = tmp_path / "result.json"
     trace = tmp_path / "job.json"
-    env = dict(os.environ, UCX_NET_DEVICES="lo", ASHL_TEST_BUCKET_MB=str(16 / 2**20), ASHL_TOKEN="t0ken")
+    env = dict(os.environ, UCX_NET_DEVICES="lo", ASHL_TEST_BUCKET_MB=str(16 / 2**20), ASHL_TOKEN="t0ken-t0ken-t0ken-t0ken")
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(ashl.__file__)))
     env["PYTHONPATH"] = pkg + os.pathsep + env.get("PYTHONPATH", "")
     done = run_ucx_job(["--trace", str(trace)], out, env)
@@ -340,7 +340,7 @@ def test_ashl_runs_overlapped_over_buckets_in_a_ucx_job(tmp_path):
     # with H = 2 (no loss switches to SHL); every bucket commits in the same
     # iterations as the first.
     out = tmp_path / "out.json"
-    env = dict(os.environ, UCX_NET_DEVICES="lo", ASHL_TEST_BUCKET_MB=str(16 / 2**20), ASHL_TOKEN="t0ken",
+    env = dict(os.environ, UCX_NET_DEVICES="lo", ASHL_TEST_BUCKET_MB=str(16 / 2**20), ASHL_TOKEN="t0ken-t0ken-t0ken-t0ken",
                ASHL_TEST_POLICY=json.dumps({"name": "ashl", "profile_iterations": 4, "h_ahl": 2, "h_shl": 2,
                                             "switch_loss": 0.0, "planner": "uniform"}))
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(ashl.__file__)))

@@ -303,8 +303,13 @@ BOOST_AUTO_TEST_CASE(usage_errors_name_the_flag) {
       {{"-s", "2", "-w", "1", "--addr", "x", "--", "true"}, "ashl-run: --addr = 'x': expected host:port"},
       {{"-s", "2", "-w", "1", "--addr", "a:1,b:2,c:3", "--", "true"},
        "ashl-run: --addr = 'a:1,b:2,c:3': lists 3 addresses, expected one per server (-s = 2)"},
-      {{"-s", "1", "-w", "1", "--token", "t", "--insecure", "--", "true"},
-       "ashl-run: --token and --insecure: give one of them"},
+      // Issue 24, item 9: never a token on a command line (ps(1) shows it).
+      {{"-s", "1", "-w", "1", "--token", "0123456789abcdef0123", "--", "true"},
+       "ashl-run: --token: a token on the command line is visible to every user of this host (ps); put it in "
+       "the environment variable ASHL_TOKEN instead"},
+      {{"-s", "1", "-w", "1", "--token=0123456789abcdef0123", "--insecure", "--", "true"},
+       "ashl-run: --token: a token on the command line is visible to every user of this host (ps); put it in "
+       "the environment variable ASHL_TOKEN instead"},
       {{"-s", "1", "-w", "1", "--timeout", "soon", "--", "true"},
        "ashl-run: --timeout = 'soon': expected a number of seconds >= 0"},
       {{"-s", "1", "-w", "1", "--bogus", "--", "true"}, "ashl-run: unknown option '--bogus'"},
@@ -317,6 +322,18 @@ BOOST_AUTO_TEST_CASE(usage_errors_name_the_flag) {
     BOOST_TEST(r.err.starts_with(message + "\nusage: ashl-run"), r.err);
   }
   BOOST_TEST(run({"--help"}).code == 0);
+
+  // A short ASHL_TOKEN is refused before anything starts, by its length
+  // (never the token); with --insecure it is not used at all.
+  ::setenv("ASHL_TOKEN", "short-secret", 1);
+  auto r = run({"-s", "1", "-w", "1", "--", "true"});
+  BOOST_TEST(r.code == 2);
+  BOOST_TEST(r.err.starts_with("ashl-run: ASHL_TOKEN is 12 bytes: a token must have at least 16 (e.g. openssl "
+                               "rand -hex 16), or pass --insecure\nusage: ashl-run"),
+             r.err);
+  BOOST_TEST(r.err.find("short-secret") == std::string::npos);
+  BOOST_TEST(run({"-s", "1", "-w", "1", "--insecure", "--", "true"}).code == 0);
+  ::unsetenv("ASHL_TOKEN");
 }
 
 BOOST_AUTO_TEST_CASE(servers_get_a_block_of_consecutive_ports_for_their_buckets) {
