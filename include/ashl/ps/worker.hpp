@@ -145,20 +145,20 @@ struct worker_params {
   // the leader's see (docs/ps.md, "Plan authority").
   bool follower = false;
   // The measurements of its cycles (compute, push, pull, ...: worker_cycle)
-  // go to every server in one message once this long has passed since the
-  // last one went, or once measurement_batch records wait, and before
-  // leave(): a cycle shorter than the interval adds its records to the next
-  // message instead of sending its own (a 4 KiB round trip paid one
-  // measurements message per cycle before). Cycles longer than the interval
-  // (training steps) send theirs at every cycle's end as before. 0 (the
-  // default): after every cycle, as the simulator's workers report theirs;
-  // batching is not in the simulator yet, so a batching worker's re-plans
-  // for sub-millisecond cycles come later than the simulated ones. A job of
-  // small, fast messages may set 1 ms (docs/perf/ps-ucx.md, issue 28).
-  std::chrono::microseconds measurement_interval{0};
+  // go to every server in one message at a cycle's end once this long has
+  // passed since the last one went, or once the batch is nearly full
+  // (measurement_batch), and before leave(): a cycle shorter than the
+  // interval adds its records to a later message instead of sending its own
+  // (a 4 KiB round trip paid one measurements message per cycle before).
+  // Cycles longer than the interval (training steps) send theirs at every
+  // cycle's end. The rule is worker_cycle's (ps::report_rule), and the
+  // simulator's workers follow it too, with the same default
+  // (docs/ps.md "Measurements", docs/perf/ps-ucx.md, issue 28).
+  std::chrono::microseconds measurement_interval{
+      static_cast<std::int64_t>(report_rule{}.interval * 1e6 + 0.5)};
   // Records in one measurements message at most (>= 8: a cycle records up to
   // five); at most the servers' wire limits.max_measurements.
-  std::uint32_t measurement_batch = 64;
+  std::uint32_t measurement_batch = report_rule{}.batch;
 };
 
 // The plan and codec in force for a worker's cycle (a leader's, handed to
@@ -400,8 +400,6 @@ class worker {
     std::vector<std::byte> spill;            // a data part that is not a pull reply into params
     std::vector<slot> slots;
     std::vector<std::uint32_t> free_slots;
-    std::vector<ashl::measurement> reports;   // cycles' measurements not sent yet (capacity: measurement_batch)
-    double reports_sent_at = -1e300;          // when the last measurements message went
     std::vector<ashl::measurement> reported;  // the last cycle's (reported_measurements)
     commit_encoder encoder;  // the plan's codec, error feedback (ps/commit_encoder.hpp, shared with the simulator)
     worker_cycle cycle;
@@ -435,7 +433,8 @@ class worker {
           params(w),
           layout(l),
           encoder({.error_feedback = p.error_feedback, .seed = p.seed}),
-          cycle(p.rank) {
+          cycle(p.rank, report_rule{.interval = std::chrono::duration<double>(p.measurement_interval).count(),
+                                    .batch = p.measurement_batch}) {
       const std::size_t S = p.servers.size();
       peer.assign(S, transport::no_peer);
       connected.assign(S, 0);
@@ -447,7 +446,6 @@ class worker {
       dense.resize(S);
       slots.reserve(4 * S + 8);
       free_slots.reserve(4 * S + 8);
-      reports.reserve(p.measurement_batch);
       reported.reserve(8);
     }
 
@@ -756,26 +754,19 @@ class worker {
       }
     }
 
-    // The cycle's measurements join the batch; the batch goes out when due
-    // (worker_params.measurement_interval, measurement_batch). Capacity is
-    // reserved: nothing allocates.
+    // The measurements join the cycle's outbox; a message goes out when
+    // worker_cycle's rule says (worker_params.measurement_interval,
+    // measurement_batch; the simulator's rule too). Capacity is reserved:
+    // nothing allocates.
     void queue_measurements(std::span<const ashl::measurement> ms, double now) {
-      for (const ashl::measurement& m : ms) {
-        if (reports.size() == p.measurement_batch) (void)send_measurements(now);
-        reports.push_back(m);
-      }
-      if (reports.empty()) return;
-      const double interval = std::chrono::duration<double>(p.measurement_interval).count();
-      if (reports.size() + 8 > p.measurement_batch || now - reports_sent_at >= interval) (void)send_measurements(now);
+      cycle.report(ms, now, [&](std::span<const ashl::measurement> out) { (void)send_measurements(out); });
     }
 
-    status send_measurements(double now) {
-      if (reports.empty()) return {};
-      reports_sent_at = now;
+    status send_measurements(std::span<const ashl::measurement> ms) {
+      if (ms.empty()) return {};
       // Every slot body that carries measurements is sized for a full batch
       // at once, so a larger batch later never grows it (no allocation).
       const std::size_t full = wire::encoded_size(wire::measurements_body::bytes_for(p.measurement_batch));
-      const std::span<const ashl::measurement> ms(reports);
       const std::size_t n = wire::encoded_size(wire::measurements_body::bytes_for(ms.size()));
       status out{};
       for (std::uint32_t s = 0; s < servers() && out.ok(); ++s) {
@@ -791,7 +782,6 @@ class worker {
         out = send(s, i, slots[i].head, std::span<const std::byte>(slots[i].body).subspan(wire::header_bytes, n - wire::header_bytes));
       }
       ++tel.measurement_messages;
-      reports.clear();
       return out;
     }
 
@@ -807,7 +797,8 @@ class worker {
       stop_thread();
       std::lock_guard g(mu);
       if (!failed.ok()) return failed;
-      (void)send_measurements(clock.now());  // what the batch still holds, before the leave
+      // What the outbox still holds, before the leave.
+      cycle.flush_reports(clock.now(), [&](std::span<const ashl::measurement> out) { (void)send_measurements(out); });
       leaving = true;  // connections closing now are not reconnected
       for (std::uint32_t s = 0; s < servers(); ++s)
         ASHL_TRY(send_control(s, wire::header{.rank = p.rank},
