@@ -333,3 +333,24 @@ BOOST_AUTO_TEST_CASE(a_restart_drops_unsent_records) {
   c.report(c.measurements(), t, send);
   BOOST_TEST(messages == 2u);
 }
+
+// A push (ps::worker::push): the servers acknowledge the commit without
+// parameters; the cycle measures commit = push + the wait for the
+// acknowledgement, and no pull.
+BOOST_AUTO_TEST_CASE(an_acknowledged_push_measures_the_commit_and_no_pull) {
+  ps::worker_cycle c(4);
+  c.plan_arrived(worker_plan{.local_iterations = 1});
+  c.start(8, 0.0);
+  BOOST_REQUIRE(c.iteration_done(1.0));
+  c.commit_sent(1.0);
+  c.commit_arrived(1.25, 4096);
+  c.ack_arrived(2.0);  // held 0.75 s (a BSP barrier)
+  const std::vector<measurement> expect{
+      {4, measurement_kind::compute, 1.0, 8, 1.0},
+      {4, measurement_kind::push, 0.25, 4096, 1.25},
+      {4, measurement_kind::commit, 1.0, 0, 2.0},
+  };
+  const auto got = c.measurements();
+  BOOST_TEST((std::vector<measurement>(got.begin(), got.end()) == expect));
+  BOOST_TEST((c.state() == ps::worker_cycle::phase::idle));
+}

@@ -153,7 +153,7 @@ struct worker_params {
   // Cycles longer than the interval (training steps) send theirs at every
   // cycle's end. The rule is worker_cycle's (ps::report_rule), and the
   // simulator's workers follow it too, with the same default
-  // (docs/ps.md "Measurements", docs/perf/ps-ucx.md, issue 28).
+  // (docs/ps.md "worker_cycle", docs/perf/ps-ucx.md, issue 28).
   std::chrono::microseconds measurement_interval{
       static_cast<std::int64_t>(report_rule{}.interval * 1e6 + 0.5)};
   // Records in one measurements message at most (>= 8: a cycle records up to
@@ -170,6 +170,7 @@ struct plan_in_force {
 
 struct worker_telemetry {
   std::uint64_t commits = 0, pulls = 0;
+  std::uint64_t pushes = 0;           // of the commits, pushes (acknowledged, no parameters back)
   std::uint64_t bytes_out = 0, bytes_in = 0;  // header + data
   std::uint64_t plans = 0;            // plan_updates from server 0
   std::uint64_t plan_changes = 0;     // of them, plans that differed from the one in force
@@ -189,6 +190,7 @@ struct worker_telemetry {
     return std::tuple{
         field{"commits", &worker_telemetry::commits},
         field{"pulls", &worker_telemetry::pulls},
+        field{"pushes", &worker_telemetry::pushes},
         field{"bytes_out", &worker_telemetry::bytes_out},
         field{"bytes_in", &worker_telemetry::bytes_in},
         field{"plans", &worker_telemetry::plans},
@@ -309,7 +311,22 @@ class worker {
   // at once. `update` must stay unchanged until wait() returns.
   status commit(std::span<const float> update) {
     std::lock_guard g(state_->mu);
-    return state_->commit(update);
+    return state_->commit(update, false);
+  }
+
+  // commit() without the parameters back (a push; issue 28 "fan-in"): for
+  // a worker that does not need the servers' parameters every cycle. Each
+  // server answers with a header-only acknowledgement (a pull_reply of 0
+  // elements: the commit with flags pull | ack_requested,
+  // docs/wire-format.md) when its policy releases the worker, as it would
+  // release a pull (a BSP barrier holds it), so wait() returns once every
+  // server has taken the commit; the parameter buffer is left as it is.
+  // Exactly once as commit(): after a reconnect the commit goes again until
+  // acknowledged, and the server's table drops the duplicate. pull()
+  // between cycles fetches the parameters when wanted.
+  status push(std::span<const float> update) {
+    std::lock_guard g(state_->mu);
+    return state_->commit(update, true);
   }
 
   // Whether this cycle's commit is compressed (the plan's ratio is below 1
@@ -416,6 +433,7 @@ class worker {
     std::uint64_t last_clock = 0;  // worker_cycle::clock() of the commit in flight
     std::uint32_t last_samples = 0;  // header.samples of the commit in flight
     bool last_compressed = false, last_was_commit = false, last_external = false;
+    bool last_ack_only = false;  // the commit in flight is a push: acknowledged, no parameters back
     std::vector<std::uint8_t> arrived;       // per shard: its commit send completed ok
     std::vector<std::uint8_t> lost;          // per server: reconnecting (worker_params.reconnect)
     std::vector<double> lost_until;          // per server: the reconnect's deadline
@@ -543,7 +561,7 @@ class worker {
 
     // ------------------------------------------------------------- commit
 
-    status commit(std::span<const float> update) {
+    status commit(std::span<const float> update, bool ack_only) {
       if (!failed.ok()) return failed;
       if (update.size() != params.size())
         return invalid_argument("worker.commit.update.size", update.size(),
@@ -581,6 +599,7 @@ class worker {
       last_update = update;
       last_compressed = compressing;
       last_external = false;
+      last_ack_only = ack_only;
       return send_commit(now);
     }
 
@@ -605,6 +624,7 @@ class worker {
       last_update = {};
       last_compressed = true;
       last_external = true;
+      last_ack_only = false;
       return send_commit(now);
     }
 
@@ -636,7 +656,8 @@ class worker {
         ASHL_TRY(send_commit_shard(s));
       }
       ++tel.commits;
-      ++tel.pulls;
+      if (last_ack_only) ++tel.pushes;
+      else ++tel.pulls;
       committing = true;
       std::fill(replied.begin(), replied.end(), std::uint8_t{0});
       replies_pending = servers();
@@ -652,7 +673,8 @@ class worker {
       wire::header h{.kind = wire::message_kind::commit,
                      .codec = last_compressed ? encoder.codec() : codec_id::identity,
                      .type = dtype::f32,
-                     .flags = wire::flag_last_shard | wire::flag_pull,  // the pull rides with it
+                     // The pull rides with it; a push asks for an acknowledgement instead of the parameters.
+                     .flags = wire::flag_last_shard | wire::flag_pull | (last_ack_only ? wire::flag_ack_requested : 0u),
                      .element_count = r.size(),
                      .tensor = s,
                      .rank = p.rank,
@@ -669,6 +691,7 @@ class worker {
 
     status send_pulls(std::uint64_t seq) {
       last_was_commit = false;
+      last_ack_only = false;
       last_seq = seq;
       for (std::uint32_t s = 0; s < servers(); ++s) {
         replied[s] = 0;
@@ -739,7 +762,8 @@ class worker {
     // The parameters arrived: measurements out, the next cycle starts.
     void finish_cycle() {
       const double now = clock.now();
-      cycle.reply_arrived(now, static_cast<double>(reply_bytes));
+      if (last_was_commit && last_ack_only) cycle.ack_arrived(now);
+      else cycle.reply_arrived(now, static_cast<double>(reply_bytes));
       committing = false;
       reported.assign(cycle.measurements().begin(), cycle.measurements().end());
       // A follower reports its leader's instead (report_measurements).
@@ -921,6 +945,15 @@ class worker {
       switch (h.kind) {
         case wire::message_kind::pull_reply: {
           if (replied[s] || replies_pending == 0) return;  // not asked for: ignore
+          if (last_ack_only && h.element_count == 0 && data.empty() && h.tensor == s) {
+            // The acknowledgement of a push: the commit was taken and the
+            // policy released this worker; no parameters.
+            replied[s] = 1;
+            --replies_pending;
+            reply_bytes += head.size();
+            if (s == 0) staleness = h.step;
+            return;
+          }
           note_reply_started();
           if (h.codec != codec_id::identity || h.type != dtype::f32 || h.element_count != r.size() ||
               h.tensor != s) {

@@ -235,6 +235,18 @@ class worker_cycle {
     phase_ = phase::idle;
   }
 
+  // The servers acknowledged the commit without sending parameters (a
+  // push: ps::worker::push): commit = push + the wait for the
+  // acknowledgement is measured, no pull (nothing was pulled); the cycle
+  // ends.
+  void ack_arrived(double now) {
+    ASHL_ASSERT((phase_ == phase::waiting || phase_ == phase::receiving) && has_commit_,
+                "worker_cycle::ack_arrived: no commit awaits an acknowledgement");
+    record(measurement_kind::commit, push_s_ + (now - pull_start_), 0.0, now);
+    has_commit_ = false;
+    phase_ = phase::idle;
+  }
+
   // A new incarnation (the worker restarted as a new process): sequences
   // start again at 1, and no plan is in force until the join's arrives;
   // the old process's unsent records are gone with it.
