@@ -762,8 +762,13 @@ class worker {
     // The parameters arrived: measurements out, the next cycle starts.
     void finish_cycle() {
       const double now = clock.now();
-      if (last_was_commit && last_ack_only) cycle.ack_arrived(now);
-      else cycle.reply_arrived(now, static_cast<double>(reply_bytes));
+      // A push whose servers all acknowledged (headers only) measured no
+      // pull; one a server answered with its parameters (a server that
+      // ignores ack_requested) ends as a commit's cycle.
+      if (last_was_commit && last_ack_only && reply_bytes == std::uint64_t{servers()} * wire::header_bytes)
+        cycle.ack_arrived(now);
+      else
+        cycle.reply_arrived(now, static_cast<double>(reply_bytes));
       committing = false;
       reported.assign(cycle.measurements().begin(), cycle.measurements().end());
       // A follower reports its leader's instead (report_measurements).
