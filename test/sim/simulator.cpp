@@ -888,3 +888,40 @@ BOOST_AUTO_TEST_CASE(measurements_reach_the_servers_in_messages_by_the_workers_r
   r = s2.run({.commits_per_worker = 1, .reports = {.interval = -1}});
   BOOST_TEST(r.error.find("run_options.reports.interval") == 0u);
 }
+
+// A pushing worker (worker_spec::push, ps::worker::push): each server answers
+// its commit with a header (72 bytes) instead of the parameters, so with a
+// 1 MB model at 1 GB/s a cycle is 10 ms compute + 1 ms up, against 12 ms for
+// a committing worker; its cycles measure commit = push + the wait for the
+// acknowledgement and no pull. The last commit carries no pull (done).
+BOOST_AUTO_TEST_CASE(a_pushing_worker_gets_acknowledgements_not_parameters) {
+  for (const bool push : {false, true}) {
+    BOOST_TEST_CONTEXT("push " << push) {
+      auto spec = cluster({worker(0.01, 8)}, 1'000'000, 72);
+      spec.workers[0].push = push;
+      std::vector<ashl::measurement> seen;
+      int served = 0, delivered = 0;
+      sim::hooks h;
+      h.measured = [&](const ashl::measurement& m) { seen.push_back(m); };
+      h.serve = [&](auto, auto, auto) { ++served; };
+      h.deliver = [&](auto) { ++delivered; };
+      auto s = make(spec, policy("asp", 1), h);
+      auto r = s.run({.commits_per_worker = 3, .reports = {.interval = 0.0}});
+      const double up = 1'000'072 / 1e9, ack = 72 / 1e9, down = 1'000'072 / 1e9;
+      BOOST_TEST(r.end_time == (push ? 3 * 0.01 + 3 * up + 2 * ack : 3 * 0.01 + 3 * up + 2 * down), tolerance(1e-9));
+      BOOST_TEST(r.workers[0].bytes_received == (push ? 2u * 72u : 2u * 1'000'072u));
+      BOOST_TEST(served == (push ? 0 : 2));
+      BOOST_TEST(delivered == (push ? 0 : 2));
+      std::size_t pulls = 0, commits = 0;
+      for (const auto& m : seen) {
+        if (m.kind == ashl::measurement_kind::pull) ++pulls;
+        if (m.kind != ashl::measurement_kind::commit) continue;
+        ++commits;
+        BOOST_TEST(m.seconds == (push ? up + ack : up + down), tolerance(1e-9));
+      }
+      BOOST_TEST(commits == 2u);
+      BOOST_TEST(pulls == (push ? 0u : 2u));
+      BOOST_TEST(s.core().stats().commits_applied == 3u);
+    }
+  }
+}

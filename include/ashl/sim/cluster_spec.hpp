@@ -59,6 +59,11 @@ struct worker_spec {
   double bandwidth_bytes_per_s = std::numeric_limits<double>::infinity();
   jitter_spec compute_jitter{};
   jitter_spec comm_jitter{};
+  // The worker pushes (ps::worker::push): each server answers its commit with
+  // a header-only acknowledgement, when its policy releases the pull, instead
+  // of its parameters; hooks.serve and hooks.deliver are not called for it.
+  // Built in code only (the JSON form has no key for it yet).
+  bool push = false;
 };
 
 struct server_spec {

@@ -296,6 +296,7 @@ class simulator {
     std::uint32_t down_left = 0;         // reply shards not yet arrived
     std::uint64_t up_bytes = 0, down_bytes = 0, down_payload = 0;
     bool last_commit = false;            // no pull rides with this commit (the worker is done after it)
+    bool pull_only = false;              // the reply awaited is the join's pull's (not a commit's)
     worker_plan plan{};                  // of the cycle in progress
   };
 
@@ -497,6 +498,7 @@ class simulator {
     wk.down_left = static_cast<std::uint32_t>(cores_.size());
     wk.down_bytes = wk.down_payload = 0;
     wk.last_commit = opt_.commits_per_worker > 0 && r_.workers[w].commits + 1 >= opt_.commits_per_worker;
+    wk.pull_only = false;
     send_shards(w, commit_payload_bytes(w));
   }
 
@@ -631,6 +633,7 @@ class simulator {
       c.payload = p.bytes;
     }
     c.pull = !wk.last_commit;
+    c.ack_only = c.pull && spec_.workers[w].push;  // a push: the pull is answered with a header
     cores_[k].commit(c, now, act_);
     act(k);
     if (last && wk.st == state::done) {
@@ -656,15 +659,22 @@ class simulator {
     if (wk.down_started >= cores_.size()) return;
     const std::uint64_t tau = cores_[k].serve_staleness(w);
     if (k == 0) wk.staleness = tau;  // server 0's, as a real worker reads it
-    if (hooks_.serve) hooks_.serve(w, k, cores_[k].parameters());
-    const std::uint64_t bytes = reply_bytes(k) + spec_.header_bytes;
+    // A pushing worker's pull after a commit is answered with a header only
+    // (ps::server's acknowledgement); its join's pull with the parameters.
+    const bool ack = acked(w);
+    if (hooks_.serve && !ack) hooks_.serve(w, k, cores_[k].parameters());
+    const std::uint64_t payload = ack ? 0 : reply_bytes(k);
+    const std::uint64_t bytes = payload + spec_.header_bytes;
     wk.down_bytes += bytes;
-    wk.down_payload += reply_bytes(k);
+    wk.down_payload += payload;
     r_.workers[w].bytes_received += bytes;
     ++wk.down_started;
     start_flow(w, down, k, bytes, cap_of(w));
     if (wk.down_started == cores_.size() && wk.st == state::waiting) to_receiving(w);
   }
+
+  // Worker w pushes and its pending reply is to a commit (not the join's pull).
+  [[nodiscard]] bool acked(std::uint32_t w) const { return spec_.workers[w].push && !w_[w].pull_only; }
 
   [[nodiscard]] std::uint64_t reply_bytes(std::uint32_t k) const {
     if (layout_.elements() > 0) return 4 * layout_.range(k).size();
@@ -679,7 +689,9 @@ class simulator {
     r_.workers[w].wait_s += now - wk.activity_start;
     span(w, activity::wait, wk.activity_start, now);
     begin(w, state::receiving);
-    cycles_[w].reply_started(now);
+    // An acknowledgement is no transfer to time: a push's commit measurement
+    // runs to its arrival, as the real worker's does.
+    if (!acked(w)) cycles_[w].reply_started(now);
   }
 
   void reply_arrived(std::uint32_t w) {
@@ -688,9 +700,13 @@ class simulator {
     const double now = clock_.now();
     r_.workers[w].receive_s += now - wk.activity_start;
     span(w, activity::receive, wk.activity_start, now);
-    if (hooks_.deliver) hooks_.deliver(w);
-    // Pull amount: the parameters' bytes (headers not counted, as before issue 9).
-    cycles_[w].reply_arrived(now, static_cast<double>(wk.down_payload));
+    if (acked(w)) {
+      cycles_[w].ack_arrived(now);  // commit = push + the wait; no pull
+    } else {
+      if (hooks_.deliver) hooks_.deliver(w);
+      // Pull amount: the parameters' bytes (headers not counted, as before issue 9).
+      cycles_[w].reply_arrived(now, static_cast<double>(wk.down_payload));
+    }
     report(w);
     start_compute(w);
   }
@@ -849,6 +865,7 @@ class simulator {
         ++wk.incarnation;
         cycles_[w].restart();
         cycles_[w].pull_sent(now);
+        wk.pull_only = true;
         ++wk.gen[down];
         wk.down_started = 0;
         wk.down_left = static_cast<std::uint32_t>(cores_.size());
