@@ -62,7 +62,7 @@ struct worker_spec {
   // The worker pushes (ps::worker::push): each server answers its commit with
   // a header-only acknowledgement, when its policy releases the pull, instead
   // of its parameters; hooks.serve and hooks.deliver are not called for it.
-  // Built in code only (the JSON form has no key for it yet).
+  // JSON: "push": true.
   bool push = false;
 };
 
