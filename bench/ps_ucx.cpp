@@ -43,6 +43,10 @@
 //               goodput. moved_gbps counts the replies as well. Baseline:
 //               one ucp_am_bw stream at 4 MiB; ratio = gbps / baseline_gbps
 //               (goal >= 0.7).
+//   fan_in_push the same with ps::worker::push(): each commit is answered
+//               with a 72-byte acknowledgement instead of its 4 MiB reply
+//               (issue 28, item 3); gbps and the baseline as for fan_in,
+//               moved_gbps = gbps.
 // For reference, tag_bw (bandwidth sizes) and tag_lat (4 KiB) run too and
 // are reported as ref_tag_gbps / ref_tag_usec; and the same ucp_am_bw /
 // ucp_am_lat with -e (endpoints with peer error handling, which ashl's
@@ -137,7 +141,7 @@ struct options {
   bool baseline = true;   // false: ashl only (for profiling)
   long spin_us = -1;      // >= 0: ucx_params.spin (else the library's default)
   std::vector<std::string> transports = {"shm", "tcp"};
-  std::vector<std::string> ops = {"pull", "commit", "round_trip", "fan_in"};
+  std::vector<std::string> ops = {"pull", "commit", "round_trip", "fan_in", "fan_in_push"};
   std::vector<std::size_t> sizes;
   std::string perftest = "/usr/bin/ucx_perftest";
   int fan_workers = 8;
@@ -295,6 +299,7 @@ struct ashl_case {
   int reps = 1;
   int iters = 1;  // operations per repetition
   bool fan = false;
+  bool push = false;  // fan: ps::worker::push (acknowledged, no reply) instead of commit
   bool do_pull = true, do_commit = true;
 };
 
@@ -354,7 +359,7 @@ int run_worker(const options& o, const ashl_case& c, shared_area* sh, const std:
   auto commit = [&]() -> bool {
     while (!wk->iteration_done()) {
     }
-    if (auto s = wk->commit(g); !s) return set_error(sh, s.to_string()), false;
+    if (auto s = c.push ? wk->push(g) : wk->commit(g); !s) return set_error(sh, s.to_string()), false;
     if (auto s = wk->wait(); !s) return set_error(sh, s.to_string()), false;
     return true;
   };
@@ -652,7 +657,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: ashl_bench_ps_ucx [--quick] [--reps N] [--json-only] [--progress wait|poll] [--no-pin]\n"
-                   "         [--transports shm,tcp] [--ops pull,commit,round_trip,fan_in] [--sizes 4K,1M,...]\n"
+                   "         [--transports shm,tcp] [--ops pull,commit,round_trip,fan_in,fan_in_push] [--sizes 4K,1M,...]\n"
                    "         [--perftest PATH] [--fan-workers N] [--describe] [--no-baseline] [--spin-us N]\n");
       return 2;
     }
@@ -781,10 +786,12 @@ int main(int argc, char** argv) {
                      human_bytes(bytes).c_str(), pull_m * 1e6, commit_m * 1e6, am_m,
                      error.empty() ? "" : " ERROR ", error.c_str());
     }
-    if (has("fan_in")) {
+    for (const bool push : {false, true}) {
+      const char* op = push ? "fan_in_push" : "fan_in";
+      if (!has(op)) continue;
       const std::size_t bytes = 4 * MiB;
       const ashl_case c{.bytes = bytes, .workers = o.fan_workers, .reps = 1, .iters = o.quick ? 4 : 16,
-                        .fan = true, .do_pull = false, .do_commit = true};
+                        .fan = true, .push = push, .do_pull = false, .do_commit = true};
       std::vector<double> am_g, eh_g, fan_g, ratios, idle;
       std::string lanes, am_lanes, eh_lanes, error;
       for (int rep = 0; rep < o.reps; ++rep) {
@@ -803,13 +810,13 @@ int main(int argc, char** argv) {
         fan_g.push_back(a.fan_gbps[0]);
         if (am.ok) ratios.push_back(a.fan_gbps[0] / am.gbps);
       }
-      row r{.op = "fan_in", .transport = transport, .bytes = bytes, .baseline = "ucp_am_bw",
+      row r{.op = op, .transport = transport, .bytes = bytes, .baseline = "ucp_am_bw",
             .baseline_gbps = median(am_g), .lanes = lanes, .baseline_lanes = am_lanes,
             .placement = placement(o, true), .reps = o.reps, .iters = c.iters, .server_idle = median(idle)};
       r.gbps = median(fan_g);
       r.usec = static_cast<double>(bytes) / (r.gbps * 1e9) * 1e6;  // per commit, at the server
       r.baseline_usec = static_cast<double>(bytes) / (r.baseline_gbps * 1e9) * 1e6;
-      r.extra = 2.0 * r.gbps;  // each commit brings its 4 MiB pull reply back
+      r.extra = push ? r.gbps : 2.0 * r.gbps;  // a commit brings its 4 MiB pull reply back; a push its ack
       r.ratio = median(ratios);
       r.ref_eh_gbps = median(eh_g);
       r.ref_eh_lanes = eh_lanes;
@@ -818,7 +825,7 @@ int main(int argc, char** argv) {
       r.error = error;
       rows.push_back(r);
       if (!o.json_only)
-        std::fprintf(stderr, "  %s fan_in: done (%.2f GB/s)%s%s\n", transport.c_str(), r.gbps,
+        std::fprintf(stderr, "  %s %s: done (%.2f GB/s)%s%s\n", transport.c_str(), op, r.gbps,
                      error.empty() ? "" : " ERROR ", error.c_str());
     }
   }
@@ -856,7 +863,7 @@ int main(int argc, char** argv) {
         r.baseline.c_str(), num(r.baseline_gbps).c_str(), num(r.baseline_usec, 2).c_str(), num(r.ratio).c_str(),
         r.goal.c_str(), r.goal.empty() ? "null" : (r.met ? "true" : "false"), num(r.ref_tag_gbps).c_str(),
         num(r.ref_tag_usec, 2).c_str(), num(r.ref_eh_gbps).c_str(), num(r.ref_eh_usec, 2).c_str(),
-        json_escape(r.ref_eh_lanes).c_str(), r.op == "fan_in" ? "moved_gbps" : "commit_oneway_gbps", num(r.extra).c_str(),
+        json_escape(r.ref_eh_lanes).c_str(), r.op.rfind("fan_in", 0) == 0 ? "moved_gbps" : "commit_oneway_gbps", num(r.extra).c_str(),
         num(r.server_idle, 3).c_str(), json_escape(r.lanes).c_str(), json_escape(r.baseline_lanes).c_str(), progress,
         r.placement.c_str(), r.reps, r.iters, json_escape(mach).c_str(), date.c_str(), json_escape(ucx_env).c_str(), load.c_str(),
         json_escape(r.error).c_str());

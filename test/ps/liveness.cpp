@@ -197,6 +197,7 @@ struct worker_spec {
   std::chrono::milliseconds compute{0};  // outside any worker call, per cycle
   bool progress_thread = false;          // drives the transport (and its keepalives) during compute
   std::chrono::milliseconds keepalive{100};
+  bool push = false;                     // ps::worker::push instead of commit (acknowledged, no parameters)
 };
 
 // One worker; prints one line of counters; exits 0 when every cycle went through.
@@ -221,7 +222,7 @@ int run_worker(int fd, const worker_spec& o) {
     }
     for (std::size_t i = 0; i < g.size(); ++i) g[i] = w[i] - 2.0f;
     if (o.compute.count() > 0) std::this_thread::sleep_for(o.compute);
-    if (auto s = wk->commit(g); !s) {
+    if (auto s = o.push ? wk->push(g) : wk->commit(g); !s) {
       say(fd, "error " + s.to_string());
       break;
     }
@@ -234,7 +235,7 @@ int run_worker(int fd, const worker_spec& o) {
   const ps::worker_telemetry tel = wk->telemetry();
   (void)wk->leave();
   say(fd, "cycles=" + std::to_string(done) + " reconnects=" + std::to_string(tel.reconnects) +
-              " commits=" + std::to_string(tel.commits));
+              " commits=" + std::to_string(tel.commits) + " pushes=" + std::to_string(tel.pushes));
   return done == o.cycles ? 0 : 1;
 }
 
@@ -306,14 +307,17 @@ namespace {
 // worker_timeout (no keepalives while stopped) with the receive in flight,
 // and continued. UCX_RNDV_SCHEME=put_zcopy: the sender moves the data (with
 // get_zcopy over cma the server would read it from the stopped process).
-void evicted_mid_upload(const char* tls) {
+// With `push` the worker pushes (issue 28): the push in flight at the
+// eviction is sent again after the rejoin until acknowledged, and applied
+// once all the same.
+void evicted_mid_upload(const char* tls, bool push) {
   env_scope env;
   env.set("UCX_TLS", tls);
   env.set("UCX_RNDV_SCHEME", "put_zcopy");
   const std::string address = "127.0.0.1:" + std::to_string(free_port());
   constexpr std::size_t elements = std::size_t{4} << 20;
   child wk = spawn([&](int fd) {
-    return run_worker(fd, {.address = address, .elements = elements, .cycles = 3});
+    return run_worker(fd, {.address = address, .elements = elements, .cycles = 3, .push = push});
   });
   child srv = spawn([&](int fd) {
     return run_server(fd, {.address = address, .elements = elements, .victim = wk.pid, .lifetime = 60s});
@@ -326,6 +330,7 @@ void evicted_mid_upload(const char* tls) {
   BOOST_TEST_REQUIRE(worker.count("cycles") == 1u);
   BOOST_TEST(worker.at("cycles") == 3.0);
   BOOST_TEST(worker.at("reconnects") >= 1.0);
+  BOOST_TEST(worker.at("pushes") == (push ? 3.0 : 0.0));
   BOOST_TEST_REQUIRE(server.count("evicted_silent") == 1u);
   BOOST_TEST(server.at("evicted_silent") == 1.0);
   // The receive of the stopped upload was abandoned, its buffer handed back
@@ -341,7 +346,8 @@ void evicted_mid_upload(const char* tls) {
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(a_worker_evicted_mid_upload_over_shared_memory) { evicted_mid_upload("sm,self,tcp"); }
-BOOST_AUTO_TEST_CASE(a_worker_evicted_mid_upload_over_tcp) { evicted_mid_upload("tcp,self"); }
+BOOST_AUTO_TEST_CASE(a_worker_evicted_mid_upload_over_shared_memory) { evicted_mid_upload("sm,self,tcp", false); }
+// Over TCP the worker pushes (ps::worker::push): the same exactly-once.
+BOOST_AUTO_TEST_CASE(a_pushing_worker_evicted_mid_upload_over_tcp) { evicted_mid_upload("tcp,self", true); }
 
 #endif

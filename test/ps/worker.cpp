@@ -5,6 +5,7 @@
 #include "../support/counting_new.hpp"
 #include "../support/ps_job.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -595,4 +596,122 @@ BOOST_AUTO_TEST_CASE(measurement_parameters_are_checked) {
   auto b = ps::worker<tr::inproc>::create({.servers = {"server0"}, .measurement_interval = std::chrono::microseconds{-1}},
                                           node_of(fabric), w);
   ASHL_TEST((!b && b.error().message().find("worker.measurement_interval_us") != std::string::npos));
+}
+
+namespace {
+// Server k of `servers` ("server<k>") over `fabric`, for `workers` workers,
+// until `stop`; its telemetry is read after it stops.
+struct shard_server {
+  std::atomic<bool> stop{false}, up{false};
+  ps::server_telemetry tel{};
+  std::thread th;
+  shard_server(std::shared_ptr<tr::inproc_fabric> fabric, std::size_t elements, std::uint32_t k,
+               std::uint32_t servers, std::uint32_t workers, std::string policy) {
+    th = std::thread([this, fabric, elements, k, servers, workers, policy] {
+      auto node = fabric->node("server" + std::to_string(k));
+      auto layout = ps::shard_layout::even(elements, servers);
+      ps::policy_params pp;
+      pp.workers = workers;
+      auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .shard = k, .workers = workers}},
+                                                std::move(*ps::make_policy(policy, pp)), std::move(*node));
+      ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+      up = true;
+      srv->run(stop);
+      tel = srv->telemetry();
+    });
+    while (!up) std::this_thread::sleep_for(1ms);
+  }
+  void end() {
+    if (th.joinable()) {
+      stop = true;
+      th.join();
+    }
+  }
+  ~shard_server() { end(); }
+};
+}  // namespace
+
+// Issue 28 (fan-in): push() commits without the parameters back. Each of two
+// servers answers with a header-only acknowledgement (a pull_reply of no
+// elements) once it has taken its shard and the policy releases the worker,
+// so wait() returns with the worker's buffer as it was; ASP applied every
+// push, which pull() then reads. A push's cycle measures the commit (push +
+// the wait for the acknowledgements) and no pull.
+BOOST_AUTO_TEST_CASE(a_push_is_acknowledged_without_the_parameters) {
+  constexpr int cycles = 8;
+  auto fabric = tr::inproc_fabric::create({});
+  shard_server s0(fabric, 100, 0, 2, 1, "asp"), s1(fabric, 100, 1, 2, 1, "asp");
+  std::vector<float> w(100), g(100, 0.25f);
+  auto wk = ps::worker<tr::inproc>::create({.servers = {"server0", "server1"}, .timeout = 10s}, node_of(fabric), w);
+  ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+  std::fill(w.begin(), w.end(), 7.0f);  // what the caller holds; a push leaves it
+  for (int c = 0; c < cycles; ++c) {
+    while (!wk->iteration_done()) {}
+    ASHL_REQUIRE(wk->push(g).ok());
+    ASHL_TEST((wk->push(g).code() == ashl::errc::invalid_argument));  // one at a time
+    ASHL_REQUIRE(wk->wait().ok());
+    ASHL_TEST(w[3] == 7.0f);
+    ASHL_TEST(w[97] == 7.0f);
+  }
+  bool commit_measured = false, pull_measured = false;
+  for (const auto& m : wk->reported_measurements()) {
+    commit_measured = commit_measured || m.kind == ashl::measurement_kind::commit;
+    pull_measured = pull_measured || m.kind == ashl::measurement_kind::pull;
+  }
+  ASHL_TEST(commit_measured);
+  ASHL_TEST(!pull_measured);
+  const auto t = wk->telemetry();
+  ASHL_TEST(t.commits == std::uint64_t{cycles});
+  ASHL_TEST(t.pushes == std::uint64_t{cycles});
+  ASHL_TEST(t.pulls == 1u);  // the join's
+  ASHL_REQUIRE(wk->pull().ok());
+  ASHL_REQUIRE(wk->wait().ok());
+  ASHL_TEST(w[3] == 0.25f * cycles);
+  ASHL_TEST(w[97] == 0.25f * cycles);
+  // A commit after pushes gets the parameters back again.
+  std::fill(w.begin(), w.end(), 7.0f);
+  while (!wk->iteration_done()) {}
+  ASHL_REQUIRE(wk->commit(g).ok());
+  ASHL_REQUIRE(wk->wait().ok());
+  ASHL_TEST(w[3] == 0.25f * (cycles + 1));
+  ASHL_REQUIRE(wk->leave().ok());
+  s0.end();
+  s1.end();
+  for (const auto* s : {&s0, &s1}) {
+    ASHL_TEST(s->tel.core.commits_applied == std::uint64_t{cycles} + 1);
+    ASHL_TEST(s->tel.acks == std::uint64_t{cycles});
+    ASHL_TEST(s->tel.pull_replies == std::uint64_t{cycles} + 3);  // acks, the join's, pull(), the commit's
+    ASHL_TEST(s->tel.core.refused_total() == 0u);
+    ASHL_TEST(s->tel.wire_refused_total() == 0u);
+  }
+}
+
+// The policy still decides when a push is answered: under BSP worker 0's
+// push is acknowledged only when worker 1's commit completes the round.
+BOOST_AUTO_TEST_CASE(a_push_waits_at_the_bsp_barrier) {
+  auto fabric = tr::inproc_fabric::create({});
+  shard_server s0(fabric, 64, 0, 1, 2, "bsp");
+  std::vector<float> wa(64), wb(64), g(64, 0.5f);
+  auto a = ps::worker<tr::inproc>::create({.rank = 0, .servers = {"server0"}, .timeout = 10s}, node_of(fabric), wa);
+  auto b = ps::worker<tr::inproc>::create({.rank = 1, .servers = {"server0"}, .timeout = 10s}, node_of(fabric), wb);
+  ASHL_REQUIRE((a.has_value() && b.has_value()));
+  for (int c = 0; c < 3; ++c) {
+    while (!a->iteration_done()) {}
+    ASHL_REQUIRE(a->push(g).ok());
+    for (int i = 0; i < 20; ++i) {
+      ASHL_TEST(!a->test());  // held: the round waits for worker 1
+      std::this_thread::sleep_for(1ms);
+    }
+    while (!b->iteration_done()) {}
+    ASHL_REQUIRE(b->commit(g).ok());
+    ASHL_REQUIRE(a->wait().ok());
+    ASHL_REQUIRE(b->wait().ok());
+    ASHL_TEST(wa[5] == 0.0f);  // the pusher's buffer: as it was after the join
+    ASHL_TEST(wb[5] == 0.5f * (c + 1));  // BSP: the mean of the two updates per round
+  }
+  ASHL_REQUIRE(a->leave().ok());
+  ASHL_REQUIRE(b->leave().ok());
+  s0.end();
+  ASHL_TEST(s0.tel.acks == 3u);
+  ASHL_TEST(s0.tel.core.commits_applied == 6u);
 }

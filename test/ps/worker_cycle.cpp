@@ -2,7 +2,10 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
+#include <utility>
 #include <vector>
 
 namespace ps = ashl::ps;
@@ -214,4 +217,140 @@ BOOST_AUTO_TEST_CASE(a_follower_runs_its_leaders_plan_and_ends_with_its_leader) 
   c.start(32, 2.8);
   BOOST_TEST(!c.follow(lead, ashl::codec_id::topk, 32));  // the same plan: no change
   BOOST_TEST(c.plan_changes() == 2u);
+}
+
+// ------------------------------------------------ sending measurements
+
+namespace {
+// One cycle of 1 ms compute, 1 ms each way, ending at `t0` + 3 ms: four
+// records (compute, push, pull, commit).
+double one_cycle(ps::worker_cycle& c, double t0) {
+  c.start(8, t0);
+  BOOST_REQUIRE(c.iteration_done(t0 + 0.001));
+  c.commit_sent(t0 + 0.001);
+  c.commit_arrived(t0 + 0.002, 100);
+  c.reply_arrived(t0 + 0.003, 100);
+  return t0 + 0.003;
+}
+}  // namespace
+
+// Interval 0 (a message at every cycle's end): each cycle's records go out in
+// one message at its end, none before.
+BOOST_AUTO_TEST_CASE(with_interval_zero_each_cycle_sends_its_records_at_its_end) {
+  ps::worker_cycle c(1, ps::report_rule{.interval = 0.0, .batch = 64});
+  c.plan_arrived(worker_plan{.local_iterations = 1});
+  std::vector<std::vector<measurement>> sent;
+  const auto send = [&](std::span<const measurement> ms) { sent.emplace_back(ms.begin(), ms.end()); };
+  double t = 0.0;
+  for (int i = 0; i < 3; ++i) {
+    t = one_cycle(c, t);
+    BOOST_TEST(sent.size() == static_cast<std::size_t>(i));  // nothing sent inside the cycle
+    c.report(c.measurements(), t, send);
+    c.clear_measurements();
+    BOOST_REQUIRE(sent.size() == static_cast<std::size_t>(i) + 1);
+    BOOST_TEST(sent.back().size() == 4u);
+    BOOST_TEST((sent.back()[0].kind == measurement_kind::compute));
+    BOOST_TEST((sent.back()[3].kind == measurement_kind::commit));
+    BOOST_TEST(c.unsent().empty());
+  }
+  BOOST_TEST(c.report_messages() == 3u);
+}
+
+// Interval 10 ms, 3 ms cycles: the first cycle's end sends (nothing went
+// before); the next cycles add to the outbox until 10 ms have passed since
+// that message; leaving sends the rest.
+BOOST_AUTO_TEST_CASE(cycles_shorter_than_the_interval_share_a_message) {
+  ps::worker_cycle c(2, ps::report_rule{.interval = 0.010, .batch = 64});
+  c.plan_arrived(worker_plan{.local_iterations = 1});
+  std::vector<std::pair<double, std::size_t>> sent;  // (when, records)
+  double t = 0.0;
+  const auto send = [&](std::span<const measurement> ms) { sent.emplace_back(t, ms.size()); };
+  for (int i = 0; i < 5; ++i) {
+    t = one_cycle(c, t);
+    c.report(c.measurements(), t, send);
+    c.clear_measurements();
+  }
+  // Ends at 3, 6, 9, 12, 15 ms: sent at 3 ms (4 records), then at 15 ms,
+  // the first end 10 ms or more after 3 ms, with the 16 of four cycles.
+  BOOST_REQUIRE(sent.size() == 2u);
+  BOOST_TEST(sent[0].first == 0.003, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(sent[0].second == 4u);
+  BOOST_TEST(sent[1].first == 0.015, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(sent[1].second == 16u);
+  t = one_cycle(c, t);
+  c.report(c.measurements(), t, send);
+  c.clear_measurements();
+  BOOST_TEST(sent.size() == 2u);  // 18 ms: 3 ms after the last message
+  BOOST_TEST(c.unsent().size() == 4u);
+  BOOST_TEST(!c.reports_due(t));
+  BOOST_TEST(c.reports_due(0.026));  // the interval has passed
+  c.flush_reports(t, send);           // before leaving: whatever waits
+  BOOST_REQUIRE(sent.size() == 3u);
+  BOOST_TEST(sent[2].second == 4u);
+  BOOST_TEST(c.unsent().empty());
+  c.flush_reports(t, send);  // nothing waits: no message
+  BOOST_TEST(sent.size() == 3u);
+}
+
+// A batch of 8: the outbox goes when fewer than 8 records are free (here at
+// once), and a report larger than the room left sends a full outbox first.
+BOOST_AUTO_TEST_CASE(a_nearly_full_batch_goes_before_the_interval) {
+  ps::worker_cycle c(0, ps::report_rule{.interval = 1e9, .batch = 12});
+  std::vector<std::size_t> sent;
+  const auto send = [&](std::span<const measurement> ms) { sent.push_back(ms.size()); };
+  std::vector<measurement> four(4, measurement{0, measurement_kind::compute, 0.1, 1, 0.0});
+  c.report(four, 0.0, send);  // the first message: none went before
+  BOOST_TEST((sent == std::vector<std::size_t>{4}));
+  c.report(four, 0.1, send);  // 4 of 12: 8 free, not due
+  BOOST_TEST(sent.size() == 1u);
+  c.report(four, 0.2, send);  // 8 of 12: 4 free, fewer than 8: due
+  BOOST_TEST((sent == std::vector<std::size_t>{4, 8}));
+  std::vector<measurement> many(30, measurement{0, measurement_kind::push, 0.1, 1, 0.0});
+  c.report(many, 0.3, send);  // 12 + 12 sent as they fill, the last 6 leave 6 free: due
+  BOOST_TEST((sent == std::vector<std::size_t>{4, 8, 12, 12, 6}));
+  BOOST_TEST(c.report_messages() == 5u);
+}
+
+// A new incarnation (or a death) drops what waits, and its first cycle's
+// end sends at once.
+BOOST_AUTO_TEST_CASE(a_restart_drops_unsent_records) {
+  ps::worker_cycle c(0, ps::report_rule{.interval = 1.0, .batch = 64});
+  c.plan_arrived(worker_plan{.local_iterations = 1});
+  std::size_t messages = 0;
+  const auto send = [&](std::span<const measurement>) { ++messages; };
+  double t = one_cycle(c, 0.0);
+  c.report(c.measurements(), t, send);
+  c.clear_measurements();
+  t = one_cycle(c, t);
+  c.report(c.measurements(), t, send);
+  c.clear_measurements();
+  BOOST_TEST(messages == 1u);
+  BOOST_TEST(c.unsent().size() == 4u);
+  c.restart();
+  BOOST_TEST(c.unsent().empty());
+  c.plan_arrived(worker_plan{.local_iterations = 1});
+  t = one_cycle(c, t);
+  c.report(c.measurements(), t, send);
+  BOOST_TEST(messages == 2u);
+}
+
+// A push (ps::worker::push): the servers acknowledge the commit without
+// parameters; the cycle measures commit = push + the wait for the
+// acknowledgement, and no pull.
+BOOST_AUTO_TEST_CASE(an_acknowledged_push_measures_the_commit_and_no_pull) {
+  ps::worker_cycle c(4);
+  c.plan_arrived(worker_plan{.local_iterations = 1});
+  c.start(8, 0.0);
+  BOOST_REQUIRE(c.iteration_done(1.0));
+  c.commit_sent(1.0);
+  c.commit_arrived(1.25, 4096);
+  c.ack_arrived(2.0);  // held 0.75 s (a BSP barrier)
+  const std::vector<measurement> expect{
+      {4, measurement_kind::compute, 1.0, 8, 1.0},
+      {4, measurement_kind::push, 0.25, 4096, 1.25},
+      {4, measurement_kind::commit, 1.0, 0, 2.0},
+  };
+  const auto got = c.measurements();
+  BOOST_TEST((std::vector<measurement>(got.begin(), got.end()) == expect));
+  BOOST_TEST((c.state() == ps::worker_cycle::phase::idle));
 }

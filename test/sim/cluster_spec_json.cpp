@@ -69,6 +69,7 @@ BOOST_AUTO_TEST_CASE(invalid_fields_are_reported_by_path_and_value) {
              "workers[1].compress_seconds = -0.25: must be finite and >= 0");
   BOOST_TEST(error_of(R"({"workers": [{"compress_seconds": "slow"}]})") ==
              "workers[0].compress_seconds = \"slow\": must be a number");
+  BOOST_TEST(error_of(R"({"workers": [{}, {"push": 1}]})") == "workers[1].push = 1: must be true or false");
   BOOST_TEST(error_of("{not json") == "cluster_spec = \"json\": does not parse as JSON");
   BOOST_TEST(error_of("[1, 2]") == "cluster_spec = \"array\": must be a JSON object");
 }
@@ -95,4 +96,8 @@ BOOST_AUTO_TEST_CASE(units_and_defaults_are_converted) {
   BOOST_TEST(r->workers[1].compress_seconds == 0.001);
   BOOST_TEST(r->workers[0].batch == 64u);
   BOOST_TEST(r->header_bytes == 72u);
+  BOOST_TEST(!r->workers[0].push);
+  auto p = parse_cluster_spec(R"({"workers": [{"count": 2, "push": true}, {}]})");
+  BOOST_REQUIRE_MESSAGE(p.has_value(), (p ? std::string() : p.error().message()));
+  BOOST_TEST((p->workers[0].push && p->workers[1].push && !p->workers[2].push));
 }

@@ -390,6 +390,21 @@ BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {
   auto d = w::decode(encode_data(commit_pull, payload_of(8, 3)), {});
   BOOST_TEST_REQUIRE(d.has_value());
   BOOST_TEST(d->header.flags == (w::flag_last_shard | w::flag_pull));
+  // A push (issue 28): the commit asks for an acknowledgement, which is a
+  // pull_reply of no elements and no payload.
+  commit_pull.flags |= w::flag_ack_requested;
+  d = w::decode(encode_data(commit_pull, payload_of(8, 3)), {});
+  BOOST_TEST_REQUIRE(d.has_value());
+  BOOST_TEST(d->header.flags == (w::flag_last_shard | w::flag_pull | w::flag_ack_requested));
+  auto ack = data_header(w::message_kind::pull_reply);
+  ack.element_count = 0;
+  ack.flags = w::flag_last_shard;
+  const bytes ack_frame = encode_data(ack, {});
+  BOOST_TEST(ack_frame.size() == w::header_bytes);
+  auto a = w::decode(ack_frame, {});
+  BOOST_TEST_REQUIRE(a.has_value());
+  BOOST_TEST(a->header.element_count == 0u);
+  BOOST_TEST(a->payload.empty());
 }
 
 BOOST_AUTO_TEST_CASE(control_failures_name_field_and_value) {

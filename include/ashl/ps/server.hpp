@@ -203,6 +203,7 @@ struct server_telemetry {
   std::uint64_t messages_in = 0, messages_out = 0;
   std::uint64_t bytes_in = 0, bytes_out = 0;  // header + data, this server's messages
   std::uint64_t pull_replies = 0, plans = 0, errors_sent = 0;
+  std::uint64_t acks = 0;                   // of the pull replies, header-only acknowledgements of pushes
   std::uint64_t worker_errors = 0;          // error messages workers sent us
   std::uint64_t snapshots = 0;              // versions pulled (each pinned by its replies, checksummed once)
   std::uint64_t applied_beside = 0;         // dense applies made beside a version replies still read
@@ -243,6 +244,7 @@ struct server_telemetry {
         field{"bytes_in", &server_telemetry::bytes_in},
         field{"bytes_out", &server_telemetry::bytes_out},
         field{"pull_replies", &server_telemetry::pull_replies},
+        field{"acks", &server_telemetry::acks},
         field{"plans", &server_telemetry::plans},
         field{"errors_sent", &server_telemetry::errors_sent},
         field{"worker_errors", &server_telemetry::worker_errors},
@@ -629,6 +631,7 @@ class server {
     last_heard_.assign(p_.core.workers, 0.0);
     joined_once_.assign(p_.core.workers, 0);
     left_.assign(p_.core.workers, 0);
+    ack_only_.assign(p_.core.workers, 0);
     slots_.reserve(4 * std::size_t{p_.core.workers} + 8);
     free_slots_.reserve(4 * std::size_t{p_.core.workers} + 8);
     rx_.reserve(2 * std::size_t{p_.core.workers} + 2);
@@ -803,7 +806,13 @@ class server {
                     .tensor = h.tensor,
                     .payload = m->payload,
                     .pull = (h.flags & wire::flag_pull) != 0,
+                    .ack_only = (h.flags & (wire::flag_pull | wire::flag_ack_requested)) ==
+                                (wire::flag_pull | wire::flag_ack_requested),
                     .values_checked = values.all_finite()};
+        // A push (flags pull | ack_requested, ps::worker::push): its pull is
+        // answered with a header-only acknowledgement when the policy
+        // releases it, not with the parameters.
+        if (c.pull) ack_only_[w] = c.ack_only ? 1 : 0;
         core_.commit(c, now, out_);
         return;
       }
@@ -817,6 +826,7 @@ class server {
                          " (the worker's model differs from the server's)");
           return;
         }
+        ack_only_[w] = 0;
         core_.pull(w, now, out_);
         return;
       case wire::message_kind::metric: {
@@ -1099,6 +1109,11 @@ class server {
   void send_parameters(worker_id w) {
     const transport::peer_id p = rank_peer_[w];
     if (p == transport::no_peer) return;
+    if (ack_only_[w]) {
+      ack_only_[w] = 0;
+      send_ack(p, w);
+      return;
+    }
     // server_params.max_snapshots bounds the versions replies in flight pin.
     if (!core_.current_pinned() && core_.pinned_versions() >= p_.max_snapshots) {
       ++tel_.replies_refused;
@@ -1130,6 +1145,29 @@ class server {
     s.version = pv.version;
     send(p, i, s.head, payload);
     ++tel_.pull_replies;
+  }
+
+  // The acknowledgement of a push: a pull_reply of no elements and no
+  // payload (docs/wire-format.md), with the version and τ a reply carries.
+  void send_ack(transport::peer_id p, worker_id w) {
+    const std::uint32_t i = take_slot();
+    send_slot& s = slots_[i];
+    wire::header h{.kind = wire::message_kind::pull_reply,
+                   .codec = codec_id::identity,
+                   .type = dtype::f32,
+                   .flags = wire::flag_last_shard,
+                   .element_count = 0,
+                   .tensor = p_.core.shard,
+                   .rank = w,
+                   .sequence = core_.version(),
+                   .clock = core_.version(),
+                   .step = core_.serve_staleness(w)};
+    const status st = wire::seal_header(h, {}, s.head, p_.core.limits);
+    ASHL_ASSERT(st.ok(), "server: an acknowledgement the wire refuses");
+    (void)st;
+    send(p, i, s.head, {});
+    ++tel_.pull_replies;
+    ++tel_.acks;
   }
 
   void send_plan(worker_id w, const worker_plan& plan) {
@@ -1224,6 +1262,7 @@ class server {
   std::uint64_t applied_at_checkpoint_ = 0;
   std::uint32_t joined_count_ = 0;
   std::vector<std::uint8_t> left_;        // per rank: its current process sent leave (all_left)
+  std::vector<std::uint8_t> ack_only_;    // per rank: its pending pull is a push's: answer header-only
   std::uint32_t left_count_ = 0;
   double no_worker_since_ = 0.0;          // when bound_ last fell to 0 (creation: 0)
   server_end end_ = server_end::running;

@@ -259,6 +259,10 @@ struct commit_in {
   std::uint32_t tensor = 0;    // codec_context.tensor
   std::span<const std::byte> payload{};  // not kept: copied into the store if buffered
   bool pull = false;                     // a pull rides with the commit
+  // That pull is a push's (ps::worker::push): the driver answers it with an
+  // acknowledgement, not the parameters, so a dense apply skips the new
+  // version's CRC (computed when a reply first pins the version).
+  bool ack_only = false;
   // The driver ran a dense_value_check over this payload (in its CRC pass:
   // wire::decode's visitor) and it found every value finite: validate()
   // skips its own pass over the values. False: validate() checks (and names
@@ -569,7 +573,7 @@ class server_core {
             if (compress::dense_payload_bytes(c.codec, {w_.size(), c.type}) != 0) {
               // One pass: the add, beside a pinned version when replies
               // read it, and the new version's CRC when a pull rides along.
-              apply_dense(c, d.weight, c.pull);
+              apply_dense(c, d.weight, c.pull && !c.ack_only);
             } else {
               make_writable();
               decode_or_die(c.codec, c.type, c.step, c.tensor, c.payload, w_, d.weight);

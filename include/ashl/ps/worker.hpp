@@ -145,20 +145,20 @@ struct worker_params {
   // the leader's see (docs/ps.md, "Plan authority").
   bool follower = false;
   // The measurements of its cycles (compute, push, pull, ...: worker_cycle)
-  // go to every server in one message once this long has passed since the
-  // last one went, or once measurement_batch records wait, and before
-  // leave(): a cycle shorter than the interval adds its records to the next
-  // message instead of sending its own (a 4 KiB round trip paid one
-  // measurements message per cycle before). Cycles longer than the interval
-  // (training steps) send theirs at every cycle's end as before. 0 (the
-  // default): after every cycle, as the simulator's workers report theirs;
-  // batching is not in the simulator yet, so a batching worker's re-plans
-  // for sub-millisecond cycles come later than the simulated ones. A job of
-  // small, fast messages may set 1 ms (docs/perf/ps-ucx.md, issue 28).
-  std::chrono::microseconds measurement_interval{0};
+  // go to every server in one message at a cycle's end once this long has
+  // passed since the last one went, or once the batch is nearly full
+  // (measurement_batch), and before leave(): a cycle shorter than the
+  // interval adds its records to a later message instead of sending its own
+  // (a 4 KiB round trip paid one measurements message per cycle before).
+  // Cycles longer than the interval (training steps) send theirs at every
+  // cycle's end. The rule is worker_cycle's (ps::report_rule), and the
+  // simulator's workers follow it too, with the same default
+  // (docs/ps.md "worker_cycle", docs/perf/ps-ucx.md, issue 28).
+  std::chrono::microseconds measurement_interval{
+      static_cast<std::int64_t>(report_rule{}.interval * 1e6 + 0.5)};
   // Records in one measurements message at most (>= 8: a cycle records up to
   // five); at most the servers' wire limits.max_measurements.
-  std::uint32_t measurement_batch = 64;
+  std::uint32_t measurement_batch = report_rule{}.batch;
 };
 
 // The plan and codec in force for a worker's cycle (a leader's, handed to
@@ -170,6 +170,7 @@ struct plan_in_force {
 
 struct worker_telemetry {
   std::uint64_t commits = 0, pulls = 0;
+  std::uint64_t pushes = 0;           // of the commits, pushes (acknowledged, no parameters back)
   std::uint64_t bytes_out = 0, bytes_in = 0;  // header + data
   std::uint64_t plans = 0;            // plan_updates from server 0
   std::uint64_t plan_changes = 0;     // of them, plans that differed from the one in force
@@ -189,6 +190,7 @@ struct worker_telemetry {
     return std::tuple{
         field{"commits", &worker_telemetry::commits},
         field{"pulls", &worker_telemetry::pulls},
+        field{"pushes", &worker_telemetry::pushes},
         field{"bytes_out", &worker_telemetry::bytes_out},
         field{"bytes_in", &worker_telemetry::bytes_in},
         field{"plans", &worker_telemetry::plans},
@@ -309,7 +311,22 @@ class worker {
   // at once. `update` must stay unchanged until wait() returns.
   status commit(std::span<const float> update) {
     std::lock_guard g(state_->mu);
-    return state_->commit(update);
+    return state_->commit(update, false);
+  }
+
+  // commit() without the parameters back (a push; issue 28 "fan-in"): for
+  // a worker that does not need the servers' parameters every cycle. Each
+  // server answers with a header-only acknowledgement (a pull_reply of 0
+  // elements: the commit with flags pull | ack_requested,
+  // docs/wire-format.md) when its policy releases the worker, as it would
+  // release a pull (a BSP barrier holds it), so wait() returns once every
+  // server has taken the commit; the parameter buffer is left as it is.
+  // Exactly once as commit(): after a reconnect the commit goes again until
+  // acknowledged, and the server's table drops the duplicate. pull()
+  // between cycles fetches the parameters when wanted.
+  status push(std::span<const float> update) {
+    std::lock_guard g(state_->mu);
+    return state_->commit(update, true);
   }
 
   // Whether this cycle's commit is compressed (the plan's ratio is below 1
@@ -400,8 +417,6 @@ class worker {
     std::vector<std::byte> spill;            // a data part that is not a pull reply into params
     std::vector<slot> slots;
     std::vector<std::uint32_t> free_slots;
-    std::vector<ashl::measurement> reports;   // cycles' measurements not sent yet (capacity: measurement_batch)
-    double reports_sent_at = -1e300;          // when the last measurements message went
     std::vector<ashl::measurement> reported;  // the last cycle's (reported_measurements)
     commit_encoder encoder;  // the plan's codec, error feedback (ps/commit_encoder.hpp, shared with the simulator)
     worker_cycle cycle;
@@ -418,6 +433,7 @@ class worker {
     std::uint64_t last_clock = 0;  // worker_cycle::clock() of the commit in flight
     std::uint32_t last_samples = 0;  // header.samples of the commit in flight
     bool last_compressed = false, last_was_commit = false, last_external = false;
+    bool last_ack_only = false;  // the commit in flight is a push: acknowledged, no parameters back
     std::vector<std::uint8_t> arrived;       // per shard: its commit send completed ok
     std::vector<std::uint8_t> lost;          // per server: reconnecting (worker_params.reconnect)
     std::vector<double> lost_until;          // per server: the reconnect's deadline
@@ -435,7 +451,8 @@ class worker {
           params(w),
           layout(l),
           encoder({.error_feedback = p.error_feedback, .seed = p.seed}),
-          cycle(p.rank) {
+          cycle(p.rank, report_rule{.interval = std::chrono::duration<double>(p.measurement_interval).count(),
+                                    .batch = p.measurement_batch}) {
       const std::size_t S = p.servers.size();
       peer.assign(S, transport::no_peer);
       connected.assign(S, 0);
@@ -447,7 +464,6 @@ class worker {
       dense.resize(S);
       slots.reserve(4 * S + 8);
       free_slots.reserve(4 * S + 8);
-      reports.reserve(p.measurement_batch);
       reported.reserve(8);
     }
 
@@ -545,7 +561,7 @@ class worker {
 
     // ------------------------------------------------------------- commit
 
-    status commit(std::span<const float> update) {
+    status commit(std::span<const float> update, bool ack_only) {
       if (!failed.ok()) return failed;
       if (update.size() != params.size())
         return invalid_argument("worker.commit.update.size", update.size(),
@@ -583,6 +599,7 @@ class worker {
       last_update = update;
       last_compressed = compressing;
       last_external = false;
+      last_ack_only = ack_only;
       return send_commit(now);
     }
 
@@ -607,6 +624,7 @@ class worker {
       last_update = {};
       last_compressed = true;
       last_external = true;
+      last_ack_only = false;
       return send_commit(now);
     }
 
@@ -638,7 +656,8 @@ class worker {
         ASHL_TRY(send_commit_shard(s));
       }
       ++tel.commits;
-      ++tel.pulls;
+      if (last_ack_only) ++tel.pushes;
+      else ++tel.pulls;
       committing = true;
       std::fill(replied.begin(), replied.end(), std::uint8_t{0});
       replies_pending = servers();
@@ -654,7 +673,8 @@ class worker {
       wire::header h{.kind = wire::message_kind::commit,
                      .codec = last_compressed ? encoder.codec() : codec_id::identity,
                      .type = dtype::f32,
-                     .flags = wire::flag_last_shard | wire::flag_pull,  // the pull rides with it
+                     // The pull rides with it; a push asks for an acknowledgement instead of the parameters.
+                     .flags = wire::flag_last_shard | wire::flag_pull | (last_ack_only ? wire::flag_ack_requested : 0u),
                      .element_count = r.size(),
                      .tensor = s,
                      .rank = p.rank,
@@ -671,6 +691,7 @@ class worker {
 
     status send_pulls(std::uint64_t seq) {
       last_was_commit = false;
+      last_ack_only = false;
       last_seq = seq;
       for (std::uint32_t s = 0; s < servers(); ++s) {
         replied[s] = 0;
@@ -741,7 +762,13 @@ class worker {
     // The parameters arrived: measurements out, the next cycle starts.
     void finish_cycle() {
       const double now = clock.now();
-      cycle.reply_arrived(now, static_cast<double>(reply_bytes));
+      // A push whose servers all acknowledged (headers only) measured no
+      // pull; one a server answered with its parameters (a server that
+      // ignores ack_requested) ends as a commit's cycle.
+      if (last_was_commit && last_ack_only && reply_bytes == std::uint64_t{servers()} * wire::header_bytes)
+        cycle.ack_arrived(now);
+      else
+        cycle.reply_arrived(now, static_cast<double>(reply_bytes));
       committing = false;
       reported.assign(cycle.measurements().begin(), cycle.measurements().end());
       // A follower reports its leader's instead (report_measurements).
@@ -756,26 +783,19 @@ class worker {
       }
     }
 
-    // The cycle's measurements join the batch; the batch goes out when due
-    // (worker_params.measurement_interval, measurement_batch). Capacity is
-    // reserved: nothing allocates.
+    // The measurements join the cycle's outbox; a message goes out when
+    // worker_cycle's rule says (worker_params.measurement_interval,
+    // measurement_batch; the simulator's rule too). Capacity is reserved:
+    // nothing allocates.
     void queue_measurements(std::span<const ashl::measurement> ms, double now) {
-      for (const ashl::measurement& m : ms) {
-        if (reports.size() == p.measurement_batch) (void)send_measurements(now);
-        reports.push_back(m);
-      }
-      if (reports.empty()) return;
-      const double interval = std::chrono::duration<double>(p.measurement_interval).count();
-      if (reports.size() + 8 > p.measurement_batch || now - reports_sent_at >= interval) (void)send_measurements(now);
+      cycle.report(ms, now, [&](std::span<const ashl::measurement> out) { (void)send_measurements(out); });
     }
 
-    status send_measurements(double now) {
-      if (reports.empty()) return {};
-      reports_sent_at = now;
+    status send_measurements(std::span<const ashl::measurement> ms) {
+      if (ms.empty()) return {};
       // Every slot body that carries measurements is sized for a full batch
       // at once, so a larger batch later never grows it (no allocation).
       const std::size_t full = wire::encoded_size(wire::measurements_body::bytes_for(p.measurement_batch));
-      const std::span<const ashl::measurement> ms(reports);
       const std::size_t n = wire::encoded_size(wire::measurements_body::bytes_for(ms.size()));
       status out{};
       for (std::uint32_t s = 0; s < servers() && out.ok(); ++s) {
@@ -791,7 +811,6 @@ class worker {
         out = send(s, i, slots[i].head, std::span<const std::byte>(slots[i].body).subspan(wire::header_bytes, n - wire::header_bytes));
       }
       ++tel.measurement_messages;
-      reports.clear();
       return out;
     }
 
@@ -807,7 +826,8 @@ class worker {
       stop_thread();
       std::lock_guard g(mu);
       if (!failed.ok()) return failed;
-      (void)send_measurements(clock.now());  // what the batch still holds, before the leave
+      // What the outbox still holds, before the leave.
+      cycle.flush_reports(clock.now(), [&](std::span<const ashl::measurement> out) { (void)send_measurements(out); });
       leaving = true;  // connections closing now are not reconnected
       for (std::uint32_t s = 0; s < servers(); ++s)
         ASHL_TRY(send_control(s, wire::header{.rank = p.rank},
@@ -930,6 +950,15 @@ class worker {
       switch (h.kind) {
         case wire::message_kind::pull_reply: {
           if (replied[s] || replies_pending == 0) return;  // not asked for: ignore
+          if (last_ack_only && h.element_count == 0 && data.empty() && h.tensor == s) {
+            // The acknowledgement of a push: the commit was taken and the
+            // policy released this worker; no parameters.
+            replied[s] = 1;
+            --replies_pending;
+            reply_bytes += head.size();
+            if (s == 0) staleness = h.step;
+            return;
+          }
           note_reply_started();
           if (h.codec != codec_id::identity || h.type != dtype::f32 || h.element_count != r.size() ||
               h.tensor != s) {

@@ -12,8 +12,10 @@
 //   cyc.commit_arrived(now, bytes);                   // push measured
 //   cyc.reply_started(now);                           // optional: the reply left the server
 //   cyc.reply_arrived(now, bytes);                    // pull and commit (push + pull) measured
-//   for (const auto& m : cyc.measurements()) report(m);
+//   cyc.report(cyc.measurements(), now, send);       // the sending rule: send(records) when due
 //   cyc.clear_measurements();
+//   ...
+//   cyc.flush_reports(now, send);                     // before leaving
 //
 // The plan in force is the cycle's: plans arrive as events (plan_arrived:
 // the join's plan, then server 0's plan_updates, in the order the wire
@@ -33,6 +35,18 @@
 // a measurement of no positive duration is not reported. These are the
 // rules the simulator's workers held inline (sim/simulator.hpp before
 // issue 9). ALGORITHMS.md §1 "ADSP", §2 "Phase 0"; docs/ps.md.
+//
+// Sending them (issue 28): one rule for both drivers. At a cycle's end the
+// driver queues the cycle's records (report(); a follower queues its
+// leader's instead) into the outbox, and a measurements message carrying
+// the outbox goes to every server when the rule says it is due: once
+// report_rule.interval has passed since the last one went, or once the
+// outbox is nearly full (fewer than 8 free records of report_rule.batch:
+// a cycle records up to five), and whatever waits before the worker leaves
+// (flush_reports()). A cycle shorter than the interval adds its records to
+// a later message. The outbox's capacity is reserved once: nothing
+// allocates. ps::worker sends over its transport, the simulator over its
+// modelled network (a small message, after the link latencies).
 #pragma once
 
 #include <ashl/config.hpp>
@@ -42,11 +56,28 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
 ASHL_NAMESPACE_BEGIN
 namespace ps {
+
+// When a worker's measurements go to its servers (worker_cycle::report):
+// ps::worker_params::measurement_interval / measurement_batch, and the
+// simulator's run_options, default to these.
+struct report_rule {
+  // Seconds between two measurements messages at least (0: at every
+  // cycle's end).
+  double interval = 0.001;
+  // Records in one message at most (>= min_batch; at most the servers'
+  // wire limits.max_measurements).
+  std::uint32_t batch = 64;
+  // A cycle records up to five; the outbox goes out when fewer than this
+  // many records are free.
+  static constexpr std::uint32_t min_batch = 8;
+  friend bool operator==(const report_rule&, const report_rule&) = default;
+};
 
 class worker_cycle {
  public:
@@ -56,8 +87,11 @@ class worker_cycle {
   // zero-duration iteration).
   static constexpr std::uint32_t max_interval_iterations = 1u << 24;
 
-  worker_cycle() { log_.reserve(8); }
-  explicit worker_cycle(std::uint32_t worker) : worker_(worker) { log_.reserve(8); }
+  worker_cycle() : worker_cycle(0) {}
+  explicit worker_cycle(std::uint32_t worker, report_rule rule = {}) : worker_(worker) {
+    log_.reserve(8);
+    set_report_rule(rule);
+  }
 
   // A plan (and the codec its commits use) arrived from the servers; it is
   // adopted at the next start(). A newer arrival replaces one not yet adopted.
@@ -201,9 +235,23 @@ class worker_cycle {
     phase_ = phase::idle;
   }
 
+  // The servers acknowledged the commit without sending parameters (a
+  // push: ps::worker::push): commit = push + the wait for the
+  // acknowledgement is measured, no pull (nothing was pulled); the cycle
+  // ends.
+  void ack_arrived(double now) {
+    ASHL_ASSERT((phase_ == phase::waiting || phase_ == phase::receiving) && has_commit_,
+                "worker_cycle::ack_arrived: no commit awaits an acknowledgement");
+    record(measurement_kind::commit, push_s_ + (now - pull_start_), 0.0, now);
+    has_commit_ = false;
+    phase_ = phase::idle;
+  }
+
   // A new incarnation (the worker restarted as a new process): sequences
-  // start again at 1, and no plan is in force until the join's arrives.
+  // start again at 1, and no plan is in force until the join's arrives;
+  // the old process's unsent records are gone with it.
   void restart() noexcept {
+    drop_reports();
     sequence_ = 0;
     has_next_ = false;
     adopted_ = 0;
@@ -221,8 +269,74 @@ class worker_cycle {
   [[nodiscard]] std::uint64_t clock() const noexcept { return commit_clock(sequence_); }
   [[nodiscard]] std::uint32_t worker() const noexcept { return worker_; }
 
+  // The records of the cycle in progress (or just ended).
   [[nodiscard]] std::span<const ashl::measurement> measurements() const noexcept { return log_; }
   void clear_measurements() noexcept { log_.clear(); }
+
+  // ------------------------------------------------ sending measurements
+
+  // The rule; the outbox's capacity is reserved here (batch records).
+  void set_report_rule(report_rule rule) {
+    ASHL_ASSERT(rule.batch >= report_rule::min_batch && rule.interval >= 0.0,
+                "worker_cycle::set_report_rule: batch >= 8 and interval >= 0 (the drivers check their parameters)");
+    rule_ = rule;
+    outbox_.reserve(rule.batch);
+  }
+  [[nodiscard]] const report_rule& rule() const noexcept { return rule_; }
+
+  // Records queued and not sent yet.
+  [[nodiscard]] std::span<const ashl::measurement> unsent() const noexcept { return outbox_; }
+  // Takes as many of `ms` as the outbox has room for; returns how many.
+  std::size_t queue_reports(std::span<const ashl::measurement> ms) {
+    const std::size_t n = std::min<std::size_t>(ms.size(), rule_.batch - outbox_.size());
+    outbox_.insert(outbox_.end(), ms.begin(), ms.begin() + static_cast<std::ptrdiff_t>(n));
+    return n;
+  }
+  // Whether the outbox is due to go at `now`: records wait, and the interval
+  // has passed since the last message or fewer than min_batch records are
+  // free.
+  [[nodiscard]] bool reports_due(double now) const noexcept {
+    if (outbox_.empty()) return false;
+    return outbox_.size() + report_rule::min_batch > rule_.batch || now - sent_at_ >= rule_.interval;
+  }
+  // The driver sent unsent() in one message at `now`.
+  void reports_sent(double now) noexcept {
+    outbox_.clear();
+    sent_at_ = now;
+    ++messages_;
+  }
+  // The records waiting are dropped (the worker died; a new incarnation).
+  void drop_reports() noexcept {
+    outbox_.clear();
+    sent_at_ = -std::numeric_limits<double>::infinity();
+  }
+  // Measurements messages sent (reports_sent calls).
+  [[nodiscard]] std::uint64_t report_messages() const noexcept { return messages_; }
+
+  // The rule in one call, at a cycle's end: queues `ms` (the cycle's
+  // measurements(), or a leader's) and calls send(unsent()) for every
+  // message due now: a full outbox before the rest is queued, then the
+  // outbox if reports_due(now). `send` is the driver's I/O.
+  template <class Send>
+  void report(std::span<const ashl::measurement> ms, double now, Send&& send) {
+    for (;;) {
+      ms = ms.subspan(queue_reports(ms));
+      if (ms.empty()) break;
+      send(unsent());
+      reports_sent(now);
+    }
+    if (reports_due(now)) {
+      send(unsent());
+      reports_sent(now);
+    }
+  }
+  // Whatever waits goes now (before the worker leaves).
+  template <class Send>
+  void flush_reports(double now, Send&& send) {
+    if (outbox_.empty()) return;
+    send(unsent());
+    reports_sent(now);
+  }
 
  private:
   void end_compute(double now) {
@@ -248,6 +362,10 @@ class worker_cycle {
   bool has_commit_ = false;
   phase phase_ = phase::idle;
   std::vector<ashl::measurement> log_;
+  report_rule rule_{};
+  std::vector<ashl::measurement> outbox_;
+  double sent_at_ = -std::numeric_limits<double>::infinity();
+  std::uint64_t messages_ = 0;
 };
 
 }  // namespace ps

@@ -59,6 +59,11 @@ struct worker_spec {
   double bandwidth_bytes_per_s = std::numeric_limits<double>::infinity();
   jitter_spec compute_jitter{};
   jitter_spec comm_jitter{};
+  // The worker pushes (ps::worker::push): each server answers its commit with
+  // a header-only acknowledgement, when its policy releases the pull, instead
+  // of its parameters; hooks.serve and hooks.deliver are not called for it.
+  // JSON: "push": true.
+  bool push = false;
 };
 
 struct server_spec {

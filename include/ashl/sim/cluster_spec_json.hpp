@@ -186,6 +186,10 @@ inline result<cluster_spec> parse_cluster_spec(std::string_view text) {
     w.latency_s = lat_us * 1e-6;
     ASHL_TRY(detail::read_jitter(e, p, "jitter", w.compute_jitter));
     ASHL_TRY(detail::read_jitter(e, p, "comm_jitter", w.comm_jitter));
+    if (const auto pv = e.find("push"); pv != e.end()) {
+      if (!pv->is_boolean()) return detail::bad_json(p + "push", *pv, "must be true or false");
+      w.push = pv->get<bool>();
+    }
     for (std::uint64_t k = 0; k < count; ++k) {
       s.workers.push_back(w);
       entry_of.push_back(i);

@@ -59,6 +59,9 @@ struct worker_stats {
   double compute_s = 0.0, compress_s = 0.0, send_s = 0.0, wait_s = 0.0, receive_s = 0.0;
   std::uint64_t bytes_sent = 0, bytes_received = 0;
   std::uint64_t commits = 0, iterations = 0, samples = 0;
+  // Measurements messages sent to the servers (ps::worker_cycle's rule,
+  // run_options.reports; worker_telemetry::measurement_messages).
+  std::uint64_t measurement_messages = 0;
   bool alive = false;
   [[nodiscard]] double busy_s() const noexcept { return compute_s + compress_s + send_s + wait_s + receive_s; }
 };

@@ -28,8 +28,13 @@
 // reply it names starts a transfer of that server's parameters on its egress
 // link. The worker waits until every server has replied and computes again.
 // Measurements (compute, compress, push, pull, commit) are worker_cycle's,
-// told to every server; metrics (the evaluate hook, every metric_interval)
-// likewise. Without a compute hook the run is timing only: a layout of 0
+// sent to every server by worker_cycle's rule, as the real worker sends
+// them: at the cycle's end once run_options.reports.interval has passed
+// since the worker's last measurements message, or when its batch is
+// nearly full, and when it is done; a measurements message is a small
+// message (as a plan_update is: no link bandwidth) that reaches server k
+// after the worker's and k's latencies. Metrics (the evaluate hook, every
+// metric_interval) are told to every server at once. Without a compute hook the run is timing only: a layout of 0
 // elements, payload = model_bytes × plan ratio. Scheduled changes
 // (cluster_spec.hpp) slow workers down, kill them (their transfers are
 // cancelled, every server evicts them after failure_timeout_s) or start them.
@@ -118,7 +123,8 @@ struct hooks {
   std::function<evaluation(double now, std::span<const float> parameters)> evaluate;
   // Server 0 sent plan updates (a policy changed plans).
   std::function<void(double now)> plans_changed;
-  // Every measurement a worker reports (after it is told to the servers).
+  // Every measurement a worker reports, when its measurements message is
+  // sent (ps::worker_cycle's rule); the servers get it after the latencies.
   std::function<void(const measurement&)> measured;
 };
 
@@ -143,6 +149,10 @@ struct run_options {
   bool record_trace = false;
   std::size_t trace_limit = 2'000'000;   // spans kept at most
   bool measurements = true;              // tell the servers what the workers measured
+  // When a worker's measurements go to the servers: the real worker's
+  // rule and default (ps::worker_params::measurement_interval,
+  // measurement_batch); batch >= 8, interval >= 0 and finite.
+  ps::report_rule reports{};
 };
 
 template <sync::consistency_policy Policy = sync::any_policy>
@@ -217,6 +227,15 @@ class simulator {
     ASHL_ASSERT(!ran_, "simulator::run: a simulator runs once (create another)");
     ran_ = true;
     opt_ = opt;
+    if (opt_.reports.batch < ps::report_rule::min_batch) {
+      r_.error = invalid_argument("run_options.reports.batch", opt_.reports.batch, "must be >= 8").message();
+      return std::move(r_);
+    }
+    if (!(opt_.reports.interval >= 0.0) || !std::isfinite(opt_.reports.interval)) {
+      r_.error = invalid_argument("run_options.reports.interval", opt_.reports.interval, "must be >= 0 and finite")
+                     .message();
+      return std::move(r_);
+    }
     setup();
     while (!q_.empty()) {
       const event e = q_.pop();
@@ -256,7 +275,8 @@ class simulator {
   }
 
   enum kind : std::uint32_t {
-    k_compute_done, k_compress_done, k_link_check, k_flow_done, k_arrive, k_metric, k_change, k_evict, k_plan
+    k_compute_done, k_compress_done, k_link_check, k_flow_done, k_arrive, k_metric, k_change, k_evict, k_plan,
+    k_measurements
   };
   enum dir : std::uint32_t { up = 0, down = 1 };
   enum class state : std::uint8_t { absent, computing, compressing, sending, waiting, receiving, done, dead };
@@ -276,6 +296,7 @@ class simulator {
     std::uint32_t down_left = 0;         // reply shards not yet arrived
     std::uint64_t up_bytes = 0, down_bytes = 0, down_payload = 0;
     bool last_commit = false;            // no pull rides with this commit (the worker is done after it)
+    bool pull_only = false;              // the reply awaited is the join's pull's (not a commit's)
     worker_plan plan{};                  // of the cycle in progress
   };
 
@@ -286,6 +307,8 @@ class simulator {
     q_.clear();
     mail_.clear();
     free_mail_.clear();
+    free_reports_.clear();
+    for (std::uint32_t i = 0; i < reports_mail_.size(); ++i) free_reports_.push_back(i);
     q_.reserve(4 * m * s + 64);
     r_ = run_result{};
     r_.workers.assign(m, worker_stats{});
@@ -293,7 +316,7 @@ class simulator {
     w_.assign(m, worker{});
     cycles_.clear();
     cycles_.reserve(m);
-    for (std::uint32_t w = 0; w < m; ++w) cycles_.emplace_back(w);
+    for (std::uint32_t w = 0; w < m; ++w) cycles_.emplace_back(w, opt_.reports);
     act_.reserve(m);
     payloads_.assign(s, shard_payload{});
     {
@@ -352,6 +375,7 @@ class simulator {
       case k_metric: on_metric_tick(); break;
       case k_change: on_change(spec_.changes[e.target]); break;
       case k_plan: on_plan(e.target); break;
+      case k_measurements: on_measurements(e.target, static_cast<std::uint32_t>(e.tag)); break;
       case k_evict:
         for (std::uint32_t k = 0; k < cores_.size(); ++k) {
           cores_[k].evict(e.target, clock_.now(), act_);
@@ -420,7 +444,6 @@ class simulator {
     st.iterations += cy.iterations();
     st.samples += cy.samples();
     span(w, activity::compute, wk.activity_start, now);
-    report(w);
     wk.sequence = cy.sequence() + 1;  // commit_sent will number it so
     const std::size_t s = cores_.size();
     if (hooks_.compute) {
@@ -446,7 +469,6 @@ class simulator {
     r_.workers[w].compress_s += now - wk.activity_start;
     span(w, activity::compress, wk.activity_start, now);
     cycles_[w].compressed(now, static_cast<double>(commit_payload_bytes(w)));
-    report(w);
     send_commit(w);
   }
 
@@ -476,6 +498,7 @@ class simulator {
     wk.down_left = static_cast<std::uint32_t>(cores_.size());
     wk.down_bytes = wk.down_payload = 0;
     wk.last_commit = opt_.commits_per_worker > 0 && r_.workers[w].commits + 1 >= opt_.commits_per_worker;
+    wk.pull_only = false;
     send_shards(w, commit_payload_bytes(w));
   }
 
@@ -578,10 +601,13 @@ class simulator {
       ++st.commits;
       ++r_.commits;
       cycles_[w].commit_arrived(now, static_cast<double>(wk.up_bytes));
-      report(w);
       // The worker waits from here (a reply that already started shortens it).
       if (wk.last_commit) {
+        // Its last cycle: what it measured goes out now, and what its
+        // outbox holds, as a real worker's does before it leaves.
         wk.st = state::done;
+        report(w);
+        cycles_[w].flush_reports(now, [&](std::span<const measurement> ms) { mail_measurements(w, ms); });
       } else {
         begin(w, state::waiting);
       }
@@ -607,6 +633,7 @@ class simulator {
       c.payload = p.bytes;
     }
     c.pull = !wk.last_commit;
+    c.ack_only = c.pull && spec_.workers[w].push;  // a push: the pull is answered with a header
     cores_[k].commit(c, now, act_);
     act(k);
     if (last && wk.st == state::done) {
@@ -632,15 +659,22 @@ class simulator {
     if (wk.down_started >= cores_.size()) return;
     const std::uint64_t tau = cores_[k].serve_staleness(w);
     if (k == 0) wk.staleness = tau;  // server 0's, as a real worker reads it
-    if (hooks_.serve) hooks_.serve(w, k, cores_[k].parameters());
-    const std::uint64_t bytes = reply_bytes(k) + spec_.header_bytes;
+    // A pushing worker's pull after a commit is answered with a header only
+    // (ps::server's acknowledgement); its join's pull with the parameters.
+    const bool ack = acked(w);
+    if (hooks_.serve && !ack) hooks_.serve(w, k, cores_[k].parameters());
+    const std::uint64_t payload = ack ? 0 : reply_bytes(k);
+    const std::uint64_t bytes = payload + spec_.header_bytes;
     wk.down_bytes += bytes;
-    wk.down_payload += reply_bytes(k);
+    wk.down_payload += payload;
     r_.workers[w].bytes_received += bytes;
     ++wk.down_started;
     start_flow(w, down, k, bytes, cap_of(w));
     if (wk.down_started == cores_.size() && wk.st == state::waiting) to_receiving(w);
   }
+
+  // Worker w pushes and its pending reply is to a commit (not the join's pull).
+  [[nodiscard]] bool acked(std::uint32_t w) const { return spec_.workers[w].push && !w_[w].pull_only; }
 
   [[nodiscard]] std::uint64_t reply_bytes(std::uint32_t k) const {
     if (layout_.elements() > 0) return 4 * layout_.range(k).size();
@@ -655,7 +689,9 @@ class simulator {
     r_.workers[w].wait_s += now - wk.activity_start;
     span(w, activity::wait, wk.activity_start, now);
     begin(w, state::receiving);
-    cycles_[w].reply_started(now);
+    // An acknowledgement is no transfer to time: a push's commit measurement
+    // runs to its arrival, as the real worker's does.
+    if (!acked(w)) cycles_[w].reply_started(now);
   }
 
   void reply_arrived(std::uint32_t w) {
@@ -664,9 +700,13 @@ class simulator {
     const double now = clock_.now();
     r_.workers[w].receive_s += now - wk.activity_start;
     span(w, activity::receive, wk.activity_start, now);
-    if (hooks_.deliver) hooks_.deliver(w);
-    // Pull amount: the parameters' bytes (headers not counted, as before issue 9).
-    cycles_[w].reply_arrived(now, static_cast<double>(wk.down_payload));
+    if (acked(w)) {
+      cycles_[w].ack_arrived(now);  // commit = push + the wait; no pull
+    } else {
+      if (hooks_.deliver) hooks_.deliver(w);
+      // Pull amount: the parameters' bytes (headers not counted, as before issue 9).
+      cycles_[w].reply_arrived(now, static_cast<double>(wk.down_payload));
+    }
     report(w);
     start_compute(w);
   }
@@ -718,18 +758,52 @@ class simulator {
     cycles_[m.worker].plan_arrived(m.plan, ps::plan_codec(m.plan, compression_));
   }
 
-  // Tells every server what worker w measured since the last report.
+  // The end of worker w's cycle: its measurements join its outbox, and a
+  // measurements message leaves when worker_cycle's rule says so.
   void report(std::uint32_t w) {
     auto& cy = cycles_[w];
-    for (const auto& m : cy.measurements()) {
-      if (opt_.measurements)
-        for (std::uint32_t k = 0; k < cores_.size(); ++k) {
-          cores_[k].measurement(m, act_);
-          act(k);
-        }
-      if (hooks_.measured) hooks_.measured(m);
-    }
+    cy.report(cy.measurements(), clock_.now(), [&](std::span<const measurement> ms) { mail_measurements(w, ms); });
     cy.clear_measurements();
+  }
+
+  // One measurements message from w to every server (a small message:
+  // server k has it after w's and k's latencies).
+  void mail_measurements(std::uint32_t w, std::span<const measurement> ms) {
+    ++r_.workers[w].measurement_messages;
+    if (hooks_.measured)
+      for (const auto& m : ms) hooks_.measured(m);
+    if (!opt_.measurements || ms.empty()) return;
+    std::uint32_t slot;
+    if (!free_reports_.empty()) {
+      slot = free_reports_.back();
+      free_reports_.pop_back();
+    } else {
+      slot = static_cast<std::uint32_t>(reports_mail_.size());
+      reports_mail_.emplace_back();
+      reports_mail_.back().records.reserve(opt_.reports.batch);
+    }
+    auto& r = reports_mail_[slot];
+    r.worker = w;
+    r.incarnation = w_[w].incarnation;
+    r.servers_left = static_cast<std::uint32_t>(cores_.size());
+    r.records.assign(ms.begin(), ms.end());
+    for (std::uint32_t k = 0; k < cores_.size(); ++k)
+      q_.push(clock_.now() + spec_.workers[w].latency_s + spec_.servers[k].latency_s, k_measurements, slot, k);
+  }
+
+  // A measurements message reached server k. One of a worker that died
+  // since, or of its earlier incarnation, is dropped, as its cancelled
+  // transfers are.
+  void on_measurements(std::uint32_t slot, std::uint32_t k) {
+    auto& r = reports_mail_[slot];
+    const auto& wk = w_[r.worker];
+    if (wk.incarnation == r.incarnation && wk.st != state::dead && wk.st != state::absent) {
+      for (const auto& m : r.records) {
+        cores_[k].measurement(m, act_);
+        act(k);
+      }
+    }
+    if (--r.servers_left == 0) free_reports_.push_back(slot);
   }
 
   void on_metric_tick() {
@@ -776,6 +850,7 @@ class simulator {
         r_.workers[w].alive = false;
         cycles_[w].abandon();
         cycles_[w].clear_measurements();
+        cycles_[w].drop_reports();  // its unsent records die with it
         cancel_flows(w, up);
         cancel_flows(w, down);
         ++wk.gen[up];
@@ -790,6 +865,7 @@ class simulator {
         ++wk.incarnation;
         cycles_[w].restart();
         cycles_[w].pull_sent(now);
+        wk.pull_only = true;
         ++wk.gen[down];
         wk.down_started = 0;
         wk.down_left = static_cast<std::uint32_t>(cores_.size());
@@ -857,6 +933,14 @@ class simulator {
   };
   std::vector<plan_mail> mail_;             // plan_updates in flight (k_plan's target is the slot)
   std::vector<std::uint32_t> free_mail_;
+  struct reports_mail {
+    std::uint32_t worker = 0;
+    std::uint64_t incarnation = 0;
+    std::uint32_t servers_left = 0;        // servers it has not reached yet
+    std::vector<measurement> records;      // capacity: run_options.reports.batch
+  };
+  std::vector<reports_mail> reports_mail_;  // measurements messages in flight (k_measurements: slot, server)
+  std::vector<std::uint32_t> free_reports_;
   std::vector<shard_payload> payloads_;    // the compute hook's answer, one per server
   std::vector<shard_payload> payload_of_;  // per (worker, server): the commit in flight
   std::vector<float> eval_params_;
