@@ -18,9 +18,13 @@
 //
 // The buffers are views: a commit is sent from the caller's gradient buffer
 // when the plan does not compress (identity f32, zero copy: the header is
-// sealed over the payload where it lies), and a pull reply is received
-// straight into the caller's parameter buffer (rendezvous data lands there;
-// small eager replies are copied once from the transport's buffer). With a
+// sealed over the payload where it lies). A pull reply is received into a
+// buffer the worker owns (one model's worth, allocated at create()), its
+// checksum and shape checked, and only once every server's reply of the
+// pull passed is it copied into the caller's parameter buffer: a bad reply
+// (CRC, size, shape) fails the wait and leaves the caller's parameters as
+// they were (worker_params::stage_replies; false receives rendezvous data
+// straight into the caller's buffer, checked after it landed). With a
 // compressing plan each shard is encoded with the plan's codec and error
 // feedback (one residual per shard) into a buffer the worker owns.
 //
@@ -159,6 +163,16 @@ struct worker_params {
   // Records in one measurements message at most (>= 8: a cycle records up to
   // five); at most the servers' wire limits.max_measurements.
   std::uint32_t measurement_batch = 64;
+  // A pull reply is received into the worker's own buffer (the model's size,
+  // allocated once at create()) and copied into the caller's parameters only
+  // when every server's reply of that pull was checked (CRC-32C, size,
+  // shape): a bad reply fails the wait and the caller's parameters stay
+  // exactly as they were. The cost is the model's memory once more and one
+  // copy per pull (docs/perf/ps-ucx.md, "Verified replies"). false: the
+  // zero-copy path, where rendezvous data lands in the caller's buffer before
+  // its checksum is known, so a bad reply leaves bad values there (the wait
+  // still fails) and a multi-server pull that fails may leave some shards new.
+  bool stage_replies = true;
 };
 
 // The plan and codec in force for a worker's cycle (a leader's, handed to
@@ -175,7 +189,9 @@ struct worker_telemetry {
   std::uint64_t plan_changes = 0;     // of them, plans that differed from the one in force
   std::uint64_t plans_ignored = 0;    // plan_updates from servers other than 0
   std::uint64_t errors = 0;           // error messages from servers
-  std::uint64_t copied_replies = 0;   // pull replies delivered eagerly (copied once into the buffer)
+  std::uint64_t copied_replies = 0;   // pull replies delivered eagerly (copied once from the transport's buffer)
+  std::uint64_t staged_replies = 0;   // pulls whose checked replies were copied from the worker's buffer (stage_replies)
+  std::uint64_t bad_messages = 0;     // messages from servers refused (checksum, size, shape): the wait failed
   std::uint64_t reconnects = 0;       // connections to a server made again (worker_params.reconnect)
   std::uint64_t measurement_messages = 0;  // measurements messages sent (to each server; measurement_interval)
   double wait_seconds = 0.0;          // inside wait()
@@ -196,6 +212,8 @@ struct worker_telemetry {
         field{"plans_ignored", &worker_telemetry::plans_ignored},
         field{"errors", &worker_telemetry::errors},
         field{"copied_replies", &worker_telemetry::copied_replies},
+        field{"staged_replies", &worker_telemetry::staged_replies},
+        field{"bad_messages", &worker_telemetry::bad_messages},
         field{"reconnects", &worker_telemetry::reconnects},
         field{"measurement_messages", &worker_telemetry::measurement_messages},
         field{"wait_seconds", &worker_telemetry::wait_seconds},
@@ -398,6 +416,10 @@ class worker {
     std::vector<std::span<const std::byte>> enc;  // per shard: the encoded payload of the commit in flight
     std::vector<std::span<const float>> dense;    // per shard: the dense update in flight (maybe with e folded in)
     std::vector<std::byte> spill;            // a data part that is not a pull reply into params
+    // stage_replies: the replies of the pull in flight, checked before they
+    // are copied into params (the model's size; not zeroed: every element is
+    // written by a reply before it is read).
+    std::unique_ptr<float[]> staged;
     std::vector<slot> slots;
     std::vector<std::uint32_t> free_slots;
     std::vector<ashl::measurement> reports;   // cycles' measurements not sent yet (capacity: measurement_batch)
@@ -449,6 +471,22 @@ class worker {
       free_slots.reserve(4 * S + 8);
       reports.reserve(p.measurement_batch);
       reported.reserve(8);
+      if (p.stage_replies) staged = std::make_unique_for_overwrite<float[]>(params.size());
+    }
+
+    // Where shard s's pull reply goes: the worker's staging buffer, or the
+    // caller's parameters (stage_replies false).
+    [[nodiscard]] std::span<float> reply_target(const key_range& r) const noexcept {
+      if (staged) return {staged.get() + r.begin, r.size()};
+      return params.subspan(r.begin, r.size());
+    }
+
+    // Every server's reply of the pull passed its checks: the parameters
+    // change here, all shards at once, never after a bad reply.
+    void deliver_replies() {
+      if (!staged || !failed.ok()) return;
+      std::memcpy(params.data(), staged.get(), params.size_bytes());
+      ++tel.staged_replies;
     }
 
     [[nodiscard]] bool pending() const noexcept { return sends_pending != 0 || replies_pending != 0; }
@@ -905,7 +943,7 @@ class worker {
       const key_range r = layout.range(s);
       if (kind == wire::message_kind::pull_reply && n == r.size() * sizeof(float) && replies_pending != 0 && !replied[s]) {
         note_reply_started();  // the data follows: it is the transfer
-        return std::as_writable_bytes(params.subspan(r.begin, r.size()));
+        return std::as_writable_bytes(reply_target(r));
       }
       // Anything else (an error text, a reply of the wrong size) goes to a
       // buffer of the worker's, bounded by the largest reply it can expect.
@@ -923,6 +961,7 @@ class worker {
       lim.max_elements = std::max<std::uint64_t>(r.size(), 1);
       auto m = wire::decode(head, data, lim);
       if (!m) {
+        ++tel.bad_messages;
         fail(make_error(m.error().code(), "worker.message", server_name(s), m.error().message()));
         return;
       }
@@ -933,18 +972,19 @@ class worker {
           note_reply_started();
           if (h.codec != codec_id::identity || h.type != dtype::f32 || h.element_count != r.size() ||
               h.tensor != s) {
+            ++tel.bad_messages;
             fail(make_error(errc::malformed, "pull_reply.element_count", h.element_count,
                             "from " + server_name(s) + ": expected " + std::to_string(r.size()) +
                                 " f32 identity elements of shard " + std::to_string(s)));
             return;
           }
-          auto dst = std::as_writable_bytes(params.subspan(r.begin, r.size()));
+          auto dst = std::as_writable_bytes(reply_target(r));
           if (m->payload.data() != dst.data()) {
             std::memcpy(dst.data(), m->payload.data(), dst.size());
             ++tel.copied_replies;
           }
           replied[s] = 1;
-          --replies_pending;
+          if (--replies_pending == 0) deliver_replies();
           reply_bytes += head.size() + data.size();
           if (s == 0) staleness = h.step;  // τ (docs/wire-format.md, pull_reply)
           return;
