@@ -366,6 +366,17 @@ class worker {
   // newest plan), or a server failed, refused, or the timeout passed.
   status wait() { return state_->wait(); }
 
+  // wait() in slices, for a caller that acts between them (the Python
+  // binding checks for Ctrl-C): drives the transport for about `slice` at
+  // most and returns nothing while the commit (or pull) is still pending,
+  // else what wait() returns. worker_params.timeout counts from the call
+  // with first = true; a wait abandoned between slices leaves the worker as
+  // it was (the commit in flight), and a later wait() or wait_for(.., true)
+  // takes it up with a whole timeout.
+  std::optional<status> wait_for(std::chrono::microseconds slice, bool first) {
+    return state_->wait_for(slice, first);
+  }
+
   // One progress pass without blocking; true when nothing is pending.
   bool test() {
     std::lock_guard g(state_->mu);
@@ -750,6 +761,33 @@ class worker {
     status wait() {
       const double deadline = clock.now() + seconds(p.timeout);
       ASHL_TRY(drive_until([&] { return !pending(); }, deadline, "waiting for the commit and the parameters"));
+      return wait_done();
+    }
+
+    double wait_deadline = 0.0;  // wait_for()'s: worker_params.timeout from its first slice
+
+    std::optional<status> wait_for(std::chrono::microseconds slice, bool first) {
+      const double now = clock.now();
+      std::uint64_t reconnects = 0;
+      {
+        std::lock_guard g(mu);
+        if (first) wait_deadline = now + seconds(p.timeout);
+        reconnects = tel.reconnects;
+      }
+      const double until = std::min(wait_deadline, now + std::chrono::duration<double>(slice).count());
+      status st = drive_until([&] { return !pending(); }, until, "waiting for the commit and the parameters");
+      if (!st.ok()) {
+        std::lock_guard g(mu);
+        if (tel.reconnects != reconnects)  // a server came back: a whole timeout for its answer, as wait()'s
+          wait_deadline = std::max(wait_deadline, clock.now() + seconds(p.timeout));
+        if (st.code() == errc::timed_out && failed.ok() && clock.now() < wait_deadline) return std::nullopt;
+        return st;
+      }
+      return wait_done();
+    }
+
+    // The commit was sent and the parameters arrived: the cycle ends.
+    status wait_done() {
       std::lock_guard g(mu);
       if (committing) {
         hold_for_link(link_direction::down, reply_bytes);
