@@ -22,8 +22,12 @@
 //                      already held (applied by the first server, their
 //                      replies lost in the kill, sent again): D <= 3, one
 //                      in flight per worker;
-//   K - (R - D) <= every   the acknowledged commits the checkpoint lacks,
-//                      lost with the first server: at most one interval;
+//   K - (R - D) <= every + 3   the acknowledged commits the checkpoint
+//                      lacks, lost with the first server: at most one
+//                      interval, and the commits the server's pass that
+//                      crossed it applied and acknowledged before the
+//                      checkpoint was taken (one per worker: each has one
+//                      commit in flight). Runs have lost 0 to 30 of every 30;
 //   so R + N == A - lost: nothing applied twice, nothing lost beyond it.
 
 #if !ASHL_HAS_UCX() || !defined(ASHL_TEST_PS_NODE)
@@ -155,7 +159,7 @@ void checkpoint_kill_server_restore_resumes(const char* tls) {
   BOOST_TEST(N == (A - K) - D, tls << ": the restarted server applied " << N << ", acknowledged " << A - K
                                    << " with " << D << " duplicates");
   BOOST_TEST(K - (R - D) >= 0.0, tls << ": acknowledged by the first server " << K << ", restored " << R);
-  BOOST_TEST(K - (R - D) <= static_cast<double>(every),
+  BOOST_TEST(K - (R - D) <= static_cast<double>(every) + 3.0,
              tls << ": lost " << K - (R - D) << " acknowledged commits (first server " << K << ", restored " << R << ")");
 }
 
