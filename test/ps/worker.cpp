@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -174,6 +175,14 @@ BOOST_AUTO_TEST_CASE(a_wait_that_cannot_end_times_out_with_its_bound_named) {
   ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
   while (!wk->iteration_done()) {}
   ASHL_REQUIRE(wk->commit(g).ok());
+  // In slices (what the Python binding does to see Ctrl-C): nothing yet,
+  // then the same timeout, counted from the first slice.
+  ASHL_TEST(!wk->wait_for(20ms, true).has_value());
+  std::optional<ashl::status> sliced;
+  for (int i = 0; i < 1000 && !sliced; ++i) sliced = wk->wait_for(20ms, false);
+  ASHL_REQUIRE(sliced.has_value());
+  ASHL_TEST((sliced->code() == ashl::errc::timed_out), sliced->message());
+  ASHL_TEST(contains(sliced->message(), "worker.timeout_ms = 300"), sliced->message());
   const auto s = wk->wait();
   ASHL_TEST((s.code() == ashl::errc::timed_out));
   ASHL_TEST(contains(s.message(), "worker.timeout_ms = 300"), s.message());

@@ -168,7 +168,9 @@ struct worker_params {
   // when every server's reply of that pull was checked (CRC-32C, size,
   // shape): a bad reply fails the wait and the caller's parameters stay
   // exactly as they were. The cost is the model's memory once more and one
-  // copy per pull (docs/perf/ps-ucx.md, "Verified replies"). false: the
+  // copy per pull (docs/perf/ps-ucx.md, "Verified replies"); a small
+  // (eager) reply that completes the pull is copied from the transport's
+  // buffer into the caller's once checked, as without staging. false: the
   // zero-copy path, where rendezvous data lands in the caller's buffer before
   // its checksum is known, so a bad reply leaves bad values there (the wait
   // still fails) and a multi-server pull that fails may leave some shards new.
@@ -190,7 +192,7 @@ struct worker_telemetry {
   std::uint64_t plans_ignored = 0;    // plan_updates from servers other than 0
   std::uint64_t errors = 0;           // error messages from servers
   std::uint64_t copied_replies = 0;   // pull replies delivered eagerly (copied once from the transport's buffer)
-  std::uint64_t staged_replies = 0;   // pulls whose checked replies were copied from the worker's buffer (stage_replies)
+  std::uint64_t staged_replies = 0;   // pulls delivered to the caller's buffer once every reply was checked (stage_replies)
   std::uint64_t bad_messages = 0;     // messages from servers refused (checksum, size, shape): the wait failed
   std::uint64_t reconnects = 0;       // connections to a server made again (worker_params.reconnect)
   std::uint64_t measurement_messages = 0;  // measurements messages sent (to each server; measurement_interval)
@@ -493,10 +495,16 @@ class worker {
     }
 
     // Every server's reply of the pull passed its checks: the parameters
-    // change here, all shards at once, never after a bad reply.
-    void deliver_replies() {
+    // change here, all shards at once, never after a bad reply. Shard
+    // `direct` (an eager reply, the pull's last) was copied into them
+    // already.
+    void deliver_replies(std::uint32_t direct) {
       if (!staged || !failed.ok()) return;
-      std::memcpy(params.data(), staged.get(), params.size_bytes());
+      for (std::uint32_t s = 0; s < servers(); ++s) {
+        if (s == direct) continue;
+        const key_range r = layout.range(s);
+        std::memcpy(params.data() + r.begin, staged.get() + r.begin, r.size() * sizeof(float));
+      }
       ++tel.staged_replies;
     }
 
@@ -1017,12 +1025,19 @@ class worker {
             return;
           }
           auto dst = std::as_writable_bytes(reply_target(r));
+          std::uint32_t direct = ~std::uint32_t{0};
           if (m->payload.data() != dst.data()) {
+            // An eager reply, checked already: the pull's last one goes
+            // straight into the parameters (one copy, as without staging).
+            if (staged && replies_pending == 1 && failed.ok()) {
+              dst = std::as_writable_bytes(params.subspan(r.begin, r.size()));
+              direct = s;
+            }
             std::memcpy(dst.data(), m->payload.data(), dst.size());
             ++tel.copied_replies;
           }
           replied[s] = 1;
-          if (--replies_pending == 0) deliver_replies();
+          if (--replies_pending == 0) deliver_replies(direct);
           reply_bytes += head.size() + data.size();
           if (s == 0) staleness = h.step;  // τ (docs/wire-format.md, pull_reply)
           return;
