@@ -101,33 +101,35 @@ def test_ctrl_c_interrupts_a_servers_run():
 
 
 def test_a_worker_dropped_between_commit_and_wait():
-    # BSP over two workers: the dropped worker's commit is held in its round
-    # (its pull reply never comes) when the Python objects go. The native
+    N = 1 << 22
+    # BSP over two workers: the dropped worker's commit (16 MiB: over UCX its
+    # send is likely still in flight) is held in its round (its pull reply
+    # never comes) when the Python objects go. The native
     # worker keeps the update and parameter buffers until its transport is
     # closed; the server sees the connection go and evicts the rank, and the
     # other worker carries on alone. Over UCX when the build has it (a
     # zero-copy send from the dropped update), else in-process.
     kw = {"insecure": True}
     if ashl.has_ucx:
-        srv = ashl.Server(size=4096, policy="bsp", workers=2, listen="127.0.0.1:0", worker_timeout=30.0,
+        srv = ashl.Server(size=N, policy="bsp", workers=2, listen="127.0.0.1:0", worker_timeout=30.0,
                           no_worker_grace=2.0, **kw)
         addr = srv.address
         wkw = dict(kw)
     else:
         fabric = ashl.InprocFabric()
-        srv = ashl.Server(size=4096, policy="bsp", workers=2, fabric=fabric, listen="s0", no_worker_grace=2.0, **kw)
+        srv = ashl.Server(size=N, policy="bsp", workers=2, fabric=fabric, listen="s0", no_worker_grace=2.0, **kw)
         addr = "s0"
         wkw = dict(kw, fabric=fabric)
     srv.start()
-    keep = np.zeros(4096, dtype=np.float32)
+    keep = np.zeros(N, dtype=np.float32)
     survivor = ashl.Worker(keep, [addr], rank=0, timeout=30.0, **wkw)
 
     def commit_and_drop():
-        w = np.zeros(4096, dtype=np.float32)
+        w = np.zeros(N, dtype=np.float32)
         wk = ashl.Worker(w, [addr], rank=1, timeout=30.0, **wkw)
         while not wk.iteration_done():
             pass
-        wk.commit(np.full(4096, 0.5, dtype=np.float32))  # held: rank 0 has not committed
+        wk.commit(np.full(N, 0.5, dtype=np.float32))  # held: rank 0 has not committed
         # w, the update and wk go out of scope here: only the native worker holds them.
 
     commit_and_drop()
@@ -140,10 +142,10 @@ def test_a_worker_dropped_between_commit_and_wait():
         time.sleep(0.05)
     assert srv.telemetry["core"]["evictions"] + srv.telemetry["core"]["leaves"] >= 1, srv.telemetry
     # The survivor's rounds go on without rank 1.
-    for _ in range(3):
+    for _ in range(2):
         while not survivor.iteration_done():
             pass
-        survivor.commit(np.full(4096, 0.25, dtype=np.float32))
+        survivor.commit(np.full(N, 0.25, dtype=np.float32))
         survivor.wait()
     survivor.leave()
     srv.join()
