@@ -19,7 +19,8 @@
 // waits, at most 5 s, while the slowest worker is more than N commits
 // behind: the workers train together on a loaded machine), counts each
 // commit whose wait() succeeded in slot 32 + rank (acknowledged: the fault
-// tests compare them with the server's commits_applied), and with --ssp-check after
+// tests compare them with the server's commits_applied; ranks 0-30 only,
+// slot 63 is the barrier's), and with --ssp-check after
 // each wait checks that no worker is more than --staleness commits behind
 // its own count.
 #include <ashl/ps/launch.hpp>
@@ -306,7 +307,7 @@ int train(const ps::job& j, const options& o) {
     if (shared) std::atomic_ref<std::uint64_t>(shared[j.rank]).fetch_add(1);
     if (auto s = wk->commit(g); !s) return fail(s.to_string());
     if (auto s = wk->wait(); !s) return fail(s.to_string());
-    if (shared) std::atomic_ref<std::uint64_t>(shared[32 + j.rank]).fetch_add(1);  // acknowledged
+    if (shared && j.rank < 31) std::atomic_ref<std::uint64_t>(shared[32 + j.rank]).fetch_add(1);  // acknowledged
     if (shared && o.ssp_check) {
       std::uint64_t mn = ~std::uint64_t{0};
       for (std::uint32_t k = 0; k < j.num_workers; ++k) mn = std::min(mn, std::atomic_ref<std::uint64_t>(shared[k]).load());

@@ -139,8 +139,9 @@ class job {
     for (std::uint32_t k = 0; k < workers_; ++k) t += commits_started(k);
     return t;
   }
-  // The commits of worker `rank` (every process of that rank) whose wait()
-  // succeeded: acknowledged by a server (ps_node counts them after wait()).
+  // The commits of worker `rank` (every process of that rank; ranks 0-30)
+  // whose wait() succeeded: acknowledged by a server (ps_node counts them
+  // after wait()).
   [[nodiscard]] std::uint64_t commits_acknowledged(std::uint32_t rank) const {
     return std::atomic_ref<std::uint64_t>(counters_[32 + rank]).load();
   }
