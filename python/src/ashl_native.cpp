@@ -428,23 +428,19 @@ class py_worker {
     }
     check(s);
   }
-  // Drives the transport in slices of 100 ms without the GIL and checks for
-  // signals between them: Ctrl-C raises KeyboardInterrupt within a slice,
-  // and the worker is as it was (the commit still in flight: wait() again
-  // takes it up, or drop the worker).
+  // On the main thread: drives the transport in slices of 100 ms without
+  // the GIL and checks for signals between them, so Ctrl-C raises
+  // KeyboardInterrupt within a slice and the worker is as it was (the
+  // commit still in flight: wait() again takes it up, or drop the worker).
+  // Another thread (ashl.torch's communication threads) cannot receive
+  // signals: it waits in one piece, never stopping to take the GIL back.
   void wait() {
     ashl::status s;
-    for (bool first = true;; first = false) {
-      std::optional<ashl::status> r;
-      {
-        py::gil_scoped_release nogil;
-        r = w_->wait_for(std::chrono::milliseconds(100), first);
-      }
-      if (r) {
-        s = std::move(*r);
-        break;
-      }
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (on_main_thread()) {
+      s = wait_in_slices();
+    } else {
+      py::gil_scoped_release nogil;
+      s = w_->wait();
     }
     // The update is no longer read once the commit completed; after a failure
     // the transport may still send from it, so it is kept until the worker
@@ -500,6 +496,25 @@ class py_worker {
   py::object update_obj_ = py::none();  // the update of the commit in flight
   std::string link_error_;  // what link_ raised, raised by the next commit() or wait() (under the GIL)
   std::unique_ptr<any_worker> w_;
+
+  ashl::status wait_in_slices() {
+    for (bool first = true;; first = false) {
+      std::optional<ashl::status> r;
+      {
+        py::gil_scoped_release nogil;
+        r = w_->wait_for(std::chrono::milliseconds(100), first);
+      }
+      if (r) return std::move(*r);
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();  // the commit stays in flight
+    }
+  }
+
+  // Python runs signal handlers on the main thread only.
+  static bool on_main_thread() {
+    static const unsigned long main_ident =
+        py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+    return PyThread_get_thread_ident() == main_ident;
+  }
 
   void check_link() {
     if (link_error_.empty()) return;
