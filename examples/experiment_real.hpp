@@ -222,8 +222,10 @@ inline int worker_role(const settings& s) {
   const double iteration_s = compute_factor[g] * reference_compute_s * K;  // at batch 64
   const double model_bytes = 4.0 * static_cast<double>(n);
   const double rate = model_bytes / (comm_factor[g] * reference_comm_s * K);
-  const char* token = std::getenv("ASHL_TOKEN");
-  auto t = ucx::create({.token = token ? token : ""});
+  const char* token_env = std::getenv("ASHL_TOKEN");
+  const std::string token = token_env ? token_env : "";
+  ::unsetenv("ASHL_TOKEN");  // read: not inherited by what this process starts (docs/multi-host.md)
+  auto t = ucx::create({.token = token});
   if (!t) return fail(s.run_dir, who, t.error().message());
   std::vector<float> W(n);  // the pulled parameters
   auto wk = ps::worker<ucx>::create({.rank = s.rank,
@@ -368,8 +370,10 @@ inline int server_role(const settings& s) {
   if (!setup) return fail(s.run_dir, who, setup.error().message());
   const std::size_t n = mlp::size();
   const std::vector<float> W0 = mlp::init(1000 + static_cast<std::uint64_t>(s.run_seed));
-  const char* token = std::getenv("ASHL_TOKEN");
-  auto t = ucx::create({.listen = s.server_host + ":" + std::to_string(s.port), .token = token ? token : ""});
+  const char* token_env = std::getenv("ASHL_TOKEN");
+  const std::string token = token_env ? token_env : "";
+  ::unsetenv("ASHL_TOKEN");  // read: not inherited by what this process starts (docs/multi-host.md)
+  auto t = ucx::create({.listen = s.server_host + ":" + std::to_string(s.port), .token = token});
   if (!t) {
     std::fprintf(stderr, "server: %s\n", t.error().message().c_str());
     return 75;  // the orchestrator tries another port

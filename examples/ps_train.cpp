@@ -210,6 +210,8 @@ int serve(const ps::job& j, const options& o) {
   srv->run(g_stop);  // until every worker left, nobody came for no_worker_grace, or a signal
   std::fprintf(stderr, "%s\nserver %u ended: %s\n", srv->progress_line().c_str(), j.rank,
                std::string(ps::to_string(srv->end())).c_str());
+  // The job's last state not on disk is a failure, whatever else went well.
+  if (!srv->final_checkpoint()) return fail("the final checkpoint failed: " + srv->final_checkpoint().message());
   return srv->end() == ps::server_end::stopped ? 1 : 0;
 }
 

@@ -187,10 +187,29 @@ def job(argv: Optional[Sequence[str]] = None) -> Job:
     sets them, or, without ASHL_ROLE, from torchrun's (RANK, WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT) or SLURM's (SLURM_PROCID, SLURM_NTASKS,
     SLURM_STEP_NODELIST) variables (``launcher_flags``); flags in ``argv``
-    (``--role`` ...) win. Raises ValueError naming the variable and its bad value."""
+    (``--role`` ...) win. Raises ValueError naming the variable and its bad value.
+
+    The token is read from ASHL_TOKEN only (``--token`` is refused: a command
+    line is visible to every user in ps(1)), must have at least 16 bytes
+    unless insecure, and is then removed from this process's environment
+    (os.environ and the C environment), so programs it starts (data loaders,
+    shells, subprocess.run) do not inherit it; later calls of job() in this
+    process use the token the first one read."""
+    global _consumed_token
     derived, _ = launcher_flags()
     args = ["python"] + derived + list(argv if argv is not None else [])
-    return Job.from_dict(_ashl.job_from(args))
+    fresh = os.environ.get("ASHL_TOKEN")
+    if fresh is not None:
+        _consumed_token = fresh
+    elif _consumed_token is not None:
+        os.environ["ASHL_TOKEN"] = _consumed_token  # for the parser only, removed again below
+    try:
+        return Job.from_dict(_ashl.job_from(args))
+    finally:
+        os.environ.pop("ASHL_TOKEN", None)  # the native parser unset it in the C environment; os.environ too
+
+
+_consumed_token: Optional[str] = None  # ASHL_TOKEN as job() read it, once removed from the environment
 
 
 def ashl_run_path() -> str:
@@ -227,20 +246,25 @@ def _is_console_script(path: str) -> bool:
 def run(command: Sequence[str], servers: int = 1, workers: int = 1, *, addr: Optional[str] = None,
         token: Optional[str] = None, insecure: bool = False, timeout: Optional[float] = None,
         grace: Optional[float] = None, verbose: bool = False, check: bool = True, trace: Optional[str] = None,
-        **popen: Any) -> subprocess.CompletedProcess:
+        ports_per_server: Optional[int] = None, **popen: Any) -> subprocess.CompletedProcess:
     """Starts one job on this machine through ashl-run: ``servers`` servers and
     ``workers`` workers of ``command``, each with the runtime contract in its
     environment. Blocks until the job ends; returns the CompletedProcess
     (raises CalledProcessError when a process failed and ``check``). Pass
     ``sys.executable`` as the program to run Python scripts with this interpreter.
-    ``token`` goes to the processes through ASHL_TOKEN, not a command line.
+    ``token`` goes to the processes through ASHL_TOKEN, not a command line
+    (at least 16 bytes, else ashl-run refuses it; unset: ASHL_TOKEN, else a random one).
     ``trace``: every worker writes a Chrome trace (ASHL_TRACE) and they are
-    merged into this path when the job ends (ashl.trace)."""
+    merged into this path when the job ends (ashl.trace). ``ports_per_server``:
+    the ports ashl-run reserves per server (its default, 16), the bound on
+    ashl.torch's buckets."""
     if not command:
         raise ValueError("command = []: needs the program to run")
     args = [ashl_run_path(), "-s", str(servers), "-w", str(workers)]
     if addr:
         args += ["--addr", addr]
+    if ports_per_server is not None:
+        args += ["--ports-per-server", str(ports_per_server)]
     if insecure:
         args.append("--insecure")
     if timeout is not None:

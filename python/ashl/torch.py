@@ -156,12 +156,17 @@ def partition(model: Any, bucket_cap_mb: Union[float, str, None] = "auto",
 def bucket_addresses(addresses: Sequence[str], bucket: int, inproc: bool) -> List[str]:
     """Where bucket ``bucket``'s servers listen, given the job's server
     addresses (bucket 0's): in-process nodes ``<node>/b<bucket>``; UCX
-    ``host:port + bucket * num_servers`` (ashl-run's contiguous ports stay
-    disjoint between servers)."""
+    ``host:port + bucket * num_servers`` (ashl-run reserves a block of
+    consecutive ports, ``ASHL_PORTS_PER_SERVER`` per server, so these stay
+    disjoint and free; a bucket past the block is refused by name)."""
     if bucket == 0:
         return list(addresses)
     if inproc:
         return [f"{a}/b{bucket}" for a in addresses]
+    reserved = os.environ.get("ASHL_PORTS_PER_SERVER", "")
+    if reserved.isdigit() and bucket >= int(reserved):
+        raise ValueError(f"bucket {bucket}: ashl-run reserved ASHL_PORTS_PER_SERVER={reserved} ports per server, "
+                         f"room for {reserved} buckets; raise ashl-run's --ports-per-server or bucket_cap_mb")
     out = []
     for a in addresses:
         host, _, port = a.rpartition(":")
@@ -993,8 +998,16 @@ class Servers:
             s.stop()
 
     def join(self) -> None:
+        """Waits for every bucket's server; then raises the first failure
+        (a final checkpoint that could not be written, naming its file)."""
+        failed = None
         for s in self.servers:
-            s.join()
+            try:
+                s.join()
+            except RuntimeError as e:
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
     def parameters(self) -> list:
         """Each bucket's server's parameters (numpy, bucket order), each one

@@ -534,6 +534,7 @@ struct any_server {
   virtual std::string progress_line() const = 0;
   virtual bool all_left() const = 0;
   virtual ps::server_end end() const = 0;
+  virtual ashl::status final_checkpoint() const = 0;
 };
 
 template <class T>
@@ -546,6 +547,7 @@ struct server_of final : any_server {
   std::string progress_line() const override { return s.progress_line(); }
   bool all_left() const override { return s.all_left(); }
   ps::server_end end() const override { return s.end(); }
+  ashl::status final_checkpoint() const override { return s.final_checkpoint(); }
 };
 
 class py_server {
@@ -634,7 +636,8 @@ class py_server {
   // Serves until every worker left (or stop()); the GIL is released. It
   // serves on a thread of its own and checks for signals every 100 ms:
   // Ctrl-C stops the server (ended "stopped"), joins it and raises
-  // KeyboardInterrupt.
+  // KeyboardInterrupt. Raises when the final checkpoint failed (the job's
+  // last state is not on disk), naming the file and the error (join()).
   void run() {
     if (thread_.joinable()) raise(ashl::invalid_argument("server.run", "running", "start() ran it already"));
     {
@@ -654,7 +657,7 @@ class py_server {
         throw py::error_already_set();
       }
     }
-    join();
+    join();  // raises if the final checkpoint failed
   }
   void start() {
     if (thread_.joinable()) raise(ashl::invalid_argument("server.start", "running", "already started"));
@@ -691,9 +694,13 @@ class py_server {
     return out;
   }
   void stop() { stop_ = true; }
+  // Waits for start()'s thread; raises as run() does.
   void join() {
-    py::gil_scoped_release nogil;
-    if (thread_.joinable()) thread_.join();
+    {
+      py::gil_scoped_release nogil;
+      if (thread_.joinable()) thread_.join();
+    }
+    check_final_checkpoint();
   }
   void stop_and_join() {
     stop_ = true;
@@ -720,6 +727,10 @@ class py_server {
   }
 
   std::unique_ptr<any_server> s_;
+  void check_final_checkpoint() const {
+    if (const ashl::status c = s_->final_checkpoint(); !c)
+      throw std::runtime_error("the final checkpoint failed: " + c.message());
+  }
   void serve() {
     {
       std::lock_guard g(snap_mu_);

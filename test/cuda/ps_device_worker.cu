@@ -90,7 +90,7 @@ struct server_process {
     argv.insert(argv.end(), extra.begin(), extra.end());
     pid = process::start(argv,
                          {{"ASHL_ROLE", "server"}, {"ASHL_RANK", "0"}, {"ASHL_NUM_WORKERS", "1"},
-                          {"ASHL_NUM_SERVERS", "1"}, {"ASHL_SERVER_ADDR", addr}, {"ASHL_TOKEN", "gpu-test-token"}},
+                          {"ASHL_NUM_SERVERS", "1"}, {"ASHL_SERVER_ADDR", addr}, {"ASHL_TOKEN", "gpu-test-token-0123"}},
                          log);
     BOOST_TEST_REQUIRE(pid > 0);
   }
@@ -98,7 +98,7 @@ struct server_process {
 };
 
 ps::device_worker<tr::ucx> join(const server_process& srv, float* d_w, std::size_t n, cudaStream_t s) {
-  auto t = tr::ucx::create({.token = "gpu-test-token"});
+  auto t = tr::ucx::create({.token = "gpu-test-token-0123"});
   BOOST_TEST_REQUIRE(t.has_value(), (t ? "" : t.error().message()));
   auto wk = ps::device_worker<tr::ucx>::create({.rank = 0, .servers = {srv.addr}, .timeout = 60s, .seed = 3},
                                               std::move(*t), {d_w, n}, s);

@@ -95,6 +95,7 @@ struct options {
   long no_worker_grace_ms = -1;     // server_params.no_worker_grace (-1: ASHL_NO_WORKER_GRACE's, 60 s)
   std::string codec = "topk";        // server_params.compression
   long pause_after = -1, pause_ms = 0;  // a worker sleeps pause_ms before commit number pause_after (no messages)
+  bool child_env = false;  // runs `env` as a child into <out>/child-env-<role><rank>.txt (test/ps/token_hygiene.cpp)
 };
 
 int fail(const std::string& m) {
@@ -145,6 +146,7 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--codec") o.codec = next();
     else if (a == "--pause-after") o.pause_after = std::stol(next());
     else if (a == "--pause-ms") o.pause_ms = std::stol(next());
+    else if (a == "--child-env") o.child_env = true;
     else {
       err = "unknown argument '" + a + "'";
       return false;
@@ -227,7 +229,9 @@ int serve(const ps::job& j, const options& o) {
       << s.transport.auth_refused << "\nunauthenticated_dropped " << s.transport.unauthenticated_dropped
       << "\nreceives_refused " << s.transport.receives_refused << "\nsends_failed " << s.transport.sends_failed << "\nplans_sent " << s.plans << "\nmessages_out " << s.messages_out << "\nunsendable " << s.unsendable << "\npeers_failed " << s.peers_failed << "\nevictions " << s.core.evictions << "\nevicted_silent "
       << s.evicted_silent << "\njoins " << s.core.joins << "\nduplicates " << s.core.duplicates << "\ncheckpoints "
-      << s.checkpoints << "\ncheckpoint_failures " << s.checkpoint_failures << "\nrestored_version "
+      << s.checkpoints << "\ncheckpoint_failures " << s.checkpoint_failures << "\ncheckpoints_deferred "
+      << s.checkpoints_deferred << "\ncheckpoint_seconds " << s.checkpoint_seconds << "\ncheckpoint_loop_seconds "
+      << s.checkpoint_loop_seconds << "\ncheckpoint_bytes " << s.checkpoint_bytes << "\nrestored_version "
       << srv->restored_version() << "\nrestored_applied " << restored_applied << "\nend "
       << static_cast<unsigned>(srv->end()) << "\nstale " << s.wire_refused_for(ps::wire_refusal::stale)
       << "\njob_refused " << s.wire_refused_for(ps::wire_refusal::job) << "\nincarnation_refused "
@@ -237,6 +241,7 @@ int serve(const ps::job& j, const options& o) {
   }
   std::fprintf(stderr, "%s\n", srv->progress_line().c_str());
   std::fprintf(stderr, "server ended: %s\n", std::string(ps::to_string(srv->end())).c_str());
+  if (!srv->final_checkpoint()) return fail("the final checkpoint failed: " + srv->final_checkpoint().message());
   return finished ? 0 : fail("stopped before every worker left (signal or --max-seconds)");
 }
 
@@ -341,6 +346,10 @@ int main(int argc, char** argv) {
     if (!parse(j->rest, o, err)) return fail(err);
   } catch (const std::exception& e) {
     return fail(std::string("bad number: ") + e.what());
+  }
+  if (o.child_env) {  // what a program this process starts inherits (a data loader, a shell)
+    const std::string file = o.out + "/child-env-" + std::string(ps::to_string(j->role)) + std::to_string(j->rank) + ".txt";
+    if (std::system(("env > '" + file + "'").c_str()) != 0) return fail("--child-env: env failed");
   }
   return j->role == ps::role::server ? serve(*j, o) : train(*j, o);
 }

@@ -22,12 +22,18 @@
 //                      already held (applied by the first server, their
 //                      replies lost in the kill, sent again): D <= 3, one
 //                      in flight per worker;
-//   K - (R - D) <= every + 3   the acknowledged commits the checkpoint
-//                      lacks, lost with the first server: at most one
-//                      interval, and the commits the server's pass that
-//                      crossed it applied and acknowledged before the
-//                      checkpoint was taken (one per worker: each has one
-//                      commit in flight). Runs have lost 0 to 30 of every 30;
+//   K - (R - D) <= 2 every + 3   the acknowledged commits the checkpoint
+//                      lacks, lost with the first server: the interval
+//                      since the last checkpoint serialised, and, when the
+//                      kill lands while that one is still being written by
+//                      the writer thread (the kill comes near commit 180, a
+//                      checkpoint's), the interval before it too; plus the
+//                      commits the loop's pass that crossed the interval
+//                      applied and acknowledged before serialising (one per
+//                      worker: each has one commit in flight). It assumes a
+//                      write ends within one interval's commits (3-11 ms
+//                      here against ~90 ms for 30 commits). With synchronous
+//                      writes runs lost 0 to 30 of every 30;
 //   so R + N == A - lost: nothing applied twice, nothing lost beyond it.
 
 #if !ASHL_HAS_UCX() || !defined(ASHL_TEST_PS_NODE)
@@ -104,7 +110,7 @@ void refused_at_restart(const std::string& name, const std::function<void(std::v
       {ASHL_TEST_PS_NODE, "--out", j.dir(), "--policy", "asp", "--elements", "64", "--checkpoint-dir",
        j.dir() + "/ckpt", "--restore"},
       {{"UCX_NET_DEVICES", "lo"}, {"ASHL_ROLE", "server"}, {"ASHL_NUM_WORKERS", "1"},
-       {"ASHL_SERVER_ADDR", "127.0.0.1:" + std::to_string(process::free_port())}, {"ASHL_TOKEN", "t"}},
+       {"ASHL_SERVER_ADDR", "127.0.0.1:" + std::to_string(process::free_port())}, {"ASHL_TOKEN", "checkpoint-restart-token"}},
       j.dir() + "/" + log);
   const auto o = j.finish(again, 60s, log);
   BOOST_TEST(o.exit_code == 1, name << ": " << o.log());
@@ -159,7 +165,7 @@ void checkpoint_kill_server_restore_resumes(const char* tls) {
   BOOST_TEST(N == (A - K) - D, tls << ": the restarted server applied " << N << ", acknowledged " << A - K
                                    << " with " << D << " duplicates");
   BOOST_TEST(K - (R - D) >= 0.0, tls << ": acknowledged by the first server " << K << ", restored " << R);
-  BOOST_TEST(K - (R - D) <= static_cast<double>(every) + 3.0,
+  BOOST_TEST(K - (R - D) <= 2.0 * static_cast<double>(every) + 3.0,
              tls << ": lost " << K - (R - D) << " acknowledged commits (first server " << K << ", restored " << R << ")");
 }
 

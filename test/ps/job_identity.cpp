@@ -79,7 +79,7 @@ BOOST_AUTO_TEST_CASE(checkpoint_of_another_job_is_refused_by_field) {
     const pid_t again = process::start(
         cat({ASHL_TEST_PS_NODE, "--out", j.dir()}, cat(c.args, {"--checkpoint-dir", ckpt, "--restore"})),
         {{"UCX_NET_DEVICES", "lo"}, {"ASHL_ROLE", "server"}, {"ASHL_NUM_WORKERS", c.workers}, {"ASHL_JOB", c.job},
-         {"ASHL_SERVER_ADDR", "127.0.0.1:" + std::to_string(process::free_port())}, {"ASHL_TOKEN", "t"}},
+         {"ASHL_SERVER_ADDR", "127.0.0.1:" + std::to_string(process::free_port())}, {"ASHL_TOKEN", "job-identity-test-token"}},
         j.dir() + "/" + log);
     const auto o = j.finish(again, 60s, log);
     BOOST_TEST(o.exit_code == 1, c.name << ": " << o.log());
@@ -92,7 +92,7 @@ BOOST_AUTO_TEST_CASE(checkpoint_of_another_job_is_refused_by_field) {
       cat({ASHL_TEST_PS_NODE, "--out", j.dir()}, cat(common, {"--checkpoint-dir", ckpt, "--restore",
                                                                "--no-worker-grace-ms", "200"})),
       {{"UCX_NET_DEVICES", "lo"}, {"ASHL_ROLE", "server"}, {"ASHL_NUM_WORKERS", "3"}, {"ASHL_JOB", "a"},
-       {"ASHL_SERVER_ADDR", "127.0.0.1:" + std::to_string(process::free_port())}, {"ASHL_TOKEN", "t"}},
+       {"ASHL_SERVER_ADDR", "127.0.0.1:" + std::to_string(process::free_port())}, {"ASHL_TOKEN", "job-identity-test-token"}},
       j.dir() + "/restore-same.log");
   const auto os = j.finish(same, 60s, "restore-same.log");
   BOOST_TEST(os.exit_code == 0, os.log());

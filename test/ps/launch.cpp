@@ -44,7 +44,7 @@ std::string error_of(const ashl::result<ps::job>& r) {
 
 BOOST_AUTO_TEST_CASE(environment_contract) {
   env_guard env{{"ASHL_ROLE", "worker"},        {"ASHL_RANK", "3"},   {"ASHL_NUM_WORKERS", "4"},
-                {"ASHL_NUM_SERVERS", "2"},      {"ASHL_TOKEN", "s3cret"},
+                {"ASHL_NUM_SERVERS", "2"},      {"ASHL_TOKEN", "s3cret-s3cret-s3cret"},
                 {"ASHL_SERVER_ADDR", "10.0.0.1:5000"}, {"ASHL_PROGRESS", "2.5"}};
   auto j = parse({});
   BOOST_REQUIRE(j);
@@ -53,7 +53,7 @@ BOOST_AUTO_TEST_CASE(environment_contract) {
   BOOST_TEST(j->num_workers == 4u);
   BOOST_TEST(j->num_servers == 2u);
   BOOST_TEST((j->server_addresses == std::vector<std::string>{"10.0.0.1:5000", "10.0.0.1:5001"}));
-  BOOST_TEST(j->token == "s3cret");
+  BOOST_TEST(j->token == "s3cret-s3cret-s3cret");
   BOOST_TEST(!j->insecure);
   BOOST_TEST(!j->verbose);
   BOOST_TEST(j->progress_seconds == 2.5);
@@ -62,13 +62,15 @@ BOOST_AUTO_TEST_CASE(environment_contract) {
   BOOST_TEST(d == "worker 3 of 4 (2 servers, 4 workers), servers 10.0.0.1:5000,10.0.0.1:5001, token set, "
                   "progress every 2.5 s");
   BOOST_TEST(d.find("s3cret") == std::string::npos);
+  // Read, then removed: a program this process starts does not inherit it.
+  BOOST_TEST(std::getenv("ASHL_TOKEN") == nullptr);
 }
 
 BOOST_AUTO_TEST_CASE(flags_win_and_the_rest_is_left_for_the_program) {
   env_guard env{{"ASHL_ROLE", "worker"}, {"ASHL_RANK", "9"}, {"ASHL_NUM_WORKERS", "4"},
-                {"ASHL_SERVER_ADDR", "x"}, {"ASHL_TOKEN", "from-env"}};
+                {"ASHL_SERVER_ADDR", "x"}, {"ASHL_TOKEN", "from-the-environment"}};
   auto j = parse({"--lr", "0.1", "--role", "server", "--rank=1", "--num-servers", "3", "--server-addr",
-                  "[::1]:7000,h1:1,h2:2", "--token=from-flag", "--verbose", "--epochs=3", "--progress", "5", "--",
+                  "[::1]:7000,h1:1,h2:2", "--verbose", "--epochs=3", "--progress", "5", "--",
                   "--rank", "7"});
   BOOST_REQUIRE(j);
   BOOST_TEST((j->role == ps::role::server));
@@ -76,7 +78,7 @@ BOOST_AUTO_TEST_CASE(flags_win_and_the_rest_is_left_for_the_program) {
   BOOST_TEST(j->num_servers == 3u);
   BOOST_TEST(j->num_workers == 4u);
   BOOST_TEST((j->server_addresses == std::vector<std::string>{"[::1]:7000", "h1:1", "h2:2"}));
-  BOOST_TEST(j->token == "from-flag");
+  BOOST_TEST(j->token == "from-the-environment");
   BOOST_TEST(j->verbose);
   BOOST_TEST(j->progress_seconds == 5.0);
   BOOST_TEST((j->rest == std::vector<std::string>{"prog", "--lr", "0.1", "--epochs=3", "--", "--rank", "7"}));
@@ -100,13 +102,43 @@ BOOST_AUTO_TEST_CASE(insecure_and_defaults) {
   ::unsetenv("ASHL_INSECURE");
   ::setenv("ASHL_TOKEN", "", 1);
   BOOST_TEST(error_of(parse({})) == "ASHL_TOKEN is empty: set it, or pass --insecure to run without authentication");
-  BOOST_TEST(error_of(parse({"--token="})) ==
-             "--token is empty: set it, or pass --insecure to run without authentication");
+}
+
+// Issue 24, item 9: the token never on a command line, never short.
+BOOST_AUTO_TEST_CASE(token_hygiene) {
+  env_guard env{{"ASHL_ROLE", "server"}, {"ASHL_SERVER_ADDR", "127.0.0.1:0"}};
+  const std::string on_command_line =
+      "--token: a token on the command line is visible to every user of this host (ps, /proc/<pid>/cmdline); "
+      "pass it in the environment variable ASHL_TOKEN instead";
+  BOOST_TEST(error_of(parse({"--token", "0123456789abcdef0123"})) == on_command_line);
+  BOOST_TEST(error_of(parse({"--token=0123456789abcdef0123"})) == on_command_line);
+  BOOST_TEST(error_of(parse({"--token="})) == on_command_line);
+  BOOST_TEST(error_of(parse({"--insecure", "--token", "x"})) == on_command_line);
+  // After "--" it is the program's argument, not ours.
+  BOOST_TEST(parse({"--insecure", "--", "--token", "x"}).has_value());
+
+  ::setenv("ASHL_TOKEN", "secret", 1);
+  const std::string e = error_of(parse({}));
+  BOOST_TEST(e == "ASHL_TOKEN is 6 bytes: a token must have at least 16 (e.g. openssl rand -hex 16), or pass "
+                  "--insecure to run without authentication");
+  BOOST_TEST(std::getenv("ASHL_TOKEN") == nullptr);
+  ::setenv("ASHL_TOKEN", "fifteen-bytes!!", 1);
+  BOOST_TEST(error_of(parse({})).starts_with("ASHL_TOKEN is 15 bytes: "));
+  ::setenv("ASHL_TOKEN", "sixteen-bytes!!!", 1);
+  auto j = parse({});
+  BOOST_REQUIRE(j);
+  BOOST_TEST(j->token == "sixteen-bytes!!!");
+  BOOST_TEST(std::getenv("ASHL_TOKEN") == nullptr);
+  BOOST_TEST(error_of(parse({})) == "ASHL_TOKEN is empty: set it, or pass --insecure to run without authentication");
+  ::setenv("ASHL_TOKEN", "short", 1);  // insecure: a short token is the user's choice
+  auto k = parse({"--insecure"});
+  BOOST_REQUIRE(k);
+  BOOST_TEST(k->token == "short");
 }
 
 BOOST_AUTO_TEST_CASE(errors_name_the_variable_or_flag_and_the_value) {
   env_guard env{{"ASHL_ROLE", "worker"}, {"ASHL_RANK", "7"},          {"ASHL_NUM_WORKERS", "4"},
-                {"ASHL_TOKEN", "t"},     {"ASHL_SERVER_ADDR", "h:1"}};
+                {"ASHL_TOKEN", "a-token-of-some-length"}, {"ASHL_SERVER_ADDR", "h:1"}};
   BOOST_TEST(error_of(parse({})) == "ASHL_RANK = 7: must be < ASHL_NUM_WORKERS = 4");
   BOOST_TEST(error_of(parse({"--num-workers", "2", "--rank", "3"})) == "--rank = 3: must be < --num-workers = 2");
   BOOST_TEST(error_of(parse({"--rank", "-1"})) == "--rank = '-1': expected a non-negative integer");

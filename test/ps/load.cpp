@@ -58,7 +58,7 @@ namespace {
 constexpr std::uint32_t workers = 32;
 constexpr int cycles = 3000;  // per worker: 96,000 commits; 15-27 s in Debug and in ASan on a shared 2 vCPU machine
 constexpr std::size_t elements = 128;
-const std::string token = "ashl-load-test";
+const std::string token = "ashl-load-test-token";
 
 // ps_node's gradient (test/programs/ps_node.cpp): multiples of 1/8 in
 // [-4, 4]. With sgd at lr 1/8 from 0.5 every parameter stays a multiple of

@@ -101,11 +101,11 @@ BOOST_AUTO_TEST_CASE(malformed_messages_and_a_wrong_token_change_nothing) {
     const int port = process::free_port();
     BOOST_TEST_REQUIRE(port > 0);
     addr = "127.0.0.1:" + std::to_string(port);
-    const pid_t p = process::start({ASHL_RUN_PATH, "-s", "1", "-w", "4", "--addr", addr, "--token", token,
-                                    "--timeout", "120", "--", ASHL_TEST_PS_NODE, "--out", dir, "--policy", "bsp",
+    const pid_t p = process::start({ASHL_RUN_PATH, "-s", "1", "-w", "4", "--addr", addr, "--timeout", "120", "--", ASHL_TEST_PS_NODE, "--out", dir, "--policy", "bsp",
                                     "--elements", std::to_string(n), "--cycles", std::to_string(cycles),
                                     "--slow-rank", "0", "--slow-ms", "50"},
-                                   {{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}}, dir + "/log.txt");
+                                   {{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}, {"ASHL_TOKEN", token}},
+                                   dir + "/log.txt");
     if (process::wait_for_text(p, dir + "/log.txt", "listening on", 30s)) {
       job = p;
     } else {

@@ -81,7 +81,7 @@ struct running_server {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(a_malformed_address_is_named) {
-  expect_failure("malformed-address", contract("worker", "localhost", "t"), {}, "ASHL_SERVER_ADDR = 'localhost'");
+  expect_failure("malformed-address", contract("worker", "localhost", "user-errors-test-token"), {}, "ASHL_SERVER_ADDR = 'localhost'");
 }
 
 BOOST_AUTO_TEST_CASE(a_job_without_a_token_refuses_to_start) {
@@ -90,26 +90,26 @@ BOOST_AUTO_TEST_CASE(a_job_without_a_token_refuses_to_start) {
 
 BOOST_AUTO_TEST_CASE(a_server_that_never_comes_up_is_named_after_the_deadline) {
   const std::string addr = addr_of(process::free_port());
-  expect_failure("never-up", contract("worker", addr, "t"), {"--connect-timeout", "2"}, addr, 15s);
+  expect_failure("never-up", contract("worker", addr, "user-errors-test-token"), {"--connect-timeout", "2"}, addr, 15s);
 }
 
 BOOST_AUTO_TEST_CASE(a_port_in_use_is_named) {
-  running_server first("t");
-  expect_failure("port-in-use", contract("server", first.addr, "t"), {}, first.addr);
+  running_server first("user-errors-test-token");
+  expect_failure("port-in-use", contract("server", first.addr, "user-errors-test-token"), {}, first.addr);
   process::outcome o{.log_path = dir + "/port-in-use.log"};
   BOOST_TEST(o.log().find("in use") != std::string::npos, o.log());
 }
 
 BOOST_AUTO_TEST_CASE(a_token_mismatch_is_named) {
-  running_server srv("the right token");
-  expect_failure("token", contract("worker", srv.addr, "a wrong token"), {}, "token mismatch");
+  running_server srv("the right token, long enough");
+  expect_failure("token", contract("worker", srv.addr, "a wrong token, long enough"), {}, "token mismatch");
 }
 
 // The model's size is part of the job id (ps/identity.hpp): the join is
 // refused, naming both ids and the server's shape.
 BOOST_AUTO_TEST_CASE(a_model_of_another_size_is_named) {
-  running_server srv("t", {"--elements", "1000"});
-  expect_failure("size", contract("worker", srv.addr, "t"), {"--elements", "999"},
+  running_server srv("user-errors-test-token", {"--elements", "1000"});
+  expect_failure("size", contract("worker", srv.addr, "user-errors-test-token"), {"--elements", "999"},
                  "join.job = " + ashl::ps::job_id_text(ashl::ps::make_job_id("", 999, 1, 1)));
   process::outcome o{.log_path = dir + "/size.log"};
   BOOST_TEST(o.log().find("a model of 1000 elements, 1 workers, 1 servers") != std::string::npos, o.log());

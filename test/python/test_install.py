@@ -90,13 +90,13 @@ def test_console_script_runs_a_job_with_the_token_in_the_environment_only(instal
             "f'{ashl.__file__}|{j.role}|{j.token}|{j.token.encode() in parent}')")  # the token is not in prog either
     done = subprocess.run([str(installed / "bin" / "ashl-run"), "-s", "1", "-w", "2", "--timeout", "60", "--",
                            sys.executable, "-c", prog],
-                          env=_env(installed, ASHL_TOKEN="s3cret"), capture_output=True, text=True, timeout=120)
+                          env=_env(installed, ASHL_TOKEN="s3cret-s3cret-s3cret"), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     seen = {f: (out / f).read_text().split("|") for f in sorted(os.listdir(out))}
     assert sorted(seen) == ["server0", "worker0", "worker1"]
     for path, role, token, on_cmdline in seen.values():
         assert path.startswith(str(installed))  # the installed package, not the build tree
-        assert token == "s3cret"
+        assert token == "s3cret-s3cret-s3cret"
         assert on_cmdline == "False"
 
 

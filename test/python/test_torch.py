@@ -344,10 +344,10 @@ def test_the_job_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("ASHL_RANK", "1")
     monkeypatch.setenv("ASHL_NUM_WORKERS", "2")
     monkeypatch.setenv("ASHL_SERVER_ADDR", "127.0.0.1:5000")
-    monkeypatch.setenv("ASHL_TOKEN", "secret")
+    monkeypatch.setenv("ASHL_TOKEN", "secret-secret-secret")
     j = ashl.job()
     assert (j.role, j.rank, j.num_workers, j.num_servers) == ("worker", 1, 2, 1)
-    assert j.server_addresses == ("127.0.0.1:5000",) and j.token == "secret"
+    assert j.server_addresses == ("127.0.0.1:5000",) and j.token == "secret-secret-secret"
     assert "secret" not in repr(j)
     monkeypatch.setenv("ASHL_RANK", "7")
     with pytest.raises(ValueError, match=r"ASHL_RANK = 7"):

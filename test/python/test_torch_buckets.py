@@ -225,7 +225,7 @@ def test_torchruns_variables_map_to_servers_and_workers(monkeypatch):
     for v in ("ASHL_ROLE", "ASHL_RANK", "ASHL_NUM_WORKERS", "ASHL_NUM_SERVERS", "ASHL_SERVER_ADDR", "SLURM_PROCID",
               "SLURM_NTASKS"):
         monkeypatch.delenv(v, raising=False)
-    monkeypatch.setenv("ASHL_TOKEN", "secret")
+    monkeypatch.setenv("ASHL_TOKEN", "secret-secret-secret")
     monkeypatch.setenv("WORLD_SIZE", "5")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
@@ -233,7 +233,7 @@ def test_torchruns_variables_map_to_servers_and_workers(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     j = ashl.job()
     assert (j.role, j.rank, j.num_workers, j.num_servers) == ("server", 0, 4, 1)
-    assert j.server_addresses == ("10.1.2.3:29401",) and j.token == "secret"
+    assert j.server_addresses == ("10.1.2.3:29401",) and j.token == "secret-secret-secret"
     monkeypatch.setenv("RANK", "3")
     j = ashl.job()
     assert (j.role, j.rank, j.num_workers) == ("worker", 2, 4)
@@ -303,10 +303,10 @@ def test_a_trace_file_parses_with_every_buckets_events(tmp_path):
 
 def run_ucx_job(flags, out, env, attempts=3):
     """two_workers_job.py under `python3 -m ashl.run -s 1 -w 2`. ashl-run
-    finds a free port for each server; bucket b's servers listen b ports
-    above it (bucket_addresses), which nothing reserves, so a port another
-    process took meanwhile fails the job with "Address already in use": the
-    job is then started again, on new ports."""
+    reserves a block of free consecutive ports (bucket b's servers listen b
+    ports above bucket 0's, bucket_addresses) and releases it before the
+    servers bind, so a port another process took in between fails the job
+    with "Address already in use": the job is then started again."""
     import subprocess
     for _ in range(attempts):
         done = subprocess.run([sys.executable, "-m", "ashl.run", "-s", "1", "-w", "2", "--timeout", "120"] + flags +
@@ -321,7 +321,7 @@ def run_ucx_job(flags, out, env, attempts=3):
 def test_python_m_ashl_run_starts_a_bucketed_ucx_job_and_merges_its_traces(tmp_path):
     out = tmp_path / "result.json"
     trace = tmp_path / "job.json"
-    env = dict(os.environ, UCX_NET_DEVICES="lo", ASHL_TEST_BUCKET_MB=str(16 / 2**20), ASHL_TOKEN="t0ken")
+    env = dict(os.environ, UCX_NET_DEVICES="lo", ASHL_TEST_BUCKET_MB=str(16 / 2**20), ASHL_TOKEN="t0ken-t0ken-t0ken-t0ken")
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(ashl.__file__)))
     env["PYTHONPATH"] = pkg + os.pathsep + env.get("PYTHONPATH", "")
     done = run_ucx_job(["--trace", str(trace)], out, env)
@@ -340,7 +340,7 @@ def test_ashl_runs_overlapped_over_buckets_in_a_ucx_job(tmp_path):
     # with H = 2 (no loss switches to SHL); every bucket commits in the same
     # iterations as the first.
     out = tmp_path / "out.json"
-    env = dict(os.environ, UCX_NET_DEVICES="lo", ASHL_TEST_BUCKET_MB=str(16 / 2**20), ASHL_TOKEN="t0ken",
+    env = dict(os.environ, UCX_NET_DEVICES="lo", ASHL_TEST_BUCKET_MB=str(16 / 2**20), ASHL_TOKEN="t0ken-t0ken-t0ken-t0ken",
                ASHL_TEST_POLICY=json.dumps({"name": "ashl", "profile_iterations": 4, "h_ahl": 2, "h_shl": 2,
                                             "switch_loss": 0.0, "planner": "uniform"}))
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(ashl.__file__)))
@@ -379,3 +379,21 @@ def test_every_bucket_follows_the_plans_local_iterations(update):
     assert all(b["commits"] == 3 for b in tel["buckets"])
     opt.leave()
     srv.join()
+
+
+def test_a_bucket_past_the_ports_ashl_run_reserved_is_refused_by_name(monkeypatch):
+    addrs = ["127.0.0.1:5000", "127.0.0.1:5001"]
+    monkeypatch.setenv("ASHL_PORTS_PER_SERVER", "3")
+    assert at.bucket_addresses(addrs, 2, inproc=False) == ["127.0.0.1:5004", "127.0.0.1:5005"]
+    with pytest.raises(ValueError, match=r"bucket 3: ashl-run reserved ASHL_PORTS_PER_SERVER=3 .*--ports-per-server"):
+        at.bucket_addresses(addrs, 3, inproc=False)
+    assert at.bucket_addresses(["node"], 7, inproc=True) == ["node/b7"]  # in-process nodes take no ports
+    monkeypatch.delenv("ASHL_PORTS_PER_SERVER")
+    assert at.bucket_addresses(addrs, 9, inproc=False)[1] == "127.0.0.1:5019"
+
+
+def test_ashl_run_passes_the_ports_per_server_through():
+    done = ashl.run(["/bin/sh", "-c", 'echo "n=$ASHL_PORTS_PER_SERVER"'], servers=2, workers=1, insecure=True,
+                    ports_per_server=3, timeout=60, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if "n=" in line]
+    assert len(lines) == 3 and all(line.endswith("] n=3") for line in lines), done.stdout + done.stderr

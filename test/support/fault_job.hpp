@@ -181,7 +181,7 @@ class job {
                   {"UCX_NET_DEVICES", "lo"},
                   {"ASHL_NUM_WORKERS", std::to_string(workers_)},
                   {"ASHL_SERVER_ADDR", address()},
-                  {"ASHL_TOKEN", "fault-job-token"}};
+                  {"ASHL_TOKEN", "fault-job-token-0123456789"}};
     e.insert(e.end(), extra.begin(), extra.end());
     return e;
   }

@@ -52,6 +52,7 @@ struct job_spec {
   std::size_t eager_bytes = 256;
   bool progress_thread = false;
   ashl::codec_id compression = ashl::codec_id::topk;
+  std::function<void(ps::server_params&)> configure_server = [](ps::server_params&) {};  // before create()
 };
 
 struct job_result {
@@ -92,6 +93,7 @@ inline job_result run_job(const job_spec& spec) {
       const auto r = layout->range(s);
       ps::server_params sp{.core = {.layout = *layout, .shard = s, .workers = spec.workers, .optimizer = spec.opt},
                            .compression = spec.compression};
+      spec.configure_server(sp);
       auto srv = ps::server<tr::inproc>::create(
           sp, std::move(*policy), std::move(*node),
           std::span<const float>(initial).subspan(r.begin, r.size()));

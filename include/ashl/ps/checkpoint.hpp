@@ -32,9 +32,21 @@
 // The state's own layout (server_core::save) carries its own tags, version
 // and CRC; this file adds what a restarting server needs before parsing it.
 //
+// Files are created 0600 (the state is the model: not for other users).
+//
+// A server writes its checkpoints through a checkpoint_writer (below): the
+// event loop serialises into one buffer (fast) and hands it to a writer
+// thread, which does the slow part (write, fsyncs, rename) while the loop
+// goes on; the writer also holds the shard's lock (flock on
+// "<file>.lock"), so two servers never write one checkpoint.
+//
+//   auto w = ashl::ps::checkpoint_writer::open(file, "server 0");   // result<unique_ptr>; refused if locked
+//   if (!(*w)->busy()) { fill((*w)->buffer()); (*w)->submit(meta); }   // never waits
+//   status s = (*w)->write_now(meta);        // at the end: waits, then writes buffer() here
+//
 // DESIGN.md "Runtime contract for real runs" (server state checkpointed:
 // temporary file, fsync, rename); docs/checkpoints.md (layout, atomicity).
-// POSIX (Linux): open, write, fsync, rename.
+// POSIX (Linux): open, write, fsync, rename, flock.
 #pragma once
 
 #include <ashl/config.hpp>
@@ -44,6 +56,12 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -57,6 +75,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -232,7 +251,7 @@ inline status write_checkpoint(const std::string& file, const checkpoint_meta& m
   for (int attempt = 0; attempt < 64; ++attempt) {
     temp = file + ".tmp." + std::to_string(::getpid()) + "." +
            std::to_string(detail::checkpoint_temp_counter.fetch_add(1, std::memory_order_relaxed));
-    fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd >= 0) break;
     err = errno;
     if (err != EEXIST) break;
@@ -380,6 +399,193 @@ inline result<checkpoint> read_checkpoint(const std::string& file) {
                                     "the state's bytes give " + detail::crc_text{got_crc}.text() + " (corrupt state)");
   return c;
 }
+
+// What a checkpoint_writer did (server_telemetry's checkpoint counters).
+struct checkpoint_writer_stats {
+  std::uint64_t written = 0, failed = 0;
+  std::uint64_t deferred = 0;     // submits refused because the previous write was still running
+  double write_seconds = 0.0;     // in the write function (write, fsyncs, rename), on whichever thread
+  std::uint64_t bytes = 0;        // the last written checkpoint's state
+};
+
+// Writes one checkpoint file from a thread of its own, double-buffered:
+// buffer() is the caller's (its event loop serialises the next checkpoint
+// into it), the other buffer is the writer thread's. submit() swaps them
+// and wakes the thread; it never waits and never queues a second write: while
+// a write runs, busy() is true and submit() is refused (counted as deferred).
+// The caller decides what a deferral means (a server tries again at its next
+// housekeeping pass, so checkpoints are at most one write behind).
+//
+// open() takes an exclusive flock on "<file>.lock" (created 0600, this pid
+// written into it) and keeps it until destruction: a second writer of the
+// same file, in this process or another, is refused naming the holder's pid.
+// The lock file is left in place on exit (unlinking it would let two later
+// servers each lock a different inode).
+//
+// One thread calls buffer(), busy(), submit(), write_now() and wait() (the
+// event loop); stats() and last_error() may be read from any thread.
+class checkpoint_writer {
+ public:
+  using write_function =
+      std::function<status(const std::string& file, const checkpoint_meta& meta, std::span<const std::byte> state)>;
+
+  // `label` prefixes the one line printed at the first failure ("server 0").
+  static result<std::unique_ptr<checkpoint_writer>> open(std::string file, std::string label = "checkpoint",
+                                                         write_function write = write_checkpoint) {
+    std::unique_ptr<checkpoint_writer> w(new checkpoint_writer(std::move(file), std::move(label), std::move(write)));
+    ASHL_TRY(w->lock());
+    w->thread_ = std::thread([p = w.get()] { p->serve(); });
+    return w;
+  }
+
+  checkpoint_writer(const checkpoint_writer&) = delete;
+  checkpoint_writer& operator=(const checkpoint_writer&) = delete;
+  // Waits for the write in flight (a checkpoint handed over is written),
+  // stops the thread, releases the lock.
+  ~checkpoint_writer() {
+    {
+      std::lock_guard g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+  }
+
+  [[nodiscard]] const std::string& file() const noexcept { return file_; }
+  [[nodiscard]] const std::string& lock_file() const noexcept { return lock_file_; }
+
+  // The caller's buffer: serialise the next checkpoint into it (clear()
+  // first; its capacity is kept, and after a swap it is the previous
+  // write's buffer, so neither allocates in steady state).
+  [[nodiscard]] std::vector<std::byte>& buffer() noexcept { return front_; }
+
+  // A write is running (or handed over and not yet finished).
+  [[nodiscard]] bool busy() const {
+    std::lock_guard g(mu_);
+    return pending_;
+  }
+
+  // Hands buffer() to the writer thread; never waits. false, with nothing
+  // handed over (counted in stats().deferred), while the previous write runs.
+  bool submit(const checkpoint_meta& meta) {
+    {
+      std::lock_guard g(mu_);
+      if (pending_) {
+        ++stats_.deferred;
+        return false;
+      }
+      front_.swap(back_);
+      back_meta_ = meta;
+      pending_ = true;
+    }
+    cv_.notify_all();
+    return true;
+  }
+
+  // Until no write is in flight.
+  void wait() {
+    std::unique_lock g(mu_);
+    cv_.wait(g, [&] { return !pending_; });
+  }
+
+  // Waits for the write in flight, then writes buffer() on this thread and
+  // returns its status (also counted): a server's final checkpoint.
+  status write_now(const checkpoint_meta& meta) {
+    wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    status s = write_(file_, meta, front_);
+    const std::chrono::duration<double> d = std::chrono::steady_clock::now() - t0;
+    std::lock_guard g(mu_);
+    record(s, d.count(), front_.size());
+    return s;
+  }
+
+  [[nodiscard]] checkpoint_writer_stats stats() const {
+    std::lock_guard g(mu_);
+    return stats_;
+  }
+  // The last write's status (ok before any).
+  [[nodiscard]] status last_status() const {
+    std::lock_guard g(mu_);
+    return last_;
+  }
+
+ private:
+  checkpoint_writer(std::string file, std::string label, write_function write)
+      : file_(std::move(file)), lock_file_(file_ + ".lock"), label_(std::move(label)), write_(std::move(write)) {}
+
+  status lock() {
+    const std::string dir = detail::checkpoint_directory(file_);
+    lock_fd_ = ::open(lock_file_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock_fd_ < 0) {
+      const int e = errno;
+      return status(errc::io_error, "checkpoint_dir \"" + dir + "\": cannot create the lock file \"" + lock_file_ +
+                                        "\": " + detail::errno_text(e));
+    }
+    if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      if (e != EWOULDBLOCK)
+        return status(errc::io_error, "checkpoint_dir \"" + dir + "\": cannot lock \"" + lock_file_ +
+                                          "\": " + detail::errno_text(e));
+      char buf[32] = {};
+      const auto n = ::pread(lock_fd_, buf, sizeof buf - 1, 0);
+      std::string pid = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("unknown");
+      while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+      return status(errc::unavailable, "checkpoint_dir \"" + dir + "\" is locked by another server (pid " + pid +
+                                              ", lock file \"" + lock_file_ + "\"): one server per shard checkpoint");
+    }
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(lock_fd_, 0) != 0 ||
+        detail::write_all(lock_fd_, std::as_bytes(std::span<const char>(pid.data(), pid.size()))) != 0) {
+      // The lock holds without the pid; a refused server then says "pid unknown".
+    }
+    return {};
+  }
+
+  void serve() {
+    std::unique_lock g(mu_);
+    while (true) {
+      cv_.wait(g, [&] { return pending_ || stop_; });
+      if (!pending_) return;  // stop_, nothing left to write
+      const checkpoint_meta meta = back_meta_;
+      g.unlock();
+      const auto t0 = std::chrono::steady_clock::now();
+      status s = write_(file_, meta, back_);  // back_ is this thread's while pending_
+      const std::chrono::duration<double> d = std::chrono::steady_clock::now() - t0;
+      g.lock();
+      record(s, d.count(), back_.size());
+      pending_ = false;
+      cv_.notify_all();
+    }
+  }
+
+  // Under mu_.
+  void record(const status& s, double seconds, std::size_t bytes) {
+    stats_.write_seconds += seconds;
+    if (s) {
+      ++stats_.written;
+      stats_.bytes = bytes;
+    } else if (stats_.failed++ == 0) {
+      std::fprintf(stderr, "%s: checkpoint failed: %s\n", label_.c_str(), s.message().c_str());
+    }
+    last_ = s;
+  }
+
+  std::string file_, lock_file_, label_;
+  write_function write_;
+  int lock_fd_ = -1;
+  std::vector<std::byte> front_;  // the caller's
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::byte> back_;   // the writer thread's while pending_
+  checkpoint_meta back_meta_{};
+  bool pending_ = false, stop_ = false;
+  checkpoint_writer_stats stats_;
+  status last_;
+  std::thread thread_;
+};
 
 }  // namespace ps
 ASHL_NAMESPACE_END

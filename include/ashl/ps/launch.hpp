@@ -19,13 +19,22 @@
 //   ASHL_NUM_WORKERS  --num-workers  >= 1 (default 1)
 //   ASHL_NUM_SERVERS  --num-servers  >= 1 (default 1)
 //   ASHL_SERVER_ADDR  --server-addr  server 0's host:port, or every server's, comma-separated (required)
-//   ASHL_TOKEN        --token        the job's shared secret (required unless insecure)
+//   ASHL_TOKEN        (no flag)      the job's shared secret, >= 16 bytes (required unless insecure)
 //   ASHL_INSECURE     --insecure     run without a token (variable: 1/0, true/false, yes/no, on/off)
 //   ASHL_VERBOSE      --verbose      print transport details
 //   ASHL_PROGRESS     --progress S   a progress line every S seconds (0 = none, the default)
 //   ASHL_JOB          --job NAME     the job's name, part of its id (job_id_of; default empty)
 //   ASHL_NO_WORKER_GRACE --no-worker-grace S   a server ends after S seconds with no worker
 //                                  connected (server_params::no_worker_grace; default 60, > 0)
+//
+// The token (docs/multi-host.md, "The token"): only from ASHL_TOKEN, never a
+// command line (ps(1) and /proc/<pid>/cmdline show those to every user of
+// the host): "--token" is refused, naming ASHL_TOKEN. job_from removes
+// ASHL_TOKEN from this process's environment once it has read it, so the
+// programs it starts (data loaders, shells) do not inherit the secret; a
+// second job_from in the same process no longer sees it (keep the job). A
+// token shorter than min_token_bytes is refused unless insecure; the error
+// gives its length, never the token.
 //
 // A single host:port with S > 1 servers means server i listens on port + i of
 // that host. Hosts are names, IPv4 addresses or bracketed IPv6 ("[::1]:5000").
@@ -43,6 +52,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdlib>
+#include <stdlib.h>  // ::unsetenv (POSIX)
 #include <optional>
 #include <string>
 #include <string_view>
@@ -53,6 +63,10 @@ ASHL_NAMESPACE_BEGIN
 namespace ps {
 
 enum class role : std::uint8_t { server, worker };
+
+// The shortest token job_from accepts without insecure: 16 bytes (128 bits
+// when random; `openssl rand -hex 16` gives 32).
+inline constexpr std::size_t min_token_bytes = 16;
 
 constexpr std::string_view to_string(role r) noexcept { return r == role::server ? "server" : "worker"; }
 
@@ -191,6 +205,9 @@ inline result<job> job_from(int argc, char** argv) {
     token_s.value = std::string();
     token_s.source = "ASHL_TOKEN";
   }
+  // Read: out of the environment children inherit (their own copy of it
+  // from fork/exec, posix_spawn, system(), popen()).
+  ::unsetenv("ASHL_TOKEN");
 
   job j;
   if (argc > 0 && argv[0]) j.rest.emplace_back(argv[0]);
@@ -214,6 +231,10 @@ inline result<job> job_from(int argc, char** argv) {
       j.rest.emplace_back(arg);
       continue;
     }
+    if (match == &token_s)
+      return status(errc::invalid_argument,
+                    "--token: a token on the command line is visible to every user of this host (ps, "
+                    "/proc/<pid>/cmdline); pass it in the environment variable ASHL_TOKEN instead");
     match->source = std::string(match->flag);
     const bool is_switch = match == &insecure_s || match == &verbose_s;
     if (is_switch) {
@@ -296,6 +317,11 @@ inline result<job> job_from(int argc, char** argv) {
     return status(errc::invalid_argument,
                   name + " is empty: set it, or pass --insecure to run without authentication");
   }
+  if (!j.insecure && j.token.size() < min_token_bytes)
+    return status(errc::invalid_argument,
+                  "ASHL_TOKEN is " + std::to_string(j.token.size()) + " bytes: a token must have at least " +
+                      std::to_string(min_token_bytes) +
+                      " (e.g. openssl rand -hex 16), or pass --insecure to run without authentication");
   return j;
 }
 

@@ -109,6 +109,10 @@ struct server_params {
   std::string checkpoint_dir;
   double checkpoint_every_seconds = 0.0;
   std::uint64_t checkpoint_every_commits = 0;
+  // What writes a checkpoint's file, on the server's writer thread (the
+  // periodic ones) or its own (the final one): empty is write_checkpoint.
+  // Another store, or a test's stalled disk (test/ps/checkpoint_writer.cpp).
+  checkpoint_writer::write_function checkpoint_write;
   // create() restores the checkpoint in checkpoint_dir when there is one (a
   // corrupt, truncated or foreign one is an error, never half-loaded); every
   // worker it held is evicted, to rejoin (ps::worker_params::reconnect).
@@ -210,8 +214,10 @@ struct server_telemetry {
   std::uint64_t receive_bytes = 0;          // receive buffers now (all connections; max_receive_bytes)
   std::uint64_t receive_bytes_lent = 0;     // of those, lent to receives in flight
   std::uint64_t checkpoints = 0, checkpoint_failures = 0;
-  double checkpoint_seconds = 0.0;          // writing them (serialising, fsync, rename)
+  double checkpoint_seconds = 0.0;          // all of it: serialising (loop) + writing (writer thread: write, fsync, rename)
+  double checkpoint_loop_seconds = 0.0;     // of that, the event loop's part (serialising, handing over)
   std::uint64_t checkpoint_bytes = 0;       // the last one's state
+  std::uint64_t checkpoints_deferred = 0;   // due while the previous write still ran (written once it ended)
   std::uint64_t restored_version = 0;       // the version restored at creation (0: none)
   double seconds = 0.0;                     // since creation
   double wait_seconds = 0.0;                // in transport.wait (idle)
@@ -252,7 +258,9 @@ struct server_telemetry {
         field{"checkpoints", &server_telemetry::checkpoints},
         field{"checkpoint_failures", &server_telemetry::checkpoint_failures},
         field{"checkpoint_seconds", &server_telemetry::checkpoint_seconds},
+        field{"checkpoint_loop_seconds", &server_telemetry::checkpoint_loop_seconds},
         field{"checkpoint_bytes", &server_telemetry::checkpoint_bytes},
+        field{"checkpoints_deferred", &server_telemetry::checkpoints_deferred},
         field{"restored_version", &server_telemetry::restored_version},
         field{"seconds", &server_telemetry::seconds},
         field{"wait_seconds", &server_telemetry::wait_seconds}};
@@ -323,6 +331,16 @@ class server {
       return invalid_argument("server.policy", p.policy, "longer than " + std::to_string(max_policy_name) + " bytes");
     auto core = core_type::create(p.core, std::move(policy), initial);
     if (!core) return core.error();
+    // The shard's checkpoint is this server's alone from here on (refused
+    // when another server holds it), before it is read for a restore.
+    std::unique_ptr<checkpoint_writer> writer;
+    if (!p.checkpoint_dir.empty()) {
+      auto w = checkpoint_writer::open(checkpoint_file(p.checkpoint_dir, p.core.shard),
+                                       "server " + std::to_string(p.core.shard),
+                                       p.checkpoint_write ? p.checkpoint_write : checkpoint_writer::write_function(write_checkpoint));
+      if (!w) return w.error();
+      writer = std::move(*w);
+    }
     std::uint64_t restored = 0;
     if (p.restore) {
       const std::string file = checkpoint_file(p.checkpoint_dir, p.core.shard);
@@ -349,6 +367,7 @@ class server {
       }
     }
     server srv(std::move(p), std::move(*core), std::move(t));
+    srv.writer_ = std::move(writer);
     srv.tel_.restored_version = restored;
     srv.applied_at_checkpoint_ = srv.core_.stats().commits_applied;
     return srv;
@@ -380,7 +399,7 @@ class server {
     if (now >= next_housekeeping_) {
       next_housekeeping_ = now + 0.05;
       evict_silent(now);
-      if (checkpoint_due(now)) (void)checkpoint();
+      if (checkpoint_due(now)) start_checkpoint();
     }
     return n;
   }
@@ -420,42 +439,29 @@ class server {
       }
     }
     poll();  // what arrived last (leave acknowledgements, errors) is handled
-    if (!p_.checkpoint_dir.empty()) (void)checkpoint();
+    // The final checkpoint: after the write in flight, on this thread, and
+    // its status kept (final_checkpoint()): a program exits non-zero when
+    // it failed, since the job's last state is then not on disk.
+    if (!p_.checkpoint_dir.empty()) final_checkpoint_ = checkpoint();
   }
 
-  // Writes the checkpoint now (checkpoint_dir must be set): the state of
-  // server_core, atomically (docs/checkpoints.md). A failure is counted,
-  // printed and returned; the server goes on.
+  // Writes the checkpoint now and returns when it is on disk
+  // (checkpoint_dir must be set): the state of server_core, atomically
+  // (docs/checkpoints.md), after the periodic write in flight if there is
+  // one. A failure is counted, printed (the first) and returned; the server
+  // goes on. Periodic checkpoints do not wait: run_once serialises and hands
+  // them to the writer thread (start_checkpoint).
   status checkpoint() {
     if (p_.checkpoint_dir.empty())
       return invalid_argument("server.checkpoint_dir", "", "is empty: no checkpoints");
-    const double t0 = clock_.now();
-    ckpt_.clear();  // capacity kept: one buffer for every checkpoint
-    state_writer w(ckpt_);
-    save_identity(w);
-    core_.save(w);
-    const counters& c = core_.stats();
-    const checkpoint_meta meta{.shard = p_.core.shard,
-                               .servers = p_.core.layout.servers(),
-                               .version = core_.version(),
-                               .commits_applied = c.commits_applied,
-                               .unix_seconds = std::chrono::duration<double>(
-                                                   std::chrono::system_clock::now().time_since_epoch())
-                                                   .count()};
-    status s = write_checkpoint(checkpoint_file(p_.checkpoint_dir, p_.core.shard), meta, ckpt_);
-    const double t1 = clock_.now();
-    last_checkpoint_ = t1;
-    applied_at_checkpoint_ = c.commits_applied;
-    tel_.checkpoint_seconds += t1 - t0;
-    if (s) {
-      ++tel_.checkpoints;
-      tel_.checkpoint_bytes = ckpt_.size();
-    } else {
-      if (tel_.checkpoint_failures++ == 0)
-        std::fprintf(stderr, "server %u: checkpoint failed: %s\n", p_.core.shard, s.message().c_str());
-    }
-    return s;
+    const checkpoint_meta meta = serialise_checkpoint();
+    return writer_->write_now(meta);
   }
+
+  // The status of the checkpoint run() wrote when it ended: ok when it was
+  // written, or when there is no checkpoint_dir or run() has not ended; else
+  // the error, naming the file (the job's last state is not on disk).
+  [[nodiscard]] const status& final_checkpoint() const noexcept { return final_checkpoint_; }
 
   // A metric measured by the server's own program (a loss on held-out data,
   // say), handed to server_core as a worker's metric message would be.
@@ -497,6 +503,13 @@ class server {
     s.copies_for_readers = core_.copies_for_readers();
     s.transport = t_.counters();
     s.seconds = clock_.now();
+    if (writer_) {
+      const checkpoint_writer_stats w = writer_->stats();
+      s.checkpoints = w.written;
+      s.checkpoint_failures = w.failed;
+      s.checkpoint_seconds = tel_.checkpoint_loop_seconds + w.write_seconds;
+      s.checkpoint_bytes = w.bytes;
+    }
     for (const detail::pooled_buffer& b : rx_) {
       s.receive_bytes += b.bytes.size();
       if (b.busy) s.receive_bytes_lent += b.bytes.size();
@@ -719,7 +732,7 @@ class server {
     // checkpoint_every_commits behind (by seconds: in run_once).
     if (p_.checkpoint_every_commits > 0 && !p_.checkpoint_dir.empty() &&
         core_.stats().commits_applied - applied_at_checkpoint_ >= p_.checkpoint_every_commits)
-      (void)checkpoint();
+      start_checkpoint();
   }
 
   void handle(transport::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data, double now) {
@@ -1011,6 +1024,45 @@ class server {
            core_.stats().commits_applied - applied_at_checkpoint_ >= p_.checkpoint_every_commits;
   }
 
+  // The state into the writer's buffer (the loop's half of the double
+  // buffer, capacity kept; the writer thread may be writing the other half).
+  // The next periodic checkpoint is due from here.
+  checkpoint_meta serialise_checkpoint() {
+    const double t0 = clock_.now();
+    std::vector<std::byte>& b = writer_->buffer();
+    b.clear();
+    state_writer w(b);
+    save_identity(w);
+    core_.save(w);
+    const counters& c = core_.stats();
+    last_checkpoint_ = t0;
+    applied_at_checkpoint_ = c.commits_applied;
+    tel_.checkpoint_loop_seconds += clock_.now() - t0;
+    return {.shard = p_.core.shard,
+            .servers = p_.core.layout.servers(),
+            .version = core_.version(),
+            .commits_applied = c.commits_applied,
+            .unix_seconds =
+                std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()};
+  }
+
+  // A periodic checkpoint, off the event loop: serialised here, written by
+  // the writer thread. While the previous write still runs (a slow disk)
+  // nothing is queued: the checkpoint stays due (counted once) and is
+  // started at the first housekeeping pass after that write ended.
+  void start_checkpoint() {
+    if (writer_->busy()) {
+      if (!checkpoint_waiting_) ++tel_.checkpoints_deferred;
+      checkpoint_waiting_ = true;
+      return;
+    }
+    checkpoint_waiting_ = false;
+    const checkpoint_meta meta = serialise_checkpoint();
+    const double t = clock_.now();
+    (void)writer_->submit(meta);  // cannot be refused: not busy, and only this thread submits
+    tel_.checkpoint_loop_seconds += clock_.now() - t;
+  }
+
   void unbind(transport::peer_id p, peer_state& ps) {
     if (ps.rank == no_rank) return;
     if (rank_peer_[ps.rank] == p) rank_peer_[ps.rank] = transport::no_peer;
@@ -1165,7 +1217,9 @@ class server {
   std::uint32_t bound_ = 0;
   std::vector<std::uint8_t> joined_once_;
   std::vector<double> last_heard_;        // per rank: its last message (server_params.worker_timeout)
-  std::vector<std::byte> ckpt_;           // the checkpoint being written; capacity kept
+  std::unique_ptr<checkpoint_writer> writer_;  // with checkpoint_dir: the shard's lock and writer thread
+  bool checkpoint_waiting_ = false;       // a due checkpoint waits for the previous write (counted once)
+  status final_checkpoint_;               // run()'s last checkpoint
   double last_checkpoint_ = 0.0, next_housekeeping_ = 0.0;
   std::uint64_t applied_at_checkpoint_ = 0;
   std::uint32_t joined_count_ = 0;

@@ -33,6 +33,12 @@ inline ucx_impl::~ucx_impl() {
 
 inline status ucx_impl::init() {
   ASHL_TRY(auth::check_token(params_.token, params_.insecure));
+  // Every start of an unauthenticated process says so, where its operator
+  // looks (issue 24, item 9): insecure is for tests on a trusted machine.
+  if (params_.token.empty())
+    std::fputs("ashl: warning: running without authentication (--insecure / ASHL_INSECURE): any process that "
+               "reaches the port can join\n",
+               stderr);
   if (params_.retry_interval.count() <= 0) return invalid_argument("retry_interval", params_.retry_interval.count(), "must be > 0 ms");
   ucx_sockaddr listen_at;
   if (!params_.listen.empty()) {
