@@ -139,7 +139,7 @@ BOOST_AUTO_TEST_CASE(launch_hierarchical_two_hosts_two_local_ranks_and_servers) 
   std::atomic<int> failed{0};
   for (int j = 0; j < 2; ++j)
     servers.emplace_back([&, j] {
-      auto t = transport::ucx::create({.listen = addr[j], .token = "coll-test"});
+      auto t = transport::ucx::create({.listen = addr[j], .token = "coll-test-token-0123"});
       if (!t) { ++failed; return; }
       auto layout = ps::shard_layout::even(slices[std::size_t(j)], 1);
       ps::policy_params pp;
@@ -355,7 +355,7 @@ BOOST_AUTO_TEST_CASE(rank_hierarchical) {
     const std::string mine = g->rank == 0 ? servers.substr(0, servers.find(',')) : servers.substr(servers.find(',') + 1);
     constexpr std::size_t n = 9;
     const auto slices = even_slices(n, 2);
-    auto t = transport::ucx::create({.token = "coll-test"});
+    auto t = transport::ucx::create({.token = "coll-test-token-0123"});
     ASHL_REQUIRE(t.has_value());
     auto up = ps_upper<transport::ucx>::create({.rank = std::uint32_t(host), .servers = {mine}, .timeout = 20s},
                                                std::move(*t), slices[std::size_t(g->rank)]);

@@ -116,7 +116,7 @@ BOOST_AUTO_TEST_CASE(malformed_messages_and_a_wrong_token_change_nothing) {
   BOOST_TEST_REQUIRE(job > 0);
 
   // A client with the wrong token is refused and told why.
-  auto bad = tr::ucx::create({.token = "wrong token", .connect_timeout = 30s});
+  auto bad = tr::ucx::create({.token = "wrong token, long enough", .connect_timeout = 30s});
   BOOST_TEST_REQUIRE(bad.has_value());
   client_handler hb;
   auto pb = bad->connect(addr);

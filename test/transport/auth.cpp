@@ -139,7 +139,13 @@ BOOST_AUTO_TEST_CASE(empty_token_only_in_insecure_mode) {
   BOOST_TEST(refused.message().find("token") != std::string::npos);
   BOOST_TEST(refused.message().find("insecure") != std::string::npos);
   BOOST_TEST(a::check_token("", true).ok());
-  BOOST_TEST(a::check_token("secret", false).ok());
+  BOOST_TEST(a::check_token("sixteen-bytes-ok", false).ok());
+  // Shorter than 16 bytes: refused unless insecure, naming the length only.
+  auto short_token = a::check_token("secret", false);
+  BOOST_TEST(!short_token.ok());
+  BOOST_TEST(short_token.message().find("6 bytes") != std::string::npos, short_token.message());
+  BOOST_TEST(short_token.message().find("secret") == std::string::npos, short_token.message());
+  BOOST_TEST(a::check_token("secret", true).ok());
   // Insecure mode is the empty HMAC key on both sides: it agrees with itself and
   // with nothing else.
   const a::nonce sn = nonce_of(3), cn = nonce_of(9);

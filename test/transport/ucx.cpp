@@ -560,7 +560,7 @@ BOOST_AUTO_TEST_CASE(wrong_token_is_refused_and_the_server_keeps_serving) {
   child server = start_echo({.clients = 2}, address);
   BOOST_TEST_REQUIRE(!address.empty());
   {
-    t::ucx impostor = make_client("not-the-token", 30000ms);
+    t::ucx impostor = make_client("not-the-token-0123456789", 30000ms);
     recorder h;
     auto p = impostor.connect(address);
     BOOST_TEST_REQUIRE(p.has_value());

@@ -48,6 +48,7 @@
 #include <ashl/core/status.hpp>
 #include <ashl/ps/identity.hpp>
 #include <ashl/transport/address.hpp>
+#include <ashl/transport/token.hpp>
 
 #include <charconv>
 #include <cstdint>
@@ -64,9 +65,9 @@ namespace ps {
 
 enum class role : std::uint8_t { server, worker };
 
-// The shortest token job_from accepts without insecure: 16 bytes (128 bits
-// when random; `openssl rand -hex 16` gives 32).
-inline constexpr std::size_t min_token_bytes = 16;
+// The shortest token job_from accepts without insecure (transport/token.hpp,
+// the transport's own rule too).
+using transport::min_token_bytes;
 
 constexpr std::string_view to_string(role r) noexcept { return r == role::server ? "server" : "worker"; }
 

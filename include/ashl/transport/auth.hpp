@@ -27,6 +27,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/transport/token.hpp>
 
 #if ASHL_HAS_UCX()
 
@@ -41,6 +42,7 @@
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <string>
 #include <string_view>
 
 ASHL_NAMESPACE_BEGIN
@@ -55,12 +57,20 @@ using digest = std::array<std::byte, digest_size>;
 inline constexpr std::string_view client_label = "ashl-auth-client-v1";
 inline constexpr std::string_view server_label = "ashl-auth-server-v1";
 
-// An empty token is allowed only in the explicit insecure mode.
+// An empty token is allowed only in the explicit insecure mode, and a token
+// must have at least min_token_bytes bytes (transport/token.hpp) unless
+// insecure. The error gives the length, never the token.
 inline status check_token(std::string_view token, bool insecure) {
   if (token.empty() && !insecure) {
     return invalid_argument("token", token,
                             "empty; set ASHL_TOKEN to the job's shared secret (or pass insecure = true / --insecure "
                             "to run without authentication)");
+  }
+  if (!insecure && token.size() < min_token_bytes) {
+    return status(errc::invalid_argument,
+                  "token: " + std::to_string(token.size()) + " bytes, a token must have at least " +
+                      std::to_string(min_token_bytes) +
+                      " (e.g. openssl rand -hex 16), or pass insecure = true / --insecure to run without authentication");
   }
   return {};
 }
