@@ -8,6 +8,7 @@
 //   ashl_bench_ps_ucx --progress poll       # ucx_params.blocking = false (spin instead of the event fd)
 //   ashl_bench_ps_ucx --spin-us 0           # ucx_params.spin: poll this long before sleeping (default: the library's)
 //   ashl_bench_ps_ucx --no-pin              # leave placement to the scheduler (for comparison)
+//   ashl_bench_ps_ucx --in-place-replies    # worker_params.stage_replies = false (replies unchecked in the caller's buffer)
 //
 // Every case forks its own processes from a parent that never creates a UCX
 // object: one ps::server (ASP, model deltas, one shard holding the whole
@@ -21,7 +22,9 @@
 //
 // Operations (X = bytes of f32 parameters, the model size):
 //   pull        ps::worker::pull() + wait(): a 72-byte pull request out, X
-//               bytes of parameters back into the caller's buffer.
+//               bytes of parameters back into the worker's buffer, checked,
+//               and copied into the caller's (--in-place-replies: straight
+//               into the caller's, checked after they landed).
 //               gbps = X / time; baseline ucp_am_bw at X (one stream, one
 //               direction); ratio = gbps / baseline_gbps (goal >= 0.8 at >= 1 MiB).
 //   commit      iteration_done() + commit(X bytes) + wait(): the commit goes
@@ -70,7 +73,7 @@
 // Output: a human table, then one JSON object per case:
 //   {"bench":"ps_ucx","op":...,"transport":...,"bytes":...,"gbps":...,"usec":...,
 //    "baseline":...,"baseline_gbps":...,"baseline_usec":...,"ratio":...,"goal":...,"met":...,
-//    "lanes":...,"baseline_lanes":...,"progress":...,"placement":...,"reps":...,...}
+//    "lanes":...,"baseline_lanes":...,"progress":...,"replies":...,"placement":...,"reps":...,...}
 #include "support.hpp"
 
 #include <ashl/config.hpp>
@@ -145,6 +148,7 @@ struct options {
   std::vector<std::size_t> sizes;
   std::string perftest = "/usr/bin/ucx_perftest";
   int fan_workers = 8;
+  bool stage_replies = true;  // worker_params.stage_replies (--in-place-replies: false)
 };
 
 const char* tls_of(const std::string& transport) { return transport == "shm" ? "sm,self,tcp" : "tcp,self"; }
@@ -348,7 +352,8 @@ int run_worker(const options& o, const ashl_case& c, shared_area* sh, const std:
        .servers = {addr},
        .batch = 1,
        .timeout = std::chrono::seconds(120),
-       .measurement_interval = std::chrono::milliseconds(1)},  // batched: what a small-message job sets
+       .measurement_interval = std::chrono::milliseconds(1),  // batched: what a small-message job sets
+       .stage_replies = o.stage_replies},
       std::move(*t), w);
   if (!wk) return set_error(sh, "worker: " + wk.error().message()), 1;
   if (rank == 0 && !wk->transport().peers().empty()) {
@@ -646,6 +651,7 @@ int main(int argc, char** argv) {
       if (v != "poll" && v != "wait") return std::fprintf(stderr, "--progress: poll or wait\n"), 2;
       o.poll = v == "poll";
     } else if (a == "--no-pin") o.pin = false;
+    else if (a == "--in-place-replies") o.stage_replies = false;
     else if (a == "--describe") o.describe = true;
     else if (a == "--no-baseline") o.baseline = false;
     else if (a == "--spin-us") o.spin_us = std::atol(next().c_str());
@@ -658,7 +664,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: ashl_bench_ps_ucx [--quick] [--reps N] [--json-only] [--progress wait|poll] [--no-pin]\n"
                    "         [--transports shm,tcp] [--ops pull,commit,round_trip,fan_in,fan_in_push] [--sizes 4K,1M,...]\n"
-                   "         [--perftest PATH] [--fan-workers N] [--describe] [--no-baseline] [--spin-us N]\n");
+                   "         [--perftest PATH] [--fan-workers N] [--describe] [--no-baseline] [--spin-us N]\n"
+                   "         [--in-place-replies]\n");
       return 2;
     }
   }
@@ -832,9 +839,9 @@ int main(int argc, char** argv) {
 
   const std::string load = load_before + " -> " + loadavg();
   if (!o.json_only) {
-    std::printf("ps_ucx on %s (%d CPUs), %s, progress %s, median of %d; ratio = gbps / baseline_gbps "
+    std::printf("ps_ucx on %s (%d CPUs), %s, progress %s, replies %s, median of %d; ratio = gbps / baseline_gbps "
                 "(round_trip: usec / baseline_usec)\n\n",
-                mach.c_str(), cpus(), date.c_str(), progress, o.reps);
+                mach.c_str(), cpus(), date.c_str(), progress, o.stage_replies ? "staged" : "in_place", o.reps);
     std::printf("load average %s; UCX env: %s\n\n", load.c_str(), ucx_env.empty() ? "(none)" : ucx_env.c_str());
     std::printf("%-10s %-4s %8s %10s %10s %-10s %10s %10s %7s %7s %4s %10s  %s | %s | %s\n", "op", "tl", "bytes", "GB/s",
                 "usec", "baseline", "base GB/s", "base usec", "ratio", "goal", "met", "-e GB/s|us", "ashl lanes",
@@ -856,7 +863,7 @@ int main(int argc, char** argv) {
         "{\"bench\":\"ps_ucx\",\"op\":\"%s\",\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
         "\"usec\":%s,\"baseline\":\"%s\",\"baseline_gbps\":%s,\"baseline_usec\":%s,\"ratio\":%s,\"goal\":\"%s\","
         "\"met\":%s,\"ref_tag_gbps\":%s,\"ref_tag_usec\":%s,\"ref_eh_gbps\":%s,\"ref_eh_usec\":%s,\"ref_eh_lanes\":\"%s\",\"%s\":%s,\"server_idle\":%s,\"lanes\":\"%s\","
-        "\"baseline_lanes\":\"%s\",\"progress\":\"%s\",\"placement\":\"%s\",\"reps\":%d,\"iters\":%d,"
+        "\"baseline_lanes\":\"%s\",\"progress\":\"%s\",\"replies\":\"%s\",\"placement\":\"%s\",\"reps\":%d,\"iters\":%d,"
         "\"machine\":\"%s\",\"date\":\"%s\",\"ucx_env\":\"%s\",\"load\":\"%s\","
         "\"error\":\"%s\"}\n",
         r.op.c_str(), r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
@@ -865,7 +872,7 @@ int main(int argc, char** argv) {
         num(r.ref_tag_usec, 2).c_str(), num(r.ref_eh_gbps).c_str(), num(r.ref_eh_usec, 2).c_str(),
         json_escape(r.ref_eh_lanes).c_str(), r.op.rfind("fan_in", 0) == 0 ? "moved_gbps" : "commit_oneway_gbps", num(r.extra).c_str(),
         num(r.server_idle, 3).c_str(), json_escape(r.lanes).c_str(), json_escape(r.baseline_lanes).c_str(), progress,
-        r.placement.c_str(), r.reps, r.iters, json_escape(mach).c_str(), date.c_str(), json_escape(ucx_env).c_str(), load.c_str(),
+        o.stage_replies ? "staged" : "in_place", r.placement.c_str(), r.reps, r.iters, json_escape(mach).c_str(), date.c_str(), json_escape(ucx_env).c_str(), load.c_str(),
         json_escape(r.error).c_str());
   }
   bool errors = false;

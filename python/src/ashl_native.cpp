@@ -227,6 +227,7 @@ struct any_worker {
   virtual ashl::status commit(std::span<const float>) = 0;
   virtual ashl::status pull() = 0;
   virtual ashl::status wait() = 0;
+  virtual std::optional<ashl::status> wait_for(std::chrono::microseconds slice, bool first) = 0;
   virtual ashl::status leave() = 0;
   virtual ashl::status report_metric(ashl::metric_id, double) = 0;
   virtual ashl::worker_plan plan() const = 0;
@@ -258,6 +259,9 @@ struct worker_of final : any_worker {
   ashl::status commit(std::span<const float> u) override { return w.commit(u); }
   ashl::status pull() override { return w.pull(); }
   ashl::status wait() override { return w.wait(); }
+  std::optional<ashl::status> wait_for(std::chrono::microseconds slice, bool first) override {
+    return w.wait_for(slice, first);
+  }
   ashl::status leave() override { return w.leave(); }
   ashl::status report_metric(ashl::metric_id m, double v) override { return w.report_metric(m, v); }
   ashl::worker_plan plan() const override { return w.plan(); }
@@ -298,7 +302,7 @@ class py_worker {
             double timeout, std::uint64_t seed, bool error_feedback, double link_bytes_per_second, double reconnect,
             double progress_seconds, std::string token, bool insecure, bool verbose, std::optional<fabric> inproc,
             std::uint64_t incarnation, std::uint64_t job, bool follower, py::object link)
-      : params_obj_(parameters), link_(std::move(link)) {
+      : link_(std::move(link)), params_obj_(parameters) {
     const auto w = buffer_of(parameters, "parameters", true);
     ps::worker_params p{.rank = rank,
                         .servers = std::move(servers),
@@ -424,13 +428,24 @@ class py_worker {
     }
     check(s);
   }
+  // On the main thread: drives the transport in slices of 100 ms without
+  // the GIL and checks for signals between them, so Ctrl-C raises
+  // KeyboardInterrupt within a slice and the worker is as it was (the
+  // commit still in flight: wait() again takes it up, or drop the worker).
+  // Another thread (ashl.torch's communication threads) cannot receive
+  // signals: it waits in one piece, never stopping to take the GIL back.
   void wait() {
     ashl::status s;
-    {
+    if (on_main_thread()) {
+      s = wait_in_slices();
+    } else {
       py::gil_scoped_release nogil;
       s = w_->wait();
     }
-    update_obj_ = py::none();
+    // The update is no longer read once the commit completed; after a failure
+    // the transport may still send from it, so it is kept until the worker
+    // (its transport) is gone.
+    if (s.ok()) update_obj_ = py::none();
     check_link();
     check(s);
   }
@@ -457,6 +472,13 @@ class py_worker {
   py::dict telemetry() const { return worker_telemetry_dict(unlocked([&] { return w_->telemetry(); })); }
   std::string progress_line() const { return unlocked([&] { return w_->progress_line(); }); }
 
+  // The worker and its transport close without the GIL (a UCX close drives
+  // the outstanding operations for a while), before the buffers go.
+  ~py_worker() {
+    py::gil_scoped_release nogil;
+    w_.reset();
+  }
+
  private:
   template <class T>
   ashl::status make(ashl::result<ps::worker<T>>&& r) {
@@ -465,11 +487,34 @@ class py_worker {
     return {};
   }
 
-  std::unique_ptr<any_worker> w_;
-  py::object params_obj_;  // keeps the parameter buffer alive as long as the worker writes into it
-  py::object update_obj_ = py::none();
+  // Declared before w_, so destroyed after it: the buffers the transport
+  // reads (a commit in flight) and writes (stage_replies false: a reply into
+  // the parameters) stay alive until the worker's transport is closed, even
+  // when Python drops the Worker between commit() and wait().
   py::object link_;         // the emulated link's hold, or None
+  py::object params_obj_;   // the parameter buffer the worker writes replies into
+  py::object update_obj_ = py::none();  // the update of the commit in flight
   std::string link_error_;  // what link_ raised, raised by the next commit() or wait() (under the GIL)
+  std::unique_ptr<any_worker> w_;
+
+  ashl::status wait_in_slices() {
+    for (bool first = true;; first = false) {
+      std::optional<ashl::status> r;
+      {
+        py::gil_scoped_release nogil;
+        r = w_->wait_for(std::chrono::milliseconds(100), first);
+      }
+      if (r) return std::move(*r);
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();  // the commit stays in flight
+    }
+  }
+
+  // Python runs signal handlers on the main thread only.
+  static bool on_main_thread() {
+    static const unsigned long main_ident =
+        py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+    return PyThread_get_thread_ident() == main_ident;
+  }
 
   void check_link() {
     if (link_error_.empty()) return;
@@ -588,16 +633,31 @@ class py_server {
 
   const std::string& address() const { return address_; }
 
-  // Serves until every worker left (or stop()); the GIL is released.
-  // Raises when the final checkpoint failed (the job's last state is not
-  // on disk), naming the file and the error.
+  // Serves until every worker left (or stop()); the GIL is released. It
+  // serves on a thread of its own and checks for signals every 100 ms:
+  // Ctrl-C stops the server (ended "stopped"), joins it and raises
+  // KeyboardInterrupt. Raises when the final checkpoint failed (the job's
+  // last state is not on disk), naming the file and the error (join()).
   void run() {
     if (thread_.joinable()) raise(ashl::invalid_argument("server.run", "running", "start() ran it already"));
     {
-      py::gil_scoped_release nogil;
-      serve();
+      std::lock_guard g(snap_mu_);
+      running_ = true;
     }
-    check_final_checkpoint();
+    thread_ = std::thread([this] { serve(); });
+    while (true) {
+      {
+        py::gil_scoped_release nogil;
+        std::unique_lock g(snap_mu_);
+        snap_cv_.wait_for(g, std::chrono::milliseconds(100), [&] { return !running_; });
+        if (!running_) break;
+      }
+      if (PyErr_CheckSignals() != 0) {
+        join_stopped();
+        throw py::error_already_set();
+      }
+    }
+    join();  // raises if the final checkpoint failed
   }
   void start() {
     if (thread_.joinable()) raise(ashl::invalid_argument("server.start", "running", "already started"));
@@ -645,6 +705,10 @@ class py_server {
   void stop_and_join() {
     stop_ = true;
     if (thread_.joinable()) thread_.join();
+  }
+  void join_stopped() {
+    py::gil_scoped_release nogil;
+    stop_and_join();
   }
   // Telemetry from another thread than the server's: read while it runs is
   // a racy snapshot of counters; after join() it is exact.

@@ -17,7 +17,10 @@
 // would leave an asynchronous policy with nobody to switch stages with),
 // each counts its commits there before sending (with --together N it first
 // waits, at most 5 s, while the slowest worker is more than N commits
-// behind: the workers train together on a loaded machine), and with --ssp-check after
+// behind: the workers train together on a loaded machine), counts each
+// commit whose wait() succeeded in slot 32 + rank (acknowledged: the fault
+// tests compare them with the server's commits_applied; ranks 0-30 only,
+// slot 63 is the barrier's), and with --ssp-check after
 // each wait checks that no worker is more than --staleness commits behind
 // its own count.
 #include <ashl/ps/launch.hpp>
@@ -216,7 +219,8 @@ int serve(const ps::job& j, const options& o) {
   if (!o.out.empty()) {
     write_file(o.out + "/server" + std::to_string(j.rank) + ".f32", srv->parameters().data(), srv->parameters().size());
     std::ofstream f(o.out + "/server" + std::to_string(j.rank) + ".txt");
-    f << "commits " << s.core.commits << "\ncommits_applied " << s.core.commits_applied << "\nsteps " << s.core.steps
+    f << "commits " << s.core.commits << "\ncommits_applied " << s.core.commits_applied << "\ncommits_dropped "
+      << s.core.commits_dropped << "\nsteps " << s.core.steps
       << "\npulls " << s.core.pulls << "\npulls_served " << s.core.pulls_served << "\npulls_held " << s.core.pulls_held
       << "\nrefused " << s.core.refused_total() << "\nwire_refused " << s.wire_refused_total() << "\nmalformed "
       << s.wire_refused_for(ps::wire_refusal::malformed) << "\noversized " << s.wire_refused_for(ps::wire_refusal::oversized)
@@ -308,6 +312,7 @@ int train(const ps::job& j, const options& o) {
     if (shared) std::atomic_ref<std::uint64_t>(shared[j.rank]).fetch_add(1);
     if (auto s = wk->commit(g); !s) return fail(s.to_string());
     if (auto s = wk->wait(); !s) return fail(s.to_string());
+    if (shared && j.rank < 31) std::atomic_ref<std::uint64_t>(shared[32 + j.rank]).fetch_add(1);  // acknowledged
     if (shared && o.ssp_check) {
       std::uint64_t mn = ~std::uint64_t{0};
       for (std::uint32_t k = 0; k < j.num_workers; ++k) mn = std::min(mn, std::atomic_ref<std::uint64_t>(shared[k]).load());

@@ -8,7 +8,15 @@
 // parameters and its plan; a SIGKILLed server makes every worker exit with a
 // clear error, within its timeout. ashl_test_ps_node over UCX/TCP on
 // 127.0.0.1 (test/support/fault_job.hpp); training is a quadratic (gradient
-// w - T), so "reached the target" is |w - T| small.
+// w - T), so "reached the target" is |w - T| small. On the server's side
+// every commit a worker was acknowledged (its wait() succeeded) was applied
+// exactly once: commits_applied is the acknowledged count, plus at most the
+// one commit the killed worker had in flight (applied, its reply lost with
+// the process), and nothing was dropped as a duplicate. BSP runs over
+// shared memory too (UCX_TLS sm,self,tcp).
+
+constexpr const char* over_tcp = "tcp,self";
+constexpr const char* over_shm = "sm,self,tcp";
 
 #if !ASHL_HAS_UCX() || !defined(ASHL_TEST_PS_NODE)
 int main() {
@@ -23,6 +31,7 @@ int main() {
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,9 +56,23 @@ float max_distance(const std::vector<float>& w) {
   return w.empty() ? 1e9f : d;
 }
 
+// The server's counters against the workers' acknowledged commits: applied
+// once each, at most `in_flight` more (commits of killed processes whose
+// replies were lost), no duplicates.
+void applied_is_acknowledged(const fault_job::job& j, const std::map<std::string, double>& s, std::uint64_t in_flight,
+                             const std::string& what) {
+  const double acked = static_cast<double>(j.commits_acknowledged_total());
+  BOOST_TEST(acked > 0.0, what);
+  BOOST_TEST(s.at("duplicates") == 0.0, what);
+  BOOST_TEST(s.at("commits_applied") >= acked, what << ": applied " << s.at("commits_applied") << ", acknowledged " << acked);
+  BOOST_TEST(s.at("commits_applied") <= acked + static_cast<double>(in_flight),
+             what << ": applied " << s.at("commits_applied") << ", acknowledged " << acked);
+  BOOST_TEST(s.at("commits_applied") + s.at("commits_dropped") <= static_cast<double>(j.commits_started_total()), what);
+}
+
 // 3 workers train; worker 2 is SIGKILLed after 15 commits; 0 and 1 finish.
-void kill_one_worker(const std::string& policy) {
-  fault_job::job j(3);
+void kill_one_worker(const std::string& policy, const char* tls = over_tcp) {
+  fault_job::job j(3, "ashl-fault-job", tls);
   BOOST_TEST_REQUIRE(j.ok());
   const auto common = cat(policy_args(policy), {"--elements", "64"});
   // Rank 2 never leaves: the server ends 2 s after the survivors left.
@@ -76,6 +99,7 @@ void kill_one_worker(const std::string& policy) {
   BOOST_TEST(j.worker_counters(0).at("commits") == 150.0);
   BOOST_TEST(j.worker_counters(1).at("commits") == 150.0);
   BOOST_TEST(max_distance(j.parameters()) < 1e-3f, policy << ": the survivors did not reach the target");
+  applied_is_acknowledged(j, s, 1, policy + " over " + tls);
 }
 
 }  // namespace
@@ -83,6 +107,7 @@ void kill_one_worker(const std::string& policy) {
 BOOST_AUTO_TEST_CASE(kill_worker_bsp) { kill_one_worker("bsp"); }
 BOOST_AUTO_TEST_CASE(kill_worker_ssp) { kill_one_worker("ssp"); }
 BOOST_AUTO_TEST_CASE(kill_worker_ashl) { kill_one_worker("ashl"); }
+BOOST_AUTO_TEST_CASE(kill_worker_bsp_over_shared_memory) { kill_one_worker("bsp", over_shm); }
 
 // A killed worker's rank is taken by a new process (a larger incarnation,
 // the fresh one every process start gets): it joins mid-training, receives
@@ -116,6 +141,7 @@ BOOST_AUTO_TEST_CASE(kill_worker_then_a_new_one_joins) {
   BOOST_TEST(j.worker_counters(2).at("commits") == 120.0);  // the new process's file
   BOOST_TEST(j.worker_counters(2).at("plans") >= 1.0);
   BOOST_TEST(max_distance(j.parameters()) < 1e-3f);
+  applied_is_acknowledged(j, s, 1, "rank 2 replaced");  // both processes of rank 2 count in slot 34
 }
 
 // The server dies: every worker (no reconnect) exits with an error naming

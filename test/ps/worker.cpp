@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -83,6 +84,64 @@ struct spy {
 };
 static_assert(tr::transport<spy>);
 
+// Forwards to inproc; once armed, the next pull reply from the peer named
+// `victim` reaches the worker with one bit of its payload flipped (on the
+// wire) or with its header's CRC-32C changed, as a copy (the worker's own
+// receive buffer, if the data went there, is left as the transport wrote it).
+enum class tamper_mode { payload, crc };
+struct tamper {
+  using transport_concept = tr::transport_tag;
+  tr::inproc t;
+  std::string victim;
+  tamper_mode mode = tamper_mode::payload;
+  std::shared_ptr<std::atomic<bool>> armed = std::make_shared<std::atomic<bool>>(false);
+  tr::peer_id victim_peer = tr::no_peer;
+  std::vector<std::byte> head_copy, data_copy;
+  ashl::result<tr::peer_id> connect(std::string_view a) {
+    auto id = t.connect(a);
+    if (id && a == victim) victim_peer = *id;
+    return id;
+  }
+  ashl::status send(tr::peer_id p, std::span<const std::byte> h, std::span<const std::byte> d, std::uint64_t c) {
+    return t.send(p, h, d, c);
+  }
+  template <tr::handler H>
+  struct wrapped {
+    H* h;
+    tamper* self;
+    std::span<std::byte> receive_buffer(tr::peer_id p, std::span<const std::byte> head, std::size_t n) {
+      return h->receive_buffer(p, head, n);
+    }
+    void on_message(tr::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data) {
+      const bool reply = head.size() == ashl::wire::header_bytes && !data.empty() &&
+                         std::to_integer<int>(head[8]) == static_cast<int>(ashl::wire::message_kind::pull_reply);
+      if (reply && p == self->victim_peer && self->armed->exchange(false)) {
+        self->head_copy.assign(head.begin(), head.end());
+        self->data_copy.assign(data.begin(), data.end());
+        if (self->mode == tamper_mode::payload) self->data_copy[data.size() / 2] ^= std::byte{0x10};
+        else self->head_copy[ashl::wire::crc_offset] ^= std::byte{0x01};
+        h->on_message(p, self->head_copy, self->data_copy);
+        return;
+      }
+      h->on_message(p, head, data);
+    }
+    void on_sent(tr::peer_id p, std::uint64_t c, const ashl::status& st) { h->on_sent(p, c, st); }
+    void on_peer(tr::peer_id p, tr::peer_event e, const ashl::status& why) { h->on_peer(p, e, why); }
+  };
+  template <tr::handler H>
+  std::size_t progress(H& h) {
+    wrapped<H> w{&h, this};
+    return t.progress(w);
+  }
+  void wait(std::chrono::microseconds d) { t.wait(d); }
+  std::span<const tr::peer_id> peers() const { return t.peers(); }
+  bool is_connected(tr::peer_id p) const { return t.is_connected(p); }
+  void close(tr::peer_id p) { t.close(p); }
+  void close() { t.close(); }
+  const tr::transport_counters& counters() const { return t.counters(); }
+};
+static_assert(tr::transport<tamper>);
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(a_model_of_another_size_is_refused_with_both_sizes_named) {
@@ -117,6 +176,14 @@ BOOST_AUTO_TEST_CASE(a_wait_that_cannot_end_times_out_with_its_bound_named) {
   ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
   while (!wk->iteration_done()) {}
   ASHL_REQUIRE(wk->commit(g).ok());
+  // In slices (what the Python binding does to see Ctrl-C): nothing yet,
+  // then the same timeout, counted from the first slice.
+  ASHL_TEST(!wk->wait_for(20ms, true).has_value());
+  std::optional<ashl::status> sliced;
+  for (int i = 0; i < 1000 && !sliced; ++i) sliced = wk->wait_for(20ms, false);
+  ASHL_REQUIRE(sliced.has_value());
+  ASHL_TEST((sliced->code() == ashl::errc::timed_out), sliced->message());
+  ASHL_TEST(contains(sliced->message(), "worker.timeout_ms = 300"), sliced->message());
   const auto s = wk->wait();
   ASHL_TEST((s.code() == ashl::errc::timed_out));
   ASHL_TEST(contains(s.message(), "worker.timeout_ms = 300"), s.message());
@@ -159,8 +226,12 @@ BOOST_AUTO_TEST_CASE(commits_go_from_the_callers_buffer_and_replies_land_in_it) 
     // The commit's data part was the caller's gradient buffer itself.
     ASHL_TEST(std::count(sent_from.begin(), sent_from.end(), reinterpret_cast<const std::byte*>(g.data())) == 1);
   }
-  // Every pull reply (4000 bytes, above the eager size) was received into w.
+  // Every pull reply (4000 bytes, above the eager size) was received where
+  // the worker asked (its staging buffer: nothing copied from the
+  // transport's), checked, and copied into w once: the join's pull and five.
   ASHL_TEST(wk->telemetry().copied_replies == 0u);
+  ASHL_TEST(wk->telemetry().staged_replies == 6u);
+  ASHL_TEST(wk->telemetry().bad_messages == 0u);
   // model_delta default: w = 0 + 5 commits of 0.25 each.
   ASHL_TEST(w[0] == 1.25f);
   ASHL_TEST(w[999] == 1.25f);
@@ -714,4 +785,70 @@ BOOST_AUTO_TEST_CASE(a_push_waits_at_the_bsp_barrier) {
   s0.end();
   ASHL_TEST(s0.tel.acks == 3u);
   ASHL_TEST(s0.tel.core.commits_applied == 6u);
+}
+
+// Issue 24, item 8: a pull reply is checked before the caller's parameters
+// change. Two servers (ASP, model deltas), one worker; after three good
+// cycles server 1's next reply arrives corrupted (a payload bit flipped, or
+// its header's CRC-32C changed), rendezvous (into the worker's buffer) or
+// eager (copied from the transport's). The wait fails naming the checksum
+// and server 1, and w is bit-identical to what it was before the commit:
+// server 0's good reply of the same pull did not reach it either.
+void a_bad_reply_leaves_the_parameters(std::size_t eager_bytes, tamper_mode mode) {
+  constexpr std::size_t n = 1000;
+  constexpr std::uint32_t S = 2;
+  auto fabric = tr::inproc_fabric::create({.eager_bytes = eager_bytes});
+  auto layout = ps::shard_layout::even(n, S);
+  ASHL_REQUIRE(layout.has_value());
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint32_t> up{0};
+  std::vector<std::thread> servers;
+  for (std::uint32_t s = 0; s < S; ++s)
+    servers.emplace_back([&, s] {
+      auto node = fabric->node("server" + std::to_string(s));
+      ASHL_REQUIRE(node.has_value());
+      ps::policy_params pp;
+      pp.workers = 1;
+      auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .shard = s, .workers = 1}},
+                                                std::move(*ps::make_policy("asp", pp)), std::move(*node));
+      ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+      ++up;
+      srv->run(stop);
+    });
+  while (up.load() < S) std::this_thread::sleep_for(1ms);
+  std::vector<float> w(n), g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = 0.25f + static_cast<float>(i) * 1e-3f;
+  tamper tp{node_of(fabric), "server1", mode};
+  auto armed = tp.armed;
+  auto wk = ps::worker<tamper>::create({.servers = {"server0", "server1"}, .timeout = 10s}, std::move(tp), w);
+  ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+  for (int c = 0; c < 3; ++c) {
+    while (!wk->iteration_done()) {}
+    ASHL_REQUIRE(wk->commit(g).ok());
+    ASHL_REQUIRE(wk->wait().ok());
+  }
+  ASHL_TEST(w[0] == 0.75f);
+  const std::vector<float> before = w;
+  *armed = true;
+  while (!wk->iteration_done()) {}
+  ASHL_REQUIRE(wk->commit(g).ok());
+  const auto st = wk->wait();
+  ASHL_TEST(!armed->load());  // the reply was tampered with
+  ASHL_TEST((st.code() == ashl::errc::checksum_mismatch), st.message());
+  ASHL_TEST(contains(st.message(), "header.crc32c"), st.message());
+  ASHL_TEST(contains(st.message(), "server 1 at server1"), st.message());
+  ASHL_TEST(std::memcmp(w.data(), before.data(), n * sizeof(float)) == 0,
+            "eager_bytes " << eager_bytes << ": the caller's parameters changed");
+  const auto tel = wk->telemetry();
+  ASHL_TEST(tel.bad_messages == 1u);
+  ASHL_TEST(tel.staged_replies == 4u);  // the join's pull and three cycles
+  if (eager_bytes > n * sizeof(float)) ASHL_TEST(tel.copied_replies > 0u);
+  else ASHL_TEST(tel.copied_replies == 0u);
+  stop = true;
+  for (auto& th : servers) th.join();
+}
+
+BOOST_AUTO_TEST_CASE(a_bad_pull_reply_fails_the_wait_and_leaves_the_parameters_as_they_were) {
+  for (const std::size_t eager : {std::size_t{256}, std::size_t{1} << 20})
+    for (const tamper_mode mode : {tamper_mode::payload, tamper_mode::crc}) a_bad_reply_leaves_the_parameters(eager, mode);
 }

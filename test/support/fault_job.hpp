@@ -1,7 +1,8 @@
 // test/support/fault_job.hpp — a parameter-server job of ashl_test_ps_node
 // processes started one by one, so a test can kill, stop, restart or add
 // any of them (test/ps/kill.cpp, evict.cpp, checkpoint_restart.cpp). Every
-// process runs over UCX on 127.0.0.1 (TCP, UCX_NET_DEVICES=lo) with a job
+// process runs over UCX on 127.0.0.1 (UCX_NET_DEVICES=lo; UCX_TLS the job's
+// tls: "tcp,self" by default, "sm,self,tcp" for shared memory) with a job
 // token, writes its log to the job's directory, and is bounded: finish()
 // kills what outlives its bound, and the destructor kills what is left.
 //
@@ -47,8 +48,8 @@ inline bool has(const std::string& log, const std::string& text) { return log.fi
 
 class job {
  public:
-  explicit job(std::uint32_t workers, std::string stem = "ashl-fault-job")
-      : workers_(workers), dir_(process::temp_dir(stem)) {
+  explicit job(std::uint32_t workers, std::string stem = "ashl-fault-job", std::string tls = "tcp,self")
+      : workers_(workers), dir_(process::temp_dir(stem)), tls_(std::move(tls)) {
     shared_ = dir_ + "/counters";
     std::ofstream f(shared_, std::ios::binary);
     std::vector<char> zeros(64 * 8, 0);
@@ -138,6 +139,17 @@ class job {
     for (std::uint32_t k = 0; k < workers_; ++k) t += commits_started(k);
     return t;
   }
+  // The commits of worker `rank` (every process of that rank; ranks 0-30)
+  // whose wait() succeeded: acknowledged by a server (ps_node counts them
+  // after wait()).
+  [[nodiscard]] std::uint64_t commits_acknowledged(std::uint32_t rank) const {
+    return std::atomic_ref<std::uint64_t>(counters_[32 + rank]).load();
+  }
+  [[nodiscard]] std::uint64_t commits_acknowledged_total() const {
+    std::uint64_t t = 0;
+    for (std::uint32_t k = 0; k < workers_; ++k) t += commits_acknowledged(k);
+    return t;
+  }
   // Waits (bounded) until worker `rank` has started at least n commits.
   bool wait_commits(std::uint32_t rank, std::uint64_t n, std::chrono::milliseconds bound) const {
     const auto end = std::chrono::steady_clock::now() + bound;
@@ -165,7 +177,7 @@ class job {
     return argv;
   }
   env_list env(env_list extra) const {
-    env_list e = {{"UCX_TLS", "tcp,self"},
+    env_list e = {{"UCX_TLS", tls_},
                   {"UCX_NET_DEVICES", "lo"},
                   {"ASHL_NUM_WORKERS", std::to_string(workers_)},
                   {"ASHL_SERVER_ADDR", address()},
@@ -175,7 +187,7 @@ class job {
   }
 
   std::uint32_t workers_;
-  std::string dir_, shared_;
+  std::string dir_, shared_, tls_;
   std::uint64_t* counters_ = nullptr;
   int port_ = 0;
   std::vector<pid_t> running_;

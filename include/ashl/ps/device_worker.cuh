@@ -230,6 +230,11 @@ class device_worker {
     ASHL_TRY(im->stage(im->n * sizeof(float), t));
     im->params_region = im->register_region(t, im->host_params.bytes());
     ++im->tel.staging_allocations;
+    // The page-locked buffer is the staging already: the device's parameters
+    // change only in wait(stream) after the host worker's wait() succeeded
+    // (a bad reply fails it), so replies land straight in the registered
+    // buffer instead of in a second host copy (worker_params::stage_replies).
+    p.stage_replies = false;
     auto wk = worker<Transport>::create(std::move(p), std::move(t),
                                         std::span<float>(reinterpret_cast<float*>(im->host_params.data()), im->n));
     if (!wk) return wk.error();

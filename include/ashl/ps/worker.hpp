@@ -18,9 +18,13 @@
 //
 // The buffers are views: a commit is sent from the caller's gradient buffer
 // when the plan does not compress (identity f32, zero copy: the header is
-// sealed over the payload where it lies), and a pull reply is received
-// straight into the caller's parameter buffer (rendezvous data lands there;
-// small eager replies are copied once from the transport's buffer). With a
+// sealed over the payload where it lies). A pull reply is received into a
+// buffer the worker owns (one model's worth, allocated at create()), its
+// checksum and shape checked, and only once every server's reply of the
+// pull passed is it copied into the caller's parameter buffer: a bad reply
+// (CRC, size, shape) fails the wait and leaves the caller's parameters as
+// they were (worker_params::stage_replies; false receives rendezvous data
+// straight into the caller's buffer, checked after it landed). With a
 // compressing plan each shard is encoded with the plan's codec and error
 // feedback (one residual per shard) into a buffer the worker owns.
 //
@@ -159,6 +163,18 @@ struct worker_params {
   // Records in one measurements message at most (>= 8: a cycle records up to
   // five); at most the servers' wire limits.max_measurements.
   std::uint32_t measurement_batch = report_rule{}.batch;
+  // A pull reply is received into the worker's own buffer (the model's size,
+  // allocated once at create()) and copied into the caller's parameters only
+  // when every server's reply of that pull was checked (CRC-32C, size,
+  // shape): a bad reply fails the wait and the caller's parameters stay
+  // exactly as they were. The cost is the model's memory once more and one
+  // copy per pull (docs/perf/ps-ucx.md, "Verified replies"); a small
+  // (eager) reply that completes the pull is copied from the transport's
+  // buffer into the caller's once checked, as without staging. false: the
+  // zero-copy path, where rendezvous data lands in the caller's buffer before
+  // its checksum is known, so a bad reply leaves bad values there (the wait
+  // still fails) and a multi-server pull that fails may leave some shards new.
+  bool stage_replies = true;
 };
 
 // The plan and codec in force for a worker's cycle (a leader's, handed to
@@ -176,7 +192,9 @@ struct worker_telemetry {
   std::uint64_t plan_changes = 0;     // of them, plans that differed from the one in force
   std::uint64_t plans_ignored = 0;    // plan_updates from servers other than 0
   std::uint64_t errors = 0;           // error messages from servers
-  std::uint64_t copied_replies = 0;   // pull replies delivered eagerly (copied once into the buffer)
+  std::uint64_t copied_replies = 0;   // pull replies delivered eagerly (copied once from the transport's buffer)
+  std::uint64_t staged_replies = 0;   // pulls delivered to the caller's buffer once every reply was checked (stage_replies)
+  std::uint64_t bad_messages = 0;     // messages from servers refused (checksum, size, shape): the wait failed
   std::uint64_t reconnects = 0;       // connections to a server made again (worker_params.reconnect)
   std::uint64_t measurement_messages = 0;  // measurements messages sent (to each server; measurement_interval)
   double wait_seconds = 0.0;          // inside wait()
@@ -198,6 +216,8 @@ struct worker_telemetry {
         field{"plans_ignored", &worker_telemetry::plans_ignored},
         field{"errors", &worker_telemetry::errors},
         field{"copied_replies", &worker_telemetry::copied_replies},
+        field{"staged_replies", &worker_telemetry::staged_replies},
+        field{"bad_messages", &worker_telemetry::bad_messages},
         field{"reconnects", &worker_telemetry::reconnects},
         field{"measurement_messages", &worker_telemetry::measurement_messages},
         field{"wait_seconds", &worker_telemetry::wait_seconds},
@@ -365,6 +385,17 @@ class worker {
   // newest plan), or a server failed, refused, or the timeout passed.
   status wait() { return state_->wait(); }
 
+  // wait() in slices, for a caller that acts between them (the Python
+  // binding checks for Ctrl-C): drives the transport for about `slice` at
+  // most and returns nothing while the commit (or pull) is still pending,
+  // else what wait() returns. worker_params.timeout counts from the call
+  // with first = true; a wait abandoned between slices leaves the worker as
+  // it was (the commit in flight), and a later wait() or wait_for(.., true)
+  // takes it up with a whole timeout.
+  std::optional<status> wait_for(std::chrono::microseconds slice, bool first) {
+    return state_->wait_for(slice, first);
+  }
+
   // One progress pass without blocking; true when nothing is pending.
   bool test() {
     std::lock_guard g(state_->mu);
@@ -411,10 +442,14 @@ class worker {
     std::span<float> params;
     shard_layout layout;
     std::vector<transport::peer_id> peer;  // per server
-    std::vector<std::uint8_t> connected, replied;
+    std::vector<std::uint8_t> connected, replied;  // replied: 0 not yet, 1 a push's acknowledgement, 2 parameters
     std::vector<std::span<const std::byte>> enc;  // per shard: the encoded payload of the commit in flight
     std::vector<std::span<const float>> dense;    // per shard: the dense update in flight (maybe with e folded in)
     std::vector<std::byte> spill;            // a data part that is not a pull reply into params
+    // stage_replies: the replies of the pull in flight, checked before they
+    // are copied into params (the model's size; not zeroed: every element is
+    // written by a reply before it is read).
+    std::unique_ptr<float[]> staged;
     std::vector<slot> slots;
     std::vector<std::uint32_t> free_slots;
     std::vector<ashl::measurement> reported;  // the last cycle's (reported_measurements)
@@ -465,6 +500,28 @@ class worker {
       slots.reserve(4 * S + 8);
       free_slots.reserve(4 * S + 8);
       reported.reserve(8);
+      if (p.stage_replies) staged = std::make_unique_for_overwrite<float[]>(params.size());
+    }
+
+    // Where shard s's pull reply goes: the worker's staging buffer, or the
+    // caller's parameters (stage_replies false).
+    [[nodiscard]] std::span<float> reply_target(const key_range& r) const noexcept {
+      if (staged) return {staged.get() + r.begin, r.size()};
+      return params.subspan(r.begin, r.size());
+    }
+
+    // Every server's reply of the pull passed its checks: the parameters
+    // change here, all shards at once, never after a bad reply. Shard
+    // `direct` (an eager reply, the pull's last) was copied into them
+    // already; a push's acknowledgements (replied 1) carry none.
+    void deliver_replies(std::uint32_t direct) {
+      if (!staged || !failed.ok()) return;
+      for (std::uint32_t s = 0; s < servers(); ++s) {
+        if (s == direct || replied[s] != 2) continue;
+        const key_range r = layout.range(s);
+        std::memcpy(params.data() + r.begin, staged.get() + r.begin, r.size() * sizeof(float));
+      }
+      ++tel.staged_replies;
     }
 
     [[nodiscard]] bool pending() const noexcept { return sends_pending != 0 || replies_pending != 0; }
@@ -733,6 +790,33 @@ class worker {
     status wait() {
       const double deadline = clock.now() + seconds(p.timeout);
       ASHL_TRY(drive_until([&] { return !pending(); }, deadline, "waiting for the commit and the parameters"));
+      return wait_done();
+    }
+
+    double wait_deadline = 0.0;  // wait_for()'s: worker_params.timeout from its first slice
+
+    std::optional<status> wait_for(std::chrono::microseconds slice, bool first) {
+      const double now = clock.now();
+      std::uint64_t reconnects = 0;
+      {
+        std::lock_guard g(mu);
+        if (first) wait_deadline = now + seconds(p.timeout);
+        reconnects = tel.reconnects;
+      }
+      const double until = std::min(wait_deadline, now + std::chrono::duration<double>(slice).count());
+      status st = drive_until([&] { return !pending(); }, until, "waiting for the commit and the parameters");
+      if (!st.ok()) {
+        std::lock_guard g(mu);
+        if (tel.reconnects != reconnects)  // a server came back: a whole timeout for its answer, as wait()'s
+          wait_deadline = std::max(wait_deadline, clock.now() + seconds(p.timeout));
+        if (st.code() == errc::timed_out && failed.ok() && clock.now() < wait_deadline) return std::nullopt;
+        return st;
+      }
+      return wait_done();
+    }
+
+    // The commit was sent and the parameters arrived: the cycle ends.
+    status wait_done() {
       std::lock_guard g(mu);
       if (committing) {
         hold_for_link(link_direction::down, reply_bytes);
@@ -925,7 +1009,7 @@ class worker {
       const key_range r = layout.range(s);
       if (kind == wire::message_kind::pull_reply && n == r.size() * sizeof(float) && replies_pending != 0 && !replied[s]) {
         note_reply_started();  // the data follows: it is the transfer
-        return std::as_writable_bytes(params.subspan(r.begin, r.size()));
+        return std::as_writable_bytes(reply_target(r));
       }
       // Anything else (an error text, a reply of the wrong size) goes to a
       // buffer of the worker's, bounded by the largest reply it can expect.
@@ -943,6 +1027,7 @@ class worker {
       lim.max_elements = std::max<std::uint64_t>(r.size(), 1);
       auto m = wire::decode(head, data, lim);
       if (!m) {
+        ++tel.bad_messages;
         fail(make_error(m.error().code(), "worker.message", server_name(s), m.error().message()));
         return;
       }
@@ -954,7 +1039,7 @@ class worker {
             // The acknowledgement of a push: the commit was taken and the
             // policy released this worker; no parameters.
             replied[s] = 1;
-            --replies_pending;
+            if (--replies_pending == 0) deliver_replies(~std::uint32_t{0});  // a server that sent parameters
             reply_bytes += head.size();
             if (s == 0) staleness = h.step;
             return;
@@ -962,18 +1047,26 @@ class worker {
           note_reply_started();
           if (h.codec != codec_id::identity || h.type != dtype::f32 || h.element_count != r.size() ||
               h.tensor != s) {
+            ++tel.bad_messages;
             fail(make_error(errc::malformed, "pull_reply.element_count", h.element_count,
                             "from " + server_name(s) + ": expected " + std::to_string(r.size()) +
                                 " f32 identity elements of shard " + std::to_string(s)));
             return;
           }
-          auto dst = std::as_writable_bytes(params.subspan(r.begin, r.size()));
+          auto dst = std::as_writable_bytes(reply_target(r));
+          std::uint32_t direct = ~std::uint32_t{0};
           if (m->payload.data() != dst.data()) {
+            // An eager reply, checked already: the pull's last one goes
+            // straight into the parameters (one copy, as without staging).
+            if (staged && replies_pending == 1 && failed.ok()) {
+              dst = std::as_writable_bytes(params.subspan(r.begin, r.size()));
+              direct = s;
+            }
             std::memcpy(dst.data(), m->payload.data(), dst.size());
             ++tel.copied_replies;
           }
-          replied[s] = 1;
-          --replies_pending;
+          replied[s] = 2;  // parameters (staged, or in params already)
+          if (--replies_pending == 0) deliver_replies(direct);
           reply_bytes += head.size() + data.size();
           if (s == 0) staleness = h.step;  // τ (docs/wire-format.md, pull_reply)
           return;
