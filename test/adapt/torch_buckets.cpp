@@ -155,7 +155,7 @@ std::vector<std::vector<float>> run_bsp(bool overlap, int iterations) {
   constexpr double lr = 0.1;
   auto m = make_net();
   auto bs = adapt::torch_buckets(*m, small_cap_mb);
-  ASHL_REQUIRE(bs.has_value() && bs->size() == 2u);
+  ASHL_REQUIRE((bs.has_value() && bs->size() == 2u));
   auto fabric = tr::inproc_fabric::create({});
   auto servers = serve(fabric, *bs, lr);
   auto d = adapt::torch_worker<tr::inproc>::create(
@@ -219,7 +219,7 @@ BOOST_AUTO_TEST_CASE(overlapped_and_serial_bsp_exchanges_give_bit_identical_para
       }
     }
     const auto r = flat_copy(*reference);
-    ASHL_REQUIRE(overlapped[it].size() == r.size() && serial[it].size() == r.size());
+    ASHL_REQUIRE((overlapped[it].size() == r.size() && serial[it].size() == r.size()));
     ASHL_TEST(std::memcmp(overlapped[it].data(), serial[it].data(), r.size() * 4) == 0, "iteration " << it);
     ASHL_TEST(std::memcmp(serial[it].data(), r.data(), r.size() * 4) == 0, "iteration " << it);
   }
@@ -296,7 +296,7 @@ BOOST_AUTO_TEST_CASE(a_bf16_model_trains_on_the_cpu_and_a_non_finite_step_is_ski
   for (int it = 0; it < 12; ++it) {
     d->zero_grad();
     ASHL_REQUIRE(d->before_forward().ok());
-    auto loss = torch::mse_loss(m->forward(x), y);
+    auto loss = (m->forward(x) - y).pow(2).mean();  // libtorch 1.13 has no bf16 mse_loss on the CPU
     (it == 0 ? first : last) = loss.to(torch::kFloat).item<float>();
     loss.backward();
     ASHL_REQUIRE(d->step().ok());
@@ -313,7 +313,7 @@ BOOST_AUTO_TEST_CASE(a_bf16_model_trains_on_the_cpu_and_a_non_finite_step_is_ski
   d->zero_grad();
   auto bad = x.clone();
   bad[0][0] = std::numeric_limits<float>::quiet_NaN();
-  torch::mse_loss(m->forward(bad), y).backward();
+  (m->forward(bad) - y).pow(2).mean().backward();
   ASHL_REQUIRE(d->step().ok());
   ASHL_REQUIRE(d->before_forward().ok());
   ASHL_TEST(d->skipped() == 1u);
@@ -324,7 +324,7 @@ BOOST_AUTO_TEST_CASE(a_bf16_model_trains_on_the_cpu_and_a_non_finite_step_is_ski
   ASHL_TEST(flat_copy(*m) == before);
   // And the next finite step commits again.
   d->zero_grad();
-  torch::mse_loss(m->forward(x), y).backward();
+  (m->forward(x) - y).pow(2).mean().backward();
   ASHL_REQUIRE(d->step().ok());
   ASHL_REQUIRE(d->before_forward().ok());
   ASHL_TEST(d->commits() == 13u);

@@ -682,6 +682,8 @@ class torch_worker {
     }
 
     void start_threads() {
+      to_send.reserve(ex.size());  // a bucket is queued at most once: no allocation per commit
+      sent.reserve(ex.size());
       send_thread = std::thread([this] { send_loop(); });
       pull_thread = std::thread([this] { pull_loop(); });
     }
