@@ -62,7 +62,8 @@ _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 # The default bucket size ("auto", docs/perf/torch.md "Bucket size"): DDP's
 # 25 MiB for a large model, but at least MIN_BUCKETS buckets' worth for a
-# smaller one (a quarter of the model), never below MIN_BUCKET_CAP_MB.
+# smaller one (a quarter of the model), never below MIN_BUCKET_CAP_MB: the
+# rule of adapt::bucket_cap_bytes (update_builder.hpp), which computes it.
 DEFAULT_BUCKET_CAP_MB = 25.0
 MIN_BUCKETS = 4
 MIN_BUCKET_CAP_MB = 1.0
@@ -80,13 +81,12 @@ def bucket_cap_bytes(model_bytes: int, bucket_cap_mb: Union[float, str, None] = 
     if isinstance(bucket_cap_mb, str):
         if bucket_cap_mb != "auto":
             raise ValueError(f"bucket_cap_mb = {bucket_cap_mb!r}: must be a number of MiB, 0, None or 'auto'")
-        mib = 1 << 20
-        return int(min(DEFAULT_BUCKET_CAP_MB * mib, max(MIN_BUCKET_CAP_MB * mib, model_bytes / MIN_BUCKETS)))
+        return _ashl.bucket_cap_bytes(int(model_bytes), None)  # adapt::bucket_cap_bytes, the C++ adapter's rule
     if not bucket_cap_mb:
         return 0
     if bucket_cap_mb < 0:
         raise ValueError(f"bucket_cap_mb = {bucket_cap_mb}: must be >= 0")
-    return int(bucket_cap_mb * (1 << 20))
+    return _ashl.bucket_cap_bytes(int(model_bytes), float(bucket_cap_mb))
 
 
 def _codec_name(compression: Optional[str]) -> Optional[str]:
@@ -158,15 +158,7 @@ def bucket_addresses(addresses: Sequence[str], bucket: int, inproc: bool) -> Lis
     addresses (bucket 0's): in-process nodes ``<node>/b<bucket>``; UCX
     ``host:port + bucket * num_servers`` (ashl-run's contiguous ports stay
     disjoint between servers)."""
-    if bucket == 0:
-        return list(addresses)
-    if inproc:
-        return [f"{a}/b{bucket}" for a in addresses]
-    out = []
-    for a in addresses:
-        host, _, port = a.rpartition(":")
-        out.append(f"{host}:{int(port) + bucket * len(addresses)}")
-    return out
+    return _ashl.bucket_addresses(list(addresses), bucket, inproc)  # adapt::bucket_addresses, the C++ adapter's
 
 
 class Bucket:

@@ -87,15 +87,18 @@ struct server_thread {
 // Bucket b's server at "server0/b<b>" (adapt::bucket_addresses), starting
 // from the bucket's float32 values, servers stepping SGD with `lr`.
 std::vector<std::unique_ptr<server_thread>> serve(const std::shared_ptr<tr::inproc_fabric>& fabric,
-                                                  const std::vector<adapt::torch_bucket>& buckets, double lr) {
+                                                  const std::vector<adapt::torch_bucket>& buckets, double lr,
+                                                  adapt::torch_update update = adapt::torch_update::gradient) {
   std::vector<std::unique_ptr<server_thread>> out;
   for (std::size_t b = 0; b < buckets.size(); ++b) {
     const auto& h = buckets[b].host_params();
     std::vector<float> initial(h.data_ptr<float>(), h.data_ptr<float>() + h.numel());
     const auto name = (*adapt::bucket_addresses({"server0"}, b, true))[0];
     out.push_back(std::make_unique<server_thread>(fabric, name, std::move(initial),
-                                                  ps::optimizer_params{.mode = ps::optimizer_params::kind::sgd,
-                                                                       .lr = lr}));
+                                                  update == adapt::torch_update::gradient
+                                                      ? ps::optimizer_params{.mode = ps::optimizer_params::kind::sgd,
+                                                                             .lr = lr}
+                                                      : ps::optimizer_params{}));  // model_delta
   }
   return out;
 }
@@ -149,18 +152,21 @@ BOOST_AUTO_TEST_CASE(buckets_go_in_reverse_order_and_alias_the_parameters_and_gr
 
 namespace {
 
-// `iterations` BSP steps of gradient SGD over two buckets; the parameters
-// after each, flattened in registration order.
-std::vector<std::vector<float>> run_bsp(bool overlap, int iterations) {
+// `iterations` BSP steps over two buckets (gradient: SGD on the servers;
+// delta: local SGD steps, model deltas committed); the parameters after
+// each, flattened in registration order.
+std::vector<std::vector<float>> run_bsp(bool overlap, int iterations,
+                                        adapt::torch_update update = adapt::torch_update::gradient) {
   constexpr double lr = 0.1;
   auto m = make_net();
   auto bs = adapt::torch_buckets(*m, small_cap_mb);
   ASHL_REQUIRE((bs.has_value() && bs->size() == 2u));
   auto fabric = tr::inproc_fabric::create({});
-  auto servers = serve(fabric, *bs, lr);
+  auto servers = serve(fabric, *bs, lr, update);
+  torch::optim::SGD local(m->parameters(), lr);
   auto d = adapt::torch_worker<tr::inproc>::create(
-      std::move(*bs), nullptr, {.servers = {"server0"}, .timeout = 10s}, nodes_of(fabric),
-      {.update = adapt::torch_update::gradient, .overlap = overlap});
+      std::move(*bs), &local, {.servers = {"server0"}, .timeout = 10s}, nodes_of(fabric),
+      {.update = update, .overlap = overlap});
   ASHL_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
   ASHL_TEST(d->buckets() == 2u);
   ASHL_TEST(d->overlapped() == overlap);
@@ -175,7 +181,7 @@ std::vector<std::vector<float>> run_bsp(bool overlap, int iterations) {
     auto h = torch::tanh(m->fc1->forward(x));
     ASHL_REQUIRE(d->wait_for(*m->fc2).ok());
     torch::mse_loss(m->fc2->forward(h), y).backward();
-    if (overlap) {
+    if (overlap && update == adapt::torch_update::gradient) {
       // Both buckets were full in backward: committed from the hooks.
       ASHL_REQUIRE(d->wait_bucket_for(m->fc2->weight).ok());
       ASHL_TEST(d->worker(0).telemetry().commits == static_cast<std::uint64_t>(it + 1));
@@ -223,6 +229,18 @@ BOOST_AUTO_TEST_CASE(overlapped_and_serial_bsp_exchanges_give_bit_identical_para
     ASHL_TEST(std::memcmp(overlapped[it].data(), serial[it].data(), r.size() * 4) == 0, "iteration " << it);
     ASHL_TEST(std::memcmp(serial[it].data(), r.data(), r.size() * 4) == 0, "iteration " << it);
   }
+}
+
+// update::delta commits from step() (the local step comes first), with the
+// pulls in flight when it returns: the same parameters as the serial
+// exchange, bit for bit.
+BOOST_AUTO_TEST_CASE(overlapped_and_serial_delta_exchanges_give_bit_identical_parameters) {
+  const auto overlapped = run_bsp(true, 3, adapt::torch_update::delta);
+  const auto serial = run_bsp(false, 3, adapt::torch_update::delta);
+  ASHL_REQUIRE(overlapped.size() == serial.size());
+  for (std::size_t it = 0; it < serial.size(); ++it)
+    ASHL_TEST(overlapped[it] == serial[it], "iteration " << it);
+  ASHL_TEST(serial.front() != serial.back());  // it trained
 }
 
 // A tied parameter (w used twice) owns one slot; with gradient accumulation

@@ -96,18 +96,20 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <concepts>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <thread>
-#include <type_traits>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -434,12 +436,15 @@ class torch_worker {
     bool sixteen = false;
     for (const auto& b : buckets) sixteen = sixteen || b.dtype() != torch::kFloat;
     st->check_finite = o.check_finite.value_or(sixteen);
+    st->wait_bound = 3 * p.timeout + std::chrono::milliseconds(10000);
     st->ex.reserve(buckets.size());
     for (std::size_t bi = 0; bi < buckets.size(); ++bi) {
       auto addresses = bucket_addresses(p.servers, bi, std::is_same_v<Transport, transport::inproc>);
-      if (!addresses)
+      if (!addresses) {
+        st->leave_joined();
         return invalid_argument("torch_worker.servers", p.servers.empty() ? std::string() : p.servers[0],
                                 "bucket " + std::to_string(bi) + " needs host:port addresses (port + bucket * servers)");
+      }
       ps::worker_params wp = p;
       wp.servers = std::move(*addresses);
       wp.follower = bi > 0;
@@ -451,7 +456,10 @@ class torch_worker {
         else
           return Transport(make_transport(bi));
       }();
-      if (!t) return t.error();
+      if (!t) {
+        st->leave_joined();
+        return t.error();
+      }
       auto& e = st->ex.emplace_back(std::move(buckets[bi]), static_cast<update_kind>(o.update));
       auto wk = ps::worker<Transport>::create(std::move(wp), std::move(*t), span_of(e.bucket.host_params()));
       if (!wk) {
@@ -641,6 +649,7 @@ class torch_worker {
     std::optional<std::pair<ps::plan_in_force, bool>> lead;
     status hook_error;  // a failure inside a hook, returned by step()
     std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks;
+    std::chrono::milliseconds wait_bound{100000};  // 3 x the worker's timeout + 10 s
     std::vector<std::pair<const void*, std::size_t>> bucket_of_impl;
 
     // Communication side: a send thread commits buckets in the order they
@@ -808,8 +817,13 @@ class torch_worker {
         }
         if (in_flight) receive(b);
       } else {
+        // The threads' commit() and wait() end within the worker's timeout
+        // each; this bound only catches a thread that stopped.
         std::unique_lock g(mu);
-        cv.wait(g, [&] { return e.arrived; });
+        if (!cv.wait_for(g, wait_bound, [&] { return e.arrived; }))
+          return make_error(errc::timed_out, "torch_worker.bucket[" + std::to_string(b) + "]",
+                            std::to_string(wait_bound.count()) + " ms",
+                            "its exchange did not end in time (the communication threads stopped?)");
       }
       std::lock_guard g(mu);
       status s = e.error;
@@ -908,7 +922,14 @@ class torch_worker {
       exchange& e = ex[b];
       status s = e.worker->wait();
       if (s.ok()) {
-        e.bucket.stage_in();
+        try {
+          e.bucket.stage_in();
+        } catch (const std::exception& x) {  // on a communication thread: handed to the caller
+          s = make_error(errc::internal, "torch_worker.bucket[" + std::to_string(b) + "].stage_in", x.what(),
+                         "copying the pulled parameters into the bucket failed");
+        }
+      }
+      if (s.ok()) {
         e.builder.pulled(span_of(e.bucket.host_params()));
         if (b == 0 && ex.size() > 1) {
           const auto ms = e.worker->reported_measurements();
