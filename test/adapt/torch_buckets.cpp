@@ -111,16 +111,7 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(the_cap_rule_and_the_bucket_addresses_are_the_python_adapters) {
-  constexpr std::uint64_t mib = 1 << 20;
-  ASHL_TEST(adapt::bucket_cap_bytes(212) == mib);                   // at least 1 MiB
-  ASHL_TEST(adapt::bucket_cap_bytes(42 * mib) == 42 * mib / 4);     // a quarter of a smaller model
-  ASHL_TEST(adapt::bucket_cap_bytes(400 * mib) == 25 * mib);        // DDP's 25 MiB
-  ASHL_TEST(adapt::bucket_cap_bytes(400 * mib, 10.0) == 10 * mib);  // as given
-  ASHL_TEST(adapt::bucket_cap_bytes(400 * mib, 0.0) == 0u);         // one bucket per dtype
-  ASHL_TEST((*adapt::bucket_addresses({"h:7000", "g:7001"}, 2, false) == std::vector<std::string>{"h:7004", "g:7005"}));
-  ASHL_TEST((*adapt::bucket_addresses({"s0"}, 1, true) == std::vector<std::string>{"s0/b1"}));
-  ASHL_TEST(!adapt::bucket_addresses({"nohost"}, 1, false).has_value());
+BOOST_AUTO_TEST_CASE(auto_makes_one_bucket_of_a_small_model_and_a_negative_cap_is_refused) {
   auto m = make_net();
   auto auto_buckets = adapt::torch_buckets(*m);
   ASHL_REQUIRE(auto_buckets.has_value());
