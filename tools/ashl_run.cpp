@@ -53,7 +53,10 @@ constexpr const char* usage_text =
     "  -s, --servers S    number of servers (>= 1)\n"
     "  -w, --workers M    number of workers (>= 1)\n"
     "  --addr HOST:PORT   server 0's address (server i: port + i), or every server's, comma-separated;\n"
-    "                     default: free ports on 127.0.0.1\n"
+    "                     default: a block of free consecutive ports on 127.0.0.1\n"
+    "  --ports-per-server K  ports reserved per server in that block (default 16): a process with\n"
+    "                     several tensors (ashl.torch's buckets) puts tensor b's server i at\n"
+    "                     port + b * S + i; ASHL_PORTS_PER_SERVER=K tells it the bound\n"
     "  --token T          the job's token (default: ASHL_TOKEN, else a random one); visible in ps(1),\n"
     "                     prefer ASHL_TOKEN in ashl-run's environment\n"
     "  --insecure         no token (ASHL_INSECURE=1 for every process)\n"
@@ -63,6 +66,8 @@ constexpr const char* usage_text =
 
 struct options {
   std::uint32_t servers = 0, workers = 0;
+  std::uint32_t ports_per_server = 16;
+  bool ports_per_server_set = false;
   std::string addr, token;
   bool token_set = false, insecure = false, verbose = false;
   double timeout = 0, grace = 5;
@@ -98,7 +103,8 @@ int parse(int argc, char** argv, options& o) {
     }
     const bool is_switch = flag == "--insecure" || flag == "--verbose";
     const bool known = is_switch || flag == "-s" || flag == "--servers" || flag == "-w" || flag == "--workers" ||
-                       flag == "--addr" || flag == "--token" || flag == "--timeout" || flag == "--grace";
+                       flag == "--addr" || flag == "--token" || flag == "--timeout" || flag == "--grace" ||
+                       flag == "--ports-per-server";
     if (!known) return usage_error("unknown option '" + std::string(arg) + "'");
     if (is_switch) {
       if (has_inline) return usage_error(std::string(flag) + " takes no value");
@@ -115,6 +121,12 @@ int parse(int argc, char** argv, options& o) {
       if (!n) return usage_error(n.error().message());
       (flag == "-s" || flag == "--servers" ? o.servers : o.workers) = *n;
       (flag == "-s" || flag == "--servers" ? servers_set : workers_set) = true;
+    } else if (flag == "--ports-per-server") {
+      auto n = ps::detail::parse_count(f, value, 1);
+      if (!n) return usage_error(n.error().message());
+      if (*n > 4096) return usage_error("--ports-per-server = " + std::string(value) + ": must be at most 4096");
+      o.ports_per_server = *n;
+      o.ports_per_server_set = true;
     } else if (flag == "--addr") {
       o.addr = std::string(value);
     } else if (flag == "--token") {
@@ -130,6 +142,10 @@ int parse(int argc, char** argv, options& o) {
   if (!servers_set) return usage_error("-s (the number of servers) is required");
   if (!workers_set) return usage_error("-w (the number of workers) is required");
   if (o.token_set && o.insecure) return usage_error("--token and --insecure: give one of them");
+  if (std::uint64_t{o.servers} * o.ports_per_server > 16384)
+    return usage_error("-s " + std::to_string(o.servers) + " x --ports-per-server " + std::to_string(o.ports_per_server) +
+                       " = " + std::to_string(std::uint64_t{o.servers} * o.ports_per_server) +
+                       " ports: at most 16384 can be reserved");
   if (!o.addr.empty()) {
     auto a = ps::server_addresses_from(o.addr, o.servers, "--addr", "-s");
     if (!a) return usage_error(a.error().message());
@@ -139,28 +155,49 @@ int parse(int argc, char** argv, options& o) {
   return 0;
 }
 
-// S free loopback ports: all bound at once (so they differ), then released.
-bool free_ports(std::uint32_t n, std::vector<std::uint16_t>& ports, std::string& why) {
-  std::vector<int> fds;
-  bool ok = true;
-  for (std::uint32_t i = 0; i < n && ok; ++i) {
+// A block of n consecutive free loopback ports, all bound at once (so
+// nothing else holds one of them while they are chosen), then released.
+// The kernel picks a free port as the candidate base; a block with a taken
+// port is tried again from another base.
+bool free_port_block(std::uint32_t n, std::uint16_t& base, std::string& why) {
+  auto bind_one = [](std::uint16_t port, std::uint16_t* got) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
+    a.sin_port = htons(port);
     socklen_t len = sizeof a;
-    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
         ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      why = std::string("cannot bind a free port on 127.0.0.1: ") + std::strerror(errno);
-      ok = false;
-    } else {
-      ports.push_back(ntohs(a.sin_port));
+      ::close(fd);
+      return -1;
     }
-    if (fd >= 0) fds.push_back(fd);
+    if (got) *got = ntohs(a.sin_port);
+    return fd;
+  };
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    std::uint16_t first = 0;
+    const int fd0 = bind_one(0, &first);
+    if (fd0 < 0) {
+      why = std::string("cannot bind a free port on 127.0.0.1: ") + std::strerror(errno);
+      return false;
+    }
+    std::vector<int> fds{fd0};
+    bool ok = std::uint32_t{first} + n - 1 <= 65535;
+    for (std::uint32_t i = 1; i < n && ok; ++i) {
+      const int fd = bind_one(static_cast<std::uint16_t>(first + i), nullptr);
+      if (fd < 0) ok = false;
+      else fds.push_back(fd);
+    }
+    for (int fd : fds) ::close(fd);
+    if (ok) {
+      base = first;
+      return true;
+    }
   }
-  for (int fd : fds) ::close(fd);
-  return ok;
+  why = "cannot find " + std::to_string(n) + " consecutive free ports on 127.0.0.1 (64 tries; lower --ports-per-server)";
+  return false;
 }
 
 bool random_token(std::string& token, std::string& why) {
@@ -288,13 +325,16 @@ int main(int argc, char** argv) {
   std::string why;
   std::string server_addr = o.addr;
   if (server_addr.empty()) {
-    std::vector<std::uint16_t> ports;
-    if (!free_ports(o.servers, ports, why)) {
+    // Server i listens on base + i; a process with several tensors (one
+    // server per bucket, ashl.torch) puts bucket b's at base + b * S + i, so
+    // the block holds ports_per_server ports per server.
+    std::uint16_t base = 0;
+    if (!free_port_block(o.servers * o.ports_per_server, base, why)) {
       say(why);
       return 1;
     }
-    for (std::size_t i = 0; i < ports.size(); ++i)
-      server_addr += (i ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(ports[i]);
+    for (std::uint32_t i = 0; i < o.servers; ++i)
+      server_addr += (i ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(base + i);
   }
   std::string token = o.token;
   if (!o.insecure && token.empty()) {
@@ -318,7 +358,7 @@ int main(int argc, char** argv) {
   // The environment every process shares, less the contract's variables.
   static constexpr std::string_view contract[] = {"ASHL_ROLE=",        "ASHL_RANK=",  "ASHL_NUM_WORKERS=",
                                                   "ASHL_NUM_SERVERS=", "ASHL_SERVER_ADDR=", "ASHL_TOKEN=",
-                                                  "ASHL_INSECURE=",    "ASHL_VERBOSE="};
+                                                  "ASHL_INSECURE=",    "ASHL_VERBOSE=", "ASHL_PORTS_PER_SERVER="};
   std::vector<std::string> base_env;
   for (char** e = environ; *e; ++e) {
     const std::string_view v = *e;
@@ -329,6 +369,8 @@ int main(int argc, char** argv) {
   base_env.push_back("ASHL_NUM_WORKERS=" + std::to_string(o.workers));
   base_env.push_back("ASHL_NUM_SERVERS=" + std::to_string(o.servers));
   base_env.push_back("ASHL_SERVER_ADDR=" + server_addr);
+  if (o.addr.empty() || o.ports_per_server_set)
+    base_env.push_back("ASHL_PORTS_PER_SERVER=" + std::to_string(o.ports_per_server));
   if (o.insecure) base_env.emplace_back("ASHL_INSECURE=1");
   else base_env.push_back("ASHL_TOKEN=" + token);
   if (o.verbose) base_env.emplace_back("ASHL_VERBOSE=1");

@@ -227,7 +227,7 @@ def _is_console_script(path: str) -> bool:
 def run(command: Sequence[str], servers: int = 1, workers: int = 1, *, addr: Optional[str] = None,
         token: Optional[str] = None, insecure: bool = False, timeout: Optional[float] = None,
         grace: Optional[float] = None, verbose: bool = False, check: bool = True, trace: Optional[str] = None,
-        **popen: Any) -> subprocess.CompletedProcess:
+        ports_per_server: Optional[int] = None, **popen: Any) -> subprocess.CompletedProcess:
     """Starts one job on this machine through ashl-run: ``servers`` servers and
     ``workers`` workers of ``command``, each with the runtime contract in its
     environment. Blocks until the job ends; returns the CompletedProcess
@@ -235,12 +235,16 @@ def run(command: Sequence[str], servers: int = 1, workers: int = 1, *, addr: Opt
     ``sys.executable`` as the program to run Python scripts with this interpreter.
     ``token`` goes to the processes through ASHL_TOKEN, not a command line.
     ``trace``: every worker writes a Chrome trace (ASHL_TRACE) and they are
-    merged into this path when the job ends (ashl.trace)."""
+    merged into this path when the job ends (ashl.trace). ``ports_per_server``:
+    the ports ashl-run reserves per server (its default, 16), the bound on
+    ashl.torch's buckets."""
     if not command:
         raise ValueError("command = []: needs the program to run")
     args = [ashl_run_path(), "-s", str(servers), "-w", str(workers)]
     if addr:
         args += ["--addr", addr]
+    if ports_per_server is not None:
+        args += ["--ports-per-server", str(ports_per_server)]
     if insecure:
         args.append("--insecure")
     if timeout is not None:

@@ -34,6 +34,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("-s", "--servers", type=int, default=1)
     ap.add_argument("-w", "--workers", type=int, default=1)
     ap.add_argument("--addr", default=None, help="server 0's HOST:PORT (server i: port + i)")
+    ap.add_argument("--ports-per-server", type=int, default=None,
+                    help="ports reserved per server (default 16): the bound on ashl.torch's buckets")
     ap.add_argument("--insecure", action="store_true", help="no token")
     ap.add_argument("--timeout", type=float, default=None)
     ap.add_argument("--grace", type=float, default=None)
@@ -48,7 +50,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("the program to run goes after --")
     from . import _run_function as run_job
     done = run_job(command, servers=a.servers, workers=a.workers, addr=a.addr, insecure=a.insecure,
-                   timeout=a.timeout, grace=a.grace, verbose=a.verbose, check=False, trace=a.trace)
+                   timeout=a.timeout, grace=a.grace, verbose=a.verbose, check=False, trace=a.trace,
+                    ports_per_server=a.ports_per_server)
     return done.returncode
 
 

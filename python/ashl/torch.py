@@ -156,9 +156,16 @@ def partition(model: Any, bucket_cap_mb: Union[float, str, None] = "auto",
 def bucket_addresses(addresses: Sequence[str], bucket: int, inproc: bool) -> List[str]:
     """Where bucket ``bucket``'s servers listen, given the job's server
     addresses (bucket 0's): in-process nodes ``<node>/b<bucket>``; UCX
-    ``host:port + bucket * num_servers`` (ashl-run's contiguous ports stay
-    disjoint between servers)."""
-    return _ashl.bucket_addresses(list(addresses), bucket, inproc)  # adapt::bucket_addresses, the C++ adapter's
+    ``host:port + bucket * num_servers`` (ashl-run reserves a block of
+    consecutive ports, ``ASHL_PORTS_PER_SERVER`` per server, so these stay
+    disjoint and free; a bucket past the block is refused by name).
+    adapt::bucket_addresses computes them, the C++ adapter's code."""
+    if bucket > 0 and not inproc:
+        reserved = os.environ.get("ASHL_PORTS_PER_SERVER", "")
+        if reserved.isdigit() and bucket >= int(reserved):
+            raise ValueError(f"bucket {bucket}: ashl-run reserved ASHL_PORTS_PER_SERVER={reserved} ports per server, "
+                             f"room for {reserved} buckets; raise ashl-run's --ports-per-server or bucket_cap_mb")
+    return _ashl.bucket_addresses(list(addresses), bucket, inproc)
 
 
 class Bucket:

@@ -313,10 +313,10 @@ def test_a_trace_file_parses_with_every_buckets_events(tmp_path):
 
 def run_ucx_job(flags, out, env, attempts=3):
     """two_workers_job.py under `python3 -m ashl.run -s 1 -w 2`. ashl-run
-    finds a free port for each server; bucket b's servers listen b ports
-    above it (bucket_addresses), which nothing reserves, so a port another
-    process took meanwhile fails the job with "Address already in use": the
-    job is then started again, on new ports."""
+    reserves a block of free consecutive ports (bucket b's servers listen b
+    ports above bucket 0's, bucket_addresses) and releases it before the
+    servers bind, so a port another process took in between fails the job
+    with "Address already in use": the job is then started again."""
     import subprocess
     for _ in range(attempts):
         done = subprocess.run([sys.executable, "-m", "ashl.run", "-s", "1", "-w", "2", "--timeout", "120"] + flags +
@@ -389,3 +389,21 @@ def test_every_bucket_follows_the_plans_local_iterations(update):
     assert all(b["commits"] == 3 for b in tel["buckets"])
     opt.leave()
     srv.join()
+
+
+def test_a_bucket_past_the_ports_ashl_run_reserved_is_refused_by_name(monkeypatch):
+    addrs = ["127.0.0.1:5000", "127.0.0.1:5001"]
+    monkeypatch.setenv("ASHL_PORTS_PER_SERVER", "3")
+    assert at.bucket_addresses(addrs, 2, inproc=False) == ["127.0.0.1:5004", "127.0.0.1:5005"]
+    with pytest.raises(ValueError, match=r"bucket 3: ashl-run reserved ASHL_PORTS_PER_SERVER=3 .*--ports-per-server"):
+        at.bucket_addresses(addrs, 3, inproc=False)
+    assert at.bucket_addresses(["node"], 7, inproc=True) == ["node/b7"]  # in-process nodes take no ports
+    monkeypatch.delenv("ASHL_PORTS_PER_SERVER")
+    assert at.bucket_addresses(addrs, 9, inproc=False)[1] == "127.0.0.1:5019"
+
+
+def test_ashl_run_passes_the_ports_per_server_through():
+    done = ashl.run(["/bin/sh", "-c", 'echo "n=$ASHL_PORTS_PER_SERVER"'], servers=2, workers=1, insecure=True,
+                    ports_per_server=3, timeout=60, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if "n=" in line]
+    assert len(lines) == 3 and all(line.endswith("] n=3") for line in lines), done.stdout + done.stderr

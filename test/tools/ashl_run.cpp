@@ -136,7 +136,7 @@ std::string wait_until_ready(const scratch_dir& dir, int n) {
 struct clean_environment {
   clean_environment() {
     for (const char* n : {"ASHL_ROLE", "ASHL_RANK", "ASHL_NUM_WORKERS", "ASHL_NUM_SERVERS", "ASHL_SERVER_ADDR",
-                          "ASHL_TOKEN", "ASHL_INSECURE", "ASHL_VERBOSE"})
+                          "ASHL_TOKEN", "ASHL_INSECURE", "ASHL_VERBOSE", "ASHL_PORTS_PER_SERVER"})
       ::unsetenv(n);
   }
 };
@@ -317,6 +317,41 @@ BOOST_AUTO_TEST_CASE(usage_errors_name_the_flag) {
     BOOST_TEST(r.err.starts_with(message + "\nusage: ashl-run"), r.err);
   }
   BOOST_TEST(run({"--help"}).code == 0);
+}
+
+BOOST_AUTO_TEST_CASE(servers_get_a_block_of_consecutive_ports_for_their_buckets) {
+  // Server i on base + i; the block holds --ports-per-server ports per
+  // server (ashl.torch's bucket b of server i: base + b * S + i), and every
+  // process is told its size.
+  auto r = run({"-s", "3", "-w", "1", "--ports-per-server", "5", "--insecure", "--", "/bin/sh", "-c",
+                "echo \"$ASHL_SERVER_ADDR $ASHL_PORTS_PER_SERVER\""});
+  BOOST_TEST(r.code == 0);
+  const auto lines = lines_of(r.out);
+  BOOST_TEST(lines.size() == 4u);
+  const std::regex line(R"(\[(server|worker) \d\] 127\.0\.0\.1:(\d+),127\.0\.0\.1:(\d+),127\.0\.0\.1:(\d+) 5)");
+  for (const auto& l : lines) {
+    std::smatch m;
+    BOOST_TEST_REQUIRE(std::regex_match(l, m, line), l);
+    const int base = std::stoi(m[2]);
+    BOOST_TEST(std::stoi(m[3]) == base + 1);
+    BOOST_TEST(std::stoi(m[4]) == base + 2);
+    BOOST_TEST(base + 3 * 5 - 1 <= 65535);
+  }
+  // The default is 16 per server; with an explicit --addr nothing is
+  // reserved and nothing is said unless the flag is given.
+  r = run({"-s", "1", "-w", "1", "--insecure", "--", "/bin/sh", "-c", "echo \"n=$ASHL_PORTS_PER_SERVER\""});
+  for (const auto& l : lines_of(r.out)) BOOST_TEST(l.ends_with("] n=16"), l);
+  r = run({"-s", "1", "-w", "1", "--insecure", "--addr", "127.0.0.1:7000", "--", "/bin/sh", "-c",
+           "echo \"n=${ASHL_PORTS_PER_SERVER-unset}\""});
+  for (const auto& l : lines_of(r.out)) BOOST_TEST(l.ends_with("] n=unset"), l);
+  // Bad values are named.
+  r = run({"-s", "1", "-w", "1", "--ports-per-server", "0", "--", "true"});
+  BOOST_TEST(r.code == 2);
+  BOOST_TEST(r.err.starts_with("ashl-run: --ports-per-server = '0': must be >= 1"), r.err);
+  r = run({"-s", "8", "-w", "1", "--ports-per-server", "4096", "--", "true"});
+  BOOST_TEST(r.code == 2);
+  BOOST_TEST(r.err.starts_with("ashl-run: -s 8 x --ports-per-server 4096 = 32768 ports: at most 16384 can be reserved"),
+             r.err);
 }
 
 #endif

@@ -377,6 +377,10 @@ struct torch_options {
   // Bucket b's worker_params.job from its element count (a job id is per
   // tensor: ps::job_id_of(job, elements)); unset: worker_params.job as given.
   std::function<std::uint64_t(std::uint64_t)> job_of;
+  // The ports ashl-run reserved per server (its ASHL_PORTS_PER_SERVER;
+  // bucket b listens at port + b * servers inside that block): a model with
+  // more buckets is refused by name, as ashl.torch does. 0: no bound.
+  std::uint32_t ports_per_server = 0;
 };
 
 // A training loop's side of ps::worker for a torch module (see the top).
@@ -432,6 +436,12 @@ class torch_worker {
     if (o.update == torch_update::delta && local == nullptr)
       return invalid_argument("torch_worker.local", "null", "torch_update::delta steps a local optimizer: pass one");
     if (buckets.empty()) return invalid_argument("torch_worker.buckets.size", 0, "needs at least one bucket");
+    if (!std::is_same_v<Transport, transport::inproc> && o.ports_per_server != 0 &&
+        buckets.size() > o.ports_per_server)
+      return invalid_argument("torch_worker.buckets.size", buckets.size(),
+                              "ashl-run reserved ASHL_PORTS_PER_SERVER=" + std::to_string(o.ports_per_server) +
+                                  " ports per server, room for " + std::to_string(o.ports_per_server) +
+                                  " buckets; raise ashl-run's --ports-per-server or bucket_cap_mb");
     auto st = std::make_unique<state>(local, o);
     bool sixteen = false;
     for (const auto& b : buckets) sixteen = sixteen || b.dtype() != torch::kFloat;
@@ -679,6 +689,7 @@ class torch_worker {
           // The accumulator is held weakly by the parameter: keep it (and
           // its hook) alive, as DDP's reducer does.
           auto acc = torch::autograd::impl::grad_accumulator(p);
+          if (!acc) continue;  // no gradient (requires_grad false): its bucket is completed in step()
           const auto key = acc->add_post_hook(std::make_unique<ready_hook>(this, b, i));
           hooks.emplace_back(std::move(acc), key);
         }
