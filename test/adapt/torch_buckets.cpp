@@ -5,6 +5,9 @@
 #include <ashl/ps/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/transport/inproc.hpp>
+#if ASHL_HAS_UCX()
+#include <ashl/transport/ucx.hpp>
+#endif
 
 #include <atomic>
 #include <chrono>
@@ -120,6 +123,27 @@ BOOST_AUTO_TEST_CASE(auto_makes_one_bucket_of_a_small_model_and_a_negative_cap_i
   ASHL_REQUIRE(!bad.has_value());
   ASHL_TEST(contains(bad.error().message(), "torch.bucket_cap_mb"), bad.error().message());
 }
+
+#if ASHL_HAS_UCX()
+// Under ashl-run, bucket b listens at port + b * servers inside the block of
+// ports it reserved per server: more buckets than that are refused by name
+// before any transport is made (as ashl.torch does).
+BOOST_AUTO_TEST_CASE(more_buckets_than_the_ports_ashl_run_reserved_are_refused_by_name) {
+  auto m = make_net();
+  std::size_t made = 0;
+  auto d = adapt::torch_worker<tr::ucx>::create(
+      *m, nullptr, {.servers = {"127.0.0.1:1"}},
+      [&](std::size_t) {
+        ++made;
+        return tr::ucx::create({});
+      },
+      {.update = adapt::torch_update::gradient, .bucket_cap_mb = small_cap_mb, .ports_per_server = 1});
+  ASHL_REQUIRE(!d.has_value());
+  ASHL_TEST(contains(d.error().message(), "torch_worker.buckets.size = 2: ashl-run reserved ASHL_PORTS_PER_SERVER=1"),
+            d.error().message());
+  ASHL_TEST(made == 0u);
+}
+#endif
 
 BOOST_AUTO_TEST_CASE(buckets_go_in_reverse_order_and_alias_the_parameters_and_gradients) {
   auto m = make_net();
