@@ -62,7 +62,8 @@ _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 # The default bucket size ("auto", docs/perf/torch.md "Bucket size"): DDP's
 # 25 MiB for a large model, but at least MIN_BUCKETS buckets' worth for a
-# smaller one (a quarter of the model), never below MIN_BUCKET_CAP_MB.
+# smaller one (a quarter of the model), never below MIN_BUCKET_CAP_MB: the
+# rule of adapt::bucket_cap_bytes (update_builder.hpp), which computes it.
 DEFAULT_BUCKET_CAP_MB = 25.0
 MIN_BUCKETS = 4
 MIN_BUCKET_CAP_MB = 1.0
@@ -80,13 +81,12 @@ def bucket_cap_bytes(model_bytes: int, bucket_cap_mb: Union[float, str, None] = 
     if isinstance(bucket_cap_mb, str):
         if bucket_cap_mb != "auto":
             raise ValueError(f"bucket_cap_mb = {bucket_cap_mb!r}: must be a number of MiB, 0, None or 'auto'")
-        mib = 1 << 20
-        return int(min(DEFAULT_BUCKET_CAP_MB * mib, max(MIN_BUCKET_CAP_MB * mib, model_bytes / MIN_BUCKETS)))
+        return _ashl.bucket_cap_bytes(int(model_bytes), None)  # adapt::bucket_cap_bytes, the C++ adapter's rule
     if not bucket_cap_mb:
         return 0
     if bucket_cap_mb < 0:
         raise ValueError(f"bucket_cap_mb = {bucket_cap_mb}: must be >= 0")
-    return int(bucket_cap_mb * (1 << 20))
+    return _ashl.bucket_cap_bytes(int(model_bytes), float(bucket_cap_mb))
 
 
 def _codec_name(compression: Optional[str]) -> Optional[str]:
@@ -158,20 +158,14 @@ def bucket_addresses(addresses: Sequence[str], bucket: int, inproc: bool) -> Lis
     addresses (bucket 0's): in-process nodes ``<node>/b<bucket>``; UCX
     ``host:port + bucket * num_servers`` (ashl-run reserves a block of
     consecutive ports, ``ASHL_PORTS_PER_SERVER`` per server, so these stay
-    disjoint and free; a bucket past the block is refused by name)."""
-    if bucket == 0:
-        return list(addresses)
-    if inproc:
-        return [f"{a}/b{bucket}" for a in addresses]
-    reserved = os.environ.get("ASHL_PORTS_PER_SERVER", "")
-    if reserved.isdigit() and bucket >= int(reserved):
-        raise ValueError(f"bucket {bucket}: ashl-run reserved ASHL_PORTS_PER_SERVER={reserved} ports per server, "
-                         f"room for {reserved} buckets; raise ashl-run's --ports-per-server or bucket_cap_mb")
-    out = []
-    for a in addresses:
-        host, _, port = a.rpartition(":")
-        out.append(f"{host}:{int(port) + bucket * len(addresses)}")
-    return out
+    disjoint and free; a bucket past the block is refused by name).
+    adapt::bucket_addresses computes them, the C++ adapter's code."""
+    if bucket > 0 and not inproc:
+        reserved = os.environ.get("ASHL_PORTS_PER_SERVER", "")
+        if reserved.isdigit() and bucket >= int(reserved):
+            raise ValueError(f"bucket {bucket}: ashl-run reserved ASHL_PORTS_PER_SERVER={reserved} ports per server, "
+                             f"room for {reserved} buckets; raise ashl-run's --ports-per-server or bucket_cap_mb")
+    return _ashl.bucket_addresses(list(addresses), bucket, inproc)
 
 
 class Bucket:

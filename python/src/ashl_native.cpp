@@ -910,6 +910,24 @@ PYBIND11_MODULE(_ashl, m) {
       },
       py::arg("dtypes"), py::arg("bytes"), py::arg("cap_bytes"),
       "adapt::partition: slots into buckets (reverse order, one dtype each, at most cap_bytes)");
+  m.def(
+      "bucket_cap_bytes",
+      [](std::uint64_t model_bytes, std::optional<double> cap_mb) {
+        return ashl::adapt::bucket_cap_bytes(model_bytes, cap_mb);
+      },
+      py::arg("model_bytes"), py::arg("cap_mb") = std::nullopt,
+      "adapt::bucket_cap_bytes: None is \"auto\" (min(25 MiB, max(1 MiB, model / 4))); 0: one bucket per dtype");
+  m.def(
+      "bucket_addresses",
+      [](const std::vector<std::string>& addresses, std::size_t bucket, bool inproc) {
+        auto out = ashl::adapt::bucket_addresses(addresses, bucket, inproc);
+        if (!out)
+          raise(ashl::invalid_argument("bucket_addresses.addresses", addresses.empty() ? "" : addresses[0],
+                                       "bucket " + std::to_string(bucket) + " needs host:port addresses"));
+        return *out;
+      },
+      py::arg("addresses"), py::arg("bucket"), py::arg("inproc"),
+      "adapt::bucket_addresses: where bucket b's servers listen (inproc <node>/b<b>; port + b * servers)");
 
   py::class_<py_server>(m, "Server", "ps::server: one shard of the model, a consistency policy, an optimizer")
       .def(py::init<std::uint64_t, std::optional<py::array>, std::string, py::dict, std::uint32_t, std::string,

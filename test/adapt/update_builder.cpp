@@ -10,7 +10,8 @@
 
 // adapt/update_builder.hpp: the delta since the pull, the mean gradient of a
 // cycle (one iteration: the gradient bit for bit), finiteness, the tied
-// parameter rule and the bucket partition that both torch adapters use.
+// parameter rule, the bucket partition, the bucket cap rule and the bucket
+// addresses that both torch adapters use.
 
 namespace adapt = ashl::adapt;
 
@@ -72,4 +73,20 @@ BOOST_AUTO_TEST_CASE(buckets_go_in_reverse_order_one_dtype_each_up_to_the_cap) {
   BOOST_TEST((adapt::partition(6, d, n, 100) == buckets{{5, 4}, {3, 1}, {2}, {0}}));
   BOOST_TEST((adapt::partition(6, d, n, 0) == buckets{{5, 4, 3, 1, 0}, {2}}));
   BOOST_TEST((adapt::partition(6, d, n, 10) == buckets{{5}, {4}, {3}, {2}, {1}, {0}}));  // larger ones alone
+}
+
+BOOST_AUTO_TEST_CASE(the_bucket_cap_rule_and_bucket_addresses_are_both_adapters) {
+  constexpr std::uint64_t mib = 1 << 20;
+  BOOST_TEST(adapt::bucket_cap_bytes(212) == mib);                   // never below 1 MiB
+  BOOST_TEST(adapt::bucket_cap_bytes(42 * mib) == 42 * mib / 4);     // a quarter of a smaller model
+  BOOST_TEST(adapt::bucket_cap_bytes(400 * mib) == 25 * mib);        // DDP's 25 MiB
+  BOOST_TEST(adapt::bucket_cap_bytes(400 * mib, 10.0) == 10 * mib);  // a number as given
+  BOOST_TEST(adapt::bucket_cap_bytes(400 * mib, 0.0) == 0u);         // one bucket per dtype
+  using names = std::vector<std::string>;
+  BOOST_TEST((*adapt::bucket_addresses({"h:7000", "g:7001"}, 0, false) == names{"h:7000", "g:7001"}));
+  BOOST_TEST((*adapt::bucket_addresses({"h:7000", "g:7001"}, 2, false) == names{"h:7004", "g:7005"}));
+  BOOST_TEST((*adapt::bucket_addresses({"[::1]:7000"}, 1, false) == names{"[::1]:7001"}));
+  BOOST_TEST((*adapt::bucket_addresses({"s0"}, 1, true) == names{"s0/b1"}));
+  BOOST_TEST(!adapt::bucket_addresses({"nohost"}, 1, false).has_value());
+  BOOST_TEST(!adapt::bucket_addresses({"h:70x0"}, 1, false).has_value());
 }

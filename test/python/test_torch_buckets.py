@@ -79,6 +79,16 @@ def test_default_bucket_cap_is_a_quarter_of_a_small_model_and_25_mib_of_a_large_
     assert len(at.partition(model, 25)) == 1
 
 
+def test_bucket_addresses_are_the_cpp_adapters():
+    # adapt::bucket_addresses (update_builder.hpp), which adapt/torch.hpp uses too.
+    assert at.bucket_addresses(["h:7000", "g:7001"], 0, False) == ["h:7000", "g:7001"]
+    assert at.bucket_addresses(["h:7000", "g:7001"], 2, False) == ["h:7004", "g:7005"]
+    assert at.bucket_addresses(["[::1]:7000"], 1, False) == ["[::1]:7001"]
+    assert at.bucket_addresses(["server0"], 3, True) == ["server0/b3"]
+    with pytest.raises(ValueError, match="bucket_addresses.addresses"):
+        at.bucket_addresses(["nohost"], 1, False)
+
+
 def test_one_bucket_per_dtype_and_a_bf16_bucket_is_staged():
     model = mlp()
     model[4].to(torch.bfloat16)

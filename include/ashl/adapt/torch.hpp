@@ -1,50 +1,84 @@
-// ashl/adapt/torch.hpp — libtorch under ashl's parameter servers: a module's
-// parameters and gradients flattened once into one contiguous float32 bucket
-// each (every parameter's data and grad are views into them, as PyTorch DDP's
-// gradient_as_bucket_view), so a step copies nothing: the worker commits from
-// the gradient bucket (or a model delta) and pulls into the parameter bucket,
-// following the servers' plan (DESIGN.md "Layers", adapt/; docs/torch.md).
+// ashl/adapt/torch.hpp — libtorch under ashl's parameter servers, the C++
+// side of ashl.torch (docs/torch.md, "C++"; DESIGN.md "Layers", adapt/).
+// A module's parameters and gradients are flattened once into buckets (every
+// parameter's data and grad are views into them, as PyTorch DDP's
+// gradient_as_bucket_view), so a step copies nothing into the model: each
+// bucket's ps::worker commits from its gradients (or a model delta) and
+// pulls into its parameters, following the servers' plan.
 //
 //   Net net;                                                  // a torch::nn::Module
 //   torch::optim::SGD local(net->parameters(), 0.05);
-//   auto t = ashl::transport::ucx::create({.token = j.token});
 //   auto d = ashl::adapt::torch_worker<ashl::transport::ucx>::create(
-//       *net, &local, {.rank = j.rank, .servers = j.server_addresses, .batch = 64}, std::move(*t));
+//       *net, &local, {.rank = j.rank, .servers = j.server_addresses, .batch = 64},
+//       [&](std::size_t) { return ashl::transport::ucx::create({.token = j.token}); },  // one per bucket
+//       {.update = ashl::adapt::torch_update::gradient});       // buckets "auto", overlap
 //   while (training) {
 //     d->zero_grad();
 //     auto [x, y] = next_batch(d->batch());                    // the plan's batch size
-//     torch::nll_loss(net->forward(x), y).backward();
-//     if (auto s = d->step(); !s) return fail(s);              // local step; commit + pull when the plan says
+//     if (auto s = d->before_forward(); !s) return fail(s);    // or d->wait_for(layer) before each layer
+//     torch::nll_loss(net->forward(x), y).backward();          // full buckets commit while backward runs
+//     if (auto s = d->step(); !s) return fail(s);              // the rest; pulls run on
 //   }
 //   d->leave();
 //
-// Tied parameters (one tensor registered twice) own one slot, at their
-// first registration (adapt::first_registrations, the Python adapter's rule
-// too). The update a step commits is built by adapt::update_builder, the
-// same code ashl.torch runs through the Python module, so both adapters send
-// the same bytes for the same step.
+// Buckets (torch_buckets): the parameters that own a slot (tied ones at
+// their first registration, adapt::first_registrations) in reverse
+// registration order, one dtype (float32, float16, bfloat16) and device per
+// bucket, at most bucket_cap_bytes() each ("auto": min(25 MiB, max(1 MiB,
+// model / 4))), the partition ashl.torch makes (adapt::partition). Each
+// bucket is one parameter-server tensor: its own ps::worker over its own
+// transport, served by its own ps::server at bucket_addresses() (inproc
+// "<node>/b<b>", UCX port + b * servers). Bucket 0's worker leads; the
+// others are followers (worker_params::follower): one cycle, one plan (H,
+// interval, batch, compression ratio) for the model, the leader's
+// measurements reported by all, under every policy.
+//
+// Overlap (torch_options::overlap, default true): a post hook on each
+// parameter's gradient accumulator (DDP's reducer does the same) marks it
+// ready; a full bucket's update (update::gradient) is built and handed to a
+// communication thread, which commits it while backward continues; a
+// second thread waits for the pulls, the highest bucket (the first layers)
+// first. libtorch's C++ modules have no forward pre-hooks, so the pull is
+// waited for explicitly: wait_for(layer) / wait_bucket_for(param) just
+// before a layer runs (the pull of the other buckets overlaps the forward
+// of the layers before), or before_forward() for all. A forward that reads
+// the parameters without waiting races with the pull thread writing them.
+// update::delta steps the local optimizer in step() first, so its buckets
+// are committed from step(). no_sync(true) keeps full buckets from being
+// committed during gradient accumulation. overlap false: every bucket is
+// committed and pulled inside step(), on the caller's thread (the serial
+// exchange; the same parameters bit for bit under BSP).
+//
+// The update a bucket commits is built by adapt::update_builder, the same
+// code ashl.torch runs through the Python module, so both adapters send the
+// same bytes for the same step. 16-bit buckets: the worker's buffers are
+// float32 host copies (torch_bucket::host_params, host_grads); a step whose
+// gradients hold inf or nan (check_finite, default for 16-bit buckets;
+// adapt::all_finite) is skipped: no local step, no commit, not counted.
 //
 // Updates (torch_update): delta (servers with optimizer model_delta, the
 // default): the local optimizer steps every iteration and the change since
 // the last pull is committed after the plan's local iterations (local SGD).
-// gradient (servers with optimizer sgd): nothing steps locally; the gradient
-// bucket itself is committed (the mean over the plan's local iterations when
-// H > 1) and the servers take the SGD step. With BSP, one worker and the
-// identity codec that is plain SGD, bit for bit (test/adapt/torch.cpp).
+// gradient (servers with optimizer sgd): nothing steps locally; the
+// gradient bucket itself is committed (the mean over the plan's local
+// iterations when H > 1) and the servers take the SGD step. With BSP, one
+// worker and the identity codec that is plain SGD, bit for bit
+// (test/adapt/torch.cpp, torch_buckets.cpp).
 //
-// The plan: iteration_done() (ps::worker_cycle) decides when to commit (H
-// iterations or a commit interval); batch() and data_share() are the plan's,
-// for the caller's data loader; the codec and compression ratio apply inside
-// ps::worker. CUDA tensors: the buckets live on the device and the worker
-// reads and writes a pinned host copy (one device-host copy of the update and
-// one host-device copy of the parameters per commit); the CUDA codecs run
-// there once ps::worker takes device buffers.
+// The create() that takes one Transport keeps the adapter as it was: one
+// bucket of every trainable parameter in registration order, exchanged
+// inside step() (overlap false).
+//
+// CUDA tensors: the buckets live on the device and the worker reads and
+// writes pinned host copies (one device-host copy of the update and one
+// host-device copy of the parameters per commit); the host codecs encode
+// them (ps/device_worker.cuh is the path for device encoding, unused here).
 //
 // Errors are values naming the parameter and the value: a dtype other than
-// float32, a non-contiguous tensor, tensors on different devices, a model
-// whose size differs from the servers' (ps::worker's join). Compiled only
-// with libtorch (the ashl::torch component, ASHL_HAS_TORCH()); without it
-// this header is empty.
+// float32/float16/bfloat16, a non-contiguous tensor, tensors on different
+// devices in one bucket, a model whose size differs from the servers'
+// (ps::worker's join). Compiled only with libtorch (the ashl::torch
+// component, ASHL_HAS_TORCH()); without it this header is empty.
 #pragma once
 
 #include <ashl/config.hpp>
@@ -56,15 +90,26 @@
 #include <ashl/core/status.hpp>
 #include <ashl/ps/worker.hpp>
 #include <ashl/transport/concepts.hpp>
+#include <ashl/transport/inproc.hpp>
 
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -76,60 +121,49 @@ enum class torch_update : std::uint8_t { delta = 0, gradient = 1 };
 static_assert(static_cast<int>(torch_update::delta) == static_cast<int>(update_kind::delta) &&
               static_cast<int>(torch_update::gradient) == static_cast<int>(update_kind::gradient));
 
-// A module's trainable parameters in one float32 buffer and their gradients
-// in another; after create() every parameter's data and grad are views into
-// them. Values are kept. Moves keep the views (the buffers are tensors).
+// One bucket: parameters of one dtype (float32, float16 or bfloat16) and
+// device flattened into one buffer, their gradients into another; after
+// create() every parameter's data and grad are views into them. Values are
+// kept. Moves keep the views (the buffers are tensors).
+//
+// The worker reads and writes float32 host memory: host_params() (what it
+// pulls into), host_grads() (what the builder reads) and send() (what it
+// commits). For a float32 CPU bucket host_params() and host_grads() are
+// params() and grads() themselves (zero copy); for a 16-bit or CUDA bucket
+// they are float32 staging copies (pinned for CUDA): stage_in() after a
+// pull, stage_params_out() / stage_grads_out() before a build (Python's
+// ashl.torch.Bucket, the same buffers).
 class torch_bucket {
  public:
+  // Every trainable parameter of `m` (tied ones once), in registration
+  // order, one dtype and device.
   static result<torch_bucket> create(torch::nn::Module& m) {
-    std::vector<std::string> names;
-    std::vector<torch::Tensor> ts;
-    for (const auto& item : m.named_parameters(/*recurse=*/true)) {
-      if (!item.value().requires_grad()) continue;
-      names.push_back(item.key());
-      ts.push_back(item.value());
-    }
+    auto [ts, names] = trainable(m);
     return create(std::move(ts), std::move(names));
   }
 
-  // names[i] names tensors[i] in errors (default: its index).
+  // names[i] names tensors[i] in errors (default: its index). Tied tensors
+  // (one tensor given twice) own one slot, at their first registration.
   static result<torch_bucket> create(std::vector<torch::Tensor> tensors, std::vector<std::string> names = {}) {
     if (tensors.empty()) return invalid_argument("torch.parameters.size", 0, "needs at least one parameter");
-    names.resize(tensors.size());
-    for (std::size_t i = 0; i < names.size(); ++i)
-      if (names[i].empty()) names[i] = std::to_string(i);
-    {  // tied parameters: the first registration owns the slot
-      std::vector<std::uintptr_t> keys;
-      for (const auto& t : tensors)
-        keys.push_back(t.defined() ? reinterpret_cast<std::uintptr_t>(t.unsafeGetTensorImpl()) : 0);
-      const auto own = first_registrations(std::span<const std::uintptr_t>(keys));
-      std::size_t k = 0;
-      for (std::size_t i = 0; i < tensors.size(); ++i)
-        if (own[i] || !tensors[i].defined()) {
-          tensors[k] = tensors[i];
-          names[k] = names[i];
-          ++k;
-        }
-      tensors.resize(k);
-      names.resize(k);
-    }
+    untie(tensors, names);
     torch_bucket b;
     std::int64_t n = 0;
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       const torch::Tensor& p = tensors[i];
       const std::string field = "torch.parameter[" + names[i] + "]";
-      if (!p.defined()) return invalid_argument(field, "undefined", "is not a tensor");
-      if (p.scalar_type() != torch::kFloat)
-        return invalid_argument(field + ".dtype", std::string(c10::toString(p.scalar_type())), "must be float32");
-      if (!p.is_contiguous())
-        return invalid_argument(field + ".stride", stride_text(p), "must be contiguous (shape " + shape_text(p) + ")");
+      ASHL_TRY(check(p, field));
+      if (p.scalar_type() != tensors[0].scalar_type())
+        return invalid_argument(field + ".dtype", std::string(c10::toString(p.scalar_type())),
+                                "differs from the first parameter's " +
+                                    std::string(c10::toString(tensors[0].scalar_type())) + " (one bucket holds one)");
       if (p.device() != tensors[0].device())
         return invalid_argument(field + ".device", p.device().str(),
                                 "differs from the first parameter's " + tensors[0].device().str());
       b.offsets_.push_back(n);
       n += p.numel();
     }
-    const auto opts = torch::TensorOptions().dtype(torch::kFloat).device(tensors[0].device());
+    const auto opts = torch::TensorOptions().dtype(tensors[0].scalar_type()).device(tensors[0].device());
     b.params_ = torch::empty({n}, opts);
     b.grads_ = torch::zeros({n}, opts);
     {
@@ -144,15 +178,45 @@ class torch_bucket {
     }
     b.tensors_ = std::move(tensors);
     b.names_ = std::move(names);
+    const bool cuda = b.params_.is_cuda();
+    const auto host = torch::TensorOptions().dtype(torch::kFloat).pinned_memory(cuda);
+    if (b.staged()) {
+      b.host_params_ = torch::empty({n}, host);
+      b.host_params_.copy_(b.params_);
+      b.host_grads_ = torch::empty({n}, host);
+    } else {
+      b.host_params_ = b.params_;
+      b.host_grads_ = b.grads_;
+    }
+    b.send_ = torch::empty({n}, host);
     return b;
   }
 
   [[nodiscard]] const torch::Tensor& params() const noexcept { return params_; }
   [[nodiscard]] const torch::Tensor& grads() const noexcept { return grads_; }
+  [[nodiscard]] const torch::Tensor& host_params() const noexcept { return host_params_; }
+  [[nodiscard]] const torch::Tensor& host_grads() const noexcept { return host_grads_; }
+  [[nodiscard]] const torch::Tensor& send() const noexcept { return send_; }
   [[nodiscard]] std::size_t size() const noexcept { return static_cast<std::size_t>(params_.numel()); }
   [[nodiscard]] const std::vector<torch::Tensor>& tensors() const noexcept { return tensors_; }
   [[nodiscard]] const std::vector<std::string>& names() const noexcept { return names_; }
   [[nodiscard]] bool is_cuda() const { return params_.is_cuda(); }
+  [[nodiscard]] torch::ScalarType dtype() const { return params_.scalar_type(); }
+  // A 16-bit or CUDA bucket: the worker's buffers are float32 host copies.
+  [[nodiscard]] bool staged() const { return dtype() != torch::kFloat || is_cuda(); }
+
+  // The pulled float32 parameters into a staged bucket (rounded to its dtype).
+  void stage_in() {
+    if (!staged()) return;
+    torch::NoGradGuard no_grad;
+    params_.copy_(host_params_);
+  }
+  void stage_params_out() {
+    if (staged()) host_params_.copy_(params_);
+  }
+  void stage_grads_out() {
+    if (staged()) host_grads_.copy_(grads_);
+  }
 
   // Views again where the caller replaced a parameter's data or grad
   // (optimizer.zero_grad(set_to_none), set_data), its values copied in first.
@@ -160,9 +224,10 @@ class torch_bucket {
     torch::NoGradGuard no_grad;
     const auto* pb = static_cast<const char*>(params_.data_ptr());
     const auto* gb = static_cast<const char*>(grads_.data_ptr());
+    const auto es = static_cast<std::ptrdiff_t>(params_.element_size());
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
       torch::Tensor& p = tensors_[i];
-      const auto off = static_cast<std::ptrdiff_t>(offsets_[i]) * 4;
+      const auto off = static_cast<std::ptrdiff_t>(offsets_[i]) * es;
       if (static_cast<const char*>(p.data_ptr()) != pb + off) {
         auto v = param_view(p, i);
         v.copy_(p.detach());
@@ -176,6 +241,53 @@ class torch_bucket {
         p.mutable_grad() = v;
       }
     }
+  }
+
+  // The module's trainable parameters and their names, every registration
+  // (tied ones repeated: create() and torch_buckets() keep the first).
+  static std::pair<std::vector<torch::Tensor>, std::vector<std::string>> trainable(torch::nn::Module& m) {
+    std::vector<std::string> names;
+    std::vector<torch::Tensor> ts;
+    for (const auto& item : m.named_parameters(/*recurse=*/true)) {
+      if (!item.value().requires_grad()) continue;
+      names.push_back(item.key());
+      ts.push_back(item.value());
+    }
+    return {std::move(ts), std::move(names)};
+  }
+
+  // Tied parameters: the first registration owns the slot
+  // (adapt::first_registrations, the Python adapter's rule); names default
+  // to indices.
+  static void untie(std::vector<torch::Tensor>& tensors, std::vector<std::string>& names) {
+    names.resize(tensors.size());
+    for (std::size_t i = 0; i < names.size(); ++i)
+      if (names[i].empty()) names[i] = std::to_string(i);
+    std::vector<std::uintptr_t> keys;
+    for (const auto& t : tensors)
+      keys.push_back(t.defined() ? reinterpret_cast<std::uintptr_t>(t.unsafeGetTensorImpl()) : 0);
+    const auto own = first_registrations(std::span<const std::uintptr_t>(keys));
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      if (own[i] || !tensors[i].defined()) {
+        tensors[k] = tensors[i];
+        names[k] = names[i];
+        ++k;
+      }
+    tensors.resize(k);
+    names.resize(k);
+  }
+
+  // What a bucket takes: a defined, contiguous float32/float16/bfloat16 tensor.
+  static status check(const torch::Tensor& p, const std::string& field) {
+    if (!p.defined()) return invalid_argument(field, "undefined", "is not a tensor");
+    const auto d = p.scalar_type();
+    if (d != torch::kFloat && d != torch::kHalf && d != torch::kBFloat16)
+      return invalid_argument(field + ".dtype", std::string(c10::toString(d)),
+                              "must be float32, float16 or bfloat16");
+    if (!p.is_contiguous())
+      return invalid_argument(field + ".stride", stride_text(p), "must be contiguous (shape " + shape_text(p) + ")");
+    return {};
   }
 
  private:
@@ -197,18 +309,90 @@ class torch_bucket {
   }
 
   torch::Tensor params_, grads_;
+  torch::Tensor host_params_, host_grads_, send_;
   std::vector<torch::Tensor> tensors_;
   std::vector<std::string> names_;
   std::vector<std::int64_t> offsets_;
+};
+
+// The buckets a worker and its servers make of a model (they must agree;
+// ashl.torch.partition's rule): the parameters that own a slot, in reverse
+// registration order, one dtype and device per bucket, at most
+// bucket_cap_bytes(model bytes, cap_mb) each (a larger parameter alone);
+// cap_mb nullopt: "auto"; 0: one bucket per dtype and device.
+inline result<std::vector<torch_bucket>> torch_buckets(std::vector<torch::Tensor> tensors,
+                                                       std::vector<std::string> names = {},
+                                                       std::optional<double> cap_mb = std::nullopt) {
+  if (cap_mb && !(*cap_mb >= 0.0)) return invalid_argument("torch.bucket_cap_mb", *cap_mb, "must be >= 0 (or auto)");
+  if (tensors.empty()) return invalid_argument("torch.parameters.size", 0, "needs at least one parameter");
+  torch_bucket::untie(tensors, names);
+  std::vector<std::string> keys;  // dtype@device, the Python adapter's key
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    ASHL_TRY(torch_bucket::check(tensors[i], "torch.parameter[" + names[i] + "]"));
+    keys.push_back(std::string(c10::toString(tensors[i].scalar_type())) + "@" + tensors[i].device().str());
+    total += static_cast<std::uint64_t>(tensors[i].numel()) * tensors[i].element_size();
+  }
+  const auto groups = partition(
+      tensors.size(), [&](std::size_t i) { return keys[i]; },
+      [&](std::size_t i) { return static_cast<std::uint64_t>(tensors[i].numel()) * tensors[i].element_size(); },
+      bucket_cap_bytes(total, cap_mb));
+  std::vector<torch_bucket> out;
+  for (const auto& g : groups) {
+    std::vector<torch::Tensor> ts;
+    std::vector<std::string> ns;
+    for (const auto i : g) {
+      ts.push_back(tensors[i]);
+      ns.push_back(names[i]);
+    }
+    auto b = torch_bucket::create(std::move(ts), std::move(ns));
+    if (!b) return b.error();
+    out.push_back(std::move(*b));
+  }
+  return out;
+}
+
+inline result<std::vector<torch_bucket>> torch_buckets(torch::nn::Module& m,
+                                                       std::optional<double> cap_mb = std::nullopt) {
+  auto [ts, names] = torch_bucket::trainable(m);
+  return torch_buckets(std::move(ts), std::move(names), cap_mb);
+}
+
+// How a torch_worker exchanges (docs/torch.md, "C++").
+struct torch_options {
+  torch_update update = torch_update::delta;
+  // Bucket size in MiB; nullopt: "auto" (bucket_cap_bytes); 0: one bucket
+  // per dtype and device. Ignored by the create() that takes buckets.
+  std::optional<double> bucket_cap_mb;
+  // true: a full bucket's update (update::gradient) is committed from a
+  // communication thread while backward runs, and step() returns with the
+  // pulls in flight: before the next forward reads a bucket's parameters
+  // the caller waits for it (wait_for(layer), wait_bucket_for(param) or
+  // before_forward()); libtorch's C++ modules have no forward pre-hooks.
+  // false: every bucket is committed and pulled inside step(), serially.
+  bool overlap = true;
+  // A step whose gradients hold inf or nan is skipped and not committed;
+  // nullopt: when a bucket is 16-bit.
+  std::optional<bool> check_finite;
+  // Bucket b's worker_params.job from its element count (a job id is per
+  // tensor: ps::job_id_of(job, elements)); unset: worker_params.job as given.
+  std::function<std::uint64_t(std::uint64_t)> job_of;
+  // The ports ashl-run reserved per server (its ASHL_PORTS_PER_SERVER;
+  // bucket b listens at port + b * servers inside that block): a model with
+  // more buckets is refused by name, as ashl.torch does. 0: no bound.
+  std::uint32_t ports_per_server = 0;
 };
 
 // A training loop's side of ps::worker for a torch module (see the top).
 template <transport::transport Transport>
 class torch_worker {
  public:
-  // `local` steps the module each iteration (torch_update::delta; required
-  // there) and is unused with torch_update::gradient (may be null). Joins the
-  // servers and pulls their parameters into the module.
+  // The adapter as it was: one bucket (every trainable parameter, in
+  // registration order, one dtype and device), one transport, exchanged
+  // inside step() (overlap false). `local` steps the module each iteration
+  // (torch_update::delta; required there) and is unused with
+  // torch_update::gradient (may be null). Joins the servers and pulls
+  // their parameters into the module.
   static result<torch_worker> create(torch::nn::Module& model, torch::optim::Optimizer* local, ps::worker_params p,
                                      Transport t, torch_update update = torch_update::delta) {
     auto b = torch_bucket::create(model);
@@ -218,109 +402,616 @@ class torch_worker {
 
   static result<torch_worker> create(torch_bucket bucket, torch::optim::Optimizer* local, ps::worker_params p,
                                      Transport t, torch_update update = torch_update::delta) {
-    if (update != torch_update::delta && update != torch_update::gradient)
-      return invalid_argument("torch_worker.update", static_cast<unsigned>(update), "must be delta (0) or gradient (1)");
-    if (update == torch_update::delta && local == nullptr)
+    std::vector<torch_bucket> bs;
+    bs.push_back(std::move(bucket));
+    std::optional<Transport> one(std::move(t));
+    return create(std::move(bs), local, std::move(p),
+                  [&](std::size_t) -> result<Transport> { return std::move(*one); },
+                  torch_options{.update = update, .overlap = false});
+  }
+
+  // Buckets (torch_buckets(model, o.bucket_cap_mb): reverse registration
+  // order, one dtype and device each), one ps::worker per bucket, each over
+  // its own transport, make_transport(b) (a result<Transport> or a
+  // Transport), at bucket_addresses(p.servers, b) (inproc: "<node>/b<b>";
+  // UCX: port + b * servers). Buckets > 0 are followers of bucket 0's
+  // worker (one cycle and plan for the model). Hooks on the parameters'
+  // gradient accumulators mark them ready in backward.
+  template <class MakeTransport>
+    requires std::invocable<MakeTransport&, std::size_t>
+  static result<torch_worker> create(torch::nn::Module& model, torch::optim::Optimizer* local, ps::worker_params p,
+                                     MakeTransport&& make_transport, torch_options o = {}) {
+    auto bs = torch_buckets(model, o.bucket_cap_mb);
+    if (!bs) return bs.error();
+    return create(std::move(*bs), local, std::move(p), make_transport, std::move(o));
+  }
+
+  template <class MakeTransport>
+    requires std::invocable<MakeTransport&, std::size_t>
+  static result<torch_worker> create(std::vector<torch_bucket> buckets, torch::optim::Optimizer* local,
+                                     ps::worker_params p, MakeTransport&& make_transport, torch_options o = {}) {
+    if (o.update != torch_update::delta && o.update != torch_update::gradient)
+      return invalid_argument("torch_worker.update", static_cast<unsigned>(o.update),
+                              "must be delta (0) or gradient (1)");
+    if (o.update == torch_update::delta && local == nullptr)
       return invalid_argument("torch_worker.local", "null", "torch_update::delta steps a local optimizer: pass one");
-    auto st = std::make_unique<state>(std::move(bucket), local, update);
-    // The worker reads and writes host memory: the buckets themselves on the
-    // CPU, a pinned copy of them for CUDA tensors; the update is built on the
-    // host (adapt::update_builder) into host_update.
-    const auto n = static_cast<std::int64_t>(st->bucket.size());
-    if (st->bucket.is_cuda()) {
-      const auto pinned = torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true);
-      st->host_params = torch::empty({n}, pinned);
-      st->host_grads = torch::empty({n}, pinned);
-      st->host_update = torch::empty({n}, pinned);
-      st->host_params.copy_(st->bucket.params());
-    } else {
-      st->host_params = st->bucket.params();
-      st->host_grads = st->bucket.grads();
-      st->host_update = torch::empty({n}, torch::TensorOptions().dtype(torch::kFloat));
+    if (buckets.empty()) return invalid_argument("torch_worker.buckets.size", 0, "needs at least one bucket");
+    if (!std::is_same_v<Transport, transport::inproc> && o.ports_per_server != 0 &&
+        buckets.size() > o.ports_per_server)
+      return invalid_argument("torch_worker.buckets.size", buckets.size(),
+                              "ashl-run reserved ASHL_PORTS_PER_SERVER=" + std::to_string(o.ports_per_server) +
+                                  " ports per server, room for " + std::to_string(o.ports_per_server) +
+                                  " buckets; raise ashl-run's --ports-per-server or bucket_cap_mb");
+    auto st = std::make_unique<state>(local, o);
+    bool sixteen = false;
+    for (const auto& b : buckets) sixteen = sixteen || b.dtype() != torch::kFloat;
+    st->check_finite = o.check_finite.value_or(sixteen);
+    st->wait_bound = 3 * p.timeout + std::chrono::milliseconds(10000);
+    st->ex.reserve(buckets.size());
+    for (std::size_t bi = 0; bi < buckets.size(); ++bi) {
+      auto addresses = bucket_addresses(p.servers, bi, std::is_same_v<Transport, transport::inproc>);
+      if (!addresses) {
+        st->leave_joined();
+        return invalid_argument("torch_worker.servers", p.servers.empty() ? std::string() : p.servers[0],
+                                "bucket " + std::to_string(bi) + " needs host:port addresses (port + bucket * servers)");
+      }
+      ps::worker_params wp = p;
+      wp.servers = std::move(*addresses);
+      wp.follower = bi > 0;
+      if (bi > 0) wp.progress_seconds = 0.0;
+      if (o.job_of) wp.job = o.job_of(buckets[bi].size());
+      result<Transport> t = [&]() -> result<Transport> {
+        if constexpr (std::is_same_v<std::invoke_result_t<MakeTransport&, std::size_t>, result<Transport>>)
+          return make_transport(bi);
+        else
+          return Transport(make_transport(bi));
+      }();
+      if (!t) {
+        st->leave_joined();
+        return t.error();
+      }
+      auto& e = st->ex.emplace_back(std::move(buckets[bi]), static_cast<update_kind>(o.update));
+      auto wk = ps::worker<Transport>::create(std::move(wp), std::move(*t), span_of(e.bucket.host_params()));
+      if (!wk) {
+        st->leave_joined();
+        return wk.error();
+      }
+      e.worker.emplace(std::move(*wk));
+      e.bucket.stage_in();
+      e.builder.pulled(span_of(e.bucket.host_params()));
     }
-    auto wk = ps::worker<Transport>::create(std::move(p), std::move(t), span_of(st->host_params));
-    if (!wk) return wk.error();
-    st->worker.emplace(std::move(*wk));
-    st->after_pull();
+    st->install_hooks();
+    if (o.overlap) st->start_threads();
     return torch_worker(std::move(st));
   }
 
   torch_worker(torch_worker&&) noexcept = default;
   torch_worker& operator=(torch_worker&&) noexcept = default;
+  ~torch_worker() = default;
 
-  // Zeroes the gradient bucket (gradients stay views into it).
+  // Zeroes the gradient buckets (gradients stay views into them).
   void zero_grad() {
-    s_->bucket.attach();
-    s_->bucket.grads().zero_();
+    std::lock_guard g(s_->train_mu);
+    for (auto& e : s_->ex) {
+      e.bucket.attach();
+      e.bucket.grads().zero_();
+    }
   }
 
-  // One local iteration, after backward(): the local step (delta), then,
-  // when the plan's iterations or interval are done, commit and pull.
+  // One local iteration, after backward(): the buckets backward did not
+  // commit (all of them with overlap false or update::delta) are added to
+  // the cycle, the local step runs (delta), and every bucket commits when
+  // the plan's iterations or interval are done. With overlap the pulls are
+  // in flight when it returns (see torch_options::overlap); without, they
+  // are in the module. A non-finite step (check_finite) is skipped:
+  // nothing steps, nothing is committed or counted (skipped()).
   status step() {
     torch::NoGradGuard no_grad;
-    state& s = *s_;
-    s.bucket.attach();
-    ++s.iterations;
-    if (s.update == torch_update::delta) {
-      s.local->step();
-      s.builder.add({});  // counts the iteration
-      if (!s.worker->iteration_done()) return {};
-      // params - w0, from the parameters as they are now (on the host).
-      if (s.bucket.is_cuda()) {
-        s.host_update.copy_(s.bucket.params());
-        s.builder.build(span_of(s.host_update), span_of(s.host_update));
-      } else {
-        s.builder.build(span_of(s.bucket.params()), span_of(s.host_update));
-      }
-      return exchange();
-    }
-    if (s.bucket.is_cuda()) s.host_grads.copy_(s.bucket.grads());
-    s.builder.add(span_of(s.host_grads));
-    if (!s.worker->iteration_done()) return {};
-    s.builder.build(span_of(s.host_params), span_of(s.host_update));  // the mean of the cycle's gradients
-    return exchange();
+    std::lock_guard g(s_->train_mu);
+    return s_->step();
   }
 
-  // Pulls the servers' parameters into the module now (outside a cycle).
+  // Waits for the exchanges in flight of the buckets holding `param` / the
+  // parameters of `layer` (recursively): call it just before the layer
+  // runs in the next forward, so the other buckets' pulls overlap the
+  // forward of the layers before them.
+  status wait_bucket_for(const torch::Tensor& param) {
+    std::lock_guard g(s_->train_mu);
+    const auto b = s_->bucket_of(param);
+    return b < s_->ex.size() ? s_->wait_bucket(b) : status{};
+  }
+  status wait_for(const torch::nn::Module& layer) {
+    std::lock_guard g(s_->train_mu);
+    for (const auto& p : layer.parameters(/*recurse=*/true))
+      if (const auto b = s_->bucket_of(p); b < s_->ex.size()) ASHL_TRY(s_->wait_bucket(b));
+    return {};
+  }
+  // Waits for every bucket's exchange in flight: the module then holds the
+  // servers' parameters (before a forward that does not wait per layer, or
+  // before reading the parameters).
+  status before_forward() {
+    std::lock_guard g(s_->train_mu);
+    return s_->wait_all();
+  }
+  status wait() { return before_forward(); }
+
+  // Gradient accumulation over several backward passes (DDP's no_sync):
+  // while set, a full bucket is not committed in backward; the backward
+  // after it (or step()) commits the sum.
+  void no_sync(bool on) {
+    std::lock_guard g(s_->train_mu);
+    s_->no_sync = on;
+  }
+
+  // Waits for the exchanges in flight and pulls the servers' parameters
+  // into the module now (outside a cycle).
   status synchronize() {
-    ASHL_TRY(s_->worker->pull());
-    ASHL_TRY(s_->worker->wait());
-    s_->after_pull();
+    std::lock_guard g(s_->train_mu);
+    ASHL_TRY(s_->wait_all());
+    for (auto& e : s_->ex) {
+      ASHL_TRY(e.worker->pull());
+      ASHL_TRY(e.worker->wait());
+      e.bucket.stage_in();
+      e.builder.pulled(span_of(e.bucket.host_params()));
+    }
     return {};
   }
 
-  status report_metric(metric_id m, double v) { return s_->worker->report_metric(m, v); }
-  status leave() { return s_->worker->leave(); }
+  // A metric to every bucket's servers (each runs a copy of the policy); a
+  // bucket whose exchange is in flight sends it when its parameters are back.
+  status report_metric(metric_id m, double v) {
+    std::lock_guard g(s_->train_mu);
+    for (std::size_t b = 0; b < s_->ex.size(); ++b) ASHL_TRY(s_->deliver_metric(b, m, v));
+    return {};
+  }
 
-  [[nodiscard]] worker_plan plan() const { return s_->worker->plan(); }
-  [[nodiscard]] std::uint32_t batch() const { return s_->worker->batch(); }
+  // Waits for the exchanges in flight, stops the communication threads and
+  // leaves every bucket's servers.
+  status leave() {
+    std::lock_guard g(s_->train_mu);
+    status first = s_->wait_all();
+    s_->stop_threads();
+    for (auto& e : s_->ex) {
+      const auto l = e.worker->leave();
+      if (first.ok() && !l.ok()) first = l;
+    }
+    return first;
+  }
+
+  // Bucket 0's plan (every bucket's worker follows it).
+  [[nodiscard]] worker_plan plan() const { return s_->ex[0].worker->plan(); }
+  [[nodiscard]] std::uint32_t batch() const { return s_->ex[0].worker->batch(); }
   [[nodiscard]] float data_share() const { return plan().data_share; }
   [[nodiscard]] std::uint64_t iterations() const noexcept { return s_->iterations; }
+  // Iterations in which the buckets committed.
   [[nodiscard]] std::uint64_t commits() const noexcept { return s_->commits; }
-  [[nodiscard]] torch_bucket& bucket() noexcept { return s_->bucket; }
-  [[nodiscard]] ps::worker<Transport>& worker() noexcept { return *s_->worker; }
+  // Steps skipped as non-finite.
+  [[nodiscard]] std::uint64_t skipped() const noexcept { return s_->skipped; }
+  [[nodiscard]] std::size_t buckets() const noexcept { return s_->ex.size(); }
+  [[nodiscard]] torch_bucket& bucket(std::size_t b = 0) noexcept { return s_->ex[b].bucket; }
+  [[nodiscard]] ps::worker<Transport>& worker(std::size_t b = 0) noexcept { return *s_->ex[b].worker; }
+  // Gradient-accumulator hook calls of bucket b's slot `slot` (names()[slot]).
+  [[nodiscard]] std::uint64_t hook_calls(std::size_t b, std::size_t slot) const {
+    std::lock_guard g(s_->train_mu);
+    return s_->ex[b].hook_calls[slot];
+  }
+  [[nodiscard]] bool overlapped() const noexcept { return s_->overlap; }
 
  private:
-  struct state {
+  // One bucket's worker, update builder and state in the cycle.
+  struct exchange {
     torch_bucket bucket;
-    torch::optim::Optimizer* local;
-    torch_update update;
     std::optional<ps::worker<Transport>> worker;
     update_builder builder;  // delta: w0; gradient: the cycle's sum
-    // The worker's host buffers: the parameters it pulls into (the bucket
-    // itself on the CPU), the gradients the builder reads (the bucket on the
-    // CPU) and the update it commits; pinned copies for CUDA tensors.
-    torch::Tensor host_params, host_grads, host_update;
-    std::uint64_t iterations = 0, commits = 0;
-    state(torch_bucket b, torch::optim::Optimizer* l, torch_update u)
-        : bucket(std::move(b)), local(l), update(u),
-          builder(static_cast<update_kind>(u), bucket.size()) {}
+    // Training side (state::train_mu): slots whose gradient is accumulated
+    // in this backward, hook calls per slot, this iteration's progress.
+    std::vector<std::uint8_t> ready;
+    std::size_t ready_count = 0;
+    std::vector<std::uint64_t> hook_calls;
+    bool added = false;      // this iteration's gradient is in the builder
+    bool committed = false;  // committed in this iteration
+    // Communication side (state::mu): no exchange in flight; its error;
+    // what waits to be sent when it is back (a metric, the leader's
+    // measurements).
+    bool arrived = true;
+    status error;
+    std::vector<std::pair<metric_id, double>> pending_metrics;
+    std::vector<ashl::measurement> pending_measurements;
+    bool measurements_pending = false;
 
-    // The servers' parameters arrived in host_params: into the module, and
-    // the builder's next cycle starts from them.
-    void after_pull() {
-      if (bucket.is_cuda()) bucket.params().copy_(host_params);
-      builder.pulled(span_of(host_params));
+    exchange(torch_bucket b, update_kind k)
+        : bucket(std::move(b)), builder(k, bucket.size()), ready(bucket.tensors().size(), 0),
+          hook_calls(bucket.tensors().size(), 0) {}
+  };
+
+  struct state;
+
+  // The gradient accumulator's post hook (DDP's reducer and Horovod do
+  // the same): it runs once per backward, after the parameter's gradient
+  // (summed over a tied parameter's uses) is accumulated into the bucket.
+  struct ready_hook final : torch::autograd::FunctionPostHook {
+    state* s;
+    std::size_t b, slot;
+    ready_hook(state* st, std::size_t bucket, std::size_t sl) : s(st), b(bucket), slot(sl) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list& /*inputs*/) override {
+      s->on_ready(b, slot);
+      return outputs;
+    }
+  };
+
+  struct state {
+    torch::optim::Optimizer* local;
+    torch_update update;
+    bool overlap;
+    bool in_backward;  // commit full buckets in backward: overlap with update::gradient
+    bool check_finite = false;
+    std::vector<exchange> ex;
+    std::uint64_t iterations = 0, commits = 0, skipped = 0;
+
+    // Training side: the caller's thread and the autograd threads that
+    // run the hooks.
+    mutable std::mutex train_mu;
+    bool no_sync = false;
+    bool skipped_step = false;
+    // This iteration's leader decision (bucket 0's worker): its plan of the
+    // cycle and whether its iteration_done() said the cycle is complete.
+    std::optional<std::pair<ps::plan_in_force, bool>> lead;
+    status hook_error;  // a failure inside a hook, returned by step()
+    std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks;
+    std::chrono::milliseconds wait_bound{100000};  // 3 x the worker's timeout + 10 s
+    std::vector<std::pair<const void*, std::size_t>> bucket_of_impl;
+
+    // Communication side: a send thread commits buckets in the order they
+    // filled; a pull thread waits for their parameters, the highest bucket
+    // (the first layers, which the next forward needs first) first.
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::size_t> to_send, sent;
+    bool stopping = false;
+    std::thread send_thread, pull_thread;
+
+    state(torch::optim::Optimizer* l, const torch_options& o)
+        : local(l), update(o.update), overlap(o.overlap),
+          in_backward(o.overlap && o.update == torch_update::gradient) {}
+    state(const state&) = delete;
+    state& operator=(const state&) = delete;
+    ~state() {
+      stop_threads();
+      for (auto& [node, key] : hooks) node->del_post_hook(key);
+    }
+
+    void install_hooks() {
+      for (std::size_t b = 0; b < ex.size(); ++b)
+        for (std::size_t i = 0; i < ex[b].bucket.tensors().size(); ++i) {
+          const auto& p = ex[b].bucket.tensors()[i];
+          bucket_of_impl.emplace_back(p.unsafeGetTensorImpl(), b);
+          // The accumulator is held weakly by the parameter: keep it (and
+          // its hook) alive, as DDP's reducer does.
+          auto acc = torch::autograd::impl::grad_accumulator(p);
+          if (!acc) continue;  // no gradient (requires_grad false): its bucket is completed in step()
+          const auto key = acc->add_post_hook(std::make_unique<ready_hook>(this, b, i));
+          hooks.emplace_back(std::move(acc), key);
+        }
+    }
+
+    std::size_t bucket_of(const torch::Tensor& p) const {
+      for (const auto& [impl, b] : bucket_of_impl)
+        if (impl == p.unsafeGetTensorImpl()) return b;
+      return ex.size();
+    }
+
+    void start_threads() {
+      to_send.reserve(ex.size());  // a bucket is queued at most once: no allocation per commit
+      sent.reserve(ex.size());
+      send_thread = std::thread([this] { send_loop(); });
+      pull_thread = std::thread([this] { pull_loop(); });
+    }
+    void stop_threads() {
+      {
+        std::lock_guard g(mu);
+        stopping = true;
+      }
+      cv.notify_all();
+      if (send_thread.joinable()) send_thread.join();
+      if (pull_thread.joinable()) pull_thread.join();
+    }
+    // A failed create(): the workers that joined leave.
+    void leave_joined() {
+      for (auto& e : ex)
+        if (e.worker) (void)e.worker->leave();
+    }
+
+    // -- training side (train_mu held) ----------------------------------
+
+    void on_ready(std::size_t b, std::size_t slot) {
+      std::lock_guard g(train_mu);
+      exchange& e = ex[b];
+      ++e.hook_calls[slot];
+      if (!e.ready[slot]) {
+        e.ready[slot] = 1;
+        ++e.ready_count;
+      }
+      if (e.ready_count < e.ready.size()) return;
+      std::fill(e.ready.begin(), e.ready.end(), std::uint8_t{0});
+      e.ready_count = 0;
+      if (in_backward && !no_sync)
+        if (auto s = bucket_done(b); !s.ok() && hook_error.ok()) hook_error = s;
+    }
+
+    // Bucket b's gradient of this local iteration is complete: add it to
+    // the cycle; commit when the plan's cycle is done.
+    status bucket_done(std::size_t b) {
+      exchange& e = ex[b];
+      if (e.added) return {};
+      ASHL_TRY(wait_bucket(b));  // its last exchange (a bucket no forward waited for) is complete
+      e.bucket.stage_grads_out();
+      const auto g = span_of(e.bucket.host_grads());
+      if (check_finite && !all_finite(g)) skipped_step = true;
+      e.added = true;
+      if (skipped_step && !e.committed) {
+        // A non-finite step: this bucket's gradient is not added. When the
+        // leader already counted the iteration, this bucket counts it too
+        // (one cycle for all) and commits what its cycle holds.
+        if (lead && cycle_done(b)) {
+          build(b, e.builder.iterations() == 0);
+          return commit(b);
+        }
+        return {};
+      }
+      e.builder.add(g);
+      if (cycle_done(b)) {
+        build(b, false);
+        return commit(b);
+      }
+      return {};
+    }
+
+    // Bucket b's worker counts this iteration; true when its cycle is
+    // complete. Bucket 0's worker leads: its iteration_done() decides once
+    // per iteration for every bucket, and its plan of the cycle is every
+    // follower's (ps::worker_params::follower).
+    bool cycle_done(std::size_t b) {
+      if (!lead) {
+        if (b != 0)  // its last exchange is complete: its plan is this cycle's
+          if (auto s = wait_bucket(0); !s.ok() && hook_error.ok()) hook_error = s;
+        auto& lw = *ex[0].worker;
+        auto plan = lw.current_plan();
+        const bool done = lw.iteration_done();
+        lead.emplace(plan, done);
+      }
+      if (b == 0) return lead->second;
+      return ex[b].worker->iteration_done(lead->first, lead->second);
+    }
+
+    void build(std::size_t b, bool zero) {
+      exchange& e = ex[b];
+      if (zero) {
+        e.bucket.send().zero_();
+        return;
+      }
+      if (update == torch_update::delta) e.bucket.stage_params_out();
+      e.builder.build(span_of(e.bucket.host_params()), span_of(e.bucket.send()));
+    }
+
+    status commit(std::size_t b) {
+      exchange& e = ex[b];
+      e.committed = true;
+      if (!overlap) {
+        {
+          std::lock_guard g(mu);
+          e.arrived = false;
+        }
+        if (auto s = e.worker->commit(span_of(e.bucket.send())); !s.ok()) {
+          std::lock_guard g(mu);
+          e.arrived = true;
+          return s;
+        }
+        return {};
+      }
+      {
+        std::lock_guard g(mu);
+        e.arrived = false;
+        to_send.push_back(b);
+      }
+      cv.notify_all();
+      return {};
+    }
+
+    status wait_bucket(std::size_t b) {
+      exchange& e = ex[b];
+      if (!overlap) {
+        bool in_flight;
+        {
+          std::lock_guard g(mu);
+          in_flight = !e.arrived;
+        }
+        if (in_flight) receive(b);
+      } else {
+        // The threads' commit() and wait() end within the worker's timeout
+        // each; this bound only catches a thread that stopped.
+        std::unique_lock g(mu);
+        if (!cv.wait_for(g, wait_bound, [&] { return e.arrived; }))
+          return make_error(errc::timed_out, "torch_worker.bucket[" + std::to_string(b) + "]",
+                            std::to_string(wait_bound.count()) + " ms",
+                            "its exchange did not end in time (the communication threads stopped?)");
+      }
+      std::lock_guard g(mu);
+      status s = e.error;
+      e.error = {};
+      return s;
+    }
+
+    status wait_all() {
+      status first;
+      // The highest bucket first: its pull was asked first.
+      for (std::size_t b = ex.size(); b-- > 0;)
+        if (auto s = wait_bucket(b); !s.ok() && first.ok()) first = s;
+      return first;
+    }
+
+    status step() {
+      for (auto& e : ex) e.bucket.attach();
+      if (!hook_error.ok()) {
+        status s = hook_error;
+        hook_error = {};
+        end_iteration();
+        return s;
+      }
+      if (check_finite && !skipped_step)
+        for (auto& e : ex)
+          if (!e.added) {
+            e.bucket.stage_grads_out();
+            if (!all_finite(span_of(e.bucket.host_grads()))) {
+              skipped_step = true;
+              break;
+            }
+          }
+      bool any_committed = false;
+      for (const auto& e : ex) any_committed = any_committed || e.committed;
+      if (skipped_step && !any_committed) {
+        // Skipped: no local step, no commit, no iteration.
+        ++skipped;
+        end_iteration();
+        return {};
+      }
+      ++iterations;
+      status result;
+      if (update == torch_update::delta) {
+        result = wait_all();
+        if (result.ok()) {
+          if (!skipped_step) local->step();
+          for (std::size_t b = 0; b < ex.size() && result.ok(); ++b) {
+            ex[b].added = true;
+            ex[b].builder.add({});  // counts the iteration
+            if (cycle_done(b)) {
+              build(b, false);
+              result = commit(b);
+            }
+          }
+        }
+      } else {
+        for (std::size_t b = 0; b < ex.size() && result.ok(); ++b)
+          if (!ex[b].added) result = bucket_done(b);  // not committed in backward
+      }
+      if (skipped_step) ++skipped;
+      bool committed = false;
+      for (const auto& e : ex) committed = committed || e.committed;
+      if (committed) ++commits;
+      if (!overlap && result.ok()) result = wait_all();
+      if (result.ok() && !hook_error.ok()) result = hook_error;
+      hook_error = {};
+      end_iteration();
+      return result;
+    }
+
+    void end_iteration() {
+      for (auto& e : ex) {
+        e.committed = false;
+        e.added = false;
+        std::fill(e.ready.begin(), e.ready.end(), std::uint8_t{0});
+        e.ready_count = 0;
+      }
+      skipped_step = false;
+      lead.reset();
+    }
+
+    status deliver_metric(std::size_t b, metric_id m, double v) {
+      exchange& e = ex[b];
+      std::lock_guard g(mu);
+      if (e.arrived) return e.worker->report_metric(m, v);
+      e.pending_metrics.emplace_back(m, v);
+      return {};
+    }
+
+    // -- communication side ---------------------------------------------
+
+    // The parameters of bucket b's commit arrive: into the module, the
+    // builder's next cycle starts from them; the leader's measurements go
+    // to the followers; what waited is sent.
+    void receive(std::size_t b) {
+      exchange& e = ex[b];
+      status s = e.worker->wait();
+      if (s.ok()) {
+        try {
+          e.bucket.stage_in();
+        } catch (const std::exception& x) {  // on a communication thread: handed to the caller
+          s = make_error(errc::internal, "torch_worker.bucket[" + std::to_string(b) + "].stage_in", x.what(),
+                         "copying the pulled parameters into the bucket failed");
+        }
+      }
+      if (s.ok()) {
+        e.builder.pulled(span_of(e.bucket.host_params()));
+        if (b == 0 && ex.size() > 1) {
+          const auto ms = e.worker->reported_measurements();
+          if (!ms.empty())
+            for (std::size_t f = 1; f < ex.size(); ++f) {
+              std::lock_guard g(mu);
+              if (ex[f].arrived) {
+                if (auto r = ex[f].worker->report_measurements(ms); !r.ok() && ex[f].error.ok()) ex[f].error = r;
+              } else {
+                ex[f].pending_measurements.assign(ms.begin(), ms.end());
+                ex[f].measurements_pending = true;
+              }
+            }
+        }
+      }
+      {
+        std::lock_guard g(mu);
+        if (!s.ok() && e.error.ok()) e.error = s;
+        for (const auto& [m, v] : e.pending_metrics)
+          if (auto r = e.worker->report_metric(m, v); !r.ok() && e.error.ok()) e.error = r;
+        e.pending_metrics.clear();
+        if (e.measurements_pending) {
+          e.measurements_pending = false;
+          if (auto r = e.worker->report_measurements(e.pending_measurements); !r.ok() && e.error.ok()) e.error = r;
+        }
+        e.arrived = true;
+      }
+      cv.notify_all();
+    }
+
+    void send_loop() {
+      for (;;) {
+        std::size_t b;
+        {
+          std::unique_lock g(mu);
+          cv.wait(g, [&] { return stopping || !to_send.empty(); });
+          if (to_send.empty()) return;
+          b = to_send.front();
+          to_send.erase(to_send.begin());
+        }
+        exchange& e = ex[b];
+        const status s = e.worker->commit(span_of(e.bucket.send()));
+        {
+          std::lock_guard g(mu);
+          if (s.ok()) {
+            sent.push_back(b);
+          } else {
+            if (e.error.ok()) e.error = s;
+            e.arrived = true;
+          }
+        }
+        cv.notify_all();
+      }
+    }
+
+    void pull_loop() {
+      for (;;) {
+        std::size_t b;
+        {
+          std::unique_lock g(mu);
+          cv.wait(g, [&] { return stopping || !sent.empty(); });
+          if (sent.empty()) {
+            if (to_send.empty()) return;
+            continue;
+          }
+          const auto it = std::max_element(sent.begin(), sent.end());
+          b = *it;
+          sent.erase(it);
+        }
+        receive(b);
+      }
     }
   };
 
@@ -328,15 +1019,6 @@ class torch_worker {
 
   static std::span<float> span_of(const torch::Tensor& t) {
     return {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())};
-  }
-
-  status exchange() {
-    state& s = *s_;
-    ASHL_TRY(s.worker->commit(span_of(s.host_update)));
-    ASHL_TRY(s.worker->wait());  // the servers' parameters are in the (host) bucket now
-    s.after_pull();
-    ++s.commits;
-    return {};
   }
 
   std::unique_ptr<state> s_;

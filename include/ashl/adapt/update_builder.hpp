@@ -20,7 +20,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 ASHL_NAMESPACE_BEGIN
@@ -132,6 +134,56 @@ template <class DtypeOf, class BytesOf>
     }
     out[open_bucket[j]].push_back(k);
     filled[j] += b;
+  }
+  return out;
+}
+
+// The bucket cap in bytes for a model of `model_bytes` (the parameters that
+// own a slot, all dtypes), the rule of ashl.torch.bucket_cap_bytes:
+// nullopt ("auto", the default) is min(25 MiB, max(1 MiB, model_bytes / 4))
+// (DDP's 25 MiB for a large model, about four buckets for a smaller one;
+// docs/perf/torch.md, "Bucket size"); a number is that many MiB; 0 (or
+// less, refused by the adapters) one bucket per dtype and device.
+inline constexpr double default_bucket_cap_mb = 25.0;
+inline constexpr double min_bucket_cap_mb = 1.0;
+inline constexpr std::uint64_t min_buckets = 4;
+
+[[nodiscard]] inline std::uint64_t bucket_cap_bytes(std::uint64_t model_bytes,
+                                                    std::optional<double> cap_mb = std::nullopt) noexcept {
+  constexpr double mib = 1 << 20;
+  if (!cap_mb) {
+    const double quarter = static_cast<double>(model_bytes) / static_cast<double>(min_buckets);
+    const double cap = quarter < min_bucket_cap_mb * mib ? min_bucket_cap_mb * mib : quarter;
+    return static_cast<std::uint64_t>(cap < default_bucket_cap_mb * mib ? cap : default_bucket_cap_mb * mib);
+  }
+  if (!(*cap_mb > 0.0)) return 0;
+  return static_cast<std::uint64_t>(*cap_mb * mib);
+}
+
+// Where bucket `bucket`'s servers listen, given the job's server addresses
+// (bucket 0's): in-process nodes "<node>/b<bucket>"; "host:port" addresses
+// at port + bucket * addresses.size(), so the contiguous ports ashl-run
+// gives the servers stay disjoint (ashl.torch.bucket_addresses, the
+// servers' side: one ps::server per bucket; docs/torch.md). nullopt: an
+// address (bucket > 0, not inproc) has no decimal port after its last ':'.
+[[nodiscard]] inline std::optional<std::vector<std::string>> bucket_addresses(
+    const std::vector<std::string>& addresses, std::size_t bucket, bool inproc) {
+  if (bucket == 0) return addresses;
+  std::vector<std::string> out;
+  out.reserve(addresses.size());
+  for (const auto& a : addresses) {
+    if (inproc) {
+      out.push_back(a + "/b" + std::to_string(bucket));
+      continue;
+    }
+    const auto colon = a.rfind(':');
+    if (colon == std::string::npos || colon + 1 == a.size()) return std::nullopt;
+    std::uint64_t port = 0;
+    for (std::size_t i = colon + 1; i < a.size(); ++i) {
+      if (a[i] < '0' || a[i] > '9' || port > 65535) return std::nullopt;
+      port = port * 10 + static_cast<std::uint64_t>(a[i] - '0');
+    }
+    out.push_back(a.substr(0, colon + 1) + std::to_string(port + bucket * addresses.size()));
   }
   return out;
 }

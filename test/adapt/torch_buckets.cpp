@@ -1,0 +1,366 @@
+#include <ashl/adapt/torch.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <ashl/ps/policies.hpp>
+#include <ashl/ps/server.hpp>
+#include <ashl/transport/inproc.hpp>
+#if ASHL_HAS_UCX()
+#include <ashl/transport/ucx.hpp>
+#endif
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+#include "../support/checks.hpp"
+
+// adapt/torch.hpp with several buckets (docs/torch.md, "C++"): the buckets
+// (reverse registration order, the cap rule) alias the parameters and
+// gradients; the overlapped exchange (commits from the gradient
+// accumulators' hooks, pulls waited for per layer) and the serial one give
+// bit-identical parameters under BSP, and equal plain SGD; the hooks fire
+// once per parameter and backward with gradient accumulation and a tied
+// parameter; a bf16 model trains and a non-finite step is skipped.
+
+namespace adapt = ashl::adapt;
+namespace ps = ashl::ps;
+namespace tr = ashl::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct net_impl : torch::nn::Module {
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  net_impl() {
+    fc1 = register_module("fc1", torch::nn::Linear(6, 5));
+    fc2 = register_module("fc2", torch::nn::Linear(5, 3));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2->forward(torch::tanh(fc1->forward(x))); }
+};
+TORCH_MODULE_IMPL(net, net_impl);
+
+net make_net() {
+  torch::manual_seed(7);
+  return net();
+}
+
+// 100 bytes: fc2.bias, fc2.weight, fc1.bias (92 B) in bucket 0; fc1.weight (120 B) alone in bucket 1.
+constexpr double small_cap_mb = 100.0 / (1 << 20);
+
+std::vector<float> flat_copy(const torch::nn::Module& m) {
+  std::vector<float> out;
+  for (const auto& p : m.parameters()) {
+    auto c = p.detach().to(torch::kFloat).contiguous();
+    out.insert(out.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  }
+  return out;
+}
+
+// One server of one bucket over `fabric` at `name`, until destroyed.
+struct server_thread {
+  std::atomic<bool> stop{false};
+  std::thread th;
+  server_thread(const std::shared_ptr<tr::inproc_fabric>& fabric, const std::string& name, std::vector<float> initial,
+                ps::optimizer_params opt) {
+    auto node = fabric->node(name);
+    ASHL_REQUIRE(node.has_value());
+    auto layout = ps::shard_layout::even(initial.size(), 1);
+    ps::policy_params pp;
+    pp.workers = 1;
+    auto pol = ps::make_policy("bsp", pp);
+    ASHL_REQUIRE(pol.has_value());
+    auto srv = ps::server<tr::inproc>::create(
+        {.core = {.layout = *layout, .workers = 1, .optimizer = opt}, .compression = ashl::codec_id::identity},
+        std::move(*pol), std::move(*node), initial);
+    ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+    th = std::thread([this, s = std::make_shared<ps::server<tr::inproc>>(std::move(*srv))] { s->run(stop); });
+  }
+  ~server_thread() {
+    stop = true;
+    th.join();
+  }
+};
+
+// Bucket b's server at "server0/b<b>" (adapt::bucket_addresses), starting
+// from the bucket's float32 values, servers stepping SGD with `lr`.
+std::vector<std::unique_ptr<server_thread>> serve(const std::shared_ptr<tr::inproc_fabric>& fabric,
+                                                  const std::vector<adapt::torch_bucket>& buckets, double lr,
+                                                  adapt::torch_update update = adapt::torch_update::gradient) {
+  std::vector<std::unique_ptr<server_thread>> out;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    const auto& h = buckets[b].host_params();
+    std::vector<float> initial(h.data_ptr<float>(), h.data_ptr<float>() + h.numel());
+    const auto name = (*adapt::bucket_addresses({"server0"}, b, true))[0];
+    out.push_back(std::make_unique<server_thread>(fabric, name, std::move(initial),
+                                                  update == adapt::torch_update::gradient
+                                                      ? ps::optimizer_params{.mode = ps::optimizer_params::kind::sgd,
+                                                                             .lr = lr}
+                                                      : ps::optimizer_params{}));  // model_delta
+  }
+  return out;
+}
+
+auto nodes_of(const std::shared_ptr<tr::inproc_fabric>& f) {
+  return [f](std::size_t) { return f->node(); };
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(auto_makes_one_bucket_of_a_small_model_and_a_negative_cap_is_refused) {
+  auto m = make_net();
+  auto auto_buckets = adapt::torch_buckets(*m);
+  ASHL_REQUIRE(auto_buckets.has_value());
+  ASHL_TEST(auto_buckets->size() == 1u);  // 212 bytes: one bucket under "auto"
+  auto bad = adapt::torch_buckets(*m, -1.0);
+  ASHL_REQUIRE(!bad.has_value());
+  ASHL_TEST(contains(bad.error().message(), "torch.bucket_cap_mb"), bad.error().message());
+}
+
+#if ASHL_HAS_UCX()
+// Under ashl-run, bucket b listens at port + b * servers inside the block of
+// ports it reserved per server: more buckets than that are refused by name
+// before any transport is made (as ashl.torch does).
+BOOST_AUTO_TEST_CASE(more_buckets_than_the_ports_ashl_run_reserved_are_refused_by_name) {
+  auto m = make_net();
+  std::size_t made = 0;
+  auto d = adapt::torch_worker<tr::ucx>::create(
+      *m, nullptr, {.servers = {"127.0.0.1:1"}},
+      [&](std::size_t) {
+        ++made;
+        return tr::ucx::create({});
+      },
+      {.update = adapt::torch_update::gradient, .bucket_cap_mb = small_cap_mb, .ports_per_server = 1});
+  ASHL_REQUIRE(!d.has_value());
+  ASHL_TEST(contains(d.error().message(), "torch_worker.buckets.size = 2: ashl-run reserved ASHL_PORTS_PER_SERVER=1"),
+            d.error().message());
+  ASHL_TEST(made == 0u);
+}
+#endif
+
+BOOST_AUTO_TEST_CASE(buckets_go_in_reverse_order_and_alias_the_parameters_and_gradients) {
+  auto m = make_net();
+  const auto before = flat_copy(*m);
+  auto bs = adapt::torch_buckets(*m, small_cap_mb);
+  ASHL_REQUIRE(bs.has_value(), (bs ? "" : bs.error().message()));
+  ASHL_REQUIRE(bs->size() == 2u);
+  ASHL_TEST(((*bs)[0].names() == std::vector<std::string>{"fc2.bias", "fc2.weight", "fc1.bias"}));
+  ASHL_TEST(((*bs)[1].names() == std::vector<std::string>{"fc1.weight"}));
+  ASHL_TEST(flat_copy(*m) == before);  // values kept
+  // fc2.bias opens bucket 0; fc1.bias follows fc2.weight's 15 elements.
+  ASHL_TEST(m->fc2->bias.data_ptr<float>() == (*bs)[0].params().data_ptr<float>());
+  ASHL_TEST(m->fc1->bias.data_ptr<float>() == (*bs)[0].params().data_ptr<float>() + 18);
+  ASHL_TEST(m->fc1->weight.data_ptr<float>() == (*bs)[1].params().data_ptr<float>());
+  ASHL_TEST((*bs)[0].host_params().data_ptr() == (*bs)[0].params().data_ptr());  // f32 CPU: no staging
+  m->forward(torch::randn({4, 6})).sum().backward();
+  ASHL_TEST(m->fc2->bias.grad().data_ptr<float>() == (*bs)[0].grads().data_ptr<float>());
+  ASHL_TEST((*bs)[0].grads().data_ptr<float>()[0] == 4.0f);  // d(sum)/d(fc2.bias) over 4 rows
+  ASHL_TEST(m->fc1->weight.grad().data_ptr<float>() == (*bs)[1].grads().data_ptr<float>());
+}
+
+namespace {
+
+// `iterations` BSP steps over two buckets (gradient: SGD on the servers;
+// delta: local SGD steps, model deltas committed); the parameters after
+// each, flattened in registration order.
+std::vector<std::vector<float>> run_bsp(bool overlap, int iterations,
+                                        adapt::torch_update update = adapt::torch_update::gradient) {
+  constexpr double lr = 0.1;
+  auto m = make_net();
+  auto bs = adapt::torch_buckets(*m, small_cap_mb);
+  ASHL_REQUIRE((bs.has_value() && bs->size() == 2u));
+  auto fabric = tr::inproc_fabric::create({});
+  auto servers = serve(fabric, *bs, lr, update);
+  torch::optim::SGD local(m->parameters(), lr);
+  auto d = adapt::torch_worker<tr::inproc>::create(
+      std::move(*bs), &local, {.servers = {"server0"}, .timeout = 10s}, nodes_of(fabric),
+      {.update = update, .overlap = overlap});
+  ASHL_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
+  ASHL_TEST(d->buckets() == 2u);
+  ASHL_TEST(d->overlapped() == overlap);
+  std::vector<std::vector<float>> out;
+  torch::manual_seed(3);
+  for (int it = 0; it < iterations; ++it) {
+    auto x = torch::randn({8, 6});
+    auto y = torch::randn({8, 3});
+    d->zero_grad();
+    // Each layer waits for its bucket's pull just before it runs.
+    ASHL_REQUIRE(d->wait_for(*m->fc1).ok());
+    auto h = torch::tanh(m->fc1->forward(x));
+    ASHL_REQUIRE(d->wait_for(*m->fc2).ok());
+    torch::mse_loss(m->fc2->forward(h), y).backward();
+    if (overlap && update == adapt::torch_update::gradient) {
+      // Both buckets were full in backward: committed from the hooks.
+      ASHL_REQUIRE(d->wait_bucket_for(m->fc2->weight).ok());
+      ASHL_TEST(d->worker(0).telemetry().commits == static_cast<std::uint64_t>(it + 1));
+    }
+    const auto s = d->step();
+    ASHL_REQUIRE(s.ok(), s.message());
+    ASHL_REQUIRE(d->before_forward().ok());
+    out.push_back(flat_copy(*m));
+  }
+  ASHL_TEST(d->commits() == static_cast<std::uint64_t>(iterations));
+  for (std::size_t b = 0; b < d->buckets(); ++b)
+    ASHL_TEST(d->worker(b).telemetry().commits == static_cast<std::uint64_t>(iterations), "bucket " << b);
+  for (std::size_t b = 0; b < d->buckets(); ++b)
+    for (std::size_t i = 0; i < d->bucket(b).tensors().size(); ++i)
+      ASHL_TEST(d->hook_calls(b, i) == static_cast<std::uint64_t>(iterations), d->bucket(b).names()[i]);
+  ASHL_TEST(d->leave().ok());
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(overlapped_and_serial_bsp_exchanges_give_bit_identical_parameters) {
+  constexpr int iterations = 4;
+  const auto overlapped = run_bsp(true, iterations);
+  const auto serial = run_bsp(false, iterations);
+  ASHL_REQUIRE(overlapped.size() == serial.size());
+  // And both are plain SGD on one model (W -= lr * g in f32).
+  auto reference = make_net();
+  torch::manual_seed(3);
+  for (int it = 0; it < iterations; ++it) {
+    auto x = torch::randn({8, 6});
+    auto y = torch::randn({8, 3});
+    reference->zero_grad();
+    torch::mse_loss(reference->forward(x), y).backward();
+    {
+      torch::NoGradGuard g;
+      for (auto& p : reference->parameters()) {
+        auto w = p.data_ptr<float>();
+        auto gr = p.grad().data_ptr<float>();
+        for (std::int64_t i = 0; i < p.numel(); ++i) w[i] -= 0.1f * gr[i];
+      }
+    }
+    const auto r = flat_copy(*reference);
+    ASHL_REQUIRE((overlapped[it].size() == r.size() && serial[it].size() == r.size()));
+    ASHL_TEST(std::memcmp(overlapped[it].data(), serial[it].data(), r.size() * 4) == 0, "iteration " << it);
+    ASHL_TEST(std::memcmp(serial[it].data(), r.data(), r.size() * 4) == 0, "iteration " << it);
+  }
+}
+
+// update::delta commits from step() (the local step comes first), with the
+// pulls in flight when it returns: the same parameters as the serial
+// exchange, bit for bit.
+BOOST_AUTO_TEST_CASE(overlapped_and_serial_delta_exchanges_give_bit_identical_parameters) {
+  const auto overlapped = run_bsp(true, 3, adapt::torch_update::delta);
+  const auto serial = run_bsp(false, 3, adapt::torch_update::delta);
+  ASHL_REQUIRE(overlapped.size() == serial.size());
+  for (std::size_t it = 0; it < serial.size(); ++it)
+    ASHL_TEST(overlapped[it] == serial[it], "iteration " << it);
+  ASHL_TEST(serial.front() != serial.back());  // it trained
+}
+
+// A tied parameter (w used twice) owns one slot; with gradient accumulation
+// (the first backward under no_sync) each hook fires once per backward, the
+// buckets are committed by the second backward's hooks, and the step is W
+// minus lr times the accumulated gradient.
+BOOST_AUTO_TEST_CASE(hooks_fire_once_per_parameter_and_backward_with_accumulation_and_a_tied_parameter) {
+  torch::manual_seed(3);
+  auto w = torch::randn({4, 4}).set_requires_grad(true);
+  auto bias = torch::randn({4}).set_requires_grad(true);
+  auto bs = adapt::torch_buckets({w, bias, w}, {"enc", "bias", "dec"}, 40.0 / (1 << 20));
+  ASHL_REQUIRE(bs.has_value(), (bs ? "" : bs.error().message()));
+  ASHL_REQUIRE(bs->size() == 2u);
+  ASHL_TEST(((*bs)[0].names() == std::vector<std::string>{"bias"}));
+  ASHL_TEST(((*bs)[1].names() == std::vector<std::string>{"enc"}));
+  auto fabric = tr::inproc_fabric::create({});
+  auto servers = serve(fabric, *bs, 0.5);
+  auto d = adapt::torch_worker<tr::inproc>::create(std::move(*bs), nullptr, {.servers = {"server0"}, .timeout = 10s},
+                                                   nodes_of(fabric), {.update = adapt::torch_update::gradient});
+  ASHL_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
+  const auto w0 = w.detach().clone(), b0 = bias.detach().clone();
+  const auto loss = [&] {
+    auto x = torch::randn({2, 4});
+    return torch::matmul(torch::matmul(x, w) + bias, w.t()).pow(2).sum();
+  };
+  d->zero_grad();
+  d->no_sync(true);
+  loss().backward();
+  d->no_sync(false);
+  ASHL_TEST(d->hook_calls(1, 0) == 1u);  // w: once, though used twice
+  ASHL_TEST(d->hook_calls(0, 0) == 1u);
+  ASHL_REQUIRE(d->before_forward().ok());
+  ASHL_TEST(d->worker(0).telemetry().commits == 0u);  // nothing committed under no_sync
+  ASHL_TEST(d->worker(1).telemetry().commits == 0u);
+  loss().backward();
+  ASHL_TEST(d->hook_calls(1, 0) == 2u);
+  ASHL_TEST(d->hook_calls(0, 0) == 2u);
+  ASHL_REQUIRE(d->before_forward().ok());
+  ASHL_TEST(d->worker(0).telemetry().commits == 1u);  // committed in the second backward
+  ASHL_TEST(d->worker(1).telemetry().commits == 1u);
+  const auto expect_w = (w0 - 0.5f * w.grad()).clone();
+  const auto expect_b = (b0 - 0.5f * bias.grad()).clone();
+  ASHL_REQUIRE(d->step().ok());
+  ASHL_REQUIRE(d->before_forward().ok());
+  ASHL_TEST(d->commits() == 1u);
+  ASHL_TEST(d->worker(0).telemetry().commits == 1u);  // step() committed nothing more
+  ASHL_TEST(torch::equal(w.detach(), expect_w));
+  ASHL_TEST(torch::equal(bias.detach(), expect_b));
+  ASHL_TEST(d->leave().ok());
+}
+
+BOOST_AUTO_TEST_CASE(a_bf16_model_trains_on_the_cpu_and_a_non_finite_step_is_skipped) {
+  auto m = make_net();
+  m->to(torch::kBFloat16);
+  auto bs = adapt::torch_buckets(*m, small_cap_mb / 2);  // 2-byte elements: the same two buckets
+  ASHL_REQUIRE(bs.has_value(), (bs ? "" : bs.error().message()));
+  ASHL_REQUIRE(bs->size() == 2u);
+  ASHL_TEST((*bs)[0].dtype() == torch::kBFloat16);
+  ASHL_TEST((*bs)[0].staged());
+  ASHL_TEST((*bs)[0].host_params().scalar_type() == torch::kFloat);
+  ASHL_TEST(m->fc2->bias.data_ptr() == (*bs)[0].params().data_ptr());
+  auto fabric = tr::inproc_fabric::create({});
+  auto servers = serve(fabric, *bs, 0.2);
+  auto d = adapt::torch_worker<tr::inproc>::create(std::move(*bs), nullptr, {.servers = {"server0"}, .timeout = 10s},
+                                                   nodes_of(fabric), {.update = adapt::torch_update::gradient});
+  ASHL_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
+  torch::manual_seed(5);
+  const auto x = torch::randn({16, 6}).to(torch::kBFloat16);
+  const auto y = (torch::randn({16, 3}) * 0.5).to(torch::kBFloat16);
+  float first = 0.0f, last = 0.0f;
+  for (int it = 0; it < 12; ++it) {
+    d->zero_grad();
+    ASHL_REQUIRE(d->before_forward().ok());
+    auto loss = (m->forward(x) - y).pow(2).mean();  // libtorch 1.13 has no bf16 mse_loss on the CPU
+    (it == 0 ? first : last) = loss.to(torch::kFloat).item<float>();
+    loss.backward();
+    ASHL_REQUIRE(d->step().ok());
+    ASHL_REQUIRE(d->before_forward().ok());
+    // The servers' float32 parameters, rounded to bf16, are the model's.
+    for (std::size_t b = 0; b < d->buckets(); ++b)
+      ASHL_TEST(torch::equal(d->bucket(b).params(), d->bucket(b).host_params().to(torch::kBFloat16)));
+  }
+  ASHL_TEST(last < first, "loss " << first << " -> " << last);
+  ASHL_TEST(d->commits() == 12u);
+  ASHL_TEST(d->skipped() == 0u);
+  // A step with nan gradients: skipped, nothing committed, nothing moved.
+  const auto before = flat_copy(*m);
+  d->zero_grad();
+  auto bad = x.clone();
+  bad[0][0] = std::numeric_limits<float>::quiet_NaN();
+  (m->forward(bad) - y).pow(2).mean().backward();
+  ASHL_REQUIRE(d->step().ok());
+  ASHL_REQUIRE(d->before_forward().ok());
+  ASHL_TEST(d->skipped() == 1u);
+  ASHL_TEST(d->commits() == 12u);
+  ASHL_TEST(d->iterations() == 12u);
+  ASHL_TEST(d->worker(0).telemetry().commits == 12u);
+  ASHL_TEST(d->worker(1).telemetry().commits == 12u);
+  ASHL_TEST(flat_copy(*m) == before);
+  // And the next finite step commits again.
+  d->zero_grad();
+  (m->forward(x) - y).pow(2).mean().backward();
+  ASHL_REQUIRE(d->step().ok());
+  ASHL_REQUIRE(d->before_forward().ok());
+  ASHL_TEST(d->commits() == 13u);
+  ASHL_TEST(d->worker(1).telemetry().commits == 13u);
+  ASHL_TEST(d->leave().ok());
+}
