@@ -2,7 +2,7 @@
 // executables (test/CMakeLists.txt, ashl_add_test; docs/perf/ci.md).
 //
 // Boost.Test and a few standard headers nearly every test includes, parsed
-// once per build instead of once per test (about 0.7 s of CPU less per test
+// once per build instead of once per test (about 0.5 s of CPU less per test
 // at -O3). Deliberately no ashl header: with GCC 12 a precompiled header of
 // Boost.Test alone is 107 MB and one with the ps layer's server, policies and
 // worker 334 MB, and loading that costs about as much CPU as parsing those
