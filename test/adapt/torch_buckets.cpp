@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 #include "../support/checks.hpp"
+#include "../support/counting_new.hpp"
 
 // adapt/torch.hpp with several buckets (docs/torch.md, "C++"): the buckets
 // (reverse registration order, the cap rule) alias the parameters and
@@ -207,6 +208,16 @@ std::vector<std::vector<float>> run_bsp(bool overlap, int iterations,
     out.push_back(flat_copy(*m));
   }
   ASHL_TEST(d->commits() == static_cast<std::uint64_t>(iterations));
+  // wait_for looks a layer's buckets up at its first wait: later waits
+  // (every forward's) allocate nothing.
+  {
+    const auto before = counting_new::count();
+    bool ok = true;
+    for (int k = 0; k < 3; ++k) ok = d->wait_for(*m->fc1).ok() && d->wait_for(*m->fc2).ok() && ok;
+    const auto allocations = counting_new::count() - before;
+    ASHL_TEST(ok);
+    ASHL_TEST(allocations == 0u);
+  }
   for (std::size_t b = 0; b < d->buckets(); ++b)
     ASHL_TEST(d->worker(b).telemetry().commits == static_cast<std::uint64_t>(iterations), "bucket " << b);
   for (std::size_t b = 0; b < d->buckets(); ++b)

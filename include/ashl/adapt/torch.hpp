@@ -520,10 +520,12 @@ class torch_worker {
     const auto b = s_->bucket_of(param);
     return b < s_->ex.size() ? s_->wait_bucket(b) : status{};
   }
+  // A layer's buckets are looked up once (its parameters() allocates) and
+  // remembered by the layer's address, so a training loop that waits per
+  // layer allocates nothing after its first forward.
   status wait_for(const torch::nn::Module& layer) {
     std::lock_guard g(s_->train_mu);
-    for (const auto& p : layer.parameters(/*recurse=*/true))
-      if (const auto b = s_->bucket_of(p); b < s_->ex.size()) ASHL_TRY(s_->wait_bucket(b));
+    for (std::size_t b : s_->buckets_of(layer)) ASHL_TRY(s_->wait_bucket(b));
     return {};
   }
   // Waits for every bucket's exchange in flight: the module then holds the
@@ -661,6 +663,7 @@ class torch_worker {
     std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks;
     std::chrono::milliseconds wait_bound{100000};  // 3 x the worker's timeout + 10 s
     std::vector<std::pair<const void*, std::size_t>> bucket_of_impl;
+    std::vector<std::pair<const torch::nn::Module*, std::vector<std::size_t>>> layer_buckets;  // wait_for's
 
     // Communication side: a send thread commits buckets in the order they
     // filled; a pull thread waits for their parameters, the highest bucket
@@ -699,6 +702,19 @@ class torch_worker {
       for (const auto& [impl, b] : bucket_of_impl)
         if (impl == p.unsafeGetTensorImpl()) return b;
       return ex.size();
+    }
+
+    // The buckets holding `layer`'s parameters (recursively), each once,
+    // computed at the layer's first wait and kept (wait_for).
+    std::span<const std::size_t> buckets_of(const torch::nn::Module& layer) {
+      for (const auto& [m, bs] : layer_buckets)
+        if (m == &layer) return bs;
+      std::vector<std::size_t> bs;
+      for (const auto& p : layer.parameters(/*recurse=*/true))
+        if (const auto b = bucket_of(p); b < ex.size() && std::find(bs.begin(), bs.end(), b) == bs.end())
+          bs.push_back(b);
+      layer_buckets.emplace_back(&layer, std::move(bs));
+      return layer_buckets.back().second;
     }
 
     void start_threads() {
