@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 #include "../support/checks.hpp"
+#include "../support/torch_testing.hpp"
 
 // adapt/torch.hpp: the buckets alias the module's parameters and gradients;
 // BSP + identity + server SGD over inproc is plain SGD bit for bit; the
@@ -26,29 +27,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct net_impl : torch::nn::Module {
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-  net_impl() {
-    fc1 = register_module("fc1", torch::nn::Linear(6, 5));
-    fc2 = register_module("fc2", torch::nn::Linear(5, 3));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return fc2->forward(torch::tanh(fc1->forward(x))); }
-};
-TORCH_MODULE_IMPL(net, net_impl);
-
-net make_net() {
-  torch::manual_seed(7);
-  return net();
-}
-
-std::vector<float> flat_copy(const torch::nn::Module& m) {
-  std::vector<float> out;
-  for (const auto& p : m.parameters()) {
-    auto c = p.detach().contiguous();
-    out.insert(out.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
-  }
-  return out;
-}
+using torch_testing::flat_copy;
+using torch_testing::make_net;
+using torch_testing::net;
 
 // One server over `fabric` ("server0") starting from `initial`, until destroyed.
 struct server_thread {

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 #include "../support/checks.hpp"
+#include "../support/torch_testing.hpp"
 #include "../support/counting_new.hpp"
 
 // adapt/torch.hpp with several buckets (docs/torch.md, "C++"): the buckets
@@ -36,32 +37,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct net_impl : torch::nn::Module {
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-  net_impl() {
-    fc1 = register_module("fc1", torch::nn::Linear(6, 5));
-    fc2 = register_module("fc2", torch::nn::Linear(5, 3));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return fc2->forward(torch::tanh(fc1->forward(x))); }
-};
-TORCH_MODULE_IMPL(net, net_impl);
-
-net make_net() {
-  torch::manual_seed(7);
-  return net();
-}
+using torch_testing::flat_copy;
+using torch_testing::make_net;
+using torch_testing::net;
 
 // 100 bytes: fc2.bias, fc2.weight, fc1.bias (92 B) in bucket 0; fc1.weight (120 B) alone in bucket 1.
 constexpr double small_cap_mb = 100.0 / (1 << 20);
-
-std::vector<float> flat_copy(const torch::nn::Module& m) {
-  std::vector<float> out;
-  for (const auto& p : m.parameters()) {
-    auto c = p.detach().to(torch::kFloat).contiguous();
-    out.insert(out.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
-  }
-  return out;
-}
 
 // One server of one bucket over `fabric` at `name`, until destroyed.
 struct server_thread {
