@@ -225,6 +225,7 @@ struct any_worker {
   virtual ~any_worker() = default;
   virtual bool iteration_done() = 0;
   virtual ashl::status commit(std::span<const float>) = 0;
+  virtual ashl::status push(std::span<const float>) = 0;
   virtual ashl::status pull() = 0;
   virtual ashl::status wait() = 0;
   virtual std::optional<ashl::status> wait_for(std::chrono::microseconds slice, bool first) = 0;
@@ -257,6 +258,7 @@ struct worker_of final : any_worker {
   explicit worker_of(ps::worker<T>&& x) : w(std::move(x)) {}
   bool iteration_done() override { return w.iteration_done(); }
   ashl::status commit(std::span<const float> u) override { return w.commit(u); }
+  ashl::status push(std::span<const float> u) override { return w.push(u); }
   ashl::status pull() override { return w.pull(); }
   ashl::status wait() override { return w.wait(); }
   std::optional<ashl::status> wait_for(std::chrono::microseconds slice, bool first) override {
@@ -407,14 +409,18 @@ class py_worker {
     check(s);
   }
 
-  void commit(py::array update) {
+  void commit(py::array update) { send(std::move(update), false); }
+  // commit() without the parameters back (ps::worker::push): each server
+  // acknowledges once its policy releases the worker; pull() fetches them.
+  void push(py::array update) { send(std::move(update), true); }
+  void send(py::array update, bool ack_only) {
     const auto u = buffer_of(update, "update", false);
     ashl::status s;
     {
       // An emulated link holds the commit here, and an ashl.torch
       // communication thread commits while backward runs: no GIL.
       py::gil_scoped_release nogil;
-      s = w_->commit(u);
+      s = ack_only ? w_->push(u) : w_->commit(u);
     }
     check_link();
     check(s);
@@ -865,6 +871,9 @@ PYBIND11_MODULE(_ashl, m) {
       .def("report_measurements", &py_worker::report_measurements, py::arg("measurements"),
            "measurements to the servers as this worker's (a follower: its leader's)")
       .def("commit", &py_worker::commit, py::arg("update"))
+      .def("push", &py_worker::push, py::arg("update"),
+           "commit() without the parameters back: wait() returns once every server acknowledged it "
+           "(its policy released this worker); the parameter buffer is left as it is, pull() fetches it")
       .def("pull", &py_worker::pull)
       .def("wait", &py_worker::wait)
       .def("leave", &py_worker::leave)

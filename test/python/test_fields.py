@@ -51,3 +51,27 @@ def test_telemetry_dicts_carry_every_counter():
     assert set(s["wire_refused_by_reason"]) >= {"receive_budget", "incarnation", "job", "stale"}
     wk.leave()
     srv.join()
+
+
+def test_push_is_acknowledged_without_the_parameters():
+    # Worker.push (ps::worker::push, issue 28 fan-in): ASP applies every push,
+    # the caller's buffer keeps its values until pull() fetches them.
+    fabric = ashl.InprocFabric()
+    srv = ashl.Server(size=6, policy="asp", workers=1, fabric=fabric, listen="s0", insecure=True)
+    srv.start()
+    w = np.zeros(6, dtype=np.float32)
+    wk = ashl.Worker(w, ["s0"], fabric=fabric, insecure=True)
+    g = np.full(6, 0.5, dtype=np.float32)
+    w[:] = 9.0  # what the caller holds; a push leaves it
+    for _ in range(3):
+        while not wk.iteration_done():
+            pass
+        wk.push(g)
+        wk.wait()
+        assert (w == 9.0).all()
+    assert wk.telemetry["pushes"] == 3
+    wk.pull()
+    wk.wait()
+    assert w[0] != 9.0 and (w == w[0]).all()  # the servers' parameters, three updates on
+    wk.leave()
+    srv.join()
