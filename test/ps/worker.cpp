@@ -9,7 +9,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -285,9 +287,10 @@ BOOST_AUTO_TEST_CASE(a_progress_thread_drives_the_transport) {
 // buffers) must not call operator new anywhere in the process. Measurements
 // go after every cycle (measurement_interval 0), or in batches by count (an
 // interval of an hour: batches of 57 to 64 records; the warm-up holds one).
-void no_allocation_in_steady_state(std::chrono::microseconds measurement_interval, int warmup) {
+void no_allocation_in_steady_state(std::chrono::microseconds measurement_interval, int warmup,
+                                   std::uint64_t reply_part_bytes = 0) {
   constexpr std::uint32_t M = 4;
-  constexpr std::size_t n = 1000;
+  const std::size_t n = reply_part_bytes == 0 ? 1000 : 4 * reply_part_bytes / sizeof(float);  // replies in 4 parts
   constexpr int measured = 30;
   auto fabric = tr::inproc_fabric::create({.eager_bytes = 256, .deterministic = true});
   auto layout = ps::shard_layout::even(n, 1);
@@ -295,7 +298,7 @@ void no_allocation_in_steady_state(std::chrono::microseconds measurement_interva
   pp.workers = M;
   auto node = fabric->node("server0");
   ASHL_REQUIRE(node.has_value());
-  auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = M}},
+  auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = M}, .reply_part_bytes = reply_part_bytes},
                                             std::move(*ps::make_policy("bsp", pp)), std::move(*node));
   ASHL_REQUIRE(srv.has_value());
   std::vector<std::vector<float>> w(M, std::vector<float>(n)), g(M, std::vector<float>(n));
@@ -335,6 +338,12 @@ void no_allocation_in_steady_state(std::chrono::microseconds measurement_interva
   ASHL_REQUIRE(ok);
   ASHL_TEST(after == before, "allocations in steady state: " << after - before);
   ASHL_TEST(srv->core().stats().commits_applied == std::uint64_t{M} * (warmup + measured));
+  if (reply_part_bytes != 0) {
+    ASHL_TEST(srv->telemetry().reply_parts == 4 * srv->telemetry().pull_replies, srv->telemetry().reply_parts);
+    // One CRC pass per version: BSP releases the four workers from one version.
+    ASHL_TEST(srv->telemetry().part_crc_passes == std::uint64_t(warmup + measured) + 1, srv->telemetry().part_crc_passes);
+    for (auto& wk : workers) ASHL_TEST(wk.telemetry().reply_parts == 4u * (warmup + measured + 1), wk.telemetry().reply_parts);
+  }
   for (auto& wk : workers) ASHL_TEST(wk.leave().ok());
 }
 
@@ -403,6 +412,7 @@ BOOST_AUTO_TEST_CASE(a_link_hold_gets_each_transfer_and_between_sees_the_servers
 BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
   no_allocation_in_steady_state(std::chrono::microseconds{0}, 10);
   no_allocation_in_steady_state(std::chrono::microseconds{3'600'000'000}, 40);
+  no_allocation_in_steady_state(std::chrono::microseconds{0}, 10, 4096);  // replies in parts (issue 28, item 1)
 }
 
 BOOST_AUTO_TEST_CASE(a_pull_without_commit_reads_the_model) {
@@ -851,4 +861,173 @@ void a_bad_reply_leaves_the_parameters(std::size_t eager_bytes, tamper_mode mode
 BOOST_AUTO_TEST_CASE(a_bad_pull_reply_fails_the_wait_and_leaves_the_parameters_as_they_were) {
   for (const std::size_t eager : {std::size_t{256}, std::size_t{1} << 20})
     for (const tamper_mode mode : {tamper_mode::payload, tamper_mode::crc}) a_bad_reply_leaves_the_parameters(eager, mode);
+}
+
+// Issue 28, item 1: a pull reply in parts (server_params.reply_part_bytes).
+// Each part is checked as it lands; the parameters change only when every
+// part passed. Forwards to inproc; once armed, the `nth` part message from
+// the server is handed to edit(head, data), which changes it (re-sealed,
+// so its CRC is good, unless it flips a payload bit after sealing) and says
+// how often to deliver it: 0 dropped, 1, or 2 (repeated).
+struct part_tamper {
+  using transport_concept = tr::transport_tag;
+  tr::inproc t;
+  int nth = 0;
+  std::function<int(ashl::wire::header&, std::vector<std::byte>&)> edit;
+  bool flip_after_seal = false;
+  std::shared_ptr<std::atomic<bool>> armed = std::make_shared<std::atomic<bool>>(false);
+  int seen = 0;
+  std::vector<std::byte> head_copy, data_copy;
+  ashl::result<tr::peer_id> connect(std::string_view a) { return t.connect(a); }
+  ashl::status send(tr::peer_id p, std::span<const std::byte> h, std::span<const std::byte> d, std::uint64_t c) {
+    return t.send(p, h, d, c);
+  }
+  template <tr::handler H>
+  struct wrapped {
+    H* h;
+    part_tamper* self;
+    std::span<std::byte> receive_buffer(tr::peer_id p, std::span<const std::byte> head, std::size_t n) {
+      return h->receive_buffer(p, head, n);
+    }
+    void on_message(tr::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data) {
+      const bool part = ashl::wire::peek_part(head).valid();
+      if (!part || !self->armed->load() || self->seen++ != self->nth) {
+        h->on_message(p, head, data);
+        return;
+      }
+      self->armed->store(false);
+      auto m = ashl::wire::decode(head, data, {});
+      ASHL_REQUIRE(m.has_value());
+      ashl::wire::header hd = m->header;
+      self->data_copy.assign(data.begin(), data.end());
+      const int times = self->edit(hd, self->data_copy);
+      self->head_copy.assign(ashl::wire::header_bytes, std::byte{0});
+      ASHL_REQUIRE(ashl::wire::seal_header(hd, self->data_copy, self->head_copy).ok());
+      if (self->flip_after_seal) self->data_copy[self->data_copy.size() / 2] ^= std::byte{0x10};
+      for (int k = 0; k < times; ++k) h->on_message(p, self->head_copy, self->data_copy);
+    }
+    void on_sent(tr::peer_id p, std::uint64_t c, const ashl::status& st) { h->on_sent(p, c, st); }
+    void on_peer(tr::peer_id p, tr::peer_event e, const ashl::status& why) { h->on_peer(p, e, why); }
+  };
+  template <tr::handler H>
+  std::size_t progress(H& h) {
+    wrapped<H> w{&h, this};
+    return t.progress(w);
+  }
+  void wait(std::chrono::microseconds d) { t.wait(d); }
+  std::span<const tr::peer_id> peers() const { return t.peers(); }
+  bool is_connected(tr::peer_id p) const { return t.is_connected(p); }
+  void close(tr::peer_id p) { t.close(p); }
+  void close() { t.close(); }
+  const tr::transport_counters& counters() const { return t.counters(); }
+};
+static_assert(tr::transport<part_tamper>);
+
+struct part_case {
+  const char* name;
+  int nth;
+  bool flip;
+  std::function<int(ashl::wire::header&, std::vector<std::byte>&)> edit;
+  ashl::errc code;
+  const char* says;
+};
+
+// One server (ASP, 4096 elements, replies in 4 parts of 1024), one worker
+// per case: two good cycles, then the case's part; rendezvous parts (into the
+// staging buffer) and eager ones (copied from the transport's).
+void parts_are_checked_one_by_one(std::size_t eager_bytes) {
+  constexpr std::size_t n = 4096;
+  const std::vector<part_case> cases = {
+      {"good", -1, false, nullptr, ashl::errc::ok, ""},
+      {"payload bit of part 2", 2, true, [](auto&, auto&) { return 1; }, ashl::errc::checksum_mismatch, "header.crc32c"},
+      {"part 0 lost", 0, false, [](auto&, auto&) { return 0; }, ashl::errc::malformed,
+       "pull_reply.part = 1: from server 0 at server0: expected part 0 of 4 (a part out of order or repeated)"},
+      {"part 1 twice", 1, false, [](auto&, auto&) { return 2; }, ashl::errc::malformed,
+       "pull_reply.part = 1: from server 0 at server0: expected part 2 of 4"},
+      {"part 3 of another version", 3, false, [](ashl::wire::header& h, auto&) { h.clock += 1; return 1; },
+       ashl::errc::malformed, "pull_reply.clock"},
+      {"part 1 of another split", 1, false,
+       [](ashl::wire::header& h, std::vector<std::byte>& d) {
+         h.parts = 5;  // 820 elements a part
+         d.resize(820 * sizeof(float));
+         return 1;
+       },
+       ashl::errc::malformed, "pull_reply.parts = 5: from server 0 at server0: earlier parts of this reply said 4"},
+  };
+  auto fabric = tr::inproc_fabric::create({.eager_bytes = eager_bytes});
+  auto layout = ps::shard_layout::even(n, 1);
+  ASHL_REQUIRE(layout.has_value());
+  const auto W = static_cast<std::uint32_t>(cases.size());
+  std::atomic<bool> stop{false}, up{false};
+  std::atomic<std::uint64_t> parts_sent{0};
+  std::thread server([&] {
+    auto node = fabric->node("server0");
+    ASHL_REQUIRE(node.has_value());
+    ps::policy_params pp;
+    pp.workers = W;
+    auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = W}, .reply_part_bytes = 4096},
+                                              std::move(*ps::make_policy("asp", pp)), std::move(*node));
+    ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+    up = true;
+    srv->run(stop);
+    parts_sent = srv->telemetry().reply_parts;
+  });
+  while (!up) std::this_thread::sleep_for(1ms);
+  std::vector<float> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = 0.25f + static_cast<float>(i) * 1e-3f;
+  for (std::uint32_t k = 0; k < W; ++k) {
+    const part_case& c = cases[k];
+    std::vector<float> w(n);
+    part_tamper tp{node_of(fabric), c.nth, c.edit, c.flip};
+    auto armed = tp.armed;
+    auto wk = ps::worker<part_tamper>::create({.rank = k, .servers = {"server0"}, .timeout = 10s}, std::move(tp), w);
+    ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+    for (int i = 0; i < 2; ++i) {
+      while (!wk->iteration_done()) {}
+      ASHL_REQUIRE(wk->commit(g).ok());
+      ASHL_REQUIRE(wk->wait().ok());
+    }
+    // ASP, model deltas: the earlier workers' three commits each, and this one's two.
+    for (std::size_t i = 0; i < n; i += 1000)
+      ASHL_TEST(std::abs(w[i] - g[i] * float(3 * k + 2)) <= 1e-4f * g[i] * float(3 * k + 2), c.name << " " << i << " " << w[i]);
+    const std::vector<float> before = w;
+    *armed = c.edit != nullptr;
+    while (!wk->iteration_done()) {}
+    ASHL_REQUIRE(wk->commit(g).ok());
+    const auto st = wk->wait();
+    const auto tel = wk->telemetry();
+    ASHL_TEST(tel.staged_replies == (c.edit ? 3u : 4u), c.name);  // the join's pull and the good cycles
+    if (!c.edit) {
+      ASHL_TEST(st.ok(), st.message());
+      ASHL_TEST(tel.reply_parts == 16u, tel.reply_parts);
+      ASHL_TEST(std::abs(w[n - 1] - g[n - 1] * float(3 * k + 3)) <= 1e-4f * g[n - 1] * float(3 * k + 3), w[n - 1]);
+      (void)wk->leave();
+      continue;
+    }
+    ASHL_TEST(!armed->load(), c.name);
+    ASHL_TEST((st.code() == c.code), c.name << ": " << st.message());
+    ASHL_TEST(contains(st.message(), c.says), c.name << ": " << st.message());
+    ASHL_TEST(tel.bad_messages == 1u, c.name);
+    ASHL_TEST(std::memcmp(w.data(), before.data(), n * sizeof(float)) == 0, c.name << ": the caller's parameters changed");
+  }
+  stop = true;
+  server.join();
+  ASHL_TEST(parts_sent.load() == 4u * 4 * W, parts_sent.load());
+}
+
+BOOST_AUTO_TEST_CASE(a_reply_in_parts_is_checked_part_by_part_and_delivered_whole) {
+  parts_are_checked_one_by_one(256);
+  parts_are_checked_one_by_one(std::size_t{1} << 20);
+}
+
+BOOST_AUTO_TEST_CASE(a_part_size_below_4096_is_refused_by_name) {
+  auto fabric = tr::inproc_fabric::create({});
+  auto layout = ps::shard_layout::even(100, 1);
+  ps::policy_params pp;
+  pp.workers = 1;
+  auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = 1}, .reply_part_bytes = 4095},
+                                            std::move(*ps::make_policy("asp", pp)), node_of(fabric));
+  ASHL_REQUIRE(!srv.has_value());
+  ASHL_TEST(contains(srv.error().message(), "server.reply_part_bytes = 4095: must be 0 (one message) or >= 4096"),
+            srv.error().message());
 }

@@ -80,6 +80,16 @@ w::header data_header(w::message_kind k) {
   return h;
 }
 
+// Part `part` of a 10-element f32 pull_reply in 3 parts (4, 4 and 2 elements).
+w::header part_header(std::uint16_t part) {
+  w::header h = data_header(w::message_kind::pull_reply);
+  h.flags = w::flag_last_shard | w::flag_part;
+  h.element_count = 10;
+  h.part = part;
+  h.parts = 3;
+  return h;
+}
+
 bytes encode_data(const w::header& h, const bytes& payload) {
   bytes out(w::encoded_size(payload.size()));
   auto n = w::encode(h, payload, out);
@@ -141,6 +151,7 @@ std::vector<bytes> every_kind() {
   all.push_back(encode_control(w::metric_body{.name = ashl::metric_id::accuracy, .value = 0.875}));
   all.push_back(encode_control(w::error_body{.code = errc::invalid_argument, .in_reply_to = 77, .text = error_text}));
   all.push_back(encode_measurements(some_measurements()));
+  all.push_back(encode_data(part_header(2), payload_of(8, 3)));  // a pull_reply in parts (version 4): last part, 2 of 10 elements
   return all;
 }
 
@@ -180,7 +191,7 @@ BOOST_AUTO_TEST_CASE(header_layout_is_the_documented_one) {
   BOOST_TEST(u8(1) == unsigned('S'));
   BOOST_TEST(u8(2) == unsigned('H'));
   BOOST_TEST(u8(3) == unsigned('L'));
-  BOOST_TEST((u8(4) | u8(5) << 8) == 3u);   // version
+  BOOST_TEST((u8(4) | u8(5) << 8) == 4u);   // version
   BOOST_TEST((u8(6) | u8(7) << 8) == 72u);  // header bytes
   BOOST_TEST(u8(8) == 1u);                  // kind commit
   BOOST_TEST(u8(9) == 7u);                  // codec qsgd
@@ -225,7 +236,8 @@ BOOST_AUTO_TEST_CASE(control_kinds_round_trip) {
                                    w::message_kind::pull_reply, w::message_kind::join,
                                    w::message_kind::leave, w::message_kind::plan_update,
                                    w::message_kind::metric, w::message_kind::error,
-                                   w::message_kind::measurements};
+                                   w::message_kind::measurements, w::message_kind::pull_reply};
+  BOOST_TEST_REQUIRE(all.size() == std::size(kinds));
   for (std::size_t i = 0; i < all.size(); ++i) {
     auto d = dec(all[i]);
     BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().to_string()));
@@ -333,14 +345,14 @@ BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {
   expect_error(dec(bytes(commit.begin(), commit.begin() + 71)), errc::malformed, "message.size = 71");
   expect_error(dec(patched(commit, 0, std::uint32_t{0x4c485342})), errc::malformed, "header.magic = 0x4c485342");
   expect_error(dec(patched(commit, 4, std::uint16_t{1})), errc::unsupported,
-               "header.version = 1: this build reads version 3");
+               "header.version = 1: this build reads version 4");
   expect_error(dec(patched(commit, 4, std::uint16_t{2})), errc::unsupported,
-               "header.version = 2: this build reads version 3");
-  expect_error(dec(patched(commit, 4, std::uint16_t{4})), errc::unsupported, "header.version = 4");
+               "header.version = 2: this build reads version 4");
+  expect_error(dec(patched(commit, 4, std::uint16_t{5})), errc::unsupported, "header.version = 5");
   expect_error(dec(patched(commit, 6, std::uint16_t{80})), errc::malformed, "header.header_bytes = 80");
   expect_error(dec(patched(commit, 8, std::uint8_t{0})), errc::unsupported, "header.kind = 0");
   expect_error(dec(patched(commit, 8, std::uint8_t{10})), errc::unsupported,
-               "header.kind = 10: not a message kind of version 3");
+               "header.kind = 10: not a message kind of version 4");
   expect_error(dec(patched(commit, 9, std::uint8_t{11})), errc::unsupported, "header.codec = 11");
   expect_error(dec(patched(commit, 10, std::uint8_t{6})), errc::unsupported, "header.dtype = 6");
   expect_error(dec(patched(commit, 11, std::uint8_t{1})), errc::malformed, "header.reserved0 = 1");
@@ -405,6 +417,61 @@ BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {
   BOOST_TEST_REQUIRE(a.has_value());
   BOOST_TEST(a->header.element_count == 0u);
   BOOST_TEST(a->payload.empty());
+}
+
+// Version 4: a pull_reply in parts. Offset 64 holds part | parts << 16;
+// part i of n carries elements [i * per, ...) with per = ceil(count / n).
+BOOST_AUTO_TEST_CASE(reply_parts_round_trip_and_bad_parts_are_refused_by_name) {
+  static_assert(w::flag_part == 8u);
+  BOOST_TEST(w::part_elements(10, 3, 0).first == 0u);
+  BOOST_TEST(w::part_elements(10, 3, 1).first == 4u);
+  BOOST_TEST(w::part_elements(10, 3, 2).count == 2u);
+  BOOST_TEST(w::part_elements(10, 6, 5).count == 0u);  // per 2: 5 parts cover 10, a sixth is empty
+  BOOST_TEST(w::part_elements(10, 1, 0).count == 0u);
+  BOOST_TEST(w::parts_for(10, 4, 16) == 3u);            // 4 elements a part
+  BOOST_TEST(w::parts_for(10, 4, 40) == 0u);            // one part: not in parts
+  BOOST_TEST(w::parts_for(10, 4, 0) == 0u);             // off
+  BOOST_TEST(w::parts_for(std::uint64_t{1} << 30, 4, 4096) == 65533u);  // capped at max_parts: parts grow to 16385 elements
+  BOOST_TEST(w::parts_for(1000, 4, 4 * 166) == 7u);     // per 143 after the cap rule: 7 parts, none empty
+  for (std::uint16_t i = 0; i < 3; ++i) {
+    const auto m = encode_data(part_header(i), payload_of(i == 2 ? 8 : 16, 1));
+    std::uint32_t at64 = 0;
+    std::memcpy(&at64, m.data() + 64, 4);
+    BOOST_TEST(at64 == (i | (3u << 16)));
+    auto d = dec(m);
+    BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().to_string()));
+    BOOST_TEST((d->header == part_header(i)));
+    const auto pk = w::peek_part(std::span<const std::byte>(m).first(w::header_bytes));
+    BOOST_TEST(pk.valid());
+    BOOST_TEST(pk.part == i);
+    BOOST_TEST(pk.parts == 3u);
+    BOOST_TEST(pk.element_count == 10u);
+  }
+  BOOST_TEST(!w::peek_part(std::span<const std::byte>(every_kind()[2]).first(w::header_bytes)).valid());
+  const auto last = encode_data(part_header(2), payload_of(8, 1));
+  expect_error(dec(patched(last, 64, std::uint32_t{3 | (3u << 16)})), errc::malformed, "header.part = 3: must be < parts = 3");
+  expect_error(dec(patched(last, 64, std::uint32_t{0 | (1u << 16)})), errc::malformed, "header.parts = 1: must be >= 2");
+  expect_error(dec(patched(last, 64, std::uint32_t{0})), errc::malformed, "header.parts = 0: must be >= 2");
+  expect_error(dec(patched(last, 64, std::uint32_t{0 | (11u << 16)})), errc::malformed,
+               "header.parts = 11: must be >= 2 and <= element_count = 10");
+  expect_error(dec(patched(last, 64, std::uint32_t{0 | (6u << 16)})), errc::malformed,
+               "header.parts = 6: leaves an empty part of 10 elements");
+  expect_error(dec(patched(last, 64, std::uint32_t{1 | (3u << 16)})), errc::malformed,
+               "header.payload_bytes = 8: part 1 of 3 holds 4 elements");
+  expect_error(dec(patched(last, 9, std::uint8_t(ashl::codec_id::topk))), errc::malformed, "header.codec = \"topk\": a reply in parts is dense");
+  // The flag on another kind, and offset 64 without it.
+  const auto commit = encode_data(data_header(w::message_kind::commit), payload_of(8, 4));
+  expect_error(dec(patched(commit, 12, w::flag_part | w::flag_last_shard)), errc::malformed, "header.flags = 0x00000009: part is only for pull_reply");
+  const auto reply = encode_data(data_header(w::message_kind::pull_reply), payload_of(8, 4));
+  expect_error(dec(patched(reply, 64, std::uint32_t{3u << 16})), errc::malformed, "header.samples = 196608");
+  // The encoder refuses what the decoder would.
+  w::header bad = part_header(0);
+  bad.parts = 1;
+  std::array<std::byte, w::header_bytes> head{};
+  expect_error(w::seal_header(bad, payload_of(16, 1), head), errc::malformed, "header.parts = 1");
+  bad = data_header(w::message_kind::pull_reply);
+  bad.parts = 3;
+  expect_error(w::seal_header(bad, payload_of(16, 1), head), errc::malformed, "header.parts = 3: part and parts are 0 without the part flag");
 }
 
 BOOST_AUTO_TEST_CASE(control_failures_name_field_and_value) {
@@ -616,7 +683,7 @@ BOOST_AUTO_TEST_CASE(documented_id_values_are_pinned) {
                 static_cast<int>(k::metric) == 7 && static_cast<int>(k::error) == 8 &&
                 static_cast<int>(k::measurements) == 9);
   static_assert(w::message_kind_first == 1 && w::message_kind_last == 9);
-  static_assert(w::version == 3 && w::header_bytes == 72 && w::crc_offset == 68 && w::magic == 0x4C485341u);
+  static_assert(w::version == 4 && w::header_bytes == 72 && w::crc_offset == 68 && w::magic == 0x4C485341u);
   using lr = w::leave_reason;
   static_assert(static_cast<int>(lr::left) == 0 && static_cast<int>(lr::evicted_timeout) == 1 &&
                 static_cast<int>(lr::evicted_failure) == 2 && static_cast<int>(lr::evicted_policy) == 3 &&

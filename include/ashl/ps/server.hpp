@@ -130,6 +130,14 @@ struct server_params {
   // that would pin one more is refused. 0: 2 × workers + 2 (a worker has one
   // reply in flight at a time).
   std::uint32_t max_snapshots = 0;
+  // A dense pull reply larger than this goes out in parts of about this many
+  // bytes (wire flag `part`, docs/wire-format.md), each checksummed on its
+  // own and sent as soon as its CRC is known, so the worker receives and
+  // checks part i while the server checksums part i + 1, and UCX's
+  // rendezvous handshakes of the parts overlap. The parts' CRCs are
+  // computed once per version. 0: one message (the default; see
+  // docs/perf/ps-ucx.md "Chunked pipelining"); otherwise >= 4096.
+  std::uint64_t reply_part_bytes = 0;
   // A join whose incarnation is ahead of incarnation_now() (ps/incarnation.hpp:
   // nanoseconds since the Unix epoch, a time-based incarnation now) by more than
   // this is refused, so a rank cannot be taken with an incarnation no
@@ -204,6 +212,8 @@ struct server_telemetry {
   std::uint64_t bytes_in = 0, bytes_out = 0;  // header + data, this server's messages
   std::uint64_t pull_replies = 0, plans = 0, errors_sent = 0;
   std::uint64_t acks = 0;                   // of the pull replies, header-only acknowledgements of pushes
+  std::uint64_t reply_parts = 0;            // messages of pull replies sent in parts (server_params.reply_part_bytes)
+  std::uint64_t part_crc_passes = 0;        // versions whose parts were checksummed (once per version)
   std::uint64_t worker_errors = 0;          // error messages workers sent us
   std::uint64_t snapshots = 0;              // versions pulled (each pinned by its replies, checksummed once)
   std::uint64_t applied_beside = 0;         // dense applies made beside a version replies still read
@@ -245,6 +255,8 @@ struct server_telemetry {
         field{"bytes_out", &server_telemetry::bytes_out},
         field{"pull_replies", &server_telemetry::pull_replies},
         field{"acks", &server_telemetry::acks},
+        field{"reply_parts", &server_telemetry::reply_parts},
+        field{"part_crc_passes", &server_telemetry::part_crc_passes},
         field{"plans", &server_telemetry::plans},
         field{"errors_sent", &server_telemetry::errors_sent},
         field{"worker_errors", &server_telemetry::worker_errors},
@@ -327,6 +339,8 @@ class server {
       p.max_receive_bytes = one > ~std::uint64_t{0} / k ? ~std::uint64_t{0} : k * one;
     }
     if (p.max_snapshots == 0) p.max_snapshots = 2 * std::max<std::uint32_t>(p.core.workers, 1) + 2;
+    if (p.reply_part_bytes != 0 && p.reply_part_bytes < 4096)
+      return invalid_argument("server.reply_part_bytes", p.reply_part_bytes, "must be 0 (one message) or >= 4096");
     if (p.no_worker_grace.count() <= 0)
       return invalid_argument("server.no_worker_grace_ms", p.no_worker_grace.count(), "must be > 0");
     if (p.policy.size() > max_policy_name)
@@ -1125,6 +1139,10 @@ class server {
     }
     const auto pv = core_.pin_parameters();
     if (pv.first) ++tel_.snapshots;
+    if (const std::uint32_t parts = wire::parts_for(pv.values.size(), sizeof(float), p_.reply_part_bytes); parts >= 2) {
+      send_parameters_in_parts(p, w, pv, parts);
+      return;
+    }
     const std::uint32_t i = take_slot();
     send_slot& s = slots_[i];
     const auto payload = std::as_bytes(pv.values);
@@ -1144,6 +1162,55 @@ class server {
     s.pinned = true;
     s.version = pv.version;
     send(p, i, s.head, payload);
+    ++tel_.pull_replies;
+  }
+
+  // A reply in parts (server_params.reply_part_bytes): part j is sent as
+  // soon as its CRC is known, so its transfer runs while the next part is
+  // checksummed; the CRCs are kept for the version's later replies. Each
+  // part's send pins the version (the first part's pin is pv's).
+  void send_parameters_in_parts(transport::peer_id p, worker_id w, const typename core_type::pinned_parameters& pv,
+                                std::uint32_t parts) {
+    if (part_version_ != pv.version || part_data_ != pv.values.data() || part_count_ != parts || part_whole_crc_ != pv.crc) {
+      part_version_ = pv.version;
+      part_whole_crc_ = pv.crc;  // the whole version's CRC as well: any change of its values changes the key
+      part_data_ = pv.values.data();
+      part_count_ = parts;
+      part_done_ = 0;
+      if (part_crc_.size() < parts) part_crc_.resize(parts);  // grows once: the model's size does not change
+      ++tel_.part_crc_passes;
+    }
+    const std::uint64_t step = core_.serve_staleness(w);
+    for (std::uint32_t j = 0; j < parts; ++j) {
+      const wire::part_range pr = wire::part_elements(pv.values.size(), parts, j);
+      const auto payload = std::as_bytes(pv.values.subspan(pr.first, pr.count));
+      if (j >= part_done_) {
+        part_crc_[j] = wire::crc32c(payload);
+        part_done_ = j + 1;
+      }
+      if (j > 0) (void)core_.pin_parameters();  // the same version: nothing applies between the parts
+      const std::uint32_t i = take_slot();
+      send_slot& s = slots_[i];
+      wire::header h{.kind = wire::message_kind::pull_reply,
+                     .codec = codec_id::identity,
+                     .type = dtype::f32,
+                     .flags = wire::flag_last_shard | wire::flag_part,
+                     .element_count = pv.values.size(),
+                     .tensor = p_.core.shard,
+                     .rank = w,
+                     .sequence = pv.version,
+                     .clock = pv.version,
+                     .step = step,
+                     .part = static_cast<std::uint16_t>(j),
+                     .parts = static_cast<std::uint16_t>(parts)};
+      const status st = wire::seal_header(h, payload.size(), part_crc_[j], s.head, p_.core.limits);
+      ASHL_ASSERT(st.ok(), "server: a pull reply part the wire refuses");
+      (void)st;
+      s.pinned = true;
+      s.version = pv.version;
+      send(p, i, s.head, payload);
+      ++tel_.reply_parts;
+    }
     ++tel_.pull_replies;
   }
 
@@ -1268,6 +1335,12 @@ class server {
   server_end end_ = server_end::running;
   std::uint64_t plan_sequence_ = 0;
   double next_progress_ = 0.0;
+  // server_params.reply_part_bytes: the parts' CRCs of one version (the
+  // last one replied in parts), the first part_done_ of part_count_ known.
+  std::vector<std::uint32_t> part_crc_;
+  std::uint64_t part_version_ = ~std::uint64_t{0};
+  const float* part_data_ = nullptr;
+  std::uint32_t part_count_ = 0, part_done_ = 0, part_whole_crc_ = 0;
   // Last: destroyed first, so the sends and receives its close still
   // progresses never touch pinned parameter versions (in core_), bodies or receive buffers gone before it.
   Transport t_;

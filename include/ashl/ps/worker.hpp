@@ -195,6 +195,7 @@ struct worker_telemetry {
   std::uint64_t copied_replies = 0;   // pull replies delivered eagerly (copied once from the transport's buffer)
   std::uint64_t staged_replies = 0;   // pulls delivered to the caller's buffer once every reply was checked (stage_replies)
   std::uint64_t bad_messages = 0;     // messages from servers refused (checksum, size, shape): the wait failed
+  std::uint64_t reply_parts = 0;      // parts of pull replies received and checked (server_params.reply_part_bytes)
   std::uint64_t reconnects = 0;       // connections to a server made again (worker_params.reconnect)
   std::uint64_t measurement_messages = 0;  // measurements messages sent (to each server; measurement_interval)
   double wait_seconds = 0.0;          // inside wait()
@@ -218,6 +219,7 @@ struct worker_telemetry {
         field{"copied_replies", &worker_telemetry::copied_replies},
         field{"staged_replies", &worker_telemetry::staged_replies},
         field{"bad_messages", &worker_telemetry::bad_messages},
+        field{"reply_parts", &worker_telemetry::reply_parts},
         field{"reconnects", &worker_telemetry::reconnects},
         field{"measurement_messages", &worker_telemetry::measurement_messages},
         field{"wait_seconds", &worker_telemetry::wait_seconds},
@@ -450,6 +452,13 @@ class worker {
     // are copied into params (the model's size; not zeroed: every element is
     // written by a reply before it is read).
     std::unique_ptr<float[]> staged;
+    // Per shard: the reply in parts being received (wire flag `part`): the
+    // next part expected, how many, and the version they are of.
+    struct reply_parts_state {
+      std::uint32_t next = 0, parts = 0;
+      std::uint64_t clock = 0;
+    };
+    std::vector<reply_parts_state> parts_in;
     std::vector<slot> slots;
     std::vector<std::uint32_t> free_slots;
     std::vector<ashl::measurement> reported;  // the last cycle's (reported_measurements)
@@ -492,6 +501,7 @@ class worker {
       peer.assign(S, transport::no_peer);
       connected.assign(S, 0);
       replied.assign(S, 0);
+      parts_in.assign(S, {});
       arrived.assign(S, 0);
       lost.assign(S, 0);
       lost_until.assign(S, 0.0);
@@ -717,6 +727,7 @@ class worker {
       else ++tel.pulls;
       committing = true;
       std::fill(replied.begin(), replied.end(), std::uint8_t{0});
+      std::fill(parts_in.begin(), parts_in.end(), reply_parts_state{});
       replies_pending = servers();
       reply_bytes = 0;
       return {};
@@ -752,6 +763,7 @@ class worker {
       last_seq = seq;
       for (std::uint32_t s = 0; s < servers(); ++s) {
         replied[s] = 0;
+        parts_in[s] = {};
         ++replies_pending;
         ASHL_TRY(send_pull(s));
       }
@@ -1011,6 +1023,20 @@ class worker {
         note_reply_started();  // the data follows: it is the transfer
         return std::as_writable_bytes(reply_target(r));
       }
+      // A part of a reply (wire flag `part`) goes where its header says,
+      // read before any check: a header that lies lands the part elsewhere
+      // in the staging buffer, its CRC fails in on_message, and so does the
+      // pull (nothing staged reaches the parameters).
+      if (kind == wire::message_kind::pull_reply && replies_pending != 0 && !replied[s]) {
+        const wire::peeked_part pp = wire::peek_part(head);
+        if (pp.valid() && pp.element_count == r.size()) {
+          const wire::part_range pr = wire::part_elements(r.size(), pp.parts, pp.part);
+          if (pr.count != 0 && n == pr.count * sizeof(float)) {
+            note_reply_started();
+            return std::as_writable_bytes(reply_target(r).subspan(pr.first, pr.count));
+          }
+        }
+      }
       // Anything else (an error text, a reply of the wrong size) goes to a
       // buffer of the worker's, bounded by the largest reply it can expect.
       if (n > 8 * r.size() + 65536) return {};
@@ -1045,6 +1071,10 @@ class worker {
             return;
           }
           note_reply_started();
+          if ((h.flags & wire::flag_part) != 0) {
+            on_reply_part(s, r, *m, head.size() + data.size());
+            return;
+          }
           if (h.codec != codec_id::identity || h.type != dtype::f32 || h.element_count != r.size() ||
               h.tensor != s) {
             ++tel.bad_messages;
@@ -1098,6 +1128,42 @@ class worker {
         default:
           return;
       }
+    }
+
+    // One part of server s's reply, checked by decode (its own CRC, its
+    // size for its index): it must be the next one of the same split and
+    // version; the shard counts as replied when its last part passed.
+    void on_reply_part(std::uint32_t s, const key_range& r, const wire::message_view& m, std::size_t bytes) {
+      if (!failed.ok()) return;  // the pull failed (an earlier part, most likely): the rest of it is moot
+      const wire::header& h = m.header;
+      reply_parts_state& ps = parts_in[s];
+      auto refuse = [&](std::string_view field, std::uint64_t value, const std::string& why) {
+        ++tel.bad_messages;
+        fail(make_error(errc::malformed, field, value, "from " + server_name(s) + ": " + why));
+      };
+      if (h.type != dtype::f32 || h.element_count != r.size() || h.tensor != s)
+        return refuse("pull_reply.element_count", h.element_count,
+                      "expected " + std::to_string(r.size()) + " f32 elements of shard " + std::to_string(s));
+      if (ps.parts != 0 && h.parts != ps.parts)
+        return refuse("pull_reply.parts", h.parts, "earlier parts of this reply said " + std::to_string(ps.parts));
+      if (h.part != ps.next)
+        return refuse("pull_reply.part", h.part,
+                      "expected part " + std::to_string(ps.next) + " of " + std::to_string(h.parts) +
+                          " (a part out of order or repeated)");
+      if (ps.parts != 0 && h.clock != ps.clock)
+        return refuse("pull_reply.clock", h.clock, "earlier parts of this reply are of version " + std::to_string(ps.clock));
+      const wire::part_range pr = wire::part_elements(r.size(), h.parts, h.part);  // valid: decode checked it
+      auto dst = std::as_writable_bytes(reply_target(r).subspan(pr.first, pr.count));
+      if (m.payload.data() != dst.data()) std::memmove(dst.data(), m.payload.data(), dst.size());  // eager: from the transport's buffer
+      ps.parts = h.parts;
+      ps.clock = h.clock;
+      ++ps.next;
+      ++tel.reply_parts;
+      reply_bytes += bytes;
+      if (ps.next < ps.parts) return;
+      replied[s] = 2;
+      if (s == 0) staleness = h.step;
+      if (--replies_pending == 0) deliver_replies(~std::uint32_t{0});
     }
 
     void on_sent(transport::peer_id pid, std::uint64_t cookie, const status& st) {
@@ -1188,6 +1254,7 @@ class worker {
       wire::header h{.kind = wire::message_kind::join, .rank = p.rank};
       if (auto st = send_control(s, h, wire::join_body{.incarnation = p.incarnation, .batch = p.batch, .job = p.job}); !st) return;
       if (!committing || replied[s]) return;
+      parts_in[s] = {};  // the server answers the re-sent request whole: parts of the lost connection's reply do not count
       if (last_was_commit) (void)send_commit_shard(s);
       else (void)send_pull(s);
     }

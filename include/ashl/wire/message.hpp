@@ -60,8 +60,10 @@ inline constexpr std::uint32_t magic = 0x4C485341u;
 // job id (20 bytes), and a commit's header carries the samples its update
 // covers (the u32 at offset 64, reserved before; 0 in every other kind), so
 // the server no longer rebuilds them from header.step. An older peer is
-// refused by version.
-inline constexpr std::uint16_t version = 3;
+// refused by version. Version 4: a pull_reply may come in parts (flag
+// `part`; the u32 at offset 64 then holds the part's index and the count of
+// parts, see part_elements), each part checksummed on its own.
+inline constexpr std::uint16_t version = 4;
 inline constexpr std::size_t header_bytes = 72;
 // The CRC field sits at the end of the header and covers everything before it
 // plus the payload.
@@ -103,7 +105,39 @@ constexpr bool is_control(message_kind k) noexcept { return static_cast<std::uin
 inline constexpr std::uint32_t flag_last_shard = 1u << 0;     // commit, pull_reply: final shard of the tensor
 inline constexpr std::uint32_t flag_ack_requested = 1u << 1;  // any kind: the sender wants an acknowledgement
 inline constexpr std::uint32_t flag_pull = 1u << 2;           // commit: a pull rides with it (no pull_request follows)
-inline constexpr std::uint32_t flags_known = flag_last_shard | flag_ack_requested | flag_pull;
+inline constexpr std::uint32_t flag_part = 1u << 3;           // pull_reply: one part of a reply sent in parts (version 4)
+inline constexpr std::uint32_t flags_known = flag_last_shard | flag_ack_requested | flag_pull | flag_part;
+
+// A message in parts (flag_part): part `part` of `parts` (2 <= parts <=
+// max_parts, part < parts) carries elements [first, first + count) of the
+// element_count the header names, with first = part * per and per =
+// ceil(element_count / parts); every part holds at least one element
+// (parts = ceil(element_count / per)). Offset 64 holds part | parts << 16.
+inline constexpr std::uint32_t max_parts = 0xffffu;
+struct part_range {
+  std::uint64_t first = 0, count = 0;
+};
+// The elements of part `part`, or count 0 when (element_count, parts, part)
+// is not a valid split.
+constexpr part_range part_elements(std::uint64_t element_count, std::uint32_t parts, std::uint32_t part) noexcept {
+  if (parts < 2 || parts > max_parts || part >= parts || element_count < parts) return {};
+  const std::uint64_t per = (element_count + parts - 1) / parts;
+  if ((element_count + per - 1) / per != parts) return {};
+  const std::uint64_t first = std::uint64_t{part} * per;
+  return {first, std::min(per, element_count - first)};
+}
+// The number of parts a payload of element_count elements of elem_bytes
+// bytes is sent in for a part size of about part_bytes (0: one message):
+// 0 or 1 means not in parts.
+constexpr std::uint32_t parts_for(std::uint64_t element_count, std::size_t elem_bytes, std::uint64_t part_bytes) noexcept {
+  if (part_bytes == 0 || elem_bytes == 0 || element_count < 2) return 0;
+  const std::uint64_t per_wanted = std::max<std::uint64_t>(1, part_bytes / elem_bytes);
+  std::uint64_t parts = (element_count + per_wanted - 1) / per_wanted;
+  if (parts < 2) return 0;
+  parts = std::min<std::uint64_t>(parts, max_parts);
+  const std::uint64_t per = (element_count + parts - 1) / parts;
+  return static_cast<std::uint32_t>((element_count + per - 1) / per);
+}
 
 // What a receiver accepts. A server sets these from its tensors' sizes.
 struct limits {
@@ -126,6 +160,8 @@ struct header {
   std::uint64_t clock = 0;   // sender's logical clock (worker iteration / server version)
   std::uint64_t step = 0;    // training step; with seed and tensor it selects the Philox stream
   std::uint32_t samples = 0; // commit: the samples its update covers (iterations x batch); 0 in other kinds
+  std::uint16_t part = 0;     // flag_part: this part's index, and
+  std::uint16_t parts = 0;    // the number of parts (0 and 0 without the flag; offset 64 as samples is)
   friend constexpr bool operator==(const header&, const header&) = default;
 };
 
@@ -335,6 +371,28 @@ inline status check_header(const header& h, std::uint64_t payload_bytes, const l
     return make_error(errc::malformed, "header.flags", hex32{h.flags}, "pull is only for commit");
   if (h.samples != 0 && h.kind != message_kind::commit)
     return make_error(errc::malformed, "header.samples", h.samples, "only a commit covers samples (must be 0)");
+  if ((h.flags & flag_part) == 0) {
+    if (h.part != 0 || h.parts != 0)
+      return make_error(errc::malformed, "header.parts", h.parts, "part and parts are 0 without the part flag");
+  } else {
+    if (h.kind != message_kind::pull_reply)
+      return make_error(errc::malformed, "header.flags", hex32{h.flags}, "part is only for pull_reply");
+    if (h.codec != codec_id::identity)
+      return make_error(errc::malformed, "header.codec", to_string(h.codec), "a reply in parts is dense (identity)");
+    if (h.parts < 2 || h.parts > h.element_count)
+      return make_error(errc::malformed, "header.parts", h.parts,
+                        "must be >= 2 and <= element_count = " + std::to_string(h.element_count));
+    if (h.part >= h.parts)
+      return make_error(errc::malformed, "header.part", h.part, "must be < parts = " + std::to_string(h.parts));
+    const part_range pr = part_elements(h.element_count, h.parts, h.part);
+    if (pr.count == 0)
+      return make_error(errc::malformed, "header.parts", h.parts,
+                        "leaves an empty part of " + std::to_string(h.element_count) + " elements");
+    if (payload_bytes != pr.count * size_of(h.type))
+      return make_error(errc::malformed, "header.payload_bytes", payload_bytes,
+                        "part " + std::to_string(h.part) + " of " + std::to_string(h.parts) + " holds " +
+                            std::to_string(pr.count) + " elements");
+  }
   if (!is_control(h.kind) || h.kind == message_kind::plan_update) {
     if (!is_data_dtype(h.kind, h.type))
       return make_error(errc::malformed, "header.dtype", to_string(h.type),
@@ -559,7 +617,10 @@ inline void put_header(byte_writer& w, const header& h, std::uint64_t payload_by
   w.put(h.clock);
   w.put(h.step);
   w.put(payload_bytes);
-  w.put(h.samples);
+  if ((h.flags & flag_part) != 0 && h.kind != message_kind::commit)
+    w.put(static_cast<std::uint32_t>(h.part | (std::uint32_t{h.parts} << 16)));
+  else
+    w.put(h.samples);
 }
 }  // namespace detail
 
@@ -705,6 +766,34 @@ inline status seal_header(const header& h, std::size_t payload_bytes, std::uint3
   return {};
 }
 
+// The part a data message's header says it is, read before anything is
+// checked: where a receiver places the part's bytes (ps::worker's staging
+// buffer). Worth nothing until decode accepted the message; {} when the
+// header is not a part of a pull_reply of this version.
+struct peeked_part {
+  std::uint64_t element_count = 0;
+  std::uint32_t part = 0, parts = 0;
+  [[nodiscard]] bool valid() const noexcept { return parts != 0; }
+};
+inline peeked_part peek_part(std::span<const std::byte> head) noexcept {
+  if (head.size() != header_bytes) return {};
+  byte_reader r(head);
+  std::uint32_t m = 0, flags = 0, pp = 0;
+  std::uint16_t v = 0;
+  std::uint64_t n = 0;
+  (void)r.get(m, "");
+  (void)r.get(v, "");
+  if (m != magic || v != version || std::to_integer<std::uint8_t>(head[8]) != static_cast<std::uint8_t>(message_kind::pull_reply))
+    return {};
+  byte_reader f(head.subspan(12));
+  (void)f.get(flags, "");
+  (void)f.get(n, "");
+  if ((flags & flag_part) == 0) return {};
+  byte_reader q(head.subspan(64));
+  (void)q.get(pp, "");
+  return {n, pp & 0xffffu, pp >> 16};
+}
+
 // Re-encodes a decoded message (the fuzz target's round trip).
 inline result<std::size_t> encode(const message_view& m, std::span<std::byte> out, const limits& lim = {}) {
   return std::visit(
@@ -779,6 +868,11 @@ inline result<message_view> decode(std::span<const std::byte> head, std::span<co
   h.codec = static_cast<codec_id>(codec);
   h.type = static_cast<dtype>(type);
   h.flags = flags;
+  if ((flags & flag_part) != 0 && h.kind != message_kind::commit) {  // offset 64: part | parts << 16
+    h.part = static_cast<std::uint16_t>(h.samples & 0xffffu);
+    h.parts = static_cast<std::uint16_t>(h.samples >> 16);
+    h.samples = 0;
+  }
   std::uint32_t want_crc = crc32c(head.first(crc_offset));
   for (std::size_t at = 0; at < payload.size(); at += decode_chunk_bytes) {
     const auto chunk = payload.subspan(at, std::min(decode_chunk_bytes, payload.size() - at));
