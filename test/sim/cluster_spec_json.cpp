@@ -96,6 +96,10 @@ BOOST_AUTO_TEST_CASE(units_and_defaults_are_converted) {
   BOOST_TEST(r->workers[1].compress_seconds == 0.001);
   BOOST_TEST(r->workers[0].batch == 64u);
   BOOST_TEST(r->header_bytes == 72u);
+  BOOST_TEST(r->reply_part_bytes == 0u);
+  auto parts = parse_cluster_spec(R"({"reply_part_bytes": 65536, "workers": [{}]})");
+  BOOST_REQUIRE_MESSAGE(parts.has_value(), (parts ? std::string() : parts.error().message()));
+  BOOST_TEST(parts->reply_part_bytes == 65536u);
   BOOST_TEST(!r->workers[0].push);
   auto p = parse_cluster_spec(R"({"workers": [{"count": 2, "push": true}, {}]})");
   BOOST_REQUIRE_MESSAGE(p.has_value(), (p ? std::string() : p.error().message()));

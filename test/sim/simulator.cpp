@@ -925,3 +925,24 @@ BOOST_AUTO_TEST_CASE(a_pushing_worker_gets_acknowledgements_not_parameters) {
     }
   }
 }
+
+// Issue 28, item 1: a dense reply above reply_part_bytes goes in parts, a
+// wire header each (ps::server's rule, wire::parts_for); the commit is one
+// message. 1,000,000 bytes in parts of 262,144: 4 parts (250,000 bytes each).
+BOOST_AUTO_TEST_CASE(a_reply_in_parts_carries_a_header_per_part) {
+  for (const std::uint64_t part_bytes : {std::uint64_t{0}, std::uint64_t{262144}}) {
+    BOOST_TEST_CONTEXT("reply_part_bytes " << part_bytes) {
+      auto spec = cluster({worker(0.01, 8)}, 1'000'000, 72);
+      spec.reply_part_bytes = part_bytes;
+      auto s = make(spec, policy("asp", 1));
+      auto r = s.run({.commits_per_worker = 3, .reports = {.interval = 0.0}});
+      const std::uint64_t headers = part_bytes == 0 ? 1 : 4;
+      BOOST_TEST(r.workers[0].bytes_received == 2u * (1'000'000u + headers * 72u));
+      BOOST_TEST(r.workers[0].bytes_sent == 3u * 1'000'072u);
+    }
+  }
+  auto bad = cluster({worker(0.01, 8)}, 1'000'000, 72);
+  bad.reply_part_bytes = 4095;
+  const auto st = sim::validate(bad);
+  BOOST_TEST(st.message().find("reply_part_bytes = 4095: must be 0 (one message) or >= 4096") != std::string::npos, st.message());
+}

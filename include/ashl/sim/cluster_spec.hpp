@@ -97,6 +97,9 @@ struct cluster_spec {
   double reference_compress_seconds = 0.0;  // the reference worker's time to compress one dense update
   std::uint64_t model_bytes = 0;        // dense parameters, the size of a pull and of an uncompressed commit
   std::uint64_t header_bytes = 72;      // per message (wire header)
+  // ps::server_params::reply_part_bytes: a dense reply above it goes as
+  // wire::parts_for(...) messages, a header each (0: one message).
+  std::uint64_t reply_part_bytes = 0;
   double failure_timeout_s = 0.0;       // from a worker's death to its eviction
   std::uint64_t seed = 1;               // jitter streams
   std::vector<server_spec> servers{server_spec{}};
@@ -130,6 +133,8 @@ inline status validate(const cluster_spec& s) {
   if (s.reference_batch == 0) return invalid_argument("reference.batch", 0, "must be >= 1");
   ASHL_TRY(nonneg("reference.compress_seconds", s.reference_compress_seconds));
   ASHL_TRY(nonneg("failure_timeout_s", s.failure_timeout_s));
+  if (s.reply_part_bytes != 0 && s.reply_part_bytes < 4096)
+    return invalid_argument("reply_part_bytes", s.reply_part_bytes, "must be 0 (one message) or >= 4096");
   if (s.servers.empty()) return invalid_argument("servers.size", 0, "must be >= 1");
   if (s.workers.empty()) return invalid_argument("workers.size", 0, "must be >= 1");
   for (std::size_t i = 0; i < s.servers.size(); ++i) {

@@ -60,6 +60,7 @@
 #include <ashl/sync/concepts.hpp>
 #include <ashl/sync/events.hpp>
 #include <ashl/wire/ids.hpp>
+#include <ashl/wire/message.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -664,7 +665,9 @@ class simulator {
     const bool ack = acked(w);
     if (hooks_.serve && !ack) hooks_.serve(w, k, cores_[k].parameters());
     const std::uint64_t payload = ack ? 0 : reply_bytes(k);
-    const std::uint64_t bytes = payload + spec_.header_bytes;
+    // A reply in parts (ps::server_params::reply_part_bytes) carries a header per part.
+    const std::uint64_t parts = std::max<std::uint64_t>(1, wire::parts_for(payload / 4, 4, spec_.reply_part_bytes));
+    const std::uint64_t bytes = payload + parts * spec_.header_bytes;
     wk.down_bytes += bytes;
     wk.down_payload += payload;
     r_.workers[w].bytes_received += bytes;
