@@ -9,6 +9,7 @@
 //   ashl_bench_ps_ucx --spin-us 0           # ucx_params.spin: poll this long before sleeping (default: the library's)
 //   ashl_bench_ps_ucx --no-pin              # leave placement to the scheduler (for comparison)
 //   ashl_bench_ps_ucx --in-place-replies    # worker_params.stage_replies = false (replies unchecked in the caller's buffer)
+//   ashl_bench_ps_ucx --chunk-kib 256       # server_params.reply_part_bytes = 256 KiB (replies in parts; 0: whole)
 //
 // Every case forks its own processes from a parent that never creates a UCX
 // object: one ps::server (ASP, model deltas, one shard holding the whole
@@ -149,6 +150,7 @@ struct options {
   std::string perftest = "/usr/bin/ucx_perftest";
   int fan_workers = 8;
   bool stage_replies = true;  // worker_params.stage_replies (--in-place-replies: false)
+  std::uint64_t chunk_kib = 0;  // server_params.reply_part_bytes / 1024 (--chunk-kib; 0: replies whole)
 };
 
 const char* tls_of(const std::string& transport) { return transport == "shm" ? "sm,self,tcp" : "tcp,self"; }
@@ -327,7 +329,8 @@ int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_f
   ps::server_params sp{.core = {.layout = *layout,
                                 .shard = 0,
                                 .workers = static_cast<std::uint32_t>(c.workers),
-                                .optimizer = {.mode = ps::optimizer_params::kind::model_delta}}};
+                                .optimizer = {.mode = ps::optimizer_params::kind::model_delta}},
+                         .reply_part_bytes = o.chunk_kib * 1024};
   auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
   if (!srv) return set_error(sh, "server: " + srv.error().message()), 1;
   const std::string addr = srv->transport().listen_address() + "\n";
@@ -652,6 +655,7 @@ int main(int argc, char** argv) {
       o.poll = v == "poll";
     } else if (a == "--no-pin") o.pin = false;
     else if (a == "--in-place-replies") o.stage_replies = false;
+    else if (a == "--chunk-kib") o.chunk_kib = std::strtoull(next().c_str(), nullptr, 10);
     else if (a == "--describe") o.describe = true;
     else if (a == "--no-baseline") o.baseline = false;
     else if (a == "--spin-us") o.spin_us = std::atol(next().c_str());
@@ -665,7 +669,7 @@ int main(int argc, char** argv) {
                    "usage: ashl_bench_ps_ucx [--quick] [--reps N] [--json-only] [--progress wait|poll] [--no-pin]\n"
                    "         [--transports shm,tcp] [--ops pull,commit,round_trip,fan_in,fan_in_push] [--sizes 4K,1M,...]\n"
                    "         [--perftest PATH] [--fan-workers N] [--describe] [--no-baseline] [--spin-us N]\n"
-                   "         [--in-place-replies]\n");
+                   "         [--in-place-replies] [--chunk-kib N]\n");
       return 2;
     }
   }
@@ -839,9 +843,10 @@ int main(int argc, char** argv) {
 
   const std::string load = load_before + " -> " + loadavg();
   if (!o.json_only) {
-    std::printf("ps_ucx on %s (%d CPUs), %s, progress %s, replies %s, median of %d; ratio = gbps / baseline_gbps "
+    std::printf("ps_ucx on %s (%d CPUs), %s, progress %s, replies %s, reply parts %llu KiB, median of %d; ratio = gbps / baseline_gbps "
                 "(round_trip: usec / baseline_usec)\n\n",
-                mach.c_str(), cpus(), date.c_str(), progress, o.stage_replies ? "staged" : "in_place", o.reps);
+                mach.c_str(), cpus(), date.c_str(), progress, o.stage_replies ? "staged" : "in_place",
+                static_cast<unsigned long long>(o.chunk_kib), o.reps);
     std::printf("load average %s; UCX env: %s\n\n", load.c_str(), ucx_env.empty() ? "(none)" : ucx_env.c_str());
     std::printf("%-10s %-4s %8s %10s %10s %-10s %10s %10s %7s %7s %4s %10s  %s | %s | %s\n", "op", "tl", "bytes", "GB/s",
                 "usec", "baseline", "base GB/s", "base usec", "ratio", "goal", "met", "-e GB/s|us", "ashl lanes",
@@ -863,7 +868,7 @@ int main(int argc, char** argv) {
         "{\"bench\":\"ps_ucx\",\"op\":\"%s\",\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
         "\"usec\":%s,\"baseline\":\"%s\",\"baseline_gbps\":%s,\"baseline_usec\":%s,\"ratio\":%s,\"goal\":\"%s\","
         "\"met\":%s,\"ref_tag_gbps\":%s,\"ref_tag_usec\":%s,\"ref_eh_gbps\":%s,\"ref_eh_usec\":%s,\"ref_eh_lanes\":\"%s\",\"%s\":%s,\"server_idle\":%s,\"lanes\":\"%s\","
-        "\"baseline_lanes\":\"%s\",\"progress\":\"%s\",\"replies\":\"%s\",\"placement\":\"%s\",\"reps\":%d,\"iters\":%d,"
+        "\"baseline_lanes\":\"%s\",\"progress\":\"%s\",\"replies\":\"%s\",\"chunk_kib\":%llu,\"placement\":\"%s\",\"reps\":%d,\"iters\":%d,"
         "\"machine\":\"%s\",\"date\":\"%s\",\"ucx_env\":\"%s\",\"load\":\"%s\","
         "\"error\":\"%s\"}\n",
         r.op.c_str(), r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
@@ -872,7 +877,7 @@ int main(int argc, char** argv) {
         num(r.ref_tag_usec, 2).c_str(), num(r.ref_eh_gbps).c_str(), num(r.ref_eh_usec, 2).c_str(),
         json_escape(r.ref_eh_lanes).c_str(), r.op.rfind("fan_in", 0) == 0 ? "moved_gbps" : "commit_oneway_gbps", num(r.extra).c_str(),
         num(r.server_idle, 3).c_str(), json_escape(r.lanes).c_str(), json_escape(r.baseline_lanes).c_str(), progress,
-        o.stage_replies ? "staged" : "in_place", r.placement.c_str(), r.reps, r.iters, json_escape(mach).c_str(), date.c_str(), json_escape(ucx_env).c_str(), load.c_str(),
+        o.stage_replies ? "staged" : "in_place", static_cast<unsigned long long>(o.chunk_kib), r.placement.c_str(), r.reps, r.iters, json_escape(mach).c_str(), date.c_str(), json_escape(ucx_env).c_str(), load.c_str(),
         json_escape(r.error).c_str());
   }
   bool errors = false;

@@ -94,6 +94,7 @@ struct options {
   long worker_timeout_ms = 20000;  // server_params.worker_timeout
   long no_worker_grace_ms = -1;     // server_params.no_worker_grace (-1: ASHL_NO_WORKER_GRACE's, 60 s)
   std::string codec = "topk";        // server_params.compression
+  std::uint64_t reply_part_kib = 0;  // server_params.reply_part_bytes / 1024 (replies in parts; 0: whole)
   long pause_after = -1, pause_ms = 0;  // a worker sleeps pause_ms before commit number pause_after (no messages)
   bool child_env = false;  // runs `env` as a child into <out>/child-env-<role><rank>.txt (test/ps/token_hygiene.cpp)
 };
@@ -144,6 +145,7 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--worker-timeout-ms") o.worker_timeout_ms = std::stol(next());
     else if (a == "--no-worker-grace-ms") o.no_worker_grace_ms = std::stol(next());
     else if (a == "--codec") o.codec = next();
+    else if (a == "--reply-part-kib") o.reply_part_kib = std::stoull(next());
     else if (a == "--pause-after") o.pause_after = std::stol(next());
     else if (a == "--pause-ms") o.pause_ms = std::stol(next());
     else if (a == "--child-env") o.child_env = true;
@@ -193,6 +195,7 @@ int serve(const ps::job& j, const options& o) {
                        .checkpoint_every_seconds = o.checkpoint_every_seconds,
                        .checkpoint_every_commits = o.checkpoint_every_commits,
                        .restore = o.restore,
+                       .reply_part_bytes = o.reply_part_kib * 1024,
                        .job = ps::job_id_of(j, o.elements),
                        .policy = o.policy};
   auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
@@ -328,7 +331,7 @@ int train(const ps::job& j, const options& o) {
     std::ofstream f(o.out + "/worker" + std::to_string(j.rank) + ".txt");
     f << cycles << "commits " << tel.commits << "\nplans " << tel.plans << "\nplans_ignored " << tel.plans_ignored << "\nplan_changes " << tel.plan_changes
       << "\nerrors " << tel.errors << "\ncopied_replies " << tel.copied_replies << "\nviolations " << violations
-      << "\nmax_gap " << max_gap << "\nreconnects " << tel.reconnects << "\n";
+      << "\nmax_gap " << max_gap << "\nreconnects " << tel.reconnects << "\nreply_parts " << tel.reply_parts << "\n";
   }
   return 0;
 }
