@@ -28,7 +28,10 @@
 // accumulators' hooks, pulls waited for per layer) and the serial one give
 // bit-identical parameters under BSP, and equal plain SGD; the hooks fire
 // once per parameter and backward with gradient accumulation and a tied
-// parameter; a bf16 model trains and a non-finite step is skipped.
+// parameter; a bf16 model trains and a non-finite step is skipped; a
+// parameter larger than partition_mb is cut across buckets that alias it,
+// its overlapped BSP equals the serial one, and wait_for waits for every
+// piece.
 
 namespace adapt = ashl::adapt;
 namespace ps = ashl::ps;

@@ -3,7 +3,8 @@ gradients; overlapped and serial exchanges give bit-identical parameters
 under BSP; the gradient hooks fire once per parameter per backward with
 gradient accumulation and tied parameters; a bf16 loop, with a non-finite
 step skipped and not committed; torchrun's and SLURM's variables; a trace
-that parses."""
+that parses; a parameter larger than partition_mb cut across buckets that
+alias it, bit-identical BSP with it, a forward waiting for every piece."""
 import json
 import os
 import sys
