@@ -15,6 +15,7 @@
 // RuntimeError. Blocking calls (create, commit, wait, leave, run, the
 // update builder's passes) release the GIL.
 #include <ashl/config.hpp>
+#include <ashl/adapt/trace.hpp>
 #include <ashl/adapt/update_builder.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
@@ -961,6 +962,17 @@ PYBIND11_MODULE(_ashl, m) {
       },
       py::arg("addresses"), py::arg("bucket"), py::arg("inproc"),
       "adapt::bucket_addresses: where bucket b's servers listen (inproc <node>/b<b>; port + b * servers)");
+
+  m.def(
+      "merge_traces",
+      [](const std::string& path) {
+        auto n = ashl::adapt::merge_traces(path);
+        if (!n) raise(n.error());
+        return *n;
+      },
+      py::arg("path"),
+      "adapt::merge_traces: every process's \"<path>.*.json\" into <path>; the number of files (0: none, "
+      "nothing written)");
 
   py::class_<py_server>(m, "Server", "ps::server: one shard of the model, a consistency policy, an optimizer")
       .def(py::init<std::uint64_t, std::optional<py::array>, std::string, py::dict, std::uint32_t, std::string,

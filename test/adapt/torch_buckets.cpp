@@ -13,9 +13,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
+#include <optional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 #include "../support/checks.hpp"
@@ -188,6 +193,7 @@ namespace {
 // each, flattened in registration order.
 std::vector<std::vector<float>> run_bsp(bool overlap, int iterations,
                                         adapt::torch_update update = adapt::torch_update::gradient,
+                                        std::optional<std::string> trace = std::nullopt,
                                         double partition_mb = adapt::default_partition_mb) {
   constexpr double lr = 0.1;
   auto m = make_net();
@@ -206,7 +212,7 @@ std::vector<std::vector<float>> run_bsp(bool overlap, int iterations,
        .link_hold = [](ps::link_direction dir, std::uint64_t) {
          if (dir == ps::link_direction::down) std::this_thread::sleep_for(5ms);
        }},
-      nodes_of(fabric), {.update = update, .overlap = overlap});
+      nodes_of(fabric), {.update = update, .overlap = overlap, .trace = std::move(trace)});
   ASHL_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
   ASHL_TEST(d->buckets() == buckets);
   ASHL_TEST(d->overlapped() == overlap);
@@ -256,9 +262,38 @@ std::vector<std::vector<float>> run_bsp(bool overlap, int iterations,
 
 BOOST_AUTO_TEST_CASE(overlapped_and_serial_bsp_exchanges_give_bit_identical_parameters) {
   constexpr int iterations = 4;
-  const auto overlapped = run_bsp(true, iterations);
+  // The overlapped run also writes its trace (adapt/trace.hpp): every
+  // bucket's encode, commit and pull of every iteration, and the compute
+  // between steps.
+  std::string dir = (std::filesystem::temp_directory_path() / "ashl-torch-trace-XXXXXX").string();
+  ASHL_REQUIRE(::mkdtemp(dir.data()) != nullptr);
+  const auto overlapped = run_bsp(true, iterations, adapt::torch_update::gradient, dir + "/run.json");
+  {
+    const auto file = dir + "/run.json.worker0.json";
+    std::ifstream in(file);
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    std::filesystem::remove_all(dir);
+    adapt::detail::trace_scanner sc{text};
+    ASHL_TEST(sc.trace_events().has_value(), file);
+    // Complete events named `name` (of bucket b when b >= 0).
+    const auto count = [&](const std::string& name, int b = -1) {
+      const std::string head = "{\"name\": \"" + name + "\", \"ph\": \"X\"";
+      const std::string arg = "\"args\": {\"bucket\": " + std::to_string(b) + "}}";
+      std::size_t n = 0;
+      for (auto i = text.find(head); i != std::string::npos; i = text.find(head, i + 1)) {
+        // What follows the event's "cat": its args (a bucket) or its end.
+        const auto cat = text.find("\"cat\": \"ashl\"", i);
+        n += b < 0 || std::string_view(text).substr(cat + 13).starts_with(", " + arg);
+      }
+      return n;
+    };
+    for (const char* name : {"encode", "commit", "pull"})
+      for (int b = 0; b < 2; ++b)
+        ASHL_TEST(count(name, b) == static_cast<std::size_t>(iterations), name << " of bucket " << b);
+    ASHL_TEST(count("compute") == static_cast<std::size_t>(iterations - 1));
+  }
   const auto serial = run_bsp(false, iterations);
-  const auto cut = run_bsp(true, iterations, adapt::torch_update::gradient, small_partition_mb);
+  const auto cut = run_bsp(true, iterations, adapt::torch_update::gradient, std::nullopt, small_partition_mb);
   ASHL_REQUIRE((overlapped.size() == serial.size() && cut.size() == serial.size()));
   // And both are plain SGD on one model (W -= lr * g in f32).
   auto reference = make_net();

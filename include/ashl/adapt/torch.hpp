@@ -65,6 +65,10 @@
 // worker and the identity codec that is plain SGD, bit for bit
 // (test/adapt/torch.cpp, torch_buckets.cpp).
 //
+// Timeline: torch_options::trace (default ASHL_TRACE) writes a Chrome trace
+// of the worker, the Python adapter's events (compute, encode, commit,
+// pull, wait, per bucket; adapt/trace.hpp), which ashl-run --trace merges.
+//
 // The create() that takes one Transport keeps the adapter as it was: one
 // bucket of every trainable parameter in registration order, exchanged
 // inside step() (overlap false).
@@ -85,6 +89,7 @@
 
 #if ASHL_HAS_TORCH()
 
+#include <ashl/adapt/trace.hpp>
 #include <ashl/adapt/update_builder.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
@@ -462,6 +467,11 @@ struct torch_options {
   // bucket b listens at port + b * servers inside that block): a model with
   // more buckets is refused by name, as ashl.torch does. 0: no bound.
   std::uint32_t ports_per_server = 0;
+  // A Chrome trace of this worker (adapt/trace.hpp, the Python adapter's
+  // events): written to "<trace>.worker<rank>.json" at leave() or
+  // destruction, merged by ashl-run --trace. nullopt: ASHL_TRACE; "": off.
+  std::optional<std::string> trace;
+  std::size_t trace_events = tracer::default_capacity;  // the trace's buffer (events past it are dropped, counted)
 };
 
 // A training loop's side of ps::worker for a torch module (see the top).
@@ -523,7 +533,7 @@ class torch_worker {
                               "ashl-run reserved ASHL_PORTS_PER_SERVER=" + std::to_string(o.ports_per_server) +
                                   " ports per server, room for " + std::to_string(o.ports_per_server) +
                                   " buckets; raise ashl-run's --ports-per-server, bucket_cap_mb or partition_mb");
-    auto st = std::make_unique<state>(local, o);
+    auto st = std::make_unique<state>(local, o, p.rank);
     bool sixteen = false;
     for (const auto& b : buckets) sixteen = sixteen || b.dtype() != torch::kFloat;
     st->check_finite = o.check_finite.value_or(sixteen);
@@ -658,6 +668,7 @@ class torch_worker {
       const auto l = e.worker->leave();
       if (first.ok() && !l.ok()) first = l;
     }
+    if (auto t = s_->trace.close(); first.ok() && !t.ok()) first = t;
     return first;
   }
 
@@ -685,6 +696,8 @@ class torch_worker {
     std::lock_guard g(s_->mu);
     return !s_->ex[b].arrived;
   }
+  // This worker's trace (torch_options::trace): off unless asked for.
+  [[nodiscard]] const tracer& trace() const noexcept { return s_->trace; }
 
  private:
   // One bucket's worker, update builder and state in the cycle.
@@ -763,9 +776,15 @@ class torch_worker {
     bool stopping = false;
     std::thread send_thread, pull_thread;
 
-    state(torch::optim::Optimizer* l, const torch_options& o)
+    // Spans of compute (from one step() to the next), encode, commit, pull
+    // and the training thread's waits, per bucket (adapt/trace.hpp).
+    tracer trace;
+    double compute_start = 0.0;
+
+    state(torch::optim::Optimizer* l, const torch_options& o, std::uint32_t rank)
         : local(l), update(o.update), overlap(o.overlap),
-          in_backward(o.overlap && o.update == torch_update::gradient) {}
+          in_backward(o.overlap && o.update == torch_update::gradient),
+          trace(trace_path_of(o.trace, "worker", rank), "worker", rank, o.trace_events) {}
     state(const state&) = delete;
     state& operator=(const state&) = delete;
     ~state() {
@@ -904,8 +923,10 @@ class torch_worker {
         e.bucket.send().zero_();
         return;
       }
+      const double t0 = trace.enabled() ? tracer::now() : 0.0;
       if (update == torch_update::delta) e.bucket.stage_params_out();
       e.builder.build(span_of(e.bucket.host_params()), span_of(e.bucket.send()));
+      if (trace.enabled()) trace.span("encode", trace_lane::train, t0, tracer::now(), static_cast<long>(b));
     }
 
     status commit(std::size_t b) {
@@ -916,11 +937,13 @@ class torch_worker {
           std::lock_guard g(mu);
           e.arrived = false;
         }
+        const double t0 = trace.enabled() ? tracer::now() : 0.0;
         if (auto s = e.worker->commit(span_of(e.bucket.send())); !s.ok()) {
           std::lock_guard g(mu);
           e.arrived = true;
           return s;
         }
+        if (trace.enabled()) trace.span("commit", trace_lane::comm, t0, tracer::now(), static_cast<long>(b));
         return {};
       }
       {
@@ -945,10 +968,12 @@ class torch_worker {
         // The threads' commit() and wait() end within the worker's timeout
         // each; this bound only catches a thread that stopped.
         std::unique_lock g(mu);
+        const double t0 = trace.enabled() && !e.arrived ? tracer::now() : 0.0;
         if (!cv.wait_for(g, wait_bound, [&] { return e.arrived; }))
           return make_error(errc::timed_out, "torch_worker.bucket[" + std::to_string(b) + "]",
                             std::to_string(wait_bound.count()) + " ms",
                             "its exchange did not end in time (the communication threads stopped?)");
+        if (t0 != 0.0) trace.span("wait", trace_lane::train, t0, tracer::now(), static_cast<long>(b));
       }
       std::lock_guard g(mu);
       status s = e.error;
@@ -965,6 +990,7 @@ class torch_worker {
     }
 
     status step() {
+      if (trace.enabled() && compute_start != 0.0) trace.span("compute", trace_lane::train, compute_start, tracer::now());
       for (auto& e : ex) e.bucket.attach();
       if (!hook_error.ok()) {
         status s = hook_error;
@@ -1028,6 +1054,7 @@ class torch_worker {
       }
       skipped_step = false;
       lead.reset();
+      if (trace.enabled()) compute_start = tracer::now();
     }
 
     status deliver_metric(std::size_t b, metric_id m, double v) {
@@ -1045,7 +1072,9 @@ class torch_worker {
     // to the followers; what waited is sent.
     void receive(std::size_t b) {
       exchange& e = ex[b];
+      const double t0 = trace.enabled() ? tracer::now() : 0.0;
       status s = e.worker->wait();
+      if (trace.enabled()) trace.span("pull", trace_lane::pull, t0, tracer::now(), static_cast<long>(b));
       if (s.ok()) {
         try {
           e.bucket.stage_in();
@@ -1096,7 +1125,9 @@ class torch_worker {
           to_send.erase(to_send.begin());
         }
         exchange& e = ex[b];
+        const double t0 = trace.enabled() ? tracer::now() : 0.0;
         const status s = e.worker->commit(span_of(e.bucket.send()));
+        if (trace.enabled()) trace.span("commit", trace_lane::comm, t0, tracer::now(), static_cast<long>(b));
         {
           std::lock_guard g(mu);
           if (s.ok()) {
