@@ -43,6 +43,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <variant>
 #include <vector>
@@ -920,6 +921,29 @@ PYBIND11_MODULE(_ashl, m) {
       },
       py::arg("dtypes"), py::arg("bytes"), py::arg("cap_bytes"),
       "adapt::partition: slots into buckets (reverse order, one dtype each, at most cap_bytes)");
+  m.def(
+      "plan_buckets",
+      [](const std::vector<std::string>& dtypes, const std::vector<std::uint64_t>& bytes,
+         const std::vector<std::uint64_t>& elems, std::uint64_t cap_bytes, std::optional<double> partition_mb) {
+        if (dtypes.size() != bytes.size())
+          raise(ashl::invalid_argument("plan_buckets.bytes.size", bytes.size(), "must equal dtypes.size()"));
+        if (dtypes.size() != elems.size())
+          raise(ashl::invalid_argument("plan_buckets.elems.size", elems.size(), "must equal dtypes.size()"));
+        if (partition_mb && !ashl::adapt::valid_partition_mb(*partition_mb))
+          raise(ashl::invalid_argument("partition_mb", *partition_mb, "must be > 0 MiB (or None: no partitioning)"));
+        const auto plan = ashl::adapt::plan_buckets(
+            dtypes.size(), [&](std::size_t i) { return dtypes[i]; }, [&](std::size_t i) { return bytes[i]; },
+            [&](std::size_t i) { return elems[i]; }, cap_bytes,
+            partition_mb ? ashl::adapt::partition_bytes(*partition_mb) : 0);
+        std::vector<std::vector<std::tuple<std::size_t, std::uint64_t, std::uint64_t>>> out(plan.size());
+        for (std::size_t i = 0; i < plan.size(); ++i)
+          for (const auto& p : plan[i]) out[i].emplace_back(p.slot, p.begin, p.size);
+        return out;
+      },
+      py::arg("dtypes"), py::arg("bytes"), py::arg("elems"), py::arg("cap_bytes"), py::arg("partition_mb"),
+      "adapt::plan_buckets: buckets of (slot, begin, size) pieces (reverse order, one dtype each, at most "
+      "cap_bytes; a slot larger than partition_mb MiB cut across buckets; None: not cut)");
+  m.attr("DEFAULT_PARTITION_MB") = ashl::adapt::default_partition_mb;
   m.def(
       "bucket_cap_bytes",
       [](std::uint64_t model_bytes, std::optional<double> cap_mb) {
