@@ -3,14 +3,16 @@
 //
 //   auto pool = ashl::ps::apply_pool::create(4);          // result<unique_ptr<apply_pool>>; 3 helper threads
 //   core.use_apply_pool(pool->get());                     // server_core splits its passes over 4 parts
-//   (*pool)->run([&](unsigned part) noexcept { ... });    // part 0 on the caller, 1..3 on the helpers
+//   (*pool)->run([&](unsigned part) noexcept { ... });    // parts 0..3, on whichever thread claims each
 //
 // The helpers are started once, by create(), and wait on an atomic (a futex
 // on Linux: C++20 atomic wait, after a short spin) for the next run();
 // run() hands them a function pointer and an address (no std::function, no
-// allocation), runs part 0 itself and returns when every part finished. One
-// run at a time, from one thread (the server's). The destructor stops and
-// joins the helpers. threads() == 1: no helper, run() calls part 0 inline.
+// allocation); the caller and the helpers that are awake claim the parts
+// one by one, so a helper the scheduler is slow to wake delays nothing (the
+// caller runs its part). run() returns when every part finished. One run at
+// a time, from one thread (the server's). The destructor stops and joins
+// the helpers. threads() == 1: no helper, run() calls part 0 inline.
 //
 // Pure code stays pure: server_core takes a pool only from its driver
 // (ps::server creates one for server_params.apply_threads > 1); the
@@ -51,7 +53,7 @@ class apply_pool {
     std::unique_ptr<apply_pool> p(new apply_pool(static_cast<unsigned>(threads)));
     try {
       p->helpers_.reserve(threads - 1);
-      for (unsigned k = 1; k < threads; ++k) p->helpers_.emplace_back([q = p.get(), k] { q->helper(k); });
+      for (unsigned k = 1; k < threads; ++k) p->helpers_.emplace_back([q = p.get()] { q->helper(); });
     } catch (const std::system_error& e) {
       return make_error(errc::unavailable, field, threads, std::string("could not start a thread: ") + e.what());
     }
@@ -61,7 +63,7 @@ class apply_pool {
   apply_pool(const apply_pool&) = delete;
   apply_pool& operator=(const apply_pool&) = delete;
   ~apply_pool() {
-    stop_.store(true, std::memory_order_relaxed);
+    stop_.store(true, std::memory_order_release);
     generation_.fetch_add(1, std::memory_order_release);
     generation_.notify_all();
     for (auto& t : helpers_)
@@ -72,8 +74,13 @@ class apply_pool {
   // Runs so far (tests, benches).
   [[nodiscard]] std::uint64_t runs() const noexcept { return runs_; }
 
-  // Calls f(part) for every part in [0, threads()): part 0 on this thread,
-  // the others on the helpers; returns when all returned. f must not throw.
+  // Calls f(part) for every part in [0, threads()) and returns when all
+  // returned. Parts are claimed, not assigned: this thread and every helper
+  // that is awake take the next unclaimed part until none is left, so a
+  // helper the scheduler has not woken yet (a loaded machine) costs nothing
+  // but its share of parallelism: this thread runs the parts itself. Which
+  // thread runs a part never changes what the part computes. f must not
+  // throw.
   template <class F>
   void run(F& f) noexcept {
     ++runs_;
@@ -81,19 +88,19 @@ class apply_pool {
       f(0u);
       return;
     }
+    const std::uint32_t g = generation_.load(std::memory_order_relaxed) + 1;
     fn_ = [](void* c, unsigned part) noexcept { (*static_cast<F*>(c))(part); };
     ctx_ = &f;
-    remaining_.store(threads_ - 1, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    done_.store(0, std::memory_order_relaxed);
+    claim_.store(std::uint64_t{g} << 32, std::memory_order_release);
+    generation_.store(g, std::memory_order_release);
     generation_.notify_all();
-    f(0u);
-    for (int spin = 0; remaining_.load(std::memory_order_acquire) != 0; ++spin) {
-      if (spin < spin_limit) {
-        pause();
-        continue;
-      }
-      const unsigned left = remaining_.load(std::memory_order_acquire);
-      if (left != 0) remaining_.wait(left, std::memory_order_acquire);
+    work(g);
+    for (int spin = 0;; ++spin) {
+      const unsigned d = done_.load(std::memory_order_acquire);
+      if (d == threads_) break;
+      if (spin < spin_limit) pause();
+      else done_.wait(d, std::memory_order_acquire);
     }
   }
   template <class F>
@@ -115,7 +122,24 @@ class apply_pool {
 #endif
   }
 
-  void helper(unsigned part) noexcept {
+  // Claims and runs parts of run `g` until none is left. A claim is a CAS on
+  // (generation, next part): it fails once the run is over or another began,
+  // and fn_/ctx_ are read only after a claim succeeded, while the run that
+  // wrote them cannot have ended (its part is not done).
+  void work(std::uint32_t g) noexcept {
+    std::uint64_t s = claim_.load(std::memory_order_acquire);
+    for (;;) {
+      if (static_cast<std::uint32_t>(s >> 32) != g) return;
+      const auto part = static_cast<std::uint32_t>(s);
+      if (part >= threads_) return;
+      if (!claim_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+      fn_(ctx_, part);
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == threads_) done_.notify_one();
+      s = claim_.load(std::memory_order_acquire);
+    }
+  }
+
+  void helper() noexcept {
     std::uint32_t seen = 0;
     for (;;) {
       std::uint32_t g = generation_.load(std::memory_order_acquire);
@@ -128,9 +152,8 @@ class apply_pool {
         continue;
       }
       seen = g;
-      if (stop_.load(std::memory_order_relaxed)) return;
-      fn_(ctx_, part);
-      if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) remaining_.notify_one();
+      if (stop_.load(std::memory_order_acquire)) return;
+      work(g);
     }
   }
 
@@ -139,7 +162,8 @@ class apply_pool {
   void (*fn_)(void*, unsigned) noexcept = nullptr;
   void* ctx_ = nullptr;
   std::atomic<std::uint32_t> generation_{0};
-  std::atomic<unsigned> remaining_{0};
+  std::atomic<std::uint64_t> claim_{0};  // generation << 32 | the next part to claim
+  std::atomic<unsigned> done_{0};        // parts of the current run finished
   std::atomic<bool> stop_{false};
   std::uint64_t runs_ = 0;
 };
