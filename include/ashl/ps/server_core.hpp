@@ -1,7 +1,8 @@
 // ashl/ps/server_core.hpp — the rules of one parameter server, pure: decoded
 // messages and the driver's time in, what the driver must send out into a
-// caller-owned server_actions. No clock, no I/O, no threads; the simulator
-// and the real server drive the same object.
+// caller-owned server_actions. No clock, no I/O, no threads of its own (a
+// driver may lend it an apply_pool: the same passes, split over threads,
+// bit-identical); the simulator and the real server drive the same object.
 //
 //   auto layout = ashl::ps::shard_layout::even(n, 1);
 //   auto core = ashl::ps::server_core<ashl::sync::ssp>::create(
