@@ -7,10 +7,10 @@
 //   ashl_bench_ps_ucx --transports tcp --ops pull,commit --reps 9 --json-only
 //   ashl_bench_ps_ucx --progress poll       # ucx_params.blocking = false (spin instead of the event fd)
 //   ashl_bench_ps_ucx --spin-us 0           # ucx_params.spin: poll this long before sleeping (default: the library's)
-//   ashl_bench_ps_ucx --no-pin              # leave placement to the scheduler (for comparison)
-//   ashl_bench_ps_ucx --in-place-replies    # worker_params.stage_replies = false (replies unchecked in the caller's buffer)
 //   ashl_bench_ps_ucx --ops fan_in,fan_in_push --apply-threads 2   # server_params.apply_threads (issue 28 item 3);
 //                                           # the server is then pinned to CPUs 0..N-1 (the workers stay on CPU 1)
+//   ashl_bench_ps_ucx --no-pin              # leave placement to the scheduler (for comparison)
+//   ashl_bench_ps_ucx --in-place-replies    # worker_params.stage_replies = false (replies unchecked in the caller's buffer)
 //
 // Every case forks its own processes from a parent that never creates a UCX
 // object: one ps::server (ASP, model deltas, one shard holding the whole
@@ -150,8 +150,8 @@ struct options {
   std::vector<std::size_t> sizes;
   std::string perftest = "/usr/bin/ucx_perftest";
   int fan_workers = 8;
-  bool stage_replies = true;  // worker_params.stage_replies (--in-place-replies: false)
   std::uint32_t apply_threads = 1;  // server_params.apply_threads (--apply-threads N)
+  bool stage_replies = true;  // worker_params.stage_replies (--in-place-replies: false)
 };
 
 const char* tls_of(const std::string& transport) { return transport == "shm" ? "sm,self,tcp" : "tcp,self"; }
@@ -213,7 +213,9 @@ void pin_server(const options& o) {
 
 std::string placement(const options& o, bool fan) {
   if (!o.pin || cpus() < 2) return "unpinned";
-  const std::string server = o.apply_threads > 1 ? "server cpu0-" + std::to_string(std::min<int>(static_cast<int>(o.apply_threads), cpus()) - 1) : "server cpu0";
+  const std::string server =
+      o.apply_threads > 1 ? "server cpu0-" + std::to_string(std::min<int>(static_cast<int>(o.apply_threads), cpus()) - 1)
+                          : "server cpu0";
   return server + (fan ? ", 8 workers cpu1" : ", client cpu1");
 }
 
@@ -679,12 +681,14 @@ int main(int argc, char** argv) {
       if (auto s = ps::apply_pool::check_threads(v < 0 ? 0 : static_cast<std::uint64_t>(v), "--apply-threads"); !s)
         return std::fprintf(stderr, "%s\n", s.message().c_str()), 2;
       o.apply_threads = static_cast<std::uint32_t>(v);
-    } else {
+    }
+    else {
       std::fprintf(stderr,
                    "usage: ashl_bench_ps_ucx [--quick] [--reps N] [--json-only] [--progress wait|poll] [--no-pin]\n"
                    "         [--transports shm,tcp] [--ops pull,commit,round_trip,fan_in,fan_in_push] [--sizes 4K,1M,...]\n"
+                   "         [--apply-threads N]\n"
                    "         [--perftest PATH] [--fan-workers N] [--describe] [--no-baseline] [--spin-us N]\n"
-                   "         [--in-place-replies] [--apply-threads N]\n");
+                   "         [--in-place-replies]\n");
       return 2;
     }
   }
@@ -858,11 +862,11 @@ int main(int argc, char** argv) {
 
   const std::string load = load_before + " -> " + loadavg();
   if (!o.json_only) {
-    std::printf("ps_ucx on %s (%d CPUs), %s, progress %s, replies %s, apply threads %u, median of %d; ratio = gbps / baseline_gbps "
+    std::printf("ps_ucx on %s (%d CPUs), %s, progress %s, replies %s, median of %d; ratio = gbps / baseline_gbps "
                 "(round_trip: usec / baseline_usec)\n\n",
-                mach.c_str(), cpus(), date.c_str(), progress, o.stage_replies ? "staged" : "in_place", o.apply_threads,
-                o.reps);
+                mach.c_str(), cpus(), date.c_str(), progress, o.stage_replies ? "staged" : "in_place", o.reps);
     std::printf("load average %s; UCX env: %s\n\n", load.c_str(), ucx_env.empty() ? "(none)" : ucx_env.c_str());
+    if (o.apply_threads > 1) std::printf("server apply threads: %u\n\n", o.apply_threads);
     std::printf("%-10s %-4s %8s %10s %10s %-10s %10s %10s %7s %7s %4s %10s  %s | %s | %s\n", "op", "tl", "bytes", "GB/s",
                 "usec", "baseline", "base GB/s", "base usec", "ratio", "goal", "met", "-e GB/s|us", "ashl lanes",
                 "perftest lanes", "perftest -e lanes");
@@ -880,20 +884,20 @@ int main(int argc, char** argv) {
   }
   for (const auto& r : rows) {
     std::printf(
-        "{\"bench\":\"ps_ucx\",\"op\":\"%s\",\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
+        "{\"bench\":\"ps_ucx\",\"apply_threads\":%u,\"op\":\"%s\",\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
         "\"usec\":%s,\"baseline\":\"%s\",\"baseline_gbps\":%s,\"baseline_usec\":%s,\"ratio\":%s,\"goal\":\"%s\","
         "\"met\":%s,\"ref_tag_gbps\":%s,\"ref_tag_usec\":%s,\"ref_eh_gbps\":%s,\"ref_eh_usec\":%s,\"ref_eh_lanes\":\"%s\",\"%s\":%s,\"server_idle\":%s,\"lanes\":\"%s\","
         "\"baseline_lanes\":\"%s\",\"progress\":\"%s\",\"replies\":\"%s\",\"placement\":\"%s\",\"reps\":%d,\"iters\":%d,"
-        "\"machine\":\"%s\",\"date\":\"%s\",\"ucx_env\":\"%s\",\"load\":\"%s\",\"apply_threads\":%u,"
+        "\"machine\":\"%s\",\"date\":\"%s\",\"ucx_env\":\"%s\",\"load\":\"%s\","
         "\"error\":\"%s\"}\n",
-        r.op.c_str(), r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
+        o.apply_threads, r.op.c_str(), r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
         r.baseline.c_str(), num(r.baseline_gbps).c_str(), num(r.baseline_usec, 2).c_str(), num(r.ratio).c_str(),
         r.goal.c_str(), r.goal.empty() ? "null" : (r.met ? "true" : "false"), num(r.ref_tag_gbps).c_str(),
         num(r.ref_tag_usec, 2).c_str(), num(r.ref_eh_gbps).c_str(), num(r.ref_eh_usec, 2).c_str(),
         json_escape(r.ref_eh_lanes).c_str(), r.op.rfind("fan_in", 0) == 0 ? "moved_gbps" : "commit_oneway_gbps", num(r.extra).c_str(),
         num(r.server_idle, 3).c_str(), json_escape(r.lanes).c_str(), json_escape(r.baseline_lanes).c_str(), progress,
         o.stage_replies ? "staged" : "in_place", r.placement.c_str(), r.reps, r.iters, json_escape(mach).c_str(), date.c_str(), json_escape(ucx_env).c_str(), load.c_str(),
-        o.apply_threads, json_escape(r.error).c_str());
+        json_escape(r.error).c_str());
   }
   bool errors = false;
   for (const auto& r : rows) errors |= !r.error.empty();
