@@ -1121,7 +1121,7 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
           background: bool = False, bucket_cap_mb: Union[float, str, None] = "auto",
           partition_mb: Optional[float] = DEFAULT_PARTITION_MB,
           store_bytes: int = 0, allow_non_finite: bool = False, max_commit_samples: int = 1 << 30,
-          no_worker_grace: Optional[float] = None) -> Any:
+          no_worker_grace: Optional[float] = None, apply_threads: int = 1) -> Any:
     """Runs this process's servers of the job (job.role == "server"), one per
     bucket (``bucket_plan(model, bucket_cap_mb, partition_mb)``, as the workers make
     them), starting from ``model``'s parameters (its shard of each bucket).
@@ -1136,7 +1136,9 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
     automatic, workers x the largest commit of its shard of the bucket); a
     NaN or infinite update is refused unless ``allow_non_finite``; a commit
     saying it covers more than ``max_commit_samples`` samples is refused
-    (docs/ps.md, "Values from workers")."""
+    (docs/ps.md, "Values from workers"). ``apply_threads`` threads apply
+    each commit, each on its own part of the shard (1..64; the same bits for
+    any count; docs/ps.md, "Apply threads")."""
     job = job if job is not None else _job_from_env()
     if job.role != "server":
         raise ValueError(f"job.role = {job.role!r}: serve() runs on a server (the workers make a DistributedOptimizer)")
@@ -1165,7 +1167,7 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
                            store_bytes=store_bytes, allow_non_finite=allow_non_finite,
                            max_commit_samples=max_commit_samples,
                            no_worker_grace=job.no_worker_grace if no_worker_grace is None else no_worker_grace,
-                           job=_job_id(job, initial.numel()))
+                           job=_job_id(job, initial.numel()), apply_threads=apply_threads)
         servers.append(srv)
     out = servers[0] if len(servers) == 1 else Servers(servers)
     if background:
