@@ -7,6 +7,8 @@
 //   ashl_bench_ps_ucx --transports tcp --ops pull,commit --reps 9 --json-only
 //   ashl_bench_ps_ucx --progress poll       # ucx_params.blocking = false (spin instead of the event fd)
 //   ashl_bench_ps_ucx --spin-us 0           # ucx_params.spin: poll this long before sleeping (default: the library's)
+//   ashl_bench_ps_ucx --ops fan_in,fan_in_push --apply-threads 2   # server_params.apply_threads (issue 28 item 3);
+//                                           # the server is then pinned to CPUs 0..N-1 (the workers stay on CPU 1)
 //   ashl_bench_ps_ucx --no-pin              # leave placement to the scheduler (for comparison)
 //   ashl_bench_ps_ucx --in-place-replies    # worker_params.stage_replies = false (replies unchecked in the caller's buffer)
 //   ashl_bench_ps_ucx --chunk-kib 256       # server_params.reply_part_bytes = 256 KiB (replies in parts; 0: whole)
@@ -149,6 +151,7 @@ struct options {
   std::vector<std::size_t> sizes;
   std::string perftest = "/usr/bin/ucx_perftest";
   int fan_workers = 8;
+  std::uint32_t apply_threads = 1;  // server_params.apply_threads (--apply-threads N)
   bool stage_replies = true;  // worker_params.stage_replies (--in-place-replies: false)
   std::uint64_t chunk_kib = 0;  // server_params.reply_part_bytes / 1024 (--chunk-kib; 0: replies whole)
 };
@@ -201,9 +204,21 @@ void pin_to(int cpu, bool pin) {
   ::sched_setaffinity(0, sizeof set, &set);
 }
 
+// The server with apply threads: CPUs 0..threads-1.
+void pin_server(const options& o) {
+  if (o.apply_threads <= 1 || !o.pin || cpus() < 2) return pin_to(0, o.pin);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (std::uint32_t k = 0; k < o.apply_threads; ++k) CPU_SET(static_cast<int>(k) % cpus(), &set);
+  ::sched_setaffinity(0, sizeof set, &set);
+}
+
 std::string placement(const options& o, bool fan) {
   if (!o.pin || cpus() < 2) return "unpinned";
-  return fan ? "server cpu0, 8 workers cpu1" : "server cpu0, client cpu1";
+  const std::string server =
+      o.apply_threads > 1 ? "server cpu0-" + std::to_string(std::min<int>(static_cast<int>(o.apply_threads), cpus()) - 1)
+                          : "server cpu0";
+  return server + (fan ? ", 8 workers cpu1" : ", client cpu1");
 }
 
 // UCX's environment for a child, before any UCX object exists in it.
@@ -329,8 +344,9 @@ int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_f
   ps::server_params sp{.core = {.layout = *layout,
                                 .shard = 0,
                                 .workers = static_cast<std::uint32_t>(c.workers),
-                                .optimizer = {.mode = ps::optimizer_params::kind::model_delta}},
-                         .reply_part_bytes = o.chunk_kib * 1024};
+                                .optimizer = {.mode = ps::optimizer_params::kind::model_delta}}};
+  sp.apply_threads = o.apply_threads;
+  sp.reply_part_bytes = o.chunk_kib * 1024;
   auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
   if (!srv) return set_error(sh, "server: " + srv.error().message()), 1;
   const std::string addr = srv->transport().listen_address() + "\n";
@@ -439,7 +455,7 @@ ashl_result run_ashl(const options& o, const std::string& transport, const ashl_
   if (server == 0) {
     ::close(fds[0]);
     set_ucx_env(transport);
-    pin_to(0, o.pin);
+    pin_server(o);
     ::alarm(900);
     std::_Exit(run_server(o, c, sh, fds[1]));
   }
@@ -664,10 +680,17 @@ int main(int argc, char** argv) {
     else if (a == "--sizes") sizes_arg = next();
     else if (a == "--perftest") o.perftest = next();
     else if (a == "--fan-workers") o.fan_workers = std::clamp(std::atoi(next().c_str()), 1, max_workers);
+    else if (a == "--apply-threads") {
+      const long v = std::atol(next().c_str());
+      if (auto s = ps::apply_pool::check_threads(v < 0 ? 0 : static_cast<std::uint64_t>(v), "--apply-threads"); !s)
+        return std::fprintf(stderr, "%s\n", s.message().c_str()), 2;
+      o.apply_threads = static_cast<std::uint32_t>(v);
+    }
     else {
       std::fprintf(stderr,
                    "usage: ashl_bench_ps_ucx [--quick] [--reps N] [--json-only] [--progress wait|poll] [--no-pin]\n"
                    "         [--transports shm,tcp] [--ops pull,commit,round_trip,fan_in,fan_in_push] [--sizes 4K,1M,...]\n"
+                   "         [--apply-threads N]\n"
                    "         [--perftest PATH] [--fan-workers N] [--describe] [--no-baseline] [--spin-us N]\n"
                    "         [--in-place-replies] [--chunk-kib N]\n");
       return 2;
@@ -848,6 +871,7 @@ int main(int argc, char** argv) {
                 mach.c_str(), cpus(), date.c_str(), progress, o.stage_replies ? "staged" : "in_place",
                 static_cast<unsigned long long>(o.chunk_kib), o.reps);
     std::printf("load average %s; UCX env: %s\n\n", load.c_str(), ucx_env.empty() ? "(none)" : ucx_env.c_str());
+    if (o.apply_threads > 1) std::printf("server apply threads: %u\n\n", o.apply_threads);
     std::printf("%-10s %-4s %8s %10s %10s %-10s %10s %10s %7s %7s %4s %10s  %s | %s | %s\n", "op", "tl", "bytes", "GB/s",
                 "usec", "baseline", "base GB/s", "base usec", "ratio", "goal", "met", "-e GB/s|us", "ashl lanes",
                 "perftest lanes", "perftest -e lanes");
@@ -865,13 +889,13 @@ int main(int argc, char** argv) {
   }
   for (const auto& r : rows) {
     std::printf(
-        "{\"bench\":\"ps_ucx\",\"op\":\"%s\",\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
+        "{\"bench\":\"ps_ucx\",\"apply_threads\":%u,\"op\":\"%s\",\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
         "\"usec\":%s,\"baseline\":\"%s\",\"baseline_gbps\":%s,\"baseline_usec\":%s,\"ratio\":%s,\"goal\":\"%s\","
         "\"met\":%s,\"ref_tag_gbps\":%s,\"ref_tag_usec\":%s,\"ref_eh_gbps\":%s,\"ref_eh_usec\":%s,\"ref_eh_lanes\":\"%s\",\"%s\":%s,\"server_idle\":%s,\"lanes\":\"%s\","
         "\"baseline_lanes\":\"%s\",\"progress\":\"%s\",\"replies\":\"%s\",\"chunk_kib\":%llu,\"placement\":\"%s\",\"reps\":%d,\"iters\":%d,"
         "\"machine\":\"%s\",\"date\":\"%s\",\"ucx_env\":\"%s\",\"load\":\"%s\","
         "\"error\":\"%s\"}\n",
-        r.op.c_str(), r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
+        o.apply_threads, r.op.c_str(), r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
         r.baseline.c_str(), num(r.baseline_gbps).c_str(), num(r.baseline_usec, 2).c_str(), num(r.ratio).c_str(),
         r.goal.c_str(), r.goal.empty() ? "null" : (r.met ? "true" : "false"), num(r.ref_tag_gbps).c_str(),
         num(r.ref_tag_usec, 2).c_str(), num(r.ref_eh_gbps).c_str(), num(r.ref_eh_usec, 2).c_str(),

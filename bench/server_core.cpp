@@ -4,6 +4,7 @@
 //   ashl_bench_server_core --quick         # fewer events and reps, apply path at 2^20 only
 //   ashl_bench_server_core --reps 15 --json-only
 //   ashl_bench_server_core --part apply --reps 31   # one part only (policy | apply)
+//   ashl_bench_server_core --part apply --apply-threads 2   # 1 vs 2 apply threads at 1, 16, 64 MiB
 //
 // Two parts, one thread, every figure the median of --reps timed runs after
 // one warm-up run; a case and its baselines run interleaved (case, baseline,
@@ -27,6 +28,11 @@
 //    accumulator, then the fused step), for reference. "unchecked" is the
 //    dense case with allow_non_finite (no NaN/infinity scan): the scan's
 //    cost is the difference.
+//    --apply-threads N (issue 28 item 3): shards of 1, 16 and 64 MiB (2^18,
+//    2^22, 2^24 elements), every case applied by a core without a pool and
+//    by one with a ps::apply_pool of N threads, interleaved with the memcpy
+//    in one run; "+crc" cases carry a pull (the new version's CRC is
+//    computed in the apply's pass). Rows say apply_threads.
 //
 // Output: a human table, then one JSON object per case (machine, date,
 // sizes, median, baseline, ratio).
@@ -44,6 +50,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -65,6 +72,7 @@ struct options {
   bool quick = false;
   bool json_only = false;
   std::string part = "all";  // all | policy | apply
+  unsigned apply_threads = 1;  // > 1: the apply path runs 1 and this many threads side by side
 };
 
 using bench::time_interleaved;
@@ -75,6 +83,7 @@ struct row {
   double median_s = 0, baseline_s = 0;
   std::string baseline;
   double decode_s = 0;  // apply: compress::decode_add alone into the same shard
+  unsigned threads = 1;  // apply: the apply pool's threads (1: none)
 };
 
 // ------------------------------------------------------------ policy path
@@ -223,7 +232,13 @@ void policy_path(const options& o, std::vector<row>& rows) {
 
 // ------------------------------------------------------------- apply path
 
+void apply_threads_path(const options& o, std::vector<row>& rows);
+
 void apply_path(const options& o, std::vector<row>& rows) {
+  if (o.apply_threads > 1) {
+    apply_threads_path(o, rows);
+    return;
+  }
   std::vector<std::size_t> sizes{std::size_t{1} << 20};
   if (!o.quick) sizes.push_back(std::size_t{1} << 24);
   for (std::size_t n : sizes) {
@@ -288,6 +303,78 @@ void apply_path(const options& o, std::vector<row>& rows) {
   }
 }
 
+// One commit applied with 1 and with o.apply_threads threads, interleaved
+// with a memcpy of the payload (all three in one time_interleaved run).
+void apply_threads_path(const options& o, std::vector<row>& rows) {
+  auto pool = ps::apply_pool::create(o.apply_threads, "--apply-threads");
+  if (!pool) {
+    std::fprintf(stderr, "ashl_bench_server_core: %s\n", pool.error().message().c_str());
+    std::exit(2);
+  }
+  std::vector<std::size_t> sizes{std::size_t{1} << 18, std::size_t{1} << 22};
+  if (!o.quick) sizes.push_back(std::size_t{1} << 24);
+  for (std::size_t n : sizes) {
+    std::vector<float> g(n);
+    for (std::size_t i = 0; i < n; ++i) g[i] = std::sin(0.001f * static_cast<float>(i)) * 1e-3f;
+    std::vector<std::byte> dense(4 * n);
+    (void)ashl::compress::identity{}.encode(ashl::host_view<const float>(g.data(), n), dense, {});
+    ashl::compress::topk tk(0.01);
+    std::vector<std::byte> sparse(tk.max_encoded_bytes(n, ashl::dtype::f32));
+    sparse.resize(tk.encode(ashl::host_view<const float>(g.data(), n), sparse, {}).value());
+    std::vector<std::byte> sink(dense.size());
+    const auto layout = ps::shard_layout::even(n, 1).value();
+    struct which {
+      const char* name;
+      const std::vector<std::byte>* payload;
+      ashl::codec_id codec;
+      ps::optimizer_params opt;
+      bool pull = false;  // the new version's CRC in the apply's pass (a reply reads it)
+    };
+    const ps::optimizer_params sgd{.mode = ps::optimizer_params::kind::sgd, .lr = 0.01, .momentum = 0.9};
+    for (const which& c : {which{"identity model_delta", &dense, ashl::codec_id::identity, {}},
+                           which{"identity model_delta+crc", &dense, ashl::codec_id::identity, {}, true},
+                           which{"topk1% model_delta", &sparse, ashl::codec_id::topk, {}},
+                           which{"identity sgd+momentum", &dense, ashl::codec_id::identity, sgd},
+                           which{"topk1% sgd+momentum", &sparse, ashl::codec_id::topk, sgd}}) {
+      auto make = [&] {
+        return ps::server_core<sync::asp>::create({.layout = layout, .workers = 1, .optimizer = c.opt},
+                                                  sync::asp{{.workers = 1, .scale = 1e-3}})
+            .value();
+      };
+      auto one = make(), many = make();
+      many.use_apply_pool(pool->get());
+      ps::server_actions out(1);
+      std::uint64_t seq_one = 0, seq_many = 0;
+      const std::size_t bytes = c.payload->size();
+      const int runs = std::min(std::max<int>(1, static_cast<int>((std::size_t{1} << 24) / std::max<std::size_t>(bytes, 1))), 64);
+      auto commits = [&](ps::server_core<sync::asp>& core, std::uint64_t& seq) {
+        for (int k = 0; k < runs; ++k) {
+          ps::commit_in ci{.worker = 0, .sequence = ++seq, .bytes = bytes, .codec = c.codec, .element_count = n,
+                           .payload = *c.payload, .pull = c.pull};
+          core.commit(ci, 0.0, out);
+          if (!out.errors().empty()) std::fprintf(stderr, "refused: %s\n", out.errors()[0].text.c_str());
+          out.clear();
+        }
+      };
+      const auto t = time_interleaved(
+          o.reps, [&] { commits(one, seq_one); }, [&] { commits(many, seq_many); },
+          [&] {
+            for (int k = 0; k < runs; ++k) {
+              std::memcpy(sink.data(), c.payload->data(), bytes);
+              asm volatile("" : : "r"(sink.data()) : "memory");
+            }
+          });
+      if (std::memcmp(one.parameters().data(), many.parameters().data(), n * sizeof(float)) != 0)
+        std::fprintf(stderr, "ashl_bench_server_core: %s: %u threads differ from 1 (a bug)\n", c.name,
+                     o.apply_threads);
+      const double copy_s = t[2] / runs;
+      rows.push_back({"apply", c.name, n, 1, 1, bytes, t[0] / runs, copy_s, "memcpy of the payload bytes", 0.0, 1});
+      rows.push_back({"apply", c.name, n, 1, 1, bytes, t[1] / runs, copy_s, "memcpy of the payload bytes", 0.0,
+                      o.apply_threads});
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -307,8 +394,18 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--reps" && i + 1 < argc) {
       o.reps = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--apply-threads" && i + 1 < argc) {
+      const long v = std::atol(argv[++i]);
+      if (!ps::apply_pool::check_threads(v < 0 ? 0 : static_cast<std::uint64_t>(v), "--apply-threads")) {
+        std::fprintf(stderr, "ashl_bench_server_core: %s\n",
+                     ps::apply_pool::check_threads(0, "--apply-threads").message().c_str());
+        return 2;
+      }
+      o.apply_threads = static_cast<unsigned>(v);
     } else {
-      std::fprintf(stderr, "usage: ashl_bench_server_core [--quick] [--reps N] [--part all|policy|apply] [--json-only]\n");
+      std::fprintf(stderr,
+                   "usage: ashl_bench_server_core [--quick] [--reps N] [--part all|policy|apply] [--apply-threads N] "
+                   "[--json-only]\n");
       return 2;
     }
   }
@@ -318,16 +415,16 @@ int main(int argc, char** argv) {
   if (o.part != "policy") apply_path(o, rows);
   if (!o.json_only) {
     std::printf("server_core on %s, %s, median of %d\n\n", mach.c_str(), date.c_str(), o.reps);
-    std::printf("%-8s %-24s %10s %8s %14s %14s %8s %14s\n", "part", "case", "n", "workers", "median", "baseline",
-                "ratio", "decode_add");
+    std::printf("%-8s %-26s %10s %8s %14s %14s %8s %14s\n", "part", "case", "n", o.apply_threads > 1 ? "threads" : "workers",
+                "median", "baseline", "ratio", "decode_add");
     for (const auto& r : rows) {
       if (r.part == "policy") {
         std::printf("%-8s %-24s %10s %8llu %10.2f Mev/s %10.2f Mev/s %8.2f\n", r.part.c_str(), r.name.c_str(), "-",
                     static_cast<unsigned long long>(r.workers), r.events / r.median_s * 1e-6,
                     r.events / r.baseline_s * 1e-6, r.baseline_s / r.median_s);
       } else {
-        std::printf("%-8s %-24s %10llu %8s %11.1f us %11.1f us %8.2f %11.1f us\n", r.part.c_str(), r.name.c_str(),
-                    static_cast<unsigned long long>(r.n), "1", r.median_s * 1e6, r.baseline_s * 1e6,
+        std::printf("%-8s %-26s %10llu %8u %11.1f us %11.1f us %8.2f %11.1f us\n", r.part.c_str(), r.name.c_str(),
+                    static_cast<unsigned long long>(r.n), r.threads, r.median_s * 1e6, r.baseline_s * 1e6,
                     r.baseline_s / r.median_s, r.decode_s * 1e6);
       }
     }
@@ -337,12 +434,13 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"bench\":\"server_core\",\"part\":\"%s\",\"case\":\"%s\",\"machine\":\"%s\",\"date\":\"%s\",\"n\":%llu,"
         "\"workers\":%llu,\"events\":%llu,\"payload_bytes\":%llu,\"reps\":%d,\"median_s\":%.9g,"
-        "\"events_per_s\":%.6g,\"baseline\":\"%s\",\"baseline_median_s\":%.9g,\"ratio\":%.4f,\"decode_add_alone_s\":%.9g}\n",
+        "\"events_per_s\":%.6g,\"baseline\":\"%s\",\"baseline_median_s\":%.9g,\"ratio\":%.4f,\"decode_add_alone_s\":%.9g,"
+        "\"apply_threads\":%u}\n",
         r.part.c_str(), r.name.c_str(), mach.c_str(), date.c_str(), static_cast<unsigned long long>(r.n),
         static_cast<unsigned long long>(r.workers), static_cast<unsigned long long>(r.events),
         static_cast<unsigned long long>(r.bytes), o.reps, r.median_s,
         r.part == "policy" ? r.events / r.median_s : 0.0, r.baseline.c_str(), r.baseline_s,
-        r.baseline_s / r.median_s, r.decode_s);
+        r.baseline_s / r.median_s, r.decode_s, r.threads);
   }
   return 0;
 }

@@ -10,7 +10,10 @@ stepping SGD on the gradients (update="gradient"). Two runs of the same job:
   ashl.torch did before issue 26);
 - overlap: buckets of --bucket-mb (default "auto", ashl.torch's default
   rule: min(25 MiB, max(1 MiB, model / 4))), committed from the gradient
-  hooks while backward runs, pulls waited for in forward pre-hooks.
+  hooks while backward runs, pulls waited for in forward pre-hooks; a
+  parameter larger than --partition-mb (default 4, ashl.torch's default;
+  "none": not cut) cut across several buckets, whose pieces are committed
+  and pulled as a pipeline.
 
 --policy (default bsp) and --policy-params (JSON of ps::policy_params
 fields) run another policy, an adaptive one included (ashl, adsp, dlb: its
@@ -59,6 +62,8 @@ def args_of(argv=None):
     ap.add_argument("--compute-ms", type=float, default=1000.0, help="emulated compute per step (fwd + bwd)")
     ap.add_argument("--rate", type=float, default=84e6, help="emulated link, bytes per second each way")
     ap.add_argument("--bucket-mb", default="auto", help='MiB, or "auto" (ashl.torch.bucket_cap_bytes)')
+    ap.add_argument("--partition-mb", default="4",
+                    help='MiB: a parameter larger is cut across buckets (ashl.torch.bucket_plan); "none": not cut')
     ap.add_argument("--policy", default="bsp")
     ap.add_argument("--policy-params", default="{}", help="JSON: ps::policy_params fields of --policy")
     ap.add_argument("--trace", default=None, help="Chrome traces of the last runs: PATH.serial.json, PATH.overlap.json")
@@ -104,13 +109,15 @@ def job_main(a):
             layers.append(torch.nn.ReLU())
     model = torch.nn.Sequential(*layers)
     cap = (a.bucket_mb if a.bucket_mb == "auto" else float(a.bucket_mb)) if mode == "overlap" else 0
+    part = None if a.partition_mb == "none" else float(a.partition_mb)
     policy = ashl.Policy(a.policy, **json.loads(a.policy_params))
     if job.role == "server":
-        at.serve(model, job, policy, "none", optimizer="sgd", lr=0.01, worker_timeout=120.0, bucket_cap_mb=cap)
+        at.serve(model, job, policy, "none", optimizer="sgd", lr=0.01, worker_timeout=120.0, bucket_cap_mb=cap,
+                 partition_mb=part)
         return 0
     opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model, policy, "none",
                                   update="gradient", timeout=120.0, link_bytes_per_second=a.rate,
-                                  bucket_cap_mb=cap, overlap=mode == "overlap",
+                                  bucket_cap_mb=cap, partition_mb=part, overlap=mode == "overlap",
                                   trace=a.trace or "")
     g = torch.Generator().manual_seed(job.rank)
     x = torch.randn(a.batch, 1024, generator=g)
@@ -154,7 +161,7 @@ def run_mode(a, mode, outdir):
     env = dict(os.environ, UCX_NET_DEVICES=os.environ.get("UCX_NET_DEVICES", "lo"))
     cmd = [sys.executable, os.path.abspath(__file__), "--job", f"{mode},{outdir}", "--steps", str(a.steps),
            "--warmup", str(a.warmup), "--hidden", str(a.hidden), "--batch", str(a.batch), "--compute-ms",
-           str(a.compute_ms), "--rate", str(a.rate), "--bucket-mb", str(a.bucket_mb), "--policy", a.policy,
+           str(a.compute_ms), "--rate", str(a.rate), "--bucket-mb", str(a.bucket_mb), "--partition-mb", str(a.partition_mb), "--policy", a.policy,
            "--policy-params", a.policy_params]
     trace = os.path.abspath(f"{a.trace}.{mode}.json") if a.trace else None
     if trace:
@@ -196,6 +203,7 @@ def main(a):
     out = {"bench": "torch_overlap", "machine": f"{platform.node()} {os.cpu_count()} cpus {platform.processor()}",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
            "workers": a.workers, "params": runs["serial"][0]["params"], "bucket_mb": a.bucket_mb,
+           "partition_mb": a.partition_mb, "load_average": os.getloadavg(),
            "policy": a.policy, "policy_params": json.loads(a.policy_params),
            "buckets": runs["overlap"][0]["buckets"], "rate": a.rate, "compute_ms": a.compute_ms,
            "steps": a.steps, "repeats": a.repeats, "serial_step_s": s["step_s"], "overlap_step_s": o_step,

@@ -42,6 +42,8 @@
 //   --max-receive-bytes N  receive buffers over all connections (default 0: (workers + 1) x the
 //                          largest message of the shard)
 //   --max-snapshots N      parameter snapshots pinned by pull replies (default 0: 2 x workers + 2)
+//   --apply-threads N      threads a server applies commits with, each on its own part of the
+//                          shard (default 1; 1..64; bit-identical results; docs/ps.md "Apply threads")
 //   --max-incarnation-ahead S  a join whose incarnation is more than S seconds ahead of the
 //                          clock is refused (default 86400; 0: no bound)
 // Every worker does plan.local_iterations local steps on its own copy, then
@@ -89,6 +91,7 @@ struct options {
   std::uint64_t max_receive_bytes = 0;                     // ps::server_params::max_receive_bytes (0: automatic)
   std::uint64_t max_snapshots = 0;                         // ps::server_params::max_snapshots (0: automatic)
   double max_incarnation_ahead = 86400;                    // ps::server_params::max_incarnation_ahead, seconds
+  std::uint64_t apply_threads = 1;                         // ps::server_params::apply_threads
 };
 
 int fail(const std::string& m) {
@@ -122,18 +125,23 @@ ashl::status parse(const std::vector<std::string>& a, options& o) {
     else if (f == "--restore") o.restore = true;
     else if (f == "--allow-non-finite") o.allow_non_finite = true;
     else if (f == "--store-bytes" || f == "--max-commit-samples" || f == "--max-receive-bytes" ||
-             f == "--max-snapshots") {
+             f == "--max-snapshots" || f == "--apply-threads") {
       const std::string& v = value();
       char* e = nullptr;
       const unsigned long long n = std::strtoull(v.c_str(), &e, 10);
-      const char* what = f == "--max-commit-samples" ? "samples" : f == "--max-snapshots" ? "snapshots" : "bytes";
+      const char* what = f == "--max-commit-samples" ? "samples"
+                         : f == "--max-snapshots"    ? "snapshots"
+                         : f == "--apply-threads"    ? "threads"
+                                                     : "bytes";
       if (v.empty() || e == v.c_str() || *e != '\0' || v[0] == '-')
         return ashl::invalid_argument(f, v, std::string("expected a count of ") + what);
       if (f == "--max-snapshots" && n > 0xffffffffull)
         return ashl::invalid_argument(f, v, "must fit in 32 bits");
+      if (f == "--apply-threads") ASHL_TRY(ashl::ps::apply_pool::check_threads(n, "--apply-threads"));
       (f == "--store-bytes"          ? o.store_bytes
        : f == "--max-commit-samples" ? o.max_commit_samples
        : f == "--max-receive-bytes"  ? o.max_receive_bytes
+       : f == "--apply-threads"      ? o.apply_threads
                                      : o.max_snapshots) = n;
     }
     else if (f == "--slow") {
@@ -199,7 +207,8 @@ int serve(const ps::job& j, const options& o) {
        .max_snapshots = static_cast<std::uint32_t>(o.max_snapshots),
        .max_incarnation_ahead = std::chrono::seconds(static_cast<long long>(o.max_incarnation_ahead)),
        .job = ps::job_id_of(j, o.dim),
-       .policy = o.policy},
+       .policy = o.policy,
+       .apply_threads = static_cast<std::uint32_t>(o.apply_threads)},
       std::move(*policy), std::move(*t));
   if (!srv) return fail(srv.error().message());
   if (srv->restored_version() != 0)
@@ -281,7 +290,7 @@ void print_help() {
       "              [--print-every N] [--slow RANK:MS] [--expect-loss-below X] [--checkpoint-dir DIR]\n"
       "              [--checkpoint-every S] [--restore] [--worker-timeout S] [--reconnect S] [--timeout S]\n"
       "              [--store-bytes N] [--max-commit-samples N] [--allow-non-finite] [--max-receive-bytes N]\n"
-      "              [--max-snapshots N] [--max-incarnation-ahead S]\n"
+      "              [--max-snapshots N] [--max-incarnation-ahead S] [--apply-threads N]\n"
       "              [--NAME VALUE for any policy parameter below]\n\npolicies:\n%s\npolicy parameters:\n",
       ps::policy_help().c_str());
   ashl::for_each_field_of<ps::policy_params>([](const auto& fd) {

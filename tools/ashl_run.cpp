@@ -22,6 +22,11 @@
 // first failure's exit status (128 + signal for a signal); 124 when --timeout
 // passed; 128 + signal when ashl-run itself got SIGINT, SIGTERM or SIGHUP
 // (forwarded to every process first); 2 for a usage error.
+// --trace PATH (or ASHL_TRACE=PATH): every worker writes a Chrome trace
+// ("PATH.worker<rank>.json", the torch adapters' timeline) and ashl-run
+// merges them into PATH when the job ends, whatever its outcome
+// (adapt/trace.hpp; a merge that fails turns a successful job's status to 1).
+#include <ashl/adapt/trace.hpp>
 #include <ashl/ps/launch.hpp>
 
 #include <arpa/inet.h>
@@ -39,6 +44,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,7 +58,7 @@ namespace ps = ashl::ps;
 
 constexpr const char* usage_text =
     "usage: ashl-run -s S -w M [--addr HOST:PORT] [--ports-per-server K] [--insecure]\n"
-    "                [--timeout SECONDS] [--grace SECONDS] [--verbose] -- program [args...]\n"
+    "                [--timeout SECONDS] [--grace SECONDS] [--verbose] [--trace PATH] -- program [args...]\n"
     "  -s, --servers S    number of servers (>= 1)\n"
     "  -w, --workers M    number of workers (>= 1)\n"
     "  --addr HOST:PORT   server 0's address (server i: port + i), or every server's, comma-separated;\n"
@@ -64,6 +70,8 @@ constexpr const char* usage_text =
     "  --timeout SECONDS  stop the job and exit 124 after this long (default: none)\n"
     "  --grace SECONDS    between SIGTERM and SIGKILL when stopping (default 5)\n"
     "  --verbose          print the processes started; ASHL_VERBOSE=1 for every process\n"
+    "  --trace PATH       every worker writes a Chrome trace (ASHL_TRACE); merged into PATH at the end\n"
+    "                     (default: ASHL_TRACE of this environment)\n"
     "The token is ASHL_TOKEN of this environment (>= 16 bytes), else a random one; never a flag.\n";
 
 struct options {
@@ -73,6 +81,7 @@ struct options {
   std::string addr;
   bool insecure = false, verbose = false;
   double timeout = 0, grace = 5;
+  std::string trace;  // absolute; empty: none
   std::vector<std::string> program;
 };
 
@@ -109,7 +118,7 @@ int parse(int argc, char** argv, options& o) {
     const bool is_switch = flag == "--insecure" || flag == "--verbose";
     const bool known = is_switch || flag == "-s" || flag == "--servers" || flag == "-w" || flag == "--workers" ||
                        flag == "--addr" || flag == "--timeout" || flag == "--grace" ||
-                       flag == "--ports-per-server";
+                       flag == "--ports-per-server" || flag == "--trace";
     if (!known) return usage_error("unknown option '" + std::string(arg) + "'");
     if (is_switch) {
       if (has_inline) return usage_error(std::string(flag) + " takes no value");
@@ -134,6 +143,9 @@ int parse(int argc, char** argv, options& o) {
       o.ports_per_server_set = true;
     } else if (flag == "--addr") {
       o.addr = std::string(value);
+    } else if (flag == "--trace") {
+      if (value.empty()) return usage_error("--trace: expects a file path");
+      o.trace = std::string(value);
     } else {
       auto s = ps::detail::parse_seconds(f, value);
       if (!s) return usage_error(s.error().message());
@@ -149,6 +161,16 @@ int parse(int argc, char** argv, options& o) {
   if (!o.addr.empty()) {
     auto a = ps::server_addresses_from(o.addr, o.servers, "--addr", "-s");
     if (!a) return usage_error(a.error().message());
+  }
+  if (o.trace.empty())
+    if (const char* t = std::getenv("ASHL_TRACE"); t && *t) o.trace = t;
+  if (!o.trace.empty()) {
+    std::error_code ec;
+    const auto abs = std::filesystem::absolute(o.trace, ec);  // the processes may change directory
+    if (ec) return usage_error("--trace " + o.trace + ": " + ec.message());
+    o.trace = abs.string();
+    if (!std::filesystem::is_directory(abs.parent_path(), ec))
+      return usage_error("--trace " + o.trace + ": the directory " + abs.parent_path().string() + " does not exist");
   }
   for (; i < argc; ++i) o.program.emplace_back(argv[i]);
   if (o.program.empty()) return usage_error("no program given (expected: -- program [args...])");
@@ -361,7 +383,8 @@ int main(int argc, char** argv) {
   // The environment every process shares, less the contract's variables.
   static constexpr std::string_view contract[] = {"ASHL_ROLE=",        "ASHL_RANK=",  "ASHL_NUM_WORKERS=",
                                                   "ASHL_NUM_SERVERS=", "ASHL_SERVER_ADDR=", "ASHL_TOKEN=",
-                                                  "ASHL_INSECURE=",    "ASHL_VERBOSE=", "ASHL_PORTS_PER_SERVER="};
+                                                  "ASHL_INSECURE=",    "ASHL_VERBOSE=", "ASHL_PORTS_PER_SERVER=",
+                                                  "ASHL_TRACE="};
   std::vector<std::string> base_env;
   for (char** e = environ; *e; ++e) {
     const std::string_view v = *e;
@@ -377,6 +400,7 @@ int main(int argc, char** argv) {
   if (o.insecure) base_env.emplace_back("ASHL_INSECURE=1");
   else base_env.push_back("ASHL_TOKEN=" + token);
   if (o.verbose) base_env.emplace_back("ASHL_VERBOSE=1");
+  if (!o.trace.empty()) base_env.push_back("ASHL_TRACE=" + o.trace);
 
   std::vector<char*> args;
   for (auto& a : o.program) args.push_back(a.data());
@@ -551,7 +575,17 @@ int main(int argc, char** argv) {
     }
   }
 
-  if (timed_out) return 124;
-  if (got_signal) return 128 + got_signal;
-  return first_failure;
+  int code = timed_out ? 124 : got_signal ? 128 + got_signal : first_failure;
+  if (!o.trace.empty()) {
+    const auto merged = ashl::adapt::merge_traces(o.trace);
+    if (!merged) {
+      say("the trace was not merged: " + merged.error().message());
+      if (code == 0) code = 1;
+    } else if (*merged == 0) {
+      say("--trace " + o.trace + ": no process wrote a trace (" + o.trace + ".<role><rank>.json)");
+    } else if (o.verbose) {
+      say("merged " + std::to_string(*merged) + " trace files into " + o.trace);
+    }
+  }
+  return code;
 }

@@ -64,14 +64,15 @@ def job_of(a, role):
 
 def server_flat(model, buckets, flats):
     """The servers' parameters (one flat array per bucket, each in its
-    bucket's order: reverse registration) in registration order."""
+    bucket's order: reverse registration; a parameter cut across buckets in
+    pieces, ashl.torch.bucket_plan) in registration order."""
     by_id = {}
-    for named, flat in zip(buckets, flats):
+    for pieces, flat in zip(buckets, flats):
         off = 0
-        for _, p in named:
-            by_id[id(p)] = torch.from_numpy(flat[off:off + p.numel()])
-            off += p.numel()
-    return torch.cat([by_id[id(p)] for p in model.parameters()])
+        for _, p, _, size in pieces:
+            by_id.setdefault(id(p), []).append(torch.from_numpy(flat[off:off + size]))
+            off += size
+    return torch.cat([t for p in model.parameters() for t in by_id[id(p)]])
 
 
 def server(a):
@@ -80,7 +81,7 @@ def server(a):
     pol = policy_of(a)
     srv = ashl.torch.serve(model, job_of(a, "server"), policy=pol,
                            compression="topk", optimizer="model_delta", worker_timeout=60.0, background=True)
-    buckets = ashl.torch.partition(model, ashl.torch.DEFAULT_BUCKET_CAP_MB, pol)
+    buckets = ashl.torch.bucket_plan(model)  # serve()'s: bucket_cap_mb "auto", partition_mb 4
     params = (lambda: srv.parameters()) if len(buckets) > 1 else (lambda: [srv.parameters()])
     cc.write_file(f"{a.run_dir}/listening", "1\n")
     t0 = cc.wait_for_start(a.run_dir)

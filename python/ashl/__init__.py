@@ -273,18 +273,12 @@ def run(command: Sequence[str], servers: int = 1, workers: int = 1, *, addr: Opt
         args += ["--grace", str(grace)]
     if verbose:
         args.append("--verbose")
+    if trace:  # ashl-run gives every process ASHL_TRACE and merges their files when the job ends
+        args += ["--trace", os.path.abspath(trace)]
     args += ["--"] + [str(c) for c in command]
     if token:  # through the environment, never on a command line (ps(1) shows those)
         popen["env"] = dict(popen.get("env") or os.environ, ASHL_TOKEN=token)
-    if trace:
-        trace = os.path.abspath(trace)
-        popen["env"] = dict(popen.get("env") or os.environ, ASHL_TRACE=trace)
-    try:
-        return subprocess.run(args, check=check, **popen)
-    finally:
-        if trace:
-            from .trace import merge
-            merge(trace)
+    return subprocess.run(args, check=check, **popen)
 
 
 _run_function = run  # ashl.run the function, also when the module ashl.run (python -m ashl.run) was imported

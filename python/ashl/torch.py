@@ -19,8 +19,10 @@ and ``python3 -m ashl.run -s 1 -w 4 -- python3 train.py`` starts the job.
 
 The model's parameters and gradients are flattened into buckets (default
 "auto": DDP's 25 MiB, at most a quarter of a smaller model; reverse
-registration order; one dtype and device each):
-every parameter's .data and .grad are views into them. Each bucket is one
+registration order; one dtype and device each; a parameter over 4 MiB cut
+across several, BytePS's partitioning): every parameter's .data and .grad
+are views into one flat storage per dtype and device, laid out in bucket
+order. Each bucket is one
 parameter-server tensor: its own ps::worker, served by its own ps::server
 in each server process (docs/torch.md, "Buckets and overlap"). A gradient
 hook marks a parameter ready; a full bucket's update is built (the shared
@@ -43,7 +45,8 @@ from . import Job, Plan, Policy, _ashl
 from . import job as _job_from_env
 from .trace import Tracer, path_of
 
-__all__ = ["Bucket", "DistributedOptimizer", "serve", "partition", "bucket_addresses", "bucket_cap_bytes",
+__all__ = ["Bucket", "DistributedOptimizer", "serve", "partition", "bucket_plan", "bucket_addresses", "bucket_cap_bytes",
+           "DEFAULT_PARTITION_MB",
            "ADAPTIVE_POLICIES"]
 
 # The plan stages each policy's servers send (core/plan.hpp, stage_id): a
@@ -133,24 +136,92 @@ def _check(name: str, p: torch.Tensor) -> None:
                          f"(shape {tuple(p.shape)}); call .contiguous() when building the model")
 
 
-def partition(model: Any, bucket_cap_mb: Union[float, str, None] = "auto",
-              policy: Union[Policy, str, None] = None) -> List[List[Tuple[str, torch.Tensor]]]:
-    """The buckets a worker and a server make of ``model`` (they must agree):
-    the parameters that own a slot, in reverse registration order, one dtype
-    and device per bucket, at most ``bucket_cap_bytes(model bytes,
-    bucket_cap_mb)`` each (a larger parameter alone). ``bucket_cap_mb`` None
-    or 0: one bucket per dtype and device. ``policy`` does not change the
-    buckets (it did before adaptive policies overlapped; kept for callers)."""
-    del policy
+# The partition size (adapt::default_partition_mb, BytePS's 4 MB): a
+# parameter larger than it is cut across consecutive buckets, its pieces
+# committed and pulled as a pipeline (docs/torch.md, "Partitioning").
+DEFAULT_PARTITION_MB = _ashl.DEFAULT_PARTITION_MB
+
+
+def bucket_plan(model: Any, bucket_cap_mb: Union[float, str, None] = "auto",
+                partition_mb: Optional[float] = DEFAULT_PARTITION_MB) -> List[List[Tuple[str, torch.Tensor, int, int]]]:
+    """The buckets a worker and a server make of ``model`` (they must agree),
+    as pieces ``(name, parameter, begin, size)``: elements [begin, begin +
+    size) of the flattened parameter. adapt::plan_buckets computes it (the
+    C++ adapter's rule): the parameters that own a slot, in reverse
+    registration order, one dtype and device per bucket, at most
+    ``bucket_cap_bytes(model bytes, bucket_cap_mb)`` each; a parameter of
+    more than ``partition_mb`` MiB is cut into pieces of at most that size,
+    each a bucket alone, in consecutive buckets (None: not cut); another
+    parameter larger than the cap is alone. ``bucket_cap_mb`` None or 0: one
+    bucket per dtype and device, nothing cut. ``partition_mb`` must be > 0
+    (ValueError naming it)."""
     named = _named_parameters_unique(model)
     if not named:
         raise ValueError("model.parameters: none requires grad (nothing to train)")
     for n, p in named:
         _check(n, p)
+    if partition_mb is not None and (isinstance(partition_mb, bool) or not isinstance(partition_mb, (int, float))):
+        raise ValueError(f"partition_mb = {partition_mb!r}: must be a number of MiB > 0 or None (no partitioning)")
     keys = [f"{_DTYPES[p.dtype]}@{p.device}" for _, p in named]
     sizes = [p.numel() * p.element_size() for _, p in named]
     cap = bucket_cap_bytes(sum(sizes), bucket_cap_mb)
-    return [[named[i] for i in b] for b in _ashl.partition(keys, sizes, cap)]
+    plan = _ashl.plan_buckets(keys, sizes, [p.numel() for _, p in named], cap,
+                              None if partition_mb is None else float(partition_mb))
+    return [[(named[i][0], named[i][1], begin, size) for i, begin, size in b] for b in plan]
+
+
+def partition(model: Any, bucket_cap_mb: Union[float, str, None] = "auto",
+              policy: Union[Policy, str, None] = None) -> List[List[Tuple[str, torch.Tensor]]]:
+    """The buckets of ``model`` without partitioning (``bucket_plan(model,
+    bucket_cap_mb, None)``): per bucket its (name, parameter) pairs, a
+    parameter larger than the cap alone. ``policy`` does not change the
+    buckets (it did before adaptive policies overlapped; kept for callers)."""
+    del policy
+    return [[(n, p) for n, p, _, _ in b] for b in bucket_plan(model, bucket_cap_mb, None)]
+
+
+def _alias(plan: List[List[Tuple[str, torch.Tensor, int, int]]]) -> List[Any]:
+    """Per dtype and device one flat parameter and one flat gradient storage,
+    laid out in bucket order (each bucket a contiguous range of it); every
+    parameter's .data and .grad become views into them (keeping their
+    values), a parameter cut across buckets one view over its buckets'
+    ranges. Returns, per bucket, what Bucket is made of."""
+    groups: Dict[Tuple[Any, Any], List[int]] = {}
+    for bi, pieces in enumerate(plan):
+        p = pieces[0][1]
+        groups.setdefault((p.dtype, p.device), []).append(bi)
+    base = [0] * len(plan)
+    flat: Dict[int, int] = {}  # id(parameter) -> its offset in its dtype's storage
+    storage: Dict[Tuple[Any, Any], Tuple[torch.Tensor, torch.Tensor]] = {}
+    for key, bis in groups.items():
+        n = 0
+        for bi in bis:
+            base[bi] = n
+            for name, p, begin, size in plan[bi]:
+                if begin == 0:
+                    flat[id(p)] = n
+                elif flat.get(id(p), -1) + begin != n:  # adapt::plan_buckets puts the pieces end to end
+                    raise AssertionError(f"parameter '{name}': piece at {begin} is not after its previous piece")
+                n += size
+        storage[key] = (torch.empty(n, dtype=key[0], device=key[1]), torch.zeros(n, dtype=key[0], device=key[1]))
+    with torch.no_grad():
+        for bi, pieces in enumerate(plan):
+            for name, p, begin, size in pieces:
+                if begin != 0:
+                    continue
+                fp, fg = storage[(p.dtype, p.device)]
+                off = flat[id(p)]
+                fp[off:off + p.numel()].copy_(p.reshape(-1))
+                p.data = fp[off:off + p.numel()].view_as(p)
+                g = fg[off:off + p.numel()].view_as(p)
+                if p.grad is not None:
+                    g.copy_(p.grad)
+                p.grad = g
+    out = []
+    for bi, pieces in enumerate(plan):
+        fp, fg = storage[(pieces[0][1].dtype, pieces[0][1].device)]
+        out.append((pieces, fp, fg, base[bi], flat))
+    return out
 
 
 def bucket_addresses(addresses: Sequence[str], bucket: int, inproc: bool) -> List[str]:
@@ -164,7 +235,7 @@ def bucket_addresses(addresses: Sequence[str], bucket: int, inproc: bool) -> Lis
         reserved = os.environ.get("ASHL_PORTS_PER_SERVER", "")
         if reserved.isdigit() and bucket >= int(reserved):
             raise ValueError(f"bucket {bucket}: ashl-run reserved ASHL_PORTS_PER_SERVER={reserved} ports per server, "
-                             f"room for {reserved} buckets; raise ashl-run's --ports-per-server or bucket_cap_mb")
+                             f"room for {reserved} buckets; raise ashl-run's --ports-per-server, bucket_cap_mb or partition_mb")
     return _ashl.bucket_addresses(list(addresses), bucket, inproc)
 
 
@@ -185,39 +256,37 @@ class Bucket:
     copy (pinned for CUDA); ``send`` the float32 CPU buffer a commit is sent
     from."""
 
-    def __init__(self, model: Any, index: int = 0):
-        named = model if isinstance(model, list) and all(isinstance(x, tuple) for x in model) and \
-            not isinstance(model, torch.nn.Module) else _named_parameters_unique(model)
-        if not named:
-            raise ValueError("model.parameters: none requires grad (nothing to train)")
+    def __init__(self, model: Any, index: int = 0, _storage: Any = None):
+        if _storage is None:
+            named = model if isinstance(model, list) and all(isinstance(x, tuple) for x in model) and \
+                not isinstance(model, torch.nn.Module) else _named_parameters_unique(model)
+            if not named:
+                raise ValueError("model.parameters: none requires grad (nothing to train)")
+            first: Optional[Tuple[str, torch.Tensor]] = None
+            for name, p in named:
+                _check(name, p)
+                if first is not None and (p.dtype != first[1].dtype or p.device != first[1].device):
+                    raise ValueError(f"parameter '{name}': {p.dtype} on {p.device} differs from '{first[0]}''s "
+                                     f"{first[1].dtype} on {first[1].device} (one bucket holds one)")
+                first = first or (name, p)
+            _storage = _alias([[(name, p, 0, p.numel()) for name, p in named]])[0]
+        pieces, self._flat_params, self._flat_grads, base, flat = _storage
         self.index = index
-        self.names: List[str] = []
-        self.tensors: List[torch.Tensor] = []
-        for name, p in named:
-            _check(name, p)
-            if self.tensors and (p.dtype != self.tensors[0].dtype or p.device != self.tensors[0].device):
-                raise ValueError(f"parameter '{name}': {p.dtype} on {p.device} differs from '{self.names[0]}''s "
-                                 f"{self.tensors[0].dtype} on {self.tensors[0].device} (one bucket holds one)")
-            self.names.append(name)
-            self.tensors.append(p)
+        # The parameters overlapping this bucket (a parameter cut across
+        # buckets is in each of them), their pieces (begin, size: elements
+        # of the flattened parameter), and where each parameter starts
+        # relative to params[0] (negative for a later piece's parameter).
+        self.names: List[str] = [name for name, _, _, _ in pieces]
+        self.tensors: List[torch.Tensor] = [p for _, p, _, _ in pieces]
+        self.pieces: List[Tuple[int, int]] = [(begin, size) for _, _, begin, size in pieces]
+        self._flat_offsets = [flat[id(p)] for p in self.tensors]
+        self.offsets: List[int] = [off - base for off in self._flat_offsets]
         self.dtype = self.tensors[0].dtype
         self.device = self.tensors[0].device
-        self.offsets: List[int] = []
-        n = 0
-        for p in self.tensors:
-            self.offsets.append(n)
-            n += p.numel()
+        n = sum(size for _, size in self.pieces)
         self.size = n
-        self.params = torch.empty(n, dtype=self.dtype, device=self.device)
-        self.grads = torch.zeros(n, dtype=self.dtype, device=self.device)
-        with torch.no_grad():
-            for p, off in zip(self.tensors, self.offsets):
-                self.params[off:off + p.numel()].copy_(p.reshape(-1))
-                p.data = self.params[off:off + p.numel()].view_as(p)
-                g = self.grads[off:off + p.numel()].view_as(p)
-                if p.grad is not None:
-                    g.copy_(p.grad)
-                p.grad = g
+        self.params = self._flat_params[base:base + n]
+        self.grads = self._flat_grads[base:base + n]
         self.staged = self.dtype != torch.float32 or self.device.type != "cpu"
         pin = self.device.type == "cuda"
         if self.staged:
@@ -230,19 +299,20 @@ class Bucket:
         self.host_grads = torch.empty(n, dtype=torch.float32, pin_memory=pin) if self.staged else self.grads
 
     def param_view(self, i: int) -> torch.Tensor:
-        p, off = self.tensors[i], self.offsets[i]
-        return self.params[off:off + p.numel()].view_as(p)
+        """Parameter i's whole view (over every bucket it is cut across)."""
+        p, off = self.tensors[i], self._flat_offsets[i]
+        return self._flat_params[off:off + p.numel()].view_as(p)
 
     def grad_view(self, i: int) -> torch.Tensor:
-        p, off = self.tensors[i], self.offsets[i]
-        return self.grads[off:off + p.numel()].view_as(p)
+        p, off = self.tensors[i], self._flat_offsets[i]
+        return self._flat_grads[off:off + p.numel()].view_as(p)
 
     def attach(self) -> None:
         """Makes every .data and .grad a view into the buckets again where the
         caller replaced it (``zero_grad(set_to_none=True)``, ``p.data = ...``),
         copying the replacement's values in first."""
-        pb, gb, es = self.params.data_ptr(), self.grads.data_ptr(), self.params.element_size()
-        for i, (p, off) in enumerate(zip(self.tensors, self.offsets)):
+        pb, gb, es = self._flat_params.data_ptr(), self._flat_grads.data_ptr(), self.params.element_size()
+        for i, (p, off) in enumerate(zip(self.tensors, self._flat_offsets)):
             if p.data_ptr() != pb + es * off:
                 with torch.no_grad():
                     self.param_view(i).copy_(p.data)
@@ -405,7 +475,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
     servers run them (ValueError otherwise). None: whatever the servers run.
 
     bucket_cap_mb: bucket size in MiB, "auto" (default: ``bucket_cap_bytes``)
-    or 0 / None (one bucket per dtype); serve() must be given the same. Every
+    or 0 / None (one bucket per dtype); partition_mb: a parameter larger
+    than this many MiB (default DEFAULT_PARTITION_MB, 4) is cut across
+    consecutive buckets, whose pieces are committed and pulled as a pipeline
+    (None: not cut; ``bucket_plan``); serve() must be given the same. Every
     bucket runs the first bucket's cycle: its plan (H, commit interval,
     batch, compression ratio, adopted at the cycle start) and its end, also
     for the adaptive policies (docs/torch.md, "Buckets and overlap"). overlap:
@@ -436,6 +509,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  fabric: Optional[_ashl.InprocFabric] = None, batch_size: int = 32, timeout: float = 30.0,
                  seed: int = 0, error_feedback: bool = True, link_bytes_per_second: float = 0.0,
                  reconnect: float = 0.0, bucket_cap_mb: Union[float, str, None] = "auto",
+                 partition_mb: Optional[float] = DEFAULT_PARTITION_MB,
                  overlap: bool = True, commit_in_backward: Optional[bool] = None,
                  check_finite: Optional[bool] = None, trace: Optional[str] = None,
                  incarnation: int = 0, device_encode: Optional[bool] = None,
@@ -451,7 +525,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._policy = Policy.of(policy) if policy is not None else None
         self._compression = _codec_name(compression)
         self._update = update
-        self._buckets = [Bucket(b, i) for i, b in enumerate(partition(model, bucket_cap_mb, self._policy))]
+        self._buckets = [Bucket(None, i, _storage=st)
+                         for i, st in enumerate(_alias(bucket_plan(model, bucket_cap_mb, partition_mb)))]
         in_bucket = {id(p) for b in self._buckets for p in b.tensors}
         for group in optimizer.param_groups:
             for p in group["params"]:
@@ -505,10 +580,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._lead: Optional[Tuple[Any, bool]] = None
         self.skipped = 0
         self.hook_calls: Dict[str, int] = collections.defaultdict(int)
-        self._slot_of: Dict[int, Tuple[int, int]] = {}
+        # Per parameter, its (bucket, slot in the bucket): one for a whole
+        # parameter, one per piece for a parameter cut across buckets.
+        self._slot_of: Dict[int, List[Tuple[int, int]]] = {}
         for bi, b in enumerate(self._buckets):
             for si, p in enumerate(b.tensors):
-                self._slot_of[id(p)] = (bi, si)
+                self._slot_of.setdefault(id(p), []).append((bi, si))
         self._hooks: List[Any] = []
         self._grad_accs: List[Any] = []  # keep the accumulators (and their hooks) alive
         self._install_hooks(model)
@@ -617,8 +694,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # -- hooks ------------------------------------------------------------------
 
     def _install_hooks(self, model: Any) -> None:
+        hooked = set()
         for b in self._buckets:
             for p in b.tensors:
+                if id(p) in hooked:  # cut across buckets: one hook marks every piece
+                    continue
+                hooked.add(id(p))
                 # The gradient accumulator's hook (Horovod's way on torch
                 # 1.13): it runs once per backward, after the parameter's
                 # gradient (summed over its uses when tied) is accumulated.
@@ -627,23 +708,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._grad_accs.append(acc)
         if isinstance(model, torch.nn.Module) and self._overlap:
             for mod in model.modules():
-                own = [self._slot_of[id(p)][0] for p in mod.parameters(recurse=False) if id(p) in self._slot_of]
+                own = [bi for p in mod.parameters(recurse=False) if id(p) in self._slot_of
+                       for bi, _ in self._slot_of[id(p)]]  # every bucket of a parameter cut across buckets
                 if own:
                     self._hooks.append(mod.register_forward_pre_hook(self._make_pre_hook(sorted(set(own)))))
         self._pre_hooked = isinstance(model, torch.nn.Module) and self._overlap
 
     def _make_hook(self, p: torch.Tensor):
-        bi, si = self._slot_of[id(p)]
-        name = self._buckets[bi].names[si]
+        slots = self._slot_of[id(p)]
+        name = self._buckets[slots[0][0]].names[slots[0][1]]
 
         def hook(*_: Any) -> None:
             self.hook_calls[name] += 1
-            ex = self._ex[bi]
-            ex.ready.add(si)
-            if len(ex.ready) == len(ex.bucket.tensors):
-                ex.ready.clear()
-                if self._in_backward and not self._no_sync:
-                    self._bucket_done(bi)
+            # Each bucket the parameter overlaps (its pieces' buckets, in
+            # element order): ready when all its parameters are.
+            for bi, si in slots:
+                ex = self._ex[bi]
+                ex.ready.add(si)
+                if len(ex.ready) == len(ex.bucket.tensors):
+                    ex.ready.clear()
+                    if self._in_backward and not self._no_sync:
+                        self._bucket_done(bi)
         return hook
 
     def _make_pre_hook(self, buckets: List[int]):
@@ -1034,10 +1119,11 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
           worker_timeout: float = 20.0, progress_seconds: Optional[float] = None, checkpoint_dir: str = "",
           checkpoint_every: float = 0.0, restore: bool = False, seed: int = 0,
           background: bool = False, bucket_cap_mb: Union[float, str, None] = "auto",
+          partition_mb: Optional[float] = DEFAULT_PARTITION_MB,
           store_bytes: int = 0, allow_non_finite: bool = False, max_commit_samples: int = 1 << 30,
-          no_worker_grace: Optional[float] = None) -> Any:
+          no_worker_grace: Optional[float] = None, apply_threads: int = 1) -> Any:
     """Runs this process's servers of the job (job.role == "server"), one per
-    bucket (``partition(model, bucket_cap_mb, policy)``, as the workers make
+    bucket (``bucket_plan(model, bucket_cap_mb, partition_mb)``, as the workers make
     them), starting from ``model``'s parameters (its shard of each bucket).
     Blocks until every worker left and returns the server (an ashl.Server
     for a one-bucket model, else ``Servers``); ``background=True`` starts
@@ -1050,16 +1136,19 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
     automatic, workers x the largest commit of its shard of the bucket); a
     NaN or infinite update is refused unless ``allow_non_finite``; a commit
     saying it covers more than ``max_commit_samples`` samples is refused
-    (docs/ps.md, "Values from workers")."""
+    (docs/ps.md, "Values from workers"). ``apply_threads`` threads apply
+    each commit, each on its own part of the shard (1..64; the same bits for
+    any count; docs/ps.md, "Apply threads")."""
     job = job if job is not None else _job_from_env()
     if job.role != "server":
         raise ValueError(f"job.role = {job.role!r}: serve() runs on a server (the workers make a DistributedOptimizer)")
     pol = Policy.of(policy)
     address = listen if listen is not None else job.server_addresses[job.rank]
     servers = []
-    for bi, named in enumerate(partition(model, bucket_cap_mb, pol)):
+    for bi, pieces in enumerate(bucket_plan(model, bucket_cap_mb, partition_mb)):
         with torch.no_grad():
-            initial = torch.cat([p.detach().reshape(-1).to(torch.float32).cpu() for _, p in named]).contiguous()
+            initial = torch.cat([p.detach().reshape(-1)[begin:begin + size].to(torch.float32).cpu()
+                                 for _, p, begin, size in pieces]).contiguous()
         ckpt = f"{checkpoint_dir}/bucket{bi}" if checkpoint_dir and bi else checkpoint_dir
         if ckpt:
             os.makedirs(ckpt, exist_ok=True)
@@ -1078,7 +1167,7 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
                            store_bytes=store_bytes, allow_non_finite=allow_non_finite,
                            max_commit_samples=max_commit_samples,
                            no_worker_grace=job.no_worker_grace if no_worker_grace is None else no_worker_grace,
-                           job=_job_id(job, initial.numel()))
+                           job=_job_id(job, initial.numel()), apply_threads=apply_threads)
         servers.append(srv)
     out = servers[0] if len(servers) == 1 else Servers(servers)
     if background:

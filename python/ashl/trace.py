@@ -4,8 +4,9 @@ like Horovod's timeline: where a step's time goes, per bucket.
     ASHL_TRACE=/tmp/run.json python3 -m ashl.run -w 4 -- python3 train.py   # or --trace /tmp/run.json
 
 Each worker writes ``<path>.worker<rank>.json`` when it leaves; the launcher
-(``python -m ashl.run``) merges them into ``<path>`` (one process row per
-worker). Events ("ph": "X", microseconds since the epoch, so files of one
+(``ashl-run``, ``python -m ashl.run``) merges them into ``<path>`` (one
+process row per worker). The C++ adapter (adapt/torch.hpp) writes the same
+events (adapt/trace.hpp). Events ("ph": "X", microseconds since the epoch, so files of one
 host line up):
 
 - ``compute`` (thread "train"): from the end of one ``step()`` to the start
@@ -23,7 +24,6 @@ Every event has ``args.bucket`` where it concerns one bucket.
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import threading
@@ -89,12 +89,9 @@ class Tracer:
 
 def merge(path: str) -> int:
     """Merges ``<path>.*.json`` (one per process) into ``<path>``; returns
-    the number of files merged (the per-process files are kept)."""
-    events: List[dict] = []
-    files = sorted(f for f in glob.glob(glob.escape(path) + ".*.json") if not f.endswith(".tmp"))
-    for f in files:
-        with open(f) as fh:
-            events += json.load(fh)["traceEvents"]
-    with open(path, "w") as fh:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, fh)
-    return len(files)
+    the number of files merged (0: none, ``path`` not written; the
+    per-process files are kept). ashl-run does this when a job with
+    ``--trace`` ends; this is the same code (adapt::merge_traces), for
+    files gathered by hand, e.g. from several hosts."""
+    from . import _ashl
+    return _ashl.merge_traces(os.fspath(path))

@@ -15,6 +15,7 @@
 // RuntimeError. Blocking calls (create, commit, wait, leave, run, the
 // update builder's passes) release the GIL.
 #include <ashl/config.hpp>
+#include <ashl/adapt/trace.hpp>
 #include <ashl/adapt/update_builder.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
@@ -42,6 +43,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <variant>
 #include <vector>
@@ -564,7 +566,7 @@ class py_server {
             std::string compression, std::string token, bool insecure, bool verbose, double worker_timeout,
             double progress_seconds, std::string checkpoint_dir, double checkpoint_every, bool restore,
             std::uint64_t seed, std::optional<fabric> inproc, std::uint64_t store_bytes, bool allow_non_finite,
-            std::uint64_t max_commit_samples, double no_worker_grace, std::uint64_t job) {
+            std::uint64_t max_commit_samples, double no_worker_grace, std::uint64_t job, std::uint32_t apply_threads) {
     if (workers == 0) raise(ashl::invalid_argument("server.workers", 0, "must be >= 1"));
     std::span<const float> init;
     if (initial) {
@@ -610,7 +612,8 @@ class py_server {
                          .checkpoint_every_seconds = checkpoint_every,
                          .restore = restore,
                          .job = job,
-                         .policy = policy};
+                         .policy = policy,
+                         .apply_threads = apply_threads};
     if (sp.no_worker_grace.count() <= 0)
       raise(ashl::invalid_argument("server.no_worker_grace", no_worker_grace, "must be > 0 seconds"));
     ashl::status failed;
@@ -920,6 +923,29 @@ PYBIND11_MODULE(_ashl, m) {
       py::arg("dtypes"), py::arg("bytes"), py::arg("cap_bytes"),
       "adapt::partition: slots into buckets (reverse order, one dtype each, at most cap_bytes)");
   m.def(
+      "plan_buckets",
+      [](const std::vector<std::string>& dtypes, const std::vector<std::uint64_t>& bytes,
+         const std::vector<std::uint64_t>& elems, std::uint64_t cap_bytes, std::optional<double> partition_mb) {
+        if (dtypes.size() != bytes.size())
+          raise(ashl::invalid_argument("plan_buckets.bytes.size", bytes.size(), "must equal dtypes.size()"));
+        if (dtypes.size() != elems.size())
+          raise(ashl::invalid_argument("plan_buckets.elems.size", elems.size(), "must equal dtypes.size()"));
+        if (partition_mb && !ashl::adapt::valid_partition_mb(*partition_mb))
+          raise(ashl::invalid_argument("partition_mb", *partition_mb, "must be > 0 MiB (or None: no partitioning)"));
+        const auto plan = ashl::adapt::plan_buckets(
+            dtypes.size(), [&](std::size_t i) { return dtypes[i]; }, [&](std::size_t i) { return bytes[i]; },
+            [&](std::size_t i) { return elems[i]; }, cap_bytes,
+            partition_mb ? ashl::adapt::partition_bytes(*partition_mb) : 0);
+        std::vector<std::vector<std::tuple<std::size_t, std::uint64_t, std::uint64_t>>> out(plan.size());
+        for (std::size_t i = 0; i < plan.size(); ++i)
+          for (const auto& p : plan[i]) out[i].emplace_back(p.slot, p.begin, p.size);
+        return out;
+      },
+      py::arg("dtypes"), py::arg("bytes"), py::arg("elems"), py::arg("cap_bytes"), py::arg("partition_mb"),
+      "adapt::plan_buckets: buckets of (slot, begin, size) pieces (reverse order, one dtype each, at most "
+      "cap_bytes; a slot larger than partition_mb MiB cut across buckets; None: not cut)");
+  m.attr("DEFAULT_PARTITION_MB") = ashl::adapt::default_partition_mb;
+  m.def(
       "bucket_cap_bytes",
       [](std::uint64_t model_bytes, std::optional<double> cap_mb) {
         return ashl::adapt::bucket_cap_bytes(model_bytes, cap_mb);
@@ -938,11 +964,22 @@ PYBIND11_MODULE(_ashl, m) {
       py::arg("addresses"), py::arg("bucket"), py::arg("inproc"),
       "adapt::bucket_addresses: where bucket b's servers listen (inproc <node>/b<b>; port + b * servers)");
 
+  m.def(
+      "merge_traces",
+      [](const std::string& path) {
+        auto n = ashl::adapt::merge_traces(path);
+        if (!n) raise(n.error());
+        return *n;
+      },
+      py::arg("path"),
+      "adapt::merge_traces: every process's \"<path>.*.json\" into <path>; the number of files (0: none, "
+      "nothing written)");
+
   py::class_<py_server>(m, "Server", "ps::server: one shard of the model, a consistency policy, an optimizer")
       .def(py::init<std::uint64_t, std::optional<py::array>, std::string, py::dict, std::uint32_t, std::string,
                     std::uint32_t, std::uint32_t, std::string, double, double, double, bool, std::string, std::string,
                     bool, bool, double, double, std::string, double, bool, std::uint64_t, std::optional<fabric>,
-                    std::uint64_t, bool, std::uint64_t, double, std::uint64_t>(),
+                    std::uint64_t, bool, std::uint64_t, double, std::uint64_t, std::uint32_t>(),
            py::arg("size") = 0, py::arg("initial") = std::nullopt, py::arg("policy") = "bsp",
            py::arg("policy_params") = py::dict(), py::arg("workers") = 1, py::arg("listen") = "127.0.0.1:0",
            py::arg("shard") = 0, py::arg("servers") = 1, py::arg("optimizer") = "model_delta", py::arg("lr") = 0.1,
@@ -952,7 +989,7 @@ PYBIND11_MODULE(_ashl, m) {
            py::arg("checkpoint_dir") = "", py::arg("checkpoint_every") = 0.0, py::arg("restore") = false,
            py::arg("seed") = 0, py::arg("fabric") = std::nullopt, py::arg("store_bytes") = 0,
            py::arg("allow_non_finite") = false, py::arg("max_commit_samples") = std::uint64_t{1} << 30,
-           py::arg("no_worker_grace") = 60.0, py::arg("job") = 0)
+           py::arg("no_worker_grace") = 60.0, py::arg("job") = 0, py::arg("apply_threads") = 1)
       .def_property_readonly("address", &py_server::address)
       .def("run", &py_server::run)
       .def("start", &py_server::start)

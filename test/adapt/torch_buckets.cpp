@@ -13,9 +13,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
+#include <optional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 #include "../support/checks.hpp"
@@ -28,7 +33,10 @@
 // accumulators' hooks, pulls waited for per layer) and the serial one give
 // bit-identical parameters under BSP, and equal plain SGD; the hooks fire
 // once per parameter and backward with gradient accumulation and a tied
-// parameter; a bf16 model trains and a non-finite step is skipped.
+// parameter; a bf16 model trains and a non-finite step is skipped; a
+// parameter larger than partition_mb is cut across buckets that alias it,
+// its overlapped BSP equals the serial one, and wait_for waits for every
+// piece.
 
 namespace adapt = ashl::adapt;
 namespace ps = ashl::ps;
@@ -43,6 +51,8 @@ using torch_testing::net;
 
 // 100 bytes: fc2.bias, fc2.weight, fc1.bias (92 B) in bucket 0; fc1.weight (120 B) alone in bucket 1.
 constexpr double small_cap_mb = 100.0 / (1 << 20);
+// 64 bytes: fc1.weight (120 B, 30 elements) cut in two pieces of 15, buckets 1 and 2.
+constexpr double small_partition_mb = 64.0 / (1 << 20);
 
 // One server of one bucket over `fabric` at `name`, until destroyed.
 struct server_thread {
@@ -104,6 +114,35 @@ BOOST_AUTO_TEST_CASE(auto_makes_one_bucket_of_a_small_model_and_a_negative_cap_i
   auto bad = adapt::torch_buckets(*m, -1.0);
   ASHL_REQUIRE(!bad.has_value());
   ASHL_TEST(contains(bad.error().message(), "torch.bucket_cap_mb"), bad.error().message());
+  for (const double part : {0.0, -1.0}) {
+    auto refused = adapt::torch_buckets(*m, small_cap_mb, part);
+    ASHL_REQUIRE(!refused.has_value());
+    ASHL_TEST(contains(refused.error().message(), "torch.partition_mb"), refused.error().message());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_parameter_larger_than_the_partition_is_cut_across_buckets_that_alias_it) {
+  auto m = make_net();
+  const auto before = flat_copy(*m);
+  auto bs = adapt::torch_buckets(*m, small_cap_mb, small_partition_mb);
+  ASHL_REQUIRE(bs.has_value(), (bs ? "" : bs.error().message()));
+  ASHL_REQUIRE(bs->size() == 3u);
+  ASHL_TEST(((*bs)[0].names() == std::vector<std::string>{"fc2.bias", "fc2.weight", "fc1.bias"}));
+  ASHL_TEST(flat_copy(*m) == before);  // values kept
+  float* w = m->fc1->weight.data_ptr<float>();
+  for (std::size_t k = 1; k <= 2; ++k) {  // piece k - 1: elements [15 (k - 1), 15 k) of fc1.weight, in place
+    const auto& b = (*bs)[k];
+    ASHL_TEST((b.names() == std::vector<std::string>{"fc1.weight"}));
+    ASHL_TEST((b.pieces() == std::vector<std::pair<std::int64_t, std::int64_t>>{{15 * (k - 1), 15}}));
+    ASHL_TEST(b.size() == 15u);
+    ASHL_TEST(b.params().data_ptr<float>() == w + 15 * (k - 1));
+  }
+  ASHL_TEST((*bs)[1].params().data_ptr<float>() == (*bs)[0].params().data_ptr<float>() + 23);  // one flat storage
+  (*bs)[2].params().fill_(2.0f);  // through the second piece's bucket
+  ASHL_TEST((w[14] != 2.0f && w[15] == 2.0f && w[29] == 2.0f));
+  m->forward(torch::randn({4, 6})).sum().backward();
+  ASHL_TEST(m->fc1->weight.grad().data_ptr<float>() == (*bs)[1].grads().data_ptr<float>());
+  ASHL_TEST(m->fc1->weight.grad().data_ptr<float>() + 15 == (*bs)[2].grads().data_ptr<float>());
 }
 
 #if ASHL_HAS_UCX()
@@ -153,19 +192,29 @@ namespace {
 // delta: local SGD steps, model deltas committed); the parameters after
 // each, flattened in registration order.
 std::vector<std::vector<float>> run_bsp(bool overlap, int iterations,
-                                        adapt::torch_update update = adapt::torch_update::gradient) {
+                                        adapt::torch_update update = adapt::torch_update::gradient,
+                                        std::optional<std::string> trace = std::nullopt,
+                                        double partition_mb = adapt::default_partition_mb) {
   constexpr double lr = 0.1;
   auto m = make_net();
-  auto bs = adapt::torch_buckets(*m, small_cap_mb);
-  ASHL_REQUIRE((bs.has_value() && bs->size() == 2u));
+  auto bs = adapt::torch_buckets(*m, small_cap_mb, partition_mb);
+  const std::size_t buckets = partition_mb == small_partition_mb ? 3 : 2;  // fc1.weight cut in two
+  ASHL_REQUIRE((bs.has_value() && bs->size() == buckets));
   auto fabric = tr::inproc_fabric::create({});
   auto servers = serve(fabric, *bs, lr, update);
   torch::optim::SGD local(m->parameters(), lr);
+  // Pull replies held 5 ms each on the emulated link, so that a wait for
+  // one piece of fc1.weight only would find the other in flight.
   auto d = adapt::torch_worker<tr::inproc>::create(
-      std::move(*bs), &local, {.servers = {"server0"}, .timeout = 10s}, nodes_of(fabric),
-      {.update = update, .overlap = overlap});
+      std::move(*bs), &local,
+      {.servers = {"server0"},
+       .timeout = 10s,
+       .link_hold = [](ps::link_direction dir, std::uint64_t) {
+         if (dir == ps::link_direction::down) std::this_thread::sleep_for(5ms);
+       }},
+      nodes_of(fabric), {.update = update, .overlap = overlap, .trace = std::move(trace)});
   ASHL_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
-  ASHL_TEST(d->buckets() == 2u);
+  ASHL_TEST(d->buckets() == buckets);
   ASHL_TEST(d->overlapped() == overlap);
   std::vector<std::vector<float>> out;
   torch::manual_seed(3);
@@ -185,6 +234,10 @@ std::vector<std::vector<float>> run_bsp(bool overlap, int iterations,
     }
     const auto s = d->step();
     ASHL_REQUIRE(s.ok(), s.message());
+    if (overlap) {  // the pulls are in flight: fc1.weight's buckets (1, and 2 when cut) are all waited for
+      ASHL_REQUIRE(d->wait_bucket_for(m->fc1->weight).ok());
+      for (std::size_t b = 1; b < buckets; ++b) ASHL_TEST(!d->in_flight(b), "bucket " << b);
+    }
     ASHL_REQUIRE(d->before_forward().ok());
     out.push_back(flat_copy(*m));
   }
@@ -212,9 +265,39 @@ std::vector<std::vector<float>> run_bsp(bool overlap, int iterations,
 
 BOOST_AUTO_TEST_CASE(overlapped_and_serial_bsp_exchanges_give_bit_identical_parameters) {
   constexpr int iterations = 4;
-  const auto overlapped = run_bsp(true, iterations);
+  // The overlapped run also writes its trace (adapt/trace.hpp): every
+  // bucket's encode, commit and pull of every iteration, and the compute
+  // between steps.
+  std::string dir = (std::filesystem::temp_directory_path() / "ashl-torch-trace-XXXXXX").string();
+  ASHL_REQUIRE(::mkdtemp(dir.data()) != nullptr);
+  const auto overlapped = run_bsp(true, iterations, adapt::torch_update::gradient, dir + "/run.json");
+  {
+    const auto file = dir + "/run.json.worker0.json";
+    std::ifstream in(file);
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    std::filesystem::remove_all(dir);
+    adapt::detail::trace_scanner sc{text};
+    ASHL_TEST(sc.trace_events().has_value(), file);
+    // Complete events named `name` (of bucket b when b >= 0).
+    const auto count = [&](const std::string& name, int b = -1) {
+      const std::string head = "{\"name\": \"" + name + "\", \"ph\": \"X\"";
+      const std::string arg = "\"args\": {\"bucket\": " + std::to_string(b) + "}}";
+      std::size_t n = 0;
+      for (auto i = text.find(head); i != std::string::npos; i = text.find(head, i + 1)) {
+        // What follows the event's "cat": its args (a bucket) or its end.
+        const auto cat = text.find("\"cat\": \"ashl\"", i);
+        n += b < 0 || std::string_view(text).substr(cat + 13).starts_with(", " + arg);
+      }
+      return n;
+    };
+    for (const char* name : {"encode", "commit", "pull"})
+      for (int b = 0; b < 2; ++b)
+        ASHL_TEST(count(name, b) == static_cast<std::size_t>(iterations), name << " of bucket " << b);
+    ASHL_TEST(count("compute") == static_cast<std::size_t>(iterations - 1));
+  }
   const auto serial = run_bsp(false, iterations);
-  ASHL_REQUIRE(overlapped.size() == serial.size());
+  const auto cut = run_bsp(true, iterations, adapt::torch_update::gradient, std::nullopt, small_partition_mb);
+  ASHL_REQUIRE((overlapped.size() == serial.size() && cut.size() == serial.size()));
   // And both are plain SGD on one model (W -= lr * g in f32).
   auto reference = make_net();
   torch::manual_seed(3);
@@ -234,6 +317,7 @@ BOOST_AUTO_TEST_CASE(overlapped_and_serial_bsp_exchanges_give_bit_identical_para
     const auto r = flat_copy(*reference);
     ASHL_REQUIRE((overlapped[it].size() == r.size() && serial[it].size() == r.size()));
     ASHL_TEST(std::memcmp(overlapped[it].data(), serial[it].data(), r.size() * 4) == 0, "iteration " << it);
+    ASHL_TEST(std::memcmp(cut[it].data(), serial[it].data(), r.size() * 4) == 0, "iteration " << it);
     ASHL_TEST(std::memcmp(serial[it].data(), r.data(), r.size() * 4) == 0, "iteration " << it);
   }
 }

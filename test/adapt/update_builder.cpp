@@ -75,6 +75,30 @@ BOOST_AUTO_TEST_CASE(buckets_go_in_reverse_order_one_dtype_each_up_to_the_cap) {
   BOOST_TEST((adapt::partition(6, d, n, 10) == buckets{{5}, {4}, {3}, {2}, {1}, {0}}));  // larger ones alone
 }
 
+BOOST_AUTO_TEST_CASE(a_slot_larger_than_the_partition_is_cut_across_consecutive_buckets) {
+  // Slots 0..3: bytes (float32: elements = bytes / 4) and dtypes.
+  const std::vector<std::string> dt{"f32", "f32", "bf16", "f32"};
+  const std::vector<std::uint64_t> bytes{40, 4, 24, 8};
+  auto d = [&](std::size_t i) { return dt[i]; };
+  auto b = [&](std::size_t i) { return bytes[i]; };
+  auto e = [&](std::size_t i) { return bytes[i] / (dt[i] == "f32" ? 4 : 2); };
+  using P = adapt::bucket_piece;
+  using plan = std::vector<std::vector<P>>;
+  // part 16 bytes: slot 0 (10 elements) in ceil(40 / 16) = 3 pieces of 3, 3, 4
+  // elements in element order, each alone; slot 2 (12 bf16) in 2; slots 3
+  // and 1 (float32) share a bucket under the cap.
+  BOOST_TEST((adapt::plan_buckets(4, d, b, e, 100, 16) ==
+              plan{{P{3, 0, 2}, P{1, 0, 1}}, {P{2, 0, 6}}, {P{2, 6, 6}}, {P{0, 0, 3}}, {P{0, 3, 3}}, {P{0, 6, 4}}}));
+  BOOST_TEST((adapt::plan_buckets(4, d, b, e, 100, 0) == plan{{P{3, 0, 2}, P{1, 0, 1}, P{0, 0, 10}}, {P{2, 0, 12}}}));
+  BOOST_TEST((adapt::plan_buckets(4, d, b, e, 0, 16) == plan{{P{3, 0, 2}, P{1, 0, 1}, P{0, 0, 10}}, {P{2, 0, 12}}}));
+  constexpr std::uint64_t mib = 1 << 20;
+  BOOST_TEST(adapt::partition_bytes(adapt::default_partition_mb) == 4 * mib);
+  BOOST_TEST(adapt::partition_bytes(std::numeric_limits<double>::infinity()) == 0u);  // no partitioning
+  BOOST_TEST(!adapt::valid_partition_mb(0.0));
+  BOOST_TEST(!adapt::valid_partition_mb(-1.0));
+  BOOST_TEST(!adapt::valid_partition_mb(std::numeric_limits<double>::quiet_NaN()));
+}
+
 BOOST_AUTO_TEST_CASE(the_bucket_cap_rule_and_bucket_addresses_are_both_adapters) {
   constexpr std::uint64_t mib = 1 << 20;
   BOOST_TEST(adapt::bucket_cap_bytes(212) == mib);                   // never below 1 MiB

@@ -287,8 +287,10 @@ BOOST_AUTO_TEST_CASE(ashl_summary_sees_every_instantiation) {
   auto r = ps::make_policy("ashl", p);
   BOOST_TEST_REQUIRE(r.has_value());
   as::outcome_sink out(2);
-  (void)r->on_commit({.worker = 0, .sequence = 1}, out);
-  (void)r->on_commit({.worker = 1, .sequence = 1}, out);
+  for (as::worker_id w = 0; w < 2; ++w) {  // a cycle: its commit, then its compute measurement
+    (void)r->on_commit({.worker = w, .sequence = 1}, out);
+    r->on_measurement({.worker = w, .kind = ashl::measurement_kind::compute, .seconds = 0.1}, out);
+  }
   const auto s = ps::ashl_summary_of(*r);
   BOOST_TEST_REQUIRE(s.has_value());
   BOOST_TEST((s->stage == stage_id::ahl));

@@ -75,3 +75,34 @@ def test_push_is_acknowledged_without_the_parameters():
     assert w[0] != 9.0 and (w == w[0]).all()  # the servers' parameters, three updates on
     wk.leave()
     srv.join()
+
+
+def test_apply_threads_are_an_argument_and_change_no_bit():
+    # server_params.apply_threads (issue 28 item 3): a bad count is named; a
+    # shard of 40,000 elements (two parts) applied by 2 threads ends with the
+    # same bits as by 1.
+    fabric = ashl.InprocFabric()
+    for bad in (0, 65):
+        with pytest.raises(ValueError, match=rf"server\.apply_threads = {bad}: must be in \[1, 64\]"):
+            ashl.Server(size=8, policy="asp", fabric=fabric, listen=f"bad{bad}", insecure=True, apply_threads=bad)
+    n = 40000
+    g = (np.arange(n, dtype=np.float32) % 97 - 48) * np.float32(1e-3)
+    finals = []
+    for threads in (1, 2):
+        name = f"t{threads}"
+        srv = ashl.Server(size=n, policy="asp", workers=1, fabric=fabric, listen=name, insecure=True,
+                          apply_threads=threads)
+        srv.start()
+        w = np.zeros(n, dtype=np.float32)
+        wk = ashl.Worker(w, [name], fabric=fabric, insecure=True)
+        for k in range(3):
+            while not wk.iteration_done():
+                pass
+            wk.push(g * np.float32(k + 1))
+            wk.wait()
+        wk.pull()
+        wk.wait()
+        finals.append(w.copy())
+        wk.leave()
+        srv.join()
+    assert finals[0].tobytes() == finals[1].tobytes() and finals[0].any()

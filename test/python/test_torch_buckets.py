@@ -3,7 +3,8 @@ gradients; overlapped and serial exchanges give bit-identical parameters
 under BSP; the gradient hooks fire once per parameter per backward with
 gradient accumulation and tied parameters; a bf16 loop, with a non-finite
 step skipped and not committed; torchrun's and SLURM's variables; a trace
-that parses."""
+that parses; a parameter larger than partition_mb cut across buckets that
+alias it, bit-identical BSP with it, a forward waiting for every piece."""
 import json
 import os
 import sys
@@ -100,13 +101,13 @@ def test_one_bucket_per_dtype_and_a_bf16_bucket_is_staged():
     assert model[4].weight.data_ptr() == b.params.data_ptr() + 2 * b.offsets[1]
 
 
-def run_bsp(workers, steps, bucket_cap_mb, overlap, seed=11):
+def run_bsp(workers, steps, bucket_cap_mb, overlap, seed=11, partition_mb=at.DEFAULT_PARTITION_MB):
     """`workers` workers in threads over one InprocFabric, BSP, gradient
     updates (servers: sgd); the final parameters of worker 0 and the server."""
     fabric = ashl.InprocFabric(deterministic=True)
     sjob, wjobs = jobs(workers)
     srv = at.serve(mlp(), sjob, "bsp", "none", optimizer="sgd", lr=0.05, fabric=fabric, background=True,
-                   bucket_cap_mb=bucket_cap_mb)
+                   bucket_cap_mb=bucket_cap_mb, partition_mb=partition_mb)
     out, errors, nbuckets = {}, [], []
 
     def worker(r):
@@ -114,7 +115,7 @@ def run_bsp(workers, steps, bucket_cap_mb, overlap, seed=11):
             model = mlp()
             opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model, "bsp", "none",
                                           update="gradient", job=wjobs[r], fabric=fabric,
-                                          bucket_cap_mb=bucket_cap_mb, overlap=overlap)
+                                          bucket_cap_mb=bucket_cap_mb, overlap=overlap, partition_mb=partition_mb)
             nbuckets.append(len(opt.buckets))
             g = torch.Generator().manual_seed(seed + r)
             for _ in range(steps):
@@ -146,6 +147,76 @@ def test_overlapped_and_serial_bsp_exchanges_give_bit_identical_parameters():
     assert torch.equal(overlapped[0], overlapped[1])
     assert torch.equal(serial[0], overlapped[0])  # bit for bit
     assert not torch.equal(serial[0], flat(mlp()))  # and it trained
+
+
+def test_a_parameter_larger_than_the_partition_is_cut_across_buckets_that_alias_it():
+    model = mlp()
+    before = flat(model)
+    plan = at.bucket_plan(model, 2 * KIB, partition_mb=KIB)  # 1 KiB: Linear(32, 32)'s weight (4 KiB) in 4
+    pieces = [(n, b, s) for g in plan for n, _, b, s in g if n == "2.weight"]
+    assert [len(g) for g in plan if g[0][0] == "2.weight"] == [1, 1, 1, 1]  # each piece a bucket alone
+    assert pieces == [("2.weight", 256 * i, 256) for i in range(4)]
+    assert [(b, s) for g in plan for n, _, b, s in g if n == "0.weight"] == [(0, 256), (256, 256)]
+    buckets = [at.Bucket(None, i, _storage=st) for i, st in enumerate(at._alias(plan))]
+    assert torch.equal(flat(model), before)  # values kept
+    model(torch.randn(3, 16)).sum().backward()
+    w = model[2].weight
+    cut = [b for b in buckets if any(p is w for p in b.tensors)]
+    assert len(cut) == 4 and [b.index for b in cut] == list(range(cut[0].index, cut[0].index + 4))
+    for k, b in enumerate(cut):  # piece k: elements [256 k, 256 (k + 1)) of the weight, in place
+        assert b.params.data_ptr() == w.data_ptr() + 4 * 256 * k and b.size == 256
+        assert b.grads.data_ptr() == w.grad.data_ptr() + 4 * 256 * k
+        assert torch.equal(b.grads, w.grad.reshape(-1)[256 * k:256 * (k + 1)])
+        b.params.fill_(float(k))  # through the bucket
+    assert torch.equal(w.detach().reshape(-1), torch.arange(4).repeat_interleave(256).float())
+    with pytest.raises(ValueError, match="partition_mb"):
+        at.bucket_plan(model, 2 * KIB, partition_mb=0)
+    with pytest.raises(ValueError, match="partition_mb"):
+        at.bucket_plan(model, 2 * KIB, partition_mb=-1.0)
+    with pytest.raises(ValueError, match="partition_mb"):
+        at.bucket_plan(model, 2 * KIB, partition_mb="4")
+    assert len(at.bucket_plan(model, 0, partition_mb=KIB)) == 1  # one bucket per dtype: nothing cut
+
+
+def test_overlapped_and_serial_bsp_give_bit_identical_parameters_with_parameters_cut_across_buckets():
+    serial, _ = run_bsp(2, 4, bucket_cap_mb=0, overlap=False)
+    cut, nb = run_bsp(2, 4, bucket_cap_mb=2 * KIB, overlap=True, partition_mb=KIB)
+    assert min(nb) == 8  # {4.*, 2.bias}, 2.weight in 4, {0.bias}, 0.weight in 2
+    assert torch.equal(cut[0], cut[1])
+    assert torch.equal(serial[0], cut[0])  # bit for bit
+    assert not torch.equal(serial[0], flat(mlp()))
+
+
+def test_a_forward_waits_for_every_bucket_of_a_cut_parameter():
+    # Pull replies held 20 ms each on the emulated link: a forward pre-hook
+    # that waited for one piece only would find the others in flight.
+    fabric = ashl.InprocFabric()
+    sjob, (wjob,) = jobs(1)
+    srv = at.serve(mlp(), sjob, "bsp", "none", optimizer="sgd", lr=0.05, fabric=fabric, background=True,
+                   bucket_cap_mb=2 * KIB, partition_mb=KIB)
+    model = mlp()
+    down = []
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model, "bsp", "none",
+                                  update="gradient", job=wjob, fabric=fabric, bucket_cap_mb=2 * KIB, partition_mb=KIB,
+                                  link=lambda d, n: (down.append(n), threading.Event().wait(0.02)) if d == "down"
+                                  else None)
+    w = model[2].weight
+    mine = [b.index for b in opt.buckets if any(p is w for p in b.tensors)]
+    assert len(mine) == 4
+    seen = []
+    # Registered after the optimizer's pre-hooks, so it runs after them.
+    model[2].register_forward_pre_hook(lambda *_: seen.append([opt._ex[bi].arrived.is_set() for bi in mine]))
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 16)).pow(2).mean().backward()
+        opt.step()
+    opt.wait()
+    assert seen == [[True] * 4] * 3
+    t = opt.telemetry
+    assert t["bucket_commits"] == 3 * len(opt.buckets)  # the hook readied every piece's bucket
+    assert len(down) == 3 * len(opt.buckets)
+    opt.leave()
+    srv.join()
 
 
 class Tied(torch.nn.Module):

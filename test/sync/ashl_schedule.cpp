@@ -34,6 +34,16 @@ struct two_speed_planner {
   ashl::status load(ashl::state_reader& r) { return r.get(seen, "two_speed.seen"); }
 };
 
+// A worker's profiling cycle as the drivers report it: its commit, then
+// the cycle's compute measurement (sent when the cycle ends: worker_cycle).
+// Returns the commit's decision; `sink` holds the measurement's outcomes.
+template <class P>
+as::commit_decision cycle(P& p, as::worker_id w, std::uint64_t sequence, double time = 0.0) {
+  const auto d = p.on_commit({.worker = w, .sequence = sequence, .time = time}, fresh());
+  p.on_measurement({.worker = w, .kind = measurement_kind::compute, .seconds = 0.1, .time = time}, fresh());
+  return d;
+}
+
 // Returns a fixed plan.
 struct fixed_planner {
   std::vector<as::ashl_worker_plan> workers;
@@ -53,14 +63,16 @@ BOOST_AUTO_TEST_CASE(profiling_then_ahl_then_shl) {
   p.on_measurement({.worker = 0, .kind = measurement_kind::compute, .seconds = 0.1}, fresh());
   p.on_measurement({.worker = 1, .kind = measurement_kind::compute, .seconds = 0.2}, fresh());
   BOOST_TEST(p.on_commit({.worker = 0, .sequence = 1}, fresh()).weight == 0.5);
-  (void)p.on_commit({.worker = 0, .sequence = 2}, fresh());
+  (void)cycle(p, 0, 2);  // worker 0: 2 commits, 2 compute samples
   (void)p.on_commit({.worker = 1, .sequence = 1}, fresh());
   BOOST_TEST(p.profiling());
   auto d = p.on_commit({.worker = 1, .sequence = 2}, fresh());  // the last profiling commit
   BOOST_TEST((d.action == as::commit_action::apply));
+  BOOST_TEST(p.profiling());  // its cycle's compute measurement is still on its way
+  p.on_measurement({.worker = 1, .kind = measurement_kind::compute, .seconds = 0.2}, fresh());
   BOOST_TEST(sink.every_plan_changed());
   BOOST_TEST(!p.profiling());
-  BOOST_TEST(p.planner().seen == 2u);
+  BOOST_TEST(p.planner().seen == 4u);
   BOOST_TEST(p.planner_status().ok());
   BOOST_TEST((p.stage() == stage_id::ahl));
   BOOST_TEST((p.plan(0).stage == stage_id::ahl));
@@ -118,8 +130,8 @@ BOOST_AUTO_TEST_CASE(measurements_kept_while_profiling_are_bounded_per_worker) {
 BOOST_AUTO_TEST_CASE(bad_plan_falls_back_to_uniform_and_says_why) {
   as::ashl_schedule<fixed_planner> p{{.workers = 2, .profile_iterations = 1},
                                      fixed_planner{{{8, 2, 1.5, 1.0, 0.5, 0}, {8, 2, 1.0, 1.0, 0.5, 0}}}};
-  (void)p.on_commit({.worker = 0, .sequence = 1}, fresh());
-  (void)p.on_commit({.worker = 1, .sequence = 1}, fresh());
+  (void)cycle(p, 0, 1);
+  (void)cycle(p, 1, 1);
   BOOST_TEST(!p.profiling());
   BOOST_TEST(!p.planner_status().ok());
   BOOST_TEST(p.planner_status().message() == "ashl.plan.ratio_ahl = 1.5: must be in (0, 1]");
@@ -129,8 +141,8 @@ BOOST_AUTO_TEST_CASE(bad_plan_falls_back_to_uniform_and_says_why) {
 
 BOOST_AUTO_TEST_CASE(eviction_during_profiling_ends_it_and_carries_over) {
   as::ashl_schedule<> p{{.workers = 3, .profile_iterations = 1}};
-  (void)p.on_commit({.worker = 0, .sequence = 1}, fresh());
-  (void)p.on_commit({.worker = 1, .sequence = 1}, fresh());
+  (void)cycle(p, 0, 1);
+  (void)cycle(p, 1, 1);
   BOOST_TEST(p.profiling());
   p.on_evict({.worker = 2, .time = 3.0}, fresh());  // nobody waits for worker 2
   BOOST_TEST(sink.every_plan_changed());
@@ -142,21 +154,78 @@ BOOST_AUTO_TEST_CASE(eviction_during_profiling_ends_it_and_carries_over) {
 
 BOOST_AUTO_TEST_CASE(a_worker_that_rejoins_during_profiling_starts_over) {
   as::ashl_schedule<> p{{.workers = 2, .profile_iterations = 2}};
-  (void)p.on_commit({.worker = 0, .sequence = 1}, fresh());
-  (void)p.on_commit({.worker = 0, .sequence = 2}, fresh());
-  (void)p.on_commit({.worker = 1, .sequence = 1}, fresh());
+  (void)cycle(p, 0, 1);
+  (void)cycle(p, 0, 2);
+  (void)cycle(p, 1, 1);
   p.on_evict({.worker = 0}, fresh());
   p.on_join({.worker = 0}, fresh());
   p.on_join({.worker = 5}, fresh());
-  (void)p.on_commit({.worker = 1, .sequence = 2}, fresh());
-  BOOST_TEST(p.profiling());  // 0 and 5 have not reached 2 commits since they joined
+  (void)cycle(p, 1, 2);
+  BOOST_TEST(p.profiling());  // 0 and 5 have not made 2 commits since they joined
+  // Worker 0's compute samples of its first life still count (the report
+  // keeps them): its 2 commits suffice; worker 5 needs its measurements too.
   for (std::uint64_t s = 1; s <= 2; ++s) {
     (void)p.on_commit({.worker = 0, .sequence = s}, fresh());
     (void)p.on_commit({.worker = 5, .sequence = s}, fresh());
   }
+  BOOST_TEST(p.profiling());
+  p.on_measurement({.worker = 5, .kind = measurement_kind::compute, .seconds = 0.1}, fresh());
+  BOOST_TEST(p.profiling());
+  p.on_measurement({.worker = 5, .kind = measurement_kind::compute, .seconds = 0.1}, fresh());
   BOOST_TEST(!p.profiling());
   BOOST_TEST(p.live_count() == 3u);
   BOOST_TEST(p.plan(5).data_share == f(1.0 / 3.0));
+}
+
+// Issue 28's noticed defect: at a worker's N-th commit the server holds the
+// compute measurements of N - 1 cycles (the N-th comes when the cycle
+// ends), so the plan used to be made from N - 1 samples per worker, from
+// none with N = 1. It waits for the N-th now; a worker whose measurements
+// never come counts as profiled at its (N + 1)-th commit.
+BOOST_AUTO_TEST_CASE(the_plan_waits_for_the_last_profiled_cycles_compute_measurement) {
+  as::ashl_schedule<two_speed_planner> p{{.workers = 2, .profile_iterations = 1}};
+  (void)p.on_commit({.worker = 0, .sequence = 1, .time = 1.0}, fresh());
+  (void)p.on_commit({.worker = 1, .sequence = 1, .time = 2.0}, fresh());
+  BOOST_TEST(p.profiling());
+  p.on_measurement({.worker = 0, .kind = measurement_kind::push, .seconds = 0.1, .time = 1.5}, fresh());
+  p.on_measurement({.worker = 0, .kind = measurement_kind::compute, .seconds = 0.1, .time = 1.5}, fresh());
+  BOOST_TEST(sink.empty());
+  BOOST_TEST(p.profiling());  // worker 1's is still on its way
+  p.on_measurement({.worker = 1, .kind = measurement_kind::compute, .seconds = 0.2, .time = 2.5}, fresh());
+  BOOST_TEST(sink.every_plan_changed());
+  BOOST_TEST(!p.profiling());
+  BOOST_TEST(p.planner().seen == 3u);  // one compute sample of each worker, and the push
+
+  // Measurements that never come: profiled at the (N + 1)-th commit, with
+  // what arrived.
+  as::ashl_schedule<two_speed_planner> q{{.workers = 2, .profile_iterations = 2}};
+  for (std::uint64_t s = 1; s <= 2; ++s) {
+    (void)cycle(q, 0, s);
+    (void)q.on_commit({.worker = 1, .sequence = s}, fresh());
+  }
+  BOOST_TEST(q.profiling());
+  (void)q.on_commit({.worker = 1, .sequence = 3}, fresh());
+  BOOST_TEST(sink.every_plan_changed());
+  BOOST_TEST(!q.profiling());
+  BOOST_TEST(q.planner().seen == 2u);
+
+  // The samples are state: saved mid-profile and loaded, the count goes on.
+  as::ashl_schedule<two_speed_planner> a{{.workers = 2, .profile_iterations = 2}};
+  (void)cycle(a, 0, 1);
+  (void)cycle(a, 0, 2);
+  (void)cycle(a, 1, 1);
+  (void)a.on_commit({.worker = 1, .sequence = 2}, fresh());
+  std::vector<std::byte> bytes;
+  ashl::state_writer w(bytes);
+  a.save(w);
+  as::ashl_schedule<two_speed_planner> b{{.workers = 2, .profile_iterations = 2}};
+  ashl::state_reader r(bytes);
+  BOOST_TEST_REQUIRE(b.load(r).ok());
+  BOOST_TEST(b.profiling());
+  b.on_measurement({.worker = 1, .kind = measurement_kind::compute, .seconds = 0.2}, fresh());
+  BOOST_TEST(sink.every_plan_changed());
+  BOOST_TEST(!b.profiling());
+  BOOST_TEST(b.planner().seen == 4u);
 }
 
 BOOST_AUTO_TEST_CASE(profiling_by_time) {
@@ -201,7 +270,7 @@ as::ashl_schedule<fixed_planner, R> three_workers() {
   as::ashl_schedule<fixed_planner, R> p{
       {.workers = 3, .profile_iterations = 1},
       fixed_planner{{{8, 2, 0.2, 0.1, 0.5, 0}, {4, 1, 0.2, 0.1, 0.25, 0}, {4, 1, 0.2, 0.1, 0.25, 0}}}};
-  for (as::worker_id w = 0; w < 3; ++w) (void)p.on_commit({.worker = w, .sequence = 1}, fresh());
+  for (as::worker_id w = 0; w < 3; ++w) (void)cycle(p, w, 1);
   return p;
 }
 }  // namespace

@@ -18,6 +18,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -136,7 +138,7 @@ std::string wait_until_ready(const scratch_dir& dir, int n) {
 struct clean_environment {
   clean_environment() {
     for (const char* n : {"ASHL_ROLE", "ASHL_RANK", "ASHL_NUM_WORKERS", "ASHL_NUM_SERVERS", "ASHL_SERVER_ADDR",
-                          "ASHL_TOKEN", "ASHL_INSECURE", "ASHL_VERBOSE", "ASHL_PORTS_PER_SERVER"})
+                          "ASHL_TOKEN", "ASHL_INSECURE", "ASHL_VERBOSE", "ASHL_PORTS_PER_SERVER", "ASHL_TRACE"})
       ::unsetenv(n);
   }
 };
@@ -334,6 +336,53 @@ BOOST_AUTO_TEST_CASE(usage_errors_name_the_flag) {
   BOOST_TEST(r.err.find("short-secret") == std::string::npos);
   BOOST_TEST(run({"-s", "1", "-w", "1", "--insecure", "--", "true"}).code == 0);
   ::unsetenv("ASHL_TOKEN");
+}
+
+// --trace (issue 26, item 5): every worker gets ASHL_TRACE (absolute) and
+// writes "<trace>.worker<rank>.json"; ashl-run merges them when the job ends
+// (adapt::merge_traces), and a file that is not a trace is named and turns
+// the job's 0 into 1.
+BOOST_AUTO_TEST_CASE(trace_files_of_every_worker_are_merged_when_the_job_ends) {
+  scratch_dir d;
+  const auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const std::string write_trace =
+      R"([ "$ASHL_ROLE" = worker ] || exit 0; case "$ASHL_TRACE" in /*) ;; *) exit 3;; esac; )"
+      R"(printf '{"traceEvents": [{"name": "compute", "ph": "X", "ts": 1, "dur": 2, "pid": %s, "tid": 1}], )"
+      R"("displayTimeUnit": "ms"}' "$ASHL_RANK" > "$ASHL_TRACE.worker$ASHL_RANK.json")";
+  auto r = run({"-s", "1", "-w", "3", "--insecure", "--trace", d.path + "/run.json", "--", "/bin/sh", "-c",
+                write_trace});
+  BOOST_TEST(r.code == 0, r.err);
+  auto merged = read(d.path + "/run.json");
+  for (const char* pid : {"\"pid\": 0", "\"pid\": 1", "\"pid\": 2"}) BOOST_TEST(merged.find(pid) != std::string::npos);
+  BOOST_TEST(merged.starts_with("{\"traceEvents\": [{\"name\": \"compute\""), merged);
+
+  // ASHL_TRACE of ashl-run's environment, a relative path: the processes get it absolute.
+  const auto cwd = std::filesystem::current_path();
+  std::filesystem::current_path(d.path);
+  ::setenv("ASHL_TRACE", "env.json", 1);
+  r = run({"-s", "1", "-w", "2", "--insecure", "--", "/bin/sh", "-c", write_trace});
+  ::unsetenv("ASHL_TRACE");
+  std::filesystem::current_path(cwd);
+  BOOST_TEST(r.code == 0, r.err);
+  BOOST_TEST(read(d.path + "/env.json").find("\"pid\": 1") != std::string::npos);
+
+  // A worker's file that is not a trace: named; the job succeeded, so 1.
+  r = run({"-s", "1", "-w", "1", "--insecure", "--trace", d.path + "/bad.json", "--", "/bin/sh", "-c",
+           R"(echo '{"traceEvents": [' > "$ASHL_TRACE.worker$ASHL_RANK.json")"});
+  BOOST_TEST(r.code == 1);
+  BOOST_TEST(r.err.find("the trace was not merged") != std::string::npos, r.err);
+  BOOST_TEST(r.err.find("bad.json.worker0.json") != std::string::npos, r.err);
+  // No process wrote one: said, and the job's status stands.
+  r = run({"-s", "1", "-w", "1", "--insecure", "--trace", d.path + "/none.json", "--", "true"});
+  BOOST_TEST(r.code == 0);
+  BOOST_TEST(r.err.find("no process wrote a trace") != std::string::npos, r.err);
+  // A trace in a directory that does not exist: a usage error before anything starts.
+  r = run({"-s", "1", "-w", "1", "--trace", d.path + "/missing/run.json", "--", "true"});
+  BOOST_TEST(r.code == 2);
+  BOOST_TEST(r.err.find("does not exist") != std::string::npos, r.err);
 }
 
 BOOST_AUTO_TEST_CASE(servers_get_a_block_of_consecutive_ports_for_their_buckets) {

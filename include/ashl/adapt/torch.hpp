@@ -65,6 +65,10 @@
 // worker and the identity codec that is plain SGD, bit for bit
 // (test/adapt/torch.cpp, torch_buckets.cpp).
 //
+// Timeline: torch_options::trace (default ASHL_TRACE) writes a Chrome trace
+// of the worker, the Python adapter's events (compute, encode, commit,
+// pull, wait, per bucket; adapt/trace.hpp), which ashl-run --trace merges.
+//
 // The create() that takes one Transport keeps the adapter as it was: one
 // bucket of every trainable parameter in registration order, exchanged
 // inside step() (overlap false).
@@ -85,6 +89,7 @@
 
 #if ASHL_HAS_TORCH()
 
+#include <ashl/adapt/trace.hpp>
 #include <ashl/adapt/update_builder.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
@@ -147,8 +152,7 @@ class torch_bucket {
   static result<torch_bucket> create(std::vector<torch::Tensor> tensors, std::vector<std::string> names = {}) {
     if (tensors.empty()) return invalid_argument("torch.parameters.size", 0, "needs at least one parameter");
     untie(tensors, names);
-    torch_bucket b;
-    std::int64_t n = 0;
+    std::vector<std::vector<piece>> plan(1);
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       const torch::Tensor& p = tensors[i];
       const std::string field = "torch.parameter[" + names[i] + "]";
@@ -160,36 +164,104 @@ class torch_bucket {
       if (p.device() != tensors[0].device())
         return invalid_argument(field + ".device", p.device().str(),
                                 "differs from the first parameter's " + tensors[0].device().str());
-      b.offsets_.push_back(n);
-      n += p.numel();
+      plan[0].push_back({tensors[i], names[i], 0, p.numel()});
     }
-    const auto opts = torch::TensorOptions().dtype(tensors[0].scalar_type()).device(tensors[0].device());
-    b.params_ = torch::empty({n}, opts);
-    b.grads_ = torch::zeros({n}, opts);
-    {
-      torch::NoGradGuard no_grad;
-      for (std::size_t i = 0; i < tensors.size(); ++i) {
-        torch::Tensor& p = tensors[i];
-        b.param_view(p, i).copy_(p.detach());
-        p.set_data(b.param_view(p, i));
-        if (p.grad().defined()) b.grad_view(p, i).copy_(p.grad());
-        p.mutable_grad() = b.grad_view(p, i);
+    auto bs = alias(std::move(plan));
+    return std::move(bs[0]);
+  }
+
+  // A bucket's share of a parameter: elements [begin, begin + size) of the
+  // flattened tensor (adapt::bucket_piece).
+  struct piece {
+    torch::Tensor tensor;
+    std::string name;
+    std::int64_t begin = 0, size = 0;
+  };
+
+  // The buckets of a plan (adapt::plan_buckets' pieces, checked tensors):
+  // per dtype and device one flat parameter and one flat gradient storage,
+  // laid out in bucket order, each bucket a contiguous range of it; every
+  // parameter's data and grad become views into it (keeping their values),
+  // a parameter cut across buckets one view over its buckets' ranges (its
+  // pieces are consecutive buckets, in element order).
+  static std::vector<torch_bucket> alias(std::vector<std::vector<piece>> plan) {
+    std::vector<std::pair<torch::ScalarType, torch::Device>> keys;
+    std::vector<std::int64_t> filled;                    // per key: elements laid out so far
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> storage;  // per key: flat params, grads
+    std::vector<std::size_t> key_of(plan.size());
+    std::vector<std::int64_t> base(plan.size());
+    std::vector<std::pair<const void*, std::int64_t>> flat;  // tensor impl -> its offset in its key's storage
+    auto flat_of = [&](const torch::Tensor& t) {
+      for (const auto& [impl, off] : flat)
+        if (impl == t.unsafeGetTensorImpl()) return off;
+      return std::int64_t{-1};
+    };
+    for (std::size_t b = 0; b < plan.size(); ++b) {
+      const auto& t0 = plan[b].front().tensor;
+      const std::pair<torch::ScalarType, torch::Device> key{t0.scalar_type(), t0.device()};
+      std::size_t k = 0;
+      while (k < keys.size() && keys[k] != key) ++k;
+      if (k == keys.size()) {
+        keys.push_back(key);
+        filled.push_back(0);
+      }
+      key_of[b] = k;
+      base[b] = filled[k];
+      for (const auto& pc : plan[b]) {
+        if (pc.begin == 0) flat.emplace_back(pc.tensor.unsafeGetTensorImpl(), filled[k]);
+        filled[k] += pc.size;
       }
     }
-    b.tensors_ = std::move(tensors);
-    b.names_ = std::move(names);
-    const bool cuda = b.params_.is_cuda();
-    const auto host = torch::TensorOptions().dtype(torch::kFloat).pinned_memory(cuda);
-    if (b.staged()) {
-      b.host_params_ = torch::empty({n}, host);
-      b.host_params_.copy_(b.params_);
-      b.host_grads_ = torch::empty({n}, host);
-    } else {
-      b.host_params_ = b.params_;
-      b.host_grads_ = b.grads_;
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      const auto opts = torch::TensorOptions().dtype(keys[k].first).device(keys[k].second);
+      storage.emplace_back(torch::empty({filled[k]}, opts), torch::zeros({filled[k]}, opts));
     }
-    b.send_ = torch::empty({n}, host);
-    return b;
+    {
+      torch::NoGradGuard no_grad;
+      for (std::size_t b = 0; b < plan.size(); ++b)
+        for (auto& pc : plan[b]) {
+          if (pc.begin != 0) continue;
+          torch::Tensor& p = pc.tensor;
+          const auto& [fp, fg] = storage[key_of[b]];
+          const auto off = flat_of(p);
+          auto v = fp.narrow(0, off, p.numel()).view(p.sizes());
+          v.copy_(p.detach());
+          p.set_data(v);
+          auto g = fg.narrow(0, off, p.numel()).view(p.sizes());
+          if (p.grad().defined()) g.copy_(p.grad());
+          p.mutable_grad() = g;
+        }
+    }
+    std::vector<torch_bucket> out;
+    out.reserve(plan.size());
+    for (std::size_t b = 0; b < plan.size(); ++b) {
+      torch_bucket& bk = out.emplace_back();
+      const auto& [fp, fg] = storage[key_of[b]];
+      std::int64_t n = 0;
+      for (auto& pc : plan[b]) {
+        bk.offsets_.push_back(flat_of(pc.tensor));
+        bk.pieces_.emplace_back(pc.begin, pc.size);
+        bk.tensors_.push_back(std::move(pc.tensor));
+        bk.names_.push_back(std::move(pc.name));
+        n += pc.size;
+      }
+      bk.flat_params_ = fp;
+      bk.flat_grads_ = fg;
+      bk.params_ = fp.narrow(0, base[b], n);
+      bk.grads_ = fg.narrow(0, base[b], n);
+      const bool cuda = bk.params_.is_cuda();
+      const auto host = torch::TensorOptions().dtype(torch::kFloat).pinned_memory(cuda);
+      if (bk.staged()) {
+        bk.host_params_ = torch::empty({n}, host);
+        bk.host_params_.copy_(bk.params_);
+        bk.host_grads_ = torch::empty({n}, host);
+      } else {
+        bk.host_params_ = bk.params_;
+        bk.host_grads_ = bk.grads_;
+      }
+      bk.send_ = torch::empty({n}, host);
+    }
+    return out;
   }
 
   [[nodiscard]] const torch::Tensor& params() const noexcept { return params_; }
@@ -200,6 +272,9 @@ class torch_bucket {
   [[nodiscard]] std::size_t size() const noexcept { return static_cast<std::size_t>(params_.numel()); }
   [[nodiscard]] const std::vector<torch::Tensor>& tensors() const noexcept { return tensors_; }
   [[nodiscard]] const std::vector<std::string>& names() const noexcept { return names_; }
+  // Per tensor, the elements of it this bucket holds (begin, size): the
+  // whole tensor unless it is cut across buckets (torch_options::partition_mb).
+  [[nodiscard]] const std::vector<std::pair<std::int64_t, std::int64_t>>& pieces() const noexcept { return pieces_; }
   [[nodiscard]] bool is_cuda() const { return params_.is_cuda(); }
   [[nodiscard]] torch::ScalarType dtype() const { return params_.scalar_type(); }
   // A 16-bit or CUDA bucket: the worker's buffers are float32 host copies.
@@ -222,8 +297,8 @@ class torch_bucket {
   // (optimizer.zero_grad(set_to_none), set_data), its values copied in first.
   void attach() {
     torch::NoGradGuard no_grad;
-    const auto* pb = static_cast<const char*>(params_.data_ptr());
-    const auto* gb = static_cast<const char*>(grads_.data_ptr());
+    const auto* pb = static_cast<const char*>(flat_params_.data_ptr());
+    const auto* gb = static_cast<const char*>(flat_grads_.data_ptr());
     const auto es = static_cast<std::ptrdiff_t>(params_.element_size());
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
       torch::Tensor& p = tensors_[i];
@@ -291,11 +366,12 @@ class torch_bucket {
   }
 
  private:
+  // Tensor i's whole view (over every bucket it is cut across).
   torch::Tensor param_view(const torch::Tensor& p, std::size_t i) const {
-    return params_.narrow(0, offsets_[i], p.numel()).view(p.sizes());
+    return flat_params_.narrow(0, offsets_[i], p.numel()).view(p.sizes());
   }
   torch::Tensor grad_view(const torch::Tensor& p, std::size_t i) const {
-    return grads_.narrow(0, offsets_[i], p.numel()).view(p.sizes());
+    return flat_grads_.narrow(0, offsets_[i], p.numel()).view(p.sizes());
   }
   static std::string stride_text(const torch::Tensor& t) {
     std::string s = "(";
@@ -308,22 +384,30 @@ class torch_bucket {
     return s + ")";
   }
 
-  torch::Tensor params_, grads_;
+  torch::Tensor params_, grads_;            // this bucket's range of the flat storage
+  torch::Tensor flat_params_, flat_grads_;  // its dtype's and device's, shared by its buckets
   torch::Tensor host_params_, host_grads_, send_;
   std::vector<torch::Tensor> tensors_;
   std::vector<std::string> names_;
-  std::vector<std::int64_t> offsets_;
+  std::vector<std::int64_t> offsets_;  // per tensor: where it starts in the flat storage
+  std::vector<std::pair<std::int64_t, std::int64_t>> pieces_;
 };
 
 // The buckets a worker and its servers make of a model (they must agree;
-// ashl.torch.partition's rule): the parameters that own a slot, in reverse
-// registration order, one dtype and device per bucket, at most
-// bucket_cap_bytes(model bytes, cap_mb) each (a larger parameter alone);
-// cap_mb nullopt: "auto"; 0: one bucket per dtype and device.
+// adapt::plan_buckets, the rule ashl.torch.bucket_plan runs): the
+// parameters that own a slot, in reverse registration order, one dtype and
+// device per bucket, at most bucket_cap_bytes(model bytes, cap_mb) each; a
+// parameter of more than partition_mb MiB cut into pieces across
+// consecutive buckets (infinity: not cut), another larger than the cap
+// alone; cap_mb nullopt: "auto"; 0: one bucket per dtype and device,
+// nothing cut. partition_mb must be > 0.
 inline result<std::vector<torch_bucket>> torch_buckets(std::vector<torch::Tensor> tensors,
                                                        std::vector<std::string> names = {},
-                                                       std::optional<double> cap_mb = std::nullopt) {
+                                                       std::optional<double> cap_mb = std::nullopt,
+                                                       double partition_mb = default_partition_mb) {
   if (cap_mb && !(*cap_mb >= 0.0)) return invalid_argument("torch.bucket_cap_mb", *cap_mb, "must be >= 0 (or auto)");
+  if (!valid_partition_mb(partition_mb))
+    return invalid_argument("torch.partition_mb", partition_mb, "must be > 0 MiB (infinity: no partitioning)");
   if (tensors.empty()) return invalid_argument("torch.parameters.size", 0, "needs at least one parameter");
   torch_bucket::untie(tensors, names);
   std::vector<std::string> keys;  // dtype@device, the Python adapter's key
@@ -333,29 +417,26 @@ inline result<std::vector<torch_bucket>> torch_buckets(std::vector<torch::Tensor
     keys.push_back(std::string(c10::toString(tensors[i].scalar_type())) + "@" + tensors[i].device().str());
     total += static_cast<std::uint64_t>(tensors[i].numel()) * tensors[i].element_size();
   }
-  const auto groups = partition(
+  const auto groups = plan_buckets(
       tensors.size(), [&](std::size_t i) { return keys[i]; },
       [&](std::size_t i) { return static_cast<std::uint64_t>(tensors[i].numel()) * tensors[i].element_size(); },
-      bucket_cap_bytes(total, cap_mb));
-  std::vector<torch_bucket> out;
+      [&](std::size_t i) { return static_cast<std::uint64_t>(tensors[i].numel()); }, bucket_cap_bytes(total, cap_mb),
+      partition_bytes(partition_mb));
+  std::vector<std::vector<torch_bucket::piece>> plan;
   for (const auto& g : groups) {
-    std::vector<torch::Tensor> ts;
-    std::vector<std::string> ns;
-    for (const auto i : g) {
-      ts.push_back(tensors[i]);
-      ns.push_back(names[i]);
-    }
-    auto b = torch_bucket::create(std::move(ts), std::move(ns));
-    if (!b) return b.error();
-    out.push_back(std::move(*b));
+    auto& b = plan.emplace_back();
+    for (const auto& pc : g)
+      b.push_back({tensors[pc.slot], names[pc.slot], static_cast<std::int64_t>(pc.begin),
+                   static_cast<std::int64_t>(pc.size)});
   }
-  return out;
+  return torch_bucket::alias(std::move(plan));
 }
 
 inline result<std::vector<torch_bucket>> torch_buckets(torch::nn::Module& m,
-                                                       std::optional<double> cap_mb = std::nullopt) {
+                                                       std::optional<double> cap_mb = std::nullopt,
+                                                       double partition_mb = default_partition_mb) {
   auto [ts, names] = torch_bucket::trainable(m);
-  return torch_buckets(std::move(ts), std::move(names), cap_mb);
+  return torch_buckets(std::move(ts), std::move(names), cap_mb, partition_mb);
 }
 
 // How a torch_worker exchanges (docs/torch.md, "C++").
@@ -364,6 +445,11 @@ struct torch_options {
   // Bucket size in MiB; nullopt: "auto" (bucket_cap_bytes); 0: one bucket
   // per dtype and device. Ignored by the create() that takes buckets.
   std::optional<double> bucket_cap_mb;
+  // A parameter larger than this many MiB is cut across consecutive
+  // buckets, its pieces committed and pulled as a pipeline (default 4 MiB,
+  // adapt::default_partition_mb; infinity: not cut; must be > 0). Ignored
+  // by the create() that takes buckets (torch_buckets' partition_mb).
+  double partition_mb = default_partition_mb;
   // true: a full bucket's update (update::gradient) is committed from a
   // communication thread while backward runs, and step() returns with the
   // pulls in flight: before the next forward reads a bucket's parameters
@@ -381,6 +467,11 @@ struct torch_options {
   // bucket b listens at port + b * servers inside that block): a model with
   // more buckets is refused by name, as ashl.torch does. 0: no bound.
   std::uint32_t ports_per_server = 0;
+  // A Chrome trace of this worker (adapt/trace.hpp, the Python adapter's
+  // events): written to "<trace>.worker<rank>.json" at leave() or
+  // destruction, merged by ashl-run --trace. nullopt: ASHL_TRACE; "": off.
+  std::optional<std::string> trace;
+  std::size_t trace_events = tracer::default_capacity;  // the trace's buffer (events past it are dropped, counted)
 };
 
 // A training loop's side of ps::worker for a torch module (see the top).
@@ -421,7 +512,7 @@ class torch_worker {
     requires std::invocable<MakeTransport&, std::size_t>
   static result<torch_worker> create(torch::nn::Module& model, torch::optim::Optimizer* local, ps::worker_params p,
                                      MakeTransport&& make_transport, torch_options o = {}) {
-    auto bs = torch_buckets(model, o.bucket_cap_mb);
+    auto bs = torch_buckets(model, o.bucket_cap_mb, o.partition_mb);
     if (!bs) return bs.error();
     return create(std::move(*bs), local, std::move(p), make_transport, std::move(o));
   }
@@ -441,8 +532,8 @@ class torch_worker {
       return invalid_argument("torch_worker.buckets.size", buckets.size(),
                               "ashl-run reserved ASHL_PORTS_PER_SERVER=" + std::to_string(o.ports_per_server) +
                                   " ports per server, room for " + std::to_string(o.ports_per_server) +
-                                  " buckets; raise ashl-run's --ports-per-server or bucket_cap_mb");
-    auto st = std::make_unique<state>(local, o);
+                                  " buckets; raise ashl-run's --ports-per-server, bucket_cap_mb or partition_mb");
+    auto st = std::make_unique<state>(local, o, p.rank);
     bool sixteen = false;
     for (const auto& b : buckets) sixteen = sixteen || b.dtype() != torch::kFloat;
     st->check_finite = o.check_finite.value_or(sixteen);
@@ -515,10 +606,10 @@ class torch_worker {
   // parameters of `layer` (recursively): call it just before the layer
   // runs in the next forward, so the other buckets' pulls overlap the
   // forward of the layers before them.
+  // A parameter cut across buckets (torch_options::partition_mb): all of them.
   status wait_bucket_for(const torch::Tensor& param) {
     std::lock_guard g(s_->train_mu);
-    const auto b = s_->bucket_of(param);
-    return b < s_->ex.size() ? s_->wait_bucket(b) : status{};
+    return s_->wait_buckets_of(param);
   }
   // A layer's buckets are looked up once (its parameters() allocates) and
   // remembered by the layer's address, so a training loop that waits per
@@ -577,6 +668,7 @@ class torch_worker {
       const auto l = e.worker->leave();
       if (first.ok() && !l.ok()) first = l;
     }
+    if (auto t = s_->trace.close(); first.ok() && !t.ok()) first = t;
     return first;
   }
 
@@ -598,6 +690,14 @@ class torch_worker {
     return s_->ex[b].hook_calls[slot];
   }
   [[nodiscard]] bool overlapped() const noexcept { return s_->overlap; }
+  // Whether bucket b's exchange (commit, then pull) is in flight: what
+  // wait_for / wait_bucket_for wait out.
+  [[nodiscard]] bool in_flight(std::size_t b) const {
+    std::lock_guard g(s_->mu);
+    return !s_->ex[b].arrived;
+  }
+  // This worker's trace (torch_options::trace): off unless asked for.
+  [[nodiscard]] const tracer& trace() const noexcept { return s_->trace; }
 
  private:
   // One bucket's worker, update builder and state in the cycle.
@@ -631,13 +731,15 @@ class torch_worker {
   // The gradient accumulator's post hook (DDP's reducer and Horovod do
   // the same): it runs once per backward, after the parameter's gradient
   // (summed over a tied parameter's uses) is accumulated into the bucket.
+  // A parameter cut across buckets has one hook, which readies its slot
+  // in each of them (`slots`: (bucket, slot), in element order).
   struct ready_hook final : torch::autograd::FunctionPostHook {
     state* s;
-    std::size_t b, slot;
-    ready_hook(state* st, std::size_t bucket, std::size_t sl) : s(st), b(bucket), slot(sl) {}
+    std::vector<std::pair<std::size_t, std::size_t>> slots;
+    ready_hook(state* st, std::vector<std::pair<std::size_t, std::size_t>> sl) : s(st), slots(std::move(sl)) {}
     torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                               const torch::autograd::variable_list& /*inputs*/) override {
-      s->on_ready(b, slot);
+      for (const auto& [b, slot] : slots) s->on_ready(b, slot);
       return outputs;
     }
   };
@@ -674,9 +776,15 @@ class torch_worker {
     bool stopping = false;
     std::thread send_thread, pull_thread;
 
-    state(torch::optim::Optimizer* l, const torch_options& o)
+    // Spans of compute (from one step() to the next), encode, commit, pull
+    // and the training thread's waits, per bucket (adapt/trace.hpp).
+    tracer trace;
+    double compute_start = 0.0;
+
+    state(torch::optim::Optimizer* l, const torch_options& o, std::uint32_t rank)
         : local(l), update(o.update), overlap(o.overlap),
-          in_backward(o.overlap && o.update == torch_update::gradient) {}
+          in_backward(o.overlap && o.update == torch_update::gradient),
+          trace(trace_path_of(o.trace, "worker", rank), "worker", rank, o.trace_events) {}
     state(const state&) = delete;
     state& operator=(const state&) = delete;
     ~state() {
@@ -686,22 +794,31 @@ class torch_worker {
 
     void install_hooks() {
       for (std::size_t b = 0; b < ex.size(); ++b)
+        for (std::size_t i = 0; i < ex[b].bucket.tensors().size(); ++i)
+          bucket_of_impl.emplace_back(ex[b].bucket.tensors()[i].unsafeGetTensorImpl(), b);
+      for (std::size_t b = 0; b < ex.size(); ++b)
         for (std::size_t i = 0; i < ex[b].bucket.tensors().size(); ++i) {
           const auto& p = ex[b].bucket.tensors()[i];
-          bucket_of_impl.emplace_back(p.unsafeGetTensorImpl(), b);
+          if (ex[b].bucket.pieces()[i].first != 0) continue;  // a later piece: the first piece's hook readies it
+          // Every bucket holding p (one; or its pieces', consecutive).
+          std::vector<std::pair<std::size_t, std::size_t>> slots{{b, i}};
+          for (std::size_t c = b + 1; c < ex.size(); ++c)
+            for (std::size_t j = 0; j < ex[c].bucket.tensors().size(); ++j)
+              if (ex[c].bucket.tensors()[j].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) slots.emplace_back(c, j);
           // The accumulator is held weakly by the parameter: keep it (and
           // its hook) alive, as DDP's reducer does.
           auto acc = torch::autograd::impl::grad_accumulator(p);
           if (!acc) continue;  // no gradient (requires_grad false): its bucket is completed in step()
-          const auto key = acc->add_post_hook(std::make_unique<ready_hook>(this, b, i));
+          const auto key = acc->add_post_hook(std::make_unique<ready_hook>(this, std::move(slots)));
           hooks.emplace_back(std::move(acc), key);
         }
     }
 
-    std::size_t bucket_of(const torch::Tensor& p) const {
+    // Waits for every bucket holding p (all its pieces' when it is cut).
+    status wait_buckets_of(const torch::Tensor& p) {
       for (const auto& [impl, b] : bucket_of_impl)
-        if (impl == p.unsafeGetTensorImpl()) return b;
-      return ex.size();
+        if (impl == p.unsafeGetTensorImpl()) ASHL_TRY(wait_bucket(b));
+      return {};
     }
 
     // The buckets holding `layer`'s parameters (recursively), each once,
@@ -711,8 +828,8 @@ class torch_worker {
         if (m == &layer) return bs;
       std::vector<std::size_t> bs;
       for (const auto& p : layer.parameters(/*recurse=*/true))
-        if (const auto b = bucket_of(p); b < ex.size() && std::find(bs.begin(), bs.end(), b) == bs.end())
-          bs.push_back(b);
+        for (const auto& [impl, b] : bucket_of_impl)  // every piece's bucket of a cut parameter
+          if (impl == p.unsafeGetTensorImpl() && std::find(bs.begin(), bs.end(), b) == bs.end()) bs.push_back(b);
       layer_buckets.emplace_back(&layer, std::move(bs));
       return layer_buckets.back().second;
     }
@@ -806,8 +923,10 @@ class torch_worker {
         e.bucket.send().zero_();
         return;
       }
+      const double t0 = trace.enabled() ? tracer::now() : 0.0;
       if (update == torch_update::delta) e.bucket.stage_params_out();
       e.builder.build(span_of(e.bucket.host_params()), span_of(e.bucket.send()));
+      if (trace.enabled()) trace.span("encode", trace_lane::train, t0, tracer::now(), static_cast<long>(b));
     }
 
     status commit(std::size_t b) {
@@ -818,11 +937,13 @@ class torch_worker {
           std::lock_guard g(mu);
           e.arrived = false;
         }
+        const double t0 = trace.enabled() ? tracer::now() : 0.0;
         if (auto s = e.worker->commit(span_of(e.bucket.send())); !s.ok()) {
           std::lock_guard g(mu);
           e.arrived = true;
           return s;
         }
+        if (trace.enabled()) trace.span("commit", trace_lane::comm, t0, tracer::now(), static_cast<long>(b));
         return {};
       }
       {
@@ -847,10 +968,12 @@ class torch_worker {
         // The threads' commit() and wait() end within the worker's timeout
         // each; this bound only catches a thread that stopped.
         std::unique_lock g(mu);
+        const double t0 = trace.enabled() && !e.arrived ? tracer::now() : 0.0;
         if (!cv.wait_for(g, wait_bound, [&] { return e.arrived; }))
           return make_error(errc::timed_out, "torch_worker.bucket[" + std::to_string(b) + "]",
                             std::to_string(wait_bound.count()) + " ms",
                             "its exchange did not end in time (the communication threads stopped?)");
+        if (t0 != 0.0) trace.span("wait", trace_lane::train, t0, tracer::now(), static_cast<long>(b));
       }
       std::lock_guard g(mu);
       status s = e.error;
@@ -867,6 +990,7 @@ class torch_worker {
     }
 
     status step() {
+      if (trace.enabled() && compute_start != 0.0) trace.span("compute", trace_lane::train, compute_start, tracer::now());
       for (auto& e : ex) e.bucket.attach();
       if (!hook_error.ok()) {
         status s = hook_error;
@@ -930,6 +1054,7 @@ class torch_worker {
       }
       skipped_step = false;
       lead.reset();
+      if (trace.enabled()) compute_start = tracer::now();
     }
 
     status deliver_metric(std::size_t b, metric_id m, double v) {
@@ -947,7 +1072,9 @@ class torch_worker {
     // to the followers; what waited is sent.
     void receive(std::size_t b) {
       exchange& e = ex[b];
+      const double t0 = trace.enabled() ? tracer::now() : 0.0;
       status s = e.worker->wait();
+      if (trace.enabled()) trace.span("pull", trace_lane::pull, t0, tracer::now(), static_cast<long>(b));
       if (s.ok()) {
         try {
           e.bucket.stage_in();
@@ -998,7 +1125,9 @@ class torch_worker {
           to_send.erase(to_send.begin());
         }
         exchange& e = ex[b];
+        const double t0 = trace.enabled() ? tracer::now() : 0.0;
         const status s = e.worker->commit(span_of(e.bucket.send()));
+        if (trace.enabled()) trace.span("commit", trace_lane::comm, t0, tracer::now(), static_cast<long>(b));
         {
           std::lock_guard g(mu);
           if (s.ok()) {

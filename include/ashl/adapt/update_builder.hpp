@@ -17,6 +17,7 @@
 
 #include <ashl/config.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -104,38 +105,101 @@ template <class Key>
   return own;
 }
 
-// Buckets: slots (the parameters that own one, in registration order) into
-// buckets of at most `cap_bytes` (a larger parameter gets a bucket alone),
-// in reverse registration order (the last layers' gradients are ready
-// first in backward, as in DDP), one dtype per bucket. dtype_of(i) is any
-// comparable tag; bytes_of(i) the parameter's size in bytes. cap 0: one
-// bucket per dtype. Returns, per bucket, its slot indices in bucket order.
-template <class DtypeOf, class BytesOf>
-[[nodiscard]] std::vector<std::vector<std::size_t>> partition(std::size_t slots, DtypeOf dtype_of, BytesOf bytes_of,
-                                                              std::uint64_t cap_bytes) {
-  std::vector<std::vector<std::size_t>> out;
-  std::vector<std::size_t> open_bucket;  // per dtype seen: index into out of its open bucket
+// A bucket's share of one slot: elements [begin, begin + size) of slot
+// `slot` (the whole slot unless the slot is partitioned).
+struct bucket_piece {
+  std::size_t slot = 0;
+  std::uint64_t begin = 0;
+  std::uint64_t size = 0;
+  friend bool operator==(const bucket_piece&, const bucket_piece&) = default;
+};
+
+// The bucket plan, the one rule both adapters follow (ashl.torch through
+// the Python module, adapt/torch.hpp directly): slots (the parameters that
+// own one, in registration order) into buckets of at most `cap_bytes`, in
+// reverse registration order (the last layers' gradients are ready first
+// in backward, as in DDP), one dtype per bucket. A slot of more than
+// `part_bytes` bytes (BytePS's partitioning; part 0: none) is cut into
+// ceil(bytes / part) pieces of near-equal whole elements, each a bucket
+// alone, in element order (consecutive buckets of its dtype, so the slot
+// stays one contiguous range of its dtype's buckets laid end to end): its
+// pieces are committed and pulled as a pipeline, one piece's reply coming
+// down while the next goes up. A slot of at most part_bytes but more than
+// the cap gets a bucket alone. cap 0: one bucket per dtype, nothing cut.
+// dtype_of(i) is any comparable tag; bytes_of(i) the slot's size in bytes,
+// elems_of(i) in elements. Returns, per bucket, its pieces in bucket order.
+template <class DtypeOf, class BytesOf, class ElemsOf>
+[[nodiscard]] std::vector<std::vector<bucket_piece>> plan_buckets(std::size_t slots, DtypeOf dtype_of,
+                                                                  BytesOf bytes_of, ElemsOf elems_of,
+                                                                  std::uint64_t cap_bytes,
+                                                                  std::uint64_t part_bytes) {
+  constexpr std::size_t none = static_cast<std::size_t>(-1);
+  std::vector<std::vector<bucket_piece>> out;
+  std::vector<std::size_t> open_bucket;  // per dtype seen: index into out of its open bucket (none: closed)
   std::vector<decltype(dtype_of(std::size_t{0}))> dtypes;
   std::vector<std::uint64_t> filled;
   for (std::size_t k = slots; k-- > 0;) {
     const auto d = dtype_of(k);
     std::size_t j = 0;
     while (j < dtypes.size() && !(dtypes[j] == d)) ++j;
-    const std::uint64_t b = bytes_of(k);
     if (j == dtypes.size()) {
       dtypes.push_back(d);
-      open_bucket.push_back(out.size());
+      open_bucket.push_back(none);
       filled.push_back(0);
-      out.emplace_back();
-    } else if (cap_bytes != 0 && filled[j] != 0 && filled[j] + b > cap_bytes) {
+    }
+    const std::uint64_t b = bytes_of(k);
+    const std::uint64_t n = elems_of(k);
+    if (cap_bytes != 0 && part_bytes != 0 && b > part_bytes && n > 1) {
+      const std::uint64_t pieces = std::min<std::uint64_t>(n, (b + part_bytes - 1) / part_bytes);
+      for (std::uint64_t q = 0; q < pieces; ++q) {
+        const std::uint64_t lo = n * q / pieces, hi = n * (q + 1) / pieces;
+        out.push_back({bucket_piece{k, lo, hi - lo}});
+      }
+      open_bucket[j] = none;  // the dtype's next slot opens a bucket after the pieces
+      filled[j] = 0;
+      continue;
+    }
+    if (open_bucket[j] == none || (cap_bytes != 0 && filled[j] != 0 && filled[j] + b > cap_bytes)) {
       open_bucket[j] = out.size();
       filled[j] = 0;
       out.emplace_back();
     }
-    out[open_bucket[j]].push_back(k);
+    out[open_bucket[j]].push_back(bucket_piece{k, 0, n});
     filled[j] += b;
   }
   return out;
+}
+
+// Buckets without partitioning (plan_buckets with part 0): per bucket, its
+// slot indices in bucket order.
+template <class DtypeOf, class BytesOf>
+[[nodiscard]] std::vector<std::vector<std::size_t>> partition(std::size_t slots, DtypeOf dtype_of, BytesOf bytes_of,
+                                                              std::uint64_t cap_bytes) {
+  const auto plan = plan_buckets(slots, dtype_of, bytes_of, [](std::size_t) { return std::uint64_t{0}; },
+                                 cap_bytes, 0);
+  std::vector<std::vector<std::size_t>> out(plan.size());
+  for (std::size_t i = 0; i < plan.size(); ++i)
+    for (const auto& piece : plan[i]) out[i].push_back(piece.slot);
+  return out;
+}
+
+// The partition size (plan_buckets' part_bytes) of `part_mb` MiB: a
+// parameter larger than it is cut across buckets. Default 4 MiB, BytePS's
+// partition size: on the overlap benchmark's MLP (docs/perf/torch.md) it
+// cuts the 8 MiB first layer in two and the 16 MiB ones in four, 13
+// buckets, inside ashl-run's 16 ports per server; a smaller size would need
+// more buckets (each one a ps::worker and ps::server and a port) than the
+// block holds. infinity: no partitioning (0). 0, negative or NaN: refused
+// by the adapters (valid_partition_mb) before this is called.
+inline constexpr double default_partition_mb = 4.0;
+
+[[nodiscard]] inline bool valid_partition_mb(double part_mb) noexcept { return part_mb > 0.0; }
+
+[[nodiscard]] inline std::uint64_t partition_bytes(double part_mb) noexcept {
+  constexpr double mib = 1 << 20;
+  if (!valid_partition_mb(part_mb) || std::isinf(part_mb) || part_mb * mib >= 1.8e19) return 0;
+  const auto b = static_cast<std::uint64_t>(part_mb * mib);
+  return b == 0 ? 1 : b;
 }
 
 // The bucket cap in bytes for a model of `model_bytes` (the parameters that

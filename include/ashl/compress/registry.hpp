@@ -205,6 +205,51 @@ inline bool sparse_pairs_well_formed(std::span<const std::byte> p, payload_info 
   return bad == 0;
 }
 
+// Adds scale x the pairs of a sparse-pair payload whose index lies in
+// [lo, hi) into acc[i] (acc is the whole tensor's base): the pairs are found by binary
+// search over the strictly increasing indices, then added as decode_add adds
+// them (the same additions, in index order). For a payload decode_add takes
+// (the caller checked it: sparse_pairs_well_formed, or a decode that passed);
+// a server applies one payload with several threads this way, each on its
+// own part of the shard (ps/apply_pool.hpp). A payload shorter than its
+// header says adds nothing.
+inline void add_pairs_in_range(std::span<const std::byte> p, dtype t, float* acc, float scale, std::uint64_t lo,
+                               std::uint64_t hi) noexcept {
+  if (p.size() < 12 || lo >= hi) return;
+  const std::uint32_t count = detail::load_le32(p.data() + 8);
+  const std::size_t vs = size_of(t);
+  if (p.size() != 12 + std::uint64_t{count} * (4 + vs)) return;
+  const std::byte* idx = p.data() + 12;
+  const std::byte* val = idx + 4 * std::size_t{count};
+  const auto first_at_or_above = [&](std::uint64_t x) {
+    std::size_t a = 0, b = count;
+    while (a < b) {
+      const std::size_t m = a + (b - a) / 2;
+      if (detail::load_le32(idx + 4 * m) < x) a = m + 1;
+      else b = m;
+    }
+    return a;
+  };
+  const std::size_t j0 = first_at_or_above(lo), j1 = first_at_or_above(hi);
+  if (j1 <= j0) return;
+  float* a = acc;
+  const std::byte* ix = idx + 4 * j0;
+  const std::byte* v = val + vs * j0;
+  switch (t) {
+    case dtype::f32:
+      detail::scatter_add(a, ix, j1 - j0, scale, [v](std::size_t j) { return detail::load_le<float>(v + 4 * j); });
+      break;
+    case dtype::f16:
+      detail::scatter_add(a, ix, j1 - j0, scale,
+                          [v](std::size_t j) { return detail::f16_to_f32(detail::load_le<std::uint16_t>(v + 2 * j)); });
+      break;
+    default:
+      detail::scatter_add(a, ix, j1 - j0, scale,
+                          [v](std::size_t j) { return detail::bf16_to_f32(detail::load_le<std::uint16_t>(v + 2 * j)); });
+      break;
+  }
+}
+
 // C is the listed codec of a sparse-pair id (what dgc<C> needs).
 template <class C>
 concept sparse_pair_codec = codec<C> && detail::listed_sparse<C>(codecs{});

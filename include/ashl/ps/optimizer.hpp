@@ -81,11 +81,17 @@ class optimizer {
   [[nodiscard]] std::span<const float> velocity() const noexcept { return v_; }
 
   // One step with the aggregate g = scale · acc; acc is zeroed.
-  void step(std::span<float> w, std::span<float> acc, float scale) noexcept {
+  void step(std::span<float> w, std::span<float> acc, float scale) noexcept { step(w, acc, scale, 0, n_); }
+
+  // The step of elements [begin, end) only: each element's arithmetic does
+  // not depend on any other's, so steps of disjoint ranges (a server's
+  // apply threads, ps/apply_pool.hpp) make the same bits as one step.
+  void step(std::span<float> w, std::span<float> acc, float scale, std::size_t begin, std::size_t end) noexcept {
     ASHL_ASSERT(w.size() == n_ && acc.size() == n_, "optimizer::step: sizes differ from the optimizer's");
-    float* __restrict__ W = w.data();
-    float* __restrict__ a = acc.data();
-    const std::size_t n = n_;
+    ASHL_ASSERT(begin <= end && end <= n_, "optimizer::step: range outside the parameters");
+    float* __restrict__ W = w.data() + begin;
+    float* __restrict__ a = acc.data() + begin;
+    const std::size_t n = end - begin;
     if (p_.mode == optimizer_params::kind::model_delta) {
       for (std::size_t i = 0; i < n; ++i) {
         W[i] += scale * a[i];
@@ -103,7 +109,7 @@ class optimizer {
       }
       return;
     }
-    float* __restrict__ v = v_.data();
+    float* __restrict__ v = v_.data() + begin;
     if (p_.nesterov) {
       for (std::size_t i = 0; i < n; ++i) {
         const float g = scale * a[i] + wd * W[i];

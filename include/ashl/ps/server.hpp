@@ -150,6 +150,13 @@ struct server_params {
   // The consistency policy's name (make_policy's), written into checkpoints
   // so a restore under another policy is refused by name.
   std::string policy;
+  // Threads that apply a commit (docs/ps.md "Apply threads"; issue 28): 1,
+  // the server's thread alone; N in [2, 64], it and N - 1 threads started at
+  // create(), each applying its own contiguous part of the shard (the dense
+  // add, a sparse payload's pairs in its part, the optimizer step, the
+  // reply's copy and CRC). The parameters are bit-identical for any N; a
+  // shard below 32 Ki elements is applied by one thread anyway.
+  std::uint32_t apply_threads = 1;
 };
 
 // Messages refused before they reached server_core.
@@ -345,8 +352,16 @@ class server {
       return invalid_argument("server.no_worker_grace_ms", p.no_worker_grace.count(), "must be > 0");
     if (p.policy.size() > max_policy_name)
       return invalid_argument("server.policy", p.policy, "longer than " + std::to_string(max_policy_name) + " bytes");
+    ASHL_TRY(apply_pool::check_threads(p.apply_threads, "server.apply_threads"));
     auto core = core_type::create(p.core, std::move(policy), initial);
     if (!core) return core.error();
+    std::unique_ptr<apply_pool> pool;
+    if (p.apply_threads > 1) {
+      auto made = apply_pool::create(p.apply_threads, "server.apply_threads");
+      if (!made) return made.error();
+      pool = std::move(*made);
+      core->use_apply_pool(pool.get());  // the pool lives on the heap: moves of the server keep it
+    }
     // The shard's checkpoint is this server's alone from here on (refused
     // when another server holds it), before it is read for a restore.
     std::unique_ptr<checkpoint_writer> writer;
@@ -384,6 +399,7 @@ class server {
     }
     server srv(std::move(p), std::move(*core), std::move(t));
     srv.writer_ = std::move(writer);
+    srv.apply_pool_ = std::move(pool);
     srv.tel_.restored_version = restored;
     srv.applied_at_checkpoint_ = srv.core_.stats().commits_applied;
     return srv;
@@ -1323,6 +1339,7 @@ class server {
   std::vector<std::uint8_t> joined_once_;
   std::vector<double> last_heard_;        // per rank: its last message (server_params.worker_timeout)
   std::unique_ptr<checkpoint_writer> writer_;  // with checkpoint_dir: the shard's lock and writer thread
+  std::unique_ptr<apply_pool> apply_pool_;     // apply_threads > 1: the threads core_ applies with
   bool checkpoint_waiting_ = false;       // a due checkpoint waits for the previous write (counted once)
   status final_checkpoint_;               // run()'s last checkpoint
   double last_checkpoint_ = 0.0, next_housekeeping_ = 0.0;

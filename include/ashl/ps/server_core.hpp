@@ -1,7 +1,8 @@
 // ashl/ps/server_core.hpp — the rules of one parameter server, pure: decoded
 // messages and the driver's time in, what the driver must send out into a
-// caller-owned server_actions. No clock, no I/O, no threads; the simulator
-// and the real server drive the same object.
+// caller-owned server_actions. No clock, no I/O, no threads of its own (a
+// driver may lend it an apply_pool: the same passes, split over threads,
+// bit-identical); the simulator and the real server drive the same object.
 //
 //   auto layout = ashl::ps::shard_layout::even(n, 1);
 //   auto core = ashl::ps::server_core<ashl::sync::ssp>::create(
@@ -64,6 +65,7 @@
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/core/tensor_view.hpp>
+#include <ashl/ps/apply_pool.hpp>
 #include <ashl/ps/commit_store.hpp>
 #include <ashl/ps/optimizer.hpp>
 #include <ashl/ps/shards.hpp>
@@ -580,13 +582,13 @@ class server_core {
             }
           } else if (in_acc_) {
             make_writable();
-            opt_.step(w_, acc_, static_cast<float>(d.weight));  // acc_ holds the commit at scale 1
+            step_parts(static_cast<float>(d.weight));  // acc_ holds the commit at scale 1
           } else {
             // 0 + w·v in the accumulator, then a step at scale 1: the same
             // bits as decoding at scale 1 and stepping at w.
             decode_or_die(c.codec, c.type, c.step, c.tensor, c.payload, acc_, d.weight);
             make_writable();
-            opt_.step(w_, acc_, 1.0f);
+            step_parts(1.0f);
           }
         }
         ++stats_.commits_applied;
@@ -654,6 +656,27 @@ class server_core {
     finish(out);
   }
 
+  // ------------------------------------------------------------ apply threads
+  //
+  // The driver's threads (ps/apply_pool.hpp; server_params.apply_threads):
+  // with a pool of N, every pass over the shard that is element-wise runs as
+  // N parts, part p on elements [p·B, (p+1)·B) with B a whole number of
+  // 64-byte lines: the dense add (with its copy beside a pinned version and
+  // the new version's CRC, the parts' CRCs combined in order), a sparse-pair
+  // payload's add (each part finds its pairs by binary search over the
+  // sorted indices), the optimizer's step, the copy of a pinned version,
+  // the CRC of a pin, and the finite check of a payload's values. Each
+  // element sees the same operations in the same order, so the parameters,
+  // CRCs and refusals are bit-identical to no pool (test/ps/apply_threads.cpp);
+  // no rule changes, only how fast a pass runs. Other codecs' decodes run on
+  // the calling thread. A shard below 2 × min_part_elements runs on the
+  // calling thread (a run's wake-up would cost more than it saves). The pool
+  // is not owned (the driver keeps it alive while the core uses it) and is
+  // not part of save(); nullptr: no pool.
+  static constexpr std::size_t min_part_elements = std::size_t{1} << 14;
+  void use_apply_pool(apply_pool* pool) noexcept { pool_ = pool; }
+  [[nodiscard]] const apply_pool* apply_pool_in_use() const noexcept { return pool_; }
+
   // ------------------------------------------------------------ inspection
 
   [[nodiscard]] std::span<const float> parameters() const noexcept { return w_; }
@@ -679,7 +702,12 @@ class server_core {
 
   pinned_parameters pin_parameters() {
     if (!w_crc_valid_) {
-      w_crc_ = wire::crc32c(std::as_bytes(std::span<const float>(w_)));
+      const float* src = w_.data();
+      const unsigned k = for_parts(w_.size(), [&](unsigned part, std::size_t lo, std::size_t hi) noexcept {
+        part_crc_[part] = wire::crc32c(std::as_bytes(std::span<const float>(src + lo, hi - lo)));
+        part_len_[part] = hi - lo;
+      });
+      w_crc_ = combine_part_crcs(k);
       w_crc_valid_ = true;
     }
     const std::uint64_t v = version();
@@ -1019,7 +1047,12 @@ class server_core {
   bool finite_values(const commit_in& c, const std::byte* p, std::size_t n, dtype type, const std::byte* indices,
                      server_actions& out) {
     const detail::float_bits b = detail::bits_of(type);
-    const std::size_t i = detail::first_non_finite(p, n, b.bytes, b.mask);
+    std::size_t i = n;
+    const unsigned k = for_parts(n, [&](unsigned part, std::size_t lo, std::size_t hi) noexcept {
+      const std::size_t j = detail::first_non_finite(p + lo * b.bytes, hi - lo, b.bytes, b.mask);
+      part_first_[part] = j == hi - lo ? n : lo + j;
+    });
+    for (unsigned q = 0; q < k && i == n; ++q) i = part_first_[q];
     if (i == n) return true;
     const bool decoded = p == reinterpret_cast<const std::byte*>(acc_.data());
     const std::uint64_t element =
@@ -1067,7 +1100,11 @@ class server_core {
     if (w_readers_ == 0) return;
     version_buffer& b = spare();
     b.values.resize(w_.size());
-    if (!w_.empty()) std::memcpy(b.values.data(), w_.data(), w_.size() * sizeof(float));
+    float* dst = b.values.data();
+    const float* src = w_.data();
+    for_parts(w_.size(), [&](unsigned, std::size_t lo, std::size_t hi) noexcept {
+      if (hi > lo) std::memcpy(dst + lo, src + lo, (hi - lo) * sizeof(float));
+    });
     retire_pinned(b);
     ++copies_for_readers_;
   }
@@ -1097,31 +1134,105 @@ class server_core {
     const float* src = w_.data();
     const std::size_t chunk = apply_chunk_bytes / sizeof(float);
     const compress::codec_context ctx{p_.seed, c.step, c.tensor, {}};
-    std::uint32_t crc = 0;
-    for (std::size_t at = 0; at < n; at += chunk) {
-      const std::size_t k = std::min(chunk, n - at);
-      if (beside) std::memcpy(dst + at, src + at, k * sizeof(float));
-      const status s = compress::decode_add(c.codec, c.payload.subspan(at * per, k * per), {k, c.type},
-                                            host_view<float>(dst + at, k), static_cast<float>(weight), ctx);
-      ASHL_ASSERT(s.ok(), "server_core: a validated payload failed to decode");
-      (void)s;
-      if (want_crc) crc = wire::crc32c(std::as_bytes(std::span<const float>(dst + at, k)), crc);
-    }
+    // One part per apply thread (one part without a pool); each part's
+    // chunks start at its first element, a whole number of 64-byte lines.
+    const unsigned parts = for_parts(n, [&](unsigned part, std::size_t lo, std::size_t hi) noexcept {
+      std::uint32_t crc = 0;
+      for (std::size_t at = lo; at < hi; at += chunk) {
+        const std::size_t k = std::min(chunk, hi - at);
+        if (beside) std::memcpy(dst + at, src + at, k * sizeof(float));
+        const status s = compress::decode_add(c.codec, c.payload.subspan(at * per, k * per), {k, c.type},
+                                              host_view<float>(dst + at, k), static_cast<float>(weight), ctx);
+        ASHL_ASSERT(s.ok(), "server_core: a validated payload failed to decode");
+        (void)s;
+        if (want_crc) crc = wire::crc32c(std::as_bytes(std::span<const float>(dst + at, k)), crc);
+      }
+      part_crc_[part] = crc;
+      part_len_[part] = hi - lo;
+    });
     if (beside) {
       retire_pinned(*b);
       ++applied_beside_;
     }
-    w_crc_ = crc;
+    w_crc_ = want_crc ? combine_part_crcs(parts) : 0;
     w_crc_valid_ = want_crc;
   }
 
+  // Adds weight x a validated payload into `into` (w_ or acc_): by parts
+  // when a pool is in use and the codec is element-wise (a dense cast: each
+  // part decodes its slice of the payload) or sparse pairs (each part adds
+  // the pairs whose index falls in it); else one decode_add.
   void decode_or_die(codec_id id, dtype t, std::uint64_t step, std::uint32_t tensor, std::span<const std::byte> payload,
                      std::vector<float>& into, double weight) {
     const compress::codec_context ctx{p_.seed, step, tensor, {}};
-    const status s = compress::decode_add(id, payload, {into.size(), t}, host_view<float>(into.data(), into.size()),
-                                          static_cast<float>(weight), ctx);
+    const std::size_t n = into.size();
+    float* const base = into.data();
+    const float scale = static_cast<float>(weight);
+    if (parts_for(n) > 1) {
+      const std::size_t dense = compress::dense_payload_bytes(id, {n, t});
+      if (dense != 0 && dense == payload.size()) {
+        const std::size_t per = payload.size() / n;
+        for_parts(n, [&](unsigned, std::size_t lo, std::size_t hi) noexcept {
+          if (hi == lo) return;
+          const status s = compress::decode_add(id, payload.subspan(lo * per, (hi - lo) * per), {hi - lo, t},
+                                                host_view<float>(base + lo, hi - lo), scale, ctx);
+          ASHL_ASSERT(s.ok(), "server_core: a validated payload failed to decode");
+          (void)s;
+        });
+        return;
+      }
+      if (compress::sparse_pairs(id)) {
+        for_parts(n, [&](unsigned, std::size_t lo, std::size_t hi) noexcept {
+          compress::add_pairs_in_range(payload, t, base, scale, lo, hi);
+        });
+        return;
+      }
+    }
+    const status s = compress::decode_add(id, payload, {n, t}, host_view<float>(base, n), scale, ctx);
     ASHL_ASSERT(s.ok(), "server_core: a validated payload failed to decode");
     (void)s;
+  }
+
+  // The optimizer's step over acc_, by parts.
+  void step_parts(float scale) {
+    for_parts(w_.size(), [&](unsigned, std::size_t lo, std::size_t hi) noexcept {
+      if (hi > lo) opt_.step(w_, acc_, scale, lo, hi);
+    });
+  }
+
+  // Parts a pass over n elements runs as: the pool's threads, or 1 (no pool,
+  // or n too small to be worth a run).
+  [[nodiscard]] unsigned parts_for(std::size_t n) const noexcept {
+    if (pool_ == nullptr || pool_->threads() < 2 || n < 2 * min_part_elements) return 1;
+    return pool_->threads();
+  }
+
+  // Calls f(part, lo, hi) for each part of [0, n) (every part, empty ones
+  // too, so per-part results are all written), on the pool's threads when
+  // there is more than one part; returns the number of parts. Part bounds
+  // are whole 64-byte lines of floats, so no two parts write one line.
+  template <class F>
+  unsigned for_parts(std::size_t n, F&& f) {
+    const unsigned k = parts_for(n);
+    if (k == 1) {
+      f(0u, std::size_t{0}, n);
+      return 1;
+    }
+    constexpr std::size_t line = 64 / sizeof(float);
+    const std::size_t block = ((n + k - 1) / k + line - 1) / line * line;
+    auto job = [&](unsigned part) noexcept {
+      const std::size_t lo = std::min(n, std::size_t{part} * block), hi = std::min(n, lo + block);
+      f(part, lo, hi);
+    };
+    pool_->run(job);
+    return k;
+  }
+
+  // The CRC of the parts' bytes in order, from part_crc_ and part_len_ (floats).
+  [[nodiscard]] std::uint32_t combine_part_crcs(unsigned parts) const noexcept {
+    std::uint32_t crc = part_crc_[0];
+    for (unsigned q = 1; q < parts; ++q) crc = wire::crc32c_combine(crc, part_crc_[q], part_len_[q] * sizeof(float));
+    return crc;
   }
 
   void clear_acc() noexcept {
@@ -1184,7 +1295,7 @@ class server_core {
       }
       if (math && !opt_.adds_deltas()) {
         make_writable();
-        opt_.step(w_, acc_, 1.0f);
+        step_parts(1.0f);
       }
       take_step(out);
     }
@@ -1280,6 +1391,11 @@ class server_core {
   bool w_crc_valid_ = false;  // w_crc_ is the CRC of w_ as it is
   std::vector<version_buffer> held_;
   std::uint64_t applied_beside_ = 0, copies_for_readers_ = 0;
+  // Apply threads (use_apply_pool): not owned; per-part results of a pass.
+  apply_pool* pool_ = nullptr;
+  std::array<std::uint32_t, apply_pool::max_threads> part_crc_{};
+  std::array<std::size_t, apply_pool::max_threads> part_len_{};
+  std::array<std::size_t, apply_pool::max_threads> part_first_{};
 };
 
 }  // namespace ps

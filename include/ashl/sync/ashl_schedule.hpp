@@ -18,6 +18,17 @@
 // default uniform_planner{} plan is used instead, so training never stops on
 // a bad plan. ALGORITHMS.md §2.
 //
+// When profiling ends (by iterations): a worker has profiled once it made
+// profile_iterations accepted commits and its compute measurement of each
+// of those cycles has arrived. A worker measures a cycle's compute before
+// its commit but sends the cycle's measurements when the cycle ends (after
+// the reply: ps::worker_cycle), so at its N-th commit the server holds
+// N - 1 of them (none with N = 1); the schedule waits for the N-th, checked
+// at every commit and measurement. A worker whose measurements do not come
+// counts as profiled at its (N + 1)-th commit, so profiling ends whatever a
+// driver reports. Profiling by time (profile_seconds) ends at the first
+// event past it.
+//
 // Re-planning ("ASHL+", ours): a Replanner with `enabled` is started once,
 // right after a good first plan, from the profiling report and that plan; it
 // then sees every measurement of the AHL and SHL phases and may write a new
@@ -34,7 +45,7 @@
 // a worker that joins later gets the mean share of the live workers, the
 // smallest ratios of the plan in force and the default H until a re-plan
 // covers it. The live count, the live shares' total and the profiling
-// progress (live workers that reached profile_iterations) are kept
+// progress (live workers that profiled, see below) are kept
 // incrementally, so no event scans the workers; only a new plan costs O(M).
 // The stage policies only decide apply / hold (their weights are 1); the
 // schedule scales each applied commit by D_i / ΣD and builds the plans.
@@ -108,7 +119,9 @@ class ashl_schedule {
     note_time(c.time);
     commit_decision d = profile_.on_commit(c, out);
     if (d.action != commit_action::drop) {
-      if (++commits_[c.worker] == p_.profile_iterations) ++reached_;
+      const bool was = profiled(c.worker);
+      ++commits_[c.worker];
+      if (!was && profiled(c.worker) && is_live(c.worker)) ++reached_;
       if (d.action == commit_action::apply) d.weight *= profile_scale();
     }
     maybe_plan(c.time, out);
@@ -149,7 +162,7 @@ class ashl_schedule {
     if (!fresh) return;
     live_[w] = 1;
     ++nlive_;
-    commits_[w] = 0;
+    commits_[w] = 0;  // its compute samples stay: the report keeps its measurements
   }
   void on_evict(const membership_event& j, outcome_sink& out) {
     const worker_id w = j.worker;
@@ -165,7 +178,7 @@ class ashl_schedule {
       out.all_plans_changed();
       return;
     }
-    if (was && p_.profile_iterations > 0 && commits_[w] >= p_.profile_iterations) --reached_;
+    if (was && profiled(w)) --reached_;
     profile_.on_evict(j, out);
     phases_.on_evict(j, scratch_);
     scratch_.clear();
@@ -188,6 +201,15 @@ class ashl_schedule {
       ++kept_[x.worker];
     }
     report_.measurements.push_back(x);
+    if (x.kind == measurement_kind::compute) {
+      if (x.worker >= samples_.size()) samples_.resize(std::size_t{x.worker} + 1, 0);
+      const bool was = profiled(x.worker);
+      ++samples_[x.worker];
+      if (!was && profiled(x.worker) && is_live(x.worker)) {
+        ++reached_;
+        maybe_plan(last_time_, out);
+      }
+    }
   }
 
   // Measurements dropped while profiling: past ashl_params::max_profile_measurements
@@ -311,9 +333,13 @@ class ashl_schedule {
     }
     ASHL_TRY(r.get_vector(n.report_.live, "ashl.report.live"));
     n.kept_.clear();
+    n.samples_.clear();
     for (const auto& m : n.report_.measurements) {
       if (m.worker >= n.kept_.size()) n.kept_.resize(std::size_t{m.worker} + 1, 0);
       ++n.kept_[m.worker];
+      if (m.kind != measurement_kind::compute) continue;
+      if (m.worker >= n.samples_.size()) n.samples_.resize(std::size_t{m.worker} + 1, 0);
+      ++n.samples_[m.worker];
     }
     ASHL_TRY(load_status(r, n.planner_status_, "ashl.planner_status"));
     ASHL_TRY(load_plan(r, n.plan_));
@@ -334,8 +360,9 @@ class ashl_schedule {
     for (std::size_t w = 0; w < n.live_.size(); ++w) {
       if (n.live_[w] == 0) continue;
       ++n.nlive_;
-      if (n.p_.profile_iterations > 0 && n.commits_[w] >= n.p_.profile_iterations) ++n.reached_;
+      if (n.profiled(static_cast<worker_id>(w))) ++n.reached_;
     }
+    n.last_time_ = n.report_.start_time;
     *this = std::move(n);
     return {};
   }
@@ -360,6 +387,15 @@ class ashl_schedule {
       started_ = true;
       report_.start_time = t;
     }
+    last_time_ = std::max(last_time_, t);
+  }
+  // Profiled (see the top): N accepted commits and the compute measurements
+  // of their cycles, or N + 1 commits.
+  [[nodiscard]] bool profiled(worker_id w) const noexcept {
+    const std::uint64_t n = p_.profile_iterations;
+    if (n == 0 || w >= commits_.size()) return false;
+    const std::uint64_t c = commits_[w];
+    return c > n || (c == n && w < samples_.size() && samples_[w] >= n);
   }
   [[nodiscard]] bool profile_done(double now) const {
     if (p_.profile_seconds > 0.0 && started_ && now - report_.start_time >= p_.profile_seconds) return true;
@@ -432,6 +468,8 @@ class ashl_schedule {
     report_.measurements.shrink_to_fit();
     kept_.clear();
     kept_.shrink_to_fit();
+    samples_.clear();
+    samples_.shrink_to_fit();
     profile_.drain(out);
     out.all_plans_changed();
   }
@@ -533,7 +571,9 @@ class ashl_schedule {
   std::vector<std::uint64_t> commits_;  // accepted profiling commits per worker
   std::vector<std::uint8_t> live_;
   std::size_t nlive_ = 0;
-  std::size_t reached_ = 0;  // live workers with commits_ >= profile_iterations
+  std::size_t reached_ = 0;  // live workers that profiled()
+  std::vector<std::uint64_t> samples_;  // per worker: compute measurements in report_ (rebuilt on load)
+  double last_time_ = 0.0;  // the latest driver time of a commit, pull or metric while profiling
   bool started_ = false;
   profile_report report_;
   std::vector<std::uint32_t> kept_;  // per worker: measurements in report_ (rebuilt on load)
