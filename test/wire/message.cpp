@@ -90,6 +90,19 @@ w::header part_header(std::uint16_t part) {
   return h;
 }
 
+// Version 5: a dense commit in parts. Its offset 64 keeps the samples, so
+// the part's index and the count of parts sit in flags bits 16..31.
+w::header commit_part_header(std::uint16_t part) {
+  w::header h = data_header(w::message_kind::commit);
+  h.codec = ashl::codec_id::identity;
+  h.type = ashl::dtype::f32;
+  h.flags = w::flag_last_shard | w::flag_pull | w::flag_part;
+  h.element_count = 10;
+  h.part = part;
+  h.parts = 3;
+  return h;
+}
+
 bytes encode_data(const w::header& h, const bytes& payload) {
   bytes out(w::encoded_size(payload.size()));
   auto n = w::encode(h, payload, out);
@@ -152,6 +165,7 @@ std::vector<bytes> every_kind() {
   all.push_back(encode_control(w::error_body{.code = errc::invalid_argument, .in_reply_to = 77, .text = error_text}));
   all.push_back(encode_measurements(some_measurements()));
   all.push_back(encode_data(part_header(2), payload_of(8, 3)));  // a pull_reply in parts (version 4): last part, 2 of 10 elements
+  all.push_back(encode_data(commit_part_header(1), payload_of(16, 4)));  // a commit in parts (version 5): part 1, 4 of 10 elements
   return all;
 }
 
@@ -191,7 +205,7 @@ BOOST_AUTO_TEST_CASE(header_layout_is_the_documented_one) {
   BOOST_TEST(u8(1) == unsigned('S'));
   BOOST_TEST(u8(2) == unsigned('H'));
   BOOST_TEST(u8(3) == unsigned('L'));
-  BOOST_TEST((u8(4) | u8(5) << 8) == 4u);   // version
+  BOOST_TEST((u8(4) | u8(5) << 8) == 5u);   // version
   BOOST_TEST((u8(6) | u8(7) << 8) == 72u);  // header bytes
   BOOST_TEST(u8(8) == 1u);                  // kind commit
   BOOST_TEST(u8(9) == 7u);                  // codec qsgd
@@ -236,7 +250,8 @@ BOOST_AUTO_TEST_CASE(control_kinds_round_trip) {
                                    w::message_kind::pull_reply, w::message_kind::join,
                                    w::message_kind::leave, w::message_kind::plan_update,
                                    w::message_kind::metric, w::message_kind::error,
-                                   w::message_kind::measurements, w::message_kind::pull_reply};
+                                   w::message_kind::measurements, w::message_kind::pull_reply,
+                                   w::message_kind::commit};
   BOOST_TEST_REQUIRE(all.size() == std::size(kinds));
   for (std::size_t i = 0; i < all.size(); ++i) {
     auto d = dec(all[i]);
@@ -345,14 +360,16 @@ BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {
   expect_error(dec(bytes(commit.begin(), commit.begin() + 71)), errc::malformed, "message.size = 71");
   expect_error(dec(patched(commit, 0, std::uint32_t{0x4c485342})), errc::malformed, "header.magic = 0x4c485342");
   expect_error(dec(patched(commit, 4, std::uint16_t{1})), errc::unsupported,
-               "header.version = 1: this build reads version 4");
+               "header.version = 1: this build reads version 5");
   expect_error(dec(patched(commit, 4, std::uint16_t{2})), errc::unsupported,
-               "header.version = 2: this build reads version 4");
-  expect_error(dec(patched(commit, 4, std::uint16_t{5})), errc::unsupported, "header.version = 5");
+               "header.version = 2: this build reads version 5");
+  expect_error(dec(patched(commit, 4, std::uint16_t{4})), errc::unsupported,
+               "header.version = 4: this build reads version 5");  // version 4 had no commit in parts
+  expect_error(dec(patched(commit, 4, std::uint16_t{6})), errc::unsupported, "header.version = 6");
   expect_error(dec(patched(commit, 6, std::uint16_t{80})), errc::malformed, "header.header_bytes = 80");
   expect_error(dec(patched(commit, 8, std::uint8_t{0})), errc::unsupported, "header.kind = 0");
   expect_error(dec(patched(commit, 8, std::uint8_t{10})), errc::unsupported,
-               "header.kind = 10: not a message kind of version 4");
+               "header.kind = 10: not a message kind of version 5");
   expect_error(dec(patched(commit, 9, std::uint8_t{11})), errc::unsupported, "header.codec = 11");
   expect_error(dec(patched(commit, 10, std::uint8_t{6})), errc::unsupported, "header.dtype = 6");
   expect_error(dec(patched(commit, 11, std::uint8_t{1})), errc::malformed, "header.reserved0 = 1");
@@ -458,10 +475,14 @@ BOOST_AUTO_TEST_CASE(reply_parts_round_trip_and_bad_parts_are_refused_by_name) {
                "header.parts = 6: leaves an empty part of 10 elements");
   expect_error(dec(patched(last, 64, std::uint32_t{1 | (3u << 16)})), errc::malformed,
                "header.payload_bytes = 8: part 1 of 3 holds 4 elements");
-  expect_error(dec(patched(last, 9, std::uint8_t(ashl::codec_id::topk))), errc::malformed, "header.codec = \"topk\": a reply in parts is dense");
+  expect_error(dec(patched(last, 9, std::uint8_t(ashl::codec_id::topk))), errc::malformed, "header.codec = \"topk\": a pull_reply in parts is dense");
   // The flag on another kind, and offset 64 without it.
   const auto commit = encode_data(data_header(w::message_kind::commit), payload_of(8, 4));
-  expect_error(dec(patched(commit, 12, w::flag_part | w::flag_last_shard)), errc::malformed, "header.flags = 0x00000009: part is only for pull_reply");
+  expect_error(dec(patched(commit, 12, w::flag_part | w::flag_last_shard)), errc::malformed,
+               "header.codec = \"qsgd\": a commit in parts is dense");  // a compressed commit never comes in parts
+  const auto request = encode_data(data_header(w::message_kind::pull_request), {});
+  expect_error(dec(patched(request, 12, w::flag_part)), errc::malformed,
+               "header.flags = 0x00000008: part is only for pull_reply and commit");
   const auto reply = encode_data(data_header(w::message_kind::pull_reply), payload_of(8, 4));
   expect_error(dec(patched(reply, 64, std::uint32_t{3u << 16})), errc::malformed, "header.samples = 196608");
   // The encoder refuses what the decoder would.
@@ -472,6 +493,49 @@ BOOST_AUTO_TEST_CASE(reply_parts_round_trip_and_bad_parts_are_refused_by_name) {
   bad = data_header(w::message_kind::pull_reply);
   bad.parts = 3;
   expect_error(w::seal_header(bad, payload_of(16, 1), head), errc::malformed, "header.parts = 3: part and parts are 0 without the part flag");
+}
+
+BOOST_AUTO_TEST_CASE(commit_parts_round_trip_and_bad_parts_are_refused_by_name) {
+  BOOST_TEST(w::parts_for(std::uint64_t{1} << 20, 4, 4096, w::max_commit_parts) == 255u);  // capped: parts grow
+  BOOST_TEST(w::parts_for(1000, 4, 400, w::max_commit_parts) == 10u);
+  BOOST_TEST(w::parts_for(1000, 4, 400, 1) == 0u);  // at most one part: whole
+  for (std::uint16_t i = 0; i < 3; ++i) {
+    const auto m = encode_data(commit_part_header(i), payload_of(i == 2 ? 8 : 16, 1));
+    std::uint32_t flags = 0, at64 = 0;
+    std::memcpy(&flags, m.data() + 12, 4);
+    std::memcpy(&at64, m.data() + 64, 4);
+    BOOST_TEST(flags == (w::flag_last_shard | w::flag_pull | w::flag_part | (std::uint32_t{i} << 16) | (3u << 24)));
+    BOOST_TEST(at64 == 96u);  // the samples, as in any commit
+    auto d = dec(m);
+    BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().to_string()));
+    BOOST_TEST((d->header == commit_part_header(i)));
+    const auto pk = w::peek_part(std::span<const std::byte>(m).first(w::header_bytes));
+    BOOST_TEST(pk.valid());
+    BOOST_TEST((pk.kind == w::message_kind::commit));
+    BOOST_TEST(pk.part == i);
+    BOOST_TEST(pk.parts == 3u);
+    BOOST_TEST(pk.element_count == 10u);
+    BOOST_TEST(pk.sequence == 0x1122334455667788ull);
+  }
+  const auto last = encode_data(commit_part_header(2), payload_of(8, 1));
+  const std::uint32_t low = w::flag_last_shard | w::flag_pull | w::flag_part;
+  expect_error(dec(patched(last, 12, low | (3u << 16) | (3u << 24))), errc::malformed, "header.part = 3: must be < parts = 3");
+  expect_error(dec(patched(last, 12, low | (0u << 16) | (1u << 24))), errc::malformed, "header.parts = 1: must be >= 2");
+  expect_error(dec(patched(last, 12, low | (0u << 16) | (11u << 24))), errc::malformed,
+               "header.parts = 11: must be >= 2 and <= element_count = 10");
+  expect_error(dec(patched(last, 12, low | (1u << 16) | (3u << 24))), errc::malformed,
+               "header.payload_bytes = 8: part 1 of 3 holds 4 elements");
+  expect_error(dec(patched(last, 9, std::uint8_t(ashl::codec_id::topk))), errc::malformed,
+               "header.codec = \"topk\": a commit in parts is dense");
+  // Bits 16..31 without the part flag are unknown flags.
+  const auto whole = encode_data(data_header(w::message_kind::commit), payload_of(8, 4));
+  expect_error(dec(patched(whole, 12, w::flag_last_shard | (1u << 16))), errc::unsupported, "header.flags = 0x00010001: unknown flag bits");
+  // The encoder refuses what the decoder would: more than 255 parts.
+  w::header bad = commit_part_header(0);
+  bad.element_count = 1000;
+  bad.parts = 256;
+  std::array<std::byte, w::header_bytes> head{};
+  expect_error(w::seal_header(bad, payload_of(16, 1), head), errc::malformed, "header.parts = 256: a commit comes in at most 255 parts");
 }
 
 BOOST_AUTO_TEST_CASE(control_failures_name_field_and_value) {
@@ -683,7 +747,7 @@ BOOST_AUTO_TEST_CASE(documented_id_values_are_pinned) {
                 static_cast<int>(k::metric) == 7 && static_cast<int>(k::error) == 8 &&
                 static_cast<int>(k::measurements) == 9);
   static_assert(w::message_kind_first == 1 && w::message_kind_last == 9);
-  static_assert(w::version == 4 && w::header_bytes == 72 && w::crc_offset == 68 && w::magic == 0x4C485341u);
+  static_assert(w::version == 5 && w::header_bytes == 72 && w::crc_offset == 68 && w::magic == 0x4C485341u);
   using lr = w::leave_reason;
   static_assert(static_cast<int>(lr::left) == 0 && static_cast<int>(lr::evicted_timeout) == 1 &&
                 static_cast<int>(lr::evicted_failure) == 2 && static_cast<int>(lr::evicted_policy) == 3 &&

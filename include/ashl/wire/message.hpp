@@ -62,8 +62,11 @@ inline constexpr std::uint32_t magic = 0x4C485341u;
 // the server no longer rebuilds them from header.step. An older peer is
 // refused by version. Version 4: a pull_reply may come in parts (flag
 // `part`; the u32 at offset 64 then holds the part's index and the count of
-// parts, see part_elements), each part checksummed on its own.
-inline constexpr std::uint16_t version = 4;
+// parts, see part_elements), each part checksummed on its own. Version 5:
+// a dense commit may come in parts too (flag `part`; its offset 64 keeps
+// the samples, so the part's index and the count of parts sit in the
+// flags word's upper half, see commit_part_shift).
+inline constexpr std::uint16_t version = 5;
 inline constexpr std::size_t header_bytes = 72;
 // The CRC field sits at the end of the header and covers everything before it
 // plus the payload.
@@ -105,14 +108,25 @@ constexpr bool is_control(message_kind k) noexcept { return static_cast<std::uin
 inline constexpr std::uint32_t flag_last_shard = 1u << 0;     // commit, pull_reply: final shard of the tensor
 inline constexpr std::uint32_t flag_ack_requested = 1u << 1;  // any kind: the sender wants an acknowledgement
 inline constexpr std::uint32_t flag_pull = 1u << 2;           // commit: a pull rides with it (no pull_request follows)
-inline constexpr std::uint32_t flag_part = 1u << 3;           // pull_reply: one part of a reply sent in parts (version 4)
+inline constexpr std::uint32_t flag_part = 1u << 3;           // pull_reply (v4), commit (v5): one part of a message sent in parts
 inline constexpr std::uint32_t flags_known = flag_last_shard | flag_ack_requested | flag_pull | flag_part;
+// A commit part (flag_part on a commit) carries its index in flags bits
+// 16..23 and the count of parts in bits 24..31 (header.part, header.parts;
+// at most max_commit_parts), because its u32 at offset 64 is the commit's
+// samples. In every other message those bits are 0.
+inline constexpr unsigned commit_part_shift = 16;
+inline constexpr std::uint32_t max_commit_parts = 0xffu;
+// Parts of one commit a receiver holds in flight at most (received into
+// its staging, not yet checked); a sender's window is at most this
+// (ps::worker_params.commit_window), a part beyond it is refused.
+inline constexpr std::uint32_t max_parts_in_flight = 16;
 
 // A message in parts (flag_part): part `part` of `parts` (2 <= parts <=
 // max_parts, part < parts) carries elements [first, first + count) of the
 // element_count the header names, with first = part * per and per =
 // ceil(element_count / parts); every part holds at least one element
-// (parts = ceil(element_count / per)). Offset 64 holds part | parts << 16.
+// (parts = ceil(element_count / per)). A pull_reply's offset 64 holds
+// part | parts << 16; a commit's flags word holds them (commit_part_shift).
 inline constexpr std::uint32_t max_parts = 0xffffu;
 struct part_range {
   std::uint64_t first = 0, count = 0;
@@ -128,13 +142,16 @@ constexpr part_range part_elements(std::uint64_t element_count, std::uint32_t pa
 }
 // The number of parts a payload of element_count elements of elem_bytes
 // bytes is sent in for a part size of about part_bytes (0: one message):
-// 0 or 1 means not in parts.
-constexpr std::uint32_t parts_for(std::uint64_t element_count, std::size_t elem_bytes, std::uint64_t part_bytes) noexcept {
+// 0 or 1 means not in parts. At most `most` parts (max_commit_parts for a
+// commit): the parts grow instead.
+constexpr std::uint32_t parts_for(std::uint64_t element_count, std::size_t elem_bytes, std::uint64_t part_bytes,
+                                  std::uint32_t most = max_parts) noexcept {
   if (part_bytes == 0 || elem_bytes == 0 || element_count < 2) return 0;
   const std::uint64_t per_wanted = std::max<std::uint64_t>(1, part_bytes / elem_bytes);
   std::uint64_t parts = (element_count + per_wanted - 1) / per_wanted;
   if (parts < 2) return 0;
-  parts = std::min<std::uint64_t>(parts, max_parts);
+  parts = std::min<std::uint64_t>(parts, std::min(most, max_parts));
+  if (parts < 2) return 0;
   const std::uint64_t per = (element_count + parts - 1) / parts;
   return static_cast<std::uint32_t>((element_count + per - 1) / per);
 }
@@ -375,13 +392,17 @@ inline status check_header(const header& h, std::uint64_t payload_bytes, const l
     if (h.part != 0 || h.parts != 0)
       return make_error(errc::malformed, "header.parts", h.parts, "part and parts are 0 without the part flag");
   } else {
-    if (h.kind != message_kind::pull_reply)
-      return make_error(errc::malformed, "header.flags", hex32{h.flags}, "part is only for pull_reply");
+    if (h.kind != message_kind::pull_reply && h.kind != message_kind::commit)
+      return make_error(errc::malformed, "header.flags", hex32{h.flags}, "part is only for pull_reply and commit");
     if (h.codec != codec_id::identity)
-      return make_error(errc::malformed, "header.codec", to_string(h.codec), "a reply in parts is dense (identity)");
+      return make_error(errc::malformed, "header.codec", to_string(h.codec),
+                        "a " + kind_name + " in parts is dense (identity)");
     if (h.parts < 2 || h.parts > h.element_count)
       return make_error(errc::malformed, "header.parts", h.parts,
                         "must be >= 2 and <= element_count = " + std::to_string(h.element_count));
+    if (h.kind == message_kind::commit && h.parts > max_commit_parts)
+      return make_error(errc::malformed, "header.parts", h.parts,
+                        "a commit comes in at most " + std::to_string(max_commit_parts) + " parts");
     if (h.part >= h.parts)
       return make_error(errc::malformed, "header.part", h.part, "must be < parts = " + std::to_string(h.parts));
     const part_range pr = part_elements(h.element_count, h.parts, h.part);
@@ -609,7 +630,11 @@ inline void put_header(byte_writer& w, const header& h, std::uint64_t payload_by
   w.put(h.codec);
   w.put(h.type);
   w.put(std::uint8_t{0});  // reserved
-  w.put(h.flags);
+  if ((h.flags & flag_part) != 0 && h.kind == message_kind::commit)
+    w.put(static_cast<std::uint32_t>(h.flags | std::uint32_t{h.part} << commit_part_shift |
+                                     std::uint32_t{h.parts} << (commit_part_shift + 8)));
+  else
+    w.put(h.flags);
   w.put(h.element_count);
   w.put(h.tensor);
   w.put(h.rank);
@@ -768,10 +793,14 @@ inline status seal_header(const header& h, std::size_t payload_bytes, std::uint3
 
 // The part a data message's header says it is, read before anything is
 // checked: where a receiver places the part's bytes (ps::worker's staging
-// buffer). Worth nothing until decode accepted the message; {} when the
-// header is not a part of a pull_reply of this version.
+// buffer for a reply, ps::server's for a commit). Worth nothing until
+// decode accepted the message; {} when the header is not a part of a
+// pull_reply or commit of this version.
 struct peeked_part {
+  message_kind kind = message_kind::pull_reply;
+  dtype type = dtype::f32;
   std::uint64_t element_count = 0;
+  std::uint64_t sequence = 0;
   std::uint32_t part = 0, parts = 0;
   [[nodiscard]] bool valid() const noexcept { return parts != 0; }
 };
@@ -783,15 +812,21 @@ inline peeked_part peek_part(std::span<const std::byte> head) noexcept {
   std::uint64_t n = 0;
   (void)r.get(m, "");
   (void)r.get(v, "");
-  if (m != magic || v != version || std::to_integer<std::uint8_t>(head[8]) != static_cast<std::uint8_t>(message_kind::pull_reply))
-    return {};
+  const auto kind = static_cast<message_kind>(std::to_integer<std::uint8_t>(head[8]));
+  if (m != magic || v != version || (kind != message_kind::pull_reply && kind != message_kind::commit)) return {};
   byte_reader f(head.subspan(12));
   (void)f.get(flags, "");
   (void)f.get(n, "");
   if ((flags & flag_part) == 0) return {};
+  std::uint64_t seq = 0;
+  byte_reader sq(head.subspan(32));
+  (void)sq.get(seq, "");
+  const auto type = static_cast<dtype>(std::to_integer<std::uint8_t>(head[10]));
+  if (kind == message_kind::commit)
+    return {kind, type, n, seq, (flags >> commit_part_shift) & 0xffu, flags >> (commit_part_shift + 8)};
   byte_reader q(head.subspan(64));
   (void)q.get(pp, "");
-  return {n, pp & 0xffffu, pp >> 16};
+  return {kind, type, n, seq, pp & 0xffffu, pp >> 16};
 }
 
 // Re-encodes a decoded message (the fuzz target's round trip).
@@ -868,7 +903,11 @@ inline result<message_view> decode(std::span<const std::byte> head, std::span<co
   h.codec = static_cast<codec_id>(codec);
   h.type = static_cast<dtype>(type);
   h.flags = flags;
-  if ((flags & flag_part) != 0 && h.kind != message_kind::commit) {  // offset 64: part | parts << 16
+  if ((flags & flag_part) != 0 && h.kind == message_kind::commit) {  // flags bits 16..31: part | parts << 8
+    h.part = static_cast<std::uint16_t>((flags >> commit_part_shift) & 0xffu);
+    h.parts = static_cast<std::uint16_t>(flags >> (commit_part_shift + 8));
+    h.flags = flags & ((1u << commit_part_shift) - 1);
+  } else if ((flags & flag_part) != 0) {  // offset 64: part | parts << 16
     h.part = static_cast<std::uint16_t>(h.samples & 0xffffu);
     h.parts = static_cast<std::uint16_t>(h.samples >> 16);
     h.samples = 0;
