@@ -288,9 +288,10 @@ BOOST_AUTO_TEST_CASE(a_progress_thread_drives_the_transport) {
 // go after every cycle (measurement_interval 0), or in batches by count (an
 // interval of an hour: batches of 57 to 64 records; the warm-up holds one).
 void no_allocation_in_steady_state(std::chrono::microseconds measurement_interval, int warmup,
-                                   std::uint64_t reply_part_bytes = 0) {
+                                   std::uint64_t reply_part_bytes = 0, std::uint64_t commit_part_bytes = 0) {
   constexpr std::uint32_t M = 4;
-  const std::size_t n = reply_part_bytes == 0 ? 1000 : 4 * reply_part_bytes / sizeof(float);  // replies in 4 parts
+  const std::uint64_t part_bytes = std::max(reply_part_bytes, commit_part_bytes);
+  const std::size_t n = part_bytes == 0 ? 1000 : 4 * part_bytes / sizeof(float);  // replies or commits in 4 parts
   constexpr int measured = 30;
   auto fabric = tr::inproc_fabric::create({.eager_bytes = 256, .deterministic = true});
   auto layout = ps::shard_layout::even(n, 1);
@@ -307,7 +308,9 @@ void no_allocation_in_steady_state(std::chrono::microseconds measurement_interva
     std::atomic<bool> stop{false};
     std::thread th([&] { srv->run(stop); });
     for (std::uint32_t k = 0; k < M; ++k) {
-      auto wk = ps::worker<tr::inproc>::create({.rank = k, .servers = {"server0"}, .timeout = 20s, .measurement_interval = measurement_interval}, node_of(fabric), w[k]);
+      auto wk = ps::worker<tr::inproc>::create({.rank = k, .servers = {"server0"}, .timeout = 20s, .measurement_interval = measurement_interval,
+                                                .commit_part_bytes = commit_part_bytes, .commit_window = 2},
+                                               node_of(fabric), w[k]);
       ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
       workers.push_back(std::move(*wk));
     }
@@ -343,6 +346,13 @@ void no_allocation_in_steady_state(std::chrono::microseconds measurement_interva
     // One CRC pass per version: BSP releases the four workers from one version.
     ASHL_TEST(srv->telemetry().part_crc_passes == std::uint64_t(warmup + measured) + 1, srv->telemetry().part_crc_passes);
     for (auto& wk : workers) ASHL_TEST(wk.telemetry().reply_parts == 4u * (warmup + measured + 1), wk.telemetry().reply_parts);
+  }
+  if (commit_part_bytes != 0) {  // every commit in 4 parts, staged on the server, applied whole
+    const std::uint64_t commits = std::uint64_t{M} * (warmup + measured);
+    ASHL_TEST(srv->telemetry().commits_in_parts == commits, srv->telemetry().commits_in_parts);
+    ASHL_TEST(srv->telemetry().commit_parts == 4 * commits, srv->telemetry().commit_parts);
+    ASHL_TEST(srv->telemetry().wire_refused_total() == 0u);
+    for (auto& wk : workers) ASHL_TEST(wk.telemetry().commit_parts == 4u * (warmup + measured), wk.telemetry().commit_parts);
   }
   for (auto& wk : workers) ASHL_TEST(wk.leave().ok());
 }
@@ -413,6 +423,7 @@ BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
   no_allocation_in_steady_state(std::chrono::microseconds{0}, 10);
   no_allocation_in_steady_state(std::chrono::microseconds{3'600'000'000}, 40);
   no_allocation_in_steady_state(std::chrono::microseconds{0}, 10, 4096);  // replies in parts (issue 28, item 1)
+  no_allocation_in_steady_state(std::chrono::microseconds{0}, 10, 0, 4096);  // commits in parts, two in flight (item 1 (b))
 }
 
 BOOST_AUTO_TEST_CASE(a_pull_without_commit_reads_the_model) {

@@ -53,6 +53,7 @@ struct job_spec {
   bool progress_thread = false;
   ashl::codec_id compression = ashl::codec_id::topk;
   std::function<void(ps::server_params&)> configure_server = [](ps::server_params&) {};  // before create()
+  std::function<void(ps::worker_params&)> configure_worker = [](ps::worker_params&) {};  // before create()
 };
 
 struct job_result {
@@ -113,9 +114,10 @@ inline job_result run_job(const job_spec& spec) {
       std::vector<std::string> addrs;
       for (std::uint32_t s = 0; s < spec.servers; ++s) addrs.push_back("server" + std::to_string(s));
       std::vector<float> w(spec.elements), g(spec.elements);
-      auto wk = ps::worker<tr::inproc>::create({.rank = k, .servers = addrs, .batch = 16, .timeout = 20s,
-                                                .progress_thread = spec.progress_thread},
-                                               std::move(*node), w);
+      ps::worker_params wp{.rank = k, .servers = addrs, .batch = 16, .timeout = 20s,
+                           .progress_thread = spec.progress_thread};
+      spec.configure_worker(wp);
+      auto wk = ps::worker<tr::inproc>::create(std::move(wp), std::move(*node), w);
       if (!wk) {
         res.worker_errors[k] = wk.error().message();
         return;

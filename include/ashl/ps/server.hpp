@@ -172,8 +172,9 @@ enum class wire_refusal : std::uint8_t {
   incarnation = 8,    // a join past server_params.max_incarnation_ahead
   job = 9,            // a join of another job (join.job differs from server_params.job)
   stale = 10,         // a message from a connection whose rank a later process (larger incarnation) took
+  commit_part = 11,   // a part of a commit in parts out of order, repeated, of another split or commit, or past the window
 };
-inline constexpr std::size_t wire_refusal_count = 11;
+inline constexpr std::size_t wire_refusal_count = 12;
 
 constexpr std::string_view to_string(wire_refusal r) noexcept {
   switch (r) {
@@ -188,6 +189,7 @@ constexpr std::string_view to_string(wire_refusal r) noexcept {
     case wire_refusal::incarnation: return "incarnation";
     case wire_refusal::job: return "job";
     case wire_refusal::stale: return "stale";
+    case wire_refusal::commit_part: return "commit_part";
   }
   return "?";
 }
@@ -221,6 +223,9 @@ struct server_telemetry {
   std::uint64_t acks = 0;                   // of the pull replies, header-only acknowledgements of pushes
   std::uint64_t reply_parts = 0;            // messages of pull replies sent in parts (server_params.reply_part_bytes)
   std::uint64_t part_crc_passes = 0;        // versions whose parts were checksummed (once per version)
+  std::uint64_t commit_parts = 0;           // parts of commits in parts that passed (worker_params.commit_part_bytes)
+  std::uint64_t commits_in_parts = 0;       // commits whose parts all passed, handed to server_core whole
+  std::uint64_t commit_parts_dropped = 0;   // parts of a commit a refused part (or a lost connection) discarded
   std::uint64_t worker_errors = 0;          // error messages workers sent us
   std::uint64_t snapshots = 0;              // versions pulled (each pinned by its replies, checksummed once)
   std::uint64_t applied_beside = 0;         // dense applies made beside a version replies still read
@@ -264,6 +269,9 @@ struct server_telemetry {
         field{"acks", &server_telemetry::acks},
         field{"reply_parts", &server_telemetry::reply_parts},
         field{"part_crc_passes", &server_telemetry::part_crc_passes},
+        field{"commit_parts", &server_telemetry::commit_parts},
+        field{"commits_in_parts", &server_telemetry::commits_in_parts},
+        field{"commit_parts_dropped", &server_telemetry::commit_parts_dropped},
         field{"plans", &server_telemetry::plans},
         field{"errors_sent", &server_telemetry::errors_sent},
         field{"worker_errors", &server_telemetry::worker_errors},
@@ -630,6 +638,26 @@ class server {
     std::uint64_t incarnation = 0, superseded_by = 0;
   };
 
+  // Per rank: a commit in parts in progress (worker_params.commit_part_bytes).
+  struct commit_parts_in {
+    bool active = false;        // part 0 passed; head is its header
+    wire::header head{};
+    std::uint32_t next = 0;     // the part due
+    std::uint64_t bytes = 0;    // wire bytes of the parts that passed
+    bool finite = true;         // every part's values were found finite in its CRC pass
+    bool dropping = false;      // the rest of commit dropped_sequence is dropped (a part of it was refused)
+    std::uint64_t dropped_sequence = 0;
+    // What a part must say to be placed in staging while a commit is in
+    // progress or parts are being received (peeked, then part 0's).
+    std::uint64_t key_sequence = 0;
+    std::uint32_t key_parts = 0;
+    dtype key_type = dtype::f32;
+    // Parts being received into staging: their byte offsets.
+    std::array<std::size_t, wire::max_parts_in_flight> claimed{};
+    std::uint32_t claims = 0;
+    std::vector<std::byte> staging;  // the shard's dense f32 size; allocated once
+  };
+
   // One message in flight: its header (and a small control body), the
   // version of the parameters it reads (pull replies).
   struct send_slot {
@@ -651,13 +679,16 @@ class server {
     void on_peer(transport::peer_id p, transport::peer_event e, const status& why) { s->on_peer(p, e, why); }
     // A receive that will not be delivered (its peer was evicted or failed
     // mid-transfer): the buffer is the pool's again once the transport let go.
-    void on_receive_abandoned(transport::peer_id, std::span<std::byte> buffer) { s->release_rx(buffer); }
+    void on_receive_abandoned(transport::peer_id, std::span<std::byte> buffer) {
+      if (!s->unclaim_part(buffer)) s->release_rx(buffer);
+    }
   };
   static_assert(transport::handler<handler>);
 
   server(server_params p, core_type core, Transport t)
       : p_(std::move(p)), core_(std::move(core)), out_(p_.core.workers), t_(std::move(t)) {
     rank_peer_.assign(p_.core.workers, transport::no_peer);
+    cparts_.resize(p_.core.workers);
     last_heard_.assign(p_.core.workers, 0.0);
     joined_once_.assign(p_.core.workers, 0);
     left_.assign(p_.core.workers, 0);
@@ -684,7 +715,190 @@ class server {
                  "message.data_bytes = " + std::to_string(n) + ": this connection has not joined (not received)");
       return {};
     }
+    // A part of a commit in parts lands in its rank's staging buffer at
+    // the offset its (unchecked) header names, when it may (place_part);
+    // anything else, to be refused by name once decoded, in a pooled buffer.
+    if (const wire::peeked_part pp = wire::peek_part(head); pp.valid() && pp.kind == wire::message_kind::commit) {
+      commit_parts_in& cs = cparts_[peer(p).rank];
+      const part_place at = place_part(cs, pp, n);
+      if (!at.region.empty()) return at.region;
+      if (at.past_window) {
+        refuse_wire(wire_refusal::commit_part);
+        send_error(p, errc::out_of_range, pp.sequence,
+                   "commit_part.part = " + std::to_string(pp.part) + ": past the window of commit " +
+                       std::to_string(pp.sequence) + " (part " + std::to_string(cs.next) + " due, " +
+                       std::to_string(cs.claims) + " being received; a server holds " +
+                       std::to_string(wire::max_parts_in_flight) +
+                       " parts in flight, wire::max_parts_in_flight; not received)");
+        drop_commit(cs, pp.sequence);
+        return {};
+      }
+    }
     return take_rx(p, n);
+  }
+
+  // --------------------------------------------------- commits in parts
+
+  // Where part pp of a commit may land: its slice of the rank's staging
+  // buffer (the shard's dense size, allocated at the rank's first commit in
+  // parts), if it is a part of the commit in progress (or of the one being
+  // placed), not checked yet, not being received already, within the
+  // window. A header that lies about its index or commit lands its bytes in
+  // a slice no checked part occupies: its CRC fails, the commit is
+  // discarded, and nothing staged reaches the parameters.
+  struct part_place {
+    std::span<std::byte> region;
+    bool past_window = false;
+  };
+  part_place place_part(commit_parts_in& cs, const wire::peeked_part& pp, std::size_t n) {
+    const std::uint64_t elements = core_.range().size();
+    if (pp.element_count != elements || !(pp.type == dtype::f32 || pp.type == dtype::f16 || pp.type == dtype::bf16))
+      return {};
+    const std::size_t elem = size_of(pp.type);
+    const wire::part_range pr = wire::part_elements(pp.element_count, pp.parts, pp.part);
+    if (pr.count == 0 || pp.parts > wire::max_commit_parts || n != pr.count * elem) return {};
+    if (cs.active || cs.claims > 0) {
+      if (pp.sequence != cs.key_sequence || pp.parts != cs.key_parts || pp.type != cs.key_type) return {};
+      if (cs.active && pp.part < cs.next) return {};  // checked already: a repeat, refused once decoded
+    }
+    const std::size_t off = pr.first * elem;
+    for (std::uint32_t k = 0; k < cs.claims; ++k)
+      if (cs.claimed[k] == off) return {};  // being received: a repeat
+    if (cs.claims == wire::max_parts_in_flight || pp.part >= cs.next + wire::max_parts_in_flight)
+      return {.past_window = true};
+    if (!cs.active && cs.claims == 0) {
+      cs.key_sequence = pp.sequence;
+      cs.key_parts = pp.parts;
+      cs.key_type = pp.type;
+    }
+    if (cs.staging.size() < elements * sizeof(float)) cs.staging.resize(elements * sizeof(float));  // once per rank
+    cs.claimed[cs.claims++] = off;
+    return {.region = std::span<std::byte>(cs.staging).subspan(off, n)};
+  }
+
+  // A receive into a staging buffer was delivered or abandoned: its slice
+  // may be placed again. False when `data` lies in no staging buffer.
+  bool unclaim_part(std::span<const std::byte> data) {
+    if (data.empty()) return false;
+    for (commit_parts_in& cs : cparts_) {
+      if (cs.staging.empty() || data.data() < cs.staging.data() || data.data() >= cs.staging.data() + cs.staging.size())
+        continue;
+      const auto off = static_cast<std::size_t>(data.data() - cs.staging.data());
+      for (std::uint32_t k = 0; k < cs.claims; ++k) {
+        if (cs.claimed[k] != off) continue;
+        cs.claimed[k] = cs.claimed[--cs.claims];
+        return true;
+      }
+      return true;
+    }
+    return false;
+  }
+
+  // The commit in progress is discarded (a part refused, the connection
+  // gone): the rest of commit `sequence`'s parts are dropped, counted, not
+  // answered again, until its part 0 comes again.
+  void drop_commit(commit_parts_in& cs, std::uint64_t sequence) {
+    cs.active = false;
+    cs.next = 0;
+    cs.dropping = true;
+    cs.dropped_sequence = sequence;
+  }
+
+  // A part of a commit in parts, decoded (its CRC and size for its index
+  // passed): it must be the next of the commit in progress, or part 0 of a
+  // new one; the commit goes to server_core whole once its last part passed
+  // (its exactly-once check, policy and apply unchanged).
+  void on_commit_part(transport::peer_id p, worker_id w, const wire::header& h, std::span<const std::byte> payload,
+                      bool finite, double now) {
+    commit_parts_in& cs = cparts_[w];
+    auto refuse = [&](std::string_view field, std::uint64_t value, const std::string& why) {
+      refuse_wire(wire_refusal::commit_part);
+      send_error(p, errc::invalid_argument, h.sequence, std::string(field) + " = " + std::to_string(value) + ": " + why);
+      drop_commit(cs, cs.active ? cs.head.sequence : h.sequence);
+    };
+    const std::string of = " of commit " + std::to_string(cs.head.sequence);
+    if (!cs.active) {
+      if (cs.dropping && h.sequence == cs.dropped_sequence && h.part != 0) {  // part 0: sent again, afresh
+        ++tel_.commit_parts_dropped;
+        return;
+      }
+      if (h.part != 0)
+        return refuse("commit_part.part", h.part,
+                      "no commit in progress (commit " + std::to_string(h.sequence) + " in " +
+                          std::to_string(h.parts) + " parts starts with part 0)");
+      if (h.element_count != core_.range().size())
+        return refuse("commit_part.element_count", h.element_count,
+                      "server " + std::to_string(p_.core.shard) + " holds " + std::to_string(core_.range().size()) +
+                          " elements (a commit in parts is dense)");
+      if (cs.staging.size() < core_.range().size() * sizeof(float))
+        cs.staging.resize(core_.range().size() * sizeof(float));  // once per rank (eager parts come here first)
+      cs.active = true;
+      cs.dropping = false;
+      cs.head = h;
+      cs.next = 0;
+      cs.bytes = 0;
+      cs.finite = true;
+      cs.key_sequence = h.sequence;
+      cs.key_parts = h.parts;
+      cs.key_type = h.type;
+    } else {
+      if (h.sequence != cs.head.sequence)
+        return refuse("commit_part.sequence", h.sequence,
+                      "commit " + std::to_string(cs.head.sequence) + " is in progress (part " + std::to_string(cs.next) +
+                          " of " + std::to_string(cs.head.parts) + " due): a part of another commit");
+      if (h.parts != cs.head.parts)
+        return refuse("commit_part.parts", h.parts,
+                      "earlier parts" + of + " said " + std::to_string(cs.head.parts) + " (another split)");
+      if (h.part < cs.next)
+        return refuse("commit_part.part", h.part,
+                      "repeated: parts 0.." + std::to_string(cs.next - 1) + of + " passed");
+      if (h.part > cs.next)
+        return refuse("commit_part.part", h.part,
+                      "out of order: part " + std::to_string(cs.next) + " of " + std::to_string(cs.head.parts) + of +
+                          " is due");
+      if (h.clock != cs.head.clock || h.step != cs.head.step || h.samples != cs.head.samples ||
+          h.flags != cs.head.flags || h.tensor != cs.head.tensor || h.type != cs.head.type ||
+          h.element_count != cs.head.element_count)
+        return refuse("commit_part.clock", h.clock,
+                      "part " + std::to_string(h.part) + of +
+                          " differs from its part 0 in clock, step, samples, flags, tensor, dtype or element_count");
+    }
+    const std::size_t elem = size_of(h.type);
+    const wire::part_range pr = wire::part_elements(h.element_count, h.parts, h.part);  // valid: decode checked it
+    const std::span<std::byte> dst = std::span<std::byte>(cs.staging).subspan(pr.first * elem, pr.count * elem);
+    if (payload.data() != dst.data()) {  // eager, or received beside the staging: copied once, checked already
+      for (std::uint32_t k = 0; k < cs.claims; ++k)
+        if (cs.claimed[k] == pr.first * elem)
+          return refuse("commit_part.part", h.part, "repeated: another message of this part" + of + " is being received");
+      std::memcpy(dst.data(), payload.data(), dst.size());
+    }
+    cs.finite = cs.finite && finite;
+    cs.bytes += wire::header_bytes + payload.size();
+    ++cs.next;
+    ++tel_.commit_parts;
+    if (cs.next < cs.head.parts) return;
+    // Every part passed: the commit as if it had come whole.
+    cs.active = false;
+    ++tel_.commits_in_parts;
+    const wire::header& c0 = cs.head;
+    commit_in c{.worker = w,
+                .incarnation = core_.incarnation(w),
+                .sequence = c0.sequence,
+                .clock = c0.clock,
+                .samples = c0.samples,
+                .bytes = cs.bytes,
+                .codec = c0.codec,
+                .type = c0.type,
+                .element_count = c0.element_count,
+                .step = c0.step,
+                .tensor = c0.tensor,
+                .payload = std::span<const std::byte>(cs.staging).first(c0.element_count * elem),
+                .pull = (c0.flags & wire::flag_pull) != 0,
+                .ack_only = (c0.flags & (wire::flag_pull | wire::flag_ack_requested)) ==
+                            (wire::flag_pull | wire::flag_ack_requested),
+                .values_checked = cs.finite};
+    if (c.pull) ack_only_[w] = c.ack_only ? 1 : 0;
+    core_.commit(c, now, out_);
   }
 
   // A pooled receive buffer of n bytes within server_params.max_receive_bytes
@@ -758,6 +972,7 @@ class server {
     const double now = clock_.now();
     ++tel_.messages_in;
     tel_.bytes_in += head.size() + data.size();
+    (void)unclaim_part(data);  // a commit part received into staging: its slice is free to place again
     handle(p, head, data, now);
     release_rx(data);
     flush(now);
@@ -780,13 +995,24 @@ class server {
                             if (!started) {
                               started = true;
                               if (raw.kind != wire::message_kind::commit || p_.core.allow_non_finite) return;
-                              values = dense_value_check(raw.codec, raw.type, raw.element_count, data.size());
+                              // A commit part: its own elements (the split its header names).
+                              const std::uint64_t n = (raw.flags & wire::flag_part) != 0
+                                                          ? wire::part_elements(raw.element_count, raw.parts, raw.part).count
+                                                          : raw.element_count;
+                              values = dense_value_check(raw.codec, raw.type, n, data.size());
                             }
                             values(chunk);
                           });
     if (!m) {
       refuse_wire(wire_refusal::malformed);
       send_error(p, m.error().code(), 0, m.error().message());
+      // A commit part that fails (its CRC, most likely) fails its commit:
+      // what was staged is discarded, the rest of its parts dropped.
+      if (const wire::peeked_part pp = wire::peek_part(head);
+          pp.valid() && pp.kind == wire::message_kind::commit && peer(p).rank != no_rank) {
+        commit_parts_in& cs = cparts_[peer(p).rank];
+        drop_commit(cs, cs.active ? cs.head.sequence : pp.sequence);
+      }
       return;
     }
     const wire::header& h = m->header;
@@ -821,6 +1047,10 @@ class server {
     last_heard_[w] = now;
     switch (h.kind) {
       case wire::message_kind::commit: {
+        if ((h.flags & wire::flag_part) != 0) {
+          on_commit_part(p, w, h, m->payload, values.all_finite(), now);
+          return;
+        }
         // The samples a commit covers travel in its header (the worker's
         // worker_cycle counted them); server_core bounds them.
         commit_in c{.worker = w,
@@ -975,6 +1205,10 @@ class server {
     }
     ps.incarnation = b.incarnation;
     ps.superseded_rank = no_rank;
+    // A (re)join starts the rank's commits in parts afresh; receives in
+    // flight into its staging keep their slices until they end.
+    cparts_[w].active = false;
+    cparts_[w].dropping = false;
     rank_peer_[w] = p;
     last_heard_[w] = now;
     if (!joined_once_[w]) {
@@ -1105,6 +1339,10 @@ class server {
 
   void unbind(transport::peer_id p, peer_state& ps) {
     if (ps.rank == no_rank) return;
+    // A commit in parts in progress goes with the connection (the worker
+    // sends it again, whole or in parts, after it rejoined).
+    commit_parts_in& cs = cparts_[ps.rank];
+    if (cs.active) drop_commit(cs, cs.head.sequence);
     if (rank_peer_[ps.rank] == p) rank_peer_[ps.rank] = transport::no_peer;
     ps.rank = no_rank;
     if (--bound_ == 0) no_worker_since_ = clock_.now();  // no_worker_grace runs from here
@@ -1330,6 +1568,7 @@ class server {
   server_telemetry tel_{};
   std::vector<peer_state> peers_;
   std::vector<transport::peer_id> rank_peer_;
+  std::vector<commit_parts_in> cparts_;
   std::vector<send_slot> slots_;
   detail::free_list free_slots_;
   std::vector<detail::pooled_buffer> rx_;

@@ -175,6 +175,17 @@ struct worker_params {
   // its checksum is known, so a bad reply leaves bad values there (the wait
   // still fails) and a multi-server pull that fails may leave some shards new.
   bool stage_replies = true;
+  // A dense (identity) commit to a server larger than this goes out in parts
+  // of about this many bytes (wire flag `part`, docs/wire-format.md; at most
+  // wire::max_commit_parts, the parts grow beyond that), each checksummed
+  // on its own, with commit_window parts in flight: the server checks part
+  // i (CRC, values) while part i + 1 is in transfer, and applies the commit
+  // once every part passed. Compressed commits go whole. 0: one message
+  // (the default; docs/perf/ps-ucx.md "Commits in parts"); otherwise >= 4096.
+  std::uint64_t commit_part_bytes = 0;
+  // Parts of one commit in flight to a server at most (sent, not yet
+  // completed): 1 .. wire::max_parts_in_flight (what a server holds).
+  std::uint32_t commit_window = 4;
 };
 
 // The plan and codec in force for a worker's cycle (a leader's, handed to
@@ -196,6 +207,7 @@ struct worker_telemetry {
   std::uint64_t staged_replies = 0;   // pulls delivered to the caller's buffer once every reply was checked (stage_replies)
   std::uint64_t bad_messages = 0;     // messages from servers refused (checksum, size, shape): the wait failed
   std::uint64_t reply_parts = 0;      // parts of pull replies received and checked (server_params.reply_part_bytes)
+  std::uint64_t commit_parts = 0;     // parts of commits sent (worker_params.commit_part_bytes)
   std::uint64_t reconnects = 0;       // connections to a server made again (worker_params.reconnect)
   std::uint64_t measurement_messages = 0;  // measurements messages sent (to each server; measurement_interval)
   double wait_seconds = 0.0;          // inside wait()
@@ -220,6 +232,7 @@ struct worker_telemetry {
         field{"staged_replies", &worker_telemetry::staged_replies},
         field{"bad_messages", &worker_telemetry::bad_messages},
         field{"reply_parts", &worker_telemetry::reply_parts},
+        field{"commit_parts", &worker_telemetry::commit_parts},
         field{"reconnects", &worker_telemetry::reconnects},
         field{"measurement_messages", &worker_telemetry::measurement_messages},
         field{"wait_seconds", &worker_telemetry::wait_seconds},
@@ -248,6 +261,12 @@ class worker {
     if (p.measurement_batch < 8 || p.measurement_batch > wire::limits{}.max_measurements)
       return invalid_argument("worker.measurement_batch", p.measurement_batch,
                               "must be in 8.." + std::to_string(wire::limits{}.max_measurements));
+    if (p.commit_part_bytes != 0 && p.commit_part_bytes < 4096)
+      return invalid_argument("worker.commit_part_bytes", p.commit_part_bytes, "must be 0 (one message) or >= 4096");
+    if (p.commit_window < 1 || p.commit_window > wire::max_parts_in_flight)
+      return invalid_argument("worker.commit_window", p.commit_window,
+                              "must be in 1.." + std::to_string(wire::max_parts_in_flight) +
+                                  " (the parts of a commit a server holds in flight)");
     auto layout = shard_layout::even(parameters.size(), static_cast<std::uint32_t>(p.servers.size()));
     if (!layout) return layout.error();
     if (p.incarnation == 0) p.incarnation = fresh_incarnation();
@@ -432,6 +451,8 @@ class worker {
     std::array<std::byte, wire::header_bytes> head{};
     std::vector<std::byte> body;
     std::int32_t commit_shard = -1;  // a commit's send: its completion counts
+    std::int32_t commit_part = -1;   // a commit part's index (worker_params.commit_part_bytes), and
+    std::uint32_t part_gen = 0;      // the send of the shard's commit it belongs to (commit_parts_out::gen)
   };
 
   struct handler;
@@ -459,6 +480,13 @@ class worker {
       std::uint64_t clock = 0;
     };
     std::vector<reply_parts_state> parts_in;
+    // Per shard: the commit in flight sent in parts (commit_part_bytes):
+    // how many, sent so far, completed; gen tells this send's completions
+    // from a lost connection's (a reconnect sends the commit again).
+    struct commit_parts_out {
+      std::uint32_t parts = 0, sent = 0, done = 0, gen = 0;
+    };
+    std::vector<commit_parts_out> parts_out;
     std::vector<slot> slots;
     std::vector<std::uint32_t> free_slots;
     std::vector<ashl::measurement> reported;  // the last cycle's (reported_measurements)
@@ -502,6 +530,7 @@ class worker {
       connected.assign(S, 0);
       replied.assign(S, 0);
       parts_in.assign(S, {});
+      parts_out.assign(S, {});
       arrived.assign(S, 0);
       lost.assign(S, 0);
       lost_until.assign(S, 0.0);
@@ -706,7 +735,7 @@ class worker {
     status send_commit(double now) {
       if (p.link_bytes_per_second > 0.0 || p.link_hold) {
         std::uint64_t b = 0;
-        for (std::uint32_t s = 0; s < servers(); ++s) b += wire::header_bytes + commit_payload(s).size();
+        for (std::uint32_t s = 0; s < servers(); ++s) b += commit_wire_bytes(s);
         hold_for_link(link_direction::up, b);
       }
       // The samples and clock this commit carries, from the cycle (the rule
@@ -719,7 +748,7 @@ class worker {
       arrived_count = 0;
       std::fill(arrived.begin(), arrived.end(), std::uint8_t{0});
       for (std::uint32_t s = 0; s < servers(); ++s) {
-        commit_bytes += wire::header_bytes + commit_payload(s).size();
+        commit_bytes += commit_wire_bytes(s);
         ASHL_TRY(send_commit_shard(s));
       }
       ++tel.commits;
@@ -733,9 +762,29 @@ class worker {
       return {};
     }
 
-    // Shard s of the commit in flight (again, after a reconnect), with the pull.
+    // The parts shard s's commit goes in (worker_params.commit_part_bytes):
+    // a dense one above the size; 0: whole.
+    [[nodiscard]] std::uint32_t commit_parts(std::uint32_t s) const noexcept {
+      if (last_compressed || last_external) return 0;
+      const std::uint32_t n = wire::parts_for(layout.range(s).size(), sizeof(float), p.commit_part_bytes,
+                                              wire::max_commit_parts);
+      return n >= 2 ? n : 0;
+    }
+    [[nodiscard]] std::uint64_t commit_wire_bytes(std::uint32_t s) const noexcept {
+      return std::uint64_t{wire::header_bytes} * std::max<std::uint32_t>(1, commit_parts(s)) + commit_payload(s).size();
+    }
+
+    // Shard s of the commit in flight (again, after a reconnect), with the
+    // pull: whole, or in parts with worker_params.commit_window in flight
+    // (the rest go from on_sent as parts complete).
     status send_commit_shard(std::uint32_t s) {
       if (lost[s]) return {};  // sent when the server is back
+      if (const std::uint32_t n = commit_parts(s); n >= 2) {
+        commit_parts_out& po = parts_out[s];
+        po = {n, 0, 0, po.gen + 1};
+        while (po.sent < std::min(n, p.commit_window) && failed.ok() && !lost[s]) ASHL_TRY(send_commit_part(s, po.sent++));
+        return failed;
+      }
       const key_range r = layout.range(s);
       const std::span<const std::byte> payload = commit_payload(s);
       wire::header h{.kind = wire::message_kind::commit,
@@ -754,6 +803,38 @@ class worker {
       slots[i].commit_shard = static_cast<std::int32_t>(s);
       ASHL_TRY(wire::seal_header(h, payload, slots[i].head));
       ++sends_pending;
+      return send(s, i, slots[i].head, payload);
+    }
+
+    // Part j of shard s's commit in flight: the same header as the whole
+    // (sequence, clock, samples, flags) with the part's index and the count,
+    // its own CRC over its header and its slice of the caller's buffer.
+    status send_commit_part(std::uint32_t s, std::uint32_t j) {
+      const key_range r = layout.range(s);
+      const commit_parts_out& po = parts_out[s];
+      const wire::part_range pr = wire::part_elements(r.size(), po.parts, j);
+      const std::span<const std::byte> payload = commit_payload(s).subspan(pr.first * sizeof(float), pr.count * sizeof(float));
+      wire::header h{.kind = wire::message_kind::commit,
+                     .codec = codec_id::identity,
+                     .type = dtype::f32,
+                     .flags = wire::flag_last_shard | wire::flag_pull | wire::flag_part |
+                              (last_ack_only ? wire::flag_ack_requested : 0u),
+                     .element_count = r.size(),
+                     .tensor = s,
+                     .rank = p.rank,
+                     .sequence = last_seq,
+                     .clock = last_clock,
+                     .step = iterations_total,
+                     .samples = last_samples,
+                     .part = static_cast<std::uint16_t>(j),
+                     .parts = static_cast<std::uint16_t>(po.parts)};
+      const std::uint32_t i = take_slot();
+      slots[i].commit_shard = static_cast<std::int32_t>(s);
+      slots[i].commit_part = static_cast<std::int32_t>(j);
+      slots[i].part_gen = po.gen;
+      ASHL_TRY(wire::seal_header(h, payload, slots[i].head));
+      ++sends_pending;
+      ++tel.commit_parts;
       return send(s, i, slots[i].head, payload);
     }
 
@@ -965,6 +1046,7 @@ class worker {
       if (lost[s]) {  // reconnecting: what matters is sent again after (rejoin)
         if (slots[i].commit_shard >= 0) --sends_pending;
         slots[i].commit_shard = -1;
+        slots[i].commit_part = -1;
         free_slots.push_back(i);
         return failed;
       }
@@ -972,6 +1054,7 @@ class worker {
       if (!st.ok()) {
         if (slots[i].commit_shard >= 0) --sends_pending;
         slots[i].commit_shard = -1;
+        slots[i].commit_part = -1;
         free_slots.push_back(i);
         if (may_reconnect()) {  // sent again once the server is back
           lose(s, st);
@@ -1169,16 +1252,36 @@ class worker {
     void on_sent(transport::peer_id pid, std::uint64_t cookie, const status& st) {
       const auto i = static_cast<std::uint32_t>(cookie);
       if (i >= slots.size()) return;
+      bool i_freed = false;
       if (slots[i].commit_shard >= 0) {
         const auto shard = static_cast<std::uint32_t>(slots[i].commit_shard);
+        const std::int32_t part = slots[i].commit_part;
         slots[i].commit_shard = -1;
+        slots[i].commit_part = -1;
         if (sends_pending > 0) --sends_pending;
-        if (st.ok() && shard < servers() && !arrived[shard]) {
+        bool whole = st.ok();
+        if (part >= 0 && shard < servers()) {
+          // A part: the next one goes out (the window slides); the shard's
+          // commit is sent when its last part completed. A lost
+          // connection's parts (another gen) count for nothing.
+          commit_parts_out& po = parts_out[shard];
+          whole = false;
+          if (st.ok() && slots[i].part_gen == po.gen) {
+            ++po.done;
+            whole = po.done == po.parts;
+            if (po.sent < po.parts && failed.ok() && !lost[shard]) {
+              free_slots.push_back(i);  // reused by the next part
+              i_freed = true;
+              (void)send_commit_part(shard, po.sent++);
+            }
+          }
+        }
+        if (whole && shard < servers() && !arrived[shard]) {
           arrived[shard] = 1;
           if (++arrived_count == servers()) cycle.commit_arrived(clock.now(), static_cast<double>(commit_bytes));
         }
       }
-      free_slots.push_back(i);
+      if (!i_freed) free_slots.push_back(i);
       if (!st.ok()) {
         if (may_reconnect()) return;  // the server's failure comes through on_peer; sent again after
         const std::uint32_t s = server_of_peer(pid);

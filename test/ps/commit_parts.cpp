@@ -1,0 +1,283 @@
+#include <ashl/ps/policies.hpp>
+#include <ashl/ps/server.hpp>
+#include <ashl/transport/inproc.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include "../support/checks.hpp"
+#include "../support/ps_job.hpp"
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+// Issue 28, item 1 (b): a dense commit in parts (wire flag `part`,
+// worker_params.commit_part_bytes). A ps::server driven from this thread by
+// a raw client over inproc: each part is checked as it lands; a part out of
+// order, repeated, of another split or commit, past the window, or with a bad
+// CRC is refused by name and its commit discarded, the parameters
+// bit-identical to before; a commit whose parts all passed is applied as the
+// same commit whole would be, exactly once (a re-send is a duplicate; a
+// connection lost mid-commit leaves nothing behind).
+
+namespace ps = ashl::ps;
+namespace tr = ashl::transport;
+namespace w = ashl::wire;
+using ps_job::grad_value;
+
+namespace {
+
+constexpr std::size_t n = 4096;
+constexpr std::uint16_t parts = 4;  // 1024 elements a part
+
+tr::inproc node(const std::shared_ptr<tr::inproc_fabric>& f, const std::string& name = "") {
+  auto r = f->node(name);
+  ASHL_REQUIRE(r.has_value());
+  return std::move(*r);
+}
+
+struct client_handler {
+  std::vector<std::byte> buf = std::vector<std::byte>(1 << 16);
+  std::vector<std::string> errors;
+  std::span<std::byte> receive_buffer(tr::peer_id, std::span<const std::byte>, std::size_t k) {
+    return k <= buf.size() ? std::span<std::byte>(buf.data(), k) : std::span<std::byte>{};
+  }
+  void on_message(tr::peer_id, std::span<const std::byte> head, std::span<const std::byte> data) {
+    auto m = w::decode(head, data, {});
+    ASHL_REQUIRE(m.has_value());
+    if (const auto* e = m->get<w::error_body>()) errors.emplace_back(e->text);
+  }
+  void on_sent(tr::peer_id, std::uint64_t, const ashl::status&) {}
+  void on_peer(tr::peer_id, tr::peer_event, const ashl::status&) {}
+};
+
+// One server (ASP, one worker, plain SGD) and a client joined as its worker 0.
+struct rig {
+  std::shared_ptr<tr::inproc_fabric> fabric;
+  ashl::result<ps::server<tr::inproc>> srv;
+  tr::inproc client;
+  tr::peer_id peer = tr::no_peer;
+  client_handler ch;
+
+  rig(std::shared_ptr<tr::inproc_fabric> f, const std::string& name)
+      : fabric(std::move(f)), srv(make(fabric, name)), client(node(fabric)) {
+    ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+    connect(name);
+  }
+  static ashl::result<ps::server<tr::inproc>> make(const std::shared_ptr<tr::inproc_fabric>& f, const std::string& name) {
+    auto layout = ps::shard_layout::even(n, 1);
+    ps::policy_params pp;
+    pp.workers = 1;
+    return ps::server<tr::inproc>::create(
+        {.core = {.layout = *layout, .workers = 1, .optimizer = {.mode = ps::optimizer_params::kind::sgd, .lr = 0.125}}},
+        std::move(*ps::make_policy("asp", pp)), node(f, name));
+  }
+  void connect(const std::string& name) {
+    peer = *client.connect(name);
+    pump();
+    ASHL_REQUIRE(client.is_connected(peer));
+    std::array<std::byte, w::encoded_size(w::join_body::wire_bytes)> join{};
+    ASHL_REQUIRE(w::encode(w::header{.rank = 0}, w::join_body{.incarnation = 7, .batch = 4}, join).has_value());
+    ASHL_REQUIRE(client.send(peer, std::span<const std::byte>(join).first(w::header_bytes),
+                             std::span<const std::byte>(join).subspan(w::header_bytes), 0).ok());
+    pump();
+  }
+  void pump() {
+    for (int i = 0; i < 6; ++i) {
+      srv->poll();
+      client.progress(ch);
+    }
+  }
+  static w::header commit_header(std::uint64_t seq) {
+    return {.kind = w::message_kind::commit, .flags = w::flag_last_shard, .element_count = n, .rank = 0,
+            .sequence = seq, .clock = seq, .samples = 16};
+  }
+  void send(const w::header& h, std::span<const std::byte> payload, bool flip = false) {
+    std::array<std::byte, w::header_bytes> head{};
+    ASHL_REQUIRE(w::seal_header(h, payload, head).ok());
+    std::vector<std::byte> data(payload.begin(), payload.end());
+    if (flip) data[data.size() / 2] ^= std::byte{0x10};
+    ASHL_REQUIRE(client.send(peer, head, data, 0).ok());  // inproc copies at send
+  }
+  void whole(std::uint64_t seq, const std::vector<float>& g) {
+    send(commit_header(seq), std::as_bytes(std::span<const float>(g)));
+    pump();
+  }
+  // Part j of commit seq (of `of` parts), with edits.
+  void part(std::uint64_t seq, const std::vector<float>& g, std::uint16_t j, std::uint16_t of = parts,
+            bool flip = false) {
+    w::header h = commit_header(seq);
+    h.flags |= w::flag_part;
+    h.part = j;
+    h.parts = of;
+    const w::part_range pr = w::part_elements(n, of, j);
+    send(h, std::as_bytes(std::span<const float>(g).subspan(pr.first, pr.count)), flip);
+    pump();
+  }
+  void in_parts(std::uint64_t seq, const std::vector<float>& g) {
+    for (std::uint16_t j = 0; j < parts; ++j) part(seq, g, j);
+  }
+  [[nodiscard]] std::vector<float> params() const { return {srv->parameters().begin(), srv->parameters().end()}; }
+};
+
+std::vector<float> gradient(std::uint64_t c) {
+  std::vector<float> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = grad_value(0, c, i);
+  return g;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+void commits_in_parts(std::size_t eager_bytes) {
+  auto fabric = tr::inproc_fabric::create({.eager_bytes = eager_bytes, .deterministic = true});
+  rig ref(fabric, "whole"), p(fabric, "parts");
+  const bool rendezvous = eager_bytes < 1024 * sizeof(float);
+
+  // A bad case: its commit is refused by name, nothing changes.
+  auto refused = [&](const char* name, const std::function<void()>& send, const std::string& says,
+                     ps::wire_refusal reason) {
+    const auto before = p.params();
+    const auto applied = p.srv->core().stats().commits_applied;
+    const auto count = p.srv->telemetry().wire_refused_for(reason);
+    p.ch.errors.clear();
+    send();
+    ASHL_TEST(same_bits(p.params(), before), name << ": the parameters changed");
+    ASHL_TEST(p.srv->core().stats().commits_applied == applied, name);
+    ASHL_TEST(p.srv->telemetry().wire_refused_for(reason) == count + 1, name);
+    ASHL_REQUIRE(!p.ch.errors.empty(), name);
+    ASHL_TEST(p.ch.errors.front().find(says) != std::string::npos, name << ": " << p.ch.errors.front());
+  };
+  auto agree = [&](const char* name) {
+    ASHL_TEST(same_bits(p.params(), ref.params()), name << ": parts and whole differ");
+    ASHL_TEST(p.srv->core().version() == ref.srv->core().version(), name);
+  };
+
+  const auto g1 = gradient(1), g2 = gradient(2), g3 = gradient(3), g4 = gradient(4);
+  ref.whole(1, g1);
+  p.in_parts(1, g1);
+  agree("commit 1");
+  ASHL_TEST(p.srv->telemetry().commits_in_parts == 1u);
+  ASHL_TEST(p.srv->telemetry().commit_parts == 4u);
+
+  refused("a bit of part 2 flipped", [&] {
+    p.part(2, g2, 0);
+    p.part(2, g2, 1);
+    p.part(2, g2, 2, parts, true);
+    p.part(2, g2, 3);  // the rest of commit 2: dropped, not answered
+  }, "header.crc32c", ps::wire_refusal::malformed);
+  ASHL_TEST(p.ch.errors.size() == 1u);
+  ASHL_TEST(p.srv->telemetry().commit_parts_dropped == 1u);
+  // The same commit again, from part 0: it passes.
+  ref.whole(2, g2);
+  p.in_parts(2, g2);
+  agree("commit 2 after its bad part");
+
+  refused("part 2 before part 1", [&] {
+    p.part(3, g3, 0);
+    p.part(3, g3, 2);
+  }, "commit_part.part = 2: out of order: part 1 of 4 of commit 3 is due", ps::wire_refusal::commit_part);
+  refused("part 1 twice", [&] {
+    p.part(3, g3, 0);
+    p.part(3, g3, 1);
+    p.part(3, g3, 1);
+  }, "commit_part.part = 1: repeated: parts 0..1 of commit 3 passed", ps::wire_refusal::commit_part);
+  refused("part 1 of another split", [&] {
+    p.part(3, g3, 0);
+    p.part(3, g3, 1, 5);
+  }, "commit_part.parts = 5: earlier parts of commit 3 said 4 (another split)", ps::wire_refusal::commit_part);
+  refused("part 1 of another commit", [&] {
+    p.part(3, g3, 0);
+    p.part(4, g3, 1);
+  }, "commit_part.sequence = 4: commit 3 is in progress (part 1 of 4 due)", ps::wire_refusal::commit_part);
+  refused("a part with no commit in progress", [&] { p.part(5, g3, 2); },
+          "commit_part.part = 2: no commit in progress", ps::wire_refusal::commit_part);
+  // Part 17 of 20 after part 0: past the parts a server holds in flight.
+  // Refused before it is received when it would land in the staging buffer;
+  // an eager one (delivered with its header) is out of order.
+  refused("a part past the window", [&] {
+    p.part(3, g3, 0, 20);
+    p.part(3, g3, 17, 20);
+  }, rendezvous ? "commit_part.part = 17: past the window of commit 3 (part 1 due, 0 being received; a server holds 16 parts in flight"
+                : "commit_part.part = 17: out of order", ps::wire_refusal::commit_part);
+  ASHL_TEST(p.srv->core().stats().refused_total() == 0u);  // nothing reached server_core
+
+  ref.whole(3, g3);
+  p.in_parts(3, g3);
+  agree("commit 3 after the bad parts");
+  // Exactly once: the same commit again (a worker's re-send) is a duplicate.
+  const auto applied = p.srv->core().stats().commits_applied;
+  p.in_parts(3, g3);
+  ASHL_TEST(p.srv->core().stats().commits_applied == applied);
+  ASHL_TEST(p.srv->core().stats().duplicates == 1u);
+  agree("commit 3 sent again");
+
+  // The connection goes mid-commit: its parts are discarded; the worker
+  // joins again on a new one and sends the commit again, applied once.
+  p.part(4, g4, 0);
+  p.part(4, g4, 1);
+  p.client.close(p.peer);
+  p.pump();
+  p.connect("parts");
+  p.in_parts(4, g4);
+  ref.whole(4, g4);
+  agree("commit 4 after a lost connection");
+  ASHL_TEST(p.srv->core().stats().commits_applied == 4u);
+  ASHL_TEST(p.srv->telemetry().commits_in_parts == 5u);  // 1, 2, 3, 3 again (a duplicate), 4
+  if (rendezvous) ASHL_TEST(p.srv->telemetry().transport.receives_refused == 1u);  // part 17
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_commit_in_parts_is_checked_part_by_part_and_applied_whole_once) {
+  commits_in_parts(256);                // parts received into the server's staging buffer
+  commits_in_parts(std::size_t{1} << 20);  // eager parts, copied into it once checked
+}
+
+// Through ps::worker: BSP, two servers, commits in parts of 1 Ki elements
+// with two in flight give the same parameters, bit for bit, as whole ones.
+BOOST_AUTO_TEST_CASE(a_job_committing_in_parts_matches_one_committing_whole) {
+  for (const std::size_t eager : {std::size_t{256}, std::size_t{1} << 20}) {
+    ps_job::job_spec spec;
+    spec.servers = 2;
+    spec.elements = 10000;  // 5000 a shard: 5 parts
+    spec.cycles = 6;
+    spec.eager_bytes = eager;
+    const ps_job::job_result whole = ps_job::run_job(spec);
+    spec.configure_worker = [](ps::worker_params& wp) {
+      wp.commit_part_bytes = 4096;
+      wp.commit_window = 2;
+    };
+    const ps_job::job_result in_parts = ps_job::run_job(spec);
+    for (const auto& e : whole.worker_errors) ASHL_REQUIRE(e.empty(), e);
+    for (const auto& e : in_parts.worker_errors) ASHL_REQUIRE(e.empty(), e);
+    for (std::uint32_t s = 0; s < spec.servers; ++s) {
+      ASHL_TEST(same_bits(whole.server_params[s], in_parts.server_params[s]), "server " << s << " eager " << eager);
+      ASHL_TEST(in_parts.servers[s].commits_in_parts == std::uint64_t{spec.workers} * spec.cycles);
+      ASHL_TEST(in_parts.servers[s].commit_parts == 5u * spec.workers * spec.cycles);
+      ASHL_TEST(in_parts.servers[s].wire_refused_total() == 0u);
+      ASHL_TEST(whole.servers[s].commit_parts == 0u);
+    }
+    for (const auto& t : in_parts.workers) ASHL_TEST(t.commit_parts == 2u * 5 * spec.cycles);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(commit_part_bytes_and_window_out_of_range_are_refused_by_name) {
+  auto fabric = tr::inproc_fabric::create({});
+  std::vector<float> wv(100);
+  auto a = ps::worker<tr::inproc>::create({.servers = {"s"}, .commit_part_bytes = 4095}, node(fabric), wv);
+  ASHL_REQUIRE(!a.has_value());
+  ASHL_TEST(a.error().message().find("worker.commit_part_bytes = 4095: must be 0 (one message) or >= 4096") !=
+                std::string::npos, a.error().message());
+  for (const std::uint32_t win : {0u, 17u}) {
+    auto b = ps::worker<tr::inproc>::create({.servers = {"s"}, .commit_window = win}, node(fabric), wv);
+    ASHL_REQUIRE(!b.has_value());
+    ASHL_TEST(b.error().message().find("worker.commit_window = " + std::to_string(win) + ": must be in 1..16") !=
+                  std::string::npos, b.error().message());
+  }
+}
