@@ -6,10 +6,10 @@
 // with its checksum recomputed, which lets the fuzzer reach the field checks.
 // A measurements message's records are read back through the view and must
 // satisfy the rules decode checked (the view allocates nothing).
-// A pull_reply in parts must peek (wire::peek_part, read before the
-// checks) as what decode accepted.
+// A pull_reply or commit in parts must peek (wire::peek_part, read before
+// the checks) as what decode accepted.
 // Seed corpus: test/fuzz/corpus/wire_message/ (one valid message of every
-// kind and a pull_reply part, version 4).
+// kind, a pull_reply part and a commit part, version 5).
 #include <ashl/wire/message.hpp>
 
 #include <cstddef>
@@ -45,8 +45,8 @@ void check_one(std::span<const std::byte> in) {
   }
   const w::peeked_part pk = w::peek_part(in.first(w::header_bytes));
   if (pk.valid() != ((m->header.flags & w::flag_part) != 0)) std::abort();
-  if (pk.valid() && (pk.part != m->header.part || pk.parts != m->header.parts ||
-                     pk.element_count != m->header.element_count ||
+  if (pk.valid() && (pk.part != m->header.part || pk.parts != m->header.parts || pk.kind != m->header.kind ||
+                     pk.element_count != m->header.element_count || pk.sequence != m->header.sequence ||
                      w::part_elements(pk.element_count, pk.parts, pk.part).count * ashl::size_of(m->header.type) !=
                          m->payload.size()))
     std::abort();

@@ -100,6 +100,10 @@ BOOST_AUTO_TEST_CASE(units_and_defaults_are_converted) {
   auto parts = parse_cluster_spec(R"({"reply_part_bytes": 65536, "workers": [{}]})");
   BOOST_REQUIRE_MESSAGE(parts.has_value(), (parts ? std::string() : parts.error().message()));
   BOOST_TEST(parts->reply_part_bytes == 65536u);
+  BOOST_TEST(r->commit_part_bytes == 0u);
+  auto cparts = parse_cluster_spec(R"({"commit_part_bytes": 1048576, "workers": [{}]})");
+  BOOST_REQUIRE_MESSAGE(cparts.has_value(), (cparts ? std::string() : cparts.error().message()));
+  BOOST_TEST(cparts->commit_part_bytes == 1048576u);
   BOOST_TEST(!r->workers[0].push);
   auto p = parse_cluster_spec(R"({"workers": [{"count": 2, "push": true}, {}]})");
   BOOST_REQUIRE_MESSAGE(p.has_value(), (p ? std::string() : p.error().message()));

@@ -984,3 +984,26 @@ BOOST_AUTO_TEST_CASE(a_reply_in_parts_carries_a_header_per_part) {
   const auto st = sim::validate(bad);
   BOOST_TEST(st.message().find("reply_part_bytes = 4095: must be 0 (one message) or >= 4096") != std::string::npos, st.message());
 }
+
+// Issue 28, item 1 (b): a dense commit above commit_part_bytes goes in
+// parts, a header each (ps::worker's rule, wire::parts_for with at most
+// wire::max_commit_parts); the reply is one message. 1,000,000 bytes in
+// parts of 262,144: 4 parts; of 4096 bytes: 245 parts (below the cap of 255).
+BOOST_AUTO_TEST_CASE(a_commit_in_parts_carries_a_header_per_part) {
+  for (const std::uint64_t part_bytes : {std::uint64_t{0}, std::uint64_t{262144}, std::uint64_t{4096}}) {
+    BOOST_TEST_CONTEXT("commit_part_bytes " << part_bytes) {
+      auto spec = cluster({worker(0.01, 8)}, 1'000'000, 72);
+      spec.commit_part_bytes = part_bytes;
+      auto s = make(spec, policy("asp", 1));
+      auto r = s.run({.commits_per_worker = 3, .reports = {.interval = 0.0}});
+      const std::uint64_t headers = part_bytes == 0 ? 1 : part_bytes == 262144 ? 4 : 245;
+      BOOST_TEST(headers == std::max<std::uint64_t>(1, ashl::wire::parts_for(250'000, 4, part_bytes, ashl::wire::max_commit_parts)));
+      BOOST_TEST(r.workers[0].bytes_sent == 3u * (1'000'000u + headers * 72u));
+      BOOST_TEST(r.workers[0].bytes_received == 2u * 1'000'072u);
+    }
+  }
+  auto bad = cluster({worker(0.01, 8)}, 1'000'000, 72);
+  bad.commit_part_bytes = 4095;
+  const auto st = sim::validate(bad);
+  BOOST_TEST(st.message().find("commit_part_bytes = 4095: must be 0 (one message) or >= 4096") != std::string::npos, st.message());
+}

@@ -100,6 +100,10 @@ struct cluster_spec {
   // ps::server_params::reply_part_bytes: a dense reply above it goes as
   // wire::parts_for(...) messages, a header each (0: one message).
   std::uint64_t reply_part_bytes = 0;
+  // ps::worker_params::commit_part_bytes: a dense commit's shard above it
+  // goes as wire::parts_for(..., wire::max_commit_parts) messages, a header
+  // each (0: one message; compressed commits go whole).
+  std::uint64_t commit_part_bytes = 0;
   double failure_timeout_s = 0.0;       // from a worker's death to its eviction
   std::uint64_t seed = 1;               // jitter streams
   std::vector<server_spec> servers{server_spec{}};
@@ -135,6 +139,8 @@ inline status validate(const cluster_spec& s) {
   ASHL_TRY(nonneg("failure_timeout_s", s.failure_timeout_s));
   if (s.reply_part_bytes != 0 && s.reply_part_bytes < 4096)
     return invalid_argument("reply_part_bytes", s.reply_part_bytes, "must be 0 (one message) or >= 4096");
+  if (s.commit_part_bytes != 0 && s.commit_part_bytes < 4096)
+    return invalid_argument("commit_part_bytes", s.commit_part_bytes, "must be 0 (one message) or >= 4096");
   if (s.servers.empty()) return invalid_argument("servers.size", 0, "must be >= 1");
   if (s.workers.empty()) return invalid_argument("workers.size", 0, "must be >= 1");
   for (std::size_t i = 0; i < s.servers.size(); ++i) {

@@ -127,6 +127,7 @@ inline result<cluster_spec> parse_cluster_spec(std::string_view text) {
   ASHL_TRY(detail::read_count(j, "", "model_bytes", s.model_bytes, 0));
   ASHL_TRY(detail::read_count(j, "", "header_bytes", s.header_bytes, 0));
   ASHL_TRY(detail::read_count(j, "", "reply_part_bytes", s.reply_part_bytes, 0));
+  ASHL_TRY(detail::read_count(j, "", "commit_part_bytes", s.commit_part_bytes, 0));
   ASHL_TRY(detail::read_count(j, "", "seed", s.seed, 0));
   ASHL_TRY(detail::read_number(j, "", "failure_timeout_s", s.failure_timeout_s));
 

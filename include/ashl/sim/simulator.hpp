@@ -511,9 +511,15 @@ class simulator {
     ++wk.gen[up];
     wk.up_left = static_cast<std::uint32_t>(s);
     const double cap = cap_of(w);
+    // A dense commit in parts (ps::worker_params::commit_part_bytes)
+    // carries a header per part; a compressed one goes whole.
+    const bool dense = !(w_[w].plan.compression_ratio < 1.0f);
     std::uint64_t total = 0;
     for (std::size_t k = 0; k < s; ++k) {
-      const std::uint64_t part = shard_bytes(w, payload, k) + spec_.header_bytes;
+      const std::uint64_t b = shard_bytes(w, payload, k);
+      const std::uint64_t parts =
+          dense ? std::max<std::uint64_t>(1, wire::parts_for(b / 4, 4, spec_.commit_part_bytes, wire::max_commit_parts)) : 1;
+      const std::uint64_t part = b + parts * spec_.header_bytes;
       total += part;
       start_flow(w, up, k, part, cap);
     }
