@@ -11,7 +11,10 @@
 //                                           # the server is then pinned to CPUs 0..N-1 (the workers stay on CPU 1)
 //   ashl_bench_ps_ucx --no-pin              # leave placement to the scheduler (for comparison)
 //   ashl_bench_ps_ucx --in-place-replies    # worker_params.stage_replies = false (replies unchecked in the caller's buffer)
-//   ashl_bench_ps_ucx --chunk-kib 256       # server_params.reply_part_bytes = 256 KiB (replies in parts; 0: whole)
+//   ashl_bench_ps_ucx --chunk-kib 256       # server_params.reply_part_bytes and worker_params.commit_part_bytes
+//                                           # = 256 KiB (replies and dense commits in parts; 0: whole)
+//   ashl_bench_ps_ucx --commit-chunk-kib 1024 --commit-window 4   # commits alone in parts (overrides --chunk-kib
+//                                           # for commits), worker_params.commit_window parts in flight
 //
 // Every case forks its own processes from a parent that never creates a UCX
 // object: one ps::server (ASP, model deltas, one shard holding the whole
@@ -154,6 +157,8 @@ struct options {
   std::uint32_t apply_threads = 1;  // server_params.apply_threads (--apply-threads N)
   bool stage_replies = true;  // worker_params.stage_replies (--in-place-replies: false)
   std::uint64_t chunk_kib = 0;  // server_params.reply_part_bytes / 1024 (--chunk-kib; 0: replies whole)
+  std::uint64_t commit_chunk_kib = 0;  // worker_params.commit_part_bytes / 1024 (--chunk-kib, or --commit-chunk-kib)
+  std::uint32_t commit_window = 4;     // worker_params.commit_window (--commit-window)
 };
 
 const char* tls_of(const std::string& transport) { return transport == "shm" ? "sm,self,tcp" : "tcp,self"; }
@@ -372,7 +377,9 @@ int run_worker(const options& o, const ashl_case& c, shared_area* sh, const std:
        .batch = 1,
        .timeout = std::chrono::seconds(120),
        .measurement_interval = std::chrono::milliseconds(1),  // batched: what a small-message job sets
-       .stage_replies = o.stage_replies},
+       .stage_replies = o.stage_replies,
+       .commit_part_bytes = o.commit_chunk_kib * 1024,
+       .commit_window = o.commit_window},
       std::move(*t), w);
   if (!wk) return set_error(sh, "worker: " + wk.error().message()), 1;
   if (rank == 0 && !wk->transport().peers().empty()) {
@@ -657,7 +664,7 @@ int ashl_iters(const options& o, std::size_t bytes) {
 
 int main(int argc, char** argv) {
   options o;
-  bool reps_given = false;
+  bool reps_given = false, commit_chunk_given = false;
   std::string sizes_arg;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -672,6 +679,10 @@ int main(int argc, char** argv) {
     } else if (a == "--no-pin") o.pin = false;
     else if (a == "--in-place-replies") o.stage_replies = false;
     else if (a == "--chunk-kib") o.chunk_kib = std::strtoull(next().c_str(), nullptr, 10);
+    else if (a == "--commit-chunk-kib") {
+      o.commit_chunk_kib = std::strtoull(next().c_str(), nullptr, 10);
+      commit_chunk_given = true;
+    } else if (a == "--commit-window") o.commit_window = static_cast<std::uint32_t>(std::strtoul(next().c_str(), nullptr, 10));
     else if (a == "--describe") o.describe = true;
     else if (a == "--no-baseline") o.baseline = false;
     else if (a == "--spin-us") o.spin_us = std::atol(next().c_str());
@@ -692,11 +703,12 @@ int main(int argc, char** argv) {
                    "         [--transports shm,tcp] [--ops pull,commit,round_trip,fan_in,fan_in_push] [--sizes 4K,1M,...]\n"
                    "         [--apply-threads N]\n"
                    "         [--perftest PATH] [--fan-workers N] [--describe] [--no-baseline] [--spin-us N]\n"
-                   "         [--in-place-replies] [--chunk-kib N]\n");
+                   "         [--in-place-replies] [--chunk-kib N] [--commit-chunk-kib N] [--commit-window N]\n");
       return 2;
     }
   }
   if (o.quick && !reps_given) o.reps = 3;
+  if (!commit_chunk_given) o.commit_chunk_kib = o.chunk_kib;
   if (!sizes_arg.empty()) {
     for (const auto& s : split(sizes_arg, ',')) {
       const double v = std::strtod(s.c_str(), nullptr);
@@ -866,10 +878,11 @@ int main(int argc, char** argv) {
 
   const std::string load = load_before + " -> " + loadavg();
   if (!o.json_only) {
-    std::printf("ps_ucx on %s (%d CPUs), %s, progress %s, replies %s, reply parts %llu KiB, median of %d; ratio = gbps / baseline_gbps "
-                "(round_trip: usec / baseline_usec)\n\n",
+    std::printf("ps_ucx on %s (%d CPUs), %s, progress %s, replies %s, reply parts %llu KiB, commit parts %llu KiB "
+                "(window %u), median of %d; ratio = gbps / baseline_gbps (round_trip: usec / baseline_usec)\n\n",
                 mach.c_str(), cpus(), date.c_str(), progress, o.stage_replies ? "staged" : "in_place",
-                static_cast<unsigned long long>(o.chunk_kib), o.reps);
+                static_cast<unsigned long long>(o.chunk_kib), static_cast<unsigned long long>(o.commit_chunk_kib),
+                o.commit_window, o.reps);
     std::printf("load average %s; UCX env: %s\n\n", load.c_str(), ucx_env.empty() ? "(none)" : ucx_env.c_str());
     if (o.apply_threads > 1) std::printf("server apply threads: %u\n\n", o.apply_threads);
     std::printf("%-10s %-4s %8s %10s %10s %-10s %10s %10s %7s %7s %4s %10s  %s | %s | %s\n", "op", "tl", "bytes", "GB/s",
@@ -892,7 +905,7 @@ int main(int argc, char** argv) {
         "{\"bench\":\"ps_ucx\",\"apply_threads\":%u,\"op\":\"%s\",\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
         "\"usec\":%s,\"baseline\":\"%s\",\"baseline_gbps\":%s,\"baseline_usec\":%s,\"ratio\":%s,\"goal\":\"%s\","
         "\"met\":%s,\"ref_tag_gbps\":%s,\"ref_tag_usec\":%s,\"ref_eh_gbps\":%s,\"ref_eh_usec\":%s,\"ref_eh_lanes\":\"%s\",\"%s\":%s,\"server_idle\":%s,\"lanes\":\"%s\","
-        "\"baseline_lanes\":\"%s\",\"progress\":\"%s\",\"replies\":\"%s\",\"chunk_kib\":%llu,\"placement\":\"%s\",\"reps\":%d,\"iters\":%d,"
+        "\"baseline_lanes\":\"%s\",\"progress\":\"%s\",\"replies\":\"%s\",\"chunk_kib\":%llu,\"commit_chunk_kib\":%llu,\"commit_window\":%u,\"placement\":\"%s\",\"reps\":%d,\"iters\":%d,"
         "\"machine\":\"%s\",\"date\":\"%s\",\"ucx_env\":\"%s\",\"load\":\"%s\","
         "\"error\":\"%s\"}\n",
         o.apply_threads, r.op.c_str(), r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
@@ -901,7 +914,8 @@ int main(int argc, char** argv) {
         num(r.ref_tag_usec, 2).c_str(), num(r.ref_eh_gbps).c_str(), num(r.ref_eh_usec, 2).c_str(),
         json_escape(r.ref_eh_lanes).c_str(), r.op.rfind("fan_in", 0) == 0 ? "moved_gbps" : "commit_oneway_gbps", num(r.extra).c_str(),
         num(r.server_idle, 3).c_str(), json_escape(r.lanes).c_str(), json_escape(r.baseline_lanes).c_str(), progress,
-        o.stage_replies ? "staged" : "in_place", static_cast<unsigned long long>(o.chunk_kib), r.placement.c_str(), r.reps, r.iters, json_escape(mach).c_str(), date.c_str(), json_escape(ucx_env).c_str(), load.c_str(),
+        o.stage_replies ? "staged" : "in_place", static_cast<unsigned long long>(o.chunk_kib),
+        static_cast<unsigned long long>(o.commit_chunk_kib), o.commit_window, r.placement.c_str(), r.reps, r.iters, json_escape(mach).c_str(), date.c_str(), json_escape(ucx_env).c_str(), load.c_str(),
         json_escape(r.error).c_str());
   }
   bool errors = false;

@@ -95,6 +95,8 @@ struct options {
   long no_worker_grace_ms = -1;     // server_params.no_worker_grace (-1: ASHL_NO_WORKER_GRACE's, 60 s)
   std::string codec = "topk";        // server_params.compression
   std::uint64_t reply_part_kib = 0;  // server_params.reply_part_bytes / 1024 (replies in parts; 0: whole)
+  std::uint64_t commit_part_kib = 0;  // worker_params.commit_part_bytes / 1024 (dense commits in parts; 0: whole)
+  std::uint32_t commit_window = 4;    // worker_params.commit_window
   long pause_after = -1, pause_ms = 0;  // a worker sleeps pause_ms before commit number pause_after (no messages)
   bool child_env = false;  // runs `env` as a child into <out>/child-env-<role><rank>.txt (test/ps/token_hygiene.cpp)
 };
@@ -146,6 +148,8 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--no-worker-grace-ms") o.no_worker_grace_ms = std::stol(next());
     else if (a == "--codec") o.codec = next();
     else if (a == "--reply-part-kib") o.reply_part_kib = std::stoull(next());
+    else if (a == "--commit-part-kib") o.commit_part_kib = std::stoull(next());
+    else if (a == "--commit-window") o.commit_window = static_cast<std::uint32_t>(std::stoul(next()));
     else if (a == "--pause-after") o.pause_after = std::stol(next());
     else if (a == "--pause-ms") o.pause_ms = std::stol(next());
     else if (a == "--child-env") o.child_env = true;
@@ -240,7 +244,8 @@ int serve(const ps::job& j, const options& o) {
       << "\njob_refused " << s.wire_refused_for(ps::wire_refusal::job) << "\nincarnation_refused "
       << s.core.refused_for(ps::refusal::incarnation) << "\ncommits_applied_now "
       << s.core.commits_applied - restored_applied << "\nstage "
-      << static_cast<unsigned>(srv->core().policy().stage()) << "\nfinished " << finished << "\n";
+      << static_cast<unsigned>(srv->core().policy().stage()) << "\ncommits_in_parts " << s.commits_in_parts
+      << "\ncommit_parts_dropped " << s.commit_parts_dropped << "\nfinished " << finished << "\n";
   }
   std::fprintf(stderr, "%s\n", srv->progress_line().c_str());
   std::fprintf(stderr, "server ended: %s\n", std::string(ps::to_string(srv->end())).c_str());
@@ -261,7 +266,9 @@ int train(const ps::job& j, const options& o) {
                                          .incarnation = o.incarnation,
                                          .job = ps::job_id_of(j, o.elements),
                                          .timeout = std::chrono::milliseconds(o.timeout_ms),
-                                         .reconnect = std::chrono::milliseconds(o.reconnect_ms)},
+                                         .reconnect = std::chrono::milliseconds(o.reconnect_ms),
+                                         .commit_part_bytes = o.commit_part_kib * 1024,
+                                         .commit_window = o.commit_window},
                                         std::move(*t), w);
   if (!wk) return fail(wk.error().message());
   std::fprintf(stderr, "worker %u joined as incarnation %llu\n", j.rank,
@@ -331,7 +338,7 @@ int train(const ps::job& j, const options& o) {
     std::ofstream f(o.out + "/worker" + std::to_string(j.rank) + ".txt");
     f << cycles << "commits " << tel.commits << "\nplans " << tel.plans << "\nplans_ignored " << tel.plans_ignored << "\nplan_changes " << tel.plan_changes
       << "\nerrors " << tel.errors << "\ncopied_replies " << tel.copied_replies << "\nviolations " << violations
-      << "\nmax_gap " << max_gap << "\nreconnects " << tel.reconnects << "\nreply_parts " << tel.reply_parts << "\n";
+      << "\nmax_gap " << max_gap << "\nreconnects " << tel.reconnects << "\nreply_parts " << tel.reply_parts << "\ncommit_parts " << tel.commit_parts << "\n";
   }
   return 0;
 }

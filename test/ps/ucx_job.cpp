@@ -104,9 +104,10 @@ std::vector<float> bsp_reference(std::uint32_t workers, std::size_t elements, in
 
 }  // namespace
 
-// The two-server jobs send their replies in parts of 64 KiB (4 parts of a
-// 200 KB shard, each a rendezvous; server_params.reply_part_bytes, issue 28),
-// the one-server jobs whole.
+// The two-server jobs send their replies and their commits in parts of 64
+// KiB (4 parts of a 200 KB shard, each a rendezvous;
+// server_params.reply_part_bytes, worker_params.commit_part_bytes with two
+// in flight, issue 28), the one-server jobs whole.
 BOOST_AUTO_TEST_CASE(bsp_over_ucx_is_bit_identical_to_one_server_core) {
   constexpr std::size_t n = 100'003;  // 400 KB: rendezvous-sized replies
   constexpr int cycles = 12;
@@ -116,7 +117,8 @@ BOOST_AUTO_TEST_CASE(bsp_over_ucx_is_bit_identical_to_one_server_core) {
       const std::string what = "servers " + std::to_string(servers) + ", " + env->front().second;
       auto o = run_job(servers, 4,
                        {"--policy", "bsp", "--elements", std::to_string(n), "--cycles", std::to_string(cycles),
-                        "--reply-part-kib", servers == 2 ? "64" : "0"},
+                        "--reply-part-kib", servers == 2 ? "64" : "0", "--commit-part-kib", servers == 2 ? "64" : "0",
+                        "--commit-window", "2"},
                        *env);
       BOOST_TEST_REQUIRE(o.run.exit_code == 0, what << "\n" << o.run.log());
       // --verbose: each connection says which transports carry its data.
@@ -130,11 +132,13 @@ BOOST_AUTO_TEST_CASE(bsp_over_ucx_is_bit_identical_to_one_server_core) {
         BOOST_TEST(s.at("commits_applied") == 4.0 * cycles, what);
         BOOST_TEST(s.at("refused") + s.at("wire_refused") == 0.0, what);
         BOOST_TEST(s.at("finished") == 1.0, what);
+        BOOST_TEST(s.at("commits_in_parts") == (servers == 2 ? 4.0 * cycles : 0.0), what);
       }
       for (const auto& w : o.workers) {
         BOOST_TEST(w.at("commits") == cycles, what);
         // Parts of the join's pull and every cycle's, from each server.
         BOOST_TEST(w.at("reply_parts") == (servers == 2 ? 2.0 * 4 * (cycles + 1) : 0.0), what);
+        BOOST_TEST(w.at("commit_parts") == (servers == 2 ? 2.0 * 4 * cycles : 0.0), what);
       }
     }
   }

@@ -3,6 +3,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "../support/counting_new.hpp"
+#include "../support/forwarding_transport.hpp"
 #include "../support/ps_job.hpp"
 
 #include <algorithm>
@@ -63,26 +64,16 @@ tr::inproc node_of(const std::shared_ptr<tr::inproc_fabric>& f) {
   return std::move(*n);
 }
 
+using test_support::forwarding_handler;
+using test_support::inproc_forwarder;
+
 // Forwards to inproc and records where each send's data part lay.
-struct spy {
-  using transport_concept = tr::transport_tag;
-  tr::inproc t;
+struct spy : inproc_forwarder<spy> {
   std::vector<const std::byte*>* sent_from;
-  ashl::result<tr::peer_id> connect(std::string_view a) { return t.connect(a); }
   ashl::status send(tr::peer_id p, std::span<const std::byte> h, std::span<const std::byte> d, std::uint64_t c) {
     if (!d.empty()) sent_from->push_back(d.data());
     return t.send(p, h, d, c);
   }
-  template <tr::handler H>
-  std::size_t progress(H& h) {
-    return t.progress(h);
-  }
-  void wait(std::chrono::microseconds d) { t.wait(d); }
-  std::span<const tr::peer_id> peers() const { return t.peers(); }
-  bool is_connected(tr::peer_id p) const { return t.is_connected(p); }
-  void close(tr::peer_id p) { t.close(p); }
-  void close() { t.close(); }
-  const tr::transport_counters& counters() const { return t.counters(); }
 };
 static_assert(tr::transport<spy>);
 
@@ -91,9 +82,7 @@ static_assert(tr::transport<spy>);
 // wire) or with its header's CRC-32C changed, as a copy (the worker's own
 // receive buffer, if the data went there, is left as the transport wrote it).
 enum class tamper_mode { payload, crc };
-struct tamper {
-  using transport_concept = tr::transport_tag;
-  tr::inproc t;
+struct tamper : inproc_forwarder<tamper> {
   std::string victim;
   tamper_mode mode = tamper_mode::payload;
   std::shared_ptr<std::atomic<bool>> armed = std::make_shared<std::atomic<bool>>(false);
@@ -104,16 +93,9 @@ struct tamper {
     if (id && a == victim) victim_peer = *id;
     return id;
   }
-  ashl::status send(tr::peer_id p, std::span<const std::byte> h, std::span<const std::byte> d, std::uint64_t c) {
-    return t.send(p, h, d, c);
-  }
-  template <tr::handler H>
-  struct wrapped {
-    H* h;
+  template <class H>
+  struct wrapped : forwarding_handler<H> {
     tamper* self;
-    std::span<std::byte> receive_buffer(tr::peer_id p, std::span<const std::byte> head, std::size_t n) {
-      return h->receive_buffer(p, head, n);
-    }
     void on_message(tr::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data) {
       const bool reply = head.size() == ashl::wire::header_bytes && !data.empty() &&
                          std::to_integer<int>(head[8]) == static_cast<int>(ashl::wire::message_kind::pull_reply);
@@ -122,25 +104,12 @@ struct tamper {
         self->data_copy.assign(data.begin(), data.end());
         if (self->mode == tamper_mode::payload) self->data_copy[data.size() / 2] ^= std::byte{0x10};
         else self->head_copy[ashl::wire::crc_offset] ^= std::byte{0x01};
-        h->on_message(p, self->head_copy, self->data_copy);
+        this->h->on_message(p, self->head_copy, self->data_copy);
         return;
       }
-      h->on_message(p, head, data);
+      this->h->on_message(p, head, data);
     }
-    void on_sent(tr::peer_id p, std::uint64_t c, const ashl::status& st) { h->on_sent(p, c, st); }
-    void on_peer(tr::peer_id p, tr::peer_event e, const ashl::status& why) { h->on_peer(p, e, why); }
   };
-  template <tr::handler H>
-  std::size_t progress(H& h) {
-    wrapped<H> w{&h, this};
-    return t.progress(w);
-  }
-  void wait(std::chrono::microseconds d) { t.wait(d); }
-  std::span<const tr::peer_id> peers() const { return t.peers(); }
-  bool is_connected(tr::peer_id p) const { return t.is_connected(p); }
-  void close(tr::peer_id p) { t.close(p); }
-  void close() { t.close(); }
-  const tr::transport_counters& counters() const { return t.counters(); }
 };
 static_assert(tr::transport<tamper>);
 
@@ -218,7 +187,7 @@ BOOST_AUTO_TEST_CASE(commits_go_from_the_callers_buffer_and_replies_land_in_it) 
   server_thread srv(fabric, 1000, 1, "asp");
   std::vector<float> w(1000), g(1000, 0.25f);
   std::vector<const std::byte*> sent_from;
-  auto wk = ps::worker<spy>::create({.servers = {"server0"}, .timeout = 10s}, spy{node_of(fabric), &sent_from}, w);
+  auto wk = ps::worker<spy>::create({.servers = {"server0"}, .timeout = 10s}, spy{{node_of(fabric)}, &sent_from}, w);
   ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
   for (int c = 0; c < 5; ++c) {
     while (!wk->iteration_done()) {}
@@ -839,7 +808,7 @@ void a_bad_reply_leaves_the_parameters(std::size_t eager_bytes, tamper_mode mode
   while (up.load() < S) std::this_thread::sleep_for(1ms);
   std::vector<float> w(n), g(n);
   for (std::size_t i = 0; i < n; ++i) g[i] = 0.25f + static_cast<float>(i) * 1e-3f;
-  tamper tp{node_of(fabric), "server1", mode};
+  tamper tp{{node_of(fabric)}, "server1", mode};
   auto armed = tp.armed;
   auto wk = ps::worker<tamper>::create({.servers = {"server0", "server1"}, .timeout = 10s}, std::move(tp), w);
   ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
@@ -880,30 +849,20 @@ BOOST_AUTO_TEST_CASE(a_bad_pull_reply_fails_the_wait_and_leaves_the_parameters_a
 // the server is handed to edit(head, data), which changes it (re-sealed,
 // so its CRC is good, unless it flips a payload bit after sealing) and says
 // how often to deliver it: 0 dropped, 1, or 2 (repeated).
-struct part_tamper {
-  using transport_concept = tr::transport_tag;
-  tr::inproc t;
+struct part_tamper : inproc_forwarder<part_tamper> {
   int nth = 0;
   std::function<int(ashl::wire::header&, std::vector<std::byte>&)> edit;
   bool flip_after_seal = false;
   std::shared_ptr<std::atomic<bool>> armed = std::make_shared<std::atomic<bool>>(false);
   int seen = 0;
   std::vector<std::byte> head_copy, data_copy;
-  ashl::result<tr::peer_id> connect(std::string_view a) { return t.connect(a); }
-  ashl::status send(tr::peer_id p, std::span<const std::byte> h, std::span<const std::byte> d, std::uint64_t c) {
-    return t.send(p, h, d, c);
-  }
-  template <tr::handler H>
-  struct wrapped {
-    H* h;
+  template <class H>
+  struct wrapped : forwarding_handler<H> {
     part_tamper* self;
-    std::span<std::byte> receive_buffer(tr::peer_id p, std::span<const std::byte> head, std::size_t n) {
-      return h->receive_buffer(p, head, n);
-    }
     void on_message(tr::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data) {
       const bool part = ashl::wire::peek_part(head).valid();
       if (!part || !self->armed->load() || self->seen++ != self->nth) {
-        h->on_message(p, head, data);
+        this->h->on_message(p, head, data);
         return;
       }
       self->armed->store(false);
@@ -915,22 +874,9 @@ struct part_tamper {
       self->head_copy.assign(ashl::wire::header_bytes, std::byte{0});
       ASHL_REQUIRE(ashl::wire::seal_header(hd, self->data_copy, self->head_copy).ok());
       if (self->flip_after_seal) self->data_copy[self->data_copy.size() / 2] ^= std::byte{0x10};
-      for (int k = 0; k < times; ++k) h->on_message(p, self->head_copy, self->data_copy);
+      for (int k = 0; k < times; ++k) this->h->on_message(p, self->head_copy, self->data_copy);
     }
-    void on_sent(tr::peer_id p, std::uint64_t c, const ashl::status& st) { h->on_sent(p, c, st); }
-    void on_peer(tr::peer_id p, tr::peer_event e, const ashl::status& why) { h->on_peer(p, e, why); }
   };
-  template <tr::handler H>
-  std::size_t progress(H& h) {
-    wrapped<H> w{&h, this};
-    return t.progress(w);
-  }
-  void wait(std::chrono::microseconds d) { t.wait(d); }
-  std::span<const tr::peer_id> peers() const { return t.peers(); }
-  bool is_connected(tr::peer_id p) const { return t.is_connected(p); }
-  void close(tr::peer_id p) { t.close(p); }
-  void close() { t.close(); }
-  const tr::transport_counters& counters() const { return t.counters(); }
 };
 static_assert(tr::transport<part_tamper>);
 
@@ -989,7 +935,7 @@ void parts_are_checked_one_by_one(std::size_t eager_bytes) {
   for (std::uint32_t k = 0; k < W; ++k) {
     const part_case& c = cases[k];
     std::vector<float> w(n);
-    part_tamper tp{node_of(fabric), c.nth, c.edit, c.flip};
+    part_tamper tp{{node_of(fabric)}, c.nth, c.edit, c.flip};
     auto armed = tp.armed;
     auto wk = ps::worker<part_tamper>::create({.rank = k, .servers = {"server0"}, .timeout = 10s}, std::move(tp), w);
     ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
