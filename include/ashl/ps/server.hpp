@@ -722,6 +722,10 @@ class server {
       commit_parts_in& cs = cparts_[peer(p).rank];
       const part_place at = place_part(cs, pp, n);
       if (!at.region.empty()) return at.region;
+      if (at.drop) {  // the rest of a commit a refused part discarded: not received, not answered again
+        ++tel_.commit_parts_dropped;
+        return {};
+      }
       if (at.past_window) {
         refuse_wire(wire_refusal::commit_part);
         send_error(p, errc::out_of_range, pp.sequence,
@@ -749,6 +753,7 @@ class server {
   struct part_place {
     std::span<std::byte> region;
     bool past_window = false;
+    bool drop = false;
   };
   part_place place_part(commit_parts_in& cs, const wire::peeked_part& pp, std::size_t n) {
     const std::uint64_t elements = core_.range().size();
@@ -757,6 +762,7 @@ class server {
     const std::size_t elem = size_of(pp.type);
     const wire::part_range pr = wire::part_elements(pp.element_count, pp.parts, pp.part);
     if (pr.count == 0 || pp.parts > wire::max_commit_parts || n != pr.count * elem) return {};
+    if (!cs.active && cs.dropping && pp.sequence == cs.dropped_sequence && pp.part != 0) return {.drop = true};
     if (cs.active || cs.claims > 0) {
       if (pp.sequence != cs.key_sequence || pp.parts != cs.key_parts || pp.type != cs.key_type) return {};
       if (cs.active && pp.part < cs.next) return {};  // checked already: a repeat, refused once decoded
