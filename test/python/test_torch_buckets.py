@@ -187,6 +187,48 @@ def test_overlapped_and_serial_bsp_give_bit_identical_parameters_with_parameters
     assert not torch.equal(serial[0], flat(mlp()))
 
 
+def test_a_checkpoint_written_without_partitioning_restores_only_with_partition_mb_none(tmp_path):
+    # docs/torch.md, "Checkpoints": per bucket, so a checkpoint written with
+    # partitioning off (2.weight, 4 KiB, one bucket) is restored with
+    # partition_mb=None, bit for bit; with partitioning on (2.weight in 4
+    # buckets of 1 KiB) it is refused, naming the elements and partition_mb.
+    ckpt = str(tmp_path)
+    sjob, (wjob,) = jobs(1)
+    fabric = ashl.InprocFabric()
+    srv = at.serve(mlp(), sjob, "bsp", "none", optimizer="sgd", lr=0.05, fabric=fabric, background=True,
+                   bucket_cap_mb=2 * KIB, partition_mb=None, checkpoint_dir=ckpt)
+    model = mlp()
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model, "bsp", "none",
+                                  update="gradient", job=wjob, fabric=fabric, bucket_cap_mb=2 * KIB, partition_mb=None)
+    assert [b.size for b in opt.buckets] == [164, 1024, 32, 512]
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 16)).pow(2).mean().backward()
+        opt.step()
+    opt.wait()
+    opt.leave()
+    srv.join()  # writes the final checkpoints
+    written = [torch.from_numpy(s.parameters().copy()) for s in srv.servers]
+    del srv
+
+    other = mlp(seed=9)  # restored values come from the checkpoint, not from this model
+    back = at.serve(other, sjob, "bsp", "none", optimizer="sgd", lr=0.05, fabric=ashl.InprocFabric(),
+                    background=True, bucket_cap_mb=2 * KIB, partition_mb=None, checkpoint_dir=ckpt, restore=True)
+    assert [s.telemetry["restored_version"] for s in back.servers] == [3] * 4
+    restored = [torch.from_numpy(s.parameters().copy()) for s in back.servers]
+    assert all(torch.equal(a, b) for a, b in zip(written, restored))  # bit for bit
+    assert not torch.equal(restored[1], other[2].weight.detach().reshape(-1))  # bucket 1: 2.weight alone
+    back.stop()
+    back.join()
+    del back
+
+    with pytest.raises(ValueError, match=r'bucket1/server-0\.ashlckpt": checkpoint\.elements = 1024: this server\'s '
+                                         r'model has 256 elements.*bucket 1 of bucket_plan\(model, bucket_cap_mb=.*, '
+                                         r'partition_mb=0\.0009765625\).*partition_mb'):
+        at.serve(mlp(), sjob, "bsp", "none", optimizer="sgd", lr=0.05, fabric=ashl.InprocFabric(), background=True,
+                 bucket_cap_mb=2 * KIB, partition_mb=KIB, checkpoint_dir=ckpt, restore=True)
+
+
 def test_a_forward_waits_for_every_bucket_of_a_cut_parameter():
     # Pull replies held 20 ms each on the emulated link: a forward pre-hook
     # that waited for one piece only would find the others in flight.
