@@ -5,7 +5,6 @@ ps::worker follower each), so H local steps, commit intervals, batches and
 compression ratios are one for the whole model; with one worker the
 overlapped exchange gives the serial one's parameters bit for bit. Servers
 are real ps::servers in this process (InprocFabric)."""
-import threading
 import time
 
 import pytest
@@ -13,18 +12,7 @@ import torch
 
 import ashl
 import ashl.torch as at
-
-KIB = 1.0 / 1024
-
-
-def mlp(seed=5):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
-                               torch.nn.Linear(32, 4))
-
-
-def flat(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+from torch_testing import KIB, flat, in_threads, jobs, mlp
 
 
 def run(policy, workers, steps, *, update, overlap=True, cap=2 * KIB, compression="none", sleep=0.0,
@@ -32,44 +20,36 @@ def run(policy, workers, steps, *, update, overlap=True, cap=2 * KIB, compressio
     """`workers` workers in threads against in-process servers; returns, per
     worker, (final parameters, optimizer) after the optimizer left."""
     fabric = ashl.InprocFabric(deterministic=True)
-    sjob = ashl.Job(role="server", num_workers=workers, server_addresses=("server0",), insecure=True)
+    sjob, wjobs = jobs(workers)
     optimizer = "sgd" if update == "gradient" else "model_delta"
     srv = at.serve(mlp(), sjob, policy, compression, optimizer=optimizer, lr=0.05, fabric=fabric, background=True,
                    bucket_cap_mb=cap)
-    out, errors = {}, []
+    out = {}
 
     def worker(r):
-        try:
-            wjob = ashl.Job(role="worker", rank=r, num_workers=workers, server_addresses=("server0",), insecure=True)
-            model = mlp()
-            opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5), model, policy,
-                                          compression, update=update, job=wjob, fabric=fabric, bucket_cap_mb=cap,
-                                          overlap=overlap, batch_size=8, device_encode=device_encode)
-            if follows is not None:
-                watch_follows(opt, follows)
-            g = torch.Generator().manual_seed(seed + r)
-            for step in range(steps):
-                n = opt.batch_size
-                x, y = torch.randn(n, 16, generator=g), torch.randn(n, 4, generator=g)
-                opt.zero_grad()
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                loss.backward()
-                opt.step()
-                if sleep:
-                    time.sleep(sleep)
-                if on_step:
-                    on_step(r, step, opt)
-            opt.wait()
-            out[r] = (flat(model), opt, opt.telemetry)
-            opt.leave()
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        model = mlp()
+        opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5), model, policy,
+                                      compression, update=update, job=wjobs[r], fabric=fabric, bucket_cap_mb=cap,
+                                      overlap=overlap, batch_size=8, device_encode=device_encode)
+        if follows is not None:
+            watch_follows(opt, follows)
+        g = torch.Generator().manual_seed(seed + r)
+        for step in range(steps):
+            n = opt.batch_size
+            x, y = torch.randn(n, 16, generator=g), torch.randn(n, 4, generator=g)
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            if sleep:
+                time.sleep(sleep)
+            if on_step:
+                on_step(r, step, opt)
+        opt.wait()
+        out[r] = (flat(model), opt, opt.telemetry)
+        opt.leave()
 
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
+    errors = in_threads(workers, worker, 180)
     srv.join()
     assert not errors, errors
     return out, srv

@@ -15,26 +15,9 @@ import torch
 
 import ashl
 import ashl.torch as at
+from torch_testing import KIB, flat, in_threads, jobs, mlp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-KIB = 1.0 / 1024  # bucket_cap_mb of one KiB
-
-
-def mlp(seed=5, dtype=torch.float32):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
-                               torch.nn.Linear(32, 4)).to(dtype)
-
-
-def jobs(workers=1):
-    s = ashl.Job(role="server", num_workers=workers, server_addresses=("server0",), insecure=True)
-    w = [ashl.Job(role="worker", rank=r, num_workers=workers, server_addresses=("server0",), insecure=True)
-         for r in range(workers)]
-    return s, w
-
-
-def flat(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
 
 
 def test_buckets_follow_reverse_registration_order_and_alias_parameters_and_gradients():
@@ -108,32 +91,25 @@ def run_bsp(workers, steps, bucket_cap_mb, overlap, seed=11, partition_mb=at.DEF
     sjob, wjobs = jobs(workers)
     srv = at.serve(mlp(), sjob, "bsp", "none", optimizer="sgd", lr=0.05, fabric=fabric, background=True,
                    bucket_cap_mb=bucket_cap_mb, partition_mb=partition_mb)
-    out, errors, nbuckets = {}, [], []
+    out, nbuckets = {}, []
 
     def worker(r):
-        try:
-            model = mlp()
-            opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model, "bsp", "none",
-                                          update="gradient", job=wjobs[r], fabric=fabric,
-                                          bucket_cap_mb=bucket_cap_mb, overlap=overlap, partition_mb=partition_mb)
-            nbuckets.append(len(opt.buckets))
-            g = torch.Generator().manual_seed(seed + r)
-            for _ in range(steps):
-                x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
-                opt.zero_grad()
-                torch.nn.functional.mse_loss(model(x), y).backward()
-                opt.step()
-            opt.wait()
-            out[r] = flat(model)
-            opt.leave()
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        model = mlp()
+        opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model, "bsp", "none",
+                                      update="gradient", job=wjobs[r], fabric=fabric,
+                                      bucket_cap_mb=bucket_cap_mb, overlap=overlap, partition_mb=partition_mb)
+        nbuckets.append(len(opt.buckets))
+        g = torch.Generator().manual_seed(seed + r)
+        for _ in range(steps):
+            x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        opt.wait()
+        out[r] = flat(model)
+        opt.leave()
 
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    errors = in_threads(workers, worker, 120)
     srv.join()
     assert not errors, errors
     return out, nbuckets
