@@ -18,6 +18,7 @@
 #include <vector>
 #include "../support/checks.hpp"
 #include "../support/torch_server.hpp"
+#include "../support/torch_testing.hpp"
 
 // adapt/torch.hpp with CUDA tensors (label gpu): the buckets live on the
 // device and alias the module's parameters and gradients there; the worker
@@ -56,16 +57,8 @@ net make_cuda_net() {
   return m;
 }
 
-std::vector<float> flat_copy(const torch::nn::Module& m) {
-  std::vector<float> out;
-  for (const auto& p : m.parameters()) {
-    auto c = p.detach().to(torch::kCPU).contiguous();
-    out.insert(out.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
-  }
-  return out;
-}
-
 using torch_testing::contains;
+using torch_testing::flat_copy;
 using torch_testing::node_of;
 using torch_testing::server_thread;
 
