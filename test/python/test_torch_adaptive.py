@@ -13,18 +13,7 @@ import torch
 
 import ashl
 import ashl.torch as at
-
-KIB = 1.0 / 1024
-
-
-def mlp(seed=5):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
-                               torch.nn.Linear(32, 4))
-
-
-def flat(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+from torch_testing import KIB, flat, in_threads, jobs, mlp
 
 
 def run(policy, workers, steps, *, update, overlap=True, cap=2 * KIB, compression="none", sleep=0.0,
@@ -38,50 +27,42 @@ def run(policy, workers, steps, *, update, overlap=True, cap=2 * KIB, compressio
     after a fast thread's last planned step."""
     start = threading.Barrier(workers)
     fabric = ashl.InprocFabric(deterministic=True)
-    sjob = ashl.Job(role="server", num_workers=workers, server_addresses=("server0",), insecure=True)
+    sjob, wjobs = jobs(workers)
     optimizer = "sgd" if update == "gradient" else "model_delta"
     srv = at.serve(mlp(), sjob, policy, compression, optimizer=optimizer, lr=0.05, fabric=fabric, background=True,
                    bucket_cap_mb=cap)
-    out, errors = {}, []
+    out = {}
 
     def worker(r):
-        try:
-            wjob = ashl.Job(role="worker", rank=r, num_workers=workers, server_addresses=("server0",), insecure=True)
-            model = mlp()
-            opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5), model, policy,
-                                          compression, update=update, job=wjob, fabric=fabric, bucket_cap_mb=cap,
-                                          overlap=overlap, batch_size=8, device_encode=device_encode)
-            if follows is not None:
-                watch_follows(opt, follows)
-            g = torch.Generator().manual_seed(seed + r)
-            if until_stage:
-                start.wait(60)
-            step, reached = 0, None  # reached: the step count when the plan first was until_stage
-            while step < steps or (until_stage and step < steps + 500 and (reached is None or step < reached + then)):
-                n = opt.batch_size
-                x, y = torch.randn(n, 16, generator=g), torch.randn(n, 4, generator=g)
-                opt.zero_grad()
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                loss.backward()
-                opt.step()
-                if sleep:
-                    time.sleep(sleep)
-                if on_step:
-                    on_step(r, step, opt)
-                step += 1
-                if until_stage and reached is None and opt.plan.stage == until_stage:
-                    reached = step
-            opt.wait()
-            out[r] = (flat(model), opt, opt.telemetry)
-            opt.leave()
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        model = mlp()
+        opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5), model, policy,
+                                      compression, update=update, job=wjobs[r], fabric=fabric, bucket_cap_mb=cap,
+                                      overlap=overlap, batch_size=8, device_encode=device_encode)
+        if follows is not None:
+            watch_follows(opt, follows)
+        g = torch.Generator().manual_seed(seed + r)
+        if until_stage:
+            start.wait(60)
+        step, reached = 0, None  # reached: the step count when the plan first was until_stage
+        while step < steps or (until_stage and step < steps + 500 and (reached is None or step < reached + then)):
+            n = opt.batch_size
+            x, y = torch.randn(n, 16, generator=g), torch.randn(n, 4, generator=g)
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            if sleep:
+                time.sleep(sleep)
+            if on_step:
+                on_step(r, step, opt)
+            step += 1
+            if until_stage and reached is None and opt.plan.stage == until_stage:
+                reached = step
+        opt.wait()
+        out[r] = (flat(model), opt, opt.telemetry)
+        opt.leave()
 
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
+    errors = in_threads(workers, worker, 180)
     srv.join()
     assert not errors, errors
     return out, srv
