@@ -886,23 +886,34 @@ class server {
     // Every part passed: the commit as if it had come whole.
     cs.active = false;
     ++tel_.commits_in_parts;
-    const wire::header& c0 = cs.head;
+    to_core(w, cs.head, std::span<const std::byte>(cs.staging).first(cs.head.element_count * elem), cs.bytes, cs.finite,
+            now);
+  }
+
+  // A commit (whole, or its parts' staging once all passed) to server_core.
+  // The samples a commit covers travel in its header (the worker's
+  // worker_cycle counted them); server_core bounds them.
+  void to_core(worker_id w, const wire::header& h, std::span<const std::byte> payload, std::uint64_t bytes,
+               bool values_checked, double now) {
     commit_in c{.worker = w,
                 .incarnation = core_.incarnation(w),
-                .sequence = c0.sequence,
-                .clock = c0.clock,
-                .samples = c0.samples,
-                .bytes = cs.bytes,
-                .codec = c0.codec,
-                .type = c0.type,
-                .element_count = c0.element_count,
-                .step = c0.step,
-                .tensor = c0.tensor,
-                .payload = std::span<const std::byte>(cs.staging).first(c0.element_count * elem),
-                .pull = (c0.flags & wire::flag_pull) != 0,
-                .ack_only = (c0.flags & (wire::flag_pull | wire::flag_ack_requested)) ==
+                .sequence = h.sequence,
+                .clock = h.clock,
+                .samples = h.samples,
+                .bytes = bytes,
+                .codec = h.codec,
+                .type = h.type,
+                .element_count = h.element_count,
+                .step = h.step,
+                .tensor = h.tensor,
+                .payload = payload,
+                .pull = (h.flags & wire::flag_pull) != 0,
+                .ack_only = (h.flags & (wire::flag_pull | wire::flag_ack_requested)) ==
                             (wire::flag_pull | wire::flag_ack_requested),
-                .values_checked = cs.finite};
+                .values_checked = values_checked};
+    // A push (flags pull | ack_requested, ps::worker::push): its pull is
+    // answered with a header-only acknowledgement when the policy releases
+    // it, not with the parameters.
     if (c.pull) ack_only_[w] = c.ack_only ? 1 : 0;
     core_.commit(c, now, out_);
   }
@@ -1057,29 +1068,7 @@ class server {
           on_commit_part(p, w, h, m->payload, values.all_finite(), now);
           return;
         }
-        // The samples a commit covers travel in its header (the worker's
-        // worker_cycle counted them); server_core bounds them.
-        commit_in c{.worker = w,
-                    .incarnation = core_.incarnation(w),
-                    .sequence = h.sequence,
-                    .clock = h.clock,
-                    .samples = h.samples,
-                    .bytes = wire::header_bytes + data.size(),
-                    .codec = h.codec,
-                    .type = h.type,
-                    .element_count = h.element_count,
-                    .step = h.step,
-                    .tensor = h.tensor,
-                    .payload = m->payload,
-                    .pull = (h.flags & wire::flag_pull) != 0,
-                    .ack_only = (h.flags & (wire::flag_pull | wire::flag_ack_requested)) ==
-                                (wire::flag_pull | wire::flag_ack_requested),
-                    .values_checked = values.all_finite()};
-        // A push (flags pull | ack_requested, ps::worker::push): its pull is
-        // answered with a header-only acknowledgement when the policy
-        // releases it, not with the parameters.
-        if (c.pull) ack_only_[w] = c.ack_only ? 1 : 0;
-        core_.commit(c, now, out_);
+        to_core(w, h, m->payload, wire::header_bytes + data.size(), values.all_finite(), now);
         return;
       }
       case wire::message_kind::pull_request:

@@ -785,20 +785,8 @@ class worker {
         while (po.sent < std::min(n, p.commit_window) && failed.ok() && !lost[s]) ASHL_TRY(send_commit_part(s, po.sent++));
         return failed;
       }
-      const key_range r = layout.range(s);
       const std::span<const std::byte> payload = commit_payload(s);
-      wire::header h{.kind = wire::message_kind::commit,
-                     .codec = last_compressed ? encoder.codec() : codec_id::identity,
-                     .type = dtype::f32,
-                     // The pull rides with it; a push asks for an acknowledgement instead of the parameters.
-                     .flags = wire::flag_last_shard | wire::flag_pull | (last_ack_only ? wire::flag_ack_requested : 0u),
-                     .element_count = r.size(),
-                     .tensor = s,
-                     .rank = p.rank,
-                     .sequence = last_seq,
-                     .clock = last_clock,
-                     .step = iterations_total,
-                     .samples = last_samples};
+      const wire::header h = commit_header(s);
       const std::uint32_t i = take_slot();
       slots[i].commit_shard = static_cast<std::int32_t>(s);
       ASHL_TRY(wire::seal_header(h, payload, slots[i].head));
@@ -806,28 +794,33 @@ class worker {
       return send(s, i, slots[i].head, payload);
     }
 
+    // The header of shard s's commit in flight.
+    [[nodiscard]] wire::header commit_header(std::uint32_t s) const {
+      return {.kind = wire::message_kind::commit,
+              .codec = last_compressed ? encoder.codec() : codec_id::identity,
+              .type = dtype::f32,
+              // The pull rides with it; a push asks for an acknowledgement instead of the parameters.
+              .flags = wire::flag_last_shard | wire::flag_pull | (last_ack_only ? wire::flag_ack_requested : 0u),
+              .element_count = layout.range(s).size(),
+              .tensor = s,
+              .rank = p.rank,
+              .sequence = last_seq,
+              .clock = last_clock,
+              .step = iterations_total,
+              .samples = last_samples};
+    }
+
     // Part j of shard s's commit in flight: the same header as the whole
     // (sequence, clock, samples, flags) with the part's index and the count,
     // its own CRC over its header and its slice of the caller's buffer.
     status send_commit_part(std::uint32_t s, std::uint32_t j) {
-      const key_range r = layout.range(s);
       const commit_parts_out& po = parts_out[s];
-      const wire::part_range pr = wire::part_elements(r.size(), po.parts, j);
+      const wire::part_range pr = wire::part_elements(layout.range(s).size(), po.parts, j);
       const std::span<const std::byte> payload = commit_payload(s).subspan(pr.first * sizeof(float), pr.count * sizeof(float));
-      wire::header h{.kind = wire::message_kind::commit,
-                     .codec = codec_id::identity,
-                     .type = dtype::f32,
-                     .flags = wire::flag_last_shard | wire::flag_pull | wire::flag_part |
-                              (last_ack_only ? wire::flag_ack_requested : 0u),
-                     .element_count = r.size(),
-                     .tensor = s,
-                     .rank = p.rank,
-                     .sequence = last_seq,
-                     .clock = last_clock,
-                     .step = iterations_total,
-                     .samples = last_samples,
-                     .part = static_cast<std::uint16_t>(j),
-                     .parts = static_cast<std::uint16_t>(po.parts)};
+      wire::header h = commit_header(s);
+      h.flags |= wire::flag_part;
+      h.part = static_cast<std::uint16_t>(j);
+      h.parts = static_cast<std::uint16_t>(po.parts);
       const std::uint32_t i = take_slot();
       slots[i].commit_shard = static_cast<std::int32_t>(s);
       slots[i].commit_part = static_cast<std::int32_t>(j);
