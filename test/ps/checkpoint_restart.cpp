@@ -114,10 +114,11 @@ void refused_at_restart(const std::string& name, const std::function<void(std::v
   BOOST_TEST(o.log().find("listening on") == std::string::npos, name << ": " << o.log());
 }
 
-// parts: 4096 elements whose replies go in 4 parts of 4 KiB
-// (server_params.reply_part_bytes, issue 28): the kill can cut a reply
-// between its parts, and the reconnected worker takes the re-sent reply
-// whole from its first part.
+// parts: 4096 elements whose replies and commits go in 4 parts of 4 KiB
+// (server_params.reply_part_bytes, worker_params.commit_part_bytes with two
+// in flight, issue 28): the kill can cut a reply or a commit between its
+// parts; the reconnected worker takes the re-sent reply from its first
+// part and sends its commit again from part 0, applied once by its sequence.
 void checkpoint_kill_server_restore_resumes(const char* tls, bool parts = false) {
   fault_job::job j(3, "ashl-fault-job", tls);
   BOOST_TEST_REQUIRE(j.ok());
@@ -130,7 +131,8 @@ void checkpoint_kill_server_restore_resumes(const char* tls, bool parts = false)
   const pid_t srv = j.start_server(server_args, "server-first.log");
   BOOST_TEST_REQUIRE(srv > 0);
   const auto worker_args = cat(common, {"--quadratic", "2", "--cycles", "150", "--cycle-ms", "3", "--timeout-ms",
-                                        "30000", "--reconnect-ms", "40000"});
+                                        "30000", "--reconnect-ms", "40000", "--commit-part-kib", parts ? "4" : "0",
+                                        "--commit-window", "2"});
   pid_t w[3];
   for (std::uint32_t k = 0; k < 3; ++k) w[k] = j.start_worker(k, worker_args);
   BOOST_TEST_REQUIRE(j.wait_commits(0, 60, 60s));
@@ -148,6 +150,7 @@ void checkpoint_kill_server_restore_resumes(const char* tls, bool parts = false)
     BOOST_TEST(o.exit_code == 0, "worker " << k << ": " << o.log());
     BOOST_TEST(j.worker_counters(k).at("reconnects") >= 1.0, o.log());
     if (parts) BOOST_TEST(j.worker_counters(k).at("reply_parts") >= 4.0 * 150, o.log());
+    if (parts) BOOST_TEST(j.worker_counters(k).at("commit_parts") >= 4.0 * 150, o.log());
   }
   const auto so = j.finish(again, 60s, "server.log");
   BOOST_TEST(so.exit_code == 0, so.log());
@@ -158,6 +161,7 @@ void checkpoint_kill_server_restore_resumes(const char* tls, bool parts = false)
              "restored " << s.at("restored_applied") << " of " << begun << " begun");
   BOOST_TEST(s.at("refused") == 0.0);
   BOOST_TEST(s.at("checkpoint_failures") == 0.0);
+  if (parts) BOOST_TEST(s.at("commits_in_parts") == s.at("commits_applied_now") + s.at("duplicates"), so.log());
   BOOST_TEST(max_distance(j.parameters(), 2.0f) < 1e-3f);
   const double A = static_cast<double>(j.commits_acknowledged_total()), K = static_cast<double>(acked_first);
   const double R = s.at("restored_applied"), N = s.at("commits_applied_now"), D = s.at("duplicates");
