@@ -5,9 +5,14 @@
 #include <boost/test/unit_test.hpp>
 
 #include "../support/checks.hpp"
+#include "../support/forwarding_transport.hpp"
 #include "../support/ps_job.hpp"
 
 #include <array>
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <thread>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -28,6 +33,7 @@ namespace ps = ashl::ps;
 namespace tr = ashl::transport;
 namespace w = ashl::wire;
 using ps_job::grad_value;
+using namespace std::chrono_literals;
 
 namespace {
 
@@ -281,4 +287,68 @@ BOOST_AUTO_TEST_CASE(commit_part_bytes_and_window_out_of_range_are_refused_by_na
     ASHL_TEST(b.error().message().find("worker.commit_window = " + std::to_string(win) + ": must be in 1..16") !=
                   std::string::npos, b.error().message());
   }
+}
+
+namespace {
+
+// Forwards to inproc; once armed with a part index, that part of the next
+// commit in parts leaves with one payload bit flipped after it was sealed.
+struct flip_part : test_support::inproc_forwarder<flip_part> {
+  std::shared_ptr<std::atomic<int>> arm = std::make_shared<std::atomic<int>>(-1);
+  std::vector<std::byte> copy;
+  ashl::status send(tr::peer_id p, std::span<const std::byte> h, std::span<const std::byte> d, std::uint64_t c) {
+    const w::peeked_part pk = w::peek_part(h);
+    if (pk.valid() && pk.kind == w::message_kind::commit && static_cast<int>(pk.part) == arm->load()) {
+      arm->store(-1);
+      copy.assign(d.begin(), d.end());
+      copy[copy.size() / 2] ^= std::byte{0x10};
+      return t.send(p, h, copy, c);  // inproc copies at send
+    }
+    return t.send(p, h, d, c);
+  }
+};
+static_assert(tr::transport<flip_part>);
+
+}  // namespace
+
+// Through ps::worker: a part damaged on the way fails the worker's wait
+// naming the server's refusal, and the server's parameters stay as they were.
+BOOST_AUTO_TEST_CASE(a_damaged_commit_part_fails_the_wait_and_the_parameters_stay) {
+  auto fabric = tr::inproc_fabric::create({.eager_bytes = 256, .deterministic = true});
+  auto srv = rig::make(fabric, "server0");
+  ASHL_REQUIRE(srv.has_value());
+  std::vector<float> wv(n);
+  flip_part fp{{node(fabric)}};
+  auto arm = fp.arm;
+  std::optional<ps::worker<flip_part>> wk;
+  {
+    std::atomic<bool> stop{false};
+    std::thread th([&] { srv->run(stop); });
+    auto made = ps::worker<flip_part>::create(
+        {.servers = {"server0"}, .timeout = 10s, .commit_part_bytes = 4096, .commit_window = 2}, std::move(fp), wv);
+    stop = true;
+    th.join();
+    ASHL_REQUIRE(made.has_value(), (made ? "" : made.error().message()));
+    wk.emplace(std::move(*made));
+  }
+  auto cycle = [&](const std::vector<float>& g) {
+    while (!wk->iteration_done()) {}
+    ASHL_REQUIRE(wk->commit(g).ok());
+    for (int spins = 0; spins < 10000 && !wk->test(); ++spins) srv->poll();
+    return wk->wait();
+  };
+  const auto g1 = gradient(1), g2 = gradient(2);
+  ASHL_REQUIRE(cycle(g1).ok());
+  const std::vector<float> before(srv->parameters().begin(), srv->parameters().end());
+  const auto applied = srv->core().stats().commits_applied;
+  *arm = 2;
+  const ashl::status st = cycle(g2);
+  ASHL_TEST(arm->load() == -1);  // part 2 was damaged
+  ASHL_TEST((st.code() == ashl::errc::checksum_mismatch), st.message());
+  ASHL_TEST(st.message().find("server 0 at server0 refused: header.crc32c") != std::string::npos, st.message());
+  ASHL_TEST(same_bits({srv->parameters().begin(), srv->parameters().end()}, before));
+  ASHL_TEST(srv->core().stats().commits_applied == applied);
+  ASHL_TEST(srv->telemetry().wire_refused_for(ps::wire_refusal::malformed) == 1u);
+  ASHL_TEST(srv->telemetry().commits_in_parts == 1u);  // the good cycle's
+  ASHL_TEST(same_bits(wv, before));                    // the worker's too: no reply came
 }
