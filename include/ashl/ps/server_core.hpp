@@ -583,13 +583,13 @@ class server_core {
             }
           } else if (in_acc_) {
             make_writable();
-            step_parts(static_cast<float>(d.weight));  // acc_ holds the commit at scale 1
+            step_parts(static_cast<float>(d.weight), c.pull && !c.ack_only);  // acc_ holds the commit at scale 1
           } else {
             // 0 + w·v in the accumulator, then a step at scale 1: the same
             // bits as decoding at scale 1 and stepping at w.
             decode_or_die(c.codec, c.type, c.step, c.tensor, c.payload, acc_, d.weight);
             make_writable();
-            step_parts(1.0f);
+            step_parts(1.0f, c.pull && !c.ack_only);
           }
         }
         ++stats_.commits_applied;
@@ -1238,11 +1238,29 @@ class server_core {
     (void)s;
   }
 
-  // The optimizer's step over acc_, by parts.
-  void step_parts(float scale) {
-    for_parts(w_.size(), [&](unsigned, std::size_t lo, std::size_t hi) noexcept {
-      if (hi > lo) opt_.step(w_, acc_, scale, lo, hi);
+  // The optimizer's step over acc_, by parts; with want_crc the new
+  // version's CRC (and its checksum ranges') in the same pass, chunk by
+  // chunk as apply_dense does (chunks of whole SIMD widths: the same bits).
+  void step_parts(float scale, bool want_crc = false) {
+    const std::size_t n = w_.size();
+    const std::size_t chunk = apply_chunk_bytes / sizeof(float);
+    const unsigned parts = for_parts(n, [&](unsigned part, std::size_t lo, std::size_t hi) noexcept {
+      if (!want_crc) {
+        if (hi > lo) opt_.step(w_, acc_, scale, lo, hi);
+        return;
+      }
+      crc_cursor crc = crc_open(part, lo, n);
+      for (std::size_t at = lo; at < hi; at += chunk) {
+        const std::size_t k = std::min(chunk, hi - at);
+        opt_.step(w_, acc_, scale, at, at + k);
+        crc_feed(crc, w_.data(), at, at + k);
+      }
+      crc_close(crc, hi);
     });
+    if (want_crc) {
+      finish_crcs(parts);
+      ++checksums_in_apply_;
+    }
   }
 
   // Parts a pass over n elements runs as: the pool's threads, or 1 (no pool,
@@ -1412,7 +1430,7 @@ class server_core {
       }
       if (math && !opt_.adds_deltas()) {
         make_writable();
-        step_parts(1.0f);
+        step_parts(1.0f, sink_.released().size() > from.released);  // the round releases pulls: they read it
       }
       take_step(out);
     }
