@@ -256,8 +256,8 @@ void apply_path(const options& o, std::vector<row>& rows) {
     }
     pool = std::move(*made);
   }
-  std::vector<std::size_t> sizes = pool ? std::vector<std::size_t>{std::size_t{1} << 18, std::size_t{1} << 22, std::size_t{1} << 24}
-                                        : std::vector<std::size_t>{std::size_t{1} << 20, std::size_t{1} << 24};
+  std::vector<std::size_t> sizes{std::size_t{1} << 20, std::size_t{1} << 24};
+  if (pool) sizes = {std::size_t{1} << 18, std::size_t{1} << 22, std::size_t{1} << 24};
   if (o.quick) sizes.pop_back();
   for (std::size_t n : sizes) {
     std::vector<float> g(n);
@@ -281,7 +281,8 @@ void apply_path(const options& o, std::vector<row>& rows) {
     const ps::optimizer_params sgd{.mode = ps::optimizer_params::kind::sgd, .lr = 0.01, .momentum = 0.9};
     for (const which& c : {which{"identity model_delta", &dense, ashl::codec_id::identity, {}},
                            which{"identity model_delta unchecked", &dense, ashl::codec_id::identity, {}, true},
-                           which{"identity model_delta unchecked+crc", &dense, ashl::codec_id::identity, {}, true, true},
+                           which{"identity model_delta unchecked+crc", &dense, ashl::codec_id::identity, {}, true,
+                                 true},
                            which{"identity model_delta unchecked+crc 1M parts", &dense, ashl::codec_id::identity, {},
                                  true, true, std::uint64_t{1} << 20},
                            which{"identity model_delta unchecked+crc 64K parts", &dense, ashl::codec_id::identity, {},
@@ -387,7 +388,8 @@ int main(int argc, char** argv) {
   if (o.part != "policy") apply_path(o, rows);
   if (!o.json_only) {
     std::printf("server_core on %s, %s, median of %d\n\n", mach.c_str(), date.c_str(), o.reps);
-    std::printf("%-8s %-44s %10s %8s %14s %14s %8s %14s\n", "part", "case", "n", o.apply_threads > 1 ? "threads" : "workers",
+    std::printf("%-8s %-44s %10s %8s %14s %14s %8s %14s\n", "part", "case", "n",
+                o.apply_threads > 1 ? "threads" : "workers",
                 "median", "baseline", "ratio", "decode_add");
     for (const auto& r : rows) {
       if (r.part == "policy") {

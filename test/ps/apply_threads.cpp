@@ -94,7 +94,8 @@ void check_crcs(const Pinned& pv, std::uint32_t ranges, outcome& r) {
 // the next commit (the apply then runs beside it). One commit holds a NaN
 // in two parts: refused, naming the first.
 template <class Policy>
-outcome drive(Policy policy, const ps::optimizer_params& opt, codec_id codec, unsigned threads, std::uint32_t ranges = 0) {
+outcome drive(Policy policy, const ps::optimizer_params& opt, codec_id codec, unsigned threads,
+              std::uint32_t ranges = 0) {
   std::unique_ptr<ps::apply_pool> pool;
   if (threads > 1) {
     auto made = ps::apply_pool::create(threads);

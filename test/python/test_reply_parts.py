@@ -11,7 +11,8 @@ import ashl
 def test_reply_part_bytes_is_named_and_parts_change_no_bit():
     fabric = ashl.InprocFabric()
     for bad in (1, 4095):
-        with pytest.raises(ValueError, match=rf"server\.reply_part_bytes = {bad}: must be 0 \(one message\) or >= 4096"):
+        named = rf"server\.reply_part_bytes = {bad}: must be 0 \(one message\) or >= 4096"
+        with pytest.raises(ValueError, match=named):
             ashl.Server(size=8, policy="asp", fabric=fabric, listen=f"bad{bad}", insecure=True, reply_part_bytes=bad)
     n = 40000  # 160,000 bytes: 10 parts of 4,000 elements at 16,000 bytes
     g = (np.arange(n, dtype=np.float32) % 89 - 44) * np.float32(1e-3)

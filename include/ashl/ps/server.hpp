@@ -220,7 +220,9 @@ struct server_telemetry {
   std::uint64_t pull_replies = 0, plans = 0, errors_sent = 0;
   std::uint64_t acks = 0;                   // of the pull replies, header-only acknowledgements of pushes
   std::uint64_t reply_parts = 0;            // messages of pull replies sent in parts (server_params.reply_part_bytes)
-  std::uint64_t part_crc_passes = 0;        // replies in parts checksummed by a pass of the server's own (0: the core's pass gave the parts' CRCs)
+  // Replies in parts whose parts the server checksummed in a pass of its
+  // own: 0 while server_core gives the parts' CRCs with the version.
+  std::uint64_t part_crc_passes = 0;
   std::uint64_t worker_errors = 0;          // error messages workers sent us
   std::uint64_t snapshots = 0;              // versions pulled (each pinned by its replies, checksummed once)
   std::uint64_t applied_beside = 0;         // dense applies made beside a version replies still read

@@ -2,7 +2,9 @@
 // messages and the driver's time in, what the driver must send out into a
 // caller-owned server_actions. No clock, no I/O, no threads of its own (a
 // driver may lend it an apply_pool: the same passes, split over threads,
-// bit-identical); the simulator and the real server drive the same object.
+// bit-identical; and a split of the parameters into ranges whose CRCs its
+// passes compute too: checksum_in_parts); the simulator and the real server
+// drive the same object.
 //
 //   auto layout = ashl::ps::shard_layout::even(n, 1);
 //   auto core = ashl::ps::server_core<ashl::sync::ssp>::create(
@@ -708,14 +710,14 @@ class server_core {
   // The driver's split of the parameters into ranges it checksums on their
   // own (ps::server: the parts of a pull reply, server_params.reply_part_bytes):
   // k ranges of per = ceil(n / k) elements, the last one shorter. From then
-  // on every pass that computes the version's CRC (the dense apply's, the
-  // first pin's) computes each range's CRC in the same pass, cutting its
-  // CRC (not its arithmetic) at the ranges' bounds, and the version's CRC is
-  // the ranges' combined (wire::crc32c_combine): the same value as before.
-  // k of 0 or 1: no ranges. A k that leaves an empty range (k > n, or
-  // ceil(n / ceil(n / k)) != k) is refused naming the field. Allocates its
-  // k CRCs here, not in the passes. Like the apply pool, the driver's
-  // choice: not part of save(), and the simulator sets none.
+  // on every pass that computes the version's CRC (the dense add's, the sgd
+  // step's, the first pin's) computes each range's CRC in the same pass,
+  // cutting its CRC (not its arithmetic) at the ranges' bounds, and the
+  // version's CRC is the ranges' combined (wire::crc32c_combine): the same
+  // value as before. k of 0 or 1: no ranges. A k that leaves an empty range
+  // (k > n, or ceil(n / ceil(n / k)) != k) is refused naming the field.
+  // Allocates its k CRCs here, not in the passes. Like the apply pool, the
+  // driver's choice: not part of save(), and the simulator sets none.
   status checksum_in_parts(std::uint32_t k) {
     const std::size_t n = w_.size();
     if (k >= 2) {
@@ -749,7 +751,9 @@ class server_core {
     ASHL_ASSERT(w_pin_version_ == v, "server_core: the pinned parameters changed in place");
     w_pinned_before_ = true;
     ++w_readers_;
-    return {w_, v, w_crc_, first, checksum_parts_ >= 2 ? std::span<const std::uint32_t>(range_crc_) : std::span<const std::uint32_t>{}};
+    const std::span<const std::uint32_t> ranges = checksum_parts_ >= 2 ? std::span<const std::uint32_t>(range_crc_)
+                                                                        : std::span<const std::uint32_t>{};
+    return {w_, v, w_crc_, first, ranges};
   }
 
   void unpin_parameters(std::uint64_t version) {
@@ -778,7 +782,8 @@ class server_core {
   [[nodiscard]] std::uint64_t copies_for_readers() const noexcept { return copies_for_readers_; }
   // Versions whose CRC (and checksum ranges' CRCs) took a read pass of
   // their own (the first pin; the driver's counters, not part of save()),
-  // and those whose CRCs the dense apply computed in its pass.
+  // and those whose CRCs the apply computed in its pass (a dense add or an
+  // sgd step with a pull riding, or a round that releases pulls).
   [[nodiscard]] std::uint64_t checksum_passes() const noexcept { return checksum_passes_; }
   [[nodiscard]] std::uint64_t checksums_in_apply() const noexcept { return checksums_in_apply_; }
   // Spare buffers held (pinned or free) besides the parameters.
@@ -1355,8 +1360,10 @@ class server_core {
   void finish_crcs(unsigned parts) noexcept {
     if (range_crc_.empty()) range_crc_.assign(1, 0u);  // a core never given checksum_in_parts
     for (unsigned q = 1; q < parts; ++q)
-      if (head_len_[q] > 0)
-        range_crc_[head_range_[q]] = wire::crc32c_combine(range_crc_[head_range_[q]], head_crc_[q], head_len_[q] * sizeof(float));
+      if (head_len_[q] > 0) {
+        std::uint32_t& r = range_crc_[head_range_[q]];
+        r = wire::crc32c_combine(r, head_crc_[q], head_len_[q] * sizeof(float));
+      }
     const std::size_t n = w_.size();
     const std::size_t per = range_elements(n);
     std::uint32_t crc = n == 0 ? 0u : range_crc_[0];
