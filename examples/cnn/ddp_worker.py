@@ -35,6 +35,7 @@ Emulation (cnn_common.py, link.py):
   evaluator process (ticks.py).
 """
 import datetime
+import faulthandler
 import json
 import os
 import time
@@ -170,6 +171,30 @@ def main(a):
              "pad_seconds": steps * pad, "wall_seconds": cc.mono() - t0,
              "cpu_seconds": time.process_time()}
     cc.write_file(f"{run_dir}/worker-{rank}.json", json.dumps(stats) + "\n")
-    dist.barrier()  # once, after the clock: rank 0 hosts the store, so it leaves last
-    dist.destroy_process_group()
+    leave(rank, n, run_dir)
     return 0
+
+
+def leave(rank, n, run_dir, deadline_s=30.0):
+    """Tear the process group down with rank 0 last: it hosts the TCP store, and
+    a rank whose store went away first can hang in gloo's teardown (seen once
+    in CI on torch 1.13, pytorch/pytorch#75097). Every result is written
+    before this. The others leave first and say so in a file; rank 0 waits
+    for them (at most deadline_s) before it leaves. If a teardown still sticks,
+    every thread's stack goes to the log after deadline_s, and the
+    orchestrator's kill after its grace fails the run with that log."""
+    faulthandler.dump_traceback_later(deadline_s)
+    dist.barrier()  # once, after the clock
+    if rank != 0:
+        dist.destroy_process_group()
+        cc.write_file(f"{run_dir}/left-{rank}", "1\n")
+    else:
+        until = cc.mono() + deadline_s
+        names = [f"{run_dir}/left-{r}" for r in range(1, n)]
+        while not all(os.path.exists(f) for f in names) and cc.mono() < until:
+            time.sleep(0.02)
+        missing = [f for f in names if not os.path.exists(f)]
+        if missing:
+            print(f"ddp_worker: rank 0 leaves without {missing} after {deadline_s:g} s", flush=True)
+        dist.destroy_process_group()
+    faulthandler.cancel_dump_traceback_later()

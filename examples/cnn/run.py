@@ -21,6 +21,7 @@ frozen tuning file (examples/cnn/tuned.json), chosen on the tuning seeds
 with the same budget for every method (examples/cnn/grid.json).
 """
 import argparse
+import faulthandler
 import json
 import math
 import os
@@ -252,6 +253,14 @@ def child_args(a, role, rank, method, seed, run_dir, port, cfg):
             "--eval-cpus", ",".join(map(str, a.eval_cpus)), "--out", a.out]
 
 
+def log_tail(path, lines=40):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError as e:
+        return f"(no log: {e})"
+
+
 def cpu_busy():
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
@@ -312,7 +321,12 @@ def run_one(a, method, seed, cfg, tag):
     grace = cc.mono() + 60.0
     while any(p.poll() is None for p in training) and cc.mono() < grace:
         time.sleep(0.05)
-    for p in training:
+    stuck = [p for p in training if p.poll() is None]
+    for p in stuck:
+        p.send_signal(signal.SIGUSR1)  # where it is stuck, into its log (faulthandler)
+    if stuck:
+        time.sleep(1.0)
+    for p in stuck:
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
             p.wait()
@@ -325,6 +339,9 @@ def run_one(a, method, seed, cfg, tag):
         evaluator.wait()
     bad = [(role, rank, p.returncode) for (role, rank), p in zip(roles, procs) if p.returncode != 0]
     if bad:
+        for role, rank, rc in bad:  # the end of each failed process's log, so that a CI log says why
+            print(f"--- {role} {rank} (exit {rc}): the end of {run_dir}/{role}-{rank}.log", flush=True)
+            print(log_tail(f"{run_dir}/{role}-{rank}.log"), flush=True)
         raise SystemExit(f"{method} seed {seed}: {bad} failed; logs in {run_dir}")
     busy = (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1])
     return run_dir, {"load_start": load0, "load_end": load1, "machine_busy": round(busy, 3),
@@ -636,6 +653,9 @@ def main(argv):
             return tune(a)
         return runs(a)
     a.data_dir = a.data_dir_npy
+    # A process the orchestrator is about to kill is asked first (SIGUSR1) where it is stuck:
+    # every thread's stack goes to its log.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if a.role == "ddp":
         import ddp_worker
         return ddp_worker.main(a)

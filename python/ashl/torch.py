@@ -1155,23 +1155,24 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
         ckpt = f"{checkpoint_dir}/bucket{bi}" if checkpoint_dir and bi else checkpoint_dir
         if ckpt:
             os.makedirs(ckpt, exist_ok=True)
-        srv = _ashl.Server(initial=initial.numpy(), policy=pol.name, policy_params=dict(pol.params),
-                           workers=job.num_workers, listen=bucket_addresses([address], bi, fabric is not None)[0]
-                           if job.num_servers == 1 or bi == 0 else
-                           bucket_addresses(list(job.server_addresses), bi, fabric is not None)[job.rank],
-                           shard=job.rank, servers=job.num_servers, optimizer=optimizer, lr=lr, momentum=momentum,
-                           weight_decay=weight_decay, nesterov=nesterov,
-                           compression=_codec_name(compression) or "topk", token=job.token, insecure=job.insecure,
-                           verbose=job.verbose, worker_timeout=worker_timeout,
-                           progress_seconds=(job.progress_seconds if progress_seconds is None else progress_seconds)
-                           if bi == 0 else 0.0,
-                           checkpoint_dir=ckpt,
-                           checkpoint_every=checkpoint_every, restore=restore, seed=seed, fabric=fabric,
-                           store_bytes=store_bytes, allow_non_finite=allow_non_finite,
-                           max_commit_samples=max_commit_samples,
-                           no_worker_grace=job.no_worker_grace if no_worker_grace is None else no_worker_grace,
-                           job=_job_id(job, initial.numel()), apply_threads=apply_threads,
-                           reply_part_bytes=reply_part_bytes)
+        srv = _restoring(bi, bucket_cap_mb, partition_mb, _ashl.Server,
+                         initial=initial.numpy(), policy=pol.name, policy_params=dict(pol.params),
+                         workers=job.num_workers, listen=bucket_addresses([address], bi, fabric is not None)[0]
+                         if job.num_servers == 1 or bi == 0 else
+                         bucket_addresses(list(job.server_addresses), bi, fabric is not None)[job.rank],
+                         shard=job.rank, servers=job.num_servers, optimizer=optimizer, lr=lr, momentum=momentum,
+                         weight_decay=weight_decay, nesterov=nesterov,
+                         compression=_codec_name(compression) or "topk", token=job.token, insecure=job.insecure,
+                         verbose=job.verbose, worker_timeout=worker_timeout,
+                         progress_seconds=(job.progress_seconds if progress_seconds is None else progress_seconds)
+                         if bi == 0 else 0.0,
+                         checkpoint_dir=ckpt,
+                         checkpoint_every=checkpoint_every, restore=restore, seed=seed, fabric=fabric,
+                         store_bytes=store_bytes, allow_non_finite=allow_non_finite,
+                         max_commit_samples=max_commit_samples,
+                         no_worker_grace=job.no_worker_grace if no_worker_grace is None else no_worker_grace,
+                         job=_job_id(job, initial.numel()), apply_threads=apply_threads,
+                         reply_part_bytes=reply_part_bytes)
         servers.append(srv)
     out = servers[0] if len(servers) == 1 else Servers(servers)
     if background:
@@ -1179,6 +1180,21 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
     else:
         out.run()
     return out
+
+
+def _restoring(bucket: int, bucket_cap_mb: Any, partition_mb: Any, make: Any, **kw: Any) -> Any:
+    """make(**kw); a checkpoint refused for its elements (checkpoint.elements)
+    also names the bucket plan: one written with another partition_mb or
+    bucket_cap_mb has other buckets (docs/torch.md, "Checkpoints")."""
+    try:
+        return make(**kw)
+    except ValueError as e:
+        if not kw.get("restore") or "checkpoint.elements" not in str(e):
+            raise
+        raise ValueError(f"{e}; bucket {bucket} of bucket_plan(model, bucket_cap_mb={bucket_cap_mb!r}, "
+                         f"partition_mb={partition_mb!r}): a checkpoint written with another partition_mb or "
+                         f"bucket_cap_mb is restored with those (partition_mb=None: written before partitioning)"
+                         ) from e
 
 
 def _job_id(job: Job, elements: int) -> int:

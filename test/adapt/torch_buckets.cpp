@@ -2,8 +2,6 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include <ashl/ps/policies.hpp>
-#include <ashl/ps/server.hpp>
 #include <ashl/transport/inproc.hpp>
 #if ASHL_HAS_UCX()
 #include <ashl/transport/ucx.hpp>
@@ -24,6 +22,7 @@
 #include <thread>
 #include <vector>
 #include "../support/checks.hpp"
+#include "../support/torch_server.hpp"
 #include "../support/torch_testing.hpp"
 #include "../support/counting_new.hpp"
 
@@ -45,39 +44,16 @@ using namespace std::chrono_literals;
 
 namespace {
 
+using torch_testing::contains;
 using torch_testing::flat_copy;
 using torch_testing::make_net;
 using torch_testing::net;
+using torch_testing::server_thread;
 
 // 100 bytes: fc2.bias, fc2.weight, fc1.bias (92 B) in bucket 0; fc1.weight (120 B) alone in bucket 1.
 constexpr double small_cap_mb = 100.0 / (1 << 20);
 // 64 bytes: fc1.weight (120 B, 30 elements) cut in two pieces of 15, buckets 1 and 2.
 constexpr double small_partition_mb = 64.0 / (1 << 20);
-
-// One server of one bucket over `fabric` at `name`, until destroyed.
-struct server_thread {
-  std::atomic<bool> stop{false};
-  std::thread th;
-  server_thread(const std::shared_ptr<tr::inproc_fabric>& fabric, const std::string& name, std::vector<float> initial,
-                ps::optimizer_params opt) {
-    auto node = fabric->node(name);
-    ASHL_REQUIRE(node.has_value());
-    auto layout = ps::shard_layout::even(initial.size(), 1);
-    ps::policy_params pp;
-    pp.workers = 1;
-    auto pol = ps::make_policy("bsp", pp);
-    ASHL_REQUIRE(pol.has_value());
-    auto srv = ps::server<tr::inproc>::create(
-        {.core = {.layout = *layout, .workers = 1, .optimizer = opt}, .compression = ashl::codec_id::identity},
-        std::move(*pol), std::move(*node), initial);
-    ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
-    th = std::thread([this, s = std::make_shared<ps::server<tr::inproc>>(std::move(*srv))] { s->run(stop); });
-  }
-  ~server_thread() {
-    stop = true;
-    th.join();
-  }
-};
 
 // Bucket b's server at "server0/b<b>" (adapt::bucket_addresses), starting
 // from the bucket's float32 values, servers stepping SGD with `lr`.
@@ -89,11 +65,12 @@ std::vector<std::unique_ptr<server_thread>> serve(const std::shared_ptr<tr::inpr
     const auto& h = buckets[b].host_params();
     std::vector<float> initial(h.data_ptr<float>(), h.data_ptr<float>() + h.numel());
     const auto name = (*adapt::bucket_addresses({"server0"}, b, true))[0];
-    out.push_back(std::make_unique<server_thread>(fabric, name, std::move(initial),
+    out.push_back(std::make_unique<server_thread>(fabric, std::move(initial), "bsp", ps::policy_params{},
                                                   update == adapt::torch_update::gradient
                                                       ? ps::optimizer_params{.mode = ps::optimizer_params::kind::sgd,
                                                                              .lr = lr}
-                                                      : ps::optimizer_params{}));  // model_delta
+                                                      : ps::optimizer_params{},  // model_delta
+                                                  name));
   }
   return out;
 }
@@ -101,8 +78,6 @@ std::vector<std::unique_ptr<server_thread>> serve(const std::shared_ptr<tr::inpr
 auto nodes_of(const std::shared_ptr<tr::inproc_fabric>& f) {
   return [f](std::size_t) { return f->node(); };
 }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 

@@ -5,11 +5,8 @@
 #endif
 #include <boost/test/unit_test.hpp>
 
-#include <ashl/ps/policies.hpp>
-#include <ashl/ps/server.hpp>
 #include <ashl/transport/inproc.hpp>
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +17,8 @@
 #include <thread>
 #include <vector>
 #include "../support/checks.hpp"
+#include "../support/torch_server.hpp"
+#include "../support/torch_testing.hpp"
 
 // adapt/torch.hpp with CUDA tensors (label gpu): the buckets live on the
 // device and alias the module's parameters and gradients there; the worker
@@ -58,46 +57,10 @@ net make_cuda_net() {
   return m;
 }
 
-std::vector<float> flat_copy(const torch::nn::Module& m) {
-  std::vector<float> out;
-  for (const auto& p : m.parameters()) {
-    auto c = p.detach().to(torch::kCPU).contiguous();
-    out.insert(out.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
-  }
-  return out;
-}
-
-// One server over `fabric` ("server0") starting from `initial`, until destroyed.
-struct server_thread {
-  std::atomic<bool> stop{false};
-  std::thread th;
-  server_thread(std::shared_ptr<tr::inproc_fabric> fabric, std::vector<float> initial, std::string policy,
-                ps::policy_params pp, ps::optimizer_params opt) {
-    auto node = fabric->node("server0");
-    ASHL_REQUIRE(node.has_value());
-    auto layout = ps::shard_layout::even(initial.size(), 1);
-    pp.workers = 1;
-    auto pol = ps::make_policy(policy, pp);
-    ASHL_REQUIRE(pol.has_value());
-    auto srv = ps::server<tr::inproc>::create(
-        {.core = {.layout = *layout, .workers = 1, .optimizer = opt}, .compression = ashl::codec_id::identity},
-        std::move(*pol), std::move(*node), initial);
-    ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
-    th = std::thread([this, s = std::make_shared<ps::server<tr::inproc>>(std::move(*srv))] { s->run(stop); });
-  }
-  ~server_thread() {
-    stop = true;
-    th.join();
-  }
-};
-
-tr::inproc node_of(const std::shared_ptr<tr::inproc_fabric>& f) {
-  auto n = f->node();
-  ASHL_REQUIRE(n.has_value());
-  return std::move(*n);
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using torch_testing::contains;
+using torch_testing::flat_copy;
+using torch_testing::node_of;
+using torch_testing::server_thread;
 
 }  // namespace
 

@@ -38,33 +38,7 @@ namespace {
 constexpr std::size_t resnet50 = 25'557'032;
 const std::vector<std::pair<std::string, std::string>> shm = {{"UCX_TLS", "sm,self,tcp"}, {"UCX_NET_DEVICES", "lo"}};
 
-// The BSP run the processes must equal: one server_core over the whole
-// model, with the default params (store_bytes automatic), every worker's
-// cycle-c gradient in round c.
-std::vector<float> bsp_reference(std::uint32_t workers, std::size_t elements, int cycles) {
-  auto layout = ps::shard_layout::even(elements, 1);
-  ps::policy_params pp;
-  pp.workers = workers;
-  auto core = ps::server_core<ashl::sync::any_policy>::create(
-      {.layout = *layout, .workers = workers, .optimizer = {.mode = ps::optimizer_params::kind::sgd, .lr = 0.125}},
-      *ps::make_policy("bsp", pp), std::vector<float>(elements, 0.5f));
-  BOOST_TEST_REQUIRE(core.has_value(), core.to_status().to_string());
-  ps::server_actions out(workers);
-  std::vector<float> g(elements);
-  for (int c = 0; c < cycles; ++c)
-    for (std::uint32_t k = 0; k < workers; ++k) {
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] = ps_job::grad_value(k, static_cast<std::uint64_t>(c), i);
-      core->commit({.worker = k, .sequence = static_cast<std::uint64_t>(c) + 1,
-                    .clock = static_cast<std::uint64_t>(c) + 1, .samples = 16, .codec = ashl::codec_id::identity,
-                    .element_count = elements, .payload = std::as_bytes(std::span<const float>(g))},
-                   0.0, out);
-      // (The message is built whether or not the check fails: index only when there is an error.)
-      BOOST_TEST_REQUIRE(out.errors().empty(), (out.errors().empty() ? std::string() : out.errors()[0].text));
-      out.clear();
-    }
-  BOOST_TEST(core->stats().commits_applied == static_cast<std::uint64_t>(workers) * cycles);
-  return {core->parameters().begin(), core->parameters().end()};
-}
+using ps_job::bsp_reference;  // the BSP run the processes must equal
 
 }  // namespace
 

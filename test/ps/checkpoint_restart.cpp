@@ -62,12 +62,7 @@ using namespace std::chrono_literals;
 namespace {
 
 using fault_job::cat;
-
-float max_distance(const std::vector<float>& w, float target) {
-  float d = 0;
-  for (float x : w) d = std::max(d, std::fabs(x - target));
-  return w.empty() ? 1e9f : d;
-}
+using fault_job::max_distance;
 
 std::vector<char> read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

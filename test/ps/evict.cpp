@@ -36,12 +36,7 @@ using namespace std::chrono_literals;
 namespace {
 
 using fault_job::cat;
-
-float max_distance(const std::vector<float>& w, float target) {
-  float d = 0;
-  for (float x : w) d = std::max(d, std::fabs(x - target));
-  return w.empty() ? 1e9f : d;
-}
+using fault_job::max_distance;
 
 void evict_stopped_worker_then_it_rejoins(const char* tls) {
   fault_job::job j(3, "ashl-fault-job", tls);

@@ -50,11 +50,7 @@ std::vector<std::string> policy_args(const std::string& policy) {
 
 using fault_job::cat;
 
-float max_distance(const std::vector<float>& w) {
-  float d = 0;
-  for (float x : w) d = std::max(d, std::fabs(x - target));
-  return w.empty() ? 1e9f : d;
-}
+float max_distance(const std::vector<float>& w) { return fault_job::max_distance(w, target); }
 
 // The server's counters against the workers' acknowledged commits: applied
 // once each, at most `in_flight` more (commits of killed processes whose

@@ -79,28 +79,7 @@ job_out run_job(std::uint32_t servers, std::uint32_t workers, const std::vector<
   return o;
 }
 
-// One server_core over the whole model fed every worker's cycle-c gradient
-// in round c: the BSP run the processes must equal.
-std::vector<float> bsp_reference(std::uint32_t workers, std::size_t elements, int cycles) {
-  auto layout = ps::shard_layout::even(elements, 1);
-  ps::policy_params pp;
-  pp.workers = workers;
-  auto core = ps::server_core<ashl::sync::any_policy>::create(
-      {.layout = *layout, .workers = workers, .optimizer = {.mode = ps::optimizer_params::kind::sgd, .lr = 0.125}},
-      *ps::make_policy("bsp", pp), std::vector<float>(elements, 0.5f));
-  ps::server_actions out(workers);
-  std::vector<float> g(elements);
-  for (int c = 0; c < cycles; ++c)
-    for (std::uint32_t k = 0; k < workers; ++k) {
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] = ps_job::grad_value(k, static_cast<std::uint64_t>(c), i);
-      core->commit({.worker = k, .sequence = static_cast<std::uint64_t>(c) + 1, .clock = static_cast<std::uint64_t>(c) + 1,
-                    .samples = 16, .codec = ashl::codec_id::identity, .element_count = elements,
-                    .payload = std::as_bytes(std::span<const float>(g))},
-                   0.0, out);
-      out.clear();
-    }
-  return {core->parameters().begin(), core->parameters().end()};
-}
+using ps_job::bsp_reference;  // the BSP run the processes must equal
 
 }  // namespace
 

@@ -11,6 +11,7 @@ import torch
 
 import ashl
 import ashl.torch as at
+from torch_testing import flat, jobs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -18,16 +19,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def tiny_model(seed=7):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
-
-
-def inproc_job(fabric_workers=1):
-    server = ashl.Job(role="server", num_workers=fabric_workers, server_addresses=("server0",), insecure=True)
-    worker = ashl.Job(role="worker", num_workers=fabric_workers, server_addresses=("server0",), insecure=True)
-    return server, worker
-
-
-def flat(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
 
 
 def test_bucket_views_alias_parameters_and_gradients():
@@ -53,7 +44,7 @@ def test_bsp_identity_sgd_over_inproc_is_plain_sgd_bit_for_bit():
     lr = 0.1
     model, ref = tiny_model(), tiny_model()
     fabric = ashl.InprocFabric()
-    sjob, wjob = inproc_job()
+    sjob, (wjob,) = jobs()
     srv = at.serve(model, sjob, "bsp", "none", optimizer="sgd", lr=lr, fabric=fabric, background=True)
     opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr), model, "bsp", "none",
                                   update="gradient", job=wjob, fabric=fabric)
@@ -81,7 +72,7 @@ def test_bsp_identity_sgd_over_inproc_is_plain_sgd_bit_for_bit():
 def test_delta_updates_with_one_worker_follow_the_local_optimizer():
     model, ref = tiny_model(), tiny_model()
     fabric = ashl.InprocFabric()
-    sjob, wjob = inproc_job()
+    sjob, (wjob,) = jobs()
     srv = at.serve(model, sjob, "bsp", fabric=fabric, background=True)
     opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, "bsp",
                                   job=wjob, fabric=fabric)
@@ -108,7 +99,7 @@ def test_a_link_hold_gets_every_commit_and_reply_with_its_bytes_and_the_server_g
     # server's parameters() while it serves equal what the worker pulled.
     model = tiny_model()
     fabric = ashl.InprocFabric()
-    sjob, wjob = inproc_job()
+    sjob, (wjob,) = jobs()
     srv = at.serve(model, sjob, "bsp", "none", fabric=fabric, background=True)
     calls = []
 
@@ -144,7 +135,7 @@ def test_a_link_hold_does_not_deadlock_with_a_thread_reading_the_worker():
     import time
     model = tiny_model()
     fabric = ashl.InprocFabric()
-    sjob, wjob = inproc_job()
+    sjob, (wjob,) = jobs()
     srv = at.serve(model, sjob, "bsp", "none", fabric=fabric, background=True)
     opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, "bsp", "none",
                                   job=wjob, fabric=fabric, overlap=True,
@@ -180,7 +171,7 @@ def test_a_link_hold_does_not_deadlock_with_a_thread_reading_the_worker():
 def test_an_exception_in_the_link_hold_is_raised_by_the_call_that_held():
     model = tiny_model()
     fabric = ashl.InprocFabric()
-    sjob, wjob = inproc_job()
+    sjob, (wjob,) = jobs()
     srv = at.serve(model, sjob, "bsp", "none", fabric=fabric, background=True)
     armed = []
 
@@ -201,7 +192,7 @@ def test_an_exception_in_the_link_hold_is_raised_by_the_call_that_held():
 def test_the_plans_local_iterations_and_batch_size_are_followed():
     model = tiny_model()
     fabric = ashl.InprocFabric()
-    sjob, wjob = inproc_job()
+    sjob, (wjob,) = jobs()
     srv = at.serve(model, sjob, ashl.Policy("local_sgd", local_steps=3, batch_size=16), fabric=fabric,
                    background=True)
     opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model, "local_sgd",
@@ -225,7 +216,7 @@ def test_the_plans_local_iterations_and_batch_size_are_followed():
 def test_a_non_finite_update_is_refused_by_the_server_and_named():
     model = tiny_model()
     fabric = ashl.InprocFabric()
-    sjob, wjob = inproc_job()
+    sjob, (wjob,) = jobs()
     srv = at.serve(model, sjob, "bsp", "none", optimizer="sgd", lr=0.1, fabric=fabric, background=True,
                    store_bytes=0, max_commit_samples=1 << 20)
     # Committed in step(), not during backward (overlap=False), so the NaN
@@ -254,7 +245,7 @@ def test_a_non_finite_update_is_refused_by_the_server_and_named():
 def test_server_limits_are_arguments():
     model = tiny_model()
     fabric = ashl.InprocFabric()
-    sjob, _ = inproc_job()
+    sjob, _ = jobs()
     with pytest.raises(Exception, match=r"server_core.store_bytes = 100: holds less than one dense f32 commit"):
         at.serve(model, sjob, "bsp", fabric=fabric, background=True, store_bytes=100)
 
@@ -273,7 +264,7 @@ def test_a_non_contiguous_parameter_is_named():
 
 def test_a_model_of_another_size_than_the_servers_is_named():
     fabric = ashl.InprocFabric()
-    sjob, wjob = inproc_job()
+    sjob, (wjob,) = jobs()
     srv = at.serve(torch.nn.Linear(3, 3), sjob, "bsp", fabric=fabric, background=True)  # 12 elements
     model = tiny_model()  # 53
     # The model's size is part of the job id: the join is refused naming both ids and the server's shape.
@@ -287,7 +278,7 @@ def test_a_model_of_another_size_than_the_servers_is_named():
 
 def test_a_worker_gets_a_fresh_incarnation_and_the_server_says_why_it_ended():
     fabric = ashl.InprocFabric()
-    sjob, wjob = inproc_job()
+    sjob, (wjob,) = jobs()
     model = torch.nn.Linear(3, 3)
     srv = at.serve(model, sjob, "asp", fabric=fabric, background=True, no_worker_grace=0.3)
     a = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, job=wjob, fabric=fabric,
@@ -305,7 +296,7 @@ def test_a_worker_gets_a_fresh_incarnation_and_the_server_says_why_it_ended():
 def test_a_policy_or_codec_other_than_the_servers_is_named():
     model = tiny_model()
     fabric = ashl.InprocFabric()
-    sjob, wjob = inproc_job()
+    sjob, (wjob,) = jobs()
     srv = at.serve(model, sjob, "ssp", "topk", fabric=fabric, background=True)
     with pytest.raises(ValueError, match=r"policy = 'bsp': the servers run stage 'ssp'"):
         at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, "bsp", job=wjob, fabric=fabric)
@@ -332,9 +323,9 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match=r"update = 'grads'"):
         at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, update="grads")
     with pytest.raises(ValueError, match=r"policy.h_ahll = \"3\": unknown policy parameter"):
-        at.serve(model, inproc_job()[0], ashl.Policy("ashl", h_ahll=3), fabric=ashl.InprocFabric())
+        at.serve(model, jobs()[0], ashl.Policy("ashl", h_ahll=3), fabric=ashl.InprocFabric())
     with pytest.raises(ValueError, match=r"sync.policy = \"bspp\": unknown policy"):
-        at.serve(model, inproc_job()[0], "bspp", fabric=ashl.InprocFabric())
+        at.serve(model, jobs()[0], "bspp", fabric=ashl.InprocFabric())
     with pytest.raises(ValueError, match=r"parameters.dtype = \"float64\": must be float32"):
         ashl.Worker(np.zeros(4), ["server0"], fabric=ashl.InprocFabric())
 

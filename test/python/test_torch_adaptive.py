@@ -13,63 +13,56 @@ import torch
 
 import ashl
 import ashl.torch as at
-
-KIB = 1.0 / 1024
-
-
-def mlp(seed=5):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
-                               torch.nn.Linear(32, 4))
-
-
-def flat(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+from torch_testing import KIB, flat, in_threads, jobs, mlp
 
 
 def run(policy, workers, steps, *, update, overlap=True, cap=2 * KIB, compression="none", sleep=0.0,
-        on_step=None, seed=11, follows=None, device_encode=None):
+        on_step=None, seed=11, follows=None, device_encode=None, until_stage=None, then=0):
     """`workers` workers in threads against in-process servers; returns, per
-    worker, (final parameters, optimizer) after the optimizer left."""
+    worker, (final parameters, optimizer) after the optimizer left. With
+    `until_stage`, the workers start together and a worker whose plan has
+    not reached that stage after `steps` steps goes on (up to 500 steps
+    more) until it has, then runs `then` steps more: a plan comes when the
+    server has every worker's profile, which on a loaded machine can be
+    after a fast thread's last planned step."""
+    start = threading.Barrier(workers)
     fabric = ashl.InprocFabric(deterministic=True)
-    sjob = ashl.Job(role="server", num_workers=workers, server_addresses=("server0",), insecure=True)
+    sjob, wjobs = jobs(workers)
     optimizer = "sgd" if update == "gradient" else "model_delta"
     srv = at.serve(mlp(), sjob, policy, compression, optimizer=optimizer, lr=0.05, fabric=fabric, background=True,
                    bucket_cap_mb=cap)
-    out, errors = {}, []
+    out = {}
 
     def worker(r):
-        try:
-            wjob = ashl.Job(role="worker", rank=r, num_workers=workers, server_addresses=("server0",), insecure=True)
-            model = mlp()
-            opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5), model, policy,
-                                          compression, update=update, job=wjob, fabric=fabric, bucket_cap_mb=cap,
-                                          overlap=overlap, batch_size=8, device_encode=device_encode)
-            if follows is not None:
-                watch_follows(opt, follows)
-            g = torch.Generator().manual_seed(seed + r)
-            for step in range(steps):
-                n = opt.batch_size
-                x, y = torch.randn(n, 16, generator=g), torch.randn(n, 4, generator=g)
-                opt.zero_grad()
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                loss.backward()
-                opt.step()
-                if sleep:
-                    time.sleep(sleep)
-                if on_step:
-                    on_step(r, step, opt)
-            opt.wait()
-            out[r] = (flat(model), opt, opt.telemetry)
-            opt.leave()
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        model = mlp()
+        opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5), model, policy,
+                                      compression, update=update, job=wjobs[r], fabric=fabric, bucket_cap_mb=cap,
+                                      overlap=overlap, batch_size=8, device_encode=device_encode)
+        if follows is not None:
+            watch_follows(opt, follows)
+        g = torch.Generator().manual_seed(seed + r)
+        if until_stage:
+            start.wait(60)
+        step, reached = 0, None  # reached: the step count when the plan first was until_stage
+        while step < steps or (until_stage and step < steps + 500 and (reached is None or step < reached + then)):
+            n = opt.batch_size
+            x, y = torch.randn(n, 16, generator=g), torch.randn(n, 4, generator=g)
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            if sleep:
+                time.sleep(sleep)
+            if on_step:
+                on_step(r, step, opt)
+            step += 1
+            if until_stage and reached is None and opt.plan.stage == until_stage:
+                reached = step
+        opt.wait()
+        out[r] = (flat(model), opt, opt.telemetry)
+        opt.leave()
 
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
+    errors = in_threads(workers, worker, 180)
     srv.join()
     assert not errors, errors
     return out, srv
@@ -151,28 +144,40 @@ def test_ashl_overlapped_over_buckets_gives_the_serial_exchange_bit_for_bit(upda
 
 def test_ashl_two_workers_compress_every_bucket_with_the_plans_ratio():
     policy = ashl.Policy("ashl", profile_iterations=2, h_ahl=2, h_shl=2, compression_ratio=0.25, planner="uniform")
-    follows = []
-    out, _ = run(policy, 2, 12, update="gradient", compression="topk", follows=follows)
+    follows, at_ahl = [], {}
+
+    def on_step(r, step, opt):  # each bucket's (commits, bytes out) when the plan became AHL
+        if r not in at_ahl and opt.plan.stage == "ahl":
+            at_ahl[r] = [(b["commits"], b["bytes_out"]) for b in opt.telemetry["buckets"]]
+    # 12 steps, or until the plan is AHL and then 10 steps more (5 compressed commits).
+    out, _ = run(policy, 2, 12, update="gradient", compression="topk", follows=follows, until_stage="ahl", then=10,
+                 on_step=on_step)
     dense_policy = ashl.Policy("ashl", profile_iterations=2, h_ahl=2, h_shl=2, compression_ratio=1.0,
                                planner="uniform")
-    dense, _ = run(dense_policy, 2, 12, update="gradient", compression="topk")
+    dense, _ = run(dense_policy, 2, 12, update="gradient", compression="topk", until_stage="ahl", then=10)
     assert {f[0][1] for f in follows} == {"identity", "topk"}  # profiling dense, AHL compressed
     for r, (params, opt, tel) in out.items():
         commits = lockstep(opt, tel, follows)
         assert opt.plan.stage == "ahl" and opt.plan.compression_ratio == pytest.approx(0.25)
-        # Two workers: profiling ends when both made 2 commits (one may wait
-        # in profiling for the other to start), then H = 2 per commit.
-        assert 2 + (12 - 2) // 2 <= commits <= 11
+        # Two workers: profiling ends when both made 2 commits and sent their
+        # measurements (one may go on profiling while it waits for the
+        # other), then H = 2 per commit.
+        n = opt.iterations
+        assert n >= 12 and 2 + (n - 2) // 2 <= commits <= n - 1, (n, commits)
         d_opt, d_tel = dense[r][1], dense[r][2]
         lockstep(d_opt, d_tel)
         big = 0
-        for ex, b, db in zip(opt._ex, tel["buckets"], d_tel["buckets"]):
+        for ex, b, db, (c0, b0) in zip(opt._ex, tel["buckets"], d_tel["buckets"], at_ahl[r]):
             assert ex.worker.codec == "topk"
             assert b["compress_seconds"] > 0  # each bucket encoded its commits with the plan's codec
             assert db["compress_seconds"] == 0
-            if ex.bucket.size >= 512:  # top-k of a quarter: fewer bytes per commit than dense
+            if ex.bucket.size >= 512:
+                # Top-k of a quarter: fewer bytes per commit than dense, over the
+                # commits since the plan became AHL (a worker that waited long for
+                # the other's profile made many dense ones before).
                 big += 1
-                per, dense_per = b["bytes_out"] / b["commits"], db["bytes_out"] / db["commits"]
+                assert b["commits"] - c0 >= 4, (b["commits"], c0)
+                per, dense_per = (b["bytes_out"] - b0) / (b["commits"] - c0), db["bytes_out"] / db["commits"]
                 assert per < 0.9 * dense_per, (per, dense_per)
         assert big >= 2
         assert torch.isfinite(params).all()

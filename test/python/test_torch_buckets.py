@@ -15,26 +15,9 @@ import torch
 
 import ashl
 import ashl.torch as at
+from torch_testing import KIB, flat, in_threads, jobs, mlp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-KIB = 1.0 / 1024  # bucket_cap_mb of one KiB
-
-
-def mlp(seed=5, dtype=torch.float32):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
-                               torch.nn.Linear(32, 4)).to(dtype)
-
-
-def jobs(workers=1):
-    s = ashl.Job(role="server", num_workers=workers, server_addresses=("server0",), insecure=True)
-    w = [ashl.Job(role="worker", rank=r, num_workers=workers, server_addresses=("server0",), insecure=True)
-         for r in range(workers)]
-    return s, w
-
-
-def flat(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
 
 
 def test_buckets_follow_reverse_registration_order_and_alias_parameters_and_gradients():
@@ -108,32 +91,25 @@ def run_bsp(workers, steps, bucket_cap_mb, overlap, seed=11, partition_mb=at.DEF
     sjob, wjobs = jobs(workers)
     srv = at.serve(mlp(), sjob, "bsp", "none", optimizer="sgd", lr=0.05, fabric=fabric, background=True,
                    bucket_cap_mb=bucket_cap_mb, partition_mb=partition_mb)
-    out, errors, nbuckets = {}, [], []
+    out, nbuckets = {}, []
 
     def worker(r):
-        try:
-            model = mlp()
-            opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model, "bsp", "none",
-                                          update="gradient", job=wjobs[r], fabric=fabric,
-                                          bucket_cap_mb=bucket_cap_mb, overlap=overlap, partition_mb=partition_mb)
-            nbuckets.append(len(opt.buckets))
-            g = torch.Generator().manual_seed(seed + r)
-            for _ in range(steps):
-                x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
-                opt.zero_grad()
-                torch.nn.functional.mse_loss(model(x), y).backward()
-                opt.step()
-            opt.wait()
-            out[r] = flat(model)
-            opt.leave()
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        model = mlp()
+        opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model, "bsp", "none",
+                                      update="gradient", job=wjobs[r], fabric=fabric,
+                                      bucket_cap_mb=bucket_cap_mb, overlap=overlap, partition_mb=partition_mb)
+        nbuckets.append(len(opt.buckets))
+        g = torch.Generator().manual_seed(seed + r)
+        for _ in range(steps):
+            x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        opt.wait()
+        out[r] = flat(model)
+        opt.leave()
 
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    errors = in_threads(workers, worker, 120)
     srv.join()
     assert not errors, errors
     return out, nbuckets
@@ -185,6 +161,48 @@ def test_overlapped_and_serial_bsp_give_bit_identical_parameters_with_parameters
     assert torch.equal(cut[0], cut[1])
     assert torch.equal(serial[0], cut[0])  # bit for bit
     assert not torch.equal(serial[0], flat(mlp()))
+
+
+def test_a_checkpoint_written_without_partitioning_restores_only_with_partition_mb_none(tmp_path):
+    # docs/torch.md, "Checkpoints": per bucket, so a checkpoint written with
+    # partitioning off (2.weight, 4 KiB, one bucket) is restored with
+    # partition_mb=None, bit for bit; with partitioning on (2.weight in 4
+    # buckets of 1 KiB) it is refused, naming the elements and partition_mb.
+    ckpt = str(tmp_path)
+    sjob, (wjob,) = jobs(1)
+    fabric = ashl.InprocFabric()
+    srv = at.serve(mlp(), sjob, "bsp", "none", optimizer="sgd", lr=0.05, fabric=fabric, background=True,
+                   bucket_cap_mb=2 * KIB, partition_mb=None, checkpoint_dir=ckpt)
+    model = mlp()
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model, "bsp", "none",
+                                  update="gradient", job=wjob, fabric=fabric, bucket_cap_mb=2 * KIB, partition_mb=None)
+    assert [b.size for b in opt.buckets] == [164, 1024, 32, 512]
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 16)).pow(2).mean().backward()
+        opt.step()
+    opt.wait()
+    opt.leave()
+    srv.join()  # writes the final checkpoints
+    written = [torch.from_numpy(s.parameters().copy()) for s in srv.servers]
+    del srv
+
+    other = mlp(seed=9)  # restored values come from the checkpoint, not from this model
+    back = at.serve(other, sjob, "bsp", "none", optimizer="sgd", lr=0.05, fabric=ashl.InprocFabric(),
+                    background=True, bucket_cap_mb=2 * KIB, partition_mb=None, checkpoint_dir=ckpt, restore=True)
+    assert [s.telemetry["restored_version"] for s in back.servers] == [3] * 4
+    restored = [torch.from_numpy(s.parameters().copy()) for s in back.servers]
+    assert all(torch.equal(a, b) for a, b in zip(written, restored))  # bit for bit
+    assert not torch.equal(restored[1], other[2].weight.detach().reshape(-1))  # bucket 1: 2.weight alone
+    back.stop()
+    back.join()
+    del back
+
+    with pytest.raises(ValueError, match=r'bucket1/server-0\.ashlckpt": checkpoint\.elements = 1024: this server\'s '
+                                         r'model has 256 elements.*bucket 1 of bucket_plan\(model, bucket_cap_mb=.*, '
+                                         r'partition_mb=0\.0009765625\).*partition_mb'):
+        at.serve(mlp(), sjob, "bsp", "none", optimizer="sgd", lr=0.05, fabric=ashl.InprocFabric(), background=True,
+                 bucket_cap_mb=2 * KIB, partition_mb=KIB, checkpoint_dir=ckpt, restore=True)
 
 
 def test_a_forward_waits_for_every_bucket_of_a_cut_parameter():

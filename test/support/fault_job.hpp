@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstring>
@@ -45,6 +46,14 @@ inline std::vector<std::string> cat(std::vector<std::string> a, const std::vecto
 
 // Whether a process's log holds `text`.
 inline bool has(const std::string& log, const std::string& text) { return log.find(text) != std::string::npos; }
+
+// max |w_i - target| (the workers' --quadratic T pulls every w_i to T), or
+// 1e9 for no parameters at all (a job that wrote none did not reach it).
+inline float max_distance(const std::vector<float>& w, float target) {
+  float d = 0;
+  for (float x : w) d = std::max(d, std::fabs(x - target));
+  return w.empty() ? 1e9f : d;
+}
 
 class job {
  public:

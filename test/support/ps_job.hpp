@@ -2,7 +2,9 @@
 // the inproc transport: S server threads (ps::server) and M worker threads
 // (ps::worker), each worker committing a deterministic gradient for a
 // number of cycles, with hooks around each commit. Used by test/ps/server.cpp
-// and test/ps/worker.cpp.
+// and test/ps/worker.cpp. And bsp_reference, the single-process result that
+// the jobs of ashl_test_ps_node processes must equal (test/ps/ucx_job.cpp,
+// big_model.cpp, netns_hosts.cpp).
 #pragma once
 
 #include <ashl/ps/policies.hpp>
@@ -18,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -161,6 +164,36 @@ inline job_result run_job(const job_spec& spec) {
   if (any_error) stop = true;
   for (std::uint32_t s = 0; s < spec.servers; ++s) threads[s].join();
   return res;
+}
+
+// The BSP run a job of ashl_test_ps_node processes (--policy bsp, SGD with
+// lr 0.125 from 0.5, identity codec) must equal: one server_core over the
+// whole model, with the default params (store_bytes automatic), every
+// worker's cycle-c gradient (grad_value) in round c. Call it from the test's
+// thread (it checks with Boost.Test).
+inline std::vector<float> bsp_reference(std::uint32_t workers, std::size_t elements, int cycles) {
+  auto layout = ps::shard_layout::even(elements, 1);
+  ps::policy_params pp;
+  pp.workers = workers;
+  auto core = ps::server_core<ashl::sync::any_policy>::create(
+      {.layout = *layout, .workers = workers, .optimizer = {.mode = ps::optimizer_params::kind::sgd, .lr = 0.125}},
+      *ps::make_policy("bsp", pp), std::vector<float>(elements, 0.5f));
+  BOOST_TEST_REQUIRE(core.has_value(), core.to_status().to_string());
+  ps::server_actions out(workers);
+  std::vector<float> g(elements);
+  for (int c = 0; c < cycles; ++c)
+    for (std::uint32_t k = 0; k < workers; ++k) {
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad_value(k, static_cast<std::uint64_t>(c), i);
+      core->commit({.worker = k, .sequence = static_cast<std::uint64_t>(c) + 1,
+                    .clock = static_cast<std::uint64_t>(c) + 1, .samples = 16, .codec = ashl::codec_id::identity,
+                    .element_count = elements, .payload = std::as_bytes(std::span<const float>(g))},
+                   0.0, out);
+      // (The message is built whether or not the check fails: index only when there is an error.)
+      BOOST_TEST_REQUIRE(out.errors().empty(), (out.errors().empty() ? std::string() : out.errors()[0].text));
+      out.clear();
+    }
+  BOOST_TEST(core->stats().commits_applied == static_cast<std::uint64_t>(workers) * cycles);
+  return {core->parameters().begin(), core->parameters().end()};
 }
 
 }  // namespace ps_job

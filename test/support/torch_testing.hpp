@@ -26,11 +26,12 @@ inline net make_net() {
   return net();
 }
 
-// Every parameter, as float32, one after another in registration order.
+// Every parameter, as float32 on the host (from any device), one after
+// another in registration order.
 inline std::vector<float> flat_copy(const torch::nn::Module& m) {
   std::vector<float> out;
   for (const auto& p : m.parameters()) {
-    auto c = p.detach().to(torch::kFloat).contiguous();
+    auto c = p.detach().to(torch::kCPU, torch::kFloat).contiguous();
     out.insert(out.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
   }
   return out;

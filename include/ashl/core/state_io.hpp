@@ -106,12 +106,8 @@ class state_reader {
   }
   // Checks a section header written by state_writer::tag.
   status tag(std::string_view four, std::uint32_t version) {
-    std::array<std::uint8_t, 4> got{};
-    for (auto& c : got) ASHL_TRY(r_.get(c, four));
-    const std::string seen(got.begin(), got.end());
-    if (seen != four) return make_error(errc::malformed, "state.tag", seen, "expected the section " + std::string(four));
     std::uint32_t v = 0;
-    ASHL_TRY(r_.get(v, std::string(four) + ".version"));
+    ASHL_TRY(tag_version(four, v));
     if (v != version)
       return make_error(errc::unsupported, std::string(four) + ".version", v,
                         "this build reads version " + std::to_string(version));
@@ -120,12 +116,8 @@ class state_reader {
   // Checks a section header of any version from `oldest` to `newest`, and
   // says which (a reader that still takes an older layout).
   status tag(std::string_view four, std::uint32_t oldest, std::uint32_t newest, std::uint32_t& version) {
-    std::array<std::uint8_t, 4> got{};
-    for (auto& c : got) ASHL_TRY(r_.get(c, four));
-    const std::string seen(got.begin(), got.end());
-    if (seen != four) return make_error(errc::malformed, "state.tag", seen, "expected the section " + std::string(four));
     std::uint32_t v = 0;
-    ASHL_TRY(r_.get(v, std::string(four) + ".version"));
+    ASHL_TRY(tag_version(four, v));
     if (v < oldest || v > newest)
       return make_error(errc::unsupported, std::string(four) + ".version", v,
                         "this build reads versions " + std::to_string(oldest) + " to " + std::to_string(newest));
@@ -177,11 +169,9 @@ class state_reader {
     return {};
   }
   status get_string(std::string& s, std::string_view field) {
-    std::uint64_t n = 0;
-    ASHL_TRY(count(n, 1, field));
-    auto b = r_.get_bytes(static_cast<std::size_t>(n), field);
-    if (!b) return b.error();
-    s.assign(reinterpret_cast<const char*>(b->data()), b->size());
+    std::span<const std::byte> b;
+    ASHL_TRY(get_bytes(b, field));
+    s.assign(reinterpret_cast<const char*>(b.data()), b.size());
     return {};
   }
   [[nodiscard]] std::size_t remaining() const noexcept { return r_.remaining(); }
@@ -189,6 +179,15 @@ class state_reader {
   [[nodiscard]] status expect_end(std::string_view what) const { return r_.expect_end(what); }
 
  private:
+  // The section header's four characters (checked against `four`) and its version.
+  status tag_version(std::string_view four, std::uint32_t& v) {
+    std::array<std::uint8_t, 4> got{};
+    for (auto& c : got) ASHL_TRY(r_.get(c, four));
+    const std::string seen(got.begin(), got.end());
+    if (seen != four) return make_error(errc::malformed, "state.tag", seen, "expected the section " + std::string(four));
+    return r_.get(v, std::string(four) + ".version");
+  }
+
   byte_reader r_;
 };
 

@@ -128,6 +128,20 @@ __attribute__((target("avx2"))) inline std::uint32_t max_abs_key_avx2(const floa
 }
 #endif
 
+#if ASHL_DETAIL_HOST_VECTOR
+// Magnitude keys (detail::magnitude_key) of x[0], ..., x[3], and the lane-wise
+// larger of two key vectors: keys have the sign bit clear, so a signed
+// compare orders them. stats and max_abs_key share these.
+inline ashl_u32x4 magnitude_keys_x4(const float* x) noexcept {
+  ashl_u32x4 b;
+  std::memcpy(&b, x, 16);
+  return b & 0x7fffffffu;
+}
+inline ashl_u32x4 max_keys_x4(ashl_u32x4 a, ashl_u32x4 b) noexcept {
+  return vsel(reinterpret_cast<ashl_i32x4>(a) > reinterpret_cast<ashl_i32x4>(b), a, b);
+}
+#endif
+
 inline bucket_stats stats(const float* x, std::size_t len) noexcept {
   bucket_stats st;
   std::size_t i = 0;
@@ -143,22 +157,17 @@ inline bucket_stats stats(const float* x, std::size_t len) noexcept {
     ashl_f32x4 sq0{}, sq1{}, ab0{}, ab1{};
     ashl_u32x4 mk0{}, mk1{};
     for (const std::size_t e = len & ~std::size_t{7}; i < e; i += 8) {
-      ashl_u32x4 b0, b1;
-      std::memcpy(&b0, x + i, 16);
-      std::memcpy(&b1, x + i + 4, 16);
-      b0 &= 0x7fffffffu;
-      b1 &= 0x7fffffffu;
+      const ashl_u32x4 b0 = magnitude_keys_x4(x + i), b1 = magnitude_keys_x4(x + i + 4);
       const ashl_f32x4 a0 = reinterpret_cast<ashl_f32x4>(b0), a1 = reinterpret_cast<ashl_f32x4>(b1);
       sq0 += a0 * a0;
       sq1 += a1 * a1;
       ab0 += a0;
       ab1 += a1;
-      // Keys have the sign bit clear, so a signed compare orders them.
-      mk0 = vsel(reinterpret_cast<ashl_i32x4>(b0) > reinterpret_cast<ashl_i32x4>(mk0), b0, mk0);
-      mk1 = vsel(reinterpret_cast<ashl_i32x4>(b1) > reinterpret_cast<ashl_i32x4>(mk1), b1, mk1);
+      mk0 = max_keys_x4(b0, mk0);
+      mk1 = max_keys_x4(b1, mk1);
     }
     const ashl_f32x4 sq = sq0 + sq1, ab = ab0 + ab1;
-    mk0 = vsel(reinterpret_cast<ashl_i32x4>(mk1) > reinterpret_cast<ashl_i32x4>(mk0), mk1, mk0);
+    mk0 = max_keys_x4(mk1, mk0);
     st.sum_sq = (sq[0] + sq[1]) + (sq[2] + sq[3]);
     st.sum_abs = (ab[0] + ab[1]) + (ab[2] + ab[3]);
     st.max_key = std::max(std::max(mk0[0], mk0[1]), std::max(mk0[2], mk0[3]));
@@ -171,7 +180,7 @@ inline bucket_stats stats(const float* x, std::size_t len) noexcept {
     float sq[8] = {}, ab[8] = {};
     for (const std::size_t e = len & ~std::size_t{7}; i < e; i += 8)
       for (std::size_t l = 0; l < 8; ++l) {
-        const std::uint32_t k = std::bit_cast<std::uint32_t>(x[i + l]) & 0x7fffffffu;
+        const std::uint32_t k = magnitude_key(x[i + l]);
         const float a = std::bit_cast<float>(k);
         sq[l] += a * a;
         ab[l] += a;
@@ -181,7 +190,7 @@ inline bucket_stats stats(const float* x, std::size_t len) noexcept {
     st.sum_abs = ((ab[0] + ab[4]) + (ab[1] + ab[5])) + ((ab[2] + ab[6]) + (ab[3] + ab[7]));
   }
   for (; i < len; ++i) {
-    const std::uint32_t k = std::bit_cast<std::uint32_t>(x[i]) & 0x7fffffffu;
+    const std::uint32_t k = magnitude_key(x[i]);
     const float a = std::bit_cast<float>(k);
     st.sum_sq += a * a;
     st.sum_abs += a;
@@ -204,19 +213,14 @@ inline std::uint32_t max_abs_key(const float* x, std::size_t len) noexcept {
   if constexpr (ASHL_DETAIL_VECTOR_EXT) {
     ashl_u32x4 m0{}, m1{};
     for (const std::size_t e = len & ~std::size_t{7}; i < e; i += 8) {
-      ashl_u32x4 b0, b1;
-      std::memcpy(&b0, x + i, 16);
-      std::memcpy(&b1, x + i + 4, 16);
-      b0 &= 0x7fffffffu;
-      b1 &= 0x7fffffffu;
-      m0 = vsel(reinterpret_cast<ashl_i32x4>(b0) > reinterpret_cast<ashl_i32x4>(m0), b0, m0);
-      m1 = vsel(reinterpret_cast<ashl_i32x4>(b1) > reinterpret_cast<ashl_i32x4>(m1), b1, m1);
+      m0 = max_keys_x4(magnitude_keys_x4(x + i), m0);
+      m1 = max_keys_x4(magnitude_keys_x4(x + i + 4), m1);
     }
-    m0 = vsel(reinterpret_cast<ashl_i32x4>(m1) > reinterpret_cast<ashl_i32x4>(m0), m1, m0);
+    m0 = max_keys_x4(m1, m0);
     r = std::max(std::max(m0[0], m0[1]), std::max(m0[2], m0[3]));
   }
 #endif
-  for (; i < len; ++i) r = std::max(r, std::bit_cast<std::uint32_t>(x[i]) & 0x7fffffffu);
+  for (; i < len; ++i) r = std::max(r, magnitude_key(x[i]));
   return r;
 }
 
