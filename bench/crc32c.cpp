@@ -69,15 +69,7 @@ struct row {
 int main(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") {
-      o.quick = true;
-      o.reps = 5;
-    } else if (a == "--json-only") {
-      o.json_only = true;
-    } else if (a == "--reps" && i + 1 < argc) {
-      o.reps = std::max(1, std::atoi(argv[++i]));
-    } else {
+    if (!bench::common_option(o, argc, argv, i)) {
       std::fprintf(stderr, "usage: ashl_bench_crc32c [--quick] [--reps N] [--json-only]\n");
       return 2;
     }

@@ -27,12 +27,17 @@
 //    adds on top of the codec), and sgd with momentum (decode into the
 //    accumulator, then the fused step), for reference. "unchecked" is the
 //    dense case with allow_non_finite (no NaN/infinity scan): the scan's
-//    cost is the difference.
+//    cost is the difference (ps::server's receive path checks the values in
+//    its CRC pass and tells the core so: "unchecked" is the server's apply).
+//    "+crc" cases carry a pull (the new version's CRC is computed in the
+//    apply's pass, chunk by chunk); "+crc N parts" with the CRCs of a pull
+//    reply's parts of N bytes too (server_core::checksum_in_parts, issue 28
+//    item 2), and their decode_add column is decode_add then crc32c of the
+//    shard (two passes).
 //    --apply-threads N (issue 28 item 3): shards of 1, 16 and 64 MiB (2^18,
 //    2^22, 2^24 elements), every case applied by a core without a pool and
 //    by one with a ps::apply_pool of N threads, interleaved with the memcpy
-//    in one run; "+crc" cases carry a pull (the new version's CRC is
-//    computed in the apply's pass). Rows say apply_threads.
+//    and the decode_add in one run. Rows say apply_threads.
 //
 // Output: a human table, then one JSON object per case (machine, date,
 // sizes, median, baseline, ratio).
@@ -43,6 +48,8 @@
 #include <ashl/ps/policies.hpp>
 #include <ashl/ps/server_core.hpp>
 #include <ashl/sync/any_policy.hpp>
+#include <ashl/wire/crc32c.hpp>
+#include <ashl/wire/message.hpp>
 
 #include <algorithm>
 #include <array>
@@ -54,6 +61,8 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -82,7 +91,7 @@ struct row {
   std::uint64_t n = 0, workers = 0, events = 0, bytes = 0;
   double median_s = 0, baseline_s = 0;
   std::string baseline;
-  double decode_s = 0;  // apply: compress::decode_add alone into the same shard
+  double decode_s = 0;  // apply: compress::decode_add alone into the same shard (+crc cases: and crc32c of it)
   unsigned threads = 1;  // apply: the apply pool's threads (1: none)
 };
 
@@ -232,15 +241,24 @@ void policy_path(const options& o, std::vector<row>& rows) {
 
 // ------------------------------------------------------------- apply path
 
-void apply_threads_path(const options& o, std::vector<row>& rows);
-
+// One commit applied by a core without a pool and, with --apply-threads N
+// (N > 1), by one with a ps::apply_pool of N threads; each case interleaved
+// in one run with a memcpy of the payload and the bare decode_add (for
+// "+crc" cases decode_add and then crc32c of the shard: the same work in
+// two passes over memory, which the apply does in one).
 void apply_path(const options& o, std::vector<row>& rows) {
+  std::unique_ptr<ps::apply_pool> pool;
   if (o.apply_threads > 1) {
-    apply_threads_path(o, rows);
-    return;
+    auto made = ps::apply_pool::create(o.apply_threads, "--apply-threads");
+    if (!made) {
+      std::fprintf(stderr, "ashl_bench_server_core: %s\n", made.error().message().c_str());
+      std::exit(2);
+    }
+    pool = std::move(*made);
   }
-  std::vector<std::size_t> sizes{std::size_t{1} << 20};
-  if (!o.quick) sizes.push_back(std::size_t{1} << 24);
+  std::vector<std::size_t> sizes{std::size_t{1} << 20, std::size_t{1} << 24};
+  if (pool) sizes = {std::size_t{1} << 18, std::size_t{1} << 22, std::size_t{1} << 24};
+  if (o.quick) sizes.pop_back();
   for (std::size_t n : sizes) {
     std::vector<float> g(n);
     for (std::size_t i = 0; i < n; ++i) g[i] = std::sin(0.001f * static_cast<float>(i)) * 1e-3f;
@@ -257,96 +275,39 @@ void apply_path(const options& o, std::vector<row>& rows) {
       ashl::codec_id codec;
       ps::optimizer_params opt;
       bool allow_non_finite = false;  // true: without the value check (its cost is the difference)
+      bool pull = false;              // the new version's CRC in the apply's pass (a reply reads it)
+      std::uint64_t part_bytes = 0;   // and, with it, the CRCs of a reply's parts of this size
     };
     const ps::optimizer_params sgd{.mode = ps::optimizer_params::kind::sgd, .lr = 0.01, .momentum = 0.9};
     for (const which& c : {which{"identity model_delta", &dense, ashl::codec_id::identity, {}},
                            which{"identity model_delta unchecked", &dense, ashl::codec_id::identity, {}, true},
+                           which{"identity model_delta unchecked+crc", &dense, ashl::codec_id::identity, {}, true,
+                                 true},
+                           which{"identity model_delta unchecked+crc 1M parts", &dense, ashl::codec_id::identity, {},
+                                 true, true, std::uint64_t{1} << 20},
+                           which{"identity model_delta unchecked+crc 64K parts", &dense, ashl::codec_id::identity, {},
+                                 true, true, std::uint64_t{64} << 10},
                            which{"topk1% model_delta", &sparse, ashl::codec_id::topk, {}},
                            which{"identity sgd+momentum", &dense, ashl::codec_id::identity, sgd},
-                           which{"topk1% sgd+momentum", &sparse, ashl::codec_id::topk, sgd}}) {
-      auto core = ps::server_core<sync::asp>::create(
-                      {.layout = layout, .workers = 1, .optimizer = c.opt, .allow_non_finite = c.allow_non_finite},
-                                                     sync::asp{{.workers = 1, .scale = 1e-3}})
-                      .value();
-      ps::server_actions out(1);
-      std::uint64_t seq = 0;
-      const std::size_t bytes = c.payload->size();
-      // Enough commits per timed run to be well above the clock's resolution.
-      const int per_run = std::max<int>(1, static_cast<int>((std::size_t{1} << 24) / std::max<std::size_t>(bytes, 1)));
-      const int runs = std::min(per_run, 64);
-      std::vector<float> shard(n, 0.0f);
-      const auto t = time_interleaved(
-          o.reps,
-          [&] {
-            for (int k = 0; k < runs; ++k) {
-              ps::commit_in ci{.worker = 0, .sequence = ++seq, .bytes = bytes, .codec = c.codec,
-                               .element_count = n, .payload = *c.payload};
-              core.commit(ci, 0.0, out);
-              if (!out.errors().empty()) std::fprintf(stderr, "refused: %s\n", out.errors()[0].text.c_str());
-              out.clear();
-            }
-          },
-          [&] {
-            for (int k = 0; k < runs; ++k) {
-              std::memcpy(sink.data(), c.payload->data(), bytes);
-              asm volatile("" : : "r"(sink.data()) : "memory");
-            }
-          },
-          [&] {
-            for (int k = 0; k < runs; ++k)
-              (void)ashl::compress::decode_add(c.codec, *c.payload, {n, ashl::dtype::f32},
-                                               ashl::host_view<float>(shard.data(), n), 1e-3f, {});
-          });
-      const double apply_s = t[0] / runs, copy_s = t[1] / runs, decode_s = t[2] / runs;
-      rows.push_back({"apply", c.name, n, 1, 1, bytes, apply_s, copy_s, "memcpy of the payload bytes", decode_s});
-    }
-  }
-}
-
-// One commit applied with 1 and with o.apply_threads threads, interleaved
-// with a memcpy of the payload (all three in one time_interleaved run).
-void apply_threads_path(const options& o, std::vector<row>& rows) {
-  auto pool = ps::apply_pool::create(o.apply_threads, "--apply-threads");
-  if (!pool) {
-    std::fprintf(stderr, "ashl_bench_server_core: %s\n", pool.error().message().c_str());
-    std::exit(2);
-  }
-  std::vector<std::size_t> sizes{std::size_t{1} << 18, std::size_t{1} << 22};
-  if (!o.quick) sizes.push_back(std::size_t{1} << 24);
-  for (std::size_t n : sizes) {
-    std::vector<float> g(n);
-    for (std::size_t i = 0; i < n; ++i) g[i] = std::sin(0.001f * static_cast<float>(i)) * 1e-3f;
-    std::vector<std::byte> dense(4 * n);
-    (void)ashl::compress::identity{}.encode(ashl::host_view<const float>(g.data(), n), dense, {});
-    ashl::compress::topk tk(0.01);
-    std::vector<std::byte> sparse(tk.max_encoded_bytes(n, ashl::dtype::f32));
-    sparse.resize(tk.encode(ashl::host_view<const float>(g.data(), n), sparse, {}).value());
-    std::vector<std::byte> sink(dense.size());
-    const auto layout = ps::shard_layout::even(n, 1).value();
-    struct which {
-      const char* name;
-      const std::vector<std::byte>* payload;
-      ashl::codec_id codec;
-      ps::optimizer_params opt;
-      bool pull = false;  // the new version's CRC in the apply's pass (a reply reads it)
-    };
-    const ps::optimizer_params sgd{.mode = ps::optimizer_params::kind::sgd, .lr = 0.01, .momentum = 0.9};
-    for (const which& c : {which{"identity model_delta", &dense, ashl::codec_id::identity, {}},
-                           which{"identity model_delta+crc", &dense, ashl::codec_id::identity, {}, true},
-                           which{"topk1% model_delta", &sparse, ashl::codec_id::topk, {}},
-                           which{"identity sgd+momentum", &dense, ashl::codec_id::identity, sgd},
+                           which{"identity sgd+momentum+crc", &dense, ashl::codec_id::identity, sgd, false, true},
                            which{"topk1% sgd+momentum", &sparse, ashl::codec_id::topk, sgd}}) {
       auto make = [&] {
-        return ps::server_core<sync::asp>::create({.layout = layout, .workers = 1, .optimizer = c.opt},
-                                                  sync::asp{{.workers = 1, .scale = 1e-3}})
-            .value();
+        auto core = ps::server_core<sync::asp>::create(
+                        {.layout = layout, .workers = 1, .optimizer = c.opt, .allow_non_finite = c.allow_non_finite},
+                        sync::asp{{.workers = 1, .scale = 1e-3}})
+                        .value();
+        const auto st = core.checksum_in_parts(ashl::wire::parts_for(n, sizeof(float), c.part_bytes));
+        if (!st.ok()) std::fprintf(stderr, "ashl_bench_server_core: %s\n", st.message().c_str());
+        return core;
       };
       auto one = make(), many = make();
-      many.use_apply_pool(pool->get());
+      if (pool) many.use_apply_pool(pool.get());
       ps::server_actions out(1);
       std::uint64_t seq_one = 0, seq_many = 0;
       const std::size_t bytes = c.payload->size();
+      // Enough commits per timed run to be well above the clock's resolution.
       const int runs = std::min(std::max<int>(1, static_cast<int>((std::size_t{1} << 24) / std::max<std::size_t>(bytes, 1))), 64);
+      std::vector<float> shard(n, 0.0f);
       auto commits = [&](ps::server_core<sync::asp>& core, std::uint64_t& seq) {
         for (int k = 0; k < runs; ++k) {
           ps::commit_in ci{.worker = 0, .sequence = ++seq, .bytes = bytes, .codec = c.codec, .element_count = n,
@@ -356,21 +317,39 @@ void apply_threads_path(const options& o, std::vector<row>& rows) {
           out.clear();
         }
       };
-      const auto t = time_interleaved(
-          o.reps, [&] { commits(one, seq_one); }, [&] { commits(many, seq_many); },
-          [&] {
-            for (int k = 0; k < runs; ++k) {
-              std::memcpy(sink.data(), c.payload->data(), bytes);
-              asm volatile("" : : "r"(sink.data()) : "memory");
-            }
-          });
-      if (std::memcmp(one.parameters().data(), many.parameters().data(), n * sizeof(float)) != 0)
-        std::fprintf(stderr, "ashl_bench_server_core: %s: %u threads differ from 1 (a bug)\n", c.name,
-                     o.apply_threads);
-      const double copy_s = t[2] / runs;
-      rows.push_back({"apply", c.name, n, 1, 1, bytes, t[0] / runs, copy_s, "memcpy of the payload bytes", 0.0, 1});
-      rows.push_back({"apply", c.name, n, 1, 1, bytes, t[1] / runs, copy_s, "memcpy of the payload bytes", 0.0,
-                      o.apply_threads});
+      auto copy = [&] {
+        for (int k = 0; k < runs; ++k) {
+          std::memcpy(sink.data(), c.payload->data(), bytes);
+          asm volatile("" : : "r"(sink.data()) : "memory");
+        }
+      };
+      std::uint32_t crc_sink = 0;
+      auto decode = [&] {
+        for (int k = 0; k < runs; ++k) {
+          (void)ashl::compress::decode_add(c.codec, *c.payload, {n, ashl::dtype::f32},
+                                           ashl::host_view<float>(shard.data(), n), 1e-3f, {});
+          if (c.pull) crc_sink ^= ashl::wire::crc32c(std::as_bytes(std::span<const float>(shard)));
+        }
+      };
+      auto apply_one = [&] { commits(one, seq_one); };
+      auto apply_many = [&] { commits(many, seq_many); };
+      double t_one = 0, t_many = 0, t_copy = 0, t_decode = 0;
+      if (pool) {
+        const auto t = time_interleaved(o.reps, apply_one, apply_many, copy, decode);
+        t_one = t[0], t_many = t[1], t_copy = t[2], t_decode = t[3];
+        if (std::memcmp(one.parameters().data(), many.parameters().data(), n * sizeof(float)) != 0)
+          std::fprintf(stderr, "ashl_bench_server_core: %s: %u threads differ from 1 (a bug)\n", c.name,
+                       o.apply_threads);
+      } else {
+        const auto t = time_interleaved(o.reps, apply_one, copy, decode);
+        t_one = t[0], t_copy = t[1], t_decode = t[2];
+      }
+      asm volatile("" : : "r"(crc_sink) : "memory");
+      const char* baseline = "memcpy of the payload bytes";
+      rows.push_back({"apply", c.name, n, 1, 1, bytes, t_one / runs, t_copy / runs, baseline, t_decode / runs, 1});
+      if (pool)
+        rows.push_back({"apply", c.name, n, 1, 1, bytes, t_many / runs, t_copy / runs, baseline, t_decode / runs,
+                        o.apply_threads});
     }
   }
 }
@@ -380,20 +359,14 @@ void apply_threads_path(const options& o, std::vector<row>& rows) {
 int main(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
+    if (bench::common_option(o, argc, argv, i)) continue;
     const std::string a = argv[i];
-    if (a == "--quick") {
-      o.quick = true;
-      o.reps = 5;
-    } else if (a == "--json-only") {
-      o.json_only = true;
-    } else if (a == "--part" && i + 1 < argc) {
+    if (a == "--part" && i + 1 < argc) {
       o.part = argv[++i];
       if (o.part != "all" && o.part != "policy" && o.part != "apply") {
         std::fprintf(stderr, "ashl_bench_server_core: --part = \"%s\": must be all, policy or apply\n", o.part.c_str());
         return 2;
       }
-    } else if (a == "--reps" && i + 1 < argc) {
-      o.reps = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--apply-threads" && i + 1 < argc) {
       const long v = std::atol(argv[++i]);
       if (!ps::apply_pool::check_threads(v < 0 ? 0 : static_cast<std::uint64_t>(v), "--apply-threads")) {
@@ -415,15 +388,16 @@ int main(int argc, char** argv) {
   if (o.part != "policy") apply_path(o, rows);
   if (!o.json_only) {
     std::printf("server_core on %s, %s, median of %d\n\n", mach.c_str(), date.c_str(), o.reps);
-    std::printf("%-8s %-26s %10s %8s %14s %14s %8s %14s\n", "part", "case", "n", o.apply_threads > 1 ? "threads" : "workers",
+    std::printf("%-8s %-44s %10s %8s %14s %14s %8s %14s\n", "part", "case", "n",
+                o.apply_threads > 1 ? "threads" : "workers",
                 "median", "baseline", "ratio", "decode_add");
     for (const auto& r : rows) {
       if (r.part == "policy") {
-        std::printf("%-8s %-24s %10s %8llu %10.2f Mev/s %10.2f Mev/s %8.2f\n", r.part.c_str(), r.name.c_str(), "-",
+        std::printf("%-8s %-42s %10s %8llu %10.2f Mev/s %10.2f Mev/s %8.2f\n", r.part.c_str(), r.name.c_str(), "-",
                     static_cast<unsigned long long>(r.workers), r.events / r.median_s * 1e-6,
                     r.events / r.baseline_s * 1e-6, r.baseline_s / r.median_s);
       } else {
-        std::printf("%-8s %-26s %10llu %8u %11.1f us %11.1f us %8.2f %11.1f us\n", r.part.c_str(), r.name.c_str(),
+        std::printf("%-8s %-44s %10llu %8u %11.1f us %11.1f us %8.2f %11.1f us\n", r.part.c_str(), r.name.c_str(),
                     static_cast<unsigned long long>(r.n), r.threads, r.median_s * 1e6, r.baseline_s * 1e6,
                     r.baseline_s / r.median_s, r.decode_s * 1e6);
       }

@@ -8,6 +8,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <string>
@@ -41,6 +42,26 @@ inline std::string loadavg() {
   std::string a, b, c;
   f >> a >> b >> c;
   return a + " " + b + " " + c;
+}
+
+// The options every bench takes, on any struct with reps, quick and
+// json_only: --quick (fewer reps: 5, and the bench's smaller sweep),
+// --reps N, --json-only. True when argv[i] was one of them (i then past its
+// value).
+template <class Options>
+bool common_option(Options& o, int argc, char** argv, int& i) {
+  const std::string a = argv[i];
+  if (a == "--quick") {
+    o.quick = true;
+    o.reps = 5;
+  } else if (a == "--json-only") {
+    o.json_only = true;
+  } else if (a == "--reps" && i + 1 < argc) {
+    o.reps = std::max(1, std::atoi(argv[++i]));
+  } else {
+    return false;
+  }
+  return true;
 }
 
 // The median (the mean of the middle two for an even count); NaN when empty.

@@ -1121,7 +1121,7 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
           background: bool = False, bucket_cap_mb: Union[float, str, None] = "auto",
           partition_mb: Optional[float] = DEFAULT_PARTITION_MB,
           store_bytes: int = 0, allow_non_finite: bool = False, max_commit_samples: int = 1 << 30,
-          no_worker_grace: Optional[float] = None, apply_threads: int = 1) -> Any:
+          no_worker_grace: Optional[float] = None, apply_threads: int = 1, reply_part_bytes: int = 0) -> Any:
     """Runs this process's servers of the job (job.role == "server"), one per
     bucket (``bucket_plan(model, bucket_cap_mb, partition_mb)``, as the workers make
     them), starting from ``model``'s parameters (its shard of each bucket).
@@ -1138,7 +1138,10 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
     saying it covers more than ``max_commit_samples`` samples is refused
     (docs/ps.md, "Values from workers"). ``apply_threads`` threads apply
     each commit, each on its own part of the shard (1..64; the same bits for
-    any count; docs/ps.md, "Apply threads")."""
+    any count; docs/ps.md, "Apply threads"). A dense pull reply above
+    ``reply_part_bytes`` goes in parts of about that many bytes, each
+    checksummed on its own (0: one message, else >= 4096; docs/ps.md,
+    "Messages")."""
     job = job if job is not None else _job_from_env()
     if job.role != "server":
         raise ValueError(f"job.role = {job.role!r}: serve() runs on a server (the workers make a DistributedOptimizer)")
@@ -1168,7 +1171,8 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
                          store_bytes=store_bytes, allow_non_finite=allow_non_finite,
                          max_commit_samples=max_commit_samples,
                          no_worker_grace=job.no_worker_grace if no_worker_grace is None else no_worker_grace,
-                         job=_job_id(job, initial.numel()), apply_threads=apply_threads)
+                         job=_job_id(job, initial.numel()), apply_threads=apply_threads,
+                         reply_part_bytes=reply_part_bytes)
         servers.append(srv)
     out = servers[0] if len(servers) == 1 else Servers(servers)
     if background:

@@ -4,7 +4,10 @@
 // for dense and sparse codecs, model deltas and sgd with momentum, commits
 // applied at once (asp) and in rounds (bsp), with versions pinned by
 // replies; nothing allocates per commit once warm; a bad thread count is
-// refused by name.
+// refused by name. With the driver's checksum ranges (checksum_in_parts:
+// the parts of a pull reply) every range's CRC comes from the pass that
+// computes the version's, bit-identical for 1, 2 and 3 threads, and a dense
+// apply with a pull riding leaves no pass to the pin.
 #include <ashl/ps/server_core.hpp>
 
 #include <boost/test/unit_test.hpp>
@@ -65,17 +68,34 @@ std::vector<std::byte> encode(codec_id codec, const std::vector<float>& x) {
 
 struct outcome {
   std::vector<float> w;
-  std::vector<std::uint32_t> crcs;  // of every reply, in order
+  std::vector<std::uint32_t> crcs;  // of every reply, in order (with ranges: each range's, then the whole's)
   std::vector<std::string> errors;
   std::uint64_t applied = 0, runs = 0;
+  std::uint64_t checksum_passes = 0, checksums_in_apply = 0;
 };
+
+// The pin's CRCs against the bytes: the whole's, and each range's (the
+// split of wire::part_elements) when the core has ranges.
+template <class Pinned>
+void check_crcs(const Pinned& pv, std::uint32_t ranges, outcome& r) {
+  BOOST_TEST(pv.crc == ashl::wire::crc32c(std::as_bytes(pv.values)));
+  BOOST_REQUIRE(pv.range_crcs.size() == (ranges >= 2 ? ranges : 0u));
+  for (std::uint32_t j = 0; j < pv.range_crcs.size(); ++j) {
+    const auto pr = ashl::wire::part_elements(pv.values.size(), ranges, j);
+    BOOST_TEST(pv.range_crcs[j] == ashl::wire::crc32c(std::as_bytes(pv.values.subspan(pr.first, pr.count))),
+               "range " << j << " of " << ranges);
+    r.crcs.push_back(pv.range_crcs[j]);
+  }
+  r.crcs.push_back(pv.crc);
+}
 
 // 3 workers x 4 commits, interleaved; every other commit carries a pull
 // (some of them a push's: ack only); a reply's version stays pinned across
 // the next commit (the apply then runs beside it). One commit holds a NaN
 // in two parts: refused, naming the first.
 template <class Policy>
-outcome drive(Policy policy, const ps::optimizer_params& opt, codec_id codec, unsigned threads) {
+outcome drive(Policy policy, const ps::optimizer_params& opt, codec_id codec, unsigned threads,
+              std::uint32_t ranges = 0) {
   std::unique_ptr<ps::apply_pool> pool;
   if (threads > 1) {
     auto made = ps::apply_pool::create(threads);
@@ -88,6 +108,7 @@ outcome drive(Policy policy, const ps::optimizer_params& opt, codec_id codec, un
                                               std::move(policy), w0);
   BOOST_REQUIRE(core.has_value());
   if (pool) core->use_apply_pool(pool.get());
+  BOOST_REQUIRE(core->checksum_in_parts(ranges).ok());
   ps::server_actions out(3);
   outcome r;
   std::uint64_t pinned = ~std::uint64_t{0};
@@ -116,15 +137,16 @@ outcome drive(Policy policy, const ps::optimizer_params& opt, codec_id codec, un
       if (!out.pull_replies().empty()) {
         if (pinned != ~std::uint64_t{0}) core->unpin_parameters(pinned);
         const auto pv = core->pin_parameters();
-        r.crcs.push_back(pv.crc);
-        BOOST_TEST(pv.crc == ashl::wire::crc32c(std::as_bytes(pv.values)));
+        check_crcs(pv, ranges, r);
         pinned = pv.version;
       }
       out.clear();
     }
   core->drain(out);
   if (pinned != ~std::uint64_t{0}) core->unpin_parameters(pinned);
-  r.crcs.push_back(core->pin_parameters().crc);
+  check_crcs(core->pin_parameters(), ranges, r);
+  r.checksum_passes = core->checksum_passes();
+  r.checksums_in_apply = core->checksums_in_apply();
   r.w.assign(core->parameters().begin(), core->parameters().end());
   r.applied = core->stats().commits_applied;
   if (pool) r.runs = pool->runs();
@@ -166,6 +188,49 @@ BOOST_AUTO_TEST_CASE(parameters_crcs_and_refusals_are_bit_identical_to_one_threa
       }
 }
 
+// Checksum ranges (a pull reply's parts) cut across the pool's parts: 2
+// ranges (a range spans pool parts, one starts inside a part), 7 (bounds
+// off the 64-byte lines), 984 (ranges of 50 elements, many per part). Each range's CRC is
+// right (check_crcs) and bit-identical for 1, 2 and 3 threads; a dense
+// model-delta apply or an sgd step with a pull riding computes them in its
+// pass, so the pin that follows makes no pass of its own.
+BOOST_AUTO_TEST_CASE(range_crcs_come_from_the_apply_and_are_bit_identical_to_one_thread) {
+  const ps::optimizer_params delta{};
+  const ps::optimizer_params sgd{.mode = ps::optimizer_params::kind::sgd, .lr = 0.3, .momentum = 0.9};
+  for (std::uint32_t ranges : {2u, 7u, 984u})
+    for (codec_id codec : {codec_id::identity, codec_id::bf16, codec_id::topk})
+      for (const ps::optimizer_params* opt : {&delta, &sgd}) {
+        BOOST_TEST_CONTEXT(ranges << " ranges, " << to_string(codec) << (opt == &sgd ? " sgd" : " model deltas")) {
+          const outcome one = drive(sync::asp{{.workers = 3}}, *opt, codec, 1, ranges);
+          BOOST_TEST(one.crcs.size() == 7u * (ranges + 1));
+          // Fused: a dense model-delta add, or an sgd step (after any decode).
+          const bool fused = opt == &sgd || codec != codec_id::topk;
+          // Replies after a commit with a pull: 5 (the other one is an ack's), plus the last pin.
+          BOOST_TEST(one.checksums_in_apply == (fused ? 5u : 0u));
+          BOOST_TEST(one.checksum_passes == (fused ? 1u : 6u), "passes of the pin's own");
+          for (unsigned threads : {2u, 3u}) {
+            const outcome k = drive(sync::asp{{.workers = 3}}, *opt, codec, threads, ranges);
+            BOOST_TEST(same_bits(k.w, one.w), threads << " threads");
+            BOOST_TEST(k.crcs == one.crcs, threads << " threads");
+            BOOST_TEST(k.errors == one.errors, threads << " threads");
+            BOOST_TEST(k.checksum_passes == one.checksum_passes);
+            BOOST_TEST(k.checksums_in_apply == one.checksums_in_apply);
+          }
+        }
+      }
+  auto core = ps::server_core<sync::asp>::create({.layout = *ps::shard_layout::even(10, 1), .workers = 1},
+                                                 sync::asp{{.workers = 1}});
+  BOOST_REQUIRE(core.has_value());
+  BOOST_TEST(core->checksum_in_parts(4).ok());  // ranges of 3: 3 + 3 + 3 + 1
+  for (std::uint32_t bad : {6u, 11u}) {          // ranges of 2: five cover the 10; 11 > 10
+    const auto st = core->checksum_in_parts(bad);
+    BOOST_REQUIRE(!st.ok());
+    BOOST_TEST(st.message().find("server_core.checksum_parts = " + std::to_string(bad) +
+                                 ": leaves an empty range of the 10 parameters") == 0u,
+               st.message());
+  }
+}
+
 // Sparse pairs by parts: each part adds exactly the pairs in its range.
 BOOST_AUTO_TEST_CASE(add_pairs_in_range_adds_the_pairs_of_its_range_only) {
   std::vector<float> x(1000, 0.0f);
@@ -182,11 +247,14 @@ BOOST_AUTO_TEST_CASE(add_pairs_in_range_adds_the_pairs_of_its_range_only) {
 }
 
 // A pool of 2 in steady state: dense and sparse commits, sgd and model
-// deltas, replies pinning versions: no allocation.
+// deltas, replies pinning versions, with and without checksum ranges: no
+// allocation.
 BOOST_AUTO_TEST_CASE(no_allocation_per_commit_with_two_apply_threads) {
   auto pool = ps::apply_pool::create(2);
   BOOST_REQUIRE(pool.has_value());
-  for (bool use_sgd : {false, true}) {
+  for (int variant = 0; variant < 4; ++variant) {
+    const std::uint32_t ranges = variant < 2 ? 0u : 7u;
+    const bool use_sgd = variant % 2 == 1;
     const ps::optimizer_params opt =
         use_sgd ? ps::optimizer_params{.mode = ps::optimizer_params::kind::sgd, .lr = 0.1, .momentum = 0.5}
                 : ps::optimizer_params{};
@@ -195,6 +263,7 @@ BOOST_AUTO_TEST_CASE(no_allocation_per_commit_with_two_apply_threads) {
                                                    sync::asp{{.workers = 2}});
     BOOST_REQUIRE(core.has_value());
     core->use_apply_pool(pool->get());
+    BOOST_REQUIRE(core->checksum_in_parts(ranges).ok());
     std::vector<float> g(n);
     for (std::size_t i = 0; i < n; ++i) g[i] = value(0, 1, i);
     const auto dense = encode(codec_id::identity, g), half = encode(codec_id::bf16, g),

@@ -222,7 +222,9 @@ struct server_telemetry {
   std::uint64_t pull_replies = 0, plans = 0, errors_sent = 0;
   std::uint64_t acks = 0;                   // of the pull replies, header-only acknowledgements of pushes
   std::uint64_t reply_parts = 0;            // messages of pull replies sent in parts (server_params.reply_part_bytes)
-  std::uint64_t part_crc_passes = 0;        // versions whose parts were checksummed (once per version)
+  // Replies in parts whose parts the server checksummed in a pass of its
+  // own: 0 while server_core gives the parts' CRCs with the version.
+  std::uint64_t part_crc_passes = 0;
   std::uint64_t commit_parts = 0;           // parts of commits in parts that passed (worker_params.commit_part_bytes)
   std::uint64_t commits_in_parts = 0;       // commits whose parts all passed, handed to server_core whole
   std::uint64_t commit_parts_dropped = 0;   // parts of a commit a refused part (or a lost connection) discarded
@@ -370,6 +372,10 @@ class server {
       pool = std::move(*made);
       core->use_apply_pool(pool.get());  // the pool lives on the heap: moves of the server keep it
     }
+    // A reply in parts: the core computes the parts' CRCs in the pass that
+    // computes the version's (the apply's or the first pin's), no pass of
+    // the server's own.
+    ASHL_TRY(core->checksum_in_parts(wire::parts_for(core->parameters().size(), sizeof(float), p.reply_part_bytes)));
     // The shard's checkpoint is this server's alone from here on (refused
     // when another server holds it), before it is read for a restore.
     std::unique_ptr<checkpoint_writer> writer;
@@ -1414,29 +1420,22 @@ class server {
     ++tel_.pull_replies;
   }
 
-  // A reply in parts (server_params.reply_part_bytes): part j is sent as
-  // soon as its CRC is known, so its transfer runs while the next part is
-  // checksummed; the CRCs are kept for the version's later replies. Each
-  // part's send pins the version (the first part's pin is pv's).
+  // A reply in parts (server_params.reply_part_bytes): the parts' CRCs
+  // come with the pinned version (server_core::checksum_in_parts, set at
+  // creation: the same split as wire::part_elements), computed in the pass
+  // that computed the version's CRC; a core without them (a restored state
+  // of another size) has its parts checksummed here, one pass, counted in
+  // part_crc_passes. Each part's send pins the version (the first part's
+  // pin is pv's).
   void send_parameters_in_parts(transport::peer_id p, worker_id w, const typename core_type::pinned_parameters& pv,
                                 std::uint32_t parts) {
-    if (part_version_ != pv.version || part_data_ != pv.values.data() || part_count_ != parts || part_whole_crc_ != pv.crc) {
-      part_version_ = pv.version;
-      part_whole_crc_ = pv.crc;  // the whole version's CRC as well: any change of its values changes the key
-      part_data_ = pv.values.data();
-      part_count_ = parts;
-      part_done_ = 0;
-      if (part_crc_.size() < parts) part_crc_.resize(parts);  // grows once: the model's size does not change
-      ++tel_.part_crc_passes;
-    }
+    const bool own_pass = pv.range_crcs.size() != parts;
+    if (own_pass) ++tel_.part_crc_passes;
     const std::uint64_t step = core_.serve_staleness(w);
     for (std::uint32_t j = 0; j < parts; ++j) {
       const wire::part_range pr = wire::part_elements(pv.values.size(), parts, j);
       const auto payload = std::as_bytes(pv.values.subspan(pr.first, pr.count));
-      if (j >= part_done_) {
-        part_crc_[j] = wire::crc32c(payload);
-        part_done_ = j + 1;
-      }
+      const std::uint32_t crc = own_pass ? wire::crc32c(payload) : pv.range_crcs[j];
       if (j > 0) (void)core_.pin_parameters();  // the same version: nothing applies between the parts
       const std::uint32_t i = take_slot();
       send_slot& s = slots_[i];
@@ -1452,7 +1451,7 @@ class server {
                      .step = step,
                      .part = static_cast<std::uint16_t>(j),
                      .parts = static_cast<std::uint16_t>(parts)};
-      const status st = wire::seal_header(h, payload.size(), part_crc_[j], s.head, p_.core.limits);
+      const status st = wire::seal_header(h, payload.size(), crc, s.head, p_.core.limits);
       ASHL_ASSERT(st.ok(), "server: a pull reply part the wire refuses");
       (void)st;
       s.pinned = true;
@@ -1586,12 +1585,6 @@ class server {
   server_end end_ = server_end::running;
   std::uint64_t plan_sequence_ = 0;
   double next_progress_ = 0.0;
-  // server_params.reply_part_bytes: the parts' CRCs of one version (the
-  // last one replied in parts), the first part_done_ of part_count_ known.
-  std::vector<std::uint32_t> part_crc_;
-  std::uint64_t part_version_ = ~std::uint64_t{0};
-  const float* part_data_ = nullptr;
-  std::uint32_t part_count_ = 0, part_done_ = 0, part_whole_crc_ = 0;
   // Last: destroyed first, so the sends and receives its close still
   // progresses never touch pinned parameter versions (in core_), bodies or receive buffers gone before it.
   Transport t_;

@@ -2,7 +2,9 @@
 // messages and the driver's time in, what the driver must send out into a
 // caller-owned server_actions. No clock, no I/O, no threads of its own (a
 // driver may lend it an apply_pool: the same passes, split over threads,
-// bit-identical); the simulator and the real server drive the same object.
+// bit-identical; and a split of the parameters into ranges whose CRCs its
+// passes compute too: checksum_in_parts); the simulator and the real server
+// drive the same object.
 //
 //   auto layout = ashl::ps::shard_layout::even(n, 1);
 //   auto core = ashl::ps::server_core<ashl::sync::ssp>::create(
@@ -463,6 +465,7 @@ class server_core {
     if (initial.empty()) c.w_.assign(static_cast<std::size_t>(n), 0.0f);
     else c.w_.assign(initial.begin(), initial.end());
     c.acc_.assign(static_cast<std::size_t>(n), 0.0f);
+    c.range_crc_.assign(1, 0u);
     c.table_.resize(c.p_.workers);
     c.served_at_.assign(c.p_.workers, no_version);
     for (auto& e : c.table_) e.known = e.live = true;
@@ -582,13 +585,13 @@ class server_core {
             }
           } else if (in_acc_) {
             make_writable();
-            step_parts(static_cast<float>(d.weight));  // acc_ holds the commit at scale 1
+            step_parts(static_cast<float>(d.weight), c.pull && !c.ack_only);  // acc_ holds the commit at scale 1
           } else {
             // 0 + w·v in the accumulator, then a step at scale 1: the same
             // bits as decoding at scale 1 and stepping at w.
             decode_or_die(c.codec, c.type, c.step, c.tensor, c.payload, acc_, d.weight);
             make_writable();
-            step_parts(1.0f);
+            step_parts(1.0f, c.pull && !c.ack_only);
           }
         }
         ++stats_.commits_applied;
@@ -698,17 +701,49 @@ class server_core {
     std::uint64_t version = 0;
     std::uint32_t crc = 0;  // crc32c of the values' bytes
     bool first = false;     // the first pin of this version
+    // With checksum_in_parts(k), k >= 2: the CRC of each of the k ranges'
+    // bytes (range j: elements [j·per, min(n, (j + 1)·per)), per = ceil(n / k)),
+    // from the same pass as `crc`; empty otherwise. Valid until the next change.
+    std::span<const std::uint32_t> range_crcs;
   };
+
+  // The driver's split of the parameters into ranges it checksums on their
+  // own (ps::server: the parts of a pull reply, server_params.reply_part_bytes):
+  // k ranges of per = ceil(n / k) elements, the last one shorter. From then
+  // on every pass that computes the version's CRC (the dense add's, the sgd
+  // step's, the first pin's) computes each range's CRC in the same pass,
+  // cutting its CRC (not its arithmetic) at the ranges' bounds, and the
+  // version's CRC is the ranges' combined (wire::crc32c_combine): the same
+  // value as before. k of 0 or 1: no ranges. A k that leaves an empty range
+  // (k > n, or ceil(n / ceil(n / k)) != k) is refused naming the field.
+  // Allocates its k CRCs here, not in the passes. Like the apply pool, the
+  // driver's choice: not part of save(), and the simulator sets none.
+  status checksum_in_parts(std::uint32_t k) {
+    const std::size_t n = w_.size();
+    if (k >= 2) {
+      const std::size_t per = k > n ? 0 : (n + k - 1) / k;
+      if (per == 0 || (n + per - 1) / per != k)
+        return invalid_argument("server_core.checksum_parts", k,
+                                "leaves an empty range of the " + std::to_string(n) + " parameters");
+    }
+    checksum_parts_ = k < 2 ? 1 : k;
+    range_crc_.assign(checksum_parts_, 0u);
+    w_crc_valid_ = false;
+    return {};
+  }
+  [[nodiscard]] std::uint32_t checksum_parts() const noexcept { return checksum_parts_ < 2 ? 0 : checksum_parts_; }
 
   pinned_parameters pin_parameters() {
     if (!w_crc_valid_) {
       const float* src = w_.data();
-      const unsigned k = for_parts(w_.size(), [&](unsigned part, std::size_t lo, std::size_t hi) noexcept {
-        part_crc_[part] = wire::crc32c(std::as_bytes(std::span<const float>(src + lo, hi - lo)));
-        part_len_[part] = hi - lo;
+      const std::size_t n = w_.size();
+      const unsigned k = for_parts(n, [&](unsigned part, std::size_t lo, std::size_t hi) noexcept {
+        crc_cursor c = crc_open(part, lo, n);
+        crc_feed(c, src, lo, hi);
+        crc_close(c, hi);
       });
-      w_crc_ = combine_part_crcs(k);
-      w_crc_valid_ = true;
+      finish_crcs(k);
+      ++checksum_passes_;
     }
     const std::uint64_t v = version();
     const bool first = !w_pinned_before_ || w_pin_version_ != v;
@@ -716,7 +751,9 @@ class server_core {
     ASHL_ASSERT(w_pin_version_ == v, "server_core: the pinned parameters changed in place");
     w_pinned_before_ = true;
     ++w_readers_;
-    return {w_, v, w_crc_, first};
+    const std::span<const std::uint32_t> ranges = checksum_parts_ >= 2 ? std::span<const std::uint32_t>(range_crc_)
+                                                                        : std::span<const std::uint32_t>{};
+    return {w_, v, w_crc_, first, ranges};
   }
 
   void unpin_parameters(std::uint64_t version) {
@@ -743,6 +780,12 @@ class server_core {
   // and by a copy first (every other change).
   [[nodiscard]] std::uint64_t applied_beside() const noexcept { return applied_beside_; }
   [[nodiscard]] std::uint64_t copies_for_readers() const noexcept { return copies_for_readers_; }
+  // Versions whose CRC (and checksum ranges' CRCs) took a read pass of
+  // their own (the first pin; the driver's counters, not part of save()),
+  // and those whose CRCs the apply computed in its pass (a dense add or an
+  // sgd step with a pull riding, or a round that releases pulls).
+  [[nodiscard]] std::uint64_t checksum_passes() const noexcept { return checksum_passes_; }
+  [[nodiscard]] std::uint64_t checksums_in_apply() const noexcept { return checksums_in_apply_; }
   // Spare buffers held (pinned or free) besides the parameters.
   [[nodiscard]] std::size_t version_buffers() const noexcept { return held_.size(); }
   [[nodiscard]] std::uint64_t version() const noexcept { return stats_.steps; }
@@ -884,6 +927,7 @@ class server_core {
     make_writable();  // a version replies still read keeps its storage
     w_ = std::move(w);
     w_crc_valid_ = false;
+    if (checksum_parts_ >= 2 && !checksum_in_parts(checksum_parts_).ok()) (void)checksum_in_parts(0);  // another size
     acc_.assign(w_.size(), 0.0f);
     table_ = std::move(table);
     store_ = std::move(store);
@@ -1136,8 +1180,10 @@ class server_core {
     const compress::codec_context ctx{p_.seed, c.step, c.tensor, {}};
     // One part per apply thread (one part without a pool); each part's
     // chunks start at its first element, a whole number of 64-byte lines.
+    // The CRC is cut at the driver's checksum ranges (checksum_in_parts),
+    // the add is not: its chunks stay whole multiples of every SIMD width.
     const unsigned parts = for_parts(n, [&](unsigned part, std::size_t lo, std::size_t hi) noexcept {
-      std::uint32_t crc = 0;
+      crc_cursor crc = crc_open(part, lo, n);
       for (std::size_t at = lo; at < hi; at += chunk) {
         const std::size_t k = std::min(chunk, hi - at);
         if (beside) std::memcpy(dst + at, src + at, k * sizeof(float));
@@ -1145,17 +1191,21 @@ class server_core {
                                               host_view<float>(dst + at, k), static_cast<float>(weight), ctx);
         ASHL_ASSERT(s.ok(), "server_core: a validated payload failed to decode");
         (void)s;
-        if (want_crc) crc = wire::crc32c(std::as_bytes(std::span<const float>(dst + at, k)), crc);
+        if (want_crc) crc_feed(crc, dst, at, at + k);
       }
-      part_crc_[part] = crc;
-      part_len_[part] = hi - lo;
+      if (want_crc) crc_close(crc, hi);
     });
     if (beside) {
       retire_pinned(*b);
       ++applied_beside_;
     }
-    w_crc_ = want_crc ? combine_part_crcs(parts) : 0;
-    w_crc_valid_ = want_crc;
+    if (want_crc) {
+      finish_crcs(parts);
+      ++checksums_in_apply_;
+    } else {
+      w_crc_ = 0;
+      w_crc_valid_ = false;
+    }
   }
 
   // Adds weight x a validated payload into `into` (w_ or acc_): by parts
@@ -1193,11 +1243,29 @@ class server_core {
     (void)s;
   }
 
-  // The optimizer's step over acc_, by parts.
-  void step_parts(float scale) {
-    for_parts(w_.size(), [&](unsigned, std::size_t lo, std::size_t hi) noexcept {
-      if (hi > lo) opt_.step(w_, acc_, scale, lo, hi);
+  // The optimizer's step over acc_, by parts; with want_crc the new
+  // version's CRC (and its checksum ranges') in the same pass, chunk by
+  // chunk as apply_dense does (chunks of whole SIMD widths: the same bits).
+  void step_parts(float scale, bool want_crc = false) {
+    const std::size_t n = w_.size();
+    const std::size_t chunk = apply_chunk_bytes / sizeof(float);
+    const unsigned parts = for_parts(n, [&](unsigned part, std::size_t lo, std::size_t hi) noexcept {
+      if (!want_crc) {
+        if (hi > lo) opt_.step(w_, acc_, scale, lo, hi);
+        return;
+      }
+      crc_cursor crc = crc_open(part, lo, n);
+      for (std::size_t at = lo; at < hi; at += chunk) {
+        const std::size_t k = std::min(chunk, hi - at);
+        opt_.step(w_, acc_, scale, at, at + k);
+        crc_feed(crc, w_.data(), at, at + k);
+      }
+      crc_close(crc, hi);
     });
+    if (want_crc) {
+      finish_crcs(parts);
+      ++checksums_in_apply_;
+    }
   }
 
   // Parts a pass over n elements runs as: the pool's threads, or 1 (no pool,
@@ -1228,11 +1296,85 @@ class server_core {
     return k;
   }
 
-  // The CRC of the parts' bytes in order, from part_crc_ and part_len_ (floats).
-  [[nodiscard]] std::uint32_t combine_part_crcs(unsigned parts) const noexcept {
-    std::uint32_t crc = part_crc_[0];
-    for (unsigned q = 1; q < parts; ++q) crc = wire::crc32c_combine(crc, part_crc_[q], part_len_[q] * sizeof(float));
-    return crc;
+  // ------------------------------------------- CRCs by range, in one pass
+  //
+  // A pass over the version computes CRCs of segments: the pieces of the
+  // shard cut at both the pool's part bounds and the driver's checksum
+  // ranges' (checksum_in_parts; one range of n elements without). Within a
+  // pool part a segment starts at the part's first element or at a range's
+  // first element: the latter's CRC goes straight to range_crc_[j]; the
+  // former (the head of pool part p, starting inside range j) goes to
+  // head_crc_[p], and finish_crcs appends the heads to their ranges in
+  // order. Each pool part writes only its own head and the ranges that start
+  // in it, so parts never share a CRC slot.
+  struct crc_cursor {
+    unsigned part = 0;       // the pool part
+    std::size_t seg = 0;     // first element of the open segment
+    std::size_t end = 0;     // end of the range the open segment lies in
+    std::size_t per = 0;     // elements per range
+    std::size_t n = 0;
+    std::uint32_t crc = 0;
+  };
+
+  [[nodiscard]] crc_cursor crc_open(unsigned part, std::size_t lo, std::size_t n) noexcept {
+    const std::size_t per = range_elements(n);
+    head_len_[part] = 0;
+    return {part, lo, std::min(n, (lo / per + 1) * per), per, n, 0};
+  }
+
+  // Appends elements [from, to) of `data` (consecutive calls, in order).
+  void crc_feed(crc_cursor& c, const float* data, std::size_t from, std::size_t to) noexcept {
+    while (from < to) {
+      const std::size_t b = std::min(to, c.end);
+      c.crc = wire::crc32c(std::as_bytes(std::span<const float>(data + from, b - from)), c.crc);
+      from = b;
+      if (b == c.end) crc_close(c, b);
+    }
+  }
+
+  // Ends the open segment at `at` (the pool part's end, or a range's).
+  void crc_close(crc_cursor& c, std::size_t at) noexcept {
+    if (at > c.seg) {
+      const std::size_t j = c.seg / c.per;
+      if (c.seg == j * c.per) {
+        range_crc_[j] = c.crc;
+      } else {
+        head_crc_[c.part] = c.crc;
+        head_len_[c.part] = at - c.seg;
+        head_range_[c.part] = static_cast<std::uint32_t>(j);
+      }
+    }
+    c.seg = at;
+    c.end = std::min(c.n, at + c.per);
+    c.crc = 0;
+  }
+
+  // Elements per checksum range: ceil(n / k) (n without ranges).
+  [[nodiscard]] std::size_t range_elements(std::size_t n) const noexcept {
+    const std::size_t k = checksum_parts_;
+    return n == 0 ? 1 : (n + k - 1) / k;
+  }
+
+  // After a pass of `parts` pool parts: the heads appended to their ranges,
+  // the version's CRC = the ranges' combined in order.
+  void finish_crcs(unsigned parts) noexcept {
+    if (range_crc_.empty()) range_crc_.assign(1, 0u);  // a core never given checksum_in_parts
+    for (unsigned q = 1; q < parts; ++q)
+      if (head_len_[q] > 0) {
+        std::uint32_t& r = range_crc_[head_range_[q]];
+        r = wire::crc32c_combine(r, head_crc_[q], head_len_[q] * sizeof(float));
+      }
+    const std::size_t n = w_.size();
+    const std::size_t per = range_elements(n);
+    std::uint32_t crc = n == 0 ? 0u : range_crc_[0];
+    if (checksum_parts_ >= 2) {
+      const wire::crc32c_combiner after_range(per * sizeof(float));
+      const std::uint32_t last = checksum_parts_ - 1;
+      for (std::uint32_t j = 1; j < last; ++j) crc = after_range(crc, range_crc_[j]);
+      crc = wire::crc32c_combine(crc, range_crc_[last], (n - std::size_t{last} * per) * sizeof(float));
+    }
+    w_crc_ = crc;
+    w_crc_valid_ = true;
   }
 
   void clear_acc() noexcept {
@@ -1295,7 +1437,7 @@ class server_core {
       }
       if (math && !opt_.adds_deltas()) {
         make_writable();
-        step_parts(1.0f);
+        step_parts(1.0f, sink_.released().size() > from.released);  // the round releases pulls: they read it
       }
       take_step(out);
     }
@@ -1391,10 +1533,16 @@ class server_core {
   bool w_crc_valid_ = false;  // w_crc_ is the CRC of w_ as it is
   std::vector<version_buffer> held_;
   std::uint64_t applied_beside_ = 0, copies_for_readers_ = 0;
+  std::uint64_t checksum_passes_ = 0, checksums_in_apply_ = 0;
   // Apply threads (use_apply_pool): not owned; per-part results of a pass.
   apply_pool* pool_ = nullptr;
-  std::array<std::uint32_t, apply_pool::max_threads> part_crc_{};
-  std::array<std::size_t, apply_pool::max_threads> part_len_{};
+  // CRCs by range (checksum_in_parts): each range's CRC of the current
+  // version (valid with w_crc_), and per pool part its head segment.
+  std::uint32_t checksum_parts_ = 1;
+  std::vector<std::uint32_t> range_crc_;
+  std::array<std::uint32_t, apply_pool::max_threads> head_crc_{};
+  std::array<std::size_t, apply_pool::max_threads> head_len_{};
+  std::array<std::uint32_t, apply_pool::max_threads> head_range_{};
   std::array<std::size_t, apply_pool::max_threads> part_first_{};
 };
 
