@@ -493,6 +493,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     encode it there (default: for CUDA buckets; True forces it on the CPU). trace: a Chrome trace path
     (default ASHL_TRACE; ashl.trace).
 
+    commit_part_bytes: a bucket's dense commit larger than this goes in
+    parts of about that many bytes (0: whole; else >= 4096), each checked by
+    the server as it lands, commit_window (1-16) of them in flight
+    (docs/ps.md, "Commits in parts"); compressed commits go whole.
+
     link: an emulated link in place of ``link_bytes_per_second``'s rate:
     called as ``link("up", bytes)`` before a commit is sent and
     ``link("down", bytes)`` after a pull reply arrived, it holds the thread
@@ -513,7 +518,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  overlap: bool = True, commit_in_backward: Optional[bool] = None,
                  check_finite: Optional[bool] = None, trace: Optional[str] = None,
                  incarnation: int = 0, device_encode: Optional[bool] = None,
-                 link: Optional[Callable[[str, int], None]] = None):
+                 link: Optional[Callable[[str, int], None]] = None, commit_part_bytes: int = 0,
+                 commit_window: int = 4):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer = {type(optimizer).__name__}: must be a torch.optim.Optimizer")
         if update not in ("delta", "gradient"):
@@ -556,7 +562,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  reconnect=reconnect, progress_seconds=self._job.progress_seconds if b.index == 0
                                  else 0.0, token=self._job.token, insecure=self._job.insecure,
                                  verbose=self._job.verbose, fabric=fabric, incarnation=incarnation,
-                                 job=_job_id(self._job, b.size), follower=b.index > 0, link=link)
+                                 job=_job_id(self._job, b.size), follower=b.index > 0, link=link,
+                                 commit_part_bytes=commit_part_bytes, commit_window=commit_window)
                 b.stage_in()
                 builder = _ashl.UpdateBuilder(update, b.size)
                 builder.pulled(b.host_params.numpy())
@@ -643,7 +650,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         per = [e.worker.telemetry for e in self._ex]
         t = dict(per[0])
         for k in ("bytes_out", "bytes_in", "wait_seconds", "compress_seconds", "link_seconds", "errors",
-                  "copied_replies", "staged_replies", "bad_messages", "reply_parts", "reconnects", "measurement_messages"):
+                  "copied_replies", "staged_replies", "bad_messages", "reply_parts", "commit_parts", "reconnects",
+                  "measurement_messages"):
             t[k] = sum(p[k] for p in per)
         t["bucket_commits"] = sum(p["commits"] for p in per)
         t["buckets"] = per

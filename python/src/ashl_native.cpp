@@ -305,7 +305,8 @@ class py_worker {
   py_worker(py::array parameters, std::vector<std::string> servers, std::uint32_t rank, std::uint32_t batch,
             double timeout, std::uint64_t seed, bool error_feedback, double link_bytes_per_second, double reconnect,
             double progress_seconds, std::string token, bool insecure, bool verbose, std::optional<fabric> inproc,
-            std::uint64_t incarnation, std::uint64_t job, bool follower, py::object link)
+            std::uint64_t incarnation, std::uint64_t job, bool follower, py::object link,
+            std::uint64_t commit_part_bytes, std::uint32_t commit_window)
       : link_(std::move(link)), params_obj_(parameters) {
     const auto w = buffer_of(parameters, "parameters", true);
     ps::worker_params p{.rank = rank,
@@ -320,6 +321,8 @@ class py_worker {
                         .link_bytes_per_second = link_bytes_per_second,
                         .reconnect = millis(reconnect, "worker.reconnect"),
                         .follower = follower};
+    p.commit_part_bytes = commit_part_bytes;  // refused by name by worker::create (0, or >= 4096)
+    p.commit_window = commit_window;          // likewise (1 .. wire::max_parts_in_flight)
     if (!link_.is_none()) {
       if (!PyCallable_Check(link_.ptr()))
         raise(ashl::invalid_argument("worker.link", py::str(py::type::of(link_)).cast<std::string>(),
@@ -854,13 +857,14 @@ PYBIND11_MODULE(_ashl, m) {
   py::class_<py_worker>(m, "Worker", "ps::worker: commits a flat float32 buffer and pulls into another")
       .def(py::init<py::array, std::vector<std::string>, std::uint32_t, std::uint32_t, double, std::uint64_t, bool,
                     double, double, double, std::string, bool, bool, std::optional<fabric>, std::uint64_t,
-                    std::uint64_t, bool, py::object>(),
+                    std::uint64_t, bool, py::object, std::uint64_t, std::uint32_t>(),
            py::arg("parameters"), py::arg("servers"), py::arg("rank") = 0, py::arg("batch") = 1,
            py::arg("timeout") = 30.0, py::arg("seed") = 0, py::arg("error_feedback") = true,
            py::arg("link_bytes_per_second") = 0.0, py::arg("reconnect") = 0.0, py::arg("progress_seconds") = 0.0,
            py::arg("token") = "", py::arg("insecure") = false, py::arg("verbose") = false,
            py::arg("fabric") = std::nullopt, py::arg("incarnation") = 0, py::arg("job") = 0,
-           py::arg("follower") = false, py::arg("link") = py::none())
+           py::arg("follower") = false, py::arg("link") = py::none(), py::arg("commit_part_bytes") = 0,
+           py::arg("commit_window") = 4)
       .def("iteration_done", &py_worker::iteration_done)
       .def_property_readonly("compresses", &py_worker::compresses,
                              "whether this cycle's commit is compressed (known once iteration_done said true)")
