@@ -828,7 +828,10 @@ class server {
       send_error(p, errc::invalid_argument, h.sequence, std::string(field) + " = " + std::to_string(value) + ": " + why);
       drop_commit(cs, cs.active ? cs.head.sequence : h.sequence);
     };
-    const std::string of = " of commit " + std::to_string(cs.head.sequence);
+    // Built only for a refusal's text: once a sequence has 6 digits this
+    // string no longer fits the small-string buffer, and every part would
+    // allocate.
+    auto of = [&] { return " of commit " + std::to_string(cs.head.sequence); };
     if (!cs.active) {
       if (cs.dropping && h.sequence == cs.dropped_sequence && h.part != 0) {  // part 0: sent again, afresh
         ++tel_.commit_parts_dropped;
@@ -860,19 +863,19 @@ class server {
                           " of " + std::to_string(cs.head.parts) + " due): a part of another commit");
       if (h.parts != cs.head.parts)
         return refuse("commit_part.parts", h.parts,
-                      "earlier parts" + of + " said " + std::to_string(cs.head.parts) + " (another split)");
+                      "earlier parts" + of() + " said " + std::to_string(cs.head.parts) + " (another split)");
       if (h.part < cs.next)
         return refuse("commit_part.part", h.part,
-                      "repeated: parts 0.." + std::to_string(cs.next - 1) + of + " passed");
+                      "repeated: parts 0.." + std::to_string(cs.next - 1) + of() + " passed");
       if (h.part > cs.next)
         return refuse("commit_part.part", h.part,
-                      "out of order: part " + std::to_string(cs.next) + " of " + std::to_string(cs.head.parts) + of +
+                      "out of order: part " + std::to_string(cs.next) + " of " + std::to_string(cs.head.parts) + of() +
                           " is due");
       if (h.clock != cs.head.clock || h.step != cs.head.step || h.samples != cs.head.samples ||
           h.flags != cs.head.flags || h.tensor != cs.head.tensor || h.type != cs.head.type ||
           h.element_count != cs.head.element_count)
         return refuse("commit_part.clock", h.clock,
-                      "part " + std::to_string(h.part) + of +
+                      "part " + std::to_string(h.part) + of() +
                           " differs from its part 0 in clock, step, samples, flags, tensor, dtype or element_count");
     }
     const std::size_t elem = size_of(h.type);
@@ -881,7 +884,7 @@ class server {
     if (payload.data() != dst.data()) {  // eager, or received beside the staging: copied once, checked already
       for (std::uint32_t k = 0; k < cs.claims; ++k)
         if (cs.claimed[k] == pr.first * elem)
-          return refuse("commit_part.part", h.part, "repeated: another message of this part" + of + " is being received");
+          return refuse("commit_part.part", h.part, "repeated: another message of this part" + of() + " is being received");
       std::memcpy(dst.data(), payload.data(), dst.size());
     }
     cs.finite = cs.finite && finite;
