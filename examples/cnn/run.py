@@ -73,6 +73,9 @@ def parse(argv):
                    help="f_m of the ashl server's link (default 4: the fastest group's), shared by all its workers")
     p.add_argument("--eval-cpus", default="", help="CPUs for a concurrent evaluator, taken from the training "
                    "(e.g. 2,3); default: none, the evaluator waits for the run's end")
+    p.add_argument("--eval-to-target", action="store_true",
+                   help="evaluate the ticks only up to the first that reaches --target, then the final parameters "
+                   "(the default of --tune, whose rows need only the time to target and the final accuracy)")
     p.add_argument("--max-attempts", type=int, default=3,
                    help="runs of one (method, seed) while more than 2 %% of its iterations overran (default 3)")
     p.add_argument("--order", choices=("random", "given"), default="random",
@@ -250,7 +253,8 @@ def child_args(a, role, rank, method, seed, run_dir, port, cfg):
             "--budget", repr(a.budget), "--time-scale", repr(a.time_scale), "--eval-every", repr(a.eval_every),
             "--momentum", repr(a.momentum), "--switch-loss", repr(a.switch_loss),
             "--server-link-factor", repr(a.server_link_factor), "--config-json", json.dumps(cfg),
-            "--eval-cpus", ",".join(map(str, a.eval_cpus)), "--out", a.out]
+            "--eval-cpus", ",".join(map(str, a.eval_cpus)), "--out", a.out, "--target", repr(a.target)] + \
+        (["--eval-to-target"] if a.eval_to_target else [])
 
 
 def log_tail(path, lines=40):
@@ -390,7 +394,8 @@ def run_row(a, method, seed, cfg, tag, extra):
            "bytes_sent_per_worker": sum(w["bytes_up"] for w in ws) / len(ws),
            "measured_ms_per_iteration": measured, "emulated_ms_per_iteration": emulated,
            "cpu_seconds": sum(w["cpu_seconds"] for w in ws), "run_wall_s": round(time.time() - t_run, 1),
-           "curve": [[t, round(acc, 4)] for t, acc, _ in ev["curve"]], **machine, **extra}
+           "curve": [[t, round(acc, 4)] for t, acc, _ in ev["curve"]],
+           "curve_to_target": bool(ev.get("to_target", False)), **machine, **extra}
     if method in ("ashl", "ashl_plus"):
         row["ratio"] = cfg["ratio"]
         row["switch_loss"] = a.switch_loss
@@ -528,6 +533,7 @@ def tune(a):
         grid = json.load(f)
     methods = [m for m in a.methods if m != "best_ddp"]
     a.methods = methods
+    a.eval_to_target = True  # a tuning row needs the time to target and the final accuracy, not the whole curve
     prepare(a)
     header(a, "tuning", methods, a.tuning_seed_values)
     path = os.path.join(a.out, "tuning.jsonl")
@@ -579,6 +585,11 @@ def report(a, rows):
         print("no results", flush=True)
         return
     if a.report and a.target_given:  # the table at another accuracy, from the curves
+        cut = [r for r in rows if r.get("curve_to_target") and a.target > r["target_accuracy"]]
+        if cut:
+            raise SystemExit(f"--target {a.target}: {len(cut)} rows' curves stop at their target "
+                             f"{cut[0]['target_accuracy']} (--eval-to-target), e.g. {cut[0]['method']} seed "
+                             f"{cut[0]['seed']}; a higher target cannot be read from them")
         rows = [dict(r, target_accuracy=a.target,
                      time_to_target_s=next((t for t, acc in r["curve"] if acc >= a.target), None)) for r in rows]
     target = rows[0]["target_accuracy"]

@@ -5,13 +5,16 @@ final accuracy (the evaluator's, on all 10,000 test images) is well above
 chance (0.1), whose curve has a point per 5 s tick, whose workers put bytes
 through the link model in both directions, ASHL's workers went from
 profiling to AHL, and the report table has an interval per method; a bad
---ratio is refused by name. Exit 77 (skipped) when PyTorch, the ashl module
+--ratio is refused by name; the evaluator with --eval-to-target stops at
+the first tick that reaches the target and still evaluates the final
+parameters. Exit 77 (skipped) when PyTorch, the ashl module
 or the data set is missing.
 
     /usr/bin/python3 examples/cnn/smoke_test.py --out DIR
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -80,6 +83,26 @@ def main():
         if stages[:2] != ["profile", "ahl"]:
             print(f"ashl worker {rank}: stages {stages}: expected profiling, then AHL")
             return 1
+    # The tuning's evaluator (--eval-to-target) stops at the first tick that
+    # reaches the target and still evaluates the final parameters: run it
+    # again on a copy of ASHL's run with a target every tick reaches.
+    run_copy = os.path.join(out, "eval-to-target")
+    shutil.rmtree(run_copy, ignore_errors=True)
+    shutil.copytree(os.path.join(out, "runs", "ashl-seed1-a1"), run_copy)
+    os.remove(os.path.join(run_copy, "curve.json"))
+    ev = subprocess.run([sys.executable, os.path.join(HERE, "run.py"), "--role", "evaluator", "--run-dir", run_copy,
+                         "--budget", "15", "--eval-every", "5", "--target", "0.0", "--eval-to-target", "--out", out],
+                        capture_output=True, text=True, timeout=120)
+    if ev.returncode != 0:
+        print(f"evaluator --eval-to-target: exit {ev.returncode}: {ev.stderr[-2000:]}")
+        return 1
+    with open(os.path.join(run_copy, "curve.json")) as f:
+        cut = json.load(f)
+    if [t for t, _, _ in cut["curve"]] != [5.0] or not cut["to_target"] or \
+            abs(cut["final_accuracy"] - seen["ashl"]["final_accuracy"]) > 2e-4:
+        print(f"evaluator --eval-to-target --target 0: curve {cut['curve']}, final {cut['final_accuracy']}: expected "
+              f"the 5 s tick only and the run's final accuracy {seen['ashl']['final_accuracy']}")
+        return 1
     print("cnn --quick: bsp", seen["bsp"]["final_accuracy"], "ashl", seen["ashl"]["final_accuracy"], "ddp",
           seen["ddp"]["final_accuracy"])
     return 0
