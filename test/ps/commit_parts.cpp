@@ -5,6 +5,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "../support/checks.hpp"
+#include "../support/counting_new.hpp"
 #include "../support/forwarding_transport.hpp"
 #include "../support/ps_job.hpp"
 
@@ -244,6 +245,61 @@ void commits_in_parts(std::size_t eager_bytes) {
 BOOST_AUTO_TEST_CASE(a_commit_in_parts_is_checked_part_by_part_and_applied_whole_once) {
   commits_in_parts(256);                // parts received into the server's staging buffer
   commits_in_parts(std::size_t{1} << 20);  // eager parts, copied into it once checked
+}
+
+// No allocation on the server for a commit in parts, whole or refused part
+// by part, at sequences past 10^6: the text a part's refusal would carry
+// (" of commit N", longer than the small-string buffer from N = 100,000 on)
+// was once built for every part. The client's messages are sealed before
+// the count starts, and inproc sends from a pool.
+BOOST_AUTO_TEST_CASE(commits_in_parts_allocate_nothing_at_large_sequences) {
+  for (const std::size_t eager : {std::size_t{256}, std::size_t{1} << 20}) {
+    auto fabric = tr::inproc_fabric::create({.eager_bytes = eager, .deterministic = true});
+    rig p(fabric, "parts");
+    constexpr std::uint64_t first = 999'990;  // crosses 10^6 within the measured commits
+    constexpr int warmup = 4, measured = 24;
+    struct message {
+      std::array<std::byte, w::header_bytes> head{};
+      std::span<const std::byte> payload;
+    };
+    const std::vector<std::vector<float>> g{gradient(1), gradient(2)};
+    std::vector<message> msgs;
+    for (int c = 0; c < warmup + measured; ++c) {
+      const std::uint64_t seq = first + static_cast<std::uint64_t>(c);
+      for (std::uint16_t j = 0; j < parts; ++j) {
+        w::header h = rig::commit_header(seq);
+        h.flags |= w::flag_part;
+        h.part = j;
+        h.parts = parts;
+        const w::part_range pr = w::part_elements(n, parts, j);
+        message m{.payload = std::as_bytes(std::span<const float>(g[c % 2]).subspan(pr.first, pr.count))};
+        ASHL_REQUIRE(w::seal_header(h, m.payload, m.head).ok());
+        msgs.push_back(m);
+      }
+    }
+    auto commit = [&](int c) {
+      for (std::uint16_t j = 0; j < parts; ++j) {
+        const message& m = msgs[static_cast<std::size_t>(c) * parts + j];
+        ASHL_REQUIRE(p.client.send(p.peer, m.head, m.payload, 0).ok());
+        p.pump();
+      }
+    };
+    for (int c = 0; c < warmup; ++c) commit(c);
+    const std::size_t before = counting_new::count();
+    for (int c = warmup; c < warmup + measured; ++c) commit(c);
+    // The last commit sent again (a worker's re-send after a reconnect): a
+    // duplicate, counted and not applied, still without an allocation.
+    const std::size_t client_side = counting_new::count();
+    commit(warmup + measured - 1);  // a duplicate: the server answers nothing
+    const std::size_t after = counting_new::count();
+    ASHL_TEST(client_side == before, "allocations for " << measured << " commits in parts, eager " << eager << ": "
+                                                        << client_side - before);
+    ASHL_TEST(after == client_side, "allocations for a duplicate commit in parts: " << after - client_side);
+    ASHL_TEST(p.srv->core().stats().commits_applied == std::uint64_t{warmup + measured});
+    ASHL_TEST(p.srv->core().stats().duplicates == 1u);
+    ASHL_TEST(p.srv->telemetry().commits_in_parts == std::uint64_t{warmup + measured + 1});
+    ASHL_TEST(p.ch.errors.empty(), p.ch.errors.front());
+  }
 }
 
 // Through ps::worker: BSP, two servers, commits in parts of 1 Ki elements
