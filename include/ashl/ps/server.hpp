@@ -157,6 +157,20 @@ struct server_params {
   // reply's copy and CRC). The parameters are bit-identical for any N; a
   // shard below 32 Ki elements is applied by one thread anyway.
   std::uint32_t apply_threads = 1;
+  // Commits applied in one pass (docs/ps.md "Batched applies"; issue 28,
+  // item 3): dense model-delta commits that one pass of the transport's
+  // progress delivered into receive buffers (or a commit in parts' staging)
+  // wait, up to this many and one per worker, and are then added in a
+  // single pass over the parameters, each cache-sized chunk taking every
+  // commit's add in arrival order: the parameters are bit-identical to
+  // applying each as it came, with one read and write of the shard instead
+  // of one per commit. The policy still decides each commit as it comes;
+  // the replies and acknowledgements of the batch leave once it is applied,
+  // at the end of the pass (or earlier: before any other message, a second
+  // commit from a worker in the batch, a plan or error to send, or a full
+  // batch). 1: every commit is applied as it arrives (the default);
+  // 2..64: at most this many wait.
+  std::uint32_t apply_batch = 1;
 };
 
 // Messages refused before they reached server_core.
@@ -228,6 +242,8 @@ struct server_telemetry {
   std::uint64_t commit_parts = 0;           // parts of commits in parts that passed (worker_params.commit_part_bytes)
   std::uint64_t commits_in_parts = 0;       // commits whose parts all passed, handed to server_core whole
   std::uint64_t commit_parts_dropped = 0;   // parts of a commit a refused part (or a lost connection) discarded
+  std::uint64_t batched_applies = 0;        // passes that added several waiting commits (server_params.apply_batch)
+  std::uint64_t batched_commits = 0;        // the commits those passes added
   std::uint64_t worker_errors = 0;          // error messages workers sent us
   std::uint64_t snapshots = 0;              // versions pulled (each pinned by its replies, checksummed once)
   std::uint64_t applied_beside = 0;         // dense applies made beside a version replies still read
@@ -274,6 +290,8 @@ struct server_telemetry {
         field{"commit_parts", &server_telemetry::commit_parts},
         field{"commits_in_parts", &server_telemetry::commits_in_parts},
         field{"commit_parts_dropped", &server_telemetry::commit_parts_dropped},
+        field{"batched_applies", &server_telemetry::batched_applies},
+        field{"batched_commits", &server_telemetry::batched_commits},
         field{"plans", &server_telemetry::plans},
         field{"errors_sent", &server_telemetry::errors_sent},
         field{"worker_errors", &server_telemetry::worker_errors},
@@ -332,6 +350,7 @@ template <transport::transport Transport, sync::consistency_policy Policy = sync
 class server {
  public:
   using core_type = server_core<Policy>;
+  static constexpr std::uint32_t max_apply_batch = 64;  // server_params.apply_batch
 
   static result<server> create(server_params p, Policy policy, Transport t, std::span<const float> initial = {}) {
     if (!(p.progress_seconds >= 0.0))
@@ -363,8 +382,12 @@ class server {
     if (p.policy.size() > max_policy_name)
       return invalid_argument("server.policy", p.policy, "longer than " + std::to_string(max_policy_name) + " bytes");
     ASHL_TRY(apply_pool::check_threads(p.apply_threads, "server.apply_threads"));
+    if (p.apply_batch < 1 || p.apply_batch > max_apply_batch)
+      return invalid_argument("server.apply_batch", p.apply_batch,
+                              "must be in 1.." + std::to_string(max_apply_batch) + " (1: each commit as it arrives)");
     auto core = core_type::create(p.core, std::move(policy), initial);
     if (!core) return core.error();
+    core->defer_dense_applies(p.apply_batch);
     std::unique_ptr<apply_pool> pool;
     if (p.apply_threads > 1) {
       auto made = apply_pool::create(p.apply_threads, "server.apply_threads");
@@ -426,6 +449,7 @@ class server {
   std::size_t poll() {
     handler h{this};
     const std::size_t n = t_.progress(h);
+    end_batch(clock_.now());  // what the pass delivered is applied and answered before the pass ends
     maybe_print_progress();
     return n;
   }
@@ -512,6 +536,7 @@ class server {
   // A metric measured by the server's own program (a loss on held-out data,
   // say), handed to server_core as a worker's metric message would be.
   void report_metric(metric_id m, double value) {
+    end_batch(clock_.now());
     core_.metric(m, value, clock_.now(), out_);
     flush(clock_.now());
   }
@@ -519,6 +544,7 @@ class server {
   // Drains the core (buffered commits applied, held pulls released) and sends
   // what that produced: at shutdown, before a final checkpoint.
   void drain() {
+    end_batch(clock_.now());
     core_.drain(out_);
     flush(clock_.now());
   }
@@ -547,6 +573,8 @@ class server {
     s.core = core_.stats();
     s.applied_beside = core_.applied_beside();
     s.copies_for_readers = core_.copies_for_readers();
+    s.batched_applies = core_.batched_passes();
+    s.batched_commits = core_.batched_commits();
     s.transport = t_.counters();
     s.seconds = clock_.now();
     if (writer_) {
@@ -702,6 +730,8 @@ class server {
     slots_.reserve(4 * std::size_t{p_.core.workers} + 8);
     free_slots_.reserve(4 * std::size_t{p_.core.workers} + 8);
     rx_.reserve(2 * std::size_t{p_.core.workers} + 2);
+    batch_workers_.reserve(p_.apply_batch);
+    batch_rx_.reserve(p_.apply_batch);
     next_progress_ = p_.progress_seconds;
   }
 
@@ -725,6 +755,11 @@ class server {
     // the offset its (unchecked) header names, when it may (place_part);
     // anything else, to be refused by name once decoded, in a pooled buffer.
     if (const wire::peeked_part pp = wire::peek_part(head); pp.valid() && pp.kind == wire::message_kind::commit) {
+      // The rank's last commit may wait in the batch, read from this
+      // staging: applied before anything lands there (a worker sends its
+      // next commit only after the reply, which waits for the batch, so
+      // only a client that does not wait gets here).
+      if (in_batch(peer(p).rank)) apply_held();
       commit_parts_in& cs = cparts_[peer(p).rank];
       const part_place at = place_part(cs, pp, n);
       if (!at.region.empty()) return at.region;
@@ -895,15 +930,17 @@ class server {
     // Every part passed: the commit as if it had come whole.
     cs.active = false;
     ++tel_.commits_in_parts;
+    // The staging holds it until this rank's next commit, which waits for
+    // the batch to end: it may wait in the batch.
     to_core(w, cs.head, std::span<const std::byte>(cs.staging).first(cs.head.element_count * elem), cs.bytes, cs.finite,
-            now);
+            now, p_.apply_batch > 1);
   }
 
   // A commit (whole, or its parts' staging once all passed) to server_core.
   // The samples a commit covers travel in its header (the worker's
   // worker_cycle counted them); server_core bounds them.
   void to_core(worker_id w, const wire::header& h, std::span<const std::byte> payload, std::uint64_t bytes,
-               bool values_checked, double now) {
+               bool values_checked, double now, bool kept) {
     commit_in c{.worker = w,
                 .incarnation = core_.incarnation(w),
                 .sequence = h.sequence,
@@ -919,7 +956,8 @@ class server {
                 .pull = (h.flags & wire::flag_pull) != 0,
                 .ack_only = (h.flags & (wire::flag_pull | wire::flag_ack_requested)) ==
                             (wire::flag_pull | wire::flag_ack_requested),
-                .values_checked = values_checked};
+                .values_checked = values_checked,
+                .payload_kept = kept};
     // A push (flags pull | ack_requested, ps::worker::push): its pull is
     // answered with a header-only acknowledgement when the policy releases
     // it, not with the parameters.
@@ -931,6 +969,11 @@ class server {
   // over all connections: the free buffer that fits best; idle capacity is
   // given up before a message is refused.
   std::span<std::byte> take_rx(transport::peer_id p, std::size_t n) {
+    if (!batch_rx_.empty()) {  // past the budget with the batch's buffers: they go back first, its commits applied
+      std::uint64_t held = 0;
+      for (const auto& b : rx_) held += b.busy ? b.bytes.size() : 0;
+      if (held + n > p_.max_receive_bytes) apply_held();
+    }
     std::uint64_t lent = 0, total = 0;
     std::uint32_t pick = ~std::uint32_t{0};
     for (std::uint32_t i = 0; i < rx_.size(); ++i) {
@@ -982,6 +1025,40 @@ class server {
     return {b.bytes.data(), n};
   }
 
+  // The pooled receive buffer that `data` lies in, or no_rx.
+  static constexpr std::uint32_t no_rx = ~std::uint32_t{0};
+  std::uint32_t rx_of(std::span<const std::byte> data) const noexcept {
+    if (data.empty()) return no_rx;
+    for (std::uint32_t i = 0; i < rx_.size(); ++i)
+      if (rx_[i].busy && rx_[i].bytes.data() == data.data()) return i;
+    return no_rx;
+  }
+
+  // ------------------------------------------------------ batched applies
+
+  [[nodiscard]] bool in_batch(std::uint32_t w) const noexcept {
+    return std::find(batch_workers_.begin(), batch_workers_.end(), w) != batch_workers_.end();
+  }
+
+  // The commits waiting in the batch are added (one pass) and their receive
+  // buffers go back to the pool; their replies still wait for end_batch.
+  void apply_held() {
+    core_.apply_pending();
+    for (const std::uint32_t i : batch_rx_) {
+      rx_[i].busy = false;
+      free_rx_.give(i);
+    }
+    batch_rx_.clear();
+  }
+
+  // The batch ends: applied, then its replies sent, in the order they came.
+  void end_batch(double now) {
+    if (batch_workers_.empty() && core_.pending_applies() == 0) return;
+    apply_held();
+    batch_workers_.clear();
+    flush(now);
+  }
+
   // The pooled receive buffer that `data` lies in, if any, goes back.
   void release_rx(std::span<const std::byte> data) {
     if (data.empty()) return;
@@ -998,18 +1075,46 @@ class server {
     const double now = clock_.now();
     ++tel_.messages_in;
     tel_.bytes_in += head.size() + data.size();
-    (void)unclaim_part(data);  // a commit part received into staging: its slice is free to place again
-    handle(p, head, data, now);
-    release_rx(data);
-    flush(now);
+    const bool staged_part = unclaim_part(data);  // a commit part received into staging: its slice is free to place again
+    // Batched applies (server_params.apply_batch): a commit from a worker
+    // not yet in the batch may join it; anything else is handled after the
+    // batch was applied and answered, in the order it came.
+    const std::uint32_t from = p < peers_.size() ? peers_[p].rank : no_rank;
+    // (The header is not checked yet: a message that only says it is a
+    // commit is refused by handle(), which ends the batch.)
+    const bool commit = head.size() == wire::header_bytes &&
+                        std::to_integer<std::uint8_t>(head[8]) == static_cast<std::uint8_t>(wire::message_kind::commit);
+    if (!batch_workers_.empty() && (!commit || from == no_rank || in_batch(from))) end_batch(now);
+    const bool kept = p_.apply_batch > 1 && commit && from != no_rank && !staged_part && rx_of(data) != no_rx;
+    const std::size_t waiting = core_.pending_applies();
+    const std::uint64_t errors = tel_.errors_sent;
+    handle(p, head, data, now, kept);
+    if (core_.pending_applies() > waiting) {  // the commit waits in the batch, its receive buffer with it
+      batch_workers_.push_back(from);
+      if (kept) batch_rx_.push_back(rx_of(data));
+    } else if (core_.pending_applies() == 0 && batch_workers_.empty()) {
+      release_rx(data);
+    } else {
+      if (commit && from != no_rank && !in_batch(from)) batch_workers_.push_back(from);  // its reply waits too
+      release_rx(data);
+    }
+    if (batch_workers_.empty()) {
+      flush(now);
+    } else if (batch_workers_.size() >= p_.apply_batch || tel_.errors_sent != errors || !out_.plans().empty() ||
+               !out_.errors().empty()) {
+      end_batch(now);  // full, or something other than replies to send: in the order it came
+    }
     // By commits: checked per message, so a checkpoint is never more than
     // checkpoint_every_commits behind (by seconds: in run_once).
     if (p_.checkpoint_every_commits > 0 && !p_.checkpoint_dir.empty() &&
-        core_.stats().commits_applied - applied_at_checkpoint_ >= p_.checkpoint_every_commits)
+        core_.stats().commits_applied - applied_at_checkpoint_ >= p_.checkpoint_every_commits) {
+      end_batch(now);  // the checkpoint holds what was applied, and what was answered is in it
       start_checkpoint();
+    }
   }
 
-  void handle(transport::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data, double now) {
+  void handle(transport::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data, double now,
+              bool kept = false) {
     // A dense commit's values are checked (finite) chunk by chunk as the
     // CRC check reads them: one pass over the payload for both, and
     // server_core skips its own (issue 28, item 2). Parameters still change
@@ -1077,7 +1182,7 @@ class server {
           on_commit_part(p, w, h, m->payload, values.all_finite(), now);
           return;
         }
-        to_core(w, h, m->payload, wire::header_bytes + data.size(), values.all_finite(), now);
+        to_core(w, h, m->payload, wire::header_bytes + data.size(), values.all_finite(), now, kept);
         return;
       }
       case wire::message_kind::pull_request:
@@ -1241,6 +1346,7 @@ class server {
       peer(p) = peer_state{};  // a transport may reuse the id of a peer that is gone
       return;
     }
+    end_batch(clock_.now());  // what came before the connection went is applied and answered first
     peer_state& ps = peer(p);
     ps.failed = true;
     if (e == transport::peer_event::failed) ++tel_.peers_failed;
@@ -1306,6 +1412,7 @@ class server {
   // buffer, capacity kept; the writer thread may be writing the other half).
   // The next periodic checkpoint is due from here.
   checkpoint_meta serialise_checkpoint() {
+    end_batch(clock_.now());  // the state holds every commit answered
     const double t0 = clock_.now();
     std::vector<std::byte>& b = writer_->buffer();
     b.clear();
@@ -1569,6 +1676,10 @@ class server {
   std::vector<send_slot> slots_;
   detail::free_list free_slots_;
   std::vector<detail::pooled_buffer> rx_;
+  // Batched applies: the workers whose commit (or its reply) waits in the
+  // batch, and the receive buffers the waiting commits are read from.
+  std::vector<std::uint32_t> batch_workers_;
+  std::vector<std::uint32_t> batch_rx_;
   detail::free_list free_rx_;
   std::uint64_t rx_largest_ = 0;          // the largest message a receive buffer was taken for
   std::uint32_t bound_ = 0;

@@ -272,6 +272,13 @@ struct commit_in {
   // skips its own pass over the values. False: validate() checks (and names
   // the first non-finite element).
   bool values_checked = false;
+  // The driver keeps the payload's bytes where they are, unchanged, until
+  // it calls server_core::apply_pending() (ps::server: a receive buffer or
+  // a commit's staging it holds for a batch). With defer_dense_applies(k),
+  // an applied dense model-delta commit may then wait for that call and be
+  // added in one pass with the others waiting (issue 28, item 3). False:
+  // the payload is read before commit() returns.
+  bool payload_kept = false;
 };
 
 // The values of a dense payload (identity, fp16, bf16 casts) are of this
@@ -577,8 +584,11 @@ class server_core {
           if (opt_.adds_deltas()) {
             if (compress::dense_payload_bytes(c.codec, {w_.size(), c.type}) != 0) {
               // One pass: the add, beside a pinned version when replies
-              // read it, and the new version's CRC when a pull rides along.
-              apply_dense(c, d.weight, c.pull && !c.ack_only);
+              // read it, and the new version's CRC when a pull rides along;
+              // or, with the payload kept, later in one pass with the other
+              // commits waiting (apply_pending()).
+              if (!c.payload_kept || !defer_dense(c, d.weight))
+                apply_dense(c, d.weight, c.pull && !c.ack_only);
             } else {
               make_writable();
               decode_or_die(c.codec, c.type, c.step, c.tensor, c.payload, w_, d.weight);
@@ -678,11 +688,58 @@ class server_core {
   // not part of save(); nullptr: no pool.
   static constexpr std::size_t min_part_elements = std::size_t{1} << 14;
   void use_apply_pool(apply_pool* pool) noexcept { pool_ = pool; }
+
+  // ------------------------------------------------------ batched applies
+  //
+  // Fan-in (issue 28, item 3): commits that arrive together are added in one
+  // pass over the parameters instead of one pass each. With k >= 2, an
+  // applied dense model-delta commit whose payload the driver keeps
+  // (commit_in.payload_kept) waits, up to k of them; apply_pending() adds
+  // them, in arrival order, chunk by chunk: each cache-sized chunk of the
+  // parameters gets every waiting commit's add before the next chunk is
+  // read, with the same decode_add over the same chunk bounds as one
+  // apply_dense per commit, so the parameters and their CRC are
+  // bit-identical to applying each as it came (test/ps/apply_batch.cpp).
+  // Nothing else waits: the policy decides each commit as it comes, the
+  // counters and version move then, and every use of the parameters (a
+  // pin, any other change, a round, a step) applies what waits first.
+  // parameters() and save() require nothing waiting: a driver calls
+  // apply_pending() before it lets go of the payloads, and before anything
+  // outside its progress round reads the core. Like the apply pool, the
+  // driver's choice: not part of save(); the simulator sets none (it moves
+  // no bytes), so no rule differs between the drivers. Allocates its k
+  // slots here. k of 0 or 1: every commit is applied as it comes.
+  void defer_dense_applies(std::uint32_t k) {
+    ASHL_ASSERT(pending_n_ == 0, "server_core: defer_dense_applies with commits waiting");
+    pending_.assign(k < 2 ? 0 : k, dense_add{});
+  }
+  [[nodiscard]] std::uint32_t dense_applies_deferred() const noexcept {
+    return static_cast<std::uint32_t>(pending_.size());
+  }
+  // Commits waiting for apply_pending().
+  [[nodiscard]] std::size_t pending_applies() const noexcept { return pending_n_; }
+  // Adds every waiting commit in one pass (nothing when none waits).
+  void apply_pending() {
+    if (pending_n_ == 0) return;
+    const std::size_t k = pending_n_;
+    pending_n_ = 0;
+    add_dense(std::span<const dense_add>(pending_.data(), k), pending_crc_);
+    pending_crc_ = false;
+    ++batched_passes_;
+    batched_commits_ += k;
+  }
+  // Passes of apply_pending() and the commits they added (the driver's
+  // counters; not part of save()).
+  [[nodiscard]] std::uint64_t batched_passes() const noexcept { return batched_passes_; }
+  [[nodiscard]] std::uint64_t batched_commits() const noexcept { return batched_commits_; }
   [[nodiscard]] const apply_pool* apply_pool_in_use() const noexcept { return pool_; }
 
   // ------------------------------------------------------------ inspection
 
-  [[nodiscard]] std::span<const float> parameters() const noexcept { return w_; }
+  [[nodiscard]] std::span<const float> parameters() const noexcept {
+    ASHL_ASSERT(pending_n_ == 0, "server_core: parameters() read with commits waiting (call apply_pending())");
+    return w_;
+  }
 
   // ------------------------------------------------- versions replies read
   //
@@ -734,6 +791,7 @@ class server_core {
   [[nodiscard]] std::uint32_t checksum_parts() const noexcept { return checksum_parts_ < 2 ? 0 : checksum_parts_; }
 
   pinned_parameters pin_parameters() {
+    apply_pending();
     if (!w_crc_valid_) {
       const float* src = w_.data();
       const std::size_t n = w_.size();
@@ -833,6 +891,7 @@ class server_core {
     // appended: no second buffer, no copy (a 64 MB shard saves at memory speed).
     // Version 2: the refusal counters are preceded by their count (version
     // 1 had 11 reasons; load() reads both).
+    ASHL_ASSERT(pending_n_ == 0, "server_core: save() with commits waiting (call apply_pending())");
     out.tag("PSCR", 2);
     const std::size_t length_at = out.size();
     out.put<std::uint64_t>(0);
@@ -868,6 +927,7 @@ class server_core {
   // Reads into fresh values and assigns only when everything was read: a
   // truncated or corrupt state is refused and leaves the core unchanged.
   status load(state_reader& in) {
+    ASHL_ASSERT(pending_n_ == 0, "server_core: load() with commits waiting (call apply_pending())");
     std::uint32_t version = 0;
     ASHL_TRY(in.tag("PSCR", 1, 2, version));
     std::span<const std::byte> bytes;
@@ -1140,6 +1200,7 @@ class server_core {
   // Before w_ changes in place: a version replies read moves to a spare
   // buffer's place (its storage stays with them) and w_ continues as a copy.
   void make_writable() {
+    apply_pending();  // what waits came first
     w_crc_valid_ = false;
     if (w_readers_ == 0) return;
     version_buffer& b = spare();
@@ -1161,23 +1222,51 @@ class server_core {
     w_readers_ = 0;
   }
 
+  // A dense model-delta commit's add, as apply_pending() keeps it.
+  struct dense_add {
+    std::span<const std::byte> payload;
+    codec_id codec = codec_id::identity;
+    dtype type = dtype::f32;
+    std::uint64_t step = 0;
+    std::uint32_t tensor = 0;
+    float weight = 1.0f;
+  };
+
+  // c waits for apply_pending() (false: no slot free, or batching is off).
+  bool defer_dense(const commit_in& c, double weight) {
+    if (pending_n_ >= pending_.size()) return false;
+    pending_[pending_n_++] = {c.payload, c.codec, c.type, c.step, c.tensor, static_cast<float>(weight)};
+    pending_crc_ = pending_crc_ || (c.pull && !c.ack_only);
+    w_crc_valid_ = false;
+    return true;
+  }
+
   // A dense model-delta commit (identity, fp16, bf16: element-wise) in one
   // pass of cache-sized chunks: w += s·v in place, or, while replies read w,
   // new = w + s·v into a spare buffer that then becomes w; with want_crc
   // the new version's CRC from the chunk just written. The same additions in
   // the same order as one decode_add of the whole payload (chunks are a
   // multiple of every SIMD width, so only the last chunk has a tail).
+  // What waits (apply_pending) is added first.
   void apply_dense(const commit_in& c, double weight, bool want_crc) {
+    apply_pending();
+    const dense_add one{c.payload, c.codec, c.type, c.step, c.tensor, static_cast<float>(weight)};
+    add_dense(std::span<const dense_add>(&one, 1), want_crc);
+  }
+
+  // The adds of several commits in one pass: each chunk gets every add, in
+  // order, before the next chunk (the same decode_add per chunk as one
+  // apply_dense per commit: the same bits).
+  void add_dense(std::span<const dense_add> adds, bool want_crc) {
     const std::size_t n = w_.size();
-    const std::size_t per = c.payload.size() / n;
-    ASHL_ASSERT(per * n == c.payload.size(), "server_core: a dense payload of a fractional element size");
+    for ([[maybe_unused]] const dense_add& a : adds)
+      ASHL_ASSERT(a.payload.size() % n == 0, "server_core: a dense payload of a fractional element size");
     const bool beside = w_readers_ > 0;
     version_buffer* b = beside ? &spare() : nullptr;
     if (b != nullptr) b->values.resize(n);
     float* dst = b != nullptr ? b->values.data() : w_.data();
     const float* src = w_.data();
     const std::size_t chunk = apply_chunk_bytes / sizeof(float);
-    const compress::codec_context ctx{p_.seed, c.step, c.tensor, {}};
     // One part per apply thread (one part without a pool); each part's
     // chunks start at its first element, a whole number of 64-byte lines.
     // The CRC is cut at the driver's checksum ranges (checksum_in_parts),
@@ -1187,10 +1276,14 @@ class server_core {
       for (std::size_t at = lo; at < hi; at += chunk) {
         const std::size_t k = std::min(chunk, hi - at);
         if (beside) std::memcpy(dst + at, src + at, k * sizeof(float));
-        const status s = compress::decode_add(c.codec, c.payload.subspan(at * per, k * per), {k, c.type},
-                                              host_view<float>(dst + at, k), static_cast<float>(weight), ctx);
-        ASHL_ASSERT(s.ok(), "server_core: a validated payload failed to decode");
-        (void)s;
+        for (const dense_add& a : adds) {
+          const std::size_t per = a.payload.size() / n;
+          const status s = compress::decode_add(a.codec, a.payload.subspan(at * per, k * per), {k, a.type},
+                                                host_view<float>(dst + at, k), a.weight,
+                                                compress::codec_context{p_.seed, a.step, a.tensor, {}});
+          ASHL_ASSERT(s.ok(), "server_core: a validated payload failed to decode");
+          (void)s;
+        }
         if (want_crc) crc_feed(crc, dst, at, at + k);
       }
       if (want_crc) crc_close(crc, hi);
@@ -1544,6 +1637,12 @@ class server_core {
   std::array<std::size_t, apply_pool::max_threads> head_len_{};
   std::array<std::uint32_t, apply_pool::max_threads> head_range_{};
   std::array<std::size_t, apply_pool::max_threads> part_first_{};
+  // Batched applies (defer_dense_applies): the slots, how many wait, and
+  // whether a pull riding with one wants the new version's CRC.
+  std::vector<dense_add> pending_;
+  std::size_t pending_n_ = 0;
+  bool pending_crc_ = false;
+  std::uint64_t batched_passes_ = 0, batched_commits_ = 0;
 };
 
 }  // namespace ps
