@@ -94,6 +94,7 @@ struct options {
   long worker_timeout_ms = 20000;  // server_params.worker_timeout
   long no_worker_grace_ms = -1;     // server_params.no_worker_grace (-1: ASHL_NO_WORKER_GRACE's, 60 s)
   std::string codec = "topk";        // server_params.compression
+  std::uint32_t apply_batch = 1;     // server_params.apply_batch (batched applies; 1: each commit as it arrives)
   std::uint64_t reply_part_kib = 0;  // server_params.reply_part_bytes / 1024 (replies in parts; 0: whole)
   std::uint64_t commit_part_kib = 0;  // worker_params.commit_part_bytes / 1024 (dense commits in parts; 0: whole)
   std::uint32_t commit_window = 4;    // worker_params.commit_window
@@ -148,6 +149,7 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--no-worker-grace-ms") o.no_worker_grace_ms = std::stol(next());
     else if (a == "--codec") o.codec = next();
     else if (a == "--reply-part-kib") o.reply_part_kib = std::stoull(next());
+    else if (a == "--apply-batch") o.apply_batch = static_cast<std::uint32_t>(std::stoul(next()));
     else if (a == "--commit-part-kib") o.commit_part_kib = std::stoull(next());
     else if (a == "--commit-window") o.commit_window = static_cast<std::uint32_t>(std::stoul(next()));
     else if (a == "--pause-after") o.pause_after = std::stol(next());
@@ -201,7 +203,8 @@ int serve(const ps::job& j, const options& o) {
                        .restore = o.restore,
                        .reply_part_bytes = o.reply_part_kib * 1024,
                        .job = ps::job_id_of(j, o.elements),
-                       .policy = o.policy};
+                       .policy = o.policy,
+                       .apply_batch = o.apply_batch};
   auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
   if (!srv) return fail(srv.error().message());
   const std::uint64_t restored_applied = srv->core().stats().commits_applied;
@@ -245,7 +248,8 @@ int serve(const ps::job& j, const options& o) {
       << s.core.refused_for(ps::refusal::incarnation) << "\ncommits_applied_now "
       << s.core.commits_applied - restored_applied << "\nstage "
       << static_cast<unsigned>(srv->core().policy().stage()) << "\ncommits_in_parts " << s.commits_in_parts
-      << "\ncommit_parts_dropped " << s.commit_parts_dropped << "\nfinished " << finished << "\n";
+      << "\ncommit_parts_dropped " << s.commit_parts_dropped << "\nbatched_applies " << s.batched_applies
+      << "\nbatched_commits " << s.batched_commits << "\nfinished " << finished << "\n";
   }
   std::fprintf(stderr, "%s\n", srv->progress_line().c_str());
   std::fprintf(stderr, "server ended: %s\n", std::string(ps::to_string(srv->end())).c_str());

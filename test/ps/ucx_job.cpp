@@ -139,14 +139,26 @@ BOOST_AUTO_TEST_CASE(ssp_over_ucx_never_exceeds_the_bound) {
   BOOST_TEST(o.servers[0].at("commits_applied") == 4.0 * 30);
 }
 
+// With batched applies (server_params.apply_batch 8; 400 KB shards, so
+// commits arrive by rendezvous into the server's receive buffers): commits
+// that one progress pass delivers wait and are added in one pass; every
+// commit is applied once and every pull answered, whatever the batches were.
 BOOST_AUTO_TEST_CASE(asp_over_ucx_never_holds_a_pull) {
-  auto o = run_job(2, 4, {"--policy", "asp", "--optimizer", "delta", "--cycles", "20", "--slow-rank", "0", "--slow-ms", "2"},
+  auto o = run_job(2, 4, {"--policy", "asp", "--optimizer", "delta", "--cycles", "20", "--slow-rank", "0", "--slow-ms", "2",
+                          "--apply-batch", "8", "--elements", "200000"},
                    tcp);
   BOOST_TEST_REQUIRE(o.run.exit_code == 0, o.run.log());
   for (const auto& s : o.servers) {
     BOOST_TEST(s.at("pulls_held") == 0.0);
     BOOST_TEST(s.at("pulls_served") == s.at("pulls"));
     BOOST_TEST(s.at("commits_applied") == 4.0 * 20);
+    BOOST_TEST(s.at("wire_refused") == 0.0);
+    BOOST_TEST(s.at("batched_commits") <= s.at("commits_applied"));
+    BOOST_TEST(s.at("batched_commits") >= 2.0 * s.at("batched_applies"));  // a pass adds 2 or more
+  }
+  for (const auto& w : o.workers) {
+    BOOST_TEST(w.at("commits") == 20.0);
+    BOOST_TEST(w.at("errors") == 0.0);
   }
 }
 

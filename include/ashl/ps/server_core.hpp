@@ -725,11 +725,13 @@ class server_core {
     pending_n_ = 0;
     add_dense(std::span<const dense_add>(pending_.data(), k), pending_crc_);
     pending_crc_ = false;
-    ++batched_passes_;
-    batched_commits_ += k;
+    if (k >= 2) {
+      ++batched_passes_;
+      batched_commits_ += k;
+    }
   }
-  // Passes of apply_pending() and the commits they added (the driver's
-  // counters; not part of save()).
+  // Passes of apply_pending() that added two or more commits, and the
+  // commits they added (the driver's counters; not part of save()).
   [[nodiscard]] std::uint64_t batched_passes() const noexcept { return batched_passes_; }
   [[nodiscard]] std::uint64_t batched_commits() const noexcept { return batched_commits_; }
   [[nodiscard]] const apply_pool* apply_pool_in_use() const noexcept { return pool_; }
