@@ -1129,7 +1129,8 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
           background: bool = False, bucket_cap_mb: Union[float, str, None] = "auto",
           partition_mb: Optional[float] = DEFAULT_PARTITION_MB,
           store_bytes: int = 0, allow_non_finite: bool = False, max_commit_samples: int = 1 << 30,
-          no_worker_grace: Optional[float] = None, apply_threads: int = 1, reply_part_bytes: int = 0) -> Any:
+          no_worker_grace: Optional[float] = None, apply_threads: int = 1, reply_part_bytes: int = 0,
+          apply_batch: int = 1) -> Any:
     """Runs this process's servers of the job (job.role == "server"), one per
     bucket (``bucket_plan(model, bucket_cap_mb, partition_mb)``, as the workers make
     them), starting from ``model``'s parameters (its shard of each bucket).
@@ -1149,7 +1150,9 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
     any count; docs/ps.md, "Apply threads"). A dense pull reply above
     ``reply_part_bytes`` goes in parts of about that many bytes, each
     checksummed on its own (0: one message, else >= 4096; docs/ps.md,
-    "Messages")."""
+    "Messages"). Up to ``apply_batch`` dense commits that arrive together
+    are added in one pass over the parameters (1: each as it arrives, else
+    2..64; the same bits; docs/ps.md, "Batched applies")."""
     job = job if job is not None else _job_from_env()
     if job.role != "server":
         raise ValueError(f"job.role = {job.role!r}: serve() runs on a server (the workers make a DistributedOptimizer)")
@@ -1180,7 +1183,7 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
                          max_commit_samples=max_commit_samples,
                          no_worker_grace=job.no_worker_grace if no_worker_grace is None else no_worker_grace,
                          job=_job_id(job, initial.numel()), apply_threads=apply_threads,
-                         reply_part_bytes=reply_part_bytes)
+                         reply_part_bytes=reply_part_bytes, apply_batch=apply_batch)
         servers.append(srv)
     out = servers[0] if len(servers) == 1 else Servers(servers)
     if background:
