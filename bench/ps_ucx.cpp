@@ -9,6 +9,9 @@
 //   ashl_bench_ps_ucx --spin-us 0           # ucx_params.spin: poll this long before sleeping (default: the library's)
 //   ashl_bench_ps_ucx --ops fan_in,fan_in_push --apply-threads 2   # server_params.apply_threads (issue 28 item 3);
 //                                           # the server is then pinned to CPUs 0..N-1 (the workers stay on CPU 1)
+//   ashl_bench_ps_ucx --ops fan_in_push --apply-batch 8   # server_params.apply_batch: commits that arrive
+//                                           # together added in one pass (issue 28 item 3); rows report the
+//                                           # share of commits that were (batched)
 //   ashl_bench_ps_ucx --no-pin              # leave placement to the scheduler (for comparison)
 //   ashl_bench_ps_ucx --in-place-replies    # worker_params.stage_replies = false (replies unchecked in the caller's buffer)
 //   ashl_bench_ps_ucx --chunk-kib 256       # server_params.reply_part_bytes and worker_params.commit_part_bytes
@@ -155,6 +158,7 @@ struct options {
   std::string perftest = "/usr/bin/ucx_perftest";
   int fan_workers = 8;
   std::uint32_t apply_threads = 1;  // server_params.apply_threads (--apply-threads N)
+  std::uint32_t apply_batch = 1;    // server_params.apply_batch (--apply-batch N)
   bool stage_replies = true;  // worker_params.stage_replies (--in-place-replies: false)
   std::uint64_t chunk_kib = 0;  // server_params.reply_part_bytes / 1024 (--chunk-kib; 0: replies whole)
   std::uint64_t commit_chunk_kib = 0;  // worker_params.commit_part_bytes / 1024 (--chunk-kib, or --commit-chunk-kib)
@@ -309,7 +313,7 @@ struct shared_area {
   double commit_s[max_reps];           // per repetition: mean seconds per commit + wait
   double start[max_reps][max_workers], end[max_reps][max_workers];
   double server_idle;                  // server's share of time in transport.wait
-  std::uint64_t snapshots, commits_applied, copied_replies;
+  std::uint64_t snapshots, commits_applied, copied_replies, batched_commits;
   char lanes[1024];                    // the worker's endpoint (describe, summarized)
   char describe[8192];                 // the worker's endpoint (describe, whole)
   char error[1024];
@@ -351,6 +355,7 @@ int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_f
                                 .workers = static_cast<std::uint32_t>(c.workers),
                                 .optimizer = {.mode = ps::optimizer_params::kind::model_delta}}};
   sp.apply_threads = o.apply_threads;
+  sp.apply_batch = o.apply_batch;
   sp.reply_part_bytes = o.chunk_kib * 1024;
   auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
   if (!srv) return set_error(sh, "server: " + srv.error().message()), 1;
@@ -363,6 +368,7 @@ int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_f
   sh->server_idle = s.seconds > 0 ? s.wait_seconds / s.seconds : 0.0;
   sh->snapshots = s.snapshots;
   sh->commits_applied = s.core.commits_applied;
+  sh->batched_commits = s.batched_commits;
   return 0;
 }
 
@@ -447,7 +453,7 @@ struct ashl_result {
   std::string error, lanes;
   std::vector<double> pull_s, commit_s, fan_gbps;
   double server_idle = 0;
-  std::uint64_t snapshots = 0, commits_applied = 0, copied_replies = 0;
+  std::uint64_t snapshots = 0, commits_applied = 0, copied_replies = 0, batched_commits = 0;
 };
 
 ashl_result run_ashl(const options& o, const std::string& transport, const ashl_case& c) {
@@ -508,6 +514,7 @@ ashl_result run_ashl(const options& o, const std::string& transport, const ashl_
   res.server_idle = sh->server_idle;
   res.snapshots = sh->snapshots;
   res.commits_applied = sh->commits_applied;
+  res.batched_commits = sh->batched_commits;
   res.copied_replies = sh->copied_replies;
   sh->~shared_area();
   ::munmap(m, sizeof(shared_area));
@@ -635,6 +642,7 @@ struct row {
   std::string lanes, baseline_lanes, placement;
   int reps = 0, iters = 0;
   double server_idle = std::nan("");
+  double batched = std::nan("");  // the share of commits added in a batched pass (server_params.apply_batch)
   std::string error;
 };
 
@@ -691,6 +699,12 @@ int main(int argc, char** argv) {
     else if (a == "--sizes") sizes_arg = next();
     else if (a == "--perftest") o.perftest = next();
     else if (a == "--fan-workers") o.fan_workers = std::clamp(std::atoi(next().c_str()), 1, max_workers);
+    else if (a == "--apply-batch") {
+      const long v = std::atol(next().c_str());
+      if (v < 1 || v > static_cast<long>(ps::server<tr::ucx>::max_apply_batch))
+        return std::fprintf(stderr, "--apply-batch = %ld: must be in 1..%u\n", v, ps::server<tr::ucx>::max_apply_batch), 2;
+      o.apply_batch = static_cast<std::uint32_t>(v);
+    }
     else if (a == "--apply-threads") {
       const long v = std::atol(next().c_str());
       if (auto s = ps::apply_pool::check_threads(v < 0 ? 0 : static_cast<std::uint64_t>(v), "--apply-threads"); !s)
@@ -701,7 +715,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: ashl_bench_ps_ucx [--quick] [--reps N] [--json-only] [--progress wait|poll] [--no-pin]\n"
                    "         [--transports shm,tcp] [--ops pull,commit,round_trip,fan_in,fan_in_push] [--sizes 4K,1M,...]\n"
-                   "         [--apply-threads N]\n"
+                   "         [--apply-threads N] [--apply-batch N]\n"
                    "         [--perftest PATH] [--fan-workers N] [--describe] [--no-baseline] [--spin-us N]\n"
                    "         [--in-place-replies] [--chunk-kib N] [--commit-chunk-kib N] [--commit-window N]\n");
       return 2;
@@ -838,7 +852,7 @@ int main(int argc, char** argv) {
       const std::size_t bytes = 4 * MiB;
       const ashl_case c{.bytes = bytes, .workers = o.fan_workers, .reps = 1, .iters = o.quick ? 4 : 16,
                         .fan = true, .push = push, .do_pull = false, .do_commit = true};
-      std::vector<double> am_g, eh_g, fan_g, ratios, idle;
+      std::vector<double> am_g, eh_g, fan_g, ratios, idle, batched;
       std::string lanes, am_lanes, eh_lanes, error;
       for (int rep = 0; rep < o.reps; ++rep) {
         const perftest_figure am = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes), false, 1);
@@ -853,12 +867,14 @@ int main(int argc, char** argv) {
         if (eh.ok) eh_g.push_back(eh.gbps);
         if (!a.ok) continue;
         idle.push_back(a.server_idle);
+        if (a.commits_applied > 0) batched.push_back(static_cast<double>(a.batched_commits) / a.commits_applied);
         fan_g.push_back(a.fan_gbps[0]);
         if (am.ok) ratios.push_back(a.fan_gbps[0] / am.gbps);
       }
       row r{.op = op, .transport = transport, .bytes = bytes, .baseline = "ucp_am_bw",
             .baseline_gbps = median(am_g), .lanes = lanes, .baseline_lanes = am_lanes,
-            .placement = placement(o, true), .reps = o.reps, .iters = c.iters, .server_idle = median(idle)};
+            .placement = placement(o, true), .reps = o.reps, .iters = c.iters, .server_idle = median(idle),
+            .batched = median(batched)};
       r.gbps = median(fan_g);
       r.usec = static_cast<double>(bytes) / (r.gbps * 1e9) * 1e6;  // per commit, at the server
       r.baseline_usec = static_cast<double>(bytes) / (r.baseline_gbps * 1e9) * 1e6;
@@ -885,6 +901,12 @@ int main(int argc, char** argv) {
                 o.commit_window, o.reps);
     std::printf("load average %s; UCX env: %s\n\n", load.c_str(), ucx_env.empty() ? "(none)" : ucx_env.c_str());
     if (o.apply_threads > 1) std::printf("server apply threads: %u\n\n", o.apply_threads);
+    if (o.apply_batch > 1) {
+      std::printf("server apply batch: %u; share of commits added in a batched pass:", o.apply_batch);
+      for (const auto& r : rows)
+        if (std::isfinite(r.batched)) std::printf(" %s %s %s", r.op.c_str(), r.transport.c_str(), num(r.batched, 2).c_str());
+      std::printf("\n\n");
+    }
     std::printf("%-10s %-4s %8s %10s %10s %-10s %10s %10s %7s %7s %4s %10s  %s | %s | %s\n", "op", "tl", "bytes", "GB/s",
                 "usec", "baseline", "base GB/s", "base usec", "ratio", "goal", "met", "-e GB/s|us", "ashl lanes",
                 "perftest lanes", "perftest -e lanes");
@@ -902,13 +924,13 @@ int main(int argc, char** argv) {
   }
   for (const auto& r : rows) {
     std::printf(
-        "{\"bench\":\"ps_ucx\",\"apply_threads\":%u,\"op\":\"%s\",\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
+        "{\"bench\":\"ps_ucx\",\"apply_threads\":%u,\"apply_batch\":%u,\"batched\":%s,\"op\":\"%s\",\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
         "\"usec\":%s,\"baseline\":\"%s\",\"baseline_gbps\":%s,\"baseline_usec\":%s,\"ratio\":%s,\"goal\":\"%s\","
         "\"met\":%s,\"ref_tag_gbps\":%s,\"ref_tag_usec\":%s,\"ref_eh_gbps\":%s,\"ref_eh_usec\":%s,\"ref_eh_lanes\":\"%s\",\"%s\":%s,\"server_idle\":%s,\"lanes\":\"%s\","
         "\"baseline_lanes\":\"%s\",\"progress\":\"%s\",\"replies\":\"%s\",\"chunk_kib\":%llu,\"commit_chunk_kib\":%llu,\"commit_window\":%u,\"placement\":\"%s\",\"reps\":%d,\"iters\":%d,"
         "\"machine\":\"%s\",\"date\":\"%s\",\"ucx_env\":\"%s\",\"load\":\"%s\","
         "\"error\":\"%s\"}\n",
-        o.apply_threads, r.op.c_str(), r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
+        o.apply_threads, o.apply_batch, num(r.batched, 3).c_str(), r.op.c_str(), r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
         r.baseline.c_str(), num(r.baseline_gbps).c_str(), num(r.baseline_usec, 2).c_str(), num(r.ratio).c_str(),
         r.goal.c_str(), r.goal.empty() ? "null" : (r.met ? "true" : "false"), num(r.ref_tag_gbps).c_str(),
         num(r.ref_tag_usec, 2).c_str(), num(r.ref_eh_gbps).c_str(), num(r.ref_eh_usec, 2).c_str(),
