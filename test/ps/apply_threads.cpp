@@ -12,6 +12,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "../support/apply_payloads.hpp"
 #include "../support/counting_new.hpp"
 
 #include <ashl/compress/cast.hpp>
@@ -46,25 +47,8 @@ using ashl::dtype;
 // above 2 x min_part_elements so a pool of 2 or 3 splits it.
 constexpr std::size_t n = 3 * ps::server_core<>::min_part_elements + 37;
 
-float value(std::uint32_t w, std::uint64_t seq, std::size_t i) {
-  const std::uint64_t h = (i * 2654435761u) ^ (seq * 40503u) ^ (std::uint64_t{w} * 977u);
-  return static_cast<float>(static_cast<int>(h % 2001) - 1000) * 1e-3f + 1e-7f * static_cast<float>(i % 7);
-}
-
-std::vector<std::byte> encode(codec_id codec, const std::vector<float>& x) {
-  auto run = [&](const auto& c) {
-    std::vector<std::byte> b(c.max_encoded_bytes(x.size(), dtype::f32));
-    b.resize(c.encode(ashl::host_view<const float>(x.data(), x.size()), b, {}).value());
-    return b;
-  };
-  switch (codec) {
-    case codec_id::identity: return run(ashl::compress::identity{});
-    case codec_id::fp16: return run(ashl::compress::fp16{});
-    case codec_id::bf16: return run(ashl::compress::bf16{});
-    case codec_id::topk: return run(ashl::compress::topk{0.05});
-    default: return run(ashl::compress::randomk(ashl::compress::randomk_options{.count = 500}));
-  }
-}
+using apply_payloads::encode;
+using apply_payloads::value;
 
 struct outcome {
   std::vector<float> w;
@@ -96,18 +80,8 @@ void check_crcs(const Pinned& pv, std::uint32_t ranges, outcome& r) {
 template <class Policy>
 outcome drive(Policy policy, const ps::optimizer_params& opt, codec_id codec, unsigned threads,
               std::uint32_t ranges = 0) {
-  std::unique_ptr<ps::apply_pool> pool;
-  if (threads > 1) {
-    auto made = ps::apply_pool::create(threads);
-    BOOST_REQUIRE(made.has_value());
-    pool = std::move(*made);
-  }
-  std::vector<float> w0(n);
-  for (std::size_t i = 0; i < n; ++i) w0[i] = value(9, 0, i);
-  auto core = ps::server_core<Policy>::create({.layout = *ps::shard_layout::even(n, 1), .workers = 3, .optimizer = opt},
-                                              std::move(policy), w0);
-  BOOST_REQUIRE(core.has_value());
-  if (pool) core->use_apply_pool(pool.get());
+  auto made = apply_payloads::make_core(std::move(policy), opt, n, 3, threads);
+  auto& core = made.core;
   BOOST_REQUIRE(core->checksum_in_parts(ranges).ok());
   ps::server_actions out(3);
   outcome r;
@@ -149,7 +123,7 @@ outcome drive(Policy policy, const ps::optimizer_params& opt, codec_id codec, un
   r.checksums_in_apply = core->checksums_in_apply();
   r.w.assign(core->parameters().begin(), core->parameters().end());
   r.applied = core->stats().commits_applied;
-  if (pool) r.runs = pool->runs();
+  if (made.pool) r.runs = made.pool->runs();
   return r;
 }
 
