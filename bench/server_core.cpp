@@ -5,6 +5,7 @@
 //   ashl_bench_server_core --reps 15 --json-only
 //   ashl_bench_server_core --part apply --reps 31   # one part only (policy | apply)
 //   ashl_bench_server_core --part apply --apply-threads 2   # 1 vs 2 apply threads at 1, 16, 64 MiB
+//   ashl_bench_server_core --part batch --reps 15   # k commits one at a time vs in one batched pass
 //
 // Two parts, one thread, every figure the median of --reps timed runs after
 // one warm-up run; a case and its baselines run interleaved (case, baseline,
@@ -38,6 +39,14 @@
 //    2^22, 2^24 elements), every case applied by a core without a pool and
 //    by one with a ps::apply_pool of N threads, interleaved with the memcpy
 //    and the decode_add in one run. Rows say apply_threads.
+// 3. Batched applies (--part batch; issue 28 item 3, server_params.apply_batch):
+//    k dense identity model-delta commits (k workers, ASP, values checked by
+//    the driver) into a shard of 1 and 64 MiB, applied one at a time (k
+//    passes over the shard) and batched (defer_dense_applies(k), then one
+//    apply_pending() pass), interleaved with the baseline: memcpy of the k
+//    payloads (each byte of them moved once, what no apply can beat). Ratio
+//    = memcpy time / apply time; the batched row's "one at a time" column
+//    is the speedup. The two cores' parameters are compared bit for bit.
 //
 // Output: a human table, then one JSON object per case (machine, date,
 // sizes, median, baseline, ratio).
@@ -354,6 +363,65 @@ void apply_path(const options& o, std::vector<row>& rows) {
   }
 }
 
+// k commits one at a time and in one batched pass (the same bits), against
+// a memcpy of the k payloads.
+void batch_path(const options& o, std::vector<row>& rows) {
+  std::vector<std::size_t> sizes{std::size_t{1} << 18, std::size_t{1} << 24};
+  if (o.quick) sizes.pop_back();
+  for (std::size_t n : sizes)
+    for (std::uint32_t k : {2u, 4u, 8u}) {
+      const auto layout = ps::shard_layout::even(n, 1).value();
+      std::vector<std::vector<std::byte>> payloads(k, std::vector<std::byte>(4 * n));
+      for (std::uint32_t w = 0; w < k; ++w) {
+        std::vector<float> g(n);
+        for (std::size_t i = 0; i < n; ++i) g[i] = std::sin(0.001f * static_cast<float>(i + 7 * w)) * 1e-3f;
+        (void)ashl::compress::identity{}.encode(ashl::host_view<const float>(g.data(), n), payloads[w], {});
+      }
+      std::vector<std::byte> sink(4 * n);
+      auto make = [&](std::uint32_t batch) {
+        auto core = ps::server_core<sync::asp>::create({.layout = layout, .workers = k},
+                                                       sync::asp{{.workers = k, .scale = 1e-3}})
+                        .value();
+        core.defer_dense_applies(batch);
+        return core;
+      };
+      auto one = make(1), batched = make(k);
+      ps::server_actions out(k);
+      std::uint64_t seq_one = 0, seq_batched = 0;
+      auto commits = [&](ps::server_core<sync::asp>& core, std::uint64_t& seq) {
+        ++seq;
+        for (std::uint32_t w = 0; w < k; ++w) {
+          core.commit({.worker = w, .sequence = seq, .bytes = payloads[w].size(), .element_count = n,
+                       .payload = payloads[w], .values_checked = true, .payload_kept = true},
+                      0.0, out);
+          if (!out.errors().empty()) std::fprintf(stderr, "refused: %s\n", out.errors()[0].text.c_str());
+          out.clear();
+        }
+        core.apply_pending();
+      };
+      auto copy = [&] {
+        for (std::uint32_t w = 0; w < k; ++w) {
+          std::memcpy(sink.data(), payloads[w].data(), payloads[w].size());
+          asm volatile("" : : "r"(sink.data()) : "memory");
+        }
+      };
+      const auto t = time_interleaved(o.reps, [&] { commits(one, seq_one); }, [&] { commits(batched, seq_batched); },
+                                      copy);
+      if (std::memcmp(one.parameters().data(), batched.parameters().data(), n * sizeof(float)) != 0)
+        std::fprintf(stderr, "ashl_bench_server_core: batches of %u differ from one at a time (a bug)\n", k);
+      if (batched.batched_commits() != std::uint64_t{k} * seq_batched)
+        std::fprintf(stderr, "ashl_bench_server_core: %llu of %llu commits batched\n",
+                     static_cast<unsigned long long>(batched.batched_commits()),
+                     static_cast<unsigned long long>(std::uint64_t{k} * seq_batched));
+      const std::uint64_t bytes = std::uint64_t{k} * 4 * n;
+      const char* baseline = "memcpy of the k payloads";
+      rows.push_back({"batch", std::to_string(k) + " commits one at a time", n, k, k, bytes, t[0], t[2], baseline,
+                      t[0], 1});
+      rows.push_back({"batch", std::to_string(k) + " commits in one pass", n, k, k, bytes, t[1], t[2], baseline, t[0],
+                      1});
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -363,8 +431,9 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--part" && i + 1 < argc) {
       o.part = argv[++i];
-      if (o.part != "all" && o.part != "policy" && o.part != "apply") {
-        std::fprintf(stderr, "ashl_bench_server_core: --part = \"%s\": must be all, policy or apply\n", o.part.c_str());
+      if (o.part != "all" && o.part != "policy" && o.part != "apply" && o.part != "batch") {
+        std::fprintf(stderr, "ashl_bench_server_core: --part = \"%s\": must be all, policy, apply or batch\n",
+                     o.part.c_str());
         return 2;
       }
     } else if (a == "--apply-threads" && i + 1 < argc) {
@@ -377,15 +446,16 @@ int main(int argc, char** argv) {
       o.apply_threads = static_cast<unsigned>(v);
     } else {
       std::fprintf(stderr,
-                   "usage: ashl_bench_server_core [--quick] [--reps N] [--part all|policy|apply] [--apply-threads N] "
+                   "usage: ashl_bench_server_core [--quick] [--reps N] [--part all|policy|apply|batch] [--apply-threads N] "
                    "[--json-only]\n");
       return 2;
     }
   }
   const std::string mach = machine(), date = today();
   std::vector<row> rows;
-  if (o.part != "apply") policy_path(o, rows);
-  if (o.part != "policy") apply_path(o, rows);
+  if (o.part == "all" || o.part == "policy") policy_path(o, rows);
+  if (o.part == "all" || o.part == "apply") apply_path(o, rows);
+  if (o.part == "all" || o.part == "batch") batch_path(o, rows);
   if (!o.json_only) {
     std::printf("server_core on %s, %s, median of %d\n\n", mach.c_str(), date.c_str(), o.reps);
     std::printf("%-8s %-44s %10s %8s %14s %14s %8s %14s\n", "part", "case", "n",
@@ -397,9 +467,10 @@ int main(int argc, char** argv) {
                     static_cast<unsigned long long>(r.workers), r.events / r.median_s * 1e-6,
                     r.events / r.baseline_s * 1e-6, r.baseline_s / r.median_s);
       } else {
-        std::printf("%-8s %-44s %10llu %8u %11.1f us %11.1f us %8.2f %11.1f us\n", r.part.c_str(), r.name.c_str(),
+        std::printf("%-8s %-44s %10llu %8u %11.1f us %11.1f us %8.2f %11.1f us%s\n", r.part.c_str(), r.name.c_str(),
                     static_cast<unsigned long long>(r.n), r.threads, r.median_s * 1e6, r.baseline_s * 1e6,
-                    r.baseline_s / r.median_s, r.decode_s * 1e6);
+                    r.baseline_s / r.median_s, r.decode_s * 1e6,
+                    r.part == "batch" ? " (one at a time)" : "");
       }
     }
     std::printf("\n");

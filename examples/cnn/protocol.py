@@ -207,6 +207,31 @@ def freeze(grid, rows, tuning_seeds, methods=ALL_METHODS, budget=None, created="
     return body
 
 
+def tuning_status(grid, rows, tuning_seeds, methods, budget):
+    """The tuning so far, as markdown: how many of the grid's runs are done
+    (in all and per method), then one line per done run in the order they
+    were made (rows: tuning.jsonl's), with the machine's load average at
+    its start and end (what else ran shows there). Chooses nothing: a configuration is
+    chosen only by freeze(), once every run is in."""
+    total = sum(len(grid_configs(grid, m)) for m in methods) * len(tuning_seeds)
+    done = [r for r in rows if r["method"] in methods]
+    per = {m: sum(1 for r in done if r["method"] == m) for m in methods}
+    each = len(grid_configs(grid, methods[0])) * len(tuning_seeds) if methods else 0
+    lines = [f"**{len(done)} of {total} tuning runs** ("
+             + ", ".join(f"{LABEL.get(m, m)} {per[m]}/{each}" for m in methods) + ")", "",
+             "| # | method | seed | configuration | time to target (s) | final accuracy | overruns | flagged | load |",
+             "|---:|---|---:|---|---:|---:|---:|---|---|"]
+    for k, r in enumerate(done, 1):
+        cfg = ", ".join(f"{key} {val}" for key, val in shown_config(r["method"], r["config"]).items())
+        t = r.get("time_to_target_s")
+        over = r.get("overrun_fraction")
+        lines.append(f"| {k} | {r['method']} | {r['seed']} | {cfg} | {fmt_s(t, budget) if t is not None else '-'} | "
+                     f"{r['final_accuracy']:.4f} | {'-' if over is None else f'{100 * over:.2f} %'} | "
+                     f"{'yes' if r.get('flagged') else 'no'} | "
+                     + (f"{r['load_start']:.1f}-{r['load_end']:.1f} |" if "load_start" in r else "- |"))
+    return "\n".join(lines) + "\n"
+
+
 def digest(chosen):
     return hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:16]
 

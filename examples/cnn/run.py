@@ -84,6 +84,8 @@ def parse(argv):
     p.add_argument("--tuning-seeds", default=",".join(map(str, TUNING_SEEDS)))
     p.add_argument("--grid", default=GRID)
     p.add_argument("--freeze", default="", metavar="FILE", help="write the frozen file from --out's tuning.jsonl")
+    p.add_argument("--tuning-status", default="", metavar="DIR",
+                   help="print how far the tuning in DIR/tuning.jsonl is, and its runs as a markdown table")
     p.add_argument("--protocol", action="store_true",
                    help="the test seeds (1-5), all methods, under the committed frozen file; writes table.md")
     p.add_argument("--report", default="", metavar="DIR",
@@ -660,6 +662,13 @@ def main(argv):
             return 0
         if a.freeze:
             return freeze(a)
+        if a.tuning_status:
+            with open(a.grid) as f:
+                grid = json.load(f)
+            rows = read_rows(os.path.join(a.tuning_status, "tuning.jsonl"))
+            print(protocol.tuning_status(grid, rows, a.tuning_seed_values, [m for m in a.methods if m != "best_ddp"],
+                                         a.budget), end="")
+            return 0
         if a.tune:
             return tune(a)
         return runs(a)

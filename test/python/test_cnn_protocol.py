@@ -116,6 +116,16 @@ def test_freeze_chooses_the_lowest_median_and_refuses_missing_runs_and_test_seed
         P.freeze(GRID, rows_for(times), [101, 102], ["ddp", "ashl"])
 
 
+def test_tuning_status_counts_the_runs_and_lists_them_in_order():
+    rows = rows_for({("ashl", 1, 101): 100.0, ("ddp", 0, 101): None})
+    rows[0].update(overrun_fraction=0.0004, flagged=False, load_start=2.0, load_end=2.54)
+    text = P.tuning_status(GRID, rows, [101, 102], ["ddp", "ashl"], 300.0)
+    assert text.startswith("**2 of 8 tuning runs** (DDP 1/4, ASHL 1/4)")
+    lines = text.splitlines()
+    assert lines[4] == "| 1 | ashl | 101 | lr 0.05, ratio 0.3 | 100.0 | 0.8900 | 0.04 % | no | 2.0-2.5 |"
+    assert lines[5] == "| 2 | ddp | 101 | lr 0.05 | - | 0.8900 | - | no | - |"
+
+
 def test_an_unequal_grid_is_refused():
     grid = {"methods": {"ddp": [{"lr": 0.05}], "ashl": [{"ratio": 0.1}, {"ratio": 0.3}]}}
     with pytest.raises(ValueError, match="budget must be equal"):
