@@ -26,6 +26,11 @@ LABEL = {"ddp": "DDP", "ddp_fp16": "DDP + fp16 hook", "ddp_powersgd": "DDP + Pow
 KNOB = {"ddp_powersgd": "powersgd_rank", "ddp_localsgd": "local_period", "ashl": "ratio", "ashl_plus": "ratio"}
 
 OVERRUN_LIMIT = 0.02  # issue 27: a run with more than 2 % of its iterations over their pad is flagged
+# A run during which processes not its own used more than this share of the
+# machine's CPU time (a compiler, another run) is flagged too: a method whose
+# step is CPU-bound (DDP's gloo all-reduce on 2 cores) slows down under such
+# load before its pads overrun, so the overrun rule alone would let it pass.
+FOREIGN_LIMIT = 0.10
 
 
 # ------------------------------------------------------------------ order
@@ -124,10 +129,12 @@ def overrun_fraction(overruns, steps):
     return overruns / steps if steps > 0 else 1.0  # a run without iterations did not run as emulated
 
 
-def flagged(overruns, steps, limit=OVERRUN_LIMIT):
+def flagged(overruns, steps, limit=OVERRUN_LIMIT, foreign=None, foreign_limit=FOREIGN_LIMIT):
     """True when more than `limit` of the iterations overran their pad (the
-    machine, not the emulation, set the pace)."""
-    return overrun_fraction(overruns, steps) > limit
+    machine, not the emulation, set the pace), or when other processes used
+    more than `foreign_limit` of the machine during the run (foreign: that
+    share, None when not measured)."""
+    return overrun_fraction(overruns, steps) > limit or (foreign is not None and foreign > foreign_limit)
 
 
 def run_until_clean(run, max_attempts=3, limit=OVERRUN_LIMIT):

@@ -273,6 +273,20 @@ def cpu_busy():
     return sum(v) - v[3] - v[4], sum(v)
 
 
+def cpu_ticks(pids):
+    """CPU time (user + system, clock ticks as in /proc/stat) the processes
+    used so far; a process already gone counts 0."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of the line)
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
 def run_one(a, method, seed, cfg, tag):
     """Start the processes of one run and its evaluator, the start instant
     once all are ready; wait for the training, then for the evaluator."""
@@ -314,7 +328,8 @@ def run_one(a, method, seed, cfg, tag):
     t_ready = time.time()
     t0 = cc.mono() + 0.5
     cc.write_file(f"{run_dir}/start", repr(t0) + "\n")
-    load0, busy0 = os.getloadavg()[0], cpu_busy()
+    pids = [p.pid for p in procs] + [os.getpid()]
+    load0, busy0, own0 = os.getloadavg()[0], cpu_busy(), cpu_ticks(pids)
     step = 30.0 if a.budget > 60 else a.budget
     for k in range(1, int(a.budget // step) + 1):  # progress lines
         cc.sleep_until(t0 + k * step)
@@ -323,7 +338,7 @@ def run_one(a, method, seed, cfg, tag):
             print(f"  {LABEL[method]} seed {seed}: {k * step:.0f}/{a.budget:g} s, {alive}/{len(training)} processes, "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
     cc.sleep_until(t0 + a.budget)
-    load1, busy1 = os.getloadavg()[0], cpu_busy()
+    load1, busy1, own1 = os.getloadavg()[0], cpu_busy(), cpu_ticks(pids)
     grace = cc.mono() + 60.0
     while any(p.poll() is None for p in training) and cc.mono() < grace:
         time.sleep(0.05)
@@ -350,7 +365,11 @@ def run_one(a, method, seed, cfg, tag):
             print(log_tail(f"{run_dir}/{role}-{rank}.log"), flush=True)
         raise SystemExit(f"{method} seed {seed}: {bad} failed; logs in {run_dir}")
     busy = (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1])
+    # What the machine was busy with beyond this run's processes (and this
+    # one), as a share of all its CPU time: another job's load.
+    foreign = max(0.0, (busy1[0] - busy0[0]) - (own1 - own0)) / max(1, busy1[1] - busy0[1])
     return run_dir, {"load_start": load0, "load_end": load1, "machine_busy": round(busy, 3),
+                     "foreign_busy": round(foreign, 3),
                      "launch_to_start_s": round(t_ready - t_launch, 2), "evaluation_s": round(time.time() - t_eval, 1)}
 
 
@@ -431,14 +450,15 @@ def say(row):
           f"iterations, {row['bytes_up_per_worker'] / 1e6:.1f}/{row['bytes_down_per_worker'] / 1e6:.1f} MB up/down "
           f"per worker, {row['measured_ms_per_iteration']:.0f}/{row['emulated_ms_per_iteration']:.0f} ms measured/"
           f"emulated (slowest group), overruns {row['overrun_fraction']:.2%}{' FLAGGED' if row.get('flagged') else ''}, "
-          f"load {row['load_start']:.1f}-{row['load_end']:.1f}, {row['run_wall_s']:.0f} s", flush=True)
+          f"load {row['load_start']:.1f}-{row['load_end']:.1f}, other processes {row.get('foreign_busy', 0):.0%} of the machine, "
+          f"{row['run_wall_s']:.0f} s", flush=True)
 
 
 def run_clean(a, method, seed, cfg, tag, extra, log):
     """run_row until a run is not flagged (protocol.run_until_clean); every attempt is logged."""
     def attempt(k):
         row = run_row(a, method, seed, cfg, f"{tag}-a{k}", extra)
-        row["flagged"] = protocol.flagged(row["overruns"], row["iterations"])
+        row["flagged"] = protocol.flagged(row["overruns"], row["iterations"], foreign=row.get("foreign_busy"))
         row["attempt"] = k
         log.write(json_line(row))
         log.flush()

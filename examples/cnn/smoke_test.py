@@ -63,6 +63,10 @@ def main():
             print(f"{m}: evaluated on {row['eval_images']} images at {[t for t, _ in row['curve']]}: "
                   "expected all 10,000 at 5, 10, 15 s")
             return 1
+        if not 0.0 <= row["foreign_busy"] <= 1.0:
+            print(f"{m}: foreign_busy {row['foreign_busy']}: the share of the machine other processes used "
+                  "must be in [0, 1]")
+            return 1
         if not (row["bytes_up_per_worker"] > 0 and row["bytes_down_per_worker"] > 0):
             print(f"{m}: {row['bytes_up_per_worker']} bytes up, {row['bytes_down_per_worker']} down: "
                   "every method's bytes go through the link model")

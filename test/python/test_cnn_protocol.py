@@ -75,6 +75,12 @@ def test_more_than_two_percent_of_overruns_is_flagged():
     assert P.flagged(0, 0)  # nothing ran
 
 
+def test_a_run_beside_another_job_is_flagged():
+    assert not P.flagged(0, 100, foreign=0.10)
+    assert P.flagged(0, 100, foreign=0.11)  # other processes took more than a tenth of the machine
+    assert not P.flagged(0, 100, foreign=None)  # not measured (rows made before the rule)
+
+
 def test_a_flagged_run_is_repeated_until_clean_or_out_of_attempts():
     script = iter([(50, 1000), (10, 1000), (0, 1000)])
     row, rows = P.run_until_clean(lambda k: dict(zip(("overruns", "iterations"), next(script)), k=k), 3)
