@@ -368,7 +368,8 @@ def run_one(a, method, seed, cfg, tag):
     # What the machine was busy with beyond this run's processes (and this
     # one), as a share of all its CPU time: another job's load.
     foreign = max(0.0, (busy1[0] - busy0[0]) - (own1 - own0)) / max(1, busy1[1] - busy0[1])
-    return run_dir, {"load_start": load0, "load_end": load1, "machine_busy": round(busy, 3),
+    return run_dir, {"started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t_ready)),
+                     "load_start": load0, "load_end": load1, "machine_busy": round(busy, 3),
                      "foreign_busy": round(foreign, 3),
                      "launch_to_start_s": round(t_ready - t_launch, 2), "evaluation_s": round(time.time() - t_eval, 1)}
 
