@@ -226,17 +226,39 @@ def tuning_status(grid, rows, tuning_seeds, methods, budget):
     each = len(grid_configs(grid, methods[0])) * len(tuning_seeds) if methods else 0
     lines = [f"**{len(done)} of {total} tuning runs** ("
              + ", ".join(f"{LABEL.get(m, m)} {per[m]}/{each}" for m in methods) + ")", "",
-             "| # | method | seed | configuration | time to target (s) | final accuracy | overruns | flagged | load |",
-             "|---:|---|---:|---|---:|---:|---:|---|---|"]
+             "| # | method | seed | configuration | time to target (s) | final accuracy | overruns | other processes | flagged | load |",
+             "|---:|---|---:|---|---:|---:|---:|---:|---|---|"]
     for k, r in enumerate(done, 1):
         cfg = ", ".join(f"{key} {val}" for key, val in shown_config(r["method"], r["config"]).items())
         t = r.get("time_to_target_s")
         over = r.get("overrun_fraction")
+        other = r.get("foreign_busy")  # share of the machine other processes used (FOREIGN_LIMIT)
         lines.append(f"| {k} | {r['method']} | {r['seed']} | {cfg} | {fmt_s(t, budget) if t is not None else '-'} | "
                      f"{r['final_accuracy']:.4f} | {'-' if over is None else f'{100 * over:.2f} %'} | "
+                     f"{'-' if other is None else f'{100 * other:.0f} %'} | "
                      f"{'yes' if r.get('flagged') else 'no'} | "
                      + (f"{r['load_start']:.1f}-{r['load_end']:.1f} |" if "load_start" in r else "- |"))
     return "\n".join(lines) + "\n"
+
+
+STATUS_BEGIN = "<!-- tuning-status: begin (run.py --tuning-status DIR --update-doc FILE writes what is between) -->"
+STATUS_END = "<!-- tuning-status: end -->"
+
+
+def splice_status(doc, status):
+    """doc with the text between its tuning-status markers replaced by
+    status. A doc without both markers, in that order, exactly once each,
+    is refused (ValueError naming what is missing): nothing is appended
+    where a reader would not look."""
+    for marker in (STATUS_BEGIN, STATUS_END):
+        n = doc.count(marker)
+        if n != 1:
+            raise ValueError(f"the document has the marker {marker!r} {n} times (it needs it once)")
+    head, rest = doc.split(STATUS_BEGIN)
+    if STATUS_END not in rest:
+        raise ValueError(f"the document's {STATUS_END!r} comes before its {STATUS_BEGIN!r}")
+    tail = rest.split(STATUS_END)[1]
+    return head + STATUS_BEGIN + "\n\n" + status.rstrip("\n") + "\n\n" + STATUS_END + tail
 
 
 def digest(chosen):

@@ -86,6 +86,9 @@ def parse(argv):
     p.add_argument("--freeze", default="", metavar="FILE", help="write the frozen file from --out's tuning.jsonl")
     p.add_argument("--tuning-status", default="", metavar="DIR",
                    help="print how far the tuning in DIR/tuning.jsonl is, and its runs as a markdown table")
+    p.add_argument("--update-doc", default="", metavar="FILE",
+                   help="with --tuning-status: write that table into FILE between its tuning-status markers "
+                        "(docs/perf/cnn.md) instead of printing it")
     p.add_argument("--protocol", action="store_true",
                    help="the test seeds (1-5), all methods, under the committed frozen file; writes table.md")
     p.add_argument("--report", default="", metavar="DIR",
@@ -687,8 +690,20 @@ def main(argv):
             with open(a.grid) as f:
                 grid = json.load(f)
             rows = read_rows(os.path.join(a.tuning_status, "tuning.jsonl"))
-            print(protocol.tuning_status(grid, rows, a.tuning_seed_values, [m for m in a.methods if m != "best_ddp"],
-                                         a.budget), end="")
+            status = protocol.tuning_status(grid, rows, a.tuning_seed_values, [m for m in a.methods if m != "best_ddp"],
+                                            a.budget)
+            if not a.update_doc:
+                print(status, end="")
+                return 0
+            with open(a.update_doc) as f:
+                doc = f.read()
+            try:
+                updated = protocol.splice_status(doc, status)
+            except ValueError as e:
+                sys.exit(f"--update-doc {a.update_doc}: {e}")
+            with open(a.update_doc, "w") as f:
+                f.write(updated)
+            print(f"{a.update_doc}: {status.splitlines()[0]}")
             return 0
         if a.tune:
             return tune(a)

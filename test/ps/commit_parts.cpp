@@ -62,26 +62,30 @@ struct client_handler {
   void on_peer(tr::peer_id, tr::peer_event, const ashl::status&) {}
 };
 
-// One server (ASP, one worker, plain SGD) and a client joined as its worker 0.
-struct rig {
+// One server (ASP, one worker, plain SGD) on transport T and a client
+// joined as its worker 0.
+template <class T>
+struct basic_rig {
   std::shared_ptr<tr::inproc_fabric> fabric;
-  ashl::result<ps::server<tr::inproc>> srv;
+  ashl::result<ps::server<T>> srv;
   tr::inproc client;
   tr::peer_id peer = tr::no_peer;
   client_handler ch;
 
-  rig(std::shared_ptr<tr::inproc_fabric> f, const std::string& name)
-      : fabric(std::move(f)), srv(make(fabric, name)), client(node(fabric)) {
+  basic_rig(std::shared_ptr<tr::inproc_fabric> f, const std::string& name, T server_transport,
+            std::uint64_t max_receive_bytes = 0)
+      : fabric(std::move(f)), srv(make(std::move(server_transport), max_receive_bytes)), client(node(fabric)) {
     ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
     connect(name);
   }
-  static ashl::result<ps::server<tr::inproc>> make(const std::shared_ptr<tr::inproc_fabric>& f, const std::string& name) {
+  static ashl::result<ps::server<T>> make(T t, std::uint64_t max_receive_bytes = 0) {
     auto layout = ps::shard_layout::even(n, 1);
     ps::policy_params pp;
     pp.workers = 1;
-    return ps::server<tr::inproc>::create(
-        {.core = {.layout = *layout, .workers = 1, .optimizer = {.mode = ps::optimizer_params::kind::sgd, .lr = 0.125}}},
-        std::move(*ps::make_policy("asp", pp)), node(f, name));
+    return ps::server<T>::create(
+        {.core = {.layout = *layout, .workers = 1, .optimizer = {.mode = ps::optimizer_params::kind::sgd, .lr = 0.125}},
+         .max_receive_bytes = max_receive_bytes},
+        std::move(*ps::make_policy("asp", pp)), std::move(t));
   }
   void connect(const std::string& name) {
     peer = *client.connect(name);
@@ -129,6 +133,13 @@ struct rig {
     for (std::uint16_t j = 0; j < parts; ++j) part(seq, g, j);
   }
   [[nodiscard]] std::vector<float> params() const { return {srv->parameters().begin(), srv->parameters().end()}; }
+};
+
+struct rig : basic_rig<tr::inproc> {
+  rig(std::shared_ptr<tr::inproc_fabric> f, const std::string& name) : basic_rig(f, name, node(f, name)) {}
+  static ashl::result<ps::server<tr::inproc>> make(const std::shared_ptr<tr::inproc_fabric>& f, const std::string& name) {
+    return basic_rig::make(node(f, name));
+  }
 };
 
 std::vector<float> gradient(std::uint64_t c) {
@@ -407,4 +418,149 @@ BOOST_AUTO_TEST_CASE(a_damaged_commit_part_fails_the_wait_and_the_parameters_sta
   ASHL_TEST(srv->telemetry().wire_refused_for(ps::wire_refusal::malformed) == 1u);
   ASHL_TEST(srv->telemetry().commits_in_parts == 1u);  // the good cycle's
   ASHL_TEST(same_bits(wv, before));                    // the worker's too: no reply came
+}
+
+namespace {
+
+// Forwards the server's side of inproc; once armed with a part index, that
+// part's receive into the server's buffer is held in flight (inproc writes
+// into a buffer of this wrapper's instead) until the test lets it end: with
+// `abandon`, garbage lands late in the server's buffer and the receive is
+// abandoned, as a transport does when a peer fails mid-transfer.
+struct held_receive {
+  int arm = -1;
+  bool abandon = false;
+  tr::peer_id peer = tr::no_peer;
+  std::span<std::byte> region;  // the server's buffer for the held part
+  std::vector<std::byte> elsewhere = std::vector<std::byte>(1 << 16);
+  [[nodiscard]] bool holding() const noexcept { return !region.empty(); }
+};
+
+struct slow_part : test_support::inproc_forwarder<slow_part> {
+  std::shared_ptr<held_receive> held;
+
+  template <class H>
+  struct wrapped : test_support::forwarding_handler<H> {
+    slow_part* self;
+    std::span<std::byte> receive_buffer(tr::peer_id p, std::span<const std::byte> head, std::size_t k) {
+      const std::span<std::byte> region = this->h->receive_buffer(p, head, k);
+      held_receive& hr = *self->held;
+      const w::peeked_part pk = w::peek_part(head);
+      if (region.empty() || !pk.valid() || pk.kind != w::message_kind::commit || static_cast<int>(pk.part) != hr.arm ||
+          k > hr.elsewhere.size())
+        return region;
+      hr.arm = -1;
+      hr.peer = p;
+      hr.region = region;
+      return std::span<std::byte>(hr.elsewhere).first(k);
+    }
+    void on_message(tr::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data) {
+      if (data.data() == self->held->elsewhere.data()) return;  // the held receive: not delivered yet
+      this->h->on_message(p, head, data);
+    }
+  };
+
+  template <tr::handler H>
+  std::size_t progress(H& h) {
+    held_receive& hr = *held;
+    if (hr.abandon && hr.holding()) {
+      std::memset(hr.region.data(), 0x7f, hr.region.size());  // the old connection's late write
+      h.on_receive_abandoned(hr.peer, hr.region);  // the server handler has it: the race needs it
+      hr.region = {};
+      hr.abandon = false;
+    }
+    wrapped<H> w{{&h}, this};
+    return t.progress(w);
+  }
+};
+static_assert(tr::transport<slow_part>);
+
+}  // namespace
+
+// A worker whose connection went while a part of its commit was still being
+// received joins again and sends the commit again. The part sent again must
+// not be refused as "being received" (that failed the worker's wait), and
+// the old receive's late write must not reach the commit: the rank's
+// staging is retired until that receive ends, and the commit is applied
+// once, bit-identical to the same commit sent whole. A second race reuses
+// the retired staging.
+BOOST_AUTO_TEST_CASE(a_commit_sent_again_after_a_rejoin_passes_beside_a_receive_still_in_flight) {
+  auto fabric = tr::inproc_fabric::create({.eager_bytes = 256, .deterministic = true});  // parts are rendezvous
+  auto held = std::make_shared<held_receive>();
+  rig ref(fabric, "whole");
+  basic_rig<slow_part> p(fabric, "parts", slow_part{{node(fabric, "parts")}, held});
+  auto agree = [&](const char* name) {
+    ASHL_TEST(same_bits(p.params(), ref.params()), name << ": parts and whole differ");
+    ASHL_TEST(p.srv->core().version() == ref.srv->core().version(), name);
+  };
+  const auto g1 = gradient(1);
+  ref.whole(1, g1);
+  p.in_parts(1, g1);
+  agree("commit 1");
+
+  for (std::uint64_t seq = 2; seq <= 3; ++seq) {
+    const auto g = gradient(seq);
+    held->arm = 1;
+    p.part(seq, g, 0);
+    p.part(seq, g, 1);
+    ASHL_REQUIRE(held->holding(), "commit " << seq << ": part 1's receive is not held");
+    p.client.close(p.peer);
+    p.pump();
+    p.connect("parts");
+    p.ch.errors.clear();
+    p.part(seq, g, 0);
+    p.part(seq, g, 1);
+    p.part(seq, g, 2);
+    held->abandon = true;  // the old receive ends between the parts sent again
+    p.pump();
+    ASHL_REQUIRE(!held->holding());
+    p.part(seq, g, 3);
+    ref.whole(seq, g);
+    ASHL_TEST(p.ch.errors.empty(), "commit " << seq << ": " << (p.ch.errors.empty() ? "" : p.ch.errors.front()));
+    agree(seq == 2 ? "commit 2, sent again beside the held receive" : "commit 3, the second race");
+    ASHL_TEST(p.srv->core().stats().commits_applied == seq);
+    ASHL_TEST(p.srv->telemetry().staging_retired == seq - 1);
+    ASHL_TEST(p.srv->telemetry().transport.receives_refused == 0u);
+  }
+  ASHL_TEST(p.srv->core().stats().refused_total() == 0u);
+  // Two stagings in all: the second race took the first's retired one back.
+  ASHL_TEST(p.srv->telemetry().staging_bytes == 2 * n * sizeof(float));
+}
+
+// The staging of a rank's commits in parts counts in max_receive_bytes with
+// the receive buffers: a budget smaller than the shard's dense size refuses
+// the first part by name, before anything is allocated or received, and the
+// parameters stay; a budget that holds it lets the same commit through, and
+// the staging shows in telemetry. Eager parts (delivered with their header)
+// are refused the same way once received.
+BOOST_AUTO_TEST_CASE(the_staging_of_commits_in_parts_counts_in_max_receive_bytes) {
+  for (const std::size_t eager : {std::size_t{256}, std::size_t{1} << 16}) {
+    BOOST_TEST_CONTEXT((eager == 256 ? "rendezvous parts" : "eager parts")) {
+      auto fabric = tr::inproc_fabric::create({.eager_bytes = eager, .deterministic = true});
+      constexpr std::uint64_t staging = n * sizeof(float);
+      basic_rig<tr::inproc> tight(fabric, "tight", node(fabric, "tight"), staging - 1);
+      const auto g1 = gradient(1);
+      const auto before = tight.params();
+      tight.in_parts(1, g1);
+      ASHL_TEST(same_bits(tight.params(), before));
+      ASHL_TEST(tight.srv->core().stats().commits_applied == 0u);
+      ASHL_TEST(tight.srv->telemetry().staging_bytes == 0u);
+      ASHL_TEST(tight.srv->telemetry().wire_refused_for(ps::wire_refusal::receive_budget) == 1u);
+      ASHL_TEST(tight.srv->telemetry().commit_parts_dropped == 3u);  // parts 1-3: dropped, not answered
+      ASHL_REQUIRE(tight.ch.errors.size() == 1u);
+      ASHL_TEST(tight.ch.errors.front().find("server.max_receive_bytes = " + std::to_string(staging - 1) +
+                                             ": worker 0's commits in parts need a staging of " +
+                                             std::to_string(staging) + " bytes") != std::string::npos,
+                tight.ch.errors.front());
+
+      rig ref(fabric, "whole");
+      basic_rig<tr::inproc> fits(fabric, "fits", node(fabric, "fits"), staging);
+      ref.whole(1, g1);
+      fits.in_parts(1, g1);
+      ASHL_TEST(fits.ch.errors.empty(), (fits.ch.errors.empty() ? "" : fits.ch.errors.front()));
+      ASHL_TEST(same_bits(fits.params(), ref.params()));
+      ASHL_TEST(fits.srv->telemetry().staging_bytes == staging);
+      ASHL_TEST(fits.srv->telemetry().receive_bytes == 0u);  // every part landed in the staging
+    }
+  }
 }

@@ -124,12 +124,25 @@ def test_freeze_chooses_the_lowest_median_and_refuses_missing_runs_and_test_seed
 
 def test_tuning_status_counts_the_runs_and_lists_them_in_order():
     rows = rows_for({("ashl", 1, 101): 100.0, ("ddp", 0, 101): None})
-    rows[0].update(overrun_fraction=0.0004, flagged=False, load_start=2.0, load_end=2.54)
+    rows[0].update(overrun_fraction=0.0004, flagged=False, load_start=2.0, load_end=2.54, foreign_busy=0.031)
     text = P.tuning_status(GRID, rows, [101, 102], ["ddp", "ashl"], 300.0)
     assert text.startswith("**2 of 8 tuning runs** (DDP 1/4, ASHL 1/4)")
     lines = text.splitlines()
-    assert lines[4] == "| 1 | ashl | 101 | lr 0.05, ratio 0.3 | 100.0 | 0.8900 | 0.04 % | no | 2.0-2.5 |"
-    assert lines[5] == "| 2 | ddp | 101 | lr 0.05 | - | 0.8900 | - | no | - |"
+    assert lines[4] == "| 1 | ashl | 101 | lr 0.05, ratio 0.3 | 100.0 | 0.8900 | 0.04 % | 3 % | no | 2.0-2.5 |"
+    assert lines[5] == "| 2 | ddp | 101 | lr 0.05 | - | 0.8900 | - | - | no | - |"
+
+
+def test_the_status_replaces_only_what_lies_between_its_markers():
+    doc = f"# page\n\nbefore\n\n{P.STATUS_BEGIN}\n\nold table\n\n{P.STATUS_END}\n\nafter\n"
+    new = P.splice_status(doc, "**1 of 8 tuning runs**\n\n| table |\n")
+    assert new == f"# page\n\nbefore\n\n{P.STATUS_BEGIN}\n\n**1 of 8 tuning runs**\n\n| table |\n\n{P.STATUS_END}\n\nafter\n"
+    assert P.splice_status(new, "**1 of 8 tuning runs**\n\n| table |\n") == new  # again: unchanged
+    with pytest.raises(ValueError, match="tuning-status: end.* 0 times"):
+        P.splice_status(doc.replace(P.STATUS_END, ""), "x")
+    with pytest.raises(ValueError, match="2 times"):
+        P.splice_status(doc + P.STATUS_BEGIN, "x")
+    with pytest.raises(ValueError, match="comes before"):
+        P.splice_status(f"{P.STATUS_END}\n{P.STATUS_BEGIN}\n", "x")
 
 
 def test_an_unequal_grid_is_refused():

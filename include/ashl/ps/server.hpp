@@ -122,8 +122,11 @@ struct server_params {
   // Global limits (docs/ps.md, "Limits"): what all connections together may
   // make the server hold. Each refusal is counted and answered with an error
   // naming the limit and its value.
-  // Bytes of receive buffers (large messages land there) over all
-  // connections; 0: (workers + 1) × the largest message this shard takes.
+  // Bytes of receive buffers (large messages land there) and of the
+  // stagings of commits in parts (one shard-sized per rank that sends them)
+  // over all connections; 0: (workers + 1) × the largest message this
+  // shard takes (about twice the shard's dense size: every rank's staging
+  // fits beside a large message).
   std::uint64_t max_receive_bytes = 0;
   // Parameter versions pinned by pull replies in flight (each version's
   // storage stays with its replies; a change is made beside it); a reply
@@ -182,7 +185,7 @@ enum class wire_refusal : std::uint8_t {
   rank_taken = 4,     // a join for a rank another live connection holds
   element_count = 5,  // a pull_request for another shard size (the worker's model differs)
   unexpected = 6,     // a kind a server does not take (pull_reply, plan_update)
-  receive_budget = 7, // a large message past server_params.max_receive_bytes: refused before it was received
+  receive_budget = 7, // a large message, or a rank's first staging, past server_params.max_receive_bytes: refused before it was received
   incarnation = 8,    // a join past server_params.max_incarnation_ahead
   job = 9,            // a join of another job (join.job differs from server_params.job)
   stale = 10,         // a message from a connection whose rank a later process (larger incarnation) took
@@ -242,6 +245,7 @@ struct server_telemetry {
   std::uint64_t commit_parts = 0;           // parts of commits in parts that passed (worker_params.commit_part_bytes)
   std::uint64_t commits_in_parts = 0;       // commits whose parts all passed, handed to server_core whole
   std::uint64_t commit_parts_dropped = 0;   // parts of a commit a refused part (or a lost connection) discarded
+  std::uint64_t staging_retired = 0;        // rejoins that retired a staging old receives still wrote into
   std::uint64_t batched_applies = 0;        // passes that added several waiting commits (server_params.apply_batch)
   std::uint64_t batched_commits = 0;        // the commits those passes added
   std::uint64_t worker_errors = 0;          // error messages workers sent us
@@ -254,6 +258,7 @@ struct server_telemetry {
   std::uint64_t replies_refused = 0;        // pull replies past server_params.max_snapshots
   std::uint64_t receive_bytes = 0;          // receive buffers now (all connections; max_receive_bytes)
   std::uint64_t receive_bytes_lent = 0;     // of those, lent to receives in flight
+  std::uint64_t staging_bytes = 0;          // stagings of commits in parts; with receive_bytes, within max_receive_bytes
   std::uint64_t checkpoints = 0, checkpoint_failures = 0;
   double checkpoint_seconds = 0.0;          // all of it: serialising (loop) + writing (writer thread: write, fsync, rename)
   double checkpoint_loop_seconds = 0.0;     // of that, the event loop's part (serialising, handing over)
@@ -290,6 +295,7 @@ struct server_telemetry {
         field{"commit_parts", &server_telemetry::commit_parts},
         field{"commits_in_parts", &server_telemetry::commits_in_parts},
         field{"commit_parts_dropped", &server_telemetry::commit_parts_dropped},
+        field{"staging_retired", &server_telemetry::staging_retired},
         field{"batched_applies", &server_telemetry::batched_applies},
         field{"batched_commits", &server_telemetry::batched_commits},
         field{"plans", &server_telemetry::plans},
@@ -304,6 +310,7 @@ struct server_telemetry {
         field{"replies_refused", &server_telemetry::replies_refused},
         field{"receive_bytes", &server_telemetry::receive_bytes},
         field{"receive_bytes_lent", &server_telemetry::receive_bytes_lent},
+        field{"staging_bytes", &server_telemetry::staging_bytes},
         field{"checkpoints", &server_telemetry::checkpoints},
         field{"checkpoint_failures", &server_telemetry::checkpoint_failures},
         field{"checkpoint_seconds", &server_telemetry::checkpoint_seconds},
@@ -588,6 +595,7 @@ class server {
       s.receive_bytes += b.bytes.size();
       if (b.busy) s.receive_bytes_lent += b.bytes.size();
     }
+    s.staging_bytes = staging_bytes_;
     return s;
   }
 
@@ -672,6 +680,27 @@ class server {
     std::uint64_t incarnation = 0, superseded_by = 0;
   };
 
+  // A rank's staging buffer for commits in parts and the slices of it that
+  // receives in flight are writing into.
+  struct staging_area {
+    std::vector<std::byte> bytes;  // the shard's dense f32 size; allocated once
+    std::array<std::size_t, wire::max_parts_in_flight> claimed{};  // byte offsets being received into
+    std::uint32_t claims = 0;
+    [[nodiscard]] bool holds(const std::byte* at) const noexcept {
+      return !bytes.empty() && at >= bytes.data() && at < bytes.data() + bytes.size();
+    }
+    [[nodiscard]] bool claimed_at(std::size_t off) const noexcept {
+      return std::find(claimed.begin(), claimed.begin() + claims, off) != claimed.begin() + claims;
+    }
+    void unclaim(std::size_t off) noexcept {
+      for (std::uint32_t k = 0; k < claims; ++k) {
+        if (claimed[k] != off) continue;
+        claimed[k] = claimed[--claims];
+        return;
+      }
+    }
+  };
+
   // Per rank: a commit in parts in progress (worker_params.commit_part_bytes).
   struct commit_parts_in {
     bool active = false;        // part 0 passed; head is its header
@@ -686,10 +715,13 @@ class server {
     std::uint64_t key_sequence = 0;
     std::uint32_t key_parts = 0;
     dtype key_type = dtype::f32;
-    // Parts being received into staging: their byte offsets.
-    std::array<std::size_t, wire::max_parts_in_flight> claimed{};
-    std::uint32_t claims = 0;
-    std::vector<std::byte> staging;  // the shard's dense f32 size; allocated once
+    staging_area live;  // where this rank's parts land
+    // Staging areas a rejoin took out of use while receives from the old
+    // connection were still writing into them: each stays until its last
+    // receive ends (delivered or abandoned), so a late write never reaches
+    // the parts of the commit sent again; then one is kept as the next
+    // rejoin's spare, so a repeated race allocates nothing more.
+    std::vector<staging_area> retired;
   };
 
   // One message in flight: its header (and a small control body), the
@@ -767,12 +799,17 @@ class server {
         ++tel_.commit_parts_dropped;
         return {};
       }
+      if (at.over_budget) {
+        refuse_staging(p, peer(p).rank, pp.sequence, "not received");
+        drop_commit(cs, pp.sequence);
+        return {};
+      }
       if (at.past_window) {
         refuse_wire(wire_refusal::commit_part);
         send_error(p, errc::out_of_range, pp.sequence,
                    "commit_part.part = " + std::to_string(pp.part) + ": past the window of commit " +
                        std::to_string(pp.sequence) + " (part " + std::to_string(cs.next) + " due, " +
-                       std::to_string(cs.claims) + " being received; a server holds " +
+                       std::to_string(cs.live.claims) + " being received; a server holds " +
                        std::to_string(wire::max_parts_in_flight) +
                        " parts in flight, wire::max_parts_in_flight; not received)");
         drop_commit(cs, pp.sequence);
@@ -795,6 +832,7 @@ class server {
     std::span<std::byte> region;
     bool past_window = false;
     bool drop = false;
+    bool over_budget = false;  // the rank has no staging yet and one would pass max_receive_bytes
   };
   part_place place_part(commit_parts_in& cs, const wire::peeked_part& pp, std::size_t n) {
     const std::uint64_t elements = core_.range().size();
@@ -804,23 +842,60 @@ class server {
     const wire::part_range pr = wire::part_elements(pp.element_count, pp.parts, pp.part);
     if (pr.count == 0 || pp.parts > wire::max_commit_parts || n != pr.count * elem) return {};
     if (!cs.active && cs.dropping && pp.sequence == cs.dropped_sequence && pp.part != 0) return {.drop = true};
-    if (cs.active || cs.claims > 0) {
+    staging_area& st = cs.live;
+    if (cs.active || st.claims > 0) {
       if (pp.sequence != cs.key_sequence || pp.parts != cs.key_parts || pp.type != cs.key_type) return {};
       if (cs.active && pp.part < cs.next) return {};  // checked already: a repeat, refused once decoded
     }
     const std::size_t off = pr.first * elem;
-    for (std::uint32_t k = 0; k < cs.claims; ++k)
-      if (cs.claimed[k] == off) return {};  // being received: a repeat
-    if (cs.claims == wire::max_parts_in_flight || pp.part >= cs.next + wire::max_parts_in_flight)
+    if (st.claimed_at(off)) return {};  // being received: a repeat
+    if (st.claims == wire::max_parts_in_flight || pp.part >= cs.next + wire::max_parts_in_flight)
       return {.past_window = true};
-    if (!cs.active && cs.claims == 0) {
+    if (!stage(st)) return {.over_budget = true};
+    if (!cs.active && st.claims == 0) {
       cs.key_sequence = pp.sequence;
       cs.key_parts = pp.parts;
       cs.key_type = pp.type;
     }
-    if (cs.staging.size() < elements * sizeof(float)) cs.staging.resize(elements * sizeof(float));  // once per rank
-    cs.claimed[cs.claims++] = off;
-    return {.region = std::span<std::byte>(cs.staging).subspan(off, n)};
+    st.claimed[st.claims++] = off;
+    return {.region = std::span<std::byte>(st.bytes).subspan(off, n)};
+  }
+
+  // A staging of the shard's dense f32 size, allocated once per rank (and
+  // once more per rejoin that raced a receive; retire_staging). Counted in
+  // server_params.max_receive_bytes with the receive buffers: false, and
+  // nothing allocated, where it would pass that beside the receives in
+  // flight and the other stagings.
+  bool stage(staging_area& st) {
+    const std::uint64_t need = core_.range().size() * sizeof(float);
+    if (st.bytes.size() >= need) return true;
+    std::uint64_t lent = 0, total = 0;
+    for (const detail::pooled_buffer& b : rx_) {
+      total += b.bytes.size();
+      lent += b.busy ? b.bytes.size() : 0;
+    }
+    const std::uint64_t others = staging_bytes_ - st.bytes.size();
+    if (lent + others + need > p_.max_receive_bytes) return false;
+    for (std::uint32_t i = 0; total + others + need > p_.max_receive_bytes && i < rx_.size(); ++i) {
+      if (rx_[i].busy || rx_[i].bytes.empty()) continue;
+      total -= rx_[i].bytes.size();
+      std::vector<std::byte>().swap(rx_[i].bytes);  // idle capacity given up, as take_rx does
+    }
+    staging_bytes_ += need - st.bytes.size();
+    st.bytes.resize(need);
+    return true;
+  }
+
+  void refuse_staging(transport::peer_id p, std::uint32_t w, std::uint64_t sequence, std::string_view what) {
+    std::uint64_t lent = 0;
+    for (const detail::pooled_buffer& b : rx_) lent += b.busy ? b.bytes.size() : 0;
+    refuse_wire(wire_refusal::receive_budget);
+    send_error(p, errc::unavailable, sequence,
+               "server.max_receive_bytes = " + std::to_string(p_.max_receive_bytes) + ": worker " + std::to_string(w) +
+                   "'s commits in parts need a staging of " + std::to_string(core_.range().size() * sizeof(float)) +
+                   " bytes beside " + std::to_string(lent) + " held by receives in flight and " +
+                   std::to_string(staging_bytes_) + " by other stagings (" + std::string(what) +
+                   "; raise max_receive_bytes, or commit whole: worker.commit_part_bytes = 0)");
   }
 
   // A receive into a staging buffer was delivered or abandoned: its slice
@@ -828,17 +903,45 @@ class server {
   bool unclaim_part(std::span<const std::byte> data) {
     if (data.empty()) return false;
     for (commit_parts_in& cs : cparts_) {
-      if (cs.staging.empty() || data.data() < cs.staging.data() || data.data() >= cs.staging.data() + cs.staging.size())
-        continue;
-      const auto off = static_cast<std::size_t>(data.data() - cs.staging.data());
-      for (std::uint32_t k = 0; k < cs.claims; ++k) {
-        if (cs.claimed[k] != off) continue;
-        cs.claimed[k] = cs.claimed[--cs.claims];
+      if (cs.live.holds(data.data())) {
+        cs.live.unclaim(static_cast<std::size_t>(data.data() - cs.live.bytes.data()));
         return true;
       }
-      return true;
+      for (std::size_t i = 0; i < cs.retired.size(); ++i) {
+        staging_area& old = cs.retired[i];
+        if (!old.holds(data.data())) continue;
+        old.unclaim(static_cast<std::size_t>(data.data() - old.bytes.data()));
+        if (old.claims == 0) {  // its last late receive ended: one is kept as a spare, the others freed
+          const bool spare_kept = std::any_of(cs.retired.begin(), cs.retired.end(),
+                                              [&](const staging_area& a) { return &a != &old && a.claims == 0; });
+          if (spare_kept) {
+            staging_bytes_ -= old.bytes.size();
+            cs.retired.erase(cs.retired.begin() + static_cast<std::ptrdiff_t>(i));
+          }
+        }
+        return true;
+      }
     }
     return false;
+  }
+
+  // A (re)join of rank w: while receives from its old connection are still
+  // writing into its staging, that staging is retired (it stays until they
+  // end) and the rank's parts land in a spare or a new one from now on. So
+  // a part sent again is never refused as "being received", and a late
+  // write of the old connection can not touch a part that passed its CRC.
+  void retire_staging(std::uint32_t w) {
+    commit_parts_in& cs = cparts_[w];
+    if (cs.live.claims == 0) return;
+    if (in_batch(w)) apply_held();  // the rank's last commit may be read from there
+    ++tel_.staging_retired;
+    const auto spare = std::find_if(cs.retired.begin(), cs.retired.end(), [](const staging_area& a) { return a.claims == 0; });
+    if (spare != cs.retired.end()) {
+      std::swap(*spare, cs.live);
+    } else {
+      cs.retired.push_back(std::move(cs.live));
+      cs.live = staging_area{};
+    }
   }
 
   // The commit in progress is discarded (a part refused, the connection
@@ -880,8 +983,11 @@ class server {
         return refuse("commit_part.element_count", h.element_count,
                       "server " + std::to_string(p_.core.shard) + " holds " + std::to_string(core_.range().size()) +
                           " elements (a commit in parts is dense)");
-      if (cs.staging.size() < core_.range().size() * sizeof(float))
-        cs.staging.resize(core_.range().size() * sizeof(float));  // once per rank (eager parts come here first)
+      if (!stage(cs.live)) {  // once per rank (eager parts come here first)
+        refuse_staging(p, w, h.sequence, "not applied");
+        drop_commit(cs, h.sequence);
+        return;
+      }
       cs.active = true;
       cs.dropping = false;
       cs.head = h;
@@ -915,11 +1021,10 @@ class server {
     }
     const std::size_t elem = size_of(h.type);
     const wire::part_range pr = wire::part_elements(h.element_count, h.parts, h.part);  // valid: decode checked it
-    const std::span<std::byte> dst = std::span<std::byte>(cs.staging).subspan(pr.first * elem, pr.count * elem);
+    const std::span<std::byte> dst = std::span<std::byte>(cs.live.bytes).subspan(pr.first * elem, pr.count * elem);
     if (payload.data() != dst.data()) {  // eager, or received beside the staging: copied once, checked already
-      for (std::uint32_t k = 0; k < cs.claims; ++k)
-        if (cs.claimed[k] == pr.first * elem)
-          return refuse("commit_part.part", h.part, "repeated: another message of this part" + of() + " is being received");
+      if (cs.live.claimed_at(pr.first * elem))
+        return refuse("commit_part.part", h.part, "repeated: another message of this part" + of() + " is being received");
       std::memcpy(dst.data(), payload.data(), dst.size());
     }
     cs.finite = cs.finite && finite;
@@ -932,7 +1037,7 @@ class server {
     ++tel_.commits_in_parts;
     // The staging holds it until this rank's next commit, which waits for
     // the batch to end: it may wait in the batch.
-    to_core(w, cs.head, std::span<const std::byte>(cs.staging).first(cs.head.element_count * elem), cs.bytes, cs.finite,
+    to_core(w, cs.head, std::span<const std::byte>(cs.live.bytes).first(cs.head.element_count * elem), cs.bytes, cs.finite,
             now, p_.apply_batch > 1);
   }
 
@@ -972,7 +1077,7 @@ class server {
     if (!batch_rx_.empty()) {  // past the budget with the batch's buffers: they go back first, its commits applied
       std::uint64_t held = 0;
       for (const auto& b : rx_) held += b.busy ? b.bytes.size() : 0;
-      if (held + n > p_.max_receive_bytes) apply_held();
+      if (held + staging_bytes_ + n > p_.max_receive_bytes) apply_held();
     }
     std::uint64_t lent = 0, total = 0;
     std::uint32_t pick = ~std::uint32_t{0};
@@ -986,12 +1091,15 @@ class server {
         pick = i;
       }
     }
-    const std::uint64_t budget = p_.max_receive_bytes;
+    // What the stagings of commits in parts leave of the budget.
+    const std::uint64_t budget = p_.max_receive_bytes - std::min(staging_bytes_, p_.max_receive_bytes);
     if (lent + n > budget) {
       refuse_wire(wire_refusal::receive_budget);
       send_error(p, errc::unavailable, 0,
-                 "server.max_receive_bytes = " + std::to_string(budget) + ": receives in flight hold " +
-                     std::to_string(lent) + " bytes; a message of " + std::to_string(n) + " bytes would pass it (not received)");
+                 "server.max_receive_bytes = " + std::to_string(p_.max_receive_bytes) + ": receives in flight hold " +
+                     std::to_string(lent) + " bytes" +
+                     (staging_bytes_ > 0 ? " and stagings of commits in parts " + std::to_string(staging_bytes_) : "") +
+                     "; a message of " + std::to_string(n) + " bytes would pass it (not received)");
       return {};
     }
     // A buffer that must grow grows to the largest message taken so far
@@ -1315,7 +1423,9 @@ class server {
     ps.incarnation = b.incarnation;
     ps.superseded_rank = no_rank;
     // A (re)join starts the rank's commits in parts afresh; receives in
-    // flight into its staging keep their slices until they end.
+    // flight into its staging keep their slices until they end, in a
+    // staging the rank no longer uses.
+    retire_staging(w);
     cparts_[w].active = false;
     cparts_[w].dropping = false;
     rank_peer_[w] = p;
@@ -1681,6 +1791,7 @@ class server {
   std::vector<std::uint32_t> batch_workers_;
   std::vector<std::uint32_t> batch_rx_;
   detail::free_list free_rx_;
+  std::uint64_t staging_bytes_ = 0;  // the stagings of commits in parts (live and retired), within max_receive_bytes
   std::uint64_t rx_largest_ = 0;          // the largest message a receive buffer was taken for
   std::uint32_t bound_ = 0;
   std::vector<std::uint8_t> joined_once_;
