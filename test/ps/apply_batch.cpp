@@ -11,8 +11,9 @@
 //   are applied in one pass, the parameters and the replies the workers get
 //   bit-identical to a server that applies each as it arrives; a second
 //   commit of a worker in the batch, a tight receive budget and a checkpoint
-//   cut the batch without changing a bit; nothing allocates once warm; a bad
-//   apply_batch is refused by name.
+//   cut the batch without changing a bit; a commit in parts joins the batch
+//   with its last part, its earlier parts cutting nothing; nothing allocates
+//   once warm; a bad apply_batch is refused by name.
 #include <ashl/ps/server_core.hpp>
 
 #include <boost/test/unit_test.hpp>
@@ -203,6 +204,10 @@ struct client {
   std::uint32_t rank = 0;
   std::vector<std::array<std::byte, w::header_bytes>> heads;  // sealed before any count starts
   std::vector<std::vector<float>> grads;
+  struct slice {
+    std::size_t grad, first, count;  // message j sends grads[grad][first, first + count)
+  };
+  std::vector<slice> slices;
 
   void progress() { t.progress(h); }
 };
@@ -210,13 +215,15 @@ struct client {
 // A server (ASP, model deltas) fed by `clients` raw workers, each sending the
 // same messages in the same order for any apply_batch.
 struct rig {
-  std::shared_ptr<tr::inproc_fabric> fabric = tr::inproc_fabric::create({.eager_bytes = 256, .deterministic = true});
+  std::shared_ptr<tr::inproc_fabric> fabric;
   ashl::result<ps::server<tr::inproc>> srv;
   std::vector<client> clients;
 
   using configure = std::function<void(ps::server_params&)>;
-  rig(std::uint32_t count, std::uint32_t batch, const configure& more = [](ps::server_params&) {})
-      : srv(make(count, batch, more)) {
+  rig(std::uint32_t count, std::uint32_t batch, const configure& more = [](ps::server_params&) {},
+      std::size_t eager_bytes = 256)
+      : fabric(tr::inproc_fabric::create({.eager_bytes = eager_bytes, .deterministic = true})),
+        srv(make(count, batch, more)) {
     ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
     clients.reserve(count);
     for (std::uint32_t k = 0; k < count; ++k) {
@@ -250,19 +257,44 @@ struct rig {
       for (client& c : clients) c.progress();
     }
   }
+  static w::header head(std::uint32_t k, std::uint64_t seq, bool pull) {
+    return {.kind = w::message_kind::commit, .flags = w::flag_last_shard | (pull ? w::flag_pull : 0u),
+            .element_count = m, .rank = k, .sequence = seq, .clock = seq, .samples = 4};
+  }
   // Seals commit `seq` of client k (a pull riding when pull), kept for send().
   void prepare(std::uint32_t k, std::uint64_t seq, bool pull) {
     client& c = clients[k];
     c.grads.emplace_back(m);
     for (std::size_t i = 0; i < m; ++i) c.grads.back()[i] = value(k, seq, i);
-    w::header h{.kind = w::message_kind::commit, .flags = w::flag_last_shard | (pull ? w::flag_pull : 0u),
-                .element_count = m, .rank = k, .sequence = seq, .clock = seq, .samples = 4};
+    const w::header h = head(k, seq, pull);
     c.heads.emplace_back();
     ASHL_REQUIRE(w::seal_header(h, std::as_bytes(std::span<const float>(c.grads.back())), c.heads.back()).ok());
+    c.slices.push_back({c.grads.size() - 1, 0, m});
+  }
+  // The same commit in `parts` parts (wire flag part): `parts` messages.
+  void prepare_parts(std::uint32_t k, std::uint64_t seq, bool pull, std::uint16_t parts) {
+    client& c = clients[k];
+    c.grads.emplace_back(m);
+    for (std::size_t i = 0; i < m; ++i) c.grads.back()[i] = value(k, seq, i);
+    for (std::uint16_t j = 0; j < parts; ++j) {
+      w::header h = head(k, seq, pull);
+      h.flags |= w::flag_part;
+      h.part = j;
+      h.parts = parts;
+      const w::part_range pr = w::part_elements(m, parts, j);
+      c.heads.emplace_back();
+      ASHL_REQUIRE(w::seal_header(h, std::as_bytes(std::span<const float>(c.grads.back()).subspan(pr.first, pr.count)),
+                                  c.heads.back())
+                       .ok());
+      c.slices.push_back({c.grads.size() - 1, pr.first, pr.count});
+    }
   }
   void send(std::uint32_t k, std::size_t j) {
     client& c = clients[k];
-    ASHL_REQUIRE(c.t.send(c.peer, c.heads[j], std::as_bytes(std::span<const float>(c.grads[j])), 0).ok());
+    const client::slice& sl = c.slices[j];
+    ASHL_REQUIRE(c.t.send(c.peer, c.heads[j],
+                          std::as_bytes(std::span<const float>(c.grads[sl.grad]).subspan(sl.first, sl.count)), 0)
+                     .ok());
   }
   [[nodiscard]] std::vector<float> params() const { return {srv->parameters().begin(), srv->parameters().end()}; }
 };
@@ -439,6 +471,60 @@ BOOST_AUTO_TEST_CASE(batched_applies_allocate_nothing_once_warm) {
   ASHL_TEST(after == before, "allocations in " << measured << " batched rounds: " << after - before);
   ASHL_TEST(r.srv->core().stats().commits_applied == std::uint64_t{count} * (warmup + measured));
   ASHL_TEST(r.srv->telemetry().batched_commits >= std::uint64_t{count} * measured);
+}
+
+// A commit in parts beside whole ones: a part that does not end its commit
+// has no reply to wait for and joins no batch, so the worker's next part
+// does not cut the batch; the commit its last part ends waits in the batch
+// like a whole one. Client 3 commits in 4 parts, sent between the other
+// clients' whole commits, each round in one progress pass: one pass adds all
+// four commits, the bits and replies those of a server that applies each as
+// it comes. Parts received into the staging (rendezvous) and copied there
+// (eager); no receive buffer stays lent.
+BOOST_AUTO_TEST_CASE(parts_of_a_commit_in_progress_do_not_cut_the_batch) {
+  constexpr std::uint32_t count = 4;
+  constexpr std::uint16_t parts = 4;  // 4 KiB a part; whole commits 16 KiB
+  constexpr int rounds = 6;
+  for (const std::size_t eager : {std::size_t{256}, std::size_t{8192}}) {
+    auto run = [&](std::uint32_t batch) {
+      rig r(count, batch, [](ps::server_params&) {}, eager);
+      for (int c = 0; c < rounds; ++c) {
+        const auto seq = static_cast<std::uint64_t>(c) + 1;
+        for (std::uint32_t k = 0; k + 1 < count; ++k) r.prepare(k, seq, (c + k) % 2 == 0);
+        r.prepare_parts(count - 1, seq, c % 2 != 0, parts);
+      }
+      for (int c = 0; c < rounds; ++c) {
+        const auto at = static_cast<std::size_t>(c);
+        for (std::uint32_t k = 0; k + 1 < count; ++k) {
+          r.send(count - 1, parts * at + k);
+          r.send(k, at);
+        }
+        r.send(count - 1, parts * at + parts - 1);
+        r.srv->poll();
+        for (client& cl : r.clients) cl.progress();
+      }
+      r.pump();
+      run_result out{r.params(), {}, r.srv->telemetry()};
+      for (const client& cl : r.clients) {
+        ASHL_TEST(cl.h.errors == 0u);
+        out.replies.push_back(cl.h.reply);
+      }
+      return out;
+    };
+    BOOST_TEST_CONTEXT((eager > 4096 ? "eager parts" : "rendezvous parts")) {
+      const run_result one = run(1);
+      const run_result b = run(count);
+      ASHL_TEST(one.tel.core.commits_applied == count * rounds);
+      ASHL_TEST(b.tel.core.commits_applied == count * rounds);
+      ASHL_TEST(b.tel.commits_in_parts == std::uint64_t{rounds});
+      ASHL_TEST(same_bits(b.w, one.w));
+      for (std::uint32_t k = 0; k < count; ++k) ASHL_TEST(same_bits(b.replies[k], one.replies[k]), "client " << k);
+      ASHL_TEST(b.tel.batched_applies == std::uint64_t{rounds}, b.tel.batched_applies);
+      ASHL_TEST(b.tel.batched_commits == std::uint64_t{count} * rounds, b.tel.batched_commits);
+      ASHL_TEST(b.tel.receive_bytes_lent == 0u);
+      ASHL_TEST(b.tel.wire_refused_total() == 0u);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(apply_batch_out_of_range_is_refused_by_name) {

@@ -591,10 +591,8 @@ class server {
       s.checkpoint_seconds = tel_.checkpoint_loop_seconds + w.write_seconds;
       s.checkpoint_bytes = w.bytes;
     }
-    for (const detail::pooled_buffer& b : rx_) {
-      s.receive_bytes += b.bytes.size();
-      if (b.busy) s.receive_bytes_lent += b.bytes.size();
-    }
+    s.receive_bytes = rx_capacity();
+    s.receive_bytes_lent = rx_lent();
     s.staging_bytes = staging_bytes_;
     return s;
   }
@@ -869,31 +867,20 @@ class server {
   bool stage(staging_area& st) {
     const std::uint64_t need = core_.range().size() * sizeof(float);
     if (st.bytes.size() >= need) return true;
-    std::uint64_t lent = 0, total = 0;
-    for (const detail::pooled_buffer& b : rx_) {
-      total += b.bytes.size();
-      lent += b.busy ? b.bytes.size() : 0;
-    }
     const std::uint64_t others = staging_bytes_ - st.bytes.size();
-    if (lent + others + need > p_.max_receive_bytes) return false;
-    for (std::uint32_t i = 0; total + others + need > p_.max_receive_bytes && i < rx_.size(); ++i) {
-      if (rx_[i].busy || rx_[i].bytes.empty()) continue;
-      total -= rx_[i].bytes.size();
-      std::vector<std::byte>().swap(rx_[i].bytes);  // idle capacity given up, as take_rx does
-    }
+    if (rx_lent() + others + need > p_.max_receive_bytes) return false;
+    give_up_idle_rx(others + need, p_.max_receive_bytes);
     staging_bytes_ += need - st.bytes.size();
     st.bytes.resize(need);
     return true;
   }
 
   void refuse_staging(transport::peer_id p, std::uint32_t w, std::uint64_t sequence, std::string_view what) {
-    std::uint64_t lent = 0;
-    for (const detail::pooled_buffer& b : rx_) lent += b.busy ? b.bytes.size() : 0;
     refuse_wire(wire_refusal::receive_budget);
     send_error(p, errc::unavailable, sequence,
                "server.max_receive_bytes = " + std::to_string(p_.max_receive_bytes) + ": worker " + std::to_string(w) +
                    "'s commits in parts need a staging of " + std::to_string(core_.range().size() * sizeof(float)) +
-                   " bytes beside " + std::to_string(lent) + " held by receives in flight and " +
+                   " bytes beside " + std::to_string(rx_lent()) + " held by receives in flight and " +
                    std::to_string(staging_bytes_) + " by other stagings (" + std::string(what) +
                    "; raise max_receive_bytes, or commit whole: worker.commit_part_bytes = 0)");
   }
@@ -1074,16 +1061,12 @@ class server {
   // over all connections: the free buffer that fits best; idle capacity is
   // given up before a message is refused.
   std::span<std::byte> take_rx(transport::peer_id p, std::size_t n) {
-    if (!batch_rx_.empty()) {  // past the budget with the batch's buffers: they go back first, its commits applied
-      std::uint64_t held = 0;
-      for (const auto& b : rx_) held += b.busy ? b.bytes.size() : 0;
-      if (held + staging_bytes_ + n > p_.max_receive_bytes) apply_held();
-    }
-    std::uint64_t lent = 0, total = 0;
+    // Past the budget with the batch's buffers: they go back first, its commits applied.
+    if (!batch_rx_.empty() && rx_lent() + staging_bytes_ + n > p_.max_receive_bytes) apply_held();
+    std::uint64_t lent = 0;
     std::uint32_t pick = ~std::uint32_t{0};
     for (std::uint32_t i = 0; i < rx_.size(); ++i) {
       const std::size_t c = rx_[i].bytes.size();
-      total += c;
       if (rx_[i].busy) {
         lent += c;
       } else if (pick == ~std::uint32_t{0} || (c >= n && (rx_[pick].bytes.size() < n || c < rx_[pick].bytes.size())) ||
@@ -1111,11 +1094,7 @@ class server {
     const std::uint64_t grow = pick != ~std::uint32_t{0} && rx_[pick].bytes.size() >= n
                                    ? 0
                                    : want - (pick != ~std::uint32_t{0} ? rx_[pick].bytes.size() : 0);
-    for (std::uint32_t i = 0; total + grow > budget && i < rx_.size(); ++i) {
-      if (rx_[i].busy || i == pick || rx_[i].bytes.empty()) continue;
-      total -= rx_[i].bytes.size();
-      std::vector<std::byte>().swap(rx_[i].bytes);  // idle capacity given up
-    }
+    give_up_idle_rx(grow, budget, pick);
     if (pick == ~std::uint32_t{0}) {
       pick = static_cast<std::uint32_t>(rx_.size());
       rx_.emplace_back();
@@ -1131,6 +1110,30 @@ class server {
     b.busy = true;
     b.used = n;
     return {b.bytes.data(), n};
+  }
+
+  // What pooled receive buffers hold: lent (to receives in flight, or
+  // kept by the batch), and in all.
+  [[nodiscard]] std::uint64_t rx_lent() const noexcept {
+    std::uint64_t lent = 0;
+    for (const detail::pooled_buffer& b : rx_) lent += b.busy ? b.bytes.size() : 0;
+    return lent;
+  }
+  [[nodiscard]] std::uint64_t rx_capacity() const noexcept {
+    std::uint64_t total = 0;
+    for (const detail::pooled_buffer& b : rx_) total += b.bytes.size();
+    return total;
+  }
+
+  // Idle pooled capacity is given up, buffer by buffer (all but `keep`),
+  // until the pool's capacity and `extra` more bytes fit `limit`.
+  void give_up_idle_rx(std::uint64_t extra, std::uint64_t limit, std::uint32_t keep = no_rx) {
+    std::uint64_t total = rx_capacity();
+    for (std::uint32_t i = 0; total + extra > limit && i < rx_.size(); ++i) {
+      if (rx_[i].busy || i == keep || rx_[i].bytes.empty()) continue;
+      total -= rx_[i].bytes.size();
+      std::vector<std::byte>().swap(rx_[i].bytes);
+    }
   }
 
   // The pooled receive buffer that `data` lies in, or no_rx.
@@ -1168,22 +1171,21 @@ class server {
   }
 
   // The pooled receive buffer that `data` lies in, if any, goes back.
-  void release_rx(std::span<const std::byte> data) {
-    if (data.empty()) return;
-    for (std::uint32_t i = 0; i < rx_.size(); ++i) {
-      if (rx_[i].busy && rx_[i].bytes.data() == data.data()) {
-        rx_[i].busy = false;
-        free_rx_.give(i);
-        return;
-      }
-    }
+  void release_rx(std::span<const std::byte> data) { release_rx(rx_of(data)); }
+  void release_rx(std::uint32_t i) {
+    if (i == no_rx) return;
+    rx_[i].busy = false;
+    free_rx_.give(i);
   }
 
   void on_message(transport::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data) {
     const double now = clock_.now();
     ++tel_.messages_in;
     tel_.bytes_in += head.size() + data.size();
-    const bool staged_part = unclaim_part(data);  // a commit part received into staging: its slice is free to place again
+    // The pooled receive buffer the message lies in, or (no_rx) a commit
+    // part received into its staging, whose slice is free to place again.
+    const std::uint32_t rx = rx_of(data);
+    if (rx == no_rx) unclaim_part(data);
     // Batched applies (server_params.apply_batch): a commit from a worker
     // not yet in the batch may join it; anything else is handled after the
     // batch was applied and answered, in the order it came.
@@ -1193,18 +1195,29 @@ class server {
     const bool commit = head.size() == wire::header_bytes &&
                         std::to_integer<std::uint8_t>(head[8]) == static_cast<std::uint8_t>(wire::message_kind::commit);
     if (!batch_workers_.empty() && (!commit || from == no_rank || in_batch(from))) end_batch(now);
-    const bool kept = p_.apply_batch > 1 && commit && from != no_rank && !staged_part && rx_of(data) != no_rx;
+    // A commit part lies in (or is copied into) its rank's staging, which
+    // holds it: its receive buffer never waits with the batch. A part that
+    // does not end its commit has no reply to wait for: it joins no batch
+    // (so the worker's next part does not end the batch early).
+    const bool part = commit && wire::peek_part(head).valid();
+    const bool kept = p_.apply_batch > 1 && commit && !part && from != no_rank && rx != no_rx;
     const std::size_t waiting = core_.pending_applies();
     const std::uint64_t errors = tel_.errors_sent;
+    const std::uint64_t ended_in_parts = tel_.commits_in_parts;
     handle(p, head, data, now, kept);
-    if (core_.pending_applies() > waiting) {  // the commit waits in the batch, its receive buffer with it
+    const bool commit_ended = commit && (!part || tel_.commits_in_parts != ended_in_parts);
+    if (core_.pending_applies() > waiting) {  // the commit waits in the batch (its receive buffer with it, if kept)
       batch_workers_.push_back(from);
-      if (kept) batch_rx_.push_back(rx_of(data));
+      if (kept) {
+        batch_rx_.push_back(rx);
+      } else {
+        release_rx(rx);
+      }
     } else if (core_.pending_applies() == 0 && batch_workers_.empty()) {
-      release_rx(data);
+      release_rx(rx);
     } else {
-      if (commit && from != no_rank && !in_batch(from)) batch_workers_.push_back(from);  // its reply waits too
-      release_rx(data);
+      if (commit_ended && from != no_rank && !in_batch(from)) batch_workers_.push_back(from);  // its reply waits too
+      release_rx(rx);
     }
     if (batch_workers_.empty()) {
       flush(now);
