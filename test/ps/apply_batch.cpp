@@ -478,20 +478,27 @@ BOOST_AUTO_TEST_CASE(batched_applies_allocate_nothing_once_warm) {
 // does not cut the batch; the commit its last part ends waits in the batch
 // like a whole one. Client 3 commits in 4 parts, sent between the other
 // clients' whole commits, each round in one progress pass: one pass adds all
-// four commits, the bits and replies those of a server that applies each as
-// it comes. Parts received into the staging (rendezvous) and copied there
-// (eager); no receive buffer stays lent.
+// four commits, the parameters after every round bit-identical to a server
+// that applies each as it comes, and every reply carrying the version after
+// its round's pass. Parts received into the staging (rendezvous) and copied
+// there (eager); no receive buffer stays lent.
 BOOST_AUTO_TEST_CASE(parts_of_a_commit_in_progress_do_not_cut_the_batch) {
   constexpr std::uint32_t count = 4;
   constexpr std::uint16_t parts = 4;  // 4 KiB a part; whole commits 16 KiB
   constexpr int rounds = 6;
   for (const std::size_t eager : {std::size_t{256}, std::size_t{8192}}) {
+    struct parts_run : run_result {
+      std::vector<std::vector<float>> rounds;  // the parameters after each round
+    };
+    // Whole clients pull in rounds c with (c + k) even, client 3 in odd ones.
+    auto pulls = [](std::uint32_t k, int c) { return k + 1 < count ? (c + static_cast<int>(k)) % 2 == 0 : c % 2 != 0; };
     auto run = [&](std::uint32_t batch) {
+      parts_run out;
       rig r(count, batch, [](ps::server_params&) {}, eager);
       for (int c = 0; c < rounds; ++c) {
         const auto seq = static_cast<std::uint64_t>(c) + 1;
-        for (std::uint32_t k = 0; k + 1 < count; ++k) r.prepare(k, seq, (c + k) % 2 == 0);
-        r.prepare_parts(count - 1, seq, c % 2 != 0, parts);
+        for (std::uint32_t k = 0; k + 1 < count; ++k) r.prepare(k, seq, pulls(k, c));
+        r.prepare_parts(count - 1, seq, pulls(count - 1, c), parts);
       }
       for (int c = 0; c < rounds; ++c) {
         const auto at = static_cast<std::size_t>(c);
@@ -502,9 +509,11 @@ BOOST_AUTO_TEST_CASE(parts_of_a_commit_in_progress_do_not_cut_the_batch) {
         r.send(count - 1, parts * at + parts - 1);
         r.srv->poll();
         for (client& cl : r.clients) cl.progress();
+        out.rounds.push_back(r.params());
       }
       r.pump();
-      run_result out{r.params(), {}, r.srv->telemetry()};
+      out.w = r.params();
+      out.tel = r.srv->telemetry();
       for (const client& cl : r.clients) {
         ASHL_TEST(cl.h.errors == 0u);
         out.replies.push_back(cl.h.reply);
@@ -512,13 +521,17 @@ BOOST_AUTO_TEST_CASE(parts_of_a_commit_in_progress_do_not_cut_the_batch) {
       return out;
     };
     BOOST_TEST_CONTEXT((eager > 4096 ? "eager parts" : "rendezvous parts")) {
-      const run_result one = run(1);
-      const run_result b = run(count);
+      const parts_run one = run(1);
+      const parts_run b = run(count);
       ASHL_TEST(one.tel.core.commits_applied == count * rounds);
       ASHL_TEST(b.tel.core.commits_applied == count * rounds);
       ASHL_TEST(b.tel.commits_in_parts == std::uint64_t{rounds});
       ASHL_TEST(same_bits(b.w, one.w));
-      for (std::uint32_t k = 0; k < count; ++k) ASHL_TEST(same_bits(b.replies[k], one.replies[k]), "client " << k);
+      for (int c = 0; c < rounds; ++c) ASHL_TEST(same_bits(b.rounds[c], one.rounds[c]), "round " << c);
+      for (std::uint32_t k = 0; k < count; ++k) {
+        const int last = pulls(k, rounds - 1) ? rounds - 1 : rounds - 2;  // the round of client k's last pull
+        ASHL_TEST(same_bits(b.replies[k], b.rounds[last]), "client " << k << "'s last reply, of round " << last);
+      }
       ASHL_TEST(b.tel.batched_applies == std::uint64_t{rounds}, b.tel.batched_applies);
       ASHL_TEST(b.tel.batched_commits == std::uint64_t{count} * rounds, b.tel.batched_commits);
       ASHL_TEST(b.tel.receive_bytes_lent == 0u);
