@@ -12,6 +12,10 @@
 //   ashl_bench_ps_ucx --ops fan_in_push --apply-batch 8   # server_params.apply_batch: commits that arrive
 //                                           # together added in one pass (issue 28 item 3); rows report the
 //                                           # share of commits that were (batched)
+//   ashl_bench_ps_ucx --commit-chunk-kib 1024 --apply-as-landed   # server_params.apply_parts_as_they_land
+//                                           # = true: a commit in parts is added as its parts land (default:
+//                                           # applied whole at its last part); commit rows report the share
+//                                           # of commits applied that way (as_landed)
 //   ashl_bench_ps_ucx --no-pin              # leave placement to the scheduler (for comparison)
 //   ashl_bench_ps_ucx --in-place-replies    # worker_params.stage_replies = false (replies unchecked in the caller's buffer)
 //   ashl_bench_ps_ucx --chunk-kib 256       # server_params.reply_part_bytes and worker_params.commit_part_bytes
@@ -159,6 +163,7 @@ struct options {
   int fan_workers = 8;
   std::uint32_t apply_threads = 1;  // server_params.apply_threads (--apply-threads N)
   std::uint32_t apply_batch = 1;    // server_params.apply_batch (--apply-batch N)
+  bool as_landed = false;           // server_params.apply_parts_as_they_land (--apply-as-landed: true)
   bool stage_replies = true;  // worker_params.stage_replies (--in-place-replies: false)
   std::uint64_t chunk_kib = 0;  // server_params.reply_part_bytes / 1024 (--chunk-kib; 0: replies whole)
   std::uint64_t commit_chunk_kib = 0;  // worker_params.commit_part_bytes / 1024 (--chunk-kib, or --commit-chunk-kib)
@@ -313,7 +318,7 @@ struct shared_area {
   double commit_s[max_reps];           // per repetition: mean seconds per commit + wait
   double start[max_reps][max_workers], end[max_reps][max_workers];
   double server_idle;                  // server's share of time in transport.wait
-  std::uint64_t snapshots, commits_applied, copied_replies, batched_commits;
+  std::uint64_t snapshots, commits_applied, copied_replies, batched_commits, applied_as_landed;
   char lanes[1024];                    // the worker's endpoint (describe, summarized)
   char describe[8192];                 // the worker's endpoint (describe, whole)
   char error[1024];
@@ -356,6 +361,7 @@ int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_f
                                 .optimizer = {.mode = ps::optimizer_params::kind::model_delta}}};
   sp.apply_threads = o.apply_threads;
   sp.apply_batch = o.apply_batch;
+  sp.apply_parts_as_they_land = o.as_landed;
   sp.reply_part_bytes = o.chunk_kib * 1024;
   auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
   if (!srv) return set_error(sh, "server: " + srv.error().message()), 1;
@@ -369,6 +375,7 @@ int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_f
   sh->snapshots = s.snapshots;
   sh->commits_applied = s.core.commits_applied;
   sh->batched_commits = s.batched_commits;
+  sh->applied_as_landed = s.applied_as_landed;
   return 0;
 }
 
@@ -453,7 +460,7 @@ struct ashl_result {
   std::string error, lanes;
   std::vector<double> pull_s, commit_s, fan_gbps;
   double server_idle = 0;
-  std::uint64_t snapshots = 0, commits_applied = 0, copied_replies = 0, batched_commits = 0;
+  std::uint64_t snapshots = 0, commits_applied = 0, copied_replies = 0, batched_commits = 0, applied_as_landed = 0;
 };
 
 ashl_result run_ashl(const options& o, const std::string& transport, const ashl_case& c) {
@@ -515,6 +522,7 @@ ashl_result run_ashl(const options& o, const std::string& transport, const ashl_
   res.snapshots = sh->snapshots;
   res.commits_applied = sh->commits_applied;
   res.batched_commits = sh->batched_commits;
+  res.applied_as_landed = sh->applied_as_landed;
   res.copied_replies = sh->copied_replies;
   sh->~shared_area();
   ::munmap(m, sizeof(shared_area));
@@ -643,6 +651,7 @@ struct row {
   int reps = 0, iters = 0;
   double server_idle = std::nan("");
   double batched = std::nan("");  // the share of commits added in a batched pass (server_params.apply_batch)
+  double as_landed = std::nan("");  // the share of commits added as their parts landed (commits in parts)
   std::string error;
 };
 
@@ -705,6 +714,7 @@ int main(int argc, char** argv) {
         return std::fprintf(stderr, "--apply-batch = %ld: must be in 1..%u\n", v, ps::server<tr::ucx>::max_apply_batch), 2;
       o.apply_batch = static_cast<std::uint32_t>(v);
     }
+    else if (a == "--apply-as-landed") o.as_landed = true;
     else if (a == "--apply-threads") {
       const long v = std::atol(next().c_str());
       if (auto s = ps::apply_pool::check_threads(v < 0 ? 0 : static_cast<std::uint64_t>(v), "--apply-threads"); !s)
@@ -715,7 +725,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: ashl_bench_ps_ucx [--quick] [--reps N] [--json-only] [--progress wait|poll] [--no-pin]\n"
                    "         [--transports shm,tcp] [--ops pull,commit,round_trip,fan_in,fan_in_push] [--sizes 4K,1M,...]\n"
-                   "         [--apply-threads N] [--apply-batch N]\n"
+                   "         [--apply-threads N] [--apply-batch N] [--apply-as-landed]\n"
                    "         [--perftest PATH] [--fan-workers N] [--describe] [--no-baseline] [--spin-us N]\n"
                    "         [--in-place-replies] [--chunk-kib N] [--commit-chunk-kib N] [--commit-window N]\n");
       return 2;
@@ -761,7 +771,8 @@ int main(int argc, char** argv) {
       const ashl_case c{.bytes = bytes, .workers = 1, .reps = 1, .iters = ashl_iters(o, bytes),
                         .do_pull = true, .do_commit = want_commit};
       const long n_bw = perftest_iters(o, bytes), n_lat = o.quick ? 5000 : 10000;
-      std::vector<double> am_g, tag_g, eh_g, lat_u, tlat_u, elat_u, pull_s, commit_s, r_pull, r_commit, r_rt, idle;
+      std::vector<double> am_g, tag_g, eh_g, lat_u, tlat_u, elat_u, pull_s, commit_s, r_pull, r_commit, r_rt, idle,
+          landed;
       std::string lanes, am_lanes, eh_lanes, lat_lanes, elat_lanes, error;
       for (int rep = 0; rep < o.reps; ++rep) {
         const perftest_figure am = run_perftest(o, transport, "ucp_am_bw", bytes, n_bw, false, 1);
@@ -792,6 +803,7 @@ int main(int argc, char** argv) {
         if (am.ok) r_pull.push_back(static_cast<double>(bytes) / a.pull_s[0] * 1e-9 / am.gbps);
         if (want_commit) {
           commit_s.push_back(a.commit_s[0]);
+          if (a.commits_applied > 0) landed.push_back(static_cast<double>(a.applied_as_landed) / a.commits_applied);
           if (am.ok) r_commit.push_back(2.0 * static_cast<double>(bytes) / a.commit_s[0] * 1e-9 / am.gbps);
           if (lat.ok) r_rt.push_back(a.commit_s[0] * 1e6 / (2.0 * lat.usec));
         }
@@ -822,6 +834,7 @@ int main(int argc, char** argv) {
         r.baseline_usec = 2.0 * static_cast<double>(bytes) / (am_m * 1e9) * 1e6;
         r.ratio = median(r_commit);
         r.extra = commit_m > pull_m ? static_cast<double>(bytes) / (commit_m - pull_m) * 1e-9 : std::nan("");
+        r.as_landed = median(landed);
         if (bytes >= MiB) r.goal = ">= 0.8", r.met = r.ratio >= 0.8;
         rows.push_back(r);
       }
@@ -901,6 +914,13 @@ int main(int argc, char** argv) {
                 o.commit_window, o.reps);
     std::printf("load average %s; UCX env: %s\n\n", load.c_str(), ucx_env.empty() ? "(none)" : ucx_env.c_str());
     if (o.apply_threads > 1) std::printf("server apply threads: %u\n\n", o.apply_threads);
+    if (o.commit_chunk_kib > 0) {
+      std::printf("commits in parts, %s; share of commits added as their parts landed:",
+                  o.as_landed ? "added as they land (--apply-as-landed)" : "applied whole");
+      for (const auto& r : rows)
+        if (std::isfinite(r.as_landed)) std::printf(" %s %s %s", r.transport.c_str(), human_bytes(r.bytes).c_str(), num(r.as_landed, 2).c_str());
+      std::printf("\n\n");
+    }
     if (o.apply_batch > 1) {
       std::printf("server apply batch: %u; share of commits added in a batched pass:", o.apply_batch);
       for (const auto& r : rows)
@@ -924,13 +944,13 @@ int main(int argc, char** argv) {
   }
   for (const auto& r : rows) {
     std::printf(
-        "{\"bench\":\"ps_ucx\",\"apply_threads\":%u,\"apply_batch\":%u,\"batched\":%s,\"op\":\"%s\",\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
+        "{\"bench\":\"ps_ucx\",\"apply_threads\":%u,\"apply_batch\":%u,\"batched\":%s,\"as_landed\":%s,\"op\":\"%s\",\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
         "\"usec\":%s,\"baseline\":\"%s\",\"baseline_gbps\":%s,\"baseline_usec\":%s,\"ratio\":%s,\"goal\":\"%s\","
         "\"met\":%s,\"ref_tag_gbps\":%s,\"ref_tag_usec\":%s,\"ref_eh_gbps\":%s,\"ref_eh_usec\":%s,\"ref_eh_lanes\":\"%s\",\"%s\":%s,\"server_idle\":%s,\"lanes\":\"%s\","
         "\"baseline_lanes\":\"%s\",\"progress\":\"%s\",\"replies\":\"%s\",\"chunk_kib\":%llu,\"commit_chunk_kib\":%llu,\"commit_window\":%u,\"placement\":\"%s\",\"reps\":%d,\"iters\":%d,"
         "\"machine\":\"%s\",\"date\":\"%s\",\"ucx_env\":\"%s\",\"load\":\"%s\","
         "\"error\":\"%s\"}\n",
-        o.apply_threads, o.apply_batch, num(r.batched, 3).c_str(), r.op.c_str(), r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
+        o.apply_threads, o.apply_batch, num(r.batched, 3).c_str(), num(r.as_landed, 3).c_str(), r.op.c_str(), r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
         r.baseline.c_str(), num(r.baseline_gbps).c_str(), num(r.baseline_usec, 2).c_str(), num(r.ratio).c_str(),
         r.goal.c_str(), r.goal.empty() ? "null" : (r.met ? "true" : "false"), num(r.ref_tag_gbps).c_str(),
         num(r.ref_tag_usec, 2).c_str(), num(r.ref_eh_gbps).c_str(), num(r.ref_eh_usec, 2).c_str(),

@@ -6,6 +6,7 @@
 //   ashl_bench_server_core --part apply --reps 31   # one part only (policy | apply)
 //   ashl_bench_server_core --part apply --apply-threads 2   # 1 vs 2 apply threads at 1, 16, 64 MiB
 //   ashl_bench_server_core --part batch --reps 15   # k commits one at a time vs in one batched pass
+//   ashl_bench_server_core --part landed --reps 15  # a commit in parts added as they land vs applied whole
 //
 // Two parts, one thread, every figure the median of --reps timed runs after
 // one warm-up run; a case and its baselines run interleaved (case, baseline,
@@ -47,6 +48,17 @@
 //    payloads (each byte of them moved once, what no apply can beat). Ratio
 //    = memcpy time / apply time; the batched row's "one at a time" column
 //    is the speedup. The two cores' parameters are compared bit for bit.
+// 4. Applies as parts land (--part landed; issue 28 item 1,
+//    server_params.apply_parts_as_they_land): one dense identity model-delta
+//    commit into a shard of 1 and 64 MiB, applied whole (one apply_dense
+//    pass, what the server does at a commit's last part without it) and in
+//    P parts (256 KiB a part at 1 MiB, 1 MiB at 64 MiB) whose first P - 1
+//    are speculated as they land, then commit(): the rows time what is left
+//    after the last part landed (the last part's add and the swap) and the
+//    speculated parts' adds, against a memcpy of the payload, with the
+//    whole apply in the last column; without and with a pull riding (+crc:
+//    the new version's CRC in the same passes). The parameters are
+//    compared bit for bit with the whole applies'.
 //
 // Output: a human table, then one JSON object per case (machine, date,
 // sizes, median, baseline, ratio).
@@ -422,6 +434,84 @@ void batch_path(const options& o, std::vector<row>& rows) {
     }
 }
 
+// One commit applied whole, and in parts added as they land (the first
+// P - 1 speculated, then commit()), against a memcpy of its payload.
+void landed_path(const options& o, std::vector<row>& rows) {
+  std::vector<std::size_t> sizes{std::size_t{1} << 18, std::size_t{1} << 24};
+  if (o.quick) sizes.pop_back();
+  for (std::size_t n : sizes)
+    for (bool pull : {false, true}) {
+    const std::uint16_t parts = n >= (std::size_t{1} << 24) ? 64 : 4;
+    const auto layout = ps::shard_layout::even(n, 1).value();
+    std::vector<std::byte> payload(4 * n), sink(4 * n);
+    {
+      std::vector<float> g(n);
+      for (std::size_t i = 0; i < n; ++i) g[i] = std::sin(0.001f * static_cast<float>(i)) * 1e-3f;
+      (void)ashl::compress::identity{}.encode(ashl::host_view<const float>(g.data(), n), payload, {});
+    }
+    auto make = [&] {
+      return ps::server_core<sync::asp>::create({.layout = layout, .workers = 1},
+                                                sync::asp{{.workers = 1, .scale = 1e-3}})
+          .value();
+    };
+    auto whole = make(), landed = make();
+    ps::server_actions out(1);
+    std::uint64_t seq_whole = 0, seq_landed = 0;
+    auto commit_of = [&](std::uint64_t seq) {
+      return ps::commit_in{.worker = 0, .sequence = seq, .bytes = payload.size(), .element_count = n,
+                           .payload = payload, .pull = pull, .values_checked = true};
+    };
+    auto apply_whole = [&] {
+      whole.commit(commit_of(++seq_whole), 0.0, out);
+      out.clear();
+    };
+    auto speculate = [&] {
+      const ps::commit_in c = commit_of(++seq_landed);
+      for (std::uint16_t j = 0; j + 1 < parts; ++j) {
+        const auto pr = ashl::wire::part_elements(n, parts, j);
+        (void)landed.speculate(c, pr.first, pr.first + pr.count);
+      }
+    };
+    auto end = [&] {
+      landed.commit(commit_of(seq_landed), 0.0, out);
+      out.clear();
+    };
+    auto copy = [&] {
+      std::memcpy(sink.data(), payload.data(), payload.size());
+      asm volatile("" : : "r"(sink.data()) : "memory");
+    };
+    apply_whole();  // warm-up: the landed core learns the weight (1e-3) from its first commit
+    speculate();
+    end();
+    copy();
+    std::vector<double> t_whole, t_spec, t_end, t_copy;
+    auto timed = [](auto& f, std::vector<double>& into) {
+      const auto a = clock_type::now();
+      f();
+      into.push_back(std::chrono::duration<double>(clock_type::now() - a).count());
+    };
+    for (int r = 0; r < o.reps; ++r) {
+      timed(apply_whole, t_whole);
+      timed(speculate, t_spec);
+      timed(end, t_end);
+      timed(copy, t_copy);
+    }
+    if (std::memcmp(whole.parameters().data(), landed.parameters().data(), n * sizeof(float)) != 0)
+      std::fprintf(stderr, "ashl_bench_server_core: commits added as their parts landed differ from whole (a bug)\n");
+    if (landed.applied_as_landed() != static_cast<std::uint64_t>(o.reps))
+      std::fprintf(stderr, "ashl_bench_server_core: %llu of %d commits applied as they landed\n",
+                   static_cast<unsigned long long>(landed.applied_as_landed()), o.reps);
+    const std::uint64_t bytes = payload.size();
+    const char* baseline = "memcpy of the payload";
+    const double w = median(t_whole), c = median(t_copy);
+    const std::string p = std::to_string(parts) + " parts" + (pull ? " +crc" : "") + ": ";
+    rows.push_back({"landed", std::string("whole") + (pull ? " +crc" : "") + ": one pass at the last part", n, 1, 1,
+                    bytes, w, c, baseline, w, 1});
+    rows.push_back({"landed", p + "left after the last part", n, 1, 1, bytes, median(t_end), c, baseline, w, 1});
+    rows.push_back({"landed", p + "adds as the first P-1 land", n, 1, 1, bytes, median(t_spec), c, baseline, w, 1});
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -431,8 +521,8 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--part" && i + 1 < argc) {
       o.part = argv[++i];
-      if (o.part != "all" && o.part != "policy" && o.part != "apply" && o.part != "batch") {
-        std::fprintf(stderr, "ashl_bench_server_core: --part = \"%s\": must be all, policy, apply or batch\n",
+      if (o.part != "all" && o.part != "policy" && o.part != "apply" && o.part != "batch" && o.part != "landed") {
+        std::fprintf(stderr, "ashl_bench_server_core: --part = \"%s\": must be all, policy, apply, batch or landed\n",
                      o.part.c_str());
         return 2;
       }
@@ -446,7 +536,7 @@ int main(int argc, char** argv) {
       o.apply_threads = static_cast<unsigned>(v);
     } else {
       std::fprintf(stderr,
-                   "usage: ashl_bench_server_core [--quick] [--reps N] [--part all|policy|apply|batch] [--apply-threads N] "
+                   "usage: ashl_bench_server_core [--quick] [--reps N] [--part all|policy|apply|batch|landed] [--apply-threads N] "
                    "[--json-only]\n");
       return 2;
     }
@@ -456,6 +546,7 @@ int main(int argc, char** argv) {
   if (o.part == "all" || o.part == "policy") policy_path(o, rows);
   if (o.part == "all" || o.part == "apply") apply_path(o, rows);
   if (o.part == "all" || o.part == "batch") batch_path(o, rows);
+  if (o.part == "all" || o.part == "landed") landed_path(o, rows);
   if (!o.json_only) {
     std::printf("server_core on %s, %s, median of %d\n\n", mach.c_str(), date.c_str(), o.reps);
     std::printf("%-8s %-44s %10s %8s %14s %14s %8s %14s\n", "part", "case", "n",
@@ -470,7 +561,7 @@ int main(int argc, char** argv) {
         std::printf("%-8s %-44s %10llu %8u %11.1f us %11.1f us %8.2f %11.1f us%s\n", r.part.c_str(), r.name.c_str(),
                     static_cast<unsigned long long>(r.n), r.threads, r.median_s * 1e6, r.baseline_s * 1e6,
                     r.baseline_s / r.median_s, r.decode_s * 1e6,
-                    r.part == "batch" ? " (one at a time)" : "");
+                    r.part == "batch" ? " (one at a time)" : r.part == "landed" ? " (whole)" : "");
       }
     }
     std::printf("\n");

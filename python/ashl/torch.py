@@ -1130,7 +1130,7 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
           partition_mb: Optional[float] = DEFAULT_PARTITION_MB,
           store_bytes: int = 0, allow_non_finite: bool = False, max_commit_samples: int = 1 << 30,
           no_worker_grace: Optional[float] = None, apply_threads: int = 1, reply_part_bytes: int = 0,
-          apply_batch: int = 1) -> Any:
+          apply_batch: int = 1, apply_parts_as_they_land: bool = False) -> Any:
     """Runs this process's servers of the job (job.role == "server"), one per
     bucket (``bucket_plan(model, bucket_cap_mb, partition_mb)``, as the workers make
     them), starting from ``model``'s parameters (its shard of each bucket).
@@ -1152,7 +1152,12 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
     checksummed on its own (0: one message, else >= 4096; docs/ps.md,
     "Messages"). Up to ``apply_batch`` dense commits that arrive together
     are added in one pass over the parameters (1: each as it arrives, else
-    2..64; the same bits; docs/ps.md, "Batched applies")."""
+    2..64; the same bits; docs/ps.md, "Batched applies"). With
+    ``apply_parts_as_they_land``, a commit a worker sends in parts
+    (``commit_part_bytes``) is added beside the parameters as its parts
+    land and takes their place once its last part passed (one more
+    shard-sized buffer; the same bits; docs/ps.md, "Commits in parts");
+    by default it is applied whole at its last part."""
     job = job if job is not None else _job_from_env()
     if job.role != "server":
         raise ValueError(f"job.role = {job.role!r}: serve() runs on a server (the workers make a DistributedOptimizer)")
@@ -1183,7 +1188,8 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
                          max_commit_samples=max_commit_samples,
                          no_worker_grace=job.no_worker_grace if no_worker_grace is None else no_worker_grace,
                          job=_job_id(job, initial.numel()), apply_threads=apply_threads,
-                         reply_part_bytes=reply_part_bytes, apply_batch=apply_batch)
+                         reply_part_bytes=reply_part_bytes, apply_batch=apply_batch,
+                         apply_parts_as_they_land=apply_parts_as_they_land)
         servers.append(srv)
     out = servers[0] if len(servers) == 1 else Servers(servers)
     if background:

@@ -570,7 +570,7 @@ class py_server {
             double progress_seconds, std::string checkpoint_dir, double checkpoint_every, bool restore,
             std::uint64_t seed, std::optional<fabric> inproc, std::uint64_t store_bytes, bool allow_non_finite,
             std::uint64_t max_commit_samples, double no_worker_grace, std::uint64_t job, std::uint32_t apply_threads,
-            std::uint64_t reply_part_bytes, std::uint32_t apply_batch) {
+            std::uint64_t reply_part_bytes, std::uint32_t apply_batch, bool apply_parts_as_they_land) {
     if (workers == 0) raise(ashl::invalid_argument("server.workers", 0, "must be >= 1"));
     std::span<const float> init;
     if (initial) {
@@ -620,6 +620,7 @@ class py_server {
                          .apply_threads = apply_threads};
     sp.reply_part_bytes = reply_part_bytes;  // refused by name by server::create (0, or >= 4096)
     sp.apply_batch = apply_batch;            // refused by name by server::create (1..64)
+    sp.apply_parts_as_they_land = apply_parts_as_they_land;
     if (sp.no_worker_grace.count() <= 0)
       raise(ashl::invalid_argument("server.no_worker_grace", no_worker_grace, "must be > 0 seconds"));
     ashl::status failed;
@@ -987,7 +988,7 @@ PYBIND11_MODULE(_ashl, m) {
                     std::uint32_t, std::uint32_t, std::string, double, double, double, bool, std::string, std::string,
                     bool, bool, double, double, std::string, double, bool, std::uint64_t, std::optional<fabric>,
                     std::uint64_t, bool, std::uint64_t, double, std::uint64_t, std::uint32_t, std::uint64_t,
-                    std::uint32_t>(),
+                    std::uint32_t, bool>(),
            py::arg("size") = 0, py::arg("initial") = std::nullopt, py::arg("policy") = "bsp",
            py::arg("policy_params") = py::dict(), py::arg("workers") = 1, py::arg("listen") = "127.0.0.1:0",
            py::arg("shard") = 0, py::arg("servers") = 1, py::arg("optimizer") = "model_delta", py::arg("lr") = 0.1,
@@ -998,7 +999,7 @@ PYBIND11_MODULE(_ashl, m) {
            py::arg("seed") = 0, py::arg("fabric") = std::nullopt, py::arg("store_bytes") = 0,
            py::arg("allow_non_finite") = false, py::arg("max_commit_samples") = std::uint64_t{1} << 30,
            py::arg("no_worker_grace") = 60.0, py::arg("job") = 0, py::arg("apply_threads") = 1,
-           py::arg("reply_part_bytes") = 0, py::arg("apply_batch") = 1)
+           py::arg("reply_part_bytes") = 0, py::arg("apply_batch") = 1, py::arg("apply_parts_as_they_land") = false)
       .def_property_readonly("address", &py_server::address)
       .def("run", &py_server::run)
       .def("start", &py_server::start)

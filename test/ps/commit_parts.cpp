@@ -73,19 +73,22 @@ struct basic_rig {
   client_handler ch;
 
   basic_rig(std::shared_ptr<tr::inproc_fabric> f, const std::string& name, T server_transport,
-            std::uint64_t max_receive_bytes = 0)
-      : fabric(std::move(f)), srv(make(std::move(server_transport), max_receive_bytes)), client(node(fabric)) {
+            std::uint64_t max_receive_bytes = 0, const ps::optimizer_params& opt = sgd, bool as_landed = true)
+      : fabric(std::move(f)), srv(make(std::move(server_transport), max_receive_bytes, opt, as_landed)),
+        client(node(fabric)) {
     ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
     connect(name);
   }
-  static ashl::result<ps::server<T>> make(T t, std::uint64_t max_receive_bytes = 0) {
+  static constexpr ps::optimizer_params sgd{.mode = ps::optimizer_params::kind::sgd, .lr = 0.125};
+  static ashl::result<ps::server<T>> make(T t, std::uint64_t max_receive_bytes = 0,
+                                          const ps::optimizer_params& opt = sgd, bool as_landed = true) {
     auto layout = ps::shard_layout::even(n, 1);
     ps::policy_params pp;
     pp.workers = 1;
-    return ps::server<T>::create(
-        {.core = {.layout = *layout, .workers = 1, .optimizer = {.mode = ps::optimizer_params::kind::sgd, .lr = 0.125}},
-         .max_receive_bytes = max_receive_bytes},
-        std::move(*ps::make_policy("asp", pp)), std::move(t));
+    return ps::server<T>::create({.core = {.layout = *layout, .workers = 1, .optimizer = opt},
+                                  .max_receive_bytes = max_receive_bytes,
+                                  .apply_parts_as_they_land = as_landed},
+                                 std::move(*ps::make_policy("asp", pp)), std::move(t));
   }
   void connect(const std::string& name) {
     peer = *client.connect(name);
@@ -137,6 +140,8 @@ struct basic_rig {
 
 struct rig : basic_rig<tr::inproc> {
   rig(std::shared_ptr<tr::inproc_fabric> f, const std::string& name) : basic_rig(f, name, node(f, name)) {}
+  rig(std::shared_ptr<tr::inproc_fabric> f, const std::string& name, const ps::optimizer_params& opt, bool as_landed)
+      : basic_rig(f, name, node(f, name), 0, opt, as_landed) {}
   static ashl::result<ps::server<tr::inproc>> make(const std::shared_ptr<tr::inproc_fabric>& f, const std::string& name) {
     return basic_rig::make(node(f, name));
   }
@@ -256,6 +261,61 @@ void commits_in_parts(std::size_t eager_bytes) {
 BOOST_AUTO_TEST_CASE(a_commit_in_parts_is_checked_part_by_part_and_applied_whole_once) {
   commits_in_parts(256);                // parts received into the server's staging buffer
   commits_in_parts(std::size_t{1} << 20);  // eager parts, copied into it once checked
+}
+
+// A model-delta server (ASP) adds each part beside the parameters as it
+// lands (server_params.apply_parts_as_they_land, the default): the same bits
+// as a server that applies each commit whole at its last part, commit after
+// commit; a bad part or a lost connection mid-commit changes nothing and the
+// commit sent again applies as it lands; with the option off nothing is
+// speculated.
+BOOST_AUTO_TEST_CASE(a_commit_in_parts_is_added_as_its_parts_land_with_the_same_bits) {
+  for (const std::size_t eager : {std::size_t{256}, std::size_t{1} << 20}) {
+    BOOST_TEST_CONTEXT("eager " << eager) {
+      auto fabric = tr::inproc_fabric::create({.eager_bytes = eager, .deterministic = true});
+      const ps::optimizer_params deltas{};
+      rig on(fabric, "on", deltas, true), off(fabric, "off", deltas, false);
+      auto both = [&](const std::function<void(rig&)>& f) {
+        f(on);
+        f(off);
+        ASHL_TEST(same_bits(on.params(), off.params()));
+        ASHL_TEST(on.srv->core().version() == off.srv->core().version());
+      };
+      for (std::uint64_t c = 1; c <= 3; ++c) both([&](rig& r) { r.in_parts(c, gradient(c)); });
+      ASHL_TEST(on.srv->telemetry().applied_as_landed == 3u);
+      ASHL_TEST(on.srv->telemetry().speculations == 3u);
+      // A flipped bit in part 2: refused, nothing changed; sent again, it lands.
+      const auto g4 = gradient(4);
+      both([&](rig& r) {
+        const auto before = r.params();
+        r.part(4, g4, 0);
+        r.part(4, g4, 1);
+        r.part(4, g4, 2, parts, true);
+        r.part(4, g4, 3);
+        ASHL_TEST(same_bits(r.params(), before));
+        r.in_parts(4, g4);
+      });
+      // The connection goes after part 1: nothing changes; after the rejoin
+      // the commit sent again lands.
+      const auto g5 = gradient(5);
+      both([&](rig& r) {
+        const auto before = r.params();
+        r.part(5, g5, 0);
+        r.part(5, g5, 1);
+        r.client.close(r.peer);
+        r.pump();
+        ASHL_TEST(same_bits(r.params(), before));
+        r.connect(&r == &on ? "on" : "off");
+        r.in_parts(5, g5);
+      });
+      ASHL_TEST(on.srv->core().stats().commits_applied == 5u);
+      ASHL_TEST(on.srv->telemetry().applied_as_landed == 5u);
+      ASHL_TEST(on.srv->telemetry().speculations_stale == 0u);
+      ASHL_TEST(off.srv->telemetry().speculations == 0u);
+      ASHL_TEST(off.srv->telemetry().applied_as_landed == 0u);
+      ASHL_TEST(off.srv->core().stats().commits_applied == 5u);
+    }
+  }
 }
 
 // No allocation on the server for a commit in parts, whole or refused part

@@ -1,7 +1,9 @@
 """worker_params.commit_part_bytes and commit_window from Python (issue 28
 item 1): ashl.Worker and ashl.torch.DistributedOptimizer take them, bad
 values are refused by name, and a dense commit sent in parts leaves the
-server and the worker with the same bits as the same commits sent whole."""
+server and the worker with the same bits as the same commits sent whole,
+whether the server adds its parts as they land (apply_parts_as_they_land,
+the default) or applies it whole at its last part."""
 import numpy as np
 import pytest
 
@@ -22,9 +24,10 @@ def test_commit_part_bytes_and_window_are_named_and_parts_change_no_bit():
     n = 40000  # 160,000 bytes: 10 parts of 4,000 elements at 16,000 bytes
     g = (np.arange(n, dtype=np.float32) % 89 - 44) * np.float32(1e-3)
     finals, parts = [], []
-    for part_bytes in (0, 16000):
-        name = f"c{part_bytes}"
-        srv = ashl.Server(size=n, policy="asp", workers=1, fabric=fabric, listen=name, insecure=True)
+    for part_bytes, as_landed in ((0, False), (16000, True), (16000, False)):
+        name = f"c{part_bytes}{as_landed}"
+        srv = ashl.Server(size=n, policy="asp", workers=1, fabric=fabric, listen=name, insecure=True,
+                          apply_parts_as_they_land=as_landed)
         srv.start()
         w = np.zeros(n, dtype=np.float32)
         wk = ashl.Worker(w, [name], fabric=fabric, insecure=True, commit_part_bytes=part_bytes, commit_window=3)
@@ -40,8 +43,9 @@ def test_commit_part_bytes_and_window_are_named_and_parts_change_no_bit():
         t = srv.telemetry
         assert t["commit_parts"] == parts[-1] and t["commits_in_parts"] == (3 if part_bytes else 0)
         assert t["core"]["commits_applied"] == 3
-    assert finals[0].tobytes() == finals[1].tobytes() and finals[0].any()
-    assert parts == [0, 3 * 10]
+        assert t["applied_as_landed"] == (3 if part_bytes and as_landed else 0)
+    assert finals[0].tobytes() == finals[1].tobytes() == finals[2].tobytes() and finals[0].any()
+    assert parts == [0, 3 * 10, 3 * 10]
 
 
 def test_distributed_optimizer_commits_its_buckets_in_parts():

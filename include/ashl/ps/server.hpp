@@ -174,6 +174,19 @@ struct server_params {
   // batch). 1: every commit is applied as it arrives (the default);
   // 2..64: at most this many wait.
   std::uint32_t apply_batch = 1;
+  // Applies as parts land (docs/ps.md "Commits in parts"; issue 28, item
+  // 1): while a commit in parts (worker_params.commit_part_bytes) arrives,
+  // each part that passed its checks is added beside the parameters into a
+  // buffer of the shard's size (server_core::speculate), so when the last
+  // part passed, what is left of the apply is that part's add and a swap.
+  // The parameters change only then, exactly as if the commit had been
+  // applied whole (the same bits); a commit whose later part is bad or never
+  // comes changes nothing. Something else changing the parameters meanwhile
+  // (another worker's commit) stops it, and the commit is applied whole as
+  // before. false (the default: no gain measured on a 2-vCPU host, where
+  // the server's thread receives the parts too): stage the parts and apply
+  // the commit whole at its last part (no buffer).
+  bool apply_parts_as_they_land = false;
 };
 
 // Messages refused before they reached server_core.
@@ -248,6 +261,11 @@ struct server_telemetry {
   std::uint64_t staging_retired = 0;        // rejoins that retired a staging old receives still wrote into
   std::uint64_t batched_applies = 0;        // passes that added several waiting commits (server_params.apply_batch)
   std::uint64_t batched_commits = 0;        // the commits those passes added
+  // server_params.apply_parts_as_they_land: commits in parts whose adds
+  // began beside the parameters as their parts landed; of those, the ones
+  // something else overtook (applied whole after all); commits applied from
+  // them (the last part's add and a swap).
+  std::uint64_t speculations = 0, speculations_stale = 0, applied_as_landed = 0;
   std::uint64_t worker_errors = 0;          // error messages workers sent us
   std::uint64_t snapshots = 0;              // versions pulled (each pinned by its replies, checksummed once)
   std::uint64_t applied_beside = 0;         // dense applies made beside a version replies still read
@@ -298,6 +316,9 @@ struct server_telemetry {
         field{"staging_retired", &server_telemetry::staging_retired},
         field{"batched_applies", &server_telemetry::batched_applies},
         field{"batched_commits", &server_telemetry::batched_commits},
+        field{"speculations", &server_telemetry::speculations},
+        field{"speculations_stale", &server_telemetry::speculations_stale},
+        field{"applied_as_landed", &server_telemetry::applied_as_landed},
         field{"plans", &server_telemetry::plans},
         field{"errors_sent", &server_telemetry::errors_sent},
         field{"worker_errors", &server_telemetry::worker_errors},
@@ -582,6 +603,9 @@ class server {
     s.copies_for_readers = core_.copies_for_readers();
     s.batched_applies = core_.batched_passes();
     s.batched_commits = core_.batched_commits();
+    s.speculations = core_.speculations();
+    s.speculations_stale = core_.speculations_stale();
+    s.applied_as_landed = core_.applied_as_landed();
     s.transport = t_.counters();
     s.seconds = clock_.now();
     if (writer_) {
@@ -935,6 +959,7 @@ class server {
   // gone): the rest of commit `sequence`'s parts are dropped, counted, not
   // answered again, until its part 0 comes again.
   void drop_commit(commit_parts_in& cs, std::uint64_t sequence) {
+    core_.forget_speculation(static_cast<worker_id>(&cs - cparts_.data()));
     cs.active = false;
     cs.next = 0;
     cs.dropping = true;
@@ -1018,14 +1043,19 @@ class server {
     cs.bytes += wire::header_bytes + payload.size();
     ++cs.next;
     ++tel_.commit_parts;
-    if (cs.next < cs.head.parts) return;
+    const std::span<const std::byte> staged = std::span<const std::byte>(cs.live.bytes).first(cs.head.element_count * elem);
+    if (cs.next < cs.head.parts) {
+      // Its add begins beside the parameters while the next parts land.
+      if (p_.apply_parts_as_they_land && cs.finite)
+        (void)core_.speculate(commit_of(w, cs.head, staged, cs.bytes, cs.finite, true), pr.first, pr.first + pr.count);
+      return;
+    }
     // Every part passed: the commit as if it had come whole.
     cs.active = false;
     ++tel_.commits_in_parts;
     // The staging holds it until this rank's next commit, which waits for
     // the batch to end: it may wait in the batch.
-    to_core(w, cs.head, std::span<const std::byte>(cs.live.bytes).first(cs.head.element_count * elem), cs.bytes, cs.finite,
-            now, p_.apply_batch > 1);
+    to_core(w, cs.head, staged, cs.bytes, cs.finite, now, p_.apply_batch > 1);
   }
 
   // A commit (whole, or its parts' staging once all passed) to server_core.
@@ -1033,28 +1063,34 @@ class server {
   // worker_cycle counted them); server_core bounds them.
   void to_core(worker_id w, const wire::header& h, std::span<const std::byte> payload, std::uint64_t bytes,
                bool values_checked, double now, bool kept) {
-    commit_in c{.worker = w,
-                .incarnation = core_.incarnation(w),
-                .sequence = h.sequence,
-                .clock = h.clock,
-                .samples = h.samples,
-                .bytes = bytes,
-                .codec = h.codec,
-                .type = h.type,
-                .element_count = h.element_count,
-                .step = h.step,
-                .tensor = h.tensor,
-                .payload = payload,
-                .pull = (h.flags & wire::flag_pull) != 0,
-                .ack_only = (h.flags & (wire::flag_pull | wire::flag_ack_requested)) ==
-                            (wire::flag_pull | wire::flag_ack_requested),
-                .values_checked = values_checked,
-                .payload_kept = kept};
+    const commit_in c = commit_of(w, h, payload, bytes, values_checked, kept);
     // A push (flags pull | ack_requested, ps::worker::push): its pull is
     // answered with a header-only acknowledgement when the policy releases
     // it, not with the parameters.
     if (c.pull) ack_only_[w] = c.ack_only ? 1 : 0;
     core_.commit(c, now, out_);
+  }
+
+  // The commit server_core gets from header h and its payload.
+  commit_in commit_of(worker_id w, const wire::header& h, std::span<const std::byte> payload, std::uint64_t bytes,
+                      bool values_checked, bool kept) const {
+    return commit_in{.worker = w,
+                     .incarnation = core_.incarnation(w),
+                     .sequence = h.sequence,
+                     .clock = h.clock,
+                     .samples = h.samples,
+                     .bytes = bytes,
+                     .codec = h.codec,
+                     .type = h.type,
+                     .element_count = h.element_count,
+                     .step = h.step,
+                     .tensor = h.tensor,
+                     .payload = payload,
+                     .pull = (h.flags & wire::flag_pull) != 0,
+                     .ack_only = (h.flags & (wire::flag_pull | wire::flag_ack_requested)) ==
+                                 (wire::flag_pull | wire::flag_ack_requested),
+                     .values_checked = values_checked,
+                     .payload_kept = kept};
   }
 
   // A pooled receive buffer of n bytes within server_params.max_receive_bytes
@@ -1439,6 +1475,7 @@ class server {
     // flight into its staging keep their slices until they end, in a
     // staging the rank no longer uses.
     retire_staging(w);
+    core_.forget_speculation(w);
     cparts_[w].active = false;
     cparts_[w].dropping = false;
     rank_peer_[w] = p;

@@ -543,6 +543,8 @@ class server_core {
 
   void commit(const commit_in& c, double now, server_actions& out) {
     const worker_id w = c.worker;
+    // Its speculation (speculate) ends with it, whatever commit() decides.
+    const bool speculated = claim_speculation(c);
     if (!check_live(w, c.sequence, "commit.worker", out)) return;
     worker_entry& e = table_[w];
     if (c.incarnation != e.incarnation) {
@@ -576,6 +578,7 @@ class server_core {
     ++stats_.commits;
     stats_.bytes_in += c.bytes;
     const sync::commit_decision d = policy_.on_commit({w, seq, c.clock, now, c.bytes, c.samples}, sink_);
+    e.applied_at_once = d.action == sync::commit_action::apply;
     bool pending = false;  // buffered and not yet stored
     switch (d.action) {
       case sync::commit_action::apply:
@@ -587,8 +590,9 @@ class server_core {
               // read it, and the new version's CRC when a pull rides along;
               // or, with the payload kept, later in one pass with the other
               // commits waiting (apply_pending()).
-              if (!c.payload_kept || !defer_dense(c, d.weight))
+              if (!(speculated && take_speculation(d.weight)) && (!c.payload_kept || !defer_dense(c, d.weight)))
                 apply_dense(c, d.weight, c.pull && !c.ack_only);
+              table_[w].last_weight = static_cast<float>(d.weight);
             } else {
               make_writable();
               decode_or_die(c.codec, c.type, c.step, c.tensor, c.payload, w_, d.weight);
@@ -736,6 +740,84 @@ class server_core {
   [[nodiscard]] std::uint64_t batched_commits() const noexcept { return batched_commits_; }
   [[nodiscard]] const apply_pool* apply_pool_in_use() const noexcept { return pool_; }
 
+  // ------------------------------------------------ applies as parts land
+  //
+  // Pipelining (issue 28, item 1): a commit in parts (ps::server, worker
+  // commit_part_bytes) lands part by part in its rank's staging, and each
+  // part is checked as it lands. speculate() adds what landed since the last
+  // call *beside* the parameters, new = w + s·v into a buffer of its own,
+  // while the later parts are still in flight; when the last part passed and
+  // commit() applies the commit with the weight s that was guessed and the
+  // parameters unchanged since the first speculated part, the commit's apply
+  // is what is left of that pass (the last part's chunks) and a swap: the
+  // buffer becomes the parameters (or, while replies read them, the pinned
+  // version moves to a spare buffer). The parameters themselves are never
+  // written before commit() says apply, so a commit whose later part is bad
+  // or never comes changes nothing, the exactly-once check and the policy
+  // run at the commit's end as before, and the bits (values and their CRC)
+  // are those of one apply_dense of the whole payload: the same decode_add
+  // over the same chunk bounds (test/ps/commit_parts.cpp). Anything else
+  // that changes the parameters first (another commit, a deferred one, a
+  // round, a load) makes the speculation stale: it stops, and commit()
+  // applies as before. The weight guessed is the rank's last applied weight
+  // (1 before its first); a policy that weighs this commit otherwise makes
+  // commit() apply as before too, and a rank whose last commit the policy
+  // did not apply when it came (a round buffered it) is not speculated. One
+  // speculation at a time: a rank's first part takes the buffer when no
+  // other rank's speculation is live. Like
+  // the apply pool, the driver's choice: not part of save(); the simulator
+  // moves no bytes and sets none. Allocates the shard-sized buffer (and its
+  // checksum ranges' CRCs) at the first speculation, then reuses it.
+  //
+  // `c` is the commit as commit() will get it (its payload: the whole
+  // staging); elements [from, to) of it landed and passed their checks (a
+  // part). A part at 0 starts the commit's speculation afresh (a commit
+  // sent again into the same staging may carry other bytes); any other
+  // must continue where the last one ended, else the speculation stops.
+  // False when nothing was added (not a dense model delta, stale, out of
+  // order, another rank's speculation is live, a commit commit() refuses).
+  bool speculate(const commit_in& c, std::size_t from, std::size_t to) {
+    const std::size_t n = w_.size();
+    if (n == 0 || !opt_.adds_deltas() || c.worker >= table_.size() || c.element_count != n ||
+        compress::dense_payload_bytes(c.codec, {n, c.type}) != c.payload.size())
+      return false;
+    const worker_entry& e = table_[c.worker];
+    if (!e.live || c.incarnation != e.incarnation || c.sequence <= e.last_sequence) return false;  // commit() refuses it
+    if (!e.applied_at_once) return false;  // its last commit waited for a round: so will this one, likely
+    speculation& sp = spec_;
+    if (from == 0) {
+      if (sp.live(w_changes_) && sp.worker != c.worker) return false;  // another rank's, still good
+      sp.start(c, e.last_weight, w_changes_);
+      sp.values.resize(n);
+      sp.crcs.assign(std::max<std::uint32_t>(checksum_parts_, 1), 0u);
+      ++speculations_;
+    } else if (!sp.owns(c) || sp.dead) {
+      return false;
+    }
+    if (from != sp.landed || to < from || pending_n_ > 0 || sp.base != w_changes_) {
+      sp.dead = true;  // out of order, or the parameters changed under it (or a deferred commit waits)
+      ++speculations_stale_;
+      return false;
+    }
+    sp.landed = std::min(to, n);
+    speculate_to(grid_floor(sp.landed));
+    return true;
+  }
+
+  // The rank's speculation ends (its commit in progress was discarded): the
+  // buffer is free for another rank's next part.
+  void forget_speculation(worker_id w) noexcept {
+    if (spec_.worker != w) return;
+    spec_.dead = true;
+    spec_.worker = no_worker;
+  }
+
+  // Speculations started; those the parameters (or a weight) changed under;
+  // commits whose apply they made (the driver's counters; not part of save()).
+  [[nodiscard]] std::uint64_t speculations() const noexcept { return speculations_; }
+  [[nodiscard]] std::uint64_t speculations_stale() const noexcept { return speculations_stale_; }
+  [[nodiscard]] std::uint64_t applied_as_landed() const noexcept { return applied_as_landed_; }
+
   // ------------------------------------------------------------ inspection
 
   [[nodiscard]] std::span<const float> parameters() const noexcept {
@@ -788,6 +870,7 @@ class server_core {
     checksum_parts_ = k < 2 ? 1 : k;
     range_crc_.assign(checksum_parts_, 0u);
     w_crc_valid_ = false;
+    ++w_changes_;  // a speculation's CRCs were cut at the old ranges
     return {};
   }
   [[nodiscard]] std::uint32_t checksum_parts() const noexcept { return checksum_parts_ < 2 ? 0 : checksum_parts_; }
@@ -1010,6 +1093,8 @@ class server_core {
     std::uint64_t incarnation = 0;
     std::uint64_t last_sequence = 0;    // the worker's, in this incarnation (exactly once)
     std::uint64_t policy_sequence = 0;  // what the policy was told, never reset
+    float last_weight = 1.0f;           // of its last dense apply: speculate()'s guess (not saved)
+    bool applied_at_once = true;        // the policy applied its last commit when it came (not saved)
   };
 
   server_core(server_core_params p, Policy policy, optimizer opt)
@@ -1204,6 +1289,7 @@ class server_core {
   void make_writable() {
     apply_pending();  // what waits came first
     w_crc_valid_ = false;
+    ++w_changes_;
     if (w_readers_ == 0) return;
     version_buffer& b = spare();
     b.values.resize(w_.size());
@@ -1238,6 +1324,7 @@ class server_core {
   bool defer_dense(const commit_in& c, double weight) {
     if (pending_n_ >= pending_.size()) return false;
     pending_[pending_n_++] = {c.payload, c.codec, c.type, c.step, c.tensor, static_cast<float>(weight)};
+    ++w_changes_;
     pending_crc_ = pending_crc_ || (c.pull && !c.ack_only);
     w_crc_valid_ = false;
     return true;
@@ -1261,6 +1348,7 @@ class server_core {
   // apply_dense per commit: the same bits).
   void add_dense(std::span<const dense_add> adds, bool want_crc) {
     const std::size_t n = w_.size();
+    ++w_changes_;
     for ([[maybe_unused]] const dense_add& a : adds)
       ASHL_ASSERT(a.payload.size() % n == 0, "server_core: a dense payload of a fractional element size");
     const bool beside = w_readers_ > 0;
@@ -1301,6 +1389,133 @@ class server_core {
       w_crc_ = 0;
       w_crc_valid_ = false;
     }
+  }
+
+  // A commit's add beside the parameters while its parts land (speculate()).
+  struct speculation {
+    std::vector<float> values;         // new = w + weight·v over [0, done)
+    std::vector<std::uint32_t> crcs;   // per checksum range: the CRC of its elements below done
+    worker_id worker = no_worker;
+    std::uint64_t incarnation = 0, sequence = 0, step = 0;
+    std::uint32_t tensor = 0;
+    codec_id codec = codec_id::identity;
+    dtype type = dtype::f32;
+    std::span<const std::byte> payload{};
+    float weight = 1.0f;
+    bool crcs_wanted = false;          // a pull rides with the commit: the new version's CRCs as it lands
+    std::uint64_t base = 0;            // w_changes_ when it started
+    std::size_t landed = 0;            // elements [0, landed) landed (speculate's calls)
+    std::size_t done = 0;              // of those, added (a chunk bound)
+    bool dead = true;
+
+    [[nodiscard]] bool owns(const commit_in& c) const noexcept {
+      return worker == c.worker && incarnation == c.incarnation && sequence == c.sequence && codec == c.codec &&
+             type == c.type && step == c.step && tensor == c.tensor && payload.data() == c.payload.data() &&
+             payload.size() == c.payload.size();
+    }
+    [[nodiscard]] bool live(std::uint64_t changes) const noexcept { return !dead && base == changes; }
+    void start(const commit_in& c, float w, std::uint64_t changes) noexcept {
+      worker = c.worker;
+      incarnation = c.incarnation;
+      sequence = c.sequence;
+      step = c.step;
+      tensor = c.tensor;
+      codec = c.codec;
+      type = c.type;
+      payload = c.payload;
+      weight = w;
+      crcs_wanted = c.pull && !c.ack_only;
+      base = changes;
+      landed = 0;
+      done = 0;
+      dead = false;
+    }
+  };
+
+  // The largest bound of add_dense's chunks at or below x (n for x >= n):
+  // each pool part's first element plus whole chunks, so the speculation's
+  // decode_adds cover the same elements as one apply_dense's.
+  [[nodiscard]] std::size_t grid_floor(std::size_t x) const noexcept {
+    const std::size_t n = w_.size();
+    if (x >= n) return n;
+    const std::size_t block = part_block(n, parts_for(n));
+    const std::size_t lo = x / block * block;
+    const std::size_t chunk = apply_chunk_bytes / sizeof(float);
+    return lo + (x - lo) / chunk * chunk;
+  }
+
+  // The speculation's add over [spec_.done, to) (to: a grid bound), chunk by
+  // chunk on add_dense's grid, and, when a pull rides with the commit, its
+  // checksum ranges' CRCs (each range's CRC continued from where the last
+  // call left it).
+  void speculate_to(std::size_t to) {
+    speculation& sp = spec_;
+    const std::size_t n = w_.size();
+    const std::size_t block = part_block(n, parts_for(n));
+    const std::size_t chunk = apply_chunk_bytes / sizeof(float);
+    const std::size_t per_range = range_elements(n);
+    const std::size_t per = sp.payload.size() / n;
+    const compress::codec_context ctx{p_.seed, sp.step, sp.tensor, {}};
+    float* dst = sp.values.data();
+    while (sp.done < to) {
+      const std::size_t at = sp.done;
+      const std::size_t k = std::min({chunk, to - at, std::min(n, at / block * block + block) - at});
+      std::memcpy(dst + at, w_.data() + at, k * sizeof(float));
+      const status s = compress::decode_add(sp.codec, sp.payload.subspan(at * per, k * per), {k, sp.type},
+                                            host_view<float>(dst + at, k), sp.weight, ctx);
+      ASHL_ASSERT(s.ok(), "server_core: a checked part failed to decode");
+      (void)s;
+      for (std::size_t from = at; sp.crcs_wanted && from < at + k;) {
+        const std::size_t j = from / per_range;
+        const std::size_t b = std::min(at + k, (j + 1) * per_range);
+        std::uint32_t& crc = sp.crcs[j];
+        crc = wire::crc32c(std::as_bytes(std::span<const float>(dst + from, b - from)), from == j * per_range ? 0u : crc);
+        from = b;
+      }
+      sp.done = at + k;
+    }
+  }
+
+  // True when c is the commit of the live speculation, which ends here (the
+  // buffer is free for the next commit's part 0, whatever commit() decides).
+  bool claim_speculation(const commit_in& c) noexcept {
+    if (spec_.dead || !spec_.owns(c)) return false;
+    spec_.dead = true;
+    return true;
+  }
+
+  // commit()'s apply of the claimed speculation's commit at `weight`: what
+  // is left of the pass, then the swap (beside a pinned version when
+  // replies read w_). False (nothing changed) when the parameters changed
+  // under it or the policy weighs the commit otherwise.
+  bool take_speculation(double weight) {
+    speculation& sp = spec_;
+    if (sp.base != w_changes_ || pending_n_ > 0 || sp.weight != static_cast<float>(weight) ||
+        sp.crcs.size() != std::max<std::size_t>(checksum_parts_, 1)) {
+      ++speculations_stale_;
+      return false;
+    }
+    speculate_to(w_.size());
+    ++w_changes_;
+    if (w_readers_ > 0) {
+      version_buffer& b = spare();
+      std::swap(b.values, sp.values);  // b: the new version; sp.values: b's storage, for the next one
+      retire_pinned(b);
+      ++applied_beside_;
+    } else {
+      std::swap(w_, sp.values);
+    }
+    if (sp.crcs_wanted) {
+      if (range_crc_.size() != sp.crcs.size()) range_crc_.assign(sp.crcs.size(), 0u);
+      std::copy(sp.crcs.begin(), sp.crcs.end(), range_crc_.begin());
+      finish_crcs(1);  // the version's CRC from its ranges'
+      ++checksums_in_apply_;
+    } else {  // a push, or no pull: the first pin reads the version (as after apply_dense without a CRC)
+      w_crc_ = 0;
+      w_crc_valid_ = false;
+    }
+    ++applied_as_landed_;
+    return true;
   }
 
   // Adds weight x a validated payload into `into` (w_ or acc_): by parts
@@ -1370,6 +1585,13 @@ class server_core {
     return pool_->threads();
   }
 
+  // Elements per pool part when a pass over n elements runs as k parts
+  // (whole 64-byte lines of floats; the last part is shorter).
+  [[nodiscard]] static std::size_t part_block(std::size_t n, unsigned k) noexcept {
+    constexpr std::size_t line = 64 / sizeof(float);
+    return k <= 1 ? n : ((n + k - 1) / k + line - 1) / line * line;
+  }
+
   // Calls f(part, lo, hi) for each part of [0, n) (every part, empty ones
   // too, so per-part results are all written), on the pool's threads when
   // there is more than one part; returns the number of parts. Part bounds
@@ -1381,8 +1603,7 @@ class server_core {
       f(0u, std::size_t{0}, n);
       return 1;
     }
-    constexpr std::size_t line = 64 / sizeof(float);
-    const std::size_t block = ((n + k - 1) / k + line - 1) / line * line;
+    const std::size_t block = part_block(n, k);
     auto job = [&](unsigned part) noexcept {
       const std::size_t lo = std::min(n, std::size_t{part} * block), hi = std::min(n, lo + block);
       f(part, lo, hi);
@@ -1645,6 +1866,11 @@ class server_core {
   std::size_t pending_n_ = 0;
   bool pending_crc_ = false;
   std::uint64_t batched_passes_ = 0, batched_commits_ = 0;
+  // Applies as parts land (speculate): the buffer and its commit; every
+  // change to the parameters (in place, beside, deferred, loaded) counts.
+  speculation spec_;
+  std::uint64_t w_changes_ = 0;
+  std::uint64_t speculations_ = 0, speculations_stale_ = 0, applied_as_landed_ = 0;
 };
 
 }  // namespace ps
