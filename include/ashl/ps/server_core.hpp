@@ -756,7 +756,7 @@ class server_core {
   // or never comes changes nothing, the exactly-once check and the policy
   // run at the commit's end as before, and the bits (values and their CRC)
   // are those of one apply_dense of the whole payload: the same decode_add
-  // over the same chunk bounds (test/ps/commit_parts.cpp). Anything else
+  // over the same chunk bounds (test/ps/apply_as_landed.cpp). Anything else
   // that changes the parameters first (another commit, a deferred one, a
   // round, a load) makes the speculation stale: it stops, and commit()
   // applies as before. The weight guessed is the rank's last applied weight
@@ -764,10 +764,11 @@ class server_core {
   // commit() apply as before too, and a rank whose last commit the policy
   // did not apply when it came (a round buffered it) is not speculated. One
   // speculation at a time: a rank's first part takes the buffer when no
-  // other rank's speculation is live. Like
-  // the apply pool, the driver's choice: not part of save(); the simulator
-  // moves no bytes and sets none. Allocates the shard-sized buffer (and its
-  // checksum ranges' CRCs) at the first speculation, then reuses it.
+  // other rank's speculation is live. Like the apply pool, the driver's
+  // choice (ps::server: server_params.apply_parts_as_they_land): not part
+  // of save(); the simulator moves no bytes and sets none. Allocates the
+  // shard-sized buffer (and its checksum ranges' CRCs) at the first
+  // speculation, then reuses it.
   //
   // `c` is the commit as commit() will get it (its payload: the whole
   // staging); elements [from, to) of it landed and passed their checks (a
