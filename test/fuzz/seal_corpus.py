@@ -129,9 +129,9 @@ def seal_checkpoint(data, fmt, where, stale):
     if struct.unpack_from("<Q", head, 48)[0] != len(state):
         stale.append(f"{where}: state_bytes {struct.unpack_from('<Q', head, 48)[0]}, the file holds {len(state)}")
         struct.pack_into("<Q", head, 48, len(state))
-    for at, crc, what in ((56, crc32c(state), "state"), (60, None, "header")):
-        if crc is None:
-            crc = crc32c(head[:60])
+    # The state's CRC first: the header's covers it.
+    for at, what, covered in ((56, "state", state), (60, "header", None)):
+        crc = crc32c(covered if covered is not None else head[:60])
         if struct.unpack_from("<I", head, at)[0] != crc:
             stale.append(f"{where}: {what} CRC 0x{struct.unpack_from('<I', head, at)[0]:08X}, its bytes give 0x{crc:08X}")
             struct.pack_into("<I", head, at, crc)
