@@ -433,6 +433,43 @@ def report_table(summary):
     return "\n".join(lines) + "\n"
 
 
+def per_seed_table(rows, budget):
+    """Every run behind the medians, as markdown: one row a method, one
+    column a seed, each cell that run's time to target (s), "> budget"
+    where it missed, " *" where it was flagged, empty where it did not run."""
+    seeds = sorted({r["seed"] for r in rows})
+    by = {(r["method"], r["seed"]): r for r in rows}
+    lines = ["| method | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+             "|---|" + "---:|" * len(seeds)]
+    for m in ALL_METHODS:
+        if not any((m, s) in by for s in seeds):
+            continue
+        cells = []
+        for s in seeds:
+            r = by.get((m, s))
+            if r is None:
+                cells.append("")
+                continue
+            t = r["time_to_target_s"]
+            cells.append(fmt_s(math.inf if t is None else t, budget) + (" *" if r.get("flagged") else ""))
+        lines.append(f"| {LABEL[m]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def median_curves(rows):
+    """Per method, its median test accuracy over its runs at each tick all
+    of them have: {method: [(seconds, accuracy)]}, in ALL_METHODS order
+    (the plot draws one line a method, not one a run)."""
+    out = {}
+    for m in ALL_METHODS:
+        runs = [dict((round(t, 3), acc) for t, acc in r["curve"]) for r in rows if r["method"] == m]
+        if not runs:
+            continue
+        ticks = sorted(set.intersection(*(set(c) for c in runs)))
+        out[m] = [(t, median_of([c[t] for c in runs])) for t in ticks]
+    return out
+
+
 def goal_verdict(summary, best_goal=0.6, plain_goal=0.5):
     """Issue 27's goal: ASHL <= 0.6x the best DDP variant and <= 0.5x plain
     DDP, each with the interval's upper end below 1. (met, reasons)."""

@@ -196,6 +196,26 @@ def test_an_unreached_target_is_shown_as_beyond_the_budget():
     assert "0.00x" in text  # a bound: ASHL reached it, DDP did not
 
 
+def test_every_run_is_shown_by_seed_with_misses_and_flags_marked():
+    rows = [row("ddp", 1, 175.0), row("ddp", 2, None), dict(row("ashl", 2, 130.0), flagged=True)]
+    text = P.per_seed_table(rows, 300.0)
+    lines = text.splitlines()
+    assert lines[0] == "| method | seed 1 | seed 2 |"
+    assert "| DDP | 175.0 | > 300 |" in lines
+    assert "| ASHL |  | 130.0 * |" in lines  # seed 1 not run: an empty cell, not a number
+
+
+def test_the_median_curve_takes_each_tick_every_run_has():
+    rows = [dict(row("ashl", 1, 5.0), curve=[[2.5, 0.2], [5.0, 0.9], [7.5, 0.91]]),
+            dict(row("ashl", 2, None), curve=[[2.5, 0.4], [5.0, 0.5]]),
+            dict(row("ashl", 3, 5.0), curve=[[2.5, 0.3], [5.0, 0.88]]),
+            dict(row("ddp", 1, None), curve=[[2.5, 0.1]])]
+    c = P.median_curves(rows)
+    assert list(c) == ["ddp", "ashl"]  # ALL_METHODS order
+    assert c["ashl"] == [(2.5, 0.3), (5.0, 0.88)]  # 7.5 s: only seed 1 has it
+    assert c["ddp"] == [(2.5, 0.1)]
+
+
 # ------------------------------------------------------------------ bytes and links
 
 class FakeClock:
