@@ -450,8 +450,7 @@ def per_seed_table(rows, budget):
             if r is None:
                 cells.append("")
                 continue
-            t = r["time_to_target_s"]
-            cells.append(fmt_s(math.inf if t is None else t, budget) + (" *" if r.get("flagged") else ""))
+            cells.append(fmt_s(times_of([r])[0], budget) + (" *" if r.get("flagged") else ""))
         lines.append(f"| {LABEL[m]} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -650,10 +650,10 @@ def plot(a, rows):
     if len(seeds) > 1:
         curves = [(m, "median", c) for m, c in protocol.median_curves(rows).items()]
     else:
-        curves = [(r["method"], r["seed"], r["curve"]) for r in rows]
+        curves = [(r["method"], f"seed{r['seed']}", r["curve"]) for r in rows]
     files = []
-    for m, s, curve in curves:
-        path = f"{out}/curve_{m}_{'median' if s == 'median' else f'seed{s}'}.dat"
+    for m, which, curve in curves:
+        path = f"{out}/curve_{m}_{which}.dat"
         with open(path, "w") as f:
             for t, acc in curve:
                 f.write(f"{t} {acc}\n")
