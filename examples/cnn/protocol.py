@@ -386,6 +386,8 @@ def summarize(rows, target, budget, n_boot=10000):
             "mb_up": median_of([r["bytes_up_per_worker"] for r in rs]) / 1e6,
             "mb_down": median_of([r["bytes_down_per_worker"] for r in rs]) / 1e6,
             "overruns": median_of([r["overrun_fraction"] for r in rs]),
+            "samples_per_s": median_of([r["samples"] / r["budget_s"] for r in rs]),
+            "samples_to_target": median_of([r["samples"] * t / r["budget_s"] for r, t in zip(rs, times_of(rs))]),
             "flagged": sum(1 for r in rs if r.get("flagged")),
             "config": shown_config(m, rs[0].get("config", {})),
         }
@@ -425,11 +427,61 @@ def report_table(summary):
                      f"| {s['mb_up']:.1f} / {s['mb_down']:.1f} | {100 * s['overruns']:.2f} % "
                      f"| {s['flagged']} of {len(s['seeds'])} |")
     lines.append("")
-    best = summary["best_ddp"]
+    lines += ratio_lines(summary)
+    return "\n".join(lines) + "\n"
+
+
+def ratio_lines(summary):
+    """ASHL's (and ASHL+'s) ratios to the best DDP variant and to plain DDP, markdown list items."""
+    out = []
     for key, r in summary["ratios"].items():
         m, ref = key.split("/")
-        ref_label = f"the best DDP variant ({LABEL[best]})" if ref == "best_ddp" else "plain DDP"
-        lines.append(f"- {LABEL[m]} / {ref_label}, time to {target:.2f}: **{fmt_ratio(r)}**")
+        ref_label = f"the best DDP variant ({LABEL[summary['best_ddp']]})" if ref == "best_ddp" else "plain DDP"
+        out.append(f"- {LABEL[m]} / {ref_label}, time to {summary['target']:.2f}: **{fmt_ratio(r)}**")
+    return out
+
+
+def efficiency_table(summary, ref="ddp"):
+    """Where each method's time to target goes, as markdown: its rate (samples
+    per second over all workers) and the samples it had seen when it reached
+    the target (its run's mean rate times its time to target: an estimate),
+    medians over seeds, each also relative to `ref` (plain DDP). A time to
+    target is samples-to-target over rate, so a method is faster to the target
+    because it trains more samples a second, needs fewer of them, or both."""
+    methods = summary["methods"]
+    base = methods.get(ref)
+    rel = lambda x, b: "-" if b is None or not math.isfinite(x) or not b > 0 else f"{x / b:.2f}x"
+    lines = [f"| method | samples per second, all workers | relative to {LABEL[ref]} "
+             f"| samples seen at {summary['target']:.2f} (thousands) | relative to {LABEL[ref]} |",
+             "|---|---:|---:|---:|---:|"]
+    for m, s in methods.items():
+        rate, seen = s["samples_per_s"], s["samples_to_target"]
+        lines.append(f"| {LABEL[m]} | {rate:.0f} | {rel(rate, base and base['samples_per_s'])} "
+                     f"| {'not reached' if not math.isfinite(seen) else f'{seen / 1e3:.0f}'} "
+                     f"| {rel(seen, base and base['samples_to_target'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def milestone_table(rows, budget, best_ddp, accuracies=(0.80, 0.85, 0.87, 0.88, 0.89)):
+    """Median time (s, over seeds) to each of several test accuracies, read
+    from the runs' curves, one row a method, then ASHL's ratio of medians to
+    plain DDP and to the best DDP variant at each: where along the way a
+    method gains or loses time. A curve that never reaches an accuracy counts
+    as a miss (> budget), as in the main table."""
+    at = lambda r, acc: next((t for t, a in r["curve"] if a >= acc), math.inf)
+    med = {}
+    for m in ALL_METHODS:
+        rs = [r for r in rows if r["method"] == m]
+        if rs:
+            med[m] = [median_of([at(r, acc) for r in rs]) for acc in accuracies]
+    lines = ["| method | " + " | ".join(f"{100 * acc:g} %" for acc in accuracies) + " |",
+             "|---|" + "---:|" * len(accuracies)]
+    for m, ts in med.items():
+        lines.append(f"| {LABEL[m]} | " + " | ".join(fmt_s(t, budget) for t in ts) + " |")
+    for ref, name in (("ddp", "plain DDP"), (best_ddp, "the best DDP variant")):
+        if "ashl" in med and ref in med:
+            cells = [_ratio(a, b) for a, b in zip(med["ashl"], med[ref])]
+            lines.append(f"| ASHL / {name} | " + " | ".join("-" if math.isnan(c) else f"{c:.2f}x" for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -487,3 +539,43 @@ def goal_verdict(summary, best_goal=0.6, plain_goal=0.5):
         if math.isnan(hi) or hi >= 1.0:
             reasons.append(f"ASHL / {name}: the interval reaches {hi:.2f} (not below 1)")
     return not reasons, reasons
+
+
+def strict_json(obj):
+    """obj as one strict JSON object: NaN (unknown) as null, an infinity (a
+    target not reached) as the string "inf", which float() reads back."""
+    def clean(v):
+        if isinstance(v, float) and math.isnan(v):
+            return None
+        if isinstance(v, float) and math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+    return json.dumps(clean(obj), allow_nan=False)
+
+
+def load_summary(text):
+    """A summary.json written by --report, its ratios read back as floats (null: NaN, "inf": a miss)."""
+    s = json.loads(text)
+    s["ratios"] = {k: tuple(math.nan if x is None else float(x) for x in r) for k, r in s["ratios"].items()}
+    return s
+
+
+def protocol_result(summary):
+    """The protocol's headline in a few lines: its runs and seeds, ASHL's
+    ratios and the goal's verdict (what scripts/demo prints after its own table)."""
+    runs = sum(len(m["seeds"]) for m in summary["methods"].values())
+    seeds = sorted({x for m in summary["methods"].values() for x in m["seeds"]})
+    return "\n".join([f"The full protocol ({runs} runs, seeds {','.join(map(str, seeds))}, {summary['budget']:g} s "
+                      "each; examples/cnn/protocol-runs/table.md, docs/perf/cnn.md):"]
+                     + ratio_lines(summary) + [verdict_text(summary)])
+
+
+def verdict_text(summary):
+    """goal_verdict as the report's sentence."""
+    met, why = goal_verdict(summary)
+    return ("Goal (ASHL <= 0.6x the best DDP variant and <= 0.5x plain DDP, intervals below 1): "
+            + ("met" if met else "not met: " + "; ".join(why)))

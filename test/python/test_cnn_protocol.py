@@ -167,7 +167,8 @@ def test_the_committed_grid_gives_every_method_the_same_budget():
 def row(method, seed, t, acc=0.89):
     return {"method": method, "seed": seed, "time_to_target_s": t, "final_accuracy": acc,
             "measured_ms_per_iteration": 350.0, "emulated_ms_per_iteration": 308.0, "bytes_up_per_worker": 3.7e8,
-            "bytes_down_per_worker": 3.7e8, "overrun_fraction": 0.001, "flagged": False, "config": {"lr": 0.05}}
+            "bytes_down_per_worker": 3.7e8, "overrun_fraction": 0.001, "flagged": False, "config": {"lr": 0.05},
+            "samples": 600000, "budget_s": 300.0}
 
 
 def test_the_table_has_intervals_the_best_ddp_variant_and_the_verdict():
@@ -189,6 +190,20 @@ def test_the_table_has_intervals_the_best_ddp_variant_and_the_verdict():
     assert not met and any("above 0.6" in w for w in why)
 
 
+def test_the_committed_summary_reads_back_into_the_demos_headline():
+    rows = [row("ddp", 1, 200.0), row("ddp", 2, 220.0), row("ashl", 1, 130.0), row("ashl", 2, None)]
+    s = P.summarize(rows, 0.88, 300.0, n_boot=200)
+    text = P.strict_json(s)
+    assert "Infinity" not in text and "NaN" not in text  # strict JSON: a miss is null
+    back = P.load_summary(text)
+    assert back["ratios"] == s["ratios"]  # ASHL's median is a miss: inf survives the file
+    assert math.isinf(back["ratios"]["ashl/ddp"][0])
+    lines = P.protocol_result(back).splitlines()
+    assert lines[0].startswith("The full protocol (4 runs, seeds 1,2, 300 s each;")
+    assert any(l.startswith("- ASHL / plain DDP, time to 0.88: **") for l in lines)
+    assert lines[-1].startswith("Goal (") and "not met" in lines[-1]
+
+
 def test_an_unreached_target_is_shown_as_beyond_the_budget():
     s = P.summarize([row("ddp", 1, None), row("ashl", 1, 150.0)], 0.88, 300.0, n_boot=100)
     text = P.report_table(s)
@@ -203,6 +218,37 @@ def test_every_run_is_shown_by_seed_with_misses_and_flags_marked():
     assert lines[0] == "| method | seed 1 | seed 2 |"
     assert "| DDP | 175.0 | > 300 |" in lines
     assert "| ASHL |  | 130.0 * |" in lines  # seed 1 not run: an empty cell, not a number
+
+
+def test_the_time_to_target_splits_into_rate_and_samples_needed():
+    # DDP: 2,000 samples/s, target at 150 s (300k samples); ASHL: 4,000/s, target at 100 s (400k samples):
+    # twice the rate, a third more samples needed, so 2/3 of the time.
+    rows = [dict(row("ddp", s, 150.0), samples=600000) for s in (1, 2, 3)]
+    rows += [dict(row("ashl", s, 100.0), samples=1200000) for s in (1, 2)] + [dict(row("ashl", 3, None),
+                                                                                  samples=1200000)]
+    rows += [dict(row("bsp", s, None), samples=300000) for s in (1, 2)]
+    s = P.summarize(rows, 0.88, 300.0, n_boot=100)
+    assert s["methods"]["ashl"]["samples_per_s"] == 4000.0
+    assert s["methods"]["ashl"]["samples_to_target"] == 400000.0  # median of 400k, 400k and a miss
+    lines = P.efficiency_table(s).splitlines()
+    assert "| DDP | 2000 | 1.00x | 300 | 1.00x |" in lines
+    assert "| ASHL | 4000 | 2.00x | 400 | 1.33x |" in lines
+    assert "| BSP | 1000 | 0.50x | not reached | - |" in lines  # a miss is never a number
+
+
+def test_the_milestones_are_medians_along_the_curves_with_ashls_ratios():
+    curve = lambda *pts: [[t, a] for t, a in pts]
+    rows = [dict(row("ddp", 1, None), curve=curve((10, 0.80), (40, 0.86), (80, 0.875))),
+            dict(row("ddp", 2, None), curve=curve((20, 0.81), (60, 0.85), (90, 0.87))),
+            dict(row("ddp_fp16", 1, None), curve=curve((10, 0.85), (30, 0.87))),
+            dict(row("ashl", 1, None), curve=curve((5, 0.85), (20, 0.88))),
+            dict(row("ashl", 2, None), curve=curve((15, 0.86), (25, 0.87)))]
+    lines = P.milestone_table(rows, 300.0, "ddp_fp16", accuracies=(0.85, 0.87, 0.88)).splitlines()
+    assert lines[0] == "| method | 85 % | 87 % | 88 % |"
+    assert "| DDP | 50.0 | 85.0 | > 300 |" in lines  # medians of (40, 60) and (80, 90); nobody reached 88 %
+    assert "| ASHL | 10.0 | 22.5 | > 300 |" in lines  # seed 2 never reached 88 %: the median is a miss
+    assert "| ASHL / plain DDP | 0.20x | 0.26x | - |" in lines
+    assert "| ASHL / the best DDP variant | 1.00x | 0.75x | - |" in lines
 
 
 def test_the_median_curve_takes_each_tick_every_run_has():
