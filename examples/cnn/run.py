@@ -645,13 +645,13 @@ def report(a, rows):
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         f.write(json_line(s))
     plot(a, rows)
-    if not a.report:
+    if not a.report and not a.protocol:  # ad hoc runs: read them beside the committed protocol
         committed = committed_result()
         if committed:
             print("\n" + committed, flush=True)
 
 
-def committed_result(path=os.path.join(HERE, "protocol-runs", "summary.json")):
+def committed_result(path=PROTOCOL_SUMMARY):
     """The committed protocol's ratios and verdict (issue 27), printed after a
     demo's own table so that its one seed is read beside the five; None when
     the protocol's summary is not there."""
