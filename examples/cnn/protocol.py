@@ -359,6 +359,12 @@ def fmt_ratio(r):
     return f"{f(p)}x [{f(lo)}, {f(hi)}]"
 
 
+def first_reached(curve, accuracy):
+    """The time of a curve's first tick at or above `accuracy` (the protocol's
+    time to target), or None; each tick is (seconds, accuracy, ...)."""
+    return next((tick[0] for tick in curve if tick[1] >= accuracy), None)
+
+
 def times_of(rows):
     return [math.inf if r["time_to_target_s"] is None else r["time_to_target_s"] for r in rows]
 
@@ -468,7 +474,9 @@ def milestone_table(rows, budget, best_ddp, accuracies=(0.80, 0.85, 0.87, 0.88, 
     plain DDP and to the best DDP variant at each: where along the way a
     method gains or loses time. A curve that never reaches an accuracy counts
     as a miss (> budget), as in the main table."""
-    at = lambda r, acc: next((t for t, a in r["curve"] if a >= acc), math.inf)
+    def at(r, acc):  # a miss is inf, as in times_of
+        t = first_reached(r["curve"], acc)
+        return math.inf if t is None else t
     med = {}
     for m in ALL_METHODS:
         rs = [r for r in rows if r["method"] == m]

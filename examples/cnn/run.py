@@ -400,13 +400,6 @@ def worker_stats(a, run_dir):
     return out
 
 
-def time_to_target(curve, target):
-    for t, acc, _ in curve:
-        if acc >= target:
-            return t
-    return None
-
-
 def run_row(a, method, seed, cfg, tag, extra):
     """One run, evaluated: the row of results.jsonl."""
     t_run = time.time()
@@ -421,7 +414,7 @@ def run_row(a, method, seed, cfg, tag, extra):
     measured = protocol.median_of([1e3 * w["wall_seconds"] / w["steps"] for w in slowest])
     emulated = protocol.median_of([1e3 * (w["pad_seconds"] + w["link_seconds"]) / w["steps"] for w in slowest])
     row = {"method": method, "seed": seed, "config": cfg, "target_accuracy": a.target,
-           "time_to_target_s": time_to_target(ev["curve"], a.target), "final_accuracy": ev["final_accuracy"],
+           "time_to_target_s": protocol.first_reached(ev["curve"], a.target), "final_accuracy": ev["final_accuracy"],
            "final_loss": ev["final_loss"], "eval_images": ev["images"], "eval_mode": ev["mode"],
            "budget_s": a.budget, "time_scale": a.time_scale, "workers": a.workers,
            "server_link_factor": a.server_link_factor if not method.startswith("ddp") else None,
@@ -623,7 +616,7 @@ def report(a, rows):
                              f"{cut[0]['target_accuracy']} (--eval-to-target), e.g. {cut[0]['method']} seed "
                              f"{cut[0]['seed']}; a higher target cannot be read from them")
         rows = [dict(r, target_accuracy=a.target,
-                     time_to_target_s=next((t for t, acc in r["curve"] if acc >= a.target), None)) for r in rows]
+                     time_to_target_s=protocol.first_reached(r["curve"], a.target)) for r in rows]
     target = rows[0]["target_accuracy"]
     budget = rows[0]["budget_s"]
     s = protocol.summarize(rows, target, budget, n_boot=a.boot)
