@@ -767,8 +767,8 @@ class server {
     void on_peer(transport::peer_id p, transport::peer_event e, const status& why) { s->on_peer(p, e, why); }
     // A receive that will not be delivered (its peer was evicted or failed
     // mid-transfer): the buffer is the pool's again once the transport let go.
-    void on_receive_abandoned(transport::peer_id, std::span<std::byte> buffer) {
-      if (!s->unclaim_part(buffer)) s->release_rx(buffer);
+    void on_receive_abandoned(transport::peer_id p, std::span<std::byte> buffer) {
+      if (!s->unclaim_part(buffer, p < s->peers_.size() ? s->peers_[p].rank : no_rank)) s->release_rx(buffer);
     }
   };
   static_assert(transport::handler<handler>);
@@ -911,27 +911,33 @@ class server {
 
   // A receive into a staging buffer was delivered or abandoned: its slice
   // may be placed again. False when `data` lies in no staging buffer.
-  bool unclaim_part(std::span<const std::byte> data) {
-    if (data.empty()) return false;
-    for (commit_parts_in& cs : cparts_) {
-      if (cs.live.holds(data.data())) {
-        cs.live.unclaim(static_cast<std::size_t>(data.data() - cs.live.bytes.data()));
-        return true;
-      }
-      for (std::size_t i = 0; i < cs.retired.size(); ++i) {
-        staging_area& old = cs.retired[i];
-        if (!old.holds(data.data())) continue;
-        old.unclaim(static_cast<std::size_t>(data.data() - old.bytes.data()));
-        if (old.claims == 0) {  // its last late receive ended: one is kept as a spare, the others freed
-          const bool spare_kept = std::any_of(cs.retired.begin(), cs.retired.end(),
-                                              [&](const staging_area& a) { return &a != &old && a.claims == 0; });
-          if (spare_kept) {
-            staging_bytes_ -= old.bytes.size();
-            cs.retired.erase(cs.retired.begin() + static_cast<std::ptrdiff_t>(i));
-          }
+  // `rank`: the sender's, if known, whose stagings are looked at first.
+  bool unclaim_part(std::span<const std::byte> data, std::uint32_t rank) {
+    if (data.empty() || staging_bytes_ == 0) return false;  // no staging buffer exists
+    if (rank < cparts_.size() && unclaim_part_of(cparts_[rank], data)) return true;
+    for (std::size_t r = 0; r < cparts_.size(); ++r)
+      if (r != rank && unclaim_part_of(cparts_[r], data)) return true;
+    return false;
+  }
+
+  bool unclaim_part_of(commit_parts_in& cs, std::span<const std::byte> data) {
+    if (cs.live.holds(data.data())) {
+      cs.live.unclaim(static_cast<std::size_t>(data.data() - cs.live.bytes.data()));
+      return true;
+    }
+    for (std::size_t i = 0; i < cs.retired.size(); ++i) {
+      staging_area& old = cs.retired[i];
+      if (!old.holds(data.data())) continue;
+      old.unclaim(static_cast<std::size_t>(data.data() - old.bytes.data()));
+      if (old.claims == 0) {  // its last late receive ended: one is kept as a spare, the others freed
+        const bool spare_kept = std::any_of(cs.retired.begin(), cs.retired.end(),
+                                            [&](const staging_area& a) { return &a != &old && a.claims == 0; });
+        if (spare_kept) {
+          staging_bytes_ -= old.bytes.size();
+          cs.retired.erase(cs.retired.begin() + static_cast<std::ptrdiff_t>(i));
         }
-        return true;
       }
+      return true;
     }
     return false;
   }
@@ -1221,11 +1227,11 @@ class server {
     // The pooled receive buffer the message lies in, or (no_rx) a commit
     // part received into its staging, whose slice is free to place again.
     const std::uint32_t rx = rx_of(data);
-    if (rx == no_rx) unclaim_part(data);
+    const std::uint32_t from = p < peers_.size() ? peers_[p].rank : no_rank;
+    if (rx == no_rx) unclaim_part(data, from);
     // Batched applies (server_params.apply_batch): a commit from a worker
     // not yet in the batch may join it; anything else is handled after the
     // batch was applied and answered, in the order it came.
-    const std::uint32_t from = p < peers_.size() ? peers_[p].rank : no_rank;
     // (The header is not checked yet: a message that only says it is a
     // commit is refused by handle(), which ends the batch.)
     const bool commit = head.size() == wire::header_bytes &&

@@ -1379,11 +1379,21 @@ class server_core {
       }
       if (want_crc) crc_close(crc, hi);
     });
-    if (beside) {
-      retire_pinned(*b);
-      ++applied_beside_;
-    }
-    if (want_crc) {
+    if (beside) publish_beside(*b);
+    end_pass(want_crc, parts);
+  }
+
+  // A pass wrote the new version into b (beside the version replies read,
+  // which b's storage takes): b's values become w_.
+  void publish_beside(version_buffer& b) {
+    retire_pinned(b);
+    ++applied_beside_;
+  }
+
+  // The end of a pass that wrote a new version: with crc its CRC from the
+  // `parts` pool parts' ranges the pass fed; without, the first pin reads it.
+  void end_pass(bool crc, unsigned parts) noexcept {
+    if (crc) {
       finish_crcs(parts);
       ++checksums_in_apply_;
     } else {
@@ -1501,20 +1511,15 @@ class server_core {
     if (w_readers_ > 0) {
       version_buffer& b = spare();
       std::swap(b.values, sp.values);  // b: the new version; sp.values: b's storage, for the next one
-      retire_pinned(b);
-      ++applied_beside_;
+      publish_beside(b);
     } else {
       std::swap(w_, sp.values);
     }
-    if (sp.crcs_wanted) {
+    if (sp.crcs_wanted) {  // the ranges' CRCs came with the adds (a push's are not computed)
       if (range_crc_.size() != sp.crcs.size()) range_crc_.assign(sp.crcs.size(), 0u);
       std::copy(sp.crcs.begin(), sp.crcs.end(), range_crc_.begin());
-      finish_crcs(1);  // the version's CRC from its ranges'
-      ++checksums_in_apply_;
-    } else {  // a push, or no pull: the first pin reads the version (as after apply_dense without a CRC)
-      w_crc_ = 0;
-      w_crc_valid_ = false;
     }
+    end_pass(sp.crcs_wanted, 1);
     ++applied_as_landed_;
     return true;
   }
@@ -1573,10 +1578,7 @@ class server_core {
       }
       crc_close(crc, hi);
     });
-    if (want_crc) {
-      finish_crcs(parts);
-      ++checksums_in_apply_;
-    }
+    end_pass(want_crc, parts);
   }
 
   // Parts a pass over n elements runs as: the pool's threads, or 1 (no pool,

@@ -139,7 +139,10 @@ inline void ucx_impl::wait(std::chrono::microseconds timeout) {
     // still runs from progress() alone.
     const auto until = ucx_clock::now() + std::min(params_.spin, timeout);
     do {
-      if (ucp_worker_progress(worker_) != 0 && has_ready_work()) return;
+      if (ucp_worker_progress(worker_) != 0 && has_ready_work()) {
+        progressed_in_wait_ = true;
+        return;
+      }
     } while (ucx_clock::now() < until);
   }
   if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return;

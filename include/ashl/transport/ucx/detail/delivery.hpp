@@ -11,6 +11,8 @@
 
 #include <ashl/transport/ucx/detail/impl.hpp>
 
+#include <utility>
+
 ASHL_NAMESPACE_BEGIN
 namespace transport {
 namespace detail {
@@ -57,7 +59,9 @@ template <class H>
 inline std::size_t ucx_impl::progress(H& h) {
   in_progress_ = true;
   std::size_t calls = 0;
-  for (int i = 0; i < 64 && ucp_worker_progress(worker_) != 0; ++i) {
+  if (!std::exchange(progressed_in_wait_, false)) {
+    for (int i = 0; i < 64 && ucp_worker_progress(worker_) != 0; ++i) {
+    }
   }
   accept_connections();
   run_timers();

@@ -248,6 +248,10 @@ class ucx_impl {
   ucp_listener_h listener_ = nullptr;
   int efd_ = -1;
   bool in_progress_ = false;
+  // wait() returned on work its own ucp_worker_progress just recorded: the
+  // next progress() delivers it without progressing UCX first (a call that
+  // would find nothing new and, with a tcp interface open, costs a system call).
+  bool progressed_in_wait_ = false;
   std::string listen_address_;
   transport_counters counters_;
 
