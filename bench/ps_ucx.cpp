@@ -156,6 +156,7 @@ struct options {
   bool describe = false;  // print the worker endpoint's whole ucp_ep_print_info
   bool baseline = true;   // false: ashl only (for profiling)
   long spin_us = -1;      // >= 0: ucx_params.spin (else the library's default)
+  int iters = 0;          // > 0: ashl operations per repetition (--iters; for profiles of the steady state)
   std::vector<std::string> transports = {"shm", "tcp"};
   std::vector<std::string> ops = {"pull", "commit", "round_trip", "fan_in", "fan_in_push"};
   std::vector<std::size_t> sizes;
@@ -673,6 +674,7 @@ long perftest_iters(const options& o, std::size_t bytes) {
 }
 
 int ashl_iters(const options& o, std::size_t bytes) {
+  if (o.iters > 0) return o.iters;
   const double target = o.quick ? 16.0 * MiB : 64.0 * MiB;
   return std::clamp<int>(static_cast<int>(target / static_cast<double>(bytes)), 2, o.quick ? 500 : 2000);
 }
@@ -703,6 +705,7 @@ int main(int argc, char** argv) {
     else if (a == "--describe") o.describe = true;
     else if (a == "--no-baseline") o.baseline = false;
     else if (a == "--spin-us") o.spin_us = std::atol(next().c_str());
+    else if (a == "--iters") o.iters = std::max(std::atoi(next().c_str()), 0);
     else if (a == "--transports") o.transports = split(next(), ',');
     else if (a == "--ops") o.ops = split(next(), ',');
     else if (a == "--sizes") sizes_arg = next();
@@ -727,7 +730,8 @@ int main(int argc, char** argv) {
                    "         [--transports shm,tcp] [--ops pull,commit,round_trip,fan_in,fan_in_push] [--sizes 4K,1M,...]\n"
                    "         [--apply-threads N] [--apply-batch N] [--apply-as-landed]\n"
                    "         [--perftest PATH] [--fan-workers N] [--describe] [--no-baseline] [--spin-us N]\n"
-                   "         [--in-place-replies] [--chunk-kib N] [--commit-chunk-kib N] [--commit-window N]\n");
+                   "         [--in-place-replies] [--chunk-kib N] [--commit-chunk-kib N] [--commit-window N]\n"
+                   "         [--iters N]  (ashl operations per repetition; default 64 MiB worth, 2..2000)\n");
       return 2;
     }
   }
