@@ -479,10 +479,14 @@ inline int server_role(const settings& s) {
       got.swap(ready);
     }
     for (const done& e : got) {
+      // Stamped with its tick (the instant its parameters were taken), as
+      // the simulator stamps its evaluations, not with the evaluation's end.
+      const auto tick_at = std::chrono::steady_clock::time_point(
+          std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(t0 + e.t)));
       if (e.kind == 0) {
-        srv->report_metric(ashl::metric_id::loss, e.loss);
+        srv->report_metric(ashl::metric_id::loss, e.loss, tick_at);
       } else if (e.kind == 1) {
-        srv->report_metric(ashl::metric_id::accuracy, e.acc);
+        srv->report_metric(ashl::metric_id::accuracy, e.acc, tick_at);
         curve << e.t << ' ' << e.acc << ' ' << e.loss << std::endl;
         results << "curve " << e.t << ' ' << e.acc << ' ' << e.loss << '\n';
       } else {

@@ -181,3 +181,24 @@ BOOST_AUTO_TEST_CASE(save_load_round_trip_and_truncation) {
   p.on_metric({.metric = metric_id::loss, .value = 1.0, .time = 0.0}, fresh());
   policy_testing::check_load_rejects_truncation(p);
 }
+
+// A trial ends at the first metric at or past start + period. Metrics on a
+// grid that divides the period land on that boundary; a tick converted
+// between two clocks (a real harness stamping its evaluations with their
+// ticks on the server's clock) can land a rounding error short of it, and
+// must end the trial as the simulator's exact tick does. A metric a
+// millisecond short does not.
+BOOST_AUTO_TEST_CASE(a_trial_ends_on_its_boundary_within_a_clock_rounding) {
+  auto trial_after = [](double last_tick) {
+    as::adsp p{{.workers = 2, .period = 5.0, .search_every = 1e9, .target_loss = 0.2}};
+    const double start = 0.647;
+    const double losses[] = {2.0, 1.6, 1.3, 1.1, 1.0};
+    const double times[] = {start, start + 1.25, start + 2.5, start + 3.75, last_tick};
+    for (int k = 0; k < 5; ++k) p.on_metric({.metric = metric_id::loss, .value = losses[k], .time = times[k]}, fresh());
+    return p.commit_rate();
+  };
+  const std::uint32_t first = as::adsp{{.workers = 2, .period = 5.0}}.commit_rate();
+  BOOST_TEST(trial_after(0.647 + 5.0) == first + 1);          // exactly on the boundary
+  BOOST_TEST(trial_after(0.647 + 5.0 - 1e-9) == first + 1);   // a rounding error short
+  BOOST_TEST(trial_after(0.647 + 5.0 - 1e-3) == first);       // a millisecond short: not yet
+}

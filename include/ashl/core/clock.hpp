@@ -23,8 +23,11 @@ concept clock = requires(const C& c) {
 class steady_clock {
  public:
   steady_clock() noexcept : start_(std::chrono::steady_clock::now()) {}
-  [[nodiscard]] double now() const noexcept {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  [[nodiscard]] double now() const noexcept { return at(std::chrono::steady_clock::now()); }
+  // The seconds of instant t on this clock (an earlier instant: a smaller
+  // number, negative before the clock started).
+  [[nodiscard]] double at(std::chrono::steady_clock::time_point t) const noexcept {
+    return std::chrono::duration<double>(t - start_).count();
   }
 
  private:

@@ -563,9 +563,17 @@ class server {
 
   // A metric measured by the server's own program (a loss on held-out data,
   // say), handed to server_core as a worker's metric message would be.
-  void report_metric(metric_id m, double value) {
-    end_batch(clock_.now());
-    core_.metric(m, value, clock_.now(), out_);
+  void report_metric(metric_id m, double value) { report_metric(m, value, std::chrono::steady_clock::now()); }
+  // The same for a metric that describes an earlier instant: the loss of
+  // the parameters as they were at `measured_at`, evaluated since. It is
+  // stamped with that instant, as the simulator stamps an evaluation with
+  // its tick, so a policy that times its decisions by metrics (ADSP's
+  // commit-rate search) does not see the evaluation's own duration. An
+  // instant after now counts as now.
+  void report_metric(metric_id m, double value, std::chrono::steady_clock::time_point measured_at) {
+    const double now = clock_.now();
+    end_batch(now);
+    core_.metric(m, value, std::min(clock_.at(measured_at), now), out_);
     flush(clock_.now());
   }
 

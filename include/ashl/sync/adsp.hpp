@@ -325,6 +325,16 @@ class adsp {
     has_start_ = true;
     has_mid_ = false;
   }
+  // A metric at t is at or past from + span. Within a microsecond counts:
+  // metrics taken on a grid that divides the period (the simulator's ticks,
+  // a real harness's evaluations stamped at their ticks) land exactly on
+  // the boundary, and a tick converted between two clocks can come out a
+  // rounding error short of it; a strict comparison would then wait one
+  // more tick in one driver and not in the other.
+  static constexpr double boundary_tolerance = 1e-6;  // seconds
+  [[nodiscard]] static bool reached(double t, double from, double span) noexcept {
+    return t >= from + span - boundary_tolerance;
+  }
   void search_step(double t, double l) {
     if (!has_start_) {
       start_ = point{t, l};
@@ -332,13 +342,13 @@ class adsp {
       return;
     }
     if (!has_mid_) {
-      if (t >= start_.t + 0.5 * p_.period) {
+      if (reached(t, start_.t, 0.5 * p_.period)) {
         mid_ = point{t, l};
         has_mid_ = true;
       }
       return;
     }
-    if (t < start_.t + p_.period) return;
+    if (!reached(t, start_.t, p_.period)) return;
     const double r = commit_rate_reward(fit_loss_curve(start_.t, start_.l, mid_.t, mid_.l, t, l), p_.target_loss);
     const point end{t, l};
     if (first_trial_ || r > best_reward_) {
@@ -361,11 +371,11 @@ class adsp {
     period_start_ = end;
   }
   void exploit_step(double t, double l) {
-    if (t - search_end_ >= p_.search_every) {
+    if (reached(t, search_end_, p_.search_every)) {
       start_search(point{t, l});
       return;
     }
-    if (t < period_start_.t + p_.period) return;
+    if (!reached(t, period_start_.t, p_.period)) return;
     const bool rose = l >= (1.0 + p_.loss_rise) * period_start_.l;
     if (rose) {
       start_search(point{t, l});
