@@ -36,8 +36,9 @@ def installed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("install")
     src, target = tmp / "src", tmp / "target"
     (src / "python" / "ashl").mkdir(parents=True)
+    (src / "python" / "backend").mkdir()
     (src / "docs").mkdir()
-    for f in ("pyproject.toml", "setup.py"):
+    for f in ("pyproject.toml", "setup.py", "python/backend/ashl_backend.py"):
         shutil.copy2(os.path.join(ROOT, f), src / f)
     shutil.copy2(os.path.join(ROOT, "docs", "torch.md"), src / "docs" / "torch.md")
     for f in os.listdir(os.path.join(ROOT, "python", "ashl")):
