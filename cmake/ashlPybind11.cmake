@@ -29,7 +29,13 @@ macro(ashl_find_pybind11 problem_var)
 
   # An explicit -Dpybind11_DIR wins; one that an earlier configure cached
   # here does not, so a pybind11 installed into the interpreter later is
-  # picked up on the next configure.
+  # picked up on the next configure. A build directory configured before
+  # this lookup existed has a pybind11_DIR that find_package found and no
+  # record of it (a first configure has no CMakeCache.txt yet): found, not
+  # given, so it is looked up again.
+  if(pybind11_DIR AND NOT DEFINED ASHL_PYBIND11_AUTO_DIR AND EXISTS "${CMAKE_BINARY_DIR}/CMakeCache.txt")
+    set(ASHL_PYBIND11_AUTO_DIR "${pybind11_DIR}" CACHE INTERNAL "the pybind11_DIR ashl_find_pybind11 chose itself")
+  endif()
   if(pybind11_DIR AND NOT pybind11_DIR STREQUAL "${ASHL_PYBIND11_AUTO_DIR}")
     set(ASHL_PYBIND11_SOURCE explicit)
   else()

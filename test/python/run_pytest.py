@@ -13,6 +13,14 @@ if missing:
     print(f"skipped: {sys.executable} has no {', '.join(missing)} (python3-pytest python3-torch python3-numpy)")
     sys.exit(77)
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+# Ctrl-C as a terminal gives it, whoever started this: a shell runs
+# background jobs (scripts/test runs the torch 2.x stage as one) with SIGINT
+# ignored, children inherit that, and test_lifetimes.py's children would then
+# ignore the SIGINT they are sent. A Python handler here is reset to the
+# default in every child at exec, where Python installs its own.
+import signal  # noqa: E402
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import numpy  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402

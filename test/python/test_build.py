@@ -142,9 +142,10 @@ def test_configure_refuses_a_pybind11_before_2_12_with_numpy_2(tmp_path):
     assert "unknown target" not in out
 
 
-def _lookup(tmp_path, python, *args):
+def _lookup(tmp_path, python, *args, body=None):
     """Runs only cmake/ashlPybind11.cmake in a project without languages;
-    returns the pybind11 it chose as (version, source, dir)."""
+    returns the pybind11 it chose as (version, source, dir). `body` replaces
+    the lookup (a build directory as an earlier version left it)."""
     if shutil.which("cmake") is None:
         pytest.skip("no cmake on PATH")
     src = tmp_path / "lookup"
@@ -153,14 +154,17 @@ def _lookup(tmp_path, python, *args):
         cmake_minimum_required(VERSION 3.24)
         project(lookup NONE)
         include({ROOT}/cmake/ashlPybind11.cmake)
+        """) + (body or textwrap.dedent("""\
         ashl_find_pybind11(problem)
-        message(STATUS "chose|${{pybind11_VERSION}}|${{ASHL_PYBIND11_SOURCE}}|${{pybind11_DIR}}|${{problem}}")
-        """))
+        message(STATUS "chose|${pybind11_VERSION}|${ASHL_PYBIND11_SOURCE}|${pybind11_DIR}|${problem}")
+        """)))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("pybind11", "CMAKE_"))}
     done = subprocess.run(["cmake", "-S", str(src), "-B", str(tmp_path / "lookup-build"),
                            f"-DPython_EXECUTABLE={python}", *args], env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+    if body is not None:
+        return None
     return re.search(r"chose\|([^|]*)\|([^|]*)\|([^|]*)\|", done.stdout).groups()
 
 
@@ -194,6 +198,22 @@ def test_lookup_takes_an_explicit_pybind11_dir_over_the_interpreters(tmp_path):
     explicit = _fake_pybind11(str(other), "9.1.0")
     version, source, chosen = _lookup(tmp_path, python, f"-Dpybind11_DIR={explicit}")
     assert (version, source, chosen) == ("9.1.0", "explicit", explicit)
+
+
+def test_lookup_replaces_a_pybind11_dir_cached_before_it_existed(tmp_path):
+    # A build directory from before this lookup: find_package cached some
+    # other pybind11 (the system's, say), with no record of how it came.
+    python, site = _bare_interpreter(tmp_path)
+    cmakedir = _fake_pybind11(site, "9.8.7")
+    old = _fake_pybind11(str(tmp_path / "old"), "2.10.3")
+    _lookup(tmp_path, python, body=f'set(pybind11_DIR "{old}" CACHE PATH "found by find_package")\n')
+    version, source, chosen = _lookup(tmp_path, python)
+    assert (version, source, chosen) == ("9.8.7", "interpreter", cmakedir)
+    # ... and a pybind11_DIR given at the first configure stays explicit.
+    again = tmp_path / "again"
+    again.mkdir()
+    version, source, chosen = _lookup(again, python, f"-Dpybind11_DIR={old}")
+    assert (version, source, chosen) == ("2.10.3", "explicit", old)
 
 
 def test_lookup_falls_back_to_the_system_pybind11(tmp_path):
