@@ -1,5 +1,5 @@
 // examples/experiment_common.hpp — what both modes of ashl_experiment_fmnist
-// share: the settings and their flags, the reference cluster of ALGORITHMS.md
+// share: the settings and their flags, the reference cluster of docs/algorithms.md
 // §5, the policies' set-up (ps::make_policy and the profile planners), one
 // simulated run in full mode (run_one: real gradients in virtual time, the
 // server is ps::server_core), and the CSV and plot writers.
@@ -367,7 +367,7 @@ inline ashl::result<settings> parse(int argc, char** argv) {
   return s;
 }
 
-// The cluster of ALGORITHMS.md §5: the reference worker computes one batch-64
+// The cluster of docs/algorithms.md §5: the reference worker computes one batch-64
 // iteration in 10 ms and moves the dense model in 5 ms; groups of three are
 // (compute, comm) = (2×, 4×), (3×, 6×), (4×, 8×) slower. Built in code: only
 // a JSON spec file needs nlohmann_json.
