@@ -123,9 +123,11 @@ def slow_pull(direction, nbytes):
         time.sleep(0.03)
 
 
-def run_ashl(idiom, workers=1, steps=5, update="gradient", backend=None, inner=None, **kw):
+def run_ashl(idiom, workers=1, steps=5, update="gradient", backend=None, inner=None, waited=None, **kw):
     """The idiom under ashl: `workers` workers in threads, BSP; worker 0's
-    final parameters (every worker's are checked equal)."""
+    final parameters (every worker's are checked equal). `waited`: a list
+    that gets each worker's wait_seconds (the training thread blocked on
+    pulls)."""
     fabric = ashl.InprocFabric(deterministic=True)
     sjob, wjobs = jobs(workers)
     # worker_timeout: inductor's first compile takes tens of seconds here.
@@ -144,6 +146,8 @@ def run_ashl(idiom, workers=1, steps=5, update="gradient", backend=None, inner=N
             st = {}
             for _ in range(steps):
                 idiom(fwd, model, opt, batches(g), st)
+            if waited is not None:
+                waited.append(opt.wait_seconds)
             opt.wait()
             out[r] = flat(model)
         finally:
@@ -227,12 +231,22 @@ def test_a_grad_scaler_gives_the_parameters_of_the_same_loop_without_ashl(idiom,
 
 @pytest.mark.skipif(not TORCH2, reason="torch.compile needs torch 2")
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
-def test_a_compiled_model_waits_for_its_pulls(backend):
-    # The pulls land 30 ms late: a compiled forward that inlined the
-    # pre-hook's check would read the parameters before them.
+def test_a_compiled_model_waits_for_its_pulls(backend, monkeypatch):
+    # The pulls land 30 ms late: a compiled forward must block in the
+    # pre-hook until they did. Traced into the graph (main 7a8cb13), the
+    # hook's wait was not the training thread's (wait_seconds stayed 0) and
+    # a forward could read the parameters before the pull landed.
+    import sys
     import torch._dynamo
+    if backend == "inductor" and sys.version_info < (3, 12):
+        # Inductor imports setuptools, whose distutils shim asserts when pip's
+        # import hook ran first in the process (test_install.py's checks do,
+        # in a venv): the standard library's distutils (< 3.12) serves it.
+        monkeypatch.setenv("SETUPTOOLS_USE_DISTUTILS", "stdlib")
     torch._dynamo.reset()
-    got = run_ashl(plain, steps=6, backend=backend, link=slow_pull)
+    waited = []
+    got = run_ashl(plain, steps=6, backend=backend, link=slow_pull, waited=waited)
+    assert waited[0] > 0.03 * 3, waited  # blocked in the pre-hook for at least three late pulls
     same(got, run_reference(plain, steps=6, backend=backend))
 
 
