@@ -634,6 +634,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for si, p in enumerate(b.tensors):
                 self._slot_of.setdefault(id(p), []).append((bi, si))
         self._grad_storages = list({id(b._flat_grads): b._flat_grads for b in self._buckets}.values())
+        self._found_inf: Dict[Any, torch.Tensor] = {}  # per device: the unscale kernel's flag (not read: the scaler's is)
         self._hooks: List[Any] = []
         self._grad_accs: List[Any] = []  # keep the accumulators (and their hooks) alive
         self._install_hooks(model)
@@ -1119,7 +1120,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if scale is not None:  # GradScaler.unscale_'s reciprocal and kernel: the same bits
                     inv = scale.double().reciprocal().float()
                     for t in self._grad_storages:
-                        found = torch.zeros(1, dtype=torch.float32, device=t.device)
+                        found = self._found_inf.get(t.device)
+                        if found is None:
+                            found = self._found_inf[t.device] = torch.zeros(1, dtype=torch.float32, device=t.device)
                         torch._amp_foreach_non_finite_check_and_unscale_([t], found, inv.to(t.device))
                 inf = float(found_inf.item())
             if inf:
