@@ -1,5 +1,5 @@
 // bench/coll.cpp — allreduce paths of coll/ over MPI, nccl-tests style
-// (issue 14 "Benchmark"): algorithm and bus bandwidth of dense and
+// (docs/perf/coll.md): algorithm and bus bandwidth of dense and
 // compressed allreduce, 1 MiB to 256 MiB, over MPI on TCP and on shared
 // memory, beside a bare MPI_Allreduce of the same bytes in the same run.
 //

@@ -1,6 +1,6 @@
 // ashl_bench_coll_nccl — dense allreduce through coll::nccl against a bare
 // ncclAllReduce of the same bytes on the same communicator and stream
-// (issue 14: goal ashl >= 0.95x bare), nccl-tests style.
+// (goal: ashl >= 0.95x bare), nccl-tests style.
 //
 //   ashl_bench_coll_nccl [--iters N] [--warmup N] [--rounds N] [--min-mib A] [--max-mib B]
 //

@@ -26,7 +26,7 @@
 // values, timed interleaved (one f32, one f16, one bf16 repetition, then the
 // next round), so load drift hits the three alike; the "16-bit inputs" table
 // gives each codec's f16 and bf16 *element* rate as a ratio to its f32 rate
-// (goal >= 0.9x, issue 12) beside the f32 rate against memcpy.
+// (goal >= 0.9x) beside the f32 rate against memcpy.
 //
 // Threads: no codec has a multi-thread option, so "threads = T" is chunked
 // parallelism: T std::threads each encode (and decode-add) an independent

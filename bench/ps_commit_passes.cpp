@@ -1,5 +1,5 @@
 // ashl_bench_ps_commit_passes — the server's CPU work for one dense commit
-// round with its pull (issue 28, item 2: fewer passes), in one process, no
+// round with its pull (fewer passes over the bytes), in one process, no
 // transport: what bench/ps_ucx's end-to-end figures hide under a shared
 // machine's load (docs/perf/ps-ucx.md).
 //
@@ -9,7 +9,7 @@
 // Cases, interleaved (a, b, c, d, a, ...) so load drift reaches them alike,
 // medians of --reps after one warm-up; each includes the wire's CRC check
 // of the commit (wire::decode) and the check that its values are finite:
-//   copy   the server before issue 28: the CRC pass, the value pass, the
+//   copy   the server before its passes were fused: the CRC pass, the value pass, the
 //          commit applied in place, then the reply's snapshot of the new
 //          version copied and checksummed in 192 KiB chunks;
 //   pin    now, nothing pinned: the value check in the CRC pass, the commit

@@ -7,10 +7,10 @@
 //   ashl_bench_ps_ucx --transports tcp --ops pull,commit --reps 9 --json-only
 //   ashl_bench_ps_ucx --progress poll       # ucx_params.blocking = false (spin instead of the event fd)
 //   ashl_bench_ps_ucx --spin-us 0           # ucx_params.spin: poll this long before sleeping (default: the library's)
-//   ashl_bench_ps_ucx --ops fan_in,fan_in_push --apply-threads 2   # server_params.apply_threads (issue 28 item 3);
+//   ashl_bench_ps_ucx --ops fan_in,fan_in_push --apply-threads 2   # server_params.apply_threads;
 //                                           # the server is then pinned to CPUs 0..N-1 (the workers stay on CPU 1)
 //   ashl_bench_ps_ucx --ops fan_in_push --apply-batch 8   # server_params.apply_batch: commits that arrive
-//                                           # together added in one pass (issue 28 item 3); rows report the
+//                                           # together added in one pass; rows report the
 //                                           # share of commits that were (batched)
 //   ashl_bench_ps_ucx --commit-chunk-kib 1024 --apply-as-landed   # server_params.apply_parts_as_they_land
 //                                           # = true: a commit in parts is added as its parts land (default:
@@ -60,9 +60,8 @@
 //               one ucp_am_bw stream at 4 MiB; ratio = gbps / baseline_gbps
 //               (goal >= 0.7).
 //   fan_in_push the same with ps::worker::push(): each commit is answered
-//               with a 72-byte acknowledgement instead of its 4 MiB reply
-//               (issue 28, item 3); gbps and the baseline as for fan_in,
-//               moved_gbps = gbps.
+//               with a 72-byte acknowledgement instead of its 4 MiB reply;
+//               gbps and the baseline as for fan_in, moved_gbps = gbps.
 // For reference, tag_bw (bandwidth sizes) and tag_lat (4 KiB) run too and
 // are reported as ref_tag_gbps / ref_tag_usec; and the same ucp_am_bw /
 // ucp_am_lat with -e (endpoints with peer error handling, which ashl's

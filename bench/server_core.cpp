@@ -33,14 +33,14 @@
 //    its CRC pass and tells the core so: "unchecked" is the server's apply).
 //    "+crc" cases carry a pull (the new version's CRC is computed in the
 //    apply's pass, chunk by chunk); "+crc N parts" with the CRCs of a pull
-//    reply's parts of N bytes too (server_core::checksum_in_parts, issue 28
-//    item 2), and their decode_add column is decode_add then crc32c of the
+//    reply's parts of N bytes too (server_core::checksum_in_parts),
+//    and their decode_add column is decode_add then crc32c of the
 //    shard (two passes).
-//    --apply-threads N (issue 28 item 3): shards of 1, 16 and 64 MiB (2^18,
+//    --apply-threads N: shards of 1, 16 and 64 MiB (2^18,
 //    2^22, 2^24 elements), every case applied by a core without a pool and
 //    by one with a ps::apply_pool of N threads, interleaved with the memcpy
 //    and the decode_add in one run. Rows say apply_threads.
-// 3. Batched applies (--part batch; issue 28 item 3, server_params.apply_batch):
+// 3. Batched applies (--part batch; server_params.apply_batch):
 //    k dense identity model-delta commits (k workers, ASP, values checked by
 //    the driver) into a shard of 1 and 64 MiB, applied one at a time (k
 //    passes over the shard) and batched (defer_dense_applies(k), then one
@@ -48,7 +48,7 @@
 //    payloads (each byte of them moved once, what no apply can beat). Ratio
 //    = memcpy time / apply time; the batched row's "one at a time" column
 //    is the speedup. The two cores' parameters are compared bit for bit.
-// 4. Applies as parts land (--part landed; issue 28 item 1,
+// 4. Applies as parts land (--part landed;
 //    server_params.apply_parts_as_they_land): one dense identity model-delta
 //    commit into a shard of 1 and 64 MiB, applied whole (one apply_dense
 //    pass, what the server does at a commit's last part without it) and in

@@ -1,7 +1,7 @@
 // ashl_bench_sparse_apply — the server's apply of a sparse (top-k style)
 // commit: compress::decode_add of a sparse-pairs payload into a shard,
 // against a bare `w[idx[i]] += s * v[i]` loop over the same pairs in the same
-// run (issue 28, item 4: goal >= 0.9x the bare loop) and against std::memcpy
+// run (goal >= 0.9x the bare loop) and against std::memcpy
 // of the payload bytes (docs/perf/ps-ucx.md).
 //
 //   ashl_bench_sparse_apply                      # n = 2^24 and 25,557,032; k = 1 % and 0.1 %

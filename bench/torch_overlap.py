@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """bench/torch_overlap.py — ashl.torch's overlap of communication with
-backward and forward (issue 26; docs/perf/torch.md).
+backward and forward (docs/perf/torch.md).
 
 An MLP of 10.5 M parameters (1024 -> 2048 -> 2048 -> 2048 -> 10, float32,
 42 MB), BSP, one server and 4 workers over UCX on loopback, servers
 stepping SGD on the gradients (update="gradient"). Two runs of the same job:
 
 - serial: one bucket, the exchange inside step() after backward (what
-  ashl.torch did before issue 26);
+  ashl.torch did before buckets overlapped);
 - overlap: buckets of --bucket-mb (default "auto", ashl.torch's default
   rule: min(25 MiB, max(1 MiB, model / 4))), committed from the gradient
   hooks while backward runs, pulls waited for in forward pre-hooks; a

@@ -1,5 +1,5 @@
 // examples/experiment_common.hpp — what both modes of ashl_experiment_fmnist
-// share: the settings and their flags, the reference cluster of ALGORITHMS.md
+// share: the settings and their flags, the reference cluster of docs/algorithms.md
 // §5, the policies' set-up (ps::make_policy and the profile planners), one
 // simulated run in full mode (run_one: real gradients in virtual time, the
 // server is ps::server_core), and the CSV and plot writers.
@@ -57,7 +57,7 @@ struct settings {
   std::map<std::string, double> lr_of{{"bsp", 0.2},  {"asp", 0.005}, {"ssp", 0.02},  {"local_sgd", 0.1},
                                       {"adsp", 0.1}, {"semi_async", 0.005}, {"dlb", 0.1}, {"ashl", 0.1},
                                       {"ashl_plus", 0.05},
-                                      // Issue 16's rows: coded BSP (the server's SGD rate) and joint
+                                      // The seed algorithms' rows: coded BSP (the server's SGD rate) and joint
                                       // tuned by the same rule (coded BSP {0.05, 0.1, 0.2}, joint
                                       // {0.005, 0.01, 0.02, 0.05}); the compensated and straggler rows
                                       // keep the rate of the row they vary, for a like-for-like comparison.
@@ -84,7 +84,7 @@ struct settings {
     double at, factor;
   };
   std::vector<slowdown> slowdowns;
-  // The straggler scenario (issue 16): each compute cycle of each worker runs
+  // The straggler scenario (docs/seed-algorithms.md): each compute cycle of each worker runs
   // 5x slower with this probability, drawn from the run's seed (0: steady).
   double stragglers = 0.0;
   int jobs = 2;
@@ -111,7 +111,7 @@ struct settings {
 
 // The library's policy names (ps::policies, listed once there) and this
 // experiment's variants (make_setup): "ashl_plus" (ASHL with the profile
-// re-planner and error feedback), and issue 16's rows, which exist in --mode
+// re-planner and error feedback), and the seed algorithms' rows (docs/seed-algorithms.md), which exist in --mode
 // sim only (their workers do what run_one's hooks do): "coded_bsp1" and
 // "coded_bsp2" (coded_bsp with r = 1, 2; workers commit coded gradients to a
 // server-side SGD), "ssp_comp" and "asp_comp" (SSP(3) and ASP with staleness
@@ -161,7 +161,7 @@ inline void usage() {
       "  --no-replan           ASHL+ keeps error feedback but plans once (ablation)\n"
       "  --stragglers P        each compute cycle of each worker is 5x slower with probability P\n"
       "                        (seeded per run; default 0)\n"
-      "  issue 16's rows (not in the default list; all but joint sim only; docs/perf/time-to-accuracy.md):\n"
+      "  the seed algorithms' rows (not in the default list; all but joint sim only; docs/perf/time-to-accuracy.md):\n"
       "    coded_bsp1, coded_bsp2, coded_bsp3  coded BSP, r = 1, 2, 3 (workers commit coded gradients;\n"
       "                            server SGD; r + 1 batches of 64 per round)\n"
       "    coded_bspR_split        the same, the worker's 64 samples split over its r + 1 partitions\n"
@@ -367,7 +367,7 @@ inline ashl::result<settings> parse(int argc, char** argv) {
   return s;
 }
 
-// The cluster of ALGORITHMS.md §5: the reference worker computes one batch-64
+// The cluster of docs/algorithms.md §5: the reference worker computes one batch-64
 // iteration in 10 ms and moves the dense model in 5 ms; groups of three are
 // (compute, comm) = (2×, 4×), (3×, 6×), (4×, 8×) slower. Built in code: only
 // a JSON spec file needs nlohmann_json.
@@ -407,7 +407,7 @@ struct run_outcome {
   double bytes_per_worker = 0.0;
   double wait_fraction = 0.0;
   std::size_t replans = 0;  // ASHL+: plans the re-planner made
-  std::string detail;       // issue 16's rows: what the policy did (late commits, flags, bound)
+  std::string detail;       // the seed algorithms' rows: what the policy did (late commits, flags, bound)
   double switch_time = nan_v;  // ASHL: when AHL switched to SHL
   std::string note;
   std::vector<point> curve;

@@ -1,4 +1,4 @@
-// ashl_experiment_fmnist — the reference experiment (ALGORITHMS.md §5):
+// ashl_experiment_fmnist — the reference experiment (docs/algorithms.md §5):
 // Fashion-MNIST, a 784-256-10 MLP, 1 server and 9 workers in three groups.
 //
 // --mode sim (the default): every policy under the simulator in full mode

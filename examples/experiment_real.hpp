@@ -1,7 +1,7 @@
 // examples/experiment_real.hpp — `ashl_experiment_fmnist --mode real`: the
-// reference experiment (ALGORITHMS.md §5) as 1 server and 9 worker processes
+// reference experiment (docs/algorithms.md §5) as 1 server and 9 worker processes
 // over UCX on 127.0.0.1, beside the simulator's prediction for the
-// capabilities measured during the run (issue 11, part 3).
+// capabilities measured during the run (docs/perf/real-vs-sim.md).
 //
 //   ashl_experiment_fmnist --mode real --policies bsp,ashl --time-scale 5 --trace ashl
 //

@@ -4,7 +4,7 @@
 // cgroup quota. The experiment's `--hosts netns` mode and the multi-host test
 // (test/ps/netns_hosts.cpp) run servers and workers in such hosts, so UCX
 // runs over TCP between real network stacks (docs/multi-host.md, "Emulated
-// hosts: network namespaces"; issue 11 part 4).
+// hosts: network namespaces").
 //
 //   if (auto s = hosts::netns_cluster::available(); !s) skip(s.message());
 //   auto c = hosts::netns_cluster::create({{}, {.rate_bytes_per_s = 25e6, .cpu_share = 0.5}});

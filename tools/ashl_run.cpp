@@ -1,5 +1,5 @@
 // ashl-run — starts one job (S servers and M workers of a program) on this
-// machine with the runtime contract set for every process (DESIGN.md
+// machine with the runtime contract set for every process (docs/design.md
 // "Runtime contract for real runs"; docs/multi-host.md, "One host").
 //
 //   ashl-run -s 2 -w 4 -- ./train --epochs 3

@@ -1,5 +1,5 @@
 // bench/gpu/cub_topk.cu — the cub::DeviceTopK baseline for ashl's exact
-// device top-k (issue 29): the k largest |x| and their indices, as ashl's
+// device top-k (docs/perf/compress-gpu.md): the k largest |x| and their indices, as ashl's
 // compress::cuda topk computes them, through cub::DeviceTopK::MaxPairs with
 // keys |x| (a transform iterator, nothing materialized) and values the
 // element indices (a counting iterator), in the fastest configuration CUB

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/gpu/run.sh — every GPU check of the project in one go, for a machine
-# with a GPU (issue 29; about 5 minutes on one H200 with a bundle):
+# with a GPU (docs/perf/compress-gpu.md; about 5 minutes on one H200 with a bundle):
 #   1. the programs: built here with the cuda preset (needs the packages of
 #      scripts/deps.sh and the CUDA toolkit), or taken from a bundle made on
 #      a machine without a GPU by bench/gpu/bundle.sh (--prebuilt DIR);
@@ -12,7 +12,7 @@
 #   3. ashl_bench_compress_cuda (every device codec against a D2D copy, and
 #      torch.topk), cub_topk (cub::DeviceTopK, when the bundle has it) and
 #      ashl_bench_coll_nccl (coll::nccl against a bare ncclAllReduce);
-#   4. a short table last: each test's verdict, then the goals of issue 29
+#   4. a short table last: each test's verdict, then the GPU goals
 #      as ratios (casts, quantizers and sign >= 0.75x copy; exact top-k >= 3x
 #      torch.topk and >= 1x cub::DeviceTopK; NCCL through ashl >= 0.95x bare).
 # Usage: bench/gpu/run.sh [--quick] [--prebuilt DIR]
@@ -149,7 +149,7 @@ else
 
 fi
 
-# ---- 3b. the Python module's CUDA tests (issue 26) ------------------------------
+# ---- 3b. the Python module's CUDA tests -----------------------------------------
 # ashl.torch with CUDA tensors (test/python/test_torch_cuda.py, pytest marker
 # gpu: the pinned staging, and a top-k plan's update built and encoded on
 # the device, test_topk_is_encoded_on_the_device_and_trains_like_the_host_codec),

@@ -1,6 +1,6 @@
 """One DDP rank of the CNN comparison: torch.distributed with gloo on
-127.0.0.1 under the emulated heterogeneity, in one of five variants
-(issue 27, item 1), each with torch 1.13's own hooks and classes:
+127.0.0.1 under the emulated heterogeneity, in one of five variants,
+each with torch 1.13's own hooks and classes:
 
 - ddp: fp32 all-reduce (default_hooks.allreduce_hook), batch 64 per rank.
 - ddp_fp16: default_hooks.fp16_compress_hook.

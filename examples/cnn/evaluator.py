@@ -1,4 +1,4 @@
-"""The evaluator of a CNN run (issue 27, item 3): a process of its own that
+"""The evaluator of a CNN run: a process of its own that
 evaluates the parameters the run wrote at each tick (ticks.py: the ashl
 server's, DDP rank 0's) on all 10,000 test images, and the final ones.
 

@@ -1,5 +1,5 @@
 """The emulated links of the CNN comparison: one model of time for every
-method's bytes (issue 27, item 1).
+method's bytes.
 
     link = Link(rate, server=ServerPort.open(path, server_rate))  # an ashl worker
     link.hold("up", commit_bytes)       # ps::worker calls this before it sends (worker_params::link_hold)

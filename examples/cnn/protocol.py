@@ -1,4 +1,4 @@
-"""The comparison protocol of the CNN example (issue 27): the pure parts,
+"""The comparison protocol of the CNN example (docs/perf/cnn.md): the pure parts,
 without torch, so they are unit-tested (test/python/test_cnn_protocol.py).
 
     order = run_order(methods, seed, salt)               # a method order per seed, random, reproducible
@@ -25,7 +25,7 @@ LABEL = {"ddp": "DDP", "ddp_fp16": "DDP + fp16 hook", "ddp_powersgd": "DDP + Pow
          "bsp": "BSP", "adsp": "ADSP", "ashl": "ASHL", "ashl_plus": "ASHL+"}
 KNOB = {"ddp_powersgd": "powersgd_rank", "ddp_localsgd": "local_period", "ashl": "ratio", "ashl_plus": "ratio"}
 
-OVERRUN_LIMIT = 0.02  # issue 27: a run with more than 2 % of its iterations over their pad is flagged
+OVERRUN_LIMIT = 0.02  # a run with more than 2 % of its iterations over their pad is flagged
 # A run during which processes not its own used more than this share of the
 # machine's CPU time (a compiler, another run) is flagged too: a method whose
 # step is CPU-bound (DDP's gloo all-reduce on 2 cores) slows down under such
@@ -534,7 +534,7 @@ def median_curves(rows):
 
 
 def goal_verdict(summary, best_goal=0.6, plain_goal=0.5):
-    """Issue 27's goal: ASHL <= 0.6x the best DDP variant and <= 0.5x plain
+    """The comparison's goal: ASHL <= 0.6x the best DDP variant and <= 0.5x plain
     DDP, each with the interval's upper end below 1. (met, reasons)."""
     reasons = []
     r_best = summary["ratios"].get("ashl/best_ddp")

@@ -4,7 +4,7 @@ on one machine, under five torch.distributed DDP variants (gloo) and ashl's
 BSP, ADSP, ASHL and ASHL+, every method's links emulated by one model
 (link.py); test accuracy against wall-clock time, evaluated by a separate
 process on all 10,000 test images (evaluator.py). docs/cnn.md,
-docs/perf/cnn.md, issue 27.
+docs/perf/cnn.md.
 
     run.py --methods ddp,ashl --seeds 1 --out DIR          # ad hoc runs (configuration: the frozen file)
     run.py --tune --out DIR                                # the tuning grid on the tuning seeds (resumable)
@@ -645,7 +645,7 @@ def report(a, rows):
 
 
 def committed_result(path=PROTOCOL_SUMMARY):
-    """The committed protocol's ratios and verdict (issue 27), printed after a
+    """The committed protocol's ratios and verdict, printed after a
     demo's own table so that its one seed is read beside the five; None when
     the protocol's summary is not there."""
     if not os.path.exists(path):

@@ -307,10 +307,12 @@ class Bucket:
         p, off = self.tensors[i], self._flat_offsets[i]
         return self._flat_grads[off:off + p.numel()].view_as(p)
 
-    def attach(self) -> None:
+    def attach(self) -> bool:
         """Makes every .data and .grad a view into the buckets again where the
         caller replaced it (``zero_grad(set_to_none=True)``, ``p.data = ...``),
-        copying the replacement's values in first."""
+        copying the replacement's values in first (a .grad of None: zeros).
+        True when a .grad was replaced by another tensor."""
+        replaced = False
         pb, gb, es = self._flat_params.data_ptr(), self._flat_grads.data_ptr(), self.params.element_size()
         for i, (p, off) in enumerate(zip(self.tensors, self._flat_offsets)):
             if p.data_ptr() != pb + es * off:
@@ -324,7 +326,9 @@ class Bucket:
                     v.zero_()
                 else:
                     v.copy_(g)
+                    replaced = True
                 p.grad = v
+        return replaced
 
     def stage_in(self) -> None:
         """The pulled float32 parameters into a 16-bit or CUDA bucket."""
@@ -451,6 +455,7 @@ class _Exchange:
         # (sent when it is complete): callables taking the worker.
         self.pending: List[Any] = []
         self.added = False                # this iteration's gradient is in the builder
+        self.fills = 0                    # backward passes that completed it in this iteration (outside no_sync)
         self.device: Optional[_DeviceUpdate] = None  # update built and encoded on the bucket's device
         self.encoded: Optional[List[Any]] = None     # the payloads of the commit in flight (device top-k)
 
@@ -485,8 +490,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
     commits in backward (gradient updates) and pulls waited for in forward
     pre-hooks; False: every exchange inside step(), serially.
     commit_in_backward: None (default) is ``overlap and update ==
-    "gradient"``; pass False with a GradScaler (the gradients in backward are
-    still scaled; scaler.step() calls step() only when they are finite).
+    "gradient"``: commits in backward from the second step on, when the
+    first showed that the loop leaves the gradients as backward made them
+    until step() (no accumulation without no_sync(), no clip or unscale_,
+    no GradScaler); otherwise every commit goes in step(), which sees the
+    final gradients (docs/torch.md, "Training idioms"). False: always in
+    step(). GradScaler needs no flag: scaler.step(opt) calls step(), which
+    unscales and skips an overflowing step. Under update="gradient" the
+    inner optimizer must be torch.optim.SGD (the servers run the
+    optimizer; another is refused) and its values must not change.
     check_finite: a step whose gradients hold inf or nan is skipped and not
     committed (default: when a bucket is 16-bit). device_encode: build each
     bucket's update on its device and, when the plan compresses with top-k,
@@ -526,7 +538,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"update = {update!r}: must be 'delta' or 'gradient'")
         if batch_size < 1:
             raise ValueError(f"batch_size = {batch_size}: must be >= 1")
+        if update == "gradient" and type(optimizer) is not torch.optim.SGD:
+            name = type(optimizer).__name__
+            raise ValueError(f"optimizer = {name}: under update='gradient' the servers run the optimizer "
+                             "(serve(optimizer='sgd', lr=..., momentum=..., weight_decay=..., nesterov=...)) and "
+                             f"{name} would never step; pass torch.optim.SGD with the servers' values, or "
+                             f"update='delta' (servers: optimizer='model_delta') to step {name} on the worker")
         self._inner = optimizer
+        # A real torch.optim.Optimizer (step hooks, state_dict hooks, what
+        # lr schedulers and GradScaler look for), sharing the inner
+        # optimizer's param_groups and state: one set, seen through both.
+        self._initializing = True
+        torch.optim.Optimizer.__init__(self, optimizer.param_groups, optimizer.defaults)
+        self._initializing = False
+        self.param_groups = optimizer.param_groups
+        self.state = optimizer.state
+        self.defaults = optimizer.defaults
+        # GradScaler calls step() itself with what it knows (grad_scaler=
+        # on torch 1.13, grad_scale and found_inf attributes on torch 2)
+        # instead of skipping it: step() unscales and skips, so a scaled
+        # gradient is never committed (docs/torch.md, "Training idioms").
+        self._step_supports_amp_scaling = True
         self._timeout = float(timeout)
         self._policy = Policy.of(policy) if policy is not None else None
         self._compression = _codec_name(compression)
@@ -538,10 +570,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.requires_grad and id(p) not in in_bucket:
                     raise ValueError(f"optimizer parameter of shape {tuple(p.shape)}: not a parameter of the model")
-        # Shared with the local optimizer: LR schedulers, state_dict and GradScaler see one set.
-        self.param_groups = optimizer.param_groups
-        self.state = optimizer.state
-        self.defaults = optimizer.defaults
         self._job = job if job is not None else _job_from_env()
         if self._job.role != "worker":
             raise ValueError(f"job.role = {self._job.role!r}: a DistributedOptimizer runs on a worker "
@@ -549,6 +577,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._overlap = bool(overlap)
         self._in_backward = (self._overlap and update == "gradient") if commit_in_backward is None \
             else bool(commit_in_backward and update == "gradient")
+        # Commits in backward start at the second iteration, once the first
+        # showed that the loop leaves the gradients of backward as they are
+        # until step(): one backward per step (no accumulation without
+        # no_sync), nothing changed in between (clip_grad_norm_, unscale_),
+        # no GradScaler. Any of those turns them off for good (the commit
+        # moves to step()); seen after a commit in backward, it is refused.
+        self._learned = False
+        self._backward_off: Optional[str] = None  # why commits in backward are off
+        self._grad_version: Optional[int] = None  # the gradient storages' versions at the last hook
+        # Under update="gradient" the servers apply their learning rate:
+        # a changed one (an lr scheduler) is refused, not ignored.
+        self._group_values = [_sgd_values(g) for g in optimizer.param_groups] if update == "gradient" else None
         self._check_finite = any(b.dtype != torch.float32 for b in self._buckets) if check_finite is None \
             else bool(check_finite)
         self._tracer = Tracer(path_of(trace, "worker", self._job.rank), "worker", self._job.rank)
@@ -593,6 +633,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for bi, b in enumerate(self._buckets):
             for si, p in enumerate(b.tensors):
                 self._slot_of.setdefault(id(p), []).append((bi, si))
+        self._grad_storages = list({id(b._flat_grads): b._flat_grads for b in self._buckets}.values())
+        self._found_inf: Dict[Any, torch.Tensor] = {}  # per device: the unscale kernel's flag (not read: the scaler's is)
         self._hooks: List[Any] = []
         self._grad_accs: List[Any] = []  # keep the accumulators (and their hooks) alive
         self._install_hooks(model)
@@ -724,10 +766,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p: torch.Tensor):
         slots = self._slot_of[id(p)]
-        name = self._buckets[slots[0][0]].names[slots[0][1]]
+        b0 = self._buckets[slots[0][0]]
+        name = b0.names[slots[0][1]]
+        view = b0.grad_view(slots[0][1])  # the whole parameter's gradient in the buckets
+        ptr = view.data_ptr()
 
         def hook(*_: Any) -> None:
             self.hook_calls[name] += 1
+            g = p.grad
+            if g is None or g.data_ptr() != ptr:
+                # .grad was None (zero_grad(set_to_none=True), torch 2's
+                # default): autograd made a fresh tensor; the bucket is read.
+                with torch.no_grad():
+                    if g is None:
+                        view.zero_()
+                    else:
+                        view.copy_(g)
+                p.grad = view
             # Each bucket the parameter overlaps (its pieces' buckets, in
             # element order): ready when all its parameters are.
             for bi, si in slots:
@@ -735,15 +790,32 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 ex.ready.add(si)
                 if len(ex.ready) == len(ex.bucket.tensors):
                     ex.ready.clear()
-                    if self._in_backward and not self._no_sync:
+                    if self._no_sync:
+                        continue
+                    ex.fills += 1
+                    if ex.fills > 1 and ex.committed:
+                        raise RuntimeError(
+                            f"bucket {bi}: a second backward before step() (gradient accumulation) after the bucket "
+                            "was committed in the first: only the first micro-batch would be trained on. Run the "
+                            "micro-batches before the last under `with opt.no_sync():`, or pass "
+                            "commit_in_backward=False (commits in step())")
+                    if self._in_backward and self._learned and self._backward_off is None:
                         self._bucket_done(bi)
+            self._grad_version = self._grads_version()
         return hook
+
+    def _grads_version(self) -> int:
+        # In-place changes of a gradient storage (or any view of it) count
+        # up its version: the sum says whether anything changed them.
+        return sum(t._version for t in self._grad_storages)
 
     def _make_pre_hook(self, buckets: List[int]):
         def pre_hook(*_: Any) -> None:
             for bi in buckets:
                 self._wait_bucket(bi)
-        return pre_hook
+        # Run eagerly, never traced into a torch.compile graph: a compiled
+        # forward must block here until the pull landed.
+        return _eager(pre_hook)
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -943,24 +1015,39 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ex.arrived.clear()
         self._queue.put(bi)
 
-    def zero_grad(self, set_to_none: bool = False) -> None:
-        """Zeroes the gradient buckets; gradients stay views into them (set_to_none is ignored)."""
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zeroes the gradient buckets; gradients stay views into them
+        (set_to_none is accepted and ignored: a .grad set to None elsewhere,
+        model.zero_grad() on torch 2, is taken back into the bucket by the
+        gradient hook, so either way trains alike)."""
         for b in self._buckets:
             b.attach()
             b.grads.zero_()
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, **kwargs: Any):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         if self._left:
             raise RuntimeError("step() after leave()")
+        scaler = kwargs.pop("grad_scaler", None)  # GradScaler on torch 1.13
+        if kwargs:
+            raise TypeError(f"step() got unexpected keyword arguments {sorted(kwargs)}")
         t_step = self._tracer.now()
         self._tracer.span("compute", "train", self._compute_start, t_step)
+        changed = self._grad_version is not None and self._grads_version() != self._grad_version
         for b in self._buckets:
-            b.attach()
+            changed = b.attach() or changed
+        self._learn(changed, scaler)
+        if self._group_values is not None:
+            for i, g in enumerate(self.param_groups):
+                if _sgd_values(g) != self._group_values[i]:
+                    k = next(k for k, a, b in zip(_SGD_KEYS, _sgd_values(g), self._group_values[i]) if a != b)
+                    raise ValueError(f"param_groups[{i}]['{k}'] = {g.get(k)!r}, was {dict(zip(_SGD_KEYS, self._group_values[i]))[k]!r}: "
+                                     "under update='gradient' the servers apply their own (serve(lr=..., momentum=...)); "
+                                     "an lr scheduler or a changed value needs update='delta'")
         if self._check_finite and not self._skipped_step:
             for b in self._buckets:
                 if not bool(torch.isfinite(b.grads).all()):
@@ -1002,8 +1089,49 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._end_iteration()
         return loss
 
+    def _learn(self, changed: bool, scaler: Any) -> None:
+        """What this iteration's loop did between backward and step():
+        commits in backward stay on only when it did nothing (see
+        _backward_off); a GradScaler's scaled gradients are unscaled here
+        and an overflowing step skipped, as GradScaler.step() does."""
+        found_inf = getattr(self, "found_inf", None)  # set by torch 2's GradScaler.step() around this call
+        scaled = scaler is not None or found_inf is not None
+        fills = max(ex.fills for ex in self._ex)
+        why = ("a GradScaler (its gradients in backward are scaled)" if scaled else
+               "gradient accumulation without no_sync()" if fills > 1 else
+               "gradients changed between backward and step() (clip_grad_norm_, unscale_ ...)" if changed else None)
+        if why is not None:
+            if any(ex.committed for ex in self._ex):
+                raise RuntimeError(f"{why} after buckets were committed in backward with the gradients as backward "
+                                   "left them: pass commit_in_backward=False (commits in step()), or do the same "
+                                   "from the first step on (the first step shows it, and commits then move to step())")
+            self._backward_off = self._backward_off or why
+        self._learned = True
+        if scaled:
+            if scaler is not None:
+                try:
+                    scaler.unscale_(self)
+                except RuntimeError as e:
+                    if "already been called" not in str(e):
+                        raise
+                inf = sum(float(v.item()) for v in scaler._per_optimizer_states[id(self)]["found_inf_per_device"].values())
+            else:
+                scale = getattr(self, "grad_scale", None)  # None: the caller already called unscale_
+                if scale is not None:  # GradScaler.unscale_'s reciprocal and kernel: the same bits
+                    inv = scale.double().reciprocal().float()
+                    for t in self._grad_storages:
+                        found = self._found_inf.get(t.device)
+                        if found is None:
+                            found = self._found_inf[t.device] = torch.zeros(1, dtype=torch.float32, device=t.device)
+                        torch._amp_foreach_non_finite_check_and_unscale_([t], found, inv.to(t.device))
+                inf = float(found_inf.item())
+            if inf:
+                self._skipped_step = True
+
     def _end_iteration(self) -> None:
+        self._grad_version = None
         for ex in self._ex:
+            ex.fills = 0
             ex.committed = False
             ex.added = False
             ex.ready.clear()
@@ -1046,7 +1174,51 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 ex.worker.leave()
 
     def add_param_group(self, param_group: dict) -> None:
+        if getattr(self, "_initializing", False):  # Optimizer.__init__ adds the inner optimizer's groups
+            torch.optim.Optimizer.add_param_group(self, param_group)
+            return
         raise ValueError("add_param_group: the buckets are fixed when the DistributedOptimizer is made")
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The inner optimizer's state and param_groups (torch's format,
+        with this optimizer's state_dict hooks), and under "ashl" this
+        worker's: the update kind, bucket sizes (checked on load),
+        iterations, commits, skipped steps, and whether commits in backward
+        were turned off (and why). The parameters themselves are the
+        servers' (their checkpoints; docs/checkpoints.md)."""
+        sd = torch.optim.Optimizer.state_dict(self)
+        sd["ashl"] = {"update": self._update, "buckets": [b.size for b in self._buckets],
+                      "iterations": self.iterations, "commits": self.commits, "skipped": self.skipped,
+                      "learned": self._learned, "backward_off": self._backward_off}
+        return sd
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Loads what state_dict() returned into the inner optimizer (and
+        this one: they share one state); a state_dict of another update kind
+        or other buckets is refused by name. One without "ashl" (the inner
+        optimizer's own) loads the inner state only."""
+        sd = dict(state_dict)
+        mine = sd.pop("ashl", None)
+        if mine is not None:
+            if mine.get("update") != self._update:
+                raise ValueError(f"state_dict['ashl']['update'] = {mine.get('update')!r}: this optimizer's is "
+                                 f"{self._update!r}")
+            sizes = [b.size for b in self._buckets]
+            if list(mine.get("buckets", [])) != sizes:
+                raise ValueError(f"state_dict['ashl']['buckets'] = {mine.get('buckets')}: this optimizer's buckets "
+                                 f"hold {sizes} elements (another model, bucket_cap_mb or partition_mb)")
+        torch.optim.Optimizer.load_state_dict(self, sd)  # new state and groups (this optimizer's hooks run)
+        self._inner.__setstate__({"state": self.state, "param_groups": self.param_groups})
+        self.state = self._inner.state
+        self.param_groups = self._inner.param_groups
+        if self._group_values is not None:
+            self._group_values = [_sgd_values(g) for g in self.param_groups]
+        if mine is not None:
+            self.iterations = int(mine.get("iterations", self.iterations))
+            self.commits = int(mine.get("commits", self.commits))
+            self.skipped = int(mine.get("skipped", self.skipped))
+            self._learned = bool(mine.get("learned", self._learned))
+            self._backward_off = mine.get("backward_off", self._backward_off)
 
     def __enter__(self) -> "DistributedOptimizer":
         return self
@@ -1057,6 +1229,29 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __repr__(self) -> str:
         return (f"DistributedOptimizer({self._inner!r}, update={self._update!r}, buckets={len(self._buckets)}, "
                 f"plan={self.plan})")
+
+
+# The SGD values the servers apply under update="gradient" (the worker's
+# copies must not change while it trains).
+_SGD_KEYS = ("lr", "momentum", "weight_decay", "nesterov", "dampening")
+
+
+def _sgd_values(group: dict) -> Tuple[Any, ...]:
+    return tuple(group.get(k) for k in _SGD_KEYS)
+
+
+def _eager(fn: Callable) -> Callable:
+    """fn, never traced by torch.compile (dynamo graph-breaks around it and
+    runs it as Python): torch.compiler.disable on torch >= 2.1,
+    torch._dynamo.disable on 2.0; fn itself on torch 1.x."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    if disable is None:
+        try:
+            import torch._dynamo as dynamo  # noqa: F401 (torch 2.0)
+            disable = dynamo.disable
+        except ImportError:
+            return fn
+    return disable(fn)
 
 
 class Servers:

@@ -6,8 +6,8 @@
 // and hands this module plain float32 buffers (numpy views of the buckets,
 // or of their float32 staging), so the module needs no libtorch headers and
 // no torch ABI: it works
-// with whichever torch the interpreter imports (LESSONS.md, "Integrate
-// through plain buffers and a thin adapter").
+// with whichever torch the interpreter imports, and a torch upgrade does
+// not break it (docs/torch.md, "Python").
 //
 // Errors at the boundary are Python exceptions carrying ashl's message
 // ("worker.timeout_ms = 300: passed while ..."): invalid arguments raise
