@@ -1,6 +1,8 @@
 """Builds ashl._ashl (and the native ashl-run) with CMake for `pip install .`;
 the metadata (and the console script ashl-run -> ashl.run:main) is in
-pyproject.toml. Environment: ASHL_CMAKE_ARGS (extra configure arguments,
+pyproject.toml. CMake finds the pybind11 of this interpreter first
+(cmake/ashlPybind11.cmake: Python_EXECUTABLE is sys.executable, the
+interpreter pip runs this with) and fails naming what is missing. Environment: ASHL_CMAKE_ARGS (extra configure arguments,
 space-separated), ASHL_BUILD_JOBS (parallel build jobs, default 2),
 ASHL_PREBUILT (a package directory an earlier build made, such as
 build/release/python/ashl: its module and bin/ashl-run are copied instead of
@@ -30,16 +32,21 @@ class CMakeBuild(build_ext):
         if prebuilt:
             self.copy_prebuilt(Path(prebuilt), package_dir, Path(self.get_ext_fullpath(ext.name)).name)
             return
+        cmake = shutil.which("cmake")
+        if cmake is None:
+            # pip fetches cmake itself when it builds in isolation
+            # (python/backend); --no-build-isolation leaves it to the machine.
+            raise SystemExit("ashl: cmake (3.24 or later) is not on PATH: pip install cmake, or apt-get install cmake")
         build_dir = Path(self.build_temp).resolve() / "cmake"
         build_dir.mkdir(parents=True, exist_ok=True)
-        configure = ["cmake", "-S", str(ROOT / "python"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+        configure = [cmake, "-S", str(ROOT / "python"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
                      f"-DPython_EXECUTABLE={sys.executable}", f"-DASHL_PYTHON_PACKAGE_DIR={package_dir}"]
         if shutil.which("ninja"):
             configure += ["-G", "Ninja"]
         configure += shlex.split(os.environ.get("ASHL_CMAKE_ARGS", ""))
         subprocess.run(configure, check=True)
         jobs = os.environ.get("ASHL_BUILD_JOBS", "2")
-        subprocess.run(["cmake", "--build", str(build_dir), "--target", "ashl_python", "-j", jobs], check=True)
+        subprocess.run([cmake, "--build", str(build_dir), "--target", "ashl_python", "-j", jobs], check=True)
 
     @staticmethod
     def copy_prebuilt(src: Path, package_dir: Path, module_name: str) -> None:

@@ -5,7 +5,7 @@ set -euo pipefail
 ashl_packages=(cmake ninja-build g++ clang libclang-rt-14-dev libboost-test-dev zlib1g-dev
                nlohmann-json3-dev libucx-dev ucx-utils libssl-dev dataset-fashion-mnist gnuplot-nox iproute2
                libopenmpi-dev openmpi-bin libtorch-dev python3-torch python3-numpy python3-dev pybind11-dev
-               python3-pytest python3-pip)
+               python3-pytest python3-pip python3-venv)
 missing=()
 for p in "${ashl_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

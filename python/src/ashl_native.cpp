@@ -35,6 +35,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -821,10 +822,36 @@ class py_update_builder {
   ashl::adapt::update_builder b_;
 };
 
+// The pybind11 this module was built with, for diagnostics and the install
+// tests: the build prefers the interpreter's own (cmake/ashlPybind11.cmake).
+constexpr const char* pybind11_version_string =
+    PYBIND11_TOSTRING(PYBIND11_VERSION_MAJOR) "." PYBIND11_TOSTRING(PYBIND11_VERSION_MINOR) "." PYBIND11_TOSTRING(
+        PYBIND11_VERSION_PATCH);
+
+// pybind11 before 2.12 reads a numpy dtype descriptor with numpy 1's layout;
+// numpy 2 moved the item size in it, so under numpy 2 such a module would
+// refuse every float32 buffer as "not float32" (or read the wrong sizes).
+// The build refuses that pair; this catches numpy upgraded under a built
+// module, at import, with the fix in the message. Newer pybind11 reads both
+// numpy 1 and numpy 2 at run time, so nothing is checked there.
+void refuse_numpy_it_cannot_read() {
+#if PYBIND11_VERSION_HEX < 0x020C0000
+  if (py::module_::import("importlib.util").attr("find_spec")("numpy").is_none()) return;
+  const auto numpy_version = py::module_::import("numpy").attr("__version__").cast<std::string>();
+  if (std::atoi(numpy_version.c_str()) < 2) return;  // the major version: numpy 1 is what it reads
+  throw py::import_error(std::string("ashl._ashl was built with pybind11 ") + pybind11_version_string +
+                         ", which cannot read numpy " + numpy_version +
+                         "'s arrays; rebuild it with pybind11 >= 2.12 (pip install 'pybind11>=2.12'; pip install .) "
+                         "or install numpy < 2 (docs/torch.md)");
+#endif
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_ashl, m) {
+  refuse_numpy_it_cannot_read();
   m.doc() = "ashl's runtime: parameter-server workers and servers over UCX or in-process (docs/torch.md)";
+  m.attr("pybind11_version") = pybind11_version_string;
   m.attr("has_ucx") = static_cast<bool>(ASHL_HAS_UCX());
 
   m.def("job_from", &job_from, py::arg("argv") = std::vector<std::string>{},

@@ -5,6 +5,7 @@ token in the environment only. Offline: pip installs from a copy of the
 package's sources with --no-build-isolation --no-index, and setup.py takes
 the module this test suite runs against (ASHL_PREBUILT) instead of
 compiling it again."""
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -20,7 +21,17 @@ PREBUILT = os.path.dirname(os.path.abspath(ashl.__file__))
 
 
 def _missing():
-    missing = [m for m in ("pip", "setuptools", "wheel") if importlib.util.find_spec(m) is None]
+    # setuptools 70.1 and later build wheels themselves (the torch 2.x venv's);
+    # Debian's 66 needs the wheel package.
+    # (read from its metadata: importing setuptools here would replace distutils).
+    needed = ["pip", "setuptools"]
+    try:
+        setuptools_version = tuple(int(x) for x in importlib.metadata.version("setuptools").split(".")[:2])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        setuptools_version = (0, 0)
+    if setuptools_version < (70, 1):
+        needed.append("wheel")
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
         return f"{sys.executable} has no {', '.join(missing)} (python3-pip python3-setuptools python3-wheel)"
     if not os.access(os.path.join(PREBUILT, "bin", "ashl-run"), os.X_OK):
@@ -36,8 +47,9 @@ def installed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("install")
     src, target = tmp / "src", tmp / "target"
     (src / "python" / "ashl").mkdir(parents=True)
+    (src / "python" / "backend").mkdir()
     (src / "docs").mkdir()
-    for f in ("pyproject.toml", "setup.py"):
+    for f in ("pyproject.toml", "setup.py", "python/backend/ashl_backend.py"):
         shutil.copy2(os.path.join(ROOT, f), src / f)
     shutil.copy2(os.path.join(ROOT, "docs", "torch.md"), src / "docs" / "torch.md")
     for f in os.listdir(os.path.join(ROOT, "python", "ashl")):
