@@ -461,7 +461,6 @@ class worker {
   // keep a stable address when the worker moves.
   struct state {
     worker_params p;
-    Transport t;
     std::span<float> params;
     shard_layout layout;
     std::vector<transport::peer_id> peer;  // per server
@@ -516,15 +515,23 @@ class worker {
     mutable std::mutex mu;
     std::thread progress;
     std::atomic<bool> stop{false};
+    // Last: destroyed first. Its destructor still drives the engine (the
+    // closes' flush), which goes on writing a reply in transfer into the
+    // receive buffer it was given (staged, spill) and reading the sends in
+    // flight (slots, enc): those must outlive it. Declared before them, a
+    // worker dropped while a server's large reply was arriving had the
+    // reply written into its freed staging buffer (issue 44, item 3;
+    // test/ps/worker_drop.cpp). The server keeps the same order (t_).
+    Transport t;
 
     state(worker_params wp, Transport tr, std::span<float> w, shard_layout l)
         : p(std::move(wp)),
-          t(std::move(tr)),
           params(w),
           layout(l),
           encoder({.error_feedback = p.error_feedback, .seed = p.seed}),
           cycle(p.rank, report_rule{.interval = std::chrono::duration<double>(p.measurement_interval).count(),
-                                    .batch = p.measurement_batch}) {
+                                    .batch = p.measurement_batch}),
+          t(std::move(tr)) {
       const std::size_t S = p.servers.size();
       peer.assign(S, transport::no_peer);
       connected.assign(S, 0);
