@@ -148,15 +148,28 @@ ashl::status parse(const std::vector<std::string>& a, options& o) {
       const std::string v = value();
       const auto colon = v.find(':');
       if (colon == std::string::npos) return ashl::invalid_argument("--slow", v, "expected RANK:MS");
-      o.slow_rank = std::atoi(v.substr(0, colon).c_str());
-      o.slow_ms = std::atoi(v.substr(colon + 1).c_str());
+      // Whole numbers in range, never atoi's wrap (issue 44, item 6).
+      auto rank = ashl::ps::detail::parse_count("--slow RANK", v.substr(0, colon), 0, ashl::ps::max_workers - 1,
+                                                "ps::max_workers - 1");
+      if (!rank) return rank.error();
+      auto ms = ashl::ps::detail::parse_count("--slow MS", v.substr(colon + 1), 0, 3600 * 1000, "an hour");
+      if (!ms) return ms.error();
+      o.slow_rank = static_cast<int>(*rank);
+      o.slow_ms = static_cast<int>(*ms);
+    } else if (f == "--dim" || f == "--cycles" || f == "--print-every") {
+      // Counts: whole numbers in range (a double cast to an integer past
+      // its range is undefined); a model of at most wire::limits' elements.
+      const std::string& v = value();
+      auto n = f == "--dim" ? ashl::ps::detail::parse_count(f, v, 1) : ashl::ps::detail::parse_count(f, v, 0, 0x7fffffff);
+      if (!n) return n.error();
+      if (f == "--dim") o.dim = *n;
+      else if (f == "--cycles") o.cycles = static_cast<int>(*n);
+      else o.print_every = std::max(1, static_cast<int>(*n));
     } else if (std::isnan(x = number(value()))) {
       return ashl::invalid_argument(f, a[i], "expected a number after " + f);
-    } else if (f == "--dim") o.dim = static_cast<std::size_t>(x);
-    else if (f == "--cycles") o.cycles = static_cast<int>(x);
+    }
     else if (f == "--lr") o.lr = x;
     else if (f == "--expect-loss-below") o.expect_loss_below = x;
-    else if (f == "--print-every") o.print_every = std::max(1, static_cast<int>(x));
     else if (f == "--checkpoint-every") o.checkpoint_every = x;
     else if (f == "--worker-timeout") o.worker_timeout = x;
     else if (f == "--reconnect") o.reconnect = x;
@@ -167,10 +180,11 @@ ashl::status parse(const std::vector<std::string>& a, options& o) {
   if (o.dim == 0) return ashl::invalid_argument("--dim", 0, "must be >= 1");
   if (o.restore && o.checkpoint_dir.empty()) return ashl::invalid_argument("--restore", "", "needs --checkpoint-dir");
   if (!(o.timeout > 0)) return ashl::invalid_argument("--timeout", o.timeout, "must be > 0 seconds");
-  if (!(o.max_incarnation_ahead >= 0) || o.max_incarnation_ahead > 1e12)
-    return ashl::invalid_argument("--max-incarnation-ahead", o.max_incarnation_ahead, "must be in [0, 1e12] seconds");
-  if (!(o.worker_timeout >= 0) || !(o.reconnect >= 0) || !(o.checkpoint_every >= 0))
-    return ashl::invalid_argument("--worker-timeout/--reconnect/--checkpoint-every", "", "must be >= 0 seconds");
+  // Every duration within ps::max_duration_seconds (a deadline now + it cannot wrap).
+  for (auto [name, v] : {std::pair{"--max-incarnation-ahead", o.max_incarnation_ahead},
+                         std::pair{"--worker-timeout", o.worker_timeout}, std::pair{"--reconnect", o.reconnect},
+                         std::pair{"--checkpoint-every", o.checkpoint_every}, std::pair{"--timeout", o.timeout}})
+    if (auto d = ashl::ps::checked_millis(name, v); !d) return d.error();
   return {};
 }
 
@@ -198,7 +212,7 @@ int serve(const ps::job& j, const options& o) {
                 .allow_non_finite = o.allow_non_finite,
                 .max_commit_samples = o.max_commit_samples},
        .progress_seconds = j.progress_seconds,
-       .worker_timeout = std::chrono::milliseconds(static_cast<long>(o.worker_timeout * 1000)),
+       .worker_timeout = *ashl::ps::checked_millis("--worker-timeout", o.worker_timeout),
        .no_worker_grace = std::chrono::milliseconds(static_cast<long>(j.no_worker_grace_seconds * 1000)),
        .checkpoint_dir = o.checkpoint_dir,
        .checkpoint_every_seconds = o.checkpoint_every,
@@ -243,9 +257,9 @@ int train(const ps::job& j, const options& o) {
                                          .servers = j.server_addresses,
                                          .batch = 32,
                                          .job = ps::job_id_of(j, o.dim),
-                                         .timeout = std::chrono::milliseconds(static_cast<long>(o.timeout * 1000)),
+                                         .timeout = *ashl::ps::checked_millis("--timeout", o.timeout),
                                          .progress_seconds = j.progress_seconds,
-                                         .reconnect = std::chrono::milliseconds(static_cast<long>(o.reconnect * 1000))},
+                                         .reconnect = *ashl::ps::checked_millis("--reconnect", o.reconnect)},
                                         std::move(*t), w);
   if (!wk) return fail(wk.error().message());
   std::uint64_t noise = 0x9e3779b97f4a7c15ull * (j.rank + 1);

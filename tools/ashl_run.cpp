@@ -59,8 +59,8 @@ namespace ps = ashl::ps;
 constexpr const char* usage_text =
     "usage: ashl-run -s S -w M [--addr HOST:PORT] [--ports-per-server K] [--insecure]\n"
     "                [--timeout SECONDS] [--grace SECONDS] [--verbose] [--trace PATH] -- program [args...]\n"
-    "  -s, --servers S    number of servers (>= 1)\n"
-    "  -w, --workers M    number of workers (>= 1)\n"
+    "  -s, --servers S    number of servers (1 .. 1024)\n"
+    "  -w, --workers M    number of workers (1 .. 65536)\n"
     "  --addr HOST:PORT   server 0's address (server i: port + i), or every server's, comma-separated;\n"
     "                     default: a block of free consecutive ports on 127.0.0.1\n"
     "  --ports-per-server K  ports reserved per server in that block (default 16): a process with\n"
@@ -131,7 +131,11 @@ int parse(int argc, char** argv, options& o) {
     }
     const std::string f(flag);
     if (flag == "-s" || flag == "--servers" || flag == "-w" || flag == "--workers") {
-      auto n = ps::detail::parse_count(f, value, 1);
+      // The job's own bounds (ps/job_limits.hpp): job_from refuses more in
+      // every process, and the process count below cannot wrap.
+      const bool s = flag == "-s" || flag == "--servers";
+      auto n = ps::detail::parse_count(f, value, 1, s ? ps::max_servers : ps::max_workers,
+                                       s ? "ps::max_servers" : "ps::max_workers");
       if (!n) return usage_error(n.error().message());
       (flag == "-s" || flag == "--servers" ? o.servers : o.workers) = *n;
       (flag == "-s" || flag == "--servers" ? servers_set : workers_set) = true;
@@ -407,7 +411,9 @@ int main(int argc, char** argv) {
   args.push_back(nullptr);
 
   const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  std::vector<process> procs(o.servers + o.workers);
+  // Within the bounds parse() checked: no 32-bit sum wraps (4294967295
+  // workers and one server once made an empty job that exited 0).
+  std::vector<process> procs(std::size_t{o.servers} + std::size_t{o.workers});
   if (o.verbose)
     say("starting " + std::to_string(o.servers) + " server(s) and " + std::to_string(o.workers) +
         " worker(s) of '" + o.program[0] + "'; ASHL_SERVER_ADDR=" + server_addr +
@@ -427,10 +433,10 @@ int main(int argc, char** argv) {
     }
   };
 
-  for (std::uint32_t i = 0; i < procs.size(); ++i) {
+  for (std::size_t i = 0; i < procs.size(); ++i) {
     auto& p = procs[i];
     const bool server = i < o.servers;
-    const std::uint32_t rank = server ? i : i - o.servers;
+    const std::size_t rank = server ? i : i - o.servers;
     p.label = std::string(server ? "server " : "worker ") + std::to_string(rank);
     p.prefix = "[" + p.label + "] ";
     std::vector<std::string> env = base_env;

@@ -145,17 +145,23 @@ def launcher_flags(env: Optional[Mapping[str, str]] = None) -> tuple:
     else:
         return [], "none"
 
-    def count(var: str) -> int:
+    def count(var: str, most: int, bound: str) -> int:
         try:
             v = int(env[var])
         except ValueError:
             raise ValueError(f"{var} = '{env[var]}': expected a non-negative integer") from None
         if v < 0:
             raise ValueError(f"{var} = '{env[var]}': expected a non-negative integer")
+        if v > most:  # before anything is sized by it (a list of addresses, below)
+            raise ValueError(f"{var} = '{env[var]}': must be at most {most} ({bound})")
         return v
 
-    rank, world = count(rank_var), count(world_var)
-    servers = count("ASHL_NUM_SERVERS") if env.get("ASHL_NUM_SERVERS") else 1
+    # A process count bounds its ranks: at most every server and worker of a job.
+    most_processes = _ashl.MAX_WORKERS + _ashl.MAX_SERVERS
+    rank = count(rank_var, most_processes - 1, "ps::max_workers + ps::max_servers - 1")
+    world = count(world_var, most_processes, "ps::max_workers + ps::max_servers")
+    servers = (count("ASHL_NUM_SERVERS", _ashl.MAX_SERVERS, "ps::max_servers")
+               if env.get("ASHL_NUM_SERVERS") else 1)
     if servers < 1:
         raise ValueError(f"ASHL_NUM_SERVERS = '{servers}': must be >= 1")
     if world <= servers:
@@ -175,7 +181,7 @@ def launcher_flags(env: Optional[Mapping[str, str]] = None) -> tuple:
             host = _first_host(nodes) if nodes else None
         if not host:
             raise ValueError(f"MASTER_ADDR is not set: {source} needs it (or ASHL_SERVER_ADDR) to find server 0")
-        base = count("MASTER_PORT") if env.get("MASTER_PORT") else 29500
+        base = count("MASTER_PORT", 65535, "a TCP port") if env.get("MASTER_PORT") else 29500
         addrs = [f"{host}:{base + DEFAULT_SERVER_PORT_OFFSET + i}" for i in range(servers)]
         flags += ["--server-addr", ",".join(addrs)]
     return flags, source

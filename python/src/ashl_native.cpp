@@ -73,10 +73,12 @@ void check(const ashl::status& s) {
   if (!s) raise(s);
 }
 
+// Seconds from Python as milliseconds, within ps::max_duration_seconds
+// (timeout=1e300 was an out-of-range llround: a timeout of -2^63 ms).
 std::chrono::milliseconds millis(double seconds, const char* field) {
-  if (!(seconds >= 0.0) || !std::isfinite(seconds))
-    raise(ashl::invalid_argument(field, seconds, "must be >= 0 seconds and finite"));
-  return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(seconds * 1000.0)));
+  auto d = ps::checked_millis(field, seconds);
+  if (!d) raise(d.error());
+  return *d;
 }
 
 // A 1-D float32 array the module writes into or reads from in place: the
@@ -307,7 +309,7 @@ class py_worker {
             double timeout, std::uint64_t seed, bool error_feedback, double link_bytes_per_second, double reconnect,
             double progress_seconds, std::string token, bool insecure, bool verbose, std::optional<fabric> inproc,
             std::uint64_t incarnation, std::uint64_t job, bool follower, py::object link,
-            std::uint64_t commit_part_bytes, std::uint32_t commit_window)
+            std::uint64_t commit_part_bytes, std::uint32_t commit_window, bool allow_non_finite)
       : link_(std::move(link)), params_obj_(parameters) {
     const auto w = buffer_of(parameters, "parameters", true);
     ps::worker_params p{.rank = rank,
@@ -324,6 +326,7 @@ class py_worker {
                         .follower = follower};
     p.commit_part_bytes = commit_part_bytes;  // refused by name by worker::create (0, or >= 4096)
     p.commit_window = commit_window;          // likewise (1 .. wire::max_parts_in_flight)
+    p.allow_non_finite = allow_non_finite;    // the servers' (ps/commit_check.hpp: a commit is checked whole)
     if (!link_.is_none()) {
       if (!PyCallable_Check(link_.ptr()))
         raise(ashl::invalid_argument("worker.link", py::str(py::type::of(link_)).cast<std::string>(),
@@ -853,6 +856,10 @@ PYBIND11_MODULE(_ashl, m) {
   m.doc() = "ashl's runtime: parameter-server workers and servers over UCX or in-process (docs/torch.md)";
   m.attr("pybind11_version") = pybind11_version_string;
   m.attr("has_ucx") = static_cast<bool>(ASHL_HAS_UCX());
+  // The job's bounds (ps/job_limits.hpp), for the Python launcher's checks.
+  m.attr("MAX_WORKERS") = ps::max_workers;
+  m.attr("MAX_SERVERS") = ps::max_servers;
+  m.attr("MAX_DURATION_SECONDS") = ps::max_duration_seconds;
 
   m.def("job_from", &job_from, py::arg("argv") = std::vector<std::string>{},
         "The runtime contract (ASHL_ROLE, ASHL_RANK, ...; flags in argv win) as a dict");
@@ -886,14 +893,14 @@ PYBIND11_MODULE(_ashl, m) {
   py::class_<py_worker>(m, "Worker", "ps::worker: commits a flat float32 buffer and pulls into another")
       .def(py::init<py::array, std::vector<std::string>, std::uint32_t, std::uint32_t, double, std::uint64_t, bool,
                     double, double, double, std::string, bool, bool, std::optional<fabric>, std::uint64_t,
-                    std::uint64_t, bool, py::object, std::uint64_t, std::uint32_t>(),
+                    std::uint64_t, bool, py::object, std::uint64_t, std::uint32_t, bool>(),
            py::arg("parameters"), py::arg("servers"), py::arg("rank") = 0, py::arg("batch") = 1,
            py::arg("timeout") = 30.0, py::arg("seed") = 0, py::arg("error_feedback") = true,
            py::arg("link_bytes_per_second") = 0.0, py::arg("reconnect") = 0.0, py::arg("progress_seconds") = 0.0,
            py::arg("token") = "", py::arg("insecure") = false, py::arg("verbose") = false,
            py::arg("fabric") = std::nullopt, py::arg("incarnation") = 0, py::arg("job") = 0,
            py::arg("follower") = false, py::arg("link") = py::none(), py::arg("commit_part_bytes") = 0,
-           py::arg("commit_window") = 4)
+           py::arg("commit_window") = 4, py::arg("allow_non_finite") = false)
       .def("iteration_done", &py_worker::iteration_done)
       .def_property_readonly("compresses", &py_worker::compresses,
                              "whether this cycle's commit is compressed (known once iteration_done said true)")

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -173,6 +174,48 @@ BOOST_AUTO_TEST_CASE(errors_name_the_variable_or_flag_and_the_value) {
              "ASHL_RANK is not set: set it (or pass --rank) to this worker's rank, 0..3");
   ::unsetenv("ASHL_ROLE");
   BOOST_TEST(error_of(parse({})) == "ASHL_ROLE is not set: set it (or pass --role) to server or worker");
+}
+
+// Issue 44, item 6: counts and durations past their named bounds are
+// refused by name, never wrapped or taken (ASHL_NUM_WORKERS=100000000 made
+// a server abort with std::bad_alloc sizing its per-worker tables).
+BOOST_AUTO_TEST_CASE(counts_and_durations_past_their_bounds_are_refused_by_name) {
+  env_guard env{{"ASHL_ROLE", "server"}, {"ASHL_TOKEN", "a-token-of-some-length"}, {"ASHL_SERVER_ADDR", "h:1"}};
+  BOOST_TEST(parse({"--num-workers", "65536"}).has_value());
+  BOOST_TEST(error_of(parse({"--num-workers", "65537"})) ==
+             "--num-workers = '65537': must be at most 65536 (ps::max_workers)");
+  ::setenv("ASHL_NUM_WORKERS", "100000000", 1);
+  BOOST_TEST(error_of(parse({})) == "ASHL_NUM_WORKERS = '100000000': must be at most 65536 (ps::max_workers)");
+  BOOST_TEST(error_of(parse({"--num-workers", "4294967295"})) ==
+             "--num-workers = '4294967295': must be at most 65536 (ps::max_workers)");
+  // Past 2^32: refused as past the bound, not read modulo 2^32 (nor as garbage).
+  BOOST_TEST(error_of(parse({"--num-workers", "4294967297"})) ==
+             "--num-workers = '4294967297': must be at most 65536 (ps::max_workers)");
+  BOOST_TEST(error_of(parse({"--num-workers", "99999999999999999999999"})) ==
+             "--num-workers = '99999999999999999999999': must be at most 65536 (ps::max_workers)");
+  ::unsetenv("ASHL_NUM_WORKERS");
+  BOOST_TEST(error_of(parse({"--num-servers", "1025", "--rank", "0", "--server-addr", "h:1"})) ==
+             "--num-servers = '1025': must be at most 1024 (ps::max_servers)");
+  BOOST_TEST(error_of(parse({"--rank", "4294967296"})) == "--rank = '4294967296': must be at most 4294967295");
+  BOOST_TEST(error_of(parse({"--progress", "1e300"})) ==
+             "--progress = '1e300': must be at most 1000000000 seconds (ps::max_duration_seconds)");
+  BOOST_TEST(error_of(parse({"--no-worker-grace", "inf"})) ==
+             "--no-worker-grace = 'inf': expected a number of seconds >= 0");
+  BOOST_TEST(error_of(parse({"--progress", "nan"})) == "--progress = 'nan': expected a number of seconds >= 0");
+  ::setenv("ASHL_TOKEN", "a-token-of-some-length", 1);  // job_from took it out of the environment
+  BOOST_TEST(parse({"--progress", "1e9"}).has_value());
+  // The address list's own count, from a C++ caller.
+  auto none = ps::server_addresses_from("h:1", 0, "addr", "servers");
+  BOOST_REQUIRE(!none);
+  BOOST_TEST(none.error().message() == "servers = 0: must be in 1..1024 (ps::max_servers)");
+  BOOST_TEST(!ps::server_addresses_from("h:1", 4294967295u, "addr", "servers"));
+  auto d = ps::checked_millis("worker.timeout", 1e300);
+  BOOST_REQUIRE(!d);
+  BOOST_TEST(d.error().message().find("worker.timeout") != std::string::npos, d.error().message());
+  BOOST_TEST(d.error().message().find("ps::max_duration_seconds") != std::string::npos, d.error().message());
+  BOOST_TEST(ps::checked_millis("t", 1.5).value().count() == 1500);
+  BOOST_TEST(!ps::checked_millis("t", -1.0));
+  BOOST_TEST(!ps::checked_millis("t", std::numeric_limits<double>::quiet_NaN()));
 }
 
 BOOST_AUTO_TEST_CASE(host_port_parsing) {

@@ -221,6 +221,20 @@ BOOST_AUTO_TEST_CASE(create_refuses_bad_parameters) {
       sync::asp{{.workers = 1}});
   BOOST_REQUIRE(!bad_opt.has_value());
   BOOST_TEST(bad_opt.error().message() == "optimizer.momentum = 0.9: applies to sgd only (model_delta adds the deltas)");
+  // Issue 44, item 6: a worker count past ps::max_workers is refused by
+  // name before any per-worker table is sized (a server aborted with
+  // std::bad_alloc at 100,000,000), by the core and by make_policy.
+  auto too_many = ps::server_core<sync::asp>::create({.layout = layout(4), .workers = 100000000},
+                                                     sync::asp{{.workers = 1}});
+  BOOST_REQUIRE(!too_many.has_value());
+  BOOST_TEST(too_many.error().message() == "server_core.workers = 100000000: must be at most 65536 (ps::max_workers)");
+  ps::policy_params pp{};
+  pp.workers = 100000000;
+  auto policy = ps::make_policy("bsp", pp);
+  BOOST_REQUIRE(!policy.has_value());
+  BOOST_TEST(policy.error().message() == "bsp.workers = 100000000: must be at most 65536 (ps::max_workers)");
+  pp.workers = ps::max_workers;
+  BOOST_TEST(ps::make_policy("asp", pp).has_value());
 }
 
 // --------------------------------------------------------- exact values: ASP

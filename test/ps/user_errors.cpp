@@ -115,4 +115,16 @@ BOOST_AUTO_TEST_CASE(a_model_of_another_size_is_named) {
   BOOST_TEST(o.log().find("a model of 1000 elements, 1 workers, 1 servers") != std::string::npos, o.log());
 }
 
+// Issue 44, item 6: a worker count past ps::max_workers aborted a server
+// with an uncaught std::bad_alloc (its per-worker tables sized by it); it is
+// refused by name before anything is sized, with a clean exit status.
+BOOST_AUTO_TEST_CASE(a_worker_count_past_the_bound_is_named_not_an_abort) {
+  env_t e = contract("server", addr_of(process::free_port()), "user-errors-test-token");
+  for (auto& [k, v] : e)
+    if (k == "ASHL_NUM_WORKERS") v = "100000000";
+  expect_failure("too-many-workers", e, {}, "ASHL_NUM_WORKERS = '100000000': must be at most 65536 (ps::max_workers)");
+  process::outcome o{.log_path = dir + "/too-many-workers.log"};
+  BOOST_TEST(o.log().find("bad_alloc") == std::string::npos, o.log());
+}
+
 #endif

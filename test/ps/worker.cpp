@@ -990,3 +990,32 @@ BOOST_AUTO_TEST_CASE(a_part_size_below_4096_is_refused_by_name) {
   ASHL_TEST(contains(srv.error().message(), "server.reply_part_bytes = 4095: must be 0 (one message) or >= 4096"),
             srv.error().message());
 }
+
+// Issue 44, item 6: durations and counts a caller gives are bounded by
+// name (ps/job_limits.hpp), before any deadline is computed from them.
+BOOST_AUTO_TEST_CASE(durations_and_server_counts_past_their_bounds_are_refused_by_name) {
+  auto fabric = tr::inproc_fabric::create({});
+  std::vector<float> w(8, 0.0f);
+  auto refused = [&](ps::worker_params p) {
+    auto wk = ps::worker<tr::inproc>::create(std::move(p), node_of(fabric), w);
+    BOOST_REQUIRE(!wk.has_value());
+    return wk.error().message();
+  };
+  using std::chrono::milliseconds;
+  ASHL_TEST(contains(refused({.servers = {"s"}, .timeout = milliseconds(std::int64_t{1} << 62)}),
+                     "worker.timeout_ms = 4611686018427387904: must be at most 1000000000 seconds"));
+  ASHL_TEST(contains(refused({.servers = {"s"}, .reconnect = milliseconds(std::int64_t{1} << 62)}),
+                     "worker.reconnect_ms = 4611686018427387904: must be at most 1000000000 seconds"));
+  ASHL_TEST(contains(refused({.servers = {"s"}, .progress_seconds = 1e300}), "worker.progress_seconds"));
+  ASHL_TEST(contains(refused({.servers = std::vector<std::string>(1025, "s")}),
+                     "worker.servers = 1025: must be at most 1024 addresses (ps::max_servers)"));
+  auto layout = ps::shard_layout::even(100, 1);
+  ps::policy_params pp;
+  pp.workers = 1;
+  auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = 1},
+                                             .worker_timeout = milliseconds(std::int64_t{1} << 62)},
+                                            std::move(*ps::make_policy("asp", pp)), node_of(fabric));
+  ASHL_REQUIRE(!srv.has_value());
+  ASHL_TEST(contains(srv.error().message(), "server.worker_timeout_ms = 4611686018427387904: must be at most"),
+            srv.error().message());
+}

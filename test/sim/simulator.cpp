@@ -509,6 +509,38 @@ BOOST_AUTO_TEST_CASE(a_refused_commit_stops_the_run_with_the_servers_error) {
   BOOST_TEST(r.end_time == 0.01, tolerance(1e-9));
 }
 
+// Issue 44, item 5, the simulator's side of the one rule: a NaN in server
+// 1's part refuses the commit on both servers before any part is sent (as
+// ps::worker does, ps/commit_check.hpp); before, server 0 applied its half.
+BOOST_AUTO_TEST_CASE(a_poisoned_part_refuses_the_whole_commit_before_any_server_applies) {
+  constexpr std::uint64_t n = 6;  // server 0: [0, 3), server 1: [3, 6)
+  auto spec = cluster({worker(0.01)}, 4 * n, 0, {server(), server()});
+  std::array<std::vector<std::byte>, 2> buf;
+  sim::hooks h;
+  h.compute = [&](const sim::compute_request& q, std::span<sim::shard_payload> out) {
+    for (std::uint32_t k = 0; k < out.size(); ++k) {
+      const auto r = q.layout->range(k);
+      std::vector<float> delta(r.size(), 1.0f);
+      if (k == 1) delta[1] = std::numeric_limits<float>::quiet_NaN();
+      buf[k].resize(4 * r.size());
+      auto used = ashl::compress::identity{}.encode(ashl::host_view<const float>(delta.data(), delta.size()), buf[k], {});
+      BOOST_REQUIRE(used.has_value());
+      out[k] = {.codec = ashl::codec_id::identity, .element_count = r.size(), .bytes = {buf[k].data(), *used}};
+    }
+  };
+  const std::vector<float> w0(n, 0.5f);
+  auto s = make(spec, policy("asp", 1), h, {.elements = n, .initial = w0});
+  auto r = s.run({.commits_per_worker = 3});
+  BOOST_TEST(r.error ==
+             "worker 0's commit refused: commit.payload[1] = nan: a non-finite value in server 1's part (element 4 "
+             "of the model); the commit is refused whole, no part of it was sent to any server (allow_non_finite "
+             "accepts it)");
+  BOOST_TEST(r.refused == 0u);
+  BOOST_TEST((s.parameters() == w0));
+  BOOST_TEST(s.core(0).stats().commits_applied == 0u);
+  BOOST_TEST(s.core(1).stats().commits_applied == 0u);
+}
+
 // --------------------------------------------- the iteration-time model
 
 // profile/iteration_model.hpp predicts a BSP round from the workers'

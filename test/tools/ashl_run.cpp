@@ -315,6 +315,19 @@ BOOST_AUTO_TEST_CASE(usage_errors_name_the_flag) {
       {{"-s", "1", "-w", "1", "--timeout", "soon", "--", "true"},
        "ashl-run: --timeout = 'soon': expected a number of seconds >= 0"},
       {{"-s", "1", "-w", "1", "--bogus", "--", "true"}, "ashl-run: unknown option '--bogus'"},
+      // Issue 44, item 6: 1 + 4294967295 processes wrapped to none, and the
+      // job "succeeded" with exit status 0; 2 + 4294967295 started server 0 only.
+      {{"-s", "1", "-w", "4294967295", "--", "true"},
+       "ashl-run: -w = '4294967295': must be at most 65536 (ps::max_workers)"},
+      {{"-s", "2", "-w", "4294967295", "--", "true"},
+       "ashl-run: -w = '4294967295': must be at most 65536 (ps::max_workers)"},
+      {{"-s", "1", "-w", "18446744073709551617", "--", "true"},
+       "ashl-run: -w = '18446744073709551617': must be at most 65536 (ps::max_workers)"},
+      {{"-s", "1025", "-w", "1", "--", "true"}, "ashl-run: -s = '1025': must be at most 1024 (ps::max_servers)"},
+      {{"-s", "1", "-w", "1", "--timeout", "1e300", "--", "true"},
+       "ashl-run: --timeout = '1e300': must be at most 1000000000 seconds (ps::max_duration_seconds)"},
+      {{"-s", "1", "-w", "1", "--grace", "inf", "--", "true"},
+       "ashl-run: --grace = 'inf': expected a number of seconds >= 0"},
       {{"-s", "1", "-w", "1", "--timeout"}, "ashl-run: --timeout: expects a value"},
       {{"-s", "1", "-w", "1", "--"}, "ashl-run: no program given (expected: -- program [args...])"},
   };

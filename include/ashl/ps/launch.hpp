@@ -16,13 +16,14 @@
 //
 //   ASHL_ROLE         --role         server | worker (required)
 //   ASHL_RANK         --rank         0 .. count of that role - 1 (required when that count > 1)
-//   ASHL_NUM_WORKERS  --num-workers  >= 1 (default 1)
-//   ASHL_NUM_SERVERS  --num-servers  >= 1 (default 1)
+//   ASHL_NUM_WORKERS  --num-workers  1 .. ps::max_workers (default 1)
+//   ASHL_NUM_SERVERS  --num-servers  1 .. ps::max_servers (default 1)
 //   ASHL_SERVER_ADDR  --server-addr  server 0's host:port, or every server's, comma-separated (required)
 //   ASHL_TOKEN        (no flag)      the job's shared secret, >= 16 bytes (required unless insecure)
 //   ASHL_INSECURE     --insecure     run without a token (variable: 1/0, true/false, yes/no, on/off)
 //   ASHL_VERBOSE      --verbose      print transport details
-//   ASHL_PROGRESS     --progress S   a progress line every S seconds (0 = none, the default)
+//   ASHL_PROGRESS     --progress S   a progress line every S seconds (0 = none, the default;
+//                                  every duration at most ps::max_duration_seconds)
 //   ASHL_JOB          --job NAME     the job's name, part of its id (job_id_of; default empty)
 //   ASHL_NO_WORKER_GRACE --no-worker-grace S   a server ends after S seconds with no worker
 //                                  connected (server_params::no_worker_grace; default 60, > 0)
@@ -47,10 +48,12 @@
 #include <ashl/config.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/ps/identity.hpp>
+#include <ashl/ps/job_limits.hpp>
 #include <ashl/transport/address.hpp>
 #include <ashl/transport/token.hpp>
 
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <stdlib.h>  // ::unsetenv (POSIX)
@@ -101,14 +104,21 @@ inline status launch_error(std::string_view source, std::string_view value, std:
   return status(errc::invalid_argument, std::move(m));
 }
 
-inline result<std::uint32_t> parse_count(std::string_view source, std::string_view text, std::uint32_t min) {
-  std::uint32_t v = 0;
+// A count in min .. max; `max_name` names the bound in the error (a
+// value past 2^32 - 1 is refused as past max, never wrapped).
+inline result<std::uint32_t> parse_count(std::string_view source, std::string_view text, std::uint32_t min,
+                                         std::uint32_t max = ~std::uint32_t{0}, std::string_view max_name = {}) {
+  std::uint64_t v = 0;
   const auto* end = text.data() + text.size();
   auto [p, ec] = std::from_chars(text.data(), end, v);
-  if (text.empty() || ec != std::errc{} || p != end)
+  if (text.empty() || (ec != std::errc{} && ec != std::errc::result_out_of_range) || p != end)
     return launch_error(source, text, "expected a non-negative integer");
+  if (ec == std::errc::result_out_of_range || v > max)
+    return launch_error(source, text,
+                        "must be at most " + std::to_string(max) +
+                            (max_name.empty() ? std::string() : " (" + std::string(max_name) + ")"));
   if (v < min) return launch_error(source, text, "must be >= " + std::to_string(min));
-  return v;
+  return static_cast<std::uint32_t>(v);
 }
 
 inline result<bool> parse_flag_value(std::string_view source, std::string_view text) {
@@ -121,8 +131,10 @@ inline result<double> parse_seconds(std::string_view source, std::string_view te
   const std::string s(text);
   char* end = nullptr;
   const double v = s.empty() ? -1 : std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || !(v >= 0) || v > 1e9)
+  if (s.empty() || end != s.c_str() + s.size() || !(v >= 0) || !std::isfinite(v))
     return launch_error(source, text, "expected a number of seconds >= 0");
+  if (v > max_duration_seconds)
+    return launch_error(source, text, "must be at most 1000000000 seconds (ps::max_duration_seconds)");
   return v;
 }
 
@@ -144,6 +156,9 @@ inline result<std::vector<std::string>> server_addresses_from(std::string_view t
                                                               std::string_view source,
                                                               std::string_view servers_source = "ASHL_NUM_SERVERS") {
   std::vector<std::string> out;
+  if (num_servers < 1 || num_servers > max_servers)
+    return status(errc::out_of_range, std::string(servers_source) + " = " + std::to_string(num_servers) +
+                                          ": must be in 1.." + std::to_string(max_servers) + " (ps::max_servers)");
   if (text.find(',') != std::string_view::npos) {
     std::size_t begin = 0;
     while (begin <= text.size()) {
@@ -166,10 +181,10 @@ inline result<std::vector<std::string>> server_addresses_from(std::string_view t
     return detail::launch_error(source, text,
                                 "port 0 (any free port) cannot give " + std::to_string(num_servers) +
                                     " servers their ports; list every server's host:port, comma-separated");
-  if (std::uint32_t{a->port} + num_servers - 1 > 65535)
+  if (std::uint64_t{a->port} + num_servers - 1 > 65535)
     return detail::launch_error(source, text,
                                 "server " + std::to_string(num_servers - 1) + " would listen on port " +
-                                    std::to_string(std::uint32_t{a->port} + num_servers - 1) +
+                                    std::to_string(std::uint64_t{a->port} + num_servers - 1) +
                                     " (port + rank), above 65535");
   for (std::uint32_t i = 0; i < num_servers; ++i) {
     host_port s = *a;
@@ -256,12 +271,12 @@ inline result<job> job_from(int argc, char** argv) {
   else return detail::launch_error(role_s.source, *role_s.value, "expected server or worker");
 
   if (workers_s.value) {
-    auto v = detail::parse_count(workers_s.source, *workers_s.value, 1);
+    auto v = detail::parse_count(workers_s.source, *workers_s.value, 1, max_workers, "ps::max_workers");
     if (!v) return v.error();
     j.num_workers = *v;
   }
   if (servers_s.value) {
-    auto v = detail::parse_count(servers_s.source, *servers_s.value, 1);
+    auto v = detail::parse_count(servers_s.source, *servers_s.value, 1, max_servers, "ps::max_servers");
     if (!v) return v.error();
     j.num_servers = *v;
   }

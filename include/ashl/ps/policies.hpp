@@ -21,6 +21,7 @@
 #include <ashl/config.hpp>
 #include <ashl/core/fields.hpp>
 #include <ashl/core/status.hpp>
+#include <ashl/ps/job_limits.hpp>
 #include <ashl/ps/planners.hpp>
 #include <ashl/sync/adsp.hpp>
 #include <ashl/sync/any_policy.hpp>
@@ -373,7 +374,11 @@ inline result<sync::any_policy> make_policy(std::string_view name, const policy_
   const auto kind = policy_kind_of(name);
   if (!kind) return make_error(errc::not_found, "sync.policy", name, "unknown policy (" + policy_names_text() + ")");
   ASHL_TRY(at_least(name, "workers", p.workers, 1));
-  ASHL_TRY(at_most_u32(name, "workers", p.workers));
+  // Policies size per-worker tables now: past the job's bound, refused by
+  // name before any allocation (ps/job_limits.hpp).
+  if (p.workers > static_cast<std::int64_t>(max_workers))
+    return out_of_range(field(name, "workers"), p.workers,
+                        "must be at most " + std::to_string(max_workers) + " (ps::max_workers)");
   const auto m = static_cast<std::size_t>(p.workers);
   switch (*kind) {
     case policy_kind::bsp:

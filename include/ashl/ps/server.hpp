@@ -277,6 +277,13 @@ struct server_telemetry {
   std::uint64_t receive_bytes = 0;          // receive buffers now (all connections; max_receive_bytes)
   std::uint64_t receive_bytes_lent = 0;     // of those, lent to receives in flight
   std::uint64_t staging_bytes = 0;          // stagings of commits in parts; with receive_bytes, within max_receive_bytes
+  // Receives whose sender's connection was gone and that the transport
+  // reclaimed (ucx_params::receive_reclaim_timeout): their buffers left the
+  // budget (counted no more in receive_bytes_lent) and are kept aside,
+  // never reused (the engine may hold them), at most max_receive_bytes.
+  std::uint64_t receives_reclaimed = 0;     // so far
+  std::uint64_t reclaimed_bytes = 0;        // kept aside now (freed when the engine lets go, or with the server)
+  std::uint64_t receives_not_reclaimed = 0; // stuck ones left lent: past the aside bound, or a staging's slice
   std::uint64_t checkpoints = 0, checkpoint_failures = 0;
   double checkpoint_seconds = 0.0;          // all of it: serialising (loop) + writing (writer thread: write, fsync, rename)
   double checkpoint_loop_seconds = 0.0;     // of that, the event loop's part (serialising, handing over)
@@ -332,6 +339,9 @@ struct server_telemetry {
         field{"receive_bytes", &server_telemetry::receive_bytes},
         field{"receive_bytes_lent", &server_telemetry::receive_bytes_lent},
         field{"staging_bytes", &server_telemetry::staging_bytes},
+        field{"receives_reclaimed", &server_telemetry::receives_reclaimed},
+        field{"reclaimed_bytes", &server_telemetry::reclaimed_bytes},
+        field{"receives_not_reclaimed", &server_telemetry::receives_not_reclaimed},
         field{"checkpoints", &server_telemetry::checkpoints},
         field{"checkpoint_failures", &server_telemetry::checkpoint_failures},
         field{"checkpoint_seconds", &server_telemetry::checkpoint_seconds},
@@ -394,6 +404,15 @@ class server {
       return invalid_argument("server.checkpoint_every_seconds", p.checkpoint_every_seconds, "must be >= 0");
     if (p.worker_timeout.count() < 0)
       return invalid_argument("server.worker_timeout_ms", p.worker_timeout.count(), "must be >= 0 (0: never)");
+    ASHL_TRY(check_duration("server.worker_timeout_ms", p.worker_timeout));
+    ASHL_TRY(check_duration("server.no_worker_grace_ms", p.no_worker_grace));
+    ASHL_TRY(check_duration("server.max_incarnation_ahead_ms", p.max_incarnation_ahead));
+    if (!(p.checkpoint_every_seconds <= max_duration_seconds))
+      return out_of_range("server.checkpoint_every_seconds", p.checkpoint_every_seconds,
+                          "must be at most 1000000000 seconds (ps::max_duration_seconds)");
+    if (!(p.progress_seconds <= max_duration_seconds))
+      return out_of_range("server.progress_seconds", p.progress_seconds,
+                          "must be at most 1000000000 seconds (ps::max_duration_seconds)");
     if (p.restore && p.checkpoint_dir.empty())
       return invalid_argument("server.restore", "true", "needs server.checkpoint_dir");
     if (p.max_incarnation_ahead.count() < 0)
@@ -776,8 +795,12 @@ class server {
     // A receive that will not be delivered (its peer was evicted or failed
     // mid-transfer): the buffer is the pool's again once the transport let go.
     void on_receive_abandoned(transport::peer_id p, std::span<std::byte> buffer) {
+      if (s->release_aside(buffer)) return;  // reclaimed before: its memory is free now
       if (!s->unclaim_part(buffer, p < s->peers_.size() ? s->peers_[p].rank : no_rank)) s->release_rx(buffer);
     }
+    // A receive from a sender that is gone, that the engine holds on to
+    // (ucx_params::receive_reclaim_timeout): its budget comes back.
+    void on_receive_reclaimed(transport::peer_id, std::span<std::byte> buffer) { s->reclaim_rx(buffer); }
   };
   static_assert(transport::handler<handler>);
 
@@ -1221,6 +1244,41 @@ class server {
   }
 
   // The pooled receive buffer that `data` lies in, if any, goes back.
+  // A receive buffer the engine still holds for a sender that is gone
+  // (issue 44, item 4: six stalled 16 MiB uploads left every honest
+  // commit refused by max_receive_bytes until a restart): its memory is
+  // set aside (moved, so the engine's pointer stays valid; never reused,
+  // never freed while the engine may write into it) and its pool entry and
+  // budget are free again. At most max_receive_bytes aside: past that the
+  // receive stays lent, as before. A staging's slice (a commit in parts)
+  // stays claimed: its rank's staging is retired at its next join.
+  void reclaim_rx(std::span<const std::byte> data) {
+    const std::uint32_t i = rx_of(data);
+    if (i == no_rx || aside_bytes_ + rx_[i].bytes.size() > p_.max_receive_bytes) {
+      ++tel_.receives_not_reclaimed;
+      return;
+    }
+    aside_bytes_ += rx_[i].bytes.size();
+    aside_.push_back(std::move(rx_[i].bytes));
+    rx_[i].bytes = {};
+    rx_[i].used = 0;
+    release_rx(i);
+    ++tel_.receives_reclaimed;
+    tel_.reclaimed_bytes = aside_bytes_;
+  }
+  // The engine let go of a buffer set aside: freed. False: not one of them.
+  bool release_aside(std::span<const std::byte> data) {
+    if (data.empty() || aside_.empty()) return false;
+    for (std::size_t k = 0; k < aside_.size(); ++k) {
+      if (aside_[k].data() != data.data()) continue;
+      aside_bytes_ -= aside_[k].size();
+      aside_.erase(aside_.begin() + static_cast<std::ptrdiff_t>(k));
+      tel_.reclaimed_bytes = aside_bytes_;
+      return true;
+    }
+    return false;
+  }
+
   void release_rx(std::span<const std::byte> data) { release_rx(rx_of(data)); }
   void release_rx(std::uint32_t i) {
     if (i == no_rx) return;
@@ -1874,6 +1932,10 @@ class server {
   server_end end_ = server_end::running;
   std::uint64_t plan_sequence_ = 0;
   double next_progress_ = 0.0;
+  // Receive buffers reclaimed from senders that are gone (reclaim_rx):
+  // declared before t_, so they outlive the engine that may still hold them.
+  std::vector<std::vector<std::byte>> aside_;
+  std::uint64_t aside_bytes_ = 0;
   // Last: destroyed first, so the sends and receives its close still
   // progresses never touch pinned parameter versions (in core_), bodies or receive buffers gone before it.
   Transport t_;

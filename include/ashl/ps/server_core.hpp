@@ -67,6 +67,7 @@
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/core/tensor_view.hpp>
+#include <ashl/ps/job_limits.hpp>
 #include <ashl/ps/apply_pool.hpp>
 #include <ashl/ps/commit_store.hpp>
 #include <ashl/ps/optimizer.hpp>
@@ -446,6 +447,9 @@ template <sync::consistency_policy Policy = sync::any_policy>
 class server_core {
  public:
   static result<server_core> create(server_core_params p, Policy policy, std::span<const float> initial = {}) {
+    if (p.workers > max_workers)  // per-worker tables are sized below (ps/job_limits.hpp)
+      return out_of_range("server_core.workers", p.workers,
+                          "must be at most " + std::to_string(max_workers) + " (ps::max_workers)");
     if (p.shard >= p.layout.servers())
       return invalid_argument("server_core.shard", p.shard,
                               "must be < layout.servers() = " + std::to_string(p.layout.servers()));

@@ -57,7 +57,9 @@
 #include <ashl/core/status.hpp>
 #include <ashl/core/tensor_view.hpp>
 #include <ashl/ps/identity.hpp>
+#include <ashl/ps/job_limits.hpp>
 #include <ashl/ps/shards.hpp>
+#include <ashl/ps/commit_check.hpp>
 #include <ashl/ps/commit_encoder.hpp>
 #include <ashl/ps/worker_cycle.hpp>
 #include <ashl/transport/concepts.hpp>
@@ -186,6 +188,12 @@ struct worker_params {
   // Parts of one commit in flight to a server at most (sent, not yet
   // completed): 1 .. wire::max_parts_in_flight (what a server holds).
   std::uint32_t commit_window = 4;
+  // The servers' allow_non_finite (server_core_params): a commit is checked
+  // whole before any shard's part is sent (ps/commit_check.hpp), so a NaN
+  // or infinite value in one server's part refuses the commit on every
+  // server alike, none applies a part (issue 44, item 5). Set it as the
+  // servers' is set; false (their default) refuses such values here.
+  bool allow_non_finite = false;
 };
 
 // The plan and codec in force for a worker's cycle (a leader's, handed to
@@ -252,8 +260,20 @@ class worker {
     if (p.servers.empty()) return invalid_argument("worker.servers", 0, "needs at least one server address");
     if (parameters.empty()) return invalid_argument("worker.parameters.size", 0, "needs at least one element");
     if (p.batch == 0) return invalid_argument("worker.batch", 0, "must be >= 1");
+    if (p.servers.size() > max_servers)
+      return out_of_range("worker.servers", p.servers.size(),
+                          "must be at most " + std::to_string(max_servers) + " addresses (ps::max_servers)");
     if (p.timeout.count() <= 0) return invalid_argument("worker.timeout_ms", p.timeout.count(), "must be > 0");
     if (p.reconnect.count() < 0) return invalid_argument("worker.reconnect_ms", p.reconnect.count(), "must be >= 0");
+    // Deadlines are now + these in steady_clock's nanoseconds: bounded so the sum cannot wrap.
+    ASHL_TRY(check_duration("worker.timeout_ms", p.timeout));
+    ASHL_TRY(check_duration("worker.reconnect_ms", p.reconnect));
+    if (!(p.progress_seconds >= 0.0) || !(p.progress_seconds <= max_duration_seconds))
+      return invalid_argument("worker.progress_seconds", p.progress_seconds,
+                              "must be in 0..1000000000 seconds (ps::max_duration_seconds)");
+    if (p.measurement_interval.count() > static_cast<std::int64_t>(max_duration_seconds * 1e6))
+      return out_of_range("worker.measurement_interval_us", p.measurement_interval.count(),
+                          "must be at most 10^15 us (ps::max_duration_seconds)");
     if (!(p.link_bytes_per_second >= 0.0) || !std::isfinite(p.link_bytes_per_second))
       return invalid_argument("worker.link_bytes_per_second", p.link_bytes_per_second, "must be >= 0 and finite");
     if (p.measurement_interval.count() < 0)
@@ -461,7 +481,6 @@ class worker {
   // keep a stable address when the worker moves.
   struct state {
     worker_params p;
-    Transport t;
     std::span<float> params;
     shard_layout layout;
     std::vector<transport::peer_id> peer;  // per server
@@ -490,6 +509,7 @@ class worker {
     std::vector<slot> slots;
     std::vector<std::uint32_t> free_slots;
     std::vector<ashl::measurement> reported;  // the last cycle's (reported_measurements)
+    std::vector<commit_part_view> check_parts;  // per shard: what check_commit_parts reads (reserved once)
     commit_encoder encoder;  // the plan's codec, error feedback (ps/commit_encoder.hpp, shared with the simulator)
     worker_cycle cycle;
     steady_clock clock;
@@ -516,15 +536,23 @@ class worker {
     mutable std::mutex mu;
     std::thread progress;
     std::atomic<bool> stop{false};
+    // Last: destroyed first. Its destructor still drives the engine (the
+    // closes' flush), which goes on writing a reply in transfer into the
+    // receive buffer it was given (staged, spill) and reading the sends in
+    // flight (slots, enc): those must outlive it. Declared before them, a
+    // worker dropped while a server's large reply was arriving had the
+    // reply written into its freed staging buffer (issue 44, item 3;
+    // test/ps/worker_drop.cpp). The server keeps the same order (t_).
+    Transport t;
 
     state(worker_params wp, Transport tr, std::span<float> w, shard_layout l)
         : p(std::move(wp)),
-          t(std::move(tr)),
           params(w),
           layout(l),
           encoder({.error_feedback = p.error_feedback, .seed = p.seed}),
           cycle(p.rank, report_rule{.interval = std::chrono::duration<double>(p.measurement_interval).count(),
-                                    .batch = p.measurement_batch}) {
+                                    .batch = p.measurement_batch}),
+          t(std::move(tr)) {
       const std::size_t S = p.servers.size();
       peer.assign(S, transport::no_peer);
       connected.assign(S, 0);
@@ -539,6 +567,7 @@ class worker {
       slots.reserve(4 * S + 8);
       free_slots.reserve(4 * S + 8);
       reported.reserve(8);
+      check_parts.reserve(S);
       if (p.stage_replies) staged = std::make_unique_for_overwrite<float[]>(params.size());
     }
 
@@ -666,6 +695,16 @@ class worker {
       if (cycle.state() != worker_cycle::phase::compressing && cycle.state() != worker_cycle::phase::sending)
         return invalid_argument("worker.commit.iterations", cycle.iterations(),
                                 "the plan's cycle is not complete: call iteration_done() until it returns true");
+      // Every shard's part, before any is encoded or sent: refused whole,
+      // nothing changed (the cycle stays complete: commit a fixed update).
+      check_parts.clear();
+      for (std::uint32_t s = 0; s < servers(); ++s) {
+        const key_range r = layout.range(s);
+        check_parts.push_back({.payload = std::as_bytes(update.subspan(r.begin, r.size())),
+                               .element_count = r.size(),
+                               .model_begin = r.begin});
+      }
+      ASHL_TRY(check_commit_parts(check_parts, {.allow_non_finite = p.allow_non_finite}));
       double now = clock.now();
       iterations_total += cycle.iterations();
       const bool compressing = cycle.compresses() && encoder.compresses();
@@ -713,6 +752,13 @@ class worker {
         if (b.empty()) return invalid_argument("worker.commit_encoded.payload.size", 0, "a payload is never empty");
         bytes += b.size();
       }
+      check_parts.clear();
+      for (std::uint32_t s = 0; s < servers(); ++s) {
+        const key_range r = layout.range(s);
+        check_parts.push_back(
+            {.codec = encoder.codec(), .payload = payloads[s], .element_count = r.size(), .model_begin = r.begin});
+      }
+      ASHL_TRY(check_commit_parts(check_parts, {.allow_non_finite = p.allow_non_finite}));
       const double now = clock.now();
       iterations_total += cycle.iterations();
       cycle.compressed(now, static_cast<double>(bytes));

@@ -48,6 +48,7 @@
 #include <ashl/core/philox.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
+#include <ashl/ps/commit_check.hpp>
 #include <ashl/ps/commit_encoder.hpp>
 #include <ashl/ps/server_core.hpp>
 #include <ashl/ps/shards.hpp>
@@ -184,6 +185,7 @@ class simulator {
     s.hooks_ = std::move(h);
     s.layout_ = *layout;
     s.compression_ = setup.compression;
+    s.allow_non_finite_ = setup.allow_non_finite;
     s.cores_.reserve(servers);
     for (std::uint32_t k = 0; k < servers; ++k) {
       const ps::key_range r = s.layout_.range(k);
@@ -320,6 +322,7 @@ class simulator {
     for (std::uint32_t w = 0; w < m; ++w) cycles_.emplace_back(w, opt_.reports);
     act_.reserve(m);
     payloads_.assign(s, shard_payload{});
+    check_parts_.reserve(s);
     {
       std::vector<double> bandwidths;  // per server: ingress (up), then egress (down)
       for (std::size_t k = 0; k < s; ++k)
@@ -453,6 +456,20 @@ class simulator {
       hooks_.compute(q, payloads_);
       if (payload_of_.size() < w_.size() * s) payload_of_.resize(w_.size() * s);
       for (std::size_t k = 0; k < s; ++k) payload_of_[w * s + k] = payloads_[k];
+      // The worker's check of the whole commit before any part goes
+      // (ps/commit_check.hpp, as ps::worker runs it): a bad value in one
+      // server's part refuses it on none, and the run stops saying why.
+      check_parts_.clear();
+      for (std::size_t k = 0; k < s; ++k) {
+        const ps::key_range r = layout_.range(static_cast<std::uint32_t>(k));
+        check_parts_.push_back({.codec = payloads_[k].codec, .type = payloads_[k].type, .payload = payloads_[k].bytes,
+                                .element_count = payloads_[k].element_count, .model_begin = r.begin});
+      }
+      if (auto ok = ps::check_commit_parts(check_parts_, {.allow_non_finite = allow_non_finite_}); !ok) {
+        if (r_.error.empty()) r_.error = "worker " + std::to_string(w) + "'s commit refused: " + ok.message();
+        stop_ = true;
+        return;
+      }
     }
     const auto& ws = spec_.workers[w];
     if (cy.compresses() && ws.compress_seconds > 0.0) {
@@ -927,6 +944,8 @@ class simulator {
   hooks hooks_;
   ps::shard_layout layout_;
   codec_id compression_ = codec_id::topk;  // server_setup::compression
+  bool allow_non_finite_ = false;          // server_setup::allow_non_finite (the workers' commit check too)
+  std::vector<ps::commit_part_view> check_parts_;  // per server: a commit's parts for ps::check_commit_parts
   std::vector<core_type> cores_;
   ps::server_actions act_;
   run_options opt_{};

@@ -86,6 +86,10 @@ struct transport_counters {
   // now, such receives the engine has not let go of within the model's close
   // timeout (their buffers stay lent: never reused, never written by us).
   std::uint64_t receives_abandoned = 0, receives_stuck = 0;
+  // Stuck receives reclaimed so far, after the model's reclaim timeout
+  // (ucx_params::receive_reclaim_timeout): their buffers went to the
+  // handler's on_receive_reclaimed (memory kept, never reused; the budget back).
+  std::uint64_t receives_reclaimed = 0;
   std::uint64_t peers_connected = 0, peers_failed = 0, peers_closed = 0;
   std::uint64_t auth_refused = 0;        // peers that failed authentication
   std::uint64_t unauthenticated_dropped = 0;  // messages from a peer before it authenticated
@@ -104,6 +108,7 @@ struct transport_counters {
         field{"receives_refused", &transport_counters::receives_refused},
         field{"receives_abandoned", &transport_counters::receives_abandoned},
         field{"receives_stuck", &transport_counters::receives_stuck},
+        field{"receives_reclaimed", &transport_counters::receives_reclaimed},
         field{"peers_connected", &transport_counters::peers_connected},
         field{"peers_failed", &transport_counters::peers_failed},
         field{"peers_closed", &transport_counters::peers_closed},

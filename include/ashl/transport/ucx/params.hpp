@@ -22,6 +22,15 @@ struct ucx_params {
   std::chrono::milliseconds retry_interval{100};     // between connection attempts
   std::chrono::milliseconds auth_timeout{10000};     // the handshake must finish within this
   std::chrono::milliseconds close_timeout{2000};     // close()/destructor wait this long for orderly closes
+  // A large receive whose sender's connection is gone and that UCX has not
+  // finished (UCX 1.13 cannot cancel an active-message receive, and a dead
+  // sender never finishes it) is reclaimed this long after it was
+  // cancelled: its buffer goes to the handler's on_receive_reclaimed, which
+  // returns it to its budget without reusing the memory, and it is counted
+  // (transport_counters::receives_reclaimed). Before, such receives stayed
+  // lent for good and used up a server's max_receive_bytes (issue 44, item 4).
+  // At least close_timeout.
+  std::chrono::milliseconds receive_reclaim_timeout{10000};
   bool blocking = true;  // wait() sleeps on the worker's event fd; false: wait() only polls once
   // Blocking wait() polls this long before it sleeps on the event fd: a reply
   // that comes within it costs no wake-up (4 KiB round trip over shared

@@ -227,6 +227,7 @@ inline bool ucx_impl::has_ready_work() {
   if (!completions_.empty() || !notes_.empty() || !conn_requests_.empty()) return true;
   blocked_.clear();
   for (const ucx_item* it : queue_) {
+    if (it->kind == ucx_item_kind::ep_error) return true;  // never held behind a receive (deliver_items)
     if (blocked(it->peer)) continue;
     if (it->ep == nullptr && it->kind != ucx_item_kind::ep_error && held_back(it->peer)) continue;
     if (it->recv != ucx_recv_state::receiving) return true;
@@ -295,7 +296,12 @@ inline std::size_t ucx_impl::deliver_items(H& h) {
   // ucp_worker_progress, which nothing below calls; index-based anyway.
   for (std::size_t i = 0; i < queue_.size(); ++i) {
     ucx_item& it = *queue_[i];
-    if (blocked(it.peer)) continue;
+    // An endpoint's failure is not a message in order: it is handled even
+    // behind a receive of its peer still in transfer. Held back there, a
+    // sender that died mid-upload was never failed (its receive never
+    // ends), so the receive was never cancelled, let alone reclaimed
+    // (issue 44, item 4).
+    if (blocked(it.peer) && it.kind != ucx_item_kind::ep_error) continue;
     ucx_peer* p = find(it.peer);
     if (it.kind == ucx_item_kind::ep_error) {
       it.done = true;
@@ -312,15 +318,28 @@ inline std::size_t ucx_impl::deliver_items(H& h) {
         // (its peer's later messages are dropped meanwhile, not held).
         // UCX 1.13 cannot cancel an active-message receive: the callback
         // comes when the sender goes on, and never when it died; such a
-        // receive is counted stuck after close_timeout, and its buffer is
-        // never handed back (nor written by anyone).
+        // receive is counted stuck after close_timeout, and reclaimed after
+        // receive_reclaim_timeout: the handler's on_receive_reclaimed gets
+        // its buffer to return to its budget, keeping the memory (UCX still
+        // holds the request, so the item is never reused either) until the
+        // callback comes (on_receive_abandoned) or the transport is gone.
+        const auto now = ucx_clock::now();
         if (!it.cancelled) {
           it.cancelled = true;
-          it.cancelled_at = ucx_clock::now();
+          it.cancelled_at = now;
           if (it.request != nullptr) ucp_request_cancel(worker_, it.request);
-        } else if (!it.stuck && ucx_clock::now() - it.cancelled_at >= params_.close_timeout) {
+        } else if (!it.stuck && now - it.cancelled_at >= params_.close_timeout) {
           it.stuck = true;
           ++counters_.receives_stuck;
+        }
+        if (it.stuck && !it.reclaimed && !it.destination.empty() &&
+            now - it.cancelled_at >= std::max(params_.receive_reclaim_timeout, params_.close_timeout)) {
+          it.reclaimed = true;
+          if constexpr (requires { h.on_receive_reclaimed(it.peer, it.destination); }) {
+            ++counters_.receives_reclaimed;
+            h.on_receive_reclaimed(it.peer, it.destination);
+            ++calls;
+          }
         }
         continue;
       }

@@ -114,6 +114,7 @@ struct ucx_item {
   void* request = nullptr;
   bool cancelled = false;
   bool stuck = false;  // cancelled, and no callback within close_timeout
+  bool reclaimed = false;  // stuck past receive_reclaim_timeout: its buffer handed to on_receive_reclaimed
   ucx_clock::time_point cancelled_at{};
 };
 
