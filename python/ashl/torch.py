@@ -1128,7 +1128,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             changed = b.attach() or changed
         self._learn(changed, scaler)
         if self._reports_loss and reported is not None:
-            self.report_metric("loss", float(reported))
+            self.report_metric("loss", float(reported.detach()) if isinstance(reported, torch.Tensor)
+                               else float(reported))
         if self._group_values is not None:
             for i, g in enumerate(self.param_groups):
                 if _sgd_values(g) != self._group_values[i]:
@@ -1249,6 +1250,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._left:
             return
         self._left = True
+        global _current
+        if _current is not None and _current() is self:
+            _current = None  # a DistributedSampler no longer follows this one
         try:
             self._wait_all()
         finally:
