@@ -17,6 +17,12 @@
 
 and ``python3 -m ashl.run -s 1 -w 4 -- python3 train.py`` starts the job.
 
+Under torchrun a DDP script need not branch on roles:
+``DistributedOptimizer(opt, model, start_servers=True)`` makes every rank a
+worker and RANK 0 run the servers too, ``DistributedSampler`` follows the
+plan's data share and batch size, and the worker leaves at exit
+(docs/torch.md, "From DDP to ashl"; examples/torchrun).
+
 The model's parameters and gradients are flattened into buckets (default
 "auto": DDP's 25 MiB, at most a quarter of a smaller model; reverse
 registration order; one dtype and device each; a parameter over 4 MiB cut
@@ -671,7 +677,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     e.worker.leave()
             self._stop_servers(0.0)
             raise
-        self._check_servers()
+        try:
+            self._check_servers()
+        except Exception:
+            for e in self._ex:
+                with contextlib.suppress(Exception):
+                    e.worker.leave()
+            self._stop_servers(0.0)
+            raise
         self._no_sync = False
         self._plan_check = False
         self._skipped_step = False
