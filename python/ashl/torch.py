@@ -808,7 +808,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._ex[0].worker.progress_line()
 
     def _capture_loss(self, _module: Any, _inputs: Any, out: Any) -> None:
-        if isinstance(out, torch.Tensor) and out.numel() == 1:
+        # Only a loss that backward can follow: an evaluation under
+        # torch.no_grad() between steps is not the training loss.
+        if isinstance(out, torch.Tensor) and out.numel() == 1 and torch.is_grad_enabled():
             self._last_loss = out.detach()
 
     def _state_dict_wait(self, *_: Any) -> None:
@@ -1141,8 +1143,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             changed = b.attach() or changed
         self._learn(changed, scaler)
         if self._reports_loss and reported is not None:
-            self.report_metric("loss", float(reported.detach()) if isinstance(reported, torch.Tensor)
-                               else float(reported))
+            value = float(reported.detach()) if isinstance(reported, torch.Tensor) else float(reported)
+            if math.isfinite(value):  # an overflowing (skipped) step's loss is no measurement
+                self.report_metric("loss", value)
         if self._group_values is not None:
             for i, g in enumerate(self.param_groups):
                 if _sgd_values(g) != self._group_values[i]:

@@ -243,6 +243,8 @@ def test_the_loss_is_reported_from_loss_fn_step_or_a_closure_when_the_policy_rea
                 continue
             loss = loss_fn(model(x), y) if how == "loss_fn" else ((model(x) - y) ** 2).mean()
             loss.backward()
+            with torch.no_grad():
+                loss_fn(model(x), y * 3)  # an evaluation before step(): not the training loss
             expected.append(loss.item())
             opt.step(loss=loss) if how == "step" else opt.step()
     finally:
