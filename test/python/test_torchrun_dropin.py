@@ -239,7 +239,7 @@ def test_the_loss_is_reported_from_loss_fn_step_or_a_closure_when_the_policy_rea
                     loss = ((model(x) - y) ** 2).mean()
                     loss.backward()
                     return loss
-                expected.append(float(opt.step(closure)))
+                expected.append(opt.step(closure).item())
                 continue
             loss = loss_fn(model(x), y) if how == "loss_fn" else ((model(x) - y) ** 2).mean()
             loss.backward()
