@@ -17,6 +17,12 @@
 
 and ``python3 -m ashl.run -s 1 -w 4 -- python3 train.py`` starts the job.
 
+Under torchrun a DDP script need not branch on roles:
+``DistributedOptimizer(opt, model, start_servers=True)`` makes every rank a
+worker and RANK 0 run the servers too, ``DistributedSampler`` follows the
+plan's data share and batch size, and the worker leaves at exit
+(docs/torch.md, "From DDP to ashl"; examples/torchrun).
+
 The model's parameters and gradients are flattened into buckets (default
 "auto": DDP's 25 MiB, at most a quarter of a smaller model; reverse
 registration order; one dtype and device each; a parameter over 4 MiB cut
@@ -32,9 +38,14 @@ first module that uses it. include/ashl/adapt/torch.hpp is the C++ side.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
+import math
 import os
+import sys
+import weakref
+from time import monotonic as time_monotonic, sleep as time_sleep
 import queue
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -43,9 +54,10 @@ import torch
 
 from . import Job, Plan, Policy, _ashl
 from . import job as _job_from_env
+from . import _torchrun
 from .trace import Tracer, path_of
 
-__all__ = ["Bucket", "DistributedOptimizer", "serve", "partition", "bucket_plan", "bucket_addresses", "bucket_cap_bytes",
+__all__ = ["Bucket", "DistributedOptimizer", "DistributedSampler", "serve", "partition", "bucket_plan", "bucket_addresses", "bucket_cap_bytes",
            "DEFAULT_PARTITION_MB",
            "ADAPTIVE_POLICIES"]
 
@@ -60,6 +72,15 @@ _STAGES = {
 # run the cycle and plans of the first bucket's worker (a ps::worker
 # follower each; docs/torch.md, "Buckets and overlap"), as every bucket does.
 ADAPTIVE_POLICIES = frozenset({"ashl", "adsp", "dlb", "joint"})
+
+# Policies whose planners read the training loss (report_metric("loss")):
+# by name, or by the stage the servers send when no policy was given.
+_LOSS_POLICIES = frozenset({"ashl", "adsp", "joint"})
+_LOSS_STAGES = frozenset({"adsp", "profile", "ahl", "shl"})
+
+# The DistributedOptimizer made last in this process: the one a
+# DistributedSampler follows when it is given none.
+_current: Optional[Callable[[], Optional["DistributedOptimizer"]]] = None
 
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
@@ -519,6 +540,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
     job: the runtime contract (default: ashl.job()). fabric: an
     ashl.InprocFabric to reach servers in this process (job.server_addresses
     are then node names) instead of UCX.
+
+    start_servers: the torchrun drop-in (docs/torch.md, "From DDP to
+    ashl"): every torchrun process is a worker (rank RANK of WORLD_SIZE, as
+    DDP's) and RANK 0 also runs the job's servers in threads of its process
+    (``serve(background=True)`` with this policy and compression, optimizer
+    "model_delta" under update="delta", else "sgd" with the inner SGD's
+    values; ``serve_options`` adds serve()'s other arguments). The token is
+    ASHL_TOKEN, or one RANK 0 makes and hands to the other ranks of its node
+    in a 0600 file (ashl._torchrun). When the process ends (atexit) the
+    worker leaves and RANK 0 waits for the servers (until every worker left,
+    or none was connected for no_worker_grace), at most
+    ``server_wait`` seconds, then stops them.
+
+    loss_fn: a loss module (torch.nn.CrossEntropyLoss() ...) whose last
+    output each step() reports as "loss" when the policy reads it (ADSP,
+    ASHL); ``step(loss=loss)`` or a closure's loss does the same.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: Any, policy: Union[Policy, str, None] = None,
@@ -531,7 +568,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  check_finite: Optional[bool] = None, trace: Optional[str] = None,
                  incarnation: int = 0, device_encode: Optional[bool] = None,
                  link: Optional[Callable[[str, int], None]] = None, commit_part_bytes: int = 0,
-                 commit_window: int = 4):
+                 commit_window: int = 4, start_servers: bool = False, serve_options: Optional[dict] = None,
+                 server_wait: float = 3600.0, loss_fn: Optional[Any] = None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer = {type(optimizer).__name__}: must be a torch.optim.Optimizer")
         if update not in ("delta", "gradient"):
@@ -570,6 +608,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.requires_grad and id(p) not in in_bucket:
                     raise ValueError(f"optimizer parameter of shape {tuple(p.shape)}: not a parameter of the model")
+        self._servers: List[Any] = []
+        self._token_file: Optional[str] = None
+        self._server_wait = float(server_wait)
+        if start_servers:
+            if job is not None or fabric is not None:
+                raise ValueError("start_servers=True: the job comes from torchrun's variables (RANK, WORLD_SIZE, ...); "
+                                 "pass no job and no fabric")
+            c = _torchrun.contract()
+            job, self._token_file = c.worker, c.token_file
+            try:
+                for sj in c.servers:  # RANK 0: every server, before its own worker connects
+                    self._servers.append(serve(model, sj, policy=policy if policy is not None else "bsp",
+                                               compression=compression if compression is not None else "topk",
+                                               bucket_cap_mb=bucket_cap_mb, partition_mb=partition_mb, seed=seed,
+                                               background=True, **_served_optimizer(optimizer, update),
+                                               **dict(serve_options or {})))
+            except Exception:
+                self._stop_servers(0.0)
+                raise
+        elif serve_options is not None:
+            raise ValueError("serve_options: only with start_servers=True")
         self._job = job if job is not None else _job_from_env()
         if self._job.role != "worker":
             raise ValueError(f"job.role = {self._job.role!r}: a DistributedOptimizer runs on a worker "
@@ -616,8 +675,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for e in self._ex:
                 with contextlib.suppress(Exception):
                     e.worker.leave()
+            self._stop_servers(0.0)
             raise
-        self._check_servers()
+        try:
+            self._check_servers()
+        except Exception:
+            for e in self._ex:
+                with contextlib.suppress(Exception):
+                    e.worker.leave()
+            self._stop_servers(0.0)
+            raise
         self._no_sync = False
         self._plan_check = False
         self._skipped_step = False
@@ -653,6 +720,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.iterations = 0
         self.commits = 0
         self.wait_seconds = 0.0  # the training thread blocked on pulls (forward pre-hooks, step())
+        # The loss the policy reads (ADSP, ASHL): reported by step() from
+        # step(loss=...), a closure, or loss_fn's last output.
+        stage = self.plan.stage
+        self._reports_loss = (self._policy.name in _LOSS_POLICIES) if self._policy is not None \
+            else stage in _LOSS_STAGES
+        self._last_loss: Optional[torch.Tensor] = None
+        if loss_fn is not None:
+            if not isinstance(loss_fn, torch.nn.Module):
+                raise TypeError(f"loss_fn = {type(loss_fn).__name__}: must be a torch.nn.Module (its forward "
+                                "hook sees the loss); for a function pass step(loss=loss)")
+            self._hooks.append(loss_fn.register_forward_hook(self._capture_loss))
+        # model.state_dict() waits for the pulls in flight: a checkpoint
+        # written after step() holds the pulled parameters, never half of them.
+        if isinstance(model, torch.nn.Module):
+            self._hooks.append(model._register_state_dict_hook(self._state_dict_wait))
+        global _current
+        _current = weakref.ref(self)
+        if start_servers:
+            atexit.register(self._at_exit)
 
     # -- what the servers said ------------------------------------------------
 
@@ -720,6 +806,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def progress_line(self) -> str:
         return self._ex[0].worker.progress_line()
+
+    def _capture_loss(self, _module: Any, _inputs: Any, out: Any) -> None:
+        # Only a loss that backward can follow: an evaluation under
+        # torch.no_grad() between steps is not the training loss.
+        if isinstance(out, torch.Tensor) and out.numel() == 1 and torch.is_grad_enabled():
+            self._last_loss = out.detach()
+
+    def _state_dict_wait(self, *_: Any) -> None:
+        if not self._left:
+            self._wait_all()
 
     def report_metric(self, name: str, value: float) -> None:
         """A global metric to every bucket's servers: "loss" or "accuracy"
@@ -1033,6 +1129,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._left:
             raise RuntimeError("step() after leave()")
         scaler = kwargs.pop("grad_scaler", None)  # GradScaler on torch 1.13
+        given = kwargs.pop("loss", None)
+        if given is not None:
+            loss = given if closure is None else loss
+        reported = given if given is not None else loss if loss is not None else self._last_loss
+        self._last_loss = None
         if kwargs:
             raise TypeError(f"step() got unexpected keyword arguments {sorted(kwargs)}")
         t_step = self._tracer.now()
@@ -1041,6 +1142,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for b in self._buckets:
             changed = b.attach() or changed
         self._learn(changed, scaler)
+        if self._reports_loss and reported is not None:
+            value = float(reported.detach()) if isinstance(reported, torch.Tensor) else float(reported)
+            if math.isfinite(value):  # an overflowing (skipped) step's loss is no measurement
+                self.report_metric("loss", value)
         if self._group_values is not None:
             for i, g in enumerate(self.param_groups):
                 if _sgd_values(g) != self._group_values[i]:
@@ -1161,6 +1266,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._left:
             return
         self._left = True
+        global _current
+        if _current is not None and _current() is self:
+            _current = None  # a DistributedSampler no longer follows this one
         try:
             self._wait_all()
         finally:
@@ -1219,6 +1327,32 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.skipped = int(mine.get("skipped", self.skipped))
             self._learned = bool(mine.get("learned", self._learned))
             self._backward_off = mine.get("backward_off", self._backward_off)
+
+    def _stop_servers(self, wait: float) -> None:
+        """RANK 0 of start_servers: waits up to ``wait`` seconds for the
+        servers to end (every worker left, or none connected for
+        no_worker_grace), then stops them; removes the token file."""
+        deadline = time_monotonic() + wait
+        for s in self._servers:
+            subs = s.servers if isinstance(s, Servers) else [s]
+            while time_monotonic() < deadline and any(x.ended == "running" for x in subs):
+                time_sleep(0.05)
+            with contextlib.suppress(Exception):
+                s.stop()
+            with contextlib.suppress(Exception):
+                s.join()
+        self._servers = []
+        if self._token_file:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._token_file)
+            self._token_file = None
+
+    def _at_exit(self) -> None:
+        try:
+            self.leave()
+        except Exception as e:  # the process is ending: say why, and still end the servers
+            print(f"ashl: leave() at exit: {e}", file=sys.stderr)
+        self._stop_servers(self._server_wait)
 
     def __enter__(self) -> "DistributedOptimizer":
         return self
@@ -1413,3 +1547,184 @@ def _job_id(job: Job, elements: int) -> int:
     """The job id every process of the job computes alike (ps::job_id_of): per
     bucket, from the bucket's elements."""
     return _ashl.make_job_id(job.name, int(elements), job.num_workers, job.num_servers)
+
+
+def _served_optimizer(optimizer: torch.optim.Optimizer, update: str) -> Dict[str, Any]:
+    """serve()'s optimizer arguments for start_servers: "model_delta" under
+    update="delta"; under "gradient" "sgd" with the inner SGD's values (one
+    set: the servers apply one lr to every parameter)."""
+    if update == "delta":
+        return {"optimizer": "model_delta"}
+    values = {_sgd_values(g) for g in optimizer.param_groups}
+    if len(values) != 1:
+        raise ValueError(f"optimizer.param_groups: {len(values)} different (lr, momentum, weight_decay, nesterov, "
+                         "dampening) sets; under update='gradient' the servers apply one, use update='delta'")
+    g = optimizer.param_groups[0]
+    if g.get("dampening", 0) not in (0, 0.0):
+        raise ValueError(f"param_groups[0]['dampening'] = {g['dampening']!r}: the servers' sgd has none; use 0 "
+                         "or update='delta'")
+    return {"optimizer": "sgd", "lr": float(g["lr"]), "momentum": float(g.get("momentum", 0.0)),
+            "weight_decay": float(g.get("weight_decay", 0.0)), "nesterov": bool(g.get("nesterov", False))}
+
+
+class DistributedSampler(torch.utils.data.Sampler):
+    """torch's DistributedSampler, following the plan (docs/torch.md, "From DDP to ashl").
+
+    ``DistributedSampler(dataset, num_replicas=None, rank=None, shuffle=True,
+    seed=0, drop_last=False, batch_size=None, optimizer=None)``: each epoch
+    (``set_epoch``) the dataset's indices are shuffled with ``seed + epoch``
+    as torch's DistributedSampler does, and this worker takes its share:
+
+    - every share equal (the plan's ``data_share`` is 0, unspecified, or
+      1/num_replicas: BSP, ASP, Local SGD, ...): torch's split exactly
+      (padded to a multiple of num_replicas, ``indices[rank::num_replicas]``),
+      so it gives the same batches as torch's sampler;
+    - otherwise (ASHL, DLB) a contiguous slice of the shuffled indices of
+      ``data_share`` of the dataset. Its place comes from every worker's
+      share, gathered with torch.distributed once per epoch when a process
+      group is initialized (the workers meet there once an epoch); without
+      one the slice starts at the worker's equal-share place and may overlap
+      another's.
+
+    The shares are read when an epoch's iteration starts. With
+    ``batch_size`` it is a batch sampler (``DataLoader(dataset,
+    batch_sampler=sampler)``): each batch is the plan's batch size when the
+    batch is drawn (its ``batch_size``; ``batch_size`` while the plan names
+    none), so a plan that changes it mid-epoch reaches the next batch the
+    loader draws (a DataLoader with worker processes draws
+    ``num_workers * prefetch_factor`` batches ahead, so that many later);
+    ``len()`` counts batches of the size in force when it is called.
+    ``optimizer``: the DistributedOptimizer whose plan it follows (default:
+    the one made last in this process, looked up at each epoch); num_replicas
+    and rank default to its job's workers and rank, else WORLD_SIZE and RANK.
+    """
+
+    def __init__(self, dataset: Any, num_replicas: Optional[int] = None, rank: Optional[int] = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, batch_size: Optional[int] = None,
+                 optimizer: Optional["DistributedOptimizer"] = None):
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size = {batch_size}: must be >= 1 (or None: an index sampler)")
+        if num_replicas is not None and num_replicas < 1:
+            raise ValueError(f"num_replicas = {num_replicas}: must be >= 1")
+        if rank is not None and num_replicas is not None and not 0 <= rank < num_replicas:
+            raise ValueError(f"rank = {rank}: must be in [0, {num_replicas})")
+        self.dataset = dataset
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.batch_size = batch_size
+        self.optimizer = optimizer
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _opt(self) -> Optional["DistributedOptimizer"]:
+        if self.optimizer is not None:
+            return self.optimizer
+        return _current() if _current is not None else None
+
+    def _where(self, opt: Optional["DistributedOptimizer"]) -> Tuple[int, int]:
+        if opt is not None:
+            w, r = opt.job.num_workers, opt.job.rank
+        else:
+            w, r = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+        w = self.num_replicas if self.num_replicas is not None else w
+        r = self.rank if self.rank is not None else r
+        if not 0 <= r < w:
+            raise ValueError(f"rank = {r}: must be in [0, {w}) (num_replicas)")
+        return w, r
+
+    def _shares(self, opt: Optional["DistributedOptimizer"], w: int, r: int,
+                gather: bool) -> Tuple[Optional[List[float]], bool]:
+        """Every worker's share (None when all are equal), and whether the
+        others' are known (gathered) rather than assumed."""
+        if opt is None:
+            return None, True
+        mine = float(opt.data_share)
+        policy = opt._policy.name if opt._policy is not None else None
+        adaptive = policy in ADAPTIVE_POLICIES if policy is not None else \
+            opt.plan.stage in ("profile", "ahl", "shl", "dlb")
+        dist = torch.distributed
+        known = False
+        if gather and adaptive and w > 1 and dist.is_available() and dist.is_initialized() \
+                and dist.get_world_size() == w:
+            got: List[Any] = [None] * w
+            dist.all_gather_object(got, mine)
+            shares = [float(x) for x in got]
+            known = True
+        else:
+            if mine == 0.0 or abs(mine - 1.0 / w) < 1e-6:
+                return None, True
+            shares = [1.0 / w] * w
+            shares[r] = mine
+        if all(s == 0.0 for s in shares) or all(abs(s - 1.0 / w) < 1e-6 for s in shares):
+            return None, True
+        return [s if s > 0.0 else 1.0 / w for s in shares], known  # unspecified: an equal share
+
+    def _indices(self, gather: bool = True) -> List[int]:
+        n = len(self.dataset)
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            indices = torch.randperm(n, generator=g).tolist()
+        else:
+            indices = list(range(n))
+        opt = self._opt()
+        w, r = self._where(opt)
+        shares, known = self._shares(opt, w, r, gather)
+        if shares is None:  # torch.utils.data.DistributedSampler's split, step for step
+            if self.drop_last and n % w != 0:
+                per = math.ceil((n - w) / w)
+            else:
+                per = math.ceil(n / w)
+            total = per * w
+            if not self.drop_last:
+                pad = total - len(indices)
+                if pad <= len(indices):
+                    indices += indices[:pad]
+                else:
+                    indices += (indices * math.ceil(pad / len(indices)))[:pad]
+            else:
+                indices = indices[:total]
+            return indices[r:total:w]
+        if known:  # consecutive slices, by every worker's share
+            whole = sum(shares)
+            begin, end = round(n * sum(shares[:r]) / whole), round(n * sum(shares[:r + 1]) / whole)
+        else:  # the others' shares unknown: from its equal-share place, its own length
+            begin = (r * n) // w
+            end = begin + round(n * shares[r])
+        return [indices[i % n] for i in range(begin, max(end, begin + 1))]
+
+    def _batch(self) -> int:
+        opt = self._opt()
+        planned = int(opt.plan.batch_size) if opt is not None else 0
+        return planned if planned > 0 else int(self.batch_size)
+
+    def __iter__(self):
+        indices = self._indices()
+        self._count = len(indices)
+        if self.batch_size is None:
+            yield from indices
+            return
+        i = 0
+        while i < len(indices):
+            b = self._batch()
+            batch = indices[i:i + b]
+            if len(batch) < b and self.drop_last:
+                return
+            yield batch
+            i += b
+
+    def __len__(self) -> int:
+        # No collective here (len() may be called on one rank alone): the
+        # count of the last epoch's iteration, else without gathered shares.
+        n = getattr(self, "_count", None)
+        if n is None:
+            n = len(self._indices(gather=False))
+        if self.batch_size is None:
+            return n
+        b = self._batch()
+        return n // b if self.drop_last else math.ceil(n / b)
