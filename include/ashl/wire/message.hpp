@@ -41,6 +41,7 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <span>
@@ -791,6 +792,21 @@ inline status seal_header(const header& h, std::size_t payload_bytes, std::uint3
   return {};
 }
 
+// Offset of the kind byte in the header (after magic u32, version u16 and
+// header_bytes u16; docs/wire-format.md).
+inline constexpr std::size_t kind_offset = 8;
+
+// The kind a header says it is, read before anything is checked: what a
+// receiver needs to choose a buffer (ps::worker's reply staging) or a batch
+// (ps::server's commits) while the payload is still arriving. Worth nothing
+// until decode accepted the message (the value may be no message_kind at
+// all); nullopt when `head` is not a whole header. The one place that knows
+// where the kind sits in an undecoded header.
+constexpr std::optional<message_kind> peek_kind(std::span<const std::byte> head) noexcept {
+  if (head.size() != header_bytes) return std::nullopt;
+  return static_cast<message_kind>(std::to_integer<std::uint8_t>(head[kind_offset]));
+}
+
 // The part a data message's header says it is, read before anything is
 // checked: where a receiver places the part's bytes (ps::worker's staging
 // buffer for a reply, ps::server's for a commit). Worth nothing until
@@ -812,7 +828,7 @@ inline peeked_part peek_part(std::span<const std::byte> head) noexcept {
   std::uint64_t n = 0;
   (void)r.get(m, "");
   (void)r.get(v, "");
-  const auto kind = static_cast<message_kind>(std::to_integer<std::uint8_t>(head[8]));
+  const message_kind kind = *peek_kind(head);
   if (m != magic || v != version || (kind != message_kind::pull_reply && kind != message_kind::commit)) return {};
   byte_reader f(head.subspan(12));
   (void)f.get(flags, "");
