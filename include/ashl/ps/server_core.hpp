@@ -63,6 +63,7 @@
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/registry.hpp>
 #include <ashl/core/dtype.hpp>
+#include <ashl/core/enum_table.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
@@ -113,26 +114,13 @@ enum class refusal : std::uint8_t {
   non_finite = 11,     // a NaN or infinite value in the update (server_core_params.allow_non_finite)
   samples = 12,        // commit.samples above server_core_params.max_commit_samples
 };
-inline constexpr std::size_t refusal_count = 13;
+inline constexpr auto refusal_table =
+    make_enum_table<refusal>("unknown_worker", "not_live", "incarnation", "sequence", "element_count", "dtype", "codec",
+                             "payload", "limits", "store_full", "measurement", "non_finite", "samples");
+static_assert(refusal_table.name(refusal::samples) == "samples", "refusal_table ends where refusal does");
+inline constexpr std::size_t refusal_count = refusal_table.size();
 
-constexpr std::string_view to_string(refusal r) noexcept {
-  switch (r) {
-    case refusal::unknown_worker: return "unknown_worker";
-    case refusal::not_live: return "not_live";
-    case refusal::incarnation: return "incarnation";
-    case refusal::sequence: return "sequence";
-    case refusal::element_count: return "element_count";
-    case refusal::dtype: return "dtype";
-    case refusal::codec: return "codec";
-    case refusal::payload: return "payload";
-    case refusal::limits: return "limits";
-    case refusal::store_full: return "store_full";
-    case refusal::measurement: return "measurement";
-    case refusal::non_finite: return "non_finite";
-    case refusal::samples: return "samples";
-  }
-  return "?";
-}
+constexpr std::string_view to_string(refusal r) noexcept { return refusal_table.name(r); }
 
 // The largest commit payload a server takes for a shard of n elements: 8
 // bytes an element (sparse pairs of f32 at ratio 1, twice a dense f32

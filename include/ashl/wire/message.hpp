@@ -28,6 +28,7 @@
 #include <ashl/config.hpp>
 #include <ashl/core/bytes.hpp>
 #include <ashl/core/dtype.hpp>
+#include <ashl/core/enum_table.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/wire/crc32c.hpp>
@@ -85,23 +86,15 @@ enum class message_kind : std::uint8_t {
   error = 8,         // either way: the message with sequence `in_reply_to` was refused
   measurements = 9,  // worker -> server: timing measurements of worker `rank`
 };
-inline constexpr std::uint8_t message_kind_first = 1;
-inline constexpr std::uint8_t message_kind_last = 9;
+inline constexpr auto message_kind_table =
+    make_enum_table_from<message_kind>(1, "?", "commit", "pull_request", "pull_reply", "join", "leave", "plan_update",
+                                       "metric", "error", "measurements");
+static_assert(message_kind_table.name(message_kind::measurements) == "measurements",
+              "message_kind_table ends where message_kind does");
+inline constexpr std::uint8_t message_kind_first = message_kind_table.first;
+inline constexpr std::uint8_t message_kind_last = message_kind_table.first + message_kind_table.size() - 1;
 
-constexpr std::string_view to_string(message_kind k) noexcept {
-  switch (k) {
-    case message_kind::commit: return "commit";
-    case message_kind::pull_request: return "pull_request";
-    case message_kind::pull_reply: return "pull_reply";
-    case message_kind::join: return "join";
-    case message_kind::leave: return "leave";
-    case message_kind::plan_update: return "plan_update";
-    case message_kind::metric: return "metric";
-    case message_kind::error: return "error";
-    case message_kind::measurements: return "measurements";
-  }
-  return "?";
-}
+constexpr std::string_view to_string(message_kind k) noexcept { return message_kind_table.name(k); }
 
 constexpr bool is_control(message_kind k) noexcept { return static_cast<std::uint8_t>(k) >= 4; }
 
