@@ -48,6 +48,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <variant>
 
@@ -156,6 +157,13 @@ struct limits {
   std::uint64_t max_payload_bytes = std::uint64_t{1} << 30;
   std::uint32_t max_error_text = 4096;
   std::uint32_t max_measurements = 1024;  // records in one measurements message
+  // In this order in a saved server state (core/state_io.hpp).
+  static constexpr auto fields() {
+    return std::tuple{field{"max_elements", &limits::max_elements},
+                      field{"max_payload_bytes", &limits::max_payload_bytes},
+                      field{"max_error_text", &limits::max_error_text},
+                      field{"max_measurements", &limits::max_measurements}};
+  }
 };
 
 // Header fields a sender chooses; magic, version, lengths and CRC are derived.
