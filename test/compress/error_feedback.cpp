@@ -81,3 +81,33 @@ BOOST_AUTO_TEST_CASE(identity_leaves_no_residual_and_errors_keep_debt) {
   BOOST_CHECK(std::vector<float>(ef.residual(0).begin(), ef.residual(0).end()) == x);  // still owed
   BOOST_CHECK_EQUAL(ef.max_encoded_bytes(3, dtype::f16), 12u);
 }
+
+// The decorator's body is compress::error_feedback_step on a residual the
+// caller owns (ps::commit_encoder keeps one per shard): the same bytes and
+// residual as the decorator, step after step, and on an encode error the
+// caller's residual keeps x + e.
+BOOST_AUTO_TEST_CASE(the_step_on_a_callers_residual_is_the_decorators) {
+  const std::size_t n = 300;
+  const compress::topk inner{0.05};
+  compress::error_feedback<compress::topk> ef{inner};
+  std::vector<float> e(n, 0.0f);
+  std::vector<std::byte> a(ef.max_encoded_bytes(n, dtype::bf16)), b(a.size());
+  for (int t = 0; t < 5; ++t) {
+    const auto x = to_type<bfloat16>(normal_values(n, 300 + t));
+    const compress::codec_context ctx{.seed = 4, .step = static_cast<std::uint64_t>(t), .tensor = 2};
+    auto want = ef.encode(host_view<const bfloat16>(x.data(), n), a, ctx);
+    auto got = compress::error_feedback_step(inner, host_view<const bfloat16>(x.data(), n),
+                                             host_view<float>(e.data(), n), b, ctx);
+    BOOST_REQUIRE(want.has_value() && got.has_value());
+    BOOST_REQUIRE_EQUAL(*got, *want);
+    BOOST_CHECK(std::equal(a.begin(), a.begin() + *want, b.begin()));
+    BOOST_CHECK(std::equal(e.begin(), e.end(), ef.residual(2).begin(), ef.residual(2).end()));
+  }
+  const std::vector<float> before = e;
+  const std::vector<float> x(n, 0.25f);
+  std::vector<std::byte> small(4);
+  BOOST_CHECK(!compress::error_feedback_step(inner, host_view<const float>(x.data(), n), host_view<float>(e.data(), n),
+                                             small, {})
+                   .has_value());
+  for (std::size_t i = 0; i < n; ++i) BOOST_CHECK_EQUAL(e[i], before[i] + 0.25f);
+}

@@ -97,8 +97,7 @@ struct tamper : inproc_forwarder<tamper> {
   struct wrapped : forwarding_handler<H> {
     tamper* self;
     void on_message(tr::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data) {
-      const bool reply = head.size() == ashl::wire::header_bytes && !data.empty() &&
-                         std::to_integer<int>(head[8]) == static_cast<int>(ashl::wire::message_kind::pull_reply);
+      const bool reply = !data.empty() && ashl::wire::peek_kind(head) == ashl::wire::message_kind::pull_reply;
       if (reply && p == self->victim_peer && self->armed->exchange(false)) {
         self->head_copy.assign(head.begin(), head.end());
         self->data_copy.assign(data.begin(), data.end());

@@ -659,6 +659,28 @@ BOOST_AUTO_TEST_CASE(every_truncation_and_extension_is_rejected) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(peek_kind_reads_the_kind_that_decode_accepts) {
+  // Every kind, whole or in parts: the undecoded header says what decode says.
+  for (const auto& m : every_kind()) {
+    const auto head = std::span<const std::byte>(m).first(w::header_bytes);
+    auto d = dec(m);
+    BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().to_string()));
+    const auto k = w::peek_kind(head);
+    BOOST_TEST_REQUIRE(k.has_value());
+    BOOST_TEST(w::to_string(*k) == w::to_string(d->header.kind));
+  }
+  // Not a whole header: no kind, whatever the bytes.
+  const auto m = every_kind()[0];
+  BOOST_TEST(!w::peek_kind(std::span<const std::byte>(m).first(w::header_bytes - 1)).has_value());
+  BOOST_TEST(!w::peek_kind(std::span<const std::byte>(m).first(w::header_bytes + 1)).has_value());
+  BOOST_TEST(!w::peek_kind({}).has_value());
+  // A hint, not a check: a byte that is no kind comes back as it is.
+  auto bad = m;
+  bad[w::kind_offset] = std::byte{200};
+  BOOST_TEST(static_cast<int>(*w::peek_kind(std::span<const std::byte>(bad).first(w::header_bytes))) == 200);
+  BOOST_TEST(!dec(bad).has_value());
+}
+
 BOOST_AUTO_TEST_CASE(kind_names) {
   BOOST_TEST(w::to_string(w::message_kind::plan_update) == "plan_update");
   BOOST_TEST(w::to_string(w::message_kind::measurements) == "measurements");

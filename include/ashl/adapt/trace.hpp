@@ -21,10 +21,10 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/clock.hpp>
 #include <ashl/core/status.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -84,8 +84,7 @@ class tracer {
 
   // Microseconds since the Unix epoch (Python's time.time() * 1e6).
   [[nodiscard]] static double now() noexcept {
-    const auto t = std::chrono::system_clock::now().time_since_epoch();
-    return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t).count()) * 1e-3;
+    return static_cast<double>(system_clock::nanoseconds_since_epoch()) * 1e-3;
   }
 
   // One complete event; `name` must outlive the tracer (a literal). A

@@ -23,6 +23,7 @@
 
 #include <ashl/compress/detail/codec.hpp>
 #include <ashl/compress/detail/decorator.hpp>
+#include <ashl/compress/layout.hpp>
 #include <ashl/compress/registry.hpp>  // codecs, sparse_pair_codec
 #include <ashl/compress/threshold.hpp>
 #include <ashl/compress/topk.hpp>
@@ -76,12 +77,13 @@ class dgc : public detail::decorator<C, 2> {  // state: momentum u, velocity v
     detail::momentum_accumulate(u, v, g, m, n);  // u = m u + g; v += u
     auto used = inner_.encode(host_view<const float>(v, n), out, ctx);
     if (!used.has_value()) return used;
-    // Our own sparse-pair payload: u64 n, u32 count, count u32 indices (each < n).
+    // Our own sparse-pair payload (compress/layout.hpp): u64 n, u32 count,
+    // count u32 indices (each < n).
     const std::byte* p = out.data();
-    const std::uint32_t count = detail::load_le<std::uint32_t>(p + 8);
-    ASHL_ASSERT(12 + std::size_t{count} * 4 <= *used, "dgc: inner payload is not sparse pairs");
+    const std::uint32_t count = detail::load_le<std::uint32_t>(p + layout::sparse::count_offset);
+    ASHL_ASSERT(layout::sparse_values_offset(count) <= *used, "dgc: inner payload is not sparse pairs");
     for (std::uint32_t j = 0; j < count; ++j) {
-      const std::uint32_t i = detail::load_le<std::uint32_t>(p + 12 + 4 * std::size_t{j});
+      const std::uint32_t i = detail::load_le<std::uint32_t>(p + layout::sparse::header_bytes + 4 * std::size_t{j});
       ASHL_ASSERT(i < n, "dgc: inner payload index out of range");
       u[i] = 0.0f;
       v[i] = 0.0f;

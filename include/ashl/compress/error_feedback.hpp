@@ -27,10 +27,31 @@
 #include <ashl/compress/identity.hpp>
 
 #include <algorithm>
+#include <cstddef>
+#include <span>
 #include <utility>
 #include <vector>
 
 ASHL_DETAIL_COMPRESS_HOST_BEGIN
+
+// One error-feedback step on a caller-owned residual, the body of the
+// decorator below and of every host driver that keeps its own residuals
+// (ps::commit_encoder): e <- e + x; out <- C(e); e <- e - C(e), C as the
+// inner decoder computes it. Returns the payload's bytes. On an encode error
+// nothing was sent and e keeps e + x (all of it still owed). No allocation:
+// e (n = x.size() elements) and out are the caller's.
+template <codec C, gradient_element T>
+result<std::size_t> error_feedback_step(const C& inner, host_view<const T> x, host_view<float> e,
+                                        std::span<std::byte> out, const codec_context& ctx) {
+  const std::size_t n = x.size();
+  ASHL_ASSERT(e.size() == n, "error_feedback_step: the residual must have x's size");
+  float* r = e.data();
+  detail::add_widened(r, x.data(), n);  // 16-bit x widened a block at a time
+  auto used = inner.encode(host_view<const float>(r, n), out, ctx);
+  if (!used.has_value()) return used;
+  ASHL_TRY(inner.decode_add(std::span<const std::byte>(out.data(), *used), {n, dtype::f32}, e, -1.0f, ctx));
+  return used;
+}
 
 template <codec C>
 class error_feedback : public detail::decorator<C, 1> {
@@ -54,14 +75,7 @@ class error_feedback : public detail::decorator<C, 1> {
   result<std::size_t> encode(host_view<const T> xv, std::span<std::byte> out, const codec_context& ctx) {
     const std::size_t n = xv.size();
     std::vector<float>& e = this->state_.slot(ctx.tensor, n)[0];  // a new shape starts with no debt
-    const T* x = xv.data();
-    float* r = e.data();
-    detail::add_widened(r, x, n);  // 16-bit x widened a block at a time
-    auto used = inner_.encode(host_view<const float>(r, n), out, ctx);
-    if (!used.has_value()) return used;
-    ASHL_TRY(inner_.decode_add(std::span<const std::byte>(out.data(), *used), {n, dtype::f32},
-                               host_view<float>(r, n), -1.0f, ctx));
-    return used;
+    return error_feedback_step(inner_, xv, host_view<float>(e.data(), n), out, ctx);
   }
 };
 

@@ -25,6 +25,7 @@
 #include <ashl/compress/detail/levels.hpp>
 #include <ashl/compress/detail/quantize.hpp>
 #include <ashl/compress/detail/random_words.hpp>
+#include <ashl/compress/layout.hpp>
 #include <ashl/core/bytes.hpp>
 #include <ashl/core/philox.hpp>
 
@@ -35,9 +36,11 @@ ASHL_DETAIL_COMPRESS_HOST_BEGIN
 
 class natural : public detail::codec_base<codec_id::natural> {
  public:
-  static constexpr std::size_t header_bytes = 12;  // n u64, emin i32
-  // emin range: max |x| = 2^-149 (smallest subnormal) gives -274; the clamp gives 1.
-  static constexpr std::int32_t min_emin = -274, max_emin = 1;
+  // The header (n u64, emin i32) and the emin range are compress/layout.hpp's,
+  // shared with the device codec: max |x| = 2^-149 (smallest subnormal) gives
+  // -274; the clamp gives 1.
+  static constexpr std::size_t header_bytes = layout::natural::header_bytes;
+  static constexpr std::int32_t min_emin = layout::natural::min_emin, max_emin = layout::natural::max_emin;
 
   [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n, dtype) const noexcept { return header_bytes + n; }
   [[nodiscard]] std::size_t scratch_bytes(std::size_t, dtype) const noexcept { return 0; }

@@ -21,6 +21,7 @@
 
 #include <ashl/compress/detail/codec.hpp>
 #include <ashl/compress/detail/sparse.hpp>
+#include <ashl/compress/layout.hpp>
 #include <ashl/core/bytes.hpp>
 #include <ashl/core/philox.hpp>
 
@@ -34,7 +35,7 @@ struct randomk_options {
 
 class randomk : public detail::codec_base<codec_id::randomk> {
  public:
-  static constexpr std::size_t header_bytes = 21;  // n u64, k u32, flags u8, seed u64
+  static constexpr std::size_t header_bytes = layout::randomk::header_bytes;  // compress/layout.hpp
 
   randomk() = default;
   explicit randomk(randomk_options o) : opt_(o) {}
@@ -72,7 +73,7 @@ class randomk : public detail::codec_base<codec_id::randomk> {
     ASHL_TRY(validate());
     const std::size_t n = xv.size();
     const std::size_t k = k_for(n);
-    if (n > detail::sparse_max_elements)
+    if (n > layout::randomk::max_elements)
       return out_of_range("randomk.input.size", n, "exceeds 2^32 (the count is u32)");
     const std::size_t need = header_bytes + k * sizeof(T);
     if (out.size() < need)
@@ -102,7 +103,7 @@ class randomk : public detail::codec_base<codec_id::randomk> {
     ASHL_TRY(r.get(flags, "randomk.flags"));
     ASHL_TRY(r.get(seed, "randomk.seed"));
     if (n != info.count) return malformed("randomk.n", n, "must equal info.count = " + std::to_string(info.count));
-    if (n > detail::sparse_max_elements) return malformed("randomk.n", n, "exceeds 2^32");
+    if (n > layout::randomk::max_elements) return malformed("randomk.n", n, "exceeds 2^32");
     if (k > n) return malformed("randomk.k", k, "exceeds n = " + std::to_string(n));
     if (n != 0 && k == 0) return malformed("randomk.k", k, "must be >= 1");
     if ((flags & ~1u) != 0) return malformed("randomk.flags", flags, "only bit 0 (unbiased) is defined");

@@ -22,6 +22,7 @@
 #include <ashl/compress/cast.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/identity.hpp>
+#include <ashl/compress/layout.hpp>
 #include <ashl/compress/natural.hpp>
 #include <ashl/compress/qsgd.hpp>
 #include <ashl/compress/randomk.hpp>
@@ -180,12 +181,12 @@ inline std::size_t dense_payload_bytes(codec_id id, payload_info info) noexcept 
 // a commit before its policy decides, and decode it once afterwards.
 inline bool sparse_pairs_well_formed(std::span<const std::byte> p, payload_info info) noexcept {
   const std::uint64_t n = info.count;
-  if (p.size() < 12) return false;
+  if (p.size() < layout::sparse::header_bytes) return false;
   const std::uint64_t pn = detail::load_le32(p.data()) | std::uint64_t{detail::load_le32(p.data() + 4)} << 32;
-  const std::uint32_t count = detail::load_le32(p.data() + 8);
+  const std::uint32_t count = detail::load_le32(p.data() + layout::sparse::count_offset);
   if (pn != n || count == 0 || count > n) return false;
-  if (p.size() != 12 + std::uint64_t{count} * (4 + size_of(info.type))) return false;
-  const std::byte* idx = p.data() + 12;
+  if (p.size() != layout::sparse_payload_bytes(count, size_of(info.type))) return false;
+  const std::byte* idx = p.data() + layout::sparse::header_bytes;
   // Strictly increasing and the last below n: every index is below n.
   if (detail::load_le32(idx + 4 * std::size_t{count - 1}) >= n) return false;
   std::uint32_t bad = 0;
@@ -215,11 +216,11 @@ inline bool sparse_pairs_well_formed(std::span<const std::byte> p, payload_info 
 // header says adds nothing.
 inline void add_pairs_in_range(std::span<const std::byte> p, dtype t, float* acc, float scale, std::uint64_t lo,
                                std::uint64_t hi) noexcept {
-  if (p.size() < 12 || lo >= hi) return;
-  const std::uint32_t count = detail::load_le32(p.data() + 8);
+  if (p.size() < layout::sparse::header_bytes || lo >= hi) return;
+  const std::uint32_t count = detail::load_le32(p.data() + layout::sparse::count_offset);
   const std::size_t vs = size_of(t);
-  if (p.size() != 12 + std::uint64_t{count} * (4 + vs)) return;
-  const std::byte* idx = p.data() + 12;
+  if (p.size() != layout::sparse_payload_bytes(count, vs)) return;
+  const std::byte* idx = p.data() + layout::sparse::header_bytes;
   const std::byte* val = idx + 4 * std::size_t{count};
   const auto first_at_or_above = [&](std::uint64_t x) {
     std::size_t a = 0, b = count;

@@ -34,6 +34,7 @@
 #include <ashl/compress/detail/codec.hpp>
 #include <ashl/compress/detail/random_words.hpp>
 #include <ashl/compress/detail/sparse.hpp>
+#include <ashl/compress/layout.hpp>
 #include <ashl/core/philox.hpp>
 
 #include <algorithm>
@@ -192,7 +193,7 @@ class topk_sampled : public detail::sparse_codec<topk_sampled, codec_id::topk_sa
     std::byte* const base = out.data();
     detail::store_le<std::uint64_t>(base, n);
     detail::store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(k));
-    std::byte* const idx = base + detail::sparse_header_bytes;
+    std::byte* const idx = base + layout::sparse::header_bytes;
     detail::finish_topk<T>(k, 0, 0, 0, buf, cs.ge, idx, idx + 4 * k);
     return detail::sparse_payload_bytes(k, dtype_of<T>);
   }
@@ -219,7 +220,7 @@ class topk_sampled : public detail::sparse_codec<topk_sampled, codec_id::topk_sa
     std::byte* const base = out.data();
     detail::store_le<std::uint64_t>(base, n);
     detail::store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(c));
-    std::byte* const idx = base + detail::sparse_header_bytes;
+    std::byte* const idx = base + layout::sparse::header_bytes;
     std::byte* const val = idx + 4 * c;
     for (std::size_t j = 0; j < c; ++j) {
       detail::store_le<std::uint32_t>(idx + 4 * j, static_cast<std::uint32_t>(cand[j]));

@@ -4,14 +4,20 @@
 //   ashl::virtual_clock sim;           // advanced by the simulator
 //   sim.advance_to(2.5);
 //   double t = sim.now();              // seconds
+//   const ashl::steady_clock since;    // a stopwatch: since.now() is the seconds since
+//   std::uint64_t ns = ashl::system_clock::nanoseconds_since_epoch();   // wall time, for ids and traces
 //
-// Nothing below a driver reads time itself (DESIGN.md, "The one rule").
+// Nothing below a driver reads time itself (docs/design.md, "The one
+// rule"): what must measure or stamp time (a checkpoint writer's timing, a
+// process's incarnation, a trace) does it through this header, so the one
+// place that touches std::chrono is here and a driver can swap the clock.
 #pragma once
 
 #include <ashl/config.hpp>
 
 #include <chrono>
 #include <concepts>
+#include <cstdint>
 
 ASHL_NAMESPACE_BEGIN
 
@@ -46,7 +52,24 @@ class virtual_clock {
   double now_ = 0.0;
 };
 
+// Wall time: seconds since the Unix epoch. Not monotonic (the system may
+// set it back): for stamps that must mean the same across processes and
+// restarts (incarnation numbers, trace events), never for intervals.
+class system_clock {
+ public:
+  [[nodiscard]] double now() const noexcept {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+  // Nanoseconds since the Unix epoch; 0 for a clock set before it.
+  [[nodiscard]] static std::uint64_t nanoseconds_since_epoch() noexcept {
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    return ns > 0 ? static_cast<std::uint64_t>(ns) : 0;
+  }
+};
+
 static_assert(clock<steady_clock>);
+static_assert(clock<system_clock>);
 static_assert(clock<virtual_clock>);
 
 ASHL_NAMESPACE_END

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/enum_table.hpp>
 
 #include <bit>
 #include <cstddef>
@@ -26,8 +27,6 @@ ASHL_NAMESPACE_BEGIN
 // renumber, only append.
 enum class dtype : std::uint8_t { f32 = 0, f16 = 1, bf16 = 2, f64 = 3, i8 = 4, u8 = 5 };
 
-inline constexpr int dtype_count = 6;
-
 constexpr std::size_t size_of(dtype t) noexcept {
   switch (t) {
     case dtype::f32: return 4;
@@ -40,28 +39,15 @@ constexpr std::size_t size_of(dtype t) noexcept {
   return 0;
 }
 
-constexpr std::string_view to_string(dtype t) noexcept {
-  switch (t) {
-    case dtype::f32: return "f32";
-    case dtype::f16: return "f16";
-    case dtype::bf16: return "bf16";
-    case dtype::f64: return "f64";
-    case dtype::i8: return "i8";
-    case dtype::u8: return "u8";
-  }
-  return "?";
-}
+inline constexpr auto dtype_table = make_enum_table<dtype>("f32", "f16", "bf16", "f64", "i8", "u8");
+static_assert(dtype_table.name(dtype::u8) == "u8", "dtype_table ends where dtype does");
 
-constexpr std::optional<dtype> dtype_from_byte(std::uint8_t b) noexcept {
-  if (b < dtype_count) return static_cast<dtype>(b);
-  return std::nullopt;
-}
+constexpr std::string_view to_string(dtype t) noexcept { return dtype_table.name(t); }
 
-constexpr std::optional<dtype> dtype_from_string(std::string_view s) noexcept {
-  for (int i = 0; i < dtype_count; ++i)
-    if (to_string(static_cast<dtype>(i)) == s) return static_cast<dtype>(i);
-  return std::nullopt;
-}
+inline constexpr int dtype_count = static_cast<int>(dtype_table.size());
+
+constexpr std::optional<dtype> dtype_from_byte(std::uint8_t b) noexcept { return dtype_table.from_value(b); }
+constexpr std::optional<dtype> dtype_from_string(std::string_view s) noexcept { return dtype_table.parse(s); }
 
 constexpr bool is_floating(dtype t) noexcept {
   return t == dtype::f32 || t == dtype::f16 || t == dtype::bf16 || t == dtype::f64;

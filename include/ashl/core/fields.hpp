@@ -140,43 +140,71 @@ status parse_field_text(std::string_view text, T& out, const std::string& where)
 
 }  // namespace detail
 
-// Writes s's fields in table order with w.put (core/bytes.hpp's
-// byte_writer, core/state_io.hpp's state_writer); an enum as its integer.
+// Writes s's fields in `table`'s order (S::fields() unless given: a
+// saved state may list only some of a struct's fields, or a class's own
+// members) with w.put (core/bytes.hpp's byte_writer, core/state_io.hpp's
+// state_writer): an enum as its underlying integer, a field whose type has
+// its own table by that table, in place. So the bytes are those of the
+// put() sequence a table replaces.
+template <class Writer, class S, class Table>
+void put_fields(Writer& w, const S& s, const Table& table) {
+  std::apply(
+      [&](const auto&... fd) {
+        (
+            [&](const auto& v) {
+              using T = std::decay_t<decltype(v)>;
+              if constexpr (described<T>) put_fields(w, v, T::fields());
+              else if constexpr (std::is_enum_v<T>) w.put(static_cast<std::underlying_type_t<T>>(v));
+              else w.put(v);
+            }(s.*(fd.member)),
+            ...);
+      },
+      table);
+}
 template <described S, class Writer>
 void put_fields(Writer& w, const S& s) {
-  for_each_field(s, [&](std::string_view, const auto& v) {
-    using T = std::decay_t<decltype(v)>;
-    if constexpr (std::is_enum_v<T>) w.put(static_cast<std::underlying_type_t<T>>(v));
-    else w.put(v);
-  });
+  put_fields(w, s, S::fields());
 }
 
-// Reads s's fields in table order with r.get(value, "<prefix>.<name>"),
-// stopping at the first error; the field names are built on the stack (no
-// allocation). An enum is read as its integer; the caller checks its range.
+// Reads them back in the same order with r.get(value, "<prefix>.<name>")
+// (nested: "<prefix>.<name>.<name>"), stopping at the first error; the
+// field names are built on the stack (no allocation). An enum is read as
+// its integer; the caller checks its range.
+template <class Reader, class S, class Table>
+status get_fields(Reader& r, S& s, std::string_view prefix, const Table& table) {
+  status st;
+  std::apply(
+      [&](const auto&... fd) {
+        (
+            [&](auto& v, std::string_view name) {
+              if (!st.ok()) return;
+              char buf[128];
+              std::size_t n = 0;
+              for (char c : prefix)
+                if (n < sizeof buf) buf[n++] = c;
+              if (!prefix.empty() && n < sizeof buf) buf[n++] = '.';
+              for (char c : name)
+                if (n < sizeof buf) buf[n++] = c;
+              const std::string_view where(buf, n);
+              using T = std::decay_t<decltype(v)>;
+              if constexpr (described<T>) {
+                st = get_fields(r, v, where, T::fields());
+              } else if constexpr (std::is_enum_v<T>) {
+                std::underlying_type_t<T> u{};
+                st = r.get(u, where);
+                if (st.ok()) v = static_cast<T>(u);
+              } else {
+                st = r.get(v, where);
+              }
+            }(s.*(fd.member), fd.name),
+            ...);
+      },
+      table);
+  return st;
+}
 template <described S, class Reader>
 status get_fields(Reader& r, S& s, std::string_view prefix) {
-  status st;
-  for_each_field(s, [&](std::string_view name, auto& v) {
-    if (!st.ok()) return;
-    char buf[128];
-    std::size_t n = 0;
-    for (char c : prefix)
-      if (n < sizeof buf) buf[n++] = c;
-    if (!prefix.empty() && n < sizeof buf) buf[n++] = '.';
-    for (char c : name)
-      if (n < sizeof buf) buf[n++] = c;
-    const std::string_view where(buf, n);
-    using T = std::decay_t<decltype(v)>;
-    if constexpr (std::is_enum_v<T>) {
-      std::underlying_type_t<T> u{};
-      st = r.get(u, where);
-      if (st.ok()) v = static_cast<T>(u);
-    } else {
-      st = r.get(v, where);
-    }
-  });
-  return st;
+  return get_fields(r, s, prefix, S::fields());
 }
 
 // Sets field `name` of s from its text form; errors name "<prefix>.<name>".

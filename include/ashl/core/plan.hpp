@@ -15,6 +15,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/enum_table.hpp>
 #include <ashl/core/fields.hpp>
 #include <ashl/core/status.hpp>
 
@@ -44,31 +45,14 @@ enum class stage_id : std::uint32_t {
   shl = 10,     // ASHL phase 2
   dlb = 11,
 };
-inline constexpr std::uint32_t stage_id_count = 12;
+inline constexpr auto stage_id_table = make_enum_table<stage_id>(
+    "none", "bsp", "asp", "ssp", "local_sgd", "dssp", "semi_async", "adsp", "profile", "ahl", "shl", "dlb");
+static_assert(stage_id_table.name(stage_id::dlb) == "dlb", "stage_id_table ends where stage_id does");
+inline constexpr std::uint32_t stage_id_count = stage_id_table.size();
 
-constexpr std::string_view to_string(stage_id s) noexcept {
-  switch (s) {
-    case stage_id::none: return "none";
-    case stage_id::bsp: return "bsp";
-    case stage_id::asp: return "asp";
-    case stage_id::ssp: return "ssp";
-    case stage_id::local_sgd: return "local_sgd";
-    case stage_id::dssp: return "dssp";
-    case stage_id::semi_async: return "semi_async";
-    case stage_id::adsp: return "adsp";
-    case stage_id::profile: return "profile";
-    case stage_id::ahl: return "ahl";
-    case stage_id::shl: return "shl";
-    case stage_id::dlb: return "dlb";
-  }
-  return "?";
-}
+constexpr std::string_view to_string(stage_id s) noexcept { return stage_id_table.name(s); }
 
-constexpr std::optional<stage_id> stage_id_from_string(std::string_view s) noexcept {
-  for (std::uint32_t i = 0; i < stage_id_count; ++i)
-    if (to_string(static_cast<stage_id>(i)) == s) return static_cast<stage_id>(i);
-  return std::nullopt;
-}
+constexpr std::optional<stage_id> stage_id_from_string(std::string_view s) noexcept { return stage_id_table.parse(s); }
 
 // -------------------------------------------------------------- the plan
 
@@ -160,19 +144,13 @@ enum class measurement_kind : std::uint8_t {
   commit = 4,    // push + pull of one commit together (ADSP's O_i); amount unused
   round = 5,     // one whole round (compute·H + push + pull); amount unused
 };
-inline constexpr std::uint8_t measurement_kind_count = 6;
+inline constexpr auto measurement_kind_table =
+    make_enum_table<measurement_kind>("compute", "push", "pull", "compress", "commit", "round");
+static_assert(measurement_kind_table.name(measurement_kind::round) == "round",
+              "measurement_kind_table ends where measurement_kind does");
+inline constexpr std::uint8_t measurement_kind_count = measurement_kind_table.size();
 
-constexpr std::string_view to_string(measurement_kind k) noexcept {
-  switch (k) {
-    case measurement_kind::compute: return "compute";
-    case measurement_kind::push: return "push";
-    case measurement_kind::pull: return "pull";
-    case measurement_kind::compress: return "compress";
-    case measurement_kind::commit: return "commit";
-    case measurement_kind::round: return "round";
-  }
-  return "?";
-}
+constexpr std::string_view to_string(measurement_kind k) noexcept { return measurement_kind_table.name(k); }
 
 // One timing measurement, as the driver built it and every layer reads it.
 struct measurement {
@@ -188,19 +166,16 @@ struct measurement {
 
 // Global metrics a driver evaluates; the wire's metric body carries the id.
 enum class metric_id : std::uint32_t { loss = 0, accuracy = 1, samples_per_second = 2, iteration_seconds = 3 };
-inline constexpr std::uint32_t metric_id_count = 4;
+// Ids the table does not name are the application's ("application").
+inline constexpr auto metric_id_table = make_enum_table_from<metric_id>(
+    0, "application", "loss", "accuracy", "samples_per_second", "iteration_seconds");
+static_assert(metric_id_table.name(metric_id::iteration_seconds) == "iteration_seconds",
+              "metric_id_table ends where metric_id does");
+inline constexpr std::uint32_t metric_id_count = metric_id_table.size();
 // Ids from here up are the application's; those between are reserved.
 inline constexpr std::uint32_t metric_id_application = 1024;
 
-constexpr std::string_view to_string(metric_id m) noexcept {
-  switch (m) {
-    case metric_id::loss: return "loss";
-    case metric_id::accuracy: return "accuracy";
-    case metric_id::samples_per_second: return "samples_per_second";
-    case metric_id::iteration_seconds: return "iteration_seconds";
-  }
-  return "application";
-}
+constexpr std::string_view to_string(metric_id m) noexcept { return metric_id_table.name(m); }
 
 // ------------------------------------------------------ ADSP commit interval
 

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/enum_table.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
@@ -87,14 +88,10 @@ enum class replan_reason : std::uint8_t {
   drift = 1,      // a smoothed time drifted more than `drift` from the basis
   straggler = 2,  // the straggler detector flagged the worker
 };
-constexpr std::string_view to_string(replan_reason r) noexcept {
-  switch (r) {
-    case replan_reason::none: return "none";
-    case replan_reason::drift: return "drift";
-    case replan_reason::straggler: return "straggler";
-  }
-  return "?";
-}
+inline constexpr auto replan_reason_table = make_enum_table<replan_reason>("none", "drift", "straggler");
+static_assert(replan_reason_table.name(replan_reason::straggler) == "straggler",
+              "replan_reason_table ends where replan_reason does");
+constexpr std::string_view to_string(replan_reason r) noexcept { return replan_reason_table.name(r); }
 
 // Why the latest re-plan happened: which worker, and its measured time
 // (drift: the EWMA that drifted; straggler: the window's median iteration

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/profile/capability.hpp>
@@ -36,6 +37,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 ASHL_NAMESPACE_BEGIN
@@ -68,6 +70,11 @@ class straggler_detector {
     double threshold = 0.5;         // over the line: median ratio > 1 + threshold
     std::uint32_t consecutive = 2;  // windows over the line before a report
     friend bool operator==(const params&, const params&) = default;
+    // In this order in a saved state (core/fields.hpp's put_fields).
+    static constexpr auto fields() {
+      return std::tuple{field{"workers", &params::workers}, field{"window", &params::window},
+                        field{"threshold", &params::threshold}, field{"consecutive", &params::consecutive}};
+    }
   };
 
   // For parameters from user configuration: errors instead of assertions.
@@ -132,10 +139,7 @@ class straggler_detector {
   // The whole state: parameters, models, open windows and counts.
   void save(state_writer& out) const {
     out.tag("STRG", 1);
-    out.put(p_.workers);
-    out.put(p_.window);
-    out.put(p_.threshold);
-    out.put(p_.consecutive);
+    put_fields(out, p_);
     out.put<std::uint64_t>(model_.size());
     for (std::size_t w = 0; w < model_.size(); ++w) {
       out.put(has_[w]);
@@ -149,10 +153,7 @@ class straggler_detector {
   static result<straggler_detector> load(state_reader& in) {
     params p;
     ASHL_TRY(in.tag("STRG", 1));
-    ASHL_TRY(in.get(p.workers, "straggler.workers"));
-    ASHL_TRY(in.get(p.window, "straggler.window"));
-    ASHL_TRY(in.get(p.threshold, "straggler.threshold"));
-    ASHL_TRY(in.get(p.consecutive, "straggler.consecutive"));
+    ASHL_TRY(get_fields(in, p, "straggler"));
     ASHL_TRY(check(p, true));
     std::uint64_t n = 0;
     ASHL_TRY(in.count(n, 1 + 8 + 8 + 4 + 8 + 8, "straggler.ids"));

@@ -51,12 +51,12 @@
 
 #include <ashl/config.hpp>
 #include <ashl/core/bytes.hpp>
+#include <ashl/core/clock.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/wire/crc32c.hpp>
 
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -493,11 +493,11 @@ class checkpoint_writer {
   // returns its status (also counted): a server's final checkpoint.
   status write_now(const checkpoint_meta& meta) {
     wait();
-    const auto t0 = std::chrono::steady_clock::now();
+    const steady_clock since;
     status s = write_(file_, meta, front_);
-    const std::chrono::duration<double> d = std::chrono::steady_clock::now() - t0;
+    const double d = since.now();
     std::lock_guard g(mu_);
-    record(s, d.count(), front_.size());
+    record(s, d, front_.size());
     return s;
   }
 
@@ -550,11 +550,11 @@ class checkpoint_writer {
       if (!pending_) return;  // stop_, nothing left to write
       const checkpoint_meta meta = back_meta_;
       g.unlock();
-      const auto t0 = std::chrono::steady_clock::now();
+      const steady_clock since;
       status s = write_(file_, meta, back_);  // back_ is this thread's while pending_
-      const std::chrono::duration<double> d = std::chrono::steady_clock::now() - t0;
+      const double d = since.now();
       g.lock();
-      record(s, d.count(), back_.size());
+      record(s, d, back_.size());
       pending_ = false;
       cv_.notify_all();
     }

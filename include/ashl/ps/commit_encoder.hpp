@@ -25,6 +25,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/compress/error_feedback.hpp>
 #include <ashl/compress/registry.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
@@ -144,7 +145,8 @@ class commit_encoder {
   }
 
   // Encodes shard `shard` (x, its elements) of an update at `step` (the
-  // codec's Philox step) with the codec in force. With error feedback:
+  // codec's Philox step) with the codec in force. With error feedback, the
+  // decorator's step on this shard's residual (compress::error_feedback_step):
   // e <- e + x, payload = C(e), e <- e - C(e) (C as the decoder computes
   // it); on an error nothing was sent and e keeps e + x (all of it owed).
   // The payload stays valid until this shard's next encode.
@@ -171,13 +173,10 @@ class commit_encoder {
               if (!used) return used.error();
               return std::span<const std::byte>(st.payload.data(), *used);
             }
-            float* e = st.residual.data();
-            for (std::size_t i = 0; i < n; ++i) e[i] += x[i];
             st.owed = true;
-            auto used = c.encode(host_view<const float>(e, n), out, ctx);
+            auto used = compress::error_feedback_step(c, host_view<const float>(x.data(), n),
+                                                      host_view<float>(st.residual.data(), n), out, ctx);
             if (!used) return used.error();
-            ASHL_TRY(c.decode_add(std::span<const std::byte>(st.payload.data(), *used), {n, dtype::f32},
-                                  host_view<float>(e, n), -1.0f, ctx));
             return std::span<const std::byte>(st.payload.data(), *used);
           }
         },

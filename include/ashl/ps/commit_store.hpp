@@ -19,6 +19,7 @@
 
 #include <ashl/config.hpp>
 #include <ashl/core/dtype.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/wire/ids.hpp>
@@ -30,6 +31,7 @@
 #include <iterator>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -44,6 +46,13 @@ struct commit_meta {
   std::uint64_t step = 0;    // codec_context.step
   std::uint32_t tensor = 0;  // codec_context.tensor
   friend constexpr bool operator==(const commit_meta&, const commit_meta&) = default;
+
+  // The saved state's fields, in their order (core/state_io.hpp).
+  static constexpr auto fields() {
+    return std::tuple{field{"codec", &commit_meta::codec}, field{"dtype", &commit_meta::type},
+                      field{"element_count", &commit_meta::element_count}, field{"step", &commit_meta::step},
+                      field{"tensor", &commit_meta::tensor}};
+  }
 };
 
 class commit_store {
@@ -151,11 +160,7 @@ class commit_store {
     for_each([&](const entry& e, std::span<const std::byte> p) {
       w.put(e.worker);
       w.put(e.sequence);
-      w.put(static_cast<std::uint8_t>(e.meta.codec));
-      w.put(static_cast<std::uint8_t>(e.meta.type));
-      w.put(e.meta.element_count);
-      w.put(e.meta.step);
-      w.put(e.meta.tensor);
+      put_fields(w, e.meta);
       w.put<std::uint64_t>(p.size());
       w.put_bytes(p);
     });
@@ -171,19 +176,14 @@ class commit_store {
     for (std::uint64_t i = 0; i < n; ++i) {
       std::uint32_t worker = 0;
       std::uint64_t seq = 0, size = 0;
-      std::uint8_t codec = 0, type = 0;
       commit_meta m;
       ASHL_TRY(r.get(worker, "commit_store.worker"));
       ASHL_TRY(r.get(seq, "commit_store.sequence"));
-      ASHL_TRY(r.get(codec, "commit_store.codec"));
-      ASHL_TRY(r.get(type, "commit_store.dtype"));
-      if (codec >= codec_id_count) return make_error(errc::malformed, "commit_store.codec", codec, "unknown codec id");
-      if (type >= dtype_count) return make_error(errc::malformed, "commit_store.dtype", type, "unknown dtype");
-      m.codec = static_cast<codec_id>(codec);
-      m.type = static_cast<dtype>(type);
-      ASHL_TRY(r.get(m.element_count, "commit_store.element_count"));
-      ASHL_TRY(r.get(m.step, "commit_store.step"));
-      ASHL_TRY(r.get(m.tensor, "commit_store.tensor"));
+      ASHL_TRY(get_fields(r, m, "commit_store"));
+      if (!codec_id_table.contains(m.codec))
+        return make_error(errc::malformed, "commit_store.codec", static_cast<unsigned>(m.codec), "unknown codec id");
+      if (!dtype_table.contains(m.type))
+        return make_error(errc::malformed, "commit_store.dtype", static_cast<unsigned>(m.type), "unknown dtype");
       ASHL_TRY(r.count(size, 1, "commit_store.payload_bytes"));
       bytes.resize(static_cast<std::size_t>(size));
       for (auto& b : bytes) {

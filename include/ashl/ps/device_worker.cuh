@@ -15,9 +15,11 @@
 //
 // A commit under a compressing plan is encoded shard by shard with the
 // plan's device codec (compress/cuda/concepts.cuh) on the caller's stream,
-// with error feedback on the device (e <- (x + e) - C(x + e): add x into the
-// residual, encode it, decode the payload back into it with scale -1, as
-// compress/error_feedback.hpp does on the host), and only the payloads are
+// with error feedback on the device (e <- (x + e) - C(x + e): the device
+// decorator's step, compress::cuda::error_feedback_step, on the worker's
+// residual; the same bits as compress/error_feedback.hpp on the host, and
+// settled on the stream even when a payload's size is known only on the
+// device), and only the payloads are
 // copied into one page-locked host buffer registered with UCX once
 // (ps/device_staging.hpp); ps::worker::commit_encoded sends them from
 // there. A dense commit copies the gradient into that buffer and is sent
@@ -46,6 +48,7 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/cuda/concepts.cuh>
+#include <ashl/compress/cuda/error_feedback.cuh>
 #include <ashl/compress/cuda/cast.cuh>
 #include <ashl/compress/cuda/identity.cuh>
 #include <ashl/compress/cuda/natural.cuh>
@@ -166,44 +169,22 @@ bool with_device_codec(codec_id id, double ratio, F&& f) {
 
 }  // namespace detail
 
-// One error-feedback step of a device codec on `stream`, as
-// compress::error_feedback does on the host: e <- e + x; out <- C(e);
-// e <- e - C(e) (the payload decoded back with scale -1). An empty `e`
-// encodes x alone. With scratch.data == nullptr only the sizes are set
-// (scratch.bytes covers the encode and the decode; out.used). When the
-// codec knows its size only on the device (out.size_known false), the
-// decode is left to the caller, with the exact size from *out.d_used.
+// A shard's encode on `stream`: with a residual e, the device decorator's
+// error-feedback step (compress::cuda::error_feedback_step, e <- e + x;
+// out <- C(e); e <- e - C(e), as compress::error_feedback does on the
+// host); an empty `e` encodes x alone. With scratch.data == nullptr only
+// the sizes are set (scratch.bytes, out.used). When the codec knows its
+// size only on the device (out.size_known false), the exact size is
+// *out.d_used; the residual is already settled on the device.
 template <class C>
 status encode_with_feedback(C& c, device_view<const float> x, device_view<float> e, compress::cuda::device_output& out,
                             const compress::codec_context& ctx, compress::cuda::device_scratch& scratch,
                             compress::cuda::device_report* encode_report, compress::cuda::device_report* decode_report,
                             cudaStream_t stream) {
-  const compress::payload_info info{x.size(), dtype::f32};
-  if (scratch.data == nullptr) {
-    compress::cuda::device_scratch q{};
-    ASHL_TRY(compress::cuda::encode(c, e.size() != 0 ? device_view<const float>(e.data(), e.size()) : x, out, ctx, q,
-                                    encode_report, stream));
-    std::size_t need = q.bytes;
-    if (e.size() != 0) {
-      compress::cuda::device_scratch qd{};
-      ASHL_TRY(compress::cuda::decode_add(c, device_view<const std::byte>(out.bytes.data(), out.bytes.size()), info,
-                                          e, -1.0f, ctx, qd, decode_report, stream));
-      need = std::max(need, qd.bytes);
-    }
-    scratch.bytes = need;
-    return {};
-  }
   if (e.size() == 0) return compress::cuda::encode(c, x, out, ctx, scratch, encode_report, stream);
   if (e.size() != x.size())
     return invalid_argument("device_worker.residual.size", e.size(), "must equal the update's " + std::to_string(x.size()));
-  const unsigned blocks = static_cast<unsigned>(std::clamp<std::size_t>((x.size() + 255) / 256, 1, 4096));
-  detail::add_into_kernel<<<blocks, 256, 0, stream>>>(e.data(), x.data(), x.size());
-  ASHL_TRY(detail::cuda_status(cudaGetLastError(), "add_into_kernel"));
-  ASHL_TRY(compress::cuda::encode(c, device_view<const float>(e.data(), e.size()), out, ctx, scratch, encode_report,
-                                  stream));
-  if (!out.size_known) return {};
-  return compress::cuda::decode_add(c, device_view<const std::byte>(out.bytes.data(), out.used), info, e, -1.0f, ctx,
-                                    scratch, decode_report, stream);
+  return compress::cuda::error_feedback_step(c, x, e, out, ctx, scratch, encode_report, decode_report, stream);
 }
 
 template <transport::transport Transport>
@@ -517,8 +498,7 @@ class device_worker {
       ASHL_TRY(detail::cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize"));
       ASHL_TRY(check_reports(S, 0));
       // Sizes known only on the device (threshold, topk_sampled): their
-      // exact bytes now, and their error-feedback decode with that size.
-      bool second = false;
+      // exact bytes now (their residuals were settled on the device).
       const auto* h_used = reinterpret_cast<const std::uint64_t*>(control.data());
       for (std::size_t k = 0; k < S; ++k) {
         if (known[k]) continue;
@@ -526,25 +506,10 @@ class device_worker {
           return make_error(errc::internal, "device_worker.payload_bytes", h_used[k],
                             "exceeds the codec's bound " + std::to_string(caps[k]));
         used[k] = static_cast<std::size_t>(h_used[k]);
-        const device_view<const std::byte> p(base + at.offset(k), used[k]);
-        if (error_feedback) {
-          compress::cuda::device_scratch sc{scratch.data, scratch.bytes};
-          ASHL_TRY(compress::cuda::decode_add(c, p, compress::payload_info{x_of(k).size(), dtype::f32}, e_of(k), -1.0f,
-                                              ctx_of(k), sc, d_reports + S + k, s));
-        }
-        ASHL_TRY(detail::cuda_status(
-            cudaMemcpyAsync(staging.data() + at.offset(k), p.data(), used[k], cudaMemcpyDeviceToHost, s),
-            "cudaMemcpyAsync(payload)"));
-        tel.bytes_to_host += used[k];
-        second = true;
-      }
-      if (second) {
-        ASHL_TRY(detail::cuda_status(cudaMemcpyAsync(control.data() + S * sizeof(std::uint64_t),
-                                                     d_reports, 2 * S * sizeof(compress::cuda::device_report),
+        ASHL_TRY(detail::cuda_status(cudaMemcpyAsync(staging.data() + at.offset(k), base + at.offset(k), used[k],
                                                      cudaMemcpyDeviceToHost, s),
-                                     "cudaMemcpyAsync(control)"));
-        ASHL_TRY(detail::cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize"));
-        ASHL_TRY(check_reports(S, S));
+                                     "cudaMemcpyAsync(payload)"));
+        tel.bytes_to_host += used[k];
       }
       std::vector<std::span<const std::byte>> spans(S);
       for (std::size_t k = 0; k < S; ++k) spans[k] = {staging.data() + at.offset(k), used[k]};

@@ -14,8 +14,8 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/clock.hpp>
 
-#include <chrono>
 #include <cstdint>
 
 ASHL_NAMESPACE_BEGIN
@@ -23,11 +23,7 @@ namespace ps {
 
 // Nanoseconds since the Unix epoch (system_clock): the unit of every
 // time-based incarnation.
-inline std::uint64_t incarnation_now() noexcept {
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-                      .count();
-  return ns > 0 ? static_cast<std::uint64_t>(ns) : 0;
-}
+inline std::uint64_t incarnation_now() noexcept { return system_clock::nanoseconds_since_epoch(); }
 
 }  // namespace ps
 ASHL_NAMESPACE_END

@@ -19,12 +19,14 @@
 #include <ashl/config.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
+#include <ashl/core/fields.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -38,6 +40,14 @@ struct optimizer_params {
   double momentum = 0.0;      // sgd only, [0, 1)
   double weight_decay = 0.0;  // sgd only, >= 0
   bool nesterov = false;      // sgd with momentum > 0 only
+
+  // The saved state's fields, in their order (core/state_io.hpp).
+  static constexpr auto fields() {
+    return std::tuple{field{"mode", &optimizer_params::mode}, field{"lr", &optimizer_params::lr},
+                      field{"momentum", &optimizer_params::momentum},
+                      field{"weight_decay", &optimizer_params::weight_decay},
+                      field{"nesterov", &optimizer_params::nesterov}};
+  }
 
   [[nodiscard]] status validate() const {
     if (mode != kind::model_delta && mode != kind::sgd)
@@ -129,11 +139,7 @@ class optimizer {
 
   void save(state_writer& w) const {
     w.tag("POPT", 1);
-    w.put(static_cast<std::uint8_t>(p_.mode));
-    w.put(p_.lr);
-    w.put(p_.momentum);
-    w.put(p_.weight_decay);
-    w.put(p_.nesterov);
+    put_fields(w, p_);
     w.put<std::uint64_t>(n_);
     w.put_vector(v_);
   }
@@ -141,13 +147,7 @@ class optimizer {
   status load(state_reader& r) {
     ASHL_TRY(r.tag("POPT", 1));
     optimizer_params p;
-    std::uint8_t mode = 0;
-    ASHL_TRY(r.get(mode, "optimizer.mode"));
-    p.mode = static_cast<optimizer_params::kind>(mode);
-    ASHL_TRY(r.get(p.lr, "optimizer.lr"));
-    ASHL_TRY(r.get(p.momentum, "optimizer.momentum"));
-    ASHL_TRY(r.get(p.weight_decay, "optimizer.weight_decay"));
-    ASHL_TRY(r.get(p.nesterov, "optimizer.nesterov"));
+    ASHL_TRY(get_fields(r, p, "optimizer"));
     ASHL_TRY(p.validate());
     std::uint64_t n = 0;
     ASHL_TRY(r.get(n, "optimizer.elements"));

@@ -63,6 +63,7 @@
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/registry.hpp>
 #include <ashl/core/dtype.hpp>
+#include <ashl/core/enum_table.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
@@ -114,26 +115,13 @@ enum class refusal : std::uint8_t {
   non_finite = 11,     // a NaN or infinite value in the update (server_core_params.allow_non_finite)
   samples = 12,        // commit.samples above server_core_params.max_commit_samples
 };
-inline constexpr std::size_t refusal_count = 13;
+inline constexpr auto refusal_table =
+    make_enum_table<refusal>("unknown_worker", "not_live", "incarnation", "sequence", "element_count", "dtype", "codec",
+                             "payload", "limits", "store_full", "measurement", "non_finite", "samples");
+static_assert(refusal_table.name(refusal::samples) == "samples", "refusal_table ends where refusal does");
+inline constexpr std::size_t refusal_count = refusal_table.size();
 
-constexpr std::string_view to_string(refusal r) noexcept {
-  switch (r) {
-    case refusal::unknown_worker: return "unknown_worker";
-    case refusal::not_live: return "not_live";
-    case refusal::incarnation: return "incarnation";
-    case refusal::sequence: return "sequence";
-    case refusal::element_count: return "element_count";
-    case refusal::dtype: return "dtype";
-    case refusal::codec: return "codec";
-    case refusal::payload: return "payload";
-    case refusal::limits: return "limits";
-    case refusal::store_full: return "store_full";
-    case refusal::measurement: return "measurement";
-    case refusal::non_finite: return "non_finite";
-    case refusal::samples: return "samples";
-  }
-  return "?";
-}
+constexpr std::string_view to_string(refusal r) noexcept { return refusal_table.name(r); }
 
 // The largest commit payload a server takes for a shard of n elements: 8
 // bytes an element (sparse pairs of f32 at ratio 1, twice a dense f32
@@ -988,25 +976,11 @@ class server_core {
     const std::size_t body_at = out.size();
     state_writer& w = out;
     p_.layout.save(w);
-    w.put(p_.shard);
-    w.put(p_.workers);
-    w.put(p_.store_bytes);
-    w.put(p_.limits.max_elements);
-    w.put(p_.limits.max_payload_bytes);
-    w.put(p_.limits.max_error_text);
-    w.put(p_.limits.max_measurements);
-    w.put(p_.seed);
+    put_fields(w, p_, saved_params());
     opt_.save(w);
     w.put_vector(w_);
     w.put<std::uint64_t>(table_.size());
-    for (const auto& e : table_) {
-      w.put(e.known);
-      w.put(e.live);
-      w.put(e.held);
-      w.put(e.incarnation);
-      w.put(e.last_sequence);
-      w.put(e.policy_sequence);
-    }
+    for (const auto& e : table_) put_fields(w, e, worker_entry::saved());
     store_.save(w);
     save_counters(w, stats_);
     policy_.save(w);
@@ -1029,14 +1003,7 @@ class server_core {
     state_reader r(bytes);
     server_core_params p;
     ASHL_TRY(p.layout.load(r));
-    ASHL_TRY(r.get(p.shard, "server_core.shard"));
-    ASHL_TRY(r.get(p.workers, "server_core.workers"));
-    ASHL_TRY(r.get(p.store_bytes, "server_core.store_bytes"));
-    ASHL_TRY(r.get(p.limits.max_elements, "server_core.limits.max_elements"));
-    ASHL_TRY(r.get(p.limits.max_payload_bytes, "server_core.limits.max_payload_bytes"));
-    ASHL_TRY(r.get(p.limits.max_error_text, "server_core.limits.max_error_text"));
-    ASHL_TRY(r.get(p.limits.max_measurements, "server_core.limits.max_measurements"));
-    ASHL_TRY(r.get(p.seed, "server_core.seed"));
+    ASHL_TRY(get_fields(r, p, "server_core", saved_params()));
     if (p.shard >= p.layout.servers())
       return make_error(errc::malformed, "server_core.shard", p.shard, "not a server of the saved layout");
     const std::uint64_t n = p.layout.range(p.shard).size();
@@ -1051,14 +1018,7 @@ class server_core {
     std::uint64_t m = 0;
     ASHL_TRY(r.count(m, 27, "server_core.workers_known"));
     std::vector<worker_entry> table(static_cast<std::size_t>(m));
-    for (auto& e : table) {
-      ASHL_TRY(r.get(e.known, "server_core.worker.known"));
-      ASHL_TRY(r.get(e.live, "server_core.worker.live"));
-      ASHL_TRY(r.get(e.held, "server_core.worker.held"));
-      ASHL_TRY(r.get(e.incarnation, "server_core.worker.incarnation"));
-      ASHL_TRY(r.get(e.last_sequence, "server_core.worker.last_sequence"));
-      ASHL_TRY(r.get(e.policy_sequence, "server_core.worker.policy_sequence"));
-    }
+    for (auto& e : table) ASHL_TRY(get_fields(r, e, "server_core.worker", worker_entry::saved()));
     // The larger of the saved bound and this server's: a restart given a
     // larger store_bytes (the saved one was too small) keeps it.
     p.store_bytes = std::max(p.store_bytes, p_.store_bytes);
@@ -1100,7 +1060,29 @@ class server_core {
     std::uint64_t policy_sequence = 0;  // what the policy was told, never reset
     float last_weight = 1.0f;           // of its last dense apply: speculate()'s guess (not saved)
     bool applied_at_once = true;        // the policy applied its last commit when it came (not saved)
+    // The saved fields, in their order (27 bytes an entry).
+    static constexpr auto saved() {
+      return std::tuple{field{"known", &worker_entry::known}, field{"live", &worker_entry::live},
+                        field{"held", &worker_entry::held}, field{"incarnation", &worker_entry::incarnation},
+                        field{"last_sequence", &worker_entry::last_sequence},
+                        field{"policy_sequence", &worker_entry::policy_sequence}};
+    }
   };
+
+  // The parameters a state carries, in their order after the layout (the
+  // optimizer's are its own section; allow_non_finite and
+  // max_commit_samples stay the running server's).
+  static constexpr auto saved_params() {
+    return std::tuple{field{"shard", &server_core_params::shard}, field{"workers", &server_core_params::workers},
+                      field{"store_bytes", &server_core_params::store_bytes},
+                      field{"limits", &server_core_params::limits}, field{"seed", &server_core_params::seed}};
+  }
+  // counters::fields() but the last entry (the refusals, saved after their count).
+  static constexpr auto scalar_counter_fields() {
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple{std::get<I>(counters::fields())...};
+    }(std::make_index_sequence<field_count<counters> - 1>{});
+  }
 
   server_core(server_core_params p, Policy policy, optimizer opt)
       : p_(std::move(p)), policy_(std::move(policy)), opt_(std::move(opt)), store_(p_.store_bytes), sink_(p_.workers) {}
@@ -1809,19 +1791,12 @@ class server_core {
   }
 
   static void save_counters(state_writer& w, const counters& c) {
-    for (std::uint64_t v : {c.commits, c.commits_applied, c.commits_buffered, c.commits_dropped, c.duplicates,
-                            c.bytes_in, c.pulls, c.pulls_served, c.pulls_held, c.pulls_released, c.pulls_dropped,
-                            c.plans_sent, c.steps, c.joins, c.leaves, c.evictions, c.round_missing})
-      w.put(v);
+    put_fields(w, c, scalar_counter_fields());
     w.put<std::uint64_t>(c.refused.size());
     for (std::uint64_t v : c.refused) w.put(v);
   }
   static status load_counters(state_reader& r, counters& c, std::uint32_t version) {
-    for (std::uint64_t* v : {&c.commits, &c.commits_applied, &c.commits_buffered, &c.commits_dropped, &c.duplicates,
-                             &c.bytes_in, &c.pulls, &c.pulls_served, &c.pulls_held, &c.pulls_released,
-                             &c.pulls_dropped, &c.plans_sent, &c.steps, &c.joins, &c.leaves, &c.evictions,
-                             &c.round_missing})
-      ASHL_TRY(r.get(*v, "server_core.counters"));
+    ASHL_TRY(get_fields(r, c, "server_core.counters", scalar_counter_fields()));
     std::uint64_t reasons = 11;  // version 1: the reasons up to refusal::measurement
     if (version >= 2) {
       ASHL_TRY(r.get(reasons, "server_core.counters.refused.count"));

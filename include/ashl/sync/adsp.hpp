@@ -39,6 +39,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -108,9 +109,58 @@ struct adsp_params {
   staleness_weighting staleness_weight{};
   stage_id stage = stage_id::adsp;
   friend bool operator==(const adsp_params&, const adsp_params&) = default;
+
+  // In this order in a saved state (core/state_io.hpp).
+  static constexpr auto fields() {
+    return std::tuple{field{"workers", &adsp_params::workers},
+                      field{"period", &adsp_params::period},
+                      field{"t_min", &adsp_params::t_min},
+                      field{"search_every", &adsp_params::search_every},
+                      field{"target_loss", &adsp_params::target_loss},
+                      field{"loss_rise", &adsp_params::loss_rise},
+                      field{"initial_commit_rate", &adsp_params::initial_commit_rate},
+                      field{"max_commit_rate", &adsp_params::max_commit_rate},
+                      field{"metric", &adsp_params::metric},
+                      field{"staleness_weight", &adsp_params::staleness_weight},
+                      field{"stage", &adsp_params::stage}};
+  }
 };
 
 class adsp {
+  // Declared first: save() and load() read their tables.
+  struct point {
+    double t = 0.0;
+    double l = 0.0;
+    static constexpr auto fields() { return std::tuple{field{"t", &point::t}, field{"l", &point::l}}; }
+  };
+  struct entry {
+    bool live = false;
+    bool has_sequence = false;
+    std::uint64_t last_sequence = 0;
+    std::uint64_t pulled_version = 0;  // version at w's last served pull
+    double overhead = 0.0;             // O_i
+    double push = 0.0, pull = 0.0;     // its parts, when measured apart
+    // In this order in a saved state, after the parameters.
+    static constexpr auto fields() {
+      return std::tuple{field{"live", &entry::live},         field{"has_sequence", &entry::has_sequence},
+                        field{"last_sequence", &entry::last_sequence},
+                        field{"pulled_version", &entry::pulled_version},
+                        field{"overhead", &entry::overhead}, field{"push", &entry::push},
+                        field{"pull", &entry::pull}};
+    }
+  };
+  // The search's state, in its order in a saved state, after the workers.
+  static constexpr auto search_fields() {
+    return std::tuple{field{"version", &adsp::version_},         field{"rate", &adsp::rate_},
+                      field{"searching", &adsp::searching_},     field{"first_trial", &adsp::first_trial_},
+                      field{"trial", &adsp::trial_},             field{"best", &adsp::best_},
+                      field{"best_reward", &adsp::best_reward_}, field{"has_start", &adsp::has_start_},
+                      field{"start", &adsp::start_},             field{"has_mid", &adsp::has_mid_},
+                      field{"mid", &adsp::mid_},                 field{"searches_done", &adsp::searches_done_},
+                      field{"search_end", &adsp::search_end_},   field{"period_start", &adsp::period_start_}};
+  }
+
+
  public:
   using policy_concept = policy_tag;
 
@@ -194,119 +244,34 @@ class adsp {
 
   void save(state_writer& w) const {
     w.tag("ADSP", 1);
-    w.put<std::uint64_t>(p_.workers);
-    w.put(p_.period);
-    w.put(p_.t_min);
-    w.put(p_.search_every);
-    w.put(p_.target_loss);
-    w.put(p_.loss_rise);
-    w.put(p_.initial_commit_rate);
-    w.put(p_.max_commit_rate);
-    w.put(static_cast<std::uint32_t>(p_.metric));
-    w.put(static_cast<std::uint8_t>(p_.staleness_weight.mode));
-    w.put(p_.staleness_weight.exponent);
-    w.put(static_cast<std::uint32_t>(p_.stage));
+    put_fields(w, p_);
     w.put<std::uint64_t>(w_.size());
-    for (const auto& e : w_) {
-      w.put(e.live);
-      w.put(e.has_sequence);
-      w.put(e.last_sequence);
-      w.put(e.pulled_version);
-      w.put(e.overhead);
-      w.put(e.push);
-      w.put(e.pull);
-    }
-    w.put(version_);
-    w.put(rate_);
-    w.put(searching_);
-    w.put(first_trial_);
-    w.put(trial_);
-    w.put(best_);
-    w.put(best_reward_);
-    w.put(has_start_);
-    w.put(start_.t);
-    w.put(start_.l);
-    w.put(has_mid_);
-    w.put(mid_.t);
-    w.put(mid_.l);
-    w.put(searches_done_);
-    w.put(search_end_);
-    w.put(period_start_.t);
-    w.put(period_start_.l);
+    for (const auto& e : w_) put_fields(w, e);
+    put_fields(w, *this, search_fields());
   }
   status load(state_reader& r) {
     adsp n;
-    std::uint64_t workers = 0, size = 0;
-    std::uint32_t metric = 0, stage = 0;
-    std::uint8_t mode = 0;
+    std::uint64_t size = 0;
     ASHL_TRY(r.tag("ADSP", 1));
-    ASHL_TRY(r.get(workers, "adsp.workers"));
-    n.p_.workers = static_cast<std::size_t>(workers);
-    ASHL_TRY(r.get(n.p_.period, "adsp.period"));
-    ASHL_TRY(r.get(n.p_.t_min, "adsp.t_min"));
-    ASHL_TRY(r.get(n.p_.search_every, "adsp.search_every"));
-    ASHL_TRY(r.get(n.p_.target_loss, "adsp.target_loss"));
-    ASHL_TRY(r.get(n.p_.loss_rise, "adsp.loss_rise"));
-    ASHL_TRY(r.get(n.p_.initial_commit_rate, "adsp.initial_commit_rate"));
-    ASHL_TRY(r.get(n.p_.max_commit_rate, "adsp.max_commit_rate"));
-    ASHL_TRY(r.get(metric, "adsp.metric"));
-    n.p_.metric = static_cast<metric_id>(metric);
-    ASHL_TRY(r.get(mode, "adsp.staleness_weight"));
-    if (mode > 2) return malformed("adsp.staleness_weight", unsigned{mode}, "must be 0, 1 or 2");
-    n.p_.staleness_weight.mode = static_cast<staleness_weighting::kind>(mode);
-    ASHL_TRY(r.get(n.p_.staleness_weight.exponent, "adsp.staleness_weight.exponent"));
-    ASHL_TRY(r.get(stage, "adsp.stage"));
-    if (stage >= stage_id_count) return malformed("adsp.stage", stage, "not a stage id");
-    n.p_.stage = static_cast<stage_id>(stage);
+    ASHL_TRY(get_fields(r, n.p_, "adsp"));
+    if (!n.p_.staleness_weight.valid())
+      return malformed("adsp.staleness_weight", static_cast<unsigned>(n.p_.staleness_weight.mode), "must be 0, 1 or 2");
+    if (!stage_id_table.contains(n.p_.stage))
+      return malformed("adsp.stage", static_cast<std::uint32_t>(n.p_.stage), "not a stage id");
     ASHL_TRY(r.count(size, 2 + 5 * 8, "adsp.worker_count"));
     n.w_.resize(static_cast<std::size_t>(size));
     n.live_ = 0;
     for (auto& e : n.w_) {
-      ASHL_TRY(r.get(e.live, "adsp.worker.live"));
-      ASHL_TRY(r.get(e.has_sequence, "adsp.worker.has_sequence"));
-      ASHL_TRY(r.get(e.last_sequence, "adsp.worker.last_sequence"));
-      ASHL_TRY(r.get(e.pulled_version, "adsp.worker.pulled_version"));
-      ASHL_TRY(r.get(e.overhead, "adsp.worker.overhead"));
-      ASHL_TRY(r.get(e.push, "adsp.worker.push"));
-      ASHL_TRY(r.get(e.pull, "adsp.worker.pull"));
+      ASHL_TRY(get_fields(r, e, "adsp.worker"));
       n.live_ += e.live ? 1 : 0;
     }
-    ASHL_TRY(r.get(n.version_, "adsp.version"));
-    ASHL_TRY(r.get(n.rate_, "adsp.rate"));
+    ASHL_TRY(get_fields(r, n, "adsp", search_fields()));
     if (n.rate_ == 0) return malformed("adsp.rate", n.rate_, "must be >= 1");
-    ASHL_TRY(r.get(n.searching_, "adsp.searching"));
-    ASHL_TRY(r.get(n.first_trial_, "adsp.first_trial"));
-    ASHL_TRY(r.get(n.trial_, "adsp.trial"));
-    ASHL_TRY(r.get(n.best_, "adsp.best"));
-    ASHL_TRY(r.get(n.best_reward_, "adsp.best_reward"));
-    ASHL_TRY(r.get(n.has_start_, "adsp.has_start"));
-    ASHL_TRY(r.get(n.start_.t, "adsp.start.t"));
-    ASHL_TRY(r.get(n.start_.l, "adsp.start.l"));
-    ASHL_TRY(r.get(n.has_mid_, "adsp.has_mid"));
-    ASHL_TRY(r.get(n.mid_.t, "adsp.mid.t"));
-    ASHL_TRY(r.get(n.mid_.l, "adsp.mid.l"));
-    ASHL_TRY(r.get(n.searches_done_, "adsp.searches_done"));
-    ASHL_TRY(r.get(n.search_end_, "adsp.search_end"));
-    ASHL_TRY(r.get(n.period_start_.t, "adsp.period_start.t"));
-    ASHL_TRY(r.get(n.period_start_.l, "adsp.period_start.l"));
     *this = std::move(n);
     return {};
   }
 
  private:
-  struct point {
-    double t = 0.0;
-    double l = 0.0;
-  };
-  struct entry {
-    bool live = false;
-    bool has_sequence = false;
-    std::uint64_t last_sequence = 0;
-    std::uint64_t pulled_version = 0;  // version at w's last served pull
-    double overhead = 0.0;             // O_i
-    double push = 0.0, pull = 0.0;     // its parts, when measured apart
-  };
-
   [[nodiscard]] std::uint32_t interval_us(double overhead) const noexcept {
     return worker_plan::interval_us(adsp_commit_interval(p_.period, rate_, overhead, p_.t_min));
   }

@@ -263,8 +263,7 @@ class ashl_schedule {
     w.put(p_.profile_seconds);
     p_.to_shl.save(w);
     w.put(p_.shl_staleness);
-    w.put(static_cast<std::uint8_t>(p_.ahl_staleness_weight.mode));
-    w.put(p_.ahl_staleness_weight.exponent);
+    put_fields(w, p_.ahl_staleness_weight);
     planner_.save(w);
     replanner_.save(w);
     profile_.save(w);
@@ -296,7 +295,6 @@ class ashl_schedule {
   status load(state_reader& r) {
     ashl_schedule n = *this;
     std::uint64_t workers = 0, count = 0, replans = 0;
-    std::uint8_t mode = 0;
     ASHL_TRY(r.tag("ASHL", 1));
     ASHL_TRY(r.get(workers, "ashl.workers"));
     n.p_.workers = static_cast<std::size_t>(workers);
@@ -304,10 +302,10 @@ class ashl_schedule {
     ASHL_TRY(r.get(n.p_.profile_seconds, "ashl.profile_seconds"));
     ASHL_TRY(n.p_.to_shl.load(r));
     ASHL_TRY(r.get(n.p_.shl_staleness, "ashl.shl_staleness"));
-    ASHL_TRY(r.get(mode, "ashl.ahl_staleness_weight"));
-    if (mode > 2) return malformed("ashl.ahl_staleness_weight", unsigned{mode}, "must be 0, 1 or 2");
-    n.p_.ahl_staleness_weight.mode = static_cast<staleness_weighting::kind>(mode);
-    ASHL_TRY(r.get(n.p_.ahl_staleness_weight.exponent, "ashl.ahl_staleness_weight.exponent"));
+    ASHL_TRY(get_fields(r, n.p_.ahl_staleness_weight, "ashl.ahl_staleness_weight"));
+    if (!n.p_.ahl_staleness_weight.valid())
+      return malformed("ashl.ahl_staleness_weight", static_cast<unsigned>(n.p_.ahl_staleness_weight.mode),
+                       "must be 0, 1 or 2");
     ASHL_TRY(n.planner_.load(r));
     ASHL_TRY(n.replanner_.load(r));
     ASHL_TRY(n.profile_.load(r));

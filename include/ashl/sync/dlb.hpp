@@ -52,6 +52,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <tuple>
 #include <vector>
 
 ASHL_NAMESPACE_BEGIN
@@ -66,6 +67,13 @@ struct straggler_flag {
   double predicted_per_sample = 0.0;
   std::uint32_t windows = 0;
   friend bool operator==(const straggler_flag&, const straggler_flag&) = default;
+  // In this order in a saved state (core/fields.hpp's put_fields).
+  static constexpr auto fields() {
+    return std::tuple{field{"worker", &straggler_flag::worker},
+                      field{"seconds_per_sample", &straggler_flag::seconds_per_sample},
+                      field{"predicted_per_sample", &straggler_flag::predicted_per_sample},
+                      field{"windows", &straggler_flag::windows}};
+  }
 };
 
 // A straggler monitor for basic_dlb: told each worker's predicted seconds
@@ -100,6 +108,15 @@ struct dlb_params {
   std::uint32_t replan_every = 1;     // completed rounds between re-plans
   std::uint32_t local_iterations = 1; // H per commit (1: plain BSP)
   friend bool operator==(const dlb_params&, const dlb_params&) = default;
+  // In this order in a saved state (core/fields.hpp's put_fields).
+  static constexpr auto fields() {
+    return std::tuple{field{"workers", &dlb_params::workers},
+                      field{"total_batch", &dlb_params::total_batch},
+                      field{"min_batch", &dlb_params::min_batch},
+                      field{"half_life", &dlb_params::half_life},
+                      field{"replan_every", &dlb_params::replan_every},
+                      field{"local_iterations", &dlb_params::local_iterations}};
+  }
 };
 
 template <dlb_straggler_monitor Monitor = no_straggler_monitor>
@@ -185,12 +202,7 @@ class basic_dlb {
 
   void save(state_writer& w) const {
     w.tag(Monitor::enabled ? "DLBS" : "DLB_", 1);
-    w.put<std::uint64_t>(p_.workers);
-    w.put(p_.total_batch);
-    w.put(p_.min_batch);
-    w.put(p_.half_life);
-    w.put(p_.replan_every);
-    w.put(p_.local_iterations);
+    put_fields(w, p_);
     bsp_.save(w);
     w.put_vector(speed_);
     w.put_vector(batch_);
@@ -199,25 +211,15 @@ class basic_dlb {
     if constexpr (Monitor::enabled) {
       w.put_vector(basis_);
       w.put(straggler_replans_);
-      w.put(last_.worker);
-      w.put(last_.seconds_per_sample);
-      w.put(last_.predicted_per_sample);
-      w.put(last_.windows);
+      put_fields(w, last_);
       monitor_.save(w);
     }
   }
   status load(state_reader& r) {
     basic_dlb n;
-    std::uint64_t workers = 0;
     ASHL_TRY(r.tag(Monitor::enabled ? "DLBS" : "DLB_", 1));
-    ASHL_TRY(r.get(workers, "dlb.workers"));
-    n.p_.workers = static_cast<std::size_t>(workers);
-    ASHL_TRY(r.get(n.p_.total_batch, "dlb.total_batch"));
+    ASHL_TRY(get_fields(r, n.p_, "dlb"));
     if (n.p_.total_batch == 0) return malformed("dlb.total_batch", 0, "must be >= 1");
-    ASHL_TRY(r.get(n.p_.min_batch, "dlb.min_batch"));
-    ASHL_TRY(r.get(n.p_.half_life, "dlb.half_life"));
-    ASHL_TRY(r.get(n.p_.replan_every, "dlb.replan_every"));
-    ASHL_TRY(r.get(n.p_.local_iterations, "dlb.local_iterations"));
     ASHL_TRY(n.bsp_.load(r));
     ASHL_TRY(r.get_vector(n.speed_, "dlb.speed"));
     ASHL_TRY(r.get_vector(n.batch_, "dlb.batch"));
@@ -230,10 +232,7 @@ class basic_dlb {
       if (n.basis_.size() != n.speed_.size()) return malformed("dlb.basis", n.basis_.size(), "must match dlb.speed");
       ASHL_TRY(r.get(n.straggler_replans_, "dlb.straggler_replans"));
       if (n.straggler_replans_ > n.replans_) return malformed("dlb.straggler_replans", n.straggler_replans_, "above replans");
-      ASHL_TRY(r.get(n.last_.worker, "dlb.last.worker"));
-      ASHL_TRY(r.get(n.last_.seconds_per_sample, "dlb.last.seconds_per_sample"));
-      ASHL_TRY(r.get(n.last_.predicted_per_sample, "dlb.last.predicted_per_sample"));
-      ASHL_TRY(r.get(n.last_.windows, "dlb.last.windows"));
+      ASHL_TRY(get_fields(r, n.last_, "dlb.last"));
       ASHL_TRY(n.monitor_.load(r));
     }
     *this = std::move(n);

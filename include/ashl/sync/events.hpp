@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <tuple>
 #include <vector>
 
 ASHL_NAMESPACE_BEGIN
@@ -176,6 +177,13 @@ struct staleness_weighting {
   enum class kind : std::uint8_t { none = 0, inverse = 1, power = 2 };
   kind mode = kind::none;
   double exponent = 1.0;  // for power
+
+  // In this order in a saved state (core/state_io.hpp).
+  static constexpr auto fields() {
+    return std::tuple{field{"mode", &staleness_weighting::mode}, field{"exponent", &staleness_weighting::exponent}};
+  }
+  // The mode, checked after a load (the table reads it unchecked).
+  [[nodiscard]] bool valid() const noexcept { return mode == kind::none || mode == kind::inverse || mode == kind::power; }
 
   static constexpr staleness_weighting none() noexcept { return {}; }
   static constexpr staleness_weighting inverse() noexcept { return {kind::inverse, 1.0}; }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/enum_table.hpp>
 
 #include <cstdint>
 #include <optional>
@@ -29,34 +30,17 @@ enum class codec_id : std::uint8_t {
   sign = 9,          // scaled 1-bit sign
   natural = 10,      // natural compression
 };
-inline constexpr int codec_id_count = 11;
+inline constexpr auto codec_id_table =
+    make_enum_table<codec_id>("identity", "fp16", "bf16", "topk", "topk_sampled", "randomk", "threshold", "qsgd",
+                              "terngrad", "sign", "natural");
+static_assert(codec_id_table.name(codec_id::natural) == "natural", "codec_id_table ends where codec_id does");
+inline constexpr int codec_id_count = static_cast<int>(codec_id_table.size());
 
-constexpr std::string_view to_string(codec_id c) noexcept {
-  switch (c) {
-    case codec_id::identity: return "identity";
-    case codec_id::fp16: return "fp16";
-    case codec_id::bf16: return "bf16";
-    case codec_id::topk: return "topk";
-    case codec_id::topk_sampled: return "topk_sampled";
-    case codec_id::randomk: return "randomk";
-    case codec_id::threshold: return "threshold";
-    case codec_id::qsgd: return "qsgd";
-    case codec_id::terngrad: return "terngrad";
-    case codec_id::sign: return "sign";
-    case codec_id::natural: return "natural";
-  }
-  return "?";
-}
+constexpr std::string_view to_string(codec_id c) noexcept { return codec_id_table.name(c); }
 
-constexpr std::optional<codec_id> codec_id_from_byte(std::uint8_t b) noexcept {
-  if (b < codec_id_count) return static_cast<codec_id>(b);
-  return std::nullopt;
-}
-
+constexpr std::optional<codec_id> codec_id_from_byte(std::uint8_t b) noexcept { return codec_id_table.from_value(b); }
 constexpr std::optional<codec_id> codec_id_from_string(std::string_view s) noexcept {
-  for (int i = 0; i < codec_id_count; ++i)
-    if (to_string(static_cast<codec_id>(i)) == s) return static_cast<codec_id>(i);
-  return std::nullopt;
+  return codec_id_table.parse(s);
 }
 
 ASHL_NAMESPACE_END

@@ -28,6 +28,7 @@
 #include <ashl/config.hpp>
 #include <ashl/core/bytes.hpp>
 #include <ashl/core/dtype.hpp>
+#include <ashl/core/enum_table.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/wire/crc32c.hpp>
@@ -41,11 +42,13 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <variant>
 
@@ -84,23 +87,15 @@ enum class message_kind : std::uint8_t {
   error = 8,         // either way: the message with sequence `in_reply_to` was refused
   measurements = 9,  // worker -> server: timing measurements of worker `rank`
 };
-inline constexpr std::uint8_t message_kind_first = 1;
-inline constexpr std::uint8_t message_kind_last = 9;
+inline constexpr auto message_kind_table =
+    make_enum_table_from<message_kind>(1, "?", "commit", "pull_request", "pull_reply", "join", "leave", "plan_update",
+                                       "metric", "error", "measurements");
+static_assert(message_kind_table.name(message_kind::measurements) == "measurements",
+              "message_kind_table ends where message_kind does");
+inline constexpr std::uint8_t message_kind_first = message_kind_table.first;
+inline constexpr std::uint8_t message_kind_last = message_kind_table.first + message_kind_table.size() - 1;
 
-constexpr std::string_view to_string(message_kind k) noexcept {
-  switch (k) {
-    case message_kind::commit: return "commit";
-    case message_kind::pull_request: return "pull_request";
-    case message_kind::pull_reply: return "pull_reply";
-    case message_kind::join: return "join";
-    case message_kind::leave: return "leave";
-    case message_kind::plan_update: return "plan_update";
-    case message_kind::metric: return "metric";
-    case message_kind::error: return "error";
-    case message_kind::measurements: return "measurements";
-  }
-  return "?";
-}
+constexpr std::string_view to_string(message_kind k) noexcept { return message_kind_table.name(k); }
 
 constexpr bool is_control(message_kind k) noexcept { return static_cast<std::uint8_t>(k) >= 4; }
 
@@ -162,6 +157,13 @@ struct limits {
   std::uint64_t max_payload_bytes = std::uint64_t{1} << 30;
   std::uint32_t max_error_text = 4096;
   std::uint32_t max_measurements = 1024;  // records in one measurements message
+  // In this order in a saved server state (core/state_io.hpp).
+  static constexpr auto fields() {
+    return std::tuple{field{"max_elements", &limits::max_elements},
+                      field{"max_payload_bytes", &limits::max_payload_bytes},
+                      field{"max_error_text", &limits::max_error_text},
+                      field{"max_measurements", &limits::max_measurements}};
+  }
 };
 
 // Header fields a sender chooses; magic, version, lengths and CRC are derived.
@@ -791,6 +793,21 @@ inline status seal_header(const header& h, std::size_t payload_bytes, std::uint3
   return {};
 }
 
+// Offset of the kind byte in the header (after magic u32, version u16 and
+// header_bytes u16; docs/wire-format.md).
+inline constexpr std::size_t kind_offset = 8;
+
+// The kind a header says it is, read before anything is checked: what a
+// receiver needs to choose a buffer (ps::worker's reply staging) or a batch
+// (ps::server's commits) while the payload is still arriving. Worth nothing
+// until decode accepted the message (the value may be no message_kind at
+// all); nullopt when `head` is not a whole header. The one place that knows
+// where the kind sits in an undecoded header.
+constexpr std::optional<message_kind> peek_kind(std::span<const std::byte> head) noexcept {
+  if (head.size() != header_bytes) return std::nullopt;
+  return static_cast<message_kind>(std::to_integer<std::uint8_t>(head[kind_offset]));
+}
+
 // The part a data message's header says it is, read before anything is
 // checked: where a receiver places the part's bytes (ps::worker's staging
 // buffer for a reply, ps::server's for a commit). Worth nothing until
@@ -812,7 +829,7 @@ inline peeked_part peek_part(std::span<const std::byte> head) noexcept {
   std::uint64_t n = 0;
   (void)r.get(m, "");
   (void)r.get(v, "");
-  const auto kind = static_cast<message_kind>(std::to_integer<std::uint8_t>(head[8]));
+  const message_kind kind = *peek_kind(head);
   if (m != magic || v != version || (kind != message_kind::pull_reply && kind != message_kind::commit)) return {};
   byte_reader f(head.subspan(12));
   (void)f.get(flags, "");

@@ -74,6 +74,86 @@ concept fused_error_feedback =
       { device_impl<C>::encode_error_feedback(c, x, e, out, ctx, scratch, report, stream) } -> std::same_as<status>;
     };
 
+namespace detail {
+
+// The scratch a step will need (the inner encode of f32, and for the generic
+// route the inner decode too), without touching any residual.
+template <class C>
+status error_feedback_size_query(C& inner, std::size_t n, device_output& out, const codec_context& ctx,
+                                 device_scratch& scratch, cudaStream_t stream) {
+  const device_view<const float> probe(nullptr, n);
+  device_scratch q{};
+  if constexpr (fused_error_feedback<C>) {
+    ASHL_TRY(device_impl<C>::encode_error_feedback(inner, probe, device_view<float>(nullptr, n), out, ctx, q, nullptr,
+                                                   stream));
+    scratch.bytes = q.bytes;
+    return {};
+  } else {
+    ASHL_TRY(device_impl<C>::encode(inner, probe, out, ctx, q, nullptr, stream));
+    std::size_t bytes = q.bytes;
+    if constexpr (!sparse_pair_codec<C>) {
+      device_scratch d{};
+      ASHL_TRY(device_impl<C>::decode_add(inner, device_view<const std::byte>(nullptr, out.used), {n, dtype::f32},
+                                          device_view<float>(nullptr, n), -1.0f, ctx, d, nullptr, stream));
+      if (d.bytes > bytes) bytes = d.bytes;
+    }
+    scratch.bytes = bytes;
+    return {};
+  }
+}
+
+}  // namespace detail
+
+// One error-feedback step on the device, on a residual the caller owns: the
+// body of the decorator below (which keeps one residual per tensor id) and
+// of ps::device_worker (one residual over its shards). e <- e + x;
+// out <- C(e); e <- e - C(e) by the inner codec's route (see above), all on
+// `stream`, with no host synchronization and no allocation. With
+// scratch.data == nullptr only the sizes are set (scratch.bytes, out.used)
+// and e is not touched. `report` gets the encode's faults, `decode_report`
+// (may be null) those of the generic route's decode.
+template <device_codec C, gradient_element T>
+status error_feedback_step(C& inner, device_view<const T> x, device_view<float> e, device_output& out,
+                           const codec_context& ctx, device_scratch& scratch, device_report* report,
+                           device_report* decode_report, cudaStream_t stream) {
+  const std::size_t n = x.size();
+  if constexpr (requires { inner.options().strict; }) {
+    if (inner.options().strict)
+      return invalid_argument("error_feedback.inner.strict", "true",
+                              "a strict cast cannot keep x + e on overflow without a host synchronization");
+  }
+  if (scratch.data == nullptr) return detail::error_feedback_size_query(inner, n, out, ctx, scratch, stream);
+  if (e.size() != n)
+    return invalid_argument("error_feedback.residual.size", e.size(), "must equal the input's " + std::to_string(n));
+  if constexpr (fused_error_feedback<C>) {
+    return device_impl<C>::encode_error_feedback(inner, x, e, out, ctx, scratch, report, stream);
+  } else {
+    float* const r = e.data();
+    detail::launch_env env;
+    ASHL_TRY(detail::current_launch_env("error_feedback", env));
+    const int ipt = env.items_per_thread();
+    ASHL_TRY(detail::cuda_check(detail::launch_residual_add(x.data(), r, n, env.block(), ipt, env.grid(n, ipt), stream),
+                                "error_feedback.residual_add"));
+    ASHL_TRY(device_impl<C>::encode(inner, device_view<const float>(r, n), out, ctx, scratch, report, stream));
+    if constexpr (sparse_pair_codec<C>) {
+      // e[index] -= value for the pairs written; the count is read on the
+      // device, so a data-dependent size needs no host synchronization.
+      const std::uint64_t capacity =
+          (inner.max_encoded_bytes(n, dtype::f32) - layout::sparse::header_bytes) / (4 + 4);
+      if (capacity == 0) return {};
+      detail::residual_sparse_subtract_kernel<<<env.grid(capacity, ipt), env.block(), 0, stream>>>(
+          out.bytes.data(), r, nullptr, capacity, ipt);
+      return detail::cuda_check(cudaGetLastError(), "error_feedback.subtract");
+    } else {
+      // The inner decoder's own scale -1 add; its scratch fits in the
+      // encode's (the size query takes the larger of the two).
+      device_scratch dscratch{scratch.data, scratch.bytes};
+      return device_impl<C>::decode_add(inner, device_view<const std::byte>(out.bytes.data(), out.used),
+                                        {n, dtype::f32}, e, -1.0f, ctx, dscratch, decode_report, stream);
+    }
+  }
+}
+
 template <device_codec C>
 class error_feedback : public detail::device_decorator<error_feedback<C>, C, 1> {  // state: the residual e
   using base = detail::device_decorator<error_feedback<C>, C, 1>;
@@ -104,68 +184,14 @@ struct device_impl<error_feedback<C>> : detail::decorator_decode<error_feedback<
   static status encode(error_feedback<C>& ef, device_view<const T> x, device_output& out, const codec_context& ctx,
                        device_scratch& scratch, device_report* report, cudaStream_t stream) {
     const std::size_t n = x.size();
-    if constexpr (requires { ef.inner_.options().strict; }) {
-      if (ef.inner_.options().strict)
-        return invalid_argument("error_feedback.inner.strict", "true",
-                                "a strict cast cannot keep x + e on overflow without a host synchronization");
-    }
-    if (scratch.data == nullptr) return size_query(ef, n, out, ctx, scratch, stream);
+    // The size query touches no residual: none is allocated for it.
+    if (scratch.data == nullptr)
+      return error_feedback_step(ef.inner_, x, device_view<float>(nullptr, n), out, ctx, scratch, report, nullptr,
+                                 stream);
     std::array<float*, 1> arrays{};
     ASHL_TRY(ef.state_.slot(ctx.tensor, n, stream, "error_feedback", arrays));
-    float* const e = arrays[0];
-    const device_view<float> ev(e, n);
-    if constexpr (fused_error_feedback<C>) {
-      return device_impl<C>::encode_error_feedback(ef.inner_, x, ev, out, ctx, scratch, report, stream);
-    } else {
-      detail::launch_env env;
-      ASHL_TRY(detail::current_launch_env("error_feedback", env));
-      const int ipt = env.items_per_thread();
-      ASHL_TRY(detail::cuda_check(
-          detail::launch_residual_add(x.data(), e, n, env.block(), ipt, env.grid(n, ipt), stream),
-          "error_feedback.residual_add"));
-      ASHL_TRY(device_impl<C>::encode(ef.inner_, device_view<const float>(e, n), out, ctx, scratch, report, stream));
-      if constexpr (sparse_pair_codec<C>) {
-        const std::uint64_t capacity =
-            (ef.inner_.max_encoded_bytes(n, dtype::f32) - layout::sparse::header_bytes) / (4 + 4);
-        if (capacity == 0) return {};
-        detail::residual_sparse_subtract_kernel<<<env.grid(capacity, ipt), env.block(), 0, stream>>>(
-            out.bytes.data(), e, nullptr, capacity, ipt);
-        return detail::cuda_check(cudaGetLastError(), "error_feedback.subtract");
-      } else {
-        // The inner decoder's own scale -1 add; its scratch fits in the
-        // encode's (size_query takes the larger of the two).
-        device_scratch dscratch{scratch.data, scratch.bytes};
-        return device_impl<C>::decode_add(ef.inner_, device_view<const std::byte>(out.bytes.data(), out.used),
-                                          {n, dtype::f32}, ev, -1.0f, ctx, dscratch, nullptr, stream);
-      }
-    }
-  }
-
- private:
-  // The scratch the run will need (the inner encode of f32, and for the
-  // generic route the inner decode too), without touching the residuals.
-  static status size_query(const error_feedback<C>& ef, std::size_t n, device_output& out, const codec_context& ctx,
-                           device_scratch& scratch, cudaStream_t stream) {
-    const device_view<const float> probe(nullptr, n);
-    device_scratch q{};
-    if constexpr (fused_error_feedback<C>) {
-      ASHL_TRY(device_impl<C>::encode_error_feedback(ef.inner_, probe, device_view<float>(nullptr, n), out, ctx, q,
-                                                     nullptr, stream));
-      scratch.bytes = q.bytes;
-      return {};
-    } else {
-      ASHL_TRY(device_impl<C>::encode(ef.inner_, probe, out, ctx, q, nullptr, stream));
-      std::size_t bytes = q.bytes;
-      if constexpr (!sparse_pair_codec<C>) {
-        device_scratch d{};
-        ASHL_TRY(device_impl<C>::decode_add(ef.inner_, device_view<const std::byte>(nullptr, out.used),
-                                            {n, dtype::f32}, device_view<float>(nullptr, n), -1.0f, ctx, d, nullptr,
-                                            stream));
-        if (d.bytes > bytes) bytes = d.bytes;
-      }
-      scratch.bytes = bytes;
-      return {};
-    }
+    return error_feedback_step(ef.inner_, x, device_view<float>(arrays[0], n), out, ctx, scratch, report, nullptr,
+                               stream);
   }
 };
 

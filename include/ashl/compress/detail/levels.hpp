@@ -39,9 +39,6 @@
 ASHL_DETAIL_COMPRESS_HOST_BEGIN
 namespace detail {
 
-// Largest element count the bucketed codecs accept (keeps n * bits in 64 bits).
-inline constexpr std::uint64_t bucketed_max_elements = std::uint64_t{1} << 48;
-
 template <gradient_element T>
 inline float as_f32(T v) noexcept {
   if constexpr (std::is_same_v<T, float>)

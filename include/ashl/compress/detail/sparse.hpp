@@ -13,6 +13,7 @@
 
 #include <ashl/compress/detail/codec.hpp>
 #include <ashl/compress/detail/random_words.hpp>
+#include <ashl/compress/layout.hpp>
 #include <ashl/core/bytes.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
@@ -36,18 +37,15 @@
 ASHL_DETAIL_COMPRESS_HOST_BEGIN
 namespace detail {
 
-inline constexpr std::size_t sparse_header_bytes = 12;  // u64 n + u32 count
-
-// Indices are u32, so a sparse codec accepts tensors of up to 2^32 elements.
-inline constexpr std::size_t sparse_max_elements = std::size_t{1} << 32;
-
+// The header size and the element limit are compress/layout.hpp's, shared
+// with the device codecs (compress/cuda/dispatch/kernels/sparse.cuh).
 inline constexpr std::size_t sparse_payload_bytes(std::size_t count, dtype t) noexcept {
-  return sparse_header_bytes + count * (4 + size_of(t));
+  return layout::sparse_payload_bytes(count, size_of(t));
 }
 
 inline status check_sparse_encode(std::string_view codec, std::size_t n, std::size_t out_size,
                                   std::size_t needed) {
-  if (n > sparse_max_elements)
+  if (n > layout::sparse::max_elements)
     return out_of_range(std::string(codec) + ".input.size", n, "exceeds 2^32 (indices are u32)");
   if (out_size < needed)
     return make_error(errc::buffer_too_small, std::string(codec) + ".out.size", out_size,
@@ -121,7 +119,7 @@ std::size_t write_selected(const T* x, std::size_t n, const selection& sel, std:
   std::byte* const base = out.data();
   store_le<std::uint64_t>(base, n);
   store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(count));
-  std::byte* idx = base + sparse_header_bytes;
+  std::byte* idx = base + layout::sparse::header_bytes;
   std::byte* val = idx + 4 * count;
   std::size_t c = 0;
   std::size_t eq_left = sel.equal_to_take;
@@ -148,7 +146,7 @@ std::size_t write_all(const T* x, std::size_t n, std::span<std::byte> out) noexc
   std::byte* const base = out.data();
   store_le<std::uint64_t>(base, n);
   store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(n));
-  std::byte* idx = base + sparse_header_bytes;
+  std::byte* idx = base + layout::sparse::header_bytes;
   for (std::size_t i = 0; i < n; ++i) store_le<std::uint32_t>(idx + 4 * i, static_cast<std::uint32_t>(i));
   store_array_le(idx + 4 * n, x, n);
   return sparse_payload_bytes(n, dtype_of<T>);
@@ -245,7 +243,7 @@ template <gradient_element T>
   std::byte* const base = out.data();
   store_le<std::uint64_t>(base, n);
   store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(count));
-  std::byte* const idx = base + sparse_header_bytes;
+  std::byte* const idx = base + layout::sparse::header_bytes;
   std::byte* const val = idx + 4 * count;
   const std::uint32_t span = hi - lo;
   std::size_t j = 0;
@@ -550,7 +548,7 @@ std::size_t encode_topk(const T* x, std::size_t n, std::size_t k, std::span<std:
   std::byte* const base = out.data();
   store_le<std::uint64_t>(base, n);
   store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(k));
-  std::byte* const idx = base + sparse_header_bytes;
+  std::byte* const idx = base + layout::sparse::header_bytes;
   std::byte* const val = idx + 4 * k;
   const std::size_t bytes = sparse_payload_bytes(k, dtype_of<T>);
   constexpr std::size_t s = topk_sample_size;
@@ -647,7 +645,7 @@ inline status decode_add_pairs(std::string_view codec, std::span<const std::byte
   if (in.size() != expect)
     return malformed(c + ".payload_bytes", in.size(), "must be 12 + count * " + std::to_string(4 + vs) + " = " +
                                                           std::to_string(expect));
-  const std::byte* idx = in.data() + sparse_header_bytes;
+  const std::byte* idx = in.data() + layout::sparse::header_bytes;
   const std::byte* val = idx + 4 * std::size_t{count};
   // The check as one branch-free pass the compiler vectorizes (each index
   // against n and against its predecessor); only a payload it refuses takes

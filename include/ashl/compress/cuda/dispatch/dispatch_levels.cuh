@@ -53,7 +53,7 @@ status dispatch_levels_encode(const levels_params& p, void* d_scratch, std::size
                               device_report* d_report) {
   const std::string c(p.codec);
   const std::uint64_t n = x.size();
-  if (n > device_bucketed_max_elements) return out_of_range(c + ".input.size", n, "exceeds 2^48");
+  if (n > layout::bucketed_max_elements) return out_of_range(c + ".input.size", n, "exceeds 2^48");
   const std::uint64_t B = p.bucket;
   const std::uint64_t nb = layout::bucket_count(n, B);
   const unsigned bits = layout::qsgd_code_bits(p.levels);

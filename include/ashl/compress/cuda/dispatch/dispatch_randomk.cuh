@@ -41,9 +41,9 @@ status dispatch_randomk_encode(const compress::randomk& c, void* d_scratch, std:
                                const codec_context& ctx, float* residual, cudaStream_t stream) {
   ASHL_TRY(c.validate());
   const std::size_t n = x.size();
-  if (n > (std::size_t{1} << 32)) return out_of_range("randomk.input.size", n, "exceeds 2^32 (the count is u32)");
+  if (n > layout::randomk::max_elements) return out_of_range("randomk.input.size", n, "exceeds 2^32 (the count is u32)");
   const std::size_t k = c.k_for(n);
-  const std::size_t need = device_randomk_header_bytes + k * sizeof(T);
+  const std::size_t need = layout::randomk::header_bytes + k * sizeof(T);
   used_bytes = need;
   auto go = scratch_protocol("randomk", d_scratch, scratch_bytes, small_scratch_bytes);
   if (!go) return go.error();

@@ -40,7 +40,7 @@ status fused_encode(fused_tag, const compress::sign& codec, void* d_scratch, std
                     float* residual, cudaStream_t stream, device_report* d_report) {
   const std::uint32_t bucket = codec.options().bucket;
   const std::uint64_t n = x.size();
-  if (n > device_bucketed_max_elements) return out_of_range("sign.input.size", n, "exceeds 2^48");
+  if (n > layout::bucketed_max_elements) return out_of_range("sign.input.size", n, "exceeds 2^48");
   const std::uint64_t B = bucket;
   const std::uint64_t nb = layout::bucket_count(n, B);
   used_bytes = layout::sign_payload_bytes(n, B);

@@ -43,10 +43,8 @@
 ASHL_NAMESPACE_BEGIN
 namespace compress::cuda::detail {
 
-inline constexpr std::size_t device_sparse_max_elements = std::size_t{1} << 32;  // u32 indices
-
 inline constexpr std::size_t device_sparse_payload_bytes(std::size_t count, std::size_t value_bytes) noexcept {
-  return device_sparse_header_bytes + count * (4 + value_bytes);
+  return layout::sparse_payload_bytes(count, value_bytes);
 }
 
 // Digit widths of the magnitude key (high digit first) and of the index.
@@ -149,7 +147,7 @@ status dispatch_topk_encode(std::string_view codec, std::size_t k, void* d_scrat
                             cudaStream_t stream) {
   const std::string c(codec);
   const std::size_t n = x.size();
-  if (n > device_sparse_max_elements)
+  if (n > layout::sparse::max_elements)
     return out_of_range(c + ".input.size", n, "exceeds 2^32 (indices are u32)");
   const std::size_t bytes = device_sparse_payload_bytes(k, sizeof(T));
   used_bytes = bytes;
@@ -177,7 +175,7 @@ status dispatch_topk_encode(std::string_view codec, std::size_t k, void* d_scrat
   std::size_t total = 0;
   auto carved = carve_topk_scratch<T>(d_scratch, total, n);
   if (!carved) return carved.error();
-  auto* idx = reinterpret_cast<std::uint32_t*>(o + device_sparse_header_bytes);
+  auto* idx = reinterpret_cast<std::uint32_t*>(o + layout::sparse::header_bytes);
   ASHL_TRY(enqueue_topk_select<T>(c, x.data(), n, k, nullptr, *carved, idx, dev, tune, stream));
   sparse_header_kernel<std::uint32_t><<<1, 1, 0, stream>>>(o, n, nullptr, k);
   sparse_gather_kernel<T, std::uint32_t>

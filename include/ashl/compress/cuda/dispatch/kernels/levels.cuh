@@ -25,6 +25,7 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/reduce.cuh>
+#include <ashl/compress/layout.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
 
@@ -36,7 +37,6 @@ ASHL_NAMESPACE_BEGIN
 namespace compress::cuda::detail {
 
 inline constexpr std::uint64_t stats_chunk = 1024;  // compress/detail/quantize.hpp's chunk
-inline constexpr std::uint64_t device_bucketed_max_elements = std::uint64_t{1} << 48;
 
 // Chunk q (of cpb per bucket of B elements, n in all) as [lo, lo + m): the
 // statistics chunks of levels_chunk_kernel and sign_chunk_kernel.
@@ -273,7 +273,7 @@ static __global__ void levels_validate_header_kernel(const std::byte* __restrict
                                                                  device_report* verdict) {
   const levels_header h = read_levels_header(in, has_levels);
   const std::uint64_t header = has_levels ? 16 : 12;
-  if (h.n != expected_n || h.n > device_bucketed_max_elements) {
+  if (h.n != expected_n || h.n > layout::bucketed_max_elements) {
     report_fault(verdict, device_fault::payload_n, ~std::uint64_t{0});
   } else if (h.bucket < 1 || h.levels < 1 || h.levels > max_levels) {
     report_fault(verdict, device_fault::payload_field, ~std::uint64_t{0});

@@ -17,6 +17,7 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/reduce.cuh>
+#include <ashl/compress/layout.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
 
@@ -25,9 +26,6 @@
 
 ASHL_NAMESPACE_BEGIN
 namespace compress::cuda::detail {
-
-inline constexpr std::size_t device_natural_header_bytes = 12;
-inline constexpr std::int32_t device_natural_min_emin = -274, device_natural_max_emin = 1;
 
 // max over elements of the f32 |x| bit pattern, into *d_max (zeroed first).
 template <class T>
@@ -54,7 +52,7 @@ __device__ __forceinline__ std::int32_t natural_emin(std::uint32_t max_key) noex
   if (max_key == 0) return 0;
   const std::int32_t e = max_key >= 0x00800000u ? static_cast<std::int32_t>(max_key >> 23) - 126
                                                 : (31 - __clz(static_cast<int>(max_key))) - 148;
-  return e - 126 < device_natural_max_emin ? e - 126 : device_natural_max_emin;
+  return e - 126 < layout::natural::max_emin ? e - 126 : layout::natural::max_emin;
 }
 
 __device__ __forceinline__ std::uint32_t natural_code(float xf, std::uint32_t w, std::int32_t emin, float f0, float f1,
@@ -109,7 +107,7 @@ __global__ ASHL_DETAIL_HIDDEN void natural_codes_kernel(const T* x, std::size_t 
     f[j] = pow2f(p);
     rest -= p;
   }
-  std::byte* codes = out + device_natural_header_bytes;
+  std::byte* codes = out + layout::natural::header_bytes;
   const std::uint64_t quads = (n + 3) / 4;
   const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
   for (std::uint64_t q = gid; q < quads; q += stride) {
@@ -146,16 +144,16 @@ static __global__ void natural_validate_header_kernel(const std::byte* __restric
   const auto emin = static_cast<std::int32_t>(h[2]);
   if (n != expected_n)
     report_fault(verdict, device_fault::payload_n, ~std::uint64_t{0});
-  else if (emin < device_natural_min_emin || emin > device_natural_max_emin)
+  else if (emin < layout::natural::min_emin || emin > layout::natural::max_emin)
     report_fault(verdict, device_fault::payload_field, ~std::uint64_t{0});
-  else if (in_bytes - device_natural_header_bytes != n)
+  else if (in_bytes - layout::natural::header_bytes != n)
     report_fault(verdict, device_fault::payload_bytes, ~std::uint64_t{0});
 }
 
 static __global__ void natural_validate_codes_kernel(const std::byte* __restrict__ in, std::uint64_t n,
                                                                  device_report* verdict) {
   if (verdict->fault != 0) return;
-  const std::byte* codes = in + device_natural_header_bytes;
+  const std::byte* codes = in + layout::natural::header_bytes;
   const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
   for (std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     if (codes[i] == std::byte{0x80}) report_fault(verdict, device_fault::payload_code, i);
@@ -167,7 +165,7 @@ static __global__ void natural_add_kernel(const std::byte* __restrict__ in, floa
                                                       const device_report* __restrict__ verdict) {
   if (verdict->fault != 0) return;
   const auto emin = static_cast<std::int32_t>(reinterpret_cast<const std::uint32_t*>(in)[2]);
-  const std::byte* codes = in + device_natural_header_bytes;
+  const std::byte* codes = in + layout::natural::header_bytes;
   const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
   for (std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     acc[i] = __fadd_rn(acc[i], natural_value(static_cast<std::uint32_t>(codes[i]), emin, scale));

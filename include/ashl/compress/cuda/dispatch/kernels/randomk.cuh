@@ -16,6 +16,7 @@
 
 #include <ashl/config.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
+#include <ashl/compress/layout.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/philox.hpp>
 
@@ -24,8 +25,6 @@
 
 ASHL_NAMESPACE_BEGIN
 namespace compress::cuda::detail {
-
-inline constexpr std::size_t device_randomk_header_bytes = 21;
 
 struct randomk_stratum {
   std::uint64_t length, index;
@@ -59,7 +58,7 @@ template <class T>
 __global__ ASHL_DETAIL_HIDDEN void randomk_gather_kernel(const T* x, std::byte* __restrict__ out,
                                                          std::uint64_t n, std::uint64_t k, philox_stream rng,
                                                          float* residual, bool unbiased, int items_per_thread) {
-  std::byte* val = out + device_randomk_header_bytes;
+  std::byte* val = out + layout::randomk::header_bytes;
   for_each_strided(k, items_per_thread, [&](std::uint64_t j) {
     const randomk_stratum s = randomk_draw(rng, n, k, j);
     const T v = x[s.index];
@@ -82,11 +81,11 @@ static __global__ void randomk_validate_kernel(const std::byte* __restrict__ in,
   const unsigned flags = static_cast<unsigned>(in[12]);
   if (n != expected_n)
     report_fault(verdict, device_fault::payload_n, ~std::uint64_t{0});
-  else if (n > (std::uint64_t{1} << 32) || k > n || (n != 0 && k == 0))
+  else if (n > layout::randomk::max_elements || k > n || (n != 0 && k == 0))
     report_fault(verdict, device_fault::payload_count, ~std::uint64_t{0});
   else if ((flags & ~1u) != 0)
     report_fault(verdict, device_fault::payload_field, ~std::uint64_t{0});
-  else if (in_bytes != device_randomk_header_bytes + k * value_bytes)
+  else if (in_bytes != layout::randomk::header_bytes + k * value_bytes)
     report_fault(verdict, device_fault::payload_bytes, ~std::uint64_t{0});
 }
 
@@ -105,7 +104,7 @@ __global__ ASHL_DETAIL_HIDDEN void randomk_add_kernel(const std::byte* __restric
   if (k > max_k) k = max_k;
   const bool unbiased = (static_cast<unsigned>(in[12]) & 1u) != 0;
   const philox_stream rng(load_unaligned<std::uint64_t>(in + 13), step, tensor);
-  const std::byte* val = in + device_randomk_header_bytes;
+  const std::byte* val = in + layout::randomk::header_bytes;
   constexpr std::size_t vs = Type == dtype::f32 ? 4 : 2;
   for_each_strided(k, items_per_thread, [&](std::uint64_t j) {
     const randomk_stratum s = randomk_draw(rng, n, k, j);

@@ -46,8 +46,8 @@ static __global__ void residual_sparse_subtract_kernel(const std::byte* __restri
   if (verdict != nullptr && verdict->fault != 0) return;
   std::uint64_t count = sparse_read_count(payload);
   if (count > capacity) count = capacity;
-  const auto* idx = reinterpret_cast<const std::uint32_t*>(payload + device_sparse_header_bytes);
-  const auto* val = reinterpret_cast<const float*>(payload + device_sparse_header_bytes + 4 * count);
+  const auto* idx = reinterpret_cast<const std::uint32_t*>(payload + layout::sparse::header_bytes);
+  const auto* val = reinterpret_cast<const float*>(payload + layout::sparse::header_bytes + 4 * count);
   for_each_strided(count, items_per_thread, [&](std::size_t p) {
     e[idx[p]] = __fadd_rn(e[idx[p]], __fmul_rn(-1.0f, val[p]));
   });
@@ -74,7 +74,7 @@ static __global__ void sparse_mask_kernel(const std::byte* __restrict__ payload,
                                           float* __restrict__ v, std::uint64_t capacity, int items_per_thread) {
   std::uint64_t count = sparse_read_count(payload);
   if (count > capacity) count = capacity;
-  const auto* idx = reinterpret_cast<const std::uint32_t*>(payload + device_sparse_header_bytes);
+  const auto* idx = reinterpret_cast<const std::uint32_t*>(payload + layout::sparse::header_bytes);
   for_each_strided(count, items_per_thread, [&](std::size_t p) {
     u[idx[p]] = 0.0f;
     v[idx[p]] = 0.0f;

@@ -18,6 +18,7 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
 #include <ashl/compress/cuda/dispatch/kernels/levels.cuh>
+#include <ashl/compress/layout.hpp>
 #include <ashl/core/dtype.hpp>
 
 #include <cstddef>
@@ -95,11 +96,11 @@ __global__ ASHL_DETAIL_HIDDEN void sign_bits_kernel(const T* x, std::uint64_t n,
 static __global__ void sign_validate_header_kernel(const std::byte* __restrict__ in, std::uint64_t in_bytes,
                                                    std::uint64_t expected_n, device_report* verdict) {
   const levels_header h = read_levels_header(in, false);
-  if (h.n != expected_n || h.n > device_bucketed_max_elements)
+  if (h.n != expected_n || h.n > layout::bucketed_max_elements)
     report_fault(verdict, device_fault::payload_n, ~std::uint64_t{0});
   else if (h.bucket < 1)
     report_fault(verdict, device_fault::payload_field, ~std::uint64_t{0});
-  else if (in_bytes != 12 + 4 * ((h.n + h.bucket - 1) / h.bucket) + (h.n + 7) / 8)
+  else if (in_bytes != layout::sign_payload_bytes(h.n, h.bucket))
     report_fault(verdict, device_fault::payload_bytes, ~std::uint64_t{0});
 }
 

@@ -15,6 +15,7 @@
 
 #include <ashl/config.hpp>
 #include <ashl/compress/cuda/dispatch/common.cuh>
+#include <ashl/compress/layout.hpp>
 #include <ashl/core/dtype.hpp>
 
 #include <cstddef>
@@ -22,8 +23,6 @@
 
 ASHL_NAMESPACE_BEGIN
 namespace compress::cuda::detail {
-
-inline constexpr std::size_t device_sparse_header_bytes = 12;
 
 // Header: n, and the count from `d_count` when given (decided on the device),
 // else `count`.
@@ -43,8 +42,8 @@ __global__ ASHL_DETAIL_HIDDEN void sparse_gather_kernel(const T* __restrict__ x,
                                                         std::uint64_t capacity, const CountT* d_count,
                                                         int items_per_thread) {
   const std::uint64_t count = d_count != nullptr ? static_cast<std::uint64_t>(*d_count) : capacity;
-  const auto* idx = reinterpret_cast<const std::uint32_t*>(out + device_sparse_header_bytes);
-  auto* val = reinterpret_cast<device_bits_t<T>*>(out + device_sparse_header_bytes + 4 * count);
+  const auto* idx = reinterpret_cast<const std::uint32_t*>(out + layout::sparse::header_bytes);
+  auto* val = reinterpret_cast<device_bits_t<T>*>(out + layout::sparse::header_bytes + 4 * count);
   for_each_strided(count, items_per_thread, [&](std::size_t p) {
     val[p] = bits_of(x[idx[p]]);
   });
@@ -54,8 +53,8 @@ __global__ ASHL_DETAIL_HIDDEN void sparse_gather_kernel(const T* __restrict__ x,
 template <class T>
 __global__ ASHL_DETAIL_HIDDEN void sparse_all_kernel(const T* __restrict__ x, std::byte* __restrict__ out,
                                                      std::uint64_t n, int items_per_thread) {
-  auto* idx = reinterpret_cast<std::uint32_t*>(out + device_sparse_header_bytes);
-  auto* val = reinterpret_cast<device_bits_t<T>*>(out + device_sparse_header_bytes + 4 * n);
+  auto* idx = reinterpret_cast<std::uint32_t*>(out + layout::sparse::header_bytes);
+  auto* val = reinterpret_cast<device_bits_t<T>*>(out + layout::sparse::header_bytes + 4 * n);
   for_each_strided(n, items_per_thread, [&](std::size_t i) {
     idx[i] = static_cast<std::uint32_t>(i);
     val[i] = bits_of(x[i]);
@@ -87,11 +86,11 @@ __global__ ASHL_DETAIL_HIDDEN void sparse_validate_kernel(const std::byte* __res
       report_fault(report, device_fault::payload_n, ~std::uint64_t{0});
     else if (count > n || (require_nonempty && n != 0 && count == 0))
       report_fault(report, device_fault::payload_count, ~std::uint64_t{0});
-    else if (in_bytes != device_sparse_header_bytes + count * (4 + vs))
+    else if (in_bytes != layout::sparse::header_bytes + count * (4 + vs))
       report_fault(report, device_fault::payload_bytes, ~std::uint64_t{0});
   }
   const std::uint64_t pairs = count < max_pairs ? count : max_pairs;
-  const auto* idx = reinterpret_cast<const std::uint32_t*>(in + device_sparse_header_bytes);
+  const auto* idx = reinterpret_cast<const std::uint32_t*>(in + layout::sparse::header_bytes);
   const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
   for (std::uint64_t j = gid; j < pairs; j += stride) {
     const std::uint32_t i = idx[j];
@@ -112,8 +111,8 @@ __global__ ASHL_DETAIL_HIDDEN void sparse_add_kernel(const std::byte* __restrict
   if (verdict->fault != 0) return;
   const std::uint64_t count = sparse_read_count(in);
   const std::uint64_t pairs = count < max_pairs ? count : max_pairs;
-  const auto* idx = reinterpret_cast<const std::uint32_t*>(in + device_sparse_header_bytes);
-  const std::byte* val = in + device_sparse_header_bytes + 4 * count;
+  const auto* idx = reinterpret_cast<const std::uint32_t*>(in + layout::sparse::header_bytes);
+  const std::byte* val = in + layout::sparse::header_bytes + 4 * count;
   for_each_strided(pairs, items_per_thread, [&](std::size_t p) {
     const std::uint32_t i = idx[p];
     acc[i] = scaled_add(acc[i], scale, payload_value<Type>(val, p));

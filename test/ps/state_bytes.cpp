@@ -1,0 +1,198 @@
+// Saved states keep their bytes: states written by the hand-written
+// save/load sequences (before the field tables drove them) load into fresh
+// objects and save again byte for byte. test/ps/data/state_bytes.inc holds
+// them: every policy of ps::make_policy mid-run (during ASHL's profiling and
+// after its switch), and server cores (SSP with momentum SGD and buffered
+// commits, ADSP over a store of top-k commits). Regenerate it only when a
+// format changes on purpose (and bump that section's version):
+//   ASHL_WRITE_STATE_BYTES=test/ps/data/state_bytes.inc build/release/test/test_ps_state_bytes
+#include <ashl/ps/server_core.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include "../support/ps_policy_cases.hpp"
+
+#include <ashl/compress/identity.hpp>
+#include <ashl/compress/topk.hpp>
+#include <ashl/ps/policies.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace as = ashl::sync;
+namespace ps = ashl::ps;
+
+namespace {
+
+struct saved_state {
+  const char* label;
+  std::vector<unsigned char> bytes;
+};
+
+#include "data/state_bytes.inc"
+
+template <class T>
+std::vector<std::byte> saved(const T& x) {
+  std::vector<std::byte> bytes;
+  ashl::state_writer w(bytes);
+  x.save(w);
+  return bytes;
+}
+
+// Every policy after `events` of the shared script.
+std::map<std::string, std::vector<std::byte>> policy_states() {
+  std::map<std::string, std::vector<std::byte>> out;
+  for (const auto& c : ps_cases::every_policy(4)) {
+    for (int events : {40, 700}) {
+      auto p = ps::make_policy(c.name, c.params);
+      BOOST_REQUIRE_MESSAGE(p.has_value(), c.label);
+      ps_cases::script s(4, 3);
+      as::outcome_sink sink(6);
+      for (int i = 0; i < events; ++i) {
+        policy_testing::apply(*p, s.next(), sink);
+        sink.clear();
+      }
+      out["policy/" + c.label + "@" + std::to_string(events)] = saved(*p);
+    }
+  }
+  return out;
+}
+
+std::vector<float> ramp(std::size_t n, float base, float step) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = base + step * static_cast<float>(i);
+  return v;
+}
+
+ps::commit_in commit_of(as::worker_id w, std::uint64_t seq, std::span<const std::byte> payload, std::uint64_t n,
+                        ashl::codec_id codec, bool pull) {
+  ps::commit_in c;
+  c.worker = w;
+  c.sequence = seq;
+  c.clock = seq;
+  c.bytes = payload.size() + 72;
+  c.codec = codec;
+  c.type = ashl::dtype::f32;
+  c.element_count = n;
+  c.step = seq;
+  c.payload = payload;
+  c.pull = pull;
+  return c;
+}
+
+// A core after a few rounds of commits from three workers, with the last
+// commits left buffered (`codec` encodes each update).
+template <class Codec>
+std::vector<std::byte> core_state(as::any_policy policy, ps::optimizer_params o, Codec codec) {
+  constexpr std::uint64_t n = 40;
+  auto core = ps::server_core<>::create(
+      {.layout = *ps::shard_layout::even(n, 1), .workers = 3, .optimizer = o, .store_bytes = 1 << 16, .seed = 9},
+      std::move(policy), ramp(n, 0.5f, -0.01f));
+  BOOST_REQUIRE_MESSAGE(core.has_value(), core.to_status().to_string());
+  ps::server_actions out(3);
+  std::vector<std::byte> buf(codec.max_encoded_bytes(n, ashl::dtype::f32));
+  for (std::uint64_t seq = 1; seq < 7; ++seq)
+    for (as::worker_id w = 0; w < 3; ++w) {
+      const auto x = ramp(n, 0.1f * static_cast<float>(w + seq), 0.003f * static_cast<float>(w + 1));
+      auto used = codec.encode(ashl::host_view<const float>(x.data(), n), buf, {.seed = 9, .step = seq, .tensor = 0});
+      BOOST_REQUIRE(used.has_value());
+      core->commit(commit_of(w, seq, std::span<const std::byte>(buf.data(), *used), n, Codec::id, w != 1),
+                   static_cast<double>(seq), out);
+      if (seq % 2 == 0 && w == 2) core->pull(1, static_cast<double>(seq), out);
+      out.clear();
+    }
+  core->apply_pending();
+  return saved(*core);
+}
+
+std::map<std::string, std::vector<std::byte>> core_states() {
+  std::map<std::string, std::vector<std::byte>> out;
+  ps::policy_params p = ps_cases::base_params("ssp", 3);
+  p.staleness = 1;
+  out["core/ssp+momentum"] =
+      core_state(*ps::make_policy("ssp", p),
+                 {.mode = ps::optimizer_params::kind::sgd, .lr = 0.1, .momentum = 0.5, .nesterov = true},
+                 ashl::compress::identity{});
+  out["core/adsp+topk"] =
+      core_state(*ps::make_policy("adsp", ps_cases::base_params("adsp", 3)), {}, ashl::compress::topk{0.25});
+  out["core/bsp+sgd"] =
+      core_state(*ps::make_policy("bsp", ps_cases::base_params("bsp", 3)),
+                 {.mode = ps::optimizer_params::kind::sgd, .lr = 0.5}, ashl::compress::identity{});
+  return out;
+}
+
+void write_inc(const char* path, const std::map<std::string, std::vector<std::byte>>& states) {
+  std::FILE* f = std::fopen(path, "w");
+  BOOST_REQUIRE_MESSAGE(f != nullptr, path);
+  std::fprintf(f, "// Generated by test/ps/state_bytes.cpp (ASHL_WRITE_STATE_BYTES): saved states, never edit.\n");
+  std::fprintf(f, "const std::vector<saved_state> old_states = {\n");
+  for (const auto& [label, b] : states) {
+    std::fprintf(f, "    {\"%s\", {", label.c_str());
+    for (std::size_t i = 0; i < b.size(); ++i)
+      std::fprintf(f, "%s%s%u", i == 0 ? "" : ",", i % 24 == 0 ? "\n         " : "", static_cast<unsigned>(b[i]));
+    std::fprintf(f, "}},\n");
+  }
+  std::fprintf(f, "};\n");
+  std::fclose(f);
+}
+
+std::span<const std::byte> as_bytes(const saved_state& s) {
+  return std::as_bytes(std::span<const unsigned char>(s.bytes));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(states_saved_before_load_and_save_again_byte_for_byte) {
+  auto policies = policy_states();
+  auto cores = core_states();
+  if (const char* path = std::getenv("ASHL_WRITE_STATE_BYTES"); path != nullptr && *path != '\0') {
+    auto all = policies;
+    all.insert(cores.begin(), cores.end());
+    write_inc(path, all);
+    BOOST_TEST_MESSAGE("wrote " << all.size() << " states to " << path);
+    return;
+  }
+  BOOST_TEST_REQUIRE(old_states.size() == policies.size() + cores.size());
+  for (const auto& s : old_states) {
+    const std::string label = s.label;
+    const auto old = as_bytes(s);
+    if (label.rfind("policy/", 0) == 0) {
+      // A fresh policy of the same kind (other numbers would do: the state
+      // carries them) takes the old bytes and gives them back.
+      const std::string rest = label.substr(7, label.find('@') - 7);
+      const auto cases = ps_cases::every_policy(4);
+      const auto c = std::find_if(cases.begin(), cases.end(), [&](const auto& x) { return x.label == rest; });
+      BOOST_REQUIRE_MESSAGE(c != cases.end(), label);
+      auto fresh = ps::make_policy(c->name, c->params);
+      BOOST_REQUIRE(fresh.has_value());
+      ashl::state_reader r(old);
+      const auto st = fresh->load(r);
+      BOOST_REQUIRE_MESSAGE(st.ok(), label << ": " << st.to_string());
+      BOOST_TEST(r.at_end(), label);
+      const auto again = saved(*fresh);
+      BOOST_TEST((again == std::vector<std::byte>(old.begin(), old.end())), label << " saves other bytes");
+      // Today's run saves the same bytes as the old one.
+      BOOST_TEST((policies.at(label) == again), label << " runs to another state");
+    } else {
+      auto fresh = ps::server_core<>::create({.layout = *ps::shard_layout::even(40, 1), .workers = 3},
+                                             *ps::make_policy(label == "core/adsp+topk" ? "adsp"
+                                                              : label == "core/bsp+sgd" ? "bsp"
+                                                                                        : "ssp",
+                                                              ps_cases::base_params("ssp", 3)));
+      BOOST_REQUIRE(fresh.has_value());
+      ashl::state_reader r(old);
+      const auto st = fresh->load(r);
+      BOOST_REQUIRE_MESSAGE(st.ok(), label << ": " << st.to_string());
+      const auto again = saved(*fresh);
+      BOOST_TEST((again == std::vector<std::byte>(old.begin(), old.end())), label << " saves other bytes");
+      BOOST_TEST((cores.at(label) == again), label << " runs to another state");
+    }
+  }
+}
