@@ -61,6 +61,7 @@
 #include <ashl/transport/ucx/detail/handshake.hpp>
 #include <ashl/transport/ucx/detail/impl.hpp>
 #include <ashl/transport/ucx/detail/link.hpp>
+#include <ashl/transport/ucx/detail/listener.hpp>
 #include <ashl/transport/ucx/params.hpp>
 
 #include <chrono>
