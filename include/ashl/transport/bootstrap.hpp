@@ -2,7 +2,7 @@
 // connection, as a pure, bounded frame reader: the plain TCP connection over
 // which a peer proves it holds the job's token (transport/auth.hpp) before
 // the two sides exchange UCX worker addresses (docs/transport.md,
-// "The bootstrap listener"; DESIGN.md, "Runtime contract for real runs").
+// "The bootstrap listener"; docs/design.md, "Runtime contract for real runs").
 //
 //   namespace b = ashl::transport::bootstrap;
 //   b::reader in(b::role::listener);             // the listener sent its challenge

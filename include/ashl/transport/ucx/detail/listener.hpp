@@ -1,6 +1,6 @@
 // ashl/transport/ucx/detail/listener.hpp — transport::ucx's bootstrap
 // listener and sockets (docs/transport.md, "The bootstrap listener";
-// DESIGN.md, "Runtime contract for real runs"): a plain non-blocking TCP
+// docs/design.md, "Runtime contract for real runs"): a plain non-blocking TCP
 // listener of ashl's own, in place of UCX's sockaddr connection manager,
 // which UCX 1.13 aborts in on malformed bytes (issue 44). Before a peer has
 // proved it holds the token, the only code that sees its bytes is
@@ -9,10 +9,11 @@
 // Bounds: at most max_pending_peers unauthenticated connections, and
 // max_pending_per_address from one address; a new one past a cap closes
 // the oldest (so a flood cannot hold every slot); each is closed at its
-// deadline (auth_timeout). When accept() fails for want of descriptors, a
-// descriptor kept in reserve accepts and closes the oldest waiting
-// connection (else the listen socket stays readable and the loop spins);
-// without one, accepting pauses for 100 ms. Repeated events are counted
+// deadline (auth_timeout). When accept() fails for want of descriptors,
+// the oldest unauthenticated connection is closed to make room (as at a
+// cap); when none is held, a descriptor kept in reserve accepts and closes
+// the oldest waiting connection (else the listen socket stays readable and
+// the loop spins); without one, accepting pauses for 100 ms. Repeated events are counted
 // and printed at most once every 10 s. Everything runs from progress() and
 // wait() (poll() on the listen socket and the bootstrap sockets beside
 // UCX's event fd): no thread.
@@ -159,6 +160,20 @@ inline void ucx_impl::accept_connections() {
     if (e == EAGAIN || e == EWOULDBLOCK) return;
     if (e == EINTR || e == ECONNABORTED || e == EPROTO) continue;
     log_event(ucx_log_limiter::accept_failed, e);
+    if (e == EMFILE || e == ENFILE) {
+      // Out of descriptors while unauthenticated connections hold some:
+      // the oldest of them goes, as at a cap, and its descriptor takes the
+      // new connection (else the slots held would keep every newcomer out
+      // until their deadlines).
+      ucx_pending* oldest = nullptr;
+      for (auto& s : pending_)
+        if (s.fd >= 0 && (oldest == nullptr || s.serial < oldest->serial)) oldest = &s;
+      if (oldest != nullptr) {
+        ++counters_.peers_refused;
+        drop_pending(*oldest);
+        continue;
+      }
+    }
     if ((e == EMFILE || e == ENFILE) && reserve_fd_ >= 0) {
       // Out of descriptors: the one in reserve accepts the oldest waiting
       // connection and closes it, so it leaves the backlog (which would
