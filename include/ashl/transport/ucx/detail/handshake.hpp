@@ -247,7 +247,8 @@ inline void ucx_impl::run_timers() {
     }
   }
   // Connections that did not authenticate in time.
-  for (auto& slot : pending_) {
+  for (std::size_t i = 0; i < pending_.size() && pending_in_use_ != 0; ++i) {
+    ucx_pending& slot = pending_[i];
     if (slot.fd >= 0 && now >= slot.deadline) {
       ++counters_.auth_refused;
       log_event(ucx_log_limiter::timed_out);
@@ -273,7 +274,8 @@ inline ucx_clock::time_point ucx_impl::next_timer() const {
       if (p.retry_pending) next = std::min(next, p.retry_at);
     }
   }
-  for (const auto& slot : pending_) if (slot.fd >= 0) next = std::min(next, slot.deadline);
+  if (pending_in_use_ != 0)
+    for (const auto& slot : pending_) if (slot.fd >= 0) next = std::min(next, slot.deadline);
   for (const auto& l : lingering_) next = std::min(next, l.deadline);
   if (listen_fd_ >= 0 && accept_paused_until_ > ucx_clock::now()) next = std::min(next, accept_paused_until_);
   if (log_.pending()) next = std::min(next, log_.next_print);

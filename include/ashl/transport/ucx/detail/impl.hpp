@@ -224,7 +224,7 @@ class ucx_impl {
 
   bool flush_socket(int fd, std::vector<std::byte>& out, std::size_t& sent);
 
-  void close_socket(ucx_socket& s, bool linger);
+  void close_socket(ucx_socket& s, bool keep);
 
   void linger(int fd, std::vector<std::byte> out, std::size_t sent);
 
@@ -288,6 +288,7 @@ class ucx_impl {
   int listen_fd_ = -1;
   int reserve_fd_ = -1;
   std::vector<ucx_pending> pending_;
+  std::size_t pending_in_use_ = 0;  // slots of pending_ holding a connection (hot-path checks skip the scan)
   std::uint64_t accepted_ = 0;  // accept serials
   std::vector<ucx_lingering> lingering_;
   std::vector<pollfd> pollfds_;

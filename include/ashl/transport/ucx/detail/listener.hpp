@@ -65,8 +65,7 @@ inline status ucx_impl::open_listener(const ucx_sockaddr& at) {
 // Something on a socket is under way: progress() looks at the sockets on
 // every call, not only every ucx_socket_check.
 inline bool ucx_impl::sockets_busy() const noexcept {
-  if (!lingering_.empty()) return true;
-  for (const auto& s : pending_) if (s.fd >= 0) return true;
+  if (!lingering_.empty() || pending_in_use_ != 0) return true;
   for (const auto& pp : peers_) {
     const ucx_peer& p = *pp;
     if (p.sock.fd < 0) continue;
@@ -84,7 +83,7 @@ inline void ucx_impl::collect_fds(bool with_efd) {
   };
   if (with_efd && efd_ >= 0) add(efd_, POLLIN, 0, 0);
   if (listen_fd_ >= 0 && ucx_clock::now() >= accept_paused_until_) add(listen_fd_, POLLIN, 1, 0);
-  for (std::size_t i = 0; i < pending_.size(); ++i)
+  for (std::size_t i = 0; i < pending_.size() && pending_in_use_ != 0; ++i)
     if (pending_[i].fd >= 0) add(pending_[i].fd, POLLIN, 2, i);
   for (std::size_t i = 0; i < peers_.size(); ++i) {
     const ucx_socket& s = peers_[i]->sock;
@@ -245,6 +244,7 @@ inline void ucx_impl::admit(int fd, const sockaddr_storage& from) {
   }
   ucx_pending& s = *free_slot;
   s.fd = fd;
+  ++pending_in_use_;
   s.in.reset(bootstrap::role::listener);
   s.nonce = *n;
   s.since = ucx_clock::now();
@@ -254,8 +254,10 @@ inline void ucx_impl::admit(int fd, const sockaddr_storage& from) {
 }
 
 inline void ucx_impl::drop_pending(ucx_pending& slot) {
-  if (slot.fd >= 0) ::close(slot.fd);
+  if (slot.fd < 0) return;
+  ::close(slot.fd);
   slot.fd = -1;
+  --pending_in_use_;
 }
 
 // Bounded reads of a connection that has not authenticated: the reader
@@ -292,6 +294,7 @@ inline void ucx_impl::read_pending(ucx_pending& slot) {
         bootstrap::append_frame(refuse, bootstrap::frame_type::refuse, {});
         linger(slot.fd, std::move(refuse), 0);
         slot.fd = -1;
+        --pending_in_use_;
       } else {
         drop_pending(slot);
       }
@@ -312,6 +315,7 @@ inline void ucx_impl::authenticated(ucx_pending& slot, std::span<const std::byte
   std::memcpy(p.peer_nonce.data(), answer.data(), auth::nonce_size);
   p.sock.fd = slot.fd;
   slot.fd = -1;
+  --pending_in_use_;
   std::swap(p.sock.in, slot.in);  // at the link stage now; the slot gets a reader back
   p.state = ucx_peer_state::handshake;
   auto proof = auth::server_proof(params_.token, p.peer_nonce, p.own_nonce);
@@ -401,7 +405,7 @@ inline void ucx_impl::send_frame(ucx_peer& p, bootstrap::frame_type type,
   if (!p.sock.connecting) (void)flush_socket(p.sock.fd, p.sock.out, p.sock.out_sent);  // errors show on the next read
 }
 
-// `linger`: an orderly end (our last frames are flushed first, and the
+// `keep`: an orderly end (our last frames are flushed first, and the
 // peer reads them rather than a reset); else closed at once.
 inline void ucx_impl::close_socket(ucx_socket& s, bool keep) {
   if (s.fd < 0) return;
