@@ -11,28 +11,31 @@
 //   client->send(*p, header, payload, /*cookie=*/1);       // payload lives until on_sent(…, 1, …)
 //
 // One UCP context (active messages + wakeup) and one single-threaded worker.
-// A listener (ucp_listener_create) accepts sockaddr connections; connect()
-// creates a sockaddr endpoint and retries every retry_interval while nobody
-// listens, until connect_timeout, so start order does not matter. Every
-// endpoint has an error handler (UCP_ERR_HANDLING_MODE_PEER): a dead peer is
-// reported failed from progress(), and its pending sends complete with an
-// error. A peer is reported connected only after the HMAC-SHA256 handshake
-// of transport/auth.hpp, carried on its own active-message id.
-//
-// Data endpoints: UCX 1.13 gives sockaddr endpoints TCP lanes only, whatever
-// UCX_TLS says. So after the handshake both sides send each other, over the
-// authenticated sockaddr endpoint, a session key (8 random bytes the receiver
-// chose) and their UCP worker address, and each creates a second endpoint
-// from the other's address (UCP_EP_PARAM_FIELD_REMOTE_ADDRESS), over which
-// UCX may choose shared memory on one host. All data to a peer goes over
-// that endpoint (order per peer holds). It has no error handling: with
-// UCP_ERR_HANDLING_MODE_PEER UCX 1.13 leaves out posix and sysv. The
-// sockaddr endpoint (PEER mode) stays open to detect a dead peer; then the
-// peer's sends still in flight are completed with an error by ashl. A peer
-// is reported connected once its data endpoint exists. An address endpoint does not tell the receiver who sent
-// a message, so every data message carries the receiver's key in front of
-// its header; an unknown key is dropped and counted as unauthenticated.
-// ucx_params::address_endpoints = false keeps data on the sockaddr endpoint.
+// Peers connect to a small TCP listener of ashl's own (detail/listener.hpp;
+// docs/transport.md, "The bootstrap listener"), never to a UCX connection
+// manager: UCX 1.13.1's sockaddr listener aborts the process on malformed
+// bytes (issue 44). Over that bootstrap connection the peer proves it holds
+// the token (the HMAC-SHA256 challenge-response of transport/auth.hpp, in
+// the bounded frames of transport/bootstrap.hpp), and only then do both
+// sides send each other a session key (8 random bytes the receiver chose)
+// and their UCP worker address; each creates an endpoint from the other's
+// address (UCP_EP_PARAM_FIELD_REMOTE_ADDRESS), over which UCX may choose
+// shared memory on one host, and the peer is reported connected. All data
+// to a peer goes over that endpoint (order per peer holds). It has no error
+// handling (with UCP_ERR_HANDLING_MODE_PEER UCX 1.13 leaves out posix and
+// sysv); ucx_params::address_endpoints = false asks for PEER on both ends.
+// The bootstrap connection stays open: its end without a goodbye reports
+// the peer failed, and the peer's sends still in flight are completed with
+// an error by ashl. connect() retries every retry_interval while nobody
+// listens (or the listener closed it before authentication), until
+// connect_timeout, so start order does not matter. Unauthenticated
+// connections are capped (max_pending_peers, max_pending_per_address; a
+// new one closes the oldest), closed at auth_timeout, have no peer record,
+// and are never seen by the handler. An address endpoint does not tell the
+// receiver who sent a message, so every data message carries the
+// receiver's key in front of its header; an unknown key is dropped and
+// counted as unauthenticated. The listen socket and the bootstrap sockets
+// are polled from progress() and wait() beside UCX's event fd: no thread.
 //
 // A message is one active message: the header part (after the key) is the
 // AM header, the
@@ -61,6 +64,7 @@
 #include <ashl/transport/ucx/detail/handshake.hpp>
 #include <ashl/transport/ucx/detail/impl.hpp>
 #include <ashl/transport/ucx/detail/link.hpp>
+#include <ashl/transport/ucx/detail/listener.hpp>
 #include <ashl/transport/ucx/params.hpp>
 
 #include <chrono>

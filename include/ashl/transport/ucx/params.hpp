@@ -20,7 +20,10 @@ struct ucx_params {
   bool insecure = false;  // allow an empty token (no authentication)
   std::chrono::milliseconds connect_timeout{30000};  // connect(): keep retrying this long while nobody listens
   std::chrono::milliseconds retry_interval{100};     // between connection attempts
-  std::chrono::milliseconds auth_timeout{10000};     // the handshake must finish within this
+  // A connection to the listener must authenticate within this (else it is
+  // closed, counted in auth_refused), and an authenticated peer must send
+  // its link within this again.
+  std::chrono::milliseconds auth_timeout{10000};
   std::chrono::milliseconds close_timeout{2000};     // close()/destructor wait this long for orderly closes
   // A large receive whose sender's connection is gone and that UCX has not
   // finished (UCX 1.13 cannot cancel an active-message receive, and a dead
@@ -36,15 +39,16 @@ struct ucx_params {
   // that comes within it costs no wake-up (4 KiB round trip over shared
   // memory: 64 us with 0, 9 us with 50; docs/perf/ps-ucx.md). 0: sleep at once.
   std::chrono::microseconds spin{50};
-  // The listener binds its port with SO_REUSEADDR (UCX's TCP_CM_REUSEADDR),
-  // so a server restarted at once on its address binds it while the
-  // connections of its previous life sit in TIME_WAIT. An explicit
-  // UCX_TCP_CM_REUSEADDR in the environment wins.
+  // The listener binds its port with SO_REUSEADDR, so a server restarted at
+  // once on its address binds it while the connections of its previous
+  // life sit in TIME_WAIT.
   bool reuse_address = true;
   bool verbose = false;  // print the UCX transports of each endpoint to stderr when it connects
-  // After the handshake, send data over an endpoint made from the peer's UCP
-  // worker address (UCX may pick shared memory on one host); false: over the
-  // sockaddr endpoint (TCP only with UCX 1.13).
+  // The endpoint this side makes from the peer's UCP worker address (all
+  // data goes over it) has no UCX error handling, so UCX may pick shared
+  // memory on one host; false: UCP_ERR_HANDLING_MODE_PEER (UCX 1.13 then
+  // leaves out posix and sysv: TCP on one host), whose failure also fails
+  // the peer. Either way the bootstrap connection's end reports a dead peer.
   bool address_endpoints = true;
   std::size_t max_message_bytes = std::size_t{1} << 31;  // larger incoming data is refused without allocating
   // Every connected peer is sent a keepalive (a keyed control message of 9
@@ -54,11 +58,16 @@ struct ucx_params {
   // is heard from. 0: none. Keep it well below a liveness timeout built on
   // last_heard() (ps::server_params::worker_timeout).
   std::chrono::milliseconds keepalive_interval{1000};
-  // Peers that connected to the listener and have not finished
-  // authentication yet; a connection beyond it is refused at once and
-  // counted (transport_counters::peers_refused). Records of peers that are
-  // done are reused, so a stream of failed connections does not grow memory.
+  // Connections to the listener that have not authenticated yet (half-open
+  // and idle ones included), in all and from one source address. A new
+  // connection past either cap closes the oldest unauthenticated one (of
+  // that address, for the second), counted in
+  // transport_counters::peers_refused: a flood cannot hold every slot, and
+  // an honest peer's connection lives until that many newer ones came.
+  // They have no peer record and no endpoint; the listener holds at most
+  // 69 bytes of each (transport/bootstrap.hpp).
   std::size_t max_pending_peers = 256;
+  std::size_t max_pending_per_address = 64;
   std::size_t queue_reserve = 1024;  // messages/sends in flight before a queue grows (allocates)
 };
 

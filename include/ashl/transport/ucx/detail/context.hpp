@@ -1,6 +1,7 @@
 // ashl/transport/ucx/detail/context.hpp — transport::ucx's UCP context and
-// worker: creation (the listener, the active-message handlers, the wakeup
-// fd), teardown, wait(), registered memory, and describing an endpoint.
+// worker: creation (the bootstrap listener, the active-message handlers,
+// the wakeup fd), teardown, wait() (UCX's fd and the bootstrap sockets in
+// one poll), registered memory, and describing an endpoint.
 #pragma once
 
 #include <ashl/config.hpp>
@@ -22,7 +23,12 @@ inline ucx_impl::~ucx_impl() {
   abandon_closes();
   for (ucx_item* it : queue_) release(*it);
   queue_.clear();
-  if (listener_ != nullptr) ucp_listener_destroy(listener_);
+  for (auto& slot : pending_) drop_pending(slot);
+  for (auto& l : lingering_) ::close(l.fd);  // their last frames were written (close_all)
+  lingering_.clear();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (reserve_fd_ >= 0) ::close(reserve_fd_);
+  flush_log(true);
   if (worker_address_ != nullptr) ucp_worker_release_address(worker_, worker_address_);
   for (auto& r : regions_) {
     if (r.memh != nullptr) ucp_mem_unmap(context_, r.memh);
@@ -40,16 +46,14 @@ inline status ucx_impl::init() {
                "reaches the port can join\n",
                stderr);
   if (params_.retry_interval.count() <= 0) return invalid_argument("retry_interval", params_.retry_interval.count(), "must be > 0 ms");
+  if (params_.max_pending_peers == 0) return invalid_argument("max_pending_peers", 0, "must be >= 1");
+  if (params_.max_pending_per_address == 0) return invalid_argument("max_pending_per_address", 0, "must be >= 1");
   ucx_sockaddr listen_at;
   if (!params_.listen.empty()) {
     auto a = ucx_parse_address("listen", params_.listen);
     if (!a) return a.error();
     listen_at = *a;
   }
-  // UCX reads its connection managers' settings from the environment when
-  // the worker opens them, and ucp_config_modify does not reach them: the
-  // variable is set (not overwritten) for this process.
-  if (params_.reuse_address && !params_.listen.empty()) ::setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return ucx_error("ucp_config_read", s);
@@ -68,12 +72,11 @@ inline status ucx_impl::init() {
     s = ucp_worker_get_efd(worker_, &efd_);
     if (s != UCS_OK) return ucx_error("ucp_worker_get_efd", s);
   }
-  if (params_.address_endpoints) {
-    s = ucp_worker_get_address(worker_, &worker_address_, &worker_address_length_);
-    if (s != UCS_OK) return ucx_error("ucp_worker_get_address", s);
-    if (worker_address_length_ > ucx_max_control_data) {
-      return ucx_error("ucp_worker_get_address", UCS_ERR_EXCEEDS_LIMIT);
-    }
+  // Every peer is sent this in its link (the data endpoint is made from it).
+  s = ucp_worker_get_address(worker_, &worker_address_, &worker_address_length_);
+  if (s != UCS_OK) return ucx_error("ucp_worker_get_address", s);
+  if (worker_address_length_ == 0 || worker_address_length_ > ucx_max_control_data) {
+    return ucx_error("ucp_worker_get_address", UCS_ERR_EXCEEDS_LIMIT);
   }
   for (unsigned id : {ucx_am_control, ucx_am_data, ucx_am_keyed_control}) {
     ucp_am_handler_param_t hp{};
@@ -98,7 +101,8 @@ inline status ucx_impl::init() {
   held_.reserve(64);
   notes_.reserve(64);
   notes_work_.reserve(64);
-  conn_requests_.reserve(64);
+  pollfds_.reserve(64);
+  poll_owners_.reserve(64);
   for (std::size_t i = 0; i < n; ++i) {
     items_.push_back(std::make_unique<ucx_item>());
     free_items_.push_back(items_.back().get());
@@ -106,25 +110,9 @@ inline status ucx_impl::init() {
     slots_.back()->owner = this;
     free_slots_.push_back(slots_.back().get());
   }
-  if (!params_.listen.empty()) {
-    ucp_listener_params_t lp{};
-    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&listen_at.storage);
-    lp.sockaddr.addrlen = listen_at.length;
-    lp.conn_handler.cb = &on_conn_request;
-    lp.conn_handler.arg = this;
-    s = ucp_listener_create(worker_, &lp, &listener_);
-    if (s == UCS_ERR_BUSY) return make_error(errc::unavailable, "listen", params_.listen, "port in use");
-    if (s != UCS_OK) {
-      return make_error(errc::unavailable, "listen", params_.listen,
-                        std::string("cannot listen there: ") + ucx_status_name(s));
-    }
-    ucp_listener_attr_t la{};
-    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    s = ucp_listener_query(listener_, &la);
-    if (s != UCS_OK) return ucx_error("ucp_listener_query", s);
-    listen_address_ = ucx_format_sockaddr(la.sockaddr);
-  }
+  // ashl's own listener (listener.hpp), never UCX's sockaddr connection
+  // manager: nothing a peer sends before it authenticated reaches UCX.
+  if (!params_.listen.empty()) ASHL_TRY(open_listener(listen_at));
   return {};
 }
 
@@ -151,9 +139,15 @@ inline void ucx_impl::wait(std::chrono::microseconds timeout) {
   if (auto next = next_timer(); next != ucx_clock::time_point::max()) {
     limit = std::min(limit, std::chrono::duration_cast<std::chrono::microseconds>(std::max(next - now, ucx_clock::duration::zero())));
   }
-  pollfd pfd{efd_, POLLIN, 0};
+  // UCX's fd and the bootstrap sockets (the listener, connections being
+  // set up, connected peers' goodbyes and deaths) in one poll.
+  collect_fds(true);
   const auto ms = (limit.count() + 999) / 1000;
-  ::poll(&pfd, 1, static_cast<int>(std::min<std::int64_t>(ms, 1 << 30)));
+  if (::poll(pollfds_.data(), pollfds_.size(), static_cast<int>(std::min<std::int64_t>(ms, 1 << 30))) > 0) {
+    for (std::size_t i = 0; i < pollfds_.size(); ++i) {
+      if (pollfds_[i].revents != 0 && poll_owners_[i].kind != 0) sockets_ready_ = true;
+    }
+  }
 }
 
 // The lanes of the endpoint that carries the peer's data.
@@ -161,7 +155,7 @@ inline std::string ucx_impl::describe(peer_id id) const {
   const ucx_peer* p = find(id);
   if (p == nullptr) return {};
   if (p->data_ep != nullptr) return print_endpoint(p->data_ep);
-  return p->ep != nullptr && p->state != ucx_peer_state::done ? print_endpoint(p->ep) : p->transports;
+  return p->transports;
 }
 
 inline result<memory_id> ucx_impl::register_memory(std::span<std::byte> region) {

@@ -63,7 +63,7 @@ inline std::size_t ucx_impl::progress(H& h) {
     for (int i = 0; i < 64 && ucp_worker_progress(worker_) != 0; ++i) {
     }
   }
-  accept_connections();
+  service_sockets();
   run_timers();
   reap_closes();
   calls += deliver_notes(h);
@@ -101,20 +101,12 @@ inline ucs_status_t ucx_impl::drop(const ucp_am_recv_param_t* param) noexcept {
   return (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0 ? UCS_ERR_MESSAGE_TRUNCATED : UCS_OK;
 }
 
-// The handshake channel: the sender is the sockaddr endpoint it came from.
-inline ucs_status_t ucx_impl::on_am(ucx_item_kind kind, const void* header, std::size_t header_length, void* data,
-                                    std::size_t length, const ucp_am_recv_param_t* param) {
-  peer_id from = no_peer;
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0) {
-    auto it = ep_peer_.find(param->reply_ep);
-    if (it != ep_peer_.end()) from = it->second;
-  }
-  if (from == no_peer) {
-    ++counters_.unauthenticated_dropped;
-    return drop(param);
-  }
-  find(from)->heard = ucx_clock::now();
-  return queue_am(kind, from, param->reply_ep, header, header_length, data, length, param);
+// The unkeyed control id: nothing is sent on it since the handshake moved
+// to the bootstrap connection; whatever comes is dropped and counted.
+inline ucs_status_t ucx_impl::on_am(ucx_item_kind, const void*, std::size_t, void*, std::size_t,
+                                    const ucp_am_recv_param_t* param) {
+  ++counters_.unauthenticated_dropped;
+  return drop(param);
 }
 
 // Data and keyed control: the sender is whoever holds the key in front of
@@ -205,9 +197,9 @@ inline void ucx_impl::release(ucx_item& it) {
   it.held = false;
 }
 
-// Sends still in flight to a peer that failed or closed: UCX cancels those
-// on a force-closed sockaddr endpoint, but not those on a data endpoint
-// (no error handling), whose rendezvous would wait for the peer forever.
+// Sends still in flight to a peer that failed or closed: UCX does not
+// cancel those on a data endpoint without error handling, whose
+// rendezvous would wait for the peer forever.
 // Each is reported failed now; its slot is reused once UCX lets go of it.
 inline void ucx_impl::orphan_sends(peer_id id) {
   for (auto& owned : slots_) {
@@ -224,7 +216,7 @@ inline void ucx_impl::orphan_sends(peer_id id) {
 // behind a rendezvous receive of the same peer is not: waiting for that
 // receive must sleep, not spin.
 inline bool ucx_impl::has_ready_work() {
-  if (!completions_.empty() || !notes_.empty() || !conn_requests_.empty()) return true;
+  if (!completions_.empty() || !notes_.empty() || sockets_ready_) return true;
   blocked_.clear();
   for (const ucx_item* it : queue_) {
     if (it->kind == ucx_item_kind::ep_error) return true;  // never held behind a receive (deliver_items)
@@ -236,7 +228,7 @@ inline bool ucx_impl::has_ready_work() {
   return false;
 }
 
-// A keyed message from a peer whose own link (over the sockaddr endpoint)
+// A keyed message from a peer whose own link (over the bootstrap connection)
 // has not been handled yet waits for it: endpoints are not ordered.
 inline bool ucx_impl::held_back(peer_id id) const noexcept {
   const ucx_peer* p = find(id);
@@ -305,14 +297,14 @@ inline std::size_t ucx_impl::deliver_items(H& h) {
     ucx_peer* p = find(it.peer);
     if (it.kind == ucx_item_kind::ep_error) {
       it.done = true;
-      if (p != nullptr && it.ep != nullptr && (p->ep == it.ep || p->data_ep == it.ep)) {
+      if (p != nullptr && it.ep != nullptr && p->data_ep == it.ep) {
         on_endpoint_error(*p, it.ep, it.status);
       }
       calls += deliver_notes(h);
       continue;
     }
     const bool keyed = it.ep == nullptr;
-    if (p == nullptr || (!keyed && p->ep != it.ep) || p->state == ucx_peer_state::done) {
+    if (p == nullptr || !keyed || p->state == ucx_peer_state::done) {
       if (it.recv == ucx_recv_state::receiving) {
         // UCX still owns the item and the buffer: kept until its callback
         // (its peer's later messages are dropped meanwhile, not held).

@@ -1,6 +1,7 @@
 // ashl/transport/ucx/detail/handshake.hpp — transport::ucx's connections:
-// connect() and its retries, accepting on the listener, the HMAC handshake
-// of transport/auth.hpp on the control channel, timers (retries, deadlines,
+// connect() and its retries, the HMAC handshake of transport/auth.hpp over
+// the bootstrap connection (frames of transport/bootstrap.hpp; the
+// listener's side of it is in listener.hpp), timers (retries, deadlines,
 // keepalives), endpoint errors, and orderly and failed closes.
 #pragma once
 
@@ -21,7 +22,7 @@ inline result<peer_id> ucx_impl::connect(std::string_view address) {
   p.address = std::string(address);
   p.target = *a;
   p.start = ucx_clock::now();
-  p.deadline = p.start + params_.connect_timeout;
+  p.connect_deadline = p.deadline = p.start + params_.connect_timeout;
   attempt(p);
   return p.id;
 }
@@ -31,12 +32,12 @@ inline void ucx_impl::close(peer_id id) {
   if (p == nullptr || p->state == ucx_peer_state::done) return;
   if (p->state == ucx_peer_state::connected) {
     // A keyed goodbye behind the data on the data endpoint tells the peer
-    // all data has arrived; the one on the sockaddr endpoint comes first
-    // and tells it that the disconnect that follows is no failure.
+    // all data has arrived; the one on the bootstrap connection comes
+    // first and tells it that the end of that connection is no failure.
     const bool keyed = p->data_ep != nullptr;
     if (keyed) send_keyed_control(*p, ucx_control::goodbye);
     const std::array<std::byte, 1> body{std::byte{keyed ? std::uint8_t{1} : std::uint8_t{0}}};
-    send_control(*p, ucx_control::goodbye, body);
+    send_frame(*p, bootstrap::frame_type::goodbye, {body});
   }
   finish(*p, true);
   note(id, peer_event::closed, status{});
@@ -56,6 +57,8 @@ inline void ucx_impl::close_all(bool wait_for_flush) {
       reap_closes();
     }
   }
+  // The goodbyes are written (or as much as the sockets take now).
+  for (std::size_t i = lingering_.size(); i-- > 0;) service_lingering(lingering_[i], 0);
 }
 
 // Past the bounded wait: UCX frees what is still closing when it completes
@@ -112,15 +115,6 @@ inline bool ucx_impl::unreferenced(peer_id id) const noexcept {
   return true;
 }
 
-// Peers that connected to our listener and are not authenticated and
-// linked yet (ucx_params::max_pending_peers).
-inline std::size_t ucx_impl::pending_peers() const noexcept {
-  std::size_t n = 0;
-  for (const auto& pp : peers_)
-    n += !pp->client && (pp->state == ucx_peer_state::handshake || pp->state == ucx_peer_state::linking) ? 1 : 0;
-  return n;
-}
-
 inline ucp_ep_params_t ucx_impl::ep_params() {
   ucp_ep_params_t ep{};
   ep.field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -130,26 +124,36 @@ inline ucp_ep_params_t ucx_impl::ep_params() {
   return ep;
 }
 
+// One TCP connection to the listener (non-blocking: its result comes from
+// poll()); the listener's challenge follows on it.
 inline void ucx_impl::attempt(ucx_peer& p) {
   ++p.attempts;
   p.retry_pending = false;
-  ucp_ep_params_t ep = ep_params();
-  ep.field_mask |= UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_FLAGS;
-  ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&p.target.storage);
-  ep.sockaddr.addrlen = p.target.length;
-  const ucs_status_t s = ucp_ep_create(worker_, &ep, &p.ep);
-  if (s != UCS_OK) {
-    p.ep = nullptr;
-    p.last_error = s;
+  p.challenged = false;
+  p.sock.in.reset(bootstrap::role::connector);
+  p.sock.out.clear();
+  p.sock.out_sent = 0;
+  const int fd = ::socket(p.target.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    p.last_error = std::string("socket: ") + std::strerror(errno);
     schedule_retry(p);
     return;
   }
-  ep_peer_[p.ep] = p.id;
+  ucx_set_nodelay(fd);
+  p.sock.fd = fd;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&p.target.storage), p.target.length) == 0) return;
+  if (errno == EINPROGRESS) {
+    p.sock.connecting = true;
+    return;
+  }
+  p.last_error = std::strerror(errno);
+  close_socket(p.sock, false);
+  schedule_retry(p);
 }
 
 inline void ucx_impl::schedule_retry(ucx_peer& p) {
   const auto now = ucx_clock::now();
+  p.deadline = p.connect_deadline;
   if (now + params_.retry_interval >= p.deadline) {
     give_up_connecting(p);
     return;
@@ -161,7 +165,7 @@ inline void ucx_impl::schedule_retry(ucx_peer& p) {
 inline void ucx_impl::give_up_connecting(ucx_peer& p) {
   std::string why = "no server at " + p.address + " after " + ucx_seconds(params_.connect_timeout) + " (" +
                     std::to_string(p.attempts) + (p.attempts == 1 ? " attempt" : " attempts") + "): " +
-                    (p.last_error == UCS_OK ? "no answer" : ucx_status_name(p.last_error));
+                    (p.last_error.empty() ? "no answer" : p.last_error);
   fail(p, status(errc::unavailable, std::move(why)));
 }
 
@@ -182,9 +186,10 @@ inline void ucx_impl::finish(ucx_peer& p, bool flush) {
 
 inline void ucx_impl::drop_endpoint(ucx_peer& p, bool flush) {
   // UCX refuses to force-close an endpoint without error handling (the
-  // data endpoint): it is flushed, which is local for shared memory.
-  close_endpoint(p.data_ep, true);
-  close_endpoint(p.ep, flush);
+  // data endpoint with address_endpoints): it is flushed, which is local
+  // for shared memory.
+  close_endpoint(p.data_ep, flush || !p.peer_errors);
+  close_socket(p.sock, flush);
 }
 
 inline void ucx_impl::close_endpoint(ucp_ep_h& ep, bool flush) {
@@ -216,71 +221,6 @@ inline void ucx_impl::reap_closes() {
   }
 }
 
-// A control message on the sockaddr endpoint; `data` (a worker address)
-// must outlive the send.
-inline void ucx_impl::send_control(ucx_peer& p, ucx_control type, std::span<const std::byte> body,
-                                   std::span<const std::byte> data) {
-  if (p.ep == nullptr) return;
-  ucx_send_slot* slot = take_slot();
-  slot->peer = no_peer;  // internal: no on_sent
-  slot->cookie = 0;
-  slot->bytes = 0;
-  slot->status = UCS_OK;
-  slot->header[0] = static_cast<std::byte>(type);
-  if (!body.empty()) std::memcpy(slot->header.data() + 1, body.data(), body.size());
-  ucp_request_param_t rp{};
-  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  rp.cb.send = &on_send_done;
-  rp.user_data = slot;
-  rp.flags = UCP_AM_SEND_FLAG_REPLY;
-  ucs_status_ptr_t req = ucp_am_send_nbx(p.ep, ucx_am_control, slot->header.data(), 1 + body.size(), data.data(),
-                                         data.size(), &rp);
-  if (req == nullptr || UCS_PTR_IS_ERR(req)) {
-    if (UCS_PTR_IS_ERR(req)) slot->status = UCS_PTR_STATUS(req);
-    completions_.push_back(slot);
-  }
-}
-
-inline void ucx_impl::accept_connections() {
-  for (std::size_t i = 0; i < conn_requests_.size(); ++i) {
-    ucp_conn_request_h request = conn_requests_[i];
-    if (pending_peers() >= params_.max_pending_peers) {
-      // Refused before a record or an endpoint exists for it.
-      ++counters_.peers_refused;
-      if (counters_.peers_refused == 1)
-        std::fprintf(stderr, "ashl ucx: a connection refused: ucx_params.max_pending_peers = %zu peers are "
-                             "authenticating already (counted in peers_refused)\n", params_.max_pending_peers);
-      ucp_listener_reject(listener_, request);
-      continue;
-    }
-    auto& p = new_peer(false);
-    ucp_conn_request_attr_t ca{};
-    ca.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-    p.address = ucp_conn_request_query(request, &ca) == UCS_OK ? ucx_format_sockaddr(ca.client_address) : "?";
-    p.start = ucx_clock::now();
-    p.deadline = p.start + params_.auth_timeout;
-    p.state = ucx_peer_state::handshake;
-    ucp_ep_params_t ep = ep_params();
-    ep.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
-    ep.conn_request = request;
-    const ucs_status_t s = ucp_ep_create(worker_, &ep, &p.ep);
-    if (s != UCS_OK) {
-      p.ep = nullptr;
-      fail(p, status(errc::unavailable, "peer " + p.address + ": cannot accept its connection: " + ucx_status_name(s)));
-      continue;
-    }
-    ep_peer_[p.ep] = p.id;
-    auto n = auth::make_nonce();
-    if (!n) {
-      fail(p, n.error());
-      continue;
-    }
-    p.own_nonce = *n;
-    send_control(p, ucx_control::challenge, p.own_nonce);
-  }
-  conn_requests_.clear();
-}
-
 inline void ucx_impl::run_timers() {
   const auto now = ucx_clock::now();
   for (auto& pp : peers_) {
@@ -288,7 +228,7 @@ inline void ucx_impl::run_timers() {
     if (p.state == ucx_peer_state::connecting) {
       if (p.retry_pending && now >= p.retry_at) {
         attempt(p);
-      } else if (now >= p.deadline) {
+      } else if (now >= p.connect_deadline) {
         give_up_connecting(p);
       }
     } else if (p.state == ucx_peer_state::connected && !p.draining && params_.keepalive_interval.count() > 0 &&
@@ -302,11 +242,23 @@ inline void ucx_impl::run_timers() {
       fail(p, status(errc::timed_out, "peer " + p.address + ": no data endpoint within " +
                                           ucx_seconds(params_.auth_timeout) + " of authentication"));
     } else if (p.state == ucx_peer_state::handshake && now >= p.deadline) {
-      if (!p.client) ++counters_.auth_refused;
       fail(p, status(errc::timed_out, "peer " + p.address + ": authentication did not finish within " +
                                           ucx_seconds(params_.auth_timeout)));
     }
   }
+  // Connections that did not authenticate in time.
+  for (std::size_t i = 0; i < pending_.size() && pending_in_use_ != 0; ++i) {
+    ucx_pending& slot = pending_[i];
+    if (slot.fd >= 0 && now >= slot.deadline) {
+      ++counters_.auth_refused;
+      log_event(ucx_log_limiter::timed_out);
+      drop_pending(slot);
+    }
+  }
+  for (std::size_t i = lingering_.size(); i-- > 0;) {
+    if (now >= lingering_[i].deadline) service_lingering(lingering_[i], 0);
+  }
+  flush_log(false);
 }
 
 inline ucx_clock::time_point ucx_impl::next_timer() const {
@@ -318,69 +270,57 @@ inline ucx_clock::time_point ucx_impl::next_timer() const {
       next = std::min(next, p.next_keepalive);
     if (p.state == ucx_peer_state::connecting || p.state == ucx_peer_state::handshake ||
         p.state == ucx_peer_state::linking) {
-      next = std::min(next, p.deadline);
+      next = std::min(next, p.state == ucx_peer_state::connecting ? p.connect_deadline : p.deadline);
       if (p.retry_pending) next = std::min(next, p.retry_at);
-      // The connection manager's events do not always wake the worker's fd:
-      // look again at least every retry interval while a peer is being set up.
-      next = std::min(next, ucx_clock::now() + params_.retry_interval);
     }
   }
+  if (pending_in_use_ != 0)
+    for (const auto& slot : pending_) if (slot.fd >= 0) next = std::min(next, slot.deadline);
+  for (const auto& l : lingering_) next = std::min(next, l.deadline);
+  if (listen_fd_ >= 0 && accept_paused_until_ > ucx_clock::now()) next = std::min(next, accept_paused_until_);
+  if (log_.pending()) next = std::min(next, log_.next_print);
   if (!closing_.empty()) next = std::min(next, ucx_clock::now() + std::chrono::milliseconds(10));
   return next;
 }
 
+// A keyed control message, in order with the peer's data.
 inline void ucx_impl::on_control(ucx_peer& p, const ucx_item& it) {
-  if (it.header_size == 0) return;
-  const auto type = static_cast<ucx_control>(it.header[0]);
-  const std::span<const std::byte> body(it.header.data() + 1, it.header_size - 1);
-  switch (type) {
-    case ucx_control::challenge: {
-      if (!p.client || p.state != ucx_peer_state::connecting || body.size() != auth::nonce_size) return;
+  if (it.header_size != 1) return;
+  switch (static_cast<ucx_control>(it.header[0])) {
+    case ucx_control::keepalive:
+      return;  // handled on arrival (on_am_keyed)
+    case ucx_control::goodbye:
+      // Behind all its data: everything it sent has arrived.
+      if (p.state == ucx_peer_state::connected) close_by_peer(p);
+      return;
+  }
+}
+
+// A frame of the bootstrap connection, already checked against the stage
+// by bootstrap::reader (type, size, magic).
+inline void ucx_impl::on_frame(ucx_peer& p, const bootstrap::frame& f) {
+  using bootstrap::frame_type;
+  switch (f.type) {
+    case frame_type::challenge: {
+      if (!p.client || p.state != ucx_peer_state::connecting) return;
       p.challenged = true;
       p.state = ucx_peer_state::handshake;
       p.deadline = ucx_clock::now() + params_.auth_timeout;
-      std::memcpy(p.peer_nonce.data(), body.data(), auth::nonce_size);
+      std::memcpy(p.peer_nonce.data(), f.body.data() + bootstrap::magic.size(), auth::nonce_size);
       auto n = auth::make_nonce();
       if (!n) return fail(p, n.error());
       p.own_nonce = *n;
       auto proof = auth::client_proof(params_.token, p.peer_nonce, p.own_nonce);
       if (!proof) return fail(p, proof.error());
-      std::array<std::byte, auth::nonce_size + auth::digest_size> answer{};
-      std::memcpy(answer.data(), p.own_nonce.data(), auth::nonce_size);
-      std::memcpy(answer.data() + auth::nonce_size, proof->data(), auth::digest_size);
-      send_control(p, ucx_control::answer, answer);
+      send_frame(p, frame_type::answer, {p.own_nonce, *proof});
       return;
     }
-    case ucx_control::answer: {
-      if (p.client || p.state != ucx_peer_state::handshake) return;
-      bool ok = body.size() == auth::nonce_size + auth::digest_size;
-      if (ok) {
-        std::memcpy(p.peer_nonce.data(), body.data(), auth::nonce_size);
-        auto expected = auth::client_proof(params_.token, p.own_nonce, p.peer_nonce);
-        ok = expected && auth::verify(*expected, body.subspan(auth::nonce_size));
-      }
-      if (!ok) {
-        ++counters_.auth_refused;
-        send_control(p, ucx_control::refuse, {});
-        // An orderly close, so the refusal reaches the client before the disconnect.
-        finish(p, true);
-        ++counters_.peers_failed;
-        note(p.id, peer_event::failed,
-             status(errc::invalid_argument,
-                    "peer " + p.address + " refused: token mismatch (its ASHL_TOKEN differs from this server's)"));
-        return;
-      }
-      auto proof = auth::server_proof(params_.token, p.peer_nonce, p.own_nonce);
-      if (!proof) return fail(p, proof.error());
-      send_control(p, ucx_control::accept, *proof);
-      p.deadline = ucx_clock::now() + params_.auth_timeout;
-      if (status s = send_link(p); !s.ok()) return fail(p, std::move(s));
-      return;
-    }
-    case ucx_control::accept: {
+    case frame_type::answer:
+      return;  // the listener's side reads answers before a record exists (listener.hpp)
+    case frame_type::accept: {
       if (!p.client || p.state != ucx_peer_state::handshake) return;
       auto expected = auth::server_proof(params_.token, p.own_nonce, p.peer_nonce);
-      if (!expected || !auth::verify(*expected, body)) {
+      if (!expected || !auth::verify(*expected, f.body)) {
         return fail(p, status(errc::invalid_argument, "the server at " + p.address +
                                                           " did not prove it holds the token (ASHL_TOKEN differs, "
                                                           "or it is not an ashl server)"));
@@ -389,26 +329,15 @@ inline void ucx_impl::on_control(ucx_peer& p, const ucx_item& it) {
       if (status s = send_link(p); !s.ok()) return fail(p, std::move(s));
       return;
     }
-    case ucx_control::link: {
-      on_link(p, it, body);
-      return;
-    }
-    case ucx_control::keepalive:
-      return;  // handled on arrival (on_am_keyed)
-    case ucx_control::refuse: {
-      if (!p.client) return;
+    case frame_type::refuse:
       return fail(p, status(errc::invalid_argument, "token mismatch: the server at " + p.address +
                                                         " refused authentication (ASHL_TOKEN differs)"));
-    }
-    case ucx_control::goodbye: {
-      if (it.ep == nullptr) {
-        // Keyed, behind all its data: everything it sent has arrived.
-        if (p.state == ucx_peer_state::connected) close_by_peer(p);
-        return;
-      }
+    case frame_type::link:
+      return on_link(p, f.body);
+    case frame_type::goodbye:
       p.goodbye = true;
       if (p.state == ucx_peer_state::connected) {
-        if (body.size() == 1 && body[0] == std::byte{1}) {
+        if (f.body[0] == std::byte{1}) {
           // Its data may still be on the way over the data endpoint.
           p.draining = true;
           p.deadline = ucx_clock::now() + params_.close_timeout;
@@ -417,7 +346,6 @@ inline void ucx_impl::on_control(ucx_peer& p, const ucx_item& it) {
         }
       }
       return;
-    }
   }
 }
 
@@ -436,38 +364,21 @@ inline void ucx_impl::mark_connected(ucx_peer& p) {
   p.transports = print_endpoint(data_endpoint(p));
   if (params_.verbose) {
     // The lanes that carry its data, and which endpoint that is.
-    std::fprintf(stderr, "ashl ucx: peer %u %s connected over %s (%s endpoint)\n", p.id, p.address.c_str(),
-                 summarize(p.transports).c_str(), p.data_ep != nullptr ? "worker-address" : "sockaddr");
+    std::fprintf(stderr, "ashl ucx: peer %u %s connected over %s (worker-address endpoint, error handling %s)\n",
+                 p.id, p.address.c_str(), summarize(p.transports).c_str(), p.peer_errors ? "peer" : "none");
   }
   note(p.id, peer_event::connected, status{});
 }
 
-inline void ucx_impl::on_endpoint_error(ucx_peer& p, ucp_ep_h ep, ucs_status_t s) {
+// The data endpoint failed (only with address_endpoints = false: error
+// handling PEER).
+inline void ucx_impl::on_endpoint_error(ucx_peer& p, ucp_ep_h, ucs_status_t s) {
   if (p.state == ucx_peer_state::done) return;
-  if (p.client && p.state == ucx_peer_state::connecting && !p.challenged) {
-    // Nobody listens (yet): try again until the connect deadline.
-    p.last_error = s;
-    drop_endpoint(p, false);
-    schedule_retry(p);
-    return;
-  }
-  if (p.goodbye) {
-    if (p.draining && ep == p.ep) {
-      // The disconnect after its sockaddr goodbye; its data endpoint
-      // still brings the rest of its data and the keyed goodbye.
-      close_endpoint(p.ep, false);
-      return;
-    }
-    close_by_peer(p);
-    return;
-  }
+  if (p.goodbye) return close_by_peer(p);
   const bool was_connected = p.state == ucx_peer_state::connected;
-  std::string why = "peer " + std::to_string(p.id) + " (" + p.address + ") " +
-                    (was_connected                               ? "failed: "
-                     : p.state == ucx_peer_state::linking ? "failed before its data endpoint was ready: "
-                                                          : "failed before authentication: ") +
-                    ucx_status_name(s);
-  fail(p, status(errc::unavailable, std::move(why)));
+  fail(p, status(errc::unavailable, "peer " + std::to_string(p.id) + " (" + p.address + ") " +
+                                        (was_connected ? "failed: " : "failed before its data endpoint was ready: ") +
+                                        ucx_status_name(s)));
 }
 
 }  // namespace detail

@@ -4,6 +4,8 @@
 //   handshake.hpp  connecting, the authenticated handshake, timers, closes
 //   link.hpp       the link protocol: session keys and data endpoints
 //   delivery.hpp   sends, active-message arrival, and delivery in progress()
+//   listener.hpp   the bootstrap listener and sockets: accepting under caps,
+//                  reading bounded bytes, deadlines, rate-limited logs
 // (transport/ucx.hpp includes them all; docs/transport.md, "UCX").
 #pragma once
 
@@ -21,10 +23,14 @@
 #include <ucp/api/ucp.h>
 
 #include <arpa/inet.h>
+#include <cerrno>
+#include <fcntl.h>
 #include <netdb.h>
+#include <netinet/tcp.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -34,6 +40,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -108,10 +115,6 @@ class ucx_impl {
  private:
   // ---- UCX callbacks: record only; the handler runs from progress() -----------
 
-  static void on_conn_request(ucp_conn_request_h request, void* arg) {
-    static_cast<ucx_impl*>(arg)->conn_requests_.push_back(request);
-  }
-
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t s);
 
   static void on_send_done(void* request, ucs_status_t s, void* user_data);
@@ -160,8 +163,6 @@ class ucx_impl {
 
   bool unreferenced(peer_id id) const noexcept;
 
-  std::size_t pending_peers() const noexcept;
-
   ucx_peer* find(peer_id id) noexcept { return id < peers_.size() ? peers_[id].get() : nullptr; }
   const ucx_peer* find(peer_id id) const noexcept { return id < peers_.size() ? peers_[id].get() : nullptr; }
 
@@ -183,22 +184,55 @@ class ucx_impl {
 
   void close_endpoint(ucp_ep_h& ep, bool flush);
 
-  ucp_ep_h data_endpoint(const ucx_peer& p) const noexcept { return p.data_ep != nullptr ? p.data_ep : p.ep; }
+  ucp_ep_h data_endpoint(const ucx_peer& p) const noexcept { return p.data_ep; }
 
   void fail(ucx_peer& p, status why);
 
   void reap_closes();
 
-  void send_control(ucx_peer& p, ucx_control type, std::span<const std::byte> body,
-                    std::span<const std::byte> data = {});
-
   void send_keyed_control(ucx_peer& p, ucx_control type);
 
   status send_link(ucx_peer& p);
 
-  void on_link(ucx_peer& p, const ucx_item& it, std::span<const std::byte> body);
+  void on_link(ucx_peer& p, std::span<const std::byte> body);
+
+  // ---- the bootstrap listener and sockets (listener.hpp) -------------------------
+
+  status open_listener(const ucx_sockaddr& at);
+
+  bool sockets_busy() const noexcept;
+
+  void collect_fds(bool with_efd);
+
+  void service_sockets();
 
   void accept_connections();
+
+  void admit(int fd, const sockaddr_storage& from);
+
+  void read_pending(ucx_pending& slot);
+
+  void drop_pending(ucx_pending& slot);
+
+  void authenticated(ucx_pending& slot, std::span<const std::byte> answer);
+
+  void read_peer(ucx_peer& p);
+
+  void on_frame(ucx_peer& p, const bootstrap::frame& f);
+
+  void socket_ended(ucx_peer& p, std::string why);
+
+  bool flush_socket(int fd, std::vector<std::byte>& out, std::size_t& sent);
+
+  void close_socket(ucx_socket& s, bool keep);
+
+  void linger(int fd, std::vector<std::byte> out, std::size_t sent);
+
+  void service_lingering(ucx_lingering& l, short revents);
+
+  void log_event(ucx_log_limiter::kind k, int err = 0);
+
+  void flush_log(bool force);
 
   void run_timers();
 
@@ -211,6 +245,8 @@ class ucx_impl {
   // ---- handshake -----------------------------------------------------------------
 
   void on_control(ucx_peer& p, const ucx_item& it);
+
+  void send_frame(ucx_peer& p, bootstrap::frame_type type, std::initializer_list<std::span<const std::byte>> parts);
 
   void close_by_peer(ucx_peer& p);
 
@@ -245,8 +281,26 @@ class ucx_impl {
   ucx_params params_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
-  ucp_listener_h listener_ = nullptr;
   int efd_ = -1;
+  // The bootstrap listener (listener.hpp): its socket, a descriptor kept in
+  // reserve for EMFILE, the connections not authenticated yet (fixed slots),
+  // sockets closing, and what wait() and progress() poll.
+  int listen_fd_ = -1;
+  int reserve_fd_ = -1;
+  std::vector<ucx_pending> pending_;
+  std::size_t pending_in_use_ = 0;  // slots of pending_ holding a connection (hot-path checks skip the scan)
+  std::uint64_t accepted_ = 0;  // accept serials
+  std::vector<ucx_lingering> lingering_;
+  std::vector<pollfd> pollfds_;
+  struct poll_owner {
+    std::uint8_t kind;  // 0 efd, 1 listener, 2 pending, 3 peer, 4 lingering
+    std::uint32_t index;
+  };
+  std::vector<poll_owner> poll_owners_;
+  bool sockets_ready_ = false;  // wait()'s poll saw a socket ready: progress() services them
+  ucx_clock::time_point next_socket_check_{}, accept_paused_until_{};
+  ucx_log_limiter log_;
+  std::array<std::byte, 512> scratch_{};  // bytes read only to be dropped
   bool in_progress_ = false;
   // wait() returned on work its own ucp_worker_progress just recorded: the
   // next progress() delivers it without progressing UCX first (a call that
@@ -268,7 +322,6 @@ class ucx_impl {
   std::vector<ucx_send_slot*> free_slots_, completions_, completions_work_;
   std::vector<peer_id> blocked_, held_;
   std::vector<ucx_peer_note> notes_, notes_work_;
-  std::vector<ucp_conn_request_h> conn_requests_;
   std::vector<void*> closing_;
   std::vector<ucx_region> regions_;
 };

@@ -1,7 +1,8 @@
 // ashl/transport/ucx/detail/link.hpp — transport::ucx's link protocol, after
-// the handshake: each side sends the session key it expects in front of
-// data and its UCP worker address, and data then goes over an endpoint made
-// from the peer's address (shared memory on one host), keyed.
+// the handshake: each side sends, over the bootstrap connection, the
+// session key it expects in front of data and its UCP worker address, and
+// data then goes over an endpoint made from the peer's address (shared
+// memory on one host), keyed.
 #pragma once
 
 #include <ashl/config.hpp>
@@ -38,8 +39,9 @@ inline void ucx_impl::send_keyed_control(ucx_peer& p, ucx_control type) {
 }
 
 // Authenticated: tell the peer the key it must put in front of its data
-// and where our worker is. The key goes only over the sockaddr endpoint
-// whose peer just proved it holds the token.
+// and where our worker is. The key goes only over the bootstrap
+// connection whose peer just proved it holds the token (or whose listener
+// proved it does).
 inline status ucx_impl::send_link(ucx_peer& p) {
   std::uint64_t key = 0;
   while (key == 0 || keys_.count(key) != 0) {
@@ -49,37 +51,41 @@ inline status ucx_impl::send_link(ucx_peer& p) {
   }
   p.own_key = key;
   keys_.emplace(key, p.id);
-  std::array<std::byte, ucx_key_bytes> body{};
+  std::array<std::byte, ucx_key_bytes + bootstrap::link_flags_bytes> body{};
   std::memcpy(body.data(), &key, ucx_key_bytes);
-  send_control(p, ucx_control::link, body,
-               std::span<const std::byte>(reinterpret_cast<const std::byte*>(worker_address_), worker_address_length_));
+  body[ucx_key_bytes] = std::byte{params_.address_endpoints ? std::uint8_t{0} : bootstrap::link_peer_errors};
+  send_frame(p, bootstrap::frame_type::link,
+             {body, std::span<const std::byte>(reinterpret_cast<const std::byte*>(worker_address_), worker_address_length_)});
   p.state = ucx_peer_state::linking;
   return {};
 }
 
 // The peer's link: its key, and an endpoint to its worker address (UCX
 // picks the transports: shared memory on one host when UCX_TLS allows).
-inline void ucx_impl::on_link(ucx_peer& p, const ucx_item& it, std::span<const std::byte> body) {
-  if (p.state != ucx_peer_state::linking || it.ep == nullptr || body.size() != ucx_key_bytes) return;
+inline void ucx_impl::on_link(ucx_peer& p, std::span<const std::byte> body) {
+  if (p.state != ucx_peer_state::linking) return;
   std::memcpy(&p.peer_key, body.data(), ucx_key_bytes);
-  if (params_.address_endpoints && it.length != 0 && it.data != nullptr) {
-    // UCP_ERR_HANDLING_MODE_NONE: with PEER, UCX 1.13 leaves out posix and
-    // sysv (they lack peer-failure support) and picks TCP even on one host.
-    // A dead peer is detected by the sockaddr endpoint (PEER mode), whose
-    // failure force-closes this one, cancelling its pending sends.
-    ucp_ep_params_t ep = ep_params();
-    ep.field_mask |= UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-    ep.address = static_cast<const ucp_address_t*>(it.data);
-    const ucs_status_t s = ucp_ep_create(worker_, &ep, &p.data_ep);
-    if (s != UCS_OK) {
-      p.data_ep = nullptr;
-      return fail(p, status(errc::unavailable, "peer " + p.address +
-                                                   ": cannot create an endpoint to its worker address: " +
-                                                   ucx_status_name(s)));
-    }
-    ep_peer_[p.data_ep] = p.id;
+  // Both ends' endpoints must have the same error handling (UCX refuses an
+  // asymmetric pair): PEER when either side asked for it.
+  p.peer_errors = !params_.address_endpoints ||
+                  (static_cast<unsigned>(body[ucx_key_bytes]) & bootstrap::link_peer_errors) != 0;
+  const auto address = body.subspan(ucx_key_bytes + bootstrap::link_flags_bytes);
+  // UCP_ERR_HANDLING_MODE_NONE: with PEER, UCX 1.13 leaves out posix and
+  // sysv (they lack peer-failure support) and picks TCP even on one host.
+  // A dead peer is noticed by the end of its bootstrap connection, which
+  // closes this endpoint and fails its pending sends (orphan_sends).
+  ucp_ep_params_t ep = ep_params();
+  ep.field_mask |= UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+  if (!p.peer_errors) ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+  ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  const ucs_status_t s = ucp_ep_create(worker_, &ep, &p.data_ep);
+  if (s != UCS_OK) {
+    p.data_ep = nullptr;
+    return fail(p, status(errc::unavailable, "peer " + p.address +
+                                                 ": cannot create an endpoint to its worker address: " +
+                                                 ucx_status_name(s)));
   }
+  ep_peer_[p.data_ep] = p.id;
   mark_connected(p);
 }
 

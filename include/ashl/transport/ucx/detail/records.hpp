@@ -1,6 +1,7 @@
 // ashl/transport/ucx/detail/records.hpp — the records transport::ucx keeps:
-// active-message ids and control messages, peers, received items, send
-// slots, registered regions, and UCX's status names.
+// active-message ids and control messages, peers and their bootstrap
+// sockets, connections the listener has not authenticated yet, received
+// items, send slots, registered regions, and UCX's status names.
 #pragma once
 
 #include <ashl/config.hpp>
@@ -9,6 +10,7 @@
 
 #include <ashl/core/status.hpp>
 #include <ashl/transport/auth.hpp>
+#include <ashl/transport/bootstrap.hpp>
 #include <ashl/transport/concepts.hpp>
 #include <ashl/transport/ucx/detail/sockaddr.hpp>
 
@@ -21,6 +23,7 @@
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <vector>
 
 ASHL_NAMESPACE_BEGIN
 namespace transport {
@@ -34,57 +37,106 @@ inline std::string ucx_seconds(std::chrono::milliseconds d) {
   return buf;
 }
 
-// Active-message ids: the handshake and control channel (sockaddr
-// endpoint; the sender is its reply endpoint), data, and control messages
-// that must stay in order with data (both carry the receiver's session key
-// in front of the header, and may come over a worker-address endpoint).
+// Active-message ids: data, and control messages that must stay in order
+// with data (both carry the receiver's session key in front of the header
+// and come over a worker-address endpoint). ucx_am_control is what the
+// sockaddr endpoints of ashl before issue 44 used: nothing is sent on it
+// now, and whatever arrives on it is dropped and counted.
 inline constexpr unsigned ucx_am_control = 0xa5;
 inline constexpr unsigned ucx_am_data = 0xa6;
 inline constexpr unsigned ucx_am_keyed_control = 0xa7;
 
 // The session key in front of every data message's header.
-inline constexpr std::size_t ucx_key_bytes = 8;
-// The largest data part of a control message (a worker address).
-inline constexpr std::size_t ucx_max_control_data = 16384;
+inline constexpr std::size_t ucx_key_bytes = bootstrap::key_bytes;
+// The largest worker address a peer may send in its link.
+inline constexpr std::size_t ucx_max_control_data = bootstrap::max_address_bytes;
 
-// Control messages (the AM header; no data part).
+// Keyed control messages (the AM header after the key; no data part).
 enum class ucx_control : std::uint8_t {
-  challenge = 1,  // listener → client: server nonce
-  answer = 2,     // client → listener: client nonce ‖ client proof
-  accept = 3,     // listener → client: server proof
-  refuse = 4,     // listener → client: the client's proof was wrong
-  goodbye = 5,    // either side: an orderly close follows (sockaddr endpoint: body = 1 when a
-                  // keyed goodbye follows the data on the data endpoint)
-  link = 6,       // either side, once the other is authenticated: body = the key it expects in
-                  // front of data; data part = its worker address (empty: send over sockaddr)
-  keepalive = 7,  // either side, keyed, every keepalive_interval: moves last_heard(); never queued
+  goodbye = 5,    // either side, behind all its data: an orderly close
+  keepalive = 7,  // either side, every keepalive_interval: moves last_heard(); never queued
 };
 
+// connecting: the TCP connection to the listener and its challenge;
+// handshake: answered (connector) and waiting for the verdict;
 // linking: authenticated, waiting for the peer's key and worker address.
 enum class ucx_peer_state : std::uint8_t { connecting, handshake, linking, connected, done };
+
+// The bootstrap connection of a peer (docs/transport.md, "The bootstrap
+// listener"): the socket, what was read of it, and what waits to be
+// written. It stays open while the peer is connected: its end (without a
+// goodbye) is how a peer's death is noticed.
+struct ucx_socket {
+  int fd = -1;
+  bootstrap::reader in;
+  std::vector<std::byte> out;  // frames not written yet (a link may not fit the socket buffer at once)
+  std::size_t out_sent = 0;
+  bool connecting = false;  // connector: the non-blocking connect() has not completed
+  bool wants_write() const noexcept { return connecting || out_sent < out.size(); }
+};
 
 struct ucx_peer {
   peer_id id = no_peer;
   bool client = false;  // we connected to it (else it connected to our listener)
   ucx_peer_state state = ucx_peer_state::connecting;
-  ucp_ep_h ep = nullptr;       // the sockaddr endpoint: handshake, control, failure detection
-  ucp_ep_h data_ep = nullptr;  // made from the peer's worker address; null: data goes over `ep`
+  ucx_socket sock;             // the bootstrap connection: handshake, link, goodbye, failure detection
+  ucp_ep_h data_ep = nullptr;  // made from the peer's worker address: all data and keyed control
   std::uint64_t own_key = 0;   // the key the peer puts in front of its data to us
   std::uint64_t peer_key = 0;  // the key we put in front of our data to it
-  bool draining = false;       // its sockaddr goodbye came; waiting for the keyed one behind its data
+  bool draining = false;       // its socket goodbye came; waiting for the keyed one behind its data
+  bool peer_errors = false;    // the data endpoint has UCX error handling PEER (either side asked)
   std::string address;  // what we connected to, or where the peer connected from
   ucx_sockaddr target;  // client side: the listener's address
   ucx_clock::time_point start{}, deadline{}, retry_at{};
+  ucx_clock::time_point connect_deadline{};  // client side: connect_timeout after connect()
   ucx_clock::time_point heard{};           // the last message from it arrived (last_heard())
   ucx_clock::time_point done_at{};         // done since (its record is reused close_timeout later)
   ucx_clock::time_point next_keepalive{};  // connected: the next keepalive goes out then
   bool retry_pending = false;
-  bool challenged = false;  // client side: the listener answered (so errors are no longer "nobody listens")
+  bool challenged = false;  // client side: the listener sent its challenge on this attempt
   bool goodbye = false;     // the peer said it closes in order
   unsigned attempts = 0;
-  ucs_status_t last_error = UCS_OK;
+  std::string last_error;  // client side: why the last attempt ended
   auth::nonce own_nonce{}, peer_nonce{};
   std::string transports;  // ucp_ep_print_info of the endpoint that carries data, once connected
+};
+
+// A connection accepted by the listener that has not authenticated: no
+// peer record, no endpoint, nothing the handler sees. At most
+// max_pending_peers of them (max_pending_per_address from one address),
+// each closed at its deadline (auth_timeout after it was accepted).
+struct ucx_pending {
+  int fd = -1;  // -1: a free slot
+  bootstrap::reader in{bootstrap::role::listener};
+  auth::nonce nonce{};
+  ucx_clock::time_point since{}, deadline{};
+  sockaddr_storage from{};
+  std::uint64_t serial = 0;  // accept order: the lowest is the oldest
+};
+
+// A socket closed by us after a goodbye or refuse: its last frames are
+// flushed, then its write side shut, and it is closed once the peer closes
+// too (or at its deadline), so the peer reads our last frame rather than
+// a reset.
+struct ucx_lingering {
+  int fd = -1;
+  std::vector<std::byte> out;
+  std::size_t out_sent = 0;
+  bool shut = false;
+  ucx_clock::time_point deadline{};
+};
+
+// Repeated listener events, counted and printed at most once per interval
+// (a count per interval, never a line per event).
+struct ucx_log_limiter {
+  enum kind : std::uint8_t { capped, malformed, wrong_proof, timed_out, accept_failed, count_ };
+  std::array<std::uint64_t, count_> counts{};
+  int last_errno = 0;
+  ucx_clock::time_point next_print{};
+  bool pending() const noexcept {
+    for (auto c : counts) if (c != 0) return true;
+    return false;
+  }
 };
 
 enum class ucx_item_kind : std::uint8_t { data, control, ep_error };
@@ -100,7 +152,7 @@ struct ucx_item {
   bool held = false;  // `data` is a UCX descriptor to release with ucp_am_data_release
   bool done = false;
   peer_id peer = no_peer;
-  ucp_ep_h ep = nullptr;  // control and ep_error: the endpoint; keyed messages: null
+  ucp_ep_h ep = nullptr;  // ep_error: the endpoint; keyed messages: null
   ucs_status_t status = UCS_OK;
   std::size_t header_size = 0;
   std::array<std::byte, max_header_bytes> header{};

@@ -1,6 +1,6 @@
-// ashl/transport/ucx/detail/sockaddr.hpp — socket addresses for UCX's
-// sockaddr listener and endpoints: "host:port" (the one parser,
-// transport/address.hpp) resolved, and printed back.
+// ashl/transport/ucx/detail/sockaddr.hpp — socket addresses for the
+// bootstrap listener and connections: "host:port" (the one parser,
+// transport/address.hpp) resolved, printed back, and compared by host.
 #pragma once
 
 #include <ashl/config.hpp>
@@ -13,6 +13,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <cstring>
@@ -42,6 +43,25 @@ inline std::string ucx_format_sockaddr(const sockaddr_storage& sa) {
   inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
   port = ntohs(a->sin_port);
   return std::string(host) + ":" + std::to_string(port);
+}
+
+inline void ucx_set_nodelay(int fd) noexcept {
+  const int one = 1;
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+// The source address of a connection without its port (the per-address cap).
+inline bool ucx_same_host(const sockaddr_storage& a, const sockaddr_storage& b) noexcept {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in&>(b).sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    return std::memcmp(&reinterpret_cast<const sockaddr_in6&>(a).sin6_addr,
+                       &reinterpret_cast<const sockaddr_in6&>(b).sin6_addr, sizeof(in6_addr)) == 0;
+  }
+  return true;
 }
 
 // "host:port" or "[v6]:port" → socket address; errors name `field` and the value.
