@@ -10,7 +10,7 @@
 // The simulator (ashl/sim/*; only sim/cluster_spec_json.hpp needs
 // nlohmann_json) and the CUDA codecs (ashl/compress/cuda/*.cuh, need nvcc)
 // are included separately, as is transport/ucx.hpp (the ucx component).
-// DESIGN.md,
+// docs/design.md,
 // "Layers".
 #pragma once
 

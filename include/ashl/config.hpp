@@ -12,7 +12,7 @@
 // ASHL_CONFIG_HAS_CUDA=1, ashl::nccl ASHL_CONFIG_HAS_NCCL=1, ashl::ucx
 // ASHL_CONFIG_HAS_UCX=1), never from __has_include guesses. The build defines
 // the object-like ASHL_CONFIG_* names because a function-like macro cannot be
-// passed portably through CMake's compile definitions. DESIGN.md, "Optional
+// passed portably through CMake's compile definitions. docs/design.md, "Optional
 // components".
 #pragma once
 

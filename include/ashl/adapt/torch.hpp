@@ -1,5 +1,5 @@
 // ashl/adapt/torch.hpp — libtorch under ashl's parameter servers, the C++
-// side of ashl.torch (docs/torch.md, "C++"; DESIGN.md "Layers", adapt/).
+// side of ashl.torch (docs/torch.md, "C++"; docs/design.md "Layers", adapt/).
 // A module's parameters and gradients are flattened once into buckets (every
 // parameter's data and grad are views into them, as PyTorch DDP's
 // gradient_as_bucket_view), so a step copies nothing into the model: each

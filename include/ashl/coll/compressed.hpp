@@ -40,8 +40,8 @@
 // allreduce of 16-bit values takes 2(M−1) steps of 2n/M bytes; an all-gather
 // of payloads M−1 steps of P bytes (the largest payload), plus the codec's
 // measured time per bucket element. Compression is compared with 16-bit
-// dense transfer, not 32-bit (LESSONS.md: "Compression often does not pay").
-// ALGORITHMS.md §4 (the per-tensor switch); docs/coll.md.
+// dense transfer, not 32-bit (docs/codecs.md; compression measured against dense 16-bit transfer).
+// docs/algorithms.md §4 (the per-tensor switch); docs/coll.md.
 #pragma once
 
 #include <ashl/config.hpp>

@@ -1,4 +1,4 @@
-// ashl/coll/concepts.hpp — the collective concept (DESIGN.md, "Layers,
+// ashl/coll/concepts.hpp — the collective concept (docs/design.md, "Layers,
 // coll/"): allreduce, reduce-scatter and all-gather with uneven counts,
 // broadcast and barrier among the ranks of one group, every operation
 // non-blocking with a completion. Models: coll/inproc.hpp (threads in one

@@ -14,7 +14,7 @@
 //   }
 //
 // Every rank holds a copy of the policy and feeds it the same events, so
-// every copy makes the same decisions without a server (DESIGN.md: policies
+// every copy makes the same decisions without a server (docs/design.md: policies
 // are pure; drivers own time and I/O): at each step the ranks all-gather
 // (samples, compute seconds, time) — 24 bytes each — and the driver hands
 // every rank's compute measurement and then, on the ranks' commit steps

@@ -1,5 +1,5 @@
 // ashl/coll/mpi.hpp — the collective concept over MPI, for host memory
-// (ISSUE 14 item 2; DESIGN.md "coll/"). Needs the ashl::mpi component
+// (ISSUE 14 item 2; docs/design.md "coll/"). Needs the ashl::mpi component
 // (Debian OpenMPI 4.1, which itself runs over UCX, TCP or shared memory as
 // its pml/btl are chosen at mpirun time).
 //

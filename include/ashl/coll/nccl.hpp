@@ -1,5 +1,5 @@
 // ashl/coll/nccl.hpp — the collective concept (coll/concepts.hpp) over NCCL,
-// for device memory, stream-ordered (DESIGN.md, "Layers, coll/"; issue 14
+// for device memory, stream-ordered (docs/design.md, "Layers, coll/"; issue 14
 // item 2; docs/gpu-workers.md, "NCCL").
 //
 //   // The unique id comes from one rank and reaches the others through MPI

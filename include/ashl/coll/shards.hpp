@@ -15,7 +15,7 @@
 // from profile::compute_model) or its link bandwidth (β of the slower of its
 // push and pull links): a rank that reduces its block faster, or moves it
 // faster, gets more of the vector, so no rank's block is the round's tail.
-// ALGORITHMS.md §3 "Capability models"; docs/coll.md "Uneven shards".
+// docs/algorithms.md §3 "Capability models"; docs/coll.md "Uneven shards".
 #pragma once
 
 #include <ashl/config.hpp>

@@ -13,7 +13,7 @@
 // Payload: n u16 bit patterns, little-endian, nothing else. The conversion
 // loops are branch free, so they vectorize at -O2/-O3 without -march; on x86
 // with F16C (detected at run time) fp16 uses vcvtps2ph / vcvtph2ps, same bits.
-// ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / fp16, bf16".
+// docs/algorithms.md §4; docs/wire-format.md, "Codec payloads / fp16, bf16".
 #pragma once
 
 #include <ashl/compress/detail/codec.hpp>

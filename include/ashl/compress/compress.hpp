@@ -4,7 +4,7 @@
 //   ashl::compress::topk c{0.01};
 //   auto s = ashl::compress::decode_add(ashl::codec_id::topk, payload, info, acc, 1.0f, ctx);
 //
-// ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads".
+// docs/algorithms.md §4; docs/wire-format.md, "Codec payloads".
 #pragma once
 
 #include <ashl/compress/cast.hpp>

@@ -13,8 +13,8 @@
 // constructed codec of the same id decodes what any configuration of it
 // encoded (a server does not know each worker's ratio). Stochastic codecs
 // draw from philox_stream(ctx.seed, ctx.step, ctx.tensor). Stateful parts
-// (residuals, velocity) live in decorators. DESIGN.md "Codec";
-// ALGORITHMS.md §4; payload layouts in docs/wire-format.md.
+// (residuals, velocity) live in decorators. docs/design.md "Codec";
+// docs/algorithms.md §4; payload layouts in docs/wire-format.md.
 #pragma once
 
 #include <ashl/config.hpp>

@@ -18,7 +18,7 @@
 // likewise. On an encode error nothing was sent and nothing is masked: g stays
 // accumulated in u and v. A tensor's first encode (or a size change)
 // allocates its state unless reserve() was called. Gradient clipping and
-// warm-up of the sparsity are the caller's. ALGORITHMS.md §4 (decorators).
+// warm-up of the sparsity are the caller's. docs/algorithms.md §4 (decorators).
 #pragma once
 
 #include <ashl/compress/detail/codec.hpp>

@@ -18,8 +18,8 @@
 // scratch_bytes(n, t) = inner.scratch_bytes(n, f32). On an encode error
 // nothing was sent, so the residual keeps x + e (all of it is still owed).
 // A tensor's first encode (or a size change) allocates its residual unless
-// reserve() was called. Not thread-safe across tensors. ALGORITHMS.md §4
-// (decorators); DESIGN.md "Codec".
+// reserve() was called. Not thread-safe across tensors. docs/algorithms.md §4
+// (decorators); docs/design.md "Codec".
 #pragma once
 
 #include <ashl/compress/detail/codec.hpp>

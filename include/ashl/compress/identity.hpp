@@ -7,7 +7,7 @@
 //
 // Payload: n values in the input dtype, little-endian, nothing else (n and the
 // dtype are in the message header, which every decode receives as
-// payload_info). Decoding adds exactly scale * value. ALGORITHMS.md §4;
+// payload_info). Decoding adds exactly scale * value. docs/algorithms.md §4;
 // docs/wire-format.md, "Codec payloads / identity".
 #pragma once
 

@@ -15,7 +15,7 @@
 // reading and writing the fields stays with byte_reader/byte_writer on the
 // host and the kernels on the device. Sizes are u64 so that a 32-bit device
 // size_t never truncates them. docs/wire-format.md, "Codec payloads";
-// ALGORITHMS.md §4.
+// docs/algorithms.md §4.
 #pragma once
 
 #include <ashl/config.hpp>

@@ -17,7 +17,7 @@
 // ctx.step, ctx.tensor), word i % 4 of block i / 4 (drawn in bulk by
 // detail::random_words). Payload: u64 n, i32 emin,
 // n code bytes; max_encoded_bytes(n, t) = 12 + n, whatever t, and every
-// payload has exactly that size. ALGORITHMS.md §4; docs/wire-format.md,
+// payload has exactly that size. docs/algorithms.md §4; docs/wire-format.md,
 // "Codec payloads / natural".
 #pragma once
 

@@ -14,7 +14,7 @@
 // f32 norms, ceil(n * bits / 8) code bytes;
 // max_encoded_bytes(n, t) = 16 + 4 ceil(n / B) + ceil(n (1 + bit_width(s)) / 8),
 // whatever t, and every payload has exactly that size.
-// ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / qsgd".
+// docs/algorithms.md §4; docs/wire-format.md, "Codec payloads / qsgd".
 #pragma once
 
 #include <ashl/compress/detail/codec.hpp>

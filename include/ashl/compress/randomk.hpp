@@ -16,7 +16,7 @@
 // len_j on decode (n / k when k divides n), so E[decode] = x exactly up to
 // that bias. Payload: u64 n, u32 k, u8 flags (bit 0 unbiased), u64 seed,
 // k values in the input dtype; max_encoded_bytes(n, t) = 21 + k(n) * size_of(t).
-// ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / randomk".
+// docs/algorithms.md §4; docs/wire-format.md, "Codec payloads / randomk".
 #pragma once
 
 #include <ashl/compress/detail/codec.hpp>

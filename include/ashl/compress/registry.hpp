@@ -14,7 +14,7 @@
 // wire/ids.hpp). A server learns the codec from the message header and
 // decodes with a default-constructed codec of that id (payloads are
 // self-describing, so the sender's configuration is not needed).
-// DESIGN.md "Codec"; docs/wire-format.md, "Codec payloads".
+// docs/design.md "Codec"; docs/wire-format.md, "Codec payloads".
 #pragma once
 
 #include <ashl/config.hpp>

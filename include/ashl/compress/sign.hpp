@@ -12,7 +12,7 @@
 // Payload: u64 n, u32 bucket, ceil(n / B) f32 scales, ceil(n / 8) bit bytes
 // (LSB-first, unused bits 0); max_encoded_bytes(n, t) = 12 + 4 ceil(n / B) +
 // ceil(n / 8), whatever t, and every payload has exactly that size.
-// ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / sign".
+// docs/algorithms.md §4; docs/wire-format.md, "Codec payloads / sign".
 #pragma once
 
 #include <ashl/compress/detail/codec.hpp>

@@ -14,7 +14,7 @@
 // u32 bucket, ceil(n / B) f32 scales, ceil(n / 4) code bytes;
 // max_encoded_bytes(n, t) = 12 + 4 ceil(n / B) + ceil(n / 4), whatever t,
 // and every payload has exactly that size.
-// ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / terngrad".
+// docs/algorithms.md §4; docs/wire-format.md, "Codec payloads / terngrad".
 #pragma once
 
 #include <ashl/compress/detail/codec.hpp>

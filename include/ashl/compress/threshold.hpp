@@ -10,7 +10,7 @@
 // index), so the payload never exceeds max_encoded_bytes(n, t) =
 // 12 + cap(n) * (4 + size_of(t)). Payload: the sparse layout of topk (u64 n,
 // u32 count, count u32 indices strictly increasing, count values in the
-// input dtype); count may be 0. ALGORITHMS.md §4; docs/wire-format.md,
+// input dtype); count may be 0. docs/algorithms.md §4; docs/wire-format.md,
 // "Codec payloads / threshold".
 #pragma once
 

@@ -14,7 +14,7 @@
 // allocation; no scratch is needed. Payload: u64 n, u32 k, k u32 indices
 // strictly increasing, k values in the input dtype;
 // max_encoded_bytes(n, t) = 12 + k(n) * (4 + size_of(t)), and encode writes
-// exactly that. ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / topk".
+// exactly that. docs/algorithms.md §4; docs/wire-format.md, "Codec payloads / topk".
 #pragma once
 
 #include <ashl/compress/detail/codec.hpp>

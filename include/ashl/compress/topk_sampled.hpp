@@ -27,7 +27,7 @@
 // Small tensors (n < 2^17) use exact top-k directly. Payload: the sparse
 // layout of topk (u64 n, u32 count, count u32 indices strictly increasing,
 // count values in the input dtype); max_encoded_bytes(n, t) = 12 + hi(n) * (4 + size_of(t)).
-// ALGORITHMS.md §4 (Lin et al., "Deep Gradient Compression", ICLR 2018);
+// docs/algorithms.md §4 (Lin et al., "Deep Gradient Compression", ICLR 2018);
 // docs/wire-format.md, "Codec payloads / topk_sampled".
 #pragma once
 

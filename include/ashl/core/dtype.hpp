@@ -8,7 +8,7 @@
 // f32 <-> f16 and f32 <-> bf16 round to nearest, ties to even; NaN stays NaN
 // (quiet, sign and top payload bits kept), overflow goes to +-inf, subnormals
 // are produced and consumed exactly. The conversions are pure bit arithmetic,
-// usable on host and device (ASHL_HOST_DEVICE). DESIGN.md, core/.
+// usable on host and device (ASHL_HOST_DEVICE). docs/design.md, core/.
 #pragma once
 
 #include <ashl/config.hpp>

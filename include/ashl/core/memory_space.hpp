@@ -5,7 +5,7 @@
 //   h[3];   // fine
 //   d[3];   // does not compile: device memory cannot be read on the host
 //
-// DESIGN.md core/ ("memory spaces in the type of a view"); RAFT does the same.
+// docs/design.md core/ ("memory spaces in the type of a view"); RAFT does the same.
 #pragma once
 
 #include <ashl/config.hpp>

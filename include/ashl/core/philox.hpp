@@ -7,7 +7,7 @@
 // Stateless: the output is a pure function of (key, counter), so the CPU and
 // a CUDA thread that ask for the same counter get the same bits. Codecs map
 // (seed, step, tensor, element block) onto (key, counter) with
-// philox_stream (below); ALGORITHMS.md §4. Salmon et al., "Parallel random
+// philox_stream (below); docs/algorithms.md §4. Salmon et al., "Parallel random
 // numbers: as easy as 1, 2, 3" (SC'11); known-answer vectors from Random123.
 #pragma once
 

@@ -10,7 +10,7 @@
 // These are plain values with fixed-width fields: sync/, profile/, wire/ and
 // ps/ all speak them, so a plan made by a policy is the body a server sends,
 // and a measurement a worker reports is what the planner reads, without a
-// translation layer (DESIGN.md "Interfaces"; issue "One vocabulary").
+// translation layer (docs/design.md "Interfaces"; issue "One vocabulary").
 // Numeric values are part of the wire format: never renumber, only append.
 #pragma once
 
@@ -134,7 +134,7 @@ inline status check_plan(const worker_plan& p, std::string_view field) {
 
 // ------------------------------------------------------------ measurements
 
-// What a driver timed (ALGORITHMS.md §3 "Measurements"). One enum for sync,
+// What a driver timed (docs/algorithms.md §3 "Measurements"). One enum for sync,
 // profile and the wire's measurement records.
 enum class measurement_kind : std::uint8_t {
   compute = 0,   // one local iteration at the worker's batch size; amount = batch
@@ -179,7 +179,7 @@ constexpr std::string_view to_string(metric_id m) noexcept { return metric_id_ta
 
 // ------------------------------------------------------ ADSP commit interval
 
-// ADSP's time between two commits of one worker (ALGORITHMS.md §1 "ADSP"):
+// ADSP's time between two commits of one worker (docs/algorithms.md §1 "ADSP"):
 // max(t_min, Γ/ΔC − O_i). The one formula both the policy and the planner use.
 constexpr double adsp_commit_interval(double period, double commits_per_period, double commit_overhead,
                                       double t_min) noexcept {

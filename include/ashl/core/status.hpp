@@ -8,8 +8,8 @@
 //   ashl::result<int> r = parse(...);
 //   if (!r) std::cerr << r.error().message() << '\n';
 //
-// A message names the field and the bad value (STYLE.md, "Errors at
-// boundaries are values"). Programming errors are ASHL_ASSERTs instead.
+// A message names the field and the bad value: errors at
+// boundaries are values. Programming errors are ASHL_ASSERTs instead.
 #pragma once
 
 #include <ashl/config.hpp>

@@ -6,7 +6,7 @@
 //   auto back = r.as<float>();                           // checked: dtype must match
 //
 // The memory space is part of the type; element access exists only for
-// host-accessible spaces. DESIGN.md, core/.
+// host-accessible spaces. docs/design.md, core/.
 #pragma once
 
 #include <ashl/config.hpp>

@@ -1,6 +1,6 @@
 // ashl/profile/capability.hpp — per-worker capability models fitted from
 // measurements: compute time a + b·batch, link time α + bytes/β, codec
-// seconds per element. ALGORITHMS.md §3 "Iteration-time model".
+// seconds per element. docs/algorithms.md §3 "Iteration-time model".
 //
 //   std::vector<ashl::profile::sample> s{{32, 0.021}, {64, 0.037}, {128, 0.069}};
 //   auto c = ashl::profile::fit_compute(s);   // c->predict(96) ≈ 0.053

@@ -1,6 +1,6 @@
 // ashl/profile/estimators.hpp — robust estimators of measured durations:
 // trimmed mean (warm-up profiling), EWMA with a half-life (online), median
-// and MAD (outlier detection). ALGORITHMS.md §2 "Phase 0", §3 "Measurements".
+// and MAD (outlier detection). docs/algorithms.md §2 "Phase 0", §3 "Measurements".
 //
 //   ashl::profile::trimmed_mean tm{{.trim = 20, .warmup = 10}};
 //   if (auto s = tm.add(0.031); !s) return s;   // rejects nan, inf, <= 0

@@ -1,5 +1,5 @@
 // ashl/profile/iteration_model.hpp — predicted round time of each worker and
-// of a BSP round from fitted capabilities. ALGORITHMS.md §3 "Iteration-time
+// of a BSP round from fitted capabilities. docs/algorithms.md §3 "Iteration-time
 // model".
 //
 //   ashl::profile::round_input w{.cap = cap, .batch = 64, .h = 4,

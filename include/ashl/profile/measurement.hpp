@@ -1,6 +1,6 @@
 // ashl/profile/measurement.hpp — one timing measurement as the profile layer
 // reads it: which worker, what was timed, how long it took, how big it was
-// (bytes or batch) and when. ALGORITHMS.md §3 "Measurements".
+// (bytes or batch) and when. docs/algorithms.md §3 "Measurements".
 //
 //   ashl::profile::measurement m{.worker = 2, .kind = ashl::profile::measurement_kind::push,
 //                                .seconds = 0.012, .amount = 4e6};

@@ -1,7 +1,7 @@
 // ashl/profile/planner.hpp — the profiling planners as pure functions over
 // plain structs: ASHL Algorithm 1 (local iterations H_i, data shares D_i),
 // Algorithm 2 (compression ratios R_i), DLB batch sizes, and ADSP's commit
-// interval. ALGORITHMS.md §2 "Phase 0", §3 "DLB", §1 "ADSP".
+// interval. docs/algorithms.md §2 "Phase 0", §3 "DLB", §1 "ADSP".
 //
 //   std::vector<ashl::profile::worker_timing> t{{0.10, 0.02, 0.02}, {0.05, 0.02, 0.02}};
 //   auto h = ashl::profile::plan_local_iterations(t, 8);       // H = {8, 16}
@@ -61,7 +61,7 @@ struct profile_summary {
   double t_compress = 0.0;             // pooled over all workers; 0 without compress samples
 };
 
-// Warm-up and trim of the robust means (ALGORITHMS.md §2 Phase 0: the
+// Warm-up and trim of the robust means (docs/algorithms.md §2 Phase 0: the
 // original trims 20 largest and smallest and skips the first epoch).
 struct summary_params {
   std::size_t trim = 20;
@@ -101,7 +101,7 @@ inline double robust_mean(const std::vector<double>& v, summary_params p) {
 }
 }  // namespace detail
 
-// The one reduction of a profiling phase (ALGORITHMS.md §2 Phase 0): for each
+// The one reduction of a profiling phase (docs/algorithms.md §2 Phase 0): for each
 // worker in `live`, the robust mean (warm-up skipped, trimmed; both reduced
 // when there are few samples, see detail::robust_mean) of its compute, push
 // and pull seconds and the mean bytes of its pushes; T_compress is the robust

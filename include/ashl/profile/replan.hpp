@@ -1,7 +1,7 @@
 // ashl/profile/replan.hpp — online re-planning ("ASHL+"): keep the timings a
 // plan was made from, smooth new measurements with EWMA, and when any
 // worker's smoothed time drifts more than a set fraction from those timings,
-// re-run Algorithms 1 and 2. ALGORITHMS.md §2 "Compression in ASHL" (ours).
+// re-run Algorithms 1 and 2. docs/algorithms.md §2 "Compression in ASHL" (ours).
 //
 //   auto r = ashl::profile::replanner::create({.h0 = 8, .r0 = 0.1, .drift = 0.2}, timings);
 //   auto next = r->observe(worker, ashl::profile::timing_kind::iter, seconds);
@@ -13,7 +13,7 @@
 // A sample that re-plans nothing allocates nothing (after a straggler
 // window's first use, with straggler re-planning on).
 //
-// Straggler re-planning (EP4DDL-like, off by default; ALGORITHMS.md §3
+// Straggler re-planning (EP4DDL-like, off by default; docs/algorithms.md §3
 // "Straggler detection"): with params.stragglers, every iteration time also
 // goes to a profile::straggler_detector whose model of worker i is the plan's
 // basis T_iter,i (the capability the plan was made from). A report (the

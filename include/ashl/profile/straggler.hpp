@@ -1,5 +1,5 @@
 // ashl/profile/straggler.hpp — straggler detection against each worker's own
-// prediction (EP4DDL-like). ALGORITHMS.md §3 "Straggler detection".
+// prediction (EP4DDL-like). docs/algorithms.md §3 "Straggler detection".
 //
 //   ashl::profile::straggler_detector d{{.workers = 4, .window = 8, .threshold = 0.5, .consecutive = 2}};
 //   (void)d.set_model(w, cap.compute);               // the capability model the plan was made from

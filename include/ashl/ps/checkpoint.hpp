@@ -44,7 +44,7 @@
 //   if (!(*w)->busy()) { fill((*w)->buffer()); (*w)->submit(meta); }   // never waits
 //   status s = (*w)->write_now(meta);        // at the end: waits, then writes buffer() here
 //
-// DESIGN.md "Runtime contract for real runs" (server state checkpointed:
+// docs/design.md "Runtime contract for real runs" (server state checkpointed:
 // temporary file, fsync, rename); docs/checkpoints.md (layout, atomicity).
 // POSIX (Linux): open, write, fsync, rename, flock.
 #pragma once

@@ -21,7 +21,7 @@
 // lost, and a worker that never compressed sends its caller's buffer
 // itself (no copy). A shard's first encode (or a size change) allocates
 // its buffers unless reserve() was called; after that, nothing allocates.
-// ALGORITHMS.md §4 (error feedback); DESIGN.md "Data flow of one commit".
+// docs/algorithms.md §4 (error feedback); docs/design.md "Data flow of one commit".
 #pragma once
 
 #include <ashl/config.hpp>

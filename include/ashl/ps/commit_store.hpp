@@ -14,7 +14,7 @@
 // put that would pass the bound is refused with an error naming it, and
 // nothing already stored is touched. Entries of a worker are found through a
 // short per-worker list (a policy buffers a few commits per worker).
-// DESIGN.md "Server core" (the store of buffered commits); docs/ps.md.
+// docs/design.md "Server core" (the store of buffered commits); docs/ps.md.
 #pragma once
 
 #include <ashl/config.hpp>

@@ -1,5 +1,5 @@
 // ashl/ps/device_worker.cuh — a ps::worker whose gradients and parameters
-// live on a GPU (issue 14 item 1; docs/gpu-workers.md; DESIGN.md "Data flow
+// live on a GPU (issue 14 item 1; docs/gpu-workers.md; docs/design.md "Data flow
 // of one commit").
 //
 //   float* d_w = ...; float* d_g = ...;                          // the framework's device buffers

@@ -1,7 +1,7 @@
 // ashl/ps/launch.hpp — the runtime contract of a real run: who this process
 // is (server or worker, its rank, the job's size, the servers' addresses, the
 // token), read from the environment and overridden by the same flags
-// (DESIGN.md "Runtime contract for real runs"; docs/multi-host.md).
+// (docs/design.md "Runtime contract for real runs"; docs/multi-host.md).
 //
 //   int main(int argc, char** argv) {
 //     auto j = ashl::ps::job_from(argc, argv);          // result<job>

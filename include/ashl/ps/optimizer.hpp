@@ -12,8 +12,8 @@
 // converted once to float, in exactly the order written, so a test can
 // compute the expected bits independently. step() zeroes the accumulator it
 // consumes, in the same pass, so the server's one dense buffer is ready for
-// the next apply without another sweep. DESIGN.md "Data flow of one commit";
-// ALGORITHMS.md Notation (η, W); docs/ps.md.
+// the next apply without another sweep. docs/design.md "Data flow of one commit";
+// docs/algorithms.md Notation (η, W); docs/ps.md.
 #pragma once
 
 #include <ashl/config.hpp>

@@ -13,7 +13,7 @@
 // compute, push and pull; warm-up skip and trim reduced when few samples;
 // T_compress from every compress sample), then Algorithms 1 and 2 once with
 // H₀ = h_ahl and once with H₀ = h_shl; D_i is the AHL plan's share.
-// ALGORITHMS.md §2 "Phase 0".
+// docs/algorithms.md §2 "Phase 0".
 //
 // profile_replanner (ASHL+, ours): a profile::replanner over the profiled
 // timings (Algorithm 1 at h_ahl), fed every compute, push and pull

@@ -14,7 +14,7 @@
 // planner ("uniform" or "profile") and re-planner ("none" or "profile") pick
 // the ashl_schedule instantiation; the profile models come from
 // ps/planners.hpp. ps composes sync and profile, so this is where the
-// choice of planner meets the policy (DESIGN.md "Layers"); the simulator and
+// choice of planner meets the policy (docs/design.md "Layers"); the simulator and
 // the servers drive the result through sync::any_policy.
 #pragma once
 

@@ -1,5 +1,5 @@
 // ashl/ps/server.hpp — one parameter server process: the event loop that
-// drives a ps::server_core over a transport (DESIGN.md "Data flow of one
+// drives a ps::server_core over a transport (docs/design.md "Data flow of one
 // commit", "Runtime contract for real runs"; docs/ps.md "Servers and workers").
 //
 //   auto t = ashl::transport::ucx::create({.listen = "0.0.0.0:5000", .token = token});
@@ -1300,8 +1300,7 @@ class server {
     // batch was applied and answered, in the order it came.
     // (The header is not checked yet: a message that only says it is a
     // commit is refused by handle(), which ends the batch.)
-    const bool commit = head.size() == wire::header_bytes &&
-                        std::to_integer<std::uint8_t>(head[8]) == static_cast<std::uint8_t>(wire::message_kind::commit);
+    const bool commit = wire::peek_kind(head) == wire::message_kind::commit;
     if (!batch_workers_.empty() && (!commit || from == no_rank || in_batch(from))) end_batch(now);
     // A commit part lies in (or is copied into) its rank's staging, which
     // holds it: its receive buffer never waits with the batch. A part that
@@ -1659,8 +1658,7 @@ class server {
             .servers = p_.core.layout.servers(),
             .version = core_.version(),
             .commits_applied = c.commits_applied,
-            .unix_seconds =
-                std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()};
+            .unix_seconds = system_clock{}.now()};
   }
 
   // A periodic checkpoint, off the event loop: serialised here, written by

@@ -18,7 +18,7 @@
 //   for (const auto& e : out.errors()) send_error(e.worker, e.code, e.in_reply_to, e.text);
 //   out.clear();
 //
-// One event, one order (DESIGN.md "Data flow of one commit"): validate (a
+// One event, one order (docs/design.md "Data flow of one commit"): validate (a
 // refused message changes nothing but the refusal counters) → the policy's
 // decision → apply the commit → apply the round the policy named (one
 // optimizer step each) → the pulls it released → the pull riding with the
@@ -37,10 +37,10 @@
 // the shard (sgd) or straight into the parameters (model deltas). A layout
 // of 0 elements is timing only: no payload is read, policy decisions only.
 // After warm-up (every worker joined once, the store's arena and index at
-// their working size) no valid event allocates. ALGORITHMS.md §1–§2;
-// DESIGN.md "Server core"; docs/ps.md.
+// their working size) no valid event allocates. docs/algorithms.md §1–§2;
+// docs/design.md "Server core"; docs/ps.md.
 //
-// Deviations from docs/internal/issue9-plan.md's sketch (see docs/ps.md):
+// Deviations from the first sketch of the server core (docs/ps.md):
 // - server_core_params.workers: ids 0..workers-1 are live from creation
 //   (incarnation 0), as the policy was constructed; others join().
 // - The policy sees a sequence the core assigns (1, 2, ... per worker id,

@@ -8,7 +8,7 @@
 // first n mod S servers hold one more), so every server does the same work
 // and a worker splits a commit into shards without a table. A layout of 0
 // elements is the simulator's timing-only model: every range is empty.
-// DESIGN.md "Layers" (ps/: sharding); docs/ps.md.
+// docs/design.md "Layers" (ps/: sharding); docs/ps.md.
 #pragma once
 
 #include <ashl/config.hpp>

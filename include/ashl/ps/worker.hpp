@@ -1,7 +1,7 @@
 // ashl/ps/worker.hpp — a training process's side of the parameter server:
 // commits the caller's gradient (or model delta) buffer, shard by shard, and
 // pulls the parameters back into the caller's buffer, following the plans the
-// servers send (DESIGN.md "Data flow of one commit"; docs/ps.md "Servers and
+// servers send (docs/design.md "Data flow of one commit"; docs/ps.md "Servers and
 // workers"). Small, like ps-lite's worker: commit, wait, and the plan.
 //
 //   std::vector<float> w(n), g(n);                     // the framework's flat buffers
@@ -1117,9 +1117,9 @@ class worker {
     void hold_for_link(link_direction d, std::uint64_t bytes) {
       if (bytes == 0) return;
       if (p.link_hold) {
-        const auto t0 = std::chrono::steady_clock::now();
+        const steady_clock link;  // a stopwatch over the emulated link
         p.link_hold(d, bytes);
-        tel.link_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        tel.link_seconds += link.now();
         return;
       }
       if (p.link_bytes_per_second <= 0.0) return;
@@ -1138,8 +1138,8 @@ class worker {
 
     std::span<std::byte> receive_buffer(transport::peer_id pid, std::span<const std::byte> head, std::size_t n) {
       const std::uint32_t s = server_of_peer(pid);
-      if (s == ~std::uint32_t{0} || head.size() != wire::header_bytes) return {};
-      const auto kind = static_cast<wire::message_kind>(std::to_integer<std::uint8_t>(head[8]));
+      const auto kind = wire::peek_kind(head);
+      if (s == ~std::uint32_t{0} || !kind) return {};
       const key_range r = layout.range(s);
       if (kind == wire::message_kind::pull_reply && n == r.size() * sizeof(float) && replies_pending != 0 && !replied[s]) {
         note_reply_started();  // the data follows: it is the transfer

@@ -34,7 +34,7 @@
 // amount = bytes, commit = push + pull of the same commit (ADSP's O_i);
 // a measurement of no positive duration is not reported. These are the
 // rules the simulator's workers held inline (sim/simulator.hpp before
-// issue 9). ALGORITHMS.md §1 "ADSP", §2 "Phase 0"; docs/ps.md.
+// issue 9). docs/algorithms.md §1 "ADSP", §2 "Phase 0"; docs/ps.md.
 //
 // Sending them (issue 28): one rule for both drivers. At a cycle's end the
 // driver queues the cycle's records (report(); a follower queues its

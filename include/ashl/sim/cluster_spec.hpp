@@ -25,7 +25,7 @@
 // restores it); "die" stops the worker (the server notices after
 // failure_timeout_s and evicts it); "join" starts a worker that is absent
 // until then (a worker with a join change is absent at time 0). validate()
-// names the field (in the JSON spelling) and the bad value. DESIGN.md
+// names the field (in the JSON spelling) and the bad value. docs/design.md
 // "Layers / sim"; docs/sim.md "Cluster spec".
 #pragma once
 

@@ -10,7 +10,7 @@
 // function of its inputs. Events are small PODs (kind, target, tag); the
 // driver interprets them. Cancelling is done by the driver with a version
 // tag (a stale event is popped and ignored), which keeps the heap simple.
-// DESIGN.md "Layers / sim"; docs/sim.md "Engine".
+// docs/design.md "Layers / sim"; docs/sim.md "Engine".
 #pragma once
 
 #include <ashl/config.hpp>

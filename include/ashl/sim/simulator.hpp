@@ -38,7 +38,7 @@
 // elements, payload = model_bytes × plan ratio. Scheduled changes
 // (cluster_spec.hpp) slow workers down, kill them (their transfers are
 // cancelled, every server evicts them after failure_timeout_s) or start them.
-// The simulator holds no consistency or commit logic of its own (DESIGN.md
+// The simulator holds no consistency or commit logic of its own (docs/design.md
 // "The one rule"). docs/sim.md.
 #pragma once
 

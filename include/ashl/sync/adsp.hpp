@@ -10,7 +10,7 @@
 //   p.plan(0).commit_interval();                        // max(t_min, 60/ΔC − 2) s
 //   p.on_metric({.metric = ashl::metric_id::loss, .value = 1.9, .time = 30}, out);  // drives the search
 //
-// Search (ALGORITHMS.md §1 "ADSP"): from ΔC = initial, run ΔC for one period
+// Search (docs/algorithms.md §1 "ADSP"): from ΔC = initial, run ΔC for one period
 // and record the loss at its start, middle and end (the first metrics at or
 // after start, start + Γ/2, start + Γ); fit l(t) = 1/(a²t + b) + c through the
 // three points; reward = 1/t* where l(t*) = target (−∞ when c >= target, +∞

@@ -1,5 +1,5 @@
 // ashl/sync/any_policy.hpp — any_policy: a type-erased consistency policy, the
-// one boundary where drivers stop being templates (STYLE.md, RAFT's one
+// one boundary where drivers stop being templates (as RAFT keeps one
 // type-erased interface; templates everywhere below it).
 //
 //   ashl::sync::any_policy p = ashl::sync::ssp{{.workers = 4, .staleness = 3}};
@@ -12,7 +12,7 @@
 // nothing (a policy holds plain values only). save/load forward to the
 // policy: the bytes are the policy's own, so a load into an any_policy that
 // holds another type is refused by that type's section tag. Building one by
-// name: ps/policies.hpp (make_policy). DESIGN.md "Consistency policy".
+// name: ps/policies.hpp (make_policy). docs/design.md "Consistency policy".
 #pragma once
 
 #include <ashl/config.hpp>

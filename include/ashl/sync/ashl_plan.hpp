@@ -11,7 +11,7 @@
 // them by value, copies them independently and saves them with its own state.
 // Models that use profile/ measurements live in ps/planners.hpp (the layer
 // that composes sync and profile; sync does not include profile).
-// ALGORITHMS.md §2 "Phase 0", "Compression in ASHL".
+// docs/algorithms.md §2 "Phase 0", "Compression in ASHL".
 #pragma once
 
 #include <ashl/config.hpp>

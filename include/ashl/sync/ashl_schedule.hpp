@@ -16,7 +16,7 @@
 // planner error, or a plan that misses a live worker or has H = 0, a ratio
 // outside (0, 1] or a negative share, is recorded (planner_status()) and the
 // default uniform_planner{} plan is used instead, so training never stops on
-// a bad plan. ALGORITHMS.md §2.
+// a bad plan. docs/algorithms.md §2.
 //
 // When profiling ends (by iterations): a worker has profiled once it made
 // profile_iterations accepted commits and its compute measurement of each

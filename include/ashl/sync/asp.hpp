@@ -7,7 +7,7 @@
 //   p.on_pull({.worker = 3}, out);                              // always serve
 //   out.clear();
 //
-// ALGORITHMS.md §1 "ASP" and "Staleness-aware weighting". τ counts the
+// docs/algorithms.md §1 "ASP" and "Staleness-aware weighting". τ counts the
 // updates applied since the worker's last served pull. Every event is O(log M)
 // (the worker table keeps the minimum clock for the policies built on it) and
 // allocates nothing; a new id joining grows the per-worker arrays.

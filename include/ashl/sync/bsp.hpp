@@ -16,7 +16,7 @@
 // it, and its already-received commit still joins the round. A joiner counts
 // from the round in progress: it has nothing buffered, so that round waits
 // for its first commit. Data shares are 1/M over live workers, so a join or
-// an eviction changes every plan (out.all_plans_changed()). ALGORITHMS.md §1
+// an eviction changes every plan (out.all_plans_changed()). docs/algorithms.md §1
 // "BSP", "Local SGD(H)".
 //
 // Cost: O(1) per event that completes no round (completeness is counted), a

@@ -6,7 +6,7 @@
 //     ...
 //   }
 //
-// A policy is a pure state machine (DESIGN.md "The one rule"): events in
+// A policy is a pure state machine (docs/design.md "The one rule"): events in
 // (commit, pull, metric, join, evict, measurement), decisions out (the commit
 // decision, the pull action, and into a caller-owned outcome_sink: a round of
 // buffered commits to apply, held pulls now released, the workers whose plans
@@ -15,7 +15,7 @@
 // std::function, no shared_ptr), so a copy is independent of the original,
 // and its whole state saves to bytes and loads back (checkpoints): a loaded
 // copy makes the same decisions as the one saved. After warm-up no event
-// allocates. Types in sync/events.hpp; ALGORITHMS.md §1–§2.
+// allocates. Types in sync/events.hpp; docs/algorithms.md §1–§2.
 #pragma once
 
 #include <ashl/config.hpp>

@@ -8,7 +8,7 @@
 //   ...                                    // rounds complete as in bsp
 //   p.plan(0).batch_size;                  // b_0 = round(B·v_0 / Σv) after the next re-plan
 //
-// ALGORITHMS.md §3 "DLB": from compute measurements (amount = the batch the
+// docs/algorithms.md §3 "DLB": from compute measurements (amount = the batch the
 // iteration ran; 0 means the batch of the worker's plan) the speed
 // v_i = samples / second is smoothed by an EWMA with a half-life counted in
 // measurements; every `replan_every` completed rounds each live worker gets
@@ -23,7 +23,7 @@
 // construction except when a new id joins. The round logic is bsp's, held
 // by value.
 //
-// Straggler re-planning (EP4DDL-like, ALGORITHMS.md §3 "Straggler
+// Straggler re-planning (EP4DDL-like, docs/algorithms.md §3 "Straggler
 // detection"): basic_dlb<Monitor> hands every compute measurement to a
 // straggler monitor (the concept below; ps::straggler_monitor wraps
 // profile::straggler_detector, since sync/ does not include profile/). The
@@ -90,7 +90,7 @@ concept dlb_straggler_monitor =
       { m.load(sr) } -> std::same_as<status>;
     };
 
-// No straggler re-planning: DLB as ALGORITHMS.md §3 states it.
+// No straggler re-planning: DLB as docs/algorithms.md §3 states it.
 struct no_straggler_monitor {
   static constexpr bool enabled = false;
   void predict(worker_id, double) {}

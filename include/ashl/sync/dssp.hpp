@@ -23,7 +23,7 @@
 // it; since the allowance only shrinks as time passes (and a joiner, at the
 // minimum without timing data, only lowers it), only commits and evictions
 // release. Membership as in sync/ssp.hpp.
-// ALGORITHMS.md §1 "DSSP".
+// docs/algorithms.md §1 "DSSP".
 //
 // Cost: the minimum clock and t_next come from the worker table's heap over
 // live workers ordered by (c_j, predicted next commit, j). Held pulls sit in

@@ -10,7 +10,7 @@
 //   out.clear();                                           // keeps its capacity
 //
 // Events carry the driver's time (seconds, any epoch, never decreasing); a
-// policy never reads a clock (DESIGN.md "The one rule", "Consistency policy").
+// policy never reads a clock (docs/design.md "The one rule", "Consistency policy").
 // Outcomes go into a caller-owned outcome_sink whose storage is reused, so
 // after warm-up no event allocates. Worker ids are dense small integers:
 // 0..workers-1 at construction, larger ids may join later.
@@ -72,7 +72,7 @@ struct membership_event {
   double time = 0.0;
 };
 
-// A timing measurement (ALGORITHMS.md §3 "Measurements"): the one type that
+// A timing measurement (docs/algorithms.md §3 "Measurements"): the one type that
 // profile/ and wire/ use too.
 using measurement_event = ashl::measurement;
 
@@ -170,7 +170,7 @@ enum class pull_action : std::uint8_t {
 
 // ------------------------------------------------------ staleness weighting
 
-// Scale for an update of staleness τ (ALGORITHMS.md §1, "Staleness-aware
+// Scale for an update of staleness τ (docs/algorithms.md §1, "Staleness-aware
 // weighting"): none (1), inverse 1/(1+τ), or power (1+τ)^(−exponent). A
 // plain value, so a policy that holds one copies and saves as a value.
 struct staleness_weighting {

@@ -39,7 +39,7 @@
 // applied at once (weight 1, ASP-like), pulls held while c_i − min_j c_j > s
 // as in sync/ssp.hpp (an ssp held by value; a wider new bound releases what
 // it allows). Plans carry b_i in batch_size; the stage is dssp (an SSP whose
-// bound moves). ALGORITHMS.md §1 "DSSP", §3 "Iteration-time model".
+// bound moves). docs/algorithms.md §1 "DSSP", §3 "Iteration-time model".
 #pragma once
 
 #include <ashl/config.hpp>

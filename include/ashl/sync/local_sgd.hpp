@@ -8,7 +8,7 @@
 //
 // A round is one delta from each live worker, averaged (or batch-weighted):
 // BSP whose commit is a model delta after H steps (same costs and membership
-// rules as sync/bsp.hpp). ALGORITHMS.md §1 "Local SGD(H)".
+// rules as sync/bsp.hpp). docs/algorithms.md §1 "Local SGD".
 #pragma once
 
 #include <ashl/config.hpp>

@@ -15,7 +15,7 @@
 // workers that started from the same parameters averages their models (ours:
 // in delta form, so the server keeps one W). The barrier counts live workers
 // only; an eviction completes it when the evicted worker was the last one
-// missing. A joiner starts its count at 0. ALGORITHMS.md §1
+// missing. A joiner starts its count at 0. docs/algorithms.md §1
 // "Semi-asynchronous with interval sync".
 //
 // Cost: as sync/asp.hpp for asynchronous commits, as sync/bsp.hpp for the

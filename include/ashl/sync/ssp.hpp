@@ -15,7 +15,7 @@
 // the minimum and releases what it unblocks; an evicted worker's held pull is
 // dropped. A worker has at most one held pull: a pull repeated while held
 // stays held and is answered once, on release. ASHL's SHL stage is an ssp
-// with per-worker weights D_i and plans. ALGORITHMS.md §1 "SSP(s)", §2 "SHL".
+// with per-worker weights D_i and plans. docs/algorithms.md §1 "SSP", §2 "SHL".
 //
 // Cost: the minimum clock is the top of an indexed heap over live workers,
 // and held pulls sit in a second heap ordered by (c_i, i), so a release pops

@@ -18,7 +18,7 @@
 // force speaks: what the others answer to membership and measurements goes
 // into a scratch sink and is discarded (their plans are not in force, they
 // hold no pulls and buffer no commits). The plateau history is a ring sized
-// at construction, so no event allocates. ALGORITHMS.md §2 "Switch".
+// at construction, so no event allocates. docs/algorithms.md §2 "Switch".
 #pragma once
 
 #include <ashl/config.hpp>

@@ -10,7 +10,7 @@
 //   bool ok = a::verify(*a::client_proof(token, *sn, *cn), received);  // listener, constant time
 //   auto sp = a::server_proof(token, *cn, *sn);                        // listener proves itself
 //
-// Protocol (docs/internal/issue10-plan.md, "Authentication"; DESIGN.md,
+// Protocol (docs/transport.md, "Authentication"; docs/design.md,
 // "Runtime contract for real runs"): the listener sends a 32-byte nonce; the
 // connecting side answers with its own nonce and
 // HMAC-SHA256(token, "ashl-auth-client-v1" ‖ server_nonce ‖ client_nonce);

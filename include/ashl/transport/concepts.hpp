@@ -1,5 +1,5 @@
 // ashl/transport/concepts.hpp — the point-to-point transport concept that
-// ps::server and ps::worker are written against (DESIGN.md, "Interfaces,
+// ps::server and ps::worker are written against (docs/design.md, "Interfaces,
 // Transport"). Models: transport/inproc.hpp (threads in one process, for unit
 // tests) and transport/ucx.hpp (UCX active messages between processes/hosts).
 //

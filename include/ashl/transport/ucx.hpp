@@ -1,5 +1,5 @@
 // ashl/transport/ucx.hpp — the transport model over UCX active messages
-// between processes and hosts (DESIGN.md, "Interfaces, Transport" and
+// between processes and hosts (docs/design.md, "Interfaces, Transport" and
 // "Runtime contract for real runs"; docs/transport.md, "UCX").
 //
 //   namespace t = ashl::transport;

@@ -22,7 +22,7 @@
 // rejects. The plan_update body is ashl::worker_plan and a measurement record
 // is an ashl::measurement (core/plan.hpp): what a policy decides and a driver
 // measures goes on the wire as is. docs/wire-format.md describes the layout
-// byte by byte; DESIGN.md, "Data flow of one commit".
+// byte by byte; docs/design.md, "Data flow of one commit".
 #pragma once
 
 #include <ashl/config.hpp>

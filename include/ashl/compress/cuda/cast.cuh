@@ -16,7 +16,7 @@
 // required in strict mode) and still writes the whole payload, so a caller
 // that checks the report discards it exactly where the CPU codec would have
 // refused. Two-call scratch pattern, asynchronous on `stream`, capturable
-// into a CUDA graph. ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads".
+// into a CUDA graph. docs/algorithms.md §4; docs/wire-format.md, "Codec payloads".
 #pragma once
 
 #if !defined(__CUDACC__)

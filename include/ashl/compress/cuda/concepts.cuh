@@ -36,7 +36,7 @@
 // the payload's u32 count, and the encoder writes it to `*out.d_used` (a
 // device u64) when the caller gives one. Every codec writes *d_used when it
 // is given, so a caller that sends sizes from the device needs no cases.
-// DESIGN.md "Codec"; ALGORITHMS.md §4; docs/wire-format.md "Codec payloads".
+// docs/design.md "Codec"; docs/algorithms.md §4; docs/wire-format.md "Codec payloads".
 #pragma once
 
 #if !defined(__CUDACC__)

@@ -8,7 +8,7 @@
 //   struct device_impl<error_feedback<C>> : detail::decorator_decode<error_feedback<C>> { ... encode ... };
 //
 // Derived names itself (`static constexpr const char* name`) for the
-// errors of its state. ALGORITHMS.md §4 (decorators).
+// errors of its state. docs/algorithms.md §4 (decorators).
 #pragma once
 
 #include <ashl/compress/concepts.hpp>

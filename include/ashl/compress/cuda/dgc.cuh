@@ -20,7 +20,7 @@
 // same inputs and contexts. As on the host, an error of the inner encode
 // (a too small buffer, say) leaves g accumulated in u and v and masks
 // nothing. State is allocated with cudaMallocAsync on the stream of a
-// tensor's first encode (or reserve()); move-only. ALGORITHMS.md §4
+// tensor's first encode (or reserve()); move-only. docs/algorithms.md §4
 // (decorators).
 #pragma once
 

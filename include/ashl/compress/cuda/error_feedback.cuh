@@ -31,7 +31,7 @@
 // cudaMallocAsync on the stream of a tensor's first encode (or reserve());
 // move-only; not thread-safe across tensors. The stateless codecs are models
 // of cuda::device_codec, and so is this wrapper (static_assert below).
-// ALGORITHMS.md §4 (decorators); DESIGN.md "Codec".
+// docs/algorithms.md §4 (decorators); docs/design.md "Codec".
 #pragma once
 
 #if !defined(__CUDACC__)

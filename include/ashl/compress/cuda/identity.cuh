@@ -11,7 +11,7 @@
 // Device views in and out; `out` and `in` 4-byte aligned. The two-call
 // scratch pattern of CUB: a null d_scratch only sets scratch_bytes (and
 // used_bytes). Asynchronous on `stream`, no host synchronization, capturable
-// into a CUDA graph. ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads".
+// into a CUDA graph. docs/algorithms.md §4; docs/wire-format.md, "Codec payloads".
 #pragma once
 
 #if !defined(__CUDACC__)

@@ -18,7 +18,7 @@
 // keeps x + e, as on the CPU. Decode validates on the device and adds nothing
 // when the payload is malformed. Device views; payload buffers 4-byte aligned;
 // two-call scratch pattern; asynchronous on `stream`, no host synchronization,
-// graph capturable. ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads /
+// graph capturable. docs/algorithms.md §4; docs/wire-format.md, "Codec payloads /
 // natural".
 #pragma once
 

@@ -19,7 +19,7 @@
 // Decode validates on the device and adds nothing when the payload is
 // malformed. Device views; payload buffers 4-byte aligned; two-call scratch
 // pattern; asynchronous on `stream`, no host synchronization, graph capturable.
-// ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / qsgd".
+// docs/algorithms.md §4; docs/wire-format.md, "Codec payloads / qsgd".
 #pragma once
 
 #if !defined(__CUDACC__)

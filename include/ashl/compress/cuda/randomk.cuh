@@ -21,7 +21,7 @@
 // gather sends y at the k indices and removes there exactly what the CPU
 // decoder would add back with scale -1. Device views; payload buffers 4-byte
 // aligned; two-call scratch pattern; asynchronous on `stream`, no host
-// synchronization, graph capturable. ALGORITHMS.md §4; docs/wire-format.md,
+// synchronization, graph capturable. docs/algorithms.md §4; docs/wire-format.md,
 // "Codec payloads / randomk".
 #pragma once
 

@@ -18,7 +18,7 @@
 // the subtraction into the bit pass. Decode validates on the device and adds
 // nothing when the payload is malformed. Device views; payload buffers 4-byte
 // aligned; two-call scratch pattern; asynchronous on `stream`, no host
-// synchronization, graph capturable. ALGORITHMS.md §4; docs/wire-format.md,
+// synchronization, graph capturable. docs/algorithms.md §4; docs/wire-format.md,
 // "Codec payloads / sign".
 #pragma once
 

@@ -21,7 +21,7 @@
 // count. Decode validates on the device (count 0 allowed) and adds nothing
 // when the payload is malformed. Device views; payload buffers 4-byte
 // aligned; two-call scratch pattern; asynchronous on `stream`, no host
-// synchronization, graph capturable. ALGORITHMS.md §4; docs/wire-format.md,
+// synchronization, graph capturable. docs/algorithms.md §4; docs/wire-format.md,
 // "Codec payloads / threshold".
 #pragma once
 

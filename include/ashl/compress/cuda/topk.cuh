@@ -18,7 +18,7 @@
 // device; a malformed one adds nothing and leaves its fault in d_report.
 // Device views; payload buffers 4-byte aligned; two-call scratch pattern;
 // asynchronous on `stream`, no host synchronization, graph capturable.
-// ALGORITHMS.md §4; docs/wire-format.md, "Codec payloads / topk".
+// docs/algorithms.md §4; docs/wire-format.md, "Codec payloads / topk".
 #pragma once
 
 #if !defined(__CUDACC__)

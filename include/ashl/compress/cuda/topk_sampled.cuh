@@ -24,7 +24,7 @@
 // count. The report is not used by the encode. Decode validates on the
 // device and adds nothing when the payload is malformed. Device views;
 // payload buffers 4-byte aligned; two-call scratch pattern; asynchronous on
-// `stream`, no host synchronization, graph capturable. ALGORITHMS.md §4
+// `stream`, no host synchronization, graph capturable. docs/algorithms.md §4
 // (Lin et al., "Deep Gradient Compression"); docs/wire-format.md, "Codec
 // payloads / topk_sampled".
 #pragma once

@@ -11,7 +11,7 @@
 // The writer checks n and the output size; the reader checks the decode
 // arguments, every header field, and the exact payload size, with the error
 // messages the codecs gave before (the field names come from the format).
-// docs/wire-format.md "Codec payloads"; ALGORITHMS.md §4.
+// docs/wire-format.md "Codec payloads"; docs/algorithms.md §4.
 #pragma once
 
 #include <ashl/compress/detail/codec.hpp>

@@ -9,7 +9,7 @@
 // decorator encodes its own f32 state, whatever the gradient's dtype), so
 // max_encoded_bytes and scratch_bytes ask the inner codec about f32, and
 // decode_add is the inner codec's. The state is K f32 arrays per tensor id
-// (detail/tensor_state.hpp). ALGORITHMS.md §4 (decorators).
+// (detail/tensor_state.hpp). docs/algorithms.md §4 (decorators).
 #pragma once
 
 #include <ashl/config.hpp>

@@ -9,7 +9,7 @@
 // The conversions here give exactly the bits of core/dtype.hpp (the tests of
 // compress/cast.hpp compare them) but are written without data-dependent
 // branches so that gcc and clang vectorize the codec loops at -O2/-O3 without
-// -march flags. ALGORITHMS.md §4; payload layouts in docs/wire-format.md.
+// -march flags. docs/algorithms.md §4; payload layouts in docs/wire-format.md.
 #pragma once
 
 #include <ashl/config.hpp>

@@ -28,7 +28,7 @@
 // sets the macro in one library only) never shares a mangled name, so the
 // linker cannot merge two different bodies into one. Types that do not
 // depend on the level (compress/concepts.hpp, compress/layout.hpp) stay in
-// ashl::compress. Issue 12 item 1; ALGORITHMS.md §4.
+// ashl::compress. Issue 12 item 1; docs/algorithms.md §4.
 #pragma once
 
 #include <ashl/config.hpp>

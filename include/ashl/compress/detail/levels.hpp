@@ -14,7 +14,7 @@
 // decode s_b * l_i / L * sign is unbiased. Code = l_i << 1 | sign, sign set
 // only when l_i > 0 (canonical), packed LSB-first into a continuous bit
 // stream of `bits` per element; the final byte's unused bits are 0.
-// ALGORITHMS.md §4 (QSGD, TernGrad); docs/wire-format.md, "Codec payloads".
+// docs/algorithms.md §4 (QSGD, TernGrad); docs/wire-format.md, "Codec payloads".
 #pragma once
 
 #include <ashl/config.hpp>

@@ -13,7 +13,7 @@
 // (LSB first, detail/levels.hpp); chunks start at multiples of 8 elements,
 // so eight codes fill exactly w bytes and every chunk starts on a byte.
 // Hot loops use the compilers' 4-lane vector extension (SSE2/NEON width, no
-// -march flag) and no per-element division. ALGORITHMS.md §4.
+// -march flag) and no per-element division. docs/algorithms.md §4.
 #pragma once
 
 #include <ashl/config.hpp>

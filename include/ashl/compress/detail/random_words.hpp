@@ -13,7 +13,7 @@
 // 16 (AVX-512F) blocks, chosen at run time, run side by side as 32x32->64
 // lane multiplies, several such states interleaved to hide the multiply
 // latency, followed by a 4x4 transpose into element order. Other targets use the
-// scalar generator. ALGORITHMS.md §4.
+// scalar generator. docs/algorithms.md §4.
 #pragma once
 
 #include <ashl/config.hpp>

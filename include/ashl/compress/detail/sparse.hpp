@@ -8,7 +8,7 @@
 // Layout (docs/wire-format.md, "Codec payloads"): u64 n, u32 count,
 // count u32 indices (strictly increasing, < n), count values in the input
 // dtype (4 bytes for f32, 2 for f16 / bf16). Structure of arrays, so encode
-// and decode are two contiguous streams. ALGORITHMS.md §4.
+// and decode are two contiguous streams. docs/algorithms.md §4.
 #pragma once
 
 #include <ashl/compress/detail/codec.hpp>

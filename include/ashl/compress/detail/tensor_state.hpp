@@ -8,7 +8,7 @@
 // error_feedback (one residual) and dgc (momentum and velocity) keep their
 // state here, so both follow one rule: a tensor seen with a new element
 // count starts again from zero (a new shape owes nothing), and reset()
-// zeroes every tensor without freeing. ALGORITHMS.md §4, "Decorators".
+// zeroes every tensor without freeing. docs/algorithms.md §4, "Decorators".
 #pragma once
 
 #include <ashl/config.hpp>

@@ -2,11 +2,11 @@
 // membership, duplicate detection, held pulls, staleness, and the minimum
 // commit count over live workers. Not a public interface.
 //
-// Membership rules (ALGORITHMS.md §1): barriers and bounds count live workers
+// Membership rules (docs/algorithms.md §1): barriers and bounds count live workers
 // only; an evicted worker's held pull is dropped, never released (there is no
 // one to answer); a rejoining id starts a fresh sequence.
 //
-// Cost rules (docs/internal/issue9-plan.md): no event scans every worker and
+// Cost rules (docs/sim.md): no event scans every worker and
 // none allocates after warm-up. The minimum clock comes from an indexed
 // binary heap over the live workers (O(log M) per commit, join or eviction,
 // O(1) to read); every per-worker array grows only when a new id joins.

@@ -7,7 +7,7 @@
 //   auto* hist = c.take<std::uint32_t>(2048);
 //   if (d_scratch == nullptr) { scratch_bytes = c.bytes(); return {}; }
 //
-// The device codecs follow CUB's two-call scratch pattern (STYLE.md): a call
+// The device codecs follow CUB's two-call scratch pattern: a call
 // with d_scratch == nullptr only writes scratch_bytes; the same call with a
 // buffer of that size runs. Nothing here synchronizes the host or allocates,
 // so every entry point can be captured into a CUDA graph. Checks that need the
@@ -15,7 +15,7 @@
 // a host sync; they leave their verdict in a caller-owned device_report the
 // caller reads when it synchronizes anyway. Every file under dispatch/ but
 // tuning/ includes this one, and its nvcc check stands for theirs.
-// ALGORITHMS.md §4.
+// docs/algorithms.md §4.
 #pragma once
 
 #if !defined(__CUDACC__)

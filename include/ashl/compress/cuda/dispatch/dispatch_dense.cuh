@@ -8,7 +8,7 @@
 // The dense payload size is a function of n alone, so every check on sizes is
 // made on the host and returned as a status; only the strict-overflow check
 // needs the data and goes to the device_report. No host synchronization, no
-// allocation: capturable into a CUDA graph. ALGORITHMS.md §4.
+// allocation: capturable into a CUDA graph. docs/algorithms.md §4.
 #pragma once
 
 #include <ashl/config.hpp>

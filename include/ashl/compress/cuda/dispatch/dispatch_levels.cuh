@@ -11,7 +11,7 @@
 // non-finite bucket scale (the CPU codec's out_of_range error) is recorded
 // in the device report with the smallest such bucket, and then neither
 // codes nor residual are written. Decode: header, scales, codes and padding
-// checks on the device, in the CPU's order, then the add. ALGORITHMS.md §4.
+// checks on the device, in the CPU's order, then the add. docs/algorithms.md §4.
 #pragma once
 
 #include <ashl/config.hpp>

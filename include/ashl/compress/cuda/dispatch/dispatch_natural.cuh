@@ -8,7 +8,7 @@
 // codes, one Philox block per four elements. Error feedback: a residual add
 // pass first, and the subtraction inside the code pass. The payload size,
 // 12 + n, is known on the host; a non-finite input is recorded in the device
-// report (the CPU codec's "natural.input.max_abs" error). ALGORITHMS.md §4.
+// report (the CPU codec's "natural.input.max_abs" error). docs/algorithms.md §4.
 #pragma once
 
 #include <ashl/config.hpp>

@@ -7,7 +7,7 @@
 // k, and so the payload size, is known on the host: encode needs no scratch
 // and no device-side decision. Decode validates the header on the device
 // (its fields are in device memory) and adds nothing when it is malformed.
-// ALGORITHMS.md §4.
+// docs/algorithms.md §4.
 #pragma once
 
 #include <ashl/config.hpp>

@@ -38,7 +38,7 @@
 //     least scratch_bytes() (a smaller caller scratch makes it fall back to
 //     exact top-k). Below n = 2^17, or for k = n, both send the exact top-k.
 // The cost is that of exact top-k plus one counting pass (and the sample);
-// the sample decides the count, not the work. ALGORITHMS.md §4 (Lin et al.,
+// the sample decides the count, not the work. docs/algorithms.md §4 (Lin et al.,
 // DGC); docs/wire-format.md "Sparse pairs".
 #pragma once
 

@@ -10,7 +10,7 @@
 // pass. A non-finite bucket mean (the CPU codec's out_of_range error) goes
 // to the device report, and then neither bits nor residual are written.
 // Decode: header, scales, padding on the device, then the add.
-// ALGORITHMS.md §4.
+// docs/algorithms.md §4.
 #pragma once
 
 #include <ashl/config.hpp>

@@ -14,7 +14,7 @@
 // values. No sort; every count stays on the device; k, and so the payload
 // size, is known on the host. Decode: validation of the whole payload on the
 // device, then the add, which is skipped when validation failed; the verdict
-// is copied to the caller's device_report if one is given. ALGORITHMS.md §4.
+// is copied to the caller's device_report if one is given. docs/algorithms.md §4.
 #pragma once
 
 #include <ashl/config.hpp>

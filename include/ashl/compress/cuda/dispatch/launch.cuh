@@ -15,7 +15,7 @@
 // host-checkable decode arguments (decode), the device's tuning, the verdict
 // cleared on the stream, the codec's kernels, the launch error, and the
 // verdict copied to the caller's report. A codec file keeps only its
-// kernels and the sizes they need. ALGORITHMS.md §4.
+// kernels and the sizes they need. docs/algorithms.md §4.
 #pragma once
 
 #include <ashl/config.hpp>

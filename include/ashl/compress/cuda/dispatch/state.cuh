@@ -12,7 +12,7 @@
 // starts with no debt, as on the host), so a first encode needs no host
 // synchronization either; a caller that wants no allocation on the hot path
 // calls reserve() first. Freed with cudaFree in the destructor (which waits
-// for the device). Move-only. ALGORITHMS.md §4 (decorators).
+// for the device). Move-only. docs/algorithms.md §4 (decorators).
 #pragma once
 
 #include <ashl/config.hpp>

@@ -8,7 +8,7 @@
 // values (identity: the input's own bits; casts: u16 patterns) and nothing
 // else. The conversions are core/dtype.hpp's, which give exactly the bits of
 // the CPU codecs (test/compress/cast.cpp ties the two). Kernels have hidden
-// visibility and live in the versioned namespace (STYLE.md).
+// visibility and live in the versioned namespace.
 #pragma once
 
 #include <ashl/config.hpp>

@@ -14,7 +14,7 @@
 // only, where the order does not matter; the float chunk sums of qsgd and
 // sign keep their own lane order (kernels/levels.cuh, kernels/sign.cuh),
 // because it is the CPU's summation order, which the payload bits depend on.
-// ALGORITHMS.md §4.
+// docs/algorithms.md §4.
 #pragma once
 
 #include <ashl/config.hpp>

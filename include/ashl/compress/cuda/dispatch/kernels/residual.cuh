@@ -12,7 +12,7 @@
 // Same roundings as the CPU decorator: e + x in f32 (one addition), and the
 // inner decoder's scale -1 add, e + (-1 * v), with no FMA contraction. The
 // dense quantizers fold their subtraction into their code kernels instead.
-// ALGORITHMS.md §4 (decorators).
+// docs/algorithms.md §4 (decorators).
 #pragma once
 
 #include <ashl/config.hpp>

@@ -8,7 +8,7 @@
 //
 // Every decision is the CPU codec's rule, restated in terms of the k of an
 // exact top-k (dispatch/dispatch_select.cuh says why each is equivalent).
-// ALGORITHMS.md §4.
+// docs/algorithms.md §4.
 #pragma once
 
 #include <ashl/config.hpp>

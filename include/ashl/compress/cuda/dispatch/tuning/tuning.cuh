@@ -10,8 +10,8 @@
 // They are the usual starting points for memory-bound kernels on sm_80/sm_90
 // (256-thread blocks, a few items per thread, enough resident blocks per SM to
 // hide DRAM latency) and must be replaced by figures from
-// bench/gpu/run.sh on the target GPU, with the GPU and figure noted here, as
-// STYLE.md asks. The dispatch code reads nothing else, so retuning is local.
+// bench/gpu/run.sh on the target GPU, with the GPU and figure noted here.
+// The dispatch code reads nothing else, so retuning is local.
 #pragma once
 
 #if !defined(__CUDACC__)
