@@ -1,5 +1,5 @@
-// ashl/coll/compressed.hpp — how a synchronous step moves its buffer
-// (issue 14 item 3): the "exchanges" that coll/driver.hpp calls, and the
+// ashl/coll/compressed.hpp — how a synchronous step moves its buffer:
+// the "exchanges" that coll/driver.hpp calls, and the
 // iteration-time-model decision between compression and 16-bit dense.
 //
 //   ashl::coll::dense_exchange dense{ashl::dtype::bf16};           // native 16-bit allreduce
@@ -32,7 +32,7 @@
 //   picks at the plan's ratio with error feedback, as a ps worker does; a
 //   rank whose plan keeps everything sends x and pays its residual off. No
 //   rank compressing: one weighted f32 allreduce; else the payload path
-//   above, the dense ranks' payloads as identity ones (issue 25: one
+//   above, the dense ranks' payloads as identity ones (one
 //   encoding rule for the parameter server, the simulator and collectives).
 //
 // estimate_transfer is the iteration-time model's link term (profile::

@@ -1,5 +1,5 @@
-// ashl/coll/driver.hpp — the collective driver of the synchronous policies
-// (issue 14 item 3): BSP and DLB average the gradients every step, Local
+// ashl/coll/driver.hpp — the collective driver of the synchronous policies:
+// BSP and DLB average the gradients every step, Local
 // SGD and semi-async interval sync average the models every H steps or at
 // the barrier. The same sync/ policy objects the parameter server runs
 // decide H, the interval and the weights.

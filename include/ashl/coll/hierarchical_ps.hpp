@@ -17,8 +17,8 @@
 // as for any ps::worker: the host calls iteration_done() after each local
 // iteration (hierarchical::iteration_done() forwards it) and step() when it
 // returns true (every H iterations, or once the plan's commit interval has
-// passed). exchange() on an incomplete cycle is refused, naming it; before
-// issue 25 it spun iteration_done() itself, which reported H iterations in
+// passed). exchange() on an incomplete cycle is refused, naming it; it once
+// spun iteration_done() itself, which reported H iterations in
 // no time (a compute measurement of elapsed / H) and busy-waited through an
 // interval plan.
 #pragma once

@@ -1,6 +1,6 @@
 // ashl/coll/nccl.hpp — the collective concept (coll/concepts.hpp) over NCCL,
-// for device memory, stream-ordered (docs/design.md, "Layers, coll/"; issue 14
-// item 2; docs/gpu-workers.md, "NCCL").
+// for device memory, stream-ordered (docs/design.md, "Layers";
+// docs/gpu-workers.md, "NCCL").
 //
 //   // The unique id comes from one rank and reaches the others through MPI
 //   // or the job's launcher (never a shared file):

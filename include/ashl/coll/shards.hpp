@@ -1,4 +1,4 @@
-// ashl/coll/shards.hpp — uneven shards (HAP, issue 14 item 4): a
+// ashl/coll/shards.hpp — uneven shards (HAP): a
 // reduce-scatter and all-gather in which rank i owns a contiguous block of
 // the vector proportional to its measured speed or bandwidth.
 //

@@ -1,7 +1,7 @@
 // ashl/core/fields.hpp — one table of a struct's fields, so that whatever
 // lists them (a parser of flags or settings, help text, the wire, a
 // checkpoint, the Python binding's dicts) is driven by the table and cannot
-// drift from the struct (issue 25, item 5).
+// drift from the struct.
 //
 //   struct knobs {
 //     std::int64_t h = 2;

@@ -1,5 +1,5 @@
 // ashl/ps/apply_pool.hpp — the threads a server applies a commit with, each
-// on its own contiguous part of the shard (issue 28, item 3).
+// on its own contiguous part of the shard.
 //
 //   auto pool = ashl::ps::apply_pool::create(4);          // result<unique_ptr<apply_pool>>; 3 helper threads
 //   core.use_apply_pool(pool->get());                     // server_core splits its passes over 4 parts

@@ -3,7 +3,7 @@
 // against the servers' value rule (no NaN or infinite value unless
 // allow_non_finite; server_core's own check, the same functions), so a bad
 // value in one server's half can no longer be refused there while another
-// server applies its half (issue 44, item 5; docs/ps.md "All or nothing
+// server applies its half (docs/ps.md "All or nothing
 // across shards"). ps::worker runs it in commit(), push() and
 // commit_encoded(); the simulator runs it on the parts its compute hook
 // made, before the first shard's transfer: one rule in both drivers.

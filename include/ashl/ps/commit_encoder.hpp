@@ -1,5 +1,5 @@
 // ashl/ps/commit_encoder.hpp — how a worker turns an update into what it
-// commits, pure and shared by every driver (issue 25): which codec a plan
+// commits, pure and shared by every driver: which codec a plan
 // commits with (plan_codec, the server's choice sent in the plan_update),
 // whether a plan_update's plan and codec go together (check_plan_codec),
 // and the error-feedback rule, held once here for ps::worker and the
@@ -16,7 +16,7 @@
 // Residuals are per shard (the tensor id of the payload) and survive a
 // change of codec or ratio: what compression dropped is owed whatever codec
 // sends it. A dense commit pays the debt off: it sends x + e and clears e
-// (before issue 25 the real worker dropped the residual when its plan
+// (the real worker once dropped the residual when its plan
 // stopped compressing, while the simulator's hook sent it). Nothing is
 // lost, and a worker that never compressed sends its caller's buffer
 // itself (no copy). A shard's first encode (or a size change) allocates

@@ -1,7 +1,7 @@
 // ashl/ps/device_staging.hpp — the host side of a device-resident worker
 // (ps/device_worker.cuh): where the commit payloads and the pulled
 // parameters wait in host memory, and whether UCX could take device memory
-// itself (issue 14 item 1; docs/gpu-workers.md).
+// itself (docs/gpu-workers.md).
 //
 //   auto mem = ashl::ps::probe_ucx_memory();            // UCX's memory types, asked at run time
 //   std::printf("%s\n", mem->describe().c_str());       // "UCX memory types: host (no CUDA memory)"

@@ -1,5 +1,5 @@
 // ashl/ps/device_worker.cuh — a ps::worker whose gradients and parameters
-// live on a GPU (issue 14 item 1; docs/gpu-workers.md; docs/design.md "Data flow
+// live on a GPU (docs/gpu-workers.md; docs/design.md "Data flow
 // of one commit").
 //
 //   float* d_w = ...; float* d_g = ...;                          // the framework's device buffers
@@ -396,7 +396,7 @@ class device_worker {
       // Dense, or a codec without a device implementation: the update
       // itself goes to host memory and ps::worker sends (or encodes) it.
       // A dense commit after device-encoded ones pays their residual off,
-      // the rule of ps::commit_encoder (issue 25): e <- e + x is sent and e
+      // the rule of ps::commit_encoder: e <- e + x is sent and e
       // is cleared, so nothing compression dropped is lost.
       const std::size_t bytes = n * sizeof(float);
       ASHL_TRY(stage(bytes, wk->transport()));

@@ -153,15 +153,15 @@ struct server_params {
   // The consistency policy's name (make_policy's), written into checkpoints
   // so a restore under another policy is refused by name.
   std::string policy;
-  // Threads that apply a commit (docs/ps.md "Apply threads"; issue 28): 1,
+  // Threads that apply a commit (docs/ps.md "Apply threads"): 1,
   // the server's thread alone; N in [2, 64], it and N - 1 threads started at
   // create(), each applying its own contiguous part of the shard (the dense
   // add, a sparse payload's pairs in its part, the optimizer step, the
   // reply's copy and CRC). The parameters are bit-identical for any N; a
   // shard below 32 Ki elements is applied by one thread anyway.
   std::uint32_t apply_threads = 1;
-  // Commits applied in one pass (docs/ps.md "Batched applies"; issue 28,
-  // item 3): dense model-delta commits that one pass of the transport's
+  // Commits applied in one pass (docs/ps.md "Batched applies"): dense
+  // model-delta commits that one pass of the transport's
   // progress delivered into receive buffers (or a commit in parts' staging)
   // wait, up to this many and one per worker, and are then added in a
   // single pass over the parameters, each cache-sized chunk taking every
@@ -174,8 +174,8 @@ struct server_params {
   // batch). 1: every commit is applied as it arrives (the default);
   // 2..64: at most this many wait.
   std::uint32_t apply_batch = 1;
-  // Applies as parts land (docs/ps.md "Commits in parts"; issue 28, item
-  // 1): while a commit in parts (worker_params.commit_part_bytes) arrives,
+  // Applies as parts land (docs/ps.md "Commits in parts"): while
+  // a commit in parts (worker_params.commit_part_bytes) arrives,
   // each part that passed its checks is added beside the parameters into a
   // buffer of the shard's size (server_core::speculate), so when the last
   // part passed, what is left of the apply is that part's add and a swap.
@@ -1245,7 +1245,7 @@ class server {
 
   // The pooled receive buffer that `data` lies in, if any, goes back.
   // A receive buffer the engine still holds for a sender that is gone
-  // (issue 44, item 4: six stalled 16 MiB uploads left every honest
+  // (six stalled 16 MiB uploads left every honest
   // commit refused by max_receive_bytes until a restart): its memory is
   // set aside (moved, so the engine's pointer stays valid; never reused,
   // never freed while the engine may write into it) and its pool entry and
@@ -1345,7 +1345,7 @@ class server {
               bool kept = false) {
     // A dense commit's values are checked (finite) chunk by chunk as the
     // CRC check reads them: one pass over the payload for both, and
-    // server_core skips its own (issue 28, item 2). Parameters still change
+    // server_core skips its own. Parameters still change
     // only after the whole message is verified and the policy decided.
     dense_value_check values;
     bool started = false;

@@ -265,7 +265,7 @@ struct commit_in {
   // it calls server_core::apply_pending() (ps::server: a receive buffer or
   // a commit's staging it holds for a batch). With defer_dense_applies(k),
   // an applied dense model-delta commit may then wait for that call and be
-  // added in one pass with the others waiting (issue 28, item 3). False:
+  // added in one pass with the others waiting. False:
   // the payload is read before commit() returns.
   bool payload_kept = false;
 };
@@ -687,7 +687,7 @@ class server_core {
 
   // ------------------------------------------------------ batched applies
   //
-  // Fan-in (issue 28, item 3): commits that arrive together are added in one
+  // Fan-in: commits that arrive together are added in one
   // pass over the parameters instead of one pass each. With k >= 2, an
   // applied dense model-delta commit whose payload the driver keeps
   // (commit_in.payload_kept) waits, up to k of them; apply_pending() adds
@@ -734,7 +734,7 @@ class server_core {
 
   // ------------------------------------------------ applies as parts land
   //
-  // Pipelining (issue 28, item 1): a commit in parts (ps::server, worker
+  // Pipelining: a commit in parts (ps::server, worker
   // commit_part_bytes) lands part by part in its rank's staging, and each
   // part is checked as it lands. speculate() adds what landed since the last
   // call *beside* the parameters, new = w + s·v into a buffer of its own,
@@ -821,7 +821,7 @@ class server_core {
   // ------------------------------------------------- versions replies read
   //
   // A driver sends pull replies from the parameters where they lie, without
-  // a copy per version (issue 28): pin_parameters() pins the current version
+  // a copy per version: pin_parameters() pins the current version
   // and gives its bytes and their CRC-32C (computed once per version: by the
   // apply that made it when a pull rode with the commit, else at the first
   // pin, one read pass); unpin_parameters(version) when the send completed.

@@ -159,7 +159,7 @@ struct worker_params {
   // Cycles longer than the interval (training steps) send theirs at every
   // cycle's end. The rule is worker_cycle's (ps::report_rule), and the
   // simulator's workers follow it too, with the same default
-  // (docs/ps.md "worker_cycle", docs/perf/ps-ucx.md, issue 28).
+  // (docs/ps.md "worker_cycle", docs/perf/ps-ucx.md).
   std::chrono::microseconds measurement_interval{
       static_cast<std::int64_t>(report_rule{}.interval * 1e6 + 0.5)};
   // Records in one measurements message at most (>= 8: a cycle records up to
@@ -191,7 +191,7 @@ struct worker_params {
   // The servers' allow_non_finite (server_core_params): a commit is checked
   // whole before any shard's part is sent (ps/commit_check.hpp), so a NaN
   // or infinite value in one server's part refuses the commit on every
-  // server alike, none applies a part (issue 44, item 5). Set it as the
+  // server alike, none applies a part. Set it as the
   // servers' is set; false (their default) refuses such values here.
   bool allow_non_finite = false;
 };
@@ -375,7 +375,7 @@ class worker {
     return state_->commit(update, false);
   }
 
-  // commit() without the parameters back (a push; issue 28 "fan-in"): for
+  // commit() without the parameters back (a push): for
   // a worker that does not need the servers' parameters every cycle. Each
   // server answers with a header-only acknowledgement (a pull_reply of 0
   // elements: the commit with flags pull | ack_requested,
@@ -541,8 +541,8 @@ class worker {
     // receive buffer it was given (staged, spill) and reading the sends in
     // flight (slots, enc): those must outlive it. Declared before them, a
     // worker dropped while a server's large reply was arriving had the
-    // reply written into its freed staging buffer (issue 44, item 3;
-    // test/ps/worker_drop.cpp). The server keeps the same order (t_).
+    // reply written into its freed staging buffer
+    // (test/ps/worker_drop.cpp). The server keeps the same order (t_).
     Transport t;
 
     state(worker_params wp, Transport tr, std::span<float> w, shard_layout l)

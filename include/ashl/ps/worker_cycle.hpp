@@ -23,7 +23,7 @@
 // one is adopted at the next start(), never in the middle of a cycle. Both
 // drivers follow this one rule: the real worker calls plan_arrived when a
 // plan_update is delivered, the simulator when server 0's plan reaches the
-// worker over its modelled link (issue 25).
+// worker over its modelled link.
 //
 // A cycle runs H = plan.local_iterations iterations, or with H = 0
 // iterations until plan.commit_interval() has passed since start (at least
@@ -33,10 +33,10 @@
 // per cycle), compress with amount = payload bytes, push and pull with
 // amount = bytes, commit = push + pull of the same commit (ADSP's O_i);
 // a measurement of no positive duration is not reported. These are the
-// rules the simulator's workers held inline (sim/simulator.hpp before
-// issue 9). docs/algorithms.md §1 "ADSP", §2 "Phase 0"; docs/ps.md.
+// rules the simulator's workers held inline (sim/simulator.hpp
+// once). docs/algorithms.md §1 "ADSP", §2 "Phase 0"; docs/ps.md.
 //
-// Sending them (issue 28): one rule for both drivers. At a cycle's end the
+// Sending them: one rule for both drivers. At a cycle's end the
 // driver queues the cycle's records (report(); a follower queues its
 // leader's instead) into the outbox, and a measurements message carrying
 // the outbox goes to every server when the rule says it is due: once

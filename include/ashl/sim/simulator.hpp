@@ -730,7 +730,7 @@ class simulator {
       cycles_[w].ack_arrived(now);  // commit = push + the wait; no pull
     } else {
       if (hooks_.deliver) hooks_.deliver(w);
-      // Pull amount: the parameters' bytes (headers not counted, as before issue 9).
+      // Pull amount: the parameters' bytes (headers not counted, as the first simulator did).
       cycles_[w].reply_arrived(now, static_cast<double>(wk.down_payload));
     }
     report(w);

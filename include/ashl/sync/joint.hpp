@@ -1,7 +1,7 @@
 // ashl/sync/joint.hpp — a joint (batch, staleness) controller over SSP: each
 // worker's batch size and the global staleness bound s are chosen together
 // from an iteration-time model, for the lowest predicted time per sample
-// (load balancing by multi-task learning, issue 16).
+// (load balancing by multi-task learning).
 //
 //   ashl::sync::joint p{{.workers = 4, .s_min = 1, .s_max = 4, .min_batch = 16, .max_batch = 128,
 //                        .batch_step = 16}};

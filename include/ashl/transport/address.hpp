@@ -1,5 +1,5 @@
-// ashl/transport/address.hpp — the one parser of "host:port" addresses
-// (issue 25): the runtime contract (ps/launch.hpp: ASHL_SERVER_ADDR,
+// ashl/transport/address.hpp — the one parser of "host:port" addresses:
+// the runtime contract (ps/launch.hpp: ASHL_SERVER_ADDR,
 // --server-addr, ashl-run's --addr) and the UCX transport (listen and
 // connect addresses) split them the same way, and each names the field in
 // its own error format around the reason given here.

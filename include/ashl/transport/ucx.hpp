@@ -14,7 +14,7 @@
 // Peers connect to a small TCP listener of ashl's own (detail/listener.hpp;
 // docs/transport.md, "The bootstrap listener"), never to a UCX connection
 // manager: UCX 1.13.1's sockaddr listener aborts the process on malformed
-// bytes (issue 44). Over that bootstrap connection the peer proves it holds
+// bytes. Over that bootstrap connection the peer proves it holds
 // the token (the HMAC-SHA256 challenge-response of transport/auth.hpp, in
 // the bounded frames of transport/bootstrap.hpp), and only then do both
 // sides send each other a session key (8 random bytes the receiver chose)

@@ -177,7 +177,7 @@ inline std::uint32_t key_at_least(float th) noexcept {
 // How many elements have a magnitude key in [lo, hi] (one unsigned compare
 // each, so the loop vectorizes). Always inlined, as is write_keys_in: out of
 // line, threshold's 16-bit encode ran at 0.7x its f32 element rate on bf16
-// (docs/perf/compress-cpu.md, issue 12).
+// (docs/perf/compress-cpu.md).
 template <gradient_element T>
 [[gnu::always_inline]] inline std::size_t count_keys_in(const T* x, std::size_t n, std::uint32_t lo, std::uint32_t hi) noexcept {
   const std::uint32_t span = hi - lo;

@@ -31,7 +31,7 @@ struct ucx_params {
   // cancelled: its buffer goes to the handler's on_receive_reclaimed, which
   // returns it to its budget without reusing the memory, and it is counted
   // (transport_counters::receives_reclaimed). Before, such receives stayed
-  // lent for good and used up a server's max_receive_bytes (issue 44, item 4).
+  // lent for good and used up a server's max_receive_bytes.
   // At least close_timeout.
   std::chrono::milliseconds receive_reclaim_timeout{10000};
   bool blocking = true;  // wait() sleeps on the worker's event fd; false: wait() only polls once

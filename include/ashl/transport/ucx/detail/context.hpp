@@ -40,7 +40,7 @@ inline ucx_impl::~ucx_impl() {
 inline status ucx_impl::init() {
   ASHL_TRY(auth::check_token(params_.token, params_.insecure));
   // Every start of an unauthenticated process says so, where its operator
-  // looks (issue 24, item 9): insecure is for tests on a trusted machine.
+  // looks: insecure is for tests on a trusted machine.
   if (params_.token.empty())
     std::fputs("ashl: warning: running without authentication (--insecure / ASHL_INSECURE): any process that "
                "reaches the port can join\n",

@@ -291,8 +291,7 @@ inline std::size_t ucx_impl::deliver_items(H& h) {
     // An endpoint's failure is not a message in order: it is handled even
     // behind a receive of its peer still in transfer. Held back there, a
     // sender that died mid-upload was never failed (its receive never
-    // ends), so the receive was never cancelled, let alone reclaimed
-    // (issue 44, item 4).
+    // ends), so the receive was never cancelled, let alone reclaimed.
     if (blocked(it.peer) && it.kind != ucx_item_kind::ep_error) continue;
     ucx_peer* p = find(it.peer);
     if (it.kind == ucx_item_kind::ep_error) {

@@ -2,7 +2,7 @@
 // listener and sockets (docs/transport.md, "The bootstrap listener";
 // docs/design.md, "Runtime contract for real runs"): a plain non-blocking TCP
 // listener of ashl's own, in place of UCX's sockaddr connection manager,
-// which UCX 1.13 aborts in on malformed bytes (issue 44). Before a peer has
+// which UCX 1.13 aborts in on malformed bytes. Before a peer has
 // proved it holds the token, the only code that sees its bytes is
 // bootstrap::reader (at most 69 of them); UCX sees nothing of it.
 //

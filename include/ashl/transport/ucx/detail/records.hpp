@@ -40,7 +40,7 @@ inline std::string ucx_seconds(std::chrono::milliseconds d) {
 // Active-message ids: data, and control messages that must stay in order
 // with data (both carry the receiver's session key in front of the header
 // and come over a worker-address endpoint). ucx_am_control is what the
-// sockaddr endpoints of ashl before issue 44 used: nothing is sent on it
+// sockaddr endpoints of ashl used before the bootstrap listener: nothing is sent on it
 // now, and whatever arrives on it is dropped and counted.
 inline constexpr unsigned ucx_am_control = 0xa5;
 inline constexpr unsigned ucx_am_data = 0xa6;
