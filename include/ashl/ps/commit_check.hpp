@@ -25,7 +25,7 @@
 #include <ashl/compress/registry.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/status.hpp>
-#include <ashl/ps/server_core.hpp>
+#include <ashl/ps/finite.hpp>
 
 #include <cstddef>
 #include <cstdint>
