@@ -148,7 +148,7 @@ ashl::status parse(const std::vector<std::string>& a, options& o) {
       const std::string v = value();
       const auto colon = v.find(':');
       if (colon == std::string::npos) return ashl::invalid_argument("--slow", v, "expected RANK:MS");
-      // Whole numbers in range, never atoi's wrap (issue 44, item 6).
+      // Whole numbers in range, never atoi's wrap (docs/ps.md "Bounds on counts and durations").
       auto rank = ashl::ps::detail::parse_count("--slow RANK", v.substr(0, colon), 0, ashl::ps::max_workers - 1,
                                                 "ps::max_workers - 1");
       if (!rank) return rank.error();

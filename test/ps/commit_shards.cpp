@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-// A commit split over two servers is all or nothing (issue 44, item 5):
+// A commit split over two servers is all or nothing (docs/ps.md "All or nothing across shards"):
 // with a NaN in one server's half, server 1 refused its half while server 0
 // applied the other, so the model took half an update. The worker now
 // checks every shard's part before any is sent (ps/commit_check.hpp, the

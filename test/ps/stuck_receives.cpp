@@ -2,8 +2,8 @@
 
 #include <cstdio>
 
-// A receive from a sender that died mid-upload is reclaimed (issue 44,
-// item 4): UCX 1.13 cannot cancel an active-message receive and a dead
+// A receive from a sender that died mid-upload is reclaimed (docs/ps.md,
+// receive_reclaim_timeout): UCX 1.13 cannot cancel an active-message receive and a dead
 // sender never finishes it, so its buffer stayed lent for good and counted
 // in max_receive_bytes; after a few such uploads every honest large commit
 // was refused ("server.max_receive_bytes ...") until the server restarted.

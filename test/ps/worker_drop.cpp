@@ -2,8 +2,8 @@
 
 #include <cstdio>
 
-// A worker dropped while a server's large pull reply is still arriving
-// (issue 44, item 3): the transport's destructor still drives UCX (the
+// A worker dropped while a server's large pull reply is still arriving:
+// the transport's destructor still drives UCX (the
 // closes' flush), and UCX goes on writing the reply into the receive buffer
 // it was given, the worker's staging buffer. The worker's transport must be
 // destroyed before that buffer; with the transport declared before the

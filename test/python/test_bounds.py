@@ -1,4 +1,4 @@
-"""Counts and durations from Python are bounded by name (issue 44, item 6;
+"""Counts and durations from Python are bounded by name (
 ps/job_limits.hpp): ashl.Worker(..., timeout=1e300) reported
 worker.timeout_ms = -9223372036854775808 (an out-of-range llround), and a
 launcher's WORLD_SIZE or ASHL_NUM_SERVERS had no upper bound."""

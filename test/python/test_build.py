@@ -1,5 +1,5 @@
 """The module against the numpy it meets, and the build that makes it
-(issue 45 item 1; docs/torch.md, "Which torch, numpy and pybind11"):
+(docs/torch.md, "Which torch, numpy and pybind11"):
 
 - float32 buffers of this interpreter's numpy (1.x or 2.x) are read as
   float32 and other dtypes are refused by name: a module built with a

@@ -1,4 +1,4 @@
-"""The torchrun drop-in (issue 45 item 7; docs/torch.md, "From DDP to ashl"):
+"""The torchrun drop-in (docs/torch.md, "From DDP to ashl"):
 examples/torchrun/ashl_train.py, ddp_train.py with three changed lines,
 run under torchrun (2 processes, RANK 0 running the server) gives DDP's loss
 trajectory and final model under BSP; ashl_adaptive_train.py (five changed
