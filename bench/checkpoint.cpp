@@ -16,8 +16,8 @@
 
 #include <ashl/core/state_io.hpp>
 #include <ashl/ps/checkpoint.hpp>
-#include <ashl/ps/policies.hpp>
-#include <ashl/ps/server_core.hpp>
+#include <ashl/rules/policies.hpp>
+#include <ashl/rules/server_core.hpp>
 #include <ashl/sync/any_policy.hpp>
 
 #include <chrono>

@@ -22,7 +22,7 @@
 #include "support.hpp"
 
 #include <ashl/compress/identity.hpp>
-#include <ashl/ps/server_core.hpp>
+#include <ashl/rules/server_core.hpp>
 #include <ashl/sync/asp.hpp>
 #include <ashl/wire/crc32c.hpp>
 #include <ashl/wire/message.hpp>

@@ -66,8 +66,8 @@
 
 #include <ashl/compress/identity.hpp>
 #include <ashl/compress/topk.hpp>
-#include <ashl/ps/policies.hpp>
-#include <ashl/ps/server_core.hpp>
+#include <ashl/rules/policies.hpp>
+#include <ashl/rules/server_core.hpp>
 #include <ashl/sync/any_policy.hpp>
 #include <ashl/wire/crc32c.hpp>
 #include <ashl/wire/message.hpp>

@@ -8,7 +8,7 @@
 //   ashl_bench_sim [--workers N] [--rounds R]
 //
 // Prints a table and one JSON object per case. docs/perf/sim.md.
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/sim/simulator.hpp>
 
 #include <chrono>

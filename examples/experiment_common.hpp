@@ -17,9 +17,9 @@
 #include "fmnist.hpp"
 #include "mlp.hpp"
 
-#include <ashl/ps/commit_encoder.hpp>
-#include <ashl/ps/compensation.hpp>
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/commit_encoder.hpp>
+#include <ashl/rules/compensation.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/sim/simulator.hpp>
 #include <ashl/sim/trace.hpp>
 

@@ -49,7 +49,7 @@
 // Every worker does plan.local_iterations local steps on its own copy, then
 // commits the model delta (the servers add deltas: optimizer model_delta).
 #include <ashl/ps/launch.hpp>
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/ps/worker.hpp>
 #include <ashl/transport/ucx.hpp>

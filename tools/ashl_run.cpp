@@ -131,7 +131,7 @@ int parse(int argc, char** argv, options& o) {
     }
     const std::string f(flag);
     if (flag == "-s" || flag == "--servers" || flag == "-w" || flag == "--workers") {
-      // The job's own bounds (ps/job_limits.hpp): job_from refuses more in
+      // The job's own bounds (rules/job_limits.hpp): job_from refuses more in
       // every process, and the process count below cannot wrap.
       const bool s = flag == "-s" || flag == "--servers";
       auto n = ps::detail::parse_count(f, value, 1, s ? ps::max_servers : ps::max_workers,

@@ -42,14 +42,14 @@
 #include <ashl/profile/straggler.hpp>
 #include <ashl/transport/concepts.hpp>
 #include <ashl/transport/inproc.hpp>
-#include <ashl/ps/commit_store.hpp>
+#include <ashl/rules/commit_store.hpp>
 #include <ashl/ps/incarnation.hpp>
-#include <ashl/ps/optimizer.hpp>
-#include <ashl/ps/planners.hpp>
-#include <ashl/ps/policies.hpp>
-#include <ashl/ps/server_core.hpp>
-#include <ashl/ps/shards.hpp>
-#include <ashl/ps/worker_cycle.hpp>
+#include <ashl/rules/optimizer.hpp>
+#include <ashl/rules/planners.hpp>
+#include <ashl/rules/policies.hpp>
+#include <ashl/rules/server_core.hpp>
+#include <ashl/rules/shards.hpp>
+#include <ashl/rules/worker_cycle.hpp>
 #include <ashl/ps/launch.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/ps/worker.hpp>
@@ -57,7 +57,7 @@
 #include <ashl/coll/compressed.hpp>
 #include <ashl/coll/driver.hpp>
 #include <ashl/coll/hierarchical.hpp>
-#include <ashl/coll/hierarchical_ps.hpp>
+#include <ashl/ps/hierarchical_upper.hpp>
 #include <ashl/coll/inproc.hpp>
 #include <ashl/coll/shards.hpp>
 // transport/ucx.hpp needs the ucx component (ashl::ucx), coll/mpi.hpp the mpi

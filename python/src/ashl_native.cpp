@@ -20,7 +20,7 @@
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/ps/launch.hpp>
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/ps/worker.hpp>
 #include <ashl/transport/inproc.hpp>
@@ -326,7 +326,7 @@ class py_worker {
                         .follower = follower};
     p.commit_part_bytes = commit_part_bytes;  // refused by name by worker::create (0, or >= 4096)
     p.commit_window = commit_window;          // likewise (1 .. wire::max_parts_in_flight)
-    p.allow_non_finite = allow_non_finite;    // the servers' (ps/commit_check.hpp: a commit is checked whole)
+    p.allow_non_finite = allow_non_finite;    // the servers' (rules/commit_check.hpp: a commit is checked whole)
     if (!link_.is_none()) {
       if (!PyCallable_Check(link_.ptr()))
         raise(ashl::invalid_argument("worker.link", py::str(py::type::of(link_)).cast<std::string>(),
@@ -856,7 +856,7 @@ PYBIND11_MODULE(_ashl, m) {
   m.doc() = "ashl's runtime: parameter-server workers and servers over UCX or in-process (docs/torch.md)";
   m.attr("pybind11_version") = pybind11_version_string;
   m.attr("has_ucx") = static_cast<bool>(ASHL_HAS_UCX());
-  // The job's bounds (ps/job_limits.hpp), for the Python launcher's checks.
+  // The job's bounds (rules/job_limits.hpp), for the Python launcher's checks.
   m.attr("MAX_WORKERS") = ps::max_workers;
   m.attr("MAX_SERVERS") = ps::max_servers;
   m.attr("MAX_DURATION_SECONDS") = ps::max_duration_seconds;

@@ -1,9 +1,9 @@
 #include <ashl/coll/hierarchical.hpp>
 #include <boost/test/unit_test.hpp>
 
-#include <ashl/coll/hierarchical_ps.hpp>
+#include <ashl/ps/hierarchical_upper.hpp>
 #include <ashl/coll/inproc.hpp>
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/transport/inproc.hpp>
 
@@ -136,12 +136,12 @@ BOOST_AUTO_TEST_CASE(two_hosts_two_local_ranks_through_parameter_servers) {
         inproc local = hosts[h]->communicator(l);
         auto node = fabric->node();
         ASHL_REQUIRE(node.has_value());
-        auto upper = ps_upper<tr::inproc>::create(
+        auto upper = ps::hierarchical_upper<tr::inproc>::create(
             {.rank = std::uint32_t(h), .servers = {"slice" + std::to_string(l)}, .timeout = 10s}, std::move(*node),
             slices[std::size_t(l)]);
         ASHL_REQUIRE(upper.has_value());
         for (float p : upper->parameters()) ASHL_TEST(p == 2.f);  // pulled at join
-        hierarchical<inproc, ps_upper<tr::inproc>&> hi(local, slices, *upper);
+        hierarchical<inproc, ps::hierarchical_upper<tr::inproc>&> hi(local, slices, *upper);
         std::vector<float> u(n), w(n);
         for (int round = 1; round <= 2; ++round) {
           for (std::size_t i = 0; i < n; ++i) u[i] = update_of(h, l, i);
@@ -159,7 +159,7 @@ BOOST_AUTO_TEST_CASE(two_hosts_two_local_ranks_through_parameter_servers) {
 
 // Issue 25: the servers' plan decides when a host exchanges. Local SGD with
 // H = 3: iteration_done() says so on every third iteration; an exchange
-// before that is refused with the cycle named (ps_upper no longer spins
+// before that is refused with the cycle named (ps::hierarchical_upper no longer spins
 // iteration_done() itself, which reported H iterations in no time).
 BOOST_AUTO_TEST_CASE(the_servers_plan_decides_when_a_host_exchanges) {
   constexpr std::size_t n = 6;
@@ -184,9 +184,9 @@ BOOST_AUTO_TEST_CASE(the_servers_plan_decides_when_a_host_exchanges) {
     inproc local = host.communicator(0);
     auto node = fabric->node();
     ASHL_REQUIRE(node.has_value());
-    auto upper = ps_upper<tr::inproc>::create({.rank = 0, .servers = {"slice0"}, .timeout = 10s}, std::move(*node), n);
+    auto upper = ps::hierarchical_upper<tr::inproc>::create({.rank = 0, .servers = {"slice0"}, .timeout = 10s}, std::move(*node), n);
     ASHL_REQUIRE(upper.has_value());
-    hierarchical<inproc, ps_upper<tr::inproc>&> hi(local, slices, *upper);
+    hierarchical<inproc, ps::hierarchical_upper<tr::inproc>&> hi(local, slices, *upper);
     std::vector<float> u(n, 1.0f), w(n);
     const auto early = hi.step(u, w);
     ASHL_TEST(!early.ok());

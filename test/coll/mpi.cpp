@@ -13,11 +13,11 @@
 
 #include <ashl/coll/compressed.hpp>
 #include <ashl/coll/driver.hpp>
-#include <ashl/coll/hierarchical_ps.hpp>
+#include <ashl/ps/hierarchical_upper.hpp>
 #include <ashl/coll/shards.hpp>
 #include <ashl/compress/error_feedback.hpp>
 #include <ashl/compress/topk.hpp>
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/sync/bsp.hpp>
 #include <ashl/sync/dlb.hpp>
@@ -357,10 +357,10 @@ BOOST_AUTO_TEST_CASE(rank_hierarchical) {
     const auto slices = even_slices(n, 2);
     auto t = transport::ucx::create({.token = "coll-test-token-0123"});
     ASHL_REQUIRE(t.has_value());
-    auto up = ps_upper<transport::ucx>::create({.rank = std::uint32_t(host), .servers = {mine}, .timeout = 20s},
+    auto up = ps::hierarchical_upper<transport::ucx>::create({.rank = std::uint32_t(host), .servers = {mine}, .timeout = 20s},
                                                std::move(*t), slices[std::size_t(g->rank)]);
     ASHL_REQUIRE(up.has_value(), (up ? std::string() : up.error().message()));
-    hierarchical<mpi, ps_upper<transport::ucx>&> h(*local, slices, *up);
+    hierarchical<mpi, ps::hierarchical_upper<transport::ucx>&> h(*local, slices, *up);
     std::vector<float> u(n), w(n);
     for (int round = 1; round <= 2; ++round) {
       for (std::size_t i = 0; i < n; ++i) u[i] = float(host * 8 + g->rank * 2) + float(i % 5);

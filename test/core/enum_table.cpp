@@ -5,7 +5,7 @@
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/profile/replan.hpp>
-#include <ashl/ps/server_core.hpp>
+#include <ashl/rules/server_core.hpp>
 #include <ashl/wire/ids.hpp>
 #include <ashl/wire/message.hpp>
 

@@ -4,7 +4,7 @@
 
 #include <ashl/core/bytes.hpp>
 #include <ashl/core/plan.hpp>
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/ps/worker.hpp>
 #include <ashl/transport/inproc.hpp>
@@ -98,7 +98,7 @@ BOOST_AUTO_TEST_CASE(the_plan_table_is_the_wire_order) {
 }
 
 BOOST_AUTO_TEST_CASE(every_policy_parameter_is_in_the_table_and_settable_by_name) {
-  // The static_assert in ps/policies.hpp checks that each policy's field list
+  // The static_assert in rules/policies.hpp checks that each policy's field list
   // is in the table; here every table entry is settable from text.
   ashl::ps::policy_params p;
   std::size_t n = 0;

@@ -6,7 +6,7 @@
 // of the server are reached. Whatever comes, the server must not crash, and
 // it answers; a message it refuses never changes the parameters (checked:
 // the parameters only change when the server counts an optimizer step).
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/transport/inproc.hpp>
 

@@ -24,7 +24,7 @@
 // each wait checks that no worker is more than --staleness commits behind
 // its own count.
 #include <ashl/ps/launch.hpp>
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/ps/worker.hpp>
 #include <ashl/transport/ucx.hpp>

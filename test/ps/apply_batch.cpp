@@ -14,7 +14,7 @@
 //   cut the batch without changing a bit; a commit in parts joins the batch
 //   with its last part, its earlier parts cutting nothing; nothing allocates
 //   once warm; a bad apply_batch is refused by name.
-#include <ashl/ps/server_core.hpp>
+#include <ashl/rules/server_core.hpp>
 
 #include <boost/test/unit_test.hpp>
 
@@ -25,8 +25,8 @@
 #include <ashl/compress/cast.hpp>
 #include <ashl/compress/identity.hpp>
 #include <ashl/compress/topk.hpp>
-#include <ashl/ps/apply_pool.hpp>
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/apply_pool.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/sync/asp.hpp>
 #include <ashl/sync/bsp.hpp>

@@ -1,4 +1,4 @@
-// ps/server_core.hpp with an apply pool (ps/apply_pool.hpp;
+// rules/server_core.hpp with an apply pool (rules/apply_pool.hpp;
 // server_params.apply_threads, issue 28 item 3): the parameters, every
 // reply's CRC and every refusal are bit-identical to applying on one thread,
 // for dense and sparse codecs, model deltas and sgd with momentum, commits
@@ -8,7 +8,7 @@
 // the parts of a pull reply) every range's CRC comes from the pass that
 // computes the version's, bit-identical for 1, 2 and 3 threads, and a dense
 // apply with a pull riding leaves no pass to the pin.
-#include <ashl/ps/server_core.hpp>
+#include <ashl/rules/server_core.hpp>
 
 #include <boost/test/unit_test.hpp>
 
@@ -19,8 +19,8 @@
 #include <ashl/compress/identity.hpp>
 #include <ashl/compress/randomk.hpp>
 #include <ashl/compress/topk.hpp>
-#include <ashl/ps/apply_pool.hpp>
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/apply_pool.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/sync/asp.hpp>
 #include <ashl/sync/bsp.hpp>

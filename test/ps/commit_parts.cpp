@@ -1,4 +1,4 @@
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/transport/inproc.hpp>
 

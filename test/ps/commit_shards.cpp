@@ -5,7 +5,7 @@
 // A commit split over two servers is all or nothing (docs/ps.md "All or nothing across shards"):
 // with a NaN in one server's half, server 1 refused its half while server 0
 // applied the other, so the model took half an update. The worker now
-// checks every shard's part before any is sent (ps/commit_check.hpp, the
+// checks every shard's part before any is sent (rules/commit_check.hpp, the
 // servers' own value rule): the commit fails naming the element, neither
 // server applies anything, and a fixed commit then goes to both. Two servers
 // as real processes over UCX/TCP on 127.0.0.1, the worker in this process.
@@ -17,7 +17,7 @@ int main() {
 }
 #else
 
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/transport/ucx.hpp>
 

@@ -18,7 +18,7 @@ int main() {
 }
 #else
 
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/ps/worker.hpp>
 #include <ashl/transport/ucx.hpp>
 

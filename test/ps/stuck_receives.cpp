@@ -22,7 +22,7 @@ int main() {
 }
 #else
 
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/transport/ucx.hpp>
 #include <ashl/wire/message.hpp>

@@ -991,7 +991,7 @@ BOOST_AUTO_TEST_CASE(a_part_size_below_4096_is_refused_by_name) {
 }
 
 // Issue 44, item 6: durations and counts a caller gives are bounded by
-// name (ps/job_limits.hpp), before any deadline is computed from them.
+// name (rules/job_limits.hpp), before any deadline is computed from them.
 BOOST_AUTO_TEST_CASE(durations_and_server_counts_past_their_bounds_are_refused_by_name) {
   auto fabric = tr::inproc_fabric::create({});
   std::vector<float> w(8, 0.0f);

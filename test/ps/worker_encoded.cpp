@@ -4,7 +4,7 @@
 
 #include <ashl/compress/error_feedback.hpp>
 #include <ashl/compress/topk.hpp>
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/transport/inproc.hpp>
 

@@ -1,5 +1,5 @@
 """Counts and durations from Python are bounded by name (
-ps/job_limits.hpp): ashl.Worker(..., timeout=1e300) reported
+rules/job_limits.hpp): ashl.Worker(..., timeout=1e300) reported
 worker.timeout_ms = -9223372036854775808 (an out-of-range llround), and a
 launcher's WORLD_SIZE or ASHL_NUM_SERVERS had no upper bound."""
 import numpy as np

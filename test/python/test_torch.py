@@ -234,7 +234,7 @@ def test_a_non_finite_update_is_refused_before_any_server_applies_it_and_named()
         opt.step()
         opt.wait()  # the overlapped exchange answers when its pull is waited for
     # The worker runs the servers' value rule over every shard's part before
-    # it sends any (ps/commit_check.hpp), so nothing reaches a server.
+    # it sends any (rules/commit_check.hpp), so nothing reaches a server.
     assert "commit.payload[1] = nan" in str(e.value) and "no part of it was sent" in str(e.value)
     srv.stop()
     srv.join()

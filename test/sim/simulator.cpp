@@ -1,9 +1,9 @@
 #include <ashl/sim/simulator.hpp>
-#include <ashl/ps/commit_encoder.hpp>
+#include <ashl/rules/commit_encoder.hpp>
 
 #include <ashl/compress/identity.hpp>
 #include <ashl/profile/iteration_model.hpp>
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/sync/asp.hpp>
 #include <ashl/sync/bsp.hpp>
 
@@ -511,7 +511,7 @@ BOOST_AUTO_TEST_CASE(a_refused_commit_stops_the_run_with_the_servers_error) {
 
 // Issue 44, item 5, the simulator's side of the one rule: a NaN in server
 // 1's part refuses the commit on both servers before any part is sent (as
-// ps::worker does, ps/commit_check.hpp); before, server 0 applied its half.
+// ps::worker does, rules/commit_check.hpp); before, server 0 applied its half.
 BOOST_AUTO_TEST_CASE(a_poisoned_part_refuses_the_whole_commit_before_any_server_applies) {
   constexpr std::uint64_t n = 6;  // server 0: [0, 3), server 1: [3, 6)
   auto spec = cluster({worker(0.01)}, 4 * n, 0, {server(), server()});

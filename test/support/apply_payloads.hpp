@@ -6,8 +6,8 @@
 //   auto c = apply_payloads::make_core(sync::asp{{.workers = 3}}, opt, n, 3, threads);  // c.core, c.pool
 #pragma once
 
-#include <ashl/ps/apply_pool.hpp>
-#include <ashl/ps/server_core.hpp>
+#include <ashl/rules/apply_pool.hpp>
+#include <ashl/rules/server_core.hpp>
 
 #include <boost/test/unit_test.hpp>
 

@@ -7,7 +7,7 @@
 // big_model.cpp, netns_hosts.cpp).
 #pragma once
 
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/ps/worker.hpp>
 #include <ashl/transport/inproc.hpp>

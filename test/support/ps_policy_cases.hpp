@@ -1,4 +1,4 @@
-// test/support/ps_policy_cases.hpp — what the ps/policies tests share: every
+// test/support/ps_policy_cases.hpp — what the rules/policies tests share: every
 // policy make_policy builds (each ASHL planner × re-planner too), and a
 // deterministic event script that exercises them all (commits with samples,
 // pulls, per-worker timings that drift once, a loss that falls through
@@ -11,7 +11,7 @@
 //   }
 #pragma once
 
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 
 #include "policy_testing.hpp"
 

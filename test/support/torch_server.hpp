@@ -5,7 +5,7 @@
 // messages the tests read.
 #pragma once
 
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/transport/inproc.hpp>
 

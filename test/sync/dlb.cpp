@@ -2,7 +2,7 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include <ashl/ps/planners.hpp>  // ps::straggler_monitor: profile's detector as dlb's monitor
+#include <ashl/rules/planners.hpp>  // ps::straggler_monitor: profile's detector as dlb's monitor
 
 #include "../support/policy_testing.hpp"
 

@@ -52,7 +52,7 @@
 #include <ashl/core/plan.hpp>
 #include <ashl/core/tensor_view.hpp>
 #include <ashl/profile/capability.hpp>
-#include <ashl/ps/commit_encoder.hpp>
+#include <ashl/rules/commit_encoder.hpp>
 
 #include <algorithm>
 #include <cstddef>

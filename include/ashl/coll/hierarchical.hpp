@@ -1,13 +1,13 @@
 // ashl/coll/hierarchical.hpp — hierarchical aggregation (BytePS, HPH; issue
 // 14 item 5): the ranks of one host reduce-scatter inside the host, each
 // local rank moves its slice across hosts (to a parameter server under the
-// server's policy: coll/hierarchical_ps.hpp; or any other upper level), and
+// server's policy: ps/hierarchical_upper.hpp; or any other upper level), and
 // the host all-gathers the slices back.
 //
 //   auto g = ashl::coll::local_group_from_env();               // ASHL_LOCAL_RANK, ASHL_LOCAL_SIZE
 //   auto local = ashl::coll::mpi::split(MPI_COMM_WORLD, world_rank / g->size, g->rank);
 //   auto slices = ashl::coll::even_slices(n, g->size);        // or shard_counts(n, weights)
-//   auto up = ashl::coll::ps_upper<ashl::transport::ucx>::create(...slice (*slices)[g->rank]...);
+//   auto up = ashl::ps::hierarchical_upper<ashl::transport::ucx>::create(...slice (*slices)[g->rank]...);
 //   ashl::coll::hierarchical<ashl::coll::mpi, decltype(*up)&> h(*local, *slices, *up);
 //   if (h.iteration_done()) ASHL_TRY(h.step(delta, params));   // params = what the servers hold after this commit
 //
@@ -148,7 +148,7 @@ class hierarchical {
   std::remove_reference_t<Upper>& upper() noexcept { return upper_; }
 
   // One local iteration is done: true when step() should run now. An upper
-  // level with a plan (ps_upper: the servers' H or commit interval) decides;
+  // level with a plan (ps::hierarchical_upper: the servers' H or commit interval) decides;
   // one without exchanges every iteration.
   bool iteration_done() {
     if constexpr (requires { upper_.iteration_done(); }) return upper_.iteration_done();

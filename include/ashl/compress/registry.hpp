@@ -212,7 +212,7 @@ inline bool sparse_pairs_well_formed(std::span<const std::byte> p, payload_info 
 // them (the same additions, in index order). For a payload decode_add takes
 // (the caller checked it: sparse_pairs_well_formed, or a decode that passed);
 // a server applies one payload with several threads this way, each on its
-// own part of the shard (ps/apply_pool.hpp). A payload shorter than its
+// own part of the shard (rules/apply_pool.hpp). A payload shorter than its
 // header says adds nothing.
 inline void add_pairs_in_range(std::span<const std::byte> p, dtype t, float* acc, float scale, std::uint64_t lo,
                                std::uint64_t hi) noexcept {

@@ -11,7 +11,7 @@
 //   std::vector<ashl::worker_plan> plans = full->workers(ashl::stage_id::ahl);
 //
 // Plans come out as ashl::worker_plan (core/plan.hpp), the type policies hold
-// and the wire sends. Nothing here knows about sync/: ps/planners.hpp makes
+// and the wire sends. Nothing here knows about sync/: rules/planners.hpp makes
 // these the ASHL schedule's planner and re-planner.
 #pragma once
 

@@ -48,7 +48,7 @@
 #include <ashl/config.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/ps/identity.hpp>
-#include <ashl/ps/job_limits.hpp>
+#include <ashl/rules/job_limits.hpp>
 #include <ashl/transport/address.hpp>
 #include <ashl/transport/token.hpp>
 

@@ -46,10 +46,10 @@
 #include <ashl/core/status.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/ps/checkpoint.hpp>
-#include <ashl/ps/commit_encoder.hpp>
+#include <ashl/rules/commit_encoder.hpp>
 #include <ashl/ps/incarnation.hpp>
 #include <ashl/ps/identity.hpp>
-#include <ashl/ps/server_core.hpp>
+#include <ashl/rules/server_core.hpp>
 #include <ashl/sync/any_policy.hpp>
 #include <ashl/sync/concepts.hpp>
 #include <ashl/transport/concepts.hpp>

@@ -57,11 +57,11 @@
 #include <ashl/core/status.hpp>
 #include <ashl/core/tensor_view.hpp>
 #include <ashl/ps/identity.hpp>
-#include <ashl/ps/job_limits.hpp>
-#include <ashl/ps/shards.hpp>
-#include <ashl/ps/commit_check.hpp>
-#include <ashl/ps/commit_encoder.hpp>
-#include <ashl/ps/worker_cycle.hpp>
+#include <ashl/rules/job_limits.hpp>
+#include <ashl/rules/shards.hpp>
+#include <ashl/rules/commit_check.hpp>
+#include <ashl/rules/commit_encoder.hpp>
+#include <ashl/rules/worker_cycle.hpp>
 #include <ashl/transport/concepts.hpp>
 #include <ashl/wire/ids.hpp>
 #include <ashl/wire/message.hpp>
@@ -189,7 +189,7 @@ struct worker_params {
   // completed): 1 .. wire::max_parts_in_flight (what a server holds).
   std::uint32_t commit_window = 4;
   // The servers' allow_non_finite (server_core_params): a commit is checked
-  // whole before any shard's part is sent (ps/commit_check.hpp), so a NaN
+  // whole before any shard's part is sent (rules/commit_check.hpp), so a NaN
   // or infinite value in one server's part refuses the commit on every
   // server alike, none applies a part. Set it as the
   // servers' is set; false (their default) refuses such values here.
@@ -312,7 +312,7 @@ class worker {
   // τ of the parameters the last wait() delivered: the versions other
   // workers' commits added between this worker's previous reply and this
   // one (server 0's, from the pull reply's header): staleness compensation
-  // predicts W - τ·η·v with it (ps/compensation.hpp).
+  // predicts W - τ·η·v with it (rules/compensation.hpp).
   [[nodiscard]] std::uint64_t staleness() const { return locked([](const state& s) { return s.staleness; }); }
 
   // One local iteration is done; true when the plan's iterations (or commit
@@ -510,7 +510,7 @@ class worker {
     std::vector<std::uint32_t> free_slots;
     std::vector<ashl::measurement> reported;  // the last cycle's (reported_measurements)
     std::vector<commit_part_view> check_parts;  // per shard: what check_commit_parts reads (reserved once)
-    commit_encoder encoder;  // the plan's codec, error feedback (ps/commit_encoder.hpp, shared with the simulator)
+    commit_encoder encoder;  // the plan's codec, error feedback (rules/commit_encoder.hpp, shared with the simulator)
     worker_cycle cycle;
     steady_clock clock;
     worker_telemetry tel{};

@@ -48,11 +48,11 @@
 #include <ashl/core/philox.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
-#include <ashl/ps/commit_check.hpp>
-#include <ashl/ps/commit_encoder.hpp>
-#include <ashl/ps/server_core.hpp>
-#include <ashl/ps/shards.hpp>
-#include <ashl/ps/worker_cycle.hpp>
+#include <ashl/rules/commit_check.hpp>
+#include <ashl/rules/commit_encoder.hpp>
+#include <ashl/rules/server_core.hpp>
+#include <ashl/rules/shards.hpp>
+#include <ashl/rules/worker_cycle.hpp>
 #include <ashl/sim/cluster_spec.hpp>
 #include <ashl/sim/event_queue.hpp>
 #include <ashl/sim/network.hpp>
@@ -457,7 +457,7 @@ class simulator {
       if (payload_of_.size() < w_.size() * s) payload_of_.resize(w_.size() * s);
       for (std::size_t k = 0; k < s; ++k) payload_of_[w * s + k] = payloads_[k];
       // The worker's check of the whole commit before any part goes
-      // (ps/commit_check.hpp, as ps::worker runs it): a bad value in one
+      // (rules/commit_check.hpp, as ps::worker runs it): a bad value in one
       // server's part refuses it on none, and the run stops saying why.
       check_parts_.clear();
       for (std::size_t k = 0; k < s; ++k) {

@@ -12,7 +12,7 @@
 // nothing (a policy holds plain values only). save/load forward to the
 // policy: the bytes are the policy's own, so a load into an any_policy that
 // holds another type is refused by that type's section tag. Building one by
-// name: ps/policies.hpp (make_policy). docs/design.md "Consistency policy".
+// name: rules/policies.hpp (make_policy). docs/design.md "Consistency policy".
 #pragma once
 
 #include <ashl/config.hpp>

@@ -9,7 +9,7 @@
 //
 // Planners are values (no std::function, no shared state): the schedule holds
 // them by value, copies them independently and saves them with its own state.
-// Models that use profile/ measurements live in ps/planners.hpp (the layer
+// Models that use profile/ measurements live in rules/planners.hpp (the layer
 // that composes sync and profile; sync does not include profile).
 // docs/algorithms.md §2 "Phase 0", "Compression in ASHL".
 #pragma once

@@ -12,7 +12,7 @@
 //
 // The planner is a value (ashl_planner): it receives every measurement of
 // the profiling phase (trimming and warm-up skipping are its business) and
-// the live workers. Models that use profile/ live in ps/planners.hpp. A
+// the live workers. Models that use profile/ live in rules/planners.hpp. A
 // planner error, or a plan that misses a live worker or has H = 0, a ratio
 // outside (0, 1] or a negative share, is recorded (planner_status()) and the
 // default uniform_planner{} plan is used instead, so training never stops on

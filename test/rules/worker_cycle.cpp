@@ -1,4 +1,4 @@
-#include <ashl/ps/worker_cycle.hpp>
+#include <ashl/rules/worker_cycle.hpp>
 
 #include <boost/test/unit_test.hpp>
 

@@ -1,7 +1,7 @@
-// ashl/ps/finite.hpp — the servers' value rule: no NaN or infinite value in
+// ashl/rules/finite.hpp — the servers' value rule: no NaN or infinite value in
 // a commit's values unless allowed. One body for the server core's check
-// (ps/server_core.hpp, as a payload's chunks are read) and the worker's check
-// of every shard's part before any is sent (ps/commit_check.hpp), so the
+// (rules/server_core.hpp, as a payload's chunks are read) and the worker's check
+// of every shard's part before any is sent (rules/commit_check.hpp), so the
 // two cannot disagree; small, so a worker does not include the server core.
 //
 //   const auto b = ashl::ps::detail::bits_of(ashl::dtype::f16);

@@ -1,4 +1,4 @@
-#include <ashl/ps/planners.hpp>
+#include <ashl/rules/planners.hpp>
 
 #include <boost/test/unit_test.hpp>
 

@@ -1,4 +1,4 @@
-// ashl/ps/commit_check.hpp — a commit split over several servers is
+// ashl/rules/commit_check.hpp — a commit split over several servers is
 // checked whole before any part of it leaves the worker: every shard's part
 // against the servers' value rule (no NaN or infinite value unless
 // allow_non_finite; server_core's own check, the same functions), so a bad
@@ -25,7 +25,7 @@
 #include <ashl/compress/registry.hpp>
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/status.hpp>
-#include <ashl/ps/finite.hpp>
+#include <ashl/rules/finite.hpp>
 
 #include <cstddef>
 #include <cstdint>

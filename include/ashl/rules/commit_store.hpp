@@ -1,4 +1,4 @@
-// ashl/ps/commit_store.hpp — the commits a policy buffered for a later
+// ashl/rules/commit_store.hpp — the commits a policy buffered for a later
 // round, with their payload bytes, under a fixed byte bound.
 //
 //   ashl::ps::commit_store store(64 << 20);                       // bound on payload bytes held

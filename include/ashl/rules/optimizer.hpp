@@ -1,4 +1,4 @@
-// ashl/ps/optimizer.hpp — what a server does with the aggregate of the
+// ashl/rules/optimizer.hpp — what a server does with the aggregate of the
 // commits it applies at once: add it (model deltas) or take one SGD step.
 //
 //   auto opt = ashl::ps::optimizer::create({.mode = ashl::ps::optimizer_params::kind::sgd,
@@ -95,7 +95,7 @@ class optimizer {
 
   // The step of elements [begin, end) only: each element's arithmetic does
   // not depend on any other's, so steps of disjoint ranges (a server's
-  // apply threads, ps/apply_pool.hpp) make the same bits as one step.
+  // apply threads, rules/apply_pool.hpp) make the same bits as one step.
   void step(std::span<float> w, std::span<float> acc, float scale, std::size_t begin, std::size_t end) noexcept {
     ASHL_ASSERT(w.size() == n_ && acc.size() == n_, "optimizer::step: sizes differ from the optimizer's");
     ASHL_ASSERT(begin <= end && end <= n_, "optimizer::step: range outside the parameters");

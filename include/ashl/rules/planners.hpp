@@ -1,4 +1,4 @@
-// ashl/ps/planners.hpp — ASHL's planner and re-planner made of profile/'s
+// ashl/rules/planners.hpp — ASHL's planner and re-planner made of profile/'s
 // algorithms, as models of sync/ashl_plan.hpp's concepts (ps composes sync
 // and profile; neither includes the other).
 //

@@ -1,9 +1,9 @@
-#include <ashl/ps/compensation.hpp>
+#include <ashl/rules/compensation.hpp>
 
 #include <boost/test/unit_test.hpp>
 
-#include <ashl/ps/policies.hpp>
-#include <ashl/ps/server_core.hpp>
+#include <ashl/rules/policies.hpp>
+#include <ashl/rules/server_core.hpp>
 #include <ashl/sync/any_policy.hpp>
 
 #include <cstring>

@@ -1,4 +1,4 @@
-// ashl/ps/job_limits.hpp — the largest job a process accepts: counts and
+// ashl/rules/job_limits.hpp — the largest job a process accepts: counts and
 // durations read from a user (flags, the environment, Python arguments) are
 // checked against these before anything is sized or scheduled by them, and
 // refused by name past them (docs/ps.md "Bounds on counts and durations").

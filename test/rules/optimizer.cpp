@@ -1,4 +1,4 @@
-#include <ashl/ps/optimizer.hpp>
+#include <ashl/rules/optimizer.hpp>
 
 #include <boost/test/unit_test.hpp>
 

@@ -1,16 +1,16 @@
-// ashl/coll/hierarchical_ps.hpp — the upper level of coll/hierarchical.hpp
+// ashl/ps/hierarchical_upper.hpp — the upper level of coll/hierarchical.hpp
 // that BytePS and HPH use: each local rank is a ps::worker of its slice, so
 // the slices cross hosts through parameter servers under the servers'
 // policy (BSP, SSP, ASHL, ...), over any transport (UCX between hosts).
 //
 //   // one server (or server group) per slice index j, holding slice j for the H hosts
-//   auto up = ashl::coll::ps_upper<ashl::transport::ucx>::create(
+//   auto up = ashl::ps::hierarchical_upper<ashl::transport::ucx>::create(
 //       {.rank = host, .servers = {slice_server[j]}}, std::move(*t), slice_elements);
-//   ashl::coll::hierarchical<ashl::coll::mpi, ashl::coll::ps_upper<ashl::transport::ucx>&> h(local, slices, *up);
+//   ashl::coll::hierarchical<ashl::coll::mpi, ashl::ps::hierarchical_upper<ashl::transport::ucx>&> h(local, slices, *up);
 //
-// Layering: this is the one coll/ header that includes ps/ (a composition
-// of the two, as ps/ composes transport/ and sync/); coll/hierarchical.hpp
-// itself does not. Each exchange is one commit of the slice (the server's
+// Layering: a driver that composes coll/ and ps/, so it lives in ps/
+// (coll/ includes nothing from ps/; coll/compressed.hpp uses rules/).
+// Each exchange is one commit of the slice (the server's
 // ids are host ranks, so a server sees one commit per host per round) and
 // one pull into the slice's parameter buffer, which the host then
 // all-gathers straight from (no copy). The plan decides when to exchange,
@@ -37,18 +37,18 @@
 #include <vector>
 
 ASHL_NAMESPACE_BEGIN
-namespace coll {
+namespace ps {
 
 template <transport::transport T>
-class ps_upper {
+class hierarchical_upper {
  public:
   // Joins the servers with a parameter buffer of `elements` (the slice) and
   // pulls the current parameters into it.
-  static result<ps_upper> create(ps::worker_params p, T t, std::size_t elements) {
+  static result<hierarchical_upper> create(worker_params p, T t, std::size_t elements) {
     auto params = std::make_unique<std::vector<float>>(elements, 0.0f);
     auto w = ps::worker<T>::create(std::move(p), std::move(t), *params);
     if (!w) return w.error();
-    return ps_upper(std::move(params), std::move(*w));
+    return hierarchical_upper(std::move(params), std::move(*w));
   }
 
   // One local iteration of the host is done; true when the plan says to
@@ -66,12 +66,12 @@ class ps_upper {
   status leave() { return w_.leave(); }
 
  private:
-  ps_upper(std::unique_ptr<std::vector<float>> params, ps::worker<T> w) : params_(std::move(params)), w_(std::move(w)) {}
+  hierarchical_upper(std::unique_ptr<std::vector<float>> params, ps::worker<T> w) : params_(std::move(params)), w_(std::move(w)) {}
   std::unique_ptr<std::vector<float>> params_;  // the worker holds a view: its address must not move
   ps::worker<T> w_;
 };
 
-static_assert(upper_level<ps_upper<transport::inproc>>);
+static_assert(coll::upper_level<hierarchical_upper<transport::inproc>>);
 
-}  // namespace coll
+}  // namespace ps
 ASHL_NAMESPACE_END

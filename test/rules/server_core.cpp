@@ -1,4 +1,4 @@
-#include <ashl/ps/server_core.hpp>
+#include <ashl/rules/server_core.hpp>
 
 #include <boost/test/unit_test.hpp>
 
@@ -13,7 +13,7 @@
 #include <ashl/compress/terngrad.hpp>
 #include <ashl/compress/threshold.hpp>
 #include <ashl/compress/topk_sampled.hpp>
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/sync/any_policy.hpp>
 #include <ashl/sync/asp.hpp>
 #include <ashl/sync/bsp.hpp>

@@ -1,4 +1,4 @@
-// ashl/ps/worker_cycle.hpp — a worker's rules between two pulls, pure: how
+// ashl/rules/worker_cycle.hpp — a worker's rules between two pulls, pure: how
 // many local iterations at which batch, whether to compress, the commit's
 // sequence, and what to report as measurements. The driver owns time (it
 // passes `now`) and does the work.

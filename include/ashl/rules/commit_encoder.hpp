@@ -1,4 +1,4 @@
-// ashl/ps/commit_encoder.hpp — how a worker turns an update into what it
+// ashl/rules/commit_encoder.hpp — how a worker turns an update into what it
 // commits, pure and shared by every driver: which codec a plan
 // commits with (plan_codec, the server's choice sent in the plan_update),
 // whether a plan_update's plan and codec go together (check_plan_codec),

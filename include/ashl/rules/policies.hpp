@@ -1,4 +1,4 @@
-// ashl/ps/policies.hpp — every consistency policy by name: make_policy(name,
+// ashl/rules/policies.hpp — every consistency policy by name: make_policy(name,
 // params) for drivers, configuration files and command lines.
 //
 //   ashl::ps::policy_params pp;
@@ -13,7 +13,7 @@
 // read that table. Each policy reads only the fields listed for it. ASHL's
 // planner ("uniform" or "profile") and re-planner ("none" or "profile") pick
 // the ashl_schedule instantiation; the profile models come from
-// ps/planners.hpp. ps composes sync and profile, so this is where the
+// rules/planners.hpp. ps composes sync and profile, so this is where the
 // choice of planner meets the policy (docs/design.md "Layers"); the simulator and
 // the servers drive the result through sync::any_policy.
 #pragma once
@@ -21,8 +21,8 @@
 #include <ashl/config.hpp>
 #include <ashl/core/fields.hpp>
 #include <ashl/core/status.hpp>
-#include <ashl/ps/job_limits.hpp>
-#include <ashl/ps/planners.hpp>
+#include <ashl/rules/job_limits.hpp>
+#include <ashl/rules/planners.hpp>
 #include <ashl/sync/adsp.hpp>
 #include <ashl/sync/any_policy.hpp>
 #include <ashl/sync/ashl_plan.hpp>
@@ -375,7 +375,7 @@ inline result<sync::any_policy> make_policy(std::string_view name, const policy_
   if (!kind) return make_error(errc::not_found, "sync.policy", name, "unknown policy (" + policy_names_text() + ")");
   ASHL_TRY(at_least(name, "workers", p.workers, 1));
   // Policies size per-worker tables now: past the job's bound, refused by
-  // name before any allocation (ps/job_limits.hpp).
+  // name before any allocation (rules/job_limits.hpp).
   if (p.workers > static_cast<std::int64_t>(max_workers))
     return out_of_range(field(name, "workers"), p.workers,
                         "must be at most " + std::to_string(max_workers) + " (ps::max_workers)");

@@ -1,4 +1,4 @@
-// ashl/ps/compensation.hpp — staleness compensation (SpecTrain, Chen et al.
+// ashl/rules/compensation.hpp — staleness compensation (SpecTrain, Chen et al.
 // 2018): a worker whose parameters are τ versions old when its update lands
 // computes on a prediction of the parameters it will meet instead,
 // Ŵ = W − τ·η·v (v: its momentum, η: its learning rate), the step momentum

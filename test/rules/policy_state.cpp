@@ -1,4 +1,4 @@
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 
 #include <boost/test/unit_test.hpp>
 

@@ -1,4 +1,4 @@
-// ps/server_core.hpp, applies as parts land (server_core::speculate; issue
+// rules/server_core.hpp, applies as parts land (server_core::speculate; issue
 // 28, item 1; ps::server's server_params.apply_parts_as_they_land): a commit
 // whose parts are added beside the parameters as they land gives the same
 // parameters and the same CRCs (the version's and every checksum range's),
@@ -10,14 +10,14 @@
 // apply the payload whole as before; a version pinned by replies keeps its
 // storage and bits; a rank whose commits wait for rounds is not speculated
 // after its first; nothing allocates once warm.
-#include <ashl/ps/server_core.hpp>
+#include <ashl/rules/server_core.hpp>
 
 #include <boost/test/unit_test.hpp>
 
 #include "../support/apply_payloads.hpp"
 #include "../support/counting_new.hpp"
 
-#include <ashl/ps/apply_pool.hpp>
+#include <ashl/rules/apply_pool.hpp>
 #include <ashl/sync/asp.hpp>
 #include <ashl/sync/bsp.hpp>
 #include <ashl/wire/crc32c.hpp>

@@ -1,4 +1,4 @@
-#include <ashl/ps/shards.hpp>
+#include <ashl/rules/shards.hpp>
 
 #include <boost/test/unit_test.hpp>
 

@@ -1,4 +1,4 @@
-// ashl/ps/server_core.hpp — the rules of one parameter server, pure: decoded
+// ashl/rules/server_core.hpp — the rules of one parameter server, pure: decoded
 // messages and the driver's time in, what the driver must send out into a
 // caller-owned server_actions. No clock, no I/O, no threads of its own (a
 // driver may lend it an apply_pool: the same passes, split over threads,
@@ -68,12 +68,12 @@
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/core/tensor_view.hpp>
-#include <ashl/ps/job_limits.hpp>
-#include <ashl/ps/apply_pool.hpp>
-#include <ashl/ps/commit_store.hpp>
-#include <ashl/ps/finite.hpp>
-#include <ashl/ps/optimizer.hpp>
-#include <ashl/ps/shards.hpp>
+#include <ashl/rules/job_limits.hpp>
+#include <ashl/rules/apply_pool.hpp>
+#include <ashl/rules/commit_store.hpp>
+#include <ashl/rules/finite.hpp>
+#include <ashl/rules/optimizer.hpp>
+#include <ashl/rules/shards.hpp>
 #include <ashl/sync/any_policy.hpp>
 #include <ashl/sync/concepts.hpp>
 #include <ashl/sync/events.hpp>
@@ -354,7 +354,7 @@ template <sync::consistency_policy Policy = sync::any_policy>
 class server_core {
  public:
   static result<server_core> create(server_core_params p, Policy policy, std::span<const float> initial = {}) {
-    if (p.workers > max_workers)  // per-worker tables are sized below (ps/job_limits.hpp)
+    if (p.workers > max_workers)  // per-worker tables are sized below (rules/job_limits.hpp)
       return out_of_range("server_core.workers", p.workers,
                           "must be at most " + std::to_string(max_workers) + " (ps::max_workers)");
     if (p.shard >= p.layout.servers())
@@ -586,7 +586,7 @@ class server_core {
 
   // ------------------------------------------------------------ apply threads
   //
-  // The driver's threads (ps/apply_pool.hpp; server_params.apply_threads):
+  // The driver's threads (rules/apply_pool.hpp; server_params.apply_threads):
   // with a pool of N, every pass over the shard that is element-wise runs as
   // N parts, part p on elements [p·B, (p+1)·B) with B a whole number of
   // 64-byte lines: the dense add (with its copy beside a pinned version and
@@ -667,7 +667,7 @@ class server_core {
   // or never comes changes nothing, the exactly-once check and the policy
   // run at the commit's end as before, and the bits (values and their CRC)
   // are those of one apply_dense of the whole payload: the same decode_add
-  // over the same chunk bounds (test/ps/apply_as_landed.cpp). Anything else
+  // over the same chunk bounds (test/rules/apply_as_landed.cpp). Anything else
   // that changes the parameters first (another commit, a deferred one, a
   // round, a load) makes the speculation stale: it stops, and commit()
   // applies as before. The weight guessed is the rank's last applied weight
@@ -868,7 +868,7 @@ class server_core {
   // from its previous reply, τ = the versions applied since that reply, less
   // the one w's own commit made; 0 at w's first reply. The worker can predict
   // the parameters its next update will meet (SpecTrain: W - τ·η·v;
-  // ps/compensation.hpp). Bookkeeping only: no decision depends on it, and
+  // rules/compensation.hpp). Bookkeeping only: no decision depends on it, and
   // it is not part of save() (a restored server starts every τ at 0).
   std::uint64_t serve_staleness(worker_id w) {
     if (w >= served_at_.size()) served_at_.resize(std::size_t{w} + 1, no_version);

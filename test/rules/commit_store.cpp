@@ -1,4 +1,4 @@
-#include <ashl/ps/commit_store.hpp>
+#include <ashl/rules/commit_store.hpp>
 
 #include <boost/test/unit_test.hpp>
 

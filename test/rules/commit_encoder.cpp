@@ -1,4 +1,4 @@
-#include <ashl/ps/commit_encoder.hpp>
+#include <ashl/rules/commit_encoder.hpp>
 
 #include <boost/test/unit_test.hpp>
 
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-// ps/commit_encoder.hpp: the codec a plan commits with, the check of a
+// rules/commit_encoder.hpp: the codec a plan commits with, the check of a
 // plan_update's plan and codec, and the error-feedback rule every driver
 // shares: residuals kept across codec changes, paid off by a dense commit,
 // nothing lost; no allocation once a shard's buffers are sized.

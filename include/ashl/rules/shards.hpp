@@ -1,4 +1,4 @@
-// ashl/ps/shards.hpp — how the parameters are split over S servers.
+// ashl/rules/shards.hpp — how the parameters are split over S servers.
 //
 //   auto layout = ashl::ps::shard_layout::even(1'000'003, 4);   // result<shard_layout>
 //   ashl::ps::key_range r = layout->range(1);                   // [250'001, 500'002)

@@ -1,4 +1,4 @@
-// ashl/ps/apply_pool.hpp — the threads a server applies a commit with, each
+// ashl/rules/apply_pool.hpp — the threads a server applies a commit with, each
 // on its own contiguous part of the shard.
 //
 //   auto pool = ashl::ps::apply_pool::create(4);          // result<unique_ptr<apply_pool>>; 3 helper threads

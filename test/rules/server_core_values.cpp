@@ -1,9 +1,9 @@
-// ps/server_core.hpp: what a worker's commit says is checked before the
+// rules/server_core.hpp: what a worker's commit says is checked before the
 // policy sees it: NaN and infinite values (refused unless allow_non_finite),
 // the samples a commit says it covers (bounded), and the store bound
 // (automatic by default, an explicit one named when too small). Issue 24,
 // items 3 and 6.
-#include <ashl/ps/server_core.hpp>
+#include <ashl/rules/server_core.hpp>
 
 #include <boost/test/unit_test.hpp>
 
@@ -13,7 +13,7 @@
 #include <ashl/compress/topk.hpp>
 #include <ashl/core/bytes.hpp>
 #include <ashl/core/state_io.hpp>
-#include <ashl/ps/policies.hpp>
+#include <ashl/rules/policies.hpp>
 #include <ashl/sync/any_policy.hpp>
 #include <ashl/sync/asp.hpp>
 #include <ashl/sync/bsp.hpp>
