@@ -1468,6 +1468,7 @@ class server_core {
   // version's CRC (and its checksum ranges') in the same pass, chunk by
   // chunk as apply_dense does (chunks of whole SIMD widths: the same bits).
   void step_parts(float scale, bool want_crc = false) {
+    opt_.begin_step();  // one step, however many parts (Delayed Nesterov counts steps)
     const std::size_t n = w_.size();
     const std::size_t chunk = apply_chunk_bytes / sizeof(float);
     const unsigned parts = for_parts(n, [&](unsigned part, std::size_t lo, std::size_t hi) noexcept {
