@@ -59,23 +59,36 @@ from .trace import Tracer, path_of
 
 __all__ = ["Bucket", "DistributedOptimizer", "DistributedSampler", "serve", "partition", "bucket_plan", "bucket_addresses", "bucket_cap_bytes",
            "DEFAULT_PARTITION_MB",
-           "ADAPTIVE_POLICIES"]
+           "ADAPTIVE_POLICIES", "DILOCO_POLICIES"]
 
 # The plan stages each policy's servers send (core/plan.hpp, stage_id): a
 # worker whose servers run another policy than it was told fails at once.
 _STAGES = {
     "bsp": {"bsp"}, "asp": {"asp"}, "ssp": {"ssp"}, "local_sgd": {"local_sgd"}, "dssp": {"dssp"},
     "semi_async": {"semi_async"}, "adsp": {"adsp"}, "ashl": {"profile", "ahl", "shl"}, "dlb": {"dlb"},
+    # The DiLoCo family runs these policies with the outer optimizer.
+    "diloco": {"local_sgd"}, "async_diloco": {"asp"}, "async_local_sgd": {"asp"},
+    "ashl_diloco": {"profile", "ahl", "shl"},
 }
+
+# The DiLoCo family (docs/algorithms.md "The DiLoCo family"): one name sets
+# the policy and the servers' outer optimizer; these keyword arguments of
+# DistributedOptimizer and serve() set its parameters (ps::policy_params).
+DILOCO_POLICIES = frozenset({"diloco", "async_diloco", "async_local_sgd", "ashl_diloco"})
+_OUTER_ARGS = ("outer_lr", "outer_momentum", "outer_nesterov", "outer_weight_decay", "outer_delay",
+               "outer_activation")
+# Policies whose plan is local_steps for every worker (a worker given
+# local_steps checks the servers' plan).
+_LOCAL_STEPS_POLICIES = frozenset({"local_sgd", "diloco", "async_diloco", "async_local_sgd"})
 
 # Policies whose plans come from measurements (a planner). Their buckets
 # run the cycle and plans of the first bucket's worker (a ps::worker
 # follower each; docs/torch.md, "Buckets and overlap"), as every bucket does.
-ADAPTIVE_POLICIES = frozenset({"ashl", "adsp", "dlb", "joint"})
+ADAPTIVE_POLICIES = frozenset({"ashl", "adsp", "dlb", "joint", "ashl_diloco"})
 
 # Policies whose planners read the training loss (report_metric("loss")):
 # by name, or by the stage the servers send when no policy was given.
-_LOSS_POLICIES = frozenset({"ashl", "adsp", "joint"})
+_LOSS_POLICIES = frozenset({"ashl", "adsp", "joint", "ashl_diloco"})
 _LOSS_STAGES = frozenset({"adsp", "profile", "ahl", "shl"})
 
 # The DistributedOptimizer made last in this process: the one a
@@ -481,11 +494,58 @@ class _Exchange:
         self.encoded: Optional[List[Any]] = None     # the payloads of the commit in flight (device top-k)
 
 
+def _with_outer(policy: Union[Policy, str, None], local_steps: Optional[int], outer: Dict[str, Any],
+                optimizer: Optional[str] = None) -> Optional[Policy]:
+    """The policy with ``local_steps`` and the outer_* arguments given (not
+    None) added to its parameters: a DiLoCo name reads them all; any other
+    policy reads local_steps (local_sgd) and none of outer_* (unless
+    ``optimizer == "outer"``: serve() maps them to that optimizer)."""
+    given = {k: v for k, v in outer.items() if v is not None}
+    if policy is None:
+        if given or local_steps is not None:
+            name = next(iter(given), "local_steps")
+            raise ValueError(f"{name}: set with a policy (policy='diloco', 'async_diloco', 'ashl_diloco', ...)")
+        return None
+    pol = Policy.of(policy)
+    params = dict(pol.params)
+    if local_steps is not None:
+        if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
+            raise ValueError(f"local_steps = {local_steps!r}: must be an int >= 1")
+        if pol.name not in _LOCAL_STEPS_POLICIES:
+            raise ValueError(f"local_steps = {local_steps}: policy {pol.name!r} does not read it "
+                             f"(one of {sorted(_LOCAL_STEPS_POLICIES)} does; ashl_diloco plans H_i from h_ahl)")
+        params["local_steps"] = local_steps
+    if given and pol.name not in DILOCO_POLICIES:
+        if optimizer == "outer":
+            return Policy(pol.name, **params)
+        name = next(iter(given))
+        raise ValueError(f"{name} = {given[name]!r}: the outer optimizer runs with a DiLoCo policy "
+                         f"({', '.join(sorted(DILOCO_POLICIES))}) or serve(optimizer='outer'); policy is {pol.name!r}")
+    if pol.name in DILOCO_POLICIES:
+        params.update(given)
+    return Policy(pol.name, **params)
+
+
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wraps a local torch optimizer so that training runs under ashl's servers.
 
-    ``DistributedOptimizer(optimizer, model, policy=..., compression=...)``:
-    ``optimizer`` must hold ``model``'s parameters. Each ``step()`` is one
+    ``DistributedOptimizer(optimizer, model, policy=..., compression=...)``
+    or ``DistributedOptimizer(model=model, inner=optimizer, ...)``:
+    the (inner) optimizer must hold ``model``'s parameters.
+
+    DiLoCo (docs/torch.md, "DiLoCo"): ``DistributedOptimizer(model=model,
+    inner=torch.optim.AdamW(model.parameters()), policy="diloco",
+    outer_lr=0.7, outer_momentum=0.9, local_steps=500)``: the inner
+    optimizer (any; AdamW in the paper) takes local_steps steps, the delta is
+    committed, and the servers apply one outer Nesterov step per round on
+    the mean delta. "async_diloco" (or "async_local_sgd"): one outer step per
+    commit with Delayed Nesterov (outer_delay commits per momentum fold, 0:
+    the workers); "ashl_diloco": ASHL's planner sets each worker's local
+    steps, data share and compression from a profile. outer_lr,
+    outer_momentum, outer_nesterov, outer_weight_decay, outer_delay,
+    outer_activation and local_steps go into the policy's parameters (for
+    start_servers; without it the servers' own are used, and a local_steps
+    the servers do not plan is refused). Each ``step()`` is one
     local iteration; when the plan's iterations (or commit interval) are done
     every bucket commits and pulls the servers' parameters into the model.
 
@@ -558,8 +618,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
     ASHL); ``step(loss=loss)`` or a closure's loss does the same.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, model: Any, policy: Union[Policy, str, None] = None,
-                 compression: Optional[str] = None, *, update: str = "delta", job: Optional[Job] = None,
+    def __init__(self, optimizer: Optional[torch.optim.Optimizer] = None, model: Any = None,
+                 policy: Union[Policy, str, None] = None,
+                 compression: Optional[str] = None, *, inner: Optional[torch.optim.Optimizer] = None,
+                 local_steps: Optional[int] = None, outer_lr: Optional[float] = None,
+                 outer_momentum: Optional[float] = None, outer_nesterov: Optional[bool] = None,
+                 outer_weight_decay: Optional[float] = None, outer_delay: Optional[int] = None,
+                 outer_activation: Optional[float] = None, update: str = "delta", job: Optional[Job] = None,
                  fabric: Optional[_ashl.InprocFabric] = None, batch_size: int = 32, timeout: float = 30.0,
                  seed: int = 0, error_feedback: bool = True, link_bytes_per_second: float = 0.0,
                  reconnect: float = 0.0, bucket_cap_mb: Union[float, str, None] = "auto",
@@ -570,8 +635,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  link: Optional[Callable[[str, int], None]] = None, commit_part_bytes: int = 0,
                  commit_window: int = 4, start_servers: bool = False, serve_options: Optional[dict] = None,
                  server_wait: float = 3600.0, loss_fn: Optional[Any] = None):
+        if optimizer is not None and inner is not None:
+            raise ValueError("inner: the inner optimizer is given twice (positional optimizer and inner=); pass one")
+        if optimizer is None:
+            if inner is None:
+                raise ValueError("inner: pass the inner optimizer (inner=torch.optim.AdamW(model.parameters()), ...)")
+            optimizer = inner
+        if model is None:
+            raise ValueError("model: pass the model whose parameters the inner optimizer holds")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer = {type(optimizer).__name__}: must be a torch.optim.Optimizer")
+        policy = _with_outer(policy, local_steps, {"outer_lr": outer_lr, "outer_momentum": outer_momentum,
+                                                   "outer_nesterov": outer_nesterov,
+                                                   "outer_weight_decay": outer_weight_decay,
+                                                   "outer_delay": outer_delay, "outer_activation": outer_activation})
+        if policy is not None and policy.name in DILOCO_POLICIES and update != "delta":
+            raise ValueError(f"update = {update!r}: policy {policy.name!r} commits model deltas (update='delta'), "
+                             "its servers' outer optimizer steps on them")
         if update not in ("delta", "gradient"):
             raise ValueError(f"update = {update!r}: must be 'delta' or 'gradient'")
         if batch_size < 1:
@@ -748,6 +828,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             stages = _STAGES.get(self._policy.name)
             if stages is not None and plan.stage not in stages:
                 raise ValueError(f"policy = {self._policy.name!r}: the servers run stage {plan.stage!r}")
+        if self._policy is not None and self._policy.name in _LOCAL_STEPS_POLICIES and \
+                "local_steps" in self._policy.params and plan.stage != "none" and \
+                plan.local_iterations != self._policy.params["local_steps"]:
+            raise ValueError(f"local_steps = {self._policy.params['local_steps']}: the servers plan "
+                             f"{plan.local_iterations} local steps")
         # The servers name their codec only in a plan that compresses (ratio < 1).
         codec = self._ex[0].worker.codec
         if self._compression is not None and codec != "identity" and codec != self._compression:
@@ -1450,8 +1535,12 @@ class Servers:
 
 
 def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None] = "bsp",
-          compression: Optional[str] = "topk", *, optimizer: str = "model_delta", lr: float = 0.1,
+          compression: Optional[str] = "topk", *, optimizer: Optional[str] = None, lr: float = 0.1,
           momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
+          local_steps: Optional[int] = None, outer_lr: Optional[float] = None,
+          outer_momentum: Optional[float] = None, outer_nesterov: Optional[bool] = None,
+          outer_weight_decay: Optional[float] = None, outer_delay: Optional[int] = None,
+          outer_activation: Optional[float] = None,
           fabric: Optional[_ashl.InprocFabric] = None, listen: Optional[str] = None,
           worker_timeout: float = 20.0, progress_seconds: Optional[float] = None, checkpoint_dir: str = "",
           checkpoint_every: float = 0.0, restore: bool = False, seed: int = 0,
@@ -1486,8 +1575,32 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
     (``commit_part_bytes``) is added beside the parameters as its parts
     land and takes their place once its last part passed (one more
     shard-sized buffer; the same bits; docs/ps.md, "Commits in parts");
-    by default it is applied whole at its last part."""
+    by default it is applied whole at its last part.
+
+    optimizer: None (default) is the policy's: "model_delta", or for a
+    DiLoCo name ("diloco", "async_diloco", "async_local_sgd",
+    "ashl_diloco") its outer optimizer, set by outer_lr (0.7),
+    outer_momentum (0.9), outer_nesterov (True), outer_weight_decay (0),
+    outer_delay (asynchronous forms: Delayed Nesterov's N, 0: the workers)
+    and outer_activation (its c); local_steps is the inner steps per round
+    (docs/torch.md, "DiLoCo"). "sgd" (gradient updates) takes lr,
+    momentum, weight_decay, nesterov; "outer" runs the outer optimizer with
+    any other delta policy (ADSP, ASHL, ...) from the outer_* arguments."""
     job = job if job is not None else _job_from_env()
+    outer = {"outer_lr": outer_lr, "outer_momentum": outer_momentum, "outer_nesterov": outer_nesterov,
+             "outer_weight_decay": outer_weight_decay, "outer_delay": outer_delay,
+             "outer_activation": outer_activation}
+    policy = _with_outer(policy if policy is not None else "bsp", local_steps, outer, optimizer)
+    if optimizer == "outer" and policy.name not in DILOCO_POLICIES:
+        # The outer optimizer beside another delta policy: its values from outer_*.
+        lr = 0.7 if outer_lr is None else outer_lr
+        momentum = 0.9 if outer_momentum is None else outer_momentum
+        nesterov = (True if outer_nesterov is None else bool(outer_nesterov)) and momentum > 0
+        weight_decay = 0.0 if outer_weight_decay is None else outer_weight_decay
+        delay = 1 if outer_delay is None else outer_delay
+        activation = 0.0 if outer_activation is None else outer_activation
+    else:
+        delay, activation = 1, 0.0
     if job.role != "server":
         raise ValueError(f"job.role = {job.role!r}: serve() runs on a server (the workers make a DistributedOptimizer)")
     pol = Policy.of(policy)
@@ -1505,8 +1618,9 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
                          workers=job.num_workers, listen=bucket_addresses([address], bi, fabric is not None)[0]
                          if job.num_servers == 1 or bi == 0 else
                          bucket_addresses(list(job.server_addresses), bi, fabric is not None)[job.rank],
-                         shard=job.rank, servers=job.num_servers, optimizer=optimizer, lr=lr, momentum=momentum,
-                         weight_decay=weight_decay, nesterov=nesterov,
+                         shard=job.rank, servers=job.num_servers, optimizer=optimizer or "", lr=lr,
+                         momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, nesterov_delay=delay,
+                         nesterov_activation=activation,
                          compression=_codec_name(compression) or "topk", token=job.token, insecure=job.insecure,
                          verbose=job.verbose, worker_timeout=worker_timeout,
                          progress_seconds=(job.progress_seconds if progress_seconds is None else progress_seconds)
@@ -1550,11 +1664,11 @@ def _job_id(job: Job, elements: int) -> int:
 
 
 def _served_optimizer(optimizer: torch.optim.Optimizer, update: str) -> Dict[str, Any]:
-    """serve()'s optimizer arguments for start_servers: "model_delta" under
-    update="delta"; under "gradient" "sgd" with the inner SGD's values (one
+    """serve()'s optimizer arguments for start_servers: the policy's under
+    update="delta" (model_delta, or a DiLoCo name's outer optimizer); under "gradient" "sgd" with the inner SGD's values (one
     set: the servers apply one lr to every parameter)."""
     if update == "delta":
-        return {"optimizer": "model_delta"}
+        return {}  # the policy's: model_delta, or a DiLoCo name's outer optimizer
     values = {_sgd_values(g) for g in optimizer.param_groups}
     if len(values) != 1:
         raise ValueError(f"optimizer.param_groups: {len(values)} different (lr, momentum, weight_decay, nesterov, "

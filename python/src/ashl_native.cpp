@@ -570,7 +570,7 @@ class py_server {
   py_server(std::uint64_t size, std::optional<py::array> initial, std::string policy, py::dict policy_params,
             std::uint32_t workers, std::string listen, std::uint32_t shard, std::uint32_t servers,
             std::string optimizer, double lr, double momentum, double weight_decay, bool nesterov,
-            std::string compression, std::string token, bool insecure, bool verbose, double worker_timeout,
+            std::uint32_t nesterov_delay, double nesterov_activation, std::string compression, std::string token, bool insecure, bool verbose, double worker_timeout,
             double progress_seconds, std::string checkpoint_dir, double checkpoint_every, bool restore,
             std::uint64_t seed, std::optional<fabric> inproc, std::uint64_t store_bytes, bool allow_non_finite,
             std::uint64_t max_commit_samples, double no_worker_grace, std::uint64_t job, std::uint32_t apply_threads,
@@ -594,14 +594,32 @@ class py_server {
     pp.workers = workers;
     auto pol = ps::make_policy(policy, pp);
     if (!pol) raise(pol.error());
+    // "" (the default): the policy's optimizer, model_delta or a DiLoCo
+    // name's outer optimizer from its outer_* parameters
+    // (ps::outer_optimizer_of); a DiLoCo name takes no other.
     ps::optimizer_params opt;
     if (optimizer == "model_delta") opt.mode = ps::optimizer_params::kind::model_delta;
     else if (optimizer == "sgd") opt.mode = ps::optimizer_params::kind::sgd;
-    else raise(ashl::invalid_argument("server.optimizer", optimizer, "must be model_delta or sgd"));
-    opt.lr = lr;
-    opt.momentum = momentum;
-    opt.weight_decay = weight_decay;
-    opt.nesterov = nesterov;
+    else if (optimizer == "outer") opt.mode = ps::optimizer_params::kind::outer;
+    else if (!optimizer.empty())
+      raise(ashl::invalid_argument("server.optimizer", optimizer, "must be model_delta, sgd, outer or \"\" (the policy's)"));
+    if (ps::runs_outer_optimizer(policy)) {
+      if (!optimizer.empty())
+        raise(ashl::invalid_argument("server.optimizer", optimizer,
+                                     "policy " + policy + " runs its outer optimizer (set it with its outer_* "
+                                     "parameters); pass optimizer \"\""));
+      auto o = ps::outer_optimizer_of(policy, pp);
+      if (!o) raise(o.error());
+      opt = *o;
+    } else if (!optimizer.empty()) {
+      opt.lr = lr;
+      opt.momentum = momentum;
+      opt.weight_decay = weight_decay;
+      opt.nesterov = nesterov;
+      opt.nesterov_delay = nesterov_delay;
+      opt.nesterov_activation = nesterov_activation;
+      if (const auto st = opt.validate(); !st) raise(st);
+    }
     const auto codec = ashl::codec_id_from_string(compression);
     if (!codec) raise(ashl::invalid_argument("server.compression", compression, "unknown codec"));
     ps::server_params sp{.core = {.layout = *layout,
@@ -1019,14 +1037,16 @@ PYBIND11_MODULE(_ashl, m) {
 
   py::class_<py_server>(m, "Server", "ps::server: one shard of the model, a consistency policy, an optimizer")
       .def(py::init<std::uint64_t, std::optional<py::array>, std::string, py::dict, std::uint32_t, std::string,
-                    std::uint32_t, std::uint32_t, std::string, double, double, double, bool, std::string, std::string,
+                    std::uint32_t, std::uint32_t, std::string, double, double, double, bool, std::uint32_t, double,
+                    std::string, std::string,
                     bool, bool, double, double, std::string, double, bool, std::uint64_t, std::optional<fabric>,
                     std::uint64_t, bool, std::uint64_t, double, std::uint64_t, std::uint32_t, std::uint64_t,
                     std::uint32_t, bool>(),
            py::arg("size") = 0, py::arg("initial") = std::nullopt, py::arg("policy") = "bsp",
            py::arg("policy_params") = py::dict(), py::arg("workers") = 1, py::arg("listen") = "127.0.0.1:0",
-           py::arg("shard") = 0, py::arg("servers") = 1, py::arg("optimizer") = "model_delta", py::arg("lr") = 0.1,
+           py::arg("shard") = 0, py::arg("servers") = 1, py::arg("optimizer") = "", py::arg("lr") = 0.1,
            py::arg("momentum") = 0.0, py::arg("weight_decay") = 0.0, py::arg("nesterov") = false,
+           py::arg("nesterov_delay") = 1, py::arg("nesterov_activation") = 0.0,
            py::arg("compression") = "topk", py::arg("token") = "", py::arg("insecure") = false,
            py::arg("verbose") = false, py::arg("worker_timeout") = 20.0, py::arg("progress_seconds") = 0.0,
            py::arg("checkpoint_dir") = "", py::arg("checkpoint_every") = 0.0, py::arg("restore") = false,

@@ -135,6 +135,7 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--switch-loss") o.pp.switch_loss = std::stod(next());
     else if (a == "--loss-switch-cycle") o.loss_switch_cycle = std::stoi(next());
     else if (a == "--optimizer") o.optimizer = next();
+    else if (a == "--outer-delay") o.pp.outer_delay = std::stoll(next());
     else if (a == "--connect-timeout") o.connect_timeout = std::stod(next());
     else if (a == "--quadratic") o.quadratic = std::stod(next());
     else if (a == "--cycle-ms") o.cycle_ms = std::stoi(next());
@@ -170,7 +171,10 @@ void write_file(const std::string& path, const T* data, std::size_t n) {
   f.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(n * sizeof(T)));
 }
 
-ps::optimizer_params optimizer_of(const options& o) {
+// A DiLoCo name (--policy diloco, async_diloco, ...) runs its outer
+// optimizer (ps::outer_optimizer_of, DiLoCo's values, --outer-delay N).
+ps::optimizer_params optimizer_of(const options& o, const ps::policy_params& pp) {
+  if (ps::runs_outer_optimizer(o.policy)) return ps::outer_optimizer_of(o.policy, pp).value();
   if (o.optimizer == "delta") return {.mode = ps::optimizer_params::kind::model_delta};
   return {.mode = ps::optimizer_params::kind::sgd, .lr = 0.125};
 }
@@ -190,7 +194,7 @@ int serve(const ps::job& j, const options& o) {
   auto codec = ashl::codec_id_from_string(o.codec);
   if (!codec) return fail("--codec " + o.codec + ": unknown codec");
   ps::server_params sp{.core = {.layout = *layout, .shard = j.rank, .workers = j.num_workers,
-                                .optimizer = optimizer_of(o)},
+                                .optimizer = optimizer_of(o, pp)},
                        .compression = *codec,
                        .progress_seconds = j.progress_seconds,
                        .worker_timeout = std::chrono::milliseconds(o.worker_timeout_ms),
@@ -307,7 +311,11 @@ int train(const ps::job& j, const options& o) {
     if (std::isnan(o.quadratic)) {
       for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad_value(j.rank, static_cast<std::uint64_t>(c), i);
     } else {
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] = w[i] - static_cast<float>(o.quadratic);
+      // A DiLoCo policy takes model deltas: one inner step of lr 0.5, 0.5 (T - w).
+      if (ps::runs_outer_optimizer(o.policy))
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.5f * (static_cast<float>(o.quadratic) - w[i]);
+      else
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = w[i] - static_cast<float>(o.quadratic);
     }
     if (o.cycle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.cycle_ms));
     if (shared && o.together >= 0) {

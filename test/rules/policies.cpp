@@ -4,6 +4,7 @@
 
 #include "../support/ps_policy_cases.hpp"
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <set>
@@ -50,9 +51,9 @@ BOOST_AUTO_TEST_CASE(every_name_builds_and_drives) {
 }
 
 BOOST_AUTO_TEST_CASE(the_names_are_listed_once_and_drive_errors_and_help) {
-  BOOST_TEST(ps::policy_names_text() == "bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb, joint, coded_bsp");
+  BOOST_TEST(ps::policy_names_text() == "bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb, joint, coded_bsp, diloco, async_diloco, async_local_sgd, ashl_diloco");
   BOOST_TEST(error_of("gossip", with_workers(2)) ==
-             "sync.policy = \"gossip\": unknown policy (bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb, joint, coded_bsp)");
+             "sync.policy = \"gossip\": unknown policy (bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb, joint, coded_bsp, diloco, async_diloco, async_local_sgd, ashl_diloco)");
   const std::string help = ps::policy_help();
   for (const auto& d : ps::policies) {
     BOOST_TEST(help.find(std::string(d.name)) != std::string::npos, d.name);
@@ -231,6 +232,25 @@ std::vector<field_case> field_cases() {
   add("joint", "speed_half_life", [](auto& p) { p.speed_half_life = 1.0; });
   add("coded_bsp", "stragglers", [](auto& p) { p.stragglers = 2; });
   add("coded_bsp", "batch_size", [](auto& p) { p.batch_size = 32; });
+  // The DiLoCo family decides as its parent policy does: the same cases.
+  const std::size_t parents = c.size();
+  for (std::size_t i = 0; i < parents; ++i) {
+    const field_case parent = c[i];
+    const auto copy = [&](const std::string& name) {
+      if (parent.field == "workers") return;  // already added for every name
+      field_case x = parent;
+      x.policy = name;
+      c.push_back(std::move(x));
+    };
+    if (parent.policy == "local_sgd") copy("diloco");
+    if (parent.policy == "ashl" && parent.field != "planner") copy("ashl_diloco");
+    if (parent.policy == "asp") {
+      copy("async_diloco");
+      copy("async_local_sgd");
+    }
+  }
+  for (std::string n : {"async_diloco", "async_local_sgd"})
+    add(n, "local_steps", [](auto& p) { p.local_steps = 3; });
   return c;
 }
 
@@ -277,7 +297,7 @@ BOOST_AUTO_TEST_CASE(ashl_summary_sees_every_instantiation) {
     auto r = ps::make_policy(c.name, c.params);
     BOOST_TEST_REQUIRE(r.has_value());
     const auto s = ps::ashl_summary_of(*r);
-    BOOST_TEST(s.has_value() == (c.name == "ashl"), c.label);
+    BOOST_TEST(s.has_value() == (c.name == "ashl" || c.name == "ashl_diloco"), c.label);
     if (s) BOOST_TEST((s->stage == stage_id::profile), c.label);
   }
   // After profiling: the plan the planner made, and the stage.
@@ -337,4 +357,108 @@ BOOST_AUTO_TEST_CASE(replan_report_names_the_worker_and_the_reason) {
   BOOST_TEST_REQUIRE(plain.has_value());
   BOOST_TEST(plain->target<as::dlb>() != nullptr);
   BOOST_TEST(!ps::replan_report_of(*ps::make_policy("ssp", with_workers(2))).has_value());
+}
+
+// The DiLoCo family: one name sets the policy and the servers' outer
+// optimizer (ps::outer_optimizer_of); the other policies keep theirs.
+BOOST_AUTO_TEST_CASE(diloco_names_set_the_outer_optimizer) {
+  using kind = ps::optimizer_params::kind;
+  auto p = with_workers(4);
+  auto sync_o = ps::outer_optimizer_of("diloco", p);
+  BOOST_TEST_REQUIRE(sync_o.has_value());
+  BOOST_TEST((sync_o->mode == kind::outer));
+  BOOST_TEST(sync_o->lr == 0.7);
+  BOOST_TEST(sync_o->momentum == 0.9);
+  BOOST_TEST(sync_o->nesterov);
+  BOOST_TEST(sync_o->nesterov_delay == 1u);  // synchronous rounds: plain Nesterov once per round
+  for (const char* n : {"async_diloco", "async_local_sgd", "ashl_diloco"}) {
+    auto o = ps::outer_optimizer_of(n, p);
+    BOOST_TEST_REQUIRE(o.has_value(), n);
+    BOOST_TEST(o->nesterov_delay == 4u, n);  // N = 0: the workers
+  }
+  p.outer_delay = 2;
+  p.outer_activation = 0.5;
+  BOOST_TEST(ps::outer_optimizer_of("async_diloco", p)->nesterov_delay == 2u);
+  BOOST_TEST(ps::outer_optimizer_of("async_diloco", p)->nesterov_activation == 0.5);
+  BOOST_TEST(ps::outer_optimizer_of("diloco", p)->nesterov_delay == 1u);  // not read by the synchronous form
+  // Momentum 0: no Nesterov, no delay (plain outer SGD; lr 1 is plain averaging).
+  p = with_workers(4);
+  p.outer_momentum = 0.0;
+  p.outer_lr = 1.0;
+  auto plain = ps::outer_optimizer_of("async_diloco", p);
+  BOOST_TEST_REQUIRE(plain.has_value());
+  BOOST_TEST(!plain->nesterov);
+  BOOST_TEST(plain->nesterov_delay == 1u);
+  BOOST_TEST(plain->plain_average());
+  // Other names: the optimizer given.
+  const ps::optimizer_params sgd{.mode = kind::sgd, .lr = 0.05};
+  BOOST_TEST((*ps::outer_optimizer_of("ssp", with_workers(2), sgd) == sgd));
+  BOOST_TEST((ps::outer_optimizer_of("local_sgd", with_workers(2))->mode == kind::model_delta));
+  // Every outer field the table names changes the optimizer.
+  std::map<std::string, std::function<void(ps::policy_params&)>> change{
+      {"outer_lr", [](auto& q) { q.outer_lr = 0.5; }},
+      {"outer_momentum", [](auto& q) { q.outer_momentum = 0.5; }},
+      {"outer_nesterov", [](auto& q) { q.outer_nesterov = false; }},
+      {"outer_weight_decay", [](auto& q) { q.outer_weight_decay = 0.01; }},
+      {"outer_delay", [](auto& q) { q.outer_delay = 2; }},
+      {"outer_activation", [](auto& q) { q.outer_activation = 0.25; }}};
+  for (const auto& d : ps::policies) {
+    std::istringstream fields{std::string(d.outer)};
+    for (std::string f; fields >> f;) {
+      BOOST_TEST_REQUIRE(change.count(f) == 1u, f);
+      auto a = with_workers(4), b = a;
+      change[f](b);
+      BOOST_TEST(!(*ps::outer_optimizer_of(d.name, a) == *ps::outer_optimizer_of(d.name, b)),
+                 std::string(d.name) + "." + f + " changed nothing");
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(bad_outer_parameters_are_refused_by_name) {
+  const auto outer_error = [](const char* name, ps::policy_params p) {
+    auto o = ps::outer_optimizer_of(name, p);
+    auto m = ps::make_policy(name, p);  // make_policy refuses the same
+    BOOST_TEST(!m.has_value());
+    return o ? std::string("ok") : o.error().message();
+  };
+  auto p = with_workers(4);
+  p.outer_lr = 0.0;
+  BOOST_TEST(outer_error("diloco", p) == "diloco.outer_lr = 0: must be finite and > 0");
+  p.outer_lr = std::nan("");
+  BOOST_TEST(outer_error("async_diloco", p) == "async_diloco.outer_lr = nan: must be finite and > 0");
+  p = with_workers(4);
+  p.outer_momentum = 1.0;
+  BOOST_TEST(outer_error("diloco", p) == "diloco.outer_momentum = 1: must be in [0, 1)");
+  p = with_workers(4);
+  p.outer_weight_decay = -1.0;
+  BOOST_TEST(outer_error("ashl_diloco", p) == "ashl_diloco.outer_weight_decay = -1: must be finite and >= 0");
+  p = with_workers(4);
+  p.outer_delay = -1;
+  BOOST_TEST(outer_error("async_local_sgd", p) == "async_local_sgd.outer_delay = -1: must be >= 0");
+  p = with_workers(4);
+  p.outer_nesterov = false;
+  p.outer_delay = 3;
+  BOOST_TEST(outer_error("async_diloco", p) ==
+             "async_diloco.outer_delay = 3: Delayed Nesterov needs outer_nesterov and outer_momentum > 0");
+  p = with_workers(4);
+  p.outer_activation = 2.0;
+  BOOST_TEST(outer_error("async_diloco", p) == "async_diloco.outer_activation = 2: must be in [0, 1]");
+}
+
+// async_diloco: every worker runs local_steps per commit, each commit is
+// applied at once at weight 1/M; diloco rounds as local_sgd.
+BOOST_AUTO_TEST_CASE(diloco_policies_plan_local_steps_and_weights) {
+  auto p = with_workers(4);
+  p.local_steps = 50;
+  auto a = ps::make_policy("async_diloco", p);
+  BOOST_TEST_REQUIRE(a.has_value());
+  as::outcome_sink out(4);
+  for (as::worker_id w = 0; w < 4; ++w) BOOST_TEST(a->plan(w).local_iterations == 50u);
+  const auto d = a->on_commit({.worker = 2, .sequence = 1}, out);
+  BOOST_TEST((d.action == as::commit_action::apply));
+  BOOST_TEST(d.weight == 0.25);
+  auto s = ps::make_policy("diloco", p);
+  BOOST_TEST_REQUIRE(s.has_value());
+  BOOST_TEST(s->plan(1).local_iterations == 50u);
+  BOOST_TEST((s->on_commit({.worker = 0, .sequence = 1}, out).action == as::commit_action::buffer));
 }

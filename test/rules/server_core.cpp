@@ -195,6 +195,14 @@ ps::server_core<P> make(P p, std::uint64_t n, std::uint32_t m, ps::optimizer_par
 }
 
 const ps::optimizer_params sgd_plain{.mode = ps::optimizer_params::kind::sgd, .lr = 0.5};
+const ps::optimizer_params outer_nesterov{
+    .mode = ps::optimizer_params::kind::outer, .lr = 0.7, .momentum = 0.9, .nesterov = true};
+const ps::optimizer_params outer_delayed{.mode = ps::optimizer_params::kind::outer,
+                                         .lr = 0.7,
+                                         .momentum = 0.9,
+                                         .nesterov = true,
+                                         .nesterov_delay = 3,
+                                         .nesterov_activation = 0.2};
 
 }  // namespace
 
@@ -220,7 +228,7 @@ BOOST_AUTO_TEST_CASE(create_refuses_bad_parameters) {
       {.layout = layout(4), .optimizer = {.mode = ps::optimizer_params::kind::model_delta, .momentum = 0.9}},
       sync::asp{{.workers = 1}});
   BOOST_REQUIRE(!bad_opt.has_value());
-  BOOST_TEST(bad_opt.error().message() == "optimizer.momentum = 0.9: applies to sgd only (model_delta adds the deltas)");
+  BOOST_TEST(bad_opt.error().message() == "optimizer.momentum = 0.9: applies to sgd and outer only (model_delta adds the deltas)");
   // Issue 44, item 6: a worker count past ps::max_workers is refused by
   // name before any per-worker table is sized (a server aborted with
   // std::bad_alloc at 100,000,000), by the core and by make_policy.
@@ -768,6 +776,9 @@ BOOST_AUTO_TEST_CASE(no_allocation_in_steady_state) {
   check(make(rounds(m), n, m), "rounds model deltas (the store)");
   check(make(rounds(m), n, m, sgd_plain), "rounds sgd (the store)");
   check(make(rounds(m), 0, m), "rounds timing only");
+  // The outer optimizer (DiLoCo): per commit with Delayed Nesterov, per round with Nesterov.
+  check(make(sync::ssp{{.workers = m, .staleness = 2}}, n, m, outer_delayed), "ssp outer, Delayed Nesterov");
+  check(make(rounds(m), n, m, outer_nesterov), "rounds outer Nesterov (the store)");
 }
 
 // ---------------------------------------------------------------- save/load
@@ -843,6 +854,9 @@ BOOST_AUTO_TEST_CASE(save_load_round_trip_continues_identically) {
              {.mode = ps::optimizer_params::kind::sgd, .lr = 0.1, .momentum = 0.5, .nesterov = true});
   round_trip(rounds(3), {});
   round_trip(sync::any_policy(rounds(3)), {.mode = ps::optimizer_params::kind::sgd, .lr = 0.2});
+  // The outer optimizer's state (velocity, Delayed Nesterov's buffer and count) travels too.
+  round_trip(sync::ssp{{.workers = 3, .staleness = 1}}, outer_delayed);
+  round_trip(rounds(3), outer_nesterov);
   ps::policy_params pp;
   pp.workers = 3;
   pp.profile_iterations = 2;
@@ -1414,4 +1428,107 @@ BOOST_AUTO_TEST_CASE(the_drivers_value_check_clears_only_whole_finite_dense_payl
   core.commit(ok, 2.0, out);
   BOOST_TEST(out.errors().empty());
   BOOST_TEST(core.parameters()[0] == 0.5f);
+}
+
+// ------------------------------------------------------- the outer optimizer
+
+namespace {
+ps::policy_params diloco_params(std::int64_t m) {
+  ps::policy_params p;
+  p.workers = m;
+  p.local_steps = 4;
+  return p;
+}
+}  // namespace
+
+// DiLoCo at outer lr 1, momentum 0 is Local SGD with plain averaging: the
+// same commits give the same parameter bits (docs/algorithms.md "The outer
+// optimizer").
+BOOST_AUTO_TEST_CASE(diloco_at_lr_one_without_momentum_is_local_sgd_bit_for_bit) {
+  constexpr std::uint32_t m = 3;
+  constexpr std::size_t n = 37;
+  auto pp = diloco_params(m);
+  pp.outer_lr = 1.0;
+  pp.outer_momentum = 0.0;
+  auto opt = ps::outer_optimizer_of("diloco", pp);
+  BOOST_REQUIRE(opt.has_value());
+  BOOST_TEST((opt->mode == ps::optimizer_params::kind::outer));
+  auto a = make(ps::make_policy("diloco", pp).value(), n, m, *opt, vec(n, 0.5f, -0.01f));
+  auto b = make(ps::make_policy("local_sgd", pp).value(), n, m, {}, vec(n, 0.5f, -0.01f));
+  auto c = make(ps::make_policy("diloco", diloco_params(m)).value(), n, m,
+                *ps::outer_optimizer_of("diloco", diloco_params(m)), vec(n, 0.5f, -0.01f));
+  ps::server_actions out(m);
+  for (std::uint64_t seq = 1; seq <= 6; ++seq)
+    for (sync::worker_id w = 0; w < m; ++w) {
+      const auto d = dense(vec(n, 0.013f * static_cast<float>(w + 1) - 0.02f * static_cast<float>(seq), 0.0007f));
+      for (auto* core : {&a, &b, &c}) {
+        core->commit(commit_of(w, seq, d, n, true), static_cast<double>(seq), out);
+        out.clear();
+      }
+    }
+  BOOST_TEST(a.stats().steps == 6u);
+  BOOST_TEST(same_bits(a.parameters(), b.parameters()));
+  BOOST_TEST(!same_bits(c.parameters(), b.parameters()));  // DiLoCo's defaults are not plain averaging
+}
+
+// One synchronous round = one outer Nesterov step on the weighted mean of
+// the deltas, recomputed by hand: acc = ((0 + w·Δ_0) + w·Δ_1) + w·Δ_2 in
+// worker order (w = f32(1/3)), g = (−1)·acc + 0·W, v = μv + g,
+// W = W − lr·(g + μv).
+BOOST_AUTO_TEST_CASE(diloco_round_is_one_outer_step_on_the_mean_delta) {
+  constexpr std::uint32_t m = 3;
+  constexpr std::size_t n = 9;
+  auto pp = diloco_params(m);
+  auto core = make(ps::make_policy("diloco", pp).value(), n, m, *ps::outer_optimizer_of("diloco", pp),
+                   vec(n, 0.25f, 0.125f));
+  std::vector<float> W = vec(n, 0.25f, 0.125f), v(n, 0.0f);
+  const float wt = static_cast<float>(1.0 / 3.0);
+  ps::server_actions out(m);
+  for (std::uint64_t round = 1; round <= 4; ++round) {
+    std::vector<float> acc(n, 0.0f);
+    for (sync::worker_id w = 0; w < m; ++w) {
+      const auto delta = vec(n, 0.05f * static_cast<float>(w) - 0.03f * static_cast<float>(round), 0.011f);
+      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] + wt * delta[i];
+      core.commit(commit_of(w, round, dense(delta), n, true), static_cast<double>(round), out);
+      out.clear();
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const float g = -1.0f * acc[i] + 0.0f * W[i];
+      v[i] = 0.9f * v[i] + g;
+      W[i] = W[i] - 0.7f * (g + 0.9f * v[i]);
+    }
+    BOOST_TEST(same_bits(W, core.parameters()), "round " << round);
+  }
+  BOOST_TEST(core.stats().steps == 4u);
+  BOOST_TEST(same_bits(v, core.optimizer_state().velocity()));
+}
+
+// Asynchronous: one outer step per commit, Delayed Nesterov counting the
+// steps once however many apply threads split each one: the same bits.
+BOOST_AUTO_TEST_CASE(delayed_nesterov_per_commit_same_bits_with_apply_threads) {
+  constexpr std::uint32_t m = 3;
+  const std::size_t n = std::size_t{3} << 14;
+  auto pp = diloco_params(m);
+  const auto opt = *ps::outer_optimizer_of("async_diloco", pp);
+  BOOST_TEST(opt.nesterov_delay == m);
+  auto a = make(ps::make_policy("async_diloco", pp).value(), n, m, opt, vec(n, 0.1f, 1e-5f));
+  auto b = make(ps::make_policy("async_diloco", pp).value(), n, m, opt, vec(n, 0.1f, 1e-5f));
+  auto pool = ps::apply_pool::create(4);
+  BOOST_REQUIRE(pool.has_value());
+  b.use_apply_pool(pool->get());
+  ps::server_actions out(m);
+  for (std::uint64_t seq = 1; seq <= 5; ++seq)
+    for (sync::worker_id w = 0; w < m; ++w) {
+      const auto d = dense(vec(n, 0.01f * static_cast<float>(w + seq), -2e-7f));
+      a.commit(commit_of(w, seq, d, n, w == 1), static_cast<double>(seq), out);
+      out.clear();
+      b.commit(commit_of(w, seq, d, n, w == 1), static_cast<double>(seq), out);
+      out.clear();
+    }
+  BOOST_TEST(a.stats().steps == 15u);
+  BOOST_TEST(a.optimizer_state().outer_steps() == 15u);
+  BOOST_TEST(b.optimizer_state().outer_steps() == 15u);
+  BOOST_TEST(same_bits(a.parameters(), b.parameters()));
+  BOOST_TEST(same_bits(a.optimizer_state().velocity(), b.optimizer_state().velocity()));
+  BOOST_TEST(same_bits(a.optimizer_state().delayed(), b.optimizer_state().delayed()));
 }

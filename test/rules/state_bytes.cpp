@@ -3,7 +3,8 @@
 // objects and save again byte for byte. test/rules/data/state_bytes.inc holds
 // them: every policy of ps::make_policy mid-run (during ASHL's profiling and
 // after its switch), and server cores (SSP with momentum SGD and buffered
-// commits, ADSP over a store of top-k commits). Regenerate it only when a
+// commits, ADSP over a store of top-k commits, async DiLoCo's outer
+// optimizer mid-way between Delayed Nesterov's folds). Regenerate it only when a
 // format changes on purpose (and bump that section's version):
 //   ASHL_WRITE_STATE_BYTES=test/rules/data/state_bytes.inc build/release/test/test_rules_state_bytes
 #include <ashl/rules/server_core.hpp>
@@ -125,6 +126,12 @@ std::map<std::string, std::vector<std::byte>> core_states() {
   out["core/bsp+sgd"] =
       core_state(*ps::make_policy("bsp", ps_cases::base_params("bsp", 3)),
                  {.mode = ps::optimizer_params::kind::sgd, .lr = 0.5}, ashl::compress::identity{});
+  // The outer optimizer (POPT version 2): Delayed Nesterov mid-way between folds.
+  ps::policy_params d = ps_cases::base_params("async_diloco", 3);
+  d.outer_delay = 4;
+  d.outer_activation = 0.25;
+  out["core/async_diloco+outer"] = core_state(*ps::make_policy("async_diloco", d),
+                                              *ps::outer_optimizer_of("async_diloco", d), ashl::compress::identity{});
   return out;
 }
 
@@ -182,9 +189,10 @@ BOOST_AUTO_TEST_CASE(states_saved_before_load_and_save_again_byte_for_byte) {
       BOOST_TEST((policies.at(label) == again), label << " runs to another state");
     } else {
       auto fresh = ps::server_core<>::create({.layout = *ps::shard_layout::even(40, 1), .workers = 3},
-                                             *ps::make_policy(label == "core/adsp+topk" ? "adsp"
-                                                              : label == "core/bsp+sgd" ? "bsp"
-                                                                                        : "ssp",
+                                             *ps::make_policy(label == "core/adsp+topk"            ? "adsp"
+                                                              : label == "core/bsp+sgd"             ? "bsp"
+                                                              : label == "core/async_diloco+outer" ? "async_diloco"
+                                                                                                    : "ssp",
                                                               ps_cases::base_params("ssp", 3)));
       BOOST_REQUIRE(fresh.has_value());
       ashl::state_reader r(old);

@@ -41,7 +41,7 @@ inline ps::policy_params base_params(std::string_view name, std::int64_t workers
     p.period = 20.0;
     p.search_every = 400.0;
   }
-  if (name == "ashl") {
+  if (name == "ashl" || name == "ashl_diloco") {
     p.profile_iterations = 5;
     p.profile_trim = 1;
   }

@@ -22,6 +22,7 @@
 #include <ashl/core/fields.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/rules/job_limits.hpp>
+#include <ashl/rules/optimizer.hpp>
 #include <ashl/rules/planners.hpp>
 #include <ashl/sync/adsp.hpp>
 #include <ashl/sync/any_policy.hpp>
@@ -47,6 +48,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 ASHL_NAMESPACE_BEGIN
 namespace ps {
@@ -57,10 +59,14 @@ struct policy_description {
   std::string_view name;
   std::string_view fields;  // the policy_params fields make_policy reads, space-separated
   std::string_view what;
+  // The policy_params fields its servers' outer optimizer reads
+  // (outer_optimizer_of; the DiLoCo family only): they change the
+  // optimizer, not what the policy decides.
+  std::string_view outer = {};
 };
 
 // Indexed by policy_kind.
-inline constexpr std::array<policy_description, 11> policies{{
+inline constexpr std::array<policy_description, 15> policies{{
     {"bsp", "workers weighting batch_size", "bulk synchronous rounds, mean or samples-weighted"},
     {"asp", "workers staleness_weight staleness_exponent", "apply every commit at once"},
     {"ssp", "workers staleness staleness_weight staleness_exponent", "hold a pull while c_i - min c_j > staleness"},
@@ -87,13 +93,34 @@ inline constexpr std::array<policy_description, 11> policies{{
      "per-worker batches and the SSP bound chosen together for the least predicted time per sample"},
     {"coded_bsp", "workers stragglers batch_size",
      "BSP with gradient coding: a round completes after the first workers - stragglers commits"},
+    // The DiLoCo family: a consistency policy with the outer optimizer on
+    // its model deltas (outer_optimizer_of; docs/algorithms.md "The DiLoCo family").
+    {"diloco", "workers local_steps weighting batch_size",
+     "DiLoCo: synchronous rounds of local_steps inner steps, one outer (Nesterov) step per round on the mean delta",
+     "outer_lr outer_momentum outer_nesterov outer_weight_decay"},
+    {"async_diloco", "workers local_steps staleness_weight staleness_exponent",
+     "Async Local-SGD: each worker commits after local_steps, one outer step per commit with Delayed Nesterov",
+     "outer_lr outer_momentum outer_nesterov outer_weight_decay outer_delay outer_activation"},
+    {"async_local_sgd", "workers local_steps staleness_weight staleness_exponent",
+     "the same as async_diloco (the paper's name)",
+     "outer_lr outer_momentum outer_nesterov outer_weight_decay outer_delay outer_activation"},
+    {"ashl_diloco",
+     "workers profile_iterations profile_seconds h_ahl h_shl compression_ratio switch_loss shl_staleness "
+     "staleness_weight staleness_exponent replanner profile_trim profile_warmup replan_drift replan_half_life "
+     "straggler_replan straggler_window straggler_threshold straggler_consecutive",
+     "heterogeneity-aware DiLoCo: ASHL with the profile planner (H_i, D_i, R_i) and Delayed Nesterov per commit",
+     "outer_lr outer_momentum outer_nesterov outer_weight_decay outer_delay outer_activation"},
 }};
 
-enum class policy_kind : std::uint8_t { bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb, joint, coded_bsp };
+enum class policy_kind : std::uint8_t {
+  bsp, asp, ssp, local_sgd, dssp, semi_async, adsp, ashl, dlb, joint, coded_bsp,
+  diloco, async_diloco, async_local_sgd, ashl_diloco
+};
 static_assert(policies[static_cast<std::size_t>(policy_kind::bsp)].name == "bsp" &&
                   policies[static_cast<std::size_t>(policy_kind::local_sgd)].name == "local_sgd" &&
                   policies[static_cast<std::size_t>(policy_kind::adsp)].name == "adsp" &&
-                  policies[static_cast<std::size_t>(policy_kind::dlb)].name == "dlb",
+                  policies[static_cast<std::size_t>(policy_kind::dlb)].name == "dlb" &&
+                  policies[static_cast<std::size_t>(policy_kind::ashl_diloco)].name == "ashl_diloco",
               "policy_kind indexes policies");
 
 inline constexpr std::array<std::string_view, 2> ashl_planner_names{"uniform", "profile"};
@@ -134,6 +161,10 @@ inline std::string policy_help() {
     s += p.what;
     s += "\n              reads: ";
     s += p.fields;
+    if (!p.outer.empty()) {
+      s += "\n              outer optimizer: ";
+      s += p.outer;
+    }
     s += '\n';
   }
   return s;
@@ -202,6 +233,13 @@ struct policy_params {
   double staleness_cost = 0.02;   // λ: the objective's factor 1 + λ·s
   // coded_bsp (also batch_size)
   std::int64_t stragglers = 1;  // r: commits a round does not wait for, 0 <= r < workers
+  // the DiLoCo family's outer optimizer (outer_optimizer_of): DiLoCo's values
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;        // [0, 1); 0: no momentum (outer_nesterov then does nothing)
+  bool outer_nesterov = true;
+  double outer_weight_decay = 0.0;
+  std::int64_t outer_delay = 0;       // asynchronous forms: Delayed Nesterov's N; 0: the number of workers
+  double outer_activation = 0.0;      // asynchronous forms: momentum activation c, [0, 1]
 
   // The one list of these fields (core/fields.hpp): flags, the Python
   // binding's dict and help text are all read off it.
@@ -251,13 +289,28 @@ struct policy_params {
         field{"batch_step", &policy_params::batch_step, "joint: batch granularity"},
         field{"horizon", &policy_params::horizon, "joint: slowest-worker cycles the bound lets others run ahead over"},
         field{"staleness_cost", &policy_params::staleness_cost, "joint: lambda of the objective 1 + lambda * s"},
-        field{"stragglers", &policy_params::stragglers, "coded_bsp: commits a round does not wait for, 0 <= r < workers"}};
+        field{"stragglers", &policy_params::stragglers, "coded_bsp: commits a round does not wait for, 0 <= r < workers"},
+        field{"outer_lr", &policy_params::outer_lr, "DiLoCo family: outer learning rate, > 0 (1 with momentum 0: plain averaging)"},
+        field{"outer_momentum", &policy_params::outer_momentum, "DiLoCo family: outer momentum, [0, 1)"},
+        field{"outer_nesterov", &policy_params::outer_nesterov, "DiLoCo family: Nesterov momentum (when outer_momentum > 0)"},
+        field{"outer_weight_decay", &policy_params::outer_weight_decay, "DiLoCo family: outer weight decay, >= 0"},
+        field{"outer_delay", &policy_params::outer_delay, "async_diloco, ashl_diloco: Delayed Nesterov's N, commits per momentum fold (0: workers)"},
+        field{"outer_activation", &policy_params::outer_activation, "async_diloco, ashl_diloco: Delayed Nesterov's momentum activation c, [0, 1]"}};
   }
 };
 namespace detail {
+constexpr bool fields_known(std::string_view f) {
+  while (!f.empty()) {
+    const auto sp = f.find(' ');
+    if (!has_field<policy_params>(f.substr(0, sp))) return false;
+    f = sp == std::string_view::npos ? std::string_view{} : f.substr(sp + 1);
+  }
+  return true;
+}
 // Every field a policy's entry in `policies` says it reads is in the table.
 constexpr bool policy_fields_known() {
   for (const auto& p : policies) {
+    if (!fields_known(p.outer)) return false;
     std::string_view f = p.fields;
     while (!f.empty()) {
       const auto sp = f.find(' ');
@@ -367,7 +420,56 @@ inline result<sync::any_policy> make_ashl(const policy_params& p, const sync::as
   if (planner == 0) return ashl_of(ap, uniform, re);
   return ashl_of(ap, prof, re);
 }
+// The outer optimizer a DiLoCo-family policy runs, from its outer_* fields;
+// errors name "<policy>.<field>". Synchronous rounds (diloco) take one
+// step per round with plain Nesterov; the asynchronous forms one per
+// commit with Delayed Nesterov, N = outer_delay (0: the workers).
+inline result<optimizer_params> outer_of(std::string_view name, const policy_params& p, bool async) {
+  ASHL_TRY(positive(name, "outer_lr", p.outer_lr));
+  if (!(p.outer_momentum >= 0.0 && p.outer_momentum < 1.0))
+    return invalid_argument(field(name, "outer_momentum"), p.outer_momentum, "must be in [0, 1)");
+  ASHL_TRY(non_negative(name, "outer_weight_decay", p.outer_weight_decay));
+  optimizer_params o{.mode = optimizer_params::kind::outer,
+                     .lr = p.outer_lr,
+                     .momentum = p.outer_momentum,
+                     .weight_decay = p.outer_weight_decay,
+                     .nesterov = p.outer_nesterov && p.outer_momentum > 0.0};
+  if (async) {
+    ASHL_TRY(at_least(name, "outer_delay", p.outer_delay, 0));
+    ASHL_TRY(at_most_u32(name, "outer_delay", p.outer_delay));
+    if (!(p.outer_activation >= 0.0 && p.outer_activation <= 1.0))
+      return invalid_argument(field(name, "outer_activation"), p.outer_activation, "must be in [0, 1]");
+    const std::int64_t n = p.outer_delay == 0 ? p.workers : p.outer_delay;
+    if (o.nesterov) {
+      o.nesterov_delay = u32(n);
+      if (n > 1) o.nesterov_activation = p.outer_activation;
+    } else if (p.outer_delay > 1) {
+      return invalid_argument(field(name, "outer_delay"), p.outer_delay,
+                              "Delayed Nesterov needs outer_nesterov and outer_momentum > 0");
+    }
+  }
+  ASHL_TRY(o.validate());
+  return o;
+}
 }  // namespace detail
+
+// Whether `name` is a DiLoCo-family policy (its servers run the outer
+// optimizer of outer_optimizer_of).
+inline bool runs_outer_optimizer(std::string_view name) noexcept {
+  const auto k = policy_kind_of(name);
+  return k && (*k == policy_kind::diloco || *k == policy_kind::async_diloco || *k == policy_kind::async_local_sgd ||
+               *k == policy_kind::ashl_diloco);
+}
+
+// The servers' optimizer for policy `name`: a DiLoCo-family policy's outer
+// optimizer from p's outer_* fields; for any other policy `otherwise`
+// (model_delta, or the sgd a gradient job runs). Drivers call this with
+// the policy's name so that one name sets both.
+inline result<optimizer_params> outer_optimizer_of(std::string_view name, const policy_params& p,
+                                                   const optimizer_params& otherwise = {}) {
+  if (!runs_outer_optimizer(name)) return otherwise;
+  return detail::outer_of(name, p, *policy_kind_of(name) != policy_kind::diloco);
+}
 
 inline result<sync::any_policy> make_policy(std::string_view name, const policy_params& p) {
   using namespace detail;
@@ -450,7 +552,34 @@ inline result<sync::any_policy> make_policy(std::string_view name, const policy_
                                           .loss_rise = p.loss_rise, .initial_commit_rate = u32(p.initial_commit_rate),
                                           .max_commit_rate = u32(p.max_commit_rate), .staleness_weight = *sw}));
     }
+    case policy_kind::diloco: {
+      ASHL_TRY(outer_of(name, p, false).to_status());
+      auto rw = weighting_of(name, p);
+      if (!rw) return rw.error();
+      ASHL_TRY(at_least(name, "batch_size", p.batch_size, 0));
+      ASHL_TRY(at_most_u32(name, "batch_size", p.batch_size));
+      ASHL_TRY(at_least(name, "local_steps", p.local_steps, 1));
+      ASHL_TRY(at_most_u32(name, "local_steps", p.local_steps));
+      return sync::any_policy(sync::local_sgd(
+          {.workers = m, .local_steps = u32(p.local_steps), .weighting = *rw, .batch_size = u32(p.batch_size)}));
+    }
+    case policy_kind::async_diloco:
+    case policy_kind::async_local_sgd: {
+      ASHL_TRY(outer_of(name, p, true).to_status());
+      ASHL_TRY(at_least(name, "local_steps", p.local_steps, 1));
+      ASHL_TRY(at_most_u32(name, "local_steps", p.local_steps));
+      auto sw = staleness_of(name, p);
+      if (!sw) return sw.error();
+      // Each commit weighs 1/M (the paper's 1/N with N = M), every worker
+      // runs local_steps inner steps per commit, nobody waits.
+      worker_plan plan;
+      plan.local_iterations = u32(p.local_steps);
+      return sync::any_policy(sync::asp({.workers = m, .scale = 1.0 / static_cast<double>(m),
+                                         .plans = std::vector<worker_plan>(m, plan), .staleness_weight = *sw}));
+    }
+    case policy_kind::ashl_diloco:
     case policy_kind::ashl: {
+      if (*kind == policy_kind::ashl_diloco) ASHL_TRY(outer_of(name, p, true).to_status());
       ASHL_TRY(at_least(name, "profile_iterations", p.profile_iterations, 0));
       ASHL_TRY(at_most_u32(name, "profile_iterations", p.profile_iterations));
       ASHL_TRY(non_negative(name, "profile_seconds", p.profile_seconds));
@@ -466,7 +595,10 @@ inline result<sync::any_policy> make_policy(std::string_view name, const policy_
       ASHL_TRY(at_most_u32(name, "shl_staleness", p.shl_staleness));
       auto sw = staleness_of(name, p);
       if (!sw) return sw.error();
-      return make_ashl(p, {.workers = m,
+      policy_params planned = p;
+      // The heterogeneity-aware form plans H_i, D_i and R_i from the profile.
+      if (*kind == policy_kind::ashl_diloco) planned.planner = "profile";
+      return make_ashl(planned, {.workers = m,
                            .profile_iterations = u32(p.profile_iterations),
                            .profile_seconds = p.profile_seconds,
                            .to_shl = sync::switch_trigger{.loss_below = p.switch_loss},

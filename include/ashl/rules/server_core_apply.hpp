@@ -266,6 +266,7 @@ inline void server_core<Policy>::decode_or_die(codec_id id, dtype t, std::uint64
 // chunk as apply_dense does (chunks of whole SIMD widths: the same bits).
 template <sync::consistency_policy Policy>
 inline void server_core<Policy>::step_parts(float scale, bool want_crc) {
+  opt_.begin_step();  // one step, however many parts (Delayed Nesterov counts steps)
   const std::size_t n = w_.size();
   const std::size_t chunk = apply_chunk_bytes / sizeof(float);
   const unsigned parts = for_parts(n, [&](unsigned part, std::size_t lo, std::size_t hi) noexcept {
