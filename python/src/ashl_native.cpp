@@ -851,6 +851,8 @@ void refuse_numpy_it_cannot_read() {
 
 }  // namespace
 
+#include "rules_bindings.hpp"
+
 PYBIND11_MODULE(_ashl, m) {
   refuse_numpy_it_cannot_read();
   m.doc() = "ashl's runtime: parameter-server workers and servers over UCX or in-process (docs/torch.md)";
@@ -939,6 +941,7 @@ PYBIND11_MODULE(_ashl, m) {
       .def("build", &py_update_builder::build, py::arg("params"), py::arg("out"))
       .def_property_readonly("iterations", &py_update_builder::iterations)
       .def_property_readonly("size", &py_update_builder::size);
+  bind_rules(m);  // BucketCycle, topk_layout, topk_encode (rules_bindings.hpp)
   m.def(
       "all_finite",
       [](const py::array& x) {
