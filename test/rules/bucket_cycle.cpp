@@ -5,7 +5,9 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 using ashl::adapt::bucket_cycle;
@@ -16,18 +18,14 @@ namespace {
 
 // What a driver does for bucket b, as adapt/torch.hpp and ashl/torch.py do:
 // take it, then every action the rule asks for, the leader's and this
-// follower's iteration_done() answered by `leader` and `follower`. Returns
-// what the rule asked, in order ("add count lead follow commit").
-std::string run(bucket_cycle& c, std::size_t b, bool finite, bool leader = false, bool follower = false) {
-  std::string log;
-  auto say = [&](const char* w) {
-    if (!log.empty()) log += ' ';
-    log += w;
-  };
+// follower's iteration_done() answered by `leader` and `follower`; say(w)
+// is told each ("add", "count", "lead", "follow", "commit", "held").
+template <class Say>
+void drive(bucket_cycle& c, std::size_t b, bool finite, bool leader, bool follower, Say say) {
   c.take(b, finite);
   for (;;) switch (c.next()) {
       case action::none:
-        return log;
+        return;
       case action::add:
         say("add");
         break;
@@ -39,8 +37,7 @@ std::string run(bucket_cycle& c, std::size_t b, bool finite, bool leader = false
               c.led(leader);
               break;
             case count_action::follow:
-              BOOST_TEST(c.lead_known());
-              say("follow");
+              say(c.lead_known() ? "follow" : "follow-before-lead");
               c.followed(follower);
               break;
             case count_action::decided:
@@ -55,6 +52,23 @@ std::string run(bucket_cycle& c, std::size_t b, bool finite, bool leader = false
         say("held");
         break;
     }
+}
+
+// drive(), returning what the rule asked, in order ("add count lead follow commit").
+std::string run(bucket_cycle& c, std::size_t b, bool finite, bool leader = false, bool follower = false) {
+  std::string log;
+  drive(c, b, finite, leader, follower, [&](const char* w) {
+    if (!log.empty()) log += ' ';
+    log += w;
+  });
+  return log;
+}
+
+// The counts, checked in one line.
+void totals_are(const bucket_cycle& c, std::uint64_t iterations, std::uint64_t commits, std::uint64_t skipped) {
+  BOOST_TEST(c.totals().iterations == iterations);
+  BOOST_TEST(c.totals().commits == commits);
+  BOOST_TEST(c.totals().skipped == skipped);
 }
 
 // A bucket_cycle of `n` buckets of `slots` slots each.
@@ -99,9 +113,7 @@ BOOST_AUTO_TEST_CASE(the_leader_decides_once_per_iteration_and_followers_count_w
   BOOST_TEST(!c.any_committed());
   c.end_step();
   c.end_iteration();
-  BOOST_TEST(c.totals().iterations == 1u);
-  BOOST_TEST(c.totals().commits == 0u);
-  BOOST_TEST(c.totals().skipped == 0u);
+  totals_are(c, 1, 0, 0);
   BOOST_TEST(!c.lead_known());  // the next iteration asks again
   BOOST_TEST(!c.taken(0));
 }
@@ -137,9 +149,7 @@ BOOST_AUTO_TEST_CASE(a_skipped_step_before_the_leader_counted_is_skipped_whole) 
   BOOST_TEST(!c.lead_known());
   BOOST_TEST(!c.begin_step());  // no local step, no commit, no iteration
   c.end_iteration();
-  BOOST_TEST(c.totals().iterations == 0u);
-  BOOST_TEST(c.totals().skipped == 1u);
-  BOOST_TEST(c.totals().commits == 0u);
+  totals_are(c, 0, 0, 1);
   BOOST_TEST(!c.skipping());
   // The next iteration is an ordinary one.
   BOOST_TEST(c.begin_step());
@@ -162,9 +172,7 @@ BOOST_AUTO_TEST_CASE(a_skipped_bucket_after_the_leader_counted_commits_what_its_
   BOOST_TEST(c.begin_step());
   c.end_step();
   c.end_iteration();
-  BOOST_TEST(c.totals().iterations == 1u);
-  BOOST_TEST(c.totals().skipped == 1u);
-  BOOST_TEST(c.totals().commits == 1u);
+  totals_are(c, 1, 1, 1);
 }
 
 BOOST_AUTO_TEST_CASE(a_skipped_bucket_whose_cycle_is_not_done_counts_and_waits) {
@@ -174,8 +182,7 @@ BOOST_AUTO_TEST_CASE(a_skipped_bucket_whose_cycle_is_not_done_counts_and_waits) 
   BOOST_TEST(!c.any_committed());
   BOOST_TEST(!c.begin_step());  // nothing committed: skipped whole
   c.end_iteration();
-  BOOST_TEST(c.totals().skipped == 1u);
-  BOOST_TEST(c.totals().iterations == 0u);
+  totals_are(c, 0, 0, 1);
 }
 
 BOOST_AUTO_TEST_CASE(the_leader_bucket_skipped_after_a_follower_asked_uses_the_decision) {
@@ -199,9 +206,7 @@ BOOST_AUTO_TEST_CASE(skip_outside_take_skips_the_step_before_any_commit) {
   BOOST_TEST(run(c, 1, true, true, true) == "add count follow commit");
   c.end_step();
   c.end_iteration();
-  BOOST_TEST(c.totals().iterations == 1u);
-  BOOST_TEST(c.totals().commits == 1u);
-  BOOST_TEST(c.totals().skipped == 1u);
+  totals_are(c, 1, 1, 1);
 }
 
 BOOST_AUTO_TEST_CASE(a_failed_count_is_cleared_by_the_next_take_and_the_iteration) {
@@ -226,9 +231,7 @@ BOOST_AUTO_TEST_CASE(counts_restore_from_a_checkpoint) {
   BOOST_TEST(run(c, 0, true, true) == "add count lead commit");
   c.end_step();
   c.end_iteration();
-  BOOST_TEST(c.totals().iterations == 8u);
-  BOOST_TEST(c.totals().commits == 4u);
-  BOOST_TEST(c.totals().skipped == 2u);
+  totals_are(c, 8, 4, 2);
 }
 
 BOOST_AUTO_TEST_CASE(a_step_allocates_nothing) {
@@ -242,32 +245,11 @@ BOOST_AUTO_TEST_CASE(a_step_allocates_nothing) {
       bool full = false;
       for (std::size_t s = 0; s < slots[b]; ++s) full = c.slot_ready(b, s);
       if (!full || c.taken(b)) continue;
-      c.take(b, !(skipped_bucket && b == 1));
-      for (bool more = true; more;) switch (c.next()) {
-          case action::none:
-            more = false;
-            break;
-          case action::add:
-            break;
-          case action::count:
-            for (bool decided = false; !decided;) switch (c.count_next()) {
-                case count_action::lead:
-                  c.led(it % 3 == 2);
-                  break;
-                case count_action::follow:
-                  c.followed(c.lead_done());
-                  break;
-                case count_action::decided:
-                  decided = true;
-                  break;
-              }
-            break;
-          case action::commit:
-          case action::commit_held:
-            ++commits;
-            more = false;
-            break;
-        }
+      const bool done = it % 3 == 2;
+      drive(c, b, !(skipped_bucket && b == 1), done, done, [&](const char* w) {
+        const std::string_view v = w;
+        commits += v == "commit" || v == "held";
+      });
     }
     if (c.begin_step())
       c.end_step();
