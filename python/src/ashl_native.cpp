@@ -1,7 +1,8 @@
 // ashl._ashl — the pybind11 core of `import ashl` (docs/torch.md, "Python"):
 // ps::worker and ps::server over UCX or inproc, the runtime contract
 // (ps/launch.hpp), plans and telemetry as Python objects, and the adapters'
-// shared update rules (adapt/update_builder.hpp). The torch side
+// shared rules: the update builder (adapt/update_builder.hpp), the bucket
+// cycle and the top-k payload layout (rules_bindings.hpp). The torch side
 // (ashl/torch.py) flattens a model into buckets with torch's own Python API
 // and hands this module plain float32 buffers (numpy views of the buckets,
 // or of their float32 staging), so the module needs no libtorch headers and
