@@ -97,6 +97,10 @@ _current: Optional[Callable[[], Optional["DistributedOptimizer"]]] = None
 
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
+# What the bucket cycle (rules/bucket_cycle.hpp) asks of a bucket.
+_ACTION = _ashl.BucketCycle.Action
+_COUNT = _ashl.BucketCycle.Count
+
 # The default bucket size ("auto", docs/perf/torch.md "Bucket size"): DDP's
 # 25 MiB for a large model, but at least MIN_BUCKETS buckets' worth for a
 # smaller one (a quarter of the model), never below MIN_BUCKET_CAP_MB: the
@@ -381,11 +385,12 @@ class Bucket:
 
 class _DeviceUpdate:
     """A bucket's update built on the bucket's device, and encoded there when
-    the plan compresses with top-k: for a CUDA bucket only the payload (12 +
-    8k bytes a shard) crosses to the host, not the whole update. The device
+    the plan compresses with top-k: for a CUDA bucket only each shard's
+    payload crosses to the host, not the whole update. The device
     side of adapt::update_builder (delta: params - w0, w0 the float32 pull;
     gradient: the mean of the cycle's gradients) and of compress/topk.hpp's
-    payload (u64 n, u32 k, k u32 increasing indices, k f32 values) with
+    payload (its k rule, layout and header from the native module,
+    _ashl.topk_layout; test_topk_layout.py checks the bytes) with
     error feedback (e <- (x + e) - C(x + e), as compress/error_feedback.hpp);
     ps::worker::commit_encoded sends the payloads. Ties in |x| may select
     other indices than the host codec (which takes the lower index); the
@@ -447,20 +452,20 @@ class _DeviceUpdate:
         payloads = []
         for s, (begin, size) in enumerate(ranges):
             a = acc[begin:begin + size]
-            k = max(1, min(size, round(ratio * size)))  # compress::detail k_for: nearbyint, in [1, n]
+            # compress::topk's k rule and payload layout, with the header its
+            # own writer made (the native module; nothing of it written here).
+            k, header, idx_at, val_at, n = _ashl.topk_layout(size, ratio)
             idx = torch.sort(torch.topk(a.abs(), k, sorted=False).indices).values
             vals = a[idx]
             if self.error_feedback:
                 a[idx] = 0.0  # (x + e) - C(x + e): what was sent is no longer owed
-            body = torch.cat([idx.to(torch.int32).view(torch.uint8), vals.view(torch.uint8)])
-            n = 12 + body.numel()
             if s >= len(self._host) or self._host[s].numel() < n:
                 buf = torch.empty(n, dtype=torch.uint8, pin_memory=self._pinned)
                 self._host[s:s + 1] = [buf]
             host = self._host[s][:n]
-            host[:12].copy_(torch.frombuffer(bytearray(int(size).to_bytes(8, "little") + k.to_bytes(4, "little")),
-                                             dtype=torch.uint8))
-            host[12:].copy_(body)
+            host[:idx_at].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
+            host[idx_at:val_at].copy_(idx.to(torch.int32).view(torch.uint8))  # u32 indices, little-endian
+            host[val_at:].copy_(vals.view(torch.uint8))                       # f32 values
             payloads.append(host.numpy())
         return payloads
 
@@ -480,15 +485,12 @@ class _Exchange:
         self.bucket = bucket
         self.worker = worker
         self.builder = builder
-        self.ready: set = set()           # slots whose gradient is accumulated in this backward
         self.arrived = threading.Event()  # no exchange in flight
         self.arrived.set()
         self.error: Optional[BaseException] = None
-        self.committed = False            # committed in this iteration (its backward)
         # Metrics and measurements reported while the exchange was in flight
         # (sent when it is complete): callables taking the worker.
         self.pending: List[Any] = []
-        self.added = False                # this iteration's gradient is in the builder
         self.fills = 0                    # backward passes that completed it in this iteration (outside no_sync)
         self.device: Optional[_DeviceUpdate] = None  # update built and encoded on the bucket's device
         self.encoded: Optional[List[Any]] = None     # the payloads of the commit in flight (device top-k)
@@ -524,6 +526,12 @@ def _with_outer(policy: Union[Policy, str, None], local_steps: Optional[int], ou
     if pol.name in DILOCO_POLICIES:
         params.update(given)
     return Policy(pol.name, **params)
+
+
+def _cycle_count(name: str, doc: str) -> property:
+    """One of the bucket cycle's counts as an attribute of the optimizer."""
+    return property(lambda self: getattr(self._cycle, name), lambda self, v: setattr(self._cycle, name, int(v)),
+                    doc=doc)
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -767,12 +775,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise
         self._no_sync = False
         self._plan_check = False
-        self._skipped_step = False
-        # This iteration's leader decision (bucket 0's worker): its plan of
-        # the cycle and whether its iteration_done() said the cycle is
-        # complete; None until a bucket of this iteration asks (_cycle_done).
-        self._lead: Optional[Tuple[Any, bool]] = None
-        self.skipped = 0
+        # The bucket cycle (rules/bucket_cycle.hpp, the rule adapt::torch_worker
+        # runs too): which buckets are full, taken and committed, the leader's
+        # decision for every bucket, skipped steps, and the counts
+        # (iterations, commits, skipped). This class does what it asks.
+        self._cycle = _ashl.BucketCycle([len(b.tensors) for b in self._buckets])
+        # The leader's plan of this iteration's cycle (bucket 0's worker,
+        # taken when the cycle asks it to lead): every follower's plan.
+        self._lead_plan: Any = None
         self.hook_calls: Dict[str, int] = collections.defaultdict(int)
         # Per parameter, its (bucket, slot in the bucket): one for a whole
         # parameter, one per piece for a parameter cut across buckets.
@@ -797,8 +807,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             t.start()
         self._left = False
         self._compute_start = Tracer.now()
-        self.iterations = 0
-        self.commits = 0
         self.wait_seconds = 0.0  # the training thread blocked on pulls (forward pre-hooks, step())
         # The loss the policy reads (ADSP, ASHL): reported by step() from
         # step(loss=...), a closure, or loss_fn's last output.
@@ -837,6 +845,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         codec = self._ex[0].worker.codec
         if self._compression is not None and codec != "identity" and codec != self._compression:
             raise ValueError(f"compression = {self._compression!r}: the servers' codec is {codec!r}")
+
+    # The counts are the bucket cycle's (load_state_dict sets them).
+    iterations = _cycle_count("iterations", "Steps run (not skipped).")
+    commits = _cycle_count("commits", "Iterations in which the buckets committed.")
+    skipped = _cycle_count("skipped", "Steps skipped as non-finite.")
+
+    @property
+    def _lead(self) -> Optional[Tuple[Any, bool]]:
+        # This iteration's leader decision: its plan of the cycle and whether
+        # its iteration_done() said the cycle is complete; None until a
+        # bucket of this iteration asked it (_cycle_done).
+        return (self._lead_plan, self._cycle.lead_done) if self._cycle.lead_known else None
 
     @property
     def plan(self) -> Plan:
@@ -967,14 +987,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # Each bucket the parameter overlaps (its pieces' buckets, in
             # element order): ready when all its parameters are.
             for bi, si in slots:
-                ex = self._ex[bi]
-                ex.ready.add(si)
-                if len(ex.ready) == len(ex.bucket.tensors):
-                    ex.ready.clear()
+                if self._cycle.slot_ready(bi, si):
                     if self._no_sync:
                         continue
+                    ex = self._ex[bi]
                     ex.fills += 1
-                    if ex.fills > 1 and ex.committed:
+                    if ex.fills > 1 and self._cycle.committed(bi):
                         raise RuntimeError(
                             f"bucket {bi}: a second backward before step() (gradient accumulation) after the bucket "
                             "was committed in the first: only the first micro-batch would be trained on. Run the "
@@ -1104,43 +1122,51 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # -- the training loop ----------------------------------------------------
 
     def _bucket_done(self, bi: int) -> None:
-        """Bucket bi's gradient of this local iteration is complete: add it to
-        the cycle; commit when the plan's cycle is done."""
-        ex = self._ex[bi]
-        if ex.added:
+        """Bucket bi's gradient of this local iteration is complete: the
+        bucket cycle takes it (a non-finite one skips the step; a bucket
+        committed in this backward before it cannot be taken back, which
+        commit_in_backward=False avoids: docs/torch.md) and says what follows."""
+        if self._cycle.taken(bi):
             return
         self._wait_bucket(bi)  # its last exchange (a bucket no forward used) is complete
+        ex = self._ex[bi]
         b = ex.bucket
         t0 = self._tracer.now()
         if ex.device is not None:
-            if self._check_finite and not bool(torch.isfinite(b.grads).all()):
-                self._skipped_step = True
+            finite = not self._check_finite or bool(torch.isfinite(b.grads).all())
         else:
             b.stage_grads_out()
-            if self._check_finite and not _ashl.all_finite(b.host_grads.numpy()):
-                self._skipped_step = True
-        ex.added = True
-        if self._skipped_step and not ex.committed:
-            # A non-finite step: this bucket's gradient is not added. A bucket
-            # committed in this backward before it cannot be taken back
-            # (commit_in_backward=False avoids that; docs/torch.md). When the
-            # leader already counted the iteration, this bucket counts it too
-            # (one cycle for all), and commits what its cycle holds.
-            if self._lead is not None and self._cycle_done(bi):
-                self._build(bi, zero=(ex.device or ex.builder).iterations == 0)
+            finite = not self._check_finite or _ashl.all_finite(b.host_grads.numpy())
+        self._cycle.take(bi, finite)
+        self._run_cycle(bi, t0)
+
+    def _run_cycle(self, bi: int, t0: Optional[float]) -> None:
+        """What the bucket cycle asks of bucket bi after take(): add its
+        gradient (delta: count the iteration), count the iteration
+        (_cycle_done), commit (a skipped step's bucket: what its cycle
+        holds). The "encode" span runs from t0 (None: from the build)."""
+        ex = self._ex[bi]
+        cycle = self._cycle
+        while True:
+            a = cycle.next()
+            if a == _ACTION.add:
+                if ex.device is not None:
+                    ex.device.add()
+                else:
+                    ex.builder.add(ex.bucket.host_grads.numpy())
+            elif a == _ACTION.count:
+                self._cycle_done(bi)
+            elif a == _ACTION.none:
+                if t0 is not None:
+                    self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
+                return
+            else:
+                t0 = self._tracer.now() if t0 is None else t0
+                held = a == _ACTION.commit_held
+                self._build(bi, zero=held and (ex.device or ex.builder).iterations == 0)
+                self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
                 self._commit(bi)
-            self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
-            return
-        if ex.device is not None:
-            ex.device.add()
-        else:
-            ex.builder.add(b.host_grads.numpy())
-        if self._cycle_done(bi):
-            self._build(bi)
-            self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
-            self._commit(bi)
-        else:
-            self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
+                return
 
     def _pulled(self, ex: _Exchange) -> None:
         if ex.device is not None:
@@ -1170,27 +1196,29 @@ class DistributedOptimizer(torch.optim.Optimizer):
             ex.device.dense_into(b.send)
 
     def _cycle_done(self, bi: int) -> bool:
-        """Bucket bi's worker counts this iteration; true when its cycle is
-        complete. Bucket 0's worker leads: its iteration_done() decides, once
-        per iteration, for every bucket, and its plan of the cycle (adopted at
-        the cycle's start, taken before it commits) is every follower's plan
-        (ps::worker_params::follower). So all buckets run one cycle: the same
-        H, commit interval, batch and compression ratio, ADSP's and ASHL's
-        per-worker plans included."""
-        if self._lead is None:
-            if bi != 0:
-                self._wait_bucket(0)  # its last exchange is complete: its plan is this cycle's
-            lw = self._ex[0].worker
-            plan = lw.current_plan
-            self._lead = (plan, lw.iteration_done())
-        plan, done = self._lead
-        if bi == 0:
-            return done
-        return self._ex[bi].worker.follow(plan, done)
+        """Bucket bi's worker counts this iteration, as the bucket cycle asks;
+        true when its cycle is complete. Bucket 0's worker leads: its
+        iteration_done() decides, once per iteration, for every bucket, and
+        its plan of the cycle (adopted at the cycle's start, taken before it
+        commits) is every follower's plan (ps::worker_params::follower). So
+        all buckets run one cycle: the same H, commit interval, batch and
+        compression ratio, ADSP's and ASHL's per-worker plans included."""
+        cycle = self._cycle
+        while True:
+            a = cycle.count_next()
+            if a == _COUNT.lead:
+                if bi != 0:
+                    self._wait_bucket(0)  # its last exchange is complete: its plan is this cycle's
+                lw = self._ex[0].worker
+                self._lead_plan = lw.current_plan
+                cycle.led(lw.iteration_done())
+            elif a == _COUNT.follow:
+                cycle.followed(self._ex[bi].worker.follow(self._lead_plan, cycle.lead_done))
+            else:
+                return cycle.decision
 
     def _commit(self, bi: int) -> None:
         ex = self._ex[bi]
-        ex.committed = True
         if bi == 0:
             self._plan_check = True
         ex.arrived.clear()
@@ -1238,42 +1266,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     raise ValueError(f"param_groups[{i}]['{k}'] = {g.get(k)!r}, was {dict(zip(_SGD_KEYS, self._group_values[i]))[k]!r}: "
                                      "under update='gradient' the servers apply their own (serve(lr=..., momentum=...)); "
                                      "an lr scheduler or a changed value needs update='delta'")
-        if self._check_finite and not self._skipped_step:
+        cycle = self._cycle
+        if self._check_finite and not cycle.skipping:
             for b in self._buckets:
                 if not bool(torch.isfinite(b.grads).all()):
-                    self._skipped_step = True
+                    cycle.skip()
                     break
-        any_committed = any(e.committed for e in self._ex)
-        if self._skipped_step and not any_committed:
+        if not cycle.begin_step():
             # The step is skipped: no local step, no commit, no iteration.
-            self.skipped += 1
             self._end_iteration()
             return loss
-        self.iterations += 1
         if self._update == "delta":
             self._wait_all()
-            if not self._skipped_step:
+            if not cycle.skipping:
                 self._inner.step()
-            for bi, ex in enumerate(self._ex):
-                ex.added = True
-                if ex.device is not None:
-                    ex.device.add()  # delta: counts the iteration
-                else:
-                    ex.builder.add(ex.bucket.send.numpy())
-                if self._cycle_done(bi):
-                    t0 = self._tracer.now()
-                    self._build(bi)
-                    self._tracer.span("encode", "train", t0, self._tracer.now(), bi)
-                    self._commit(bi)
+            for bi in range(len(self._ex)):
+                cycle.take(bi, True)
+                self._run_cycle(bi, None)  # add: counts the iteration
         else:
-            for bi, ex in enumerate(self._ex):
-                if not ex.added:  # not committed in backward: some parameter had no gradient, or no overlap
-                    self._bucket_done(bi)
-        if self._skipped_step:
-            self.skipped += 1
-        committed = any(e.committed for e in self._ex)
-        if committed:
-            self.commits += 1
+            for bi in range(len(self._ex)):
+                self._bucket_done(bi)  # the buckets not committed in backward: some parameter had no gradient, or no overlap
+        cycle.end_step()
         if not self._pre_hooked:
             self._wait_all()
         self._end_iteration()
@@ -1291,7 +1304,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                "gradient accumulation without no_sync()" if fills > 1 else
                "gradients changed between backward and step() (clip_grad_norm_, unscale_ ...)" if changed else None)
         if why is not None:
-            if any(ex.committed for ex in self._ex):
+            if self._cycle.any_committed:
                 raise RuntimeError(f"{why} after buckets were committed in backward with the gradients as backward "
                                    "left them: pass commit_in_backward=False (commits in step()), or do the same "
                                    "from the first step on (the first step shows it, and commits then move to step())")
@@ -1316,17 +1329,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         torch._amp_foreach_non_finite_check_and_unscale_([t], found, inv.to(t.device))
                 inf = float(found_inf.item())
             if inf:
-                self._skipped_step = True
+                self._cycle.skip()
 
     def _end_iteration(self) -> None:
         self._grad_version = None
         for ex in self._ex:
             ex.fills = 0
-            ex.committed = False
-            ex.added = False
-            ex.ready.clear()
-        self._skipped_step = False
-        self._lead = None
+        self._cycle.end_iteration()
         self._compute_start = self._tracer.now()
 
     def wait(self) -> None:

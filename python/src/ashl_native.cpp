@@ -1,7 +1,8 @@
 // ashl._ashl — the pybind11 core of `import ashl` (docs/torch.md, "Python"):
 // ps::worker and ps::server over UCX or inproc, the runtime contract
 // (ps/launch.hpp), plans and telemetry as Python objects, and the adapters'
-// shared update rules (adapt/update_builder.hpp). The torch side
+// shared rules: the update builder (adapt/update_builder.hpp), the bucket
+// cycle and the top-k payload layout (rules_bindings.hpp). The torch side
 // (ashl/torch.py) flattens a model into buckets with torch's own Python API
 // and hands this module plain float32 buffers (numpy views of the buckets,
 // or of their float32 staging), so the module needs no libtorch headers and
@@ -869,6 +870,8 @@ void refuse_numpy_it_cannot_read() {
 
 }  // namespace
 
+#include "rules_bindings.hpp"
+
 PYBIND11_MODULE(_ashl, m) {
   refuse_numpy_it_cannot_read();
   m.doc() = "ashl's runtime: parameter-server workers and servers over UCX or in-process (docs/torch.md)";
@@ -957,6 +960,7 @@ PYBIND11_MODULE(_ashl, m) {
       .def("build", &py_update_builder::build, py::arg("params"), py::arg("out"))
       .def_property_readonly("iterations", &py_update_builder::iterations)
       .def_property_readonly("size", &py_update_builder::size);
+  bind_rules(m);  // BucketCycle, topk_layout, topk_encode (rules_bindings.hpp)
   m.def(
       "all_finite",
       [](const py::array& x) {

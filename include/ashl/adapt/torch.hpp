@@ -94,6 +94,7 @@
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/ps/worker.hpp>
+#include <ashl/rules/bucket_cycle.hpp>
 #include <ashl/transport/concepts.hpp>
 #include <ashl/transport/inproc.hpp>
 
@@ -676,11 +677,11 @@ class torch_worker {
   [[nodiscard]] worker_plan plan() const { return s_->ex[0].worker->plan(); }
   [[nodiscard]] std::uint32_t batch() const { return s_->ex[0].worker->batch(); }
   [[nodiscard]] float data_share() const { return plan().data_share; }
-  [[nodiscard]] std::uint64_t iterations() const noexcept { return s_->iterations; }
+  [[nodiscard]] std::uint64_t iterations() const noexcept { return s_->cycle->totals().iterations; }
   // Iterations in which the buckets committed.
-  [[nodiscard]] std::uint64_t commits() const noexcept { return s_->commits; }
+  [[nodiscard]] std::uint64_t commits() const noexcept { return s_->cycle->totals().commits; }
   // Steps skipped as non-finite.
-  [[nodiscard]] std::uint64_t skipped() const noexcept { return s_->skipped; }
+  [[nodiscard]] std::uint64_t skipped() const noexcept { return s_->cycle->totals().skipped; }
   [[nodiscard]] std::size_t buckets() const noexcept { return s_->ex.size(); }
   [[nodiscard]] torch_bucket& bucket(std::size_t b = 0) noexcept { return s_->ex[b].bucket; }
   [[nodiscard]] ps::worker<Transport>& worker(std::size_t b = 0) noexcept { return *s_->ex[b].worker; }
@@ -705,13 +706,9 @@ class torch_worker {
     torch_bucket bucket;
     std::optional<ps::worker<Transport>> worker;
     update_builder builder;  // delta: w0; gradient: the cycle's sum
-    // Training side (state::train_mu): slots whose gradient is accumulated
-    // in this backward, hook calls per slot, this iteration's progress.
-    std::vector<std::uint8_t> ready;
-    std::size_t ready_count = 0;
+    // Training side (state::train_mu): hook calls per slot (the slots'
+    // readiness and the iteration's progress are state::cycle's).
     std::vector<std::uint64_t> hook_calls;
-    bool added = false;      // this iteration's gradient is in the builder
-    bool committed = false;  // committed in this iteration
     // Communication side (state::mu): no exchange in flight; its error;
     // what waits to be sent when it is back (a metric, the leader's
     // measurements).
@@ -722,8 +719,7 @@ class torch_worker {
     bool measurements_pending = false;
 
     exchange(torch_bucket b, update_kind k)
-        : bucket(std::move(b)), builder(k, bucket.size()), ready(bucket.tensors().size(), 0),
-          hook_calls(bucket.tensors().size(), 0) {}
+        : bucket(std::move(b)), builder(k, bucket.size()), hook_calls(bucket.tensors().size(), 0) {}
   };
 
   struct state;
@@ -751,16 +747,18 @@ class torch_worker {
     bool in_backward;  // commit full buckets in backward: overlap with update::gradient
     bool check_finite = false;
     std::vector<exchange> ex;
-    std::uint64_t iterations = 0, commits = 0, skipped = 0;
 
     // Training side: the caller's thread and the autograd threads that
     // run the hooks.
     mutable std::mutex train_mu;
     bool no_sync = false;
-    bool skipped_step = false;
-    // This iteration's leader decision (bucket 0's worker): its plan of the
-    // cycle and whether its iteration_done() said the cycle is complete.
-    std::optional<std::pair<ps::plan_in_force, bool>> lead;
+    // The bucket cycle (rules/bucket_cycle.hpp, the rule ashl.torch runs
+    // too): full buckets, the leader's decision, commits, skipped steps,
+    // the counts. Made once the buckets are (install_hooks).
+    std::optional<bucket_cycle> cycle;
+    // The leader's plan of this iteration's cycle (bucket 0's worker; taken
+    // when the cycle asks it to lead), every follower's plan.
+    ps::plan_in_force lead_plan;
     status hook_error;  // a failure inside a hook, returned by step()
     std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks;
     std::chrono::milliseconds wait_bound{100000};  // 3 x the worker's timeout + 10 s
@@ -793,6 +791,9 @@ class torch_worker {
     }
 
     void install_hooks() {
+      std::vector<std::size_t> slots;
+      for (const auto& e : ex) slots.push_back(e.bucket.tensors().size());
+      cycle.emplace(slots);
       for (std::size_t b = 0; b < ex.size(); ++b)
         for (std::size_t i = 0; i < ex[b].bucket.tensors().size(); ++i)
           bucket_of_impl.emplace_back(ex[b].bucket.tensors()[i].unsafeGetTensorImpl(), b);
@@ -859,62 +860,63 @@ class torch_worker {
 
     void on_ready(std::size_t b, std::size_t slot) {
       std::lock_guard g(train_mu);
-      exchange& e = ex[b];
-      ++e.hook_calls[slot];
-      if (!e.ready[slot]) {
-        e.ready[slot] = 1;
-        ++e.ready_count;
-      }
-      if (e.ready_count < e.ready.size()) return;
-      std::fill(e.ready.begin(), e.ready.end(), std::uint8_t{0});
-      e.ready_count = 0;
+      ++ex[b].hook_calls[slot];
+      if (!cycle->slot_ready(b, slot)) return;
       if (in_backward && !no_sync)
         if (auto s = bucket_done(b); !s.ok() && hook_error.ok()) hook_error = s;
     }
 
-    // Bucket b's gradient of this local iteration is complete: add it to
-    // the cycle; commit when the plan's cycle is done.
+    // Bucket b's gradient of this local iteration is complete: the cycle
+    // takes it (a non-finite one skips the step) and says what follows.
     status bucket_done(std::size_t b) {
-      exchange& e = ex[b];
-      if (e.added) return {};
+      if (cycle->taken(b)) return {};
       ASHL_TRY(wait_bucket(b));  // its last exchange (a bucket no forward waited for) is complete
+      exchange& e = ex[b];
       e.bucket.stage_grads_out();
       const auto g = span_of(e.bucket.host_grads());
-      if (check_finite && !all_finite(g)) skipped_step = true;
-      e.added = true;
-      if (skipped_step && !e.committed) {
-        // A non-finite step: this bucket's gradient is not added. When the
-        // leader already counted the iteration, this bucket counts it too
-        // (one cycle for all) and commits what its cycle holds.
-        if (lead && cycle_done(b)) {
-          build(b, e.builder.iterations() == 0);
-          return commit(b);
-        }
-        return {};
-      }
-      e.builder.add(g);
-      if (cycle_done(b)) {
-        build(b, false);
-        return commit(b);
-      }
-      return {};
+      cycle->take(b, !check_finite || all_finite(g));
+      return run_cycle(b, g);
     }
 
-    // Bucket b's worker counts this iteration; true when its cycle is
-    // complete. Bucket 0's worker leads: its iteration_done() decides once
-    // per iteration for every bucket, and its plan of the cycle is every
-    // follower's (ps::worker_params::follower).
-    bool cycle_done(std::size_t b) {
-      if (!lead) {
-        if (b != 0)  // its last exchange is complete: its plan is this cycle's
-          if (auto s = wait_bucket(0); !s.ok() && hook_error.ok()) hook_error = s;
-        auto& lw = *ex[0].worker;
-        auto plan = lw.current_plan();
-        const bool done = lw.iteration_done();
-        lead.emplace(plan, done);
-      }
-      if (b == 0) return lead->second;
-      return ex[b].worker->iteration_done(lead->first, lead->second);
+    // What the cycle asks of bucket b after take(): add its gradient (g;
+    // delta: counts the iteration), count the iteration, commit.
+    status run_cycle(std::size_t b, std::span<const float> g) {
+      for (;;) switch (cycle->next()) {
+          case bucket_cycle::action::none:
+            return {};
+          case bucket_cycle::action::add:
+            ex[b].builder.add(g);
+            break;
+          case bucket_cycle::action::count:
+            count(b);
+            break;
+          case bucket_cycle::action::commit:
+            build(b, false);
+            return commit(b);
+          case bucket_cycle::action::commit_held:
+            build(b, ex[b].builder.iterations() == 0);
+            return commit(b);
+        }
+    }
+
+    // Bucket b's worker counts this iteration: bucket 0's worker leads
+    // (its plan of the cycle is every follower's: ps::worker_params::follower).
+    void count(std::size_t b) {
+      for (;;) switch (cycle->count_next()) {
+          case bucket_cycle::count_action::lead: {
+            if (b != 0)  // its last exchange is complete: its plan is this cycle's
+              if (auto s = wait_bucket(0); !s.ok() && hook_error.ok()) hook_error = s;
+            auto& lw = *ex[0].worker;
+            lead_plan = lw.current_plan();
+            cycle->led(lw.iteration_done());
+            break;
+          }
+          case bucket_cycle::count_action::follow:
+            cycle->followed(ex[b].worker->iteration_done(lead_plan, cycle->lead_done()));
+            break;
+          case bucket_cycle::count_action::decided:
+            return;
+        }
     }
 
     void build(std::size_t b, bool zero) {
@@ -931,7 +933,6 @@ class torch_worker {
 
     status commit(std::size_t b) {
       exchange& e = ex[b];
-      e.committed = true;
       if (!overlap) {
         {
           std::lock_guard g(mu);
@@ -998,46 +999,35 @@ class torch_worker {
         end_iteration();
         return s;
       }
-      if (check_finite && !skipped_step)
-        for (auto& e : ex)
-          if (!e.added) {
-            e.bucket.stage_grads_out();
-            if (!all_finite(span_of(e.bucket.host_grads()))) {
-              skipped_step = true;
+      if (check_finite && !cycle->skipping())
+        for (std::size_t b = 0; b < ex.size(); ++b)
+          if (!cycle->taken(b)) {
+            ex[b].bucket.stage_grads_out();
+            if (!all_finite(span_of(ex[b].bucket.host_grads()))) {
+              cycle->skip();
               break;
             }
           }
-      bool any_committed = false;
-      for (const auto& e : ex) any_committed = any_committed || e.committed;
-      if (skipped_step && !any_committed) {
+      if (!cycle->begin_step()) {
         // Skipped: no local step, no commit, no iteration.
-        ++skipped;
         end_iteration();
         return {};
       }
-      ++iterations;
       status result;
       if (update == torch_update::delta) {
         result = wait_all();
         if (result.ok()) {
-          if (!skipped_step) local->step();
+          if (!cycle->skipping()) local->step();
           for (std::size_t b = 0; b < ex.size() && result.ok(); ++b) {
-            ex[b].added = true;
-            ex[b].builder.add({});  // counts the iteration
-            if (cycle_done(b)) {
-              build(b, false);
-              result = commit(b);
-            }
+            cycle->take(b, true);
+            result = run_cycle(b, {});  // add: counts the iteration
           }
         }
       } else {
         for (std::size_t b = 0; b < ex.size() && result.ok(); ++b)
-          if (!ex[b].added) result = bucket_done(b);  // not committed in backward
+          result = bucket_done(b);  // the buckets not committed in backward
       }
-      if (skipped_step) ++skipped;
-      bool committed = false;
-      for (const auto& e : ex) committed = committed || e.committed;
-      if (committed) ++commits;
+      cycle->end_step();
       if (!overlap && result.ok()) result = wait_all();
       if (result.ok() && !hook_error.ok()) result = hook_error;
       hook_error = {};
@@ -1046,14 +1036,7 @@ class torch_worker {
     }
 
     void end_iteration() {
-      for (auto& e : ex) {
-        e.committed = false;
-        e.added = false;
-        std::fill(e.ready.begin(), e.ready.end(), std::uint8_t{0});
-        e.ready_count = 0;
-      }
-      skipped_step = false;
-      lead.reset();
+      cycle->end_iteration();
       if (trace.enabled()) compute_start = tracer::now();
     }
 

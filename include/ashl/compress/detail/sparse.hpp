@@ -43,6 +43,15 @@ inline constexpr std::size_t sparse_payload_bytes(std::size_t count, dtype t) no
   return layout::sparse_payload_bytes(count, size_of(t));
 }
 
+// The header (u64 n, u32 count at layout::sparse's offsets), the one
+// writer of it on the host: the codecs below and the Python adapter's
+// device top-k (ashl._ashl.topk_layout). Returns where the indices start.
+inline std::byte* write_sparse_header(std::byte* base, std::size_t n, std::size_t count) noexcept {
+  store_le<std::uint64_t>(base + layout::sparse::n_offset, n);
+  store_le<std::uint32_t>(base + layout::sparse::count_offset, static_cast<std::uint32_t>(count));
+  return base + layout::sparse::header_bytes;
+}
+
 inline status check_sparse_encode(std::string_view codec, std::size_t n, std::size_t out_size,
                                   std::size_t needed) {
   if (n > layout::sparse::max_elements)
@@ -117,9 +126,7 @@ template <gradient_element T>
 std::size_t write_selected(const T* x, std::size_t n, const selection& sel, std::span<std::byte> out) noexcept {
   const std::size_t count = sel.greater + sel.equal_to_take;
   std::byte* const base = out.data();
-  store_le<std::uint64_t>(base, n);
-  store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(count));
-  std::byte* idx = base + layout::sparse::header_bytes;
+  std::byte* idx = write_sparse_header(base, n, count);
   std::byte* val = idx + 4 * count;
   std::size_t c = 0;
   std::size_t eq_left = sel.equal_to_take;
@@ -144,9 +151,7 @@ std::size_t write_selected(const T* x, std::size_t n, const selection& sel, std:
 template <gradient_element T>
 std::size_t write_all(const T* x, std::size_t n, std::span<std::byte> out) noexcept {
   std::byte* const base = out.data();
-  store_le<std::uint64_t>(base, n);
-  store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(n));
-  std::byte* idx = base + layout::sparse::header_bytes;
+  std::byte* idx = write_sparse_header(base, n, n);
   for (std::size_t i = 0; i < n; ++i) store_le<std::uint32_t>(idx + 4 * i, static_cast<std::uint32_t>(i));
   store_array_le(idx + 4 * n, x, n);
   return sparse_payload_bytes(n, dtype_of<T>);
@@ -241,9 +246,7 @@ template <gradient_element T>
 [[gnu::always_inline]] inline std::size_t write_keys_in(const T* x, std::size_t n, std::uint32_t lo, std::uint32_t hi, std::size_t count,
                           std::span<std::byte> out) noexcept {
   std::byte* const base = out.data();
-  store_le<std::uint64_t>(base, n);
-  store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(count));
-  std::byte* const idx = base + layout::sparse::header_bytes;
+  std::byte* const idx = write_sparse_header(base, n, count);
   std::byte* const val = idx + 4 * count;
   const std::uint32_t span = hi - lo;
   std::size_t j = 0;
@@ -546,9 +549,7 @@ std::size_t encode_topk(const T* x, std::size_t n, std::size_t k, std::span<std:
     cand = owned.data();
   }
   std::byte* const base = out.data();
-  store_le<std::uint64_t>(base, n);
-  store_le<std::uint32_t>(base + 8, static_cast<std::uint32_t>(k));
-  std::byte* const idx = base + layout::sparse::header_bytes;
+  std::byte* const idx = write_sparse_header(base, n, k);
   std::byte* const val = idx + 4 * k;
   const std::size_t bytes = sparse_payload_bytes(k, dtype_of<T>);
   constexpr std::size_t s = topk_sample_size;
