@@ -13,6 +13,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/enum_table.hpp>
 #include <ashl/core/fields.hpp>
 #include <ashl/ps/checkpoint.hpp>
 #include <ashl/rules/server_core_vocabulary.hpp>
@@ -159,25 +160,14 @@ enum class wire_refusal : std::uint8_t {
   stale = 10,         // a message from a connection whose rank a later process (larger incarnation) took
   commit_part = 11,   // a part of a commit in parts out of order, repeated, of another split or commit, or past the window
 };
-inline constexpr std::size_t wire_refusal_count = 12;
+inline constexpr auto wire_refusal_table =
+    make_enum_table<wire_refusal>("malformed", "oversized", "unbound", "rank", "rank_taken", "element_count",
+                                  "unexpected", "receive_budget", "incarnation", "job", "stale", "commit_part");
+static_assert(wire_refusal_table.name(wire_refusal::commit_part) == "commit_part",
+              "wire_refusal_table ends where wire_refusal does");
+inline constexpr std::size_t wire_refusal_count = wire_refusal_table.size();
 
-constexpr std::string_view to_string(wire_refusal r) noexcept {
-  switch (r) {
-    case wire_refusal::malformed: return "malformed";
-    case wire_refusal::oversized: return "oversized";
-    case wire_refusal::unbound: return "unbound";
-    case wire_refusal::rank: return "rank";
-    case wire_refusal::rank_taken: return "rank_taken";
-    case wire_refusal::element_count: return "element_count";
-    case wire_refusal::unexpected: return "unexpected";
-    case wire_refusal::receive_budget: return "receive_budget";
-    case wire_refusal::incarnation: return "incarnation";
-    case wire_refusal::job: return "job";
-    case wire_refusal::stale: return "stale";
-    case wire_refusal::commit_part: return "commit_part";
-  }
-  return "?";
-}
+constexpr std::string_view to_string(wire_refusal r) noexcept { return wire_refusal_table.name(r); }
 
 // Why server::run() returned.
 enum class server_end : std::uint8_t {
@@ -187,15 +177,10 @@ enum class server_end : std::uint8_t {
   no_worker = 3,  // no worker connected for server_params.no_worker_grace
 };
 
-constexpr std::string_view to_string(server_end e) noexcept {
-  switch (e) {
-    case server_end::running: return "running";
-    case server_end::stopped: return "stopped";
-    case server_end::all_left: return "all_left";
-    case server_end::no_worker: return "no_worker";
-  }
-  return "?";
-}
+inline constexpr auto server_end_table = make_enum_table<server_end>("running", "stopped", "all_left", "no_worker");
+static_assert(server_end_table.name(server_end::no_worker) == "no_worker", "server_end_table ends where server_end does");
+
+constexpr std::string_view to_string(server_end e) noexcept { return server_end_table.name(e); }
 
 // Everything a server counts; readable from the program at any time.
 struct server_telemetry {
