@@ -774,6 +774,8 @@ BOOST_AUTO_TEST_CASE(documented_id_values_are_pinned) {
   static_assert(static_cast<int>(lr::left) == 0 && static_cast<int>(lr::evicted_timeout) == 1 &&
                 static_cast<int>(lr::evicted_failure) == 2 && static_cast<int>(lr::evicted_policy) == 3 &&
                 w::leave_reason_count == 4);
+  static_assert(to_string(lr::evicted_failure) == "evicted_failure" && w::leave_reason_table.parse("left") == lr::left &&
+                !w::leave_reason_table.from_value(4u));
   using mi = ashl::metric_id;
   static_assert(static_cast<int>(mi::loss) == 0 && static_cast<int>(mi::accuracy) == 1 &&
                 static_cast<int>(mi::samples_per_second) == 2 && static_cast<int>(mi::iteration_seconds) == 3 &&

@@ -57,6 +57,7 @@
 #include <ashl/core/status.hpp>
 #include <ashl/core/tensor_view.hpp>
 #include <ashl/ps/identity.hpp>
+#include <ashl/ps/worker_vocabulary.hpp>
 #include <ashl/rules/job_limits.hpp>
 #include <ashl/rules/shards.hpp>
 #include <ashl/rules/commit_check.hpp>
@@ -89,169 +90,6 @@
 
 ASHL_NAMESPACE_BEGIN
 namespace ps {
-
-// The direction of an emulated transfer (worker_params::link_hold).
-enum class link_direction : std::uint8_t { up, down };
-
-struct worker_params {
-  std::uint32_t rank = 0;
-  std::vector<std::string> servers;  // server s's address (transport::connect), s = 0 .. S-1
-  std::uint32_t batch = 1;           // the batch it runs when the plan says 0 (its own)
-  // Larger after a restart: the server takes a join of a larger
-  // incarnation as a new process of this rank (fresh sequences) and refuses
-  // a smaller one by name. 0: a fresh one at create() (fresh_incarnation(),
-  // from the wall clock), so every process start has a larger one; set it
-  // only to reproduce a run.
-  std::uint64_t incarnation = 0;
-  // The job this worker belongs to (make_job_id): a server of another job
-  // refuses the join naming both ids. 0: not said (any server takes it).
-  std::uint64_t job = 0;
-  std::chrono::milliseconds timeout{30000};  // the bound of every wait
-  std::uint64_t seed = 0;            // codec seed (the servers' server_core_params.seed)
-  bool progress_thread = false;      // a thread of the worker's own drives the transport
-  double progress_seconds = 0.0;     // > 0: one progress line to stderr every so often (from wait())
-  // A compressing plan's codec keeps each shard's residual (error feedback)
-  // unless this is false; then the codec encodes the update alone.
-  bool error_feedback = true;
-  // > 0: emulates a link of this many bytes per second (heterogeneity on one
-  // machine, the reference experiment's padding): commit() holds the commit
-  // for commit_bytes / rate before it sends it, and wait() holds the
-  // parameters for reply_bytes / rate after they arrived, so the transfer
-  // occupies the time a slower link would, before the server sees the commit
-  // and before the caller sees the reply, and the push and pull
-  // measurements include it.
-  double link_bytes_per_second = 0.0;
-  // When set, the emulated link is this function instead of the rate: it is
-  // called where the rate's sleep would be, with the direction (a commit:
-  // link_direction::up, before it is sent; a pull reply: down, after it
-  // arrived) and the bytes (headers and payloads), and holds the calling
-  // thread for as long as they take. A harness that emulates every method's
-  // links with one model (a server's link shared by all its workers, say)
-  // gives it here (examples/cnn/link.py). Its wall time is counted in
-  // telemetry's link_seconds. It runs under the worker's lock, as the
-  // rate's sleep does: it must not call this worker, and a lock it takes
-  // must not be held by a thread that calls this worker (the Python
-  // binding releases the GIL around every call for that reason).
-  std::function<void(link_direction, std::uint64_t)> link_hold;
-  // > 0: a server whose connection fails or closes (it died, or evicted this
-  // worker) is connected to again for up to this long: the worker rejoins
-  // (same incarnation, keeping its sequence), sends the commit in flight
-  // again (the server's exactly-once table drops it if it was applied) and
-  // takes the parameters the server has (a restarted server: those of its
-  // checkpoint). 0: the worker fails at once with the server's error.
-  std::chrono::milliseconds reconnect{0};
-  // This worker's cycles are another worker's, its leader's (one cycle for
-  // several workers of one process: the torch adapter's buckets, each a
-  // parameter-server tensor of its own, docs/torch.md "Buckets and
-  // overlap"). It takes the join's plan from its server 0, then counts every
-  // plan_update in plans_ignored: the caller hands it the leader's plan and
-  // cycle end (iteration_done(leader_plan, leader_done)) and the leader's
-  // measurements (report_measurements), which it reports to its servers
-  // instead of its own, so that its servers' policy copies see the events
-  // the leader's see (docs/ps.md, "Plan authority").
-  bool follower = false;
-  // The measurements of its cycles (compute, push, pull, ...: worker_cycle)
-  // go to every server in one message at a cycle's end once this long has
-  // passed since the last one went, or once the batch is nearly full
-  // (measurement_batch), and before leave(): a cycle shorter than the
-  // interval adds its records to a later message instead of sending its own
-  // (a 4 KiB round trip paid one measurements message per cycle before).
-  // Cycles longer than the interval (training steps) send theirs at every
-  // cycle's end. The rule is worker_cycle's (ps::report_rule), and the
-  // simulator's workers follow it too, with the same default
-  // (docs/ps.md "worker_cycle", docs/perf/ps-ucx.md).
-  std::chrono::microseconds measurement_interval{
-      static_cast<std::int64_t>(report_rule{}.interval * 1e6 + 0.5)};
-  // Records in one measurements message at most (>= 8: a cycle records up to
-  // five); at most the servers' wire limits.max_measurements.
-  std::uint32_t measurement_batch = report_rule{}.batch;
-  // A pull reply is received into the worker's own buffer (the model's size,
-  // allocated once at create()) and copied into the caller's parameters only
-  // when every server's reply of that pull was checked (CRC-32C, size,
-  // shape): a bad reply fails the wait and the caller's parameters stay
-  // exactly as they were. The cost is the model's memory once more and one
-  // copy per pull (docs/perf/ps-ucx.md, "Verified replies"); a small
-  // (eager) reply that completes the pull is copied from the transport's
-  // buffer into the caller's once checked, as without staging. false: the
-  // zero-copy path, where rendezvous data lands in the caller's buffer before
-  // its checksum is known, so a bad reply leaves bad values there (the wait
-  // still fails) and a multi-server pull that fails may leave some shards new.
-  bool stage_replies = true;
-  // A dense (identity) commit to a server larger than this goes out in parts
-  // of about this many bytes (wire flag `part`, docs/wire-format.md; at most
-  // wire::max_commit_parts, the parts grow beyond that), each checksummed
-  // on its own, with commit_window parts in flight: the server checks part
-  // i (CRC, values) while part i + 1 is in transfer, and applies the commit
-  // once every part passed. Compressed commits go whole. 0: one message
-  // (the default; docs/perf/ps-ucx.md "Commits in parts"); otherwise >= 4096.
-  std::uint64_t commit_part_bytes = 0;
-  // Parts of one commit in flight to a server at most (sent, not yet
-  // completed): 1 .. wire::max_parts_in_flight (what a server holds).
-  std::uint32_t commit_window = 4;
-  // The servers' allow_non_finite (server_core_params): a commit is checked
-  // whole before any shard's part is sent (rules/commit_check.hpp), so a NaN
-  // or infinite value in one server's part refuses the commit on every
-  // server alike, none applies a part. Set it as the
-  // servers' is set; false (their default) refuses such values here.
-  bool allow_non_finite = false;
-};
-
-// The plan and codec in force for a worker's cycle (a leader's, handed to
-// its followers).
-struct plan_in_force {
-  worker_plan plan{};
-  codec_id codec = codec_id::identity;
-};
-
-struct worker_telemetry {
-  std::uint64_t commits = 0, pulls = 0;
-  std::uint64_t pushes = 0;           // of the commits, pushes (acknowledged, no parameters back)
-  std::uint64_t bytes_out = 0, bytes_in = 0;  // header + data
-  std::uint64_t plans = 0;            // plan_updates from server 0
-  std::uint64_t plan_changes = 0;     // of them, plans that differed from the one in force
-  std::uint64_t plans_ignored = 0;    // plan_updates from servers other than 0
-  std::uint64_t errors = 0;           // error messages from servers
-  std::uint64_t copied_replies = 0;   // pull replies delivered eagerly (copied once from the transport's buffer)
-  std::uint64_t staged_replies = 0;   // pulls delivered to the caller's buffer once every reply was checked (stage_replies)
-  std::uint64_t bad_messages = 0;     // messages from servers refused (checksum, size, shape): the wait failed
-  std::uint64_t reply_parts = 0;      // parts of pull replies received and checked (server_params.reply_part_bytes)
-  std::uint64_t commit_parts = 0;     // parts of commits sent (worker_params.commit_part_bytes)
-  std::uint64_t reconnects = 0;       // connections to a server made again (worker_params.reconnect)
-  std::uint64_t measurement_messages = 0;  // measurements messages sent (to each server; measurement_interval)
-  double wait_seconds = 0.0;          // inside wait()
-  double compress_seconds = 0.0;
-  double link_seconds = 0.0;          // held by the emulated link (worker_params.link_bytes_per_second)
-  transport::transport_counters transport{};
-
-  // The one list of these counters (core/fields.hpp): the Python binding's
-  // dicts are read off it, and fields_cover<>() proves none is missing.
-  static constexpr auto fields() {
-    return std::tuple{
-        field{"commits", &worker_telemetry::commits},
-        field{"pulls", &worker_telemetry::pulls},
-        field{"pushes", &worker_telemetry::pushes},
-        field{"bytes_out", &worker_telemetry::bytes_out},
-        field{"bytes_in", &worker_telemetry::bytes_in},
-        field{"plans", &worker_telemetry::plans},
-        field{"plan_changes", &worker_telemetry::plan_changes},
-        field{"plans_ignored", &worker_telemetry::plans_ignored},
-        field{"errors", &worker_telemetry::errors},
-        field{"copied_replies", &worker_telemetry::copied_replies},
-        field{"staged_replies", &worker_telemetry::staged_replies},
-        field{"bad_messages", &worker_telemetry::bad_messages},
-        field{"reply_parts", &worker_telemetry::reply_parts},
-        field{"commit_parts", &worker_telemetry::commit_parts},
-        field{"reconnects", &worker_telemetry::reconnects},
-        field{"measurement_messages", &worker_telemetry::measurement_messages},
-        field{"wait_seconds", &worker_telemetry::wait_seconds},
-        field{"compress_seconds", &worker_telemetry::compress_seconds},
-        field{"link_seconds", &worker_telemetry::link_seconds},
-        field{"transport", &worker_telemetry::transport}};
-  }
-};
-static_assert(fields_cover<worker_telemetry>(), "worker_telemetry::fields() must list every counter");
-
-
 
 template <transport::transport Transport>
 class worker {
@@ -684,91 +522,10 @@ class worker {
       if (progress.joinable()) progress.join();
     }
 
-    // ------------------------------------------------------------- commit
+    // ------------------------------------ commit (ps/worker_send.hpp)
 
-    status commit(std::span<const float> update, bool ack_only) {
-      if (!failed.ok()) return failed;
-      if (update.size() != params.size())
-        return invalid_argument("worker.commit.update.size", update.size(),
-                                "must be the model's " + std::to_string(params.size()) + " elements");
-      if (committing) return invalid_argument("worker.commit", "pending", "the last commit is not complete: wait() first");
-      if (cycle.state() != worker_cycle::phase::compressing && cycle.state() != worker_cycle::phase::sending)
-        return invalid_argument("worker.commit.iterations", cycle.iterations(),
-                                "the plan's cycle is not complete: call iteration_done() until it returns true");
-      // Every shard's part, before any is encoded or sent: refused whole,
-      // nothing changed (the cycle stays complete: commit a fixed update).
-      check_parts.clear();
-      for (std::uint32_t s = 0; s < servers(); ++s) {
-        const key_range r = layout.range(s);
-        check_parts.push_back({.payload = std::as_bytes(update.subspan(r.begin, r.size())),
-                               .element_count = r.size(),
-                               .model_begin = r.begin});
-      }
-      ASHL_TRY(check_commit_parts(check_parts, {.allow_non_finite = p.allow_non_finite}));
-      double now = clock.now();
-      iterations_total += cycle.iterations();
-      const bool compressing = cycle.compresses() && encoder.compresses();
-      std::uint64_t bytes = 0;
-      if (compressing) {
-        for (std::uint32_t s = 0; s < servers(); ++s) {
-          const key_range r = layout.range(s);
-          auto payload = encoder.encode(s, update.subspan(r.begin, r.size()), iterations_total);
-          if (!payload) return payload.error();
-          enc[s] = *payload;
-          bytes += enc[s].size();
-        }
-        const double t1 = clock.now();
-        tel.compress_seconds += t1 - now;
-        now = t1;
-        cycle.compressed(now, static_cast<double>(bytes));
-      } else {
-        // Dense: the caller's buffer itself, unless compressed commits left a
-        // residual, which this commit pays off (commit_encoder::dense).
-        for (std::uint32_t s = 0; s < servers(); ++s) {
-          const key_range r = layout.range(s);
-          dense[s] = encoder.dense(s, update.subspan(r.begin, r.size()));
-        }
-        if (cycle.state() == worker_cycle::phase::compressing)
-          cycle.compressed(now, static_cast<double>(update.size_bytes()));
-      }
-      last_update = update;
-      last_compressed = compressing;
-      last_external = false;
-      last_ack_only = ack_only;
-      return send_commit(now);
-    }
-
-    status commit_encoded(std::span<const std::span<const std::byte>> payloads) {
-      if (!failed.ok()) return failed;
-      if (payloads.size() != servers())
-        return invalid_argument("worker.commit_encoded.payloads.size", payloads.size(),
-                                "must be one payload per server (" + std::to_string(servers()) + ")");
-      if (committing) return invalid_argument("worker.commit", "pending", "the last commit is not complete: wait() first");
-      if (cycle.state() != worker_cycle::phase::compressing || !encoder.compresses())
-        return invalid_argument("worker.commit_encoded", "dense cycle",
-                                "this cycle does not compress (compresses() is false): commit() the update");
-      std::uint64_t bytes = 0;
-      for (const auto& b : payloads) {
-        if (b.empty()) return invalid_argument("worker.commit_encoded.payload.size", 0, "a payload is never empty");
-        bytes += b.size();
-      }
-      check_parts.clear();
-      for (std::uint32_t s = 0; s < servers(); ++s) {
-        const key_range r = layout.range(s);
-        check_parts.push_back(
-            {.codec = encoder.codec(), .payload = payloads[s], .element_count = r.size(), .model_begin = r.begin});
-      }
-      ASHL_TRY(check_commit_parts(check_parts, {.allow_non_finite = p.allow_non_finite}));
-      const double now = clock.now();
-      iterations_total += cycle.iterations();
-      cycle.compressed(now, static_cast<double>(bytes));
-      last_payloads.assign(payloads.begin(), payloads.end());
-      last_update = {};
-      last_compressed = true;
-      last_external = true;
-      last_ack_only = false;
-      return send_commit(now);
-    }
+    status commit(std::span<const float> update, bool ack_only);
+    status commit_encoded(std::span<const std::span<const std::byte>> payloads);
 
     // Shard s's payload of the commit in flight.
     [[nodiscard]] std::span<const std::byte> commit_payload(std::uint32_t s) const {
@@ -777,36 +534,7 @@ class worker {
       return std::as_bytes(dense[s]);
     }
 
-    // The commit whose payloads commit_payload() gives, with its pull.
-    status send_commit(double now) {
-      if (p.link_bytes_per_second > 0.0 || p.link_hold) {
-        std::uint64_t b = 0;
-        for (std::uint32_t s = 0; s < servers(); ++s) b += commit_wire_bytes(s);
-        hold_for_link(link_direction::up, b);
-      }
-      // The samples and clock this commit carries, from the cycle (the rule
-      // the simulator's workers follow).
-      last_samples = cycle.commit_samples();
-      last_seq = cycle.commit_sent(now);
-      last_clock = cycle.clock();
-      last_was_commit = true;
-      commit_bytes = 0;
-      arrived_count = 0;
-      std::fill(arrived.begin(), arrived.end(), std::uint8_t{0});
-      for (std::uint32_t s = 0; s < servers(); ++s) {
-        commit_bytes += commit_wire_bytes(s);
-        ASHL_TRY(send_commit_shard(s));
-      }
-      ++tel.commits;
-      if (last_ack_only) ++tel.pushes;
-      else ++tel.pulls;
-      committing = true;
-      std::fill(replied.begin(), replied.end(), std::uint8_t{0});
-      std::fill(parts_in.begin(), parts_in.end(), reply_parts_state{});
-      replies_pending = servers();
-      reply_bytes = 0;
-      return {};
-    }
+    status send_commit(double now);
 
     // The parts shard s's commit goes in (worker_params.commit_part_bytes):
     // a dense one above the size; 0: whole.
@@ -820,102 +548,12 @@ class worker {
       return std::uint64_t{wire::header_bytes} * std::max<std::uint32_t>(1, commit_parts(s)) + commit_payload(s).size();
     }
 
-    // Shard s of the commit in flight (again, after a reconnect), with the
-    // pull: whole, or in parts with worker_params.commit_window in flight
-    // (the rest go from on_sent as parts complete).
-    status send_commit_shard(std::uint32_t s) {
-      if (lost[s]) return {};  // sent when the server is back
-      if (const std::uint32_t n = commit_parts(s); n >= 2) {
-        commit_parts_out& po = parts_out[s];
-        po = {n, 0, 0, po.gen + 1};
-        while (po.sent < std::min(n, p.commit_window) && failed.ok() && !lost[s]) ASHL_TRY(send_commit_part(s, po.sent++));
-        return failed;
-      }
-      const std::span<const std::byte> payload = commit_payload(s);
-      const wire::header h = commit_header(s);
-      const std::uint32_t i = take_slot();
-      slots[i].commit_shard = static_cast<std::int32_t>(s);
-      ASHL_TRY(wire::seal_header(h, payload, slots[i].head));
-      ++sends_pending;
-      return send(s, i, slots[i].head, payload);
-    }
-
-    // The header of shard s's commit in flight.
-    [[nodiscard]] wire::header commit_header(std::uint32_t s) const {
-      return {.kind = wire::message_kind::commit,
-              .codec = last_compressed ? encoder.codec() : codec_id::identity,
-              .type = dtype::f32,
-              // The pull rides with it; a push asks for an acknowledgement instead of the parameters.
-              .flags = wire::flag_last_shard | wire::flag_pull | (last_ack_only ? wire::flag_ack_requested : 0u),
-              .element_count = layout.range(s).size(),
-              .tensor = s,
-              .rank = p.rank,
-              .sequence = last_seq,
-              .clock = last_clock,
-              .step = iterations_total,
-              .samples = last_samples};
-    }
-
-    // Part j of shard s's commit in flight: the same header as the whole
-    // (sequence, clock, samples, flags) with the part's index and the count,
-    // its own CRC over its header and its slice of the caller's buffer.
-    status send_commit_part(std::uint32_t s, std::uint32_t j) {
-      const commit_parts_out& po = parts_out[s];
-      const wire::part_range pr = wire::part_elements(layout.range(s).size(), po.parts, j);
-      const std::span<const std::byte> payload = commit_payload(s).subspan(pr.first * sizeof(float), pr.count * sizeof(float));
-      wire::header h = commit_header(s);
-      h.flags |= wire::flag_part;
-      h.part = static_cast<std::uint16_t>(j);
-      h.parts = static_cast<std::uint16_t>(po.parts);
-      const std::uint32_t i = take_slot();
-      slots[i].commit_shard = static_cast<std::int32_t>(s);
-      slots[i].commit_part = static_cast<std::int32_t>(j);
-      slots[i].part_gen = po.gen;
-      ASHL_TRY(wire::seal_header(h, payload, slots[i].head));
-      ++sends_pending;
-      ++tel.commit_parts;
-      return send(s, i, slots[i].head, payload);
-    }
-
-    status send_pulls(std::uint64_t seq) {
-      last_was_commit = false;
-      last_ack_only = false;
-      last_seq = seq;
-      for (std::uint32_t s = 0; s < servers(); ++s) {
-        replied[s] = 0;
-        parts_in[s] = {};
-        ++replies_pending;
-        ASHL_TRY(send_pull(s));
-      }
-      ++tel.pulls;
-      reply_bytes = 0;
-      return {};
-    }
-
-    status send_pull(std::uint32_t s) {
-      if (lost[s]) return {};  // sent when the server is back
-      wire::header h{.kind = wire::message_kind::pull_request,
-                     .type = dtype::f32,
-                     .element_count = layout.range(s).size(),
-                     .tensor = s,
-                     .rank = p.rank,
-                     .sequence = last_seq};
-      const std::uint32_t i = take_slot();
-      ASHL_TRY(wire::seal_header(h, {}, slots[i].head));
-      return send(s, i, slots[i].head, {});
-    }
-
-    status pull_only() {
-      if (!failed.ok()) return failed;
-      if (committing) return invalid_argument("worker.pull", "pending", "a commit or pull is in flight: wait() first");
-      if (cycle.state() != worker_cycle::phase::computing || cycle.iterations() != 0)
-        return invalid_argument("worker.pull.iterations", cycle.iterations(),
-                                "a pull without commit goes between cycles, before iterating");
-      cycle.abandon();
-      cycle.pull_sent(clock.now());
-      committing = true;
-      return send_pulls(0);
-    }
+    status send_commit_shard(std::uint32_t s);
+    [[nodiscard]] wire::header commit_header(std::uint32_t s) const;
+    status send_commit_part(std::uint32_t s, std::uint32_t j);
+    status send_pulls(std::uint64_t seq);
+    status send_pull(std::uint32_t s);
+    status pull_only();
 
     // --------------------------------------------------------------- wait
 
@@ -927,39 +565,8 @@ class worker {
 
     double wait_deadline = 0.0;  // wait_for()'s: worker_params.timeout from its first slice
 
-    std::optional<status> wait_for(std::chrono::microseconds slice, bool first) {
-      const double now = clock.now();
-      std::uint64_t reconnects = 0;
-      {
-        std::lock_guard g(mu);
-        if (first) wait_deadline = now + seconds(p.timeout);
-        reconnects = tel.reconnects;
-      }
-      const double until = std::min(wait_deadline, now + std::chrono::duration<double>(slice).count());
-      status st = drive_until([&] { return !pending(); }, until, "waiting for the commit and the parameters");
-      if (!st.ok()) {
-        std::lock_guard g(mu);
-        if (tel.reconnects != reconnects)  // a server came back: a whole timeout for its answer, as wait()'s
-          wait_deadline = std::max(wait_deadline, clock.now() + seconds(p.timeout));
-        if (st.code() == errc::timed_out && failed.ok() && clock.now() < wait_deadline) return std::nullopt;
-        return st;
-      }
-      return wait_done();
-    }
-
-    // The commit was sent and the parameters arrived: the cycle ends.
-    status wait_done() {
-      std::lock_guard g(mu);
-      if (committing) {
-        hold_for_link(link_direction::down, reply_bytes);
-        finish_cycle();
-      }
-      if (p.progress_seconds > 0.0 && clock.now() >= next_progress_) {
-        next_progress_ = clock.now() + p.progress_seconds;
-        std::fprintf(stderr, "%s\n", progress_line().c_str());
-      }
-      return failed;
-    }
+    std::optional<status> wait_for(std::chrono::microseconds slice, bool first);
+    status wait_done();
 
     std::string progress_line() const {
       char buf[400];
@@ -975,29 +582,7 @@ class worker {
       return buf;
     }
 
-    // The parameters arrived: measurements out, the next cycle starts.
-    void finish_cycle() {
-      const double now = clock.now();
-      // A push whose servers all acknowledged (headers only) measured no
-      // pull; one a server answered with its parameters (a server that
-      // ignores ack_requested) ends as a commit's cycle.
-      if (last_was_commit && last_ack_only && reply_bytes == std::uint64_t{servers()} * wire::header_bytes)
-        cycle.ack_arrived(now);
-      else
-        cycle.reply_arrived(now, static_cast<double>(reply_bytes));
-      committing = false;
-      reported.assign(cycle.measurements().begin(), cycle.measurements().end());
-      // A follower reports its leader's instead (report_measurements).
-      if (!p.follower) queue_measurements(cycle.measurements(), now);
-      cycle.clear_measurements();
-      // The newest plan server 0 sent is adopted here, at the cycle's start
-      // (worker_cycle's rule, the simulator's too).
-      if (cycle.start(p.batch, now)) {
-        ++tel.plan_changes;
-        // check_plan_codec held when the plan_update arrived: this cannot fail.
-        (void)encoder.set(cycle.codec(), cycle.plan().compression_ratio);
-      }
-    }
+    void finish_cycle();
 
     // The measurements join the cycle's outbox; a message goes out when
     // worker_cycle's rule says (worker_params.measurement_interval,
@@ -1007,55 +592,9 @@ class worker {
       cycle.report(ms, now, [&](std::span<const ashl::measurement> out) { (void)send_measurements(out); });
     }
 
-    status send_measurements(std::span<const ashl::measurement> ms) {
-      if (ms.empty()) return {};
-      // Every slot body that carries measurements is sized for a full batch
-      // at once, so a larger batch later never grows it (no allocation).
-      const std::size_t full = wire::encoded_size(wire::measurements_body::bytes_for(p.measurement_batch));
-      const std::size_t n = wire::encoded_size(wire::measurements_body::bytes_for(ms.size()));
-      status out{};
-      for (std::uint32_t s = 0; s < servers() && out.ok(); ++s) {
-        const std::uint32_t i = take_slot();
-        if (slots[i].body.size() < full) slots[i].body.resize(full);
-        auto used = wire::encode(wire::header{.rank = p.rank}, ms, std::span<std::byte>(slots[i].body.data(), n));
-        if (!used) {
-          free_slots.push_back(i);
-          out = used.error();
-          break;
-        }
-        std::memcpy(slots[i].head.data(), slots[i].body.data(), wire::header_bytes);
-        out = send(s, i, slots[i].head, std::span<const std::byte>(slots[i].body).subspan(wire::header_bytes, n - wire::header_bytes));
-      }
-      ++tel.measurement_messages;
-      return out;
-    }
-
-    status send_metric(metric_id m, double value) {
-      if (!failed.ok()) return failed;
-      for (std::uint32_t s = 0; s < servers(); ++s)
-        ASHL_TRY(send_control(s, wire::header{.rank = p.rank}, wire::metric_body{.name = m, .value = value}));
-      return {};
-    }
-
-    status leave() {
-      if (committing) (void)wait();
-      stop_thread();
-      std::lock_guard g(mu);
-      if (!failed.ok()) return failed;
-      // What the outbox still holds, before the leave.
-      cycle.flush_reports(clock.now(), [&](std::span<const ashl::measurement> out) { (void)send_measurements(out); });
-      leaving = true;  // connections closing now are not reconnected
-      for (std::uint32_t s = 0; s < servers(); ++s)
-        ASHL_TRY(send_control(s, wire::header{.rank = p.rank},
-                              wire::leave_body{.reason = wire::leave_reason::left, .subject = p.rank}));
-      // The leave messages go out before the connections close.
-      const double deadline = clock.now() + seconds(p.timeout);
-      while (free_slots.size() < slots.size() && failed.ok() && clock.now() < deadline) {
-        if (poll() == 0) t.wait(std::chrono::microseconds(500));
-      }
-      t.close();
-      return {};
-    }
+    status send_measurements(std::span<const ashl::measurement> ms);
+    status send_metric(metric_id m, double value);
+    status leave();
 
     template <class Body>
     status send_control(std::uint32_t s, wire::header h, const Body& body) {
@@ -1071,40 +610,8 @@ class worker {
       return send(s, i, slots[i].head, std::span<const std::byte>(slots[i].body).subspan(wire::header_bytes, n - wire::header_bytes));
     }
 
-    std::uint32_t take_slot() {
-      if (!free_slots.empty()) {
-        const std::uint32_t i = free_slots.back();
-        free_slots.pop_back();
-        return i;
-      }
-      slots.emplace_back();
-      return static_cast<std::uint32_t>(slots.size() - 1);
-    }
-
-    status send(std::uint32_t s, std::uint32_t i, std::span<const std::byte> head, std::span<const std::byte> data) {
-      if (lost[s]) {  // reconnecting: what matters is sent again after (rejoin)
-        if (slots[i].commit_shard >= 0) --sends_pending;
-        slots[i].commit_shard = -1;
-        slots[i].commit_part = -1;
-        free_slots.push_back(i);
-        return failed;
-      }
-      const status st = t.send(peer[s], head, data, i);
-      if (!st.ok()) {
-        if (slots[i].commit_shard >= 0) --sends_pending;
-        slots[i].commit_shard = -1;
-        slots[i].commit_part = -1;
-        free_slots.push_back(i);
-        if (may_reconnect()) {  // sent again once the server is back
-          lose(s, st);
-          return failed;
-        }
-        fail(make_error(st.code(), "worker.send", server_name(s), st.message()));
-        return failed;
-      }
-      tel.bytes_out += head.size() + data.size();
-      return {};
-    }
+    std::uint32_t take_slot();
+    status send(std::uint32_t s, std::uint32_t i, std::span<const std::byte> head, std::span<const std::byte> data);
 
     void fail(status s) {
       // swap, not operator= (whose status& result nvcc warns is discarded)
@@ -1128,7 +635,7 @@ class worker {
       tel.link_seconds += s;
     }
 
-    // ---------------------------------------------------------- receiving
+    // ---------------------------------- receiving (ps/worker_receive.hpp)
 
     std::uint32_t server_of_peer(transport::peer_id pid) const noexcept {
       for (std::uint32_t s = 0; s < servers(); ++s)
@@ -1136,215 +643,11 @@ class worker {
       return ~std::uint32_t{0};
     }
 
-    std::span<std::byte> receive_buffer(transport::peer_id pid, std::span<const std::byte> head, std::size_t n) {
-      const std::uint32_t s = server_of_peer(pid);
-      const auto kind = wire::peek_kind(head);
-      if (s == ~std::uint32_t{0} || !kind) return {};
-      const key_range r = layout.range(s);
-      if (kind == wire::message_kind::pull_reply && n == r.size() * sizeof(float) && replies_pending != 0 && !replied[s]) {
-        note_reply_started();  // the data follows: it is the transfer
-        return std::as_writable_bytes(reply_target(r));
-      }
-      // A part of a reply (wire flag `part`) goes where its header says,
-      // read before any check: a header that lies lands the part elsewhere
-      // in the staging buffer, its CRC fails in on_message, and so does the
-      // pull (nothing staged reaches the parameters).
-      if (kind == wire::message_kind::pull_reply && replies_pending != 0 && !replied[s]) {
-        const wire::peeked_part pp = wire::peek_part(head);
-        if (pp.valid() && pp.element_count == r.size()) {
-          const wire::part_range pr = wire::part_elements(r.size(), pp.parts, pp.part);
-          if (pr.count != 0 && n == pr.count * sizeof(float)) {
-            note_reply_started();
-            return std::as_writable_bytes(reply_target(r).subspan(pr.first, pr.count));
-          }
-        }
-      }
-      // Anything else (an error text, a reply of the wrong size) goes to a
-      // buffer of the worker's, bounded by the largest reply it can expect.
-      if (n > 8 * r.size() + 65536) return {};
-      if (spill.size() < n) spill.resize(n);
-      return {spill.data(), n};
-    }
-
-    void on_message(transport::peer_id pid, std::span<const std::byte> head, std::span<const std::byte> data) {
-      const std::uint32_t s = server_of_peer(pid);
-      if (s == ~std::uint32_t{0}) return;
-      tel.bytes_in += head.size() + data.size();
-      const key_range r = layout.range(s);
-      wire::limits lim;
-      lim.max_elements = std::max<std::uint64_t>(r.size(), 1);
-      auto m = wire::decode(head, data, lim);
-      if (!m) {
-        ++tel.bad_messages;
-        fail(make_error(m.error().code(), "worker.message", server_name(s), m.error().message()));
-        return;
-      }
-      const wire::header& h = m->header;
-      switch (h.kind) {
-        case wire::message_kind::pull_reply: {
-          if (replied[s] || replies_pending == 0) return;  // not asked for: ignore
-          if (last_ack_only && h.element_count == 0 && data.empty() && h.tensor == s) {
-            // The acknowledgement of a push: the commit was taken and the
-            // policy released this worker; no parameters.
-            replied[s] = 1;
-            if (--replies_pending == 0) deliver_replies(~std::uint32_t{0});  // a server that sent parameters
-            reply_bytes += head.size();
-            if (s == 0) staleness = h.step;
-            return;
-          }
-          note_reply_started();
-          if ((h.flags & wire::flag_part) != 0) {
-            on_reply_part(s, r, *m, head.size() + data.size());
-            return;
-          }
-          if (h.codec != codec_id::identity || h.type != dtype::f32 || h.element_count != r.size() ||
-              h.tensor != s) {
-            ++tel.bad_messages;
-            fail(make_error(errc::malformed, "pull_reply.element_count", h.element_count,
-                            "from " + server_name(s) + ": expected " + std::to_string(r.size()) +
-                                " f32 identity elements of shard " + std::to_string(s)));
-            return;
-          }
-          auto dst = std::as_writable_bytes(reply_target(r));
-          std::uint32_t direct = ~std::uint32_t{0};
-          if (m->payload.data() != dst.data()) {
-            // An eager reply, checked already: the pull's last one goes
-            // straight into the parameters (one copy, as without staging).
-            if (staged && replies_pending == 1 && failed.ok()) {
-              dst = std::as_writable_bytes(params.subspan(r.begin, r.size()));
-              direct = s;
-            }
-            std::memcpy(dst.data(), m->payload.data(), dst.size());
-            ++tel.copied_replies;
-          }
-          replied[s] = 2;  // parameters (staged, or in params already)
-          if (--replies_pending == 0) deliver_replies(direct);
-          reply_bytes += head.size() + data.size();
-          if (s == 0) staleness = h.step;  // τ (docs/wire-format.md, pull_reply)
-          return;
-        }
-        case wire::message_kind::plan_update: {
-          if (s != 0 || (p.follower && cycle.has_plan())) {  // a follower takes its join's plan only
-            ++tel.plans_ignored;
-            return;
-          }
-          ++tel.plans;
-          const worker_plan& plan = *m->template get<worker_plan>();
-          if (auto ok = check_plan_codec(plan, h.codec); !ok) {
-            fail(status(ok.code(), server_name(s) + " sent a plan this worker cannot run: " + ok.message()));
-            return;
-          }
-          cycle.plan_arrived(plan, h.codec);
-          return;
-        }
-        case wire::message_kind::error: {
-          ++tel.errors;
-          const auto* e = m->template get<wire::error_body>();
-          fail(status(e->code, server_name(s) + " refused: " + std::string(e->text)));
-          return;
-        }
-        case wire::message_kind::leave: {
-          fail(make_error(errc::unavailable, "worker.rank", p.rank, "evicted by " + server_name(s)));
-          return;
-        }
-        default:
-          return;
-      }
-    }
-
-    // One part of server s's reply, checked by decode (its own CRC, its
-    // size for its index): it must be the next one of the same split and
-    // version; the shard counts as replied when its last part passed.
-    void on_reply_part(std::uint32_t s, const key_range& r, const wire::message_view& m, std::size_t bytes) {
-      if (!failed.ok()) return;  // the pull failed (an earlier part, most likely): the rest of it is moot
-      const wire::header& h = m.header;
-      reply_parts_state& ps = parts_in[s];
-      auto refuse = [&](std::string_view field, std::uint64_t value, const std::string& why) {
-        ++tel.bad_messages;
-        fail(make_error(errc::malformed, field, value, "from " + server_name(s) + ": " + why));
-      };
-      if (h.type != dtype::f32 || h.element_count != r.size() || h.tensor != s)
-        return refuse("pull_reply.element_count", h.element_count,
-                      "expected " + std::to_string(r.size()) + " f32 elements of shard " + std::to_string(s));
-      if (ps.parts != 0 && h.parts != ps.parts)
-        return refuse("pull_reply.parts", h.parts, "earlier parts of this reply said " + std::to_string(ps.parts));
-      if (h.part != ps.next)
-        return refuse("pull_reply.part", h.part,
-                      "expected part " + std::to_string(ps.next) + " of " + std::to_string(h.parts) +
-                          " (a part out of order or repeated)");
-      if (ps.parts != 0 && h.clock != ps.clock)
-        return refuse("pull_reply.clock", h.clock, "earlier parts of this reply are of version " + std::to_string(ps.clock));
-      const wire::part_range pr = wire::part_elements(r.size(), h.parts, h.part);  // valid: decode checked it
-      auto dst = std::as_writable_bytes(reply_target(r).subspan(pr.first, pr.count));
-      if (m.payload.data() != dst.data()) std::memmove(dst.data(), m.payload.data(), dst.size());  // eager: from the transport's buffer
-      ps.parts = h.parts;
-      ps.clock = h.clock;
-      ++ps.next;
-      ++tel.reply_parts;
-      reply_bytes += bytes;
-      if (ps.next < ps.parts) return;
-      replied[s] = 2;
-      if (s == 0) staleness = h.step;
-      if (--replies_pending == 0) deliver_replies(~std::uint32_t{0});
-    }
-
-    void on_sent(transport::peer_id pid, std::uint64_t cookie, const status& st) {
-      const auto i = static_cast<std::uint32_t>(cookie);
-      if (i >= slots.size()) return;
-      bool i_freed = false;
-      if (slots[i].commit_shard >= 0) {
-        const auto shard = static_cast<std::uint32_t>(slots[i].commit_shard);
-        const std::int32_t part = slots[i].commit_part;
-        slots[i].commit_shard = -1;
-        slots[i].commit_part = -1;
-        if (sends_pending > 0) --sends_pending;
-        bool whole = st.ok();
-        if (part >= 0 && shard < servers()) {
-          // A part: the next one goes out (the window slides); the shard's
-          // commit is sent when its last part completed. A lost
-          // connection's parts (another gen) count for nothing.
-          commit_parts_out& po = parts_out[shard];
-          whole = false;
-          if (st.ok() && slots[i].part_gen == po.gen) {
-            ++po.done;
-            whole = po.done == po.parts;
-            if (po.sent < po.parts && failed.ok() && !lost[shard]) {
-              free_slots.push_back(i);  // reused by the next part
-              i_freed = true;
-              (void)send_commit_part(shard, po.sent++);
-            }
-          }
-        }
-        if (whole && shard < servers() && !arrived[shard]) {
-          arrived[shard] = 1;
-          if (++arrived_count == servers()) cycle.commit_arrived(clock.now(), static_cast<double>(commit_bytes));
-        }
-      }
-      if (!i_freed) free_slots.push_back(i);
-      if (!st.ok()) {
-        if (may_reconnect()) return;  // the server's failure comes through on_peer; sent again after
-        const std::uint32_t s = server_of_peer(pid);
-        fail(make_error(st.code(), "worker.send", s < servers() ? server_name(s) : "a server", st.message()));
-      }
-    }
-
-    void on_peer(transport::peer_id pid, transport::peer_event e, const status& why) {
-      const std::uint32_t s = server_of_peer(pid);
-      if (s == ~std::uint32_t{0}) return;
-      if (e == transport::peer_event::connected) {
-        connected[s] = 1;
-        if (lost[s]) rejoin(s);
-        return;
-      }
-      connected[s] = 0;
-      const status st(errc::unavailable,
-                      server_name(s) + (e == transport::peer_event::failed ? " failed: " : " closed: ") + why.message());
-      if (may_reconnect()) {
-        lose(s, st);
-        return;
-      }
-      fail(st);
-    }
+    std::span<std::byte> receive_buffer(transport::peer_id pid, std::span<const std::byte> head, std::size_t n);
+    void on_message(transport::peer_id pid, std::span<const std::byte> head, std::span<const std::byte> data);
+    void on_reply_part(std::uint32_t s, const key_range& r, const wire::message_view& m, std::size_t bytes);
+    void on_sent(transport::peer_id pid, std::uint64_t cookie, const status& st);
+    void on_peer(transport::peer_id pid, transport::peer_event e, const status& why);
 
     // The first reply of the cycle began arriving: the pull is timed from
     // here (worker_cycle::reply_started), as the simulator times it from the
@@ -1355,59 +658,16 @@ class worker {
       if (cycle.state() == worker_cycle::phase::waiting) cycle.reply_started(clock.now());
     }
 
-    // ------------------------------------------------------- reconnecting
+    // ------------------------------- reconnecting (ps/worker_receive.hpp)
 
     [[nodiscard]] bool may_reconnect() const noexcept { return p.reconnect.count() > 0 && !leaving && failed.ok(); }
     [[nodiscard]] bool any_lost() const noexcept {
       return std::any_of(lost.begin(), lost.end(), [](std::uint8_t l) { return l != 0; });
     }
 
-    // Server s is gone: connect again (the transport retries until its
-    // connect deadline; a failed attempt comes back here) until lost_until.
-    void lose(std::uint32_t s, const status& why) {
-      const double now = clock.now();
-      if (!lost[s]) {
-        lost[s] = 1;
-        lost_until[s] = now + seconds(p.reconnect);
-        std::fprintf(stderr, "worker %u: %s; reconnecting for up to %.1f s\n", p.rank, why.message().c_str(),
-                     seconds(p.reconnect));
-      }
-      if (now >= lost_until[s]) {
-        fail(make_error(errc::timed_out, "worker.reconnect_ms", p.reconnect.count(),
-                        "passed and " + server_name(s) + " is not back (" + why.message() + ")"));
-        return;
-      }
-      connected[s] = 0;
-      auto id = t.connect(p.servers[s]);
-      if (!id) {
-        fail(make_error(id.error().code(), "worker.reconnect", server_name(s), id.error().message()));
-        return;
-      }
-      peer[s] = *id;
-    }
-
-    // Server s is back: join again (the same incarnation keeps the
-    // sequence), then what was in flight to it: the commit with its pull, or
-    // the pull.
-    void rejoin(std::uint32_t s) {
-      lost[s] = 0;
-      ++tel.reconnects;
-      std::fprintf(stderr, "worker %u: reconnected to %s\n", p.rank, server_name(s).c_str());
-      wire::header h{.kind = wire::message_kind::join, .rank = p.rank};
-      if (auto st = send_control(s, h, wire::join_body{.incarnation = p.incarnation, .batch = p.batch, .job = p.job}); !st) return;
-      if (!committing || replied[s]) return;
-      parts_in[s] = {};  // the server answers the re-sent request whole: parts of the lost connection's reply do not count
-      if (last_was_commit) (void)send_commit_shard(s);
-      else (void)send_pull(s);
-    }
-
-    // A reconnect that outlived its bound fails the worker.
-    void check_reconnects(double now) {
-      for (std::uint32_t s = 0; s < servers(); ++s)
-        if (lost[s] && now >= lost_until[s])
-          fail(make_error(errc::timed_out, "worker.reconnect_ms", p.reconnect.count(),
-                          "passed and " + server_name(s) + " is not back"));
-    }
+    void lose(std::uint32_t s, const status& why);
+    void rejoin(std::uint32_t s);
+    void check_reconnects(double now);
 
     double next_progress_ = 0.0;
   };
@@ -1439,3 +699,8 @@ class worker {
 
 }  // namespace ps
 ASHL_NAMESPACE_END
+
+// The state's bodies by concern: each header includes this one first, so
+// either alone gives the whole worker.
+#include <ashl/ps/worker_receive.hpp>
+#include <ashl/ps/worker_send.hpp>

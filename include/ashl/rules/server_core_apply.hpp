@@ -231,7 +231,9 @@ inline bool server_core<Policy>::take_speculation(double weight) {
 // part decodes its slice of the payload) or sparse pairs (each part adds
 // the pairs whose index falls in it); else one decode_add.
 template <sync::consistency_policy Policy>
-inline void server_core<Policy>::decode_or_die(codec_id id, dtype t, std::uint64_t step, std::uint32_t tensor, std::span<const std::byte> payload, std::vector<float>& into, double weight) {
+inline void server_core<Policy>::decode_or_die(codec_id id, dtype t, std::uint64_t step, std::uint32_t tensor,
+                                               std::span<const std::byte> payload, std::vector<float>& into,
+                                               double weight) {
   const compress::codec_context ctx{p_.seed, step, tensor, {}};
   const std::size_t n = into.size();
   float* const base = into.data();
@@ -375,7 +377,8 @@ inline auto server_core<Policy>::settle(server_actions& out, progress from) -> p
 // Settles the event's outcomes; then the pull of `puller` (riding with a
 // commit, or alone); then the plans that changed (and the joiner's).
 template <sync::consistency_policy Policy>
-inline void server_core<Policy>::finish(server_actions& out, progress from, worker_id joiner, worker_id puller, double now) {
+inline void server_core<Policy>::finish(server_actions& out, progress from, worker_id joiner, worker_id puller,
+                                        double now) {
   from = settle(out, from);
   if (puller != no_worker && table_[puller].live) {
     if (table_[puller].held) {

@@ -123,7 +123,8 @@ inline bool server_core<Policy>::validate(const commit_in& c, server_actions& ou
 // `indices` gives the sparse pairs' u32 indices; the decoded element when
 // the values are the accumulator's).
 template <sync::consistency_policy Policy>
-inline bool server_core<Policy>::finite_values(const commit_in& c, const std::byte* p, std::size_t n, dtype type, const std::byte* indices, server_actions& out) {
+inline bool server_core<Policy>::finite_values(const commit_in& c, const std::byte* p, std::size_t n, dtype type,
+                                               const std::byte* indices, server_actions& out) {
   const detail::float_bits b = detail::bits_of(type);
   std::size_t i = n;
   const unsigned k = for_parts(n, [&](unsigned part, std::size_t lo, std::size_t hi) noexcept {

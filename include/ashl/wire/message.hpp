@@ -220,7 +220,13 @@ struct join_body {
 };
 
 enum class leave_reason : std::uint32_t { left = 0, evicted_timeout = 1, evicted_failure = 2, evicted_policy = 3 };
-inline constexpr std::uint32_t leave_reason_count = 4;
+inline constexpr auto leave_reason_table =
+    make_enum_table<leave_reason>("left", "evicted_timeout", "evicted_failure", "evicted_policy");
+static_assert(leave_reason_table.name(leave_reason::evicted_policy) == "evicted_policy",
+              "leave_reason_table ends where leave_reason does");
+inline constexpr std::uint32_t leave_reason_count = leave_reason_table.size();
+
+constexpr std::string_view to_string(leave_reason r) noexcept { return leave_reason_table.name(r); }
 
 struct leave_body {
   static constexpr message_kind kind = message_kind::leave;
