@@ -147,6 +147,8 @@ def parse(argv, W):
     if a.quick:  # smaller defaults; flags given explicitly win
         a.workers = a.workers if "--workers" in given else 2
         a.budget = a.budget if "--budget" in given else d["quick_budget"]
+        if "--max-attempts" not in given and "quick_max_attempts" in d:  # a smoke run reports a flag, not repeats
+            a.max_attempts = d["quick_max_attempts"]
         a.methods = a.methods or ("" if a.protocol or a.tune or a.freeze else W.quick)
     if a.protocol:
         if a.methods or a.set or a.lr or a.ratio is not None:

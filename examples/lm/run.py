@@ -48,7 +48,7 @@ WORKLOAD = harness.Workload(
     rivals=RIVALS, rival_name="the best rival",
     default_config=DEFAULT_CONFIG,
     defaults={"budget": 300.0, "time_scale": 5.0, "eval_every": 5.0, "target": 4.0, "momentum": 0.9,
-              "quick_budget": 60.0, "best_ddp_stand_in": "ddp_localsgd"},
+              "quick_budget": 60.0, "quick_max_attempts": 1, "best_ddp_stand_in": "ddp_localsgd"},
     quick="ddp,ddp_localsgd,ashl", title="GPT (0.44 M) on Python's documentation", plot_yrange=(3.0, 8.0), eval_unit="bytes",
     tokens_per_sample=lm_common.CONTEXT,
     # The training loss is in nats per byte: 1.9 nats is about 2.75 bits per byte.

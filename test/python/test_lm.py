@@ -180,3 +180,21 @@ def test_the_lm_grid_gives_every_method_the_same_budget():
     assert set(counts.values()) == {4}
     for m in ("ddp", "ddp_localsgd", "adsp", "ashl", "ashl_plus") + P.OUTER_METHODS:
         assert m in grid["methods"]
+
+
+def test_a_ddp_step_of_two_buckets_pads_once_and_counts_an_overrun_only_when_its_first_bucket_is_late():
+    # The language model's gradients fill two DDP buckets: the second bucket's hook comes after the
+    # first one's costed all-reduce, past the pad by design, and is not an overrun.
+    import ddp_worker
+    now = [0.0]
+    slept, calls = [], []
+    state = {"until": 0.0, "overruns": 0, "first": False}
+    hook = ddp_worker.padded_hook(lambda s, b: calls.append(b) or b, state, lambda: now[0], slept.append)
+    for step, first_at in enumerate((0.5, 1.5, 2.2)):  # the pad of step k ends at k + 1
+        state["until"], state["first"] = step + 1.0, True
+        now[0] = step + first_at
+        hook(None, "bucket-1")
+        now[0] = step + 1.3  # after the first bucket's all-reduce
+        hook(None, "bucket-2")
+    assert state["overruns"] == 2  # steps 1 and 2 began their first bucket after their pad's end
+    assert slept == [1.0, 2.0, 3.0] and calls == ["bucket-1", "bucket-2"] * 3
