@@ -41,6 +41,7 @@ import ashl
 import ashl.torch
 import ddp_worker
 import link as lk
+import protocol
 import ticks
 
 # The reference experiment's policy settings (examples/experiment_common.hpp
@@ -54,13 +55,15 @@ def policy_of(a):
     if method == "adsp":
         return ashl.Policy("adsp", period=1.0 * time_scale, search_every=1000.0 * time_scale,
                            target_loss=a.W.adsp_target_loss, initial_commit_rate=1)
-    if method in ("diloco", "streaming_diloco_4bit", "async_local_sgd", "ashl_outer"):
-        # harness.check_runnable refused these before the run when the module lacks the policy.
-        # The outer optimizer's settings (the DiLoCo family's Python API); untested until it is merged.
-        return ashl.Policy("diloco", local_steps=int(a.config.get("local_steps", 8)),
-                           outer_lr=a.config.get("outer_lr", 0.7), outer_momentum=a.config.get("outer_momentum", 0.9))
-    params = dict(profile_iterations=5, h_ahl=8, h_shl=2, shl_staleness=3, compression_ratio=a.config["ratio"],
+    params = dict(profile_iterations=5, h_ahl=8, h_shl=2, shl_staleness=3, compression_ratio=a.config.get("ratio", 0.3),
                   switch_loss=a.switch_loss, planner="profile", profile_trim=2)
+    if method in protocol.NEEDS_POLICY:
+        # harness.check_runnable refused these before the run when the module lacks the policy.
+        # The DiLoCo family's Python names; this path is untested until that family is merged.
+        outer = dict(outer_lr=a.config.get("outer_lr", 0.7), outer_momentum=a.config.get("outer_momentum", 0.9))
+        if method == "ashl_outer":  # ASHL's planned H_i, shares and compression with the outer optimizer
+            return ashl.Policy(protocol.NEEDS_POLICY[method], **params, **outer)
+        return ashl.Policy(protocol.NEEDS_POLICY[method], local_steps=int(a.config.get("local_steps", 8)), **outer)
     if method == "ashl_plus":
         params.update(replanner="profile", replan_drift=0.5, replan_half_life=8)
     return ashl.Policy("ashl", **params)

@@ -30,15 +30,20 @@ LABEL = {"ddp": "DDP", "ddp_fp16": "DDP + fp16 hook", "ddp_powersgd": "DDP + Pow
 KNOB = {"ddp_powersgd": "powersgd_rank", "ddp_localsgd": "local_period", "ashl": "ratio", "ashl_plus": "ratio"}
 
 # The DiLoCo family and ashl's composition with an outer optimizer. They can
-# be named in every method table now; a run of one needs the "diloco"
-# policy in the installed ashl module (missing_policies says so by name
-# before anything starts).
+# be named in every method table now; a run of one needs its policy in the
+# installed ashl module (NEEDS_POLICY: DiLoCo's rounds, Delayed Nesterov's
+# asynchronous outer steps, ASHL's plans with the outer optimizer), and
+# missing_policies says so by name before anything starts.
 OUTER_RIVALS = ("diloco", "streaming_diloco_4bit", "async_local_sgd")
 OUTER_METHODS = OUTER_RIVALS + ("ashl_outer",)
 LABEL.update({"diloco": "DiLoCo", "streaming_diloco_4bit": "Streaming DiLoCo, 4-bit",
               "async_local_sgd": "Async Local-SGD, delayed Nesterov", "ashl_outer": "ASHL + outer optimizer"})
 OUTER_KNOB = {m: "local_steps" for m in OUTER_METHODS}
-NEEDS_POLICY = {m: "diloco" for m in OUTER_METHODS}
+NEEDS_POLICY = {"diloco": "diloco", "streaming_diloco_4bit": "diloco", "async_local_sgd": "async_diloco",
+                "ashl_outer": "ashl_diloco"}
+# Pieces the harness does not drive yet, by method: refused by name even where the policy is there.
+NOT_WIRED = {"streaming_diloco_4bit": "streaming fragments and the 4-bit codec are not wired into the "
+                                      "examples' workers yet"}
 # Every method a table may show, in table order (the CNN's nine first, as before).
 KNOWN_METHODS = ALL_METHODS + OUTER_METHODS
 
@@ -100,11 +105,14 @@ def missing_policies(methods, available):
     """The error text for the methods that need a policy the installed module
     lacks (None when every one can run): names each method and its policy."""
     bad = [(m, NEEDS_POLICY[m]) for m in methods if m in NEEDS_POLICY and NEEDS_POLICY[m] not in available]
-    if not bad:
-        return None
-    return ("; ".join(f"{m} ({LABEL[m]}) needs the {p} policy" for m, p in bad)
-            + f", which the installed ashl module does not have (its policies: {', '.join(available) or 'none'}): "
-            "install a build with the DiLoCo family, or leave these methods out")
+    if bad:
+        return ("; ".join(f"{m} ({LABEL[m]}) needs the {p} policy" for m, p in bad)
+                + f", which the installed ashl module does not have (its policies: {', '.join(available) or 'none'}): "
+                "install a build with the DiLoCo family, or leave these methods out")
+    unwired = [m for m in methods if m in NOT_WIRED]
+    if unwired:
+        return "; ".join(f"{m} ({LABEL[m]}): {NOT_WIRED[m]}" for m in unwired)
+    return None
 
 
 # ------------------------------------------------------------------ order

@@ -164,10 +164,13 @@ def test_a_method_whose_policy_the_module_lacks_is_refused_by_name():
     assert names == ["bsp", "ashl"]
     why = P.missing_policies(["ddp", "ashl", "diloco", "async_local_sgd"], names)
     assert "diloco (DiLoCo) needs the diloco policy" in why
-    assert "async_local_sgd (Async Local-SGD, delayed Nesterov) needs the diloco policy" in why
+    assert "async_local_sgd (Async Local-SGD, delayed Nesterov) needs the async_diloco policy" in why
     assert "bsp, ashl" in why
     assert P.missing_policies(["ddp", "ashl"], names) is None
     assert P.missing_policies(["diloco"], names + ["diloco"]) is None
+    assert P.missing_policies(["async_local_sgd", "ashl_outer"], names + ["async_diloco", "ashl_diloco"]) is None
+    # Streaming DiLoCo also needs pieces the workers do not drive yet: refused by name with the policy there.
+    assert "not wired" in P.missing_policies(["streaming_diloco_4bit"], names + ["diloco"])
     for m in P.OUTER_METHODS:
         assert m in P.LABEL and m in P.KNOWN_METHODS and m not in P.ALL_METHODS  # the CNN's nine unchanged
 
