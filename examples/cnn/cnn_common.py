@@ -1,5 +1,7 @@
 """What every process of the CNN example shares: the data set, the model, the
-emulated heterogeneity of the reference experiment, and small helpers.
+emulated heterogeneity of the reference experiment, and small helpers; the
+workload hooks the shared harness calls (examples/common: train_batch,
+loss, inner_optimizer, eval_set, score, eval_size).
 
     from cnn_common import load_data, make_model, group_of, iteration_seconds, link_rate
 
@@ -34,6 +36,9 @@ REFERENCE_COMPUTE_S = 0.010  # per batch-64 iteration, group factor 1
 REFERENCE_COMM_S = 0.005  # per 814,120 bytes, link factor 1
 REFERENCE_MODEL_BYTES = 814120.0
 MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST training pixels / 255
+BATCH = 64  # images per local iteration (the reference's)
+EVAL_TEXT = "on all 10,000 test images"
+PLOT_YLABEL = "test accuracy (10,000 images)"
 
 
 # ------------------------------------------------------------------ data
@@ -194,3 +199,33 @@ def wait_for_start(run_dir, timeout=300.0):
         except (FileNotFoundError, ValueError):
             time.sleep(0.005)
     raise SystemExit(f"{run_dir}: no start instant within {timeout:.0f} s")
+
+
+# ------------------------------------------------------------------ the harness's hooks (examples/common)
+
+def train_batch(data, seed, rank, step, batch):
+    """The (images, labels) of one local iteration: a pure function of (seed, rank, step)."""
+    return data.train_batch(batch_indices(seed, rank, step, batch, len(data.train_y)))
+
+
+def loss(model, inputs):
+    x, y = inputs
+    return F.cross_entropy(model(x), y)
+
+
+def inner_optimizer(params, cfg, a):
+    """SGD with momentum (--momentum), the configuration's learning rate."""
+    return torch.optim.SGD(params, lr=cfg["lr"], momentum=a.momentum)
+
+
+def eval_set(data):
+    return data.test_set(len(data.test_y))
+
+
+def score(model, held_out):
+    """(test accuracy, mean cross-entropy) on every test image."""
+    return evaluate(model, *held_out)
+
+
+def eval_size(held_out):
+    return len(held_out[1])

@@ -602,7 +602,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     link: an emulated link in place of ``link_bytes_per_second``'s rate:
     called as ``link("up", bytes)`` before a commit is sent and
     ``link("down", bytes)`` after a pull reply arrived, it holds the thread
-    for as long as the bytes take (examples/cnn/link.py: every method's
+    for as long as the bytes take (examples/common/link.py: every method's
     links through one model).
 
     job: the runtime contract (default: ashl.job()). fabric: an

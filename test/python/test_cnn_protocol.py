@@ -11,6 +11,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples", "cnn"))
+sys.path.insert(1, os.path.join(HERE, "..", "..", "examples", "common"))
 
 import link as lk  # noqa: E402
 import protocol as P  # noqa: E402

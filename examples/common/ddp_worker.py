@@ -1,8 +1,11 @@
-"""One DDP rank of the CNN comparison: torch.distributed with gloo on
-127.0.0.1 under the emulated heterogeneity, in one of five variants,
-each with torch 1.13's own hooks and classes:
+"""One DDP rank of an example's comparison (the CNN's, the language
+model's): torch.distributed with gloo on 127.0.0.1 under the emulated
+heterogeneity, in one of five variants, each with torch 1.13's own hooks
+and classes. The workload's hooks (a.W.common) give the model, the
+batches, the loss and the inner optimizer (the CNN's SGD with momentum,
+the language model's AdamW); B is its batch (the CNN's 64 images):
 
-- ddp: fp32 all-reduce (default_hooks.allreduce_hook), batch 64 per rank.
+- ddp: fp32 all-reduce (default_hooks.allreduce_hook), batch B per rank.
 - ddp_fp16: default_hooks.fp16_compress_hook.
 - ddp_powersgd: powerSGD_hook.PowerSGDState(matrix_approximation_rank =
   the knob, start_powerSGD_iter) + powerSGD_hook.
@@ -13,15 +16,16 @@ each with torch 1.13's own hooks and classes:
   PostLocalSGDOptimizer over averagers.PeriodicModelAverager(period = the
   knob H, warmup_steps = the same start).
 - ddp_propbatch: fp32 all-reduce, per-rank batches proportional to the
-  rank's speed (89/59/44 for the three groups, 576 in all as for ddp); each
+  rank's speed (89/59/44 for the CNN's three groups, 576 in all as for ddp); each
   rank's loss is scaled by n x b_i / B so the averaged gradient is the
   global batch's mean.
 
-Emulation (cnn_common.py, link.py):
+Emulation (the workload's iteration_seconds, link.py):
 
-- Compute: the hook DDP calls when backward produced the bucket (the
-  CNN's 247 kB are one bucket) first sleeps until the iteration's pad,
-  f_c x K x 10 ms x batch / 64 from its start.
+- Compute: the hook DDP calls when backward produced the first bucket (the
+  CNN's 247 kB are one bucket) first sleeps until the iteration's pad
+  (the CNN's f_c x K x 10 ms x batch / 64) from its start; later buckets
+  of the same step find the pad already over.
 - Links: every torch.distributed.all_reduce of this process is costed by
   link.costed_all_reduce (the ring's bytes on the rank's link, both
   directions at once) before it runs: the hooks' all-reduces, PowerSGD's P
@@ -42,13 +46,11 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
 from torch.distributed.algorithms.model_averaging import averagers
 from torch.distributed.optim import PostLocalSGDOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import cnn_common as cc
 import link as lk
 import protocol
 import ticks
@@ -61,13 +63,31 @@ def lr_at(lr, warmup_s, t):
     return lr * (0.1 + 0.9 * max(0.0, t) / warmup_s)
 
 
-def batch_of(method, rank, n):
+def batch_of(cc, method, rank, n):
     if method == "ddp_propbatch":
-        return protocol.propbatch_sizes(cc.COMPUTE_FACTOR, n, 64 * n)[rank]
-    return 64
+        return protocol.propbatch_sizes(cc.COMPUTE_FACTOR, n, cc.BATCH * n)[rank]
+    return cc.BATCH
+
+
+def padded_hook(inner, step_state, clock, sleep_until):
+    """The communication hook that pads: DDP calls it once per bucket (the
+    CNN's one; the language model's two, DDP's first bucket holding 1 MB).
+    The first call of a step (step_state["first"]) sleeps until the pad's
+    end (step_state["until"]) and counts an overrun when it is already past;
+    later calls of the same step come after its costed all-reduce, past the
+    pad by design, and neither sleep nor count."""
+    def padded(state_, bucket):
+        if step_state["first"]:
+            step_state["first"] = False
+            if clock() > step_state["until"]:
+                step_state["overruns"] += 1
+            sleep_until(step_state["until"])
+        return inner(state_, bucket)
+    return padded
 
 
 def main(a):
+    cc = a.W.common
     torch.set_num_threads(1)
     rank, n, method = a.rank, a.workers, a.method
     cfg = a.config
@@ -77,14 +97,15 @@ def main(a):
                             timeout=datetime.timedelta(seconds=120))
     model = cc.make_model(a.seed)
     # Broadcasts rank 0's parameters (all equal already) once, before the clock starts; no buffer
-    # broadcast per forward (LeNet has no buffers: said explicitly, so no collective but the hook's).
+    # broadcast per forward (the models have no buffers that train: said explicitly, so no collective
+    # but the hook's).
     ddp = DDP(model, broadcast_buffers=False)
     link = lk.Link(cc.link_rate(rank, a.time_scale, n))
     lk.costed_all_reduce(link)
-    batch = batch_of(method, rank, n)
-    total_batch = sum(batch_of(method, r, n) for r in range(n))
+    batch = batch_of(cc, method, rank, n)
+    total_batch = sum(batch_of(cc, method, r, n) for r in range(n))
     loss_scale = n * batch / total_batch  # 1 for equal batches
-    sgd = torch.optim.SGD(ddp.parameters(), lr=cfg["lr"], momentum=a.momentum)
+    sgd = cc.inner_optimizer(ddp.parameters(), cfg, a)  # the CNN's SGD with momentum, the LM's AdamW
     opt = sgd
     sync_gap = 1  # steps between two all-reduces that every rank joins (the stop rule's margin)
     start_local = 0
@@ -112,17 +133,9 @@ def main(a):
     else:
         raise SystemExit(f"ddp_worker: {method!r} is not a DDP method")
     pad = cc.iteration_seconds(rank, a.time_scale, batch, n)
-    step_state = {"until": 0.0, "overruns": 0, "padded": 0.0}
+    step_state = {"until": 0.0, "overruns": 0, "padded": 0.0, "first": False}
 
-    def padded(state_, bucket):
-        # The compute padding; DDP calls this once per step for the CNN's one bucket.
-        now = cc.mono()
-        if now > step_state["until"]:
-            step_state["overruns"] += 1
-        cc.sleep_until(step_state["until"])
-        return inner(state_, bucket)
-
-    ddp.register_comm_hook(state, padded)
+    ddp.register_comm_hook(state, padded_hook(inner, step_state, cc.mono, cc.sleep_until))
     cc.write_file(f"{run_dir}/ready-{rank}", "1\n")
     t0 = cc.wait_for_start(run_dir)
     t_end = t0 + a.budget
@@ -139,10 +152,11 @@ def main(a):
         lr = lr_at(cfg["lr"], cfg.get("warmup_s", 0.0), it0 - t0)
         for g in sgd.param_groups:
             g["lr"] = lr
-        x, y = data.train_batch(cc.batch_indices(a.seed, rank, steps, batch, len(data.train_y)))
+        inputs = cc.train_batch(data, a.seed, rank, steps, batch)
         opt.zero_grad(set_to_none=False)
         step_state["until"] = it0 + pad
-        (F.cross_entropy(ddp(x), y) * loss_scale).backward()  # the hook pads, then the costed all-reduce
+        step_state["first"] = True
+        (cc.loss(ddp, inputs) * loss_scale).backward()  # the hook pads, then the costed all-reduce
         opt.step()  # post-local SGD: the periodic averaging (costed) inside
         steps += 1
         now = cc.mono()
@@ -171,11 +185,11 @@ def main(a):
              "pad_seconds": steps * pad, "wall_seconds": cc.mono() - t0,
              "cpu_seconds": time.process_time()}
     cc.write_file(f"{run_dir}/worker-{rank}.json", json.dumps(stats) + "\n")
-    leave(rank, n, run_dir)
+    leave(rank, n, run_dir, cc)
     return 0
 
 
-def leave(rank, n, run_dir, deadline_s=30.0):
+def leave(rank, n, run_dir, cc, deadline_s=30.0):
     """Tear the process group down with rank 0 last: it hosts the TCP store, and
     a rank whose store went away first can hang in gloo's teardown (seen once
     in CI on torch 1.13, pytorch/pytorch#75097). Every result is written

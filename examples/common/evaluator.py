@@ -1,6 +1,7 @@
-"""The evaluator of a CNN run: a process of its own that
+"""The evaluator of an example's run: a process of its own that
 evaluates the parameters the run wrote at each tick (ticks.py: the ashl
-server's, DDP rank 0's) on all 10,000 test images, and the final ones.
+server's, DDP rank 0's) on the workload's held-out set (the CNN's 10,000
+test images, the language model's validation slice), and the final ones.
 
 It never competes with the training for a core:
 
@@ -16,7 +17,8 @@ that reaches --target and evaluates the final parameters: the ticks after
 it cannot change a time to target, and each costs about 0.8 s of the run.
 
 Started by run.py (``--role evaluator``); writes the run's curve.json:
-{"curve": [[t, accuracy, loss], ...], "final_accuracy", "final_loss", "mode"}.
+{"curve": [[t, score, loss], ...], "final_<metric>", "final_loss", "mode",
+and the size of the set under the workload's eval_unit: "images", "bytes"}.
 """
 import json
 import os
@@ -25,11 +27,11 @@ import time
 import numpy as np
 import torch
 
-import cnn_common as cc
 import ticks
 
 
 def main(a):
+    cc, M = a.W.common, a.W.metric
     run_dir = a.run_dir
     cpus = sorted(os.sched_getaffinity(0))
     concurrent = bool(a.eval_cpus)
@@ -37,7 +39,7 @@ def main(a):
         os.sched_setaffinity(0, a.eval_cpus)
         cpus = a.eval_cpus
     data = cc.Data(a.data_dir)
-    x, y = data.test_set(len(data.test_y))
+    held_out = cc.eval_set(data)
     model = cc.make_model(a.seed)
     count = ticks.tick_count(a.eval_every, a.budget)
     cc.write_file(f"{run_dir}/ready-evaluator", "1\n")
@@ -63,10 +65,10 @@ def main(a):
             time.sleep(0.05)
             continue
         torch.nn.utils.vector_to_parameters(torch.from_numpy(np.load(path)), model.parameters())
-        acc, loss = cc.evaluate(model, x, y)
-        curve.append([round(k * a.eval_every, 3), acc, loss])
+        score, loss = cc.score(model, held_out)
+        curve.append([round(k * a.eval_every, 3), score, loss])
         k += 1
-        if a.eval_to_target and acc >= a.target:
+        if a.eval_to_target and M.reached(score, a.target):
             break
     while not os.path.exists(ticks.final_path(run_dir)):
         if os.path.exists(done) and not os.path.exists(ticks.final_path(run_dir)):
@@ -74,9 +76,10 @@ def main(a):
         wait_done()
         time.sleep(0.05)
     torch.nn.utils.vector_to_parameters(torch.from_numpy(np.load(ticks.final_path(run_dir))), model.parameters())
-    final_acc, final_loss = cc.evaluate(model, x, y)
-    cc.write_file(f"{run_dir}/curve.json", json.dumps({"curve": curve, "final_accuracy": final_acc,
-                                                       "final_loss": final_loss, "images": len(y),
+    final, final_loss = cc.score(model, held_out)
+    cc.write_file(f"{run_dir}/curve.json", json.dumps({"curve": curve, M.final_key: final,
+                                                       "final_loss": final_loss,
+                                                       a.W.eval_unit: cc.eval_size(held_out),
                                                        "mode": "concurrent" if concurrent else "deferred",
                                                        "to_target": bool(a.eval_to_target),
                                                        "cpus": list(cpus)}) + "\n")
