@@ -11,6 +11,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/profile/measurement.hpp>  // check_duration
@@ -113,23 +114,27 @@ class ewma {
     return value_;
   }
 
+ private:
+  // The saved fields before the count (core/fields.hpp; the count as u64).
+  static constexpr auto saved() { return std::tuple{field{"alpha", &ewma::alpha_}, field{"value", &ewma::value_}}; }
+
+ public:
   // The whole state (alpha too), so a loaded ewma continues exactly.
   void save(state_writer& w) const {
-    w.put(alpha_);
-    w.put(value_);
+    put_fields(w, *this, saved());
     w.put<std::uint64_t>(count_);
   }
   status load(state_reader& r) {
-    double alpha = 0.0, value = 0.0;
+    ewma n(*this);
     std::uint64_t count = 0;
-    ASHL_TRY(r.get(alpha, "ewma.alpha"));
-    ASHL_TRY(r.get(value, "ewma.value"));
+    ASHL_TRY(get_fields(r, n, "ewma", saved()));
     ASHL_TRY(r.get(count, "ewma.count"));
-    if (!(alpha > 0.0 && alpha < 1.0)) return make_error(errc::malformed, "ewma.alpha", alpha, "must be in (0, 1)");
-    if (count > 0 && !(std::isfinite(value) && value > 0.0))
-      return make_error(errc::malformed, "ewma.value", value, "must be finite and > 0");
-    alpha_ = alpha;
-    value_ = count > 0 ? value : 0.0;
+    if (!(n.alpha_ > 0.0 && n.alpha_ < 1.0))
+      return make_error(errc::malformed, "ewma.alpha", n.alpha_, "must be in (0, 1)");
+    if (count > 0 && !(std::isfinite(n.value_) && n.value_ > 0.0))
+      return make_error(errc::malformed, "ewma.value", n.value_, "must be finite and > 0");
+    alpha_ = n.alpha_;
+    value_ = count > 0 ? n.value_ : 0.0;
     count_ = static_cast<std::size_t>(count);
     return {};
   }

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/core/enum_table.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/state_io.hpp>
@@ -188,51 +189,57 @@ class replanner {
 
  [[nodiscard]] const params& parameters() const noexcept { return p_; }
 
+ private:
+  // The saved fields (core/fields.hpp), in their order: the parameters; per
+  // worker its plan (the ratio between) and its basis; the last re-plan
+  // (its enums as their u8 values).
+  static constexpr auto saved_params() {
+    return std::tuple{field{"h0", &params::h0},
+                      field{"t_compress", &params::t_compress},
+                      field{"r0", &params::r0},
+                      field{"drift", &params::drift},
+                      field{"half_life", &params::half_life},
+                      field{"stragglers", &params::stragglers},
+                      field{"straggler_window", &params::straggler_window},
+                      field{"straggler_threshold", &params::straggler_threshold},
+                      field{"straggler_consecutive", &params::straggler_consecutive}};
+  }
+  static constexpr auto saved_local() {
+    return std::tuple{field{"h", &local_plan::h}, field{"share", &local_plan::share}};
+  }
+  static constexpr auto saved_basis() {
+    return std::tuple{field{"t_iter", &worker_timing::t_iter}, field{"t_push", &worker_timing::t_push},
+                      field{"t_pull", &worker_timing::t_pull}};
+  }
+  static constexpr auto saved_last() {
+    return std::tuple{field{"worker", &replan_record::worker}, field{"reason", &replan_record::reason},
+                      field{"kind", &replan_record::kind}, field{"measured", &replan_record::measured},
+                      field{"predicted", &replan_record::predicted}};
+  }
+
+ public:
   // The whole state: parameters, the current plan and its basis, every EWMA
   // and the re-plan count; load() of it gives a replanner that decides as
   // this one would.
   void save(state_writer& w) const {
     w.tag("RPLN", 2);
-    w.put(p_.h0);
-    w.put(p_.t_compress);
-    w.put(p_.r0);
-    w.put(p_.drift);
-    w.put(p_.half_life);
-    w.put(p_.stragglers);
-    w.put(p_.straggler_window);
-    w.put(p_.straggler_threshold);
-    w.put(p_.straggler_consecutive);
+    put_fields(w, p_, saved_params());
     w.put<std::uint64_t>(plan_.local.size());
     for (std::size_t i = 0; i < plan_.local.size(); ++i) {
-      w.put(plan_.local[i].h);
-      w.put(plan_.local[i].share);
+      put_fields(w, plan_.local[i], saved_local());
       w.put(plan_.ratio[i]);
-      w.put(plan_.basis[i].t_iter);
-      w.put(plan_.basis[i].t_push);
-      w.put(plan_.basis[i].t_pull);
+      put_fields(w, plan_.basis[i], saved_basis());
       for (const auto& e : smooth_[i]) e.save(w);
     }
     w.put<std::uint64_t>(replans_);
     w.put<std::uint64_t>(straggler_replans_);
-    w.put(last_.worker);
-    w.put(static_cast<std::uint8_t>(last_.reason));
-    w.put(static_cast<std::uint8_t>(last_.kind));
-    w.put(last_.measured);
-    w.put(last_.predicted);
+    put_fields(w, last_, saved_last());
     if (detector_) detector_->save(w);
   }
   static result<replanner> load(state_reader& r) {
     ASHL_TRY(r.tag("RPLN", 2));
     params p;
-    ASHL_TRY(r.get(p.h0, "replan.h0"));
-    ASHL_TRY(r.get(p.t_compress, "replan.t_compress"));
-    ASHL_TRY(r.get(p.r0, "replan.r0"));
-    ASHL_TRY(r.get(p.drift, "replan.drift"));
-    ASHL_TRY(r.get(p.half_life, "replan.half_life"));
-    ASHL_TRY(r.get(p.stragglers, "replan.stragglers"));
-    ASHL_TRY(r.get(p.straggler_window, "replan.straggler_window"));
-    ASHL_TRY(r.get(p.straggler_threshold, "replan.straggler_threshold"));
-    ASHL_TRY(r.get(p.straggler_consecutive, "replan.straggler_consecutive"));
+    ASHL_TRY(get_fields(r, p, "replan", saved_params()));
     ASHL_TRY(check(p));
     if (p.h0 == 0) return make_error(errc::malformed, "replan.h0", p.h0, "must be >= 1");
     if (!(p.r0 > 0.0 && p.r0 <= 1.0)) return make_error(errc::malformed, "replan.r0", p.r0, "must be in (0, 1]");
@@ -248,12 +255,9 @@ class replanner {
     plan.basis.resize(plan.local.size());
     std::vector<std::array<ewma, 3>> smooth(plan.local.size());
     for (std::size_t i = 0; i < plan.local.size(); ++i) {
-      ASHL_TRY(r.get(plan.local[i].h, "replan.plan.h"));
-      ASHL_TRY(r.get(plan.local[i].share, "replan.plan.share"));
+      ASHL_TRY(get_fields(r, plan.local[i], "replan.plan", saved_local()));
       ASHL_TRY(r.get(plan.ratio[i], "replan.plan.ratio"));
-      ASHL_TRY(r.get(plan.basis[i].t_iter, "replan.basis.t_iter"));
-      ASHL_TRY(r.get(plan.basis[i].t_push, "replan.basis.t_push"));
-      ASHL_TRY(r.get(plan.basis[i].t_pull, "replan.basis.t_pull"));
+      ASHL_TRY(get_fields(r, plan.basis[i], "replan.basis", saved_basis()));
       for (auto& e : smooth[i]) ASHL_TRY(e.load(r));
       for (const auto& e : smooth[i])
         if (e.count() == 0) return make_error(errc::malformed, "replan.ewma.count", 0, "a seeded EWMA has samples");
@@ -264,16 +268,10 @@ class replanner {
     ASHL_TRY(r.get(stragglers, "replan.straggler_replans"));
     if (stragglers > replans) return make_error(errc::malformed, "replan.straggler_replans", stragglers, "above replans");
     replan_record last;
-    std::uint8_t reason = 0, kind = 0;
-    ASHL_TRY(r.get(last.worker, "replan.last.worker"));
-    ASHL_TRY(r.get(reason, "replan.last.reason"));
-    ASHL_TRY(r.get(kind, "replan.last.kind"));
-    ASHL_TRY(r.get(last.measured, "replan.last.measured"));
-    ASHL_TRY(r.get(last.predicted, "replan.last.predicted"));
+    ASHL_TRY(get_fields(r, last, "replan.last", saved_last()));
+    const auto reason = static_cast<std::uint8_t>(last.reason), kind = static_cast<std::uint8_t>(last.kind);
     if (reason > 2) return make_error(errc::malformed, "replan.last.reason", unsigned{reason}, "unknown reason");
     if (kind > 2) return make_error(errc::malformed, "replan.last.kind", unsigned{kind}, "unknown timing kind");
-    last.reason = static_cast<replan_reason>(reason);
-    last.kind = static_cast<timing_kind>(kind);
     replanner out(p, std::move(plan));
     out.smooth_ = std::move(smooth);
     out.replans_ = static_cast<std::size_t>(replans);

@@ -47,6 +47,7 @@
 #include <ashl/core/state_io.hpp>
 #include <ashl/ps/checkpoint.hpp>
 #include <ashl/rules/commit_encoder.hpp>
+#include <ashl/rules/commit_in.hpp>
 #include <ashl/ps/incarnation.hpp>
 #include <ashl/ps/identity.hpp>
 #include <ashl/ps/server_vocabulary.hpp>

@@ -293,35 +293,23 @@ template <transport::transport Transport, sync::consistency_policy Policy>
 inline void server<Transport, Policy>::to_core(worker_id w, const wire::header& h, std::span<const std::byte> payload,
                                                std::uint64_t bytes, bool values_checked, double now, bool kept) {
   const commit_in c = commit_of(w, h, payload, bytes, values_checked, kept);
-  // A push (flags pull | ack_requested, ps::worker::push): its pull is
-  // answered with a header-only acknowledgement when the policy releases
-  // it, not with the parameters.
+  // A push (rules/commit_in.hpp, pull_acknowledged): its pull is answered
+  // with a header-only acknowledgement when the policy releases it, not
+  // with the parameters.
   if (c.pull) ack_only_[w] = c.ack_only ? 1 : 0;
   core_.commit(c, now, out_);
 }
 
-// The commit server_core gets from header h and its payload.
+// The commit server_core gets from header h and its payload
+// (rules/commit_in.hpp), with what this server knows of the payload.
 template <transport::transport Transport, sync::consistency_policy Policy>
 inline commit_in server<Transport, Policy>::commit_of(worker_id w, const wire::header& h,
                                                       std::span<const std::byte> payload, std::uint64_t bytes,
                                                       bool values_checked, bool kept) const {
-  return commit_in{.worker = w,
-                   .incarnation = core_.incarnation(w),
-                   .sequence = h.sequence,
-                   .clock = h.clock,
-                   .samples = h.samples,
-                   .bytes = bytes,
-                   .codec = h.codec,
-                   .type = h.type,
-                   .element_count = h.element_count,
-                   .step = h.step,
-                   .tensor = h.tensor,
-                   .payload = payload,
-                   .pull = (h.flags & wire::flag_pull) != 0,
-                   .ack_only = (h.flags & (wire::flag_pull | wire::flag_ack_requested)) ==
-                               (wire::flag_pull | wire::flag_ack_requested),
-                   .values_checked = values_checked,
-                   .payload_kept = kept};
+  commit_in c = commit_in_of(h, w, core_.incarnation(w), payload, bytes);
+  c.values_checked = values_checked;
+  c.payload_kept = kept;
+  return c;
 }
 
 // A pooled receive buffer of n bytes within server_params.max_receive_bytes

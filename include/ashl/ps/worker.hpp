@@ -62,6 +62,7 @@
 #include <ashl/rules/shards.hpp>
 #include <ashl/rules/commit_check.hpp>
 #include <ashl/rules/commit_encoder.hpp>
+#include <ashl/rules/commit_in.hpp>
 #include <ashl/rules/worker_cycle.hpp>
 #include <ashl/transport/concepts.hpp>
 #include <ashl/wire/ids.hpp>

@@ -162,7 +162,7 @@ inline wire::header worker<Transport>::state::commit_header(std::uint32_t s) con
           .codec = last_compressed ? encoder.codec() : codec_id::identity,
           .type = dtype::f32,
           // The pull rides with it; a push asks for an acknowledgement instead of the parameters.
-          .flags = wire::flag_last_shard | wire::flag_pull | (last_ack_only ? wire::flag_ack_requested : 0u),
+          .flags = wire::flag_last_shard | commit_flags(true, last_ack_only),
           .element_count = layout.range(s).size(),
           .tensor = s,
           .rank = p.rank,

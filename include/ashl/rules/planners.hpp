@@ -35,6 +35,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
@@ -93,11 +94,15 @@ struct profile_planner {
     return out;
   }
 
+  // The saved fields before trim and warmup (core/fields.hpp; those two as u64).
+  static constexpr auto saved() {
+    return std::tuple{field{"h_ahl", &profile_planner::h_ahl}, field{"h_shl", &profile_planner::h_shl},
+                      field{"r0", &profile_planner::r0}};
+  }
+
   void save(state_writer& w) const {
     w.tag("PPLN", 1);
-    w.put(h_ahl);
-    w.put(h_shl);
-    w.put(r0);
+    put_fields(w, *this, saved());
     w.put<std::uint64_t>(trim);
     w.put<std::uint64_t>(warmup);
   }
@@ -105,9 +110,7 @@ struct profile_planner {
     profile_planner next;
     std::uint64_t t = 0, wu = 0;
     ASHL_TRY(r.tag("PPLN", 1));
-    ASHL_TRY(r.get(next.h_ahl, "profile_planner.h_ahl"));
-    ASHL_TRY(r.get(next.h_shl, "profile_planner.h_shl"));
-    ASHL_TRY(r.get(next.r0, "profile_planner.r0"));
+    ASHL_TRY(get_fields(r, next, "profile_planner", saved()));
     ASHL_TRY(r.get(t, "profile_planner.trim"));
     ASHL_TRY(r.get(wu, "profile_planner.warmup"));
     next.trim = static_cast<std::size_t>(t);
@@ -127,6 +130,16 @@ struct profile_replanner_params {
   double straggler_threshold = 0.5;         // flagged above T_iter · (1 + threshold)
   std::uint32_t straggler_consecutive = 2;  // windows over the line before a flag
   friend bool operator==(const profile_replanner_params&, const profile_replanner_params&) = default;
+
+  // Every field, in the order a state saves them (core/fields.hpp).
+  static constexpr auto fields() {
+    return std::tuple{field{"drift", &profile_replanner_params::drift},
+                      field{"half_life", &profile_replanner_params::half_life},
+                      field{"stragglers", &profile_replanner_params::stragglers},
+                      field{"straggler_window", &profile_replanner_params::straggler_window},
+                      field{"straggler_threshold", &profile_replanner_params::straggler_threshold},
+                      field{"straggler_consecutive", &profile_replanner_params::straggler_consecutive}};
+  }
 };
 
 // ASHL+'s online re-planner (see the header comment).
@@ -193,12 +206,7 @@ class profile_replanner {
   void save(state_writer& w) const {
     w.tag("PRPL", 2);
     p_.save(w);
-    w.put(q_.drift);
-    w.put(q_.half_life);
-    w.put(q_.stragglers);
-    w.put(q_.straggler_window);
-    w.put(q_.straggler_threshold);
-    w.put(q_.straggler_consecutive);
+    put_fields(w, q_);
     w.put(r_.has_value());
     if (!r_) return;
     r_->save(w);
@@ -210,12 +218,7 @@ class profile_replanner {
     profile_replanner next;
     ASHL_TRY(r.tag("PRPL", 2));
     ASHL_TRY(next.p_.load(r));
-    ASHL_TRY(r.get(next.q_.drift, "profile_replanner.drift"));
-    ASHL_TRY(r.get(next.q_.half_life, "profile_replanner.half_life"));
-    ASHL_TRY(r.get(next.q_.stragglers, "profile_replanner.stragglers"));
-    ASHL_TRY(r.get(next.q_.straggler_window, "profile_replanner.straggler_window"));
-    ASHL_TRY(r.get(next.q_.straggler_threshold, "profile_replanner.straggler_threshold"));
-    ASHL_TRY(r.get(next.q_.straggler_consecutive, "profile_replanner.straggler_consecutive"));
+    ASHL_TRY(get_fields(r, next.q_, "profile_replanner"));
     bool has = false;
     ASHL_TRY(r.get(has, "profile_replanner.started"));
     if (has) {

@@ -1,6 +1,6 @@
 // ashl/rules/server_core_vocabulary.hpp — what goes into a server_core and
 // what comes out of it: its parameters (server_core_params), one decoded
-// commit (commit_in), the driver's finite-values check run in its CRC pass
+// commit (commit_in, rules/commit_in.hpp), the driver's finite-values check run in its CRC pass
 // (dense_value_check), the actions a driver must send after an event
 // (server_actions: pull replies, plans, errors), the reasons a message is
 // refused (refusal) and the counters every event updates.
@@ -20,6 +20,7 @@
 #include <ashl/core/fields.hpp>
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
+#include <ashl/rules/commit_in.hpp>
 #include <ashl/rules/finite.hpp>
 #include <ashl/rules/optimizer.hpp>
 #include <ashl/rules/shards.hpp>
@@ -100,39 +101,6 @@ struct server_core_params {
   // commit above it is refused (refusal::samples). 0 says "not counted"
   // (a samples-weighted round then weighs by the mean).
   std::uint64_t max_commit_samples = std::uint64_t{1} << 30;
-};
-
-// One commit shard, as decoded from a wire commit message.
-struct commit_in {
-  worker_id worker = 0;
-  std::uint64_t incarnation = 0;
-  std::uint64_t sequence = 0;  // the worker's, 1, 2, ... per incarnation
-  std::uint64_t clock = 0;
-  std::uint64_t samples = 0;
-  std::uint64_t bytes = 0;     // bytes on the wire (for the policy)
-  codec_id codec = codec_id::identity;
-  dtype type = dtype::f32;
-  std::uint64_t element_count = 0;
-  std::uint64_t step = 0;      // codec_context.step
-  std::uint32_t tensor = 0;    // codec_context.tensor
-  std::span<const std::byte> payload{};  // not kept: copied into the store if buffered
-  bool pull = false;                     // a pull rides with the commit
-  // That pull is a push's (ps::worker::push): the driver answers it with an
-  // acknowledgement, not the parameters, so a dense apply skips the new
-  // version's CRC (computed when a reply first pins the version).
-  bool ack_only = false;
-  // The driver ran a dense_value_check over this payload (in its CRC pass:
-  // wire::decode's visitor) and it found every value finite: validate()
-  // skips its own pass over the values. False: validate() checks (and names
-  // the first non-finite element).
-  bool values_checked = false;
-  // The driver keeps the payload's bytes where they are, unchanged, until
-  // it calls server_core::apply_pending() (ps::server: a receive buffer or
-  // a commit's staging it holds for a batch). With defer_dense_applies(k),
-  // an applied dense model-delta commit may then wait for that call and be
-  // added in one pass with the others waiting. False:
-  // the payload is read before commit() returns.
-  bool payload_kept = false;
 };
 
 // server_core's check that a dense payload's values are finite, run by a

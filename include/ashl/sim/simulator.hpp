@@ -50,6 +50,7 @@
 #include <ashl/core/status.hpp>
 #include <ashl/rules/commit_check.hpp>
 #include <ashl/rules/commit_encoder.hpp>
+#include <ashl/rules/commit_in.hpp>
 #include <ashl/rules/server_core.hpp>
 #include <ashl/rules/shards.hpp>
 #include <ashl/rules/worker_cycle.hpp>
@@ -637,27 +638,27 @@ class simulator {
       }
     }
     const std::size_t s = cores_.size();
-    ps::commit_in c{};
-    c.worker = w;
-    c.incarnation = wk.incarnation;
-    c.sequence = wk.sequence;
-    c.clock = cycles_[w].clock();
-    // The samples the worker's cycle covered, as a real worker puts them in
-    // the commit's header (worker_cycle::commit_samples; server_core bounds
-    // them): one rule for both drivers.
-    c.samples = cycles_[w].commit_samples();
-    c.bytes = wk.up_bytes;
+    // The header a real worker sends with this shard (ps/worker_send.hpp),
+    // and the commit a real server builds from it (rules/commit_in.hpp):
+    // the samples its cycle covered (worker_cycle::commit_samples; server_core
+    // bounds them), the pull riding along unless this is its last commit, a
+    // push's pull answered with a header.
+    wire::header h{.kind = wire::message_kind::commit,
+                   .flags = ps::commit_flags(!wk.last_commit, spec_.workers[w].push),
+                   .sequence = wk.sequence,
+                   .clock = cycles_[w].clock(),
+                   .samples = cycles_[w].commit_samples()};
+    std::span<const std::byte> payload{};
     if (hooks_.compute) {
       const auto& p = payload_of_[w * s + k];
-      c.codec = p.codec;
-      c.type = p.type;
-      c.element_count = p.element_count;
-      c.step = p.step;
-      c.tensor = p.tensor;
-      c.payload = p.bytes;
+      h.codec = p.codec;
+      h.type = p.type;
+      h.element_count = p.element_count;
+      h.step = p.step;
+      h.tensor = p.tensor;
+      payload = p.bytes;
     }
-    c.pull = !wk.last_commit;
-    c.ack_only = c.pull && spec_.workers[w].push;  // a push: the pull is answered with a header
+    const ps::commit_in c = ps::commit_in_of(h, w, wk.incarnation, payload, wk.up_bytes);
     cores_[k].commit(c, now, act_);
     act(k);
     if (last && wk.st == state::done) {

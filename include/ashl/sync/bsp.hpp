@@ -24,6 +24,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/sync/concepts.hpp>
@@ -103,10 +104,16 @@ class bsp {
   [[nodiscard]] std::size_t buffered() const noexcept { return rounds_.buffered(); }
   [[nodiscard]] std::uint32_t local_iterations() const noexcept { return h_; }
 
+ private:
+  // The saved scalars before the stage (core/fields.hpp).
+  static constexpr auto saved() {
+    return std::tuple{field{"local_iterations", &bsp::h_}, field{"batch_size", &bsp::batch_}};
+  }
+
+ public:
   void save(state_writer& out) const {
     out.tag("BSP_", 1);
-    out.put(h_);
-    out.put(batch_);
+    put_fields(out, *this, saved());
     out.put(static_cast<std::uint32_t>(stage_));
     table_.save(out);
     rounds_.save(out);
@@ -114,8 +121,7 @@ class bsp {
   status load(state_reader& in) {
     bsp n;
     ASHL_TRY(in.tag("BSP_", 1));
-    ASHL_TRY(in.get(n.h_, "bsp.local_iterations"));
-    ASHL_TRY(in.get(n.batch_, "bsp.batch_size"));
+    ASHL_TRY(get_fields(in, n, "bsp", saved()));
     ASHL_TRY(detail::load_stage(in, n.stage_, "bsp.stage"));
     ASHL_TRY(n.table_.load(in));
     ASHL_TRY(n.rounds_.load(in, n.table_));

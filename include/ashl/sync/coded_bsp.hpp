@@ -69,6 +69,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/profile/gradient_coding.hpp>
@@ -197,22 +198,28 @@ class coded_bsp {
   [[nodiscard]] std::size_t buffered() const noexcept { return buffered_; }
   [[nodiscard]] std::size_t live_count() const noexcept { return table_.live_count(); }
 
+ private:
+  // The saved scalars (core/fields.hpp), in their order: the parameters
+  // before the stage and the worker table, the round state after them.
+  static constexpr auto saved_params() {
+    return std::tuple{field{"stragglers", &coded_bsp::r_}, field{"seed", &coded_bsp::seed_},
+                      field{"batch_size", &coded_bsp::batch_}};
+  }
+  static constexpr auto saved_rounds() {
+    return std::tuple{field{"round", &coded_bsp::round_},         field{"generation", &coded_bsp::gen_},
+                      field{"rounds", &coded_bsp::rounds_},       field{"replan", &coded_bsp::replan_},
+                      field{"late", &coded_bsp::late_},           field{"discarded", &coded_bsp::discarded_},
+                      field{"outside", &coded_bsp::outside_},     field{"inexact", &coded_bsp::inexact_},
+                      field{"undecodable", &coded_bsp::undecodable_}};
+  }
+
+ public:
   void save(state_writer& out) const {
     out.tag("CBSP", 1);
-    out.put(r_);
-    out.put(seed_);
-    out.put(batch_);
+    put_fields(out, *this, saved_params());
     out.put(static_cast<std::uint32_t>(stage_));
     table_.save(out);
-    out.put(round_);
-    out.put(gen_);
-    out.put(rounds_);
-    out.put(replan_);
-    out.put(late_);
-    out.put(discarded_);
-    out.put(outside_);
-    out.put(inexact_);
-    out.put(undecodable_);
+    put_fields(out, *this, saved_rounds());
     out.put<std::uint64_t>(members_.size());
     for (worker_id w : members_) out.put(w);
     out.put<std::uint64_t>(order_.size());
@@ -234,20 +241,10 @@ class coded_bsp {
   status load(state_reader& in) {
     coded_bsp n;
     ASHL_TRY(in.tag("CBSP", 1));
-    ASHL_TRY(in.get(n.r_, "coded_bsp.stragglers"));
-    ASHL_TRY(in.get(n.seed_, "coded_bsp.seed"));
-    ASHL_TRY(in.get(n.batch_, "coded_bsp.batch_size"));
+    ASHL_TRY(get_fields(in, n, "coded_bsp", saved_params()));
     ASHL_TRY(detail::load_stage(in, n.stage_, "coded_bsp.stage"));
     ASHL_TRY(n.table_.load(in));
-    ASHL_TRY(in.get(n.round_, "coded_bsp.round"));
-    ASHL_TRY(in.get(n.gen_, "coded_bsp.generation"));
-    ASHL_TRY(in.get(n.rounds_, "coded_bsp.rounds"));
-    ASHL_TRY(in.get(n.replan_, "coded_bsp.replan"));
-    ASHL_TRY(in.get(n.late_, "coded_bsp.late"));
-    ASHL_TRY(in.get(n.discarded_, "coded_bsp.discarded"));
-    ASHL_TRY(in.get(n.outside_, "coded_bsp.outside"));
-    ASHL_TRY(in.get(n.inexact_, "coded_bsp.inexact"));
-    ASHL_TRY(in.get(n.undecodable_, "coded_bsp.undecodable"));
+    ASHL_TRY(get_fields(in, n, "coded_bsp", saved_rounds()));
     std::uint64_t count = 0;
     ASHL_TRY(in.count(count, 4, "coded_bsp.members"));
     n.members_.resize(static_cast<std::size_t>(count));

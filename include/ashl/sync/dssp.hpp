@@ -35,6 +35,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/sync/concepts.hpp>
@@ -176,12 +177,17 @@ class dssp {
     return s_min_ + extra(period_[w], t_next(), now);
   }
 
+ private:
+  // The saved scalars, first in a state (core/fields.hpp).
+  static constexpr auto saved() {
+    return std::tuple{field{"s_min", &dssp::s_min_}, field{"s_max", &dssp::s_max_}, field{"window", &dssp::window_},
+                      field{"current_bound", &dssp::bound_}};
+  }
+
+ public:
   void save(state_writer& out) const {
     out.tag("DSSP", 1);
-    out.put(s_min_);
-    out.put(s_max_);
-    out.put(window_);
-    out.put(bound_);
+    put_fields(out, *this, saved());
     core_.save(out);
     out.put<std::uint64_t>(count_.size());
     for (worker_id w = 0; w < count_.size(); ++w) {
@@ -192,12 +198,9 @@ class dssp {
   status load(state_reader& in) {
     dssp n;
     ASHL_TRY(in.tag("DSSP", 1));
-    ASHL_TRY(in.get(n.s_min_, "dssp.s_min"));
-    ASHL_TRY(in.get(n.s_max_, "dssp.s_max"));
+    ASHL_TRY(get_fields(in, n, "dssp", saved()));
     if (n.s_max_ < n.s_min_) return malformed("dssp.s_max", n.s_max_, "below s_min");
-    ASHL_TRY(in.get(n.window_, "dssp.window"));
     if (n.window_ < 1) return malformed("dssp.window", n.window_, "must be >= 1");
-    ASHL_TRY(in.get(n.bound_, "dssp.current_bound"));
     ASHL_TRY(n.core_.load(in));
     n.levels_.resize(n.s_max_ - n.s_min_);
     const auto& t = n.core_.table();

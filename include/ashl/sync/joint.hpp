@@ -44,6 +44,7 @@
 
 #include <ashl/config.hpp>
 #include <ashl/core/plan.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/sync/concepts.hpp>
@@ -239,31 +240,40 @@ class joint {
     return {w_[w].per_sample, w_[w].push + w_[w].pull};
   }
 
+ private:
+  // The saved fields (core/fields.hpp), in their order: the parameters
+  // after the worker count, each worker's model, the last choice.
+  static constexpr auto saved_params() {
+    return std::tuple{field{"s_min", &joint_params::s_min},
+                      field{"s_max", &joint_params::s_max},
+                      field{"min_batch", &joint_params::min_batch},
+                      field{"max_batch", &joint_params::max_batch},
+                      field{"batch_step", &joint_params::batch_step},
+                      field{"horizon", &joint_params::horizon},
+                      field{"staleness_cost", &joint_params::staleness_cost},
+                      field{"drift", &joint_params::drift},
+                      field{"half_life", &joint_params::half_life}};
+  }
+  static constexpr auto saved_worker() {
+    return std::tuple{field{"batch", &worker_state::batch}, field{"per_sample", &worker_state::per_sample},
+                      field{"push", &worker_state::push}, field{"pull", &worker_state::pull},
+                      field{"basis_per_sample", &worker_state::basis_per_sample},
+                      field{"basis_overhead", &worker_state::basis_overhead}};
+  }
+  static constexpr auto saved_choice() {
+    return std::tuple{field{"chosen", &joint::chosen_}, field{"choices", &joint::choices_},
+                      field{"objective", &joint::objective_}};
+  }
+
+ public:
   void save(state_writer& out) const {
     out.tag("JNT_", 1);
     out.put<std::uint64_t>(p_.workers);
-    out.put(p_.s_min);
-    out.put(p_.s_max);
-    out.put(p_.min_batch);
-    out.put(p_.max_batch);
-    out.put(p_.batch_step);
-    out.put(p_.horizon);
-    out.put(p_.staleness_cost);
-    out.put(p_.drift);
-    out.put(p_.half_life);
+    put_fields(out, p_, saved_params());
     ssp_.save(out);
     out.put<std::uint64_t>(w_.size());
-    for (const auto& s : w_) {
-      out.put(s.batch);
-      out.put(s.per_sample);
-      out.put(s.push);
-      out.put(s.pull);
-      out.put(s.basis_per_sample);
-      out.put(s.basis_overhead);
-    }
-    out.put(chosen_);
-    out.put(choices_);
-    out.put(objective_);
+    for (const auto& s : w_) put_fields(out, s, saved_worker());
+    put_fields(out, *this, saved_choice());
   }
   status load(state_reader& in) {
     joint n;
@@ -271,15 +281,7 @@ class joint {
     ASHL_TRY(in.tag("JNT_", 1));
     ASHL_TRY(in.get(workers, "joint.workers"));
     n.p_.workers = static_cast<std::size_t>(workers);
-    ASHL_TRY(in.get(n.p_.s_min, "joint.s_min"));
-    ASHL_TRY(in.get(n.p_.s_max, "joint.s_max"));
-    ASHL_TRY(in.get(n.p_.min_batch, "joint.min_batch"));
-    ASHL_TRY(in.get(n.p_.max_batch, "joint.max_batch"));
-    ASHL_TRY(in.get(n.p_.batch_step, "joint.batch_step"));
-    ASHL_TRY(in.get(n.p_.horizon, "joint.horizon"));
-    ASHL_TRY(in.get(n.p_.staleness_cost, "joint.staleness_cost"));
-    ASHL_TRY(in.get(n.p_.drift, "joint.drift"));
-    ASHL_TRY(in.get(n.p_.half_life, "joint.half_life"));
+    ASHL_TRY(get_fields(in, n.p_, "joint", saved_params()));
     if (n.p_.s_max < n.p_.s_min) return malformed("joint.s_max", n.p_.s_max, "below s_min");
     if (n.p_.min_batch < 1 || n.p_.max_batch < n.p_.min_batch || n.p_.batch_step < 1)
       return malformed("joint.batch_step", n.p_.batch_step, "a batch grid needs 1 <= min <= max and step >= 1");
@@ -296,18 +298,11 @@ class joint {
     ASHL_TRY(in.count(ids, 4 + 5 * 8, "joint.ids"));
     n.w_.assign(static_cast<std::size_t>(ids), worker_state{});
     for (auto& s : n.w_) {
-      ASHL_TRY(in.get(s.batch, "joint.batch"));
-      ASHL_TRY(in.get(s.per_sample, "joint.per_sample"));
-      ASHL_TRY(in.get(s.push, "joint.push"));
-      ASHL_TRY(in.get(s.pull, "joint.pull"));
-      ASHL_TRY(in.get(s.basis_per_sample, "joint.basis_per_sample"));
-      ASHL_TRY(in.get(s.basis_overhead, "joint.basis_overhead"));
+      ASHL_TRY(get_fields(in, s, "joint", saved_worker()));
       for (double v : {s.per_sample, s.push, s.pull, s.basis_per_sample, s.basis_overhead})
         if (!(std::isfinite(v) && v >= 0.0)) return malformed("joint.model", v, "must be finite and >= 0");
     }
-    ASHL_TRY(in.get(n.chosen_, "joint.chosen"));
-    ASHL_TRY(in.get(n.choices_, "joint.choices"));
-    ASHL_TRY(in.get(n.objective_, "joint.objective"));
+    ASHL_TRY(get_fields(in, n, "joint", saved_choice()));
     n.live_.reserve(n.w_.size());
     n.models_.reserve(n.w_.size());
     *this = std::move(n);

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/sync/concepts.hpp>
@@ -109,10 +110,17 @@ class semi_async {
   [[nodiscard]] double next_barrier_time() const noexcept { return next_barrier_time_; }
   [[nodiscard]] std::uint64_t staleness(worker_id w) const noexcept { return core_.table().staleness(w); }
 
+ private:
+  // The saved barrier rule (core/fields.hpp), first in a state.
+  static constexpr auto saved() {
+    return std::tuple{field{"sync_every_iterations", &semi_async::k_},
+                      field{"sync_every_seconds", &semi_async::dt_}};
+  }
+
+ public:
   void save(state_writer& out) const {
     out.tag("SEMI", 1);
-    out.put(k_);
-    out.put(dt_);
+    put_fields(out, *this, saved());
     out.put(next_barrier_time_);
     out.put_vector(since_);
     core_.save(out);
@@ -121,8 +129,7 @@ class semi_async {
   status load(state_reader& in) {
     semi_async n;
     ASHL_TRY(in.tag("SEMI", 1));
-    ASHL_TRY(in.get(n.k_, "semi_async.sync_every_iterations"));
-    ASHL_TRY(in.get(n.dt_, "semi_async.sync_every_seconds"));
+    ASHL_TRY(get_fields(in, n, "semi_async", saved()));
     if (!(n.k_ > 0 || n.dt_ > 0.0))
       return malformed("semi_async.sync_every_seconds", n.dt_, "no barrier: K = 0 and Δt <= 0");
     ASHL_TRY(in.get(n.next_barrier_time_, "semi_async.next_barrier_time"));

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <ashl/config.hpp>
+#include <ashl/core/fields.hpp>
 #include <ashl/core/state_io.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/sync/concepts.hpp>
@@ -50,24 +51,19 @@ struct switch_trigger {
   double at_time = std::numeric_limits<double>::quiet_NaN();  // first event at or after; NaN: off
   metric_id metric = metric_id::loss;                          // the metric loss_below and plateau read
 
-  void save(state_writer& w) const {
-    w.put(loss_below);
-    w.put(plateau_window);
-    w.put(plateau_epsilon);
-    w.put(after_commits);
-    w.put(at_time);
-    w.put(static_cast<std::uint32_t>(metric));
+  // The saved fields, in their order (core/fields.hpp; the metric as its
+  // u32 value).
+  static constexpr auto saved() {
+    return std::tuple{field{"loss_below", &switch_trigger::loss_below},
+                      field{"plateau_window", &switch_trigger::plateau_window},
+                      field{"plateau_epsilon", &switch_trigger::plateau_epsilon},
+                      field{"after_commits", &switch_trigger::after_commits},
+                      field{"at_time", &switch_trigger::at_time}, field{"metric", &switch_trigger::metric}};
   }
+  void save(state_writer& w) const { put_fields(w, *this, saved()); }
   status load(state_reader& r) {
     switch_trigger t;
-    std::uint32_t m = 0;
-    ASHL_TRY(r.get(t.loss_below, "switch_trigger.loss_below"));
-    ASHL_TRY(r.get(t.plateau_window, "switch_trigger.plateau_window"));
-    ASHL_TRY(r.get(t.plateau_epsilon, "switch_trigger.plateau_epsilon"));
-    ASHL_TRY(r.get(t.after_commits, "switch_trigger.after_commits"));
-    ASHL_TRY(r.get(t.at_time, "switch_trigger.at_time"));
-    ASHL_TRY(r.get(m, "switch_trigger.metric"));
-    t.metric = static_cast<metric_id>(m);
+    ASHL_TRY(get_fields(r, t, "switch_trigger", saved()));
     *this = t;
     return {};
   }
