@@ -98,6 +98,13 @@ auto cview(const Container& c) noexcept {
 
 // Opt-in tag: a model declares `using collective_concept = collective_tag;`.
 struct collective_tag {};
+// The three declarations of a host model (buffers in host memory, no
+// stream), inherited: `class mpi : public host_model { ... }`.
+struct host_model {
+  using collective_concept = collective_tag;
+  using space = host_space;
+  using stream_type = host_stream;
+};
 
 // Counters every model keeps (bytes are the local input bytes of each call).
 struct coll_counters {

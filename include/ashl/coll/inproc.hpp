@@ -190,12 +190,8 @@ class inproc_group {
 };
 
 // One rank of an inproc_group. Use from one thread at a time.
-class inproc {
+class inproc : public host_model {
  public:
-  using collective_concept = collective_tag;
-  using space = host_space;
-  using stream_type = host_stream;
-
   // A request completes once; afterwards wait/test return ok/true at once.
   class request {
    public:

@@ -96,12 +96,8 @@ class mpi_session {
   bool owner_ = false;
 };
 
-class mpi {
+class mpi : public host_model {
  public:
-  using collective_concept = collective_tag;
-  using space = host_space;
-  using stream_type = host_stream;
-
   class request {
    public:
     request() = default;

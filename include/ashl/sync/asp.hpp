@@ -37,13 +37,13 @@ struct asp_params {
   stage_id stage = stage_id::asp;
 };
 
-class asp {
+class asp : public detail::async_policy {
  public:
   using policy_concept = policy_tag;
 
   asp() = default;
   explicit asp(asp_params p)
-      : core_(p.workers, {p.scale, std::move(p.weights), std::move(p.plans), p.staleness_weight}, p.stage) {}
+      : async_policy(p.workers, {p.scale, std::move(p.weights), std::move(p.plans), p.staleness_weight}, p.stage) {}
 
   commit_decision on_commit(const commit_event& c, outcome_sink&) {
     if (!core_.table().accept(c)) return {commit_action::drop, 0.0};
@@ -61,21 +61,8 @@ class asp {
     core_.table().release_if(out, [](worker_id) { return true; });
   }
 
-  [[nodiscard]] worker_plan plan(worker_id w) const { return core_.plan(w); }
-  // A new weight and plan for w from its next commit and cycle on (ASHL+
-  // re-planning); counters are kept. Not an event: it may grow the per-worker
-  // arrays, and the caller tells the driver the plan changed.
-  void set_plan(worker_id w, double weight, const worker_plan& p) {
-    core_.set_weight(w, weight);
-    core_.set_plan(w, p);
-  }
-  [[nodiscard]] stage_id stage() const noexcept { return core_.stage(); }
-  [[nodiscard]] bool is_live(worker_id w) const noexcept { return core_.table().is_live(w); }
-  [[nodiscard]] bool is_held(worker_id w) const noexcept { return core_.table().is_held(w); }
-  [[nodiscard]] std::size_t live_count() const noexcept { return core_.table().live_count(); }
-  [[nodiscard]] std::uint64_t staleness(worker_id w) const noexcept { return core_.table().staleness(w); }
-  // c_i: commits accepted from w (since it joined, from 0).
-  [[nodiscard]] std::uint64_t clock(worker_id w) const { return core_.table()[w].commits; }
+  using async_policy::set_plan;
+  using async_policy::clock;
 
   void save(state_writer& out) const {
     out.tag("ASP_", 1);
@@ -88,9 +75,6 @@ class asp {
     *this = std::move(n);
     return {};
   }
-
- private:
-  detail::async_core core_;
 };
 
 static_assert(consistency_policy<asp>);

@@ -65,7 +65,7 @@ struct dssp_params {
   stage_id stage = stage_id::dssp;
 };
 
-class dssp {
+class dssp : public detail::async_policy {
   static constexpr double inf = std::numeric_limits<double>::infinity();
   static constexpr std::uint32_t in_far = 0xfffffffeu;  // slot_ value: in the far heap
 
@@ -91,7 +91,7 @@ class dssp {
 
   dssp() : dssp(dssp_params{}) {}
   explicit dssp(dssp_params p)
-      : core_(p.workers, {p.scale, std::move(p.weights), {}, p.staleness_weight}, p.stage), s_min_(p.s_min),
+      : async_policy(p.workers, {p.scale, std::move(p.weights), {}, p.staleness_weight}, p.stage), s_min_(p.s_min),
         s_max_(std::max(p.s_min, p.s_max)), window_(std::max<std::uint32_t>(1, p.window)), bound_(p.s_min),
         levels_(s_max_ - s_min_) {
     grow(p.workers);
@@ -156,14 +156,8 @@ class dssp {
     std::fill(slot_.begin(), slot_.end(), detail::no_position);
   }
 
-  [[nodiscard]] worker_plan plan(worker_id w) const { return core_.plan(w); }
-  [[nodiscard]] stage_id stage() const noexcept { return core_.stage(); }
-  [[nodiscard]] bool is_live(worker_id w) const noexcept { return core_.table().is_live(w); }
-  [[nodiscard]] bool is_held(worker_id w) const noexcept { return core_.table().is_held(w); }
-  [[nodiscard]] std::size_t live_count() const noexcept { return core_.table().live_count(); }
-  [[nodiscard]] std::uint64_t staleness(worker_id w) const noexcept { return core_.table().staleness(w); }
-  [[nodiscard]] std::uint64_t clock(worker_id w) const { return core_.table()[w].commits; }
-  [[nodiscard]] std::uint64_t min_clock() const noexcept { return core_.table().min_live_commits(); }
+  using async_policy::clock;
+  using async_policy::min_clock;
   [[nodiscard]] std::uint64_t ahead(worker_id w) const { return clock(w) - min_clock(); }
   [[nodiscard]] std::uint32_t s_min() const noexcept { return s_min_; }
   [[nodiscard]] std::uint32_t s_max() const noexcept { return s_max_; }
@@ -334,7 +328,6 @@ class dssp {
     }
   }
 
-  detail::async_core core_;
   std::uint32_t s_min_ = 1;
   std::uint32_t s_max_ = 5;
   std::uint32_t window_ = 5;

@@ -49,13 +49,13 @@ struct semi_async_params {
   stage_id stage = stage_id::semi_async;
 };
 
-class semi_async {
+class semi_async : public detail::async_policy {
  public:
   using policy_concept = policy_tag;
 
   semi_async() = default;
   explicit semi_async(semi_async_params p)
-      : core_(p.workers, {p.scale, {}, {}, p.staleness_weight}, p.stage), rounds_(p.workers, round_weighting::mean),
+      : async_policy(p.workers, {p.scale, {}, {}, p.staleness_weight}, p.stage), rounds_(p.workers, round_weighting::mean),
         k_(p.sync_every_iterations), dt_(p.sync_every_seconds), since_(p.workers, 0),
         next_barrier_time_(p.sync_every_seconds) {
     ASHL_ASSERT(k_ > 0 || dt_ > 0.0, "semi_async: set sync_every_iterations or sync_every_seconds");
@@ -100,15 +100,9 @@ class semi_async {
   void on_measurement(const measurement_event&, outcome_sink&) {}
   void drain(outcome_sink& out) { rounds_.drain(core_.table(), out); }
 
-  [[nodiscard]] worker_plan plan(worker_id w) const { return core_.plan(w); }
-  [[nodiscard]] stage_id stage() const noexcept { return core_.stage(); }
-  [[nodiscard]] bool is_live(worker_id w) const noexcept { return core_.table().is_live(w); }
-  [[nodiscard]] bool is_held(worker_id w) const noexcept { return core_.table().is_held(w); }
-  [[nodiscard]] std::size_t live_count() const noexcept { return core_.table().live_count(); }
   [[nodiscard]] std::uint64_t barriers() const noexcept { return rounds_.rounds(); }
   [[nodiscard]] std::size_t buffered() const noexcept { return rounds_.buffered(); }
   [[nodiscard]] double next_barrier_time() const noexcept { return next_barrier_time_; }
-  [[nodiscard]] std::uint64_t staleness(worker_id w) const noexcept { return core_.table().staleness(w); }
 
  private:
   // The saved barrier rule (core/fields.hpp), first in a state.
@@ -147,7 +141,6 @@ class semi_async {
     if (rounds_.settle(core_.table(), out) > 0 && dt_ > 0.0) next_barrier_time_ = (std::floor(now / dt_) + 1.0) * dt_;
   }
 
-  detail::async_core core_;
   detail::round_core rounds_;
   std::uint32_t k_ = 0;
   double dt_ = 0.0;

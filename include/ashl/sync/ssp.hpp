@@ -49,7 +49,7 @@ struct ssp_params {
   stage_id stage = stage_id::ssp;
 };
 
-class ssp {
+class ssp : public detail::async_policy {
   // Held pulls by (c_i, i).
   struct order_fn {
     const ssp* p;
@@ -65,7 +65,7 @@ class ssp {
 
   ssp() = default;
   explicit ssp(ssp_params p)
-      : core_(p.workers, {p.scale, std::move(p.weights), std::move(p.plans), p.staleness_weight}, p.stage),
+      : async_policy(p.workers, {p.scale, std::move(p.weights), std::move(p.plans), p.staleness_weight}, p.stage),
         bound_(p.staleness), pos_(p.workers, detail::no_position) {
     held_.reserve(p.workers);
   }
@@ -110,18 +110,9 @@ class ssp {
     held_.clear(pos_);
   }
 
-  [[nodiscard]] worker_plan plan(worker_id w) const { return core_.plan(w); }
-  // A new weight and plan for w from its next commit and cycle on (ASHL+
-  // re-planning); counters and held pulls are kept. Not an event: it may grow
-  // the per-worker arrays, and the caller tells the driver the plan changed.
-  void set_plan(worker_id w, double weight, const worker_plan& p) {
-    core_.set_weight(w, weight);
-    core_.set_plan(w, p);
-  }
-  [[nodiscard]] stage_id stage() const noexcept { return core_.stage(); }
-  [[nodiscard]] bool is_live(worker_id w) const noexcept { return core_.table().is_live(w); }
-  [[nodiscard]] bool is_held(worker_id w) const noexcept { return core_.table().is_held(w); }
-  [[nodiscard]] std::size_t live_count() const noexcept { return core_.table().live_count(); }
+  using async_policy::set_plan;
+  using async_policy::clock;
+  using async_policy::min_clock;
   [[nodiscard]] std::size_t held_count() const noexcept { return held_.size(); }
   [[nodiscard]] std::uint32_t bound() const noexcept { return bound_; }
   // A new bound s from now on (sync/joint.hpp re-chooses it): held pulls a
@@ -131,11 +122,8 @@ class ssp {
     bound_ = s;
     release(out);
   }
-  [[nodiscard]] std::uint64_t staleness(worker_id w) const noexcept { return core_.table().staleness(w); }
   // c_i as the policy counts it.
-  [[nodiscard]] std::uint64_t clock(worker_id w) const { return core_.table()[w].commits; }
   // min_j c_j over live workers (0 when none is live).
-  [[nodiscard]] std::uint64_t min_clock() const noexcept { return core_.table().min_live_commits(); }
   // c_i − min_j c_j over live workers.
   [[nodiscard]] std::uint64_t ahead(worker_id w) const { return clock(w) - min_clock(); }
 
@@ -173,7 +161,6 @@ class ssp {
     while (!held_.empty() && t[held_.top()].commits - m <= bound_) t.release(held_.pop(pos_, order()), out);
   }
 
-  detail::async_core core_;
   std::uint32_t bound_ = 3;
   detail::id_heap held_;             // held pulls by (c_i, i)
   std::vector<std::uint32_t> pos_;   // index in held_

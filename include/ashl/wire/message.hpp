@@ -188,25 +188,27 @@ struct header {
 
 // The kind and fixed size of a control body type. A body type names them as
 // members; ashl::worker_plan (core/plan.hpp, shared with sync/ and profile/)
-// gets them here.
+// gets them here. error_body and measurements_body have a size that depends
+// on their content (they name fixed_bytes, the part before it): their traits
+// have no wire_bytes.
+namespace detail {
+template <class Body>
+struct body_size {};
+template <class Body>
+  requires requires {
+    { Body::wire_bytes } -> std::convertible_to<std::size_t>;
+  }
+struct body_size<Body> {
+  static constexpr std::size_t wire_bytes = Body::wire_bytes;
+};
+}  // namespace detail
 template <class Body>
 struct body_traits {};
 template <class Body>
   requires requires {
     { Body::kind } -> std::convertible_to<message_kind>;
-    { Body::wire_bytes } -> std::convertible_to<std::size_t>;
   }
-struct body_traits<Body> {
-  static constexpr message_kind kind = Body::kind;
-  static constexpr std::size_t wire_bytes = Body::wire_bytes;
-};
-// error_body and measurements_body have a size that depends on their content.
-template <class Body>
-  requires requires {
-    { Body::kind } -> std::convertible_to<message_kind>;
-    { Body::fixed_bytes } -> std::convertible_to<std::size_t>;
-  }
-struct body_traits<Body> {
+struct body_traits<Body> : detail::body_size<Body> {
   static constexpr message_kind kind = Body::kind;
 };
 
@@ -216,6 +218,11 @@ struct join_body {
   std::uint64_t incarnation = 0;  // larger after a restart, so a rejoin is not mistaken for a duplicate
   std::uint32_t batch = 0;        // local batch size it starts with; >= 1
   std::uint64_t job = 0;          // the job id the worker belongs to (ps::make_job_id); 0: not said
+  // The wire's field order (core/fields.hpp).
+  static constexpr auto fields() {
+    return std::tuple{field{"incarnation", &join_body::incarnation}, field{"batch", &join_body::batch},
+                      field{"job", &join_body::job}};
+  }
   friend constexpr bool operator==(const join_body&, const join_body&) = default;
 };
 
@@ -233,6 +240,9 @@ struct leave_body {
   static constexpr std::size_t wire_bytes = 8;
   leave_reason reason = leave_reason::left;
   std::uint32_t subject = 0;  // rank of the worker that leaves
+  static constexpr auto fields() {
+    return std::tuple{field{"reason", &leave_body::reason}, field{"subject", &leave_body::subject}};
+  }
   friend constexpr bool operator==(const leave_body&, const leave_body&) = default;
 };
 
@@ -251,6 +261,9 @@ struct metric_body {
   static constexpr std::size_t wire_bytes = 12;
   metric_id name = metric_id::loss;  // an ashl::metric_id, or a value >= metric_id_application
   double value = 0;                  // finite
+  static constexpr auto fields() {
+    return std::tuple{field{"name", &metric_body::name}, field{"value", &metric_body::value}};
+  }
   friend constexpr bool operator==(const metric_body&, const metric_body&) = default;
 };
 
@@ -502,20 +515,12 @@ inline status check_body(const measurements_body& b, const limits& lim) {
   return {};
 }
 
-inline void put_body(byte_writer& w, const join_body& b) {
-  w.put(b.incarnation);
-  w.put(b.batch);
-  w.put(b.job);
-}
-inline void put_body(byte_writer& w, const leave_body& b) {
-  w.put(static_cast<std::uint32_t>(b.reason));
-  w.put(b.subject);
-}
-// The plan's fields in their table's order (worker_plan::fields()).
-inline void put_body(byte_writer& w, const plan_update_body& b) { put_fields(w, b); }
-inline void put_body(byte_writer& w, const metric_body& b) {
-  w.put(static_cast<std::uint32_t>(b.name));
-  w.put(b.value);
+// A body of fixed size (join, leave, plan_update, metric): its fields in
+// their table's order (Body::fields(); an enum as its underlying integer).
+template <class Body>
+  requires described<Body>
+inline void put_body(byte_writer& w, const Body& b) {
+  put_fields(w, b);
 }
 inline void put_record(byte_writer& w, const measurement& m) {
   w.put(static_cast<std::uint8_t>(m.kind));
@@ -550,30 +555,26 @@ inline status fixed_size(std::string_view kind, std::size_t got, std::size_t wan
                     "a " + std::string(kind) + " body is " + std::to_string(want) + " bytes");
 }
 
+// A body of fixed size read by its field table (errors name "<kind>.<field>";
+// an enum's range is checked by check_body).
+template <class Body>
+result<control_body> read_fixed_body(byte_reader& r, std::size_t bytes, std::string_view kind, const limits& lim) {
+  ASHL_TRY(fixed_size(kind, bytes, body_traits<Body>::wire_bytes));
+  Body b;
+  ASHL_TRY(get_fields(r, b, kind));
+  ASHL_TRY(check_body(b, lim));
+  return control_body(b);
+}
+
 // Parses and checks the body of a control kind; the payload length was
 // already checked against the buffer.
 inline result<control_body> read_body(const header& h, std::span<const std::byte> p, const limits& lim) {
   byte_reader r(p);
   switch (h.kind) {
-    case message_kind::join: {
-      ASHL_TRY(fixed_size("join", p.size(), join_body::wire_bytes));
-      join_body b;
-      ASHL_TRY(r.get(b.incarnation, "join.incarnation"));
-      ASHL_TRY(r.get(b.batch, "join.batch"));
-      ASHL_TRY(r.get(b.job, "join.job"));
-      ASHL_TRY(check_body(b, lim));
-      return control_body(b);
-    }
-    case message_kind::leave: {
-      ASHL_TRY(fixed_size("leave", p.size(), leave_body::wire_bytes));
-      leave_body b;
-      std::uint32_t reason = 0;
-      ASHL_TRY(r.get(reason, "leave.reason"));
-      ASHL_TRY(r.get(b.subject, "leave.subject"));
-      b.reason = static_cast<leave_reason>(reason);
-      ASHL_TRY(check_body(b, lim));
-      return control_body(b);
-    }
+    case message_kind::join:
+      return read_fixed_body<join_body>(r, p.size(), "join", lim);
+    case message_kind::leave:
+      return read_fixed_body<leave_body>(r, p.size(), "leave", lim);
     case message_kind::plan_update: {
       ASHL_TRY(fixed_size("plan_update", p.size(), body_traits<plan_update_body>::wire_bytes));
       plan_update_body b;
@@ -581,16 +582,8 @@ inline result<control_body> read_body(const header& h, std::span<const std::byte
       ASHL_TRY(check_body(b, lim));  // the stage's range too
       return control_body(b);
     }
-    case message_kind::metric: {
-      ASHL_TRY(fixed_size("metric", p.size(), metric_body::wire_bytes));
-      metric_body b;
-      std::uint32_t name = 0;
-      ASHL_TRY(r.get(name, "metric.name"));
-      b.name = static_cast<metric_id>(name);
-      ASHL_TRY(r.get(b.value, "metric.value"));
-      ASHL_TRY(check_body(b, lim));
-      return control_body(b);
-    }
+    case message_kind::metric:
+      return read_fixed_body<metric_body>(r, p.size(), "metric", lim);
     case message_kind::error: {
       if (p.size() < error_body::fixed_bytes)
         return make_error(errc::malformed, "error.payload_bytes", p.size(), "an error body is at least 16 bytes");

@@ -101,5 +101,38 @@ class async_core {
   stage_id stage_ = stage_id::none;
 };
 
+// What every policy built on async_core answers the same way (asp, ssp,
+// dssp, semi_async): its plan, stage and the workers' state, one body,
+// inherited. clock, min_clock and set_plan are protected: a policy that
+// offers them says so with a using-declaration (semi_async has no clock,
+// dssp no set_plan). Not virtual: a policy is a concrete type.
+class async_policy {
+ public:
+  [[nodiscard]] worker_plan plan(worker_id w) const { return core_.plan(w); }
+  [[nodiscard]] stage_id stage() const noexcept { return core_.stage(); }
+  [[nodiscard]] bool is_live(worker_id w) const noexcept { return core_.table().is_live(w); }
+  [[nodiscard]] bool is_held(worker_id w) const noexcept { return core_.table().is_held(w); }
+  [[nodiscard]] std::size_t live_count() const noexcept { return core_.table().live_count(); }
+  [[nodiscard]] std::uint64_t staleness(worker_id w) const noexcept { return core_.table().staleness(w); }
+
+ protected:
+  async_policy() = default;
+  async_policy(std::size_t workers, async_config cfg, stage_id stage) : core_(workers, std::move(cfg), stage) {}
+
+  // c_i: commits accepted from w (since it joined, from 0).
+  [[nodiscard]] std::uint64_t clock(worker_id w) const { return core_.table()[w].commits; }
+  // The smallest c_i over the live workers.
+  [[nodiscard]] std::uint64_t min_clock() const noexcept { return core_.table().min_live_commits(); }
+  // A new weight and plan for w from its next commit and cycle on (ASHL+
+  // re-planning); counters are kept. Not an event: it may grow the per-worker
+  // arrays, and the caller tells the driver the plan changed.
+  void set_plan(worker_id w, double weight, const worker_plan& p) {
+    core_.set_weight(w, weight);
+    core_.set_plan(w, p);
+  }
+
+  async_core core_;
+};
+
 }  // namespace sync::detail
 ASHL_NAMESPACE_END
