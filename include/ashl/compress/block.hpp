@@ -111,45 +111,47 @@ class block_quant : public detail::codec_base<codec_id::block> {
     const detail::random_words rw(ctx.seed, ctx.step, ctx.tensor);
     float buf[detail::block_piece];
     std::uint32_t words[detail::block_piece];
-    const std::uint64_t nb = layout::bucket_count(n, B);
-    for (std::uint64_t b = 0; b < nb; ++b) {
-      const std::uint64_t lo = b * B, len = lo + B < n ? B : n - lo;
-      // The chunk after next, once each time the blocks enter a new chunk.
-      if (const std::uint64_t c = lo / detail::chunk; b == 0 || c != (lo - B) / detail::chunk)
-        detail::prefetch_ahead(x, n, (c + 2) * detail::chunk);
-      // absmax over the block (a key >= 0x7f800000 is an inf or NaN), in
-      // pieces; a 16-bit block that fits one piece is widened once.
-      const bool one_piece = len <= detail::block_piece;
-      const float* xf = nullptr;
+    // Blocks of up to block_piece elements go in groups that fill a piece:
+    // a 16-bit group is widened once and its random words drawn at once
+    // (one Philox call per piece, not per block). A larger block goes in
+    // pieces, read twice (absmax, then codes).
+    const std::uint64_t group = B <= detail::block_piece ? (detail::block_piece / B) * B : B;
+    for (std::uint64_t g0 = 0; g0 < n; g0 += group) {
+      const std::uint64_t glen = n - g0 < group ? n - g0 : group;
+      detail::prefetch_ahead(x, n, g0 + 2 * group);
+      if (B <= detail::block_piece) {
+        const std::size_t k = static_cast<std::size_t>(glen);
+        const float* xf = detail::as_float(x + g0, k, buf);
+        if (opt_.stochastic) rw.fill(g0 / 4, (k + 3) / 4, words);
+        for (std::uint64_t lo = g0; lo < g0 + glen; lo += B) {
+          const std::size_t len = static_cast<std::size_t>(g0 + glen - lo < B ? g0 + glen - lo : B);
+          const std::size_t off = static_cast<std::size_t>(lo - g0);
+          ASHL_TRY(encode_block(lo / B, xf + off, len, m, opt_.stochastic ? words + off : nullptr, bits, steps,
+                                codes + lo * bits / 8));
+        }
+        continue;
+      }
+      // One block of more than a piece.
       std::uint32_t key = 0;
-      for (std::uint64_t p = 0; p < len; p += detail::block_piece) {
-        const std::size_t k = static_cast<std::size_t>(len - p < detail::block_piece ? len - p : detail::block_piece);
-        const float* piece = detail::as_float(x + lo + p, k, buf);
-        if (one_piece) xf = piece;
-        const std::uint32_t kk = detail::max_abs_key(piece, k);
+      for (std::uint64_t p = 0; p < glen; p += detail::block_piece) {
+        const std::size_t k = static_cast<std::size_t>(glen - p < detail::block_piece ? glen - p : detail::block_piece);
+        const std::uint32_t kk = detail::max_abs_key(detail::as_float(x + g0 + p, k, buf), k);
         key = kk > key ? kk : key;
       }
-      if (key >= 0x7f800000u)
-        return out_of_range("block.input.block[" + std::to_string(b) + "]", b, "holds an inf or NaN");
+      const std::uint64_t b = g0 / B;
+      ASHL_TRY(check_key(b, key));
       const float absmax = std::bit_cast<float>(key);
-      std::byte* const bc = codes + lo * bits / 8;
       if (absmax < min_absmax) {
-        detail::store_le<float>(steps + 4 * b, 0.0f);
-        const std::size_t cb = static_cast<std::size_t>((len * bits + 7) / 8);
-        for (std::size_t j = 0; j < cb; ++j) bc[j] = std::byte{0};
+        zero_block(b, static_cast<std::size_t>(glen), bits, steps, codes + g0 * bits / 8);
         continue;
       }
       detail::store_le<float>(steps + 4 * b, absmax / m);
       const float r = m / absmax;
-      for (std::uint64_t p = 0; p < len; p += detail::block_piece) {
-        const std::size_t k = static_cast<std::size_t>(len - p < detail::block_piece ? len - p : detail::block_piece);
-        const float* piece = one_piece ? xf : detail::as_float(x + lo + p, k, buf);
-        const std::uint32_t* w = nullptr;
-        if (opt_.stochastic) {
-          rw.fill((lo + p) / 4, (k + 3) / 4, words);
-          w = words;
-        }
-        detail::block_codes(piece, k, r, m, bits, w, bc + p * bits / 8);
+      for (std::uint64_t p = 0; p < glen; p += detail::block_piece) {
+        const std::size_t k = static_cast<std::size_t>(glen - p < detail::block_piece ? glen - p : detail::block_piece);
+        const float* piece = detail::as_float(x + g0 + p, k, buf);
+        if (opt_.stochastic) rw.fill((g0 + p) / 4, (k + 3) / 4, words);
+        detail::block_codes(piece, k, r, m, bits, opt_.stochastic ? words : nullptr, codes + (g0 + p) * bits / 8);
       }
     }
     return need;
@@ -213,6 +215,31 @@ class block_quant : public detail::codec_base<codec_id::block> {
   }
 
  private:
+  static status check_key(std::uint64_t b, std::uint32_t key) {
+    if (key >= 0x7f800000u)  // the |x| bit pattern of an inf or NaN
+      return out_of_range("block.input.block[" + std::to_string(b) + "]", b, "holds an inf or NaN");
+    return {};
+  }
+  static void zero_block(std::uint64_t b, std::size_t len, unsigned bits, std::byte* steps, std::byte* codes) {
+    detail::store_le<float>(steps + 4 * b, 0.0f);
+    const std::size_t cb = (len * bits + 7) / 8;
+    for (std::size_t j = 0; j < cb; ++j) codes[j] = std::byte{0};
+  }
+  // Block b of len (<= block_piece) widened elements xf: its step and codes.
+  static status encode_block(std::uint64_t b, const float* xf, std::size_t len, float m, const std::uint32_t* words,
+                             unsigned bits, std::byte* steps, std::byte* codes) {
+    const std::uint32_t key = detail::max_abs_key(xf, len);
+    ASHL_TRY(check_key(b, key));
+    const float absmax = std::bit_cast<float>(key);
+    if (absmax < min_absmax) {
+      zero_block(b, len, bits, steps, codes);
+      return {};
+    }
+    detail::store_le<float>(steps + 4 * b, absmax / m);
+    detail::block_codes(xf, len, m / absmax, m, bits, words, codes);
+    return {};
+  }
+
   block_quant_options opt_{};
 };
 

@@ -40,19 +40,25 @@ inline constexpr float block_round_constant = 12582912.0f;
 template <bool Stochastic>
 inline void block_quantize_body(const float* x, std::size_t len, float r, float m, const std::uint32_t* words,
                                 std::int8_t* q) noexcept {
-  for (std::size_t i = 0; i < len; ++i) {
-    float t = x[i] * r;
-    if constexpr (Stochastic) {
-      t = t + static_cast<float>(words[i] >> 8) * 0x1p-24f;
-      // floor: truncate toward zero, then one down where that went up.
-      const float tr = static_cast<float>(static_cast<std::int32_t>(t));
-      t = tr > t ? tr - 1.0f : tr;
-    } else {
-      t = (t + block_round_constant) - block_round_constant;
+  if constexpr (Stochastic) {
+    // Integer floor and clamp: gcc 12 does not if-convert a float compare
+    // under -ftrapping-math here, and then vectorizes nothing.
+    const auto mi = static_cast<std::int32_t>(m);
+    for (std::size_t i = 0; i < len; ++i) {
+      const float t = x[i] * r + static_cast<float>(static_cast<std::int32_t>(words[i] >> 8)) * 0x1p-24f;  // u < 2^24: exact
+      const auto tz = static_cast<std::int32_t>(t);                                 // toward zero
+      const std::int32_t fl = tz - static_cast<std::int32_t>(static_cast<float>(tz) > t);  // floor
+      q[i] = static_cast<std::int8_t>(fl < -mi ? -mi : (fl > mi ? mi : fl));
     }
-    t = t < -m ? -m : t;
-    t = t > m ? m : t;
-    q[i] = static_cast<std::int8_t>(static_cast<std::int32_t>(t));
+  } else {
+    (void)words;
+    for (std::size_t i = 0; i < len; ++i) {
+      float t = x[i] * r;
+      t = (t + block_round_constant) - block_round_constant;
+      t = t < -m ? -m : t;
+      t = t > m ? m : t;
+      q[i] = static_cast<std::int8_t>(static_cast<std::int32_t>(t));
+    }
   }
 }
 
@@ -101,10 +107,16 @@ inline void block_add_body(const std::uint8_t* c, std::size_t len, unsigned bits
     if (len % 2 != 0)
       acc[len - 1] += f * static_cast<float>(static_cast<std::int8_t>(static_cast<std::uint8_t>(c[pairs] << 4)) >> 4);
   } else {
-    // Four 2-bit codes per byte: a table of the byte's four values.
-    for (std::size_t i = 0; i < len; ++i) {
-      const unsigned v = (static_cast<unsigned>(c[i / 4]) >> (2 * (i % 4))) & 0x3u;
-      acc[i] += f * static_cast<float>(static_cast<std::int32_t>(v << 30) >> 30);
+    // Four 2-bit codes per byte, each sign-extended from the top of an int32.
+    const std::size_t quads = len / 4;
+    for (std::size_t j = 0; j < quads; ++j) {
+      const std::uint32_t b = c[j];
+      for (unsigned k = 0; k < 4; ++k)
+        acc[4 * j + k] += f * static_cast<float>(static_cast<std::int32_t>(b << (30 - 2 * k)) >> 30);
+    }
+    for (std::size_t i = quads * 4; i < len; ++i) {
+      const std::uint32_t b = c[quads];
+      acc[i] += f * static_cast<float>(static_cast<std::int32_t>(b << (30 - 2 * (i - quads * 4))) >> 30);
     }
   }
 }
