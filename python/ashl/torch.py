@@ -749,8 +749,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if stages is not None and plan.stage not in stages:
                 raise ValueError(f"policy = {self._policy.name!r}: the servers run stage {plan.stage!r}")
         # The servers name their codec only in a plan that compresses (ratio < 1).
-        codec = self._ex[0].worker.codec
-        if self._compression is not None and codec != "identity" and codec != self._compression:
+        codec = self._ex[0].worker.codec  # canonical, with the plan's options ("block4:64")
+        if (self._compression is not None and codec != "identity"
+                and codec != _ashl.codec_name(self._compression)):
             raise ValueError(f"compression = {self._compression!r}: the servers' codec is {codec!r}")
 
     @property

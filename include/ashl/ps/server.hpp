@@ -79,6 +79,10 @@ struct server_params {
   // What a worker whose plan compresses (ratio < 1) commits with; the codec
   // goes to the worker in the plan_update header.
   codec_id compression = codec_id::topk;
+  // Its options (core/plan.hpp; 0: the codec's default), sent in each
+  // compressing plan whose policy left them 0 (ps::plan_with_codec_options):
+  // {.bits = 4, .block = 128} with codec_id::block is "block4:128".
+  codec_options compression_options{};
   // > 0: print one progress line to stderr every progress_seconds.
   double progress_seconds = 0.0;
   // The longest single wait() of run(); bounds how late a stop is noticed.
@@ -393,6 +397,7 @@ class server {
   static result<server> create(server_params p, Policy policy, Transport t, std::span<const float> initial = {}) {
     if (!(p.progress_seconds >= 0.0))
       return invalid_argument("server.progress_seconds", p.progress_seconds, "must be >= 0");
+    ASHL_TRY(check_codec_options(p.compression, p.compression_options, "server.compression_options."));
     // The largest data part a worker may send this shard: any codec's
     // payload for its elements is below 8 bytes per element (sparse pairs at
     // ratio 1) plus a small header.
@@ -1825,7 +1830,8 @@ class server {
     ++tel_.acks;
   }
 
-  void send_plan(worker_id w, const worker_plan& plan) {
+  void send_plan(worker_id w, const worker_plan& policy_plan) {
+    const worker_plan plan = plan_with_codec_options(policy_plan, p_.compression, p_.compression_options);
     const transport::peer_id p = rank_peer_[w];
     if (p == transport::no_peer) return;
     wire::header h{.kind = wire::message_kind::plan_update,

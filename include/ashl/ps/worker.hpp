@@ -342,7 +342,7 @@ class worker {
     if (s.cycle.iterations() == 0 && s.cycle.follow(leader.plan, leader.codec, s.p.batch)) {
       ++s.tel.plan_changes;
       if (auto ok = check_plan_codec(leader.plan, leader.codec); !ok) s.fail(ok);
-      else (void)s.encoder.set(leader.codec, leader.plan.compression_ratio);
+      else (void)s.encoder.set(leader.codec, leader.plan.compression_ratio, leader.plan.compression_options());
     }
     return s.cycle.iteration_done(s.clock.now(), leader_done);
   }
@@ -995,7 +995,7 @@ class worker {
       if (cycle.start(p.batch, now)) {
         ++tel.plan_changes;
         // check_plan_codec held when the plan_update arrived: this cannot fail.
-        (void)encoder.set(cycle.codec(), cycle.plan().compression_ratio);
+        (void)encoder.set(cycle.codec(), cycle.plan().compression_ratio, cycle.plan().compression_options());
       }
     }
 
