@@ -51,6 +51,7 @@
 #include <ashl/compress/cuda/error_feedback.cuh>
 #include <ashl/compress/cuda/cast.cuh>
 #include <ashl/compress/cuda/identity.cuh>
+#include <ashl/compress/cuda/block.cuh>
 #include <ashl/compress/cuda/natural.cuh>
 #include <ashl/compress/cuda/qsgd.cuh>
 #include <ashl/compress/cuda/randomk.cuh>

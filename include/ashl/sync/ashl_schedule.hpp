@@ -257,7 +257,7 @@ class ashl_schedule {
   [[nodiscard]] std::size_t live_count() const noexcept { return nlive_; }
 
   void save(state_writer& w) const {
-    w.tag("ASHL", 2);  // 2: the plan with its codec options
+    w.tag("ASHL", 1);
     w.put<std::uint64_t>(p_.workers);
     w.put(p_.profile_iterations);
     w.put(p_.profile_seconds);
@@ -295,8 +295,7 @@ class ashl_schedule {
   status load(state_reader& r) {
     ashl_schedule n = *this;
     std::uint64_t workers = 0, count = 0, replans = 0;
-    std::uint32_t version = 0;
-    ASHL_TRY(r.tag("ASHL", 1, 2, version));
+    ASHL_TRY(r.tag("ASHL", 1));
     ASHL_TRY(r.get(workers, "ashl.workers"));
     n.p_.workers = static_cast<std::size_t>(workers);
     ASHL_TRY(r.get(n.p_.profile_iterations, "ashl.profile_iterations"));
@@ -341,7 +340,7 @@ class ashl_schedule {
       ++n.samples_[m.worker];
     }
     ASHL_TRY(load_status(r, n.planner_status_, "ashl.planner_status"));
-    ASHL_TRY(load_plan(r, n.plan_, version >= 2));
+    ASHL_TRY(load_plan(r, n.plan_));
     ASHL_TRY(r.get(n.total_, "ashl.total_share"));
     ASHL_TRY(r.get(n.min_ratio_ahl_, "ashl.min_ratio_ahl"));
     ASHL_TRY(r.get(n.min_ratio_shl_, "ashl.min_ratio_shl"));
