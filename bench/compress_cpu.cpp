@@ -49,6 +49,7 @@
 //
 // Adding a codec: one entry(...) line in all_codecs().
 #include <ashl/compress/cast.hpp>
+#include <ashl/compress/block.hpp>
 #include <ashl/compress/identity.hpp>
 #include <ashl/compress/randomk.hpp>
 #include <ashl/compress/threshold.hpp>
@@ -481,6 +482,12 @@ std::vector<codec_entry> all_codecs() {
 #if ASHL_BENCH_HAS_NATURAL
   v.push_back(entry("natural", dense, false, [](double) { return cx::natural{}; }));
 #endif
+  // Block-scaled integers (Streaming DiLoCo's 4 bits, SparseLoCo's 2), B = 64.
+  v.push_back(entry("block8", dense, false, [](double) { return cx::block_quant{{.bits = 8, .block = 64}}; }));
+  v.push_back(entry("block4", dense, false, [](double) { return cx::block_quant{{.bits = 4, .block = 64}}; }));
+  v.push_back(entry("block2", dense, false, [](double) { return cx::block_quant{{.bits = 2, .block = 64}}; }));
+  v.push_back(entry("block4s", dense, false,
+                    [](double) { return cx::block_quant{{.bits = 4, .block = 64, .stochastic = true}}; }));
 #if ASHL_BENCH_HAS_ERROR_FEEDBACK
   // Each chunk's decorator keeps its own residual (allocated in the warm-up).
   // Encode = residual add + inner encode + inner decode into the residual.
@@ -590,6 +597,7 @@ int main(int argc, char** argv) {
   };
   const std::vector<goal> goal_list{{"casts >= 0.5x memcpy", {"fp16", "bf16"}, 0.5},
                                     {"quantizers, sign >= 0.5x memcpy", {"qsgd", "terngrad", "natural", "sign"}, 0.5},
+                                    {"block codecs >= 0.5x memcpy", {"block8", "block4", "block2", "block4s"}, 0.5},
                                     {"sampled top-k >= 10x nth_element", {"topk_sampled"}, 10.0},
                                     {"exact top-k >= 3x nth_element", {"topk"}, 3.0}};
   std::vector<row> rows, goal_rows;

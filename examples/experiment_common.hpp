@@ -629,7 +629,7 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
     // The codec in force with the plan (the worker's cycle adopted both, as
     // ps::worker does) and the error-feedback rule are ps::commit_encoder's:
     // a dense commit pays off what earlier top-k commits left (ASHL+'s residual).
-    (void)x.enc.set(q.codec, q.plan->compression_ratio);
+    (void)x.enc.set(q.codec, q.plan->compression_ratio, q.plan->compression_options());
     for (std::uint32_t k = 0; k < out.size(); ++k) {
       const ashl::ps::key_range r = q.layout->range(k);
       const std::span<const float> delta(x.delta.data() + r.begin, static_cast<std::size_t>(r.size()));

@@ -842,8 +842,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"local_steps = {self._policy.params['local_steps']}: the servers plan "
                              f"{plan.local_iterations} local steps")
         # The servers name their codec only in a plan that compresses (ratio < 1).
-        codec = self._ex[0].worker.codec
-        if self._compression is not None and codec != "identity" and codec != self._compression:
+        codec = self._ex[0].worker.codec  # canonical, with the plan's options ("block4:64")
+        if (self._compression is not None and codec != "identity"
+                and codec != _ashl.codec_name(self._compression)):
             raise ValueError(f"compression = {self._compression!r}: the servers' codec is {codec!r}")
 
     # The counts are the bucket cycle's (load_state_dict sets them).

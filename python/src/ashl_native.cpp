@@ -482,7 +482,13 @@ class py_worker {
   }
   py::dict plan() const { return plan_dict(unlocked([&] { return w_->plan(); })); }
   std::uint32_t batch() const { return unlocked([&] { return w_->batch(); }); }
-  std::string codec() const { return std::string(ashl::to_string(unlocked([&] { return w_->codec(); }))); }
+  // The codec with the plan's options, canonical (ps::to_string(codec_spec)):
+  // "topk", "block4:64", "qsgd:256".
+  std::string codec() const {
+    return unlocked([&] {
+      return ps::to_string(ps::codec_spec{w_->codec(), w_->plan().compression_options()});
+    });
+  }
   std::uint64_t staleness() const { return unlocked([&] { return w_->staleness(); }); }
   std::uint64_t incarnation() const { return unlocked([&] { return w_->incarnation(); }); }
   py::dict telemetry() const { return worker_telemetry_dict(unlocked([&] { return w_->telemetry(); })); }
@@ -621,8 +627,9 @@ class py_server {
       opt.nesterov_activation = nesterov_activation;
       if (const auto st = opt.validate(); !st) raise(st);
     }
-    const auto codec = ashl::codec_id_from_string(compression);
-    if (!codec) raise(ashl::invalid_argument("server.compression", compression, "unknown codec"));
+    // "topk", "block4", "block8:128" (ps::parse_codec_spec): the codec and its options.
+    const auto codec = ps::parse_codec_spec(compression, "server.compression");
+    if (!codec) raise(codec.error());
     ps::server_params sp{.core = {.layout = *layout,
                                   .shard = shard,
                                   .workers = workers,
@@ -631,7 +638,8 @@ class py_server {
                                   .seed = seed,
                                   .allow_non_finite = allow_non_finite,
                                   .max_commit_samples = max_commit_samples},
-                         .compression = *codec,
+                         .compression = codec->id,
+                         .compression_options = codec->options,
                          .progress_seconds = progress_seconds,
                          .worker_timeout = millis(worker_timeout, "server.worker_timeout"),
                          .no_worker_grace = millis(no_worker_grace, "server.no_worker_grace"),
@@ -890,6 +898,16 @@ PYBIND11_MODULE(_ashl, m) {
   m.def("plan_fields", [] { return field_help<ashl::worker_plan>(); },
         "(name, help) of every plan field (worker_plan::fields()), in wire order");
   m.def("plan_defaults", [] { return plan_dict(ashl::worker_plan{}); }, "a default worker_plan as a dict");
+  m.def(
+      "codec_name",
+      [](const std::string& name) {
+        auto s = ps::parse_codec_spec(name == "none" ? "identity" : name, "compression");
+        if (!s) raise(s.error());
+        return ps::to_string(*s);
+      },
+      py::arg("name"),
+      "the canonical name of a codec and its options (ps::parse_codec_spec): \"block4\" -> \"block4:64\", "
+      "\"block8:128\", \"topk\"; an unknown name or a bad option raises, naming it");
   m.def("make_job_id", &ps::make_job_id, py::arg("name"), py::arg("elements"), py::arg("workers"), py::arg("servers"),
         "The job id (ps::make_job_id): servers refuse a worker of another id and a checkpoint of another job");
   m.def("fresh_incarnation", &ps::fresh_incarnation,
@@ -903,7 +921,9 @@ PYBIND11_MODULE(_ashl, m) {
 
   py::class_<ps::plan_in_force>(m, "CyclePlan", "a worker's plan and codec for one cycle (ps::plan_in_force)")
       .def_property_readonly("plan", [](const ps::plan_in_force& p) { return plan_dict(p.plan); })
-      .def_property_readonly("codec", [](const ps::plan_in_force& p) { return std::string(ashl::to_string(p.codec)); });
+      .def_property_readonly("codec", [](const ps::plan_in_force& p) {
+        return ps::to_string(ps::codec_spec{p.codec, p.plan.compression_options()});
+      });
   py::class_<measurements>(m, "Measurements", "a worker's measurements of one cycle (core/plan.hpp measurement)")
       .def("__len__", [](const measurements& x) { return x.m.size(); })
       .def_property_readonly("kinds", [](const measurements& x) {

@@ -94,11 +94,15 @@ BOOST_AUTO_TEST_CASE(quantizers) {
   check_codec("terngrad", compress::terngrad{});
   check_codec("sign", compress::sign{});
   check_codec("natural", compress::natural{});
+  check_codec("block", compress::block_quant{});
+  check_codec("block8 B=128", compress::block_quant{{.bits = 8, .block = 128}});
+  check_codec("block2 B=32 stochastic", compress::block_quant{{.bits = 2, .block = 32, .stochastic = true}});
 }
 
 BOOST_AUTO_TEST_CASE(stateful_codecs) {
   check_codec("error_feedback<sign>", compress::error_feedback<compress::sign>{compress::sign{}});
   check_codec("error_feedback<qsgd>", compress::error_feedback<compress::qsgd>{compress::qsgd{}});
+  check_codec("error_feedback<block>", compress::error_feedback<compress::block_quant>{compress::block_quant{}});
   check_codec("dgc<topk>", compress::dgc<compress::topk>{compress::topk{0.05}});
   check_codec("dgc<threshold>", compress::dgc<compress::threshold>{compress::threshold{{.theta = 0.5f}}});
 }

@@ -43,6 +43,7 @@ BOOST_AUTO_TEST_CASE(dispatches_to_default_constructed_codecs) {
   same_as_direct(compress::terngrad{}, x);
   same_as_direct(compress::sign{}, x);
   same_as_direct(compress::natural{}, x);
+  same_as_direct(compress::block_quant{{.bits = 2, .block = 16}}, x);
 }
 
 // The one list drives the wire ids, the dispatch and DGC's check.
@@ -59,6 +60,7 @@ BOOST_AUTO_TEST_CASE(the_codec_list_is_the_wire_ids) {
   static_assert(std::is_same_v<compress::codec_for<codec_id::terngrad>, compress::terngrad>);
   static_assert(std::is_same_v<compress::codec_for<codec_id::sign>, compress::sign>);
   static_assert(std::is_same_v<compress::codec_for<codec_id::natural>, compress::natural>);
+  static_assert(std::is_same_v<compress::codec_for<codec_id::block>, compress::block_quant>);
   // Exactly the sparse-pair codecs of docs/wire-format.md.
   for (int i = 0; i < codec_id_count; ++i) {
     const auto id = static_cast<codec_id>(i);
@@ -78,7 +80,7 @@ BOOST_AUTO_TEST_CASE(an_unknown_id_is_unsupported) {
   auto s = compress::decode_add(static_cast<codec_id>(codec_id_count), p, {4, dtype::f32},
                                 host_view<float>(a.data(), a.size()), 1.0f, {});
   BOOST_TEST((s.code() == errc::unsupported));
-  BOOST_TEST(s.message() == "codec = 11: no CPU decoder for this codec in this build");
+  BOOST_TEST(s.message() == "codec = 12: no CPU decoder for this codec in this build");
   BOOST_TEST(a == std::vector<float>(4, 1.0f));
 }
 

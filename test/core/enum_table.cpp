@@ -80,7 +80,7 @@ BOOST_AUTO_TEST_CASE(the_librarys_enum_tables_keep_their_names) {
   BOOST_TEST(ashl::to_string(ashl::dtype::bf16) == "bf16");
   BOOST_TEST((ashl::dtype_from_string("i8") == ashl::dtype::i8));
   BOOST_TEST(!ashl::dtype_from_byte(6).has_value());
-  BOOST_TEST(ashl::codec_id_count == 11);
+  BOOST_TEST(ashl::codec_id_count == 12);
   BOOST_TEST(ashl::to_string(ashl::codec_id::topk_sampled) == "topk_sampled");
   BOOST_TEST(ashl::stage_id_count == 12u);
   BOOST_TEST(ashl::to_string(ashl::stage_id::semi_async) == "semi_async");

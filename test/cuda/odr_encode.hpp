@@ -57,6 +57,7 @@
 #if defined(ASHL_ODR_VERSION_NS)
 #define v0 ASHL_ODR_VERSION_NS
 #endif
+#include <ashl/compress/block.hpp>
 #include <ashl/compress/cast.hpp>
 #include <ashl/compress/dgc.hpp>
 #include <ashl/compress/detail/host_simd.hpp>
@@ -165,6 +166,8 @@ void encode_type(const std::vector<float>& xf, std::vector<odr_payload>& out) {
   each(cc::terngrad{}, "terngrad");
   each(cc::sign{}, "sign");
   each(cc::natural{}, "natural");
+  each(cc::block_quant{}, "block");
+  each(cc::block_quant{cc::block_quant_options{.bits = 2, .block = 96, .stochastic = true}}, "block2 stochastic");
   // The decorators over two steps (their state feeds the second payload).
   cc::error_feedback<cc::qsgd> ef{cc::qsgd{}};
   cc::dgc<cc::topk> dgc{cc::topk{0.01}};

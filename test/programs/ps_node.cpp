@@ -191,11 +191,12 @@ int serve(const ps::job& j, const options& o) {
   if (!policy) return fail(policy.error().message());
   const auto r = layout->range(j.rank);
   std::vector<float> initial(r.size(), 0.5f);
-  auto codec = ashl::codec_id_from_string(o.codec);
-  if (!codec) return fail("--codec " + o.codec + ": unknown codec");
+  auto codec = ps::parse_codec_spec(o.codec, "--codec");  // "topk", "block4:128" (docs/codecs.md "block")
+  if (!codec) return fail(codec.error().message());
   ps::server_params sp{.core = {.layout = *layout, .shard = j.rank, .workers = j.num_workers,
                                 .optimizer = optimizer_of(o, pp)},
-                       .compression = *codec,
+                       .compression = codec->id,
+                       .compression_options = codec->options,
                        .progress_seconds = j.progress_seconds,
                        .worker_timeout = std::chrono::milliseconds(o.worker_timeout_ms),
                        .no_worker_grace = std::chrono::milliseconds(

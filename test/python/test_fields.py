@@ -11,11 +11,12 @@ from ashl import _ashl
 def test_plan_fields_are_worker_plans_in_wire_order():
     names = [n for n, _ in _ashl.plan_fields()]
     assert names == ["local_iterations", "commit_interval_us", "batch_size", "stage", "data_share",
-                     "compression_ratio"]
+                     "compression_ratio", "codec_bits", "codec_block"]
     assert [f.name for f in ashl.Plan.__dataclass_fields__.values()] == names
     p = ashl.Plan.from_dict({**_ashl.plan_defaults(), "commit_interval_us": 250000, "stage": "adsp"})
     assert p.commit_interval == pytest.approx(0.25)
     assert p.local_iterations == 1 and p.compression_ratio == 1.0
+    assert p.codec_bits == 0 and p.codec_block == 0  # the codec's defaults
 
 
 def test_every_policy_parameter_is_accepted_by_name_and_unknown_ones_are_named():

@@ -233,3 +233,26 @@ def test_topk_encoded_by_torch_on_the_buckets_device_gives_the_host_codecs_param
         assert b["compress_seconds"] == 0 and hb["compress_seconds"] > 0  # ps::worker encoded nothing
     assert torch.equal(p_host, p_dev)  # bit for bit
     assert not torch.equal(p_dev, flat(mlp()))
+
+
+def test_block_codec_names_and_options_reach_the_plan():
+    """compression="block4:128": the servers send the block codec with
+    4 bits and B = 128 in each compressing plan (plan fields codec_bits,
+    codec_block), and every bucket encodes with it (docs/codecs.md "block")."""
+    assert ashl._ashl.codec_name("block4") == "block4:64"
+    assert ashl._ashl.codec_name("block") == "block4:64"
+    assert ashl._ashl.codec_name("block2:32") == "block2:32"
+    assert ashl._ashl.codec_name("topk") == "topk"
+    with pytest.raises(Exception, match=r"compression.bits = 3"):
+        ashl._ashl.codec_name("block3")
+    with pytest.raises(Exception, match=r"compression.block = 12"):
+        ashl._ashl.codec_name("block4:12")
+    policy = ashl.Policy("ashl", profile_iterations=2, h_ahl=2, h_shl=2, compression_ratio=0.25, planner="uniform")
+    out, _ = run(policy, 1, 12, update="delta", compression="block4:128", until_stage="ahl", then=6)
+    for r, (params, opt, tel) in out.items():
+        assert opt.plan.stage == "ahl"
+        assert opt.plan.codec_bits == 4 and opt.plan.codec_block == 128
+        for ex, b in zip(opt._ex, tel["buckets"]):
+            assert ex.worker.codec == "block4:128"
+            assert b["compress_seconds"] > 0
+        assert torch.isfinite(params).all() and not torch.equal(params, flat(mlp()))

@@ -170,3 +170,81 @@ BOOST_AUTO_TEST_CASE(nothing_allocates_once_a_shards_buffers_are_sized) {
   }
   BOOST_TEST(counting_new::allocations.load() == before);
 }
+
+// Codec options in the plan (core/plan.hpp codec_options): checked per codec
+// by name, filled from the server's where the policy left them 0, and the
+// encoder builds the codec they name ("block4 with B = 128").
+BOOST_AUTO_TEST_CASE(plan_codec_options_build_the_named_codec) {
+  const worker_plan p{.compression_ratio = 0.14f, .codec_bits = 4, .codec_block = 128};
+  BOOST_TEST(ps::check_plan_codec(p, codec_id::block).ok());
+  auto msg = [](const worker_plan& q, codec_id c) { return ps::check_plan_codec(q, c).message(); };
+  BOOST_TEST(msg({.compression_ratio = 0.5f, .codec_bits = 3}, codec_id::block) ==
+             "plan_update.codec_bits = 3: must be 2, 4 or 8");
+  BOOST_TEST(msg({.compression_ratio = 0.5f, .codec_block = 100}, codec_id::block) ==
+             "plan_update.codec_block = 100: must be a multiple of 8 in [8, 65536]");
+  BOOST_TEST(msg({.compression_ratio = 0.5f, .codec_block = 131072}, codec_id::block) ==
+             "plan_update.codec_block = 131072: must be a multiple of 8 in [8, 65536]");
+  BOOST_TEST(msg({.compression_ratio = 0.5f, .codec_bits = 4}, codec_id::topk) ==
+             "plan_update.codec_bits = 4: codec topk takes no bits (must be 0)");
+  BOOST_TEST(msg({.compression_ratio = 0.5f, .codec_block = 64}, codec_id::topk) ==
+             "plan_update.codec_block = 64: codec topk takes no block (must be 0)");
+  BOOST_TEST(ps::check_plan_codec({.compression_ratio = 0.5f, .codec_block = 100}, codec_id::qsgd).ok());
+
+  // The server's options fill what the plan left 0; a dense plan carries none.
+  const ashl::codec_options server{.bits = 2, .block = 256};
+  const auto filled = ps::plan_with_codec_options({.compression_ratio = 0.5f, .codec_block = 32}, codec_id::block, server);
+  BOOST_TEST(filled.codec_bits == 2u);
+  BOOST_TEST(filled.codec_block == 32u);
+  const auto dense = ps::plan_with_codec_options({.codec_bits = 4}, codec_id::block, server);
+  BOOST_TEST(!dense.has_codec_options());
+  BOOST_TEST(ps::check_plan_codec(dense, ps::plan_codec(dense, codec_id::block)).ok());
+
+  // The encoder's payload is block_quant{4, 128}'s, byte for byte.
+  const std::size_t n = 1000;
+  const auto x = random_update(n, 11);
+  ps::commit_encoder enc({.error_feedback = false});
+  BOOST_TEST_REQUIRE(enc.set(codec_id::block, p.compression_ratio, p.compression_options()).ok());
+  BOOST_TEST((enc.compression_options() == ashl::codec_options{4, 128}));
+  BOOST_TEST(enc.max_encoded_bytes(n) == 16u + 4u * 8u + 500u);
+  const auto got = enc.encode(0, x, 3);
+  BOOST_TEST_REQUIRE(got.has_value());
+  const ashl::compress::block_quant direct{{.bits = 4, .block = 128}};
+  std::vector<std::byte> want(direct.max_encoded_bytes(n, ashl::dtype::f32));
+  const auto used = direct.encode(ashl::host_view<const float>(x.data(), n), want, {.step = 3});
+  BOOST_TEST_REQUIRE(used.has_value());
+  BOOST_TEST_REQUIRE(got->size() == *used);
+  BOOST_TEST(std::memcmp(got->data(), want.data(), *used) == 0);
+  // The defaults (options 0): 4 bits, B = 64.
+  BOOST_TEST_REQUIRE(enc.set(codec_id::block, 0.5f).ok());
+  BOOST_TEST(enc.max_encoded_bytes(n) == 16u + 4u * 16u + 500u);
+  // Options a codec does not take are refused by name; the codec in force stays.
+  BOOST_TEST(enc.set(codec_id::topk, 0.1f, {.bits = 4}).message() ==
+             "commit_encoder.codec_bits = 4: codec topk takes no bits (must be 0)");
+  BOOST_TEST((enc.codec() == codec_id::block));
+  // qsgd's bucket from the plan.
+  BOOST_TEST_REQUIRE(enc.set(codec_id::qsgd, 0.5f, {.block = 100}).ok());
+  BOOST_TEST(enc.max_encoded_bytes(n) == ashl::compress::qsgd::payload_bytes(n, 100, 127));
+}
+
+BOOST_AUTO_TEST_CASE(codec_specs_parse_and_print) {
+  auto parse = [](std::string_view t) { return ps::parse_codec_spec(t); };
+  BOOST_TEST((parse("block4")->options == ashl::codec_options{4, 0}));
+  BOOST_TEST((parse("block4")->id == codec_id::block));
+  BOOST_TEST((parse("block8:128")->options == ashl::codec_options{8, 128}));
+  BOOST_TEST((parse("block2:32")->options == ashl::codec_options{2, 32}));
+  BOOST_TEST((parse("block")->options == ashl::codec_options{0, 0}));
+  BOOST_TEST((parse("qsgd:256")->options == ashl::codec_options{0, 256}));
+  BOOST_TEST((parse("topk")->id == codec_id::topk));
+  BOOST_TEST(ps::to_string(*parse("block")) == "block4:64");
+  BOOST_TEST(ps::to_string(*parse("block4")) == "block4:64");
+  BOOST_TEST(ps::to_string(*parse("block2:256")) == "block2:256");
+  BOOST_TEST(ps::to_string(*parse("qsgd:256")) == "qsgd:256");
+  BOOST_TEST(ps::to_string(*parse("topk")) == "topk");
+  BOOST_TEST(parse("block3").error().message().rfind("compression.bits = 3", 0) == 0u, parse("block3").error().message());
+  BOOST_TEST(parse("block4:0").error().message().rfind("compression = \"block4:0\"", 0) == 0u);
+  BOOST_TEST(parse("block4:12").error().message().rfind("compression.block = 12", 0) == 0u);
+  BOOST_TEST(parse("block4:x").error().message().rfind("compression = \"block4:x\"", 0) == 0u);
+  BOOST_TEST(parse("blockx").error().message().rfind("compression = \"blockx\"", 0) == 0u);
+  BOOST_TEST(parse("topk:64").error().message().rfind("compression.block = 64", 0) == 0u);
+  BOOST_TEST(parse("gzip").error().message() == "compression = \"gzip\": unknown codec");
+}

@@ -882,6 +882,50 @@ BOOST_AUTO_TEST_CASE(the_compute_hook_gets_the_codec_in_force_with_the_plan) {
   }
 }
 
+// Codec options travel with the plan (docs/codecs.md "block"): a policy's
+// own (worker 0: B = 16) win, the servers' fill what it left 0 (worker 1
+// gets server_setup::compression_options whole), and the hook's encoder
+// builds block_quant from them; the server decodes every payload.
+BOOST_AUTO_TEST_CASE(codec_options_reach_the_compute_hook_with_the_plan) {
+  constexpr std::uint64_t n = 40;
+  auto spec = cluster({worker(0.01, 8), worker(0.02, 8)}, 4 * n);
+  std::vector<ashl::worker_plan> plans = {
+      ashl::worker_plan{.local_iterations = 1, .compression_ratio = 0.5f, .codec_block = 16},
+      ashl::worker_plan{.local_iterations = 1, .compression_ratio = 0.5f}};
+  std::array<ashl::ps::commit_encoder, 2> enc;
+  std::array<std::vector<ashl::codec_options>, 2> seen;
+  std::array<std::vector<float>, 2> delta;
+  sim::hooks h;
+  h.compute = [&](const sim::compute_request& q, std::span<sim::shard_payload> out) {
+    seen[q.worker].push_back(q.plan->compression_options());
+    BOOST_REQUIRE(enc[q.worker].set(q.codec, q.plan->compression_ratio, q.plan->compression_options()).ok());
+    auto& d = delta[q.worker];
+    d.assign(n, static_cast<float>(q.worker + 1));
+    out[0] = {.codec = q.codec, .element_count = n, .step = q.sequence, .tensor = 0};
+    auto p = enc[q.worker].encode(0, d, q.sequence);
+    BOOST_REQUIRE(p.has_value());
+    BOOST_REQUIRE((q.codec == ashl::codec_id::block));
+    // 2 bits, so ceil(n / B) steps and n / 4 code bytes: the options were used.
+    const std::uint64_t B = q.worker == 0 ? 16 : 32;
+    BOOST_REQUIRE(p->size() == 16 + 4 * ((n + B - 1) / B) + n / 4);
+    out[0].bytes = *p;
+  };
+  auto s = make<ss::asp>(spec, ss::asp({.workers = 2, .plans = plans}), h,
+                         {.elements = n, .compression = ashl::codec_id::block,
+                          .compression_options = {.bits = 2, .block = 32}});
+  auto r = s.run({.commits_per_worker = 2});
+  BOOST_TEST(r.error.empty(), r.error);
+  BOOST_TEST(r.refused == 0u);
+  BOOST_TEST((seen[0] == std::vector<ashl::codec_options>(2, {2, 16})));
+  BOOST_TEST((seen[1] == std::vector<ashl::codec_options>(2, {2, 32})));
+  // Options the servers' codec does not take are refused by name.
+  auto bad = sim::simulator<ss::asp>::create(spec, ss::asp({.workers = 2}), h,
+                                             {.elements = n, .compression = ashl::codec_id::topk,
+                                              .compression_options = {.bits = 4}});
+  BOOST_TEST_REQUIRE(!bad.has_value());
+  BOOST_TEST(bad.error().message() == "server.compression_options.bits = 4: codec topk takes no bits (must be 0)");
+}
+
 namespace {
 // ASP that notes every measurement it is told, with the simulator's time.
 struct listening_asp : ss::asp {

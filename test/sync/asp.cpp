@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace as = ashl::sync;
 
@@ -120,4 +121,33 @@ BOOST_AUTO_TEST_CASE(steady_state_events_allocate_nothing) {
     as::asp p{{.workers = 16, .staleness_weight = as::staleness_weighting::power(0.5)}};
     BOOST_TEST(policy_testing::steady_state_allocations(p, 16, seed, counting_new::count) == 0u);
   }
+}
+
+// Plans keep their codec options through save/load (section ASYN version 2),
+// and a version-1 section (plans of 24 bytes, before the options) still loads.
+BOOST_AUTO_TEST_CASE(plans_with_codec_options_survive_save_and_load) {
+  as::asp p{{.workers = 2, .plans = {{.local_iterations = 4, .compression_ratio = 0.25f, .codec_bits = 2, .codec_block = 32}}}};
+  const auto bytes = policy_testing::saved(p);
+  as::asp q{{.workers = 2}};
+  ashl::state_reader r(bytes);
+  BOOST_TEST_REQUIRE(q.load(r).ok());
+  BOOST_TEST(q.plan(0).codec_bits == 2u);
+  BOOST_TEST(q.plan(0).codec_block == 32u);
+  BOOST_TEST((q.plan(0) == p.plan(0)));
+
+  // The same state as a version-1 build wrote it: ASYN version 1 and the
+  // plan's 8 option bytes absent. Layout: ASP_ tag(8) ASYN tag(8) stage(4)
+  // scale(8) weights(8) plans(8) plan(32 in version 2).
+  as::asp old{{.workers = 2, .plans = {{.local_iterations = 4, .compression_ratio = 0.25f}}}};
+  auto v1 = policy_testing::saved(old);
+  const std::uint32_t one = 1;
+  std::memcpy(v1.data() + 12, &one, 4);
+  const std::size_t plan_at = 8 + 8 + 4 + 8 + 8 + 8;
+  v1.erase(v1.begin() + static_cast<std::ptrdiff_t>(plan_at + 24), v1.begin() + static_cast<std::ptrdiff_t>(plan_at + 32));
+  as::asp r1{{.workers = 2}};
+  ashl::state_reader rr(v1);
+  const auto st = r1.load(rr);
+  BOOST_TEST_REQUIRE(st.ok(), st.to_string());
+  BOOST_TEST((r1.plan(0) == old.plan(0)));
+  BOOST_TEST(!r1.plan(0).has_codec_options());
 }

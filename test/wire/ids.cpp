@@ -12,7 +12,7 @@ BOOST_AUTO_TEST_CASE(codec_ids_are_stable_and_named) {
                 static_cast<int>(c::topk) == 3 && static_cast<int>(c::topk_sampled) == 4 &&
                 static_cast<int>(c::randomk) == 5 && static_cast<int>(c::threshold) == 6 &&
                 static_cast<int>(c::qsgd) == 7 && static_cast<int>(c::terngrad) == 8 && static_cast<int>(c::sign) == 9 &&
-                static_cast<int>(c::natural) == 10 && ashl::codec_id_count == 11);
+                static_cast<int>(c::natural) == 10 && static_cast<int>(c::block) == 11 && ashl::codec_id_count == 12);
   std::set<std::string_view> names;
   for (int i = 0; i < ashl::codec_id_count; ++i) {
     const auto c = static_cast<ashl::codec_id>(i);

@@ -370,7 +370,7 @@ BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {
   expect_error(dec(patched(commit, 8, std::uint8_t{0})), errc::unsupported, "header.kind = 0");
   expect_error(dec(patched(commit, 8, std::uint8_t{10})), errc::unsupported,
                "header.kind = 10: not a message kind of version 5");
-  expect_error(dec(patched(commit, 9, std::uint8_t{11})), errc::unsupported, "header.codec = 11");
+  expect_error(dec(patched(commit, 9, std::uint8_t{12})), errc::unsupported, "header.codec = 12");
   expect_error(dec(patched(commit, 10, std::uint8_t{6})), errc::unsupported, "header.dtype = 6");
   expect_error(dec(patched(commit, 11, std::uint8_t{1})), errc::malformed, "header.reserved0 = 1");
   expect_error(dec(patched(commit, 12, std::uint32_t{0x20})), errc::unsupported, "header.flags = 0x00000020");
@@ -803,7 +803,7 @@ BOOST_AUTO_TEST_CASE(documented_id_values_are_pinned) {
   static_assert(static_cast<int>(ashl::dtype::f32) == 0 && static_cast<int>(ashl::dtype::f16) == 1 &&
                 static_cast<int>(ashl::dtype::bf16) == 2 && static_cast<int>(ashl::dtype::f64) == 3 &&
                 static_cast<int>(ashl::dtype::i8) == 4 && static_cast<int>(ashl::dtype::u8) == 5);
-  static_assert(w::body_traits<ashl::worker_plan>::wire_bytes == 24 &&
+  static_assert(w::body_traits<ashl::worker_plan>::wire_bytes == 32 && w::body_traits<ashl::worker_plan>::wire_bytes_before_codec == 24 &&
                 w::body_traits<ashl::worker_plan>::kind == w::message_kind::plan_update);
   static_assert(std::is_same_v<w::plan_update_body, ashl::worker_plan>);
   static_assert(w::measurements_body::record_bytes == 25 && w::measurements_body::fixed_bytes == 4);
@@ -834,6 +834,35 @@ BOOST_AUTO_TEST_CASE(plan_bodies_round_trip) {
     BOOST_TEST((again == m));
   }
   BOOST_TEST(ashl::worker_plan{.commit_interval_us = 250'000}.commit_interval() == 0.25);
+}
+
+// A plan with codec options travels in 32 bytes; one without them in the 24
+// bytes every version-5 peer reads (the same bytes as before the options).
+BOOST_AUTO_TEST_CASE(plan_bodies_with_codec_options) {
+  const ashl::worker_plan with{.local_iterations = 500, .compression_ratio = 0.14f, .codec_bits = 4, .codec_block = 128};
+  const auto m = encode_control(with);
+  BOOST_TEST(m.size() == w::header_bytes + 32);
+  auto d = dec(m);
+  BOOST_TEST_REQUIRE(d.has_value(), (d ? "" : d.error().to_string()));
+  BOOST_TEST((*d->get<ashl::worker_plan>() == with));
+  BOOST_TEST(d->get<ashl::worker_plan>()->compression_options().bits == 4u);
+  BOOST_TEST(d->get<ashl::worker_plan>()->compression_options().block == 128u);
+  // Without options: 24 bytes, ending with the ratio.
+  ashl::worker_plan without = with;
+  without.codec_bits = 0;
+  without.codec_block = 0;
+  const auto m24 = encode_control(without);
+  BOOST_TEST_REQUIRE(m24.size() == w::header_bytes + 24);
+  float ratio = 0;
+  std::memcpy(&ratio, m24.data() + w::header_bytes + 20, 4);
+  BOOST_TEST(ratio == 0.14f);
+  auto d24 = dec(m24);
+  BOOST_TEST_REQUIRE(d24.has_value());
+  BOOST_TEST((*d24->get<ashl::worker_plan>() == without));
+  // Any other size is refused by name (a 28-byte body: one option cut off).
+  const bytes cut(m.begin(), m.end() - 4);
+  expect_error(dec(patched(cut, 56, std::uint64_t{28})), errc::malformed,
+               "plan_update.payload_bytes = 28: a plan_update body is 24 or 32 bytes");
 }
 
 BOOST_AUTO_TEST_CASE(measurements_round_trip_every_kind) {

@@ -201,6 +201,7 @@ class plan_exchange {
  public:
   struct options {
     codec_id compression = codec_id::topk;  // what a compressing plan commits with (ps::plan_codec)
+    codec_options compression_options{};    // its options where a plan leaves them 0 (ps::plan_with_codec_options)
     bool error_feedback = true;             // ps::commit_encoder's residual rule
     std::uint64_t seed = 0;                 // rank j encodes with seed + golden·(j + 1)
     std::uint32_t tensor = 0;               // the codec_context tensor id (and the encoder's shard)
@@ -230,8 +231,10 @@ class plan_exchange {
       has_encoder_ = true;
       me_ = me;
     }
-    const auto& mine = plans[static_cast<std::size_t>(me)];
-    return enc_.set(codecs_[static_cast<std::size_t>(me)], mine.compression_ratio < 1.0f ? mine.compression_ratio : 1.0f);
+    const worker_plan mine =
+        ps::plan_with_codec_options(plans[static_cast<std::size_t>(me)], o_.compression, o_.compression_options);
+    return enc_.set(codecs_[static_cast<std::size_t>(me)], mine.compression_ratio < 1.0f ? mine.compression_ratio : 1.0f,
+                    mine.compression_options());
   }
 
   template <host_collective C>

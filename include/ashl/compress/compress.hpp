@@ -7,6 +7,7 @@
 // docs/algorithms.md §4; docs/wire-format.md, "Codec payloads".
 #pragma once
 
+#include <ashl/compress/block.hpp>
 #include <ashl/compress/cast.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/dgc.hpp>

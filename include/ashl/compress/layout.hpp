@@ -107,6 +107,38 @@ constexpr ASHL_HOST_DEVICE std::uint64_t natural_payload_bytes(std::uint64_t n) 
   return natural::header_bytes + n;
 }
 
+// ---- block (block-scaled integers) ------------------------------------------
+
+// u64 n, u32 block B, u8 bits, u8 rounding, u16 reserved (0); then nb f32
+// steps d_b (absmax_b / (2^(bits-1) - 1)), then n codes of `bits` bits
+// (two's complement, LSB-first bit stream). B is a multiple of 8, so every
+// block's codes start on a byte.
+struct block {
+  static constexpr std::uint64_t n_offset = 0;          // u64
+  static constexpr std::uint64_t block_offset = 8;      // u32
+  static constexpr std::uint64_t bits_offset = 12;      // u8: 2, 4 or 8
+  static constexpr std::uint64_t rounding_offset = 13;  // u8: 0 nearest even, 1 stochastic
+  static constexpr std::uint64_t reserved_offset = 14;  // u16, 0
+  static constexpr std::uint64_t header_bytes = 16;     // then f32 step[nb], codes
+  static constexpr std::uint32_t min_block = 8, max_block = 65536, block_multiple = 8;
+  static constexpr std::uint8_t rounding_nearest = 0, rounding_stochastic = 1;
+};
+// The largest code magnitude of a `bits`-bit code: 127, 7, 1. The code
+// -2^(bits-1) (0x80, 0x8, 0b10) is never sent.
+constexpr ASHL_HOST_DEVICE std::int32_t block_max_code(unsigned bits) noexcept {
+  return (std::int32_t{1} << (bits - 1)) - 1;
+}
+constexpr ASHL_HOST_DEVICE bool block_bits_valid(unsigned bits) noexcept { return bits == 2 || bits == 4 || bits == 8; }
+constexpr ASHL_HOST_DEVICE bool block_size_valid(std::uint64_t b) noexcept {
+  return b >= block::min_block && b <= block::max_block && b % block::block_multiple == 0;
+}
+constexpr ASHL_HOST_DEVICE std::uint64_t block_codes_offset(std::uint64_t n, std::uint64_t b) noexcept {
+  return block::header_bytes + 4 * bucket_count(n, b);
+}
+constexpr ASHL_HOST_DEVICE std::uint64_t block_payload_bytes(std::uint64_t n, std::uint64_t b, unsigned bits) noexcept {
+  return block_codes_offset(n, b) + packed_bytes(n, bits);
+}
+
 // ---- sparse pairs (topk, topk_sampled, threshold) --------------------------
 
 struct sparse {
@@ -153,6 +185,8 @@ static_assert(terngrad_payload_bytes(5, 4) == 12 + 8 + 2);
 static_assert(sign_payload_bytes(9, 512) == 12 + 4 + 2);
 static_assert(sparse_payload_bytes(3, 2) == 12 + 18);
 static_assert(randomk_payload_bytes(2, 4) == 29);
+static_assert(block_payload_bytes(100, 64, 4) == 16 + 8 + 50 && block_payload_bytes(9, 8, 2) == 16 + 8 + 3);
+static_assert(block_max_code(8) == 127 && block_max_code(4) == 7 && block_max_code(2) == 1);
 
 }  // namespace compress::layout
 ASHL_NAMESPACE_END

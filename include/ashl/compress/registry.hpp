@@ -19,6 +19,7 @@
 
 #include <ashl/config.hpp>
 #include <ashl/compress/detail/host_simd.hpp>
+#include <ashl/compress/block.hpp>
 #include <ashl/compress/cast.hpp>
 #include <ashl/compress/concepts.hpp>
 #include <ashl/compress/identity.hpp>
@@ -76,7 +77,8 @@ using codecs = codec_list<codec_entry<identity, payload_layout::dense>,         
                           codec_entry<qsgd>,                                       //
                           codec_entry<terngrad>,                                   //
                           codec_entry<sign>,                                       //
-                          codec_entry<natural>>;
+                          codec_entry<natural>,                                    //
+                          codec_entry<block_quant>>;
 
 namespace detail {
 template <class... E>

@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <tuple>
 #include <string>
 #include <string_view>
 
@@ -56,8 +57,20 @@ constexpr std::optional<stage_id> stage_id_from_string(std::string_view s) noexc
 
 // -------------------------------------------------------------- the plan
 
+// Options of the codec a plan commits with (the codec itself is the
+// plan_update header's): 0 leaves each to the codec's default. bits: the
+// block codec's code width (2, 4 or 8); block: elements per scale (the block
+// codec's B; qsgd's, terngrad's and sign's bucket). Which codec takes which
+// is checked with the codec (ps::check_plan_codec, rules/commit_encoder.hpp).
+struct codec_options {
+  std::uint32_t bits = 0;
+  std::uint32_t block = 0;
+  friend constexpr bool operator==(const codec_options&, const codec_options&) = default;
+};
+
 // What a worker does until told otherwise; the wire's plan_update body
-// (docs/wire-format.md), 24 bytes in this field order.
+// (docs/wire-format.md) in this field order: 24 bytes when the codec options
+// are 0 (the body every version-5 peer reads), 32 when one is set.
 struct worker_plan {
   std::uint32_t local_iterations = 1;    // local steps per commit; 0: commit by interval
   std::uint32_t commit_interval_us = 0;  // time between commits (ADSP); 0: by iterations
@@ -65,6 +78,8 @@ struct worker_plan {
   stage_id stage = stage_id::none;       // for telemetry and the worker's schedule
   float data_share = 0.0f;               // fraction of the training data, [0, 1]; 0: unspecified
   float compression_ratio = 1.0f;        // fraction kept, (0, 1]
+  std::uint32_t codec_bits = 0;          // codec_options::bits; 0: the codec's default
+  std::uint32_t codec_block = 0;         // codec_options::block; 0: the codec's default
 
   [[nodiscard]] constexpr double commit_interval() const noexcept {
     return static_cast<double>(commit_interval_us) * 1e-6;
@@ -77,17 +92,28 @@ struct worker_plan {
     if (!(us < 4294967295.0)) return 4294967295u;
     return us < 1.0 ? 1u : static_cast<std::uint32_t>(us);
   }
+  [[nodiscard]] constexpr codec_options compression_options() const noexcept { return {codec_bits, codec_block}; }
+  [[nodiscard]] constexpr bool has_codec_options() const noexcept { return codec_bits != 0 || codec_block != 0; }
   friend constexpr bool operator==(const worker_plan&, const worker_plan&) = default;
 
-  // The one list of the plan's fields, in wire order (core/fields.hpp): the
-  // wire's plan_update body, checkpoints and the Python binding read it.
-  static constexpr auto fields() {
+  // The fields a plan had before the codec options (the 24-byte plan_update
+  // body, and the plans of version-1 checkpoint sections).
+  static constexpr auto fields_before_codec() {
     return std::tuple{field{"local_iterations", &worker_plan::local_iterations, "local steps per commit; 0: by interval"},
                       field{"commit_interval_us", &worker_plan::commit_interval_us, "time between commits (ADSP)"},
                       field{"batch_size", &worker_plan::batch_size, "0: keep the worker's own"},
                       field{"stage", &worker_plan::stage, "the policy or schedule stage"},
                       field{"data_share", &worker_plan::data_share, "fraction of the training data; 0: unspecified"},
                       field{"compression_ratio", &worker_plan::compression_ratio, "fraction kept, (0, 1]"}};
+  }
+  // The one list of the plan's fields, in wire order (core/fields.hpp): the
+  // wire's plan_update body, checkpoints and the Python binding read it.
+  static constexpr auto fields() {
+    return std::tuple_cat(fields_before_codec(),
+                          std::tuple{field{"codec_bits", &worker_plan::codec_bits,
+                                           "the block codec's bits (2, 4, 8); 0: the codec's default"},
+                                     field{"codec_block", &worker_plan::codec_block,
+                                           "elements per scale (block codec B; qsgd/terngrad/sign bucket); 0: default"}});
   }
 };
 static_assert(fields_cover<worker_plan>(), "worker_plan::fields() must list every field");

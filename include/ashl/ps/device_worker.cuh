@@ -51,6 +51,7 @@
 #include <ashl/compress/cuda/error_feedback.cuh>
 #include <ashl/compress/cuda/cast.cuh>
 #include <ashl/compress/cuda/identity.cuh>
+#include <ashl/compress/cuda/block.cuh>
 #include <ashl/compress/cuda/natural.cuh>
 #include <ashl/compress/cuda/qsgd.cuh>
 #include <ashl/compress/cuda/randomk.cuh>
@@ -147,23 +148,23 @@ struct device_block {
   }
 };
 
-// Calls f(codec) with the plan's codec (id, ratio) when it has a device
-// implementation; false when it has none.
+// Calls f(codec) with the plan's codec (id, ratio, options) when it has a
+// device implementation; false when it has none.
 template <class F, std::size_t I = 0>
-bool with_device_codec(codec_id id, double ratio, F&& f) {
+bool with_device_codec(codec_id id, double ratio, codec_options o, F&& f) {
   if constexpr (I == codec_id_count) {
     return false;
   } else {
     if (static_cast<std::size_t>(id) == I) {
       using C = compress::codec_for<static_cast<codec_id>(I)>;
       if constexpr (compress::cuda::device_codec<C>) {
-        f(make_codec<static_cast<codec_id>(I)>(ratio));
+        f(make_codec<static_cast<codec_id>(I)>(ratio, o));
         return true;
       } else {
         return false;
       }
     }
-    return with_device_codec<F, I + 1>(id, ratio, std::forward<F>(f));
+    return with_device_codec<F, I + 1>(id, ratio, o, std::forward<F>(f));
   }
 }
 
@@ -379,7 +380,8 @@ class device_worker {
       ASHL_TRY(params_free());
       if (wk->compresses()) {
         status st;
-        const bool has = detail::with_device_codec(wk->codec(), wk->plan().compression_ratio,
+        const worker_plan pl = wk->plan();
+        const bool has = detail::with_device_codec(wk->codec(), pl.compression_ratio, pl.compression_options(),
                                                    [&](auto c) { (void)(st = encode_on_device(c, update, s)); });
         if (has) {
           if (st.ok()) {

@@ -113,6 +113,7 @@ class server {
   static result<server> create(server_params p, Policy policy, Transport t, std::span<const float> initial = {}) {
     if (!(p.progress_seconds >= 0.0))
       return invalid_argument("server.progress_seconds", p.progress_seconds, "must be >= 0");
+    ASHL_TRY(check_codec_options(p.compression, p.compression_options, "server.compression_options."));
     // The largest data part a worker may send this shard: any codec's
     // payload for its elements is below 8 bytes per element (sparse pairs at
     // ratio 1) plus a small header.
@@ -626,7 +627,7 @@ class server {
   void send_parameters_in_parts(transport::peer_id p, worker_id w, const typename core_type::pinned_parameters& pv,
                                 std::uint32_t parts);
   void send_ack(transport::peer_id p, worker_id w);
-  void send_plan(worker_id w, const worker_plan& plan);
+  void send_plan(worker_id w, const worker_plan& policy_plan);
   void send_error(transport::peer_id p, errc code, std::uint64_t in_reply_to, std::string_view text);
 
   template <class Body>

@@ -35,6 +35,10 @@ struct server_params {
   // What a worker whose plan compresses (ratio < 1) commits with; the codec
   // goes to the worker in the plan_update header.
   codec_id compression = codec_id::topk;
+  // Its options (core/plan.hpp; 0: the codec's default), sent in each
+  // compressing plan whose policy left them 0 (ps::plan_with_codec_options):
+  // {.bits = 4, .block = 128} with codec_id::block is "block4:128".
+  codec_options compression_options{};
   // > 0: print one progress line to stderr every progress_seconds.
   double progress_seconds = 0.0;
   // The longest single wait() of run(); bounds how late a stop is noticed.

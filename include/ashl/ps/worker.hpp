@@ -181,7 +181,7 @@ class worker {
     if (s.cycle.iterations() == 0 && s.cycle.follow(leader.plan, leader.codec, s.p.batch)) {
       ++s.tel.plan_changes;
       if (auto ok = check_plan_codec(leader.plan, leader.codec); !ok) s.fail(ok);
-      else (void)s.encoder.set(leader.codec, leader.plan.compression_ratio);
+      else (void)s.encoder.set(leader.codec, leader.plan.compression_ratio, leader.plan.compression_options());
     }
     return s.cycle.iteration_done(s.clock.now(), leader_done);
   }

@@ -73,7 +73,7 @@ inline void worker<Transport>::state::finish_cycle() {
   if (cycle.start(p.batch, now)) {
     ++tel.plan_changes;
     // check_plan_codec held when the plan_update arrived: this cannot fail.
-    (void)encoder.set(cycle.codec(), cycle.plan().compression_ratio);
+    (void)encoder.set(cycle.codec(), cycle.plan().compression_ratio, cycle.plan().compression_options());
   }
 }
 

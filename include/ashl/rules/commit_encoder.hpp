@@ -1,12 +1,14 @@
 // ashl/rules/commit_encoder.hpp — how a worker turns an update into what it
 // commits, pure and shared by every driver: which codec a plan
-// commits with (plan_codec, the server's choice sent in the plan_update),
-// whether a plan_update's plan and codec go together (check_plan_codec),
+// commits with (plan_codec, the server's choice sent in the plan_update)
+// and with which codec options (plan_with_codec_options, codec_spec names
+// such as "block4:128"), whether a plan_update's plan and codec go together
+// (check_plan_codec),
 // and the error-feedback rule, held once here for ps::worker and the
 // simulator's hooks alike:
 //
 //   ashl::ps::commit_encoder enc({.error_feedback = true, .seed = 7});
-//   enc.set(ashl::ps::plan_codec(plan, ashl::codec_id::topk), plan.compression_ratio);
+//   enc.set(ashl::ps::plan_codec(plan, ashl::codec_id::topk), plan.compression_ratio, plan.compression_options());
 //   if (enc.compresses()) {
 //     auto payload = enc.encode(/*shard*/ 0, update, step);   // e <- e + x; send C(e); e <- e - C(e)
 //   } else {
@@ -46,13 +48,51 @@ ASHL_NAMESPACE_BEGIN
 namespace ps {
 
 // The codec a plan commits with: the servers' compression codec when the
-// plan keeps less than everything (ratio < 1), identity otherwise.
+// plan keeps less than everything (ratio < 1), identity otherwise. A codec
+// of fixed rate (block, qsgd, terngrad, sign, natural, the casts) is turned
+// on by any ratio < 1 and otherwise ignores the value.
 [[nodiscard]] constexpr codec_id plan_codec(const worker_plan& plan, codec_id compression) noexcept {
   return plan.compression_ratio < 1.0f ? compression : codec_id::identity;
 }
 
+// Which codec options a codec takes (core/plan.hpp codec_options): the
+// block codec both (bits 2, 4, 8; block a multiple of 8 in [8, 65536]),
+// the bucketed quantizers qsgd, terngrad and sign a block (their bucket,
+// >= 1), every other codec none.
+[[nodiscard]] constexpr bool takes_codec_bits(codec_id id) noexcept { return id == codec_id::block; }
+[[nodiscard]] constexpr bool takes_codec_block(codec_id id) noexcept {
+  return id == codec_id::block || id == codec_id::qsgd || id == codec_id::terngrad || id == codec_id::sign;
+}
+
+// Options for codec `id`, each field named `<prefix>bits` / `<prefix>block`
+// (0 is always the codec's default).
+inline status check_codec_options(codec_id id, codec_options o, std::string_view prefix) {
+  if (o.bits == 0 && o.block == 0) return {};  // no text built: commit_encoder::set allocates nothing
+  if (o.bits == 0 || takes_codec_bits(id)) {
+    const bool bits_ok = o.bits == 0 || compress::layout::block_bits_valid(o.bits);
+    const bool block_ok = o.block == 0 || (takes_codec_block(id) &&
+                                           (id != codec_id::block || compress::layout::block_size_valid(o.block)));
+    if (bits_ok && block_ok) return {};
+  }
+  const std::string p(prefix);
+  if (o.bits != 0) {
+    if (!takes_codec_bits(id))
+      return invalid_argument(p + "bits", o.bits, "codec " + std::string(to_string(id)) + " takes no bits (must be 0)");
+    if (!compress::layout::block_bits_valid(o.bits)) return invalid_argument(p + "bits", o.bits, "must be 2, 4 or 8");
+  }
+  if (o.block != 0) {
+    if (!takes_codec_block(id))
+      return invalid_argument(p + "block", o.block,
+                              "codec " + std::string(to_string(id)) + " takes no block (must be 0)");
+    if (id == codec_id::block && !compress::layout::block_size_valid(o.block))
+      return invalid_argument(p + "block", o.block, "must be a multiple of 8 in [8, 65536]");
+  }
+  return {};
+}
+
 // A plan_update's plan and codec: the plan's own rules (core/plan.hpp), a
-// known codec, and identity exactly when the plan keeps everything.
+// known codec, identity exactly when the plan keeps everything, and codec
+// options the codec takes (plan_update.codec_bits, plan_update.codec_block).
 inline status check_plan_codec(const worker_plan& plan, codec_id codec, std::string_view field = "plan_update") {
   ASHL_TRY(check_plan(plan, field));
   const auto id = static_cast<unsigned>(codec);
@@ -63,19 +103,110 @@ inline status check_plan_codec(const worker_plan& plan, codec_id codec, std::str
                             "must compress: the plan's compression_ratio is " + std::to_string(plan.compression_ratio));
   if (plan.compression_ratio >= 1.0f && codec != codec_id::identity)
     return invalid_argument(f, to_string(codec), "must be identity: the plan's compression_ratio is 1");
-  return {};
+  return check_codec_options(codec, plan.compression_options(), std::string(field) + ".codec_");
+}
+
+// The plan a server sends: a compressing plan's codec options that the
+// policy left 0 filled from the server's (server_params::compression_options),
+// and a dense plan's cleared (identity takes none). The one rule of the real
+// server and the simulator.
+[[nodiscard]] constexpr worker_plan plan_with_codec_options(worker_plan plan, codec_id compression,
+                                                            codec_options server) noexcept {
+  if (plan_codec(plan, compression) == codec_id::identity) {
+    plan.codec_bits = 0;
+    plan.codec_block = 0;
+    return plan;
+  }
+  if (plan.codec_bits == 0) plan.codec_bits = server.bits;
+  if (plan.codec_block == 0) plan.codec_block = server.block;
+  return plan;
+}
+
+// A codec and its options, as a user names them (ps_node, the Python
+// module's compression=): "<codec>[<bits>][:<block>]", the bits suffix
+// only for the block codec. "block4" is block with 4 bits, "block8:128"
+// 8 bits and B = 128, "block" the defaults (4 bits, B = 64), "qsgd:256"
+// qsgd with buckets of 256, "topk" top-k. Errors name `field`.
+struct codec_spec {
+  codec_id id = codec_id::identity;
+  codec_options options{};
+  friend constexpr bool operator==(const codec_spec&, const codec_spec&) = default;
+};
+
+inline result<codec_spec> parse_codec_spec(std::string_view text, std::string_view field = "compression") {
+  const std::string f(field);
+  const auto colon = text.find(':');
+  std::string_view name = text.substr(0, colon);
+  codec_spec s;
+  const auto number = [&](std::string_view digits, std::uint32_t& out) -> bool {
+    if (digits.empty() || digits.size() > 9) return false;
+    std::uint32_t v = 0;
+    for (char c : digits) {
+      if (c < '0' || c > '9') return false;
+      v = v * 10 + static_cast<std::uint32_t>(c - '0');
+    }
+    out = v;
+    return true;
+  };
+  if (name.size() > 5 && name.substr(0, 5) == "block") {
+    if (!number(name.substr(5), s.options.bits))
+      return invalid_argument(f, text, "unknown codec (the block codec is block, block8, block4 or block2)");
+    name = "block";
+  }
+  const auto id = codec_id_from_string(name);
+  if (!id) return invalid_argument(f, text, "unknown codec");
+  s.id = *id;
+  if (colon != std::string_view::npos && !number(text.substr(colon + 1), s.options.block))
+    return invalid_argument(f, text, "the part after ':' must be a block size (elements)");
+  if (colon != std::string_view::npos && s.options.block == 0)
+    return invalid_argument(f, text, "the block size after ':' must be >= 1");
+  ASHL_TRY(check_codec_options(s.id, s.options, f + "."));
+  return s;
+}
+
+// The canonical name of a spec: the block codec with its defaults filled
+// in ("block" and "block4" are "block4:64"), any other codec its name and,
+// when set, ":<block>". parse_codec_spec(to_string(s)) gives s back with the
+// block codec's defaults filled in.
+inline std::string to_string(const codec_spec& s) {
+  std::string r(to_string(s.id));
+  if (s.id == codec_id::block) {
+    const std::uint32_t bits = s.options.bits != 0 ? s.options.bits : compress::block_quant_options{}.bits;
+    const std::uint32_t block = s.options.block != 0 ? s.options.block : compress::block_quant_options{}.block;
+    return r + std::to_string(bits) + ":" + std::to_string(block);
+  }
+  if (s.options.block != 0) r += ":" + std::to_string(s.options.block);
+  return r;
 }
 
 namespace detail {
 
 // A codec of wire id `Id` at a plan's compression ratio (codecs without a
-// ratio take none).
+// ratio take none) and codec options (0: the codec's default; the options
+// were checked with check_codec_options).
 template <codec_id Id>
-auto make_codec(double ratio) {
+auto make_codec(double ratio, codec_options o = {}) {
   using C = compress::codec_for<Id>;
-  if constexpr (std::is_constructible_v<C, double>) return C{ratio};
-  else if constexpr (Id == codec_id::randomk) return C{compress::randomk_options{.ratio = ratio}};
-  else return C{};
+  if constexpr (std::is_constructible_v<C, double>) {
+    return C{ratio};
+  } else if constexpr (Id == codec_id::randomk) {
+    return C{compress::randomk_options{.ratio = ratio}};
+  } else if constexpr (Id == codec_id::block) {
+    compress::block_quant_options bo;
+    if (o.bits != 0) bo.bits = o.bits;
+    if (o.block != 0) bo.block = o.block;
+    return C{bo};
+  } else if constexpr (Id == codec_id::qsgd) {
+    compress::qsgd_options qo;
+    if (o.block != 0) qo.bucket = o.block;
+    return C{qo};
+  } else if constexpr (Id == codec_id::terngrad || Id == codec_id::sign) {
+    compress::sign_options bo;  // terngrad_options is the same bucket_options
+    if (o.block != 0) bo.bucket = o.block;
+    return C{bo};
+  } else {
+    return C{};
+  }
 }
 
 template <class Seq>
@@ -87,12 +218,12 @@ struct codec_variant<std::index_sequence<I...>> {
 using any_codec = typename codec_variant<std::make_index_sequence<codec_id_count>>::type;
 
 template <std::size_t I = 0>
-any_codec make_any_codec(codec_id id, double ratio) {
+any_codec make_any_codec(codec_id id, double ratio, codec_options o = {}) {
   if constexpr (I == codec_id_count) {
     return std::monostate{};
   } else {
-    if (static_cast<std::size_t>(id) == I) return make_codec<static_cast<codec_id>(I)>(ratio);
-    return make_any_codec<I + 1>(id, ratio);
+    if (static_cast<std::size_t>(id) == I) return make_codec<static_cast<codec_id>(I)>(ratio, o);
+    return make_any_codec<I + 1>(id, ratio, o);
   }
 }
 
@@ -108,21 +239,26 @@ class commit_encoder {
   commit_encoder() = default;
   explicit commit_encoder(options o) : o_(o) {}
 
-  // The codec and ratio of the next commits (a plan's). Residuals are kept.
-  status set(codec_id id, float ratio) {
+  // The codec, ratio and codec options of the next commits (a plan's:
+  // set(codec, plan.compression_ratio, plan.compression_options())).
+  // Residuals are kept.
+  status set(codec_id id, float ratio, codec_options o = {}) {
     if (static_cast<unsigned>(id) >= static_cast<unsigned>(codec_id_count))
       return make_error(errc::unsupported, "commit_encoder.codec", static_cast<unsigned>(id), "unknown codec id");
     if (!(ratio > 0.0f && ratio <= 1.0f))
       return invalid_argument("commit_encoder.ratio", ratio, "must be in (0, 1]");
-    if (id == id_ && ratio == ratio_ && codec_.index() != 0) return {};
+    ASHL_TRY(check_codec_options(id, o, "commit_encoder.codec_"));
+    if (id == id_ && ratio == ratio_ && o == options_ && codec_.index() != 0) return {};
     id_ = id;
     ratio_ = ratio;
-    codec_ = detail::make_any_codec(id, ratio);
+    options_ = o;
+    codec_ = detail::make_any_codec(id, ratio, o);
     return {};
   }
 
   [[nodiscard]] codec_id codec() const noexcept { return id_; }
   [[nodiscard]] float ratio() const noexcept { return ratio_; }
+  [[nodiscard]] codec_options compression_options() const noexcept { return options_; }
   [[nodiscard]] bool compresses() const noexcept { return id_ != codec_id::identity; }
   [[nodiscard]] const options& config() const noexcept { return o_; }
 
@@ -238,6 +374,7 @@ class commit_encoder {
   options o_{};
   codec_id id_ = codec_id::identity;
   float ratio_ = 1.0f;
+  codec_options options_{};
   detail::any_codec codec_{};
   std::vector<state> shards_;
   std::vector<std::byte> scratch_;

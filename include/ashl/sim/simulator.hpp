@@ -141,6 +141,9 @@ struct server_setup {
   // What a compressing plan commits with (ps::server_params::compression):
   // each plan reaches its worker with ps::plan_codec(plan, compression).
   codec_id compression = codec_id::topk;
+  // Its options (ps::server_params::compression_options), filled into each
+  // compressing plan the policy left them 0 in (ps::plan_with_codec_options).
+  codec_options compression_options{};
   bool allow_non_finite = false;          // ps::server_core_params::allow_non_finite
   std::uint64_t max_commit_samples = std::uint64_t{1} << 30;  // ps::server_core_params::max_commit_samples
 };
@@ -186,6 +189,8 @@ class simulator {
     s.hooks_ = std::move(h);
     s.layout_ = *layout;
     s.compression_ = setup.compression;
+    s.compression_options_ = setup.compression_options;
+    ASHL_TRY(ps::check_codec_options(setup.compression, setup.compression_options, "server.compression_options."));
     s.allow_non_finite_ = setup.allow_non_finite;
     s.cores_.reserve(servers);
     for (std::uint32_t k = 0; k < servers; ++k) {
@@ -350,7 +355,8 @@ class simulator {
       ++running_;
       // The join's plan (the real worker waits for it before its first cycle).
       const worker_plan first = cores_[0].policy().plan(w);
-      cycles_[w].plan_arrived(first, ps::plan_codec(first, compression_));
+      const worker_plan sent = ps::plan_with_codec_options(first, compression_, compression_options_);
+      cycles_[w].plan_arrived(sent, ps::plan_codec(sent, compression_));
       start_compute(w);
     }
     if (opt_.metric_interval > 0.0) q_.push(0.0, k_metric, 0);
@@ -782,7 +788,8 @@ class simulator {
     free_mail_.push_back(slot);
     const auto& wk = w_[m.worker];
     if (wk.incarnation != m.incarnation || wk.st == state::dead || wk.st == state::absent) return;
-    cycles_[m.worker].plan_arrived(m.plan, ps::plan_codec(m.plan, compression_));
+    const worker_plan sent = ps::plan_with_codec_options(m.plan, compression_, compression_options_);
+    cycles_[m.worker].plan_arrived(sent, ps::plan_codec(sent, compression_));
   }
 
   // The end of worker w's cycle: its measurements join its outbox, and a
@@ -945,6 +952,7 @@ class simulator {
   hooks hooks_;
   ps::shard_layout layout_;
   codec_id compression_ = codec_id::topk;  // server_setup::compression
+  codec_options compression_options_{};    // server_setup::compression_options
   bool allow_non_finite_ = false;          // server_setup::allow_non_finite (the workers' commit check too)
   std::vector<ps::commit_part_view> check_parts_;  // per server: a commit's parts for ps::check_commit_parts
   std::vector<core_type> cores_;

@@ -29,11 +29,12 @@ enum class codec_id : std::uint8_t {
   terngrad = 8,
   sign = 9,          // scaled 1-bit sign
   natural = 10,      // natural compression
+  block = 11,        // block-scaled 8/4/2-bit integers (compress/block.hpp)
 };
 inline constexpr auto codec_id_table =
     make_enum_table<codec_id>("identity", "fp16", "bf16", "topk", "topk_sampled", "randomk", "threshold", "qsgd",
-                              "terngrad", "sign", "natural");
-static_assert(codec_id_table.name(codec_id::natural) == "natural", "codec_id_table ends where codec_id does");
+                              "terngrad", "sign", "natural", "block");
+static_assert(codec_id_table.name(codec_id::block) == "block", "codec_id_table ends where codec_id does");
 inline constexpr int codec_id_count = static_cast<int>(codec_id_table.size());
 
 constexpr std::string_view to_string(codec_id c) noexcept { return codec_id_table.name(c); }

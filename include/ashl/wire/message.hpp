@@ -246,14 +246,18 @@ struct leave_body {
   friend constexpr bool operator==(const leave_body&, const leave_body&) = default;
 };
 
-// The plan_update body is the worker's plan itself, 24 bytes in field order.
+// The plan_update body is the worker's plan itself, in field order: 24
+// bytes (the fields before the codec options) when both codec options are
+// 0, so every version-5 peer reads it as before, and 32 bytes (with
+// codec_bits and codec_block) when one is set; a decoder takes both sizes.
 // The header's codec and dtype fields of a plan_update say what the worker
 // commits with from now on.
 using plan_update_body = ashl::worker_plan;
 template <>
 struct body_traits<ashl::worker_plan> {
   static constexpr message_kind kind = message_kind::plan_update;
-  static constexpr std::size_t wire_bytes = 24;
+  static constexpr std::size_t wire_bytes = 32;        // with the codec options
+  static constexpr std::size_t wire_bytes_before_codec = 24;
 };
 
 struct metric_body {
@@ -515,12 +519,18 @@ inline status check_body(const measurements_body& b, const limits& lim) {
   return {};
 }
 
-// A body of fixed size (join, leave, plan_update, metric): its fields in
-// their table's order (Body::fields(); an enum as its underlying integer).
+// A body of fixed size (join, leave, metric): its fields in their table's
+// order (Body::fields(); an enum as its underlying integer).
 template <class Body>
   requires described<Body>
 inline void put_body(byte_writer& w, const Body& b) {
   put_fields(w, b);
+}
+// The plan's fields in their table's order (worker_plan::fields()); the
+// codec options only when set (24 bytes without, 32 with).
+inline void put_body(byte_writer& w, const plan_update_body& b) {
+  if (b.has_codec_options()) put_fields(w, b);
+  else put_fields(w, b, plan_update_body::fields_before_codec());
 }
 inline void put_record(byte_writer& w, const measurement& m) {
   w.put(static_cast<std::uint8_t>(m.kind));
@@ -545,6 +555,8 @@ std::size_t body_bytes(const Body& b) noexcept {
     return error_body::fixed_bytes + b.text.size();
   else if constexpr (std::is_same_v<Body, measurements_body>)
     return measurements_body::fixed_bytes + b.records.size();
+  else if constexpr (std::is_same_v<Body, plan_update_body>)
+    return b.has_codec_options() ? body_traits<Body>::wire_bytes : body_traits<Body>::wire_bytes_before_codec;
   else
     return body_traits<Body>::wire_bytes;
 }
@@ -576,9 +588,14 @@ inline result<control_body> read_body(const header& h, std::span<const std::byte
     case message_kind::leave:
       return read_fixed_body<leave_body>(r, p.size(), "leave", lim);
     case message_kind::plan_update: {
-      ASHL_TRY(fixed_size("plan_update", p.size(), body_traits<plan_update_body>::wire_bytes));
+      constexpr std::size_t full = body_traits<plan_update_body>::wire_bytes;
+      constexpr std::size_t before = body_traits<plan_update_body>::wire_bytes_before_codec;
+      if (p.size() != full && p.size() != before)
+        return make_error(errc::malformed, "plan_update.payload_bytes", p.size(),
+                          "a plan_update body is " + std::to_string(before) + " or " + std::to_string(full) + " bytes");
       plan_update_body b;
-      ASHL_TRY(get_fields(r, b, "plan_update"));
+      if (p.size() == full) ASHL_TRY(get_fields(r, b, "plan_update"));
+      else ASHL_TRY(get_fields(r, b, "plan_update", plan_update_body::fields_before_codec()));
       ASHL_TRY(check_body(b, lim));  // the stage's range too
       return control_body(b);
     }

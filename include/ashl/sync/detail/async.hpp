@@ -70,7 +70,7 @@ class async_core {
   }
 
   void save(state_writer& out) const {
-    out.tag("ASYN", 1);
+    out.tag("ASYN", 2);  // 2: plans with their codec options
     out.put(static_cast<std::uint32_t>(stage_));
     out.put(cfg_.scale);
     out.put_vector(cfg_.weights);
@@ -81,14 +81,15 @@ class async_core {
   }
   status load(state_reader& in) {
     async_core n;
-    ASHL_TRY(in.tag("ASYN", 1));
+    std::uint32_t version = 0;
+    ASHL_TRY(in.tag("ASYN", 1, 2, version));
     ASHL_TRY(load_stage(in, n.stage_, "async.stage"));
     ASHL_TRY(in.get(n.cfg_.scale, "async.scale"));
     ASHL_TRY(in.get_vector(n.cfg_.weights, "async.weights"));
     std::uint64_t plans = 0;
-    ASHL_TRY(in.count(plans, 24, "async.plans"));
+    ASHL_TRY(in.count(plans, version >= 2 ? 32 : 24, "async.plans"));
     n.cfg_.plans.resize(static_cast<std::size_t>(plans));
-    for (auto& p : n.cfg_.plans) ASHL_TRY(load_plan(in, p));
+    for (auto& p : n.cfg_.plans) ASHL_TRY(load_plan(in, p, version >= 2));
     ASHL_TRY(load_weighting(in, n.cfg_.staleness_weight));
     ASHL_TRY(n.table_.load(in));
     *this = std::move(n);

@@ -121,11 +121,14 @@ class id_heap {
 
 // ------------------------------------------------------------ save helpers
 
-// The plan's fields in their table's order (worker_plan::fields()).
+// The plan's fields in their table's order (worker_plan::fields()). A
+// section of version `with_codec_options` or later holds every field; an
+// older one the fields before the codec options (which load as 0).
 inline void save_plan(state_writer& w, const worker_plan& p) { put_fields(w, p); }
-inline status load_plan(state_reader& r, worker_plan& p) {
+inline status load_plan(state_reader& r, worker_plan& p, bool with_codec_options = true) {
   worker_plan n;
-  ASHL_TRY(get_fields(r, n, "worker_plan"));
+  if (with_codec_options) ASHL_TRY(get_fields(r, n, "worker_plan"));
+  else ASHL_TRY(get_fields(r, n, "worker_plan", worker_plan::fields_before_codec()));
   const auto stage = static_cast<std::uint32_t>(n.stage);
   if (stage >= stage_id_count) return malformed("worker_plan.stage", stage, "not a stage id");
   p = n;

@@ -1,0 +1,195 @@
+// ashl/compress/detail/block_kernels.hpp — the hot loops of the block-scaled
+// integer codec (compress/block.hpp): codes of one piece of a block, the
+// checks of a payload's codes, and the add of a block's codes.
+//
+//   detail::block_codes(x, len, r, bits, nullptr, out);      // nearest-even codes of len elements
+//   bool ok = detail::block_codes_valid(codes, bytes, bits);  // no code is -2^(bits-1)
+//   detail::block_add(codes, len, bits, scale * step, acc);  // acc[i] += f * q_i
+//
+// Every loop is plain element-wise arithmetic that the compiler vectorizes
+// (-O3, the SSE2 baseline); the same bodies are compiled a second time under
+// target("avx2") and chosen at run time (cpu_has_avx2). Only exact IEEE
+// operations are used (one multiply, one add, a round to nearest even by the
+// 1.5·2^23 constant, comparisons), never a fused multiply-add (target
+// "avx2" does not enable FMA), so every path writes the same codes.
+// docs/codecs.md "block"; docs/wire-format.md "Codec payloads / block".
+#pragma once
+
+#include <ashl/config.hpp>
+#include <ashl/compress/detail/elements.hpp>
+#include <ashl/compress/detail/host_simd.hpp>
+#include <ashl/compress/detail/random_words.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+ASHL_DETAIL_COMPRESS_HOST_BEGIN
+namespace detail {
+
+// Elements per inner piece of the block codec (a multiple of 8): one piece's
+// int8 codes stay on the stack.
+inline constexpr std::size_t block_piece = 1024;
+
+// 1.5 * 2^23: t + c - c rounds |t| < 2^22 to the nearest integer, ties to
+// even, in the current (default) rounding mode.
+inline constexpr float block_round_constant = 12582912.0f;
+
+// q_i = round_nearest_even(x_i * r), clamped to [-m, m]; or, with words,
+// q_i = floor(x_i * r + u_i), u_i = (word_i >> 8) 2^-24, clamped.
+template <bool Stochastic>
+inline void block_quantize_body(const float* x, std::size_t len, float r, float m, const std::uint32_t* words,
+                                std::int8_t* q) noexcept {
+  if constexpr (Stochastic) {
+    // Integer floor and clamp: gcc 12 does not if-convert a float compare
+    // under -ftrapping-math here, and then vectorizes nothing.
+    const auto mi = static_cast<std::int32_t>(m);
+    for (std::size_t i = 0; i < len; ++i) {
+      const float t = x[i] * r + static_cast<float>(static_cast<std::int32_t>(words[i] >> 8)) * 0x1p-24f;  // u < 2^24: exact
+      const auto tz = static_cast<std::int32_t>(t);                                 // toward zero
+      const std::int32_t fl = tz - static_cast<std::int32_t>(static_cast<float>(tz) > t);  // floor
+      q[i] = static_cast<std::int8_t>(fl < -mi ? -mi : (fl > mi ? mi : fl));
+    }
+  } else {
+    (void)words;
+    for (std::size_t i = 0; i < len; ++i) {
+      float t = x[i] * r;
+      t = (t + block_round_constant) - block_round_constant;
+      t = t < -m ? -m : t;
+      t = t > m ? m : t;
+      q[i] = static_cast<std::int8_t>(static_cast<std::int32_t>(t));
+    }
+  }
+}
+
+// Packs len codes (len a multiple of 8 unless it ends the tensor) into
+// bits-bit fields, element i in bits [i bits, (i + 1) bits) of the stream.
+inline void block_pack_body(const std::int8_t* q, std::size_t len, unsigned bits, std::uint8_t* out) noexcept {
+  if (bits == 8) {
+    for (std::size_t i = 0; i < len; ++i) out[i] = static_cast<std::uint8_t>(q[i]);
+  } else if (bits == 4) {
+    const std::size_t pairs = len / 2;
+    for (std::size_t j = 0; j < pairs; ++j)
+      out[j] = static_cast<std::uint8_t>((static_cast<std::uint8_t>(q[2 * j]) & 0x0fu) |
+                                         (static_cast<std::uint8_t>(q[2 * j + 1]) << 4));
+    if (len % 2 != 0) out[pairs] = static_cast<std::uint8_t>(static_cast<std::uint8_t>(q[len - 1]) & 0x0fu);
+  } else {
+    const std::size_t quads = len / 4;
+    for (std::size_t j = 0; j < quads; ++j)
+      out[j] = static_cast<std::uint8_t>((static_cast<std::uint8_t>(q[4 * j]) & 0x3u) |
+                                         ((static_cast<std::uint8_t>(q[4 * j + 1]) & 0x3u) << 2) |
+                                         ((static_cast<std::uint8_t>(q[4 * j + 2]) & 0x3u) << 4) |
+                                         (static_cast<std::uint8_t>(q[4 * j + 3]) << 6));
+    if (len % 4 != 0) {
+      std::uint8_t b = 0;
+      for (std::size_t i = quads * 4; i < len; ++i)
+        b = static_cast<std::uint8_t>(b | ((static_cast<std::uint8_t>(q[i]) & 0x3u) << (2 * (i - quads * 4))));
+      out[quads] = b;
+    }
+  }
+}
+
+// acc[i] += f * q_i for len codes starting on a byte (len a multiple of 8
+// unless it ends the tensor).
+inline void block_add_body(const std::uint8_t* c, std::size_t len, unsigned bits, float f, float* acc) noexcept {
+  if (bits == 8) {
+    for (std::size_t i = 0; i < len; ++i) acc[i] += f * static_cast<float>(static_cast<std::int8_t>(c[i]));
+  } else if (bits == 4) {
+    const std::size_t pairs = len / 2;
+    for (std::size_t j = 0; j < pairs; ++j) {
+      const std::uint8_t b = c[j];
+      // Sign-extend each nibble: shift it to the top of an int8, then back.
+      const auto lo = static_cast<std::int8_t>(static_cast<std::uint8_t>(b << 4)) >> 4;
+      const auto hi = static_cast<std::int8_t>(b) >> 4;
+      acc[2 * j] += f * static_cast<float>(lo);
+      acc[2 * j + 1] += f * static_cast<float>(hi);
+    }
+    if (len % 2 != 0)
+      acc[len - 1] += f * static_cast<float>(static_cast<std::int8_t>(static_cast<std::uint8_t>(c[pairs] << 4)) >> 4);
+  } else {
+    // Four 2-bit codes per byte, each sign-extended from the top of an int32.
+    const std::size_t quads = len / 4;
+    for (std::size_t j = 0; j < quads; ++j) {
+      const std::uint32_t b = c[j];
+      for (unsigned k = 0; k < 4; ++k)
+        acc[4 * j + k] += f * static_cast<float>(static_cast<std::int32_t>(b << (30 - 2 * k)) >> 30);
+    }
+    for (std::size_t i = quads * 4; i < len; ++i) {
+      const std::uint32_t b = c[quads];
+      acc[i] += f * static_cast<float>(static_cast<std::int32_t>(b << (30 - 2 * (i - quads * 4))) >> 30);
+    }
+  }
+}
+
+// Whether no code of `bytes` packed bytes is -2^(bits-1) (0x80, 0x8, 0b10).
+inline bool block_codes_valid_body(const std::uint8_t* c, std::size_t bytes, unsigned bits) noexcept {
+  unsigned bad = 0;
+  if (bits == 8) {
+    for (std::size_t i = 0; i < bytes; ++i) bad |= static_cast<unsigned>(c[i] == 0x80u);
+  } else if (bits == 4) {
+    for (std::size_t i = 0; i < bytes; ++i)
+      bad |= static_cast<unsigned>((c[i] & 0x0fu) == 0x08u) | static_cast<unsigned>((c[i] & 0xf0u) == 0x80u);
+  } else {
+    // A 2-bit field is 0b10 when its high bit is set and its low bit is not.
+    for (std::size_t i = 0; i < bytes; ++i) bad |= static_cast<unsigned>(c[i] & ~(c[i] << 1) & 0xaau);
+  }
+  return bad == 0;
+}
+
+#if ASHL_DETAIL_PHILOX_X86
+__attribute__((target("avx2"))) inline void block_quantize_avx2(const float* x, std::size_t len, float r, float m,
+                                                               const std::uint32_t* words, std::int8_t* q) noexcept {
+  if (words != nullptr) block_quantize_body<true>(x, len, r, m, words, q);
+  else block_quantize_body<false>(x, len, r, m, words, q);
+}
+__attribute__((target("avx2"))) inline void block_pack_avx2(const std::int8_t* q, std::size_t len, unsigned bits,
+                                                           std::uint8_t* out) noexcept {
+  block_pack_body(q, len, bits, out);
+}
+__attribute__((target("avx2"))) inline void block_add_avx2(const std::uint8_t* c, std::size_t len, unsigned bits,
+                                                          float f, float* acc) noexcept {
+  block_add_body(c, len, bits, f, acc);
+}
+__attribute__((target("avx2"))) inline bool block_codes_valid_avx2(const std::uint8_t* c, std::size_t bytes,
+                                                                  unsigned bits) noexcept {
+  return block_codes_valid_body(c, bytes, bits);
+}
+#endif
+
+// The codes of len (<= block_piece) elements at multiplier r (the block's
+// m / absmax), largest magnitude m, written packed to out; words: the
+// elements' Philox words for stochastic rounding, nullptr for nearest even.
+inline void block_codes(const float* x, std::size_t len, float r, float m, unsigned bits, const std::uint32_t* words,
+                        std::byte* out) noexcept {
+  std::int8_t q[block_piece];
+  auto* o = reinterpret_cast<std::uint8_t*>(out);
+#if ASHL_DETAIL_PHILOX_X86
+  if (cpu_has_avx2()) {
+    block_quantize_avx2(x, len, r, m, words, q);
+    block_pack_avx2(q, len, bits, o);
+    return;
+  }
+#endif
+  if (words != nullptr) block_quantize_body<true>(x, len, r, m, words, q);
+  else block_quantize_body<false>(x, len, r, m, words, q);
+  block_pack_body(q, len, bits, o);
+}
+
+inline void block_add(const std::byte* codes, std::size_t len, unsigned bits, float f, float* acc) noexcept {
+  const auto* c = reinterpret_cast<const std::uint8_t*>(codes);
+#if ASHL_DETAIL_PHILOX_X86
+  if (cpu_has_avx2()) return block_add_avx2(c, len, bits, f, acc);
+#endif
+  block_add_body(c, len, bits, f, acc);
+}
+
+inline bool block_codes_valid(const std::byte* codes, std::size_t bytes, unsigned bits) noexcept {
+  const auto* c = reinterpret_cast<const std::uint8_t*>(codes);
+#if ASHL_DETAIL_PHILOX_X86
+  if (cpu_has_avx2()) return block_codes_valid_avx2(c, bytes, bits);
+#endif
+  return block_codes_valid_body(c, bytes, bits);
+}
+
+}  // namespace detail
+ASHL_DETAIL_COMPRESS_HOST_END
