@@ -299,7 +299,7 @@ BOOST_AUTO_TEST_CASE(the_outer_optimizer_is_refused_for_gradient_policies) {
     const std::vector<float> w = {0.0f};
     const auto s = d->use_outer_optimizer({.mode = ps::optimizer_params::kind::outer, .lr = 0.7}, w);
     ASHL_TEST(!s.ok());
-    ASHL_TEST(s.message() == "sync_driver.outer_optimizer = bsp: an outer optimizer steps on model deltas: "
+    ASHL_TEST(s.message() == "sync_driver.outer_optimizer = \"bsp\": an outer optimizer steps on model deltas: "
                              "local_sgd or semi_async");
   });
 }
