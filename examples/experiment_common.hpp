@@ -59,7 +59,7 @@ struct settings {
                                       {"ashl_plus", 0.05},
                                       // The DiLoCo rows: the inner rate of the rows they vary (local_sgd, ashl).
                                       {"local_sgd8", 0.1}, {"diloco", 0.1}, {"async_diloco", 0.1},
-                                      {"ashl_diloco", 0.1},
+                                      {"ashl_diloco", 0.1}, {"async_diloco_m5", 0.1}, {"ashl_diloco_m5", 0.1},
                                       // The seed algorithms' rows: coded BSP (the server's SGD rate) and joint
                                       // tuned by the same rule (coded BSP {0.05, 0.1, 0.2}, joint
                                       // {0.005, 0.01, 0.02, 0.05}); the compensated and straggler rows
@@ -127,7 +127,7 @@ struct settings {
 inline constexpr std::string_view sim_variants[] = {"coded_bsp1",       "coded_bsp2",       "coded_bsp3",
                                                     "coded_bsp1_split", "coded_bsp2_split", "coded_bsp3_split",
                                                     "ssp_comp",         "asp_comp",         "dlb_straggler",
-                                                    "local_sgd8"};
+                                                    "local_sgd8",       "async_diloco_m5",  "ashl_diloco_m5"};
 inline bool sim_only_policy(std::string_view name) {
   return std::find(std::begin(sim_variants), std::end(sim_variants), name) != std::end(sim_variants);
 }
@@ -454,6 +454,13 @@ inline ashl::result<policy_setup> make_setup(const std::string& name, const sett
     pp.local_steps = 8;
   }
   if (name == "diloco" || name == "async_diloco") pp.local_steps = 8;
+  // async_diloco_m5: the asynchronous form with outer momentum 0.5 (the
+  // paper's 0.9 is tuned for synchronous rounds).
+  if (name == "async_diloco_m5") {
+    base = "async_diloco";
+    pp.local_steps = 8;
+    pp.outer_momentum = 0.5;
+  }
   if (name == "adsp") {
     // Scaled to runs of tens of seconds: period Γ = 1 s (60 s in the paper).
     pp.period = 1.0;
@@ -504,11 +511,15 @@ inline ashl::result<policy_setup> make_setup(const std::string& name, const sett
     pp.total_batch = 64 * pp.workers;
     pp.min_batch = 8;
   }
-  if (name == "ashl" || name == "ashl_plus" || name == "ashl_diloco") {
+  if (name == "ashl" || name == "ashl_plus" || name == "ashl_diloco" || name == "ashl_diloco_m5") {
     // Algorithms 1 and 2 on the per-worker trimmed means of the 5 profiling
     // commits (2 off each end), T_compress measured.
-    if (name != "ashl_diloco") base = "ashl";
+    if (name.rfind("ashl_diloco", 0) != 0) base = "ashl";
     else out.error_feedback = true;  // top-k pseudo-gradients keep their residual
+    if (name == "ashl_diloco_m5") {
+      base = "ashl_diloco";
+      pp.outer_momentum = 0.5;
+    }
     pp.profile_iterations = 5;
     pp.h_ahl = 8;
     pp.h_shl = 2;
