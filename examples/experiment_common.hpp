@@ -57,6 +57,9 @@ struct settings {
   std::map<std::string, double> lr_of{{"bsp", 0.2},  {"asp", 0.005}, {"ssp", 0.02},  {"local_sgd", 0.1},
                                       {"adsp", 0.1}, {"semi_async", 0.005}, {"dlb", 0.1}, {"ashl", 0.1},
                                       {"ashl_plus", 0.05},
+                                      // The DiLoCo rows: the inner rate of the rows they vary (local_sgd, ashl).
+                                      {"local_sgd8", 0.1}, {"diloco", 0.1}, {"async_diloco", 0.1},
+                                      {"ashl_diloco", 0.1}, {"async_diloco_m5", 0.1}, {"ashl_diloco_m5", 0.1},
                                       // The seed algorithms' rows: coded BSP (the server's SGD rate) and joint
                                       // tuned by the same rule (coded BSP {0.05, 0.1, 0.2}, joint
                                       // {0.005, 0.01, 0.02, 0.05}); the compensated and straggler rows
@@ -123,7 +126,8 @@ struct settings {
 // compute of a BSP round instead of r + 1 times it.
 inline constexpr std::string_view sim_variants[] = {"coded_bsp1",       "coded_bsp2",       "coded_bsp3",
                                                     "coded_bsp1_split", "coded_bsp2_split", "coded_bsp3_split",
-                                                    "ssp_comp",         "asp_comp",         "dlb_straggler"};
+                                                    "ssp_comp",         "asp_comp",         "dlb_straggler",
+                                                    "local_sgd8",       "async_diloco_m5",  "ashl_diloco_m5"};
 inline bool sim_only_policy(std::string_view name) {
   return std::find(std::begin(sim_variants), std::end(sim_variants), name) != std::end(sim_variants);
 }
@@ -426,6 +430,9 @@ struct policy_setup {
   // W, 64 samples of partition j each) and the server takes the SGD step.
   bool coded = false;
   bool compensate = false;  // ssp_comp, asp_comp: W − τ·η·v on every pull
+  // The servers' optimizer: model_delta, or a DiLoCo name's outer optimizer
+  // (ps::outer_optimizer_of).
+  ashl::ps::optimizer_params optimizer{};
 };
 
 // time_scale: wall seconds per reference second (real mode's K): the
@@ -439,6 +446,21 @@ inline ashl::result<policy_setup> make_setup(const std::string& name, const sett
   std::string base = name;
   if (name == "ssp") pp.staleness = 3;
   if (name == "local_sgd") pp.local_steps = 2;
+  // The DiLoCo rows (docs/perf/diloco.md): 8 inner steps per commit (4x
+  // fewer commits than local_sgd's 2), DiLoCo's outer Nesterov (lr 0.7,
+  // μ 0.9); local_sgd8 is their plain-averaging baseline at the same H.
+  if (name == "local_sgd8") {
+    base = "local_sgd";
+    pp.local_steps = 8;
+  }
+  if (name == "diloco" || name == "async_diloco") pp.local_steps = 8;
+  // async_diloco_m5: the asynchronous form with outer momentum 0.5 (the
+  // paper's 0.9 is tuned for synchronous rounds).
+  if (name == "async_diloco_m5") {
+    base = "async_diloco";
+    pp.local_steps = 8;
+    pp.outer_momentum = 0.5;
+  }
   if (name == "adsp") {
     // Scaled to runs of tens of seconds: period Γ = 1 s (60 s in the paper).
     pp.period = 1.0;
@@ -489,10 +511,15 @@ inline ashl::result<policy_setup> make_setup(const std::string& name, const sett
     pp.total_batch = 64 * pp.workers;
     pp.min_batch = 8;
   }
-  if (name == "ashl" || name == "ashl_plus") {
+  if (name == "ashl" || name == "ashl_plus" || name == "ashl_diloco" || name == "ashl_diloco_m5") {
     // Algorithms 1 and 2 on the per-worker trimmed means of the 5 profiling
     // commits (2 off each end), T_compress measured.
-    base = "ashl";
+    if (name.rfind("ashl_diloco", 0) != 0) base = "ashl";
+    else out.error_feedback = true;  // top-k pseudo-gradients keep their residual
+    if (name == "ashl_diloco_m5") {
+      base = "ashl_diloco";
+      pp.outer_momentum = 0.5;
+    }
     pp.profile_iterations = 5;
     pp.h_ahl = 8;
     pp.h_shl = 2;
@@ -519,6 +546,9 @@ inline ashl::result<policy_setup> make_setup(const std::string& name, const sett
   auto p = ashl::ps::make_policy(base, pp);
   if (!p) return p.error();
   out.policy = std::move(*p);
+  auto opt = ashl::ps::outer_optimizer_of(base, pp);
+  if (!opt) return opt.error();
+  out.optimizer = *opt;
   return out;
 }
 
@@ -686,7 +716,7 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
                                              .optimizer = coded ? ashl::ps::optimizer_params{.mode = ashl::ps::optimizer_params::kind::sgd,
                                                                                              .lr = lr_policy,
                                                                                              .momentum = s.momentum}
-                                                                : ashl::ps::optimizer_params{},
+                                                                : setup->optimizer,
                                              .initial = W0});
   if (!sim) {
     o.note = sim.error().message();

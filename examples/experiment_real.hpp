@@ -382,7 +382,7 @@ inline int server_role(const settings& s) {
   if (!layout) return fail(s.run_dir, who, layout.error().message());
   auto srv = ps::server<ucx>::create(
       {.core = {.layout = *layout, .shard = 0, .workers = static_cast<std::uint32_t>(workers_n),
-                .optimizer = {.mode = ps::optimizer_params::kind::model_delta}},
+                .optimizer = setup->optimizer},  // model_delta, or a DiLoCo row's outer optimizer
        .stop_when_all_left = false},
       std::move(setup->policy), std::move(*t), W0);
   if (!srv) return fail(s.run_dir, who, srv.error().message());

@@ -133,6 +133,61 @@ BOOST_AUTO_TEST_CASE(local_iterations_and_batch_size_of_the_plan_are_followed) {
   ASHL_TEST(d->leave().ok());
 }
 
+// DiLoCo from C++: servers named "diloco" run the outer optimizer
+// (ps::outer_optimizer_of: Nesterov, lr 0.7, μ 0.9), the worker's inner
+// optimizer is AdamW under torch_update::delta. A reference model takes
+// the same AdamW steps; at each commit the expected parameters are the
+// outer step on its delta, in f32 in the documented order
+// (rules/optimizer.hpp): g = (−1)·Δ + 0·W, v = μv + g, W = W − lr·(g + μv).
+BOOST_AUTO_TEST_CASE(diloco_with_an_adamw_inner_optimizer_takes_outer_nesterov_steps) {
+  auto m = make_net(), ref = make_net();
+  std::vector<float> W = flat_copy(*m), v(W.size(), 0.0f);
+  auto fabric = tr::inproc_fabric::create({});
+  ps::policy_params pp;
+  pp.workers = 1;
+  pp.local_steps = 3;
+  const auto opt = ps::outer_optimizer_of("diloco", pp);
+  ASHL_REQUIRE(opt.has_value());
+  server_thread srv(fabric, W, "diloco", pp, *opt);
+  torch::optim::AdamW local(m->parameters(), torch::optim::AdamWOptions(0.01));
+  torch::optim::AdamW local_ref(ref->parameters(), torch::optim::AdamWOptions(0.01));
+  auto d = adapt::torch_worker<tr::inproc>::create(*m, &local, {.servers = {"server0"}, .timeout = 10s},
+                                                   node_of(fabric));
+  ASHL_REQUIRE(d.has_value(), (d ? "" : d.error().message()));
+  ASHL_TEST(d->plan().local_iterations == 3u);
+  torch::manual_seed(5);
+  for (int it = 1; it <= 9; ++it) {
+    const auto x = torch::randn({8, 6});
+    d->zero_grad();
+    m->forward(x).pow(2).mean().backward();
+    local_ref.zero_grad();
+    ref->forward(x).pow(2).mean().backward();
+    local_ref.step();
+    ASHL_REQUIRE(d->step().ok());
+    if (it % 3 != 0) continue;
+    const auto w_local = flat_copy(*ref);
+    for (std::size_t i = 0; i < W.size(); ++i) {
+      const float delta = w_local[i] - W[i];
+      const float acc = 0.0f + 1.0f * delta;  // the round's mean of one delta
+      const float g = -1.0f * acc + 0.0f * W[i];
+      v[i] = 0.9f * v[i] + g;
+      W[i] = W[i] - 0.7f * (g + 0.9f * v[i]);
+    }
+    const auto got = flat_copy(*m);
+    ASHL_REQUIRE(got.size() == W.size());
+    ASHL_TEST(std::memcmp(got.data(), W.data(), W.size() * 4) == 0, "after round " << it / 3);
+    ASHL_TEST(got != w_local);  // not plain averaging
+    // The pull: the reference continues from the servers' parameters.
+    torch::NoGradGuard no_grad;
+    std::size_t at = 0;
+    for (auto& p : ref->parameters()) {
+      auto flat = p.view({-1});
+      for (std::int64_t k = 0; k < flat.numel(); ++k) flat[k] = W[at++];
+    }
+  }
+  ASHL_TEST(d->leave().ok());
+}
+
 BOOST_AUTO_TEST_CASE(bad_models_are_refused_with_the_value_named) {
   {
     auto lin = torch::nn::Linear(3, 2);

@@ -256,3 +256,50 @@ BOOST_AUTO_TEST_CASE(plan_exchange_refuses_an_exchange_before_any_plan_and_names
     ASHL_TEST(s.message().find("plan_exchange.plans[1].compression_ratio") != std::string::npos, s.message());
   });
 }
+
+// DiLoCo over collectives: the round exchanges the deltas from W and every
+// rank takes the same outer Nesterov step on their weighted sum, recomputed
+// here in the documented f32 order (deltas are dyadic: the sum is exact).
+BOOST_AUTO_TEST_CASE(local_sgd_with_the_outer_optimizer_steps_on_the_mean_delta) {
+  on_ranks(2, [](inproc& c) {
+    auto d = sync_driver<inproc, sync::local_sgd>::create(c, sync::local_sgd{{.workers = 2, .local_steps = 2}});
+    ASHL_REQUIRE(d.has_value());
+    const ps::optimizer_params o{
+        .mode = ps::optimizer_params::kind::outer, .lr = 0.7, .momentum = 0.9, .nesterov = true};
+    std::vector<float> w = {1.0f, -2.0f};
+    ASHL_REQUIRE(d->use_outer_optimizer(o, w).ok());
+    std::vector<float> W = w, v(2, 0.0f);
+    for (int step = 1; step <= 6; ++step) {
+      std::vector<float> g = {0.25f * float(c.rank() + 1), -0.5f};
+      ASHL_REQUIRE(d->reduce_gradients(g, {}).has_value());
+      w[0] += g[0];  // the local step
+      w[1] += g[1] * float(c.rank() + 1);
+      auto s = d->sync_models(w);
+      ASHL_REQUIRE(s.has_value());
+      ASHL_TEST(*s == (step % 2 == 0));
+      if (step % 2 != 0) continue;
+      // Rank r's delta over the round: (0.5 (r + 1), -(r + 1)); mean at weight 1/2.
+      const float mean[2] = {0.5f * 0.5f + 0.5f * 1.0f, 0.5f * -1.0f + 0.5f * -2.0f};
+      for (int i = 0; i < 2; ++i) {
+        const float gi = -1.0f * mean[i] + 0.0f * W[i];
+        v[i] = 0.9f * v[i] + gi;
+        W[i] = W[i] - 0.7f * (gi + 0.9f * v[i]);
+      }
+      ASHL_TEST(w[0] == W[0]);
+      ASHL_TEST(w[1] == W[1]);
+    }
+    ASHL_TEST(d->outer_optimizer()->outer_steps() == 3u);
+  });
+}
+
+BOOST_AUTO_TEST_CASE(the_outer_optimizer_is_refused_for_gradient_policies) {
+  on_ranks(1, [](inproc& c) {
+    auto d = sync_driver<inproc, sync::bsp>::create(c, sync::bsp{{.workers = 1}});
+    ASHL_REQUIRE(d.has_value());
+    const std::vector<float> w = {0.0f};
+    const auto s = d->use_outer_optimizer({.mode = ps::optimizer_params::kind::outer, .lr = 0.7}, w);
+    ASHL_TEST(!s.ok());
+    ASHL_TEST(s.message() == "sync_driver.outer_optimizer = \"bsp\": an outer optimizer steps on model deltas: "
+                             "local_sgd or semi_async");
+  });
+}

@@ -26,6 +26,13 @@
 // applies at once (semi-async between barriers) stays local: without a
 // server there is nothing to apply it to.
 //
+// DiLoCo over collectives (use_outer_optimizer; docs/coll.md "DiLoCo"): a
+// model policy's round exchanges the ranks' deltas d_j = w_j − W from the
+// last synchronised W instead of the models, and every rank takes the same
+// outer step on their weighted sum (rules/optimizer.hpp, outer mode: one
+// step per round, Nesterov), W ← W − lr·(...); w = W. The arithmetic is
+// the server's; the sum's order is the exchange's.
+//
 // The exchange is a template (coll/compressed.hpp): dense f32, dense 16-bit,
 // a codec's payloads, or chosen by the iteration-time model. Policies whose
 // stage is not bsp, dlb, local_sgd or semi_async are refused at create():
@@ -38,6 +45,7 @@
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/core/tensor_view.hpp>
+#include <ashl/rules/optimizer.hpp>
 #include <ashl/sync/concepts.hpp>
 #include <ashl/sync/events.hpp>
 
@@ -89,9 +97,41 @@ class sync_driver {
     if (!models_ || !pending_models_) return false;
     pending_models_ = false;
     ASHL_TRY(adopt_plans());
+    if (outer_) {
+      if (w.size() != anchor_.size())
+        return invalid_argument("sync_driver.sync_models.w.size", w.size(),
+                                "the outer optimizer holds " + std::to_string(anchor_.size()) + " elements");
+      for (std::size_t i = 0; i < w.size(); ++i) delta_[i] = w[i] - anchor_[i];
+      ASHL_TRY(exchange_(c_, host_view<float>(std::span<float>(delta_)), weights_, steps_));
+      opt_.begin_step();
+      opt_.step(anchor_, delta_, 1.0f, 0, anchor_.size());  // zeroes delta_
+      std::copy(anchor_.begin(), anchor_.end(), w.begin());
+      return true;
+    }
     ASHL_TRY(exchange_(c_, host_view<float>(w), weights_, steps_));
     return true;
   }
+
+  // DiLoCo: each round's exchange sums the ranks' deltas from W (the
+  // parameters every rank starts from, `w0`, then the last round's result)
+  // and every rank takes the outer step `o` (optimizer_params::kind::outer;
+  // ps::outer_optimizer_of("diloco", ...)) on it. Model policies only
+  // (local_sgd, semi_async); buffers sized once here, none per round.
+  status use_outer_optimizer(const ps::optimizer_params& o, std::span<const float> w0) {
+    if (!models_)
+      return invalid_argument("sync_driver.outer_optimizer", to_string(policy_.stage()),
+                              "an outer optimizer steps on model deltas: local_sgd or semi_async");
+    if (o.mode != ps::optimizer_params::kind::outer)
+      return invalid_argument("sync_driver.outer_optimizer.mode", static_cast<unsigned>(o.mode), "must be outer (2)");
+    auto opt = ps::optimizer::create(o, w0.size());
+    if (!opt) return opt.error();
+    opt_ = std::move(*opt);
+    anchor_.assign(w0.begin(), w0.end());
+    delta_.assign(w0.size(), 0.0f);
+    outer_ = true;
+    return {};
+  }
+  [[nodiscard]] const ps::optimizer* outer_optimizer() const noexcept { return outer_ ? &opt_ : nullptr; }
 
   [[nodiscard]] worker_plan plan() const { return policy_.plan(static_cast<sync::worker_id>(c_.rank())); }
   [[nodiscard]] const P& policy() const noexcept { return policy_; }
@@ -198,6 +238,10 @@ class sync_driver {
   bool have_previous_ = false;
   std::vector<std::uint64_t> sequence_;
   std::vector<double> weights_, all_;
+  bool outer_ = false;           // use_outer_optimizer: rounds exchange deltas, then the outer step
+  ps::optimizer opt_;
+  std::vector<float> anchor_;    // W: the last round's parameters
+  std::vector<float> delta_;     // this rank's w − W, then the round's weighted sum
   std::vector<std::size_t> three_;
 };
 
