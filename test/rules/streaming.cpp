@@ -29,13 +29,13 @@ void refused(const ps::streaming_params& p, std::uint64_t units, const std::stri
 }
 }  // namespace
 
-// H = 8, P = 4, τ = 2: offsets 0, 2, 4, 6; fragment 0 first after 8 steps.
+// H = 8, P = 4, τ = 2: offsets 0, 2, 4, 6; fragment p first after 8 + o_p.
 BOOST_AUTO_TEST_CASE(schedule_h8_p4_tau2_against_a_table) {
   const ps::streaming_schedule s({.fragments = 4, .interval = 8, .delay = 2, .alpha = 0.5});
-  //                                     t = 0     1     2     3     4     5     6     7  8     9 10    11 12    13 14    15 16    17 18
-  const std::array<int, 19> sync_tab{none, none, 1, none, 2, none, 3, none, 0, none, 1, none, 2, none, 3, none, 0, none, 1};
-  const std::array<int, 19> merge_tab{none, none, none, none, 1, none, 2, none, 3, none, 0, none, 1, none, 2, none, 3, none, 0};
-  const std::array<std::uint32_t, 19> flying{0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  // t:                               0     1     2     3     4     5     6     7  8     9 10    11 12    13 14    15 16    17 18    19 20
+  const std::array<int, 21> sync_tab{none, none, none, none, none, none, none, none, 0, none, 1, none, 2, none, 3, none, 0, none, 1, none, 2};
+  const std::array<int, 21> merge_tab{none, none, none, none, none, none, none, none, none, none, 0, none, 1, none, 2, none, 3, none, 0, none, 1};
+  const std::array<std::uint32_t, 21> flying{0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   for (std::uint64_t t = 0; t < sync_tab.size(); ++t) {
     BOOST_TEST(as_int(s.sync_after(t)) == sync_tab[t], "sync after step " << t);
     BOOST_TEST(as_int(s.merge_after(t)) == merge_tab[t], "merge after step " << t);
@@ -44,15 +44,22 @@ BOOST_AUTO_TEST_CASE(schedule_h8_p4_tau2_against_a_table) {
   BOOST_TEST(s.offset(0) == 0u);
   BOOST_TEST(s.offset(3) == 6u);
   BOOST_TEST(s.first_sync(0) == 8u);
-  BOOST_TEST(s.first_sync(1) == 2u);
+  BOOST_TEST(s.first_sync(1) == 10u);
+  BOOST_TEST(s.first_sync(3) == 14u);
 }
 
 // H = 10, P = 4 (P does not divide H): offsets ⌊p·10/4⌋ = 0, 2, 5, 7; τ = 0:
 // each merge follows its own sync.
 BOOST_AUTO_TEST_CASE(schedule_with_uneven_offsets_and_no_overlap) {
   const ps::streaming_schedule s({.fragments = 4, .interval = 10, .delay = 0});
-  //                                     t = 0     1     2  3     4     5  6     7  8     9 10    11 12    13    14 15
-  const std::array<int, 16> sync_tab{none, none, 1, none, none, 2, none, 3, none, none, 0, none, 1, none, none, 2};
+  std::array<int, 23> sync_tab{};
+  sync_tab.fill(none);
+  sync_tab[10] = 0;
+  sync_tab[12] = 1;
+  sync_tab[15] = 2;
+  sync_tab[17] = 3;
+  sync_tab[20] = 0;
+  sync_tab[22] = 1;
   for (std::uint64_t t = 0; t < sync_tab.size(); ++t) {
     BOOST_TEST(as_int(s.sync_after(t)) == sync_tab[t], "sync after step " << t);
     BOOST_TEST(as_int(s.merge_after(t)) == sync_tab[t], "merge after step " << t);
@@ -63,10 +70,10 @@ BOOST_AUTO_TEST_CASE(schedule_with_uneven_offsets_and_no_overlap) {
 // H = 6, P = 3, τ = 5: up to three fragments on the wire at once.
 BOOST_AUTO_TEST_CASE(schedule_with_a_long_delay) {
   const ps::streaming_schedule s({.fragments = 3, .interval = 6, .delay = 5});
-  //                                      t = 0     1     2  3     4  5  6     7     8  9    10 11 12 13
-  const std::array<int, 14> sync_tab{none, none, 1, none, 2, none, 0, none, 1, none, 2, none, 0, none};
-  const std::array<int, 14> merge_tab{none, none, none, none, none, none, none, 1, none, 2, none, 0, none, 1};
-  const std::array<std::uint32_t, 14> flying{0, 0, 1, 1, 2, 2, 3, 2, 3, 2, 3, 2, 3, 2};
+  // t:                               0     1     2     3     4     5  6     7  8     9 10    11 12    13 14    15 16    17
+  const std::array<int, 18> sync_tab{none, none, none, none, none, none, 0, none, 1, none, 2, none, 0, none, 1, none, 2, none};
+  const std::array<int, 18> merge_tab{none, none, none, none, none, none, none, none, none, none, none, 0, none, 1, none, 2, none, 0};
+  const std::array<std::uint32_t, 18> flying{0, 0, 0, 0, 0, 0, 1, 1, 2, 2, 3, 2, 3, 2, 3, 2, 3, 2};
   for (std::uint64_t t = 0; t < sync_tab.size(); ++t) {
     BOOST_TEST(as_int(s.sync_after(t)) == sync_tab[t], "sync after step " << t);
     BOOST_TEST(as_int(s.merge_after(t)) == merge_tab[t], "merge after step " << t);

@@ -124,8 +124,9 @@ sim::run_result run(sim::cluster_spec spec, ss::any_policy pol, sim::hooks h, si
 }  // namespace
 
 // Peak bytes per sync drop P×, the total stays (headers aside), counted in
-// bytes: plain Local SGD(8) for 4 commits against P = 4 fragments, τ = 2,
-// for 16 fragment commits, the same 32 inner steps.
+// bytes: plain Local SGD(8) for 4 commits (32 inner steps) against P = 4
+// fragments, τ = 2, for 16 fragment commits (each covers 8 steps; the 16th
+// follows step 8 + 2·15 = 38, as fragment p first syncs after 8 + 2p).
 BOOST_AUTO_TEST_CASE(peak_bytes_per_sync_drop_p_times) {
   const std::uint64_t model = 4'000'000, header = 72;
   std::vector<sim::worker_spec> ws{worker(0.01, 1e8, 1e-3), worker(0.02, 5e7, 1e-3), worker(0.03, 2e7, 1e-3)};
@@ -137,7 +138,7 @@ BOOST_AUTO_TEST_CASE(peak_bytes_per_sync_drop_p_times) {
     const auto& a = plain.workers[w];
     const auto& b = streamed.workers[w];
     BOOST_TEST(a.iterations == 32u);
-    BOOST_TEST(b.iterations == 32u);
+    BOOST_TEST(b.iterations == 38u);
     BOOST_TEST(a.bytes_sent == 4 * (model + header));
     BOOST_TEST(b.bytes_sent == 16 * (model / 4 + header));
     BOOST_TEST(a.peak_sync_bytes == 2 * (model + header));
@@ -178,7 +179,7 @@ BOOST_AUTO_TEST_CASE(one_fragment_is_local_sgd_bit_for_bit) {
 
 // H = 4, P = 2, τ = 1, α = 1/2 on two servers: the servers' parameters after
 // 8 syncs per worker against the rule computed by hand in lock step
-// (fragment 0 syncs after steps 4, 8, ...; fragment 1 after 2, 6, ...; each
+// (fragment 0 syncs after steps 4, 8, ...; fragment 1 after 6, 10, ...; each
 // merged one step later), whatever the workers' speeds.
 BOOST_AUTO_TEST_CASE(fragments_against_a_lock_step_reference) {
   const std::size_t n = 12, m = 2;
@@ -191,11 +192,11 @@ BOOST_AUTO_TEST_CASE(fragments_against_a_lock_step_reference) {
   std::vector<std::vector<float>> local(m, w0), ref(m, w0);
   std::vector<float> global = w0;
   std::vector<std::vector<float>> pending(2, w0);  // the servers' answer to each fragment's last sync
-  for (std::uint64_t t = 1; t <= 16; ++t) {
+  for (std::uint64_t t = 1; t <= 18; ++t) {
     for (std::uint32_t w = 0; w < m; ++w)
       for (std::size_t i = 0; i < n; ++i) local[w][i] += dyadic(w, t, i);
     // The merge of the fragment synced after step t − 1.
-    if (t >= 2 && ((t - 1) % 4 == 0 || (t - 1) % 4 == 2)) {
+    if (t >= 5 && ((t - 1) % 4 == 0 || (t - 1) % 4 == 2)) {
       const std::uint32_t q = (t - 1) % 4 == 0 ? 0 : 1;
       for (std::uint32_t w = 0; w < m; ++w)
         for (std::size_t i = 0; i < n; ++i)
@@ -204,7 +205,7 @@ BOOST_AUTO_TEST_CASE(fragments_against_a_lock_step_reference) {
             ref[w][i] = pending[q][i];
           }
     }
-    if (t % 4 == 0 || t % 4 == 2) {
+    if (t >= 4 && (t % 4 == 0 || t % 4 == 2)) {
       const std::uint32_t p = t % 4 == 0 ? 0 : 1;
       for (std::size_t i = 0; i < n; ++i)
         if (in_fragment(i) == p) {
@@ -224,7 +225,7 @@ BOOST_AUTO_TEST_CASE(fragments_against_a_lock_step_reference) {
                        {.commits_per_worker = 8}, &params);
     BOOST_TEST(params == global, boost::test_tools::per_element());
     BOOST_TEST(r.commits == 16u);
-    BOOST_TEST(r.workers[0].iterations == 16u);
+    BOOST_TEST(r.workers[0].iterations == 18u);
   }
 }
 

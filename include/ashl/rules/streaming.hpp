@@ -15,18 +15,20 @@
 //     if (auto p = s.sync_after(t)) commit(*p, local(*p) - reference(*p));  // then keep computing
 //   }
 //
-// The rule (docs/algorithms.md "Streaming DiLoCo"): the model is cut into P
-// fragments. Fragment p synchronises every H inner steps, at offset
-// o_p = ⌊p·H/P⌋: after the inner steps t ≥ 1 with t ≡ o_p (mod H) (fragment
-// 0 first after H steps, fragment p ≥ 1 first after o_p). A sync sends the
+// The rule (docs/algorithms.md "Streaming fragments"): the model is cut into
+// P fragments. Fragment p synchronises every H inner steps, at offset
+// o_p = ⌊p·H/P⌋: after the inner steps t = o_p + k·H, k ≥ 1 (fragment 0
+// first after H steps, fragment p after H + o_p; so every sync covers H
+// steps, one cycle of ps::worker_cycle with the plan's H). A sync sends the
 // fragment's model delta, local − reference, where the reference is the
 // global value the worker last merged for that fragment (the pseudo-gradient
 // with the opposite sign); the worker keeps computing. The servers' new
 // global value of the fragment is merged after inner step t + τ, before step
 // t + τ + 1: local ← α·local + (1 − α)·global, and reference ← global.
-// When both happen after the same step, the merge comes first. With τ = 0
-// the merge follows its own sync (no overlap); P = 1, τ = 0, α = 0 is Local
-// SGD(H) with plain averaging, bit for bit.
+// A sync and a merge after the same step concern different fragments (with
+// τ = 0 the merge needs that sync's reply), so drivers send first and merge
+// second. With τ = 0 the merge follows its own sync (no overlap); P = 1,
+// τ = 0, α = 0 is Local SGD(H) with plain averaging, bit for bit.
 //
 // Bounds, each refused by name: P ≥ 1; P ≤ the units the model is cut into
 // (parameters in the core, layers in the adapters); P ≤ H (each fragment
@@ -104,9 +106,9 @@ class streaming_schedule {
     return static_cast<std::uint32_t>(std::uint64_t{p} * p_.interval / p_.fragments);
   }
 
-  // The fragment that syncs after inner step t (t ≥ 1: steps finished), if any.
+  // The fragment that syncs after inner step t (steps finished), if any.
   [[nodiscard]] std::optional<std::uint32_t> sync_after(std::uint64_t t) const noexcept {
-    if (t == 0) return std::nullopt;
+    if (t < p_.interval) return std::nullopt;
     const std::uint64_t r = t % p_.interval;
     // The smallest p with ⌊p·H/P⌋ ≥ r; it syncs now when its offset is r.
     const std::uint64_t p = (r * p_.fragments + p_.interval - 1) / p_.interval;
@@ -121,10 +123,9 @@ class streaming_schedule {
     return sync_after(t - p_.delay);
   }
 
-  // The first inner step after which fragment p syncs.
+  // The first inner step after which fragment p syncs: H + o_p.
   [[nodiscard]] std::uint64_t first_sync(std::uint32_t p) const noexcept {
-    const std::uint32_t o = offset(p);
-    return o == 0 ? p_.interval : o;
+    return std::uint64_t{p_.interval} + offset(p);
   }
 
   // Fragments synced and not merged yet after inner step t (each synced
