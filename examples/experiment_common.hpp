@@ -68,7 +68,8 @@ struct settings {
                                       {"coded_bsp3_split", 0.2}, {"ssp_comp", 0.02},
                                       {"asp_comp", 0.005}, {"joint", 0.005}, {"dlb_straggler", 0.1},
                                       // Local SGD(8) and its streaming rows keep Local SGD's rate.
-                                      {"local_sgd8", 0.1}, {"streaming8", 0.1}, {"streaming8_a0", 0.1}};
+                                      {"local_sgd8", 0.1}, {"streaming8", 0.1}, {"streaming8_a0", 0.1},
+                                      {"streaming8_t0", 0.1}};
   int first_seed = 1;
   double momentum = 0.9;
   double eval_every = 0.25;
@@ -130,11 +131,13 @@ struct settings {
 // model per sync; "streaming8" the same H in P = 4 fragments (the servers'
 // fragment cores, rules/streaming.hpp), each merged τ = 2 steps after its
 // sync with α = 0.5; "streaming8_a0" the same with α = 0 (the servers'
-// value replaces the local one).
+// value replaces the local one); "streaming8_t0" τ = 0, α = 0 (fragments
+// without overlap: each merge waits for its own sync's reply).
 inline constexpr std::string_view sim_variants[] = {"coded_bsp1",       "coded_bsp2",       "coded_bsp3",
                                                     "coded_bsp1_split", "coded_bsp2_split", "coded_bsp3_split",
                                                     "ssp_comp",         "asp_comp",         "dlb_straggler",
-                                                    "local_sgd8",       "streaming8",       "streaming8_a0"};
+                                                    "local_sgd8",       "streaming8",       "streaming8_a0",
+                                                    "streaming8_t0"};
 inline bool sim_only_policy(std::string_view name) {
   return std::find(std::begin(sim_variants), std::end(sim_variants), name) != std::end(sim_variants);
 }
@@ -456,8 +459,10 @@ inline ashl::result<policy_setup> make_setup(const std::string& name, const sett
     base = "local_sgd";
     pp.local_steps = 8;
     if (name != "local_sgd8")
-      out.streaming = ashl::ps::streaming_params{
-          .fragments = 4, .interval = 8, .delay = 2, .alpha = name == "streaming8_a0" ? 0.0 : 0.5};
+      out.streaming = ashl::ps::streaming_params{.fragments = 4,
+                                                 .interval = 8,
+                                                 .delay = name == "streaming8_t0" ? 0u : 2u,
+                                                 .alpha = name == "streaming8" ? 0.5 : 0.0};
   }
   if (name == "adsp") {
     // Scaled to runs of tens of seconds: period Γ = 1 s (60 s in the paper).
