@@ -29,14 +29,32 @@ using namespace std::chrono_literals;
 using streaming_testing::dyadic;
 
 namespace {
-ashl::sync::any_policy local_sgd(std::uint32_t workers, std::int64_t h) {
-  ps::policy_params pp;
-  pp.workers = workers;
-  pp.local_steps = h;
-  auto p = ps::make_policy("local_sgd", pp);
-  ASHL_REQUIRE(p.has_value());
-  return std::move(*p);
-}
+// Local SGD(H) (plain averaging), or a DiLoCo-family name with its outer
+// optimizer (outer_optimizer_of): per fragment, each fragment's servers
+// (and the simulator's fragment cores) keep their own outer state.
+struct fragment_policy {
+  std::string name = "local_sgd";
+  double outer_lr = 0.7, outer_momentum = 0.9;
+
+  ps::policy_params params(std::uint32_t workers, std::int64_t h) const {
+    ps::policy_params pp;
+    pp.workers = workers;
+    pp.local_steps = h;
+    pp.outer_lr = outer_lr;
+    pp.outer_momentum = outer_momentum;
+    return pp;
+  }
+  ashl::sync::any_policy policy(std::uint32_t workers, std::int64_t h) const {
+    auto p = ps::make_policy(name, params(workers, h));
+    ASHL_REQUIRE(p.has_value(), (p ? "" : p.error().message()));
+    return std::move(*p);
+  }
+  ps::optimizer_params optimizer(std::uint32_t workers, std::int64_t h) const {
+    auto o = ps::outer_optimizer_of(name, params(workers, h));
+    ASHL_REQUIRE(o.has_value(), (o ? "" : o.error().message()));
+    return *o;
+  }
+};
 
 struct real_run {
   std::vector<float> server_params;                 // fragments in order
@@ -47,7 +65,7 @@ struct real_run {
 
 // M workers, one server per fragment, `steps` inner steps each.
 real_run run_real(const ps::streaming_params& sp, std::uint32_t m, std::size_t n, const std::vector<float>& w0,
-                  std::uint64_t steps) {
+                  std::uint64_t steps, const fragment_policy& fp = {}) {
   auto fabric = tr::inproc_fabric::create({});
   real_run res;
   res.worker_models.assign(m, {});
@@ -63,7 +81,8 @@ real_run run_real(const ps::streaming_params& sp, std::uint32_t m, std::size_t n
       ASHL_REQUIRE(node.has_value());
       const ps::key_range r = ps::fragment_range(n, sp.fragments, p);
       auto layout = ps::shard_layout::even(r.size(), 1);
-      auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = m}}, local_sgd(m, sp.interval),
+      auto srv = ps::server<tr::inproc>::create(
+          {.core = {.layout = *layout, .workers = m, .optimizer = fp.optimizer(m, sp.interval)}}, fp.policy(m, sp.interval),
                                                 std::move(*node),
                                                 std::span<const float>(w0).subspan(r.begin, r.size()));
       ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
@@ -110,6 +129,24 @@ real_run run_real(const ps::streaming_params& sp, std::uint32_t m, std::size_t n
   for (const auto& f : finals) res.server_params.insert(res.server_params.end(), f.begin(), f.end());
   return res;
 }
+// The same job in the simulator: its fragment cores, `commits` fragment
+// syncs per worker.
+std::vector<float> run_sim(const ps::streaming_params& sp, std::uint32_t m, std::size_t n, const std::vector<float>& w0,
+                           std::uint64_t commits, const fragment_policy& fp = {}) {
+  streaming_testing::trainer tr(n, m, w0, sp.alpha, dyadic);
+  sim::cluster_spec spec;
+  spec.model_bytes = 4 * n;
+  spec.workers.assign(m, sim::worker_spec{.seconds_per_iteration = 0.01, .latency_s = 1e-3, .bandwidth_bytes_per_s = 1e4});
+  spec.workers[1].seconds_per_iteration = 0.025;
+  spec.servers.assign(1, sim::server_spec{});
+  auto s = sim::simulator<>::create(spec, fp.policy(m, sp.interval), tr.hooks(),
+                                    {.elements = n, .optimizer = fp.optimizer(m, sp.interval), .initial = w0,
+                                     .streaming = sp});
+  ASHL_REQUIRE(s.has_value(), (s ? "" : s.error().message()));
+  const auto r = s->run({.commits_per_worker = commits});
+  ASHL_REQUIRE(r.error.empty(), r.error);
+  return s->parameters();
+}
 }  // namespace
 
 // H = 4, P = 2, τ = 1, α = 1/2; 2 workers, 18 inner steps (8 fragment
@@ -126,18 +163,7 @@ BOOST_AUTO_TEST_CASE(real_fragment_servers_equal_the_simulator) {
   for (std::uint32_t k = 0; k < m; ++k) ASHL_REQUIRE(real.errors[k].empty(), "worker " << k << ": " << real.errors[k]);
   for (std::uint32_t k = 0; k < m; ++k) ASHL_TEST(real.syncs[k] == 8u);
 
-  streaming_testing::trainer tr(n, m, w0, sp.alpha, dyadic);
-  sim::cluster_spec spec;
-  spec.model_bytes = 4 * n;
-  spec.workers.assign(m, sim::worker_spec{.seconds_per_iteration = 0.01, .latency_s = 1e-3, .bandwidth_bytes_per_s = 1e4});
-  spec.workers[1].seconds_per_iteration = 0.025;
-  spec.servers.assign(1, sim::server_spec{});
-  auto s = sim::simulator<>::create(spec, local_sgd(m, sp.interval), tr.hooks(),
-                                    {.elements = n, .initial = w0, .streaming = sp});
-  ASHL_REQUIRE(s.has_value(), (s ? "" : s.error().message()));
-  const auto r = s->run({.commits_per_worker = 8});
-  ASHL_REQUIRE(r.error.empty(), r.error);
-  const std::vector<float> simulated = s->parameters();
+  const std::vector<float> simulated = run_sim(sp, m, n, w0, 8);
   ASHL_REQUIRE(real.server_params.size() == n);
   for (std::size_t i = 0; i < n; ++i) ASHL_TEST(real.server_params[i] == simulated[i], "element " << i);
   // The run moved every element, and the workers' merged models differ from
@@ -167,4 +193,30 @@ BOOST_AUTO_TEST_CASE(bad_parameters_are_refused_by_name) {
   fails({.fragments = 2, .interval = 8, .alpha = -1.0}, 2, 2, "streaming.alpha");
   fails({.fragments = 2, .interval = 8}, 1, 2, "streaming_worker.fragments");
   fails({.fragments = 2, .interval = 8}, 2, 1, "streaming_worker.transports");
+}
+
+// Streaming DiLoCo proper: each fragment's servers run DiLoCo's outer
+// Nesterov (outer lr 0.7, momentum 0.9) on that fragment's pseudo-gradients,
+// in the real servers as in the simulator's fragment cores, bit for bit; at
+// outer lr 1 without momentum it is the plain-averaging run, bit for bit.
+BOOST_AUTO_TEST_CASE(streaming_diloco_outer_nesterov_per_fragment) {
+  const std::size_t n = 12;
+  const std::uint32_t m = 2;
+  const ps::streaming_params sp{.fragments = 2, .interval = 4, .delay = 1, .alpha = 0.5};
+  std::vector<float> w0(n);
+  for (std::size_t i = 0; i < n; ++i) w0[i] = 0.25f * static_cast<float>(i % 5);
+  const fragment_policy diloco{.name = "diloco"};
+  const real_run real = run_real(sp, m, n, w0, 18, diloco);
+  for (std::uint32_t k = 0; k < m; ++k) ASHL_REQUIRE(real.errors[k].empty(), "worker " << k << ": " << real.errors[k]);
+  const std::vector<float> simulated = run_sim(sp, m, n, w0, 8, diloco);
+  const std::vector<float> averaged = run_sim(sp, m, n, w0, 8);
+  ASHL_REQUIRE(real.server_params.size() == n);
+  std::size_t moved = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    ASHL_TEST(real.server_params[i] == simulated[i], "element " << i);
+    moved += simulated[i] != averaged[i] ? 1 : 0;
+  }
+  ASHL_TEST(moved == n);  // the outer optimizer is in force on every element
+  const std::vector<float> plain = run_sim(sp, m, n, w0, 8, {.name = "diloco", .outer_lr = 1.0, .outer_momentum = 0.0});
+  for (std::size_t i = 0; i < n; ++i) ASHL_TEST(plain[i] == averaged[i], "element " << i);
 }
