@@ -69,7 +69,7 @@ struct settings {
                                       {"asp_comp", 0.005}, {"joint", 0.005}, {"dlb_straggler", 0.1},
                                       // Local SGD(8) and its streaming rows keep Local SGD's rate.
                                       {"local_sgd8", 0.1}, {"streaming8", 0.1}, {"streaming8_a0", 0.1},
-                                      {"streaming8_t0", 0.1}};
+                                      {"streaming8_t0", 0.1}, {"diloco8", 0.1}, {"streaming_diloco8", 0.1}};
   int first_seed = 1;
   double momentum = 0.9;
   double eval_every = 0.25;
@@ -132,12 +132,15 @@ struct settings {
 // fragment cores, rules/streaming.hpp), each merged τ = 2 steps after its
 // sync with α = 0.5; "streaming8_a0" the same with α = 0 (the servers'
 // value replaces the local one); "streaming8_t0" τ = 0, α = 0 (fragments
-// without overlap: each merge waits for its own sync's reply).
+// without overlap: each merge waits for its own sync's reply); "diloco8"
+// DiLoCo with H = 8 (outer Nesterov, lr 0.7, momentum 0.9) and
+// "streaming_diloco8" the same outer optimizer per fragment with
+// streaming8's fragments.
 inline constexpr std::string_view sim_variants[] = {"coded_bsp1",       "coded_bsp2",       "coded_bsp3",
                                                     "coded_bsp1_split", "coded_bsp2_split", "coded_bsp3_split",
                                                     "ssp_comp",         "asp_comp",         "dlb_straggler",
                                                     "local_sgd8",       "streaming8",       "streaming8_a0",
-                                                    "streaming8_t0"};
+                                                    "streaming8_t0",    "diloco8",          "streaming_diloco8"};
 inline bool sim_only_policy(std::string_view name) {
   return std::find(std::begin(sim_variants), std::end(sim_variants), name) != std::end(sim_variants);
 }
@@ -442,6 +445,7 @@ struct policy_setup {
   bool coded = false;
   bool compensate = false;  // ssp_comp, asp_comp: W − τ·η·v on every pull
   std::optional<ashl::ps::streaming_params> streaming;  // streaming8 rows: the servers' fragments
+  std::optional<ashl::ps::optimizer_params> optimizer;  // DiLoCo rows: the outer optimizer (outer_optimizer_of)
 };
 
 // time_scale: wall seconds per reference second (real mode's K): the
@@ -455,6 +459,15 @@ inline ashl::result<policy_setup> make_setup(const std::string& name, const sett
   std::string base = name;
   if (name == "ssp") pp.staleness = 3;
   if (name == "local_sgd") pp.local_steps = 2;
+  if (name == "diloco8" || name == "streaming_diloco8") {
+    base = "diloco";
+    pp.local_steps = 8;
+    auto o = ashl::ps::outer_optimizer_of(base, pp);  // outer lr 0.7, momentum 0.9, Nesterov
+    if (!o) return o.error();
+    out.optimizer = *o;
+    if (name == "streaming_diloco8")
+      out.streaming = ashl::ps::streaming_params{.fragments = 4, .interval = 8, .delay = 2, .alpha = 0.5};
+  }
   if (name == "local_sgd8" || name.rfind("streaming8", 0) == 0) {
     base = "local_sgd";
     pp.local_steps = 8;
@@ -728,7 +741,7 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
                                              .optimizer = coded ? ashl::ps::optimizer_params{.mode = ashl::ps::optimizer_params::kind::sgd,
                                                                                              .lr = lr_policy,
                                                                                              .momentum = s.momentum}
-                                                                : ashl::ps::optimizer_params{},
+                                                                : setup->optimizer.value_or(ashl::ps::optimizer_params{}),
                                              .initial = W0,
                                              .streaming = setup->streaming});
   if (!sim) {
