@@ -816,6 +816,7 @@ class simulator {
   void stream_start(std::uint32_t w, const worker_plan& plan) {
     auto& s = sw_[w];
     s.plan = plan;
+    s.codec = ps::plan_codec(plan, compression_);
     s.batch = plan.batch_size != 0 ? plan.batch_size : spec_.workers[w].batch;
     stream_compute(w);
   }
@@ -852,7 +853,7 @@ class simulator {
     if (hooks_.compute) {
       const std::size_t servers = spec_.servers.size(), c = cores_.size();
       const std::uint64_t seq = p ? sync_[w * fragments_ + *p].commits + 1 : 0;
-      const compute_request req{w,       &s.plan,  cycles_[w].codec(), s.segment_iterations, s.batch, seq,
+      const compute_request req{w,        &s.plan,       s.codec,   s.segment_iterations, s.batch, seq,
                                 &layout_, p.value_or(0), fragments_};
       for (auto& x : payloads_) x = shard_payload{};
       hooks_.compute(req, p ? std::span<shard_payload>(payloads_) : std::span<shard_payload>{});
@@ -1251,6 +1252,7 @@ class simulator {
     std::uint64_t commits_sent = 0;
     std::int64_t blocked_on = -1;  // the fragment whose merge it waits for
     worker_plan plan{};
+    codec_id codec = codec_id::identity;  // the plan's (ps::plan_codec)
   };
   struct stream_sync {
     std::uint64_t commits = 0;     // this fragment's commits so far: the sequence (1, 2, ...) its cores see
