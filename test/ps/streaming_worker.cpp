@@ -8,6 +8,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "../support/checks.hpp"
+#include "../support/counting_new.hpp"
 #include "../support/streaming_trainer.hpp"
 
 #include <atomic>
@@ -20,7 +21,8 @@
 
 // ps::streaming_worker over inproc: fragment servers (ps::server, Local SGD
 // with model deltas) and worker threads give the same parameters, bit for
-// bit, as the simulator's fragment cores on the same seeded job.
+// bit, as the simulator's fragment cores on the same seeded job; nothing
+// allocates per step in steady state.
 
 namespace ps = ashl::ps;
 namespace sim = ashl::sim;
@@ -219,4 +221,68 @@ BOOST_AUTO_TEST_CASE(streaming_diloco_outer_nesterov_per_fragment) {
   ASHL_TEST(moved == n);  // the outer optimizer is in force on every element
   const std::vector<float> plain = run_sim(sp, m, n, w0, 8, {.name = "diloco", .outer_lr = 1.0, .outer_momentum = 0.0});
   for (std::size_t i = 0; i < n; ++i) ASHL_TEST(plain[i] == averaged[i], "element " << i);
+}
+
+// Steady state allocates nothing anywhere in the process: two workers and
+// two fragment servers driven from this thread over a deterministic
+// fabric (ps::worker's no-allocation test, test/ps/worker.cpp), τ = 2 so
+// that every reply has landed by its merge.
+BOOST_AUTO_TEST_CASE(nothing_allocates_per_step_in_steady_state) {
+  constexpr std::uint32_t m = 2;
+  const std::size_t n = 1000;
+  const ps::streaming_params sp{.fragments = 2, .interval = 4, .delay = 2, .alpha = 0.5};
+  auto fabric = tr::inproc_fabric::create({.eager_bytes = 256, .deterministic = true});
+  std::vector<ps::server<tr::inproc>> servers;
+  for (std::uint32_t p = 0; p < sp.fragments; ++p) {
+    auto node = fabric->node("fragment" + std::to_string(p));
+    ASHL_REQUIRE(node.has_value());
+    auto layout = ps::shard_layout::even(ps::fragment_range(n, sp.fragments, p).size(), 1);
+    auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = m}},
+                                              fragment_policy{}.policy(m, sp.interval), std::move(*node));
+    ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+    servers.push_back(std::move(*srv));
+  }
+  std::vector<std::vector<float>> model(m, std::vector<float>(n, 0.0f));
+  std::vector<ps::streaming_worker<tr::inproc>> workers;
+  {
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> th;
+    for (auto& srv : servers) th.emplace_back([&] { srv.run(stop); });
+    for (std::uint32_t k = 0; k < m; ++k) {
+      std::vector<ps::worker_params> wp;
+      std::vector<tr::inproc> nodes;
+      nodes.reserve(sp.fragments);
+      for (std::uint32_t p = 0; p < sp.fragments; ++p) {
+        wp.push_back({.rank = k, .servers = {"fragment" + std::to_string(p)}, .timeout = 20s});
+        auto node = fabric->node();
+        ASHL_REQUIRE(node.has_value());
+        nodes.push_back(std::move(*node));
+      }
+      auto sw = ps::streaming_worker<tr::inproc>::create(sp, std::move(wp), std::move(nodes), model[k]);
+      ASHL_REQUIRE(sw.has_value(), (sw ? "" : sw.error().message()));
+      workers.push_back(std::move(*sw));
+    }
+    stop = true;
+    for (auto& t : th) t.join();
+  }
+  std::uint64_t t = 0;
+  auto steps = [&](int count) {
+    for (int c = 0; c < count; ++c) {
+      ++t;
+      for (std::uint32_t k = 0; k < m; ++k) {
+        for (std::size_t i = 0; i < n; ++i) model[k][i] += dyadic(k, t, i);
+        if (!workers[k].step().ok()) return false;
+      }
+      for (int spins = 0; spins < 64; ++spins)
+        for (auto& srv : servers) srv.poll();
+    }
+    return true;
+  };
+  ASHL_REQUIRE(steps(12));  // warm-up: every fragment synced and merged twice
+  const std::size_t before = counting_new::count();
+  const bool ok = steps(40);
+  const std::size_t after = counting_new::count();
+  ASHL_REQUIRE(ok);
+  ASHL_TEST(after == before, "allocations in steady state: " << after - before);
+  for (const auto& w : workers) ASHL_TEST(w.syncs() == (52u - 4u) / 2u + 1u);  // syncs after steps 4, 6, ..., 52
 }
