@@ -20,6 +20,7 @@
 #include <ashl/rules/commit_encoder.hpp>
 #include <ashl/rules/compensation.hpp>
 #include <ashl/rules/policies.hpp>
+#include <ashl/rules/streaming.hpp>
 #include <ashl/sim/simulator.hpp>
 #include <ashl/sim/trace.hpp>
 
@@ -31,6 +32,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -67,7 +69,10 @@ struct settings {
                                       {"coded_bsp1", 0.2}, {"coded_bsp2", 0.2}, {"coded_bsp3", 0.2},
                                       {"coded_bsp1_split", 0.2}, {"coded_bsp2_split", 0.2},
                                       {"coded_bsp3_split", 0.2}, {"ssp_comp", 0.02},
-                                      {"asp_comp", 0.005}, {"joint", 0.005}, {"dlb_straggler", 0.1}};
+                                      {"asp_comp", 0.005}, {"joint", 0.005}, {"dlb_straggler", 0.1},
+                                      // The streaming rows keep Local SGD's rate.
+                                      {"streaming8", 0.1}, {"streaming8_a0", 0.1},
+                                      {"streaming8_t0", 0.1}, {"diloco8", 0.1}, {"streaming_diloco8", 0.1}};
   int first_seed = 1;
   double momentum = 0.9;
   double eval_every = 0.25;
@@ -124,10 +129,22 @@ struct settings {
 // "coded_bsp3" (r = 3) and the "_split" rows: the worker's 64 samples are
 // split over its r + 1 partitions (64 / (r + 1) each), so a round costs the
 // compute of a BSP round instead of r + 1 times it.
+// Streaming DiLoCo's rows (docs/perf/diloco-streaming.md), plain averaging
+// (outer lr 1, no momentum): "local_sgd8" is Local SGD with H = 8, whole
+// model per sync; "streaming8" the same H in P = 4 fragments (the servers'
+// fragment cores, rules/streaming.hpp), each merged τ = 2 steps after its
+// sync with α = 0.5; "streaming8_a0" the same with α = 0 (the servers'
+// value replaces the local one); "streaming8_t0" τ = 0, α = 0 (fragments
+// without overlap: each merge waits for its own sync's reply); "diloco8"
+// DiLoCo with H = 8 (outer Nesterov, lr 0.7, momentum 0.9) and
+// "streaming_diloco8" the same outer optimizer per fragment with
+// streaming8's fragments.
 inline constexpr std::string_view sim_variants[] = {"coded_bsp1",       "coded_bsp2",       "coded_bsp3",
                                                     "coded_bsp1_split", "coded_bsp2_split", "coded_bsp3_split",
                                                     "ssp_comp",         "asp_comp",         "dlb_straggler",
-                                                    "local_sgd8",       "async_diloco_m5",  "ashl_diloco_m5"};
+                                                    "local_sgd8",       "async_diloco_m5",  "ashl_diloco_m5",
+                                                    "streaming8",       "streaming8_a0",    "streaming8_t0",
+                                                    "diloco8",          "streaming_diloco8"};
 inline bool sim_only_policy(std::string_view name) {
   return std::find(std::begin(sim_variants), std::end(sim_variants), name) != std::end(sim_variants);
 }
@@ -410,6 +427,7 @@ struct run_outcome {
   double final_accuracy = 0.0;
   double bytes_per_worker = 0.0;
   double wait_fraction = 0.0;
+  double peak_sync_bytes = 0.0;  // per worker, mean: the most bytes one sync (commit + reply) moved
   std::size_t replans = 0;  // ASHL+: plans the re-planner made
   std::string detail;       // the seed algorithms' rows: what the policy did (late commits, flags, bound)
   double switch_time = nan_v;  // ASHL: when AHL switched to SHL
@@ -433,6 +451,7 @@ struct policy_setup {
   // The servers' optimizer: model_delta, or a DiLoCo name's outer optimizer
   // (ps::outer_optimizer_of).
   ashl::ps::optimizer_params optimizer{};
+  std::optional<ashl::ps::streaming_params> streaming;  // streaming rows: the servers' fragments
 };
 
 // time_scale: wall seconds per reference second (real mode's K): the
@@ -460,6 +479,24 @@ inline ashl::result<policy_setup> make_setup(const std::string& name, const sett
     base = "async_diloco";
     pp.local_steps = 8;
     pp.outer_momentum = 0.5;
+  }
+  // The Streaming DiLoCo rows (docs/perf/diloco-streaming.md): H = 8 in
+  // P = 4 fragments, merged τ = 2 steps later with α = 0.5 (streaming8; _a0:
+  // α = 0, _t0: τ = 0, no overlap); diloco8 and streaming_diloco8 with
+  // DiLoCo's outer Nesterov per fragment (the optimizer follows the base name).
+  if (name == "diloco8" || name == "streaming_diloco8") {
+    base = "diloco";
+    pp.local_steps = 8;
+    if (name == "streaming_diloco8")
+      out.streaming = ashl::ps::streaming_params{.fragments = 4, .interval = 8, .delay = 2, .alpha = 0.5};
+  }
+  if (name.rfind("streaming8", 0) == 0) {
+    base = "local_sgd";
+    pp.local_steps = 8;
+    out.streaming = ashl::ps::streaming_params{.fragments = 4,
+                                               .interval = 8,
+                                               .delay = name == "streaming8_t0" ? 0u : 2u,
+                                               .alpha = name == "streaming8" ? 0.5 : 0.0};
   }
   if (name == "adsp") {
     // Scaled to runs of tens of seconds: period Γ = 1 s (60 s in the paper).
@@ -660,21 +697,26 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
     // ps::worker does) and the error-feedback rule are ps::commit_encoder's:
     // a dense commit pays off what earlier top-k commits left (ASHL+'s residual).
     (void)x.enc.set(q.codec, q.plan->compression_ratio, q.plan->compression_options());
+    // Out[k] is server k's shard, or with fragments (streaming rows) fragment
+    // q.fragment's part on server k: core k·P + p of the layout.
     for (std::uint32_t k = 0; k < out.size(); ++k) {
-      const ashl::ps::key_range r = q.layout->range(k);
+      const std::uint32_t j = q.fragments == 0 ? k : k * q.fragments + q.fragment;
+      const ashl::ps::key_range r = q.layout->range(j);
       const std::span<const float> delta(x.delta.data() + r.begin, static_cast<std::size_t>(r.size()));
-      out[k] = {.codec = x.enc.codec(), .element_count = r.size(), .step = q.sequence, .tensor = k};
+      out[k] = {.codec = x.enc.codec(), .element_count = r.size(), .step = q.sequence, .tensor = j};
       if (x.enc.compresses()) {
-        auto payload = x.enc.encode(k, delta, q.sequence);
+        auto payload = x.enc.encode(j, delta, q.sequence);
         ASHL_ASSERT(payload.has_value(), "worker encode failed");
         out[k].bytes = *payload;
       } else {
-        out[k].bytes = std::as_bytes(x.enc.dense(k, delta));
+        out[k].bytes = std::as_bytes(x.enc.dense(j, delta));
       }
     }
   };
-  // The servers' layout (the simulator splits the parameters the same way).
-  const auto layout = ashl::ps::shard_layout::even(n, static_cast<std::uint32_t>(spec.servers.size()));
+  // The servers' layout (the simulator splits the parameters the same way:
+  // with fragments, P cores per server).
+  const std::uint32_t fragments = setup->streaming ? setup->streaming->fragments : 1;
+  const auto layout = ashl::ps::shard_layout::even(n, static_cast<std::uint32_t>(spec.servers.size()) * fragments);
   if (!layout) {
     o.note = layout.error().message();
     return o;
@@ -697,6 +739,18 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
       ws[w].base = ws[w].snapshot;
     }
   };
+  // Streaming rows: fragment p's answers merge into the worker's model
+  // (local ← α·local + (1 − α)·global) and become its reference for the
+  // next delta of that fragment.
+  const double alpha = setup->streaming ? setup->streaming->alpha : 0.0;
+  h.merge = [&](ashl::sync::worker_id w, std::uint32_t p) {
+    for (std::uint32_t k = 0; k < spec.servers.size(); ++k) {
+      const ashl::ps::key_range r = layout->range(k * fragments + p);
+      const auto at = static_cast<std::size_t>(r.begin), len = static_cast<std::size_t>(r.size());
+      ashl::ps::streaming_merge(std::span(ws[w].w).subspan(at, len), std::span<const float>(ws[w].snapshot).subspan(at, len),
+                                std::span(ws[w].base).subspan(at, len), alpha);
+    }
+  };
   h.evaluate = [&](double t, std::span<const float> W) {
     auto [acc, tl] = net.evaluate(W, d.test.images.data(), d.test.labels.data(), s.eval_test);
     auto [tracc, loss] = net.evaluate(W, d.train.images.data(), d.train.labels.data(), s.eval_train);
@@ -717,7 +771,8 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
                                                                                              .lr = lr_policy,
                                                                                              .momentum = s.momentum}
                                                                 : setup->optimizer,
-                                             .initial = W0});
+                                             .initial = W0,
+                                             .streaming = setup->streaming});
   if (!sim) {
     o.note = sim.error().message();
     return o;
@@ -728,6 +783,7 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
   const std::vector<float> W = sim->parameters();
   o.final_accuracy = net.evaluate(W, d.test.images.data(), d.test.labels.data(), d.test.count).first;
   o.bytes_per_worker = r.mean_bytes_sent();
+  for (const auto& st : r.workers) o.peak_sync_bytes += static_cast<double>(st.peak_sync_bytes) / static_cast<double>(m);
   o.wait_fraction = r.wait_fraction();
   if (auto a = ashl::ps::ashl_summary_of(sim->policy())) o.replans = a->replans;
   {

@@ -87,9 +87,10 @@ int run_sim(const settings& s) {
       const auto& r = results[j];
       if (!r.note.empty()) std::printf("[%-10s seed %d] error: %s\n", r.policy.c_str(), r.seed, r.note.c_str());
       else {
-        std::printf("[%-10s seed %d] time to %.2f: %s s, final accuracy %.4f, %.1f MB sent per worker, wait %.3f",
+        std::printf("[%-10s seed %d] time to %.2f: %s s, final accuracy %.4f, %.1f MB sent per worker, wait %.3f, "
+                    "peak sync %.3f MB",
                     r.policy.c_str(), r.seed, s.target, num_or_null(r.time_to_target, "%.2f").c_str(), r.final_accuracy,
-                    r.bytes_per_worker / 1e6, r.wait_fraction);
+                    r.bytes_per_worker / 1e6, r.wait_fraction, r.peak_sync_bytes / 1e6);
         if (r.policy == "ashl" || r.policy == "ashl_plus")
           std::printf(", SHL from %s s, %zu re-plans", num_or_null(r.switch_time, "%.2f").c_str(), r.replans);
         if (!r.detail.empty()) std::printf(", %s", r.detail.c_str());
@@ -107,7 +108,7 @@ int run_sim(const settings& s) {
               "wait_fraction");
   std::ostringstream json;
   for (const auto& p : s.policies) {
-    std::vector<double> ttt, acc, bytes, wait;
+    std::vector<double> ttt, acc, bytes, wait, peak;
     std::string note;
     for (const auto& r : results) {
       if (r.policy != p) continue;
@@ -116,6 +117,7 @@ int run_sim(const settings& s) {
       acc.push_back(r.final_accuracy);
       bytes.push_back(r.bytes_per_worker);
       wait.push_back(r.wait_fraction);
+      peak.push_back(r.peak_sync_bytes);
     }
     if (!note.empty()) failed = true;
     const double t = median(ttt);
@@ -124,7 +126,8 @@ int run_sim(const settings& s) {
     json << "{\"policy\":\"" << p << "\",\"seeds\":" << s.seeds << ",\"target_accuracy\":" << s.target
          << ",\"time_to_target_s\":" << num_or_null(t, "%.4f") << ",\"final_accuracy\":" << num_or_null(median(acc), "%.5f")
          << ",\"bytes_per_worker\":" << num_or_null(median(bytes), "%.0f")
-         << ",\"wait_fraction\":" << num_or_null(median(wait), "%.5f") << ",\"budget_s\":" << s.budget
+         << ",\"wait_fraction\":" << num_or_null(median(wait), "%.5f")
+         << ",\"peak_sync_bytes_per_worker\":" << num_or_null(median(peak), "%.0f") << ",\"budget_s\":" << s.budget
          << ",\"lr\":" << s.lr_for(p) << "}\n";
   }
   std::printf("\n%s", json.str().c_str());

@@ -57,7 +57,7 @@ from . import job as _job_from_env
 from . import _torchrun
 from .trace import Tracer, path_of
 
-__all__ = ["Bucket", "DistributedOptimizer", "DistributedSampler", "serve", "partition", "bucket_plan", "bucket_addresses", "bucket_cap_bytes",
+__all__ = ["Bucket", "DistributedOptimizer", "DistributedSampler", "StreamingDiLoCo", "serve", "partition", "bucket_plan", "bucket_addresses", "bucket_cap_bytes",
            "DEFAULT_PARTITION_MB",
            "ADAPTIVE_POLICIES", "DILOCO_POLICIES"]
 
@@ -1463,6 +1463,119 @@ class DistributedOptimizer(torch.optim.Optimizer):
 # The SGD values the servers apply under update="gradient" (the worker's
 # copies must not change while it trains).
 _SGD_KEYS = ("lr", "momentum", "weight_decay", "nesterov", "dampening")
+
+
+class StreamingDiLoCo:
+    """Streaming DiLoCo's worker (rules/streaming.hpp; docs/torch.md,
+    "Streaming fragments"): the model's parameters cut into ``fragments``
+    runs of consecutive parameter tensors (layers) of about equal size, each
+    synchronised with its own servers every ``local_steps`` inner steps at
+    its own offset, its exchange overlapped with the next ``delay`` inner
+    steps and then merged: local = alpha*local + (1-alpha)*servers'.
+
+    ``inner`` is the local optimizer (stepped by ``step()``); ``servers[p]``
+    lists fragment p's server addresses (ordinary ashl servers over that
+    fragment's elements, ``fragment_sizes()``; Local SGD with model deltas
+    for plain averaging). The schedule, the merge and the split are the C++
+    rule's (``_ashl.StreamingSchedule``, ``streaming_merge``,
+    ``layer_fragments``), as ps::streaming_worker and the simulator run them.
+    CPU float32 parameters. Bad values are refused by name (ValueError):
+    fragments 0 or more than the model's parameter tensors or than
+    local_steps, delay >= local_steps, alpha outside [0, 1].
+    """
+
+    def __init__(self, inner: torch.optim.Optimizer, model: Any, servers: Sequence[Sequence[str]], fragments: int,
+                 local_steps: int, delay: int = 0, alpha: float = 0.5, rank: int = 0, timeout: float = 30.0,
+                 token: str = "", insecure: bool = False, fabric: Any = None, job: int = 0):
+        import numpy as np
+        self._np = np
+        self.inner = inner
+        self._params = [p for _, p in _named_parameters_unique(model)]
+        for i, p in enumerate(self._params):
+            if p.dtype != torch.float32 or p.device.type != "cpu":
+                raise ValueError(f"parameter {i}: dtype {p.dtype} on {p.device}: StreamingDiLoCo takes CPU float32")
+        self._schedule = _ashl.StreamingSchedule(fragments, local_steps, delay, alpha, len(self._params), "layers")
+        self.alpha = float(alpha)
+        if len(servers) != fragments:
+            raise ValueError(f"servers: {len(servers)} address lists: must be one per fragment ({fragments})")
+        sizes = [p.numel() for p in self._params]
+        bounds = list(_ashl.layer_fragments(sizes, fragments)) + [len(self._params)]
+        self._frags: List[Dict[str, Any]] = []
+        for f in range(fragments):
+            ps_ = self._params[bounds[f]:bounds[f + 1]]
+            n = sum(p.numel() for p in ps_)
+            served = np.zeros(n, dtype=np.float32)
+            w = _ashl.Worker(served, list(servers[f]), rank=rank, timeout=timeout, token=token, insecure=insecure,
+                             fabric=fabric, follower=True, job=job)
+            fr = {"params": ps_, "served": served, "ref": served.copy(), "delta": np.zeros(n, dtype=np.float32),
+                  "local": np.zeros(n, dtype=np.float32), "worker": w, "flying": False}
+            self._scatter(fr, served)  # the join's pull: the servers' values are the model
+            self._frags.append(fr)
+        self.steps = 0
+        self.syncs = 0
+
+    def fragment_sizes(self) -> List[int]:
+        """Elements of each fragment (what its servers hold)."""
+        return [int(f["served"].size) for f in self._frags]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def _gather(self, fr: Dict[str, Any]) -> None:
+        o = 0
+        for p in fr["params"]:
+            k = p.numel()
+            torch.from_numpy(fr["local"][o:o + k]).copy_(p.detach().reshape(-1))
+            o += k
+
+    @torch.no_grad()
+    def _scatter(self, fr: Dict[str, Any], values: Any) -> None:
+        o = 0
+        for p in fr["params"]:
+            k = p.numel()
+            p.copy_(torch.from_numpy(values[o:o + k]).view_as(p))
+            o += k
+
+    def step(self, closure: Any = None) -> Any:
+        """One inner step, then the schedule's sync (the fragment's delta
+        leaves at once) and merge (waits for that fragment's answer)."""
+        loss = self.inner.step(closure) if closure is not None else self.inner.step()
+        self.steps += 1
+        p = self._schedule.sync_after(self.steps)
+        q = self._schedule.merge_after(self.steps)
+        for i, fr in enumerate(self._frags):
+            if not fr["flying"]:
+                fr["worker"].follow(fr["worker"].current_plan, p == i)
+        if p is not None:
+            fr = self._frags[p]
+            self._gather(fr)
+            self._np.subtract(fr["local"], fr["ref"], out=fr["delta"])
+            fr["worker"].commit(fr["delta"])
+            fr["flying"] = True
+            self.syncs += 1
+        if q is not None:
+            self._merge(q)
+        return loss
+
+    def _merge(self, f: int) -> None:
+        fr = self._frags[f]
+        fr["worker"].wait()
+        self._gather(fr)
+        _ashl.streaming_merge(fr["local"], fr["served"], fr["ref"], self.alpha)
+        self._scatter(fr, fr["local"])
+        fr["flying"] = False
+
+    def finish(self) -> None:
+        """Merges every fragment still on the wire."""
+        for f, fr in enumerate(self._frags):
+            if fr["flying"]:
+                self._merge(f)
+
+    def leave(self) -> None:
+        self.finish()
+        for fr in self._frags:
+            fr["worker"].leave()
 
 
 def _sgd_values(group: dict) -> Tuple[Any, ...]:

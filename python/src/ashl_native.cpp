@@ -22,6 +22,7 @@
 #include <ashl/core/status.hpp>
 #include <ashl/ps/launch.hpp>
 #include <ashl/rules/policies.hpp>
+#include <ashl/rules/streaming.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/ps/worker.hpp>
 #include <ashl/transport/inproc.hpp>
@@ -981,6 +982,48 @@ PYBIND11_MODULE(_ashl, m) {
       .def_property_readonly("iterations", &py_update_builder::iterations)
       .def_property_readonly("size", &py_update_builder::size);
   bind_rules(m);  // BucketCycle, topk_layout, topk_encode (rules_bindings.hpp)
+  // Streaming DiLoCo's fragment rule (rules/streaming.hpp), for
+  // ashl.torch.StreamingDiLoCo: the schedule, the merge and the layer split
+  // are the C++ rule's, not a copy.
+  py::class_<ps::streaming_schedule>(m, "StreamingSchedule",
+                                     "rules/streaming.hpp: which fragment syncs and merges after which inner step")
+      .def(py::init([](std::uint32_t fragments, std::uint32_t interval, std::uint32_t delay, double alpha,
+                       std::uint64_t units, const std::string& unit_name) {
+             const ps::streaming_params sp{.fragments = fragments, .interval = interval, .delay = delay, .alpha = alpha};
+             if (auto ok = sp.validate(units, unit_name); !ok) raise(ok);
+             return ps::streaming_schedule(sp);
+           }),
+           py::arg("fragments"), py::arg("interval"), py::arg("delay"), py::arg("alpha"), py::arg("units"),
+           py::arg("unit_name") = "layers")
+      .def("sync_after", &ps::streaming_schedule::sync_after, py::arg("step"))
+      .def("merge_after", &ps::streaming_schedule::merge_after, py::arg("step"))
+      .def("offset", &ps::streaming_schedule::offset, py::arg("fragment"))
+      .def("first_sync", &ps::streaming_schedule::first_sync, py::arg("fragment"))
+      .def_property_readonly("fragments", &ps::streaming_schedule::fragments);
+  m.def(
+      "streaming_merge",
+      [](const py::array& local, const py::array& global, const py::array& reference, double alpha) {
+        const auto l = buffer_of(local, "local", true);
+        const auto g = buffer_of(global, "global", false);
+        const auto r = buffer_of(reference, "reference", true);
+        if (g.size() != l.size() || r.size() != l.size())
+          raise(ashl::invalid_argument("streaming_merge.global.size", g.size(),
+                                       "local, global and reference must have one size (" + std::to_string(l.size()) +
+                                           ")"));
+        py::gil_scoped_release nogil;
+        ps::streaming_merge(l, g, r, alpha);
+      },
+      py::arg("local"), py::arg("global_"), py::arg("reference"), py::arg("alpha"),
+      "rules/streaming.hpp streaming_merge: local = alpha*local + (1-alpha)*global (f32), reference = global");
+  m.def(
+      "layer_fragments",
+      [](const std::vector<std::uint64_t>& sizes, std::uint32_t fragments) {
+        std::vector<std::uint32_t> first(fragments);
+        if (auto ok = ps::layer_fragments(sizes, first); !ok) raise(ok);
+        return first;
+      },
+      py::arg("sizes"), py::arg("fragments"),
+      "rules/streaming.hpp layer_fragments: the first layer of each of P runs of consecutive layers");
   m.def(
       "all_finite",
       [](const py::array& x) {

@@ -62,6 +62,11 @@ struct worker_stats {
   // Measurements messages sent to the servers (ps::worker_cycle's rule,
   // run_options.reports; worker_telemetry::measurement_messages).
   std::uint64_t measurement_messages = 0;
+  // The most bytes one synchronisation moved for this worker: a commit
+  // (every server's part, headers included) and the reply to it. Without
+  // streaming a sync is the whole model; with server_setup::streaming one
+  // fragment (docs/sim.md "Streaming fragments").
+  std::uint64_t peak_sync_bytes = 0;
   bool alive = false;
   [[nodiscard]] double busy_s() const noexcept { return compute_s + compress_s + send_s + wait_s + receive_s; }
 };

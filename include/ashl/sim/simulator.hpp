@@ -53,6 +53,7 @@
 #include <ashl/rules/commit_in.hpp>
 #include <ashl/rules/server_core.hpp>
 #include <ashl/rules/shards.hpp>
+#include <ashl/rules/streaming.hpp>
 #include <ashl/rules/worker_cycle.hpp>
 #include <ashl/sim/cluster_spec.hpp>
 #include <ashl/sim/event_queue.hpp>
@@ -71,6 +72,7 @@
 #include <functional>
 #include <limits>
 #include <numbers>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -96,6 +98,13 @@ struct compute_request {
   std::uint32_t batch = 0;
   std::uint64_t sequence = 0;
   const ps::shard_layout* layout = nullptr;
+  // With server_setup::streaming (fragments = P > 0): the layout has S·P
+  // ranges, range k·P + p is fragment p's part on server k, and out[k] is
+  // fragment `fragment`'s part for server k; out is empty when no fragment
+  // syncs after these iterations (run them, encode nothing). 0: out[k] is
+  // the commit's shard k, range k of the layout.
+  std::uint32_t fragment = 0;
+  std::uint32_t fragments = 0;
 };
 
 // One shard of a commit as the worker encoded it. The bytes belong to the
@@ -121,6 +130,11 @@ struct hooks {
   // its shard; empty in timing-only mode). Copy what the worker will load.
   std::function<void(sync::worker_id w, std::uint32_t server, std::span<const float> parameters)> serve;
   std::function<void(sync::worker_id)> deliver;  // every server's answer has arrived
+  // Streaming (server_setup::streaming) instead of deliver: fragment p's
+  // answers (serve, per server) are merged now (ps::streaming_merge with
+  // streaming.alpha), before the worker's next inner step. Required in full
+  // mode with streaming.
+  std::function<void(sync::worker_id, std::uint32_t fragment)> merge;
   // Every metric_interval: the metrics to report, given the servers'
   // parameters (all shards in order; empty in timing-only mode).
   std::function<evaluation(double now, std::span<const float> parameters)> evaluate;
@@ -146,6 +160,12 @@ struct server_setup {
   codec_options compression_options{};
   bool allow_non_finite = false;          // ps::server_core_params::allow_non_finite
   std::uint64_t max_commit_samples = std::uint64_t{1} << 30;  // ps::server_core_params::max_commit_samples
+  // Streaming DiLoCo's fragments (rules/streaming.hpp): each server holds
+  // P cores, one per fragment (fragment p's commits apply to its range
+  // only), and a worker syncs fragment p after the inner steps the schedule
+  // names, computing on while it is on the wire, merging it τ steps later.
+  // Empty: a worker syncs the whole model per cycle (worker_cycle).
+  std::optional<ps::streaming_params> streaming{};
 };
 
 struct run_options {
@@ -182,9 +202,29 @@ class simulator {
     if (!setup.initial.empty() && setup.initial.size() != setup.elements)
       return invalid_argument("server.initial.size", setup.initial.size(),
                               "must be 0 or server.elements (" + std::to_string(setup.elements) + ")");
-    auto layout = ps::shard_layout::even(setup.elements, servers);
+    std::uint32_t fragments = 1;
+    if (setup.streaming) {
+      // Every core holds at least one element: P <= the parameters per server.
+      const std::uint64_t units = setup.elements > 0 ? setup.elements / servers : ~std::uint64_t{0};
+      ASHL_TRY(setup.streaming->validate(units, "parameters per server"));
+      if (setup.elements > 0 && !h.merge)
+        return invalid_argument("hooks.merge", "empty", "required in full mode with server.streaming");
+      for (const auto& c : spec.changes)
+        if (c.kind != change_kind::slowdown)
+          return invalid_argument("spec.changes.kind", c.kind == change_kind::die ? "die" : "join",
+                                  "server.streaming models slowdowns only (no deaths or joins yet)");
+      for (std::size_t w = 0; w < spec.workers.size(); ++w)
+        if (spec.workers[w].push)
+          return invalid_argument("spec.workers[" + std::to_string(w) + "].push", true,
+                                  "server.streaming merges the servers' replies: a pushing worker gets none");
+      fragments = setup.streaming->fragments;
+    }
+    auto layout = ps::shard_layout::even(setup.elements, servers * fragments);
     if (!layout) return layout.error();
     simulator s;
+    s.fragments_ = fragments;
+    if (setup.streaming) s.schedule_ = ps::streaming_schedule(*setup.streaming);
+    s.streaming_ = setup.streaming.has_value();
     s.spec_ = std::move(spec);
     s.hooks_ = std::move(h);
     s.layout_ = *layout;
@@ -192,8 +232,9 @@ class simulator {
     s.compression_options_ = setup.compression_options;
     ASHL_TRY(ps::check_codec_options(setup.compression, setup.compression_options, "server.compression_options."));
     s.allow_non_finite_ = setup.allow_non_finite;
-    s.cores_.reserve(servers);
-    for (std::uint32_t k = 0; k < servers; ++k) {
+    const std::uint32_t cores = servers * fragments;  // core k·P + p: server k, fragment p
+    s.cores_.reserve(cores);
+    for (std::uint32_t k = 0; k < cores; ++k) {
       const ps::key_range r = s.layout_.range(k);
       std::span<const float> init;
       if (!setup.initial.empty()) init = setup.initial.subspan(r.begin, r.size());
@@ -202,7 +243,7 @@ class simulator {
                                   .optimizer = setup.optimizer, .store_bytes = setup.store_bytes, .seed = setup.seed,
                                   .allow_non_finite = setup.allow_non_finite,
                                   .max_commit_samples = setup.max_commit_samples},
-                                 k + 1 == servers ? std::move(policy) : Policy(policy), init);
+                                 k + 1 == cores ? std::move(policy) : Policy(policy), init);
       if (!c) return c.error();
       s.cores_.push_back(std::move(*c));
     }
@@ -309,6 +350,11 @@ class simulator {
     worker_plan plan{};                  // of the cycle in progress
   };
 
+  // The server that holds core j (core k·P + p: server k, fragment p).
+  [[nodiscard]] std::uint32_t server_of_core(std::size_t j) const noexcept {
+    return static_cast<std::uint32_t>(j / fragments_);
+  }
+
   // ------------------------------------------------------------ setup/finish
   void setup() {
     const std::size_t m = spec_.workers.size(), s = spec_.servers.size();
@@ -336,6 +382,8 @@ class simulator {
       links_.reset(bandwidths);
     }
     stop_ = false;
+    sw_.assign(streaming_ ? m : 0, stream_worker{});
+    sync_.assign(streaming_ ? m * fragments_ : 0, stream_sync{});
     std::vector<bool> joins_later(m, false);
     for (std::size_t i = 0; i < spec_.changes.size(); ++i) {
       const auto& c = spec_.changes[i];
@@ -357,6 +405,10 @@ class simulator {
       const worker_plan first = cores_[0].policy().plan(w);
       const worker_plan sent = ps::plan_with_codec_options(first, compression_, compression_options_);
       cycles_[w].plan_arrived(sent, ps::plan_codec(sent, compression_));
+      if (streaming_) {
+        stream_start(w, sent);
+        continue;
+      }
       start_compute(w);
     }
     if (opt_.metric_interval > 0.0) q_.push(0.0, k_metric, 0);
@@ -448,6 +500,10 @@ class simulator {
   void on_compute_done(std::uint32_t w, std::uint64_t gen) {
     auto& wk = w_[w];
     if (wk.st != state::computing || gen != wk.gen[up]) return;
+    if (streaming_) {
+      stream_compute_done(w);
+      return;
+    }
     const double now = clock_.now();
     auto& cy = cycles_[w];
     auto& st = r_.workers[w];
@@ -554,12 +610,12 @@ class simulator {
   // The worker's own link, per shard, this message (slowdown and comm jitter).
   double cap_of(std::uint32_t w) {
     const auto& ws = spec_.workers[w];
-    return ws.bandwidth_bytes_per_s / static_cast<double>(cores_.size()) /
+    return ws.bandwidth_bytes_per_s / static_cast<double>(spec_.servers.size()) /
            (w_[w].slowdown * draw(w, ws.comm_jitter));
   }
 
   void start_flow(std::uint32_t w, dir d, std::size_t k, std::uint64_t bytes, double cap) {
-    const std::uint32_t li = static_cast<std::uint32_t>(2 * k + d);
+    const std::uint32_t li = 2 * server_of_core(k) + d;
     const std::uint64_t fid = flow_id(w, d, k);
     if (links_.unlimited(li)) {
       const double t = std::isfinite(cap) ? static_cast<double>(bytes) / cap : 0.0;
@@ -599,7 +655,7 @@ class simulator {
     const std::uint64_t msg = fid / s;
     const auto w = static_cast<std::uint32_t>(msg / 2);
     const auto d = static_cast<dir>(msg % 2);
-    const double lat = spec_.workers[w].latency_s + spec_.servers[fid % s].latency_s;
+    const double lat = spec_.workers[w].latency_s + spec_.servers[server_of_core(fid % s)].latency_s;
     q_.push(clock_.now() + lat, k_arrive, static_cast<std::uint32_t>(fid), w_[w].gen[d]);
   }
 
@@ -611,6 +667,14 @@ class simulator {
     const auto k = static_cast<std::uint32_t>(fid % s);
     auto& wk = w_[w];
     if (gen != wk.gen[d]) return;
+    if (streaming_) {
+      if (d == up) {
+        stream_commit_arrived(w, k);
+      } else {
+        stream_reply_arrived(w, k);
+      }
+      return;
+    }
     if (d == up) {
       if (wk.up_left == 0) return;
       commit_shard_arrived(w, k, --wk.up_left == 0);
@@ -733,6 +797,7 @@ class simulator {
     const double now = clock_.now();
     r_.workers[w].receive_s += now - wk.activity_start;
     span(w, activity::receive, wk.activity_start, now);
+    r_.workers[w].peak_sync_bytes = std::max(r_.workers[w].peak_sync_bytes, wk.up_bytes + wk.down_bytes);
     if (acked(w)) {
       cycles_[w].ack_arrived(now);  // commit = push + the wait; no pull
     } else {
@@ -744,9 +809,205 @@ class simulator {
     start_compute(w);
   }
 
+  // ------------------------------------------------------------- streaming
+  // A worker under server_setup::streaming: it computes from one event of
+  // the schedule to the next (a sync or a merge after an inner step,
+  // rules/streaming.hpp). A sync sends fragment p's part to every server
+  // (core k·P + p, the pull riding along) and the worker computes on; a
+  // merge waits for the fragment's replies unless they have all arrived.
+  // A sync and a merge after the same step touch different fragments (or,
+  // with τ = 0, the merge needs the sync's reply), so the commit goes first
+  // and overlaps the wait. Its plan is the join's (the batch); the
+  // worker_cycle measurements are not reported, codec time is not modelled.
+  void stream_start(std::uint32_t w, const worker_plan& plan) {
+    auto& s = sw_[w];
+    s.plan = plan;
+    s.codec = ps::plan_codec(plan, compression_);
+    s.batch = plan.batch_size != 0 ? plan.batch_size : spec_.workers[w].batch;
+    stream_compute(w);
+  }
+
+  // Computes up to the next step after which the schedule syncs or merges
+  // (at most H steps on): per-iteration times as start_compute draws them.
+  void stream_compute(std::uint32_t w) {
+    auto& s = sw_[w];
+    std::uint64_t e = s.step + 1;
+    while (!schedule_.sync_after(e) && !schedule_.merge_after(e)) ++e;
+    s.segment_end = e;
+    s.segment_iterations = static_cast<std::uint32_t>(e - s.step);
+    const auto& ws = spec_.workers[w];
+    const double t_iter = ws.seconds_per_iteration * w_[w].slowdown * straggle(w) * static_cast<double>(s.batch) /
+                          static_cast<double>(spec_.reference_batch);
+    double t = clock_.now();
+    for (std::uint32_t i = 0; i < s.segment_iterations; ++i) t += t_iter * draw(w, ws.compute_jitter);
+    begin(w, state::computing);
+    q_.push(t, k_compute_done, w, w_[w].gen[up]);
+  }
+
+  void stream_compute_done(std::uint32_t w) {
+    auto& wk = w_[w];
+    auto& s = sw_[w];
+    const double now = clock_.now();
+    auto& st = r_.workers[w];
+    st.compute_s += now - wk.activity_start;
+    st.iterations += s.segment_iterations;
+    st.samples += std::uint64_t{s.segment_iterations} * s.batch;
+    span(w, activity::compute, wk.activity_start, now);
+    s.step = s.segment_end;
+    const std::optional<std::uint32_t> p = schedule_.sync_after(s.step);
+    const std::optional<std::uint32_t> q = schedule_.merge_after(s.step);
+    if (hooks_.compute) {
+      const std::size_t servers = spec_.servers.size(), c = cores_.size();
+      const std::uint64_t seq = p ? sync_[w * fragments_ + *p].commits + 1 : 0;
+      const compute_request req{w,        &s.plan,       s.codec,   s.segment_iterations, s.batch, seq,
+                                &layout_, p.value_or(0), fragments_};
+      for (auto& x : payloads_) x = shard_payload{};
+      hooks_.compute(req, p ? std::span<shard_payload>(payloads_) : std::span<shard_payload>{});
+      if (p) {
+        if (payload_of_.size() < w_.size() * c) payload_of_.resize(w_.size() * c);
+        check_parts_.clear();
+        for (std::size_t k = 0; k < servers; ++k) {
+          const std::size_t j = k * fragments_ + *p;
+          payload_of_[w * c + j] = payloads_[k];
+          check_parts_.push_back({.codec = payloads_[k].codec, .type = payloads_[k].type,
+                                  .payload = payloads_[k].bytes, .element_count = payloads_[k].element_count,
+                                  .model_begin = layout_.range(static_cast<std::uint32_t>(j)).begin});
+        }
+        if (auto ok = ps::check_commit_parts(check_parts_, {.allow_non_finite = allow_non_finite_}); !ok) {
+          if (r_.error.empty()) r_.error = "worker " + std::to_string(w) + "'s commit refused: " + ok.message();
+          stop_ = true;
+          return;
+        }
+      }
+    }
+    if (p) stream_send(w, *p);
+    if (wk.st == state::done) return;  // that was its last commit
+    if (q) {
+      if (!sync_[w * fragments_ + *q].replied) {
+        s.blocked_on = *q;
+        begin(w, state::waiting);
+        return;
+      }
+      stream_merge(w, *q);
+    }
+    stream_compute(w);
+  }
+
+  // Fragment p's commit leaves: one part per server, on the worker's link.
+  void stream_send(std::uint32_t w, std::uint32_t p) {
+    auto& s = sw_[w];
+    auto& y = sync_[w * fragments_ + p];
+    const std::size_t servers = spec_.servers.size(), c = cores_.size();
+    ++y.commits;
+    ++s.commits_sent;
+    y.samples = (s.step - y.last_step) * s.batch;
+    y.last_step = s.step;
+    y.flying = true;
+    y.replied = false;
+    y.up_left = y.down_left = static_cast<std::uint32_t>(servers);
+    y.down_started = 0;
+    y.up_bytes = y.down_bytes = 0;
+    y.last = opt_.commits_per_worker > 0 && s.commits_sent >= opt_.commits_per_worker;
+    const double cap = cap_of(w);
+    const bool dense = !(s.plan.compression_ratio < 1.0f);
+    // Timing only: the plan's share of the model, split over the cores as
+    // the replies are.
+    const std::uint64_t total =
+        hooks_.compute ? 0
+                       : static_cast<std::uint64_t>(std::ceil(static_cast<double>(spec_.model_bytes) *
+                                                              static_cast<double>(s.plan.compression_ratio)));
+    for (std::size_t k = 0; k < servers; ++k) {
+      const std::size_t j = k * fragments_ + p;
+      const std::uint64_t b = hooks_.compute ? payload_of_[w * c + j].bytes.size() : total / c + (j < total % c ? 1 : 0);
+      const std::uint64_t parts =
+          dense ? std::max<std::uint64_t>(1, wire::parts_for(b / 4, 4, spec_.commit_part_bytes, wire::max_commit_parts))
+                : 1;
+      const std::uint64_t part = b + parts * spec_.header_bytes;
+      y.up_bytes += part;
+      start_flow(w, up, j, part, cap);
+    }
+    r_.workers[w].bytes_sent += y.up_bytes;
+    // Its last commit: it stops computing; the run ends when the commit has
+    // reached every server (stream_commit_arrived).
+    if (y.last) begin(w, state::done);
+  }
+
+  // Fragment p's part for core j reached its server: the core takes it.
+  void stream_commit_arrived(std::uint32_t w, std::uint32_t j) {
+    auto& y = sync_[w * fragments_ + j % fragments_];
+    if (y.up_left == 0) return;
+    const bool whole = --y.up_left == 0;
+    ps::commit_in c{};
+    c.worker = w;
+    c.incarnation = w_[w].incarnation;
+    c.sequence = y.commits;
+    c.clock = commit_clock(y.commits);
+    c.samples = y.samples;
+    c.bytes = y.up_bytes;
+    if (hooks_.compute) {
+      const auto& pl = payload_of_[w * cores_.size() + j];
+      c.codec = pl.codec;
+      c.type = pl.type;
+      c.element_count = pl.element_count;
+      c.step = pl.step;
+      c.tensor = pl.tensor;
+      c.payload = pl.bytes;
+    }
+    c.pull = !y.last;
+    cores_[j].commit(c, clock_.now(), act_);
+    act(j);
+    if (whole) {
+      ++r_.workers[w].commits;
+      ++r_.commits;
+      if (y.last) check_all_done();
+    }
+  }
+
+  // Core j answers w's pull riding with fragment j % P's commit.
+  void stream_reply(std::uint32_t w, std::uint32_t j) {
+    if (w >= w_.size() || w_[w].st == state::done) return;
+    auto& y = sync_[w * fragments_ + j % fragments_];
+    if (!y.flying || y.down_started >= spec_.servers.size()) return;
+    if (hooks_.serve) hooks_.serve(w, j, cores_[j].parameters());
+    const std::uint64_t payload = reply_bytes(j);
+    const std::uint64_t parts = std::max<std::uint64_t>(1, wire::parts_for(payload / 4, 4, spec_.reply_part_bytes));
+    const std::uint64_t bytes = payload + parts * spec_.header_bytes;
+    y.down_bytes += bytes;
+    r_.workers[w].bytes_received += bytes;
+    ++y.down_started;
+    start_flow(w, down, j, bytes, cap_of(w));
+  }
+
+  void stream_reply_arrived(std::uint32_t w, std::uint32_t j) {
+    const std::uint32_t p = j % fragments_;
+    auto& y = sync_[w * fragments_ + p];
+    if (y.down_left == 0 || w_[w].st == state::done) return;
+    if (--y.down_left > 0) return;
+    y.replied = true;
+    auto& st = r_.workers[w];
+    st.peak_sync_bytes = std::max(st.peak_sync_bytes, y.up_bytes + y.down_bytes);
+    auto& s = sw_[w];
+    if (s.blocked_on != static_cast<std::int64_t>(p)) return;
+    const double now = clock_.now();
+    st.wait_s += now - w_[w].activity_start;
+    span(w, activity::wait, w_[w].activity_start, now);
+    s.blocked_on = -1;
+    stream_merge(w, p);
+    stream_compute(w);
+  }
+
+  // Fragment p's replies are merged into the worker's model (the hook runs
+  // ps::streaming_merge); the fragment is off the wire.
+  void stream_merge(std::uint32_t w, std::uint32_t p) {
+    if (hooks_.merge) hooks_.merge(w, p);
+    auto& y = sync_[w * fragments_ + p];
+    y.flying = false;
+    y.replied = false;
+  }
+
   // Acts on server k's actions: replies, plan updates, errors, steps.
   void act(std::uint32_t k) {
-    r_.server_steps[k] += act_.steps();
+    r_.server_steps[server_of_core(k)] += act_.steps();
     // A refusal means a hook built a commit the server cannot take (the
     // simulator's own messages are well formed): the worker would wait for
     // an answer that never comes, so the run stops and says why.
@@ -755,7 +1016,13 @@ class simulator {
                  "'s message: " + act_.errors()[0].text;
       stop_ = true;
     }
-    for (const auto w : act_.pull_replies()) start_reply(w, k);
+    for (const auto w : act_.pull_replies()) {
+      if (streaming_) {
+        stream_reply(w, k);
+      } else {
+        start_reply(w, k);
+      }
+    }
     if (k == 0) {
       // Server 0's plans travel to their workers as plan_updates do: sent
       // after the replies of the same event, arriving after the latencies
@@ -822,7 +1089,8 @@ class simulator {
     r.servers_left = static_cast<std::uint32_t>(cores_.size());
     r.records.assign(ms.begin(), ms.end());
     for (std::uint32_t k = 0; k < cores_.size(); ++k)
-      q_.push(clock_.now() + spec_.workers[w].latency_s + spec_.servers[k].latency_s, k_measurements, slot, k);
+      q_.push(clock_.now() + spec_.workers[w].latency_s + spec_.servers[server_of_core(k)].latency_s, k_measurements,
+              slot, k);
   }
 
   // A measurements message reached server k. One of a worker that died
@@ -921,7 +1189,7 @@ class simulator {
   void cancel_flows(std::uint32_t w, dir d) {
     for (std::size_t k = 0; k < cores_.size(); ++k) {
       // (on an unlimited link the transfer's event carries a stale generation)
-      schedule(links_.cancel(static_cast<std::uint32_t>(2 * k + d), clock_.now(), flow_id(w, d, k)));
+      schedule(links_.cancel(2 * server_of_core(k) + d, clock_.now(), flow_id(w, d, k)));
     }
   }
 
@@ -981,6 +1249,34 @@ class simulator {
   std::vector<shard_payload> payloads_;    // the compute hook's answer, one per server
   std::vector<shard_payload> payload_of_;  // per (worker, server): the commit in flight
   std::vector<float> eval_params_;
+  // Streaming (server_setup::streaming): P cores per server (core k·P + p),
+  // the schedule, each worker's place in it and each (worker, fragment)'s
+  // sync in flight.
+  struct stream_worker {
+    std::uint64_t step = 0;        // inner steps finished
+    std::uint64_t segment_end = 0; // the step the compute in progress ends after
+    std::uint32_t segment_iterations = 0;
+    std::uint32_t batch = 0;
+    std::uint64_t commits_sent = 0;
+    std::int64_t blocked_on = -1;  // the fragment whose merge it waits for
+    worker_plan plan{};
+    codec_id codec = codec_id::identity;  // the plan's (ps::plan_codec)
+  };
+  struct stream_sync {
+    std::uint64_t commits = 0;     // this fragment's commits so far: the sequence (1, 2, ...) its cores see
+    std::uint64_t last_step = 0;   // the step of its previous sync
+    std::uint64_t samples = 0;     // of the sync in flight
+    std::uint32_t up_left = 0, down_left = 0, down_started = 0;
+    std::uint64_t up_bytes = 0, down_bytes = 0;
+    bool flying = false;           // synced, not merged yet
+    bool replied = false;          // every server's reply arrived
+    bool last = false;             // no pull rides along (the worker's last commit)
+  };
+  std::uint32_t fragments_ = 1;
+  bool streaming_ = false;
+  ps::streaming_schedule schedule_{};
+  std::vector<stream_worker> sw_;
+  std::vector<stream_sync> sync_;  // worker w, fragment p: w·P + p
   run_result r_;
   std::size_t running_ = 0;  // workers neither done, dead nor absent
   bool stop_ = false;
