@@ -16,6 +16,19 @@ sys.path.insert(1, os.path.join(HERE, "..", "..", "examples", "common"))
 import link as lk  # noqa: E402
 import protocol as P  # noqa: E402
 
+
+def _cnn_run():
+    """examples/cnn/run.py by its path, under its own module name: another
+    workload's run.py (examples/lm) may sit earlier on sys.path."""
+    import importlib.util
+    name = "ashl_examples_cnn_run"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "..", "..", "examples", "cnn", "run.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
 INF = math.inf
 
 
@@ -393,7 +406,7 @@ def test_each_ddp_variant_costs_the_bytes_its_all_reduces_are_given(gloo_one_ran
 def test_the_protocol_takes_a_frozen_file_only_once_committed_and_unmodified(tmp_path):
     import subprocess
     pytest.importorskip("torch")
-    import run
+    run = _cnn_run()
     repo = tmp_path / "repo"
     repo.mkdir()
     f = repo / "tuned.json"
@@ -413,7 +426,7 @@ def test_the_protocol_takes_a_frozen_file_only_once_committed_and_unmodified(tmp
 
 def test_the_best_ddp_variant_of_a_frozen_file_is_the_fastest_then_the_most_accurate():
     pytest.importorskip("torch")
-    import run
+    run = _cnn_run()
     chosen = {m: {"median_time_to_target_s": None, "median_final_accuracy": 0.85} for m in P.DDP_METHODS}
     chosen["ddp_localsgd"]["median_final_accuracy"] = 0.87
     assert run.best_ddp_of({"chosen": chosen}) == "ddp_localsgd"
