@@ -178,7 +178,7 @@ BOOST_AUTO_TEST_CASE(interval_plans_commit_when_the_interval_has_passed) {
   });
 }
 
-// ---- plan_exchange: each rank's plan picks its codec (issue 25) ----
+// ---- plan_exchange: each rank's plan picks its codec (docs/coll.md) ----
 
 namespace {
 // BSP whose rank 0 keeps half of its update (top-k, error feedback) while

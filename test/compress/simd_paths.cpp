@@ -1,4 +1,4 @@
-// Every host SIMD path forced (issue 12): the same cases (test/cuda/
+// Every host SIMD path forced (docs/codecs.md "Speed"): the same cases (test/cuda/
 // odr_encode.hpp: every codec, error feedback and DGC, f32/f16/bf16, sizes
 // 1..70001) encoded and decoded with the library built at each level of
 // ASHL_HOST_SIMD (simd_paths/level.cpp, one translation unit per level),

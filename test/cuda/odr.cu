@@ -1,4 +1,4 @@
-// One definition per function, whatever the compiler (issue 12 item 1): this
+// One definition per function, whatever the compiler (docs/codecs.md "Adding a codec"): this
 // file (nvcc's host pass) and odr_host.cpp (the host C++ compiler) encode the
 // same inputs with every host codec and the two decorators; the payload
 // bytes and what decode_add adds must be equal, and both files must have

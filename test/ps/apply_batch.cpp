@@ -1,4 +1,4 @@
-// Batched applies (issue 28, item 3: fan-in from several receive buffers;
+// Batched applies (docs/ps.md "Batched applies": fan-in from several receive buffers;
 // server_core::defer_dense_applies, server_params.apply_batch). Commits that
 // arrive together wait and are added in one pass over the parameters, each
 // chunk taking every add in arrival order. What must hold:

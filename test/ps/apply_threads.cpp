@@ -1,5 +1,5 @@
 // rules/server_core.hpp with an apply pool (rules/apply_pool.hpp;
-// server_params.apply_threads, issue 28 item 3): the parameters, every
+// server_params.apply_threads, docs/ps.md "Apply threads"): the parameters, every
 // reply's CRC and every refusal are bit-identical to applying on one thread,
 // for dense and sparse codecs, model deltas and sgd with momentum, commits
 // applied at once (asp) and in rounds (bsp), with versions pinned by

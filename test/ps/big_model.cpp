@@ -4,8 +4,8 @@
 
 // A ResNet-50-sized model (25,557,032 f32 parameters, 102 MB) trains with
 // the defaults: BSP, 4 workers, 1 and 2 servers, real processes over UCX on
-// loopback (shared memory), a few cycles. Before issue 24 the fixed 64 MiB
-// commit store refused a one-server shard at creation and a round of 4
+// loopback (shared memory), a few cycles. A fixed 64 MiB
+// commit store once refused a one-server shard at creation and a round of 4
 // dense commits at run time; the store is now workers x the largest commit
 // by default (ps::automatic_store_bytes). The parameters must equal a
 // single-process server_core run's bit for bit.

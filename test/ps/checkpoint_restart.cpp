@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-// Server failure and checkpoints as real processes (issue 11): a server
+// Server failure and checkpoints as real processes (docs/checkpoints.md): a server
 // checkpointing every 30 applied commits is SIGKILLed in the middle of
 // training; restarted with --restore on the same address it restores the
 // checkpoint, the workers (worker_params::reconnect) rejoin and re-send what
@@ -117,7 +117,7 @@ void refused_at_restart(const std::string& name, const std::function<void(std::v
 
 // parts: 4096 elements whose replies and commits go in 4 parts of 4 KiB
 // (server_params.reply_part_bytes, worker_params.commit_part_bytes with two
-// in flight, issue 28): the kill can cut a reply or a commit between its
+// in flight; docs/ps.md "Commits in parts"): the kill can cut a reply or a commit between its
 // parts; the reconnected worker takes the re-sent reply from its first
 // part and sends its commit again from part 0, applied once by its sequence.
 void checkpoint_kill_server_restore_resumes(const char* tls, bool parts = false) {

@@ -1,6 +1,6 @@
 #include <ashl/ps/checkpoint.hpp>
 
-// Checkpoints off the event loop (issue 24, item 10). In process: the
+// Checkpoints off the event loop (docs/checkpoints.md "The writer thread and the lock"). In process: the
 // writer thread of ps::checkpoint_writer does the (here deliberately
 // stalled) write while the caller goes on; a second checkpoint while one is
 // being written is refused and counted, never queued; write_now waits for

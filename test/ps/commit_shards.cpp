@@ -17,89 +17,40 @@ int main() {
 }
 #else
 
-#include <ashl/rules/policies.hpp>
-#include <ashl/ps/server.hpp>
-#include <ashl/transport/ucx.hpp>
-
 #include <boost/test/unit_test.hpp>
 
-#include "../support/forked.hpp"
+#include "../support/forked_server.hpp"
 
-#include <signal.h>
-
-#include <atomic>
-#include <chrono>
 #include <cmath>
-#include <csignal>
 #include <limits>
-#include <map>
-#include <sstream>
-#include <string>
-#include <vector>
-
-namespace ps = ashl::ps;
-namespace tr = ashl::transport;
-using namespace std::chrono_literals;
-using clock_type = std::chrono::steady_clock;
 
 namespace {
 
 using ashl_test::child;
-using ashl_test::say;
-using ashl_test::spawn;
 
 const std::string token = "commit-shards-token-0123456789";
-
-std::atomic<bool> g_stop{false};
-extern "C" void on_term(int) { g_stop = true; }
 
 // Server `shard` of 2 (ASP, model deltas at lr 1) for one worker, forked
 // before this process has any UCX object: its address, then at SIGTERM its
 // counters and its parameters' sum.
 child start_server(std::uint32_t shard, std::size_t elements, std::string& address) {
-  child c = spawn([=](int fd) {
-    std::signal(SIGTERM, on_term);
-    auto t = tr::ucx::create({.listen = "127.0.0.1:0", .token = token});
-    auto layout = ps::shard_layout::even(elements, 2);
-    ps::policy_params pp{};
-    pp.workers = 1;
-    auto policy = ps::make_policy("asp", pp);
-    if (!t || !layout || !policy) return 2;
-    ps::server_params sp{.core = {.layout = *layout, .shard = shard, .workers = 1,
-                                  .optimizer = {.mode = ps::optimizer_params::kind::model_delta, .lr = 1.0}},
-                         .stop_when_all_left = false,
-                         .worker_timeout = 0ms};
-    std::vector<float> initial(layout->range(shard).size(), 0.25f);
-    auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
-    if (!srv) {
-      say(fd, "error " + srv.error().message());
-      return 3;
-    }
-    say(fd, srv->transport().listen_address());
-    const auto until = clock_type::now() + 60s;
-    while (!g_stop && clock_type::now() < until) srv->run_once(10ms);
-    const ps::server_telemetry s = srv->telemetry();
-    double sum = 0;
-    for (float v : srv->parameters()) sum += v;
-    std::ostringstream line;
-    line << "applied=" << s.core.commits_applied << " refused=" << s.core.refused_total() << " sum=" << sum;
-    say(fd, line.str());
-    return 0;
-  });
-  address = c.read_line(30s).value_or("");
-  return c;
+  return ashl_test::start_server(
+      {.token = token, .elements = elements, .shard = shard, .shards = 2}, {},
+      {.core = {.optimizer = {.mode = ps::optimizer_params::kind::model_delta, .lr = 1.0}},
+       .stop_when_all_left = false,
+       .worker_timeout = 0ms},
+      address, [](auto&, int) {},
+      [](auto& srv) {
+        const ps::server_telemetry s = srv.telemetry();
+        double sum = 0;
+        for (float v : srv.parameters()) sum += v;
+        std::ostringstream line;
+        line << "applied=" << s.core.commits_applied << " refused=" << s.core.refused_total() << " sum=" << sum;
+        return line.str();
+      });
 }
 
-std::map<std::string, double> stop_server(child& c) {
-  ::kill(c.pid, SIGTERM);
-  std::map<std::string, double> out;
-  std::istringstream in(c.read_line(30s).value_or(""));
-  std::string kv;
-  while (in >> kv)
-    if (const auto eq = kv.find('='); eq != std::string::npos) out[kv.substr(0, eq)] = std::stod(kv.substr(eq + 1));
-  c.finish(10s);
-  return out;
-}
+std::map<std::string, double> stop_server(child& c) { return ashl_test::stop_and_read(c); }
 
 }  // namespace
 

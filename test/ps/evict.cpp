@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-// Silent workers as real processes (issue 11): a worker whose process is
+// Silent workers as real processes (docs/ps.md "Faults, checkpoints and rejoining"): a worker whose process is
 // stopped (SIGSTOP: its connection stays up, it says nothing) is evicted
 // after the server's worker_timeout, so the others' barriers are released;
 // when it resumes it finds its connection closed, reconnects, rejoins with

@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-// Job identity as real processes (issue 24, item 4): a server restoring a
+// Job identity as real processes (docs/checkpoints.md "The state a server writes"): a server restoring a
 // checkpoint of another job (elements, workers, policy, codec or job name
 // differ) refuses to start, naming the field and both values; a worker of
 // another job (its ASHL_JOB differs) is refused at join naming both job ids,

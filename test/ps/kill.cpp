@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-// Faults as real processes (issue 11): a worker SIGKILLed in the middle of
+// Faults as real processes (docs/ps.md "Faults, checkpoints and rejoining"): a worker SIGKILLed in the middle of
 // training is evicted (its UCX endpoint fails) and the others reach the
 // target; a new process for its rank joins later and gets the current
 // parameters and its plan; a SIGKILLed server makes every worker exit with a

@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-// Lifetimes as real processes (issue 24, items 1 and 2): a worker process
+// Lifetimes as real processes (docs/ps.md "Exactly once, incarnations"): a worker process
 // killed and started again (a fresh incarnation by default) has every commit
 // applied, none taken for a duplicate; an older incarnation is refused by
 // name and a superseded process fails with the reason; a lone worker paused

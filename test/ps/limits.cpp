@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-// Global limits of a server (issue 24, item 7), driven past by a
+// Global limits of a server (docs/ps.md "Limits"), driven past by a
 // misbehaving client that holds the token, as real processes over UCX on
 // 127.0.0.1: receive buffers over all connections (max_receive_bytes),
 // snapshots pinned by pulls whose replies are never taken (max_snapshots),
@@ -18,49 +18,21 @@ int main() {
 }
 #else
 
-#include <ashl/rules/policies.hpp>
-#include <ashl/transport/ucx.hpp>
 #include <ashl/wire/message.hpp>
 
 #include <boost/test/unit_test.hpp>
 
-#include "../support/forked.hpp"
+#include "../support/forked_server.hpp"
 
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <csignal>
-#include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <map>
-#include <optional>
-#include <sstream>
-#include <string>
-#include <thread>
-#include <vector>
-
-namespace ps = ashl::ps;
-namespace tr = ashl::transport;
-namespace wire = ashl::wire;
-using namespace std::chrono_literals;
-using clock_type = std::chrono::steady_clock;
 
 namespace {
 
 using ashl_test::child;
 using ashl_test::free_port;
-using ashl_test::say;
-using ashl_test::spawn;
 
 const std::string token = "limits-token-0123456789";
-
-std::atomic<bool> g_stop{false};
-extern "C" void on_term(int) { g_stop = true; }
 
 struct server_spec {
   std::uint32_t workers = 1;
@@ -72,71 +44,34 @@ struct server_spec {
 // A server (ASP) in a child forked before this process has any UCX object:
 // prints its address, serves until SIGTERM (at most 60 s), prints counters.
 child start_server(const server_spec& o, std::string& address) {
-  child c = spawn([&o](int fd) {
-    std::signal(SIGTERM, on_term);
-    auto t = tr::ucx::create({.listen = "127.0.0.1:0", .token = token});
-    if (!t) {
-      say(fd, "error " + t.error().message());
-      return 2;
-    }
-    auto layout = ps::shard_layout::even(o.elements, 1);
-    ps::policy_params pp{};
-    pp.workers = o.workers;
-    auto policy = ps::make_policy("asp", pp);
-    if (!layout || !policy) return 3;
-    ps::server_params sp{.core = {.layout = *layout, .shard = 0, .workers = o.workers,
-                                  .optimizer = {.mode = ps::optimizer_params::kind::sgd, .lr = 0.125}},
-                         .stop_when_all_left = false,
-                         .worker_timeout = 0ms,
-                         .max_receive_bytes = o.max_receive_bytes,
-                         .max_snapshots = o.max_snapshots};
-    std::vector<float> initial(o.elements, 0.5f);
-    auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
-    if (!srv) {
-      say(fd, "error " + srv.error().message());
-      return 4;
-    }
-    say(fd, srv->transport().listen_address());
-    std::uint64_t most_receive_bytes = 0;
-    std::size_t most_snapshots = 0;
-    const auto until = clock_type::now() + 60s;
-    while (!g_stop && clock_type::now() < until) {
-      srv->run_once(10ms);
-      const ps::server_telemetry s = srv->telemetry();
-      most_receive_bytes = std::max(most_receive_bytes, s.receive_bytes);
-      most_snapshots = std::max<std::size_t>(most_snapshots, s.snapshots);
-    }
-    const ps::server_telemetry s = srv->telemetry();
-    std::ostringstream line;
-    line << "receive_budget=" << s.wire_refused_for(ps::wire_refusal::receive_budget)
-         << " incarnation=" << s.wire_refused_for(ps::wire_refusal::incarnation)
-         << " unbound=" << s.wire_refused_for(ps::wire_refusal::unbound) << " replies_refused=" << s.replies_refused
-         << " snapshots=" << s.snapshots << " most_receive_bytes=" << most_receive_bytes
-         << " applied=" << s.core.commits_applied << " joins=" << s.core.joins << " pull_replies=" << s.pull_replies;
-    say(fd, line.str());
-    return 0;
-  });
-  address = c.read_line(20s).value_or("");
-  return c;
+  std::uint64_t most_receive_bytes = 0;  // the child's, after the fork
+  std::size_t most_snapshots = 0;
+  return ashl_test::start_server(
+      {.token = token, .elements = o.elements, .workers = o.workers, .initial = 0.5f, .address_wait = 20s}, {},
+      {.core = {.optimizer = {.mode = ps::optimizer_params::kind::sgd, .lr = 0.125}},
+       .stop_when_all_left = false,
+       .worker_timeout = 0ms,
+       .max_receive_bytes = o.max_receive_bytes,
+       .max_snapshots = o.max_snapshots},
+      address,
+      [&](auto& srv, int) {
+        const ps::server_telemetry s = srv.telemetry();
+        most_receive_bytes = std::max(most_receive_bytes, s.receive_bytes);
+        most_snapshots = std::max<std::size_t>(most_snapshots, s.snapshots);
+      },
+      [&](auto& srv) {
+        const ps::server_telemetry s = srv.telemetry();
+        std::ostringstream line;
+        line << "receive_budget=" << s.wire_refused_for(ps::wire_refusal::receive_budget)
+             << " incarnation=" << s.wire_refused_for(ps::wire_refusal::incarnation)
+             << " unbound=" << s.wire_refused_for(ps::wire_refusal::unbound) << " replies_refused=" << s.replies_refused
+             << " snapshots=" << s.snapshots << " most_receive_bytes=" << most_receive_bytes
+             << " applied=" << s.core.commits_applied << " joins=" << s.core.joins << " pull_replies=" << s.pull_replies;
+        return line.str();
+      });
 }
 
-std::map<std::string, double> parse(const std::string& line) {
-  std::map<std::string, double> out;
-  std::istringstream in(line);
-  std::string kv;
-  while (in >> kv) {
-    const auto eq = kv.find('=');
-    if (eq != std::string::npos) out[kv.substr(0, eq)] = std::stod(kv.substr(eq + 1));
-  }
-  return out;
-}
-
-std::map<std::string, double> stop_server(child& c) {
-  ::kill(c.pid, SIGTERM);
-  const auto line = c.read_line(30s).value_or("");
-  c.finish(10s);
-  return parse(line);
-}
+std::map<std::string, double> stop_server(child& c) { return ashl_test::stop_and_read(c); }
 
 // ---- a client that speaks the wire by hand ---------------------------------------------
 

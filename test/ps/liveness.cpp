@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-// Liveness during long cycles and transfers (issue 24, item 5), as real
+// Liveness during long cycles and transfers (docs/ps.md "Faults, checkpoints and rejoining"), as real
 // processes over UCX on 127.0.0.1: a worker whose cycle is longer than the
 // server's worker_timeout but whose progress loop keeps sending keepalives
 // is not evicted (one that does not is); a worker stopped in the middle of
@@ -18,35 +18,15 @@ int main() {
 }
 #else
 
-#include <ashl/rules/policies.hpp>
 #include <ashl/ps/worker.hpp>
-#include <ashl/transport/ucx.hpp>
 
 #include <boost/test/unit_test.hpp>
 
-#include "../support/forked.hpp"
+#include "../support/forked_server.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <chrono>
-#include <cstdlib>
-#include <map>
-#include <optional>
-#include <sstream>
-#include <string>
-#include <thread>
-#include <vector>
-
-namespace ps = ashl::ps;
-namespace tr = ashl::transport;
-using namespace std::chrono_literals;
-using clock_type = std::chrono::steady_clock;
 
 namespace {
 
@@ -72,17 +52,7 @@ struct env_scope {
   }
 };
 
-// "key=value key=value" → map.
-std::map<std::string, double> parse(const std::string& line) {
-  std::map<std::string, double> out;
-  std::istringstream in(line);
-  std::string kv;
-  while (in >> kv) {
-    const auto eq = kv.find('=');
-    if (eq != std::string::npos) out[kv.substr(0, eq)] = std::stod(kv.substr(eq + 1));
-  }
-  return out;
-}
+using ashl_test::parse_counters;
 
 // ---- a transport that stops the sender of the first large message ---------------------
 
@@ -270,9 +240,9 @@ outcome long_cycles(std::chrono::milliseconds compute, bool progress_thread, int
                            .progress_thread = progress_thread});
   });
   outcome o;
-  o.worker = parse(read_result(wk, "worker"));
+  o.worker = parse_counters(read_result(wk, "worker"));
   o.worker_exit = wk.finish(30s);
-  o.server = parse(read_result(srv, "server"));
+  o.server = parse_counters(read_result(srv, "server"));
   srv.finish(10s);
   return o;
 }
@@ -307,7 +277,7 @@ namespace {
 // worker_timeout (no keepalives while stopped) with the receive in flight,
 // and continued. UCX_RNDV_SCHEME=put_zcopy: the sender moves the data (with
 // get_zcopy over cma the server would read it from the stopped process).
-// With `push` the worker pushes (issue 28): the push in flight at the
+// With `push` the worker pushes (docs/ps.md "The worker"): the push in flight at the
 // eviction is sent again after the rejoin until acknowledged, and applied
 // once all the same.
 void evicted_mid_upload(const char* tls, bool push) {
@@ -322,9 +292,9 @@ void evicted_mid_upload(const char* tls, bool push) {
   child srv = spawn([&](int fd) {
     return run_server(fd, {.address = address, .elements = elements, .victim = wk.pid, .lifetime = 60s});
   });
-  const auto worker = parse(read_result(wk, "worker"));
+  const auto worker = parse_counters(read_result(wk, "worker"));
   const int worker_exit = wk.finish(30s);
-  const auto server = parse(read_result(srv, "server"));
+  const auto server = parse_counters(read_result(srv, "server"));
   srv.finish(10s);
   BOOST_TEST(worker_exit == 0);
   BOOST_TEST_REQUIRE(worker.count("cycles") == 1u);

@@ -22,33 +22,14 @@ int main() {
 }
 #else
 
-#include <ashl/rules/policies.hpp>
-#include <ashl/ps/server.hpp>
-#include <ashl/transport/ucx.hpp>
 #include <ashl/wire/message.hpp>
 
 #include <boost/test/unit_test.hpp>
 
-#include "../support/forked.hpp"
+#include "../support/forked_server.hpp"
 
-#include <signal.h>
-
-#include <atomic>
-#include <chrono>
-#include <csignal>
 #include <cstring>
 #include <deque>
-#include <map>
-#include <sstream>
-#include <string>
-#include <thread>
-#include <vector>
-
-namespace ps = ashl::ps;
-namespace tr = ashl::transport;
-namespace wire = ashl::wire;
-using namespace std::chrono_literals;
-using clock_type = std::chrono::steady_clock;
 
 namespace {
 
@@ -61,8 +42,6 @@ constexpr std::size_t elements = std::size_t{1} << 20;  // 4 MiB commits
 // One 4 MiB receive at a time (a second one is refused by name).
 constexpr std::uint64_t budget = elements * sizeof(float) + (std::uint64_t{1} << 20);
 
-std::atomic<bool> g_stop{false};
-extern "C" void on_term(int) { g_stop = true; }
 std::atomic<bool> g_nudge{false};
 extern "C" void on_nudge(int) { g_nudge = true; }
 
@@ -70,71 +49,39 @@ extern "C" void on_nudge(int) { g_nudge = true; }
 // budget, "reclaimed" once the transport reclaimed it; at SIGTERM its
 // counters.
 child start_server(std::chrono::milliseconds reclaim, std::string& address) {
-  child c = spawn([=](int fd) {
-    std::signal(SIGTERM, on_term);
-    auto t = tr::ucx::create({.listen = "127.0.0.1:0", .token = token, .close_timeout = 200ms,
-                              .receive_reclaim_timeout = reclaim});
-    auto layout = ps::shard_layout::even(elements, 1);
-    ps::policy_params pp{};
-    pp.workers = 2;
-    auto policy = ps::make_policy("asp", pp);
-    if (!t || !layout || !policy) return 2;
-    ps::server_params sp{.core = {.layout = *layout, .shard = 0, .workers = 2},
-                         .stop_when_all_left = false,
-                         .worker_timeout = 0ms,
-                         .max_receive_bytes = budget};
-    std::vector<float> initial(elements, 0.25f);
-    auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
-    if (!srv) {
-      say(fd, "error " + srv.error().message());
-      return 3;
-    }
-    say(fd, srv->transport().listen_address());
-    bool lent = false, reclaimed = false;
-    const auto until = clock_type::now() + 90s;
-    while (!g_stop && clock_type::now() < until) {
-      srv->run_once(10ms);
-      const ps::server_telemetry s = srv->telemetry();
-      if (!lent && s.receive_bytes_lent >= elements * sizeof(float)) {
-        lent = true;
-        say(fd, "lent");
-      }
-      if (!reclaimed && s.receives_reclaimed > 0) {
-        reclaimed = true;
-        say(fd, "reclaimed");
-      }
-    }
-    const ps::server_telemetry s = srv->telemetry();
-    std::ostringstream line;
-    line << "reclaimed=" << s.receives_reclaimed << " reclaimed_bytes=" << s.reclaimed_bytes
-         << " not_reclaimed=" << s.receives_not_reclaimed << " lent=" << s.receive_bytes_lent
-         << " transport_reclaimed=" << s.transport.receives_reclaimed << " stuck=" << s.transport.receives_stuck
-         << " abandoned=" << s.transport.receives_abandoned << " peers_failed=" << s.transport.peers_failed
-         << " peers_closed=" << s.transport.peers_closed
-         << " receive_budget=" << s.wire_refused_for(ps::wire_refusal::receive_budget)
-         << " applied=" << s.core.commits_applied << " messages_in=" << s.messages_in
-         << " commits=" << s.core.commits << " refused=" << s.core.refused_total()
-         << " wire_refused=" << s.wire_refused_total() << " joins=" << s.core.joins;
-    say(fd, line.str());
-    return 0;
-  });
-  address = c.read_line(30s).value_or("");
-  return c;
+  return ashl_test::start_server(
+      {.token = token, .elements = elements, .workers = 2, .limit = 90s},
+      {.close_timeout = 200ms, .receive_reclaim_timeout = reclaim},
+      {.stop_when_all_left = false, .worker_timeout = 0ms, .max_receive_bytes = budget}, address,
+      [lent = false, reclaimed = false](auto& srv, int fd) mutable {
+        const ps::server_telemetry s = srv.telemetry();
+        if (!lent && s.receive_bytes_lent >= elements * sizeof(float)) {
+          lent = true;
+          ashl_test::say(fd, "lent");
+        }
+        if (!reclaimed && s.receives_reclaimed > 0) {
+          reclaimed = true;
+          ashl_test::say(fd, "reclaimed");
+        }
+      },
+      [](auto& srv) {
+        const ps::server_telemetry s = srv.telemetry();
+        std::ostringstream line;
+        line << "reclaimed=" << s.receives_reclaimed << " reclaimed_bytes=" << s.reclaimed_bytes
+             << " not_reclaimed=" << s.receives_not_reclaimed << " lent=" << s.receive_bytes_lent
+             << " transport_reclaimed=" << s.transport.receives_reclaimed << " stuck=" << s.transport.receives_stuck
+             << " abandoned=" << s.transport.receives_abandoned << " peers_failed=" << s.transport.peers_failed
+             << " peers_closed=" << s.transport.peers_closed
+             << " receive_budget=" << s.wire_refused_for(ps::wire_refusal::receive_budget)
+             << " applied=" << s.core.commits_applied << " messages_in=" << s.messages_in
+             << " commits=" << s.core.commits << " refused=" << s.core.refused_total()
+             << " wire_refused=" << s.wire_refused_total() << " joins=" << s.core.joins;
+        return line.str();
+      });
 }
 
-std::map<std::string, double> stop_server(child& c) {
-  ::kill(c.pid, SIGTERM);
-  std::map<std::string, double> out;
-  std::string line;
-  // Lines still unread ("lent", "reclaimed") come before the counters.
-  for (int i = 0; i < 4 && line.find('=') == std::string::npos; ++i) line = c.read_line(30s).value_or("");
-  std::istringstream in(line);
-  std::string kv;
-  while (in >> kv)
-    if (const auto eq = kv.find('='); eq != std::string::npos) out[kv.substr(0, eq)] = std::stod(kv.substr(eq + 1));
-  c.finish(10s);
-  return out;
-}
+// Lines still unread ("lent", "reclaimed") come before the counters.
+std::map<std::string, double> stop_server(child& c) { return ashl_test::stop_and_read(c, 4); }
 
 // A sender that joins as rank 1, puts a 4 MiB commit out and then never
 // progresses (its rendezvous data waits for it), until it is killed.

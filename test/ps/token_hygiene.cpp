@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-// Token hygiene as real processes (issue 24, item 9): a token on a command
+// Token hygiene as real processes (docs/multi-host.md "The token"): a token on a command
 // line is refused (ashl_test_ps_node through ps::job_from, and ashl-run),
 // naming the flag and ASHL_TOKEN; a token shorter than 16 bytes is refused
 // by its length, never printed; --insecure makes every process (server and

@@ -86,7 +86,7 @@ using ps_job::bsp_reference;  // the BSP run the processes must equal
 // The two-server jobs send their replies and their commits in parts of 64
 // KiB (4 parts of a 200 KB shard, each a rendezvous;
 // server_params.reply_part_bytes, worker_params.commit_part_bytes with two
-// in flight, issue 28), the one-server jobs whole.
+// in flight; docs/ps.md "Commits in parts"), the one-server jobs whole.
 BOOST_AUTO_TEST_CASE(bsp_over_ucx_is_bit_identical_to_one_server_core) {
   constexpr std::size_t n = 100'003;  // 400 KB: rendezvous-sized replies
   constexpr int cycles = 12;

@@ -392,7 +392,7 @@ BOOST_AUTO_TEST_CASE(a_link_hold_gets_each_transfer_and_between_sees_the_servers
 BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
   no_allocation_in_steady_state(std::chrono::microseconds{0}, 10);
   no_allocation_in_steady_state(std::chrono::microseconds{3'600'000'000}, 40);
-  no_allocation_in_steady_state(std::chrono::microseconds{0}, 10, 4096);  // replies in parts (issue 28, item 1)
+  no_allocation_in_steady_state(std::chrono::microseconds{0}, 10, 4096);  // replies in parts (docs/ps.md "Messages")
   no_allocation_in_steady_state(std::chrono::microseconds{0}, 10, 0, 4096);  // commits in parts, two in flight (item 1 (b))
 }
 

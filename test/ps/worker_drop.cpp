@@ -19,69 +19,24 @@ int main() {
 }
 #else
 
-#include <ashl/rules/policies.hpp>
-#include <ashl/ps/server.hpp>
-#include <ashl/transport/ucx.hpp>
-
 #include <boost/test/unit_test.hpp>
 
-#include "../support/forked.hpp"
-
-#include <signal.h>
-
-#include <atomic>
-#include <chrono>
-#include <csignal>
-#include <cstdlib>
-#include <optional>
-#include <string>
-#include <vector>
-
-namespace ps = ashl::ps;
-namespace tr = ashl::transport;
-using namespace std::chrono_literals;
-using clock_type = std::chrono::steady_clock;
+#include "../support/forked_server.hpp"
 
 namespace {
 
 using ashl_test::child;
-using ashl_test::say;
-using ashl_test::spawn;
 
 const std::string token = "worker-drop-token-0123456789";
-
-std::atomic<bool> g_stop{false};
-extern "C" void on_term(int) { g_stop = true; }
 
 // Server `shard` of `shards` for one worker (ASP), in a child forked before
 // this process has any UCX object: prints its address, serves until
 // SIGTERM (at most 120 s), then prints "ok".
 child start_server(std::uint32_t shard, std::uint32_t shards, std::size_t elements, std::string& address) {
-  child c = spawn([=](int fd) {
-    std::signal(SIGTERM, on_term);
-    auto t = tr::ucx::create({.listen = "127.0.0.1:0", .token = token});
-    auto layout = ps::shard_layout::even(elements, shards);
-    ps::policy_params pp{};
-    pp.workers = 1;
-    auto policy = ps::make_policy("asp", pp);
-    if (!t || !layout || !policy) return 2;
-    ps::server_params sp{.core = {.layout = *layout, .shard = shard, .workers = 1},
-                         .stop_when_all_left = false,
-                         .worker_timeout = 0ms};
-    std::vector<float> initial(layout->range(shard).size(), 0.25f);
-    auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
-    if (!srv) {
-      say(fd, "error " + srv.error().message());
-      return 3;
-    }
-    say(fd, srv->transport().listen_address());
-    const auto until = clock_type::now() + 120s;
-    while (!g_stop && clock_type::now() < until) srv->run_once(10ms);
-    say(fd, "ok");
-    return 0;
-  });
-  address = c.read_line(30s).value_or("");
-  return c;
+  return ashl_test::start_server({.token = token, .elements = elements, .shard = shard, .shards = shards,
+                                  .limit = 120s},
+                                 {}, {.stop_when_all_left = false, .worker_timeout = 0ms}, address,
+                                 [](auto&, int) {}, [](auto&) { return std::string("ok"); });
 }
 
 // transport::ucx, counting the large receive buffers its handler hands out

@@ -1,4 +1,4 @@
-"""server_params.apply_batch from Python (issue 28 item 3, batched applies):
+"""server_params.apply_batch from Python (docs/ps.md "Batched applies"):
 ashl.Server and ashl.torch.serve take it, a bad value is refused by name,
 and a server with batches leaves the same parameters as one without. The
 updates are small integers times a power of two, so every order of the

@@ -1,4 +1,4 @@
-"""The CNN comparison's protocol and link model (examples/cnn, issue 27):
+"""The CNN comparison's protocol and link model (examples/cnn, docs/cnn.md):
 bootstrap intervals, the per-seed method order, overrun flagging and
 repeats, the tuning freeze, the report table, the link model's holds, and
 the bytes each DDP variant puts through the costed all-reduce (torch

@@ -1,4 +1,4 @@
-"""worker_params.commit_part_bytes and commit_window from Python (issue 28
+"""worker_params.commit_part_bytes and commit_window from Python (docs/ps.md "Commits in parts"
 item 1): ashl.Worker and ashl.torch.DistributedOptimizer take them, bad
 values are refused by name, and a dense commit sent in parts leaves the
 server and the worker with the same bits as the same commits sent whole,

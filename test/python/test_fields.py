@@ -1,4 +1,4 @@
-"""The native module's field tables (core/fields.hpp, issue 25 item 5): the
+"""The native module's field tables (core/fields.hpp, docs/ps.md "Field tables"): the
 Python Plan, the policy parameters a server accepts and the telemetry dicts
 are read off the C++ structs' tables, so none can miss a field."""
 import numpy as np
@@ -55,7 +55,7 @@ def test_telemetry_dicts_carry_every_counter():
 
 
 def test_push_is_acknowledged_without_the_parameters():
-    # Worker.push (ps::worker::push, issue 28 fan-in): ASP applies every push,
+    # Worker.push (ps::worker::push, docs/ps.md "The worker"): ASP applies every push,
     # the caller's buffer keeps its values until pull() fetches them.
     fabric = ashl.InprocFabric()
     srv = ashl.Server(size=6, policy="asp", workers=1, fabric=fabric, listen="s0", insecure=True)
@@ -79,7 +79,7 @@ def test_push_is_acknowledged_without_the_parameters():
 
 
 def test_apply_threads_are_an_argument_and_change_no_bit():
-    # server_params.apply_threads (issue 28 item 3): a bad count is named; a
+    # server_params.apply_threads (docs/ps.md "Apply threads"): a bad count is named; a
     # shard of 40,000 elements (two parts) applied by 2 threads ends with the
     # same bits as by 1.
     fabric = ashl.InprocFabric()

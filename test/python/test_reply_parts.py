@@ -1,4 +1,4 @@
-"""server_params.reply_part_bytes from Python (issue 28 item 2): ashl.Server
+"""server_params.reply_part_bytes from Python (docs/ps.md "Messages"): ashl.Server
 and ashl.torch.serve take it, a bad size is refused by name, and a pull
 answered in parts gives the worker the same bits as one message, with the
 parts' CRCs from the server core's pass (no pass of the server's own)."""

@@ -1,5 +1,5 @@
 """Adaptive policies (ASHL, ADSP, DLB) on the overlapped per-bucket path
-(issue 26): the buckets are many, every bucket's worker runs the first
+(docs/torch.md "Buckets and overlap (Python)"): the buckets are many, every bucket's worker runs the first
 bucket's cycle (its plan, adopted at the cycle start, and its end: a
 ps::worker follower each), so H local steps, commit intervals, batches and
 compression ratios are one for the whole model; with one worker the

@@ -1,4 +1,4 @@
-"""ashl.torch's buckets and overlap (issue 26): buckets alias parameters and
+"""ashl.torch's buckets and overlap (docs/torch.md "Buckets and overlap (Python)"): buckets alias parameters and
 gradients; overlapped and serial exchanges give bit-identical parameters
 under BSP; the gradient hooks fire once per parameter per backward with
 gradient accumulation and tied parameters; a bf16 loop, with a non-finite

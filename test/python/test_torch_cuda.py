@@ -1,4 +1,4 @@
-"""ashl.torch with CUDA tensors (issue 26, part 3): the buckets live on the
+"""ashl.torch with CUDA tensors (docs/torch.md "CUDA tensors (Python)"): the buckets live on the
 device, the worker pulls into a pinned float32 host copy and commits from
 another (ashl.torch.Bucket's staging). Marked gpu: skipped without a CUDA
 device (bench/gpu/run.sh runs `python3 -m pytest -m gpu test/python`)."""

@@ -8,7 +8,7 @@
 #include <string>
 #include <variant>
 
-// Counts every allocation of this program (the issue 9 rule: no allocation
+// Counts every allocation of this program (the rule of docs/design.md "Interfaces", server core: no allocation
 // per event after warm-up).
 #include "../support/counting_new.hpp"
 

@@ -177,7 +177,7 @@ BOOST_AUTO_TEST_CASE(agrees_with_the_direct_rule_under_churn) {
   }
 }
 
-// link_set (issue 25: the simulator's flow scheduling, moved here): one
+// link_set (the simulator's flow scheduling; docs/sim.md "Network"): one
 // check per link at its earliest completion, not re-armed while that stays
 // the same; a stale check is ignored; a cancel re-arms; unlimited links
 // schedule nothing.

@@ -262,7 +262,7 @@ BOOST_AUTO_TEST_CASE(interval_driven_cycles_fill_the_plan_interval) {
 // The new plan is sent when the measurements arrive (at the end of the first
 // cycle) and reaches the worker during the second cycle, which therefore
 // still runs the old 25 ms (5 iterations); the third runs 23 ms. The real
-// worker adopts plans the same way (ps::worker_cycle, issue 25).
+// worker adopts plans the same way (ps::worker_cycle; docs/ps.md "worker_cycle").
 BOOST_AUTO_TEST_CASE(adsp_intervals_follow_the_measured_commit_overhead) {
   ashl::ps::policy_params pp;
   pp.period = 0.1;
@@ -577,10 +577,10 @@ BOOST_AUTO_TEST_CASE(bsp_rounds_match_the_iteration_time_model_within_ten_percen
   BOOST_TEST(measured == predicted, tolerance(0.10));
 }
 
-// ------------------------------------ the simulator before issue 9, kept
+// ------------------------------ the simulator before server_core, kept
 
 namespace {
-// Digests of runs of the simulator before issue 9 (commit 8b411ee, one
+// Digests of runs of the simulator before it drove server_core (commit 8b411ee, one
 // policy deciding when a whole commit had arrived, the policy driven
 // directly), recorded with test/sim/data/old_simulator_digests.cpp: end
 // time, commits, optimizer steps, commits per worker, spans, and an FNV-1a
@@ -680,15 +680,16 @@ std::uint64_t span_hash(const std::vector<sim::trace_span>& trace) {
 //   commit are equal and server 1's link is the slower one in both
 //   directions (see several_servers_each_decide_on_their_own_shard for a
 //   case where they differ);
-// - ADSP (all three scenarios): since issue 25 a plan reaches its worker as
+// - ADSP (all three scenarios): since a plan reaches its worker as
 //   the real runtime's plan_update does, after the link latencies, and is
-//   adopted at the next cycle start; before, the simulator read the policy's
+//   adopted at the next cycle start (docs/sim.md "Engine"); before, the simulator read the policy's
 //   plan at once, so a commit interval re-planned from the measurements that
 //   end a cycle took effect one cycle earlier than in a real run. The
 //   spans move; counts and end times are unchanged; the new hashes are
 //   pinned (the other policies do not re-plan between cycles here, and their
 //   traces are unchanged, which this test still checks).
-// - ADSP and ASHL with the profile planner under changes, since issue 28:
+// - ADSP and ASHL with the profile planner under changes, since measurements
+//   travel as the real worker's (docs/ps.md "worker_cycle"):
 //   a worker's measurements reach the servers as the real worker sends
 //   them, in one measurements message at its cycle's end (worker_cycle's
 //   rule), after the link latencies; before, each was told to the servers
@@ -706,10 +707,10 @@ std::uint64_t span_hash(const std::vector<sim::trace_span>& trace) {
 //   planned from two samples already. The default interval (1 ms) does not
 //   batch these cycles (all over 1 ms): interval 0 gives the same traces.
 // - ASHL, both planners, all three scenarios, since the profiling trigger
-//   (issue 28, noticed): profiling now ends when every worker's third
+//   (docs/profile.md): profiling now ends when every worker's third
 //   cycle's compute measurement has arrived (after that cycle's reply), not
 //   at its third commit, so the profile planner plans from three compute
-//   samples per worker again (as before issue 28) and both planners' plans
+//   samples per worker again (as before measurements travelled) and both planners' plans
 //   take effect one measurements message later. More commits run at the
 //   profiling plan's H = 1 before AHL's H = 4: twelve commits per worker
 //   end 0.12 s (scenario 0) and 0.08-0.09 s (scenario 1) earlier, and the
@@ -741,7 +742,7 @@ std::uint64_t expected_hash(const digest& d) {
 }
 double expected_end_time(const digest& d) {
   if (const auto* o = profile_trigger_override(d); o && o->end_time > 0.0) return o->end_time;
-  if (std::string(d.policy) == "adsp" && d.scenario == 0) return 1.7045882479999999;  // since issue 28
+  if (std::string(d.policy) == "adsp" && d.scenario == 0) return 1.7045882479999999;  // since measurements travel
   if (std::string(d.policy) == "adsp" && d.scenario == 1) return 1.8689464960000024;
   return d.end_time;
 }
@@ -844,7 +845,7 @@ BOOST_AUTO_TEST_CASE(commit_samples_come_from_the_cycle_and_are_bounded_by_the_s
 
 // The codec a worker commits with comes with its plan, as a real worker's
 // plan_update carries it: ps::plan_codec(plan, server_setup::compression),
-// adopted by the worker's cycle and handed to the compute hook (issue 25).
+// adopted by the worker's cycle and handed to the compute hook (docs/sim.md "Engine").
 BOOST_AUTO_TEST_CASE(the_compute_hook_gets_the_codec_in_force_with_the_plan) {
   constexpr std::uint64_t n = 8;
   for (const auto compression : {ashl::codec_id::topk, ashl::codec_id::randomk}) {

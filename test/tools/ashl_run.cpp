@@ -351,7 +351,7 @@ BOOST_AUTO_TEST_CASE(usage_errors_name_the_flag) {
   ::unsetenv("ASHL_TOKEN");
 }
 
-// --trace (issue 26, item 5): every worker gets ASHL_TRACE (absolute) and
+// --trace (docs/torch.md "Timeline"): every worker gets ASHL_TRACE (absolute) and
 // writes "<trace>.worker<rank>.json"; ashl-run merges them when the job ends
 // (adapt::merge_traces), and a file that is not a trace is named and turns
 // the job's 0 into 1.

@@ -1090,7 +1090,7 @@ BOOST_AUTO_TEST_CASE(closed_mid_transfer_over_shared_memory) { closed_mid_transf
 BOOST_AUTO_TEST_CASE(closed_mid_transfer_over_tcp) { closed_mid_transfer("tcp,self", expect::tcp); }
 
 // Raw TCP clients that connect to the listener and never answer the
-// challenge (issue 44, item 2): past max_pending_peers a new connection
+// challenge (docs/transport.md "Flood"): past max_pending_peers a new connection
 // closes the oldest unauthenticated one (counted in peers_refused), those
 // kept are closed at auth_timeout (auth_refused), and none gets a peer
 // record, so a stream of connections does not grow the listener's memory.

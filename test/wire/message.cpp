@@ -419,7 +419,7 @@ BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {
   auto d = w::decode(encode_data(commit_pull, payload_of(8, 3)), {});
   BOOST_TEST_REQUIRE(d.has_value());
   BOOST_TEST(d->header.flags == (w::flag_last_shard | w::flag_pull));
-  // A push (issue 28): the commit asks for an acknowledgement, which is a
+  // A push (docs/ps.md "The worker"): the commit asks for an acknowledgement, which is a
   // pull_reply of no elements and no payload.
   commit_pull.flags |= w::flag_ack_requested;
   d = w::decode(encode_data(commit_pull, payload_of(8, 3)), {});

@@ -1,5 +1,5 @@
 // Generator of old_simulator_digests.inc: builds against the tree at commit 8b411ee
-// (the simulator before issue 9), not against this one:
+// (the simulator before it drove server_core), not against this one:
 //   git worktree add /tmp/old 8b411ee && g++ -std=c++20 -O2 -I/tmp/old/include old_simulator_digests.cpp
 // It also writes each run's spans to /tmp/digest/old_<scenario>_<policy>.txt for diffing.
 // Old simulator trace digests (commit 8b411ee), printed as C++ initializers.
