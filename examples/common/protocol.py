@@ -640,7 +640,7 @@ def median_curves(rows):
 def goal_verdict(summary, best_goal=None, plain_goal=0.5):
     """The comparison's goal: ASHL <= 0.6x the best DDP variant and <= 0.5x plain
     DDP, each with the interval's upper end below 1 (the language model's:
-    0.7x its best rival, issue 48). (met, reasons)."""
+    0.7x its best rival, docs/lm.md). (met, reasons)."""
     if best_goal is None:
         best_goal = 0.6 if metric_of(summary) is ACCURACY else 0.7
     reasons = []
