@@ -125,8 +125,7 @@ class dssp : public detail::async_policy {
       place(q.worker, out);  // lands in a level or far: the bound is at least s_min
       return pull_action::hold;
     }
-    t.served(q.worker);
-    return pull_action::serve;
+    return serve(q.worker);
   }
   void on_metric(const metric_event&, outcome_sink&) {}
   void on_join(const membership_event& j, outcome_sink& out) {

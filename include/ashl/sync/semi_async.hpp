@@ -79,8 +79,7 @@ class semi_async : public detail::async_policy {
       t.hold(q.worker);
       return pull_action::hold;
     }
-    t.served(q.worker);
-    return pull_action::serve;
+    return serve(q.worker);
   }
   void on_metric(const metric_event&, outcome_sink&) {}
   void on_join(const membership_event& j, outcome_sink&) {

@@ -87,8 +87,7 @@ class ssp : public detail::async_policy {
       held_.push(q.worker, pos_, order());
       return pull_action::hold;
     }
-    t.served(q.worker);
-    return pull_action::serve;
+    return serve(q.worker);
   }
   void on_metric(const metric_event&, outcome_sink&) {}
   void on_join(const membership_event& j, outcome_sink&) {

@@ -197,6 +197,28 @@ inline void put_header(byte_writer& w, const header& h, std::uint64_t payload_by
 
 // Bytes a message with a payload (or control body) of this size takes.
 constexpr std::size_t encoded_size(std::size_t payload_bytes) noexcept { return header_bytes + payload_bytes; }
+
+namespace detail {
+// A control message of n body bytes: the buffer's size checked, the header
+// and the CRC's placeholder written; the caller writes the body after.
+inline result<byte_writer> begin_control(const header& h, std::size_t n, std::span<std::byte> out) {
+  if (out.size() < encoded_size(n))
+    return make_error(errc::buffer_too_small, "wire.out.size", out.size(),
+                      "bytes, fewer than the " + std::to_string(encoded_size(n)) + " the message needs");
+  byte_writer w(out.first(encoded_size(n)));
+  put_header(w, h, n);
+  w.put(std::uint32_t{0});
+  return w;
+}
+// Its CRC over the header and the body, in its place; the message's size.
+inline std::size_t end_control(std::span<std::byte> out, std::size_t n) {
+  std::uint32_t crc = crc32c(out.first(crc_offset));
+  crc = crc32c(out.subspan(header_bytes, n), crc);
+  byte_writer c(out.subspan(crc_offset, 4));
+  c.put(crc);
+  return encoded_size(n);
+}
+}  // namespace detail
 template <class Body>
   requires(!std::is_integral_v<Body>)
 std::size_t encoded_size(const Body& body) noexcept {
@@ -255,19 +277,11 @@ result<std::size_t> encode(header h, const Body& body, std::span<std::byte> out,
                         "must equal header.rank = " + std::to_string(h.rank));
   }
   ASHL_TRY(detail::check_body(body, lim));
-  if (out.size() < encoded_size(n))
-    return make_error(errc::buffer_too_small, "wire.out.size", out.size(),
-                      "bytes, fewer than the " + std::to_string(encoded_size(n)) + " the message needs");
-  byte_writer w(out.first(encoded_size(n)));
-  detail::put_header(w, h, n);
-  w.put(std::uint32_t{0});
-  detail::put_body(w, body);
-  ASHL_ASSERT(w.ok() && w.position() == encoded_size(n), "wire control body layout");
-  std::uint32_t crc = crc32c(out.first(crc_offset));
-  crc = crc32c(out.subspan(header_bytes, n), crc);
-  byte_writer c(out.subspan(crc_offset, 4));
-  c.put(crc);
-  return encoded_size(n);
+  auto w = detail::begin_control(h, n, out);
+  if (!w) return w.error();
+  detail::put_body(*w, body);
+  ASHL_ASSERT(w->ok() && w->position() == encoded_size(n), "wire control body layout");
+  return detail::end_control(out, n);
 }
 
 // Encodes the measurements of one worker (each m.worker must be h.rank) as a
@@ -284,20 +298,12 @@ inline result<std::size_t> encode(header h, std::span<const measurement> ms, std
                         "must equal header.rank = " + std::to_string(h.rank));
     ASHL_TRY(detail::check_record(i, ms[i]));
   }
-  if (out.size() < encoded_size(n))
-    return make_error(errc::buffer_too_small, "wire.out.size", out.size(),
-                      "bytes, fewer than the " + std::to_string(encoded_size(n)) + " the message needs");
-  byte_writer w(out.first(encoded_size(n)));
-  detail::put_header(w, h, n);
-  w.put(std::uint32_t{0});
-  w.put(static_cast<std::uint32_t>(ms.size()));
-  for (const auto& m : ms) detail::put_record(w, m);
-  ASHL_ASSERT(w.ok() && w.position() == encoded_size(n), "wire measurements body layout");
-  std::uint32_t crc = crc32c(out.first(crc_offset));
-  crc = crc32c(out.subspan(header_bytes, n), crc);
-  byte_writer c(out.subspan(crc_offset, 4));
-  c.put(crc);
-  return encoded_size(n);
+  auto w = detail::begin_control(h, n, out);
+  if (!w) return w.error();
+  w->put(static_cast<std::uint32_t>(ms.size()));
+  for (const auto& m : ms) detail::put_record(*w, m);
+  ASHL_ASSERT(w->ok() && w->position() == encoded_size(n), "wire measurements body layout");
+  return detail::end_control(out, n);
 }
 
 // Writes only the 72-byte header for a data message (commit, pull_request,

@@ -132,6 +132,12 @@ class async_policy {
     core_.set_plan(w, p);
   }
 
+  // A pull answered now: its worker is no longer held.
+  pull_action serve(worker_id w) {
+    core_.table().served(w);
+    return pull_action::serve;
+  }
+
   async_core core_;
 };
 
