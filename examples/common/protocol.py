@@ -220,7 +220,8 @@ def flagged(overruns, steps, limit=OVERRUN_LIMIT, foreign=None, foreign_limit=FO
 
 
 def run_until_clean(run, max_attempts=3, limit=OVERRUN_LIMIT):
-    """Call run(attempt) -> row (with "overruns" and "iterations") until a
+    """Call run(attempt) -> row (with "overruns" and "iterations", and
+    "foreign_busy" where measured: flagged()) until a
     row is not flagged, at most max_attempts times. Returns (the row to
     report, every row): the first clean one, or the last attempt's, marked
     "flagged": True, when none was clean. Each row gets "attempt" and
@@ -231,7 +232,7 @@ def run_until_clean(run, max_attempts=3, limit=OVERRUN_LIMIT):
     for attempt in range(1, max_attempts + 1):
         row = dict(run(attempt))
         row["attempt"] = attempt
-        row["flagged"] = flagged(row["overruns"], row["iterations"], limit)
+        row["flagged"] = flagged(row["overruns"], row["iterations"], limit, foreign=row.get("foreign_busy"))
         rows.append(row)
         if not row["flagged"]:
             return row, rows

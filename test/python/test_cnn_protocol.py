@@ -104,6 +104,18 @@ def test_a_flagged_run_is_repeated_until_clean_or_out_of_attempts():
     assert len(rows) == 3 and row["flagged"] and row["attempt"] == 3
 
 
+def test_a_run_beside_another_job_is_repeated_and_stays_flagged():
+    # The retry used to recompute the flag from the overruns alone, so a run
+    # that other processes crowded (foreign_busy > 10 %) was neither repeated
+    # nor marked flagged in results.jsonl and the table.
+    script = iter([0.5, 0.02])
+    row, rows = P.run_until_clean(lambda k: {"overruns": 0, "iterations": 1000, "foreign_busy": next(script)}, 3)
+    assert [r["flagged"] for r in rows] == [True, False]
+    assert row["attempt"] == 2 and row["foreign_busy"] == 0.02
+    row, rows = P.run_until_clean(lambda k: {"overruns": 0, "iterations": 1000, "foreign_busy": 0.9}, 1)
+    assert len(rows) == 1 and row["flagged"]
+
+
 # ------------------------------------------------------------------ tuning
 
 GRID = {"methods": {"ddp": [{"lr": 0.05}, {"lr": 0.1}], "ashl": [{"lr": 0.05, "ratio": 0.1},
