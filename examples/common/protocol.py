@@ -38,7 +38,10 @@ OUTER_RIVALS = ("diloco", "streaming_diloco_4bit", "async_local_sgd")
 OUTER_METHODS = OUTER_RIVALS + ("ashl_outer",)
 LABEL.update({"diloco": "DiLoCo", "streaming_diloco_4bit": "Streaming DiLoCo, 4-bit",
               "async_local_sgd": "Async Local-SGD, delayed Nesterov", "ashl_outer": "ASHL + outer optimizer"})
-OUTER_KNOB = {m: "local_steps" for m in OUTER_METHODS}
+# The knob each one's grid varies: local steps per round; ASHL + outer
+# optimizer's planner sets each worker's H_i itself (ashl_diloco reads no
+# local_steps), so its knob is ASHL's r0, as for ASHL.
+OUTER_KNOB = {m: "local_steps" for m in OUTER_RIVALS} | {"ashl_outer": "ratio"}
 NEEDS_POLICY = {"diloco": "diloco", "streaming_diloco_4bit": "diloco", "async_local_sgd": "async_diloco",
                 "ashl_outer": "ashl_diloco"}
 # Pieces the harness does not drive yet, by method: refused by name even where the policy is there.

@@ -181,11 +181,18 @@ def test_the_committed_grid_gives_every_method_the_same_budget():
     import json
     with open(os.path.join(HERE, "..", "..", "examples", "cnn", "grid.json")) as f:
         grid = json.load(f)
-    assert set(grid["methods"]) == set(P.ALL_METHODS)
-    counts = {m: len(P.grid_configs(grid, m)) for m in P.ALL_METHODS}
+    assert set(grid["methods"]) == set(P.ALL_METHODS + P.OUTER_METHODS)  # the DiLoCo rows too (issue 48, 5)
+    counts = {m: len(P.grid_configs(grid, m)) for m in grid["methods"]}
     assert set(counts.values()) == {8}
-    for m, knob in P.KNOB.items():
+    for m, knob in (P.KNOB | P.OUTER_KNOB).items():
         assert len({c[knob] for c in grid["methods"][m]}) == 2
+
+
+def test_ashl_outer_tunes_a_knob_its_policy_reads():
+    # ashl_diloco plans H_i itself and refuses local_steps; its grid varies r0.
+    assert P.OUTER_KNOB["ashl_outer"] == "ratio"
+    assert P.shown_config("ashl_outer", {"lr": 0.05, "warmup_s": 0.0, "local_steps": 8, "ratio": 0.3}) == \
+        {"lr": 0.05, "warmup_s": 0.0, "ratio": 0.3}
 
 
 # ------------------------------------------------------------------ report
