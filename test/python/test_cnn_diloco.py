@@ -1,5 +1,5 @@
 """The CNN harness's DiLoCo-family methods (examples/common/ashl_worker.py,
-issue 47): the server each method's run starts accepts its policy with the
+2026-12-07): the server each method's run starts accepts its policy with the
 optimizer the harness passes, and the workers' rounds take the outer step
 (not plain averaging); a method the frozen tuning file has no entry for
 runs the defaults instead of failing."""

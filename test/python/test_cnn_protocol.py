@@ -181,7 +181,7 @@ def test_the_committed_grid_gives_every_method_the_same_budget():
     import json
     with open(os.path.join(HERE, "..", "..", "examples", "cnn", "grid.json")) as f:
         grid = json.load(f)
-    assert set(grid["methods"]) == set(P.ALL_METHODS + P.OUTER_METHODS)  # the DiLoCo rows too (issue 48, 5)
+    assert set(grid["methods"]) == set(P.ALL_METHODS + P.OUTER_METHODS)  # the DiLoCo rows too
     counts = {m: len(P.grid_configs(grid, m)) for m in grid["methods"]}
     assert set(counts.values()) == {8}
     for m, knob in (P.KNOB | P.OUTER_KNOB).items():
