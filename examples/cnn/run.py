@@ -34,8 +34,11 @@ import protocol  # noqa: E402
 ALL_METHODS = protocol.ALL_METHODS
 LABEL = protocol.LABEL
 # Without a frozen file (before the tuning ran): the previous harness's settings.
+# The DiLoCo family's (not in the tuning yet): the CNN's SGD with momentum as
+# the inner optimizer at lr, 8 local steps per round (post-local SGD's default
+# H, ASHL's h_ahl), DiLoCo's outer Nesterov at lr 0.7, momentum 0.9.
 DEFAULT_CONFIG = {"lr": 0.05, "warmup_s": 0.0, "powersgd_rank": 1, "powersgd_start": 50, "local_period": 8,
-                  "localsgd_start": 50, "ratio": 0.3}
+                  "localsgd_start": 50, "ratio": 0.3, "local_steps": 8, "outer_lr": 0.7, "outer_momentum": 0.9}
 
 WORKLOAD = harness.Workload(
     name="cnn", here=HERE, script=os.path.abspath(__file__), doc=__doc__, common=cnn_common,

@@ -59,7 +59,7 @@ def policy_of(a):
                   switch_loss=a.switch_loss, planner="profile", profile_trim=2)
     if method in protocol.NEEDS_POLICY:
         # harness.check_runnable refused these before the run when the module lacks the policy.
-        # The DiLoCo family's Python names; this path is untested until that family is merged.
+        # The DiLoCo family's Python names (test_cnn_protocol.py serves each one).
         outer = dict(outer_lr=a.config.get("outer_lr", 0.7), outer_momentum=a.config.get("outer_momentum", 0.9))
         if method == "ashl_outer":  # ASHL's planned H_i, shares and compression with the outer optimizer
             return ashl.Policy(protocol.NEEDS_POLICY[method], **params, **outer)
@@ -67,6 +67,14 @@ def policy_of(a):
     if method == "ashl_plus":
         params.update(replanner="profile", replan_drift=0.5, replan_half_life=8)
     return ashl.Policy("ashl", **params)
+
+
+def server_optimizer(method):
+    """serve()'s optimizer for a method: the model deltas' sum (model_delta)
+    for BSP, ADSP and ASHL; None for the DiLoCo family, whose policy runs its
+    outer optimizer from the policy's outer_* parameters (the server refuses
+    any other optimizer beside it)."""
+    return None if method in protocol.NEEDS_POLICY else "model_delta"
 
 
 def job_of(a, role):
@@ -94,7 +102,8 @@ def server(a):
     model = cc.make_model(a.seed)
     pol = policy_of(a)
     srv = ashl.torch.serve(model, job_of(a, "server"), policy=pol,
-                           compression="topk", optimizer="model_delta", worker_timeout=60.0, background=True)
+                           compression="topk", optimizer=server_optimizer(a.method), worker_timeout=60.0,
+                           background=True)
     buckets = ashl.torch.bucket_plan(model)  # serve()'s: bucket_cap_mb "auto", partition_mb 4
     params = (lambda: srv.parameters()) if len(buckets) > 1 else (lambda: [srv.parameters()])
     cc.write_file(f"{a.run_dir}/listening", "1\n")

@@ -250,7 +250,9 @@ def frozen_is_committed(path):
 
 def config_for(a, method, frozen):
     cfg = dict(a.W.default_config)
-    if frozen is not None:
+    # A method the frozen file has no entry for (the DiLoCo family, not in
+    # the tuning yet) runs the defaults; the run's header says so.
+    if frozen is not None and method in frozen["chosen"]:
         cfg.update(frozen["chosen"][method]["config"])
     cfg.update(a.overrides.get("all", {}))
     cfg.update(a.overrides.get(method, {}))
@@ -580,6 +582,10 @@ def runs(a):
               f"{json.dumps(a.W.default_config)} (not tuned)", flush=True)
     methods = resolve_methods(a, frozen)
     a.methods = methods
+    untuned = [m for m in methods if frozen is not None and m not in frozen["chosen"]]
+    if untuned:
+        print(f"note: {a.config_file} has no entry for {','.join(untuned)}: they run the default configuration "
+              f"{json.dumps(a.W.default_config)} (not tuned)", flush=True)
     prepare(a)
     header(a, "protocol" if a.protocol else "runs", methods, a.seed_values)
     t_all = time.time()

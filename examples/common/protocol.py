@@ -38,7 +38,10 @@ OUTER_RIVALS = ("diloco", "streaming_diloco_4bit", "async_local_sgd")
 OUTER_METHODS = OUTER_RIVALS + ("ashl_outer",)
 LABEL.update({"diloco": "DiLoCo", "streaming_diloco_4bit": "Streaming DiLoCo, 4-bit",
               "async_local_sgd": "Async Local-SGD, delayed Nesterov", "ashl_outer": "ASHL + outer optimizer"})
-OUTER_KNOB = {m: "local_steps" for m in OUTER_METHODS}
+# The knob each one's grid varies: local steps per round; ASHL + outer
+# optimizer's planner sets each worker's H_i itself (ashl_diloco reads no
+# local_steps), so its knob is ASHL's r0, as for ASHL.
+OUTER_KNOB = {m: "local_steps" for m in OUTER_RIVALS} | {"ashl_outer": "ratio"}
 NEEDS_POLICY = {"diloco": "diloco", "streaming_diloco_4bit": "diloco", "async_local_sgd": "async_diloco",
                 "ashl_outer": "ashl_diloco"}
 # Pieces the harness does not drive yet, by method: refused by name even where the policy is there.
@@ -220,7 +223,8 @@ def flagged(overruns, steps, limit=OVERRUN_LIMIT, foreign=None, foreign_limit=FO
 
 
 def run_until_clean(run, max_attempts=3, limit=OVERRUN_LIMIT):
-    """Call run(attempt) -> row (with "overruns" and "iterations") until a
+    """Call run(attempt) -> row (with "overruns" and "iterations", and
+    "foreign_busy" where measured: flagged()) until a
     row is not flagged, at most max_attempts times. Returns (the row to
     report, every row): the first clean one, or the last attempt's, marked
     "flagged": True, when none was clean. Each row gets "attempt" and
@@ -231,7 +235,7 @@ def run_until_clean(run, max_attempts=3, limit=OVERRUN_LIMIT):
     for attempt in range(1, max_attempts + 1):
         row = dict(run(attempt))
         row["attempt"] = attempt
-        row["flagged"] = flagged(row["overruns"], row["iterations"], limit)
+        row["flagged"] = flagged(row["overruns"], row["iterations"], limit, foreign=row.get("foreign_busy"))
         rows.append(row)
         if not row["flagged"]:
             return row, rows

@@ -104,6 +104,18 @@ def test_a_flagged_run_is_repeated_until_clean_or_out_of_attempts():
     assert len(rows) == 3 and row["flagged"] and row["attempt"] == 3
 
 
+def test_a_run_beside_another_job_is_repeated_and_stays_flagged():
+    # The retry used to recompute the flag from the overruns alone, so a run
+    # that other processes crowded (foreign_busy > 10 %) was neither repeated
+    # nor marked flagged in results.jsonl and the table.
+    script = iter([0.5, 0.02])
+    row, rows = P.run_until_clean(lambda k: {"overruns": 0, "iterations": 1000, "foreign_busy": next(script)}, 3)
+    assert [r["flagged"] for r in rows] == [True, False]
+    assert row["attempt"] == 2 and row["foreign_busy"] == 0.02
+    row, rows = P.run_until_clean(lambda k: {"overruns": 0, "iterations": 1000, "foreign_busy": 0.9}, 1)
+    assert len(rows) == 1 and row["flagged"]
+
+
 # ------------------------------------------------------------------ tuning
 
 GRID = {"methods": {"ddp": [{"lr": 0.05}, {"lr": 0.1}], "ashl": [{"lr": 0.05, "ratio": 0.1},
@@ -169,11 +181,18 @@ def test_the_committed_grid_gives_every_method_the_same_budget():
     import json
     with open(os.path.join(HERE, "..", "..", "examples", "cnn", "grid.json")) as f:
         grid = json.load(f)
-    assert set(grid["methods"]) == set(P.ALL_METHODS)
-    counts = {m: len(P.grid_configs(grid, m)) for m in P.ALL_METHODS}
+    assert set(grid["methods"]) == set(P.ALL_METHODS + P.OUTER_METHODS)  # the DiLoCo rows too
+    counts = {m: len(P.grid_configs(grid, m)) for m in grid["methods"]}
     assert set(counts.values()) == {8}
-    for m, knob in P.KNOB.items():
+    for m, knob in (P.KNOB | P.OUTER_KNOB).items():
         assert len({c[knob] for c in grid["methods"][m]}) == 2
+
+
+def test_ashl_outer_tunes_a_knob_its_policy_reads():
+    # ashl_diloco plans H_i itself and refuses local_steps; its grid varies r0.
+    assert P.OUTER_KNOB["ashl_outer"] == "ratio"
+    assert P.shown_config("ashl_outer", {"lr": 0.05, "warmup_s": 0.0, "local_steps": 8, "ratio": 0.3}) == \
+        {"lr": 0.05, "warmup_s": 0.0, "ratio": 0.3}
 
 
 # ------------------------------------------------------------------ report
