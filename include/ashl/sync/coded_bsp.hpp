@@ -130,8 +130,7 @@ class coded_bsp {
       table_.hold(q.worker);
       return pull_action::hold;
     }
-    table_.served(q.worker);
-    return pull_action::serve;
+    return detail::serve(table_, q.worker);
   }
   void on_metric(const metric_event&, outcome_sink&) {}
   void on_join(const membership_event& j, outcome_sink& out) {

@@ -133,10 +133,7 @@ class async_policy {
   }
 
   // A pull answered now: its worker is no longer held.
-  pull_action serve(worker_id w) {
-    core_.table().served(w);
-    return pull_action::serve;
-  }
+  pull_action serve(worker_id w) { return detail::serve(core_.table(), w); }
 
   async_core core_;
 };

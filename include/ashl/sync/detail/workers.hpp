@@ -358,5 +358,12 @@ class worker_table {
   std::uint64_t version_ = 0;
 };
 
+// A pull answered now: its worker is no longer held (every policy's last
+// word on a pull it does not hold).
+inline pull_action serve(worker_table& t, worker_id w) {
+  t.served(w);
+  return pull_action::serve;
+}
+
 }  // namespace sync::detail
 ASHL_NAMESPACE_END
