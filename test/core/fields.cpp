@@ -10,6 +10,7 @@
 #include <ashl/transport/inproc.hpp>
 
 #include <array>
+#include <cstring>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -72,9 +73,12 @@ BOOST_AUTO_TEST_CASE(the_plan_table_is_the_wire_order) {
                             .stage = ashl::stage_id::shl,
                             .data_share = 0.25f,
                             .compression_ratio = 0.125f};
+  // Without codec options the body is the table's first six fields, 24
+  // bytes (the body of every plan before the options existed).
   std::array<std::byte, 24> buf{};
   ashl::byte_writer w(buf);
-  ashl::put_fields(w, p);
+  ashl::put_fields(w, p, ashl::worker_plan::fields_before_codec());
+  BOOST_TEST(w.ok());
   BOOST_TEST(w.position() == 24u);
   // Field by field, little-endian, as docs/wire-format.md lays plan_update out.
   std::array<std::byte, 24> want{};
@@ -88,8 +92,21 @@ BOOST_AUTO_TEST_CASE(the_plan_table_is_the_wire_order) {
   BOOST_TEST(buf == want);
   ashl::worker_plan q;
   ashl::byte_reader r(buf);
-  BOOST_TEST(ashl::get_fields(r, q, "plan_update").ok());
+  BOOST_TEST(ashl::get_fields(r, q, "plan_update", ashl::worker_plan::fields_before_codec()).ok());
   BOOST_TEST((q == p));
+  // With them, the whole table: the two options follow, 32 bytes.
+  ashl::worker_plan o = p;
+  o.codec_bits = 4;
+  o.codec_block = 128;
+  std::array<std::byte, 32> full{};
+  ashl::byte_writer wf(full);
+  ashl::put_fields(wf, o);
+  BOOST_TEST((wf.ok() && wf.position() == 32u));
+  BOOST_TEST(std::memcmp(full.data(), want.data(), want.size()) == 0);
+  ashl::worker_plan qf;
+  ashl::byte_reader rf(full);
+  BOOST_TEST(ashl::get_fields(rf, qf, "plan_update").ok());
+  BOOST_TEST((qf == o));
   // A short body names the field it ran out at.
   ashl::byte_reader shortr(std::span<const std::byte>(buf.data(), 10));
   const auto s = ashl::get_fields(shortr, q, "plan_update");
