@@ -557,6 +557,13 @@ BOOST_AUTO_TEST_CASE(control_failures_name_field_and_value) {
   expect_error(dec(patched(long_join, 56, std::uint64_t{21})), errc::malformed, "join.payload_bytes = 21: a join body is 20 bytes");
   bytes short_plan(plan.begin(), plan.end() - 1);
   expect_error(dec(patched(short_plan, 56, std::uint64_t{23})), errc::malformed, "plan_update.payload_bytes = 23");
+  // The long body (codec options) with both options 0 is not the plan's
+  // encoding (put_body writes the short one): refused, so that a decoded
+  // message re-encodes to its own bytes (found by fuzz_wire_message).
+  bytes zero_options = plan;
+  zero_options.insert(zero_options.end(), 8, std::byte{0});
+  expect_error(dec(patched(zero_options, 56, std::uint64_t{32})), errc::malformed,
+               "plan_update.payload_bytes = 32: a plan without codec options is 24 bytes");
   // Body fields.
   expect_error(dec(patched(join, 72 + 8, std::uint32_t{0})), errc::invalid_argument, "join.batch = 0: must be >= 1");
   expect_error(dec(patched(leave, 72, std::uint32_t{4})), errc::malformed, "leave.reason = 4: unknown reason");

@@ -338,8 +338,16 @@ inline result<control_body> read_body(const header& h, std::span<const std::byte
         return make_error(errc::malformed, "plan_update.payload_bytes", p.size(),
                           "a plan_update body is " + std::to_string(before) + " or " + std::to_string(full) + " bytes");
       plan_update_body b;
-      if (p.size() == full) ASHL_TRY(get_fields(r, b, "plan_update"));
-      else ASHL_TRY(get_fields(r, b, "plan_update", plan_update_body::fields_before_codec()));
+      if (p.size() == full) {
+        ASHL_TRY(get_fields(r, b, "plan_update"));
+        // One encoding per plan: without options the body is the short one
+        // (what put_body writes), so a decoded message re-encodes to its bytes.
+        if (!b.has_codec_options())
+          return make_error(errc::malformed, "plan_update.payload_bytes", p.size(),
+                            "a plan without codec options is " + std::to_string(before) + " bytes");
+      } else {
+        ASHL_TRY(get_fields(r, b, "plan_update", plan_update_body::fields_before_codec()));
+      }
       ASHL_TRY(check_body(b, lim));  // the stage's range too
       return control_body(b);
     }
