@@ -21,6 +21,7 @@
 // their integer value.
 #pragma once
 
+#include <array>
 #include <ashl/config.hpp>
 #include <ashl/core/status.hpp>
 
@@ -79,12 +80,23 @@ constexpr bool fields_cover() {
   return bytes == sizeof(S);
 }
 
+// S's field names, in table order, built once per S (a lookup then costs a
+// scan of string_views, not a rebuild of the table: clang's constexpr step
+// limit counts every rebuild).
+template <described S>
+inline constexpr auto field_names_of = [] {
+  std::array<std::string_view, field_count<S>> names{};
+  std::size_t i = 0;
+  for_each_field_of<S>([&](const auto& fd) { names[i++] = fd.name; });
+  return names;
+}();
+
 // Whether S's table names `name`.
 template <described S>
 constexpr bool has_field(std::string_view name) {
-  bool found = false;
-  for_each_field_of<S>([&](const auto& fd) { found = found || fd.name == name; });
-  return found;
+  for (const auto n : field_names_of<S>)
+    if (n == name) return true;
+  return false;
 }
 
 // "a b c": the names, space-separated (help text, error messages).
