@@ -62,6 +62,8 @@ struct settings {
                                       // The DiLoCo rows: the inner rate of the rows they vary (local_sgd, ashl).
                                       {"local_sgd8", 0.1}, {"diloco", 0.1}, {"async_diloco", 0.1},
                                       {"ashl_diloco", 0.1}, {"async_diloco_m5", 0.1}, {"ashl_diloco_m5", 0.1},
+                                      {"async_diloco_m8", 0.1}, {"async_diloco_lr35", 0.1},
+                                      {"async_diloco_sw", 0.1},
                                       // The seed algorithms' rows: coded BSP (the server's SGD rate) and joint
                                       // tuned by the same rule (coded BSP {0.05, 0.1, 0.2}, joint
                                       // {0.005, 0.01, 0.02, 0.05}); the compensated and straggler rows
@@ -72,7 +74,8 @@ struct settings {
                                       {"asp_comp", 0.005}, {"joint", 0.005}, {"dlb_straggler", 0.1},
                                       // The streaming rows keep Local SGD's rate.
                                       {"streaming8", 0.1}, {"streaming8_a0", 0.1},
-                                      {"streaming8_t0", 0.1}, {"diloco8", 0.1}, {"streaming_diloco8", 0.1}};
+                                      {"streaming8_t0", 0.1}, {"diloco8", 0.1}, {"streaming_diloco8", 0.1},
+                                      {"streaming_diloco8_4bit", 0.1}};
   int first_seed = 1;
   double momentum = 0.9;
   double eval_every = 0.25;
@@ -138,13 +141,17 @@ struct settings {
 // without overlap: each merge waits for its own sync's reply); "diloco8"
 // DiLoCo with H = 8 (outer Nesterov, lr 0.7, momentum 0.9) and
 // "streaming_diloco8" the same outer optimizer per fragment with
-// streaming8's fragments.
+// streaming8's fragments; "streaming_diloco8_4bit" the same with 4-bit
+// block-quantized pseudo-gradients (B = 64, error feedback: the servers'
+// compression_ratio makes DiLoCo's dense plans commit with the block codec).
 inline constexpr std::string_view sim_variants[] = {"coded_bsp1",       "coded_bsp2",       "coded_bsp3",
                                                     "coded_bsp1_split", "coded_bsp2_split", "coded_bsp3_split",
                                                     "ssp_comp",         "asp_comp",         "dlb_straggler",
                                                     "local_sgd8",       "async_diloco_m5",  "ashl_diloco_m5",
                                                     "streaming8",       "streaming8_a0",    "streaming8_t0",
-                                                    "diloco8",          "streaming_diloco8"};
+                                                    "diloco8",          "streaming_diloco8",
+                                                    "streaming_diloco8_4bit", "async_diloco_m8",
+                                                    "async_diloco_lr35",      "async_diloco_sw"};
 inline bool sim_only_policy(std::string_view name) {
   return std::find(std::begin(sim_variants), std::end(sim_variants), name) != std::end(sim_variants);
 }
@@ -452,6 +459,11 @@ struct policy_setup {
   // (ps::outer_optimizer_of).
   ashl::ps::optimizer_params optimizer{};
   std::optional<ashl::ps::streaming_params> streaming;  // streaming rows: the servers' fragments
+  // The servers' codec for compressing plans, its options, and the ratio
+  // that makes the plans a policy leaves dense compress (4-bit rows).
+  ashl::codec_id compression = ashl::codec_id::topk;
+  ashl::codec_options compression_options{};
+  float compression_ratio = 1.0f;
 };
 
 // time_scale: wall seconds per reference second (real mode's K): the
@@ -480,15 +492,35 @@ inline ashl::result<policy_setup> make_setup(const std::string& name, const sett
     pp.local_steps = 8;
     pp.outer_momentum = 0.5;
   }
+  // Why the asynchronous form diverges at μ 0.9 (docs/perf/diloco.md
+  // "Stability of the asynchronous form"): μ 0.8 (_m8); half the outer rate
+  // (_lr35: 0.35, μ 0.9); μ 0.9 with each pseudo-gradient weighed by
+  // (1 + τ)^-1/2, τ its staleness in commits (_sw).
+  if (name == "async_diloco_m8" || name == "async_diloco_lr35" || name == "async_diloco_sw") {
+    base = "async_diloco";
+    pp.local_steps = 8;
+    if (name == "async_diloco_m8") pp.outer_momentum = 0.8;
+    if (name == "async_diloco_lr35") pp.outer_lr = 0.35;
+    if (name == "async_diloco_sw") {
+      pp.staleness_weight = "power";
+      pp.staleness_exponent = 0.5;
+    }
+  }
   // The Streaming DiLoCo rows (docs/perf/diloco-streaming.md): H = 8 in
   // P = 4 fragments, merged τ = 2 steps later with α = 0.5 (streaming8; _a0:
   // α = 0, _t0: τ = 0, no overlap); diloco8 and streaming_diloco8 with
   // DiLoCo's outer Nesterov per fragment (the optimizer follows the base name).
-  if (name == "diloco8" || name == "streaming_diloco8") {
+  if (name == "diloco8" || name.rfind("streaming_diloco8", 0) == 0) {
     base = "diloco";
     pp.local_steps = 8;
-    if (name == "streaming_diloco8")
+    if (name != "diloco8")
       out.streaming = ashl::ps::streaming_params{.fragments = 4, .interval = 8, .delay = 2, .alpha = 0.5};
+    if (name == "streaming_diloco8_4bit") {
+      out.compression = ashl::codec_id::block;
+      out.compression_options = {.bits = 4, .block = 64};
+      out.compression_ratio = 0.125f;  // 4 of 32 bits (the block scales aside)
+      out.error_feedback = true;
+    }
   }
   if (name.rfind("streaming8", 0) == 0) {
     base = "local_sgd";
@@ -772,6 +804,9 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
                                                                                              .momentum = s.momentum}
                                                                 : setup->optimizer,
                                              .initial = W0,
+                                             .compression = setup->compression,
+                                             .compression_options = setup->compression_options,
+                                             .compression_ratio = setup->compression_ratio,
                                              .streaming = setup->streaming});
   if (!sim) {
     o.note = sim.error().message();

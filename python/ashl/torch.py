@@ -1658,7 +1658,8 @@ class Servers:
 
 
 def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None] = "bsp",
-          compression: Optional[str] = "topk", *, optimizer: Optional[str] = None, lr: float = 0.1,
+          compression: Optional[str] = "topk", *, compression_ratio: float = 1.0,
+          optimizer: Optional[str] = None, lr: float = 0.1,
           momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
           local_steps: Optional[int] = None, outer_lr: Optional[float] = None,
           outer_momentum: Optional[float] = None, outer_nesterov: Optional[bool] = None,
@@ -1699,6 +1700,11 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
     land and takes their place once its last part passed (one more
     shard-sized buffer; the same bits; docs/ps.md, "Commits in parts");
     by default it is applied whole at its last part.
+
+    compression, compression_ratio: the codec a compressing plan commits
+    with ("topk", "block4:128", ...; docs/codecs.md) and the ratio the servers
+    give the plans their policy leaves dense (1, default: those commit
+    dense; e.g. "block4" with 0.125: DiLoCo's 4-bit pseudo-gradients).
 
     optimizer: None (default) is the policy's: "model_delta", or for a
     DiLoCo name ("diloco", "async_diloco", "async_local_sgd",
@@ -1744,7 +1750,8 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
                          shard=job.rank, servers=job.num_servers, optimizer=optimizer or "", lr=lr,
                          momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, nesterov_delay=delay,
                          nesterov_activation=activation,
-                         compression=_codec_name(compression) or "topk", token=job.token, insecure=job.insecure,
+                         compression=_codec_name(compression) or "topk", compression_ratio=compression_ratio,
+                         token=job.token, insecure=job.insecure,
                          verbose=job.verbose, worker_timeout=worker_timeout,
                          progress_seconds=(job.progress_seconds if progress_seconds is None else progress_seconds)
                          if bi == 0 else 0.0,

@@ -77,7 +77,8 @@ def _regression(seed):
     return x, x @ w_true
 
 
-def _train(policy, workers, rounds, local_steps, inner_lr=0.05, **outer):
+def _train(policy, workers, rounds, local_steps, inner_lr=0.05, compression="none", compression_ratio=1.0,
+           codecs=None, **outer):
     """`workers` workers in threads, AdamW inner, against in-process servers
     running `policy`; returns the initial loss on the whole set and each
     worker's at the end (its model holds the servers' parameters it pulled
@@ -89,7 +90,8 @@ def _train(policy, workers, rounds, local_steps, inner_lr=0.05, **outer):
     torch.nn.init.zeros_(model0.weight)
     torch.nn.init.zeros_(model0.bias)
     initial = torch.nn.functional.mse_loss(model0(x), y).item()
-    srv = at.serve(model0, sjob, policy, "none", fabric=fabric, background=True, local_steps=local_steps, **outer)
+    srv = at.serve(model0, sjob, policy, compression, compression_ratio=compression_ratio, fabric=fabric,
+                   background=True, local_steps=local_steps, **outer)
     losses = {}
 
     def worker(r):
@@ -99,7 +101,7 @@ def _train(policy, workers, rounds, local_steps, inner_lr=0.05, **outer):
             model.bias.zero_()
         opt = at.DistributedOptimizer(model=model, inner=torch.optim.AdamW(model.parameters(), lr=inner_lr,
                                                                            weight_decay=0.0),
-                                      policy=policy, compression="none", local_steps=local_steps, job=wjobs[r],
+                                      policy=policy, compression=compression, local_steps=local_steps, job=wjobs[r],
                                       fabric=fabric, **outer)
         g = torch.Generator().manual_seed(100 + r)
         for _ in range(rounds * local_steps):
@@ -110,6 +112,8 @@ def _train(policy, workers, rounds, local_steps, inner_lr=0.05, **outer):
         opt.wait()
         with torch.no_grad():
             losses[r] = torch.nn.functional.mse_loss(model(x), y).item()
+        if codecs is not None:
+            codecs[r] = [(ex.worker.codec, ex.worker.plan["compression_ratio"]) for ex in opt._ex]
         opt.leave()
 
     errors = in_threads(workers, worker, 120)
@@ -128,6 +132,21 @@ def test_async_diloco_with_delayed_nesterov_converges():
     initial, losses = _train("async_diloco", 2, rounds=40, local_steps=10, inner_lr=0.01, outer_lr=0.7,
                              outer_momentum=0.9, outer_delay=2)
     assert all(l < 0.1 * initial for l in losses.values()), (initial, losses)
+
+
+def test_diloco_with_four_bit_pseudo_gradients_converges():
+    """compression="block4", compression_ratio=0.125: DiLoCo's plans keep
+    everything, and the servers' ratio makes every commit a 4-bit block-
+    quantized pseudo-gradient (with error feedback); it still converges."""
+    codecs = {}
+    initial, losses = _train("diloco", 2, rounds=30, local_steps=10, outer_lr=0.7, outer_momentum=0.9,
+                             compression="block4", compression_ratio=0.125, codecs=codecs)
+    for r in range(2):
+        assert codecs[r] and all(c == ("block4:64", pytest.approx(0.125)) for c in codecs[r]), codecs
+    assert losses[0] < 0.05 * initial, (initial, losses)
+    with pytest.raises(ValueError, match=r"server.compression_ratio = 0.5: must be 1 with compression identity"):
+        at.serve(tiny_model(), jobs()[0], "diloco", "none", compression_ratio=0.5, fabric=ashl.InprocFabric(),
+                 background=True)
 
 
 def test_bad_outer_arguments_are_named():

@@ -198,6 +198,27 @@ BOOST_AUTO_TEST_CASE(plan_codec_options_build_the_named_codec) {
   const auto dense = ps::plan_with_codec_options({.codec_bits = 4}, codec_id::block, server);
   BOOST_TEST(!dense.has_codec_options());
   BOOST_TEST(ps::check_plan_codec(dense, ps::plan_codec(dense, codec_id::block)).ok());
+  // A server ratio below 1 makes the plans its policy left dense compress
+  // (DiLoCo's low-bit pseudo-gradients under any policy); a plan that
+  // compresses keeps its own ratio; 1 changes nothing.
+  const auto low_bit = ps::plan_with_codec_options({.local_iterations = 8}, codec_id::block, server, 0.125f);
+  BOOST_TEST(low_bit.compression_ratio == 0.125f);
+  BOOST_TEST(low_bit.local_iterations == 8u);
+  BOOST_TEST((ps::plan_codec(low_bit, codec_id::block) == codec_id::block));
+  BOOST_TEST((low_bit.compression_options() == server));
+  BOOST_TEST(ps::check_plan_codec(low_bit, codec_id::block).ok());
+  BOOST_TEST(ps::plan_with_codec_options({.compression_ratio = 0.5f}, codec_id::topk, {}, 0.125f).compression_ratio ==
+             0.5f);
+  BOOST_TEST((ps::plan_with_codec_options({.local_iterations = 8}, codec_id::block, server, 1.0f) ==
+              ashl::worker_plan{.local_iterations = 8}));
+  BOOST_TEST(ps::check_compression_ratio(0.125f, codec_id::block, "server.compression_ratio").ok());
+  BOOST_TEST(ps::check_compression_ratio(1.0f, codec_id::identity, "server.compression_ratio").ok());
+  BOOST_TEST(ps::check_compression_ratio(0.0f, codec_id::block, "server.compression_ratio").message() ==
+             "server.compression_ratio = 0: must be in (0, 1] (1: a plan the policy leaves dense stays dense)");
+  BOOST_TEST(ps::check_compression_ratio(1.5f, codec_id::block, "server.compression_ratio").message() ==
+             "server.compression_ratio = 1.5: must be in (0, 1] (1: a plan the policy leaves dense stays dense)");
+  BOOST_TEST(ps::check_compression_ratio(0.5f, codec_id::identity, "server.compression_ratio").message() ==
+             "server.compression_ratio = 0.5: must be 1 with compression identity (nothing would compress)");
 
   // The encoder's payload is block_quant{4, 128}'s, byte for byte.
   const std::size_t n = 1000;

@@ -202,3 +202,51 @@ BOOST_AUTO_TEST_CASE(bad_streaming_setups_are_refused_by_name) {
   refused(dying, tr.hooks(), {.elements = 8, .streaming = ps::streaming_params{.fragments = 2, .interval = 4}},
           "spec.changes.kind");
 }
+
+// Streaming DiLoCo with 4-bit pseudo-gradients: Local SGD's plans are dense,
+// and the server's compression_ratio makes every one commit with the block
+// codec at the server's options (ps::plan_with_codec_options, the rule of
+// the real server too); in timing mode a sync's bytes are the ratio's share
+// of the fragment. A ratio with the identity codec is refused by name.
+BOOST_AUTO_TEST_CASE(four_bit_pseudo_gradients_under_a_dense_policy) {
+  const std::size_t n = 1024, m = 2;
+  const std::vector<float> w0(n, 0.25f);
+  trainer tr(n, m, w0, 0.5, dyadic);
+  sim::hooks h = tr.hooks();
+  std::vector<std::pair<ashl::codec_id, ashl::worker_plan>> seen;
+  h.compute = [&seen, inner = h.compute](const sim::compute_request& q, std::span<sim::shard_payload> out) {
+    seen.emplace_back(q.codec, *q.plan);
+    inner(q, out);
+  };
+  const sim::server_setup setup{.elements = n,
+                                .initial = w0,
+                                .compression = ashl::codec_id::block,
+                                .compression_options = {.bits = 4, .block = 64},
+                                .compression_ratio = 0.125f,
+                                .streaming = ps::streaming_params{.fragments = 2, .interval = 4, .delay = 1, .alpha = 0.5}};
+  const auto spec = cluster({worker(0.01, 1e6, 1e-3), worker(0.02, 1e6, 1e-3)}, 4 * n);
+  run(spec, local_sgd(m, 4), h, setup, {.commits_per_worker = 4});
+  BOOST_TEST_REQUIRE(!seen.empty());
+  for (const auto& [codec, plan] : seen) {
+    BOOST_TEST((codec == ashl::codec_id::block));
+    BOOST_TEST(plan.compression_ratio == 0.125f);
+    BOOST_TEST(plan.codec_bits == 4u);
+    BOOST_TEST(plan.codec_block == 64u);
+  }
+
+  // Timing mode: each sync carries an eighth of its fragment.
+  const std::uint64_t model = 4'000'000, header = 72;
+  const auto r = run(cluster({worker(0.01, 1e8, 1e-3), worker(0.02, 1e8, 1e-3)}, model), local_sgd(m, 8), {},
+                     {.compression = ashl::codec_id::block,
+                      .compression_options = {.bits = 4},
+                      .compression_ratio = 0.125f,
+                      .streaming = ps::streaming_params{.fragments = 4, .interval = 8, .delay = 2, .alpha = 0.5}},
+                     {.commits_per_worker = 8});
+  for (const auto& w : r.workers) BOOST_TEST(w.bytes_sent == 8 * (model / 8 / 4 + header));
+
+  auto s = sim::simulator<>::create(cluster({worker(0.01), worker(0.01)}, 32), local_sgd(m, 4), {},
+                                    {.compression = ashl::codec_id::identity, .compression_ratio = 0.5f});
+  BOOST_REQUIRE(!s.has_value());
+  BOOST_TEST(s.error().message() ==
+             "server.compression_ratio = 0.5: must be 1 with compression identity (nothing would compress)");
+}

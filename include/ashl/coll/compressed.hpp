@@ -202,6 +202,7 @@ class plan_exchange {
   struct options {
     codec_id compression = codec_id::topk;  // what a compressing plan commits with (ps::plan_codec)
     codec_options compression_options{};    // its options where a plan leaves them 0 (ps::plan_with_codec_options)
+    float compression_ratio = 1.0f;         // the ratio of plans left dense (ps::server_params::compression_ratio)
     bool error_feedback = true;             // ps::commit_encoder's residual rule
     std::uint64_t seed = 0;                 // rank j encodes with seed + golden·(j + 1)
     std::uint32_t tensor = 0;               // the codec_context tensor id (and the encoder's shard)
@@ -217,13 +218,16 @@ class plan_exchange {
     if (me < 0 || static_cast<std::size_t>(me) >= plans.size())
       return invalid_argument("plan_exchange.rank", me, "must be below the number of plans");
     if (me == me_ && std::equal(plans.begin(), plans.end(), plans_.begin(), plans_.end())) return {};  // unchanged
+    ASHL_TRY(ps::check_compression_ratio(o_.compression_ratio, o_.compression, "plan_exchange.compression_ratio"));
     for (std::size_t j = 0; j < plans.size(); ++j)
       ASHL_TRY(check_plan(plans[j], "plan_exchange.plans[" + std::to_string(j) + "]"));
     plans_.assign(plans.begin(), plans.end());
     codecs_.resize(plans.size());
     any_compresses_ = false;
     for (std::size_t j = 0; j < plans.size(); ++j) {
-      codecs_[j] = ps::plan_codec(plans[j], o_.compression);
+      codecs_[j] = ps::plan_codec(
+          ps::plan_with_codec_options(plans[j], o_.compression, o_.compression_options, o_.compression_ratio),
+          o_.compression);
       any_compresses_ = any_compresses_ || codecs_[j] != codec_id::identity;
     }
     if (!has_encoder_ || me != me_) {  // the encoder's stream is the rank's own
@@ -232,7 +236,8 @@ class plan_exchange {
       me_ = me;
     }
     const worker_plan mine =
-        ps::plan_with_codec_options(plans[static_cast<std::size_t>(me)], o_.compression, o_.compression_options);
+        ps::plan_with_codec_options(plans[static_cast<std::size_t>(me)], o_.compression, o_.compression_options,
+                                    o_.compression_ratio);
     return enc_.set(codecs_[static_cast<std::size_t>(me)], mine.compression_ratio < 1.0f ? mine.compression_ratio : 1.0f,
                     mine.compression_options());
   }

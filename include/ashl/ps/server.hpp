@@ -114,6 +114,7 @@ class server {
     if (!(p.progress_seconds >= 0.0))
       return invalid_argument("server.progress_seconds", p.progress_seconds, "must be >= 0");
     ASHL_TRY(check_codec_options(p.compression, p.compression_options, "server.compression_options."));
+    ASHL_TRY(check_compression_ratio(p.compression_ratio, p.compression, "server.compression_ratio"));
     // The largest data part a worker may send this shard: any codec's
     // payload for its elements is below 8 bytes per element (sparse pairs at
     // ratio 1) plus a small header.

@@ -150,7 +150,7 @@ inline void server<Transport, Policy>::send_ack(transport::peer_id p, worker_id 
 
 template <transport::transport Transport, sync::consistency_policy Policy>
 inline void server<Transport, Policy>::send_plan(worker_id w, const worker_plan& policy_plan) {
-  const worker_plan plan = plan_with_codec_options(policy_plan, p_.compression, p_.compression_options);
+  const worker_plan plan = plan_with_codec_options(policy_plan, p_.compression, p_.compression_options, p_.compression_ratio);
   const transport::peer_id p = rank_peer_[w];
   if (p == transport::no_peer) return;
   wire::header h{.kind = wire::message_kind::plan_update,

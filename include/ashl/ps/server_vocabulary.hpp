@@ -39,6 +39,12 @@ struct server_params {
   // compressing plan whose policy left them 0 (ps::plan_with_codec_options):
   // {.bits = 4, .block = 128} with codec_id::block is "block4:128".
   codec_options compression_options{};
+  // The ratio of the plans the policy leaves dense: 1 keeps them dense; below
+  // 1 every plan commits with `compression` at this ratio
+  // (ps::plan_with_codec_options): Streaming DiLoCo's 4-bit pseudo-gradients
+  // are compression = block, compression_options {.bits = 4}, ratio 0.125
+  // (a quantizer sends its bits whatever the ratio; top-k keeps this fraction).
+  float compression_ratio = 1.0f;
   // > 0: print one progress line to stderr every progress_seconds.
   double progress_seconds = 0.0;
   // The longest single wait() of run(); bounds how late a stop is noticed.

@@ -106,12 +106,17 @@ inline status check_plan_codec(const worker_plan& plan, codec_id codec, std::str
   return check_codec_options(codec, plan.compression_options(), std::string(field) + ".codec_");
 }
 
-// The plan a server sends: a compressing plan's codec options that the
-// policy left 0 filled from the server's (server_params::compression_options),
-// and a dense plan's cleared (identity takes none). The one rule of the real
-// server and the simulator.
+// The plan a server sends: a plan its policy left dense (ratio 1) made to
+// compress at the server's `ratio` when that is below 1
+// (server_params::compression_ratio: DiLoCo's low-bit pseudo-gradients under
+// any policy, e.g. block4 for every commit), a compressing plan's codec
+// options that the policy left 0 filled from the server's
+// (server_params::compression_options), and a dense plan's cleared
+// (identity takes none). The one rule of the real server, the simulator and
+// the collectives.
 [[nodiscard]] constexpr worker_plan plan_with_codec_options(worker_plan plan, codec_id compression,
-                                                            codec_options server) noexcept {
+                                                            codec_options server, float ratio = 1.0f) noexcept {
+  if (!(plan.compression_ratio < 1.0f) && ratio < 1.0f && ratio > 0.0f) plan.compression_ratio = ratio;
   if (plan_codec(plan, compression) == codec_id::identity) {
     plan.codec_bits = 0;
     plan.codec_block = 0;
@@ -120,6 +125,17 @@ inline status check_plan_codec(const worker_plan& plan, codec_id codec, std::str
   if (plan.codec_bits == 0) plan.codec_bits = server.bits;
   if (plan.codec_block == 0) plan.codec_block = server.block;
   return plan;
+}
+
+// A server's ratio for the plans its policy leaves dense (1: they stay
+// dense; plan_with_codec_options): in (0, 1], with a compressing codec when
+// below 1. Errors name `field`.
+inline status check_compression_ratio(float ratio, codec_id compression, std::string_view field) {
+  if (!(ratio > 0.0f && ratio <= 1.0f))
+    return invalid_argument(field, ratio, "must be in (0, 1] (1: a plan the policy leaves dense stays dense)");
+  if (ratio < 1.0f && compression == codec_id::identity)
+    return invalid_argument(field, ratio, "must be 1 with compression identity (nothing would compress)");
+  return {};
 }
 
 // A codec and its options, as a user names them (ps_node, the Python

@@ -158,6 +158,8 @@ struct server_setup {
   // Its options (ps::server_params::compression_options), filled into each
   // compressing plan the policy left them 0 in (ps::plan_with_codec_options).
   codec_options compression_options{};
+  // The ratio of the plans the policy leaves dense (ps::server_params::compression_ratio).
+  float compression_ratio = 1.0f;
   bool allow_non_finite = false;          // ps::server_core_params::allow_non_finite
   std::uint64_t max_commit_samples = std::uint64_t{1} << 30;  // ps::server_core_params::max_commit_samples
   // Streaming DiLoCo's fragments (rules/streaming.hpp): each server holds
@@ -231,6 +233,8 @@ class simulator {
     s.compression_ = setup.compression;
     s.compression_options_ = setup.compression_options;
     ASHL_TRY(ps::check_codec_options(setup.compression, setup.compression_options, "server.compression_options."));
+    ASHL_TRY(ps::check_compression_ratio(setup.compression_ratio, setup.compression, "server.compression_ratio"));
+    s.compression_ratio_ = setup.compression_ratio;
     s.allow_non_finite_ = setup.allow_non_finite;
     const std::uint32_t cores = servers * fragments;  // core k·P + p: server k, fragment p
     s.cores_.reserve(cores);
@@ -403,7 +407,7 @@ class simulator {
       ++running_;
       // The join's plan (the real worker waits for it before its first cycle).
       const worker_plan first = cores_[0].policy().plan(w);
-      const worker_plan sent = ps::plan_with_codec_options(first, compression_, compression_options_);
+      const worker_plan sent = ps::plan_with_codec_options(first, compression_, compression_options_, compression_ratio_);
       cycles_[w].plan_arrived(sent, ps::plan_codec(sent, compression_));
       if (streaming_) {
         stream_start(w, sent);
@@ -515,7 +519,7 @@ class simulator {
     free_mail_.push_back(slot);
     const auto& wk = w_[m.worker];
     if (wk.incarnation != m.incarnation || wk.st == state::dead || wk.st == state::absent) return;
-    const worker_plan sent = ps::plan_with_codec_options(m.plan, compression_, compression_options_);
+    const worker_plan sent = ps::plan_with_codec_options(m.plan, compression_, compression_options_, compression_ratio_);
     cycles_[m.worker].plan_arrived(sent, ps::plan_codec(sent, compression_));
   }
 
@@ -681,6 +685,7 @@ class simulator {
   ps::shard_layout layout_;
   codec_id compression_ = codec_id::topk;  // server_setup::compression
   codec_options compression_options_{};    // server_setup::compression_options
+  float compression_ratio_ = 1.0f;         // server_setup::compression_ratio
   bool allow_non_finite_ = false;          // server_setup::allow_non_finite (the workers' commit check too)
   std::vector<ps::commit_part_view> check_parts_;  // per server: a commit's parts for ps::check_commit_parts
   std::vector<core_type> cores_;
