@@ -63,7 +63,7 @@ struct settings {
                                       {"local_sgd8", 0.1}, {"diloco", 0.1}, {"async_diloco", 0.1},
                                       {"ashl_diloco", 0.1}, {"async_diloco_m5", 0.1}, {"ashl_diloco_m5", 0.1},
                                       {"async_diloco_m8", 0.1}, {"async_diloco_lr35", 0.1},
-                                      {"async_diloco_sw", 0.1},
+                                      {"async_diloco_sw", 0.1}, {"ashl_diloco_sw", 0.1},
                                       // The seed algorithms' rows: coded BSP (the server's SGD rate) and joint
                                       // tuned by the same rule (coded BSP {0.05, 0.1, 0.2}, joint
                                       // {0.005, 0.01, 0.02, 0.05}); the compensated and straggler rows
@@ -151,7 +151,8 @@ inline constexpr std::string_view sim_variants[] = {"coded_bsp1",       "coded_b
                                                     "streaming8",       "streaming8_a0",    "streaming8_t0",
                                                     "diloco8",          "streaming_diloco8",
                                                     "streaming_diloco8_4bit", "async_diloco_m8",
-                                                    "async_diloco_lr35",      "async_diloco_sw"};
+                                                    "async_diloco_lr35",      "async_diloco_sw",
+                                                    "ashl_diloco_sw"};
 inline bool sim_only_policy(std::string_view name) {
   return std::find(std::begin(sim_variants), std::end(sim_variants), name) != std::end(sim_variants);
 }
@@ -580,7 +581,8 @@ inline ashl::result<policy_setup> make_setup(const std::string& name, const sett
     pp.total_batch = 64 * pp.workers;
     pp.min_batch = 8;
   }
-  if (name == "ashl" || name == "ashl_plus" || name == "ashl_diloco" || name == "ashl_diloco_m5") {
+  if (name == "ashl" || name == "ashl_plus" || name == "ashl_diloco" || name == "ashl_diloco_m5" ||
+      name == "ashl_diloco_sw") {
     // Algorithms 1 and 2 on the per-worker trimmed means of the 5 profiling
     // commits (2 off each end), T_compress measured.
     if (name.rfind("ashl_diloco", 0) != 0) base = "ashl";
@@ -588,6 +590,13 @@ inline ashl::result<policy_setup> make_setup(const std::string& name, const sett
     if (name == "ashl_diloco_m5") {
       base = "ashl_diloco";
       pp.outer_momentum = 0.5;
+    }
+    // ashl_diloco_sw: μ 0.9 with the AHL stage's pseudo-gradients weighed
+    // by (1 + τ)^-1/2 (as async_diloco_sw).
+    if (name == "ashl_diloco_sw") {
+      base = "ashl_diloco";
+      pp.staleness_weight = "power";
+      pp.staleness_exponent = 0.5;
     }
     pp.profile_iterations = 5;
     pp.h_ahl = 8;
