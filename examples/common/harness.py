@@ -662,8 +662,12 @@ def freeze(a):
             if all(r["config"].get(k) == v for k, v in c.items()):
                 r["config"] = dict(c)
                 break
-    body = protocol.freeze(grid, rows, a.tuning_seed_values, [m for m in a.methods if m != "best_ddp"],
-                           a.budget, created=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), metric=M)
+    try:
+        body = protocol.freeze(grid, rows, a.tuning_seed_values, [m for m in a.methods if m != "best_ddp"],
+                               a.budget, created=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), metric=M)
+    except ValueError as e:  # an incomplete tuning (or none yet): say what is missing, no traceback
+        raise SystemExit(f"--freeze: {e} (tuning rows read from {os.path.join(a.out, 'tuning.jsonl')}; "
+                         f"run --tune first)")
     body["best_ddp"] = best_ddp_of(body, a.W.rivals, M)
     with open(a.freeze, "w") as f:
         json.dump(body, f, indent=1, sort_keys=True)

@@ -251,6 +251,14 @@ def grid_configs(grid, method):
     counts = {m: len(c) for m, c in grid["methods"].items()}
     if len(set(counts.values())) != 1:
         raise ValueError(f"tuning grid: methods have {counts} configurations: the budget must be equal")
+    # A value the method does not read would spend tuning runs on
+    # configurations that are one and the same (shown_config: what matters).
+    for i, c in enumerate(configs):
+        unread = sorted(set(c) - set(shown_config(method, c)))
+        if unread:
+            knob = KNOB.get(method) or OUTER_KNOB.get(method)
+            raise ValueError(f"tuning grid: {method}#{i} sets {', '.join(unread)}, which {method} does not read "
+                             f"(it reads lr, warmup_s{', ' + knob if knob else ''})")
     return [dict(c) for c in configs]
 
 

@@ -177,6 +177,15 @@ def test_an_unequal_grid_is_refused():
         P.grid_configs(grid, "ddp")
 
 
+def test_a_grid_value_the_method_does_not_read_is_refused():
+    # Two configurations differing only in an unread value are one run twice.
+    grid = {"methods": {"ashl_outer": [{"lr": 0.05, "local_steps": 8}], "ddp": [{"lr": 0.05}]}}
+    with pytest.raises(ValueError, match=r"ashl_outer#0 sets local_steps, which ashl_outer does not read "
+                                         r"\(it reads lr, warmup_s, ratio\)"):
+        P.grid_configs(grid, "ashl_outer")
+    assert P.grid_configs(grid, "ddp") == [{"lr": 0.05}]
+
+
 def test_the_committed_grid_gives_every_method_the_same_budget():
     import json
     with open(os.path.join(HERE, "..", "..", "examples", "cnn", "grid.json")) as f:

@@ -183,6 +183,9 @@ def test_the_lm_grid_gives_every_method_the_same_budget():
     assert set(counts.values()) == {4}
     for m in ("ddp", "ddp_localsgd", "adsp", "ashl", "ashl_plus") + P.OUTER_METHODS:
         assert m in grid["methods"]
+    for m, knob in (P.KNOB | P.OUTER_KNOB).items():  # each knob takes two values (ashl_outer: r0)
+        if m in grid["methods"]:
+            assert len({c[knob] for c in grid["methods"][m]}) == 2, m
 
 
 def test_a_ddp_step_of_two_buckets_pads_once_and_counts_an_overrun_only_when_its_first_bucket_is_late():
