@@ -94,6 +94,7 @@ struct options {
   long worker_timeout_ms = 20000;  // server_params.worker_timeout
   long no_worker_grace_ms = -1;     // server_params.no_worker_grace (-1: ASHL_NO_WORKER_GRACE's, 60 s)
   std::string codec = "topk";        // server_params.compression
+  float codec_ratio = 1.0f;          // server_params.compression_ratio (plans the policy leaves dense)
   std::uint32_t apply_batch = 1;     // server_params.apply_batch (batched applies; 1: each commit as it arrives)
   std::uint64_t reply_part_kib = 0;  // server_params.reply_part_bytes / 1024 (replies in parts; 0: whole)
   std::uint64_t commit_part_kib = 0;  // worker_params.commit_part_bytes / 1024 (dense commits in parts; 0: whole)
@@ -149,6 +150,7 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--worker-timeout-ms") o.worker_timeout_ms = std::stol(next());
     else if (a == "--no-worker-grace-ms") o.no_worker_grace_ms = std::stol(next());
     else if (a == "--codec") o.codec = next();
+    else if (a == "--codec-ratio") o.codec_ratio = std::stof(next());
     else if (a == "--reply-part-kib") o.reply_part_kib = std::stoull(next());
     else if (a == "--apply-batch") o.apply_batch = static_cast<std::uint32_t>(std::stoul(next()));
     else if (a == "--commit-part-kib") o.commit_part_kib = std::stoull(next());
@@ -197,6 +199,7 @@ int serve(const ps::job& j, const options& o) {
                                 .optimizer = optimizer_of(o, pp)},
                        .compression = codec->id,
                        .compression_options = codec->options,
+                       .compression_ratio = o.codec_ratio,
                        .progress_seconds = j.progress_seconds,
                        .worker_timeout = std::chrono::milliseconds(o.worker_timeout_ms),
                        .no_worker_grace = std::chrono::milliseconds(

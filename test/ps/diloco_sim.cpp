@@ -6,7 +6,10 @@
 // drive (docs/sim.md, docs/ps.md). diloco with two workers (a round's mean
 // of two such deltas is exact, so the order in which a real round's
 // commits arrive cannot change a bit); async_diloco and ashl_diloco with one
-// worker (per-commit outer steps in the one order there is).
+// worker (per-commit outer steps in the one order there is); and
+// async_diloco with 4-bit pseudo-gradients (the servers' compression_ratio
+// turns the block codec on for DiLoCo's dense plans: ps::plan_with_codec_options
+// in both drivers; the simulated worker encodes as ps::worker does).
 #include <ashl/sim/simulator.hpp>
 
 #include <cstdio>
@@ -19,6 +22,7 @@ int main() {
 #else
 
 #include <ashl/compress/identity.hpp>
+#include <ashl/rules/commit_encoder.hpp>
 #include <ashl/rules/policies.hpp>
 
 #include <boost/test/unit_test.hpp>
@@ -53,7 +57,13 @@ ps::policy_params params_of(std::uint32_t workers, std::int64_t outer_delay) {
   return pp;
 }
 
-std::vector<float> simulated(const std::string& policy, std::uint32_t workers, int cycles, std::int64_t outer_delay) {
+struct codec_choice {
+  std::string name = "identity";  // ps_node --codec
+  float ratio = 1.0f;             // ps_node --codec-ratio (server_params.compression_ratio)
+};
+
+std::vector<float> simulated(const std::string& policy, std::uint32_t workers, int cycles, std::int64_t outer_delay,
+                             const codec_choice& cc) {
   const auto pp = params_of(workers, outer_delay);
   auto pol = ps::make_policy(policy, pp);
   BOOST_TEST_REQUIRE(pol.has_value());
@@ -63,31 +73,45 @@ std::vector<float> simulated(const std::string& policy, std::uint32_t workers, i
     spec.workers.push_back({.seconds_per_iteration = 0.01 * (w + 1), .bandwidth_bytes_per_s = 1e9});
   spec.servers = {sim::server_spec{.bandwidth_bytes_per_s = 1e9}};
   std::vector<std::vector<std::byte>> buf(workers, std::vector<std::byte>(4 * elements));
+  std::vector<ps::commit_encoder> enc(workers);  // ps::worker's: error feedback on, seed 0
+  const auto spec_of = ps::parse_codec_spec(cc.name, "codec");
+  BOOST_TEST_REQUIRE(spec_of.has_value());
   sim::hooks h;
   h.compute = [&](const sim::compute_request& q, std::span<sim::shard_payload> out) {
     std::vector<float> delta(elements);
     for (std::size_t i = 0; i < elements; ++i) delta[i] = grad_value(q.worker, q.sequence - 1, i);
-    (void)ashl::compress::identity{}.encode(ashl::host_view<const float>(delta.data(), elements), buf[q.worker], {});
-    out[0] = {.codec = ashl::codec_id::identity, .element_count = elements, .bytes = buf[q.worker]};
+    if (q.codec == ashl::codec_id::identity) {
+      (void)ashl::compress::identity{}.encode(ashl::host_view<const float>(delta.data(), elements), buf[q.worker], {});
+      out[0] = {.codec = ashl::codec_id::identity, .element_count = elements, .bytes = buf[q.worker]};
+      return;
+    }
+    auto& e = enc[q.worker];
+    BOOST_TEST_REQUIRE(e.set(q.codec, q.plan->compression_ratio, q.plan->compression_options()).ok());
+    const auto bytes = e.encode(0, delta, q.sequence);
+    BOOST_TEST_REQUIRE(bytes.has_value());
+    out[0] = {.codec = q.codec, .element_count = elements, .step = q.sequence, .bytes = *bytes};
   };
   const std::vector<float> initial(elements, 0.5f);  // ps_node's
   auto s = sim::simulator<>::create(std::move(spec), std::move(*pol), std::move(h),
                                     {.elements = elements,
                                      .optimizer = *ps::outer_optimizer_of(policy, pp),
                                      .initial = initial,
-                                     .compression = ashl::codec_id::identity});
+                                     .compression = spec_of->id,
+                                     .compression_options = spec_of->options,
+                                     .compression_ratio = cc.ratio});
   BOOST_TEST_REQUIRE(s.has_value(), (s ? std::string() : s.error().message()));
   const auto r = s->run({.commits_per_worker = static_cast<std::uint64_t>(cycles)});
   BOOST_TEST_REQUIRE(r.error.empty(), r.error);
   return s->parameters();
 }
 
-std::vector<float> real(const std::string& policy, std::uint32_t workers, int cycles, std::int64_t outer_delay) {
+std::vector<float> real(const std::string& policy, std::uint32_t workers, int cycles, std::int64_t outer_delay,
+                        const codec_choice& cc) {
   fault_job::job j(workers);
   BOOST_TEST_REQUIRE(j.ok());
   const std::vector<std::string> common = {"--policy", policy, "--outer-delay", std::to_string(outer_delay),
-                                           "--elements", std::to_string(elements), "--codec", "identity",
-                                           "--profile-iterations", "3"};
+                                           "--elements", std::to_string(elements), "--codec", cc.name,
+                                           "--codec-ratio", std::to_string(cc.ratio), "--profile-iterations", "3"};
   const pid_t srv = j.start_server(common);
   BOOST_TEST_REQUIRE(srv > 0);
   std::vector<pid_t> w;
@@ -102,9 +126,10 @@ std::vector<float> real(const std::string& policy, std::uint32_t workers, int cy
   return j.parameters();
 }
 
-void same(const std::string& policy, std::uint32_t workers, int cycles, std::int64_t outer_delay) {
-  const auto s = simulated(policy, workers, cycles, outer_delay);
-  const auto r = real(policy, workers, cycles, outer_delay);
+void same(const std::string& policy, std::uint32_t workers, int cycles, std::int64_t outer_delay,
+          const codec_choice& cc = {}) {
+  const auto s = simulated(policy, workers, cycles, outer_delay, cc);
+  const auto r = real(policy, workers, cycles, outer_delay, cc);
   BOOST_TEST_REQUIRE(s.size() == elements);
   BOOST_TEST_REQUIRE(r.size() == elements);
   BOOST_TEST(std::memcmp(s.data(), r.data(), elements * sizeof(float)) == 0,
@@ -117,5 +142,8 @@ void same(const std::string& policy, std::uint32_t workers, int cycles, std::int
 BOOST_AUTO_TEST_CASE(diloco_two_workers_simulator_equals_server) { same("diloco", 2, 6, 0); }
 BOOST_AUTO_TEST_CASE(async_diloco_delayed_nesterov_simulator_equals_server) { same("async_diloco", 1, 8, 3); }
 BOOST_AUTO_TEST_CASE(ashl_diloco_simulator_equals_server) { same("ashl_diloco", 1, 8, 2); }
+BOOST_AUTO_TEST_CASE(async_diloco_four_bit_simulator_equals_server) {
+  same("async_diloco", 1, 8, 3, {.name = "block4:64", .ratio = 0.125f});
+}
 
 #endif
