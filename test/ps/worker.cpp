@@ -81,8 +81,11 @@ static_assert(tr::transport<spy>);
 // Forwards to inproc; once armed, the next pull reply from the peer named
 // `victim` reaches the worker with one bit of its payload flipped (on the
 // wire) or with its header's CRC-32C changed, as a copy (the worker's own
-// receive buffer, if the data went there, is left as the transport wrote it).
-enum class tamper_mode { payload, crc };
+// receive buffer, if the data went there, is left as the transport wrote it),
+// or (in_place) with the bit flipped where the data landed: the worker's
+// staging buffer for a rendezvous reply, as a transfer that went wrong
+// would leave it.
+enum class tamper_mode { payload, crc, in_place };
 struct tamper : inproc_forwarder<tamper> {
   std::string victim;
   tamper_mode mode = tamper_mode::payload;
@@ -100,6 +103,11 @@ struct tamper : inproc_forwarder<tamper> {
     void on_message(tr::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data) {
       const bool reply = !data.empty() && ashl::wire::peek_kind(head) == ashl::wire::message_kind::pull_reply;
       if (reply && p == self->victim_peer && self->armed->exchange(false)) {
+        if (self->mode == tamper_mode::in_place) {  // the buffer the worker gave the transport
+          const_cast<std::byte*>(data.data())[data.size() / 2] ^= std::byte{0x10};
+          this->h->on_message(p, head, data);
+          return;
+        }
         self->head_copy.assign(head.begin(), head.end());
         self->data_copy.assign(data.begin(), data.end());
         if (self->mode == tamper_mode::payload) self->data_copy[data.size() / 2] ^= std::byte{0x10};
@@ -866,6 +874,9 @@ BOOST_AUTO_TEST_CASE(a_push_waits_at_the_bsp_barrier) {
 // eager (copied from the transport's). The wait fails naming the checksum
 // and server 1, and w is bit-identical to what it was before the commit:
 // server 0's good reply of the same pull did not reach it either.
+// Issue 50: also with the bit flipped in the worker's staging buffer, where
+// the rendezvous reply landed: the reply is checked before it is copied, so
+// a copy-and-check into w (which would leave the bad reply there) fails it.
 void a_bad_reply_leaves_the_parameters(std::size_t eager_bytes, tamper_mode mode) {
   constexpr std::size_t n = 1000;
   constexpr std::uint32_t S = 2;
@@ -923,6 +934,7 @@ void a_bad_reply_leaves_the_parameters(std::size_t eager_bytes, tamper_mode mode
 BOOST_AUTO_TEST_CASE(a_bad_pull_reply_fails_the_wait_and_leaves_the_parameters_as_they_were) {
   for (const std::size_t eager : {std::size_t{256}, std::size_t{1} << 20})
     for (const tamper_mode mode : {tamper_mode::payload, tamper_mode::crc}) a_bad_reply_leaves_the_parameters(eager, mode);
+  a_bad_reply_leaves_the_parameters(256, tamper_mode::in_place);  // rendezvous: flipped in the worker's staging
 }
 
 // Issue 28, item 1: a pull reply in parts (server_params.reply_part_bytes).

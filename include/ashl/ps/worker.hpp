@@ -24,7 +24,13 @@
 // pull passed is it copied into the caller's parameter buffer: a bad reply
 // (CRC, size, shape) fails the wait and leaves the caller's parameters as
 // they were (worker_params::stage_replies; false receives rendezvous data
-// straight into the caller's buffer, checked after it landed). With a
+// straight into the caller's buffer, checked after it landed). The check
+// reads the staged reply and the copy follows it, two passes: a copy that
+// checksums as it goes could only find a bad reply once it had overwritten
+// the caller's values, and one that swapped them into the staging (to put
+// them back) costs as much as the two passes (docs/perf/ps-passes.md,
+// "Fused on the worker"). A commit's CRC-32C, by contrast, is computed in
+// its value check's pass (rules/commit_check.hpp). With a
 // compressing plan each shard is encoded with the plan's codec and error
 // feedback (one residual per shard) into a buffer the worker owns.
 //
