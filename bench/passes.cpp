@@ -32,6 +32,18 @@
 //                of the old version, compress::decode_add, CRC of the new
 //                version: the server's check and apply in one pass into a
 //                spare version (not built in ashl: a prediction)
+//   w_check_crc  ps::check_commit_parts with the part's CRC asked for, then
+//                wire::seal_header from that CRC: the worker's value check
+//                and seal in one pass (ps::worker since issue 50; was
+//                w_finite + w_seal)
+//   crc_copy     per 192 KiB chunk: wire::crc32c of the staged reply's
+//                chunk, then memcpy of it (from cache) into the caller's
+//                buffer: a check-while-copying that would leave a bad reply
+//                in the caller's buffer (not built; was w_reply_chk + memcpy)
+//   swap_crc     the same with std::swap_ranges instead of the memcpy: the
+//                caller's old values go to the staging, so a bad reply
+//                could be swapped back (not built; what keeping "a bad
+//                reply leaves the parameters as they were" would cost)
 // Prints a table, then one JSON object per case. Never an assertion on time.
 #include "support.hpp"
 
@@ -60,9 +72,10 @@ namespace ps = ashl::ps;
 namespace wire = ashl::wire;
 using core_type = ps::server_core<ashl::sync::asp>;
 
-constexpr std::size_t cases = 11;
-constexpr std::array<const char*, cases> names{"memcpy",  "cma",      "w_finite",    "w_seal",   "s_check", "s_apply_crc",
-                                               "s_apply", "s_beside", "w_reply_chk", "copy_crc", "fused"};
+constexpr std::size_t cases = 14;
+constexpr std::array<const char*, cases> names{"memcpy",      "cma",      "w_finite", "w_seal",      "s_check",
+                                               "s_apply_crc", "s_apply",  "s_beside", "w_reply_chk", "copy_crc",
+                                               "fused",       "w_check_crc", "crc_copy", "swap_crc"};
 
 std::size_t parse_size(const std::string& s) {
   const std::size_t v = std::strtoull(s.c_str(), nullptr, 10);
@@ -91,7 +104,7 @@ core_type make_core(std::size_t n) {
 // The times of every case for X = bytes; NaN for a case the system refuses.
 std::array<double, cases> measure(std::size_t bytes, int reps) {
   const std::size_t n = bytes / sizeof(float);
-  std::vector<float> g(n, 1e-7f), dst(n), old_v(n, 0.5f), new_v(n);
+  std::vector<float> g(n, 1e-7f), dst(n), old_v(n, 0.5f), new_v(n), stage(n, 1e-7f);
   const auto payload = std::as_bytes(std::span<const float>(g));
   const wire::limits lim{.max_elements = n, .max_payload_bytes = bytes};
   std::array<std::byte, wire::header_bytes> head{}, reply_head{};
@@ -172,6 +185,35 @@ std::array<double, cases> measure(std::size_t bytes, int reps) {
           out_crc = wire::crc32c(std::as_bytes(std::span<const float>(new_v.data() + at, k)), out_crc);
         }
         keep ^= in_crc ^ out_crc ^ static_cast<std::uint32_t>(bad);
+      },
+      [&] {
+        std::uint32_t crc = 0;
+        const ps::commit_part_view part{.payload = payload, .element_count = n, .crc = &crc};
+        if (!ps::check_commit_parts({&part, 1}, {}).ok()) std::abort();
+        (void)wire::seal_header({.kind = wire::message_kind::commit, .type = ashl::dtype::f32,
+                                 .flags = wire::flag_last_shard, .element_count = n, .sequence = ++seq, .clock = seq},
+                                bytes, crc, head, lim);
+      },
+      [&] {
+        std::uint32_t crc = 0;
+        const auto* src = reinterpret_cast<const std::byte*>(stage.data());
+        auto* d = reinterpret_cast<std::byte*>(dst.data());
+        for (std::size_t at = 0; at < bytes; at += chunk) {
+          const std::size_t k = std::min(chunk, bytes - at);
+          crc = wire::crc32c(std::span<const std::byte>(src + at, k), crc);
+          std::memcpy(d + at, src + at, k);
+        }
+        keep ^= crc;
+      },
+      [&] {
+        std::uint32_t crc = 0;
+        constexpr std::size_t per = chunk / sizeof(float);
+        for (std::size_t at = 0; at < n; at += per) {
+          const std::size_t k = std::min(per, n - at);
+          crc = wire::crc32c(std::as_bytes(std::span<const float>(stage.data() + at, k)), crc);
+          std::swap_ranges(stage.data() + at, stage.data() + at + k, dst.data() + at);
+        }
+        keep ^= crc;
       });
   beside.unpin_parameters(pinned);
   if (keep == 0x12345678u) std::printf(" ");

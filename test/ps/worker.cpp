@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <thread>
@@ -80,8 +81,11 @@ static_assert(tr::transport<spy>);
 // Forwards to inproc; once armed, the next pull reply from the peer named
 // `victim` reaches the worker with one bit of its payload flipped (on the
 // wire) or with its header's CRC-32C changed, as a copy (the worker's own
-// receive buffer, if the data went there, is left as the transport wrote it).
-enum class tamper_mode { payload, crc };
+// receive buffer, if the data went there, is left as the transport wrote it),
+// or (in_place) with the bit flipped where the data landed: the worker's
+// staging buffer for a rendezvous reply, as a transfer that went wrong
+// would leave it.
+enum class tamper_mode { payload, crc, in_place };
 struct tamper : inproc_forwarder<tamper> {
   std::string victim;
   tamper_mode mode = tamper_mode::payload;
@@ -99,6 +103,11 @@ struct tamper : inproc_forwarder<tamper> {
     void on_message(tr::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data) {
       const bool reply = !data.empty() && ashl::wire::peek_kind(head) == ashl::wire::message_kind::pull_reply;
       if (reply && p == self->victim_peer && self->armed->exchange(false)) {
+        if (self->mode == tamper_mode::in_place) {  // the buffer the worker gave the transport
+          const_cast<std::byte*>(data.data())[data.size() / 2] ^= std::byte{0x10};
+          this->h->on_message(p, head, data);
+          return;
+        }
         self->head_copy.assign(head.begin(), head.end());
         self->data_copy.assign(data.begin(), data.end());
         if (self->mode == tamper_mode::payload) self->data_copy[data.size() / 2] ^= std::byte{0x10};
@@ -205,6 +214,86 @@ BOOST_AUTO_TEST_CASE(commits_go_from_the_callers_buffer_and_replies_land_in_it) 
   // model_delta default: w = 0 + 5 commits of 0.25 each.
   ASHL_TEST(w[0] == 1.25f);
   ASHL_TEST(w[999] == 1.25f);
+}
+
+// Issue 50: the worker's value check and its commit's CRC-32C are one pass
+// (rules/commit_check.hpp over wire::crc32c_chunked). A non-finite value
+// anywhere in a commit of several 192 KiB chunks (the first element, either
+// side of a chunk's end, the last element) is refused by name before
+// anything is sent; the fixed commit then goes from the caller's buffer,
+// sealed with the CRC of the check's pass, which the server verifies (a
+// wrong one fails the wait naming header.crc32c) and applies.
+BOOST_AUTO_TEST_CASE(a_non_finite_value_anywhere_is_refused_and_the_fixed_commit_is_sealed_in_the_checks_pass) {
+  constexpr std::size_t chunk = ashl::wire::crc32c_chunk_bytes / sizeof(float);
+  constexpr std::size_t n = 3 * chunk + 7;
+  auto fabric = tr::inproc_fabric::create({.eager_bytes = 256});
+  server_thread srv(fabric, n, 1, "asp");
+  std::vector<float> w(n), g(n, 0.25f);
+  std::vector<const std::byte*> sent_from;
+  auto wk = ps::worker<spy>::create({.servers = {"server0"}, .timeout = 10s}, spy{{node_of(fabric)}, &sent_from}, w);
+  ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  struct poison {
+    std::size_t at;
+    float value;
+    const char* text;
+  };
+  const poison cases[] = {{0, inf, "inf"}, {chunk - 1, nan, "nan"}, {chunk, -inf, "-inf"}, {n - 1, nan, "nan"}};
+  for (const poison& p : cases) {
+    while (!wk->iteration_done()) {}
+    sent_from.clear();
+    g[p.at] = p.value;
+    const ashl::status refused = wk->commit(g);
+    ASHL_TEST(!refused.ok(), "at " << p.at);
+    ASHL_TEST((refused.code() == ashl::errc::invalid_argument), refused.message());
+    ASHL_TEST(contains(refused.message(), "commit.payload[" + std::to_string(p.at) + "] = " + p.text),
+              refused.message());
+    ASHL_TEST(sent_from.empty(), "at " << p.at << ": something was sent");
+    g[p.at] = 0.25f;
+    ASHL_REQUIRE(wk->commit(g).ok());
+    const ashl::status st = wk->wait();
+    ASHL_REQUIRE(st.ok(), st.message());
+    ASHL_TEST(std::count(sent_from.begin(), sent_from.end(), reinterpret_cast<const std::byte*>(g.data())) == 1);
+  }
+  // model_delta: w = 0 + four commits of 0.25, every element.
+  ASHL_TEST(std::count(w.begin(), w.end(), 1.0f) == static_cast<std::ptrdiff_t>(n));
+  ASHL_TEST(wk->telemetry().bad_messages == 0u);
+  ASHL_TEST(wk->telemetry().errors == 0u);
+}
+
+// Issue 50: only a payload sent as it was checked is sealed with the
+// check's CRC. The first dense commit after top-k ones sends x + e from the
+// worker's own buffer (the residual paid off), so it is sealed over what it
+// sends: sealed with the CRC of x, the server refused it (header.crc32c).
+// A follower is handed its plans, so the switch falls on known cycles;
+// values in eighths keep every sum exact.
+BOOST_AUTO_TEST_CASE(a_dense_commit_that_pays_a_residual_is_sealed_over_what_it_sends) {
+  constexpr std::size_t n = 1000;
+  auto fabric = tr::inproc_fabric::create({});
+  server_thread srv(fabric, n, 1, "asp");
+  std::vector<float> w(n), g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = static_cast<float>(static_cast<int>(i % 9) - 4) * 0.125f;
+  auto wk = ps::worker<tr::inproc>::create({.servers = {"server0"}, .timeout = 10s, .follower = true},
+                                           node_of(fabric), w);
+  ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+  ashl::worker_plan sparse = wk->plan(), dense = wk->plan();
+  sparse.compression_ratio = 0.05f;
+  dense.compression_ratio = 1.0f;
+  constexpr int cycles = 4;  // top-k, top-k, dense with x + e, dense from the caller's buffer
+  for (int c = 0; c < cycles; ++c) {
+    const bool compress = c < 2;
+    const ps::plan_in_force p{compress ? sparse : dense, compress ? ashl::codec_id::topk : ashl::codec_id::identity};
+    while (!wk->iteration_done(p, true)) {}
+    ASHL_REQUIRE(wk->compresses() == compress, "cycle " << c);
+    ASHL_REQUIRE(wk->commit(g).ok());
+    const ashl::status st = wk->wait();
+    ASHL_REQUIRE(st.ok(), "cycle " << c << ": " << st.message());
+  }
+  // Nothing top-k dropped was lost: w = four times g, exactly.
+  std::size_t off = 0;
+  for (std::size_t i = 0; i < n; ++i) off += w[i] != cycles * g[i] ? 1 : 0;
+  ASHL_TEST(off == 0u);
+  ASHL_TEST(wk->telemetry().errors == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(compressing_plans_send_topk_with_error_feedback) {
@@ -785,6 +874,9 @@ BOOST_AUTO_TEST_CASE(a_push_waits_at_the_bsp_barrier) {
 // eager (copied from the transport's). The wait fails naming the checksum
 // and server 1, and w is bit-identical to what it was before the commit:
 // server 0's good reply of the same pull did not reach it either.
+// Issue 50: also with the bit flipped in the worker's staging buffer, where
+// the rendezvous reply landed: the reply is checked before it is copied, so
+// a copy-and-check into w (which would leave the bad reply there) fails it.
 void a_bad_reply_leaves_the_parameters(std::size_t eager_bytes, tamper_mode mode) {
   constexpr std::size_t n = 1000;
   constexpr std::uint32_t S = 2;
@@ -842,6 +934,7 @@ void a_bad_reply_leaves_the_parameters(std::size_t eager_bytes, tamper_mode mode
 BOOST_AUTO_TEST_CASE(a_bad_pull_reply_fails_the_wait_and_leaves_the_parameters_as_they_were) {
   for (const std::size_t eager : {std::size_t{256}, std::size_t{1} << 20})
     for (const tamper_mode mode : {tamper_mode::payload, tamper_mode::crc}) a_bad_reply_leaves_the_parameters(eager, mode);
+  a_bad_reply_leaves_the_parameters(256, tamper_mode::in_place);  // rendezvous: flipped in the worker's staging
 }
 
 // Issue 28, item 1: a pull reply in parts (server_params.reply_part_bytes).

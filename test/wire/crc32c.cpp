@@ -173,3 +173,30 @@ BOOST_AUTO_TEST_CASE(combine_with_huge_lengths_is_consistent) {
     BOOST_TEST(once == twice, "n " << n);
   }
 }
+
+// crc32c_chunked (the CRC pass that wire::decode's visitor and the worker's
+// value check ride in): the same CRC as one crc32c call at sizes around
+// the 192 KiB chunk, and the visitor sees every byte once, in order, in
+// chunks of crc32c_chunk_bytes (the last one shorter), each after the CRC
+// read it.
+BOOST_AUTO_TEST_CASE(chunked_equals_one_pass_and_visits_every_chunk_in_order) {
+  constexpr std::size_t c = w::crc32c_chunk_bytes;
+  const auto buf = random_bytes(3 * c + 5, 21);
+  const std::span<const std::byte> all(buf);
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, c - 1, c, c + 1, 2 * c + 4, 3 * c + 5}) {
+    const auto s = all.first(n);
+    std::size_t seen = 0, calls = 0;
+    bool in_order = true, whole_chunks = true;
+    const std::uint32_t got = w::crc32c_chunked(s, 0x1234u, [&](std::span<const std::byte> chunk) {
+      in_order = in_order && chunk.data() == s.data() + seen;
+      whole_chunks = whole_chunks && (chunk.size() == c || seen + chunk.size() == n);
+      seen += chunk.size();
+      ++calls;
+    });
+    BOOST_TEST(got == w::crc32c(s, 0x1234u), "n " << n);
+    BOOST_TEST(seen == n, "n " << n);
+    BOOST_TEST(calls == (n + c - 1) / c, "n " << n);
+    BOOST_TEST(in_order, "n " << n);
+    BOOST_TEST(whole_chunks, "n " << n);
+  }
+}

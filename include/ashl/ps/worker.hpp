@@ -24,7 +24,13 @@
 // pull passed is it copied into the caller's parameter buffer: a bad reply
 // (CRC, size, shape) fails the wait and leaves the caller's parameters as
 // they were (worker_params::stage_replies; false receives rendezvous data
-// straight into the caller's buffer, checked after it landed). With a
+// straight into the caller's buffer, checked after it landed). The check
+// reads the staged reply and the copy follows it, two passes: a copy that
+// checksums as it goes could only find a bad reply once it had overwritten
+// the caller's values, and one that swapped them into the staging (to put
+// them back) costs as much as the two passes (docs/perf/ps-passes.md,
+// "Fused on the worker"). A commit's CRC-32C, by contrast, is computed in
+// its value check's pass (rules/commit_check.hpp). With a
 // compressing plan each shard is encoded with the plan's codec and error
 // feedback (one residual per shard) into a buffer the worker owns.
 //
@@ -349,6 +355,12 @@ class worker {
     std::vector<std::uint32_t> free_slots;
     std::vector<ashl::measurement> reported;  // the last cycle's (reported_measurements)
     std::vector<commit_part_view> check_parts;  // per shard: what check_commit_parts reads (reserved once)
+    // Per shard: the CRC-32C of the commit in flight's payload, computed in
+    // check_commit_parts' pass where it is sent whole and as checked (the
+    // caller's buffer, or commit_encoded's payloads); crc_known 0: the seal
+    // reads the payload itself (compressed, residual owed, in parts).
+    std::vector<std::uint32_t> commit_crc;
+    std::vector<std::uint8_t> crc_known;
     commit_encoder encoder;  // the plan's codec, error feedback (rules/commit_encoder.hpp, shared with the simulator)
     worker_cycle cycle;
     steady_clock clock;
@@ -407,6 +419,8 @@ class worker {
       free_slots.reserve(4 * S + 8);
       reported.reserve(8);
       check_parts.reserve(S);
+      commit_crc.assign(S, 0);
+      crc_known.assign(S, 0);
       if (p.stage_replies) staged = std::make_unique_for_overwrite<float[]>(params.size());
     }
 
@@ -540,7 +554,9 @@ class worker {
     // The parts shard s's commit goes in (worker_params.commit_part_bytes):
     // a dense one above the size; 0: whole.
     [[nodiscard]] std::uint32_t commit_parts(std::uint32_t s) const noexcept {
-      if (last_compressed || last_external) return 0;
+      return last_compressed || last_external ? 0 : dense_parts(s);
+    }
+    [[nodiscard]] std::uint32_t dense_parts(std::uint32_t s) const noexcept {
       const std::uint32_t n = wire::parts_for(layout.range(s).size(), sizeof(float), p.commit_part_bytes,
                                               wire::max_commit_parts);
       return n >= 2 ? n : 0;

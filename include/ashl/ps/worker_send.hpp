@@ -28,17 +28,24 @@ inline status worker<Transport>::state::commit(std::span<const float> update, bo
                             "the plan's cycle is not complete: call iteration_done() until it returns true");
   // Every shard's part, before any is encoded or sent: refused whole,
   // nothing changed (the cycle stays complete: commit a fixed update).
+  // A shard sent whole from the caller's buffer (dense, no residual owed,
+  // not in parts) has its CRC-32C computed in the check's pass: its seal
+  // does not read the payload again (docs/perf/ps-passes.md, "Fused on
+  // the worker").
+  const bool compressing = cycle.compresses() && encoder.compresses();
+  const bool as_checked = !compressing && !encoder.owes();
   check_parts.clear();
   for (std::uint32_t s = 0; s < servers(); ++s) {
     const key_range r = layout.range(s);
+    crc_known[s] = as_checked && dense_parts(s) == 0;
     check_parts.push_back({.payload = std::as_bytes(update.subspan(r.begin, r.size())),
                            .element_count = r.size(),
-                           .model_begin = r.begin});
+                           .model_begin = r.begin,
+                           .crc = crc_known[s] ? &commit_crc[s] : nullptr});
   }
   ASHL_TRY(check_commit_parts(check_parts, {.allow_non_finite = p.allow_non_finite}));
   double now = clock.now();
   iterations_total += cycle.iterations();
-  const bool compressing = cycle.compresses() && encoder.compresses();
   std::uint64_t bytes = 0;
   if (compressing) {
     for (std::uint32_t s = 0; s < servers(); ++s) {
@@ -84,11 +91,16 @@ inline status worker<Transport>::state::commit_encoded(std::span<const std::span
     if (b.empty()) return invalid_argument("worker.commit_encoded.payload.size", 0, "a payload is never empty");
     bytes += b.size();
   }
+  // Sent as they are, whole: each payload's CRC-32C in the check's pass.
   check_parts.clear();
   for (std::uint32_t s = 0; s < servers(); ++s) {
     const key_range r = layout.range(s);
-    check_parts.push_back(
-        {.codec = encoder.codec(), .payload = payloads[s], .element_count = r.size(), .model_begin = r.begin});
+    crc_known[s] = 1;
+    check_parts.push_back({.codec = encoder.codec(),
+                           .payload = payloads[s],
+                           .element_count = r.size(),
+                           .model_begin = r.begin,
+                           .crc = &commit_crc[s]});
   }
   ASHL_TRY(check_commit_parts(check_parts, {.allow_non_finite = p.allow_non_finite}));
   const double now = clock.now();
@@ -150,7 +162,11 @@ inline status worker<Transport>::state::send_commit_shard(std::uint32_t s) {
   const wire::header h = commit_header(s);
   const std::uint32_t i = take_slot();
   slots[i].commit_shard = static_cast<std::int32_t>(s);
-  ASHL_TRY(wire::seal_header(h, payload, slots[i].head));
+  // The payload's CRC from the value check's pass where it has one (the
+  // caller must keep the buffer as it was until wait(): a reconnect seals
+  // it again from the same CRC).
+  if (crc_known[s]) ASHL_TRY(wire::seal_header(h, payload.size(), commit_crc[s], slots[i].head));
+  else ASHL_TRY(wire::seal_header(h, payload, slots[i].head));
   ++sends_pending;
   return send(s, i, slots[i].head, payload);
 }

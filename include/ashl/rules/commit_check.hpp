@@ -13,6 +13,13 @@
 //                    .model_begin = r.begin});
 //   if (auto s = ashl::ps::check_commit_parts(parts, {.allow_non_finite = false}); !s) return s;  // nothing sent
 //
+// A part whose view names a `crc` gets the CRC-32C of its whole payload
+// written there, computed in the same pass as its value check
+// (wire::crc32c_chunked, the fusion the server's CRC check and finite scan
+// use): ps::worker seals the header over it (wire::seal_header with the
+// payload's CRC) instead of reading the payload a second time. Written
+// whether or not the values pass; worth nothing when the check fails.
+//
 // The servers still check every part they receive (a worker of another
 // build, or a payload a codec decodes to an infinity, is refused there): this
 // check makes the refusal whole for the worker that follows the rule.
@@ -26,6 +33,7 @@
 #include <ashl/core/dtype.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/rules/finite.hpp>
+#include <ashl/wire/crc32c.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -42,6 +50,7 @@ struct commit_part_view {
   std::span<const std::byte> payload{};
   std::uint64_t element_count = 0;  // the shard's elements
   std::uint64_t model_begin = 0;    // the shard's first element in the model (for the error)
+  std::uint32_t* crc = nullptr;     // where to write crc32c(payload) (null: not computed)
 };
 
 struct commit_value_rules {
@@ -53,9 +62,12 @@ struct commit_value_rules {
 // server does). The first non-finite value refuses the whole commit, naming
 // the server whose part holds it, the element, and the value.
 inline status check_commit_parts(std::span<const commit_part_view> parts, const commit_value_rules& r) {
-  if (r.allow_non_finite) return {};
   for (std::size_t s = 0; s < parts.size(); ++s) {
     const commit_part_view& p = parts[s];
+    if (r.allow_non_finite) {
+      if (p.crc != nullptr) *p.crc = wire::crc32c(p.payload);
+      continue;
+    }
     const compress::payload_info info{static_cast<std::size_t>(p.element_count), p.type};
     const std::byte* values = nullptr;
     const std::byte* indices = nullptr;
@@ -71,10 +83,25 @@ inline status check_commit_parts(std::span<const commit_part_view> parts, const 
       indices = p.payload.data() + 12;
       values = indices + 4 * n;
     } else {
+      if (p.crc != nullptr) *p.crc = wire::crc32c(p.payload);
       continue;  // decoded values: its server checks them
     }
     const detail::float_bits b = detail::bits_of(type);
-    const std::size_t i = detail::first_non_finite(values, n, b.bytes, b.mask);
+    std::size_t i = n;
+    if (p.crc != nullptr && indices == nullptr) {
+      // Dense: the values are the payload; each chunk is scanned right
+      // after the CRC read it.
+      static_assert(wire::crc32c_chunk_bytes % 4 == 0, "a chunk holds whole values");
+      *p.crc = wire::crc32c_chunked(p.payload, 0, [&](std::span<const std::byte> chunk) {
+        if (i != n) return;
+        const std::size_t k = chunk.size() / b.bytes;
+        const std::size_t j = detail::first_non_finite(chunk.data(), k, b.bytes, b.mask);
+        if (j != k) i = static_cast<std::size_t>(chunk.data() - values) / b.bytes + j;
+      });
+    } else {
+      if (p.crc != nullptr) *p.crc = wire::crc32c(p.payload);  // sparse pairs: the values are a few of its bytes
+      i = detail::first_non_finite(values, n, b.bytes, b.mask);
+    }
     if (i == n) continue;
     const std::uint64_t element = indices != nullptr ? ::ashl::compress::detail::load_le32(indices + 4 * i) : i;
     return make_error(errc::invalid_argument, "commit.payload[" + std::to_string(element) + "]",

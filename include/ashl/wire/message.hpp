@@ -410,9 +410,8 @@ inline result<std::size_t> encode(const message_view& m, std::span<std::byte> ou
 
 // decode's CRC pass over the payload goes in chunks of this size; a
 // visitor (decode's last argument) sees each chunk right after the CRC read
-// it, while it is in the cache. Three of crc32c's 64 KiB streams (its
-// fastest path), small enough for a core's L2 cache.
-inline constexpr std::size_t decode_chunk_bytes = std::size_t{192} << 10;
+// it, while it is in the cache (crc32c_chunked).
+inline constexpr std::size_t decode_chunk_bytes = crc32c_chunk_bytes;
 
 // Validates a message that arrived in two parts, the 72-byte header and the
 // payload (a transport that received the payload straight into its
@@ -479,12 +478,9 @@ inline result<message_view> decode(std::span<const std::byte> head, std::span<co
     h.parts = static_cast<std::uint16_t>(h.samples >> 16);
     h.samples = 0;
   }
-  std::uint32_t want_crc = crc32c(head.first(crc_offset));
-  for (std::size_t at = 0; at < payload.size(); at += decode_chunk_bytes) {
-    const auto chunk = payload.subspan(at, std::min(decode_chunk_bytes, payload.size() - at));
-    want_crc = crc32c(chunk, want_crc);
-    visit(static_cast<const header&>(h), chunk);
-  }
+  const std::uint32_t want_crc =
+      crc32c_chunked(payload, crc32c(head.first(crc_offset)),
+                     [&](std::span<const std::byte> chunk) { visit(static_cast<const header&>(h), chunk); });
   if (crc != want_crc)
     return make_error(errc::checksum_mismatch, "header.crc32c", detail::hex32{crc},
                       "computed " + detail::hex32{want_crc}.str() + " over header and payload");
