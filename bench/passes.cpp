@@ -34,7 +34,7 @@
 //                spare version (not built in ashl: a prediction)
 //   w_check_crc  ps::check_commit_parts with the part's CRC asked for, then
 //                wire::seal_header from that CRC: the worker's value check
-//                and seal in one pass (ps::worker since issue 50; was
+//                and seal in one pass (ps::worker since 2026-12-07, docs/perf/ps-passes.md; was
 //                w_finite + w_seal)
 //   crc_copy     per 192 KiB chunk: wire::crc32c of the staged reply's
 //                chunk, then memcpy of it (from cache) into the caller's
