@@ -445,6 +445,13 @@ class simulator {
   double cap_of(std::uint32_t w);
   void start_flow(std::uint32_t w, dir d, std::size_t k, std::uint64_t bytes, double cap);
   [[nodiscard]] std::uint64_t flow_id(std::uint32_t w, dir d, std::size_t shard) const;
+  // flow_id's inverse.
+  struct flow_parts {
+    std::uint32_t worker;
+    dir d;
+    std::uint32_t core;
+  };
+  [[nodiscard]] flow_parts flow_of(std::uint64_t fid) const noexcept;
   void schedule(const std::optional<link_set::check>& c);
   void on_link_check(std::uint32_t li, std::uint64_t version);
   void on_flow_done(std::uint32_t fid, std::uint64_t gen);

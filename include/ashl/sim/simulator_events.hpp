@@ -228,6 +228,13 @@ inline std::uint64_t simulator<Policy>::flow_id(std::uint32_t w, dir d, std::siz
   return (std::uint64_t{w} * 2 + d) * cores_.size() + shard;
 }
 
+template <sync::consistency_policy Policy>
+inline auto simulator<Policy>::flow_of(std::uint64_t fid) const noexcept -> flow_parts {
+  const std::size_t s = cores_.size();
+  const std::uint64_t msg = fid / s;
+  return {static_cast<std::uint32_t>(msg / 2), static_cast<dir>(msg % 2), static_cast<std::uint32_t>(fid % s)};
+}
+
 // A link's next completion check (sim/network.hpp link_set) as an event.
 template <sync::consistency_policy Policy>
 inline void simulator<Policy>::schedule(const std::optional<link_set::check>& c) {
@@ -243,32 +250,22 @@ inline void simulator<Policy>::on_link_check(std::uint32_t li, std::uint64_t ver
 
 template <sync::consistency_policy Policy>
 inline void simulator<Policy>::on_flow_done(std::uint32_t fid, std::uint64_t gen) {
-  const std::size_t s = cores_.size();
-  const std::uint64_t msg = fid / s;
-  const auto w = static_cast<std::uint32_t>(msg / 2);
-  const auto d = static_cast<dir>(msg % 2);
-  if (gen != w_[w].gen[d]) return;
+  const auto f = flow_of(fid);
+  if (gen != w_[f.worker].gen[f.d]) return;
   flow_finished(fid);
 }
 
 // The bytes of one shard left the link; it arrives after the latencies.
 template <sync::consistency_policy Policy>
 inline void simulator<Policy>::flow_finished(std::uint64_t fid) {
-  const std::size_t s = cores_.size();
-  const std::uint64_t msg = fid / s;
-  const auto w = static_cast<std::uint32_t>(msg / 2);
-  const auto d = static_cast<dir>(msg % 2);
-  const double lat = spec_.workers[w].latency_s + spec_.servers[server_of_core(fid % s)].latency_s;
+  const auto [w, d, k] = flow_of(fid);
+  const double lat = spec_.workers[w].latency_s + spec_.servers[server_of_core(k)].latency_s;
   q_.push(clock_.now() + lat, k_arrive, static_cast<std::uint32_t>(fid), w_[w].gen[d]);
 }
 
 template <sync::consistency_policy Policy>
 inline void simulator<Policy>::on_arrive(std::uint32_t fid, std::uint64_t gen) {
-  const std::size_t s = cores_.size();
-  const std::uint64_t msg = fid / s;
-  const auto w = static_cast<std::uint32_t>(msg / 2);
-  const auto d = static_cast<dir>(msg % 2);
-  const auto k = static_cast<std::uint32_t>(fid % s);
+  const auto [w, d, k] = flow_of(fid);
   auto& wk = w_[w];
   if (gen != wk.gen[d]) return;
   if (streaming_) {
