@@ -83,6 +83,9 @@ struct options {
   double connect_timeout = 30;  // seconds a worker keeps trying to reach the servers
   // Faults (test/ps/kill_*.cpp, evict_*.cpp, checkpoint_*.cpp):
   double quadratic = std::numeric_limits<double>::quiet_NaN();  // gradient w - T: training converges to T
+  // T_i = T + spread·((i mod 7) − 3): targets that differ per element (a
+  // lossy codec then drops something; test/ps/diloco_sim).
+  float quadratic_spread = 0.0f;
   int cycle_ms = 0;               // a worker sleeps this long per cycle (training lasts)
   long timeout_ms = 60000;        // worker_params.timeout
   long reconnect_ms = 0;          // worker_params.reconnect
@@ -95,6 +98,8 @@ struct options {
   long no_worker_grace_ms = -1;     // server_params.no_worker_grace (-1: ASHL_NO_WORKER_GRACE's, 60 s)
   std::string codec = "topk";        // server_params.compression
   float codec_ratio = 1.0f;          // server_params.compression_ratio (plans the policy leaves dense)
+  std::string reply_codec = "identity";  // server_core_params::replies (compressed pull replies)
+  float reply_ratio = 1.0f;              // its ratio (topk and the other ratio codecs)
   std::uint32_t apply_batch = 1;     // server_params.apply_batch (batched applies; 1: each commit as it arrives)
   std::uint64_t reply_part_kib = 0;  // server_params.reply_part_bytes / 1024 (replies in parts; 0: whole)
   std::uint64_t commit_part_kib = 0;  // worker_params.commit_part_bytes / 1024 (dense commits in parts; 0: whole)
@@ -139,6 +144,7 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--outer-delay") o.pp.outer_delay = std::stoll(next());
     else if (a == "--connect-timeout") o.connect_timeout = std::stod(next());
     else if (a == "--quadratic") o.quadratic = std::stod(next());
+    else if (a == "--quadratic-spread") o.quadratic_spread = std::stof(next());
     else if (a == "--cycle-ms") o.cycle_ms = std::stoi(next());
     else if (a == "--timeout-ms") o.timeout_ms = std::stol(next());
     else if (a == "--reconnect-ms") o.reconnect_ms = std::stol(next());
@@ -151,6 +157,8 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--no-worker-grace-ms") o.no_worker_grace_ms = std::stol(next());
     else if (a == "--codec") o.codec = next();
     else if (a == "--codec-ratio") o.codec_ratio = std::stof(next());
+    else if (a == "--reply-codec") o.reply_codec = next();
+    else if (a == "--reply-ratio") o.reply_ratio = std::stof(next());
     else if (a == "--reply-part-kib") o.reply_part_kib = std::stoull(next());
     else if (a == "--apply-batch") o.apply_batch = static_cast<std::uint32_t>(std::stoul(next()));
     else if (a == "--commit-part-kib") o.commit_part_kib = std::stoull(next());
@@ -195,8 +203,12 @@ int serve(const ps::job& j, const options& o) {
   std::vector<float> initial(r.size(), 0.5f);
   auto codec = ps::parse_codec_spec(o.codec, "--codec");  // "topk", "block4:128" (docs/codecs.md "block")
   if (!codec) return fail(codec.error().message());
+  auto reply_codec = ps::parse_codec_spec(o.reply_codec, "--reply-codec");
+  if (!reply_codec) return fail(reply_codec.error().message());
   ps::server_params sp{.core = {.layout = *layout, .shard = j.rank, .workers = j.num_workers,
-                                .optimizer = optimizer_of(o, pp)},
+                                .optimizer = optimizer_of(o, pp),
+                                .replies = {.codec = reply_codec->id, .options = reply_codec->options,
+                                            .ratio = o.reply_ratio}},
                        .compression = codec->id,
                        .compression_options = codec->options,
                        .compression_ratio = o.codec_ratio,
@@ -257,7 +269,8 @@ int serve(const ps::job& j, const options& o) {
       << s.core.commits_applied - restored_applied << "\nstage "
       << static_cast<unsigned>(srv->core().policy().stage()) << "\ncommits_in_parts " << s.commits_in_parts
       << "\ncommit_parts_dropped " << s.commit_parts_dropped << "\nbatched_applies " << s.batched_applies
-      << "\nbatched_commits " << s.batched_commits << "\nfinished " << finished << "\n";
+      << "\nbatched_commits " << s.batched_commits << "\ncompressed_replies " << s.compressed_replies
+      << "\ncompressed_reply_bytes " << s.compressed_reply_bytes << "\nfinished " << finished << "\n";
   }
   std::fprintf(stderr, "%s\n", srv->progress_line().c_str());
   std::fprintf(stderr, "server ended: %s\n", std::string(ps::to_string(srv->end())).c_str());
@@ -316,10 +329,14 @@ int train(const ps::job& j, const options& o) {
       for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad_value(j.rank, static_cast<std::uint64_t>(c), i);
     } else {
       // A DiLoCo policy takes model deltas: one inner step of lr 0.5, 0.5 (T - w).
+      const auto target = [&](std::size_t i) {
+        return static_cast<float>(o.quadratic) +
+               o.quadratic_spread * static_cast<float>(static_cast<int>(i % 7) - 3);
+      };
       if (ps::runs_outer_optimizer(o.policy))
-        for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.5f * (static_cast<float>(o.quadratic) - w[i]);
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.5f * (target(i) - w[i]);
       else
-        for (std::size_t i = 0; i < g.size(); ++i) g[i] = w[i] - static_cast<float>(o.quadratic);
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = w[i] - target(i);
     }
     if (o.cycle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.cycle_ms));
     if (shared && o.together >= 0) {
@@ -354,7 +371,7 @@ int train(const ps::job& j, const options& o) {
     std::ofstream f(o.out + "/worker" + std::to_string(j.rank) + ".txt");
     f << cycles << "commits " << tel.commits << "\nplans " << tel.plans << "\nplans_ignored " << tel.plans_ignored << "\nplan_changes " << tel.plan_changes
       << "\nerrors " << tel.errors << "\ncopied_replies " << tel.copied_replies << "\nviolations " << violations
-      << "\nmax_gap " << max_gap << "\nreconnects " << tel.reconnects << "\nreply_parts " << tel.reply_parts << "\ncommit_parts " << tel.commit_parts << "\n";
+      << "\nmax_gap " << max_gap << "\nreconnects " << tel.reconnects << "\nreply_parts " << tel.reply_parts << "\ncommit_parts " << tel.commit_parts << "\ncompressed_replies " << tel.compressed_replies << "\n";
   }
   return 0;
 }

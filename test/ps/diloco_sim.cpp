@@ -30,6 +30,8 @@ int main() {
 #include "../support/fault_job.hpp"
 
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -60,7 +62,17 @@ ps::policy_params params_of(std::uint32_t workers, std::int64_t outer_delay) {
 struct codec_choice {
   std::string name = "identity";  // ps_node --codec
   float ratio = 1.0f;             // ps_node --codec-ratio (server_params.compression_ratio)
+  std::string reply = "identity";  // ps_node --reply-codec (server_core_params::replies)
+  // ps_node --quadratic T: the worker's delta is 0.5 (T - w), w the
+  // parameters its last reply gave it, so the servers' parameters depend on
+  // what the workers received (compressed replies: their views).
+  float quadratic = std::numeric_limits<float>::quiet_NaN();
+  float spread = 0.25f;  // ps_node --quadratic-spread: T_i = T + spread·((i mod 7) − 3)
 };
+
+float target(const codec_choice& cc, std::size_t i) {
+  return cc.quadratic + cc.spread * static_cast<float>(static_cast<int>(i % 7) - 3);
+}
 
 std::vector<float> simulated(const std::string& policy, std::uint32_t workers, int cycles, std::int64_t outer_delay,
                              const codec_choice& cc) {
@@ -76,10 +88,20 @@ std::vector<float> simulated(const std::string& policy, std::uint32_t workers, i
   std::vector<ps::commit_encoder> enc(workers);  // ps::worker's: error feedback on, seed 0
   const auto spec_of = ps::parse_codec_spec(cc.name, "codec");
   BOOST_TEST_REQUIRE(spec_of.has_value());
+  const auto reply_of = ps::parse_codec_spec(cc.reply, "reply");
+  BOOST_TEST_REQUIRE(reply_of.has_value());
+  // What each worker holds: the initial parameters (its join's pull), then its replies.
+  std::vector<std::vector<float>> model(workers, std::vector<float>(elements, 0.5f));
   sim::hooks h;
+  h.serve = [&](ashl::sync::worker_id w, std::uint32_t, std::span<const float> p) {
+    BOOST_TEST_REQUIRE(p.size() == elements);
+    model[w].assign(p.begin(), p.end());
+  };
   h.compute = [&](const sim::compute_request& q, std::span<sim::shard_payload> out) {
     std::vector<float> delta(elements);
-    for (std::size_t i = 0; i < elements; ++i) delta[i] = grad_value(q.worker, q.sequence - 1, i);
+    for (std::size_t i = 0; i < elements; ++i)
+      delta[i] = std::isnan(cc.quadratic) ? grad_value(q.worker, q.sequence - 1, i)
+                                          : 0.5f * (target(cc, i) - model[q.worker][i]);
     if (q.codec == ashl::codec_id::identity) {
       (void)ashl::compress::identity{}.encode(ashl::host_view<const float>(delta.data(), elements), buf[q.worker], {});
       out[0] = {.codec = ashl::codec_id::identity, .element_count = elements, .bytes = buf[q.worker]};
@@ -98,7 +120,8 @@ std::vector<float> simulated(const std::string& policy, std::uint32_t workers, i
                                      .initial = initial,
                                      .compression = spec_of->id,
                                      .compression_options = spec_of->options,
-                                     .compression_ratio = cc.ratio});
+                                     .compression_ratio = cc.ratio,
+                                     .replies = {.codec = reply_of->id, .options = reply_of->options}});
   BOOST_TEST_REQUIRE(s.has_value(), (s ? std::string() : s.error().message()));
   const auto r = s->run({.commits_per_worker = static_cast<std::uint64_t>(cycles)});
   BOOST_TEST_REQUIRE(r.error.empty(), r.error);
@@ -109,9 +132,13 @@ std::vector<float> real(const std::string& policy, std::uint32_t workers, int cy
                         const codec_choice& cc) {
   fault_job::job j(workers);
   BOOST_TEST_REQUIRE(j.ok());
-  const std::vector<std::string> common = {"--policy", policy, "--outer-delay", std::to_string(outer_delay),
+  std::vector<std::string> common = {"--policy", policy, "--outer-delay", std::to_string(outer_delay),
                                            "--elements", std::to_string(elements), "--codec", cc.name,
-                                           "--codec-ratio", std::to_string(cc.ratio), "--profile-iterations", "3"};
+                                           "--codec-ratio", std::to_string(cc.ratio), "--profile-iterations", "3",
+                                           "--reply-codec", cc.reply};
+  if (!std::isnan(cc.quadratic))
+    common = fault_job::cat(common, {"--quadratic", std::to_string(cc.quadratic), "--quadratic-spread",
+                                     std::to_string(cc.spread)});
   const pid_t srv = j.start_server(common);
   BOOST_TEST_REQUIRE(srv > 0);
   std::vector<pid_t> w;
@@ -123,6 +150,12 @@ std::vector<float> real(const std::string& policy, std::uint32_t workers, int cy
   }
   const auto so = j.finish(srv, 60s, "server.log");
   BOOST_TEST_REQUIRE(so.exit_code == 0, so.log());
+  if (cc.reply != "identity") {  // every reply after the join's went compressed, and the worker took each
+    const auto sc = j.server_counters();
+    BOOST_TEST(sc.at("compressed_replies") == static_cast<double>(cycles) * workers);
+    for (std::uint32_t k = 0; k < workers; ++k)
+      BOOST_TEST(j.worker_counters(k).at("compressed_replies") == static_cast<double>(cycles));
+  }
   return j.parameters();
 }
 
@@ -144,6 +177,19 @@ BOOST_AUTO_TEST_CASE(async_diloco_delayed_nesterov_simulator_equals_server) { sa
 BOOST_AUTO_TEST_CASE(ashl_diloco_simulator_equals_server) { same("ashl_diloco", 1, 8, 2); }
 BOOST_AUTO_TEST_CASE(async_diloco_four_bit_simulator_equals_server) {
   same("async_diloco", 1, 8, 3, {.name = "block4:64", .ratio = 0.125f});
+}
+// 4-bit both ways: the worker's next pseudo-gradient is computed from what
+// the compressed replies gave it, so the servers' parameters are equal only
+// if the real worker's view equals the simulator's (server_core's) bit for
+// bit. Checked to fail with the simulator's replies dense.
+BOOST_AUTO_TEST_CASE(diloco_four_bit_both_ways_simulator_equals_server) {
+  same("diloco", 1, 8, 0, {.name = "block4:64", .ratio = 0.125f, .reply = "block4:64", .quadratic = 2.0f});
+}
+BOOST_AUTO_TEST_CASE(diloco_quadratic_dense_replies_simulator_equals_server) {
+  same("diloco", 1, 8, 0, {.quadratic = 2.0f});
+}
+BOOST_AUTO_TEST_CASE(async_diloco_four_bit_replies_simulator_equals_server) {
+  same("async_diloco", 1, 8, 3, {.reply = "block4:64", .quadratic = 2.0f});
 }
 
 #endif

@@ -43,6 +43,41 @@ inline void server<Transport, Policy>::send_parameters(worker_id w) {
     send_ack(p, w);
     return;
   }
+  // Compressed replies (server_core_params::replies): what w's view lacks,
+  // encoded into the slot's own buffer (its capacity kept: no allocation
+  // once the slots are warm); or, for a worker without a view, the
+  // parameters dense below, flagged as its new view.
+  std::uint32_t view_flag = 0;
+  if (core_.compresses_replies()) {
+    const std::uint32_t i = take_slot();
+    send_slot& s = slots_[i];
+    if (s.body.size() < core_.max_reply_bytes()) s.body.resize(core_.max_reply_bytes());
+    const auto r = core_.serve_reply(w, s.body);
+    if (r.compressed) {
+      const auto payload = std::span<const std::byte>(s.body).first(r.bytes);
+      wire::header h{.kind = wire::message_kind::pull_reply,
+                     .codec = p_.core.replies.codec,
+                     .type = dtype::f32,
+                     .flags = wire::flag_last_shard,
+                     .element_count = core_.parameters().size(),
+                     .tensor = p_.core.shard,
+                     .rank = w,
+                     .sequence = r.base,  // the view it applies to (docs/wire-format.md, pull_reply)
+                     .clock = core_.version(),
+                     .step = core_.serve_staleness(w)};
+      const status st = wire::seal_header(h, payload, s.head, p_.core.limits);
+      ASHL_ASSERT(st.ok(), "server: a compressed pull reply the wire refuses");
+      (void)st;
+      s.pinned = false;
+      send(p, i, s.head, payload);
+      ++tel_.pull_replies;
+      ++tel_.compressed_replies;
+      tel_.compressed_reply_bytes += r.bytes;
+      return;
+    }
+    free_slots_.give(i);
+    view_flag = wire::flag_view;
+  }
   // server_params.max_snapshots bounds the versions replies in flight pin.
   if (!core_.current_pinned() && core_.pinned_versions() >= p_.max_snapshots) {
     ++tel_.replies_refused;
@@ -55,7 +90,7 @@ inline void server<Transport, Policy>::send_parameters(worker_id w) {
   const auto pv = core_.pin_parameters();
   if (pv.first) ++tel_.snapshots;
   if (const std::uint32_t parts = wire::parts_for(pv.values.size(), sizeof(float), p_.reply_part_bytes); parts >= 2) {
-    send_parameters_in_parts(p, w, pv, parts);
+    send_parameters_in_parts(p, w, pv, parts, view_flag);
     return;
   }
   const std::uint32_t i = take_slot();
@@ -64,7 +99,7 @@ inline void server<Transport, Policy>::send_parameters(worker_id w) {
   wire::header h{.kind = wire::message_kind::pull_reply,
                  .codec = codec_id::identity,
                  .type = dtype::f32,
-                 .flags = wire::flag_last_shard,
+                 .flags = wire::flag_last_shard | view_flag,
                  .element_count = pv.values.size(),
                  .tensor = p_.core.shard,
                  .rank = w,
@@ -90,7 +125,7 @@ inline void server<Transport, Policy>::send_parameters(worker_id w) {
 template <transport::transport Transport, sync::consistency_policy Policy>
 inline void server<Transport, Policy>::send_parameters_in_parts(transport::peer_id p, worker_id w,
                                                                 const typename core_type::pinned_parameters& pv,
-                                                                std::uint32_t parts) {
+                                                                std::uint32_t parts, std::uint32_t view_flag) {
   const bool own_pass = pv.range_crcs.size() != parts;
   if (own_pass) ++tel_.part_crc_passes;
   const std::uint64_t step = core_.serve_staleness(w);
@@ -104,7 +139,7 @@ inline void server<Transport, Policy>::send_parameters_in_parts(transport::peer_
     wire::header h{.kind = wire::message_kind::pull_reply,
                    .codec = codec_id::identity,
                    .type = dtype::f32,
-                   .flags = wire::flag_last_shard | wire::flag_part,
+                   .flags = wire::flag_last_shard | wire::flag_part | view_flag,
                    .element_count = pv.values.size(),
                    .tensor = p_.core.shard,
                    .rank = w,

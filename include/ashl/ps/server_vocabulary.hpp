@@ -224,6 +224,8 @@ struct server_telemetry {
   std::uint64_t peers_failed = 0;           // connections that failed (their worker was evicted)
   std::uint64_t evicted_silent = 0;         // workers evicted by server_params.worker_timeout
   std::uint64_t replies_refused = 0;        // pull replies past server_params.max_snapshots
+  std::uint64_t compressed_replies = 0;     // pull replies sent compressed (server_core_params::replies)
+  std::uint64_t compressed_reply_bytes = 0; // their payload bytes
   std::uint64_t receive_bytes = 0;          // receive buffers now (all connections; max_receive_bytes)
   std::uint64_t receive_bytes_lent = 0;     // of those, lent to receives in flight
   std::uint64_t staging_bytes = 0;          // stagings of commits in parts; with receive_bytes, within max_receive_bytes
@@ -286,6 +288,8 @@ struct server_telemetry {
         field{"peers_failed", &server_telemetry::peers_failed},
         field{"evicted_silent", &server_telemetry::evicted_silent},
         field{"replies_refused", &server_telemetry::replies_refused},
+        field{"compressed_replies", &server_telemetry::compressed_replies},
+        field{"compressed_reply_bytes", &server_telemetry::compressed_reply_bytes},
         field{"receive_bytes", &server_telemetry::receive_bytes},
         field{"receive_bytes_lent", &server_telemetry::receive_bytes_lent},
         field{"staging_bytes", &server_telemetry::staging_bytes},

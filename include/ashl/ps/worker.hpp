@@ -69,6 +69,7 @@
 #include <ashl/rules/commit_check.hpp>
 #include <ashl/rules/commit_encoder.hpp>
 #include <ashl/rules/commit_in.hpp>
+#include <ashl/rules/reply_encoder.hpp>
 #include <ashl/rules/worker_cycle.hpp>
 #include <ashl/transport/concepts.hpp>
 #include <ashl/wire/ids.hpp>
@@ -342,8 +343,17 @@ class worker {
     struct reply_parts_state {
       std::uint32_t next = 0, parts = 0;
       std::uint64_t clock = 0;
+      bool view = false;  // the parts carry wire flag `view`
     };
     std::vector<reply_parts_state> parts_in;
+    // A server that compresses its replies (rules/reply_encoder.hpp): the
+    // parameters as this worker holds them from its replies (the model's
+    // size, allocated at the first reply flagged `view`), and per shard
+    // whether it holds one and of which version (a compressed reply names
+    // the version it applies to). A lost connection drops them.
+    std::vector<float> views;
+    std::vector<std::uint8_t> has_view;
+    std::vector<std::uint64_t> view_version;
     // Per shard: the commit in flight sent in parts (commit_part_bytes):
     // how many, sent so far, completed; gen tells this send's completions
     // from a lost connection's (a reconnect sends the commit again).
@@ -409,6 +419,8 @@ class worker {
       connected.assign(S, 0);
       replied.assign(S, 0);
       parts_in.assign(S, {});
+      has_view.assign(S, 0);
+      view_version.assign(S, 0);
       parts_out.assign(S, {});
       arrived.assign(S, 0);
       lost.assign(S, 0);
@@ -663,6 +675,14 @@ class worker {
     std::span<std::byte> receive_buffer(transport::peer_id pid, std::span<const std::byte> head, std::size_t n);
     void on_message(transport::peer_id pid, std::span<const std::byte> head, std::span<const std::byte> data);
     void on_reply_part(std::uint32_t s, const key_range& r, const wire::message_view& m, std::size_t bytes);
+    void on_compressed_reply(std::uint32_t s, const key_range& r, const wire::message_view& m, std::size_t bytes);
+    // Shard s's dense reply of version `clock` (at `values`) becomes its view.
+    void keep_view(std::uint32_t s, const key_range& r, std::span<const float> values, std::uint64_t clock) {
+      if (views.size() != params.size()) views.resize(params.size());
+      std::memcpy(views.data() + r.begin, values.data(), r.size() * sizeof(float));
+      has_view[s] = 1;
+      view_version[s] = clock;
+    }
     void on_sent(transport::peer_id pid, std::uint64_t cookie, const status& st);
     void on_peer(transport::peer_id pid, transport::peer_event e, const status& why);
 

@@ -84,7 +84,8 @@ inline std::span<std::byte> worker<Transport>::state::receive_buffer(transport::
   const auto kind = wire::peek_kind(head);
   if (s == ~std::uint32_t{0} || !kind) return {};
   const key_range r = layout.range(s);
-  if (kind == wire::message_kind::pull_reply && n == r.size() * sizeof(float) && replies_pending != 0 && !replied[s]) {
+  if (kind == wire::message_kind::pull_reply && n == r.size() * sizeof(float) && replies_pending != 0 && !replied[s] &&
+      wire::peek_codec(head) == codec_id::identity) {
     note_reply_started();  // the data follows: it is the transfer
     return std::as_writable_bytes(reply_target(r));
   }
@@ -142,6 +143,10 @@ inline void worker<Transport>::state::on_message(transport::peer_id pid, std::sp
         on_reply_part(s, r, *m, head.size() + data.size());
         return;
       }
+      if (h.codec != codec_id::identity) {
+        on_compressed_reply(s, r, *m, head.size() + data.size());
+        return;
+      }
       if (h.codec != codec_id::identity || h.type != dtype::f32 || h.element_count != r.size() ||
           h.tensor != s) {
         ++tel.bad_messages;
@@ -162,6 +167,8 @@ inline void worker<Transport>::state::on_message(transport::peer_id pid, std::sp
         std::memcpy(dst.data(), m->payload.data(), dst.size());
         ++tel.copied_replies;
       }
+      if ((h.flags & wire::flag_view) != 0)
+        keep_view(s, r, {reinterpret_cast<const float*>(dst.data()), r.size()}, h.clock);
       replied[s] = 2;  // parameters (staged, or in params already)
       if (--replies_pending == 0) deliver_replies(direct);
       reply_bytes += head.size() + data.size();
@@ -221,18 +228,68 @@ inline void worker<Transport>::state::on_reply_part(std::uint32_t s, const key_r
                       " (a part out of order or repeated)");
   if (ps.parts != 0 && h.clock != ps.clock)
     return refuse("pull_reply.clock", h.clock, "earlier parts of this reply are of version " + std::to_string(ps.clock));
+  if (ps.parts != 0 && ((h.flags & wire::flag_view) != 0) != ps.view)
+    return refuse("pull_reply.flags", h.flags, "earlier parts of this reply differ in the flag `view`");
   const wire::part_range pr = wire::part_elements(r.size(), h.parts, h.part);  // valid: decode checked it
   auto dst = std::as_writable_bytes(reply_target(r).subspan(pr.first, pr.count));
   if (m.payload.data() != dst.data()) std::memmove(dst.data(), m.payload.data(), dst.size());  // eager: from the transport's buffer
   ps.parts = h.parts;
   ps.clock = h.clock;
+  ps.view = (h.flags & wire::flag_view) != 0;
   ++ps.next;
   ++tel.reply_parts;
   reply_bytes += bytes;
   if (ps.next < ps.parts) return;
+  if (ps.view) keep_view(s, r, reply_target(r), h.clock);
   replied[s] = 2;
   if (s == 0) staleness = h.step;
   if (--replies_pending == 0) deliver_replies(~std::uint32_t{0});
+}
+
+// Server s's compressed reply (rules/reply_encoder.hpp): what this
+// worker's view of shard s lacks, added into the view (the server made
+// the same addition into its copy), which then becomes the shard's reply.
+// It must apply to the view held (header.sequence names its version); a
+// payload the decoder refuses drops the view and fails the pull, and the
+// parameters are not touched.
+template <transport::transport Transport>
+inline void worker<Transport>::state::on_compressed_reply(std::uint32_t s, const key_range& r,
+                                                          const wire::message_view& m, std::size_t bytes) {
+  const wire::header& h = m.header;
+  auto refuse = [&](std::string_view field, std::uint64_t value, const std::string& why) {
+    ++tel.bad_messages;
+    fail(make_error(errc::malformed, field, value, "from " + server_name(s) + ": " + why));
+  };
+  if (h.type != dtype::f32 || h.element_count != r.size() || h.tensor != s)
+    return refuse("pull_reply.element_count", h.element_count,
+                  "expected " + std::to_string(r.size()) + " f32 elements of shard " + std::to_string(s));
+  if (!has_view[s] || view_version[s] != h.sequence)
+    return refuse("pull_reply.sequence", h.sequence,
+                  "a compressed reply against version " + std::to_string(h.sequence) + ", but this worker holds " +
+                      (has_view[s] ? "version " + std::to_string(view_version[s])
+                                   : std::string("no view of the shard (no dense reply flagged `view` came first)")));
+  const std::span<float> view(views.data() + r.begin, r.size());
+  if (auto st = reply_encoder::apply_compressed_reply(h.codec, m.payload, view, p.seed, h.clock, s | reply_stream_bit);
+      !st) {
+    has_view[s] = 0;
+    return refuse("pull_reply.payload", m.payload.size(), "a " + std::string(to_string(h.codec)) +
+                                                              " payload the decoder refused: " + st.message());
+  }
+  view_version[s] = h.clock;
+  // The pull's last reply goes straight into the parameters (as an eager
+  // dense one does); the others wait in the staging for the pull's end.
+  std::span<float> dst = reply_target(r);
+  std::uint32_t direct = ~std::uint32_t{0};
+  if (staged && replies_pending == 1 && failed.ok()) {
+    dst = params.subspan(r.begin, r.size());
+    direct = s;
+  }
+  std::memcpy(dst.data(), view.data(), r.size() * sizeof(float));
+  ++tel.compressed_replies;
+  replied[s] = 2;
+  reply_bytes += bytes;
+  if (s == 0) staleness = h.step;
+  if (--replies_pending == 0) deliver_replies(direct);
 }
 
 template <transport::transport Transport>
@@ -300,6 +357,7 @@ inline void worker<Transport>::state::on_peer(transport::peer_id pid, transport:
 template <transport::transport Transport>
 inline void worker<Transport>::state::lose(std::uint32_t s, const status& why) {
   const double now = clock.now();
+  has_view[s] = 0;  // the server forgets this worker's view when it joins again
   if (!lost[s]) {
     lost[s] = 1;
     lost_until[s] = now + seconds(p.reconnect);

@@ -151,6 +151,7 @@ struct worker_telemetry {
   std::uint64_t plans_ignored = 0;    // plan_updates from servers other than 0
   std::uint64_t errors = 0;           // error messages from servers
   std::uint64_t copied_replies = 0;   // pull replies delivered eagerly (copied once from the transport's buffer)
+  std::uint64_t compressed_replies = 0;  // pull replies received compressed (added into the worker's view)
   std::uint64_t staged_replies = 0;   // pulls delivered to the caller's buffer once every reply was checked (stage_replies)
   std::uint64_t bad_messages = 0;     // messages from servers refused (checksum, size, shape): the wait failed
   std::uint64_t reply_parts = 0;      // parts of pull replies received and checked (server_params.reply_part_bytes)
@@ -176,6 +177,7 @@ struct worker_telemetry {
         field{"plans_ignored", &worker_telemetry::plans_ignored},
         field{"errors", &worker_telemetry::errors},
         field{"copied_replies", &worker_telemetry::copied_replies},
+        field{"compressed_replies", &worker_telemetry::compressed_replies},
         field{"staged_replies", &worker_telemetry::staged_replies},
         field{"bad_messages", &worker_telemetry::bad_messages},
         field{"reply_parts", &worker_telemetry::reply_parts},

@@ -128,7 +128,10 @@ class server_core {
                                 "the policy does not hold worker " + std::to_string(w) + " live");
     auto opt = optimizer::create(p.optimizer, static_cast<std::size_t>(n));
     if (!opt) return opt.error();
+    reply_encoder replies;
+    ASHL_TRY(replies.configure(p.replies, static_cast<std::size_t>(n), p.workers, p.seed, p.shard));
     server_core c(std::move(p), std::move(policy), std::move(*opt));
+    c.replies_ = std::move(replies);
     if (initial.empty()) c.w_.assign(static_cast<std::size_t>(n), 0.0f);
     else c.w_.assign(initial.begin(), initial.end());
     c.acc_.assign(static_cast<std::size_t>(n), 0.0f);
@@ -149,6 +152,9 @@ class server_core {
   void join(worker_id w, std::uint64_t incarnation, double now, server_actions& out) {
     if (w >= table_.size()) table_.resize(std::size_t{w} + 1);
     worker_entry& e = table_[w];
+    // Any join (a reconnect too): the worker holds no view of the
+    // parameters (rules/reply_encoder.hpp); its next reply is dense.
+    replies_.forget(w);
     if (e.known && incarnation < e.incarnation) {
       refuse(out, w, 0, refusal::incarnation,
              make_error(errc::invalid_argument, "join.incarnation", incarnation,
@@ -490,6 +496,22 @@ class server_core {
   pinned_parameters pin_parameters();
   void unpin_parameters(std::uint64_t version);
 
+  // ------------------------------------------------- compressed replies
+  //
+  // With server_core_params::replies set (rules/reply_encoder.hpp), a
+  // driver asks serve_reply(w, out) before it sends w the parameters: a
+  // compressed reply's payload is then in `out` (at least
+  // max_reply_bytes()), else the parameters go dense as pinned, marked as
+  // the worker's view (wire flag `view`). Timing mode (no parameters):
+  // sizes only, of timing_elements.
+  [[nodiscard]] bool compresses_replies() const noexcept { return replies_.compresses(); }
+  [[nodiscard]] std::size_t max_reply_bytes() const { return replies_.max_encoded_bytes(); }
+  [[nodiscard]] const reply_encoder& replies() const noexcept { return replies_; }
+  reply_encoder::served serve_reply(worker_id w, std::span<std::byte> out, std::size_t timing_elements = 0) {
+    apply_pending();
+    return replies_.serve(w, w_, version(), out, timing_elements);
+  }
+
   // Versions pinned now (the current one included when pinned).
   [[nodiscard]] std::uint32_t pinned_versions() const noexcept {
     std::uint32_t k = w_readers_ > 0 ? 1u : 0u;
@@ -788,6 +810,7 @@ class server_core {
 
   void remove(worker_id w, double now, server_actions& out) {
     table_[w].live = false;
+    replies_.forget(w);
     drop_pull(w);
     policy_.on_evict({w, now}, sink_);
     finish(out);
@@ -815,6 +838,7 @@ class server_core {
   Policy policy_;
   optimizer opt_;
   std::vector<float> w_;    // this shard's parameters
+  reply_encoder replies_;   // per worker: its view of w_ (compressed replies)
   std::vector<float> acc_;  // sgd: the aggregate one step applies; model deltas: scratch of decode checks
   std::vector<worker_entry> table_;
   static constexpr std::uint64_t no_version = ~std::uint64_t{0};

@@ -23,6 +23,7 @@
 #include <ashl/rules/commit_in.hpp>
 #include <ashl/rules/finite.hpp>
 #include <ashl/rules/optimizer.hpp>
+#include <ashl/rules/reply_encoder.hpp>
 #include <ashl/rules/shards.hpp>
 #include <ashl/sync/events.hpp>
 #include <ashl/wire/ids.hpp>
@@ -101,6 +102,10 @@ struct server_core_params {
   // commit above it is refused (refusal::samples). 0 says "not counted"
   // (a samples-weighted round then weighs by the mean).
   std::uint64_t max_commit_samples = std::uint64_t{1} << 30;
+  // How pull replies are compressed (rules/reply_encoder.hpp): identity
+  // sends every reply dense; a codec sends each worker what its view of
+  // the parameters lacks, with error feedback. Not part of save().
+  reply_compression replies{};
 };
 
 // server_core's check that a dense payload's values are finite, run by a

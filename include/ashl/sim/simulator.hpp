@@ -162,6 +162,10 @@ struct server_setup {
   float compression_ratio = 1.0f;
   bool allow_non_finite = false;          // ps::server_core_params::allow_non_finite
   std::uint64_t max_commit_samples = std::uint64_t{1} << 30;  // ps::server_core_params::max_commit_samples
+  // How pull replies are compressed (ps::server_core_params::replies,
+  // rules/reply_encoder.hpp): the serve hook then gets the parameters as
+  // the worker holds them (its view), and a reply's bytes are the codec's.
+  ps::reply_compression replies{};
   // Streaming DiLoCo's fragments (rules/streaming.hpp): each server holds
   // P cores, one per fragment (fragment p's commits apply to its range
   // only), and a worker syncs fragment p after the inner steps the schedule
@@ -246,7 +250,8 @@ class simulator {
                                   .workers = static_cast<std::uint32_t>(s.spec_.workers.size()),
                                   .optimizer = setup.optimizer, .store_bytes = setup.store_bytes, .seed = setup.seed,
                                   .allow_non_finite = setup.allow_non_finite,
-                                  .max_commit_samples = setup.max_commit_samples},
+                                  .max_commit_samples = setup.max_commit_samples,
+                                  .replies = setup.replies},
                                  k + 1 == cores ? std::move(policy) : Policy(policy), init);
       if (!c) return c.error();
       s.cores_.push_back(std::move(*c));
@@ -409,6 +414,14 @@ class simulator {
       const worker_plan first = cores_[0].policy().plan(w);
       const worker_plan sent = ps::plan_with_codec_options(first, compression_, compression_options_, compression_ratio_);
       cycles_[w].plan_arrived(sent, ps::plan_codec(sent, compression_));
+      // Its join's pull (not timed, as the join is not): the initial
+      // parameters, which a server that compresses replies keeps as the
+      // worker's view (server_setup::replies), as the real one does.
+      for (std::uint32_t k = 0; k < cores_.size(); ++k)
+        if (cores_[k].compresses_replies()) {
+          if (reply_payload_.size() < cores_[k].max_reply_bytes()) reply_payload_.resize(cores_[k].max_reply_bytes());
+          (void)cores_[k].serve_reply(w, reply_payload_, reply_bytes(k) / 4);
+        }
       if (streaming_) {
         stream_start(w, sent);
         continue;
@@ -463,6 +476,13 @@ class simulator {
   // Worker w pushes and its pending reply is to a commit (not the join's pull).
   [[nodiscard]] bool acked(std::uint32_t w) const { return spec_.workers[w].push && !w_[w].pull_only; }
   [[nodiscard]] std::uint64_t reply_bytes(std::uint32_t k) const;
+  // Server k answers w's pull (the serve hook runs): the reply's payload
+  // bytes, and whether it goes compressed (then in one message).
+  struct reply_size {
+    std::uint64_t payload = 0;
+    bool compressed = false;
+  };
+  reply_size serve(std::uint32_t w, std::uint32_t k);
   void to_receiving(std::uint32_t w);
   void reply_arrived(std::uint32_t w);
 
@@ -721,6 +741,7 @@ class simulator {
   std::vector<shard_payload> payloads_;    // the compute hook's answer, one per server
   std::vector<shard_payload> payload_of_;  // per (worker, server): the commit in flight
   std::vector<float> eval_params_;
+  std::vector<std::byte> reply_payload_;  // a compressed reply's payload (server_setup::replies), read for its size
   // Streaming (server_setup::streaming): P cores per server (core k·P + p),
   // the schedule, each worker's place in it and each (worker, fragment)'s
   // sync in flight.

@@ -361,10 +361,11 @@ inline void simulator<Policy>::start_reply(std::uint32_t w, std::uint32_t k) {
   // A pushing worker's pull after a commit is answered with a header only
   // (ps::server's acknowledgement); its join's pull with the parameters.
   const bool ack = acked(w);
-  if (hooks_.serve && !ack) hooks_.serve(w, k, cores_[k].parameters());
-  const std::uint64_t payload = ack ? 0 : reply_bytes(k);
-  // A reply in parts (ps::server_params::reply_part_bytes) carries a header per part.
-  const std::uint64_t parts = std::max<std::uint64_t>(1, wire::parts_for(payload / 4, 4, spec_.reply_part_bytes));
+  const reply_size rs = ack ? reply_size{} : serve(w, k);
+  const std::uint64_t payload = rs.payload;
+  // A dense reply in parts (ps::server_params::reply_part_bytes) carries a header per part.
+  const std::uint64_t parts =
+      rs.compressed ? 1 : std::max<std::uint64_t>(1, wire::parts_for(payload / 4, 4, spec_.reply_part_bytes));
   const std::uint64_t bytes = payload + parts * spec_.header_bytes;
   wk.down_bytes += bytes;
   wk.down_payload += payload;
@@ -379,6 +380,22 @@ inline std::uint64_t simulator<Policy>::reply_bytes(std::uint32_t k) const {
   if (layout_.elements() > 0) return 4 * layout_.range(k).size();
   const std::size_t s = cores_.size();
   return spec_.model_bytes / s + (k < spec_.model_bytes % s ? 1 : 0);
+}
+
+// What server k sends w: its parameters, or with compressed replies
+// (server_setup::replies) what w's view lacks (server_core::serve_reply,
+// the real server's rule); the serve hook gets what w will hold.
+template <sync::consistency_policy Policy>
+inline auto simulator<Policy>::serve(std::uint32_t w, std::uint32_t k) -> reply_size {
+  core_type& core = cores_[k];
+  if (!core.compresses_replies()) {
+    if (hooks_.serve) hooks_.serve(w, k, core.parameters());
+    return {reply_bytes(k), false};
+  }
+  if (reply_payload_.size() < core.max_reply_bytes()) reply_payload_.resize(core.max_reply_bytes());
+  const auto r = core.serve_reply(w, reply_payload_, reply_bytes(k) / 4);
+  if (hooks_.serve) hooks_.serve(w, k, r.view);
+  return {r.compressed ? r.bytes : reply_bytes(k), r.compressed};
 }
 
 // The last server answered: the wait ends, the reply is on its way.

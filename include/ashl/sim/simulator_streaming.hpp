@@ -177,9 +177,10 @@ inline void simulator<Policy>::stream_reply(std::uint32_t w, std::uint32_t j) {
   if (w >= w_.size() || w_[w].st == state::done) return;
   auto& y = sync_[w * fragments_ + j % fragments_];
   if (!y.flying || y.down_started >= spec_.servers.size()) return;
-  if (hooks_.serve) hooks_.serve(w, j, cores_[j].parameters());
-  const std::uint64_t payload = reply_bytes(j);
-  const std::uint64_t parts = std::max<std::uint64_t>(1, wire::parts_for(payload / 4, 4, spec_.reply_part_bytes));
+  const reply_size rs = serve(w, j);
+  const std::uint64_t payload = rs.payload;
+  const std::uint64_t parts =
+      rs.compressed ? 1 : std::max<std::uint64_t>(1, wire::parts_for(payload / 4, 4, spec_.reply_part_bytes));
   const std::uint64_t bytes = payload + parts * spec_.header_bytes;
   y.down_bytes += bytes;
   r_.workers[w].bytes_received += bytes;

@@ -86,7 +86,13 @@ inline constexpr std::uint32_t flag_last_shard = 1u << 0;     // commit, pull_re
 inline constexpr std::uint32_t flag_ack_requested = 1u << 1;  // any kind: the sender wants an acknowledgement
 inline constexpr std::uint32_t flag_pull = 1u << 2;           // commit: a pull rides with it (no pull_request follows)
 inline constexpr std::uint32_t flag_part = 1u << 3;           // pull_reply (v4), commit (v5): one part of a message sent in parts
-inline constexpr std::uint32_t flags_known = flag_last_shard | flag_ack_requested | flag_pull | flag_part;
+// pull_reply: dense parameters the worker keeps as its view, the base of
+// the compressed replies that follow (a codec other than identity; their
+// header.sequence names the view's version). Only a server that
+// compresses replies sets it (rules/reply_encoder.hpp); a version-5 peer
+// from before it refuses it as an unknown flag.
+inline constexpr std::uint32_t flag_view = 1u << 4;
+inline constexpr std::uint32_t flags_known = flag_last_shard | flag_ack_requested | flag_pull | flag_part | flag_view;
 // A commit part (flag_part on a commit) carries its index in flags bits
 // 16..23 and the count of parts in bits 24..31 (header.part, header.parts;
 // at most max_commit_parts), because its u32 at offset 64 is the commit's

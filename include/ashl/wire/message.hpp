@@ -118,6 +118,8 @@ inline status check_header(const header& h, std::uint64_t payload_bytes, const l
     return make_error(errc::malformed, "header.flags", hex32{h.flags}, "last_shard is only for commit and pull_reply");
   if ((h.flags & flag_pull) != 0 && h.kind != message_kind::commit)
     return make_error(errc::malformed, "header.flags", hex32{h.flags}, "pull is only for commit");
+  if ((h.flags & flag_view) != 0 && (h.kind != message_kind::pull_reply || h.codec != codec_id::identity))
+    return make_error(errc::malformed, "header.flags", hex32{h.flags}, "view is only for a dense pull_reply");
   if (h.samples != 0 && h.kind != message_kind::commit)
     return make_error(errc::malformed, "header.samples", h.samples, "only a commit covers samples (must be 0)");
   if ((h.flags & flag_part) == 0) {
@@ -356,6 +358,14 @@ inline constexpr std::size_t kind_offset = 8;
 constexpr std::optional<message_kind> peek_kind(std::span<const std::byte> head) noexcept {
   if (head.size() != header_bytes) return std::nullopt;
   return static_cast<message_kind>(std::to_integer<std::uint8_t>(head[kind_offset]));
+}
+
+// The codec a data message's header names, read before anything is
+// checked (ps::worker: a compressed reply is not received into the
+// parameters). Worth nothing until decode accepted the message.
+constexpr std::optional<codec_id> peek_codec(std::span<const std::byte> head) noexcept {
+  if (head.size() != header_bytes) return std::nullopt;
+  return static_cast<codec_id>(std::to_integer<std::uint8_t>(head[kind_offset + 1]));
 }
 
 // The part a data message's header says it is, read before anything is
