@@ -90,6 +90,7 @@
 #if ASHL_HAS_TORCH()
 
 #include <ashl/adapt/torch_bucket.hpp>
+#include <ashl/adapt/torch_streaming.hpp>  // torch_streaming_worker: Streaming DiLoCo's fragments
 #include <ashl/adapt/trace.hpp>
 #include <ashl/adapt/update_builder.hpp>
 #include <ashl/core/plan.hpp>
