@@ -175,11 +175,7 @@ class torch_streaming_worker {
                               "step() steps the inner optimizer: pass one");
     // The layers first (the count the fragments are checked against), then
     // the schedule's bounds, all before anything is touched.
-    {
-      std::vector<std::string> n = names;
-      torch_bucket::untie(params, n);
-      names = std::move(n);
-    }
+    torch_bucket::untie(params, names);
     ASHL_TRY(sp.validate(params.size(), "layers"));
     if (fragments.size() != sp.fragments)
       return invalid_argument("torch_streaming_worker.fragments", fragments.size(),
