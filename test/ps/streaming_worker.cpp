@@ -175,7 +175,8 @@ BOOST_AUTO_TEST_CASE(real_fragment_servers_equal_the_simulator) {
 
 BOOST_AUTO_TEST_CASE(bad_parameters_are_refused_by_name) {
   std::vector<float> model(3, 0.0f);
-  auto fails = [&](const ps::streaming_params& sp, std::size_t workers, std::size_t transports, const std::string& field) {
+  auto fails = [&](const ps::streaming_params& sp, std::size_t workers, std::size_t transports, const std::string& field,
+                   const std::vector<std::uint64_t>& first = {}) {
     auto fabric = tr::inproc_fabric::create({});
     std::vector<ps::worker_params> wp(workers, ps::worker_params{.servers = {"nowhere"}});
     std::vector<tr::inproc> nodes;
@@ -185,7 +186,7 @@ BOOST_AUTO_TEST_CASE(bad_parameters_are_refused_by_name) {
       ASHL_REQUIRE(node.has_value());
       nodes.push_back(std::move(*node));
     }
-    auto sw = ps::streaming_worker<tr::inproc>::create(sp, std::move(wp), std::move(nodes), model);
+    auto sw = ps::streaming_worker<tr::inproc>::create(sp, std::move(wp), std::move(nodes), model, first);
     ASHL_REQUIRE(!sw.has_value());
     ASHL_TEST(sw.error().message().find(field) != std::string::npos, sw.error().message());
   };
@@ -195,6 +196,13 @@ BOOST_AUTO_TEST_CASE(bad_parameters_are_refused_by_name) {
   fails({.fragments = 2, .interval = 8, .alpha = -1.0}, 2, 2, "streaming.alpha");
   fails({.fragments = 2, .interval = 8}, 1, 2, "streaming_worker.fragments");
   fails({.fragments = 2, .interval = 8}, 2, 1, "streaming_worker.transports");
+  // The caller's split (the adapters' whole layers): contiguous, from 0, each fragment non-empty.
+  fails({.fragments = 2, .interval = 8}, 2, 2, "streaming_worker.first.size = 1", {0});
+  fails({.fragments = 2, .interval = 8}, 2, 2, "streaming_worker.first[0] = 1: must be 0", {1, 2});
+  fails({.fragments = 3, .interval = 8}, 3, 3, "streaming_worker.first[1] = 2: must be < streaming_worker.first[2] (2)",
+        {0, 2, 2});
+  fails({.fragments = 2, .interval = 8}, 2, 2, "streaming_worker.first[1] = 3: must be < the model's elements (3)",
+        {0, 3});
 }
 
 // Streaming DiLoCo proper: each fragment's servers run DiLoCo's outer

@@ -69,6 +69,10 @@
 // of the worker, the Python adapter's events (compute, encode, commit,
 // pull, wait, per bucket; adapt/trace.hpp), which ashl-run --trace merges.
 //
+// Streaming DiLoCo's fragments (runs of whole layers, each synchronised by
+// ps::streaming_worker on its own schedule) are adapt/torch_streaming.hpp's
+// torch_streaming_worker, included here.
+//
 // The create() that takes one Transport keeps the adapter as it was: one
 // bucket of every trainable parameter in registration order, exchanged
 // inside step() (overlap false).
@@ -90,6 +94,7 @@
 #if ASHL_HAS_TORCH()
 
 #include <ashl/adapt/torch_bucket.hpp>
+#include <ashl/adapt/torch_streaming.hpp>  // torch_streaming_worker: Streaming DiLoCo's fragments
 #include <ashl/adapt/trace.hpp>
 #include <ashl/adapt/update_builder.hpp>
 #include <ashl/core/plan.hpp>

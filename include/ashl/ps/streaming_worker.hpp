@@ -15,12 +15,17 @@
 //   sw->finish();                                      // merges what is still on the wire
 //   sw->leave();
 //
-// Fragment p's servers are an ordinary job over fragment_range(n, P, p)
+// The fragments are fragment_range(n, P, p) (the even split of the
+// elements), or the caller's contiguous split given as each fragment's
+// first element (create()'s `first`): the adapters cut whole layers
+// (layer_fragments; adapt/torch_streaming.hpp).
+//
+// Fragment p's servers are an ordinary job over its range
 // (ps::server with any policy; Local SGD(H) with model_delta for plain
 // averaging), so its commits apply to its range only, with its own rounds
 // and optimizer state: the simulator's fragment cores
 // (sim::server_setup::streaming, docs/sim.md "Streaming fragments") run
-// the same split. Each fragment's ps::worker is a follower
+// the even split. Each fragment's ps::worker is a follower
 // (worker_params::follower) whose cycle ends when the schedule syncs that
 // fragment: its commit is the delta local − reference of the fragment
 // (the reference: the servers' value it last merged), its pull lands in a
@@ -56,6 +61,17 @@ class streaming_worker {
   // model's elements).
   static result<streaming_worker> create(const streaming_params& sp, std::vector<worker_params> fragments,
                                          std::vector<Transport> transports, std::span<float> model) {
+    return create(sp, std::move(fragments), std::move(transports), model, {});
+  }
+
+  // The same over the caller's split: fragment p holds the model's elements
+  // [first[p], first[p + 1]) (the last up to the model's end); first[0] is
+  // 0 and the elements increase, each fragment holding at least one (each
+  // refused by name, streaming_worker.first[p]). Empty: the even split
+  // (fragment_range).
+  static result<streaming_worker> create(const streaming_params& sp, std::vector<worker_params> fragments,
+                                         std::vector<Transport> transports, std::span<float> model,
+                                         std::span<const std::uint64_t> first) {
     ASHL_TRY(sp.validate(model.size(), "parameters"));
     if (fragments.size() != sp.fragments)
       return invalid_argument("streaming_worker.fragments", fragments.size(),
@@ -65,11 +81,33 @@ class streaming_worker {
       return invalid_argument("streaming_worker.transports", transports.size(),
                               "must hold one transport per fragment (streaming.fragments = " +
                                   std::to_string(sp.fragments) + ")");
+    const std::size_t n = model.size();
+    std::vector<key_range> ranges(sp.fragments);
+    if (first.empty()) {
+      for (std::uint32_t p = 0; p < sp.fragments; ++p) ranges[p] = fragment_range(n, sp.fragments, p);
+    } else {
+      if (first.size() != sp.fragments)
+        return invalid_argument("streaming_worker.first.size", first.size(),
+                                "must hold one first element per fragment (streaming.fragments = " +
+                                    std::to_string(sp.fragments) + ")");
+      for (std::uint32_t p = 0; p < sp.fragments; ++p) {
+        const std::uint64_t end = p + 1 < sp.fragments ? first[p + 1] : n;
+        const std::string field = "streaming_worker.first[" + std::to_string(p) + "]";
+        if (p == 0 && first[0] != 0) return invalid_argument(field, first[0], "must be 0 (fragment 0 starts the model)");
+        if (first[p] >= end)
+          return invalid_argument(field, first[p],
+                                  p + 1 < sp.fragments
+                                      ? "must be < streaming_worker.first[" + std::to_string(p + 1) + "] (" +
+                                            std::to_string(end) + "): a fragment holds at least one element"
+                                      : "must be < the model's elements (" + std::to_string(n) + ")");
+        ranges[p] = {first[p], end};
+      }
+    }
     streaming_worker s;
     s.sp_ = sp;
     s.schedule_ = streaming_schedule(sp);
     s.model_ = model;
-    const std::size_t n = model.size();
+    s.ranges_ = std::move(ranges);
     s.served_.assign(n, 0.0f);
     s.reference_.assign(n, 0.0f);
     s.delta_.assign(n, 0.0f);
@@ -134,9 +172,7 @@ class streaming_worker {
   [[nodiscard]] std::uint64_t syncs() const noexcept { return syncs_; }
   // Fragment p's worker (its telemetry, plan) and its elements in the model.
   [[nodiscard]] const worker<Transport>& fragment(std::uint32_t p) const { return workers_[p]; }
-  [[nodiscard]] key_range range(std::uint32_t p) const noexcept {
-    return fragment_range(model_.size(), sp_.fragments, p);
-  }
+  [[nodiscard]] key_range range(std::uint32_t p) const noexcept { return ranges_[p]; }
 
  private:
   streaming_worker() = default;
@@ -164,6 +200,7 @@ class streaming_worker {
   streaming_params sp_{};
   streaming_schedule schedule_{};
   std::span<float> model_{};
+  std::vector<key_range> ranges_;                  // fragment p's elements of the model
   std::vector<float> served_, reference_, delta_;  // whole-model buffers, fragment p at range(p)
   std::vector<std::uint8_t> flying_;               // per fragment: committed, not merged yet
   std::vector<worker<Transport>> workers_;
