@@ -1672,7 +1672,8 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
           partition_mb: Optional[float] = DEFAULT_PARTITION_MB,
           store_bytes: int = 0, allow_non_finite: bool = False, max_commit_samples: int = 1 << 30,
           no_worker_grace: Optional[float] = None, apply_threads: int = 1, reply_part_bytes: int = 0,
-          apply_batch: int = 1, apply_parts_as_they_land: bool = False) -> Any:
+          apply_batch: int = 1, apply_parts_as_they_land: bool = False,
+          reply_compression: Optional[str] = None, reply_ratio: float = 1.0) -> Any:
     """Runs this process's servers of the job (job.role == "server"), one per
     bucket (``bucket_plan(model, bucket_cap_mb, partition_mb)``, as the workers make
     them), starting from ``model``'s parameters (its shard of each bucket).
@@ -1705,6 +1706,14 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
     with ("topk", "block4:128", ...; docs/codecs.md) and the ratio the servers
     give the plans their policy leaves dense (1, default: those commit
     dense; e.g. "block4" with 0.125: DiLoCo's 4-bit pseudo-gradients).
+
+    reply_compression, reply_ratio: the codec of the pull replies (None,
+    default: dense). With e.g. "block4" each worker's first reply is dense
+    and every later one carries what its copy of the parameters lacks, 4
+    bits a value; what a reply drops the next one sends (error feedback).
+    The servers keep one copy of their shard per worker for it
+    (docs/ps.md, "Compressed replies"). reply_ratio is the kept share of
+    the ratio codecs ("topk", ...).
 
     optimizer: None (default) is the policy's: "model_delta", or for a
     DiLoCo name ("diloco", "async_diloco", "async_local_sgd",
@@ -1762,7 +1771,8 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
                          no_worker_grace=job.no_worker_grace if no_worker_grace is None else no_worker_grace,
                          job=_job_id(job, initial.numel()), apply_threads=apply_threads,
                          reply_part_bytes=reply_part_bytes, apply_batch=apply_batch,
-                         apply_parts_as_they_land=apply_parts_as_they_land)
+                         apply_parts_as_they_land=apply_parts_as_they_land,
+                         reply_compression=_codec_name(reply_compression) or "identity", reply_ratio=reply_ratio)
         servers.append(srv)
     out = servers[0] if len(servers) == 1 else Servers(servers)
     if background:

@@ -582,7 +582,8 @@ class py_server {
             double progress_seconds, std::string checkpoint_dir, double checkpoint_every, bool restore,
             std::uint64_t seed, std::optional<fabric> inproc, std::uint64_t store_bytes, bool allow_non_finite,
             std::uint64_t max_commit_samples, double no_worker_grace, std::uint64_t job, std::uint32_t apply_threads,
-            std::uint64_t reply_part_bytes, std::uint32_t apply_batch, bool apply_parts_as_they_land) {
+            std::uint64_t reply_part_bytes, std::uint32_t apply_batch, bool apply_parts_as_they_land,
+            std::string reply_compression, float reply_ratio) {
     if (workers == 0) raise(ashl::invalid_argument("server.workers", 0, "must be >= 1"));
     std::span<const float> init;
     if (initial) {
@@ -631,6 +632,9 @@ class py_server {
     // "topk", "block4", "block8:128" (ps::parse_codec_spec): the codec and its options.
     const auto codec = ps::parse_codec_spec(compression, "server.compression");
     if (!codec) raise(codec.error());
+    // Compressed pull replies (rules/reply_encoder.hpp): "identity" sends them dense.
+    const auto reply_codec = ps::parse_codec_spec(reply_compression, "server.reply_compression");
+    if (!reply_codec) raise(reply_codec.error());
     ps::server_params sp{.core = {.layout = *layout,
                                   .shard = shard,
                                   .workers = workers,
@@ -638,7 +642,9 @@ class py_server {
                                   .store_bytes = store_bytes,
                                   .seed = seed,
                                   .allow_non_finite = allow_non_finite,
-                                  .max_commit_samples = max_commit_samples},
+                                  .max_commit_samples = max_commit_samples,
+                                  .replies = {.codec = reply_codec->id, .options = reply_codec->options,
+                                              .ratio = reply_ratio}},
                          .compression = codec->id,
                          .compression_options = codec->options,
                          .compression_ratio = compression_ratio,
@@ -1109,7 +1115,7 @@ PYBIND11_MODULE(_ashl, m) {
                     std::string, float, std::string,
                     bool, bool, double, double, std::string, double, bool, std::uint64_t, std::optional<fabric>,
                     std::uint64_t, bool, std::uint64_t, double, std::uint64_t, std::uint32_t, std::uint64_t,
-                    std::uint32_t, bool>(),
+                    std::uint32_t, bool, std::string, float>(),
            py::arg("size") = 0, py::arg("initial") = std::nullopt, py::arg("policy") = "bsp",
            py::arg("policy_params") = py::dict(), py::arg("workers") = 1, py::arg("listen") = "127.0.0.1:0",
            py::arg("shard") = 0, py::arg("servers") = 1, py::arg("optimizer") = "", py::arg("lr") = 0.1,
@@ -1121,7 +1127,8 @@ PYBIND11_MODULE(_ashl, m) {
            py::arg("seed") = 0, py::arg("fabric") = std::nullopt, py::arg("store_bytes") = 0,
            py::arg("allow_non_finite") = false, py::arg("max_commit_samples") = std::uint64_t{1} << 30,
            py::arg("no_worker_grace") = 60.0, py::arg("job") = 0, py::arg("apply_threads") = 1,
-           py::arg("reply_part_bytes") = 0, py::arg("apply_batch") = 1, py::arg("apply_parts_as_they_land") = false)
+           py::arg("reply_part_bytes") = 0, py::arg("apply_batch") = 1, py::arg("apply_parts_as_they_land") = false,
+           py::arg("reply_compression") = "identity", py::arg("reply_ratio") = 1.0f)
       .def_property_readonly("address", &py_server::address)
       .def("run", &py_server::run)
       .def("start", &py_server::start)

@@ -78,7 +78,7 @@ def _regression(seed):
 
 
 def _train(policy, workers, rounds, local_steps, inner_lr=0.05, compression="none", compression_ratio=1.0,
-           codecs=None, **outer):
+           codecs=None, reply_compression=None, telemetry=None, **outer):
     """`workers` workers in threads, AdamW inner, against in-process servers
     running `policy`; returns the initial loss on the whole set and each
     worker's at the end (its model holds the servers' parameters it pulled
@@ -91,7 +91,7 @@ def _train(policy, workers, rounds, local_steps, inner_lr=0.05, compression="non
     torch.nn.init.zeros_(model0.bias)
     initial = torch.nn.functional.mse_loss(model0(x), y).item()
     srv = at.serve(model0, sjob, policy, compression, compression_ratio=compression_ratio, fabric=fabric,
-                   background=True, local_steps=local_steps, **outer)
+                   background=True, local_steps=local_steps, reply_compression=reply_compression, **outer)
     losses = {}
 
     def worker(r):
@@ -114,11 +114,15 @@ def _train(policy, workers, rounds, local_steps, inner_lr=0.05, compression="non
             losses[r] = torch.nn.functional.mse_loss(model(x), y).item()
         if codecs is not None:
             codecs[r] = [(ex.worker.codec, ex.worker.plan["compression_ratio"]) for ex in opt._ex]
+        if telemetry is not None:
+            telemetry[r] = opt.telemetry
         opt.leave()
 
     errors = in_threads(workers, worker, 120)
     srv.join()
     assert not errors, errors
+    if telemetry is not None:
+        telemetry["server"] = srv.telemetry
     return initial, losses
 
 
@@ -146,6 +150,25 @@ def test_diloco_with_four_bit_pseudo_gradients_converges():
     assert losses[0] < 0.05 * initial, (initial, losses)
     with pytest.raises(ValueError, match=r"server.compression_ratio = 0.5: must be 1 with compression identity"):
         at.serve(tiny_model(), jobs()[0], "diloco", "none", compression_ratio=0.5, fabric=ashl.InprocFabric(),
+                 background=True)
+
+
+def test_diloco_four_bit_both_ways_converges():
+    """reply_compression="block4": after each worker's first (dense) reply,
+    every pull reply carries 4-bit codes of what the worker's copy lacks;
+    with 4-bit commits too, DiLoCo still converges, and both workers end
+    with the same parameters (the same view of the same versions)."""
+    tel = {}
+    initial, losses = _train("diloco", 2, rounds=30, local_steps=10, outer_lr=0.7, outer_momentum=0.9,
+                             compression="block4", compression_ratio=0.125, reply_compression="block4",
+                             telemetry=tel)
+    assert losses[0] < 0.05 * initial, (initial, losses)
+    assert losses[0] == losses[1]
+    for r in range(2):
+        assert tel[r]["compressed_replies"] == 30, tel[r]  # every round's reply; the join's was dense
+    assert tel["server"]["compressed_replies"] == 60, tel["server"]
+    with pytest.raises(ValueError, match=r"server.reply_compression.bits = 3: must be 2, 4 or 8"):
+        at.serve(tiny_model(), jobs()[0], "diloco", "none", reply_compression="block3", fabric=ashl.InprocFabric(),
                  background=True)
 
 
