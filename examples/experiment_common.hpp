@@ -75,7 +75,7 @@ struct settings {
                                       // The streaming rows keep Local SGD's rate.
                                       {"streaming8", 0.1}, {"streaming8_a0", 0.1},
                                       {"streaming8_t0", 0.1}, {"diloco8", 0.1}, {"streaming_diloco8", 0.1},
-                                      {"streaming_diloco8_4bit", 0.1}};
+                                      {"streaming_diloco8_4bit", 0.1}, {"streaming_diloco8_4bit_2way", 0.1}};
   int first_seed = 1;
   double momentum = 0.9;
   double eval_every = 0.25;
@@ -143,14 +143,17 @@ struct settings {
 // "streaming_diloco8" the same outer optimizer per fragment with
 // streaming8's fragments; "streaming_diloco8_4bit" the same with 4-bit
 // block-quantized pseudo-gradients (B = 64, error feedback: the servers'
-// compression_ratio makes DiLoCo's dense plans commit with the block codec).
+// compression_ratio makes DiLoCo's dense plans commit with the block codec);
+// "streaming_diloco8_4bit_2way" also compresses the pull replies to 4 bits
+// (server_setup::replies: each worker's view, error feedback).
 inline constexpr std::string_view sim_variants[] = {"coded_bsp1",       "coded_bsp2",       "coded_bsp3",
                                                     "coded_bsp1_split", "coded_bsp2_split", "coded_bsp3_split",
                                                     "ssp_comp",         "asp_comp",         "dlb_straggler",
                                                     "local_sgd8",       "async_diloco_m5",  "ashl_diloco_m5",
                                                     "streaming8",       "streaming8_a0",    "streaming8_t0",
                                                     "diloco8",          "streaming_diloco8",
-                                                    "streaming_diloco8_4bit", "async_diloco_m8",
+                                                    "streaming_diloco8_4bit", "streaming_diloco8_4bit_2way",
+                                                    "async_diloco_m8",
                                                     "async_diloco_lr35",      "async_diloco_sw",
                                                     "ashl_diloco_sw"};
 inline bool sim_only_policy(std::string_view name) {
@@ -465,6 +468,7 @@ struct policy_setup {
   ashl::codec_id compression = ashl::codec_id::topk;
   ashl::codec_options compression_options{};
   float compression_ratio = 1.0f;
+  ashl::ps::reply_compression replies{};  // the servers' pull replies (_2way rows: 4-bit)
 };
 
 // time_scale: wall seconds per reference second (real mode's K): the
@@ -516,12 +520,14 @@ inline ashl::result<policy_setup> make_setup(const std::string& name, const sett
     pp.local_steps = 8;
     if (name != "diloco8")
       out.streaming = ashl::ps::streaming_params{.fragments = 4, .interval = 8, .delay = 2, .alpha = 0.5};
-    if (name == "streaming_diloco8_4bit") {
+    if (name.rfind("streaming_diloco8_4bit", 0) == 0) {
       out.compression = ashl::codec_id::block;
       out.compression_options = {.bits = 4, .block = 64};
       out.compression_ratio = 0.125f;  // 4 of 32 bits (the block scales aside)
       out.error_feedback = true;
     }
+    if (name == "streaming_diloco8_4bit_2way")
+      out.replies = {.codec = ashl::codec_id::block, .options = {.bits = 4, .block = 64}};
   }
   if (name.rfind("streaming8", 0) == 0) {
     base = "local_sgd";
@@ -816,6 +822,7 @@ inline run_outcome run_one(const std::string& name, int seed, const settings& s,
                                              .compression = setup->compression,
                                              .compression_options = setup->compression_options,
                                              .compression_ratio = setup->compression_ratio,
+                                             .replies = setup->replies,
                                              .streaming = setup->streaming});
   if (!sim) {
     o.note = sim.error().message();

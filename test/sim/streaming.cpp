@@ -244,6 +244,30 @@ BOOST_AUTO_TEST_CASE(four_bit_pseudo_gradients_under_a_dense_policy) {
                      {.commits_per_worker = 8});
   for (const auto& w : r.workers) BOOST_TEST(w.bytes_sent == 8 * (model / 8 / 4 + header));
 
+  // 4-bit replies too (server_setup::replies): every fragment reply after
+  // the join's (the initial parameters, not timed) is the block codec's
+  // payload of a quarter of the model: 16 bytes of header, a f32 step per
+  // 64 values, 4 bits a value (docs/wire-format.md "block").
+  const auto both = run(cluster({worker(0.01, 1e8, 1e-3), worker(0.02, 1e8, 1e-3)}, model), local_sgd(m, 8), {},
+                        {.compression = ashl::codec_id::block,
+                         .compression_options = {.bits = 4},
+                         .compression_ratio = 0.125f,
+                         .replies = {.codec = ashl::codec_id::block, .options = {.bits = 4, .block = 64}},
+                         .streaming = ps::streaming_params{.fragments = 4, .interval = 8, .delay = 2, .alpha = 0.5}},
+                        {.commits_per_worker = 8});
+  const std::uint64_t fragment = model / 4 / 4;  // elements
+  const std::uint64_t block4 = 16 + 4 * ((fragment + 63) / 64) + fragment / 2;
+  BOOST_TEST_REQUIRE(both.workers.size() == r.workers.size());
+  for (std::size_t k = 0; k < r.workers.size(); ++k) {
+    BOOST_TEST(both.workers[k].bytes_sent == 8 * (model / 8 / 4 + header));
+    // The replies that arrived before the run stopped (the last syncs' are
+    // on the wire): as many as with dense replies, each an eighth-ish.
+    const std::uint64_t dense_replies = r.workers[k].bytes_received / (model / 4 + header);
+    BOOST_TEST(r.workers[k].bytes_received == dense_replies * (model / 4 + header));
+    BOOST_TEST(dense_replies >= 6u);
+    BOOST_TEST(both.workers[k].bytes_received == dense_replies * (block4 + header));
+  }
+
   auto s = sim::simulator<>::create(cluster({worker(0.01), worker(0.01)}, 32), local_sgd(m, 4), {},
                                     {.compression = ashl::codec_id::identity, .compression_ratio = 0.5f});
   BOOST_REQUIRE(!s.has_value());
