@@ -345,7 +345,8 @@ BOOST_AUTO_TEST_CASE(a_progress_thread_drives_the_transport) {
 // go after every cycle (measurement_interval 0), or in batches by count (an
 // interval of an hour: batches of 57 to 64 records; the warm-up holds one).
 void no_allocation_in_steady_state(std::chrono::microseconds measurement_interval, int warmup,
-                                   std::uint64_t reply_part_bytes = 0, std::uint64_t commit_part_bytes = 0) {
+                                   std::uint64_t reply_part_bytes = 0, std::uint64_t commit_part_bytes = 0,
+                                   ps::reply_compression replies = {}) {
   constexpr std::uint32_t M = 4;
   const std::uint64_t part_bytes = std::max(reply_part_bytes, commit_part_bytes);
   const std::size_t n = part_bytes == 0 ? 1000 : 4 * part_bytes / sizeof(float);  // replies or commits in 4 parts
@@ -356,7 +357,8 @@ void no_allocation_in_steady_state(std::chrono::microseconds measurement_interva
   pp.workers = M;
   auto node = fabric->node("server0");
   ASHL_REQUIRE(node.has_value());
-  auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = M}, .reply_part_bytes = reply_part_bytes},
+  auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = M, .replies = replies},
+                                             .reply_part_bytes = reply_part_bytes},
                                             std::move(*ps::make_policy("bsp", pp)), std::move(*node));
   ASHL_REQUIRE(srv.has_value());
   std::vector<std::vector<float>> w(M, std::vector<float>(n)), g(M, std::vector<float>(n));
@@ -398,13 +400,37 @@ void no_allocation_in_steady_state(std::chrono::microseconds measurement_interva
   ASHL_REQUIRE(ok);
   ASHL_TEST(after == before, "allocations in steady state: " << after - before);
   ASHL_TEST(srv->core().stats().commits_applied == std::uint64_t{M} * (warmup + measured));
-  if (reply_part_bytes != 0) {
+  if (reply_part_bytes != 0 && replies.codec != ashl::codec_id::identity) {
+    // Only the joins' dense replies (their views) went in parts.
+    ASHL_TEST(srv->telemetry().reply_parts == 4u * M, srv->telemetry().reply_parts);
+    for (auto& wk : workers) ASHL_TEST(wk.telemetry().reply_parts == 4u, wk.telemetry().reply_parts);
+  }
+  if (reply_part_bytes != 0 && replies.codec == ashl::codec_id::identity) {
     ASHL_TEST(srv->telemetry().reply_parts == 4 * srv->telemetry().pull_replies, srv->telemetry().reply_parts);
     // One CRC pass per version (the first pin's: BSP releases the four
     // workers from one version), which gives the parts' CRCs too: none of the server's own.
     ASHL_TEST(srv->core().checksum_passes() == std::uint64_t(warmup + measured) + 1, srv->core().checksum_passes());
     ASHL_TEST(srv->telemetry().part_crc_passes == 0u, srv->telemetry().part_crc_passes);
     for (auto& wk : workers) ASHL_TEST(wk.telemetry().reply_parts == 4u * (warmup + measured + 1), wk.telemetry().reply_parts);
+  }
+  if (replies.codec != ashl::codec_id::identity) {
+    // Every reply after the join's went compressed; BSP sends every worker
+    // the same versions, so their views (their parameters) are equal, and
+    // each is within the codec's reach of the server's.
+    const std::uint64_t cycles = static_cast<std::uint64_t>(warmup + measured);
+    ASHL_TEST(srv->telemetry().compressed_replies == M * cycles, srv->telemetry().compressed_replies);
+    for (std::uint32_t k = 0; k < M; ++k) {
+      ASHL_TEST(workers[k].telemetry().compressed_replies == cycles, workers[k].telemetry().compressed_replies);
+      ASHL_TEST(std::memcmp(w[k].data(), w[0].data(), n * sizeof(float)) == 0);
+    }
+    const auto W = srv->parameters();
+    double gap = 0.0, scale = 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+      gap = std::max(gap, std::fabs(static_cast<double>(W[i]) - w[0][i]));
+      scale = std::max(scale, std::fabs(static_cast<double>(W[i])));
+    }
+    ASHL_TEST(gap > 0.0);            // compressed: the views trail the server's parameters
+    ASHL_TEST(gap < 0.05 * scale, gap << " of " << scale);
   }
   if (commit_part_bytes != 0) {  // every commit in 4 parts, staged on the server, applied whole
     const std::uint64_t commits = std::uint64_t{M} * (warmup + measured);
@@ -483,6 +509,13 @@ BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
   no_allocation_in_steady_state(std::chrono::microseconds{3'600'000'000}, 40);
   no_allocation_in_steady_state(std::chrono::microseconds{0}, 10, 4096);  // replies in parts (docs/ps.md "Messages")
   no_allocation_in_steady_state(std::chrono::microseconds{0}, 10, 0, 4096);  // commits in parts, two in flight (item 1 (b))
+  // Compressed replies (docs/ps.md "Compressed replies"): 4-bit payloads
+  // encoded into the send slots' buffers, decoded into the workers' views.
+  no_allocation_in_steady_state(std::chrono::microseconds{0}, 10, 0, 0,
+                                {.codec = ashl::codec_id::block, .options = {.bits = 4, .block = 64}});
+  // The same with the dense (join) replies in parts, flagged `view` part by part.
+  no_allocation_in_steady_state(std::chrono::microseconds{0}, 10, 4096, 0,
+                                {.codec = ashl::codec_id::block, .options = {.bits = 4, .block = 64}});
 }
 
 BOOST_AUTO_TEST_CASE(a_pull_without_commit_reads_the_model) {

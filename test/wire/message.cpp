@@ -414,6 +414,13 @@ BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {
   expect_error(dec(patched(pull, 12, w::flag_last_shard)), errc::malformed, "header.flags = 0x00000001");
   // A pull rides only with a commit.
   expect_error(dec(patched(pull, 12, w::flag_pull)), errc::malformed, "header.flags = 0x00000004: pull is only for commit");
+  // The flag `view` marks a dense pull_reply only (docs/wire-format.md, "Compressed replies").
+  BOOST_TEST(dec(patched(reply, 12, w::flag_view)).has_value());
+  expect_error(dec(patched(pull, 12, w::flag_view)), errc::malformed,
+               "header.flags = 0x00000010: view is only for a dense pull_reply");
+  expect_error(dec(patched(patched(reply, 12, w::flag_view), 9, std::uint8_t(ashl::codec_id::block))), errc::malformed,
+               "header.flags = 0x00000010: view is only for a dense pull_reply");
+  expect_error(dec(patched(reply, 12, std::uint32_t{1} << 5)), errc::unsupported, "header.flags = 0x00000020: unknown flag bits");
   auto commit_pull = data_header(w::message_kind::commit);
   commit_pull.flags = w::flag_last_shard | w::flag_pull;
   auto d = w::decode(encode_data(commit_pull, payload_of(8, 3)), {});
