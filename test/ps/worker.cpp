@@ -1104,6 +1104,108 @@ BOOST_AUTO_TEST_CASE(a_reply_in_parts_is_checked_part_by_part_and_delivered_whol
   parts_are_checked_one_by_one(std::size_t{1} << 20);
 }
 
+// Compressed replies (docs/ps.md "Compressed replies"): the `nth` pull
+// reply with parameters (0: the join's, dense and flagged `view`; then one
+// compressed reply per cycle) is handed to edit(), re-sealed (its CRC is
+// good) and delivered. A reply that does not fit the worker's view, or whose
+// payload the decoder refuses, fails the wait by name and leaves the
+// caller's parameters as they were.
+struct reply_tamper : inproc_forwarder<reply_tamper> {
+  int nth = 0;
+  std::function<void(ashl::wire::header&, std::vector<std::byte>&)> edit;
+  int seen = 0;
+  std::vector<std::byte> head_copy, data_copy;
+  template <class H>
+  struct wrapped : forwarding_handler<H> {
+    reply_tamper* self;
+    void on_message(tr::peer_id p, std::span<const std::byte> head, std::span<const std::byte> data) {
+      auto m = ashl::wire::decode(head, data, {});
+      if (!m || m->header.kind != ashl::wire::message_kind::pull_reply || m->header.element_count == 0 ||
+          self->seen++ != self->nth || !self->edit) {
+        this->h->on_message(p, head, data);
+        return;
+      }
+      ashl::wire::header hd = m->header;
+      self->data_copy.assign(data.begin(), data.end());
+      self->edit(hd, self->data_copy);
+      self->head_copy.assign(ashl::wire::header_bytes, std::byte{0});
+      ASHL_REQUIRE(ashl::wire::seal_header(hd, self->data_copy, self->head_copy).ok());
+      this->h->on_message(p, self->head_copy, self->data_copy);
+    }
+  };
+};
+static_assert(tr::transport<reply_tamper>);
+
+BOOST_AUTO_TEST_CASE(a_compressed_reply_that_does_not_fit_the_view_is_refused_by_name) {
+  constexpr std::size_t n = 256;
+  struct reply_case {
+    const char* name;
+    int nth;  // the reply edited
+    std::function<void(ashl::wire::header&, std::vector<std::byte>&)> edit;
+    const char* says;
+  };
+  const std::vector<reply_case> cases = {
+      {"good", -1, nullptr, ""},
+      {"another view's version", 2, [](ashl::wire::header& h, auto&) { h.sequence += 1; },
+       "pull_reply.sequence = "},
+      {"the join's reply not flagged view", 0, [](ashl::wire::header& h, auto&) { h.flags &= ~ashl::wire::flag_view; },
+       "no view of the shard (no dense reply flagged `view` came first)"},
+      {"a payload the decoder refuses", 1, [](auto&, std::vector<std::byte>& d) { d.resize(3); },
+       "pull_reply.payload = 3: from server 0 at server0: a block payload the decoder refused"},
+  };
+  auto fabric = tr::inproc_fabric::create({.eager_bytes = std::size_t{1} << 20});
+  auto layout = ps::shard_layout::even(n, 1);
+  const auto W = static_cast<std::uint32_t>(cases.size());
+  std::atomic<bool> stop{false}, up{false};
+  std::thread server([&] {
+    auto node = fabric->node("server0");
+    ASHL_REQUIRE(node.has_value());
+    ps::policy_params pp;
+    pp.workers = W;
+    auto srv = ps::server<tr::inproc>::create(
+        {.core = {.layout = *layout, .workers = W,
+                  .replies = {.codec = ashl::codec_id::block, .options = {.bits = 4, .block = 64}}}},
+        std::move(*ps::make_policy("asp", pp)), std::move(*node));
+    ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+    up = true;
+    srv->run(stop);
+  });
+  while (!up) std::this_thread::sleep_for(1ms);
+  std::vector<float> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = 0.25f + static_cast<float>(i % 17) * 1e-2f;
+  for (std::uint32_t k = 0; k < W; ++k) {
+    const reply_case& c = cases[k];
+    std::vector<float> w(n);
+    reply_tamper tp{{node_of(fabric)}, c.nth, c.edit};
+    auto wk = ps::worker<reply_tamper>::create({.rank = k, .servers = {"server0"}, .timeout = 10s}, std::move(tp), w);
+    ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+    ashl::status st;
+    int cycle = 0;
+    std::vector<float> before;
+    for (; cycle < 3 && st.ok(); ++cycle) {
+      before = w;
+      while (!wk->iteration_done()) {}
+      ASHL_REQUIRE(wk->commit(g).ok());
+      st = wk->wait();
+    }
+    const auto tel = wk->telemetry();
+    if (!c.edit) {
+      ASHL_TEST(st.ok(), st.message());
+      ASHL_TEST(tel.compressed_replies == 3u, tel.compressed_replies);
+      (void)wk->leave();
+      continue;
+    }
+    ASHL_TEST(!st.ok(), c.name);
+    ASHL_TEST(cycle == std::max(c.nth, 1), c.name << ": failed in cycle " << cycle);
+    ASHL_TEST((st.code() == ashl::errc::malformed), c.name << ": " << st.message());
+    ASHL_TEST(contains(st.message(), c.says), c.name << ": " << st.message());
+    ASHL_TEST(tel.bad_messages == 1u, c.name);
+    ASHL_TEST(std::memcmp(w.data(), before.data(), n * sizeof(float)) == 0, c.name << ": the caller's parameters changed");
+  }
+  stop = true;
+  server.join();
+}
+
 BOOST_AUTO_TEST_CASE(a_part_size_below_4096_is_refused_by_name) {
   auto fabric = tr::inproc_fabric::create({});
   auto layout = ps::shard_layout::even(100, 1);
