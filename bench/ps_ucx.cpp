@@ -18,6 +18,8 @@
 //                                           # of commits applied that way (as_landed)
 //   ashl_bench_ps_ucx --no-pin              # leave placement to the scheduler (for comparison)
 //   ashl_bench_ps_ucx --in-place-replies    # worker_params.stage_replies = false (replies unchecked in the caller's buffer)
+//   ashl_bench_ps_ucx --trust-local-lanes   # server_params/worker_params.trust_local_lanes = true: no CRC-32C
+//                                           # on these loopback lanes (wire flag `unchecked`; rows say crc "off")
 //   ashl_bench_ps_ucx --chunk-kib 256       # server_params.reply_part_bytes and worker_params.commit_part_bytes
 //                                           # = 256 KiB (replies and dense commits in parts; 0: whole)
 //   ashl_bench_ps_ucx --commit-chunk-kib 1024 --commit-window 4   # commits alone in parts (overrides --chunk-kib
@@ -165,6 +167,7 @@ struct options {
   std::uint32_t apply_batch = 1;    // server_params.apply_batch (--apply-batch N)
   bool as_landed = false;           // server_params.apply_parts_as_they_land (--apply-as-landed: true)
   bool stage_replies = true;  // worker_params.stage_replies (--in-place-replies: false)
+  bool trust_local_lanes = false;  // server_params/worker_params.trust_local_lanes (--trust-local-lanes)
   std::uint64_t chunk_kib = 0;  // server_params.reply_part_bytes / 1024 (--chunk-kib; 0: replies whole)
   std::uint64_t commit_chunk_kib = 0;  // worker_params.commit_part_bytes / 1024 (--chunk-kib, or --commit-chunk-kib)
   std::uint32_t commit_window = 4;     // worker_params.commit_window (--commit-window)
@@ -362,6 +365,7 @@ int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_f
   sp.apply_threads = o.apply_threads;
   sp.apply_batch = o.apply_batch;
   sp.apply_parts_as_they_land = o.as_landed;
+  sp.trust_local_lanes = o.trust_local_lanes;
   sp.reply_part_bytes = o.chunk_kib * 1024;
   auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
   if (!srv) return set_error(sh, "server: " + srv.error().message()), 1;
@@ -391,6 +395,7 @@ int run_worker(const options& o, const ashl_case& c, shared_area* sh, const std:
        .timeout = std::chrono::seconds(120),
        .measurement_interval = std::chrono::milliseconds(1),  // batched: what a small-message job sets
        .stage_replies = o.stage_replies,
+       .trust_local_lanes = o.trust_local_lanes,
        .commit_part_bytes = o.commit_chunk_kib * 1024,
        .commit_window = o.commit_window},
       std::move(*t), w);
@@ -696,6 +701,7 @@ int main(int argc, char** argv) {
       o.poll = v == "poll";
     } else if (a == "--no-pin") o.pin = false;
     else if (a == "--in-place-replies") o.stage_replies = false;
+    else if (a == "--trust-local-lanes") o.trust_local_lanes = true;
     else if (a == "--chunk-kib") o.chunk_kib = std::strtoull(next().c_str(), nullptr, 10);
     else if (a == "--commit-chunk-kib") {
       o.commit_chunk_kib = std::strtoull(next().c_str(), nullptr, 10);
@@ -729,7 +735,7 @@ int main(int argc, char** argv) {
                    "         [--transports shm,tcp] [--ops pull,commit,round_trip,fan_in,fan_in_push] [--sizes 4K,1M,...]\n"
                    "         [--apply-threads N] [--apply-batch N] [--apply-as-landed]\n"
                    "         [--perftest PATH] [--fan-workers N] [--describe] [--no-baseline] [--spin-us N]\n"
-                   "         [--in-place-replies] [--chunk-kib N] [--commit-chunk-kib N] [--commit-window N]\n"
+                   "         [--in-place-replies] [--trust-local-lanes] [--chunk-kib N] [--commit-chunk-kib N] [--commit-window N]\n"
                    "         [--iters N]  (ashl operations per repetition; default 64 MiB worth, 2..2000)\n");
       return 2;
     }
@@ -915,7 +921,8 @@ int main(int argc, char** argv) {
                 mach.c_str(), cpus(), date.c_str(), progress, o.stage_replies ? "staged" : "in_place",
                 static_cast<unsigned long long>(o.chunk_kib), static_cast<unsigned long long>(o.commit_chunk_kib),
                 o.commit_window, o.reps);
-    std::printf("load average %s; UCX env: %s\n\n", load.c_str(), ucx_env.empty() ? "(none)" : ucx_env.c_str());
+    std::printf("load average %s; UCX env: %s; crc %s\n\n", load.c_str(), ucx_env.empty() ? "(none)" : ucx_env.c_str(),
+                o.trust_local_lanes ? "off (--trust-local-lanes)" : "on");
     if (o.apply_threads > 1) std::printf("server apply threads: %u\n\n", o.apply_threads);
     if (o.commit_chunk_kib > 0) {
       std::printf("commits in parts, %s; share of commits added as their parts landed:",
@@ -950,7 +957,7 @@ int main(int argc, char** argv) {
         "{\"bench\":\"ps_ucx\",\"apply_threads\":%u,\"apply_batch\":%u,\"batched\":%s,\"as_landed\":%s,\"op\":\"%s\",\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
         "\"usec\":%s,\"baseline\":\"%s\",\"baseline_gbps\":%s,\"baseline_usec\":%s,\"ratio\":%s,\"goal\":\"%s\","
         "\"met\":%s,\"ref_tag_gbps\":%s,\"ref_tag_usec\":%s,\"ref_eh_gbps\":%s,\"ref_eh_usec\":%s,\"ref_eh_lanes\":\"%s\",\"%s\":%s,\"server_idle\":%s,\"lanes\":\"%s\","
-        "\"baseline_lanes\":\"%s\",\"progress\":\"%s\",\"replies\":\"%s\",\"chunk_kib\":%llu,\"commit_chunk_kib\":%llu,\"commit_window\":%u,\"placement\":\"%s\",\"reps\":%d,\"iters\":%d,"
+        "\"baseline_lanes\":\"%s\",\"progress\":\"%s\",\"crc\":\"%s\",\"replies\":\"%s\",\"chunk_kib\":%llu,\"commit_chunk_kib\":%llu,\"commit_window\":%u,\"placement\":\"%s\",\"reps\":%d,\"iters\":%d,"
         "\"machine\":\"%s\",\"date\":\"%s\",\"ucx_env\":\"%s\",\"load\":\"%s\","
         "\"error\":\"%s\"}\n",
         o.apply_threads, o.apply_batch, num(r.batched, 3).c_str(), num(r.as_landed, 3).c_str(), r.op.c_str(), r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
@@ -959,7 +966,7 @@ int main(int argc, char** argv) {
         num(r.ref_tag_usec, 2).c_str(), num(r.ref_eh_gbps).c_str(), num(r.ref_eh_usec, 2).c_str(),
         json_escape(r.ref_eh_lanes).c_str(), r.op.rfind("fan_in", 0) == 0 ? "moved_gbps" : "commit_oneway_gbps", num(r.extra).c_str(),
         num(r.server_idle, 3).c_str(), json_escape(r.lanes).c_str(), json_escape(r.baseline_lanes).c_str(), progress,
-        o.stage_replies ? "staged" : "in_place", static_cast<unsigned long long>(o.chunk_kib),
+        o.trust_local_lanes ? "off" : "on", o.stage_replies ? "staged" : "in_place", static_cast<unsigned long long>(o.chunk_kib),
         static_cast<unsigned long long>(o.commit_chunk_kib), o.commit_window, r.placement.c_str(), r.reps, r.iters, json_escape(mach).c_str(), date.c_str(), json_escape(ucx_env).c_str(), load.c_str(),
         json_escape(r.error).c_str());
   }

@@ -100,6 +100,7 @@ struct options {
   float codec_ratio = 1.0f;          // server_params.compression_ratio (plans the policy leaves dense)
   std::string reply_codec = "identity";  // server_core_params::replies (compressed pull replies)
   float reply_ratio = 1.0f;              // its ratio (topk and the other ratio codecs)
+  bool trust_local_lanes = false;        // server_params/worker_params.trust_local_lanes (no CRC on loopback)
   std::uint32_t apply_batch = 1;     // server_params.apply_batch (batched applies; 1: each commit as it arrives)
   std::uint64_t reply_part_kib = 0;  // server_params.reply_part_bytes / 1024 (replies in parts; 0: whole)
   std::uint64_t commit_part_kib = 0;  // worker_params.commit_part_bytes / 1024 (dense commits in parts; 0: whole)
@@ -159,6 +160,7 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--codec-ratio") o.codec_ratio = std::stof(next());
     else if (a == "--reply-codec") o.reply_codec = next();
     else if (a == "--reply-ratio") o.reply_ratio = std::stof(next());
+    else if (a == "--trust-local-lanes") o.trust_local_lanes = true;
     else if (a == "--reply-part-kib") o.reply_part_kib = std::stoull(next());
     else if (a == "--apply-batch") o.apply_batch = static_cast<std::uint32_t>(std::stoul(next()));
     else if (a == "--commit-part-kib") o.commit_part_kib = std::stoull(next());
@@ -222,6 +224,7 @@ int serve(const ps::job& j, const options& o) {
                        .checkpoint_every_commits = o.checkpoint_every_commits,
                        .restore = o.restore,
                        .reply_part_bytes = o.reply_part_kib * 1024,
+                       .trust_local_lanes = o.trust_local_lanes,
                        .job = ps::job_id_of(j, o.elements),
                        .policy = o.policy,
                        .apply_batch = o.apply_batch};
@@ -270,7 +273,8 @@ int serve(const ps::job& j, const options& o) {
       << static_cast<unsigned>(srv->core().policy().stage()) << "\ncommits_in_parts " << s.commits_in_parts
       << "\ncommit_parts_dropped " << s.commit_parts_dropped << "\nbatched_applies " << s.batched_applies
       << "\nbatched_commits " << s.batched_commits << "\ncompressed_replies " << s.compressed_replies
-      << "\ncompressed_reply_bytes " << s.compressed_reply_bytes << "\nfinished " << finished << "\n";
+      << "\ncompressed_reply_bytes " << s.compressed_reply_bytes << "\nunchecked_in " << s.unchecked_in
+      << "\nunchecked_out " << s.unchecked_out << "\nfinished " << finished << "\n";
   }
   std::fprintf(stderr, "%s\n", srv->progress_line().c_str());
   std::fprintf(stderr, "server ended: %s\n", std::string(ps::to_string(srv->end())).c_str());
@@ -292,6 +296,7 @@ int train(const ps::job& j, const options& o) {
                                          .job = ps::job_id_of(j, o.elements),
                                          .timeout = std::chrono::milliseconds(o.timeout_ms),
                                          .reconnect = std::chrono::milliseconds(o.reconnect_ms),
+                                         .trust_local_lanes = o.trust_local_lanes,
                                          .commit_part_bytes = o.commit_part_kib * 1024,
                                          .commit_window = o.commit_window},
                                         std::move(*t), w);
@@ -371,7 +376,8 @@ int train(const ps::job& j, const options& o) {
     std::ofstream f(o.out + "/worker" + std::to_string(j.rank) + ".txt");
     f << cycles << "commits " << tel.commits << "\nplans " << tel.plans << "\nplans_ignored " << tel.plans_ignored << "\nplan_changes " << tel.plan_changes
       << "\nerrors " << tel.errors << "\ncopied_replies " << tel.copied_replies << "\nviolations " << violations
-      << "\nmax_gap " << max_gap << "\nreconnects " << tel.reconnects << "\nreply_parts " << tel.reply_parts << "\ncommit_parts " << tel.commit_parts << "\ncompressed_replies " << tel.compressed_replies << "\n";
+      << "\nmax_gap " << max_gap << "\nreconnects " << tel.reconnects << "\nreply_parts " << tel.reply_parts << "\ncommit_parts " << tel.commit_parts << "\ncompressed_replies " << tel.compressed_replies << "\nunchecked_in " << tel.unchecked_in
+      << "\nunchecked_out " << tel.unchecked_out << "\n";
   }
   return 0;
 }

@@ -1246,3 +1246,100 @@ BOOST_AUTO_TEST_CASE(durations_and_server_counts_past_their_bounds_are_refused_b
   ASHL_TEST(contains(srv.error().message(), "server.worker_timeout_ms = 4611686018427387904: must be at most"),
             srv.error().message());
 }
+
+// Lanes without CRC (server_params / worker_params trust_local_lanes, wire
+// flag `unchecked`; docs/ps.md "Lanes without CRC"): over a fabric whose
+// peers are on this host, a server and a worker that both trust such lanes
+// send commits and replies with no CRC and compute none (not for the new
+// version either), and end where checked lanes end; a lane not on this host
+// keeps its CRC; an end that does not trust the lane refuses an unchecked
+// message by name and nothing is applied.
+namespace {
+struct lane_run {
+  std::vector<float> params;
+  ps::server_telemetry server{};
+  ps::worker_telemetry worker{};
+  std::uint64_t checksum_passes = 0, checksums_in_apply = 0, version = 0;
+  ashl::status failed{};
+};
+lane_run run_lanes(bool same_host, bool server_trusts, bool worker_trusts) {
+  constexpr std::size_t n = 3000;
+  auto fabric = tr::inproc_fabric::create({.eager_bytes = 1024, .same_host = same_host});
+  auto layout = ps::shard_layout::even(n, 1);
+  std::atomic<bool> stop{false}, up{false};
+  lane_run out;
+  std::thread server([&] {
+    auto node = fabric->node("server0");
+    ASHL_REQUIRE(node.has_value());
+    ps::policy_params pp;
+    pp.workers = 1;
+    auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = 1}, .trust_local_lanes = server_trusts},
+                                              std::move(*ps::make_policy("asp", pp)), std::move(*node));
+    ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+    up = true;
+    srv->run(stop);
+    out.server = srv->telemetry();
+    out.checksum_passes = srv->core().checksum_passes();
+    out.checksums_in_apply = srv->core().checksums_in_apply();
+    out.version = srv->core().version();
+  });
+  while (!up) std::this_thread::sleep_for(1ms);
+  std::vector<float> w(n), g(n);
+  auto wk = ps::worker<tr::inproc>::create({.servers = {"server0"}, .timeout = 10s, .trust_local_lanes = worker_trusts},
+                                           node_of(fabric), w);
+  if (!wk) {
+    out.failed = wk.error();
+  } else {
+    for (int c = 0; c < 5 && out.failed.ok(); ++c) {
+      for (std::size_t i = 0; i < n; ++i) g[i] = grad_value(0, static_cast<std::uint64_t>(c), i);
+      while (!wk->iteration_done()) {}
+      out.failed = wk->commit(g);
+      if (out.failed.ok()) out.failed = wk->wait();
+    }
+    out.worker = wk->telemetry();
+    if (out.failed.ok()) (void)wk->leave();
+  }
+  out.params = w;
+  stop = true;
+  server.join();
+  return out;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(trusted_lanes_on_this_host_go_without_crc_and_end_where_checked_ones_do) {
+  const lane_run checked = run_lanes(true, false, false);
+  BOOST_TEST_REQUIRE(checked.failed.ok(), checked.failed.message());
+  BOOST_TEST(checked.server.unchecked_in == 0u);
+  BOOST_TEST(checked.worker.unchecked_in == 0u);
+  BOOST_TEST(checked.checksums_in_apply + checked.checksum_passes >= 5u);  // every reply's version checksummed
+
+  const lane_run trusted = run_lanes(true, true, true);
+  BOOST_TEST_REQUIRE(trusted.failed.ok(), trusted.failed.message());
+  BOOST_TEST(std::memcmp(trusted.params.data(), checked.params.data(), checked.params.size() * sizeof(float)) == 0);
+  BOOST_TEST(trusted.version == 5u);
+  BOOST_TEST(trusted.worker.unchecked_out == 5u);  // every commit
+  BOOST_TEST(trusted.server.unchecked_in == 5u);
+  BOOST_TEST(trusted.server.unchecked_out == 6u);  // the join's reply and one per commit
+  BOOST_TEST(trusted.worker.unchecked_in == 6u);
+  BOOST_TEST(trusted.checksum_passes == 0u);       // no version CRC: not in the applies, not at the pins
+  BOOST_TEST(trusted.checksums_in_apply == 0u);
+
+  const lane_run remote = run_lanes(false, true, true);  // trusted, but not on this host: CRCs kept
+  BOOST_TEST_REQUIRE(remote.failed.ok(), remote.failed.message());
+  BOOST_TEST(remote.worker.unchecked_out == 0u);
+  BOOST_TEST(remote.server.unchecked_out == 0u);
+  BOOST_TEST(std::memcmp(remote.params.data(), checked.params.data(), checked.params.size() * sizeof(float)) == 0);
+
+  const lane_run server_distrusts = run_lanes(true, false, true);  // the commit comes unchecked: refused
+  BOOST_TEST(!server_distrusts.failed.ok());
+  BOOST_TEST(contains(server_distrusts.failed.message(), "unchecked (no CRC) is taken only from a peer on this host"),
+             server_distrusts.failed.message());
+  BOOST_TEST(server_distrusts.version == 0u);
+  BOOST_TEST(server_distrusts.server.unchecked_in == 0u);
+
+  const lane_run worker_distrusts = run_lanes(true, true, false);  // the join's reply comes unchecked: refused
+  BOOST_TEST(!worker_distrusts.failed.ok());
+  BOOST_TEST(contains(worker_distrusts.failed.message(), "unchecked (no CRC) is taken only from a peer on this host"),
+             worker_distrusts.failed.message());
+  BOOST_TEST(worker_distrusts.version == 0u);
+}

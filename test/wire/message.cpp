@@ -373,7 +373,7 @@ BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {
   expect_error(dec(patched(commit, 9, std::uint8_t{12})), errc::unsupported, "header.codec = 12");
   expect_error(dec(patched(commit, 10, std::uint8_t{6})), errc::unsupported, "header.dtype = 6");
   expect_error(dec(patched(commit, 11, std::uint8_t{1})), errc::malformed, "header.reserved0 = 1");
-  expect_error(dec(patched(commit, 12, std::uint32_t{0x20})), errc::unsupported, "header.flags = 0x00000020");
+  expect_error(dec(patched(commit, 12, std::uint32_t{0x40})), errc::unsupported, "header.flags = 0x00000040");
   // Offset 64 is a commit's samples (version 3); any other kind must leave it 0.
   auto with_samples = dec(patched(commit, 64, std::uint32_t{0xffffffffu}));
   BOOST_TEST_REQUIRE(with_samples.has_value());
@@ -420,7 +420,7 @@ BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {
                "header.flags = 0x00000010: view is only for a dense pull_reply");
   expect_error(dec(patched(patched(reply, 12, w::flag_view), 9, std::uint8_t(ashl::codec_id::block))), errc::malformed,
                "header.flags = 0x00000010: view is only for a dense pull_reply");
-  expect_error(dec(patched(reply, 12, std::uint32_t{1} << 5)), errc::unsupported, "header.flags = 0x00000020: unknown flag bits");
+  expect_error(dec(patched(reply, 12, std::uint32_t{1} << 6)), errc::unsupported, "header.flags = 0x00000040: unknown flag bits");
   auto commit_pull = data_header(w::message_kind::commit);
   commit_pull.flags = w::flag_last_shard | w::flag_pull;
   auto d = w::decode(encode_data(commit_pull, payload_of(8, 3)), {});
@@ -1038,4 +1038,51 @@ BOOST_AUTO_TEST_CASE(decode_visits_the_payload_in_chunks_as_the_crc_reads_it) {
   sizes.clear();
   BOOST_TEST(w::decode(head2, {}, {}, visit).has_value());
   BOOST_TEST(sizes.empty());
+}
+
+// Flag `unchecked` (docs/wire-format.md): a commit or pull_reply sealed
+// with CRC 0 and no CRC computed, taken only where the receiver allows it
+// (limits::unchecked_allowed: a trusted peer on this host); the decoder's
+// visitor still sees every chunk, and every other check stays.
+BOOST_AUTO_TEST_CASE(unchecked_messages_carry_no_crc_and_are_taken_only_where_allowed) {
+  w::header h = data_header(w::message_kind::pull_reply);
+  h.flags |= w::flag_unchecked;
+  h.element_count = 100000;  // 400 KB: three of decode's chunks
+  const bytes payload = payload_of(4 * h.element_count, 3);
+  const bytes m = encode_data(h, payload);
+  std::uint32_t crc = 1;
+  std::memcpy(&crc, m.data() + w::crc_offset, 4);
+  BOOST_TEST(crc == 0u);
+  // The same through seal_header, from the payload and from a known CRC.
+  bytes head(w::header_bytes);
+  BOOST_TEST_REQUIRE(w::seal_header(h, payload, head).ok());
+  BOOST_TEST(std::memcmp(head.data(), m.data(), w::header_bytes) == 0);
+  BOOST_TEST_REQUIRE(w::seal_header(h, payload.size(), 0xdeadbeefu, head).ok());
+  BOOST_TEST(std::memcmp(head.data(), m.data(), w::header_bytes) == 0);
+
+  expect_error(dec(m), errc::malformed,
+               "header.flags = 0x00000021: unchecked (no CRC) is taken only from a peer on this host");
+  w::limits allowed;
+  allowed.unchecked_allowed = true;
+  std::size_t seen = 0;
+  auto ok = w::decode(std::span<const std::byte>(m).first(w::header_bytes), std::span<const std::byte>(m).subspan(w::header_bytes),
+                      allowed, [&](const w::header&, std::span<const std::byte> chunk) { seen += chunk.size(); });
+  BOOST_TEST_REQUIRE(ok.has_value(), (ok ? "" : ok.error().message()));
+  BOOST_TEST(seen == payload.size());
+  // No CRC: a flipped payload bit is not caught (what the flag trades away)...
+  bytes flipped = m;
+  flipped[w::header_bytes + 5] ^= std::byte{1};
+  BOOST_TEST(dec(flipped, allowed).has_value());
+  // ...and a CRC field that is not 0 is refused, as is the flag on other kinds.
+  bytes with_crc = m;
+  with_crc[w::crc_offset] = std::byte{1};
+  expect_error(dec(with_crc, allowed), errc::malformed, "header.crc32c = 0x00000001: must be 0 with the flag unchecked");
+  w::header q = data_header(w::message_kind::pull_request);
+  q.flags |= w::flag_unchecked;
+  bytes out(w::header_bytes);
+  const auto sealed = w::seal(q, 0, out);
+  BOOST_TEST(!sealed.has_value());
+  BOOST_TEST(sealed.error().message().find("unchecked is only for commit and pull_reply") != std::string::npos);
+  // A checked message is taken where unchecked ones are allowed.
+  BOOST_TEST(dec(encode_data(data_header(w::message_kind::pull_reply), payload_of(4000, 1)), allowed).has_value());
 }

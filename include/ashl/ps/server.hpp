@@ -626,8 +626,12 @@ class server {
   std::uint32_t take_slot();
   void send_parameters(worker_id w);
   void send_parameters_in_parts(transport::peer_id p, worker_id w, const typename core_type::pinned_parameters& pv,
-                                std::uint32_t parts, std::uint32_t view_flag);
+                                std::uint32_t parts, std::uint32_t extra_flags);
   void send_ack(transport::peer_id p, worker_id w);
+  // Messages to and from peer p go without their CRC (server_params::trust_local_lanes).
+  [[nodiscard]] bool unchecked_lane(transport::peer_id p) const noexcept {
+    return p_.trust_local_lanes && p != transport::no_peer && transport::peer_on_this_host(t_, p);
+  }
   void send_plan(worker_id w, const worker_plan& policy_plan);
   void send_error(transport::peer_id p, errc code, std::uint64_t in_reply_to, std::string_view text);
 

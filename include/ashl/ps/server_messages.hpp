@@ -81,7 +81,9 @@ inline void server<Transport, Policy>::handle(transport::peer_id p, std::span<co
   // only after the whole message is verified and the policy decided.
   dense_value_check values;
   bool started = false;
-  auto m = wire::decode(head, data, p_.core.limits,
+  wire::limits lim = p_.core.limits;
+  lim.unchecked_allowed = unchecked_lane(p);  // a trusted lane on this host: no CRC (flag `unchecked`)
+  auto m = wire::decode(head, data, lim,
                         [&](const wire::header& raw, std::span<const std::byte> chunk) noexcept {
                           if (!started) {
                             started = true;
@@ -107,6 +109,7 @@ inline void server<Transport, Policy>::handle(transport::peer_id p, std::span<co
     return;
   }
   const wire::header& h = m->header;
+  if ((h.flags & wire::flag_unchecked) != 0) ++tel_.unchecked_in;
   peer_state& ps = peer(p);
   if (h.kind == wire::message_kind::join) {
     on_join(p, ps, h, *m->template get<wire::join_body>(), now);

@@ -309,6 +309,7 @@ inline commit_in server<Transport, Policy>::commit_of(worker_id w, const wire::h
   commit_in c = commit_in_of(h, w, core_.incarnation(w), payload, bytes);
   c.values_checked = values_checked;
   c.payload_kept = kept;
+  c.reply_unchecked = w < rank_peer_.size() && unchecked_lane(rank_peer_[w]);  // its reply needs no CRC
   return c;
 }
 

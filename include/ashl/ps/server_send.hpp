@@ -47,7 +47,7 @@ inline void server<Transport, Policy>::send_parameters(worker_id w) {
   // encoded into the slot's own buffer (its capacity kept: no allocation
   // once the slots are warm); or, for a worker without a view, the
   // parameters dense below, flagged as its new view.
-  std::uint32_t view_flag = 0;
+  std::uint32_t extra_flags = 0;  // what the dense reply adds: flags `view`, `unchecked`
   if (core_.compresses_replies()) {
     const std::uint32_t i = take_slot();
     send_slot& s = slots_[i];
@@ -76,7 +76,7 @@ inline void server<Transport, Policy>::send_parameters(worker_id w) {
       return;
     }
     free_slots_.give(i);
-    view_flag = wire::flag_view;
+    extra_flags = wire::flag_view;
   }
   // server_params.max_snapshots bounds the versions replies in flight pin.
   if (!core_.current_pinned() && core_.pinned_versions() >= p_.max_snapshots) {
@@ -87,19 +87,23 @@ inline void server<Transport, Policy>::send_parameters(worker_id w) {
                    "replies are received); this pull is not answered");
     return;
   }
-  const auto pv = core_.pin_parameters();
+  // A trusted lane on this host: no CRC, and none computed for the version.
+  const bool unchecked = unchecked_lane(p);
+  if (unchecked) extra_flags |= wire::flag_unchecked;
+  const auto pv = core_.pin_parameters(!unchecked);
   if (pv.first) ++tel_.snapshots;
   if (const std::uint32_t parts = wire::parts_for(pv.values.size(), sizeof(float), p_.reply_part_bytes); parts >= 2) {
-    send_parameters_in_parts(p, w, pv, parts, view_flag);
+    send_parameters_in_parts(p, w, pv, parts, extra_flags);
     return;
   }
+  if (unchecked) ++tel_.unchecked_out;
   const std::uint32_t i = take_slot();
   send_slot& s = slots_[i];
   const auto payload = std::as_bytes(pv.values);
   wire::header h{.kind = wire::message_kind::pull_reply,
                  .codec = codec_id::identity,
                  .type = dtype::f32,
-                 .flags = wire::flag_last_shard | view_flag,
+                 .flags = wire::flag_last_shard | extra_flags,
                  .element_count = pv.values.size(),
                  .tensor = p_.core.shard,
                  .rank = w,
@@ -125,21 +129,22 @@ inline void server<Transport, Policy>::send_parameters(worker_id w) {
 template <transport::transport Transport, sync::consistency_policy Policy>
 inline void server<Transport, Policy>::send_parameters_in_parts(transport::peer_id p, worker_id w,
                                                                 const typename core_type::pinned_parameters& pv,
-                                                                std::uint32_t parts, std::uint32_t view_flag) {
-  const bool own_pass = pv.range_crcs.size() != parts;
+                                                                std::uint32_t parts, std::uint32_t extra_flags) {
+  const bool unchecked = (extra_flags & wire::flag_unchecked) != 0;
+  const bool own_pass = !unchecked && pv.range_crcs.size() != parts;
   if (own_pass) ++tel_.part_crc_passes;
   const std::uint64_t step = core_.serve_staleness(w);
   for (std::uint32_t j = 0; j < parts; ++j) {
     const wire::part_range pr = wire::part_elements(pv.values.size(), parts, j);
     const auto payload = std::as_bytes(pv.values.subspan(pr.first, pr.count));
-    const std::uint32_t crc = own_pass ? wire::crc32c(payload) : pv.range_crcs[j];
+    const std::uint32_t crc = unchecked ? 0u : own_pass ? wire::crc32c(payload) : pv.range_crcs[j];
     if (j > 0) (void)core_.pin_parameters();  // the same version: nothing applies between the parts
     const std::uint32_t i = take_slot();
     send_slot& s = slots_[i];
     wire::header h{.kind = wire::message_kind::pull_reply,
                    .codec = codec_id::identity,
                    .type = dtype::f32,
-                   .flags = wire::flag_last_shard | wire::flag_part | view_flag,
+                   .flags = wire::flag_last_shard | wire::flag_part | extra_flags,
                    .element_count = pv.values.size(),
                    .tensor = p_.core.shard,
                    .rank = w,
@@ -155,6 +160,7 @@ inline void server<Transport, Policy>::send_parameters_in_parts(transport::peer_
     s.version = pv.version;
     send(p, i, s.head, payload);
     ++tel_.reply_parts;
+    if (unchecked) ++tel_.unchecked_out;
   }
   ++tel_.pull_replies;
 }

@@ -107,6 +107,17 @@ struct server_params {
   // computed once per version. 0: one message (the default; see
   // docs/perf/ps-ucx.md "Chunked pipelining"); otherwise >= 4096.
   std::uint64_t reply_part_bytes = 0;
+  // Commits from and replies to a worker on this host (the transport's
+  // peer_on_this_host: UCX over a loopback address, shared memory or
+  // loopback TCP, no wire to corrupt a bit) go without their CRC-32C (wire
+  // flag `unchecked`): the worker's seal and reply check, the CRC half of
+  // this server's check and the new version's CRC are not computed; the
+  // finite check and every other validation stay, and every lane that
+  // crosses a wire keeps its CRC. Both ends must agree
+  // (worker_params::trust_local_lanes): an unchecked message to an end
+  // that does not trust the lane is refused by name. Default false
+  // (docs/ps.md "Lanes without CRC"; docs/perf/ps-passes.md).
+  bool trust_local_lanes = false;
   // A join whose incarnation is ahead of incarnation_now() (ps/incarnation.hpp:
   // nanoseconds since the Unix epoch, a time-based incarnation now) by more than
   // this is refused, so a rank cannot be taken with an incarnation no
@@ -224,6 +235,8 @@ struct server_telemetry {
   std::uint64_t peers_failed = 0;           // connections that failed (their worker was evicted)
   std::uint64_t evicted_silent = 0;         // workers evicted by server_params.worker_timeout
   std::uint64_t replies_refused = 0;        // pull replies past server_params.max_snapshots
+  std::uint64_t unchecked_in = 0;           // commits (or parts) taken without a CRC (trust_local_lanes)
+  std::uint64_t unchecked_out = 0;          // pull replies (or parts) sent without one
   std::uint64_t compressed_replies = 0;     // pull replies sent compressed (server_core_params::replies)
   std::uint64_t compressed_reply_bytes = 0; // their payload bytes
   std::uint64_t receive_bytes = 0;          // receive buffers now (all connections; max_receive_bytes)
@@ -288,6 +301,8 @@ struct server_telemetry {
         field{"peers_failed", &server_telemetry::peers_failed},
         field{"evicted_silent", &server_telemetry::evicted_silent},
         field{"replies_refused", &server_telemetry::replies_refused},
+        field{"unchecked_in", &server_telemetry::unchecked_in},
+        field{"unchecked_out", &server_telemetry::unchecked_out},
         field{"compressed_replies", &server_telemetry::compressed_replies},
         field{"compressed_reply_bytes", &server_telemetry::compressed_reply_bytes},
         field{"receive_bytes", &server_telemetry::receive_bytes},

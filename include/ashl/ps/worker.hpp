@@ -457,6 +457,11 @@ class worker {
       ++tel.staged_replies;
     }
 
+    // Messages to and from server s go without their CRC (worker_params::trust_local_lanes).
+    [[nodiscard]] bool unchecked_lane(std::uint32_t s) const noexcept {
+      return p.trust_local_lanes && peer[s] != transport::no_peer && transport::peer_on_this_host(t, peer[s]);
+    }
+
     [[nodiscard]] bool pending() const noexcept { return sends_pending != 0 || replies_pending != 0; }
     [[nodiscard]] std::uint32_t servers() const noexcept { return static_cast<std::uint32_t>(peer.size()); }
 

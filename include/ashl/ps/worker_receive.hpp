@@ -119,6 +119,7 @@ inline void worker<Transport>::state::on_message(transport::peer_id pid, std::sp
   const key_range r = layout.range(s);
   wire::limits lim;
   lim.max_elements = std::max<std::uint64_t>(r.size(), 1);
+  lim.unchecked_allowed = unchecked_lane(s);  // a trusted lane on this host: no CRC (flag `unchecked`)
   auto m = wire::decode(head, data, lim);
   if (!m) {
     ++tel.bad_messages;
@@ -126,6 +127,7 @@ inline void worker<Transport>::state::on_message(transport::peer_id pid, std::sp
     return;
   }
   const wire::header& h = m->header;
+  if ((h.flags & wire::flag_unchecked) != 0) ++tel.unchecked_in;
   switch (h.kind) {
     case wire::message_kind::pull_reply: {
       if (replied[s] || replies_pending == 0) return;  // not asked for: ignore

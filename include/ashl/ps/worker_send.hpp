@@ -37,7 +37,7 @@ inline status worker<Transport>::state::commit(std::span<const float> update, bo
   check_parts.clear();
   for (std::uint32_t s = 0; s < servers(); ++s) {
     const key_range r = layout.range(s);
-    crc_known[s] = as_checked && dense_parts(s) == 0;
+    crc_known[s] = as_checked && dense_parts(s) == 0 && !unchecked_lane(s);
     check_parts.push_back({.payload = std::as_bytes(update.subspan(r.begin, r.size())),
                            .element_count = r.size(),
                            .model_begin = r.begin,
@@ -95,12 +95,12 @@ inline status worker<Transport>::state::commit_encoded(std::span<const std::span
   check_parts.clear();
   for (std::uint32_t s = 0; s < servers(); ++s) {
     const key_range r = layout.range(s);
-    crc_known[s] = 1;
+    crc_known[s] = unchecked_lane(s) ? 0 : 1;
     check_parts.push_back({.codec = encoder.codec(),
                            .payload = payloads[s],
                            .element_count = r.size(),
                            .model_begin = r.begin,
-                           .crc = &commit_crc[s]});
+                           .crc = crc_known[s] ? &commit_crc[s] : nullptr});
   }
   ASHL_TRY(check_commit_parts(check_parts, {.allow_non_finite = p.allow_non_finite}));
   const double now = clock.now();
@@ -166,7 +166,8 @@ inline status worker<Transport>::state::send_commit_shard(std::uint32_t s) {
   // caller must keep the buffer as it was until wait(): a reconnect seals
   // it again from the same CRC).
   if (crc_known[s]) ASHL_TRY(wire::seal_header(h, payload.size(), commit_crc[s], slots[i].head));
-  else ASHL_TRY(wire::seal_header(h, payload, slots[i].head));
+  else ASHL_TRY(wire::seal_header(h, payload, slots[i].head));  // no CRC read with the flag `unchecked`
+  if ((h.flags & wire::flag_unchecked) != 0) ++tel.unchecked_out;
   ++sends_pending;
   return send(s, i, slots[i].head, payload);
 }
@@ -178,7 +179,8 @@ inline wire::header worker<Transport>::state::commit_header(std::uint32_t s) con
           .codec = last_compressed ? encoder.codec() : codec_id::identity,
           .type = dtype::f32,
           // The pull rides with it; a push asks for an acknowledgement instead of the parameters.
-          .flags = wire::flag_last_shard | commit_flags(true, last_ack_only),
+          .flags = wire::flag_last_shard | commit_flags(true, last_ack_only) |
+                   (unchecked_lane(s) ? wire::flag_unchecked : 0u),
           .element_count = layout.range(s).size(),
           .tensor = s,
           .rank = p.rank,
@@ -205,6 +207,7 @@ inline status worker<Transport>::state::send_commit_part(std::uint32_t s, std::u
   slots[i].commit_part = static_cast<std::int32_t>(j);
   slots[i].part_gen = po.gen;
   ASHL_TRY(wire::seal_header(h, payload, slots[i].head));
+  if ((h.flags & wire::flag_unchecked) != 0) ++tel.unchecked_out;
   ++sends_pending;
   ++tel.commit_parts;
   return send(s, i, slots[i].head, payload);

@@ -116,6 +116,10 @@ struct worker_params {
   // its checksum is known, so a bad reply leaves bad values there (the wait
   // still fails) and a multi-server pull that fails may leave some shards new.
   bool stage_replies = true;
+  // Commits to and replies from a server on this host go without their
+  // CRC-32C (server_params::trust_local_lanes, which the servers must set
+  // alike; wire flag `unchecked`). Default false.
+  bool trust_local_lanes = false;
   // A dense (identity) commit to a server larger than this goes out in parts
   // of about this many bytes (wire flag `part`, docs/wire-format.md; at most
   // wire::max_commit_parts, the parts grow beyond that), each checksummed
@@ -152,6 +156,8 @@ struct worker_telemetry {
   std::uint64_t errors = 0;           // error messages from servers
   std::uint64_t copied_replies = 0;   // pull replies delivered eagerly (copied once from the transport's buffer)
   std::uint64_t compressed_replies = 0;  // pull replies received compressed (added into the worker's view)
+  std::uint64_t unchecked_in = 0;     // replies (or parts) taken without a CRC (trust_local_lanes)
+  std::uint64_t unchecked_out = 0;    // commits (or parts) sent without one
   std::uint64_t staged_replies = 0;   // pulls delivered to the caller's buffer once every reply was checked (stage_replies)
   std::uint64_t bad_messages = 0;     // messages from servers refused (checksum, size, shape): the wait failed
   std::uint64_t reply_parts = 0;      // parts of pull replies received and checked (server_params.reply_part_bytes)
@@ -178,6 +184,8 @@ struct worker_telemetry {
         field{"errors", &worker_telemetry::errors},
         field{"copied_replies", &worker_telemetry::copied_replies},
         field{"compressed_replies", &worker_telemetry::compressed_replies},
+        field{"unchecked_in", &worker_telemetry::unchecked_in},
+        field{"unchecked_out", &worker_telemetry::unchecked_out},
         field{"staged_replies", &worker_telemetry::staged_replies},
         field{"bad_messages", &worker_telemetry::bad_messages},
         field{"reply_parts", &worker_telemetry::reply_parts},

@@ -49,6 +49,10 @@ struct commit_in {
   // acknowledgement, not the parameters, so a dense apply skips the new
   // version's CRC (computed when a reply first pins the version).
   bool ack_only = false;
+  // The reply to that pull goes without a CRC (a lane the driver trusts:
+  // wire flag `unchecked`, trust_local_lanes), so the apply computes none
+  // either; a later reply that needs one computes it when it pins.
+  bool reply_unchecked = false;
   // The driver ran a dense_value_check over this payload (in its CRC pass:
   // wire::decode's visitor) and it found every value finite: validate()
   // skips its own pass over the values. False: validate() checks (and names
@@ -62,6 +66,10 @@ struct commit_in {
   // the payload is read before commit() returns.
   bool payload_kept = false;
 };
+
+// Whether the apply of commit c computes the new version's CRC in its pass:
+// a reply of the parameters rides with it and is checksummed.
+constexpr bool wants_reply_crc(const commit_in& c) noexcept { return c.pull && !c.ack_only && !c.reply_unchecked; }
 
 // The header flags of a commit: `pull`, a pull rides with it; `push`, that
 // pull is answered with a header-only acknowledgement, not the parameters.

@@ -257,7 +257,7 @@ class server_core {
               // or, with the payload kept, later in one pass with the other
               // commits waiting (apply_pending()).
               if (!(speculated && take_speculation(d.weight)) && (!c.payload_kept || !defer_dense(c, d.weight)))
-                apply_dense(c, d.weight, c.pull && !c.ack_only);
+                apply_dense(c, d.weight, wants_reply_crc(c));
               table_[w].last_weight = static_cast<float>(d.weight);
             } else {
               make_writable();
@@ -265,13 +265,13 @@ class server_core {
             }
           } else if (in_acc_) {
             make_writable();
-            step_parts(static_cast<float>(d.weight), c.pull && !c.ack_only);  // acc_ holds the commit at scale 1
+            step_parts(static_cast<float>(d.weight), wants_reply_crc(c));  // acc_ holds the commit at scale 1
           } else {
             // 0 + w·v in the accumulator, then a step at scale 1: the same
             // bits as decoding at scale 1 and stepping at w.
             decode_or_die(c.codec, c.type, c.step, c.tensor, c.payload, acc_, d.weight);
             make_writable();
-            step_parts(1.0f, c.pull && !c.ack_only);
+            step_parts(1.0f, wants_reply_crc(c));
           }
         }
         ++stats_.commits_applied;
@@ -493,7 +493,10 @@ class server_core {
   status checksum_in_parts(std::uint32_t k);
   [[nodiscard]] std::uint32_t checksum_parts() const noexcept { return checksum_parts_ < 2 ? 0 : checksum_parts_; }
 
-  pinned_parameters pin_parameters();
+  // with_crc false: a reply that goes without a CRC (wire flag
+  // `unchecked`): no CRC pass here when the version has none yet (crc and
+  // range_crcs are then not to be read).
+  pinned_parameters pin_parameters(bool with_crc = true);
   void unpin_parameters(std::uint64_t version);
 
   // ------------------------------------------------- compressed replies
@@ -716,7 +719,7 @@ class server_core {
       type = c.type;
       payload = c.payload;
       weight = w;
-      crcs_wanted = c.pull && !c.ack_only;
+      crcs_wanted = wants_reply_crc(c);
       base = changes;
       landed = 0;
       done = 0;

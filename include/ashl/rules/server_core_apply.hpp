@@ -61,7 +61,7 @@ inline bool server_core<Policy>::defer_dense(const commit_in& c, double weight) 
   if (pending_n_ >= pending_.size()) return false;
   pending_[pending_n_++] = {c.payload, c.codec, c.type, c.step, c.tensor, static_cast<float>(weight)};
   ++w_changes_;
-  pending_crc_ = pending_crc_ || (c.pull && !c.ack_only);
+  pending_crc_ = pending_crc_ || wants_reply_crc(c);
   w_crc_valid_ = false;
   return true;
 }

@@ -34,9 +34,9 @@ inline status server_core<Policy>::checksum_in_parts(std::uint32_t k) {
 }
 
 template <sync::consistency_policy Policy>
-inline auto server_core<Policy>::pin_parameters() -> pinned_parameters {
+inline auto server_core<Policy>::pin_parameters(bool with_crc) -> pinned_parameters {
   apply_pending();
-  if (!w_crc_valid_) {
+  if (!w_crc_valid_ && with_crc) {
     const float* src = w_.data();
     const std::size_t n = w_.size();
     const unsigned k = for_parts(n, [&](unsigned part, std::size_t lo, std::size_t hi) noexcept {

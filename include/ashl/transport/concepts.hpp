@@ -170,5 +170,16 @@ concept transport = requires { typename T::transport_concept; } &&
                       { ct.counters() } -> std::convertible_to<const transport_counters&>;
                     };
 
+// Whether peer p runs on this host, for a model that can tell
+// (`peer_on_this_host(p)`: transport::ucx by a loopback address;
+// transport::inproc when its fabric says so); false for any other. The
+// drivers drop the CRC on such a lane only when told to trust it
+// (trust_local_lanes; wire flag `unchecked`, docs/wire-format.md).
+template <class T>
+bool peer_on_this_host(const T& t, peer_id p) noexcept {
+  if constexpr (requires { { t.peer_on_this_host(p) } -> std::convertible_to<bool>; }) return t.peer_on_this_host(p);
+  else return false;
+}
+
 }  // namespace transport
 ASHL_NAMESPACE_END

@@ -86,6 +86,9 @@ namespace transport {
 struct inproc_params {
   std::size_t eager_bytes = 256;  // data parts above this go through receive_buffer()
   bool deterministic = false;     // mailbox order (true) or senders interleaved at random (false)
+  // Every peer reports peer_on_this_host() (tests of the lanes that drop
+  // their CRC, trust_local_lanes); false: none does.
+  bool same_host = false;
 };
 
 class inproc;
@@ -451,6 +454,7 @@ class inproc {
   [[nodiscard]] bool is_connected(peer_id p) const noexcept {
     return p < node_->slots.size() && node_->slots[p].state == detail::inproc_slot_state::connected;
   }
+  [[nodiscard]] bool peer_on_this_host(peer_id p) const noexcept { return fabric_->params_.same_host && is_connected(p); }
 
   void close(peer_id p) {
     if (p >= node_->slots.size() || killed()) return;

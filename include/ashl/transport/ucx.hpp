@@ -108,6 +108,10 @@ class ucx {
   void wait(std::chrono::microseconds timeout) { impl_->wait(timeout); }
   std::span<const peer_id> peers() const noexcept { return impl_->peers(); }
   bool is_connected(peer_id p) const noexcept { return impl_->is_connected(p); }
+  // Whether peer p runs on this host: its address (the one connected to,
+  // or the one it connected from) is a loopback address. A peer reached
+  // over a routable address of this very host counts as remote.
+  bool peer_on_this_host(peer_id p) const noexcept { return impl_->peer_on_this_host(p); }
   // When a message of a connected peer last arrived (a keepalive, or the
   // first part of a large message, counts); a time_point{} when p is not
   // connected. Read on steady_clock.

@@ -92,7 +92,16 @@ inline constexpr std::uint32_t flag_part = 1u << 3;           // pull_reply (v4)
 // compresses replies sets it (rules/reply_encoder.hpp); a version-5 peer
 // from before it refuses it as an unknown flag.
 inline constexpr std::uint32_t flag_view = 1u << 4;
-inline constexpr std::uint32_t flags_known = flag_last_shard | flag_ack_requested | flag_pull | flag_part | flag_view;
+// commit, pull_reply: the CRC field is 0 and checks nothing. A sender sets
+// it only toward a peer its transport says runs on this host and only when
+// told to trust such lanes (server_params / worker_params
+// trust_local_lanes): shared memory or loopback, no wire to corrupt a bit.
+// A receiver accepts it only from a peer its own transport places on this
+// host with the same setting (limits::unchecked_allowed); anything else is
+// refused by name. Every lane that crosses a wire keeps its end-to-end CRC.
+inline constexpr std::uint32_t flag_unchecked = 1u << 5;
+inline constexpr std::uint32_t flags_known =
+    flag_last_shard | flag_ack_requested | flag_pull | flag_part | flag_view | flag_unchecked;
 // A commit part (flag_part on a commit) carries its index in flags bits
 // 16..23 and the count of parts in bits 24..31 (header.part, header.parts;
 // at most max_commit_parts), because its u32 at offset 64 is the commit's
@@ -145,6 +154,10 @@ struct limits {
   std::uint64_t max_payload_bytes = std::uint64_t{1} << 30;
   std::uint32_t max_error_text = 4096;
   std::uint32_t max_measurements = 1024;  // records in one measurements message
+  // A message flagged `unchecked` (no CRC) is taken: set by a receiver per
+  // message, for a sender on this host it trusts (flag_unchecked). Not
+  // part of a saved state.
+  bool unchecked_allowed = false;
   // In this order in a saved server state (core/state_io.hpp).
   static constexpr auto fields() {
     return std::tuple{field{"max_elements", &limits::max_elements},

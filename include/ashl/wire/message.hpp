@@ -120,6 +120,8 @@ inline status check_header(const header& h, std::uint64_t payload_bytes, const l
     return make_error(errc::malformed, "header.flags", hex32{h.flags}, "pull is only for commit");
   if ((h.flags & flag_view) != 0 && (h.kind != message_kind::pull_reply || h.codec != codec_id::identity))
     return make_error(errc::malformed, "header.flags", hex32{h.flags}, "view is only for a dense pull_reply");
+  if ((h.flags & flag_unchecked) != 0 && h.kind != message_kind::commit && h.kind != message_kind::pull_reply)
+    return make_error(errc::malformed, "header.flags", hex32{h.flags}, "unchecked is only for commit and pull_reply");
   if (h.samples != 0 && h.kind != message_kind::commit)
     return make_error(errc::malformed, "header.samples", h.samples, "only a commit covers samples (must be 0)");
   if ((h.flags & flag_part) == 0) {
@@ -246,8 +248,8 @@ inline result<std::size_t> seal(const header& h, std::size_t payload_bytes, std:
                       "bytes, fewer than the " + std::to_string(encoded_size(payload_bytes)) + " the message needs");
   byte_writer w(out.first(header_bytes));
   detail::put_header(w, h, payload_bytes);
-  std::uint32_t crc = crc32c(out.first(crc_offset));
-  crc = crc32c(out.subspan(header_bytes, payload_bytes), crc);
+  std::uint32_t crc = 0;  // flag `unchecked`: no CRC
+  if ((h.flags & flag_unchecked) == 0) crc = crc32c(out.subspan(header_bytes, payload_bytes), crc32c(out.first(crc_offset)));
   w.put(crc);
   ASHL_ASSERT(w.ok() && w.position() == header_bytes, "wire header layout");
   return encoded_size(payload_bytes);
@@ -322,7 +324,7 @@ inline status seal_header(const header& h, std::span<const std::byte> payload, s
     return make_error(errc::buffer_too_small, "wire.header_out.size", out.size(), "bytes, fewer than the 72-byte header");
   byte_writer w(out.first(header_bytes));
   detail::put_header(w, h, payload.size());
-  w.put(crc32c(payload, crc32c(out.first(crc_offset))));
+  w.put((h.flags & flag_unchecked) != 0 ? 0u : crc32c(payload, crc32c(out.first(crc_offset))));
   ASHL_ASSERT(w.ok() && w.position() == header_bytes, "wire header layout");
   return {};
 }
@@ -340,7 +342,7 @@ inline status seal_header(const header& h, std::size_t payload_bytes, std::uint3
     return make_error(errc::buffer_too_small, "wire.header_out.size", out.size(), "bytes, fewer than the 72-byte header");
   byte_writer w(out.first(header_bytes));
   detail::put_header(w, h, payload_bytes);
-  w.put(crc32c_combine(crc32c(out.first(crc_offset)), payload_crc, payload_bytes));
+  w.put((h.flags & flag_unchecked) != 0 ? 0u : crc32c_combine(crc32c(out.first(crc_offset)), payload_crc, payload_bytes));
   ASHL_ASSERT(w.ok() && w.position() == header_bytes, "wire header layout");
   return {};
 }
@@ -488,12 +490,25 @@ inline result<message_view> decode(std::span<const std::byte> head, std::span<co
     h.parts = static_cast<std::uint16_t>(h.samples >> 16);
     h.samples = 0;
   }
-  const std::uint32_t want_crc =
-      crc32c_chunked(payload, crc32c(head.first(crc_offset)),
-                     [&](std::span<const std::byte> chunk) { visit(static_cast<const header&>(h), chunk); });
-  if (crc != want_crc)
-    return make_error(errc::checksum_mismatch, "header.crc32c", detail::hex32{crc},
-                      "computed " + detail::hex32{want_crc}.str() + " over header and payload");
+  if ((flags & flag_unchecked) != 0) {
+    // No CRC (docs/wire-format.md, flag `unchecked`): taken only where the
+    // receiver allows it for this sender; the visitor still sees every chunk.
+    if (!lim.unchecked_allowed)
+      return make_error(errc::malformed, "header.flags", detail::hex32{flags},
+                        "unchecked (no CRC) is taken only from a peer on this host that the receiver trusts "
+                        "(trust_local_lanes on both ends)");
+    if (crc != 0)
+      return make_error(errc::malformed, "header.crc32c", detail::hex32{crc}, "must be 0 with the flag unchecked");
+    for (std::size_t at = 0; at < payload.size(); at += decode_chunk_bytes)
+      visit(static_cast<const header&>(h), payload.subspan(at, std::min(decode_chunk_bytes, payload.size() - at)));
+  } else {
+    const std::uint32_t want_crc =
+        crc32c_chunked(payload, crc32c(head.first(crc_offset)),
+                       [&](std::span<const std::byte> chunk) { visit(static_cast<const header&>(h), chunk); });
+    if (crc != want_crc)
+      return make_error(errc::checksum_mismatch, "header.crc32c", detail::hex32{crc},
+                        "computed " + detail::hex32{want_crc}.str() + " over header and payload");
+  }
   if (reserved8 != 0) return make_error(errc::malformed, "header.reserved0", reserved8, "must be 0");
   ASHL_TRY(detail::check_header(h, payload_bytes, lim));
   message_view m{h, payload, {}};

@@ -21,6 +21,7 @@ inline result<peer_id> ucx_impl::connect(std::string_view address) {
   auto& p = new_peer(true);
   p.address = std::string(address);
   p.target = *a;
+  p.on_this_host = ucx_is_loopback(a->storage);
   p.start = ucx_clock::now();
   p.connect_deadline = p.deadline = p.start + params_.connect_timeout;
   attempt(p);

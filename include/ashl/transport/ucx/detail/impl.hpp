@@ -81,6 +81,11 @@ class ucx_impl {
     return p != nullptr && p->state == ucx_peer_state::connected;
   }
 
+  bool peer_on_this_host(peer_id id) const noexcept {
+    const ucx_peer* p = find(id);
+    return p != nullptr && p->on_this_host;
+  }
+
   ucx_clock::time_point last_heard(peer_id id) const noexcept {
     const ucx_peer* p = find(id);
     return p != nullptr && p->state == ucx_peer_state::connected ? p->heard : ucx_clock::time_point{};

@@ -310,6 +310,7 @@ inline void ucx_impl::read_pending(ucx_pending& slot) {
 inline void ucx_impl::authenticated(ucx_pending& slot, std::span<const std::byte> answer) {
   auto& p = new_peer(false);
   p.address = ucx_format_sockaddr(slot.from);
+  p.on_this_host = ucx_is_loopback(slot.from);
   p.start = slot.since;
   p.own_nonce = slot.nonce;
   std::memcpy(p.peer_nonce.data(), answer.data(), auth::nonce_size);

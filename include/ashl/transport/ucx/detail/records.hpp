@@ -87,6 +87,7 @@ struct ucx_peer {
   bool peer_errors = false;    // the data endpoint has UCX error handling PEER (either side asked)
   std::string address;  // what we connected to, or where the peer connected from
   ucx_sockaddr target;  // client side: the listener's address
+  bool on_this_host = false;  // that address is a loopback one (peer_on_this_host)
   ucx_clock::time_point start{}, deadline{}, retry_at{};
   ucx_clock::time_point connect_deadline{};  // client side: connect_timeout after connect()
   ucx_clock::time_point heard{};           // the last message from it arrived (last_heard())

@@ -50,6 +50,19 @@ inline void ucx_set_nodelay(int fd) noexcept {
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+// A loopback address (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104): the peer
+// runs on this host (transport::ucx::peer_on_this_host).
+inline bool ucx_is_loopback(const sockaddr_storage& a) noexcept {
+  if (a.ss_family == AF_INET)
+    return (ntohl(reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr) >> 24) == 127u;
+  if (a.ss_family == AF_INET6) {
+    const in6_addr& v6 = reinterpret_cast<const sockaddr_in6&>(a).sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
 // The source address of a connection without its port (the per-address cap).
 inline bool ucx_same_host(const sockaddr_storage& a, const sockaddr_storage& b) noexcept {
   if (a.ss_family != b.ss_family) return false;
