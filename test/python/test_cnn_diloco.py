@@ -145,7 +145,9 @@ def test_the_harness_streaming_method_serves_each_fragment_with_the_four_bit_cod
     ups = [b for d, b in calls if d == "up"]
     downs = [b for d, b in calls if d == "down"]
     assert len(ups) == len(downs) == 5
-    for size, up, down in zip(sizes + sizes[:1], ups, downs):  # fragments 0, 1, 2, 3, 0
+    # Fragments 0, 1, 2, 3, 0; exchanges overlap (fragment 2's tiny one may end before fragment 1's),
+    # so the calls are matched by size, not by order.
+    for size, up, down in zip(sorted(sizes + sizes[:1]), sorted(ups), sorted(downs)):
         packed = size // 2 + 4 * (-(-size // 64))  # 4.5 bits per element
         assert packed <= up < packed + 256 and down >= 4 * size, (size, up, down)
     got = torch.cat([torch.from_numpy(s.parameters()) for s in servers])

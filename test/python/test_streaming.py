@@ -153,9 +153,11 @@ def test_with_a_link_each_exchange_crosses_it_on_its_own_thread_with_the_same_bi
         ups = [b for d, b, _ in links[k].calls if d == "up"]
         downs = [b for d, b, _ in links[k].calls if d == "down"]
         assert len(ups) == len(downs) == 8  # one commit and one reply per sync
-        # Dense f32 commits and replies of the fragments, in sync order (0, 1, 0, 1, ...), headers on top.
-        for i, (u, d) in enumerate(zip(ups, downs)):
-            assert u > 4 * sizes[i % P] and d > 4 * sizes[i % P], (i, u, d)
+        # Dense f32 commits and replies of the fragments (0, 1, 0, 1, ...), headers on top; matched by
+        # size, as the exchanges' threads may call in another order.
+        want = sorted(sizes * 4)
+        for n, u, d in zip(want, sorted(ups), sorted(downs)):
+            assert u > 4 * n and d > 4 * n, (n, u, d)
         assert all(th is not seen[k]["thread"] for _, _, th in links[k].calls)
         tel = seen[k]["telemetry"]
         assert tel["bytes_out"] >= sum(ups) and tel["wait_seconds"] >= 0.0  # the join and the leave besides
@@ -180,11 +182,10 @@ def test_four_bit_fragment_commits_come_from_the_servers_codec():
         ups = [b for d, b, _ in links[k].calls if d == "up"]
         downs = [b for d, b, _ in links[k].calls if d == "down"]
         assert len(ups) == len(downs) == 8
-        for i, (u, d) in enumerate(zip(ups, downs)):
-            n = sizes[i % P]
+        for n, u, d in zip(sorted(sizes * 4), sorted(ups), sorted(downs)):  # by size, as above
             packed = n // 2 + 4 * (-(-n // 64))  # two elements a byte, one f32 scale per block of 64
-            assert packed <= u < packed + 256, (i, n, u)  # the payload and the message's header
-            assert d >= 4 * n, (i, n, d)
+            assert packed <= u < packed + 256, (n, u)  # the payload and the message's header
+            assert d >= 4 * n, (n, d)
 
 
 def test_layer_fragment_sizes_and_a_link_that_is_not_callable_are_checked():
