@@ -3,7 +3,11 @@
 policy), through the Python module: ``ashl.torch.serve`` in the server
 process, ``ashl.torch.DistributedOptimizer`` around the workers' inner
 optimizer (the workload's: the CNN's SGD with momentum, the language
-model's AdamW).
+model's AdamW). Streaming DiLoCo (streaming_diloco_4bit) runs
+``ashl.torch.StreamingDiLoCo`` around the same inner optimizer instead,
+and the server process runs one ashl.Server per fragment
+(``fragment_servers``: protocol.fragment_server_settings, the 4-bit codec
+in the servers' own settings), all behind the one server link.
 
 Started by an example's run.py (``--role server`` / ``--role worker``,
 harness.py); the emulation is the workload's (a.W.common) and link.py's,
@@ -18,7 +22,10 @@ the same as ddp_worker.py's:
   worker's up channel and the server's down channel before they are sent,
   a reply's the server's up and the worker's down channel after it arrived;
   the server's channels (its own rate, --server-link-factor) are shared by
-  all nine workers (link.ServerPort).
+  all nine workers (link.ServerPort). StreamingDiLoCo takes the same hook
+  for every fragment's worker (its exchanges run on their own threads, so
+  a fragment's transfer overlaps the next tau inner steps, as the method
+  means it to); the bytes each worker's link carried are counted alike.
 - Loss: the policies read a global loss (ASHL switches from AHL to SHL below
   ``switch_loss``, ADSP rewards commit rates by it; both in the workload's
   training loss). Worker 0 reports the
@@ -34,6 +41,7 @@ import json
 import os
 import threading
 import time
+import types
 
 import torch
 
@@ -96,16 +104,55 @@ def server_flat(model, buckets, flats):
     return torch.cat([t for p in model.parameters() for t in by_id[id(p)]])
 
 
+def fragment_servers(a, model, fabric=None):
+    """Streaming DiLoCo's servers: one ashl.Server per fragment of the model
+    (ashl.torch.layer_fragment_sizes, StreamingDiLoCo's split), each over
+    its fragment's initial values with protocol.fragment_server_settings
+    (the diloco policy, H, the outer optimizer, block4 at 0.125), on a port
+    of its own ("127.0.0.1:0": the addresses go to the workers in a file,
+    fragment_addresses). Started; returns them (fragment order)."""
+    settings = protocol.fragment_server_settings(a.method, a.config, a.workers)
+    sizes = ashl.torch.layer_fragment_sizes(model, protocol.STREAMING["fragments"])
+    with torch.no_grad():  # StreamingDiLoCo's order: the parameters, tied ones once
+        initial = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to(torch.float32).numpy()
+    token = os.environ.get("ASHL_TOKEN", "")
+    servers, lo = [], 0
+    for f, n in enumerate(sizes):
+        where = dict(fabric=fabric, listen=f"fragment{f}") if fabric is not None else dict(listen="127.0.0.1:0")
+        srv = ashl.Server(size=n, initial=initial[lo:lo + n].copy(), token=token, insecure=not token,
+                          worker_timeout=60.0, **where, **settings)
+        srv.start()
+        servers.append(srv)
+        lo += n
+    return servers
+
+
+def fragment_addresses(run_dir):
+    """Each fragment server's address list (StreamingDiLoCo's servers), as
+    the server process wrote them before it wrote "listening"."""
+    with open(f"{run_dir}/fragments.json") as f:
+        return [[x] for x in json.load(f)]
+
+
 def server(a):
     cc = a.W.common
     torch.set_num_threads(1)
     model = cc.make_model(a.seed)
-    pol = policy_of(a)
-    srv = ashl.torch.serve(model, job_of(a, "server"), policy=pol,
-                           compression="topk", optimizer=server_optimizer(a.method), worker_timeout=60.0,
-                           background=True)
-    buckets = ashl.torch.bucket_plan(model)  # serve()'s: bucket_cap_mb "auto", partition_mb 4
-    params = (lambda: srv.parameters()) if len(buckets) > 1 else (lambda: [srv.parameters()])
+    if a.method == "streaming_diloco_4bit":
+        srv = ashl.torch.Servers(fragment_servers(a, model))
+        cc.write_file(f"{a.run_dir}/fragments.json", json.dumps([s.address for s in srv.servers]) + "\n")
+
+        def flat():  # the fragments' parameters, in the parameters' order
+            return torch.cat([torch.from_numpy(x) for x in srv.parameters()])
+    else:
+        srv = ashl.torch.serve(model, job_of(a, "server"), policy=policy_of(a),
+                               compression="topk", optimizer=server_optimizer(a.method), worker_timeout=60.0,
+                               background=True)
+        buckets = ashl.torch.bucket_plan(model)  # serve()'s: bucket_cap_mb "auto", partition_mb 4
+        params = (lambda: srv.parameters()) if len(buckets) > 1 else (lambda: [srv.parameters()])
+
+        def flat():
+            return server_flat(model, buckets, params())
     cc.write_file(f"{a.run_dir}/listening", "1\n")
     t0 = cc.wait_for_start(a.run_dir)
     writer = ticks.TickWriter(a.run_dir, t0, a.eval_every, a.budget)
@@ -115,7 +162,7 @@ def server(a):
         while not done.is_set():
             due = writer.due(cc.mono())
             for k, _ in due:
-                writer.write(k, server_flat(model, buckets, params()))
+                writer.write(k, flat())
             if writer.next > writer.count:
                 return
             done.wait(max(0.0, writer.time_of(writer.next) - cc.mono()))
@@ -125,9 +172,64 @@ def server(a):
     srv.join()
     done.set()
     th.join()
-    writer.finish(server_flat(model, buckets, params()))
-    cc.write_file(f"{a.run_dir}/server.json", json.dumps(srv.telemetry, default=str) + "\n")
+    writer.finish(flat())
+    tel = srv.telemetry
+    if a.method == "streaming_diloco_4bit":
+        tel = {"fragments": tel.pop("buckets")}
+    cc.write_file(f"{a.run_dir}/server.json", json.dumps(tel, default=str) + "\n")
     return 0
+
+
+class StreamingRun:
+    """ashl.torch.StreamingDiLoCo under the names the worker loop reads of a
+    DistributedOptimizer (step, zero_grad, commits, plan, telemetry, ...).
+    The schedule is protocol.streaming_worker_settings' (P, H, tau, alpha);
+    each fragment's worker commits with its servers' codec (4-bit, with
+    error feedback) through ``link``. Its servers read no global loss
+    (report_metric does nothing) and its constructor's join pulled the
+    model (synchronize does nothing)."""
+
+    def __init__(self, inner, model, servers, a, link, batch_size):
+        self.settings = protocol.streaming_worker_settings(a.config)
+        token = os.environ.get("ASHL_TOKEN", "")
+        self.sd = ashl.torch.StreamingDiLoCo(inner, model, servers, rank=a.rank, timeout=120.0, token=token,
+                                             insecure=not token, link=link, fabric=getattr(a, "fabric", None),
+                                             **self.settings)
+        self.batch_size = batch_size
+
+    def zero_grad(self):
+        self.sd.zero_grad()
+
+    def step(self):
+        return self.sd.step()
+
+    def synchronize(self):
+        pass
+
+    def report_metric(self, name, value):
+        pass
+
+    @property
+    def commits(self):
+        return self.sd.syncs  # fragment syncs: each one commit of one fragment
+
+    @property
+    def plan(self):
+        p = self.sd.workers[0].plan
+        return types.SimpleNamespace(local_iterations=self.settings["local_steps"],
+                                     stage=f"streaming P={self.settings['fragments']}",
+                                     compression_ratio=p["compression_ratio"], batch_size=self.batch_size)
+
+    @property
+    def codecs(self):
+        return [w.codec for w in self.sd.workers]
+
+    @property
+    def telemetry(self):
+        return self.sd.telemetry
+
+    def leave(self):
+        self.sd.leave()
 
 
 def worker(a):
@@ -156,13 +258,16 @@ def worker(a):
         if cc.mono() > deadline:
             raise SystemExit(f"worker {rank}: the server did not listen within 120 s")
         time.sleep(0.02)
-    opt = ashl.torch.DistributedOptimizer(sgd, model, policy=policy_of(a).name,
-                                          compression="topk", job=job_of(a, "worker"), batch_size=cc.BATCH,
-                                          timeout=120.0, seed=a.seed, error_feedback=a.method == "ashl_plus",
-                                          link=hold,
-                                          # The exchange inside step(), serially after the padded compute
-                                          # (timed from the iteration's start), as DDP's hook runs it.
-                                          overlap=False)
+    if a.method == "streaming_diloco_4bit":
+        opt = StreamingRun(sgd, model, fragment_addresses(run_dir), a, link=hold, batch_size=cc.BATCH)
+    else:
+        opt = ashl.torch.DistributedOptimizer(sgd, model, policy=policy_of(a).name,
+                                              compression="topk", job=job_of(a, "worker"), batch_size=cc.BATCH,
+                                              timeout=120.0, seed=a.seed, error_feedback=a.method == "ashl_plus",
+                                              link=hold,
+                                              # The exchange inside step(), serially after the padded compute
+                                              # (timed from the iteration's start), as DDP's hook runs it.
+                                              overlap=False)
     cc.write_file(f"{run_dir}/ready-{rank}", "1\n")
     t0 = cc.wait_for_start(run_dir)
     # A fresh pull just before the start (not costed), so the first cycle's
@@ -208,6 +313,7 @@ def worker(a):
             next_report += 1.25
     tel = opt.telemetry
     plan = opt.plan
+    codecs = {"codecs": opt.codecs} if isinstance(opt, StreamingRun) else {}  # each fragment's, as its servers set it
     wall = cc.mono() - t0
     opt.leave()
     ls = link.stats()
@@ -218,7 +324,7 @@ def worker(a):
              "wall_seconds": wall, "wait_seconds": tel.get("wait_seconds", 0.0),
              "plan": {"local_iterations": plan.local_iterations, "stage": plan.stage,
                       "compression_ratio": plan.compression_ratio, "batch_size": plan.batch_size},
-             "stages": stages,
+             "stages": stages, **codecs,
              "cpu_seconds": time.process_time()}
     cc.write_file(f"{run_dir}/worker-{rank}.json", json.dumps(stats) + "\n")
     return 0

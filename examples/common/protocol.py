@@ -44,9 +44,22 @@ LABEL.update({"diloco": "DiLoCo", "streaming_diloco_4bit": "Streaming DiLoCo, 4-
 OUTER_KNOB = {m: "local_steps" for m in OUTER_RIVALS} | {"ashl_outer": "ratio"}
 NEEDS_POLICY = {"diloco": "diloco", "streaming_diloco_4bit": "diloco", "async_local_sgd": "async_diloco",
                 "ashl_outer": "ashl_diloco"}
-# Pieces the harness does not drive yet, by method: refused by name even where the policy is there.
-NOT_WIRED = {"streaming_diloco_4bit": "streaming fragments and the 4-bit codec are not wired into the "
-                                      "examples' workers yet"}
+# Pieces the harness does not drive yet, by method: refused by name even where the policy is there
+# (none today; streaming_diloco_4bit was, until its fragments and 4-bit codec were wired).
+NOT_WIRED = {}
+
+# Streaming DiLoCo, 4-bit (streaming_diloco_4bit; ashl.torch.StreamingDiLoCo):
+# the model cut into P fragments of whole parameter tensors, fragment p with
+# a server of its own (DiLoCo's outer optimizer per fragment), synchronised
+# every H = local_steps inner steps at staggered offsets, its exchange
+# overlapped with the next tau (delay) inner steps, then merged with mixing
+# alpha; every fragment commit block-quantized to 4 bits by the servers'
+# codec (block4: B = 64, an f32 scale a block, error feedback at the worker)
+# at ratio 0.125, the replies dense. P, tau, alpha and the codec are the
+# MLP's streaming_diloco8_4bit row's (docs/perf/diloco-streaming.md); H and
+# the outer optimizer come from the configuration, as DiLoCo's.
+STREAMING = {"fragments": 4, "delay": 2, "alpha": 0.5}
+STREAMING_CODEC = {"compression": "block4", "compression_ratio": 0.125}
 # Every method a table may show, in table order (the CNN's nine first, as before).
 KNOWN_METHODS = ALL_METHODS + OUTER_METHODS
 
@@ -116,6 +129,25 @@ def missing_policies(methods, available):
     if unwired:
         return "; ".join(f"{m} ({LABEL[m]}): {NOT_WIRED[m]}" for m in unwired)
     return None
+
+
+def streaming_worker_settings(config):
+    """StreamingDiLoCo's schedule for streaming_diloco_4bit: fragments,
+    local_steps (the configuration's H), delay and alpha."""
+    return dict(STREAMING, local_steps=int(config["local_steps"]))
+
+
+def fragment_server_settings(method, config, workers):
+    """The settings every fragment server of `method` starts with (the
+    ashl.Server keywords beside its size, initial values and address): the
+    method's policy with H and the outer optimizer's lr and momentum (0.7,
+    0.9 by default, as DiLoCo's), the workers, and the 4-bit codec."""
+    if method != "streaming_diloco_4bit":
+        raise ValueError(f"method = {method!r}: only streaming_diloco_4bit runs fragment servers")
+    return {"policy": NEEDS_POLICY[method],
+            "policy_params": {"local_steps": int(config["local_steps"]), "outer_lr": config.get("outer_lr", 0.7),
+                              "outer_momentum": config.get("outer_momentum", 0.9)},
+            "workers": int(workers), **STREAMING_CODEC}
 
 
 # ------------------------------------------------------------------ order

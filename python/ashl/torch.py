@@ -57,7 +57,8 @@ from . import job as _job_from_env
 from . import _torchrun
 from .trace import Tracer, path_of
 
-__all__ = ["Bucket", "DistributedOptimizer", "DistributedSampler", "StreamingDiLoCo", "serve", "partition", "bucket_plan", "bucket_addresses", "bucket_cap_bytes",
+__all__ = ["Bucket", "DistributedOptimizer", "DistributedSampler", "StreamingDiLoCo", "layer_fragment_sizes", "serve",
+           "partition", "bucket_plan", "bucket_addresses", "bucket_cap_bytes",
            "DEFAULT_PARTITION_MB",
            "ADAPTIVE_POLICIES", "DILOCO_POLICIES"]
 
@@ -1465,6 +1466,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
 _SGD_KEYS = ("lr", "momentum", "weight_decay", "nesterov", "dampening")
 
 
+def layer_fragment_sizes(model: Any, fragments: int) -> List[int]:
+    """Elements of each of StreamingDiLoCo's ``fragments`` fragments of
+    ``model`` (runs of consecutive parameter tensors, tied ones once, of about
+    equal size; ``_ashl.layer_fragments``): what fragment p's servers hold,
+    known before any worker exists (a launcher sizes its servers with it).
+    ValueError, by name, for fragments 0 or more than the parameter tensors."""
+    sizes = [p.numel() for _, p in _named_parameters_unique(model)]
+    bounds = list(_ashl.layer_fragments(sizes, fragments)) + [len(sizes)]
+    return [sum(sizes[bounds[f]:bounds[f + 1]]) for f in range(fragments)]
+
+
 class StreamingDiLoCo:
     """Streaming DiLoCo's worker (rules/streaming.hpp; docs/torch.md,
     "Streaming fragments"): the model's parameters cut into ``fragments``
@@ -1475,18 +1487,33 @@ class StreamingDiLoCo:
 
     ``inner`` is the local optimizer (stepped by ``step()``); ``servers[p]``
     lists fragment p's server addresses (ordinary ashl servers over that
-    fragment's elements, ``fragment_sizes()``; Local SGD with model deltas
-    for plain averaging). The schedule, the merge and the split are the C++
-    rule's (``_ashl.StreamingSchedule``, ``streaming_merge``,
-    ``layer_fragments``), as ps::streaming_worker and the simulator run them.
+    fragment's elements, ``fragment_sizes()`` or ``layer_fragment_sizes``;
+    Local SGD with model deltas for plain averaging, ``diloco`` for the
+    outer optimizer; their ``compression``/``compression_ratio``, e.g.
+    "block4" at 0.125, make the fragment commits 4-bit). The schedule, the
+    merge and the split are the C++ rule's (``_ashl.StreamingSchedule``,
+    ``streaming_merge``, ``layer_fragments``), as ps::streaming_worker and
+    the simulator run them.
     CPU float32 parameters. Bad values are refused by name (ValueError):
     fragments 0 or more than the model's parameter tensors or than
     local_steps, delay >= local_steps, alpha outside [0, 1].
+
+    ``link``: an emulated link, as DistributedOptimizer's: called as
+    ``link("up", bytes)`` before a fragment's commit is sent and
+    ``link("down", bytes)`` after its reply arrived, it holds the calling
+    thread while the bytes cross (examples/common/link.py). A hold blocks,
+    so with a link each fragment's exchange (commit, the server's round,
+    reply) runs on a thread of its own, started at the sync and joined at
+    the merge: it overlaps the next ``delay`` inner steps as a real
+    transfer would, instead of stalling them. ``telemetry``: the fragments'
+    workers' counters summed, and ``wait_seconds``, the time ``step()``
+    waited at merges for an exchange still under way.
     """
 
     def __init__(self, inner: torch.optim.Optimizer, model: Any, servers: Sequence[Sequence[str]], fragments: int,
                  local_steps: int, delay: int = 0, alpha: float = 0.5, rank: int = 0, timeout: float = 30.0,
-                 token: str = "", insecure: bool = False, fabric: Any = None, job: int = 0):
+                 token: str = "", insecure: bool = False, fabric: Any = None, job: int = 0,
+                 link: Optional[Callable[[str, int], None]] = None):
         import numpy as np
         self._np = np
         self.inner = inner
@@ -1498,6 +1525,9 @@ class StreamingDiLoCo:
         self.alpha = float(alpha)
         if len(servers) != fragments:
             raise ValueError(f"servers: {len(servers)} address lists: must be one per fragment ({fragments})")
+        if link is not None and not callable(link):
+            raise ValueError(f"link: {type(link).__name__}: must be callable as link(direction, bytes) or None")
+        self._threaded = link is not None
         sizes = [p.numel() for p in self._params]
         bounds = list(_ashl.layer_fragments(sizes, fragments)) + [len(self._params)]
         self._frags: List[Dict[str, Any]] = []
@@ -1506,17 +1536,36 @@ class StreamingDiLoCo:
             n = sum(p.numel() for p in ps_)
             served = np.zeros(n, dtype=np.float32)
             w = _ashl.Worker(served, list(servers[f]), rank=rank, timeout=timeout, token=token, insecure=insecure,
-                             fabric=fabric, follower=True, job=job)
+                             fabric=fabric, follower=True, job=job, link=link)
             fr = {"params": ps_, "served": served, "ref": served.copy(), "delta": np.zeros(n, dtype=np.float32),
-                  "local": np.zeros(n, dtype=np.float32), "worker": w, "flying": False}
+                  "local": np.zeros(n, dtype=np.float32), "worker": w, "flying": False, "thread": None,
+                  "error": None}
             self._scatter(fr, served)  # the join's pull: the servers' values are the model
             self._frags.append(fr)
         self.steps = 0
         self.syncs = 0
+        self.wait_seconds = 0.0
 
     def fragment_sizes(self) -> List[int]:
         """Elements of each fragment (what its servers hold)."""
         return [int(f["served"].size) for f in self._frags]
+
+    @property
+    def workers(self) -> List[Any]:
+        """Each fragment's ashl Worker (its ``codec``, ``plan``, ``telemetry``)."""
+        return [f["worker"] for f in self._frags]
+
+    @property
+    def telemetry(self) -> dict:
+        """The fragments' workers' numeric counters summed (bytes_out,
+        bytes_in, link_seconds, ...), with ``wait_seconds`` the merges' waits."""
+        out: Dict[str, Any] = {}
+        for fr in self._frags:
+            for k, v in fr["worker"].telemetry.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    out[k] = out.get(k, 0) + v
+        out["wait_seconds"] = self.wait_seconds
+        return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)
@@ -1551,16 +1600,41 @@ class StreamingDiLoCo:
             fr = self._frags[p]
             self._gather(fr)
             self._np.subtract(fr["local"], fr["ref"], out=fr["delta"])
-            fr["worker"].commit(fr["delta"])
+            if self._threaded:
+                fr["error"] = None
+                fr["thread"] = threading.Thread(target=self._exchange, args=(fr,), name=f"fragment{p}",
+                                                daemon=True)
+                fr["thread"].start()
+            else:
+                fr["worker"].commit(fr["delta"])
             fr["flying"] = True
             self.syncs += 1
         if q is not None:
             self._merge(q)
         return loss
 
+    @staticmethod
+    def _exchange(fr: Dict[str, Any]) -> None:
+        # A communication thread's whole exchange (the link's holds inside
+        # commit() and wait()); an error is raised by the merge that joins it.
+        try:
+            fr["worker"].commit(fr["delta"])
+            fr["worker"].wait()
+        except BaseException as e:  # noqa: BLE001 (raised again on the training thread)
+            fr["error"] = e
+
     def _merge(self, f: int) -> None:
         fr = self._frags[f]
-        fr["worker"].wait()
+        t0 = time_monotonic()
+        if fr["thread"] is not None:
+            fr["thread"].join()
+            fr["thread"] = None
+            if fr["error"] is not None:
+                fr["flying"] = False
+                raise fr["error"]
+        else:
+            fr["worker"].wait()
+        self.wait_seconds += time_monotonic() - t0
         self._gather(fr)
         _ashl.streaming_merge(fr["local"], fr["served"], fr["ref"], self.alpha)
         self._scatter(fr, fr["local"])

@@ -1,8 +1,10 @@
 """The CNN harness's DiLoCo-family methods (examples/common/ashl_worker.py,
 2026-12-07): the server each method's run starts accepts its policy with the
 optimizer the harness passes, and the workers' rounds take the outer step
-(not plain averaging); a method the frozen tuning file has no entry for
-runs the defaults instead of failing."""
+(not plain averaging); Streaming DiLoCo's run starts one 4-bit server per
+fragment of the LeNet-5 and its worker's fragment commits cross the
+emulated link 4-bit; a method the frozen tuning file has no entry for runs
+the defaults instead of failing."""
 import os
 import sys
 import types
@@ -24,7 +26,9 @@ import protocol as P  # noqa: E402
 import run as cnn_run  # noqa: E402
 from torch_testing import flat, jobs  # noqa: E402
 
-RUNNABLE_OUTER = [m for m in P.OUTER_METHODS if m not in P.NOT_WIRED]
+# The methods that run through DistributedOptimizer and serve(); Streaming
+# DiLoCo runs StreamingDiLoCo and fragment servers (its own test below).
+RUNNABLE_OUTER = [m for m in P.OUTER_METHODS if m not in P.NOT_WIRED and m != "streaming_diloco_4bit"]
 
 
 def args_of(method, **config):
@@ -112,3 +116,42 @@ def test_a_method_missing_from_the_frozen_file_runs_the_defaults():
     cfg = harness.config_for(a, "diloco", frozen)  # a KeyError before the fix
     assert cfg == cnn_run.DEFAULT_CONFIG
     assert (cfg["local_steps"], cfg["outer_lr"], cfg["outer_momentum"]) == (8, 0.7, 0.9)
+
+
+def test_the_harness_streaming_method_serves_each_fragment_with_the_four_bit_codec():
+    import cnn_common
+    a = args_of("streaming_diloco_4bit")
+    a.workers, a.rank, a.fabric = 1, 0, ashl.InprocFabric()
+    model = cnn_common.make_model(1)  # the LeNet-5 of the run
+    n = sum(p.numel() for p in model.parameters())
+    servers = ashl_worker.fragment_servers(a, model, fabric=a.fabric)
+    sizes = at.layer_fragment_sizes(model, 4)
+    assert len(servers) == 4 and sum(sizes) == n == 61706
+    w0 = flat(model)
+    calls = []
+    opt = ashl_worker.StreamingRun(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model,
+                                   [[f"fragment{f}"] for f in range(4)], a,
+                                   link=lambda d, b: calls.append((d, int(b))), batch_size=64)
+    # The servers' settings reached the workers: block4 (B = 64) at 0.125 on every fragment.
+    assert opt.codecs == ["block4:64"] * 4 and opt.plan.compression_ratio == pytest.approx(0.125)
+    torch.manual_seed(2)
+    for _ in range(16):  # H = 8, P = 4: fragment p syncs after step 8 + 2p, merges tau = 2 steps later
+        x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    opt.sd.finish()  # fragment 0's second sync (after step 16) is still on the wire
+    assert opt.commits == 5
+    ups = [b for d, b in calls if d == "up"]
+    downs = [b for d, b in calls if d == "down"]
+    assert len(ups) == len(downs) == 5
+    # Fragments 0, 1, 2, 3, 0; exchanges overlap (fragment 2's tiny one may end before fragment 1's),
+    # so the calls are matched by size, not by order.
+    for size, up, down in zip(sorted(sizes + sizes[:1]), sorted(ups), sorted(downs)):
+        packed = size // 2 + 4 * (-(-size // 64))  # 4.5 bits per element
+        assert packed <= up < packed + 256 and down >= 4 * size, (size, up, down)
+    got = torch.cat([torch.from_numpy(s.parameters()) for s in servers])
+    assert torch.isfinite(got).all() and not torch.equal(got, w0)  # each fragment's outer step was taken
+    opt.leave()
+    for s in servers:
+        s.join()

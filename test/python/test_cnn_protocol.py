@@ -204,6 +204,27 @@ def test_ashl_outer_tunes_a_knob_its_policy_reads():
         {"lr": 0.05, "warmup_s": 0.0, "ratio": 0.3}
 
 
+def test_streaming_diloco_4bit_is_refused_only_without_the_diloco_policy():
+    # Until its fragments and 4-bit codec were wired it was refused by name
+    # (NOT_WIRED) even where the module had the diloco policy.
+    assert "streaming_diloco_4bit" not in P.NOT_WIRED
+    assert P.missing_policies(["streaming_diloco_4bit"], ["bsp", "diloco"]) is None
+    why = P.missing_policies(["streaming_diloco_4bit"], ["bsp"])
+    assert "streaming_diloco_4bit (Streaming DiLoCo, 4-bit) needs the diloco policy" in why
+
+
+def test_streaming_diloco_4bit_runs_the_mlp_rows_fragments_and_a_four_bit_codec_on_its_servers():
+    cfg = _cnn_run().DEFAULT_CONFIG  # the CNN's DiLoCo rows' H and outer optimizer
+    # P, tau and alpha of docs/perf/diloco-streaming.md's streaming_diloco8_4bit row, H = 8 as both.
+    assert P.streaming_worker_settings(cfg) == {"fragments": 4, "local_steps": 8, "delay": 2, "alpha": 0.5}
+    assert P.streaming_worker_settings(dict(cfg, local_steps=32))["local_steps"] == 32  # the grid's other H
+    assert P.fragment_server_settings("streaming_diloco_4bit", cfg, 9) == {
+        "policy": "diloco", "policy_params": {"local_steps": 8, "outer_lr": 0.7, "outer_momentum": 0.9},
+        "workers": 9, "compression": "block4", "compression_ratio": 0.125}
+    with pytest.raises(ValueError, match=r"method = 'diloco': only streaming_diloco_4bit runs fragment servers"):
+        P.fragment_server_settings("diloco", cfg, 9)
+
+
 # ------------------------------------------------------------------ report
 
 def row(method, seed, t, acc=0.89):

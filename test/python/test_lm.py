@@ -169,8 +169,10 @@ def test_a_method_whose_policy_the_module_lacks_is_refused_by_name():
     assert P.missing_policies(["ddp", "ashl"], names) is None
     assert P.missing_policies(["diloco"], names + ["diloco"]) is None
     assert P.missing_policies(["async_local_sgd", "ashl_outer"], names + ["async_diloco", "ashl_diloco"]) is None
-    # Streaming DiLoCo also needs pieces the workers do not drive yet: refused by name with the policy there.
-    assert "not wired" in P.missing_policies(["streaming_diloco_4bit"], names + ["diloco"])
+    # Streaming DiLoCo needs the diloco policy (its fragment servers'), nothing the workers lack.
+    assert "streaming_diloco_4bit (Streaming DiLoCo, 4-bit) needs the diloco policy" in \
+        P.missing_policies(["streaming_diloco_4bit"], names)
+    assert P.missing_policies(["streaming_diloco_4bit"], names + ["diloco"]) is None
     for m in P.OUTER_METHODS:
         assert m in P.LABEL and m in P.KNOWN_METHODS and m not in P.ALL_METHODS  # the CNN's nine unchanged
 
