@@ -123,6 +123,32 @@ BOOST_AUTO_TEST_CASE(bsp_over_ucx_is_bit_identical_to_one_server_core) {
   }
 }
 
+// Lanes without CRC over real UCX (ps_node --trust-local-lanes: every end
+// trusts its peers on this host; docs/ps.md "Lanes without CRC"): the
+// workers reach the servers at 127.0.0.1, so every commit part and reply
+// part goes without a CRC-32C, and the result is BSP's, bit for bit.
+BOOST_AUTO_TEST_CASE(bsp_over_ucx_on_trusted_local_lanes_sends_no_crc_and_is_bit_identical) {
+  constexpr std::size_t n = 100'003;
+  constexpr int cycles = 8;
+  const auto want = bsp_reference(4, n, cycles);
+  auto o = run_job(2, 4,
+                   {"--policy", "bsp", "--elements", std::to_string(n), "--cycles", std::to_string(cycles),
+                    "--reply-part-kib", "64", "--commit-part-kib", "64", "--commit-window", "2", "--trust-local-lanes"},
+                   shm);
+  BOOST_TEST_REQUIRE(o.run.exit_code == 0, o.run.log());
+  BOOST_TEST_REQUIRE(o.params.size() == n);
+  BOOST_TEST(std::memcmp(o.params.data(), want.data(), n * sizeof(float)) == 0);
+  for (const auto& s : o.servers) {
+    BOOST_TEST(s.at("refused") + s.at("wire_refused") == 0.0);
+    BOOST_TEST(s.at("unchecked_in") == 4.0 * 4 * cycles);        // every commit part of the four workers
+    BOOST_TEST(s.at("unchecked_out") == 4.0 * 4 * (cycles + 1));  // every reply part, the joins' too
+  }
+  for (const auto& w : o.workers) {
+    BOOST_TEST(w.at("unchecked_out") == 2.0 * 4 * cycles);
+    BOOST_TEST(w.at("unchecked_in") == 2.0 * 4 * (cycles + 1));
+  }
+}
+
 BOOST_AUTO_TEST_CASE(ssp_over_ucx_never_exceeds_the_bound) {
   auto o = run_job(1, 4,
                    {"--policy", "ssp", "--staleness", "2", "--optimizer", "delta", "--cycles", "30", "--slow-rank", "0",
