@@ -600,6 +600,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     the server as it lands, commit_window (1-16) of them in flight
     (docs/ps.md, "Commits in parts"); compressed commits go whole.
 
+    trust_local_lanes: commits to and replies from servers on this host
+    (a loopback address) go without their CRC-32C; the servers must be
+    started with the same (``serve(trust_local_lanes=True)``), or the first
+    exchange fails naming it (docs/ps.md, "Lanes without CRC").
+
     link: an emulated link in place of ``link_bytes_per_second``'s rate:
     called as ``link("up", bytes)`` before a commit is sent and
     ``link("down", bytes)`` after a pull reply arrived, it holds the thread
@@ -643,7 +648,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  incarnation: int = 0, device_encode: Optional[bool] = None,
                  link: Optional[Callable[[str, int], None]] = None, commit_part_bytes: int = 0,
                  commit_window: int = 4, start_servers: bool = False, serve_options: Optional[dict] = None,
-                 server_wait: float = 3600.0, loss_fn: Optional[Any] = None):
+                 server_wait: float = 3600.0, loss_fn: Optional[Any] = None, trust_local_lanes: bool = False):
         if optimizer is not None and inner is not None:
             raise ValueError("inner: the inner optimizer is given twice (positional optimizer and inner=); pass one")
         if optimizer is None:
@@ -751,7 +756,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  else 0.0, token=self._job.token, insecure=self._job.insecure,
                                  verbose=self._job.verbose, fabric=fabric, incarnation=incarnation,
                                  job=_job_id(self._job, b.size), follower=b.index > 0, link=link,
-                                 commit_part_bytes=commit_part_bytes, commit_window=commit_window)
+                                 commit_part_bytes=commit_part_bytes, commit_window=commit_window,
+                                 trust_local_lanes=trust_local_lanes)
                 b.stage_in()
                 builder = _ashl.UpdateBuilder(update, b.size)
                 builder.pulled(b.host_params.numpy())
@@ -1747,7 +1753,8 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
           store_bytes: int = 0, allow_non_finite: bool = False, max_commit_samples: int = 1 << 30,
           no_worker_grace: Optional[float] = None, apply_threads: int = 1, reply_part_bytes: int = 0,
           apply_batch: int = 1, apply_parts_as_they_land: bool = False,
-          reply_compression: Optional[str] = None, reply_ratio: float = 1.0) -> Any:
+          reply_compression: Optional[str] = None, reply_ratio: float = 1.0,
+          trust_local_lanes: bool = False) -> Any:
     """Runs this process's servers of the job (job.role == "server"), one per
     bucket (``bucket_plan(model, bucket_cap_mb, partition_mb)``, as the workers make
     them), starting from ``model``'s parameters (its shard of each bucket).
@@ -1788,6 +1795,11 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
     The servers keep one copy of their shard per worker for it
     (docs/ps.md, "Compressed replies"). reply_ratio is the kept share of
     the ratio codecs ("topk", ...).
+
+    trust_local_lanes: commits from and replies to workers on this host (a
+    loopback address) go without their CRC-32C; the workers must say the
+    same (``DistributedOptimizer(trust_local_lanes=True)``; docs/ps.md,
+    "Lanes without CRC").
 
     optimizer: None (default) is the policy's: "model_delta", or for a
     DiLoCo name ("diloco", "async_diloco", "async_local_sgd",
@@ -1846,7 +1858,8 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
                          job=_job_id(job, initial.numel()), apply_threads=apply_threads,
                          reply_part_bytes=reply_part_bytes, apply_batch=apply_batch,
                          apply_parts_as_they_land=apply_parts_as_they_land,
-                         reply_compression=_codec_name(reply_compression) or "identity", reply_ratio=reply_ratio)
+                         reply_compression=_codec_name(reply_compression) or "identity", reply_ratio=reply_ratio,
+                         trust_local_lanes=trust_local_lanes)
         servers.append(srv)
     out = servers[0] if len(servers) == 1 else Servers(servers)
     if background:

@@ -311,7 +311,8 @@ class py_worker {
             double timeout, std::uint64_t seed, bool error_feedback, double link_bytes_per_second, double reconnect,
             double progress_seconds, std::string token, bool insecure, bool verbose, std::optional<fabric> inproc,
             std::uint64_t incarnation, std::uint64_t job, bool follower, py::object link,
-            std::uint64_t commit_part_bytes, std::uint32_t commit_window, bool allow_non_finite)
+            std::uint64_t commit_part_bytes, std::uint32_t commit_window, bool allow_non_finite,
+            bool trust_local_lanes)
       : link_(std::move(link)), params_obj_(parameters) {
     const auto w = buffer_of(parameters, "parameters", true);
     ps::worker_params p{.rank = rank,
@@ -329,6 +330,7 @@ class py_worker {
     p.commit_part_bytes = commit_part_bytes;  // refused by name by worker::create (0, or >= 4096)
     p.commit_window = commit_window;          // likewise (1 .. wire::max_parts_in_flight)
     p.allow_non_finite = allow_non_finite;    // the servers' (rules/commit_check.hpp: a commit is checked whole)
+    p.trust_local_lanes = trust_local_lanes;  // the servers' (docs/ps.md "Lanes without CRC")
     if (!link_.is_none()) {
       if (!PyCallable_Check(link_.ptr()))
         raise(ashl::invalid_argument("worker.link", py::str(py::type::of(link_)).cast<std::string>(),
@@ -583,7 +585,7 @@ class py_server {
             std::uint64_t seed, std::optional<fabric> inproc, std::uint64_t store_bytes, bool allow_non_finite,
             std::uint64_t max_commit_samples, double no_worker_grace, std::uint64_t job, std::uint32_t apply_threads,
             std::uint64_t reply_part_bytes, std::uint32_t apply_batch, bool apply_parts_as_they_land,
-            std::string reply_compression, float reply_ratio) {
+            std::string reply_compression, float reply_ratio, bool trust_local_lanes) {
     if (workers == 0) raise(ashl::invalid_argument("server.workers", 0, "must be >= 1"));
     std::span<const float> init;
     if (initial) {
@@ -660,6 +662,7 @@ class py_server {
     sp.reply_part_bytes = reply_part_bytes;  // refused by name by server::create (0, or >= 4096)
     sp.apply_batch = apply_batch;            // refused by name by server::create (1..64)
     sp.apply_parts_as_they_land = apply_parts_as_they_land;
+    sp.trust_local_lanes = trust_local_lanes;  // docs/ps.md "Lanes without CRC": the workers must say the same
     if (sp.no_worker_grace.count() <= 0)
       raise(ashl::invalid_argument("server.no_worker_grace", no_worker_grace, "must be > 0 seconds"));
     ashl::status failed;
@@ -922,10 +925,11 @@ PYBIND11_MODULE(_ashl, m) {
         "A worker incarnation larger than any earlier process's (what Worker uses when incarnation is 0)");
 
   py::class_<fabric>(m, "InprocFabric", "Nodes of one process that exchange messages (tests, one-process runs)")
-      .def(py::init([](std::size_t eager_bytes, bool deterministic) {
-             return fabric{tr::inproc_fabric::create({.eager_bytes = eager_bytes, .deterministic = deterministic})};
+      .def(py::init([](std::size_t eager_bytes, bool deterministic, bool same_host) {
+             return fabric{tr::inproc_fabric::create(
+                 {.eager_bytes = eager_bytes, .deterministic = deterministic, .same_host = same_host})};
            }),
-           py::arg("eager_bytes") = 256, py::arg("deterministic") = false);
+           py::arg("eager_bytes") = 256, py::arg("deterministic") = false, py::arg("same_host") = false);
 
   py::class_<ps::plan_in_force>(m, "CyclePlan", "a worker's plan and codec for one cycle (ps::plan_in_force)")
       .def_property_readonly("plan", [](const ps::plan_in_force& p) { return plan_dict(p.plan); })
@@ -942,14 +946,14 @@ PYBIND11_MODULE(_ashl, m) {
   py::class_<py_worker>(m, "Worker", "ps::worker: commits a flat float32 buffer and pulls into another")
       .def(py::init<py::array, std::vector<std::string>, std::uint32_t, std::uint32_t, double, std::uint64_t, bool,
                     double, double, double, std::string, bool, bool, std::optional<fabric>, std::uint64_t,
-                    std::uint64_t, bool, py::object, std::uint64_t, std::uint32_t, bool>(),
+                    std::uint64_t, bool, py::object, std::uint64_t, std::uint32_t, bool, bool>(),
            py::arg("parameters"), py::arg("servers"), py::arg("rank") = 0, py::arg("batch") = 1,
            py::arg("timeout") = 30.0, py::arg("seed") = 0, py::arg("error_feedback") = true,
            py::arg("link_bytes_per_second") = 0.0, py::arg("reconnect") = 0.0, py::arg("progress_seconds") = 0.0,
            py::arg("token") = "", py::arg("insecure") = false, py::arg("verbose") = false,
            py::arg("fabric") = std::nullopt, py::arg("incarnation") = 0, py::arg("job") = 0,
            py::arg("follower") = false, py::arg("link") = py::none(), py::arg("commit_part_bytes") = 0,
-           py::arg("commit_window") = 4, py::arg("allow_non_finite") = false)
+           py::arg("commit_window") = 4, py::arg("allow_non_finite") = false, py::arg("trust_local_lanes") = false)
       .def("iteration_done", &py_worker::iteration_done)
       .def_property_readonly("compresses", &py_worker::compresses,
                              "whether this cycle's commit is compressed (known once iteration_done said true)")
@@ -1115,7 +1119,7 @@ PYBIND11_MODULE(_ashl, m) {
                     std::string, float, std::string,
                     bool, bool, double, double, std::string, double, bool, std::uint64_t, std::optional<fabric>,
                     std::uint64_t, bool, std::uint64_t, double, std::uint64_t, std::uint32_t, std::uint64_t,
-                    std::uint32_t, bool, std::string, float>(),
+                    std::uint32_t, bool, std::string, float, bool>(),
            py::arg("size") = 0, py::arg("initial") = std::nullopt, py::arg("policy") = "bsp",
            py::arg("policy_params") = py::dict(), py::arg("workers") = 1, py::arg("listen") = "127.0.0.1:0",
            py::arg("shard") = 0, py::arg("servers") = 1, py::arg("optimizer") = "", py::arg("lr") = 0.1,
@@ -1128,7 +1132,8 @@ PYBIND11_MODULE(_ashl, m) {
            py::arg("allow_non_finite") = false, py::arg("max_commit_samples") = std::uint64_t{1} << 30,
            py::arg("no_worker_grace") = 60.0, py::arg("job") = 0, py::arg("apply_threads") = 1,
            py::arg("reply_part_bytes") = 0, py::arg("apply_batch") = 1, py::arg("apply_parts_as_they_land") = false,
-           py::arg("reply_compression") = "identity", py::arg("reply_ratio") = 1.0f)
+           py::arg("reply_compression") = "identity", py::arg("reply_ratio") = 1.0f,
+           py::arg("trust_local_lanes") = false)
       .def_property_readonly("address", &py_server::address)
       .def("run", &py_server::run)
       .def("start", &py_server::start)
