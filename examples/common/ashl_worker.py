@@ -3,7 +3,8 @@
 policy), through the Python module: ``ashl.torch.serve`` in the server
 process, ``ashl.torch.DistributedOptimizer`` around the workers' inner
 optimizer (the workload's: the CNN's SGD with momentum, the language
-model's AdamW). Streaming DiLoCo (streaming_diloco_4bit) runs
+model's AdamW). Streaming DiLoCo (streaming_diloco_4bit, and
+streaming_diloco_4bit_2way with 4-bit replies) runs
 ``ashl.torch.StreamingDiLoCo`` around the same inner optimizer instead,
 and the server process runs one ashl.Server per fragment
 (``fragment_servers``: protocol.fragment_server_settings, the 4-bit codec
@@ -63,15 +64,13 @@ def policy_of(a):
     if method == "adsp":
         return ashl.Policy("adsp", period=1.0 * time_scale, search_every=1000.0 * time_scale,
                            target_loss=a.W.adsp_target_loss, initial_commit_rate=1)
-    params = dict(profile_iterations=5, h_ahl=8, h_shl=2, shl_staleness=3, compression_ratio=a.config.get("ratio", 0.3),
-                  switch_loss=a.switch_loss, planner="profile", profile_trim=2)
     if method in protocol.NEEDS_POLICY:
         # harness.check_runnable refused these before the run when the module lacks the policy.
-        # The DiLoCo family's Python names (test_cnn_protocol.py serves each one).
-        outer = dict(outer_lr=a.config.get("outer_lr", 0.7), outer_momentum=a.config.get("outer_momentum", 0.9))
-        if method == "ashl_outer":  # ASHL's planned H_i, shares and compression with the outer optimizer
-            return ashl.Policy(protocol.NEEDS_POLICY[method], **params, **outer)
-        return ashl.Policy(protocol.NEEDS_POLICY[method], local_steps=int(a.config.get("local_steps", 8)), **outer)
+        # The DiLoCo family's Python names (test_cnn_protocol.py asserts each one's settings,
+        # test_cnn_diloco.py serves each one).
+        s = protocol.outer_policy_settings(method, a.config, a.switch_loss)
+        return ashl.Policy(s["policy"], **s["policy_params"])
+    params = dict(protocol.ASHL_PLAN, compression_ratio=a.config.get("ratio", 0.3), switch_loss=a.switch_loss)
     if method == "ashl_plus":
         params.update(replanner="profile", replan_drift=0.5, replan_half_life=8)
     return ashl.Policy("ashl", **params)
@@ -108,7 +107,8 @@ def fragment_servers(a, model, fabric=None):
     """Streaming DiLoCo's servers: one ashl.Server per fragment of the model
     (ashl.torch.layer_fragment_sizes, StreamingDiLoCo's split), each over
     its fragment's initial values with protocol.fragment_server_settings
-    (the diloco policy, H, the outer optimizer, block4 at 0.125), on a port
+    (the diloco policy, H, the outer optimizer, block4 at 0.125; for
+    streaming_diloco_4bit_2way block4 replies too), on a port
     of its own ("127.0.0.1:0": the addresses go to the workers in a file,
     fragment_addresses). Started; returns them (fragment order)."""
     settings = protocol.fragment_server_settings(a.method, a.config, a.workers)
@@ -138,7 +138,7 @@ def server(a):
     cc = a.W.common
     torch.set_num_threads(1)
     model = cc.make_model(a.seed)
-    if a.method == "streaming_diloco_4bit":
+    if a.method in protocol.STREAMING_METHODS:
         srv = ashl.torch.Servers(fragment_servers(a, model))
         cc.write_file(f"{a.run_dir}/fragments.json", json.dumps([s.address for s in srv.servers]) + "\n")
 
@@ -174,7 +174,7 @@ def server(a):
     th.join()
     writer.finish(flat())
     tel = srv.telemetry
-    if a.method == "streaming_diloco_4bit":
+    if a.method in protocol.STREAMING_METHODS:
         tel = {"fragments": tel.pop("buckets")}
     cc.write_file(f"{a.run_dir}/server.json", json.dumps(tel, default=str) + "\n")
     return 0
@@ -258,7 +258,7 @@ def worker(a):
         if cc.mono() > deadline:
             raise SystemExit(f"worker {rank}: the server did not listen within 120 s")
         time.sleep(0.02)
-    if a.method == "streaming_diloco_4bit":
+    if a.method in protocol.STREAMING_METHODS:
         opt = StreamingRun(sgd, model, fragment_addresses(run_dir), a, link=hold, batch_size=cc.BATCH)
     else:
         opt = ashl.torch.DistributedOptimizer(sgd, model, policy=policy_of(a).name,

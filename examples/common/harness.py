@@ -473,7 +473,7 @@ def run_row(a, method, seed, cfg, tag, extra):
            "cpu_seconds": sum(w["cpu_seconds"] for w in ws), "run_wall_s": round(time.time() - t_run, 1),
            "curve": [[t, round(acc, 4)] for t, acc, _ in ev["curve"]],
            "curve_to_target": bool(ev.get("to_target", False)), **machine, **extra}
-    if method in ("ashl", "ashl_plus", "ashl_outer"):
+    if method in ("ashl", "ashl_plus", "ashl_outer", "ashl_diloco_sw"):
         row["ratio"] = cfg["ratio"]
         row["switch_loss"] = a.switch_loss
     return row

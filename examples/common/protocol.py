@@ -34,19 +34,33 @@ KNOB = {"ddp_powersgd": "powersgd_rank", "ddp_localsgd": "local_period", "ashl":
 # installed ashl module (NEEDS_POLICY: DiLoCo's rounds, Delayed Nesterov's
 # asynchronous outer steps, ASHL's plans with the outer optimizer), and
 # missing_policies says so by name before anything starts.
-OUTER_RIVALS = ("diloco", "streaming_diloco_4bit", "async_local_sgd")
-OUTER_METHODS = OUTER_RIVALS + ("ashl_outer",)
+OUTER_RIVALS = ("diloco", "streaming_diloco_4bit", "streaming_diloco_4bit_2way", "async_local_sgd")
+OUTER_METHODS = OUTER_RIVALS + ("ashl_outer", "ashl_diloco_sw")
 LABEL.update({"diloco": "DiLoCo", "streaming_diloco_4bit": "Streaming DiLoCo, 4-bit",
-              "async_local_sgd": "Async Local-SGD, delayed Nesterov", "ashl_outer": "ASHL + outer optimizer"})
+              "async_local_sgd": "Async Local-SGD, delayed Nesterov", "ashl_outer": "ASHL + outer optimizer",
+              "streaming_diloco_4bit_2way": "Streaming DiLoCo, 4-bit both ways",
+              "ashl_diloco_sw": "ASHL + outer optimizer, staleness-weighted"})
 # The knob each one's grid varies: local steps per round; ASHL + outer
 # optimizer's planner sets each worker's H_i itself (ashl_diloco reads no
 # local_steps), so its knob is ASHL's r0, as for ASHL.
-OUTER_KNOB = {m: "local_steps" for m in OUTER_RIVALS} | {"ashl_outer": "ratio"}
+OUTER_KNOB = {m: "local_steps" for m in OUTER_RIVALS} | {"ashl_outer": "ratio", "ashl_diloco_sw": "ratio"}
 NEEDS_POLICY = {"diloco": "diloco", "streaming_diloco_4bit": "diloco", "async_local_sgd": "async_diloco",
-                "ashl_outer": "ashl_diloco"}
+                "ashl_outer": "ashl_diloco", "streaming_diloco_4bit_2way": "diloco", "ashl_diloco_sw": "ashl_diloco"}
 # Pieces the harness does not drive yet, by method: refused by name even where the policy is there
 # (none today; streaming_diloco_4bit was, until its fragments and 4-bit codec were wired).
 NOT_WIRED = {}
+
+# The settings ASHL's planner runs with in every ASHL method (ashl, ashl_plus,
+# ashl_outer, ashl_diloco_sw): the reference experiment's
+# (examples/experiment_common.hpp make_setup); r0 comes from the configuration
+# (ratio), the switch loss from the workload.
+ASHL_PLAN = {"profile_iterations": 5, "h_ahl": 8, "h_shl": 2, "shl_staleness": 3, "planner": "profile",
+             "profile_trim": 2}
+# ashl_diloco_sw: ashl_outer with each pseudo-gradient weighted by its
+# staleness tau in commits, (1 + tau)^-1/2: the simulator's fix for the
+# asynchronous form's collapse at outer momentum 0.9 (docs/perf/diloco.md,
+# "Stability of the asynchronous form"; the experiment's ashl_diloco_sw).
+STALENESS_WEIGHT = {"ashl_diloco_sw": {"staleness_weight": "power", "staleness_exponent": 0.5}}
 
 # Streaming DiLoCo, 4-bit (streaming_diloco_4bit; ashl.torch.StreamingDiLoCo):
 # the model cut into P fragments of whole parameter tensors, fragment p with
@@ -58,8 +72,13 @@ NOT_WIRED = {}
 # at ratio 0.125, the replies dense. P, tau, alpha and the codec are the
 # MLP's streaming_diloco8_4bit row's (docs/perf/diloco-streaming.md); H and
 # the outer optimizer come from the configuration, as DiLoCo's.
+# streaming_diloco_4bit_2way is the same with 4-bit replies too: each
+# fragment server answers every pull after a worker's first with block4 of
+# what that worker's copy lacks (docs/ps.md, "Compressed replies").
 STREAMING = {"fragments": 4, "delay": 2, "alpha": 0.5}
 STREAMING_CODEC = {"compression": "block4", "compression_ratio": 0.125}
+STREAMING_METHODS = ("streaming_diloco_4bit", "streaming_diloco_4bit_2way")
+STREAMING_REPLIES = {"streaming_diloco_4bit_2way": {"reply_compression": "block4"}}
 # Every method a table may show, in table order (the CNN's nine first, as before).
 KNOWN_METHODS = ALL_METHODS + OUTER_METHODS
 
@@ -131,8 +150,28 @@ def missing_policies(methods, available):
     return None
 
 
+def outer_policy_settings(method, config, switch_loss):
+    """The policy the server of a DiLoCo-family method served through one
+    ashl server (not Streaming DiLoCo's fragment servers) runs: {"policy":
+    name, "policy_params": {...}}. DiLoCo and Async Local-SGD: H =
+    local_steps and the outer optimizer's lr and momentum (0.7, 0.9 by
+    default); ashl_outer: ASHL's planner (ASHL_PLAN, r0 = ratio, the
+    workload's switch loss) with the same outer optimizer; ashl_diloco_sw:
+    ashl_outer's with its staleness weighting (STALENESS_WEIGHT)."""
+    if method not in NEEDS_POLICY or method in STREAMING_METHODS:
+        raise ValueError(f"method = {method!r}: not a DiLoCo-family method served by one server "
+                         f"(those are {', '.join(m for m in OUTER_METHODS if m not in STREAMING_METHODS)})")
+    outer = {"outer_lr": config.get("outer_lr", 0.7), "outer_momentum": config.get("outer_momentum", 0.9)}
+    if NEEDS_POLICY[method] == "ashl_diloco":  # ASHL's planned H_i, shares and compression with the outer optimizer
+        params = dict(ASHL_PLAN, compression_ratio=config.get("ratio", 0.3), switch_loss=switch_loss, **outer)
+        params.update(STALENESS_WEIGHT.get(method, {}))
+    else:
+        params = dict(local_steps=int(config.get("local_steps", 8)), **outer)
+    return {"policy": NEEDS_POLICY[method], "policy_params": params}
+
+
 def streaming_worker_settings(config):
-    """StreamingDiLoCo's schedule for streaming_diloco_4bit: fragments,
+    """StreamingDiLoCo's schedule for the streaming methods: fragments,
     local_steps (the configuration's H), delay and alpha."""
     return dict(STREAMING, local_steps=int(config["local_steps"]))
 
@@ -141,13 +180,14 @@ def fragment_server_settings(method, config, workers):
     """The settings every fragment server of `method` starts with (the
     ashl.Server keywords beside its size, initial values and address): the
     method's policy with H and the outer optimizer's lr and momentum (0.7,
-    0.9 by default, as DiLoCo's), the workers, and the 4-bit codec."""
-    if method != "streaming_diloco_4bit":
-        raise ValueError(f"method = {method!r}: only streaming_diloco_4bit runs fragment servers")
+    0.9 by default, as DiLoCo's), the workers, the 4-bit codec of the
+    commits and, for streaming_diloco_4bit_2way, of the replies."""
+    if method not in STREAMING_METHODS:
+        raise ValueError(f"method = {method!r}: only {' and '.join(STREAMING_METHODS)} run fragment servers")
     return {"policy": NEEDS_POLICY[method],
             "policy_params": {"local_steps": int(config["local_steps"]), "outer_lr": config.get("outer_lr", 0.7),
                               "outer_momentum": config.get("outer_momentum", 0.9)},
-            "workers": int(workers), **STREAMING_CODEC}
+            "workers": int(workers), **STREAMING_CODEC, **STREAMING_REPLIES.get(method, {})}
 
 
 # ------------------------------------------------------------------ order

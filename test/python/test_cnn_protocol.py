@@ -221,8 +221,71 @@ def test_streaming_diloco_4bit_runs_the_mlp_rows_fragments_and_a_four_bit_codec_
     assert P.fragment_server_settings("streaming_diloco_4bit", cfg, 9) == {
         "policy": "diloco", "policy_params": {"local_steps": 8, "outer_lr": 0.7, "outer_momentum": 0.9},
         "workers": 9, "compression": "block4", "compression_ratio": 0.125}
-    with pytest.raises(ValueError, match=r"method = 'diloco': only streaming_diloco_4bit runs fragment servers"):
+    with pytest.raises(ValueError, match=r"method = 'diloco': only streaming_diloco_4bit and "
+                                         r"streaming_diloco_4bit_2way run fragment servers"):
         P.fragment_server_settings("diloco", cfg, 9)
+
+
+def test_streaming_diloco_4bit_2way_is_streaming_diloco_4bit_with_four_bit_replies():
+    cfg = _cnn_run().DEFAULT_CONFIG
+    # The same schedule and commits; every fragment server also answers a pull with block4 (docs/ps.md,
+    # "Compressed replies"), and only that differs from streaming_diloco_4bit's servers.
+    assert P.streaming_worker_settings(cfg) == {"fragments": 4, "local_steps": 8, "delay": 2, "alpha": 0.5}
+    assert P.fragment_server_settings("streaming_diloco_4bit_2way", cfg, 9) == {
+        "policy": "diloco", "policy_params": {"local_steps": 8, "outer_lr": 0.7, "outer_momentum": 0.9},
+        "workers": 9, "compression": "block4", "compression_ratio": 0.125, "reply_compression": "block4"}
+    assert "reply_compression" not in P.fragment_server_settings("streaming_diloco_4bit", cfg, 9)
+    assert P.STREAMING_METHODS == ("streaming_diloco_4bit", "streaming_diloco_4bit_2way")
+    assert P.NEEDS_POLICY["streaming_diloco_4bit_2way"] == "diloco"
+    assert P.OUTER_KNOB["streaming_diloco_4bit_2way"] == "local_steps"
+
+
+def test_the_single_server_diloco_methods_serve_their_policy_with_the_outer_optimizer():
+    cfg = _cnn_run().DEFAULT_CONFIG
+    outer = {"outer_lr": 0.7, "outer_momentum": 0.9}
+    assert P.outer_policy_settings("diloco", cfg, 0.5) == {
+        "policy": "diloco", "policy_params": {"local_steps": 8, **outer}}
+    assert P.outer_policy_settings("async_local_sgd", dict(cfg, local_steps=32), 0.5) == {
+        "policy": "async_diloco", "policy_params": {"local_steps": 32, **outer}}
+    # ASHL's planner (the reference experiment's settings) with r0 = ratio and the workload's switch loss.
+    ashl_outer = {"profile_iterations": 5, "h_ahl": 8, "h_shl": 2, "shl_staleness": 3, "planner": "profile",
+                  "profile_trim": 2, "compression_ratio": 0.3, "switch_loss": 0.5, **outer}
+    assert P.outer_policy_settings("ashl_outer", cfg, 0.5) == {"policy": "ashl_diloco", "policy_params": ashl_outer}
+    with pytest.raises(ValueError, match=r"method = 'streaming_diloco_4bit': not a DiLoCo-family method served by "
+                                         r"one server"):
+        P.outer_policy_settings("streaming_diloco_4bit", cfg, 0.5)
+    with pytest.raises(ValueError, match=r"method = 'ashl': not a DiLoCo-family method"):
+        P.outer_policy_settings("ashl", cfg, 0.5)
+
+
+def test_ashl_diloco_sw_is_ashl_outer_with_power_one_half_staleness_weights():
+    # The simulator's fix for the asynchronous form's collapse at outer momentum 0.9 (docs/perf/diloco.md,
+    # "Stability of the asynchronous form"; examples/experiment_common.hpp's ashl_diloco_sw).
+    cfg = _cnn_run().DEFAULT_CONFIG
+    assert P.outer_policy_settings("ashl_diloco_sw", dict(cfg, ratio=0.1), 0.4) == {
+        "policy": "ashl_diloco",
+        "policy_params": {"profile_iterations": 5, "h_ahl": 8, "h_shl": 2, "shl_staleness": 3, "planner": "profile",
+                          "profile_trim": 2, "compression_ratio": 0.1, "switch_loss": 0.4, "outer_lr": 0.7,
+                          "outer_momentum": 0.9, "staleness_weight": "power", "staleness_exponent": 0.5}}
+    sw = P.outer_policy_settings("ashl_diloco_sw", cfg, 0.5)["policy_params"]
+    base = P.outer_policy_settings("ashl_outer", cfg, 0.5)["policy_params"]
+    assert {k: v for k, v in sw.items() if k not in base} == {"staleness_weight": "power", "staleness_exponent": 0.5}
+    assert all(sw[k] == v for k, v in base.items())
+    assert P.OUTER_KNOB["ashl_diloco_sw"] == "ratio"  # it plans H_i as ashl_outer, so its grid varies r0
+    assert P.shown_config("ashl_diloco_sw", {"lr": 0.05, "warmup_s": 0.0, "local_steps": 8, "ratio": 0.3}) == \
+        {"lr": 0.05, "warmup_s": 0.0, "ratio": 0.3}
+
+
+def test_every_diloco_method_is_in_each_method_table():
+    for m in ("streaming_diloco_4bit_2way", "ashl_diloco_sw"):
+        assert m in P.OUTER_METHODS and m in P.KNOWN_METHODS and m in P.LABEL and m in P.NEEDS_POLICY
+        assert m not in P.ALL_METHODS and m not in P.NOT_WIRED
+    assert set(P.NEEDS_POLICY) == set(P.OUTER_METHODS) == set(P.OUTER_KNOB)
+    assert P.KNOWN_METHODS == P.ALL_METHODS + P.OUTER_METHODS
+    assert len(set(P.KNOWN_METHODS)) == len(P.KNOWN_METHODS)
+    assert P.missing_policies(["streaming_diloco_4bit_2way", "ashl_diloco_sw"], ["diloco", "ashl_diloco"]) is None
+    why = P.missing_policies(["ashl_diloco_sw"], ["diloco"])
+    assert "ashl_diloco_sw (ASHL + outer optimizer, staleness-weighted) needs the ashl_diloco policy" in why
 
 
 # ------------------------------------------------------------------ report
