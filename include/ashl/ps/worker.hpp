@@ -681,6 +681,18 @@ class worker {
     void on_message(transport::peer_id pid, std::span<const std::byte> head, std::span<const std::byte> data);
     void on_reply_part(std::uint32_t s, const key_range& r, const wire::message_view& m, std::size_t bytes);
     void on_compressed_reply(std::uint32_t s, const key_range& r, const wire::message_view& m, std::size_t bytes);
+    // A reply from server s refused: counted, and the pull fails naming the field and value.
+    void refuse_reply(std::uint32_t s, std::string_view field, std::uint64_t value, const std::string& why) {
+      ++tel.bad_messages;
+      fail(make_error(errc::malformed, field, value, "from " + server_name(s) + ": " + why));
+    }
+    // A reply (or part) of shard s's f32 elements; anything else is refused.
+    bool reply_fits(std::uint32_t s, const key_range& r, const wire::header& h) {
+      if (h.type == dtype::f32 && h.element_count == r.size() && h.tensor == s) return true;
+      refuse_reply(s, "pull_reply.element_count", h.element_count,
+                   "expected " + std::to_string(r.size()) + " f32 elements of shard " + std::to_string(s));
+      return false;
+    }
     // Shard s's dense reply of version `clock` (at `values`) becomes its view.
     void keep_view(std::uint32_t s, const key_range& r, std::span<const float> values, std::uint64_t clock) {
       if (views.size() != params.size()) views.resize(params.size());

@@ -216,12 +216,9 @@ inline void worker<Transport>::state::on_reply_part(std::uint32_t s, const key_r
   const wire::header& h = m.header;
   reply_parts_state& ps = parts_in[s];
   auto refuse = [&](std::string_view field, std::uint64_t value, const std::string& why) {
-    ++tel.bad_messages;
-    fail(make_error(errc::malformed, field, value, "from " + server_name(s) + ": " + why));
+    refuse_reply(s, field, value, why);
   };
-  if (h.type != dtype::f32 || h.element_count != r.size() || h.tensor != s)
-    return refuse("pull_reply.element_count", h.element_count,
-                  "expected " + std::to_string(r.size()) + " f32 elements of shard " + std::to_string(s));
+  if (!reply_fits(s, r, h)) return;
   if (ps.parts != 0 && h.parts != ps.parts)
     return refuse("pull_reply.parts", h.parts, "earlier parts of this reply said " + std::to_string(ps.parts));
   if (h.part != ps.next)
@@ -259,12 +256,9 @@ inline void worker<Transport>::state::on_compressed_reply(std::uint32_t s, const
                                                           const wire::message_view& m, std::size_t bytes) {
   const wire::header& h = m.header;
   auto refuse = [&](std::string_view field, std::uint64_t value, const std::string& why) {
-    ++tel.bad_messages;
-    fail(make_error(errc::malformed, field, value, "from " + server_name(s) + ": " + why));
+    refuse_reply(s, field, value, why);
   };
-  if (h.type != dtype::f32 || h.element_count != r.size() || h.tensor != s)
-    return refuse("pull_reply.element_count", h.element_count,
-                  "expected " + std::to_string(r.size()) + " f32 elements of shard " + std::to_string(s));
+  if (!reply_fits(s, r, h)) return;
   if (!has_view[s] || view_version[s] != h.sequence)
     return refuse("pull_reply.sequence", h.sequence,
                   "a compressed reply against version " + std::to_string(h.sequence) + ", but this worker holds " +

@@ -243,6 +243,17 @@ any_codec make_any_codec(codec_id id, double ratio, codec_options o = {}) {
   }
 }
 
+// The largest payload of n f32 elements under codec c (a monostate: n
+// dense f32 values).
+inline std::size_t max_encoded_bytes(const any_codec& c, std::size_t n) {
+  return std::visit(
+      [&](const auto& k) -> std::size_t {
+        if constexpr (std::is_same_v<std::decay_t<decltype(k)>, std::monostate>) return n * sizeof(float);
+        else return k.max_encoded_bytes(n, dtype::f32);
+      },
+      c);
+}
+
 }  // namespace detail
 
 class commit_encoder {
@@ -279,14 +290,7 @@ class commit_encoder {
   [[nodiscard]] const options& config() const noexcept { return o_; }
 
   // The largest payload of an n-element shard under the codec in force.
-  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const {
-    return std::visit(
-        [&](const auto& c) -> std::size_t {
-          if constexpr (std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) return n * sizeof(float);
-          else return c.max_encoded_bytes(n, dtype::f32);
-        },
-        codec_);
-  }
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const { return detail::max_encoded_bytes(codec_, n); }
 
   // Sizes shard `shard`'s buffers for n elements now, so commits allocate nothing.
   void reserve(std::uint32_t shard, std::size_t n) {

@@ -95,14 +95,7 @@ class reply_encoder {
   [[nodiscard]] const reply_compression& config() const noexcept { return c_; }
 
   // The largest compressed reply of n elements (the shard's by default).
-  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const {
-    return std::visit(
-        [&](const auto& c) -> std::size_t {
-          if constexpr (std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) return n * sizeof(float);
-          else return c.max_encoded_bytes(n, dtype::f32);
-        },
-        codec_);
-  }
+  [[nodiscard]] std::size_t max_encoded_bytes(std::size_t n) const { return detail::max_encoded_bytes(codec_, n); }
   [[nodiscard]] std::size_t max_encoded_bytes() const { return max_encoded_bytes(n_); }
 
   struct served {
