@@ -5,8 +5,11 @@
 #include <ashl/compress/error_feedback.hpp>
 #include <ashl/compress/registry.hpp>
 
+#include <ashl/core/philox.hpp>
+
 #include "../support/codec_testing.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -201,6 +204,63 @@ BOOST_AUTO_TEST_CASE(stochastic_payload_bytes_are_pinned) {
     BOOST_CHECK_MESSAGE(h32 == p.f32 && h16 == p.f16 && hb == p.bf16,
                         p.bits << " bits, block " << p.block << ", n " << p.n << ": {" << std::hex << "0x" << h32
                                << ", 0x" << h16 << ", 0x" << hb << "}");
+  }
+}
+
+// x r is rounded to f32 before u (stochastic) or the rounding constant
+// (nearest) is added, as block_quantize_body and the CUDA kernel's
+// __fmul_rn / __fadd_rn do: the elements are chosen so that one fused
+// rounding of x r + u (an FMA, which gcc's default -ffp-contract=fast makes
+// of a multiply and an add wherever the target has FMA, e.g. under
+// target("avx512f")) gives another code for most of them. The tests build
+// at -O0, where gcc contracts nothing; built optimised (ASHL_TEST_OPTIMIZE
+// empty), this test also checks that the library's kernels were not
+// contracted.
+BOOST_AUTO_TEST_CASE(x_r_is_rounded_before_the_add) {
+  const std::size_t n = 64;  // one block; x[0] = 3 sets absmax, so r = fl(7 / 3)
+  const compress::codec_context ctx{.seed = 21, .step = 4, .tensor = 2};
+  const philox_stream stream(ctx.seed, ctx.step, ctx.tensor);
+  const float r = 7.0f / 3.0f;
+  for (bool stochastic : {false, true}) {
+    std::vector<float> x(n, 0.0f);
+    std::vector<int> want(n, 7);
+    x[0] = 3.0f;
+    std::size_t sensitive = 0;
+    for (std::size_t i = 1; i < n; ++i) {
+      const float u = stochastic ? static_cast<float>(stream.word(i) >> 8) * 0x1p-24f : 0.0f;
+      auto codec_code = [&](float v) {  // two roundings
+        volatile float p = v * r;
+        volatile float t = p + u;
+        return static_cast<int>(stochastic ? std::floor(t) : std::nearbyint(p));
+      };
+      auto fused_code = [&](float v) {  // one rounding of x r + u (nearest: of x r + 1.5 2^23)
+        return static_cast<int>(stochastic ? std::floor(std::fmaf(v, r, u))
+                                           : std::fmaf(v, r, 12582912.0f) - 12582912.0f);
+      };
+      // Aim x r + u at an integer (nearest: x r at a half), then walk ulps.
+      const int k = static_cast<int>(i % 11) - 5;
+      const float aim = stochastic ? (static_cast<float>(k) - u) / r : (static_cast<float>(k) + 0.5f) / r;
+      x[i] = aim;
+      float up = aim, down = aim;
+      for (int d = 0; d < 128; ++d, up = std::nextafter(up, 4.0f), down = std::nextafter(down, -4.0f)) {
+        const float w = codec_code(up) != fused_code(up) ? up : down;
+        if (std::fabs(w) < 3.0f && codec_code(w) != fused_code(w)) {
+          x[i] = w;
+          ++sensitive;
+          break;
+        }
+      }
+      want[i] = std::clamp(codec_code(x[i]), -7, 7);
+    }
+    BOOST_TEST_REQUIRE(sensitive >= n / 4, sensitive << " elements tell the roundings apart");
+    const compress::block_quant c{{.bits = 4, .block = 64, .stochastic = stochastic}};
+    const auto p = encode_to_vector(c, std::span<const float>(x), ctx);
+    BOOST_TEST_REQUIRE(get_u32(p, 16) == std::bit_cast<std::uint32_t>(3.0f / 7.0f));
+    for (std::size_t i = 0; i < n; ++i) {
+      const unsigned byte = static_cast<unsigned>(p[20 + i / 2]);
+      const int nib = static_cast<int>(i % 2 != 0 ? byte >> 4 : byte & 15u);
+      BOOST_TEST((nib >= 8 ? nib - 16 : nib) == want[i], (stochastic ? "stochastic" : "nearest") << ", element " << i);
+    }
   }
 }
 
