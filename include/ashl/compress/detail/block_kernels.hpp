@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #if ASHL_DETAIL_PHILOX_X86 && defined(__GNUC__) && !defined(__clang__)
 // gcc 12 reports its own _mm512_undefined_epi32() as uninitialized when
@@ -165,61 +166,98 @@ __attribute__((target("avx2"))) inline bool block_codes_valid_avx2(const std::ui
   return block_codes_valid_body(c, bytes, bits);
 }
 
-// The codes of len (<= block_piece) elements with AVX-512F intrinsics,
-// quantized and packed in registers: 16 elements per step, the last partial
-// step masked. (gcc 12 vectorizes block_quantize_body and block_pack_body
-// under target("avx512f") too, but its int32 -> int8 narrowing, integer
-// floor and nibble interleave kept both at the AVX2 rate: 0.36 + 0.17 ns per
-// element here against about 0.1 for this loop.) The same exact operations,
-// so the same codes: t = x r (one f32 multiply) plus, when stochastic,
-// u = (word >> 8) 2^-24 (exact), one f32 add; then floor (vrndscaleps, exact,
-// as the integer floor of block_quantize_body) or (t + c) - c (its
-// nearest-even rounding), clamped to [-m, m] (t is integral by then, so
-// clamping before or after the conversion is the same), converted (exact).
-// A masked-off lane reads x = 0 and word 0, so its code is 0: the unused
-// bits of a tensor's last byte stay 0.
-template <bool Stochastic>
-__attribute__((target("avx512f"))) inline void block_codes_avx512(const float* x, std::size_t len, float r, float m,
-                                                                 unsigned bits, const std::uint32_t* words,
+// The codes with AVX-512F intrinsics, quantized and packed in registers, 16
+// elements a step. (gcc 12 vectorizes block_quantize_body and
+// block_pack_body under target("avx512f") too, but its int32 -> int8
+// narrowing, integer floor and nibble interleave kept both at the AVX2 rate:
+// 0.36 + 0.17 ns per element here against about 0.1 for these loops.) The
+// same exact operations, so the same codes: t = x r (one f32 multiply) plus,
+// when stochastic, u = (word >> 8) 2^-24 (exact), one f32 add; then floor
+// (vrndscaleps, exact, as the integer floor of block_quantize_body) or
+// (t + c) - c (its nearest-even rounding), clamped to [-m, m] (t is integral
+// by then, so clamping before or after the conversion is the same),
+// converted (exact), packed: the low 2 Bits bytes of the result.
+template <bool Stochastic, unsigned Bits>
+__attribute__((target("avx512f"), always_inline)) inline __m128i block_step_avx512(__m512 x, __m512i w, __m512 r,
+                                                                                 __m512 lo, __m512 hi) noexcept {
+  // x r through the builtin: gcc contracts _mm512_mul_ps into a following
+  // add (C++ defaults to -ffp-contract=fast and target("avx512f") brings
+  // FMA), and one rounding of x r + u is not the codec's two. (u's own
+  // product is exact, so contracting that one changes nothing.)
+  __m512 t = _mm512_mul_round_ps(x, r, _MM_FROUND_CUR_DIRECTION);
+  if constexpr (Stochastic) {
+    t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(w, 8)), _mm512_set1_ps(0x1p-24f)));
+    t = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  } else {
+    (void)w;
+    const __m512 c = _mm512_set1_ps(block_round_constant);
+    t = _mm512_sub_ps(_mm512_add_ps(t, c), c);
+  }
+  const __m512i q = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, lo), hi));
+  const __m512i low4 = _mm512_set1_epi32(0x0f);
+  if constexpr (Bits == 8) {
+    return _mm512_cvtepi32_epi8(q);
+  } else if constexpr (Bits == 4) {
+    // Per 64-bit lane: the even code's nibble, the odd one's 4 bits up
+    // (bits 32..35 shifted to 4..7); the lane's low byte is kept.
+    return _mm512_cvtepi64_epi8(_mm512_ternarylogic_epi32(low4, q, _mm512_srli_epi64(q, 28), 0xca));  // A ? B : C
+  } else {
+    // Per 64-bit lane two 2-bit codes in bits 0..3, per 128-bit lane four
+    // in bits 0..7 of its dword 0; those four dwords (0, 4, 8, 12) to the front.
+    const __m512i two = _mm512_ternarylogic_epi32(_mm512_set1_epi32(0x03), q, _mm512_srli_epi64(q, 30), 0xca);
+    const __m512i up = _mm512_slli_epi32(_mm512_shuffle_epi32(two, _MM_PERM_AAAC), 4);
+    const __m512i every4th = _mm512_set_epi32(15, 14, 13, 11, 10, 9, 7, 6, 5, 3, 2, 1, 12, 8, 4, 0);
+    return _mm512_cvtepi32_epi8(_mm512_permutexvar_epi32(every4th, _mm512_ternarylogic_epi32(low4, two, up, 0xca)));
+  }
+}
+
+// The codes of the blocks of B elements (the last may be shorter) that make
+// up len elements, block j at multiplier r[j]. A block's whole steps load
+// and store plainly; its last partial step (B % 16 == 8, or the tensor's
+// end) reads masked (a masked-off lane reads x = 0 and word 0, so its code
+// is 0 and the unused bits of a tensor's last byte stay 0) and stores its
+// bytes through a buffer: the masked store forms of the narrowing (vpmovqb
+// to memory) are microcoded on Zen 4 and cost more than the rest of the loop.
+template <bool Stochastic, unsigned Bits>
+__attribute__((target("avx512f"))) inline void block_codes_avx512(const float* x, std::size_t len, std::size_t B,
+                                                                 const float* r, float m,
+                                                                 const std::uint32_t* words,
                                                                  std::uint8_t* out) noexcept {
-  const __m512 rv = _mm512_set1_ps(r), hi = _mm512_set1_ps(m), lo = _mm512_set1_ps(-m);
-  const __m512 unit = _mm512_set1_ps(0x1p-24f), c = _mm512_set1_ps(block_round_constant);
-  const __m512i low4 = _mm512_set1_epi32(0x0f), low2 = _mm512_set1_epi32(0x03);
-  // Dwords 0, 4, 8, 12 (one packed byte each, 2-bit codes) to the front.
-  const __m512i every4th = _mm512_set_epi32(15, 14, 13, 11, 10, 9, 7, 6, 5, 3, 2, 1, 12, 8, 4, 0);
-  for (std::size_t i = 0; i < len; i += 16) {
-    const std::size_t rem = len - i < 16 ? len - i : 16;
-    const auto k = static_cast<__mmask16>((1u << rem) - 1u);
-    // x r through the builtin: gcc contracts _mm512_mul_ps into a following
-    // add (C++ defaults to -ffp-contract=fast and target("avx512f") brings
-    // FMA), and one rounding of x r + u is not the codec's two.
-    __m512 t = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(k, x + i), rv, _MM_FROUND_CUR_DIRECTION);
-    if constexpr (Stochastic) {
-      const __m512i w = _mm512_srli_epi32(_mm512_maskz_loadu_epi32(k, words + i), 8);
-      t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_cvtepi32_ps(w), unit));
-      t = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    } else {
-      t = _mm512_sub_ps(_mm512_add_ps(t, c), c);
+  const __m512 hi = _mm512_set1_ps(m), lo = _mm512_set1_ps(-m);
+  for (std::size_t b0 = 0, j = 0; b0 < len; b0 += B, ++j) {
+    const std::size_t end = len - b0 < B ? len : b0 + B;
+    const __m512 rv = _mm512_set1_ps(r[j]);
+    std::size_t i = b0;
+    for (; i + 16 <= end; i += 16) {
+      const __m512i w = Stochastic ? _mm512_loadu_si512(words + i) : _mm512_setzero_si512();
+      const __m128i p = block_step_avx512<Stochastic, Bits>(_mm512_loadu_ps(x + i), w, rv, lo, hi);
+      std::uint8_t* o = out + i * Bits / 8;
+      if constexpr (Bits == 8) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(o), p);
+      } else if constexpr (Bits == 4) {
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(o), p);
+      } else {
+        const auto v = static_cast<std::uint32_t>(_mm_cvtsi128_si32(p));
+        std::memcpy(o, &v, 4);
+      }
     }
-    const __m512i q = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, lo), hi));
-    std::uint8_t* o = out + i * bits / 8;
-    if (bits == 8) {
-      _mm512_mask_cvtepi32_storeu_epi8(o, k, q);
-    } else if (bits == 4) {
-      // Per 64-bit lane: the even code's nibble, the odd one's 4 bits up
-      // (bits 32..35 shifted to 4..7); the lane's low byte is stored.
-      const __m512i pair = _mm512_ternarylogic_epi32(low4, q, _mm512_srli_epi64(q, 28), 0xca);  // A ? B : C, bitwise
-      _mm512_mask_cvtepi64_storeu_epi8(o, static_cast<__mmask8>((1u << ((rem + 1) / 2)) - 1u), pair);
-    } else {
-      // Per 64-bit lane two 2-bit codes in bits 0..3, per 128-bit lane four
-      // in bits 0..7 of its dword 0; those four dwords to the front.
-      const __m512i two = _mm512_ternarylogic_epi32(low2, q, _mm512_srli_epi64(q, 30), 0xca);
-      const __m512i up = _mm512_slli_epi32(_mm512_shuffle_epi32(two, _MM_PERM_AAAC), 4);
-      const __m512i four = _mm512_ternarylogic_epi32(low4, two, up, 0xca);
-      _mm512_mask_cvtepi32_storeu_epi8(o, static_cast<__mmask16>((1u << ((rem + 3) / 4)) - 1u),
-                                       _mm512_permutexvar_epi32(every4th, four));
+    if (i < end) {
+      const auto k = static_cast<__mmask16>((1u << (end - i)) - 1u);
+      const __m512i w = Stochastic ? _mm512_maskz_loadu_epi32(k, words + i) : _mm512_setzero_si512();
+      alignas(16) std::uint8_t tmp[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(tmp),
+                      block_step_avx512<Stochastic, Bits>(_mm512_maskz_loadu_ps(k, x + i), w, rv, lo, hi));
+      std::memcpy(out + i * Bits / 8, tmp, ((end - i) * Bits + 7) / 8);
     }
   }
+}
+
+template <bool Stochastic>
+inline void block_codes_avx512(const float* x, std::size_t len, std::size_t B, const float* r, float m, unsigned bits,
+                               const std::uint32_t* words, std::uint8_t* out) noexcept {
+  if (bits == 8) block_codes_avx512<Stochastic, 8>(x, len, B, r, m, words, out);
+  else if (bits == 4) block_codes_avx512<Stochastic, 4>(x, len, B, r, m, words, out);
+  else block_codes_avx512<Stochastic, 2>(x, len, B, r, m, words, out);
 }
 #endif
 
@@ -232,8 +270,8 @@ inline void block_codes(const float* x, std::size_t len, float r, float m, unsig
   auto* o = reinterpret_cast<std::uint8_t*>(out);
 #if ASHL_DETAIL_PHILOX_X86
   if (cpu_has_avx512f()) {
-    if (words != nullptr) block_codes_avx512<true>(x, len, r, m, bits, words, o);
-    else block_codes_avx512<false>(x, len, r, m, bits, words, o);
+    if (words != nullptr) block_codes_avx512<true>(x, len, len, &r, m, bits, words, o);
+    else block_codes_avx512<false>(x, len, len, &r, m, bits, words, o);
     return;
   }
   if (cpu_has_avx2()) {
@@ -245,6 +283,24 @@ inline void block_codes(const float* x, std::size_t len, float r, float m, unsig
   if (words != nullptr) block_quantize_body<true>(x, len, r, m, words, q);
   else block_quantize_body<false>(x, len, r, m, words, q);
   block_pack_body(q, len, bits, o);
+}
+
+// The codes of the blocks of B elements (the last may be shorter) that make
+// up len (<= block_piece) elements, block j at multiplier r[j]: block_codes
+// for each, with the SIMD path chosen once.
+inline void block_codes_group(const float* x, std::size_t len, std::size_t B, const float* r, float m, unsigned bits,
+                              const std::uint32_t* words, std::byte* out) noexcept {
+#if ASHL_DETAIL_PHILOX_X86
+  if (cpu_has_avx512f()) {
+    auto* o = reinterpret_cast<std::uint8_t*>(out);
+    if (words != nullptr) block_codes_avx512<true>(x, len, B, r, m, bits, words, o);
+    else block_codes_avx512<false>(x, len, B, r, m, bits, words, o);
+    return;
+  }
+#endif
+  for (std::size_t lo = 0, j = 0; lo < len; lo += B, ++j)
+    block_codes(x + lo, len - lo < B ? len - lo : B, r[j], m, bits, words != nullptr ? words + lo : nullptr,
+                out + lo * bits / 8);
 }
 
 inline void block_add(const std::byte* codes, std::size_t len, unsigned bits, float f, float* acc) noexcept {
