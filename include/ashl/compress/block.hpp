@@ -232,12 +232,9 @@ class block_quant : public detail::codec_base<codec_id::block> {
     std::uint32_t key[most];
     float r[most];
     const std::size_t nb = (len + B - 1) / B;
+    detail::block_keys(xf, len, B, key);
     std::uint32_t bad = 0;
-    for (std::size_t j = 0; j < nb; ++j) {
-      const std::size_t lo = j * B;
-      key[j] = detail::max_abs_key(xf + lo, len - lo < B ? len - lo : B);
-      bad |= static_cast<std::uint32_t>(key[j] >= 0x7f800000u);
-    }
+    for (std::size_t j = 0; j < nb; ++j) bad |= static_cast<std::uint32_t>(key[j] >= 0x7f800000u);
     if (bad != 0)
       for (std::size_t j = 0; j < nb; ++j) ASHL_TRY(check_key(b0 + j, key[j]));
     for (std::size_t j = 0; j < nb; ++j) {

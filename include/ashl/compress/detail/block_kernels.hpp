@@ -19,6 +19,7 @@
 #include <ashl/config.hpp>
 #include <ashl/compress/detail/elements.hpp>
 #include <ashl/compress/detail/host_simd.hpp>
+#include <ashl/compress/detail/quantize.hpp>
 #include <ashl/compress/detail/random_words.hpp>
 
 #include <algorithm>
@@ -252,6 +253,25 @@ __attribute__((target("avx512f"))) inline void block_codes_avx512(const float* x
   }
 }
 
+// The magnitude keys (max_abs_key) of the blocks of B elements (the last
+// may be shorter) that make up len elements: one pass, one horizontal
+// reduction per block.
+__attribute__((target("avx512f"))) inline void block_keys_avx512(const float* x, std::size_t len, std::size_t B,
+                                                                std::uint32_t* key) noexcept {
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+  for (std::size_t b0 = 0, j = 0; b0 < len; b0 += B, ++j) {
+    const std::size_t end = len - b0 < B ? len : b0 + B;
+    __m512i mx = _mm512_setzero_si512();
+    std::size_t i = b0;
+    for (; i + 16 <= end; i += 16) mx = _mm512_max_epu32(mx, _mm512_and_si512(_mm512_loadu_si512(x + i), magnitude));
+    if (i < end) {
+      const auto k = static_cast<__mmask16>((1u << (end - i)) - 1u);
+      mx = _mm512_max_epu32(mx, _mm512_and_si512(_mm512_maskz_loadu_epi32(k, x + i), magnitude));
+    }
+    key[j] = static_cast<std::uint32_t>(_mm512_reduce_max_epu32(mx));
+  }
+}
+
 template <bool Stochastic>
 inline void block_codes_avx512(const float* x, std::size_t len, std::size_t B, const float* r, float m, unsigned bits,
                                const std::uint32_t* words, std::uint8_t* out) noexcept {
@@ -283,6 +303,15 @@ inline void block_codes(const float* x, std::size_t len, float r, float m, unsig
   if (words != nullptr) block_quantize_body<true>(x, len, r, m, words, q);
   else block_quantize_body<false>(x, len, r, m, words, q);
   block_pack_body(q, len, bits, o);
+}
+
+// key[j] = max_abs_key of block j of the blocks of B elements (the last may
+// be shorter) that make up len elements.
+inline void block_keys(const float* x, std::size_t len, std::size_t B, std::uint32_t* key) noexcept {
+#if ASHL_DETAIL_PHILOX_X86
+  if (cpu_has_avx512f()) return block_keys_avx512(x, len, B, key);
+#endif
+  for (std::size_t lo = 0, j = 0; lo < len; lo += B, ++j) key[j] = max_abs_key(x + lo, len - lo < B ? len - lo : B);
 }
 
 // The codes of the blocks of B elements (the last may be shorter) that make
