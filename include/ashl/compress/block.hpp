@@ -248,6 +248,7 @@ class block_quant : public detail::codec_base<codec_id::block> {
     detail::block_codes_group(xf, len, B, r, m, bits, words, codes);
     return {};
   }
+
   block_quant_options opt_{};
 };
 

@@ -2,17 +2,21 @@
 // integer codec (compress/block.hpp): codes of one piece of a block, the
 // checks of a payload's codes, and the add of a block's codes.
 //
-//   detail::block_codes(x, len, r, bits, nullptr, out);      // nearest-even codes of len elements
+//   detail::block_codes(x, len, r, m, bits, nullptr, out);   // nearest-even codes of len elements
+//   detail::block_keys(x, len, B, key);                      // each block's max |x| bit pattern
+//   detail::block_codes_group(x, len, B, r, m, bits, words, out);  // the codes of every block, r[j] each
 //   bool ok = detail::block_codes_valid(codes, bytes, bits);  // no code is -2^(bits-1)
 //   detail::block_add(codes, len, bits, scale * step, acc);  // acc[i] += f * q_i
 //
 // Every loop is plain element-wise arithmetic that the compiler vectorizes
 // (-O3, the SSE2 baseline); the same bodies are compiled a second time under
-// target("avx2") and chosen at run time (cpu_has_avx2); the codes have an
-// AVX-512F version in intrinsics (cpu_has_avx512f). Only exact IEEE
-// operations are used (one multiply, one add, a round to nearest even by the
-// 1.5·2^23 constant, comparisons), never a fused multiply-add (target
-// "avx2" does not enable FMA), so every path writes the same codes.
+// target("avx2") and chosen at run time (cpu_has_avx2); the codes and the
+// block magnitudes have AVX-512F versions in intrinsics (cpu_has_avx512f).
+// Only exact IEEE operations are used (one multiply, one add, a round to
+// nearest even by the 1.5·2^23 constant or a floor, comparisons), never a
+// fused multiply-add (target "avx2" does not enable FMA; under
+// target("avx512f"), which does, the multiply is a builtin gcc does not
+// contract), so every path writes the same codes.
 // docs/codecs.md "block"; docs/wire-format.md "Codec payloads / block".
 #pragma once
 
