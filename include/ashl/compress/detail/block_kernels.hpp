@@ -51,11 +51,29 @@ inline constexpr std::size_t block_piece = 1024;
 // even, in the current (default) rounding mode.
 inline constexpr float block_round_constant = 12582912.0f;
 
+// x r is rounded to f32 before anything is added to it, on every path and
+// whatever the user's flags: gcc contracts a multiply and an add into an FMA
+// wherever the target has one (C++ defaults to -ffp-contract=fast; -mfma,
+// -march=haswell or newer), clang within one expression, and one rounding
+// of x r + u gives other codes than the device kernel's __fmul_rn /
+// __fadd_rn (compress/block `x_r_is_rounded_before_the_add`, built with
+// -O2 -mfma at ASHL_HOST_SIMD avx2, failed before this). gcc: the optimize
+// attribute on the functions holding those loops; clang: the pragma at the
+// top of the body.
+#if defined(__GNUC__) && !defined(__clang__)
+#define ASHL_DETAIL_BLOCK_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else
+#define ASHL_DETAIL_BLOCK_NO_CONTRACT
+#endif
+
 // q_i = round_nearest_even(x_i * r), clamped to [-m, m]; or, with words,
 // q_i = floor(x_i * r + u_i), u_i = (word_i >> 8) 2^-24, clamped.
 template <bool Stochastic>
-inline void block_quantize_body(const float* x, std::size_t len, float r, float m, const std::uint32_t* words,
-                                std::int8_t* q) noexcept {
+ASHL_DETAIL_BLOCK_NO_CONTRACT inline void block_quantize_body(const float* x, std::size_t len, float r, float m,
+                                                              const std::uint32_t* words, std::int8_t* q) noexcept {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
   if constexpr (Stochastic) {
     // Integer floor and clamp: gcc 12 does not if-convert a float compare
     // under -ftrapping-math here, and then vectorizes nothing.
@@ -153,8 +171,8 @@ inline bool block_codes_valid_body(const std::uint8_t* c, std::size_t bytes, uns
 }
 
 #if ASHL_DETAIL_PHILOX_X86
-__attribute__((target("avx2"))) inline void block_quantize_avx2(const float* x, std::size_t len, float r, float m,
-                                                               const std::uint32_t* words, std::int8_t* q) noexcept {
+__attribute__((target("avx2"))) ASHL_DETAIL_BLOCK_NO_CONTRACT inline void block_quantize_avx2(
+    const float* x, std::size_t len, float r, float m, const std::uint32_t* words, std::int8_t* q) noexcept {
   if (words != nullptr) block_quantize_body<true>(x, len, r, m, words, q);
   else block_quantize_body<false>(x, len, r, m, words, q);
 }
@@ -355,6 +373,7 @@ inline bool block_codes_valid(const std::byte* codes, std::size_t bytes, unsigne
 }  // namespace detail
 ASHL_DETAIL_COMPRESS_HOST_END
 
+#undef ASHL_DETAIL_BLOCK_NO_CONTRACT
 #if defined(ASHL_DETAIL_BLOCK_POP_DIAGNOSTIC)
 #pragma GCC diagnostic pop
 #undef ASHL_DETAIL_BLOCK_POP_DIAGNOSTIC
