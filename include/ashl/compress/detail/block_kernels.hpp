@@ -8,15 +8,15 @@
 //   bool ok = detail::block_codes_valid(codes, bytes, bits);  // no code is -2^(bits-1)
 //   detail::block_add(codes, len, bits, scale * step, acc);  // acc[i] += f * q_i
 //
-// Every loop is plain element-wise arithmetic that the compiler vectorizes
-// (-O3, the SSE2 baseline); the same bodies are compiled a second time under
-// target("avx2") and chosen at run time (cpu_has_avx2); the codes and the
-// block magnitudes have AVX-512F versions in intrinsics (cpu_has_avx512f).
-// Only exact IEEE operations are used (one multiply, one add, a round to
-// nearest even by the 1.5·2^23 constant or a floor, comparisons), never a
-// fused multiply-add (target "avx2" does not enable FMA; under
-// target("avx512f"), which does, the multiply is a builtin gcc does not
-// contract), so every path writes the same codes.
+// The portable loops are plain element-wise arithmetic that the compiler
+// vectorizes (-O3, the SSE2 baseline); the add and the code checks are
+// compiled a second time under target("avx2") and chosen at run time
+// (cpu_has_avx2); the codes have AVX2 and AVX-512F versions in intrinsics,
+// the block magnitudes an AVX-512F one (cpu_has_avx512f). Only exact IEEE
+// operations are used (one multiply, one add, a round to nearest even by the
+// 1.5·2^23 constant or a floor, comparisons), never a fused multiply-add
+// (ASHL_DETAIL_BLOCK_NO_CONTRACT, and a builtin multiply under
+// target("avx512f")), so every path writes the same codes.
 // docs/codecs.md "block"; docs/wire-format.md "Codec payloads / block".
 #pragma once
 
@@ -57,9 +57,10 @@ inline constexpr float block_round_constant = 12582912.0f;
 // -march=haswell or newer), clang within one expression, and one rounding
 // of x r + u gives other codes than the device kernel's __fmul_rn /
 // __fadd_rn (compress/block `x_r_is_rounded_before_the_add`, built with
-// -O2 -mfma at ASHL_HOST_SIMD avx2, failed before this). gcc: the optimize
-// attribute on the functions holding those loops; clang: the pragma at the
-// top of the body.
+// -O2 -mfma at ASHL_HOST_SIMD avx2, failed before this). gcc: this optimize
+// attribute on the functions that multiply and add (gcc then does not inline
+// them into a caller that would contract); clang: #pragma clang fp
+// contract(off) in their bodies.
 #if defined(__GNUC__) && !defined(__clang__)
 #define ASHL_DETAIL_BLOCK_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
 #else
@@ -171,15 +172,6 @@ inline bool block_codes_valid_body(const std::uint8_t* c, std::size_t bytes, uns
 }
 
 #if ASHL_DETAIL_PHILOX_X86
-__attribute__((target("avx2"))) ASHL_DETAIL_BLOCK_NO_CONTRACT inline void block_quantize_avx2(
-    const float* x, std::size_t len, float r, float m, const std::uint32_t* words, std::int8_t* q) noexcept {
-  if (words != nullptr) block_quantize_body<true>(x, len, r, m, words, q);
-  else block_quantize_body<false>(x, len, r, m, words, q);
-}
-__attribute__((target("avx2"))) inline void block_pack_avx2(const std::int8_t* q, std::size_t len, unsigned bits,
-                                                           std::uint8_t* out) noexcept {
-  block_pack_body(q, len, bits, out);
-}
 __attribute__((target("avx2"))) inline void block_add_avx2(const std::uint8_t* c, std::size_t len, unsigned bits,
                                                           float f, float* acc) noexcept {
   block_add_body(c, len, bits, f, acc);
@@ -275,6 +267,90 @@ __attribute__((target("avx512f"))) inline void block_codes_avx512(const float* x
   }
 }
 
+// The codes of the blocks of B elements (the last may be shorter) that make
+// up len elements, block j at multiplier r[j], with AVX2 intrinsics for
+// CPUs without AVX-512F: 32 elements a step, the same operations as
+// block_step_avx512 (floor by vroundps), the 32 codes narrowed to bytes by
+// two saturating packs (|q| <= 127) and put back in order, then packed. A
+// block's partial last step reads through vmaskmovps (masked-off lanes read
+// 0: code 0) and stores through a buffer. Not contracted to FMA
+// (ASHL_DETAIL_BLOCK_NO_CONTRACT) when the user's flags bring it.
+template <bool Stochastic, unsigned Bits>
+__attribute__((target("avx2"))) ASHL_DETAIL_BLOCK_NO_CONTRACT inline void block_codes_avx2(
+    const float* x, std::size_t len, std::size_t B, const float* r, float m, const std::uint32_t* words,
+    std::uint8_t* out) noexcept {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+  const __m256 hi = _mm256_set1_ps(m), lo = _mm256_set1_ps(-m);
+  const __m256 unit = _mm256_set1_ps(0x1p-24f), c = _mm256_set1_ps(block_round_constant);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (std::size_t b0 = 0, j = 0; b0 < len; b0 += B, ++j) {
+    const std::size_t end = len - b0 < B ? len : b0 + B;
+    const __m256 rv = _mm256_set1_ps(r[j]);
+    for (std::size_t i = b0; i < end; i += 32) {
+      const std::size_t rem = end - i < 32 ? end - i : 32;
+      __m256i q[4];
+      for (std::size_t v = 0; v < 4; ++v) {
+        __m256 xv;
+        __m256i wv = _mm256_setzero_si256();
+        const std::size_t at = i + 8 * v;
+        if (rem == 32) {
+          xv = _mm256_loadu_ps(x + at);
+          if constexpr (Stochastic) wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + at));
+        } else {
+          // Lane l is read when 8 v + l < rem.
+          const auto k = static_cast<int>(rem > 8 * v ? rem - 8 * v : 0);
+          const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+          xv = _mm256_maskload_ps(x + at, mask);
+          if constexpr (Stochastic) wv = _mm256_maskload_epi32(reinterpret_cast<const int*>(words + at), mask);
+        }
+        __m256 t = _mm256_mul_ps(xv, rv);
+        if constexpr (Stochastic) {
+          t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(wv, 8)), unit));
+          t = _mm256_floor_ps(t);
+        } else {
+          (void)wv;
+          t = _mm256_sub_ps(_mm256_add_ps(t, c), c);
+        }
+        q[v] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(t, lo), hi));
+      }
+      // Bytes in element order: the packs interleave the 128-bit lanes.
+      const __m256i b = _mm256_permutevar8x32_epi32(
+          _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])), order);
+      alignas(32) std::uint8_t tmp[32];
+      std::uint8_t* o = rem == 32 ? out + i * Bits / 8 : tmp;
+      if constexpr (Bits == 8) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), b);
+      } else if constexpr (Bits == 4) {
+        // e0 + 16 e1 per byte pair (unsigned nibbles), then to bytes.
+        const __m256i nib = _mm256_and_si256(b, _mm256_set1_epi8(0x0f));
+        const __m256i pair = _mm256_maddubs_epi16(nib, _mm256_set1_epi16(0x1001));
+        const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi16(pair, pair), 0x08);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm256_castsi256_si128(p));
+      } else {
+        // e0 + 4 e1 per byte pair, then (e0 + 4 e1) + 16 (e2 + 4 e3) per quad.
+        const __m256i two = _mm256_and_si256(b, _mm256_set1_epi8(0x03));
+        const __m256i pair = _mm256_maddubs_epi16(two, _mm256_set1_epi16(0x0401));
+        const __m256i quad = _mm256_madd_epi16(pair, _mm256_set1_epi32(0x00100001));
+        const __m256i w16 = _mm256_packus_epi32(quad, quad);
+        const __m256i p =
+            _mm256_permutevar8x32_epi32(_mm256_packus_epi16(w16, w16), _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(o), _mm256_castsi256_si128(p));
+      }
+      if (rem != 32) std::memcpy(out + i * Bits / 8, tmp, (rem * Bits + 7) / 8);
+    }
+  }
+}
+
+template <bool Stochastic>
+inline void block_codes_avx2(const float* x, std::size_t len, std::size_t B, const float* r, float m, unsigned bits,
+                             const std::uint32_t* words, std::uint8_t* out) noexcept {
+  if (bits == 8) block_codes_avx2<Stochastic, 8>(x, len, B, r, m, words, out);
+  else if (bits == 4) block_codes_avx2<Stochastic, 4>(x, len, B, r, m, words, out);
+  else block_codes_avx2<Stochastic, 2>(x, len, B, r, m, words, out);
+}
+
 // The magnitude keys (max_abs_key) of the blocks of B elements (the last
 // may be shorter) that make up len elements: one pass, one horizontal
 // reduction per block.
@@ -317,8 +393,8 @@ inline void block_codes(const float* x, std::size_t len, float r, float m, unsig
     return;
   }
   if (cpu_has_avx2()) {
-    block_quantize_avx2(x, len, r, m, words, q);
-    block_pack_avx2(q, len, bits, o);
+    if (words != nullptr) block_codes_avx2<true>(x, len, len, &r, m, bits, words, o);
+    else block_codes_avx2<false>(x, len, len, &r, m, bits, words, o);
     return;
   }
 #endif
@@ -346,6 +422,12 @@ inline void block_codes_group(const float* x, std::size_t len, std::size_t B, co
     auto* o = reinterpret_cast<std::uint8_t*>(out);
     if (words != nullptr) block_codes_avx512<true>(x, len, B, r, m, bits, words, o);
     else block_codes_avx512<false>(x, len, B, r, m, bits, words, o);
+    return;
+  }
+  if (cpu_has_avx2()) {
+    auto* o = reinterpret_cast<std::uint8_t*>(out);
+    if (words != nullptr) block_codes_avx2<true>(x, len, B, r, m, bits, words, o);
+    else block_codes_avx2<false>(x, len, B, r, m, bits, words, o);
     return;
   }
 #endif
