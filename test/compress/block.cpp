@@ -5,8 +5,11 @@
 #include <ashl/compress/error_feedback.hpp>
 #include <ashl/compress/registry.hpp>
 
+#include <ashl/core/philox.hpp>
+
 #include "../support/codec_testing.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -167,16 +170,123 @@ BOOST_AUTO_TEST_CASE(stochastic_rounding_is_unbiased_and_seeded) {
              hex(encode_to_vector(nearest, std::span<const float>(x), {.seed = 2, .step = 5})));
 }
 
+// The exact payload bytes (FNV-1a of each) as written by the encoder of
+// commit c77a659, before its kernels were rewritten for speed: any rewrite
+// must keep every bit, since the CUDA encoder (compress/cuda/block.cuh) must
+// write the same bytes and, when stochastic, draws the same philox_stream
+// words. The cases cover every width, a block of 8, blocks that fill a
+// 1024-element piece (64) and that do not (96), a block larger than a piece
+// (4096), a tensor of fewer than 4 elements, f16 / bf16 inputs, both
+// roundings, and a context whose seed and step use their high 32 bits.
+BOOST_AUTO_TEST_CASE(payload_bytes_are_pinned) {
+  struct pin {
+    bool stochastic;
+    unsigned bits;
+    std::uint32_t block;
+    std::size_t n;
+    std::uint64_t f32, f16, bf16;
+  };
+  const pin pins[] = {
+      {true, 4, 64, 100003, 0x20de9a8f70e76c26, 0xab84e9f996dab486, 0x6501d9fa352ec379},
+      {true, 2, 96, 100003, 0xef3a72a4583922db, 0x73bf4a9373734a12, 0xabe4b95f71afdede},
+      {true, 8, 8, 100003, 0x1fe760df9e15957a, 0x8eedd7282e592a4a, 0xa664f1d49d8bee01},
+      {true, 4, 4096, 100003, 0x70f6157529d5b05e, 0x1a8432f1a8910384, 0x63d82bbf2b4aeb6},
+      {true, 8, 64, 3, 0xc90802f5feba7b94, 0x6a95a7fbd967d2c3, 0xd39d508a72bb5032},
+      {true, 2, 64, 1029, 0x3fb92a9cd4c2b65a, 0x4fa94a2ab957268c, 0x623b8cb5ef092475},
+      {false, 4, 64, 100003, 0x3a5770411b6bd763, 0x93445427b7777282, 0x29ab9c652c8f8cec},
+      {false, 2, 96, 100003, 0x59b522e0b586aab7, 0x8189b75cdde9e6ee, 0x223e7a3802696a36},
+      {false, 8, 8, 100003, 0x3f948865796e5dda, 0xbf73d7752047d515, 0x18deffc6ed67e3c8},
+      {false, 4, 4096, 100003, 0x794261c417c69f2e, 0x4a97aea65488f688, 0x1afed0cb7a93f014},
+      {false, 8, 64, 3, 0xba9949fc1f3b4f7e, 0x656edca0b3c005a1, 0xc4d92b8eea4f0b50},
+      {false, 2, 64, 1029, 0x83709107f4b603eb, 0x8b518c1a1b9da25d, 0xe242867a7bee3a24},
+  };
+  const auto all = golden_input(100003, 12);
+  const compress::codec_context ctx{.seed = 0xfedcba9876543210ull, .step = (std::uint64_t{3} << 32) | 41u, .tensor = 5};
+  for (const pin& p : pins) {
+    const std::vector<float> xf(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(p.n));
+    const compress::block_quant c{{.bits = p.bits, .block = p.block, .stochastic = p.stochastic}};
+    const std::uint64_t h32 = fnv1a(encode_to_vector(c, std::span<const float>(xf), ctx));
+    const std::uint64_t h16 = fnv1a(encode_to_vector(c, std::span<const half>(to_type<half>(xf)), ctx));
+    const std::uint64_t hb = fnv1a(encode_to_vector(c, std::span<const bfloat16>(to_type<bfloat16>(xf)), ctx));
+    BOOST_CHECK_MESSAGE(h32 == p.f32 && h16 == p.f16 && hb == p.bf16,
+                        (p.stochastic ? "stochastic, " : "nearest, ")
+                            << p.bits << " bits, block " << p.block << ", n " << p.n << ": {" << std::hex << "0x"
+                            << h32 << ", 0x" << h16 << ", 0x" << hb << "}");
+  }
+}
+
+// x r is rounded to f32 before u (stochastic) or the rounding constant
+// (nearest) is added, as block_quantize_body and the CUDA kernel's
+// __fmul_rn / __fadd_rn do: the elements are chosen so that one fused
+// rounding of x r + u gives another code for many of them. (gcc makes an FMA
+// of a multiply and an add wherever the target has one, target("avx512f"),
+// -mfma or -march=haswell, under its default -ffp-contract=fast; clang
+// within one expression.) The tests build at -O0, where nothing is
+// contracted; built optimised (ASHL_TEST_OPTIMIZE empty, or -O2 -mfma at
+// each ASHL_HOST_SIMD level), this test checks that the library's loops
+// were not contracted: it failed so on main's portable and AVX2 loops.
+BOOST_AUTO_TEST_CASE(x_r_is_rounded_before_the_add) {
+  const std::size_t n = 64;  // one block; x[0] = 3 sets absmax, so r = fl(7 / 3)
+  const compress::codec_context ctx{.seed = 21, .step = 4, .tensor = 2};
+  const philox_stream stream(ctx.seed, ctx.step, ctx.tensor);
+  const float r = 7.0f / 3.0f;
+  for (bool stochastic : {false, true}) {
+    std::vector<float> x(n, 0.0f);
+    std::vector<int> want(n, 7);
+    x[0] = 3.0f;
+    std::size_t sensitive = 0;
+    for (std::size_t i = 1; i < n; ++i) {
+      const float u = stochastic ? static_cast<float>(stream.word(i) >> 8) * 0x1p-24f : 0.0f;
+      auto codec_code = [&](float v) {  // two roundings
+        volatile float p = v * r;
+        volatile float t = p + u;
+        return static_cast<int>(stochastic ? std::floor(t) : std::nearbyint(p));
+      };
+      auto fused_code = [&](float v) {  // one rounding of x r + u (nearest: of x r + 1.5 2^23)
+        return static_cast<int>(stochastic ? std::floor(std::fmaf(v, r, u))
+                                           : std::fmaf(v, r, 12582912.0f) - 12582912.0f);
+      };
+      // Aim x r + u at an integer (nearest: x r at a half), then walk ulps.
+      const int k = static_cast<int>(i % 11) - 5;
+      const float aim = stochastic ? (static_cast<float>(k) - u) / r : (static_cast<float>(k) + 0.5f) / r;
+      x[i] = aim;
+      float up = aim, down = aim;
+      for (int d = 0; d < 128; ++d, up = std::nextafter(up, 4.0f), down = std::nextafter(down, -4.0f)) {
+        const float w = codec_code(up) != fused_code(up) ? up : down;
+        if (std::fabs(w) < 3.0f && codec_code(w) != fused_code(w)) {
+          x[i] = w;
+          ++sensitive;
+          break;
+        }
+      }
+      want[i] = std::clamp(codec_code(x[i]), -7, 7);
+    }
+    BOOST_TEST_REQUIRE(sensitive >= n / 4, sensitive << " elements tell the roundings apart");
+    const compress::block_quant c{{.bits = 4, .block = 64, .stochastic = stochastic}};
+    const auto p = encode_to_vector(c, std::span<const float>(x), ctx);
+    BOOST_TEST_REQUIRE(get_u32(p, 16) == std::bit_cast<std::uint32_t>(3.0f / 7.0f));
+    for (std::size_t i = 0; i < n; ++i) {
+      const unsigned byte = static_cast<unsigned>(p[20 + i / 2]);
+      const int nib = static_cast<int>(i % 2 != 0 ? byte >> 4 : byte & 15u);
+      BOOST_TEST((nib >= 8 ? nib - 16 : nib) == want[i], (stochastic ? "stochastic" : "nearest") << ", element " << i);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(zero_and_tiny_blocks_send_step_zero) {
   std::vector<float> x(24, 0.0f);
   for (std::size_t i = 8; i < 16; ++i) x[i] = (i % 2 != 0 ? -1.0f : 1.0f) * 0x1p-125f;  // below 2^-120
   x[20] = 0.5f;
-  const auto p = encode_to_vector(compress::block_quant{{.bits = 4, .block = 8}}, std::span<const float>(x));
-  BOOST_TEST(get_u32(p, 16) == 0u);
-  BOOST_TEST(get_u32(p, 20) == 0u);
-  BOOST_TEST(get_u32(p, 24) == std::bit_cast<std::uint32_t>(0.5f / 7.0f));
-  const auto d = decode(p, 24);
-  for (std::size_t i = 0; i < 24; ++i) BOOST_TEST(d[i] == (i == 20 ? 0.5f : 0.0f));
+  for (bool stochastic : {false, true}) {  // stochastic: codes 0 whatever the random words
+    const auto p = encode_to_vector(compress::block_quant{{.bits = 4, .block = 8, .stochastic = stochastic}},
+                                    std::span<const float>(x), {.seed = 3});
+    BOOST_TEST(get_u32(p, 16) == 0u);
+    BOOST_TEST(get_u32(p, 20) == 0u);
+    BOOST_TEST(get_u32(p, 24) == std::bit_cast<std::uint32_t>(0.5f / 7.0f));
+    for (std::size_t j = 0; j < 8; ++j) BOOST_TEST(static_cast<unsigned>(p[28 + j]) == 0u, "code byte " << j);
+    const auto d = decode(p, 24);
+    for (std::size_t i = 0; i < 24; ++i) BOOST_TEST(d[i] == (i == 20 ? 0.5f : 0.0f));
+  }
 }
 
 BOOST_AUTO_TEST_CASE(non_finite_input_is_refused_naming_the_block) {

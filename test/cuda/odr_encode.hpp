@@ -168,6 +168,13 @@ void encode_type(const std::vector<float>& xf, std::vector<odr_payload>& out) {
   each(cc::natural{}, "natural");
   each(cc::block_quant{}, "block");
   each(cc::block_quant{cc::block_quant_options{.bits = 2, .block = 96, .stochastic = true}}, "block2 stochastic");
+  // Every width on both roundings; a block of 24 (a partial SIMD step per
+  // block) and one larger than the 1024-element piece.
+  each(cc::block_quant{cc::block_quant_options{.bits = 8, .block = 24}}, "block8 B=24");
+  each(cc::block_quant{cc::block_quant_options{.bits = 8, .block = 8, .stochastic = true}}, "block8 stochastic B=8");
+  each(cc::block_quant{cc::block_quant_options{.bits = 4, .block = 2048, .stochastic = true}},
+       "block4 stochastic B=2048");
+  each(cc::block_quant{cc::block_quant_options{.bits = 2, .block = 64}}, "block2");
   // The decorators over two steps (their state feeds the second payload).
   cc::error_feedback<cc::qsgd> ef{cc::qsgd{}};
   cc::dgc<cc::topk> dgc{cc::topk{0.01}};

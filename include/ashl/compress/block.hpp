@@ -123,12 +123,8 @@ class block_quant : public detail::codec_base<codec_id::block> {
         const std::size_t k = static_cast<std::size_t>(glen);
         const float* xf = detail::as_float(x + g0, k, buf);
         if (opt_.stochastic) rw.fill(g0 / 4, (k + 3) / 4, words);
-        for (std::uint64_t lo = g0; lo < g0 + glen; lo += B) {
-          const std::size_t len = static_cast<std::size_t>(g0 + glen - lo < B ? g0 + glen - lo : B);
-          const std::size_t off = static_cast<std::size_t>(lo - g0);
-          ASHL_TRY(encode_block(lo / B, xf + off, len, m, opt_.stochastic ? words + off : nullptr, bits, steps,
-                                codes + lo * bits / 8));
-        }
+        ASHL_TRY(encode_group(g0 / B, xf, k, static_cast<std::size_t>(B), m, opt_.stochastic ? words : nullptr, bits,
+                              steps, codes + g0 * bits / 8));
         continue;
       }
       // One block of more than a piece.
@@ -225,18 +221,31 @@ class block_quant : public detail::codec_base<codec_id::block> {
     const std::size_t cb = (len * bits + 7) / 8;
     for (std::size_t j = 0; j < cb; ++j) codes[j] = std::byte{0};
   }
-  // Block b of len (<= block_piece) widened elements xf: its step and codes.
-  static status encode_block(std::uint64_t b, const float* xf, std::size_t len, float m, const std::uint32_t* words,
-                             unsigned bits, std::byte* steps, std::byte* codes) {
-    const std::uint32_t key = detail::max_abs_key(xf, len);
-    ASHL_TRY(check_key(b, key));
-    const float absmax = std::bit_cast<float>(key);
-    if (absmax < min_absmax) {
-      zero_block(b, len, bits, steps, codes);
-      return {};
+  // The blocks b0, b0 + 1, ... of len (<= block_piece) widened elements xf
+  // in blocks of B (the last may be shorter): their steps and codes. All
+  // magnitudes first, then the steps and multipliers, then the codes in one
+  // call: no block waits on its own max and divisions before its codes
+  // start, and the SIMD path is chosen once per group, not per block.
+  static status encode_group(std::uint64_t b0, const float* xf, std::size_t len, std::size_t B, float m,
+                             const std::uint32_t* words, unsigned bits, std::byte* steps, std::byte* codes) {
+    constexpr std::size_t most = detail::block_piece / layout::block::min_block;
+    std::uint32_t key[most];
+    float r[most];
+    const std::size_t nb = (len + B - 1) / B;
+    detail::block_keys(xf, len, B, key);
+    std::uint32_t bad = 0;
+    for (std::size_t j = 0; j < nb; ++j) bad |= static_cast<std::uint32_t>(key[j] >= 0x7f800000u);
+    if (bad != 0)
+      for (std::size_t j = 0; j < nb; ++j) ASHL_TRY(check_key(b0 + j, key[j]));
+    for (std::size_t j = 0; j < nb; ++j) {
+      // A block below min_absmax sends step 0 and multiplier 0: x 0 + u
+      // (u < 1) and x 0 both give the code 0.
+      const float absmax = std::bit_cast<float>(key[j]);
+      const bool zero = absmax < min_absmax;
+      detail::store_le<float>(steps + 4 * (b0 + j), zero ? 0.0f : absmax / m);
+      r[j] = zero ? 0.0f : m / absmax;
     }
-    detail::store_le<float>(steps + 4 * b, absmax / m);
-    detail::block_codes(xf, len, m / absmax, m, bits, words, codes);
+    detail::block_codes_group(xf, len, B, r, m, bits, words, codes);
     return {};
   }
 

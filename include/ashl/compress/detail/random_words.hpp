@@ -10,10 +10,10 @@
 // docs/wire-format.md "Random streams"), so a GPU decoder or encoder draws the
 // same bits. Scalar Philox costs ~25 integer operations per element, which
 // alone would hold a quantizer below memcpy speed; here 4 (SSE2), 8 (AVX2) or
-// 16 (AVX-512F) blocks, chosen at run time, run side by side as 32x32->64
-// lane multiplies, several such states interleaved to hide the multiply
-// latency, followed by a 4x4 transpose into element order. Other targets use the
-// scalar generator. docs/algorithms.md §4.
+// 8 (AVX-512F, one block per 64-bit lane) blocks, chosen at run time, run
+// side by side as 32x32->64 lane multiplies, several such states interleaved
+// to hide the multiply latency, followed by a transpose into element order.
+// Other targets use the scalar generator. docs/algorithms.md §4.
 #pragma once
 
 #include <ashl/config.hpp>
@@ -75,8 +75,8 @@ class random_words {
     std::size_t j = 0;
 #if ASHL_DETAIL_PHILOX_X86
     if (limit == simd::best && cpu_has_avx512f()) {
-      for (; j + 64 <= nblocks; j += 64) blocks_avx512<4>(first_block + j, out + 4 * j);
-      for (; j + 16 <= nblocks; j += 16) blocks_avx512<1>(first_block + j, out + 4 * j);
+      for (; j + 32 <= nblocks; j += 32) blocks_avx512<4>(first_block + j, out + 4 * j);
+      for (; j + 8 <= nblocks; j += 8) blocks_avx512<1>(first_block + j, out + 4 * j);
     }
     if ((limit == simd::best || limit == simd::avx2) && cpu_has_avx2()) {
       for (; j + 16 <= nblocks; j += 16) blocks_avx2<2>(first_block + j, out + 4 * j);
@@ -199,62 +199,57 @@ class random_words {
     }
   }
 
-  __attribute__((target("avx512f"))) static inline __m512i mulhi_lo_avx512(__m512i x, __m512i m,
-                                                                          __m512i& lo) noexcept {
-    const __m512i even = _mm512_mul_epu32(x, m);
-    const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(x, 32), m);
-    lo = _mm512_mask_blend_epi32(0xaaaa, even, _mm512_slli_epi64(odd, 32));
-    return _mm512_mask_blend_epi32(0xaaaa, _mm512_srli_epi64(even, 32), odd);
-  }
-
-  // 16 S blocks: S independent 16-lane states, interleaved so that the
-  // multiply latency of one hides behind the others (one state alone is
-  // latency-bound: each round waits on its multiplies).
+  // 8 S blocks: S independent states, interleaved so that the multiply
+  // latency of one hides behind the others. Each block sits in the low half
+  // of a 64-bit lane (the high half is never read), so one vpmuludq gives a
+  // lane's whole 32x32->64 product: lo is the product itself, hi one shift
+  // away, and the two xors of a round are one vpternlogq. A round costs 6
+  // instructions per 8 blocks, against 18 per 16 when the 16 lanes of a
+  // register each hold a block (even and odd products, shifts and blends).
+  // It then runs at about the vector pipes' throughput, 1 to 1.4 cycles per
+  // word on Zen 4 (docs/perf/compress-cpu.md, eighth session).
   template <int S>
   __attribute__((target("avx512f"))) void blocks_avx512(std::uint64_t b, std::uint32_t* out) const noexcept {
-    alignas(64) std::uint32_t c0v[16 * S], c3v[16 * S];
-    for (int j = 0; j < 16 * S; ++j) {
-      c0v[j] = static_cast<std::uint32_t>(b + static_cast<std::uint64_t>(j));
-      c3v[j] = c3(b + static_cast<std::uint64_t>(j));
-    }
+    const __m512i iota = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i lane_bits = _mm512_set1_epi64(static_cast<long long>(lane_) << 16);
+    const __m512i low16 = _mm512_set1_epi64(0xffff);
     __m512i x0[S], x1[S], x2[S], x3[S];
     for (int q = 0; q < S; ++q) {
-      x0[q] = _mm512_load_si512(c0v + 16 * q);
-      x1[q] = _mm512_set1_epi32(static_cast<int>(tensor_));
-      x2[q] = _mm512_set1_epi32(static_cast<int>(step_lo_));
-      x3[q] = _mm512_load_si512(c3v + 16 * q);
+      const auto first = static_cast<long long>(b + 8 * static_cast<unsigned>(q));
+      const __m512i c = _mm512_add_epi64(_mm512_set1_epi64(first), iota);
+      x0[q] = c;  // block low 32 bits
+      // c3: lane << 16 | block bits 32..47, as (c >> 32) & 0xffff | lane_bits.
+      x3[q] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(c, 32), low16, lane_bits, 0xea);  // (A & B) | C
+      x1[q] = _mm512_set1_epi64(static_cast<long long>(tensor_));
+      x2[q] = _mm512_set1_epi64(static_cast<long long>(step_lo_));
     }
-    const __m512i m0 = _mm512_set1_epi32(static_cast<int>(philox4x32::m0));
-    const __m512i m1 = _mm512_set1_epi32(static_cast<int>(philox4x32::m1));
+    const __m512i m0 = _mm512_set1_epi64(static_cast<long long>(philox4x32::m0));
+    const __m512i m1 = _mm512_set1_epi64(static_cast<long long>(philox4x32::m1));
     std::uint32_t k0 = k0_, k1 = k1_;
     for (int r = 0; r < philox4x32::rounds; ++r) {
-      const __m512i kv0 = _mm512_set1_epi32(static_cast<int>(k0)), kv1 = _mm512_set1_epi32(static_cast<int>(k1));
+      const __m512i kv0 = _mm512_set1_epi64(static_cast<long long>(k0));
+      const __m512i kv1 = _mm512_set1_epi64(static_cast<long long>(k1));
       for (int q = 0; q < S; ++q) {
-        __m512i lo0, lo1;
-        const __m512i hi0 = mulhi_lo_avx512(x0[q], m0, lo0);
-        const __m512i hi1 = mulhi_lo_avx512(x2[q], m1, lo1);
-        x0[q] = _mm512_xor_si512(_mm512_xor_si512(hi1, x1[q]), kv0);
-        x1[q] = lo1;
-        x2[q] = _mm512_xor_si512(_mm512_xor_si512(hi0, x3[q]), kv1);
-        x3[q] = lo0;
+        const __m512i p0 = _mm512_mul_epu32(x0[q], m0);
+        const __m512i p1 = _mm512_mul_epu32(x2[q], m1);
+        x0[q] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1, 32), x1[q], kv0, 0x96);  // hi1 ^ x1 ^ k0
+        x2[q] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0, 32), x3[q], kv1, 0x96);  // hi0 ^ x3 ^ k1
+        x1[q] = p1;
+        x3[q] = p0;
       }
       k0 += philox4x32::w0;
       k1 += philox4x32::w1;
     }
+    // Element order: (w0, w1) and (w2, w3) of each block side by side in a
+    // 64-bit lane, then the pairs of blocks 0..3 and 4..7 interleaved.
+    const __m512i pair = _mm512_set_epi32(30, 14, 28, 12, 26, 10, 24, 8, 22, 6, 20, 4, 18, 2, 16, 0);
+    const __m512i first = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0);
+    const __m512i second = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
     for (int q = 0; q < S; ++q) {
-      // In-lane 4x4 transposes give r_w = (block w | w+4 | w+8 | w+12) per
-      // 128-bit lane; a 4x4 transpose of lanes puts blocks in order.
-      const __m512i t0 = _mm512_unpacklo_epi32(x0[q], x1[q]), t1 = _mm512_unpacklo_epi32(x2[q], x3[q]);
-      const __m512i t2 = _mm512_unpackhi_epi32(x0[q], x1[q]), t3 = _mm512_unpackhi_epi32(x2[q], x3[q]);
-      const __m512i r0 = _mm512_unpacklo_epi64(t0, t1), r1 = _mm512_unpackhi_epi64(t0, t1);
-      const __m512i r2 = _mm512_unpacklo_epi64(t2, t3), r3 = _mm512_unpackhi_epi64(t2, t3);
-      const __m512i a = _mm512_shuffle_i32x4(r0, r1, 0x44), c = _mm512_shuffle_i32x4(r2, r3, 0x44);
-      const __m512i d = _mm512_shuffle_i32x4(r0, r1, 0xee), e = _mm512_shuffle_i32x4(r2, r3, 0xee);
-      std::uint32_t* o = out + 64 * q;
-      _mm512_storeu_si512(o + 0, _mm512_shuffle_i32x4(a, c, 0x88));
-      _mm512_storeu_si512(o + 16, _mm512_shuffle_i32x4(a, c, 0xdd));
-      _mm512_storeu_si512(o + 32, _mm512_shuffle_i32x4(d, e, 0x88));
-      _mm512_storeu_si512(o + 48, _mm512_shuffle_i32x4(d, e, 0xdd));
+      const __m512i w01 = _mm512_permutex2var_epi32(x0[q], pair, x1[q]);
+      const __m512i w23 = _mm512_permutex2var_epi32(x2[q], pair, x3[q]);
+      _mm512_storeu_si512(out + 32 * q, _mm512_permutex2var_epi64(w01, first, w23));
+      _mm512_storeu_si512(out + 32 * q + 16, _mm512_permutex2var_epi64(w01, second, w23));
     }
   }
 #endif
