@@ -431,6 +431,7 @@ def main(a):
                   "(goal: cycle >= 3 at >= 1 MiB); ms per operation\n")
             print(f"{'bytes':>8} {'lane':<5} {'ashl commit':>11} {'rpc push+pull':>13} {'ratio':>6} {'goal':>5}"
                   f" {'ashl pull':>10} {'rpc pull':>9} {'ratio':>6} {'rpc push':>9} {'am_bw 2X':>9}")
+        joined = []
         for lane in lanes:
             if lane not in ("shm", "tcp"):
                 continue
@@ -454,9 +455,11 @@ def main(a):
                           f" {('-' if goal is None else 'yes' if goal else 'no'):>5} {ms(a_pull):>10}"
                           f" {ms(rr.get('pull_usec')):>9} {fmt(pul):>6} {ms(rr.get('push_usec')):>9}"
                           f" {ms(ac and ac.get('baseline_usec')):>9}")
-                print(json.dumps(j)) if a.json_only else None
+                joined.append(j)
         if not a.json_only:
             print()
+        for j in joined:
+            print(json.dumps(j))
     return 1 if errors else 0
 
 
