@@ -395,6 +395,15 @@ def fmt(x, d=2):
 
 
 def main(a):
+    try:
+        import torch
+        from torch.distributed import rpc
+        if not rpc.is_available():
+            raise ImportError("torch.distributed.rpc is not available in this build")
+    except ImportError as e:
+        print(f"ps_rpc_baseline: {sys.executable} has no usable torch ({e}); Debian: apt-get install "
+              "python3-torch, or run it with a venv's python", file=sys.stderr)
+        return 77
     sizes = [parse_size(s) for s in a.sizes.split(",")] if a.sizes else \
         [4 * KiB, MiB, 16 * MiB] if a.quick else [4 * KiB, 64 * KiB, MiB, 16 * MiB, 64 * MiB]
     lanes = a.lanes.split(",")
