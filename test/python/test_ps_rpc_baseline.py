@@ -15,8 +15,12 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-if not (torch.distributed.is_available() and hasattr(torch.distributed, "rpc")
-        and torch.distributed.rpc.is_available()):
+try:
+    from torch.distributed import rpc as _rpc
+    _rpc_ok = _rpc.is_available()
+except ImportError:
+    _rpc_ok = False
+if not _rpc_ok:
     pytest.skip("this torch has no torch.distributed.rpc (built without distributed)", allow_module_level=True)
 
 BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench")
