@@ -212,8 +212,9 @@ def probe_lane(a, lane):
 
 def run_pair(worker_args, lane, pin_on, env, timeout, worker_stderr=None):
     """A server and a worker (this file) on a free port: (worker's exit code,
-    its stdout, both processes' stderr). Logs go to files, never to a pipe
-    nobody reads while the processes run (TensorPipe's verbose log fills one)."""
+    its stdout, the processes' stderr). Logs go to files (the worker's to
+    worker_stderr when given), never to a pipe nobody reads while the
+    processes run (TensorPipe's verbose log fills one)."""
     port = free_port()
     with tempfile.TemporaryFile() as srv_log, tempfile.TemporaryFile() as wk_log:
         srv = start_server(port, lane, pin_on=pin_on, stderr=srv_log, env=env)
@@ -329,7 +330,7 @@ def run_lane(a, lane, sizes):
     args = ["--lanes", lane, "--sizes", ",".join(size_arg(b) for b in sizes), "--reps", str(a.reps),
             "--iters", str(a.iters), "--max-rep-s", str(a.max_rep_s)] + (["--quick"] if a.quick else [])
     rc, out, log = run_pair(args, lane, a.pin, rpc_env(), a.timeout,
-                            worker_stderr=None if not a.json_only else subprocess.DEVNULL)
+                            worker_stderr=sys.stderr if not a.json_only else None)  # progress per size
     line = next((ln for ln in out.splitlines() if ln.startswith(RESULT)), None)
     if rc != 0 or line is None:
         return None, f"worker exit {rc}: {' | '.join(log.strip().splitlines()[-3:])}"
