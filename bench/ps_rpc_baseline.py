@@ -49,7 +49,7 @@ parameters equal the sum of every push the server received (check: ok).
 With --with-ashl PATH (ashl_bench_ps_ucx), the same run first runs
 `PATH --json-only --ops pull,commit` with the same sizes, lanes (shm, tcp)
 and repetitions, then this baseline, and prints one table: ashl's commit
-cycle against rpc push+pull (ratio = rpc / ashl; the goal of issue 50:
+cycle against rpc push+pull (ratio = rpc / ashl; the goal in docs/perf/ps-ucx.md:
 >= 3 at >= 1 MiB) and ashl's pull against rpc's pull.
 
     python3 bench/ps_rpc_baseline.py [--quick] [--reps N] [--lanes shm,tcp]

@@ -70,7 +70,7 @@
 //               bytes applied by the server / wall time (first start to last
 //               end): the server's goodput. moved_gbps counts the replies as
 //               well. Baseline: one ucp_am_bw stream at 4 MiB; ratio = gbps /
-//               baseline_gbps (goal >= 0.6, issue 50, for 8 workers).
+//               baseline_gbps (goal >= 0.6 for 8 workers, docs/perf/ps-ucx.md).
 //               server_cpu / server_runq (JSON): the server thread's share of
 //               its lifetime on a CPU / runnable but waiting for one
 //               (/proc/thread-self/schedstat); with server_idle (in
