@@ -20,6 +20,8 @@
 //                                           # of commits applied that way (as_landed)
 //   ashl_bench_ps_ucx --no-pin              # leave placement to the scheduler (for comparison)
 //   ashl_bench_ps_ucx --in-place-replies    # worker_params.stage_replies = false (replies unchecked in the caller's buffer)
+//   ashl_bench_ps_ucx --flip-replies        # worker_params.flip_replies = true (replies checked in the buffer that is
+//                                           # not the parameters, which then becomes them: no copy per pull)
 //   ashl_bench_ps_ucx --trust-local-lanes   # server_params/worker_params.trust_local_lanes = true: no CRC-32C
 //                                           # on these loopback lanes (wire flag `unchecked`; rows say crc "off")
 //   ashl_bench_ps_ucx --chunk-kib 256       # server_params.reply_part_bytes and worker_params.commit_part_bytes
@@ -181,11 +183,19 @@ struct options {
   std::uint32_t apply_batch = 1;    // server_params.apply_batch (--apply-batch N)
   bool as_landed = false;           // server_params.apply_parts_as_they_land (--apply-as-landed: true)
   bool stage_replies = true;  // worker_params.stage_replies (--in-place-replies: false)
+  bool flip_replies = false;  // worker_params.flip_replies (--flip-replies)
   bool trust_local_lanes = false;  // server_params/worker_params.trust_local_lanes (--trust-local-lanes)
   std::uint64_t chunk_kib = 0;  // server_params.reply_part_bytes / 1024 (--chunk-kib; 0: replies whole)
   std::uint64_t commit_chunk_kib = 0;  // worker_params.commit_part_bytes / 1024 (--chunk-kib, or --commit-chunk-kib)
   std::uint32_t commit_window = 4;     // worker_params.commit_window (--commit-window)
 };
+
+// Where the worker's pull replies land: "staged" (checked, then copied),
+// "flipped" (checked in the other buffer, which becomes the parameters) or
+// "in_place" (unchecked in the caller's buffer).
+const char* replies_mode(const options& o) {
+  return !o.stage_replies ? "in_place" : o.flip_replies ? "flipped" : "staged";
+}
 
 const char* tls_of(const std::string& transport) { return transport == "shm" ? "sm,self,tcp" : "tcp,self"; }
 
@@ -419,6 +429,7 @@ int run_worker(const options& o, const ashl_case& c, shared_area* sh, const std:
        .timeout = std::chrono::seconds(120),
        .measurement_interval = std::chrono::milliseconds(1),  // batched: what a small-message job sets
        .stage_replies = o.stage_replies,
+       .flip_replies = o.flip_replies,
        .trust_local_lanes = o.trust_local_lanes,
        .commit_part_bytes = o.commit_chunk_kib * 1024,
        .commit_window = o.commit_window},
@@ -739,6 +750,7 @@ int main(int argc, char** argv) {
       o.poll = v == "poll";
     } else if (a == "--no-pin") o.pin = false;
     else if (a == "--in-place-replies") o.stage_replies = false;
+    else if (a == "--flip-replies") o.flip_replies = true;
     else if (a == "--trust-local-lanes") o.trust_local_lanes = true;
     else if (a == "--chunk-kib") o.chunk_kib = std::strtoull(next().c_str(), nullptr, 10);
     else if (a == "--commit-chunk-kib") {
@@ -778,7 +790,7 @@ int main(int argc, char** argv) {
                    "         [--transports shm,tcp] [--ops pull,commit,round_trip,fan_in,fan_in_push] [--sizes 4K,1M,...]\n"
                    "         [--apply-threads N] [--apply-batch N] [--apply-as-landed]\n"
                    "         [--perftest PATH] [--fan-in-workers N] [--describe] [--no-baseline] [--spin-us N]\n"
-                   "         [--in-place-replies] [--trust-local-lanes] [--chunk-kib N] [--commit-chunk-kib N] [--commit-window N]\n"
+                   "         [--in-place-replies] [--flip-replies] [--trust-local-lanes] [--chunk-kib N] [--commit-chunk-kib N] [--commit-window N]\n"
                    "         [--iters N]  (ashl operations per repetition; default 64 MiB worth, 2..2000)\n");
       return 2;
     }
@@ -968,7 +980,7 @@ int main(int argc, char** argv) {
   if (!o.json_only) {
     std::printf("ps_ucx on %s (%d CPUs), %s, progress %s, replies %s, reply parts %llu KiB, commit parts %llu KiB "
                 "(window %u), median of %d; ratio = gbps / baseline_gbps (round_trip: usec / baseline_usec)\n\n",
-                mach.c_str(), cpus(), date.c_str(), progress, o.stage_replies ? "staged" : "in_place",
+                mach.c_str(), cpus(), date.c_str(), progress, replies_mode(o),
                 static_cast<unsigned long long>(o.chunk_kib), static_cast<unsigned long long>(o.commit_chunk_kib),
                 o.commit_window, o.reps);
     std::printf("load average %s; UCX env: %s; crc %s\n\n", load.c_str(), ucx_env.empty() ? "(none)" : ucx_env.c_str(),
@@ -1016,7 +1028,7 @@ int main(int argc, char** argv) {
         num(r.ref_tag_usec, 2).c_str(), num(r.ref_eh_gbps).c_str(), num(r.ref_eh_usec, 2).c_str(),
         json_escape(r.ref_eh_lanes).c_str(), r.op.rfind("fan_in", 0) == 0 ? "moved_gbps" : "commit_oneway_gbps", num(r.extra).c_str(),
         num(r.server_idle, 3).c_str(), num(r.server_cpu, 3).c_str(), num(r.server_runq, 3).c_str(), json_escape(r.lanes).c_str(), json_escape(r.baseline_lanes).c_str(), progress,
-        o.trust_local_lanes ? "off" : "on", o.stage_replies ? "staged" : "in_place", static_cast<unsigned long long>(o.chunk_kib),
+        o.trust_local_lanes ? "off" : "on", replies_mode(o), static_cast<unsigned long long>(o.chunk_kib),
         static_cast<unsigned long long>(o.commit_chunk_kib), o.commit_window, r.placement.c_str(), r.reps, r.iters, json_escape(mach).c_str(), date.c_str(), json_escape(ucx_env).c_str(), load.c_str(),
         json_escape(r.error).c_str());
   }

@@ -891,7 +891,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         per = [e.worker.telemetry for e in self._ex]
         t = dict(per[0])
         for k in ("bytes_out", "bytes_in", "wait_seconds", "compress_seconds", "link_seconds", "errors",
-                  "copied_replies", "staged_replies", "bad_messages", "reply_parts", "commit_parts", "reconnects",
+                  "copied_replies", "staged_replies", "flipped_replies", "bad_messages", "reply_parts", "commit_parts", "reconnects",
                   "measurement_messages"):
             t[k] = sum(p[k] for p in per)
         t["bucket_commits"] = sum(p["commits"] for p in per)

@@ -346,7 +346,7 @@ BOOST_AUTO_TEST_CASE(a_progress_thread_drives_the_transport) {
 // interval of an hour: batches of 57 to 64 records; the warm-up holds one).
 void no_allocation_in_steady_state(std::chrono::microseconds measurement_interval, int warmup,
                                    std::uint64_t reply_part_bytes = 0, std::uint64_t commit_part_bytes = 0,
-                                   ps::reply_compression replies = {}) {
+                                   ps::reply_compression replies = {}, bool flip_replies = false) {
   constexpr std::uint32_t M = 4;
   const std::uint64_t part_bytes = std::max(reply_part_bytes, commit_part_bytes);
   const std::size_t n = part_bytes == 0 ? 1000 : 4 * part_bytes / sizeof(float);  // replies or commits in 4 parts
@@ -368,6 +368,7 @@ void no_allocation_in_steady_state(std::chrono::microseconds measurement_interva
     std::thread th([&] { srv->run(stop); });
     for (std::uint32_t k = 0; k < M; ++k) {
       auto wk = ps::worker<tr::inproc>::create({.rank = k, .servers = {"server0"}, .timeout = 20s, .measurement_interval = measurement_interval,
+                                                .flip_replies = flip_replies,
                                                 .commit_part_bytes = commit_part_bytes, .commit_window = 2},
                                                node_of(fabric), w[k]);
       ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
@@ -400,6 +401,9 @@ void no_allocation_in_steady_state(std::chrono::microseconds measurement_interva
   ASHL_REQUIRE(ok);
   ASHL_TEST(after == before, "allocations in steady state: " << after - before);
   ASHL_TEST(srv->core().stats().commits_applied == std::uint64_t{M} * (warmup + measured));
+  for (auto& wk : workers)
+    ASHL_TEST(wk.telemetry().flipped_replies == (flip_replies ? std::uint64_t(1 + warmup + measured) : 0u),
+              wk.telemetry().flipped_replies);
   if (reply_part_bytes != 0 && replies.codec != ashl::codec_id::identity) {
     // Only the joins' dense replies (their views) went in parts.
     ASHL_TEST(srv->telemetry().reply_parts == 4u * M, srv->telemetry().reply_parts);
@@ -516,6 +520,9 @@ BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
   // The same with the dense (join) replies in parts, flagged `view` part by part.
   no_allocation_in_steady_state(std::chrono::microseconds{0}, 10, 4096, 0,
                                 {.codec = ashl::codec_id::block, .options = {.bits = 4, .block = 64}});
+  // Pulls that flip the buffers (worker_params::flip_replies), whole and in parts.
+  no_allocation_in_steady_state(std::chrono::microseconds{0}, 10, 0, 0, {}, true);
+  no_allocation_in_steady_state(std::chrono::microseconds{0}, 10, 4096, 0, {}, true);
 }
 
 BOOST_AUTO_TEST_CASE(a_pull_without_commit_reads_the_model) {
@@ -910,7 +917,7 @@ BOOST_AUTO_TEST_CASE(a_push_waits_at_the_bsp_barrier) {
 // Issue 50: also with the bit flipped in the worker's staging buffer, where
 // the rendezvous reply landed: the reply is checked before it is copied, so
 // a copy-and-check into w (which would leave the bad reply there) fails it.
-void a_bad_reply_leaves_the_parameters(std::size_t eager_bytes, tamper_mode mode) {
+void a_bad_reply_leaves_the_parameters(std::size_t eager_bytes, tamper_mode mode, bool flip = false) {
   constexpr std::size_t n = 1000;
   constexpr std::uint32_t S = 2;
   auto fabric = tr::inproc_fabric::create({.eager_bytes = eager_bytes});
@@ -936,15 +943,19 @@ void a_bad_reply_leaves_the_parameters(std::size_t eager_bytes, tamper_mode mode
   for (std::size_t i = 0; i < n; ++i) g[i] = 0.25f + static_cast<float>(i) * 1e-3f;
   tamper tp{{node_of(fabric)}, "server1", mode};
   auto armed = tp.armed;
-  auto wk = ps::worker<tamper>::create({.servers = {"server0", "server1"}, .timeout = 10s}, std::move(tp), w);
+  auto wk = ps::worker<tamper>::create({.servers = {"server0", "server1"}, .timeout = 10s, .flip_replies = flip},
+                                       std::move(tp), w);
   ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
   for (int c = 0; c < 3; ++c) {
     while (!wk->iteration_done()) {}
     ASHL_REQUIRE(wk->commit(g).ok());
     ASHL_REQUIRE(wk->wait().ok());
   }
-  ASHL_TEST(w[0] == 0.75f);
-  const std::vector<float> before = w;
+  // Staged, or flipped four times (the join's pull and three): the caller's buffer.
+  const std::span<float> params = wk->parameters();
+  ASHL_TEST(params.data() == w.data());
+  ASHL_TEST(params[0] == 0.75f);
+  const std::vector<float> before(params.begin(), params.end());
   *armed = true;
   while (!wk->iteration_done()) {}
   ASHL_REQUIRE(wk->commit(g).ok());
@@ -953,11 +964,13 @@ void a_bad_reply_leaves_the_parameters(std::size_t eager_bytes, tamper_mode mode
   ASHL_TEST((st.code() == ashl::errc::checksum_mismatch), st.message());
   ASHL_TEST(contains(st.message(), "header.crc32c"), st.message());
   ASHL_TEST(contains(st.message(), "server 1 at server1"), st.message());
-  ASHL_TEST(std::memcmp(w.data(), before.data(), n * sizeof(float)) == 0,
-            "eager_bytes " << eager_bytes << ": the caller's parameters changed");
+  ASHL_TEST(wk->parameters().data() == params.data(), "the parameters moved after a bad reply");
+  ASHL_TEST(std::memcmp(params.data(), before.data(), n * sizeof(float)) == 0,
+            "eager_bytes " << eager_bytes << " flip " << flip << ": the caller's parameters changed");
   const auto tel = wk->telemetry();
   ASHL_TEST(tel.bad_messages == 1u);
   ASHL_TEST(tel.staged_replies == 4u);  // the join's pull and three cycles
+  ASHL_TEST(tel.flipped_replies == (flip ? 4u : 0u));
   if (eager_bytes > n * sizeof(float)) ASHL_TEST(tel.copied_replies > 0u);
   else ASHL_TEST(tel.copied_replies == 0u);
   stop = true;
@@ -968,6 +981,70 @@ BOOST_AUTO_TEST_CASE(a_bad_pull_reply_fails_the_wait_and_leaves_the_parameters_a
   for (const std::size_t eager : {std::size_t{256}, std::size_t{1} << 20})
     for (const tamper_mode mode : {tamper_mode::payload, tamper_mode::crc}) a_bad_reply_leaves_the_parameters(eager, mode);
   a_bad_reply_leaves_the_parameters(256, tamper_mode::in_place);  // rendezvous: flipped in the worker's staging
+  // Pulls that flip the buffers: the same, and the parameters stay where they were.
+  for (const std::size_t eager : {std::size_t{256}, std::size_t{1} << 20})
+    for (const tamper_mode mode : {tamper_mode::payload, tamper_mode::crc, tamper_mode::in_place})
+      if (eager == 256 || mode != tamper_mode::in_place) a_bad_reply_leaves_the_parameters(eager, mode, true);
+}
+
+// docs/perf/ps-passes.md "Pulls that flip": with worker_params::flip_replies
+// a pull's replies land in the buffer that is not the parameters and, all
+// checked, make it the parameters: no copy per pull, neither from the
+// transport's buffer (rendezvous) nor from a staging buffer. The two buffers
+// take turns; the one the pull did not land in is left exactly as it was; a
+// push's acknowledgements do not move the parameters; an update in the
+// landing buffer and flipping without staging are refused by name.
+BOOST_AUTO_TEST_CASE(flipped_pulls_land_in_the_other_buffer_and_make_it_the_parameters) {
+  auto fabric = tr::inproc_fabric::create({.eager_bytes = 256});
+  server_thread srv(fabric, 1000, 1, "asp");
+  std::vector<float> w(1000, -1.0f), g(1000, 0.25f);
+  auto bad = ps::worker<tr::inproc>::create(
+      {.servers = {"server0"}, .timeout = 10s, .stage_replies = false, .flip_replies = true}, node_of(fabric), w);
+  ASHL_REQUIRE(!bad.has_value());
+  ASHL_TEST(contains(bad.error().message(), "worker.flip_replies"), bad.error().message());
+  auto wk = ps::worker<tr::inproc>::create({.servers = {"server0"}, .timeout = 10s, .flip_replies = true},
+                                           node_of(fabric), w);
+  ASHL_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+  // The join's pull landed in the worker's buffer: the caller's is as it was.
+  const std::span<float> own = wk->parameters();
+  ASHL_REQUIRE(own.size() == w.size());
+  ASHL_TEST(own.data() != w.data());
+  ASHL_TEST((own[0] == 0.0f && own[999] == 0.0f));
+  ASHL_TEST((w[0] == -1.0f && w[999] == -1.0f));
+  // An update in the buffer the next pull lands in (the caller's, now) is refused.
+  while (!wk->iteration_done()) {}
+  std::fill(w.begin(), w.end(), 0.25f);
+  const auto st = wk->commit(w);
+  ASHL_TEST((st.code() == ashl::errc::invalid_argument), st.message());
+  ASHL_TEST(contains(st.message(), "worker.commit.update"), st.message());
+  for (int c = 1; c <= 4; ++c) {
+    while (!wk->iteration_done()) {}
+    ASHL_REQUIRE(wk->commit(g).ok());
+    ASHL_REQUIRE(wk->wait().ok());
+    const std::span<float> now = wk->parameters();
+    const bool in_callers = c % 2 == 1;
+    ASHL_TEST((now.data() == (in_callers ? w.data() : own.data())), c);
+    ASHL_TEST((now[0] == 0.25f * float(c) && now[999] == 0.25f * float(c)), c << " " << now[0]);
+    // The other buffer holds the pull before: this pull did not touch it.
+    const std::span<float> other = in_callers ? own : std::span<float>(w);
+    ASHL_TEST(other[500] == 0.25f * float(c - 1), c << " " << other[500]);
+  }
+  // A push: acknowledged without parameters, so nothing flips.
+  const float* before = wk->parameters().data();
+  while (!wk->iteration_done()) {}
+  ASHL_REQUIRE(wk->push(g).ok());
+  ASHL_REQUIRE(wk->wait().ok());
+  ASHL_TEST(wk->parameters().data() == before);
+  ASHL_TEST(wk->parameters()[0] == 1.0f);
+  // The next pull sees the push's delta.
+  ASHL_REQUIRE(wk->pull().ok());
+  ASHL_REQUIRE(wk->wait().ok());
+  ASHL_TEST(wk->parameters().data() != before);
+  ASHL_TEST(wk->parameters()[0] == 1.25f);
+  const auto tel = wk->telemetry();
+  ASHL_TEST(tel.flipped_replies == 6u, tel.flipped_replies);  // the join, four cycles, the pull
+  ASHL_TEST(tel.copied_replies == 0u);                       // rendezvous into the landing buffer
+  ASHL_TEST(tel.bad_messages == 0u);
 }
 
 // Issue 28, item 1: a pull reply in parts (server_params.reply_part_bytes).

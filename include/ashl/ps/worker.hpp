@@ -29,7 +29,12 @@
 // checksums as it goes could only find a bad reply once it had overwritten
 // the caller's values, and one that swapped them into the staging (to put
 // them back) costs as much as the two passes (docs/perf/ps-passes.md,
-// "Fused on the worker"). A commit's CRC-32C, by contrast, is computed in
+// "Fused on the worker"). worker_params::flip_replies removes the copy
+// instead: the staging and the caller's buffer take turns as the
+// parameters (the pull lands in, and is checked in, the one that is not
+// them, which then becomes them; parameters() says which), so the
+// contract holds with one pass fewer ("Pulls that flip" there). A
+// commit's CRC-32C, by contrast, is computed in
 // its value check's pass (rules/commit_check.hpp). With a
 // compressing plan each shard is encoded with the plan's codec and error
 // feedback (one residual per shard) into a buffer the worker owns.
@@ -133,6 +138,9 @@ class worker {
       return invalid_argument("worker.commit_window", p.commit_window,
                               "must be in 1.." + std::to_string(wire::max_parts_in_flight) +
                                   " (the parts of a commit a server holds in flight)");
+    if (p.flip_replies && !p.stage_replies)
+      return invalid_argument("worker.flip_replies", "true",
+                              "needs stage_replies (the replies land in the buffer that is not the parameters)");
     auto layout = shard_layout::even(parameters.size(), static_cast<std::uint32_t>(p.servers.size()));
     if (!layout) return layout.error();
     if (p.incarnation == 0) p.incarnation = fresh_incarnation();
@@ -160,6 +168,14 @@ class worker {
   // one (server 0's, from the pull reply's header): staleness compensation
   // predicts W - τ·η·v with it (rules/compensation.hpp).
   [[nodiscard]] std::uint64_t staleness() const { return locked([](const state& s) { return s.staleness; }); }
+
+  // Where the parameters are: the caller's buffer, or with
+  // worker_params::flip_replies whichever of it and the worker's own the
+  // last pull made them (it changes only inside wait(), after a pull whose
+  // every reply passed its checks). Valid while the worker lives.
+  [[nodiscard]] std::span<float> parameters() const {
+    return locked([](const state& s) { return s.params; });
+  }
 
   // One local iteration is done; true when the plan's iterations (or commit
   // interval) are complete: commit now.
@@ -327,7 +343,8 @@ class worker {
   // keep a stable address when the worker moves.
   struct state {
     worker_params p;
-    std::span<float> params;
+    std::span<float> params;  // the parameters: the caller's buffer, or (flip_replies) the staging after a flip
+    std::span<float> caller;  // the caller's buffer (create()'s)
     shard_layout layout;
     std::vector<transport::peer_id> peer;  // per server
     std::vector<std::uint8_t> connected, replied;  // replied: 0 not yet, 1 a push's acknowledgement, 2 parameters
@@ -409,6 +426,7 @@ class worker {
     state(worker_params wp, Transport tr, std::span<float> w, shard_layout l)
         : p(std::move(wp)),
           params(w),
+          caller(w),
           layout(l),
           encoder({.error_feedback = p.error_feedback, .seed = p.seed}),
           cycle(p.rank, report_rule{.interval = std::chrono::duration<double>(p.measurement_interval).count(),
@@ -439,8 +457,20 @@ class worker {
     // Where shard s's pull reply goes: the worker's staging buffer, or the
     // caller's parameters (stage_replies false).
     [[nodiscard]] std::span<float> reply_target(const key_range& r) const noexcept {
-      if (staged) return {staged.get() + r.begin, r.size()};
+      if (staged) return landing().subspan(r.begin, r.size());
       return params.subspan(r.begin, r.size());
+    }
+    // The whole buffer replies land in with staging: the worker's own, or
+    // (flip_replies) whichever of it and the caller's is not the parameters.
+    [[nodiscard]] std::span<float> landing() const noexcept {
+      const std::span<float> own(staged.get(), params.size());
+      return p.flip_replies && params.data() == own.data() ? caller : own;
+    }
+    // Where the pull's last reply goes once checked: straight into the
+    // parameters (staging, not flipping: one copy instead of two), else
+    // where the others landed.
+    [[nodiscard]] bool last_reply_direct() const noexcept {
+      return staged && !p.flip_replies && replies_pending == 1 && failed.ok();
     }
 
     // Every server's reply of the pull passed its checks: the parameters
@@ -449,6 +479,23 @@ class worker {
     // already; a push's acknowledgements (replied 1) carry none.
     void deliver_replies(std::uint32_t direct) {
       if (!staged || !failed.ok()) return;
+      if (p.flip_replies) {
+        // The landing buffer becomes the parameters; a shard no server
+        // sent parameters for (a push's acknowledgement) keeps its values.
+        const std::span<float> next = landing();
+        bool any = false;
+        for (std::uint32_t s = 0; s < servers(); ++s) any = any || replied[s] == 2;
+        if (!any) return;
+        for (std::uint32_t s = 0; s < servers(); ++s) {
+          if (replied[s] == 2) continue;
+          const key_range r = layout.range(s);
+          std::memcpy(next.data() + r.begin, params.data() + r.begin, r.size() * sizeof(float));
+        }
+        params = next;
+        ++tel.staged_replies;
+        ++tel.flipped_replies;
+        return;
+      }
       for (std::uint32_t s = 0; s < servers(); ++s) {
         if (s == direct || replied[s] != 2) continue;
         const key_range r = layout.range(s);

@@ -162,7 +162,7 @@ inline void worker<Transport>::state::on_message(transport::peer_id pid, std::sp
       if (m->payload.data() != dst.data()) {
         // An eager reply, checked already: the pull's last one goes
         // straight into the parameters (one copy, as without staging).
-        if (staged && replies_pending == 1 && failed.ok()) {
+        if (last_reply_direct()) {
           dst = std::as_writable_bytes(params.subspan(r.begin, r.size()));
           direct = s;
         }
@@ -276,7 +276,7 @@ inline void worker<Transport>::state::on_compressed_reply(std::uint32_t s, const
   // dense one does); the others wait in the staging for the pull's end.
   std::span<float> dst = reply_target(r);
   std::uint32_t direct = ~std::uint32_t{0};
-  if (staged && replies_pending == 1 && failed.ok()) {
+  if (last_reply_direct()) {
     dst = params.subspan(r.begin, r.size());
     direct = s;
   }

@@ -23,6 +23,16 @@ inline status worker<Transport>::state::commit(std::span<const float> update, bo
     return invalid_argument("worker.commit.update.size", update.size(),
                             "must be the model's " + std::to_string(params.size()) + " elements");
   if (committing) return invalid_argument("worker.commit", "pending", "the last commit is not complete: wait() first");
+  if (p.flip_replies) {
+    // The pull's replies land in the buffer that is not the parameters: an
+    // update there would be overwritten while it is sent (a push's too: a
+    // server may answer it with its parameters).
+    const std::span<const float> l = landing();
+    if (update.data() < l.data() + l.size() && l.data() < update.data() + update.size())
+      return invalid_argument("worker.commit.update", "in the landing buffer",
+                              "with flip_replies the update must not lie in the buffer the pull lands in (the one "
+                              "that is not parameters() now)");
+  }
   if (cycle.state() != worker_cycle::phase::compressing && cycle.state() != worker_cycle::phase::sending)
     return invalid_argument("worker.commit.iterations", cycle.iterations(),
                             "the plan's cycle is not complete: call iteration_done() until it returns true");

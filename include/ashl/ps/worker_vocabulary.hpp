@@ -116,6 +116,19 @@ struct worker_params {
   // its checksum is known, so a bad reply leaves bad values there (the wait
   // still fails) and a multi-server pull that fails may leave some shards new.
   bool stage_replies = true;
+  // With stage_replies: the staging buffer and the caller's take turns as
+  // the parameters, so a pull is never copied. Every pull's replies land
+  // in the one that is not the parameters now, are checked there, and once
+  // every server's reply passed that buffer becomes the parameters
+  // (worker::parameters() names it after create() and each wait(); the caller points its
+  // model at it, as torch's `param.data = ...` does). A bad reply leaves
+  // the parameters where and as they were, as with staging; a shard whose
+  // server sent no parameters (a push's acknowledgement) is copied across.
+  // Local steps write the parameters in place: the buffer the next pull
+  // lands in is the other one. A commit's update must not lie in the
+  // buffer the replies land in (refused by name). Default false
+  // (docs/ps.md "The worker"; docs/perf/ps-passes.md "Pulls that flip").
+  bool flip_replies = false;
   // Commits to and replies from a server on this host go without their
   // CRC-32C (server_params::trust_local_lanes, which the servers must set
   // alike; wire flag `unchecked`). Default false.
@@ -159,6 +172,7 @@ struct worker_telemetry {
   std::uint64_t unchecked_in = 0;     // replies (or parts) taken without a CRC (trust_local_lanes)
   std::uint64_t unchecked_out = 0;    // commits (or parts) sent without one
   std::uint64_t staged_replies = 0;   // pulls delivered to the caller's buffer once every reply was checked (stage_replies)
+  std::uint64_t flipped_replies = 0;  // of them, pulls delivered by making the other buffer the parameters (flip_replies)
   std::uint64_t bad_messages = 0;     // messages from servers refused (checksum, size, shape): the wait failed
   std::uint64_t reply_parts = 0;      // parts of pull replies received and checked (server_params.reply_part_bytes)
   std::uint64_t commit_parts = 0;     // parts of commits sent (worker_params.commit_part_bytes)
@@ -187,6 +201,7 @@ struct worker_telemetry {
         field{"unchecked_in", &worker_telemetry::unchecked_in},
         field{"unchecked_out", &worker_telemetry::unchecked_out},
         field{"staged_replies", &worker_telemetry::staged_replies},
+        field{"flipped_replies", &worker_telemetry::flipped_replies},
         field{"bad_messages", &worker_telemetry::bad_messages},
         field{"reply_parts", &worker_telemetry::reply_parts},
         field{"commit_parts", &worker_telemetry::commit_parts},
