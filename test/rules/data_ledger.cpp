@@ -337,6 +337,7 @@ BOOST_AUTO_TEST_CASE(bad_bytes_are_refused_by_name_and_change_nothing) {
   // epochs 8), then epoch 0: open 1, epoch 8, next 8, used 8, ...
   BOOST_TEST(refusal(patched(8 + 24, 65, 4)) == "data_ledger.params.ahead = 65: must be at most 64 (ps::max_ledger_ahead)");
   BOOST_TEST(refusal(patched(52 + 9, 101)) == "data_ledger.epoch.next = 101: past samples = 100");
+  BOOST_TEST(refusal(patched(52, 0, 1)) == "data_ledger.epoch.open = false: no epoch open with epochs left");
   // Worker 1's lease [10, 20) made [5, 20): it overlaps worker 0's [0, 10).
   std::size_t begin_at = 0;
   for (std::size_t i = 0; i + 16 <= good.size(); ++i)

@@ -503,6 +503,11 @@ class data_ledger {
       }
     }
     ASHL_TRY(get_fields(in, f.stats_, "data_ledger.stats"));
+    // An epoch is open exactly while the job has epochs left (else no lease would ever be granted again).
+    const bool done = f.p_.epochs != 0 && f.stats_.epochs_completed >= f.p_.epochs;
+    if (n > 0 && f.slots_[0].open == done)
+      return malformed("data_ledger.epoch.open", f.slots_[0].open,
+                       done ? "an epoch open past params.epochs" : "no epoch open with epochs left");
     if (f.slots_[0].open && f.slots_[0].epoch != f.stats_.epochs_completed)
       return malformed("data_ledger.stats.epochs_completed", f.stats_.epochs_completed,
                        "is not the open epoch " + std::to_string(f.slots_[0].epoch));
