@@ -1,0 +1,661 @@
+// rules/core_events.hpp: a server_core driven through recorded_core, each
+// record encoded, decoded and replayed into a fresh core, leaves that core
+// equal to the first (save() bytes, at points along the way and at the end,
+// and the actions of every event), for every policy of rules/policies.hpp
+// (test/support/ps_policy_cases.hpp), under a seeded random sequence of
+// joins, rejoins, restarts, stale joins, commits (dense and compressed,
+// duplicates, and refused ones: sequence 0, another incarnation, another
+// size, a NaN, too many samples, unknown workers), pulls, metrics,
+// measurements (some refused), evictions, leaves and drains. The same with
+// apply threads, batched applies and applies as parts land on the
+// primary's side only, and with apply threads on the replaying side only.
+// Corrupt record bytes are refused naming the field, and the replaying
+// core is unchanged; encode, decode and replay allocate nothing once warm.
+#include <ashl/rules/core_events.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include "../support/counting_new.hpp"
+#include "../support/ps_policy_cases.hpp"
+
+#include <ashl/compress/cast.hpp>
+#include <ashl/compress/identity.hpp>
+#include <ashl/compress/randomk.hpp>
+#include <ashl/compress/topk.hpp>
+#include <ashl/core/state_io.hpp>
+#include <ashl/rules/apply_pool.hpp>
+#include <ashl/rules/policies.hpp>
+#include <ashl/rules/server_core.hpp>
+#include <ashl/wire/crc32c.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace ps = ashl::ps;
+namespace as = ashl::sync;
+using ashl::codec_id;
+using core_t = ps::server_core<>;
+
+constexpr std::uint32_t workers = 4;  // ids 4 and 5 join later (ps_cases' ids)
+constexpr std::uint64_t seed = 5;
+
+float value(std::uint32_t w, std::uint64_t seq, std::size_t i) {
+  const std::uint64_t h = (i * 2654435761u) ^ (seq * 40503u) ^ (std::uint64_t{w} * 977u);
+  return static_cast<float>(static_cast<int>(h % 2001) - 1000) * 1e-4f;
+}
+
+std::vector<std::byte> saved(core_t& c) {
+  c.apply_pending();
+  std::vector<std::byte> b;
+  ashl::state_writer w(b);
+  c.save(w);
+  return b;
+}
+
+// A core and the threads it applies with (kept beside it).
+struct side {
+  std::unique_ptr<ps::apply_pool> pool;
+  std::optional<core_t> core;
+};
+
+// The case's policy on a core of n elements; the DiLoCo family with its
+// outer optimizer, the others with model deltas or (odd `variant`) momentum
+// SGD, so both apply paths are replayed.
+side make_side(const ps_cases::policy_case& c, std::size_t variant, std::size_t n, unsigned threads,
+               std::uint32_t batch) {
+  side s;
+  auto policy = ps::make_policy(c.name, c.params);
+  BOOST_REQUIRE_MESSAGE(policy.has_value(), c.label);
+  const ps::optimizer_params otherwise =
+      variant % 2 == 0 ? ps::optimizer_params{}
+                       : ps::optimizer_params{.mode = ps::optimizer_params::kind::sgd, .lr = 0.1, .momentum = 0.5};
+  auto opt = ps::outer_optimizer_of(c.name, c.params, otherwise);
+  BOOST_REQUIRE_MESSAGE(opt.has_value(), c.label);
+  std::vector<float> initial(n);
+  for (std::size_t i = 0; i < n; ++i) initial[i] = value(9, 0, i);
+  auto made = core_t::create(
+      {.layout = *ps::shard_layout::even(n, 1), .workers = workers, .optimizer = *opt, .seed = seed},
+      std::move(*policy), initial);
+  BOOST_REQUIRE_MESSAGE(made.has_value(), c.label + ": " + made.to_status().to_string());
+  s.core.emplace(std::move(*made));
+  if (threads > 1) {
+    auto pool = ps::apply_pool::create(threads);
+    BOOST_REQUIRE(pool.has_value());
+    s.pool = std::move(*pool);
+    s.core->use_apply_pool(s.pool.get());
+  }
+  s.core->defer_dense_applies(batch);
+  return s;
+}
+
+// The events, as a driver would make the calls: ids [0, workers + 2), ids
+// >= workers outside until they join. Each commit is followed by its
+// worker's compute, push and pull timings (ASHL profiles, DLB measures).
+// The loss falls as in ps_cases::script (ASHL switches near t = 283 s) and
+// rises in [400, 440) (ADSP's re-search).
+class events {
+ public:
+  // `kept`: the primary of batched applies keeps each payload until
+  // apply_pending() (4 slots, apply_pending() before the first is reused)
+  // and says a finite dense payload's values were checked, as ps::server does.
+  events(std::size_t n, std::uint32_t rng_seed, bool kept)
+      : n_(n), kept_(kept), rng_(rng_seed), seq_(workers + 2, 0), inc_(workers + 2, 0), values_(n) {
+    for (auto& r : ring_) r.resize(8 * n + 64);
+  }
+
+  // Whether the next commit reuses the first slot (the kept payloads must
+  // have been applied: call apply_pending() first).
+  [[nodiscard]] bool reuses_ring() const noexcept { return commits_ % ring_.size() == 0; }
+  // The last event was a finite dense f32 commit of the right size (one
+  // the primary may apply as its parts land).
+  [[nodiscard]] bool speculable() const noexcept { return speculable_; }
+  // The last commit as the driver hands it to the core (its record clears
+  // payload_kept and values_checked).
+  [[nodiscard]] const ps::commit_in& last_commit() const noexcept { return last_; }
+
+  ps::core_event next() {
+    speculable_ = false;
+    time_ += 0.06 * static_cast<double>(1 + rng_() % 20);
+    if (queued_ > 0) return timing(queued_w_, kinds_[3 - queued_--]);
+    const auto w = static_cast<as::worker_id>(rng_() % (workers + 2));
+    const unsigned r = rng_() % 100;
+    if (r < 42) return commit(w);
+    if (r < 64) return ps::core_event::of_pull(w, time_);
+    if (r < 74) {
+      ps::core_event e = timing(w, ashl::measurement_kind::commit);
+      if (rng_() % 15 == 0) e.measurement.seconds = 0.0;  // refused: seconds must be > 0
+      if (rng_() % 40 == 0) e.measurement.kind = static_cast<ashl::measurement_kind>(17);  // refused: no such kind
+      return e;
+    }
+    if (r < 89) {
+      const double rise = time_ >= 400.0 && time_ < 440.0 ? 1.6 : 1.0;
+      const unsigned m = rng_() % 20;
+      if (m == 0) return ps::core_event::of_metric(ashl::metric_id::accuracy, 0.001 * time_, time_);
+      if (m == 1) return ps::core_event::of_metric(static_cast<ashl::metric_id>(1500), 3.0, time_);
+      return ps::core_event::of_metric(ashl::metric_id::loss, rise * 2.0 / (1.0 + 0.02 * time_), time_);
+    }
+    if (r < 94) {
+      const unsigned j = rng_() % 6;
+      if (j == 0 && inc_[w] > 0) return ps::core_event::of_join(w, inc_[w] - 1, time_);  // stale: refused
+      if (j <= 2) {  // a restart: a new process, sequences from 1
+        ++inc_[w];
+        seq_[w] = 0;
+      }
+      return ps::core_event::of_join(w, inc_[w], time_);  // else a rejoin (or a duplicate join)
+    }
+    if (r < 97) return ps::core_event::of_evict(w, time_);
+    if (r < 99) return ps::core_event::of_leave(w, time_);
+    return ps::core_event::of_drain();
+  }
+
+ private:
+  ps::core_event commit(as::worker_id w) {
+    std::uint64_t s = ++seq_[w];
+    if (rng_() % 12 == 0 && s > 1) s -= 1 + rng_() % s;  // a duplicate (or, at 0, refused)
+    const unsigned pick = rng_() % 10;
+    const codec_id codec = pick < 6    ? codec_id::identity
+                           : pick == 6 ? codec_id::fp16
+                           : pick == 7 ? codec_id::bf16
+                           : pick == 8 ? codec_id::topk
+                                       : codec_id::randomk;
+    for (std::size_t i = 0; i < n_; ++i) values_[i] = value(w, s, i);
+    bool finite = true;
+    if (pick < 8 && rng_() % 30 == 0) {  // a dense payload with a NaN: refused (the parameters stay finite)
+      values_[rng_() % n_] = std::numeric_limits<float>::quiet_NaN();
+      finite = false;
+    }
+    std::vector<std::byte>& buf = ring_[commits_++ % ring_.size()];
+    const ashl::compress::codec_context ctx{.seed = seed, .step = s, .tensor = 0};
+    const auto view = ashl::host_view<const float>(values_.data(), n_);
+    auto run = [&](const auto& c) { return c.encode(view, buf, ctx).value(); };
+    const std::size_t used = codec == codec_id::identity ? run(ashl::compress::identity{})
+                             : codec == codec_id::fp16   ? run(ashl::compress::fp16{})
+                             : codec == codec_id::bf16   ? run(ashl::compress::bf16{})
+                             : codec == codec_id::topk   ? run(ashl::compress::topk{0.05})
+                                                         : run(ashl::compress::randomk({.count = 64}));
+    ps::commit_in c{.worker = w,
+                    .incarnation = inc_[w],
+                    .sequence = s,
+                    .clock = s,
+                    .samples = 16 + (rng_() % 4) * 16,
+                    .bytes = used + 72,
+                    .codec = codec,
+                    .element_count = n_,
+                    .step = s,
+                    .payload = std::span<const std::byte>(buf.data(), used)};
+    if (rng_() % 40 == 0) c.incarnation += 7;       // refused: another incarnation
+    if (rng_() % 50 == 0) c.element_count = n_ + 1;  // refused: another size
+    if (rng_() % 100 == 0) c.samples = (std::uint64_t{1} << 30) + 1;  // refused: above max_commit_samples
+    c.pull = rng_() % 2 == 0;
+    c.ack_only = c.pull && rng_() % 4 == 0;
+    c.reply_unchecked = c.pull && !c.ack_only && rng_() % 8 == 0;
+    if (kept_) {
+      c.payload_kept = true;
+      c.values_checked = finite && codec == codec_id::identity;
+    }
+    speculable_ = finite && codec == codec_id::identity && c.element_count == n_;
+    last_ = c;
+    queued_ = 3;
+    queued_w_ = w;
+    return ps::core_event::of_commit(c, time_);
+  }
+
+  ps::core_event timing(as::worker_id w, ashl::measurement_kind kind) {
+    const double noise = 1.0 + 0.04 * (static_cast<double>(rng_() % 201) / 100.0 - 1.0);
+    double s = 0.005 * (1 + w % 2), amount = 4096.0;
+    if (kind == ashl::measurement_kind::compute) {
+      s = 0.01 * (1 + w % 3) * (w == 1 && time_ >= 350.0 ? 3.0 : 1.0);
+      amount = 32.0;
+    }
+    if (kind == ashl::measurement_kind::commit) s *= 2.0;
+    return ps::core_event::of_measurement({.worker = w, .kind = kind, .seconds = s * noise, .amount = amount,
+                                           .time = time_});
+  }
+
+  static constexpr ashl::measurement_kind kinds_[3] = {
+      ashl::measurement_kind::compute, ashl::measurement_kind::push, ashl::measurement_kind::pull};
+  std::size_t n_;
+  bool kept_;
+  std::mt19937 rng_;
+  std::vector<std::uint64_t> seq_, inc_;
+  std::vector<float> values_;
+  std::array<std::vector<std::byte>, 4> ring_;
+  std::size_t commits_ = 0;
+  bool speculable_ = false;
+  ps::commit_in last_{};
+  int queued_ = 0;
+  as::worker_id queued_w_ = 0;
+  double time_ = 0.0;
+};
+
+// A driver's call through the wrapper (the commit as the event has it, with
+// the driver's facts the record clears).
+template <class Recorded>
+void call(Recorded& rc, const ps::core_event& e, const ps::commit_in& c, ps::server_actions& out) {
+  switch (e.kind) {
+    case ps::core_event_kind::join: rc.join(e.worker, e.incarnation, e.now, out); return;
+    case ps::core_event_kind::leave: rc.leave(e.worker, e.now, out); return;
+    case ps::core_event_kind::evict: rc.evict(e.worker, e.now, out); return;
+    case ps::core_event_kind::commit: rc.commit(c, e.now, out); return;
+    case ps::core_event_kind::pull: rc.pull(e.worker, e.now, out); return;
+    case ps::core_event_kind::metric: rc.metric(e.metric, e.value, e.now, out); return;
+    case ps::core_event_kind::measurement: rc.measurement(e.measurement, out); return;
+    case ps::core_event_kind::drain: rc.drain(out); return;
+  }
+}
+
+bool same_actions(const ps::server_actions& a, const ps::server_actions& b) {
+  if (a.steps() != b.steps() || !std::ranges::equal(a.pull_replies(), b.pull_replies()) ||
+      !std::ranges::equal(a.plans(), b.plans()) || a.errors().size() != b.errors().size())
+    return false;
+  for (std::size_t i = 0; i < a.errors().size(); ++i) {
+    const auto &x = a.errors()[i], &y = b.errors()[i];
+    if (x.worker != y.worker || x.code != y.code || x.in_reply_to != y.in_reply_to || x.reason != y.reason ||
+        x.text != y.text)
+      return false;
+  }
+  return true;
+}
+
+struct setup {
+  const char* what;
+  std::size_t n;
+  unsigned primary_threads;
+  std::uint32_t primary_batch;  // >= 2: batched applies, payloads kept, applies as parts land
+  std::vector<unsigned> replica_threads;
+};
+
+// What the primary's driver choices did over a run.
+// What a run did: the primary's counters (summed over a sweep) and what its
+// driver choices did.
+struct run_counts {
+  ps::counters core{};
+  std::uint64_t batched_commits = 0, applied_as_landed = 0, pooled = 0;
+  void add(const run_counts& o) {
+    const auto sum = [](auto& a, const auto& b) { a += b; };
+    sum(core.commits_applied, o.core.commits_applied);
+    sum(core.commits_buffered, o.core.commits_buffered);
+    sum(core.duplicates, o.core.duplicates);
+    sum(core.joins, o.core.joins);
+    sum(core.evictions, o.core.evictions);
+    sum(core.leaves, o.core.leaves);
+    sum(core.pulls_held, o.core.pulls_held);
+    for (std::size_t r = 0; r < core.refused.size(); ++r) core.refused[r] += o.core.refused[r];
+    batched_commits += o.batched_commits;
+    applied_as_landed += o.applied_as_landed;
+    pooled += o.pooled;
+  }
+};
+
+// The sweep exercised what it claims (else equal states would prove little).
+void check_coverage(const run_counts& t) {
+  const ps::counters& st = t.core;
+  BOOST_TEST(st.commits_applied > 0u);
+  BOOST_TEST(st.commits_buffered > 0u);
+  BOOST_TEST(st.duplicates > 0u);
+  BOOST_TEST(st.joins > 0u);
+  BOOST_TEST(st.evictions > 0u);
+  BOOST_TEST(st.leaves > 0u);
+  BOOST_TEST(st.pulls_held > 0u);
+  for (ps::refusal r : {ps::refusal::unknown_worker, ps::refusal::not_live, ps::refusal::incarnation,
+                        ps::refusal::sequence, ps::refusal::element_count, ps::refusal::measurement,
+                        ps::refusal::non_finite, ps::refusal::samples}) {
+    BOOST_TEST_INFO("refusal " << ps::to_string(r));
+    BOOST_TEST(st.refused_for(r) > 0u);
+  }
+}
+
+// One policy case under `n_events` events: the primary through recorded_core,
+// every record through its bytes into each replica.
+run_counts run_case(const ps_cases::policy_case& c, std::size_t variant, const setup& su, int n_events,
+              std::uint32_t rng_seed) {
+  run_counts fp;
+  BOOST_TEST_CONTEXT(su.what << ", " << c.label << (variant % 2 == 0 ? "" : " (sgd)")) {
+    const bool extras = su.primary_batch >= 2;
+    side primary = make_side(c, variant, su.n, su.primary_threads, su.primary_batch);
+    std::vector<side> replicas;
+    for (unsigned t : su.replica_threads) replicas.push_back(make_side(c, variant, su.n, t, 1));
+    std::vector<ps::server_actions> replica_out(replicas.size(), ps::server_actions(workers + 2));
+    ps::server_actions out(workers + 2);
+    std::vector<std::byte> bytes;
+    ps::core_event decoded;
+    std::uint64_t records = 0, replay_failures = 0;
+    auto rc = ps::recorded_core(*primary.core, [&](const ps::core_event& e) {
+      ps::encode_core_event(e, bytes);
+      ++records;
+      if (!ps::decode_core_event(bytes, decoded).ok()) {
+        ++replay_failures;
+        return;
+      }
+      for (std::size_t k = 0; k < replicas.size(); ++k) ps::replay(*replicas[k].core, decoded, replica_out[k]);
+    });
+
+    events ev(su.n, rng_seed, extras);
+    std::vector<std::byte> first_state;
+    std::uint64_t action_mismatches = 0, state_checks = 0, speculated = 0;
+    auto check_states = [&](int at) {
+      const auto p = saved(*primary.core);
+      for (std::size_t k = 0; k < replicas.size(); ++k) {
+        BOOST_TEST_INFO("replica " << k << " after " << at << " events");
+        BOOST_TEST((saved(*replicas[k].core) == p));
+      }
+      ++state_checks;
+      if (first_state.empty()) first_state = p;
+    };
+    for (int i = 0; i < n_events; ++i) {
+      if (extras && ev.reuses_ring()) primary.core->apply_pending();  // the kept payloads are about to be reused
+      const ps::core_event e = ev.next();
+      if (extras && ev.speculable() && i % 3 == 0) {  // the commit's halves land one after the other
+        const std::size_t half = su.n / 2;
+        const ps::commit_in& c = ev.last_commit();
+        if (primary.core->speculate(c, 0, half) && primary.core->speculate(c, half, su.n)) ++speculated;
+      }
+      call(rc, e, ev.last_commit(), out);
+      if (!same_actions(out, replica_out[0])) ++action_mismatches;
+      out.clear();
+      for (auto& o : replica_out) o.clear();
+      if (i == 100 || i == n_events / 2) check_states(i);
+    }
+    check_states(n_events);
+    rc.drain(out);
+    check_states(n_events + 1);
+
+    BOOST_TEST(records == static_cast<std::uint64_t>(n_events) + 1);
+    BOOST_TEST(replay_failures == 0u);
+    BOOST_TEST(action_mismatches == 0u);
+    BOOST_TEST(state_checks == 4u);
+    BOOST_TEST(primary.core->stats().commits_applied > 0u);
+    BOOST_TEST((saved(*primary.core) != first_state));  // the state moved after the first check
+    fp.core = primary.core->stats();
+    fp.batched_commits = primary.core->batched_commits();
+    fp.applied_as_landed = primary.core->applied_as_landed();
+    fp.pooled = primary.core->apply_pool_in_use() != nullptr ? 1 : 0;
+    BOOST_TEST(primary.core->applied_as_landed() <= speculated);
+  }
+  return fp;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_policy_replayed_from_its_records_saves_the_same_bytes) {
+  const auto cases = ps_cases::every_policy(workers);
+  BOOST_REQUIRE(cases.size() >= ps::policies.size());
+  const setup plain{"plain", 257, 1, 1, {1}};
+  run_counts total;
+  for (std::size_t i = 0; i < cases.size(); ++i)
+    total.add(run_case(cases[i], i, plain, 700, 100 + static_cast<std::uint32_t>(i)));
+  check_coverage(total);
+}
+
+BOOST_AUTO_TEST_CASE(apply_threads_and_batched_applies_on_one_side_only_change_nothing) {
+  // A shard large enough that a pool of 3 runs its passes in parts (2 x
+  // min_part_elements) and a dense commit spans several apply chunks; the
+  // primary applies with 3 threads, batches of 4 and applies as parts land,
+  // one replica plainly, another with 2 threads.
+  const auto cases = ps_cases::every_policy(workers);
+  const setup fast{"primary with threads and batches", 2 * core_t::min_part_elements + 37, 3, 4, {1, 2}};
+  run_counts total;
+  for (std::size_t i = 0; i < cases.size(); ++i)
+    total.add(run_case(cases[i], i, fast, 500, 200 + static_cast<std::uint32_t>(i)));
+  check_coverage(total);
+  // The primary's fast paths did run (some policies buffer every commit for
+  // a round, and sgd never batches: the sweep as a whole must use them).
+  BOOST_TEST(total.pooled == cases.size());
+  BOOST_TEST(total.batched_commits > 0u);
+  BOOST_TEST(total.applied_as_landed > 0u);
+}
+
+namespace {
+
+// A few records of each shape, as encoded bytes.
+struct recorded {
+  std::string what;
+  std::vector<std::byte> bytes;
+};
+
+std::vector<recorded> sample_records(std::span<const std::byte> payload, std::size_t n) {
+  std::vector<recorded> out;
+  auto add = [&](std::string what, const ps::core_event& e) {
+    recorded r{std::move(what), {}};
+    ps::encode_core_event(e, r.bytes);
+    out.push_back(std::move(r));
+  };
+  add("commit", ps::core_event::of_commit({.worker = 1, .incarnation = 0, .sequence = 1, .clock = 1, .samples = 16,
+                                           .bytes = payload.size() + 72, .element_count = n, .step = 1,
+                                           .payload = payload, .pull = true},
+                                          1.5));
+  add("join", ps::core_event::of_join(4, 3, 2.0));
+  add("pull", ps::core_event::of_pull(2, 2.5));
+  add("metric", ps::core_event::of_metric(ashl::metric_id::loss, 0.75, 3.0));
+  add("measurement", ps::core_event::of_measurement({.worker = 0, .kind = ashl::measurement_kind::compute,
+                                                     .seconds = 0.01, .amount = 32.0, .time = 3.5}));
+  add("evict", ps::core_event::of_evict(3, 4.0));
+  add("leave", ps::core_event::of_leave(0, 4.5));
+  add("drain", ps::core_event::of_drain());
+  return out;
+}
+
+template <class T>
+void put_at(std::vector<std::byte>& b, std::size_t at, T v) {
+  std::memcpy(b.data() + at, &v, sizeof(T));  // little-endian hosts (the test's; the library's writer swaps)
+}
+// A field rewritten with the prefix's CRC made right again: the record
+// passes its CRC and must be refused by the field's own rule.
+template <class T>
+std::vector<std::byte> with_field(std::vector<std::byte> b, std::size_t at, T v) {
+  put_at(b, at, v);
+  put_at(b, 116, ashl::wire::crc32c(std::span<const std::byte>(b.data(), 116)));
+  return b;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(records_round_trip_field_for_field) {
+  std::vector<std::byte> payload(4 * 10);
+  for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<std::byte>(i * 7);
+  ps::commit_in c{.worker = 5, .incarnation = 9, .sequence = 11, .clock = 12, .samples = 13, .bytes = 14,
+                  .codec = codec_id::qsgd, .type = ashl::dtype::bf16, .element_count = 10, .step = 15, .tensor = 16,
+                  .payload = payload, .pull = true, .ack_only = true, .reply_unchecked = false,
+                  .values_checked = true, .payload_kept = true};
+  const ps::core_event e = ps::core_event::of_commit(c, 17.25);
+  std::vector<std::byte> b;
+  ps::encode_core_event(e, b);
+  BOOST_TEST(b.size() == ps::core_event_prefix_bytes + payload.size());
+  BOOST_TEST(ps::core_event_bytes(e) == b.size());
+  // The prefix's first bytes as the header documents them.
+  const std::array<unsigned char, 8> head{'A', 'C', 'E', 'V', 1, 0, 4, 3};
+  BOOST_TEST(std::memcmp(b.data(), head.data(), head.size()) == 0);
+  ps::core_event d;
+  BOOST_REQUIRE(ps::decode_core_event(b, d).ok());
+  BOOST_TEST((d.kind == ps::core_event_kind::commit));
+  BOOST_TEST(d.now == 17.25);
+  BOOST_TEST(d.commit.worker == 5u);
+  BOOST_TEST(d.commit.incarnation == 9u);
+  BOOST_TEST(d.commit.sequence == 11u);
+  BOOST_TEST(d.commit.clock == 12u);
+  BOOST_TEST(d.commit.samples == 13u);
+  BOOST_TEST(d.commit.bytes == 14u);
+  BOOST_TEST((d.commit.codec == codec_id::qsgd));
+  BOOST_TEST((d.commit.type == ashl::dtype::bf16));
+  BOOST_TEST(d.commit.element_count == 10u);
+  BOOST_TEST(d.commit.step == 15u);
+  BOOST_TEST(d.commit.tensor == 16u);
+  BOOST_TEST(d.commit.pull);
+  BOOST_TEST(d.commit.ack_only);
+  BOOST_TEST(!d.commit.reply_unchecked);
+  BOOST_TEST(!d.commit.values_checked);  // the driver's facts are not recorded
+  BOOST_TEST(!d.commit.payload_kept);
+  BOOST_TEST(d.commit.payload.data() == b.data() + ps::core_event_prefix_bytes);  // a view, not a copy
+  BOOST_TEST(std::ranges::equal(d.commit.payload, payload));
+
+  const ashl::measurement m{.worker = 3, .kind = ashl::measurement_kind::pull, .seconds = 0.25, .amount = 4096.0,
+                            .time = 8.5};
+  ps::encode_core_event(ps::core_event::of_measurement(m), b);
+  BOOST_REQUIRE(ps::decode_core_event(b, d).ok());
+  BOOST_TEST((d.kind == ps::core_event_kind::measurement));
+  BOOST_TEST((d.measurement == m));
+  BOOST_TEST(d.now == 8.5);
+  ps::encode_core_event(ps::core_event::of_metric(static_cast<ashl::metric_id>(2000), -1.0, 9.0), b);
+  BOOST_REQUIRE(ps::decode_core_event(b, d).ok());
+  BOOST_TEST((d.kind == ps::core_event_kind::metric && d.metric == static_cast<ashl::metric_id>(2000)));
+  BOOST_TEST(d.value == -1.0);
+  ps::encode_core_event(ps::core_event::of_join(7, 42, 10.0), b);
+  BOOST_REQUIRE(ps::decode_core_event(b, d).ok());
+  BOOST_TEST((d.kind == ps::core_event_kind::join && d.worker == 7u && d.incarnation == 42u && d.now == 10.0));
+  BOOST_TEST(b.size() == ps::core_event_prefix_bytes);
+}
+
+BOOST_AUTO_TEST_CASE(corrupt_records_refused_by_name_and_the_replaying_core_unchanged) {
+  constexpr std::size_t n = 64;
+  auto policy = ps::make_policy("ssp", ps_cases::base_params("ssp", workers));
+  BOOST_REQUIRE(policy.has_value());
+  auto core = core_t::create({.layout = *ps::shard_layout::even(n, 1), .workers = workers}, std::move(*policy));
+  BOOST_REQUIRE(core.has_value());
+  std::vector<float> g(n, 0.25f);
+  const auto payload = std::as_bytes(std::span<const float>(g));
+  const auto records = sample_records(payload, n);
+  ps::server_actions out(workers + 2);
+  const auto before = saved(*core);
+
+  // Receives one record: decoded, then replayed only when it decoded.
+  auto receive = [&](std::span<const std::byte> bytes) -> ashl::status {
+    ps::core_event e;
+    ASHL_TRY(ps::decode_core_event(bytes, e));
+    ps::replay(*core, e, out);
+    return {};
+  };
+  struct bad {
+    std::string what, field;
+    std::vector<std::byte> bytes;
+  };
+  std::vector<bad> bads;
+  for (const auto& r : records) {
+    const auto& b = r.bytes;
+    bads.push_back({r.what + " truncated to its first 100 bytes", "core_event.size", {b.begin(), b.begin() + 100}});
+    bads.push_back({r.what + " empty", "core_event.size", {}});
+    auto m = b;
+    m[0] = std::byte{'X'};
+    bads.push_back({r.what + " with another magic", "core_event.magic", m});
+    bads.push_back({r.what + " of version 2", "core_event.version", with_field<std::uint16_t>(b, 4, 2)});
+    for (std::size_t at : {6u, 9u, 17u, 30u, 60u, 90u, 110u, 113u, 117u}) {
+      auto f = b;
+      f[at] ^= std::byte{0x10};
+      bads.push_back({r.what + " with a bit flipped at byte " + std::to_string(at), "core_event.prefix_crc", f});
+    }
+    bads.push_back({r.what + " of kind 12", "core_event.kind", with_field<std::uint8_t>(b, 6, 12)});
+    bads.push_back({r.what + " of kind 0 (a snapshot)", "core_event.kind", with_field<std::uint8_t>(b, 6, 0)});
+    bads.push_back({r.what + " of kind 9 (a tick)", "core_event.kind", with_field<std::uint8_t>(b, 6, 9)});
+    bads.push_back({r.what + " with flag bit 3", "core_event.flags", with_field<std::uint8_t>(b, 7, 8)});
+    bads.push_back({r.what + " with a reserved byte set", "core_event.reserved", with_field<std::uint8_t>(b, 83, 1)});
+    auto longer = b;
+    longer.push_back(std::byte{0});
+    bads.push_back({r.what + " with a byte appended", "core_event.payload_bytes", longer});
+  }
+  // The fields a kind does not use, each set on a record that does not use it.
+  const auto& join = records[1].bytes;
+  const auto& drain = records[7].bytes;
+  const auto& metric = records[3].bytes;
+  bads.push_back({"join with a sequence", "core_event.sequence", with_field<std::uint64_t>(join, 32, 5)});
+  bads.push_back({"join with a payload length", "core_event.payload_bytes", with_field<std::uint64_t>(join, 104, 1)});
+  bads.push_back({"join with a codec", "core_event.codec", with_field<std::uint8_t>(join, 80, 3)});
+  bads.push_back({"metric with a worker", "core_event.worker", with_field<std::uint32_t>(metric, 16, 2)});
+  bads.push_back({"metric with an amount", "core_event.amount", with_field<double>(metric, 96, 1.0)});
+  bads.push_back({"drain with a time", "core_event.now", with_field<double>(drain, 8, 2.0)});
+  bads.push_back({"drain with an incarnation", "core_event.incarnation", with_field<std::uint64_t>(drain, 24, 1)});
+  // A commit's payload: cut short (its length then disagrees) or changed.
+  const auto& commit = records[0].bytes;
+  bads.push_back({"commit missing its last payload byte", "core_event.payload_bytes",
+                  {commit.begin(), commit.end() - 1}});
+  auto flipped = commit;
+  flipped[ps::core_event_prefix_bytes + 5] ^= std::byte{1};
+  bads.push_back({"commit with a payload bit flipped", "core_event.payload_crc", flipped});
+  auto stale_crc = commit;
+  put_at<std::uint32_t>(stale_crc, 112, 0);
+  bads.push_back({"commit with a payload CRC of 0", "core_event.prefix_crc", stale_crc});
+  bads.push_back({"commit with its payload CRC changed and the prefix CRC made right", "core_event.payload_crc",
+                  with_field<std::uint32_t>(commit, 112, 1234)});
+
+  for (const auto& x : bads) {
+    BOOST_TEST_CONTEXT(x.what) {
+      ps::core_event sentinel = ps::core_event::of_join(3, 77, 1.0), d = sentinel;
+      const ashl::status s = ps::decode_core_event(x.bytes, d);
+      BOOST_TEST(!s.ok());
+      BOOST_CHECK_MESSAGE(s.message().rfind(x.field + " = ", 0) == 0, s.message() << " (expected " << x.field << ")");
+      BOOST_TEST((d.kind == sentinel.kind && d.worker == 3u && d.incarnation == 77u));  // unchanged
+      BOOST_TEST(!receive(x.bytes).ok());
+    }
+  }
+  BOOST_TEST((saved(*core) == before));
+  BOOST_TEST(out.empty());
+  // The same records uncorrupted replay, and change the core.
+  for (const auto& r : records) BOOST_CHECK_MESSAGE(receive(r.bytes).ok(), r.what);
+  BOOST_TEST((saved(*core) != before));
+}
+
+BOOST_AUTO_TEST_CASE(recording_encoding_decoding_and_replaying_allocate_nothing_once_warm) {
+  constexpr std::size_t n = 1000;
+  auto make = [&] {
+    auto policy = ps::make_policy("ssp", ps_cases::base_params("ssp", workers));
+    BOOST_REQUIRE(policy.has_value());
+    auto c = core_t::create({.layout = *ps::shard_layout::even(n, 1), .workers = workers}, std::move(*policy));
+    BOOST_REQUIRE(c.has_value());
+    return std::move(*c);
+  };
+  core_t primary = make(), replica = make();
+  ps::server_actions out(workers), replica_out(workers);
+  std::vector<std::byte> bytes;
+  ps::core_event decoded;
+  std::uint64_t failures = 0;
+  auto rc = ps::recorded_core(primary, [&](const ps::core_event& e) {
+    ps::encode_core_event(e, bytes);
+    if (!ps::decode_core_event(bytes, decoded).ok()) {
+      ++failures;
+      return;
+    }
+    ps::replay(replica, decoded, replica_out);
+  });
+  std::vector<float> g(n);
+  std::vector<std::uint64_t> seq(workers, 0);
+  // Valid events of live workers only: what the core itself does without
+  // allocating once warm (refusals build their error texts).
+  auto step = [&](int i) {
+    const auto w = static_cast<as::worker_id>(i % workers);
+    const double now = 0.01 * i;
+    for (std::size_t k = 0; k < n; ++k) g[k] = value(w, seq[w] + 1, k);
+    if (i % 5 == 4) {
+      rc.measurement({.worker = w, .kind = ashl::measurement_kind::compute, .seconds = 0.01, .amount = 32.0,
+                      .time = now},
+                     out);
+    } else if (i % 7 == 6) {
+      rc.metric(ashl::metric_id::loss, 1.0 / (1.0 + now), now, out);
+    } else {
+      ++seq[w];
+      rc.commit({.worker = w, .sequence = seq[w], .clock = seq[w], .samples = 16, .bytes = 4 * n + 72,
+                 .element_count = n, .step = seq[w], .payload = std::as_bytes(std::span<const float>(g)),
+                 .pull = i % 2 == 0},
+                now, out);
+    }
+    out.clear();
+    replica_out.clear();
+  };
+  int i = 0;
+  for (; i < 200; ++i) step(i);  // warm: every buffer at its working size
+  const std::size_t before = counting_new::count();
+  for (; i < 600; ++i) step(i);
+  BOOST_TEST(counting_new::count() == before);
+  BOOST_TEST(failures == 0u);
+  BOOST_TEST(primary.stats().commits_applied > 300u);
+  BOOST_TEST((saved(primary) == saved(replica)));
+}
