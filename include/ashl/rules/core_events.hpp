@@ -99,7 +99,6 @@
 #include <ashl/wire/crc32c.hpp>
 #include <ashl/wire/ids.hpp>
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -226,7 +225,7 @@ struct core_event_fields {
   std::uint64_t payload_bytes = 0;
 };
 
-inline core_event_fields fields_of(const core_event& e) noexcept {
+inline core_event_fields core_event_fields_of(const core_event& e) noexcept {
   core_event_fields f;
   f.kind = static_cast<std::uint8_t>(e.kind);
   switch (e.kind) {
@@ -277,15 +276,17 @@ inline core_event_fields fields_of(const core_event& e) noexcept {
   return f;
 }
 
-// 0 unless the kind uses the field: `uses` is the kinds' bit set (bit k: kind k).
-constexpr std::uint32_t kinds(std::initializer_list<core_event_kind> ks) noexcept {
+// The kinds that use a field, as a bit set (bit k: kind k).
+constexpr std::uint32_t core_event_kinds(std::initializer_list<core_event_kind> ks) noexcept {
   std::uint32_t m = 0;
   for (auto k : ks) m |= 1u << static_cast<unsigned>(k);
   return m;
 }
 
+// A field that `kind` does not use (its bit not in `uses`) must be 0, all
+// its bits (-0.0 too): anything else is corruption or another writer.
 template <class T>
-status unused_zero(std::uint8_t kind, std::uint32_t uses, std::string_view field, T v) {
+status core_event_unused_zero(std::uint8_t kind, std::uint32_t uses, std::string_view field, T v) {
   if ((uses >> kind & 1u) != 0) return {};
   T zero{};
   if (std::memcmp(&v, &zero, sizeof(T)) == 0) return {};
@@ -311,7 +312,7 @@ status unused_zero(std::uint8_t kind, std::uint32_t uses, std::string_view field
 // sent or logged from where it lies, the record is this prefix and that
 // payload, no copy.
 inline void encode_core_event_prefix(const core_event& e, std::span<std::byte, core_event_prefix_bytes> out) noexcept {
-  const detail::core_event_fields f = detail::fields_of(e);
+  const detail::core_event_fields f = detail::core_event_fields_of(e);
   const std::span<const std::byte> payload = core_event_payload(e);
   byte_writer w(out);
   w.put(core_event_magic);
@@ -354,9 +355,9 @@ inline void encode_core_event(const core_event& e, std::vector<std::byte>& out) 
 // into `bytes`, valid while they are). On failure `out` is unchanged and the
 // status names the field and its value.
 inline status decode_core_event(std::span<const std::byte> bytes, core_event& out) {
-  using detail::kinds;
-  using detail::unused_zero;
+  using detail::core_event_unused_zero;
   using K = core_event_kind;
+  constexpr auto kinds = [](std::initializer_list<K> ks) constexpr { return detail::core_event_kinds(ks); };
   if (bytes.size() < core_event_prefix_bytes)
     return malformed("core_event.size", bytes.size(),
                      "shorter than the record's " + std::to_string(core_event_prefix_bytes) + "-byte prefix");
@@ -414,26 +415,26 @@ inline status decode_core_event(std::span<const std::byte> bytes, core_event& ou
                      std::string("bits a ") + std::string(to_string(static_cast<K>(f.kind))) +
                          " record does not use (commit: 1 pull, 2 ack_only, 4 reply_unchecked)");
   const std::uint8_t k = f.kind;
-  ASHL_TRY(unused_zero(k, ~kinds({K::drain}), "core_event.now", f.now));
-  ASHL_TRY(unused_zero(k, kinds({K::join, K::leave, K::evict, K::commit, K::pull, K::measurement}), "core_event.worker",
-                       f.worker));
+  ASHL_TRY(core_event_unused_zero(k, ~kinds({K::drain}), "core_event.now", f.now));
+  ASHL_TRY(core_event_unused_zero(k, kinds({K::join, K::leave, K::evict, K::commit, K::pull, K::measurement}),
+                                  "core_event.worker", f.worker));
   constexpr std::uint32_t commit_only = kinds({K::commit});
-  ASHL_TRY(unused_zero(k, commit_only, "core_event.tensor", f.tensor));
-  ASHL_TRY(unused_zero(k, kinds({K::join, K::commit}), "core_event.incarnation", f.incarnation));
-  ASHL_TRY(unused_zero(k, commit_only, "core_event.sequence", f.sequence));
-  ASHL_TRY(unused_zero(k, commit_only, "core_event.clock", f.clock));
-  ASHL_TRY(unused_zero(k, commit_only, "core_event.samples", f.samples));
-  ASHL_TRY(unused_zero(k, commit_only, "core_event.bytes", f.bytes));
-  ASHL_TRY(unused_zero(k, commit_only, "core_event.elements", f.elements));
-  ASHL_TRY(unused_zero(k, commit_only, "core_event.step", f.step));
-  ASHL_TRY(unused_zero(k, commit_only, "core_event.codec", f.codec));
-  ASHL_TRY(unused_zero(k, commit_only, "core_event.dtype", f.type));
-  ASHL_TRY(unused_zero(k, kinds({K::measurement}), "core_event.measure", f.measure));
-  ASHL_TRY(unused_zero(k, 0u, "core_event.reserved", f.reserved));
-  ASHL_TRY(unused_zero(k, kinds({K::metric}), "core_event.metric", f.metric));
-  ASHL_TRY(unused_zero(k, kinds({K::metric, K::measurement}), "core_event.value", f.value));
-  ASHL_TRY(unused_zero(k, kinds({K::measurement}), "core_event.amount", f.amount));
-  ASHL_TRY(unused_zero(k, commit_only, "core_event.payload_bytes", f.payload_bytes));
+  ASHL_TRY(core_event_unused_zero(k, commit_only, "core_event.tensor", f.tensor));
+  ASHL_TRY(core_event_unused_zero(k, kinds({K::join, K::commit}), "core_event.incarnation", f.incarnation));
+  ASHL_TRY(core_event_unused_zero(k, commit_only, "core_event.sequence", f.sequence));
+  ASHL_TRY(core_event_unused_zero(k, commit_only, "core_event.clock", f.clock));
+  ASHL_TRY(core_event_unused_zero(k, commit_only, "core_event.samples", f.samples));
+  ASHL_TRY(core_event_unused_zero(k, commit_only, "core_event.bytes", f.bytes));
+  ASHL_TRY(core_event_unused_zero(k, commit_only, "core_event.elements", f.elements));
+  ASHL_TRY(core_event_unused_zero(k, commit_only, "core_event.step", f.step));
+  ASHL_TRY(core_event_unused_zero(k, commit_only, "core_event.codec", f.codec));
+  ASHL_TRY(core_event_unused_zero(k, commit_only, "core_event.dtype", f.type));
+  ASHL_TRY(core_event_unused_zero(k, kinds({K::measurement}), "core_event.measure", f.measure));
+  ASHL_TRY(core_event_unused_zero(k, 0u, "core_event.reserved", f.reserved));
+  ASHL_TRY(core_event_unused_zero(k, kinds({K::metric}), "core_event.metric", f.metric));
+  ASHL_TRY(core_event_unused_zero(k, kinds({K::metric, K::measurement}), "core_event.value", f.value));
+  ASHL_TRY(core_event_unused_zero(k, kinds({K::measurement}), "core_event.amount", f.amount));
+  ASHL_TRY(core_event_unused_zero(k, commit_only, "core_event.payload_bytes", f.payload_bytes));
   if (f.payload_bytes != r.remaining())
     return malformed("core_event.payload_bytes", f.payload_bytes,
                      std::to_string(r.remaining()) + " bytes follow the prefix (a truncated or overlong record)");
