@@ -6,7 +6,9 @@
 // joins, rejoins, restarts, stale joins, commits (dense and compressed,
 // duplicates, and refused ones: sequence 0, another incarnation, another
 // size, a NaN, too many samples, unknown workers), pulls, metrics,
-// measurements (some refused), evictions, leaves and drains. The same with
+// measurements (some refused), evictions, leaves and drains; also a replica
+// that starts from the primary's save() a third of the way in, and the
+// whole log replayed into a fresh core at the end. The same with
 // apply threads, batched applies and applies as parts land on the
 // primary's side only, and with apply threads on the replaying side only.
 // Corrupt record bytes are refused naming the field, and the replaying
@@ -275,6 +277,11 @@ struct setup {
   unsigned primary_threads;
   std::uint32_t primary_batch;  // >= 2: batched applies, payloads kept, applies as parts land
   std::vector<unsigned> replica_threads;
+  // Also: a replica that starts from the primary's save() a third of the
+  // way in (a backup's catch-up, docs/elastic.md §4.2), and the whole log
+  // of records replayed at the end into a fresh core (the chaos test's
+  // replay). The log keeps every record: small shards only.
+  bool snapshot_and_log = false;
 };
 
 // What the primary's driver choices did over a run.
@@ -332,6 +339,9 @@ run_counts run_case(const ps_cases::policy_case& c, std::size_t variant, const s
     std::vector<std::byte> bytes;
     ps::core_event decoded;
     std::uint64_t records = 0, replay_failures = 0;
+    std::optional<side> late;  // from a snapshot
+    ps::server_actions late_out(workers + 2);
+    std::vector<std::vector<std::byte>> log;
     auto rc = ps::recorded_core(*primary.core, [&](const ps::core_event& e) {
       ps::encode_core_event(e, bytes);
       ++records;
@@ -340,6 +350,8 @@ run_counts run_case(const ps_cases::policy_case& c, std::size_t variant, const s
         return;
       }
       for (std::size_t k = 0; k < replicas.size(); ++k) ps::replay(*replicas[k].core, decoded, replica_out[k]);
+      if (late) ps::replay(*late->core, decoded, late_out);
+      if (su.snapshot_and_log) log.push_back(bytes);
     });
 
     events ev(su.n, rng_seed, extras);
@@ -355,6 +367,13 @@ run_counts run_case(const ps_cases::policy_case& c, std::size_t variant, const s
       if (first_state.empty()) first_state = p;
     };
     for (int i = 0; i < n_events; ++i) {
+      if (su.snapshot_and_log && i == n_events / 3) {
+        late.emplace(make_side(c, variant, su.n, 1, 1));
+        const auto snapshot = saved(*primary.core);
+        ashl::state_reader in(snapshot);
+        const ashl::status loaded = late->core->load(in);
+        BOOST_REQUIRE_MESSAGE(loaded.ok(), loaded.to_string());
+      }
       if (extras && ev.reuses_ring()) primary.core->apply_pending();  // the kept payloads are about to be reused
       const ps::core_event e = ev.next();
       if (extras && ev.speculable() && i % 3 == 0) {  // the commit's halves land one after the other
@@ -364,13 +383,31 @@ run_counts run_case(const ps_cases::policy_case& c, std::size_t variant, const s
       }
       call(rc, e, ev.last_commit(), out);
       if (!same_actions(out, replica_out[0])) ++action_mismatches;
+      if (late && !same_actions(out, late_out)) ++action_mismatches;
       out.clear();
+      late_out.clear();
       for (auto& o : replica_out) o.clear();
       if (i == 100 || i == n_events / 2) check_states(i);
     }
     check_states(n_events);
     rc.drain(out);
     check_states(n_events + 1);
+    if (su.snapshot_and_log) {
+      const auto p = saved(*primary.core);
+      BOOST_TEST_INFO("the replica started from a snapshot after " << n_events / 3 << " events");
+      BOOST_TEST((saved(*late->core) == p));
+      side fresh = make_side(c, variant, su.n, 1, 1);
+      ps::server_actions ignored(workers + 2);
+      for (const auto& b : log) {
+        ps::core_event e;
+        BOOST_REQUIRE(ps::decode_core_event(b, e).ok());
+        ps::replay(*fresh.core, e, ignored);
+        ignored.clear();
+      }
+      BOOST_TEST_INFO("a fresh core fed the whole log of " << log.size() << " records at the end");
+      BOOST_TEST((saved(*fresh.core) == p));
+      BOOST_TEST(log.size() == records);
+    }
 
     BOOST_TEST(records == static_cast<std::uint64_t>(n_events) + 1);
     BOOST_TEST(replay_failures == 0u);
@@ -392,7 +429,7 @@ run_counts run_case(const ps_cases::policy_case& c, std::size_t variant, const s
 BOOST_AUTO_TEST_CASE(every_policy_replayed_from_its_records_saves_the_same_bytes) {
   const auto cases = ps_cases::every_policy(workers);
   BOOST_REQUIRE(cases.size() >= ps::policies.size());
-  const setup plain{"plain", 257, 1, 1, {1}};
+  const setup plain{"plain", 257, 1, 1, {1}, true};
   run_counts total;
   for (std::size_t i = 0; i < cases.size(); ++i)
     total.add(run_case(cases[i], i, plain, 700, 100 + static_cast<std::uint32_t>(i)));
@@ -499,6 +536,11 @@ BOOST_AUTO_TEST_CASE(records_round_trip_field_for_field) {
   BOOST_TEST(!d.commit.payload_kept);
   BOOST_TEST(d.commit.payload.data() == b.data() + ps::core_event_prefix_bytes);  // a view, not a copy
   BOOST_TEST(std::ranges::equal(d.commit.payload, payload));
+
+  // The prefix alone, with the payload sent from where it lies: the same bytes.
+  std::array<std::byte, ps::core_event_prefix_bytes> prefix{};
+  ps::encode_core_event_prefix(e, prefix);
+  BOOST_TEST(std::memcmp(prefix.data(), b.data(), prefix.size()) == 0);
 
   const ashl::measurement m{.worker = 3, .kind = ashl::measurement_kind::pull, .seconds = 0.25, .amount = 4096.0,
                             .time = 8.5};
