@@ -37,12 +37,16 @@
 // the shard (sgd) or straight into the parameters (model deltas). A layout
 // of 0 elements is timing only: no payload is read, policy decisions only.
 // After warm-up (every worker joined once, the store's arena and index at
-// their working size) no valid event allocates. docs/algorithms.md §1–§2;
+// their working size) no valid event allocates; the per-rank vectors are
+// reserved for max_workers, so a join of a later rank does not either
+// (the policy's own tables aside). docs/algorithms.md §1–§2;
 // docs/design.md "Server core"; docs/ps.md.
 //
 // Deviations from the first sketch of the server core (docs/ps.md):
 // - server_core_params.workers: ids 0..workers-1 are live from creation
-//   (incarnation 0), as the policy was constructed; others join().
+//   (incarnation 0), as the policy was constructed; others join(), up to
+//   server_core_params.max_workers (the job's maximum, 0 = workers; a
+//   larger rank is refused, refusal::max_workers: docs/elastic.md §2).
 // - The policy sees a sequence the core assigns (1, 2, ... per worker id,
 //   never reset, so a rejoin with a new incarnation cannot collide with its
 //   old incarnation's commits still buffered); errors and the exactly-once
