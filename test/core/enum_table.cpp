@@ -91,9 +91,10 @@ BOOST_AUTO_TEST_CASE(the_librarys_enum_tables_keep_their_names) {
   BOOST_TEST(ashl::to_string(ashl::metric_id::samples_per_second) == "samples_per_second");
   BOOST_TEST(ashl::to_string(static_cast<ashl::metric_id>(ashl::metric_id_application)) == "application");
   BOOST_TEST(ashl::profile::to_string(ashl::profile::replan_reason::drift) == "drift");
-  BOOST_TEST(ashl::ps::refusal_count == 13u);
+  BOOST_TEST(ashl::ps::refusal_count == 14u);
   BOOST_TEST(ashl::ps::to_string(ashl::ps::refusal::store_full) == "store_full");
   BOOST_TEST(ashl::ps::to_string(ashl::ps::refusal::samples) == "samples");
+  BOOST_TEST(ashl::ps::to_string(ashl::ps::refusal::max_workers) == "max_workers");
   BOOST_TEST(ashl::wire::message_kind_first == 1u);
   BOOST_TEST(ashl::wire::message_kind_last == 9u);
   BOOST_TEST(ashl::wire::to_string(ashl::wire::message_kind::plan_update) == "plan_update");

@@ -54,6 +54,12 @@ class rounds {
   using policy_concept = sync::policy_tag;
   rounds() = default;
   explicit rounds(std::size_t m) : live_(m, 1), seq_(m, 0), has_(m, 0), held_(m, 0), live_count_(m) {}
+  // Room for `capacity` ids, the first m live: a join of a later id
+  // allocates nothing here (so a test can count the core's own).
+  rounds(std::size_t m, std::size_t capacity)
+      : live_(capacity, 0), seq_(capacity, 0), has_(capacity, 0), held_(capacity, 0), live_count_(m) {
+    std::fill_n(live_.begin(), m, std::uint8_t{1});
+  }
 
   sync::commit_decision on_commit(const sync::commit_event& c, sync::outcome_sink& out) {
     if (c.worker >= live_.size() || !live_[c.worker] || has_[c.worker]) return {sync::commit_action::drop, 0.0};
@@ -190,9 +196,11 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
 
 template <class P>
 ps::server_core<P> make(P p, std::uint64_t n, std::uint32_t m, ps::optimizer_params o = {},
-                        std::span<const float> init = {}, std::uint64_t store = std::uint64_t{1} << 20) {
-  auto c = ps::server_core<P>::create({.layout = layout(n), .workers = m, .optimizer = o, .store_bytes = store},
-                                      std::move(p), init);
+                        std::span<const float> init = {}, std::uint64_t store = std::uint64_t{1} << 20,
+                        std::uint32_t max_workers = 0) {
+  auto c = ps::server_core<P>::create(
+      {.layout = layout(n), .workers = m, .max_workers = max_workers, .optimizer = o, .store_bytes = store},
+      std::move(p), init);
   BOOST_REQUIRE_MESSAGE(c.has_value(), c.to_status().to_string());
   return std::move(*c);
 }
@@ -719,7 +727,8 @@ BOOST_AUTO_TEST_CASE(timing_only_layout_takes_policy_decisions_without_payloads)
 }
 
 BOOST_AUTO_TEST_CASE(join_sends_the_plan_and_plan_changes_reach_live_workers) {
-  auto core = make(rounds(4), 0, 2);  // the policy knows 4 ids, 2 live at creation... all 4 live in rounds
+  // The policy knows 4 ids, all live; the core 2 live at creation, ranks up to 4.
+  auto core = make(rounds(4), 0, 2, {}, {}, std::uint64_t{1} << 20, 4);
   ps::server_actions out(4);
   core.join(3, 0, 0.0, out);  // a new id for the core
   BOOST_REQUIRE(out.plans().size() == 1u);
@@ -732,6 +741,257 @@ BOOST_AUTO_TEST_CASE(join_sends_the_plan_and_plan_changes_reach_live_workers) {
   core.leave(3, 1.0, out);
   BOOST_REQUIRE(out.errors().size() == 1u);
   BOOST_TEST(out.errors()[0].text == "leave.worker = 3: left or was evicted: join again");
+}
+
+// ------------------------------------------------- max_workers (docs/elastic.md §2, E1)
+
+namespace {
+
+std::vector<std::byte> saved_bytes(const auto& core) {
+  std::vector<std::byte> bytes;
+  ashl::state_writer w(bytes);
+  core.save(w);
+  return bytes;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(max_workers_is_validated_by_name_and_0_means_workers) {
+  auto below = ps::server_core<sync::asp>::create({.layout = layout(4), .workers = 3, .max_workers = 2},
+                                                  sync::asp{{.workers = 3}});
+  BOOST_REQUIRE(!below.has_value());
+  BOOST_TEST(below.error().message() ==
+             "server_core.max_workers = 2: must be 0 (the same as workers) or at least server_core.workers = 3");
+  auto past = ps::server_core<sync::asp>::create({.layout = layout(4), .workers = 3, .max_workers = 65537},
+                                                 sync::asp{{.workers = 3}});
+  BOOST_REQUIRE(!past.has_value());
+  BOOST_TEST(past.error().message() == "server_core.max_workers = 65537: must be at most 65536 (ps::max_workers)");
+  // 0 and the initial count are today's fixed set: the same parameters, the same state.
+  auto zero = make(sync::asp{{.workers = 3}}, 4, 3);
+  auto same = make(sync::asp{{.workers = 3}}, 4, 3, {}, {}, std::uint64_t{1} << 20, 3);
+  BOOST_TEST(zero.params().max_workers == 3u);
+  BOOST_TEST((saved_bytes(zero) == saved_bytes(same)));
+  BOOST_TEST(zero.known_workers() == 3u);
+  BOOST_TEST(zero.live_count() == 3u);
+  // The automatic store bound holds a commit per rank the job may have.
+  auto grown = ps::server_core<sync::asp>::create({.layout = layout(100), .workers = 3, .max_workers = 7},
+                                                  sync::asp{{.workers = 3}});
+  BOOST_REQUIRE(grown.has_value());
+  BOOST_TEST(grown->params().store_bytes == ps::automatic_store_bytes(100, 7));
+  BOOST_TEST(grown->params().store_bytes == 7u * (8u * 100u + 64u));
+}
+
+// A rank in M0..Mmax-1 that was never live joins, commits and is applied:
+// ASP adds its commit at once; BSP's round waits for it and averages it in
+// (dyadic values, 4 live workers: weight 1/4, exact in any order).
+BOOST_AUTO_TEST_CASE(a_rank_past_the_initial_workers_joins_commits_and_is_applied) {
+  const std::size_t n = 4;
+  const std::vector<float> w0{1.0f, 2.0f, 3.0f, 4.0f};
+  {
+    auto core = make(sync::asp{{.workers = 2, .scale = 1.0}}, n, 2, {}, w0, std::uint64_t{1} << 20, 4);
+    ps::server_actions out(4);
+    core.join(3, 77, 0.5, out);  // rank 2 never joins: the table covers it, unknown
+    BOOST_TEST(out.errors().empty());
+    BOOST_REQUIRE(out.plans().size() == 1u);
+    BOOST_TEST(out.plans()[0].worker == 3u);
+    BOOST_TEST(core.known_workers() == 4u);
+    BOOST_TEST(core.is_known(3));
+    BOOST_TEST(!core.is_known(2));
+    BOOST_TEST(!core.is_live(2));
+    BOOST_TEST(core.live_count() == 3u);
+    BOOST_TEST(core.incarnation(3) == 77u);
+    out.clear();
+    const auto d3 = dense({0.5f, -0.25f, 1.0f, 0.125f});
+    auto c = commit_of(3, 1, d3, n, /*pull=*/true);
+    c.incarnation = 77;
+    core.commit(c, 1.0, out);
+    BOOST_TEST(out.errors().empty());
+    BOOST_TEST(out.steps() == 1u);
+    BOOST_REQUIRE(out.pull_replies().size() == 1u);
+    BOOST_TEST(out.pull_replies()[0] == 3u);
+    BOOST_TEST(same_bits(core.parameters(), std::vector<float>{1.5f, 1.75f, 4.0f, 4.125f}));
+    BOOST_TEST(core.last_sequence(3) == 1u);
+    // A commit of the rank that never joined is refused as before.
+    out.clear();
+    core.commit(commit_of(2, 1, dense(w0), n), 1.1, out);
+    BOOST_REQUIRE(out.errors().size() == 1u);
+    BOOST_TEST((out.errors()[0].reason == ps::refusal::unknown_worker));
+    // It leaves: one live fewer, still known.
+    out.clear();
+    core.leave(3, 2.0, out);
+    BOOST_TEST(core.live_count() == 2u);
+    BOOST_TEST(core.known_workers() == 4u);
+  }
+  for (const char* name : {"bsp", "local_sgd"}) {
+    ps::policy_params pp;
+    pp.workers = 2;
+    auto core = make(ps::make_policy(name, pp).value(), n, 2, {}, w0, std::uint64_t{1} << 20, 4);
+    ps::server_actions out(4);
+    core.join(2, 5, 0.0, out);
+    core.join(3, 6, 0.0, out);
+    BOOST_TEST(out.errors().empty(), name);
+    BOOST_TEST(core.live_count() == 4u, name);
+    out.clear();
+    for (sync::worker_id w = 0; w < 4; ++w) {
+      const float v = static_cast<float>(w + 1);  // worker w commits (w+1) * (1, -1, 2, 0.5)
+      const auto d = dense({v, -v, 2 * v, 0.5f * v});
+      auto c = commit_of(w, 1, d, n, true);
+      c.incarnation = w < 2 ? 0 : w + 3;
+      core.commit(c, 1.0, out);
+      BOOST_TEST(out.errors().empty(), name);
+      BOOST_TEST(out.steps() == (w == 3 ? 1u : 0u), name << ": the round waits for the joiners");
+    }
+    BOOST_TEST(out.pull_replies().size() == 4u, name);
+    BOOST_TEST(core.stats().commits_applied == 4u, name);
+    // Σ (w+1)/4 = 2.5
+    BOOST_TEST(same_bits(core.parameters(), std::vector<float>{3.5f, -0.5f, 8.0f, 5.25f}), name);
+  }
+}
+
+// A join of rank >= max_workers is refused by name before anything else:
+// the table does not grow, the policy is not told, and the state saves the
+// same bytes but for the refusal's counter (0 to 1) and the CRC over it.
+BOOST_AUTO_TEST_CASE(a_join_past_max_workers_is_refused_by_name_and_changes_nothing) {
+  const std::size_t n = 4;
+  auto core = make(sync::bsp{{.workers = 2}}, n, 2, {}, {}, std::uint64_t{1} << 20, 3);
+  ps::server_actions out(3);
+  core.join(2, 9, 0.0, out);
+  core.commit(commit_of(0, 1, dense({1.0f, 1.0f, 1.0f, 1.0f}), n, true), 0.1, out);  // buffered, its pull held
+  BOOST_TEST(out.errors().empty());
+  out.clear();
+  const auto before = saved_bytes(core);
+  const auto stats = core.stats();
+  for (sync::worker_id rank : {3u, 4u, 0xfffffffeu}) {
+    core.join(rank, 1, 0.2, out);
+    BOOST_REQUIRE(out.errors().size() == 1u);
+    BOOST_TEST((out.errors()[0].reason == ps::refusal::max_workers));
+    BOOST_TEST((out.errors()[0].code == ashl::errc::out_of_range));
+    BOOST_TEST(out.errors()[0].worker == rank);
+    BOOST_TEST(out.errors()[0].text ==
+               "join.rank = " + std::to_string(rank) + ": this job admits at most 3 workers (ranks 0..2)");
+    BOOST_TEST(out.plans().empty());
+    BOOST_TEST(out.pull_replies().empty());
+    BOOST_TEST(out.steps() == 0u);
+    out.clear();
+  }
+  BOOST_TEST(core.known_workers() == 3u);
+  BOOST_TEST(core.live_count() == 3u);
+  BOOST_TEST(core.stats().refused_for(ps::refusal::max_workers) == 3u);
+  auto expect = stats;
+  expect.refused[static_cast<std::size_t>(ps::refusal::max_workers)] = 3;
+  BOOST_TEST((core.stats() == expect));
+  const auto after = saved_bytes(core);
+  BOOST_REQUIRE(after.size() == before.size());
+  std::vector<std::size_t> differ;
+  for (std::size_t i = 0; i + 4 < after.size(); ++i)
+    if (after[i] != before[i]) differ.push_back(i);
+  BOOST_REQUIRE(differ.size() == 1u);  // the counter's low byte
+  BOOST_TEST(static_cast<unsigned>(before[differ[0]]) == 0u);
+  BOOST_TEST(static_cast<unsigned>(after[differ[0]]) == 3u);
+  // The round still waits for ranks 1 and 2 only.
+  core.commit(commit_of(1, 1, dense({1.0f, 1.0f, 1.0f, 1.0f}), n, true), 0.3, out);
+  const auto ones = dense({1.0f, 1.0f, 1.0f, 1.0f});
+  auto c2 = commit_of(2, 1, ones, n, true);
+  c2.incarnation = 9;
+  core.commit(c2, 0.4, out);
+  BOOST_TEST(out.errors().empty());
+  BOOST_TEST(out.steps() == 1u);
+  BOOST_TEST(out.pull_replies().size() == 3u);
+
+  // max_workers left at 0: the initial set is the maximum (the driver
+  // refused rank >= workers before; now the core does too).
+  auto fixed = make(sync::asp{{.workers = 2}}, n, 2);
+  out.clear();
+  fixed.join(2, 1, 0.0, out);
+  BOOST_REQUIRE(out.errors().size() == 1u);
+  BOOST_TEST(out.errors()[0].text == "join.rank = 2: this job admits at most 2 workers (ranks 0..1)");
+  BOOST_TEST(fixed.known_workers() == 2u);
+}
+
+// The core's per-rank tables are reserved for max_workers at creation (and
+// at load): a join of a rank past the initial set allocates nothing of the
+// core's own (the test policy has room for every id), and neither do the
+// joiner's commits and pulls after its first.
+BOOST_AUTO_TEST_CASE(a_join_within_max_workers_allocates_nothing_in_the_core) {
+  const std::size_t n = 64;
+  const auto d = dense(vec(n, 0.01f, 0.001f));
+  for (bool loaded : {false, true}) {
+    auto core = make(rounds(2, 6), n, 2, {}, {}, std::uint64_t{1} << 20, 6);
+    if (loaded) {  // the capacity comes back with a load too
+      auto fresh = make(rounds(2, 6), n, 2);
+      const auto bytes = saved_bytes(core);
+      ashl::state_reader r(bytes);
+      BOOST_REQUIRE(fresh.load(r).ok());
+      BOOST_TEST(fresh.params().max_workers == 6u);
+      core = std::move(fresh);
+    }
+    ps::server_actions out(6);
+    out.clear();
+    const auto before = counting_new::count();
+    for (sync::worker_id w = 2; w < 6; ++w) {
+      core.join(w, 10 + w, 0.0, out);
+      (void)core.serve_staleness(w);  // its first reply
+    }
+    const auto after = counting_new::count();
+    BOOST_TEST(out.errors().empty());
+    BOOST_TEST(after - before == 0u, (loaded ? "loaded" : "created"));
+    BOOST_TEST(core.live_count() == 6u);
+    out.clear();
+    std::uint64_t errors = 0;
+    auto rounds_of = [&](std::uint64_t from, std::uint64_t to) {
+      for (std::uint64_t seq = from; seq < to; ++seq)
+        for (sync::worker_id w = 0; w < 6; ++w) {
+          auto c = commit_of(w, seq, d, n, true);
+          c.incarnation = w < 2 ? 0 : 10 + w;
+          core.commit(c, static_cast<double>(seq), out);
+          (void)core.serve_staleness(w);
+          errors += out.errors().size();
+          out.clear();
+        }
+    };
+    rounds_of(1, 4);  // warm-up: the store's arena and index
+    const auto b2 = counting_new::count();
+    rounds_of(4, 40);
+    BOOST_TEST(counting_new::count() - b2 == 0u);
+    BOOST_TEST(errors == 0u);
+    BOOST_TEST(core.stats().commits_applied == 39u * 6u);
+  }
+}
+
+// max_workers and the joined ranks travel with the state (PSCR version 3):
+// a core loads them whatever it was created with, and goes on identically.
+BOOST_AUTO_TEST_CASE(max_workers_and_joined_ranks_save_and_load) {
+  const std::size_t n = 4;
+  auto a = make(sync::asp{{.workers = 2, .scale = 0.5}}, n, 2, {}, {}, std::uint64_t{1} << 20, 5);
+  ps::server_actions out(5);
+  a.join(4, 3, 0.0, out);
+  const auto d4 = dense({1.0f, 2.0f, 3.0f, 4.0f});
+  auto c = commit_of(4, 1, d4, n);
+  c.incarnation = 3;
+  a.commit(c, 0.1, out);
+  a.join(7, 1, 0.2, out);  // refused: counted
+  out.clear();
+  const auto bytes = saved_bytes(a);
+  auto b = make(sync::asp{{.workers = 2, .scale = 0.5}}, n, 2);  // max_workers 2 here
+  ashl::state_reader r(bytes);
+  BOOST_REQUIRE(b.load(r).ok());
+  BOOST_TEST(b.params().max_workers == 5u);
+  BOOST_TEST(b.known_workers() == 5u);
+  BOOST_TEST(b.live_count() == 3u);
+  BOOST_TEST(b.is_live(4));
+  BOOST_TEST((b.stats() == a.stats()));
+  BOOST_TEST((saved_bytes(b) == bytes));
+  for (auto* core : {&a, &b}) {
+    c.sequence = 2;
+    core->commit(c, 0.3, out);
+    core->join(3, 1, 0.4, out);
+    core->join(5, 1, 0.5, out);  // past 5: refused in both
+    BOOST_REQUIRE(out.errors().size() == 1u);
+    BOOST_TEST(out.errors()[0].text == "join.rank = 5: this job admits at most 5 workers (ranks 0..4)");
+    out.clear();
+  }
+  BOOST_TEST(same_bits(a.parameters(), b.parameters()));
+  BOOST_TEST((saved_bytes(a) == saved_bytes(b)));
 }
 
 // ---------------------------------------------------------------- allocation
@@ -886,9 +1146,11 @@ struct mirror {
   sync::outcome_sink sink;
   std::vector<sync::worker_id> replies;
   std::uint64_t steps = 0;
+  std::vector<std::uint64_t> applied;  // per worker: its commits added into W
 
-  void add(const std::vector<float>& d, double w) {
+  void add(const std::vector<float>& d, double w, sync::worker_id from) {
     for (std::size_t i = 0; i < W.size(); ++i) W[i] += static_cast<float>(w) * d[i];
+    ++applied[from];
   }
   void settle(std::size_t& r0, std::size_t& q0, const std::vector<float>* current, std::uint64_t cur_seq,
               sync::worker_id cur_w, bool& pending) {
@@ -896,12 +1158,12 @@ struct mirror {
     if (round.size() > r0) {
       for (std::size_t k = r0; k < round.size(); ++k) {
         if (pending && round[k].worker == cur_w && round[k].sequence == cur_seq) {
-          add(*current, round[k].weight);
+          add(*current, round[k].weight, cur_w);
           pending = false;
         } else {
           auto it = stored.find({round[k].worker, round[k].sequence});
           BOOST_REQUIRE(it != stored.end());
-          add(it->second, round[k].weight);
+          add(it->second, round[k].weight, round[k].worker);
           stored.erase(it);
         }
       }
@@ -937,7 +1199,7 @@ struct mirror {
     const auto dec = p.on_commit({w, seq, seq, now, 100, 8}, sink);
     bool pending = false;
     if (dec.action == sync::commit_action::apply) {
-      add(d, dec.weight);
+      add(d, dec.weight, w);
       ++steps;
     } else if (dec.action == sync::commit_action::buffer) {
       pending = true;
@@ -947,8 +1209,13 @@ struct mirror {
   void other() { event_done(nullptr, 0, 0, false, false, 0.0); }
 };
 
-void drive_every_policy(std::string_view name, bool evictions) {
+// joiners: the core admits ranks up to 5 (max_workers) beside the 3 live
+// from creation; ranks 4 and 3 join at steps 20 and 30 (docs/elastic.md
+// §2.3) and commit with the others, each of their decisions applied as the
+// policy says, bit for bit.
+void drive_every_policy(std::string_view name, bool evictions, bool joiners = false) {
   const std::uint32_t m = 3;
+  const std::uint32_t mx = joiners ? 5 : m;
   const std::size_t n = 6;
   ps::policy_params pp;
   pp.workers = m;
@@ -962,12 +1229,14 @@ void drive_every_policy(std::string_view name, bool evictions) {
   auto pol = ps::make_policy(name, pp);
   BOOST_REQUIRE_MESSAGE(pol.has_value(), pol.to_status().to_string());
   const auto w0 = vec(n, 0.5f, 0.25f);
-  auto core = make(*pol, n, m, {}, w0);
-  mirror ref{*pol, w0, {}, std::vector<std::uint64_t>(m, 0), std::vector<std::uint8_t>(m, 0),
-             std::vector<std::uint8_t>(m, 1), sync::outcome_sink(m), {}, 0};
-  ps::server_actions out(m);
-  std::vector<std::uint64_t> seq(m, 0);
-  std::vector<std::uint64_t> incarnation(m, 0);
+  auto core = make(*pol, n, m, {}, w0, std::uint64_t{1} << 20, joiners ? mx : 0);
+  BOOST_TEST(core.params().max_workers == mx);
+  mirror ref{*pol, w0, {}, std::vector<std::uint64_t>(mx, 0), std::vector<std::uint8_t>(mx, 0),
+             std::vector<std::uint8_t>(mx, 0), sync::outcome_sink(mx), {}, 0, std::vector<std::uint64_t>(mx, 0)};
+  for (sync::worker_id w = 0; w < m; ++w) ref.live[w] = 1;
+  ps::server_actions out(mx);
+  std::vector<std::uint64_t> seq(mx, 0);
+  std::vector<std::uint64_t> incarnation(mx, 0);
   std::vector<sync::worker_id> ready{0, 1, 2};
   double now = 0.0, loss = 2.0;
   std::uint64_t x = 12345;
@@ -982,6 +1251,27 @@ void drive_every_policy(std::string_view name, bool evictions) {
     ref.steps = 0;
     out.clear();
   };
+  // w (re)joins as a new incarnation and pulls, as a worker does.
+  auto join_rank = [&](sync::worker_id w, int step) {
+    core.join(w, ++incarnation[w], now, out);
+    seq[w] = 0;
+    ref.live[w] = 1;
+    ref.p.on_join({w, now}, ref.sink);
+    ref.other();
+    compare("join", step);
+    core.pull(w, now, out);
+    std::size_t r0 = 0, q0 = 0;
+    bool pending = false;
+    if (ref.p.on_pull({w, now}, ref.sink) == sync::pull_action::serve) {
+      ref.settle(r0, q0, nullptr, 0, 0, pending);
+      ref.replies.push_back(w);
+    } else {
+      ref.held[w] = 1;
+      ref.settle(r0, q0, nullptr, 0, 0, pending);
+    }
+    ref.sink.clear();
+    compare("pull after join", step);
+  };
   for (int step = 0; step < 150; ++step) {
     now += 0.01;
     if (evictions && step == 40 && core.is_live(2)) {
@@ -993,26 +1283,9 @@ void drive_every_policy(std::string_view name, bool evictions) {
       std::erase(ready, 2u);
       compare("evict", step);
     }
-    if (evictions && step == 70 && !core.is_live(2)) {
-      core.join(2, ++incarnation[2], now, out);
-      seq[2] = 0;
-      ref.live[2] = 1;
-      ref.p.on_join({2, now}, ref.sink);
-      ref.other();
-      compare("join", step);
-      core.pull(2, now, out);
-      std::size_t r0 = 0, q0 = 0;
-      bool pending = false;
-      if (ref.p.on_pull({2, now}, ref.sink) == sync::pull_action::serve) {
-        ref.settle(r0, q0, nullptr, 0, 0, pending);
-        ref.replies.push_back(2);
-      } else {
-        ref.held[2] = 1;
-        ref.settle(r0, q0, nullptr, 0, 0, pending);
-      }
-      ref.sink.clear();
-      compare("pull after join", step);
-    }
+    if (evictions && step == 70 && !core.is_live(2)) join_rank(2, step);
+    if (joiners && step == 20) join_rank(4, step);
+    if (joiners && step == 30) join_rank(3, step);
     if (ready.empty()) {
       core.drain(out);
       ref.p.drain(ref.sink);
@@ -1051,6 +1324,18 @@ void drive_every_policy(std::string_view name, bool evictions) {
   }
   BOOST_TEST(core.stats().commits > 50u, name);
   BOOST_TEST(core.store().size() == ref.stored.size(), name);
+  std::uint32_t live = 0;
+  for (sync::worker_id w = 0; w < mx; ++w) live += ref.live[w];
+  BOOST_TEST(core.live_count() == live, name);
+  if (joiners) {
+    BOOST_TEST(core.known_workers() == mx, name);
+    BOOST_TEST(core.stats().joins == (evictions ? 3u : 2u), name);
+    BOOST_TEST(core.stats().refused_total() == 0u, name);
+    for (sync::worker_id w : {3u, 4u}) {
+      BOOST_TEST(core.last_sequence(w) > 0u, name << " rank " << w << " committed");
+      BOOST_TEST(ref.applied[w] > 0u, name << " rank " << w << "'s commits applied");
+    }
+  }
 }
 
 }  // namespace
@@ -1059,6 +1344,17 @@ BOOST_AUTO_TEST_CASE(every_policy_by_name_applies_exactly_what_it_decides) {
   for (const auto& d : ps::policies) {
     drive_every_policy(d.name, false);
     drive_every_policy(d.name, true);
+  }
+}
+
+// docs/elastic.md §2 (E1): every policy by name takes ranks 3 and 4 of a
+// core created with 3 workers and max_workers 5; their commits are applied
+// exactly as the policy decides (the policies' weights and plans for a
+// grown set are still their creation's: E3, E4).
+BOOST_AUTO_TEST_CASE(every_policy_by_name_admits_ranks_up_to_max_workers) {
+  for (const auto& d : ps::policies) {
+    drive_every_policy(d.name, false, true);
+    drive_every_policy(d.name, true, true);
   }
 }
 

@@ -7,6 +7,9 @@
 // optimizer mid-way between Delayed Nesterov's folds). Regenerate it only when a
 // format changes on purpose (and bump that section's version):
 //   ASHL_WRITE_STATE_BYTES=test/rules/data/state_bytes.inc build/release/test/test_rules_state_bytes
+// and keep the old version's bytes loading: test/rules/data/state_bytes_pscr2.inc
+// holds the server cores as PSCR version 2 wrote them (before max_workers,
+// docs/elastic.md §2.2), which must load and save as today's version 3.
 #include <ashl/rules/server_core.hpp>
 
 #include <boost/test/unit_test.hpp>
@@ -22,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <span>
 #include <string>
@@ -38,6 +42,7 @@ struct saved_state {
 };
 
 #include "data/state_bytes.inc"
+#include "data/state_bytes_pscr2.inc"
 
 template <class T>
 std::vector<std::byte> saved(const T& x) {
@@ -154,6 +159,25 @@ std::span<const std::byte> as_bytes(const saved_state& s) {
   return std::as_bytes(std::span<const unsigned char>(s.bytes));
 }
 
+// A fresh core for a saved core state (other numbers would do: the state
+// carries them; max_workers 7 here, so a loaded state's own value shows).
+ps::server_core<> fresh_core(const std::string& label) {
+  auto fresh = ps::server_core<>::create({.layout = *ps::shard_layout::even(40, 1), .workers = 3, .max_workers = 7},
+                                         *ps::make_policy(label == "core/adsp+topk"            ? "adsp"
+                                                          : label == "core/bsp+sgd"             ? "bsp"
+                                                          : label == "core/async_diloco+outer" ? "async_diloco"
+                                                                                                : "ssp",
+                                                          ps_cases::base_params("ssp", 3)));
+  BOOST_REQUIRE(fresh.has_value());
+  return std::move(*fresh);
+}
+
+std::uint32_t tag_version(std::span<const std::byte> b) {
+  std::uint32_t v = 0;
+  if (b.size() >= 8) std::memcpy(&v, b.data() + 4, 4);
+  return v;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(states_saved_before_load_and_save_again_byte_for_byte) {
@@ -188,19 +212,46 @@ BOOST_AUTO_TEST_CASE(states_saved_before_load_and_save_again_byte_for_byte) {
       // Today's run saves the same bytes as the old one.
       BOOST_TEST((policies.at(label) == again), label << " runs to another state");
     } else {
-      auto fresh = ps::server_core<>::create({.layout = *ps::shard_layout::even(40, 1), .workers = 3},
-                                             *ps::make_policy(label == "core/adsp+topk"            ? "adsp"
-                                                              : label == "core/bsp+sgd"             ? "bsp"
-                                                              : label == "core/async_diloco+outer" ? "async_diloco"
-                                                                                                    : "ssp",
-                                                              ps_cases::base_params("ssp", 3)));
-      BOOST_REQUIRE(fresh.has_value());
+      auto fresh = fresh_core(label);
       ashl::state_reader r(old);
-      const auto st = fresh->load(r);
+      const auto st = fresh.load(r);
       BOOST_REQUIRE_MESSAGE(st.ok(), label << ": " << st.to_string());
-      const auto again = saved(*fresh);
+      BOOST_TEST(tag_version(old) == 3u, label);
+      BOOST_TEST(fresh.params().max_workers == 3u, label);
+      const auto again = saved(fresh);
       BOOST_TEST((again == std::vector<std::byte>(old.begin(), old.end())), label << " saves other bytes");
       BOOST_TEST((cores.at(label) == again), label << " runs to another state");
     }
+  }
+}
+
+// PSCR version 2 (before max_workers) still loads: each state takes
+// max_workers = workers (3: the job's count was its maximum) and saves, as
+// version 3, exactly the bytes pinned above for the same run.
+BOOST_AUTO_TEST_CASE(server_core_states_of_version_2_load_with_max_workers_equal_to_workers) {
+  if (const char* path = std::getenv("ASHL_WRITE_STATE_BYTES"); path != nullptr && *path != '\0') return;  // writing
+  const auto cores = core_states();
+  BOOST_TEST_REQUIRE(pscr2_states.size() == cores.size());
+  for (const auto& s : pscr2_states) {
+    const std::string label = s.label;
+    const auto v2 = as_bytes(s);
+    BOOST_TEST(tag_version(v2) == 2u, label);
+    auto fresh = fresh_core(label);
+    ashl::state_reader r(v2);
+    const auto st = fresh.load(r);
+    BOOST_REQUIRE_MESSAGE(st.ok(), label << ": " << st.to_string());
+    BOOST_TEST(r.at_end(), label);
+    BOOST_TEST(fresh.params().workers == 3u, label);
+    BOOST_TEST(fresh.params().max_workers == 3u, label);
+    BOOST_TEST(fresh.known_workers() == 3u, label);
+    BOOST_TEST(fresh.live_count() == 3u, label);
+    const auto again = saved(fresh);
+    BOOST_TEST(tag_version(again) == 3u, label);
+    const auto pinned = std::find_if(old_states.begin(), old_states.end(),
+                                     [&](const saved_state& x) { return label == x.label; });
+    BOOST_REQUIRE_MESSAGE(pinned != old_states.end(), label);
+    const auto v3 = as_bytes(*pinned);
+    BOOST_TEST((again == std::vector<std::byte>(v3.begin(), v3.end())), label << ": version 2 loads to another state");
+    BOOST_TEST((cores.at(label) == again), label);
   }
 }

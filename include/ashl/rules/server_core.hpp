@@ -37,12 +37,16 @@
 // the shard (sgd) or straight into the parameters (model deltas). A layout
 // of 0 elements is timing only: no payload is read, policy decisions only.
 // After warm-up (every worker joined once, the store's arena and index at
-// their working size) no valid event allocates. docs/algorithms.md §1–§2;
+// their working size) no valid event allocates; the per-rank vectors are
+// reserved for max_workers, so a join of a later rank does not either
+// (the policy's own tables aside). docs/algorithms.md §1–§2;
 // docs/design.md "Server core"; docs/ps.md.
 //
 // Deviations from the first sketch of the server core (docs/ps.md):
 // - server_core_params.workers: ids 0..workers-1 are live from creation
-//   (incarnation 0), as the policy was constructed; others join().
+//   (incarnation 0), as the policy was constructed; others join(), up to
+//   server_core_params.max_workers (the job's maximum, 0 = workers; a
+//   larger rank is refused, refusal::max_workers: docs/elastic.md §2).
 // - The policy sees a sequence the core assigns (1, 2, ... per worker id,
 //   never reset, so a rejoin with a new incarnation cannot collide with its
 //   old incarnation's commits still buffered); errors and the exactly-once
@@ -103,9 +107,17 @@ template <sync::consistency_policy Policy = sync::any_policy>
 class server_core {
  public:
   static result<server_core> create(server_core_params p, Policy policy, std::span<const float> initial = {}) {
-    if (p.workers > max_workers)  // per-worker tables are sized below (rules/job_limits.hpp)
+    if (p.workers > ps::max_workers)  // per-worker tables are sized below (rules/job_limits.hpp)
       return out_of_range("server_core.workers", p.workers,
-                          "must be at most " + std::to_string(max_workers) + " (ps::max_workers)");
+                          "must be at most " + std::to_string(ps::max_workers) + " (ps::max_workers)");
+    if (p.max_workers > ps::max_workers)
+      return out_of_range("server_core.max_workers", p.max_workers,
+                          "must be at most " + std::to_string(ps::max_workers) + " (ps::max_workers)");
+    if (p.max_workers != 0 && p.max_workers < p.workers)
+      return invalid_argument("server_core.max_workers", p.max_workers,
+                              "must be 0 (the same as workers) or at least server_core.workers = " +
+                                  std::to_string(p.workers));
+    if (p.max_workers == 0) p.max_workers = p.workers;
     if (p.shard >= p.layout.servers())
       return invalid_argument("server_core.shard", p.shard,
                               "must be < layout.servers() = " + std::to_string(p.layout.servers()));
@@ -116,12 +128,12 @@ class server_core {
     // The store must take a commit before the policy is asked (a decision
     // cannot be undone), so it holds at least one dense f32 commit: a policy
     // that never buffers then never sees a valid dense commit refused.
-    if (p.store_bytes == 0) p.store_bytes = automatic_store_bytes(n, p.workers);
+    if (p.store_bytes == 0) p.store_bytes = automatic_store_bytes(n, p.max_workers);
     if (p.store_bytes < 4 * n)
       return invalid_argument("server_core.store_bytes", p.store_bytes,
                               "holds less than one dense f32 commit of the shard (4 x " + std::to_string(n) +
                                   " = " + std::to_string(4 * n) + " bytes; 0 = automatic, " +
-                                  std::to_string(automatic_store_bytes(n, p.workers)) + " here)");
+                                  std::to_string(automatic_store_bytes(n, p.max_workers)) + " here)");
     for (worker_id w = 0; w < p.workers; ++w)
       if (!policy.is_live(w))
         return invalid_argument("server_core.workers", p.workers,
@@ -129,7 +141,7 @@ class server_core {
     auto opt = optimizer::create(p.optimizer, static_cast<std::size_t>(n));
     if (!opt) return opt.error();
     reply_encoder replies;
-    ASHL_TRY(replies.configure(p.replies, static_cast<std::size_t>(n), p.workers, p.seed, p.shard));
+    ASHL_TRY(replies.configure(p.replies, static_cast<std::size_t>(n), p.max_workers, p.seed, p.shard));
     server_core c(std::move(p), std::move(policy), std::move(*opt));
     c.replies_ = std::move(replies);
     if (initial.empty()) c.w_.assign(static_cast<std::size_t>(n), 0.0f);
@@ -139,6 +151,8 @@ class server_core {
     c.table_.resize(c.p_.workers);
     c.served_at_.assign(c.p_.workers, no_version);
     for (auto& e : c.table_) e.known = e.live = true;
+    c.live_n_ = c.p_.workers;
+    c.reserve_ranks();
     return c;
   }
 
@@ -149,7 +163,22 @@ class server_core {
   // incarnation is evicted first); the same one is a duplicate join when w is
   // live (the plan is sent again) or a rejoin keeping its sequence when not;
   // a smaller one is refused.
+  //
+  // A rank at or past params().max_workers is refused (refusal::max_workers)
+  // before anything else: nothing but that refusal counter changes (the
+  // table does not grow, the policy is not told, no view is forgotten).
+  // Below it, a rank the table does not cover yet (a joiner beyond the
+  // initial workers: docs/elastic.md §2.3) extends it within the capacity
+  // reserved for max_workers at creation: no allocation of the core's own.
   void join(worker_id w, std::uint64_t incarnation, double now, server_actions& out) {
+    if (w >= p_.max_workers) {
+      refuse(out, w, 0, refusal::max_workers,
+             make_error(errc::out_of_range, "join.rank", w,
+                        "this job admits at most " + std::to_string(p_.max_workers) + " workers" +
+                            (p_.max_workers == 0 ? std::string{}
+                                                 : " (ranks 0.." + std::to_string(p_.max_workers - 1) + ")")));
+      return;
+    }
     if (w >= table_.size()) table_.resize(std::size_t{w} + 1);
     worker_entry& e = table_[w];
     // Any join (a reconnect too): the worker holds no view of the
@@ -180,10 +209,12 @@ class server_core {
       policy_.on_evict({w, now}, sink_);
       drop_pull(w);
       e.live = false;
+      --live_n_;
       ++stats_.evictions;
     }
     if (!e.known || incarnation > e.incarnation) e.last_sequence = 0;
     e.known = e.live = true;
+    ++live_n_;
     e.incarnation = incarnation;
     ++stats_.joins;
     policy_.on_join({w, now}, sink_);
@@ -546,6 +577,14 @@ class server_core {
   [[nodiscard]] bool timing_only() const noexcept { return w_.empty(); }
   [[nodiscard]] bool is_live(worker_id w) const noexcept { return w < table_.size() && table_[w].live; }
   [[nodiscard]] bool is_held(worker_id w) const noexcept { return w < table_.size() && table_[w].held; }
+  // Membership (docs/elastic.md §2.2): the ranks the table covers, one past
+  // the largest that was ever live (workers at creation, grown by each
+  // admitted join; a rank below it may never have joined: is_known), and
+  // how many are live now. A driver loops over 0..known_workers()-1, not
+  // over params().workers, since ranks up to params().max_workers join.
+  [[nodiscard]] std::uint32_t known_workers() const noexcept { return static_cast<std::uint32_t>(table_.size()); }
+  [[nodiscard]] bool is_known(worker_id w) const noexcept { return w < table_.size() && table_[w].known; }
+  [[nodiscard]] std::uint32_t live_count() const noexcept { return live_n_; }
   // The worker's incarnation and the last sequence accepted from it.
   [[nodiscard]] std::uint64_t incarnation(worker_id w) const noexcept {
     return w < table_.size() ? table_[w].incarnation : 0;
@@ -605,6 +644,14 @@ class server_core {
   // max_commit_samples stay the running server's).
   static constexpr auto saved_params() {
     return std::tuple{field{"shard", &server_core_params::shard}, field{"workers", &server_core_params::workers},
+                      field{"max_workers", &server_core_params::max_workers},
+                      field{"store_bytes", &server_core_params::store_bytes},
+                      field{"limits", &server_core_params::limits}, field{"seed", &server_core_params::seed}};
+  }
+  // PSCR versions 1 and 2: no max_workers (load() takes workers, or the
+  // table's size when ranks past it had joined).
+  static constexpr auto saved_params_v2() {
+    return std::tuple{field{"shard", &server_core_params::shard}, field{"workers", &server_core_params::workers},
                       field{"store_bytes", &server_core_params::store_bytes},
                       field{"limits", &server_core_params::limits}, field{"seed", &server_core_params::seed}};
   }
@@ -617,6 +664,15 @@ class server_core {
 
   server_core(server_core_params p, Policy policy, optimizer opt)
       : p_(std::move(p)), policy_(std::move(policy)), opt_(std::move(opt)), store_(p_.store_bytes), sink_(p_.workers) {}
+
+  // The per-rank vectors' capacity for every rank the job admits
+  // (max_workers): a later join grows them without allocating. A few dozen
+  // bytes a rank; the policy's own tables grow at its on_join.
+  void reserve_ranks() {
+    table_.reserve(p_.max_workers);
+    served_at_.reserve(p_.max_workers);
+    sink_.reserve(p_.max_workers);
+  }
 
   // A worker id held live from creation that no join, commit or pull has
   // touched yet.
@@ -813,6 +869,7 @@ class server_core {
 
   void remove(worker_id w, double now, server_actions& out) {
     table_[w].live = false;
+    --live_n_;
     replies_.forget(w);
     drop_pull(w);
     policy_.on_evict({w, now}, sink_);
@@ -844,6 +901,7 @@ class server_core {
   reply_encoder replies_;   // per worker: its view of w_ (compressed replies)
   std::vector<float> acc_;  // sgd: the aggregate one step applies; model deltas: scratch of decode checks
   std::vector<worker_entry> table_;
+  std::uint32_t live_n_ = 0;  // entries of table_ live (live_count())
   static constexpr std::uint64_t no_version = ~std::uint64_t{0};
   std::vector<std::uint64_t> served_at_;  // per worker: the version of its last reply (serve_staleness)
   commit_store store_;

@@ -26,9 +26,10 @@ inline void server_core<Policy>::save(state_writer& out) const {
   // put_string: u64 length, bytes), then the length is patched and the CRC
   // appended: no second buffer, no copy (a 64 MB shard saves at memory speed).
   // Version 2: the refusal counters are preceded by their count (version
-  // 1 had 11 reasons; load() reads both).
+  // 1 had 11 reasons). Version 3: max_workers after workers (docs/elastic.md
+  // §2.2). load() reads all three.
   ASHL_ASSERT(pending_n_ == 0, "server_core: save() with commits waiting (call apply_pending())");
-  out.tag("PSCR", 2);
+  out.tag("PSCR", 3);
   const std::size_t length_at = out.size();
   out.put<std::uint64_t>(0);
   const std::size_t body_at = out.size();
@@ -50,7 +51,7 @@ template <sync::consistency_policy Policy>
 inline status server_core<Policy>::load(state_reader& in) {
   ASHL_ASSERT(pending_n_ == 0, "server_core: load() with commits waiting (call apply_pending())");
   std::uint32_t version = 0;
-  ASHL_TRY(in.tag("PSCR", 1, 2, version));
+  ASHL_TRY(in.tag("PSCR", 1, 3, version));
   std::span<const std::byte> bytes;
   ASHL_TRY(in.get_bytes(bytes, "server_core.state"));
   std::uint32_t crc = 0;
@@ -60,7 +61,11 @@ inline status server_core<Policy>::load(state_reader& in) {
   state_reader r(bytes);
   server_core_params p;
   ASHL_TRY(p.layout.load(r));
-  ASHL_TRY(get_fields(r, p, "server_core", saved_params()));
+  if (version >= 3) {
+    ASHL_TRY(get_fields(r, p, "server_core", saved_params()));
+  } else {
+    ASHL_TRY(get_fields(r, p, "server_core", saved_params_v2()));
+  }
   if (p.shard >= p.layout.servers())
     return make_error(errc::malformed, "server_core.shard", p.shard, "not a server of the saved layout");
   const std::uint64_t n = p.layout.range(p.shard).size();
@@ -76,6 +81,18 @@ inline status server_core<Policy>::load(state_reader& in) {
   ASHL_TRY(r.count(m, 27, "server_core.workers_known"));
   std::vector<worker_entry> table(static_cast<std::size_t>(m));
   for (auto& e : table) ASHL_TRY(get_fields(r, e, "server_core.worker", worker_entry::saved()));
+  // Before version 3 the worker count was the maximum; a rank past it that
+  // the core let join then (it grew the table for any id) stays admitted.
+  if (version < 3) p.max_workers = static_cast<std::uint32_t>(std::max<std::uint64_t>(p.workers, m));
+  if (p.workers > ps::max_workers || p.max_workers > ps::max_workers || p.max_workers < p.workers)
+    return make_error(errc::malformed, "server_core.max_workers", p.max_workers,
+                      "must be at least server_core.workers = " + std::to_string(p.workers) + " and at most " +
+                          std::to_string(ps::max_workers) + " (ps::max_workers)");
+  if (m > p.max_workers)
+    return make_error(errc::malformed, "server_core.workers_known", m,
+                      "more ranks than server_core.max_workers = " + std::to_string(p.max_workers));
+  std::uint32_t live = 0;
+  for (const auto& e : table) live += e.live ? 1u : 0u;
   // The larger of the saved bound and this server's: a restart given a
   // larger store_bytes (the saved one was too small) keeps it.
   p.store_bytes = std::max(p.store_bytes, p_.store_bytes);
@@ -97,11 +114,12 @@ inline status server_core<Policy>::load(state_reader& in) {
   if (checksum_parts_ >= 2 && !checksum_in_parts(checksum_parts_).ok()) (void)checksum_in_parts(0);  // another size
   acc_.assign(w_.size(), 0.0f);
   table_ = std::move(table);
+  live_n_ = live;
   store_ = std::move(store);
   stats_ = st;
   policy_ = std::move(pol);
   sink_.clear();
-  sink_.reserve(table_.size());
+  reserve_ranks();
   return {};
 }
 

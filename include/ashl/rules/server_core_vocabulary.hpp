@@ -57,11 +57,12 @@ enum class refusal : std::uint8_t {
   measurement = 10,    // a measurement with a bad kind, time or amount
   non_finite = 11,     // a NaN or infinite value in the update (server_core_params.allow_non_finite)
   samples = 12,        // commit.samples above server_core_params.max_commit_samples
+  max_workers = 13,    // a join of a rank at or past server_core_params.max_workers (docs/elastic.md §2.3)
 };
 inline constexpr auto refusal_table =
     make_enum_table<refusal>("unknown_worker", "not_live", "incarnation", "sequence", "element_count", "dtype", "codec",
-                             "payload", "limits", "store_full", "measurement", "non_finite", "samples");
-static_assert(refusal_table.name(refusal::samples) == "samples", "refusal_table ends where refusal does");
+                             "payload", "limits", "store_full", "measurement", "non_finite", "samples", "max_workers");
+static_assert(refusal_table.name(refusal::max_workers) == "max_workers", "refusal_table ends where refusal does");
 inline constexpr std::size_t refusal_count = refusal_table.size();
 
 constexpr std::string_view to_string(refusal r) noexcept { return refusal_table.name(r); }
@@ -74,7 +75,9 @@ constexpr std::uint64_t max_commit_payload_bytes(std::uint64_t n) noexcept {
 }
 
 // The automatic store bound (server_core_params.store_bytes = 0): one
-// commit of the largest payload per worker. Every buffering policy holds at
+// commit of the largest payload per worker the job may have (the server
+// core passes max_workers: a rank that joins later buffers as the initial
+// ones do). Every buffering policy holds at
 // most one commit per worker for a round (BSP, DLB, semi-async's barrier;
 // coded BSP at most two dense ones, which the 8-byte bound covers), and a
 // policy that never buffers needs none: the store grows only as commits are
@@ -89,6 +92,12 @@ struct server_core_params {
   shard_layout layout{};          // elements() == 0: timing only (payloads ignored, nothing decoded)
   std::uint32_t shard = 0;        // the range this core holds (one server of S)
   std::uint32_t workers = 0;      // ids 0..workers-1 live from creation, incarnation 0
+  // The job's maximum (docs/elastic.md §2.1): ranks 0..max_workers-1 may
+  // ever join; a join of a larger rank is refused (refusal::max_workers).
+  // 0: the same as workers (today's fixed set). At least workers, at most
+  // ps::max_workers; create() writes the resolved value back, so params()
+  // and save() hold it.
+  std::uint32_t max_workers = 0;
   optimizer_params optimizer{};
   // Bound on buffered commit payload bytes; 0: automatic_store_bytes(shard
   // elements, workers). An explicit value must hold one dense f32 commit.
