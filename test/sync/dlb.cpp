@@ -75,18 +75,98 @@ BOOST_AUTO_TEST_CASE(min_batch_ewma_and_membership) {
   p.on_measurement({.worker = 1, .kind = measurement_kind::compute, .seconds = std::nan(""), .amount = 3}, fresh());
   BOOST_TEST(p.speed(1) == 2.0);
   round(p, {0, 1}, 1);
-  BOOST_TEST(p.plan(0).batch_size == 98u);
-  BOOST_TEST(p.plan(1).batch_size == 10u);  // round(100·2/97) = 2, raised to min_batch
+  // 100·2/97 = 2 is raised to min_batch; worker 0 takes the rest, so Σ b_i = B.
+  BOOST_TEST(p.plan(0).batch_size == 90u);
+  BOOST_TEST(p.plan(1).batch_size == 10u);
   // A joiner starts at B / M and is measured anew; an eviction completes the round without it.
   p.on_join({.worker = 2}, fresh());
   BOOST_TEST(p.plan(2).batch_size == 33u);
   BOOST_TEST(sink.plan_changed_for(2));
-  (void)p.on_commit({.worker = 0, .sequence = 2, .samples = 98}, fresh());
+  (void)p.on_commit({.worker = 0, .sequence = 2, .samples = 90}, fresh());
   (void)p.on_commit({.worker = 1, .sequence = 2, .samples = 10}, fresh());
   BOOST_TEST(p.rounds() == 1u);
   p.on_evict({.worker = 2}, fresh());
   BOOST_TEST(p.rounds() == 2u);
   BOOST_TEST(sink.round().size() == 2u);
+}
+
+namespace {
+std::uint32_t total_of(const as::dlb& p, const std::vector<as::worker_id>& ids) {
+  std::uint32_t sum = 0;
+  for (auto w : ids) sum += p.plan(w).batch_size;
+  return sum;
+}
+}  // namespace
+
+// Σ b_i = B exactly, not B up to the roundings: three equal speeds split 100
+// as 34 + 33 + 33 (each share rounded alone gives 99).
+BOOST_AUTO_TEST_CASE(the_batches_add_up_to_the_total_batch) {
+  as::dlb p{{.workers = 3, .total_batch = 100, .half_life = 1e-9}};
+  for (as::worker_id w = 0; w < 3; ++w)
+    p.on_measurement({.worker = w, .kind = measurement_kind::compute, .seconds = 1.0, .amount = 10}, fresh());
+  round(p, {0, 1, 2}, 1);
+  BOOST_TEST(p.replans() == 1u);
+  BOOST_TEST(total_of(p, {0, 1, 2}) == 100u);
+  for (as::worker_id w = 0; w < 3; ++w) BOOST_TEST((p.plan(w).batch_size == 33u || p.plan(w).batch_size == 34u));
+  // Nobody measured: the even split, still adding up to B.
+  as::dlb q{{.workers = 3, .total_batch = 100}};
+  round(q, {0, 1, 2}, 1);
+  BOOST_TEST(total_of(q, {0, 1, 2}) == 100u);
+}
+
+// docs/elastic.md §2.4: a join or an eviction re-plans every live worker at
+// the next round boundary, whatever replan_every says, so the global batch
+// stays B (the configured total, not 64 per worker) for the new set; the
+// joiner, not measured yet, counts at the mean measured speed: its even share.
+BOOST_AUTO_TEST_CASE(a_join_and_an_eviction_replan_the_batches_so_they_add_up_to_the_total_batch) {
+  as::dlb p{{.workers = 3, .total_batch = 100, .half_life = 1e-9, .replan_every = 1000}};
+  const double speeds[] = {30.0, 20.0, 10.0};
+  for (as::worker_id w = 0; w < 3; ++w)
+    p.on_measurement({.worker = w, .kind = measurement_kind::compute, .seconds = 1.0, .amount = speeds[w]}, fresh());
+  round(p, {0, 1, 2}, 1);
+  BOOST_TEST(p.replans() == 0u);  // replan_every 1000: no scheduled re-plan in this test
+  // Rank 3, beyond the initial set, joins between rounds.
+  p.on_join({.worker = 3}, fresh());
+  BOOST_TEST(p.plan(3).batch_size == 25u);  // the even share B / 4 until the boundary
+  round(p, {0, 1, 2, 3}, 2);
+  BOOST_TEST(p.replans() == 1u);
+  BOOST_TEST(total_of(p, {0, 1, 2, 3}) == 100u);
+  // 100·(30, 20, 10, 20)/80 = 37.5, 25, 12.5, 25, rounded cumulatively.
+  BOOST_TEST(p.plan(0).batch_size == 38u);
+  BOOST_TEST(p.plan(1).batch_size == 25u);
+  BOOST_TEST(p.plan(2).batch_size == 12u);
+  BOOST_TEST(p.plan(3).batch_size == 25u);
+  float shares = 0.0f;
+  for (as::worker_id w = 0; w < 4; ++w) shares += p.plan(w).data_share;
+  BOOST_TEST(std::abs(shares - 1.0f) < 1e-6f);
+  // The joiner is measured like anyone; then worker 0 is evicted between rounds.
+  p.on_measurement({.worker = 3, .kind = measurement_kind::compute, .seconds = 1.0, .amount = 40}, fresh());
+  p.on_evict({.worker = 0}, fresh());
+  round(p, {1, 2, 3}, 3);
+  BOOST_TEST(p.replans() == 2u);
+  BOOST_TEST(total_of(p, {1, 2, 3}) == 100u);
+  // 100·(20, 10, 40)/70 = 28.6, 14.3, 57.1.
+  BOOST_TEST(p.plan(1).batch_size == 29u);
+  BOOST_TEST(p.plan(2).batch_size == 14u);
+  BOOST_TEST(p.plan(3).batch_size == 57u);
+  // An eviction that completes the round in progress re-plans at that boundary.
+  (void)p.on_commit({.worker = 1, .sequence = 4, .samples = 29}, fresh());
+  (void)p.on_commit({.worker = 3, .sequence = 4, .samples = 57}, fresh());
+  p.on_evict({.worker = 2}, fresh());
+  BOOST_TEST(p.rounds() == 4u);
+  BOOST_TEST(p.replans() == 3u);
+  BOOST_TEST(total_of(p, {1, 3}) == 100u);
+  // A saved state carries the pending re-plan: a join, save, load, then the boundary.
+  p.on_join({.worker = 5}, fresh());
+  std::vector<std::byte> bytes;
+  ashl::state_writer sw(bytes);
+  p.save(sw);
+  as::dlb q{{.workers = 1}};
+  ashl::state_reader sr(bytes);
+  BOOST_TEST_REQUIRE(q.load(sr).ok());
+  round(q, {1, 3, 5}, 5);
+  BOOST_TEST(q.replans() == 4u);
+  BOOST_TEST(total_of(q, {1, 3, 5}) == 100u);
 }
 
 BOOST_AUTO_TEST_CASE(replan_every_spaces_the_replans) {

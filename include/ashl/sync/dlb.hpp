@@ -16,7 +16,26 @@
 // counts at the mean measured speed), a data share b_i / B, and its update
 // is weighted by its samples (the round's samples weighting: b_i / Σb when
 // the driver reports commit_event::samples). Only workers whose b_i changed
-// are marked. A joiner starts at round(B / M) until the next re-plan.
+// are marked.
+//
+// The batches are apportioned so that Σ b_i = B exactly (a constant global
+// batch, docs/elastic.md §2.4): a worker whose share falls below min_batch
+// takes min_batch and the others split what remains in proportion to their
+// speeds, rounded cumulatively in id order (each b_i is its share rounded up
+// or down, and the roundings add up to the total). Only when the live
+// workers' min_batch alone exceed B does every worker take min_batch (and
+// Σ b_i = M·min_batch > B). B is `total_batch` whatever the worker count:
+// more workers split the same global batch (ps::make_policy's default B is
+// 64 per *initial* worker, and stays so when workers join or leave).
+//
+// Membership: a joiner (a new id, or an evicted one back) starts at the even
+// share round(B / M) and is measured anew; a join or an eviction makes the
+// next round boundary a re-plan of every live worker whatever replan_every
+// says, with a worker not yet measured at the mean measured speed (which is
+// the even share when nobody is measured), so Σ b_i = B again from the round
+// after the change. Between the change and that boundary the joiner's even
+// share comes on top of the others' batches, and an evicted worker's batch
+// is missing from the sum.
 //
 // Cost: a measurement is O(1); a re-plan O(ids), once per completed round at
 // most (a completed BSP round costs O(M) anyway); no allocation after
@@ -133,7 +152,8 @@ class basic_dlb {
                         .local_iterations = p.local_iterations, .stage = stage_id::dlb}),
         speed_(p.workers, 0.0),
         batch_(p.workers, even_batch(p.workers)),
-        basis_(p.workers, 0.0) {
+        basis_(p.workers, 0.0),
+        raised_(p.workers, 0) {
     ASHL_ASSERT(p.total_batch >= 1, "dlb: total_batch must be >= 1");
   }
 
@@ -149,10 +169,12 @@ class basic_dlb {
     const bool fresh = !bsp_.is_live(j.worker);
     bsp_.on_join(j, out);
     if (!fresh) return;
+    replan_at_boundary();
     if (j.worker >= speed_.size()) {
       speed_.resize(std::size_t{j.worker} + 1, 0.0);
       batch_.resize(std::size_t{j.worker} + 1, 0);
       basis_.resize(std::size_t{j.worker} + 1, 0.0);
+      raised_.resize(std::size_t{j.worker} + 1, 0);
     }
     speed_[j.worker] = 0.0;  // a new incarnation is measured anew
     basis_[j.worker] = 0.0;
@@ -160,6 +182,7 @@ class basic_dlb {
     out.plan_changed(j.worker);
   }
   void on_evict(const membership_event& j, outcome_sink& out) {
+    if (bsp_.is_live(j.worker)) replan_at_boundary();  // the round this eviction completes, if it does, re-plans
     const std::uint64_t before = bsp_.rounds();
     bsp_.on_evict(j, out);
     after_rounds(before, out);
@@ -227,6 +250,7 @@ class basic_dlb {
     ASHL_TRY(r.get(n.since_, "dlb.rounds_since_replan"));
     ASHL_TRY(r.get(n.replans_, "dlb.replans"));
     n.basis_.assign(n.speed_.size(), 0.0);
+    n.raised_.assign(n.speed_.size(), 0);
     if constexpr (Monitor::enabled) {
       ASHL_TRY(r.get_vector(n.basis_, "dlb.basis"));
       if (n.basis_.size() != n.speed_.size()) return malformed("dlb.basis", n.basis_.size(), "must match dlb.speed");
@@ -247,6 +271,12 @@ class basic_dlb {
     const double b = live == 0 ? static_cast<double>(p_.total_batch)
                                : std::round(static_cast<double>(p_.total_batch) / static_cast<double>(live));
     return std::max(p_.min_batch, static_cast<std::uint32_t>(b));
+  }
+  // The next completed round re-plans whatever replan_every says. Kept in
+  // since_ (rounds since the last re-plan), so a saved state carries it with
+  // no field of its own.
+  void replan_at_boundary() noexcept {
+    since_ = std::max<std::uint64_t>(since_, std::max<std::uint32_t>(1, p_.replan_every) - 1);
   }
   void after_rounds(std::uint64_t before, outcome_sink& out) {
     const std::uint64_t done = bsp_.rounds() - before;
@@ -270,7 +300,9 @@ class basic_dlb {
     since_ = 0;
     replan(out);
   }
-  // b_i = max(min_batch, round(B·v_i / Σv)) over the live workers.
+  // b_i ≈ B·v_i / Σv over the live workers, at least min_batch, Σ b_i = B
+  // (see the header's comment). O(ids) per pass; a pass more for each
+  // round of workers newly raised to min_batch (one pass in practice).
   void replan(outcome_sink& out) {
     double sum = 0.0;
     std::size_t known = 0, live = 0;
@@ -282,14 +314,36 @@ class basic_dlb {
         ++known;
       }
     }
-    if (known == 0) return;  // nothing measured: the batches stay
-    const double mean = sum / static_cast<double>(known);
-    const double total = sum + static_cast<double>(live - known) * mean;
+    if (live == 0) return;
+    // Nobody measured: every live worker at the same speed (the even split).
+    const double mean = known == 0 ? 1.0 : sum / static_cast<double>(known);
+    const auto speed_of = [&](worker_id w) { return speed_[w] > 0.0 ? speed_[w] : mean; };
+    // Workers whose share falls below min_batch take it; the rest split what
+    // remains. raised_ marks them (sized with speed_: no allocation here).
+    std::fill(raised_.begin(), raised_.end(), std::uint8_t{0});
+    double rest = static_cast<double>(p_.total_batch);
+    double rest_speed = (known == 0 ? 0.0 : sum) + static_cast<double>(live - known) * mean;
+    for (bool more = true; more && rest_speed > 0.0;) {
+      more = false;
+      for (worker_id w = 0; w < speed_.size(); ++w) {
+        if (!bsp_.is_live(w) || raised_[w] != 0) continue;
+        if (rest * speed_of(w) / rest_speed >= static_cast<double>(p_.min_batch)) continue;
+        raised_[w] = 1;
+        rest -= static_cast<double>(p_.min_batch);
+        rest_speed -= speed_of(w);
+        more = true;
+      }
+    }
+    double cumulative = 0.0, given = 0.0;
     for (worker_id w = 0; w < speed_.size(); ++w) {
       if (!bsp_.is_live(w)) continue;
-      const double v = speed_[w] > 0.0 ? speed_[w] : mean;
-      const double b = std::round(static_cast<double>(p_.total_batch) * v / total);
-      const std::uint32_t next = std::max(p_.min_batch, static_cast<std::uint32_t>(b));
+      std::uint32_t next = p_.min_batch;
+      if (raised_[w] == 0 && rest_speed > 0.0) {
+        cumulative += rest * speed_of(w) / rest_speed;
+        const double upto = std::round(cumulative);
+        next = std::max(p_.min_batch, static_cast<std::uint32_t>(upto - given));
+        given = upto;
+      }
       if (next != batch_[w]) {
         batch_[w] = next;
         out.plan_changed(w);
@@ -313,6 +367,7 @@ class basic_dlb {
   std::uint64_t since_ = 0;           // completed rounds since the last re-plan
   std::uint64_t replans_ = 0;
   std::vector<double> basis_;         // seconds per sample the batch in force was planned from; 0: none yet
+  std::vector<std::uint8_t> raised_;  // replan's scratch: 1 where b_i was raised to min_batch (not saved)
   std::uint64_t straggler_replans_ = 0;
   straggler_flag last_{};
 };
