@@ -9,7 +9,10 @@
 //   ASHL_WRITE_STATE_BYTES=test/rules/data/state_bytes.inc build/release/test/test_rules_state_bytes
 // and keep the old version's bytes loading: test/rules/data/state_bytes_pscr2.inc
 // holds the server cores as PSCR version 2 wrote them (before max_workers,
-// docs/elastic.md §2.2), which must load and save as today's version 3.
+// docs/elastic.md §2.2), which must load and save as today's version 3;
+// test/rules/data/state_bytes_ashl1.inc holds the ASHL policies as ASHL
+// version 1 wrote them (before the re-profiling window, docs/elastic.md
+// §2.4), which must load and save as version 2 with no window open.
 #include <ashl/rules/server_core.hpp>
 
 #include <boost/test/unit_test.hpp>
@@ -43,6 +46,7 @@ struct saved_state {
 
 #include "data/state_bytes.inc"
 #include "data/state_bytes_pscr2.inc"
+#include "data/state_bytes_ashl1.inc"
 
 template <class T>
 std::vector<std::byte> saved(const T& x) {
@@ -253,5 +257,36 @@ BOOST_AUTO_TEST_CASE(server_core_states_of_version_2_load_with_max_workers_equal
     const auto v3 = as_bytes(*pinned);
     BOOST_TEST((again == std::vector<std::byte>(v3.begin(), v3.end())), label << ": version 2 loads to another state");
     BOOST_TEST((cores.at(label) == again), label);
+  }
+}
+
+// ASHL version 1 (before the membership re-profiling window) still loads:
+// no window open, no membership re-plan, and it saves as version 2: the same
+// bytes with the version raised and the two new fields (reprofiling 0,
+// membership_replans 0) at the end of the section, which ends the state.
+BOOST_AUTO_TEST_CASE(ashl_states_of_version_1_load_with_no_window_open) {
+  if (const char* path = std::getenv("ASHL_WRITE_STATE_BYTES"); path != nullptr && *path != '\0') return;  // writing
+  BOOST_TEST_REQUIRE(ashl1_states.size() == 10u);
+  for (const auto& s : ashl1_states) {
+    const std::string label = s.label;
+    const auto v1 = as_bytes(s);
+    BOOST_TEST(tag_version(v1) == 1u, label);
+    const std::string rest = label.substr(7, label.find('@') - 7);
+    const auto cases = ps_cases::every_policy(4);
+    const auto c = std::find_if(cases.begin(), cases.end(), [&](const auto& x) { return x.label == rest; });
+    BOOST_REQUIRE_MESSAGE(c != cases.end(), label);
+    auto fresh = ps::make_policy(c->name, c->params);
+    BOOST_REQUIRE(fresh.has_value());
+    ashl::state_reader r(v1);
+    const auto st = fresh->load(r);
+    BOOST_REQUIRE_MESSAGE(st.ok(), label << ": " << st.to_string());
+    BOOST_TEST(r.at_end(), label);
+    const auto again = saved(*fresh);
+    BOOST_TEST(tag_version(again) == 2u, label);
+    std::vector<std::byte> expected(v1.begin(), v1.end());
+    const std::uint32_t two = 2;
+    std::memcpy(expected.data() + 4, &two, 4);
+    expected.insert(expected.end(), 9, std::byte{0});
+    BOOST_TEST((again == expected), label << ": version 1 loads to another state");
   }
 }

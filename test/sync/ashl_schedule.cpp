@@ -415,3 +415,158 @@ BOOST_AUTO_TEST_CASE(save_load_round_trip_and_a_state_with_a_bad_plan_is_refused
   BOOST_TEST(st.message() == "ashl.plan.h_ahl = 0: must be >= 1");
   BOOST_TEST(c.profiling());
 }
+
+namespace {
+// Plans from the report: each live worker w gets its own entry (H_AHL 10 + w,
+// H_SHL 1 + w, ratios 1/(w + 2) and 1/(w + 4), share w + 1), so a worker's
+// plan shows whether the planner covered it. Records its calls, the last
+// report's live set and how many compute measurements of worker 3 it held.
+struct live_planner {
+  std::uint64_t calls = 0;
+  std::vector<as::worker_id> live;
+  std::uint64_t joiner_samples = 0;
+  ashl::result<as::ashl_plan> plan(const as::profile_report& r) {
+    ++calls;
+    live = r.live;
+    joiner_samples = 0;
+    for (const auto& m : r.measurements)
+      if (m.worker == 3 && m.kind == measurement_kind::compute) ++joiner_samples;
+    as::ashl_plan p;
+    for (auto w : r.live) {
+      if (w >= p.workers.size()) p.workers.resize(std::size_t{w} + 1, as::ashl_worker_plan{.share = 0.0});
+      p.workers[w] = {10 + w, 1 + w, 1.0 / (w + 2), 1.0 / (w + 4), static_cast<double>(w + 1), 0};
+    }
+    return p;
+  }
+  void save(ashl::state_writer& w) const {
+    w.put(calls);
+    w.put_vector(live);
+    w.put(joiner_samples);
+  }
+  ashl::status load(ashl::state_reader& r) {
+    ASHL_TRY(r.get(calls, "live_planner.calls"));
+    ASHL_TRY(r.get_vector(live, "live_planner.live"));
+    return r.get(joiner_samples, "live_planner.joiner_samples");
+  }
+};
+
+// Three workers profiled (two cycles each), in SHL, worker 0 five commits
+// ahead, then rank 3 (beyond the profiled set) joins: the window opens.
+as::ashl_schedule<live_planner> joined_in_shl() {
+  as::ashl_schedule<live_planner> p{{.workers = 3, .profile_iterations = 2}};
+  for (std::uint64_t s = 1; s <= 2; ++s)
+    for (as::worker_id w = 0; w < 3; ++w) (void)cycle(p, w, s);
+  BOOST_TEST_REQUIRE(!p.profiling());
+  BOOST_TEST_REQUIRE(p.planner().calls == 1u);
+  p.on_metric({.metric = metric_id::loss, .value = 0.1, .time = 1}, fresh());
+  BOOST_TEST_REQUIRE((p.stage() == stage_id::shl));
+  for (std::uint64_t s = 3; s < 8; ++s) (void)p.on_commit({.worker = 0, .sequence = s}, fresh());  // SSP clock 5
+  p.on_join({.worker = 3, .time = 2}, fresh());
+  BOOST_TEST(sink.every_plan_changed());
+  return p;
+}
+}  // namespace
+
+// docs/elastic.md §2.4: a joiner after the plan runs on the mean share and
+// the default H while it is profiled (profile_iterations commits and their
+// compute measurements); then the planner runs again over the live set and
+// the joiner gets its own H_i, R_i, D_i; the SSP counters are kept.
+BOOST_AUTO_TEST_CASE(a_joiner_is_profiled_then_the_planner_gives_it_its_own_plan_and_keeps_the_ssp_counters) {
+  auto p = joined_in_shl();
+  // While profiled: the mean share (shares 1, 2, 3 → 2 of 8), the default H.
+  BOOST_TEST(p.plan(3).local_iterations == as::ashl_worker_plan{}.h_shl);
+  BOOST_TEST(p.plan(3).data_share == 0.25f);
+  // One cycle of each worker: nobody profiled twice yet (worker 0's commits
+  // before the join do not count for the window).
+  for (as::worker_id w : {3u, 1u, 2u, 0u}) (void)cycle(p, w, w == 0 ? 8 : w == 3 ? 1 : 3);
+  BOOST_TEST(p.planner().calls == 1u);
+  (void)cycle(p, 0, 9);  // SSP clock 7; the others at 1
+  BOOST_TEST((p.on_pull({.worker = 0}, fresh()) == as::pull_action::hold));
+  (void)cycle(p, 1, 4);
+  (void)cycle(p, 2, 4);
+  BOOST_TEST(p.planner().calls == 1u);  // the joiner has not profiled yet
+  (void)p.on_commit({.worker = 3, .sequence = 2}, fresh());
+  BOOST_TEST(p.planner().calls == 1u);  // its second cycle's compute measurement is still to come
+  p.on_measurement({.worker = 3, .kind = measurement_kind::compute, .seconds = 0.1}, fresh());
+  BOOST_TEST_REQUIRE(p.planner().calls == 2u);
+  BOOST_TEST(sink.every_plan_changed());
+  BOOST_TEST((p.planner().live == std::vector<as::worker_id>{0, 1, 2, 3}));
+  BOOST_TEST(p.planner().joiner_samples == 2u);  // the joiner's own measurements reached the planner
+  // The joiner's own entry (SHL: H = 1 + 3, R = 1/7, D = 4 / (1 + 2 + 3 + 4)), and everyone re-planned.
+  BOOST_TEST(p.plan(3).local_iterations == 4u);
+  BOOST_TEST(p.plan(3).compression_ratio == f(1.0 / 7.0));
+  BOOST_TEST(p.plan(3).data_share == f(0.4));
+  BOOST_TEST(p.plan(0).local_iterations == 1u);
+  BOOST_TEST(p.plan(0).data_share == f(0.1));
+  BOOST_TEST(p.on_commit({.worker = 1, .sequence = 5}, fresh()).weight == 0.2);  // SSP clock 3 for worker 1
+  // The SSP counters were kept: worker 0 (clock 7) is still held, and is
+  // released only when the slowest live clock reaches 7 - 3 = 4.
+  BOOST_TEST(p.is_held(0));
+  (void)p.on_commit({.worker = 2, .sequence = 5}, fresh());
+  (void)p.on_commit({.worker = 3, .sequence = 3}, fresh());
+  BOOST_TEST(p.is_held(0));  // min clock 3
+  for (as::worker_id w : {1u, 2u}) (void)p.on_commit({.worker = w, .sequence = 6}, fresh());
+  BOOST_TEST(p.is_held(0));
+  (void)p.on_commit({.worker = 3, .sequence = 4}, fresh());
+  BOOST_TEST(!p.is_held(0));
+  BOOST_TEST(sink.released().size() == 1u);
+  BOOST_TEST(!p.reprofiling());
+  BOOST_TEST(p.membership_replans() == 1u);
+}
+
+// An eviction after the plan re-plans the rest once they have profiled again.
+BOOST_AUTO_TEST_CASE(an_eviction_after_the_plan_replans_the_rest) {
+  as::ashl_schedule<live_planner> p{{.workers = 3, .profile_iterations = 1}};
+  for (as::worker_id w = 0; w < 3; ++w) (void)cycle(p, w, 1);
+  BOOST_TEST_REQUIRE(p.planner().calls == 1u);
+  p.on_evict({.worker = 2, .time = 1}, fresh());
+  BOOST_TEST(p.plan(0).data_share == f(1.0 / 3.0));  // renormalised at once: 1 of 1 + 2
+  (void)cycle(p, 0, 2);
+  BOOST_TEST(p.planner().calls == 1u);
+  (void)cycle(p, 1, 2);
+  BOOST_TEST_REQUIRE(p.planner().calls == 2u);
+  BOOST_TEST((p.planner().live == std::vector<as::worker_id>{0, 1}));
+  BOOST_TEST(sink.every_plan_changed());
+  BOOST_TEST(p.membership_replans() == 1u);
+}
+
+// A state saved while a joiner is profiled loads into a copy that finishes
+// the window exactly as the original does.
+BOOST_AUTO_TEST_CASE(a_state_saved_while_a_joiner_is_profiled_loads_and_finishes_the_window) {
+  auto a = joined_in_shl();
+  for (as::worker_id w : {3u, 1u, 2u, 0u}) (void)cycle(a, w, w == 0 ? 8 : w == 3 ? 1 : 3);
+  BOOST_TEST_REQUIRE(a.reprofiling());
+  std::vector<std::byte> bytes;
+  ashl::state_writer w(bytes);
+  a.save(w);
+  as::ashl_schedule<live_planner> b{{.workers = 1}};
+  ashl::state_reader r(bytes);
+  BOOST_TEST_REQUIRE(b.load(r).ok());
+  BOOST_TEST(r.at_end());
+  BOOST_TEST(b.reprofiling());
+  BOOST_TEST(b.profile_commits(3) == 1u);
+  BOOST_TEST((b.plan(3) == a.plan(3)));
+  for (as::worker_id v : {0u, 1u, 2u}) {
+    BOOST_TEST((cycle(a, v, v == 0 ? 9 : 4) == cycle(b, v, v == 0 ? 9 : 4)));
+    BOOST_TEST(b.planner().calls == 1u);
+  }
+  (void)cycle(a, 3, 2);
+  (void)cycle(b, 3, 2);
+  BOOST_TEST(b.planner().calls == 2u);
+  BOOST_TEST(b.plan(3).local_iterations == 4u);
+  for (as::worker_id v = 0; v < 4; ++v) BOOST_TEST((a.plan(v) == b.plan(v)));
+  std::vector<std::byte> after_a, after_b;
+  ashl::state_writer wa(after_a), wb(after_b);
+  a.save(wa);
+  b.save(wb);
+  BOOST_TEST((after_a == after_b));
+  // A window flag in a state that has no plan yet is refused by name.
+  as::ashl_schedule<live_planner> c{{.workers = 2, .profile_iterations = 2}};
+  std::vector<std::byte> profiling;
+  ashl::state_writer wc(profiling);
+  c.save(wc);
+  profiling[profiling.size() - 9] = std::byte{1};  // reprofiling, before the u64 membership_replans
+  as::ashl_schedule<live_planner> d{{.workers = 1}};
+  ashl::state_reader rd(profiling);
+  BOOST_TEST(d.load(rd).message() == "ashl.reprofiling = 1: a window opens only after the plan");
+}

@@ -40,13 +40,29 @@
 // (every plan when the shares' total moved); a rejected one is recorded
 // (replan_status()) and the old plan stays.
 //
-// Membership after the plan: the weights D_i are renormalised over the live
-// workers (an eviction does not shrink the step; every data share changes);
-// a worker that joins later gets the mean share of the live workers, the
-// smallest ratios of the plan in force and the default H until a re-plan
-// covers it. The live count, the live shares' total and the profiling
-// progress (live workers that profiled, see below) are kept
-// incrementally, so no event scans the workers; only a new plan costs O(M).
+// Membership after the plan (docs/elastic.md §2.4): the weights D_i are
+// renormalised over the live workers at once (an eviction does not shrink
+// the step; every data share changes); a worker that joins (a rank beyond
+// the profiled set, or one evicted before) gets the mean share of the live
+// workers, the smallest ratios of the plan in force and the default H while
+// it is profiled. A join or an eviction opens a *re-profiling window*:
+// training goes on under the plan in force (the stage policies, SSP counters
+// and held pulls untouched), while the schedule counts each live worker's
+// commits and keeps its measurements in its profile_report again, exactly as
+// profiling does (profile_iterations commits and their compute
+// measurements, max_profile_measurements per worker); a joiner counts from
+// 0, the others from the window's opening. When every live worker has
+// profiled in the window (or profile_seconds after it opened, when
+// profiling is by time), the planner is run again over the live set
+// (report.live) and its plan, if it passes the checks, replaces every
+// H_i, R_i, D_i at once (every plan changed; membership_replans()); the
+// re-planner, if any, is started again from it. A bad plan is recorded in
+// replan_status() and the plan in force stays. A join or eviction while a
+// window is open keeps it open (the joiner counts from 0; the others keep
+// their counts). The live count, the live shares' total and the profiling
+// progress (live workers that profiled, see below) are kept incrementally,
+// so no event scans the workers; a new plan and the opening of a window
+// cost O(M).
 // The stage policies only decide apply / hold (their weights are 1); the
 // schedule scales each applied commit by D_i / ΣD and builds the plans.
 #pragma once
@@ -114,14 +130,17 @@ class ashl_schedule {
     if (planned_) {
       commit_decision d = phases_.on_commit(c, out);
       if (d.action == commit_action::apply) d.weight *= weight_of(c.worker);
+      if (reprofiling_) {
+        note_time(c.time);
+        if (d.action != commit_action::drop) count_commit(c.worker);
+        maybe_replan_membership(c.time, out);
+      }
       return d;
     }
     note_time(c.time);
     commit_decision d = profile_.on_commit(c, out);
     if (d.action != commit_action::drop) {
-      const bool was = profiled(c.worker);
-      ++commits_[c.worker];
-      if (!was && profiled(c.worker) && is_live(c.worker)) ++reached_;
+      count_commit(c.worker);
       if (d.action == commit_action::apply) d.weight *= profile_scale();
     }
     maybe_plan(c.time, out);
@@ -150,8 +169,10 @@ class ashl_schedule {
       phases_.on_join(j, out);
       if (!fresh) return;
       if (w >= plan_.workers.size() || plan_.workers[w].share <= 0.0) adopt(w);
+      open_window(j.time);
       live_[w] = 1;
       ++nlive_;
+      commits_[w] = 0;  // profiled anew, from its first commit
       total_ += plan_.workers[w].share;
       out.all_plans_changed();  // every data share D_i / ΣD moved
       return;
@@ -176,6 +197,9 @@ class ashl_schedule {
       if (!was) return;
       if (w < plan_.workers.size()) total_ -= plan_.workers[w].share;
       out.all_plans_changed();
+      if (reprofiling_ && profiled(w)) --reached_;
+      open_window(j.time);
+      maybe_replan_membership(j.time, out);  // the evicted worker may have been the last one waited for
       return;
     }
     if (was && profiled(w)) --reached_;
@@ -190,8 +214,23 @@ class ashl_schedule {
       if constexpr (Replanner::enabled) {
         if (replanning_) replan(x, out);
       }
+      if (reprofiling_) keep(x, out);
       return;
     }
+    keep(x, out);
+  }
+
+  // Measurements dropped while profiling: past ashl_params::max_profile_measurements
+  // for their worker. Not saved (a count of this process's refusals).
+  [[nodiscard]] std::uint64_t measurements_dropped() const noexcept { return dropped_; }
+  void drain(outcome_sink& out) {
+    if (planned_) phases_.drain(out);
+    else profile_.drain(out);
+  }
+
+ private:
+  // A measurement into the profile report (profiling, or a re-profiling window).
+  void keep(const measurement_event& x, outcome_sink& out) {
     if (p_.max_profile_measurements != 0) {
       if (x.worker >= kept_.size()) kept_.resize(std::size_t{x.worker} + 1, 0);
       if (kept_[x.worker] >= p_.max_profile_measurements) {
@@ -207,18 +246,18 @@ class ashl_schedule {
       ++samples_[x.worker];
       if (!was && profiled(x.worker) && is_live(x.worker)) {
         ++reached_;
-        maybe_plan(last_time_, out);
+        if (planned_) maybe_replan_membership(last_time_, out);
+        else maybe_plan(last_time_, out);
       }
     }
   }
-
-  // Measurements dropped while profiling: past ashl_params::max_profile_measurements
-  // for their worker. Not saved (a count of this process's refusals).
-  [[nodiscard]] std::uint64_t measurements_dropped() const noexcept { return dropped_; }
-  void drain(outcome_sink& out) {
-    if (planned_) phases_.drain(out);
-    else profile_.drain(out);
+  void count_commit(worker_id w) {
+    const bool was = profiled(w);
+    ++commits_[w];
+    if (!was && profiled(w) && is_live(w)) ++reached_;
   }
+
+ public:
 
   [[nodiscard]] worker_plan plan(worker_id w) const {
     worker_plan p;
@@ -250,6 +289,14 @@ class ashl_schedule {
   // weights are its shares renormalised over the live workers.
   [[nodiscard]] const ashl_plan& current_plan() const noexcept { return plan_; }
   [[nodiscard]] const status& replan_status() const noexcept { return replan_status_; }
+  // A re-profiling window is open (a join or an eviction after the plan; see the top).
+  [[nodiscard]] bool reprofiling() const noexcept { return reprofiling_; }
+  // Plans the planner made over the live set after a window and the schedule accepted.
+  [[nodiscard]] std::uint64_t membership_replans() const noexcept { return membership_replans_; }
+  // Accepted profiling commits of w: since the start, or since the window opened.
+  [[nodiscard]] std::uint64_t profile_commits(worker_id w) const noexcept {
+    return w < commits_.size() ? commits_[w] : 0;
+  }
   // New plans the re-planner made and the schedule accepted.
   [[nodiscard]] std::size_t replans() const noexcept { return replans_; }
   // Time the SHL phase began (driver time); meaningful once stage() is shl.
@@ -257,7 +304,7 @@ class ashl_schedule {
   [[nodiscard]] std::size_t live_count() const noexcept { return nlive_; }
 
   void save(state_writer& w) const {
-    w.tag("ASHL", 1);
+    w.tag("ASHL", 2);
     w.put<std::uint64_t>(p_.workers);
     w.put(p_.profile_iterations);
     w.put(p_.profile_seconds);
@@ -291,11 +338,14 @@ class ashl_schedule {
     w.put(replanning_);
     save_status(w, replan_status_);
     w.put<std::uint64_t>(replans_);
+    w.put(reprofiling_);  // version 2
+    w.put(membership_replans_);
   }
   status load(state_reader& r) {
     ashl_schedule n = *this;
     std::uint64_t workers = 0, count = 0, replans = 0;
-    ASHL_TRY(r.tag("ASHL", 1));
+    std::uint32_t version = 0;
+    ASHL_TRY(r.tag("ASHL", 1, 2, version));
     ASHL_TRY(r.get(workers, "ashl.workers"));
     n.p_.workers = static_cast<std::size_t>(workers);
     ASHL_TRY(r.get(n.p_.profile_iterations, "ashl.profile_iterations"));
@@ -348,6 +398,13 @@ class ashl_schedule {
     ASHL_TRY(load_status(r, n.replan_status_, "ashl.replan_status"));
     ASHL_TRY(r.get(replans, "ashl.replans"));
     n.replans_ = static_cast<std::size_t>(replans);
+    n.reprofiling_ = false;  // version 1: no window (it had none)
+    n.membership_replans_ = 0;
+    if (version >= 2) {
+      ASHL_TRY(r.get(n.reprofiling_, "ashl.reprofiling"));
+      ASHL_TRY(r.get(n.membership_replans_, "ashl.membership_replans"));
+      if (n.reprofiling_ && !n.planned_) return malformed("ashl.reprofiling", 1u, "a window opens only after the plan");
+    }
     if (n.planned_) {
       // What install and adopt keep true: every live worker has a valid entry.
       if (status ok = n.check(n.plan_); !ok.ok()) return status(errc::malformed, ok.message());
@@ -472,6 +529,54 @@ class ashl_schedule {
     out.all_plans_changed();
   }
 
+  // A join or an eviction after the plan: count every live worker's profiling
+  // commits and keep the measurements from now on (a window already open
+  // stays open, its counts kept). O(M), at a membership change only.
+  void open_window(double now) {
+    if (reprofiling_) return;
+    reprofiling_ = true;
+    std::fill(commits_.begin(), commits_.end(), std::uint64_t{0});
+    report_.measurements.clear();
+    kept_.clear();
+    samples_.clear();
+    reached_ = 0;
+    report_.start_time = now;
+    last_time_ = std::max(last_time_, now);
+  }
+  // The window closes when every live worker profiled in it: the planner
+  // over the live set, adopted as a whole if it passes the checks.
+  void maybe_replan_membership(double now, outcome_sink& out) {
+    if (!reprofiling_) return;
+    if (!profile_done(now)) return;  // by iterations, or profile_seconds from the window's opening
+    report_.end_time = now;
+    report_.live.clear();
+    for (worker_id w = 0; w < live_.size(); ++w)
+      if (live_[w] != 0) report_.live.push_back(w);
+    result<ashl_plan> r = planner_.plan(report_);
+    status ok = r ? check(*r) : r.error();
+    if (ok.ok()) {
+      plan_ = std::move(*r);
+      install_summary(summarise(plan_));
+      ++membership_replans_;
+      replan_status_ = status{};
+      out.all_plans_changed();
+      if constexpr (Replanner::enabled) {
+        status s = replanner_.start(report_, plan_);
+        replanning_ = s.ok();
+        if (!s.ok()) replan_status_ = std::move(s);
+      }
+    } else {
+      replan_status_ = std::move(ok);  // the plan in force stays
+    }
+    reprofiling_ = false;
+    report_.measurements.clear();
+    report_.measurements.shrink_to_fit();
+    kept_.clear();
+    kept_.shrink_to_fit();
+    samples_.clear();
+    samples_.shrink_to_fit();
+  }
+
   // A worker the plan does not cover: the mean live share, the smallest
   // ratios of the plan, the default H. Called before w counts as live.
   void adopt(worker_id w) {
@@ -584,6 +689,8 @@ class ashl_schedule {
   bool replanning_ = false;
   status replan_status_;
   std::size_t replans_ = 0;
+  bool reprofiling_ = false;  // a re-profiling window is open (after the plan)
+  std::uint64_t membership_replans_ = 0;
   outcome_sink scratch_;  // the AHL/SHL stages' answers during profiling; empty between events
 };
 
