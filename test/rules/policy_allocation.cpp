@@ -76,6 +76,17 @@ BOOST_AUTO_TEST_CASE(no_policy_allocates_per_event_after_warm_up) {
       BOOST_TEST((sum->stage == ashl::stage_id::shl), c.label + " did not reach SHL in the warm-up");
     }
     s.set_membership(false);
+    // A membership change after ASHL's plan opens a re-profiling window
+    // (docs/elastic.md §2.4), a warm-up like profiling: run until it closes.
+    for (int i = 0; i < 3000; ++i) {
+      const auto sum = ps::ashl_summary_of(p);
+      if (!sum || !sum->reprofiling) break;
+      d.run(s.next());
+    }
+    if (const auto sum = ps::ashl_summary_of(p)) {
+      BOOST_TEST(!sum->reprofiling, c.label + ": the re-profiling window did not close");
+      BOOST_TEST(sum->membership_replans > 0u, c.label + ": no membership re-plan in the warm-up");
+    }
     const std::size_t before = counting_new::count();
     for (int i = 0; i < 3000; ++i) d.run(s.next());
     const std::size_t n = counting_new::count() - before;

@@ -112,6 +112,16 @@ BOOST_AUTO_TEST_CASE(the_batches_add_up_to_the_total_batch) {
   as::dlb q{{.workers = 3, .total_batch = 100}};
   round(q, {0, 1, 2}, 1);
   BOOST_TEST(total_of(q, {0, 1, 2}) == 100u);
+  // Largest remainder, ties to the lower id (docs/algorithms.md §3): quotas
+  // 31·(52, 52, 51)/155 = 10.4, 10.4, 10.2 give 11, 10, 10.
+  as::dlb r{{.workers = 3, .total_batch = 31, .half_life = 1e-9}};
+  const double speeds[] = {52.0, 52.0, 51.0};
+  for (as::worker_id w = 0; w < 3; ++w)
+    r.on_measurement({.worker = w, .kind = measurement_kind::compute, .seconds = 1.0, .amount = speeds[w]}, fresh());
+  round(r, {0, 1, 2}, 1);
+  BOOST_TEST(r.plan(0).batch_size == 11u);
+  BOOST_TEST(r.plan(1).batch_size == 10u);
+  BOOST_TEST(r.plan(2).batch_size == 10u);
 }
 
 // docs/elastic.md §2.4: a join or an eviction re-plans every live worker at

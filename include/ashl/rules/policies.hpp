@@ -672,6 +672,8 @@ struct ashl_summary {
   status replan_status;
   double switched_at = 0.0;  // when SHL began; meaningful when stage is shl
   sync::ashl_plan plan;      // the plan in force as its planner made it (current_plan())
+  bool reprofiling = false;  // a membership change's re-profiling window is open (docs/elastic.md §2.4)
+  std::uint64_t membership_replans = 0;  // plans the planner made over the live set after such a window
 };
 
 namespace detail {
@@ -685,6 +687,8 @@ bool summarise_as(const sync::any_policy& p, ashl_summary& out) {
   out.replan_status = s->replan_status();
   out.switched_at = s->switched_at();
   out.plan = s->current_plan();
+  out.reprofiling = s->reprofiling();
+  out.membership_replans = s->membership_replans();
   return true;
 }
 }  // namespace detail

@@ -21,8 +21,9 @@
 // The batches are apportioned so that Σ b_i = B exactly (a constant global
 // batch, docs/elastic.md §2.4): a worker whose share falls below min_batch
 // takes min_batch and the others split what remains in proportion to their
-// speeds, rounded cumulatively in id order (each b_i is its share rounded up
-// or down, and the roundings add up to the total). Only when the live
+// speeds: the integer parts, completed by largest remainder (ties to the
+// lower id), as docs/algorithms.md §3 and profile::plan_dlb_batches state
+// it. Only when the live
 // workers' min_batch alone exceed B does every worker take min_batch (and
 // Σ b_i = M·min_batch > B). B is `total_batch` whatever the worker count:
 // more workers split the same global batch (ps::make_policy's default B is
@@ -153,7 +154,8 @@ class basic_dlb {
         speed_(p.workers, 0.0),
         batch_(p.workers, even_batch(p.workers)),
         basis_(p.workers, 0.0),
-        raised_(p.workers, 0) {
+        raised_(p.workers, 0),
+        order_(p.workers, 0) {
     ASHL_ASSERT(p.total_batch >= 1, "dlb: total_batch must be >= 1");
   }
 
@@ -175,6 +177,7 @@ class basic_dlb {
       batch_.resize(std::size_t{j.worker} + 1, 0);
       basis_.resize(std::size_t{j.worker} + 1, 0.0);
       raised_.resize(std::size_t{j.worker} + 1, 0);
+      order_.resize(std::size_t{j.worker} + 1, 0);
     }
     speed_[j.worker] = 0.0;  // a new incarnation is measured anew
     basis_[j.worker] = 0.0;
@@ -251,6 +254,7 @@ class basic_dlb {
     ASHL_TRY(r.get(n.replans_, "dlb.replans"));
     n.basis_.assign(n.speed_.size(), 0.0);
     n.raised_.assign(n.speed_.size(), 0);
+    n.order_.assign(n.speed_.size(), 0);
     if constexpr (Monitor::enabled) {
       ASHL_TRY(r.get_vector(n.basis_, "dlb.basis"));
       if (n.basis_.size() != n.speed_.size()) return malformed("dlb.basis", n.basis_.size(), "must match dlb.speed");
@@ -301,8 +305,9 @@ class basic_dlb {
     replan(out);
   }
   // b_i ≈ B·v_i / Σv over the live workers, at least min_batch, Σ b_i = B
-  // (see the header's comment). O(ids) per pass; a pass more for each
-  // round of workers newly raised to min_batch (one pass in practice).
+  // (see the header's comment). O(ids) per pass, a pass more for each
+  // round of workers newly raised to min_batch (one in practice), and a
+  // sort of the others by remainder: O(M log M) once per re-plan.
   void replan(outcome_sink& out) {
     double sum = 0.0;
     std::size_t known = 0, live = 0;
@@ -334,16 +339,29 @@ class basic_dlb {
         more = true;
       }
     }
-    double cumulative = 0.0, given = 0.0;
+    // The others: the integer parts of their quotas, completed by largest
+    // remainder (ties to the lower id), as profile::plan_dlb_batches does.
+    const auto quota = [&](worker_id w) { return rest * speed_of(w) / rest_speed; };
+    std::size_t n = 0;
+    double floors = 0.0;
+    for (worker_id w = 0; w < speed_.size(); ++w) {
+      if (!bsp_.is_live(w) || raised_[w] != 0 || !(rest_speed > 0.0)) continue;
+      order_[n++] = w;
+      floors += std::floor(quota(w));
+    }
+    const auto remainder = [&](worker_id w) { return quota(w) - std::floor(quota(w)); };
+    std::sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(n), [&](worker_id a, worker_id b) {
+      const double ra = remainder(a), rb = remainder(b);
+      return ra > rb || (ra == rb && a < b);
+    });
+    const double left = std::round(rest - floors);
+    const std::size_t bonus = left > 0.0 ? std::min(n, static_cast<std::size_t>(left)) : 0;
+    for (std::size_t k = 0; k < bonus; ++k) raised_[order_[k]] = 2;  // 2: one more than its integer part
     for (worker_id w = 0; w < speed_.size(); ++w) {
       if (!bsp_.is_live(w)) continue;
       std::uint32_t next = p_.min_batch;
-      if (raised_[w] == 0 && rest_speed > 0.0) {
-        cumulative += rest * speed_of(w) / rest_speed;
-        const double upto = std::round(cumulative);
-        next = std::max(p_.min_batch, static_cast<std::uint32_t>(upto - given));
-        given = upto;
-      }
+      if (raised_[w] != 1 && rest_speed > 0.0)
+        next = std::max(p_.min_batch, static_cast<std::uint32_t>(std::floor(quota(w))) + (raised_[w] == 2 ? 1u : 0u));
       if (next != batch_[w]) {
         batch_[w] = next;
         out.plan_changed(w);
@@ -367,7 +385,8 @@ class basic_dlb {
   std::uint64_t since_ = 0;           // completed rounds since the last re-plan
   std::uint64_t replans_ = 0;
   std::vector<double> basis_;         // seconds per sample the batch in force was planned from; 0: none yet
-  std::vector<std::uint8_t> raised_;  // replan's scratch: 1 where b_i was raised to min_batch (not saved)
+  std::vector<std::uint8_t> raised_;  // replan's scratch: 1 where b_i was raised to min_batch, 2 a remainder's +1 (not saved)
+  std::vector<worker_id> order_;      // replan's scratch: the others by remainder (not saved)
   std::uint64_t straggler_replans_ = 0;
   straggler_flag last_{};
 };
