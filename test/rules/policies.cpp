@@ -214,12 +214,22 @@ std::vector<field_case> field_cases() {
     p.replan_drift = 100.0;  // only flags re-plan
     p.straggler_replan = true;
   };
+  // Each membership re-plan (the script joins and evicts) starts the
+  // re-planner, and so its detector, again (docs/elastic.md §2.4): short
+  // windows, so that flags can fire between two of them.
+  const auto quick_straggling_ashl = [=](ps::policy_params& p) {
+    straggling_ashl(p);
+    p.straggler_window = 2;
+    p.straggler_consecutive = 1;
+  };
   add("ashl", "straggler_replan", [](auto& p) { p.straggler_replan = true; }, [](ps::policy_params& p) {
     p.replanner = "profile";
     p.replan_drift = 100.0;
+    p.straggler_window = 2;
+    p.straggler_consecutive = 1;
   });
   add("ashl", "straggler_window", [](auto& p) { p.straggler_window = 2; }, straggling_ashl);
-  add("ashl", "straggler_threshold", [](auto& p) { p.straggler_threshold = 5.0; }, straggling_ashl);
+  add("ashl", "straggler_threshold", [](auto& p) { p.straggler_threshold = 5.0; }, quick_straggling_ashl);
   add("ashl", "straggler_consecutive", [](auto& p) { p.straggler_consecutive = 1; }, straggling_ashl);
   add("joint", "s_min", [](auto& p) { p.s_min = 5; });
   add("joint", "s_max", [](auto& p) { p.s_max = 1; });
