@@ -38,9 +38,9 @@
 // share comes on top of the others' batches, and an evicted worker's batch
 // is missing from the sum.
 //
-// Cost: a measurement is O(1); a re-plan O(ids), once per completed round at
-// most (a completed BSP round costs O(M) anyway); no allocation after
-// construction except when a new id joins. The round logic is bsp's, held
+// Cost: a measurement is O(1); a re-plan O(ids + M log M) (the sort by
+// remainder), once per completed round at most (a completed BSP round costs
+// O(M) anyway); no allocation after construction except when a new id joins. The round logic is bsp's, held
 // by value.
 //
 // Straggler re-planning (EP4DDL-like, docs/algorithms.md §3 "Straggler
