@@ -393,6 +393,30 @@ BOOST_AUTO_TEST_CASE(a_join_past_max_workers_is_refused_and_counted) {
   }
 }
 
+// A joiner that left joins again: a new incarnation with a fresh sequence.
+// Worker 2 (past the initial workers 0 and 1) joins at 15 ms, commits at 25
+// and 35 ms (told to leave at 30 ms, it leaves after that cycle), joins
+// again at 60 ms and commits at 70, 80 and 90 ms.
+BOOST_AUTO_TEST_CASE(a_joiner_that_left_joins_again_as_a_new_incarnation) {
+  auto spec = cluster({worker(0.01), worker(0.01), worker(0.01)}, 0);
+  spec.changes = {{.at = 0.015, .worker = 2, .kind = sim::change_kind::join},
+                  {.at = 0.03, .worker = 2, .kind = sim::change_kind::leave},
+                  {.at = 0.06, .worker = 2, .kind = sim::change_kind::join}};
+  auto s = make(spec, policy("asp", 2));
+  auto r = s.run({.until = 0.095});
+  BOOST_TEST(r.error == "");
+  BOOST_TEST(r.joins == 2u);
+  BOOST_TEST(r.leaves == 1u);
+  BOOST_TEST(r.workers[2].commits == 5u);
+  BOOST_TEST(r.workers[2].alive);
+  BOOST_TEST(s.core().incarnation(2) == 2u);
+  BOOST_TEST(s.core().last_sequence(2) == 3u);  // the second incarnation's three commits
+  BOOST_TEST(s.core().stats().joins == 2u);
+  BOOST_TEST(s.core().stats().leaves == 1u);
+  BOOST_TEST(s.core().stats().evictions == 0u);
+  BOOST_TEST(s.core().live_count() == 3u);
+}
+
 // Worker 2 is told to leave at 25 ms while computing its third iteration:
 // it finishes the cycle (the round completes at 30 ms), then sends leave
 // instead of computing again; the servers drop it at once (no failure
