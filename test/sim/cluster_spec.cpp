@@ -63,3 +63,41 @@ BOOST_AUTO_TEST_CASE(invalid_fields_are_named_with_their_value) {
   BOOST_TEST(error_of([](auto& s) { s.changes = {{.at = -1, .worker = 0, .kind = sim::change_kind::die}}; }) ==
              "changes[0].at = -1: must be finite and >= 0");
 }
+
+// Membership (docs/elastic.md §2.5): the initial set is the workers without
+// a join change and must be ids 0..M0-1; max_workers (0: workers.size) is at
+// least M0 and at most ps::max_workers; a join past max_workers is allowed
+// here (the servers' cores refuse it, a test of that refusal); leave names a
+// worker as the other kinds do.
+BOOST_AUTO_TEST_CASE(membership_is_validated_by_name) {
+  using sim::change_kind;
+  auto s = two_workers();
+  s.workers.resize(4, s.workers[0]);
+  BOOST_TEST(sim::initial_workers(s) == 4u);
+  BOOST_TEST(sim::max_workers_of(s) == 4u);
+  s.changes = {{.at = 1, .worker = 3, .kind = change_kind::join}, {.at = 2, .worker = 2, .kind = change_kind::join},
+               {.at = 3, .worker = 0, .kind = change_kind::leave}};
+  BOOST_TEST(sim::validate(s).ok());
+  BOOST_TEST(sim::initial_workers(s) == 2u);
+  s.max_workers = 3;  // worker 3's join will be refused by the cores, not here
+  BOOST_TEST(sim::validate(s).ok());
+  BOOST_TEST(sim::max_workers_of(s) == 3u);
+  s.max_workers = 1;
+  BOOST_TEST(sim::validate(s).message() ==
+             "max_workers = 1: must be at least the initial workers (2: those without a join change)");
+  s.max_workers = ashl::ps::max_workers + 1;
+  BOOST_TEST(sim::validate(s).message() == "max_workers = 65537: must be at most 65536 (ps::max_workers)");
+  s.max_workers = 0;
+  s.changes = {{.at = 1, .worker = 1, .kind = change_kind::join}};  // initial set {0, 2, 3}: not 0..2
+  BOOST_TEST(sim::validate(s).message() ==
+             "changes[0].worker = 1: joins, but the initial workers (those without a join change, 3 here) must be "
+             "ids 0..2 and the joiners after them");
+  s.changes = {{.at = 1, .worker = 0, .kind = change_kind::join}, {.at = 1, .worker = 1, .kind = change_kind::join},
+               {.at = 1, .worker = 2, .kind = change_kind::join}, {.at = 1, .worker = 3, .kind = change_kind::join}};
+  BOOST_TEST(sim::validate(s).message() ==
+             "changes = \"every worker joins\": at least one worker (worker 0) must start the job without a join change");
+  s.changes = {{.at = 1, .worker = 4, .kind = change_kind::leave}};
+  BOOST_TEST(sim::validate(s).message() == "changes[0].worker = 4: must name a worker (< workers.size)");
+  BOOST_TEST(std::string(sim::to_string(change_kind::leave)) == "leave");
+  BOOST_TEST(std::string(sim::to_string(change_kind::die)) == "die");
+}

@@ -23,7 +23,7 @@ BOOST_AUTO_TEST_CASE(parses_workers_servers_jitter_and_changes) {
                  "jitter": {"kind": "lognormal", "sigma": 0.2}},
                 {"seconds_per_iteration": 0.05, "batch": 32, "jitter": {"kind": "uniform", "a": 0.1}}],
     "changes": [{"at": 1.5, "worker": 2, "kind": "slowdown", "factor": 2},
-                {"at": 3, "worker": 0, "kind": "die"}, {"at": 4, "worker": 1, "kind": "join"}]
+                {"at": 3, "worker": 0, "kind": "die"}, {"at": 4, "worker": 2, "kind": "join"}]
   })");
   BOOST_REQUIRE_MESSAGE(r.has_value(), (r ? std::string() : r.error().message()));
   BOOST_TEST(r->workers.size() == 3u);
@@ -38,6 +38,37 @@ BOOST_AUTO_TEST_CASE(parses_workers_servers_jitter_and_changes) {
   BOOST_TEST((r->changes[1].kind == ashl::sim::change_kind::die));
   BOOST_TEST(r->model_bytes == 1000u);
   BOOST_TEST(r->seed == 7u);
+}
+
+// Membership (docs/elastic.md §2.5): "max_workers" and a "leave" change
+// read into the spec's fields; absent, max_workers is 0 (the number of
+// workers); bad values are named.
+BOOST_AUTO_TEST_CASE(max_workers_and_leave_are_read) {
+  auto r = parse_cluster_spec(R"({
+    "workers": [{"count": 4}], "max_workers": 6,
+    "changes": [{"at": 1, "worker": 3, "kind": "join"}, {"at": 2, "worker": 1, "kind": "leave"}]
+  })");
+  BOOST_REQUIRE_MESSAGE(r.has_value(), (r ? std::string() : r.error().message()));
+  BOOST_TEST(r->max_workers == 6u);
+  BOOST_TEST(ashl::sim::max_workers_of(*r) == 6u);
+  BOOST_TEST(ashl::sim::initial_workers(*r) == 3u);
+  BOOST_REQUIRE(r->changes.size() == 2u);
+  BOOST_TEST((r->changes[0].kind == ashl::sim::change_kind::join));
+  BOOST_TEST((r->changes[1].kind == ashl::sim::change_kind::leave));
+  BOOST_TEST(r->changes[1].worker == 1u);
+  BOOST_TEST(std::string(ashl::sim::to_string(r->changes[1].kind)) == "leave");
+  auto d = parse_cluster_spec(R"({"workers": [{"count": 2}]})");
+  BOOST_REQUIRE(d.has_value());
+  BOOST_TEST(d->max_workers == 0u);
+  BOOST_TEST(ashl::sim::max_workers_of(*d) == 2u);
+  BOOST_TEST(error_of(R"({"workers": [{"count": 3}], "max_workers": 2})") ==
+             "max_workers = 2: must be at least the initial workers (3: those without a join change)");
+  BOOST_TEST(error_of(R"({"workers": [{}], "max_workers": 65537})") ==
+             "max_workers = 65537: must be at most 65536 (ps::max_workers)");
+  BOOST_TEST(error_of(R"({"workers": [{}], "max_workers": -1})") == "max_workers = -1: must be >= 0");
+  BOOST_TEST(error_of(R"({"workers": [{}], "max_workers": "many"})") == "max_workers = \"many\": must be an integer");
+  BOOST_TEST(error_of(R"({"workers": [{}], "changes": [{"at": 1, "worker": 0, "kind": "quit"}]})") ==
+             "changes[0].kind = \"quit\": must be slowdown, die, join or leave");
 }
 
 BOOST_AUTO_TEST_CASE(invalid_fields_are_reported_by_path_and_value) {

@@ -102,9 +102,10 @@ BOOST_AUTO_TEST_CASE(create_refuses_a_bad_configuration_by_field_and_value) {
   BOOST_TEST(error_of(sim::simulator<>::create(spec, ss::any_policy{})) ==
              "policy = \"empty\": an any_policy must hold a policy");
   BOOST_TEST(error_of(sim::simulator<>::create(spec, policy("bsp", 1))) ==
-             "policy.workers = 1: must be spec.workers.size (2): the policy does not know worker 1");
+             "policy.workers = 1: must be the spec's initial workers (2): the policy does not know worker 1");
   BOOST_TEST(error_of(sim::simulator<>::create(spec, policy("bsp", 3))) ==
-             "policy.workers = \"> 2\": must be spec.workers.size (2): worker 2 would never commit");
+             "policy.workers = \"> 2\": must be the spec's initial workers (2): worker 2 would never commit (a joiner is "
+             "not known before its join)");
   std::vector<ashl::worker_plan> plans(2, ashl::worker_plan{.local_iterations = 0});
   BOOST_TEST(error_of(sim::simulator<ss::asp>::create(spec, ss::asp({.workers = 2, .plans = plans}))) ==
              "policy.plan(0).local_iterations = 0: must be >= 1 unless commit_interval_us > 0 (commit by interval)");
@@ -328,12 +329,117 @@ BOOST_AUTO_TEST_CASE(a_dead_worker_is_evicted_and_the_survivors_continue) {
 BOOST_AUTO_TEST_CASE(a_joining_worker_pulls_then_takes_part) {
   auto spec = cluster({worker(0.01), worker(0.01)}, 0);
   spec.changes = {{.at = 0.015, .worker = 1, .kind = sim::change_kind::join}};
-  auto s = make(spec, policy("bsp", 2));
+  auto s = make(spec, policy("bsp", 1));  // the initial set: worker 0 (docs/elastic.md §2.5)
   auto r = s.run({.until = 0.0505});
   BOOST_TEST(r.workers[1].commits == 3u);
   BOOST_TEST(r.workers[0].commits == 4u);
   BOOST_TEST(r.workers[0].wait_s == 0.005, tolerance(1e-9));  // 20 to 25 ms
   BOOST_TEST(s.core().incarnation(1) == 1u);
+  BOOST_TEST(r.joins == 1u);
+}
+
+// Elastic membership (docs/elastic.md §2.5): the cores start with the
+// initial set (workers 0 and 1: worker 2 has a join change) and admit
+// worker 2, a rank past it, at 15 ms; it was never evicted (the cores did
+// not know it before), and every commit it sends is accepted and applied.
+// Under ASP each accepted commit is one optimizer step.
+BOOST_AUTO_TEST_CASE(a_join_past_the_initial_workers_commits_and_is_applied) {
+  auto spec = cluster({worker(0.01), worker(0.01), worker(0.01)}, 1000, 0, {server(8), server(8)});
+  spec.changes = {{.at = 0.015, .worker = 2, .kind = sim::change_kind::join}};
+  auto s = make(spec, policy("asp", 2));
+  BOOST_TEST(s.core(0).params().workers == 2u);
+  BOOST_TEST(s.core(0).params().max_workers == 3u);
+  BOOST_TEST(s.core(1).known_workers() == 2u);
+  auto r = s.run({.commits_per_worker = 8});
+  BOOST_TEST(r.error == "");
+  BOOST_TEST(r.joins == 1u);
+  BOOST_TEST(r.refused_joins == 0u);
+  BOOST_TEST(r.refused == 0u);
+  BOOST_TEST(r.workers[2].alive);
+  BOOST_TEST(r.workers[2].commits == 8u);
+  for (std::uint32_t k = 0; k < 2; ++k) {
+    BOOST_TEST(s.core(k).known_workers() == 3u);
+    BOOST_TEST(s.core(k).live_count() == 3u);
+    BOOST_TEST(s.core(k).stats().evictions == 0u);  // before, joiners were evicted at time 0
+    BOOST_TEST(s.core(k).stats().joins == 1u);
+    BOOST_TEST(s.core(k).last_sequence(2) == r.workers[2].commits);  // every commit of it accepted
+    BOOST_TEST(r.server_steps[k] == r.commits);  // and applied: ASP steps once per commit
+  }
+  BOOST_TEST(r.commits == r.workers[0].commits + r.workers[1].commits + r.workers[2].commits);
+}
+
+// A join of an id at or past max_workers: every core refuses it
+// (refusal::max_workers) and nothing else changes; the run counts it and
+// goes on with the others (not a hook's error: r.error stays empty).
+BOOST_AUTO_TEST_CASE(a_join_past_max_workers_is_refused_and_counted) {
+  auto spec = cluster({worker(0.01), worker(0.01), worker(0.01)}, 0, 0, {server(), server()});
+  spec.max_workers = 2;
+  spec.changes = {{.at = 0.015, .worker = 2, .kind = sim::change_kind::join}};
+  auto s = make(spec, policy("bsp", 2));
+  auto r = s.run({.commits_per_worker = 4});
+  BOOST_TEST(r.error == "");
+  BOOST_TEST(r.joins == 0u);
+  BOOST_TEST(r.refused_joins == 1u);
+  BOOST_TEST(r.refused == 2u);  // one refusal per server
+  BOOST_TEST(!r.workers[2].alive);
+  BOOST_TEST(r.workers[2].commits == 0u);
+  BOOST_TEST(r.workers[0].commits == 4u);
+  BOOST_TEST(r.workers[1].commits == 4u);
+  BOOST_TEST(r.end_time == 0.04, tolerance(1e-9));  // the barrier never waited for worker 2
+  for (std::uint32_t k = 0; k < 2; ++k) {
+    BOOST_TEST(s.core(k).known_workers() == 2u);
+    BOOST_TEST(s.core(k).stats().refused_for(ashl::ps::refusal::max_workers) == 1u);
+    BOOST_TEST(s.core(k).stats().joins == 0u);
+  }
+}
+
+// A joiner that left joins again: a new incarnation with a fresh sequence.
+// Worker 2 (past the initial workers 0 and 1) joins at 15 ms, commits at 25
+// and 35 ms (told to leave at 30 ms, it leaves after that cycle), joins
+// again at 60 ms and commits at 70, 80 and 90 ms.
+BOOST_AUTO_TEST_CASE(a_joiner_that_left_joins_again_as_a_new_incarnation) {
+  auto spec = cluster({worker(0.01), worker(0.01), worker(0.01)}, 0);
+  spec.changes = {{.at = 0.015, .worker = 2, .kind = sim::change_kind::join},
+                  {.at = 0.03, .worker = 2, .kind = sim::change_kind::leave},
+                  {.at = 0.06, .worker = 2, .kind = sim::change_kind::join}};
+  auto s = make(spec, policy("asp", 2));
+  auto r = s.run({.until = 0.095});
+  BOOST_TEST(r.error == "");
+  BOOST_TEST(r.joins == 2u);
+  BOOST_TEST(r.leaves == 1u);
+  BOOST_TEST(r.workers[2].commits == 5u);
+  BOOST_TEST(r.workers[2].alive);
+  BOOST_TEST(s.core().incarnation(2) == 2u);
+  BOOST_TEST(s.core().last_sequence(2) == 3u);  // the second incarnation's three commits
+  BOOST_TEST(s.core().stats().joins == 2u);
+  BOOST_TEST(s.core().stats().leaves == 1u);
+  BOOST_TEST(s.core().stats().evictions == 0u);
+  BOOST_TEST(s.core().live_count() == 3u);
+}
+
+// Worker 2 is told to leave at 25 ms while computing its third iteration:
+// it finishes the cycle (the round completes at 30 ms), then sends leave
+// instead of computing again; the servers drop it at once (no failure
+// timeout, unlike a_dead_worker_is_evicted_and_the_survivors_continue's
+// death) and the survivors go on without waiting: 5 rounds end at 50 ms.
+BOOST_AUTO_TEST_CASE(a_leaving_worker_ends_its_cycle_then_leaves_and_the_job_goes_on) {
+  auto spec = cluster({worker(0.01), worker(0.01), worker(0.01)}, 0);
+  spec.failure_timeout_s = 0.01;
+  spec.changes = {{.at = 0.025, .worker = 2, .kind = sim::change_kind::leave}};
+  auto s = make(spec, policy("bsp", 3));
+  auto r = s.run({.commits_per_worker = 5});
+  BOOST_TEST(r.error == "");
+  BOOST_TEST(r.workers[0].commits == 5u);
+  BOOST_TEST(r.workers[1].commits == 5u);
+  BOOST_TEST(r.workers[2].commits == 3u);  // its cycle in progress at 25 ms completed
+  BOOST_TEST(!r.workers[2].alive);
+  BOOST_TEST(r.leaves == 1u);
+  BOOST_TEST(r.end_time == 0.05, tolerance(1e-9));
+  BOOST_TEST(r.workers[0].wait_s == 0.0, tolerance(1e-9));
+  BOOST_TEST(!s.policy().is_live(2));
+  BOOST_TEST(s.core().stats().leaves == 1u);
+  BOOST_TEST(s.core().stats().evictions == 0u);
+  BOOST_TEST(s.core().live_count() == 2u);
 }
 
 // One worker at 10 ms per iteration whose plan sends half the model: after
@@ -779,7 +885,7 @@ BOOST_AUTO_TEST_CASE(timing_only_traces_of_every_policy_match_the_simulator_befo
     for (const double interval : {ashl::ps::report_rule{}.interval, 0.0})
     BOOST_TEST_CONTEXT("scenario " << d.scenario << ", " << d.policy << ", measurement interval " << interval) {
       auto spec = digest_scenario(d.scenario);
-      auto s = make(spec, digest_policy(d.policy, spec.workers.size()));
+      auto s = make(spec, digest_policy(d.policy, sim::initial_workers(spec)));
       sim::run_options o{.record_trace = true, .reports = {.interval = interval}};
       if (d.scenario == 2) o.until = 0.6;
       else o.commits_per_worker = 12;

@@ -176,7 +176,7 @@ BOOST_AUTO_TEST_CASE(fragments_against_a_lock_step_reference) {
 
 BOOST_AUTO_TEST_CASE(bad_streaming_setups_are_refused_by_name) {
   auto refused = [](sim::cluster_spec spec, sim::hooks h, sim::server_setup setup, const std::string& field) {
-    const std::size_t m = spec.workers.size();
+    const std::size_t m = sim::initial_workers(spec);
     auto s = sim::simulator<>::create(std::move(spec), local_sgd(m, 4), std::move(h), setup);
     BOOST_REQUIRE(!s.has_value());
     BOOST_TEST(s.error().message().find(field) != std::string::npos, s.error().message());
@@ -200,7 +200,18 @@ BOOST_AUTO_TEST_CASE(bad_streaming_setups_are_refused_by_name) {
   auto dying = spec;
   dying.changes.push_back({.at = 1.0, .worker = 1, .kind = sim::change_kind::die});
   refused(dying, tr.hooks(), {.elements = 8, .streaming = ps::streaming_params{.fragments = 2, .interval = 4}},
-          "spec.changes.kind");
+          "spec.changes.kind = \"die\"");
+  // Membership changes (docs/elastic.md §2.5) too: a joiner past the
+  // initial workers, a worker that leaves.
+  auto joining = spec;
+  joining.workers.push_back(joining.workers.back());
+  joining.changes.push_back({.at = 1.0, .worker = 2, .kind = sim::change_kind::join});
+  refused(joining, tr.hooks(), {.elements = 8, .streaming = ps::streaming_params{.fragments = 2, .interval = 4}},
+          "spec.changes.kind = \"join\"");
+  auto leaving = spec;
+  leaving.changes.push_back({.at = 1.0, .worker = 1, .kind = sim::change_kind::leave});
+  refused(leaving, tr.hooks(), {.elements = 8, .streaming = ps::streaming_params{.fragments = 2, .interval = 4}},
+          "spec.changes.kind = \"leave\"");
 }
 
 // Streaming DiLoCo with 4-bit pseudo-gradients: Local SGD's plans are dense,

@@ -23,14 +23,21 @@
 // use it at the same time (sim/network.hpp). Changes: "slowdown" multiplies a
 // worker's compute and transfer times by factor from time "at" on (factor 1
 // restores it); "die" stops the worker (the server notices after
-// failure_timeout_s and evicts it); "join" starts a worker that is absent
-// until then (a worker with a join change is absent at time 0). validate()
-// names the field (in the JSON spelling) and the bad value. docs/design.md
-// "Layers / sim"; docs/sim.md "Cluster spec".
+// failure_timeout_s and evicts it); "leave" lets the worker finish the cycle
+// in progress and then send leave to every server (it is gone at once, no
+// timeout); "join" starts a worker that is absent until then. Membership
+// (docs/elastic.md §2.5): the workers without a join change are the job's
+// initial set, ids 0..M0-1 (initial_workers); the servers' cores start with
+// M0 workers and admit joiners up to max_workers (0: workers.size()); a join
+// of an id at or past it is refused by the cores (refusal::max_workers) and
+// counted (run_result::refused_joins). validate() names the field (in the
+// JSON spelling) and the bad value. docs/design.md "Layers / sim";
+// docs/sim.md "Cluster spec".
 #pragma once
 
 #include <ashl/config.hpp>
 #include <ashl/core/status.hpp>
+#include <ashl/rules/job_limits.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -82,7 +89,18 @@ struct straggler_spec {
   double factor = 5.0;       // >= 1
 };
 
-enum class change_kind : std::uint8_t { slowdown, die, join };
+enum class change_kind : std::uint8_t { slowdown, die, join, leave };
+
+// The JSON spelling of a change kind.
+constexpr const char* to_string(change_kind k) noexcept {
+  switch (k) {
+    case change_kind::slowdown: return "slowdown";
+    case change_kind::die: return "die";
+    case change_kind::join: return "join";
+    case change_kind::leave: return "leave";
+  }
+  return "?";
+}
 
 struct scheduled_change {
   double at = 0.0;
@@ -110,9 +128,29 @@ struct cluster_spec {
   std::vector<worker_spec> workers;
   std::vector<scheduled_change> changes;
   straggler_spec stragglers{};
+  // The most workers the job admits (ps::server_core_params::max_workers):
+  // ids up to it may join; 0: workers.size(). At least initial_workers(),
+  // at most ps::max_workers. JSON: "max_workers".
+  std::uint32_t max_workers = 0;
 };
 
 inline double gbps_to_bytes_per_s(double gbps) { return gbps * 1e9 / 8.0; }
+
+// The job's initial set: the workers without a join change (validate()
+// requires them to be ids 0..M0-1, as a real job's initial ranks are).
+inline std::uint32_t initial_workers(const cluster_spec& s) {
+  std::vector<bool> joins(s.workers.size(), false);
+  for (const auto& c : s.changes)
+    if (c.kind == change_kind::join && c.worker < joins.size()) joins[c.worker] = true;
+  std::uint32_t m0 = 0;
+  for (const bool j : joins) m0 += j ? 0u : 1u;
+  return m0;
+}
+
+// cluster_spec::max_workers with 0 read as workers.size().
+inline std::uint64_t max_workers_of(const cluster_spec& s) {
+  return s.max_workers != 0 ? s.max_workers : s.workers.size();
+}
 
 // Checks every field; the message names the field and its value.
 inline status validate(const cluster_spec& s) {
@@ -172,6 +210,27 @@ inline status validate(const cluster_spec& s) {
       if (!std::isfinite(c.factor)) return invalid_argument(f + ".factor", c.factor, "must be finite");
     }
   }
+  // Membership: the initial set is ids 0..M0-1, the joiners after it.
+  const std::uint32_t m0 = initial_workers(s);
+  if (m0 == 0)
+    return invalid_argument("changes", "every worker joins",
+                            "at least one worker (worker 0) must start the job without a join change");
+  for (std::size_t i = 0; i < s.changes.size(); ++i) {
+    const auto& c = s.changes[i];
+    if (c.kind == change_kind::join && c.worker < m0)
+      return invalid_argument("changes[" + std::to_string(i) + "].worker", c.worker,
+                              "joins, but the initial workers (those without a join change, " +
+                                  std::to_string(m0) + " here) must be ids 0.." + std::to_string(m0 - 1) +
+                                  " and the joiners after them");
+  }
+  const std::uint64_t mmax = max_workers_of(s);
+  if (mmax > ps::max_workers)
+    return out_of_range("max_workers", mmax,
+                        "must be at most " + std::to_string(ps::max_workers) + " (ps::max_workers)");
+  if (mmax < m0)
+    return invalid_argument("max_workers", mmax,
+                            "must be at least the initial workers (" + std::to_string(m0) +
+                                ": those without a join change)");
   if (!(s.stragglers.probability >= 0.0 && s.stragglers.probability <= 1.0))
     return invalid_argument("stragglers.probability", s.stragglers.probability, "must be in [0, 1]");
   if (!(s.stragglers.factor >= 1.0) || !std::isfinite(s.stragglers.factor))

@@ -18,7 +18,9 @@
 // time is "compress_seconds", or the reference's scaled like its compute.
 // Bandwidths in gigabits per second, latencies in microseconds; a server
 // without bandwidth_gbps has an unlimited link. "count" repeats an entry
-// (worker ids are assigned in order). A bad field is reported by its JSON
+// (worker ids are assigned in order). "max_workers" (optional, 0 or absent:
+// the number of workers) bounds the ids that may join; a change's kind is
+// slowdown, die, join or leave. A bad field is reported by its JSON
 // path (the entry, not the expanded worker index) and its value.
 // docs/sim.md "Cluster spec".
 #pragma once
@@ -130,6 +132,13 @@ inline result<cluster_spec> parse_cluster_spec(std::string_view text) {
   ASHL_TRY(detail::read_count(j, "", "commit_part_bytes", s.commit_part_bytes, 0));
   ASHL_TRY(detail::read_count(j, "", "seed", s.seed, 0));
   ASHL_TRY(detail::read_number(j, "", "failure_timeout_s", s.failure_timeout_s));
+  {
+    std::uint64_t mw = 0;
+    ASHL_TRY(detail::read_count(j, "", "max_workers", mw, 0));
+    if (mw > ps::max_workers)
+      return out_of_range("max_workers", mw, "must be at most " + std::to_string(ps::max_workers) + " (ps::max_workers)");
+    s.max_workers = static_cast<std::uint32_t>(mw);
+  }
 
   if (auto sv = j.find("servers"); sv != j.end()) {
     if (!sv->is_array()) return detail::bad_json("servers", *sv, "must be an array");
@@ -212,7 +221,7 @@ inline result<cluster_spec> parse_cluster_spec(std::string_view text) {
       if (w > std::numeric_limits<std::uint32_t>::max()) return out_of_range(p + "worker", w, "too large");
       c.worker = static_cast<std::uint32_t>(w);
       const auto k = e.find("kind");
-      if (k == e.end() || !k->is_string()) return invalid_argument(p + "kind", "missing", "slowdown, die or join");
+      if (k == e.end() || !k->is_string()) return invalid_argument(p + "kind", "missing", "slowdown, die, join or leave");
       const auto kind = k->get<std::string>();
       if (kind == "slowdown") {
         c.kind = change_kind::slowdown;
@@ -221,8 +230,10 @@ inline result<cluster_spec> parse_cluster_spec(std::string_view text) {
         c.kind = change_kind::die;
       } else if (kind == "join") {
         c.kind = change_kind::join;
+      } else if (kind == "leave") {
+        c.kind = change_kind::leave;
       } else {
-        return invalid_argument(p + "kind", kind, "must be slowdown, die or join");
+        return invalid_argument(p + "kind", kind, "must be slowdown, die, join or leave");
       }
       s.changes.push_back(c);
     }

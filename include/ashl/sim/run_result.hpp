@@ -84,6 +84,12 @@ struct run_result {
   std::uint64_t commits = 0;       // commits that arrived whole at the servers
   std::uint64_t applications = 0;  // optimizer steps of server 0 (server_steps[0])
   std::uint64_t refused = 0;       // messages the servers refused (errors they answered), all servers
+  // Membership changes (cluster_spec changes, docs/elastic.md §2.5), each
+  // counted once per worker (not per server): joins the servers admitted,
+  // joins they refused (an id at or past cluster_spec::max_workers, refused
+  // by every core with refusal::max_workers, also counted in `refused`), and
+  // leaves sent.
+  std::uint64_t joins = 0, refused_joins = 0, leaves = 0;
   std::vector<std::uint64_t> server_steps;  // optimizer steps per server
   bool stopped_by_hook = false;
   std::string error;               // the first refusal by a server (the run stopped there); empty: none

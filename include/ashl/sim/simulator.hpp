@@ -37,7 +37,12 @@
 // metric_interval) are told to every server at once. Without a compute hook the run is timing only: a layout of 0
 // elements, payload = model_bytes × plan ratio. Scheduled changes
 // (cluster_spec.hpp) slow workers down, kill them (their transfers are
-// cancelled, every server evicts them after failure_timeout_s) or start them.
+// cancelled, every server evicts them after failure_timeout_s), let them
+// leave (after their cycle in progress; the servers drop them at once) or
+// start them. The servers' cores start with the initial workers (ids
+// 0..M0-1, those without a join change) and admit joiners up to
+// cluster_spec::max_workers; a join past it is refused by the cores and
+// counted (run_result::refused_joins), docs/elastic.md §2.5.
 // The simulator holds no consistency or commit logic of its own (docs/design.md
 // "The one rule"). docs/sim.md.
 #pragma once
@@ -193,11 +198,15 @@ class simulator {
   using core_type = ps::server_core<Policy>;
 
   // Checks the spec (validate), the policy (it must know exactly the spec's
-  // workers, with usable initial plans) and the server setup; every error
+  // initial workers, initial_workers(spec), with usable initial plans) and the server setup; every error
   // names the field and the value.
   static result<simulator> create(cluster_spec spec, Policy policy, hooks h = {}, server_setup setup = {}) {
     ASHL_TRY(validate(spec));
-    ASHL_TRY(check_policy(policy, spec.workers.size()));
+    // The cores start with the initial set (ids 0..M0-1) and admit joiners
+    // up to max_workers (docs/elastic.md §2.5).
+    const std::uint32_t m0 = initial_workers(spec);
+    const auto max_workers = static_cast<std::uint32_t>(max_workers_of(spec));
+    ASHL_TRY(check_policy(policy, m0));
     const auto servers = static_cast<std::uint32_t>(spec.servers.size());
     if (setup.elements > 0) {
       if (spec.model_bytes != 4 * setup.elements)
@@ -217,8 +226,8 @@ class simulator {
         return invalid_argument("hooks.merge", "empty", "required in full mode with server.streaming");
       for (const auto& c : spec.changes)
         if (c.kind != change_kind::slowdown)
-          return invalid_argument("spec.changes.kind", c.kind == change_kind::die ? "die" : "join",
-                                  "server.streaming models slowdowns only (no deaths or joins yet)");
+          return invalid_argument("spec.changes.kind", to_string(c.kind),
+                                  "server.streaming models slowdowns only (no deaths, joins or leaves yet)");
       for (std::size_t w = 0; w < spec.workers.size(); ++w)
         if (spec.workers[w].push)
           return invalid_argument("spec.workers[" + std::to_string(w) + "].push", true,
@@ -247,7 +256,7 @@ class simulator {
       std::span<const float> init;
       if (!setup.initial.empty()) init = setup.initial.subspan(r.begin, r.size());
       auto c = core_type::create({.layout = s.layout_, .shard = k,
-                                  .workers = static_cast<std::uint32_t>(s.spec_.workers.size()),
+                                  .workers = m0, .max_workers = max_workers,
                                   .optimizer = setup.optimizer, .store_bytes = setup.store_bytes, .seed = setup.seed,
                                   .allow_non_finite = setup.allow_non_finite,
                                   .max_commit_samples = setup.max_commit_samples,
@@ -318,14 +327,16 @@ class simulator {
     if constexpr (std::is_same_v<Policy, sync::any_policy>) {
       if (!p.has_value()) return invalid_argument("policy", "empty", "an any_policy must hold a policy");
     }
+    // m: the spec's initial workers (initial_workers: those without a join
+    // change; all of them when nothing joins).
     for (std::size_t w = 0; w < m; ++w)
       if (!p.is_live(static_cast<sync::worker_id>(w)))
-        return invalid_argument("policy.workers", w, "must be spec.workers.size (" + std::to_string(m) +
+        return invalid_argument("policy.workers", w, "must be the spec's initial workers (" + std::to_string(m) +
                                                          "): the policy does not know worker " + std::to_string(w));
     if (p.is_live(static_cast<sync::worker_id>(m)))
       return invalid_argument("policy.workers", "> " + std::to_string(m),
-                              "must be spec.workers.size (" + std::to_string(m) + "): worker " + std::to_string(m) +
-                                  " would never commit");
+                              "must be the spec's initial workers (" + std::to_string(m) + "): worker " +
+                                  std::to_string(m) + " would never commit (a joiner is not known before its join)");
     for (std::size_t w = 0; w < m; ++w) {
       const worker_plan pl = p.plan(static_cast<sync::worker_id>(w));
       ASHL_TRY(check_plan(pl, "policy.plan(" + std::to_string(w) + ")"));
@@ -335,10 +346,12 @@ class simulator {
 
   enum kind : std::uint32_t {
     k_compute_done, k_compress_done, k_link_check, k_flow_done, k_arrive, k_metric, k_change, k_evict, k_plan,
-    k_measurements
+    k_measurements, k_leave
   };
   enum dir : std::uint32_t { up = 0, down = 1 };
-  enum class state : std::uint8_t { absent, computing, compressing, sending, waiting, receiving, done, dead };
+  // left: it sent leave (a leave change); done: it reached its commit
+  // limit (still live at the servers).
+  enum class state : std::uint8_t { absent, computing, compressing, sending, waiting, receiving, done, dead, left };
 
   struct worker {
     state st = state::absent;
@@ -356,6 +369,7 @@ class simulator {
     std::uint64_t up_bytes = 0, down_bytes = 0, down_payload = 0;
     bool last_commit = false;            // no pull rides with this commit (the worker is done after it)
     bool pull_only = false;              // the reply awaited is the join's pull's (not a commit's)
+    bool leaving = false;                // a leave change: it leaves once its cycle in progress ends
     worker_plan plan{};                  // of the cycle in progress
   };
 
@@ -393,21 +407,13 @@ class simulator {
     stop_ = false;
     sw_.assign(streaming_ ? m : 0, stream_worker{});
     sync_.assign(streaming_ ? m * fragments_ : 0, stream_sync{});
-    std::vector<bool> joins_later(m, false);
-    for (std::size_t i = 0; i < spec_.changes.size(); ++i) {
-      const auto& c = spec_.changes[i];
-      if (c.kind == change_kind::join) joins_later[c.worker] = true;
-      q_.push(c.at, k_change, static_cast<std::uint32_t>(i));
-    }
-    for (std::uint32_t w = 0; w < m; ++w)
-      if (joins_later[w])
-        for (std::uint32_t k = 0; k < s; ++k) {
-          cores_[k].evict(w, 0.0, act_);
-          act(k);
-        }
+    for (std::size_t i = 0; i < spec_.changes.size(); ++i)
+      q_.push(spec_.changes[i].at, k_change, static_cast<std::uint32_t>(i));
+    // The initial set, ids 0..M0-1 (validate()): the cores know them from
+    // creation; a worker with a join change is absent until it joins.
+    const std::uint32_t m0 = cores_[0].params().workers;
     running_ = 0;
-    for (std::uint32_t w = 0; w < m; ++w) {
-      if (joins_later[w]) continue;
+    for (std::uint32_t w = 0; w < m0; ++w) {
       r_.workers[w].alive = true;
       ++running_;
       // The join's plan (the real worker waits for it before its first cycle).
@@ -545,7 +551,8 @@ class simulator {
     const plan_mail m = mail_[slot];
     free_mail_.push_back(slot);
     const auto& wk = w_[m.worker];
-    if (wk.incarnation != m.incarnation || wk.st == state::dead || wk.st == state::absent) return;
+    if (wk.incarnation != m.incarnation || wk.st == state::dead || wk.st == state::absent || wk.st == state::left)
+      return;
     const worker_plan sent = ps::plan_with_codec_options(m.plan, compression_, compression_options_, compression_ratio_);
     cycles_[m.worker].plan_arrived(sent, ps::plan_codec(sent, compression_));
   }
@@ -634,7 +641,7 @@ class simulator {
     switch (c.kind) {
       case change_kind::slowdown: wk.slowdown = c.factor; break;
       case change_kind::die:
-        if (wk.st == state::dead || wk.st == state::absent) break;
+        if (wk.st == state::dead || wk.st == state::absent || wk.st == state::left) break;
         if (wk.st != state::done) {
           close(w, now);
           --running_;
@@ -651,8 +658,30 @@ class simulator {
         wk.up_left = wk.down_left = 0;
         q_.push(now + spec_.failure_timeout_s, k_evict, w);
         break;
+      case change_kind::leave:
+        if (wk.st == state::dead || wk.st == state::absent || wk.st == state::left) break;
+        wk.leaving = true;
+        // Done (its commit limit reached, still live at the servers): it
+        // leaves now; else once the cycle in progress ends (reply_arrived).
+        if (wk.st == state::done) depart(w);
+        break;
       case change_kind::join:
-        if (wk.st != state::absent && wk.st != state::dead) break;
+        if (wk.st != state::absent && wk.st != state::dead && wk.st != state::left) break;
+        if (w >= cores_[0].params().max_workers) {
+          // Past the job's maximum: every core refuses the join
+          // (refusal::max_workers) and changes nothing else; the worker
+          // stays absent. Counted, not a hook's error: the run goes on.
+          for (std::uint32_t k = 0; k < cores_.size(); ++k) {
+            cores_[k].join(w, wk.incarnation + 1, now, act_);
+            ASHL_ASSERT(act_.errors().size() == 1 && act_.errors()[0].reason == ps::refusal::max_workers,
+                        "simulator: a join past max_workers must be refused by the core");
+            act_.clear();
+          }
+          ++r_.refused_joins;
+          break;
+        }
+        ++r_.joins;
+        wk.leaving = false;
         r_.workers[w].alive = true;
         ++running_;
         ++wk.incarnation;
@@ -675,6 +704,34 @@ class simulator {
         }
         break;
     }
+  }
+
+  // Worker w's leave (a leave change, at the end of its cycle): what it
+  // measured goes out, as before any departure of a real worker, and it
+  // sends leave to every server, a small message that reaches server k
+  // after w's and k's latencies: each core then drops it at once
+  // (server_core::leave), with no failure timeout.
+  void depart(std::uint32_t w) {
+    auto& wk = w_[w];
+    const double now = clock_.now();
+    const bool was_running = wk.st != state::done;
+    wk.st = state::left;
+    wk.leaving = false;
+    r_.workers[w].alive = false;
+    cycles_[w].flush_reports(now, [&](std::span<const measurement> ms) { mail_measurements(w, ms); });
+    ++r_.leaves;
+    for (std::uint32_t k = 0; k < cores_.size(); ++k)
+      q_.push(now + spec_.workers[w].latency_s + spec_.servers[server_of_core(k)].latency_s, k_leave, w, k);
+    if (was_running) check_all_done();
+  }
+
+  // Worker w's leave reached core k (after its measurements, sent first).
+  // One of an incarnation that joined again since is dropped, as the
+  // newer join already replaced it.
+  void on_leave(std::uint32_t w, std::uint32_t k) {
+    if (w_[w].st != state::left) return;
+    cores_[k].leave(w, clock_.now(), act_);
+    act(k);
   }
 
   void cancel_flows(std::uint32_t w, dir d) {
@@ -771,7 +828,7 @@ class simulator {
   std::vector<stream_worker> sw_;
   std::vector<stream_sync> sync_;  // worker w, fragment p: w·P + p
   run_result r_;
-  std::size_t running_ = 0;  // workers neither done, dead nor absent
+  std::size_t running_ = 0;  // workers neither done, dead, left nor absent
   bool stop_ = false;
   bool ran_ = false;
 };

@@ -25,6 +25,7 @@ inline void simulator<Policy>::dispatch(const event& e) {
     case k_change: on_change(spec_.changes[e.target]); break;
     case k_plan: on_plan(e.target); break;
     case k_measurements: on_measurements(e.target, static_cast<std::uint32_t>(e.tag)); break;
+    case k_leave: on_leave(e.target, static_cast<std::uint32_t>(e.tag)); break;
     case k_evict:
       for (std::uint32_t k = 0; k < cores_.size(); ++k) {
         cores_[k].evict(e.target, clock_.now(), act_);
@@ -336,6 +337,7 @@ inline void simulator<Policy>::commit_shard_arrived(std::uint32_t w, std::uint32
   if (last && wk.st == state::done) {
     wk.down_left = 0;
     check_all_done();
+    if (wk.leaving) depart(w);  // a leave change during its last cycle
   } else if (last && wk.st == state::waiting && wk.down_started == s) {
     // Every server answered before (or as) the last shard arrived.
     to_receiving(w);
@@ -354,7 +356,7 @@ template <sync::consistency_policy Policy>
 inline void simulator<Policy>::start_reply(std::uint32_t w, std::uint32_t k) {
   if (w >= w_.size()) return;
   auto& wk = w_[w];
-  if (wk.st == state::dead || wk.st == state::done || wk.st == state::absent) return;
+  if (wk.st == state::dead || wk.st == state::done || wk.st == state::absent || wk.st == state::left) return;
   if (wk.down_started >= cores_.size()) return;
   const std::uint64_t tau = cores_[k].serve_staleness(w);
   if (k == 0) wk.staleness = tau;  // server 0's, as a real worker reads it
@@ -427,6 +429,10 @@ inline void simulator<Policy>::reply_arrived(std::uint32_t w) {
     cycles_[w].reply_arrived(now, static_cast<double>(wk.down_payload));
   }
   report(w);
+  if (wk.leaving) {
+    depart(w);  // a leave change: its cycle is over, it leaves instead of computing again
+    return;
+  }
   start_compute(w);
 }
 
