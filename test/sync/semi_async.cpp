@@ -73,17 +73,26 @@ BOOST_AUTO_TEST_CASE(staleness_weighting_applies_to_async_commits) {
   BOOST_TEST((p.plan(0).stage == as::stage_id::semi_async));
 }
 
-BOOST_AUTO_TEST_CASE(a_joiner_counts_from_zero_and_joins_the_next_barrier) {
+// A joiner starts at a barrier, aligned with everyone: pending (pull held)
+// until the barrier in progress completes, then its count starts at 0.
+BOOST_AUTO_TEST_CASE(a_joiner_counts_from_zero_from_the_next_barrier) {
   as::semi_async p{{.workers = 1, .sync_every_iterations = 2}};
   as::outcome_sink out(2);
   (void)p.on_commit({.worker = 0, .sequence = 1}, out);
   p.on_join({.worker = 1}, out);
   BOOST_TEST(out.empty());
-  (void)p.on_commit({.worker = 0, .sequence = 2}, out);  // barrier commit: waits for worker 1
-  BOOST_TEST(out.round().empty());
+  BOOST_TEST(p.is_pending(1));
+  BOOST_TEST((p.on_pull({.worker = 1}, out) == as::pull_action::hold));
+  (void)p.on_commit({.worker = 0, .sequence = 2}, out);  // barrier commit: the barrier completes without the joiner
+  BOOST_TEST((round(out) == std::vector<as::weighted_commit>{{0, 2, 1.0}}));
+  BOOST_TEST((released(out) == std::vector<as::worker_id>{1}));
+  out.clear();
   BOOST_TEST((p.on_commit({.worker = 1, .sequence = 1}, out).action == as::commit_action::apply));
+  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 3}, out).action == as::commit_action::apply));
+  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 4}, out).action == as::commit_action::buffer));
+  BOOST_TEST(out.round().empty());  // waits for the joiner's second commit
   BOOST_TEST((p.on_commit({.worker = 1, .sequence = 2}, out).action == as::commit_action::buffer));
-  BOOST_TEST((round(out) == std::vector<as::weighted_commit>{{0, 2, 0.5}, {1, 2, 0.5}}));
+  BOOST_TEST((round(out) == std::vector<as::weighted_commit>{{0, 4, 0.5}, {1, 2, 0.5}}));
 }
 
 // docs/elastic.md §2.4: a worker that joins while a barrier is in progress

@@ -8,16 +8,17 @@
 // them (mean, or by samples), and releases the held pulls of workers with
 // nothing left buffered.
 //
-// Joins take effect at a round boundary (docs/elastic.md §2.4): a worker that
-// joins while a round is in progress (some worker live in rounds has a commit
-// buffered) is *pending*: it is live in the table, but the round neither
-// waits for it nor takes its commits, and its pull is held (the policy asks
-// pending()); when the round completes it becomes live in rounds and its
-// pull is released with the round's, so its first commit is computed on the
-// round's result and belongs to the next round. Without a round in progress,
-// or while fewer than min_workers are live in rounds (the round waits for a
-// join), a joiner is live in rounds at once, as is a rejoiner whose commit
-// from before its eviction is still buffered (it is in the round already).
+// Joins take effect at a round boundary (docs/elastic.md §2.4). A round is
+// in progress from the moment the one before it completed (its workers are
+// computing on that result), as long as at least min_workers are live in
+// rounds. A worker that joins then is *pending*: it is live in the table,
+// but the round neither waits for it nor takes its commits, and its pull is
+// held (the policy asks pending()); when the round completes it becomes live
+// in rounds and its pull is released with the round's, so its first commit
+// is computed on the round's result and belongs to the next round. While
+// fewer than min_workers are live in rounds (the round waits for a join) a
+// joiner is live in rounds at once, as is a rejoiner whose commit from
+// before its eviction is still buffered (it is in the round already).
 // An eviction takes effect at once. No round completes with fewer than
 // min_workers live in rounds (with min_workers 1 and nobody live, what the
 // evicted sent still completes one, as before).
@@ -108,9 +109,10 @@ class round_core {
       ++ready_;
       return true;
     }
-    // Live in rounds before this join: the table counts the joiner already.
+    // Live in rounds before this join (the table counts the joiner already):
+    // enough to run the round in progress without it.
     const std::size_t before = live_in_rounds(t) - 1;
-    if (ready_ > 0 && before >= min_workers_) {
+    if (before >= min_workers_) {
       pending_[w] = 1;
       ++pending_count_;
       return false;
