@@ -175,4 +175,12 @@ BOOST_AUTO_TEST_CASE(scale_over_live_follows_joins_and_evictions) {
   BOOST_TEST(fixed.scale() == 0.25);
   auto old = policy_testing::saved(fixed);
   BOOST_TEST(static_cast<unsigned>(old[4]) == 1u);  // "ASP_" then the version's first byte
+  // A version 1 state loads into a policy built with the flag and keeps it
+  // (an async DiLoCo checkpoint from before the flag).
+  as::asp over_live{{.workers = 1, .scale_over_live = true}};
+  ashl::state_reader in1(old);
+  BOOST_TEST(over_live.load(in1).ok());
+  BOOST_TEST(over_live.scale() == 0.25);  // the saved scale, until membership changes
+  over_live.on_evict({.worker = 2}, out);
+  BOOST_TEST(over_live.scale() == 0.5);  // 2 live of the loaded 4 (1 was evicted before the save)
 }

@@ -76,7 +76,9 @@ class asp : public detail::async_policy {
   [[nodiscard]] double scale() const noexcept { return core_.scale(); }
 
   // Version 2 carries scale_over_live and is written only when it is set,
-  // so every other state keeps version 1's bytes.
+  // so every other state keeps version 1's bytes. A version 1 state does not
+  // say (it predates the flag): the policy keeps what it was built with, so
+  // an async DiLoCo checkpoint from before loads into async DiLoCo's rule.
   void save(state_writer& out) const {
     out.tag("ASP_", scale_over_live_ ? 2 : 1);
     if (scale_over_live_) out.put(scale_over_live_);
@@ -87,6 +89,7 @@ class asp : public detail::async_policy {
     std::uint32_t version = 0;
     ASHL_TRY(in.tag("ASP_", 1, 2, version));
     if (version >= 2) ASHL_TRY(in.get(n.scale_over_live_, "asp.scale_over_live"));
+    else n.scale_over_live_ = scale_over_live_;
     ASHL_TRY(n.core_.load(in));
     *this = std::move(n);
     return {};
