@@ -102,7 +102,8 @@ class round_core {
   // Membership changed; call after the table's join succeeded (joined) or
   // before its evict (evicted). Returns true when the joiner is live in
   // rounds at once, false when it is pending until the round in progress
-  // completes. Neither can complete a round: settle() after an eviction.
+  // completes. Call settle() after either: an eviction may complete a round,
+  // and so may a rejoiner whose buffered commit brings it to min_workers.
   bool joined(const worker_table& t, worker_id w) {
     grow(std::size_t{w} + 1);
     if (waiting(w)) {  // what it sent before its eviction counts for it now
