@@ -65,6 +65,21 @@ BOOST_AUTO_TEST_CASE(the_names_are_listed_once_and_drive_errors_and_help) {
 
 BOOST_AUTO_TEST_CASE(rejects_unknown_names_and_impossible_parameters) {
   BOOST_TEST(error_of("asp", with_workers(0)) == "asp.workers = 0: must be >= 1");
+  for (std::string n : {"bsp", "local_sgd", "diloco"}) {
+    auto q = with_workers(2);
+    q.min_workers = 0;
+    BOOST_TEST(error_of(n, q) == n + ".min_workers = 0: must be >= 1");
+    q.min_workers = 65537;
+    BOOST_TEST(error_of(n, q) == n + ".min_workers = 65537: must be at most 65536 (ps::max_workers)");
+    q.min_workers = 3;  // more than the job starts with: it waits for joins
+    BOOST_TEST(error_of(n, q) == "ok");
+  }
+  {
+    auto q = with_workers(2);
+    q.sync_every_iterations = 2;
+    q.min_workers = -1;
+    BOOST_TEST(error_of("semi_async", q) == "semi_async.min_workers = -1: must be >= 1");
+  }
   auto p = with_workers(2);
   p.staleness = -1;
   BOOST_TEST(error_of("ssp", p) == "ssp.staleness = -1: must be >= 0");
@@ -163,6 +178,10 @@ std::vector<field_case> field_cases() {
     add(n, "weighting", [](auto& p) { p.weighting = "samples"; });
     add(n, "batch_size", [](auto& p) { p.batch_size = 32; });
   }
+  // The script evicts and rejoins workers: with min_workers = the workers,
+  // rounds wait for rejoins instead of completing with fewer.
+  for (std::string n : {"bsp", "local_sgd", "semi_async"})
+    add(n, "min_workers", [](auto& p) { p.min_workers = 4; });
   add("local_sgd", "local_steps", [](auto& p) { p.local_steps = 3; });
   add("ssp", "staleness", [](auto& p) { p.staleness = 0; });
   add("dssp", "s_min", [](auto& p) { p.s_min = 0; });

@@ -43,6 +43,7 @@ ps::policy_params other_numbers(const ps_cases::policy_case& c) {
   p.h_ahl = 3;
   p.total_batch = 500;
   p.stragglers = 0;  // coded_bsp: must be < workers
+  p.min_workers = 3;
   return p;
 }
 void require_same(const as::any_policy& a, const as::any_policy& b, const std::string& label, int at) {
@@ -129,5 +130,56 @@ BOOST_AUTO_TEST_CASE(truncated_or_foreign_state_is_refused_and_changes_nothing) 
     ashl::state_reader fin(foreign);
     BOOST_TEST(!target.load(fin).ok(), c.label + " accepted " + other.label);
     BOOST_REQUIRE((saved(target) == before));
+  }
+}
+
+// Pending joiners and min_workers are part of the saved state (ROND version
+// 2): a round policy saved with a joiner pending mid-round loads into one
+// built with other numbers and completes the round alike, releasing the
+// joiner's pull at the boundary, not before.
+BOOST_AUTO_TEST_CASE(a_pending_joiner_and_min_workers_are_saved_and_restored) {
+  for (const char* name : {"bsp", "local_sgd", "diloco", "semi_async"}) {
+    ps::policy_params p;
+    p.workers = 3;
+    p.min_workers = 2;
+    p.sync_every_iterations = 1;
+    as::any_policy a = *ps::make_policy(name, p);
+    as::outcome_sink out_a(ids), out_b(ids);
+    (void)a.on_commit({.worker = 0, .sequence = 1}, out_a);  // a round is in progress
+    a.on_join({.worker = 3}, out_a);                        // pending
+    BOOST_TEST((a.on_pull({.worker = 3}, out_a) == as::pull_action::hold), name);
+    const auto bytes = saved(a);
+    ps::policy_params q = p;
+    q.workers = 1;
+    q.min_workers = 1;
+    q.sync_every_iterations = 9;
+    as::any_policy b = *ps::make_policy(name, q);
+    ashl::state_reader in(bytes);
+    const auto st = b.load(in);
+    BOOST_REQUIRE_MESSAGE(st.ok(), std::string(name) + ": " + st.message());
+    BOOST_REQUIRE((saved(b) == bytes));
+    require_same(a, b, name, 0);
+    BOOST_TEST(b.is_held(3), name);
+    out_a.clear();
+    // The round completes without the joiner, and releases it.
+    for (as::any_policy* x : {&a, &b}) {
+      auto& out = x == &a ? out_a : out_b;
+      (void)x->on_commit({.worker = 1, .sequence = 1}, out);
+      BOOST_TEST(out.round().empty(), name);  // worker 2 missing
+      (void)x->on_commit({.worker = 2, .sequence = 1}, out);
+      BOOST_TEST(out.round().size() == 3u, name);
+      BOOST_TEST((std::vector<as::worker_id>(out.released().begin(), out.released().end()) ==
+                  std::vector<as::worker_id>{3}),
+                 name);
+      out.clear();
+      // min_workers 2 came back too: evicting down to one worker holds its round.
+      x->on_evict({.worker = 1}, out);
+      x->on_evict({.worker = 2}, out);
+      x->on_evict({.worker = 3}, out);
+      (void)x->on_commit({.worker = 0, .sequence = 2}, out);
+      BOOST_TEST(out.round().empty(), name);
+      out.clear();
+    }
+    BOOST_REQUIRE((saved(a) == saved(b)));
   }
 }

@@ -832,19 +832,29 @@ BOOST_AUTO_TEST_CASE(a_rank_past_the_initial_workers_joins_commits_and_is_applie
     BOOST_TEST(out.errors().empty(), name);
     BOOST_TEST(core.live_count() == 4u, name);
     out.clear();
-    for (sync::worker_id w = 0; w < 4; ++w) {
-      const float v = static_cast<float>(w + 1);  // worker w commits (w+1) * (1, -1, 2, 0.5)
-      const auto d = dense({v, -v, 2 * v, 0.5f * v});
-      auto c = commit_of(w, 1, d, n, true);
-      c.incarnation = w < 2 ? 0 : w + 3;
-      core.commit(c, 1.0, out);
-      BOOST_TEST(out.errors().empty(), name);
-      BOOST_TEST(out.steps() == (w == 3 ? 1u : 0u), name << ": the round waits for the joiners");
+    // The joiners count from the next round boundary (docs/elastic.md §2.4):
+    // their first pulls are held until the round ranks 0 and 1 compute
+    // completes without them, then they count in the next one.
+    core.pull(2, 0.0, out);
+    core.pull(3, 0.0, out);
+    BOOST_TEST(out.pull_replies().empty(), name);
+    for (std::uint64_t seq = 1; seq <= 2; ++seq) {
+      for (sync::worker_id w = 0; w < 4; ++w) {
+        if (seq == 1 && w >= 2) continue;  // the joiners wait for their parameters
+        const float v = static_cast<float>(w + 1);  // worker w commits (w+1) * (1, -1, 2, 0.5)
+        const auto d = dense({v, -v, 2 * v, 0.5f * v});
+        auto c = commit_of(w, w < 2 ? seq : 1, d, n, true);
+        c.incarnation = w < 2 ? 0 : w + 3;
+        core.commit(c, 1.0, out);
+        BOOST_TEST(out.errors().empty(), name);
+        BOOST_TEST(out.steps() == (w == (seq == 1 ? 1u : 3u) ? 1u : 0u), name << ": the round waits for its workers");
+      }
+      BOOST_TEST(out.pull_replies().size() == 4u, name);  // round 1: ranks 0, 1 and the joiners' held pulls
+      out.clear();
     }
-    BOOST_TEST(out.pull_replies().size() == 4u, name);
-    BOOST_TEST(core.stats().commits_applied == 4u, name);
-    // Σ (w+1)/4 = 2.5
-    BOOST_TEST(same_bits(core.parameters(), std::vector<float>{3.5f, -0.5f, 8.0f, 5.25f}), name);
+    BOOST_TEST(core.stats().commits_applied == 6u, name);
+    // (1 + 2)/2 = 1.5, then Σ (w+1)/4 = 2.5: 4 in all
+    BOOST_TEST(same_bits(core.parameters(), std::vector<float>{5.0f, -2.0f, 11.0f, 6.0f}), name);
   }
 }
 
@@ -888,15 +898,19 @@ BOOST_AUTO_TEST_CASE(a_join_past_max_workers_is_refused_by_name_and_changes_noth
   BOOST_REQUIRE(differ.size() == 1u);  // the counter's low byte
   BOOST_TEST(static_cast<unsigned>(before[differ[0]]) == 0u);
   BOOST_TEST(static_cast<unsigned>(after[differ[0]]) == 3u);
-  // The round still waits for ranks 1 and 2 only.
+  // The round still waits for rank 1 only: none of the refused ranks, nor
+  // rank 2, which joined during it and counts from the next round
+  // (docs/elastic.md §2.4).
   core.commit(commit_of(1, 1, dense({1.0f, 1.0f, 1.0f, 1.0f}), n, true), 0.3, out);
+  BOOST_TEST(out.errors().empty());
+  BOOST_TEST(out.steps() == 1u);
+  BOOST_TEST(out.pull_replies().size() == 2u);
   const auto ones = dense({1.0f, 1.0f, 1.0f, 1.0f});
   auto c2 = commit_of(2, 1, ones, n, true);
   c2.incarnation = 9;
   core.commit(c2, 0.4, out);
   BOOST_TEST(out.errors().empty());
-  BOOST_TEST(out.steps() == 1u);
-  BOOST_TEST(out.pull_replies().size() == 3u);
+  BOOST_TEST(out.steps() == 1u);  // rank 2's commit is in the next round
 
   // max_workers left at 0: the initial set is the maximum (the driver
   // refused rank >= workers before; now the core does too).

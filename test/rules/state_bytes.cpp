@@ -13,6 +13,9 @@
 // test/rules/data/state_bytes_ashl1.inc holds the ASHL policies as ASHL
 // version 1 wrote them (before the re-profiling window, docs/elastic.md
 // §2.4), which must load and save as version 2 with no window open.
+// test/rules/data/state_bytes_rond1.inc the round policies as ROND version 1
+// wrote them (before pending joins, docs/elastic.md §2.4); core/bsp+sgd of
+// the PSCR version 2 states holds a ROND version 1 section too.
 #include <ashl/rules/server_core.hpp>
 
 #include <boost/test/unit_test.hpp>
@@ -47,6 +50,7 @@ struct saved_state {
 #include "data/state_bytes.inc"
 #include "data/state_bytes_pscr2.inc"
 #include "data/state_bytes_ashl1.inc"
+#include "data/state_bytes_rond1.inc"
 
 template <class T>
 std::vector<std::byte> saved(const T& x) {
@@ -290,3 +294,64 @@ BOOST_AUTO_TEST_CASE(ashl_states_of_version_1_load_with_no_window_open) {
     BOOST_TEST((again == expected), label << ": version 1 loads to another state");
   }
 }
+namespace {
+std::uint64_t get_u64(std::span<const std::byte> b, std::size_t at) {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(b[at + i]) << (8 * i);
+  return v;
+}
+// What a ROND version 1 section becomes when loaded and saved again: version
+// 2, min_workers 1 after the round count, "not pending" before each queue.
+std::vector<std::byte> rond1_to_2(std::span<const std::byte> v1) {
+  const std::byte tag[8] = {std::byte{'R'}, std::byte{'O'}, std::byte{'N'}, std::byte{'D'},
+                            std::byte{1},   std::byte{0},   std::byte{0},   std::byte{0}};
+  const auto it = std::search(v1.begin(), v1.end(), std::begin(tag), std::end(tag));
+  BOOST_REQUIRE(it != v1.end());
+  std::size_t at = static_cast<std::size_t>(it - v1.begin());
+  std::vector<std::byte> out(v1.begin(), v1.begin() + static_cast<std::ptrdiff_t>(at));
+  auto copy = [&](std::size_t n) {
+    out.insert(out.end(), v1.begin() + static_cast<std::ptrdiff_t>(at), v1.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+  };
+  copy(4);
+  out.push_back(std::byte{2});
+  out.insert(out.end(), 3, std::byte{0});
+  at += 4;
+  copy(1 + 8);  // weighting, rounds
+  out.push_back(std::byte{1});
+  out.insert(out.end(), 3, std::byte{0});  // min_workers
+  const std::uint64_t ids = get_u64(v1, at);
+  copy(8);
+  for (std::uint64_t w = 0; w < ids; ++w) {
+    out.push_back(std::byte{0});  // not pending
+    const std::uint64_t k = get_u64(v1, at);
+    copy(8 + 16 * k);
+  }
+  copy(v1.size() - at);
+  return out;
+}
+}  // namespace
+
+// ROND version 2 (pending joiners, min_workers) is what today's states above
+// pin; version 1's states of the round policies still load, with min_workers
+// 1 and nothing pending, and save as version 2 (a BSP core's: the PSCR
+// version 2 test above).
+BOOST_AUTO_TEST_CASE(round_states_of_version_1_still_load) {
+  BOOST_TEST_REQUIRE(rond1_states.size() == 10u);
+  for (const auto& s : rond1_states) {
+    const std::string label = s.label;
+    const auto old = as_bytes(s);
+    const auto want = rond1_to_2(old);
+    BOOST_REQUIRE(want.size() > old.size());
+    ashl::state_reader r(old);
+    BOOST_REQUIRE(label.rfind("policy/", 0) == 0);
+    const std::string name = label.substr(7, label.find('@') - 7);
+    auto fresh = ps::make_policy(name, ps_cases::base_params(name, 4));
+    BOOST_REQUIRE(fresh.has_value());
+    const auto st = fresh->load(r);
+    BOOST_REQUIRE_MESSAGE(st.ok(), label << ": " << st.to_string());
+    BOOST_TEST(r.at_end(), label);
+    BOOST_TEST((saved(*fresh) == want), label << " saves other bytes");
+  }
+}
+

@@ -151,3 +151,36 @@ BOOST_AUTO_TEST_CASE(plans_with_codec_options_survive_save_and_load) {
   BOOST_TEST((r1.plan(0) == old.plan(0)));
   BOOST_TEST(!r1.plan(0).has_codec_options());
 }
+
+// Async DiLoCo's 1/M follows the live workers (docs/elastic.md §2.4); the
+// flag survives save/load (ASP_ version 2), a plain asp keeps version 1's bytes.
+BOOST_AUTO_TEST_CASE(scale_over_live_follows_joins_and_evictions) {
+  as::asp p{{.workers = 4, .scale = 0.25, .scale_over_live = true}};
+  as::outcome_sink out(5);
+  BOOST_TEST(p.on_commit({.worker = 0, .sequence = 1}, out).weight == 0.25);
+  p.on_evict({.worker = 1}, out);
+  BOOST_TEST(p.on_commit({.worker = 0, .sequence = 2}, out).weight == 1.0 / 3);
+  p.on_join({.worker = 1}, out);
+  p.on_join({.worker = 4}, out);
+  BOOST_TEST(p.scale() == 0.2);
+  auto bytes = policy_testing::saved(p);
+  ashl::state_reader in(bytes);
+  as::asp q;
+  BOOST_TEST(q.load(in).ok());
+  q.on_evict({.worker = 4}, out);
+  BOOST_TEST(q.scale() == 0.25);
+  // Without the flag the scale stays and the section is version 1.
+  as::asp fixed{{.workers = 4, .scale = 0.25}};
+  fixed.on_evict({.worker = 1}, out);
+  BOOST_TEST(fixed.scale() == 0.25);
+  auto old = policy_testing::saved(fixed);
+  BOOST_TEST(static_cast<unsigned>(old[4]) == 1u);  // "ASP_" then the version's first byte
+  // A version 1 state loads into a policy built with the flag and keeps it
+  // (an async DiLoCo checkpoint from before the flag).
+  as::asp over_live{{.workers = 1, .scale_over_live = true}};
+  ashl::state_reader in1(old);
+  BOOST_TEST(over_live.load(in1).ok());
+  BOOST_TEST(over_live.scale() == 0.25);  // the saved scale, until membership changes
+  over_live.on_evict({.worker = 2}, out);
+  BOOST_TEST(over_live.scale() == 0.5);  // 2 live of the loaded 4 (1 was evicted before the save)
+}

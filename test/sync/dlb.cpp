@@ -78,15 +78,21 @@ BOOST_AUTO_TEST_CASE(min_batch_ewma_and_membership) {
   // 100·2/97 = 2 is raised to min_batch; worker 0 takes the rest, so Σ b_i = B.
   BOOST_TEST(p.plan(0).batch_size == 90u);
   BOOST_TEST(p.plan(1).batch_size == 10u);
-  // A joiner starts at B / M and is measured anew; an eviction completes the round without it.
+  // A joiner starts at B / M and is measured anew. It is pending until the
+  // round in progress completes (docs/elastic.md §2.4), so that round does
+  // not wait for it; the next one does, and an eviction completes it without it.
   p.on_join({.worker = 2}, fresh());
   BOOST_TEST(p.plan(2).batch_size == 33u);
   BOOST_TEST(sink.plan_changed_for(2));
   (void)p.on_commit({.worker = 0, .sequence = 2, .samples = 90}, fresh());
   (void)p.on_commit({.worker = 1, .sequence = 2, .samples = 10}, fresh());
-  BOOST_TEST(p.rounds() == 1u);
-  p.on_evict({.worker = 2}, fresh());
   BOOST_TEST(p.rounds() == 2u);
+  BOOST_TEST(sink.round().size() == 2u);
+  (void)p.on_commit({.worker = 0, .sequence = 3, .samples = 98}, fresh());
+  (void)p.on_commit({.worker = 1, .sequence = 3, .samples = 10}, fresh());
+  BOOST_TEST(p.rounds() == 2u);
+  p.on_evict({.worker = 2}, fresh());
+  BOOST_TEST(p.rounds() == 3u);
   BOOST_TEST(sink.round().size() == 2u);
 }
 

@@ -73,20 +73,70 @@ BOOST_AUTO_TEST_CASE(staleness_weighting_applies_to_async_commits) {
   BOOST_TEST((p.plan(0).stage == as::stage_id::semi_async));
 }
 
-BOOST_AUTO_TEST_CASE(a_joiner_counts_from_zero_and_joins_the_next_barrier) {
+// A joiner starts at a barrier, aligned with everyone: pending (pull held)
+// until the barrier in progress completes, then its count starts at 0.
+BOOST_AUTO_TEST_CASE(a_joiner_counts_from_zero_from_the_next_barrier) {
   as::semi_async p{{.workers = 1, .sync_every_iterations = 2}};
   as::outcome_sink out(2);
   (void)p.on_commit({.worker = 0, .sequence = 1}, out);
   p.on_join({.worker = 1}, out);
   BOOST_TEST(out.empty());
-  (void)p.on_commit({.worker = 0, .sequence = 2}, out);  // barrier commit: waits for worker 1
-  BOOST_TEST(out.round().empty());
+  BOOST_TEST(p.is_pending(1));
+  BOOST_TEST((p.on_pull({.worker = 1}, out) == as::pull_action::hold));
+  (void)p.on_commit({.worker = 0, .sequence = 2}, out);  // barrier commit: the barrier completes without the joiner
+  BOOST_TEST((round(out) == std::vector<as::weighted_commit>{{0, 2, 1.0}}));
+  BOOST_TEST((released(out) == std::vector<as::worker_id>{1}));
+  out.clear();
   BOOST_TEST((p.on_commit({.worker = 1, .sequence = 1}, out).action == as::commit_action::apply));
+  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 3}, out).action == as::commit_action::apply));
+  BOOST_TEST((p.on_commit({.worker = 0, .sequence = 4}, out).action == as::commit_action::buffer));
+  BOOST_TEST(out.round().empty());  // waits for the joiner's second commit
   BOOST_TEST((p.on_commit({.worker = 1, .sequence = 2}, out).action == as::commit_action::buffer));
-  BOOST_TEST((round(out) == std::vector<as::weighted_commit>{{0, 2, 0.5}, {1, 2, 0.5}}));
+  BOOST_TEST((round(out) == std::vector<as::weighted_commit>{{0, 4, 0.5}, {1, 2, 0.5}}));
+}
+
+// docs/elastic.md §2.4: a worker that joins while a barrier is in progress
+// is pending: its pull is held until the barrier completes without it, and
+// it counts in the next barrier.
+BOOST_AUTO_TEST_CASE(a_joiner_during_a_barrier_waits_for_it_and_counts_in_the_next) {
+  as::semi_async p{{.workers = 2, .sync_every_iterations = 1}};
+  as::outcome_sink out(3);
+  (void)p.on_commit({.worker = 0, .sequence = 1}, out);  // barrier commit: the barrier is in progress
+  p.on_join({.worker = 2}, out);
+  BOOST_TEST(p.is_pending(2));
+  BOOST_TEST((p.on_pull({.worker = 2}, out) == as::pull_action::hold));
+  (void)p.on_commit({.worker = 1, .sequence = 1}, out);
+  BOOST_TEST((round(out) == std::vector<as::weighted_commit>{{0, 1, 0.5}, {1, 1, 0.5}}));
+  BOOST_TEST((released(out) == std::vector<as::worker_id>{2}));
+  BOOST_TEST(!p.is_pending(2));
+  out.clear();
+  (void)p.on_commit({.worker = 0, .sequence = 2}, out);
+  (void)p.on_commit({.worker = 1, .sequence = 2}, out);
+  BOOST_TEST(out.round().empty());  // the next barrier waits for the joiner
+  (void)p.on_commit({.worker = 2, .sequence = 1}, out);
+  BOOST_TEST(out.round().size() == 3u);
+}
+
+BOOST_AUTO_TEST_CASE(a_barrier_never_completes_below_min_workers) {
+  as::semi_async p{{.workers = 2, .sync_every_iterations = 1, .min_workers = 2}};
+  as::outcome_sink out(2);
+  (void)p.on_commit({.worker = 0, .sequence = 1}, out);
+  BOOST_TEST((p.on_pull({.worker = 0}, out) == as::pull_action::hold));
+  p.on_evict({.worker = 1}, out);  // one live worker: below min_workers
+  BOOST_TEST(out.round().empty());
+  BOOST_TEST(p.is_held(0));
+  p.on_join({.worker = 1}, out);
+  BOOST_TEST(!p.is_pending(1));  // the barrier waits for a join: this one
+  (void)p.on_commit({.worker = 1, .sequence = 1}, out);
+  BOOST_TEST((round(out) == std::vector<as::weighted_commit>{{0, 1, 0.5}, {1, 1, 0.5}}));
+  BOOST_TEST((released(out) == std::vector<as::worker_id>{0}));
 }
 
 BOOST_AUTO_TEST_CASE(save_load_round_trip_makes_the_same_decisions) {
+  for (std::uint32_t seed = 1; seed <= 4; ++seed) {
+    as::semi_async p{{.workers = 3, .sync_every_iterations = 2, .min_workers = 1 + seed % 3}};
+    policy_testing::check_round_trip(p, 4, seed);
+  }
   for (std::uint32_t seed = 1; seed <= 8; ++seed) {
     as::semi_async p{{.workers = 2 + seed % 5,
                       .sync_every_iterations = seed % 3 == 0 ? 0u : 1 + seed % 4,

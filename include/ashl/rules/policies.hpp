@@ -67,13 +67,13 @@ struct policy_description {
 
 // Indexed by policy_kind.
 inline constexpr std::array<policy_description, 15> policies{{
-    {"bsp", "workers weighting batch_size", "bulk synchronous rounds, mean or samples-weighted"},
+    {"bsp", "workers weighting batch_size min_workers", "bulk synchronous rounds, mean or samples-weighted"},
     {"asp", "workers staleness_weight staleness_exponent", "apply every commit at once"},
     {"ssp", "workers staleness staleness_weight staleness_exponent", "hold a pull while c_i - min c_j > staleness"},
-    {"local_sgd", "workers local_steps weighting batch_size", "synchronous rounds of local_steps local steps"},
+    {"local_sgd", "workers local_steps weighting batch_size min_workers", "synchronous rounds of local_steps local steps"},
     {"dssp", "workers s_min s_max window staleness_weight staleness_exponent",
      "SSP whose bound moves in [s_min, s_max] with iteration times"},
-    {"semi_async", "workers sync_every_iterations sync_every_seconds staleness_weight staleness_exponent",
+    {"semi_async", "workers sync_every_iterations sync_every_seconds staleness_weight staleness_exponent min_workers",
      "asynchronous, with a global barrier every K iterations or seconds"},
     {"adsp",
      "workers period t_min search_every target_loss loss_rise initial_commit_rate max_commit_rate staleness_weight "
@@ -95,7 +95,7 @@ inline constexpr std::array<policy_description, 15> policies{{
      "BSP with gradient coding: a round completes after the first workers - stragglers commits"},
     // The DiLoCo family: a consistency policy with the outer optimizer on
     // its model deltas (outer_optimizer_of; docs/algorithms.md "The DiLoCo family").
-    {"diloco", "workers local_steps weighting batch_size",
+    {"diloco", "workers local_steps weighting batch_size min_workers",
      "DiLoCo: synchronous rounds of local_steps inner steps, one outer (Nesterov) step per round on the mean delta",
      "outer_lr outer_momentum outer_nesterov outer_weight_decay"},
     {"async_diloco", "workers local_steps staleness_weight staleness_exponent",
@@ -184,6 +184,9 @@ struct policy_params {
   std::string weighting = "mean";  // "mean" | "samples" (b_i / Σb)
   std::int64_t batch_size = 0;     // advertised in the plan; 0: the worker's own
   std::int64_t local_steps = 2;    // local_sgd H
+  // bsp, local_sgd, diloco, semi_async: no round (barrier) completes with
+  // fewer live workers; joiners count from the next round (docs/elastic.md §2.4)
+  std::int64_t min_workers = 1;
   // ssp
   std::int64_t staleness = 3;
   // dssp
@@ -251,6 +254,7 @@ struct policy_params {
         field{"weighting", &policy_params::weighting, "mean or samples (b_i / sum b): weights of a synchronous round"},
         field{"batch_size", &policy_params::batch_size, "batch advertised in the plan; 0: the worker's own"},
         field{"local_steps", &policy_params::local_steps, "local_sgd: local steps per round (H)"},
+        field{"min_workers", &policy_params::min_workers, "bsp, local_sgd, diloco, semi_async: no round completes with fewer live workers (>= 1)"},
         field{"staleness", &policy_params::staleness, "ssp: bound on c_i - min c_j"},
         field{"s_min", &policy_params::s_min, "dssp, joint: smallest staleness bound"},
         field{"s_max", &policy_params::s_max, "dssp, joint: largest staleness bound"},
@@ -358,6 +362,15 @@ inline result<sync::staleness_weighting> staleness_of(std::string_view policy, c
   }
   return invalid_argument(field(policy, "staleness_weight"), p.staleness_weight,
                           "must be " + one_of(staleness_weight_names));
+}
+// min_workers may exceed the workers a job starts with (it then waits for
+// joins), never the job's bound.
+inline status min_workers_of(std::string_view policy, const policy_params& p) {
+  ASHL_TRY(at_least(policy, "min_workers", p.min_workers, 1));
+  if (p.min_workers > static_cast<std::int64_t>(max_workers))
+    return out_of_range(field(policy, "min_workers"), p.min_workers,
+                        "must be at most " + std::to_string(max_workers) + " (ps::max_workers)");
+  return {};
 }
 inline result<sync::round_weighting> weighting_of(std::string_view policy, const policy_params& p) {
   if (p.weighting == "mean") return sync::round_weighting::mean;
@@ -483,12 +496,14 @@ inline result<sync::any_policy> make_policy(std::string_view name, const policy_
       if (!rw) return rw.error();
       ASHL_TRY(at_least(name, "batch_size", p.batch_size, 0));
       ASHL_TRY(at_most_u32(name, "batch_size", p.batch_size));
+      ASHL_TRY(min_workers_of(name, p));
       if (*kind == policy_kind::bsp)
-        return sync::any_policy(sync::bsp({.workers = m, .weighting = *rw, .batch_size = u32(p.batch_size)}));
+        return sync::any_policy(sync::bsp(
+            {.workers = m, .weighting = *rw, .batch_size = u32(p.batch_size), .min_workers = u32(p.min_workers)}));
       ASHL_TRY(at_least(name, "local_steps", p.local_steps, 1));
       ASHL_TRY(at_most_u32(name, "local_steps", p.local_steps));
-      return sync::any_policy(sync::local_sgd(
-          {.workers = m, .local_steps = u32(p.local_steps), .weighting = *rw, .batch_size = u32(p.batch_size)}));
+      return sync::any_policy(sync::local_sgd({.workers = m, .local_steps = u32(p.local_steps), .weighting = *rw,
+                                               .batch_size = u32(p.batch_size), .min_workers = u32(p.min_workers)}));
     }
     case policy_kind::asp: {
       auto sw = staleness_of(name, p);
@@ -522,11 +537,12 @@ inline result<sync::any_policy> make_policy(std::string_view name, const policy_
       if (p.sync_every_iterations == 0 && p.sync_every_seconds == 0.0)
         return invalid_argument("semi_async.sync_every_iterations", p.sync_every_iterations,
                                 "set it or semi_async.sync_every_seconds");
+      ASHL_TRY(min_workers_of(name, p));
       auto sw = staleness_of(name, p);
       if (!sw) return sw.error();
       return sync::any_policy(sync::semi_async({.workers = m, .sync_every_iterations = u32(p.sync_every_iterations),
                                                 .sync_every_seconds = p.sync_every_seconds,
-                                                .staleness_weight = *sw}));
+                                                .staleness_weight = *sw, .min_workers = u32(p.min_workers)}));
     }
     case policy_kind::adsp: {
       ASHL_TRY(positive(name, "period", p.period));
@@ -554,8 +570,9 @@ inline result<sync::any_policy> make_policy(std::string_view name, const policy_
       ASHL_TRY(at_most_u32(name, "batch_size", p.batch_size));
       ASHL_TRY(at_least(name, "local_steps", p.local_steps, 1));
       ASHL_TRY(at_most_u32(name, "local_steps", p.local_steps));
-      return sync::any_policy(sync::local_sgd(
-          {.workers = m, .local_steps = u32(p.local_steps), .weighting = *rw, .batch_size = u32(p.batch_size)}));
+      ASHL_TRY(min_workers_of(name, p));
+      return sync::any_policy(sync::local_sgd({.workers = m, .local_steps = u32(p.local_steps), .weighting = *rw,
+                                               .batch_size = u32(p.batch_size), .min_workers = u32(p.min_workers)}));
     }
     case policy_kind::async_diloco:
     case policy_kind::async_local_sgd: {
@@ -564,12 +581,14 @@ inline result<sync::any_policy> make_policy(std::string_view name, const policy_
       ASHL_TRY(at_most_u32(name, "local_steps", p.local_steps));
       auto sw = staleness_of(name, p);
       if (!sw) return sw.error();
-      // Each commit weighs 1/M (the paper's 1/N with N = M), every worker
+      // Each commit weighs 1/M over the live workers (the paper's 1/N with
+      // N = M; it follows joins and evictions), every worker
       // runs local_steps inner steps per commit, nobody waits.
       worker_plan plan;
       plan.local_iterations = u32(p.local_steps);
       return sync::any_policy(sync::asp({.workers = m, .scale = 1.0 / static_cast<double>(m),
-                                         .plans = std::vector<worker_plan>(m, plan), .staleness_weight = *sw}));
+                                         .plans = std::vector<worker_plan>(m, plan), .staleness_weight = *sw,
+                                         .scale_over_live = true}));
     }
     case policy_kind::ashl_diloco:
     case policy_kind::ashl: {

@@ -35,6 +35,9 @@ struct asp_params {
   std::vector<worker_plan> plans{};  // optional per-worker plans
   staleness_weighting staleness_weight{};
   stage_id stage = stage_id::asp;
+  // The scale follows 1/M over the live workers at each join and eviction
+  // (async DiLoCo's 1/M, docs/elastic.md §2.4); `scale` is then only the start.
+  bool scale_over_live = false;
 };
 
 class asp : public detail::async_policy {
@@ -43,7 +46,10 @@ class asp : public detail::async_policy {
 
   asp() = default;
   explicit asp(asp_params p)
-      : async_policy(p.workers, {p.scale, std::move(p.weights), std::move(p.plans), p.staleness_weight}, p.stage) {}
+      : async_policy(p.workers, {p.scale, std::move(p.weights), std::move(p.plans), p.staleness_weight}, p.stage),
+        scale_over_live_(p.scale_over_live) {
+    rescale();
+  }
 
   commit_decision on_commit(const commit_event& c, outcome_sink&) {
     if (!core_.table().accept(c)) return {commit_action::drop, 0.0};
@@ -54,8 +60,12 @@ class asp : public detail::async_policy {
     return pull_action::serve;
   }
   void on_metric(const metric_event&, outcome_sink&) {}
-  void on_join(const membership_event& j, outcome_sink&) { core_.table().join(j.worker, 0); }
-  void on_evict(const membership_event& j, outcome_sink&) { core_.table().evict(j.worker); }
+  void on_join(const membership_event& j, outcome_sink&) {
+    if (core_.table().join(j.worker, 0)) rescale();
+  }
+  void on_evict(const membership_event& j, outcome_sink&) {
+    if (core_.table().evict(j.worker)) rescale();
+  }
   void on_measurement(const measurement_event&, outcome_sink&) {}
   void drain(outcome_sink& out) {
     core_.table().release_if(out, [](worker_id) { return true; });
@@ -63,18 +73,35 @@ class asp : public detail::async_policy {
 
   using async_policy::set_plan;
   using async_policy::clock;
+  [[nodiscard]] double scale() const noexcept { return core_.scale(); }
 
+  // Version 2 carries scale_over_live and is written only when it is set,
+  // so every other state keeps version 1's bytes. A version 1 state does not
+  // say (it predates the flag): the policy keeps what it was built with, so
+  // an async DiLoCo checkpoint from before loads into async DiLoCo's rule.
   void save(state_writer& out) const {
-    out.tag("ASP_", 1);
+    out.tag("ASP_", scale_over_live_ ? 2 : 1);
+    if (scale_over_live_) out.put(scale_over_live_);
     core_.save(out);
   }
   status load(state_reader& in) {
     asp n;
-    ASHL_TRY(in.tag("ASP_", 1));
+    std::uint32_t version = 0;
+    ASHL_TRY(in.tag("ASP_", 1, 2, version));
+    if (version >= 2) ASHL_TRY(in.get(n.scale_over_live_, "asp.scale_over_live"));
+    else n.scale_over_live_ = scale_over_live_;
     ASHL_TRY(n.core_.load(in));
     *this = std::move(n);
     return {};
   }
+
+ private:
+  void rescale() noexcept {
+    const std::size_t m = core_.table().live_count();
+    if (scale_over_live_ && m > 0) core_.set_scale(1.0 / static_cast<double>(m));
+  }
+
+  bool scale_over_live_ = false;
 };
 
 static_assert(consistency_policy<asp>);

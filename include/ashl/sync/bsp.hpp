@@ -14,10 +14,14 @@
 // (mean, or weighted by b_i / Σb) and then answers the round's pulls. An
 // evicted worker leaves the round count at once, so a barrier never waits for
 // it, and its already-received commit still joins the round. A joiner counts
-// from the round in progress: it has nothing buffered, so that round waits
-// for its first commit. Data shares are 1/M over live workers, so a join or
-// an eviction changes every plan (out.all_plans_changed()). docs/algorithms.md §1
-// "BSP", "Local SGD(H)".
+// from the next round boundary (docs/elastic.md §2.4): while a round is in
+// progress its pull is held until that round completes, so its first commit
+// is computed on the round's result and belongs to the next round (a slow
+// joiner stalls nothing, and no round mixes versions). No round completes
+// with fewer than `min_workers` live in rounds. Data shares are 1/M over the
+// workers live in rounds, so an eviction or a boundary that admits joiners
+// changes every plan (out.all_plans_changed()); a pending joiner's own plan
+// says the share it will have. docs/algorithms.md §1 "BSP", "Local SGD(H)".
 //
 // Cost: O(1) per event that completes no round (completeness is counted), a
 // completed round O(ids) once; no allocation after construction.
@@ -45,6 +49,7 @@ struct bsp_params {
   std::uint32_t local_iterations = 1;  // H: local steps per commit (Local SGD)
   std::uint32_t batch_size = 0;        // advertised in the plan; 0: the worker's own
   stage_id stage = stage_id::bsp;
+  std::uint32_t min_workers = 1;  // no round completes with fewer live in rounds (>= 1)
 };
 
 class bsp {
@@ -53,18 +58,20 @@ class bsp {
 
   bsp() = default;
   explicit bsp(bsp_params p)
-      : table_(p.workers), rounds_(p.workers, p.weighting), h_(p.local_iterations), batch_(p.batch_size),
-        stage_(p.stage) {}
+      : table_(p.workers), rounds_(p.workers, p.weighting, p.min_workers), h_(p.local_iterations),
+        batch_(p.batch_size), stage_(p.stage) {
+    ASHL_ASSERT(p.min_workers >= 1, "bsp: min_workers must be >= 1");
+  }
 
   commit_decision on_commit(const commit_event& c, outcome_sink& out) {
     if (!table_.accept(c)) return {commit_action::drop, 0.0};
     rounds_.add(table_, c);
-    rounds_.settle(table_, out);
+    if (rounds_.settle(table_, out).admitted) out.all_plans_changed();
     return {commit_action::buffer, 0.0};
   }
   pull_action on_pull(const pull_event& q, outcome_sink&) {
     if (!table_.is_live(q.worker)) return pull_action::serve;
-    if (rounds_.waiting(q.worker)) {
+    if (rounds_.waiting(q.worker) || rounds_.pending(q.worker)) {
       table_.hold(q.worker);
       return pull_action::hold;
     }
@@ -73,8 +80,11 @@ class bsp {
   void on_metric(const metric_event&, outcome_sink&) {}
   void on_join(const membership_event& j, outcome_sink& out) {
     if (!table_.join(j.worker, 0)) return;
-    rounds_.joined(j.worker);  // cannot complete a round: it adds one to both counts at most
-    out.all_plans_changed();   // data shares 1/M  // data shares 1/M
+    if (rounds_.joined(table_, j.worker)) out.all_plans_changed();  // data shares 1/M
+    else out.plan_changed(j.worker);  // the others' shares change at the boundary
+    // A rejoiner whose commit is still buffered may bring the round to
+    // min_workers and complete it.
+    if (rounds_.settle(table_, out).admitted) out.all_plans_changed();
   }
   void on_evict(const membership_event& j, outcome_sink& out) {
     if (!table_.is_live(j.worker)) return;
@@ -86,11 +96,11 @@ class bsp {
   void on_measurement(const measurement_event&, outcome_sink&) {}
   void drain(outcome_sink& out) { rounds_.drain(table_, out); }
 
-  [[nodiscard]] worker_plan plan(worker_id) const {
+  [[nodiscard]] worker_plan plan(worker_id w) const {
     worker_plan p;
     p.local_iterations = h_;
     p.batch_size = batch_;
-    const std::size_t m = table_.live_count();
+    const std::size_t m = rounds_.live_in_rounds(table_) + (rounds_.pending(w) ? rounds_.pending_count() : 0);
     p.data_share = m == 0 ? 0.0f : static_cast<float>(1.0 / static_cast<double>(m));
     p.stage = stage_;
     return p;
@@ -99,6 +109,9 @@ class bsp {
   [[nodiscard]] bool is_live(worker_id w) const noexcept { return table_.is_live(w); }
   [[nodiscard]] bool is_held(worker_id w) const noexcept { return table_.is_held(w); }
   [[nodiscard]] std::size_t live_count() const noexcept { return table_.live_count(); }
+  // Joined during the round in progress; counts from the next round.
+  [[nodiscard]] bool is_pending(worker_id w) const noexcept { return rounds_.pending(w); }
+  [[nodiscard]] std::uint32_t min_workers() const noexcept { return rounds_.min_workers(); }
   [[nodiscard]] std::uint64_t rounds() const noexcept { return rounds_.rounds(); }
   [[nodiscard]] std::size_t buffered() const noexcept { return rounds_.buffered(); }
   [[nodiscard]] std::uint32_t local_iterations() const noexcept { return h_; }

@@ -169,7 +169,9 @@ class basic_dlb {
   void on_metric(const metric_event& m, outcome_sink& out) { bsp_.on_metric(m, out); }
   void on_join(const membership_event& j, outcome_sink& out) {
     const bool fresh = !bsp_.is_live(j.worker);
-    bsp_.on_join(j, out);
+    const std::uint64_t before = bsp_.rounds();
+    bsp_.on_join(j, out);  // a rejoiner's buffered commit can complete a round (sync/detail/round.hpp)
+    after_rounds(before, out);
     if (!fresh) return;
     replan_at_boundary();
     if (j.worker >= speed_.size()) {

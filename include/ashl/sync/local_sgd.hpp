@@ -8,7 +8,8 @@
 //
 // A round is one delta from each live worker, averaged (or batch-weighted):
 // BSP whose commit is a model delta after H steps (same costs and membership
-// rules as sync/bsp.hpp). docs/algorithms.md §1 "Local SGD".
+// rules as sync/bsp.hpp: a joiner counts from the next round, no round below
+// min_workers). docs/algorithms.md §1 "Local SGD".
 #pragma once
 
 #include <ashl/config.hpp>
@@ -31,6 +32,7 @@ struct local_sgd_params {
   round_weighting weighting = round_weighting::mean;
   std::uint32_t batch_size = 0;
   stage_id stage = stage_id::local_sgd;
+  std::uint32_t min_workers = 1;  // as bsp_params::min_workers
 };
 
 class local_sgd {
@@ -39,7 +41,7 @@ class local_sgd {
 
   local_sgd() : rounds_(bsp_params{.local_iterations = 2, .stage = stage_id::local_sgd}) {}
   explicit local_sgd(local_sgd_params p)
-      : rounds_(bsp_params{p.workers, p.weighting, p.local_steps, p.batch_size, p.stage}) {
+      : rounds_(bsp_params{p.workers, p.weighting, p.local_steps, p.batch_size, p.stage, p.min_workers}) {
     ASHL_ASSERT(p.local_steps >= 1, "local_sgd: local_steps must be >= 1");
   }
 
@@ -56,6 +58,8 @@ class local_sgd {
   [[nodiscard]] bool is_live(worker_id w) const noexcept { return rounds_.is_live(w); }
   [[nodiscard]] bool is_held(worker_id w) const noexcept { return rounds_.is_held(w); }
   [[nodiscard]] std::size_t live_count() const noexcept { return rounds_.live_count(); }
+  [[nodiscard]] bool is_pending(worker_id w) const noexcept { return rounds_.is_pending(w); }
+  [[nodiscard]] std::uint32_t min_workers() const noexcept { return rounds_.min_workers(); }
   [[nodiscard]] std::uint64_t rounds() const noexcept { return rounds_.rounds(); }
   [[nodiscard]] std::size_t buffered() const noexcept { return rounds_.buffered(); }
   [[nodiscard]] std::uint32_t local_steps() const noexcept { return rounds_.local_iterations(); }

@@ -15,7 +15,10 @@
 // workers that started from the same parameters averages their models (ours:
 // in delta form, so the server keeps one W). The barrier counts live workers
 // only; an eviction completes it when the evicted worker was the last one
-// missing. A joiner starts its count at 0. docs/algorithms.md §1
+// missing. A joiner starts its count at 0 and, while a barrier is in
+// progress, is pending until it completes (its pull held, the barrier not
+// waiting for it: sync/detail/round.hpp); no barrier completes with fewer
+// than `min_workers` live in rounds. docs/algorithms.md §1
 // "Semi-asynchronous with interval sync".
 //
 // Cost: as sync/asp.hpp for asynchronous commits, as sync/bsp.hpp for the
@@ -47,6 +50,7 @@ struct semi_async_params {
   double scale = 1.0;                       // weight of an asynchronous commit
   staleness_weighting staleness_weight{};
   stage_id stage = stage_id::semi_async;
+  std::uint32_t min_workers = 1;  // no barrier completes with fewer live in rounds (>= 1)
 };
 
 class semi_async : public detail::async_policy {
@@ -55,10 +59,11 @@ class semi_async : public detail::async_policy {
 
   semi_async() = default;
   explicit semi_async(semi_async_params p)
-      : async_policy(p.workers, {p.scale, {}, {}, p.staleness_weight}, p.stage), rounds_(p.workers, round_weighting::mean),
+      : async_policy(p.workers, {p.scale, {}, {}, p.staleness_weight}, p.stage), rounds_(p.workers, round_weighting::mean, p.min_workers),
         k_(p.sync_every_iterations), dt_(p.sync_every_seconds), since_(p.workers, 0),
         next_barrier_time_(p.sync_every_seconds) {
     ASHL_ASSERT(k_ > 0 || dt_ > 0.0, "semi_async: set sync_every_iterations or sync_every_seconds");
+    ASHL_ASSERT(p.min_workers >= 1, "semi_async: min_workers must be >= 1");
   }
 
   commit_decision on_commit(const commit_event& c, outcome_sink& out) {
@@ -75,19 +80,20 @@ class semi_async : public detail::async_policy {
   pull_action on_pull(const pull_event& q, outcome_sink&) {
     auto& t = core_.table();
     if (!t.is_live(q.worker)) return pull_action::serve;
-    if (rounds_.waiting(q.worker)) {
+    if (rounds_.waiting(q.worker) || rounds_.pending(q.worker)) {
       t.hold(q.worker);
       return pull_action::hold;
     }
     return serve(q.worker);
   }
   void on_metric(const metric_event&, outcome_sink&) {}
-  void on_join(const membership_event& j, outcome_sink&) {
+  void on_join(const membership_event& j, outcome_sink& out) {
     auto& t = core_.table();
     if (!t.join(j.worker, 0)) return;
     if (since_.size() < t.size()) since_.resize(t.size(), 0);
     since_[j.worker] = 0;
-    rounds_.joined(j.worker);  // cannot complete a barrier: it adds one to both counts at most
+    (void)rounds_.joined(t, j.worker);
+    settle(j.time, out);  // a rejoiner's buffered commit may bring the barrier to min_workers
   }
   void on_evict(const membership_event& j, outcome_sink& out) {
     auto& t = core_.table();
@@ -102,6 +108,8 @@ class semi_async : public detail::async_policy {
   [[nodiscard]] std::uint64_t barriers() const noexcept { return rounds_.rounds(); }
   [[nodiscard]] std::size_t buffered() const noexcept { return rounds_.buffered(); }
   [[nodiscard]] double next_barrier_time() const noexcept { return next_barrier_time_; }
+  [[nodiscard]] bool is_pending(worker_id w) const noexcept { return rounds_.pending(w); }
+  [[nodiscard]] std::uint32_t min_workers() const noexcept { return rounds_.min_workers(); }
 
  private:
   // The saved barrier rule (core/fields.hpp), first in a state.
@@ -137,7 +145,7 @@ class semi_async : public detail::async_policy {
 
  private:
   void settle(double now, outcome_sink& out) {
-    if (rounds_.settle(core_.table(), out) > 0 && dt_ > 0.0) next_barrier_time_ = (std::floor(now / dt_) + 1.0) * dt_;
+    if (rounds_.settle(core_.table(), out).rounds > 0 && dt_ > 0.0) next_barrier_time_ = (std::floor(now / dt_) + 1.0) * dt_;
   }
 
   detail::round_core rounds_;

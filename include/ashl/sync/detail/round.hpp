@@ -2,11 +2,26 @@
 // the semi-asynchronous barrier. Not a public interface.
 //
 // Each worker has a queue of buffered round commits (normally at most one: its
-// pull is held until its round completes). A round completes when every live
-// worker has one; it takes the front commit of each live worker and every
-// commit left by evicted workers (received, so never lost), weighs them
-// (mean, or by samples), and releases the held pulls of workers with nothing
-// left buffered.
+// pull is held until its round completes). A round completes when every
+// worker live in rounds has one; it takes the front commit of each of them
+// and every commit left by evicted workers (received, so never lost), weighs
+// them (mean, or by samples), and releases the held pulls of workers with
+// nothing left buffered.
+//
+// Joins take effect at a round boundary (docs/elastic.md §2.4). A round is
+// in progress from the moment the one before it completed (its workers are
+// computing on that result), as long as at least min_workers are live in
+// rounds. A worker that joins then is *pending*: it is live in the table,
+// but the round neither waits for it nor takes its commits, and its pull is
+// held (the policy asks pending()); when the round completes it becomes live
+// in rounds and its pull is released with the round's, so its first commit
+// is computed on the round's result and belongs to the next round. While
+// fewer than min_workers are live in rounds (the round waits for a join) a
+// joiner is live in rounds at once, as is a rejoiner whose commit from
+// before its eviction is still buffered (it is in the round already).
+// An eviction takes effect at once. No round completes with fewer than
+// min_workers live in rounds (with min_workers 1 and nobody live, what the
+// evicted sent still completes one, as before).
 //
 // Cost: completeness is a counter (live workers with something buffered)
 // kept on every add, take, join and eviction, so an event that completes no
@@ -40,8 +55,9 @@ namespace detail {
 class round_core {
  public:
   round_core() = default;
-  round_core(std::size_t workers, round_weighting wt)
-      : head_(workers, no_position), tail_(workers, no_position), weighting_(wt) {
+  round_core(std::size_t workers, round_weighting wt, std::uint32_t min_workers = 1)
+      : head_(workers, no_position), tail_(workers, no_position), pending_(workers, 0), weighting_(wt),
+        min_workers_(min_workers < 1 ? 1 : min_workers) {
     seq_.reserve(2 * workers);
     samples_.reserve(2 * workers);
     next_.reserve(2 * workers);
@@ -52,6 +68,7 @@ class round_core {
     if (head_.size() >= n) return;
     head_.resize(n, no_position);
     tail_.resize(n, no_position);
+    pending_.resize(n, 0);
     seq_.reserve(2 * n);
     samples_.reserve(2 * n);
     next_.reserve(2 * n);
@@ -75,49 +92,91 @@ class round_core {
     }
     if (head_[w] == no_position) {
       head_[w] = n;
-      if (t.is_live(w)) ++ready_;
+      if (in_rounds(t, w)) ++ready_;
     } else {
       next_[tail_[w]] = n;
     }
     tail_[w] = n;
     ++buffered_;
   }
-  // Membership changed; call after the table's join / evict succeeded.
-  void joined(worker_id w) {
+  // Membership changed; call after the table's join succeeded (joined) or
+  // before its evict (evicted). Returns true when the joiner is live in
+  // rounds at once, false when it is pending until the round in progress
+  // completes. Call settle() after either: an eviction may complete a round,
+  // and so may a rejoiner whose buffered commit brings it to min_workers.
+  bool joined(const worker_table& t, worker_id w) {
     grow(std::size_t{w} + 1);
-    if (waiting(w)) ++ready_;  // what it sent before its eviction counts for it now
+    if (waiting(w)) {  // what it sent before its eviction counts for it now
+      ++ready_;
+      return true;
+    }
+    // Live in rounds before this join (the table counts the joiner already):
+    // enough to run the round in progress without it.
+    const std::size_t before = live_in_rounds(t) - 1;
+    if (before >= min_workers_) {
+      pending_[w] = 1;
+      ++pending_count_;
+      return false;
+    }
+    return true;
   }
   void evicted(worker_id w) {
+    if (w < pending_.size() && pending_[w] != 0) {
+      pending_[w] = 0;  // never counted in ready_; what it sent joins the next round as an evicted worker's
+      --pending_count_;
+      return;
+    }
     if (waiting(w)) --ready_;
   }
 
   [[nodiscard]] bool waiting(worker_id w) const noexcept { return w < head_.size() && head_[w] != no_position; }
+  // Joined during the round in progress: its pull is held until it completes.
+  [[nodiscard]] bool pending(worker_id w) const noexcept { return w < pending_.size() && pending_[w] != 0; }
+  [[nodiscard]] std::size_t pending_count() const noexcept { return pending_count_; }
+  [[nodiscard]] std::uint32_t min_workers() const noexcept { return min_workers_; }
+  // The workers a round waits for: live and not pending.
+  [[nodiscard]] std::size_t live_in_rounds(const worker_table& t) const noexcept {
+    return t.live_count() - pending_count_;
+  }
   [[nodiscard]] std::size_t buffered() const noexcept { return buffered_; }
   [[nodiscard]] std::uint64_t rounds() const noexcept { return rounds_; }
 
-  // Complete every round that can complete now, then release what that
-  // unblocked. Returns the number of rounds completed.
-  std::uint64_t settle(worker_table& t, outcome_sink& out) {
-    std::uint64_t n = 0;
+  struct settled {
+    std::uint64_t rounds = 0;  // rounds completed
+    bool admitted = false;     // pending joiners became live in rounds (a boundary: every share changed)
+  };
+  // Complete every round that can complete now, admitting the pending
+  // joiners at each boundary, then release what that unblocked. Pending
+  // joiners are admitted at once when fewer than min_workers are live in
+  // rounds (the round waits for them, so they must count in it).
+  settled settle(worker_table& t, outcome_sink& out) {
+    settled s;
+    if (pending_count_ > 0 && live_in_rounds(t) < min_workers_) s.admitted = admit(t);
     while (complete(t)) {
       take_round(t, false, out);
-      ++n;
+      ++s.rounds;
+      if (pending_count_ > 0) s.admitted = admit(t);
     }
-    if (n > 0) t.release_if(out, [&](worker_id w) { return !waiting(w); });
-    return n;
+    if (s.rounds > 0 || s.admitted) t.release_if(out, [&](worker_id w) { return !waiting(w) && !pending(w); });
+    return s;
   }
   // Apply everything buffered as one round and release every held pull.
   void drain(worker_table& t, outcome_sink& out) {
+    if (pending_count_ > 0) admit(t);
     if (buffered_ > 0) take_round(t, true, out);
     t.release_if(out, [](worker_id) { return true; });
   }
 
+  // Version 2 adds min_workers and the pending flags; version 1 loads with
+  // min_workers 1 and nothing pending.
   void save(state_writer& out) const {
-    out.tag("ROND", 1);
+    out.tag("ROND", 2);
     out.put(static_cast<std::uint8_t>(weighting_));
     out.put(rounds_);
+    out.put(min_workers_);
     out.put<std::uint64_t>(head_.size());
     for (worker_id w = 0; w < head_.size(); ++w) {
+      out.put<std::uint8_t>(pending_[w]);
       std::uint64_t k = 0;
       for (auto n = head_[w]; n != no_position; n = next_[n]) ++k;
       out.put(k);
@@ -130,17 +189,32 @@ class round_core {
   // Reads the queues saved by save(); `t` is the (already loaded) table.
   status load(state_reader& in, const worker_table& t) {
     round_core r;
-    ASHL_TRY(in.tag("ROND", 1));
+    std::uint32_t version = 0;
+    ASHL_TRY(in.tag("ROND", 1, 2, version));
     std::uint8_t wt = 0;
     ASHL_TRY(in.get(wt, "round.weighting"));
     if (wt > 1) return malformed("round.weighting", unsigned{wt}, "must be 0 (mean) or 1 (samples)");
     r.weighting_ = static_cast<round_weighting>(wt);
     ASHL_TRY(in.get(r.rounds_, "round.rounds"));
+    if (version >= 2) {
+      ASHL_TRY(in.get(r.min_workers_, "round.min_workers"));
+      if (r.min_workers_ < 1) return malformed("round.min_workers", r.min_workers_, "must be >= 1");
+    }
     std::uint64_t ids = 0;
-    ASHL_TRY(in.count(ids, 8, "round.workers"));
+    ASHL_TRY(in.count(ids, version >= 2 ? 9 : 8, "round.workers"));
     r.grow(static_cast<std::size_t>(ids));
     r.grow(t.size());
     for (worker_id w = 0; w < ids; ++w) {
+      if (version >= 2) {
+        std::uint8_t p = 0;
+        ASHL_TRY(in.get(p, "round.pending"));
+        if (p > 1) return malformed("round.pending", unsigned{p}, "must be 0 or 1");
+        if (p == 1 && !t.is_live(w)) return malformed("round.pending", w, "a worker that is not live is pending");
+        if (p == 1) {
+          r.pending_[w] = 1;
+          ++r.pending_count_;
+        }
+      }
       std::uint64_t k = 0;
       ASHL_TRY(in.count(k, 16, "round.queue"));
       for (std::uint64_t i = 0; i < k; ++i) {
@@ -155,9 +229,25 @@ class round_core {
   }
 
  private:
+  [[nodiscard]] bool in_rounds(const worker_table& t, worker_id w) const noexcept {
+    return t.is_live(w) && pending_[w] == 0;
+  }
   [[nodiscard]] bool complete(const worker_table& t) const noexcept {
-    // With no live worker left, whatever the evicted ones sent completes a round.
-    return t.live_count() > 0 ? ready_ == t.live_count() : buffered_ > 0;
+    const std::size_t live = live_in_rounds(t);
+    // With no live worker left (and min_workers 1), whatever the evicted
+    // ones sent completes a round.
+    if (live < min_workers_) return live == 0 && min_workers_ == 1 && buffered_ > 0;
+    return ready_ == live;
+  }
+  // Every pending joiner becomes live in rounds. O(ids): at a boundary only.
+  bool admit(const worker_table& t) {
+    for (worker_id w = 0; w < pending_.size() && pending_count_ > 0; ++w) {
+      if (pending_[w] == 0) continue;
+      pending_[w] = 0;
+      --pending_count_;
+      if (waiting(w) && t.is_live(w)) ++ready_;
+    }
+    return true;
   }
 
   // Lists the round into `out` (the samples in the weight slot first), then
@@ -167,6 +257,7 @@ class round_core {
     std::uint64_t total_samples = 0;
     bool all_counted = true;
     for (worker_id w = 0; w < head_.size(); ++w) {
+      if (pending_[w] != 0) continue;  // its commits belong to the next round
       const bool live = t.is_live(w);
       const bool all = everything || !live;
       while (head_[w] != no_position) {
@@ -203,8 +294,11 @@ class round_core {
   std::vector<std::uint32_t> head_;  // per worker: first node, or no_position
   std::vector<std::uint32_t> tail_;
   std::size_t buffered_ = 0;
-  std::size_t ready_ = 0;  // live workers with something buffered
+  std::size_t ready_ = 0;  // workers live in rounds with something buffered
+  std::vector<std::uint8_t> pending_;  // per worker: joined during the round in progress
+  std::size_t pending_count_ = 0;
   round_weighting weighting_ = round_weighting::mean;
+  std::uint32_t min_workers_ = 1;
   std::uint64_t rounds_ = 0;
 };
 
