@@ -270,7 +270,8 @@ def topk_reference(n, ratio):
 def test_ashl_commits_top_k_at_its_ratio_once_planned_and_gets_the_model_back(lm, monkeypatch, method, ratio):
     # ASHL, ASHL+ and ashl's composition with the outer optimizer (ashl_outer, ashl_diloco_sw: the same
     # planner, the pseudo-gradient for the delta): profiling iterations (each a dense commit), then AHL,
-    # a commit every H_i local iterations, each top-k at r0 (a u32 index and an f32 value per kept element); the reply is the fp32 model.
+    # a commit every H_i local iterations, each top-k at r0 (a u32 index and an f32 value per kept
+    # element); the reply is the fp32 model.
     # The harness's plan (protocol.ASHL_PLAN: 5 profiling iterations, H_i = 8) is shortened to 2 and 1
     # so that the test runs in seconds: a commit's bytes depend on r0 and the buckets, not on H_i.
     monkeypatch.setitem(P.ASHL_PLAN, "profile_iterations", 2)
