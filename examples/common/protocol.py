@@ -1,6 +1,7 @@
 """The comparison protocol of the examples (docs/perf/cnn.md, docs/perf/lm.md):
 the pure parts, without torch, so they are unit-tested
-(test/python/test_cnn_protocol.py, test/python/test_lm.py). The CNN scores
+(test/python/test_cnn_protocol.py, test/python/test_lm.py,
+test/python/test_lm_protocol.py). The CNN scores
 test accuracy (higher is better, ACCURACY), the language model validation
 bits per byte (lower is better, BITS_PER_BYTE): every function that reads a
 score takes the Metric (default: the CNN's).
