@@ -11,11 +11,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 // ps::server and ps::worker over the inproc transport, one thread per
 // process: the whole runtime path (wire, transport, server_core, worker_cycle)
@@ -460,4 +463,90 @@ BOOST_AUTO_TEST_CASE(a_joined_rank_past_the_initial_workers_that_falls_silent_is
   BOOST_TEST(tel.evicted_silent == 1u);  // rank 1 alone: rank 0 was heard all along
   BOOST_TEST(tel.core.evictions == 1u);
   BOOST_TEST(tel.core.commits_applied == static_cast<std::uint64_t>(commits));
+}
+
+// A restore of a job whose rank past the initial workers had joined: the
+// state's max_workers must be the server's (named otherwise), and every
+// rank the state knows, the joiner too, is evicted (its connection died with
+// the old process) until it joins again.
+BOOST_AUTO_TEST_CASE(a_restore_evicts_the_joined_ranks_past_the_initial_workers_and_checks_max_workers) {
+  constexpr std::size_t n = 100;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("ashl_test_elastic_restore_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto layout = ps::shard_layout::even(n, 1);
+  const auto params = [&](std::uint32_t max_workers) {
+    ps::server_params p{.core = {.layout = *layout, .workers = 1, .max_workers = max_workers}};
+    p.checkpoint_dir = dir.string();
+    p.stop_when_all_left = false;
+    return p;
+  };
+  const auto asp = [] {
+    ps::policy_params pp;
+    pp.workers = 1;
+    return std::move(*ps::make_policy("asp", pp));
+  };
+  std::vector<float> saved;
+  ashl::status final_checkpoint;
+  {
+    auto fabric = tr::inproc_fabric::create({});
+    std::atomic<bool> stop{false}, up{false};
+    std::thread server([&] {
+      auto node = fabric->node("server0");
+      ASHL_REQUIRE(node.has_value());
+      auto srv = ps::server<tr::inproc>::create(params(2), asp(), std::move(*node));
+      ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+      up = true;
+      srv->run(stop);
+      saved.assign(srv->parameters().begin(), srv->parameters().end());
+      final_checkpoint = srv->final_checkpoint();
+    });
+    while (!up) std::this_thread::sleep_for(1ms);
+    struct stopper {
+      std::atomic<bool>& stop;
+      std::thread& server;
+      ~stopper() {
+        stop = true;
+        if (server.joinable()) server.join();
+      }
+    } guard{stop, server};
+    std::vector<float> w0(n), w1(n), g(n, 0.25f);
+    auto a = ps::worker<tr::inproc>::create({.rank = 0, .servers = {"server0"}, .timeout = 10s}, node_of(fabric), w0);
+    auto b = ps::worker<tr::inproc>::create({.rank = 1, .servers = {"server0"}, .timeout = 10s}, node_of(fabric), w1);
+    BOOST_TEST_REQUIRE(a.has_value(), (a ? "" : a.error().message()));
+    BOOST_TEST_REQUIRE(b.has_value(), (b ? "" : b.error().message()));
+    for (auto* wk : {&*a, &*b}) {
+      while (!wk->iteration_done()) {}
+      BOOST_TEST_REQUIRE(wk->commit(g).ok());
+      BOOST_TEST_REQUIRE(wk->wait().ok());
+    }
+    stop = true;
+    server.join();
+  }
+  BOOST_TEST_REQUIRE(final_checkpoint.ok(), final_checkpoint.to_string());
+
+  auto fabric = tr::inproc_fabric::create({});
+  ps::server_params rp = params(2);
+  rp.restore = true;
+  {
+    auto srv = ps::server<tr::inproc>::create(rp, asp(), node_of(fabric));
+    BOOST_TEST_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+    BOOST_TEST(srv->restored_version() == 2u);
+    BOOST_TEST(srv->core().known_workers() == 2u);
+    BOOST_TEST(srv->core().is_known(1));
+    BOOST_TEST(!srv->core().is_live(0));
+    BOOST_TEST(!srv->core().is_live(1));  // evicted: it joins again
+    BOOST_TEST(srv->core().live_count() == 0u);
+    BOOST_TEST(!srv->all_left());
+    BOOST_TEST(std::memcmp(srv->parameters().data(), saved.data(), n * sizeof(float)) == 0);
+  }
+  rp.core.max_workers = 3;
+  {
+    auto srv = ps::server<tr::inproc>::create(rp, asp(), node_of(fabric));
+    BOOST_TEST_REQUIRE(!srv.has_value());
+    BOOST_TEST(srv.error().message().find("checkpoint.state.max_workers = 2") != std::string::npos,
+               srv.error().message());
+  }
+  std::filesystem::remove_all(dir);
 }
