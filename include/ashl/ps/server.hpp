@@ -340,12 +340,14 @@ class server {
   [[nodiscard]] std::uint64_t restored_version() const noexcept { return tel_.restored_version; }
   [[nodiscard]] bool any_joined() const noexcept { return joined_count_ > 0; }
   // Every rank that ever joined left explicitly (its current process sent
-  // leave and did not join again) and none is live: an evicted rank has not
-  // left, and an initial rank that never joined is live until it is evicted
-  // (worker_timeout), so the job does not end before it came. A rank past
-  // the initial workers counts once it joined (docs/elastic.md §2.2).
+  // leave and did not join again) and none is live; an evicted rank has not
+  // left. Every initial rank (0..workers-1) must have joined, as before
+  // max_workers: one that was evicted before it ever came may still start
+  // late and join, so the job waits for it (or for no_worker_grace). A rank
+  // past the initial workers counts once it joined (docs/elastic.md §2.2).
   [[nodiscard]] bool all_left() const noexcept {
-    return left_count_ > 0 && left_count_ == joined_count_ && core_.live_count() == 0;
+    return left_count_ > 0 && initial_joined_ == p_.core.workers && left_count_ == joined_count_ &&
+           core_.live_count() == 0;
   }
   // Seconds since a worker was last connected (since creation if none ever
   // was); 0 while one is.
@@ -717,7 +719,8 @@ class server {
   status final_checkpoint_;               // run()'s last checkpoint
   double last_checkpoint_ = 0.0, next_housekeeping_ = 0.0;
   std::uint64_t applied_at_checkpoint_ = 0;
-  std::uint32_t joined_count_ = 0;
+  std::uint32_t joined_count_ = 0;        // ranks that ever joined this process (joined_once_)
+  std::uint32_t initial_joined_ = 0;      // of them, ranks below p_.core.workers (all_left)
   std::vector<std::uint8_t> left_;        // per rank: its current process sent leave (all_left)
   std::vector<std::uint8_t> ack_only_;    // per rank: its pending pull is a push's: answer header-only
   std::uint32_t left_count_ = 0;

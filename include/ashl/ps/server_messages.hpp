@@ -295,6 +295,7 @@ inline void server<Transport, Policy>::on_join(transport::peer_id p, peer_state&
   if (!joined_once_[w]) {
     joined_once_[w] = 1;
     ++joined_count_;
+    if (w < p_.core.workers) ++initial_joined_;
   }
   if (left_[w]) {  // it joins again: the job waits for its leave
     left_[w] = 0;
