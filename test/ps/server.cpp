@@ -11,11 +11,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 // ps::server and ps::worker over the inproc transport, one thread per
 // process: the whole runtime path (wire, transport, server_core, worker_cycle)
@@ -184,4 +187,366 @@ BOOST_AUTO_TEST_CASE(ashl_switches_stages_and_the_workers_follow_the_plans) {
     BOOST_TEST(st.core.refused_total() == 0u);
     BOOST_TEST(st.wire_refused_total() == 0u);
   }
+}
+
+namespace {
+tr::inproc node_of(const std::shared_ptr<tr::inproc_fabric>& f) {
+  auto n = f->node();
+  ASHL_REQUIRE(n.has_value());
+  return std::move(*n);
+}
+}  // namespace
+
+// Elastic membership in the driver (docs/elastic.md §2.2-2.3, E2a): a
+// 3-worker BSP job with server_core_params::max_workers = 4. Rank 3 joins
+// while round 2 is in progress: its pull is held until that round completes
+// (E3: it counts from the next round) and it then commits in rounds 3..5.
+// The server's parameters equal one server_core fed the same events (the
+// join and the held pull between round 2's commits); a rank 4 join is
+// refused by name before the core, changing nothing; the job ends by
+// itself once every rank that joined (the joiner too) has left.
+BOOST_AUTO_TEST_CASE(a_rank_past_the_initial_workers_joins_a_bsp_job_and_the_server_matches_one_core) {
+  constexpr std::uint32_t m0 = 3, m_max = 4;
+  constexpr std::size_t n = 1000;
+  constexpr int rounds = 6, join_round = 2;
+  const ps::optimizer_params opt{.mode = ps::optimizer_params::kind::sgd, .lr = 0.125};
+  auto fabric = tr::inproc_fabric::create({.eager_bytes = 256});
+  auto layout = ps::shard_layout::even(n, 1);
+  const std::vector<float> initial(n, 0.5f);
+
+  // The reference: one core of the same shape, fed the same events.
+  ps::policy_params pp;
+  pp.workers = m0;
+  auto core = ps::server_core<ashl::sync::any_policy>::create(
+      {.layout = *layout, .workers = m0, .max_workers = m_max, .optimizer = opt}, *ps::make_policy("bsp", pp),
+      initial);
+  BOOST_TEST_REQUIRE(core.has_value());
+  ps::server_actions out(m_max);
+  std::vector<float> g(n), after_join_round;
+  const auto commit = [&](std::uint32_t k, int c, std::uint64_t sequence) {
+    for (std::size_t i = 0; i < n; ++i) g[i] = grad_value(k, static_cast<std::uint64_t>(c), i);
+    core->commit({.worker = k, .incarnation = k == m0 ? 1u : 0u, .sequence = sequence, .clock = sequence, .samples = 16,
+                  .codec = ashl::codec_id::identity, .element_count = n,
+                  .payload = std::as_bytes(std::span<const float>(g))},
+                 0.0, out);
+    BOOST_TEST_REQUIRE(out.errors().empty(), "worker " << k << " round " << c << ": " << (out.errors().empty() ? std::string() : out.errors()[0].text));
+    out.clear();
+  };
+  for (int c = 0; c < rounds; ++c) {
+    for (std::uint32_t k = 0; k < m0; ++k) {
+      if (c == join_round && k == m0 - 1) {
+        core->join(m0, 1, 0.0, out);
+        core->pull(m0, 0.0, out);
+        out.clear();
+        BOOST_TEST(core->is_held(m0));  // the round in progress completes without the joiner
+      }
+      commit(k, c, static_cast<std::uint64_t>(c) + 1);
+    }
+    if (c == join_round) after_join_round.assign(core->parameters().begin(), core->parameters().end());
+    if (c > join_round) commit(m0, c, static_cast<std::uint64_t>(c - join_round));
+  }
+
+  std::atomic<bool> stop{false}, up{false}, release{false}, server_done{false};
+  std::atomic<std::uint64_t> version{0};
+  std::atomic<bool> joiner_held{false}, only_the_joiner_live{false}, all_left_with_the_joiner_live{false};
+  std::atomic<int> committed_in_join_round{0};
+  std::vector<float> server_params;
+  ps::server_telemetry tel{};
+  ps::server_end end = ps::server_end::running;
+  std::uint32_t bound_after = 0, live_after = 99;
+  std::thread server([&] {
+    auto node = fabric->node("server0");
+    ASHL_REQUIRE(node.has_value());
+    ps::policy_params pp;
+    pp.workers = m0;
+    auto srv = ps::server<tr::inproc>::create(
+        {.core = {.layout = *layout, .workers = m0, .max_workers = m_max, .optimizer = opt}},
+        std::move(*ps::make_policy("bsp", pp)), std::move(*node), initial);
+    ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+    up = true;
+    // Read on the server's thread between passes (no commit is applied then).
+    srv->run(stop, [&] {
+      version = srv->core().version();
+      joiner_held = srv->core().is_held(m0);
+      if (srv->core().live_count() == 1 && srv->core().is_live(m0)) {  // the initial ranks left
+        all_left_with_the_joiner_live = srv->all_left();
+        only_the_joiner_live = true;
+      }
+    });
+    server_params.assign(srv->parameters().begin(), srv->parameters().end());
+    tel = srv->telemetry();
+    end = srv->end();
+    bound_after = srv->workers_bound();
+    live_after = srv->core().live_count();
+    server_done = true;
+  });
+  while (!up) std::this_thread::sleep_for(1ms);
+
+  // A failed check ends the test by exception: the threads are told to
+  // stop and joined first (the workers' waits are bounded).
+  std::vector<std::thread> workers;
+  struct joiner_of_threads {
+    std::atomic<bool>& stop;
+    std::atomic<bool>& release;
+    std::thread& server;
+    std::vector<std::thread>& workers;
+    ~joiner_of_threads() {
+      release = true;
+      for (auto& t : workers)
+        if (t.joinable()) t.join();
+      stop = true;
+      if (server.joinable()) server.join();
+    }
+  } guard{stop, release, server, workers};
+  const auto wait_for = [](const auto& done) {
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (!done() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(100us);
+    return done();
+  };
+  std::vector<std::string> errors(m_max + 1);
+  for (std::uint32_t k = 0; k < m0; ++k) {
+    workers.emplace_back([&, k] {
+      std::vector<float> w(n), g(n);
+      auto wk = ps::worker<tr::inproc>::create({.rank = k, .servers = {"server0"}, .batch = 16, .timeout = 20s},
+                                               node_of(fabric), w);
+      if (!wk) {
+        errors[k] = wk.error().message();
+        return;
+      }
+      for (int c = 0; c < rounds; ++c) {
+        // Worker 2 holds round 2 open until the joiner's pull is pending.
+        if (k == m0 - 1 && c == join_round && !wait_for([&] { return release.load(); })) {
+          errors[k] = "never released";
+          return;
+        }
+        while (!wk->iteration_done()) {}
+        for (std::size_t i = 0; i < n; ++i) g[i] = grad_value(k, static_cast<std::uint64_t>(c), i);
+        if (auto s = wk->commit(g); !s) {
+          errors[k] = s.message();
+          return;
+        }
+        if (c == join_round) ++committed_in_join_round;
+        if (auto s = wk->wait(); !s) {
+          errors[k] = s.message();
+          return;
+        }
+      }
+      if (auto s = wk->leave(); !s) errors[k] = s.message();
+    });
+  }
+
+  // The joiner, once round 2 is in progress: its create() joins and pulls,
+  // and that pull is held until the round completes.
+  std::vector<float> wj(n, -1.0f), wj_first;
+  BOOST_TEST_REQUIRE(wait_for([&] { return version.load() == join_round && committed_in_join_round.load() == 2; }));
+  workers.emplace_back([&] {
+    std::vector<float> gj(n);
+    auto joiner = ps::worker<tr::inproc>::create({.rank = m0, .servers = {"server0"}, .batch = 16, .timeout = 20s},
+                                                 node_of(fabric), wj);
+    if (!joiner) {
+      errors[m0] = joiner.error().message();
+      return;
+    }
+    wj_first = wj;  // the parameters its join's pull delivered
+    for (int c = join_round + 1; c < rounds; ++c) {
+      while (!joiner->iteration_done()) {}
+      for (std::size_t i = 0; i < n; ++i) gj[i] = grad_value(m0, static_cast<std::uint64_t>(c), i);
+      if (auto s = joiner->commit(gj); !s) {
+        errors[m0] = s.message();
+        return;
+      }
+      if (auto s = joiner->wait(); !s) {
+        errors[m0] = s.message();
+        return;
+      }
+    }
+    // It leaves last: the job does not end while it is live.
+    if (!wait_for([&] { return only_the_joiner_live.load(); })) errors[m0] = "the initial ranks did not leave";
+    if (auto s = joiner->leave(); !s) errors[m0] = s.message();
+  });
+  BOOST_TEST_REQUIRE(wait_for([&] { return joiner_held.load(); }));
+  BOOST_TEST(version.load() == static_cast<std::uint64_t>(join_round));  // pending: round 2 still open
+
+  // Past the maximum: refused by name, before the core.
+  {
+    std::vector<float> w4(n);
+    auto w = ps::worker<tr::inproc>::create({.rank = m_max, .servers = {"server0"}, .timeout = 20s}, node_of(fabric),
+                                            w4);
+    BOOST_TEST_REQUIRE(!w.has_value());
+    BOOST_TEST(w.error().message().find("join.rank = 4: this job admits at most 4 workers (ranks 0..3)") !=
+                   std::string::npos,
+               w.error().message());
+  }
+  BOOST_TEST(version.load() == static_cast<std::uint64_t>(join_round));
+  release = true;
+  for (auto& t : workers) t.join();
+  for (const auto& e : errors) BOOST_TEST(e.empty(), e);
+  BOOST_TEST_REQUIRE(wj_first.size() == n);
+  BOOST_TEST(std::memcmp(wj_first.data(), after_join_round.data(), n * sizeof(float)) == 0);  // round 2's result
+  BOOST_TEST(only_the_joiner_live.load());
+  BOOST_TEST(!all_left_with_the_joiner_live.load());
+  // all_left(): every rank that joined (the joiner too) left; no stop needed.
+  const bool ended = wait_for([&] { return server_done.load(); });
+  if (!ended) stop = true;
+  server.join();
+  BOOST_TEST(ended);
+  BOOST_TEST((end == ps::server_end::all_left));
+  BOOST_TEST(bound_after == 0u);
+  BOOST_TEST(live_after == 0u);
+
+  BOOST_TEST_REQUIRE(server_params.size() == n);
+  BOOST_TEST(std::memcmp(server_params.data(), core->parameters().data(), n * sizeof(float)) == 0);
+  BOOST_TEST(core->version() == static_cast<std::uint64_t>(rounds));
+  BOOST_TEST(tel.core.steps == static_cast<std::uint64_t>(rounds));
+  BOOST_TEST(tel.core.commits_applied == std::uint64_t{m0} * rounds + (rounds - join_round - 1));
+  BOOST_TEST(tel.core.refused_total() == 0u);  // rank 4 never reached the core
+  BOOST_TEST(tel.wire_refused[static_cast<std::size_t>(ps::wire_refusal::rank)] == 1u);
+  // and the join's pull that came with it, on a connection bound to nothing
+  BOOST_TEST(tel.wire_refused[static_cast<std::size_t>(ps::wire_refusal::unbound)] == 1u);
+  BOOST_TEST(tel.wire_refused_total() == 2u);
+}
+
+// A rank past the initial workers that joined and then fell silent is
+// evicted by server_params.worker_timeout like any other; the initial rank
+// that keeps committing is not.
+BOOST_AUTO_TEST_CASE(a_joined_rank_past_the_initial_workers_that_falls_silent_is_evicted_by_worker_timeout) {
+  constexpr std::size_t n = 100;
+  auto fabric = tr::inproc_fabric::create({});
+  auto layout = ps::shard_layout::even(n, 1);
+  std::atomic<bool> stop{false}, up{false}, joiner_live{false}, joiner_joined{false};
+  ps::server_telemetry tel{};
+  std::thread server([&] {
+    auto node = fabric->node("server0");
+    ASHL_REQUIRE(node.has_value());
+    ps::policy_params pp;
+    pp.workers = 1;
+    auto srv = ps::server<tr::inproc>::create(
+        {.core = {.layout = *layout, .workers = 1, .max_workers = 2}, .stop_when_all_left = false,
+         .worker_timeout = 1000ms},
+        std::move(*ps::make_policy("asp", pp)), std::move(*node));
+    ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+    up = true;
+    srv->run(stop, [&] {
+      joiner_live = srv->core().is_live(1);
+      if (joiner_live) joiner_joined = true;
+    });
+    tel = srv->telemetry();
+  });
+  while (!up) std::this_thread::sleep_for(1ms);
+  struct stopper {
+    std::atomic<bool>& stop;
+    std::thread& server;
+    ~stopper() {
+      stop = true;
+      if (server.joinable()) server.join();
+    }
+  } guard{stop, server};
+  std::vector<float> w0(n), w1(n), g(n, 0.25f);
+  auto a = ps::worker<tr::inproc>::create({.rank = 0, .servers = {"server0"}, .timeout = 10s}, node_of(fabric), w0);
+  auto b = ps::worker<tr::inproc>::create({.rank = 1, .servers = {"server0"}, .timeout = 10s}, node_of(fabric), w1);
+  BOOST_TEST_REQUIRE(a.has_value(), (a ? "" : a.error().message()));
+  BOOST_TEST_REQUIRE(b.has_value(), (b ? "" : b.error().message()));
+  // Rank 0 keeps committing (bounded) until rank 1, silent, was evicted.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  int commits = 0;
+  while (std::chrono::steady_clock::now() < deadline && !(joiner_joined && !joiner_live)) {
+    while (!a->iteration_done()) {}
+    BOOST_TEST_REQUIRE(a->commit(g).ok());
+    BOOST_TEST_REQUIRE(a->wait().ok());
+    ++commits;
+    std::this_thread::sleep_for(5ms);
+  }
+  BOOST_TEST(joiner_joined.load());
+  BOOST_TEST(!joiner_live.load());
+  stop = true;
+  server.join();
+  BOOST_TEST(tel.evicted_silent == 1u);  // rank 1 alone: rank 0 was heard all along
+  BOOST_TEST(tel.core.evictions == 1u);
+  BOOST_TEST(tel.core.commits_applied == static_cast<std::uint64_t>(commits));
+}
+
+// A restore of a job whose rank past the initial workers had joined: the
+// state's max_workers must be the server's (named otherwise), and every
+// rank the state knows, the joiner too, is evicted (its connection died with
+// the old process) until it joins again.
+BOOST_AUTO_TEST_CASE(a_restore_evicts_the_joined_ranks_past_the_initial_workers_and_checks_max_workers) {
+  constexpr std::size_t n = 100;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("ashl_test_elastic_restore_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto layout = ps::shard_layout::even(n, 1);
+  const auto params = [&](std::uint32_t max_workers) {
+    ps::server_params p{.core = {.layout = *layout, .workers = 1, .max_workers = max_workers}};
+    p.checkpoint_dir = dir.string();
+    p.stop_when_all_left = false;
+    return p;
+  };
+  const auto asp = [] {
+    ps::policy_params pp;
+    pp.workers = 1;
+    return std::move(*ps::make_policy("asp", pp));
+  };
+  std::vector<float> saved;
+  ashl::status final_checkpoint;
+  {
+    auto fabric = tr::inproc_fabric::create({});
+    std::atomic<bool> stop{false}, up{false};
+    std::thread server([&] {
+      auto node = fabric->node("server0");
+      ASHL_REQUIRE(node.has_value());
+      auto srv = ps::server<tr::inproc>::create(params(2), asp(), std::move(*node));
+      ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+      up = true;
+      srv->run(stop);
+      saved.assign(srv->parameters().begin(), srv->parameters().end());
+      final_checkpoint = srv->final_checkpoint();
+    });
+    while (!up) std::this_thread::sleep_for(1ms);
+    struct stopper {
+      std::atomic<bool>& stop;
+      std::thread& server;
+      ~stopper() {
+        stop = true;
+        if (server.joinable()) server.join();
+      }
+    } guard{stop, server};
+    std::vector<float> w0(n), w1(n), g(n, 0.25f);
+    auto a = ps::worker<tr::inproc>::create({.rank = 0, .servers = {"server0"}, .timeout = 10s}, node_of(fabric), w0);
+    auto b = ps::worker<tr::inproc>::create({.rank = 1, .servers = {"server0"}, .timeout = 10s}, node_of(fabric), w1);
+    BOOST_TEST_REQUIRE(a.has_value(), (a ? "" : a.error().message()));
+    BOOST_TEST_REQUIRE(b.has_value(), (b ? "" : b.error().message()));
+    for (auto* wk : {&*a, &*b}) {
+      while (!wk->iteration_done()) {}
+      BOOST_TEST_REQUIRE(wk->commit(g).ok());
+      BOOST_TEST_REQUIRE(wk->wait().ok());
+    }
+    stop = true;
+    server.join();
+  }
+  BOOST_TEST_REQUIRE(final_checkpoint.ok(), final_checkpoint.to_string());
+
+  auto fabric = tr::inproc_fabric::create({});
+  ps::server_params rp = params(2);
+  rp.restore = true;
+  {
+    auto srv = ps::server<tr::inproc>::create(rp, asp(), node_of(fabric));
+    BOOST_TEST_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+    BOOST_TEST(srv->restored_version() == 2u);
+    BOOST_TEST(srv->core().known_workers() == 2u);
+    BOOST_TEST(srv->core().is_known(1));
+    BOOST_TEST(!srv->core().is_live(0));
+    BOOST_TEST(!srv->core().is_live(1));  // evicted: it joins again
+    BOOST_TEST(srv->core().live_count() == 0u);
+    BOOST_TEST(!srv->all_left());
+    BOOST_TEST(std::memcmp(srv->parameters().data(), saved.data(), n * sizeof(float)) == 0);
+  }
+  rp.core.max_workers = 3;
+  {
+    auto srv = ps::server<tr::inproc>::create(rp, asp(), node_of(fabric));
+    BOOST_TEST_REQUIRE(!srv.has_value());
+    BOOST_TEST(srv.error().message().find("checkpoint.state.max_workers = 2") != std::string::npos,
+               srv.error().message());
+  }
+  std::filesystem::remove_all(dir);
 }

@@ -139,11 +139,15 @@ class server {
       return invalid_argument("server.restore", "true", "needs server.checkpoint_dir");
     if (p.max_incarnation_ahead.count() < 0)
       return invalid_argument("server.max_incarnation_ahead_s", p.max_incarnation_ahead.count(), "must be >= 0 (0: no bound)");
+    // The automatic budgets count every rank the job may have (max_workers,
+    // 0 = workers; the core refuses a bad value by name below), so a joiner
+    // past the initial workers finds its share (docs/elastic.md §2.2).
+    const std::uint32_t ranks = std::min(std::max(p.core.max_workers, p.core.workers), ps::max_workers);
     if (p.max_receive_bytes == 0) {
-      const std::uint64_t k = std::uint64_t{p.core.workers} + 1, one = p.core.limits.max_payload_bytes;
+      const std::uint64_t k = std::uint64_t{ranks} + 1, one = p.core.limits.max_payload_bytes;
       p.max_receive_bytes = one > ~std::uint64_t{0} / k ? ~std::uint64_t{0} : k * one;
     }
-    if (p.max_snapshots == 0) p.max_snapshots = 2 * std::max<std::uint32_t>(p.core.workers, 1) + 2;
+    if (p.max_snapshots == 0) p.max_snapshots = 2 * std::max<std::uint32_t>(ranks, 1) + 2;
     if (p.reply_part_bytes != 0 && p.reply_part_bytes < 4096)
       return invalid_argument("server.reply_part_bytes", p.reply_part_bytes, "must be 0 (one message) or >= 4096");
     if (p.no_worker_grace.count() <= 0)
@@ -156,6 +160,7 @@ class server {
                               "must be in 1.." + std::to_string(max_apply_batch) + " (1: each commit as it arrives)");
     auto core = core_type::create(p.core, std::move(policy), initial);
     if (!core) return core.error();
+    p.core.max_workers = core->params().max_workers;  // resolved: 0 means workers
     core->defer_dense_applies(p.apply_batch);
     std::unique_ptr<apply_pool> pool;
     if (p.apply_threads > 1) {
@@ -197,9 +202,14 @@ class server {
         if (core->params().workers != p.core.workers || core->params().layout.elements() != p.core.layout.elements())
           return make_error(errc::invalid_argument, "checkpoint.state.workers", core->params().workers,
                             "\"" + file + "\": the saved state disagrees with its identity section");
-        // Every connection died with the old process: its workers rejoin.
-        server_actions ignored(p.core.workers);
-        for (worker_id w = 0; w < p.core.workers; ++w) core->evict(w, 0.0, ignored);
+        if (core->params().max_workers != p.core.max_workers)
+          return make_error(errc::invalid_argument, "checkpoint.state.max_workers", core->params().max_workers,
+                            "\"" + file + "\": this server's job admits at most " +
+                                std::to_string(p.core.max_workers) + " workers");
+        // Every connection died with the old process: its workers rejoin
+        // (every rank the state knows, joiners past the initial ones too).
+        server_actions ignored(p.core.max_workers);
+        for (worker_id w = 0; w < core->known_workers(); ++w) core->evict(w, 0.0, ignored);
         restored = std::max<std::uint64_t>(core->version(), 1);
       }
     }
@@ -329,9 +339,16 @@ class server {
   // The version restored from a checkpoint at creation; 0 when none was.
   [[nodiscard]] std::uint64_t restored_version() const noexcept { return tel_.restored_version; }
   [[nodiscard]] bool any_joined() const noexcept { return joined_count_ > 0; }
-  // Every rank of the job left explicitly (its current process sent leave
-  // and did not join again); an evicted rank has not left.
-  [[nodiscard]] bool all_left() const noexcept { return left_count_ == p_.core.workers; }
+  // Every rank that ever joined left explicitly (its current process sent
+  // leave and did not join again) and none is live; an evicted rank has not
+  // left. Every initial rank (0..workers-1) must have joined, as before
+  // max_workers: one that was evicted before it ever came may still start
+  // late and join, so the job waits for it (or for no_worker_grace). A rank
+  // past the initial workers counts once it joined (docs/elastic.md §2.2).
+  [[nodiscard]] bool all_left() const noexcept {
+    return left_count_ > 0 && initial_joined_ == p_.core.workers && left_count_ == joined_count_ &&
+           core_.live_count() == 0;
+  }
   // Seconds since a worker was last connected (since creation if none ever
   // was); 0 while one is.
   [[nodiscard]] double no_worker_seconds() const noexcept {
@@ -478,16 +495,20 @@ class server {
   static_assert(transport::handler<handler>);
 
   server(server_params p, core_type core, Transport t)
-      : p_(std::move(p)), core_(std::move(core)), out_(p_.core.workers), t_(std::move(t)) {
-    rank_peer_.assign(p_.core.workers, transport::no_peer);
-    cparts_.resize(p_.core.workers);
-    last_heard_.assign(p_.core.workers, 0.0);
-    joined_once_.assign(p_.core.workers, 0);
-    left_.assign(p_.core.workers, 0);
-    ack_only_.assign(p_.core.workers, 0);
-    slots_.reserve(4 * std::size_t{p_.core.workers} + 8);
-    free_slots_.reserve(4 * std::size_t{p_.core.workers} + 8);
-    rx_.reserve(2 * std::size_t{p_.core.workers} + 2);
+      : p_(std::move(p)), core_(std::move(core)), out_(p_.core.max_workers), t_(std::move(t)) {
+    // Per rank, for every rank the job may have (max_workers, resolved by
+    // create): a join past the initial workers allocates nothing here. A
+    // rank's entry is small until it commits in parts (its staging).
+    const std::size_t ranks = p_.core.max_workers;
+    rank_peer_.assign(ranks, transport::no_peer);
+    cparts_.resize(ranks);
+    last_heard_.assign(ranks, 0.0);
+    joined_once_.assign(ranks, 0);
+    left_.assign(ranks, 0);
+    ack_only_.assign(ranks, 0);
+    slots_.reserve(4 * ranks + 8);
+    free_slots_.reserve(4 * ranks + 8);
+    rx_.reserve(2 * ranks + 2);
     batch_workers_.reserve(p_.apply_batch);
     batch_rx_.reserve(p_.apply_batch);
     next_progress_ = p_.progress_seconds;
@@ -659,7 +680,7 @@ class server {
 
   [[nodiscard]] std::uint32_t held_now() const noexcept {
     std::uint32_t k = 0;
-    for (std::uint32_t w = 0; w < p_.core.workers; ++w) k += core_.is_held(w) ? 1u : 0u;
+    for (std::uint32_t w = 0; w < core_.known_workers(); ++w) k += core_.is_held(w) ? 1u : 0u;
     return k;
   }
 
@@ -698,7 +719,8 @@ class server {
   status final_checkpoint_;               // run()'s last checkpoint
   double last_checkpoint_ = 0.0, next_housekeeping_ = 0.0;
   std::uint64_t applied_at_checkpoint_ = 0;
-  std::uint32_t joined_count_ = 0;
+  std::uint32_t joined_count_ = 0;        // ranks that ever joined this process (joined_once_)
+  std::uint32_t initial_joined_ = 0;      // of them, ranks below p_.core.workers (all_left)
   std::vector<std::uint8_t> left_;        // per rank: its current process sent leave (all_left)
   std::vector<std::uint8_t> ack_only_;    // per rank: its pending pull is a push's: answer header-only
   std::uint32_t left_count_ = 0;

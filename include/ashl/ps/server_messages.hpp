@@ -206,11 +206,15 @@ inline void server<Transport, Policy>::on_join(transport::peer_id p, peer_state&
                    "server count or ASHL_JOB differ: the job id derives from them)");
     return;
   }
-  if (w >= p_.core.workers) {
+  // Ranks past the initial workers join up to the job's maximum
+  // (docs/elastic.md §2.3, check 5); refused here, before the core.
+  if (w >= p_.core.max_workers) {
     refuse_wire(wire_refusal::rank);
     send_error(p, errc::out_of_range, h.sequence,
-               "join.rank = " + std::to_string(w) + ": this job has " + std::to_string(p_.core.workers) +
-                   " workers (ranks 0.." + std::to_string(p_.core.workers - 1) + ")");
+               "join.rank = " + std::to_string(w) + ": this job admits at most " +
+                   std::to_string(p_.core.max_workers) + " workers" +
+                   (p_.core.max_workers == 0 ? std::string{}
+                                             : " (ranks 0.." + std::to_string(p_.core.max_workers - 1) + ")"));
     return;
   }
   if (p_.max_incarnation_ahead.count() > 0) {
@@ -291,6 +295,7 @@ inline void server<Transport, Policy>::on_join(transport::peer_id p, peer_state&
   if (!joined_once_[w]) {
     joined_once_[w] = 1;
     ++joined_count_;
+    if (w < p_.core.workers) ++initial_joined_;
   }
   if (left_[w]) {  // it joins again: the job waits for its leave
     left_[w] = 0;
@@ -336,7 +341,7 @@ template <transport::transport Transport, sync::consistency_policy Policy>
 inline void server<Transport, Policy>::evict_silent(double now) {
   if (p_.worker_timeout.count() == 0) return;
   const double limit = std::chrono::duration<double>(p_.worker_timeout).count();
-  for (std::uint32_t w = 0; w < p_.core.workers; ++w) {
+  for (std::uint32_t w = 0; w < core_.known_workers(); ++w) {
     if (!core_.is_live(w) || core_.is_held(w) || now - last_heard_[w] <= limit) continue;
     if (heard_lately(rank_peer_[w], limit)) continue;
     ++tel_.evicted_silent;

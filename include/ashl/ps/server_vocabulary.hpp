@@ -90,14 +90,14 @@ struct server_params {
   // naming the limit and its value.
   // Bytes of receive buffers (large messages land there) and of the
   // stagings of commits in parts (one shard-sized per rank that sends them)
-  // over all connections; 0: (workers + 1) × the largest message this
+  // over all connections; 0: (core.max_workers + 1) × the largest message this
   // shard takes (about twice the shard's dense size: every rank's staging
   // fits beside a large message).
   std::uint64_t max_receive_bytes = 0;
   // Parameter versions pinned by pull replies in flight (each version's
   // storage stays with its replies; a change is made beside it); a reply
-  // that would pin one more is refused. 0: 2 × workers + 2 (a worker has one
-  // reply in flight at a time).
+  // that would pin one more is refused. 0: 2 × core.max_workers + 2 (a
+  // worker has one reply in flight at a time; max_workers: workers unless set).
   std::uint32_t max_snapshots = 0;
   // A dense pull reply larger than this goes out in parts of about this many
   // bytes (wire flag `part`, docs/wire-format.md), each checksummed on its
