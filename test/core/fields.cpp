@@ -127,7 +127,7 @@ BOOST_AUTO_TEST_CASE(every_policy_parameter_is_in_the_table_and_settable_by_name
     BOOST_TEST(ashl::set_field(p, fd.name, text, "policy").ok(), fd.name);
   });
   BOOST_TEST(n == ashl::field_count<ashl::ps::policy_params>);
-  BOOST_TEST(n == 51u);  // 45 + the DiLoCo family's six outer_* fields
+  BOOST_TEST(n == 52u);  // 45 + the DiLoCo family's six outer_* fields + min_workers (docs/elastic.md E3)
   BOOST_TEST(p.stragglers == 3);  // the one the Python binding's hand list had missed
   BOOST_TEST(p.staleness_weight == "power");
   BOOST_TEST(p.straggler_replan);

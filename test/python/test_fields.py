@@ -21,7 +21,8 @@ def test_plan_fields_are_worker_plans_in_wire_order():
 
 def test_every_policy_parameter_is_accepted_by_name_and_unknown_ones_are_named():
     fields = dict(_ashl.policy_fields())
-    assert len(fields) == 51 and all(fields.values())  # every one has its help
+    assert len(fields) == 52 and all(fields.values())  # every one has its help
+    assert "min_workers" in fields  # the round policies' (docs/elastic.md E3)
     assert "stragglers" in fields  # coded_bsp's, missing from the old hand-written list
     fabric = ashl.InprocFabric()
     srv = ashl.Server(size=8, policy="coded_bsp", policy_params={"stragglers": 1}, workers=3, fabric=fabric,
