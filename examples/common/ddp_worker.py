@@ -56,6 +56,15 @@ import protocol
 import ticks
 
 
+def _no_buffer_sync_per_forward():
+    """DDP's keyword that turns off the buffer broadcast at each forward, in the name this torch
+    knows: `forward_sync_buffers` since 2.13 (`broadcast_buffers` warns there), else the old one."""
+    import inspect
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
 def lr_at(lr, warmup_s, t):
     """Linear warm-up from lr / 10 to lr over the first warmup_s seconds of the run (every method alike)."""
     if warmup_s <= 0 or t >= warmup_s:
@@ -98,8 +107,8 @@ def main(a):
     model = cc.make_model(a.seed)
     # Broadcasts rank 0's parameters (all equal already) once, before the clock starts; no buffer
     # broadcast per forward (the models have no buffers that train: said explicitly, so no collective
-    # but the hook's).
-    ddp = DDP(model, broadcast_buffers=False)
+    # but the hook's). torch >= 2.13 names that `forward_sync_buffers` and warns on the old name.
+    ddp = DDP(model, **_no_buffer_sync_per_forward())
     link = lk.Link(cc.link_rate(rank, a.time_scale, n))
     lk.costed_all_reduce(link)
     batch = batch_of(cc, method, rank, n)

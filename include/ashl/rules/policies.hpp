@@ -219,7 +219,7 @@ struct policy_params {
   double replan_drift = 0.2;        // profile re-planner: relative drift that re-plans
   double replan_half_life = 8.0;    // profile re-planner: EWMA half-life, in samples
   // dlb
-  std::int64_t total_batch = 0;  // B, samples of a round over all workers; 0: 64 per worker
+  std::int64_t total_batch = 0;  // B, samples of a round over all workers; 0: 64 per initial worker (kept as workers join or leave)
   std::int64_t min_batch = 8;
   double speed_half_life = 8.0;  // EWMA half-life of the throughput, in measurements
   std::int64_t replan_every = 1; // completed rounds between re-plans
@@ -281,7 +281,7 @@ struct policy_params {
         field{"profile_warmup", &policy_params::profile_warmup, "profile planner: first samples skipped"},
         field{"replan_drift", &policy_params::replan_drift, "profile re-planner, joint: relative drift that re-plans"},
         field{"replan_half_life", &policy_params::replan_half_life, "profile re-planner: EWMA half-life, samples"},
-        field{"total_batch", &policy_params::total_batch, "dlb: samples of a round over all workers (0: 64 per worker)"},
+        field{"total_batch", &policy_params::total_batch, "dlb: samples of a round over all workers (0: 64 per initial worker)"},
         field{"min_batch", &policy_params::min_batch, "dlb, joint: smallest per-worker batch"},
         field{"speed_half_life", &policy_params::speed_half_life, "dlb, joint: EWMA half-life of the throughput, measurements"},
         field{"replan_every", &policy_params::replan_every, "dlb: completed rounds between re-plans"},
