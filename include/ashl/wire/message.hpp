@@ -72,22 +72,6 @@ struct message_view {
 
 namespace detail {
 
-// Prints as 0x%08x, unquoted, in error messages.
-struct hex32 {
-  std::uint32_t v;
-  friend std::ostream& operator<<(std::ostream& os, hex32 h) {
-    static constexpr char digits[] = "0123456789abcdef";
-    char s[11] = {'0', 'x'};
-    for (int i = 0; i < 8; ++i) s[2 + i] = digits[(h.v >> (28 - 4 * i)) & 0xfu];
-    return os.write(s, 10);
-  }
-  std::string str() const {
-    std::ostringstream os;
-    os << *this;
-    return os.str();
-  }
-};
-
 inline bool valid_kind(std::uint8_t k) noexcept { return k >= message_kind_first && k <= message_kind_last; }
 
 inline bool is_data_dtype(message_kind k, dtype t) noexcept {
