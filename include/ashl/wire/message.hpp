@@ -13,6 +13,8 @@
 //   if (auto* p = m->get<ashl::worker_plan>()) ...                   // typed control body
 //   if (auto* r = m->get<w::measurements_body>())                    // a view: no allocation
 //     for (ashl::measurement x : *r) planner.observe(x);             // worker = header.rank
+//   if (auto* r = m->get<w::replicate_body>())                       // version 6 (docs/elastic.md §4.2)
+//     ashl::ps::decode_core_event(r->record, event);                 // the record, a view into buf
 //
 // A message is a fixed 72-byte header followed by a payload. decode checks
 // every header field, the lengths against the buffer and the limits, and the
