@@ -11,7 +11,7 @@ and recomputes each CRC-32C:
   test/fuzz/seal_corpus.py            # re-seal in place; prints the files it changed
   test/fuzz/seal_corpus.py --check    # change nothing; exit 1 naming each stale frame
 
-The numbers come from include/ashl/wire/message.hpp (`version`) and
+The numbers come from include/ashl/wire/header.hpp (`version`) and
 include/ashl/ps/checkpoint.hpp (`checkpoint_format`). A change of layout
 (a field moved, a body grown) still needs the seeds rewritten by hand, as in
 43c04b9; this script only re-seals. ctest wire/corpus_sealed checks the same
@@ -143,7 +143,7 @@ def main(argv):
     ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a seed is stale")
     ap.add_argument("--corpus", default=CORPUS, help="the corpus directory (default: %(default)s)")
     a = ap.parse_args(argv)
-    version = constant("include/ashl/wire/message.hpp", "version")
+    version = constant("include/ashl/wire/header.hpp", "version")
     fmt = constant("include/ashl/ps/checkpoint.hpp", "checkpoint_format")
     sealers = {"wire_message": lambda d, w, s: seal_wire_message(d, version, w, s),
                "ps_server": lambda d, w, s: seal_ps_server(d, version, w, s),

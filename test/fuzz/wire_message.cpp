@@ -9,7 +9,10 @@
 // A pull_reply or commit in parts must peek (wire::peek_part, read before
 // the checks) as what decode accepted.
 // Seed corpus: test/fuzz/corpus/wire_message/ (one valid message of every
-// kind, a pull_reply part and a commit part, version 5).
+// kind, a pull_reply part and a commit part, version 6: replicate as a
+// core event record, a tick and a snapshot's piece too).
+// A version-6 body decode accepted holds the rules it checked (a lease's
+// positions, a replicate's record inside its total, a view into the input).
 #include <ashl/wire/message.hpp>
 
 #include <cstddef>
@@ -43,6 +46,19 @@ void check_one(std::span<const std::byte> in) {
         std::abort();
     }
   }
+  if (const auto* l = m->get<w::lease_body>()) {
+    if (!(l->begin < l->end && l->end <= l->samples) || (l->flags & ~w::lease_flags_known) != 0) std::abort();
+  }
+  if (const auto* r = m->get<w::replicate_body>()) {
+    if (r->record.data() + r->record.size() != in.data() + size) std::abort();  // the record is the body's tail, a view
+    if (r->event == w::replica_event::tick ? (r->total != 0 || !r->record.empty())
+                                           : (r->record.empty() || r->offset >= r->total ||
+                                              r->record.size() > r->total - r->offset))
+      std::abort();
+  }
+  if (const auto* a = m->get<w::replica_ack_body>(); a && a->applied > a->received) std::abort();
+  if (const auto* h = m->get<w::replica_hello_body>(); h && (h->shard >= h->servers || h->elements == 0)) std::abort();
+  if (const auto* st = m->get<w::shard_state_body>(); st && st->term == 0) std::abort();
   const w::peeked_part pk = w::peek_part(in.first(w::header_bytes));
   if (pk.valid() != ((m->header.flags & w::flag_part) != 0)) std::abort();
   if (pk.valid() && (pk.part != m->header.part || pk.parts != m->header.parts || pk.kind != m->header.kind ||

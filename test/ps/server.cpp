@@ -550,3 +550,76 @@ BOOST_AUTO_TEST_CASE(a_restore_evicts_the_joined_ranks_past_the_initial_workers_
   }
   std::filesystem::remove_all(dir);
 }
+
+// Wire version 6 (docs/elastic.md §2.3, check 4): a join that says a model
+// size other than the job's is refused by name at the join, before the
+// core, and changes nothing; one that says the job's size, or none (0),
+// joins.
+BOOST_AUTO_TEST_CASE(a_join_of_another_model_size_is_refused_by_join_elements) {
+  namespace w = ashl::wire;
+  auto fabric = tr::inproc_fabric::create({.deterministic = true});
+  auto layout = ps::shard_layout::even(64, 1);
+  BOOST_TEST_REQUIRE(layout.has_value());
+  ps::policy_params pp;
+  pp.workers = 2;
+  auto snode = fabric->node("s");
+  auto cnode = fabric->node();
+  BOOST_TEST_REQUIRE((snode.has_value() && cnode.has_value()));
+  auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = 2}},
+                                            std::move(*ps::make_policy("asp", pp)), std::move(*snode));
+  BOOST_TEST_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+  struct handler {
+    std::array<std::byte, 1 << 12> buf{};
+    std::vector<std::string> errors;
+    std::size_t plans = 0;
+    std::span<std::byte> receive_buffer(tr::peer_id, std::span<const std::byte>, std::size_t n) {
+      return n <= buf.size() ? std::span<std::byte>(buf.data(), n) : std::span<std::byte>{};
+    }
+    void on_message(tr::peer_id, std::span<const std::byte> head, std::span<const std::byte> data) {
+      auto m = w::decode(head, data, w::limits{});
+      if (!m) return;
+      if (const auto* e = m->get<w::error_body>()) errors.emplace_back(e->text);
+      if (m->header.kind == w::message_kind::plan_update) ++plans;
+    }
+    void on_sent(tr::peer_id, std::uint64_t, const ashl::status&) {}
+    void on_peer(tr::peer_id, tr::peer_event, const ashl::status&) {}
+  } h;
+  tr::inproc client = std::move(*cnode);
+  auto c2node = fabric->node();
+  BOOST_TEST_REQUIRE(c2node.has_value());
+  tr::inproc client2 = std::move(*c2node);  // rank 1's own connection
+  auto p = client.connect("s");
+  auto p2 = client2.connect("s");
+  BOOST_TEST_REQUIRE((p.has_value() && p2.has_value()));
+  auto pump = [&] {
+    for (int i = 0; i < 8; ++i) {
+      srv->poll();
+      client.progress(h);
+      client2.progress(h);
+    }
+  };
+  pump();
+  std::vector<std::vector<std::byte>> keep;
+  auto join = [&](tr::inproc& c, tr::peer_id to, std::uint32_t rank, std::uint64_t elements) {
+    keep.emplace_back(w::encoded_size(w::join_body::wire_bytes));
+    auto n = w::encode(w::header{.rank = rank, .sequence = 1},
+                       w::join_body{.incarnation = 1, .batch = 4, .elements = elements, .term = 0}, keep.back());
+    BOOST_TEST_REQUIRE(n.has_value());
+    const std::span<const std::byte> b(keep.back());
+    BOOST_TEST_REQUIRE(c.send(to, b.first(w::header_bytes), b.subspan(w::header_bytes), 0).ok());
+    pump();
+  };
+  join(client, *p, 0, 1001);
+  BOOST_TEST_REQUIRE(h.errors.size() == 1u);
+  BOOST_TEST(h.errors[0] == "join.elements = 1001: this job's model has 64 elements");
+  BOOST_TEST(h.plans == 0u);
+  BOOST_TEST(srv->telemetry().core.joins == 0u);  // the core never saw it
+  BOOST_TEST(srv->telemetry().core.refused_total() == 0u);
+  BOOST_TEST(srv->telemetry().wire_refused_for(ps::wire_refusal::element_count) == 1u);
+  join(client, *p, 0, 64);    // the job's size
+  join(client2, *p2, 1, 0);   // not said: as before version 6
+  BOOST_TEST(h.errors.size() == 1u, (h.errors.empty() ? "" : h.errors.back()));
+  BOOST_TEST(h.plans == 2u);
+  BOOST_TEST(srv->telemetry().core.joins == 2u);
+  BOOST_TEST(srv->telemetry().wire_refused_total() == 1u);
+}

@@ -85,6 +85,7 @@ BOOST_AUTO_TEST_CASE(every_wire_message_seed_decodes_and_every_kind_has_one) {
 BOOST_AUTO_TEST_CASE(every_ps_server_seed_is_a_sequence_of_messages_that_decode) {
   const auto files = seeds("ps_server");
   BOOST_TEST_REQUIRE(!files.empty(), corpus("ps_server") << " holds no seed");
+  std::set<unsigned> kinds;
   for (const fs::path& p : files) {
     const std::vector<std::byte> in = read(p);
     const std::span<const std::byte> s(in);
@@ -106,12 +107,18 @@ BOOST_AUTO_TEST_CASE(every_ps_server_seed_is_a_sequence_of_messages_that_decode)
       BOOST_TEST(m.has_value(), p.filename() << " message " << n << ": "
                                              << (m ? std::string() : m.error().message())
                                              << " (re-seal: test/fuzz/seal_corpus.py)");
+      if (m) kinds.insert(static_cast<unsigned>(m->header.kind));
       at += hl + dl;
       ++n;
     }
     BOOST_TEST(whole, p.filename() << ": message " << n << " runs past the end of the file");
     BOOST_TEST(n >= 1u, p.filename() << " holds no message");
   }
+  // The server meets every kind of version 6 (docs/elastic.md §3.4): a
+  // join of the 36-byte body and each new kind, which it takes or refuses.
+  for (const auto k : {w::message_kind::join, w::message_kind::lease, w::message_kind::replicate,
+                       w::message_kind::replica_ack, w::message_kind::replica_hello, w::message_kind::shard_state})
+    BOOST_TEST(kinds.count(static_cast<unsigned>(k)) == 1u, "no ps_server seed of kind " << w::to_string(k));
 }
 
 BOOST_AUTO_TEST_CASE(every_checkpoint_seed_reads_back) {

@@ -151,6 +151,39 @@ bytes encode_measurements(const std::vector<ashl::measurement>& ms, const w::lim
   return out;
 }
 
+// Version 6's bodies (docs/elastic.md §3.4, §4.2).
+const w::lease_body a_lease{.epoch = 2, .begin = 96, .end = 160, .samples = 997, .shuffle_seed = 0x5eed5eed5eedull,
+                            .flags = w::lease_flag_epoch_end};
+const w::replica_ack_body an_ack{.received = 812, .applied = 800, .version = 411, .crc = 0x1a2b3c4du, .state_crc = 0x5e6f7a8bu};
+const w::replica_hello_body a_hello{.job = 0x0123456789abcdefull, .shard = 1, .servers = 3, .elements = 1000, .term = 2,
+                                    .have = 812, .version = 411, .crc = 0xcafef00du};
+const w::shard_state_body a_shard_state{.term = 3, .flags = w::shard_state_flag_backup};
+
+// A record as rules/core_events.hpp frames one (its 120-byte prefix starts
+// with "ACEV", version 1, the kind), then `payload` bytes: the wire looks
+// only at the magic and the kind.
+bytes core_record(w::replica_event kind, std::size_t payload) {
+  bytes r = payload_of(w::core_event_record_prefix_bytes + payload, 11);
+  const std::uint32_t magic = w::core_event_record_magic;
+  const std::uint16_t version = 1;
+  std::memcpy(r.data(), &magic, 4);
+  std::memcpy(r.data() + 4, &version, 2);
+  r[w::core_event_record_kind_offset] = std::byte{static_cast<std::uint8_t>(kind)};
+  return r;
+}
+const bytes a_commit_record = core_record(w::replica_event::commit, 5);
+const bytes a_snapshot_piece = payload_of(40, 13);
+
+w::replicate_body a_replicate() {
+  return {.event = w::replica_event::commit, .flags = w::replicate_flag_state_crc, .version_after = 411,
+          .offset = 0, .total = a_commit_record.size(), .crc_after = 0x0badf00du, .record = a_commit_record};
+}
+w::replicate_body a_tick() { return {.event = w::replica_event::tick, .version_after = 411}; }
+// The second piece of a 100-byte snapshot (server_core::save()'s bytes).
+w::replicate_body a_snapshot() {
+  return {.event = w::replica_event::snapshot, .version_after = 400, .offset = 60, .total = 100, .record = a_snapshot_piece};
+}
+
 // One valid message of every kind.
 std::vector<bytes> every_kind() {
   std::vector<bytes> all;
@@ -158,7 +191,8 @@ std::vector<bytes> every_kind() {
   auto pr = data_header(w::message_kind::pull_request);
   all.push_back(encode_data(pr, {}));
   all.push_back(encode_data(data_header(w::message_kind::pull_reply), payload_of(64, 2)));
-  all.push_back(encode_control(w::join_body{.incarnation = 7, .batch = 32, .job = 0x1122334455667788u}));
+  all.push_back(encode_control(w::join_body{.incarnation = 7, .batch = 32, .job = 0x1122334455667788u, .elements = 1000,
+                                            .flags = w::join_flag_failover, .term = 2}));
   all.push_back(encode_control(w::leave_body{.reason = w::leave_reason::evicted_timeout, .subject = 2}));
   all.push_back(encode_control(a_plan));
   all.push_back(encode_control(w::metric_body{.name = ashl::metric_id::accuracy, .value = 0.875}));
@@ -166,6 +200,15 @@ std::vector<bytes> every_kind() {
   all.push_back(encode_measurements(some_measurements()));
   all.push_back(encode_data(part_header(2), payload_of(8, 3)));  // a pull_reply in parts (version 4): last part, 2 of 10 elements
   all.push_back(encode_data(commit_part_header(1), payload_of(16, 4)));  // a commit in parts (version 5): part 1, 4 of 10 elements
+  // Version 6: 11 lease, 12..14 replicate (a commit's record, a tick, a
+  // snapshot's piece), 15 replica_ack, 16 replica_hello, 17 shard_state.
+  all.push_back(encode_control(a_lease));
+  all.push_back(encode_control(a_replicate()));
+  all.push_back(encode_control(a_tick()));
+  all.push_back(encode_control(a_snapshot()));
+  all.push_back(encode_control(an_ack));
+  all.push_back(encode_control(a_hello));
+  all.push_back(encode_control(a_shard_state));
   return all;
 }
 
@@ -205,7 +248,7 @@ BOOST_AUTO_TEST_CASE(header_layout_is_the_documented_one) {
   BOOST_TEST(u8(1) == unsigned('S'));
   BOOST_TEST(u8(2) == unsigned('H'));
   BOOST_TEST(u8(3) == unsigned('L'));
-  BOOST_TEST((u8(4) | u8(5) << 8) == 5u);   // version
+  BOOST_TEST((u8(4) | u8(5) << 8) == 6u);   // version
   BOOST_TEST((u8(6) | u8(7) << 8) == 72u);  // header bytes
   BOOST_TEST(u8(8) == 1u);                  // kind commit
   BOOST_TEST(u8(9) == 7u);                  // codec qsgd
@@ -251,7 +294,10 @@ BOOST_AUTO_TEST_CASE(control_kinds_round_trip) {
                                    w::message_kind::leave, w::message_kind::plan_update,
                                    w::message_kind::metric, w::message_kind::error,
                                    w::message_kind::measurements, w::message_kind::pull_reply,
-                                   w::message_kind::commit};
+                                   w::message_kind::commit, w::message_kind::lease,
+                                   w::message_kind::replicate, w::message_kind::replicate,
+                                   w::message_kind::replicate, w::message_kind::replica_ack,
+                                   w::message_kind::replica_hello, w::message_kind::shard_state};
   BOOST_TEST_REQUIRE(all.size() == std::size(kinds));
   for (std::size_t i = 0; i < all.size(); ++i) {
     auto d = dec(all[i]);
@@ -263,7 +309,7 @@ BOOST_AUTO_TEST_CASE(control_kinds_round_trip) {
   }
   auto j = dec(all[3]);
   BOOST_TEST_REQUIRE(j->get<w::join_body>() != nullptr);
-  BOOST_TEST((*j->get<w::join_body>() == w::join_body{7, 32, 0x1122334455667788u}));
+  BOOST_TEST((*j->get<w::join_body>() == w::join_body{7, 32, 0x1122334455667788u, 1000, w::join_flag_failover, 2}));
   BOOST_TEST(j->header.rank == 3u);
   BOOST_TEST(j->header.sequence == 9u);
   auto l = dec(all[4]);
@@ -305,6 +351,149 @@ BOOST_AUTO_TEST_CASE(control_kinds_round_trip) {
   for (ashl::measurement x : *rec) BOOST_TEST((x == want[i++]));
   BOOST_TEST(i == 3u);
   BOOST_TEST(rec->records.data() == all[8].data() + 72 + 4);  // a view, no copy
+  // Version 6's bodies.
+  BOOST_TEST((*dec(all[11])->get<w::lease_body>() == a_lease));
+  auto rp = dec(all[12]);
+  const auto* r = rp->get<w::replicate_body>();
+  BOOST_TEST_REQUIRE(r != nullptr);
+  BOOST_TEST((*r == a_replicate()));
+  BOOST_TEST(r->record.data() == all[12].data() + 72 + 36);  // the record is a view, no copy
+  BOOST_TEST((rp->header.clock == 4u && rp->header.sequence == 9u && rp->header.rank == 3u));  // term, index, worker
+  BOOST_TEST((*dec(all[13])->get<w::replicate_body>() == a_tick()));
+  BOOST_TEST(dec(all[13])->get<w::replicate_body>()->record.empty());
+  BOOST_TEST((*dec(all[14])->get<w::replicate_body>() == a_snapshot()));
+  BOOST_TEST((*dec(all[15])->get<w::replica_ack_body>() == an_ack));
+  BOOST_TEST((*dec(all[16])->get<w::replica_hello_body>() == a_hello));
+  BOOST_TEST((*dec(all[17])->get<w::shard_state_body>() == a_shard_state));
+  // Every event that has a record: its kind is the record's.
+  for (const auto e : {w::replica_event::join, w::replica_event::leave, w::replica_event::evict, w::replica_event::pull,
+                       w::replica_event::metric, w::replica_event::measurement, w::replica_event::drain}) {
+    const bytes rec2 = core_record(e, 0);
+    const w::replicate_body b{.event = e, .version_after = 1, .total = rec2.size(), .record = rec2};
+    const bytes m = encode_control(b);
+    auto d = dec(m);
+    BOOST_TEST_REQUIRE(d.has_value(), w::to_string(e) << ": " << (d ? "" : d.error().to_string()));
+    BOOST_TEST((*d->get<w::replicate_body>() == b));
+  }
+  // A record's later pieces are bytes the wire does not look into.
+  const bytes tail = payload_of(5, 1);
+  BOOST_TEST(dec(encode_control(w::replicate_body{.event = w::replica_event::commit, .offset = 120, .total = 125, .record = tail}))
+                 .has_value());
+}
+
+// Version 6: every field of the new bodies (and the join's new ones)
+// refused by name with its value, by decode and by encode alike.
+BOOST_AUTO_TEST_CASE(version_6_bodies_refuse_bad_fields_by_name) {
+  const auto all = every_kind();
+  const auto& join = all[3];
+  const auto& lease = all[11];
+  const auto& repl = all[12];
+  const auto& tick = all[13];
+  const auto& snap = all[14];
+  const auto& ack = all[15];
+  const auto& hello = all[16];
+  const auto& state = all[17];
+  // join: 36 bytes; flags only failover; elements and term any value (0: not said).
+  expect_error(dec(patched(join, 72 + 28, std::uint32_t{2})), errc::unsupported,
+               "join.flags = 0x00000002: unknown flag bits set (known: 0x00000001)");
+  BOOST_TEST(dec(patched(patched(join, 72 + 20, std::uint64_t{0}), 72 + 32, std::uint32_t{0})).has_value());
+  bytes short_join(join.begin(), join.end() - 16);  // a version-5 body (20 bytes) under a version-6 header
+  expect_error(dec(patched(short_join, 56, std::uint64_t{20})), errc::malformed, "join.payload_bytes = 20: a join body is 36 bytes");
+  // lease: begin < end <= samples; flags epoch_end | resent.
+  expect_error(dec(patched(lease, 72 + 8, std::uint64_t{160})), errc::invalid_argument, "lease.begin = 160: must be < end = 160");
+  expect_error(dec(patched(lease, 72 + 8, std::uint64_t{161})), errc::invalid_argument, "lease.begin = 161: must be < end = 160");
+  expect_error(dec(patched(lease, 72 + 16, std::uint64_t{998})), errc::invalid_argument, "lease.end = 998: must be <= samples = 997");
+  expect_error(dec(patched(lease, 72 + 24, std::uint64_t{159})), errc::invalid_argument, "lease.end = 160: must be <= samples = 159");
+  BOOST_TEST(dec(patched(lease, 72 + 24, std::uint64_t{160})).has_value());  // the last positions
+  BOOST_TEST(dec(patched(lease, 72 + 40, w::lease_flag_resent | w::lease_flag_epoch_end)).has_value());
+  expect_error(dec(patched(lease, 72 + 40, std::uint32_t{4})), errc::unsupported,
+               "lease.flags = 0x00000004: unknown flag bits set (known: 0x00000003)");
+  bytes long_lease = lease;
+  long_lease.push_back(std::byte{0});
+  expect_error(dec(patched(long_lease, 56, std::uint64_t{45})), errc::malformed, "lease.payload_bytes = 45: a lease body is 44 bytes");
+  // replicate: the event, the reserved bytes, the flags, the record's place and framing.
+  expect_error(dec(patched(repl, 72, std::uint8_t{10})), errc::unsupported, "replicate.event = 10: unknown event");
+  expect_error(dec(patched(repl, 72 + 1, std::uint8_t{1})), errc::malformed, "replicate.reserved = 1: bytes 1..3 must be 0");
+  expect_error(dec(patched(repl, 72 + 3, std::uint8_t{1})), errc::malformed, "replicate.reserved = 65536");
+  expect_error(dec(patched(repl, 72 + 4, std::uint32_t{0x80000000u})), errc::unsupported,
+               "replicate.flags = 0x80000000: unknown flag bits set (known: 0x00000001)");
+  expect_error(dec(patched(repl, 72, std::uint8_t{1})), errc::malformed,
+               "replicate.record_kind = 4: disagrees with replicate.event = 1 (join)");
+  expect_error(dec(patched(repl, 72 + 36, std::uint32_t{0x56454342u})), errc::malformed,
+               "replicate.record_magic = 0x56454342: not a core event record (want 0x56454341, \"ACEV\")");
+  expect_error(dec(patched(repl, 72 + 24, std::uint64_t{124})), errc::malformed,
+               "replicate.offset = 0: with the 125 bytes here passes total = 124");
+  expect_error(dec(patched(repl, 72 + 16, std::uint64_t{1})), errc::malformed,
+               "replicate.offset = 1: with the 125 bytes here passes total = 125");
+  expect_error(dec(patched(repl, 72 + 16, ~std::uint64_t{0})), errc::malformed, "replicate.offset = 18446744073709551615");
+  bytes short_repl(repl.begin(), repl.begin() + 72 + 36 + 119);  // a first piece without the whole prefix
+  expect_error(dec(patched(patched(short_repl, 56, std::uint64_t{36 + 119}), 72 + 24, std::uint64_t{200})), errc::malformed,
+               "replicate.record_bytes = 119: the first piece of a record holds its 120-byte prefix");
+  expect_error(dec(patched(patched(short_repl, 56, std::uint64_t{36 + 119}), 72 + 24, std::uint64_t{119})), errc::malformed,
+               "replicate.total = 119: a core event record is at least 120 bytes");
+  bytes no_prefix(repl.begin(), repl.begin() + 72 + 35);
+  expect_error(dec(patched(no_prefix, 56, std::uint64_t{35})), errc::malformed,
+               "replicate.payload_bytes = 35: a replicate body is at least 36 bytes");
+  bytes empty_commit(repl.begin(), repl.begin() + 72 + 36);
+  expect_error(dec(patched(empty_commit, 56, std::uint64_t{36})), errc::malformed,
+               "replicate.record_bytes = 0: a commit carries a record");
+  expect_error(dec(patched(tick, 72 + 24, std::uint64_t{1})), errc::malformed, "replicate.total = 1: a tick carries no record");
+  expect_error(dec(patched(tick, 72 + 16, std::uint64_t{1})), errc::malformed, "replicate.offset = 1: a tick carries no record");
+  bytes tick_with = tick;
+  tick_with.push_back(std::byte{0});
+  expect_error(dec(patched(tick_with, 56, std::uint64_t{37})), errc::malformed, "replicate.record_bytes = 1: a tick carries no record");
+  expect_error(dec(patched(snap, 72 + 24, std::uint64_t{99})), errc::malformed,
+               "replicate.offset = 60: with the 40 bytes here passes total = 99");
+  expect_error(dec(patched(snap, 72 + 16, std::uint64_t{100})), errc::malformed, "replicate.offset = 100");
+  BOOST_TEST(dec(patched(snap, 72 + 16, std::uint64_t{0})).has_value());  // a snapshot's pieces are not core records
+  // replica_ack: applied <= received.
+  expect_error(dec(patched(ack, 72 + 8, std::uint64_t{813})), errc::invalid_argument,
+               "replica_ack.applied = 813: must be <= received = 812");
+  BOOST_TEST(dec(patched(ack, 72 + 8, std::uint64_t{812})).has_value());
+  bytes short_ack(ack.begin(), ack.end() - 4);
+  expect_error(dec(patched(short_ack, 56, std::uint64_t{28})), errc::malformed, "replica_ack.payload_bytes = 28: a replica_ack body is 32 bytes");
+  // replica_hello: servers >= 1, shard < servers, elements >= 1.
+  expect_error(dec(patched(hello, 72 + 12, std::uint32_t{0})), errc::invalid_argument, "replica_hello.servers = 0: must be >= 1");
+  expect_error(dec(patched(hello, 72 + 8, std::uint32_t{3})), errc::invalid_argument, "replica_hello.shard = 3: must be < servers = 3");
+  expect_error(dec(patched(hello, 72 + 16, std::uint64_t{0})), errc::invalid_argument,
+               "replica_hello.elements = 0: a shard holds at least one element");
+  BOOST_TEST(dec(patched(patched(hello, 72 + 24, std::uint32_t{0}), 72 + 28, std::uint64_t{0})).has_value());  // a fresh backup
+  bytes long_hello = hello;
+  long_hello.push_back(std::byte{0});
+  expect_error(dec(patched(long_hello, 56, std::uint64_t{49})), errc::malformed, "replica_hello.payload_bytes = 49: a replica_hello body is 48 bytes");
+  // shard_state: term >= 1; flags only backup.
+  expect_error(dec(patched(state, 72, std::uint32_t{0})), errc::invalid_argument, "shard_state.term = 0: must be >= 1");
+  expect_error(dec(patched(state, 72 + 4, std::uint32_t{3})), errc::unsupported,
+               "shard_state.flags = 0x00000003: unknown flag bits set (known: 0x00000001)");
+  BOOST_TEST(dec(patched(state, 72 + 4, std::uint32_t{0})).has_value());
+  // The header rules of a control kind hold for every new kind.
+  for (std::size_t i = 11; i < all.size(); ++i) {
+    const std::string kind(w::to_string(static_cast<w::message_kind>(std::to_integer<int>(all[i][8]))));
+    expect_error(dec(patched(all[i], 16, std::uint64_t{1})), errc::malformed, "header.element_count = 1: must be 0 for a " + kind);
+    expect_error(dec(patched(all[i], 9, std::uint8_t{3})), errc::malformed, "header.codec = \"topk\": must be identity for a " + kind);
+    expect_error(dec(patched(all[i], 64, std::uint32_t{1})), errc::malformed, "header.samples = 1");
+    // A version-5 peer's message of this kind: refused by version, naming both.
+    expect_error(dec(patched(all[i], 4, std::uint16_t{5})), errc::unsupported, "header.version = 5: this build reads version 6");
+  }
+  // The encoder refuses what the decoder would.
+  bytes out(1024);
+  auto enc = [&](const auto& b) { return w::encode(w::header{}, b, out).to_status(); };
+  expect_error(enc(w::join_body{.batch = 1, .flags = 4}), errc::unsupported, "join.flags = 0x00000004");
+  expect_error(enc(w::lease_body{.begin = 5, .end = 5, .samples = 10}), errc::invalid_argument, "lease.begin = 5: must be < end = 5");
+  expect_error(enc(w::lease_body{.begin = 5, .end = 11, .samples = 10}), errc::invalid_argument, "lease.end = 11");
+  expect_error(enc(w::lease_body{.begin = 0, .end = 1, .samples = 1, .flags = 8}), errc::unsupported, "lease.flags = 0x00000008");
+  expect_error(enc(w::replicate_body{.event = static_cast<w::replica_event>(42)}), errc::unsupported, "replicate.event = 42");
+  expect_error(enc(w::replicate_body{.event = w::replica_event::tick, .total = 3}), errc::malformed, "replicate.total = 3");
+  const bytes join_rec = core_record(w::replica_event::join, 0);
+  expect_error(enc(w::replicate_body{.event = w::replica_event::leave, .total = join_rec.size(), .record = join_rec}),
+               errc::malformed, "replicate.record_kind = 1: disagrees with replicate.event = 2 (leave)");
+  expect_error(enc(w::replica_ack_body{.received = 1, .applied = 2}), errc::invalid_argument, "replica_ack.applied = 2");
+  expect_error(enc(w::replica_hello_body{.shard = 0, .servers = 0, .elements = 1}), errc::invalid_argument, "replica_hello.servers = 0");
+  expect_error(enc(w::shard_state_body{.term = 0}), errc::invalid_argument, "shard_state.term = 0");
+  expect_error(enc(w::shard_state_body{.term = 1, .flags = 2}), errc::unsupported, "shard_state.flags = 0x00000002");
+  BOOST_TEST(w::encoded_size(a_replicate()) == 72u + 36u + 125u);
+  BOOST_TEST(w::encoded_size(a_tick()) == 72u + 36u);
+  BOOST_TEST(w::encoded_size(a_lease) == 72u + 44u);
 }
 
 BOOST_AUTO_TEST_CASE(seal_writes_the_header_in_front_of_an_in_place_payload) {
@@ -360,16 +549,18 @@ BOOST_AUTO_TEST_CASE(header_failures_name_field_and_value) {
   expect_error(dec(bytes(commit.begin(), commit.begin() + 71)), errc::malformed, "message.size = 71");
   expect_error(dec(patched(commit, 0, std::uint32_t{0x4c485342})), errc::malformed, "header.magic = 0x4c485342");
   expect_error(dec(patched(commit, 4, std::uint16_t{1})), errc::unsupported,
-               "header.version = 1: this build reads version 5");
+               "header.version = 1: this build reads version 6");
   expect_error(dec(patched(commit, 4, std::uint16_t{2})), errc::unsupported,
-               "header.version = 2: this build reads version 5");
+               "header.version = 2: this build reads version 6");
   expect_error(dec(patched(commit, 4, std::uint16_t{4})), errc::unsupported,
-               "header.version = 4: this build reads version 5");  // version 4 had no commit in parts
-  expect_error(dec(patched(commit, 4, std::uint16_t{6})), errc::unsupported, "header.version = 6");
+               "header.version = 4: this build reads version 6");  // version 4 had no commit in parts
+  expect_error(dec(patched(commit, 4, std::uint16_t{5})), errc::unsupported,
+               "header.version = 5: this build reads version 6");  // version 5 had a 20-byte join and no lease
+  expect_error(dec(patched(commit, 4, std::uint16_t{7})), errc::unsupported, "header.version = 7");
   expect_error(dec(patched(commit, 6, std::uint16_t{80})), errc::malformed, "header.header_bytes = 80");
   expect_error(dec(patched(commit, 8, std::uint8_t{0})), errc::unsupported, "header.kind = 0");
-  expect_error(dec(patched(commit, 8, std::uint8_t{10})), errc::unsupported,
-               "header.kind = 10: not a message kind of version 5");
+  expect_error(dec(patched(commit, 8, std::uint8_t{15})), errc::unsupported,
+               "header.kind = 15: not a message kind of version 6");
   expect_error(dec(patched(commit, 9, std::uint8_t{12})), errc::unsupported, "header.codec = 12");
   expect_error(dec(patched(commit, 10, std::uint8_t{6})), errc::unsupported, "header.dtype = 6");
   expect_error(dec(patched(commit, 11, std::uint8_t{1})), errc::malformed, "header.reserved0 = 1");
@@ -561,7 +752,7 @@ BOOST_AUTO_TEST_CASE(control_failures_name_field_and_value) {
   // Bodies of the wrong size.
   bytes long_join = join;
   long_join.push_back(std::byte{0});
-  expect_error(dec(patched(long_join, 56, std::uint64_t{21})), errc::malformed, "join.payload_bytes = 21: a join body is 20 bytes");
+  expect_error(dec(patched(long_join, 56, std::uint64_t{37})), errc::malformed, "join.payload_bytes = 37: a join body is 36 bytes");
   bytes short_plan(plan.begin(), plan.end() - 1);
   expect_error(dec(patched(short_plan, 56, std::uint64_t{23})), errc::malformed, "plan_update.payload_bytes = 23");
   // The long body (codec options) with both options 0 is not the plan's
@@ -701,6 +892,15 @@ BOOST_AUTO_TEST_CASE(kind_names) {
   BOOST_TEST(w::is_control(w::message_kind::measurements));
   BOOST_TEST(w::is_control(w::message_kind::join));
   BOOST_TEST(!w::is_control(w::message_kind::pull_reply));
+  BOOST_TEST(w::to_string(w::message_kind::lease) == "lease");
+  BOOST_TEST(w::to_string(w::message_kind::replicate) == "replicate");
+  BOOST_TEST(w::to_string(w::message_kind::replica_ack) == "replica_ack");
+  BOOST_TEST(w::to_string(w::message_kind::replica_hello) == "replica_hello");
+  BOOST_TEST(w::to_string(w::message_kind::shard_state) == "shard_state");
+  BOOST_TEST(w::to_string(w::replica_event::measurement) == "measurement");
+  for (auto k : {w::message_kind::lease, w::message_kind::replicate, w::message_kind::replica_ack,
+                 w::message_kind::replica_hello, w::message_kind::shard_state})
+    BOOST_TEST(w::is_control(k));
 }
 
 namespace {
@@ -720,10 +920,79 @@ BOOST_AUTO_TEST_CASE(body_layouts_are_the_documented_ones) {
   const auto all = every_kind();
   {
     const at j{all[3]};
-    BOOST_TEST(all[3].size() == 72u + 20u);
+    BOOST_TEST(all[3].size() == 72u + 36u);
     BOOST_TEST(j.u64(72 + 0) == 7u);   // incarnation
     BOOST_TEST(j.u32(72 + 8) == 32u);  // batch
     BOOST_TEST(j.u64(72 + 12) == 0x1122334455667788u);  // job
+    BOOST_TEST(j.u64(72 + 20) == 1000u);  // elements (version 6)
+    BOOST_TEST(j.u32(72 + 28) == 1u);     // flags: failover
+    BOOST_TEST(j.u32(72 + 32) == 2u);     // term
+  }
+  {
+    const at l{all[11]};
+    BOOST_TEST(all[11].size() == 72u + 44u);
+    BOOST_TEST(l.u8(8) == 10u);                          // kind lease
+    BOOST_TEST(l.u64(72 + 0) == 2u);                     // epoch
+    BOOST_TEST(l.u64(72 + 8) == 96u);                    // begin
+    BOOST_TEST(l.u64(72 + 16) == 160u);                  // end
+    BOOST_TEST(l.u64(72 + 24) == 997u);                  // samples
+    BOOST_TEST(l.u64(72 + 32) == 0x5eed5eed5eedull);     // shuffle_seed
+    BOOST_TEST(l.u32(72 + 40) == 1u);                    // flags: epoch_end
+  }
+  {
+    const at r{all[12]};
+    BOOST_TEST(all[12].size() == 72u + 36u + 125u);
+    BOOST_TEST(r.u8(8) == 11u);                      // kind replicate
+    BOOST_TEST(r.u64(40) == 4u);                     // header clock: the term
+    BOOST_TEST(r.u64(32) == 9u);                     // header sequence: the record's index
+    BOOST_TEST(r.u8(72 + 0) == 4u);                  // event commit
+    BOOST_TEST((r.u8(72 + 1) | r.u8(72 + 2) | r.u8(72 + 3)) == 0u);
+    BOOST_TEST(r.u32(72 + 4) == 1u);                 // flags: state_crc
+    BOOST_TEST(r.u64(72 + 8) == 411u);               // version_after
+    BOOST_TEST(r.u64(72 + 16) == 0u);                // offset
+    BOOST_TEST(r.u64(72 + 24) == 125u);              // total
+    BOOST_TEST(r.u32(72 + 32) == 0x0badf00du);       // crc_after
+    BOOST_TEST(std::memcmp(all[12].data() + 72 + 36, a_commit_record.data(), 125) == 0);  // the record as it is
+    BOOST_TEST(r.u32(72 + 36) == 0x56454341u);       // "ACEV"
+    BOOST_TEST(r.u8(72 + 36 + 6) == 4u);             // the record's kind
+    const at t{all[13]};
+    BOOST_TEST(all[13].size() == 72u + 36u);
+    BOOST_TEST(t.u8(72) == 9u);                      // event tick
+    const at s{all[14]};
+    BOOST_TEST(all[14].size() == 72u + 36u + 40u);
+    BOOST_TEST(s.u8(72) == 0u);                      // event snapshot
+    BOOST_TEST(s.u64(72 + 16) == 60u);
+    BOOST_TEST(s.u64(72 + 24) == 100u);
+  }
+  {
+    const at a{all[15]};
+    BOOST_TEST(all[15].size() == 72u + 32u);
+    BOOST_TEST(a.u8(8) == 12u);
+    BOOST_TEST(a.u64(72 + 0) == 812u);         // received
+    BOOST_TEST(a.u64(72 + 8) == 800u);         // applied
+    BOOST_TEST(a.u64(72 + 16) == 411u);        // version
+    BOOST_TEST(a.u32(72 + 24) == 0x1a2b3c4du); // crc
+    BOOST_TEST(a.u32(72 + 28) == 0x5e6f7a8bu); // state_crc
+  }
+  {
+    const at h{all[16]};
+    BOOST_TEST(all[16].size() == 72u + 48u);
+    BOOST_TEST(h.u8(8) == 13u);
+    BOOST_TEST(h.u64(72 + 0) == 0x0123456789abcdefull);  // job
+    BOOST_TEST(h.u32(72 + 8) == 1u);                     // shard
+    BOOST_TEST(h.u32(72 + 12) == 3u);                    // servers
+    BOOST_TEST(h.u64(72 + 16) == 1000u);                 // elements
+    BOOST_TEST(h.u32(72 + 24) == 2u);                    // term
+    BOOST_TEST(h.u64(72 + 28) == 812u);                  // have
+    BOOST_TEST(h.u64(72 + 36) == 411u);                  // version
+    BOOST_TEST(h.u32(72 + 44) == 0xcafef00du);           // crc
+  }
+  {
+    const at s{all[17]};
+    BOOST_TEST(all[17].size() == 72u + 8u);
+    BOOST_TEST(s.u8(8) == 14u);
+    BOOST_TEST(s.u32(72 + 0) == 3u);  // term
+    BOOST_TEST(s.u32(72 + 4) == 1u);  // flags: backup
   }
   {
     const at l{all[4]};
@@ -781,9 +1050,21 @@ BOOST_AUTO_TEST_CASE(documented_id_values_are_pinned) {
                 static_cast<int>(k::pull_reply) == 3 && static_cast<int>(k::join) == 4 &&
                 static_cast<int>(k::leave) == 5 && static_cast<int>(k::plan_update) == 6 &&
                 static_cast<int>(k::metric) == 7 && static_cast<int>(k::error) == 8 &&
-                static_cast<int>(k::measurements) == 9);
-  static_assert(w::message_kind_first == 1 && w::message_kind_last == 9);
-  static_assert(w::version == 5 && w::header_bytes == 72 && w::crc_offset == 68 && w::magic == 0x4C485341u);
+                static_cast<int>(k::measurements) == 9 && static_cast<int>(k::lease) == 10 &&
+                static_cast<int>(k::replicate) == 11 && static_cast<int>(k::replica_ack) == 12 &&
+                static_cast<int>(k::replica_hello) == 13 && static_cast<int>(k::shard_state) == 14);
+  static_assert(w::message_kind_first == 1 && w::message_kind_last == 14);
+  using re = w::replica_event;
+  static_assert(static_cast<int>(re::snapshot) == 0 && static_cast<int>(re::join) == 1 && static_cast<int>(re::leave) == 2 &&
+                static_cast<int>(re::evict) == 3 && static_cast<int>(re::commit) == 4 && static_cast<int>(re::pull) == 5 &&
+                static_cast<int>(re::metric) == 6 && static_cast<int>(re::measurement) == 7 &&
+                static_cast<int>(re::drain) == 8 && static_cast<int>(re::tick) == 9);
+  static_assert(w::join_flag_failover == 1u && w::lease_flag_epoch_end == 1u && w::lease_flag_resent == 2u &&
+                w::replicate_flag_state_crc == 1u && w::shard_state_flag_backup == 1u);
+  static_assert(w::join_body::wire_bytes == 36 && w::lease_body::wire_bytes == 44 && w::replicate_body::fixed_bytes == 36 &&
+                w::replica_ack_body::wire_bytes == 32 && w::replica_hello_body::wire_bytes == 48 &&
+                w::shard_state_body::wire_bytes == 8);
+  static_assert(w::version == 6 && w::header_bytes == 72 && w::crc_offset == 68 && w::magic == 0x4C485341u);
   using lr = w::leave_reason;
   static_assert(static_cast<int>(lr::left) == 0 && static_cast<int>(lr::evicted_timeout) == 1 &&
                 static_cast<int>(lr::evicted_failure) == 2 && static_cast<int>(lr::evicted_policy) == 3 &&

@@ -206,6 +206,16 @@ inline void server<Transport, Policy>::on_join(transport::peer_id p, peer_state&
                    "server count or ASHL_JOB differ: the job id derives from them)");
     return;
   }
+  // The model's shape (docs/elastic.md §2.3, check 4; join body of wire
+  // version 6): a worker that says its model size is refused at its join
+  // when it differs, not at its first pull or commit. 0: not said.
+  if (b.elements != 0 && b.elements != p_.core.layout.elements()) {
+    refuse_wire(wire_refusal::element_count);
+    send_error(p, errc::invalid_argument, h.sequence,
+               "join.elements = " + std::to_string(b.elements) + ": this job's model has " +
+                   std::to_string(p_.core.layout.elements()) + " elements");
+    return;
+  }
   // Ranks past the initial workers join up to the job's maximum
   // (docs/elastic.md §2.3, check 5); refused here, before the core.
   if (w >= p_.core.max_workers) {

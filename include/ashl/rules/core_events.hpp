@@ -96,6 +96,7 @@
 #include <ashl/core/status.hpp>
 #include <ashl/rules/commit_in.hpp>
 #include <ashl/rules/server_core_vocabulary.hpp>
+#include <ashl/wire/bodies.hpp>
 #include <ashl/wire/crc32c.hpp>
 #include <ashl/wire/ids.hpp>
 
@@ -200,6 +201,22 @@ struct core_event {
 inline constexpr std::uint32_t core_event_magic = 0x56454341u;  // "ACEV" read little-endian
 inline constexpr std::uint16_t core_event_version = 1;
 inline constexpr std::size_t core_event_prefix_bytes = 120;
+
+// A wire replicate message carries these records as they are (wire
+// version 6, docs/elastic.md §4.2); the wire checks where one starts by
+// these numbers, so they must agree.
+static_assert(wire::core_event_record_magic == core_event_magic && wire::core_event_record_prefix_bytes == core_event_prefix_bytes &&
+                  wire::core_event_record_kind_offset == 6,
+              "wire/bodies.hpp's view of the record's framing disagrees with this file's");
+static_assert(static_cast<int>(wire::replica_event::join) == static_cast<int>(core_event_kind::join) &&
+                  static_cast<int>(wire::replica_event::leave) == static_cast<int>(core_event_kind::leave) &&
+                  static_cast<int>(wire::replica_event::evict) == static_cast<int>(core_event_kind::evict) &&
+                  static_cast<int>(wire::replica_event::commit) == static_cast<int>(core_event_kind::commit) &&
+                  static_cast<int>(wire::replica_event::pull) == static_cast<int>(core_event_kind::pull) &&
+                  static_cast<int>(wire::replica_event::metric) == static_cast<int>(core_event_kind::metric) &&
+                  static_cast<int>(wire::replica_event::measurement) == static_cast<int>(core_event_kind::measurement) &&
+                  static_cast<int>(wire::replica_event::drain) == static_cast<int>(core_event_kind::drain),
+              "a replicate message's event is its record's kind");
 
 [[nodiscard]] inline std::span<const std::byte> core_event_payload(const core_event& e) noexcept {
   return e.kind == core_event_kind::commit ? e.commit.payload : std::span<const std::byte>{};

@@ -1,6 +1,8 @@
 // ashl/wire/bodies.hpp — the control bodies (join, leave, plan_update,
-// metric, error, measurements): their types, their checks, and how each is
-// written and read (the fixed ones by their field tables, core/fields.hpp).
+// metric, error, measurements; since version 6 lease, replicate,
+// replica_ack, replica_hello and shard_state, docs/elastic.md §3.4, §4.2):
+// their types, their checks, and how each is written and read (the fixed
+// ones by their field tables, core/fields.hpp).
 // wire/message.hpp frames them; docs/wire-format.md, byte by byte.
 //
 //   #include <ashl/wire/message.hpp>   // includes this
@@ -64,16 +66,22 @@ struct body_traits<Body> : detail::body_size<Body> {
   static constexpr message_kind kind = Body::kind;
 };
 
+// Version 6 (docs/elastic.md §3.4): 36 bytes; the last three fields are new
+// and 0 means "not said" in each.
 struct join_body {
   static constexpr message_kind kind = message_kind::join;
-  static constexpr std::size_t wire_bytes = 20;
+  static constexpr std::size_t wire_bytes = 36;
   std::uint64_t incarnation = 0;  // larger after a restart, so a rejoin is not mistaken for a duplicate
   std::uint32_t batch = 0;        // local batch size it starts with; >= 1
   std::uint64_t job = 0;          // the job id the worker belongs to (ps::make_job_id); 0: not said
+  std::uint64_t elements = 0;     // the worker's model size (the shape check of elastic.md §2.3); 0: not said
+  std::uint32_t flags = 0;        // join_flags_known (below)
+  std::uint32_t term = 0;         // the replication term it last saw (§4.5); 0: none
   // The wire's field order (core/fields.hpp).
   static constexpr auto fields() {
     return std::tuple{field{"incarnation", &join_body::incarnation}, field{"batch", &join_body::batch},
-                      field{"job", &join_body::job}};
+                      field{"job", &join_body::job},                 field{"elements", &join_body::elements},
+                      field{"flags", &join_body::flags},             field{"term", &join_body::term}};
   }
   friend constexpr bool operator==(const join_body&, const join_body&) = default;
 };
@@ -200,14 +208,250 @@ struct measurements_body {
   }
 };
 
+
+// ---- version 6: elastic jobs (docs/elastic.md §3.4, §4.2) -------------------
+
+// join (36 bytes) flags.
+inline constexpr std::uint32_t join_flag_failover = 1u << 0;  // the worker lost this shard's other server (§4.5)
+inline constexpr std::uint32_t join_flags_known = join_flag_failover;
+
+// A grant of the data ledger (server 0 -> worker; header.sequence = the
+// lease's number for this worker, header.rank = the worker): positions
+// [begin, end) of epoch `epoch`'s order of `samples` samples, shuffled by
+// `shuffle_seed` (docs/elastic.md §3.1).
+inline constexpr std::uint32_t lease_flag_epoch_end = 1u << 0;  // the last lease of its epoch
+inline constexpr std::uint32_t lease_flag_resent = 1u << 1;     // outstanding, sent again after a rejoin (begin = the cursor)
+inline constexpr std::uint32_t lease_flags_known = lease_flag_epoch_end | lease_flag_resent;
+struct lease_body {
+  static constexpr message_kind kind = message_kind::lease;
+  static constexpr std::size_t wire_bytes = 44;
+  std::uint64_t epoch = 0;
+  std::uint64_t begin = 0;         // < end
+  std::uint64_t end = 0;           // <= samples
+  std::uint64_t samples = 0;       // N, the same in every lease of a job
+  std::uint64_t shuffle_seed = 0;  // the workers' permutation seed
+  std::uint32_t flags = 0;         // lease_flags_known
+  static constexpr auto fields() {
+    return std::tuple{field{"epoch", &lease_body::epoch},     field{"begin", &lease_body::begin},
+                      field{"end", &lease_body::end},         field{"samples", &lease_body::samples},
+                      field{"shuffle_seed", &lease_body::shuffle_seed}, field{"flags", &lease_body::flags}};
+  }
+  friend constexpr bool operator==(const lease_body&, const lease_body&) = default;
+};
+
+// What a replicate message carries: a snapshot of the core (0), one of the
+// core's calls (1..8: the values of rules/core_events.hpp's
+// core_event_kind, which static_asserts they agree), or a tick (9, the
+// primary's keepalive and, later, the ledger's clock).
+enum class replica_event : std::uint8_t {
+  snapshot = 0,
+  join = 1,
+  leave = 2,
+  evict = 3,
+  commit = 4,
+  pull = 5,
+  metric = 6,
+  measurement = 7,
+  drain = 8,
+  tick = 9,
+};
+inline constexpr auto replica_event_table = make_enum_table<replica_event>(
+    "snapshot", "join", "leave", "evict", "commit", "pull", "metric", "measurement", "drain", "tick");
+static_assert(replica_event_table.name(replica_event::tick) == "tick", "replica_event_table ends where replica_event does");
+constexpr std::string_view to_string(replica_event e) noexcept { return replica_event_table.name(e); }
+
+// The framing of rules/core_events.hpp's record that the wire looks at (a
+// replicate body's record starts with it; core_events.hpp static_asserts
+// these equal its own): its magic, where its kind byte sits, its prefix.
+inline constexpr std::uint32_t core_event_record_magic = 0x56454341u;  // "ACEV" read little-endian
+inline constexpr std::size_t core_event_record_kind_offset = 6;
+inline constexpr std::size_t core_event_record_prefix_bytes = 120;
+
+// replicate flags.
+inline constexpr std::uint32_t replicate_flag_state_crc = 1u << 0;  // compute the CRC of save()'s bytes after this record
+inline constexpr std::uint32_t replicate_flags_known = replicate_flag_state_crc;
+
+// One record of the primary's event stream, or a piece of one (primary ->
+// backup; header.clock = the term, header.sequence = the record's index,
+// header.rank = the event's worker). A 36-byte prefix, then `record`:
+// bytes [offset, offset + record.size()) of a record of `total` bytes.
+// The record of events 1..8 is rules/core_events.hpp's (the 120-byte ACEV
+// prefix and the commit's payload) carried as it is: the wire checks where
+// it starts (magic, the kind agreeing with `event`), decode_core_event()
+// the rest. A snapshot's record is server_core::save()'s bytes; a tick
+// carries none. A record larger than a message (a snapshot, a large
+// commit) goes in pieces in offset order, each its own message with its
+// own CRC. `record` is a view into the decoded message, as a
+// measurements body's records are.
+struct replicate_body {
+  static constexpr message_kind kind = message_kind::replicate;
+  static constexpr std::size_t fixed_bytes = 36;
+  replica_event event = replica_event::tick;
+  std::uint32_t flags = 0;          // replicate_flags_known
+  std::uint64_t version_after = 0;  // the primary's version after the event
+  std::uint64_t offset = 0;         // where `record` sits in the whole record
+  std::uint64_t total = 0;          // the whole record's bytes (0 for a tick)
+  std::uint32_t crc_after = 0;      // CRC-32C of version_after's parameters; 0: not computed
+  std::span<const std::byte> record;
+
+  friend bool operator==(const replicate_body& a, const replicate_body& b) noexcept {
+    return a.event == b.event && a.flags == b.flags && a.version_after == b.version_after && a.offset == b.offset &&
+           a.total == b.total && a.crc_after == b.crc_after && a.record.size() == b.record.size() &&
+           (a.record.empty() || std::memcmp(a.record.data(), b.record.data(), a.record.size()) == 0);
+  }
+};
+
+// backup -> primary (header.clock = the term).
+struct replica_ack_body {
+  static constexpr message_kind kind = message_kind::replica_ack;
+  static constexpr std::size_t wire_bytes = 32;
+  std::uint64_t received = 0;   // every record up to this index is held
+  std::uint64_t applied = 0;    // <= received
+  std::uint64_t version = 0;    // the backup's version after `applied`
+  std::uint32_t crc = 0;        // CRC-32C of `version`'s parameters, when a record asked (else 0)
+  std::uint32_t state_crc = 0;  // CRC-32C of save()'s bytes, when a record asked (else 0)
+  static constexpr auto fields() {
+    return std::tuple{field{"received", &replica_ack_body::received}, field{"applied", &replica_ack_body::applied},
+                      field{"version", &replica_ack_body::version}, field{"crc", &replica_ack_body::crc},
+                      field{"state_crc", &replica_ack_body::state_crc}};
+  }
+  friend constexpr bool operator==(const replica_ack_body&, const replica_ack_body&) = default;
+};
+
+// backup -> primary, first on its link.
+struct replica_hello_body {
+  static constexpr message_kind kind = message_kind::replica_hello;
+  static constexpr std::size_t wire_bytes = 48;
+  std::uint64_t job = 0;       // the job id (ps::make_job_id); 0: not said
+  std::uint32_t shard = 0;     // < servers
+  std::uint32_t servers = 0;   // >= 1
+  std::uint64_t elements = 0;  // the shard's elements, >= 1
+  std::uint32_t term = 0;      // the last term it saw; 0: none
+  std::uint64_t have = 0;      // the index of the last record it holds; 0: none (a fresh backup)
+  std::uint64_t version = 0;   // its version
+  std::uint32_t crc = 0;       // CRC-32C of that version's parameters
+  static constexpr auto fields() {
+    return std::tuple{field{"job", &replica_hello_body::job},         field{"shard", &replica_hello_body::shard},
+                      field{"servers", &replica_hello_body::servers}, field{"elements", &replica_hello_body::elements},
+                      field{"term", &replica_hello_body::term},       field{"have", &replica_hello_body::have},
+                      field{"version", &replica_hello_body::version}, field{"crc", &replica_hello_body::crc}};
+  }
+  friend constexpr bool operator==(const replica_hello_body&, const replica_hello_body&) = default;
+};
+
+// server -> worker: after every join's plan, and to every connected worker
+// when the term changes.
+inline constexpr std::uint32_t shard_state_flag_backup = 1u << 0;  // a backup replicates this shard
+inline constexpr std::uint32_t shard_state_flags_known = shard_state_flag_backup;
+struct shard_state_body {
+  static constexpr message_kind kind = message_kind::shard_state;
+  static constexpr std::size_t wire_bytes = 8;
+  std::uint32_t term = 1;   // >= 1 (terms start at 1)
+  std::uint32_t flags = 0;  // shard_state_flags_known
+  static constexpr auto fields() {
+    return std::tuple{field{"term", &shard_state_body::term}, field{"flags", &shard_state_body::flags}};
+  }
+  friend constexpr bool operator==(const shard_state_body&, const shard_state_body&) = default;
+};
+
 using control_body =
-    std::variant<std::monostate, join_body, leave_body, plan_update_body, metric_body, error_body, measurements_body>;
+    std::variant<std::monostate, join_body, leave_body, plan_update_body, metric_body, error_body, measurements_body,
+                 lease_body, replicate_body, replica_ack_body, replica_hello_body, shard_state_body>;
 
 namespace detail {
 
+// Prints as 0x%08x, unquoted, in error messages (flag words).
+struct hex32 {
+  std::uint32_t v;
+  friend std::ostream& operator<<(std::ostream& os, hex32 h) {
+    static constexpr char digits[] = "0123456789abcdef";
+    char s[11] = {'0', 'x'};
+    for (int i = 0; i < 8; ++i) s[2 + i] = digits[(h.v >> (28 - 4 * i)) & 0xfu];
+    return os.write(s, 10);
+  }
+  std::string str() const {
+    std::ostringstream os;
+    os << *this;
+    return os.str();
+  }
+};
+
+
+inline status check_flags(std::string_view field, std::uint32_t flags, std::uint32_t known) {
+  if ((flags & ~known) == 0) return {};
+  return make_error(errc::unsupported, field, hex32{flags}, "unknown flag bits set (known: " + hex32{known}.str() + ")");
+}
+
 inline status check_body(const join_body& b, const limits&) {
   if (b.batch == 0) return make_error(errc::invalid_argument, "join.batch", 0, "must be >= 1");
+  return check_flags("join.flags", b.flags, join_flags_known);
+}
+inline status check_body(const lease_body& b, const limits&) {
+  if (b.begin >= b.end)
+    return make_error(errc::invalid_argument, "lease.begin", b.begin, "must be < end = " + std::to_string(b.end));
+  if (b.end > b.samples)
+    return make_error(errc::invalid_argument, "lease.end", b.end, "must be <= samples = " + std::to_string(b.samples));
+  return check_flags("lease.flags", b.flags, lease_flags_known);
+}
+inline status check_body(const replicate_body& b, const limits&) {
+  const auto e = static_cast<std::uint8_t>(b.event);
+  if (!replica_event_table.contains(b.event))
+    return make_error(errc::unsupported, "replicate.event", e, "unknown event");
+  ASHL_TRY(check_flags("replicate.flags", b.flags, replicate_flags_known));
+  const std::uint64_t n = b.record.size();
+  if (b.event == replica_event::tick) {
+    if (b.total != 0) return make_error(errc::malformed, "replicate.total", b.total, "a tick carries no record (must be 0)");
+    if (b.offset != 0) return make_error(errc::malformed, "replicate.offset", b.offset, "a tick carries no record (must be 0)");
+    if (n != 0) return make_error(errc::malformed, "replicate.record_bytes", n, "a tick carries no record (must be 0)");
+    return {};
+  }
+  if (n == 0)
+    return make_error(errc::malformed, "replicate.record_bytes", 0,
+                      "a " + std::string(to_string(b.event)) + " carries a record (a piece of at least one byte)");
+  if (b.offset >= b.total || n > b.total - b.offset)
+    return make_error(errc::malformed, "replicate.offset", b.offset,
+                      "with the " + std::to_string(n) + " bytes here passes total = " + std::to_string(b.total));
+  if (b.event == replica_event::snapshot) return {};
+  // A core event record (rules/core_events.hpp): its first piece holds the
+  // prefix, whose magic and kind the wire checks; decode_core_event() the rest.
+  if (b.total < core_event_record_prefix_bytes)
+    return make_error(errc::malformed, "replicate.total", b.total,
+                      "a core event record is at least " + std::to_string(core_event_record_prefix_bytes) + " bytes");
+  if (b.offset != 0) return {};
+  if (n < core_event_record_prefix_bytes)
+    return make_error(errc::malformed, "replicate.record_bytes", n,
+                      "the first piece of a record holds its " + std::to_string(core_event_record_prefix_bytes) +
+                          "-byte prefix");
+  std::uint32_t magic = 0;
+  byte_reader head(b.record);
+  (void)head.get(magic, "replicate.record_magic");  // cannot fail: at least 120 bytes
+  if (magic != core_event_record_magic)
+    return make_error(errc::malformed, "replicate.record_magic", hex32{magic},
+                      "not a core event record (want " + hex32{core_event_record_magic}.str() + ", \"ACEV\")");
+  const auto k = std::to_integer<std::uint8_t>(b.record[core_event_record_kind_offset]);
+  if (k != e)
+    return make_error(errc::malformed, "replicate.record_kind", k,
+                      "disagrees with replicate.event = " + std::to_string(e) + " (" + std::string(to_string(b.event)) + ")");
   return {};
+}
+inline status check_body(const replica_ack_body& b, const limits&) {
+  if (b.applied > b.received)
+    return make_error(errc::invalid_argument, "replica_ack.applied", b.applied,
+                      "must be <= received = " + std::to_string(b.received));
+  return {};
+}
+inline status check_body(const replica_hello_body& b, const limits&) {
+  if (b.servers == 0) return make_error(errc::invalid_argument, "replica_hello.servers", 0, "must be >= 1");
+  if (b.shard >= b.servers)
+    return make_error(errc::invalid_argument, "replica_hello.shard", b.shard,
+                      "must be < servers = " + std::to_string(b.servers));
+  if (b.elements == 0)
+    return make_error(errc::invalid_argument, "replica_hello.elements", 0, "a shard holds at least one element");
+  return {};
+}
+inline status check_body(const shard_state_body& b, const limits&) {
+  if (b.term == 0) return make_error(errc::invalid_argument, "shard_state.term", 0, "must be >= 1 (terms start at 1)");
+  return check_flags("shard_state.flags", b.flags, shard_state_flags_known);
 }
 inline status check_body(const leave_body& b, const limits&) {
   if (static_cast<std::uint32_t>(b.reason) >= leave_reason_count)
@@ -286,6 +530,17 @@ inline void put_body(byte_writer& w, const measurements_body& b) {
   w.put(static_cast<std::uint32_t>(b.size()));
   w.put_bytes(b.records);
 }
+inline void put_body(byte_writer& w, const replicate_body& b) {
+  w.put(static_cast<std::uint8_t>(b.event));
+  w.put(std::uint8_t{0});
+  w.put(std::uint16_t{0});
+  w.put(b.flags);
+  w.put(b.version_after);
+  w.put(b.offset);
+  w.put(b.total);
+  w.put(b.crc_after);
+  w.put_bytes(b.record);
+}
 inline void put_body(byte_writer& w, const error_body& b) {
   w.put(static_cast<std::uint32_t>(b.code));
   w.put(static_cast<std::uint32_t>(b.text.size()));
@@ -299,6 +554,8 @@ std::size_t body_bytes(const Body& b) noexcept {
     return error_body::fixed_bytes + b.text.size();
   else if constexpr (std::is_same_v<Body, measurements_body>)
     return measurements_body::fixed_bytes + b.records.size();
+  else if constexpr (std::is_same_v<Body, replicate_body>)
+    return replicate_body::fixed_bytes + b.record.size();
   else if constexpr (std::is_same_v<Body, plan_update_body>)
     return b.has_codec_options() ? body_traits<Body>::wire_bytes : body_traits<Body>::wire_bytes_before_codec;
   else
@@ -388,6 +645,37 @@ inline result<control_body> read_body(const header& h, std::span<const std::byte
       ASHL_TRY(check_body(b, lim));
       return control_body(b);
     }
+    case message_kind::lease:
+      return read_fixed_body<lease_body>(r, p.size(), "lease", lim);
+    case message_kind::replicate: {
+      if (p.size() < replicate_body::fixed_bytes)
+        return make_error(errc::malformed, "replicate.payload_bytes", p.size(),
+                          "a replicate body is at least " + std::to_string(replicate_body::fixed_bytes) + " bytes");
+      replicate_body b;
+      std::uint8_t event = 0, reserved8 = 0;
+      std::uint16_t reserved16 = 0;
+      ASHL_TRY(r.get(event, "replicate.event"));
+      ASHL_TRY(r.get(reserved8, "replicate.reserved"));
+      ASHL_TRY(r.get(reserved16, "replicate.reserved"));
+      if (reserved8 != 0 || reserved16 != 0)
+        return make_error(errc::malformed, "replicate.reserved", std::uint32_t{reserved8} | std::uint32_t{reserved16} << 8,
+                          "bytes 1..3 must be 0");
+      b.event = static_cast<replica_event>(event);
+      ASHL_TRY(r.get(b.flags, "replicate.flags"));
+      ASHL_TRY(r.get(b.version_after, "replicate.version_after"));
+      ASHL_TRY(r.get(b.offset, "replicate.offset"));
+      ASHL_TRY(r.get(b.total, "replicate.total"));
+      ASHL_TRY(r.get(b.crc_after, "replicate.crc_after"));
+      b.record = r.rest();
+      ASHL_TRY(check_body(b, lim));
+      return control_body(b);
+    }
+    case message_kind::replica_ack:
+      return read_fixed_body<replica_ack_body>(r, p.size(), "replica_ack", lim);
+    case message_kind::replica_hello:
+      return read_fixed_body<replica_hello_body>(r, p.size(), "replica_hello", lim);
+    case message_kind::shard_state:
+      return read_fixed_body<shard_state_body>(r, p.size(), "shard_state", lim);
     default: return control_body{};
   }
 }

@@ -50,8 +50,13 @@ inline constexpr std::uint32_t magic = 0x4C485341u;
 // parts, see part_elements), each part checksummed on its own. Version 5:
 // a dense commit may come in parts too (flag `part`; its offset 64 keeps
 // the samples, so the part's index and the count of parts sit in the
-// flags word's upper half, see commit_part_shift).
-inline constexpr std::uint16_t version = 5;
+// flags word's upper half, see commit_part_shift). Version 6 (elastic jobs,
+// docs/elastic.md §3.4 and §4.2): the join body grows to 36 bytes (the
+// worker's model size, flags with `failover`, the replication term it
+// knows) and the kinds lease, replicate, replica_ack, replica_hello and
+// shard_state exist; one bump for all of them, so an old peer is refused
+// once, by version.
+inline constexpr std::uint16_t version = 6;
 inline constexpr std::size_t header_bytes = 72;
 // The CRC field sits at the end of the header and covers everything before it
 // plus the payload.
@@ -68,11 +73,18 @@ enum class message_kind : std::uint8_t {
   metric = 7,        // worker -> server: a named scalar (loss, accuracy, ...)
   error = 8,         // either way: the message with sequence `in_reply_to` was refused
   measurements = 9,  // worker -> server: timing measurements of worker `rank`
+  // Version 6 (docs/elastic.md):
+  lease = 10,          // server 0 -> worker: positions [begin, end) of an epoch (the data ledger, §3)
+  replicate = 11,      // primary -> backup: one record of the core's events, or a piece of it (§4.2)
+  replica_ack = 12,    // backup -> primary: the records it holds and has applied
+  replica_hello = 13,  // backup -> primary: who it is and what it holds
+  shard_state = 14,    // server -> worker: the shard's replication term and whether a backup replicates it
 };
 inline constexpr auto message_kind_table =
     make_enum_table_from<message_kind>(1, "?", "commit", "pull_request", "pull_reply", "join", "leave", "plan_update",
-                                       "metric", "error", "measurements");
-static_assert(message_kind_table.name(message_kind::measurements) == "measurements",
+                                       "metric", "error", "measurements", "lease", "replicate", "replica_ack",
+                                       "replica_hello", "shard_state");
+static_assert(message_kind_table.name(message_kind::shard_state) == "shard_state",
               "message_kind_table ends where message_kind does");
 inline constexpr std::uint8_t message_kind_first = message_kind_table.first;
 inline constexpr std::uint8_t message_kind_last = message_kind_table.first + message_kind_table.size() - 1;

@@ -13,6 +13,8 @@
 //   if (auto* p = m->get<ashl::worker_plan>()) ...                   // typed control body
 //   if (auto* r = m->get<w::measurements_body>())                    // a view: no allocation
 //     for (ashl::measurement x : *r) planner.observe(x);             // worker = header.rank
+//   if (auto* r = m->get<w::replicate_body>())                       // version 6 (docs/elastic.md §4.2)
+//     ashl::ps::decode_core_event(r->record, event);                 // the record, a view into buf
 //
 // A message is a fixed 72-byte header followed by a payload. decode checks
 // every header field, the lengths against the buffer and the limits, and the
@@ -71,22 +73,6 @@ struct message_view {
 };
 
 namespace detail {
-
-// Prints as 0x%08x, unquoted, in error messages.
-struct hex32 {
-  std::uint32_t v;
-  friend std::ostream& operator<<(std::ostream& os, hex32 h) {
-    static constexpr char digits[] = "0123456789abcdef";
-    char s[11] = {'0', 'x'};
-    for (int i = 0; i < 8; ++i) s[2 + i] = digits[(h.v >> (28 - 4 * i)) & 0xfu];
-    return os.write(s, 10);
-  }
-  std::string str() const {
-    std::ostringstream os;
-    os << *this;
-    return os.str();
-  }
-};
 
 inline bool valid_kind(std::uint8_t k) noexcept { return k >= message_kind_first && k <= message_kind_last; }
 
