@@ -10,7 +10,9 @@
 // that starts from the primary's save() a third of the way in, and the
 // whole log replayed into a fresh core at the end. The same with
 // apply threads, batched applies and applies as parts land on the
-// primary's side only, and with apply threads on the replaying side only.
+// primary's side only, and with apply threads on the replaying side only;
+// and with the data ledger on (docs/elastic.md §3: joins with a batch,
+// ticks, leases out in the actions, the ledger in save()).
 // Corrupt record bytes are refused naming the field, and the replaying
 // core is unchanged; encode, decode and replay allocate nothing once warm.
 #include <ashl/rules/core_events.hpp>
@@ -76,7 +78,7 @@ struct side {
 // outer optimizer, the others with model deltas or (odd `variant`) momentum
 // SGD, so both apply paths are replayed.
 side make_side(const ps_cases::policy_case& c, std::size_t variant, std::size_t n, unsigned threads,
-               std::uint32_t batch) {
+               std::uint32_t batch, const ps::ledger_params& ledger = {}) {
   side s;
   auto policy = ps::make_policy(c.name, c.params);
   BOOST_REQUIRE_MESSAGE(policy.has_value(), c.label);
@@ -88,7 +90,7 @@ side make_side(const ps_cases::policy_case& c, std::size_t variant, std::size_t 
   std::vector<float> initial(n);
   for (std::size_t i = 0; i < n; ++i) initial[i] = value(9, 0, i);
   auto made = core_t::create(
-      {.layout = *ps::shard_layout::even(n, 1), .workers = workers, .optimizer = *opt, .seed = seed},
+      {.layout = *ps::shard_layout::even(n, 1), .workers = workers, .optimizer = *opt, .seed = seed, .ledger = ledger},
       std::move(*policy), initial);
   BOOST_REQUIRE_MESSAGE(made.has_value(), c.label + ": " + made.to_status().to_string());
   s.core.emplace(std::move(*made));
@@ -112,8 +114,10 @@ class events {
   // `kept`: the primary of batched applies keeps each payload until
   // apply_pending() (4 slots, apply_pending() before the first is reused)
   // and says a finite dense payload's values were checked, as ps::server does.
-  events(std::size_t n, std::uint32_t rng_seed, bool kept)
-      : n_(n), kept_(kept), rng_(rng_seed), seq_(workers + 2, 0), inc_(workers + 2, 0), values_(n) {
+  // `ledger`: joins say a batch and some pulls are ticks instead (the same
+  // random draws otherwise, so the other runs' events stay as they were).
+  events(std::size_t n, std::uint32_t rng_seed, bool kept, bool ledger = false)
+      : n_(n), kept_(kept), ledger_(ledger), rng_(rng_seed), seq_(workers + 2, 0), inc_(workers + 2, 0), values_(n) {
     for (auto& r : ring_) r.resize(8 * n + 64);
   }
 
@@ -134,7 +138,7 @@ class events {
     const auto w = static_cast<as::worker_id>(rng_() % (workers + 2));
     const unsigned r = rng_() % 100;
     if (r < 42) return commit(w);
-    if (r < 64) return ps::core_event::of_pull(w, time_);
+    if (r < 64) return ledger_ && r >= 58 ? ps::core_event::of_tick(time_) : ps::core_event::of_pull(w, time_);
     if (r < 74) {
       ps::core_event e = timing(w, ashl::measurement_kind::commit);
       if (rng_() % 15 == 0) e.measurement.seconds = 0.0;  // refused: seconds must be > 0
@@ -150,12 +154,13 @@ class events {
     }
     if (r < 94) {
       const unsigned j = rng_() % 6;
-      if (j == 0 && inc_[w] > 0) return ps::core_event::of_join(w, inc_[w] - 1, time_);  // stale: refused
+      const std::uint32_t batch = ledger_ ? 4 + 4 * w : 0;
+      if (j == 0 && inc_[w] > 0) return ps::core_event::of_join(w, inc_[w] - 1, time_, batch);  // stale: refused
       if (j <= 2) {  // a restart: a new process, sequences from 1
         ++inc_[w];
         seq_[w] = 0;
       }
-      return ps::core_event::of_join(w, inc_[w], time_);  // else a rejoin (or a duplicate join)
+      return ps::core_event::of_join(w, inc_[w], time_, batch);  // else a rejoin (or a duplicate join)
     }
     if (r < 97) return ps::core_event::of_evict(w, time_);
     if (r < 99) return ps::core_event::of_leave(w, time_);
@@ -229,7 +234,7 @@ class events {
   static constexpr ashl::measurement_kind kinds_[3] = {
       ashl::measurement_kind::compute, ashl::measurement_kind::push, ashl::measurement_kind::pull};
   std::size_t n_;
-  bool kept_;
+  bool kept_, ledger_;
   std::mt19937 rng_;
   std::vector<std::uint64_t> seq_, inc_;
   std::vector<float> values_;
@@ -247,7 +252,7 @@ class events {
 template <class Recorded>
 void call(Recorded& rc, const ps::core_event& e, const ps::commit_in& c, ps::server_actions& out) {
   switch (e.kind) {
-    case ps::core_event_kind::join: rc.join(e.worker, e.incarnation, e.now, out); return;
+    case ps::core_event_kind::join: rc.join(e.worker, e.incarnation, e.now, out, e.batch); return;
     case ps::core_event_kind::leave: rc.leave(e.worker, e.now, out); return;
     case ps::core_event_kind::evict: rc.evict(e.worker, e.now, out); return;
     case ps::core_event_kind::commit: rc.commit(c, e.now, out); return;
@@ -255,12 +260,14 @@ void call(Recorded& rc, const ps::core_event& e, const ps::commit_in& c, ps::ser
     case ps::core_event_kind::metric: rc.metric(e.metric, e.value, e.now, out); return;
     case ps::core_event_kind::measurement: rc.measurement(e.measurement, out); return;
     case ps::core_event_kind::drain: rc.drain(out); return;
+    case ps::core_event_kind::tick: rc.tick(e.now, out); return;
   }
 }
 
 bool same_actions(const ps::server_actions& a, const ps::server_actions& b) {
   if (a.steps() != b.steps() || !std::ranges::equal(a.pull_replies(), b.pull_replies()) ||
-      !std::ranges::equal(a.plans(), b.plans()) || a.errors().size() != b.errors().size())
+      !std::ranges::equal(a.plans(), b.plans()) || !std::ranges::equal(a.leases(), b.leases()) ||
+      a.errors().size() != b.errors().size())
     return false;
   for (std::size_t i = 0; i < a.errors().size(); ++i) {
     const auto &x = a.errors()[i], &y = b.errors()[i];
@@ -282,6 +289,7 @@ struct setup {
   // of records replayed at the end into a fresh core (the chaos test's
   // replay). The log keeps every record: small shards only.
   bool snapshot_and_log = false;
+  ps::ledger_params ledger{};  // samples > 0: the data ledger on (every side)
 };
 
 // What the primary's driver choices did over a run.
@@ -289,6 +297,8 @@ struct setup {
 // driver choices did.
 struct run_counts {
   ps::counters core{};
+  ps::ledger_stats ledger{};
+  std::uint64_t leases_out = 0;  // leases in the primary's actions
   std::uint64_t batched_commits = 0, applied_as_landed = 0, pooled = 0;
   void add(const run_counts& o) {
     const auto sum = [](auto& a, const auto& b) { a += b; };
@@ -300,6 +310,12 @@ struct run_counts {
     sum(core.leaves, o.core.leaves);
     sum(core.pulls_held, o.core.pulls_held);
     for (std::size_t r = 0; r < core.refused.size(); ++r) core.refused[r] += o.core.refused[r];
+    ledger.leases_granted += o.ledger.leases_granted;
+    ledger.leases_resent += o.ledger.leases_resent;
+    ledger.leases_returned += o.ledger.leases_returned;
+    ledger.expiries += o.ledger.expiries;
+    ledger.epochs_completed += o.ledger.epochs_completed;
+    leases_out += o.leases_out;
     batched_commits += o.batched_commits;
     applied_as_landed += o.applied_as_landed;
     pooled += o.pooled;
@@ -331,9 +347,9 @@ run_counts run_case(const ps_cases::policy_case& c, std::size_t variant, const s
   run_counts fp;
   BOOST_TEST_CONTEXT(su.what << ", " << c.label << (variant % 2 == 0 ? "" : " (sgd)")) {
     const bool extras = su.primary_batch >= 2;
-    side primary = make_side(c, variant, su.n, su.primary_threads, su.primary_batch);
+    side primary = make_side(c, variant, su.n, su.primary_threads, su.primary_batch, su.ledger);
     std::vector<side> replicas;
-    for (unsigned t : su.replica_threads) replicas.push_back(make_side(c, variant, su.n, t, 1));
+    for (unsigned t : su.replica_threads) replicas.push_back(make_side(c, variant, su.n, t, 1, su.ledger));
     std::vector<ps::server_actions> replica_out(replicas.size(), ps::server_actions(workers + 2));
     ps::server_actions out(workers + 2);
     std::vector<std::byte> bytes;
@@ -354,7 +370,7 @@ run_counts run_case(const ps_cases::policy_case& c, std::size_t variant, const s
       if (su.snapshot_and_log) log.push_back(bytes);
     });
 
-    events ev(su.n, rng_seed, extras);
+    events ev(su.n, rng_seed, extras, su.ledger.samples > 0);
     std::vector<std::byte> first_state;
     std::uint64_t action_mismatches = 0, state_checks = 0, speculated = 0;
     auto check_states = [&](int at) {
@@ -368,7 +384,7 @@ run_counts run_case(const ps_cases::policy_case& c, std::size_t variant, const s
     };
     for (int i = 0; i < n_events; ++i) {
       if (su.snapshot_and_log && i == n_events / 3) {
-        late.emplace(make_side(c, variant, su.n, 1, 1));
+        late.emplace(make_side(c, variant, su.n, 1, 1, su.ledger));
         const auto snapshot = saved(*primary.core);
         ashl::state_reader in(snapshot);
         const ashl::status loaded = late->core->load(in);
@@ -383,6 +399,7 @@ run_counts run_case(const ps_cases::policy_case& c, std::size_t variant, const s
       }
       call(rc, e, ev.last_commit(), out);
       if (!same_actions(out, replica_out[0])) ++action_mismatches;
+      fp.leases_out += out.leases().size();
       if (late && !same_actions(out, late_out)) ++action_mismatches;
       out.clear();
       late_out.clear();
@@ -396,7 +413,7 @@ run_counts run_case(const ps_cases::policy_case& c, std::size_t variant, const s
       const auto p = saved(*primary.core);
       BOOST_TEST_INFO("the replica started from a snapshot after " << n_events / 3 << " events");
       BOOST_TEST((saved(*late->core) == p));
-      side fresh = make_side(c, variant, su.n, 1, 1);
+      side fresh = make_side(c, variant, su.n, 1, 1, su.ledger);
       ps::server_actions ignored(workers + 2);
       for (const auto& b : log) {
         ps::core_event e;
@@ -416,6 +433,8 @@ run_counts run_case(const ps_cases::policy_case& c, std::size_t variant, const s
     BOOST_TEST(primary.core->stats().commits_applied > 0u);
     BOOST_TEST((saved(*primary.core) != first_state));  // the state moved after the first check
     fp.core = primary.core->stats();
+    fp.ledger = primary.core->ledger().stats();
+    BOOST_TEST(primary.core->ledger().check().ok());
     fp.batched_commits = primary.core->batched_commits();
     fp.applied_as_landed = primary.core->applied_as_landed();
     fp.pooled = primary.core->apply_pool_in_use() != nullptr ? 1 : 0;
@@ -434,6 +453,27 @@ BOOST_AUTO_TEST_CASE(every_policy_replayed_from_its_records_saves_the_same_bytes
   for (std::size_t i = 0; i < cases.size(); ++i)
     total.add(run_case(cases[i], i, plain, 700, 100 + static_cast<std::uint32_t>(i)));
   check_coverage(total);
+  BOOST_TEST(total.leases_out == 0u);  // no ledger: no lease
+}
+
+// The data ledger on (server 0's core): its leases are actions the replica
+// makes alike, its state is part of save(), ticks are records; the run
+// grants, resends at rejoins, gives back (leaves, restarts, expiries after
+// give_back_after) and completes epochs.
+BOOST_AUTO_TEST_CASE(every_policy_with_the_data_ledger_on_replays_bit_for_bit) {
+  const auto cases = ps_cases::every_policy(workers);
+  setup with_ledger{"ledger", 129, 1, 1, {1}, true};
+  with_ledger.ledger = {.samples = 997, .shuffle_seed = 11, .lease_samples = 0, .ahead = 1, .give_back_after = 2.0};
+  run_counts total;
+  for (std::size_t i = 0; i < cases.size(); ++i)
+    total.add(run_case(cases[i], i, with_ledger, 700, 300 + static_cast<std::uint32_t>(i)));
+  check_coverage(total);
+  BOOST_TEST(total.leases_out > 0u);
+  BOOST_TEST(total.ledger.leases_granted > 0u);
+  BOOST_TEST(total.ledger.leases_resent > 0u);
+  BOOST_TEST(total.ledger.leases_returned > 0u);
+  BOOST_TEST(total.ledger.expiries > 0u);
+  BOOST_TEST(total.ledger.epochs_completed > 0u);
 }
 
 BOOST_AUTO_TEST_CASE(apply_threads_and_batched_applies_on_one_side_only_change_nothing) {
@@ -481,6 +521,7 @@ std::vector<recorded> sample_records(std::span<const std::byte> payload, std::si
   add("evict", ps::core_event::of_evict(3, 4.0));
   add("leave", ps::core_event::of_leave(0, 4.5));
   add("drain", ps::core_event::of_drain());
+  add("tick", ps::core_event::of_tick(5.0));
   return out;
 }
 
@@ -556,7 +597,19 @@ BOOST_AUTO_TEST_CASE(records_round_trip_field_for_field) {
   ps::encode_core_event(ps::core_event::of_join(7, 42, 10.0), b);
   BOOST_REQUIRE(ps::decode_core_event(b, d).ok());
   BOOST_TEST((d.kind == ps::core_event_kind::join && d.worker == 7u && d.incarnation == 42u && d.now == 10.0));
+  BOOST_TEST(d.batch == 0u);
   BOOST_TEST(b.size() == ps::core_event_prefix_bytes);
+  // A join's batch (the data ledger's lease size) rides in the samples field.
+  ps::encode_core_event(ps::core_event::of_join(7, 42, 10.0, 96), b);
+  std::uint64_t at48 = 0;
+  std::memcpy(&at48, b.data() + 48, 8);
+  BOOST_TEST(at48 == 96u);
+  BOOST_REQUIRE(ps::decode_core_event(b, d).ok());
+  BOOST_TEST(d.batch == 96u);
+  ps::encode_core_event(ps::core_event::of_tick(11.5), b);
+  BOOST_TEST(static_cast<unsigned>(b[6]) == 9u);
+  BOOST_REQUIRE(ps::decode_core_event(b, d).ok());
+  BOOST_TEST((d.kind == ps::core_event_kind::tick && d.now == 11.5 && d.worker == 0u));
 }
 
 BOOST_AUTO_TEST_CASE(corrupt_records_refused_by_name_and_the_replaying_core_unchanged) {
@@ -598,7 +651,7 @@ BOOST_AUTO_TEST_CASE(corrupt_records_refused_by_name_and_the_replaying_core_unch
     }
     bads.push_back({r.what + " of kind 12", "core_event.kind", with_field<std::uint8_t>(b, 6, 12)});
     bads.push_back({r.what + " of kind 0 (a snapshot)", "core_event.kind", with_field<std::uint8_t>(b, 6, 0)});
-    bads.push_back({r.what + " of kind 9 (a tick)", "core_event.kind", with_field<std::uint8_t>(b, 6, 9)});
+    bads.push_back({r.what + " of kind 10", "core_event.kind", with_field<std::uint8_t>(b, 6, 10)});
     bads.push_back({r.what + " with flag bit 3", "core_event.flags", with_field<std::uint8_t>(b, 7, 8)});
     bads.push_back({r.what + " with a reserved byte set", "core_event.reserved", with_field<std::uint8_t>(b, 83, 1)});
     auto longer = b;
@@ -616,6 +669,11 @@ BOOST_AUTO_TEST_CASE(corrupt_records_refused_by_name_and_the_replaying_core_unch
   bads.push_back({"metric with an amount", "core_event.amount", with_field<double>(metric, 96, 1.0)});
   bads.push_back({"drain with a time", "core_event.now", with_field<double>(drain, 8, 2.0)});
   bads.push_back({"drain with an incarnation", "core_event.incarnation", with_field<std::uint64_t>(drain, 24, 1)});
+  const auto& tick = records[8].bytes;
+  bads.push_back({"tick with a worker", "core_event.worker", with_field<std::uint32_t>(tick, 16, 1)});
+  bads.push_back({"tick with samples", "core_event.samples", with_field<std::uint64_t>(tick, 48, 1)});
+  bads.push_back({"join with a batch past u32", "core_event.samples",
+                  with_field<std::uint64_t>(join, 48, std::uint64_t{1} << 32)});
   // A commit's payload: cut short (its length then disagrees) or changed.
   const auto& commit = records[0].bytes;
   bads.push_back({"commit missing its last payload byte", "core_event.payload_bytes",

@@ -1911,3 +1911,290 @@ BOOST_AUTO_TEST_CASE(topk_pseudo_gradients_with_error_feedback_and_the_outer_opt
     BOOST_TEST(owed > 0.0);  // top-k dropped something this round: the residual holds it
   }
 }
+
+// ------------------------------------------------------------- the data ledger
+//
+// docs/elastic.md §3: server_core runs the ledger (rules/data_ledger.hpp) on
+// its own events: a join the core accepts grants, an accepted commit's
+// samples move the worker's cursor, a leave gives back, an eviction
+// suspends until tick() passes give_back_after; the leases go out in
+// server_actions::leases(), and the ledger is part of save() (PSCR 4).
+
+namespace {
+
+constexpr ps::ledger_params small_ledger{
+    .samples = 100, .shuffle_seed = 7, .lease_samples = 10, .ahead = 1, .give_back_after = 5.0};
+
+ps::server_core<sync::asp> ledger_core(std::uint32_t m, std::uint32_t max_workers = 0,
+                                       ps::ledger_params lp = small_ledger, std::uint64_t n = 4) {
+  auto c = ps::server_core<sync::asp>::create(
+      {.layout = layout(n), .workers = m, .max_workers = max_workers, .ledger = lp},
+      sync::asp{{.workers = m, .scale = 0.5}});
+  BOOST_REQUIRE_MESSAGE(c.has_value(), c.to_status().to_string());
+  return std::move(*c);
+}
+
+std::vector<std::byte> ledger_bytes(const ps::data_ledger& l) {
+  std::vector<std::byte> b;
+  ashl::state_writer w(b);
+  l.save(w);
+  return b;
+}
+
+ps::commit_in commit_with_samples(sync::worker_id w, std::uint64_t inc, std::uint64_t seq,
+                                  std::span<const std::byte> payload, std::uint64_t samples) {
+  auto c = commit_of(w, seq, payload, payload.size() / 4);
+  c.incarnation = inc;
+  c.samples = samples;
+  return c;
+}
+
+struct lease_view {
+  sync::worker_id worker;
+  std::uint64_t epoch, begin, end;
+  std::uint32_t flags;
+  friend bool operator==(const lease_view&, const lease_view&) = default;
+};
+std::vector<lease_view> leases_of(const ps::server_actions& out) {
+  std::vector<lease_view> v;
+  for (const auto& l : out.leases()) v.push_back({l.worker, l.epoch, l.begin, l.end, l.flags});
+  return v;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_ledger_is_checked_by_name_and_runs_on_shard_0_only) {
+  auto off = ledger_core(2, 0, {});
+  BOOST_TEST(!off.ledger().enabled());
+  auto bad = ps::server_core<sync::asp>::create(
+      {.layout = layout(4), .workers = 1, .ledger = {.samples = 10, .ahead = 65}}, sync::asp{{.workers = 1}});
+  BOOST_REQUIRE(!bad.has_value());
+  BOOST_TEST(bad.error().message() == "server_core.ledger.ahead = 65: must be at most 64 (ps::max_ledger_ahead)");
+  auto big_lease = ps::server_core<sync::asp>::create(
+      {.layout = layout(4), .workers = 1, .ledger = {.samples = 10, .lease_samples = 11}}, sync::asp{{.workers = 1}});
+  BOOST_REQUIRE(!big_lease.has_value());
+  BOOST_TEST(big_lease.error().message().starts_with("server_core.ledger.lease_samples = 11: must be at most"));
+  auto shard1 = ps::server_core<sync::asp>::create(
+      {.layout = *ps::shard_layout::even(8, 2), .shard = 1, .workers = 1, .ledger = {.samples = 10}},
+      sync::asp{{.workers = 1}});
+  BOOST_REQUIRE(!shard1.has_value());
+  BOOST_TEST(shard1.error().message() ==
+             "server_core.ledger.samples = 10: the data ledger runs on shard 0 only (the plan authority, "
+             "docs/elastic.md §3.3); this core is shard 1");
+}
+
+// A join grants; an accepted commit of k samples moves the cursor k
+// positions (and tops the worker up); a refused commit and a duplicate
+// change nothing of the ledger and send no lease.
+BOOST_AUTO_TEST_CASE(commits_of_k_samples_move_the_ledger_refused_and_duplicate_ones_do_not) {
+  auto core = ledger_core(2);
+  ps::server_actions out(2);
+  const auto d = dense({1.0f, 2.0f, 3.0f, 4.0f});
+  core.join(0, 11, 0.0, out);
+  BOOST_TEST((leases_of(out) == std::vector<lease_view>{{0, 0, 0, 10, 0}}));
+  out.clear();
+  core.join(1, 21, 0.0, out);
+  BOOST_TEST((leases_of(out) == std::vector<lease_view>{{1, 0, 10, 20, 0}}));
+  out.clear();
+
+  core.commit(commit_with_samples(0, 11, 1, d, 4), 1.0, out);
+  BOOST_TEST(out.errors().empty());
+  BOOST_TEST(core.ledger().used(0) == 4u);
+  BOOST_TEST(core.ledger().unused(0) == 6u + 10u);  // below one lease ahead: topped up
+  BOOST_TEST((leases_of(out) == std::vector<lease_view>{{0, 0, 20, 30, 0}}));
+  BOOST_TEST(core.ledger().leases(0)[0].begin == 4u);
+  out.clear();
+  core.commit(commit_with_samples(0, 11, 2, d, 9), 2.0, out);  // across its two leases
+  BOOST_TEST(core.ledger().used(0) == 13u);
+  BOOST_TEST(core.ledger().leases(0).size() == 2u);
+  BOOST_TEST(core.ledger().leases(0)[0].begin == 23u);
+  BOOST_TEST(core.ledger().unused(0) == 7u + 10u);  // 7 left: below a lease ahead again
+  BOOST_TEST((leases_of(out) == std::vector<lease_view>{{0, 0, 30, 40, 0}}));
+  BOOST_TEST(core.ledger().stats().leases_granted == 4u);
+  out.clear();
+
+  // Refused commits: each named, none moves the ledger or sends a lease.
+  const auto before = ledger_bytes(core.ledger());
+  const auto stats = core.stats();
+  auto expect_unmoved = [&](ps::commit_in c, ps::refusal why) {
+    core.commit(c, 3.0, out);
+    BOOST_REQUIRE(out.errors().size() == 1u);
+    BOOST_TEST((out.errors()[0].reason == why), ps::to_string(why));
+    BOOST_TEST(out.leases().empty());
+    BOOST_TEST((ledger_bytes(core.ledger()) == before));
+    out.clear();
+  };
+  expect_unmoved(commit_with_samples(0, 10, 3, d, 5), ps::refusal::incarnation);
+  expect_unmoved(commit_with_samples(0, 11, 0, d, 5), ps::refusal::sequence);
+  expect_unmoved(commit_with_samples(0, 11, 3, dense({1.0f, 2.0f}), 5), ps::refusal::element_count);
+  expect_unmoved(commit_with_samples(0, 11, 3, dense({1.0f, NAN, 3.0f, 4.0f}), 5), ps::refusal::non_finite);
+  expect_unmoved(commit_with_samples(0, 11, 3, d, (std::uint64_t{1} << 30) + 1), ps::refusal::samples);
+  expect_unmoved(commit_with_samples(3, 0, 1, d, 5), ps::refusal::unknown_worker);
+  // A duplicate (sequence 2 again): dropped before the policy, and the ledger.
+  core.commit(commit_with_samples(0, 11, 2, d, 9), 3.0, out);
+  BOOST_TEST(out.errors().empty());
+  BOOST_TEST(out.leases().empty());
+  BOOST_TEST(core.stats().duplicates == stats.duplicates + 1);
+  BOOST_TEST((ledger_bytes(core.ledger()) == before));
+  BOOST_TEST(core.ledger().check().ok());
+}
+
+// A leave gives the unused positions back at once (the next lease takes the
+// lowest of them); an eviction suspends them until give_back_after, passed
+// by tick() or any event's time; a rejoin of the same incarnation before
+// that gets them sent again, marked resent.
+BOOST_AUTO_TEST_CASE(a_leave_gives_back_and_an_eviction_waits_for_give_back_after) {
+  auto core = ledger_core(3);
+  ps::server_actions out(3);
+  const auto d = dense({1.0f, 2.0f, 3.0f, 4.0f});
+  for (sync::worker_id w = 0; w < 3; ++w) core.join(w, 1, 0.0, out);  // [0,10) [10,20) [20,30)
+  out.clear();
+  core.commit(commit_with_samples(0, 1, 1, d, 3), 1.0, out);  // w0: [3,10) and [30,40)
+  out.clear();
+  core.leave(0, 2.0, out);  // 17 positions back: [3,10) below next, [30,40) moves next down to 30
+  BOOST_TEST(out.leases().empty());  // nobody is short
+  BOOST_TEST(core.ledger().unused(0) == 0u);
+  BOOST_TEST(core.ledger().stats().positions_returned == 17u);
+  BOOST_TEST(core.ledger().next(0) == 30u);
+  BOOST_TEST(core.ledger().check().ok());
+  out.clear();
+  core.commit(commit_with_samples(1, 1, 1, d, 10), 3.0, out);  // w1 used its lease: the lowest returned range
+  BOOST_TEST((leases_of(out) == std::vector<lease_view>{{1, 0, 3, 10, 0}, {1, 0, 30, 40, 0}}));
+  out.clear();
+
+  // w2 evicted: suspended; a tick before give_back_after does nothing.
+  core.evict(2, 4.0, out);
+  BOOST_TEST((core.ledger().state(2) == ps::ledger_worker_state::suspended));
+  core.tick(8.9, out);
+  BOOST_TEST(out.leases().empty());
+  BOOST_TEST(core.ledger().unused(2) == 10u);
+  // It rejoins as the same incarnation: its lease is sent again.
+  core.join(2, 1, 8.95, out);
+  BOOST_TEST((leases_of(out) == std::vector<lease_view>{{2, 0, 20, 30, ps::lease_resent}}));
+  BOOST_TEST(core.ledger().stats().leases_resent == 1u);
+  out.clear();
+  // Evicted again, and this time give_back_after passes: the tick gives its
+  // positions back to the pool (no one is short of leases, so none is sent).
+  core.evict(2, 10.0, out);
+  core.tick(15.0, out);
+  BOOST_TEST((core.ledger().state(2) == ps::ledger_worker_state::gone));
+  BOOST_TEST(core.ledger().stats().expiries == 1u);
+  BOOST_TEST(core.ledger().unused(2) == 0u);
+  BOOST_TEST(out.leases().empty());
+  BOOST_TEST(core.ledger().check().ok());
+  BOOST_TEST(core.ledger().next(0) == 40u);  // [20, 30) is a returned range now
+  // A tick with nothing due changes nothing.
+  out.clear();
+  const auto before = saved_bytes(core);
+  core.tick(16.0, out);
+  BOOST_TEST((saved_bytes(core) == before));
+  BOOST_TEST(out.empty());
+}
+
+// The ledger travels with the state (PSCR version 4, section LDGR after the
+// policy's): a core created without a ledger loads one mid-epoch and goes on
+// exactly as the saved core does (the same leases out, the same bytes). A
+// core without a ledger still saves version 3, and a version 3 state loads
+// into a core configured with a ledger as ledger-off.
+BOOST_AUTO_TEST_CASE(a_ledger_saved_mid_epoch_loads_and_continues_identically) {
+  const auto d = dense({1.0f, 2.0f, 3.0f, 4.0f});
+  auto a = ledger_core(2, 4, {.samples = 97, .shuffle_seed = 3, .lease_samples = 8, .ahead = 2, .give_back_after = 1.0});
+  ps::server_actions out(4);
+  a.join(0, 5, 0.0, out);
+  a.join(1, 6, 0.0, out);
+  a.join(3, 7, 0.0, out);
+  std::uint64_t seq[4] = {1, 1, 1, 1};
+  const std::uint64_t inc[4] = {5, 6, 0, 7};
+  for (int i = 0; i < 12; ++i) {
+    const sync::worker_id w = i % 3 == 2 ? 3 : static_cast<sync::worker_id>(i % 3);
+    a.commit(commit_with_samples(w, inc[w], seq[w]++, d, 2 + static_cast<std::uint64_t>(i % 4)), 0.5 * i, out);
+  }
+  a.evict(1, 6.0, out);  // suspended at the save
+  out.clear();
+  const auto bytes = saved_bytes(a);
+  BOOST_TEST(static_cast<unsigned>(bytes[4]) == 4u);  // PSCR version 4
+  BOOST_TEST(a.ledger().used(0) > 0u);
+  BOOST_TEST(a.ledger().used(0) < 97u);
+
+  auto b = ledger_core(2, 0, {});  // no ledger of its own: the state's comes
+  ashl::state_reader r(bytes);
+  const auto st = b.load(r);
+  BOOST_REQUIRE_MESSAGE(st.ok(), st.to_string());
+  BOOST_TEST(b.ledger().enabled());
+  BOOST_TEST((b.params().ledger == a.params().ledger));
+  BOOST_TEST((saved_bytes(b) == bytes));
+  ps::server_actions out_b(4);
+  std::uint64_t seq_b[4] = {seq[0], seq[1], seq[2], seq[3]};
+  auto go_on = [&](auto& core, ps::server_actions& o, std::uint64_t* s) {
+    std::vector<lease_view> trail;
+    auto take = [&] {
+      for (const auto& l : leases_of(o)) trail.push_back(l);
+      o.clear();
+    };
+    core.tick(7.5, o);  // w1's leases go back, to whoever is short
+    take();
+    for (int i = 0; i < 60; ++i) {  // past the epoch's end: the next opens
+      const sync::worker_id w = i % 2 == 0 ? 0 : 3;
+      core.commit(commit_with_samples(w, inc[w], s[w]++, d, 4 + static_cast<std::uint64_t>(i % 5)), 8.0 + i, o);
+      take();
+    }
+    core.join(1, 6, 70.0, o);  // back as the same incarnation: gone, so new leases
+    take();
+    core.leave(0, 71.0, o);
+    take();
+    return trail;
+  };
+  const auto ta = go_on(a, out, seq);
+  const auto tb = go_on(b, out_b, seq_b);
+  BOOST_TEST(ta.size() > 10u);
+  BOOST_TEST((ta == tb));
+  BOOST_TEST(a.ledger().epoch() >= 1u);
+  BOOST_TEST(a.ledger().check().ok());
+  BOOST_TEST((saved_bytes(a) == saved_bytes(b)));
+
+  // Without a ledger: version 3, and it loads as ledger-off into a core that has one.
+  auto plain = ledger_core(2, 0, {});
+  plain.join(0, 5, 0.0, out);
+  const auto v3 = saved_bytes(plain);
+  BOOST_TEST(static_cast<unsigned>(v3[4]) == 3u);
+  auto with = ledger_core(2);
+  ashl::state_reader r3(v3);
+  BOOST_REQUIRE(with.load(r3).ok());
+  BOOST_TEST(!with.ledger().enabled());
+  BOOST_TEST((with.params().ledger == ps::ledger_params{}));
+  BOOST_TEST((saved_bytes(with) == v3));
+}
+
+// With the ledger on, commits (each moving the cursor, granting leases,
+// crossing leases and epochs) allocate nothing after warm-up; nor do
+// ticks.
+BOOST_AUTO_TEST_CASE(commits_with_the_ledger_on_allocate_nothing_in_steady_state) {
+  const std::uint32_t m = 4;
+  const auto d = dense(vec(64, 0.01f, 0.001f));
+  for (std::uint64_t lease : {std::uint64_t{0}, std::uint64_t{24}}) {
+    auto core = ledger_core(m, 0, {.samples = 1000, .shuffle_seed = 1, .lease_samples = lease, .ahead = 2}, 64);
+    ps::server_actions out(m);
+    for (sync::worker_id w = 0; w < m; ++w) core.join(w, 1, 0.0, out, 4);
+    std::uint64_t seq = 1, leases = 0, errors = 0;
+    auto events = [&](std::uint64_t to) {
+      for (; seq < to; ++seq)
+        for (sync::worker_id w = 0; w < m; ++w) {
+          core.commit(commit_with_samples(w, 1, seq, d, 3 + (seq + w) % 7), static_cast<double>(seq), out);
+          core.tick(static_cast<double>(seq) + 0.5, out);
+          leases += out.leases().size();
+          errors += out.errors().size();
+          out.clear();
+        }
+    };
+    events(50);  // warm-up
+    const auto before = counting_new::count();
+    const auto leases_before = leases;
+    events(800);
+    BOOST_TEST(counting_new::count() - before == 0u, "lease_samples " << lease);
+    BOOST_TEST(errors == 0u);
+    BOOST_TEST(leases - leases_before > 100u);
+    BOOST_TEST(core.ledger().epoch() > 5u);  // several epochs completed in the counted part
+    BOOST_TEST(core.ledger().stats().overrun == 0u);
+    BOOST_TEST(core.ledger().check().ok());
+  }
+}

@@ -1219,3 +1219,63 @@ BOOST_AUTO_TEST_CASE(a_commit_in_parts_carries_a_header_per_part) {
   const auto st = sim::validate(bad);
   BOOST_TEST(st.message().find("commit_part_bytes = 4095: must be 0 (one message) or >= 4096") != std::string::npos, st.message());
 }
+
+// The data ledger in the simulator (docs/elastic.md §3): server 0's core
+// runs it, each worker trains on the leases it was sent, in order. Through
+// a join past the initial workers, a leave, a death (its leases wait
+// give_back_after past its eviction, then go to the others) and a rejoin
+// as a new incarnation, every completed epoch's positions are each used
+// exactly once (counted from the workers' side: the leases they were sent
+// and the samples of their commits server 0 accepted).
+BOOST_AUTO_TEST_CASE(with_the_data_ledger_every_epoch_uses_each_position_once_through_joins_leaves_and_deaths) {
+  auto spec = cluster({worker(0.001), worker(0.0013), worker(0.0007), worker(0.0011)}, 0, 0, {server(), server()});
+  for (auto& w : spec.workers) w.batch = 8;
+  spec.workers[1].batch = 12;
+  spec.failure_timeout_s = 0.01;
+  // Workers 0 and 1 are the initial set; 2 and 3 join (past it), 2 leaves
+  // and joins again, 3 dies and joins again, 1 leaves for good.
+  spec.changes = {{.at = 0.005, .worker = 2, .kind = sim::change_kind::join},
+                  {.at = 0.02, .worker = 3, .kind = sim::change_kind::join},
+                  {.at = 0.05, .worker = 2, .kind = sim::change_kind::leave},
+                  {.at = 0.07, .worker = 3, .kind = sim::change_kind::die},
+                  {.at = 0.1, .worker = 2, .kind = sim::change_kind::join},
+                  {.at = 0.12, .worker = 1, .kind = sim::change_kind::leave},
+                  {.at = 0.15, .worker = 3, .kind = sim::change_kind::join}};
+  // About 200 samples a millisecond in all (batch 8 takes an eighth of the
+  // reference time): an epoch of ~100 ms, longer than the dead worker's
+  // leases wait (failure timeout + give_back_after, 30 ms), so the next
+  // epoch's pool never runs dry while they do and no worker trains
+  // without a lease.
+  constexpr std::uint64_t n = 20011;
+  auto s = make(spec, policy("asp", 2), {},
+                {.ledger = {.samples = n, .shuffle_seed = 9, .lease_samples = 0, .ahead = 1, .give_back_after = 0.02}});
+  auto r = s.run({.until = 0.5});
+  BOOST_TEST(r.error == "");
+  BOOST_TEST(r.joins == 4u);
+  BOOST_TEST(r.leaves == 2u);
+  BOOST_TEST(s.core().stats().evictions == 1u);
+  BOOST_REQUIRE(r.ledger.enabled);
+  const auto& ledger = s.core().ledger();
+  BOOST_TEST(ledger.check().ok());
+  BOOST_TEST(ledger.stats().expiries == 1u);        // the dead worker's leases went back
+  BOOST_TEST(ledger.stats().leases_returned >= 3u);  // those and the leavers'
+  BOOST_TEST(r.ledger.epochs_completed == ledger.epoch());
+  BOOST_TEST(r.ledger.epochs_completed >= 3u);
+  BOOST_REQUIRE(r.ledger.used.size() >= r.ledger.epochs_completed);
+  for (std::uint64_t e = 0; e < r.ledger.epochs_completed; ++e) {
+    BOOST_TEST_INFO("epoch " << e);
+    BOOST_TEST(r.ledger.used[e] == n);
+  }
+  for (std::uint64_t e = r.ledger.epochs_completed; e < r.ledger.used.size(); ++e)
+    BOOST_TEST(r.ledger.used[e] == ledger.used(e));  // the open epochs: as far as the ledger says
+  BOOST_TEST(r.ledger.repeated == 0u);
+  BOOST_TEST(r.ledger.overrun == ledger.stats().overrun);  // the workers' count agrees with the ledger's
+  BOOST_TEST(r.ledger.overrun == 0u);
+  BOOST_TEST(r.ledger.leases == ledger.stats().leases_granted);
+  // Server 1 runs none; without a ledger the run has none either.
+  BOOST_TEST(!s.core(1).ledger().enabled());
+  auto plain = make(spec, policy("asp", 2));
+  const auto p = plain.run({.until = 0.5});
+  BOOST_TEST(!p.ledger.enabled);
+  BOOST_TEST(p.ledger.used.empty());
+}

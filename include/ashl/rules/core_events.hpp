@@ -17,9 +17,9 @@
 //
 // Which calls are records. Every server_core call that can change what
 // save() writes (parameters, optimizer, the exactly-once table, buffered
-// commits, counters, the policy): join, leave, evict, commit, pull, metric,
-// measurement (one record each; a measurements message is one call per
-// measurement) and drain. A refused call is recorded too: its refusal
+// commits, counters, the policy, the data ledger): join, leave, evict,
+// commit, pull, metric, measurement (one record each; a measurements message
+// is one call per measurement), drain and tick (the data ledger's clock). A refused call is recorded too: its refusal
 // counter is part of the state. Why these suffice: server_core is pure
 // (docs/design.md "The one rule"): it reads no clock (the driver's time is
 // the record's `now`; a measurement carries its own time), no randomness but
@@ -46,15 +46,16 @@
 //   snapshot (save() bytes, docs/elastic.md §4.2), then records.
 // - A driver's own refusals before the core (wire checks, a rank beyond the
 //   job, a job id): they change nothing in the core.
-// - tick: server_core has no such call yet (the data ledger's, §3.2, will
-//   be one: kind 9 is kept for it and refused until then).
+// - tick is a record (kind 9): with a data ledger it gives back the leases
+//   of workers evicted give_back_after ago; without one it changes nothing
+//   (a driver may still record it).
 //
 // The bytes (little-endian; docs/elastic.md §4.2):
 //
 //   offset size field          used by
 //        0    4 magic "ACEV"
 //        4    2 version (1)
-//        6    1 kind           1 join, 2 leave, 3 evict, 4 commit, 5 pull, 6 metric, 7 measurement, 8 drain
+//        6    1 kind           1 join, 2 leave, 3 evict, 4 commit, 5 pull, 6 metric, 7 measurement, 8 drain, 9 tick
 //        7    1 flags          commit: bit 0 pull, bit 1 ack_only, bit 2 reply_unchecked
 //        8    8 now f64        all but drain (measurement: its time)
 //       16    4 worker u32     join leave evict commit pull measurement
@@ -62,7 +63,7 @@
 //       24    8 incarnation    join commit
 //       32    8 sequence       commit (the worker's)
 //       40    8 clock          commit
-//       48    8 samples        commit
+//       48    8 samples        commit; join (its batch: the data ledger's lease size)
 //       56    8 bytes          commit (its bytes on the wire)
 //       64    8 elements       commit
 //       72    8 step           commit
@@ -115,8 +116,7 @@ ASHL_NAMESPACE_BEGIN
 namespace ps {
 
 // One value per server_core call that changes its state. 0 is kept for the
-// snapshot record of docs/elastic.md §4.2 and 9 for a tick, neither a core
-// call of this build.
+// snapshot record of docs/elastic.md §4.2 (not a core call).
 enum class core_event_kind : std::uint8_t {
   join = 1,
   leave = 2,
@@ -126,10 +126,11 @@ enum class core_event_kind : std::uint8_t {
   metric = 6,
   measurement = 7,
   drain = 8,
+  tick = 9,
 };
 inline constexpr auto core_event_kind_table = make_enum_table_from<core_event_kind>(
-    1, "?", "join", "leave", "evict", "commit", "pull", "metric", "measurement", "drain");
-static_assert(core_event_kind_table.name(core_event_kind::drain) == "drain",
+    1, "?", "join", "leave", "evict", "commit", "pull", "metric", "measurement", "drain", "tick");
+static_assert(core_event_kind_table.name(core_event_kind::tick) == "tick",
               "core_event_kind_table ends where core_event_kind does");
 
 constexpr std::string_view to_string(core_event_kind k) noexcept { return core_event_kind_table.name(k); }
@@ -142,16 +143,18 @@ struct core_event {
   double now = 0.0;             // the driver's time passed to the call
   worker_id worker = 0;         // join, leave, evict, pull; a commit's and a measurement's too
   std::uint64_t incarnation = 0;  // join
+  std::uint32_t batch = 0;        // join (server_core::join's batch)
   commit_in commit{};           // commit (payload_kept and values_checked false)
   metric_id metric = metric_id::loss;  // metric
   double value = 0.0;                  // metric
   ashl::measurement measurement{};     // measurement (its time is `now`)
 
-  static core_event of_join(worker_id w, std::uint64_t incarnation, double now) noexcept {
+  static core_event of_join(worker_id w, std::uint64_t incarnation, double now, std::uint32_t batch = 0) noexcept {
     core_event e;
     e.kind = core_event_kind::join;
     e.worker = w;
     e.incarnation = incarnation;
+    e.batch = batch;
     e.now = now;
     return e;
   }
@@ -186,6 +189,12 @@ struct core_event {
     return e;
   }
   static core_event of_drain() noexcept { return core_event{}; }
+  static core_event of_tick(double now) noexcept {
+    core_event e;
+    e.kind = core_event_kind::tick;
+    e.now = now;
+    return e;
+  }
 
  private:
   static core_event of_worker(core_event_kind k, worker_id w, double now) noexcept {
@@ -250,6 +259,10 @@ inline core_event_fields core_event_fields_of(const core_event& e) noexcept {
       f.now = e.now;
       f.worker = e.worker;
       f.incarnation = e.incarnation;
+      f.samples = e.batch;
+      break;
+    case core_event_kind::tick:
+      f.now = e.now;
       break;
     case core_event_kind::leave:
     case core_event_kind::evict:
@@ -422,10 +435,9 @@ inline status decode_core_event(std::span<const std::byte> bytes, core_event& ou
                           " (a corrupt record)");
   if (!core_event_kind_table.from_value(f.kind))
     return malformed("core_event.kind", f.kind,
-                     f.kind == 0   ? "a snapshot, not a core call (docs/elastic.md §4.2)"
-                     : f.kind == 9 ? "a tick: server_core has no tick call in this build"
-                                   : "not a server_core call (1..8: join leave evict commit pull metric "
-                                     "measurement drain)");
+                     f.kind == 0 ? "a snapshot, not a core call (docs/elastic.md §4.2)"
+                                 : "not a server_core call (1..9: join leave evict commit pull metric "
+                                   "measurement drain tick)");
   const std::uint32_t flags_ok = f.kind == static_cast<std::uint8_t>(K::commit) ? detail::core_event_commit_flags : 0u;
   if ((f.flags & ~flags_ok) != 0)
     return malformed("core_event.flags", f.flags,
@@ -440,7 +452,9 @@ inline status decode_core_event(std::span<const std::byte> bytes, core_event& ou
   ASHL_TRY(core_event_unused_zero(k, kinds({K::join, K::commit}), "core_event.incarnation", f.incarnation));
   ASHL_TRY(core_event_unused_zero(k, commit_only, "core_event.sequence", f.sequence));
   ASHL_TRY(core_event_unused_zero(k, commit_only, "core_event.clock", f.clock));
-  ASHL_TRY(core_event_unused_zero(k, commit_only, "core_event.samples", f.samples));
+  ASHL_TRY(core_event_unused_zero(k, kinds({K::join, K::commit}), "core_event.samples", f.samples));
+  if (k == static_cast<std::uint8_t>(K::join) && f.samples > 0xffffffffu)
+    return malformed("core_event.samples", f.samples, "a join's batch is a u32");
   ASHL_TRY(core_event_unused_zero(k, commit_only, "core_event.bytes", f.bytes));
   ASHL_TRY(core_event_unused_zero(k, commit_only, "core_event.elements", f.elements));
   ASHL_TRY(core_event_unused_zero(k, commit_only, "core_event.step", f.step));
@@ -466,7 +480,10 @@ inline status decode_core_event(std::span<const std::byte> bytes, core_event& ou
   e.now = f.now;
   e.worker = f.worker;
   switch (e.kind) {
-    case K::join: e.incarnation = f.incarnation; break;
+    case K::join:
+      e.incarnation = f.incarnation;
+      e.batch = static_cast<std::uint32_t>(f.samples);
+      break;
     case K::commit:
       e.incarnation = f.incarnation;
       e.commit = commit_in{.worker = f.worker,
@@ -507,7 +524,7 @@ inline status decode_core_event(std::span<const std::byte> bytes, core_event& ou
 template <class Core>
 void replay(Core& core, const core_event& e, server_actions& out) {
   switch (e.kind) {
-    case core_event_kind::join: core.join(e.worker, e.incarnation, e.now, out); return;
+    case core_event_kind::join: core.join(e.worker, e.incarnation, e.now, out, e.batch); return;
     case core_event_kind::leave: core.leave(e.worker, e.now, out); return;
     case core_event_kind::evict: core.evict(e.worker, e.now, out); return;
     case core_event_kind::commit: core.commit(e.commit, e.now, out); return;
@@ -515,6 +532,7 @@ void replay(Core& core, const core_event& e, server_actions& out) {
     case core_event_kind::metric: core.metric(e.metric, e.value, e.now, out); return;
     case core_event_kind::measurement: core.measurement(e.measurement, out); return;
     case core_event_kind::drain: core.drain(out); return;
+    case core_event_kind::tick: core.tick(e.now, out); return;
   }
   ASHL_ASSERT(false, "core_event: a kind replay does not know");
 }
@@ -532,8 +550,8 @@ class recorded_core {
  public:
   recorded_core(Core& core, Record record) : core_(&core), record_(std::move(record)) {}
 
-  void join(worker_id w, std::uint64_t incarnation, double now, server_actions& out) {
-    call(core_event::of_join(w, incarnation, now), out);
+  void join(worker_id w, std::uint64_t incarnation, double now, server_actions& out, std::uint32_t batch = 0) {
+    call(core_event::of_join(w, incarnation, now, batch), out);
   }
   void leave(worker_id w, double now, server_actions& out) { call(core_event::of_leave(w, now), out); }
   void evict(worker_id w, double now, server_actions& out) { call(core_event::of_evict(w, now), out); }
@@ -549,6 +567,7 @@ class recorded_core {
   }
   void measurement(const ashl::measurement& m, server_actions& out) { call(core_event::of_measurement(m), out); }
   void drain(server_actions& out) { call(core_event::of_drain(), out); }
+  void tick(double now, server_actions& out) { call(core_event::of_tick(now), out); }
 
   [[nodiscard]] Core& core() noexcept { return *core_; }
   [[nodiscard]] const Core& core() const noexcept { return *core_; }

@@ -221,6 +221,10 @@ class data_ledger {
     if (w >= workers_.size()) return {};
     return workers_[w].leases;
   }
+  // The incarnation it last joined as (0 before its first join).
+  [[nodiscard]] std::uint64_t incarnation(worker_id w) const noexcept {
+    return w < workers_.size() ? workers_[w].incarnation : 0;
+  }
   // Its leased positions not used yet.
   [[nodiscard]] std::uint64_t unused(worker_id w) const noexcept { return w < workers_.size() ? workers_[w].unused : 0; }
   // Positions its next lease will have (before clipping to what the pool holds).

@@ -59,6 +59,13 @@
 //   in the policy's order (no accumulator pass; sgd uses the accumulator).
 // - worker_cycle: built with its worker id; compressed(now, payload_bytes);
 //   reply_started, pull_sent, restart, abandon, samples, state added.
+// - The data ledger (server_core_params::ledger, rules/data_ledger.hpp;
+//   shard 0 only): fed by the events the core accepts, after the policy
+//   (joins, accepted commits' samples, leaves, evictions, and tick(now) for
+//   its give_back_after); its leases go out in server_actions::leases();
+//   saved as section LDGR (PSCR version 4, written only with a ledger).
+//   join() takes the join body's batch for its lease size.
+//   docs/elastic.md §3.3.
 #pragma once
 
 #include <ashl/config.hpp>
@@ -138,12 +145,20 @@ class server_core {
       if (!policy.is_live(w))
         return invalid_argument("server_core.workers", p.workers,
                                 "the policy does not hold worker " + std::to_string(w) + " live");
+    ASHL_TRY(check_ledger_params(p.ledger, "server_core.ledger."));
+    auto ledger = data_ledger::create(p.ledger);
+    if (!ledger) return ledger.error();
+    if (ledger->enabled() && p.shard != 0)
+      return invalid_argument("server_core.ledger.samples", p.ledger.samples,
+                              "the data ledger runs on shard 0 only (the plan authority, docs/elastic.md §3.3); "
+                              "this core is shard " + std::to_string(p.shard));
     auto opt = optimizer::create(p.optimizer, static_cast<std::size_t>(n));
     if (!opt) return opt.error();
     reply_encoder replies;
     ASHL_TRY(replies.configure(p.replies, static_cast<std::size_t>(n), p.max_workers, p.seed, p.shard));
     server_core c(std::move(p), std::move(policy), std::move(*opt));
     c.replies_ = std::move(replies);
+    c.ledger_ = std::move(*ledger);
     if (initial.empty()) c.w_.assign(static_cast<std::size_t>(n), 0.0f);
     else c.w_.assign(initial.begin(), initial.end());
     c.acc_.assign(static_cast<std::size_t>(n), 0.0f);
@@ -170,7 +185,14 @@ class server_core {
   // Below it, a rank the table does not cover yet (a joiner beyond the
   // initial workers: docs/elastic.md §2.3) extends it within the capacity
   // reserved for max_workers at creation: no allocation of the core's own.
-  void join(worker_id w, std::uint64_t incarnation, double now, server_actions& out) {
+  //
+  // With a data ledger (params().ledger), every join the core accepts is the
+  // ledger's join too, after the policy's: the worker's leases (resent
+  // when it rejoins as the same incarnation) go to out.leases(). `batch` is
+  // the join's (its wire body's): with ledger.lease_samples = 0 a lease is 4
+  // cycles of the worker's plan batch x H, this batch where the plan names
+  // none (0: a cycle of 1 sample until its first commit says more).
+  void join(worker_id w, std::uint64_t incarnation, double now, server_actions& out, std::uint32_t batch = 0) {
     if (w >= p_.max_workers) {
       refuse(out, w, 0, refusal::max_workers,
              make_error(errc::out_of_range, "join.rank", w,
@@ -193,6 +215,7 @@ class server_core {
     }
     if (e.known && e.live && incarnation == e.incarnation) {
       send_plan(w, out);
+      ledger_join(w, incarnation, batch, now, out);
       return;
     }
     if (e.known && e.live && untouched_since_creation(e)) {
@@ -203,6 +226,7 @@ class server_core {
       e.incarnation = incarnation;
       ++stats_.joins;
       send_plan(w, out);
+      ledger_join(w, incarnation, batch, now, out);
       return;
     }
     if (e.known && e.live) {  // a restart the server had not noticed
@@ -219,23 +243,38 @@ class server_core {
     ++stats_.joins;
     policy_.on_join({w, now}, sink_);
     finish(out, {}, w);
+    ledger_join(w, incarnation, batch, now, out);
   }
 
-  // w says it leaves: its held pull is dropped; the policy evicts it.
+  // w says it leaves: its held pull is dropped; the policy evicts it. The
+  // ledger's unused positions of w go back at once (and to whoever is short).
   void leave(worker_id w, double now, server_actions& out) {
     if (!check_live(w, 0, "leave.worker", out)) return;
     ++stats_.leaves;
     remove(w, now, out);
+    if (ledger_.enabled()) (void)ledger_.leave(w, now, lease_sink(out));  // live in the ledger unless it never joined
   }
 
   // The driver decided w is gone (timeout, failure): held pulls of w are
   // dropped, the policy recomputes its bounds (releasing others' pulls);
   // w's buffered commits stay and apply as the policy says. A worker not
-  // live is ignored.
+  // live is ignored. The ledger suspends w's leases: they go back
+  // ledger.give_back_after seconds later (tick) unless w rejoins as the same
+  // incarnation.
   void evict(worker_id w, double now, server_actions& out) {
     if (w >= table_.size() || !table_[w].live) return;
     ++stats_.evictions;
     remove(w, now, out);
+    if (ledger_.enabled()) ledger_.evict(w, now, lease_sink(out));
+  }
+
+  // The driver's time between events, for the data ledger alone: leases of
+  // workers evicted ledger.give_back_after ago go back (and out as leases to
+  // the workers short of them). Every other event checks that time too.
+  // Nothing else of the core depends on time passing; without a ledger this
+  // changes nothing.
+  void tick(double now, server_actions& out) {
+    if (ledger_.enabled()) ledger_.tick(now, lease_sink(out));
   }
 
   void commit(const commit_in& c, double now, server_actions& out) {
@@ -319,6 +358,9 @@ class server_core {
     }
     current_ = pending ? &c : nullptr;
     current_sequence_ = seq;
+    // Accepted (whatever the policy decided, a drop too: docs/elastic.md
+    // §3.2): its samples are used positions of w's leases.
+    if (ledger_.enabled()) ledger_commit(w, c.samples, now, out);
     finish(out, {}, no_worker, c.pull ? w : no_worker, now);
     if (current_ != nullptr) {  // still buffered: keep it (room was checked before the policy saw it)
       if (math) {
@@ -571,6 +613,8 @@ class server_core {
   [[nodiscard]] const server_core_params& params() const noexcept { return p_; }
   [[nodiscard]] const optimizer& optimizer_state() const noexcept { return opt_; }
   [[nodiscard]] const commit_store& store() const noexcept { return store_; }
+  // The data ledger (enabled() false without params().ledger.samples).
+  [[nodiscard]] const data_ledger& ledger() const noexcept { return ledger_; }
   [[nodiscard]] key_range range() const noexcept { return p_.layout.range(p_.shard); }
   // No payload is read: the layout has 0 elements (the simulator's timing
   // runs), or this server's range is empty (more servers than elements).
@@ -881,6 +925,39 @@ class server_core {
     ++stats_.plans_sent;
   }
 
+  // ---------------------------------------------------------- the ledger
+  //
+  // The ledger sees only what the core accepted, after the policy (so it
+  // never refuses a join: its incarnations trail the core's). A worker the
+  // core holds live from creation enters the ledger at its first join; its
+  // commits before that are not the ledger's (a real worker joins first).
+
+  // Room in out for the most leases one event grants (the ledger reserves
+  // more itself when a new id joins): nothing allocates once out has it.
+  ledger_sink& lease_sink(server_actions& out) const {
+    return out.lease_sink(2 * ledger_.lease_capacity() * std::max<std::size_t>(ledger_.known_workers(), 1));
+  }
+  // Samples per commit of w (lease_samples = 0: a lease is 4 of them): its
+  // plan's batch x H, else `fallback` (the join's batch x H, a commit's
+  // samples).
+  std::uint64_t cycle_samples(worker_id w, std::uint64_t batch, std::uint64_t fallback) const {
+    if (ledger_.params().lease_samples != 0) return 0;  // unused
+    const worker_plan pl = policy_.plan(w);
+    const std::uint64_t h = pl.local_iterations;
+    if (pl.batch_size > 0 && h > 0) return std::uint64_t{pl.batch_size} * h;
+    return batch > 0 ? batch * std::max<std::uint64_t>(h, 1) : fallback;
+  }
+  void ledger_join(worker_id w, std::uint64_t incarnation, std::uint32_t batch, double now, server_actions& out) {
+    if (!ledger_.enabled()) return;
+    const status s = ledger_.join(w, incarnation, cycle_samples(w, batch, 0), now, lease_sink(out));
+    ASHL_ASSERT(s.ok(), "server_core: the ledger refused a join the core accepted");
+    (void)s;
+  }
+  void ledger_commit(worker_id w, std::uint64_t samples, double now, server_actions& out) {
+    // Refused (changing nothing) only for a worker that never joined the ledger.
+    (void)ledger_.commit(w, samples, cycle_samples(w, 0, samples), now, lease_sink(out));
+  }
+
   struct progress {
     std::size_t round = 0, released = 0;
   };
@@ -906,6 +983,7 @@ class server_core {
   std::vector<std::uint64_t> served_at_;  // per worker: the version of its last reply (serve_staleness)
   commit_store store_;
   sync::outcome_sink sink_;
+  data_ledger ledger_;  // docs/elastic.md §3; disabled without params().ledger.samples
   counters stats_{};
   bool in_acc_ = false;                 // this event's commit was decoded into acc_ by its check
   const commit_in* current_ = nullptr;  // the commit of this event, while buffered and not stored

@@ -1,7 +1,8 @@
 // ashl/rules/server_core_state.hpp — server_core's whole state as bytes:
 // save() and load() (layout, parameters, optimizer, values, the
-// exactly-once table, buffered commits, counters, the policy, one CRC-32C
-// over it all). The bytes are pinned by test/rules/state_bytes.
+// exactly-once table, buffered commits, counters, the policy, the data
+// ledger when there is one, one CRC-32C over it all). The bytes are pinned
+// by test/rules/state_bytes.
 //
 //   #include <ashl/rules/server_core.hpp>   // includes this
 //   std::vector<std::byte> bytes;
@@ -27,9 +28,13 @@ inline void server_core<Policy>::save(state_writer& out) const {
   // appended: no second buffer, no copy (a 64 MB shard saves at memory speed).
   // Version 2: the refusal counters are preceded by their count (version
   // 1 had 11 reasons). Version 3: max_workers after workers (docs/elastic.md
-  // §2.2). load() reads all three.
+  // §2.2). Version 4: the data ledger's section (LDGR) after the policy's
+  // (§3.5), written only when the core runs a ledger: without one the
+  // bytes stay version 3's, so every state of a job without a ledger is
+  // unchanged. load() reads all four; before 4, no ledger.
   ASHL_ASSERT(pending_n_ == 0, "server_core: save() with commits waiting (call apply_pending())");
-  out.tag("PSCR", 3);
+  const bool ledger = ledger_.enabled();
+  out.tag("PSCR", ledger ? 4 : 3);
   const std::size_t length_at = out.size();
   out.put<std::uint64_t>(0);
   const std::size_t body_at = out.size();
@@ -43,6 +48,7 @@ inline void server_core<Policy>::save(state_writer& out) const {
   store_.save(w);
   save_counters(w, stats_);
   policy_.save(w);
+  if (ledger) ledger_.save(w);
   out.patch<std::uint64_t>(length_at, out.size() - body_at);
   out.put(wire::crc32c(out.written(body_at)));
 }
@@ -51,7 +57,7 @@ template <sync::consistency_policy Policy>
 inline status server_core<Policy>::load(state_reader& in) {
   ASHL_ASSERT(pending_n_ == 0, "server_core: load() with commits waiting (call apply_pending())");
   std::uint32_t version = 0;
-  ASHL_TRY(in.tag("PSCR", 1, 3, version));
+  ASHL_TRY(in.tag("PSCR", 1, 4, version));
   std::span<const std::byte> bytes;
   ASHL_TRY(in.get_bytes(bytes, "server_core.state"));
   std::uint32_t crc = 0;
@@ -102,6 +108,25 @@ inline status server_core<Policy>::load(state_reader& in) {
   ASHL_TRY(load_counters(r, st, version));
   Policy pol = policy_;
   ASHL_TRY(pol.load(r));
+  // Before version 4 no ledger: a restored job of an older build runs none,
+  // whatever this server's params().ledger says.
+  data_ledger ledger;
+  if (version >= 4) ASHL_TRY(ledger.load(r));  // named "data_ledger.<field>"
+  if (ledger.enabled() && p.shard != 0)
+    return make_error(errc::malformed, "server_core.ledger.samples", ledger.params().samples,
+                      "a data ledger on shard " + std::to_string(p.shard) + " (it runs on shard 0 only)");
+  // The ledger follows the core's accepted joins, so it knows no rank the
+  // table lacks and no incarnation past the table's (else a join the core
+  // accepts could be one the ledger refuses).
+  if (ledger.known_workers() > m)
+    return make_error(errc::malformed, "server_core.ledger.workers", ledger.known_workers(),
+                      "more ranks than the " + std::to_string(m) + " of the exactly-once table");
+  for (worker_id w = 0; w < ledger.known_workers(); ++w)
+    if (ledger.incarnation(w) > table[w].incarnation)
+      return make_error(errc::malformed, "server_core.ledger.incarnation", ledger.incarnation(w),
+                        "worker " + std::to_string(w) + " is at incarnation " + std::to_string(table[w].incarnation) +
+                            " in the exactly-once table");
+  p.ledger = ledger.params();
   ASHL_TRY(r.expect_end("server_core.state"));
   // Not part of the state: this server's own choices stay.
   p.allow_non_finite = p_.allow_non_finite;
@@ -118,6 +143,7 @@ inline status server_core<Policy>::load(state_reader& in) {
   store_ = std::move(store);
   stats_ = st;
   policy_ = std::move(pol);
+  ledger_ = std::move(ledger);
   sink_.clear();
   reserve_ranks();
   return {};

@@ -2,7 +2,7 @@
 // what comes out of it: its parameters (server_core_params), one decoded
 // commit (commit_in, rules/commit_in.hpp), the driver's finite-values check run in its CRC pass
 // (dense_value_check), the actions a driver must send after an event
-// (server_actions: pull replies, plans, errors), the reasons a message is
+// (server_actions: pull replies, plans, errors, the data ledger's leases), the reasons a message is
 // refused (refusal) and the counters every event updates.
 //
 //   ashl::ps::server_actions out(workers);         // reused across events
@@ -21,6 +21,7 @@
 #include <ashl/core/plan.hpp>
 #include <ashl/core/status.hpp>
 #include <ashl/rules/commit_in.hpp>
+#include <ashl/rules/data_ledger.hpp>
 #include <ashl/rules/finite.hpp>
 #include <ashl/rules/optimizer.hpp>
 #include <ashl/rules/reply_encoder.hpp>
@@ -115,6 +116,11 @@ struct server_core_params {
   // sends every reply dense; a codec sends each worker what its view of
   // the parameters lacks, with error feedback. Not part of save().
   reply_compression replies{};
+  // The data ledger (rules/data_ledger.hpp, docs/elastic.md §3): samples =
+  // 0 (the default) runs none, and the core behaves and saves as before it
+  // had one. Only shard 0 runs it (the plan authority, §3.3): create()
+  // refuses it on another shard. Part of save() (section LDGR, PSCR 4).
+  ledger_params ledger{};
 };
 
 // server_core's check that a dense payload's values are finite, run by a
@@ -185,16 +191,21 @@ class server_actions {
   [[nodiscard]] std::span<const plan_out> plans() const noexcept { return plans_; }
   // Send these errors.
   [[nodiscard]] std::span<const error_out> errors() const noexcept { return {errors_.data(), n_errors_}; }
+  // Send these leases of the data ledger (granted, or resent after a
+  // rejoin), in this order, each to its worker with the ledger's samples and
+  // shuffle_seed (server_core::params().ledger). Empty without a ledger.
+  [[nodiscard]] std::span<const ledger_lease> leases() const noexcept { return leases_.leases(); }
   // Optimizer steps the events took (the parameters changed when > 0).
   [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
   [[nodiscard]] bool empty() const noexcept {
-    return replies_.empty() && plans_.empty() && n_errors_ == 0 && steps_ == 0;
+    return replies_.empty() && plans_.empty() && n_errors_ == 0 && steps_ == 0 && leases_.empty();
   }
   void clear() noexcept {
     replies_.clear();
     plans_.clear();
     n_errors_ = 0;
     steps_ = 0;
+    leases_.clear();
   }
 
   // ---- written by server_core
@@ -210,6 +221,12 @@ class server_actions {
     e.reason = why;
     e.text.assign(s.message());
   }
+  // The ledger writes its leases here; the core first makes room for the
+  // most one event can grant (a no-op once this object has it).
+  ledger_sink& lease_sink(std::size_t room) {
+    leases_.reserve(room);
+    return leases_;
+  }
 
  private:
   std::vector<worker_id> replies_;
@@ -217,6 +234,7 @@ class server_actions {
   std::vector<error_out> errors_;
   std::size_t n_errors_ = 0;
   std::uint64_t steps_ = 0;
+  ledger_sink leases_;
 };
 
 struct counters {

@@ -78,6 +78,21 @@ struct metric_row {
   std::uint64_t bytes_sent = 0;
 };
 
+// The data ledger's run (server_setup::ledger, docs/elastic.md §3): each
+// worker trains on the leases server 0 sent it, in order, a commit's
+// samples at a time; a position is counted when a commit covering it is
+// accepted by server 0. Every sample once per epoch: for each epoch e below
+// epochs_completed, used[e] is the data set's size and repeated is 0.
+struct ledger_result {
+  bool enabled = false;
+  std::uint64_t leases = 0;            // leases server 0 granted (sent to their workers)
+  std::uint64_t resent = 0;            // outstanding leases sent again at a rejoin
+  std::uint64_t epochs_completed = 0;  // the ledger's count at the end of the run
+  std::vector<std::uint64_t> used;     // per epoch: distinct positions the workers trained
+  std::uint64_t repeated = 0;          // positions trained again within their epoch (must stay 0)
+  std::uint64_t overrun = 0;           // samples committed past what a worker's leases held
+};
+
 struct run_result {
   double end_time = 0.0;
   std::uint64_t events = 0;        // simulator events processed
@@ -96,6 +111,7 @@ struct run_result {
   std::vector<worker_stats> workers;
   std::vector<metric_row> metrics;
   std::vector<trace_span> trace;
+  ledger_result ledger;            // enabled only with server_setup::ledger
 
   [[nodiscard]] double wait_fraction() const noexcept {
     double w = 0.0, b = 0.0;

@@ -177,6 +177,12 @@ struct server_setup {
   // names, computing on while it is on the wire, merging it τ steps later.
   // Empty: a worker syncs the whole model per cycle (worker_cycle).
   std::optional<ps::streaming_params> streaming{};
+  // The data ledger (ps::server_core_params::ledger, docs/elastic.md §3):
+  // server 0's core runs it; the initial workers join it at time 0 with
+  // their batch, joiners with theirs, and each worker trains on the leases
+  // server 0 sends it, in order (run_result::ledger checks each position is
+  // used once per epoch). samples = 0: none. Not with streaming.
+  ps::ledger_params ledger{};
 };
 
 struct run_options {
@@ -224,6 +230,9 @@ class simulator {
       ASHL_TRY(setup.streaming->validate(units, "parameters per server"));
       if (setup.elements > 0 && !h.merge)
         return invalid_argument("hooks.merge", "empty", "required in full mode with server.streaming");
+      if (setup.ledger.samples > 0)
+        return invalid_argument("server.ledger.samples", setup.ledger.samples,
+                                "the data ledger follows whole-model commits: not with server.streaming");
       for (const auto& c : spec.changes)
         if (c.kind != change_kind::slowdown)
           return invalid_argument("spec.changes.kind", to_string(c.kind),
@@ -260,7 +269,8 @@ class simulator {
                                   .optimizer = setup.optimizer, .store_bytes = setup.store_bytes, .seed = setup.seed,
                                   .allow_non_finite = setup.allow_non_finite,
                                   .max_commit_samples = setup.max_commit_samples,
-                                  .replies = setup.replies},
+                                  .replies = setup.replies,
+                                  .ledger = k == 0 ? setup.ledger : ps::ledger_params{}},
                                  k + 1 == cores ? std::move(policy) : Policy(policy), init);
       if (!c) return c.error();
       s.cores_.push_back(std::move(*c));
@@ -396,6 +406,8 @@ class simulator {
     cycles_.reserve(m);
     for (std::uint32_t w = 0; w < m; ++w) cycles_.emplace_back(w, opt_.reports);
     act_.reserve(m);
+    leases_held_.assign(ledger_on() ? m : 0, {});
+    uses_.clear();
     payloads_.assign(s, shard_payload{});
     check_parts_.reserve(s);
     {
@@ -416,6 +428,13 @@ class simulator {
     for (std::uint32_t w = 0; w < m0; ++w) {
       r_.workers[w].alive = true;
       ++running_;
+      // With a ledger, its join's leases (the cores hold it live from
+      // creation; the ledger learns of it, and its batch, here).
+      if (ledger_on()) {
+        cores_[0].join(w, 0, 0.0, act_, spec_.workers[w].batch);
+        take_leases();
+        act_.clear();  // the plan is the one adopted below
+      }
       // The join's plan (the real worker waits for it before its first cycle).
       const worker_plan first = cores_[0].policy().plan(w);
       const worker_plan sent = ps::plan_with_codec_options(first, compression_, compression_options_, compression_ratio_);
@@ -448,6 +467,56 @@ class simulator {
     }
     r_.applications = r_.server_steps.empty() ? 0 : r_.server_steps[0];
     for (std::uint32_t k = 0; k < cores_.size(); ++k) r_.refused += cores_[k].stats().refused_total();
+    if (ledger_on()) {
+      r_.ledger.enabled = true;
+      r_.ledger.epochs_completed = cores_[0].ledger().stats().epochs_completed;
+      r_.ledger.used.clear();
+      for (const auto& u : uses_)
+        r_.ledger.used.push_back(static_cast<std::uint64_t>(std::count_if(u.begin(), u.end(), [](std::uint8_t x) {
+          return x > 0;
+        })));
+    }
+  }
+
+  // ------------------------------------------------------ the data ledger
+  //
+  // Leases reach their worker as server 0 grants them (their message's
+  // latency is not modelled: a worker never waits for one, and trains past
+  // its leases only when the ledger had none to give, counted as overrun).
+  [[nodiscard]] bool ledger_on() const noexcept { return cores_[0].ledger().enabled(); }
+  void take_leases() {
+    for (const auto& l : act_.leases()) {
+      if (l.worker >= leases_held_.size()) continue;
+      auto& held = leases_held_[l.worker];
+      if ((l.flags & ps::lease_resent) != 0) {  // one it holds, from the ledger's cursor on
+        for (auto& x : held)
+          if (x.number == l.number) x = l;
+        ++r_.ledger.resent;
+        continue;
+      }
+      held.push_back(l);
+      ++r_.ledger.leases;
+    }
+  }
+  // Server 0 accepted a commit of w covering `samples`: the worker trained
+  // the next `samples` positions of its leases, in order.
+  void use_positions(std::uint32_t w, std::uint64_t samples) {
+    auto& held = leases_held_[w];
+    std::size_t done = 0;
+    while (samples > 0 && done < held.size()) {
+      auto& l = held[done];
+      const std::uint64_t take = std::min(samples, l.end - l.begin);
+      if (uses_.size() <= l.epoch) uses_.resize(l.epoch + 1);
+      auto& u = uses_[l.epoch];
+      if (u.empty()) u.assign(cores_[0].ledger().params().samples, 0);
+      for (std::uint64_t p = l.begin; p < l.begin + take; ++p)
+        if (u[p]++ > 0) ++r_.ledger.repeated;
+      l.begin += take;
+      samples -= take;
+      if (l.begin == l.end) ++done;
+    }
+    held.erase(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(done));
+    r_.ledger.overrun += samples;
   }
 
   // ---------------------------------------------------------------- events
@@ -526,6 +595,7 @@ class simulator {
       // (a small message), adopted at the worker's next cycle start.
       for (const auto& pl : act_.plans()) mail_plan(pl.worker, pl.plan);
       if (!act_.plans().empty() && hooks_.plans_changed) hooks_.plans_changed(clock_.now());
+      if (!act_.leases().empty()) take_leases();
     }
     act_.clear();
   }
@@ -693,9 +763,11 @@ class simulator {
         wk.down_left = static_cast<std::uint32_t>(cores_.size());
         wk.down_bytes = wk.down_payload = 0;
         begin(w, state::waiting);
-        // The joiner registers with every server, then pulls from each.
+        // The joiner registers with every server, then pulls from each
+        // (with a ledger: the old incarnation's leases went back).
+        if (ledger_on()) leases_held_[w].clear();
         for (std::uint32_t k = 0; k < cores_.size(); ++k) {
-          cores_[k].join(w, wk.incarnation, now, act_);
+          cores_[k].join(w, wk.incarnation, now, act_, spec_.workers[w].batch);
           act(k);
         }
         for (std::uint32_t k = 0; k < cores_.size(); ++k) {
@@ -773,6 +845,8 @@ class simulator {
   bool allow_non_finite_ = false;          // server_setup::allow_non_finite (the workers' commit check too)
   std::vector<ps::commit_part_view> check_parts_;  // per server: a commit's parts for ps::check_commit_parts
   std::vector<core_type> cores_;
+  std::vector<std::vector<ps::ledger_lease>> leases_held_;  // per worker, with a ledger: its leases, in order
+  std::vector<std::vector<std::uint8_t>> uses_;             // per epoch, per position: commits that covered it
   ps::server_actions act_;
   run_options opt_{};
   virtual_clock clock_;

@@ -332,7 +332,9 @@ inline void simulator<Policy>::commit_shard_arrived(std::uint32_t w, std::uint32
     payload = p.bytes;
   }
   const ps::commit_in c = ps::commit_in_of(h, w, wk.incarnation, payload, wk.up_bytes);
+  const std::uint64_t accepted = cores_[k].stats().commits;
   cores_[k].commit(c, now, act_);
+  if (k == 0 && ledger_on() && cores_[0].stats().commits > accepted) use_positions(w, c.samples);
   act(k);
   if (last && wk.st == state::done) {
     wk.down_left = 0;
