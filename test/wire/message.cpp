@@ -178,7 +178,11 @@ w::replicate_body a_replicate() {
   return {.event = w::replica_event::commit, .flags = w::replicate_flag_state_crc, .version_after = 411,
           .offset = 0, .total = a_commit_record.size(), .crc_after = 0x0badf00du, .record = a_commit_record};
 }
-w::replicate_body a_tick() { return {.event = w::replica_event::tick, .version_after = 411}; }
+// A tick is a record like the others (its `now` is the primary's clock).
+const bytes a_tick_record = core_record(w::replica_event::tick, 0);
+w::replicate_body a_tick() {
+  return {.event = w::replica_event::tick, .version_after = 411, .total = a_tick_record.size(), .record = a_tick_record};
+}
 // The second piece of a 100-byte snapshot (server_core::save()'s bytes).
 w::replicate_body a_snapshot() {
   return {.event = w::replica_event::snapshot, .version_after = 400, .offset = 60, .total = 100, .record = a_snapshot_piece};
@@ -360,7 +364,7 @@ BOOST_AUTO_TEST_CASE(control_kinds_round_trip) {
   BOOST_TEST(r->record.data() == all[12].data() + 72 + 36);  // the record is a view, no copy
   BOOST_TEST((rp->header.clock == 4u && rp->header.sequence == 9u && rp->header.rank == 3u));  // term, index, worker
   BOOST_TEST((*dec(all[13])->get<w::replicate_body>() == a_tick()));
-  BOOST_TEST(dec(all[13])->get<w::replicate_body>()->record.empty());
+  BOOST_TEST(dec(all[13])->get<w::replicate_body>()->record.size() == 120u);
   BOOST_TEST((*dec(all[14])->get<w::replicate_body>() == a_snapshot()));
   BOOST_TEST((*dec(all[15])->get<w::replica_ack_body>() == an_ack));
   BOOST_TEST((*dec(all[16])->get<w::replica_hello_body>() == a_hello));
@@ -437,11 +441,11 @@ BOOST_AUTO_TEST_CASE(version_6_bodies_refuse_bad_fields_by_name) {
   bytes empty_commit(repl.begin(), repl.begin() + 72 + 36);
   expect_error(dec(patched(empty_commit, 56, std::uint64_t{36})), errc::malformed,
                "replicate.record_bytes = 0: a commit carries a record");
-  expect_error(dec(patched(tick, 72 + 24, std::uint64_t{1})), errc::malformed, "replicate.total = 1: a tick carries no record");
-  expect_error(dec(patched(tick, 72 + 16, std::uint64_t{1})), errc::malformed, "replicate.offset = 1: a tick carries no record");
-  bytes tick_with = tick;
-  tick_with.push_back(std::byte{0});
-  expect_error(dec(patched(tick_with, 56, std::uint64_t{37})), errc::malformed, "replicate.record_bytes = 1: a tick carries no record");
+  bytes empty_tick(tick.begin(), tick.begin() + 72 + 36);  // a tick is a record too (its now is the primary's)
+  expect_error(dec(patched(empty_tick, 56, std::uint64_t{36})), errc::malformed,
+               "replicate.record_bytes = 0: a tick carries a record");
+  expect_error(dec(patched(tick, 72 + 36 + 6, std::uint8_t{5})), errc::malformed,
+               "replicate.record_kind = 5: disagrees with replicate.event = 9 (tick)");
   expect_error(dec(patched(snap, 72 + 24, std::uint64_t{99})), errc::malformed,
                "replicate.offset = 60: with the 40 bytes here passes total = 99");
   expect_error(dec(patched(snap, 72 + 16, std::uint64_t{100})), errc::malformed, "replicate.offset = 100");
@@ -483,7 +487,7 @@ BOOST_AUTO_TEST_CASE(version_6_bodies_refuse_bad_fields_by_name) {
   expect_error(enc(w::lease_body{.begin = 5, .end = 11, .samples = 10}), errc::invalid_argument, "lease.end = 11");
   expect_error(enc(w::lease_body{.begin = 0, .end = 1, .samples = 1, .flags = 8}), errc::unsupported, "lease.flags = 0x00000008");
   expect_error(enc(w::replicate_body{.event = static_cast<w::replica_event>(42)}), errc::unsupported, "replicate.event = 42");
-  expect_error(enc(w::replicate_body{.event = w::replica_event::tick, .total = 3}), errc::malformed, "replicate.total = 3");
+  expect_error(enc(w::replicate_body{.event = w::replica_event::tick, .total = 3}), errc::malformed, "replicate.record_bytes = 0: a tick carries a record");
   const bytes join_rec = core_record(w::replica_event::join, 0);
   expect_error(enc(w::replicate_body{.event = w::replica_event::leave, .total = join_rec.size(), .record = join_rec}),
                errc::malformed, "replicate.record_kind = 1: disagrees with replicate.event = 2 (leave)");
@@ -492,7 +496,7 @@ BOOST_AUTO_TEST_CASE(version_6_bodies_refuse_bad_fields_by_name) {
   expect_error(enc(w::shard_state_body{.term = 0}), errc::invalid_argument, "shard_state.term = 0");
   expect_error(enc(w::shard_state_body{.term = 1, .flags = 2}), errc::unsupported, "shard_state.flags = 0x00000002");
   BOOST_TEST(w::encoded_size(a_replicate()) == 72u + 36u + 125u);
-  BOOST_TEST(w::encoded_size(a_tick()) == 72u + 36u);
+  BOOST_TEST(w::encoded_size(a_tick()) == 72u + 36u + 120u);
   BOOST_TEST(w::encoded_size(a_lease) == 72u + 44u);
 }
 
@@ -956,8 +960,10 @@ BOOST_AUTO_TEST_CASE(body_layouts_are_the_documented_ones) {
     BOOST_TEST(r.u32(72 + 36) == 0x56454341u);       // "ACEV"
     BOOST_TEST(r.u8(72 + 36 + 6) == 4u);             // the record's kind
     const at t{all[13]};
-    BOOST_TEST(all[13].size() == 72u + 36u);
+    BOOST_TEST(all[13].size() == 72u + 36u + 120u);
     BOOST_TEST(t.u8(72) == 9u);                      // event tick
+    BOOST_TEST(t.u64(72 + 24) == 120u);              // total: its record
+    BOOST_TEST(t.u8(72 + 36 + 6) == 9u);             // the record's kind
     const at s{all[14]};
     BOOST_TEST(all[14].size() == 72u + 36u + 40u);
     BOOST_TEST(s.u8(72) == 0u);                      // event snapshot

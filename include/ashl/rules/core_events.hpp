@@ -224,7 +224,8 @@ static_assert(static_cast<int>(wire::replica_event::join) == static_cast<int>(co
                   static_cast<int>(wire::replica_event::pull) == static_cast<int>(core_event_kind::pull) &&
                   static_cast<int>(wire::replica_event::metric) == static_cast<int>(core_event_kind::metric) &&
                   static_cast<int>(wire::replica_event::measurement) == static_cast<int>(core_event_kind::measurement) &&
-                  static_cast<int>(wire::replica_event::drain) == static_cast<int>(core_event_kind::drain),
+                  static_cast<int>(wire::replica_event::drain) == static_cast<int>(core_event_kind::drain) &&
+                  static_cast<int>(wire::replica_event::tick) == static_cast<int>(core_event_kind::tick),
               "a replicate message's event is its record's kind");
 
 [[nodiscard]] inline std::span<const std::byte> core_event_payload(const core_event& e) noexcept {

@@ -239,10 +239,11 @@ struct lease_body {
   friend constexpr bool operator==(const lease_body&, const lease_body&) = default;
 };
 
-// What a replicate message carries: a snapshot of the core (0), one of the
-// core's calls (1..8: the values of rules/core_events.hpp's
-// core_event_kind, which static_asserts they agree), or a tick (9, the
-// primary's keepalive and, later, the ledger's clock).
+// What a replicate message carries: a snapshot of the core (0) or one of
+// the core's calls (1..9: the values of rules/core_events.hpp's
+// core_event_kind, which static_asserts they agree; 9 is a tick, the
+// primary's keepalive and the ledger's clock, a record like the others
+// because its `now` is the primary's).
 enum class replica_event : std::uint8_t {
   snapshot = 0,
   join = 1,
@@ -275,11 +276,10 @@ inline constexpr std::uint32_t replicate_flags_known = replicate_flag_state_crc;
 // backup; header.clock = the term, header.sequence = the record's index,
 // header.rank = the event's worker). A 36-byte prefix, then `record`:
 // bytes [offset, offset + record.size()) of a record of `total` bytes.
-// The record of events 1..8 is rules/core_events.hpp's (the 120-byte ACEV
+// The record of events 1..9 is rules/core_events.hpp's (the 120-byte ACEV
 // prefix and the commit's payload) carried as it is: the wire checks where
 // it starts (magic, the kind agreeing with `event`), decode_core_event()
-// the rest. A snapshot's record is server_core::save()'s bytes; a tick
-// carries none. A record larger than a message (a snapshot, a large
+// the rest. A snapshot's record is server_core::save()'s bytes. A record larger than a message (a snapshot, a large
 // commit) goes in pieces in offset order, each its own message with its
 // own CRC. `record` is a view into the decoded message, as a
 // measurements body's records are.
@@ -290,7 +290,7 @@ struct replicate_body {
   std::uint32_t flags = 0;          // replicate_flags_known
   std::uint64_t version_after = 0;  // the primary's version after the event
   std::uint64_t offset = 0;         // where `record` sits in the whole record
-  std::uint64_t total = 0;          // the whole record's bytes (0 for a tick)
+  std::uint64_t total = 0;          // the whole record's bytes
   std::uint32_t crc_after = 0;      // CRC-32C of version_after's parameters; 0: not computed
   std::span<const std::byte> record;
 
@@ -399,12 +399,6 @@ inline status check_body(const replicate_body& b, const limits&) {
     return make_error(errc::unsupported, "replicate.event", e, "unknown event");
   ASHL_TRY(check_flags("replicate.flags", b.flags, replicate_flags_known));
   const std::uint64_t n = b.record.size();
-  if (b.event == replica_event::tick) {
-    if (b.total != 0) return make_error(errc::malformed, "replicate.total", b.total, "a tick carries no record (must be 0)");
-    if (b.offset != 0) return make_error(errc::malformed, "replicate.offset", b.offset, "a tick carries no record (must be 0)");
-    if (n != 0) return make_error(errc::malformed, "replicate.record_bytes", n, "a tick carries no record (must be 0)");
-    return {};
-  }
   if (n == 0)
     return make_error(errc::malformed, "replicate.record_bytes", 0,
                       "a " + std::string(to_string(b.event)) + " carries a record (a piece of at least one byte)");
