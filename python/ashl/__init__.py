@@ -58,7 +58,8 @@ class Job:
     """The runtime contract of one process (ps/launch.hpp): who it is and where the servers are."""
     role: str = "worker"
     rank: int = 0
-    num_workers: int = 1
+    num_workers: int = 1           # the initial workers, ranks 0..num_workers-1
+    max_workers: int = 0           # ASHL_MAX_WORKERS: the job's maximum (0 = num_workers); part of the job id
     num_servers: int = 1
     server_addresses: tuple = ()
     token: str = dataclasses.field(default="", repr=False)
