@@ -171,8 +171,8 @@ int parse(int argc, char** argv, options& o) {
   // The same rule as job_from's for ASHL_MAX_WORKERS, said here before
   // anything starts rather than by every process.
   if (o.max_workers != 0 && o.max_workers < o.workers)
-    return usage_error("--max-workers = " + std::to_string(o.max_workers) + ": must be 0 (the same as -w) or at least -w = " +
-                       std::to_string(o.workers));
+    return usage_error("--max-workers = '" + std::to_string(o.max_workers) +
+                       "': must be 0 (the same as -w) or at least -w = " + std::to_string(o.workers));
   if (std::uint64_t{o.servers} * o.ports_per_server > 16384)
     return usage_error("-s " + std::to_string(o.servers) + " x --ports-per-server " + std::to_string(o.ports_per_server) +
                        " = " + std::to_string(std::uint64_t{o.servers} * o.ports_per_server) +

@@ -373,7 +373,7 @@ BOOST_AUTO_TEST_CASE(a_rank_past_the_initial_workers_joins_a_bsp_job_and_the_ser
     auto w = ps::worker<tr::inproc>::create({.rank = m_max, .servers = {"server0"}, .timeout = 20s}, node_of(fabric),
                                             w4);
     BOOST_TEST_REQUIRE(!w.has_value());
-    BOOST_TEST(w.error().message().find("join.rank = 4: this job admits at most 4 workers (ranks 0..3)") !=
+    BOOST_TEST(w.error().message().find("join.rank = 4: this job admits at most 4 workers (ranks 0..3; ASHL_MAX_WORKERS)") !=
                    std::string::npos,
                w.error().message());
   }
@@ -545,7 +545,9 @@ BOOST_AUTO_TEST_CASE(a_restore_evicts_the_joined_ranks_past_the_initial_workers_
   {
     auto srv = ps::server<tr::inproc>::create(rp, asp(), node_of(fabric));
     BOOST_TEST_REQUIRE(!srv.has_value());
-    BOOST_TEST(srv.error().message().find("checkpoint.state.max_workers = 2") != std::string::npos,
+    // Named by the identity section (PSID version 2), before the state loads.
+    BOOST_TEST(srv.error().message().find("checkpoint.max_workers = 2: this server's job admits at most 3 workers") !=
+                   std::string::npos,
                srv.error().message());
   }
   std::filesystem::remove_all(dir);
