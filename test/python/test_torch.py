@@ -305,6 +305,19 @@ def test_the_job_id_counts_max_workers_as_cpp_does(monkeypatch):
         ashl.job()
 
 
+def test_ashl_run_passes_max_workers_to_every_process(capfd):
+    """ashl.run(max_workers=) and python3 -m ashl.run --max-workers reach every
+    process as ASHL_MAX_WORKERS (ashl-run --max-workers)."""
+    import ashl.run as run_module
+    script = ["/bin/sh", "-c", "echo max=${ASHL_MAX_WORKERS-unset}"]
+    done = ashl.run(script, servers=1, workers=2, insecure=True, max_workers=5, capture_output=True, text=True)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and all(line.endswith("] max=5") for line in lines), done.stdout
+    assert run_module.main(["-s", "1", "-w", "1", "--insecure", "--max-workers", "3", "--"] + script) == 0
+    out = capfd.readouterr().out
+    assert out.count("max=3") == 2, out
+
+
 def test_a_rank_past_the_initial_workers_joins_a_server_with_max_workers():
     """serve() passes the job's maximum to the server: rank 1 of a 1-worker
     job of at most 2 joins and trains; without the maximum it is refused by
