@@ -208,6 +208,7 @@ int serve(const ps::job& j, const options& o) {
       {.core = {.layout = *layout,
                 .shard = j.rank,
                 .workers = j.num_workers,
+                .max_workers = ps::max_workers_of(j),  // ASHL_MAX_WORKERS: ranks past the initial ones join
                 .store_bytes = o.store_bytes,
                 .allow_non_finite = o.allow_non_finite,
                 .max_commit_samples = o.max_commit_samples},

@@ -6,7 +6,9 @@
 //
 // Every process gets ASHL_ROLE, ASHL_RANK, ASHL_NUM_WORKERS,
 // ASHL_NUM_SERVERS, ASHL_SERVER_ADDR and ASHL_TOKEN (or ASHL_INSECURE=1) in
-// its environment, nothing on its command line; stdin is /dev/null. Without
+// its environment (and ASHL_MAX_WORKERS with --max-workers: the job admits
+// ranks past the M it starts, started by hand or by a harness with the same
+// contract and ASHL_RANK in M..K-1; docs/elastic.md §2.2), nothing on its command line; stdin is /dev/null. Without
 // --addr the servers get free loopback ports (each bound on 127.0.0.1:0 and
 // released just before the start: another program could take one in
 // between). Without --insecure the token is ASHL_TOKEN of ashl-run's own
@@ -57,10 +59,13 @@ using clock_type = std::chrono::steady_clock;
 namespace ps = ashl::ps;
 
 constexpr const char* usage_text =
-    "usage: ashl-run -s S -w M [--addr HOST:PORT] [--ports-per-server K] [--insecure]\n"
+    "usage: ashl-run -s S -w M [--max-workers K] [--addr HOST:PORT] [--ports-per-server K] [--insecure]\n"
     "                [--timeout SECONDS] [--grace SECONDS] [--verbose] [--trace PATH] -- program [args...]\n"
     "  -s, --servers S    number of servers (1 .. 1024)\n"
     "  -w, --workers M    number of workers (1 .. 65536)\n"
+    "  --max-workers K    the most workers the job may have (M .. 65536; 0 = M, the default):\n"
+    "                     ASHL_MAX_WORKERS=K for every process, so workers of rank M..K-1 started\n"
+    "                     later with the same contract join the running job (part of the job id)\n"
     "  --addr HOST:PORT   server 0's address (server i: port + i), or every server's, comma-separated;\n"
     "                     default: a block of free consecutive ports on 127.0.0.1\n"
     "  --ports-per-server K  ports reserved per server in that block (default 16): a process with\n"
@@ -76,6 +81,7 @@ constexpr const char* usage_text =
 
 struct options {
   std::uint32_t servers = 0, workers = 0;
+  std::uint32_t max_workers = 0;  // 0: not said (ASHL_MAX_WORKERS not set)
   std::uint32_t ports_per_server = 16;
   bool ports_per_server_set = false;
   std::string addr;
@@ -118,7 +124,7 @@ int parse(int argc, char** argv, options& o) {
     const bool is_switch = flag == "--insecure" || flag == "--verbose";
     const bool known = is_switch || flag == "-s" || flag == "--servers" || flag == "-w" || flag == "--workers" ||
                        flag == "--addr" || flag == "--timeout" || flag == "--grace" ||
-                       flag == "--ports-per-server" || flag == "--trace";
+                       flag == "--ports-per-server" || flag == "--trace" || flag == "--max-workers";
     if (!known) return usage_error("unknown option '" + std::string(arg) + "'");
     if (is_switch) {
       if (has_inline) return usage_error(std::string(flag) + " takes no value");
@@ -139,6 +145,10 @@ int parse(int argc, char** argv, options& o) {
       if (!n) return usage_error(n.error().message());
       (flag == "-s" || flag == "--servers" ? o.servers : o.workers) = *n;
       (flag == "-s" || flag == "--servers" ? servers_set : workers_set) = true;
+    } else if (flag == "--max-workers") {
+      auto n = ps::detail::parse_count(f, value, 0, ps::max_workers, "ps::max_workers");
+      if (!n) return usage_error(n.error().message());
+      o.max_workers = *n;
     } else if (flag == "--ports-per-server") {
       auto n = ps::detail::parse_count(f, value, 1);
       if (!n) return usage_error(n.error().message());
@@ -158,6 +168,11 @@ int parse(int argc, char** argv, options& o) {
   }
   if (!servers_set) return usage_error("-s (the number of servers) is required");
   if (!workers_set) return usage_error("-w (the number of workers) is required");
+  // The same rule as job_from's for ASHL_MAX_WORKERS, said here before
+  // anything starts rather than by every process.
+  if (o.max_workers != 0 && o.max_workers < o.workers)
+    return usage_error("--max-workers = '" + std::to_string(o.max_workers) +
+                       "': must be 0 (the same as -w) or at least -w = " + std::to_string(o.workers));
   if (std::uint64_t{o.servers} * o.ports_per_server > 16384)
     return usage_error("-s " + std::to_string(o.servers) + " x --ports-per-server " + std::to_string(o.ports_per_server) +
                        " = " + std::to_string(std::uint64_t{o.servers} * o.ports_per_server) +
@@ -386,7 +401,7 @@ int main(int argc, char** argv) {
 
   // The environment every process shares, less the contract's variables.
   static constexpr std::string_view contract[] = {"ASHL_ROLE=",        "ASHL_RANK=",  "ASHL_NUM_WORKERS=",
-                                                  "ASHL_NUM_SERVERS=", "ASHL_SERVER_ADDR=", "ASHL_TOKEN=",
+                                                  "ASHL_MAX_WORKERS=", "ASHL_NUM_SERVERS=", "ASHL_SERVER_ADDR=", "ASHL_TOKEN=",
                                                   "ASHL_INSECURE=",    "ASHL_VERBOSE=", "ASHL_PORTS_PER_SERVER=",
                                                   "ASHL_TRACE="};
   std::vector<std::string> base_env;
@@ -397,6 +412,7 @@ int main(int argc, char** argv) {
     if (!ours) base_env.emplace_back(v);
   }
   base_env.push_back("ASHL_NUM_WORKERS=" + std::to_string(o.workers));
+  if (o.max_workers != 0) base_env.push_back("ASHL_MAX_WORKERS=" + std::to_string(o.max_workers));
   base_env.push_back("ASHL_NUM_SERVERS=" + std::to_string(o.servers));
   base_env.push_back("ASHL_SERVER_ADDR=" + server_addr);
   if (o.addr.empty() || o.ports_per_server_set)

@@ -58,7 +58,8 @@ class Job:
     """The runtime contract of one process (ps/launch.hpp): who it is and where the servers are."""
     role: str = "worker"
     rank: int = 0
-    num_workers: int = 1
+    num_workers: int = 1           # the initial workers, ranks 0..num_workers-1
+    max_workers: int = 0           # ASHL_MAX_WORKERS: the job's maximum (0 = num_workers); part of the job id
     num_servers: int = 1
     server_addresses: tuple = ()
     token: str = dataclasses.field(default="", repr=False)
@@ -189,7 +190,7 @@ def launcher_flags(env: Optional[Mapping[str, str]] = None) -> tuple:
 
 def job(argv: Optional[Sequence[str]] = None) -> Job:
     """This process's runtime contract from ASHL_ROLE, ASHL_RANK, ASHL_NUM_WORKERS,
-    ASHL_NUM_SERVERS, ASHL_SERVER_ADDR, ASHL_TOKEN (or ASHL_INSECURE) as ashl-run
+    ASHL_MAX_WORKERS, ASHL_NUM_SERVERS, ASHL_SERVER_ADDR, ASHL_TOKEN (or ASHL_INSECURE) as ashl-run
     sets them, or, without ASHL_ROLE, from torchrun's (RANK, WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT) or SLURM's (SLURM_PROCID, SLURM_NTASKS,
     SLURM_STEP_NODELIST) variables (``launcher_flags``); flags in ``argv``
@@ -252,7 +253,8 @@ def _is_console_script(path: str) -> bool:
 def run(command: Sequence[str], servers: int = 1, workers: int = 1, *, addr: Optional[str] = None,
         token: Optional[str] = None, insecure: bool = False, timeout: Optional[float] = None,
         grace: Optional[float] = None, verbose: bool = False, check: bool = True, trace: Optional[str] = None,
-        ports_per_server: Optional[int] = None, **popen: Any) -> subprocess.CompletedProcess:
+        ports_per_server: Optional[int] = None, max_workers: Optional[int] = None,
+        **popen: Any) -> subprocess.CompletedProcess:
     """Starts one job on this machine through ashl-run: ``servers`` servers and
     ``workers`` workers of ``command``, each with the runtime contract in its
     environment. Blocks until the job ends; returns the CompletedProcess
@@ -263,7 +265,9 @@ def run(command: Sequence[str], servers: int = 1, workers: int = 1, *, addr: Opt
     ``trace``: every worker writes a Chrome trace (ASHL_TRACE) and they are
     merged into this path when the job ends (ashl.trace). ``ports_per_server``:
     the ports ashl-run reserves per server (its default, 16), the bound on
-    ashl.torch's buckets."""
+    ashl.torch's buckets. ``max_workers``: the job's maximum (ashl-run
+    --max-workers, ASHL_MAX_WORKERS): workers of rank ``workers`` ..
+    ``max_workers - 1`` started later with the same contract join it."""
     if not command:
         raise ValueError("command = []: needs the program to run")
     args = [ashl_run_path(), "-s", str(servers), "-w", str(workers)]
@@ -271,6 +275,8 @@ def run(command: Sequence[str], servers: int = 1, workers: int = 1, *, addr: Opt
         args += ["--addr", addr]
     if ports_per_server is not None:
         args += ["--ports-per-server", str(ports_per_server)]
+    if max_workers is not None:
+        args += ["--max-workers", str(max_workers)]
     if insecure:
         args.append("--insecure")
     if timeout is not None:

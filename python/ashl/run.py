@@ -33,6 +33,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog=_prog(), description=__doc__.split("\n\n")[0])
     ap.add_argument("-s", "--servers", type=int, default=1)
     ap.add_argument("-w", "--workers", type=int, default=1)
+    ap.add_argument("--max-workers", type=int, default=None,
+                    help="the most workers the job may have (ASHL_MAX_WORKERS; default: -w)")
     ap.add_argument("--addr", default=None, help="server 0's HOST:PORT (server i: port + i)")
     ap.add_argument("--ports-per-server", type=int, default=None,
                     help="ports reserved per server (default 16): the bound on ashl.torch's buckets")
@@ -51,7 +53,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from . import _run_function as run_job
     done = run_job(command, servers=a.servers, workers=a.workers, addr=a.addr, insecure=a.insecure,
                    timeout=a.timeout, grace=a.grace, verbose=a.verbose, check=False, trace=a.trace,
-                    ports_per_server=a.ports_per_server)
+                    ports_per_server=a.ports_per_server, max_workers=a.max_workers)
     return done.returncode
 
 

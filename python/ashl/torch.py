@@ -1839,7 +1839,8 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
             os.makedirs(ckpt, exist_ok=True)
         srv = _restoring(bi, bucket_cap_mb, partition_mb, _ashl.Server,
                          initial=initial.numpy(), policy=pol.name, policy_params=dict(pol.params),
-                         workers=job.num_workers, listen=bucket_addresses([address], bi, fabric is not None)[0]
+                         workers=job.num_workers, max_workers=_max_workers(job),
+                         listen=bucket_addresses([address], bi, fabric is not None)[0]
                          if job.num_servers == 1 or bi == 0 else
                          bucket_addresses(list(job.server_addresses), bi, fabric is not None)[job.rank],
                          shard=job.rank, servers=job.num_servers, optimizer=optimizer or "", lr=lr,
@@ -1884,10 +1885,18 @@ def _restoring(bucket: int, bucket_cap_mb: Any, partition_mb: Any, make: Any, **
                          ) from e
 
 
+def _max_workers(job: Job) -> int:
+    """The most workers the job may have (ps::max_workers_of): max_workers,
+    or num_workers where it is 0 (not said)."""
+    return max(int(job.max_workers), int(job.num_workers))
+
+
 def _job_id(job: Job, elements: int) -> int:
     """The job id every process of the job computes alike (ps::job_id_of): per
-    bucket, from the bucket's elements."""
-    return _ashl.make_job_id(job.name, int(elements), job.num_workers, job.num_servers)
+    bucket, from the bucket's elements, with the job's maximum of workers
+    (docs/elastic.md §2.2: not said, it is num_workers and the id is the one
+    the job had before there was a maximum)."""
+    return _ashl.make_job_id(job.name, int(elements), _max_workers(job), job.num_servers)
 
 
 def _served_optimizer(optimizer: torch.optim.Optimizer, update: str) -> Dict[str, Any]:

@@ -107,6 +107,7 @@ py::dict job_dict(const ps::job& j) {
   d["role"] = std::string(ps::to_string(j.role));
   d["rank"] = j.rank;
   d["num_workers"] = j.num_workers;
+  d["max_workers"] = j.max_workers;
   d["num_servers"] = j.num_servers;
   d["server_addresses"] = j.server_addresses;
   d["token"] = j.token;
@@ -578,8 +579,8 @@ struct server_of final : any_server {
 class py_server {
  public:
   py_server(std::uint64_t size, std::optional<py::array> initial, std::string policy, py::dict policy_params,
-            std::uint32_t workers, std::string listen, std::uint32_t shard, std::uint32_t servers,
-            std::string optimizer, double lr, double momentum, double weight_decay, bool nesterov,
+            std::uint32_t workers, std::uint32_t max_workers, std::string listen, std::uint32_t shard,
+            std::uint32_t servers, std::string optimizer, double lr, double momentum, double weight_decay, bool nesterov,
             std::uint32_t nesterov_delay, double nesterov_activation, std::string compression, float compression_ratio, std::string token, bool insecure, bool verbose, double worker_timeout,
             double progress_seconds, std::string checkpoint_dir, double checkpoint_every, bool restore,
             std::uint64_t seed, std::optional<fabric> inproc, std::uint64_t store_bytes, bool allow_non_finite,
@@ -640,6 +641,7 @@ class py_server {
     ps::server_params sp{.core = {.layout = *layout,
                                   .shard = shard,
                                   .workers = workers,
+                                  .max_workers = max_workers,  // 0 = workers; refused by name by the core
                                   .optimizer = opt,
                                   .store_bytes = store_bytes,
                                   .seed = seed,
@@ -919,7 +921,7 @@ PYBIND11_MODULE(_ashl, m) {
       py::arg("name"),
       "the canonical name of a codec and its options (ps::parse_codec_spec): \"block4\" -> \"block4:64\", "
       "\"block8:128\", \"topk\"; an unknown name or a bad option raises, naming it");
-  m.def("make_job_id", &ps::make_job_id, py::arg("name"), py::arg("elements"), py::arg("workers"), py::arg("servers"),
+  m.def("make_job_id", &ps::make_job_id, py::arg("name"), py::arg("elements"), py::arg("max_workers"), py::arg("servers"),
         "The job id (ps::make_job_id): servers refuse a worker of another id and a checkpoint of another job");
   m.def("fresh_incarnation", &ps::fresh_incarnation,
         "A worker incarnation larger than any earlier process's (what Worker uses when incarnation is 0)");
@@ -1114,14 +1116,16 @@ PYBIND11_MODULE(_ashl, m) {
       "nothing written)");
 
   py::class_<py_server>(m, "Server", "ps::server: one shard of the model, a consistency policy, an optimizer")
-      .def(py::init<std::uint64_t, std::optional<py::array>, std::string, py::dict, std::uint32_t, std::string,
+      .def(py::init<std::uint64_t, std::optional<py::array>, std::string, py::dict, std::uint32_t, std::uint32_t,
+                    std::string,
                     std::uint32_t, std::uint32_t, std::string, double, double, double, bool, std::uint32_t, double,
                     std::string, float, std::string,
                     bool, bool, double, double, std::string, double, bool, std::uint64_t, std::optional<fabric>,
                     std::uint64_t, bool, std::uint64_t, double, std::uint64_t, std::uint32_t, std::uint64_t,
                     std::uint32_t, bool, std::string, float, bool>(),
            py::arg("size") = 0, py::arg("initial") = std::nullopt, py::arg("policy") = "bsp",
-           py::arg("policy_params") = py::dict(), py::arg("workers") = 1, py::arg("listen") = "127.0.0.1:0",
+           py::arg("policy_params") = py::dict(), py::arg("workers") = 1, py::arg("max_workers") = 0,
+           py::arg("listen") = "127.0.0.1:0",
            py::arg("shard") = 0, py::arg("servers") = 1, py::arg("optimizer") = "", py::arg("lr") = 0.1,
            py::arg("momentum") = 0.0, py::arg("weight_decay") = 0.0, py::arg("nesterov") = false,
            py::arg("nesterov_delay") = 1, py::arg("nesterov_activation") = 0.0,

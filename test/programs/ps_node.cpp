@@ -208,6 +208,7 @@ int serve(const ps::job& j, const options& o) {
   auto reply_codec = ps::parse_codec_spec(o.reply_codec, "--reply-codec");
   if (!reply_codec) return fail(reply_codec.error().message());
   ps::server_params sp{.core = {.layout = *layout, .shard = j.rank, .workers = j.num_workers,
+                                .max_workers = ps::max_workers_of(j),  // ASHL_MAX_WORKERS (docs/elastic.md)
                                 .optimizer = optimizer_of(o, pp),
                                 .replies = {.codec = reply_codec->id, .options = reply_codec->options,
                                             .ratio = o.reply_ratio}},

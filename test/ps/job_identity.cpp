@@ -63,7 +63,7 @@ BOOST_AUTO_TEST_CASE(checkpoint_of_another_job_is_refused_by_field) {
     std::string workers, job, expected;
   };
   const std::vector<change> changes = {
-      {"workers", common, "2", "a", "checkpoint.workers = 3: this server's job has 2 workers"},
+      {"workers", common, "2", "a", "checkpoint.max_workers = 3: this server's job admits at most 2 workers"},
       {"elements", {"--policy", "bsp", "--elements", "32"}, "3", "a",
        "checkpoint.elements = 64: this server's model has 32 elements"},
       {"policy", {"--policy", "asp", "--elements", "64"}, "3", "a",
@@ -97,6 +97,18 @@ BOOST_AUTO_TEST_CASE(checkpoint_of_another_job_is_refused_by_field) {
   const auto os = j.finish(same, 60s, "restore-same.log");
   BOOST_TEST(os.exit_code == 0, os.log());
   BOOST_TEST(has(os.log(), "restored version"), os.log());
+  // Fewer workers of the same maximum (docs/elastic.md §2.2): 2 of at most
+  // 3 is the 3-worker job (the same id, PSID's max_workers) and restores.
+  const pid_t fewer = process::start(
+      cat({ASHL_TEST_PS_NODE, "--out", j.dir()}, cat(common, {"--checkpoint-dir", ckpt, "--restore",
+                                                               "--no-worker-grace-ms", "200"})),
+      {{"UCX_NET_DEVICES", "lo"}, {"ASHL_ROLE", "server"}, {"ASHL_NUM_WORKERS", "2"}, {"ASHL_MAX_WORKERS", "3"},
+       {"ASHL_JOB", "a"}, {"ASHL_SERVER_ADDR", "127.0.0.1:" + std::to_string(process::free_port())},
+       {"ASHL_TOKEN", "job-identity-test-token"}},
+      j.dir() + "/restore-fewer.log");
+  const auto of = j.finish(fewer, 60s, "restore-fewer.log");
+  BOOST_TEST(of.exit_code == 0, of.log());
+  BOOST_TEST(has(of.log(), "restored version"), of.log());
 }
 
 // A worker of another job (same token, another ASHL_JOB) reaches this

@@ -17,7 +17,7 @@ namespace {
 struct env_guard {
   static constexpr const char* names[] = {"ASHL_ROLE",  "ASHL_RANK",     "ASHL_NUM_WORKERS", "ASHL_NUM_SERVERS",
                                           "ASHL_SERVER_ADDR", "ASHL_TOKEN", "ASHL_INSECURE", "ASHL_VERBOSE",
-                                          "ASHL_PROGRESS", "ASHL_JOB", "ASHL_NO_WORKER_GRACE"};
+                                          "ASHL_PROGRESS", "ASHL_JOB", "ASHL_NO_WORKER_GRACE", "ASHL_MAX_WORKERS"};
   env_guard(std::initializer_list<std::pair<const char*, const char*>> vars) {
     clear();
     for (auto [k, v] : vars) ::setenv(k, v, 1);
@@ -140,8 +140,10 @@ BOOST_AUTO_TEST_CASE(token_hygiene) {
 BOOST_AUTO_TEST_CASE(errors_name_the_variable_or_flag_and_the_value) {
   env_guard env{{"ASHL_ROLE", "worker"}, {"ASHL_RANK", "7"},          {"ASHL_NUM_WORKERS", "4"},
                 {"ASHL_TOKEN", "a-token-of-some-length"}, {"ASHL_SERVER_ADDR", "h:1"}};
-  BOOST_TEST(error_of(parse({})) == "ASHL_RANK = 7: must be < ASHL_NUM_WORKERS = 4");
-  BOOST_TEST(error_of(parse({"--num-workers", "2", "--rank", "3"})) == "--rank = 3: must be < --num-workers = 2");
+  BOOST_TEST(error_of(parse({})) ==
+             "ASHL_RANK = 7: must be < ASHL_NUM_WORKERS = 4 (or < ASHL_MAX_WORKERS, when set above it)");
+  BOOST_TEST(error_of(parse({"--num-workers", "2", "--rank", "3"})) ==
+             "--rank = 3: must be < --num-workers = 2 (or < ASHL_MAX_WORKERS, when set above it)");
   BOOST_TEST(error_of(parse({"--rank", "-1"})) == "--rank = '-1': expected a non-negative integer");
   BOOST_TEST(error_of(parse({"--rank"})) == "--rank: expects a value");
   BOOST_TEST(error_of(parse({"--rank", "1", "--role", "boss"})) == "--role = 'boss': expected server or worker");
@@ -259,4 +261,82 @@ BOOST_AUTO_TEST_CASE(job_name_and_no_worker_grace) {
     BOOST_TEST(error_of(parse({"--no-worker-grace", "soon"})) ==
                "--no-worker-grace = 'soon': expected a number of seconds >= 0");
   }
+}
+
+// docs/elastic.md §2.1-2.2 (E2b): ASHL_MAX_WORKERS makes the worker count a
+// maximum. Not set (or 0) it is the worker count and the job id is the one
+// a job had before there was a maximum; a worker's rank is bounded by it;
+// below the worker count or past ps::max_workers it is refused by name.
+BOOST_AUTO_TEST_CASE(max_workers_bounds_a_workers_rank_and_is_the_job_ids_count) {
+  env_guard env{{"ASHL_ROLE", "worker"}, {"ASHL_RANK", "5"},     {"ASHL_NUM_WORKERS", "4"},
+                {"ASHL_INSECURE", "1"},  {"ASHL_JOB", "resnet"}, {"ASHL_SERVER_ADDR", "10.0.0.1:5000"}};
+  // Rank 5 of 4 workers: past the initial set, and no maximum says more.
+  BOOST_TEST(error_of(parse({})) ==
+             "ASHL_RANK = 5: must be < ASHL_NUM_WORKERS = 4 (or < ASHL_MAX_WORKERS, when set above it)");
+  ::setenv("ASHL_MAX_WORKERS", "8", 1);
+  auto j = parse({});
+  BOOST_REQUIRE(j);
+  BOOST_TEST(j->rank == 5u);
+  BOOST_TEST(j->num_workers == 4u);
+  BOOST_TEST(j->max_workers == 8u);
+  BOOST_TEST(ps::max_workers_of(*j) == 8u);
+  BOOST_TEST(ps::describe(*j) == "worker 5 of 8 (1 server, 4 workers, at most 8), servers 10.0.0.1:5000, "
+                                 "insecure (no token), job resnet");
+  // The id counts the maximum, not the initial workers: a job of 4 of at
+  // most 8 is the job 8 workers without a maximum were.
+  BOOST_TEST(ps::job_id_of(*j, 100) == ps::make_job_id("resnet", 100, 8, 1));
+  BOOST_TEST(ps::job_id_of(*j, 100) != ps::make_job_id("resnet", 100, 4, 1));
+  BOOST_TEST(error_of(parse({"--rank", "8"})) == "--rank = 8: must be < ASHL_MAX_WORKERS = 8");
+  BOOST_TEST(error_of(parse({"--rank", "8", "--max-workers", "6"})) == "--rank = 8: must be < --max-workers = 6");
+  auto f = parse({"--max-workers=6"});  // the flag wins
+  BOOST_REQUIRE(f);
+  BOOST_TEST(f->max_workers == 6u);
+  // Equal to the worker count, 0, or not set: the same job, today's id.
+  for (const char* same : {"4", "0"}) {
+    ::setenv("ASHL_MAX_WORKERS", same, 1);
+    auto s = parse({"--rank", "3"});
+    BOOST_REQUIRE(s);
+    BOOST_TEST(s->max_workers == 4u, same);
+    BOOST_TEST(ps::job_id_of(*s, 100) == ps::make_job_id("resnet", 100, 4, 1), same);
+    BOOST_TEST(ps::describe(*s) == "worker 3 of 4 (1 server, 4 workers), servers 10.0.0.1:5000, insecure (no "
+                                   "token), job resnet", same);
+  }
+  ::unsetenv("ASHL_MAX_WORKERS");
+  auto u = parse({"--rank", "3"});
+  BOOST_REQUIRE(u);
+  BOOST_TEST(u->max_workers == 4u);
+  // Pinned: the id this job had before max_workers existed (computed by
+  // the build before E2b), so its checkpoints and workers still match.
+  BOOST_TEST(ps::job_id_text(ps::job_id_of(*u, 100)) == "0xa9057d4019128d31");
+  BOOST_TEST(ps::job_id_text(ps::make_job_id("resnet", 100, 4, 1)) == "0xa9057d4019128d31");
+  BOOST_TEST(ps::job_id_text(ps::make_job_id("resnet", 100, 5, 1)) != "0xa9057d4019128d31");
+  // A job made by hand leaves max_workers 0: the worker count.
+  ps::job by_hand;
+  by_hand.num_workers = 3;
+  BOOST_TEST(ps::max_workers_of(by_hand) == 3u);
+  BOOST_TEST(ps::job_id_of(by_hand, 10) == ps::make_job_id("", 10, 3, 1));
+
+  // Refused by name: below the worker count, past ps::max_workers, not a count.
+  ::setenv("ASHL_MAX_WORKERS", "3", 1);
+  BOOST_TEST(error_of(parse({"--rank", "0"})) ==
+             "ASHL_MAX_WORKERS = '3': must be 0 (the same as ASHL_NUM_WORKERS) or at least ASHL_NUM_WORKERS = 4");
+  BOOST_TEST(error_of(parse({"--rank", "0", "--num-workers", "5", "--max-workers", "2"})) ==
+             "--max-workers = '2': must be 0 (the same as --num-workers) or at least --num-workers = 5");
+  ::setenv("ASHL_MAX_WORKERS", "65537", 1);
+  BOOST_TEST(error_of(parse({"--rank", "0"})) == "ASHL_MAX_WORKERS = '65537': must be at most 65536 (ps::max_workers)");
+  BOOST_TEST(error_of(parse({"--rank", "0", "--max-workers", "4294967297"})) ==
+             "--max-workers = '4294967297': must be at most 65536 (ps::max_workers)");
+  ::setenv("ASHL_MAX_WORKERS", "many", 1);
+  BOOST_TEST(error_of(parse({"--rank", "0"})) == "ASHL_MAX_WORKERS = 'many': expected a non-negative integer");
+  ::setenv("ASHL_MAX_WORKERS", "65536", 1);
+  BOOST_TEST(parse({"--rank", "65535"}).has_value());
+
+  // A server's rank stays bounded by the servers; its job carries the maximum.
+  ::setenv("ASHL_ROLE", "server", 1);
+  ::setenv("ASHL_MAX_WORKERS", "8", 1);
+  BOOST_TEST(error_of(parse({"--rank", "5"})) == "--rank = 5: must be < ASHL_NUM_SERVERS = 1");
+  auto s = parse({"--rank", "0"});
+  BOOST_REQUIRE(s);
+  BOOST_TEST(s->max_workers == 8u);
+  BOOST_TEST(ps::job_id_of(*s, 100) == ps::make_job_id("resnet", 100, 8, 1));
 }

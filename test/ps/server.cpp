@@ -2,6 +2,9 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <ashl/compress/identity.hpp>
+#include <ashl/sim/simulator.hpp>
+
 #include "../support/ps_job.hpp"
 
 #include <algorithm>
@@ -304,6 +307,7 @@ BOOST_AUTO_TEST_CASE(a_rank_past_the_initial_workers_joins_a_bsp_job_and_the_ser
     return done();
   };
   std::vector<std::string> errors(m_max + 1);
+  std::vector<std::vector<float>> rank0_rounds(rounds);  // worker 0's parameters after each round
   for (std::uint32_t k = 0; k < m0; ++k) {
     workers.emplace_back([&, k] {
       std::vector<float> w(n), g(n);
@@ -330,6 +334,7 @@ BOOST_AUTO_TEST_CASE(a_rank_past_the_initial_workers_joins_a_bsp_job_and_the_ser
           errors[k] = s.message();
           return;
         }
+        if (k == 0) rank0_rounds[static_cast<std::size_t>(c)] = w;
       }
       if (auto s = wk->leave(); !s) errors[k] = s.message();
     });
@@ -373,7 +378,7 @@ BOOST_AUTO_TEST_CASE(a_rank_past_the_initial_workers_joins_a_bsp_job_and_the_ser
     auto w = ps::worker<tr::inproc>::create({.rank = m_max, .servers = {"server0"}, .timeout = 20s}, node_of(fabric),
                                             w4);
     BOOST_TEST_REQUIRE(!w.has_value());
-    BOOST_TEST(w.error().message().find("join.rank = 4: this job admits at most 4 workers (ranks 0..3)") !=
+    BOOST_TEST(w.error().message().find("join.rank = 4: this job admits at most 4 workers (ranks 0..3; ASHL_MAX_WORKERS)") !=
                    std::string::npos,
                w.error().message());
   }
@@ -404,6 +409,67 @@ BOOST_AUTO_TEST_CASE(a_rank_past_the_initial_workers_joins_a_bsp_job_and_the_ser
   // and the join's pull that came with it, on a connection bound to nothing
   BOOST_TEST(tel.wire_refused[static_cast<std::size_t>(ps::wire_refusal::unbound)] == 1u);
   BOOST_TEST(tel.wire_refused_total() == 2u);
+
+  // The simulator's BSP run of the same job makes the same decisions
+  // (docs/elastic.md §2.5, E5's comparison): workers 0..2 of a 3-of-4
+  // job, worker 3 joining while round 2 is in progress (workers 0 and 1
+  // take 10 ms an iteration, worker 2 30 ms: round 2 runs from 60 to 90 ms,
+  // 0 and 1 committed it at 70 ms, the join comes at 75 ms), each worker
+  // committing grad_value(rank, round) as above. The joiner's first pull
+  // gets round 2's result, worker 0 sees each round's parameters, and the
+  // final parameters are the inproc server's, bit for bit.
+  namespace sim = ashl::sim;
+  sim::cluster_spec spec;
+  spec.model_bytes = 4 * n;
+  spec.servers = {sim::server_spec{}};
+  spec.reference_batch = 16;  // the inproc workers' batch: their commits' samples
+  spec.workers = {{.seconds_per_iteration = 0.01, .batch = 16}, {.seconds_per_iteration = 0.01, .batch = 16},
+                  {.seconds_per_iteration = 0.03, .batch = 16}, {.seconds_per_iteration = 0.01, .batch = 16}};
+  spec.max_workers = m_max;
+  spec.changes = {{.at = 0.075, .worker = m0, .kind = sim::change_kind::join}};
+  std::vector<std::vector<std::byte>> buf(m_max, std::vector<std::byte>(4 * n));
+  std::vector<std::vector<float>> sim_rank0;   // worker 0's pulls, the first one the initial parameters
+  std::vector<float> sim_joiner_first;
+  std::vector<float> sg(n);
+  sim::hooks h;
+  h.compute = [&](const sim::compute_request& q, std::span<sim::shard_payload> out) {
+    // The round a commit belongs to: an initial worker commits round
+    // sequence - 1, the joiner round join_round + sequence.
+    const std::uint64_t c = q.worker < m0 ? q.sequence - 1 : join_round + q.sequence;
+    for (std::size_t i = 0; i < n; ++i) sg[i] = grad_value(q.worker, c, i);
+    auto used = ashl::compress::identity{}.encode(ashl::host_view<const float>(sg.data(), n), buf[q.worker], {});
+    BOOST_REQUIRE(used.has_value());
+    out[0] = {.codec = ashl::codec_id::identity, .element_count = n, .bytes = {buf[q.worker].data(), *used}};
+  };
+  h.serve = [&](ashl::sync::worker_id w, std::uint32_t, std::span<const float> p) {
+    if (w == 0) sim_rank0.emplace_back(p.begin(), p.end());
+    if (w == m0 && sim_joiner_first.empty()) sim_joiner_first.assign(p.begin(), p.end());
+  };
+  ps::policy_params spp;
+  spp.workers = m0;
+  auto simulated = sim::simulator<>::create(spec, std::move(*ps::make_policy("bsp", spp)), h,
+                                            {.elements = n, .optimizer = opt, .initial = initial});
+  BOOST_TEST_REQUIRE(simulated.has_value(), (simulated ? "" : simulated.error().message()));
+  // Initial workers stop after their 6 rounds; the joiner's 4th commit
+  // (round 6) is buffered and never applied, as the inproc joiner never sent it.
+  const auto r = simulated->run({.until = 1.0, .commits_per_worker = rounds});
+  BOOST_TEST(r.error.empty(), r.error);
+  BOOST_TEST(r.joins == 1u);
+  BOOST_TEST(simulated->core().version() == static_cast<std::uint64_t>(rounds));
+  BOOST_TEST(simulated->core().stats().commits_applied == tel.core.commits_applied);
+  BOOST_TEST_REQUIRE(sim_joiner_first.size() == n);
+  BOOST_TEST(std::memcmp(sim_joiner_first.data(), wj_first.data(), n * sizeof(float)) == 0);
+  // The simulated worker 0 is served after each of its commits but the
+  // last (it starts from the initial parameters and stops after round 5).
+  BOOST_TEST_REQUIRE(sim_rank0.size() == static_cast<std::size_t>(rounds) - 1);
+  for (int c = 0; c + 1 < rounds; ++c) {
+    BOOST_TEST_REQUIRE(rank0_rounds[static_cast<std::size_t>(c)].size() == n);
+    BOOST_TEST(std::memcmp(sim_rank0[static_cast<std::size_t>(c)].data(),
+                           rank0_rounds[static_cast<std::size_t>(c)].data(), n * sizeof(float)) == 0,
+               "round " << c);
+  }
+  BOOST_TEST(std::memcmp(rank0_rounds[rounds - 1].data(), server_params.data(), n * sizeof(float)) == 0);
+  BOOST_TEST(std::memcmp(simulated->parameters().data(), server_params.data(), n * sizeof(float)) == 0);
 }
 
 // A rank past the initial workers that joined and then fell silent is
@@ -545,7 +611,9 @@ BOOST_AUTO_TEST_CASE(a_restore_evicts_the_joined_ranks_past_the_initial_workers_
   {
     auto srv = ps::server<tr::inproc>::create(rp, asp(), node_of(fabric));
     BOOST_TEST_REQUIRE(!srv.has_value());
-    BOOST_TEST(srv.error().message().find("checkpoint.state.max_workers = 2") != std::string::npos,
+    // Named by the identity section (PSID version 2), before the state loads.
+    BOOST_TEST(srv.error().message().find("checkpoint.max_workers = 2: this server's job admits at most 3 workers") !=
+                   std::string::npos,
                srv.error().message());
   }
   std::filesystem::remove_all(dir);

@@ -112,7 +112,7 @@ BOOST_AUTO_TEST_CASE(a_model_of_another_size_is_named) {
   expect_failure("size", contract("worker", srv.addr, "user-errors-test-token"), {"--elements", "999"},
                  "join.job = " + ashl::ps::job_id_text(ashl::ps::make_job_id("", 999, 1, 1)));
   process::outcome o{.log_path = dir + "/size.log"};
-  BOOST_TEST(o.log().find("a model of 1000 elements, 1 workers, 1 servers") != std::string::npos, o.log());
+  BOOST_TEST(o.log().find("a model of 1000 elements, at most 1 workers, 1 servers") != std::string::npos, o.log());
 }
 
 // Issue 44, item 6: a worker count past ps::max_workers aborted a server

@@ -277,6 +277,81 @@ def test_a_model_of_another_size_than_the_servers_is_named():
     srv.join()
 
 
+def test_the_job_id_counts_max_workers_as_cpp_does(monkeypatch):
+    """docs/elastic.md §2.2 (E2b): ASHL_MAX_WORKERS is read as ps/launch.hpp
+    reads it, and _job_id counts the job's maximum as ps::job_id_of does: not
+    said, it is the worker count and the id is the one the job had before
+    there was a maximum (pinned as test/ps/launch.cpp pins it)."""
+    for v in ("ASHL_NUM_SERVERS", "ASHL_TOKEN", "ASHL_MAX_WORKERS", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(v, raising=False)
+    for k, v in {"ASHL_ROLE": "worker", "ASHL_RANK": "3", "ASHL_NUM_WORKERS": "4", "ASHL_INSECURE": "1",
+                 "ASHL_JOB": "resnet", "ASHL_SERVER_ADDR": "10.0.0.1:5000"}.items():
+        monkeypatch.setenv(k, v)
+    today = 0xa9057d4019128d31  # make_job_id("resnet", 100, 4, 1) before max_workers existed
+    j = ashl.job()
+    assert (j.num_workers, j.max_workers) == (4, 4)
+    assert at._job_id(j, 100) == today
+    assert at._job_id(ashl.Job(name="resnet", num_workers=4), 100) == today  # max_workers 0: the worker count
+    monkeypatch.setenv("ASHL_MAX_WORKERS", "8")
+    j = ashl.job(["--rank", "6"])  # a rank past the initial workers
+    assert (j.rank, j.num_workers, j.max_workers) == (6, 4, 8)
+    assert at._job_id(j, 100) == ashl._ashl.make_job_id("resnet", 100, 8, 1) != today
+    assert at._job_id(ashl.Job(name="resnet", num_workers=4, max_workers=8), 100) == at._job_id(j, 100)
+    with pytest.raises(ValueError, match=r"--rank = 8: must be < ASHL_MAX_WORKERS = 8"):
+        ashl.job(["--rank", "8"])
+    monkeypatch.setenv("ASHL_MAX_WORKERS", "3")
+    with pytest.raises(ValueError, match=r"ASHL_MAX_WORKERS = '3': must be 0 \(the same as ASHL_NUM_WORKERS\) "
+                                         r"or at least ASHL_NUM_WORKERS = 4"):
+        ashl.job()
+
+
+def test_ashl_run_passes_max_workers_to_every_process(capfd):
+    """ashl.run(max_workers=) and python3 -m ashl.run --max-workers reach every
+    process as ASHL_MAX_WORKERS (ashl-run --max-workers)."""
+    import ashl.run as run_module
+    script = ["/bin/sh", "-c", "echo max=${ASHL_MAX_WORKERS-unset}"]
+    done = ashl.run(script, servers=1, workers=2, insecure=True, max_workers=5, capture_output=True, text=True)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and all(line.endswith("] max=5") for line in lines), done.stdout
+    assert run_module.main(["-s", "1", "-w", "1", "--insecure", "--max-workers", "3", "--"] + script) == 0
+    out = capfd.readouterr().out
+    assert out.count("max=3") == 2, out
+
+
+def test_a_rank_past_the_initial_workers_joins_a_server_with_max_workers():
+    """serve() passes the job's maximum to the server: rank 1 of a 1-worker
+    job of at most 2 joins and trains; without the maximum it is refused by
+    name, naming ASHL_MAX_WORKERS."""
+    model = tiny_model()
+    for max_workers in (2, 0):
+        fabric = ashl.InprocFabric()
+        sjob = ashl.Job(role="server", num_workers=1, max_workers=max_workers, server_addresses=("server0",),
+                        insecure=True)
+        wjob = ashl.Job(role="worker", rank=1, num_workers=1, max_workers=max_workers, server_addresses=("server0",),
+                        insecure=True)
+        # Rank 0 never comes: the server ends no_worker_grace after the joiner left.
+        srv = at.serve(model, sjob, "asp", "none", optimizer="sgd", lr=0.1, fabric=fabric, background=True,
+                       no_worker_grace=0.5)
+        wmodel = tiny_model()
+        if max_workers:
+            opt = at.DistributedOptimizer(torch.optim.SGD(wmodel.parameters(), lr=0.1), wmodel, "asp", "none",
+                                          update="gradient", job=wjob, fabric=fabric, timeout=5.0)
+            wmodel(torch.ones(2, 6)).sum().backward()
+            opt.step()
+            opt.wait()
+            assert opt.commits == 1
+            opt.leave()
+            srv.join()
+            assert srv.telemetry["core"]["commits_applied"] == 1
+        else:
+            with pytest.raises(Exception, match=r"join.rank = 1: this job admits at most 1 workers "
+                                                r"\(ranks 0..0; ASHL_MAX_WORKERS\)"):
+                at.DistributedOptimizer(torch.optim.SGD(wmodel.parameters(), lr=0.1), wmodel, "asp", "none",
+                                        update="gradient", job=wjob, fabric=fabric, timeout=5.0)
+            srv.stop()
+            srv.join()
+
+
 def test_a_worker_gets_a_fresh_incarnation_and_the_server_says_why_it_ended():
     fabric = ashl.InprocFabric()
     sjob, (wjob,) = jobs()

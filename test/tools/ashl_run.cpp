@@ -138,7 +138,7 @@ std::string wait_until_ready(const scratch_dir& dir, int n) {
 struct clean_environment {
   clean_environment() {
     for (const char* n : {"ASHL_ROLE", "ASHL_RANK", "ASHL_NUM_WORKERS", "ASHL_NUM_SERVERS", "ASHL_SERVER_ADDR",
-                          "ASHL_TOKEN", "ASHL_INSECURE", "ASHL_VERBOSE", "ASHL_PORTS_PER_SERVER", "ASHL_TRACE"})
+                          "ASHL_TOKEN", "ASHL_INSECURE", "ASHL_VERBOSE", "ASHL_PORTS_PER_SERVER", "ASHL_TRACE", "ASHL_MAX_WORKERS"})
       ::unsetenv(n);
   }
 };
@@ -324,6 +324,13 @@ BOOST_AUTO_TEST_CASE(usage_errors_name_the_flag) {
       {{"-s", "1", "-w", "18446744073709551617", "--", "true"},
        "ashl-run: -w = '18446744073709551617': must be at most 65536 (ps::max_workers)"},
       {{"-s", "1025", "-w", "1", "--", "true"}, "ashl-run: -s = '1025': must be at most 1024 (ps::max_servers)"},
+      // docs/elastic.md §2.1: the maximum is at least the workers and at most ps::max_workers.
+      {{"-s", "1", "-w", "3", "--max-workers", "2", "--", "true"},
+       "ashl-run: --max-workers = '2': must be 0 (the same as -w) or at least -w = 3"},
+      {{"-s", "1", "-w", "1", "--max-workers=65537", "--", "true"},
+       "ashl-run: --max-workers = '65537': must be at most 65536 (ps::max_workers)"},
+      {{"-s", "1", "-w", "1", "--max-workers", "some", "--", "true"},
+       "ashl-run: --max-workers = 'some': expected a non-negative integer"},
       {{"-s", "1", "-w", "1", "--timeout", "1e300", "--", "true"},
        "ashl-run: --timeout = '1e300': must be at most 1000000000 seconds (ps::max_duration_seconds)"},
       {{"-s", "1", "-w", "1", "--grace", "inf", "--", "true"},
@@ -434,3 +441,31 @@ BOOST_AUTO_TEST_CASE(servers_get_a_block_of_consecutive_ports_for_their_buckets)
 }
 
 #endif
+
+// docs/elastic.md §2.2 (E2b): --max-workers K reaches every process as
+// ASHL_MAX_WORKERS (the job admits ranks up to K - 1, started later with the
+// same contract); without it the variable is unset, even when ashl-run's
+// own environment had one (it would change the job id).
+BOOST_AUTO_TEST_CASE(max_workers_reaches_every_process_and_only_when_given) {
+  const std::vector<std::string> script = {"/bin/sh", "-c", "echo \"max=${ASHL_MAX_WORKERS-unset}\""};
+  auto with = [&](std::vector<std::string> args) {
+    args.push_back("--");
+    args.insert(args.end(), script.begin(), script.end());
+    return run(args);
+  };
+  auto r = with({"-s", "1", "-w", "2", "--insecure", "--max-workers", "5"});
+  BOOST_TEST(r.code == 0, r.err);
+  BOOST_TEST(lines_of(r.out).size() == 3u);
+  for (const auto& line : lines_of(r.out)) BOOST_TEST(line.ends_with("] max=5"), line);
+  ::setenv("ASHL_MAX_WORKERS", "9", 1);
+  r = with({"-s", "1", "-w", "2", "--insecure"});
+  ::unsetenv("ASHL_MAX_WORKERS");
+  BOOST_TEST(r.code == 0, r.err);
+  BOOST_TEST(lines_of(r.out).size() == 3u);
+  for (const auto& line : lines_of(r.out)) BOOST_TEST(line.ends_with("] max=unset"), line);
+  r = with({"-s", "1", "-w", "2", "--insecure", "--max-workers=0"});
+  for (const auto& line : lines_of(r.out)) BOOST_TEST(line.ends_with("] max=unset"), line);
+  const auto help = run({"--help"});
+  BOOST_TEST(help.code == 0);
+  BOOST_TEST(help.out.find("--max-workers K") != std::string::npos, help.out);
+}

@@ -5,7 +5,7 @@
 // docs/ps.md "Faults, checkpoints and rejoining", "Job identity".
 //
 //   const std::uint64_t inc = ashl::ps::fresh_incarnation();   // larger than any earlier process's
-//   const std::uint64_t job = ashl::ps::make_job_id("resnet50", n, /*workers=*/4, /*servers=*/2);
+//   const std::uint64_t job = ashl::ps::make_job_id("resnet50", n, /*max_workers=*/4, /*servers=*/2);
 //   ashl::ps::worker_params wp{.rank = r, .servers = addrs, .incarnation = inc, .job = job};
 //
 // An incarnation is the wall clock's nanoseconds since 1970 with the low 16
@@ -17,7 +17,12 @@
 // restarted worker stale, which the server then refuses by name).
 //
 // A job id is FNV-1a (64 bits) over a name the user gives (ASHL_JOB, empty
-// by default) and the job's shape: elements of the model, workers, servers.
+// by default) and the job's shape: elements of the model, the most workers
+// it may have (max_workers, ASHL_MAX_WORKERS; the worker count when not
+// said, so a job that does not say it keeps the id it had before there was
+// a maximum) and servers. The live count is not in it: a job that grows to
+// its maximum, or restores with fewer workers, is the same job
+// (docs/elastic.md §2.2).
 // It is not secret and carries nothing of the token: two jobs with different
 // tokens cannot reach each other's join at all (the transport's handshake
 // refuses them); the id separates jobs that share a token (or run without
@@ -87,14 +92,15 @@ inline std::uint64_t fresh_incarnation() noexcept {
 }
 
 // The job id of a job named `name` (may be empty) of this shape; never 0.
-inline std::uint64_t make_job_id(std::string_view name, std::uint64_t elements, std::uint32_t workers,
+// `max_workers` is the job's maximum (its worker count when it has none).
+inline std::uint64_t make_job_id(std::string_view name, std::uint64_t elements, std::uint32_t max_workers,
                                  std::uint32_t servers) noexcept {
   detail::fnv1a f;
   f.bytes("ashl-job", 8);
   f.u64(name.size());
   f.bytes(name.data(), name.size());
   f.u64(elements);
-  f.u64(workers);
+  f.u64(max_workers);
   f.u64(servers);
   return f.h == 0 ? 1 : f.h;
 }

@@ -15,8 +15,13 @@
 // "--flag=value" both work; an empty variable counts as unset):
 //
 //   ASHL_ROLE         --role         server | worker (required)
-//   ASHL_RANK         --rank         0 .. count of that role - 1 (required when that count > 1)
-//   ASHL_NUM_WORKERS  --num-workers  1 .. ps::max_workers (default 1)
+//   ASHL_RANK         --rank         0 .. count of that role - 1 (required when that count > 1);
+//                                  a worker's count is ASHL_MAX_WORKERS
+//   ASHL_NUM_WORKERS  --num-workers  1 .. ps::max_workers (default 1): the initial workers
+//   ASHL_MAX_WORKERS  --max-workers  the most workers the job may have: ranks past the initial
+//                                  ones join a running job up to it (docs/elastic.md §2.1);
+//                                  0 or unset = ASHL_NUM_WORKERS, else ASHL_NUM_WORKERS ..
+//                                  ps::max_workers; part of the job id (job_id_of)
 //   ASHL_NUM_SERVERS  --num-servers  1 .. ps::max_servers (default 1)
 //   ASHL_SERVER_ADDR  --server-addr  server 0's host:port, or every server's, comma-separated (required)
 //   ASHL_TOKEN        (no flag)      the job's shared secret, >= 16 bytes (required unless insecure)
@@ -52,6 +57,7 @@
 #include <ashl/transport/address.hpp>
 #include <ashl/transport/token.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -77,7 +83,9 @@ constexpr std::string_view to_string(role r) noexcept { return r == role::server
 struct job {
   ps::role role = ps::role::worker;
   std::uint32_t rank = 0;
-  std::uint32_t num_workers = 1;
+  std::uint32_t num_workers = 1;             // the initial workers, ranks 0..num_workers-1
+  std::uint32_t max_workers = 0;             // the job's maximum (ASHL_MAX_WORKERS); 0 = num_workers
+                                             // (job_from writes the resolved value; max_workers_of)
   std::uint32_t num_servers = 1;
   std::vector<std::string> server_addresses;  // one per server: "host:port", server i at index i
   std::string token;                          // empty only when insecure
@@ -202,13 +210,14 @@ inline result<job> job_from(int argc, char** argv) {
     std::string source;  // the variable or the flag the value came from
   };
   setting role_s{"ASHL_ROLE", "--role", {}, {}}, rank_s{"ASHL_RANK", "--rank", {}, {}},
-      workers_s{"ASHL_NUM_WORKERS", "--num-workers", {}, {}}, servers_s{"ASHL_NUM_SERVERS", "--num-servers", {}, {}},
+      workers_s{"ASHL_NUM_WORKERS", "--num-workers", {}, {}},
+      max_workers_s{"ASHL_MAX_WORKERS", "--max-workers", {}, {}}, servers_s{"ASHL_NUM_SERVERS", "--num-servers", {}, {}},
       addr_s{"ASHL_SERVER_ADDR", "--server-addr", {}, {}}, token_s{"ASHL_TOKEN", "--token", {}, {}},
       insecure_s{"ASHL_INSECURE", "--insecure", {}, {}}, verbose_s{"ASHL_VERBOSE", "--verbose", {}, {}},
       progress_s{"ASHL_PROGRESS", "--progress", {}, {}}, name_s{"ASHL_JOB", "--job", {}, {}},
       grace_s{"ASHL_NO_WORKER_GRACE", "--no-worker-grace", {}, {}};
-  setting* all[] = {&role_s,     &rank_s,      &workers_s,   &servers_s, &addr_s, &token_s,
-                    &insecure_s, &verbose_s,   &progress_s,  &name_s,    &grace_s};
+  setting* all[] = {&role_s,     &rank_s,    &workers_s,  &max_workers_s, &servers_s, &addr_s,
+                    &token_s,    &insecure_s, &verbose_s, &progress_s,    &name_s,    &grace_s};
   for (auto* s : all) {
     const std::string name(s->env);
     if (const char* v = std::getenv(name.c_str()); v && *v) {
@@ -275,21 +284,39 @@ inline result<job> job_from(int argc, char** argv) {
     if (!v) return v.error();
     j.num_workers = *v;
   }
+  j.max_workers = j.num_workers;
+  if (max_workers_s.value) {
+    // 0 says "no more than the initial workers", as not setting it does.
+    auto v = detail::parse_count(max_workers_s.source, *max_workers_s.value, 0, max_workers, "ps::max_workers");
+    if (!v) return v.error();
+    if (*v != 0 && *v < j.num_workers) {
+      const std::string workers_name = workers_s.value ? workers_s.source : std::string(workers_s.env);
+      return detail::launch_error(max_workers_s.source, *max_workers_s.value,
+                                  "must be 0 (the same as " + workers_name + ") or at least " + workers_name +
+                                      " = " + std::to_string(j.num_workers));
+    }
+    if (*v != 0) j.max_workers = *v;
+  }
   if (servers_s.value) {
     auto v = detail::parse_count(servers_s.source, *servers_s.value, 1, max_servers, "ps::max_servers");
     if (!v) return v.error();
     j.num_servers = *v;
   }
   const bool server = j.role == role::server;
-  const std::uint32_t count = server ? j.num_servers : j.num_workers;
-  const setting& count_s = server ? servers_s : workers_s;
+  // A worker's rank is bounded by the job's maximum: ranks past the initial
+  // workers are joiners (docs/elastic.md §2.3).
+  const bool elastic = !server && j.max_workers > j.num_workers;
+  const std::uint32_t count = server ? j.num_servers : elastic ? j.max_workers : j.num_workers;
+  const setting& count_s = server ? servers_s : elastic ? max_workers_s : workers_s;
   const std::string count_name = count_s.value ? count_s.source : std::string(count_s.env);
   if (rank_s.value) {
     auto v = detail::parse_count(rank_s.source, *rank_s.value, 0);
     if (!v) return v.error();
     if (*v >= count)
-      return status(errc::out_of_range, rank_s.source + " = " + std::to_string(*v) + ": must be < " + count_name +
-                                            " = " + std::to_string(count));
+      return status(errc::out_of_range,
+                    rank_s.source + " = " + std::to_string(*v) + ": must be < " + count_name + " = " +
+                        std::to_string(count) +
+                        (server || elastic ? std::string() : " (or < ASHL_MAX_WORKERS, when set above it)"));
     j.rank = *v;
   } else if (count > 1) {
     return status(errc::invalid_argument, "ASHL_RANK is not set: set it (or pass --rank) to this " +
@@ -341,27 +368,41 @@ inline result<job> job_from(int argc, char** argv) {
   return j;
 }
 
+// The most workers job j may have: max_workers, or num_workers where that
+// is 0 (or below it, as in a job made by hand). What a server's
+// server_core_params::max_workers is given.
+inline std::uint32_t max_workers_of(const job& j) noexcept { return std::max(j.max_workers, j.num_workers); }
+
 // The id of job j for a model of `elements` elements: its name and shape
 // (ps/identity.hpp). Every process of a job computes the same one; a worker
-// of another job (another name, model size, worker or server count) is
-// refused by the servers' join.
+// of another job (another name, model size, maximum of workers or server
+// count) is refused by the servers' join. The maximum, not the initial
+// count: a job started with 2 of at most 4 workers is the job a 4-worker
+// run of the same name and model was, and restores its checkpoints; with no
+// maximum said it is the worker count, so the id is the one a job had
+// before there was a maximum.
 inline std::uint64_t job_id_of(const job& j, std::uint64_t elements) noexcept {
-  return make_job_id(j.name, elements, j.num_workers, j.num_servers);
+  return make_job_id(j.name, elements, max_workers_of(j), j.num_servers);
 }
 
-// One line for logs: "worker 3 of 4, servers 127.0.0.1:5000,127.0.0.1:5001, token set".
+// One line for logs: "worker 3 of 4 (2 servers, 4 workers), servers 127.0.0.1:5000,127.0.0.1:5001, token set".
 // Never contains the token.
 inline std::string describe(const job& j) {
   std::string s(to_string(j.role));
   s += ' ';
   s += std::to_string(j.rank);
   s += " of ";
-  s += std::to_string(j.role == role::server ? j.num_servers : j.num_workers);
+  s += std::to_string(j.role == role::server ? j.num_servers : max_workers_of(j));
   s += " (";
   s += std::to_string(j.num_servers);
   s += j.num_servers == 1 ? " server, " : " servers, ";
   s += std::to_string(j.num_workers);
-  s += j.num_workers == 1 ? " worker), servers " : " workers), servers ";
+  s += j.num_workers == 1 ? " worker" : " workers";
+  if (max_workers_of(j) > j.num_workers) {
+    s += ", at most ";
+    s += std::to_string(max_workers_of(j));
+  }
+  s += "), servers ";
   for (std::size_t i = 0; i < j.server_addresses.size(); ++i) {
     if (i) s += ',';
     s += j.server_addresses[i];

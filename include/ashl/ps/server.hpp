@@ -199,8 +199,11 @@ class server {
           return status(s.code(), "checkpoint \"" + file + "\": " + s.message());
         if (auto s = core->load(in); !s)
           return status(s.code(), "checkpoint \"" + file + "\": " + s.message());
-        if (core->params().workers != p.core.workers || core->params().layout.elements() != p.core.layout.elements())
-          return make_error(errc::invalid_argument, "checkpoint.state.workers", core->params().workers,
+        // The saved initial worker count may differ from this server's: a
+        // job restores with any number of workers up to its maximum
+        // (docs/elastic.md §2.2), compared below and in the identity.
+        if (core->params().layout.elements() != p.core.layout.elements())
+          return make_error(errc::invalid_argument, "checkpoint.state.elements", core->params().layout.elements(),
                             "\"" + file + "\": the saved state disagrees with its identity section");
         if (core->params().max_workers != p.core.max_workers)
           return make_error(errc::invalid_argument, "checkpoint.state.max_workers", core->params().max_workers,

@@ -26,36 +26,46 @@ inline status server<Transport, Policy>::checkpoint() {
 // The job a checkpoint belongs to, before server_core's state (section
 // "PSID", docs/checkpoints.md "The state"): a restore checks it first, so
 // another job's checkpoint is refused by name before anything is loaded.
+// Version 2 holds the job's maximum of workers where version 1 held its
+// worker count: the job's shape, never how many are live, so a checkpoint
+// restores into a job started with any number of workers up to the
+// maximum (docs/elastic.md §2.2).
 template <transport::transport Transport, sync::consistency_policy Policy>
 inline void server<Transport, Policy>::save_identity(state_writer& w) const {
-  w.tag("PSID", 1);
+  w.tag("PSID", 2);
   w.put(p_.job);
   w.put(p_.core.layout.elements());
-  w.put(p_.core.workers);
+  w.put(p_.core.max_workers);  // resolved by create: never 0
   w.put(static_cast<std::uint8_t>(p_.compression));
   w.put_string(p_.policy);
 }
 
 template <transport::transport Transport, sync::consistency_policy Policy>
 inline status server<Transport, Policy>::check_identity(state_reader& in, const server_params& p) {
-  if (auto s = in.tag("PSID", 1); !s)
+  std::uint32_t version = 0;
+  if (auto s = in.tag("PSID", 1, 2, version); !s)
     return status(s.code(), s.message() + " (not a checkpoint of this build's servers: no job identity)");
   std::uint64_t job = 0, elements = 0;
-  std::uint32_t workers = 0;
+  std::uint32_t max_workers = 0;
   std::uint8_t codec = 0;
   std::string policy;
+  // Version 1 (before max_workers) held the worker count, which was then
+  // the job's maximum too.
+  const char* const max_field = version == 1 ? "checkpoint.workers" : "checkpoint.max_workers";
   ASHL_TRY(in.get(job, "checkpoint.job"));
   ASHL_TRY(in.get(elements, "checkpoint.elements"));
-  ASHL_TRY(in.get(workers, "checkpoint.workers"));
+  ASHL_TRY(in.get(max_workers, max_field));
   ASHL_TRY(in.get(codec, "checkpoint.codec"));
   ASHL_TRY(in.get_string(policy, "checkpoint.policy"));
   const std::string other = " (a checkpoint of another job is never restored)";
   if (elements != p.core.layout.elements())
     return make_error(errc::invalid_argument, "checkpoint.elements", elements,
                       "this server's model has " + std::to_string(p.core.layout.elements()) + " elements" + other);
-  if (workers != p.core.workers)
-    return make_error(errc::invalid_argument, "checkpoint.workers", workers,
-                      "this server's job has " + std::to_string(p.core.workers) + " workers" + other);
+  // p.core.max_workers is resolved (0 = workers) before a restore reads this.
+  if (max_workers != p.core.max_workers)
+    return make_error(errc::invalid_argument, max_field, max_workers,
+                      "this server's job admits at most " + std::to_string(p.core.max_workers) +
+                          " workers (ASHL_MAX_WORKERS, or ASHL_NUM_WORKERS when that is not set)" + other);
   if (policy != p.policy)
     return make_error(errc::invalid_argument, "checkpoint.policy", policy,
                       "this server runs \"" + p.policy + "\"" + other);

@@ -200,10 +200,11 @@ inline void server<Transport, Policy>::on_join(transport::peer_id p, peer_state&
     send_error(p, errc::invalid_argument, h.sequence,
                "join.job = " + job_id_text(b.job) + ": this server (" + std::to_string(p_.core.shard) +
                    ") runs job " + job_id_text(p_.job) + ", a model of " +
-                   std::to_string(p_.core.layout.elements()) + " elements, " + std::to_string(p_.core.workers) +
-                   " workers, " + std::to_string(p_.core.layout.servers()) +
-                   " servers (another job's server at this address, or the worker's model size, worker or "
-                   "server count or ASHL_JOB differ: the job id derives from them)");
+                   std::to_string(p_.core.layout.elements()) + " elements, at most " +
+                   std::to_string(p_.core.max_workers) + " workers, " + std::to_string(p_.core.layout.servers()) +
+                   " servers (another job's server at this address, or the worker's model size, maximum of "
+                   "workers (ASHL_MAX_WORKERS, else ASHL_NUM_WORKERS), server count or ASHL_JOB differ: the "
+                   "job id derives from them)");
     return;
   }
   // The model's shape (docs/elastic.md §2.3, check 4; join body of wire
@@ -223,8 +224,9 @@ inline void server<Transport, Policy>::on_join(transport::peer_id p, peer_state&
     send_error(p, errc::out_of_range, h.sequence,
                "join.rank = " + std::to_string(w) + ": this job admits at most " +
                    std::to_string(p_.core.max_workers) + " workers" +
-                   (p_.core.max_workers == 0 ? std::string{}
-                                             : " (ranks 0.." + std::to_string(p_.core.max_workers - 1) + ")"));
+                   (p_.core.max_workers == 0 ? std::string{" (ASHL_MAX_WORKERS)"}
+                                             : " (ranks 0.." + std::to_string(p_.core.max_workers - 1) +
+                                                   "; ASHL_MAX_WORKERS)"));
     return;
   }
   if (p_.max_incarnation_ahead.count() > 0) {
