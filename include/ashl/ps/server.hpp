@@ -370,6 +370,8 @@ class server {
     s.speculations = core_.speculations();
     s.speculations_stale = core_.speculations_stale();
     s.applied_as_landed = core_.applied_as_landed();
+    s.fused_applies = core_.fused_applies();
+    s.fused_wasted = core_.fused_wasted();
     s.transport = t_.counters();
     s.seconds = clock_.now();
     if (writer_) {

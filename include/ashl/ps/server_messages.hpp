@@ -75,27 +75,17 @@ inline void server<Transport, Policy>::on_message(transport::peer_id p, std::spa
 template <transport::transport Transport, sync::consistency_policy Policy>
 inline void server<Transport, Policy>::handle(transport::peer_id p, std::span<const std::byte> head,
                                               std::span<const std::byte> data, double now, bool kept) {
-  // A dense commit's values are checked (finite) chunk by chunk as the
-  // CRC check reads them: one pass over the payload for both, and
-  // server_core skips its own. Parameters still change
-  // only after the whole message is verified and the policy decided.
+  // server_core checks the message where it lies (check_message): the
+  // CRC and, for a dense commit, its values (finite) chunk by chunk in one
+  // pass, so validate() skips its own; where the apply would write beside
+  // a version replies read, the add into a spare version in that pass too
+  // (server_core_params::fuse_checks). Parameters still change only after
+  // the whole message is verified and the policy decided.
   dense_value_check values;
-  bool started = false;
   wire::limits lim = p_.core.limits;
   lim.unchecked_allowed = unchecked_lane(p);  // a trusted lane on this host: no CRC (flag `unchecked`)
-  auto m = wire::decode(head, data, lim,
-                        [&](const wire::header& raw, std::span<const std::byte> chunk) noexcept {
-                          if (!started) {
-                            started = true;
-                            if (raw.kind != wire::message_kind::commit || p_.core.allow_non_finite) return;
-                            // A commit part: its own elements (the split its header names).
-                            const std::uint64_t n = (raw.flags & wire::flag_part) != 0
-                                                        ? wire::part_elements(raw.element_count, raw.parts, raw.part).count
-                                                        : raw.element_count;
-                            values = dense_value_check(raw.codec, raw.type, n, data.size());
-                          }
-                          values(chunk);
-                        });
+  const std::uint32_t rank = peer(p).rank;
+  auto m = core_.check_message(head, data, lim, rank, rank != no_rank && unchecked_lane(p), values);
   if (!m) {
     refuse_wire(wire_refusal::malformed);
     send_error(p, m.error().code(), 0, m.error().message());

@@ -227,6 +227,11 @@ struct server_telemetry {
   // something else overtook (applied whole after all); commits applied from
   // them (the last part's add and a swap).
   std::uint64_t speculations = 0, speculations_stale = 0, applied_as_landed = 0;
+  // server_core_params::fuse_checks: commits applied from the check's pass
+  // (their add computed beside the parameters while the CRC and the finite
+  // scan read the payload); checked commits whose pass was discarded (the
+  // policy did not apply them at once at the weight guessed).
+  std::uint64_t fused_applies = 0, fused_wasted = 0;
   std::uint64_t worker_errors = 0;          // error messages workers sent us
   std::uint64_t snapshots = 0;              // versions pulled (each pinned by its replies, checksummed once)
   std::uint64_t applied_beside = 0;         // dense applies made beside a version replies still read
@@ -291,6 +296,8 @@ struct server_telemetry {
         field{"speculations", &server_telemetry::speculations},
         field{"speculations_stale", &server_telemetry::speculations_stale},
         field{"applied_as_landed", &server_telemetry::applied_as_landed},
+        field{"fused_applies", &server_telemetry::fused_applies},
+        field{"fused_wasted", &server_telemetry::fused_wasted},
         field{"plans", &server_telemetry::plans},
         field{"errors_sent", &server_telemetry::errors_sent},
         field{"worker_errors", &server_telemetry::worker_errors},

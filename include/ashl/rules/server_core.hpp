@@ -281,6 +281,8 @@ class server_core {
     const worker_id w = c.worker;
     // Its speculation (speculate) ends with it, whatever commit() decides.
     const bool speculated = claim_speculation(c);
+    // So does the apply check_message computed in its check pass.
+    const bool fused = claim_fused(c);
     if (!check_live(w, c.sequence, "commit.worker", out)) return;
     worker_entry& e = table_[w];
     if (c.incarnation != e.incarnation) {
@@ -316,6 +318,7 @@ class server_core {
     const sync::commit_decision d = policy_.on_commit({w, seq, c.clock, now, c.bytes, c.samples}, sink_);
     e.applied_at_once = d.action == sync::commit_action::apply;
     bool pending = false;  // buffered and not yet stored
+    bool fused_taken = false;
     switch (d.action) {
       case sync::commit_action::apply:
         ASHL_ASSERT(std::isfinite(d.weight), "server_core: the policy gave a non-finite weight");
@@ -326,8 +329,12 @@ class server_core {
               // read it, and the new version's CRC when a pull rides along;
               // or, with the payload kept, later in one pass with the other
               // commits waiting (apply_pending()).
-              if (!(speculated && take_speculation(d.weight)) && (!c.payload_kept || !defer_dense(c, d.weight)))
+              if (fused && take_fused(d.weight)) {
+                fused_taken = true;
+              } else if (!(speculated && take_speculation(d.weight)) &&
+                         (!c.payload_kept || !defer_dense(c, d.weight))) {
                 apply_dense(c, d.weight, wants_reply_crc(c));
+              }
               table_[w].last_weight = static_cast<float>(d.weight);
             } else {
               make_writable();
@@ -356,6 +363,7 @@ class server_core {
         ++stats_.commits_dropped;
         break;
     }
+    if (fused && !fused_taken) ++fused_wasted_;  // checked and valid, but not applied as computed
     current_ = pending ? &c : nullptr;
     current_sequence_ = seq;
     // Accepted (whatever the policy decided, a drop too: docs/elastic.md
@@ -521,6 +529,49 @@ class server_core {
   [[nodiscard]] std::uint64_t speculations() const noexcept { return speculations_; }
   [[nodiscard]] std::uint64_t speculations_stale() const noexcept { return speculations_stale_; }
   [[nodiscard]] std::uint64_t applied_as_landed() const noexcept { return applied_as_landed_; }
+
+  // ------------------------------------------ the check and the apply in one pass
+  //
+  // A driver that receives commits as wire messages (ps::server) hands
+  // check_message() each message as it lies in its receive buffer,
+  // unchecked: it runs wire::decode (the CRC-32C, chunk by chunk, with the
+  // header's checks) and, for a dense payload, the finite check of its
+  // values in the same pass (dense_value_check: `values`, which the driver
+  // gives commit() as commit_in.values_checked). With params().fuse_checks
+  // (fused_apply) it also computes, in that same pass, the apply of a whole
+  // dense model-delta commit as commit() would make it: new = w + s·v
+  // chunk by chunk into a spare version while the chunk is in cache (and
+  // the new version's CRC when a checksummed reply rides with it), s the
+  // rank's last applied weight, the same decode_add over the same chunk
+  // bounds as apply_dense (the same bits). The parameters are not touched.
+  // Then:
+  //   - the message fails its CRC or any check, or a value is not finite:
+  //     the spare is discarded (commit() refuses a non-finite one, naming
+  //     its element, as without fusion); nothing else changed, no counter;
+  //   - commit() applies this commit (the same worker, incarnation,
+  //     sequence, payload bytes) at once, at the weight guessed, to the
+  //     parameters the pass read: the spare is published (the pinned
+  //     version keeps its storage), no further pass;
+  //   - anything else (the policy buffers or drops it, weighs it otherwise,
+  //     something changed the parameters first, a batch defers it): the
+  //     spare is discarded and commit() applies as without fusion
+  //     (fused_wasted() counts these).
+  // fused_apply::beside arms it only where the apply would write beside a
+  // version replies read anyway (fan-in: another worker's reply in flight):
+  // there the fused pass replaces a read pass, and where the apply is in
+  // place it would turn it into a beside write (docs/perf/ps-passes.md).
+  // A rank whose last commit waited for a round is not fused (like
+  // speculate()). `from`: the rank the connection joined as (or anything,
+  // when none: nothing is fused); `reply_unchecked`: a reply riding with it
+  // goes without a CRC (the pass computes none). Allocates the shard-sized
+  // spare at the first fused pass, then cycles it with the version buffers.
+  result<wire::message_view> check_message(std::span<const std::byte> head, std::span<const std::byte> payload,
+                                           const wire::limits& lim, worker_id from, bool reply_unchecked,
+                                           dense_value_check& values);
+  // Commits applied from check_message's pass; passes whose commit was
+  // valid but applied otherwise (the driver's counters; not part of save()).
+  [[nodiscard]] std::uint64_t fused_applies() const noexcept { return fused_applies_; }
+  [[nodiscard]] std::uint64_t fused_wasted() const noexcept { return fused_wasted_; }
 
   // ------------------------------------------------------------ inspection
 
@@ -828,9 +879,14 @@ class server_core {
   };
 
   [[nodiscard]] std::size_t grid_floor(std::size_t x) const noexcept;
-  void speculate_to(std::size_t to);
+  void speculate_to(speculation& sp, std::size_t to);
   bool claim_speculation(const commit_in& c) noexcept;
   bool take_speculation(double weight);
+  bool publish_speculation(speculation& sp, double weight);
+  // The check and the apply in one pass (rules/server_core_fused.hpp).
+  bool fuse_start(const wire::header& raw, worker_id from, std::span<const std::byte> payload, bool reply_unchecked);
+  bool claim_fused(const commit_in& c) noexcept;
+  bool take_fused(double weight);
   void decode_or_die(codec_id id, dtype t, std::uint64_t step, std::uint32_t tensor, std::span<const std::byte> payload,
                      std::vector<float>& into, double weight);
   void step_parts(float scale, bool want_crc = false);
@@ -1019,6 +1075,9 @@ class server_core {
   speculation spec_;
   std::uint64_t w_changes_ = 0;
   std::uint64_t speculations_ = 0, speculations_stale_ = 0, applied_as_landed_ = 0;
+  // The check and the apply in one pass (check_message): its spare version.
+  speculation fused_;
+  std::uint64_t fused_applies_ = 0, fused_wasted_ = 0;
 };
 
 }  // namespace ps
@@ -1029,4 +1088,5 @@ ASHL_NAMESPACE_END
 #include <ashl/rules/server_core_apply.hpp>
 #include <ashl/rules/server_core_checks.hpp>
 #include <ashl/rules/server_core_checksums.hpp>
+#include <ashl/rules/server_core_fused.hpp>
 #include <ashl/rules/server_core_state.hpp>

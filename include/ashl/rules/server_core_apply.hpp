@@ -154,13 +154,12 @@ inline std::size_t server_core<Policy>::grid_floor(std::size_t x) const noexcept
   return lo + (x - lo) / chunk * chunk;
 }
 
-// The speculation's add over [spec_.done, to) (to: a grid bound), chunk by
+// A speculation's add over [sp.done, to) (to: a grid bound), chunk by
 // chunk on add_dense's grid, and, when a pull rides with the commit, its
 // checksum ranges' CRCs (each range's CRC continued from where the last
-// call left it).
+// call left it). sp: spec_, or fused_ (check_message's pass).
 template <sync::consistency_policy Policy>
-inline void server_core<Policy>::speculate_to(std::size_t to) {
-  speculation& sp = spec_;
+inline void server_core<Policy>::speculate_to(speculation& sp, std::size_t to) {
   const std::size_t n = w_.size();
   const std::size_t block = part_block(n, parts_for(n));
   const std::size_t chunk = apply_chunk_bytes / sizeof(float);
@@ -202,13 +201,22 @@ inline bool server_core<Policy>::claim_speculation(const commit_in& c) noexcept 
 // under it or the policy weighs the commit otherwise.
 template <sync::consistency_policy Policy>
 inline bool server_core<Policy>::take_speculation(double weight) {
-  speculation& sp = spec_;
-  if (sp.base != w_changes_ || pending_n_ > 0 || sp.weight != static_cast<float>(weight) ||
-      sp.crcs.size() != std::max<std::size_t>(checksum_parts_, 1)) {
+  if (!publish_speculation(spec_, weight)) {
     ++speculations_stale_;
     return false;
   }
-  speculate_to(w_.size());
+  ++applied_as_landed_;
+  return true;
+}
+
+// sp's pass finished and becomes the parameters (take_speculation,
+// take_fused); false, nothing changed, when it is stale or weighed otherwise.
+template <sync::consistency_policy Policy>
+inline bool server_core<Policy>::publish_speculation(speculation& sp, double weight) {
+  if (sp.base != w_changes_ || pending_n_ > 0 || sp.weight != static_cast<float>(weight) ||
+      sp.crcs.size() != std::max<std::size_t>(checksum_parts_, 1))
+    return false;
+  speculate_to(sp, w_.size());
   ++w_changes_;
   if (w_readers_ > 0) {
     version_buffer& b = spare();
@@ -222,7 +230,6 @@ inline bool server_core<Policy>::take_speculation(double weight) {
     std::copy(sp.crcs.begin(), sp.crcs.end(), range_crc_.begin());
   }
   end_pass(sp.crcs_wanted, 1);
-  ++applied_as_landed_;
   return true;
 }
 
@@ -312,7 +319,7 @@ inline bool server_core<Policy>::speculate(const commit_in& c, std::size_t from,
     return false;
   }
   sp.landed = std::min(to, n);
-  speculate_to(grid_floor(sp.landed));
+  speculate_to(sp, grid_floor(sp.landed));
   return true;
 }
 

@@ -89,6 +89,15 @@ constexpr std::uint64_t automatic_store_bytes(std::uint64_t shard_elements, std:
   return one > ~std::uint64_t{0} / m ? ~std::uint64_t{0} : one * m;
 }
 
+// When server_core::check_message computes a whole dense commit's apply
+// in its check pass (server_core_params::fuse_checks; docs/ps.md "The
+// check and the apply in one pass").
+enum class fused_apply : std::uint8_t {
+  off = 0,     // the check pass reads only; the apply is a pass of its own
+  beside = 1,  // only where the apply would write beside a version replies read anyway
+  always = 2,  // also where it would run in place (measured slower: docs/perf/ps-passes.md)
+};
+
 struct server_core_params {
   shard_layout layout{};          // elements() == 0: timing only (payloads ignored, nothing decoded)
   std::uint32_t shard = 0;        // the range this core holds (one server of S)
@@ -112,6 +121,15 @@ struct server_core_params {
   // commit above it is refused (refusal::samples). 0 says "not counted"
   // (a samples-weighted round then weighs by the mean).
   std::uint64_t max_commit_samples = std::uint64_t{1} << 30;
+  // server_core::check_message: whether the CRC check and finite scan of
+  // a whole dense model-delta commit also compute its add, new = w + s·v,
+  // into a spare version in the same chunked pass (published if the policy
+  // applies the commit at once at the weight guessed, discarded otherwise;
+  // a bad commit changes nothing). Only a driver that checks wire messages
+  // through check_message uses it (ps::server); the simulator's commits
+  // are never on the wire, and its results are the same bits either way.
+  // Not part of save().
+  fused_apply fuse_checks = fused_apply::beside;
   // How pull replies are compressed (rules/reply_encoder.hpp): identity
   // sends every reply dense; a codec sends each worker what its view of
   // the parameters lacks, with error feedback. Not part of save().
