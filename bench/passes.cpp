@@ -44,6 +44,14 @@
 //                caller's old values go to the staging, so a bad reply
 //                could be swapped back (not built; what keeping "a bad
 //                reply leaves the parameters as they were" would cost)
+//   s_chk_beside server_core::check_message (fuse_checks off: the CRC check
+//                and finite scan, S2) then commit() with a pull riding and
+//                the previous reply still pinned (the add beside it with the
+//                new version's CRC, s_beside): today's fan-in commit, two
+//                passes after the transfer
+//   s_fused      the same with fuse_checks beside: the check, the finite
+//                scan and new = old + v (with the new version's CRC) in one
+//                chunked pass, published by commit() (built 2026-12-07)
 // Prints a table, then one JSON object per case. Never an assertion on time.
 #include "support.hpp"
 
@@ -72,10 +80,10 @@ namespace ps = ashl::ps;
 namespace wire = ashl::wire;
 using core_type = ps::server_core<ashl::sync::asp>;
 
-constexpr std::size_t cases = 14;
-constexpr std::array<const char*, cases> names{"memcpy",      "cma",      "w_finite", "w_seal",      "s_check",
-                                               "s_apply_crc", "s_apply",  "s_beside", "w_reply_chk", "copy_crc",
-                                               "fused",       "w_check_crc", "crc_copy", "swap_crc"};
+constexpr std::size_t cases = 16;
+constexpr std::array<const char*, cases> names{
+    "memcpy",   "cma",         "w_finite", "w_seal",   "s_check",      "s_apply_crc", "s_apply", "s_beside",
+    "w_reply_chk", "copy_crc", "fused",    "w_check_crc", "crc_copy", "swap_crc",  "s_chk_beside", "s_fused"};
 
 std::size_t parse_size(const std::string& s) {
   const std::size_t v = std::strtoull(s.c_str(), nullptr, 10);
@@ -91,9 +99,11 @@ struct options {
 
 // A model-delta server_core of one shard of n elements, one worker (ASP:
 // every commit applies at once).
-core_type make_core(std::size_t n) {
+core_type make_core(std::size_t n, ps::fused_apply fuse = ps::fused_apply::off) {
   auto layout = ps::shard_layout::even(n, 1);
-  auto core = core_type::create({.layout = *layout, .workers = 1}, ashl::sync::asp{{.workers = 1}});
+  ps::server_core_params p{.layout = *layout, .workers = 1};
+  p.fuse_checks = fuse;
+  auto core = core_type::create(p, ashl::sync::asp{{.workers = 1}});
   if (!core) {
     std::fprintf(stderr, "%s\n", core.error().message().c_str());
     std::exit(1);
@@ -111,10 +121,37 @@ std::array<double, cases> measure(std::size_t bytes, int reps) {
   (void)wire::seal_header({.kind = wire::message_kind::pull_reply, .type = ashl::dtype::f32,
                            .flags = wire::flag_last_shard, .element_count = n, .sequence = 1, .clock = 1},
                           payload, reply_head, lim);
+  std::uint32_t keep = 0;
   core_type in_place = make_core(n), beside = make_core(n);
+  // Whole messages as received, checked by check_message: today's two
+  // passes (unfused) against the one fused pass, each beside a pinned version.
+  core_type unfused = make_core(n, ps::fused_apply::off), fused = make_core(n, ps::fused_apply::beside);
   ps::server_actions out(1);
   std::uint64_t seq = 0, beside_seq = 0, pinned = beside.pin_parameters().version;
-  std::uint32_t keep = 0;
+  std::uint64_t unfused_seq = 0, fused_seq = 0, unfused_pin = unfused.pin_parameters().version,
+                fused_pin = fused.pin_parameters().version;
+  const std::uint32_t payload_crc = wire::crc32c(payload);
+  std::array<std::byte, wire::header_bytes> msg_head{};
+  // check_message, commit() with a pull riding, the reply's pin replacing the last.
+  auto checked_commit = [&](core_type& core, std::uint64_t& s, std::uint64_t& pin) {
+    ++s;
+    (void)wire::seal_header({.kind = wire::message_kind::commit, .type = ashl::dtype::f32,
+                             .flags = wire::flag_last_shard | wire::flag_pull, .element_count = n, .rank = 0,
+                             .sequence = s, .clock = s},
+                            bytes, payload_crc, msg_head, lim);
+    ps::dense_value_check values;
+    auto m = core.check_message(msg_head, payload, lim, 0, false, values);
+    if (!m) std::abort();
+    ps::commit_in c = ps::commit_in_of(m->header, 0, 0, m->payload, wire::header_bytes + bytes);
+    c.values_checked = values.all_finite();
+    core.commit(c, 0.0, out);
+    if (!out.errors().empty() || out.pull_replies().size() != 1) std::abort();
+    out.clear();
+    core.unpin_parameters(pin);
+    const auto pv = core.pin_parameters();
+    keep ^= pv.crc;
+    pin = pv.version;
+  };
   auto commit = [&](core_type& core, std::uint64_t& s, bool pull) {
     core.commit({.worker = 0, .sequence = ++s, .clock = s, .bytes = wire::header_bytes + bytes, .element_count = n,
                  .payload = payload, .pull = pull, .values_checked = true},
@@ -214,20 +251,30 @@ std::array<double, cases> measure(std::size_t bytes, int reps) {
           std::swap_ranges(stage.data() + at, stage.data() + at + k, dst.data() + at);
         }
         keep ^= crc;
-      });
+      },
+      [&] { checked_commit(unfused, unfused_seq, unfused_pin); },
+      [&] { checked_commit(fused, fused_seq, fused_pin); });
   beside.unpin_parameters(pinned);
+  unfused.unpin_parameters(unfused_pin);
+  fused.unpin_parameters(fused_pin);
   if (keep == 0x12345678u) std::printf(" ");
   // server_core's own counters say which path each apply took: in place
   // with the CRC in the apply's pass, or beside the pinned version.
   std::fprintf(stderr,
                "# %zu B: in place: %llu commits, %llu beside, %llu CRCs in the apply, %llu CRC passes of their own; "
-               "beside: %llu commits, %llu beside\n",
+               "beside: %llu commits, %llu beside; s_chk_beside: %llu beside, %llu fused; s_fused: %llu beside, "
+               "%llu fused, %llu discarded\n",
                bytes, static_cast<unsigned long long>(in_place.stats().commits_applied),
                static_cast<unsigned long long>(in_place.applied_beside()),
                static_cast<unsigned long long>(in_place.checksums_in_apply()),
                static_cast<unsigned long long>(in_place.checksum_passes()),
                static_cast<unsigned long long>(beside.stats().commits_applied),
-               static_cast<unsigned long long>(beside.applied_beside()));
+               static_cast<unsigned long long>(beside.applied_beside()),
+               static_cast<unsigned long long>(unfused.applied_beside()),
+               static_cast<unsigned long long>(unfused.fused_applies()),
+               static_cast<unsigned long long>(fused.applied_beside()),
+               static_cast<unsigned long long>(fused.fused_applies()),
+               static_cast<unsigned long long>(fused.fused_wasted()));
   std::array<double, cases> r{};
   std::copy(t.begin(), t.end(), r.begin());
   if (!cma) r[1] = std::nan("");

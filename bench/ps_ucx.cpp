@@ -18,6 +18,10 @@
 //                                           # = true: a commit in parts is added as its parts land (default:
 //                                           # applied whole at its last part); commit rows report the share
 //                                           # of commits applied that way (as_landed)
+//   ashl_bench_ps_ucx --ops fan_in --fuse-checks off   # server_core_params.fuse_checks (off, beside, always;
+//                                           # default: the library's): the check pass also computes a commit's
+//                                           # apply beside a pinned version; rows report the share of commits
+//                                           # applied from it (fused) and of applies made beside (beside)
 //   ashl_bench_ps_ucx --no-pin              # leave placement to the scheduler (for comparison)
 //   ashl_bench_ps_ucx --in-place-replies    # worker_params.stage_replies = false (replies unchecked in the caller's buffer)
 //   ashl_bench_ps_ucx --flip-replies        # worker_params.flip_replies = true (replies checked in the buffer that is
@@ -182,6 +186,7 @@ struct options {
   std::uint32_t apply_threads = 1;  // server_params.apply_threads (--apply-threads N)
   std::uint32_t apply_batch = 1;    // server_params.apply_batch (--apply-batch N)
   bool as_landed = false;           // server_params.apply_parts_as_they_land (--apply-as-landed: true)
+  ps::fused_apply fuse = ps::server_core_params{}.fuse_checks;  // server_core_params.fuse_checks (--fuse-checks)
   bool stage_replies = true;  // worker_params.stage_replies (--in-place-replies: false)
   bool flip_replies = false;  // worker_params.flip_replies (--flip-replies)
   bool trust_local_lanes = false;  // server_params/worker_params.trust_local_lanes (--trust-local-lanes)
@@ -347,6 +352,7 @@ struct shared_area {
   double server_idle;                  // server's share of time in transport.wait
   double server_cpu, server_runq;      // server thread's share of its time on a CPU / runnable but waiting for one
   std::uint64_t snapshots, commits_applied, copied_replies, batched_commits, applied_as_landed;
+  std::uint64_t fused_applies, applied_beside;
   char lanes[1024];                    // the worker's endpoint (describe, summarized)
   char describe[8192];                 // the worker's endpoint (describe, whole)
   char error[1024];
@@ -390,6 +396,7 @@ int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_f
   sp.apply_threads = o.apply_threads;
   sp.apply_batch = o.apply_batch;
   sp.apply_parts_as_they_land = o.as_landed;
+  sp.core.fuse_checks = o.fuse;
   sp.trust_local_lanes = o.trust_local_lanes;
   sp.reply_part_bytes = o.chunk_kib * 1024;
   auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
@@ -414,6 +421,8 @@ int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_f
   sh->commits_applied = s.core.commits_applied;
   sh->batched_commits = s.batched_commits;
   sh->applied_as_landed = s.applied_as_landed;
+  sh->fused_applies = s.fused_applies;
+  sh->applied_beside = s.applied_beside;
   return 0;
 }
 
@@ -511,6 +520,7 @@ struct ashl_result {
   std::vector<double> pull_s, commit_s, fan_gbps;
   double server_idle = 0, server_cpu = 0, server_runq = 0;
   std::uint64_t snapshots = 0, commits_applied = 0, copied_replies = 0, batched_commits = 0, applied_as_landed = 0;
+  std::uint64_t fused_applies = 0, applied_beside = 0;
 };
 
 ashl_result run_ashl(const options& o, const std::string& transport, const ashl_case& c) {
@@ -575,6 +585,8 @@ ashl_result run_ashl(const options& o, const std::string& transport, const ashl_
   res.commits_applied = sh->commits_applied;
   res.batched_commits = sh->batched_commits;
   res.applied_as_landed = sh->applied_as_landed;
+  res.fused_applies = sh->fused_applies;
+  res.applied_beside = sh->applied_beside;
   res.copied_replies = sh->copied_replies;
   sh->~shared_area();
   ::munmap(m, sizeof(shared_area));
@@ -706,8 +718,13 @@ struct row {
   double server_cpu = std::nan(""), server_runq = std::nan("");  // fan-in: the server thread on a CPU / waiting for one
   double batched = std::nan("");  // the share of commits added in a batched pass (server_params.apply_batch)
   double as_landed = std::nan("");  // the share of commits added as their parts landed (commits in parts)
+  double fused = std::nan(""), beside = std::nan("");  // fan-in: shares of commits applied from the check pass / beside
   std::string error;
 };
+
+const char* fuse_name(ps::fused_apply f) {
+  return f == ps::fused_apply::off ? "off" : f == ps::fused_apply::beside ? "beside" : "always";
+}
 
 std::string num(double v, int prec = 4) {
   if (!std::isfinite(v)) return "null";
@@ -778,6 +795,16 @@ int main(int argc, char** argv) {
       o.apply_batch = static_cast<std::uint32_t>(v);
     }
     else if (a == "--apply-as-landed") o.as_landed = true;
+    else if (a == "--fuse-checks" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v == "off") o.fuse = ps::fused_apply::off;
+      else if (v == "beside") o.fuse = ps::fused_apply::beside;
+      else if (v == "always") o.fuse = ps::fused_apply::always;
+      else {
+        std::fprintf(stderr, "--fuse-checks = %s: must be off, beside or always\n", v.c_str());
+        return 2;
+      }
+    }
     else if (a == "--apply-threads") {
       const long v = std::atol(next().c_str());
       if (auto s = ps::apply_pool::check_threads(v < 0 ? 0 : static_cast<std::uint64_t>(v), "--apply-threads"); !s)
@@ -788,7 +815,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: ashl_bench_ps_ucx [--quick] [--reps N] [--json-only] [--progress wait|poll] [--no-pin]\n"
                    "         [--transports shm,tcp] [--ops pull,commit,round_trip,fan_in,fan_in_push] [--sizes 4K,1M,...]\n"
-                   "         [--apply-threads N] [--apply-batch N] [--apply-as-landed]\n"
+                   "         [--apply-threads N] [--apply-batch N] [--apply-as-landed] [--fuse-checks off|beside|always]\n"
                    "         [--perftest PATH] [--fan-in-workers N] [--describe] [--no-baseline] [--spin-us N]\n"
                    "         [--in-place-replies] [--flip-replies] [--trust-local-lanes] [--chunk-kib N] [--commit-chunk-kib N] [--commit-window N]\n"
                    "         [--iters N]  (ashl operations per repetition; default 64 MiB worth, 2..2000)\n");
@@ -932,7 +959,7 @@ int main(int argc, char** argv) {
       const int fan_iters = std::max(2, (o.quick ? 32 : 128) / std::max(8, o.fan_workers));
       const ashl_case c{.bytes = bytes, .workers = o.fan_workers, .reps = 1, .iters = fan_iters,
                         .fan = true, .push = push, .do_pull = false, .do_commit = true};
-      std::vector<double> am_g, eh_g, fan_g, ratios, idle, batched, on_cpu, runq;
+      std::vector<double> am_g, eh_g, fan_g, ratios, idle, batched, on_cpu, runq, fused, beside;
       std::string lanes, am_lanes, eh_lanes, error;
       for (int rep = 0; rep < o.reps; ++rep) {
         const perftest_figure am = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes), false, 1);
@@ -950,6 +977,8 @@ int main(int argc, char** argv) {
         on_cpu.push_back(a.server_cpu);
         runq.push_back(a.server_runq);
         if (a.commits_applied > 0) batched.push_back(static_cast<double>(a.batched_commits) / a.commits_applied);
+        if (a.commits_applied > 0) fused.push_back(static_cast<double>(a.fused_applies) / a.commits_applied);
+        if (a.commits_applied > 0) beside.push_back(static_cast<double>(a.applied_beside) / a.commits_applied);
         fan_g.push_back(a.fan_gbps[0]);
         if (am.ok) ratios.push_back(a.fan_gbps[0] / am.gbps);
       }
@@ -966,6 +995,8 @@ int main(int argc, char** argv) {
       r.ref_eh_lanes = eh_lanes;
       r.server_cpu = median(on_cpu);
       r.server_runq = median(runq);
+      r.fused = median(fused);
+      r.beside = median(beside);
       r.goal = ">= 0.6";
       r.met = r.ratio >= 0.6;
       r.error = error;
@@ -993,6 +1024,12 @@ int main(int argc, char** argv) {
         if (std::isfinite(r.as_landed)) std::printf(" %s %s %s", r.transport.c_str(), human_bytes(r.bytes).c_str(), num(r.as_landed, 2).c_str());
       std::printf("\n\n");
     }
+    std::printf("server fuse_checks: %s; shares of commits applied from the check pass (fused) and beside a pinned "
+                "version:", fuse_name(o.fuse));
+    for (const auto& r : rows)
+      if (std::isfinite(r.fused))
+        std::printf(" %s %s %s/%s", r.op.c_str(), r.transport.c_str(), num(r.fused, 2).c_str(), num(r.beside, 2).c_str());
+    std::printf("\n\n");
     if (o.apply_batch > 1) {
       std::printf("server apply batch: %u; share of commits added in a batched pass:", o.apply_batch);
       for (const auto& r : rows)
@@ -1016,13 +1053,13 @@ int main(int argc, char** argv) {
   }
   for (const auto& r : rows) {
     std::printf(
-        "{\"bench\":\"ps_ucx\",\"apply_threads\":%u,\"apply_batch\":%u,\"batched\":%s,\"as_landed\":%s,\"op\":\"%s\",\"workers\":%d,\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
+        "{\"bench\":\"ps_ucx\",\"fuse_checks\":\"%s\",\"fused\":%s,\"beside\":%s,\"apply_threads\":%u,\"apply_batch\":%u,\"batched\":%s,\"as_landed\":%s,\"op\":\"%s\",\"workers\":%d,\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
         "\"usec\":%s,\"baseline\":\"%s\",\"baseline_gbps\":%s,\"baseline_usec\":%s,\"ratio\":%s,\"goal\":\"%s\","
         "\"met\":%s,\"ref_tag_gbps\":%s,\"ref_tag_usec\":%s,\"ref_eh_gbps\":%s,\"ref_eh_usec\":%s,\"ref_eh_lanes\":\"%s\",\"%s\":%s,\"server_idle\":%s,\"server_cpu\":%s,\"server_runq\":%s,\"lanes\":\"%s\","
         "\"baseline_lanes\":\"%s\",\"progress\":\"%s\",\"crc\":\"%s\",\"replies\":\"%s\",\"chunk_kib\":%llu,\"commit_chunk_kib\":%llu,\"commit_window\":%u,\"placement\":\"%s\",\"reps\":%d,\"iters\":%d,"
         "\"machine\":\"%s\",\"date\":\"%s\",\"ucx_env\":\"%s\",\"load\":\"%s\","
         "\"error\":\"%s\"}\n",
-        o.apply_threads, o.apply_batch, num(r.batched, 3).c_str(), num(r.as_landed, 3).c_str(), r.op.c_str(), r.workers, r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
+        fuse_name(o.fuse), num(r.fused, 3).c_str(), num(r.beside, 3).c_str(), o.apply_threads, o.apply_batch, num(r.batched, 3).c_str(), num(r.as_landed, 3).c_str(), r.op.c_str(), r.workers, r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
         r.baseline.c_str(), num(r.baseline_gbps).c_str(), num(r.baseline_usec, 2).c_str(), num(r.ratio).c_str(),
         r.goal.c_str(), r.goal.empty() ? "null" : (r.met ? "true" : "false"), num(r.ref_tag_gbps).c_str(),
         num(r.ref_tag_usec, 2).c_str(), num(r.ref_eh_gbps).c_str(), num(r.ref_eh_usec, 2).c_str(),
