@@ -52,6 +52,11 @@
 //   s_fused      the same with fuse_checks beside: the check, the finite
 //                scan and new = old + v (with the new version's CRC) in one
 //                chunked pass, published by commit() (built 2026-12-07)
+//   s_chk_inpl   s_chk_beside with the reply unpinned at once: the check pass,
+//                then the add in place with the new version's CRC (S2 + S3)
+//   s_fused_inpl the same with fuse_checks always: the fused pass writes the
+//                new version beside the parameters though nothing pins them
+//                (what fused_apply::beside avoids)
 // Prints a table, then one JSON object per case. Never an assertion on time.
 #include "support.hpp"
 
@@ -80,10 +85,10 @@ namespace ps = ashl::ps;
 namespace wire = ashl::wire;
 using core_type = ps::server_core<ashl::sync::asp>;
 
-constexpr std::size_t cases = 16;
+constexpr std::size_t cases = 18;
 constexpr std::array<const char*, cases> names{
     "memcpy",   "cma",         "w_finite", "w_seal",   "s_check",      "s_apply_crc", "s_apply", "s_beside",
-    "w_reply_chk", "copy_crc", "fused",    "w_check_crc", "crc_copy", "swap_crc",  "s_chk_beside", "s_fused"};
+    "w_reply_chk", "copy_crc", "fused",    "w_check_crc", "crc_copy", "swap_crc",  "s_chk_beside", "s_fused", "s_chk_inpl", "s_fused_inpl"};
 
 std::size_t parse_size(const std::string& s) {
   const std::size_t v = std::strtoull(s.c_str(), nullptr, 10);
@@ -126,10 +131,12 @@ std::array<double, cases> measure(std::size_t bytes, int reps) {
   // Whole messages as received, checked by check_message: today's two
   // passes (unfused) against the one fused pass, each beside a pinned version.
   core_type unfused = make_core(n, ps::fused_apply::off), fused = make_core(n, ps::fused_apply::beside);
+  core_type unfused_inpl = make_core(n, ps::fused_apply::off), fused_inpl = make_core(n, ps::fused_apply::always);
   ps::server_actions out(1);
   std::uint64_t seq = 0, beside_seq = 0, pinned = beside.pin_parameters().version;
   std::uint64_t unfused_seq = 0, fused_seq = 0, unfused_pin = unfused.pin_parameters().version,
                 fused_pin = fused.pin_parameters().version;
+  std::uint64_t unfused_inpl_seq = 0, fused_inpl_seq = 0, no_pin = ~std::uint64_t{0};
   const std::uint32_t payload_crc = wire::crc32c(payload);
   std::array<std::byte, wire::header_bytes> msg_head{};
   // check_message, commit() with a pull riding, the reply's pin replacing the last.
@@ -147,10 +154,16 @@ std::array<double, cases> measure(std::size_t bytes, int reps) {
     core.commit(c, 0.0, out);
     if (!out.errors().empty() || out.pull_replies().size() != 1) std::abort();
     out.clear();
-    core.unpin_parameters(pin);
+    if (pin != ~std::uint64_t{0}) core.unpin_parameters(pin);
     const auto pv = core.pin_parameters();
     keep ^= pv.crc;
     pin = pv.version;
+  };
+  // The same with the reply's send complete at once: the next apply is in place.
+  auto checked_commit_unpinned = [&](core_type& core, std::uint64_t& s) {
+    checked_commit(core, s, no_pin);
+    core.unpin_parameters(no_pin);
+    no_pin = ~std::uint64_t{0};
   };
   auto commit = [&](core_type& core, std::uint64_t& s, bool pull) {
     core.commit({.worker = 0, .sequence = ++s, .clock = s, .bytes = wire::header_bytes + bytes, .element_count = n,
@@ -253,7 +266,9 @@ std::array<double, cases> measure(std::size_t bytes, int reps) {
         keep ^= crc;
       },
       [&] { checked_commit(unfused, unfused_seq, unfused_pin); },
-      [&] { checked_commit(fused, fused_seq, fused_pin); });
+      [&] { checked_commit(fused, fused_seq, fused_pin); },
+      [&] { checked_commit_unpinned(unfused_inpl, unfused_inpl_seq); },
+      [&] { checked_commit_unpinned(fused_inpl, fused_inpl_seq); });
   beside.unpin_parameters(pinned);
   unfused.unpin_parameters(unfused_pin);
   fused.unpin_parameters(fused_pin);
@@ -263,7 +278,7 @@ std::array<double, cases> measure(std::size_t bytes, int reps) {
   std::fprintf(stderr,
                "# %zu B: in place: %llu commits, %llu beside, %llu CRCs in the apply, %llu CRC passes of their own; "
                "beside: %llu commits, %llu beside; s_chk_beside: %llu beside, %llu fused; s_fused: %llu beside, "
-               "%llu fused, %llu discarded\n",
+               "%llu fused, %llu discarded; s_chk_inpl: %llu beside; s_fused_inpl: %llu beside, %llu fused\n",
                bytes, static_cast<unsigned long long>(in_place.stats().commits_applied),
                static_cast<unsigned long long>(in_place.applied_beside()),
                static_cast<unsigned long long>(in_place.checksums_in_apply()),
@@ -274,7 +289,10 @@ std::array<double, cases> measure(std::size_t bytes, int reps) {
                static_cast<unsigned long long>(unfused.fused_applies()),
                static_cast<unsigned long long>(fused.applied_beside()),
                static_cast<unsigned long long>(fused.fused_applies()),
-               static_cast<unsigned long long>(fused.fused_wasted()));
+               static_cast<unsigned long long>(fused.fused_wasted()),
+               static_cast<unsigned long long>(unfused_inpl.applied_beside()),
+               static_cast<unsigned long long>(fused_inpl.applied_beside()),
+               static_cast<unsigned long long>(fused_inpl.fused_applies()));
   std::array<double, cases> r{};
   std::copy(t.begin(), t.end(), r.begin());
   if (!cma) r[1] = std::nan("");

@@ -81,6 +81,11 @@
 //               its lifetime on a CPU / runnable but waiting for one
 //               (/proc/thread-self/schedstat); with server_idle (in
 //               transport.wait) they tell a busy server from a starved one.
+//               server_us_per_commit (JSON): that thread's CPU time over
+//               its life (warm-up and handshakes included) per commit
+//               applied, the figure other load moves least. fused / beside:
+//               shares of commits applied from the check pass
+//               (server_core_params.fuse_checks) / beside a pinned version.
 //   fan_in_push the same with ps::worker::push(): each commit is answered
 //               with a 72-byte acknowledgement instead of its 4 MiB reply;
 //               gbps and the baseline as for fan_in, moved_gbps = gbps.
@@ -353,6 +358,7 @@ struct shared_area {
   double server_cpu, server_runq;      // server thread's share of its time on a CPU / runnable but waiting for one
   std::uint64_t snapshots, commits_applied, copied_replies, batched_commits, applied_as_landed;
   std::uint64_t fused_applies, applied_beside;
+  double server_us_per_commit;         // the server thread's CPU time over its life, per commit applied
   char lanes[1024];                    // the worker's endpoint (describe, summarized)
   char describe[8192];                 // the worker's endpoint (describe, whole)
   char error[1024];
@@ -416,6 +422,7 @@ int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_f
     f >> on_cpu_ns >> runq_ns;
     sh->server_cpu = on_cpu_ns * 1e-9 / s.seconds;
     sh->server_runq = runq_ns * 1e-9 / s.seconds;
+    sh->server_us_per_commit = on_cpu_ns * 1e-3 / static_cast<double>(std::max<std::uint64_t>(1, s.core.commits_applied));
   }
   sh->snapshots = s.snapshots;
   sh->commits_applied = s.core.commits_applied;
@@ -521,6 +528,7 @@ struct ashl_result {
   double server_idle = 0, server_cpu = 0, server_runq = 0;
   std::uint64_t snapshots = 0, commits_applied = 0, copied_replies = 0, batched_commits = 0, applied_as_landed = 0;
   std::uint64_t fused_applies = 0, applied_beside = 0;
+  double server_us_per_commit = 0;
 };
 
 ashl_result run_ashl(const options& o, const std::string& transport, const ashl_case& c) {
@@ -587,6 +595,7 @@ ashl_result run_ashl(const options& o, const std::string& transport, const ashl_
   res.applied_as_landed = sh->applied_as_landed;
   res.fused_applies = sh->fused_applies;
   res.applied_beside = sh->applied_beside;
+  res.server_us_per_commit = sh->server_us_per_commit;
   res.copied_replies = sh->copied_replies;
   sh->~shared_area();
   ::munmap(m, sizeof(shared_area));
@@ -719,6 +728,7 @@ struct row {
   double batched = std::nan("");  // the share of commits added in a batched pass (server_params.apply_batch)
   double as_landed = std::nan("");  // the share of commits added as their parts landed (commits in parts)
   double fused = std::nan(""), beside = std::nan("");  // fan-in: shares of commits applied from the check pass / beside
+  double server_us = std::nan("");  // fan-in: the server thread's CPU µs per commit (its life, warm-up included)
   std::string error;
 };
 
@@ -959,7 +969,7 @@ int main(int argc, char** argv) {
       const int fan_iters = std::max(2, (o.quick ? 32 : 128) / std::max(8, o.fan_workers));
       const ashl_case c{.bytes = bytes, .workers = o.fan_workers, .reps = 1, .iters = fan_iters,
                         .fan = true, .push = push, .do_pull = false, .do_commit = true};
-      std::vector<double> am_g, eh_g, fan_g, ratios, idle, batched, on_cpu, runq, fused, beside;
+      std::vector<double> am_g, eh_g, fan_g, ratios, idle, batched, on_cpu, runq, fused, beside, server_us;
       std::string lanes, am_lanes, eh_lanes, error;
       for (int rep = 0; rep < o.reps; ++rep) {
         const perftest_figure am = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes), false, 1);
@@ -979,6 +989,7 @@ int main(int argc, char** argv) {
         if (a.commits_applied > 0) batched.push_back(static_cast<double>(a.batched_commits) / a.commits_applied);
         if (a.commits_applied > 0) fused.push_back(static_cast<double>(a.fused_applies) / a.commits_applied);
         if (a.commits_applied > 0) beside.push_back(static_cast<double>(a.applied_beside) / a.commits_applied);
+        if (a.server_us_per_commit > 0) server_us.push_back(a.server_us_per_commit);
         fan_g.push_back(a.fan_gbps[0]);
         if (am.ok) ratios.push_back(a.fan_gbps[0] / am.gbps);
       }
@@ -997,6 +1008,7 @@ int main(int argc, char** argv) {
       r.server_runq = median(runq);
       r.fused = median(fused);
       r.beside = median(beside);
+      r.server_us = median(server_us);
       r.goal = ">= 0.6";
       r.met = r.ratio >= 0.6;
       r.error = error;
@@ -1053,13 +1065,13 @@ int main(int argc, char** argv) {
   }
   for (const auto& r : rows) {
     std::printf(
-        "{\"bench\":\"ps_ucx\",\"fuse_checks\":\"%s\",\"fused\":%s,\"beside\":%s,\"apply_threads\":%u,\"apply_batch\":%u,\"batched\":%s,\"as_landed\":%s,\"op\":\"%s\",\"workers\":%d,\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
+        "{\"bench\":\"ps_ucx\",\"fuse_checks\":\"%s\",\"fused\":%s,\"beside\":%s,\"server_us_per_commit\":%s,\"apply_threads\":%u,\"apply_batch\":%u,\"batched\":%s,\"as_landed\":%s,\"op\":\"%s\",\"workers\":%d,\"transport\":\"%s\",\"ucx_tls\":\"%s\",\"bytes\":%zu,\"gbps\":%s,"
         "\"usec\":%s,\"baseline\":\"%s\",\"baseline_gbps\":%s,\"baseline_usec\":%s,\"ratio\":%s,\"goal\":\"%s\","
         "\"met\":%s,\"ref_tag_gbps\":%s,\"ref_tag_usec\":%s,\"ref_eh_gbps\":%s,\"ref_eh_usec\":%s,\"ref_eh_lanes\":\"%s\",\"%s\":%s,\"server_idle\":%s,\"server_cpu\":%s,\"server_runq\":%s,\"lanes\":\"%s\","
         "\"baseline_lanes\":\"%s\",\"progress\":\"%s\",\"crc\":\"%s\",\"replies\":\"%s\",\"chunk_kib\":%llu,\"commit_chunk_kib\":%llu,\"commit_window\":%u,\"placement\":\"%s\",\"reps\":%d,\"iters\":%d,"
         "\"machine\":\"%s\",\"date\":\"%s\",\"ucx_env\":\"%s\",\"load\":\"%s\","
         "\"error\":\"%s\"}\n",
-        fuse_name(o.fuse), num(r.fused, 3).c_str(), num(r.beside, 3).c_str(), o.apply_threads, o.apply_batch, num(r.batched, 3).c_str(), num(r.as_landed, 3).c_str(), r.op.c_str(), r.workers, r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
+        fuse_name(o.fuse), num(r.fused, 3).c_str(), num(r.beside, 3).c_str(), num(r.server_us, 1).c_str(), o.apply_threads, o.apply_batch, num(r.batched, 3).c_str(), num(r.as_landed, 3).c_str(), r.op.c_str(), r.workers, r.transport.c_str(), tls_of(r.transport), r.bytes, num(r.gbps).c_str(), num(r.usec, 2).c_str(),
         r.baseline.c_str(), num(r.baseline_gbps).c_str(), num(r.baseline_usec, 2).c_str(), num(r.ratio).c_str(),
         r.goal.c_str(), r.goal.empty() ? "null" : (r.met ? "true" : "false"), num(r.ref_tag_gbps).c_str(),
         num(r.ref_tag_usec, 2).c_str(), num(r.ref_eh_gbps).c_str(), num(r.ref_eh_usec, 2).c_str(),

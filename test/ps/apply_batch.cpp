@@ -369,6 +369,37 @@ BOOST_AUTO_TEST_CASE(a_server_applies_commits_that_arrive_together_in_one_pass) 
   }
 }
 
+// server_core_params::fuse_checks (docs/ps.md "The check and the apply in
+// one pass"): the server hands each message to check_message; where the
+// apply would write beside a version a reply in flight pins, the check's
+// pass computes it. The parameters and every reply are the same bits as
+// with the check and the apply apart, one at a time and batched, and the
+// fused path is taken (fused_applies) only beside a pinned version, and
+// not while commits are batched (their batch's pass serves them).
+BOOST_AUTO_TEST_CASE(a_server_applies_beside_a_pinned_version_from_the_check_pass) {
+  auto fuse = [](ps::fused_apply f) { return [f](ps::server_params& sp) { sp.core.fuse_checks = f; }; };
+  for (std::uint32_t batch : {1u, 4u}) {
+    const run_result off = run_rounds(batch, 8, fuse(ps::fused_apply::off));
+    for (ps::fused_apply f : {ps::fused_apply::beside, ps::fused_apply::always}) {
+      const run_result on = run_rounds(batch, 8, fuse(f));
+      ASHL_TEST(same_bits(on.w, off.w), "apply_batch " << batch);
+      for (std::size_t k = 0; k < on.replies.size(); ++k)
+        ASHL_TEST(same_bits(on.replies[k], off.replies[k]), "apply_batch " << batch << ", client " << k);
+      ASHL_TEST(on.tel.core.commits_applied == off.tel.core.commits_applied);
+      ASHL_TEST(on.tel.pull_replies == off.tel.pull_replies);
+      ASHL_TEST(on.tel.wire_refused_total() == 0u);
+      if (batch == 1 && f == ps::fused_apply::beside) {
+        ASHL_TEST(on.tel.fused_applies > 0u, "no commit was applied from the check pass");
+        ASHL_TEST(on.tel.fused_applies <= on.tel.applied_beside);
+      }
+      if (batch == 1 && f == ps::fused_apply::always)
+        ASHL_TEST(on.tel.fused_applies == on.tel.core.commits_applied - on.tel.fused_wasted);
+      if (batch > 1) ASHL_TEST(on.tel.fused_applies == 0u, "a batch's commits wait for its pass");
+    }
+    ASHL_TEST(off.tel.fused_applies == 0u);
+  }
+}
+
 // A receive budget of two messages: the batch's buffers go back (its commits
 // applied) before a third receive would be refused; the same bits.
 BOOST_AUTO_TEST_CASE(a_tight_receive_budget_cuts_the_batch_not_a_message) {

@@ -55,8 +55,8 @@ inline result<wire::message_view> server_core<Policy>::check_message(std::span<c
 
 // Whether check_message computes this commit's apply in its pass, and if
 // so its spare set up: a whole dense model-delta commit of a live rank,
-// not a duplicate, whose last commit was applied at once, with nothing
-// waiting, where params().fuse_checks says (beside a pinned version, or
+// not a duplicate, whose last commit was applied at once, without batched
+// applies, where params().fuse_checks says (beside a pinned version, or
 // always). raw is the header as read, not yet checked: anything it claims
 // that is wrong makes decode or commit() refuse the message, and the spare
 // goes with it.
@@ -66,6 +66,9 @@ inline bool server_core<Policy>::fuse_start(const wire::header& raw, worker_id f
   const std::size_t n = w_.size();
   if (p_.fuse_checks == fused_apply::off || n == 0 || !opt_.adds_deltas()) return false;
   if (p_.fuse_checks == fused_apply::beside && w_readers_ == 0) return false;  // the apply would be in place
+  // Batched applies (defer_dense_applies): the batch's one pass serves its
+  // commits, and their replies leave with it; fusing one would cut it.
+  if (!pending_.empty()) return false;
   if ((raw.flags & wire::flag_part) != 0 || raw.element_count != n || pending_n_ > 0) return false;
   if (raw.type != dtype::f32 && raw.type != dtype::f16 && raw.type != dtype::bf16) return false;
   if (static_cast<int>(raw.codec) >= codec_id_count) return false;
