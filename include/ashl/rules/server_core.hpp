@@ -562,10 +562,11 @@ class server_core {
   // place it would turn it into a beside write (docs/perf/ps-passes.md).
   // A rank whose last commit waited for a round is not fused (like
   // speculate()), nor is anything while the driver batches dense applies
-  // (defer_dense_applies: the batch's pass serves them). `from`: the rank the connection joined as (or anything,
-  // when none: nothing is fused); `reply_unchecked`: a reply riding with it
-  // goes without a CRC (the pass computes none). Allocates the shard-sized
-  // spare at the first fused pass, then cycles it with the version buffers.
+  // (defer_dense_applies: the batch's pass serves them). `from`: the rank
+  // the connection joined as (or anything when none: nothing is fused);
+  // `reply_unchecked`: a reply riding with it goes without a CRC (the pass
+  // computes none). Allocates the shard-sized spare at the first fused
+  // pass, then cycles it with the version buffers.
   result<wire::message_view> check_message(std::span<const std::byte> head, std::span<const std::byte> payload,
                                            const wire::limits& lim, worker_id from, bool reply_unchecked,
                                            dense_value_check& values);
