@@ -713,7 +713,7 @@ BOOST_AUTO_TEST_CASE(a_core_fed_the_servers_recorded_calls_saves_the_servers_byt
 
   struct shard_log {
     std::vector<std::vector<std::byte>> records;
-    std::array<std::uint64_t, 9> kinds{};
+    std::array<std::uint64_t, 10> kinds{};  // by core_event_kind (1..9)
     std::vector<std::byte> saved;
     std::optional<ps::server_core_params> params;
   };

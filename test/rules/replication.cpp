@@ -256,6 +256,7 @@ void call(Recorded& rc, const ps::core_event& e, const ps::commit_in& c, ps::ser
     case ps::core_event_kind::metric: rc.metric(e.metric, e.value, e.now, out); return;
     case ps::core_event_kind::measurement: rc.measurement(e.measurement, out); return;
     case ps::core_event_kind::drain: rc.drain(out); return;
+    case ps::core_event_kind::tick: rc.tick(e.now, out); return;
   }
 }
 
