@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -690,4 +691,80 @@ BOOST_AUTO_TEST_CASE(a_join_of_another_model_size_is_refused_by_join_elements) {
   BOOST_TEST(h.plans == 2u);
   BOOST_TEST(srv->telemetry().core.joins == 2u);
   BOOST_TEST(srv->telemetry().wire_refused_total() == 1u);
+}
+
+// docs/elastic.md §4.1, E10: every state-changing call ps::server makes on
+// its core goes through one recorded_core, so a core fed the records in
+// order holds the server's state bit for bit. An SSP job of 2 shards with
+// compressed commits and metrics: each shard's records, encoded and decoded
+// (rules/core_events.hpp), replayed into a fresh core created with the
+// server core's own params, save the same bytes as the server's core; and
+// the job with the sink set ends with the same parameters as without it.
+BOOST_AUTO_TEST_CASE(a_core_fed_the_servers_recorded_calls_saves_the_servers_bytes) {
+  constexpr std::uint32_t servers = 2;
+  job_spec spec;
+  spec.policy = "ssp";
+  spec.pp.staleness = 2;
+  spec.servers = servers;
+  spec.cycles = 12;
+  spec.metric = [](std::uint32_t rank, int cycle) { return 1.0 / (1.0 + cycle + 0.1 * rank); };
+  const job_result plain = run_job(spec);
+  for (const auto& e : plain.worker_errors) BOOST_TEST_REQUIRE(e.empty(), e);
+
+  struct shard_log {
+    std::vector<std::vector<std::byte>> records;
+    std::array<std::uint64_t, 10> kinds{};  // by core_event_kind (1..9)
+    std::vector<std::byte> saved;
+    std::optional<ps::server_core_params> params;
+  };
+  std::array<shard_log, servers> logs;
+  spec.server_created = [&](ps::server<tr::inproc>& srv, std::uint32_t s) {
+    srv.record_core_calls([&logs, s](const ps::core_event& e) {
+      ps::encode_core_event(e, logs[s].records.emplace_back());
+      ++logs[s].kinds[static_cast<std::size_t>(e.kind)];
+    });
+  };
+  spec.server_stopped = [&](ps::server<tr::inproc>& srv, std::uint32_t s) {
+    ashl::state_writer w(logs[s].saved);
+    srv.core().save(w);
+    logs[s].params = srv.core().params();
+  };
+  const job_result recorded = run_job(spec);
+  for (const auto& e : recorded.worker_errors) BOOST_TEST_REQUIRE(e.empty(), e);
+  BOOST_TEST((recorded.server_params == plain.server_params));
+
+  const auto layout = ps::shard_layout::even(spec.elements, servers);
+  BOOST_TEST_REQUIRE(layout.has_value());
+  const std::vector<float> initial(spec.elements, 0.5f);
+  for (std::uint32_t s = 0; s < servers; ++s) {
+    BOOST_TEST_CONTEXT("shard " << s) {
+      const shard_log& log = logs[s];
+      BOOST_TEST_REQUIRE(log.params.has_value());
+      for (auto k : {ps::core_event_kind::join, ps::core_event_kind::commit, ps::core_event_kind::pull,
+                     ps::core_event_kind::metric, ps::core_event_kind::leave})
+        BOOST_TEST(log.kinds[static_cast<std::size_t>(k)] > 0u, "records of kind " << ps::to_string(k));
+      ps::policy_params pp = spec.pp;
+      pp.workers = spec.workers;
+      auto policy = ps::make_policy(spec.policy, pp);
+      BOOST_TEST_REQUIRE(policy.has_value());
+      const auto r = layout->range(s);
+      auto replica = ps::server_core<>::create(*log.params, std::move(*policy),
+                                               std::span<const float>(initial).subspan(r.begin, r.size()));
+      BOOST_TEST_REQUIRE(replica.has_value(), (replica ? "" : replica.error().message()));
+      ps::server_actions ignored(spec.workers);
+      for (const auto& bytes : log.records) {
+        ps::core_event e;
+        const ashl::status d = ps::decode_core_event(bytes, e);
+        BOOST_TEST_REQUIRE(d.ok(), d.to_string());
+        ps::replay(*replica, e, ignored);
+        ignored.clear();
+      }
+      replica->apply_pending();
+      std::vector<std::byte> replayed;
+      ashl::state_writer w(replayed);
+      replica->save(w);
+      BOOST_TEST((replayed == log.saved));
+      BOOST_TEST(replica->version() > 0u);
+    }
+  }
 }

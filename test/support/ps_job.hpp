@@ -57,6 +57,9 @@ struct job_spec {
   ashl::codec_id compression = ashl::codec_id::topk;
   std::function<void(ps::server_params&)> configure_server = [](ps::server_params&) {};  // before create()
   std::function<void(ps::worker_params&)> configure_worker = [](ps::worker_params&) {};  // before create()
+  // Each server after create() (before it runs) and after it stopped, on its thread.
+  std::function<void(ps::server<tr::inproc>&, std::uint32_t shard)> server_created = [](auto&, std::uint32_t) {};
+  std::function<void(ps::server<tr::inproc>&, std::uint32_t shard)> server_stopped = [](auto&, std::uint32_t) {};
 };
 
 struct job_result {
@@ -102,8 +105,10 @@ inline job_result run_job(const job_spec& spec) {
           sp, std::move(*policy), std::move(*node),
           std::span<const float>(initial).subspan(r.begin, r.size()));
       ASHL_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+      spec.server_created(*srv, s);
       ++servers_up;
       srv->run(stop);
+      spec.server_stopped(*srv, s);
       res.server_params[s].assign(srv->parameters().begin(), srv->parameters().end());
       res.servers[s] = srv->telemetry();
     });

@@ -48,6 +48,7 @@
 #include <ashl/ps/checkpoint.hpp>
 #include <ashl/rules/commit_encoder.hpp>
 #include <ashl/rules/commit_in.hpp>
+#include <ashl/rules/core_events.hpp>
 #include <ashl/ps/incarnation.hpp>
 #include <ashl/ps/identity.hpp>
 #include <ashl/ps/server_vocabulary.hpp>
@@ -68,6 +69,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <string>
 #include <utility>
@@ -322,7 +324,7 @@ class server {
   void report_metric(metric_id m, double value, std::chrono::steady_clock::time_point measured_at) {
     const double now = clock_.now();
     end_batch(now);
-    core_.metric(m, value, std::min(clock_.at(measured_at), now), out_);
+    calls().metric(m, value, std::min(clock_.at(measured_at), now), out_);
     flush(clock_.now());
   }
 
@@ -330,11 +332,19 @@ class server {
   // what that produced: at shutdown, before a final checkpoint.
   void drain() {
     end_batch(clock_.now());
-    core_.drain(out_);
+    calls().drain(out_);
     flush(clock_.now());
   }
 
   [[nodiscard]] const core_type& core() const noexcept { return core_; }
+  // Every state-changing call this server makes on its core (join, leave,
+  // evict, commit, pull, metric, measurement, drain) is handed to `sink` as
+  // a record before it is made (rules/core_events.hpp; docs/elastic.md
+  // §4.1): a backup fed them in order holds this core's state. Unset (the
+  // default), nothing is recorded. Not records: the load and evictions of a
+  // restore in create (a backup attaching later gets a snapshot), and the
+  // driver's choices (apply_pending, speculate, pins, replies).
+  void record_core_calls(std::function<void(const core_event&)> sink) { record_sink_ = std::move(sink); }
   [[nodiscard]] std::span<const float> parameters() const noexcept { return core_.parameters(); }
   [[nodiscard]] Transport& transport() noexcept { return t_; }
   [[nodiscard]] const server_params& params() const noexcept { return p_; }
@@ -697,8 +707,19 @@ class server {
     std::fprintf(stderr, "%s\n", progress_line().c_str());
   }
 
+  // The one way the driver's state-changing calls reach core_ (§4.1's
+  // table): made per call, so a moved server records for its own core.
+  struct core_recorder {
+    const std::function<void(const core_event&)>* sink;
+    void operator()(const core_event& e) const {
+      if (*sink) (*sink)(e);
+    }
+  };
+  recorded_core<core_type, core_recorder> calls() noexcept { return {core_, core_recorder{&record_sink_}}; }
+
   server_params p_;
   core_type core_;
+  std::function<void(const core_event&)> record_sink_;
   server_actions out_;
   steady_clock clock_;
   server_telemetry tel_{};

@@ -149,20 +149,20 @@ inline void server<Transport, Policy>::handle(transport::peer_id p, std::span<co
         return;
       }
       ack_only_[w] = 0;
-      core_.pull(w, now, out_);
+      calls().pull(w, now, out_);
       return;
     case wire::message_kind::metric: {
       const auto* b = m->template get<wire::metric_body>();
-      core_.metric(b->name, b->value, now, out_);
+      calls().metric(b->name, b->value, now, out_);
       return;
     }
     case wire::message_kind::measurements: {
       const auto* b = m->template get<wire::measurements_body>();
-      for (ashl::measurement x : *b) core_.measurement(x, out_);
+      for (ashl::measurement x : *b) calls().measurement(x, out_);
       return;
     }
     case wire::message_kind::leave:
-      core_.leave(w, now, out_);
+      calls().leave(w, now, out_);
       unbind(p, ps);
       if (!left_[w]) {
         left_[w] = 1;
@@ -243,7 +243,7 @@ inline void server<Transport, Policy>::on_join(transport::peer_id p, peer_state&
   // that joined: server_core refuses it (counted, named) and the refusal
   // goes back on this connection, which is bound to nothing.
   if (b.incarnation < core_.incarnation(w)) {
-    core_.join(w, b.incarnation, now, out_);
+    calls().join(w, b.incarnation, now, out_);
     for (const error_out& e : out_.errors()) send_error(p, e.code, h.sequence, e.text);
     out_.clear();
     return;
@@ -276,7 +276,7 @@ inline void server<Transport, Policy>::on_join(transport::peer_id p, peer_state&
     }
   }
   const std::uint64_t joins_before = core_.stats().joins;
-  core_.join(w, b.incarnation, now, out_);
+  calls().join(w, b.incarnation, now, out_);
   const bool refused = core_.stats().joins == joins_before && !core_.is_live(w);
   if (refused) return;
   if (ps.rank == no_rank) {
@@ -330,7 +330,7 @@ inline void server<Transport, Policy>::on_peer(transport::peer_id p, transport::
   if (ps.rank != no_rank) {
     const std::uint32_t w = ps.rank;
     unbind(p, ps);
-    core_.evict(w, clock_.now(), out_);
+    calls().evict(w, clock_.now(), out_);
     flush(clock_.now());
   }
 }
@@ -354,7 +354,7 @@ inline void server<Transport, Policy>::evict_silent(double now) {
       unbind(holder, peer(holder));
       peer(holder).failed = true;
     }
-    core_.evict(w, now, out_);
+    calls().evict(w, now, out_);
     flush(now);
     if (holder != transport::no_peer) t_.close(holder);
   }

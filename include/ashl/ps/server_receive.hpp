@@ -297,7 +297,7 @@ inline void server<Transport, Policy>::to_core(worker_id w, const wire::header& 
   // with a header-only acknowledgement when the policy releases it, not
   // with the parameters.
   if (c.pull) ack_only_[w] = c.ack_only ? 1 : 0;
-  core_.commit(c, now, out_);
+  calls().commit(c, now, out_);
 }
 
 // The commit server_core gets from header h and its payload
