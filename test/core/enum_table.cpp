@@ -96,8 +96,10 @@ BOOST_AUTO_TEST_CASE(the_librarys_enum_tables_keep_their_names) {
   BOOST_TEST(ashl::ps::to_string(ashl::ps::refusal::samples) == "samples");
   BOOST_TEST(ashl::ps::to_string(ashl::ps::refusal::max_workers) == "max_workers");
   BOOST_TEST(ashl::wire::message_kind_first == 1u);
-  BOOST_TEST(ashl::wire::message_kind_last == 9u);
+  BOOST_TEST(ashl::wire::message_kind_last == 14u);  // wire version 6 added lease (10) .. shard_state (14)
   BOOST_TEST(ashl::wire::to_string(ashl::wire::message_kind::plan_update) == "plan_update");
+  BOOST_TEST(ashl::wire::to_string(static_cast<ashl::wire::message_kind>(10)) == "lease");
+  BOOST_TEST(ashl::wire::to_string(static_cast<ashl::wire::message_kind>(14)) == "shard_state");
   BOOST_TEST(ashl::wire::to_string(static_cast<ashl::wire::message_kind>(0)) == "?");
-  BOOST_TEST(ashl::wire::to_string(static_cast<ashl::wire::message_kind>(10)) == "?");
+  BOOST_TEST(ashl::wire::to_string(static_cast<ashl::wire::message_kind>(15)) == "?");
 }
