@@ -594,7 +594,8 @@ BOOST_AUTO_TEST_CASE(server_checkpoints_hold_psid_version_2_and_version_1_still_
 // into a job started with 2 of at most 4 workers (ASHL_NUM_WORKERS=2,
 // ASHL_MAX_WORKERS=4: the same job id), and only ranks 0 and 1 rejoin. Before
 // E2b the restore was refused (checkpoint.workers), and a restore with 4
-// workers of which 2 came waited for the others (issue 24's hang). Here
+// workers of which 2 came waited for the others (docs/ps.md, "Faults,
+// checkpoints and rejoining"). Here
 // nothing is refused, the rounds complete with the 2 live workers, the job
 // ends by itself once they left (all_left), and the parameters equal one
 // server_core loaded from the same checkpoint and fed the same events, bit

@@ -1,4 +1,5 @@
-// rules/server_core_fused.hpp (issue 50): server_core::check_message's one
+// rules/server_core_fused.hpp (docs/perf/ps-passes.md, "The check and the
+// apply in one pass"): server_core::check_message's one
 // pass over a whole dense commit as it lies in the receive buffer — the CRC,
 // the finite scan and, where the apply would write beside a version replies
 // read, new = w + s·v into a spare version — gives the parameters, their
