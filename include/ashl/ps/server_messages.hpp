@@ -105,6 +105,10 @@ inline void server<Transport, Policy>::handle(transport::peer_id p, std::span<co
     on_join(p, ps, h, *m->template get<wire::join_body>(), now);
     return;
   }
+  if (replica_ && (h.kind == wire::message_kind::replica_hello || h.kind == wire::message_kind::replica_ack)) {
+    on_replica(p, *m, now);  // ps/server_replica.hpp
+    return;
+  }
   if (ps.rank == no_rank && ps.superseded_rank != no_rank) {
     refuse_wire(wire_refusal::stale);
     send_error(p, errc::invalid_argument, h.sequence,
@@ -318,12 +322,13 @@ inline void server<Transport, Policy>::on_sent(transport::peer_id, std::uint64_t
 }
 
 template <transport::transport Transport, sync::consistency_policy Policy>
-inline void server<Transport, Policy>::on_peer(transport::peer_id p, transport::peer_event e, const status&) {
+inline void server<Transport, Policy>::on_peer(transport::peer_id p, transport::peer_event e, const status& why) {
   if (e == transport::peer_event::connected) {
     peer(p) = peer_state{};  // a transport may reuse the id of a peer that is gone
     return;
   }
   end_batch(clock_.now());  // what came before the connection went is applied and answered first
+  if (replica_) replica_lost(p, why);
   peer_state& ps = peer(p);
   ps.failed = true;
   if (e == transport::peer_event::failed) ++tel_.peers_failed;
