@@ -6,6 +6,7 @@
 #include <ashl/transport/inproc.hpp>
 
 #include "../support/counting_new.hpp"
+#include "../support/forwarding_transport.hpp"
 #include "../support/ps_job.hpp"
 
 #include <array>
@@ -142,17 +143,19 @@ std::vector<float> initial() {
   return v;
 }
 
-// A primary "p0", its backup "b0" and `workers` clients joined to the primary.
-struct rig {
+// A primary "p0" (over transport T, on the fabric), its backup "b0" and
+// `workers` clients joined to the primary.
+template <class T>
+struct rig_of {
   options o;
-  std::shared_ptr<tr::inproc_fabric> fabric = tr::inproc_fabric::create({.deterministic = true});
-  std::optional<ps::server<tr::inproc>> primary;
+  std::shared_ptr<tr::inproc_fabric> fabric;
+  std::optional<ps::server<T>> primary;
   std::optional<ps::server_backup<tr::inproc>> backup;
   std::vector<std::unique_ptr<client>> clients;
   bool backup_runs = true;  // false: a stalled backup (never polled)
 
-  explicit rig(options opt = {}) : o(std::move(opt)) {
-    auto s = ps::server<tr::inproc>::create(params_of(o), policy_of(o), node(fabric, "p0"), initial());
+  rig_of(options opt, std::shared_ptr<tr::inproc_fabric> f, T t) : o(std::move(opt)), fabric(std::move(f)) {
+    auto s = ps::server<T>::create(params_of(o), policy_of(o), std::move(t), initial());
     BOOST_REQUIRE_MESSAGE(s.has_value(), (s ? "" : s.error().message()));
     primary.emplace(std::move(*s));
     for (std::uint32_t k = 0; k < workers; ++k) {
@@ -186,6 +189,21 @@ struct rig {
     for (const auto& c : clients) r += c->h.replies;
     return r;
   }
+};
+
+std::shared_ptr<tr::inproc_fabric> deterministic_fabric() { return tr::inproc_fabric::create({.deterministic = true}); }
+
+struct rig : rig_of<tr::inproc> {
+  explicit rig(options opt = {}, std::shared_ptr<tr::inproc_fabric> f = deterministic_fabric())
+      : rig_of(std::move(opt), f, node(f, "p0")) {}
+};
+
+// inproc whose is_connected() says no for every peer once `cut` is set: the
+// primary's view of links that are down but not yet reported failed (a
+// host cut off, before the transport's keepalive notices).
+struct cut_links : test_support::inproc_forwarder<cut_links> {
+  const bool* cut = nullptr;
+  bool is_connected(tr::peer_id p) const { return !*cut && t.is_connected(p); }
 };
 
 std::vector<std::byte> saved(const ps::server_core<>& core) {
@@ -504,4 +522,39 @@ BOOST_AUTO_TEST_CASE(a_job_of_workers_through_primaries_with_backups_ends_as_wit
       }
     }
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_primary_that_lost_the_backup_and_the_majority_stops_naming_it) {
+  bool cut = false;
+  auto f = deterministic_fabric();
+  rig_of<cut_links> r({}, f, cut_links{{node(f, "p0")}, &cut});
+  r.attach();
+  r.backup_runs = false;  // stalled: the reply below is held
+  const std::uint64_t replies0 = r.c(0).h.replies;
+  r.c(0).commit(true);
+  r.pump();
+  BOOST_TEST(r.c(0).h.replies == replies0);
+  // The workers' links go down unnoticed, then the backup dies: the primary
+  // cannot tell whether the backup took over with the workers.
+  cut = true;
+  BOOST_TEST_REQUIRE(f->fail("b0").ok());
+  r.pump();
+  BOOST_TEST_REQUIRE(r.primary->replica_stopped());
+  BOOST_TEST(r.primary->telemetry().backups_dropped_lag == 1u);
+  BOOST_TEST(r.primary->last_backup_drop().message().rfind("backup.link = \"lost\"", 0) == 0u,
+             r.primary->last_backup_drop().message());
+  BOOST_TEST(r.primary->term() == 1u);  // no new era: it goes on at no term
+  BOOST_TEST(r.c(0).h.replies == replies0);  // the held reply never goes: the backup may not have the commit
+  BOOST_TEST(r.c(0).h.terms.back() == 1u);
+  // Anything a worker says is refused by name, and run() ends at once.
+  r.c(1).metric(0.5);
+  r.pump();
+  BOOST_TEST_REQUIRE(r.c(1).h.errors.size() == 1u);
+  BOOST_TEST(r.c(1).h.errors[0] ==
+                 "server.backup: lost, and with it the majority of the workers (0 of 2 connected): this primary "
+                 "stops; the backup may have taken over",
+             r.c(1).h.errors[0]);
+  std::atomic<bool> stop{false};
+  r.primary->run(stop);
+  BOOST_TEST((r.primary->end() == ps::server_end::backup_lost));
 }

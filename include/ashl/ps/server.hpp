@@ -288,6 +288,10 @@ class server {
       }
       run_once(std::chrono::duration_cast<std::chrono::microseconds>(p_.wait_slice));
       between();
+      if (replica_stopped()) {
+        end_ = server_end::backup_lost;
+        break;
+      }
       if (!p_.stop_when_all_left) continue;
       if (all_left()) {
         end_ = server_end::all_left;
@@ -361,6 +365,9 @@ class server {
   [[nodiscard]] bool backup_attached() const noexcept;
   // Why the last backup was dropped, naming the field (ok: none was).
   [[nodiscard]] status last_backup_drop() const;
+  // The backup was dropped while most live workers were not connected: this
+  // primary stopped (docs/elastic.md §4.4); every message is refused, run() ends.
+  [[nodiscard]] bool replica_stopped() const noexcept;
   [[nodiscard]] std::span<const float> parameters() const noexcept { return core_.parameters(); }
   [[nodiscard]] Transport& transport() noexcept { return t_; }
   [[nodiscard]] const server_params& params() const noexcept { return p_; }
@@ -749,6 +756,7 @@ class server {
   void send_replicate(wire::replica_event ev, std::uint32_t rank, std::uint64_t index, std::uint32_t flags,
                       std::uint64_t version_after, std::uint32_t crc_after, std::span<const std::byte> record);
   void replica_telemetry(server_telemetry& s) const;
+  void refuse_stopped(transport::peer_id p);
   void send_actions(const server_actions& a);
 
   server_params p_;

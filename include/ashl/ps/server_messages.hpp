@@ -84,6 +84,10 @@ inline void server<Transport, Policy>::handle(transport::peer_id p, std::span<co
   dense_value_check values;
   wire::limits lim = p_.core.limits;
   lim.unchecked_allowed = unchecked_lane(p);  // a trusted lane on this host: no CRC (flag `unchecked`)
+  if (replica_stopped()) {  // ps/server_replica.hpp: this primary lost its backup and its majority
+    refuse_stopped(p);
+    return;
+  }
   const std::uint32_t rank = peer(p).rank;
   auto m = core_.check_message(head, data, lim, rank, rank != no_rank && unchecked_lane(p), values);
   if (!m) {

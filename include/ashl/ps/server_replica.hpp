@@ -35,11 +35,14 @@
 //
 // On a drop (CRC, version or protocol disagreement; lag; silence past
 // replica_timeout; the link lost) the primary prints the reason once,
-// counts it (telemetry backups_dropped_crc / backups_dropped_lag), raises
-// its term, sends shard_state (the new term, no backup) to every connected
-// worker, releases every held action in order, closes the backup's
-// connection and runs on without one: a dropped backup attaches again only
-// with a new hello and snapshot.
+// counts it (telemetry backups_dropped_crc / backups_dropped_lag) and closes
+// the backup's connection. While a majority of its live workers is
+// connected it raises its term, sends shard_state (the new term, no backup)
+// to every connected worker, releases every held action in order and runs
+// on without a backup (a dropped backup attaches again only with a new
+// hello and snapshot); otherwise it stops (§4.4): the held actions never
+// go, every message is refused naming why, run() ends with
+// server_end::backup_lost.
 #pragma once
 
 #include <ashl/ps/server.hpp>
@@ -84,6 +87,9 @@ struct replica_link {
   std::vector<std::byte> state;  // snapshots and state checks (capacity kept)
   double next_state_check = 0.0;
   std::uint64_t piece_bytes = 0;
+  // Dropped while most live workers were not connected (§4.4): stopped.
+  bool stopped = false;
+  std::string stop_text;
 };
 
 // The largest record piece of one replicate message for a shard whose
@@ -130,6 +136,16 @@ inline std::uint32_t server<Transport, Policy>::term() const noexcept {
 template <transport::transport Transport, sync::consistency_policy Policy>
 inline bool server<Transport, Policy>::backup_attached() const noexcept {
   return replica_ && replica_->link.attached();
+}
+
+template <transport::transport Transport, sync::consistency_policy Policy>
+inline bool server<Transport, Policy>::replica_stopped() const noexcept {
+  return replica_ && replica_->stopped;
+}
+
+template <transport::transport Transport, sync::consistency_policy Policy>
+inline void server<Transport, Policy>::refuse_stopped(transport::peer_id p) {
+  send_error(p, errc::unavailable, 0, replica_->stop_text);
 }
 
 template <transport::transport Transport, sync::consistency_policy Policy>
@@ -183,6 +199,10 @@ inline void server<Transport, Policy>::replica_finalize(double now) {
 template <transport::transport Transport, sync::consistency_policy Policy>
 inline void server<Transport, Policy>::flush_replicated() {
   detail::replica_link& r = *replica_;
+  if (r.stopped) {  // stopped: what was held, and anything since, never goes
+    out_.clear();
+    return;
+  }
   replica_finalize(clock_.now());
   const bool attached = r.link.attached();
   r.link.submit(r.link.last_index(), out_, [this](std::uint64_t, const server_actions& a) { send_actions(a); });
@@ -275,18 +295,34 @@ inline void server<Transport, Policy>::replica_lost(transport::peer_id p, const 
     replica_dropped(s);
 }
 
-// The backup is gone (the link already detached it): the term goes up, the
-// workers are told (before the held actions, on their ordered channels),
-// then the held actions go.
+// The backup is gone (the link already detached it). With a majority of
+// the live workers connected, the term goes up, the workers are told
+// (before the held actions, on their ordered channels), then the held
+// actions go. Without one this primary stops, the held actions unsent: the
+// backup may have taken over with the workers this primary cannot reach,
+// and what it acknowledged must be what the backup holds (§4.4, §4.5).
 template <transport::transport Transport, sync::consistency_policy Policy>
 inline void server<Transport, Policy>::replica_dropped(const status& why) {
   detail::replica_link& r = *replica_;
   std::fprintf(stderr, "server %u: %s\n", p_.core.shard, why.message().c_str());
-  ++r.term;
   if (r.peer != transport::no_peer) {
     r.closing = r.peer;
     r.peer = transport::no_peer;
   }
+  std::uint32_t connected = 0;
+  for (std::uint32_t w = 0; w < core_.known_workers(); ++w) {
+    const transport::peer_id p = rank_peer_[w];
+    if (core_.is_live(w) && p != transport::no_peer && t_.is_connected(p) && !peer(p).failed) ++connected;
+  }
+  const std::uint32_t live = core_.live_count();
+  if (live > 0 && 2 * std::uint64_t{connected} <= live) {
+    r.stopped = true;
+    r.stop_text = "server.backup: lost, and with it the majority of the workers (" + std::to_string(connected) +
+                  " of " + std::to_string(live) + " connected): this primary stops; the backup may have taken over";
+    std::fprintf(stderr, "server %u: %s\n", p_.core.shard, r.stop_text.c_str());
+    return;
+  }
+  ++r.term;
   send_shard_state();
   r.link.release([this](std::uint64_t, const server_actions& a) { send_actions(a); });
 }

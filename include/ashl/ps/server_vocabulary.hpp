@@ -211,10 +211,11 @@ enum class server_end : std::uint8_t {
   stopped = 1,    // the caller's stop flag
   all_left = 2,   // every rank left explicitly
   no_worker = 3,  // no worker connected for server_params.no_worker_grace
+  backup_lost = 4,  // the backup was dropped while most live workers were not connected (docs/elastic.md §4.4)
 };
 
-inline constexpr auto server_end_table = make_enum_table<server_end>("running", "stopped", "all_left", "no_worker");
-static_assert(server_end_table.name(server_end::no_worker) == "no_worker", "server_end_table ends where server_end does");
+inline constexpr auto server_end_table = make_enum_table<server_end>("running", "stopped", "all_left", "no_worker", "backup_lost");
+static_assert(server_end_table.name(server_end::backup_lost) == "backup_lost", "server_end_table ends where server_end does");
 
 constexpr std::string_view to_string(server_end e) noexcept { return server_end_table.name(e); }
 
