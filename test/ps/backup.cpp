@@ -384,6 +384,24 @@ BOOST_AUTO_TEST_CASE(hellos_of_another_shard_or_job_and_joins_on_the_backup_are_
   BOOST_TEST(other->last_refusal().message() == "replica_hello.servers = 2: this job has 1 servers");
   BOOST_TEST(!other->caught_up());
   BOOST_TEST(r.primary->backup_attached());
+  // Another model's, and a second one of this shard.
+  auto refused = [&](ps::server_params p, const std::string& name) {
+    auto b = ps::server_backup<tr::inproc>::create(p, policy_of(o), node(r.fabric, name), "p0");
+    BOOST_REQUIRE(b.has_value());
+    for (int i = 0; i < 6; ++i) {
+      r.pump(1);
+      b->poll();
+    }
+    BOOST_TEST(b->telemetry().primary_errors == 1u);
+    BOOST_TEST(!b->caught_up());
+    return b->last_refusal().message();
+  };
+  sp = params_of(o);
+  sp.core.layout = *ps::shard_layout::even(n + 1, 1);
+  BOOST_TEST(refused(sp, "b2") == "replica_hello.elements = 513: shard 0 holds 512 elements");
+  BOOST_TEST(refused(params_of(o), "b3") == "replica_hello.shard = 0: shard 0 has a backup already (term 1)");
+  BOOST_TEST(r.primary->backup_attached());
+  BOOST_TEST(r.primary->telemetry().wire_refused_for(ps::wire_refusal::job) == 3u);
   // A worker that joins the backup is told whose backup it is.
   client c{.t = node(r.fabric), .rank = 0};
   c.peer = *c.t.connect("b0");

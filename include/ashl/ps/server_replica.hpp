@@ -52,7 +52,7 @@ ASHL_NAMESPACE_BEGIN
 namespace ps {
 
 // A backup's hello, checked against this primary (job, servers, shard,
-// elements, term): each refusal names the field.
+// the shard's elements, term): each refusal names the field.
 inline status check_replica_hello(const wire::replica_hello_body& b, std::uint64_t job, std::uint32_t shard,
                                   std::uint32_t servers, std::uint64_t elements, std::uint32_t term) {
   if (job != 0 && b.job != job)
@@ -62,7 +62,7 @@ inline status check_replica_hello(const wire::replica_hello_body& b, std::uint64
   if (b.shard != shard) return invalid_argument("replica_hello.shard", b.shard, "this is shard " + std::to_string(shard));
   if (b.elements != elements)
     return invalid_argument("replica_hello.elements", b.elements,
-                            "this job's model has " + std::to_string(elements) + " elements");
+                            "shard " + std::to_string(shard) + " holds " + std::to_string(elements) + " elements");
   if (b.term > term)
     return invalid_argument("replica_hello.term", b.term,
                             "this primary is at term " + std::to_string(term) +
@@ -236,7 +236,7 @@ inline void server<Transport, Policy>::on_replica(transport::peer_id p, const wi
   const wire::header& h = m.header;
   if (h.kind == wire::message_kind::replica_hello) {
     const auto* b = m.template get<wire::replica_hello_body>();
-    status s = check_replica_hello(*b, p_.job, p_.core.shard, p_.core.layout.servers(), p_.core.layout.elements(), r.term);
+    status s = check_replica_hello(*b, p_.job, p_.core.shard, p_.core.layout.servers(), core_.range().size(), r.term);
     if (s.ok() && (r.link.attached() || r.closing != transport::no_peer))
       s = make_error(errc::unavailable, "replica_hello.shard", b->shard,
                      "shard " + std::to_string(p_.core.shard) + " has a backup already (term " +
@@ -593,7 +593,7 @@ class server_backup {
     const wire::replica_hello_body b{.job = p_.job,
                                      .shard = p_.core.shard,
                                      .servers = p_.core.layout.servers(),
-                                     .elements = p_.core.layout.elements(),
+                                     .elements = core_->range().size(),  // the shard's (docs/wire-format.md)
                                      .term = term_,
                                      .have = rb_.last_index(),
                                      .version = core_->version(),
