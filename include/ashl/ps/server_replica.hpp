@@ -31,7 +31,8 @@
 // applying (applied == received), not before; pull replies read the
 // version current when they are released (never older than the event's);
 // the primary applies every commit as it arrives (apply_batch 1), so each
-// record's version_after is the version after its own event.
+// record's version_after is the version after its own event; the snapshot's
+// pieces go through the server's send slots, which keep their capacity.
 //
 // On a drop (CRC, version or protocol disagreement; lag; silence past
 // replica_timeout; the link lost) the primary prints the reason once,
