@@ -378,6 +378,7 @@ class server {
   [[nodiscard]] server_telemetry telemetry() const {
     server_telemetry s = tel_;
     s.core = core_.stats();
+    s.ledger = core_.ledger().stats();
     s.applied_beside = core_.applied_beside();
     s.copies_for_readers = core_.copies_for_readers();
     s.batched_applies = core_.batched_passes();

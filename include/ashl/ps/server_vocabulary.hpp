@@ -245,6 +245,7 @@ struct server_telemetry {
   std::uint64_t copies_for_readers = 0;     // other changes that copied such a version first
   std::uint64_t unsendable = 0;             // plans or errors the wire refused to encode (a defect; the first is printed)
   std::uint64_t leases = 0;                 // lease messages sent (server_params.ledger; resent ones too)
+  ledger_stats ledger{};                    // the data ledger's counters (server 0 with server_params.ledger)
   std::uint64_t peers_failed = 0;           // connections that failed (their worker was evicted)
   std::uint64_t evicted_silent = 0;         // workers evicted by server_params.worker_timeout
   std::uint64_t replies_refused = 0;        // pull replies past server_params.max_snapshots
@@ -314,6 +315,7 @@ struct server_telemetry {
         field{"copies_for_readers", &server_telemetry::copies_for_readers},
         field{"unsendable", &server_telemetry::unsendable},
         field{"leases", &server_telemetry::leases},
+        field{"ledger", &server_telemetry::ledger},
         field{"peers_failed", &server_telemetry::peers_failed},
         field{"evicted_silent", &server_telemetry::evicted_silent},
         field{"replies_refused", &server_telemetry::replies_refused},
