@@ -1994,7 +1994,8 @@ class DistributedSampler(torch.utils.data.Sampler):
     split above): it yields ``π_e[p]`` (``randperm(N)`` seeded ``s + e``,
     the identity without ``shuffle``) for the positions p of its leases in
     order, in batches of the plan's size (a batch may span two leases; it is
-    short only at the epoch's end, or dropped with ``drop_last``); the epoch
+    short only at the epoch's end, or dropped with ``drop_last``: passed
+    over, counted with the batch before it); the epoch
     is the ledger's (an iteration ends with its last lease of epoch e once
     its next lease is of a later epoch; ``set_epoch`` is accepted, another
     epoch than the ledger's warns once); it waits for the next lease at most
@@ -2156,6 +2157,12 @@ class DistributedSampler(torch.utils.data.Sampler):
             self._lease = nxt if nxt is not None else self._next_lease(w, timeout)
         if batch and not (self.drop_last and self.batch_size is not None):
             yield from self._emit(batch, batch_epoch)
+        elif batch:  # dropped (drop_last): passed over, counted with the batch before it
+            if self._batches:
+                k, e = self._batches[-1]
+                self._batches[-1] = (k + len(batch), e)
+            else:
+                opt._carried += len(batch)
         self._ledger_epoch = self._lease[1]
 
     def _emit(self, batch: List[int], epoch: int):

@@ -139,3 +139,39 @@ def test_a_ledger_parameter_is_checked_by_name():
     with pytest.raises(ValueError, match=r"needs dataset_size"):
         sjob = ashl.Job(role="server", num_workers=1, server_addresses=("c",), insecure=True)
         at.serve(model_of(), sjob, fabric=fabric, background=True, ledger={"ahead": 1})
+
+
+def test_drop_last_passes_over_the_short_batch_and_the_ledger_stays_in_step():
+    # 25 ids, batches of 10: each epoch yields two, the last 5 ids are
+    # dropped; their positions go with the next commit, so the ledger's
+    # cursor stays on the positions trained and each epoch completes.
+    fabric = ashl.InprocFabric()
+    sjob = ashl.Job(role="server", num_workers=1, server_addresses=("server0",), insecure=True)
+    srv = at.serve(model_of(), sjob, "asp", fabric=fabric, background=True, dataset_size=25, shuffle_seed=3)
+    wjob = ashl.Job(role="worker", rank=0, num_workers=1, server_addresses=("server0",), insecure=True)
+    model = model_of()
+    opt = at.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model, "asp", job=wjob,
+                                  fabric=fabric, batch_size=BATCH, timeout=20)
+    data = torch.utils.data.Subset(Ids(), range(25))
+    sampler = at.DistributedSampler(data, batch_size=BATCH, optimizer=opt, drop_last=True)
+    seen = []
+    for _ in range(3):
+        epoch = []
+        for ids in sampler:
+            assert len(ids) == BATCH
+            x, y = features(ids)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            epoch.extend(ids)
+        seen.append(epoch)
+    opt.leave()
+    srv.join()
+    assert [len(e) for e in seen] == [20, 20, 20]
+    assert all(len(set(e)) == 20 for e in seen)
+    ledger = srv.telemetry["ledger"]
+    assert ledger["epochs_completed"] == 2, ledger  # the third's last 5 went with no commit after them
+    assert ledger["overrun"] == 0, ledger
+    # At the leave: epoch 2's 5 dropped positions and epoch 3's 25 went back;
+    # had the dropped ones not been counted, the cursor would trail by 10.
+    assert ledger["positions_returned"] == 5 + 25, ledger
