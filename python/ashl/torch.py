@@ -44,6 +44,7 @@ import contextlib
 import math
 import os
 import sys
+import warnings
 import weakref
 from time import monotonic as time_monotonic, sleep as time_sleep
 import queue
@@ -790,6 +791,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The leader's plan of this iteration's cycle (bucket 0's worker,
         # taken when the cycle asks it to lead): every follower's plan.
         self._lead_plan: Any = None
+        # A DistributedSampler following the data ledger (it registers
+        # itself): each iteration's commit carries the samples of the batch
+        # it yielded (_trained_samples).
+        self._ledger_sampler: Optional["DistributedSampler"] = None
+        self._iter_samples: Optional[int] = None
+        self._carried = 0
         self.hook_calls: Dict[str, int] = collections.defaultdict(int)
         # Per parameter, its (bucket, slot in the bucket): one for a whole
         # parameter, one per piece for a parameter cut across buckets.
@@ -1219,11 +1226,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     self._wait_bucket(0)  # its last exchange is complete: its plan is this cycle's
                 lw = self._ex[0].worker
                 self._lead_plan = lw.current_plan
-                cycle.led(lw.iteration_done())
+                self._iter_samples = self._trained_samples()
+                cycle.led(lw.iteration_done(self._iter_samples))
             elif a == _COUNT.follow:
-                cycle.followed(self._ex[bi].worker.follow(self._lead_plan, cycle.lead_done))
+                cycle.followed(self._ex[bi].worker.follow(self._lead_plan, cycle.lead_done, self._iter_samples))
             else:
                 return cycle.decision
+
+    def _trained_samples(self) -> Optional[int]:
+        """The samples this iteration trained, for its commit (docs/elastic.md
+        §3.6): the next batch size a DistributedSampler following the data
+        ledger yielded (a lease's last batch may be short), with the batches
+        of steps skipped whole before it (their positions are passed over,
+        not trained again); None without one: the plan's batch."""
+        s = self._ledger_sampler
+        if s is None:
+            return None
+        n = s._take_batch()
+        if n is None:
+            return None
+        n, self._carried = n + self._carried, 0
+        return n
 
     def _commit(self, bi: int) -> None:
         ex = self._ex[bi]
@@ -1282,6 +1305,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     break
         if not cycle.begin_step():
             # The step is skipped: no local step, no commit, no iteration.
+            if self._ledger_sampler is not None:  # its batch's positions go with the next commit
+                self._carried += self._ledger_sampler._take_batch() or 0
             self._end_iteration()
             return loss
         if self._update == "delta":
@@ -1754,7 +1779,8 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
           no_worker_grace: Optional[float] = None, apply_threads: int = 1, reply_part_bytes: int = 0,
           apply_batch: int = 1, apply_parts_as_they_land: bool = False,
           reply_compression: Optional[str] = None, reply_ratio: float = 1.0,
-          trust_local_lanes: bool = False) -> Any:
+          trust_local_lanes: bool = False, dataset_size: Optional[int] = None, shuffle_seed: int = 0,
+          ledger: Optional[Dict[str, Any]] = None) -> Any:
     """Runs this process's servers of the job (job.role == "server"), one per
     bucket (``bucket_plan(model, bucket_cap_mb, partition_mb)``, as the workers make
     them), starting from ``model``'s parameters (its shard of each bucket).
@@ -1801,6 +1827,15 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
     same (``DistributedOptimizer(trust_local_lanes=True)``; docs/ps.md,
     "Lanes without CRC").
 
+    dataset_size, shuffle_seed: a data ledger of that many samples on the
+    first bucket's server 0 (docs/elastic.md §3; docs/torch.md, "The data
+    ledger"): it hands each worker leases of positions of every epoch's
+    permutation (seeded shuffle_seed + epoch), so every sample is trained
+    once per epoch however workers join, leave or die;
+    ``DistributedSampler`` follows them. ``ledger``: its other parameters
+    (lease_samples, ahead, give_back_after, epochs; ps::ledger_params),
+    ahead 2 unless given. None (default): no ledger.
+
     optimizer: None (default) is the policy's: "model_delta", or for a
     DiLoCo name ("diloco", "async_diloco", "async_local_sgd",
     "ashl_diloco") its outer optimizer, set by outer_lr (0.7),
@@ -1828,6 +1863,10 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
     if job.role != "server":
         raise ValueError(f"job.role = {job.role!r}: serve() runs on a server (the workers make a DistributedOptimizer)")
     pol = Policy.of(policy)
+    if dataset_size is None and ledger:
+        raise ValueError("serve(ledger=...): needs dataset_size (the data ledger's samples)")
+    ledger_params = {} if dataset_size is None else \
+        {"ahead": 2, **(ledger or {}), "samples": int(dataset_size), "shuffle_seed": int(shuffle_seed)}
     address = listen if listen is not None else job.server_addresses[job.rank]
     servers = []
     for bi, pieces in enumerate(bucket_plan(model, bucket_cap_mb, partition_mb)):
@@ -1860,7 +1899,8 @@ def serve(model: Any, job: Optional[Job] = None, policy: Union[Policy, str, None
                          reply_part_bytes=reply_part_bytes, apply_batch=apply_batch,
                          apply_parts_as_they_land=apply_parts_as_they_land,
                          reply_compression=_codec_name(reply_compression) or "identity", reply_ratio=reply_ratio,
-                         trust_local_lanes=trust_local_lanes)
+                         trust_local_lanes=trust_local_lanes,
+                         ledger=ledger_params if bi == 0 else {})  # server 0 of bucket 0 (the plan authority)
         servers.append(srv)
     out = servers[0] if len(servers) == 1 else Servers(servers)
     if background:
@@ -1947,11 +1987,34 @@ class DistributedSampler(torch.utils.data.Sampler):
     ``optimizer``: the DistributedOptimizer whose plan it follows (default:
     the one made last in this process, looked up at each epoch); num_replicas
     and rank default to its job's workers and rank, else WORLD_SIZE and RANK.
+
+    With a data ledger (``serve(..., dataset_size=N, shuffle_seed=s)``; docs/
+    elastic.md §3.6) it follows the ledger instead, automatically once
+    server 0 sent the optimizer's worker a lease (``ledger=False`` keeps the
+    split above): it yields ``π_e[p]`` (``randperm(N)`` seeded ``s + e``,
+    the identity without ``shuffle``) for the positions p of its leases in
+    order, in batches of the plan's size (a batch may span two leases; it is
+    short only at the epoch's end, or dropped with ``drop_last``: passed
+    over, counted with the batch before it); the epoch
+    is the ledger's (an iteration ends with its last lease of epoch e once
+    its next lease is of a later epoch; ``set_epoch`` is accepted, another
+    epoch than the ledger's warns once); it waits for the next lease at most
+    the worker's ``timeout`` (then TimeoutError naming worker.timeout_ms).
+    Every batch size it yields goes into a queue that each iteration of the
+    optimizer takes the next of, so a commit says the samples it trained,
+    even with a DataLoader drawing batches ahead; a loader must not draw
+    more batches ahead than the worker's leases hold (the ledger's ``ahead``
+    x its lease size: serve() grants 2 leases ahead, 8 cycles' batches);
+    when the next lease has not come while yielded batches wait to be
+    trained, the iteration ends early (the next one goes on in the same
+    epoch) rather than hold back the commits that bring the lease. A
+    sampler that joins mid-epoch, or leaves, changes nothing of the others':
+    every sample is trained once per epoch by whoever holds its position.
     """
 
     def __init__(self, dataset: Any, num_replicas: Optional[int] = None, rank: Optional[int] = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, batch_size: Optional[int] = None,
-                 optimizer: Optional["DistributedOptimizer"] = None):
+                 optimizer: Optional["DistributedOptimizer"] = None, ledger: bool = True):
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size = {batch_size}: must be >= 1 (or None: an index sampler)")
         if num_replicas is not None and num_replicas < 1:
@@ -1967,9 +2030,147 @@ class DistributedSampler(torch.utils.data.Sampler):
         self.batch_size = batch_size
         self.optimizer = optimizer
         self.epoch = 0
+        self.ledger = ledger
+        # Following the data ledger: the lease being yielded ([number,
+        # epoch, next position, end]), the next one held back (of a later
+        # epoch: the next iteration's), the highest lease number taken, the
+        # ledger's epoch, permutations by epoch, the batches yielded and not
+        # yet trained ((samples, epoch), oldest first) and the last one an
+        # optimizer step took (last_step).
+        self._lease: Optional[List[int]] = None
+        self._taken = 0
+        self._ledger_epoch: Optional[int] = None
+        self._perms: Dict[int, List[int]] = {}
+        self._batches: "collections.deque" = collections.deque()
+        self.last_step: Optional[Tuple[int, int]] = None
+        self._warned_epoch = False
 
     def set_epoch(self, epoch: int) -> None:
+        if self._ledger_epoch is not None and epoch != self._ledger_epoch and not self._warned_epoch:
+            self._warned_epoch = True
+            warnings.warn(f"DistributedSampler.set_epoch({epoch}): the data ledger's epoch is {self._ledger_epoch} "
+                          "(the sampler follows the ledger's; docs/elastic.md §3.6)", stacklevel=2)
         self.epoch = epoch
+
+    # -- the data ledger (docs/elastic.md §3.6) ------------------------------
+
+    def _ledger_worker(self, opt: Optional["DistributedOptimizer"]) -> Any:
+        """The optimizer's leading worker when server 0 runs a data ledger
+        (it sent a lease), else None."""
+        if not self.ledger or opt is None:
+            return None
+        ex = getattr(opt, "_ex", None)
+        if not ex:
+            return None
+        w = ex[0].worker
+        return w if w.ledger[0] > 0 else None
+
+    def _take_batch(self) -> Optional[int]:
+        """The optimizer's iteration takes the oldest batch yielded (None: none waits)."""
+        if not self._batches:
+            return None
+        self.last_step = self._batches.popleft()
+        return self.last_step[0]
+
+    def _perm(self, epoch: int, n: int, seed: int) -> List[int]:
+        p = self._perms.get(epoch)
+        if p is None:
+            if self.shuffle:
+                g = torch.Generator()
+                g.manual_seed(seed + epoch)
+                p = torch.randperm(n, generator=g).tolist()
+            else:
+                p = list(range(n))
+            self._perms = {e: q for e, q in self._perms.items() if e >= epoch - 1}
+            self._perms[epoch] = p
+        return p
+
+    def _poll_lease(self, w: Any) -> Optional[List[int]]:
+        """The lowest-numbered lease the worker holds that this sampler has
+        not taken (taking it), or None."""
+        fresh = [x for x in w.leases if x["number"] > self._taken]
+        if not fresh:
+            w.progress()
+            fresh = [x for x in w.leases if x["number"] > self._taken]
+        if not fresh:
+            return None
+        x = min(fresh, key=lambda x: x["number"])
+        self._taken = x["number"]
+        return [x["number"], x["epoch"], x["begin"], x["end"]]
+
+    def _next_lease(self, w: Any, timeout: float) -> List[int]:
+        """_poll_lease, waiting for one (driving the worker's transport) at
+        most ``timeout`` seconds."""
+        deadline = time_monotonic() + timeout
+        while True:
+            lease = self._poll_lease(w)
+            if lease is not None:
+                return lease
+            if time_monotonic() >= deadline:
+                raise TimeoutError(
+                    f"worker.timeout_ms = {int(timeout * 1000)}: passed while the DistributedSampler waited for a "
+                    f"lease of the data ledger from server 0 (lease {self._taken + 1}); a worker gets one as its "
+                    "commits use the positions it holds, or when another worker's go back or an epoch completes")
+            time_sleep(0.001)
+
+    def _iter_ledger(self, opt: "DistributedOptimizer", w: Any):
+        n, seed = w.ledger
+        if len(self.dataset) != n:
+            raise ValueError(f"len(dataset) = {len(self.dataset)}: the servers' data ledger has {n} samples "
+                             "(serve(dataset_size=...))")
+        opt._ledger_sampler = self
+        timeout = float(getattr(opt, "_timeout", 30.0))
+        if self._lease is None:
+            self._lease = self._next_lease(w, timeout)
+        epoch = self._lease[1] if self._ledger_epoch is None else self._ledger_epoch
+        self._ledger_epoch = epoch
+        self.epoch = epoch
+        batch: List[int] = []
+        batch_epoch = epoch
+        while True:
+            lease = self._lease
+            if lease[1] > epoch:  # this iteration's epoch is over; the lease starts the next
+                break
+            perm = self._perm(lease[1], n, seed)
+            while lease[2] < lease[3]:
+                if batch and lease[1] != batch_epoch:  # a batch holds one epoch's positions
+                    yield from self._emit(batch, batch_epoch)
+                    batch = []
+                batch_epoch = lease[1]
+                b = self._batch() if self.batch_size is not None else 1
+                k = min(b - len(batch), lease[3] - lease[2])
+                batch.extend(perm[lease[2]:lease[2] + k])
+                lease[2] += k
+                if len(batch) == b:
+                    yield from self._emit(batch, batch_epoch)
+                    batch = []
+            nxt = self._poll_lease(w)
+            if nxt is None and self._batches:
+                # No lease yet, and batches it yielded wait to be trained (a
+                # DataLoader drew them ahead): waiting here would hold them
+                # back, and with them the commits that bring the next lease.
+                # The iteration ends early; the next one goes on in this epoch.
+                self._lease = None
+                if batch:
+                    yield from self._emit(batch, batch_epoch)
+                return
+            self._lease = nxt if nxt is not None else self._next_lease(w, timeout)
+        if batch and not (self.drop_last and self.batch_size is not None):
+            yield from self._emit(batch, batch_epoch)
+        elif batch:  # dropped (drop_last): passed over, counted with the batch before it
+            if self._batches:
+                k, e = self._batches[-1]
+                self._batches[-1] = (k + len(batch), e)
+            else:
+                opt._carried += len(batch)
+        self._ledger_epoch = self._lease[1]
+
+    def _emit(self, batch: List[int], epoch: int):
+        if self.batch_size is None:
+            yield from batch
+            return
+        self._batches.append((len(batch), epoch))
+        yield list(batch)
 
     def _opt(self) -> Optional["DistributedOptimizer"]:
         if self.optimizer is not None:
@@ -2054,6 +2255,10 @@ class DistributedSampler(torch.utils.data.Sampler):
         return planned if planned > 0 else int(self.batch_size)
 
     def __iter__(self):
+        w = self._ledger_worker(self._opt())
+        if w is not None:
+            yield from self._iter_ledger(self._opt(), w)
+            return
         indices = self._indices()
         self._count = len(indices)
         if self.batch_size is None:
@@ -2069,6 +2274,16 @@ class DistributedSampler(torch.utils.data.Sampler):
             i += b
 
     def __len__(self) -> int:
+        w = self._ledger_worker(self._opt())
+        if w is not None:  # the current epoch's positions held and not yielded, in batches (an estimate)
+            e = self._ledger_epoch
+            left = self._lease[3] - self._lease[2] if self._lease is not None and self._lease[1] == e else 0
+            left += sum(x["end"] - x["begin"] for x in w.leases
+                        if x["number"] > self._taken and (e is None or x["epoch"] == e))
+            if self.batch_size is None:
+                return left
+            b = self._batch()
+            return left // b if self.drop_last else math.ceil(left / b)
         # No collective here (len() may be called on one rank alone): the
         # count of the last epoch's iteration, else without gathered shares.
         n = getattr(self, "_count", None)

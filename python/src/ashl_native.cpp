@@ -232,6 +232,10 @@ ps::policy_params policy_params_from(const py::dict& d) {
 struct any_worker {
   virtual ~any_worker() = default;
   virtual bool iteration_done() = 0;
+  virtual bool iteration_done(std::uint64_t samples) = 0;
+  virtual std::vector<ps::ledger_lease> leases() const = 0;
+  virtual std::pair<std::uint64_t, std::uint64_t> ledger() const = 0;
+  virtual bool test() = 0;
   virtual ashl::status commit(std::span<const float>) = 0;
   virtual ashl::status push(std::span<const float>) = 0;
   virtual ashl::status pull() = 0;
@@ -250,7 +254,7 @@ struct any_worker {
   virtual bool compresses() const = 0;
   virtual ashl::status commit_encoded(std::span<const std::span<const std::byte>>) = 0;
   virtual std::vector<std::pair<std::size_t, std::size_t>> shard_ranges() const = 0;
-  virtual bool follow(const ps::plan_in_force&, bool) = 0;
+  virtual bool follow(const ps::plan_in_force&, bool, std::uint64_t samples) = 0;
   virtual std::vector<ashl::measurement> reported_measurements() const = 0;
   virtual ashl::status report_measurements(std::span<const ashl::measurement>) = 0;
 };
@@ -265,6 +269,12 @@ struct worker_of final : any_worker {
   ps::worker<T> w;
   explicit worker_of(ps::worker<T>&& x) : w(std::move(x)) {}
   bool iteration_done() override { return w.iteration_done(); }
+  bool iteration_done(std::uint64_t samples) override { return w.iteration_done(samples); }
+  std::vector<ps::ledger_lease> leases() const override { return w.leases(); }
+  std::pair<std::uint64_t, std::uint64_t> ledger() const override {
+    return {w.ledger_samples(), w.ledger_shuffle_seed()};
+  }
+  bool test() override { return w.test(); }
   ashl::status commit(std::span<const float> u) override { return w.commit(u); }
   ashl::status push(std::span<const float> u) override { return w.push(u); }
   ashl::status pull() override { return w.pull(); }
@@ -290,7 +300,9 @@ struct worker_of final : any_worker {
       out.emplace_back(w.layout().range(s).begin, w.layout().range(s).size());
     return out;
   }
-  bool follow(const ps::plan_in_force& p, bool done) override { return w.iteration_done(p, done); }
+  bool follow(const ps::plan_in_force& p, bool done, std::uint64_t samples) override {
+    return w.iteration_done(p, done, samples);  // ~0: the batch
+  }
   std::vector<ashl::measurement> reported_measurements() const override { return w.reported_measurements(); }
   ashl::status report_measurements(std::span<const ashl::measurement> m) override { return w.report_measurements(m); }
 };
@@ -376,10 +388,34 @@ class py_worker {
   // `link` hold runs under that lock and takes the GIL (another thread
   // holding the GIL while it waits for the lock would deadlock them), and a
   // communication thread holds the lock through a commit.
-  bool iteration_done() {
+  // samples: what the iteration trained (docs/elastic.md §3.6; a data
+  // ledger's last batch may be short); None: the cycle's batch.
+  bool iteration_done(std::optional<std::uint64_t> samples) {
     py::gil_scoped_release nogil;
-    return w_->iteration_done();
+    return samples ? w_->iteration_done(*samples) : w_->iteration_done();
   }
+  // The data ledger's leases server 0 sent this worker and its commits have
+  // not covered (ps::worker::leases), as dicts: number, epoch, begin, end,
+  // flags (1 epoch_end, 2 resent).
+  py::list leases() const {
+    const auto ls = unlocked([&] { return w_->leases(); });
+    py::list out;
+    for (const auto& l : ls) {
+      py::dict d;
+      d["number"] = l.number;
+      d["epoch"] = l.epoch;
+      d["begin"] = l.begin;
+      d["end"] = l.end;
+      d["flags"] = l.flags;
+      out.append(std::move(d));
+    }
+    return out;
+  }
+  // (N, shuffle_seed) of the ledger's leases; (0, 0) before the first.
+  std::pair<std::uint64_t, std::uint64_t> ledger() const { return unlocked([&] { return w_->ledger(); }); }
+  // One progress pass of the transport without blocking (a caller that
+  // waits for a lease between cycles); true when nothing is pending.
+  bool progress() { return unlocked([&] { return w_->test(); }); }
   ps::plan_in_force current_plan() const {
     py::gil_scoped_release nogil;
     return w_->current_plan();
@@ -406,9 +442,10 @@ class py_worker {
     check(s);
     update_obj_ = py::cast(payloads);  // sent from until wait() returns (and again after a reconnect)
   }
-  bool follow(const ps::plan_in_force& leader, bool leader_done) {
+  bool follow(const ps::plan_in_force& leader, bool leader_done, std::optional<std::uint64_t> samples) {
     py::gil_scoped_release nogil;
-    return w_->follow(leader, leader_done);  // a plan it cannot run fails it: commit() says so
+    // A plan it cannot run fails it: commit() says so.
+    return w_->follow(leader, leader_done, samples ? *samples : ~std::uint64_t{0});
   }
   measurements reported_measurements() const {
     py::gil_scoped_release nogil;
@@ -576,6 +613,31 @@ struct server_of final : any_server {
   ashl::status final_checkpoint() const override { return s.final_checkpoint(); }
 };
 
+// The data ledger's parameters (ps::ledger_params, docs/elastic.md §3.2)
+// from a dict of its fields; an unknown key or a value of another type is
+// refused by name. {} (the default): no ledger.
+ps::ledger_params ledger_params_from(const py::dict& d) {
+  ps::ledger_params p;
+  for (auto [k, v] : d) {
+    const std::string key = py::str(k);
+    bool known = false;
+    ashl::for_each_field(p, [&](std::string_view name, auto& field) {
+      if (name != key) return;
+      known = true;
+      try {
+        field = v.cast<std::remove_reference_t<decltype(field)>>();
+      } catch (const py::cast_error&) {
+        raise(ashl::invalid_argument("server.ledger." + key, py::str(v).cast<std::string>(), "has the wrong type"));
+      }
+    });
+    if (!known)
+      raise(ashl::invalid_argument("server.ledger", key,
+                                   "is not a field (samples, shuffle_seed, lease_samples, ahead, give_back_after, "
+                                   "epochs)"));
+  }
+  return p;
+}
+
 class py_server {
  public:
   py_server(std::uint64_t size, std::optional<py::array> initial, std::string policy, py::dict policy_params,
@@ -586,7 +648,7 @@ class py_server {
             std::uint64_t seed, std::optional<fabric> inproc, std::uint64_t store_bytes, bool allow_non_finite,
             std::uint64_t max_commit_samples, double no_worker_grace, std::uint64_t job, std::uint32_t apply_threads,
             std::uint64_t reply_part_bytes, std::uint32_t apply_batch, bool apply_parts_as_they_land,
-            std::string reply_compression, float reply_ratio, bool trust_local_lanes) {
+            std::string reply_compression, float reply_ratio, bool trust_local_lanes, py::dict ledger) {
     if (workers == 0) raise(ashl::invalid_argument("server.workers", 0, "must be >= 1"));
     std::span<const float> init;
     if (initial) {
@@ -665,6 +727,7 @@ class py_server {
     sp.apply_batch = apply_batch;            // refused by name by server::create (1..64)
     sp.apply_parts_as_they_land = apply_parts_as_they_land;
     sp.trust_local_lanes = trust_local_lanes;  // docs/ps.md "Lanes without CRC": the workers must say the same
+    sp.ledger = ledger_params_from(ledger);    // checked by name by server::create (server.ledger.<field>)
     if (sp.no_worker_grace.count() <= 0)
       raise(ashl::invalid_argument("server.no_worker_grace", no_worker_grace, "must be > 0 seconds"));
     ashl::status failed;
@@ -956,7 +1019,14 @@ PYBIND11_MODULE(_ashl, m) {
            py::arg("fabric") = std::nullopt, py::arg("incarnation") = 0, py::arg("job") = 0,
            py::arg("follower") = false, py::arg("link") = py::none(), py::arg("commit_part_bytes") = 0,
            py::arg("commit_window") = 4, py::arg("allow_non_finite") = false, py::arg("trust_local_lanes") = false)
-      .def("iteration_done", &py_worker::iteration_done)
+      .def("iteration_done", &py_worker::iteration_done, py::arg("samples") = std::nullopt,
+           "one local iteration is done (samples: what it trained, None: the batch); true: commit now")
+      .def_property_readonly("leases", &py_worker::leases,
+                             "the data ledger's leases server 0 sent that the commits have not covered: dicts of "
+                             "number, epoch, begin, end, flags (docs/elastic.md §3.6)")
+      .def_property_readonly("ledger", &py_worker::ledger,
+                             "(samples, shuffle_seed) of the data ledger's leases; (0, 0) before the first")
+      .def("progress", &py_worker::progress, "one progress pass without blocking; true when nothing is pending")
       .def_property_readonly("compresses", &py_worker::compresses,
                              "whether this cycle's commit is compressed (known once iteration_done said true)")
       .def_property_readonly("shard_ranges", &py_worker::shard_ranges, "(begin, size) of each server's shard")
@@ -965,6 +1035,7 @@ PYBIND11_MODULE(_ashl, m) {
       .def_property_readonly("current_plan", &py_worker::current_plan,
                              "the plan and codec of this cycle (what a follower is handed)")
       .def("follow", &py_worker::follow, py::arg("leader_plan"), py::arg("leader_done"),
+           py::arg("samples") = std::nullopt,
            "a follower's iteration_done: the leader's plan of this cycle and what its iteration_done said")
       .def_property_readonly("reported_measurements", &py_worker::reported_measurements,
                              "what the end of the last cycle reported to the servers")
@@ -1122,7 +1193,7 @@ PYBIND11_MODULE(_ashl, m) {
                     std::string, float, std::string,
                     bool, bool, double, double, std::string, double, bool, std::uint64_t, std::optional<fabric>,
                     std::uint64_t, bool, std::uint64_t, double, std::uint64_t, std::uint32_t, std::uint64_t,
-                    std::uint32_t, bool, std::string, float, bool>(),
+                    std::uint32_t, bool, std::string, float, bool, py::dict>(),
            py::arg("size") = 0, py::arg("initial") = std::nullopt, py::arg("policy") = "bsp",
            py::arg("policy_params") = py::dict(), py::arg("workers") = 1, py::arg("max_workers") = 0,
            py::arg("listen") = "127.0.0.1:0",
@@ -1137,7 +1208,7 @@ PYBIND11_MODULE(_ashl, m) {
            py::arg("no_worker_grace") = 60.0, py::arg("job") = 0, py::arg("apply_threads") = 1,
            py::arg("reply_part_bytes") = 0, py::arg("apply_batch") = 1, py::arg("apply_parts_as_they_land") = false,
            py::arg("reply_compression") = "identity", py::arg("reply_ratio") = 1.0f,
-           py::arg("trust_local_lanes") = false)
+           py::arg("trust_local_lanes") = false, py::arg("ledger") = py::dict())
       .def_property_readonly("address", &py_server::address)
       .def("run", &py_server::run)
       .def("start", &py_server::start)

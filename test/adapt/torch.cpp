@@ -210,7 +210,7 @@ BOOST_AUTO_TEST_CASE(bad_models_are_refused_with_the_value_named) {
     auto d = adapt::torch_worker<tr::inproc>::create(*m, &local, {.servers = {"server0"}, .timeout = 5s},
                                                      node_of(fabric));
     ASHL_REQUIRE(!d.has_value());
-    ASHL_TEST(contains(d.error().message(), "element_count = 53"), d.error().message());
+    ASHL_TEST(contains(d.error().message(), "join.elements = 53: this job's model has 10 elements"), d.error().message());
   }
   {
     auto m = make_net();

@@ -47,7 +47,7 @@ tr::inproc node(const std::shared_ptr<tr::inproc_fabric>& f, const std::string& 
 // What a worker connection received.
 struct client_handler {
   std::vector<std::byte> buf = std::vector<std::byte>(1 << 16);
-  std::uint64_t replies = 0, plans = 0;
+  std::uint64_t replies = 0, plans = 0, leases = 0;
   std::vector<std::uint32_t> terms;  // shard_state terms, in order
   std::vector<std::string> errors;
   std::span<std::byte> receive_buffer(tr::peer_id, std::span<const std::byte>, std::size_t k) {
@@ -58,6 +58,7 @@ struct client_handler {
     BOOST_REQUIRE(m.has_value());
     if (m->header.kind == w::message_kind::pull_reply) ++replies;
     if (m->header.kind == w::message_kind::plan_update) ++plans;
+    if (m->header.kind == w::message_kind::lease) ++leases;
     if (const auto* s = m->get<w::shard_state_body>()) terms.push_back(s->term);
     if (const auto* e = m->get<w::error_body>()) errors.emplace_back(e->text);
   }
@@ -114,6 +115,7 @@ struct options {
   std::string policy = "asp";
   double state_check = 0.0;
   std::chrono::milliseconds replica_timeout{2000};
+  std::uint64_t ledger_samples = 0;  // > 0: a data ledger on the shard (docs/elastic.md §3)
 };
 
 ps::server_params params_of(const options& o) {
@@ -125,6 +127,7 @@ ps::server_params params_of(const options& o) {
   sp.replica_timeout = o.replica_timeout;
   sp.replica_state_check_seconds = o.state_check;
   sp.worker_timeout = 0ms;
+  sp.ledger.samples = o.ledger_samples;
   return sp;
 }
 
@@ -236,10 +239,14 @@ BOOST_AUTO_TEST_CASE(a_workers_reply_never_arrives_before_the_backup_acked_the_c
 }
 
 BOOST_AUTO_TEST_CASE(the_backups_state_equals_the_primarys_after_hundreds_of_mixed_events) {
-  for (const char* policy : {"asp", "ssp", "bsp"}) {
-    BOOST_TEST_CONTEXT("policy " << policy) {
+  for (const char* label : {"asp", "ssp", "bsp", "asp+ledger"}) {
+    BOOST_TEST_CONTEXT("policy " << label) {
+      const std::string name = label;
+      const bool ledger = name.ends_with("+ledger");
+      const std::string policy = ledger ? name.substr(0, name.find('+')) : name;
       options o;
       o.policy = policy;
+      o.ledger_samples = ledger ? 1000 : 0;  // leases granted, given back at leaves, records all
       o.state_check = 1e-9;  // every record asks both sides for both CRCs
       rig r(o);
       std::uint64_t rng = 12345;
@@ -254,7 +261,7 @@ BOOST_AUTO_TEST_CASE(the_backups_state_equals_the_primarys_after_hundreds_of_mix
           case 0: c.metric(1.0 / (1.0 + i)); break;
           case 1: c.pull(); break;
           case 2:
-            if (std::string(policy) == "asp") {  // a rejoin (a restarted process): the round policies would wait on it
+            if (policy == "asp") {  // a rejoin (a restarted process): the round policies would wait on it
               c.leave();
               r.pump(2);
               c.join(++incarnation);
@@ -278,7 +285,8 @@ BOOST_AUTO_TEST_CASE(the_backups_state_equals_the_primarys_after_hundreds_of_mix
       BOOST_TEST(r.backup->telemetry().snapshots == 1u);
       BOOST_TEST(r.backup->telemetry().records >= 300u);  // one event or more each (a rejoin is two)
       // BSP refuses a commit ahead of its round (a record all the same).
-      BOOST_TEST(t.core.commits_applied > (std::string(policy) == "bsp" ? 20u : 100u));
+      BOOST_TEST(t.core.commits_applied > (policy == "bsp" ? 20u : 100u));
+      if (ledger) BOOST_TEST(r.c(0).h.leases + r.c(1).h.leases > 2u);
       BOOST_TEST((saved(r.backup->core()) == saved(r.primary->core())));
       BOOST_TEST(r.primary->term() == 1u);
     }

@@ -768,3 +768,130 @@ BOOST_AUTO_TEST_CASE(a_core_fed_the_servers_recorded_calls_saves_the_servers_byt
     }
   }
 }
+
+// docs/elastic.md §3.3, §3.6 (E8): with server_params.ledger, server 0's
+// core runs the data ledger and its leases reach the workers as `lease`
+// messages: after every cycle each worker holds exactly the leases the
+// server's ledger says it holds (numbers, epochs, ranges from the cursor),
+// the workers' leases never overlap, and the commits' samples move both
+// alike. A worker whose connection drops is evicted (its leases
+// suspended), reconnects, rejoins as the same incarnation and is sent its
+// outstanding leases again (flag `resent`); it goes on from them. A
+// worker of another model size is refused at its join by join.elements.
+BOOST_AUTO_TEST_CASE(leases_reach_the_workers_and_are_resent_after_a_rejoin) {
+  constexpr std::uint32_t M = 2;
+  constexpr std::size_t n = 64;
+  auto fabric = tr::inproc_fabric::create({.eager_bytes = 256, .deterministic = true});
+  auto layout = ps::shard_layout::even(n, 1);
+  BOOST_TEST_REQUIRE(layout.has_value());
+  ps::policy_params pp;
+  pp.workers = M;
+  auto snode = fabric->node("server0");
+  BOOST_TEST_REQUIRE(snode.has_value());
+  ps::server_params sp{.core = {.layout = *layout, .workers = M}};
+  sp.ledger = {.samples = 200, .shuffle_seed = 7, .lease_samples = 20, .give_back_after = 60.0};
+  auto srv = ps::server<tr::inproc>::create(sp, std::move(*ps::make_policy("asp", pp)), std::move(*snode));
+  BOOST_TEST_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+  BOOST_TEST_REQUIRE(srv->core().ledger().enabled());
+  auto client = [&] {
+    auto c = fabric->node();
+    ASHL_REQUIRE(c.has_value());
+    return std::move(*c);
+  };
+  std::vector<std::vector<float>> w(M, std::vector<float>(n)), g(M, std::vector<float>(n, 0.25f));
+  std::vector<ps::worker<tr::inproc>> workers;
+  {
+    std::atomic<bool> stop{false};
+    std::thread th([&] { srv->run(stop); });
+    for (std::uint32_t k = 0; k < M; ++k) {
+      auto wk = ps::worker<tr::inproc>::create(
+          {.rank = k, .servers = {"server0"}, .batch = 4, .timeout = 20s, .reconnect = 20s}, client(), w[k]);
+      BOOST_TEST_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+      workers.push_back(std::move(*wk));
+    }
+    std::vector<float> other(n + 1);
+    auto bad = ps::worker<tr::inproc>::create({.rank = 0, .servers = {"server0"}, .timeout = 5s}, client(), other);
+    BOOST_TEST_REQUIRE(!bad.has_value());
+    BOOST_TEST(bad.error().message().find("join.elements = 65: this job's model has 64 elements") != std::string::npos,
+               bad.error().message());
+    stop = true;
+    th.join();
+  }
+  auto pump = [&] {
+    for (int i = 0; i < 200; ++i) {
+      srv->poll();
+      bool idle = true;
+      for (auto& wk : workers) idle = wk.test() && idle;
+      if (idle && i > 8) break;
+    }
+  };
+  // Each worker's leases are the ledger's for it; no position is held twice.
+  auto same_as_the_ledger = [&](const char* when) {
+    BOOST_TEST_CONTEXT(when) {
+      std::vector<int> held(200, 0);
+      for (std::uint32_t k = 0; k < M; ++k) {
+        const auto mine = workers[k].leases();
+        const auto theirs = srv->core().ledger().leases(k);
+        BOOST_TEST_REQUIRE(mine.size() == theirs.size(), "worker " << k);
+        BOOST_TEST(!mine.empty(), "worker " << k);
+        for (std::size_t i = 0; i < mine.size(); ++i) {
+          BOOST_TEST(mine[i].number == theirs[i].number);
+          BOOST_TEST(mine[i].epoch == theirs[i].epoch);
+          BOOST_TEST(mine[i].begin == theirs[i].begin);
+          BOOST_TEST(mine[i].end == theirs[i].end);
+          if (mine[i].epoch == 0)
+            for (auto q = mine[i].begin; q < mine[i].end; ++q) ++held[q];
+        }
+        BOOST_TEST(workers[k].ledger_samples() == 200u);
+        BOOST_TEST(workers[k].ledger_shuffle_seed() == 7u);
+      }
+      BOOST_TEST(*std::max_element(held.begin(), held.end()) <= 1);
+    }
+  };
+  auto cycle = [&](std::uint64_t samples) {
+    for (std::uint32_t k = 0; k < M; ++k) {
+      while (!workers[k].iteration_done(samples)) {}
+      BOOST_TEST_REQUIRE(workers[k].commit(g[k]).ok());
+    }
+    pump();
+    for (auto& wk : workers) BOOST_TEST_REQUIRE(wk.wait().ok());
+  };
+  BOOST_TEST(srv->telemetry().wire_refused_for(ps::wire_refusal::element_count) == 1u);
+  const std::uint64_t refused_at_start = srv->telemetry().wire_refused_total();  // the other size's join and pull
+  pump();
+  same_as_the_ledger("after the joins");
+  for (std::uint64_t c = 0; c < 5; ++c) {
+    cycle(3 + c % 2);  // samples trained, not the batch: 3 or 4
+    same_as_the_ledger("after a cycle");
+  }
+  BOOST_TEST(srv->core().ledger().stats().overrun == 0u);
+  const std::uint64_t sent_before = srv->telemetry().leases;
+  BOOST_TEST(sent_before == srv->core().ledger().stats().leases_granted);
+  BOOST_TEST(workers[0].telemetry().leases + workers[1].telemetry().leases == sent_before);
+
+  // Worker 1's connection drops: the server evicts it (its leases wait,
+  // give_back_after), it reconnects and rejoins as the same incarnation.
+  const auto before = workers[1].leases();
+  workers[1].transport().close();
+  for (int i = 0; i < 2000 && workers[1].telemetry().leases_resent == 0; ++i) pump();
+  BOOST_TEST_REQUIRE(workers[1].telemetry().reconnects >= 1u);
+  BOOST_TEST(workers[1].telemetry().leases_resent == before.size());
+  BOOST_TEST(srv->core().ledger().stats().leases_resent == before.size());
+  BOOST_TEST((srv->core().ledger().state(1) == ps::ledger_worker_state::live));
+  BOOST_TEST(srv->core().ledger().stats().leases_returned == 0u);  // none went back: resumed
+  same_as_the_ledger("after the rejoin");
+  const auto after = workers[1].leases();
+  BOOST_TEST_REQUIRE(after.size() == before.size());
+  for (std::size_t i = 0; i < after.size(); ++i) BOOST_TEST((after[i].begin == before[i].begin && after[i].end == before[i].end));
+  BOOST_TEST((after[0].flags & ashl::wire::lease_flag_resent) != 0u);
+  for (std::uint64_t c = 0; c < 4; ++c) {
+    cycle(4);
+    same_as_the_ledger("after a cycle past the rejoin");
+  }
+  BOOST_TEST(srv->core().ledger().stats().overrun == 0u);
+  BOOST_TEST(srv->telemetry().wire_refused_total() == refused_at_start);
+  for (auto& wk : workers) {
+    BOOST_TEST(wk.telemetry().bad_messages == 0u);
+    BOOST_TEST(wk.leave().ok());
+  }
+}

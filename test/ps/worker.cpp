@@ -130,8 +130,10 @@ BOOST_AUTO_TEST_CASE(a_model_of_another_size_is_refused_with_both_sizes_named) {
   auto wk = ps::worker<tr::inproc>::create({.servers = {"server0"}, .timeout = 5s}, node_of(fabric), w);
   ASHL_REQUIRE(!wk.has_value());
   const std::string m = wk.error().message();
-  ASHL_TEST(contains(m, "pull_request.element_count = 1000"), m);
-  ASHL_TEST(contains(m, "holds 999 elements"), m);
+  // Refused at the join, which says the worker's model size (wire version
+  // 6, docs/elastic.md §2.3), before any pull (pull_request.element_count
+  // catches a worker that does not say it).
+  ASHL_TEST(contains(m, "join.elements = 1000: this job's model has 999 elements"), m);
   ASHL_TEST(contains(m, "server 0 at server0"), m);
 }
 
@@ -346,7 +348,8 @@ BOOST_AUTO_TEST_CASE(a_progress_thread_drives_the_transport) {
 // interval of an hour: batches of 57 to 64 records; the warm-up holds one).
 void no_allocation_in_steady_state(std::chrono::microseconds measurement_interval, int warmup,
                                    std::uint64_t reply_part_bytes = 0, std::uint64_t commit_part_bytes = 0,
-                                   ps::reply_compression replies = {}, bool flip_replies = false) {
+                                   ps::reply_compression replies = {}, bool flip_replies = false,
+                                   ps::ledger_params ledger = {}) {
   constexpr std::uint32_t M = 4;
   const std::uint64_t part_bytes = std::max(reply_part_bytes, commit_part_bytes);
   const std::size_t n = part_bytes == 0 ? 1000 : 4 * part_bytes / sizeof(float);  // replies or commits in 4 parts
@@ -357,9 +360,10 @@ void no_allocation_in_steady_state(std::chrono::microseconds measurement_interva
   pp.workers = M;
   auto node = fabric->node("server0");
   ASHL_REQUIRE(node.has_value());
-  auto srv = ps::server<tr::inproc>::create({.core = {.layout = *layout, .workers = M, .replies = replies},
-                                             .reply_part_bytes = reply_part_bytes},
-                                            std::move(*ps::make_policy("bsp", pp)), std::move(*node));
+  ps::server_params sp{.core = {.layout = *layout, .workers = M, .replies = replies},
+                       .reply_part_bytes = reply_part_bytes};
+  sp.ledger = ledger;
+  auto srv = ps::server<tr::inproc>::create(sp, std::move(*ps::make_policy("bsp", pp)), std::move(*node));
   ASHL_REQUIRE(srv.has_value());
   std::vector<std::vector<float>> w(M, std::vector<float>(n)), g(M, std::vector<float>(n));
   std::vector<ps::worker<tr::inproc>> workers;
@@ -443,6 +447,15 @@ void no_allocation_in_steady_state(std::chrono::microseconds measurement_interva
     ASHL_TEST(srv->telemetry().wire_refused_total() == 0u);
     for (auto& wk : workers) ASHL_TEST(wk.telemetry().commit_parts == 4u * (warmup + measured), wk.telemetry().commit_parts);
   }
+  if (ledger.samples != 0) {  // leases went out and were kept during the measured cycles
+    const std::uint64_t granted = srv->core().ledger().stats().leases_granted;
+    ASHL_TEST(srv->telemetry().leases == granted, srv->telemetry().leases);
+    ASHL_TEST(granted > 4u * M, granted);
+    std::uint64_t kept = 0;
+    for (auto& wk : workers) kept += wk.telemetry().leases;
+    ASHL_TEST(kept == granted, kept);
+    ASHL_TEST(srv->core().ledger().stats().overrun == 0u);
+  }
   for (auto& wk : workers) ASHL_TEST(wk.leave().ok());
 }
 
@@ -523,6 +536,11 @@ BOOST_AUTO_TEST_CASE(nothing_allocates_in_steady_state) {
   // Pulls that flip the buffers (worker_params::flip_replies), whole and in parts.
   no_allocation_in_steady_state(std::chrono::microseconds{0}, 10, 0, 0, {}, true);
   no_allocation_in_steady_state(std::chrono::microseconds{0}, 10, 4096, 0, {}, true);
+  // The data ledger (server_params.ledger, docs/elastic.md §3.3): leases of
+  // 4 cycles' samples granted as commits use them, sent and kept, past
+  // several epochs of 200 samples.
+  no_allocation_in_steady_state(std::chrono::microseconds{0}, 10, 0, 0, {}, false,
+                                {.samples = 200, .shuffle_seed = 3});
 }
 
 BOOST_AUTO_TEST_CASE(a_pull_without_commit_reads_the_model) {

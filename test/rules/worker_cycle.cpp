@@ -219,6 +219,40 @@ BOOST_AUTO_TEST_CASE(a_follower_runs_its_leaders_plan_and_ends_with_its_leader) 
   BOOST_TEST(c.plan_changes() == 2u);
 }
 
+// docs/elastic.md §3.6: a data ledger's lease may end in a short batch, so a
+// commit's samples are the samples its iterations trained
+// (iteration_done(now, samples)), not iterations × batch; the one-argument
+// overload keeps counting the batch, and the two mix within a cycle. The
+// count starts again with each cycle; a follower counts the same way.
+BOOST_AUTO_TEST_CASE(a_commit_carries_the_samples_its_iterations_trained) {
+  ps::worker_cycle c(1);
+  start_with(c, worker_plan{.local_iterations = 3}, 32, 0.0);
+  BOOST_TEST(!c.iteration_done(0.1, std::uint64_t{32}));
+  BOOST_TEST(!c.iteration_done(0.2));  // the batch: 32
+  BOOST_TEST(c.iteration_done(0.3, 5u));  // the lease's last, short batch
+  BOOST_TEST(c.iterations() == 3u);
+  BOOST_TEST(c.samples() == 69u);  // not 3 × 32
+  BOOST_TEST(c.commit_samples() == 69u);
+  c.commit_sent(0.3);
+  c.commit_arrived(0.4, 10);
+  c.reply_arrived(0.5, 10);
+  c.start(32, 0.5);
+  BOOST_TEST(c.samples() == 0u);
+  BOOST_TEST(!c.iteration_done(0.6, 0));  // an iteration on no sample (an empty batch) counts none
+  BOOST_TEST(!c.iteration_done(0.7, 7));
+  BOOST_TEST(c.iteration_done(0.8));
+  BOOST_TEST(c.samples() == 39u);
+  c.commit_sent(0.8);
+  c.commit_arrived(0.9, 10);
+  c.reply_arrived(1.0, 10);
+  // A follower: the leader's word ends the cycle, its samples are its own count.
+  c.start(32, 1.0);
+  BOOST_TEST(!c.iteration_done(1.1, false, 20));
+  BOOST_TEST(c.iteration_done(1.2, true, 3));
+  BOOST_TEST(c.samples() == 23u);
+  BOOST_TEST(c.iterations() == 2u);
+}
+
 // ------------------------------------------------ sending measurements
 
 namespace {

@@ -167,6 +167,10 @@ class server {
     if (p.apply_batch < 1 || p.apply_batch > max_apply_batch)
       return invalid_argument("server.apply_batch", p.apply_batch,
                               "must be in 1.." + std::to_string(max_apply_batch) + " (1: each commit as it arrives)");
+    if (p.ledger.samples != 0) {  // docs/elastic.md §3.3: server 0's core runs it
+      ASHL_TRY(check_ledger_params(p.ledger, "server.ledger."));
+      if (p.core.shard == 0) p.core.ledger = p.ledger;
+    }
     auto core = core_type::create(p.core, std::move(policy), initial);
     if (!core) return core.error();
     p.core.max_workers = core->params().max_workers;  // resolved: 0 means workers
@@ -262,6 +266,7 @@ class server {
     if (now >= next_housekeeping_) {
       next_housekeeping_ = now + 0.05;
       evict_silent(now);
+      tick_ledger(now);
       if (checkpoint_due(now)) start_checkpoint();
     }
     return n;
@@ -396,6 +401,7 @@ class server {
   [[nodiscard]] server_telemetry telemetry() const {
     server_telemetry s = tel_;
     s.core = core_.stats();
+    s.ledger = core_.ledger().stats();
     s.applied_beside = core_.applied_beside();
     s.copies_for_readers = core_.copies_for_readers();
     s.batched_applies = core_.batched_passes();
@@ -637,6 +643,7 @@ class server {
   void on_sent(transport::peer_id, std::uint64_t cookie, const status&);
   void on_peer(transport::peer_id p, transport::peer_event e, const status&);
   void evict_silent(double now);
+  void tick_ledger(double now);
 
   // The transport heard the worker's connection within `limit` seconds (a
   // keepalive from its progress loop, or a large message on its way): it is
@@ -693,6 +700,7 @@ class server {
     return p_.trust_local_lanes && p != transport::no_peer && transport::peer_on_this_host(t_, p);
   }
   void send_plan(worker_id w, const worker_plan& policy_plan);
+  void send_lease(const ledger_lease& l);
   void send_error(transport::peer_id p, errc code, std::uint64_t in_reply_to, std::string_view text);
 
   template <class Body>

@@ -251,7 +251,7 @@ inline void server<Transport, Policy>::on_join(transport::peer_id p, peer_state&
   // that joined: server_core refuses it (counted, named) and the refusal
   // goes back on this connection, which is bound to nothing.
   if (b.incarnation < core_.incarnation(w)) {
-    calls().join(w, b.incarnation, now, out_);
+    calls().join(w, b.incarnation, now, out_, b.batch);
     for (const error_out& e : out_.errors()) send_error(p, e.code, h.sequence, e.text);
     out_.clear();
     return;
@@ -284,7 +284,7 @@ inline void server<Transport, Policy>::on_join(transport::peer_id p, peer_state&
     }
   }
   const std::uint64_t joins_before = core_.stats().joins;
-  calls().join(w, b.incarnation, now, out_);
+  calls().join(w, b.incarnation, now, out_, b.batch);  // the batch sizes its leases (docs/elastic.md §3.3)
   const bool refused = core_.stats().joins == joins_before && !core_.is_live(w);
   if (refused) return;
   if (ps.rank == no_rank) {
@@ -367,6 +367,24 @@ inline void server<Transport, Policy>::evict_silent(double now) {
     flush(now);
     if (holder != transport::no_peer) t_.close(holder);
   }
+}
+
+// The data ledger's clock (docs/elastic.md §3.3): the leases of a worker
+// evicted ledger.give_back_after ago go back (and out, to whoever is short
+// of leases). Called from run_once's housekeeping (every 50 ms at most),
+// only while a worker's leases wait suspended, through calls() as every
+// state-changing core call is (a record for a backup).
+template <transport::transport Transport, sync::consistency_policy Policy>
+inline void server<Transport, Policy>::tick_ledger(double now) {
+  const data_ledger& l = core_.ledger();
+  if (!l.enabled()) return;
+  bool waiting = false;
+  for (worker_id w = 0; w < l.known_workers() && !waiting; ++w)
+    waiting = l.state(w) == ledger_worker_state::suspended;
+  if (!waiting) return;
+  end_batch(now);
+  calls().tick(now, out_);
+  flush(now);
 }
 
 }  // namespace ps

@@ -1,7 +1,7 @@
 // ashl/ps/server_send.hpp — ps::server's reply path: what server_core's
 // actions say to send (pull replies from the pinned version, in parts when
 // server_params.reply_part_bytes asks, acknowledgements of pushes, plans,
-// errors), over pooled send slots; a slot's version is unpinned when its send
+// the data ledger's leases, errors), over pooled send slots; a slot's version is unpinned when its send
 // completes.
 //
 //   #include <ashl/ps/server.hpp>   // includes this; every event ends with flush()
@@ -30,6 +30,9 @@ inline void server<Transport, Policy>::flush(double now) {
 
 template <transport::transport Transport, sync::consistency_policy Policy>
 inline void server<Transport, Policy>::send_actions(const server_actions& a) {
+  // Leases first: a worker holds the lease its commit asked for once its
+  // pull completes (the sampler's next batch), not one message later.
+  for (const ledger_lease& l : a.leases()) send_lease(l);
   for (worker_id w : a.pull_replies()) send_parameters(w);
   for (const plan_out& pl : a.plans()) send_plan(pl.worker, pl.plan);
   for (const error_out& e : a.errors())
@@ -212,6 +215,21 @@ inline void server<Transport, Policy>::send_plan(worker_id w, const worker_plan&
                  .clock = core_.version()};
   if (!send_control(p, h, plan)) return;
   ++tel_.plans;
+}
+
+// A lease of the data ledger (docs/elastic.md §3.4): header.sequence is
+// its number for the worker, the body adds the ledger's samples and
+// shuffle_seed. A worker not connected now gets its outstanding leases
+// again (flag `resent`) when it rejoins.
+template <transport::transport Transport, sync::consistency_policy Policy>
+inline void server<Transport, Policy>::send_lease(const ledger_lease& l) {
+  const transport::peer_id p = l.worker < rank_peer_.size() ? rank_peer_[l.worker] : transport::no_peer;
+  if (p == transport::no_peer) return;
+  const ledger_params& lp = core_.ledger().params();
+  wire::header h{.kind = wire::message_kind::lease, .rank = l.worker, .sequence = l.number, .clock = core_.version()};
+  if (send_control(p, h, wire::lease_body{.epoch = l.epoch, .begin = l.begin, .end = l.end, .samples = lp.samples,
+                                          .shuffle_seed = lp.shuffle_seed, .flags = l.flags}))
+    ++tel_.leases;
 }
 
 template <transport::transport Transport, sync::consistency_policy Policy>

@@ -164,10 +164,17 @@ struct server_params {
   // the server's thread receives the parts too): stage the parts and apply
   // the commit whole at its last part (no buffer).
   bool apply_parts_as_they_land = false;
+  // The data ledger (docs/elastic.md §3; ps.md "The data ledger"): samples
+  // = N > 0 turns it on, on server 0 only (the plan authority; the other
+  // servers ignore it, so every server may be given the same params): it
+  // becomes core.ledger there, the join body's batch sizes the leases, and
+  // the leases go to their workers as `lease` messages. samples = 0 (the
+  // default): no ledger, nothing changes.
+  ledger_params ledger{};
   // Primary-backup replication (docs/elastic.md §4.2-4.4; ps/server_replica.hpp).
   // take_backup: this server is a primary that takes one backup (a
   // replica_hello is answered with a snapshot and then every record; each
-  // event's replies, plans and errors wait for the backup's ack of it).
+  // event's replies, plans, errors and leases wait for the backup's ack of it).
   // false (the default): a replica_hello is refused as before, nothing changes.
   bool take_backup = false;
   // Record bytes sent and not yet acknowledged; past it the backup is
@@ -253,6 +260,8 @@ struct server_telemetry {
   std::uint64_t applied_beside = 0;         // dense applies made beside a version replies still read
   std::uint64_t copies_for_readers = 0;     // other changes that copied such a version first
   std::uint64_t unsendable = 0;             // plans or errors the wire refused to encode (a defect; the first is printed)
+  std::uint64_t leases = 0;                 // lease messages sent (server_params.ledger; resent ones too)
+  ledger_stats ledger{};                    // the data ledger's counters (server 0 with server_params.ledger)
   std::uint64_t peers_failed = 0;           // connections that failed (their worker was evicted)
   std::uint64_t evicted_silent = 0;         // workers evicted by server_params.worker_timeout
   std::uint64_t replies_refused = 0;        // pull replies past server_params.max_snapshots
@@ -325,6 +334,8 @@ struct server_telemetry {
         field{"applied_beside", &server_telemetry::applied_beside},
         field{"copies_for_readers", &server_telemetry::copies_for_readers},
         field{"unsendable", &server_telemetry::unsendable},
+        field{"leases", &server_telemetry::leases},
+        field{"ledger", &server_telemetry::ledger},
         field{"peers_failed", &server_telemetry::peers_failed},
         field{"evicted_silent", &server_telemetry::evicted_silent},
         field{"replies_refused", &server_telemetry::replies_refused},

@@ -74,6 +74,7 @@
 #include <ashl/rules/commit_check.hpp>
 #include <ashl/rules/commit_encoder.hpp>
 #include <ashl/rules/commit_in.hpp>
+#include <ashl/rules/data_ledger.hpp>
 #include <ashl/rules/reply_encoder.hpp>
 #include <ashl/rules/worker_cycle.hpp>
 #include <ashl/transport/concepts.hpp>
@@ -184,6 +185,14 @@ class worker {
     if (state_->cycle.state() != worker_cycle::phase::computing) return true;  // done already: commit
     return state_->cycle.iteration_done(state_->clock.now());
   }
+  // The same for an iteration that trained `samples` samples (the batch
+  // by default; a lease's last batch may be short): the commit's samples
+  // are those trained (docs/elastic.md §3.6).
+  bool iteration_done(std::uint64_t samples) {
+    std::lock_guard g(state_->mu);
+    if (state_->cycle.state() != worker_cycle::phase::computing) return true;
+    return state_->cycle.iteration_done(state_->clock.now(), samples);
+  }
 
   // The plan and codec of this cycle (worker_params::follower: what the
   // followers of this worker are handed).
@@ -198,6 +207,10 @@ class worker {
   // the same iteration). The leader's plan replaces this worker's before
   // the cycle's first iteration. True: commit now.
   bool iteration_done(const plan_in_force& leader, bool leader_done) {
+    return iteration_done(leader, leader_done, ~std::uint64_t{0});
+  }
+  // The same for an iteration that trained `samples` samples (~0: the batch).
+  bool iteration_done(const plan_in_force& leader, bool leader_done, std::uint64_t samples) {
     std::lock_guard g(state_->mu);
     state& s = *state_;
     if (s.cycle.state() != worker_cycle::phase::computing) return true;  // done already: commit
@@ -206,7 +219,24 @@ class worker {
       if (auto ok = check_plan_codec(leader.plan, leader.codec); !ok) s.fail(ok);
       else (void)s.encoder.set(leader.codec, leader.plan.compression_ratio, leader.plan.compression_options());
     }
-    return s.cycle.iteration_done(s.clock.now(), leader_done);
+    if (samples == ~std::uint64_t{0}) return s.cycle.iteration_done(s.clock.now(), leader_done);
+    return s.cycle.iteration_done(s.clock.now(), leader_done, samples);
+  }
+
+  // The data ledger's leases server 0 sent this worker (docs/elastic.md
+  // §3.6) that its commits have not covered yet, in grant order: each
+  // commit moves through them by its samples as the ledger does, and a
+  // lease sent again after a rejoin (flag `resent`) replaces the one of
+  // its number. `number` counts the worker's leases from 1; a consumer
+  // that reads ahead of the commits (a sampler) takes each number once.
+  // Empty without a ledger.
+  [[nodiscard]] std::vector<ledger_lease> leases() const {
+    return locked([](const state& s) { return s.leases; });
+  }
+  // The ledger's N and permutation seed, from its leases (0 before the first).
+  [[nodiscard]] std::uint64_t ledger_samples() const { return locked([](const state& s) { return s.ledger_n; }); }
+  [[nodiscard]] std::uint64_t ledger_shuffle_seed() const {
+    return locked([](const state& s) { return s.ledger_seed; });
   }
 
   // What the end of the last cycle reported to the servers (compute, push,
@@ -408,6 +438,12 @@ class worker {
     std::vector<std::uint8_t> lost;          // per server: reconnecting (worker_params.reconnect)
     std::vector<double> lost_until;          // per server: the reconnect's deadline
     bool leaving = false;
+    // The data ledger's leases from server 0 (leases()): capacity for the
+    // most a worker holds (data_ledger::lease_capacity at ps::max_ledger_ahead),
+    // reserved once; the ledger's N and seed; the highest number taken.
+    std::vector<ledger_lease> leases;
+    std::uint64_t ledger_n = 0, ledger_seed = 0, lease_number = 0;
+    static constexpr std::size_t max_leases = 2 * (std::size_t{max_ledger_ahead} + 1) + 2;
     std::uint64_t staleness = 0;             // τ of the last reply from server 0
     std::uint64_t iterations_total = 0;  // header.step of commits
     bool committing = false;
@@ -448,6 +484,7 @@ class worker {
       slots.reserve(4 * S + 8);
       free_slots.reserve(4 * S + 8);
       reported.reserve(8);
+      leases.reserve(max_leases);
       check_parts.reserve(S);
       commit_crc.assign(S, 0);
       crc_known.assign(S, 0);
@@ -528,7 +565,7 @@ class worker {
       ASHL_TRY(drive_until([&] { return all_connected(); }, deadline, "connecting to the servers"));
       for (std::uint32_t s = 0; s < servers(); ++s) {
         wire::header h{.kind = wire::message_kind::join, .rank = p.rank};
-        ASHL_TRY(send_control(s, h, wire::join_body{.incarnation = p.incarnation, .batch = p.batch, .job = p.job}));
+        ASHL_TRY(send_control(s, h, join_body()));
       }
       // The initial parameters, and the plan server 0 sends on join.
       cycle.pull_sent(clock.now());
@@ -540,6 +577,16 @@ class worker {
       }
       return {};
     }
+
+    // The join: its model size too (docs/elastic.md §2.3: a server of
+    // another model size refuses it by join.elements).
+    [[nodiscard]] wire::join_body join_body() const noexcept {
+      return {.incarnation = p.incarnation, .batch = p.batch, .job = p.job, .elements = params.size()};
+    }
+
+    // Leases (ps/worker_receive.hpp).
+    void on_lease(std::uint32_t s, const wire::header& h, const wire::lease_body& b);
+    void consume_leases(std::uint64_t samples) noexcept;
 
     [[nodiscard]] bool all_connected() const noexcept {
       return std::all_of(connected.begin(), connected.end(), [](std::uint8_t c) { return c != 0; });

@@ -201,9 +201,78 @@ inline void worker<Transport>::state::on_message(transport::peer_id pid, std::sp
       fail(make_error(errc::unavailable, "worker.rank", p.rank, "evicted by " + server_name(s)));
       return;
     }
+    case wire::message_kind::lease:
+      on_lease(s, h, *m->template get<wire::lease_body>());
+      return;
     default:
       return;
   }
+}
+
+// A lease of the data ledger (docs/elastic.md §3.4, §3.6), checked by
+// decode (begin < end <= samples, flags known) and here against this
+// worker: server 0 only, this rank, the same N and seed as the leases
+// before, a new number (or, flag `resent`, one it holds or a later one),
+// within what a worker holds. A refused lease fails the worker, named,
+// as a bad reply does: its positions would be trained by no one.
+template <transport::transport Transport>
+inline void worker<Transport>::state::on_lease(std::uint32_t s, const wire::header& h, const wire::lease_body& b) {
+  auto refuse = [&](std::string_view field, std::uint64_t value, const std::string& why) {
+    ++tel.bad_messages;
+    fail(make_error(errc::invalid_argument, field, value, "from " + server_name(s) + ": " + why));
+  };
+  if (s != 0) return refuse("lease.server", s, "only server 0 runs the data ledger (docs/elastic.md §3.3)");
+  if (h.rank != p.rank) return refuse("lease.rank", h.rank, "this worker is rank " + std::to_string(p.rank));
+  if (ledger_n != 0 && b.samples != ledger_n)
+    return refuse("lease.samples", b.samples, "earlier leases of this job said " + std::to_string(ledger_n));
+  if (ledger_n != 0 && b.shuffle_seed != ledger_seed)
+    return refuse("lease.shuffle_seed", b.shuffle_seed,
+                  "earlier leases of this job said " + std::to_string(ledger_seed));
+  if (h.sequence == 0) return refuse("lease.sequence", 0, "lease numbers count from 1");
+  const bool resent = (b.flags & wire::lease_flag_resent) != 0;
+  const ledger_lease l{.worker = p.rank, .flags = b.flags, .number = h.sequence, .epoch = b.epoch,
+                       .begin = b.begin, .end = b.end};
+  ledger_n = b.samples;
+  ledger_seed = b.shuffle_seed;
+  if (resent) {
+    ++tel.leases;
+    ++tel.leases_resent;
+    for (ledger_lease& x : leases)
+      if (x.number == l.number) {  // its begin is the server's cursor: behind this one's by a commit in flight at most
+        x.flags = l.flags;
+        x.begin = std::max(x.begin, l.begin);
+        return;
+      }
+    // Not held: covered by this worker's commits already (a commit the
+    // server had not taken), unless it is one this worker never had.
+    if (l.number <= lease_number) return;
+  } else if (h.sequence <= lease_number) {
+    return refuse("lease.sequence", h.sequence,
+                  "lease " + std::to_string(lease_number) + " came already (numbers grow per worker)");
+  }
+  if (leases.size() >= max_leases)
+    return refuse("lease.sequence", h.sequence,
+                  "this worker holds " + std::to_string(leases.size()) + " leases already, the most a ledger grants " +
+                      "(ps::max_ledger_ahead)");
+  if (!resent) ++tel.leases;
+  lease_number = std::max(lease_number, l.number);
+  leases.push_back(l);
+}
+
+// A commit covering `samples` samples was sent: they are the next
+// positions of the leases held, in order (the ledger moves its cursor
+// the same way when it accepts the commit); a finished lease goes.
+template <transport::transport Transport>
+inline void worker<Transport>::state::consume_leases(std::uint64_t samples) noexcept {
+  std::size_t done = 0;
+  while (samples > 0 && done < leases.size()) {
+    ledger_lease& l = leases[done];
+    const std::uint64_t k = std::min(samples, l.size());
+    l.begin += k;
+    samples -= k;
+    if (l.begin == l.end) ++done;
+  }
+  leases.erase(leases.begin(), leases.begin() + static_cast<std::ptrdiff_t>(done));
 }
 
 // One part of server s's reply, checked by decode (its own CRC, its
@@ -383,7 +452,7 @@ inline void worker<Transport>::state::rejoin(std::uint32_t s) {
   ++tel.reconnects;
   std::fprintf(stderr, "worker %u: reconnected to %s\n", p.rank, server_name(s).c_str());
   wire::header h{.kind = wire::message_kind::join, .rank = p.rank};
-  if (auto st = send_control(s, h, wire::join_body{.incarnation = p.incarnation, .batch = p.batch, .job = p.job}); !st) return;
+  if (auto st = send_control(s, h, join_body()); !st) return;
   if (!committing || replied[s]) return;
   parts_in[s] = {};  // the server answers the re-sent request whole: parts of the lost connection's reply do not count
   if (last_was_commit) (void)send_commit_shard(s);

@@ -135,6 +135,7 @@ inline status worker<Transport>::state::send_commit(double now) {
   // The samples and clock this commit carries, from the cycle (the rule
   // the simulator's workers follow).
   last_samples = cycle.commit_samples();
+  consume_leases(last_samples);
   last_seq = cycle.commit_sent(now);
   last_clock = cycle.clock();
   last_was_commit = true;

@@ -178,6 +178,8 @@ struct worker_telemetry {
   std::uint64_t commit_parts = 0;     // parts of commits sent (worker_params.commit_part_bytes)
   std::uint64_t reconnects = 0;       // connections to a server made again (worker_params.reconnect)
   std::uint64_t measurement_messages = 0;  // measurements messages sent (to each server; measurement_interval)
+  std::uint64_t leases = 0;           // data ledger leases kept from server 0 (docs/elastic.md §3.6), resent ones too
+  std::uint64_t leases_resent = 0;    // of them, outstanding leases sent again after a rejoin (flag `resent`)
   double wait_seconds = 0.0;          // inside wait()
   double compress_seconds = 0.0;
   double link_seconds = 0.0;          // held by the emulated link (worker_params.link_bytes_per_second)
@@ -207,6 +209,8 @@ struct worker_telemetry {
         field{"commit_parts", &worker_telemetry::commit_parts},
         field{"reconnects", &worker_telemetry::reconnects},
         field{"measurement_messages", &worker_telemetry::measurement_messages},
+        field{"leases", &worker_telemetry::leases},
+        field{"leases_resent", &worker_telemetry::leases_resent},
         field{"wait_seconds", &worker_telemetry::wait_seconds},
         field{"compress_seconds", &worker_telemetry::compress_seconds},
         field{"link_seconds", &worker_telemetry::link_seconds},

@@ -21,8 +21,8 @@
 //   for (;;) switch (cyc.count_next()) {
 //     case count_action::lead:                              // bucket 0's worker decides for all
 //       if (b != 0) wait(0);                                // its last exchange ended: its plan is this cycle's
-//       plan = worker(0).current_plan(); cyc.led(worker(0).iteration_done()); break;
-//     case count_action::follow: cyc.followed(worker(b).iteration_done(plan, cyc.lead_done())); break;
+//       plan = worker(0).current_plan(); cyc.led(worker(0).iteration_done(samples)); break;
+//     case count_action::follow: cyc.followed(worker(b).iteration_done(plan, cyc.lead_done(), samples)); break;
 //     case count_action::decided: return cyc.decision();
 //   }
 //   // step(), after the hooks:
@@ -43,6 +43,13 @@
 //   bucket, and its plan of the cycle is every follower's
 //   (ps::worker_params::follower). All buckets thus run one cycle. The
 //   bucket commits when the decision says the cycle is done.
+// - The samples an iteration trained (the driver's count: a data ledger's
+//   lease may end in a short batch, docs/elastic.md §3.6) go with the count
+//   to the leader and every follower alike (ps::worker::iteration_done's
+//   samples overloads; without them each counts the plan's batch), so every
+//   bucket's commit says the same samples. A step skipped whole counts no
+//   iteration; the Python adapter adds its batch to the next one's samples
+//   (its positions are passed over, not trained again).
 // - A skipped step: a bucket whose gradients hold inf or nan (or a
 //   GradScaler that found some: skip()) makes the whole iteration skipped.
 //   A skipped bucket's gradient is not added. If the leader already counted

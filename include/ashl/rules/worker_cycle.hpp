@@ -6,7 +6,7 @@
 //   ashl::ps::worker_cycle cyc(w);
 //   cyc.plan_arrived(plan, codec);                   // the join's plan; later, each plan_update
 //   cyc.start(/*own_batch=*/64, now);                // adopts the newest plan that has arrived
-//   while (!cyc.iteration_done(now = train_one_step(cyc.batch()))) {}
+//   while (!cyc.iteration_done(now = train_one_step(cyc.batch()))) {}   // or (now, samples trained)
 //   if (cyc.compresses()) { encode(plan.compression_ratio); cyc.compressed(now, payload_bytes); }
 //   auto seq = cyc.commit_sent(now);                  // 1, 2, ...; cyc.clock(), cyc.samples() with it
 //   cyc.commit_arrived(now, bytes);                   // push measured
@@ -54,6 +54,7 @@
 #include <ashl/wire/ids.hpp>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -119,6 +120,7 @@ class worker_cycle {
     }
     batch_ = plan_.batch_size != 0 ? plan_.batch_size : own_batch;
     iterations_ = 0;
+    samples_ = 0;
     started_ = now;
     has_commit_ = false;
     phase_ = phase::computing;
@@ -127,9 +129,19 @@ class worker_cycle {
 
   // One local iteration finished at `now`; true when the cycle's compute is
   // complete (then the compute measurement is recorded).
-  bool iteration_done(double now) {
+  // The iteration trained the cycle's batch().
+  bool iteration_done(double now) { return iteration_done(now, std::uint64_t{batch_}); }
+  // The same for an iteration that trained `samples` samples (a data
+  // ledger's lease may end in a short batch, docs/elastic.md §3.6): the
+  // commit's samples() are the samples actually trained. Any integer type
+  // (a bool is the follower's overload below).
+  template <std::integral N>
+    requires(!std::same_as<N, bool>)
+  bool iteration_done(double now, N samples) {
     ASHL_ASSERT(phase_ == phase::computing, "worker_cycle::iteration_done: not computing");
+    ASHL_ASSERT(samples >= 0, "worker_cycle::iteration_done: a negative sample count");
     ++iterations_;
+    samples_ += static_cast<std::uint64_t>(samples);
     if (!cycle_complete(plan_, iterations_, now - started_, max_interval_iterations)) return false;
     end_compute(now);
     return true;
@@ -155,9 +167,12 @@ class worker_cycle {
   // One local iteration of a follower's cycle finished at `now`; the cycle's
   // compute is complete when the leader's is (`complete`, what the leader's
   // iteration_done said for the same iteration).
-  bool iteration_done(double now, bool complete) {
+  bool iteration_done(double now, bool complete) { return iteration_done(now, complete, std::uint64_t{batch_}); }
+  // The same for an iteration that trained `samples` samples.
+  bool iteration_done(double now, bool complete, std::uint64_t samples) {
     ASHL_ASSERT(phase_ == phase::computing, "worker_cycle::iteration_done: not computing");
     ++iterations_;
+    samples_ += samples;
     if (!complete) return false;
     end_compute(now);
     return true;
@@ -173,10 +188,11 @@ class worker_cycle {
   [[nodiscard]] std::uint64_t plan_changes() const noexcept { return plan_changes_; }
   [[nodiscard]] bool compresses() const noexcept { return plan_.compression_ratio < 1.0f; }
   [[nodiscard]] phase state() const noexcept { return phase_; }
-  // Samples this cycle covered (iterations × batch): what its commit carries
+  // Samples this cycle covered: its iterations' samples (each the batch,
+  // or what iteration_done(now, samples) said): what its commit carries
   // (wire::header::samples; the simulator's commit_in.samples), bounded by
   // the server (server_core_params::max_commit_samples).
-  [[nodiscard]] std::uint64_t samples() const noexcept { return std::uint64_t{iterations_} * batch_; }
+  [[nodiscard]] std::uint64_t samples() const noexcept { return samples_; }
   // samples() as the commit carries them: 32 bits, saturated (a count past
   // them reaches the server as UINT32_MAX, to be refused by its bound).
   [[nodiscard]] std::uint32_t commit_samples() const noexcept {
@@ -357,6 +373,7 @@ class worker_cycle {
   std::uint64_t adopted_ = 0, plan_changes_ = 0;
   std::uint32_t batch_ = 0;
   std::uint32_t iterations_ = 0;
+  std::uint64_t samples_ = 0;  // this cycle's, summed per iteration (saturating is the commit's, commit_samples)
   double started_ = 0.0, compute_end_ = 0.0, push_start_ = 0.0, pull_start_ = 0.0, push_s_ = 0.0;
   std::uint64_t sequence_ = 0;
   bool has_commit_ = false;
