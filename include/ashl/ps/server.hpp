@@ -70,6 +70,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -104,6 +105,17 @@ class free_list {
   std::vector<std::uint32_t> ids_;
 };
 
+struct replica_link;  // a primary's link to its backup (ps/server_replica.hpp)
+
+// The largest data part a worker may send a shard: any codec's payload for
+// its elements is below 8 bytes per element (sparse pairs at ratio 1) plus a
+// small header. The same bound on a primary and its backup.
+inline void bound_payload(server_core_params& core) {
+  const std::uint64_t n = core.layout.range(core.shard).size();
+  core.limits.max_payload_bytes = std::min<std::uint64_t>(
+      core.limits.max_payload_bytes, 8 * n + 4096 + wire::measurements_body::bytes_for(core.limits.max_measurements));
+}
+
 }  // namespace detail
 
 template <transport::transport Transport, sync::consistency_policy Policy = sync::any_policy>
@@ -117,13 +129,7 @@ class server {
       return invalid_argument("server.progress_seconds", p.progress_seconds, "must be >= 0");
     ASHL_TRY(check_codec_options(p.compression, p.compression_options, "server.compression_options."));
     ASHL_TRY(check_compression_ratio(p.compression_ratio, p.compression, "server.compression_ratio"));
-    // The largest data part a worker may send this shard: any codec's
-    // payload for its elements is below 8 bytes per element (sparse pairs at
-    // ratio 1) plus a small header.
-    const std::uint64_t n = p.core.layout.range(p.core.shard).size();
-    p.core.limits.max_payload_bytes =
-        std::min<std::uint64_t>(p.core.limits.max_payload_bytes, 8 * n + 4096 + wire::measurements_body::bytes_for(
-                                                                                  p.core.limits.max_measurements));
+    detail::bound_payload(p.core);
     if (!(p.checkpoint_every_seconds >= 0.0) || !std::isfinite(p.checkpoint_every_seconds))
       return invalid_argument("server.checkpoint_every_seconds", p.checkpoint_every_seconds, "must be >= 0");
     if (p.worker_timeout.count() < 0)
@@ -157,6 +163,7 @@ class server {
     if (p.policy.size() > max_policy_name)
       return invalid_argument("server.policy", p.policy, "longer than " + std::to_string(max_policy_name) + " bytes");
     ASHL_TRY(apply_pool::check_threads(p.apply_threads, "server.apply_threads"));
+    ASHL_TRY(check_replication(p));
     if (p.apply_batch < 1 || p.apply_batch > max_apply_batch)
       return invalid_argument("server.apply_batch", p.apply_batch,
                               "must be in 1.." + std::to_string(max_apply_batch) + " (1: each commit as it arrives)");
@@ -227,6 +234,7 @@ class server {
     srv.apply_pool_ = std::move(pool);
     srv.tel_.restored_version = restored;
     srv.applied_at_checkpoint_ = srv.core_.stats().commits_applied;
+    if (srv.p_.take_backup) srv.start_replication();
     return srv;
   }
 
@@ -238,6 +246,7 @@ class server {
     handler h{this};
     const std::size_t n = t_.progress(h);
     end_batch(clock_.now());  // what the pass delivered is applied and answered before the pass ends
+    if (replica_) replica_poll(clock_.now());
     maybe_print_progress();
     return n;
   }
@@ -284,6 +293,10 @@ class server {
       }
       run_once(std::chrono::duration_cast<std::chrono::microseconds>(p_.wait_slice));
       between();
+      if (replica_stopped()) {
+        end_ = server_end::backup_lost;
+        break;
+      }
       if (!p_.stop_when_all_left) continue;
       if (all_left()) {
         end_ = server_end::all_left;
@@ -350,6 +363,16 @@ class server {
   // restore in create (a backup attaching later gets a snapshot), and the
   // driver's choices (apply_pending, speculate, pins, replies).
   void record_core_calls(std::function<void(const core_event&)> sink) { record_sink_ = std::move(sink); }
+  // Replication (server_params.take_backup; ps/server_replica.hpp): the
+  // term (1 until a backup is dropped, then one more per drop) and whether a
+  // backup is attached now.
+  [[nodiscard]] std::uint32_t term() const noexcept;
+  [[nodiscard]] bool backup_attached() const noexcept;
+  // Why the last backup was dropped, naming the field (ok: none was).
+  [[nodiscard]] status last_backup_drop() const;
+  // The backup was dropped while most live workers were not connected: this
+  // primary stopped (docs/elastic.md §4.4); every message is refused, run() ends.
+  [[nodiscard]] bool replica_stopped() const noexcept;
   [[nodiscard]] std::span<const float> parameters() const noexcept { return core_.parameters(); }
   [[nodiscard]] Transport& transport() noexcept { return t_; }
   [[nodiscard]] const server_params& params() const noexcept { return p_; }
@@ -400,6 +423,7 @@ class server {
     s.receive_bytes = rx_capacity();
     s.receive_bytes_lent = rx_lent();
     s.staging_bytes = staging_bytes_;
+    if (replica_) replica_telemetry(s);
     return s;
   }
 
@@ -718,16 +742,35 @@ class server {
   // The one way the driver's state-changing calls reach core_ (§4.1's
   // table): made per call, so a moved server records for its own core.
   struct core_recorder {
-    const std::function<void(const core_event&)>* sink;
+    server* s;
     void operator()(const core_event& e) const {
-      if (*sink) (*sink)(e);
+      if (s->replica_) s->replica_record(e);
+      if (s->record_sink_) s->record_sink_(e);
     }
   };
-  recorded_core<core_type, core_recorder> calls() noexcept { return {core_, core_recorder{&record_sink_}}; }
+  recorded_core<core_type, core_recorder> calls() noexcept { return {core_, core_recorder{this}}; }
+
+  // Replication (ps/server_replica.hpp; docs/elastic.md §4.2-4.4).
+  static status check_replication(const server_params& p);
+  void start_replication();
+  void replica_record(const core_event& e);
+  void replica_finalize(double now);
+  void flush_replicated();
+  void on_replica(transport::peer_id p, const wire::message_view& m, double now);
+  void replica_dropped(const status& why);
+  void replica_poll(double now);
+  void replica_lost(transport::peer_id p, const status& why);
+  void send_shard_state();
+  void send_replicate(wire::replica_event ev, std::uint32_t rank, std::uint64_t index, std::uint32_t flags,
+                      std::uint64_t version_after, std::uint32_t crc_after, std::span<const std::byte> record);
+  void replica_telemetry(server_telemetry& s) const;
+  void refuse_stopped(transport::peer_id p);
+  void send_actions(const server_actions& a);
 
   server_params p_;
   core_type core_;
   std::function<void(const core_event&)> record_sink_;
+  std::unique_ptr<detail::replica_link> replica_;  // server_params.take_backup
   server_actions out_;
   steady_clock clock_;
   server_telemetry tel_{};
@@ -780,3 +823,4 @@ ASHL_NAMESPACE_END
 #include <ashl/ps/server_messages.hpp>
 #include <ashl/ps/server_receive.hpp>
 #include <ashl/ps/server_send.hpp>
+#include <ashl/ps/server_replica.hpp>

@@ -84,6 +84,10 @@ inline void server<Transport, Policy>::handle(transport::peer_id p, std::span<co
   dense_value_check values;
   wire::limits lim = p_.core.limits;
   lim.unchecked_allowed = unchecked_lane(p);  // a trusted lane on this host: no CRC (flag `unchecked`)
+  if (replica_stopped()) {  // ps/server_replica.hpp: this primary lost its backup and its majority
+    refuse_stopped(p);
+    return;
+  }
   const std::uint32_t rank = peer(p).rank;
   auto m = core_.check_message(head, data, lim, rank, rank != no_rank && unchecked_lane(p), values);
   if (!m) {
@@ -103,6 +107,10 @@ inline void server<Transport, Policy>::handle(transport::peer_id p, std::span<co
   peer_state& ps = peer(p);
   if (h.kind == wire::message_kind::join) {
     on_join(p, ps, h, *m->template get<wire::join_body>(), now);
+    return;
+  }
+  if (replica_ && (h.kind == wire::message_kind::replica_hello || h.kind == wire::message_kind::replica_ack)) {
+    on_replica(p, *m, now);  // ps/server_replica.hpp
     return;
   }
   if (ps.rank == no_rank && ps.superseded_rank != no_rank) {
@@ -318,12 +326,13 @@ inline void server<Transport, Policy>::on_sent(transport::peer_id, std::uint64_t
 }
 
 template <transport::transport Transport, sync::consistency_policy Policy>
-inline void server<Transport, Policy>::on_peer(transport::peer_id p, transport::peer_event e, const status&) {
+inline void server<Transport, Policy>::on_peer(transport::peer_id p, transport::peer_event e, const status& why) {
   if (e == transport::peer_event::connected) {
     peer(p) = peer_state{};  // a transport may reuse the id of a peer that is gone
     return;
   }
   end_batch(clock_.now());  // what came before the connection went is applied and answered first
+  if (replica_) replica_lost(p, why);
   peer_state& ps = peer(p);
   ps.failed = true;
   if (e == transport::peer_event::failed) ++tel_.peers_failed;

@@ -15,19 +15,29 @@
 ASHL_NAMESPACE_BEGIN
 namespace ps {
 
-// Sends what the core's last event asked for.
+// Sends what the core's last event asked for (with a backup, once the
+// backup acknowledged that event: ps/server_replica.hpp).
 template <transport::transport Transport, sync::consistency_policy Policy>
 inline void server<Transport, Policy>::flush(double now) {
   (void)now;
+  if (replica_) {
+    flush_replicated();
+    return;
+  }
+  send_actions(out_);
+  out_.clear();
+}
+
+template <transport::transport Transport, sync::consistency_policy Policy>
+inline void server<Transport, Policy>::send_actions(const server_actions& a) {
   // Leases first: a worker holds the lease its commit asked for once its
   // pull completes (the sampler's next batch), not one message later.
-  for (const ledger_lease& l : out_.leases()) send_lease(l);
-  for (worker_id w : out_.pull_replies()) send_parameters(w);
-  for (const plan_out& pl : out_.plans()) send_plan(pl.worker, pl.plan);
-  for (const error_out& e : out_.errors())
+  for (const ledger_lease& l : a.leases()) send_lease(l);
+  for (worker_id w : a.pull_replies()) send_parameters(w);
+  for (const plan_out& pl : a.plans()) send_plan(pl.worker, pl.plan);
+  for (const error_out& e : a.errors())
     if (e.worker < rank_peer_.size() && rank_peer_[e.worker] != transport::no_peer)
       send_error(rank_peer_[e.worker], e.code, e.in_reply_to, e.text);
-  out_.clear();
 }
 
 template <transport::transport Transport, sync::consistency_policy Policy>

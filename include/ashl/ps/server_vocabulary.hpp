@@ -171,6 +171,21 @@ struct server_params {
   // the leases go to their workers as `lease` messages. samples = 0 (the
   // default): no ledger, nothing changes.
   ledger_params ledger{};
+  // Primary-backup replication (docs/elastic.md §4.2-4.4; ps/server_replica.hpp).
+  // take_backup: this server is a primary that takes one backup (a
+  // replica_hello is answered with a snapshot and then every record; each
+  // event's replies, plans, errors and leases wait for the backup's ack of it).
+  // false (the default): a replica_hello is refused as before, nothing changes.
+  bool take_backup = false;
+  // Record bytes sent and not yet acknowledged; past it the backup is
+  // dropped (backup.lag_bytes). 0: the core's store bound (store_bytes).
+  std::uint64_t max_backup_lag_bytes = 0;
+  // A backup that leaves records unacknowledged this long is dropped
+  // (backup.silent_seconds); > 0.
+  std::chrono::milliseconds replica_timeout{2000};
+  // Every this many seconds a record asks both sides for the CRC of the
+  // version and of the whole state (save() bytes); 0: never.
+  double replica_state_check_seconds = 60.0;
 };
 
 // Messages refused before they reached server_core.
@@ -203,10 +218,11 @@ enum class server_end : std::uint8_t {
   stopped = 1,    // the caller's stop flag
   all_left = 2,   // every rank left explicitly
   no_worker = 3,  // no worker connected for server_params.no_worker_grace
+  backup_lost = 4,  // the backup was dropped while most live workers were not connected (docs/elastic.md §4.4)
 };
 
-inline constexpr auto server_end_table = make_enum_table<server_end>("running", "stopped", "all_left", "no_worker");
-static_assert(server_end_table.name(server_end::no_worker) == "no_worker", "server_end_table ends where server_end does");
+inline constexpr auto server_end_table = make_enum_table<server_end>("running", "stopped", "all_left", "no_worker", "backup_lost");
+static_assert(server_end_table.name(server_end::backup_lost) == "backup_lost", "server_end_table ends where server_end does");
 
 constexpr std::string_view to_string(server_end e) noexcept { return server_end_table.name(e); }
 
@@ -271,6 +287,10 @@ struct server_telemetry {
   std::uint64_t restored_version = 0;       // the version restored at creation (0: none)
   double seconds = 0.0;                     // since creation
   double wait_seconds = 0.0;                // in transport.wait (idle)
+  // Replication (server_params.take_backup): backups dropped for a CRC,
+  // version or protocol disagreement; for lag (bytes, records, held
+  // events) or silence past replica_timeout, or a lost link.
+  std::uint64_t backups_dropped_crc = 0, backups_dropped_lag = 0;
 
   [[nodiscard]] std::uint64_t wire_refused_total() const noexcept {
     std::uint64_t t = 0;
@@ -337,7 +357,9 @@ struct server_telemetry {
         field{"checkpoints_deferred", &server_telemetry::checkpoints_deferred},
         field{"restored_version", &server_telemetry::restored_version},
         field{"seconds", &server_telemetry::seconds},
-        field{"wait_seconds", &server_telemetry::wait_seconds}};
+        field{"wait_seconds", &server_telemetry::wait_seconds},
+        field{"backups_dropped_crc", &server_telemetry::backups_dropped_crc},
+        field{"backups_dropped_lag", &server_telemetry::backups_dropped_lag}};
   }
 };
 static_assert(fields_cover<server_telemetry>(), "server_telemetry::fields() must list every counter");

@@ -261,6 +261,13 @@ class replication_primary {
                                " runs without one)"));
   }
 
+  // The driver lost the backup's link (its connection failed or closed):
+  // dropped at once, counted as silence (a dead backup acks nothing).
+  status lose(status why) {
+    if (!attached_) return {};
+    return drop(backup_drop::timeout, std::move(why));
+  }
+
   [[nodiscard]] bool attached() const noexcept { return attached_; }
   [[nodiscard]] std::uint64_t last_index() const noexcept { return last_; }
   [[nodiscard]] std::uint64_t snapshot_index() const noexcept { return snapshot_index_; }
