@@ -286,7 +286,6 @@ class elastic_server {
     if (!o.shared.empty()) {
       if (auto e = map_shared(o.shared, shared_); !e.empty()) return e;
     }
-    dataset_ = o.dataset;
     epochs_ = o.dataset_epochs;
     if (o.event_log.empty()) return {};
     path_ = o.event_log;
@@ -308,7 +307,7 @@ class elastic_server {
   // round: none waits in a round the others left below min_workers).
   template <class Server>
   void between(const Server& srv) const {
-    if (dataset_ == 0 || epochs_ == 0 || !shared_.has(shared_file::stop_version)) return;
+    if (!srv.core().ledger().enabled() || epochs_ == 0 || !shared_.has(shared_file::stop_version)) return;
     const std::uint64_t done = srv.core().ledger().stats().epochs_completed;
     shared_.store(shared_file::epochs_done, done);
     if (done >= epochs_ && shared_.load(shared_file::stop_version) == 0)
@@ -318,6 +317,7 @@ class elastic_server {
   template <class Server>
   std::string finish(Server& srv) {
     if (path_.empty()) return {};
+    srv.record_core_calls({});
     log_.close();
     if (!log_) return "--event-log " + path_ + ": a write failed";
     return save_state(srv, path_ + ".final");
@@ -334,7 +334,7 @@ class elastic_server {
   }
 
   shared_file shared_;
-  std::uint64_t dataset_ = 0, epochs_ = 0;
+  std::uint64_t epochs_ = 0;
   std::string path_;
   std::ofstream log_;
   std::vector<std::byte> bytes_;

@@ -458,6 +458,12 @@ void chaos_run(const run_spec& r) {
         }
       }
       if (next == schedule.size() && pending_restarts.empty() && j.stop_version() != 0) break;
+      bool servers_up = true;  // a server that ended before the data is done fails the run at once
+      for (pid_t s : servers) servers_up = servers_up && !j.has_exited(s);
+      if (!servers_up) {
+        BOOST_ERROR("a server ended at " << now() << " s, before the data was done");
+        break;
+      }
       std::this_thread::sleep_for(5ms);
     }
     BOOST_TEST(next == schedule.size(), "the data ended (or " << bound << " s passed) before the schedule: "
@@ -469,11 +475,11 @@ void chaos_run(const run_spec& r) {
     for (proc& p : procs) {
       if (p.killed) continue;
       const auto o = j.finish(p.pid, 60s, p.log);
-      BOOST_TEST(o.exit_code == 0, "rank " << p.rank << " (" << p.log << "): " << o.log());
+      BOOST_TEST(o.exit_code == 0, "rank " << p.rank << " (" << p.log << ") exited " << o.exit_code << ": " << o.log());
     }
     for (std::uint32_t s = 0; s < r.servers; ++s) {
       const auto o = j.finish(servers[s], 60s, "server" + std::to_string(s) + ".log");
-      BOOST_TEST(o.exit_code == 0, "server " << s << ": " << o.log());
+      BOOST_TEST(o.exit_code == 0, "server " << s << " exited " << o.exit_code << ": " << o.log());
     }
     const double run_seconds = now();
 

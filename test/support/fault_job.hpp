@@ -198,9 +198,26 @@ class job {
 
   // Waits for pid (killed past `bound`); the outcome's log is its log file.
   process::outcome finish(pid_t pid, std::chrono::milliseconds bound, const std::string& log) {
-    process::outcome o = process::finish(pid, bound, dir_ + "/" + log);
+    process::outcome o;
+    if (const auto it = exited_.find(pid); it != exited_.end()) {  // reaped by has_exited
+      o.log_path = dir_ + "/" + log;
+      o.exit_code = WIFEXITED(it->second) ? WEXITSTATUS(it->second) : 128 + WTERMSIG(it->second);
+      exited_.erase(it);
+    } else {
+      o = process::finish(pid, bound, dir_ + "/" + log);
+    }
     running_.erase(std::remove(running_.begin(), running_.end(), pid), running_.end());
     return o;
+  }
+
+  // Whether pid has ended (reaped here without waiting; finish() then
+  // returns its exit code at once).
+  bool has_exited(pid_t pid) {
+    if (exited_.count(pid) != 0) return true;
+    int st = 0;
+    if (::waitpid(pid, &st, WNOHANG) != pid) return false;
+    exited_[pid] = st;
+    return true;
   }
 
   // Kills pid with `sig` (SIGKILL: reaped here).
@@ -281,6 +298,7 @@ class job {
   std::vector<int> ports_;
   std::vector<pid_t> running_;
   std::map<pid_t, std::size_t> slot_of_;
+  std::map<pid_t, int> exited_;  // statuses has_exited reaped
   std::size_t next_slot_ = 0;
 };
 
