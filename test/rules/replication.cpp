@@ -474,14 +474,7 @@ BOOST_AUTO_TEST_CASE(acks_out_of_order_or_beyond_the_records_drop_the_backup_by_
 
 BOOST_AUTO_TEST_CASE(the_link_allocates_nothing_per_record_once_warm) {
   constexpr std::size_t n = 1000;
-  auto make = [&] {
-    auto policy = ps::make_policy("ssp", ps_cases::base_params("ssp", workers));
-    BOOST_REQUIRE(policy.has_value());
-    auto c = core_t::create({.layout = *ps::shard_layout::even(n, 1), .workers = workers}, std::move(*policy));
-    BOOST_REQUIRE(c.has_value());
-    return std::move(*c);
-  };
-  core_t primary = make(), backup_core = make();
+  core_t primary = make_ssp_core(n), backup_core = make_ssp_core(n);
   ps::replication_primary link({.max_held_events = 64, .workers = workers});
   ps::replication_backup<core_t> backup(backup_core, workers);
   link.attach(0.0);
