@@ -205,6 +205,7 @@ struct options {
   std::uint64_t commit_chunk_kib = 0;  // worker_params.commit_part_bytes / 1024 (--chunk-kib, or --commit-chunk-kib)
   std::uint32_t commit_window = 4;     // worker_params.commit_window (--commit-window)
   bool backup = false;  // --backup: each case again with a backup of the shard (server_params.take_backup)
+  std::vector<std::string> server_env;  // --server-ucx-env NAME=VALUE: set in the server's process alone
 };
 
 // Where the worker's pull replies land: "staged" (checked, then copied),
@@ -595,6 +596,7 @@ ashl_result run_ashl(const options& o, const std::string& transport, const ashl_
   if (server == 0) {
     ::close(fds[0]);
     set_ucx_env(transport);
+    for (const std::string& kv : o.server_env) ::putenv(const_cast<char*>(kv.c_str()));  // lives as long as o
     pin_server(o);
     ::alarm(900);
     std::_Exit(run_server(o, c, sh, fds[1], with_backup));
@@ -877,6 +879,12 @@ int main(int argc, char** argv) {
     }
     else if (a == "--apply-as-landed") o.as_landed = true;
     else if (a == "--backup") o.backup = true;
+    else if (a == "--server-ucx-env") {
+      const std::string v = next();
+      if (v.rfind("UCX_", 0) != 0 || v.find('=') == std::string::npos)
+        return std::fprintf(stderr, "--server-ucx-env = '%s': must be UCX_NAME=VALUE\n", v.c_str()), 2;
+      o.server_env.push_back(v);
+    }
     else if (a == "--fuse-checks" && i + 1 < argc) {
       const std::string v = argv[++i];
       if (v == "off") o.fuse = ps::fused_apply::off;
@@ -900,7 +908,8 @@ int main(int argc, char** argv) {
                    "         [--apply-threads N] [--apply-batch N] [--apply-as-landed] [--fuse-checks off|beside|always]\n"
                    "         [--perftest PATH] [--fan-in-workers N] [--describe] [--no-baseline] [--spin-us N]\n"
                    "         [--in-place-replies] [--flip-replies] [--trust-local-lanes] [--chunk-kib N] [--commit-chunk-kib N] [--commit-window N]\n"
-                   "         [--iters N]  (ashl operations per repetition; default 64 MiB worth, 2..2000) [--backup]\n");
+                   "         [--iters N]  (ashl operations per repetition; default 64 MiB worth, 2..2000) [--backup]\n"
+                   "         [--server-ucx-env UCX_NAME=VALUE]  (the server's process alone; repeatable)\n");
       return 2;
     }
   }
@@ -928,7 +937,9 @@ int main(int argc, char** argv) {
   }
   std::signal(SIGPIPE, SIG_IGN);
 
-  const std::string mach = machine(), date = today(), ucx_env = ucx_environment(), load_before = loadavg();
+  std::string ucx_env = ucx_environment();
+  for (const std::string& kv : o.server_env) ucx_env += (ucx_env.empty() ? "server " : " server ") + kv;
+  const std::string mach = machine(), date = today(), load_before = loadavg();
   const char* progress = o.poll ? "poll" : "wait";
   std::vector<row> rows;
   for (const auto& transport : o.transports) {
