@@ -676,24 +676,35 @@ BOOST_AUTO_TEST_CASE(a_backup_promotes_on_a_majority_of_failover_joins_and_the_o
   r.c(1).commit(true);  // a new one: applied
   pump_new();
   BOOST_TEST(srv.core().stats().commits_applied == applied + 1);
-  // The old primary, restarted: the promoted server is at a higher term, so
-  // it attaches to it as its backup (hello, snapshot) and keeps up.
-  auto old = ps::server_backup<tr::inproc>::create(params_of(r.o), policy_of(r.o), node(r.fabric, "p0-again"), "b0",
-                                                   initial());
-  BOOST_TEST_REQUIRE(old.has_value());
-  for (int i = 0; i < 20 && !(srv.backup_attached() && old->caught_up()); ++i) {
+  // The old primary, restarted, asks its peer's address first: the
+  // promoted server is a primary there, so it attaches to it as its backup
+  // (hello, snapshot) and keeps up.
+  std::atomic<bool> asked{false};
+  std::thread serving([&] {
+    while (!asked.load()) srv.poll();
+  });
+  auto answer = ps::server_backup<tr::inproc>::ask_peer(params_of(r.o), policy_of(r.o), node(r.fabric, "p0-again"),
+                                                        "b0", initial(), 5s);
+  asked = true;
+  serving.join();
+  BOOST_TEST_REQUIRE(answer.has_value());
+  BOOST_TEST_REQUIRE(answer->backup.has_value());
+  BOOST_TEST(!answer->transport.has_value());
+  ps::server_backup<tr::inproc>& old = *answer->backup;
+  for (int i = 0; i < 20 && !srv.backup_attached(); ++i) {
     pump_new(1);
-    old->poll();
+    old.poll();
   }
-  BOOST_TEST_REQUIRE(old->caught_up());
-  BOOST_TEST(old->term() == 2u);
+  BOOST_TEST_REQUIRE(old.caught_up());
+  BOOST_TEST_REQUIRE(srv.backup_attached());
+  BOOST_TEST(old.term() == 2u);
   r.c(0).commit(true);
   for (int i = 0; i < 6; ++i) {
     pump_new(1);
-    old->poll();
+    old.poll();
   }
   BOOST_TEST(srv.core().stats().commits_applied == applied + 2);
-  BOOST_TEST((saved(old->core()) == saved(srv.core())));
+  BOOST_TEST((saved(old.core()) == saved(srv.core())));
 }
 
 BOOST_AUTO_TEST_CASE(a_backup_told_of_a_higher_term_is_stale_and_never_promotes) {
@@ -719,4 +730,27 @@ BOOST_AUTO_TEST_CASE(a_backup_told_of_a_higher_term_is_stale_and_never_promotes)
   BOOST_TEST(!r.backup->promoted());
   BOOST_TEST(r.backup->telemetry().stale_joins == 1u);
   BOOST_TEST(r.c(0).h.errors.size() == 2u);  // each join answered `unavailable`
+}
+
+BOOST_AUTO_TEST_CASE(a_starting_primary_whose_peer_is_an_unpromoted_backup_stays_primary) {
+  rig r;
+  r.attach();
+  std::atomic<bool> asked{false};
+  std::thread serving([&] {
+    while (!asked.load()) r.backup->poll();
+  });
+  auto answer = ps::server_backup<tr::inproc>::ask_peer(params_of(r.o), policy_of(r.o), node(r.fabric, "p1"), "b0",
+                                                        initial(), 5s);
+  asked = true;
+  serving.join();
+  BOOST_TEST_REQUIRE(answer.has_value());
+  BOOST_TEST(!answer->backup.has_value());  // refused: a backup is no primary
+  BOOST_TEST_REQUIRE(answer->transport.has_value());
+  auto s = ps::server<tr::inproc>::create(params_of(r.o), policy_of(r.o), std::move(*answer->transport), initial());
+  BOOST_TEST(s.has_value());
+  // Nobody at the peer's address within the bound: primary as well.
+  auto alone = ps::server_backup<tr::inproc>::ask_peer(params_of(r.o), policy_of(r.o), node(r.fabric, "p2"),
+                                                       "nobody", initial(), 200ms);
+  BOOST_TEST_REQUIRE(alone.has_value());
+  BOOST_TEST(alone->transport.has_value());
 }

@@ -49,6 +49,8 @@
 #include <ashl/ps/server.hpp>
 #include <ashl/rules/replication.hpp>
 
+#include <optional>
+
 ASHL_NAMESPACE_BEGIN
 namespace ps {
 
@@ -403,6 +405,38 @@ class server_backup {
 
   server_backup(server_backup&&) noexcept = default;
   server_backup& operator=(server_backup&&) noexcept = default;
+
+  // A primary that starts (or restarts) where its shard has a backup asks
+  // the peer's address first (docs/elastic.md §4.5, "The old primary,
+  // restarted"): a primary there (the backup promoted while this one was
+  // down, at a higher term) takes its hello and sends its snapshot, and
+  // this process is that primary's backup from then on (`backup`, caught
+  // up). An unpromoted backup there refuses the hello (unavailable), and
+  // nobody there within `bound` means this process is the primary:
+  // `transport` is handed back for ps::server::create.
+  struct peer_answer {
+    std::optional<server_backup> backup;
+    std::optional<Transport> transport;
+  };
+  static result<peer_answer> ask_peer(server_params p, Policy policy, Transport t, std::string peer,
+                                      std::span<const float> initial, std::chrono::milliseconds bound) {
+    auto b = create(std::move(p), std::move(policy), std::move(t), std::move(peer), initial);
+    if (!b) return b.error();
+    const auto until = std::chrono::steady_clock::now() + bound;
+    while (!b->caught_up() && b->tel_.primary_errors == 0 && std::chrono::steady_clock::now() < until &&
+           !(b->link_lost_ && !b->connected_))
+      b->run_once(std::chrono::microseconds(1000));
+    peer_answer a;
+    if (b->caught_up()) {
+      std::fprintf(stderr, "server %u: a primary at %s (term %u) took this server as its backup\n",
+                   b->p_.core.shard, b->primary_address_.c_str(), b->term_);
+      a.backup.emplace(std::move(*b));
+      return a;
+    }
+    if (b->primary_ != transport::no_peer) b->t_.close(b->primary_);
+    a.transport.emplace(std::move(b->t_));
+    return a;
+  }
 
   // One pass of the transport: records applied and acknowledged, workers
   // refused. Returns the handler calls made.
