@@ -444,7 +444,12 @@ class server_backup {
     handler h{this};
     const std::size_t k = t_.progress(h);
     if (ack_due_) send_ack();
-    maybe_promote(clock_.now());
+    const double now = clock_.now();
+    if (hello_again_at_ > 0.0 && now >= hello_again_at_ && connected_ && !started_) {
+      hello_again_at_ = 0.0;
+      send_hello();
+    }
+    maybe_promote(now);
     return k;
   }
   std::size_t run_once(std::chrono::microseconds max_wait) {
@@ -569,8 +574,12 @@ class server_backup {
     if (const auto* e = m->template get<wire::error_body>()) {
       ++tel_.primary_errors;
       last_refusal_ = status(e->code, std::string(e->text));
-      std::fprintf(stderr, "server %u (backup): the primary refused it: %s\n", p_.core.shard,
-                   last_refusal_.message().c_str());
+      if (tel_.primary_errors == 1)
+        std::fprintf(stderr, "server %u (backup): the primary refused it: %s\n", p_.core.shard,
+                     last_refusal_.message().c_str());
+      // Not a primary yet (it asks its own peer first as it starts, §4.5),
+      // or a backup attached already: the hello goes again in a while.
+      if (e->code == errc::unavailable && !started_) hello_again_at_ = clock_.now() + hello_retry_seconds;
       return;
     }
     // shard_state and anything else from the primary: nothing to do here.
@@ -722,6 +731,8 @@ class server_backup {
   steady_clock clock_;
   bool link_lost_ = false, promoted_ = false;
   double lost_at_ = 0.0, promoted_at_ = 0.0, last_record_at_ = 0.0;
+  static constexpr double hello_retry_seconds = 0.2;
+  double hello_again_at_ = 0.0;  // > 0: a refused hello goes again then
   std::string primary_address_;
   transport::peer_id primary_ = transport::no_peer;
   bool connected_ = false, started_ = false, ack_due_ = false;

@@ -472,7 +472,8 @@ inline void worker<Transport>::state::rejoin(std::uint32_t s) {
   std::fprintf(stderr, "worker %u: reconnected to %s\n", p.rank, server_name(s).c_str());
   wire::header h{.kind = wire::message_kind::join, .rank = p.rank};
   if (auto st = send_control(s, h, join_body(s)); !st) return;
-  if (!committing || replied[s]) return;
+  // In flight: a commit or pull (committing), or create()'s first pull.
+  if (replied[s] || (!committing && replies_pending == 0)) return;
   parts_in[s] = {};  // the server answers the re-sent request whole: parts of the lost connection's reply do not count
   if (last_was_commit) (void)send_commit_shard(s);
   else (void)send_pull(s);
