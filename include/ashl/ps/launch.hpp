@@ -167,6 +167,38 @@ inline result<host_port> parse_host_port(std::string_view text, std::string_view
   return a;
 }
 
+namespace detail {
+
+// A comma-separated list of addresses, one per server; `empty_ok`: an
+// empty entry stands for none (a shard without a backup).
+inline result<std::vector<std::string>> address_list(std::string_view text, std::uint32_t num_servers,
+                                                     std::string_view source, std::string_view servers_source,
+                                                     bool empty_ok) {
+  std::vector<std::string> out;
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    auto end = text.find(',', begin);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view entry = text.substr(begin, end - begin);
+    if (empty_ok && entry.empty()) {
+      out.emplace_back();
+    } else {
+      auto a = parse_host_port(entry, source);
+      if (!a) return a.error();
+      out.push_back(join_host_port(*a));
+    }
+    begin = end + 1;
+  }
+  if (out.size() != num_servers)
+    return launch_error(source, text,
+                        "lists " + std::to_string(out.size()) + " addresses, expected one per server (" +
+                            std::string(servers_source) + " = " + std::to_string(num_servers) +
+                            (empty_ok ? "; an empty one for a shard without a backup)" : ")"));
+  return out;
+}
+
+}  // namespace detail
+
 // The servers' addresses from ASHL_SERVER_ADDR's value: every server's,
 // comma-separated, or server 0's alone (server i then at port + i).
 inline result<std::vector<std::string>> server_addresses_from(std::string_view text, std::uint32_t num_servers,
@@ -176,22 +208,8 @@ inline result<std::vector<std::string>> server_addresses_from(std::string_view t
   if (num_servers < 1 || num_servers > max_servers)
     return status(errc::out_of_range, std::string(servers_source) + " = " + std::to_string(num_servers) +
                                           ": must be in 1.." + std::to_string(max_servers) + " (ps::max_servers)");
-  if (text.find(',') != std::string_view::npos) {
-    std::size_t begin = 0;
-    while (begin <= text.size()) {
-      auto end = text.find(',', begin);
-      if (end == std::string_view::npos) end = text.size();
-      auto a = parse_host_port(text.substr(begin, end - begin), source);
-      if (!a) return a.error();
-      out.push_back(detail::join_host_port(*a));
-      begin = end + 1;
-    }
-    if (out.size() != num_servers)
-      return detail::launch_error(source, text,
-                                  "lists " + std::to_string(out.size()) + " addresses, expected one per server (" +
-                                      std::string(servers_source) + " = " + std::to_string(num_servers) + ")");
-    return out;
-  }
+  if (text.find(',') != std::string_view::npos)
+    return detail::address_list(text, num_servers, source, servers_source, false);
   auto a = parse_host_port(text, source);
   if (!a) return a.error();
   if (num_servers > 1 && a->port == 0)
@@ -218,27 +236,7 @@ inline result<std::vector<std::string>> backup_addresses_from(std::string_view t
                                                               std::string_view source,
                                                               std::string_view servers_source = "ASHL_NUM_SERVERS") {
   if (text.find(',') == std::string_view::npos) return server_addresses_from(text, num_servers, source, servers_source);
-  std::vector<std::string> out;
-  std::size_t begin = 0;
-  while (begin <= text.size()) {
-    auto end = text.find(',', begin);
-    if (end == std::string_view::npos) end = text.size();
-    const std::string_view entry = text.substr(begin, end - begin);
-    if (entry.empty()) {
-      out.emplace_back();
-    } else {
-      auto a = parse_host_port(entry, source);
-      if (!a) return a.error();
-      out.push_back(detail::join_host_port(*a));
-    }
-    begin = end + 1;
-  }
-  if (out.size() != num_servers)
-    return detail::launch_error(source, text,
-                                "lists " + std::to_string(out.size()) + " addresses, expected one per server (" +
-                                    std::string(servers_source) + " = " + std::to_string(num_servers) +
-                                    "; an empty one for a shard without a backup)");
-  return out;
+  return detail::address_list(text, num_servers, source, servers_source, true);
 }
 
 // The job of this process: the environment, then the flags in argv over it.
