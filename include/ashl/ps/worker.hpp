@@ -450,6 +450,7 @@ class worker {
     std::vector<std::uint8_t> address, failing_over;
     std::vector<double> attempt_until;
     std::vector<std::uint32_t> term;
+    std::vector<transport::peer_id> closing;  // to close after the pass (fail_over)
     bool leaving = false;
     // The data ledger's leases from server 0 (leases()): capacity for the
     // most a worker holds (data_ledger::lease_capacity at ps::max_ledger_ahead),
@@ -655,7 +656,12 @@ class worker {
 
     std::size_t poll() {
       handler h{this};
-      return t.progress(h);
+      const std::size_t n = t.progress(h);
+      // Connections given up while failing over, closed outside the
+      // transport's pass (as the server closes a dropped backup's).
+      for (const transport::peer_id old : closing) t.close(old);
+      closing.clear();
+      return n;
     }
 
     void run_thread() {

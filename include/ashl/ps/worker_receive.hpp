@@ -487,7 +487,7 @@ inline void worker<Transport>::state::fail_over(std::uint32_t s, const status& w
   const transport::peer_id old = peer[s];
   peer[s] = transport::no_peer;  // what the old connection still says is not this shard's
   connected[s] = 0;
-  if (old != transport::no_peer) t.close(old);
+  if (old != transport::no_peer) closing.push_back(old);
   lose(s, why);
 }
 
