@@ -5,7 +5,7 @@
 #include <cstdio>
 
 // A shard's primary dies and its backup takes over (docs/elastic.md §4.5),
-// in real processes over UCX/TCP on 127.0.0.1: the primary and its backup
+// in real processes over UCX on 127.0.0.1 (TCP, and shared memory): the primary and its backup
 // are forked children (before this process has any UCX object), three
 // ps::workers run in this process with the backup's address
 // (worker_params::backups). The primary is SIGKILLed mid-training; the
@@ -24,6 +24,7 @@ int main() {
 }
 #else
 
+#include <boost/test/data/test_case.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include "../support/forked_server.hpp"
@@ -103,8 +104,10 @@ ashl_test::child start_backup(const std::string& primary, std::string& address) 
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(the_primary_killed_mid_training_its_backup_takes_over_with_every_acknowledged_commit) {
-  ::setenv("UCX_TLS", "tcp,self", 1);
+// Over TCP, and over shared memory (data on sm, connections on TCP), as ps/kill does.
+BOOST_DATA_TEST_CASE(the_primary_killed_mid_training_its_backup_takes_over_with_every_acknowledged_commit,
+                     boost::unit_test::data::make(std::vector<std::string>{"tcp,self", "sm,self,tcp"}), tls) {
+  ::setenv("UCX_TLS", tls.c_str(), 1);
   std::string primary_address;
   ashl_test::child primary = ashl_test::start_server(
       {.token = token, .elements = elements, .workers = workers}, {.retry_interval = 20ms}, replica_params(),
@@ -189,9 +192,9 @@ BOOST_AUTO_TEST_CASE(the_primary_killed_mid_training_its_backup_takes_over_with_
   // The same gradient (1) every commit, plain SGD: the parameters moved by
   // exactly that many steps of lr (exact in f32: multiples of 2^-7).
   BOOST_TEST(c.at("parameter") == 0.25 - 0.0078125 * workers * commits);
-  std::printf("ps/failover: the backup took over %.1f ms after losing the primary (%g votes, %g duplicates dropped); "
+  std::printf("ps/failover (UCX_TLS %s): the backup took over %.1f ms after losing the primary (%g votes, %g duplicates dropped); "
               "%d commits were acknowledged before the kill\n",
-              c.at("takeover_ms"), c.at("votes"), c.at("duplicates"), before_kill);
+              tls.c_str(), c.at("takeover_ms"), c.at("votes"), c.at("duplicates"), before_kill);
   ::unsetenv("UCX_TLS");
 }
 
