@@ -8,6 +8,7 @@
 #include "../support/counting_new.hpp"
 #include "../support/forwarding_transport.hpp"
 #include "../support/ps_job.hpp"
+#include "../support/saved_state.hpp"
 
 #include <array>
 #include <atomic>
@@ -223,12 +224,7 @@ struct cut_links : test_support::inproc_forwarder<cut_links> {
   bool is_connected(tr::peer_id p) const { return !*cut && t.is_connected(p); }
 };
 
-std::vector<std::byte> saved(const ps::server_core<>& core) {
-  std::vector<std::byte> out;
-  ashl::state_writer wr(out);
-  core.save(wr);
-  return out;
-}
+using test_support::saved;
 
 }  // namespace
 
