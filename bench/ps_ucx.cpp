@@ -32,6 +32,11 @@
 //                                           # = 256 KiB (replies and dense commits in parts; 0: whole)
 //   ashl_bench_ps_ucx --commit-chunk-kib 1024 --commit-window 4   # commits alone in parts (overrides --chunk-kib
 //                                           # for commits), worker_params.commit_window parts in flight
+//   ashl_bench_ps_ucx --backup --ops commit,fan_in   # the cost of a backup (docs/elastic.md §4.7): each
+//                                           # repetition runs the case again with server_params.take_backup and
+//                                           # a ps::server_backup process (CPU 1, caught up before the workers
+//                                           # start); rows commit_backup, fan_in_backup, fan_in_push_backup
+//                                           # compare it with the same case without one in the same repetition
 //
 // Every case forks its own processes from a parent that never creates a UCX
 // object: one ps::server (ASP, model deltas, one shard holding the whole
@@ -127,6 +132,7 @@ int main() {
 
 #include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
+#include <ashl/ps/server_replica.hpp>
 #include <ashl/ps/worker.hpp>
 #include <ashl/transport/ucx.hpp>
 
@@ -198,6 +204,8 @@ struct options {
   std::uint64_t chunk_kib = 0;  // server_params.reply_part_bytes / 1024 (--chunk-kib; 0: replies whole)
   std::uint64_t commit_chunk_kib = 0;  // worker_params.commit_part_bytes / 1024 (--chunk-kib, or --commit-chunk-kib)
   std::uint32_t commit_window = 4;     // worker_params.commit_window (--commit-window)
+  bool backup = false;  // --backup: each case again with a backup of the shard (server_params.take_backup)
+  std::vector<std::string> server_env;  // --server-ucx-env NAME=VALUE: set in the server's process alone
 };
 
 // Where the worker's pull replies land: "staged" (checked, then copied),
@@ -359,6 +367,7 @@ struct shared_area {
   std::uint64_t snapshots, commits_applied, copied_replies, batched_commits, applied_as_landed;
   std::uint64_t fused_applies, applied_beside;
   double server_us_per_commit;         // the server thread's CPU time over its life, per commit applied
+  std::uint64_t backup_records;        // records the backup applied (--backup)
   char lanes[1024];                    // the worker's endpoint (describe, summarized)
   char describe[8192];                 // the worker's endpoint (describe, whole)
   char error[1024];
@@ -384,17 +393,20 @@ tr::ucx_params ucx_params_of(const options& o, std::string listen) {
   return p;
 }
 
-int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_fd) {
+// The server's parameters and policy (ASP, model deltas, one shard), the
+// same for the primary and for its backup (--backup).
+struct server_setup {
+  ps::server_params params;
+  ashl::sync::any_policy policy;
+};
+ashl::result<server_setup> server_setup_of(const options& o, const ashl_case& c, bool with_backup) {
   const std::size_t n = c.bytes / sizeof(float);
-  auto t = tr::ucx::create(ucx_params_of(o, "127.0.0.1:0"));
-  if (!t) return set_error(sh, "server: " + t.error().message()), 1;
   auto layout = ps::shard_layout::even(n, 1);
-  if (!layout) return set_error(sh, layout.error().message()), 1;
+  if (!layout) return layout.error();
   ps::policy_params pp;
   pp.workers = c.workers;
   auto policy = ps::make_policy("asp", pp);
-  if (!policy) return set_error(sh, policy.error().message()), 1;
-  std::vector<float> initial(n, 0.5f);
+  if (!policy) return policy.error();
   ps::server_params sp{.core = {.layout = *layout,
                                 .shard = 0,
                                 .workers = static_cast<std::uint32_t>(c.workers),
@@ -405,7 +417,21 @@ int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_f
   sp.core.fuse_checks = o.fuse;
   sp.trust_local_lanes = o.trust_local_lanes;
   sp.reply_part_bytes = o.chunk_kib * 1024;
-  auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
+  if (with_backup) {
+    sp.take_backup = true;
+    sp.replica_timeout = std::chrono::milliseconds(30000);  // no drop on a loaded host: the bench measures the cost
+  }
+  return server_setup{std::move(sp), std::move(*policy)};
+}
+
+int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_fd, bool with_backup) {
+  const std::size_t n = c.bytes / sizeof(float);
+  auto t = tr::ucx::create(ucx_params_of(o, "127.0.0.1:0"));
+  if (!t) return set_error(sh, "server: " + t.error().message()), 1;
+  auto setup = server_setup_of(o, c, with_backup);
+  if (!setup) return set_error(sh, "server: " + setup.error().message()), 1;
+  std::vector<float> initial(n, 0.5f);
+  auto srv = ps::server<tr::ucx>::create(setup->params, std::move(setup->policy), std::move(*t), initial);
   if (!srv) return set_error(sh, "server: " + srv.error().message()), 1;
   const std::string addr = srv->transport().listen_address() + "\n";
   if (::write(addr_fd, addr.data(), addr.size()) != static_cast<ssize_t>(addr.size())) return 1;
@@ -430,6 +456,32 @@ int run_server(const options& o, const ashl_case& c, shared_area* sh, int addr_f
   sh->applied_as_landed = s.applied_as_landed;
   sh->fused_applies = s.fused_applies;
   sh->applied_beside = s.applied_beside;
+  return 0;
+}
+
+// The shard's backup (--backup): attaches to the primary at `addr`, writes
+// one line to `ready_fd` once it caught up (the snapshot applied), then
+// applies and acknowledges records until the primary's link ends (the
+// primary exits when its workers left), bounded by `alarm`.
+int run_backup(const options& o, const ashl_case& c, shared_area* sh, const std::string& addr, int ready_fd) {
+  const std::size_t n = c.bytes / sizeof(float);
+  auto t = tr::ucx::create(ucx_params_of(o, ""));
+  if (!t) return set_error(sh, "backup: " + t.error().message()), 1;
+  auto setup = server_setup_of(o, c, true);
+  if (!setup) return set_error(sh, "backup: " + setup.error().message()), 1;
+  std::vector<float> initial(n, 0.5f);
+  auto b = ps::server_backup<tr::ucx>::create(setup->params, std::move(setup->policy), std::move(*t), addr, initial);
+  if (!b) return set_error(sh, "backup: " + b.error().message()), 1;
+  const double give_up = now_s() + 60;
+  while (!b->caught_up()) {
+    if (now_s() > give_up)
+      return set_error(sh, "backup: not caught up after 60 s: " + b->last_refusal().to_string()), 1;
+    b->run_once(std::chrono::microseconds(1000));
+  }
+  if (::write(ready_fd, "ok\n", 3) != 3) return 1;
+  ::close(ready_fd);
+  while (b->connected()) b->run_once(std::chrono::microseconds(1000));
+  sh->backup_records = b->telemetry().records;
   return 0;
 }
 
@@ -529,9 +581,10 @@ struct ashl_result {
   std::uint64_t snapshots = 0, commits_applied = 0, copied_replies = 0, batched_commits = 0, applied_as_landed = 0;
   std::uint64_t fused_applies = 0, applied_beside = 0;
   double server_us_per_commit = 0;
+  std::uint64_t backup_records = 0;
 };
 
-ashl_result run_ashl(const options& o, const std::string& transport, const ashl_case& c) {
+ashl_result run_ashl(const options& o, const std::string& transport, const ashl_case& c, bool with_backup = false) {
   ashl_result res;
   void* m = ::mmap(nullptr, sizeof(shared_area), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return res.error = "mmap failed", res;
@@ -543,14 +596,32 @@ ashl_result run_ashl(const options& o, const std::string& transport, const ashl_
   if (server == 0) {
     ::close(fds[0]);
     set_ucx_env(transport);
+    for (const std::string& kv : o.server_env) ::putenv(const_cast<char*>(kv.c_str()));  // lives as long as o
     pin_server(o);
     ::alarm(900);
-    std::_Exit(run_server(o, c, sh, fds[1]));
+    std::_Exit(run_server(o, c, sh, fds[1], with_backup));
   }
   ::close(fds[1]);
   std::string addr = read_all(fds[0], 30);
   ::close(fds[0]);
   while (!addr.empty() && (addr.back() == '\n' || addr.back() == '\r')) addr.pop_back();
+  pid_t backup = -1;
+  if (with_backup && !addr.empty()) {
+    int ready[2];
+    if (::pipe(ready) != 0) return res.error = "pipe failed", res;
+    std::fflush(nullptr);
+    backup = ::fork();
+    if (backup == 0) {
+      ::close(ready[0]);
+      set_ucx_env(transport);
+      pin_to(1, o.pin);
+      ::alarm(900);
+      std::_Exit(run_backup(o, c, sh, addr, ready[1]));
+    }
+    ::close(ready[1]);
+    if (read_all(ready[0], 90).rfind("ok", 0) != 0) addr.clear();  // no backup: no workers, the case fails
+    ::close(ready[0]);
+  }
   std::vector<pid_t> workers;
   if (!addr.empty()) {
     for (int k = 0; k < c.workers; ++k) {
@@ -568,6 +639,7 @@ ashl_result run_ashl(const options& o, const std::string& transport, const ashl_
   for (pid_t p : workers) bad |= reap(p, 900) != 0;
   if (bad) ::kill(server, SIGTERM);
   bad |= reap(server, bad ? 5 : 60) != 0;
+  if (backup > 0) bad |= reap(backup, bad ? 5 : 60) != 0;
   res.ok = !bad;
   res.error = sh->error[0] ? sh->error : (bad ? "a process failed" : "");
   res.lanes = sh->lanes;
@@ -597,6 +669,7 @@ ashl_result run_ashl(const options& o, const std::string& transport, const ashl_
   res.applied_beside = sh->applied_beside;
   res.server_us_per_commit = sh->server_us_per_commit;
   res.copied_replies = sh->copied_replies;
+  res.backup_records = sh->backup_records;
   sh->~shared_area();
   ::munmap(m, sizeof(shared_area));
   return res;
@@ -805,6 +878,13 @@ int main(int argc, char** argv) {
       o.apply_batch = static_cast<std::uint32_t>(v);
     }
     else if (a == "--apply-as-landed") o.as_landed = true;
+    else if (a == "--backup") o.backup = true;
+    else if (a == "--server-ucx-env") {
+      const std::string v = next();
+      if (v.rfind("UCX_", 0) != 0 || v.find('=') == std::string::npos)
+        return std::fprintf(stderr, "--server-ucx-env = '%s': must be UCX_NAME=VALUE\n", v.c_str()), 2;
+      o.server_env.push_back(v);
+    }
     else if (a == "--fuse-checks" && i + 1 < argc) {
       const std::string v = argv[++i];
       if (v == "off") o.fuse = ps::fused_apply::off;
@@ -828,10 +908,14 @@ int main(int argc, char** argv) {
                    "         [--apply-threads N] [--apply-batch N] [--apply-as-landed] [--fuse-checks off|beside|always]\n"
                    "         [--perftest PATH] [--fan-in-workers N] [--describe] [--no-baseline] [--spin-us N]\n"
                    "         [--in-place-replies] [--flip-replies] [--trust-local-lanes] [--chunk-kib N] [--commit-chunk-kib N] [--commit-window N]\n"
-                   "         [--iters N]  (ashl operations per repetition; default 64 MiB worth, 2..2000)\n");
+                   "         [--iters N]  (ashl operations per repetition; default 64 MiB worth, 2..2000) [--backup]\n"
+                   "         [--server-ucx-env UCX_NAME=VALUE]  (the server's process alone; repeatable)\n");
       return 2;
     }
   }
+  if (o.backup && o.apply_batch != 1)
+    return std::fprintf(stderr, "--backup with --apply-batch = %u: a primary with a backup applies one commit per event "
+                                "(server_params.take_backup needs apply_batch 1)\n", o.apply_batch), 2;
   if (o.quick && !reps_given) o.reps = 3;
   if (!commit_chunk_given) o.commit_chunk_kib = o.chunk_kib;
   if (!sizes_arg.empty()) {
@@ -853,7 +937,9 @@ int main(int argc, char** argv) {
   }
   std::signal(SIGPIPE, SIG_IGN);
 
-  const std::string mach = machine(), date = today(), ucx_env = ucx_environment(), load_before = loadavg();
+  std::string ucx_env = ucx_environment();
+  for (const std::string& kv : o.server_env) ucx_env += (ucx_env.empty() ? "server " : " server ") + kv;
+  const std::string mach = machine(), date = today(), load_before = loadavg();
   const char* progress = o.poll ? "poll" : "wait";
   std::vector<row> rows;
   for (const auto& transport : o.transports) {
@@ -873,11 +959,15 @@ int main(int argc, char** argv) {
                         .do_pull = true, .do_commit = want_commit};
       const long n_bw = perftest_iters(o, bytes), n_lat = o.quick ? 5000 : 10000;
       std::vector<double> am_g, tag_g, eh_g, lat_u, tlat_u, elat_u, pull_s, commit_s, r_pull, r_commit, r_rt, idle,
-          landed;
+          landed, backup_s, r_backup;
       std::string lanes, am_lanes, eh_lanes, lat_lanes, elat_lanes, error;
       for (int rep = 0; rep < o.reps; ++rep) {
         const perftest_figure am = run_perftest(o, transport, "ucp_am_bw", bytes, n_bw, false, 1);
         const ashl_result a = run_ashl(o, transport, c);
+        // The same case with a backup, right after it: the pair's ratio is
+        // the backup's cost, whatever the load did between repetitions.
+        const ashl_result ab = o.backup && want_commit ? run_ashl(o, transport, c, true) : ashl_result{};
+        if (o.backup && want_commit && !ab.ok && error.empty()) error = "with a backup: " + ab.error;
         const perftest_figure tag = run_perftest(o, transport, "tag_bw", bytes, n_bw, false, 1);
         const perftest_figure eh = run_perftest(o, transport, "ucp_am_bw", bytes, n_bw, true, 1);
         perftest_figure lat, tlat, elat;
@@ -907,6 +997,10 @@ int main(int argc, char** argv) {
           if (a.commits_applied > 0) landed.push_back(static_cast<double>(a.applied_as_landed) / a.commits_applied);
           if (am.ok) r_commit.push_back(2.0 * static_cast<double>(bytes) / a.commit_s[0] * 1e-9 / am.gbps);
           if (lat.ok) r_rt.push_back(a.commit_s[0] * 1e6 / (2.0 * lat.usec));
+          if (ab.ok) {
+            backup_s.push_back(ab.commit_s[0]);
+            r_backup.push_back(a.commit_s[0] / ab.commit_s[0]);
+          }
         }
       }
       const double pull_m = median(pull_s), commit_m = median(commit_s), am_m = median(am_g);
@@ -939,6 +1033,22 @@ int main(int argc, char** argv) {
         if (bytes >= MiB) r.goal = ">= 0.8", r.met = r.ratio >= 0.8;
         rows.push_back(r);
       }
+      if (has("commit") && o.backup) {
+        // ratio = the commit cycle's rate with a backup / without, paired per
+        // repetition (1: free; 0.5: a cycle twice as long).
+        row r = base("commit_backup");
+        const double b_m = median(backup_s);
+        r.gbps = 2.0 * static_cast<double>(bytes) / b_m * 1e-9;
+        r.usec = b_m * 1e6;
+        r.baseline = "commit";
+        r.baseline_gbps = 2.0 * static_cast<double>(bytes) / commit_m * 1e-9;
+        r.baseline_usec = commit_m * 1e6;
+        r.ref_tag_gbps = std::nan("");
+        r.ref_eh_gbps = std::nan("");
+        r.ratio = median(r_backup);
+        r.placement += ", backup cpu1";
+        rows.push_back(r);
+      }
       if (rt) {
         row r = base("round_trip");
         r.baseline = "ucp_am_lat";
@@ -969,11 +1079,14 @@ int main(int argc, char** argv) {
       const int fan_iters = std::max(2, (o.quick ? 32 : 128) / std::max(8, o.fan_workers));
       const ashl_case c{.bytes = bytes, .workers = o.fan_workers, .reps = 1, .iters = fan_iters,
                         .fan = true, .push = push, .do_pull = false, .do_commit = true};
-      std::vector<double> am_g, eh_g, fan_g, ratios, idle, batched, on_cpu, runq, fused, beside, server_us;
+      std::vector<double> am_g, eh_g, fan_g, ratios, idle, batched, on_cpu, runq, fused, beside, server_us, backup_g,
+          r_backup, backup_server_us;
       std::string lanes, am_lanes, eh_lanes, error;
       for (int rep = 0; rep < o.reps; ++rep) {
         const perftest_figure am = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes), false, 1);
         const ashl_result a = run_ashl(o, transport, c);
+        const ashl_result ab = o.backup ? run_ashl(o, transport, c, true) : ashl_result{};
+        if (o.backup && !ab.ok && error.empty()) error = "with a backup: " + ab.error;
         const perftest_figure eh = run_perftest(o, transport, "ucp_am_bw", bytes, perftest_iters(o, bytes), true, 1);
         if (!a.ok && error.empty()) error = a.error;
         if (!am.ok && error.empty() && o.baseline) error = am.error;
@@ -992,6 +1105,11 @@ int main(int argc, char** argv) {
         if (a.server_us_per_commit > 0) server_us.push_back(a.server_us_per_commit);
         fan_g.push_back(a.fan_gbps[0]);
         if (am.ok) ratios.push_back(a.fan_gbps[0] / am.gbps);
+        if (ab.ok && a.fan_gbps[0] > 0) {
+          backup_g.push_back(ab.fan_gbps[0]);
+          r_backup.push_back(ab.fan_gbps[0] / a.fan_gbps[0]);
+          if (ab.server_us_per_commit > 0) backup_server_us.push_back(ab.server_us_per_commit);
+        }
       }
       row r{.op = op, .transport = transport, .bytes = bytes, .workers = o.fan_workers, .baseline = "ucp_am_bw",
             .baseline_gbps = median(am_g), .lanes = lanes, .baseline_lanes = am_lanes,
@@ -1013,6 +1131,23 @@ int main(int argc, char** argv) {
       r.met = r.ratio >= 0.6;
       r.error = error;
       rows.push_back(r);
+      if (o.backup) {
+        // ratio = the fan-in's goodput with a backup / without, paired per repetition.
+        row b = r;
+        b.op = std::string(op) + "_backup";
+        b.baseline = op;
+        b.baseline_gbps = r.gbps;
+        b.baseline_usec = r.usec;
+        b.gbps = median(backup_g);
+        b.usec = static_cast<double>(bytes) / (b.gbps * 1e9) * 1e6;
+        b.extra = push ? b.gbps : 2.0 * b.gbps;
+        b.ratio = median(r_backup);
+        b.ref_eh_gbps = std::nan("");
+        b.server_us = median(backup_server_us);
+        b.goal.clear();
+        b.placement = r.placement + ", backup cpu1";
+        rows.push_back(b);
+      }
       if (!o.json_only)
         std::fprintf(stderr, "  %s %s (%d workers): done (%.2f GB/s)%s%s\n", transport.c_str(), op, o.fan_workers, r.gbps,
                      error.empty() ? "" : " ERROR ", error.c_str());
@@ -1048,11 +1183,11 @@ int main(int argc, char** argv) {
         if (std::isfinite(r.batched)) std::printf(" %s %s %s", r.op.c_str(), r.transport.c_str(), num(r.batched, 2).c_str());
       std::printf("\n\n");
     }
-    std::printf("%-11s %3s %-4s %8s %10s %10s %-10s %10s %10s %7s %7s %4s %10s  %s | %s | %s\n", "op", "wk", "tl", "bytes", "GB/s",
+    std::printf("%-18s %3s %-4s %8s %10s %10s %-10s %10s %10s %7s %7s %4s %10s  %s | %s | %s\n", "op", "wk", "tl", "bytes", "GB/s",
                 "usec", "baseline", "base GB/s", "base usec", "ratio", "goal", "met", "-e GB/s|us", "ashl lanes",
                 "perftest lanes", "perftest -e lanes");
     for (const auto& r : rows) {
-      std::printf("%-11s %3d %-4s %8s %10s %10s %-10s %10s %10s %7s %7s %4s %10s  %s | %s | %s%s%s\n", r.op.c_str(),
+      std::printf("%-18s %3d %-4s %8s %10s %10s %-10s %10s %10s %7s %7s %4s %10s  %s | %s | %s%s%s\n", r.op.c_str(),
                   r.workers, r.transport.c_str(), human_bytes(r.bytes).c_str(), num(r.gbps, 3).c_str(), num(r.usec, 1).c_str(),
                   r.baseline.c_str(), num(r.baseline_gbps, 3).c_str(), num(r.baseline_usec, 1).c_str(),
                   num(r.ratio, 2).c_str(), r.goal.empty() ? "-" : r.goal.c_str(),

@@ -28,6 +28,13 @@
 // ("PATH.worker<rank>.json", the torch adapters' timeline) and ashl-run
 // merges them into PATH when the job ends, whatever its outcome
 // (adapt/trace.hpp; a merge that fails turns a successful job's status to 1).
+// --backups: one backup per shard (docs/elastic.md §4.6): process "backup i"
+// has ASHL_ROLE=server, ASHL_RANK=i and ASHL_REPLICA=1, and listens on the
+// next block of ports (server i's port + S * ports-per-server); every
+// process gets ASHL_BACKUP_ADDR. A server or backup that fails then does not
+// stop the job (its shard fails over); once every worker has ended, the
+// server-side processes still running are stopped (a backup that was never
+// promoted waits for a failover that will not come).
 #include <ashl/adapt/trace.hpp>
 #include <ashl/ps/launch.hpp>
 
@@ -41,6 +48,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -59,7 +67,7 @@ using clock_type = std::chrono::steady_clock;
 namespace ps = ashl::ps;
 
 constexpr const char* usage_text =
-    "usage: ashl-run -s S -w M [--max-workers K] [--addr HOST:PORT] [--ports-per-server K] [--insecure]\n"
+    "usage: ashl-run -s S -w M [--max-workers K] [--addr HOST:PORT] [--ports-per-server K] [--backups] [--insecure]\n"
     "                [--timeout SECONDS] [--grace SECONDS] [--verbose] [--trace PATH] -- program [args...]\n"
     "  -s, --servers S    number of servers (1 .. 1024)\n"
     "  -w, --workers M    number of workers (1 .. 65536)\n"
@@ -77,6 +85,8 @@ constexpr const char* usage_text =
     "  --verbose          print the processes started; ASHL_VERBOSE=1 for every process\n"
     "  --trace PATH       every worker writes a Chrome trace (ASHL_TRACE); merged into PATH at the end\n"
     "                     (default: ASHL_TRACE of this environment)\n"
+    "  --backups          one backup per server (ASHL_REPLICA=1) on the next block of ports;\n"
+    "                     ASHL_BACKUP_ADDR for every process (docs/elastic.md §4.6)\n"
     "The token is ASHL_TOKEN of this environment (>= 16 bytes), else a random one; never a flag.\n";
 
 struct options {
@@ -85,7 +95,7 @@ struct options {
   std::uint32_t ports_per_server = 16;
   bool ports_per_server_set = false;
   std::string addr;
-  bool insecure = false, verbose = false;
+  bool insecure = false, verbose = false, backups = false;
   double timeout = 0, grace = 5;
   std::string trace;  // absolute; empty: none
   std::vector<std::string> program;
@@ -121,14 +131,14 @@ int parse(int argc, char** argv, options& o) {
     if (flag == "--token")
       return usage_error("--token: a token on the command line is visible to every user of this host (ps); "
                          "put it in the environment variable ASHL_TOKEN instead");
-    const bool is_switch = flag == "--insecure" || flag == "--verbose";
+    const bool is_switch = flag == "--insecure" || flag == "--verbose" || flag == "--backups";
     const bool known = is_switch || flag == "-s" || flag == "--servers" || flag == "-w" || flag == "--workers" ||
                        flag == "--addr" || flag == "--timeout" || flag == "--grace" ||
                        flag == "--ports-per-server" || flag == "--trace" || flag == "--max-workers";
     if (!known) return usage_error("unknown option '" + std::string(arg) + "'");
     if (is_switch) {
       if (has_inline) return usage_error(std::string(flag) + " takes no value");
-      (flag == "--insecure" ? o.insecure : o.verbose) = true;
+      (flag == "--insecure" ? o.insecure : flag == "--backups" ? o.backups : o.verbose) = true;
       continue;
     }
     if (!has_inline) {
@@ -173,13 +183,20 @@ int parse(int argc, char** argv, options& o) {
   if (o.max_workers != 0 && o.max_workers < o.workers)
     return usage_error("--max-workers = '" + std::to_string(o.max_workers) +
                        "': must be 0 (the same as -w) or at least -w = " + std::to_string(o.workers));
-  if (std::uint64_t{o.servers} * o.ports_per_server > 16384)
+  if ((o.backups ? 2 : 1) * std::uint64_t{o.servers} * o.ports_per_server > 16384)
     return usage_error("-s " + std::to_string(o.servers) + " x --ports-per-server " + std::to_string(o.ports_per_server) +
                        " = " + std::to_string(std::uint64_t{o.servers} * o.ports_per_server) +
                        " ports: at most 16384 can be reserved");
   if (!o.addr.empty()) {
     auto a = ps::server_addresses_from(o.addr, o.servers, "--addr", "-s");
     if (!a) return usage_error(a.error().message());
+    for (std::uint32_t k = 0; o.backups && k < a->size(); ++k) {
+      const auto hp = ps::parse_host_port((*a)[k], "--addr");
+      if (hp && std::uint64_t{hp->port} + std::uint64_t{o.servers} * o.ports_per_server > 65535)
+        return usage_error("--backups: server " + std::to_string(k) + "'s backup would listen on port " +
+                           std::to_string(std::uint64_t{hp->port} + std::uint64_t{o.servers} * o.ports_per_server) +
+                           " (its port + -s x --ports-per-server), above 65535");
+    }
   }
   if (o.trace.empty())
     if (const char* t = std::getenv("ASHL_TRACE"); t && *t) o.trace = t;
@@ -370,12 +387,23 @@ int main(int argc, char** argv) {
     // server per bucket, ashl.torch) puts bucket b's at base + b * S + i, so
     // the block holds ports_per_server ports per server.
     std::uint16_t base = 0;
-    if (!free_port_block(o.servers * o.ports_per_server, base, why)) {
+    if (!free_port_block((o.backups ? 2 : 1) * o.servers * o.ports_per_server, base, why)) {
       say(why);
       return 1;
     }
     for (std::uint32_t i = 0; i < o.servers; ++i)
       server_addr += (i ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(base + i);
+  }
+  // Each server's backup on the next block of ports (parse() checked the range).
+  std::string backup_addr;
+  if (o.backups) {
+    const auto a = ps::server_addresses_from(server_addr, o.servers, "--addr", "-s");
+    for (std::uint32_t k = 0; a && k < a->size(); ++k) {
+      auto hp = ps::parse_host_port((*a)[k], "--addr");
+      if (!hp) continue;
+      hp->port = static_cast<std::uint16_t>(hp->port + o.servers * o.ports_per_server);
+      backup_addr += (k ? "," : "") + ps::detail::join_host_port(*hp);
+    }
   }
   std::string token;
   if (!o.insecure) {
@@ -403,7 +431,7 @@ int main(int argc, char** argv) {
   static constexpr std::string_view contract[] = {"ASHL_ROLE=",        "ASHL_RANK=",  "ASHL_NUM_WORKERS=",
                                                   "ASHL_MAX_WORKERS=", "ASHL_NUM_SERVERS=", "ASHL_SERVER_ADDR=", "ASHL_TOKEN=",
                                                   "ASHL_INSECURE=",    "ASHL_VERBOSE=", "ASHL_PORTS_PER_SERVER=",
-                                                  "ASHL_TRACE="};
+                                                  "ASHL_TRACE=", "ASHL_BACKUP_ADDR=", "ASHL_REPLICA="};
   std::vector<std::string> base_env;
   for (char** e = environ; *e; ++e) {
     const std::string_view v = *e;
@@ -415,6 +443,7 @@ int main(int argc, char** argv) {
   if (o.max_workers != 0) base_env.push_back("ASHL_MAX_WORKERS=" + std::to_string(o.max_workers));
   base_env.push_back("ASHL_NUM_SERVERS=" + std::to_string(o.servers));
   base_env.push_back("ASHL_SERVER_ADDR=" + server_addr);
+  if (o.backups) base_env.push_back("ASHL_BACKUP_ADDR=" + backup_addr);
   if (o.addr.empty() || o.ports_per_server_set)
     base_env.push_back("ASHL_PORTS_PER_SERVER=" + std::to_string(o.ports_per_server));
   if (o.insecure) base_env.emplace_back("ASHL_INSECURE=1");
@@ -429,15 +458,18 @@ int main(int argc, char** argv) {
   const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   // Within the bounds parse() checked: no 32-bit sum wraps (4294967295
   // workers and one server once made an empty job that exited 0).
-  std::vector<process> procs(std::size_t{o.servers} + std::size_t{o.workers});
+  const std::size_t server_side = std::size_t{o.servers} * (o.backups ? 2 : 1);  // servers, then their backups
+  std::vector<process> procs(server_side + std::size_t{o.workers});
   if (o.verbose)
     say("starting " + std::to_string(o.servers) + " server(s) and " + std::to_string(o.workers) +
         " worker(s) of '" + o.program[0] + "'; ASHL_SERVER_ADDR=" + server_addr +
+        (o.backups ? "; ASHL_BACKUP_ADDR=" + backup_addr : std::string()) +
         (o.insecure ? "; insecure (no token)" : "; token set"));
   int first_failure = 0;
   bool stopping = false, timed_out = false, killed_all = false;
   int got_signal = 0;
   clock_type::time_point kill_at;
+  clock_type::time_point workers_ended_at{};  // --backups: when the last worker ended
   const auto start = clock_type::now();
 
   auto stop_all = [&](int sig) {
@@ -451,13 +483,14 @@ int main(int argc, char** argv) {
 
   for (std::size_t i = 0; i < procs.size(); ++i) {
     auto& p = procs[i];
-    const bool server = i < o.servers;
-    const std::size_t rank = server ? i : i - o.servers;
-    p.label = std::string(server ? "server " : "worker ") + std::to_string(rank);
+    const bool server = i < server_side, backup = server && i >= o.servers;
+    const std::size_t rank = backup ? i - o.servers : server ? i : i - server_side;
+    p.label = std::string(backup ? "backup " : server ? "server " : "worker ") + std::to_string(rank);
     p.prefix = "[" + p.label + "] ";
     std::vector<std::string> env = base_env;
     env.push_back(std::string("ASHL_ROLE=") + (server ? "server" : "worker"));
     env.push_back("ASHL_RANK=" + std::to_string(rank));
+    if (backup) env.emplace_back("ASHL_REPLICA=1");
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -569,7 +602,10 @@ int main(int argc, char** argv) {
           p.running = false;
           p.exited_at = now;
           p.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-          if (p.exit_code != 0 && !stopping) {
+          const bool server_side_process = static_cast<std::size_t>(&p - procs.data()) < server_side;
+          if (p.exit_code != 0 && !stopping && o.backups && server_side_process) {
+            say(p.label + " " + describe_status(p.exit_code) + "; its shard has a backup: the job goes on");
+          } else if (p.exit_code != 0 && !stopping) {
             first_failure = p.exit_code;
             say(p.label + " " + describe_status(p.exit_code) + "; stopping the others");
             stop_all(SIGTERM);
@@ -583,6 +619,17 @@ int main(int argc, char** argv) {
         p.out.finish(p.prefix);
         p.err.finish(p.prefix);
       }
+    }
+    if (o.backups && !stopping && workers_ended_at == clock_type::time_point{} &&
+        std::none_of(procs.begin() + static_cast<std::ptrdiff_t>(server_side), procs.end(),
+                     [](const process& q) { return q.running; }))
+      workers_ended_at = now;
+    if (o.backups && !stopping && workers_ended_at != clock_type::time_point{} &&
+        now - workers_ended_at > std::chrono::duration<double>(o.grace) &&
+        std::any_of(procs.begin(), procs.begin() + static_cast<std::ptrdiff_t>(server_side),
+                    [](const process& q) { return q.running; })) {
+      say("every worker ended " + seconds_text(o.grace) + " s ago; stopping the servers and backups still running");
+      stop_all(SIGTERM);
     }
     if (o.timeout > 0 && !timed_out && now - start > std::chrono::duration<double>(o.timeout)) {
       timed_out = true;

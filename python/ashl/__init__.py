@@ -62,6 +62,8 @@ class Job:
     max_workers: int = 0           # ASHL_MAX_WORKERS: the job's maximum (0 = num_workers); part of the job id
     num_servers: int = 1
     server_addresses: tuple = ()
+    backup_addresses: tuple = ()   # ASHL_BACKUP_ADDR: shard i's backup ("" none); () no backups (docs/elastic.md §4.6)
+    replica: bool = False          # ASHL_REPLICA: this server is its shard's backup
     token: str = dataclasses.field(default="", repr=False)
     insecure: bool = False
     verbose: bool = False
@@ -74,6 +76,7 @@ class Job:
     def from_dict(d: Mapping[str, Any]) -> "Job":
         d = dict(d)
         d["server_addresses"] = tuple(d["server_addresses"])
+        d["backup_addresses"] = tuple(d.get("backup_addresses", ()))
         d["rest"] = tuple(d["rest"])
         return Job(**d)
 

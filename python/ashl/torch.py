@@ -279,6 +279,17 @@ def bucket_addresses(addresses: Sequence[str], bucket: int, inproc: bool) -> Lis
     return _ashl.bucket_addresses(list(addresses), bucket, inproc)
 
 
+def _bucket_backups(job, bucket: int, inproc: bool) -> List[str]:
+    """Bucket ``bucket``'s backup addresses (docs/elastic.md §4.6): the job's
+    ``backup_addresses`` placed as ``bucket_addresses`` places the servers'
+    (a shard without a backup keeps ""); [] when the job has none."""
+    backups = list(job.backup_addresses)
+    if not backups:
+        return []
+    filled = [b or s for b, s in zip(backups, job.server_addresses)]
+    return [a if b else "" for a, b in zip(bucket_addresses(filled, bucket, inproc), backups)]
+
+
 class Bucket:
     """Parameters of one dtype and device flattened into one contiguous
     tensor ``params`` and their gradients into ``grads``: after construction
@@ -758,7 +769,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  verbose=self._job.verbose, fabric=fabric, incarnation=incarnation,
                                  job=_job_id(self._job, b.size), follower=b.index > 0, link=link,
                                  commit_part_bytes=commit_part_bytes, commit_window=commit_window,
-                                 trust_local_lanes=trust_local_lanes)
+                                 trust_local_lanes=trust_local_lanes,
+                                 backups=_bucket_backups(self._job, b.index, fabric is not None))
                 b.stage_in()
                 builder = _ashl.UpdateBuilder(update, b.size)
                 builder.pulled(b.host_params.numpy())

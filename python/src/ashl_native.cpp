@@ -110,6 +110,8 @@ py::dict job_dict(const ps::job& j) {
   d["max_workers"] = j.max_workers;
   d["num_servers"] = j.num_servers;
   d["server_addresses"] = j.server_addresses;
+  d["backup_addresses"] = j.backup_addresses;  // ASHL_BACKUP_ADDR (docs/elastic.md §4.6)
+  d["replica"] = j.replica;
   d["token"] = j.token;
   d["insecure"] = j.insecure;
   d["verbose"] = j.verbose;
@@ -325,7 +327,7 @@ class py_worker {
             double progress_seconds, std::string token, bool insecure, bool verbose, std::optional<fabric> inproc,
             std::uint64_t incarnation, std::uint64_t job, bool follower, py::object link,
             std::uint64_t commit_part_bytes, std::uint32_t commit_window, bool allow_non_finite,
-            bool trust_local_lanes)
+            bool trust_local_lanes, std::vector<std::string> backups)
       : link_(std::move(link)), params_obj_(parameters) {
     const auto w = buffer_of(parameters, "parameters", true);
     ps::worker_params p{.rank = rank,
@@ -344,6 +346,7 @@ class py_worker {
     p.commit_window = commit_window;          // likewise (1 .. wire::max_parts_in_flight)
     p.allow_non_finite = allow_non_finite;    // the servers' (rules/commit_check.hpp: a commit is checked whole)
     p.trust_local_lanes = trust_local_lanes;  // the servers' (docs/ps.md "Lanes without CRC")
+    p.backups = std::move(backups);           // each shard's backup, "" none (docs/elastic.md §4.5)
     if (!link_.is_none()) {
       if (!PyCallable_Check(link_.ptr()))
         raise(ashl::invalid_argument("worker.link", py::str(py::type::of(link_)).cast<std::string>(),
@@ -1011,14 +1014,16 @@ PYBIND11_MODULE(_ashl, m) {
   py::class_<py_worker>(m, "Worker", "ps::worker: commits a flat float32 buffer and pulls into another")
       .def(py::init<py::array, std::vector<std::string>, std::uint32_t, std::uint32_t, double, std::uint64_t, bool,
                     double, double, double, std::string, bool, bool, std::optional<fabric>, std::uint64_t,
-                    std::uint64_t, bool, py::object, std::uint64_t, std::uint32_t, bool, bool>(),
+                    std::uint64_t, bool, py::object, std::uint64_t, std::uint32_t, bool, bool,
+                    std::vector<std::string>>(),
            py::arg("parameters"), py::arg("servers"), py::arg("rank") = 0, py::arg("batch") = 1,
            py::arg("timeout") = 30.0, py::arg("seed") = 0, py::arg("error_feedback") = true,
            py::arg("link_bytes_per_second") = 0.0, py::arg("reconnect") = 0.0, py::arg("progress_seconds") = 0.0,
            py::arg("token") = "", py::arg("insecure") = false, py::arg("verbose") = false,
            py::arg("fabric") = std::nullopt, py::arg("incarnation") = 0, py::arg("job") = 0,
            py::arg("follower") = false, py::arg("link") = py::none(), py::arg("commit_part_bytes") = 0,
-           py::arg("commit_window") = 4, py::arg("allow_non_finite") = false, py::arg("trust_local_lanes") = false)
+           py::arg("commit_window") = 4, py::arg("allow_non_finite") = false, py::arg("trust_local_lanes") = false,
+           py::arg("backups") = std::vector<std::string>{})
       .def("iteration_done", &py_worker::iteration_done, py::arg("samples") = std::nullopt,
            "one local iteration is done (samples: what it trained, None: the batch); true: commit now")
       .def_property_readonly("leases", &py_worker::leases,

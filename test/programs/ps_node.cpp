@@ -42,6 +42,7 @@
 #include <ashl/ps/launch.hpp>
 #include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
+#include <ashl/ps/server_replica.hpp>
 #include <ashl/ps/worker.hpp>
 #include <ashl/rules/core_events.hpp>
 #include <ashl/transport/ucx.hpp>
@@ -425,9 +426,40 @@ class data_follower {
   std::string ids_;
 };
 
+// A shard with a backup (ASHL_BACKUP_ADDR; docs/elastic.md §4.5-4.6).
+// The backup (ASHL_REPLICA=1) replays its primary's records until it
+// promotes itself, then serves as the primary. The primary asks its peer
+// first: a primary there (the backup, promoted while this one was down)
+// takes it as its backup, and it replays until it promotes in turn.
+ashl::result<ps::server<tr::ucx>> replicated_server(const ps::job& j, const options& o, ps::server_params sp,
+                                                    const ps::policy_params& pp, tr::ucx t,
+                                                    const std::vector<float>& initial) {
+  sp.take_backup = true;
+  std::optional<ps::server_backup<tr::ucx>> backup;
+  if (j.replica) {
+    auto b = ps::server_backup<tr::ucx>::create(sp, *ps::make_policy(o.policy, pp), std::move(t),
+                                                j.server_addresses[j.rank], initial);
+    if (!b) return b.error();
+    backup.emplace(std::move(*b));
+  } else {
+    auto a = ps::server_backup<tr::ucx>::ask_peer(sp, *ps::make_policy(o.policy, pp), std::move(t),
+                                                  j.backup_addresses[j.rank], initial, std::chrono::seconds(1));
+    if (!a) return a.error();
+    if (!a->backup) return ps::server<tr::ucx>::create(sp, *ps::make_policy(o.policy, pp), std::move(*a->transport), initial);
+    backup.emplace(std::move(*a->backup));
+  }
+  std::fprintf(stderr, "server %u: the backup of %s\n", j.rank, j.replica ? j.server_addresses[j.rank].c_str() : j.backup_addresses[j.rank].c_str());
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.max_seconds);
+  while (!g_stop && !backup->promoted() && std::chrono::steady_clock::now() < end)
+    backup->run_once(std::chrono::microseconds(1000));
+  if (!backup->promoted()) return ashl::status(ashl::errc::unavailable, "stopped as a backup, never promoted");
+  return std::move(*backup).take_over();
+}
+
 int serve(const ps::job& j, const options& o) {
-  auto t = tr::ucx::create({.listen = j.server_addresses[j.rank], .token = j.token, .insecure = j.insecure,
-                            .verbose = j.verbose});
+  const bool replicated = !j.backup_addresses.empty() && !j.backup_addresses[j.rank].empty();
+  auto t = tr::ucx::create({.listen = j.replica ? j.backup_addresses[j.rank] : j.server_addresses[j.rank],
+                            .token = j.token, .insecure = j.insecure, .verbose = j.verbose});
   if (!t) return fail(t.error().message());
   auto layout = ps::shard_layout::even(o.elements, j.num_servers);
   if (!layout) return fail(layout.error().message());
@@ -464,7 +496,8 @@ int serve(const ps::job& j, const options& o) {
                        .policy = o.policy,
                        .apply_batch = o.apply_batch};
   elastic_server::configure(o, sp);
-  auto srv = ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
+  auto srv = replicated ? replicated_server(j, o, sp, pp, std::move(*t), initial)
+                        : ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
   if (!srv) return fail(srv.error().message());
   elastic_server elastic;
   if (auto e = elastic.start(o, *srv); !e.empty()) return fail(e);
@@ -512,7 +545,8 @@ int serve(const ps::job& j, const options& o) {
       << "\ncommit_parts_dropped " << s.commit_parts_dropped << "\nbatched_applies " << s.batched_applies
       << "\nbatched_commits " << s.batched_commits << "\ncompressed_replies " << s.compressed_replies
       << "\ncompressed_reply_bytes " << s.compressed_reply_bytes << "\nunchecked_in " << s.unchecked_in
-      << "\nunchecked_out " << s.unchecked_out << "\nfinished " << finished << "\n";
+      << "\nunchecked_out " << s.unchecked_out << "\nfinished " << finished << "\nterm " << srv->term()
+      << "\nfailovers " << s.failovers << "\ntakeover_seconds " << s.takeover_seconds << "\n";
     // Elastic jobs: refused joins by reason, the data ledger.
     f << "element_count_refused " << s.wire_refused_for(ps::wire_refusal::element_count) << "\nrank_taken "
       << s.wire_refused_for(ps::wire_refusal::rank_taken) << "\nmax_workers_refused "
@@ -543,6 +577,7 @@ int train(const ps::job& j, const options& o) {
                                          .job = ps::job_id_of(j, o.elements),
                                          .timeout = std::chrono::milliseconds(o.timeout_ms),
                                          .reconnect = std::chrono::milliseconds(o.reconnect_ms),
+                                         .backups = j.backup_addresses,
                                          .trust_local_lanes = o.trust_local_lanes,
                                          .commit_part_bytes = o.commit_part_kib * 1024,
                                          .commit_window = o.commit_window},

@@ -8,6 +8,7 @@
 #include "../support/counting_new.hpp"
 #include "../support/forwarding_transport.hpp"
 #include "../support/ps_job.hpp"
+#include "../support/saved_state.hpp"
 
 #include <array>
 #include <atomic>
@@ -85,6 +86,20 @@ struct client {
                       .ok());
   }
   void join(std::uint64_t incarnation) { control({}, w::join_body{.incarnation = incarnation, .batch = 4}); }
+  // A worker that lost its primary asks a backup (docs/elastic.md §4.5).
+  void failover_join(std::uint64_t incarnation, std::uint32_t term) {
+    control({}, w::join_body{.incarnation = incarnation, .batch = 4, .flags = w::join_flag_failover, .term = term});
+  }
+  // A connection to another server (the shard's backup), up.
+  template <class Pump>
+  void reconnect(const std::string& to, Pump pump) {
+    peer = *t.connect(to);
+    for (int i = 0; i < 100 && !t.is_connected(peer); ++i) {
+      t.progress(h);
+      pump();
+    }
+    BOOST_REQUIRE(t.is_connected(peer));
+  }
   void metric(double v) { control({}, w::metric_body{.value = v}); }
   void leave() { control({}, w::leave_body{}); }
   // A dense commit, its pull riding with it (or a push: acknowledged header-only).
@@ -209,12 +224,7 @@ struct cut_links : test_support::inproc_forwarder<cut_links> {
   bool is_connected(tr::peer_id p) const { return !*cut && t.is_connected(p); }
 };
 
-std::vector<std::byte> saved(const ps::server_core<>& core) {
-  std::vector<std::byte> out;
-  ashl::state_writer wr(out);
-  core.save(wr);
-  return out;
-}
+using test_support::saved;
 
 }  // namespace
 
@@ -583,4 +593,160 @@ BOOST_AUTO_TEST_CASE(a_primary_that_lost_the_backup_and_the_majority_stops_namin
   std::atomic<bool> stop{false};
   r.primary->run(stop);
   BOOST_TEST((r.primary->end() == ps::server_end::backup_lost));
+}
+
+// docs/elastic.md §4.5 through the drivers (inproc, one thread): the
+// primary killed, the workers' failover joins are votes, a minority does
+// not promote, the majority does; the promoted server takes the workers'
+// rejoins and their commit in flight once (a duplicate if the backup had
+// it), and the old primary, restarted, attaches to it as its backup.
+BOOST_AUTO_TEST_CASE(a_backup_promotes_on_a_majority_of_failover_joins_and_the_old_primary_attaches_to_it) {
+  rig r;
+  r.attach();
+  for (int k = 0; k < 5; ++k) {
+    r.c(0).commit(true);
+    r.c(1).commit(true);
+    r.pump();
+  }
+  BOOST_TEST_REQUIRE(r.replies() == 10u);
+  r.c(0).commit(true);  // in flight when the primary dies: the backup has it, no reply came
+  r.backup_runs = true;
+  r.primary->poll();
+  r.backup->poll();     // the record reaches the backup; its ack does not reach the primary
+  r.fabric->fail("p0");
+  const std::uint64_t applied = r.backup->core().stats().commits_applied;
+  BOOST_TEST(applied == 11u);
+  auto pump_backup = [&](int rounds = 4) {
+    for (int i = 0; i < rounds; ++i) {
+      r.backup->poll();
+      for (auto& c : r.clients) c->t.progress(c->h);
+    }
+  };
+  pump_backup();
+  BOOST_TEST_REQUIRE(!r.backup->connected());
+  // Term 0 is no vote; worker 0 with the backup's term is one vote of 2 live: no promotion.
+  auto poll_backup = [&] { r.backup->poll(); };
+  r.c(0).reconnect("b0", poll_backup);
+  r.c(1).reconnect("b0", poll_backup);
+  r.c(1).failover_join(7, 0);
+  r.c(0).failover_join(7, 1);
+  pump_backup();
+  BOOST_TEST(!r.backup->promoted());
+  BOOST_TEST(r.backup->telemetry().votes == 1u);
+  BOOST_TEST_REQUIRE(r.c(0).h.errors.size() == 1u);
+  BOOST_TEST(r.c(0).h.errors[0] == "join: server 0 (backup) is shard 0's backup (term 1); its primary is p0");
+  // Worker 1 with the term: a majority (2 of 2), the link down: promoted.
+  r.c(1).failover_join(7, 1);
+  pump_backup();
+  BOOST_TEST_REQUIRE(r.backup->promoted());
+  auto promoted = std::move(*r.backup).take_over();
+  BOOST_TEST_REQUIRE(promoted.has_value(), (promoted ? "" : promoted.error().message()));
+  ps::server<tr::inproc>& srv = *promoted;
+  BOOST_TEST(srv.term() == 2u);
+  BOOST_TEST(srv.telemetry().failovers == 1u);
+  BOOST_TEST(srv.core().live_count() == 0u);  // every worker evicted: they rejoin
+  auto pump_new = [&](int rounds = 4) {
+    for (int i = 0; i < rounds; ++i) {
+      srv.poll();
+      for (auto& c : r.clients) c->t.progress(c->h);
+    }
+  };
+  // They rejoin (the same incarnation) and send their commit in flight again.
+  for (auto& c : r.clients) {
+    c->h.terms.clear();
+    c->reconnect("b0", [&] { srv.poll(); });
+    c->join(7);
+  }
+  pump_new();
+  for (auto& c : r.clients) {
+    BOOST_TEST_REQUIRE(c->h.terms.size() == 1u);
+    BOOST_TEST(c->h.terms[0] == 2u);  // the new term, with the join
+  }
+  const std::uint64_t replies0 = r.c(0).h.replies;
+  r.c(0).sequence -= 1;
+  r.c(0).commit(true);  // the one in flight: the backup had it, a duplicate
+  pump_new();
+  BOOST_TEST(r.c(0).h.replies == replies0 + 1);
+  BOOST_TEST(srv.core().stats().commits_applied == applied);
+  BOOST_TEST(srv.core().stats().duplicates == 1u);
+  r.c(1).commit(true);  // a new one: applied
+  pump_new();
+  BOOST_TEST(srv.core().stats().commits_applied == applied + 1);
+  // The old primary, restarted, asks its peer's address first: the
+  // promoted server is a primary there, so it attaches to it as its backup
+  // (hello, snapshot) and keeps up.
+  std::atomic<bool> asked{false};
+  std::thread serving([&] {
+    while (!asked.load()) srv.poll();
+  });
+  auto answer = ps::server_backup<tr::inproc>::ask_peer(params_of(r.o), policy_of(r.o), node(r.fabric, "p0-again"),
+                                                        "b0", initial(), 5s);
+  asked = true;
+  serving.join();
+  BOOST_TEST_REQUIRE(answer.has_value());
+  BOOST_TEST_REQUIRE(answer->backup.has_value());
+  BOOST_TEST(!answer->transport.has_value());
+  ps::server_backup<tr::inproc>& old = *answer->backup;
+  for (int i = 0; i < 20 && !srv.backup_attached(); ++i) {
+    pump_new(1);
+    old.poll();
+  }
+  BOOST_TEST_REQUIRE(old.caught_up());
+  BOOST_TEST_REQUIRE(srv.backup_attached());
+  BOOST_TEST(old.term() == 2u);
+  r.c(0).commit(true);
+  for (int i = 0; i < 6; ++i) {
+    pump_new(1);
+    old.poll();
+  }
+  BOOST_TEST(srv.core().stats().commits_applied == applied + 2);
+  BOOST_TEST((saved(old.core()) == saved(srv.core())));
+}
+
+BOOST_AUTO_TEST_CASE(a_backup_told_of_a_higher_term_is_stale_and_never_promotes) {
+  rig r;
+  r.attach();
+  r.c(0).commit(true);
+  r.pump();
+  r.fabric->fail("p0");
+  for (int i = 0; i < 4; ++i) r.backup->poll();
+  for (auto& c : r.clients) c->reconnect("b0", [&] { r.backup->poll(); });
+  r.c(0).failover_join(7, 2);  // the primary went on at term 2 without this backup
+  r.c(1).failover_join(7, 1);
+  for (int i = 0; i < 4; ++i) {
+    r.backup->poll();
+    for (auto& c : r.clients) c->t.progress(c->h);
+  }
+  r.c(0).failover_join(7, 1);  // a majority with the backup's term, after the stale one
+  for (int i = 0; i < 4; ++i) {
+    r.backup->poll();
+    for (auto& c : r.clients) c->t.progress(c->h);
+  }
+  BOOST_TEST(r.backup->stale());
+  BOOST_TEST(!r.backup->promoted());
+  BOOST_TEST(r.backup->telemetry().stale_joins == 1u);
+  BOOST_TEST(r.c(0).h.errors.size() == 2u);  // each join answered `unavailable`
+}
+
+BOOST_AUTO_TEST_CASE(a_starting_primary_whose_peer_is_an_unpromoted_backup_stays_primary) {
+  rig r;
+  r.attach();
+  std::atomic<bool> asked{false};
+  std::thread serving([&] {
+    while (!asked.load()) r.backup->poll();
+  });
+  auto answer = ps::server_backup<tr::inproc>::ask_peer(params_of(r.o), policy_of(r.o), node(r.fabric, "p1"), "b0",
+                                                        initial(), 5s);
+  asked = true;
+  serving.join();
+  BOOST_TEST_REQUIRE(answer.has_value());
+  BOOST_TEST(!answer->backup.has_value());  // refused: a backup is no primary
+  BOOST_TEST_REQUIRE(answer->transport.has_value());
+  auto s = ps::server<tr::inproc>::create(params_of(r.o), policy_of(r.o), std::move(*answer->transport), initial());
+  BOOST_TEST(s.has_value());
+  // Nobody at the peer's address within the bound: primary as well.
+  auto alone = ps::server_backup<tr::inproc>::ask_peer(params_of(r.o), policy_of(r.o), node(r.fabric, "p2"),
+                                                       "nobody", initial(), 200ms);
+  BOOST_TEST_REQUIRE(alone.has_value());
+  BOOST_TEST(alone->transport.has_value());
 }

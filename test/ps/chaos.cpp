@@ -35,9 +35,10 @@
 //   commits lost, recovery times (from a kill to every survivor's next
 //   acknowledged commit; from a restart or join to its first).
 //
-// Not yet (E12b, after E11's failover): killing a primary. The schedule has
-// the fault kind (fault::kill_primary) and the harness the hook, but it is
-// switched off (primary_kills) until a backup can take over; see
+// Not yet (E12b): killing a primary. The schedule has the fault kind
+// (fault::kill_primary), but it is switched off (primary_kills) until the
+// harness starts backups (E11's ASHL_BACKUP_ADDR / ASHL_REPLICA) and a
+// killed primary's branch restarts it as the new backup; see
 // docs/elastic.md §6 "What E12a built".
 
 #if !ASHL_HAS_UCX() || !defined(ASHL_TEST_PS_NODE)
@@ -94,8 +95,8 @@ const char* name_of(fault f) {
   }
   return "?";
 }
-// SIGKILL a shard's primary (restarted 2 s later as the new backup): E12b,
-// once E11's failover exists. Off: without a backup a killed primary ends
+// SIGKILL a shard's primary (restarted 2 s later as the new backup): E12b.
+// Off: this harness starts no backup, and without one a killed primary ends
 // the job (its workers fail naming it, test/ps/kill.cpp), so the schedule
 // never draws it.
 constexpr bool primary_kills = false;
@@ -440,7 +441,7 @@ void chaos_run(const run_spec& r) {
           BOOST_TEST(start(e.rank));
           joined_procs.push_back(procs.size() - 1);
         } else if (e.kind == fault::kill_primary) {
-          BOOST_FAIL("kill_primary is E12b's (after E11's failover)");
+          BOOST_FAIL("kill_primary is E12b's (this harness starts no backup yet)");
         } else if (proc* p = live_of(e.rank); p != nullptr) {
           p->gone_at = t;
           if (e.kind == fault::leave) {

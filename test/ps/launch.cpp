@@ -17,7 +17,8 @@ namespace {
 struct env_guard {
   static constexpr const char* names[] = {"ASHL_ROLE",  "ASHL_RANK",     "ASHL_NUM_WORKERS", "ASHL_NUM_SERVERS",
                                           "ASHL_SERVER_ADDR", "ASHL_TOKEN", "ASHL_INSECURE", "ASHL_VERBOSE",
-                                          "ASHL_PROGRESS", "ASHL_JOB", "ASHL_NO_WORKER_GRACE", "ASHL_MAX_WORKERS"};
+                                          "ASHL_PROGRESS", "ASHL_JOB", "ASHL_NO_WORKER_GRACE", "ASHL_MAX_WORKERS",
+                                          "ASHL_BACKUP_ADDR", "ASHL_REPLICA"};
   env_guard(std::initializer_list<std::pair<const char*, const char*>> vars) {
     clear();
     for (auto [k, v] : vars) ::setenv(k, v, 1);
@@ -339,4 +340,56 @@ BOOST_AUTO_TEST_CASE(max_workers_bounds_a_workers_rank_and_is_the_job_ids_count)
   BOOST_REQUIRE(s);
   BOOST_TEST(s->max_workers == 8u);
   BOOST_TEST(ps::job_id_of(*s, 100) == ps::make_job_id("resnet", 100, 8, 1));
+}
+
+// docs/elastic.md §4.6: each shard's backup address and the backup's role.
+BOOST_AUTO_TEST_CASE(backup_addresses_and_the_replica_role_by_name) {
+  {
+    env_guard env{{"ASHL_ROLE", "worker"},          {"ASHL_NUM_SERVERS", "3"}, {"ASHL_INSECURE", "1"},
+                  {"ASHL_SERVER_ADDR", "10.0.0.1:5000"}, {"ASHL_BACKUP_ADDR", "10.0.0.2:6000"}};
+    auto j = parse({});
+    BOOST_REQUIRE(j);
+    BOOST_TEST((j->backup_addresses == std::vector<std::string>{"10.0.0.2:6000", "10.0.0.2:6001", "10.0.0.2:6002"}));
+    BOOST_TEST(!j->replica);
+    BOOST_TEST(ps::describe(*j).find("backups 10.0.0.2:6000,10.0.0.2:6001,10.0.0.2:6002") != std::string::npos);
+  }
+  {  // a list, an empty entry for a shard without a backup; the flag wins
+    env_guard env{{"ASHL_ROLE", "server"},          {"ASHL_RANK", "2"}, {"ASHL_NUM_SERVERS", "3"},
+                  {"ASHL_INSECURE", "1"},           {"ASHL_SERVER_ADDR", "10.0.0.1:5000"},
+                  {"ASHL_BACKUP_ADDR", "10.0.0.9:1"}, {"ASHL_REPLICA", "1"}};
+    auto j = parse({"--backup-addr", "h:7000,,[::1]:7002"});
+    BOOST_REQUIRE(j);
+    BOOST_TEST((j->backup_addresses == std::vector<std::string>{"h:7000", "", "[::1]:7002"}));
+    BOOST_TEST(j->replica);
+    BOOST_TEST(ps::describe(*j).find("this server a backup") != std::string::npos);
+  }
+  {  // unset: no backups
+    env_guard env{{"ASHL_ROLE", "worker"}, {"ASHL_INSECURE", "1"}, {"ASHL_SERVER_ADDR", "h:1"}};
+    auto j = parse({});
+    BOOST_REQUIRE(j);
+    BOOST_TEST(j->backup_addresses.empty());
+  }
+  auto refused = [](std::initializer_list<std::pair<const char*, const char*>> vars) {
+    env_guard env(vars);
+    return error_of(parse({}));
+  };
+  BOOST_TEST(refused({{"ASHL_ROLE", "worker"}, {"ASHL_NUM_SERVERS", "2"}, {"ASHL_INSECURE", "1"},
+                      {"ASHL_SERVER_ADDR", "h:1"}, {"ASHL_BACKUP_ADDR", "h:7000,h:7001,h:7002"}}) ==
+             "ASHL_BACKUP_ADDR = 'h:7000,h:7001,h:7002': lists 3 addresses, expected one per server "
+             "(ASHL_NUM_SERVERS = 2; an empty one for a shard without a backup)");
+  BOOST_TEST(refused({{"ASHL_ROLE", "worker"}, {"ASHL_NUM_SERVERS", "2"}, {"ASHL_INSECURE", "1"},
+                      {"ASHL_SERVER_ADDR", "h:1"}, {"ASHL_BACKUP_ADDR", "h:7000,nohost"}})
+                 .starts_with("ASHL_BACKUP_ADDR = 'nohost': "));
+  BOOST_TEST(refused({{"ASHL_ROLE", "server"}, {"ASHL_INSECURE", "1"}, {"ASHL_SERVER_ADDR", "h:1"},
+                      {"ASHL_BACKUP_ADDR", "h:2"}, {"ASHL_REPLICA", "maybe"}}) ==
+             "ASHL_REPLICA = 'maybe': expected 1, 0, true, false, yes, no, on or off");
+  BOOST_TEST(refused({{"ASHL_ROLE", "worker"}, {"ASHL_INSECURE", "1"}, {"ASHL_SERVER_ADDR", "h:1"},
+                      {"ASHL_BACKUP_ADDR", "h:2"}, {"ASHL_REPLICA", "1"}}) ==
+             "ASHL_REPLICA = '1': only a server is a backup (ASHL_ROLE = worker)");
+  BOOST_TEST(refused({{"ASHL_ROLE", "server"}, {"ASHL_RANK", "1"}, {"ASHL_NUM_SERVERS", "2"}, {"ASHL_INSECURE", "1"},
+                      {"ASHL_SERVER_ADDR", "h:1"}, {"ASHL_BACKUP_ADDR", "h:7000,"}, {"ASHL_REPLICA", "yes"}}) ==
+             "ASHL_REPLICA = 'yes': shard 1 has no backup address (set ASHL_BACKUP_ADDR, or pass --backup-addr)");
+  BOOST_TEST(refused({{"ASHL_ROLE", "server"}, {"ASHL_INSECURE", "1"}, {"ASHL_SERVER_ADDR", "h:1"},
+                      {"ASHL_REPLICA", "1"}}) ==
+             "ASHL_REPLICA = '1': shard 0 has no backup address (set ASHL_BACKUP_ADDR, or pass --backup-addr)");
 }

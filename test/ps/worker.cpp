@@ -1334,6 +1334,12 @@ BOOST_AUTO_TEST_CASE(durations_and_server_counts_past_their_bounds_are_refused_b
   ASHL_TEST(contains(refused({.servers = {"s"}, .reconnect = milliseconds(std::int64_t{1} << 62)}),
                      "worker.reconnect_ms = 4611686018427387904: must be at most 1000000000 seconds"));
   ASHL_TEST(contains(refused({.servers = {"s"}, .progress_seconds = 1e300}), "worker.progress_seconds"));
+  // docs/elastic.md §4.5: one backup address per server (or none), and a failover attempt > 0.
+  ASHL_TEST(contains(refused({.servers = {"s", "t"}, .backups = {"b"}}),
+                     "worker.backups = 1: must list one address per server (2; an empty one for a shard without a "
+                     "backup) or none"));
+  ASHL_TEST(contains(refused({.servers = {"s"}, .failover_attempt = milliseconds(0)}),
+                     "worker.failover_attempt_ms = 0: must be > 0"));
   ASHL_TEST(contains(refused({.servers = std::vector<std::string>(1025, "s")}),
                      "worker.servers = 1025: must be at most 1024 addresses (ps::max_servers)"));
   auto layout = ps::shard_layout::even(100, 1);

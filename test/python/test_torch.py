@@ -431,3 +431,27 @@ def test_two_workers_over_ucx_loopback_train_and_the_loss_falls(tmp_path):
     r = json.loads(out.read_text())
     assert r["commits"] == r["iterations"] == 40
     assert r["last_loss"] < 0.25 * r["first_loss"], r
+
+
+def test_the_job_reads_backup_addresses_and_buckets_place_them(monkeypatch):
+    """docs/elastic.md §4.6 (E11): ASHL_BACKUP_ADDR as ps/launch.hpp reads it
+    (shard 0's with port + i, or a list with empty entries), ASHL_REPLICA,
+    and each bucket's backups placed as its servers are."""
+    for v in ("ASHL_TOKEN", "ASHL_MAX_WORKERS", "ASHL_BACKUP_ADDR", "ASHL_REPLICA", "ASHL_PORTS_PER_SERVER",
+              "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(v, raising=False)
+    for k, v in {"ASHL_ROLE": "worker", "ASHL_NUM_SERVERS": "2", "ASHL_INSECURE": "1",
+                 "ASHL_SERVER_ADDR": "10.0.0.1:5000", "ASHL_BACKUP_ADDR": "10.0.0.2:6000"}.items():
+        monkeypatch.setenv(k, v)
+    j = ashl.job()
+    assert j.backup_addresses == ("10.0.0.2:6000", "10.0.0.2:6001")
+    assert not j.replica
+    assert at._bucket_backups(j, 1, False) == ["10.0.0.2:6002", "10.0.0.2:6003"]
+    monkeypatch.setenv("ASHL_BACKUP_ADDR", ",10.0.0.2:6001")
+    j = ashl.job()
+    assert j.backup_addresses == ("", "10.0.0.2:6001")
+    assert at._bucket_backups(j, 1, False) == ["", "10.0.0.2:6003"]
+    assert at._bucket_backups(ashl.Job(server_addresses=("h:1",)), 1, False) == []
+    monkeypatch.setenv("ASHL_REPLICA", "1")
+    with pytest.raises(ValueError, match=r"ASHL_REPLICA = '1': only a server is a backup \(ASHL_ROLE = worker\)"):
+        ashl.job()

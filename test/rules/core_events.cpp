@@ -400,21 +400,18 @@ BOOST_AUTO_TEST_CASE(records_round_trip_field_for_field) {
 
 BOOST_AUTO_TEST_CASE(corrupt_records_refused_by_name_and_the_replaying_core_unchanged) {
   constexpr std::size_t n = 64;
-  auto policy = ps::make_policy("ssp", ps_cases::base_params("ssp", workers));
-  BOOST_REQUIRE(policy.has_value());
-  auto core = core_t::create({.layout = *ps::shard_layout::even(n, 1), .workers = workers}, std::move(*policy));
-  BOOST_REQUIRE(core.has_value());
+  core_t core = make_ssp_core(n);
   std::vector<float> g(n, 0.25f);
   const auto payload = std::as_bytes(std::span<const float>(g));
   const auto records = sample_records(payload, n);
   ps::server_actions out(workers + 2);
-  const auto before = saved(*core);
+  const auto before = saved(core);
 
   // Receives one record: decoded, then replayed only when it decoded.
   auto receive = [&](std::span<const std::byte> bytes) -> ashl::status {
     ps::core_event e;
     ASHL_TRY(ps::decode_core_event(bytes, e));
-    ps::replay(*core, e, out);
+    ps::replay(core, e, out);
     return {};
   };
   struct bad {
@@ -483,23 +480,16 @@ BOOST_AUTO_TEST_CASE(corrupt_records_refused_by_name_and_the_replaying_core_unch
       BOOST_TEST(!receive(x.bytes).ok());
     }
   }
-  BOOST_TEST((saved(*core) == before));
+  BOOST_TEST((saved(core) == before));
   BOOST_TEST(out.empty());
   // The same records uncorrupted replay, and change the core.
   for (const auto& r : records) BOOST_CHECK_MESSAGE(receive(r.bytes).ok(), r.what);
-  BOOST_TEST((saved(*core) != before));
+  BOOST_TEST((saved(core) != before));
 }
 
 BOOST_AUTO_TEST_CASE(recording_encoding_decoding_and_replaying_allocate_nothing_once_warm) {
   constexpr std::size_t n = 1000;
-  auto make = [&] {
-    auto policy = ps::make_policy("ssp", ps_cases::base_params("ssp", workers));
-    BOOST_REQUIRE(policy.has_value());
-    auto c = core_t::create({.layout = *ps::shard_layout::even(n, 1), .workers = workers}, std::move(*policy));
-    BOOST_REQUIRE(c.has_value());
-    return std::move(*c);
-  };
-  core_t primary = make(), replica = make();
+  core_t primary = make_ssp_core(n), replica = make_ssp_core(n);
   ps::server_actions out(workers), replica_out(workers);
   std::vector<std::byte> bytes;
   ps::core_event decoded;

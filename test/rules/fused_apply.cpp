@@ -17,6 +17,7 @@
 #include "../support/apply_payloads.hpp"
 #include "../support/counting_new.hpp"
 #include "../support/ps_policy_cases.hpp"
+#include "../support/saved_state.hpp"
 
 #include <ashl/rules/policies.hpp>
 #include <ashl/sync/any_policy.hpp>
@@ -46,12 +47,7 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-std::vector<std::byte> saved(const auto& core) {
-  std::vector<std::byte> b;
-  ashl::state_writer w(b);
-  core.save(w);
-  return b;
-}
+using test_support::saved;
 
 template <class Policy>
 ps::server_core<Policy> make(Policy policy, std::size_t n, std::uint32_t workers, ps::fused_apply mode) {

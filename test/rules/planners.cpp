@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../support/counting_new.hpp"
+#include "../support/saved_state.hpp"
 
 namespace as = ashl::sync;
 namespace aps = ashl::ps;
@@ -37,12 +38,7 @@ as::profile_report two_workers() {
   return r;
 }
 
-std::vector<std::byte> saved(const auto& x) {
-  std::vector<std::byte> b;
-  ashl::state_writer w(b);
-  x.save(w);
-  return b;
-}
+using test_support::saved;
 
 // A started re-planner over two_workers(): drift 20 %, half-life 2 samples.
 aps::profile_replanner started(double drift = 0.2) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "../support/ps_policy_cases.hpp"
+#include "../support/saved_state.hpp"
 
 #include <cstddef>
 #include <span>
@@ -18,12 +19,7 @@ namespace {
 constexpr std::size_t workers = 4;
 constexpr std::size_t ids = workers + 2;
 
-std::vector<std::byte> saved(const as::any_policy& p) {
-  std::vector<std::byte> bytes;
-  ashl::state_writer w(bytes);
-  p.save(w);
-  return bytes;
-}
+using test_support::saved;
 as::any_policy make(const ps_cases::policy_case& c, const ps::policy_params& p) {
   auto r = ps::make_policy(c.name, p);
   BOOST_REQUIRE_MESSAGE(r.has_value(), c.label + ": " + (r ? std::string() : r.error().message()));

@@ -474,14 +474,7 @@ BOOST_AUTO_TEST_CASE(acks_out_of_order_or_beyond_the_records_drop_the_backup_by_
 
 BOOST_AUTO_TEST_CASE(the_link_allocates_nothing_per_record_once_warm) {
   constexpr std::size_t n = 1000;
-  auto make = [&] {
-    auto policy = ps::make_policy("ssp", ps_cases::base_params("ssp", workers));
-    BOOST_REQUIRE(policy.has_value());
-    auto c = core_t::create({.layout = *ps::shard_layout::even(n, 1), .workers = workers}, std::move(*policy));
-    BOOST_REQUIRE(c.has_value());
-    return std::move(*c);
-  };
-  core_t primary = make(), backup_core = make();
+  core_t primary = make_ssp_core(n), backup_core = make_ssp_core(n);
   ps::replication_primary link({.max_held_events = 64, .workers = workers});
   ps::replication_backup<core_t> backup(backup_core, workers);
   link.attach(0.0);
@@ -541,4 +534,65 @@ BOOST_AUTO_TEST_CASE(the_link_allocates_nothing_per_record_once_warm) {
   BOOST_TEST(sent > 500u);
   BOOST_TEST(primary.stats().commits_applied > 400u);
   BOOST_TEST((saved(primary) == saved(backup_core)));
+}
+
+// docs/elastic.md §4.5's promotion rule (failover_votes) alone, over a
+// stand-in for the replicated core's live set.
+namespace {
+struct live_set {
+  std::vector<bool> live;
+  [[nodiscard]] std::uint32_t known_workers() const noexcept { return static_cast<std::uint32_t>(live.size()); }
+  [[nodiscard]] bool is_live(std::uint32_t w) const noexcept { return w < live.size() && live[w]; }
+  [[nodiscard]] std::uint32_t live_count() const noexcept {
+    return static_cast<std::uint32_t>(std::count(live.begin(), live.end(), true));
+  }
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_backup_promotes_only_with_the_link_down_and_a_majority_of_live_workers_voting) {
+  const live_set core{{true, true, true, true, true, false}};  // 5 live of 6 known
+  ps::failover_votes v(8, 2.0);
+  const std::uint32_t own = 3;
+  BOOST_TEST((v.join(0, own, own, 1.0) == ps::failover_vote::vote));
+  BOOST_TEST((v.join(0, own, own, 1.1) == ps::failover_vote::vote));  // the same rank again: one vote
+  BOOST_TEST((v.join(1, own, own, 1.2) == ps::failover_vote::vote));
+  BOOST_TEST((v.join(5, own, own, 1.2) == ps::failover_vote::vote));  // not live: does not count
+  BOOST_TEST((v.join(2, 0, own, 1.2) == ps::failover_vote::no_vote));  // term 0: a process that knows none
+  BOOST_TEST((v.join(2, own - 1, own, 1.2) == ps::failover_vote::no_vote));
+  BOOST_TEST(v.votes(core, 1.3) == 2u);
+  BOOST_TEST(!v.promote(core, true, 1.3));  // 2 of 5: a minority
+  BOOST_TEST((v.join(3, own, own, 1.4) == ps::failover_vote::vote));
+  BOOST_TEST(v.votes(core, 1.5) == 3u);
+  BOOST_TEST(!v.promote(core, false, 1.5));  // the link to the primary is up: never
+  BOOST_TEST(v.promote(core, true, 1.5));    // 3 of 5, the link down
+  // Votes last replica_timeout: worker 0's (at 1.1) is gone at 3.2.
+  BOOST_TEST(v.votes(core, 3.15) == 2u);
+  BOOST_TEST(!v.promote(core, true, 3.15));
+  // No live worker: never by itself.
+  const live_set none{{false, false}};
+  BOOST_TEST(!v.promote(none, true, 1.5));
+}
+
+BOOST_AUTO_TEST_CASE(a_join_of_a_higher_term_makes_the_backup_stale_for_good) {
+  const live_set core{{true, true, true}};
+  ps::failover_votes v(3, 2.0);
+  BOOST_TEST((v.join(0, 3, 3, 1.0) == ps::failover_vote::vote));
+  BOOST_TEST((v.join(2, 4, 3, 1.1) == ps::failover_vote::stale));  // the primary went on at term 4
+  BOOST_TEST(v.stale());
+  BOOST_TEST(v.stale_worker() == 2u);
+  BOOST_TEST(v.stale_term() == 4u);
+  BOOST_TEST((v.join(1, 3, 3, 1.2) == ps::failover_vote::vote));
+  BOOST_TEST(v.votes(core, 1.3) == 2u);
+  BOOST_TEST(!v.promote(core, true, 1.3));  // a majority, but stale
+}
+
+BOOST_AUTO_TEST_CASE(votes_allocate_nothing) {
+  const live_set core{{true, true, true}};
+  ps::failover_votes v(3, 2.0);
+  const std::size_t before = counting_new::count();
+  for (int i = 0; i < 100; ++i) {
+    (void)v.join(static_cast<std::uint32_t>(i % 3), 1, 1, 0.01 * i);
+    (void)v.promote(core, i % 2 == 0, 0.01 * i);
+  }
+  BOOST_TEST(counting_new::count() == before);
 }

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "../support/counting_new.hpp"
+#include "../support/saved_state.hpp"
 
 namespace {
 
@@ -747,12 +748,7 @@ BOOST_AUTO_TEST_CASE(join_sends_the_plan_and_plan_changes_reach_live_workers) {
 
 namespace {
 
-std::vector<std::byte> saved_bytes(const auto& core) {
-  std::vector<std::byte> bytes;
-  ashl::state_writer w(bytes);
-  core.save(w);
-  return bytes;
-}
+using test_support::saved;
 
 }  // namespace
 
@@ -770,7 +766,7 @@ BOOST_AUTO_TEST_CASE(max_workers_is_validated_by_name_and_0_means_workers) {
   auto zero = make(sync::asp{{.workers = 3}}, 4, 3);
   auto same = make(sync::asp{{.workers = 3}}, 4, 3, {}, {}, std::uint64_t{1} << 20, 3);
   BOOST_TEST(zero.params().max_workers == 3u);
-  BOOST_TEST((saved_bytes(zero) == saved_bytes(same)));
+  BOOST_TEST((saved(zero) == saved(same)));
   BOOST_TEST(zero.known_workers() == 3u);
   BOOST_TEST(zero.live_count() == 3u);
   // The automatic store bound holds a commit per rank the job may have.
@@ -869,7 +865,7 @@ BOOST_AUTO_TEST_CASE(a_join_past_max_workers_is_refused_by_name_and_changes_noth
   core.commit(commit_of(0, 1, dense({1.0f, 1.0f, 1.0f, 1.0f}), n, true), 0.1, out);  // buffered, its pull held
   BOOST_TEST(out.errors().empty());
   out.clear();
-  const auto before = saved_bytes(core);
+  const auto before = saved(core);
   const auto stats = core.stats();
   for (sync::worker_id rank : {3u, 4u, 0xfffffffeu}) {
     core.join(rank, 1, 0.2, out);
@@ -890,7 +886,7 @@ BOOST_AUTO_TEST_CASE(a_join_past_max_workers_is_refused_by_name_and_changes_noth
   auto expect = stats;
   expect.refused[static_cast<std::size_t>(ps::refusal::max_workers)] = 3;
   BOOST_TEST((core.stats() == expect));
-  const auto after = saved_bytes(core);
+  const auto after = saved(core);
   BOOST_REQUIRE(after.size() == before.size());
   std::vector<std::size_t> differ;
   for (std::size_t i = 0; i + 4 < after.size(); ++i)
@@ -933,7 +929,7 @@ BOOST_AUTO_TEST_CASE(a_join_within_max_workers_allocates_nothing_in_the_core) {
     auto core = make(rounds(2, 6), n, 2, {}, {}, std::uint64_t{1} << 20, 6);
     if (loaded) {  // the capacity comes back with a load too
       auto fresh = make(rounds(2, 6), n, 2);
-      const auto bytes = saved_bytes(core);
+      const auto bytes = saved(core);
       ashl::state_reader r(bytes);
       BOOST_REQUIRE(fresh.load(r).ok());
       BOOST_TEST(fresh.params().max_workers == 6u);
@@ -985,7 +981,7 @@ BOOST_AUTO_TEST_CASE(max_workers_and_joined_ranks_save_and_load) {
   a.commit(c, 0.1, out);
   a.join(7, 1, 0.2, out);  // refused: counted
   out.clear();
-  const auto bytes = saved_bytes(a);
+  const auto bytes = saved(a);
   auto b = make(sync::asp{{.workers = 2, .scale = 0.5}}, n, 2);  // max_workers 2 here
   ashl::state_reader r(bytes);
   BOOST_REQUIRE(b.load(r).ok());
@@ -994,7 +990,7 @@ BOOST_AUTO_TEST_CASE(max_workers_and_joined_ranks_save_and_load) {
   BOOST_TEST(b.live_count() == 3u);
   BOOST_TEST(b.is_live(4));
   BOOST_TEST((b.stats() == a.stats()));
-  BOOST_TEST((saved_bytes(b) == bytes));
+  BOOST_TEST((saved(b) == bytes));
   for (auto* core : {&a, &b}) {
     c.sequence = 2;
     core->commit(c, 0.3, out);
@@ -1005,7 +1001,7 @@ BOOST_AUTO_TEST_CASE(max_workers_and_joined_ranks_save_and_load) {
     out.clear();
   }
   BOOST_TEST(same_bits(a.parameters(), b.parameters()));
-  BOOST_TEST((saved_bytes(a) == saved_bytes(b)));
+  BOOST_TEST((saved(a) == saved(b)));
 }
 
 // ---------------------------------------------------------------- allocation
@@ -2085,9 +2081,9 @@ BOOST_AUTO_TEST_CASE(a_leave_gives_back_and_an_eviction_waits_for_give_back_afte
   BOOST_TEST(core.ledger().next(0) == 40u);  // [20, 30) is a returned range now
   // A tick with nothing due changes nothing.
   out.clear();
-  const auto before = saved_bytes(core);
+  const auto before = saved(core);
   core.tick(16.0, out);
-  BOOST_TEST((saved_bytes(core) == before));
+  BOOST_TEST((saved(core) == before));
   BOOST_TEST(out.empty());
 }
 
@@ -2111,7 +2107,7 @@ BOOST_AUTO_TEST_CASE(a_ledger_saved_mid_epoch_loads_and_continues_identically) {
   }
   a.evict(1, 6.0, out);  // suspended at the save
   out.clear();
-  const auto bytes = saved_bytes(a);
+  const auto bytes = saved(a);
   BOOST_TEST(static_cast<unsigned>(bytes[4]) == 4u);  // PSCR version 4
   BOOST_TEST(a.ledger().used(0) > 0u);
   BOOST_TEST(a.ledger().used(0) < 97u);
@@ -2122,7 +2118,7 @@ BOOST_AUTO_TEST_CASE(a_ledger_saved_mid_epoch_loads_and_continues_identically) {
   BOOST_REQUIRE_MESSAGE(st.ok(), st.to_string());
   BOOST_TEST(b.ledger().enabled());
   BOOST_TEST((b.params().ledger == a.params().ledger));
-  BOOST_TEST((saved_bytes(b) == bytes));
+  BOOST_TEST((saved(b) == bytes));
   ps::server_actions out_b(4);
   std::uint64_t seq_b[4] = {seq[0], seq[1], seq[2], seq[3]};
   auto go_on = [&](auto& core, ps::server_actions& o, std::uint64_t* s) {
@@ -2150,19 +2146,19 @@ BOOST_AUTO_TEST_CASE(a_ledger_saved_mid_epoch_loads_and_continues_identically) {
   BOOST_TEST((ta == tb));
   BOOST_TEST(a.ledger().epoch() >= 1u);
   BOOST_TEST(a.ledger().check().ok());
-  BOOST_TEST((saved_bytes(a) == saved_bytes(b)));
+  BOOST_TEST((saved(a) == saved(b)));
 
   // Without a ledger: version 3, and it loads as ledger-off into a core that has one.
   auto plain = ledger_core(2, 0, {});
   plain.join(0, 5, 0.0, out);
-  const auto v3 = saved_bytes(plain);
+  const auto v3 = saved(plain);
   BOOST_TEST(static_cast<unsigned>(v3[4]) == 3u);
   auto with = ledger_core(2);
   ashl::state_reader r3(v3);
   BOOST_REQUIRE(with.load(r3).ok());
   BOOST_TEST(!with.ledger().enabled());
   BOOST_TEST((with.params().ledger == ps::ledger_params{}));
-  BOOST_TEST((saved_bytes(with) == v3));
+  BOOST_TEST((saved(with) == v3));
 }
 
 // With the ledger on, commits (each moving the cursor, granting leases,

@@ -25,6 +25,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "../support/ps_policy_cases.hpp"
+#include "../support/saved_state.hpp"
 
 #include <ashl/compress/identity.hpp>
 #include <ashl/compress/topk.hpp>
@@ -56,13 +57,7 @@ struct saved_state {
 #include "data/state_bytes_ashl1.inc"
 #include "data/state_bytes_rond1.inc"
 
-template <class T>
-std::vector<std::byte> saved(const T& x) {
-  std::vector<std::byte> bytes;
-  ashl::state_writer w(bytes);
-  x.save(w);
-  return bytes;
-}
+using test_support::saved;
 
 // Every policy after `events` of the shared script.
 std::map<std::string, std::vector<std::byte>> policy_states() {

@@ -11,12 +11,12 @@
 #include <boost/test/unit_test.hpp>
 
 #include "ps_policy_cases.hpp"
+#include "saved_state.hpp"
 
 #include <ashl/compress/cast.hpp>
 #include <ashl/compress/identity.hpp>
 #include <ashl/compress/randomk.hpp>
 #include <ashl/compress/topk.hpp>
-#include <ashl/core/state_io.hpp>
 #include <ashl/rules/apply_pool.hpp>
 #include <ashl/rules/core_events.hpp>
 #include <ashl/rules/policies.hpp>
@@ -48,12 +48,19 @@ inline float value(std::uint32_t w, std::uint64_t seq, std::size_t i) {
   return static_cast<float>(static_cast<int>(h % 2001) - 1000) * 1e-4f;
 }
 
+// The core's saved bytes once its pending applies are done.
 inline std::vector<std::byte> saved(core_t& c) {
   c.apply_pending();
-  std::vector<std::byte> b;
-  ashl::state_writer w(b);
-  c.save(w);
-  return b;
+  return test_support::saved(c);
+}
+
+// A core of n elements in one shard under SSP with ps_cases' parameters.
+inline core_t make_ssp_core(std::size_t n) {
+  auto policy = ps::make_policy("ssp", ps_cases::base_params("ssp", workers));
+  BOOST_REQUIRE(policy.has_value());
+  auto c = core_t::create({.layout = *ps::shard_layout::even(n, 1), .workers = workers}, std::move(*policy));
+  BOOST_REQUIRE(c.has_value());
+  return std::move(*c);
 }
 
 // A core and the threads it applies with (kept beside it).

@@ -13,11 +13,12 @@
 // (test/support/counting_new.hpp).
 #pragma once
 
-#include <ashl/core/state_io.hpp>
 #include <ashl/sync/concepts.hpp>
 #include <ashl/sync/events.hpp>
 
 #include <boost/test/unit_test.hpp>
+
+#include "saved_state.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -104,13 +105,7 @@ effect apply(P& p, const any_event& e, as::outcome_sink& out) {
   return f;
 }
 
-template <as::consistency_policy P>
-std::vector<std::byte> saved(const P& p) {
-  std::vector<std::byte> bytes;
-  ashl::state_writer w(bytes);
-  p.save(w);
-  return bytes;
-}
+using test_support::saved;
 
 template <as::consistency_policy P>
 void require_same_view(const P& a, const P& b, std::size_t ids) {

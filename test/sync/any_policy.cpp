@@ -6,6 +6,8 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "../support/saved_state.hpp"
+
 #include <cstddef>
 #include <vector>
 
@@ -18,12 +20,7 @@ as::outcome_sink& fresh() {
   sink.clear();
   return sink;
 }
-std::vector<std::byte> saved(const as::any_policy& p) {
-  std::vector<std::byte> bytes;
-  ashl::state_writer w(bytes);
-  p.save(w);
-  return bytes;
-}
+using test_support::saved;
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(forwards_every_event) {

@@ -469,3 +469,40 @@ BOOST_AUTO_TEST_CASE(max_workers_reaches_every_process_and_only_when_given) {
   BOOST_TEST(help.code == 0);
   BOOST_TEST(help.out.find("--max-workers K") != std::string::npos, help.out);
 }
+
+// docs/elastic.md §4.6 (E11): --backups starts one backup per server (the
+// server's rank, ASHL_REPLICA=1) on the next block of ports, and every
+// process gets ASHL_BACKUP_ADDR; a server-side process that fails does not
+// stop the job (its shard fails over).
+BOOST_AUTO_TEST_CASE(backups_start_one_per_server_on_the_next_block_and_every_process_knows_them) {
+  auto r = run({"-s", "2", "-w", "1", "--ports-per-server", "4", "--backups", "--insecure", "--", "/bin/sh", "-c",
+                "echo \"$ASHL_ROLE $ASHL_RANK ${ASHL_REPLICA-0} $ASHL_SERVER_ADDR $ASHL_BACKUP_ADDR\""});
+  BOOST_TEST(r.code == 0, r.err);
+  const auto lines = lines_of(r.out);
+  BOOST_TEST(lines.size() == 5u);
+  const std::regex line(R"(\[(server|backup|worker) (\d)\] (server|worker) (\d) ([01]) )"
+                        R"(127\.0\.0\.1:(\d+),127\.0\.0\.1:(\d+) 127\.0\.0\.1:(\d+),127\.0\.0\.1:(\d+))");
+  int backups = 0;
+  for (const auto& l : lines) {
+    std::smatch m;
+    BOOST_TEST_REQUIRE(std::regex_match(l, m, line), l);
+    const int base = std::stoi(m[6]);
+    BOOST_TEST(std::stoi(m[7]) == base + 1);
+    BOOST_TEST(std::stoi(m[8]) == base + 2 * 4);  // the next block: port + S x ports-per-server
+    BOOST_TEST(std::stoi(m[9]) == base + 2 * 4 + 1);
+    BOOST_TEST(m[2] == m[4]);  // the label's rank is ASHL_RANK
+    const bool backup = m[1] == "backup";
+    backups += backup;
+    BOOST_TEST((m[5] == (backup ? "1" : "0")), l);
+    BOOST_TEST((m[3] == (m[1] == "worker" ? "worker" : "server")), l);
+  }
+  BOOST_TEST(backups == 2);
+  // A server that fails: the job goes on, the worker's status is the job's.
+  r = run({"-s", "1", "-w", "1", "--backups", "--insecure", "--grace", "1", "--", "/bin/sh", "-c",
+           "if [ \"$ASHL_ROLE\" = server ] && [ -z \"$ASHL_REPLICA\" ]; then exit 3; fi; sleep 0.3; echo done"});
+  BOOST_TEST(r.code == 0, r.err);
+  BOOST_TEST(r.err.find("server 0 exited with status 3; its shard has a backup: the job goes on") != std::string::npos,
+             r.err);
+  const auto help = run({"--help"});
+  BOOST_TEST(help.out.find("--backups") != std::string::npos, help.out);
+}

@@ -29,6 +29,13 @@ concept clock = requires(const C& c) {
 class steady_clock {
  public:
   steady_clock() noexcept : start_(std::chrono::steady_clock::now()) {}
+  // A clock that reads `seconds` now: another clock's timeline continued
+  // (a promoted backup goes on from its primary's, docs/elastic.md §4.1).
+  static steady_clock starting_at(double seconds) noexcept {
+    steady_clock c;
+    c.start_ -= std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+    return c;
+  }
   [[nodiscard]] double now() const noexcept { return at(std::chrono::steady_clock::now()); }
   // The seconds of instant t on this clock (an earlier instant: a smaller
   // number, negative before the clock started).

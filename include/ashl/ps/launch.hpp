@@ -32,6 +32,11 @@
 //   ASHL_JOB          --job NAME     the job's name, part of its id (job_id_of; default empty)
 //   ASHL_NO_WORKER_GRACE --no-worker-grace S   a server ends after S seconds with no worker
 //                                  connected (server_params::no_worker_grace; default 60, > 0)
+//   ASHL_BACKUP_ADDR  --backup-addr  each shard's backup (docs/elastic.md §4.6): every shard's,
+//                                  comma-separated, an empty entry for a shard without one; or
+//                                  shard 0's alone (shard i's at port + i), as ASHL_SERVER_ADDR
+//   ASHL_REPLICA      --replica      with ASHL_ROLE=server: this process is shard ASHL_RANK's
+//                                  backup (listens on its ASHL_BACKUP_ADDR entry; 1/0 as ASHL_INSECURE)
 //
 // The token (docs/multi-host.md, "The token"): only from ASHL_TOKEN, never a
 // command line (ps(1) and /proc/<pid>/cmdline show those to every user of
@@ -94,6 +99,10 @@ struct job {
   double progress_seconds = 0;                // 0 = no progress line
   std::string name;                           // ASHL_JOB: part of the job id (job_id_of)
   double no_worker_grace_seconds = 60;        // servers: server_params::no_worker_grace
+  // Shard i's backup at backup_addresses[i] ("" none); empty: no shard has
+  // one (ASHL_BACKUP_ADDR; worker_params::backups).
+  std::vector<std::string> backup_addresses;
+  bool replica = false;                       // a server that is its shard's backup (ASHL_REPLICA)
   std::vector<std::string> rest;              // argv[0], then the arguments left for the program
 };
 
@@ -158,6 +167,38 @@ inline result<host_port> parse_host_port(std::string_view text, std::string_view
   return a;
 }
 
+namespace detail {
+
+// A comma-separated list of addresses, one per server; `empty_ok`: an
+// empty entry stands for none (a shard without a backup).
+inline result<std::vector<std::string>> address_list(std::string_view text, std::uint32_t num_servers,
+                                                     std::string_view source, std::string_view servers_source,
+                                                     bool empty_ok) {
+  std::vector<std::string> out;
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    auto end = text.find(',', begin);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view entry = text.substr(begin, end - begin);
+    if (empty_ok && entry.empty()) {
+      out.emplace_back();
+    } else {
+      auto a = parse_host_port(entry, source);
+      if (!a) return a.error();
+      out.push_back(join_host_port(*a));
+    }
+    begin = end + 1;
+  }
+  if (out.size() != num_servers)
+    return launch_error(source, text,
+                        "lists " + std::to_string(out.size()) + " addresses, expected one per server (" +
+                            std::string(servers_source) + " = " + std::to_string(num_servers) +
+                            (empty_ok ? "; an empty one for a shard without a backup)" : ")"));
+  return out;
+}
+
+}  // namespace detail
+
 // The servers' addresses from ASHL_SERVER_ADDR's value: every server's,
 // comma-separated, or server 0's alone (server i then at port + i).
 inline result<std::vector<std::string>> server_addresses_from(std::string_view text, std::uint32_t num_servers,
@@ -167,22 +208,8 @@ inline result<std::vector<std::string>> server_addresses_from(std::string_view t
   if (num_servers < 1 || num_servers > max_servers)
     return status(errc::out_of_range, std::string(servers_source) + " = " + std::to_string(num_servers) +
                                           ": must be in 1.." + std::to_string(max_servers) + " (ps::max_servers)");
-  if (text.find(',') != std::string_view::npos) {
-    std::size_t begin = 0;
-    while (begin <= text.size()) {
-      auto end = text.find(',', begin);
-      if (end == std::string_view::npos) end = text.size();
-      auto a = parse_host_port(text.substr(begin, end - begin), source);
-      if (!a) return a.error();
-      out.push_back(detail::join_host_port(*a));
-      begin = end + 1;
-    }
-    if (out.size() != num_servers)
-      return detail::launch_error(source, text,
-                                  "lists " + std::to_string(out.size()) + " addresses, expected one per server (" +
-                                      std::string(servers_source) + " = " + std::to_string(num_servers) + ")");
-    return out;
-  }
+  if (text.find(',') != std::string_view::npos)
+    return detail::address_list(text, num_servers, source, servers_source, false);
   auto a = parse_host_port(text, source);
   if (!a) return a.error();
   if (num_servers > 1 && a->port == 0)
@@ -202,6 +229,16 @@ inline result<std::vector<std::string>> server_addresses_from(std::string_view t
   return out;
 }
 
+// The backups' addresses from ASHL_BACKUP_ADDR's value (docs/elastic.md
+// §4.6): every shard's, comma-separated, an empty entry for a shard
+// without a backup; or shard 0's alone (shard i's at port + i).
+inline result<std::vector<std::string>> backup_addresses_from(std::string_view text, std::uint32_t num_servers,
+                                                              std::string_view source,
+                                                              std::string_view servers_source = "ASHL_NUM_SERVERS") {
+  if (text.find(',') == std::string_view::npos) return server_addresses_from(text, num_servers, source, servers_source);
+  return detail::address_list(text, num_servers, source, servers_source, true);
+}
+
 // The job of this process: the environment, then the flags in argv over it.
 inline result<job> job_from(int argc, char** argv) {
   struct setting {
@@ -215,9 +252,10 @@ inline result<job> job_from(int argc, char** argv) {
       addr_s{"ASHL_SERVER_ADDR", "--server-addr", {}, {}}, token_s{"ASHL_TOKEN", "--token", {}, {}},
       insecure_s{"ASHL_INSECURE", "--insecure", {}, {}}, verbose_s{"ASHL_VERBOSE", "--verbose", {}, {}},
       progress_s{"ASHL_PROGRESS", "--progress", {}, {}}, name_s{"ASHL_JOB", "--job", {}, {}},
-      grace_s{"ASHL_NO_WORKER_GRACE", "--no-worker-grace", {}, {}};
-  setting* all[] = {&role_s,     &rank_s,    &workers_s,  &max_workers_s, &servers_s, &addr_s,
-                    &token_s,    &insecure_s, &verbose_s, &progress_s,    &name_s,    &grace_s};
+      grace_s{"ASHL_NO_WORKER_GRACE", "--no-worker-grace", {}, {}},
+      backup_s{"ASHL_BACKUP_ADDR", "--backup-addr", {}, {}}, replica_s{"ASHL_REPLICA", "--replica", {}, {}};
+  setting* all[] = {&role_s,     &rank_s,     &workers_s, &max_workers_s, &servers_s, &addr_s,    &token_s,
+                    &insecure_s, &verbose_s,  &progress_s, &name_s,       &grace_s,   &backup_s,  &replica_s};
   for (auto* s : all) {
     const std::string name(s->env);
     if (const char* v = std::getenv(name.c_str()); v && *v) {
@@ -261,7 +299,7 @@ inline result<job> job_from(int argc, char** argv) {
                     "--token: a token on the command line is visible to every user of this host (ps, "
                     "/proc/<pid>/cmdline); pass it in the environment variable ASHL_TOKEN instead");
     match->source = std::string(match->flag);
-    const bool is_switch = match == &insecure_s || match == &verbose_s;
+    const bool is_switch = match == &insecure_s || match == &verbose_s || match == &replica_s;
     if (is_switch) {
       match->value = inline_value ? std::string(*inline_value) : std::string("1");
     } else if (inline_value) {
@@ -331,6 +369,24 @@ inline result<job> job_from(int argc, char** argv) {
                                      servers_s.value ? servers_s.source : std::string(servers_s.env));
   if (!addrs) return addrs.error();
   j.server_addresses = std::move(*addrs);
+  if (backup_s.value) {
+    auto b = backup_addresses_from(*backup_s.value, j.num_servers, backup_s.source,
+                                   servers_s.value ? servers_s.source : std::string(servers_s.env));
+    if (!b) return b.error();
+    j.backup_addresses = std::move(*b);
+  }
+  if (replica_s.value) {
+    auto v = detail::parse_flag_value(replica_s.source, *replica_s.value);
+    if (!v) return v.error();
+    j.replica = *v;
+    if (j.replica && !server)
+      return detail::launch_error(replica_s.source, *replica_s.value,
+                                  "only a server is a backup (ASHL_ROLE = " + std::string(to_string(j.role)) + ")");
+    if (j.replica && (j.backup_addresses.empty() || j.backup_addresses[j.rank].empty()))
+      return detail::launch_error(replica_s.source, *replica_s.value,
+                                  "shard " + std::to_string(j.rank) +
+                                      " has no backup address (set ASHL_BACKUP_ADDR, or pass --backup-addr)");
+  }
 
   if (insecure_s.value) {
     auto v = detail::parse_flag_value(insecure_s.source, *insecure_s.value);
@@ -407,6 +463,14 @@ inline std::string describe(const job& j) {
     if (i) s += ',';
     s += j.server_addresses[i];
   }
+  if (!j.backup_addresses.empty()) {
+    s += ", backups ";
+    for (std::size_t i = 0; i < j.backup_addresses.size(); ++i) {
+      if (i) s += ',';
+      s += j.backup_addresses[i];
+    }
+  }
+  if (j.replica) s += ", this server a backup";
   s += j.token.empty() ? ", insecure (no token)" : ", token set";
   if (j.verbose) s += ", verbose";
   if (j.progress_seconds > 0) {

@@ -125,6 +125,40 @@ class server {
   static constexpr std::uint32_t max_apply_batch = 64;  // server_params.apply_batch
 
   static result<server> create(server_params p, Policy policy, Transport t, std::span<const float> initial = {}) {
+    return create_with(std::move(p), std::move(t), [&](const server_params& q) -> result<core_type> {
+      return core_type::create(q.core, std::move(policy), initial);
+    });
+  }
+
+  // A backup's core promoted to this shard's primary (docs/elastic.md
+  // §4.5; ps::server_backup::take_over calls it): `core` holds the
+  // replicated state, every rank it knows is evicted (their connections
+  // went to the old primary; they rejoin with the same incarnation, as
+  // after a restore), the term is `term`, the clock goes on from `now`
+  // (the old primary's timeline), and the server takes a backup of its own
+  // (the old primary, restarted, attaches as one). `takeover_seconds`: from
+  // the link's loss to the promotion (telemetry).
+  static result<server> take_over(server_params p, core_type core, Transport t, std::uint32_t term, double now,
+                                  double takeover_seconds) {
+    p.take_backup = true;
+    p.restore = false;
+    auto srv = create_with(std::move(p), std::move(t),
+                           [&](const server_params&) -> result<core_type> { return std::move(core); });
+    if (!srv) return srv.error();
+    server_actions ignored(srv->p_.core.max_workers);
+    for (worker_id w = 0; w < srv->core_.known_workers(); ++w)
+      if (srv->core_.is_live(w)) srv->core_.evict(w, now, ignored);
+    srv->clock_ = steady_clock::starting_at(now);
+    srv->no_worker_since_ = now;
+    srv->set_term(term);
+    srv->tel_.failovers = 1;
+    srv->tel_.takeover_seconds = takeover_seconds;
+    return srv;
+  }
+
+ private:
+  template <class MakeCore>
+  static result<server> create_with(server_params p, Transport t, MakeCore make_core) {
     if (!(p.progress_seconds >= 0.0))
       return invalid_argument("server.progress_seconds", p.progress_seconds, "must be >= 0");
     ASHL_TRY(check_codec_options(p.compression, p.compression_options, "server.compression_options."));
@@ -171,7 +205,7 @@ class server {
       ASHL_TRY(check_ledger_params(p.ledger, "server.ledger."));
       if (p.core.shard == 0) p.core.ledger = p.ledger;
     }
-    auto core = core_type::create(p.core, std::move(policy), initial);
+    auto core = make_core(p);
     if (!core) return core.error();
     p.core.max_workers = core->params().max_workers;  // resolved: 0 means workers
     core->defer_dense_applies(p.apply_batch);
@@ -237,6 +271,8 @@ class server {
     if (srv.p_.take_backup) srv.start_replication();
     return srv;
   }
+
+ public:
 
   server(server&&) noexcept = default;
   server& operator=(server&&) noexcept = default;
@@ -761,6 +797,8 @@ class server {
   void replica_poll(double now);
   void replica_lost(transport::peer_id p, const status& why);
   void send_shard_state();
+  void send_shard_state(transport::peer_id p, std::uint32_t w);
+  void set_term(std::uint32_t term) noexcept;
   void send_replicate(wire::replica_event ev, std::uint32_t rank, std::uint64_t index, std::uint32_t flags,
                       std::uint64_t version_after, std::uint32_t crc_after, std::span<const std::byte> record);
   void replica_telemetry(server_telemetry& s) const;

@@ -311,6 +311,8 @@ inline void server<Transport, Policy>::on_join(transport::peer_id p, peer_state&
     left_[w] = 0;
     --left_count_;
   }
+  // The term, so that a failover join can carry it (docs/elastic.md §4.5).
+  if (replica_) send_shard_state(p, w);
 }
 
 template <transport::transport Transport, sync::consistency_policy Policy>

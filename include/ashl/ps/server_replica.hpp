@@ -49,6 +49,8 @@
 #include <ashl/ps/server.hpp>
 #include <ashl/rules/replication.hpp>
 
+#include <optional>
+
 ASHL_NAMESPACE_BEGIN
 namespace ps {
 
@@ -330,10 +332,20 @@ inline void server<Transport, Policy>::replica_dropped(const status& why) {
 
 template <transport::transport Transport, sync::consistency_policy Policy>
 inline void server<Transport, Policy>::send_shard_state() {
+  for (std::uint32_t w = 0; w < rank_peer_.size(); ++w)
+    if (rank_peer_[w] != transport::no_peer) send_shard_state(rank_peer_[w], w);
+}
+
+template <transport::transport Transport, sync::consistency_policy Policy>
+inline void server<Transport, Policy>::send_shard_state(transport::peer_id p, std::uint32_t w) {
   const detail::replica_link& r = *replica_;
   const wire::shard_state_body b{.term = r.term, .flags = r.link.attached() ? wire::shard_state_flag_backup : 0u};
-  for (std::uint32_t w = 0; w < rank_peer_.size(); ++w)
-    if (rank_peer_[w] != transport::no_peer) (void)send_control(rank_peer_[w], wire::header{.rank = w, .clock = r.term}, b);
+  (void)send_control(p, wire::header{.rank = w, .clock = r.term}, b);
+}
+
+template <transport::transport Transport, sync::consistency_policy Policy>
+inline void server<Transport, Policy>::set_term(std::uint32_t term) noexcept {
+  replica_->term = term;
 }
 
 template <transport::transport Transport, sync::consistency_policy Policy>
@@ -353,12 +365,23 @@ struct backup_telemetry {
   std::uint64_t refused = 0;         // replicate messages or records refused (named in last_refusal())
   std::uint64_t joins_refused = 0;   // messages of workers (joins) refused: this is a backup
   std::uint64_t primary_errors = 0;  // errors the primary sent (a refused hello)
+  std::uint64_t votes = 0;           // failover joins counted as votes (docs/elastic.md §4.5)
+  std::uint64_t stale_joins = 0;     // failover joins of a higher term: this backup is stale
 };
 
 // A shard's backup process: its own core, fed the primary's records in
 // order (replication_backup), acknowledging each on receipt; it refuses
 // every worker's message (`join: server 0 (backup) is shard 0's backup
-// (term 2); its primary is host:5000`). E11 makes it take over.
+// (term 2); its primary is host:5000`, code unavailable: a worker failing
+// over tries its other address). A join with the `failover` flag is a vote
+// (failover_votes, rules/replication.hpp): once its link to the primary is
+// down and a majority of the workers live in its state voted with its
+// term, promoted() is true and the driver calls take_over(), which gives
+// the shard's new primary, a ps::server at term + 1 (docs/elastic.md §4.5):
+//
+//   while (!backup->promoted()) backup->run_once(1ms);
+//   auto primary = std::move(*backup).take_over();   // result<ps::server<T, Policy>>
+//   primary->run(stop);
 template <transport::transport Transport, sync::consistency_policy Policy = sync::any_policy>
 class server_backup {
  public:
@@ -383,12 +406,50 @@ class server_backup {
   server_backup(server_backup&&) noexcept = default;
   server_backup& operator=(server_backup&&) noexcept = default;
 
+  // A primary that starts (or restarts) where its shard has a backup asks
+  // the peer's address first (docs/elastic.md §4.5, "The old primary,
+  // restarted"): a primary there (the backup promoted while this one was
+  // down, at a higher term) takes its hello and sends its snapshot, and
+  // this process is that primary's backup from then on (`backup`, caught
+  // up). An unpromoted backup there refuses the hello (unavailable), and
+  // nobody there within `bound` means this process is the primary:
+  // `transport` is handed back for ps::server::create.
+  struct peer_answer {
+    std::optional<server_backup> backup;
+    std::optional<Transport> transport;
+  };
+  static result<peer_answer> ask_peer(server_params p, Policy policy, Transport t, std::string peer,
+                                      std::span<const float> initial, std::chrono::milliseconds bound) {
+    auto b = create(std::move(p), std::move(policy), std::move(t), std::move(peer), initial);
+    if (!b) return b.error();
+    const auto until = std::chrono::steady_clock::now() + bound;
+    while (!b->caught_up() && b->tel_.primary_errors == 0 && std::chrono::steady_clock::now() < until &&
+           !(b->link_lost_ && !b->connected_))
+      b->run_once(std::chrono::microseconds(1000));
+    peer_answer a;
+    if (b->caught_up()) {
+      std::fprintf(stderr, "server %u: a primary at %s (term %u) took this server as its backup\n",
+                   b->p_.core.shard, b->primary_address_.c_str(), b->term_);
+      a.backup.emplace(std::move(*b));
+      return a;
+    }
+    if (b->primary_ != transport::no_peer) b->t_.close(b->primary_);
+    a.transport.emplace(std::move(b->t_));
+    return a;
+  }
+
   // One pass of the transport: records applied and acknowledged, workers
   // refused. Returns the handler calls made.
   std::size_t poll() {
     handler h{this};
     const std::size_t k = t_.progress(h);
     if (ack_due_) send_ack();
+    const double now = clock_.now();
+    if (hello_again_at_ > 0.0 && now >= hello_again_at_ && connected_ && !started_) {
+      hello_again_at_ = 0.0;
+      send_hello();
+    }
+    maybe_promote(now);
     return k;
   }
   std::size_t run_once(std::chrono::microseconds max_wait) {
@@ -404,6 +465,21 @@ class server_backup {
   [[nodiscard]] bool connected() const noexcept { return connected_; }
   [[nodiscard]] std::uint32_t term() const noexcept { return term_; }
   [[nodiscard]] const backup_telemetry& telemetry() const noexcept { return tel_; }
+  // The promotion rule said yes (docs/elastic.md §4.5): take_over() now.
+  [[nodiscard]] bool promoted() const noexcept { return promoted_; }
+  // A failover join of a higher term came: this backup never promotes.
+  [[nodiscard]] bool stale() const noexcept { return votes_.stale(); }
+  // This backup's core, promoted: a ps::server at term + 1 on this
+  // backup's transport (its listener: the workers' backup address), every
+  // live worker evicted, joins taken (server::take_over). Only once
+  // promoted().
+  result<server<Transport, Policy>> take_over() && {
+    ASHL_ASSERT(promoted_, "server_backup::take_over before promoted()");
+    const double now = clock_.now();
+    const double primary_now = rb_.last_now() + (now - last_record_at_);
+    return server<Transport, Policy>::take_over(p_, std::move(*core_), std::move(t_), term_ + 1, primary_now,
+                                                promoted_at_ - lost_at_);
+  }
   // The last refusal (of a record, or the primary's of this backup's hello).
   [[nodiscard]] const status& last_refusal() const noexcept { return last_refusal_; }
   [[nodiscard]] Transport& transport() noexcept { return t_; }
@@ -434,6 +510,7 @@ class server_backup {
       : p_(std::move(p)),
         core_(std::move(core)),
         rb_(*core_, p_.core.max_workers),
+        votes_(p_.core.max_workers, std::chrono::duration<double>(p_.replica_timeout).count()),
         primary_address_(std::move(primary)),
         t_(std::move(t)) {
     tx_.resize(16);
@@ -464,6 +541,8 @@ class server_backup {
     if (connected_) {
       send_hello();
     } else {
+      if (!link_lost_) lost_at_ = clock_.now();
+      link_lost_ = true;
       last_refusal_ = make_error(errc::unavailable, "backup.primary", primary_address_, "link " +
                                                                                   std::string(transport::to_string(e)) +
                                                                                   ": " + why.message());
@@ -479,6 +558,8 @@ class server_backup {
     }
     const wire::header& h = m->header;
     if (p != primary_) {  // a worker (or anyone else): this server is a backup
+      if (const auto* j = m->template get<wire::join_body>(); j && (j->flags & wire::join_flag_failover) != 0)
+        on_failover_join(h, *j);
       ++tel_.joins_refused;
       send_error(p, errc::unavailable, h.sequence,
                  std::string(wire::to_string(h.kind)) + ": server " + std::to_string(p_.core.shard) +
@@ -493,8 +574,12 @@ class server_backup {
     if (const auto* e = m->template get<wire::error_body>()) {
       ++tel_.primary_errors;
       last_refusal_ = status(e->code, std::string(e->text));
-      std::fprintf(stderr, "server %u (backup): the primary refused it: %s\n", p_.core.shard,
-                   last_refusal_.message().c_str());
+      if (tel_.primary_errors == 1)
+        std::fprintf(stderr, "server %u (backup): the primary refused it: %s\n", p_.core.shard,
+                     last_refusal_.message().c_str());
+      // Not a primary yet (it asks its own peer first as it starts, §4.5),
+      // or a backup attached already: the hello goes again in a while.
+      if (e->code == errc::unavailable && !started_) hello_again_at_ = clock_.now() + hello_retry_seconds;
       return;
     }
     // shard_state and anything else from the primary: nothing to do here.
@@ -542,7 +627,10 @@ class server_backup {
       s = out_of_range("replicate.index", index_, "a record before the snapshot");
     } else {
       s = rb_.receive(index_, rec, b.crc_after != 0, (b.flags & wire::replicate_flag_state_crc) != 0);
-      if (s) ++tel_.records;
+      if (s) {
+        ++tel_.records;
+        last_record_at_ = clock_.now();
+      }
     }
     if (!s) {  // not acknowledged: the primary drops this backup after its replica_timeout
       refuse(s);
@@ -550,6 +638,35 @@ class server_backup {
     }
     ack_due_ = true;
     send_ack();
+  }
+
+  // A worker lost the primary and asks this backup (docs/elastic.md §4.5):
+  // a vote when it carries this backup's term; a higher term makes this
+  // backup stale (said once); the promotion rule is asked at once.
+  void on_failover_join(const wire::header& h, const wire::join_body& j) {
+    if (!started_ || (p_.job != 0 && j.job != 0 && j.job != p_.job)) return;
+    const double now = clock_.now();
+    switch (votes_.join(h.rank, j.term, term_, now)) {
+      case failover_vote::vote:
+        ++tel_.votes;
+        break;
+      case failover_vote::stale:
+        if (++tel_.stale_joins == 1)
+          std::fprintf(stderr, "server %u (backup): stale: worker %u knows term %u, this backup term %u; not promoting\n",
+                       p_.core.shard, h.rank, j.term, term_);
+        break;
+      case failover_vote::no_vote:
+        break;
+    }
+    maybe_promote(now);
+  }
+
+  void maybe_promote(double now) {
+    if (promoted_ || !started_ || !votes_.promote(*core_, link_lost_ && !connected_, now)) return;
+    promoted_ = true;
+    promoted_at_ = now;
+    std::fprintf(stderr, "server %u (backup): primary lost; promoted at term %u after %.0f ms (%u of %u workers)\n",
+                 p_.core.shard, term_ + 1, 1e3 * (now - lost_at_), votes_.votes(*core_, now), core_->live_count());
   }
 
   void refuse(const status& s) {
@@ -610,6 +727,12 @@ class server_backup {
   server_params p_;
   std::unique_ptr<core_type> core_;  // on the heap: rb_ points at it across moves
   replication_backup<core_type> rb_;
+  failover_votes votes_;
+  steady_clock clock_;
+  bool link_lost_ = false, promoted_ = false;
+  double lost_at_ = 0.0, promoted_at_ = 0.0, last_record_at_ = 0.0;
+  static constexpr double hello_retry_seconds = 0.2;
+  double hello_again_at_ = 0.0;  // > 0: a refused hello goes again then
   std::string primary_address_;
   transport::peer_id primary_ = transport::no_peer;
   bool connected_ = false, started_ = false, ack_due_ = false;

@@ -291,6 +291,10 @@ struct server_telemetry {
   // version or protocol disagreement; for lag (bytes, records, held
   // events) or silence past replica_timeout, or a lost link.
   std::uint64_t backups_dropped_crc = 0, backups_dropped_lag = 0;
+  // Failover (docs/elastic.md §4.5): 1 on a backup promoted to primary, and
+  // the seconds from its link's loss to the promotion.
+  std::uint64_t failovers = 0;
+  double takeover_seconds = 0.0;
 
   [[nodiscard]] std::uint64_t wire_refused_total() const noexcept {
     std::uint64_t t = 0;
@@ -359,7 +363,9 @@ struct server_telemetry {
         field{"seconds", &server_telemetry::seconds},
         field{"wait_seconds", &server_telemetry::wait_seconds},
         field{"backups_dropped_crc", &server_telemetry::backups_dropped_crc},
-        field{"backups_dropped_lag", &server_telemetry::backups_dropped_lag}};
+        field{"backups_dropped_lag", &server_telemetry::backups_dropped_lag},
+        field{"failovers", &server_telemetry::failovers},
+        field{"takeover_seconds", &server_telemetry::takeover_seconds}};
   }
 };
 static_assert(fields_cover<server_telemetry>(), "server_telemetry::fields() must list every counter");

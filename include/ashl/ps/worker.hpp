@@ -117,6 +117,13 @@ class worker {
                           "must be at most " + std::to_string(max_servers) + " addresses (ps::max_servers)");
     if (p.timeout.count() <= 0) return invalid_argument("worker.timeout_ms", p.timeout.count(), "must be > 0");
     if (p.reconnect.count() < 0) return invalid_argument("worker.reconnect_ms", p.reconnect.count(), "must be >= 0");
+    if (!p.backups.empty() && p.backups.size() != p.servers.size())
+      return invalid_argument("worker.backups", p.backups.size(),
+                              "must list one address per server (" + std::to_string(p.servers.size()) +
+                                  "; an empty one for a shard without a backup) or none");
+    if (p.failover_attempt.count() <= 0)
+      return invalid_argument("worker.failover_attempt_ms", p.failover_attempt.count(), "must be > 0");
+    ASHL_TRY(check_duration("worker.failover_attempt_ms", p.failover_attempt));
     // Deadlines are now + these in steady_clock's nanoseconds: bounded so the sum cannot wrap.
     ASHL_TRY(check_duration("worker.timeout_ms", p.timeout));
     ASHL_TRY(check_duration("worker.reconnect_ms", p.reconnect));
@@ -443,6 +450,13 @@ class worker {
     std::vector<std::uint8_t> arrived;       // per shard: its commit send completed ok
     std::vector<std::uint8_t> lost;          // per server: reconnecting (worker_params.reconnect)
     std::vector<double> lost_until;          // per server: the reconnect's deadline
+    // Per shard, failing over (worker_params::backups): the address tried
+    // now (0 the server's, 1 its backup's), until when, whether a join was
+    // taken since the loss (0: failing over), and the term this worker knows.
+    std::vector<std::uint8_t> address, failing_over;
+    std::vector<double> attempt_until;
+    std::vector<std::uint32_t> term;
+    std::vector<transport::peer_id> closing;  // to close after the pass (fail_over)
     bool leaving = false;
     // The data ledger's leases from server 0 (leases()): capacity for the
     // most a worker holds (data_ledger::lease_capacity at ps::max_ledger_ahead),
@@ -486,6 +500,10 @@ class worker {
       arrived.assign(S, 0);
       lost.assign(S, 0);
       lost_until.assign(S, 0.0);
+      address.assign(S, 0);
+      failing_over.assign(S, 0);
+      attempt_until.assign(S, 0.0);
+      term.assign(S, 0);
       enc.resize(S);
       dense.resize(S);
       slots.reserve(4 * S + 8);
@@ -557,7 +575,7 @@ class worker {
     [[nodiscard]] std::uint32_t servers() const noexcept { return static_cast<std::uint32_t>(peer.size()); }
 
     std::string server_name(std::uint32_t s) const {
-      return "server " + std::to_string(s) + " at " + p.servers[s];
+      return "server " + std::to_string(s) + " at " + address_of(s);
     }
 
     // -------------------------------------------------------------- start
@@ -572,7 +590,7 @@ class worker {
       ASHL_TRY(drive_until([&] { return all_connected(); }, deadline, "connecting to the servers"));
       for (std::uint32_t s = 0; s < servers(); ++s) {
         wire::header h{.kind = wire::message_kind::join, .rank = p.rank};
-        ASHL_TRY(send_control(s, h, join_body()));
+        ASHL_TRY(send_control(s, h, join_body(s)));
       }
       // The initial parameters, and the plan server 0 sends on join.
       cycle.pull_sent(clock.now());
@@ -587,8 +605,17 @@ class worker {
 
     // The join: its model size too (docs/elastic.md §2.3: a server of
     // another model size refuses it by join.elements).
-    [[nodiscard]] wire::join_body join_body() const noexcept {
-      return {.incarnation = p.incarnation, .batch = p.batch, .job = p.job, .elements = params.size()};
+    // Failing over, it carries the flag and the term this worker knows
+    // (docs/elastic.md §4.5: the backup counts it as a vote).
+    [[nodiscard]] wire::join_body join_body(std::uint32_t s) const noexcept {
+      return {.incarnation = p.incarnation, .batch = p.batch, .job = p.job, .elements = params.size(),
+              .flags = failing_over[s] ? wire::join_flag_failover : 0u, .term = term[s]};
+    }
+    [[nodiscard]] bool has_backup(std::uint32_t s) const noexcept {
+      return s < p.backups.size() && !p.backups[s].empty();
+    }
+    [[nodiscard]] const std::string& address_of(std::uint32_t s) const noexcept {
+      return address[s] != 0 ? p.backups[s] : p.servers[s];
     }
 
     // Leases (ps/worker_receive.hpp).
@@ -636,7 +663,12 @@ class worker {
 
     std::size_t poll() {
       handler h{this};
-      return t.progress(h);
+      const std::size_t n = t.progress(h);
+      // Connections given up while failing over, closed outside the
+      // transport's pass (as the server closes a dropped backup's).
+      for (const transport::peer_id old : closing) t.close(old);
+      closing.clear();
+      return n;
     }
 
     void run_thread() {
@@ -817,10 +849,13 @@ class worker {
 
     [[nodiscard]] bool may_reconnect() const noexcept { return p.reconnect.count() > 0 && !leaving && failed.ok(); }
     [[nodiscard]] bool any_lost() const noexcept {
-      return std::any_of(lost.begin(), lost.end(), [](std::uint8_t l) { return l != 0; });
+      for (std::size_t s = 0; s < lost.size(); ++s)
+        if (lost[s] != 0 || failing_over[s] != 0) return true;
+      return false;
     }
 
     void lose(std::uint32_t s, const status& why);
+    void fail_over(std::uint32_t s, const status& why);
     void rejoin(std::uint32_t s);
     void check_reconnects(double now);
 

@@ -128,6 +128,7 @@ inline void worker<Transport>::state::on_message(transport::peer_id pid, std::sp
   }
   const wire::header& h = m->header;
   if ((h.flags & wire::flag_unchecked) != 0) ++tel.unchecked_in;
+  if (failing_over[s] && h.kind != wire::message_kind::error) failing_over[s] = 0;  // a join was taken
   switch (h.kind) {
     case wire::message_kind::pull_reply: {
       if (replied[s] || replies_pending == 0) return;  // not asked for: ignore
@@ -194,9 +195,18 @@ inline void worker<Transport>::state::on_message(transport::peer_id pid, std::sp
     case wire::message_kind::error: {
       ++tel.errors;
       const auto* e = m->template get<wire::error_body>();
+      // A backup that is not primary (docs/elastic.md §4.5): the other
+      // address, never a failure, until worker_params::reconnect passes.
+      if (e->code == errc::unavailable && has_backup(s) && may_reconnect()) {
+        fail_over(s, status(e->code, server_name(s) + " refused: " + std::string(e->text)));
+        return;
+      }
       fail(status(e->code, server_name(s) + " refused: " + std::string(e->text)));
       return;
     }
+    case wire::message_kind::shard_state:
+      term[s] = m->template get<wire::shard_state_body>()->term;
+      return;
     case wire::message_kind::leave: {
       fail(make_error(errc::unavailable, "worker.rank", p.rank, "evicted by " + server_name(s)));
       return;
@@ -419,15 +429,24 @@ inline void worker<Transport>::state::on_peer(transport::peer_id pid, transport:
 
 // Server s is gone: connect again (the transport retries until its
 // connect deadline; a failed attempt comes back here) until lost_until.
+// A shard with a backup (worker_params::backups): its other address, each
+// tried for failover_attempt at most (check_reconnects), the bound counted
+// from the first loss until a join is taken.
 template <transport::transport Transport>
 inline void worker<Transport>::state::lose(std::uint32_t s, const status& why) {
   const double now = clock.now();
   has_view[s] = 0;  // the server forgets this worker's view when it joins again
-  if (!lost[s]) {
-    lost[s] = 1;
+  if (!lost[s] && !failing_over[s]) {
     lost_until[s] = now + seconds(p.reconnect);
-    std::fprintf(stderr, "worker %u: %s; reconnecting for up to %.1f s\n", p.rank, why.message().c_str(),
-                 seconds(p.reconnect));
+    std::fprintf(stderr, "worker %u: %s; reconnecting for up to %.1f s%s\n", p.rank, why.message().c_str(),
+                 seconds(p.reconnect), has_backup(s) ? " (its address and its backup's in turn)" : "");
+  }
+  lost[s] = 1;
+  if (has_backup(s)) {
+    failing_over[s] = 1;
+    address[s] ^= 1;
+    attempt_until[s] = now + seconds(p.failover_attempt);
+    ++tel.failover_tries;
   }
   if (now >= lost_until[s]) {
     fail(make_error(errc::timed_out, "worker.reconnect_ms", p.reconnect.count(),
@@ -435,7 +454,7 @@ inline void worker<Transport>::state::lose(std::uint32_t s, const status& why) {
     return;
   }
   connected[s] = 0;
-  auto id = t.connect(p.servers[s]);
+  auto id = t.connect(address_of(s));
   if (!id) {
     fail(make_error(id.error().code(), "worker.reconnect", server_name(s), id.error().message()));
     return;
@@ -452,20 +471,40 @@ inline void worker<Transport>::state::rejoin(std::uint32_t s) {
   ++tel.reconnects;
   std::fprintf(stderr, "worker %u: reconnected to %s\n", p.rank, server_name(s).c_str());
   wire::header h{.kind = wire::message_kind::join, .rank = p.rank};
-  if (auto st = send_control(s, h, join_body()); !st) return;
-  if (!committing || replied[s]) return;
+  if (auto st = send_control(s, h, join_body(s)); !st) return;
+  // In flight: a commit or pull (committing), or create()'s first pull.
+  if (replied[s] || (!committing && replies_pending == 0)) return;
   parts_in[s] = {};  // the server answers the re-sent request whole: parts of the lost connection's reply do not count
   if (last_was_commit) (void)send_commit_shard(s);
   else (void)send_pull(s);
 }
 
-// A reconnect that outlived its bound fails the worker.
+// Shard s's server answered `unavailable` (a backup not promoted), or an
+// address took longer than failover_attempt to connect: the connection is
+// closed and the other address tried.
+template <transport::transport Transport>
+inline void worker<Transport>::state::fail_over(std::uint32_t s, const status& why) {
+  const transport::peer_id old = peer[s];
+  peer[s] = transport::no_peer;  // what the old connection still says is not this shard's
+  connected[s] = 0;
+  if (old != transport::no_peer) closing.push_back(old);
+  lose(s, why);
+}
+
+// A reconnect that outlived its bound fails the worker; failing over, an
+// address that did not connect within failover_attempt gives way to the other.
 template <transport::transport Transport>
 inline void worker<Transport>::state::check_reconnects(double now) {
-  for (std::uint32_t s = 0; s < servers(); ++s)
-    if (lost[s] && now >= lost_until[s])
+  for (std::uint32_t s = 0; s < servers(); ++s) {
+    if ((lost[s] || failing_over[s]) && now >= lost_until[s]) {
       fail(make_error(errc::timed_out, "worker.reconnect_ms", p.reconnect.count(),
                       "passed and " + server_name(s) + " is not back"));
+      return;
+    }
+    if (lost[s] && failing_over[s] && !connected[s] && now >= attempt_until[s])
+      fail_over(s, make_error(errc::timed_out, "worker.failover_attempt_ms", p.failover_attempt.count(),
+                              "passed connecting to " + server_name(s)));
+  }
 }
 
 }  // namespace ps

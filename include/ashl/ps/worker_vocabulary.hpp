@@ -79,6 +79,17 @@ struct worker_params {
   // takes the parameters the server has (a restarted server: those of its
   // checkpoint). 0: the worker fails at once with the server's error.
   std::chrono::milliseconds reconnect{0};
+  // Shard s's backup's address (docs/elastic.md §4.5, §4.6), parallel to
+  // `servers`; an empty entry (or no list): the shard has none. With
+  // reconnect > 0, losing shard s tries its addresses in turn (the other
+  // one first: primary, backup, primary, ...) until one takes the join or
+  // `reconnect` passes; the join carries the `failover` flag and the term
+  // this worker knows (the server's shard_state). A backup that is not
+  // primary answers `unavailable`: the worker tries the other address.
+  std::vector<std::string> backups;
+  // How long one address is tried (connecting, while nobody listens there)
+  // before the other, when failing over; > 0.
+  std::chrono::milliseconds failover_attempt{1000};
   // This worker's cycles are another worker's, its leader's (one cycle for
   // several workers of one process: the torch adapter's buckets, each a
   // parameter-server tensor of its own, docs/torch.md "Buckets and
@@ -177,6 +188,7 @@ struct worker_telemetry {
   std::uint64_t reply_parts = 0;      // parts of pull replies received and checked (server_params.reply_part_bytes)
   std::uint64_t commit_parts = 0;     // parts of commits sent (worker_params.commit_part_bytes)
   std::uint64_t reconnects = 0;       // connections to a server made again (worker_params.reconnect)
+  std::uint64_t failover_tries = 0;   // addresses tried while failing over (worker_params.backups)
   std::uint64_t measurement_messages = 0;  // measurements messages sent (to each server; measurement_interval)
   std::uint64_t leases = 0;           // data ledger leases kept from server 0 (docs/elastic.md §3.6), resent ones too
   std::uint64_t leases_resent = 0;    // of them, outstanding leases sent again after a rejoin (flag `resent`)
@@ -208,6 +220,7 @@ struct worker_telemetry {
         field{"reply_parts", &worker_telemetry::reply_parts},
         field{"commit_parts", &worker_telemetry::commit_parts},
         field{"reconnects", &worker_telemetry::reconnects},
+        field{"failover_tries", &worker_telemetry::failover_tries},
         field{"measurement_messages", &worker_telemetry::measurement_messages},
         field{"leases", &worker_telemetry::leases},
         field{"leases_resent", &worker_telemetry::leases_resent},

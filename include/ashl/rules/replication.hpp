@@ -362,6 +362,7 @@ class replication_backup {
     replay(*core_, e, scratch_);
     scratch_.clear();
     received_ = index;
+    last_now_ = e.now;
     crc_ = 0;
     state_crc_ = 0;
     if (want_crc) {
@@ -384,6 +385,9 @@ class replication_backup {
             .state_crc = state_crc_};
   }
   [[nodiscard]] std::uint64_t last_index() const noexcept { return received_; }
+  // The primary's `now` of the last record applied (0 before one): a
+  // promoted backup's clock goes on from it (docs/elastic.md §4.1, "Time").
+  [[nodiscard]] double last_now() const noexcept { return last_now_; }
   [[nodiscard]] Core& core() noexcept { return *core_; }
 
  private:
@@ -391,7 +395,71 @@ class replication_backup {
   server_actions scratch_;
   std::vector<std::byte> state_;
   std::uint64_t received_ = 0;
+  double last_now_ = 0.0;
   std::uint32_t crc_ = 0, state_crc_ = 0;
+};
+
+// The backup's promotion rule (docs/elastic.md §4.5), pure: the driver
+// hands it each worker's `failover` join (its rank and the term it knows),
+// the link's state and the live set of the backup's replicated core, and
+// asks whether to promote. A join carrying this backup's own term is a
+// vote, remembered for `replica_timeout` seconds; a higher term says a
+// primary went on without this backup: it is stale for good and never
+// promotes; term 0 (a process that knows no term) and lower terms are no
+// vote. Promotion needs the link to the primary down and votes from a
+// majority of the ranks live in the replicated state (distinct ranks); with
+// no live rank it never promotes by itself (nothing vouches that the
+// primary did not go on alone). No allocation after construction.
+//
+//   ashl::ps::failover_votes votes(max_workers, replica_timeout);
+//   switch (votes.join(rank, join.term, backup_term, now)) { ... }   // vote, stale, no_vote
+//   if (votes.promote(core, link_down, now)) { ... }                  // term + 1, workers evicted, joins taken
+enum class failover_vote : std::uint8_t { vote, stale, no_vote };
+
+class failover_votes {
+ public:
+  failover_votes(std::uint32_t max_workers, double replica_timeout)
+      : at_(max_workers, never), timeout_(replica_timeout) {}
+
+  // A failover join of worker `w` that knows `term`; this backup is at `own`.
+  failover_vote join(std::uint32_t w, std::uint32_t term, std::uint32_t own, double now) noexcept {
+    if (term > own) {
+      stale_ = true;
+      stale_worker_ = w;
+      stale_term_ = term;
+      return failover_vote::stale;
+    }
+    if (term == 0 || term < own || w >= at_.size()) return failover_vote::no_vote;
+    at_[w] = now;
+    return failover_vote::vote;
+  }
+
+  // Votes of live ranks of `core` within replica_timeout of `now`.
+  template <class Core>
+  [[nodiscard]] std::uint32_t votes(const Core& core, double now) const noexcept {
+    std::uint32_t n = 0;
+    for (std::uint32_t w = 0; w < core.known_workers() && w < at_.size(); ++w)
+      if (core.is_live(w) && at_[w] != never && now - at_[w] <= timeout_) ++n;
+    return n;
+  }
+  // Whether to promote now: the link down, not stale, and a majority of the
+  // core's live ranks voted.
+  template <class Core>
+  [[nodiscard]] bool promote(const Core& core, bool link_down, double now) const noexcept {
+    const std::uint32_t live = core.live_count();
+    return link_down && !stale_ && live > 0 && 2 * std::uint64_t{votes(core, now)} > live;
+  }
+  [[nodiscard]] bool stale() const noexcept { return stale_; }
+  // The first stale join: its worker and term (for the one message).
+  [[nodiscard]] std::uint32_t stale_worker() const noexcept { return stale_worker_; }
+  [[nodiscard]] std::uint32_t stale_term() const noexcept { return stale_term_; }
+
+ private:
+  static constexpr double never = -1e300;
+  std::vector<double> at_;  // per rank: when its last vote came
+  double timeout_;
+  bool stale_ = false;
+  std::uint32_t stale_worker_ = 0, stale_term_ = 0;
 };
 
 }  // namespace ps
