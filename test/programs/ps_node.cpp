@@ -23,11 +23,28 @@
 // slot 63 is the barrier's), and with --ssp-check after
 // each wait checks that no worker is more than --staleness commits behind
 // its own count.
+//
+// Elastic jobs and the chaos test (test/ps/chaos.cpp; docs/elastic.md §5),
+// grouped under "Elastic jobs" below: --min-workers (policy_params), the
+// launch contract's --max-workers; --dataset N runs server 0's data ledger
+// (--dataset-epochs, --lease-samples, --give-back-after-ms, --shuffle-seed)
+// and makes a worker train the positions of its leases (sample ids of
+// test/support/sample_ids.hpp), writing each commit's ids before sending it
+// to <out>/trained-r<rank>-i<incarnation>.txt ("<sequence> <count> then
+// epoch id pairs"), leaving at SIGTERM or once server 0 said the data is
+// done; --event-log FILE makes a server write its core's records
+// (rules/core_events.hpp) with its state before the first and after the
+// last (FILE.initial, FILE.final) for a replay; --process-slot K counts a
+// worker process's incarnation, commits sent and acknowledged in --shared
+// (fault_job's 256-slot file); --join-rank and --join-elements make a
+// worker that joins as another rank or with another model size under the
+// job's id (refused joins).
 #include <ashl/ps/launch.hpp>
 #include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
 #include <ashl/ps/server_replica.hpp>
 #include <ashl/ps/worker.hpp>
+#include <ashl/rules/core_events.hpp>
 #include <ashl/transport/ucx.hpp>
 
 #include <atomic>
@@ -45,7 +62,10 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include "../support/sample_ids.hpp"
 
 #if !ASHL_HAS_UCX()
 int main() {
@@ -108,6 +128,17 @@ struct options {
   std::uint32_t commit_window = 4;    // worker_params.commit_window
   long pause_after = -1, pause_ms = 0;  // a worker sleeps pause_ms before commit number pause_after (no messages)
   bool child_env = false;  // runs `env` as a child into <out>/child-env-<role><rank>.txt (test/ps/token_hygiene.cpp)
+  // Elastic jobs (test/ps/chaos.cpp; docs/elastic.md §5): see the header.
+  std::uint64_t dataset = 0;           // --dataset N: the data ledger's samples (0: none)
+  std::uint64_t dataset_epochs = 0;    // its epochs (0: unbounded)
+  std::uint64_t lease_samples = 0;     // ledger_params.lease_samples
+  long give_back_after_ms = 30000;     // ledger_params.give_back_after
+  std::uint64_t shuffle_seed = 0;      // ledger_params.shuffle_seed
+  std::string event_log;               // a server's core records, with FILE.initial and FILE.final
+  int process_slot = -1;               // a worker's slot in the 256-slot --shared file
+  long join_rank = -1;                 // a worker joins as this rank (refused joins)
+  std::uint64_t join_elements = 0;     // a worker's model has this many elements, its job id --elements'
+  std::uint32_t batch = 16;            // worker_params.batch (a --dataset worker's positions per iteration)
 };
 
 int fail(const std::string& m) {
@@ -169,6 +200,18 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--pause-after") o.pause_after = std::stol(next());
     else if (a == "--pause-ms") o.pause_ms = std::stol(next());
     else if (a == "--child-env") o.child_env = true;
+    // Elastic jobs (test/ps/chaos.cpp):
+    else if (a == "--min-workers") o.pp.min_workers = std::stoll(next());
+    else if (a == "--dataset") o.dataset = std::stoull(next());
+    else if (a == "--dataset-epochs") o.dataset_epochs = std::stoull(next());
+    else if (a == "--lease-samples") o.lease_samples = std::stoull(next());
+    else if (a == "--give-back-after-ms") o.give_back_after_ms = std::stol(next());
+    else if (a == "--shuffle-seed") o.shuffle_seed = std::stoull(next());
+    else if (a == "--event-log") o.event_log = next();
+    else if (a == "--process-slot") o.process_slot = std::stoi(next());
+    else if (a == "--join-rank") o.join_rank = std::stol(next());
+    else if (a == "--join-elements") o.join_elements = std::stoull(next());
+    else if (a == "--batch") o.batch = static_cast<std::uint32_t>(std::stoul(next()));
     else {
       err = "unknown argument '" + a + "'";
       return false;
@@ -191,6 +234,197 @@ ps::optimizer_params optimizer_of(const options& o, const ps::policy_params& pp)
   if (o.optimizer == "delta") return {.mode = ps::optimizer_params::kind::model_delta};
   return {.mode = ps::optimizer_params::kind::sgd, .lr = 0.125};
 }
+
+// ---- Elastic jobs: the data ledger, the event log and the chaos test's
+// shared slots (test/ps/chaos.cpp; docs/elastic.md §5) ----
+
+// The --shared file, mapped whole: 64 u64 slots (every fault test), or 256
+// (test/support/fault_job.hpp): 0-30 commits started per rank, 32-62
+// acknowledged per rank, 63 the start barrier; then 64 the data ledger's
+// epochs completed and 65 the stop version (written by server 0), 128+k,
+// 160+k, 192+k a worker process's incarnation, commits sent and commits
+// acknowledged (--process-slot k < 32).
+struct shared_file {
+  std::uint64_t* slot = nullptr;
+  std::size_t slots = 0;
+  static constexpr std::size_t epochs_done = 64, stop_version = 65, incarnation = 128, sent = 160, acked = 192;
+  [[nodiscard]] bool has(std::size_t i) const noexcept { return slot != nullptr && i < slots; }
+  [[nodiscard]] std::uint64_t load(std::size_t i) const { return has(i) ? std::atomic_ref<std::uint64_t>(slot[i]).load() : 0; }
+  void store(std::size_t i, std::uint64_t v) const {
+    if (has(i)) std::atomic_ref<std::uint64_t>(slot[i]).store(v);
+  }
+  void add(std::size_t i) const {
+    if (has(i)) std::atomic_ref<std::uint64_t>(slot[i]).fetch_add(1);
+  }
+};
+
+std::string map_shared(const std::string& path, shared_file& f) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  if (fd < 0) return "--shared " + path + ": cannot open";
+  struct stat st {};
+  const std::size_t slots = ::fstat(fd, &st) == 0 && st.st_size >= 256 * 8 ? 256 : 64;
+  void* m = ::mmap(nullptr, slots * sizeof(std::uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) return "--shared: mmap failed";
+  f.slot = static_cast<std::uint64_t*>(m);
+  f.slots = slots;
+  return {};
+}
+
+// A server's side: the ledger's parameters, the event log (every record its
+// core is handed, length-prefixed, with the state before and after) and,
+// on server 0, the end of the data for the workers (--shared slots 64, 65).
+class elastic_server {
+ public:
+  static void configure(const options& o, ps::server_params& sp) {
+    if (o.dataset == 0) return;
+    sp.ledger = {.samples = o.dataset, .shuffle_seed = o.shuffle_seed, .lease_samples = o.lease_samples,
+                 .give_back_after = static_cast<double>(o.give_back_after_ms) / 1000.0, .epochs = o.dataset_epochs};
+  }
+
+  template <class Server>
+  std::string start(const options& o, Server& srv) {
+    if (!o.shared.empty()) {
+      if (auto e = map_shared(o.shared, shared_); !e.empty()) return e;
+    }
+    epochs_ = o.dataset_epochs;
+    if (o.event_log.empty()) return {};
+    path_ = o.event_log;
+    if (auto e = save_state(srv, path_ + ".initial"); !e.empty()) return e;
+    log_.open(path_, std::ios::binary);
+    if (!log_) return "--event-log " + path_ + ": cannot write";
+    srv.record_core_calls([this](const ps::core_event& e) {
+      ps::encode_core_event(e, bytes_);
+      const std::uint64_t n = bytes_.size();
+      log_.write(reinterpret_cast<const char*>(&n), sizeof n);
+      log_.write(reinterpret_cast<const char*>(bytes_.data()), static_cast<std::streamsize>(n));
+    });
+    return {};
+  }
+
+  // After every pass, on the server's thread: once the ledger completed
+  // its epochs, the version every worker a later release reaches, after
+  // which it leaves (a round policy's workers then all leave at the same
+  // round: none waits in a round the others left below min_workers).
+  template <class Server>
+  void between(const Server& srv) const {
+    if (!srv.core().ledger().enabled() || epochs_ == 0 || !shared_.has(shared_file::stop_version)) return;
+    const std::uint64_t done = srv.core().ledger().stats().epochs_completed;
+    shared_.store(shared_file::epochs_done, done);
+    if (done >= epochs_ && shared_.load(shared_file::stop_version) == 0)
+      shared_.store(shared_file::stop_version, srv.core().version() + 1);
+  }
+
+  template <class Server>
+  std::string finish(Server& srv) {
+    if (path_.empty()) return {};
+    srv.record_core_calls({});
+    log_.close();
+    if (!log_) return "--event-log " + path_ + ": a write failed";
+    return save_state(srv, path_ + ".final");
+  }
+
+ private:
+  template <class Server>
+  static std::string save_state(Server& srv, const std::string& file) {
+    std::vector<std::byte> b;
+    ashl::state_writer w(b);
+    srv.core().save(w);
+    write_file(file, b.data(), b.size());
+    return std::ifstream(file) ? std::string{} : "--event-log: cannot write " + file;
+  }
+
+  shared_file shared_;
+  std::uint64_t epochs_ = 0;
+  std::string path_;
+  std::ofstream log_;
+  std::vector<std::byte> bytes_;
+};
+
+// A worker's side: the positions of its leases (each iteration the next
+// ones, up to its batch), the ids it trains written before each commit, its
+// process slot's counters, and when to leave.
+class data_follower {
+ public:
+  std::string start(const ps::job& j, const options& o, std::uint64_t incarnation, const shared_file& shared) {
+    shared_ = shared;
+    slot_ = o.process_slot;
+    if (slot_ >= 32) return "--process-slot " + std::to_string(slot_) + ": must be < 32";
+    if (slot_ >= 0) shared_.store(shared_file::incarnation + static_cast<std::size_t>(slot_), incarnation);
+    if (o.dataset == 0) return {};
+    const std::string file =
+        o.out + "/trained-r" + std::to_string(j.rank) + "-i" + std::to_string(incarnation) + ".txt";
+    fd_ = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_TRUNC, 0644);
+    if (fd_ < 0) return "--dataset: cannot write " + file;
+    return {};
+  }
+  ~data_follower() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  [[nodiscard]] bool on() const noexcept { return fd_ >= 0; }
+
+  // One iteration: the next positions of the leases held (waiting at most
+  // 50 ms for one when none is), none when there is none (a round policy's
+  // round still needs this worker's commit). True: commit now.
+  template <class Worker>
+  bool iteration(Worker& wk) {
+    const std::uint32_t batch = wk.batch();
+    std::uint32_t k = 0;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+    while (true) {
+      std::uint64_t skip = taken_;
+      for (const ashl::ps::ledger_lease& l : wk.leases()) {
+        if (skip >= l.size()) {
+          skip -= l.size();
+          continue;
+        }
+        for (std::uint64_t p = l.begin + skip; p < l.end && k < batch; ++p, ++k) {
+          ids_ += " " + std::to_string(l.epoch) + " " +
+                  std::to_string(sample_ids::of(wk.ledger_shuffle_seed(), l.epoch, p, wk.ledger_samples()));
+        }
+        skip = 0;
+        if (k == batch) break;
+      }
+      if (k > 0 || std::chrono::steady_clock::now() >= end || g_stop) break;
+      (void)wk.test();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    taken_ += k;
+    count_ += k;
+    return wk.iteration_done(std::uint64_t{k});
+  }
+
+  // Before a commit: its line, written through (a SIGKILL loses nothing).
+  std::string before_commit() {
+    ++sequence_;
+    if (slot_ >= 0) shared_.add(shared_file::sent + static_cast<std::size_t>(slot_));
+    if (fd_ < 0) return {};
+    const std::string line = std::to_string(sequence_) + " " + std::to_string(count_) + ids_ + "\n";
+    ids_.clear();
+    count_ = 0;
+    taken_ = 0;
+    if (::write(fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) return "--dataset: a write failed";
+    return {};
+  }
+  void acknowledged() const {
+    if (slot_ >= 0) shared_.add(shared_file::acked + static_cast<std::size_t>(slot_));
+  }
+
+  // Leave before the next cycle: SIGTERM (a worker leaving for good), or
+  // server 0 said the data is done and this worker holds that version.
+  template <class Worker>
+  [[nodiscard]] bool should_leave(const Worker& wk) const {
+    if (g_stop) return true;
+    const std::uint64_t stop = shared_.load(shared_file::stop_version);
+    return stop != 0 && wk.parameters_version() >= stop;
+  }
+
+ private:
+  shared_file shared_;
+  int slot_ = -1, fd_ = -1;
+  std::uint64_t sequence_ = 0, taken_ = 0, count_ = 0;
+  std::string ids_;
+};
 
 // A shard with a backup (ASHL_BACKUP_ADDR; docs/elastic.md §4.5-4.6).
 // The backup (ASHL_REPLICA=1) replays its primary's records until it
@@ -261,9 +495,12 @@ int serve(const ps::job& j, const options& o) {
                        .job = ps::job_id_of(j, o.elements),
                        .policy = o.policy,
                        .apply_batch = o.apply_batch};
+  elastic_server::configure(o, sp);
   auto srv = replicated ? replicated_server(j, o, sp, pp, std::move(*t), initial)
                         : ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
   if (!srv) return fail(srv.error().message());
+  elastic_server elastic;
+  if (auto e = elastic.start(o, *srv); !e.empty()) return fail(e);
   const std::uint64_t restored_applied = srv->core().stats().commits_applied;
   if (srv->restored_version() != 0)
     std::fprintf(stderr, "restored version %llu (%llu commits applied) from %s\n",
@@ -276,7 +513,7 @@ int serve(const ps::job& j, const options& o) {
     while (!g_stop && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     g_stop = true;
   });
-  srv->run(g_stop);
+  srv->run(g_stop, [&] { elastic.between(*srv); });
   // The job ended as configured: every rank left, or nobody was connected
   // for no_worker_grace (a signal or --max-seconds is a failure).
   const bool finished = srv->end() == ps::server_end::all_left || srv->end() == ps::server_end::no_worker;
@@ -310,9 +547,17 @@ int serve(const ps::job& j, const options& o) {
       << "\ncompressed_reply_bytes " << s.compressed_reply_bytes << "\nunchecked_in " << s.unchecked_in
       << "\nunchecked_out " << s.unchecked_out << "\nfinished " << finished << "\nterm " << srv->term()
       << "\nfailovers " << s.failovers << "\ntakeover_seconds " << s.takeover_seconds << "\n";
+    // Elastic jobs: refused joins by reason, the data ledger.
+    f << "element_count_refused " << s.wire_refused_for(ps::wire_refusal::element_count) << "\nrank_taken "
+      << s.wire_refused_for(ps::wire_refusal::rank_taken) << "\nmax_workers_refused "
+      << s.core.refused_for(ps::refusal::max_workers) << "\nleases_sent " << s.leases << "\nledger_leases_granted "
+      << s.ledger.leases_granted << "\nledger_leases_returned " << s.ledger.leases_returned
+      << "\nledger_overrun " << s.ledger.overrun << "\nledger_epochs_completed " << s.ledger.epochs_completed
+      << "\nledger_expiries " << s.ledger.expiries << "\n";
   }
   std::fprintf(stderr, "%s\n", srv->progress_line().c_str());
   std::fprintf(stderr, "server ended: %s\n", std::string(ps::to_string(srv->end())).c_str());
+  if (auto e = elastic.finish(*srv); !e.empty()) return fail(e);
   if (!srv->final_checkpoint()) return fail("the final checkpoint failed: " + srv->final_checkpoint().message());
   return finished ? 0 : fail("stopped before every worker left (signal or --max-seconds)");
 }
@@ -323,10 +568,11 @@ int train(const ps::job& j, const options& o) {
                             .connect_timeout = std::chrono::milliseconds(static_cast<long>(o.connect_timeout * 1000)),
                             .verbose = j.verbose});
   if (!t) return fail(t.error().message());
-  std::vector<float> w(o.elements), g(o.elements);
-  auto wk = ps::worker<tr::ucx>::create({.rank = j.rank,
+  const std::size_t model = o.join_elements != 0 ? o.join_elements : o.elements;  // --join-elements: another size
+  std::vector<float> w(model), g(model);
+  auto wk = ps::worker<tr::ucx>::create({.rank = o.join_rank >= 0 ? static_cast<std::uint32_t>(o.join_rank) : j.rank,
                                          .servers = j.server_addresses,
-                                         .batch = 16,
+                                         .batch = o.batch,
                                          .incarnation = o.incarnation,
                                          .job = ps::job_id_of(j, o.elements),
                                          .timeout = std::chrono::milliseconds(o.timeout_ms),
@@ -339,15 +585,14 @@ int train(const ps::job& j, const options& o) {
   if (!wk) return fail(wk.error().message());
   std::fprintf(stderr, "worker %u joined as incarnation %llu\n", j.rank,
                static_cast<unsigned long long>(wk->incarnation()));
-  std::uint64_t* shared = nullptr;
+  shared_file shared_slots;
   if (!o.shared.empty()) {
-    const int fd = ::open(o.shared.c_str(), O_RDWR);
-    if (fd < 0) return fail("--shared " + o.shared + ": cannot open");
-    void* m = ::mmap(nullptr, 64 * sizeof(std::uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (m == MAP_FAILED) return fail("--shared: mmap failed");
-    shared = static_cast<std::uint64_t*>(m);
+    if (auto e = map_shared(o.shared, shared_slots); !e.empty()) return fail(e);
   }
+  std::uint64_t* shared = shared_slots.slot;
+  data_follower data;  // --dataset, --process-slot (elastic jobs)
+  if (auto e = data.start(j, o, wk->incarnation(), shared_slots); !e.empty()) return fail(e);
+  const auto started = std::chrono::steady_clock::now();
   if (shared) {  // every worker joined before anyone commits (slot 63 counts the joined)
     std::atomic_ref<std::uint64_t>(shared[63]).fetch_add(1);
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -357,12 +602,17 @@ int train(const ps::job& j, const options& o) {
   std::string cycles;
   long violations = 0, max_gap = 0;
   for (int c = 0; c < o.cycles; ++c) {
+    if (data.on()) {  // a worker following the data ledger leaves by itself, bounded by --max-seconds
+      if (data.should_leave(*wk)) break;
+      if (std::chrono::steady_clock::now() - started > std::chrono::duration<double>(o.max_seconds))
+        return fail("--max-seconds " + std::to_string(o.max_seconds) + " passed before the data was done");
+    }
     const ashl::worker_plan plan = wk->plan();
     std::uint32_t iters = 0;
     do {
       ++iters;
       if (static_cast<int>(j.rank) == o.slow_rank) std::this_thread::sleep_for(std::chrono::milliseconds(o.slow_ms));
-    } while (!wk->iteration_done());
+    } while (!(data.on() ? data.iteration(*wk) : wk->iteration_done()));
     cycles += "cycle " + std::to_string(c) + " " + std::to_string(static_cast<unsigned>(plan.stage)) + " " +
               std::to_string(plan.local_iterations) + " " + std::to_string(iters) + " " +
               std::to_string(plan.compression_ratio) + "\n";
@@ -394,8 +644,10 @@ int train(const ps::job& j, const options& o) {
       std::this_thread::sleep_for(std::chrono::milliseconds(o.pause_ms));
     }
     if (shared) std::atomic_ref<std::uint64_t>(shared[j.rank]).fetch_add(1);
+    if (auto e = data.before_commit(); !e.empty()) return fail(e);
     if (auto s = wk->commit(g); !s) return fail(s.to_string());
     if (auto s = wk->wait(); !s) return fail(s.to_string());
+    data.acknowledged();
     if (shared && j.rank < 31) std::atomic_ref<std::uint64_t>(shared[32 + j.rank]).fetch_add(1);  // acknowledged
     if (shared && o.ssp_check) {
       std::uint64_t mn = ~std::uint64_t{0};

@@ -897,6 +897,8 @@ BOOST_AUTO_TEST_CASE(a_push_is_acknowledged_without_the_parameters) {
 
 // The policy still decides when a push is answered: under BSP worker 0's
 // push is acknowledged only when worker 1's commit completes the round.
+// Both are then at the round's version (parameters_version(): server 0's
+// pull_reply.clock, the acknowledgement's too), the version after round c.
 BOOST_AUTO_TEST_CASE(a_push_waits_at_the_bsp_barrier) {
   auto fabric = tr::inproc_fabric::create({});
   shard_server s0(fabric, 64, 0, 1, 2, "bsp");
@@ -904,6 +906,7 @@ BOOST_AUTO_TEST_CASE(a_push_waits_at_the_bsp_barrier) {
   auto a = ps::worker<tr::inproc>::create({.rank = 0, .servers = {"server0"}, .timeout = 10s}, node_of(fabric), wa);
   auto b = ps::worker<tr::inproc>::create({.rank = 1, .servers = {"server0"}, .timeout = 10s}, node_of(fabric), wb);
   ASHL_REQUIRE((a.has_value() && b.has_value()));
+  ASHL_TEST(a->parameters_version() == 0u);  // the join's pull: nothing applied yet
   for (int c = 0; c < 3; ++c) {
     while (!a->iteration_done()) {}
     ASHL_REQUIRE(a->push(g).ok());
@@ -917,6 +920,8 @@ BOOST_AUTO_TEST_CASE(a_push_waits_at_the_bsp_barrier) {
     ASHL_REQUIRE(b->wait().ok());
     ASHL_TEST(wa[5] == 0.0f);  // the pusher's buffer: as it was after the join
     ASHL_TEST(wb[5] == 0.5f * (c + 1));  // BSP: the mean of the two updates per round
+    ASHL_TEST(a->parameters_version() == static_cast<std::uint64_t>(c + 1));
+    ASHL_TEST(b->parameters_version() == static_cast<std::uint64_t>(c + 1));
   }
   ASHL_REQUIRE(a->leave().ok());
   ASHL_REQUIRE(b->leave().ok());

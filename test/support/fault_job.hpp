@@ -11,6 +11,16 @@
 //   pid_t w0 = j.start_worker(0, {"--cycles", "100"});
 //   ::kill(w0, SIGKILL);
 //   auto o = j.finish(s, 60s);                             // exit code, log
+//
+// Elastic jobs (test/ps/chaos.cpp; docs/elastic.md §5): a job of at most
+// `max_workers` (ASHL_MAX_WORKERS; ranks past the initial workers join
+// later with start_worker) over `servers` shards (start_server(..., shard));
+// every worker process gets a slot of the shared file (--process-slot, the
+// first 32 processes) where it counts its incarnation, commits sent and
+// commits acknowledged (process_incarnation, process_sent, process_acked),
+// so a test compares the servers' exactly-once table per (rank, incarnation)
+// with what each process was acknowledged. chaos_seed() is a test's seed,
+// printed, or ASHL_CHAOS_SEED's to replay one.
 #pragma once
 
 #include "node_files.hpp"
@@ -22,11 +32,15 @@
 #include <cmath>
 #include <csignal>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -55,18 +69,39 @@ inline float max_distance(const std::vector<float>& w, float target) {
   return w.empty() ? 1e9f : d;
 }
 
+// A test's seed: ASHL_CHAOS_SEED when set (replaying a run), else a fresh
+// one; printed either way, so a failure names the seed that replays it.
+inline std::uint64_t chaos_seed(const std::string& what) {
+  std::uint64_t seed = 0;
+  if (const char* v = std::getenv("ASHL_CHAOS_SEED"); v != nullptr && *v != '\0') {
+    seed = std::strtoull(v, nullptr, 0);
+  } else {
+    std::random_device rd;
+    seed = (std::uint64_t{rd()} << 32) ^ rd();
+  }
+  std::printf("%s: seed %llu (ASHL_CHAOS_SEED=%llu replays it)\n", what.c_str(), static_cast<unsigned long long>(seed),
+              static_cast<unsigned long long>(seed));
+  std::fflush(stdout);
+  return seed;
+}
+
 class job {
  public:
-  explicit job(std::uint32_t workers, std::string stem = "ashl-fault-job", std::string tls = "tcp,self")
-      : workers_(workers), dir_(process::temp_dir(stem)), tls_(std::move(tls)) {
+  // Slots of the shared file (test/programs/ps_node.cpp's shared_file).
+  static constexpr std::size_t slots = 256, process_slots = 32;
+
+  explicit job(std::uint32_t workers, std::string stem = "ashl-fault-job", std::string tls = "tcp,self",
+               std::uint32_t max_workers = 0, std::uint32_t servers = 1)
+      : workers_(workers), max_workers_(max_workers), servers_(servers), dir_(process::temp_dir(stem)),
+        tls_(std::move(tls)), ports_(servers, 0) {
     shared_ = dir_ + "/counters";
     std::ofstream f(shared_, std::ios::binary);
-    std::vector<char> zeros(64 * 8, 0);
+    std::vector<char> zeros(slots * 8, 0);
     f.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
     f.close();
     const int fd = ::open(shared_.c_str(), O_RDWR);
     if (fd >= 0) {
-      void* m = ::mmap(nullptr, 64 * sizeof(std::uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      void* m = ::mmap(nullptr, slots * sizeof(std::uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       ::close(fd);
       if (m != MAP_FAILED) counters_ = static_cast<std::uint64_t*>(m);
     }
@@ -78,23 +113,37 @@ class job {
       ::kill(-p, SIGKILL);
       ::waitpid(p, nullptr, 0);
     }
-    if (counters_) ::munmap(counters_, 64 * sizeof(std::uint64_t));
+    if (counters_) ::munmap(counters_, slots * sizeof(std::uint64_t));
   }
 
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
-  [[nodiscard]] std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  // Every server's address, comma-separated (ASHL_SERVER_ADDR).
+  [[nodiscard]] std::string address() const {
+    std::string a;
+    for (std::size_t s = 0; s < ports_.size(); ++s) a += (s ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(ports_[s]);
+    return a;
+  }
+  // The ranks that may ever join: max_workers, or the initial workers.
+  [[nodiscard]] std::uint32_t ranks() const noexcept { return std::max(workers_, max_workers_); }
   [[nodiscard]] bool ok() const noexcept { return !dir_.empty() && counters_ != nullptr; }
 
   // The server, on a free port (another one when the first was taken), or on
   // the port of the last start (a restart: workers reconnect to it). Returns
   // -1 if it did not start listening within `bound`. `extra` variables go
   // over the job's (ASHL_JOB, ASHL_NUM_WORKERS, ...).
+  // With several servers, `shard` says which (ASHL_RANK); every server's
+  // port is chosen at the first start of any.
   pid_t start_server(const std::vector<std::string>& args, const std::string& log = "server.log",
-                     std::chrono::milliseconds bound = std::chrono::seconds(30), env_list extra = {}) {
+                     std::chrono::milliseconds bound = std::chrono::seconds(30), env_list extra = {},
+                     std::uint32_t shard = 0) {
+    int& port_ = ports_.at(shard);
     const bool restart = port_ != 0;
     for (int attempt = 0; attempt < (restart ? 20 : 5); ++attempt) {
-      if (!restart) port_ = process::free_port();
-      env_list e = {{"ASHL_ROLE", "server"}};
+      if (!restart) {
+        for (int& p : ports_)
+          if (p == 0 || &p == &port_) p = process::free_port();
+      }
+      env_list e = {{"ASHL_ROLE", "server"}, {"ASHL_RANK", std::to_string(shard)}};
       e.insert(e.end(), extra.begin(), extra.end());
       const pid_t p = process::start(node_argv(args), env(std::move(e)), dir_ + "/" + log);
       if (p < 0) return -1;
@@ -118,16 +167,57 @@ class job {
     const std::string name = log.empty() ? "worker" + std::to_string(rank) + ".log" : log;
     env_list e = {{"ASHL_ROLE", "worker"}, {"ASHL_RANK", std::to_string(rank)}};
     e.insert(e.end(), extra.begin(), extra.end());
-    const pid_t p = process::start(node_argv(args, counters), env(std::move(e)), dir_ + "/" + name);
-    if (p > 0) running_.push_back(p);
+    std::vector<std::string> argv = node_argv(args, counters);
+    const std::size_t slot = next_slot_;
+    if (counters && slot < process_slots) {
+      argv.push_back("--process-slot");
+      argv.push_back(std::to_string(slot));
+    }
+    const pid_t p = process::start(argv, env(std::move(e)), dir_ + "/" + name);
+    if (p > 0) {
+      running_.push_back(p);
+      if (counters && slot < process_slots) slot_of_[p] = next_slot_++;
+    }
     return p;
   }
 
+  // A worker process's slot (from start_worker; process_slots when it has none).
+  [[nodiscard]] std::size_t slot_of(pid_t p) const {
+    const auto it = slot_of_.find(p);
+    return it == slot_of_.end() ? process_slots : it->second;
+  }
+  // What the process of a slot counted: its incarnation (0 until it joined),
+  // the commits it sent, the commits acknowledged (its wait() succeeded).
+  [[nodiscard]] std::uint64_t process_incarnation(std::size_t slot) const { return load(128 + slot); }
+  [[nodiscard]] std::uint64_t process_sent(std::size_t slot) const { return load(160 + slot); }
+  [[nodiscard]] std::uint64_t process_acked(std::size_t slot) const { return load(192 + slot); }
+  // Server 0's data ledger: its epochs completed, and the version after
+  // which the workers leave (0 until the data is done).
+  [[nodiscard]] std::uint64_t ledger_epochs_done() const { return load(64); }
+  [[nodiscard]] std::uint64_t stop_version() const { return load(65); }
+
   // Waits for pid (killed past `bound`); the outcome's log is its log file.
   process::outcome finish(pid_t pid, std::chrono::milliseconds bound, const std::string& log) {
-    process::outcome o = process::finish(pid, bound, dir_ + "/" + log);
+    process::outcome o;
+    if (const auto it = exited_.find(pid); it != exited_.end()) {  // reaped by has_exited
+      o.log_path = dir_ + "/" + log;
+      o.exit_code = WIFEXITED(it->second) ? WEXITSTATUS(it->second) : 128 + WTERMSIG(it->second);
+      exited_.erase(it);
+    } else {
+      o = process::finish(pid, bound, dir_ + "/" + log);
+    }
     running_.erase(std::remove(running_.begin(), running_.end(), pid), running_.end());
     return o;
+  }
+
+  // Whether pid has ended (reaped here without waiting; finish() then
+  // returns its exit code at once).
+  bool has_exited(pid_t pid) {
+    if (exited_.count(pid) != 0) return true;
+    int st = 0;
+    if (::waitpid(pid, &st, WNOHANG) != pid) return false;
+    exited_[pid] = st;
+    return true;
   }
 
   // Kills pid with `sig` (SIGKILL: reaped here).
@@ -145,7 +235,7 @@ class job {
   }
   [[nodiscard]] std::uint64_t commits_started_total() const {
     std::uint64_t t = 0;
-    for (std::uint32_t k = 0; k < workers_; ++k) t += commits_started(k);
+    for (std::uint32_t k = 0; k < ranks(); ++k) t += commits_started(k);
     return t;
   }
   // The commits of worker `rank` (every process of that rank; ranks 0-30)
@@ -156,7 +246,7 @@ class job {
   }
   [[nodiscard]] std::uint64_t commits_acknowledged_total() const {
     std::uint64_t t = 0;
-    for (std::uint32_t k = 0; k < workers_; ++k) t += commits_acknowledged(k);
+    for (std::uint32_t k = 0; k < ranks(); ++k) t += commits_acknowledged(k);
     return t;
   }
   // Waits (bounded) until worker `rank` has started at least n commits.
@@ -169,11 +259,15 @@ class job {
     return false;
   }
 
-  [[nodiscard]] std::map<std::string, double> server_counters() const { return node_files::read_counters(dir_ + "/server0.txt"); }
+  [[nodiscard]] std::map<std::string, double> server_counters(std::uint32_t shard = 0) const {
+    return node_files::read_counters(dir_ + "/server" + std::to_string(shard) + ".txt");
+  }
   [[nodiscard]] std::map<std::string, double> worker_counters(std::uint32_t k) const {
     return node_files::read_counters(dir_ + "/worker" + std::to_string(k) + ".txt");
   }
-  [[nodiscard]] std::vector<float> parameters() const { return node_files::read_f32(dir_ + "/server0.f32"); }
+  [[nodiscard]] std::vector<float> parameters(std::uint32_t shard = 0) const {
+    return node_files::read_f32(dir_ + "/server" + std::to_string(shard) + ".f32");
+  }
 
  private:
   std::vector<std::string> node_argv(const std::vector<std::string>& args, bool counters = true) const {
@@ -185,21 +279,27 @@ class job {
     argv.insert(argv.end(), args.begin(), args.end());
     return argv;
   }
+  [[nodiscard]] std::uint64_t load(std::size_t i) const { return std::atomic_ref<std::uint64_t>(counters_[i]).load(); }
   env_list env(env_list extra) const {
     env_list e = {{"UCX_TLS", tls_},
                   {"UCX_NET_DEVICES", "lo"},
                   {"ASHL_NUM_WORKERS", std::to_string(workers_)},
                   {"ASHL_SERVER_ADDR", address()},
                   {"ASHL_TOKEN", "fault-job-token-0123456789"}};
+    if (max_workers_ != 0) e.emplace_back("ASHL_MAX_WORKERS", std::to_string(max_workers_));
+    if (servers_ > 1) e.emplace_back("ASHL_NUM_SERVERS", std::to_string(servers_));
     e.insert(e.end(), extra.begin(), extra.end());
     return e;
   }
 
-  std::uint32_t workers_;
+  std::uint32_t workers_, max_workers_, servers_;
   std::string dir_, shared_, tls_;
   std::uint64_t* counters_ = nullptr;
-  int port_ = 0;
+  std::vector<int> ports_;
   std::vector<pid_t> running_;
+  std::map<pid_t, std::size_t> slot_of_;
+  std::map<pid_t, int> exited_;  // statuses has_exited reaped
+  std::size_t next_slot_ = 0;
 };
 
 }  // namespace fault_job

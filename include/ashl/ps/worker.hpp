@@ -176,6 +176,12 @@ class worker {
   // one (server 0's, from the pull reply's header): staleness compensation
   // predicts W - τ·η·v with it (rules/compensation.hpp).
   [[nodiscard]] std::uint64_t staleness() const { return locked([](const state& s) { return s.staleness; }); }
+  // Server 0's version of the parameters (or acknowledgement) the last
+  // wait() delivered (pull_reply.clock; 0 before the first): under a round
+  // policy every worker a round released holds the same one.
+  [[nodiscard]] std::uint64_t parameters_version() const {
+    return locked([](const state& s) { return s.version; });
+  }
 
   // Where the parameters are: the caller's buffer, or with
   // worker_params::flip_replies whichever of it and the worker's own the
@@ -459,6 +465,7 @@ class worker {
     std::uint64_t ledger_n = 0, ledger_seed = 0, lease_number = 0;
     static constexpr std::size_t max_leases = 2 * (std::size_t{max_ledger_ahead} + 1) + 2;
     std::uint64_t staleness = 0;             // τ of the last reply from server 0
+    std::uint64_t version = 0;               // its version (pull_reply.clock)
     std::uint64_t iterations_total = 0;  // header.step of commits
     bool committing = false;
     mutable std::mutex mu;

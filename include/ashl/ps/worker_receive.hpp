@@ -138,7 +138,7 @@ inline void worker<Transport>::state::on_message(transport::peer_id pid, std::sp
         replied[s] = 1;
         if (--replies_pending == 0) deliver_replies(~std::uint32_t{0});  // a server that sent parameters
         reply_bytes += head.size();
-        if (s == 0) staleness = h.step;
+        if (s == 0) { staleness = h.step; version = h.clock; }
         return;
       }
       note_reply_started();
@@ -175,7 +175,7 @@ inline void worker<Transport>::state::on_message(transport::peer_id pid, std::sp
       replied[s] = 2;  // parameters (staged, or in params already)
       if (--replies_pending == 0) deliver_replies(direct);
       reply_bytes += head.size() + data.size();
-      if (s == 0) staleness = h.step;  // τ (docs/wire-format.md, pull_reply)
+      if (s == 0) { staleness = h.step; version = h.clock; }  // τ and the version (docs/wire-format.md, pull_reply)
       return;
     }
     case wire::message_kind::plan_update: {
@@ -320,7 +320,7 @@ inline void worker<Transport>::state::on_reply_part(std::uint32_t s, const key_r
   if (ps.next < ps.parts) return;
   if (ps.view) keep_view(s, r, reply_target(r), h.clock);
   replied[s] = 2;
-  if (s == 0) staleness = h.step;
+  if (s == 0) { staleness = h.step; version = h.clock; }
   if (--replies_pending == 0) deliver_replies(~std::uint32_t{0});
 }
 
@@ -363,7 +363,7 @@ inline void worker<Transport>::state::on_compressed_reply(std::uint32_t s, const
   ++tel.compressed_replies;
   replied[s] = 2;
   reply_bytes += bytes;
-  if (s == 0) staleness = h.step;
+  if (s == 0) { staleness = h.step; version = h.clock; }
   if (--replies_pending == 0) deliver_replies(direct);
 }
 
