@@ -40,7 +40,8 @@
 // worker process's incarnation, commits sent and acknowledged in --shared
 // (fault_job's 256-slot file); --join-rank and --join-elements make a
 // worker that joins as another rank or with another model size under the
-// job's id (refused joins).
+// job's id (refused joins); --max-backup-lag-kib a replicated shard's
+// server_params::max_backup_lag_bytes.
 #include <ashl/ps/launch.hpp>
 #include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
@@ -141,6 +142,7 @@ struct options {
   long join_rank = -1;                 // a worker joins as this rank (refused joins)
   std::uint64_t join_elements = 0;     // a worker's model has this many elements, its job id --elements'
   std::uint32_t batch = 16;            // worker_params.batch (a --dataset worker's positions per iteration)
+  std::uint64_t max_backup_lag_kib = 0;  // server_params.max_backup_lag_bytes / 1024 (0: the default, the store bound)
 };
 
 int fail(const std::string& m) {
@@ -214,6 +216,7 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--join-rank") o.join_rank = std::stol(next());
     else if (a == "--join-elements") o.join_elements = std::stoull(next());
     else if (a == "--batch") o.batch = static_cast<std::uint32_t>(std::stoul(next()));
+    else if (a == "--max-backup-lag-kib") o.max_backup_lag_kib = std::stoull(next());
     else {
       err = "unknown argument '" + a + "'";
       return false;
@@ -465,6 +468,7 @@ ashl::result<ps::server<tr::ucx>> replicated_server(const ps::job& j, const opti
                                                     const ps::policy_params& pp, tr::ucx t,
                                                     const std::vector<float>& initial, elastic_server& elastic) {
   sp.take_backup = true;
+  sp.max_backup_lag_bytes = o.max_backup_lag_kib * 1024;
   std::optional<ps::server_backup<tr::ucx>> backup;
   if (j.replica) {
     auto b = ps::server_backup<tr::ucx>::create(sp, *ps::make_policy(o.policy, pp), std::move(t),
