@@ -34,11 +34,14 @@
 // epoch id pairs"), leaving at SIGTERM or once server 0 said the data is
 // done; --event-log FILE makes a server write its core's records
 // (rules/core_events.hpp) with its state before the first and after the
-// last (FILE.initial, FILE.final) for a replay; --process-slot K counts a
+// last (FILE.initial, FILE.final) for a replay (a backup from its
+// snapshot: the records it applied, then, promoted, its own; FILE.initial
+// is the snapshot's state); --process-slot K counts a
 // worker process's incarnation, commits sent and acknowledged in --shared
 // (fault_job's 256-slot file); --join-rank and --join-elements make a
 // worker that joins as another rank or with another model size under the
-// job's id (refused joins).
+// job's id (refused joins); --max-backup-lag-kib a replicated shard's
+// server_params::max_backup_lag_bytes.
 #include <ashl/ps/launch.hpp>
 #include <ashl/rules/policies.hpp>
 #include <ashl/ps/server.hpp>
@@ -139,6 +142,7 @@ struct options {
   long join_rank = -1;                 // a worker joins as this rank (refused joins)
   std::uint64_t join_elements = 0;     // a worker's model has this many elements, its job id --elements'
   std::uint32_t batch = 16;            // worker_params.batch (a --dataset worker's positions per iteration)
+  std::uint64_t max_backup_lag_kib = 0;  // server_params.max_backup_lag_bytes / 1024 (0: the default, the store bound)
 };
 
 int fail(const std::string& m) {
@@ -212,6 +216,7 @@ bool parse(const std::vector<std::string>& rest, options& o, std::string& err) {
     else if (a == "--join-rank") o.join_rank = std::stol(next());
     else if (a == "--join-elements") o.join_elements = std::stoull(next());
     else if (a == "--batch") o.batch = static_cast<std::uint32_t>(std::stoul(next()));
+    else if (a == "--max-backup-lag-kib") o.max_backup_lag_kib = std::stoull(next());
     else {
       err = "unknown argument '" + a + "'";
       return false;
@@ -284,21 +289,42 @@ class elastic_server {
 
   template <class Server>
   std::string start(const options& o, Server& srv) {
-    if (!o.shared.empty()) {
+    if (!o.shared.empty() && shared_.slot == nullptr) {
       if (auto e = map_shared(o.shared, shared_); !e.empty()) return e;
     }
     epochs_ = o.dataset_epochs;
     if (o.event_log.empty()) return {};
+    if (log_.is_open()) {  // a promoted backup: its log goes on (take_over kept the sink)
+      srv.record_core_calls([this](const ps::core_event& e) { write(e); });
+      return {};
+    }
     path_ = o.event_log;
-    if (auto e = save_state(srv, path_ + ".initial"); !e.empty()) return e;
+    if (auto e = save_state(srv.core(), path_ + ".initial"); !e.empty()) return e;
     log_.open(path_, std::ios::binary);
     if (!log_) return "--event-log " + path_ + ": cannot write";
-    srv.record_core_calls([this](const ps::core_event& e) {
-      ps::encode_core_event(e, bytes_);
-      const std::uint64_t n = bytes_.size();
-      log_.write(reinterpret_cast<const char*>(&n), sizeof n);
-      log_.write(reinterpret_cast<const char*>(bytes_.data()), static_cast<std::streamsize>(n));
-    });
+    srv.record_core_calls([this](const ps::core_event& e) { write(e); });
+    return {};
+  }
+
+  // A backup's log (ASHL_REPLICA, or a restarted primary its peer took):
+  // the state at each snapshot (the log starts again there), then each
+  // record it applied; promoted, the server's calls go on in the same log
+  // (server_backup::record_core_calls), so one replay covers the shard's
+  // whole run from the backup's first snapshot.
+  template <class Backup>
+  std::string start_backup(const options& o, Backup& backup) {
+    if (!o.shared.empty() && shared_.slot == nullptr) {
+      if (auto e = map_shared(o.shared, shared_); !e.empty()) return e;
+    }
+    if (o.event_log.empty()) return {};
+    path_ = o.event_log;
+    const auto restart_at = [this](const auto& core) {
+      if (log_.is_open()) log_.close();
+      (void)save_state(core, path_ + ".initial");
+      log_.open(path_, std::ios::binary | std::ios::trunc);
+    };
+    if (backup.caught_up()) restart_at(backup.core());  // ask_peer caught up already
+    backup.record_core_calls(restart_at, [this](const ps::core_event& e) { write(e); });
     return {};
   }
 
@@ -321,15 +347,22 @@ class elastic_server {
     srv.record_core_calls({});
     log_.close();
     if (!log_) return "--event-log " + path_ + ": a write failed";
-    return save_state(srv, path_ + ".final");
+    return save_state(srv.core(), path_ + ".final");
   }
 
  private:
-  template <class Server>
-  static std::string save_state(Server& srv, const std::string& file) {
+  void write(const ps::core_event& e) {
+    ps::encode_core_event(e, bytes_);
+    const std::uint64_t n = bytes_.size();
+    log_.write(reinterpret_cast<const char*>(&n), sizeof n);
+    log_.write(reinterpret_cast<const char*>(bytes_.data()), static_cast<std::streamsize>(n));
+  }
+
+  template <class Core>
+  static std::string save_state(const Core& core, const std::string& file) {
     std::vector<std::byte> b;
     ashl::state_writer w(b);
-    srv.core().save(w);
+    core.save(w);
     write_file(file, b.data(), b.size());
     return std::ifstream(file) ? std::string{} : "--event-log: cannot write " + file;
   }
@@ -433,8 +466,9 @@ class data_follower {
 // takes it as its backup, and it replays until it promotes in turn.
 ashl::result<ps::server<tr::ucx>> replicated_server(const ps::job& j, const options& o, ps::server_params sp,
                                                     const ps::policy_params& pp, tr::ucx t,
-                                                    const std::vector<float>& initial) {
+                                                    const std::vector<float>& initial, elastic_server& elastic) {
   sp.take_backup = true;
+  sp.max_backup_lag_bytes = o.max_backup_lag_kib * 1024;
   std::optional<ps::server_backup<tr::ucx>> backup;
   if (j.replica) {
     auto b = ps::server_backup<tr::ucx>::create(sp, *ps::make_policy(o.policy, pp), std::move(t),
@@ -449,9 +483,17 @@ ashl::result<ps::server<tr::ucx>> replicated_server(const ps::job& j, const opti
     backup.emplace(std::move(*a->backup));
   }
   std::fprintf(stderr, "server %u: the backup of %s\n", j.rank, j.replica ? j.server_addresses[j.rank].c_str() : j.backup_addresses[j.rank].c_str());
+  if (auto e = elastic.start_backup(o, *backup); !e.empty()) return ashl::status(ashl::errc::invalid_argument, e);
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.max_seconds);
-  while (!g_stop && !backup->promoted() && std::chrono::steady_clock::now() < end)
+  bool said = false;  // the harness waits for this line (test/support/fault_job.hpp start_backup)
+  while (!g_stop && !backup->promoted() && std::chrono::steady_clock::now() < end) {
     backup->run_once(std::chrono::microseconds(1000));
+    if (!said && backup->caught_up()) {
+      said = true;
+      std::fprintf(stderr, "server %u (backup): caught up; backup listening on %s\n", j.rank,
+                   backup->transport().listen_address().c_str());
+    }
+  }
   if (!backup->promoted()) return ashl::status(ashl::errc::unavailable, "stopped as a backup, never promoted");
   return std::move(*backup).take_over();
 }
@@ -496,10 +538,10 @@ int serve(const ps::job& j, const options& o) {
                        .policy = o.policy,
                        .apply_batch = o.apply_batch};
   elastic_server::configure(o, sp);
-  auto srv = replicated ? replicated_server(j, o, sp, pp, std::move(*t), initial)
+  elastic_server elastic;
+  auto srv = replicated ? replicated_server(j, o, sp, pp, std::move(*t), initial, elastic)
                         : ps::server<tr::ucx>::create(sp, std::move(*policy), std::move(*t), initial);
   if (!srv) return fail(srv.error().message());
-  elastic_server elastic;
   if (auto e = elastic.start(o, *srv); !e.empty()) return fail(e);
   const std::uint64_t restored_applied = srv->core().stats().commits_applied;
   if (srv->restored_version() != 0)

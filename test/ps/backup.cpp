@@ -2,6 +2,8 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <ashl/core/state_io.hpp>
+#include <ashl/rules/core_events.hpp>
 #include <ashl/rules/policies.hpp>
 #include <ashl/transport/inproc.hpp>
 
@@ -16,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -185,10 +188,12 @@ struct rig_of {
     for (auto& c : clients) c->join(7);
     pump();
   }
-  void attach() {
+  // `before`: called with the backup before it connects (hooks to set).
+  void attach(const std::function<void(ps::server_backup<tr::inproc>&)>& before = {}) {
     auto b = ps::server_backup<tr::inproc>::create(params_of(o), policy_of(o), node(fabric, "b0"), "p0", initial());
     BOOST_REQUIRE_MESSAGE(b.has_value(), (b ? "" : b.error().message()));
     backup.emplace(std::move(*b));
+    if (before) before(*backup);
     for (int i = 0; i < 20 && !primary->backup_attached(); ++i) pump();
     pump();
     BOOST_REQUIRE(primary->backup_attached());
@@ -701,6 +706,87 @@ BOOST_AUTO_TEST_CASE(a_backup_promotes_on_a_majority_of_failover_joins_and_the_o
   }
   BOOST_TEST(srv.core().stats().commits_applied == applied + 2);
   BOOST_TEST((saved(old.core()) == saved(srv.core())));
+}
+
+// The chaos test's log (docs/elastic.md §5): the backup's snapshot, the
+// records it applied, then the promoted server's own calls, its take-over
+// evictions first, replay into a fresh core as the promoted server's state.
+BOOST_AUTO_TEST_CASE(a_promoted_backups_log_from_its_snapshot_replays_into_the_new_primarys_state) {
+  using core_type = ps::server_backup<tr::inproc>::core_type;
+  rig r;
+  std::vector<std::byte> at_snapshot;
+  std::vector<std::vector<std::byte>> log;
+  const auto record = [&](const ps::core_event& e) {
+    log.emplace_back();
+    ps::encode_core_event(e, log.back());
+  };
+  r.attach([&](ps::server_backup<tr::inproc>& b) {
+    b.record_core_calls(
+        [&](const core_type& c) {
+          at_snapshot = saved(c);
+          log.clear();
+        },
+        record);
+  });
+  BOOST_TEST_REQUIRE(!at_snapshot.empty());  // the workers had joined: the snapshot holds them
+  for (int k = 0; k < 3; ++k) {
+    r.c(0).commit(true);
+    r.c(1).commit(true);
+    r.pump();
+  }
+  r.c(0).commit(true);  // in flight when the primary dies
+  r.primary->poll();
+  r.backup->poll();
+  (void)r.fabric->fail("p0");
+  BOOST_TEST(log.size() == r.backup->telemetry().records);  // every record applied, none else
+  BOOST_TEST(log.size() == 7u);
+  for (int i = 0; i < 4; ++i) r.backup->poll();
+  for (auto& c : r.clients) c->reconnect("b0", [&] { r.backup->poll(); });
+  r.c(0).failover_join(7, 1);
+  r.c(1).failover_join(7, 1);
+  for (int i = 0; i < 4; ++i) {
+    r.backup->poll();
+    for (auto& c : r.clients) c->t.progress(c->h);
+  }
+  BOOST_TEST_REQUIRE(r.backup->promoted());
+  auto promoted = std::move(*r.backup).take_over();
+  BOOST_TEST_REQUIRE(promoted.has_value(), (promoted ? "" : promoted.error().message()));
+  ps::server<tr::inproc>& srv = *promoted;
+  BOOST_TEST_REQUIRE(log.size() == 9u);  // the take-over's evictions, one per live worker
+  for (std::size_t k = 7; k < 9; ++k) {
+    ps::core_event e;
+    BOOST_TEST_REQUIRE(ps::decode_core_event(log[k], e).ok());
+    BOOST_TEST((e.kind == ps::core_event_kind::evict));
+    BOOST_TEST(e.worker == k - 7);
+  }
+  for (auto& c : r.clients) {
+    c->reconnect("b0", [&] { srv.poll(); });
+    c->join(7);
+  }
+  r.c(0).sequence -= 1;
+  r.c(0).commit(true);  // the one in flight again: a duplicate
+  r.c(1).commit(true);  // a new one
+  for (int i = 0; i < 6; ++i) {
+    srv.poll();
+    for (auto& c : r.clients) c->t.progress(c->h);
+  }
+  BOOST_TEST(srv.core().stats().duplicates == 1u);
+  BOOST_TEST(log.size() == 13u);  // two joins, two commits
+  // The replay: a fresh core loaded from the snapshot, every record in order.
+  auto core = core_type::create(params_of(r.o).core, policy_of(r.o), initial());
+  BOOST_TEST_REQUIRE(core.has_value());
+  ashl::state_reader in(at_snapshot);
+  BOOST_TEST_REQUIRE(core->load(in).ok());
+  ps::server_actions actions(workers);
+  for (const auto& bytes : log) {
+    ps::core_event e;
+    BOOST_TEST_REQUIRE(ps::decode_core_event(bytes, e).ok());
+    ps::replay(*core, e, actions);
+    actions.clear();
+  }
+  core->apply_pending();
+  BOOST_TEST(core->stats().commits_applied == srv.core().stats().commits_applied);
+  BOOST_TEST((saved(*core) == saved(srv.core())));
 }
 
 BOOST_AUTO_TEST_CASE(a_backup_told_of_a_higher_term_is_stale_and_never_promotes) {

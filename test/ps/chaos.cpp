@@ -14,13 +14,20 @@
 // positions from its leases; each writes the ids of every commit before
 // sending it) on a quadratic, 4 samples per commit, rank 1 30 ms slower
 // per iteration than the others (so under BSP a killed worker often has a
-// commit in flight). Run B: shared memory, SSP(2), 2 shards.
+// commit in flight). Run B: shared memory, SSP(2), 2 shards. A replicated
+// shard (run A's one, run B's shard 1; run B's shard 0 has no backup) runs
+// with a backup (E11), and its primary is SIGKILLed once: the backup
+// promotes on the workers' failover votes, and the killed primary, started
+// again 2 s later, attaches to it as the new backup (E12b).
 //
 // Checks, per run:
 // - every server's core is exactly the replay of its event log (every
 //   record the server handed its core, --event-log) into a fresh core loaded
 //   from the server's state at creation: the final state's bytes equal,
-//   so the parameters are a fault-free replay of what was applied;
+//   so the parameters are a fault-free replay of what was applied; for the
+//   replicated shard, the promoted backup's log: from its snapshot (taken
+//   before any worker joined), the records it applied as the backup, the
+//   take-over's evictions, then its own calls as the primary;
 // - per (rank, incarnation) and shard, the commits the core accepted (the
 //   exactly-once table through the replay: sequences 1..A, none twice)
 //   equal the commits the process was acknowledged, with at most one more
@@ -31,15 +38,13 @@
 //   trained past its leases, and every sample id of each of the 3 epochs
 //   was used exactly once;
 // - the quadratic's target is reached; every process ended as it should;
+// - the replicated shard failed over once (term 2), a re-sent commit
+//   dropped as a duplicate at most once per worker, and the restarted
+//   primary was taken as the new backup;
 // - one JSON line: kills survived, joins, leaves, refused joins by reason,
-//   commits lost, recovery times (from a kill to every survivor's next
-//   acknowledged commit; from a restart or join to its first).
-//
-// Not yet (E12b): killing a primary. The schedule has the fault kind
-// (fault::kill_primary), but it is switched off (primary_kills) until the
-// harness starts backups (E11's ASHL_BACKUP_ADDR / ASHL_REPLICA) and a
-// killed primary's branch restarts it as the new backup; see
-// docs/elastic.md §6 "What E12a built".
+//   failovers and take-over times, commits lost, recovery times (from a
+//   kill to every survivor's next acknowledged commit; from a restart or
+//   join to its first).
 
 #if !ASHL_HAS_UCX() || !defined(ASHL_TEST_PS_NODE)
 int main() {
@@ -61,6 +66,7 @@ int main() {
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -95,11 +101,17 @@ const char* name_of(fault f) {
   }
   return "?";
 }
-// SIGKILL a shard's primary (restarted 2 s later as the new backup): E12b.
-// Off: this harness starts no backup, and without one a killed primary ends
-// the job (its workers fail naming it, test/ps/kill.cpp), so the schedule
-// never draws it.
-constexpr bool primary_kills = false;
+// SIGKILL a replicated shard's primary once (E12b): its backup promotes on
+// the workers' failover votes (docs/elastic.md §4.5), and the killed
+// primary is started again ~2 s later (once the promotion is in the
+// backup's log) on its port, where it asks its peer first and attaches as
+// the new backup. ASHL_CHAOS_PRIMARY_KILLS=0 runs the backups without the
+// kill (E12a's schedule), to tell a failover's failure from the others'.
+bool primary_kills() {
+  const char* v = std::getenv("ASHL_CHAOS_PRIMARY_KILLS");
+  return v == nullptr || std::string(v) != "0";
+}
+constexpr double primary_restart_after = 2.0;
 
 struct event {
   double at = 0;  // seconds from the start of the schedule
@@ -110,15 +122,25 @@ struct event {
 
 // Seeded: the kinds in a random order at jittered times over ~8 s, the
 // ranks drawn among the live ones, such that at least min_workers (2) stay
-// live at every step (a restarted rank counts again from its restart).
+// live at every step (a restarted rank counts again from its restart). The
+// primary's kill comes in the first four slots (by ~4.8 s: run A's refused
+// joins go to the promoted primary, well before the data is done) and
+// never right after a worker's SIGKILL: a worker killed just before may
+// still be live in the replicated state, and the backup promotes only on a
+// majority of the live workers' votes.
 std::vector<event> make_schedule(std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<fault> kinds = {fault::join, fault::join, fault::kill_restart, fault::kill_restart, fault::kill, fault::leave};
-  if (primary_kills) kinds.push_back(fault::kill_primary);
+  if (primary_kills()) kinds.push_back(fault::kill_primary);
   const double span = 8.0, gap = span / static_cast<double>(kinds.size());
   std::uniform_real_distribution<double> jitter(0.0, 0.3 * gap), restart(0.3, 0.8);
   for (int attempt = 0; attempt < 1000; ++attempt) {
     std::shuffle(kinds.begin(), kinds.end(), rng);
+    const auto kp = std::find(kinds.begin(), kinds.end(), fault::kill_primary);
+    if (kp != kinds.end() &&
+        (kp - kinds.begin() > 3 ||
+         (kp != kinds.begin() && (*(kp - 1) == fault::kill || *(kp - 1) == fault::kill_restart))))
+      continue;
     std::vector<event> out;
     std::vector<std::uint32_t> live = {0, 1, 2}, joinable = {3, 4};
     std::vector<std::pair<double, std::uint32_t>> back;  // (time, rank) restarts
@@ -159,6 +181,16 @@ std::vector<event> make_schedule(std::uint64_t seed) {
       ok = live.size() >= 2;
       out.push_back(e);
     }
+    // No worker process starts while the killed primary's address is dead
+    // (from the kill to its restart as backup, 2 s, and a margin): a fresh
+    // worker's create() does not fail over (docs/elastic.md §6 "What E12b
+    // built").
+    for (const event& k : out) {
+      if (k.kind != fault::kill_primary) continue;
+      const auto dead = [&](double t) { return t >= k.at - 0.1 && t <= k.at + primary_restart_after + 0.5; };
+      for (const event& e : out)
+        ok = ok && !(e.kind == fault::join && dead(e.at)) && !(e.kind == fault::kill_restart && dead(e.at + e.restart_after));
+    }
     if (ok) return out;
   }
   return {};
@@ -182,6 +214,8 @@ struct run_spec {
   std::string policy;   // "bsp", "ssp"
   std::uint32_t servers = 1;
   bool bad_joins = false;
+  std::vector<bool> backups;     // per shard
+  std::uint32_t killed_shard = 0;  // the replicated shard whose primary is killed
 };
 
 // min_workers is the round policies' (docs/elastic.md §2.4); SSP has
@@ -219,9 +253,10 @@ struct replayed {
   bool state_equal = false;
 };
 
-replayed replay_log(const std::string& dir, const run_spec& r, std::uint32_t shard) {
+// `log`: the event log of the process that served shard `shard` last (a
+// promoted backup's goes on from its first snapshot through its take-over).
+replayed replay_log(const std::string& log, const run_spec& r, std::uint32_t shard) {
   replayed out;
-  const std::string log = dir + "/events" + std::to_string(shard);
   const std::vector<std::byte> initial = read_bytes(log + ".initial"), final_state = read_bytes(log + ".final"),
                                records = read_bytes(log);
   if (initial.empty() || final_state.empty()) {
@@ -346,20 +381,40 @@ void chaos_run(const run_spec& r) {
 
     fault_job::job j(initial_workers, "ashl-chaos", r.tls, max_workers, r.servers);
     BOOST_TEST_REQUIRE(j.ok());
+    j.set_backups(r.backups);
     const auto common = cat(policy_args(r), {"--elements", std::to_string(elements), "--max-seconds", "90"});
-    std::vector<pid_t> servers(r.servers);
+    // Each shard's log: events<s> (its first primary), events<s>-b (its
+    // backup, going on once promoted), events<s>-r (the killed primary,
+    // restarted as the new backup). give_back_after 3 s: a worker failing
+    // over can take ~1.2 s to rejoin (a refused vote sends it to the dead
+    // address for failover_attempt, 1 s), and leases given back while it
+    // was away stay in its mirror (docs/elastic.md §6 "What E12b built").
+    // max_backup_lag_bytes 1 MiB: the default (the store bound) is a few
+    // records of this 32-element shard, and a loaded host's backup lags
+    // that much.
+    const auto server_args = [&](std::uint32_t s, const std::string& log) {
+      return cat(common, {"--worker-timeout-ms", "5000", "--no-worker-grace-ms", "1500", "--dataset",
+                          std::to_string(samples), "--dataset-epochs", std::to_string(epochs), "--lease-samples", "32",
+                          "--give-back-after-ms", "3000", "--max-backup-lag-kib", "1024", "--shuffle-seed", std::to_string(seed), "--event-log",
+                          j.dir() + "/events" + std::to_string(s) + log});
+    };
+    std::vector<pid_t> servers(r.servers), backups(r.servers, -1);  // the primaries and backups running now
+    std::vector<std::string> server_log(r.servers), last_log(r.servers);
     for (std::uint32_t s = 0; s < r.servers; ++s) {
-      servers[s] = j.start_server(
-          cat(common, {"--worker-timeout-ms", "5000", "--no-worker-grace-ms", "1500", "--dataset",
-                       std::to_string(samples), "--dataset-epochs", std::to_string(epochs), "--lease-samples", "32",
-                       "--give-back-after-ms", "1000", "--shuffle-seed", std::to_string(seed), "--event-log",
-                       j.dir() + "/events" + std::to_string(s)}),
-          "server" + std::to_string(s) + ".log", 30s, {}, s);
+      server_log[s] = "server" + std::to_string(s) + ".log";
+      last_log[s] = "";
+      servers[s] = j.start_server(server_args(s, ""), server_log[s], 30s, {}, s);
       BOOST_TEST_REQUIRE(servers[s] > 0, "server " << s << " did not start");
+    }
+    for (std::uint32_t s = 0; s < r.servers; ++s) {
+      if (!r.backups[s]) continue;
+      backups[s] = j.start_backup(s, server_args(s, "-b"), "backup" + std::to_string(s) + ".log");
+      BOOST_TEST_REQUIRE(backups[s] > 0, "shard " << s << "'s backup did not catch up: " << j.log_text("backup" + std::to_string(s) + ".log"));
     }
     const auto worker_args =
         cat(common, {"--quadratic", std::to_string(target), "--cycles", "1000000", "--cycle-ms", "40", "--timeout-ms",
-                     "30000", "--batch", "4", "--dataset", std::to_string(samples), "--slow-rank", "1", "--slow-ms", "30"});
+                     "30000", "--reconnect-ms", "20000", "--batch", "4", "--dataset", std::to_string(samples),
+                     "--slow-rank", "1", "--slow-ms", "30"});
 
     auto t0 = std::chrono::steady_clock::now();
     const auto now = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
@@ -383,6 +438,10 @@ void chaos_run(const run_spec& r) {
     t0 = std::chrono::steady_clock::now();
     for (proc& p : procs) p.started = 0;
 
+    // The primary's kill: when, the promotion seen, the restart.
+    double primary_killed_at = -1, promoted_seen_at = -1;
+    bool primary_restarted = false;
+    const std::string ks = std::to_string(r.killed_shard);
     // Refused joins (run A): each fails at its join, naming why.
     struct bad_join {
       std::string what, expect, log;
@@ -392,6 +451,9 @@ void chaos_run(const run_spec& r) {
     auto start_bad = [&](std::string what, std::uint32_t rank, std::vector<std::string> extra_args,
                          fault_job::env_list env, std::string expect) {
       bad_join b{.what = what, .expect = std::move(expect), .log = "bad-" + what + ".log"};
+      // To the shard's primary now (the promoted backup), as a job without backups.
+      env.emplace_back("ASHL_SERVER_ADDR", promoted_seen_at >= 0 ? j.backup_address(0) : j.server_address(0));
+      env.emplace_back("ASHL_BACKUP_ADDR", "");
       b.pid = j.start_worker(rank, cat(cat(common, {"--timeout-ms", "10000", "--connect-timeout", "3"}), extra_args),
                              b.log, false, std::move(env));
       bad.push_back(std::move(b));
@@ -412,7 +474,19 @@ void chaos_run(const run_spec& r) {
         const std::uint64_t n = j.process_acked(p.slot);
         if (a.empty() || a.back().second != n) a.emplace_back(t, n);
       }
-      if (r.bad_joins && !bad_started && t >= 2.0) {
+      // The primary's kill: the promotion in the backup's log, then (2 s
+      // after the kill) the old primary started again on its port.
+      if (primary_killed_at >= 0 && promoted_seen_at < 0 &&
+          fault_job::has(j.log_text(server_log[r.killed_shard]), "promoted at term"))
+        promoted_seen_at = t;
+      if (promoted_seen_at >= 0 && !primary_restarted && t >= primary_killed_at + primary_restart_after) {
+        primary_restarted = true;
+        backups[r.killed_shard] =
+            j.start_server(server_args(r.killed_shard, "-r"), "restarted" + ks + ".log", 30s, {}, r.killed_shard);
+        BOOST_TEST(backups[r.killed_shard] > 0, "the killed primary did not start again: "
+                                                    << j.log_text("restarted" + ks + ".log"));
+      }
+      if (r.bad_joins && !bad_started && t >= 2.0 && (promoted_seen_at >= 0 || !primary_kills())) {
         bad_started = true;
         start_bad("rank", 0, {"--join-rank", "5"}, {}, "join.rank = 5: this job admits at most 5 workers");
         start_bad("job", 1, {}, {{"ASHL_JOB", "another-job"}}, "join.job = ");
@@ -441,7 +515,12 @@ void chaos_run(const run_spec& r) {
           BOOST_TEST(start(e.rank));
           joined_procs.push_back(procs.size() - 1);
         } else if (e.kind == fault::kill_primary) {
-          BOOST_FAIL("kill_primary is E12b's (this harness starts no backup yet)");
+          j.signal(servers[r.killed_shard], SIGKILL);
+          primary_killed_at = t;
+          servers[r.killed_shard] = backups[r.killed_shard];  // it promotes on the workers' votes
+          backups[r.killed_shard] = -1;
+          server_log[r.killed_shard] = "backup" + ks + ".log";
+          last_log[r.killed_shard] = "-b";
         } else if (proc* p = live_of(e.rank); p != nullptr) {
           p->gone_at = t;
           if (e.kind == fault::leave) {
@@ -458,9 +537,12 @@ void chaos_run(const run_spec& r) {
           BOOST_ERROR("the schedule's rank " << e.rank << " is not live");
         }
       }
-      if (next == schedule.size() && pending_restarts.empty() && j.stop_version() != 0) break;
+      if (next == schedule.size() && pending_restarts.empty() && j.stop_version() != 0 &&
+          (primary_killed_at < 0 || primary_restarted))
+        break;
       bool servers_up = true;  // a server that ended before the data is done fails the run at once
       for (pid_t s : servers) servers_up = servers_up && !j.has_exited(s);
+      for (pid_t b : backups) servers_up = servers_up && (b <= 0 || !j.has_exited(b));
       if (!servers_up) {
         BOOST_ERROR("a server ended at " << now() << " s, before the data was done");
         break;
@@ -479,8 +561,25 @@ void chaos_run(const run_spec& r) {
       BOOST_TEST(o.exit_code == 0, "rank " << p.rank << " (" << p.log << ") exited " << o.exit_code << ": " << o.log());
     }
     for (std::uint32_t s = 0; s < r.servers; ++s) {
-      const auto o = j.finish(servers[s], 60s, "server" + std::to_string(s) + ".log");
+      const auto o = j.finish(servers[s], 60s, server_log[s]);
       BOOST_TEST(o.exit_code == 0, "server " << s << " exited " << o.exit_code << ": " << o.log());
+    }
+    // The killed primary, restarted: its peer (the promoted backup) took it
+    // as its backup; with no failover after, it is stopped as one.
+    if (primary_kills()) {
+      BOOST_TEST(primary_killed_at >= 0, "the schedule killed no primary");
+      BOOST_TEST(primary_restarted, "the killed primary was not started again");
+    }
+    for (std::uint32_t s = 0; s < r.servers; ++s) {
+      if (backups[s] <= 0) continue;
+      const std::string log = s == r.killed_shard && primary_restarted ? "restarted" + ks + ".log"
+                                                                        : "backup" + std::to_string(s) + ".log";
+      j.signal(backups[s], SIGTERM);
+      const auto o = j.finish(backups[s], 30s, log);
+      BOOST_TEST(o.exit_code == 1, "shard " << s << "'s backup exited " << o.exit_code << ": " << o.log());
+      BOOST_TEST(fault_job::has(o.log(), "stopped as a backup, never promoted"), o.log());
+      if (s == r.killed_shard && primary_restarted)
+        BOOST_TEST(fault_job::has(o.log(), "took this server as its backup"), "the restarted primary: " << o.log());
     }
     const double run_seconds = now();
 
@@ -502,17 +601,30 @@ void chaos_run(const run_spec& r) {
       BOOST_TEST(refused["element_count"] == 1.0);
       BOOST_TEST(refused["token"] >= 1.0);
     }
+    // Failovers: the killed primary's shard once, by its backup; a commit
+    // in flight at the kill, sent again to the new primary, is dropped as a
+    // duplicate when the backup had it (at most one per worker).
+    std::uint64_t failovers = 0, duplicates = 0;
+    std::vector<double> takeover;
     for (std::uint32_t s = 0; s < r.servers; ++s) {
       const auto c = j.server_counters(s);
       BOOST_TEST(c.at("refused") == 0.0, "shard " << s << ": the core refused something");  // nothing reached it
-      BOOST_TEST(c.at("duplicates") == 0.0, "shard " << s);
       BOOST_TEST(c.at("finished") == 1.0, "shard " << s);
+      const bool failed_over = s == r.killed_shard && primary_killed_at >= 0;
+      BOOST_TEST(c.at("failovers") == (failed_over ? 1.0 : 0.0), "shard " << s);
+      BOOST_TEST(c.at("duplicates") <= (failed_over ? double{max_workers} : 0.0), "shard " << s);
+      failovers += static_cast<std::uint64_t>(c.at("failovers"));
+      duplicates += static_cast<std::uint64_t>(c.at("duplicates"));
+      if (failed_over) {
+        BOOST_TEST(c.at("term") == 2.0, "shard " << s);
+        takeover.push_back(c.at("takeover_seconds"));
+      }
     }
 
     // The replays: each core is its event log's replay, bit for bit.
     std::vector<replayed> rep;
     for (std::uint32_t s = 0; s < r.servers; ++s) {
-      rep.push_back(replay_log(j.dir(), r, s));
+      rep.push_back(replay_log(j.dir() + "/events" + std::to_string(s) + last_log[s], r, s));
       BOOST_TEST_REQUIRE(rep[s].ok, "shard " << s << ": " << rep[s].why);
       BOOST_TEST(rep[s].state_equal, "shard " << s << ": the replay of " << rep[s].records
                                               << " records does not save the server's final state");
@@ -590,8 +702,8 @@ void chaos_run(const run_spec& r) {
 
     // Recovery times: from each kill to every survivor's next acknowledged
     // commit; from each join or restart to its first.
-    std::vector<double> recovery, first_ack;
-    for (double k : kill_times) {
+    std::vector<double> recovery, first_ack, failover_recovery;
+    auto all_acked_after = [&](double k, std::vector<double>& into) {
       double worst = 0;
       bool any = false;
       for (const proc& p : procs) {
@@ -602,8 +714,10 @@ void chaos_run(const run_spec& r) {
         worst = std::max(worst, it->first - k);
         any = true;
       }
-      if (any) recovery.push_back(worst);
-    }
+      if (any) into.push_back(worst);
+    };
+    for (double k : kill_times) all_acked_after(k, recovery);
+    if (primary_killed_at >= 0) all_acked_after(primary_killed_at, failover_recovery);
     for (std::size_t i : joined_procs) {
       const proc& p = procs[i];
       const auto& a = acks[p.slot];
@@ -615,7 +729,7 @@ void chaos_run(const run_spec& r) {
       restarts += e.kind == fault::kill_restart;
       joins += e.kind == fault::join;
       leaves += e.kind == fault::leave;
-      kills += e.kind == fault::kill || e.kind == fault::kill_restart;
+      kills += e.kind == fault::kill || e.kind == fault::kill_restart || e.kind == fault::kill_primary;
     }
     std::ostringstream json;
     json << "{\"test\":\"ps/chaos\",\"run\":\"" << r.name << "\",\"seed\":" << seed << ",\"transport\":\"" << r.tls
@@ -627,7 +741,9 @@ void chaos_run(const run_spec& r) {
       json << (first ? "" : ",") << "\"" << k << "\":" << v;
       first = false;
     }
-    json << "},\"failovers\":0,\"commits_acknowledged\":" << acknowledged << ",\"commits_applied\":" << applied
+    json << "},\"failovers\":" << failovers << ",\"takeover_ms\":" << join_ms(takeover)
+         << ",\"failover_recovery_ms\":" << join_ms(failover_recovery) << ",\"duplicates_dropped\":" << duplicates
+         << ",\"commits_acknowledged\":" << acknowledged << ",\"commits_applied\":" << applied
          << ",\"commits_lost\":" << lost << ",\"epochs\":" << rep[0].ledger.epochs_completed
          << ",\"recovery_ms\":" << join_ms(recovery) << ",\"first_ack_ms\":" << join_ms(first_ack)
          << ",\"run_s\":" << run_seconds
@@ -640,11 +756,13 @@ void chaos_run(const run_spec& r) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(chaos_bsp_over_tcp_with_refused_joins) {
-  chaos_run({.name = "A", .tls = "tcp,self", .policy = "bsp", .servers = 1, .bad_joins = true});
+  chaos_run({.name = "A", .tls = "tcp,self", .policy = "bsp", .servers = 1, .bad_joins = true, .backups = {true},
+             .killed_shard = 0});
 }
 
 BOOST_AUTO_TEST_CASE(chaos_ssp_over_shared_memory_with_two_shards) {
-  chaos_run({.name = "B", .tls = "sm,self,tcp", .policy = "ssp", .servers = 2, .bad_joins = false});
+  chaos_run({.name = "B", .tls = "sm,self,tcp", .policy = "ssp", .servers = 2, .bad_joins = false,
+             .backups = {false, true}, .killed_shard = 1});
 }
 
 #endif

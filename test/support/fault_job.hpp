@@ -20,7 +20,12 @@
 // commits acknowledged (process_incarnation, process_sent, process_acked),
 // so a test compares the servers' exactly-once table per (rank, incarnation)
 // with what each process was acknowledged. chaos_seed() is a test's seed,
-// printed, or ASHL_CHAOS_SEED's to replay one.
+// printed, or ASHL_CHAOS_SEED's to replay one. set_backups() gives shards a
+// backup (docs/elastic.md §4.6: every process gets ASHL_BACKUP_ADDR, the
+// backups' ports chosen with the servers'); start_backup() starts one
+// (ASHL_REPLICA=1) and waits until it caught up with its primary; a
+// primary killed and started again with start_server() on its port asks
+// its peer first and attaches as the new backup (ashl_test_ps_node).
 #pragma once
 
 #include "node_files.hpp"
@@ -36,6 +41,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <sstream>
@@ -123,6 +129,17 @@ class job {
     for (std::size_t s = 0; s < ports_.size(); ++s) a += (s ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(ports_[s]);
     return a;
   }
+  // Shard s's backup's address ("" without one).
+  [[nodiscard]] std::string backup_address(std::uint32_t s) const {
+    return s < backup_ports_.size() && backup_ports_[s] != 0 ? "127.0.0.1:" + std::to_string(backup_ports_[s]) : "";
+  }
+  [[nodiscard]] std::string server_address(std::uint32_t s) const { return "127.0.0.1:" + std::to_string(ports_.at(s)); }
+  // Which shards get a backup (before the first start_server).
+  void set_backups(std::vector<bool> shards) {
+    backups_ = std::move(shards);
+    backups_.resize(servers_, false);
+    backup_ports_.assign(servers_, 0);
+  }
   // The ranks that may ever join: max_workers, or the initial workers.
   [[nodiscard]] std::uint32_t ranks() const noexcept { return std::max(workers_, max_workers_); }
   [[nodiscard]] bool ok() const noexcept { return !dir_.empty() && counters_ != nullptr; }
@@ -142,6 +159,8 @@ class job {
       if (!restart) {
         for (int& p : ports_)
           if (p == 0 || &p == &port_) p = process::free_port();
+        for (std::size_t b = 0; b < backup_ports_.size(); ++b)
+          if (backups_[b] && backup_ports_[b] == 0) backup_ports_[b] = process::free_port();
       }
       env_list e = {{"ASHL_ROLE", "server"}, {"ASHL_RANK", std::to_string(shard)}};
       e.insert(e.end(), extra.begin(), extra.end());
@@ -157,6 +176,25 @@ class job {
       if (restart) std::this_thread::sleep_for(std::chrono::milliseconds(250));
     }
     return -1;
+  }
+
+  // Shard `shard`'s backup (set_backups; its primary started): returns -1
+  // if it did not catch up with the primary within `bound`.
+  pid_t start_backup(std::uint32_t shard, const std::vector<std::string>& args, const std::string& log,
+                     std::chrono::milliseconds bound = std::chrono::seconds(30)) {
+    if (backup_address(shard).empty()) return -1;
+    const env_list e = {{"ASHL_ROLE", "server"}, {"ASHL_RANK", std::to_string(shard)}, {"ASHL_REPLICA", "1"}};
+    const pid_t p = process::start(node_argv(args), env(e), dir_ + "/" + log);
+    if (p < 0) return -1;
+    running_.push_back(p);
+    if (process::wait_for_text(p, dir_ + "/" + log, "backup listening on", bound)) return p;
+    return -1;
+  }
+
+  // A process's log so far.
+  [[nodiscard]] std::string log_text(const std::string& log) const {
+    std::ifstream f(dir_ + "/" + log);
+    return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
   }
 
   // A worker; with `counters` it counts its commits in the job's shared
@@ -288,6 +326,11 @@ class job {
                   {"ASHL_TOKEN", "fault-job-token-0123456789"}};
     if (max_workers_ != 0) e.emplace_back("ASHL_MAX_WORKERS", std::to_string(max_workers_));
     if (servers_ > 1) e.emplace_back("ASHL_NUM_SERVERS", std::to_string(servers_));
+    if (std::find(backups_.begin(), backups_.end(), true) != backups_.end()) {
+      std::string b;
+      for (std::uint32_t s = 0; s < servers_; ++s) b += (s ? "," : "") + backup_address(s);
+      e.emplace_back("ASHL_BACKUP_ADDR", b);
+    }
     e.insert(e.end(), extra.begin(), extra.end());
     return e;
   }
@@ -295,7 +338,8 @@ class job {
   std::uint32_t workers_, max_workers_, servers_;
   std::string dir_, shared_, tls_;
   std::uint64_t* counters_ = nullptr;
-  std::vector<int> ports_;
+  std::vector<int> ports_, backup_ports_;
+  std::vector<bool> backups_;
   std::vector<pid_t> running_;
   std::map<pid_t, std::size_t> slot_of_;
   std::map<pid_t, int> exited_;  // statuses has_exited reaped

@@ -137,17 +137,25 @@ class server {
   // after a restore), the term is `term`, the clock goes on from `now`
   // (the old primary's timeline), and the server takes a backup of its own
   // (the old primary, restarted, attaches as one). `takeover_seconds`: from
-  // the link's loss to the promotion (telemetry).
+  // the link's loss to the promotion (telemetry). `record`, when set, is
+  // the server's record_core_calls sink from the start, the evictions
+  // included: a log of the backup's records goes on through the take-over
+  // (server_backup::record_core_calls; a backup attaching later gets a
+  // snapshot, so the replica link is not sent them).
   static result<server> take_over(server_params p, core_type core, Transport t, std::uint32_t term, double now,
-                                  double takeover_seconds) {
+                                  double takeover_seconds, std::function<void(const core_event&)> record = {}) {
     p.take_backup = true;
     p.restore = false;
     auto srv = create_with(std::move(p), std::move(t),
                            [&](const server_params&) -> result<core_type> { return std::move(core); });
     if (!srv) return srv.error();
+    srv->record_sink_ = std::move(record);
     server_actions ignored(srv->p_.core.max_workers);
+    recorded_core evicting(srv->core_, [&](const core_event& e) {
+      if (srv->record_sink_) srv->record_sink_(e);
+    });
     for (worker_id w = 0; w < srv->core_.known_workers(); ++w)
-      if (srv->core_.is_live(w)) srv->core_.evict(w, now, ignored);
+      if (srv->core_.is_live(w)) evicting.evict(w, now, ignored);
     srv->clock_ = steady_clock::starting_at(now);
     srv->no_worker_since_ = now;
     srv->set_term(term);

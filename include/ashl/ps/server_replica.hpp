@@ -478,7 +478,17 @@ class server_backup {
     const double now = clock_.now();
     const double primary_now = rb_.last_now() + (now - last_record_at_);
     return server<Transport, Policy>::take_over(p_, std::move(*core_), std::move(t_), term_ + 1, primary_now,
-                                                promoted_at_ - lost_at_);
+                                                promoted_at_ - lost_at_, std::move(record_sink_));
+  }
+  // A log of this shard's core that goes on through a take-over (the chaos
+  // test's replay, docs/elastic.md §5): `snapshot` with the core as each
+  // snapshot left it (a catch-up; what follows replays from there), then
+  // `sink` with each record this backup applied, decoded, in order; once
+  // promoted, take_over() makes `sink` the new primary's record_core_calls
+  // from its evictions on. Unset (the default), nothing is decoded twice.
+  void record_core_calls(std::function<void(const core_type&)> snapshot, std::function<void(const core_event&)> sink) {
+    snapshot_sink_ = std::move(snapshot);
+    record_sink_ = std::move(sink);
   }
   // The last refusal (of a record, or the primary's of this backup's hello).
   [[nodiscard]] const status& last_refusal() const noexcept { return last_refusal_; }
@@ -622,6 +632,7 @@ class server_backup {
       if (s) {
         started_ = true;
         ++tel_.snapshots;
+        if (snapshot_sink_) snapshot_sink_(*core_);
       }
     } else if (!started_) {
       s = out_of_range("replicate.index", index_, "a record before the snapshot");
@@ -630,6 +641,10 @@ class server_backup {
       if (s) {
         ++tel_.records;
         last_record_at_ = clock_.now();
+        if (record_sink_) {
+          core_event e;
+          if (decode_core_event(rec, e)) record_sink_(e);  // applied, so it decodes
+        }
       }
     }
     if (!s) {  // not acknowledged: the primary drops this backup after its replica_timeout
@@ -742,6 +757,8 @@ class server_backup {
   std::uint64_t index_ = 0, total_ = 0, filled_ = 0, max_record_ = 0;
   wire::replica_event event_ = wire::replica_event::tick;
   std::function<void(std::uint64_t, std::vector<std::byte>&)> inspect_;
+  std::function<void(const core_type&)> snapshot_sink_;
+  std::function<void(const core_event&)> record_sink_;
   std::vector<detail::pooled_buffer> rx_, tx_;
   backup_telemetry tel_{};
   status last_refusal_;
