@@ -618,7 +618,7 @@ BOOST_AUTO_TEST_CASE(a_backup_promotes_on_a_majority_of_failover_joins_and_the_o
   r.backup_runs = true;
   r.primary->poll();
   r.backup->poll();     // the record reaches the backup; its ack does not reach the primary
-  r.fabric->fail("p0");
+  BOOST_TEST(r.fabric->fail("p0").ok());
   const std::uint64_t applied = r.backup->core().stats().commits_applied;
   BOOST_TEST(applied == 11u);
   auto pump_backup = [&](int rounds = 4) {
@@ -794,7 +794,7 @@ BOOST_AUTO_TEST_CASE(a_backup_told_of_a_higher_term_is_stale_and_never_promotes)
   r.attach();
   r.c(0).commit(true);
   r.pump();
-  r.fabric->fail("p0");
+  BOOST_TEST(r.fabric->fail("p0").ok());
   for (int i = 0; i < 4; ++i) r.backup->poll();
   for (auto& c : r.clients) c->reconnect("b0", [&] { r.backup->poll(); });
   r.c(0).failover_join(7, 2);  // the primary went on at term 2 without this backup
