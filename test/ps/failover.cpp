@@ -14,7 +14,8 @@
 // flight, and every worker reaches its target. Every acknowledged commit
 // is in the promoted backup's state: its core applied exactly the commits
 // the workers were answered for (none lost, none twice). The take-over
-// time is printed. test/ps/backup.cpp checks the votes, a minority, a stale
+// time is printed. Then a worker starts with the dead primary's address
+// first and joins the promoted backup. test/ps/backup.cpp checks the votes, a minority, a stale
 // term and the old primary attaching as backup over inproc.
 
 #if !ASHL_HAS_UCX()
@@ -174,7 +175,33 @@ BOOST_DATA_TEST_CASE(the_primary_killed_mid_training_its_backup_takes_over_with_
   primary.finish(10s);
   killed = true;
   for (auto& th : threads) th.join();
+  // A worker that starts now, its primary's address first (dead: nobody
+  // listens there), reaches the promoted backup after one
+  // failover_attempt and gets the parameters every commit made.
+  std::string late_error;
+  std::uint64_t late_tries = 0;
+  float late_parameter = 0.0f;
+  {
+    std::vector<float> w(elements, 0.0f);
+    auto t = tr::ucx::create({.token = token, .retry_interval = 20ms});
+    BOOST_TEST_REQUIRE(t.has_value());
+    ps::worker_params wp{.rank = 0, .servers = {primary_address}, .timeout = 20s};
+    wp.backups = {backup_address};
+    wp.reconnect = 20s;
+    wp.failover_attempt = 300ms;
+    auto wk = ps::worker<tr::ucx>::create(wp, std::move(*t), w);
+    if (wk) {
+      late_tries = wk->telemetry().failover_tries;
+      late_parameter = wk->parameters()[0];
+      (void)wk->leave();
+    } else {
+      late_error = wk.error().message();
+    }
+  }
   const auto c = ashl_test::stop_and_read(backup);
+  BOOST_TEST(late_error.empty(), late_error);
+  BOOST_TEST(late_tries >= 1u);
+  BOOST_TEST(late_parameter == 0.25f - 0.0078125f * workers * commits);
   for (std::uint32_t r = 0; r < workers; ++r) BOOST_TEST(errors[r].empty(), "worker " << r << ": " << errors[r]);
   BOOST_TEST(before_kill >= kill_after);
   for (std::uint32_t r = 0; r < workers; ++r) {

@@ -255,8 +255,8 @@ t::ucx make_client(std::string tok = token, std::chrono::milliseconds connect_ti
 }
 
 // Connects and waits for connected (or a failure), bounded.
-std::optional<t::peer_id> connect_to(t::ucx& x, recorder& h, const std::string& address) {
-  auto p = x.connect(address);
+std::optional<t::peer_id> connect_to(t::ucx& x, recorder& h, const std::string& address, bool isolated = false) {
+  auto p = isolated ? t::connect_isolated(x, address) : x.connect(address);
   BOOST_TEST_REQUIRE(p.has_value(), (p ? "" : p.error().message()));
   const bool settled = drive(x, h, 15s, [&] { return !h.notes.empty(); });
   BOOST_TEST_REQUIRE(settled);
@@ -309,8 +309,10 @@ void check_lanes(const std::string& info, expect e) {
 // server and checks they come back intact, in order, large ones straight
 // into the buffers handed out by receive_buffer; one large echo is refused.
 // `client_address_endpoints` false: the client asks for UCX peer error
-// handling in its link, so both data endpoints have it (UCX then picks TCP).
-void round_trip(const char* tls, const std::string& listen, expect e, bool client_address_endpoints = true) {
+// handling in its link, so both data endpoints have it (UCX then picks TCP);
+// `isolated`: the client asks for it on this link alone (connect_isolated).
+void round_trip(const char* tls, const std::string& listen, expect e, bool client_address_endpoints = true,
+                bool isolated = false) {
   tls_scope scope(tls);
   std::string address;
   child server = start_echo({.listen = listen}, address);
@@ -318,7 +320,7 @@ void round_trip(const char* tls, const std::string& listen, expect e, bool clien
   BOOST_TEST_REQUIRE(address.rfind("error", 0) != 0, address);
   t::ucx client = make_client(token, 10000ms, client_address_endpoints);
   recorder h;
-  auto p = connect_to(client, h, address);
+  auto p = connect_to(client, h, address, isolated);
   BOOST_TEST_REQUIRE(p.has_value());
   BOOST_TEST(client.peers().size() == 1u);
   BOOST_TEST(client.is_connected(*p));
@@ -642,6 +644,15 @@ BOOST_AUTO_TEST_CASE(round_trip_tcp) { round_trip("tcp,self", "127.0.0.1:0", exp
 // error handling (the client asks in its link), so UCX 1.13 picks TCP.
 BOOST_AUTO_TEST_CASE(round_trip_without_address_endpoints) {
   round_trip(nullptr, "127.0.0.1:0", expect::tcp, false);
+}
+// An isolated link (connect_isolated: a shard's backup to its primary, a
+// worker to a shard with a backup) where shared memory is allowed and the
+// transport's other links use it: this one alone gets peer error handling
+// on both ends, so UCX 1.13 runs it over TCP, and no process writes into
+// the other's shared-memory FIFO over it (docs/transport.md, "Isolated
+// links").
+BOOST_AUTO_TEST_CASE(round_trip_isolated_link_leaves_shared_memory) {
+  round_trip("sm,self,tcp", "127.0.0.1:0", expect::tcp, true, true);
 }
 // IPv6 literals parse and bind; no round trip over ::1: UCX 1.13's TCP
 // transport reads past an address buffer when it accepts an IPv6 connection

@@ -122,7 +122,9 @@ inline status server<Transport, Policy>::check_replication(const server_params& 
 template <transport::transport Transport, sync::consistency_policy Policy>
 inline void server<Transport, Policy>::start_replication() {
   const replication_params rp{
-      .max_backup_lag_bytes = p_.max_backup_lag_bytes != 0 ? p_.max_backup_lag_bytes : core_.params().store_bytes,
+      .max_backup_lag_bytes = p_.max_backup_lag_bytes != 0
+                                  ? p_.max_backup_lag_bytes
+                                  : std::max(core_.params().store_bytes, server_params::min_default_backup_lag_bytes),
       .replica_timeout = std::chrono::duration<double>(p_.replica_timeout).count(),
       .workers = p_.core.max_workers,
       .shard = p_.core.shard};
@@ -396,7 +398,11 @@ class server_backup {
     auto core = core_type::create(p.core, std::move(policy), initial);
     if (!core) return core.error();
     p.core.max_workers = core->params().max_workers;
-    auto peer = t.connect(primary);
+    // Isolated (transport::connect_isolated): a primary killed in the
+    // middle of a record over shared memory would otherwise stall this
+    // backup's receive FIFO, and with it every worker's failover join; a
+    // backup killed in an ack, the primary's.
+    auto peer = transport::connect_isolated(t, primary);
     if (!peer) return peer.error();
     server_backup b(std::move(p), std::make_unique<core_type>(std::move(*core)), std::move(t), std::move(primary));
     b.primary_ = *peer;

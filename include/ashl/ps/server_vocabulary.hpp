@@ -178,8 +178,12 @@ struct server_params {
   // false (the default): a replica_hello is refused as before, nothing changes.
   bool take_backup = false;
   // Record bytes sent and not yet acknowledged; past it the backup is
-  // dropped (backup.lag_bytes). 0: the core's store bound (store_bytes).
+  // dropped (backup.lag_bytes). 0: the core's store bound (store_bytes),
+  // at least min_default_backup_lag_bytes: a small shard's store bound is
+  // a few records, and a backup on a loaded host falls that far behind
+  // without being lost (docs/elastic.md §4.4).
   std::uint64_t max_backup_lag_bytes = 0;
+  static constexpr std::uint64_t min_default_backup_lag_bytes = std::uint64_t{1} << 20;
   // A backup that leaves records unacknowledged this long is dropped
   // (backup.silent_seconds); > 0.
   std::chrono::milliseconds replica_timeout{2000};

@@ -582,12 +582,18 @@ class worker {
 
     status start() {
       for (std::uint32_t s = 0; s < servers(); ++s) {
-        auto id = t.connect(p.servers[s]);
+        auto id = connect_to(s);
         if (!id) return id.error();
         peer[s] = *id;
+        attempt_until[s] = clock.now() + seconds(p.failover_attempt);
       }
       const double deadline = clock.now() + seconds(p.timeout);
-      ASHL_TRY(drive_until([&] { return all_connected(); }, deadline, "connecting to the servers"));
+      ASHL_TRY(drive_until(
+          [&] {
+            try_other_addresses(clock.now());
+            return all_connected();
+          },
+          deadline, "connecting to the servers"));
       for (std::uint32_t s = 0; s < servers(); ++s) {
         wire::header h{.kind = wire::message_kind::join, .rank = p.rank};
         ASHL_TRY(send_control(s, h, join_body(s)));
@@ -613,6 +619,38 @@ class worker {
     }
     [[nodiscard]] bool has_backup(std::uint32_t s) const noexcept {
       return s < p.backups.size() && !p.backups[s].empty();
+    }
+    // Starting: a shard with a backup whose address did not connect within
+    // failover_attempt is tried at its other one (its primary may be dead
+    // and its backup promoted; a worker that joins a running job must not
+    // wait out UCX's connect_timeout at a dead address). Which one takes
+    // the join is the servers' answer, as when failing over; so only with
+    // worker_params::reconnect > 0, whose bound covers an `unavailable`
+    // from an unpromoted backup (a primary slower to start than
+    // failover_attempt is then reached on the next turn).
+    void try_other_addresses(double now) {
+      for (std::uint32_t s = 0; s < servers(); ++s) {
+        if (!has_backup(s) || !may_reconnect() || connected[s] || now < attempt_until[s]) continue;
+        if (peer[s] != transport::no_peer) closing.push_back(peer[s]);
+        peer[s] = transport::no_peer;
+        const std::string before = address_of(s);
+        address[s] ^= 1;
+        attempt_until[s] = now + seconds(p.failover_attempt);
+        ++tel.failover_tries;
+        std::fprintf(stderr, "worker %u: server %u at %s did not connect within %.1f s (failover_attempt); trying %s\n",
+                     p.rank, s, before.c_str(), seconds(p.failover_attempt), address_of(s).c_str());
+        auto id = connect_to(s);
+        if (!id) {
+          fail(make_error(id.error().code(), "worker.connect", server_name(s), id.error().message()));
+          return;
+        }
+        peer[s] = *id;
+      }
+    }
+    // Shard s's current address; isolated when the shard has a backup
+    // (worker_params::backups).
+    result<transport::peer_id> connect_to(std::uint32_t s) {
+      return has_backup(s) ? transport::connect_isolated(t, address_of(s)) : t.connect(address_of(s));
     }
     [[nodiscard]] const std::string& address_of(std::uint32_t s) const noexcept {
       return address[s] != 0 ? p.backups[s] : p.servers[s];

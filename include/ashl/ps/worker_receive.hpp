@@ -454,7 +454,7 @@ inline void worker<Transport>::state::lose(std::uint32_t s, const status& why) {
     return;
   }
   connected[s] = 0;
-  auto id = t.connect(address_of(s));
+  auto id = connect_to(s);
   if (!id) {
     fail(make_error(id.error().code(), "worker.reconnect", server_name(s), id.error().message()));
     return;

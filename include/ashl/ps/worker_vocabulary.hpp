@@ -86,9 +86,15 @@ struct worker_params {
   // `reconnect` passes; the join carries the `failover` flag and the term
   // this worker knows (the server's shard_state). A backup that is not
   // primary answers `unavailable`: the worker tries the other address.
+  // Both addresses of such a shard are reached over isolated links
+  // (transport::connect_isolated; TCP even on one host with UCX): a
+  // primary killed in the middle of a reply into this worker's
+  // shared-memory FIFO would otherwise stall every later message to it,
+  // its backup's included (docs/transport.md, "Isolated links").
   std::vector<std::string> backups;
   // How long one address is tried (connecting, while nobody listens there)
-  // before the other, when failing over; > 0.
+  // before the other, when failing over, and when starting (a worker that
+  // joins while its shard's primary is dead reaches the backup); > 0.
   std::chrono::milliseconds failover_attempt{1000};
   // This worker's cycles are another worker's, its leader's (one cycle for
   // several workers of one process: the torch adapter's buckets, each a

@@ -181,5 +181,23 @@ bool peer_on_this_host(const T& t, peer_id p) noexcept {
   else return false;
 }
 
+// connect(address) on a link that the death of either end cannot stall
+// for the other's other peers, for a model that can promise it
+// (`connect_isolated(address)`); connect(address) for any other. What it
+// guards against: a shared-memory receive FIFO that every sender on the
+// host writes into in order (UCX's posix and sysv transports) stops at a
+// slot that a process killed in the middle of its send had claimed and
+// never filled, and every later message of every peer waits behind it for
+// good. transport::ucx runs such a link over TCP even on one host
+// (docs/transport.md, "Isolated links"). A shard's backup reaches its
+// primary this way (ps/server_replica.hpp): each must outlive the other.
+template <class T>
+result<peer_id> connect_isolated(T& t, std::string_view address) {
+  if constexpr (requires { { t.connect_isolated(address) } -> std::same_as<result<peer_id>>; })
+    return t.connect_isolated(address);
+  else
+    return t.connect(address);
+}
+
 }  // namespace transport
 ASHL_NAMESPACE_END

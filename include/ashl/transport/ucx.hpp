@@ -98,6 +98,11 @@ class ucx {
   ~ucx() = default;
 
   result<peer_id> connect(std::string_view address) { return impl_->connect(address); }
+  // connect(), on a link isolated from this process's other links and the
+  // peer's (transport::connect_isolated): both data endpoints get UCX
+  // error handling PEER, which UCX 1.13 never puts on its shared-memory
+  // FIFOs (posix, sysv), so the link runs over TCP even on one host.
+  result<peer_id> connect_isolated(std::string_view address) { return impl_->connect(address, true); }
   status send(peer_id p, std::span<const std::byte> header, std::span<const std::byte> data, std::uint64_t cookie) {
     return impl_->send(p, header, data, cookie);
   }

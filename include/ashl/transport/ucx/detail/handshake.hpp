@@ -15,10 +15,11 @@ ASHL_NAMESPACE_BEGIN
 namespace transport {
 namespace detail {
 
-inline result<peer_id> ucx_impl::connect(std::string_view address) {
+inline result<peer_id> ucx_impl::connect(std::string_view address, bool isolated) {
   auto a = ucx_parse_address("connect address", address);
   if (!a) return a.error();
   auto& p = new_peer(true);
+  p.isolated = isolated;
   p.address = std::string(address);
   p.target = *a;
   p.on_this_host = ucx_is_loopback(a->storage);

@@ -65,7 +65,7 @@ class ucx_impl {
 
   // ---- the public operations -------------------------------------------------
 
-  result<peer_id> connect(std::string_view address);
+  result<peer_id> connect(std::string_view address, bool isolated = false);
 
   status send(peer_id id, std::span<const std::byte> header, std::span<const std::byte> data, std::uint64_t cookie);
 

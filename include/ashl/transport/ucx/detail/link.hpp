@@ -53,7 +53,8 @@ inline status ucx_impl::send_link(ucx_peer& p) {
   keys_.emplace(key, p.id);
   std::array<std::byte, ucx_key_bytes + bootstrap::link_flags_bytes> body{};
   std::memcpy(body.data(), &key, ucx_key_bytes);
-  body[ucx_key_bytes] = std::byte{params_.address_endpoints ? std::uint8_t{0} : bootstrap::link_peer_errors};
+  const bool peer_errors = !params_.address_endpoints || p.isolated;
+  body[ucx_key_bytes] = std::byte{peer_errors ? bootstrap::link_peer_errors : std::uint8_t{0}};
   send_frame(p, bootstrap::frame_type::link,
              {body, std::span<const std::byte>(reinterpret_cast<const std::byte*>(worker_address_), worker_address_length_)});
   p.state = ucx_peer_state::linking;
@@ -67,7 +68,7 @@ inline void ucx_impl::on_link(ucx_peer& p, std::span<const std::byte> body) {
   std::memcpy(&p.peer_key, body.data(), ucx_key_bytes);
   // Both ends' endpoints must have the same error handling (UCX refuses an
   // asymmetric pair): PEER when either side asked for it.
-  p.peer_errors = !params_.address_endpoints ||
+  p.peer_errors = !params_.address_endpoints || p.isolated ||
                   (static_cast<unsigned>(body[ucx_key_bytes]) & bootstrap::link_peer_errors) != 0;
   const auto address = body.subspan(ucx_key_bytes + bootstrap::link_flags_bytes);
   // UCP_ERR_HANDLING_MODE_NONE: with PEER, UCX 1.13 leaves out posix and
