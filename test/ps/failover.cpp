@@ -41,12 +41,14 @@ constexpr std::uint32_t workers = 3;
 constexpr int commits = 40;       // per worker: the target
 constexpr int kill_after = 45;    // acknowledged commits, all workers together, before the SIGKILL
 
-ps::server_params replica_params() {
+// `replica_timeout`: 5 s, or 1.5 s where the primary is stopped (its
+// link then fails only when silent for twice that, fail_when_silent).
+ps::server_params replica_params(std::chrono::milliseconds replica_timeout = 5000ms) {
   ps::server_params sp{.core = {.optimizer = {.mode = ps::optimizer_params::kind::sgd, .lr = 0.0078125}},
                        .stop_when_all_left = false,
                        .worker_timeout = 0ms};
   sp.take_backup = true;
-  sp.replica_timeout = 5000ms;
+  sp.replica_timeout = replica_timeout;
   sp.replica_state_check_seconds = 0.0;
   return sp;
 }
@@ -54,7 +56,7 @@ ps::server_params replica_params() {
 // The backup: says its address, replays the primary's records until the
 // promotion rule says so, then serves as the shard's primary until SIGTERM
 // (or the bound), and says its counters.
-ashl_test::child start_backup(const std::string& primary, std::string& address) {
+ashl_test::child start_backup(const std::string& primary, std::string& address, std::chrono::milliseconds replica_timeout) {
   ashl_test::child c = ashl_test::spawn([&](int fd) {
     ashl_test::stop_on_term();
     auto t = tr::ucx::create({.listen = "127.0.0.1:0", .token = token, .retry_interval = 20ms});
@@ -66,7 +68,7 @@ ashl_test::child start_backup(const std::string& primary, std::string& address) 
     auto layout = ps::shard_layout::even(elements, 1);
     ps::policy_params pp{};
     pp.workers = workers;
-    ps::server_params sp = replica_params();
+    ps::server_params sp = replica_params(replica_timeout);
     sp.core.layout = *layout;
     sp.core.workers = workers;
     std::vector<float> initial(elements, 0.25f);
@@ -105,17 +107,25 @@ ashl_test::child start_backup(const std::string& primary, std::string& address) 
 
 }  // namespace
 
-// Over TCP, and over shared memory (data on sm, connections on TCP), as ps/kill does.
+// Over TCP, and over shared memory (data on sm, connections on TCP), as
+// ps/kill does; and over TCP with the primary SIGSTOPped instead (" stop":
+// a frozen process, or its host gone, ends no connection: the workers
+// notice its silence after worker_params::server_silence, the backup after
+// twice replica_timeout, transport::fail_when_silent).
 BOOST_DATA_TEST_CASE(the_primary_killed_mid_training_its_backup_takes_over_with_every_acknowledged_commit,
-                     boost::unit_test::data::make(std::vector<std::string>{"tcp,self", "sm,self,tcp"}), tls) {
+                     boost::unit_test::data::make(std::vector<std::string>{"tcp,self", "sm,self,tcp", "tcp,self stop"}),
+                     spec) {
+  const bool stop = spec.ends_with(" stop");
+  const std::string tls = spec.substr(0, spec.find(' '));
+  const std::chrono::milliseconds replica_timeout = stop ? 1500ms : 5000ms;
   ::setenv("UCX_TLS", tls.c_str(), 1);
   std::string primary_address;
   ashl_test::child primary = ashl_test::start_server(
-      {.token = token, .elements = elements, .workers = workers}, {.retry_interval = 20ms}, replica_params(),
+      {.token = token, .elements = elements, .workers = workers}, {.retry_interval = 20ms}, replica_params(replica_timeout),
       primary_address, [](auto&, int) {}, [](auto& srv) { return "applied=" + std::to_string(srv.telemetry().core.commits_applied); });
   BOOST_TEST_REQUIRE((!primary_address.empty() && primary_address.rfind("error", 0) != 0), primary_address);
   std::string backup_address;
-  ashl_test::child backup = start_backup(primary_address, backup_address);
+  ashl_test::child backup = start_backup(primary_address, backup_address, replica_timeout);
   BOOST_TEST_REQUIRE((!backup_address.empty() && backup_address.rfind("error", 0) != 0), backup_address);
 
   std::atomic<int> acknowledged{0}, joined{0};
@@ -137,6 +147,7 @@ BOOST_DATA_TEST_CASE(the_primary_killed_mid_training_its_backup_takes_over_with_
       wp.backups = {backup_address};
       wp.reconnect = 20s;
       wp.failover_attempt = 300ms;
+      wp.server_silence = 1500ms;
       auto wk = ps::worker<tr::ucx>::create(wp, std::move(*t), w);
       if (!wk) {
         errors[r] = wk.error().message();
@@ -171,8 +182,8 @@ BOOST_DATA_TEST_CASE(the_primary_killed_mid_training_its_backup_takes_over_with_
   const auto deadline = clock_type::now() + 30s;
   while (acknowledged.load() < kill_after && clock_type::now() < deadline) std::this_thread::sleep_for(1ms);
   const int before_kill = acknowledged.load();
-  ::kill(primary.pid, SIGKILL);
-  primary.finish(10s);
+  ::kill(primary.pid, stop ? SIGSTOP : SIGKILL);
+  if (!stop) primary.finish(10s);
   killed = true;
   for (auto& th : threads) th.join();
   // A worker that starts now, its primary's address first (dead: nobody
@@ -198,6 +209,10 @@ BOOST_DATA_TEST_CASE(the_primary_killed_mid_training_its_backup_takes_over_with_
       late_error = wk.error().message();
     }
   }
+  if (stop) {
+    ::kill(primary.pid, SIGKILL);
+    primary.finish(10s);
+  }
   const auto c = ashl_test::stop_and_read(backup);
   BOOST_TEST(late_error.empty(), late_error);
   BOOST_TEST(late_tries >= 1u);
@@ -219,9 +234,9 @@ BOOST_DATA_TEST_CASE(the_primary_killed_mid_training_its_backup_takes_over_with_
   // The same gradient (1) every commit, plain SGD: the parameters moved by
   // exactly that many steps of lr (exact in f32: multiples of 2^-7).
   BOOST_TEST(c.at("parameter") == 0.25 - 0.0078125 * workers * commits);
-  std::printf("ps/failover (UCX_TLS %s): the backup took over %.1f ms after losing the primary (%g votes, %g duplicates dropped); "
+  std::printf("ps/failover (UCX_TLS %s%s): the backup took over %.1f ms after losing the primary (%g votes, %g duplicates dropped); "
               "%d commits were acknowledged before the kill\n",
-              tls.c_str(), c.at("takeover_ms"), c.at("votes"), c.at("duplicates"), before_kill);
+              tls.c_str(), stop ? ", primary SIGSTOPped" : "", c.at("takeover_ms"), c.at("votes"), c.at("duplicates"), before_kill);
   ::unsetenv("UCX_TLS");
 }
 

@@ -820,6 +820,49 @@ static void killed_peer(const char* tls, expect e) {
   server.finish(1s);
 }
 
+// A peer that stops driving its transport (here: the echo server stalls
+// after its first echo, as a frozen process or a host gone down would)
+// ends no connection; with fail_when_silent it is reported failed once
+// nothing, not even a keepalive, came for the bound, and not before: the
+// same bound on a live peer (keepalives every second) never fires.
+BOOST_AUTO_TEST_CASE(a_silent_peer_is_failed_after_the_bound_and_a_live_one_never) {
+  std::string live_address, stalled_address;
+  child live = start_echo({.lifetime = 20s}, live_address);
+  child stalled = start_echo({.stall_after_first = true}, stalled_address);
+  BOOST_TEST_REQUIRE(!live_address.empty());
+  BOOST_TEST_REQUIRE(!stalled_address.empty());
+  t::ucx client = make_client();
+  recorder h;
+  auto a = connect_to(client, h, live_address);
+  BOOST_TEST_REQUIRE(a.has_value());
+  h.notes.clear();
+  auto b = connect_to(client, h, stalled_address);
+  BOOST_TEST_REQUIRE(b.has_value());
+  h.notes.clear();
+  constexpr auto bound = 2500ms;  // keepalive_interval is 1 s
+  t::fail_when_silent(client, *a, bound);
+  t::fail_when_silent(client, *b, bound);
+  auto small = pattern(10, 1);
+  BOOST_TEST_REQUIRE(client.send(*b, header_of(0, small.size()), small, 0).ok());
+  BOOST_TEST_REQUIRE(drive(client, h, 10s, [&] { return !h.messages.empty(); }));  // its echo: now it stalls
+  const auto stalled_at = clock_type::now();
+  BOOST_TEST_REQUIRE(drive(client, h, 20s, [&] { return h.find(t::peer_event::failed) != nullptr; }));
+  const auto waited = clock_type::now() - stalled_at;
+  const auto* failed = h.find(t::peer_event::failed);
+  BOOST_TEST(failed->peer == *b);
+  BOOST_TEST(failed->why.find("not even a keepalive, for 2.5 s (fail_when_silent)") != std::string::npos, failed->why);
+  BOOST_TEST(waited >= bound);  // its last message came at the echo, before stalled_at
+  BOOST_TEST(!client.is_connected(*b));
+  // The live one, silent-bounded as long: still connected, twice the bound later.
+  drive(client, h, 2 * bound, [] { return false; });
+  BOOST_TEST(client.is_connected(*a));
+  BOOST_TEST(h.notes.size() == 1u);  // the stalled one's failure only
+  client.close();
+  live.finish(10s);
+  ::kill(stalled.pid, SIGKILL);
+  stalled.finish(5s);
+}
+
 BOOST_AUTO_TEST_CASE(killed_peer_is_reported_and_pending_sends_fail) { killed_peer(nullptr, expect::shared_memory); }
 BOOST_AUTO_TEST_CASE(killed_peer_over_tcp) { killed_peer("tcp,self", expect::tcp); }
 

@@ -404,6 +404,10 @@ class server_backup {
     // backup killed in an ack, the primary's.
     auto peer = transport::connect_isolated(t, primary);
     if (!peer) return peer.error();
+    // A primary whose host went down ends no connection: silent for twice
+    // replica_timeout (keepalives come every second), its link counts as
+    // failed (transport::fail_when_silent).
+    transport::fail_when_silent(t, *peer, 2 * p.replica_timeout);
     server_backup b(std::move(p), std::make_unique<core_type>(std::move(*core)), std::move(t), std::move(primary));
     b.primary_ = *peer;
     return b;

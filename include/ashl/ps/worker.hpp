@@ -124,6 +124,9 @@ class worker {
     if (p.failover_attempt.count() <= 0)
       return invalid_argument("worker.failover_attempt_ms", p.failover_attempt.count(), "must be > 0");
     ASHL_TRY(check_duration("worker.failover_attempt_ms", p.failover_attempt));
+    if (p.server_silence.count() < 0)
+      return invalid_argument("worker.server_silence_ms", p.server_silence.count(), "must be >= 0 (0: never)");
+    ASHL_TRY(check_duration("worker.server_silence_ms", p.server_silence));
     // Deadlines are now + these in steady_clock's nanoseconds: bounded so the sum cannot wrap.
     ASHL_TRY(check_duration("worker.timeout_ms", p.timeout));
     ASHL_TRY(check_duration("worker.reconnect_ms", p.reconnect));
@@ -647,10 +650,13 @@ class worker {
         peer[s] = *id;
       }
     }
-    // Shard s's current address; isolated when the shard has a backup
-    // (worker_params::backups).
+    // Shard s's current address; with a backup (worker_params::backups),
+    // isolated and failed when silent for server_silence.
     result<transport::peer_id> connect_to(std::uint32_t s) {
-      return has_backup(s) ? transport::connect_isolated(t, address_of(s)) : t.connect(address_of(s));
+      if (!has_backup(s)) return t.connect(address_of(s));
+      auto id = transport::connect_isolated(t, address_of(s));
+      if (id && p.server_silence.count() > 0) transport::fail_when_silent(t, *id, p.server_silence);
+      return id;
     }
     [[nodiscard]] const std::string& address_of(std::uint32_t s) const noexcept {
       return address[s] != 0 ? p.backups[s] : p.servers[s];

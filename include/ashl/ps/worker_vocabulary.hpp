@@ -96,6 +96,12 @@ struct worker_params {
   // before the other, when failing over, and when starting (a worker that
   // joins while its shard's primary is dead reaches the backup); > 0.
   std::chrono::milliseconds failover_attempt{1000};
+  // A shard with a backup: its server is lost, as if its link had failed,
+  // once nothing (not even the transport's keepalive, one a second) came
+  // from it this long (transport::fail_when_silent): a primary whose host
+  // went down or froze ends no connection, and the worker would wait its
+  // `timeout` and fail instead of failing over. 0: never.
+  std::chrono::milliseconds server_silence{5000};
   // This worker's cycles are another worker's, its leader's (one cycle for
   // several workers of one process: the torch adapter's buckets, each a
   // parameter-server tensor of its own, docs/torch.md "Buckets and

@@ -191,6 +191,18 @@ bool peer_on_this_host(const T& t, peer_id p) noexcept {
 // good. transport::ucx runs such a link over TCP even on one host
 // (docs/transport.md, "Isolated links"). A shard's backup reaches its
 // primary this way (ps/server_replica.hpp): each must outlive the other.
+// Peer p reported failed once silent (no message, no keepalive) for
+// `bound` while connected, for a model that can tell
+// (`fail_when_silent(p, bound)`: transport::ucx); nothing for any other
+// (its peers fail when their link ends). The ps layer asks it of the
+// links whose other end must be noticed dead even when its host goes
+// down with it (a backup's primary; a worker's servers of a shard with a
+// backup).
+template <class T>
+void fail_when_silent(T& t, peer_id p, std::chrono::milliseconds bound) {
+  if constexpr (requires { t.fail_when_silent(p, bound); }) t.fail_when_silent(p, bound);
+}
+
 template <class T>
 result<peer_id> connect_isolated(T& t, std::string_view address) {
   if constexpr (requires { { t.connect_isolated(address) } -> std::same_as<result<peer_id>>; })

@@ -103,6 +103,16 @@ class ucx {
   // error handling PEER, which UCX 1.13 never puts on its shared-memory
   // FIFOs (posix, sysv), so the link runs over TCP even on one host.
   result<peer_id> connect_isolated(std::string_view address) { return impl_->connect(address, true); }
+  // Peer p (connecting or connected) is reported failed once nothing
+  // arrived from it for `bound` while connected: no message and no
+  // keepalive (a transport::ucx sends one every keepalive_interval from
+  // progress(), so a peer that drives its transport is never silent that
+  // long when bound is well above its keepalive_interval). A process that
+  // stopped (frozen, stopped by a signal), a host that went down or a cut
+  // network end no bootstrap connection, so nothing else reports them.
+  // 0 (the default): never. transport::fail_when_silent(t, p, bound) for
+  // generic code.
+  void fail_when_silent(peer_id p, std::chrono::milliseconds bound) { impl_->fail_when_silent(p, bound); }
   status send(peer_id p, std::span<const std::byte> header, std::span<const std::byte> data, std::uint64_t cookie) {
     return impl_->send(p, header, data, cookie);
   }

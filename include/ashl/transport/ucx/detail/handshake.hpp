@@ -227,6 +227,13 @@ inline void ucx_impl::run_timers() {
   const auto now = ucx_clock::now();
   for (auto& pp : peers_) {
     ucx_peer& p = *pp;
+    if (silent_too_long(p, now)) {
+      fail(p, status(errc::unavailable, "peer " + std::to_string(p.id) + " (" + p.address + ") failed: nothing from it, " +
+                                            "not even a keepalive, for " + ucx_seconds(p.silence_bound) +
+                                            " (fail_when_silent): the process stopped driving its transport, its " +
+                                            "host is down, or the network between is cut"));
+      continue;
+    }
     if (p.state == ucx_peer_state::connecting) {
       if (p.retry_pending && now >= p.retry_at) {
         attempt(p);
@@ -270,6 +277,8 @@ inline ucx_clock::time_point ucx_impl::next_timer() const {
     if (p.state == ucx_peer_state::connected && p.draining) next = std::min(next, p.deadline);
     if (p.state == ucx_peer_state::connected && !p.draining && params_.keepalive_interval.count() > 0)
       next = std::min(next, p.next_keepalive);
+    if (p.state == ucx_peer_state::connected && !p.draining && p.silence_bound.count() > 0)
+      next = std::min(next, p.heard + p.silence_bound + std::chrono::milliseconds(1));
     if (p.state == ucx_peer_state::connecting || p.state == ucx_peer_state::handshake ||
         p.state == ucx_peer_state::linking) {
       next = std::min(next, p.state == ucx_peer_state::connecting ? p.connect_deadline : p.deadline);

@@ -66,6 +66,13 @@ class ucx_impl {
   // ---- the public operations -------------------------------------------------
 
   result<peer_id> connect(std::string_view address, bool isolated = false);
+  void fail_when_silent(peer_id id, std::chrono::milliseconds bound) {
+    if (ucx_peer* p = find(id); p != nullptr && p->state != ucx_peer_state::done) p->silence_bound = bound;
+  }
+  static bool silent_too_long(const ucx_peer& p, ucx_clock::time_point now) noexcept {
+    return p.state == ucx_peer_state::connected && !p.draining && p.silence_bound.count() > 0 &&
+           now - p.heard > p.silence_bound;
+  }
 
   status send(peer_id id, std::span<const std::byte> header, std::span<const std::byte> data, std::uint64_t cookie);
 

@@ -86,6 +86,7 @@ struct ucx_peer {
   bool draining = false;       // its socket goodbye came; waiting for the keyed one behind its data
   bool peer_errors = false;    // the data endpoint has UCX error handling PEER (either side asked)
   bool isolated = false;       // this side asked for PEER on this link (connect_isolated)
+  std::chrono::milliseconds silence_bound{0};  // > 0: failed when nothing arrived this long (fail_when_silent)
   std::string address;  // what we connected to, or where the peer connected from
   ucx_sockaddr target;  // client side: the listener's address
   bool on_this_host = false;  // that address is a loopback one (peer_on_this_host)
