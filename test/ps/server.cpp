@@ -895,3 +895,100 @@ BOOST_AUTO_TEST_CASE(leases_reach_the_workers_and_are_resent_after_a_rejoin) {
     BOOST_TEST(wk.leave().ok());
   }
 }
+
+// A rejoin later than ledger.give_back_after (0 here: at the eviction):
+// server 0 gave the worker's leases back, so it sends none again and
+// grants fresh ones; the worker drops the leases it held (telemetry
+// leases_dropped) and trains only what the ledger says is its own; no
+// position is held twice. (Before, it kept training the given-back
+// leases beside the fresh ones: the chaos test's overrun.)
+BOOST_AUTO_TEST_CASE(a_worker_that_rejoins_after_its_leases_went_back_drops_them) {
+  constexpr std::uint32_t M = 2;
+  constexpr std::size_t n = 64;
+  auto fabric = tr::inproc_fabric::create({.eager_bytes = 256, .deterministic = true});
+  auto layout = ps::shard_layout::even(n, 1);
+  BOOST_TEST_REQUIRE(layout.has_value());
+  ps::policy_params pp;
+  pp.workers = M;
+  auto snode = fabric->node("server0");
+  BOOST_TEST_REQUIRE(snode.has_value());
+  ps::server_params sp{.core = {.layout = *layout, .workers = M}};
+  sp.ledger = {.samples = 200, .shuffle_seed = 7, .lease_samples = 20, .give_back_after = 0.0};
+  auto srv = ps::server<tr::inproc>::create(sp, std::move(*ps::make_policy("asp", pp)), std::move(*snode));
+  BOOST_TEST_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
+  std::vector<std::vector<float>> w(M, std::vector<float>(n)), g(M, std::vector<float>(n, 0.25f));
+  std::vector<ps::worker<tr::inproc>> workers;
+  {
+    std::atomic<bool> stop{false};
+    std::thread th([&] { srv->run(stop); });
+    for (std::uint32_t k = 0; k < M; ++k) {
+      auto c = fabric->node();
+      BOOST_TEST_REQUIRE(c.has_value());
+      auto wk = ps::worker<tr::inproc>::create(
+          {.rank = k, .servers = {"server0"}, .batch = 4, .timeout = 20s, .reconnect = 20s}, std::move(*c), w[k]);
+      BOOST_TEST_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
+      workers.push_back(std::move(*wk));
+    }
+    stop = true;
+    th.join();
+  }
+  auto pump = [&] {
+    for (int i = 0; i < 200; ++i) {
+      srv->poll();
+      bool idle = true;
+      for (auto& wk : workers) idle = wk.test() && idle;
+      if (idle && i > 8) break;
+    }
+  };
+  auto same_as_the_ledger = [&](const char* when) {
+    BOOST_TEST_CONTEXT(when) {
+      std::vector<int> held(200, 0);
+      for (std::uint32_t k = 0; k < M; ++k) {
+        const auto mine = workers[k].leases();
+        const auto theirs = srv->core().ledger().leases(k);
+        BOOST_TEST_REQUIRE(mine.size() == theirs.size(), "worker " << k);
+        for (std::size_t i = 0; i < mine.size(); ++i) {
+          BOOST_TEST(mine[i].number == theirs[i].number);
+          BOOST_TEST(mine[i].begin == theirs[i].begin);
+          BOOST_TEST(mine[i].end == theirs[i].end);
+          BOOST_TEST(mine[i].flags == theirs[i].flags);
+          if (mine[i].epoch == 0)
+            for (auto q = mine[i].begin; q < mine[i].end; ++q) ++held[q];
+        }
+      }
+      BOOST_TEST(*std::max_element(held.begin(), held.end()) <= 1);
+    }
+  };
+  auto cycle = [&] {
+    for (std::uint32_t k = 0; k < M; ++k) {
+      while (!workers[k].iteration_done(4)) {}
+      BOOST_TEST_REQUIRE(workers[k].commit(g[k]).ok());
+    }
+    pump();
+    for (auto& wk : workers) BOOST_TEST_REQUIRE(wk.wait().ok());
+  };
+  pump();
+  for (int c = 0; c < 3; ++c) cycle();
+  same_as_the_ledger("before the drop");
+  const auto before = workers[1].leases();
+  BOOST_TEST_REQUIRE(!before.empty());
+  workers[1].transport().close();
+  for (int i = 0; i < 2000 && workers[1].telemetry().leases_dropped == 0; ++i) pump();
+  BOOST_TEST_REQUIRE(workers[1].telemetry().reconnects >= 1u);
+  BOOST_TEST(workers[1].telemetry().leases_resent == 0u);  // given back at the eviction: none to send again
+  BOOST_TEST(workers[1].telemetry().leases_dropped == before.size());
+  BOOST_TEST(srv->core().ledger().stats().leases_returned >= before.size());
+  const auto after = workers[1].leases();
+  BOOST_TEST_REQUIRE(!after.empty());
+  for (const auto& l : after) BOOST_TEST(l.number > before.back().number);  // fresh grants only
+  same_as_the_ledger("after the late rejoin");
+  for (int c = 0; c < 4; ++c) {
+    cycle();
+    same_as_the_ledger("after a cycle past the late rejoin");
+  }
+  BOOST_TEST(srv->core().ledger().stats().overrun == 0u);
+  for (auto& wk : workers) {
+    BOOST_TEST(wk.telemetry().bad_messages == 0u);
+    BOOST_TEST(wk.leave().ok());
+  }
+}

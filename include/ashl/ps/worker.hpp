@@ -245,9 +245,16 @@ class worker {
   // lease sent again after a rejoin (flag `resent`) replaces the one of
   // its number. `number` counts the worker's leases from 1; a consumer
   // that reads ahead of the commits (a sampler) takes each number once.
+  // After a rejoin of server 0 the leases it does not send again (it gave
+  // them back: the rejoin came after ledger.give_back_after) are dropped
+  // at its first reply or fresh lease (telemetry leases_dropped).
   // Empty without a ledger.
   [[nodiscard]] std::vector<ledger_lease> leases() const {
-    return locked([](const state& s) { return s.leases; });
+    return locked([](const state& s) {
+      std::vector<ledger_lease> out = s.leases;
+      for (ledger_lease& l : out) l.flags &= ~state::lease_unconfirmed;
+      return out;
+    });
   }
   // The ledger's N and permutation seed, from its leases (0 before the first).
   [[nodiscard]] std::uint64_t ledger_samples() const { return locked([](const state& s) { return s.ledger_n; }); }
@@ -466,6 +473,15 @@ class worker {
     // reserved once; the ledger's N and seed; the highest number taken.
     std::vector<ledger_lease> leases;
     std::uint64_t ledger_n = 0, ledger_seed = 0, lease_number = 0;
+    // This worker's own mark (never on the wire, masked in leases()): a
+    // lease held when it rejoined server 0 that server 0 has not sent
+    // again yet. Server 0 answers a rejoin's join with the outstanding
+    // leases (flag `resent`) before anything else to this worker, so its
+    // first reply or fresh lease after it means the marked ones were given
+    // back: they are dropped (drop_unconfirmed_leases).
+    static constexpr std::uint32_t lease_unconfirmed = 1u << 31;
+    static_assert((lease_unconfirmed & wire::lease_flags_known) == 0);
+    bool leases_unconfirmed = false;
     static constexpr std::size_t max_leases = 2 * (std::size_t{max_ledger_ahead} + 1) + 2;
     std::uint64_t staleness = 0;             // τ of the last reply from server 0
     std::uint64_t version = 0;               // its version (pull_reply.clock)
@@ -665,6 +681,7 @@ class worker {
     // Leases (ps/worker_receive.hpp).
     void on_lease(std::uint32_t s, const wire::header& h, const wire::lease_body& b);
     void consume_leases(std::uint64_t samples) noexcept;
+    void drop_unconfirmed_leases();
 
     [[nodiscard]] bool all_connected() const noexcept {
       return std::all_of(connected.begin(), connected.end(), [](std::uint8_t c) { return c != 0; });

@@ -131,6 +131,7 @@ inline void worker<Transport>::state::on_message(transport::peer_id pid, std::sp
   if (failing_over[s] && h.kind != wire::message_kind::error) failing_over[s] = 0;  // a join was taken
   switch (h.kind) {
     case wire::message_kind::pull_reply: {
+      if (s == 0) drop_unconfirmed_leases();  // the rejoin's leases were all sent before it
       if (replied[s] || replies_pending == 0) return;  // not asked for: ignore
       if (last_ack_only && h.element_count == 0 && data.empty() && h.tensor == s) {
         // The acknowledgement of a push: the commit was taken and the
@@ -260,6 +261,7 @@ inline void worker<Transport>::state::on_lease(std::uint32_t s, const wire::head
     return refuse("lease.sequence", h.sequence,
                   "lease " + std::to_string(lease_number) + " came already (numbers grow per worker)");
   }
+  if (!resent) drop_unconfirmed_leases();  // a fresh grant follows the rejoin's resends
   if (leases.size() >= max_leases)
     return refuse("lease.sequence", h.sequence,
                   "this worker holds " + std::to_string(leases.size()) + " leases already, the most a ledger grants " +
@@ -267,6 +269,22 @@ inline void worker<Transport>::state::on_lease(std::uint32_t s, const wire::head
   if (!resent) ++tel.leases;
   lease_number = std::max(lease_number, l.number);
   leases.push_back(l);
+}
+
+// Leases marked at a rejoin of server 0 that it did not send again: it
+// gave them back (the rejoin came after ledger.give_back_after, and other
+// workers may train them now), so this worker no longer trains them.
+template <transport::transport Transport>
+inline void worker<Transport>::state::drop_unconfirmed_leases() {
+  if (!leases_unconfirmed) return;
+  leases_unconfirmed = false;
+  const auto dropped = std::erase_if(leases, [](const ledger_lease& l) { return (l.flags & lease_unconfirmed) != 0; });
+  if (dropped == 0) return;
+  tel.leases_dropped += dropped;
+  std::fprintf(stderr,
+               "worker %u: %zu lease(s) dropped: server 0 gave them back before this worker rejoined "
+               "(ledger.give_back_after)\n",
+               p.rank, static_cast<std::size_t>(dropped));
 }
 
 // A commit covering `samples` samples was sent: they are the next
@@ -469,6 +487,10 @@ template <transport::transport Transport>
 inline void worker<Transport>::state::rejoin(std::uint32_t s) {
   lost[s] = 0;
   ++tel.reconnects;
+  if (s == 0 && !leases.empty()) {  // held until server 0 sends them again (drop_unconfirmed_leases)
+    for (ledger_lease& l : leases) l.flags |= lease_unconfirmed;
+    leases_unconfirmed = true;
+  }
   std::fprintf(stderr, "worker %u: reconnected to %s\n", p.rank, server_name(s).c_str());
   wire::header h{.kind = wire::message_kind::join, .rank = p.rank};
   if (auto st = send_control(s, h, join_body(s)); !st) return;

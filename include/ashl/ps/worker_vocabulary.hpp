@@ -204,6 +204,7 @@ struct worker_telemetry {
   std::uint64_t measurement_messages = 0;  // measurements messages sent (to each server; measurement_interval)
   std::uint64_t leases = 0;           // data ledger leases kept from server 0 (docs/elastic.md §3.6), resent ones too
   std::uint64_t leases_resent = 0;    // of them, outstanding leases sent again after a rejoin (flag `resent`)
+  std::uint64_t leases_dropped = 0;   // leases held at a rejoin that server 0 did not send again (it gave them back)
   double wait_seconds = 0.0;          // inside wait()
   double compress_seconds = 0.0;
   double link_seconds = 0.0;          // held by the emulated link (worker_params.link_bytes_per_second)
@@ -236,6 +237,7 @@ struct worker_telemetry {
         field{"measurement_messages", &worker_telemetry::measurement_messages},
         field{"leases", &worker_telemetry::leases},
         field{"leases_resent", &worker_telemetry::leases_resent},
+        field{"leases_dropped", &worker_telemetry::leases_dropped},
         field{"wait_seconds", &worker_telemetry::wait_seconds},
         field{"compress_seconds", &worker_telemetry::compress_seconds},
         field{"link_seconds", &worker_telemetry::link_seconds},
