@@ -769,64 +769,59 @@ BOOST_AUTO_TEST_CASE(a_core_fed_the_servers_recorded_calls_saves_the_servers_byt
   }
 }
 
-// docs/elastic.md §3.3, §3.6 (E8): with server_params.ledger, server 0's
-// core runs the data ledger and its leases reach the workers as `lease`
-// messages: after every cycle each worker holds exactly the leases the
-// server's ledger says it holds (numbers, epochs, ranges from the cursor),
-// the workers' leases never overlap, and the commits' samples move both
-// alike. A worker whose connection drops is evicted (its leases
-// suspended), reconnects, rejoins as the same incarnation and is sent its
-// outstanding leases again (flag `resent`); it goes on from them. A
-// worker of another model size is refused at its join by join.elements.
-BOOST_AUTO_TEST_CASE(leases_reach_the_workers_and_are_resent_after_a_rejoin) {
-  constexpr std::uint32_t M = 2;
-  constexpr std::size_t n = 64;
-  auto fabric = tr::inproc_fabric::create({.eager_bytes = 256, .deterministic = true});
-  auto layout = ps::shard_layout::even(n, 1);
-  BOOST_TEST_REQUIRE(layout.has_value());
-  ps::policy_params pp;
-  pp.workers = M;
-  auto snode = fabric->node("server0");
-  BOOST_TEST_REQUIRE(snode.has_value());
-  ps::server_params sp{.core = {.layout = *layout, .workers = M}};
-  sp.ledger = {.samples = 200, .shuffle_seed = 7, .lease_samples = 20, .give_back_after = 60.0};
-  auto srv = ps::server<tr::inproc>::create(sp, std::move(*ps::make_policy("asp", pp)), std::move(*snode));
-  BOOST_TEST_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
-  BOOST_TEST_REQUIRE(srv->core().ledger().enabled());
-  auto client = [&] {
-    auto c = fabric->node();
-    ASHL_REQUIRE(c.has_value());
-    return std::move(*c);
-  };
-  std::vector<std::vector<float>> w(M, std::vector<float>(n)), g(M, std::vector<float>(n, 0.25f));
+namespace {
+
+// The two ledger tests' job: M workers of an n-element model on one
+// inproc server whose core runs a data ledger of 200 samples (20 per
+// lease, seed 7), ASP; `during` runs while the server's own thread serves
+// the joins.
+struct ledger_rig {
+  static constexpr std::uint32_t M = 2;
+  static constexpr std::size_t n = 64;
+  std::shared_ptr<tr::inproc_fabric> fabric = tr::inproc_fabric::create({.eager_bytes = 256, .deterministic = true});
+  std::optional<ps::server<tr::inproc>> srv;
+  std::vector<std::vector<float>> w = std::vector<std::vector<float>>(M, std::vector<float>(n));
+  std::vector<std::vector<float>> g = std::vector<std::vector<float>>(M, std::vector<float>(n, 0.25f));
   std::vector<ps::worker<tr::inproc>> workers;
-  {
+
+  explicit ledger_rig(double give_back_after, const std::function<void(ledger_rig&)>& during = {}) {
+    auto layout = ps::shard_layout::even(n, 1);
+    BOOST_TEST_REQUIRE(layout.has_value());
+    ps::policy_params pp;
+    pp.workers = M;
+    ps::server_params sp{.core = {.layout = *layout, .workers = M}};
+    sp.ledger = {.samples = 200, .shuffle_seed = 7, .lease_samples = 20, .give_back_after = give_back_after};
+    auto s = ps::server<tr::inproc>::create(sp, std::move(*ps::make_policy("asp", pp)), node("server0"));
+    BOOST_TEST_REQUIRE(s.has_value(), (s ? "" : s.error().message()));
+    srv.emplace(std::move(*s));
+    BOOST_TEST_REQUIRE(srv->core().ledger().enabled());
     std::atomic<bool> stop{false};
     std::thread th([&] { srv->run(stop); });
     for (std::uint32_t k = 0; k < M; ++k) {
       auto wk = ps::worker<tr::inproc>::create(
-          {.rank = k, .servers = {"server0"}, .batch = 4, .timeout = 20s, .reconnect = 20s}, client(), w[k]);
+          {.rank = k, .servers = {"server0"}, .batch = 4, .timeout = 20s, .reconnect = 20s}, node(), w[k]);
       BOOST_TEST_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
       workers.push_back(std::move(*wk));
     }
-    std::vector<float> other(n + 1);
-    auto bad = ps::worker<tr::inproc>::create({.rank = 0, .servers = {"server0"}, .timeout = 5s}, client(), other);
-    BOOST_TEST_REQUIRE(!bad.has_value());
-    BOOST_TEST(bad.error().message().find("join.elements = 65: this job's model has 64 elements") != std::string::npos,
-               bad.error().message());
+    if (during) during(*this);
     stop = true;
     th.join();
   }
-  auto pump = [&] {
+  tr::inproc node(std::string name = {}) {
+    auto c = fabric->node(std::move(name));
+    ASHL_REQUIRE(c.has_value());
+    return std::move(*c);
+  }
+  void pump() {
     for (int i = 0; i < 200; ++i) {
       srv->poll();
       bool idle = true;
       for (auto& wk : workers) idle = wk.test() && idle;
       if (idle && i > 8) break;
     }
-  };
+  }
   // Each worker's leases are the ledger's for it; no position is held twice.
-  auto same_as_the_ledger = [&](const char* when) {
+  void same_as_the_ledger(const char* when) {
     BOOST_TEST_CONTEXT(when) {
       std::vector<int> held(200, 0);
       for (std::uint32_t k = 0; k < M; ++k) {
@@ -847,22 +842,46 @@ BOOST_AUTO_TEST_CASE(leases_reach_the_workers_and_are_resent_after_a_rejoin) {
       }
       BOOST_TEST(*std::max_element(held.begin(), held.end()) <= 1);
     }
-  };
-  auto cycle = [&](std::uint64_t samples) {
+  }
+  // Every worker trains `samples` and commits; all answered.
+  void cycle(std::uint64_t samples) {
     for (std::uint32_t k = 0; k < M; ++k) {
       while (!workers[k].iteration_done(samples)) {}
       BOOST_TEST_REQUIRE(workers[k].commit(g[k]).ok());
     }
     pump();
     for (auto& wk : workers) BOOST_TEST_REQUIRE(wk.wait().ok());
-  };
+  }
+};
+
+}  // namespace
+
+// docs/elastic.md §3.3, §3.6 (E8): with server_params.ledger, server 0's
+// core runs the data ledger and its leases reach the workers as `lease`
+// messages: after every cycle each worker holds exactly the leases the
+// server's ledger says it holds (numbers, epochs, ranges from the cursor),
+// the workers' leases never overlap, and the commits' samples move both
+// alike. A worker whose connection drops is evicted (its leases
+// suspended), reconnects, rejoins as the same incarnation and is sent its
+// outstanding leases again (flag `resent`); it goes on from them. A
+// worker of another model size is refused at its join by join.elements.
+BOOST_AUTO_TEST_CASE(leases_reach_the_workers_and_are_resent_after_a_rejoin) {
+  ledger_rig r(60.0, [](ledger_rig& rig) {
+    std::vector<float> other(ledger_rig::n + 1);
+    auto bad = ps::worker<tr::inproc>::create({.rank = 0, .servers = {"server0"}, .timeout = 5s}, rig.node(), other);
+    BOOST_TEST_REQUIRE(!bad.has_value());
+    BOOST_TEST(bad.error().message().find("join.elements = 65: this job's model has 64 elements") != std::string::npos,
+               bad.error().message());
+  });
+  auto& srv = r.srv;
+  auto& workers = r.workers;
   BOOST_TEST(srv->telemetry().wire_refused_for(ps::wire_refusal::element_count) == 1u);
   const std::uint64_t refused_at_start = srv->telemetry().wire_refused_total();  // the other size's join and pull
-  pump();
-  same_as_the_ledger("after the joins");
+  r.pump();
+  r.same_as_the_ledger("after the joins");
   for (std::uint64_t c = 0; c < 5; ++c) {
-    cycle(3 + c % 2);  // samples trained, not the batch: 3 or 4
-    same_as_the_ledger("after a cycle");
+    r.cycle(3 + c % 2);  // samples trained, not the batch: 3 or 4
+    r.same_as_the_ledger("after a cycle");
   }
   BOOST_TEST(srv->core().ledger().stats().overrun == 0u);
   const std::uint64_t sent_before = srv->telemetry().leases;
@@ -873,20 +892,21 @@ BOOST_AUTO_TEST_CASE(leases_reach_the_workers_and_are_resent_after_a_rejoin) {
   // give_back_after), it reconnects and rejoins as the same incarnation.
   const auto before = workers[1].leases();
   workers[1].transport().close();
-  for (int i = 0; i < 2000 && workers[1].telemetry().leases_resent == 0; ++i) pump();
+  for (int i = 0; i < 2000 && workers[1].telemetry().leases_resent == 0; ++i) r.pump();
   BOOST_TEST_REQUIRE(workers[1].telemetry().reconnects >= 1u);
   BOOST_TEST(workers[1].telemetry().leases_resent == before.size());
+  BOOST_TEST(workers[1].telemetry().leases_dropped == 0u);
   BOOST_TEST(srv->core().ledger().stats().leases_resent == before.size());
   BOOST_TEST((srv->core().ledger().state(1) == ps::ledger_worker_state::live));
   BOOST_TEST(srv->core().ledger().stats().leases_returned == 0u);  // none went back: resumed
-  same_as_the_ledger("after the rejoin");
+  r.same_as_the_ledger("after the rejoin");
   const auto after = workers[1].leases();
   BOOST_TEST_REQUIRE(after.size() == before.size());
   for (std::size_t i = 0; i < after.size(); ++i) BOOST_TEST((after[i].begin == before[i].begin && after[i].end == before[i].end));
   BOOST_TEST((after[0].flags & ashl::wire::lease_flag_resent) != 0u);
   for (std::uint64_t c = 0; c < 4; ++c) {
-    cycle(4);
-    same_as_the_ledger("after a cycle past the rejoin");
+    r.cycle(4);
+    r.same_as_the_ledger("after a cycle past the rejoin");
   }
   BOOST_TEST(srv->core().ledger().stats().overrun == 0u);
   BOOST_TEST(srv->telemetry().wire_refused_total() == refused_at_start);
@@ -903,90 +923,28 @@ BOOST_AUTO_TEST_CASE(leases_reach_the_workers_and_are_resent_after_a_rejoin) {
 // position is held twice. (Before, it kept training the given-back
 // leases beside the fresh ones: the chaos test's overrun.)
 BOOST_AUTO_TEST_CASE(a_worker_that_rejoins_after_its_leases_went_back_drops_them) {
-  constexpr std::uint32_t M = 2;
-  constexpr std::size_t n = 64;
-  auto fabric = tr::inproc_fabric::create({.eager_bytes = 256, .deterministic = true});
-  auto layout = ps::shard_layout::even(n, 1);
-  BOOST_TEST_REQUIRE(layout.has_value());
-  ps::policy_params pp;
-  pp.workers = M;
-  auto snode = fabric->node("server0");
-  BOOST_TEST_REQUIRE(snode.has_value());
-  ps::server_params sp{.core = {.layout = *layout, .workers = M}};
-  sp.ledger = {.samples = 200, .shuffle_seed = 7, .lease_samples = 20, .give_back_after = 0.0};
-  auto srv = ps::server<tr::inproc>::create(sp, std::move(*ps::make_policy("asp", pp)), std::move(*snode));
-  BOOST_TEST_REQUIRE(srv.has_value(), (srv ? "" : srv.error().message()));
-  std::vector<std::vector<float>> w(M, std::vector<float>(n)), g(M, std::vector<float>(n, 0.25f));
-  std::vector<ps::worker<tr::inproc>> workers;
-  {
-    std::atomic<bool> stop{false};
-    std::thread th([&] { srv->run(stop); });
-    for (std::uint32_t k = 0; k < M; ++k) {
-      auto c = fabric->node();
-      BOOST_TEST_REQUIRE(c.has_value());
-      auto wk = ps::worker<tr::inproc>::create(
-          {.rank = k, .servers = {"server0"}, .batch = 4, .timeout = 20s, .reconnect = 20s}, std::move(*c), w[k]);
-      BOOST_TEST_REQUIRE(wk.has_value(), (wk ? "" : wk.error().message()));
-      workers.push_back(std::move(*wk));
-    }
-    stop = true;
-    th.join();
-  }
-  auto pump = [&] {
-    for (int i = 0; i < 200; ++i) {
-      srv->poll();
-      bool idle = true;
-      for (auto& wk : workers) idle = wk.test() && idle;
-      if (idle && i > 8) break;
-    }
-  };
-  auto same_as_the_ledger = [&](const char* when) {
-    BOOST_TEST_CONTEXT(when) {
-      std::vector<int> held(200, 0);
-      for (std::uint32_t k = 0; k < M; ++k) {
-        const auto mine = workers[k].leases();
-        const auto theirs = srv->core().ledger().leases(k);
-        BOOST_TEST_REQUIRE(mine.size() == theirs.size(), "worker " << k);
-        for (std::size_t i = 0; i < mine.size(); ++i) {
-          BOOST_TEST(mine[i].number == theirs[i].number);
-          BOOST_TEST(mine[i].begin == theirs[i].begin);
-          BOOST_TEST(mine[i].end == theirs[i].end);
-          BOOST_TEST(mine[i].flags == theirs[i].flags);
-          if (mine[i].epoch == 0)
-            for (auto q = mine[i].begin; q < mine[i].end; ++q) ++held[q];
-        }
-      }
-      BOOST_TEST(*std::max_element(held.begin(), held.end()) <= 1);
-    }
-  };
-  auto cycle = [&] {
-    for (std::uint32_t k = 0; k < M; ++k) {
-      while (!workers[k].iteration_done(4)) {}
-      BOOST_TEST_REQUIRE(workers[k].commit(g[k]).ok());
-    }
-    pump();
-    for (auto& wk : workers) BOOST_TEST_REQUIRE(wk.wait().ok());
-  };
-  pump();
-  for (int c = 0; c < 3; ++c) cycle();
-  same_as_the_ledger("before the drop");
+  ledger_rig r(0.0);
+  auto& workers = r.workers;
+  r.pump();
+  for (int c = 0; c < 3; ++c) r.cycle(4);
+  r.same_as_the_ledger("before the drop");
   const auto before = workers[1].leases();
   BOOST_TEST_REQUIRE(!before.empty());
   workers[1].transport().close();
-  for (int i = 0; i < 2000 && workers[1].telemetry().leases_dropped == 0; ++i) pump();
+  for (int i = 0; i < 2000 && workers[1].telemetry().leases_dropped == 0; ++i) r.pump();
   BOOST_TEST_REQUIRE(workers[1].telemetry().reconnects >= 1u);
   BOOST_TEST(workers[1].telemetry().leases_resent == 0u);  // given back at the eviction: none to send again
   BOOST_TEST(workers[1].telemetry().leases_dropped == before.size());
-  BOOST_TEST(srv->core().ledger().stats().leases_returned >= before.size());
+  BOOST_TEST(r.srv->core().ledger().stats().leases_returned >= before.size());
   const auto after = workers[1].leases();
   BOOST_TEST_REQUIRE(!after.empty());
   for (const auto& l : after) BOOST_TEST(l.number > before.back().number);  // fresh grants only
-  same_as_the_ledger("after the late rejoin");
+  r.same_as_the_ledger("after the late rejoin");
   for (int c = 0; c < 4; ++c) {
-    cycle();
-    same_as_the_ledger("after a cycle past the late rejoin");
+    r.cycle(4);
+    r.same_as_the_ledger("after a cycle past the late rejoin");
   }
-  BOOST_TEST(srv->core().ledger().stats().overrun == 0u);
+  BOOST_TEST(r.srv->core().ledger().stats().overrun == 0u);
   for (auto& wk : workers) {
     BOOST_TEST(wk.telemetry().bad_messages == 0u);
     BOOST_TEST(wk.leave().ok());
